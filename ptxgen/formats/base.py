@@ -1,0 +1,76 @@
+"""The `QuantFormat` record and the shape/byte checks every format entry point shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One block format: its byte layout and its NumPy quantize/dequantize."""
+
+    name: str
+    block_size: int  # weights per block
+    block_bytes: int
+    dtype: np.dtype  # structured dtype, itemsize == block_bytes, fields at ggml's offsets
+    alignment: int  # guaranteed byte alignment of a block inside a row
+    _dequantize: Callable[[np.ndarray], np.ndarray]  # (nblocks, block_bytes) u8 -> (nblocks, block_size) f32
+    _quantize: Callable[[np.ndarray], np.ndarray] | None  # (nblocks, block_size) f32 -> (nblocks, block_bytes) u8
+
+    @property
+    def bits_per_weight(self) -> float:
+        return self.block_bytes * 8 / self.block_size
+
+    def row_bytes(self, k: int) -> int:
+        self.check_k(k)
+        return k // self.block_size * self.block_bytes
+
+    def check_k(self, k: int) -> None:
+        if k <= 0 or k % self.block_size:
+            raise ValueError(
+                f"{self.name}: K={k} is not a positive multiple of the block size {self.block_size}"
+            )
+
+    def blocks(self, raw, shape) -> np.ndarray:
+        """View `raw` as (nblocks, block_bytes) uint8 after checking it holds exactly `shape`."""
+        shape = tuple(int(s) for s in np.atleast_1d(shape))
+        if not shape:
+            raise ValueError(f"{self.name}: shape must have at least one dimension")
+        self.check_k(shape[-1])
+        if isinstance(raw, (bytes, bytearray, memoryview)):
+            raw = np.frombuffer(raw, dtype=np.uint8)
+        if not isinstance(raw, np.ndarray):
+            raise TypeError(f"{self.name}: raw must be bytes or a numpy uint8 array, got {type(raw).__name__}")
+        if raw.dtype != np.uint8:
+            raise TypeError(f"{self.name}: raw must have dtype uint8, got {raw.dtype}")
+        want = int(np.prod(shape[:-1], dtype=np.int64)) * self.row_bytes(shape[-1])
+        if raw.size != want:
+            raise ValueError(
+                f"{self.name}: shape {shape} needs {want} bytes "
+                f"({shape[-1] // self.block_size} blocks of {self.block_bytes} B per row), got {raw.size}"
+            )
+        return np.ascontiguousarray(raw).reshape(-1, self.block_bytes)
+
+    def dequantize(self, raw, shape) -> np.ndarray:
+        shape = tuple(int(s) for s in np.atleast_1d(shape))
+        blocks = self.blocks(raw, shape)
+        return self._dequantize(blocks).reshape(shape)
+
+    def quantize(self, x, **options) -> np.ndarray:
+        if self._quantize is None:
+            raise NotImplementedError(f"{self.name}: no quantizer")
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise TypeError(f"{self.name}: quantize takes float32, got {x.dtype}")
+        if x.ndim == 0:
+            raise ValueError(f"{self.name}: quantize takes an array with a last dimension")
+        self.check_k(x.shape[-1])
+        blocks = np.ascontiguousarray(x).reshape(-1, self.block_size)
+        out = self._quantize(blocks, **options)
+        return out.reshape(*x.shape[:-1], x.shape[-1] // self.block_size * self.block_bytes)
+
+    def fields(self, raw, shape) -> np.ndarray:
+        """The blocks as a structured array (one record per block)."""
+        return self.blocks(raw, shape).view(self.dtype).reshape(-1)

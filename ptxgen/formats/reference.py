@@ -1,0 +1,36 @@
+"""float64 GEMM references: what each kernel must compute, from the dequantized weights."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import ggml, tq4_1s
+
+
+def gemm_ref(fmt: str, raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
+    """y = x @ W.T in float64, W dequantized from `raw` (M × K), x of shape (T, K)."""
+    from . import dequantize
+
+    w = dequantize(fmt, raw, (m, k)).astype(np.float64)
+    return np.asarray(x, np.float64) @ w.T
+
+
+def gemm_q8_1_ref(fmt: str, raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
+    """What an int8 kernel computes: activations quantized to Q8_1 (s_mode "sum_x") first.
+
+    y = x_q @ W.T with x_q the dequantized Q8_1 activations, in float64. The integer dot products
+    are exact, so a correct kernel differs only by fp32 rounding of scales and partial sums.
+    """
+    x = np.asarray(x, np.float32)
+    q = ggml.quantize_q8_1(x.reshape(-1, 32))
+    xq = ggml.dequantize_q8_1(q).reshape(x.shape)
+    return gemm_ref(fmt, raw, m, k, xq)
+
+
+def gemv_tq4_1s_ref(raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
+    """Fused TQ4_1S reference: y[t, r] = Σ_b <C[idx]·d, forward_rht(x_b)>, float64 accumulation."""
+    from . import get
+
+    blocks = get("tq4_1s").blocks(raw, (m, k))
+    w_rot = tq4_1s.rotated_values(blocks).reshape(m, k).astype(np.float64)
+    a = tq4_1s.rht_forward(np.asarray(x, np.float32)).astype(np.float64)
+    return a @ w_rot.T

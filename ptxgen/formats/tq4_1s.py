@@ -1,0 +1,128 @@
+"""TQ4_1S (TurboQuant, 20 B per 32 weights): the randomized Hadamard transform, the Lloyd-Max codebook,
+and bit-exact quantize/dequantize as specified in `../shared/specs/TQ4_1S.md`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._f32 import F32, f32, from_half_bits, half_bits
+from .base import QuantFormat
+
+QK_TQ4_1S = 32
+TQ4_1S_DTYPE = np.dtype([("d0", "<f2"), ("d1", "<f2"), ("qs", "u1", (16,))])
+
+CODEBOOK = np.array(
+    [-2.732590, -2.069017, -1.618046, -1.256231, -0.942340, -0.656759, -0.388048, -0.128395,
+     0.128395, 0.388048, 0.656759, 0.942340, 1.256231, 1.618046, 2.069017, 2.732590], dtype=F32)
+THRESHOLDS = np.array(
+    [-2.400804, -1.843532, -1.437139, -1.099286, -0.799550, -0.522404, -0.258222, 0.000000,
+     0.258222, 0.522404, 0.799550, 1.099286, 1.437139, 1.843532, 2.400804], dtype=F32)
+SIGN_MASK = 0x696B4B4A  # bit i set where the sign of element i is −1
+SIGNS = np.where((SIGN_MASK >> np.arange(32)) & 1, F32(-1), F32(1)).astype(F32)
+INV_SQRT32 = F32(0.17677669529663688)
+GRID = np.array([0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5], dtype=F32)
+REFITS = 6
+TINY = F32(1e-10)
+
+
+def butterfly(v: np.ndarray) -> np.ndarray:
+    """Unnormalised Sylvester-Hadamard butterfly over the last axis (32), steps 1, 2, 4, 8, 16."""
+    v = f32(v).copy()
+    lead = v.shape[:-1]
+    for step in (1, 2, 4, 8, 16):
+        w = v.reshape(*lead, 32 // (2 * step), 2, step)
+        a, b = w[..., 0, :], w[..., 1, :]
+        v = np.stack([a + b, a - b], axis=-2).reshape(*lead, 32)
+    return v
+
+
+def rht_forward(x: np.ndarray) -> np.ndarray:
+    """y = (1/√32)·H·S·x per 32-element block of the last axis (sign, butterfly, scale)."""
+    x = f32(x)
+    if x.shape[-1] % QK_TQ4_1S:
+        raise ValueError(f"tq4_1s: last dimension {x.shape[-1]} is not a multiple of {QK_TQ4_1S}")
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    return (butterfly(b * SIGNS) * INV_SQRT32).reshape(x.shape)
+
+
+def rht_inverse(y: np.ndarray) -> np.ndarray:
+    """x = S·(1/√32)·H·y per block (butterfly, then one multiply by ±1/√32)."""
+    y = f32(y)
+    if y.shape[-1] % QK_TQ4_1S:
+        raise ValueError(f"tq4_1s: last dimension {y.shape[-1]} is not a multiple of {QK_TQ4_1S}")
+    b = y.reshape(*y.shape[:-1], -1, 32)
+    return (butterfly(b) * (INV_SQRT32 * SIGNS)).reshape(y.shape)
+
+
+def choose_index(v: np.ndarray) -> np.ndarray:
+    """Number of thresholds ≤ v (strict `<` puts ties in the upper cell); NaN → 15."""
+    v = f32(v)
+    idx = np.zeros(v.shape, np.int32)
+    for t in THRESHOLDS:
+        idx += ~(v < t)
+    return idx
+
+
+def _inv(d):
+    with np.errstate(divide="ignore"):
+        return np.where(d > TINY, F32(1) / d, F32(0)).astype(F32)
+
+
+def _seq(terms):  # sequential float32 sum over the last axis
+    acc = np.zeros(terms.shape[:-1], F32)
+    for j in range(terms.shape[-1]):
+        acc = acc + terms[..., j]
+    return acc
+
+
+def quantize_blocks(x: np.ndarray) -> np.ndarray:
+    """(n, 32) float32 → (n, 20) uint8, `quantize_row_tq4_1s_ref` step by step."""
+    buf = rht_forward(f32(x)).reshape(-1, 2, 16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rms = np.sqrt(_seq(buf * buf) / F32(16))  # (n, 2)
+        best = rms.copy()
+        best_err = np.full(buf.shape[0], F32(1e30))
+        for m in GRID:
+            d = rms * m
+            idx = choose_index(buf * _inv(d)[:, :, None])
+            diff = buf - CODEBOOK[idx] * d[:, :, None]
+            err = _seq((diff * diff).reshape(-1, 32))
+            take = err < best_err
+            best_err = np.where(take, err, best_err)
+            best = np.where(take[:, None], d, best)
+        for _ in range(REFITS):
+            c = CODEBOOK[choose_index(buf * _inv(best)[:, :, None])]
+            num = _seq(buf * c)
+            den = _seq(c * c)
+            best = np.where(den > TINY, num / den, best).astype(F32)
+        idx = choose_index(buf * _inv(best)[:, :, None]).reshape(-1, 32).astype(np.uint8)
+    out = np.empty((buf.shape[0], 20), np.uint8)
+    out[:, 0:4] = half_bits(best).astype("<u2").view(np.uint8).reshape(-1, 4)
+    out[:, 4:20] = idx[:, 0::2] | (idx[:, 1::2] << 4)
+    return out
+
+
+def indices(blocks: np.ndarray) -> np.ndarray:
+    """(n, 20) → (n, 32) codebook indices; element j is the low nibble of qs[j/2] when j is even."""
+    qs = blocks[:, 4:20]
+    return np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 32)
+
+
+def half_scales(blocks: np.ndarray) -> np.ndarray:
+    """(n, 20) → (n, 32) float32 per-element scale (d0 for 0..15, d1 for 16..31)."""
+    d = from_half_bits(blocks[:, 0:4].copy().view("<u2"))
+    return np.repeat(d, 16, axis=1)
+
+
+def rotated_values(blocks: np.ndarray) -> np.ndarray:
+    """C[idx]·d: the weights in the rotated domain (before the inverse transform)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return CODEBOOK[indices(blocks)] * half_scales(blocks)
+
+
+def dequantize_blocks(blocks: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return rht_inverse(rotated_values(blocks))
+
+
+FORMAT = QuantFormat("tq4_1s", QK_TQ4_1S, 20, TQ4_1S_DTYPE, 2, dequantize_blocks, quantize_blocks)
