@@ -1,0 +1,175 @@
+"""The `ptxgen` command: emit, list, check (and bench, emulate where those programs exist).
+
+Exit codes: 0 success, 1 a check failed (compile error, spill, missing instruction), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .arch import ARCHES, TARGETS, ArchError, get_arch
+
+REPO_EMITTED = Path(__file__).resolve().parent.parent / "emitted"
+
+
+def _fail(msg: str) -> "None":
+    print(f"ptxgen: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _archs(names) -> list:
+    try:
+        return [get_arch(a) for a in (names or TARGETS)]
+    except ArchError as e:
+        _fail(str(e))
+
+
+def _kernel_defs(names):
+    from .kernels import KERNELS
+
+    if not names:
+        return list(KERNELS.values())
+    bad = [n for n in names if n not in KERNELS]
+    if bad:
+        _fail(f"unknown kernel {', '.join(bad)}; valid: {', '.join(KERNELS)}")
+    return [KERNELS[n] for n in names]
+
+
+class Progress:
+    """A one-line progress display on stderr, shown only once work has taken more than a second."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what, self.done, self.t0 = total, what, 0, time.monotonic()
+        self.shown = False
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if time.monotonic() - self.t0 > 1.0 and sys.stderr.isatty() or self.shown:
+            self.shown = True
+            print(f"\r{self.what} {self.done}/{self.total} {label:<40}", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.shown:
+            print(file=sys.stderr)
+
+
+def emit_arch(arch, defs, out: Path, progress: Progress | None = None) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = []
+    for d in defs:
+        if arch.name not in d.archs:
+            continue
+        k = d.for_arch(arch)
+        text = k.ptx()
+        (out / f"{k.name}.ptx").write_text(text)
+        manifest.append(k.manifest(text))
+        if progress:
+            progress.step(f"{arch.name}/{k.name}")
+    (out / "manifest.json").write_text(json.dumps({"arch": arch.name, "kernels": manifest}, indent=1) + "\n")
+    return manifest
+
+
+def cmd_emit(args) -> int:
+    archs = _archs(args.arch)
+    defs = _kernel_defs(args.kernel)
+    prog = Progress(len(archs) * len(defs), "emit")
+    for arch in archs:
+        out = Path(args.output) if args.output and len(archs) == 1 else \
+            (Path(args.output) / arch.name if args.output else REPO_EMITTED / arch.name)
+        if args.kernel:  # keep the other kernels' entries when emitting a subset
+            out.mkdir(parents=True, exist_ok=True)
+        manifest = emit_arch(arch, defs, out, prog)
+        if not args.quiet:
+            prog.close()
+            print(f"{arch.name}: {len(manifest)} kernels → {out}")
+    prog.close()
+    return 0
+
+
+def cmd_list(args) -> int:
+    defs = _kernel_defs(None)
+    for d in defs:
+        print(f"{d.name:<20} {', '.join(d.archs):<28} {d.doc}")
+        if args.verbose:
+            for a in d.archs:
+                k = d.for_arch(a)
+                print(f"    {a:<8} block={k.block} smem={k.static_smem + k.dynamic_smem} meta={k.meta}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from ptxgen.runtime.compiler import CompileError, compile_ptx, sass
+
+    archs = _archs(args.arch)
+    defs = _kernel_defs(args.kernel)
+    failed = 0
+    print(f"{'kernel':<20} {'arch':<8} {'regs':>4} {'smem':>7} {'stack':>5} {'spill':>5}  status")
+    for arch in archs:
+        for d in defs:
+            if arch.name not in d.archs:
+                continue
+            k = d.for_arch(arch)
+            try:
+                res = compile_ptx(k.ptx(), arch.name, name=k.name)
+            except CompileError as e:
+                failed += 1
+                print(f"{k.name:<20} {arch.name:<8} {'-':>4} {'-':>7} {'-':>5} {'-':>5}  FAILED\n{e}")
+                continue
+            r = res.resources.get(k.entry, {})
+            spills = r.get("spill_stores", 0) + r.get("spill_loads", 0)
+            status = "ok" if spills == 0 and r.get("stack", 0) == 0 else "SPILLS"
+            failed += status != "ok"
+            print(f"{k.name:<20} {arch.name:<8} {r.get('registers', 0):>4} {r.get('smem', 0) + k.dynamic_smem:>7} "
+                  f"{r.get('stack', 0):>5} {spills:>5}  {status}")
+            if args.sass:
+                out = Path(args.sass)
+                out.mkdir(parents=True, exist_ok=True)
+                (out / f"{k.name}.{arch.name}.sass").write_text(sass(res.cubin))
+    return 1 if failed else 0
+
+
+def cmd_bench(args) -> int:
+    import runpy
+
+    script = Path(__file__).resolve().parent.parent / "bench" / f"bench_{args.what}.py"
+    if not script.exists():
+        _fail(f"no benchmark {args.what!r} (looked for {script}); available: "
+              + ", ".join(p.stem[6:] for p in script.parent.glob("bench_*.py")))
+    sys.argv = [str(script), *args.rest]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ptxgen", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("emit", help="write one .ptx per kernel and a manifest.json (default: emitted/<arch>/)")
+    e.add_argument("--arch", action="append", help=f"one of {', '.join(ARCHES)}; repeatable; default: {', '.join(TARGETS)}")
+    e.add_argument("--kernel", action="append", help="kernel name; repeatable; default: all")
+    e.add_argument("-o", "--output", help="output folder (with several arches: one sub-folder per arch)")
+    e.add_argument("-q", "--quiet", action="store_true")
+    e.set_defaults(fn=cmd_emit)
+    ls = sub.add_parser("list", help="kernels and their configurations")
+    ls.add_argument("-v", "--verbose", action="store_true")
+    ls.set_defaults(fn=cmd_list)
+    c = sub.add_parser("check", help="compile every kernel with nvJitLink; registers, smem, spills (no GPU needed)")
+    c.add_argument("--arch", action="append")
+    c.add_argument("--kernel", action="append")
+    c.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS into DIR")
+    c.set_defaults(fn=cmd_check)
+    b = sub.add_parser("bench", help="run a benchmark program from bench/ (needs a GPU)")
+    b.add_argument("what", help="mmq, gemv, runtime, ...")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(fn=cmd_bench)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ArchError as e:
+        _fail(str(e))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The kernel author's vocabulary: `Tile`, `Pipeline`, `Schedule`, `Mma`, and dequant sequences built
+from small ops. Each validates itself when constructed (or when bound to a target) and names the limit it
+hit. The per-target lowering (`ptxgen.targets`) decides instructions; nothing here names an opcode
+except the dequant ops, whose whole point is a particular instruction sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import formats
+from .arch import Arch, ArchError
+from .builder import KernelBuilder
+from .ir import Imm, Mem, Reg
+
+
+class SpecError(ValueError):
+    """A kernel description that cannot be built, with the limit it hit."""
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Block tile (weight rows × tokens × K) and how warps split it."""
+
+    m: int
+    n: int
+    k: int
+    warps: int = 8
+    warp_m: int = 64
+    warp_n: int = 64
+
+    def __post_init__(self):
+        for name in ("m", "n", "k", "warps", "warp_m", "warp_n"):
+            if getattr(self, name) <= 0:
+                raise SpecError(f"Tile.{name} must be positive, got {getattr(self, name)}")
+        if self.m % self.warp_m or self.n % self.warp_n:
+            raise SpecError(f"Tile {self.m}×{self.n} is not a whole number of {self.warp_m}×{self.warp_n} warp tiles")
+        if (self.m // self.warp_m) * (self.n // self.warp_n) != self.warps:
+            raise SpecError(f"Tile {self.m}×{self.n} with warp tiles {self.warp_m}×{self.warp_n} needs "
+                            f"{(self.m // self.warp_m) * (self.n // self.warp_n)} warps, not {self.warps}")
+        if self.warp_m % 16 or self.warp_n % 8:
+            raise SpecError(f"warp tile {self.warp_m}×{self.warp_n} must be a multiple of the mma shape 16×8")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def check_format(self, fmt: str) -> None:
+        """A K tile must hold whole scale groups of the weight format (32 for Q4_K/Q5_K, 16 for Q6_K)."""
+        group = {"q4_K": 32, "q5_K": 32, "q6_K": 16, "q8_0": 32, "tq4_1s": 32}.get(fmt, formats.get(fmt).block_size)
+        if self.k % group:
+            raise SpecError(f"Tile.k={self.k} splits a {fmt} scale group of {group} weights; use a multiple of {group}")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """`stages` shared-memory buffers in flight. The copy mechanism is the target's choice
+    (cp.async on sm_89, TMA + mbarrier on sm_90a/sm_120a) unless pinned with `copy`."""
+
+    stages: int = 3
+    copy: str | None = None
+
+    def __post_init__(self):
+        if not 1 <= self.stages <= 8:
+            raise SpecError(f"Pipeline.stages must be 1..8, got {self.stages}")
+        if self.copy not in (None, "cp.async", "tma", "ld.global"):
+            raise SpecError(f"Pipeline.copy must be cp.async, tma or ld.global, got {self.copy!r}")
+
+    def check_smem(self, arch: Arch, bytes_per_stage: int) -> None:
+        total = self.stages * bytes_per_stage
+        if total > arch.max_smem_per_block:
+            raise SpecError(f"{self.stages} stages × {bytes_per_stage} B = {total} B exceeds {arch.name}'s "
+                            f"{arch.max_smem_per_block} B of shared memory per block")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """"grid": one CTA per tile. "persistent": one CTA per SM claiming tiles from an atomic counter."""
+
+    kind: str = "grid"
+
+    def __post_init__(self):
+        if self.kind not in ("grid", "persistent"):
+            raise SpecError(f"Schedule.kind must be 'grid' or 'persistent', got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Mma:
+    """The tensor-core op. `instr` "auto" lets the target pick (wgmma where it exists)."""
+
+    ab_type: str = "f16"
+    instr: str = "auto"
+
+    def __post_init__(self):
+        if self.ab_type not in ("f16", "bf16", "s8"):
+            raise SpecError(f"Mma.ab_type must be f16, bf16 or s8, got {self.ab_type!r}")
+        if self.instr not in ("auto", "mma.sync", "wgmma"):
+            raise SpecError(f"Mma.instr must be auto, mma.sync or wgmma, got {self.instr!r}")
+
+    @property
+    def shape(self) -> str:
+        return "m16n8k32" if self.ab_type == "s8" else "m16n8k16"
+
+    def resolve(self, arch: Arch, tile: Tile | None = None) -> str:
+        if self.instr == "wgmma" or (self.instr == "auto" and arch.has_wgmma):
+            if self.instr == "wgmma" and not arch.has_wgmma:
+                raise ArchError(f"Mma(instr='wgmma') on {arch.name}: {arch.name} has no wgmma (ptxas rejects it); "
+                                "use Mma(instr='mma.sync') or 'auto', which picks mma.sync there")
+            if tile is not None and tile.warps % 4:
+                raise SpecError(f"wgmma is issued by warpgroups of 4 warps; Tile.warps={tile.warps} is not a multiple of 4")
+            return "wgmma"
+        return "mma.sync"
+
+
+# ---------------------------------------------------------------------------------------------------
+# dequant sequences: small ops over a register environment (a dict of named values)
+
+@dataclass(frozen=True)
+class DequantOp:
+    def lower(self, b: KernelBuilder, env: dict) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LoadWords(DequantOp):
+    """env[name] = `count` u32 words of the block at env[base] + offset (4-byte loads: GGUF rows are only
+    4-byte aligned for Q4_K/Q5_K)."""
+    name: str
+    offset: int
+    count: int
+    base: str = "block"
+
+    def lower(self, b, env):
+        env[self.name] = [b.op("ld.global.nc.u32", Mem(env[self.base], self.offset + 4 * i)) for i in range(self.count)]
+
+
+@dataclass(frozen=True)
+class SplitHalves(DequantOp):
+    """Word `index` of env[words] holds two fp16 fields → two f32 registers (Q4_K's d and dmin)."""
+    words: str
+    index: int
+    names: tuple
+
+    def lower(self, b, env):
+        lo, hi = b.reg("b16"), b.reg("b16")
+        b.emit("mov.b32", b.vec([lo, hi]), env[self.words][self.index])
+        env[self.names[0]] = b.op("cvt.f32.f16", lo)
+        env[self.names[1]] = b.op("cvt.f32.f16", hi)
+
+
+@dataclass(frozen=True)
+class DecodeScaleMin6(DequantOp):
+    """Q4_K/Q5_K 6-bit (sc, m) of sub-block env[sub] from the 3 packed scale words env[words][first:first+3].
+    Branchless: both branches of ggml's get_scale_min_k4 are extracted with `bfe` at a run-time bit position
+    and `selp` picks one, so lanes working on different sub-blocks do not diverge."""
+    words: str
+    first: int
+    sub: str
+    out: tuple
+
+    def lower(self, b, env):
+        s0, s1, s2 = env[self.words][self.first:self.first + 3]
+        j = env[self.sub]
+        low = b.op("setp.lt.u32", j, Imm(4, "u32"))
+        pos = b.op("shl.b32", b.op("and.b32", j, Imm(3, "b32")), Imm(3, "u32"))
+        a0, a1, a2 = (b.op("bfe.u32", s, pos, Imm(8, "u32")) for s in (s0, s1, s2))
+        sc_lo = b.op("and.b32", a0, Imm(63, "b32"))  # j < 4: q[j] & 63
+        m_lo = b.op("and.b32", a1, Imm(63, "b32"))  # q[j+4] & 63
+        sc_hi = b.op("bfi.b32", b.op("shr.u32", a0, Imm(6, "u32")), b.op("and.b32", a2, Imm(15, "b32")),
+                     Imm(4, "u32"), Imm(2, "u32"))  # (q[j+4] & 0xF) | (q[j-4] >> 6) << 4
+        m_hi = b.op("bfi.b32", b.op("shr.u32", a1, Imm(6, "u32")), b.op("shr.u32", a2, Imm(4, "u32")),
+                    Imm(4, "u32"), Imm(2, "u32"))  # (q[j+4] >> 4) | (q[j] >> 6) << 4
+        env[self.out[0]] = b.op("selp.b32", sc_lo, sc_hi, low)
+        env[self.out[1]] = b.op("selp.b32", m_lo, m_hi, low)
+
+
+@dataclass(frozen=True)
+class ScaleProduct(DequantOp):
+    """env[out] = env[scale] · float(env[small_int]) in float32 (ggml forms d·sc and dmin·m first)."""
+    scale: str
+    small_int: str
+    out: str
+
+    def lower(self, b, env):
+        env[self.out] = b.op("mul.rn.f32", env[self.scale], b.op("cvt.rn.f32.u32", env[self.small_int]))
+
+
+@dataclass(frozen=True)
+class UnpackNibbles(DequantOp):
+    """One u32 of packed 4-bit values → the low nibbles of bytes 0..3 (env[out[0]]) and the high nibbles
+    (env[out[1]]), each as 4 u32 registers (`bfe` per nibble)."""
+    word: str
+    out: tuple
+
+    def lower(self, b, env):
+        w = env[self.word]
+        for half, name in enumerate(self.out):
+            env[name] = [b.op("bfe.u32", w, Imm(8 * byte + 4 * half, "u32"), Imm(4, "u32")) for byte in range(4)]
+
+
+@dataclass(frozen=True)
+class ApplyScaleMin(DequantOp):
+    """w = d1·q − m1 per value, float32, each op rounded on its own (`.rn` keeps ptxas from contracting to
+    an FMA, so the result is bit-identical to ggml's dequantize_row_q4_K)."""
+    values: str
+    scale: str
+    minimum: str
+    out: str
+
+    def lower(self, b, env):
+        env[self.out] = [b.op("sub.rn.f32", b.op("mul.rn.f32", env[self.scale], b.op("cvt.rn.f32.u32", q)),
+                              env[self.minimum]) for q in env[self.values]]
+
+
+@dataclass(frozen=True)
+class ConvertHalf(DequantOp):
+    """float32 values → packed f16x2 registers (round to nearest even), element 2i in the low half."""
+    values: str
+    out: str
+
+    def lower(self, b, env):
+        vals = env[self.values]
+        env[self.out] = [b.op("cvt.rn.f16x2.f32", vals[i + 1], vals[i], type="b32") for i in range(0, len(vals), 2)]
+
+
+@dataclass(frozen=True)
+class DequantSequence:
+    """A named composition of dequant ops for one weight format; kernels append their own tail."""
+    fmt: str
+    ops: tuple
+
+    def lower(self, b: KernelBuilder, env: dict) -> dict:
+        b.comment(f"dequant {self.fmt}: " + " -> ".join(type(o).__name__ for o in self.ops))
+        for o in self.ops:
+            o.lower(b, env)
+        return env
+
+    def then(self, *ops: DequantOp) -> "DequantSequence":
+        return DequantSequence(self.fmt, self.ops + tuple(ops))
+
+
+def dequant_q4_k_word() -> DequantSequence:
+    """Q4_K for one 32-bit word of `qs` inside super-block env["block"]: 8 weights, 4 from sub-block
+    env["sub_lo"] (low nibbles) and 4 from env["sub_hi"] (high nibbles). Leaves f32 env["w_lo"], env["w_hi"]."""
+    return DequantSequence("q4_K", (
+        LoadWords("hdr", 0, 4),  # d|dmin, scales[0:12]
+        SplitHalves("hdr", 0, ("d", "dmin")),
+        DecodeScaleMin6("hdr", 1, "sub_lo", ("sc_lo", "m_lo")),
+        DecodeScaleMin6("hdr", 1, "sub_hi", ("sc_hi", "m_hi")),
+        ScaleProduct("d", "sc_lo", "d_lo"), ScaleProduct("dmin", "m_lo", "min_lo"),
+        ScaleProduct("d", "sc_hi", "d_hi"), ScaleProduct("dmin", "m_hi", "min_hi"),
+        UnpackNibbles("qword", ("q_lo", "q_hi")),
+        ApplyScaleMin("q_lo", "d_lo", "min_lo", "w_lo"),
+        ApplyScaleMin("q_hi", "d_hi", "min_hi", "w_hi"),
+    ))

@@ -1,0 +1,39 @@
+"""The kernel registry: every kernel ptxgen emits, by name, with the arches it is built for."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..arch import TARGETS, Arch, get_arch
+from ..builder import Kernel
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    name: str
+    doc: str
+    build: Callable[[Arch], Kernel]
+    archs: tuple = TARGETS
+
+    def for_arch(self, arch) -> Kernel:
+        arch = get_arch(arch)
+        if arch.name not in self.archs and arch.name != "sm_80":
+            raise ValueError(f"kernel {self.name} is not built for {arch.name}; it is built for {', '.join(self.archs)}")
+        return self.build(arch)
+
+
+def _registry() -> dict[str, KernelDef]:
+    from . import dequantize_q4_k, quantize_q8_1
+
+    defs = [quantize_q8_1.KERNEL, dequantize_q4_k.KERNEL]
+    return {d.name: d for d in defs}
+
+
+KERNELS = _registry()
+
+
+def get_kernel(name: str) -> KernelDef:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel {name!r}; valid: {', '.join(KERNELS)}") from None

@@ -1,0 +1,34 @@
+"""Every environment switch ptxgen reads, in one place (the README lists them).
+
+PTXGEN_CACHE_DIR   where compiled cubins are cached (default ~/.cache/ptxgen)
+PTXGEN_NO_CACHE    1: neither read nor write the disk cache
+PTXGEN_KEEP        a folder: keep ptx, cubin, ptxas log and SASS of every compile there
+PTXGEN_VERBOSE     1: print compiles, cache hits and launches to stderr
+PTXGEN_EMITTED_DIR load kernels from this folder instead of the packaged emitted/
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PTXGEN_CACHE_DIR") or Path.home() / ".cache" / "ptxgen")
+
+
+def cache_enabled() -> bool:
+    return os.environ.get("PTXGEN_NO_CACHE", "") not in ("1", "true", "yes")
+
+
+def keep_dir() -> Path | None:
+    v = os.environ.get("PTXGEN_KEEP")
+    return Path(v) if v else None
+
+
+def verbose() -> bool:
+    return os.environ.get("PTXGEN_VERBOSE", "") not in ("", "0", "false", "no")
+
+
+def emitted_dir() -> Path | None:
+    v = os.environ.get("PTXGEN_EMITTED_DIR")
+    return Path(v) if v else None

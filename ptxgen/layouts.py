@@ -1,0 +1,156 @@
+"""Layouts modelled in NumPy: which lane holds which element of an mma fragment, what ldmatrix delivers,
+how a wgmma shared-memory descriptor and the 128-byte swizzle address a tile, where a TMA box lands.
+
+The emitter uses these to place data, the tests check them against the PTX ISA's fragment tables, and the
+emulator uses them to execute mma.sync/ldmatrix.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+LANES = np.arange(32)
+GROUP = LANES // 4  # "groupID" in the PTX ISA
+TIG = LANES % 4  # "threadID_in_group"
+
+
+def mma_a_layout(shape: str) -> np.ndarray:
+    """A fragment of mma.sync (row-major A): array [lane, element] → (row, col) of the M×K tile.
+
+    m16n8k16 f16: 8 halves per lane (4 regs × 2); m16n8k32 s8: 16 bytes per lane (4 regs × 4)."""
+    per = {"m16n8k16": 2, "m16n8k32": 4}[shape]  # elements per 32-bit register
+    n = 4 * per
+    i = np.arange(n)
+    row = GROUP[:, None] + 8 * ((i[None, :] // per) % 2)
+    col = TIG[:, None] * per + (i[None, :] % per) + 4 * per * (i[None, :] // (2 * per))
+    return np.stack([row, col], axis=-1)
+
+
+def mma_b_layout(shape: str) -> np.ndarray:
+    """B fragment (column-major K×N tile): [lane, element] → (k, n)."""
+    per = {"m16n8k16": 2, "m16n8k32": 4}[shape]
+    n = 2 * per
+    i = np.arange(n)
+    k = TIG[:, None] * per + (i[None, :] % per) + 4 * per * (i[None, :] // per)
+    col = np.broadcast_to(GROUP[:, None], k.shape)
+    return np.stack([k, col], axis=-1)
+
+
+def mma_c_layout() -> np.ndarray:
+    """C/D fragment (16×8, f32 or s32) of both shapes: [lane, element 0..3] → (row, col)."""
+    i = np.arange(4)
+    row = GROUP[:, None] + 8 * (i[None, :] // 2)
+    col = TIG[:, None] * 2 + (i[None, :] % 2)
+    return np.stack([row, col], axis=-1)
+
+
+def mma_reference(shape: str, a_frag: np.ndarray, b_frag: np.ndarray, c_frag: np.ndarray) -> np.ndarray:
+    """Execute one mma.sync on fragments (lane-major arrays) through the layouts: D = A·B + C."""
+    m, n, k = 16, 8, {"m16n8k16": 16, "m16n8k32": 32}[shape]
+    la, lb, lc = mma_a_layout(shape), mma_b_layout(shape), mma_c_layout()
+    acc_t = np.int64 if np.issubdtype(a_frag.dtype, np.integer) else np.float64
+    A = np.zeros((m, k), acc_t)
+    B = np.zeros((k, n), acc_t)
+    A[la[..., 0], la[..., 1]] = a_frag
+    B[lb[..., 0], lb[..., 1]] = b_frag
+    C = np.zeros((m, n), acc_t)
+    C[lc[..., 0], lc[..., 1]] = c_frag
+    D = A @ B + C
+    return D[lc[..., 0], lc[..., 1]]
+
+
+def ldmatrix_layout(num: int, trans: bool = False) -> np.ndarray:
+    """ldmatrix.m8n8.x{num}.b16: [lane, reg, half] → (matrix, row, col). Row addresses of matrix q come
+    from lanes 8q..8q+7 (row r from lane 8q+r)."""
+    q = np.arange(num)
+    h = np.arange(2)
+    row = np.broadcast_to(GROUP[:, None, None], (32, num, 2))
+    col = np.broadcast_to(TIG[:, None, None] * 2 + h[None, None, :], (32, num, 2))
+    if trans:
+        row, col = col, row
+    mat = np.broadcast_to(q[None, :, None], (32, num, 2))
+    return np.stack([mat, row, col], axis=-1)
+
+
+def ldmatrix_address_lane(matrix: int, row: int) -> int:
+    """Which lane supplies the shared-memory address of `row` of `matrix`."""
+    return 8 * matrix + row
+
+
+# ---------------------------------------------------------------------------------------------------
+# shared-memory swizzles and the wgmma descriptor
+
+SWIZZLE_MODES = {"none": 0, "128B": 1, "64B": 2, "32B": 3}
+_SWIZZLE_BYTES = {"none": 16, "32B": 32, "64B": 64, "128B": 128}
+
+
+def swizzle(offset, mode: str = "128B"):
+    """Byte offset inside a swizzle atom → swizzled offset (16-byte chunks XOR-ed by the row in the atom),
+    the pattern TMA writes and wgmma reads."""
+    off = np.asarray(offset)
+    if mode == "none":
+        return off
+    span = _SWIZZLE_BYTES[mode]
+    bits = {32: 1, 64: 2, 128: 3}[span]
+    return off ^ (((off >> 7) & ((1 << bits) - 1)) << 4)
+
+
+def wgmma_descriptor(start_addr: int, leading_byte_offset: int, stride_byte_offset: int,
+                     swizzle_mode: str = "128B", base_offset: int = 0) -> int:
+    """The 64-bit shared-memory matrix descriptor of wgmma (PTX ISA "Matrix Descriptor Format")."""
+    for name, v in (("start address", start_addr), ("leading byte offset", leading_byte_offset),
+                    ("stride byte offset", stride_byte_offset)):
+        if v % 16:
+            raise ValueError(f"wgmma descriptor: {name} {v} is not a multiple of 16 bytes")
+        if v >> 4 >= 1 << 14:
+            raise ValueError(f"wgmma descriptor: {name} {v} does not fit in 14 bits of 16-byte units")
+    return ((start_addr >> 4) & 0x3FFF) | (((leading_byte_offset >> 4) & 0x3FFF) << 16) \
+        | (((stride_byte_offset >> 4) & 0x3FFF) << 32) | ((base_offset & 7) << 49) \
+        | (SWIZZLE_MODES[swizzle_mode] << 62)
+
+
+def decode_wgmma_descriptor(desc: int) -> dict:
+    return {"start_addr": (desc & 0x3FFF) << 4, "leading_byte_offset": ((desc >> 16) & 0x3FFF) << 4,
+            "stride_byte_offset": ((desc >> 32) & 0x3FFF) << 4, "base_offset": (desc >> 49) & 7,
+            "swizzle": {v: k for k, v in SWIZZLE_MODES.items()}[(desc >> 62) & 3]}
+
+
+def tma_box_offsets(box_rows: int, box_cols: int, elem_bytes: int, swizzle_mode: str = "128B") -> np.ndarray:
+    """Where each element (row, col) of a 2-D TMA box lands in shared memory, in bytes."""
+    row_bytes = box_cols * elem_bytes
+    if swizzle_mode != "none" and row_bytes > _SWIZZLE_BYTES[swizzle_mode]:
+        raise ValueError(f"TMA box inner dimension {row_bytes} B exceeds the {swizzle_mode} swizzle span")
+    r, c = np.meshgrid(np.arange(box_rows), np.arange(box_cols), indexing="ij")
+    linear = r * row_bytes + c * elem_bytes
+    return swizzle(linear, swizzle_mode)
+
+
+# ---------------------------------------------------------------------------------------------------
+# prmt
+
+def prmt_selector(*lanes: int, sign: tuple = ()) -> int:
+    """A `prmt.b32` selector picking bytes `lanes` (0..7) into result bytes 0..3. Bit 3 of a nibble means
+    sign-replicate in PTX; it is set only for the positions listed in `sign`."""
+    if len(lanes) != 4 or any(not 0 <= v < 8 for v in lanes):
+        raise ValueError(f"prmt selector needs 4 byte indices in 0..7, got {lanes}")
+    sel = 0
+    for pos, v in enumerate(lanes):
+        sel |= (v | (8 if pos in sign else 0)) << (4 * pos)
+    return sel
+
+
+def prmt(a: int, b: int, sel: int) -> int:
+    """Reference semantics of `prmt.b32` (default mode), sign-replicate included."""
+    src = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+    out = 0
+    for pos in range(4):
+        s = (sel >> (4 * pos)) & 0xF
+        byte = (src >> (8 * (s & 7))) & 0xFF
+        if s & 8:
+            byte = 0xFF if byte & 0x80 else 0x00
+        out |= byte << (8 * pos)
+    return out
+
+
+def smem_bank(byte_addr) -> np.ndarray:
+    """The shared-memory bank (32 banks of 4 bytes) of a byte address."""
+    return (np.asarray(byte_addr) // 4) % 32

@@ -1,0 +1,30 @@
+"""One probe instruction per `Arch` feature: a tiny PTX module that compiles exactly on the arches that
+have the feature. `tests/test_arch.py` compiles each on every arch to keep the feature table honest."""
+from __future__ import annotations
+
+from .arch import Arch
+
+_DECLS = """\t.reg .pred %p<4>;\n\t.reg .b32 %r<64>;\n\t.reg .f32 %f<64>;\n\t.reg .b64 %rd<8>;
+\t.shared .align 128 .b8 smem[4096];\n\t.shared .align 8 .b64 mbar;\n"""
+
+PROBES = {
+    "mma_sync_f16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f0,%f1,%f2,%f3}, {%r0,%r1,%r2,%r3}, {%r4,%r5}, {%f4,%f5,%f6,%f7};",
+    "mma_sync_s8": "mma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32 {%r8,%r9,%r10,%r11}, {%r0,%r1,%r2,%r3}, {%r4,%r5}, {%r12,%r13,%r14,%r15};",
+    "ldmatrix": "mov.u32 %r20, smem; ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r0,%r1,%r2,%r3}, [%r20];",
+    "cp_async": "mov.u32 %r20, smem; cp.async.cg.shared.global [%r20], [%rd0], 16; cp.async.commit_group; cp.async.wait_group 0;",
+    "cp_async_bulk_tensor": "mov.u32 %r20, smem; mov.u32 %r21, mbar; cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r20], [%rd0, {%r1, %r2}], [%r21];",
+    "mbarrier_try_wait": "mov.u32 %r21, mbar; mbarrier.try_wait.parity.shared::cta.b64 %p0, [%r21], %r1;",
+    "mbarrier_expect_tx": "mov.u32 %r21, mbar; mbarrier.arrive.expect_tx.shared::cta.b64 %rd1, [%r21], 1024;",
+    "wgmma": "wgmma.fence.sync.aligned; wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%f0,%f1,%f2,%f3}, %rd2, %rd3, 1, 1, 1, 0, 0; wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;",
+    "stmatrix": "mov.u32 %r20, smem; stmatrix.sync.aligned.m8n8.x1.shared.b16 [%r20], {%r0};",
+    "setmaxnreg": "setmaxnreg.inc.sync.aligned.u32 240;",
+    "clusters": "mov.u32 %r30, %cluster_ctarank; barrier.cluster.arrive; barrier.cluster.wait;",
+}
+
+
+def probe_ptx(arch: Arch, feature: str) -> str:
+    body = PROBES[feature].replace("; ", ";\n\t")
+    return (f".version {arch.ptx_version_str}\n.target {arch.name}\n.address_size 64\n\n"
+            f".visible .entry probe(.param .u64 p)\n{{\n{_DECLS}\tld.param.u64 %rd0, [p];\n"
+            f"\tmov.b64 %rd2, 0;\n\tmov.b64 %rd3, 0;\n\t{body}\n\tst.global.u32 [%rd0], %r0;\n\tst.global.f32 [%rd0+4], %f0;\n\tst.global.u32 [%rd0+8], %r8;\n"
+            f"\tld.shared.u32 %r40, [smem];\n\tst.global.u32 [%rd0+12], %r40;\n\tret;\n}}\n")

@@ -1,0 +1,222 @@
+"""PTX → cubin in-process with nvJitLink (no GPU needed), cached in memory and on disk.
+
+The cache key covers everything that changes the binary: the PTX text, the target, the options, the
+nvJitLink version and ptxgen's version. Disk entries carry a header with the payload's length and sha256;
+a truncated or corrupted entry is detected, deleted and rebuilt, never loaded. Writes are atomic (temp
+file, then os.replace).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ptxgen import __version__, knobs
+
+_MAGIC = b"PTXGENC1"
+_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256(payload)
+
+
+class CompileError(RuntimeError):
+    """nvJitLink rejected the PTX; the message carries its log and a command to reproduce."""
+
+
+@dataclass
+class CompileResult:
+    cubin: bytes
+    target: str
+    log: str
+    from_cache: str = ""  # "", "memory" or "disk"
+    resources: dict = field(default_factory=dict)  # entry → {registers, smem, stack, spill_stores, spill_loads}
+
+
+def nvjitlink_version() -> tuple[int, int]:
+    from cuda.bindings import nvjitlink
+
+    return tuple(nvjitlink.version())
+
+
+def cache_key(ptx: str, target: str, options: tuple = ()) -> str:
+    h = hashlib.sha256()
+    for part in (ptx, target, "\0".join(options), repr(nvjitlink_version()), __version__):
+        h.update(part.encode())
+        h.update(b"\0\1")
+    return h.hexdigest()
+
+
+_MEMORY: dict[str, CompileResult] = {}
+
+_RES = re.compile(r"Compiling entry function '(?P<name>[^']+)'|"
+                  r"(?P<stack>\d+) bytes stack frame, (?P<ss>\d+) bytes spill stores, (?P<sl>\d+) bytes spill loads|"
+                  r"Used (?P<regs>\d+) registers(?:, used (?P<bar>\d+) barriers)?(?:, (?P<smem>\d+) bytes smem)?")
+
+
+def parse_resources(log: str) -> dict:
+    """ptxas' verbose log → {entry: {registers, smem, stack, spill_stores, spill_loads}}."""
+    out: dict = {}
+    cur = None
+    for m in _RES.finditer(log):
+        if m.group("name"):
+            cur = out.setdefault(m.group("name"), {"registers": 0, "smem": 0, "stack": 0,
+                                                    "spill_stores": 0, "spill_loads": 0})
+        elif cur is None:
+            continue
+        elif m.group("stack"):
+            cur.update(stack=int(m.group("stack")), spill_stores=int(m.group("ss")), spill_loads=int(m.group("sl")))
+        elif m.group("regs"):
+            cur["registers"] = int(m.group("regs"))
+            cur["smem"] = int(m.group("smem") or 0)
+    return out
+
+
+def _link(ptx: str, target: str, options: tuple) -> tuple[bytes, str]:
+    from cuda.bindings import nvjitlink
+
+    opts = [f"-arch={target}", "-verbose", *options]
+    handle = nvjitlink.create(len(opts), opts)
+    try:
+        data = ptx.encode()
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "ptxgen.ptx")
+            nvjitlink.complete(handle)
+        except Exception as e:  # nvJitLinkError: report the error log, not just the code
+            size = nvjitlink.get_error_log_size(handle)
+            buf = bytearray(size)
+            if size:
+                nvjitlink.get_error_log(handle, buf)
+            log = buf.decode(errors="replace").rstrip("\0")
+            raise CompileError(_failure_message(ptx, target, options, f"{e}\n{log}")) from None
+        n = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(n)
+        nvjitlink.get_linked_cubin(handle, cubin)
+        size = nvjitlink.get_info_log_size(handle)
+        buf = bytearray(size)
+        if size:
+            nvjitlink.get_info_log(handle, buf)
+        return bytes(cubin), buf.decode(errors="replace").rstrip("\0")
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def _failure_message(ptx: str, target: str, options: tuple, log: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="ptxgen-failed-", suffix=".ptx")
+    with os.fdopen(fd, "w") as f:
+        f.write(ptx)
+    return (f"nvJitLink failed for {target}:\n{log.strip()}\n"
+            f"reproduce: ptxas -arch={target} {' '.join(options)} -v {path} -o /dev/null")
+
+
+def _read_disk(path: Path) -> bytes | None:
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    if len(blob) >= _HEADER.size:
+        magic, n, digest = _HEADER.unpack_from(blob)
+        payload = blob[_HEADER.size:]
+        if magic == _MAGIC and n == len(payload) and hashlib.sha256(payload).digest() == digest:
+            return payload
+    if knobs.verbose():
+        print(f"ptxgen: cache entry {path} is corrupt; rebuilding", file=sys.stderr)
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    return None
+
+
+def _write_disk(path: Path, payload: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _pack_entry(cubin: bytes, log: str) -> bytes:
+    lb = log.encode()
+    return struct.pack("<Q", len(lb)) + lb + cubin
+
+
+def _unpack_entry(payload: bytes) -> tuple[bytes, str]:
+    (n,) = struct.unpack_from("<Q", payload)
+    return payload[8 + n:], payload[8:8 + n].decode()
+
+
+def compile_ptx(ptx: str, target: str, options: tuple = (), name: str = "kernel") -> CompileResult:
+    """Compile `ptx` for `target` (e.g. "sm_90", "sm_90a"), through the memory and disk caches."""
+    options = tuple(options)
+    key = cache_key(ptx, target, options)
+    hit = _MEMORY.get(key)
+    if hit is not None:
+        return CompileResult(hit.cubin, target, hit.log, "memory", hit.resources)
+    path = knobs.cache_dir() / key[:2] / f"{key}.cubin"
+    payload = _read_disk(path) if knobs.cache_enabled() else None
+    source = "disk"
+    if payload is None:
+        cubin, log = _link(ptx, target, options)
+        source = ""
+        if knobs.cache_enabled():
+            _write_disk(path, _pack_entry(cubin, log))
+    else:
+        cubin, log = _unpack_entry(payload)
+    res = CompileResult(cubin, target, log, source, parse_resources(log))
+    _MEMORY[key] = res
+    if knobs.verbose():
+        print(f"ptxgen: {name} for {target}: {'cache ' + source if source else 'compiled'} ({key[:12]})", file=sys.stderr)
+    keep = knobs.keep_dir()
+    if keep is not None:
+        keep_artifacts(keep / f"{name}.{target}", ptx, res)
+    return res
+
+
+def keep_artifacts(stem: Path, ptx: str, res: CompileResult) -> None:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{stem}.ptx").write_text(ptx)
+    Path(f"{stem}.cubin").write_bytes(res.cubin)
+    Path(f"{stem}.log").write_text(res.log)
+    try:
+        Path(f"{stem}.sass").write_text(sass(res.cubin))
+    except FileNotFoundError:
+        pass
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for cand in Path(base).glob(f"*/bin/{name}"):
+                return str(cand)
+    except ImportError:
+        pass
+    raise FileNotFoundError(f"{name} not found: pip install nvidia-cuda-nvdisasm (the `tools` extra) "
+                            f"or put the CUDA toolkit's bin/ on PATH")
+
+
+def sass(cubin: bytes) -> str:
+    """Disassemble a cubin with nvdisasm (from the nvidia-cuda-nvdisasm wheel or the toolkit)."""
+    tool = _tool("nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], check=True,
+                              capture_output=True, text=True).stdout

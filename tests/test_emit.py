@@ -1,0 +1,83 @@
+"""L0 (emitted/ is golden), L1 (every kernel × arch compiles, zero spills), L2 (SASS)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from ptxgen.arch import TARGETS, get_arch
+from ptxgen.cli import emit_arch, main
+from ptxgen.kernels import KERNELS
+from ptxgen.probes import probe_ptx
+from ptxgen.runtime.compiler import compile_ptx, sass
+
+CASES = [(k, a) for k in KERNELS for a in KERNELS[k].archs]
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_emitted_is_golden(arch, tmp_path):
+    emit_arch(get_arch(arch), list(KERNELS.values()), tmp_path)
+    golden = REPO / "emitted" / arch
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert made == sorted(p.name for p in golden.iterdir() if p.is_file()), "regenerate: ptxgen emit"
+    for name in made:
+        assert (tmp_path / name).read_text() == (golden / name).read_text(), f"emitted/{arch}/{name} is stale: ptxgen emit"
+
+
+def test_manifest_describes_the_abi():
+    m = json.loads((REPO / "emitted" / "sm_89" / "manifest.json").read_text())
+    k = {e["kernel"]: e for e in m["kernels"]}["dequantize_q4_k"]
+    assert [p["name"] for p in k["params"]] == ["w", "y", "nsuper"]
+    assert [p["size"] for p in k["params"]] == [8, 8, 4] and k["threads"] == 256 and len(k["sha256"]) == 64
+
+
+@pytest.mark.parametrize("kernel,arch", CASES)
+def test_compiles_without_spills(kernel, arch):
+    k = KERNELS[kernel].for_arch(arch)
+    res = compile_ptx(k.ptx(), arch, name=kernel)
+    r = res.resources[k.entry]
+    assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0
+    assert 0 < r["registers"] <= 64
+
+
+EXPECTED_SASS = {"quantize_q8_1": ["SHFL.BFLY", "F2FP"], "dequantize_q4_k": ["F2FP", "LDG.E"]}
+
+
+@pytest.mark.parametrize("kernel,arch", CASES)
+def test_sass(kernel, arch):
+    k = KERNELS[kernel].for_arch(arch)
+    text = sass(compile_ptx(k.ptx(), arch, name=kernel).cubin)
+    for op in EXPECTED_SASS[kernel]:
+        assert op in text, f"{kernel}/{arch}: {op} missing from SASS"
+    assert "LDL" not in text and "STL" not in text, "local memory in SASS"
+
+
+@pytest.mark.parametrize("feature,arch,op", [("mma_sync_f16", "sm_89", "HMMA.16816.F32"),
+                                             ("mma_sync_s8", "sm_89", "IMMA.16832.S8.S8"),
+                                             ("wgmma", "sm_90a", "HGMMA.64x8x16.F32"),
+                                             ("cp_async_bulk_tensor", "sm_90a", "UTMALDG"),
+                                             ("cp_async", "sm_89", "LDGSTS"),
+                                             ("mma_sync_f16", "sm_120a", "HMMA.16816.F32")])
+def test_tensor_core_probes_lower_to_the_intended_sass(feature, arch, op):
+    text = sass(compile_ptx(probe_ptx(get_arch(arch), feature), arch, name=f"probe_{feature}").cubin)
+    assert op in text
+
+
+def test_cli_errors_and_list(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["emit", "--arch", "sm_70"])
+    assert e.value.code == 2 and "valid: sm_80, sm_89, sm_90a, sm_120a" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["emit", "--kernel", "nope"])
+    assert e.value.code == 2 and "valid: quantize_q8_1, dequantize_q4_k" in capsys.readouterr().err
+    assert main(["list"]) == 0 and "dequantize_q4_k" in capsys.readouterr().out
+
+
+def test_cli_emit_and_check_run(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ptxgen.cli", "emit", "--arch", "sm_89", "-o", str(tmp_path)],
+                         capture_output=True, text=True, check=True)
+    assert (tmp_path / "quantize_q8_1.ptx").exists() and "sm_89" in out.stdout
+    chk = subprocess.run([sys.executable, "-m", "ptxgen.cli", "check", "--arch", "sm_120a"], capture_output=True, text=True)
+    assert chk.returncode == 0, chk.stdout + chk.stderr
+    assert "dequantize_q4_k" in chk.stdout and "SPILLS" not in chk.stdout

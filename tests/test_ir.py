@@ -1,0 +1,90 @@
+"""L0: instructions and DSL objects validate themselves at construction with errors that name the fix."""
+import pytest
+
+from ptxgen import ir
+from ptxgen.arch import ArchError, get_arch
+from ptxgen.builder import KernelBuilder
+from ptxgen.dsl import Mma, Pipeline, Schedule, SpecError, Tile
+from ptxgen.emitter import render_instr
+from ptxgen.ir import Imm, Instr, IRError, Mem, Reg, Vec
+from ptxgen.layouts import prmt_selector
+from ptxgen.targets import lowering_for
+
+SM89, SM90A, SM120A = (get_arch(a) for a in ("sm_89", "sm_90a", "sm_120a"))
+
+
+def regs(t, n, p="%r"):
+    return Vec(tuple(Reg(f"{p}{i}", t) for i in range(n)))
+
+
+def test_wgmma_on_sm120a_is_a_clear_error():
+    with pytest.raises(ArchError, match=r"sm_120a does not have.*use mma.sync"):
+        ir.wgmma(SM120A, 64, "f16", regs("f32", 32, "%f"), Reg("%rd0", "b64"), Reg("%rd1", "b64"))
+    with pytest.raises(ArchError, match=r"sm_120a has no wgmma.*Mma\(instr='mma.sync'\)"):
+        lowering_for("sm_120a").pick_mma(Mma("f16", "wgmma"))
+    assert lowering_for("sm_120a").pick_mma(Mma("f16")) == "mma.sync"
+    assert lowering_for("sm_90a").pick_mma(Mma("f16")) == "wgmma"
+    i = ir.wgmma(SM90A, 64, "f16", regs("f32", 32, "%f"), Reg("%rd0", "b64"), Reg("%rd1", "b64"))
+    assert render_instr(i).strip().startswith("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%f0,")
+
+
+def test_mma_operand_checks():
+    a, b2, c = regs("b32", 4), regs("b32", 2), regs("f32", 4, "%f")
+    i = ir.mma_sync(SM89, "m16n8k16", "f16", c, a, b2, c)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in render_instr(i)
+    with pytest.raises(IRError, match="B takes 2 registers, got 4"):
+        ir.mma_sync(SM89, "m16n8k16", "f16", c, a, a, c)
+    with pytest.raises(IRError, match="legal: m16n8k16 f16, m16n8k16 bf16, m16n8k32 s8"):
+        ir.mma_sync(SM89, "m16n8k8", "f16", c, a, b2, c)
+    with pytest.raises(IRError, match="N=12 is not legal"):
+        ir.wgmma(SM90A, 12, "f16", regs("f32", 6, "%f"), Reg("%rd0", "b64"), Reg("%rd1", "b64"))
+
+
+def test_register_widths_and_arity():
+    with pytest.raises(IRError, match=r"operand %rd0 is .b64 .* works on .u32"):
+        Instr("add.u32", (Reg("%r0", "u32"), Reg("%rd0", "b64"), Imm(1, "u32")))
+    with pytest.raises(IRError, match="takes 3 operands, got 2"):
+        Instr("add.u32", (Reg("%r0", "u32"), Reg("%r1", "u32")))
+    with pytest.raises(IRError, match="unknown opcode"):
+        Instr("frobnicate.u32", ())
+    with pytest.raises(IRError, match="must be a .pred register"):
+        Instr("add.u32", (Reg("%r0", "u32"), Reg("%r1", "u32"), Imm(1, "u32")), pred=Reg("%r2", "u32"))
+
+
+def test_prmt_sign_bit_trap():
+    r = Reg("%r0", "b32")
+    with pytest.raises(IRError, match="sign-replicate"):
+        Instr("prmt.b32", (r, r, r, Imm(0x3210 | 0x8000, "b32")))
+    Instr("prmt.b32", (r, r, r, Imm(prmt_selector(0, 1, 2, 3), "b32")))
+
+
+def test_arch_gated_copies():
+    with pytest.raises(ArchError, match="cp_async_bulk_tensor"):
+        KernelBuilder("k", SM89).emit("cp.async.bulk.tensor.2d.shared::cluster.global", Reg("%r0", "u32"))
+    with pytest.raises(ArchError, match=r"Pipeline\(copy='tma'\).*cp.async"):
+        lowering_for("sm_89").pick_copy(Pipeline(3, "tma"))
+    assert lowering_for("sm_89").pick_copy(Pipeline(3)) == "cp.async"
+    assert lowering_for("sm_90a").pick_copy(Pipeline(3)) == "tma"
+    with pytest.raises(IRError, match="copies 4, 8 or 16 bytes"):
+        ir.cp_async(SM89, Mem(Reg("%r0", "u32")), Mem(Reg("%rd0", "u64")), 32)
+
+
+def test_tile_pipeline_schedule_validation():
+    t = Tile(128, 128, 32, warps=8, warp_m=64, warp_n=32)
+    assert t.threads == 256
+    with pytest.raises(SpecError, match="needs 4 warps, not 8"):
+        Tile(128, 128, 32, warps=8, warp_m=64, warp_n=64)
+    with pytest.raises(SpecError, match="splits a q4_K scale group of 32 weights"):
+        Tile(128, 128, 16, warps=8, warp_m=64, warp_n=32).check_format("q4_K")
+    with pytest.raises(SpecError, match="exceeds sm_89's 101376 B"):
+        Pipeline(4).check_smem(SM89, 32 * 1024)
+    with pytest.raises(SpecError, match="whole warpgroups|multiple of 4"):
+        Mma("f16").resolve(SM90A, Tile(64, 32, 32, warps=2, warp_m=32, warp_n=32))
+    with pytest.raises(SpecError, match="'grid' or 'persistent'"):
+        Schedule("stream-k")
+
+
+def test_shared_memory_budget():
+    b = KernelBuilder("k", SM89)
+    with pytest.raises(IRError, match="exceeds sm_89's"):
+        b.shared_buffer("big", 200 * 1024)

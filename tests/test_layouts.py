@@ -1,0 +1,73 @@
+"""L0: the NumPy layout models against the PTX ISA's fragment tables."""
+import numpy as np
+
+from ptxgen import layouts as L
+
+
+def test_mma_m16n8k16_a_fragment_table():
+    a = L.mma_a_layout("m16n8k16")  # [lane, elem] → (row, col); ISA: a0,a1 row=g; a2,a3 row=g+8; a4.. col+8
+    assert a.shape == (32, 8, 2)
+    assert tuple(a[5, 0]) == (1, 2) and tuple(a[5, 1]) == (1, 3)
+    assert tuple(a[5, 2]) == (9, 2) and tuple(a[5, 4]) == (1, 10) and tuple(a[5, 7]) == (9, 11)
+    cells = {tuple(x) for x in a.reshape(-1, 2)}
+    assert len(cells) == 16 * 16  # every element exactly once
+
+
+def test_mma_m16n8k32_s8_fragments():
+    a = L.mma_a_layout("m16n8k32")
+    assert tuple(a[6, 0]) == (1, 8) and tuple(a[6, 3]) == (1, 11) and tuple(a[6, 4]) == (9, 8)
+    assert tuple(a[6, 8]) == (1, 24) and tuple(a[6, 15]) == (9, 27)
+    assert len({tuple(x) for x in a.reshape(-1, 2)}) == 16 * 32
+    b = L.mma_b_layout("m16n8k32")  # b0..b3: k = tig*4+i, b4..b7: +16; n = groupID
+    assert tuple(b[6, 0]) == (8, 1) and tuple(b[6, 4]) == (24, 1)
+    assert len({tuple(x) for x in b.reshape(-1, 2)}) == 32 * 8
+    b16 = L.mma_b_layout("m16n8k16")
+    assert tuple(b16[6, 0]) == (4, 1) and tuple(b16[6, 2]) == (12, 1)
+    c = L.mma_c_layout()
+    assert tuple(c[6, 0]) == (1, 4) and tuple(c[6, 3]) == (9, 5)
+    assert len({tuple(x) for x in c.reshape(-1, 2)}) == 16 * 8
+
+
+def test_mma_reference_computes_a_times_b():
+    rng = np.random.default_rng(0)
+    A = rng.integers(-128, 128, (16, 32))
+    B = rng.integers(-128, 128, (32, 8))
+    la, lb, lc = L.mma_a_layout("m16n8k32"), L.mma_b_layout("m16n8k32"), L.mma_c_layout()
+    d = L.mma_reference("m16n8k32", A[la[..., 0], la[..., 1]], B[lb[..., 0], lb[..., 1]], np.zeros((32, 4), np.int64))
+    D = np.zeros((16, 8), np.int64)
+    D[lc[..., 0], lc[..., 1]] = d
+    np.testing.assert_array_equal(D, A @ B)
+
+
+def test_ldmatrix_layout():
+    x4 = L.ldmatrix_layout(4)
+    assert tuple(x4[9, 2, 1]) == (2, 2, 3)  # lane 9, reg 2 (matrix 2), half 1 → row 9//4, col 2*(9%4)+1
+    t = L.ldmatrix_layout(1, trans=True)
+    assert tuple(t[9, 0, 1]) == (0, 3, 2)
+    assert L.ldmatrix_address_lane(3, 5) == 29
+
+
+def test_swizzle_and_descriptor():
+    # 128B swizzle: 16-byte chunk index XOR row-in-atom (offset bits [7:9] into [4:6])
+    assert L.swizzle(0x80, "128B") == 0x90 and L.swizzle(0x3F0, "128B") == 0x3F0 ^ (7 << 4)
+    offs = L.tma_box_offsets(8, 64, 2, "128B")
+    assert sorted(offs.reshape(-1).tolist()) == list(range(0, 8 * 128, 2))  # a permutation of the box
+    d = L.wgmma_descriptor(0x1000, 16, 1024, "128B")
+    assert L.decode_wgmma_descriptor(d) == {"start_addr": 0x1000, "leading_byte_offset": 16,
+                                            "stride_byte_offset": 1024, "base_offset": 0, "swizzle": "128B"}
+
+
+def test_prmt_model_sign_replicate():
+    assert L.prmt(0x80_7F_01_FF, 0, 0x3210) == 0x807F01FF
+    assert L.prmt(0x80_7F_01_FF, 0, 0x0008 | 0x3210 & 0xFFF0) == 0x807F01FF  # byte 0 (0xFF) sign → 0xFF
+    assert L.prmt(0x00_00_00_7F, 0, 0x4448) == 0x00000000  # 0x7F is positive → 0x00
+    assert L.prmt_selector(3, 2, 1, 0) == 0x0123 and L.prmt_selector(0, 1, 2, 3, sign=(3,)) == 0xB210
+
+
+def test_padding_is_bank_conflict_free():
+    # ldmatrix rows of a 32-half (64 B) tile padded to 80 B: the 8 row addresses hit distinct 16-byte bank groups
+    rows = np.arange(8) * 80
+    groups = {tuple(L.smem_bank(r + np.arange(0, 16, 4))) for r in rows}
+    assert len(groups) == 8
+    unpadded = {tuple(L.smem_bank(r + np.arange(0, 16, 4))) for r in np.arange(8) * 64}
+    assert len(unpadded) < 8
