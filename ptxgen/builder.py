@@ -126,6 +126,15 @@ class KernelBuilder:
         self.shared.append(Shared(name, nbytes, align))
         return Sym(name)
 
+    def dynamic_shared(self, nbytes: int) -> Sym:
+        """Dynamic shared memory (`dsmem`), opted into at launch; may exceed 48 KB up to the arch's limit."""
+        total = sum(s.nbytes for s in self.shared) + nbytes
+        if total > self.arch.max_smem_per_block:
+            raise IRError(f"{self.name}: {total} B of shared memory exceeds {self.arch.name}'s "
+                          f"{self.arch.max_smem_per_block} B per block")
+        self.dynamic_smem = nbytes
+        return Sym("dsmem")
+
     def const_table(self, name: str, data: bytes, align: int = 4) -> Sym:
         self.consts.append(Const(name, tuple(data), align))
         return Sym(name)

@@ -27,7 +27,7 @@ def shared_dir() -> Path | None:
 
 def _gpu_reason() -> str | None:
     try:
-        from ptxgen.runtime import device
+        from ptxgen.runtime import driver as device
 
         device.current()
         return None

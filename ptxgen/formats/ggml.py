@@ -335,12 +335,14 @@ def quantize_q8_1(x: np.ndarray, s_mode: str = "sum_x") -> np.ndarray:
     if s_mode not in Q8_1_S_MODES:
         raise ValueError(f"q8_1: s_mode must be one of {Q8_1_S_MODES}, got {s_mode!r}")
     x = f32(x)
-    amax = np.max(np.abs(x), axis=1)
+    amax = np.max(np.abs(x), axis=1)  # NaN anywhere → NaN (the kernel's max.NaN)
     d = amax / F32(127)
     if s_mode == "sum_x":
         with np.errstate(divide="ignore"):
             idv = np.where(amax > 0, F32(127) / amax, F32(0))
-        q = np.rint(x * idv[:, None]).astype(np.int8)
+        with np.errstate(invalid="ignore"):
+            t = x * idv[:, None]
+        q = np.where(np.isnan(t), 0, np.rint(t)).astype(np.int8)  # cvt.rni.s32 of NaN is 0
         s = xor_tree_sum(x)
     else:
         with np.errstate(divide="ignore"):

@@ -1,0 +1,1 @@
+"""Generated PTX, one folder per arch with a manifest.json. Regenerate with `ptxgen emit`; never edit by hand."""

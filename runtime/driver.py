@@ -1,0 +1,276 @@
+"""The CUDA driver, through cuda-python's `cuda.bindings.driver`: context, device memory, modules, launches,
+events.
+
+Why the driver API and not `cuda.core` for launches: ptxgen's kernels take a CUtensorMap by value (a
+128-byte parameter, as nvcc passes a `__grid_constant__` one), opt into more than 48 KB of dynamic shared
+memory and may set cluster dimensions; the driver's `cuLaunchKernelEx` with a packed `void**` does all
+three on every cuda-python release we meet (12.x on older images, 13.x here), so there is one launch path.
+cuda-python is imported on first use: importing ptxgen.runtime works on a machine without a driver.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ptxgen import knobs
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the driver's error."""
+
+
+_LOCK = threading.Lock()
+_CTX = None
+
+
+def _drv():
+    try:
+        from cuda.bindings import driver
+    except ImportError:  # very old cuda-python
+        try:
+            from cuda import cuda as driver  # type: ignore
+        except ImportError as e:
+            raise RuntimeError("ptxgen.runtime needs cuda-python (pip install cuda-bindings)") from e
+    return driver
+
+
+def check(result, what: str = "CUDA call"):
+    """Unpack a cuda-python result tuple, raising CudaError (or MemoryError for out-of-memory)."""
+    drv = _drv()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        _, name = drv.cuGetErrorName(err)
+        _, text = drv.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        msg = f"{what} failed: {name} ({text})"
+        if int(err) == int(drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
+            raise MemoryError(msg)
+        raise CudaError(msg)
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+@dataclass
+class Context:
+    device: object
+    ctx: object
+    name: str
+    sm: int  # compute capability as major*10+minor
+    sm_count: int
+    max_smem_optin: int
+    l2_bytes: int
+
+
+def current() -> Context:
+    """The process's CUDA context on device 0 (PTXGEN_DEVICE later), created on first use."""
+    global _CTX
+    if _CTX is not None:
+        return _CTX
+    with _LOCK:
+        if _CTX is not None:
+            return _CTX
+        try:
+            drv = _drv()
+            check(drv.cuInit(0), "cuInit")
+        except (CudaError, OSError, RuntimeError) as e:
+            raise RuntimeError(f"ptxgen.runtime: no usable CUDA driver/GPU on this machine ({e}). "
+                               "The GPU ops need an NVIDIA GPU and driver; ptxgen emit/check and the "
+                               "NumPy references work without one.") from None
+        n = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+        if n == 0:
+            raise RuntimeError("ptxgen.runtime: the CUDA driver sees no GPU")
+        dev = check(drv.cuDeviceGet(0), "cuDeviceGet")
+        ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        A = drv.CUdevice_attribute
+        attr = lambda a: check(drv.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute")  # noqa: E731
+        major = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        minor = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        name = check(drv.cuDeviceGetName(256, dev), "cuDeviceGetName")
+        name = name.split(b"\0")[0].decode() if isinstance(name, bytes) else str(name)
+        _CTX = Context(dev, ctx, name, major * 10 + minor, attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+                       attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+                       attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE))
+        return _CTX
+
+
+def synchronize() -> None:
+    current()
+    check(_drv().cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+# ---------------------------------------------------------------------------------------------------
+# memory
+
+class DeviceBuffer:
+    """Owned device memory (cuMemAlloc), freed when garbage-collected."""
+
+    def __init__(self, nbytes: int):
+        current()
+        self.nbytes = int(nbytes)
+        self.ptr = int(check(_drv().cuMemAlloc(max(self.nbytes, 1)), f"cuMemAlloc({self.nbytes} B)"))
+
+    def __del__(self):
+        ptr = getattr(self, "ptr", 0)
+        if ptr:
+            try:
+                _drv().cuMemFree(ptr)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+            self.ptr = 0
+
+    @classmethod
+    def from_host(cls, arr: np.ndarray) -> "DeviceBuffer":
+        arr = np.ascontiguousarray(arr)
+        buf = cls(arr.nbytes)
+        buf.upload(arr)
+        return buf
+
+    def upload(self, arr: np.ndarray, offset: int = 0) -> None:
+        arr = np.ascontiguousarray(arr)
+        if offset + arr.nbytes > self.nbytes:
+            raise ValueError(f"upload of {arr.nbytes} B at {offset} overflows a {self.nbytes} B buffer")
+        if arr.nbytes:
+            check(_drv().cuMemcpyHtoD(self.ptr + offset, arr.ctypes.data, arr.nbytes), "cuMemcpyHtoD")
+
+    def download(self, dtype, shape, offset: int = 0) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        if offset + out.nbytes > self.nbytes:
+            raise ValueError(f"download of {out.nbytes} B at {offset} overruns a {self.nbytes} B buffer")
+        if out.nbytes:
+            check(_drv().cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, out.nbytes), "cuMemcpyDtoH")
+        return out
+
+    def fill_bytes(self, value: int, nbytes: int | None = None, offset: int = 0) -> None:
+        n = self.nbytes if nbytes is None else nbytes
+        check(_drv().cuMemsetD8(self.ptr + offset, value & 0xFF, n), "cuMemsetD8")
+
+
+def memcpy_dtod(dst: int, src: int, nbytes: int) -> None:
+    check(_drv().cuMemcpyDtoD(dst, src, nbytes), "cuMemcpyDtoD")
+
+
+# ---------------------------------------------------------------------------------------------------
+# modules and launches
+
+class Function:
+    """A loaded kernel entry point with its parameter ABI (from the manifest)."""
+
+    def __init__(self, module, handle, name: str, params: list, block, dynamic_smem: int = 0):
+        self.module = module  # keep the module alive
+        self.handle = handle
+        self.name = name
+        self.params = params
+        self.block = tuple(block)
+        self.dynamic_smem = 0
+        if dynamic_smem:
+            self.set_dynamic_smem(dynamic_smem)
+
+    def set_dynamic_smem(self, nbytes: int) -> None:
+        ctx = current()
+        if nbytes > ctx.max_smem_optin:
+            raise ValueError(f"{self.name}: {nbytes} B of dynamic shared memory exceeds this GPU's "
+                             f"{ctx.max_smem_optin} B per block")
+        drv = _drv()
+        check(drv.cuFuncSetAttribute(self.handle, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     int(nbytes)), f"cuFuncSetAttribute({self.name}, max dynamic smem {nbytes})")
+        self.dynamic_smem = nbytes
+
+    def pack(self, args) -> tuple:
+        """Kernel arguments → (keep-alive storage, void** address), typed by the manifest's ABI."""
+        if len(args) != len(self.params):
+            names = ", ".join(p["name"] for p in self.params)
+            raise TypeError(f"{self.name} takes {len(self.params)} arguments ({names}), got {len(args)}")
+        storage = []
+        for p, a in zip(self.params, args):
+            t = p["type"]
+            if t == "b8":  # opaque by-value blob (CUtensorMap)
+                blob = np.frombuffer(bytes(a), np.uint8) if not isinstance(a, np.ndarray) else a.view(np.uint8)
+                if blob.size != p["size"]:
+                    raise ValueError(f"{self.name}: parameter {p['name']} is {p['size']} B, got {blob.size}")
+                cell = np.zeros(p["size"] // 8 + 1, np.uint64)  # 8-byte aligned storage
+                cell.view(np.uint8)[: blob.size] = blob
+            else:
+                dt = {"u64": np.uint64, "u32": np.uint32, "s32": np.int32, "f32": np.float32, "s64": np.int64}[t]
+                v = a.ptr if hasattr(a, "ptr") else a
+                if dt in (np.uint32, np.uint64) and int(v) < 0:
+                    raise ValueError(f"{self.name}: parameter {p['name']} is unsigned, got {v}")
+                cell = np.array([v], dt)
+            storage.append(cell)
+        ptrs = np.array([c.ctypes.data for c in storage], np.uint64)
+        storage.append(ptrs)
+        return storage, ptrs.ctypes.data
+
+    def launch(self, grid, args, *, block=None, smem: int | None = None, stream=0, cluster=None) -> None:
+        drv = _drv()
+        grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+        block = tuple(block or self.block)
+        block = block + (1,) * (3 - len(block))
+        if any(g <= 0 for g in grid) or any(g >= 2**31 for g in grid):
+            raise ValueError(f"{self.name}: bad grid {grid}")
+        smem = self.dynamic_smem if smem is None else smem
+        storage, params = self.pack(args)
+        if cluster is None:
+            check(drv.cuLaunchKernel(self.handle, *grid, *block, smem, stream, params, 0), f"launch {self.name}")
+        else:
+            cfg = drv.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+            cfg.sharedMemBytes = smem
+            cfg.hStream = stream
+            at = drv.CUlaunchAttribute()
+            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
+            cfg.attrs = [at]
+            cfg.numAttrs = 1
+            check(drv.cuLaunchKernelEx(cfg, self.handle, params, 0), f"launch {self.name} (cluster {cluster})")
+        del storage
+        if knobs.verbose():
+            import sys
+
+            print(f"ptxgen: launch {self.name} grid={grid} block={block} smem={smem}", file=sys.stderr)
+
+
+class Module:
+    def __init__(self, cubin: bytes, name: str = "module"):
+        current()
+        self.name = name
+        self._cubin = cubin  # the driver copies it, but keep it for inspection
+        self.handle = check(_drv().cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
+
+    def function(self, entry: str, params: list, block, dynamic_smem: int = 0) -> Function:
+        h = check(_drv().cuModuleGetFunction(self.handle, entry.encode()), f"cuModuleGetFunction({entry})")
+        return Function(self, h, entry, params, block, dynamic_smem)
+
+    def __del__(self):
+        h = getattr(self, "handle", None)
+        if h is not None:
+            try:
+                _drv().cuModuleUnload(h)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class Timer:
+    """Events-based timing of device work: `with Timer() as t: ...; t.ms`."""
+
+    def __init__(self, stream=0):
+        current()
+        drv = _drv()
+        self.stream = stream
+        self.start = check(drv.cuEventCreate(0), "cuEventCreate")
+        self.stop = check(drv.cuEventCreate(0), "cuEventCreate")
+        self.ms = float("nan")
+
+    def __enter__(self):
+        check(_drv().cuEventRecord(self.start, self.stream), "cuEventRecord")
+        return self
+
+    def __exit__(self, *exc):
+        drv = _drv()
+        check(drv.cuEventRecord(self.stop, self.stream), "cuEventRecord")
+        check(drv.cuEventSynchronize(self.stop), "cuEventSynchronize")
+        self.ms = float(check(drv.cuEventElapsedTime(self.start, self.stop), "cuEventElapsedTime"))
+        return False

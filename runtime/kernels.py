@@ -1,0 +1,99 @@
+"""Finding, compiling and loading ptxgen's kernels: from the packaged `emitted/` (works with numpy and
+cuda-python alone) or emitted on the fly from the DSL (needs jinja2)."""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from ptxgen import knobs
+
+from .compiler import compile_ptx
+from .driver import Function, Module, current
+
+
+class KernelNotFound(ValueError):
+    pass
+
+
+def _emitted_root():
+    d = knobs.emitted_dir()
+    if d is not None:
+        return d
+    import importlib.util
+
+    # find the folder without importing the package (no __pycache__ inside emitted/)
+    spec = importlib.util.find_spec("ptxgen.emitted")
+    if spec is None or not spec.submodule_search_locations:
+        raise KernelNotFound("the packaged emitted/ kernels are missing; reinstall ptxgen or set PTXGEN_EMITTED_DIR")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@lru_cache(maxsize=None)
+def manifest(arch: str) -> dict:
+    root = _emitted_root()
+    path = root / arch / "manifest.json"
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, OSError):
+        return {}
+    return {k["kernel"]: k for k in json.loads(text)["kernels"]}
+
+
+def available(kernel: str) -> list[str]:
+    from ptxgen.arch import ARCHES
+
+    return [a for a in ARCHES if kernel in manifest(a)]
+
+
+def candidate_arches(device_sm: int) -> list[str]:
+    """PTX targets runnable on a device, best first: its own a-suffixed arch, then plain arches ≤ it."""
+    from ptxgen.arch import ARCHES
+
+    own = [a.name for a in ARCHES.values() if a.suffix == "a" and a.sm == device_sm]
+    plain = sorted((a for a in ARCHES.values() if a.suffix == "" and a.sm <= device_sm), key=lambda a: -a.sm)
+    return own + [a.name for a in plain]
+
+
+def ptx_source(kernel: str, arch: str, source: str = "emitted") -> tuple[str, dict]:
+    """(PTX text, manifest entry) of `kernel` built for `arch`."""
+    if source == "dsl":
+        from ptxgen.kernels import get_kernel
+
+        k = get_kernel(kernel).for_arch(arch)
+        text = k.ptx()
+        return text, k.manifest(text)
+    entry = manifest(arch).get(kernel)
+    if entry is None:
+        raise KernelNotFound(f"kernel {kernel!r} has no build for {arch} in emitted/ "
+                             f"(built for: {', '.join(available(kernel)) or 'none'})")
+    return (_emitted_root() / arch / f"{kernel}.ptx").read_text(), entry
+
+
+_LOADED: dict = {}
+
+
+def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Function:
+    """Compile (through the cache) and load `kernel` for the current device. `arch` picks the PTX target
+    (e.g. "sm_89" to run the mma.sync path on an sm_90 device); default: the best one available."""
+    from ptxgen.arch import device_target, get_arch
+
+    ctx = current()
+    arches = [arch] if arch else [a for a in candidate_arches(ctx.sm) if kernel in manifest(a) or source == "dsl"]
+    if not arches:
+        raise KernelNotFound(f"kernel {kernel!r} has no build this {ctx.name} (sm_{ctx.sm}) can run; "
+                             f"built for: {', '.join(available(kernel)) or 'none'}")
+    a = get_arch(arches[0])
+    key = (kernel, a.name, source)
+    fn = _LOADED.get(key)
+    if fn is not None:
+        return fn
+    target = device_target(a, ctx.sm)
+    text, entry = ptx_source(kernel, a.name, source)
+    res = compile_ptx(text, target, name=kernel)
+    mod = Module(res.cubin, kernel)
+    fn = mod.function(entry["entry"], entry["params"], entry["block"], entry.get("dynamic_smem", 0))
+    fn.meta = entry.get("meta", {})
+    fn.arch = a.name
+    _LOADED[key] = fn
+    return fn

@@ -1,0 +1,125 @@
+"""L3: the runtime and the first kernels on a GPU, against ptxgen.formats (bit-exact)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ptxgen import formats
+from ptxgen.testing import strategies as S
+
+pytestmark = pytest.mark.gpu
+
+
+def rt():
+    import ptxgen.runtime as r
+
+    return r
+
+
+@settings(max_examples=30)
+@given(data=st.data())
+def test_quantize_q8_1_bit_exact(data):
+    r = rt()
+    t = data.draw(st.sampled_from([1, 2, 7, 64]))
+    k = 32 * data.draw(st.integers(1, 20))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    x = (rng.standard_normal((t, k)) * data.draw(st.sampled_from([1e-4, 1.0, 300.0]))).astype(np.float32)
+    if data.draw(st.booleans()):
+        x[0, :32] = 0  # an all-zero block
+    if data.draw(st.booleans()):
+        x.flat[rng.integers(0, x.size)] = np.nan
+    got = r.quantize_q8_1(x)
+    np.testing.assert_array_equal(got, formats.quantize("q8_1", x))
+
+
+@settings(max_examples=30)
+@given(data=st.data())
+def test_dequantize_q4_k_bit_exact(data):
+    r = rt()
+    m, k = data.draw(S.matrix_shapes("q4_K", max_rows=40, max_blocks_per_row=4))
+    raw = data.draw(S.raw_matrix("q4_K", m, k, max_abs_scale=1000.0))
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    got = r.dequantize(w).numpy()
+    want = formats.dequantize("q4_K", raw, (m, k)).astype(np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_repeated_launches_are_bit_identical_and_poisoned_outputs_are_overwritten():
+    r = rt()
+    w = r.QuantTensor.from_numpy(np.random.default_rng(0).standard_normal((64, 1024)).astype(np.float32), "q4_K")
+    out = r.DeviceArray.empty((64, 1024), np.float16)
+    outs = []
+    for _ in range(3):
+        out.owner.fill_bytes(0xFF)  # NaN poison
+        r.dequantize(w, out=out)
+        outs.append(out.numpy())
+    assert not np.isnan(outs[0]).any()
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.view(np.uint16), outs[0].view(np.uint16))
+
+
+def test_dynamic_shared_memory_above_48k():
+    r = rt()
+    from ptxgen.arch import get_arch
+    from ptxgen.builder import KernelBuilder
+    from ptxgen.ir import Imm, Mem
+
+    b = KernelBuilder("dsmem_probe", get_arch("sm_89"), "probe", block=(256, 1, 1))
+    out_p = b.param("out", "u64", "ptr:out")
+    smem = b.dynamic_shared(64 * 1024)
+    out = b.ptr(out_p)
+    tid = b.special("tid.x")
+    base = b.op("mov.u32", smem)
+    far = b.op("add.u32", base, Imm(60 * 1024, "u32"))
+    b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), far)), tid)
+    b.emit("bar.sync", Imm(0, "u32"))
+    rev = b.op("sub.u32", Imm(255, "u32"), tid)
+    v = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", rev, Imm(4, "u32"), far)))
+    b.emit("st.global.u32", Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), out)), v)
+    k = b.finish()
+    ctx = r.current()
+    res = r.compile_ptx(k.ptx(), f"sm_{ctx.sm}", name="dsmem_probe")
+    fn = r.driver.Module(res.cubin).function(k.entry, [p.abi() for p in k.params], k.block, 64 * 1024)
+    o = r.DeviceArray.empty((256,), np.uint32)
+    fn.launch((1,), (o,))
+    np.testing.assert_array_equal(o.numpy(), np.arange(255, -1, -1))
+
+
+def test_cache_second_process_loads_from_disk(tmp_path):
+    code = ("import numpy as np, ptxgen.runtime as r; x = np.ones((2, 64), np.float32); r.quantize_q8_1(x); print('ok')")
+    env = dict(os.environ, PTXGEN_CACHE_DIR=str(tmp_path), PTXGEN_VERBOSE="1")
+    a = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    b = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "compiled" in a.stderr and "cache disk" in b.stderr and "compiled" not in b.stderr
+
+
+def test_torch_and_cupy_inputs():
+    r = rt()
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4, 128, device="cuda", dtype=torch.float32)
+    q = r.quantize_q8_1(x)
+    got = torch.as_tensor(q, device="cuda").cpu().numpy()
+    np.testing.assert_array_equal(got, formats.quantize("q8_1", x.cpu().numpy()))
+    with pytest.raises(TypeError, match="expected dtype float32, got float16"):
+        r.quantize_q8_1(x.half())
+    with pytest.raises(ValueError, match="non-contiguous"):
+        r.quantize_q8_1(torch.randn(128, 4, device="cuda").t())
+    cupy = pytest.importorskip("cupy")
+    xc = cupy.asarray(x.cpu().numpy())
+    np.testing.assert_array_equal(r.quantize_q8_1(xc).numpy(), got)
+
+
+def test_gguf_to_gpu_dequant(tmp_path):
+    from gguf import GGMLQuantizationType as GT, GGUFWriter
+
+    r = rt()
+    w = np.random.default_rng(5).standard_normal((32, 512)).astype(np.float32)
+    raw = formats.quantize("q4_K", w)
+    wr = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    wr.add_tensor("w", raw, raw_dtype=GT.Q4_K)
+    wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()  # noqa: E702
+    t = r.QuantTensor.from_gguf(tmp_path / "m.gguf", "w")
+    np.testing.assert_array_equal(r.dequantize(t).numpy(), formats.dequantize("q4_K", raw, (32, 512)).astype(np.float16))

@@ -1,0 +1,147 @@
+"""Runtime checks that need no GPU: the compile cache, error messages, GGUF reading, packaging."""
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from ptxgen import formats
+from ptxgen.runtime import compiler
+from ptxgen.runtime.kernels import candidate_arches, manifest, ptx_source
+from ptxgen.runtime.tensors import QuantTensor, read_gguf_tensor, write_gguf
+
+PTX = ptx_source("quantize_q8_1", "sm_89")[0]
+
+
+def test_cache_key_covers_everything(monkeypatch):
+    base = compiler.cache_key(PTX, "sm_90")
+    assert compiler.cache_key(PTX + "\n", "sm_90") != base
+    assert compiler.cache_key(PTX, "sm_89") != base
+    assert compiler.cache_key(PTX, "sm_90", ("-O2",)) != base
+    monkeypatch.setattr(compiler, "nvjitlink_version", lambda: (99, 0))
+    assert compiler.cache_key(PTX, "sm_90") != base
+    monkeypatch.undo()
+    monkeypatch.setattr(compiler, "__version__", "9.9.9")
+    assert compiler.cache_key(PTX, "sm_90") != base
+
+
+def _compile_in_fresh_process(cache, extra_env=None):
+    env = dict(os.environ, PTXGEN_CACHE_DIR=str(cache), PTXGEN_VERBOSE="1", **(extra_env or {}))
+    code = ("from ptxgen.runtime.kernels import ptx_source; from ptxgen.runtime.compiler import compile_ptx;"
+            "r = compile_ptx(ptx_source('quantize_q8_1', 'sm_89')[0], 'sm_90', name='q'); print(len(r.cubin))")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+
+
+def test_disk_cache_miss_then_hit_then_corruption(tmp_path):
+    first = _compile_in_fresh_process(tmp_path)
+    assert "compiled" in first.stderr
+    second = _compile_in_fresh_process(tmp_path)
+    assert "cache disk" in second.stderr and second.stdout == first.stdout
+    (entry,) = [p for p in tmp_path.rglob("*.cubin")]
+    entry.write_bytes(entry.read_bytes()[:-7])  # truncated
+    third = _compile_in_fresh_process(tmp_path)
+    assert "corrupt" in third.stderr and "compiled" in third.stderr and third.stdout == first.stdout
+    blob = bytearray(entry.read_bytes())
+    blob[-1] ^= 0xFF  # flipped bit, same length
+    entry.write_bytes(bytes(blob))
+    assert "corrupt" in _compile_in_fresh_process(tmp_path).stderr
+    assert not list(tmp_path.rglob(".tmp-*")), "a temp file was left behind"
+
+
+def test_keep_artifacts(tmp_path, monkeypatch):
+    monkeypatch.setenv("PTXGEN_KEEP", str(tmp_path))
+    monkeypatch.setenv("PTXGEN_NO_CACHE", "1")
+    compiler._MEMORY.clear()
+    compiler.compile_ptx(PTX, "sm_90", name="quantize_q8_1")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [f"quantize_q8_1.sm_90.{e}" for e in ("cubin", "log", "ptx", "sass")]
+    assert "Used" in (tmp_path / "quantize_q8_1.sm_90.log").read_text()
+
+
+def test_compile_error_names_a_repro():
+    with pytest.raises(compiler.CompileError, match=r"reproduce: ptxas -arch=sm_90"):
+        compiler.compile_ptx(PTX.replace("add.rn.f32", "add.rn.f99"), "sm_90", name="broken")
+
+
+def test_runtime_imports_without_jinja2():
+    code = ("import sys\nclass Block:\n def find_spec(self, name, *a):\n  if name.split('.')[0] == 'jinja2':"
+            " raise ImportError('blocked')\nsys.meta_path.insert(0, Block())\n"
+            "import ptxgen.runtime as r\nfrom ptxgen.runtime.kernels import ptx_source\n"
+            "r.compile_ptx(ptx_source('dequantize_q4_k', 'sm_90a')[0], 'sm_90a')\n"
+            "assert 'jinja2' not in sys.modules\nprint('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_first_gpu_call_without_gpu_is_one_clear_error():
+    code = ("import numpy as np, ptxgen.runtime as r\n"
+            "try:\n r.quantize_q8_1(np.ones((1, 32), np.float32))\nexcept RuntimeError as e:\n print('RuntimeError', e)\n"
+            "else:\n print('ran on a GPU')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("ran on a GPU") or ("RuntimeError" in out and "no usable CUDA driver/GPU" in out)
+
+
+def test_bad_inputs_fail_before_any_launch():
+    from ptxgen.runtime import dequantize, quantize_q8_1
+
+    with pytest.raises(ValueError, match="multiple of 32, got shape"):
+        quantize_q8_1(np.zeros((2, 30), np.float32))
+    with pytest.raises(TypeError, match="expected dtype float32, got float64"):
+        quantize_q8_1(np.zeros((2, 32)))
+    with pytest.raises(ValueError, match=r"q4_K: shape \(2, 256\) needs 288 bytes"):
+        QuantTensor.from_raw("q4_K", np.zeros(100, np.uint8), (2, 256))
+    with pytest.raises(ValueError, match="K=300 is not a positive multiple"):
+        QuantTensor.from_raw("q4_K", np.zeros(100, np.uint8), (1, 300))
+    with pytest.raises(TypeError, match="expected a QuantTensor"):
+        dequantize(np.zeros((4, 4)))
+    with pytest.raises(TypeError, match="expected a NumPy array or a CUDA array"):
+        quantize_q8_1([1.0] * 32)
+
+
+def test_kernel_selection_order():
+    assert candidate_arches(90) == ["sm_90a", "sm_89", "sm_80"]
+    assert candidate_arches(89) == ["sm_89", "sm_80"]
+    assert candidate_arches(120) == ["sm_120a", "sm_89", "sm_80"]
+    assert "quantize_q8_1" in manifest("sm_120a")
+
+
+def test_gguf_q4_k_via_gguf_package(tmp_path):
+    from gguf import GGMLQuantizationType as GT, GGUFWriter
+
+    w = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
+    raw = formats.quantize("q4_K", w)
+    wr = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    wr.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=GT.Q4_K)
+    wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()  # noqa: E702
+    fmt, shape, got = read_gguf_tensor(tmp_path / "m.gguf", "blk.0.ffn_up.weight")
+    assert (fmt, shape) == ("q4_K", (3, 512)) and got.tobytes() == raw.tobytes()
+    with pytest.raises(KeyError, match="no tensor 'nope'"):
+        read_gguf_tensor(tmp_path / "m.gguf", "nope")
+
+
+@pytest.mark.parametrize("type_id", [46, 48])
+def test_gguf_tq4_1s_by_fork_id_and_size(tmp_path, type_id):
+    x = np.random.default_rng(1).standard_normal((5, 96)).astype(np.float32)
+    raw = formats.quantize("tq4_1s", x)
+    write_gguf(tmp_path / "t.gguf", {"a": (12, (2, 256), formats.quantize("q4_K", np.ones((2, 256), np.float32))),
+                                     "w": (type_id, (5, 96), raw)})
+    fmt, shape, got = read_gguf_tensor(tmp_path / "t.gguf", "w")
+    assert (fmt, shape) == ("tq4_1s", (5, 96)) and got.tobytes() == raw.tobytes()
+    write_gguf(tmp_path / "u.gguf", {"w": (77, (5, 96), raw)})
+    with pytest.raises(ValueError, match="type id 77 is not one ptxgen reads"):
+        read_gguf_tensor(tmp_path / "u.gguf", "w")
+
+
+@pytest.mark.slow
+def test_wheel_ships_emitted_kernels(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path),
+                    str(REPO)], check=True, capture_output=True)
+    (whl,) = tmp_path.glob("ptxgen-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    for arch in ("sm_89", "sm_90a", "sm_120a"):
+        assert f"ptxgen/emitted/{arch}/manifest.json" in names
+        assert f"ptxgen/emitted/{arch}/dequantize_q4_k.ptx" in names
+    assert "ptxgen/runtime/driver.py" in names and "ptxgen/templates/module.ptx.j2" in names
