@@ -55,6 +55,16 @@ def render_body(items) -> str:
     return "\n".join(lines)
 
 
+_ASCII = str.maketrans({"—": "-", "–": "-", "→": "->", "Σ": "sum ", "×": "x", "·": "*", "≤": "<=", "≥": ">=",
+                        "∘": "o", "’": "'", "√": "sqrt", "…": "..."})
+
+
+def ascii_only(text: str) -> str:
+    """ptxas before CUDA 13.5 rejects any non-ASCII byte, comments included."""
+    return text.translate(_ASCII).encode("ascii", "replace").decode("ascii")
+
+
 def render_module(kernel) -> str:
-    return _ENV.get_template("module.ptx.j2").render(
+    text = _ENV.get_template("module.ptx.j2").render(
         version=__version__, kernel=kernel, arch=kernel.arch, body=render_body(kernel.body))
+    return ascii_only(text)

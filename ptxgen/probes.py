@@ -26,5 +26,5 @@ def probe_ptx(arch: Arch, feature: str) -> str:
     body = PROBES[feature].replace("; ", ";\n\t")
     return (f".version {arch.ptx_version_str}\n.target {arch.name}\n.address_size 64\n\n"
             f".visible .entry probe(.param .u64 p)\n{{\n{_DECLS}\tld.param.u64 %rd0, [p];\n"
-            f"\tmov.b64 %rd2, 0;\n\tmov.b64 %rd3, 0;\n\t{body}\n\tst.global.u32 [%rd0], %r0;\n\tst.global.f32 [%rd0+4], %f0;\n\tst.global.u32 [%rd0+8], %r8;\n"
+            f"\tld.global.u64 %rd2, [%rd0+64];\n\tld.global.u64 %rd3, [%rd0+72];\n\t{body}\n\tst.global.u32 [%rd0], %r0;\n\tst.global.f32 [%rd0+4], %f0;\n\tst.global.u32 [%rd0+8], %r8;\n"
             f"\tld.shared.u32 %r40, [smem];\n\tst.global.u32 [%rd0+12], %r40;\n\tret;\n}}\n")

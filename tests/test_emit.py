@@ -25,6 +25,12 @@ def test_emitted_is_golden(arch, tmp_path):
         assert (tmp_path / name).read_text() == (golden / name).read_text(), f"emitted/{arch}/{name} is stale: ptxgen emit"
 
 
+@pytest.mark.parametrize("arch", TARGETS)
+def test_emitted_ptx_is_ascii(arch):
+    for p in (REPO / "emitted" / arch).glob("*.ptx"):
+        p.read_bytes().decode("ascii")  # ptxas of CUDA 13.0 rejects any other byte
+
+
 def test_manifest_describes_the_abi():
     m = json.loads((REPO / "emitted" / "sm_89" / "manifest.json").read_text())
     k = {e["kernel"]: e for e in m["kernels"]}["dequantize_q4_k"]
