@@ -119,7 +119,7 @@ def cmd_check(args) -> int:
                 print(f"{k.name:<20} {arch.name:<8} {'-':>4} {'-':>7} {'-':>5} {'-':>5}  FAILED\n{e}")
                 continue
             r = res.resources.get(k.entry, {})
-            spills = r.get("spill_stores", 0) + r.get("spill_loads", 0)
+            spills = r.get("spill_stores", 0) + r.get("spill_loads", 0) + r.get("lmem", 0)
             status = "ok" if spills == 0 and r.get("stack", 0) == 0 else "SPILLS"
             failed += status != "ok"
             print(f"{k.name:<20} {arch.name:<8} {r.get('registers', 0):>4} {r.get('smem', 0) + k.dynamic_smem:>7} "

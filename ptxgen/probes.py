@@ -28,3 +28,23 @@ def probe_ptx(arch: Arch, feature: str) -> str:
             f".visible .entry probe(.param .u64 p)\n{{\n{_DECLS}\tld.param.u64 %rd0, [p];\n"
             f"\tld.global.u64 %rd2, [%rd0+64];\n\tld.global.u64 %rd3, [%rd0+72];\n\t{body}\n\tst.global.u32 [%rd0], %r0;\n\tst.global.f32 [%rd0+4], %f0;\n\tst.global.u32 [%rd0+8], %r8;\n"
             f"\tld.shared.u32 %r40, [smem];\n\tst.global.u32 [%rd0+12], %r40;\n\tret;\n}}\n")
+
+
+def dynamic_smem_kernel(arch: Arch, nbytes: int = 64 * 1024):
+    """A kernel that needs `nbytes` of dynamic shared memory: thread t writes t near the end of it, then
+    reads back 255 − t into out[t]. Used to test the >48 KB opt-in."""
+    from .builder import KernelBuilder
+    from .ir import Imm, Mem
+
+    b = KernelBuilder("dsmem_probe", arch, "dynamic shared memory probe", block=(256, 1, 1))
+    out_p = b.param("out", "u64", "ptr:out")
+    smem = b.dynamic_shared(nbytes)
+    out = b.ptr(out_p)
+    tid = b.special("tid.x")
+    far = b.op("add.u32", b.op("mov.u32", smem), Imm(nbytes - 4096, "u32"))
+    b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), far)), tid)
+    b.emit("bar.sync", Imm(0, "u32"))
+    rev = b.op("sub.u32", Imm(255, "u32"), tid)
+    v = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", rev, Imm(4, "u32"), far)))
+    b.emit("st.global.u32", Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), out)), v)
+    return b.finish()

@@ -53,26 +53,33 @@ def cache_key(ptx: str, target: str, options: tuple = ()) -> str:
 
 _MEMORY: dict[str, CompileResult] = {}
 
-_RES = re.compile(r"Compiling entry function '(?P<name>[^']+)'|"
+# two log dialects: ptxas' ("Compiling entry function 'k'", "Used 8 registers", "... spill stores") and the
+# linker's summary ("Function properties for 'k':", "used 24 registers, ..., 0 stack, 0 bytes smem, ..., 0 bytes lmem")
+_RES = re.compile(r"(?:Compiling entry function|Function properties for) '(?P<name>[^']+)'|"
                   r"(?P<stack>\d+) bytes stack frame, (?P<ss>\d+) bytes spill stores, (?P<sl>\d+) bytes spill loads|"
-                  r"Used (?P<regs>\d+) registers(?:, used (?P<bar>\d+) barriers)?(?:, (?P<smem>\d+) bytes smem)?")
+                  r"[Uu]sed (?P<regs>\d+) registers(?:, used (?P<bar>\d+) barriers)?(?:, (?P<stack2>\d+) stack)?"
+                  r"(?:, (?P<smem>\d+) bytes smem)?(?:, \d+ bytes cmem\[\d+\])?(?:, (?P<lmem>\d+) bytes lmem)?")
 
 
 def parse_resources(log: str) -> dict:
-    """ptxas' verbose log → {entry: {registers, smem, stack, spill_stores, spill_loads}}."""
+    """nvJitLink's verbose log → {entry: {registers, smem, stack, spill_stores, spill_loads, lmem}}."""
     out: dict = {}
     cur = None
     for m in _RES.finditer(log):
         if m.group("name"):
-            cur = out.setdefault(m.group("name"), {"registers": 0, "smem": 0, "stack": 0,
-                                                    "spill_stores": 0, "spill_loads": 0})
+            cur = out.setdefault(m.group("name"), {"registers": 0, "smem": 0, "stack": 0, "spill_stores": 0,
+                                                    "spill_loads": 0, "lmem": 0})
         elif cur is None:
             continue
         elif m.group("stack"):
             cur.update(stack=int(m.group("stack")), spill_stores=int(m.group("ss")), spill_loads=int(m.group("sl")))
         elif m.group("regs"):
             cur["registers"] = int(m.group("regs"))
-            cur["smem"] = int(m.group("smem") or 0)
+            cur["smem"] = max(cur["smem"], int(m.group("smem") or 0))
+            if m.group("stack2") is not None:
+                cur["stack"] = max(cur["stack"], int(m.group("stack2")))
+            if m.group("lmem") is not None:
+                cur["lmem"] = int(m.group("lmem"))
     return out
 
 

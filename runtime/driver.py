@@ -178,30 +178,37 @@ class Function:
                                      int(nbytes)), f"cuFuncSetAttribute({self.name}, max dynamic smem {nbytes})")
         self.dynamic_smem = nbytes
 
+    def _ctypes(self):
+        import ctypes
+
+        table = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "s32": ctypes.c_int32, "f32": ctypes.c_float,
+                 "s64": ctypes.c_int64}
+        return [(ctypes.c_ubyte * p["size"]) if p["type"] == "b8" else table[p["type"]] for p in self.params]
+
     def pack(self, args) -> tuple:
-        """Kernel arguments → (keep-alive storage, void** address), typed by the manifest's ABI."""
+        """Kernel arguments → (keep-alive storage, void** address), typed by the manifest's ABI. Python ints
+        become exactly the parameter's C type (never a pointer-sized guess); CUtensorMaps are copied by value."""
+        import ctypes
+
         if len(args) != len(self.params):
             names = ", ".join(p["name"] for p in self.params)
             raise TypeError(f"{self.name} takes {len(self.params)} arguments ({names}), got {len(args)}")
-        storage = []
-        for p, a in zip(self.params, args):
-            t = p["type"]
-            if t == "b8":  # opaque by-value blob (CUtensorMap)
-                blob = np.frombuffer(bytes(a), np.uint8) if not isinstance(a, np.ndarray) else a.view(np.uint8)
-                if blob.size != p["size"]:
-                    raise ValueError(f"{self.name}: parameter {p['name']} is {p['size']} B, got {blob.size}")
-                cell = np.zeros(p["size"] // 8 + 1, np.uint64)  # 8-byte aligned storage
-                cell.view(np.uint8)[: blob.size] = blob
+        types = self.__dict__.get("_types") or self.__dict__.setdefault("_types", self._ctypes())
+        cells = []
+        for p, t, a in zip(self.params, types, args):
+            if p["type"] == "b8":
+                blob = bytes(a)
+                if len(blob) != p["size"]:
+                    raise ValueError(f"{self.name}: parameter {p['name']} is {p['size']} B, got {len(blob)}")
+                cells.append(t.from_buffer_copy(blob))
             else:
-                dt = {"u64": np.uint64, "u32": np.uint32, "s32": np.int32, "f32": np.float32, "s64": np.int64}[t]
-                v = a.ptr if hasattr(a, "ptr") else a
-                if dt in (np.uint32, np.uint64) and int(v) < 0:
+                v = getattr(a, "ptr", a)
+                if p["type"][0] == "u" and v < 0:
                     raise ValueError(f"{self.name}: parameter {p['name']} is unsigned, got {v}")
-                cell = np.array([v], dt)
-            storage.append(cell)
-        ptrs = np.array([c.ctypes.data for c in storage], np.uint64)
-        storage.append(ptrs)
-        return storage, ptrs.ctypes.data
+                cells.append(t(v))
+        ptrs = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
+        cells.append(ptrs)
+        return cells, ctypes.addressof(ptrs)
 
     def launch(self, grid, args, *, block=None, smem: int | None = None, stream=0, cluster=None) -> None:
         drv = _drv()

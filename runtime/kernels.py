@@ -71,6 +71,7 @@ def ptx_source(kernel: str, arch: str, source: str = "emitted") -> tuple[str, di
 
 
 _LOADED: dict = {}
+_BEST: dict = {}  # (kernel, requested arch, source) → Function: the per-call fast path
 
 
 def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Function:
@@ -78,6 +79,9 @@ def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Funct
     (e.g. "sm_89" to run the mma.sync path on an sm_90 device); default: the best one available."""
     from ptxgen.arch import device_target, get_arch
 
+    fast = _BEST.get((kernel, arch, source))
+    if fast is not None:
+        return fast
     ctx = current()
     arches = [arch] if arch else [a for a in candidate_arches(ctx.sm) if kernel in manifest(a) or source == "dsl"]
     if not arches:
@@ -87,6 +91,7 @@ def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Funct
     key = (kernel, a.name, source)
     fn = _LOADED.get(key)
     if fn is not None:
+        _BEST[(kernel, arch, source)] = fn
         return fn
     target = device_target(a, ctx.sm)
     text, entry = ptx_source(kernel, a.name, source)
@@ -96,4 +101,5 @@ def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Funct
     fn.meta = entry.get("meta", {})
     fn.arch = a.name
     _LOADED[key] = fn
+    _BEST[(kernel, arch, source)] = fn
     return fn

@@ -43,7 +43,7 @@ def test_compiles_without_spills(kernel, arch):
     k = KERNELS[kernel].for_arch(arch)
     res = compile_ptx(k.ptx(), arch, name=kernel)
     r = res.resources[k.entry]
-    assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0
+    assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["lmem"] == 0
     assert 0 < r["registers"] <= 64
 
 

@@ -43,7 +43,8 @@ def test_dequantize_q4_k_bit_exact(data):
     raw = data.draw(S.raw_matrix("q4_K", m, k, max_abs_scale=1000.0))
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     got = r.dequantize(w).numpy()
-    want = formats.dequantize("q4_K", raw, (m, k)).astype(np.float16)
+    with np.errstate(over="ignore"):
+        want = formats.dequantize("q4_K", raw, (m, k)).astype(np.float16)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
@@ -64,22 +65,9 @@ def test_repeated_launches_are_bit_identical_and_poisoned_outputs_are_overwritte
 def test_dynamic_shared_memory_above_48k():
     r = rt()
     from ptxgen.arch import get_arch
-    from ptxgen.builder import KernelBuilder
-    from ptxgen.ir import Imm, Mem
+    from ptxgen.probes import dynamic_smem_kernel
 
-    b = KernelBuilder("dsmem_probe", get_arch("sm_89"), "probe", block=(256, 1, 1))
-    out_p = b.param("out", "u64", "ptr:out")
-    smem = b.dynamic_shared(64 * 1024)
-    out = b.ptr(out_p)
-    tid = b.special("tid.x")
-    base = b.op("mov.u32", smem)
-    far = b.op("add.u32", base, Imm(60 * 1024, "u32"))
-    b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), far)), tid)
-    b.emit("bar.sync", Imm(0, "u32"))
-    rev = b.op("sub.u32", Imm(255, "u32"), tid)
-    v = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", rev, Imm(4, "u32"), far)))
-    b.emit("st.global.u32", Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), out)), v)
-    k = b.finish()
+    k = dynamic_smem_kernel(get_arch("sm_89"), 64 * 1024)
     ctx = r.current()
     res = r.compile_ptx(k.ptx(), f"sm_{ctx.sm}", name="dsmem_probe")
     fn = r.driver.Module(res.cubin).function(k.entry, [p.abi() for p in k.params], k.block, 64 * 1024)

@@ -58,7 +58,29 @@ def test_keep_artifacts(tmp_path, monkeypatch):
     compiler.compile_ptx(PTX, "sm_90", name="quantize_q8_1")
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [f"quantize_q8_1.sm_90.{e}" for e in ("cubin", "log", "ptx", "sass")]
-    assert "Used" in (tmp_path / "quantize_q8_1.sm_90.log").read_text()
+    assert "registers" in (tmp_path / "quantize_q8_1.sm_90.log").read_text()
+
+
+def test_resource_log_dialects():
+    ptxas = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\nptxas info    : Function properties for k\n"
+             "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+             "ptxas info    : Used 40 registers, used 1 barriers, 4096 bytes smem\n")
+    linker = ("info    : Function properties for 'k':\ninfo    : used 24 registers, used 0 barriers, 16 stack, "
+              "2048 bytes smem, 548 bytes cmem[0], 16 bytes lmem\n")
+    a = compiler.parse_resources(ptxas)["k"]
+    assert (a["registers"], a["smem"], a["stack"], a["spill_stores"]) == (40, 4096, 8, 4)
+    b = compiler.parse_resources(linker)["k"]
+    assert (b["registers"], b["smem"], b["stack"], b["lmem"]) == (24, 2048, 16, 16)
+
+
+def test_dynamic_smem_kernel_compiles():
+    from ptxgen.arch import get_arch
+    from ptxgen.probes import dynamic_smem_kernel
+
+    for arch in ("sm_89", "sm_90a", "sm_120a"):
+        k = dynamic_smem_kernel(get_arch(arch), 64 * 1024)
+        assert ".extern .shared .align 128 .b8 dsmem[];" in k.ptx()
+        compiler.compile_ptx(k.ptx(), arch, name="dsmem_probe")
 
 
 def test_compile_error_names_a_repro():

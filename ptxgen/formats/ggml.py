@@ -349,9 +349,13 @@ def quantize_q8_1(x: np.ndarray, s_mode: str = "sum_x") -> np.ndarray:
             idv = np.where(d != 0, F32(1) / d, F32(0))
         q = roundf(x * idv[:, None]).astype(np.int8)
         s = F32(1) * q.astype(np.int32).sum(axis=1).astype(F32) * d
+    db, sb = half_bits(d), half_bits(s)
+    if s_mode == "sum_x":  # a NaN is stored as 0x7FFF, what the GPU's cvt.rn.f16.f32 writes
+        db = np.where(np.isnan(d), np.uint16(0x7FFF), db)
+        sb = np.where(np.isnan(s), np.uint16(0x7FFF), sb)
     out = np.empty((x.shape[0], 36), np.uint8)
-    out[:, 0:2] = half_bits(d).astype("<u2").view(np.uint8).reshape(-1, 2)
-    out[:, 2:4] = half_bits(s).astype("<u2").view(np.uint8).reshape(-1, 2)
+    out[:, 0:2] = db.astype("<u2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = sb.astype("<u2").view(np.uint8).reshape(-1, 2)
     out[:, 4:] = q.view(np.uint8)
     return out
 
