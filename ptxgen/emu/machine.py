@@ -1,0 +1,900 @@
+"""Execute ptxgen's PTX on the CPU: one CTA at a time, every thread of the CTA vectorised in NumPy.
+
+Registers hold raw bits (uint64 per thread); each instruction reinterprets them by its type. Control flow
+runs by the smallest-PC-first rule (the group of threads with the lowest PC executes next), which
+reconverges structured divergence; warp-synchronous instructions (shfl.sync, bar.sync, mma.sync,
+ldmatrix) check that every thread they need is there and raise otherwise. Shared memory starts poisoned:
+reading a byte no thread wrote is an error naming the instruction and the thread. Floating point is
+IEEE float32/float16 with the PTX rounding the modifier names (NumPy float32 arithmetic is round-to-
+nearest-even; `fma` is computed exactly and rounded once).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import layouts
+from .parser import Ins, Module, parse
+
+
+class EmulationError(RuntimeError):
+    pass
+
+
+class Unsupported(EmulationError):
+    pass
+
+
+_NP = {"u8": np.uint8, "s8": np.int8, "b8": np.uint8, "u16": np.uint16, "s16": np.int16, "b16": np.uint16,
+       "f16": np.float16, "bf16": np.uint16, "u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32,
+       "u64": np.uint64, "s64": np.int64, "b64": np.uint64, "f64": np.float64, "f16x2": np.uint32, "pred": np.bool_}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_TYPES = set(_NP)
+
+
+def bits_of(values: np.ndarray, t: str) -> np.ndarray:
+    """Typed values → raw bits zero-extended to uint64."""
+    v = np.asarray(values)
+    if t == "pred":
+        return v.astype(bool).astype(np.uint64)
+    dt = np.dtype(_NP[t])
+    v = v.astype(dt, copy=False)
+    return v.view(_UINT[dt.itemsize]).astype(np.uint64)
+
+
+def typed(bits: np.ndarray, t: str) -> np.ndarray:
+    if t == "pred":
+        return bits != 0
+    dt = np.dtype(_NP[t])
+    return bits.astype(_UINT[dt.itemsize]).view(dt)
+
+
+class Memory:
+    """Global memory: allocations at fake device addresses, bounds and alignment checked per access."""
+
+    BASE = 0x7F0000000000
+
+    def __init__(self):
+        self.bufs: list[np.ndarray] = []
+        self.bases: list[int] = []
+        self._next = self.BASE
+
+    def alloc(self, data, poison: int | None = None) -> int:
+        if isinstance(data, int):
+            buf = np.full(data, 0 if poison is None else poison, np.uint8)
+        else:
+            buf = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8).copy()
+        addr = self._next
+        self.bufs.append(buf)
+        self.bases.append(addr)
+        self._next += (buf.size + 4095) // 4096 * 4096 + 4096
+        return addr
+
+    def view(self, addr: int, dtype, shape) -> np.ndarray:
+        i = self.bases.index(addr)
+        return self.bufs[i].view(dtype).reshape(shape)
+
+    def _locate(self, addrs: np.ndarray, width: int, what: str):
+        bases = np.array(self.bases, np.uint64)
+        k = np.searchsorted(bases, addrs, side="right") - 1
+        if (k < 0).any():
+            raise EmulationError(f"{what}: address {int(addrs[k < 0][0]):#x} is outside every allocation")
+        off = (addrs - bases[k]).astype(np.int64)
+        sizes = np.array([b.size for b in self.bufs])
+        bad = off + width > sizes[k]
+        if bad.any():
+            j = int(np.nonzero(bad)[0][0])
+            raise EmulationError(f"{what}: out-of-bounds access at {int(addrs[j]):#x} "
+                                 f"(offset {off[j]} + {width} B in a {sizes[k[j]]} B buffer)")
+        if (addrs % width).any():
+            j = int(np.nonzero(addrs % width)[0][0])
+            raise EmulationError(f"{what}: misaligned {width}-byte access at {int(addrs[j]):#x}")
+        return k, off
+
+    def load(self, addrs: np.ndarray, width: int, what: str) -> np.ndarray:
+        """→ (n, width) uint8"""
+        k, off = self._locate(addrs, width, what)
+        out = np.empty((addrs.size, width), np.uint8)
+        for b in np.unique(k):
+            sel = k == b
+            out[sel] = self.bufs[b][off[sel, None] + np.arange(width)]
+        return out
+
+    def store(self, addrs: np.ndarray, data: np.ndarray, what: str) -> None:
+        width = data.shape[1]
+        k, off = self._locate(addrs, width, what)
+        for b in np.unique(k):
+            sel = k == b
+            self.bufs[b][off[sel, None] + np.arange(width)] = data[sel]
+
+
+@dataclass
+class CTA:
+    n: int
+    ctaid: tuple
+    ntid: tuple
+    nctaid: tuple
+    smem: np.ndarray
+    written: np.ndarray
+    regs: dict = field(default_factory=dict)
+    async_groups: list = field(default_factory=list)  # committed cp.async groups, oldest first
+    async_open: list = field(default_factory=list)
+
+
+def _imm(tok: str, t: str):
+    if tok.startswith(("0f", "0F")):
+        return np.uint32(int(tok[2:], 16)).view(np.float32)
+    if tok.startswith(("0d", "0D")):
+        return np.uint64(int(tok[2:], 16)).view(np.float64)
+    v = int(tok, 0)
+    if t in ("f32", "f64", "f16"):
+        return float(v)
+    return v
+
+
+def _fma_f32(a, b, c):
+    """Exact a·b + c rounded once to float32 (a·b is exact in float64; the sum's rounding error is tracked
+    with TwoSum so a double-rounding tie is resolved in the right direction)."""
+    a64, b64, c64 = (np.asarray(x, np.float64) for x in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)
+    r = s.astype(np.float32)
+    # a tie at float32 precision that the float64 rounding created or hid: step toward the true value
+    r64 = r.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        up = np.nextafter(r, np.float32(np.inf)).astype(np.float64)
+        dn = np.nextafter(r, np.float32(-np.inf)).astype(np.float64)
+        tie_hi = (s - r64 == (up - r64) / 2) & (err > 0)
+        tie_lo = (r64 - s == (r64 - dn) / 2) & (err < 0)
+        exact_mid_up = (s > r64) & (s - r64 == (up - r64) / 2) & (err == 0)
+    r = np.where(tie_hi, up.astype(np.float32), r)
+    r = np.where(tie_lo, dn.astype(np.float32), r)
+    del exact_mid_up
+    return r.astype(np.float32)
+
+
+def _f32_to_f16(v: np.ndarray, rounding: str = "rn", sat: bool = False) -> np.ndarray:
+    v = np.asarray(v, np.float32)
+    if rounding != "rn":
+        raise Unsupported(f"cvt f16 rounding .{rounding}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = v.astype(np.float16)
+    bits = h.view(np.uint16).copy()
+    bits[np.isnan(v)] = 0x7FFF  # the GPU's canonical NaN
+    h = bits.view(np.float16)
+    if sat:
+        h = np.clip(np.nan_to_num(h, nan=0.0), 0, 1).astype(np.float16)
+    return h
+
+
+def _round_int(v: np.ndarray, mode: str) -> np.ndarray:
+    f = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}[mode]
+    with np.errstate(invalid="ignore"):
+        return f(v)
+
+
+class Emulator:
+    def __init__(self, ptx: str | Module):
+        self.mod = ptx if isinstance(ptx, Module) else parse(ptx)
+        self.steps = 0
+
+    # ---------------------------------------------------------------------------------------------------
+    def run(self, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None,
+            max_steps: int = 50_000_000):
+        grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+        block = tuple(block) + (1,) * (3 - len(tuple(block)))
+        if len(args) != len(self.mod.params):
+            raise EmulationError(f"{self.mod.entry} takes {len(self.mod.params)} parameters, got {len(args)}")
+        self.params = {}
+        for p, a in zip(self.mod.params, args):
+            if p.type == "b8":
+                self.params[p.name] = np.frombuffer(bytes(a), np.uint8)
+            else:
+                self.params[p.name] = np.frombuffer(np.array([a], _NP[p.type]).tobytes(), np.uint8)
+        self.memory = memory
+        self.rng = np.random.default_rng(seed) if seed is not None else None
+        self.max_steps = max_steps
+        for z in range(grid[2]):
+            for y in range(grid[1]):
+                for x in range(grid[0]):
+                    self._run_cta((x, y, z), grid, block, dynamic_smem)
+
+    def _run_cta(self, ctaid, grid, block, dynamic_smem):
+        n = block[0] * block[1] * block[2]
+        nsm = self.mod.shared_bytes + dynamic_smem
+        self.dyn_base = (self.mod.shared_bytes + 127) // 128 * 128
+        nsm = self.dyn_base + dynamic_smem
+        cta = CTA(n, ctaid, block, grid, np.full(nsm, 0xFF, np.uint8), np.zeros(nsm, bool))
+        tids = np.arange(n)
+        cta.tid = (tids % block[0], (tids // block[0]) % block[1], tids // (block[0] * block[1]))
+        self.cta = cta
+        body = self.mod.body
+        pcs = np.zeros(n, np.int64)
+        alive = np.ones(n, bool)
+        while alive.any():
+            self.steps += 1
+            if self.steps > self.max_steps:
+                raise EmulationError("step limit reached (an endless loop?)")
+            pc = pcs[alive].min()
+            if pc >= len(body):
+                raise EmulationError("ran off the end of the kernel without ret")
+            idx = np.nonzero(alive & (pcs == pc))[0]
+            ins = body[pc]
+            ex = idx
+            if ins.guard is not None:
+                g = self._reg(ins.guard, ex) != 0
+                ex = idx[~g] if ins.guard_neg else idx[g]
+            pcs[idx] = pc + 1
+            if ins.mods[0] in ("bra",):
+                if ins.mods[-1] == "uni":
+                    self._check_uniform(idx, ex, ins)
+                pcs[ex] = self.mod.labels[ins.operands[0]]
+                continue
+            if ins.mods[0] in ("ret", "exit"):
+                alive[ex] = False
+                continue
+            if ins.mods[0] == "bar":
+                others = alive & ~np.isin(np.arange(n), idx)
+                if others.any():
+                    raise EmulationError(f"line {ins.line}: {ins.text}: threads {np.nonzero(others)[0][:4]} "
+                                         "did not reach this barrier (divergent bar.sync)")
+                continue
+            if ex.size == 0:
+                continue
+            try:
+                self._exec(ins, ex, idx)
+            except EmulationError as e:
+                if str(e).startswith("line "):
+                    raise
+                raise type(e)(f"line {ins.line}: {ins.text}: {e}") from None
+
+    def _check_uniform(self, idx, ex, ins):
+        taken = np.isin(idx, ex)
+        warps = idx // 32
+        for w in np.unique(warps):
+            t = taken[warps == w]
+            if t.any() != t.all():
+                raise EmulationError(f"line {ins.line}: {ins.text}: bra.uni diverges inside warp {w}")
+
+    # --- operands ------------------------------------------------------------------------------------------
+    def _reg(self, name: str, idx) -> np.ndarray:
+        r = self.cta.regs.get(name)
+        if r is None:
+            raise EmulationError(f"register {name} read before it was written")
+        return r[idx]
+
+    def _set(self, name: str, idx, values, t: str):
+        r = self.cta.regs.get(name)
+        if r is None:
+            r = self.cta.regs[name] = np.zeros(self.cta.n, np.uint64)
+        r[idx] = bits_of(values, t)
+
+    def _special(self, tok: str, idx):
+        name, _, comp = tok[1:].partition(".")
+        c = "xyz".index(comp) if comp else 0
+        if name == "tid":
+            return self.cta.tid[c][idx].astype(np.uint32)
+        if name == "ntid":
+            return np.full(idx.size, self.cta.ntid[c], np.uint32)
+        if name == "ctaid":
+            return np.full(idx.size, self.cta.ctaid[c], np.uint32)
+        if name == "nctaid":
+            return np.full(idx.size, self.cta.nctaid[c], np.uint32)
+        if name == "laneid":
+            return (idx % 32).astype(np.uint32)
+        if name == "warpid":
+            return (idx // 32).astype(np.uint32)
+        raise Unsupported(f"special register {tok}")
+
+    def _val(self, tok: str, t: str, idx) -> np.ndarray:
+        """An operand as typed values over threads `idx`."""
+        if tok.startswith("%"):
+            if tok in self.cta.regs:
+                return typed(self._reg(tok, idx), t)
+            if tok.split(".")[0][1:] in ("tid", "ntid", "ctaid", "nctaid", "laneid", "warpid"):
+                return self._special(tok, idx).astype(_NP[t]) if t != "pred" else self._special(tok, idx) != 0
+            return typed(self._reg(tok, idx), t)
+        if tok in self.mod.shared:
+            return np.full(idx.size, self.mod.shared[tok][0], _NP[t])
+        if tok == self.mod.dynamic_shared:
+            return np.full(idx.size, self.dyn_base, _NP[t])
+        v = _imm(tok, t)
+        with np.errstate(over="ignore"):
+            if t in ("f32", "f16", "f64"):
+                return np.full(idx.size, v, _NP[t])
+            if isinstance(v, float):
+                raise EmulationError(f"float immediate {tok} for a .{t} operand")
+            return np.full(idx.size, v & ((1 << (8 * np.dtype(_NP[t]).itemsize)) - 1), _UINT[np.dtype(_NP[t]).itemsize]).view(_NP[t])
+
+    def _addr(self, tok: str, idx):
+        inner = tok.strip()[1:-1].strip()
+        off = 0
+        if "+" in inner:
+            base, o = inner.split("+")
+            off = int(o, 0)
+        elif "-" in inner[1:]:
+            base, o = inner.rsplit("-", 1)
+            off = -int(o, 0)
+        else:
+            base = inner
+        base = base.strip()
+        if base in self.params:
+            return base, off
+        if base in self.mod.shared:
+            return np.full(idx.size, self.mod.shared[base][0] + off, np.uint64), None
+        if base == self.mod.dynamic_shared:
+            return np.full(idx.size, self.dyn_base + off, np.uint64), None
+        b = self._reg(base, idx).astype(np.uint64)
+        return (b + np.uint64(off & 0xFFFFFFFFFFFFFFFF)) & np.uint64(0xFFFFFFFFFFFFFFFF), None
+
+    @staticmethod
+    def _vec(tok: str) -> list:
+        return [t.strip() for t in tok.strip()[1:-1].split(",")] if tok.startswith("{") else [tok]
+
+    # --- shared memory --------------------------------------------------------------------------------------
+    def _smem_access(self, addrs, width, what, tidx):
+        addrs = addrs.astype(np.int64)
+        if ((addrs < 0) | (addrs + width > self.cta.smem.size)).any():
+            j = int(np.nonzero((addrs < 0) | (addrs + width > self.cta.smem.size))[0][0])
+            raise EmulationError(f"{what}: shared-memory access at {addrs[j]} (+{width}) outside the "
+                                 f"{self.cta.smem.size} B of this CTA (thread {tidx[j]})")
+        if (addrs % width).any():
+            j = int(np.nonzero(addrs % width)[0][0])
+            raise EmulationError(f"{what}: misaligned {width}-byte shared access at {addrs[j]} (thread {tidx[j]})")
+        return addrs[:, None] + np.arange(width)
+
+    def smem_load(self, addrs, width, what, tidx):
+        cells = self._smem_access(addrs, width, what, tidx)
+        unw = ~self.cta.written[cells]
+        if unw.any():
+            j = int(np.nonzero(unw.any(axis=1))[0][0])
+            raise EmulationError(f"{what}: thread {tidx[j]} reads shared byte {cells[j][unw[j]][0]} that nothing wrote")
+        return self.cta.smem[cells]
+
+    def smem_store(self, addrs, data, what, tidx):
+        cells = self._smem_access(addrs, data.shape[1], what, tidx)
+        self.cta.smem[cells] = data
+        self.cta.written[cells] = True
+
+    # --- execution ------------------------------------------------------------------------------------------
+    def _exec(self, ins: Ins, ex, grp):
+        op = ins.mods[0]
+        h = getattr(self, f"_op_{op}", None)
+        if h is None:
+            raise Unsupported(f"the emulator does not implement {ins.opcode} (line {ins.line})")
+        h(ins, ex, grp)
+
+    def _type(self, ins: Ins) -> str:
+        for m in reversed(ins.mods):
+            if m in _TYPES:
+                return m
+        raise EmulationError(f"{ins.opcode}: no type suffix")
+
+    def _op_ld(self, ins, ex, grp):
+        t = self._type(ins)
+        space = ins.mods[1]
+        vec = next((int(m[1:]) for m in ins.mods if m in ("v2", "v4", "v8")), 1)
+        width = np.dtype(_NP[t]).itemsize
+        dsts = self._vec(ins.operands[0])
+        base, off = self._addr(ins.operands[1], ex)
+        if space == "param":
+            raw = self.params[base][off:off + width * vec]
+            data = np.broadcast_to(raw, (ex.size, raw.size))
+        elif space in ("global", "const"):
+            data = self.memory.load(base, width * vec, ins.text)
+        elif space == "shared":
+            data = self.smem_load(base, width * vec, ins.text, ex)
+        else:
+            raise Unsupported(f"ld.{space}")
+        data = np.ascontiguousarray(data)
+        for i, d in enumerate(dsts):
+            chunk = np.ascontiguousarray(data[:, i * width:(i + 1) * width]).view(_NP[t]).reshape(-1)
+            dt = self.mod.reg_types.get(_prefix(d), t)
+            if dt in ("b32", "b64", "f32") and t in ("s8", "s16", "s32"):
+                chunk = chunk.astype(np.int64)  # sign-extend into a wider register
+                self._set(d, ex, chunk, "s64" if dt == "b64" else "s32")
+            else:
+                self._set(d, ex, chunk, t)
+
+    def _op_st(self, ins, ex, grp):
+        t = self._type(ins)
+        space = ins.mods[1]
+        width = np.dtype(_NP[t]).itemsize
+        srcs = self._vec(ins.operands[1])
+        addrs, _ = self._addr(ins.operands[0], ex)
+        parts = []
+        for s in srcs:
+            if s.startswith("%"):
+                bits = self._reg(s, ex)
+            else:
+                bits = bits_of(self._val(s, t, ex), t)
+            parts.append(bits.astype(np.uint64).view(np.uint8).reshape(-1, 8)[:, :width])
+        data = np.concatenate(parts, axis=1)
+        if space == "global":
+            self.memory.store(addrs, data, ins.text)
+        elif space == "shared":
+            self.smem_store(addrs, data, ins.text, ex)
+        else:
+            raise Unsupported(f"st.{space}")
+
+    def _op_mov(self, ins, ex, grp):
+        t = self._type(ins)
+        d, s = ins.operands
+        if d.startswith("{"):  # unpack b32 → {b16, b16} / b64 → {b32, b32}
+            parts = self._vec(d)
+            bits = self._reg(s, ex)
+            w = 64 // len(parts) if t == "b64" else 32 // len(parts)
+            for i, p in enumerate(parts):
+                self._set(p, ex, (bits >> np.uint64(i * w)) & np.uint64((1 << w) - 1), "u64")
+            return
+        if s.startswith("{"):
+            parts = self._vec(s)
+            w = (64 if t == "b64" else 32) // len(parts)
+            acc = np.zeros(ex.size, np.uint64)
+            for i, p in enumerate(parts):
+                acc |= (self._reg(p, ex) & np.uint64((1 << w) - 1)) << np.uint64(i * w)
+            self._set(d, ex, acc, "u64")
+            return
+        self._set(d, ex, self._val(s, t, ex), t)
+
+    def _op_cvta(self, ins, ex, grp):
+        self._set(ins.operands[0], ex, self._val(ins.operands[1], "u64", ex), "u64")
+
+    def _binary(self, ins, ex, f):
+        t = self._type(ins)
+        d, a, b = ins.operands
+        with np.errstate(all="ignore"):
+            self._set(d, ex, f(self._val(a, t, ex), self._val(b, t, ex), t), t)
+
+    def _op_add(self, ins, ex, grp):
+        self._binary(ins, ex, lambda a, b, t: a + b)
+
+    def _op_sub(self, ins, ex, grp):
+        self._binary(ins, ex, lambda a, b, t: a - b)
+
+    def _op_and(self, ins, ex, grp):
+        self._binary(ins, ex, lambda a, b, t: a & b if t != "pred" else a & b)
+
+    def _op_or(self, ins, ex, grp):
+        self._binary(ins, ex, lambda a, b, t: a | b)
+
+    def _op_xor(self, ins, ex, grp):
+        self._binary(ins, ex, lambda a, b, t: a ^ b)
+
+    def _op_not(self, ins, ex, grp):
+        t = self._type(ins)
+        self._set(ins.operands[0], ex, ~self._val(ins.operands[1], t, ex), t)
+
+    def _op_shl(self, ins, ex, grp):
+        t = self._type(ins)
+        bits = 8 * np.dtype(_NP[t]).itemsize
+        a = typed(bits_of(self._val(ins.operands[1], t, ex), t), f"u{bits}" if bits > 8 else "u8").astype(np.uint64)
+        s = self._val(ins.operands[2], "u32", ex).astype(np.uint64)
+        r = np.where(s >= bits, 0, (a << np.minimum(s, 63)) & np.uint64((1 << bits) - 1))
+        self._set(ins.operands[0], ex, r.astype(np.uint64), "u64")
+
+    def _op_shr(self, ins, ex, grp):
+        t = self._type(ins)
+        bits = 8 * np.dtype(_NP[t]).itemsize
+        s = self._val(ins.operands[2], "u32", ex).astype(np.int64)
+        if t.startswith("s"):
+            a = self._val(ins.operands[1], t, ex).astype(np.int64)
+            r = a >> np.minimum(s, bits - 1)
+            self._set(ins.operands[0], ex, r, t)
+        else:
+            a = bits_of(self._val(ins.operands[1], t, ex), t)
+            r = np.where(s >= bits, 0, a >> np.minimum(s, 63).astype(np.uint64))
+            self._set(ins.operands[0], ex, r.astype(np.uint64), "u64")
+
+    def _float_ok(self, ins):
+        mods = set(ins.mods)
+        if mods & {"rz", "rm", "rp"}:
+            raise Unsupported(f"{ins.opcode}: only .rn float rounding is modelled")
+
+    def _op_mul(self, ins, ex, grp):
+        t = self._type(ins)
+        d, a, b = ins.operands
+        if t in ("f32", "f64", "f16"):
+            self._float_ok(ins)
+            return self._binary(ins, ex, lambda x, y, t: x * y)
+        va = self._val(a, t, ex).astype(object if t.endswith("64") else np.int64)
+        vb = self._val(b, t, ex).astype(object if t.endswith("64") else np.int64)
+        bits = 8 * np.dtype(_NP[t]).itemsize
+        if "wide" in ins.mods:
+            p = va.astype(np.int64) * vb.astype(np.int64)
+            self._set(d, ex, p, {"u32": "s64", "s32": "s64", "u16": "s32", "s16": "s32"}[t])
+            return
+        p = va * vb
+        if "hi" in ins.mods:
+            p = np.array([int(v) >> bits for v in p], dtype=object)
+        mask = (1 << bits) - 1
+        self._set(d, ex, np.array([int(v) & mask for v in p], np.uint64) if p.dtype == object else (p & mask).astype(np.uint64), "u64")
+
+    def _op_mad(self, ins, ex, grp):
+        t = self._type(ins)
+        d, a, b, c = ins.operands
+        if t in ("f32", "f64"):
+            return self._op_fma(ins, ex, grp)
+        bits = 8 * np.dtype(_NP[t]).itemsize
+        va, vb = self._val(a, t, ex).astype(np.int64), self._val(b, t, ex).astype(np.int64)
+        if "wide" in ins.mods:
+            wt = {"u32": "u64", "s32": "s64"}[t]
+            vc = self._val(c, wt, ex)
+            p = (va * vb).astype(np.uint64 if wt == "u64" else np.int64) + vc
+            self._set(d, ex, p, wt)
+            return
+        vc = self._val(c, t, ex).astype(np.int64)
+        mask = (1 << bits) - 1
+        self._set(d, ex, ((va * vb + vc) & mask).astype(np.uint64), "u64")
+
+    def _op_fma(self, ins, ex, grp):
+        t = self._type(ins)
+        self._float_ok(ins)
+        d, a, b, c = ins.operands
+        if t != "f32":
+            raise Unsupported(f"fma.{t}")
+        self._set(d, ex, _fma_f32(*(self._val(x, t, ex) for x in (a, b, c))), t)
+
+    def _op_div(self, ins, ex, grp):
+        t = self._type(ins)
+        if t in ("f32", "f64"):
+            if "approx" in ins.mods or "full" in ins.mods:
+                raise Unsupported(f"{ins.opcode}: only div.rn is modelled")
+            return self._binary(ins, ex, lambda a, b, t: a / b)
+        def idiv(a, b, t):
+            b = np.where(b == 0, 1, b)
+            return (np.trunc(a.astype(np.float64) / b)).astype(a.dtype) if t.startswith("s") else a // b
+        self._binary(ins, ex, idiv)
+
+    def _op_rem(self, ins, ex, grp):
+        self._binary(ins, ex, lambda a, b, t: np.where(b == 0, 0, np.fmod(a, np.where(b == 0, 1, b))))
+
+    def _minmax(self, ins, ex, is_max):
+        t = self._type(ins)
+        a = self._val(ins.operands[1], t, ex)
+        b = self._val(ins.operands[2], t, ex)
+        if t in ("f32", "f64", "f16"):
+            if "NaN" in ins.mods:
+                r = np.where(np.isnan(a) | np.isnan(b), np.nan, np.maximum(a, b) if is_max else np.minimum(a, b))
+            else:
+                r = np.fmax(a, b) if is_max else np.fmin(a, b)
+            # ±0: max(-0, +0) = +0, min(-0, +0) = -0
+            z = (a == 0) & (b == 0)
+            if z.any():
+                both_neg = np.signbit(a) & np.signbit(b)
+                any_neg = np.signbit(a) | np.signbit(b)
+                r = np.where(z, np.where(both_neg if is_max else any_neg, -0.0, 0.0), r)
+            self._set(ins.operands[0], ex, r.astype(_NP[t]), t)
+        else:
+            self._set(ins.operands[0], ex, np.maximum(a, b) if is_max else np.minimum(a, b), t)
+
+    def _op_max(self, ins, ex, grp):
+        self._minmax(ins, ex, True)
+
+    def _op_min(self, ins, ex, grp):
+        self._minmax(ins, ex, False)
+
+    def _op_abs(self, ins, ex, grp):
+        t = self._type(ins)
+        v = self._val(ins.operands[1], t, ex)
+        self._set(ins.operands[0], ex, np.abs(v), t)
+
+    def _op_neg(self, ins, ex, grp):
+        t = self._type(ins)
+        with np.errstate(over="ignore"):
+            self._set(ins.operands[0], ex, -self._val(ins.operands[1], t, ex), t)
+
+    def _op_rcp(self, ins, ex, grp):
+        if "rn" not in ins.mods:
+            raise Unsupported(f"{ins.opcode}: only rcp.rn is modelled")
+        t = self._type(ins)
+        with np.errstate(divide="ignore"):
+            self._set(ins.operands[0], ex, (np.float32(1) / self._val(ins.operands[1], t, ex)).astype(_NP[t]), t)
+
+    def _op_setp(self, ins, ex, grp):
+        cmp, t = ins.mods[1], self._type(ins)
+        a = self._val(ins.operands[1], t, ex)
+        b = self._val(ins.operands[2], t, ex)
+        f = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+             "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
+        if cmp not in f:
+            raise Unsupported(f"setp.{cmp}")
+        with np.errstate(invalid="ignore"):
+            r = f[cmp](a, b)
+        if cmp == "ne" and t.startswith("f"):
+            r = r & ~np.isnan(a) & ~np.isnan(b)
+        self._set(ins.operands[0], ex, r, "pred")
+
+    def _op_selp(self, ins, ex, grp):
+        t = self._type(ins)
+        d, a, b, p = ins.operands
+        c = self._val(p, "pred", ex)
+        self._set(d, ex, np.where(c, self._val(a, t, ex), self._val(b, t, ex)), t)
+
+    def _op_bfe(self, ins, ex, grp):
+        t = self._type(ins)
+        bits = 8 * np.dtype(_NP[t]).itemsize
+        a = bits_of(self._val(ins.operands[1], t, ex), t).astype(np.uint64)
+        pos = self._val(ins.operands[2], "u32", ex).astype(np.int64) & 0xFF
+        ln = self._val(ins.operands[3], "u32", ex).astype(np.int64) & 0xFF
+        shifted = np.where(pos >= bits, 0, a >> np.minimum(pos, 63).astype(np.uint64))
+        mask = np.where(ln >= 64, np.uint64(0xFFFFFFFFFFFFFFFF), (np.uint64(1) << np.minimum(ln, 63).astype(np.uint64)) - np.uint64(1))
+        r = shifted & mask
+        if t.startswith("s"):
+            # sign bit: bit (pos+len-1) of a, or the msb when the field runs past it
+            sbit_pos = np.minimum(pos + ln - 1, bits - 1)
+            sign = (a >> sbit_pos.astype(np.uint64)) & np.uint64(1)
+            sign = np.where(ln == 0, 0, sign)
+            fill = ~mask & np.uint64((1 << bits) - 1)
+            r = np.where(sign == 1, r | fill, r)
+        self._set(ins.operands[0], ex, r & np.uint64((1 << bits) - 1), "u64")
+
+    def _op_bfi(self, ins, ex, grp):
+        t = self._type(ins)
+        bits = 8 * np.dtype(_NP[t]).itemsize
+        a = bits_of(self._val(ins.operands[1], t, ex), t)
+        b = bits_of(self._val(ins.operands[2], t, ex), t)
+        pos = self._val(ins.operands[3], "u32", ex).astype(np.uint64) & np.uint64(0xFF)
+        ln = self._val(ins.operands[4], "u32", ex).astype(np.uint64) & np.uint64(0xFF)
+        ln = np.minimum(ln, np.uint64(bits) - np.minimum(pos, np.uint64(bits)))
+        mask = ((np.uint64(1) << ln) - np.uint64(1)) << np.minimum(pos, np.uint64(63))
+        mask &= np.uint64((1 << bits) - 1)
+        r = (b & ~mask) | ((a << np.minimum(pos, np.uint64(63))) & mask)
+        self._set(ins.operands[0], ex, r & np.uint64((1 << bits) - 1), "u64")
+
+    def _op_prmt(self, ins, ex, grp):
+        if len(ins.mods) > 2:
+            raise Unsupported(f"{ins.opcode}: only the default prmt mode is modelled")
+        a = self._val(ins.operands[1], "u32", ex).astype(np.uint64)
+        b = self._val(ins.operands[2], "u32", ex).astype(np.uint64)
+        c = self._val(ins.operands[3], "u32", ex).astype(np.uint64)
+        src = a | (b << np.uint64(32))
+        out = np.zeros(ex.size, np.uint64)
+        for pos in range(4):
+            s = (c >> np.uint64(4 * pos)) & np.uint64(0xF)
+            byte = (src >> ((s & np.uint64(7)) * np.uint64(8))) & np.uint64(0xFF)
+            sign = (s & np.uint64(8)) != 0
+            byte = np.where(sign, np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0)), byte)
+            out |= byte << np.uint64(8 * pos)
+        self._set(ins.operands[0], ex, out, "u64")
+
+    def _op_lop3(self, ins, ex, grp):
+        a, b, c = (self._val(x, "u32", ex).astype(np.uint64) for x in ins.operands[1:4])
+        lut = int(ins.operands[4], 0)
+        out = np.zeros(ex.size, np.uint64)
+        for bit in range(8):
+            if lut >> bit & 1:
+                ta = a if bit & 4 else ~a
+                tb = b if bit & 2 else ~b
+                tc = c if bit & 1 else ~c
+                out |= ta & tb & tc
+        self._set(ins.operands[0], ex, out & np.uint64(0xFFFFFFFF), "u64")
+
+    def _op_cvt(self, ins, ex, grp):
+        mods = ins.mods[1:]
+        types = [m for m in mods if m in _TYPES]
+        if len(types) != 2:
+            raise Unsupported(ins.opcode)
+        dt, st = types
+        rnd = next((m for m in mods if m in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")), None)
+        sat = "sat" in mods
+        d = ins.operands[0]
+        if dt == "f16x2":  # cvt.rn.f16x2.f32 d, hi, lo
+            hi = _f32_to_f16(self._val(ins.operands[1], "f32", ex), rnd or "rn").view(np.uint16).astype(np.uint64)
+            lo = _f32_to_f16(self._val(ins.operands[2], "f32", ex), rnd or "rn").view(np.uint16).astype(np.uint64)
+            self._set(d, ex, (hi << np.uint64(16)) | lo, "u64")
+            return
+        v = self._val(ins.operands[1], st, ex)
+        if dt == "f16":
+            self._set(d, ex, _f32_to_f16(v.astype(np.float32), rnd or "rn", sat), "f16")
+        elif dt == "f32":
+            if st in ("f16", "f32"):
+                r = v.astype(np.float32)
+                if st == "f32" and rnd in ("rni", "rzi", "rmi", "rpi"):
+                    r = _round_int(r, rnd).astype(np.float32)
+                self._set(d, ex, r, "f32")
+            else:
+                if rnd not in (None, "rn"):
+                    raise Unsupported(f"{ins.opcode}: int → f32 with .{rnd}")
+                self._set(d, ex, v.astype(np.float64).astype(np.float32) if v.dtype.itemsize == 8 else v.astype(np.float32), "f32")
+        elif dt[0] in "us" and st in ("f32", "f16", "f64"):
+            bits = 8 * np.dtype(_NP[dt]).itemsize
+            lo, hi = (0, 2**bits - 1) if dt[0] == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+            r = _round_int(v.astype(np.float64), rnd or "rzi")
+            r = np.where(np.isnan(r), 0, np.clip(r, lo, hi)).astype(np.int64)
+            self._set(d, ex, r, "s64" if dt[0] == "s" else "u64") if bits == 64 else self._set(d, ex, r, dt if dt[0] == "s" else "s64")
+        elif dt[0] in "usb" and st[0] in "usb":
+            bits = 8 * np.dtype(_NP[dt]).itemsize
+            w = v.astype(np.int64) if st[0] == "s" else v.astype(np.uint64)
+            if sat:
+                lo, hi = (0, 2**bits - 1) if dt[0] == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+                w = np.clip(w.astype(np.int64), lo, hi)
+            r = w.astype(np.int64) if dt[0] == "s" else w
+            self._set(d, ex, r.astype(_NP[dt]) if not sat else r.astype(_NP[dt]), dt)
+        else:
+            raise Unsupported(ins.opcode)
+
+    def _op_shfl(self, ins, ex, grp):
+        mode = ins.mods[2]
+        d = ins.operands[0]
+        if "|" in d:
+            raise Unsupported("shfl with a predicate destination")
+        a, b, c, mask = ins.operands[1:5]
+        membermask = int(mask, 0)
+        lanes = ex % 32
+        warps = ex // 32
+        for w in np.unique(warps):
+            have = set((lanes[warps == w]).tolist())
+            need = {i for i in range(32) if membermask >> i & 1}
+            if not need <= have:
+                raise EmulationError(f"{ins.text}: lanes {sorted(need - have)[:6]} of warp {w} are not here "
+                                     "(divergent shfl.sync)")
+        src = self._reg(a, np.arange(self.cta.n))
+        bv = self._val(b, "u32", ex).astype(np.int64)
+        cv = self._val(c, "u32", ex).astype(np.int64)
+        segmask = (cv >> 8) & 0x1F
+        maxlane = (lanes & segmask) | (cv & 0x1F & ~segmask)
+        minlane = lanes & segmask
+        if mode == "bfly":
+            j = lanes ^ bv
+            ok = j <= maxlane
+        elif mode == "down":
+            j = lanes + bv
+            ok = j <= maxlane
+        elif mode == "up":
+            j = lanes - bv
+            ok = j >= maxlane
+        elif mode == "idx":
+            j = minlane | (bv & 0x1F & ~segmask)
+            ok = j <= maxlane
+        else:
+            raise Unsupported(f"shfl mode {mode}")
+        j = np.where(ok, j, lanes)
+        self._set(d, ex, src[warps * 32 + j], "u64")
+
+    def _op_atom(self, ins, ex, grp):
+        t = self._type(ins)
+        op = ins.mods[2]
+        if ins.mods[1] != "global" or op not in ("add", "exch", "max", "min"):
+            raise Unsupported(ins.opcode)
+        d, addr, v = ins.operands
+        addrs, _ = self._addr(addr, ex)
+        vals = self._val(v, t, ex)
+        width = np.dtype(_NP[t]).itemsize
+        old = np.empty(ex.size, _NP[t])
+        for i in range(ex.size):  # atomics serialise in thread order
+            cur = self.memory.load(addrs[i:i + 1], width, ins.text).view(_NP[t])[0]
+            old[i] = cur
+            new = {"add": lambda: cur + vals[i], "exch": lambda: vals[i], "max": lambda: max(cur, vals[i]),
+                   "min": lambda: min(cur, vals[i])}[op]()
+            self.memory.store(addrs[i:i + 1], np.array([new], _NP[t]).view(np.uint8).reshape(1, -1), ins.text)
+        self._set(d, ex, old, t)
+
+    def _op_dp4a(self, ins, ex, grp):
+        ta, tb = ins.mods[1], ins.mods[2]
+        a = self._val(ins.operands[1], "u32", ex).astype(np.uint32).view(np.uint8).reshape(-1, 4)
+        b = self._val(ins.operands[2], "u32", ex).astype(np.uint32).view(np.uint8).reshape(-1, 4)
+        a = a.view(np.int8) if ta == "s32" else a
+        b = b.view(np.int8) if tb == "s32" else b
+        c = self._val(ins.operands[3], "s32", ex).astype(np.int64)
+        r = (a.astype(np.int64) * b.astype(np.int64)).sum(axis=1) + c
+        self._set(ins.operands[0], ex, (r & 0xFFFFFFFF).astype(np.uint64), "u64")
+
+    def _op_membar(self, ins, ex, grp):
+        pass
+
+    def _op_fence(self, ins, ex, grp):
+        pass
+
+    # --- tensor-core and async-copy instructions -----------------------------------------------------------
+    def _op_cp(self, ins, ex, grp):
+        if ins.mods[1] != "async":
+            raise Unsupported(ins.opcode)
+        cta = self.cta
+        if ins.mods[2] == "commit_group":
+            cta.async_groups.append(cta.async_open)
+            cta.async_open = []
+            return
+        if ins.mods[2] == "wait_group" or ins.mods[2] == "wait_all":
+            keep = int(ins.operands[0], 0) if ins.operands else 0
+            while len(cta.async_groups) > keep:
+                for job in cta.async_groups.pop(0):
+                    self._land(job)
+            return
+        if ins.mods[2] in ("ca", "cg"):
+            dst, src, size = ins.operands[:3]
+            n = int(size, 0)
+            daddr, _ = self._addr(dst, ex)
+            saddr, _ = self._addr(src, ex)
+            src_bytes = self._val(ins.operands[3], "u32", ex).astype(np.int64) if len(ins.operands) > 3 else np.full(ex.size, n)
+            data = self.memory.load(saddr, n, ins.text) if (src_bytes > 0).any() else np.zeros((ex.size, n), np.uint8)
+            data = np.where(np.arange(n)[None, :] < src_bytes[:, None], data, 0).astype(np.uint8)
+            job = (daddr, data, ins.text, ex.copy())
+            if self.rng is not None and self.rng.random() < 0.5:
+                self._land(job)  # a copy may land any time before its wait: sometimes early
+            else:
+                cta.async_open.append(job)
+            return
+        raise Unsupported(ins.opcode)
+
+    def _land(self, job):
+        daddr, data, what, tidx = job
+        self.smem_store(daddr, data, what, tidx)
+
+    def _op_ldmatrix(self, ins, ex, grp):
+        num = int(next(m for m in ins.mods if m.startswith("x"))[1:])
+        trans = "trans" in ins.mods
+        self._whole_warps(ex, ins)
+        dsts = self._vec(ins.operands[0])
+        addrs, _ = self._addr(ins.operands[1], ex)
+        lay = layouts.ldmatrix_layout(num, trans)  # [lane, reg, half] → (matrix, row, col)
+        lanes = ex % 32
+        for w in np.unique(ex // 32):
+            sel = np.nonzero(ex // 32 == w)[0]
+            order = sel[np.argsort(lanes[sel])]
+            row_addr = addrs[order]
+            rows = np.stack([self.smem_load(row_addr[8 * q:8 * q + 8], 16, ins.text, ex[order][8 * q:8 * q + 8])
+                             .view(np.uint16) for q in range(num)])  # [matrix, row, 8 halves]
+            vals = rows[lay[..., 0], lay[..., 1], lay[..., 2]]  # [lane, reg, half]
+            packed = vals[..., 0].astype(np.uint64) | (vals[..., 1].astype(np.uint64) << np.uint64(16))
+            for r, dname in enumerate(dsts):
+                self._set(dname, ex[order], packed[:, r], "u64")
+
+    def _whole_warps(self, ex, ins):
+        lanes = ex % 32
+        for w in np.unique(ex // 32):
+            if (ex // 32 == w).sum() != 32:
+                raise EmulationError(f"{ins.text}: warp {w} is not converged (needs all 32 lanes)")
+        del lanes
+
+    def _op_mma(self, ins, ex, grp):
+        shape = ins.mods[3]
+        abt = ins.mods[-2]
+        acct = ins.mods[-1]
+        self._whole_warps(ex, ins)
+        d, a, b, c = (self._vec(o) for o in ins.operands)
+        per = {"f16": 2, "bf16": 2, "s8": 4, "u8": 4}[abt]
+        for w in np.unique(ex // 32):
+            sel = np.sort(ex[ex // 32 == w])
+
+            def unpack(regs):
+                bits = np.stack([self._reg(r, sel) for r in regs], axis=1).astype(np.uint32)  # [lane, reg]
+                if per == 2:
+                    h = bits.view(np.uint16).reshape(32, len(regs), 2)
+                    if abt == "f16":
+                        return h.view(np.float16).astype(np.float64).reshape(32, -1)
+                    return (h.astype(np.uint32) << 16).view(np.float32).astype(np.float64).reshape(32, -1)
+                q = bits.view(np.uint8).reshape(32, len(regs), 4)
+                return (q.view(np.int8) if abt == "s8" else q).astype(np.int64).reshape(32, -1)
+
+            A, B = unpack(a), unpack(b)
+            if acct == "f32":
+                C = np.stack([typed(self._reg(r, sel), "f32") for r in c], axis=1).astype(np.float64)
+                D = layouts.mma_reference(shape, A, B, np.zeros_like(C))
+                # tensor cores add the exact products to C and round once per element (modelled in float64)
+                out = (D + C).astype(np.float32)
+                for i, r in enumerate(d):
+                    self._set(r, sel, out[:, i], "f32")
+            else:
+                C = np.stack([typed(self._reg(r, sel), "s32") for r in c], axis=1).astype(np.int64)
+                out = layouts.mma_reference(shape, A.astype(np.int64), B.astype(np.int64), C)
+                out = np.clip(out, -2**31, 2**31 - 1) if "satfinite" in ins.mods else (out + 2**31) % 2**32 - 2**31
+                for i, r in enumerate(d):
+                    self._set(r, sel, out[:, i], "s32")
+
+
+def _prefix(reg: str) -> str:
+    i = 1
+    while i < len(reg) and not reg[i].isdigit():
+        i += 1
+    return reg[:i]
+
+
+def run_kernel(ptx: str, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None):
+    emu = Emulator(ptx)
+    emu.run(grid, block, args, memory, dynamic_smem, seed)
+    return emu
+

@@ -1,0 +1,269 @@
+"""The emulator: instruction semantics against hand-computed results (edge cases included), its error
+reporting, and every emitted kernel × arch run through it against the NumPy references (the CI tier that
+checks kernel numerics without a GPU)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ptxgen.arch import get_arch
+from ptxgen.emu import EmulationError, Emulator, Memory, Unsupported
+from ptxgen.emu.harness import HARNESSES, check_kernel
+from ptxgen.kernels import KERNELS
+
+HEADER = """.version 8.7
+.target sm_89
+.address_size 64
+.visible .entry t(
+\t.param .u64 out
+)
+{
+\t.reg .pred %p<8>;
+\t.reg .b16 %h<8>;
+\t.reg .b32 %r<32>;
+\t.reg .f32 %f<32>;
+\t.reg .b64 %rd<8>;
+\t.shared .align 16 .b8 sm[1024];
+"""
+
+
+def run(body: str, threads: int = 32, out_bytes: int = 4096, seed=None):
+    ptx = HEADER + "\tmov.u32 %r31, %tid.x;\n" + "\n".join("\t" + line for line in body.strip().splitlines()) + "\n\tret;\n}\n"
+    mem = Memory()
+    o = mem.alloc(out_bytes)
+    emu = Emulator(ptx)
+    emu.run((1,), (threads,), (o,), mem, seed=seed)
+    return emu, mem, o
+
+
+def reg(emu, name, t="u32"):
+    from ptxgen.emu.machine import typed
+
+    return typed(emu.cta.regs[name], t)
+
+
+def f32bits(x):
+    return "0f%08X" % np.float32(x).view(np.uint32)
+
+
+def test_integer_alu_and_wide_multiply():
+    emu, *_ = run("""
+mov.u32 %r1, 0xFFFFFFFF;
+add.u32 %r2, %r1, 2;
+mul.lo.u32 %r3, %r1, 3;
+mul.wide.u32 %rd1, %r1, 3;
+mad.lo.u32 %r4, %r31, 10, 7;
+mad.wide.u32 %rd2, %r31, 4, %rd1;
+shr.s32 %r5, %r1, 4;
+shr.u32 %r6, %r1, 28;
+shl.b32 %r7, %r31, 31;
+sub.s32 %r8, 0, %r31;
+""")
+    assert reg(emu, "%r2")[0] == 1 and reg(emu, "%r3")[0] == 0xFFFFFFFD
+    assert reg(emu, "%rd1", "u64")[0] == 3 * 0xFFFFFFFF
+    np.testing.assert_array_equal(reg(emu, "%r4"), np.arange(32) * 10 + 7)
+    assert reg(emu, "%rd2", "u64")[3] == 3 * 0xFFFFFFFF + 12
+    assert reg(emu, "%r5", "s32")[0] == -1 and reg(emu, "%r6")[0] == 15
+    assert reg(emu, "%r7")[1] == 0x80000000 and reg(emu, "%r8", "s32")[5] == -5
+
+
+def test_float_edge_cases():
+    nan, inf = "0f7FC00000", "0f7F800000"
+    emu, *_ = run(f"""
+max.f32 %f1, {nan}, 0f3F800000;
+max.NaN.f32 %f2, {nan}, 0f3F800000;
+max.f32 %f3, 0f80000000, 0f00000000;
+min.f32 %f4, 0f80000000, 0f00000000;
+div.rn.f32 %f5, 0f3F800000, 0f40400000;
+div.rn.f32 %f6, 0f3F800000, 0f00000000;
+setp.gt.f32 %p1, {nan}, 0f00000000;
+setp.ne.f32 %p2, {nan}, 0f00000000;
+abs.f32 %f7, 0fBF800000;
+add.rn.f32 %f8, {inf}, 0fFF800000;
+""")
+    assert reg(emu, "%f1", "f32")[0] == 1 and np.isnan(reg(emu, "%f2", "f32")[0])
+    assert not np.signbit(reg(emu, "%f3", "f32")[0]) and np.signbit(reg(emu, "%f4", "f32")[0])
+    assert reg(emu, "%f5", "f32")[0] == np.float32(1) / np.float32(3) and reg(emu, "%f6", "f32")[0] == np.inf
+    assert not reg(emu, "%p1", "pred")[0] and not reg(emu, "%p2", "pred")[0]
+    assert reg(emu, "%f7", "f32")[0] == 1 and np.isnan(reg(emu, "%f8", "f32")[0])
+
+
+def test_fma_rounds_once():
+    a = np.float32(1 + 2**-12)
+    c = np.float32(-(1 + 2**-11))
+    # a*a = 1 + 2^-11 + 2^-24: fused keeps 2^-24; mul then add rounds it away first
+    emu, *_ = run(f"fma.rn.f32 %f1, {f32bits(a)}, {f32bits(a)}, {f32bits(c)};\n"
+                  f"mul.rn.f32 %f2, {f32bits(a)}, {f32bits(a)};\nadd.rn.f32 %f3, %f2, {f32bits(c)};")
+    assert reg(emu, "%f1", "f32")[0] == np.float32(2**-24)
+    assert reg(emu, "%f3", "f32")[0] == 0
+
+
+def test_conversions_rounding_and_saturation():
+    emu, *_ = run(f"""
+cvt.rni.s32.f32 %r1, {f32bits(2.5)};
+cvt.rni.s32.f32 %r2, {f32bits(-3.5)};
+cvt.rzi.s32.f32 %r3, {f32bits(-3.7)};
+cvt.rni.s32.f32 %r4, 0f7FC00000;
+cvt.rni.s32.f32 %r5, {f32bits(3e10)};
+cvt.rn.f16.f32 %h1, {f32bits(1 + 2**-11)};
+cvt.rn.f16.f32 %h2, {f32bits(1e6)};
+cvt.rn.f16.f32 %h3, 0f7FC00001;
+cvt.f32.f16 %f1, %h1;
+cvt.rn.f16x2.f32 %r6, {f32bits(2.0)}, {f32bits(1.0)};
+cvt.sat.u8.s32 %r7, 300;
+cvt.rn.f32.u32 %r8, 16777217;
+""")
+    assert list(reg(emu, "%r1", "s32")[:1]) == [2] and reg(emu, "%r2", "s32")[0] == -4
+    assert reg(emu, "%r3", "s32")[0] == -3 and reg(emu, "%r4", "s32")[0] == 0 and reg(emu, "%r5", "s32")[0] == 2**31 - 1
+    assert reg(emu, "%h1", "u16")[0] == 0x3C00  # tie to even
+    assert reg(emu, "%h2", "u16")[0] == 0x7C00 and reg(emu, "%h3", "u16")[0] == 0x7FFF
+    assert reg(emu, "%r6")[0] == 0x40003C00
+    assert reg(emu, "%r7")[0] == 255 and reg(emu, "%r8", "f32")[0] == 16777216.0
+
+
+def test_bit_manipulation():
+    emu, *_ = run("""
+bfe.u32 %r1, 0xABCD1234, 8, 8;
+bfe.s32 %r2, 0x0000F000, 12, 4;
+bfe.u32 %r3, 0xABCD1234, 28, 8;
+bfi.b32 %r4, 0x5, 0xFFFF0000, 4, 3;
+prmt.b32 %r5, 0x807F01FF, 0x0, 0x3210;
+prmt.b32 %r6, 0x807F01FF, 0x0, 0xB9A8;
+prmt.b32 %r7, 0x44332211, 0x88776655, 0x7654;
+lop3.b32 %r8, 0xF0F0F0F0, 0xCCCCCCCC, 0xAAAAAAAA, 0x96;
+lop3.b32 %r9, 0xFF00FF00, 0x0F0F0F0F, 0x0, 0xC0;
+""")
+    assert reg(emu, "%r1")[0] == 0x12 and reg(emu, "%r2", "s32")[0] == -1 and reg(emu, "%r3")[0] == 0xA
+    assert reg(emu, "%r4")[0] == 0xFFFF0050
+    assert reg(emu, "%r5")[0] == 0x807F01FF and reg(emu, "%r6")[0] == 0xFF0000FF
+    assert reg(emu, "%r7")[0] == 0x88776655
+    assert reg(emu, "%r8")[0] == 0xF0F0F0F0 ^ 0xCCCCCCCC ^ 0xAAAAAAAA and reg(emu, "%r9")[0] == 0x0F000F00
+
+
+def test_shuffles_and_selp():
+    emu, *_ = run("""
+shfl.sync.bfly.b32 %r1, %r31, 1, 31, 0xFFFFFFFF;
+shfl.sync.down.b32 %r2, %r31, 4, 31, 0xFFFFFFFF;
+shfl.sync.idx.b32 %r3, %r31, 7, 31, 0xFFFFFFFF;
+setp.lt.u32 %p1, %r31, 3;
+selp.b32 %r4, 100, 200, %p1;
+""", threads=64)
+    lanes = np.arange(64) % 32
+    np.testing.assert_array_equal(reg(emu, "%r1"), np.arange(64) ^ 1)
+    np.testing.assert_array_equal(reg(emu, "%r2"), np.where(lanes + 4 <= 31, np.arange(64) + 4, np.arange(64)))
+    np.testing.assert_array_equal(reg(emu, "%r3"), (np.arange(64) // 32) * 32 + 7)
+    assert list(reg(emu, "%r4")[:4]) == [100, 100, 100, 200]
+
+
+def test_memory_vectors_and_divergent_branches():
+    emu, mem, o = run("""
+mov.u32 %r1, sm;
+mad.lo.u32 %r2, %r31, 8, %r1;
+mov.u32 %r3, 0x11111111;
+st.shared.v2.u32 [%r2], {%r31, %r3};
+bar.sync 0;
+ld.shared.v2.u32 {%r4, %r5}, [%r2];
+ld.param.u64 %rd1, [out];
+mad.wide.u32 %rd2, %r31, 4, %rd1;
+setp.lt.u32 %p1, %r31, 5;
+@%p1 bra $L_small;
+st.global.u32 [%rd2], %r4;
+bra $L_end;
+$L_small:
+add.u32 %r6, %r4, 1000;
+st.global.u32 [%rd2], %r6;
+$L_end:
+""")
+    got = mem.view(o, np.uint32, (1024,))[:32]
+    np.testing.assert_array_equal(got, np.where(np.arange(32) < 5, np.arange(32) + 1000, np.arange(32)))
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(EmulationError, match="reads shared byte .* nothing wrote"):
+        run("mov.u32 %r1, sm;\nld.shared.u32 %r2, [%r1+64];")
+    with pytest.raises(EmulationError, match="out-of-bounds"):
+        run("ld.param.u64 %rd1, [out];\nst.global.u32 [%rd1+4096], %r31;")
+    with pytest.raises(EmulationError, match="misaligned"):
+        run("ld.param.u64 %rd1, [out];\nst.global.u32 [%rd1+2], %r31;")
+    with pytest.raises(EmulationError, match="divergent shfl"):
+        run("setp.lt.u32 %p1, %r31, 16;\n@%p1 bra $L_x;\nshfl.sync.bfly.b32 %r1, %r31, 1, 31, 0xFFFFFFFF;\n$L_x:")
+    with pytest.raises(EmulationError, match="divergent bar.sync"):
+        run("setp.lt.u32 %p1, %r31, 16;\n@%p1 bra $L_x;\nbar.sync 0;\n$L_x:\nbar.sync 0;")
+    with pytest.raises(EmulationError, match="bra.uni diverges"):
+        run("setp.lt.u32 %p1, %r31, 16;\n@%p1 bra.uni $L_x;\n$L_x:")
+    with pytest.raises(Unsupported, match="does not implement tex.1d"):
+        run("tex.1d.v4.s32.s32 {%r1, %r2, %r3, %r4}, [tx, {%r5}];")
+    with pytest.raises(EmulationError, match="read before it was written"):
+        run("add.u32 %r1, %r9, 1;")
+
+
+def test_cp_async_lands_at_its_wait():
+    body = """
+ld.param.u64 %rd1, [out];
+mov.u32 %r1, sm;
+mad.lo.u32 %r2, %r31, 16, %r1;
+mul.wide.u32 %rd3, %r31, 16;
+add.s64 %rd2, %rd1, %rd3;
+cp.async.cg.shared.global [%r2], [%rd2], 16;
+cp.async.commit_group;
+{wait}
+ld.shared.u32 %r3, [%r2];
+"""
+    run(body.replace("{wait}", "cp.async.wait_group 0;\nbar.sync 0;"))
+    with pytest.raises(EmulationError, match="nothing wrote"):
+        run(body.replace("{wait}", ""))  # a missing wait is caught
+    run(body.replace("{wait}", "cp.async.wait_group 0;"), seed=3)
+
+
+def test_mma_sync_s8_against_layout_model():
+    from ptxgen import layouts
+
+    rng = np.random.default_rng(0)
+    A = rng.integers(-128, 128, (16, 32)).astype(np.int8)
+    B = rng.integers(-128, 128, (32, 8)).astype(np.int8)
+    la, lb, lc = layouts.mma_a_layout("m16n8k32"), layouts.mma_b_layout("m16n8k32"), layouts.mma_c_layout()
+    afrag = A[la[..., 0], la[..., 1]].reshape(32, 4, 4).view(np.uint32).reshape(32, 4)
+    bfrag = B[lb[..., 0], lb[..., 1]].reshape(32, 2, 4).view(np.uint32).reshape(32, 2)
+    frag = np.concatenate([afrag, bfrag], axis=1)  # [lane, 6 words]
+    body = "ld.param.u64 %rd1, [out];\nmul.wide.u32 %rd2, %r31, 24;\nadd.s64 %rd3, %rd1, %rd2;\n"
+    body += "\n".join(f"ld.global.u32 %r{i}, [%rd3+{4 * i}];" for i in range(6))
+    body += "\nmov.u32 %r10, 0;\nmma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32 {%r11,%r12,%r13,%r14}, {%r0,%r1,%r2,%r3}, {%r4,%r5}, {%r10,%r10,%r10,%r10};"
+    ptx = HEADER + "\tmov.u32 %r31, %tid.x;\n" + "\n".join("\t" + x for x in body.splitlines()) + "\n\tret;\n}\n"
+    mem = Memory()
+    o = mem.alloc(frag)
+    emu = Emulator(ptx)
+    emu.run((1,), (32,), (o,), mem)
+    D = np.zeros((16, 8), np.int64)
+    for i in range(4):
+        D[lc[:, i, 0], lc[:, i, 1]] = reg(emu, f"%r{11 + i}", "s32")
+    np.testing.assert_array_equal(D, A.astype(np.int64) @ B.astype(np.int64))
+
+
+CASES = [(k, a) for k in KERNELS for a in KERNELS[k].archs]
+
+
+def test_every_kernel_has_a_harness():
+    assert set(KERNELS) <= set(HARNESSES)
+
+
+@pytest.mark.parametrize("kernel,arch", CASES)
+@settings(max_examples=5)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_emitted_kernels_match_reference_in_emulator(kernel, arch, seed):
+    ptx = KERNELS[kernel].for_arch(arch).ptx()
+    out = check_kernel(kernel, ptx, seed=seed)
+    assert out.ok, out.detail
+
+
+def test_a_broken_dequant_sequence_fails_in_the_emulator(monkeypatch):
+    """Swap the nibble order in the Q4_K dequant sequence: the emulator must catch it."""
+    from ptxgen import dsl
+    from ptxgen.ir import Imm
+
+    def swapped(self, b, env):
+        w = env[self.word]
+        for half, name in enumerate(self.out):
+            env[name] = [b.op("bfe.u32", w, Imm(8 * byte + 4 * (1 - half), "u32"), Imm(4, "u32")) for byte in range(4)]
+
+    monkeypatch.setattr(dsl.UnpackNibbles, "lower", swapped)
+    ptx = KERNELS["dequantize_q4_k"].for_arch("sm_89").ptx()
+    assert not check_kernel("dequantize_q4_k", ptx, seed=1).ok
