@@ -87,7 +87,7 @@ Operand = Union[Reg, Imm, Sym, Label, Mem, Vec]
 
 # base opcode → number of operands (destination first). None: checked by a dedicated class.
 ARITY = {
-    "mov": 2, "add": 3, "sub": 3, "mul": 3, "mad": 4, "fma": 4, "div": 3, "rcp": 2, "sqrt": 2, "min": 3, "max": 3,
+    "mov": 2, "rem": 3, "add": 3, "sub": 3, "mul": 3, "mad": 4, "fma": 4, "div": 3, "rcp": 2, "sqrt": 2, "min": 3, "max": 3,
     "abs": 2, "neg": 2, "and": 3, "or": 3, "xor": 3, "not": 2, "shl": 3, "shr": 3, "shf": 4, "lop3": 5,
     "prmt": 4, "bfe": 4, "bfi": 5, "cvt": 2, "cvta": 2, "setp": 3, "selp": 4, "ld": 2, "st": 2, "atom": 3,
     "shfl": 5, "bar": 1, "bra": 1, "ret": 0, "exit": 0, "mma": 4, "ldmatrix": 2, "cp": 3, "cvt.pack": 3,

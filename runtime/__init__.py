@@ -13,11 +13,11 @@ from .compiler import CompileError, compile_ptx
 from . import driver
 from .driver import CudaError, DeviceBuffer, Timer, current, synchronize
 from .kernels import KernelNotFound, load
-from .ops import dequantize, mul_mat, quantize_q8_1
+from .ops import dequantize, mul_mat, quantize_q8_1, rotate_tq4_1s
 from .tensors import QuantTensor, read_gguf_tensor, write_gguf
 
 __all__ = [
     "CompileError", "CudaError", "DeviceArray", "DeviceBuffer", "KernelNotFound", "QuantTensor", "Timer",
     "as_device_array", "compile_ptx", "current", "dequantize", "load", "mul_mat", "quantize_q8_1",
-    "read_gguf_tensor", "synchronize", "write_gguf",
+    "read_gguf_tensor", "rotate_tq4_1s", "synchronize", "write_gguf",
 ]

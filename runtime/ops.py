@@ -60,8 +60,64 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None):
     return o
 
 
-def mul_mat(w: QuantTensor, x, *, out=None):
+def rotate_tq4_1s(x, *, out=None, arch: str | None = None):
+    """TQ4_1S activation rotation: forward RHT per 32-element block of fp32 (..., K) → fp32, bit-exact to
+    ptxgen.formats.rht_forward."""
+    shape = shape_of(x, "rotate_tq4_1s: x")
+    if not shape or shape[-1] % 32:
+        raise ValueError(f"rotate_tq4_1s: the last dimension must be a multiple of 32, got shape {shape}")
+    xa = as_device_array(x, "rotate_tq4_1s: x", np.float32)
+    o = DeviceArray.empty(shape, np.float32) if out is None else as_device_array(out, "rotate_tq4_1s: out", np.float32)
+    if tuple(o.shape) != tuple(shape):
+        raise ValueError(f"rotate_tq4_1s: out has shape {tuple(o.shape)}, expected {tuple(shape)}")
+    nb = int(np.prod(shape, dtype=np.int64)) // 32
+    if nb:
+        fn = kernels.load("rotate_tq4_1s", arch)
+        fn.launch(((nb + 7) // 8,), (xa, o, nb))
+    return _result(o, xa.host and out is None)
+
+
+GEMV_TOKENS = (1, 2, 4, 8)
+GEMV_FORMATS = {"tq4_1s": "tq4_1s", "q4_K": "q4_k"}
+
+
+def _gemv_kernel(w: QuantTensor, t: int, rotation: str) -> str:
+    tk = next(k for k in GEMV_TOKENS if k >= t)
+    name = f"gemv_{GEMV_FORMATS[w.fmt]}_t{tk}"
+    return name + ("_fused" if w.fmt == "tq4_1s" and rotation == "fused" else "")
+
+
+def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: str | None = None):
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
 
-    The API is fixed here; the kernels land with the MMQ/GEMV issues."""
-    raise NotImplementedError(f"mul_mat for {getattr(w, 'fmt', w)}: the GEMM kernels are not built yet")
+    Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
+    tokens (T ≤ 8 is one launch). TQ4_1S needs the activation rotated: `rotation="separate"` runs
+    rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits)."""
+    if not isinstance(w, QuantTensor):
+        raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
+    if w.fmt not in GEMV_FORMATS:
+        raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {', '.join(GEMV_FORMATS)})")
+    if rotation not in ("separate", "fused"):
+        raise ValueError(f"mul_mat: rotation must be 'separate' or 'fused', got {rotation!r}")
+    m, k = w.shape
+    shape = shape_of(x, "mul_mat: x")
+    if len(shape) != 2 or shape[1] != k:
+        raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {shape}")
+    t = shape[0]
+    if t == 0:
+        raise ValueError("mul_mat: x has no tokens (T = 0)")
+    if w.fmt == "q4_K" and w.ptr % 16:
+        raise ValueError(f"mul_mat: q4_K weights must start 16-byte aligned, pointer is {w.ptr:#x}")
+    xa = as_device_array(x, "mul_mat: x", np.float32, ndim=2, align=16)
+    o = DeviceArray.empty((t, m), np.float32) if out is None else as_device_array(out, "mul_mat: out", np.float32, ndim=2)
+    if tuple(o.shape) != (t, m):
+        raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
+    a = xa
+    if w.fmt == "tq4_1s" and rotation == "separate":
+        a = rotate_tq4_1s(xa, arch=arch)
+    for t0 in range(0, t, 8):
+        n = min(8, t - t0)
+        fn = kernels.load(_gemv_kernel(w, n, rotation), arch)
+        rows = int(fn.meta["rows_per_cta"])
+        fn.launch(((m + rows - 1) // rows,), (w.buffer, a.ptr + 4 * t0 * k, o.ptr + 4 * t0 * m, m, k, n))
+    return _result(o, xa.host and out is None)

@@ -51,7 +51,53 @@ def _deq_q4_k(ptx: str, rng, shape=(5, 512), seed=None) -> Outcome:
                    got, want)
 
 
-HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k}
+def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
+    t, k = shape
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    mem = Memory()
+    xa, ya = mem.alloc(x), mem.alloc(x.nbytes, poison=0xFF)
+    nb = t * k // 32
+    run_kernel(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb), mem, seed=seed)
+    got = mem.view(ya, np.float32, (t, k))
+    want = formats.rht_forward(x)
+    ok = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    return Outcome("rotate_tq4_1s", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ", got, want)
+
+
+def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Outcome:
+    """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
+    fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
+    m, k = shape or ((rows * 3 - 1, 512) if fmt == "q4_K" else (rows * 3 - 1, 480))
+    n = ntok or tokens
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    raw = formats.quantize(fmt, w)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    a = x if meta.get("fused_rotation") or fmt != "tq4_1s" else formats.rht_forward(x)
+    mem = Memory()
+    wa, aa = mem.alloc(raw), mem.alloc(a)
+    ya = mem.alloc(n * m * 4, poison=0xFF)
+    run_kernel(ptx, ((m + rows - 1) // rows,), (256,), (wa, aa, ya, m, k, n), mem, seed=seed)
+    got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
+    want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+    return Outcome(meta.get("name", "gemv"), ok, f"relative error {rel:.2e}", got, want)
+
+
+def _gemv(name):
+    def run(ptx, rng, seed=None, **kw):
+        from ..kernels import get_kernel
+        from ..arch import get_arch
+
+        meta = dict(get_kernel(name).for_arch(get_arch("sm_89")).meta, name=name)
+        return gemv_case(ptx, meta, rng, seed=seed, **kw)
+    return run
+
+
+HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate}
+for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
+           if not (f == "q4_k" and s)]:
+    HARNESSES[_n] = _gemv(_n)
 
 
 def check_kernel(name: str, ptx: str, seed: int = 0, **kw) -> Outcome:

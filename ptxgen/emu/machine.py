@@ -195,6 +195,7 @@ class Emulator:
             else:
                 self.params[p.name] = np.frombuffer(np.array([a], _NP[p.type]).tobytes(), np.uint8)
         self.memory = memory
+        self.const_addr = {name: memory.alloc(np.frombuffer(data, np.uint8)) for name, data in self.mod.consts.items()}
         self.rng = np.random.default_rng(seed) if seed is not None else None
         self.max_steps = max_steps
         for z in range(grid[2]):
@@ -299,6 +300,8 @@ class Emulator:
             return typed(self._reg(tok, idx), t)
         if tok in self.mod.shared:
             return np.full(idx.size, self.mod.shared[tok][0], _NP[t])
+        if tok in self.const_addr:
+            return np.full(idx.size, self.const_addr[tok], _NP[t])
         if tok == self.mod.dynamic_shared:
             return np.full(idx.size, self.dyn_base, _NP[t])
         v = _imm(tok, t)

@@ -1,0 +1,330 @@
+"""Decode GEMV ("MMVQ"): y[t, r] = Σ_k W[r, k]·a[t, k] for T ≤ 8 tokens, weights in their GGUF byte layout.
+
+Shape of the work (one description, all targets; these kernels need no tensor cores or async copies):
+- a CTA of 8 warps owns R consecutive rows; warp w walks the row's 256-column chunks w, w+8, ...;
+- lane l owns one *unit* of 8 weights in each chunk (TQ4_1S: 32-bit word l%4 of block l/4; Q4_K: qs word l of
+  the super-block) and keeps that unit's activations for all T tokens in registers, so each activation load
+  serves R rows;
+- weight values come from a 16-entry float32 table in shared memory addressed by a single `prmt` that
+  drops a nibble·4 into the low byte of the table's (256-aligned) address: 16 distinct words, so lanes never
+  conflict on banks and never serialise as a constant-memory lookup with divergent indices would;
+- per unit, the products are summed in element order into a partial, then scaled per scale group:
+  acc += scale·partial (− min·Σa for Q4_K);
+- the 8 warps' partials meet in shared memory and are summed in warp order: the result is deterministic.
+
+TQ4_1S works in the rotated domain: `a` is forward_rht(x), produced by `rotate_tq4_1s` or, with
+`fused_rotation`, by the GEMV itself from x in registers (butterfly stages 1, 2, 4 inside a lane's 8 values,
+stages 8 and 16 by shfl.xor with lanes 1 and 2 away), bit-identical to the separate kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..builder import KernelBuilder
+from ..formats import tq4_1s as T4
+from ..ir import Imm, Mem
+from . import KernelDef
+
+WARPS = 8
+CHUNK = 256  # columns per warp step: 32 lanes × 8 weights
+TOKENS = (1, 2, 4, 8)
+ROWS = {1: 8, 2: 8, 4: 4, 8: 4}  # rows per CTA by T: R·T accumulators + 8·T activations per lane
+
+
+@dataclass(frozen=True)
+class GemvSpec:
+    fmt: str  # "tq4_1s" or "q4_K"
+    tokens: int
+    rows: int
+    fused_rotation: bool = False
+
+    @property
+    def name(self) -> str:
+        f = "tq4_1s" if self.fmt == "tq4_1s" else "q4_k"
+        return f"gemv_{f}_t{self.tokens}" + ("_fused" if self.fused_rotation else "")
+
+
+def _lut_values(fmt: str) -> np.ndarray:
+    return T4.CODEBOOK if fmt == "tq4_1s" else np.arange(16, dtype=np.float32)
+
+
+def build(arch, spec: GemvSpec):
+    Tn, R = spec.tokens, spec.rows
+    doc = (f"{spec.fmt} GEMV, {Tn} token(s), {R} rows per CTA"
+           + (", activation rotated in the prologue" if spec.fused_rotation else ""))
+    b = KernelBuilder(spec.name, arch, doc, block=(32 * WARPS, 1, 1))
+    w_p = b.param("w", "u64", "ptr:in")
+    a_p = b.param("a", "u64", "ptr:in")
+    y_p = b.param("y", "u64", "ptr:out")
+    m_p = b.param("m", "u32")
+    k_p = b.param("k", "u32")
+    n_p = b.param("ntok", "u32")
+    b.meta.update(tokens=Tn, rows_per_cta=R, warps=WARPS, chunk=CHUNK, fmt=spec.fmt,
+                  fused_rotation=spec.fused_rotation, grid="ceil(m / rows_per_cta)")
+    lut_sym = b.shared_buffer("lut", 256, align=256)
+    red_sym = b.shared_buffer("red", 4 * WARPS * R * Tn, align=16)
+    table = b.const_table("lut_init", _lut_values(spec.fmt).tobytes())
+
+    W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    row0 = b.op("mul.lo.u32", b.special("ctaid.x"), Imm(R, "u32"))
+
+    # the value table: threads 0..15 copy it into shared memory
+    b.comment("16-entry float32 value table in shared memory (codebook, or 0..15 for 4-bit ints)")
+    small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
+    tab = b.op("mov.u64", table)
+    tv = b.reg("f32")
+    b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), tab)), pred=small)
+    lut = b.op("mov.u32", lut_sym)
+    b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    # per-row byte strides and clamped row pointers (rows past M compute on row M-1 and are not stored)
+    if spec.fmt == "tq4_1s":
+        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(5, "u32")), Imm(20, "u32"))
+    else:
+        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    last = b.op("sub.u32", M, Imm(1, "u32"))
+    rowptr = []
+    for r in range(R):
+        rr = b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), last)
+        rowptr.append(b.op("mad.wide.u32", rr, row_bytes, W))
+    # activation row pointers, clamped to the last real token
+    tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
+    k4 = b.op("shl.b32", K, Imm(2, "u32"))
+    actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), k4, A) for t in range(Tn)]
+
+    acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
+    for row in acc:
+        for r in row:
+            b.emit("mov.f32", r, Imm(0.0, "f32"))
+
+    # lane geometry inside a 256-column chunk
+    if spec.fmt == "tq4_1s":
+        word = b.op("and.b32", lane, Imm(3, "b32"))
+        blk_in_chunk = b.op("shr.u32", lane, Imm(2, "u32"))
+        # scale half: words 0,1 (elements 0..15) use d0, words 2,3 use d1
+        dshift = b.op("shl.b32", b.op("shr.u32", word, Imm(1, "u32")), Imm(4, "u32"))
+        col_in_chunk = b.op("mad.lo.u32", blk_in_chunk, Imm(32, "u32"), b.op("shl.b32", word, Imm(3, "u32")))
+        nunits = b.op("shr.u32", K, Imm(3, "u32"))  # total 8-weight units in a row
+    else:
+        chunk_c = b.op("shr.u32", lane, Imm(3, "u32"))  # 64-column group c: sub-blocks 2c, 2c+1
+        p4 = b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32"))
+        col_in_chunk = b.op("mad.lo.u32", chunk_c, Imm(64, "u32"), p4)
+        sub_lo = b.op("shl.b32", chunk_c, Imm(1, "u32"))
+        sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
+        # byte positions of (sc, m) of sub-blocks 2c and 2c+1 inside the 12 scale bytes, for bfe
+        nunits = b.op("shr.u32", K, Imm(3, "u32"))
+
+    nchunks = b.op("shr.u32", b.op("add.u32", K, Imm(CHUNK - 1, "u32")), Imm(8, "u32"))
+    c = b.op("mov.u32", warp)
+    top, done = b.label("chunk"), b.label("chunks_done")
+    b.place(top)
+    b.bra(done, pred=b.op("setp.ge.u32", c, nchunks))
+    # is this lane's unit inside the row? (K need not be a multiple of 256 for TQ4_1S)
+    unit = b.op("mad.lo.u32", c, Imm(32, "u32"), lane)
+    live = b.op("setp.lt.u32", unit, nunits)
+    col = b.op("mad.lo.u32", c, Imm(CHUNK, "u32"), col_in_chunk)
+
+    # activations for the unit: 8 floats per token (two 16-byte loads; Q4_K: columns p..p+3 and 32+p..p+3)
+    b.comment("activations of this lane's unit, all tokens")
+    act = [[b.reg("f32") for _ in range(8)] for _ in range(Tn)]
+    for t in range(Tn):
+        base = b.op("mad.wide.u32", col, Imm(4, "u32"), actptr[t])
+        for e in range(8):
+            b.emit("mov.f32", act[t][e], Imm(0.0, "f32"))
+        second = 16 if spec.fmt == "tq4_1s" else 128
+        b.emit("ld.global.nc.v4.f32", b.vec(act[t][0:4]), Mem(base), pred=live)
+        b.emit("ld.global.nc.v4.f32", b.vec(act[t][4:8]), Mem(base, second), pred=live)
+    if spec.fused_rotation:
+        _rotate_unit_in_registers(b, act, word, lane, live)
+
+    # Q4_K: Σa per half (for the min term), once per chunk
+    if spec.fmt == "q4_K":
+        asum = [[None, None] for _ in range(Tn)]
+        for t in range(Tn):
+            for h in range(2):
+                s = b.op("add.rn.f32", act[t][4 * h], act[t][4 * h + 1])
+                s = b.op("add.rn.f32", s, act[t][4 * h + 2])
+                asum[t][h] = b.op("add.rn.f32", s, act[t][4 * h + 3])
+
+    # weights: issue every row's loads first (memory-level parallelism), then decode
+    b.comment(f"{R} rows: loads first")
+    loads = []
+    for r in range(R):
+        if spec.fmt == "tq4_1s":
+            blkp = b.op("mad.wide.u32", b.op("mad.lo.u32", c, Imm(8, "u32"), blk_in_chunk), Imm(20, "u32"), rowptr[r])
+            qw, sw = b.reg("b32"), b.reg("b32")
+            b.emit("mov.b32", qw, Imm(0x88888888, "b32"))
+            b.emit("mov.b32", sw, Imm(0, "b32"))
+            b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", word, Imm(4, "u32"), blkp), 4), pred=live)
+            b.emit("ld.global.nc.u32", sw, Mem(blkp), pred=live)
+            loads.append((qw, [sw]))
+        else:
+            sbp = b.op("mad.wide.u32", c, Imm(144, "u32"), rowptr[r])
+            hdr = b.regs("b32", 4)
+            qw = b.reg("b32")
+            for h in hdr:
+                b.emit("mov.b32", h, Imm(0, "b32"))
+            b.emit("mov.b32", qw, Imm(0, "b32"))
+            b.emit("ld.global.nc.v4.u32", b.vec(hdr), Mem(sbp), pred=live)
+            b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), sbp), 16), pred=live)
+            loads.append((qw, hdr))
+
+    for r in range(R):
+        qw, extra = loads[r]
+        b.comment(f"row {r}")
+        # nibble·4 in every byte: elements 0,2,4,6 (low nibbles) and 1,3,5,7 (high nibbles)
+        lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+        hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+        vals = []
+        for e in range(8):
+            if spec.fmt == "tq4_1s":  # element e of the unit: byte e/2, low nibble if e even
+                src, byte = (lo4 if e % 2 == 0 else hi4), e // 2
+            else:  # Q4_K unit: e < 4 low nibbles of bytes 0..3, e ≥ 4 high nibbles
+                src, byte = (lo4 if e < 4 else hi4), e % 4
+            addr = b.op("prmt.b32", src, lut, Imm(0x7650 | byte, "b32"))
+            vals.append(b.op("ld.shared.f32", Mem(addr)))
+        if spec.fmt == "tq4_1s":
+            sw = extra[0]
+            half = b.op("cvt.u16.u32", b.op("shr.u32", sw, dshift))
+            d = b.op("cvt.f32.f16", half)
+            groups = [(range(8), d, None)]
+        else:
+            d1, dm1, d2, dm2 = _q4_k_scales(b, extra, sub_lo, sub_hi)
+            groups = [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]
+        for gi, (elems, scale, minimum) in enumerate(groups):
+            for t in range(Tn):
+                part = None
+                for e in elems:
+                    part = b.op("mul.rn.f32", vals[e], act[t][e]) if part is None else \
+                        b.op("fma.rn.f32", vals[e], act[t][e], part)
+                b.emit("fma.rn.f32", acc[r][t], scale, part, acc[r][t])
+                if minimum is not None:
+                    nm = b.op("neg.f32", minimum)
+                    b.emit("fma.rn.f32", acc[r][t], nm, asum[t][gi], acc[r][t])
+    b.emit("add.u32", c, c, Imm(WARPS, "u32"))
+    b.bra(top)
+    b.place(done)
+
+    # reduction: lanes (xor tree), then warps in order through shared memory
+    b.comment("reduce: 32 lanes by shfl.bfly, then the 8 warps in order")
+    red = b.op("mov.u32", red_sym)
+    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    for r in range(R):
+        for t in range(Tn):
+            v = acc[r][t]
+            for off in (16, 8, 4, 2, 1):
+                o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+                v = b.op("add.rn.f32", v, o)
+            slot = b.op("mad.lo.u32", warp, Imm(4 * R * Tn, "u32"), red)
+            b.emit("st.shared.f32", Mem(slot, 4 * (r * Tn + t)), v, pred=lead)
+    b.emit("bar.sync", Imm(0, "u32"))
+    fin = b.label("finish")
+    b.bra(fin, pred=b.op("setp.ge.u32", tid, Imm(R * Tn, "u32")), uniform=False)
+    s = b.op("ld.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), red)))
+    for wi in range(1, WARPS):
+        s = b.op("add.rn.f32", s, b.op("ld.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), red), 4 * R * Tn * wi)))
+    r_of = b.op("div.u32", tid, Imm(Tn, "u32"))
+    t_of = b.op("rem.u32", tid, Imm(Tn, "u32"))
+    row = b.op("add.u32", row0, r_of)
+    ok = b.op("setp.lt.u32", row, M)
+    ok2 = b.op("setp.lt.u32", t_of, ntok)
+    both = b.op("and.pred", ok, ok2)
+    yoff = b.op("mad.lo.u32", t_of, M, row)
+    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), s, pred=both)
+    b.place(fin)
+    b.emit("ret")
+    return b.finish()
+
+
+def _q4_k_scales(b, hdr, sub_lo, sub_hi):
+    """(d·sc, dmin·m) of the lane's two sub-blocks from the loaded 16-byte header."""
+    from ..dsl import DecodeScaleMin6, ScaleProduct, SplitHalves
+
+    env = {"hdr": hdr, "sub_lo": sub_lo, "sub_hi": sub_hi}
+    for op in (SplitHalves("hdr", 0, ("d", "dmin")),
+               DecodeScaleMin6("hdr", 1, "sub_lo", ("sc_lo", "m_lo")),
+               DecodeScaleMin6("hdr", 1, "sub_hi", ("sc_hi", "m_hi")),
+               ScaleProduct("d", "sc_lo", "d_lo"), ScaleProduct("dmin", "m_lo", "min_lo"),
+               ScaleProduct("d", "sc_hi", "d_hi"), ScaleProduct("dmin", "m_hi", "min_hi")):
+        op.lower(b, env)
+    return env["d_lo"], env["min_lo"], env["d_hi"], env["min_hi"]
+
+
+def _rotate_unit_in_registers(b, act, word, lane, live):
+    """forward RHT of each token's 32-column block, spread over 4 lanes × 8 values, in the reference's
+    float operations and order: sign, butterfly 1, 2, 4 (in registers), 8, 16 (shfl.xor 1, 2), scale."""
+    b.comment("fused forward RHT: sign, butterfly 1,2,4 in registers, 8,16 across lanes, scale")
+    # sign bits of the lane's 8 elements: bits 8·word .. 8·word+7 of the mask
+    sbits = b.op("shr.u32", Imm(T4.SIGN_MASK, "u32"), b.op("shl.b32", word, Imm(3, "u32")), type="u32")
+    for t in range(len(act)):
+        v = act[t]
+        for e in range(8):
+            neg = b.op("shl.b32", b.op("and.b32", b.op("shr.u32", sbits, Imm(e, "u32")), Imm(1, "b32")), Imm(31, "u32"))
+            b.emit("xor.b32", v[e], v[e], neg)
+        for step in (1, 2, 4):
+            for j in range(8):
+                if j & step:
+                    continue
+                a_, c_ = v[j], v[j + step]
+                s_ = b.op("add.rn.f32", a_, c_)
+                d_ = b.op("sub.rn.f32", a_, c_)
+                v[j], v[j + step] = s_, d_
+        for h, lanebit in ((8, 1), (16, 2)):
+            upper = b.op("setp.ne.u32", b.op("and.b32", word, Imm(lanebit, "b32")), Imm(0, "u32"))
+            for e in range(8):
+                o = b.op("shfl.sync.bfly.b32", v[e], Imm(lanebit, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+                plus = b.op("add.rn.f32", v[e], o)
+                minus = b.op("sub.rn.f32", o, v[e])
+                v[e] = b.op("selp.f32", minus, plus, upper)
+        for e in range(8):
+            v[e] = b.op("mul.rn.f32", v[e], Imm(float(T4.INV_SQRT32), "f32"))
+        act[t] = v
+
+
+def build_rotate(arch):
+    """rotate_tq4_1s: the activation's forward RHT, one warp per 32-element block, lane = element."""
+    b = KernelBuilder("rotate_tq4_1s", arch, "forward RHT of fp32 activations per 32-element block (TQ4_1S)",
+                      block=(32 * WARPS, 1, 1))
+    x_p = b.param("x", "u64", "ptr:in")
+    y_p = b.param("y", "u64", "ptr:out")
+    n_p = b.param("nblocks", "u32")
+    b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(nblocks / 8)")
+    x, y = b.ptr(x_p), b.ptr(y_p)
+    n = b.ld_param(n_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    blk = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
+    done = b.label("done")
+    b.bra(done, pred=b.op("setp.ge.u32", blk, n))
+    off = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
+    v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
+    neg = b.op("shl.b32", b.op("and.b32", b.op("shr.u32", Imm(T4.SIGN_MASK, "u32"), lane, type="u32"), Imm(1, "b32")),
+               Imm(31, "u32"))
+    v = b.op("xor.b32", v, neg, type="f32")
+    for h in (1, 2, 4, 8, 16):
+        o = b.op("shfl.sync.bfly.b32", v, Imm(h, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+        upper = b.op("setp.ne.u32", b.op("and.b32", lane, Imm(h, "b32")), Imm(0, "u32"))
+        v = b.op("selp.f32", b.op("sub.rn.f32", o, v), b.op("add.rn.f32", v, o), upper)
+    v = b.op("mul.rn.f32", v, Imm(float(T4.INV_SQRT32), "f32"))
+    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), y)), v)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
+def kernel_defs() -> list[KernelDef]:
+    defs = [KernelDef("rotate_tq4_1s", "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate)]
+    for fmt in ("tq4_1s", "q4_K"):
+        for t in TOKENS:
+            for fused in ((False, True) if fmt == "tq4_1s" else (False,)):
+                spec = GemvSpec(fmt, t, ROWS[t], fused)
+                defs.append(KernelDef(spec.name, f"{fmt} decode GEMV, T={t}" + (", fused rotation" if fused else ""),
+                                      lambda arch, spec=spec: build(arch, spec)))
+    return defs
