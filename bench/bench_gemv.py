@@ -1,0 +1,164 @@
+"""Decode GEMV benchmark (needs a GPU and torch): TQ4_1S (exact; separate vs fused rotation) and Q4_K at
+T = 1, 2, 4, 8 on Qwen2.5-7B and Llama shapes, against cuBLAS fp16 on dequantized weights, tinygemm, and
+llama.cpp's figures from shared/PERF.md (fixed columns, measured elsewhere on the same H200 model).
+
+Timing: each call is bracketed by CUDA events behind a torch.cuda._sleep so the GPU never waits for
+Python to enqueue; weights rotate through enough copies to exceed 4× the 60 MB L2, so they come from HBM;
+median of --reps calls. Weight bytes / time gives GB/s; % is of the measured 4.27 TB/s copy bandwidth.
+"""
+import argparse
+import json
+import math
+
+import numpy as np
+
+HBM = 4.27e12
+SHAPES = [(3584, 3584), (4608, 3584), (18944, 3584), (3584, 18944), (4096, 14336), (14336, 4096)]
+TOKENS = (1, 2, 4, 8)
+# shared/PERF.md: the TurboQuant fork's tq4_1s (GGML_TQ_NATIVE=1) and llama.cpp MMVQ q4_K, µs per op
+FORK_TQ4_1S = {((18944, 3584), 1): 21.9, ((18944, 3584), 8): 71.2, ((3584, 18944), 1): 23.6,
+               ((3584, 18944), 8): 79.2, ((4608, 3584), 1): 10.7, ((3584, 3584), 1): 9.7}
+LLAMA_Q4_K = {((18944, 3584), 1): 26.9, ((18944, 3584), 8): 96.0, ((3584, 18944), 1): 23.6,
+              ((3584, 18944), 8): 89.6, ((4608, 3584), 1): 11.1, ((3584, 3584), 1): 10.0,
+              ((4096, 14336), 1): 16.3, ((4096, 14336), 8): 67.1}
+
+
+def random_raw(fmt, m, k, rng):
+    """Random blocks with tame scales (speed does not depend on values; tests check correctness)."""
+    from ptxgen import formats
+
+    f = formats.get(fmt)
+    raw = rng.integers(0, 256, (m * k // f.block_size, f.block_bytes), dtype=np.uint8)
+    halves = (rng.random((raw.shape[0], 2)) * 0.02 + 0.001).astype(np.float16).view(np.uint8)
+    raw[:, 0:4] = halves.reshape(-1, 4)
+    return raw.reshape(m, -1)
+
+
+def timed(fn, reps, torch):
+    out = []
+    for i in range(reps):
+        torch.cuda._sleep(40_000)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(i)
+        e.record()
+        out.append((s, e))
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) * 1e3 for s, e in out]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--shapes", default="all")
+    args = ap.parse_args()
+    import torch
+
+    import ptxgen.runtime as r
+    from ptxgen import formats
+
+    rng = np.random.default_rng(0)
+    results = []
+    shapes = SHAPES if args.shapes == "all" else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    for (m, k) in shapes:
+        for fmt in ("tq4_1s", "q4_K"):
+            f = formats.get(fmt)
+            wbytes = m * f.row_bytes(k)
+            copies = max(2, math.ceil(4 * 60e6 / wbytes))
+            raw = random_raw(fmt, m, k, rng)
+            ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)) for _ in range(copies)]
+            # correctness spot check of this very shape before timing it
+            xs = rng.standard_normal((2, k)).astype(np.float32)
+            ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
+            got = r.mul_mat(ws[0], xs)
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            w16 = None
+            for t in TOKENS:
+                x = torch.randn(t, k, device="cuda", dtype=torch.float32)
+                y = torch.empty(t, m, device="cuda", dtype=torch.float32)
+                row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": wbytes, "rel_err_T2": err}
+                modes = {"separate": "separate", "fused": "fused"} if fmt == "tq4_1s" else {"gemv": "separate"}
+                for label, rot in modes.items():
+                    us = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, rotation=rot), args.reps, torch)
+                    row[f"us_{label}"] = us
+                best = min(row[f"us_{k_}"] for k_ in modes)
+                row["us"] = best
+                row["GBps"] = wbytes / best / 1e3
+                row["pct_hbm"] = 100 * wbytes / (best * 1e-6) / HBM
+                if fmt == "tq4_1s":
+                    if w16 is None:
+                        deq = formats.dequantize(fmt, raw, (m, k)).astype(np.float16)
+                        w16 = [torch.from_numpy(deq).cuda() for _ in range(max(2, math.ceil(4 * 60e6 / deq.nbytes)))]
+                    xh = x.half()
+                    row["us_cublas_fp16"] = timed(lambda i: torch.matmul(xh, w16[i % len(w16)].t()), args.reps, torch)
+                    row["us_fork_tq4_1s"] = FORK_TQ4_1S.get(((m, k), t))
+                else:
+                    row["us_llamacpp_q4_K"] = LLAMA_Q4_K.get(((m, k), t))
+                    row["us_tinygemm"] = tinygemm_us(torch, m, k, t, args.reps)
+                results.append(row)
+                print_row(row)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=1)
+        plot(results, args.out.replace(".json", ".png"))
+
+
+_HEADER = False
+
+
+def print_row(row):
+    global _HEADER
+    if not _HEADER:
+        print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | cuBLAS fp16 µs | tinygemm µs "
+              "| llama.cpp/fork µs (PERF.md) | ratio peer/ptxgen |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        _HEADER = True
+    peer = row.get("us_fork_tq4_1s") or row.get("us_llamacpp_q4_K")
+    f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
+    rot = f"{row['us_separate']:.1f} / {row['us_fused']:.1f}" if "us_fused" in row else "-"
+    ratio = "n/a" if peer is None else f"{peer / row['us']:.2f}"
+    print(f"| {row['fmt']} | {row['m']}×{row['k']} | {row['T']} | {row['us']:.1f} | {row['GBps']:.0f} | "
+          f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_cublas_fp16'))} | {f(row.get('us_tinygemm'))} | {f(peer)} | "
+          f"{ratio} |", flush=True)
+
+
+def tinygemm_us(torch, m, k, t, reps):
+    """torch._weight_int4pack_mm (W4A16, group 32, bf16): the tinygemm peer; n/a if this torch lacks it."""
+    try:
+        wq = torch.randint(0, 16, (m, k), dtype=torch.int32, device="cuda")
+        packed = torch._convert_weight_to_int4pack(((wq[:, ::2] << 4) | wq[:, 1::2]).to(torch.uint8), 8)
+        sz = torch.rand(k // 32, m, 2, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+        torch._weight_int4pack_mm(x, packed, 32, sz)
+        return timed(lambda i: torch._weight_int4pack_mm(x, packed, 32, sz), reps, torch)
+    except Exception as e:  # noqa: BLE001
+        print(f"tinygemm unavailable: {type(e).__name__}: {str(e)[:120]}")
+        return None
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, fmt in zip(axes, ("tq4_1s", "q4_K")):
+        for (m, k) in sorted({(r_["m"], r_["k"]) for r_ in results if r_["fmt"] == fmt}):
+            rows = [r_ for r_ in results if r_["fmt"] == fmt and (r_["m"], r_["k"]) == (m, k)]
+            ax.plot([r_["T"] for r_ in rows], [r_["GBps"] for r_ in rows], "o-", label=f"{m}×{k}")
+        ax.axhline(HBM / 1e9, color="k", ls="--", label="HBM copy 4.27 TB/s")
+        ax.set_title(f"{fmt} decode GEMV on H200 (weight GB/s)")
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel("GB/s")
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
