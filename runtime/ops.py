@@ -114,7 +114,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: st
         raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
     a = xa
     if w.fmt == "tq4_1s" and rotation == "separate":
-        a = rotate_tq4_1s(xa, arch=arch)
+        a = rotate_tq4_1s(xa, out=DeviceArray.empty((t, k), np.float32), arch=arch)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         fn = kernels.load(_gemv_kernel(w, n, rotation), arch)
