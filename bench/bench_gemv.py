@@ -2,8 +2,8 @@
 T = 1, 2, 4, 8 on Qwen2.5-7B and Llama shapes, against cuBLAS fp16 on dequantized weights, tinygemm, and
 llama.cpp's figures from shared/PERF.md (fixed columns, measured elsewhere on the same H200 model).
 
-Timing: each call is bracketed by CUDA events behind a torch.cuda._sleep so the GPU never waits for
-Python to enqueue; weights rotate through enough copies to exceed 4× the 60 MB L2, so they come from HBM;
+Timing: each call is bracketed by CUDA events behind a 0.5 ms torch.cuda._sleep, so the GPU never waits
+for Python to enqueue (device time only; the host cost of a call is in bench_runtime); weights rotate through enough copies to exceed 4× the 60 MB L2, so they come from HBM;
 median of --reps calls. Weight bytes / time gives GB/s; % is of the measured 4.27 TB/s copy bandwidth.
 """
 import argparse
@@ -37,7 +37,7 @@ def random_raw(fmt, m, k, rng):
 def timed(fn, reps, torch):
     out = []
     for i in range(reps):
-        torch.cuda._sleep(40_000)
+        torch.cuda._sleep(1_000_000)  # ~0.5 ms: Python has long enqueued the call when the GPU reaches it
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn(i)

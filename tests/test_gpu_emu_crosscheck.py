@@ -23,7 +23,7 @@ def inputs(name, rng):
         ns = 12
         return [raw], 6 * 512 * 2, ((ns + 7) // 8,), [ns]
     fmt = "tq4_1s" if "tq4_1s" in name else "q4_K"
-    t = int(name.split("_t")[1][0])
+    t = int(name.rsplit("_t", 1)[1][0]) if not name.endswith("_fused") else int(name[:-6].rsplit("_t", 1)[1])
     m, k = 37, 768
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
