@@ -104,21 +104,46 @@ def synchronize() -> None:
 # ---------------------------------------------------------------------------------------------------
 # memory
 
+_POOL: dict[int, list[int]] = {}  # rounded size → free device pointers (cuMemFree synchronises the GPU)
+
+
+def _bucket(nbytes: int) -> int:
+    n = max(int(nbytes), 256)
+    return 1 << (n - 1).bit_length() if n <= 1 << 26 else (n + (1 << 20) - 1) >> 20 << 20
+
+
+def empty_cache() -> None:
+    """Return every pooled block to the driver."""
+    drv = _drv()
+    for ptrs in _POOL.values():
+        for p in ptrs:
+            check(drv.cuMemFree(p), "cuMemFree")
+    _POOL.clear()
+
+
 class DeviceBuffer:
-    """Owned device memory (cuMemAlloc), freed when garbage-collected."""
+    """Device memory (cuMemAlloc) from a size-bucketed pool: freeing returns the block to the pool, because
+    cuMemFree waits for the whole GPU and would serialise every op that allocates its output."""
 
     def __init__(self, nbytes: int):
         current()
         self.nbytes = int(nbytes)
-        self.ptr = int(check(_drv().cuMemAlloc(max(self.nbytes, 1)), f"cuMemAlloc({self.nbytes} B)"))
+        self._bucket = _bucket(self.nbytes)
+        free = _POOL.get(self._bucket)
+        if free:
+            self.ptr = free.pop()
+            return
+        drv = _drv()
+        try:
+            self.ptr = int(check(drv.cuMemAlloc(self._bucket), f"cuMemAlloc({self.nbytes} B)"))
+        except MemoryError:
+            empty_cache()
+            self.ptr = int(check(drv.cuMemAlloc(self._bucket), f"cuMemAlloc({self.nbytes} B)"))
 
     def __del__(self):
         ptr = getattr(self, "ptr", 0)
         if ptr:
-            try:
-                _drv().cuMemFree(ptr)
-            except Exception:  # noqa: BLE001 - interpreter shutdown
-                pass
+            _POOL.setdefault(self._bucket, []).append(ptr)
             self.ptr = 0
 
     @classmethod

@@ -30,7 +30,7 @@ from . import KernelDef
 WARPS = 8
 CHUNK = 256  # columns per warp step: 32 lanes × 8 weights
 TOKENS = (1, 2, 4, 8)
-ROWS = {1: 8, 2: 8, 4: 4, 8: 4}  # rows per CTA by T: R·T accumulators + 8·T activations per lane
+ROWS = {1: 8, 2: 8, 4: 8, 8: 4}  # rows per CTA by T: R·T accumulators + 8·T activations per lane
 
 
 @dataclass(frozen=True)
@@ -122,93 +122,111 @@ def build(arch, spec: GemvSpec):
         nunits = b.op("shr.u32", K, Imm(3, "u32"))
 
     nchunks = b.op("shr.u32", b.op("add.u32", K, Imm(CHUNK - 1, "u32")), Imm(8, "u32"))
-    c = b.op("mov.u32", warp)
-    top, done = b.label("chunk"), b.label("chunks_done")
-    b.place(top)
-    b.bra(done, pred=b.op("setp.ge.u32", c, nchunks))
-    # is this lane's unit inside the row? (K need not be a multiple of 256 for TQ4_1S)
-    unit = b.op("mad.lo.u32", c, Imm(32, "u32"), lane)
-    live = b.op("setp.lt.u32", unit, nunits)
-    col = b.op("mad.lo.u32", c, Imm(CHUNK, "u32"), col_in_chunk)
+    prefetch_act = Tn <= 2  # activations double-buffered too where registers allow
 
-    # activations for the unit: 8 floats per token (two 16-byte loads; Q4_K: columns p..p+3 and 32+p..p+3)
-    b.comment("activations of this lane's unit, all tokens")
-    act = [[b.reg("f32") for _ in range(8)] for _ in range(Tn)]
-    for t in range(Tn):
-        base = b.op("mad.wide.u32", col, Imm(4, "u32"), actptr[t])
-        for e in range(8):
-            b.emit("mov.f32", act[t][e], Imm(0.0, "f32"))
+    def alloc_state():
+        """The registers one chunk's loads land in (two sets: the loop is a ping-pong)."""
+        if spec.fmt == "tq4_1s":
+            w = [(b.reg("b32"), [b.reg("b32")]) for _ in range(R)]
+        else:
+            w = [(b.reg("b32"), b.regs("b32", 4)) for _ in range(R)]
+        act = [[b.reg("f32") for _ in range(8)] for _ in range(Tn)] if prefetch_act else None
+        return {"c": b.reg("u32"), "live": b.reg("pred"), "w": w, "act": act}
+
+    def load_acts(st, act):
+        """This lane's unit activations for all tokens (two 16-byte loads each; Q4_K: p..p+3, 32+p..p+3)."""
+        col = b.op("mad.lo.u32", st["c"], Imm(CHUNK, "u32"), col_in_chunk)
         second = 16 if spec.fmt == "tq4_1s" else 128
-        b.emit("ld.global.nc.v4.f32", b.vec(act[t][0:4]), Mem(base), pred=live)
-        b.emit("ld.global.nc.v4.f32", b.vec(act[t][4:8]), Mem(base, second), pred=live)
-    if spec.fused_rotation:
-        _rotate_unit_in_registers(b, act, word, lane, live)
-
-    # Q4_K: Σa per half (for the min term), once per chunk
-    if spec.fmt == "q4_K":
-        asum = [[None, None] for _ in range(Tn)]
         for t in range(Tn):
-            for h in range(2):
-                s = b.op("add.rn.f32", act[t][4 * h], act[t][4 * h + 1])
-                s = b.op("add.rn.f32", s, act[t][4 * h + 2])
-                asum[t][h] = b.op("add.rn.f32", s, act[t][4 * h + 3])
+            base = b.op("mad.wide.u32", col, Imm(4, "u32"), actptr[t])
+            for e in range(8):
+                b.emit("mov.f32", act[t][e], Imm(0.0, "f32"))
+            b.emit("ld.global.nc.v4.f32", b.vec(act[t][0:4]), Mem(base), pred=st["live"])
+            b.emit("ld.global.nc.v4.f32", b.vec(act[t][4:8]), Mem(base, second), pred=st["live"])
 
-    # weights: issue every row's loads first (memory-level parallelism), then decode
-    b.comment(f"{R} rows: loads first")
-    loads = []
-    for r in range(R):
-        if spec.fmt == "tq4_1s":
-            blkp = b.op("mad.wide.u32", b.op("mad.lo.u32", c, Imm(8, "u32"), blk_in_chunk), Imm(20, "u32"), rowptr[r])
-            qw, sw = b.reg("b32"), b.reg("b32")
-            b.emit("mov.b32", qw, Imm(0x88888888, "b32"))
-            b.emit("mov.b32", sw, Imm(0, "b32"))
-            b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", word, Imm(4, "u32"), blkp), 4), pred=live)
-            b.emit("ld.global.nc.u32", sw, Mem(blkp), pred=live)
-            loads.append((qw, [sw]))
-        else:
-            sbp = b.op("mad.wide.u32", c, Imm(144, "u32"), rowptr[r])
-            hdr = b.regs("b32", 4)
-            qw = b.reg("b32")
-            for h in hdr:
-                b.emit("mov.b32", h, Imm(0, "b32"))
-            b.emit("mov.b32", qw, Imm(0, "b32"))
-            b.emit("ld.global.nc.v4.u32", b.vec(hdr), Mem(sbp), pred=live)
-            b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), sbp), 16), pred=live)
-            loads.append((qw, hdr))
+    def issue(st, c_src):
+        """Every load of chunk c_src into the state's registers: weights of all R rows, then activations."""
+        b.emit("mov.u32", st["c"], c_src)
+        # is this lane's unit inside the row? (K need not be a multiple of 256 for TQ4_1S)
+        b.emit("setp.lt.u32", st["live"], b.op("mad.lo.u32", st["c"], Imm(32, "u32"), lane), nunits)
+        c, live = st["c"], st["live"]
+        for r in range(R):
+            qw, extra = st["w"][r]
+            if spec.fmt == "tq4_1s":
+                blkp = b.op("mad.wide.u32", b.op("mad.lo.u32", c, Imm(8, "u32"), blk_in_chunk), Imm(20, "u32"), rowptr[r])
+                b.emit("mov.b32", qw, Imm(0x88888888, "b32"))
+                b.emit("mov.b32", extra[0], Imm(0, "b32"))
+                b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", word, Imm(4, "u32"), blkp), 4), pred=live)
+                b.emit("ld.global.nc.u32", extra[0], Mem(blkp), pred=live)
+            else:
+                sbp = b.op("mad.wide.u32", c, Imm(144, "u32"), rowptr[r])
+                for h in extra + [qw]:
+                    b.emit("mov.b32", h, Imm(0, "b32"))
+                b.emit("ld.global.nc.v4.u32", b.vec(extra), Mem(sbp), pred=live)
+                b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), sbp), 16), pred=live)
+        if prefetch_act:
+            load_acts(st, st["act"])
 
-    for r in range(R):
-        qw, extra = loads[r]
-        b.comment(f"row {r}")
-        # nibble·4 in every byte: elements 0,2,4,6 (low nibbles) and 1,3,5,7 (high nibbles)
-        lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
-        hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
-        vals = []
-        for e in range(8):
-            if spec.fmt == "tq4_1s":  # element e of the unit: byte e/2, low nibble if e even
-                src, byte = (lo4 if e % 2 == 0 else hi4), e // 2
-            else:  # Q4_K unit: e < 4 low nibbles of bytes 0..3, e ≥ 4 high nibbles
-                src, byte = (lo4 if e < 4 else hi4), e % 4
-            addr = b.op("prmt.b32", src, lut, Imm(0x7650 | byte, "b32"))
-            vals.append(b.op("ld.shared.f32", Mem(addr)))
-        if spec.fmt == "tq4_1s":
-            sw = extra[0]
-            half = b.op("cvt.u16.u32", b.op("shr.u32", sw, dshift))
-            d = b.op("cvt.f32.f16", half)
-            groups = [(range(8), d, None)]
-        else:
-            d1, dm1, d2, dm2 = _q4_k_scales(b, extra, sub_lo, sub_hi)
-            groups = [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]
-        for gi, (elems, scale, minimum) in enumerate(groups):
+    def compute(st):
+        act = st["act"]
+        if act is None:
+            act = [[b.reg("f32") for _ in range(8)] for _ in range(Tn)]
+            load_acts(st, act)
+        act = [list(row) for row in act]
+        if spec.fused_rotation:
+            _rotate_unit_in_registers(b, act, word, lane, None)
+        if spec.fmt == "q4_K":  # Σa per half for the min term, once per chunk
+            asum = [[None, None] for _ in range(Tn)]
             for t in range(Tn):
-                part = None
-                for e in elems:
-                    part = b.op("mul.rn.f32", vals[e], act[t][e]) if part is None else \
-                        b.op("fma.rn.f32", vals[e], act[t][e], part)
-                b.emit("fma.rn.f32", acc[r][t], scale, part, acc[r][t])
-                if minimum is not None:
-                    nm = b.op("neg.f32", minimum)
-                    b.emit("fma.rn.f32", acc[r][t], nm, asum[t][gi], acc[r][t])
-    b.emit("add.u32", c, c, Imm(WARPS, "u32"))
+                for h in range(2):
+                    s_ = b.op("add.rn.f32", act[t][4 * h], act[t][4 * h + 1])
+                    s_ = b.op("add.rn.f32", s_, act[t][4 * h + 2])
+                    asum[t][h] = b.op("add.rn.f32", s_, act[t][4 * h + 3])
+        for r in range(R):
+            qw, extra = st["w"][r]
+            b.comment(f"row {r}")
+            # nibble·4 in every byte: elements 0,2,4,6 (low nibbles) and 1,3,5,7 (high nibbles)
+            lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+            hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+            vals = []
+            for e in range(8):
+                if spec.fmt == "tq4_1s":  # element e of the unit: byte e/2, low nibble if e even
+                    src, byte = (lo4 if e % 2 == 0 else hi4), e // 2
+                else:  # Q4_K unit: e < 4 low nibbles of bytes 0..3, e >= 4 high nibbles
+                    src, byte = (lo4 if e < 4 else hi4), e % 4
+                addr = b.op("prmt.b32", src, lut, Imm(0x7650 | byte, "b32"))
+                vals.append(b.op("ld.shared.f32", Mem(addr)))
+            if spec.fmt == "tq4_1s":
+                half = b.op("cvt.u16.u32", b.op("shr.u32", extra[0], dshift))
+                groups = [(range(8), b.op("cvt.f32.f16", half), None)]
+            else:
+                d1, dm1, d2, dm2 = _q4_k_scales(b, extra, sub_lo, sub_hi)
+                groups = [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]
+            for gi, (elems, scale, minimum) in enumerate(groups):
+                for t in range(Tn):
+                    part = None
+                    for e in elems:
+                        part = b.op("mul.rn.f32", vals[e], act[t][e]) if part is None else \
+                            b.op("fma.rn.f32", vals[e], act[t][e], part)
+                    b.emit("fma.rn.f32", acc[r][t], scale, part, acc[r][t])
+                    if minimum is not None:
+                        b.emit("fma.rn.f32", acc[r][t], b.op("neg.f32", minimum), asum[t][gi], acc[r][t])
+
+    # software pipeline as a ping-pong between two register sets: the loads of chunk c+8 are in flight
+    # while chunk c is decoded; chunks past the end load nothing (no lane is live there)
+    b.comment("software-pipelined chunk loop: the next chunk's loads overlap this chunk's decode")
+    A, B = alloc_state(), alloc_state()
+    done = b.label("chunks_done")
+    b.bra(done, pred=b.op("setp.ge.u32", warp, nchunks))
+    issue(A, warp)
+    top = b.label("chunk")
+    b.place(top)
+    issue(B, b.op("add.u32", A["c"], Imm(WARPS, "u32")))
+    compute(A)
+    b.bra(done, pred=b.op("setp.ge.u32", B["c"], nchunks))
+    issue(A, b.op("add.u32", B["c"], Imm(WARPS, "u32")))
+    compute(B)
+    b.bra(done, pred=b.op("setp.ge.u32", A["c"], nchunks))
     b.bra(top)
     b.place(done)
 
