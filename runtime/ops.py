@@ -81,10 +81,12 @@ GEMV_TOKENS = (1, 2, 4, 8)
 GEMV_FORMATS = {"tq4_1s": "tq4_1s", "q4_K": "q4_k"}
 
 
-def _gemv_kernel(w: QuantTensor, t: int, rotation: str) -> str:
+FUSED_MAX_TOKENS = 4  # gemv_tq4_1s_t8 has no fused-rotation variant (it would spill on sm_89)
+
+
+def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
     tk = next(k for k in GEMV_TOKENS if k >= t)
-    name = f"gemv_{GEMV_FORMATS[w.fmt]}_t{tk}"
-    return name + ("_fused" if w.fmt == "tq4_1s" and rotation == "fused" else "")
+    return f"gemv_{GEMV_FORMATS[w.fmt]}_t{tk}" + ("_fused" if fused else "")
 
 
 def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: str | None = None):
@@ -92,7 +94,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: st
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
     tokens (T ≤ 8 is one launch). TQ4_1S needs the activation rotated: `rotation="separate"` runs
-    rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits)."""
+    rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits) for T ≤ 4 and
+    falls back to the separate rotation above that."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     if w.fmt not in GEMV_FORMATS:
@@ -112,12 +115,14 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: st
     o = DeviceArray.empty((t, m), np.float32) if out is None else as_device_array(out, "mul_mat: out", np.float32, ndim=2)
     if tuple(o.shape) != (t, m):
         raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
+    # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
+    fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     a = xa
-    if w.fmt == "tq4_1s" and rotation == "separate":
+    if w.fmt == "tq4_1s" and not fused:
         a = rotate_tq4_1s(xa, out=DeviceArray.empty((t, k), np.float32), arch=arch)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
-        fn = kernels.load(_gemv_kernel(w, n, rotation), arch)
+        fn = kernels.load(_gemv_kernel(w, n, fused), arch)
         rows = int(fn.meta["rows_per_cta"])
         fn.launch(((m + rows - 1) // rows,), (w.buffer, a.ptr + 4 * t0 * k, o.ptr + 4 * t0 * m, m, k, n))
     return _result(o, xa.host and out is None)

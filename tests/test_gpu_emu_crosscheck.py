@@ -8,7 +8,7 @@ from ptxgen.emu import Memory, run_kernel
 
 pytestmark = pytest.mark.gpu
 
-CASES = ["quantize_q8_1", "dequantize_q4_k", "rotate_tq4_1s", "gemv_tq4_1s_t1", "gemv_tq4_1s_t8_fused",
+CASES = ["quantize_q8_1", "dequantize_q4_k", "rotate_tq4_1s", "gemv_tq4_1s_t1", "gemv_tq4_1s_t4_fused", "gemv_tq4_1s_t8",
          "gemv_q4_k_t1", "gemv_q4_k_t4"]
 
 
@@ -29,7 +29,9 @@ def inputs(name, rng):
     x = rng.standard_normal((t, k)).astype(np.float32)
     if fmt == "tq4_1s" and "fused" not in name:
         x = formats.rht_forward(x)
-    rows = {1: 8, 2: 8, 4: 4, 8: 4}[t]
+    from ptxgen.kernels.gemv import ROWS
+
+    rows = ROWS[t]
     return [raw, x], t * m * 4, ((m + rows - 1) // rows,), [m, k, t]
 
 

@@ -96,7 +96,7 @@ def _gemv(name):
 
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
-           if not (f == "q4_k" and s)]:
+           if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
 
 

@@ -341,7 +341,8 @@ def kernel_defs() -> list[KernelDef]:
     defs = [KernelDef("rotate_tq4_1s", "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate)]
     for fmt in ("tq4_1s", "q4_K"):
         for t in TOKENS:
-            for fused in ((False, True) if fmt == "tq4_1s" else (False,)):
+            # fused rotation costs ~1 instruction per weight per token and registers: T <= 4 only
+            for fused in ((False, True) if fmt == "tq4_1s" and t <= 4 else (False,)):
                 spec = GemvSpec(fmt, t, ROWS[t], fused)
                 defs.append(KernelDef(spec.name, f"{fmt} decode GEMV, T={t}" + (", fused rotation" if fused else ""),
                                       lambda arch, spec=spec: build(arch, spec)))
