@@ -89,11 +89,35 @@ def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
     return f"gemv_{GEMV_FORMATS[w.fmt]}_t{tk}" + ("_fused" if fused else "")
 
 
+MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
+MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
+MMQ_TILES = (32, 64, 128)
+_FLAG: list = []
+
+
+def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None) -> bool:
+    """The fp16 MMQ. Returns False if an activation overflowed fp16 (the caller recomputes exactly)."""
+    from .driver import DeviceBuffer, _drv, check
+
+    m, k = w.shape
+    bn = next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
+    fn = kernels.load(f"mmq_q4_k_f16_n{bn}", arch)
+    if not _FLAG:
+        _FLAG.append(DeviceBuffer(4))
+    flag = _FLAG[0]
+    flag.fill_bytes(0)
+    fn.launch(((t + bn - 1) // bn, (m + 127) // 128), (w.buffer, xa, o, flag, m, k, t))
+    return int(flag.download(np.uint32, (1,))[0]) == 0
+
+
 def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: str | None = None):
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
-    tokens (T ≤ 8 is one launch). TQ4_1S needs the activation rotated: `rotation="separate"` runs
+    tokens (T ≤ 8 is one launch). Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM (mmq_q4_k_f16_n{32,64,128},
+    the smallest token tile that holds T): fp16 mma.sync with fp32 accumulation, relative error ~4e-4; if an
+    activation overflows fp16 (|x| > 65504) the kernel flags it and the call is recomputed exactly by the
+    GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
     rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits) for T ≤ 4 and
     falls back to the separate rotation above that."""
     if not isinstance(w, QuantTensor):
@@ -117,6 +141,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: st
         raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
+    if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
+        if _mmq_q4_k(w, xa, o, t, arch):
+            return _result(o, xa.host and out is None)
     a = xa
     if w.fmt == "tq4_1s" and not fused:
         a = rotate_tq4_1s(xa, out=DeviceArray.empty((t, k), np.float32), arch=arch)

@@ -94,10 +94,43 @@ def _gemv(name):
     return run
 
 
+def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Outcome:
+    """Run an MMQ kernel (fp16 path) on random Q4_K weights and fp32 activations; float64 reference."""
+    m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    raw = formats.quantize("q4_K", w)
+    x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
+    mem = Memory()
+    wa, xa = mem.alloc(raw), mem.alloc(x)
+    ya, fa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(4, poison=0)
+    grid = ((t + meta["bn"] - 1) // meta["bn"], (m + meta["bm"] - 1) // meta["bm"])
+    run_kernel(ptx, grid, (256,), (wa, xa, ya, fa, m, k, t), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
+    got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
+    flag = int(mem.view(fa, np.uint32, (1,))[0])
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-3 and flag == 0)
+    return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}", got, want)
+
+
+def _mmq(name):
+    def run(ptx, rng, seed=None, **kw):
+        from ..arch import get_arch
+        from ..kernels import get_kernel
+
+        meta = dict(get_kernel(name).for_arch(get_arch("sm_89")).meta, name=name)
+        if "shape" in kw and len(kw["shape"]) != 3:
+            raise ValueError("MMQ harness shape is (M, T, K)")
+        return mmq_case(ptx, meta, rng, seed=seed, **kw)
+    return run
+
+
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
+for _bn in (32, 64, 128):
+    HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")
 
 
 def check_kernel(name: str, ptx: str, seed: int = 0, **kw) -> Outcome:

@@ -446,8 +446,29 @@ class Emulator:
     def _op_cvta(self, ins, ex, grp):
         self._set(ins.operands[0], ex, self._val(ins.operands[1], "u64", ex), "u64")
 
+    def _halves(self, tok, ex):
+        bits = self._val(tok, "u32", ex).astype(np.uint32)
+        return ((bits & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64),
+                (bits >> 16).astype(np.uint16).view(np.float16).astype(np.float64))
+
+    def _f16x2(self, ins, ex, f):
+        """A packed-half op: each half computed exactly in float64 and rounded once to fp16."""
+        d, *srcs = ins.operands
+        lo = f(*[self._halves(s_, ex)[0] for s_ in srcs])
+        hi = f(*[self._halves(s_, ex)[1] for s_ in srcs])
+        out = []
+        for v in (lo, hi):  # float64 → fp16 directly (NumPy rounds it once, to nearest even)
+            h = np.asarray(v, np.float64).astype(np.float16).view(np.uint16).copy()
+            h[np.isnan(v)] = 0x7FFF
+            out.append(h)
+        bits = out[0].astype(np.uint64) | (out[1].astype(np.uint64) << np.uint64(16))
+        self._set(d, ex, bits, "u64")
+
     def _binary(self, ins, ex, f):
         t = self._type(ins)
+        if t == "f16x2":
+            with np.errstate(all="ignore"):
+                return self._f16x2(ins, ex, lambda a, b: f(a, b, "f64"))
         d, a, b = ins.operands
         with np.errstate(all="ignore"):
             self._set(d, ex, f(self._val(a, t, ex), self._val(b, t, ex), t), t)
@@ -536,6 +557,9 @@ class Emulator:
     def _op_fma(self, ins, ex, grp):
         t = self._type(ins)
         self._float_ok(ins)
+        if t == "f16x2":  # a·b + c is exact in float64 for fp16 operands: one rounding, as the hardware does
+            with np.errstate(all="ignore"):
+                return self._f16x2(ins, ex, lambda a, b, c: a * b + c)
         d, a, b, c = ins.operands
         if t != "f32":
             raise Unsupported(f"fma.{t}")
@@ -557,6 +581,10 @@ class Emulator:
 
     def _minmax(self, ins, ex, is_max):
         t = self._type(ins)
+        if t == "f16x2":
+            if "NaN" in ins.mods:
+                raise Unsupported(f"{ins.opcode}")
+            return self._f16x2(ins, ex, lambda a, b: np.fmax(a, b) if is_max else np.fmin(a, b))
         a = self._val(ins.operands[1], t, ex)
         b = self._val(ins.operands[2], t, ex)
         if t in ("f32", "f64", "f16"):

@@ -23,9 +23,9 @@ class KernelDef:
 
 
 def _registry() -> dict[str, KernelDef]:
-    from . import dequantize_q4_k, gemv, quantize_q8_1
+    from . import dequantize_q4_k, gemv, mmq, quantize_q8_1
 
-    defs = [quantize_q8_1.KERNEL, dequantize_q4_k.KERNEL, *gemv.kernel_defs()]
+    defs = [quantize_q8_1.KERNEL, dequantize_q4_k.KERNEL, *gemv.kernel_defs(), *mmq.kernel_defs()]
     return {d.name: d for d in defs}
 
 

@@ -1,0 +1,131 @@
+"""Prefill GEMM benchmark (needs a GPU and torch): ptxgen's Q4_K MMQ (fp16 mma.sync path) against cuBLAS
+fp16 on already-dequantized weights, dequant (ptxgen kernel) + cuBLAS, tinygemm, and llama.cpp's MMQ
+figures from shared/PERF.md (a fixed column, measured with test-backend-ops on the same H200 model).
+
+Timing as in bench_gemv: CUDA events behind a long torch.cuda._sleep (device time only), weights rotated
+through copies that exceed 4× the 60 MB L2, median of --reps. ptxgen's figure is the whole device work of
+the op: fp32 activations in (converted inside the GEMM's load pipeline), fp32 out; the op's 4-byte overflow
+flag readback is host work and not included.
+"""
+import argparse
+import json
+import math
+
+import numpy as np
+
+from bench_gemv import random_raw, timed
+
+SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
+TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+PEAK_FP16 = 989e12
+HBM = 4.27e12
+LLAMA = {  # shared/PERF.md, µs, q4_K MUL_MAT (includes its Q8_1 quantize kernel)
+    (4096, 14336): {16: 37.4, 64: 70.5, 256: 227.0, 512: 359.9, 1024: 698.7, 4096: 2714.2},
+    (14336, 4096): {16: 35.5, 128: 110.6, 512: 384.2, 4096: 2640.0},
+    (4096, 4096): {16: 18.5, 512: 105.3, 4096: 805.0},
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    import torch
+
+    import ptxgen.runtime as r
+    from ptxgen import formats
+
+    rng = np.random.default_rng(0)
+    results = []
+    print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
+          "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (m, k) in SHAPES:
+        raw = random_raw("q4_K", m, k, rng)
+        wbytes = raw.nbytes
+        copies = max(2, math.ceil(4 * 60e6 / wbytes))
+        ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)) for _ in range(copies)]
+        w16 = torch.from_numpy(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16)).cuda()
+        w16s = [w16.clone() for _ in range(max(2, math.ceil(4 * 60e6 / w16.numel() / 2)))]
+        deq_out = r.DeviceArray.empty((m, k), np.float16)
+        deq_t = torch.as_tensor(deq_out, device="cuda")
+        flag = r.DeviceArray.empty((1,), np.uint32)
+        for t in TOKENS:
+            x = torch.randn(t, k, device="cuda", dtype=torch.float32)
+            y = torch.empty(t, m, device="cuda", dtype=torch.float32)
+            bn = next((n for n in (32, 64, 128) if t <= n), 128)
+            fn = r.load(f"mmq_q4_k_f16_n{bn}")
+            grid = ((t + bn - 1) // bn, (m + 127) // 128)
+            # correctness of this very shape before timing it
+            got = r.mul_mat(ws[0], x[:, :].cpu().numpy())
+            ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy()) if m * t <= 4096 * 512 else None
+            err = None if ref is None else float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            us = timed(lambda i: fn.launch(grid, (ws[i % copies].buffer, x, y, flag, m, k, t)), args.reps, torch)
+            xh = x.half()
+            cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
+            deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
+            tiny = tinygemm(torch, m, k, t, args.reps)
+            flops = 2 * m * k * t
+            floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
+            ll = LLAMA.get((m, k), {}).get(t)
+            row = {"m": m, "k": k, "T": t, "bn": bn, "us": us, "tflops": flops / us / 1e6, "pct_peak": 100 * flops / us / 1e6 / (PEAK_FP16 / 1e12),
+                   "floor_us": floor, "us_cublas_fp16": cub, "us_dequant_cublas": deqc, "us_tinygemm": tiny,
+                   "us_llamacpp": ll, "rel_err": err}
+            results.append(row)
+            f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
+            print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
+                  f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
+                  f"{deqc / us:.2f}x |", flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=1)
+        plot(results, args.out.replace(".json", ".png"))
+
+
+def tinygemm(torch, m, k, t, reps):
+    try:
+        wq = torch.randint(0, 16, (m, k), dtype=torch.int32, device="cuda")
+        packed = torch._convert_weight_to_int4pack(((wq[:, ::2] << 4) | wq[:, 1::2]).to(torch.uint8), 8)
+        sz = torch.rand(k // 32, m, 2, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+        torch._weight_int4pack_mm(x, packed, 32, sz)
+        return timed(lambda i: torch._weight_int4pack_mm(x, packed, 32, sz), reps, torch)
+    except Exception as e:  # noqa: BLE001
+        print(f"tinygemm unavailable: {type(e).__name__}: {str(e)[:100]}")
+        return None
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, (m, k) in zip(axes, SHAPES):
+        rows = [r_ for r_ in results if (r_["m"], r_["k"]) == (m, k)]
+        T = [r_["T"] for r_ in rows]
+        fl = lambda us, r_: 2 * m * k * r_["T"] / us / 1e6  # noqa: E731
+        ax.plot(T, [r_["tflops"] for r_ in rows], "o-", label="ptxgen MMQ (fp16 mma.sync)")
+        ax.plot(T, [fl(r_["us_cublas_fp16"], r_) for r_ in rows], "s--", label="cuBLAS fp16 (dequantized W)")
+        ax.plot(T, [fl(r_["us_dequant_cublas"], r_) for r_ in rows], "^--", label="dequant + cuBLAS")
+        lt = [(r_["T"], fl(r_["us_llamacpp"], r_)) for r_ in rows if r_["us_llamacpp"]]
+        if lt:
+            ax.plot(*zip(*lt), "x:", label="llama.cpp MMQ (PERF.md)")
+        roof = [min(PEAK_FP16, 2 * m * k * t / (m * k * 4.5 / 8 / HBM)) / 1e12 for t in T]
+        ax.plot(T, roof, "k-", lw=0.8, label="roofline (Q4_K bytes, fp16 peak)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"M={m}, K={k}")
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel("TFLOP/s")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

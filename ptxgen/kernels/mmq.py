@@ -1,0 +1,285 @@
+"""Prefill GEMM ("MMQ") on the mma.sync path: y = x @ W.T, W in Q4_K (GGUF bytes), x fp32 (T × K), y fp32.
+
+fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is compiled for sm_90):
+- block tile BM=128 weight rows × BN tokens × BK=64 (one pair of Q4_K sub-blocks: 32 bytes of qs per row
+  plus the super-block's 16-byte header); 8 warps as 2 (M) × 4 (N), warp tile 64 × BN/4;
+- raw weight bytes go global → shared with cp.async.cg (16 B) into a 3-stage ring (commit/wait groups), so
+  the copy of step s+2 overlaps the dequant of s+1 and the MMA of s;
+- each step, threads dequantize the landed raw tile to fp16 in shared memory: nibbles become fp16 by
+  `prmt` + `lop3` with the 0x6400 exponent (exact 1024+q, minus 1024), then w = q·(d·sc) − dmin·m in one
+  fma.f16x2 (d·sc and dmin·m are formed in fp32 first, as ggml does, and rounded to fp16);
+- activations are loaded fp32 one step ahead into registers and converted to fp16 into shared memory
+  (fused: no separate conversion pass over DRAM); an activation that overflows fp16 raises a flag, and
+  `mul_mat` then recomputes exactly (fp32) instead of returning a wrong answer;
+- fragments come from `ldmatrix.x4` over rows padded to 144 B (8 row addresses hit 8 distinct 16-byte
+  bank groups), `mma.sync.m16n8k16.f32.f16.f16.f32` accumulates in fp32;
+- grid: x = token tiles (fastest, so CTAs that share a weight tile run together and reuse it from L2),
+  y = weight-row tiles. Partial tiles are clamped on load and masked on store. No atomics: deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..builder import KernelBuilder
+from ..dsl import DecodeScaleMin6, Mma, Pipeline, Schedule, SplitHalves, Tile
+from ..ir import Imm, Mem, ldmatrix, mma_sync
+from ..targets import lowering_for
+from . import KernelDef
+
+BM, BK, STAGES = 128, 64, 3
+RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
+PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
+TOKEN_TILES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class MmqSpec:
+    bn: int
+
+    @property
+    def name(self) -> str:
+        return f"mmq_q4_k_f16_n{self.bn}"
+
+    @property
+    def tile(self) -> Tile:
+        return Tile(BM, self.bn, BK, warps=8, warp_m=64, warp_n=self.bn // 4)
+
+
+def build(arch, spec: MmqSpec):
+    tile = spec.tile
+    tile.check_format("q4_K")
+    low = lowering_for(arch)
+    pipe = Pipeline(STAGES, copy="cp.async")  # the TMA lowering for sm_120a is not written yet
+    low.pick_copy(pipe)
+    mma = Mma("f16", "mma.sync")
+    low.pick_mma(mma, tile)
+    sched = Schedule("grid")
+    BN = spec.bn
+    raw_bytes = BM * RAW_ROW
+    a_bytes, b_bytes = BM * PAD_ROW, BN * PAD_ROW
+    pipe.check_smem(arch, raw_bytes)
+    b = KernelBuilder(spec.name, arch, f"Q4_K x fp32 GEMM, fp16 mma.sync, tile {BM}x{BN}x{BK}, "
+                      f"{STAGES}-stage cp.async", block=(256, 1, 1))
+    w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    f_p = b.param("flag", "u64", "ptr:out")
+    m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
+    smem = b.dynamic_shared(STAGES * raw_bytes + a_bytes + b_bytes)
+    b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
+                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, grid="(ceil(t / bn), ceil(m / bm))")
+
+    W, X, Y, F = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
+    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    n0 = b.op("mul.lo.u32", b.special("ctaid.x"), Imm(BN, "u32"))
+    m0 = b.op("mul.lo.u32", b.special("ctaid.y"), Imm(BM, "u32"))
+    base = b.op("mov.u32", smem)
+    raw0 = base
+    a16 = b.op("add.u32", base, Imm(STAGES * raw_bytes, "u32"))
+    b16 = b.op("add.u32", a16, Imm(a_bytes, "u32"))
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    nsteps = b.op("shr.u32", K, Imm(6, "u32"))
+    mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
+
+    # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
+    copies = []
+    for r in range(2):
+        i = b.op("add.u32", tid, Imm(256 * r, "u32"))
+        ok = b.op("setp.lt.u32", i, Imm(BM * 3, "u32"))
+        row = b.op("div.u32", i, Imm(3, "u32"))
+        part = b.op("rem.u32", i, Imm(3, "u32"))
+        grow = b.op("min.u32", b.op("add.u32", m0, row), mlast)
+        src_row = b.op("mad.wide.u32", grow, row_bytes, W)
+        # part 0: header (bytes 0..15 of the super-block); parts 1, 2: qs bytes 32c .. 32c+31
+        dst_off = b.op("mad.lo.u32", row, Imm(RAW_ROW, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
+        copies.append((ok, part, src_row, dst_off))
+
+    def issue(step):
+        """cp.async the raw tile of K-step `step` into stage step % 3 (nothing past the end), then commit."""
+        live = b.op("setp.lt.u32", step, nsteps)
+        sb = b.op("shr.u32", step, Imm(2, "u32"))
+        c = b.op("and.b32", step, Imm(3, "b32"))
+        stage = b.op("rem.u32", step, Imm(STAGES, "u32"))
+        sdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        for ok, part, src_row, dst_off in copies:
+            # source byte offset in the row: 144·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
+            qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
+            off = b.op("selp.b32", Imm(0, "b32"), qoff, b.op("setp.eq.u32", part, Imm(0, "u32")))
+            off = b.op("mad.lo.u32", sb, Imm(144, "u32"), off)
+            src = b.op("add.s64", src_row, b.op("cvt.u64.u32", off))
+            go = b.op("and.pred", ok, live)
+            b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst_off)), Mem(src), Imm(16, "u32"), pred=go)
+        b.emit("cp.async.commit_group")
+
+    # --- activations: BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
+    nvec = BN * 16 // 256
+    xregs = [[b.reg("f32") for _ in range(4)] for _ in range(nvec)]
+    xaddr_tok = []
+    for v in range(nvec):
+        i = b.op("add.u32", tid, Imm(256 * v, "u32"))
+        tok = b.op("shr.u32", i, Imm(4, "u32"))
+        k4 = b.op("and.b32", i, Imm(15, "b32"))
+        gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
+        rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
+        src = b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
+        dst = b.op("add.u32", b.op("mad.lo.u32", tok, Imm(PAD_ROW, "u32"), b16), b.op("shl.b32", k4, Imm(3, "u32")))
+        xaddr_tok.append((src, dst))
+
+    def load_x(step):
+        kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))  # 64 floats = 256 bytes per step
+        for v in range(nvec):
+            b.emit("ld.global.nc.v4.f32", b.vec(xregs[v]), Mem(b.op("add.s64", xaddr_tok[v][0], kb)))
+
+    hmax = b.reg("b32")
+    b.emit("mov.b32", hmax, Imm(0, "b32"))
+
+    def store_x():
+        for v in range(nvec):
+            lo = b.op("cvt.rn.f16x2.f32", xregs[v][1], xregs[v][0], type="b32")
+            hi = b.op("cvt.rn.f16x2.f32", xregs[v][3], xregs[v][2], type="b32")
+            for h in (lo, hi):  # overflow watch: |fp16| max, inf shows as ≥ 0x7C00
+                b.emit("max.f16x2", hmax, hmax, b.op("and.b32", h, Imm(0x7FFF7FFF, "b32")))
+            b.emit("st.shared.v2.b32", Mem(xaddr_tok[v][1]), b.vec([lo, hi]))
+
+    # --- dequant: thread → (row = tid/2, half = tid%2): 32 weights of sub-block 2c + half
+    drow = b.op("shr.u32", tid, Imm(1, "u32"))
+    dh = b.op("and.b32", tid, Imm(1, "b32"))
+    a_dst = b.op("add.u32", b.op("mad.lo.u32", drow, Imm(PAD_ROW, "u32"), a16), b.op("shl.b32", dh, Imm(6, "u32")))
+    # high nibbles come out as 16q: fold the 1/16 into d·sc (exact: a power of two)
+    dscale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
+    magic = b.op("mov.b32", Imm(0x64006400, "b32"))  # two fp16 1024.0: (q | 0x6400) − 1024 = q exactly
+    nibmask = b.op("selp.b32", Imm(0x00F000F0, "b32"), Imm(0x000F000F, "b32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
+
+    def dequant(step):
+        stage = b.op("rem.u32", step, Imm(STAGES, "u32"))
+        src = b.op("mad.lo.u32", drow, Imm(RAW_ROW, "u32"), b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0))
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
+        qs = b.regs("b32", 8)
+        b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, 16))
+        b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 32))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), dh)
+        env = {"hdr": hdr, "sub": sub}
+        SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
+        DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
+        d1 = b.op("mul.rn.f32", b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"])), dscale)
+        m1 = b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"]))
+        # d·sc and dmin·m as fp16 pairs hi + lo (hi = fp16(v), lo = fp16(v − hi)): the weight is then
+        # q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step, ≈ 1.3 roundings of w instead of the
+        # ~3.5 a single fp16 d and m cost (measured on the reference: 3.9e-4 vs 7.2e-4 relative GEMM error)
+        def split(v):
+            hi = b.op("cvt.rn.f16.f32", v)
+            lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", v, b.op("cvt.f32.f16", hi)))
+            return b.op("mov.b32", b.vec([hi, hi]), type="b32"), b.op("mov.b32", b.vec([lo, lo]), type="b32")
+        d_hi, d_lo = split(d1)
+        nm_hi, nm_lo = split(b.op("neg.f32", m1))
+        out = []
+        for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
+            for sel in (0x4140, 0x4342):
+                v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
+                h = b.reg("b32")
+                b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+                q = b.op("sub.rn.f16x2", h, magic, type="b32")
+                t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
+                t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
+                out.append(b.op("add.rn.f16x2", t, nm_lo, type="b32"))
+        for i in range(4):
+            b.emit("st.shared.v4.b32", Mem(a_dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
+
+    # --- MMA: warp (wm, wn) = (warp / 4, warp % 4); m16 tiles 4, n8 tiles BN/32
+    wm = b.op("shr.u32", warp, Imm(2, "u32"))
+    wn = b.op("and.b32", warp, Imm(3, "b32"))
+    NT = BN // 32
+    acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(4)]
+    for row in acc:
+        for frag in row:
+            for r in frag:
+                b.emit("mov.f32", r, Imm(0.0, "f32"))
+    q = b.op("shr.u32", lane, Imm(3, "u32"))
+    l8 = b.op("and.b32", lane, Imm(7, "b32"))
+    # A: matrix q of x4 → rows +8·(q%2), k +8·(q/2); B: n +8·(q/2), k +8·(q%2)
+    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(64, "u32"), l8), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
+    a_lane = b.op("add.u32", b.op("mad.lo.u32", a_row, Imm(PAD_ROW, "u32"), a16), b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")))
+    if NT >= 2:
+        b_row = b.op("add.u32", b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8), b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
+    else:
+        b_row = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8)
+    b_lane = b.op("add.u32", b.op("mad.lo.u32", b_row, Imm(PAD_ROW, "u32"), b16), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
+
+    def mma_step():
+        for kk in range(BK // 16):
+            afr = []
+            for i in range(4):
+                regs = b.regs("b32", 4)
+                b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(a_lane, i * 16 * PAD_ROW + kk * 32)))
+                afr.append(regs)
+            bfr = []
+            for j in range(0, NT, 2):
+                if NT >= 2:
+                    regs = b.regs("b32", 4)
+                    b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(b_lane, j * 8 * PAD_ROW + kk * 32)))
+                    bfr += [regs[0:2], regs[2:4]]
+                else:
+                    regs = b.regs("b32", 2)
+                    b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(b_lane, kk * 32)))
+                    bfr.append(regs)
+            for i in range(4):
+                for j in range(NT):
+                    v = b.vec(acc[i][j])
+                    b.emit(mma_sync(arch, "m16n8k16", "f16", v, b.vec(afr[i]), b.vec(bfr[j]), v))
+
+    # --- the pipeline
+    b.comment(f"prologue: raw steps 0 and 1 in flight, activations of step 0 in registers")
+    zero = b.op("mov.u32", Imm(0, "u32"))
+    issue(zero)
+    issue(b.op("mov.u32", Imm(1, "u32")))
+    load_x(zero)
+    step = b.op("mov.u32", Imm(0, "u32"))
+    top, done = b.label("kstep"), b.label("ksteps_done")
+    b.place(top)
+    b.emit("cp.async.wait_group", Imm(1, "u32"))  # step s has landed (s+1 may still be in flight)
+    b.emit("bar.sync", Imm(0, "u32"))  # ... for every thread; and the previous MMA is done with a16/b16
+    issue(b.op("add.u32", step, Imm(2, "u32")))
+    dequant(step)
+    store_x()
+    nxt = b.op("add.u32", step, Imm(1, "u32"))
+    more = b.op("setp.lt.u32", nxt, nsteps)
+    skip = b.label("no_prefetch")
+    b.bra(skip, pred=more, neg=True)
+    load_x(nxt)
+    b.place(skip)
+    b.emit("bar.sync", Imm(0, "u32"))
+    mma_step()
+    b.emit("mov.u32", step, nxt)
+    b.bra(top, pred=more)
+    b.place(done)
+    b.emit("cp.async.wait_group", Imm(0, "u32"))
+
+    # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
+    b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    tig = b.op("and.b32", lane, Imm(3, "b32"))
+    mb = b.op("add.u32", m0, b.op("mad.lo.u32", wm, Imm(64, "u32"), g))
+    nb = b.op("add.u32", n0, b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))))
+    for i in range(4):
+        for j in range(NT):
+            for e in range(4):
+                mm = b.op("add.u32", mb, Imm(16 * i + 8 * (e // 2), "u32"))
+                nn = b.op("add.u32", nb, Imm(8 * j + (e % 2), "u32"))
+                ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, T))
+                b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", nn, M, mm), Imm(4, "u32"), Y)),
+                       acc[i][j][e], pred=ok)
+    # overflow flag: any converted activation at inf (≥ 0x7C00 in either half)
+    lo_h = b.op("and.b32", hmax, Imm(0xFFFF, "b32"))
+    hi_h = b.op("shr.u32", hmax, Imm(16, "u32"))
+    over = b.op("or.pred", b.op("setp.ge.u32", lo_h, Imm(0x7C00, "u32")), b.op("setp.ge.u32", hi_h, Imm(0x7C00, "u32")))
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
+    b.emit("ret")
+    return b.finish()
+
+
+def kernel_defs() -> list[KernelDef]:
+    return [KernelDef(MmqSpec(bn).name, f"Q4_K prefill GEMM, fp16 mma.sync, {BM}x{bn} tile",
+                      lambda arch, s=MmqSpec(bn): build(arch, s), archs=("sm_89", "sm_120a"))
+            for bn in TOKEN_TILES]
