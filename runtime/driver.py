@@ -227,7 +227,8 @@ class Function:
                     raise ValueError(f"{self.name}: parameter {p['name']} is {p['size']} B, got {len(blob)}")
                 cells.append(t.from_buffer_copy(blob))
             else:
-                v = getattr(a, "ptr", a)
+                v = a.ptr if hasattr(a, "ptr") else a.__cuda_array_interface__["data"][0] \
+                    if hasattr(a, "__cuda_array_interface__") else a
                 if p["type"][0] == "u" and v < 0:
                     raise ValueError(f"{self.name}: parameter {p['name']} is unsigned, got {v}")
                 cells.append(t(v))

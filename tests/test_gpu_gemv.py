@@ -36,8 +36,8 @@ def test_mul_mat_gemv_matches_reference(fmt, data):
     got = out.numpy()
     want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
     assert np.isfinite(got).all()
-    if np.linalg.norm(want) > 0:
-        assert rel(got, want) <= 1e-5
+    if np.linalg.norm(want) > 0:  # Q4_K above 8 tokens on >= 128 rows takes the fp16 MMQ
+        assert rel(got, want) <= (1e-3 if fmt == "q4_K" and t > 8 and m >= 128 else 1e-5)
 
 
 def test_fused_and_separate_rotation_are_bit_identical_and_deterministic():
