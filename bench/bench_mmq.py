@@ -54,14 +54,14 @@ def main():
         for t in TOKENS:
             x = torch.randn(t, k, device="cuda", dtype=torch.float32)
             y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-            bn = next((n for n in (32, 64, 128) if t <= n), 128)
-            fn = r.load(f"mmq_q4_k_f16_n{bn}")
-            grid = ((t + bn - 1) // bn, (m + 127) // 128)
+            from ptxgen.runtime.ops import mmq_launch
+
             # correctness of this very shape before timing it
             got = r.mul_mat(ws[0], x[:, :].cpu().numpy())
             ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy()) if m * t <= 4096 * 512 else None
             err = None if ref is None else float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-            us = timed(lambda i: fn.launch(grid, (ws[i % copies].buffer, x, y, flag, m, k, t)), args.reps, torch)
+            xa, ya = r.as_device_array(x), r.as_device_array(y)
+            us = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag), args.reps, torch)
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
@@ -69,7 +69,7 @@ def main():
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)
-            row = {"m": m, "k": k, "T": t, "bn": bn, "us": us, "tflops": flops / us / 1e6, "pct_peak": 100 * flops / us / 1e6 / (PEAK_FP16 / 1e12),
+            row = {"m": m, "k": k, "T": t, "us": us, "tflops": flops / us / 1e6, "pct_peak": 100 * flops / us / 1e6 / (PEAK_FP16 / 1e12),
                    "floor_us": floor, "us_cublas_fp16": cub, "us_dequant_cublas": deqc, "us_tinygemm": tiny,
                    "us_llamacpp": ll, "rel_err": err}
             results.append(row)

@@ -173,8 +173,8 @@ class DeviceBuffer:
         check(_drv().cuMemsetD8(self.ptr + offset, value & 0xFF, n), "cuMemsetD8")
 
 
-def memcpy_dtod(dst: int, src: int, nbytes: int) -> None:
-    check(_drv().cuMemcpyDtoD(dst, src, nbytes), "cuMemcpyDtoD")
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream=0) -> None:
+    check(_drv().cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
 
 
 # ---------------------------------------------------------------------------------------------------

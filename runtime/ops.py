@@ -97,17 +97,41 @@ _FLAG: list = []
 
 def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None) -> bool:
     """The fp16 MMQ. Returns False if an activation overflowed fp16 (the caller recomputes exactly)."""
-    from .driver import DeviceBuffer, _drv, check
+    from .driver import DeviceBuffer
 
-    m, k = w.shape
-    bn = next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
-    fn = kernels.load(f"mmq_q4_k_f16_n{bn}", arch)
     if not _FLAG:
         _FLAG.append(DeviceBuffer(4))
     flag = _FLAG[0]
     flag.fill_bytes(0)
-    fn.launch(((t + bn - 1) // bn, (m + 127) // 128), (w.buffer, xa, o, flag, m, k, t))
+    mmq_launch(w, xa, o, t, flag, arch)
     return int(flag.download(np.uint32, (1,))[0]) == 0
+
+
+def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None) -> None:
+    """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag."""
+
+    from .driver import current
+
+    m, k = w.shape
+    bn = next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
+    fn = kernels.load(f"mmq_q4_k_f16_n{bn}", arch)
+    tiles = (t + bn - 1) // bn * ((m + 127) // 128)
+    splits, per = splitk_plan(tiles, k // 64, current().sm_count)
+    dst = o if splits == 1 else DeviceArray.empty((splits, t, m), np.float32)
+    fn.launch(((t + bn - 1) // bn, (m + 127) // 128, splits), (w.buffer, xa, dst, flag, m, k, t, per))
+    if splits > 1:
+        red = kernels.load("reduce_splitk", arch)
+        from .driver import memcpy_dtod
+
+        red.launch(((t * m + 255) // 256,), (dst, t * m, splits))
+        memcpy_dtod(o.ptr, dst.ptr, t * m * 4)
+
+
+def splitk_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:
+    """(splits, K-steps per split): enough CTAs for about two per SM, each with at least 8 K-steps."""
+    splits = max(1, min(-(-2 * sms // tiles), steps // 8))
+    per = -(-steps // splits)
+    return -(-steps // per), per
 
 
 def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: str | None = None):

@@ -22,7 +22,7 @@ def run_mmq(r, raw, m, k, x, bn):
     out.owner.fill_bytes(0xFF)  # NaN poison
     flag = r.DeviceArray.empty((1,), np.uint32)
     flag.owner.fill_bytes(0)
-    fn.launch(((t + bn - 1) // bn, (m + 127) // 128), (w.buffer, xa, out, flag, m, k, t))
+    fn.launch(((t + bn - 1) // bn, (m + 127) // 128), (w.buffer, xa, out, flag, m, k, t, k // 64))
     return out.numpy(), int(flag.numpy()[0])
 
 
@@ -59,6 +59,22 @@ def test_mul_mat_q4_k_all_shapes(m, t):
     got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     assert rel(got, want) <= (1e-5 if (t <= 8 or m < 128) else 1e-3)
+
+
+def test_split_k_path_is_correct_and_deterministic():
+    import ptxgen.runtime as r
+    from ptxgen.runtime.ops import splitk_plan
+
+    assert splitk_plan(32, 224, 132)[0] > 1  # M=4096, T=16, K=14336: 32 tiles must split
+    rng = np.random.default_rng(9)
+    m, k, t = 512, 8192, 20
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    a = r.mul_mat(w, x)
+    assert rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    for _ in range(3):
+        np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), a.view(np.uint32))
 
 
 def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly():

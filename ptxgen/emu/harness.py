@@ -104,13 +104,40 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Out
     wa, xa = mem.alloc(raw), mem.alloc(x)
     ya, fa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(4, poison=0)
     grid = ((t + meta["bn"] - 1) // meta["bn"], (m + meta["bm"] - 1) // meta["bm"])
-    run_kernel(ptx, grid, (256,), (wa, xa, ya, fa, m, k, t), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
+    run_kernel(ptx, grid, (256,), (wa, xa, ya, fa, m, k, t, k // 64), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
     got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3 and flag == 0)
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}", got, want)
+
+
+def splitk_case(mmq_ptx: str, reduce_ptx: str, meta: dict, rng, shape=(130, 40, 1024), splits=3, seed=None) -> Outcome:
+    """MMQ with split-K over `splits` z-slices, then reduce_splitk: must equal the reference."""
+    m, t, k = shape
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    mem = Memory()
+    wa, xa = mem.alloc(raw), mem.alloc(x)
+    ya, fa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4, poison=0)
+    per = -(-(k // 64) // splits)
+    grid = ((t + meta["bn"] - 1) // meta["bn"], (m + meta["bm"] - 1) // meta["bm"], splits)
+    run_kernel(mmq_ptx, grid, (256,), (wa, xa, ya, fa, m, k, t, per), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
+    run_kernel(reduce_ptx, ((t * m + 255) // 256,), (256,), (ya, t * m, splits), mem, seed=seed)
+    got = mem.view(ya, np.float32, (splits * t * m,))[: t * m].reshape(t, m).astype(np.float64)
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-3)
+    return Outcome("reduce_splitk", ok, f"relative error {rel:.2e} over {splits} splits", got, want)
+
+
+def _reduce(ptx, rng, seed=None, **kw):
+    from ..arch import get_arch
+    from ..kernels import get_kernel
+
+    k = get_kernel("mmq_q4_k_f16_n32").for_arch(get_arch("sm_89"))
+    return splitk_case(k.ptx(), ptx, k.meta, rng, seed=seed, **kw)
 
 
 def _mmq(name):
@@ -129,6 +156,7 @@ HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _de
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
+HARNESSES["reduce_splitk"] = _reduce
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")
 

@@ -63,12 +63,19 @@ def build(arch, spec: MmqSpec):
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
+    s_p = b.param("steps_per_split", "u32")  # K-steps per blockIdx.z: split-K for grids too small for the GPU
     smem = b.dynamic_shared(STAGES * raw_bytes + a_bytes + b_bytes)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
-                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, grid="(ceil(t / bn), ceil(m / bm))")
+                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, grid="(ceil(t / bn), ceil(m / bm), splits)",
+                  split_k="blockIdx.z takes K-steps [z·steps_per_split, ...) and writes partials to y + z·t·m; "
+                          "reduce_splitk sums them in z order")
 
     W, X, Y, F = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
+    per = b.ld_param(s_p, "u32")
+    zsplit = b.special("ctaid.z")
+    # partials of split z go to y + z·t·m (z = 0 writes y itself)
+    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", zsplit, T), M), Imm(4, "u32"), Y)
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
@@ -79,7 +86,8 @@ def build(arch, spec: MmqSpec):
     a16 = b.op("add.u32", base, Imm(STAGES * raw_bytes, "u32"))
     b16 = b.op("add.u32", a16, Imm(a_bytes, "u32"))
     row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
-    nsteps = b.op("shr.u32", K, Imm(6, "u32"))
+    s_begin = b.op("mul.lo.u32", zsplit, per)
+    nsteps = b.op("min.u32", b.op("add.u32", s_begin, per), b.op("shr.u32", K, Imm(6, "u32")))  # this split's end
     mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
 
     # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
@@ -231,11 +239,10 @@ def build(arch, spec: MmqSpec):
 
     # --- the pipeline
     b.comment(f"prologue: raw steps 0 and 1 in flight, activations of step 0 in registers")
-    zero = b.op("mov.u32", Imm(0, "u32"))
-    issue(zero)
-    issue(b.op("mov.u32", Imm(1, "u32")))
-    load_x(zero)
-    step = b.op("mov.u32", Imm(0, "u32"))
+    issue(s_begin)
+    issue(b.op("add.u32", s_begin, Imm(1, "u32")))
+    load_x(s_begin)
+    step = b.op("mov.u32", s_begin)
     top, done = b.label("kstep"), b.label("ksteps_done")
     b.place(top)
     b.emit("cp.async.wait_group", Imm(1, "u32"))  # step s has landed (s+1 may still be in flight)
@@ -279,7 +286,36 @@ def build(arch, spec: MmqSpec):
     return b.finish()
 
 
+def build_reduce(arch):
+    """reduce_splitk: y[i] = Σ_z part[z][i] in z order (deterministic), part[0] is y itself."""
+    b = KernelBuilder("reduce_splitk", arch, "sum split-K partials in a fixed order", block=(256, 1, 1))
+    y_p, n_p, s_p = b.param("y", "u64", "ptr:inout"), b.param("n", "u32"), b.param("splits", "u32")
+    b.meta.update(grid="ceil(n / 256)")
+    Y = b.ptr(y_p)
+    n, splits = b.ld_param(n_p, "u32"), b.ld_param(s_p, "u32")
+    i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(256, "u32"), b.special("tid.x"))
+    done = b.label("done")
+    b.bra(done, pred=b.op("setp.ge.u32", i, n), uniform=False)
+    addr = b.op("mad.wide.u32", i, Imm(4, "u32"), Y)
+    acc = b.op("ld.global.f32", Mem(addr))
+    stride = b.op("mul.wide.u32", n, Imm(4, "u32"))
+    z = b.op("mov.u32", Imm(1, "u32"))
+    p = b.op("add.s64", addr, stride)
+    top, end = b.label("z"), b.label("z_done")
+    b.place(top)
+    b.bra(end, pred=b.op("setp.ge.u32", z, splits), uniform=False)
+    b.emit("add.rn.f32", acc, acc, b.op("ld.global.f32", Mem(p)))
+    b.emit("add.s64", p, p, stride)
+    b.emit("add.u32", z, z, Imm(1, "u32"))
+    b.bra(top, uniform=False)
+    b.place(end)
+    b.emit("st.global.f32", Mem(addr), acc)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
 def kernel_defs() -> list[KernelDef]:
     return [KernelDef(MmqSpec(bn).name, f"Q4_K prefill GEMM, fp16 mma.sync, {BM}x{bn} tile",
                       lambda arch, s=MmqSpec(bn): build(arch, s), archs=("sm_89", "sm_120a"))
-            for bn in TOKEN_TILES]
+            for bn in TOKEN_TILES] + [KernelDef("reduce_splitk", "split-K partial sums, fixed order", build_reduce)]
