@@ -39,8 +39,8 @@ def main():
     rng = np.random.default_rng(0)
     results = []
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
-          "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | tile n32/n64/n128 µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -62,6 +62,8 @@ def main():
             err = None if ref is None else float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
             xa, ya = r.as_device_array(x), r.as_device_array(y)
             us = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag), args.reps, torch)
+            by_tile = {bn: timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn), args.reps // 2, torch)
+                       for bn in (32, 64, 128)}
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
@@ -71,12 +73,12 @@ def main():
             ll = LLAMA.get((m, k), {}).get(t)
             row = {"m": m, "k": k, "T": t, "us": us, "tflops": flops / us / 1e6, "pct_peak": 100 * flops / us / 1e6 / (PEAK_FP16 / 1e12),
                    "floor_us": floor, "us_cublas_fp16": cub, "us_dequant_cublas": deqc, "us_tinygemm": tiny,
-                   "us_llamacpp": ll, "rel_err": err}
+                   "us_llamacpp": ll, "rel_err": err, "us_by_token_tile": by_tile}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
                   f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
-                  f"{deqc / us:.2f}x |", flush=True)
+                  f"{deqc / us:.2f}x | {' / '.join(f'{v:.0f}' for v in by_tile.values())} |", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)

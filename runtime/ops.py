@@ -107,13 +107,14 @@ def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None) -> bool:
     return int(flag.download(np.uint32, (1,))[0]) == 0
 
 
-def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None) -> None:
-    """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag."""
+def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None) -> None:
+    """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
+    `bn` overrides the token tile (benchmarks sweep it)."""
 
     from .driver import current
 
     m, k = w.shape
-    bn = next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
+    bn = bn or next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
     fn = kernels.load(f"mmq_q4_k_f16_n{bn}", arch)
     tiles = (t + bn - 1) // bn * ((m + 127) // 128)
     splits, per = splitk_plan(tiles, k // 64, current().sm_count)
