@@ -64,7 +64,8 @@ def build(arch, spec: MmqSpec):
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
     s_p = b.param("steps_per_split", "u32")  # K-steps per blockIdx.z: split-K for grids too small for the GPU
-    smem = b.dynamic_shared(STAGES * raw_bytes + a_bytes + b_bytes)
+    pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
+    smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
                   schedule=sched.kind, dynamic_smem=b.dynamic_smem, grid="(ceil(t / bn), ceil(m / bm), splits)",
                   split_k="blockIdx.z takes K-steps [z·steps_per_split, ...) and writes partials to y + z·t·m; "
@@ -142,13 +143,13 @@ def build(arch, spec: MmqSpec):
     hmax = b.reg("b32")
     b.emit("mov.b32", hmax, Imm(0, "b32"))
 
-    def store_x():
+    def store_x(boff):
         for v in range(nvec):
             lo = b.op("cvt.rn.f16x2.f32", xregs[v][1], xregs[v][0], type="b32")
             hi = b.op("cvt.rn.f16x2.f32", xregs[v][3], xregs[v][2], type="b32")
             for h in (lo, hi):  # overflow watch: |fp16| max, inf shows as ≥ 0x7C00
                 b.emit("max.f16x2", hmax, hmax, b.op("and.b32", h, Imm(0x7FFF7FFF, "b32")))
-            b.emit("st.shared.v2.b32", Mem(xaddr_tok[v][1]), b.vec([lo, hi]))
+            b.emit("st.shared.v2.b32", Mem(b.op("add.u32", xaddr_tok[v][1], boff)), b.vec([lo, hi]))
 
     # --- dequant: thread → (row = tid/2, half = tid%2): 32 weights of sub-block 2c + half
     drow = b.op("shr.u32", tid, Imm(1, "u32"))
@@ -159,7 +160,7 @@ def build(arch, spec: MmqSpec):
     magic = b.op("mov.b32", Imm(0x64006400, "b32"))  # two fp16 1024.0: (q | 0x6400) − 1024 = q exactly
     nibmask = b.op("selp.b32", Imm(0x00F000F0, "b32"), Imm(0x000F000F, "b32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
 
-    def dequant(step):
+    def dequant(step, boff):
         stage = b.op("rem.u32", step, Imm(STAGES, "u32"))
         src = b.op("mad.lo.u32", drow, Imm(RAW_ROW, "u32"), b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0))
         hdr = b.regs("b32", 4)
@@ -192,8 +193,9 @@ def build(arch, spec: MmqSpec):
                 t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
                 t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
                 out.append(b.op("add.rn.f16x2", t, nm_lo, type="b32"))
+        dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
-            b.emit("st.shared.v4.b32", Mem(a_dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
+            b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
 
     # --- MMA: warp (wm, wn) = (warp / 4, warp % 4); m16 tiles 4, n8 tiles BN/32
     wm = b.op("shr.u32", warp, Imm(2, "u32"))
@@ -215,52 +217,72 @@ def build(arch, spec: MmqSpec):
         b_row = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8)
     b_lane = b.op("add.u32", b.op("mad.lo.u32", b_row, Imm(PAD_ROW, "u32"), b16), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
 
-    def mma_step():
+    def mma_step(boff):
+        a_l, b_l = b.op("add.u32", a_lane, boff), b.op("add.u32", b_lane, boff)
         for kk in range(BK // 16):
             afr = []
             for i in range(4):
                 regs = b.regs("b32", 4)
-                b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(a_lane, i * 16 * PAD_ROW + kk * 32)))
+                b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(a_l, i * 16 * PAD_ROW + kk * 32)))
                 afr.append(regs)
             bfr = []
             for j in range(0, NT, 2):
                 if NT >= 2:
                     regs = b.regs("b32", 4)
-                    b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(b_lane, j * 8 * PAD_ROW + kk * 32)))
+                    b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(b_l, j * 8 * PAD_ROW + kk * 32)))
                     bfr += [regs[0:2], regs[2:4]]
                 else:
                     regs = b.regs("b32", 2)
-                    b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(b_lane, kk * 32)))
+                    b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(b_l, kk * 32)))
                     bfr.append(regs)
             for i in range(4):
                 for j in range(NT):
                     v = b.vec(acc[i][j])
                     b.emit(mma_sync(arch, "m16n8k16", "f16", v, b.vec(afr[i]), b.vec(bfr[j]), v))
 
-    # --- the pipeline
-    b.comment(f"prologue: raw steps 0 and 1 in flight, activations of step 0 in registers")
+    # --- the pipeline. Raw bytes: 3-stage cp.async ring. fp16 tiles: double-buffered, so the MMA of step s
+    # (buffer s % 2) and the dequant + activation conversion of step s+1 (buffer (s+1) % 2) sit in one basic
+    # block: the tensor cores and the integer/fp16 pipes work at the same time, one barrier per step.
+    def boff_of(stp):
+        return b.op("mul.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(pair, "u32"))
+
+    b.comment("prologue: raw steps s0, s0+1 in flight; step s0 dequantized into buffer 0")
+    s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
     issue(s_begin)
     issue(b.op("add.u32", s_begin, Imm(1, "u32")))
     load_x(s_begin)
+    b.emit("cp.async.wait_group", Imm(1, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))
+    b0 = boff_of(s_begin)
+    dequant(s_begin, b0)
+    store_x(b0)
+    issue(b.op("add.u32", s_begin, Imm(2, "u32")))
     step = b.op("mov.u32", s_begin)
-    top, done = b.label("kstep"), b.label("ksteps_done")
+    tail = b.label("last_step")
+    b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
+    load_x(b.op("add.u32", s_begin, Imm(1, "u32")))
+    b.emit("cp.async.wait_group", Imm(1, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))
+    top = b.label("kstep")
     b.place(top)
-    b.emit("cp.async.wait_group", Imm(1, "u32"))  # step s has landed (s+1 may still be in flight)
-    b.emit("bar.sync", Imm(0, "u32"))  # ... for every thread; and the previous MMA is done with a16/b16
-    issue(b.op("add.u32", step, Imm(2, "u32")))
-    dequant(step)
-    store_x()
     nxt = b.op("add.u32", step, Imm(1, "u32"))
-    more = b.op("setp.lt.u32", nxt, nsteps)
+    cur_off, nxt_off = boff_of(step), boff_of(nxt)
+    mma_step(cur_off)  # step s from buffer s % 2 ...
+    dequant(nxt, nxt_off)  # ... while step s+1 is dequantized into the other buffer
+    store_x(nxt_off)
+    issue(b.op("add.u32", step, Imm(3, "u32")))  # raw stage (s+3) % 3 = s % 3: dequantized last iteration
+    more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
     skip = b.label("no_prefetch")
     b.bra(skip, pred=more, neg=True)
-    load_x(nxt)
+    load_x(b.op("add.u32", step, Imm(2, "u32")))
     b.place(skip)
-    b.emit("bar.sync", Imm(0, "u32"))
-    mma_step()
+    b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
+    b.emit("bar.sync", Imm(0, "u32"))  # buffer (s+1) % 2 complete; everyone done reading buffer s % 2
     b.emit("mov.u32", step, nxt)
-    b.bra(top, pred=more)
-    b.place(done)
+    b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
+    b.place(tail)
+    b.emit("bar.sync", Imm(0, "u32"))
+    mma_step(boff_of(step))  # the last step
     b.emit("cp.async.wait_group", Imm(0, "u32"))
 
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
