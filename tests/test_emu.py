@@ -139,6 +139,20 @@ lop3.b32 %r9, 0xFF00FF00, 0x0F0F0F0F, 0x0, 0xC0;
     assert reg(emu, "%r8")[0] == 0xF0F0F0F0 ^ 0xCCCCCCCC ^ 0xAAAAAAAA and reg(emu, "%r9")[0] == 0x0F000F00
 
 
+def test_funnel_shift_and_rz_conversion():
+    emu, *_ = run(f"""
+shf.l.wrap.b32 %r1, 0x89ABCDEF, 0x01234567, 8;
+shf.r.wrap.b32 %r2, 0x89ABCDEF, 0x01234567, 36;
+shf.r.clamp.b32 %r3, 0x89ABCDEF, 0x01234567, 40;
+cvt.rz.f16.f32 %h1, {f32bits(1 + 2**-11 + 2**-13)};
+cvt.rn.f16.f32 %h2, {f32bits(1 + 2**-11 + 2**-13)};
+cvt.rz.f16.f32 %h3, {f32bits(1e6)};
+""")
+    assert reg(emu, "%r1")[0] == 0x23456789 and reg(emu, "%r2")[0] == 0x789ABCDE and reg(emu, "%r3")[0] == 0x01234567
+    assert reg(emu, "%h1", "u16")[0] == 0x3C00 and reg(emu, "%h2", "u16")[0] == 0x3C01
+    assert reg(emu, "%h3", "u16")[0] == 0x7BFF  # rz saturates to the largest finite half
+
+
 def test_shuffles_and_selp():
     emu, *_ = run("""
 shfl.sync.bfly.b32 %r1, %r31, 1, 31, 0xFFFFFFFF;

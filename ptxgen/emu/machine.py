@@ -158,10 +158,15 @@ def _fma_f32(a, b, c):
 
 def _f32_to_f16(v: np.ndarray, rounding: str = "rn", sat: bool = False) -> np.ndarray:
     v = np.asarray(v, np.float32)
-    if rounding != "rn":
+    if rounding not in ("rn", "rz"):
         raise Unsupported(f"cvt f16 rounding .{rounding}")
     with np.errstate(over="ignore", invalid="ignore"):
         h = v.astype(np.float16)
+        if rounding == "rz":  # step back toward zero where round-to-nearest went away from it
+            away = np.isfinite(v) & (np.abs(h.astype(np.float32)) > np.abs(v))
+            h = np.where(away, np.nextafter(h, np.float16(0)), h).astype(np.float16)
+            big = np.isfinite(v) & np.isinf(h)
+            h = np.where(big, np.copysign(np.float16(65504), v).astype(np.float16), h).astype(np.float16)
     bits = h.view(np.uint16).copy()
     bits[np.isnan(v)] = 0x7FFF  # the GPU's canonical NaN
     h = bits.view(np.float16)
@@ -512,6 +517,20 @@ class Emulator:
             a = bits_of(self._val(ins.operands[1], t, ex), t)
             r = np.where(s >= bits, 0, a >> np.minimum(s, 63).astype(np.uint64))
             self._set(ins.operands[0], ex, r.astype(np.uint64), "u64")
+
+    def _op_shf(self, ins, ex, grp):
+        """shf.{l,r}.{wrap,clamp}.b32 d, a, b, c: funnel shift of the 64-bit b:a by c."""
+        direction, mode = ins.mods[1], ins.mods[2]
+        a = self._val(ins.operands[1], "u32", ex).astype(np.uint64)
+        b_ = self._val(ins.operands[2], "u32", ex).astype(np.uint64)
+        c = self._val(ins.operands[3], "u32", ex).astype(np.uint64)
+        n = c & np.uint64(31) if mode == "wrap" else np.minimum(c, np.uint64(32))
+        both = (b_ << np.uint64(32)) | a
+        if direction == "l":
+            r = (both << n) >> np.uint64(32)
+        else:
+            r = both >> n
+        self._set(ins.operands[0], ex, r & np.uint64(0xFFFFFFFF), "u64")
 
     def _float_ok(self, ins):
         mods = set(ins.mods)
