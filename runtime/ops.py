@@ -93,6 +93,7 @@ MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
 _FLAG: list = []
+_QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 
 
 def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None) -> bool:
@@ -116,10 +117,17 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     m, k = w.shape
     bn = bn or next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
     fn = kernels.load(f"mmq_q4_k_f16_n{bn}", arch)
-    tiles = (t + bn - 1) // bn * ((m + 127) // 128)
-    splits, per = splitk_plan(tiles, k // 64, current().sm_count)
+    tiles_n = (t + bn - 1) // bn
+    tiles = tiles_n * ((m + 127) // 128)
+    sms = current().sm_count
+    splits, per = splitk_plan(tiles, k // 64, sms)
     dst = o if splits == 1 else DeviceArray.empty((splits, t, m), np.float32)
-    fn.launch(((t + bn - 1) // bn, (m + 127) // 128, splits), (w.buffer, xa, dst, flag, m, k, t, per))
+    if not _QUEUE:
+        q = DeviceBuffer(8)
+        q.fill_bytes(0)  # once; every launch leaves it at zero again
+        _QUEUE.append(q)
+    ctas = min(tiles * splits, 2 * sms)
+    fn.launch((ctas,), (w.buffer, xa, dst, flag, m, k, t, per, _QUEUE[0], tiles_n, splits))
     if splits > 1:
         red = kernels.load("reduce_splitk", arch)
         from .driver import memcpy_dtod

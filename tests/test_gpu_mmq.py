@@ -22,7 +22,11 @@ def run_mmq(r, raw, m, k, x, bn):
     out.owner.fill_bytes(0xFF)  # NaN poison
     flag = r.DeviceArray.empty((1,), np.uint32)
     flag.owner.fill_bytes(0)
-    fn.launch(((t + bn - 1) // bn, (m + 127) // 128), (w.buffer, xa, out, flag, m, k, t, k // 64))
+    queue = r.DeviceArray.empty((2,), np.uint32)
+    queue.owner.fill_bytes(0)
+    tiles_n = (t + bn - 1) // bn
+    fn.launch((min(tiles_n * ((m + 127) // 128), 264),), (w.buffer, xa, out, flag, m, k, t, k // 64, queue, tiles_n, 1))
+    assert not queue.numpy().any(), "the persistent kernel did not reset its work queue"
     return out.numpy(), int(flag.numpy()[0])
 
 

@@ -102,9 +102,13 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Out
     x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
     mem = Memory()
     wa, xa = mem.alloc(raw), mem.alloc(x)
-    ya, fa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(4, poison=0)
-    grid = ((t + meta["bn"] - 1) // meta["bn"], (m + meta["bm"] - 1) // meta["bm"])
-    run_kernel(ptx, grid, (256,), (wa, xa, ya, fa, m, k, t, k // 64), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
+    ya, fa, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
+    tiles_n = (t + meta["bn"] - 1) // meta["bn"]
+    items = tiles_n * ((m + meta["bm"] - 1) // meta["bm"])
+    ctas = max(1, min(items, 3))  # a few persistent CTAs share the queue
+    run_kernel(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, k // 64, qa, tiles_n, 1), mem,
+               dynamic_smem=meta["dynamic_smem"], seed=seed)
+    assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     want = formats.gemm_ref("q4_K", raw, m, k, x)
@@ -120,10 +124,11 @@ def splitk_case(mmq_ptx: str, reduce_ptx: str, meta: dict, rng, shape=(130, 40, 
     x = rng.standard_normal((t, k)).astype(np.float32)
     mem = Memory()
     wa, xa = mem.alloc(raw), mem.alloc(x)
-    ya, fa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4, poison=0)
+    ya, fa, qa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
     per = -(-(k // 64) // splits)
-    grid = ((t + meta["bn"] - 1) // meta["bn"], (m + meta["bm"] - 1) // meta["bm"], splits)
-    run_kernel(mmq_ptx, grid, (256,), (wa, xa, ya, fa, m, k, t, per), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
+    tiles_n = (t + meta["bn"] - 1) // meta["bn"]
+    run_kernel(mmq_ptx, (4,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits), mem,
+               dynamic_smem=meta["dynamic_smem"], seed=seed)
     run_kernel(reduce_ptx, ((t * m + 255) // 256,), (256,), (ya, t * m, splits), mem, seed=seed)
     got = mem.view(ya, np.float32, (splits * t * m,))[: t * m].reshape(t, m).astype(np.float64)
     want = formats.gemm_ref("q4_K", raw, m, k, x)

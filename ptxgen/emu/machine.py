@@ -816,7 +816,7 @@ class Emulator:
         width = np.dtype(_NP[t]).itemsize
         old = np.empty(ex.size, _NP[t])
         for i in range(ex.size):  # atomics serialise in thread order
-            cur = self.memory.load(addrs[i:i + 1], width, ins.text).view(_NP[t])[0]
+            cur = self.memory.load(addrs[i:i + 1], width, ins.text).view(_NP[t]).reshape(-1)[0]
             old[i] = cur
             new = {"add": lambda: cur + vals[i], "exch": lambda: vals[i], "max": lambda: max(cur, vals[i]),
                    "min": lambda: min(cur, vals[i])}[op]()

@@ -53,7 +53,7 @@ def build(arch, spec: MmqSpec):
     low.pick_copy(pipe)
     mma = Mma("f16", "mma.sync")
     low.pick_mma(mma, tile)
-    sched = Schedule("grid")
+    sched = Schedule("persistent")
     BN = spec.bn
     raw_bytes = BM * RAW_ROW
     a_bytes, b_bytes = BM * PAD_ROW, BN * PAD_ROW
@@ -63,25 +63,53 @@ def build(arch, spec: MmqSpec):
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
-    s_p = b.param("steps_per_split", "u32")  # K-steps per blockIdx.z: split-K for grids too small for the GPU
+    s_p = b.param("steps_per_split", "u32")  # K-steps per split: split-K for grids too small for the GPU
+    c_p = b.param("queue", "u64", "ptr:scratch")  # 2 × u32: next work item, finished CTAs (zero between launches)
+    tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
     pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
     smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
-                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, grid="(ceil(t / bn), ceil(m / bm), splits)",
-                  split_k="blockIdx.z takes K-steps [z·steps_per_split, ...) and writes partials to y + z·t·m; "
+                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, grid="persistent: min(items, 2 · SMs) CTAs",
+                  work_queue="item = atom.add(queue[0], 1) → (m tile, split z, token tile n) with n fastest, "
+                             "so consecutive items reuse one weight tile from L2; the last CTA to finish "
+                             "resets the queue (no host round trip)",
+                  split_k="split z takes K-steps [z·steps_per_split, ...) and writes partials to y + z·t·m; "
                           "reduce_splitk sums them in z order")
+    work = b.shared_buffer("work_item", 16, align=16)
 
-    W, X, Y, F = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
+    W, X, Y0, F, Q = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
     per = b.ld_param(s_p, "u32")
-    zsplit = b.special("ctaid.z")
-    # partials of split z go to y + z·t·m (z = 0 writes y itself)
-    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", zsplit, T), M), Imm(4, "u32"), Y)
+    tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    n0 = b.op("mul.lo.u32", b.special("ctaid.x"), Imm(BN, "u32"))
-    m0 = b.op("mul.lo.u32", b.special("ctaid.y"), Imm(BM, "u32"))
+    hmax = b.reg("b32")
+    b.emit("mov.b32", hmax, Imm(0, "b32"))
+    tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
+    items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
+    slot = b.op("mov.u32", work)
+    leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+
+    # --- persistent loop: one work item (m tile, split, token tile) per trip
+    b.comment("persistent CTA: claim work items from the atomic queue until it runs dry")
+    next_item, finish = b.label("next_item"), b.label("queue_empty")
+    b.place(next_item)
+    got = b.reg("u32")
+    b.emit("atom.global.add.u32", got, Mem(Q), Imm(1, "u32"), pred=leader)
+    b.emit("st.shared.u32", Mem(slot), got, pred=leader)
+    b.emit("bar.sync", Imm(0, "u32"))  # the item for everyone; and the previous item's buffers are free
+    item = b.op("ld.shared.u32", Mem(slot))
+    b.emit("bar.sync", Imm(0, "u32"))  # everyone has read the slot before the leader writes it again
+    b.bra(finish, pred=b.op("setp.ge.u32", item, items))
+    tn = b.op("rem.u32", item, tiles_n)
+    rest = b.op("div.u32", item, tiles_n)
+    zsplit = b.op("rem.u32", rest, splits)
+    tm = b.op("div.u32", rest, splits)
+    # partials of split z go to y + z·t·m (z = 0 writes y itself)
+    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", zsplit, T), M), Imm(4, "u32"), Y0)
+    n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
+    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
     base = b.op("mov.u32", smem)
     raw0 = base
     a16 = b.op("add.u32", base, Imm(STAGES * raw_bytes, "u32"))
@@ -139,9 +167,6 @@ def build(arch, spec: MmqSpec):
         kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))  # 64 floats = 256 bytes per step
         for v in range(nvec):
             b.emit("ld.global.nc.v4.f32", b.vec(xregs[v]), Mem(b.op("add.s64", xaddr_tok[v][0], kb)))
-
-    hmax = b.reg("b32")
-    b.emit("mov.b32", hmax, Imm(0, "b32"))
 
     def store_x(boff):
         for v in range(nvec):
@@ -299,6 +324,14 @@ def build(arch, spec: MmqSpec):
                 ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, T))
                 b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", nn, M, mm), Imm(4, "u32"), Y)),
                        acc[i][j][e], pred=ok)
+    b.bra(next_item)
+    b.place(finish)
+    # the last CTA out resets the queue for the next launch
+    done_before = b.reg("u32")
+    b.emit("atom.global.add.u32", done_before, Mem(Q, 4), Imm(1, "u32"), pred=leader)
+    last = b.op("and.pred", leader, b.op("setp.eq.u32", done_before,
+                                         b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32"))))
+    b.emit("st.global.v2.u32", Mem(Q), b.vec([b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))]), pred=last)
     # overflow flag: any converted activation at inf (≥ 0x7C00 in either half)
     lo_h = b.op("and.b32", hmax, Imm(0xFFFF, "b32"))
     hi_h = b.op("shr.u32", hmax, Imm(16, "u32"))
