@@ -11,6 +11,7 @@ from ptxgen import formats
 
 from . import kernels
 from .arrays import DeviceArray, as_device_array, shape_of
+from .driver import DeviceBuffer
 from .tensors import QuantTensor
 
 
