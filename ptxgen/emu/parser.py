@@ -72,7 +72,6 @@ def parse(text: str) -> Module:
     params, shared, consts, body, labels, reg_types = [], {}, {}, [], {}, {}
     shared_off = 0
     dynamic = None
-    i = 0
     in_params = False
     poff = 0
     for n, raw in enumerate(lines, 1):
