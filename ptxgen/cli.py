@@ -139,6 +139,7 @@ def cmd_bench(args) -> int:
         _fail(f"no benchmark {args.what!r} (looked for {script}); available: "
               + ", ".join(p.stem[6:] for p in script.parent.glob("bench_*.py")))
     sys.argv = [str(script), *args.rest]
+    sys.path.insert(0, str(script.parent))  # the benchmarks share helpers (bench_gemv.timed)
     runpy.run_path(str(script), run_name="__main__")
     return 0
 
