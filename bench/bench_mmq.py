@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from bench_gemv import random_raw, timed
+from bench_gemv import random_raw, timed, tinygemm_us as tinygemm
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -83,19 +83,6 @@ def main():
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
         plot(results, args.out.replace(".json", ".png"))
-
-
-def tinygemm(torch, m, k, t, reps):
-    try:
-        wq = torch.randint(0, 16, (m, k), dtype=torch.int32, device="cuda")
-        packed = torch._convert_weight_to_int4pack(((wq[:, ::2] << 4) | wq[:, 1::2]).to(torch.uint8), 8)
-        sz = torch.rand(k // 32, m, 2, device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
-        torch._weight_int4pack_mm(x, packed, 32, sz)
-        return timed(lambda i: torch._weight_int4pack_mm(x, packed, 32, sz), reps, torch)
-    except Exception as e:  # noqa: BLE001
-        print(f"tinygemm unavailable: {type(e).__name__}: {str(e)[:100]}")
-        return None
 
 
 def plot(results, path):

@@ -111,6 +111,17 @@ class Mma:
         return "mma.sync"
 
 
+def warp_per_item(b: KernelBuilder, count: Reg, warps: int):
+    """Schedule of the elementwise kernels: one warp per item (a quant block), `warps` items per CTA.
+    Returns (lane, item, done); warps past `count` branch to `done`, which the caller places."""
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    item = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(warps, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
+    done = b.label("done")
+    b.bra(done, pred=b.op("setp.ge.u32", item, count))
+    return lane, item, done
+
+
 # ---------------------------------------------------------------------------------------------------
 # dequant sequences: small ops over a register environment (a dict of named values)
 

@@ -7,7 +7,7 @@ fp16, so the result equals `formats.dequantize("q4_K", ...).astype(float16)` bit
 from __future__ import annotations
 
 from ..builder import KernelBuilder
-from ..dsl import ConvertHalf, dequant_q4_k_word
+from ..dsl import ConvertHalf, dequant_q4_k_word, warp_per_item
 from ..ir import Imm, Mem
 from . import KernelDef
 
@@ -22,11 +22,7 @@ def build(arch):
     b.meta.update(warps=WARPS, superblocks_per_cta=WARPS, grid="ceil(nsuper / 8)")
     w, y = b.ptr(w_p), b.ptr(y_p)
     nsuper = b.ld_param(n_p, "u32")
-    tid = b.special("tid.x")
-    lane = b.op("and.b32", tid, Imm(31, "b32"))
-    sb = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
-    done = b.label("done")
-    b.bra(done, pred=b.op("setp.ge.u32", sb, nsuper))
+    lane, sb, done = warp_per_item(b, nsuper, WARPS)
 
     block = b.op("mad.wide.u32", sb, Imm(144, "u32"), w)
     chunk = b.op("shr.u32", lane, Imm(3, "u32"))

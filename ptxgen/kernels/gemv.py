@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..builder import KernelBuilder
+from ..dsl import warp_per_item
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem
 from . import KernelDef
@@ -316,11 +317,7 @@ def build_rotate(arch):
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(nblocks / 8)")
     x, y = b.ptr(x_p), b.ptr(y_p)
     n = b.ld_param(n_p, "u32")
-    tid = b.special("tid.x")
-    lane = b.op("and.b32", tid, Imm(31, "b32"))
-    blk = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
-    done = b.label("done")
-    b.bra(done, pred=b.op("setp.ge.u32", blk, n))
+    lane, blk, done = warp_per_item(b, n, WARPS)
     off = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
     v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
     neg = b.op("shl.b32", b.op("and.b32", b.op("shr.u32", Imm(T4.SIGN_MASK, "u32"), lane, type="u32"), Imm(1, "b32")),
