@@ -5,7 +5,7 @@ except the dequant ops, whose whole point is a particular instruction sequence.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import formats
 from .arch import Arch, ArchError
@@ -100,7 +100,19 @@ class Mma:
     def shape(self) -> str:
         return "m16n8k32" if self.ab_type == "s8" else "m16n8k16"
 
+    def check_registers(self, arch: Arch, tile: Tile) -> None:
+        """The accumulators alone (warp tile / 32 lanes, 32-bit each) must leave room for operands and
+        addresses: more than half the arch's registers per thread is refused at construction."""
+        acc = tile.warp_m * tile.warp_n // 32
+        budget = arch.max_regs_per_thread // 2
+        if acc > budget:
+            raise SpecError(f"warp tile {tile.warp_m}x{tile.warp_n} needs {acc} accumulator registers per thread; "
+                            f"{arch.name} allows {arch.max_regs_per_thread}, and at most {budget} may be accumulators "
+                            "- use a smaller warp tile or more warps")
+
     def resolve(self, arch: Arch, tile: Tile | None = None) -> str:
+        if tile is not None:
+            self.check_registers(arch, tile)
         if self.instr == "wgmma" or (self.instr == "auto" and arch.has_wgmma):
             if self.instr == "wgmma" and not arch.has_wgmma:
                 raise ArchError(f"Mma(instr='wgmma') on {arch.name}: {arch.name} has no wgmma (ptxas rejects it); "
@@ -231,6 +243,70 @@ class ConvertHalf(DequantOp):
     def lower(self, b, env):
         vals = env[self.values]
         env[self.out] = [b.op("cvt.rn.f16x2.f32", vals[i + 1], vals[i], type="b32") for i in range(0, len(vals), 2)]
+
+
+@dataclass(frozen=True)
+class ConvertBF16(DequantOp):
+    """float32 values → packed bf16x2 registers (round to nearest even), element 2i in the low half."""
+    values: str
+    out: str
+
+    def lower(self, b, env):
+        vals = env[self.values]
+        env[self.out] = [b.op("cvt.rn.bf16x2.f32", vals[i + 1], vals[i], type="b32") for i in range(0, len(vals), 2)]
+
+
+@dataclass(frozen=True)
+class PackS8(DequantOp):
+    """Small integers (u32 registers, e.g. 4-bit or 6-bit quants) → int8 fragments: 4 per 32-bit register,
+    value i in byte i%4, each minus `offset` (8 for Q4_0-style centring, 0 to keep Q4_K's 0..15), saturated."""
+    values: str
+    out: str
+    offset: int = 0
+
+    def lower(self, b, env):
+        vals = env[self.values]
+        if len(vals) % 4:
+            raise SpecError(f"PackS8 packs groups of 4 values, got {len(vals)}")
+        out = []
+        for i in range(0, len(vals), 4):
+            acc = None
+            for j in range(4):
+                v = vals[i + j] if not self.offset else b.op("sub.s32", vals[i + j], Imm(self.offset, "s32"), type="s32")
+                v = b.op("cvt.sat.s8.s32", v, type="b32")
+                acc = b.op("and.b32", v, Imm(0xFF, "b32")) if acc is None else \
+                    b.op("bfi.b32", v, acc, Imm(8 * j, "u32"), Imm(8, "u32"))
+            out.append(acc)
+        env[self.out] = out
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """How an MMA accumulator tile leaves the kernel: fp32 stores of D fragments, optionally transposed
+    (y[n][m] for y = x·Wᵀ computed as W·xᵀ), masked to the problem's M × N so partial tiles are safe."""
+
+    out_dtype: str = "f32"
+    transposed: bool = True
+
+    def __post_init__(self):
+        if self.out_dtype != "f32":
+            raise SpecError(f"Epilogue.out_dtype: only f32 is lowered, got {self.out_dtype!r}")
+
+    def lower_mma_sync(self, b, acc, lane, m0, wm, warp_m: int, n0, wn, warp_n: int, M, N, Y):
+        """acc[i][j][e] of m16n8 fragments of warp (wm, wn) in the CTA tile at (m0, n0) (fragment rows g, g+8;
+        cols 2·tig, +1) → Y, masked to m < M, n < N."""
+        g = b.op("shr.u32", lane, Imm(2, "u32"))
+        tig = b.op("and.b32", lane, Imm(3, "b32"))
+        mb = b.op("add.u32", m0, b.op("mad.lo.u32", wm, Imm(warp_m, "u32"), g))
+        nb = b.op("add.u32", n0, b.op("mad.lo.u32", wn, Imm(warp_n, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))))
+        for i, row in enumerate(acc):
+            for j, frag in enumerate(row):
+                for e, r in enumerate(frag):
+                    mm = b.op("add.u32", mb, Imm(16 * i + 8 * (e // 2), "u32"))
+                    nn = b.op("add.u32", nb, Imm(8 * j + (e % 2), "u32"))
+                    ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, N))
+                    idx = b.op("mad.lo.u32", nn, M, mm) if self.transposed else b.op("mad.lo.u32", mm, N, nn)
+                    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", idx, Imm(4, "u32"), Y)), r, pred=ok)
 
 
 @dataclass(frozen=True)

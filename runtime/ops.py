@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ptxgen import formats
-
 from . import kernels
 from .arrays import DeviceArray, as_device_array, shape_of
 from .driver import DeviceBuffer

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ptxgen.arch import get_arch
 from ptxgen.emu import EmulationError, Emulator, Memory, Unsupported
 from ptxgen.emu.harness import HARNESSES, check_kernel
 from ptxgen.kernels import KERNELS

@@ -88,3 +88,50 @@ def test_shared_memory_budget():
     b = KernelBuilder("k", SM89)
     with pytest.raises(IRError, match="exceeds sm_89's"):
         b.shared_buffer("big", 200 * 1024)
+
+
+def test_register_budget_is_checked_at_construction():
+    big = Tile(128, 256, 32, warps=4, warp_m=64, warp_n=128)
+    with pytest.raises(SpecError, match=r"needs 256 accumulator registers per thread; sm_89 allows 255"):
+        Mma("f16").resolve(SM89, big)
+    Mma("f16").resolve(SM89, Tile(128, 128, 32, warps=8, warp_m=64, warp_n=32))
+
+
+def test_dequant_conversion_ops_compile_everywhere_and_compute_right_in_the_emulator():
+    """ConvertHalf / ConvertBF16 / PackS8 in a tiny kernel: nvJitLink on every arch, values in the emulator."""
+    import numpy as np
+
+    from ptxgen.dsl import ConvertBF16, ConvertHalf, DequantSequence, Epilogue, PackS8
+    from ptxgen.emu import Memory, run_kernel
+    from ptxgen.runtime.compiler import compile_ptx
+
+    def build(arch):
+        b = KernelBuilder("conv_probe", arch, "conversion probe", block=(32, 1, 1))
+        out_p = b.param("out", "u64", "ptr:out")
+        out = b.ptr(out_p)
+        tid = b.special("tid.x")
+        ints = [b.op("add.u32", tid, Imm(i, "u32")) for i in range(4)]
+        flts = [b.op("cvt.rn.f32.u32", v) for v in ints]
+        env = {"i": ints, "f": flts}
+        DequantSequence("probe", (ConvertHalf("f", "h"), ConvertBF16("f", "bf"), PackS8("i", "s8", offset=8))).lower(b, env)
+        words = env["h"] + env["bf"] + env["s8"]
+        base = b.op("mad.wide.u32", tid, Imm(4 * len(words), "u32"), out)
+        for i, w in enumerate(words):
+            b.emit("st.global.b32", Mem(base, 4 * i), w)
+        return b.finish()
+
+    for a in ("sm_89", "sm_90a", "sm_120a"):
+        compile_ptx(build(get_arch(a)).ptx(), a, name="conv_probe")
+    mem = Memory()
+    o = mem.alloc(32 * 5 * 4)
+    run_kernel(build(SM89).ptx(), (1,), (32,), (o,), mem)
+    got = mem.view(o, np.uint32, (32, 5))
+    t = np.arange(32)[:, None] + np.arange(4)[None, :]
+    h = t.astype(np.float16).view(np.uint16).astype(np.uint32)
+    np.testing.assert_array_equal(got[:, 0], h[:, 0] | (h[:, 1] << 16))
+    bf = (t.astype(np.float32).view(np.uint32) >> 16)  # small integers are exact in bf16
+    np.testing.assert_array_equal(got[:, 3], bf[:, 2] | (bf[:, 3] << 16))
+    s8 = (t - 8).astype(np.int8).view(np.uint8).astype(np.uint32)
+    np.testing.assert_array_equal(got[:, 4], s8[:, 0] | s8[:, 1] << 8 | s8[:, 2] << 16 | s8[:, 3] << 24)
+    with pytest.raises(SpecError, match="only f32 is lowered"):
+        Epilogue("f16")

@@ -26,7 +26,7 @@ class Unsupported(EmulationError):
     pass
 
 
-_NP = {"u8": np.uint8, "s8": np.int8, "b8": np.uint8, "u16": np.uint16, "s16": np.int16, "b16": np.uint16,
+_NP = {"bf16x2": np.uint32, "u8": np.uint8, "s8": np.int8, "b8": np.uint8, "u16": np.uint16, "s16": np.int16, "b16": np.uint16,
        "f16": np.float16, "bf16": np.uint16, "u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32,
        "u64": np.uint64, "s64": np.int64, "b64": np.uint64, "f64": np.float64, "f16x2": np.uint32, "pred": np.bool_}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -732,6 +732,15 @@ class Emulator:
         rnd = next((m for m in mods if m in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")), None)
         sat = "sat" in mods
         d = ins.operands[0]
+        if dt == "bf16x2":  # cvt.rn.bf16x2.f32 d, hi, lo: round to nearest even on the upper 16 bits
+            def bf16(v):
+                bits = v.astype(np.float32).view(np.uint32).astype(np.uint64)
+                r = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+                return np.where(np.isnan(v), np.uint64(0x7FFF), r & np.uint64(0xFFFF))
+            hi = bf16(self._val(ins.operands[1], "f32", ex))
+            lo = bf16(self._val(ins.operands[2], "f32", ex))
+            self._set(d, ex, (hi << np.uint64(16)) | lo, "u64")
+            return
         if dt == "f16x2":  # cvt.rn.f16x2.f32 d, hi, lo
             hi = _f32_to_f16(self._val(ins.operands[1], "f32", ex), rnd or "rn").view(np.uint16).astype(np.uint64)
             lo = _f32_to_f16(self._val(ins.operands[2], "f32", ex), rnd or "rn").view(np.uint16).astype(np.uint64)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..builder import KernelBuilder
-from ..dsl import DecodeScaleMin6, Mma, Pipeline, Schedule, SplitHalves, Tile
+from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
 from ..ir import Imm, Mem, ldmatrix, mma_sync
 from ..targets import lowering_for
 from . import KernelDef
@@ -54,6 +54,7 @@ def build(arch, spec: MmqSpec):
     mma = Mma("f16", "mma.sync")
     low.pick_mma(mma, tile)
     sched = Schedule("persistent")
+    epilogue = Epilogue("f32", transposed=True)
     BN = spec.bn
     raw_bytes = BM * RAW_ROW
     a_bytes, b_bytes = BM * PAD_ROW, BN * PAD_ROW
@@ -312,18 +313,7 @@ def build(arch, spec: MmqSpec):
 
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
-    g = b.op("shr.u32", lane, Imm(2, "u32"))
-    tig = b.op("and.b32", lane, Imm(3, "b32"))
-    mb = b.op("add.u32", m0, b.op("mad.lo.u32", wm, Imm(64, "u32"), g))
-    nb = b.op("add.u32", n0, b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))))
-    for i in range(4):
-        for j in range(NT):
-            for e in range(4):
-                mm = b.op("add.u32", mb, Imm(16 * i + 8 * (e // 2), "u32"))
-                nn = b.op("add.u32", nb, Imm(8 * j + (e % 2), "u32"))
-                ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, T))
-                b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", nn, M, mm), Imm(4, "u32"), Y)),
-                       acc[i][j][e], pred=ok)
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y)
     b.bra(next_item)
     b.place(finish)
     # the last CTA out resets the queue for the next launch

@@ -7,7 +7,7 @@ A NaN anywhere in a block makes amax NaN (max.NaN), its q all 0 and d, s NaN.
 from __future__ import annotations
 
 from ..builder import KernelBuilder
-from ..ir import Imm, Mem, Sym
+from ..ir import Imm, Mem
 from . import KernelDef
 
 WARPS = 8
