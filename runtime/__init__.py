@@ -18,6 +18,6 @@ from .tensors import QuantTensor, read_gguf_tensor, write_gguf
 
 __all__ = [
     "CompileError", "CudaError", "DeviceArray", "DeviceBuffer", "KernelNotFound", "QuantTensor", "Timer",
-    "as_device_array", "compile_ptx", "current", "dequantize", "load", "mul_mat", "quantize_q8_1",
+    "as_device_array", "compile_ptx", "current", "driver", "dequantize", "load", "mul_mat", "quantize_q8_1",
     "read_gguf_tensor", "rotate_tq4_1s", "synchronize", "write_gguf",
 ]
