@@ -280,3 +280,46 @@ def test_a_broken_dequant_sequence_fails_in_the_emulator(monkeypatch):
     monkeypatch.setattr(dsl.UnpackNibbles, "lower", swapped)
     ptx = KERNELS["dequantize_q4_k"].for_arch("sm_89").ptx()
     assert not check_kernel("dequantize_q4_k", ptx, seed=1).ok
+
+
+def test_ldmatrix_and_mma_f16_against_layout_model():
+    """ldmatrix.x4 from a row-major 16×16 fp16 tile gives the mma A fragment; mma.sync f16 then equals A·B
+    (fp16 products are exact, so the only rounding is the final fp32 one)."""
+    from ptxgen import layouts
+
+    rng = np.random.default_rng(1)
+    A = rng.integers(-8, 8, (16, 16)).astype(np.float16)
+    B = rng.integers(-8, 8, (16, 8)).astype(np.float16)
+    lb = layouts.mma_b_layout("m16n8k16")
+    bfrag = B[lb[..., 0], lb[..., 1]].reshape(32, 2, 2).view(np.uint32).reshape(32, 2)
+    body = f"""
+ld.param.u64 %rd1, [out];
+mov.u32 %r20, sm;
+mad.lo.u32 %r21, %r31, 16, %r20;
+mul.wide.u32 %rd2, %r31, 16;
+add.s64 %rd3, %rd1, %rd2;
+ld.global.v4.u32 {{%r0, %r1, %r2, %r3}}, [%rd3];
+st.shared.v4.u32 [%r21], {{%r0, %r1, %r2, %r3}};
+bar.sync 0;
+and.b32 %r22, %r31, 15;
+shr.u32 %r23, %r31, 4;
+mad.lo.u32 %r24, %r22, 32, %r20;
+mad.lo.u32 %r24, %r23, 16, %r24;
+ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%r4, %r5, %r6, %r7}}, [%r24];
+mul.wide.u32 %rd4, %r31, 8;
+add.s64 %rd5, %rd1, %rd4;
+ld.global.v2.u32 {{%r8, %r9}}, [%rd5+512];
+mov.f32 %f0, 0f00000000;
+mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{%f1,%f2,%f3,%f4}}, {{%r4,%r5,%r6,%r7}}, {{%r8,%r9}}, {{%f0,%f0,%f0,%f0}};
+"""
+    ptx = HEADER + "\tmov.u32 %r31, %tid.x;\n" + "\n".join("\t" + x for x in body.strip().splitlines()) + "\n\tret;\n}\n"
+    mem = Memory()
+    # 512 bytes of A rows (row r at 32 r: 16 halves), then B fragments
+    o = mem.alloc(np.concatenate([A.reshape(-1).view(np.uint8), bfrag.view(np.uint8).reshape(-1)]))
+    emu = Emulator(ptx)
+    emu.run((1,), (32,), (o,), mem)
+    lc = layouts.mma_c_layout()
+    D = np.zeros((16, 8), np.float32)
+    for i in range(4):
+        D[lc[:, i, 0], lc[:, i, 1]] = reg(emu, f"%f{1 + i}", "f32")
+    np.testing.assert_array_equal(D, (A.astype(np.float32) @ B.astype(np.float32)))
