@@ -137,13 +137,21 @@ def tinygemm_us(torch, m, k, t, reps):
         return None
 
 
-def plot(results, path):
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is missing (no plot then)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(results, path):
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, fmt in zip(axes, ("tq4_1s", "q4_K")):

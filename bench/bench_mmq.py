@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from bench_gemv import random_raw, timed, tinygemm_us as tinygemm
+from bench_gemv import pyplot, random_raw, timed, tinygemm_us as tinygemm
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -86,12 +86,8 @@ def main():
 
 
 def plot(results, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (m, k) in zip(axes, SHAPES):

@@ -235,25 +235,31 @@ class ApplyScaleMin(DequantOp):
 
 
 @dataclass(frozen=True)
-class ConvertHalf(DequantOp):
-    """float32 values → packed f16x2 registers (round to nearest even), element 2i in the low half."""
+class ConvertPacked(DequantOp):
+    """float32 values → packed pairs (`to` = f16x2 or bf16x2, round to nearest even), element 2i low."""
     values: str
     out: str
+    to: str = "f16x2"
+
+    def __post_init__(self):
+        if self.to not in ("f16x2", "bf16x2"):
+            raise SpecError(f"ConvertPacked.to must be f16x2 or bf16x2, got {self.to!r}")
+
+    @property
+    def label(self) -> str:
+        return "ConvertHalf" if self.to == "f16x2" else "ConvertBF16"
 
     def lower(self, b, env):
         vals = env[self.values]
-        env[self.out] = [b.op("cvt.rn.f16x2.f32", vals[i + 1], vals[i], type="b32") for i in range(0, len(vals), 2)]
+        env[self.out] = [b.op(f"cvt.rn.{self.to}.f32", vals[i + 1], vals[i], type="b32") for i in range(0, len(vals), 2)]
 
 
-@dataclass(frozen=True)
-class ConvertBF16(DequantOp):
-    """float32 values → packed bf16x2 registers (round to nearest even), element 2i in the low half."""
-    values: str
-    out: str
+def ConvertHalf(values: str, out: str) -> ConvertPacked:  # noqa: N802 - reads as the op it builds
+    return ConvertPacked(values, out, "f16x2")
 
-    def lower(self, b, env):
-        vals = env[self.values]
-        env[self.out] = [b.op("cvt.rn.bf16x2.f32", vals[i + 1], vals[i], type="b32") for i in range(0, len(vals), 2)]
+
+def ConvertBF16(values: str, out: str) -> ConvertPacked:  # noqa: N802
+    return ConvertPacked(values, out, "bf16x2")
 
 
 @dataclass(frozen=True)
@@ -316,7 +322,7 @@ class DequantSequence:
     ops: tuple
 
     def lower(self, b: KernelBuilder, env: dict) -> dict:
-        b.comment(f"dequant {self.fmt}: " + " -> ".join(type(o).__name__ for o in self.ops))
+        b.comment(f"dequant {self.fmt}: " + " -> ".join(getattr(o, "label", type(o).__name__) for o in self.ops))
         for o in self.ops:
             o.lower(b, env)
         return env
