@@ -167,3 +167,41 @@ def test_wheel_ships_emitted_kernels(tmp_path):
         assert f"ptxgen/emitted/{arch}/manifest.json" in names
         assert f"ptxgen/emitted/{arch}/dequantize_q4_k.ptx" in names
     assert "ptxgen/runtime/driver.py" in names and "ptxgen/templates/module.ptx.j2" in names
+
+
+def test_kernel_arguments_are_packed_by_the_manifest_abi():
+    """Each argument becomes exactly its parameter's C type; a CUtensorMap-sized blob is copied by value."""
+    import ctypes
+
+    from ptxgen.runtime.driver import Function
+
+    params = [{"name": "p", "type": "u64", "size": 8}, {"name": "n", "type": "u32", "size": 4},
+              {"name": "s", "type": "f32", "size": 4}, {"name": "tmap", "type": "b8", "size": 128}]
+    fn = Function(None, None, "k", params, (128, 1, 1))
+    blob = bytes(range(128))
+    cells, addr = fn.pack((0x7F0012345678, 3, np.float32(0.5), blob))
+    ptrs = (ctypes.c_void_p * 4).from_address(addr)
+    assert ctypes.c_uint64.from_address(ptrs[0]).value == 0x7F0012345678
+    assert ctypes.c_uint32.from_address(ptrs[1]).value == 3
+    assert ctypes.c_float.from_address(ptrs[2]).value == 0.5
+    assert ctypes.string_at(ptrs[3], 128) == blob
+    with pytest.raises(TypeError, match=r"takes 4 arguments \(p, n, s, tmap\), got 3"):
+        fn.pack((1, 2, 3))
+    with pytest.raises(ValueError, match="parameter tmap is 128 B, got 64"):
+        fn.pack((1, 2, np.float32(0), bytes(64)))
+    with pytest.raises(ValueError, match="parameter n is unsigned, got -1"):
+        fn.pack((1, -1, np.float32(0), blob))
+
+
+def test_tensor_map_arguments_are_checked_before_the_driver():
+    from ptxgen.runtime.tma import check_tensor_map_2d
+
+    assert check_tensor_map_2d(0x10000, "f16", 4096, 4096, 64, 64) == 8192
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        check_tensor_map_2d(0x10008, "f16", 64, 64, 64, 64)
+    with pytest.raises(ValueError, match="row stride 72 B must be a multiple of 16"):
+        check_tensor_map_2d(0, "u8", 10, 72, 8, 16, "none")
+    with pytest.raises(ValueError, match="exceeds the 128B swizzle span"):
+        check_tensor_map_2d(0, "f16", 64, 256, 64, 128)
+    with pytest.raises(ValueError, match="a box dimension is 1..256"):
+        check_tensor_map_2d(0, "f16", 1024, 64, 512, 64)
