@@ -57,8 +57,4 @@ def tensor_map_2d(ptr: int, dtype: str, rows: int, cols: int, box_rows: int, box
         getattr(drv.CUtensorMapSwizzle, _SWIZZLE[swizzle][1]),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
-    raw = np.frombuffer(bytes(tmap.opaque) if hasattr(tmap, "opaque") else bytes(tmap), np.uint8) \
-        if not isinstance(tmap, (bytes, bytearray)) else np.frombuffer(tmap, np.uint8)
-    if raw.size != 128:
-        raw = np.array(tmap.opaque, np.uint64).view(np.uint8)
-    return raw.tobytes()
+    return np.array([int(v) for v in tmap.opaque], np.uint64).tobytes()  # CUtensorMap.opaque: 16 × u64

@@ -292,25 +292,25 @@ def test_ldmatrix_and_mma_f16_against_layout_model():
     B = rng.integers(-8, 8, (16, 8)).astype(np.float16)
     lb = layouts.mma_b_layout("m16n8k16")
     bfrag = B[lb[..., 0], lb[..., 1]].reshape(32, 2, 2).view(np.uint32).reshape(32, 2)
-    body = f"""
+    body = """
 ld.param.u64 %rd1, [out];
 mov.u32 %r20, sm;
 mad.lo.u32 %r21, %r31, 16, %r20;
 mul.wide.u32 %rd2, %r31, 16;
 add.s64 %rd3, %rd1, %rd2;
-ld.global.v4.u32 {{%r0, %r1, %r2, %r3}}, [%rd3];
-st.shared.v4.u32 [%r21], {{%r0, %r1, %r2, %r3}};
+ld.global.v4.u32 {%r0, %r1, %r2, %r3}, [%rd3];
+st.shared.v4.u32 [%r21], {%r0, %r1, %r2, %r3};
 bar.sync 0;
 and.b32 %r22, %r31, 15;
 shr.u32 %r23, %r31, 4;
 mad.lo.u32 %r24, %r22, 32, %r20;
 mad.lo.u32 %r24, %r23, 16, %r24;
-ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%r4, %r5, %r6, %r7}}, [%r24];
+ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r4, %r5, %r6, %r7}, [%r24];
 mul.wide.u32 %rd4, %r31, 8;
 add.s64 %rd5, %rd1, %rd4;
-ld.global.v2.u32 {{%r8, %r9}}, [%rd5+512];
+ld.global.v2.u32 {%r8, %r9}, [%rd5+512];
 mov.f32 %f0, 0f00000000;
-mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{%f1,%f2,%f3,%f4}}, {{%r4,%r5,%r6,%r7}}, {{%r8,%r9}}, {{%f0,%f0,%f0,%f0}};
+mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1,%f2,%f3,%f4}, {%r4,%r5,%r6,%r7}, {%r8,%r9}, {%f0,%f0,%f0,%f0};
 """
     ptx = HEADER + "\tmov.u32 %r31, %tid.x;\n" + "\n".join("\t" + x for x in body.strip().splitlines()) + "\n\tret;\n}\n"
     mem = Memory()
