@@ -113,8 +113,9 @@ def test_scale_min_k4_pack_unpack(vals):
     np.testing.assert_array_equal(m, lm)
 
 
-# bound on ‖x − deq(q(x))‖/‖x‖ for Gaussian rows (ggml reaches ~0.072, 0.036, 0.018, 0.0054, 0.0054, ~0.1)
-ROUNDTRIP_BOUND = {"q4_K": 0.1, "q5_K": 0.05, "q6_K": 0.025, "q8_0": 0.008, "q8_1": 0.008, "tq4_1s": 0.13}
+# bound on ‖x − deq(q(x))‖/‖x‖ for one Gaussian row: ggml's average is ~0.072, 0.036, 0.018, 0.0054, 0.0054
+# (~0.075 for TQ4_1S); the worst of 300 single rows here was 0.081, 0.041, 0.025, 0.0063, 0.0063, 0.080
+ROUNDTRIP_BOUND = {"q4_K": 0.11, "q5_K": 0.055, "q6_K": 0.034, "q8_0": 0.0085, "q8_1": 0.0085, "tq4_1s": 0.11}
 
 
 @pytest.mark.parametrize("name", F.NAMES)
