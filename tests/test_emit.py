@@ -52,6 +52,8 @@ EXPECTED_SASS = {"quantize_q8_1": ["SHFL.BFLY", "F2FP"], "dequantize_q4_k": ["F2
 for _k in KERNELS:
     if _k.startswith("gemv_"):  # codebook from shared memory, addressed by prmt; 16-byte activation loads
         EXPECTED_SASS[_k] = ["PRMT", "LDS", "LDG.E.128.CONSTANT", "FFMA"]
+    if _k.startswith("gemv_tq4_1s_fast"):  # int8 codebook by prmt from registers, dp4a, no shared-memory table
+        EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LOP3"]
     if _k.startswith("mmq_"):  # tensor cores fed by ldmatrix, weights by cp.async (LDGSTS), fp16 dequant
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "HFMA2", "PRMT"]
 

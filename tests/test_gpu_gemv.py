@@ -70,3 +70,28 @@ def test_mul_mat_errors():
         r.mul_mat(w, np.ones((2, 256), np.float16))
     with pytest.raises(ValueError, match="rotation must be"):
         r.mul_mat(w, np.ones((2, 256), np.float32), rotation="none")
+
+
+@pytest.mark.parametrize("t", [1, 3, 8])
+def test_fast_tq4_1s_gemv_kernel(t):
+    """The dp4a "fast" kernels (emulator-verified; this is their first GPU check): int8 model within 1e-5,
+    NMSE against the exact result within the fork's 5e-4."""
+    import ptxgen.runtime as r
+    from ptxgen.kernels.gemv import ROWS
+
+    rng = np.random.default_rng(t)
+    m, k = 300, 3584
+    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
+    a = r.quantize_q8_1(r.rotate_tq4_1s(r.as_device_array(x)))  # rotated, then Q8_1 (s = Σx)
+    tk = next(v for v in (1, 2, 4, 8) if v >= t)
+    fn = r.load(f"gemv_tq4_1s_fast_t{tk}")
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    fn.launch(((m + ROWS[tk] - 1) // ROWS[tk],), (w.buffer, a, out, m, k, t))
+    got = out.numpy().astype(np.float64)
+    model = formats.gemv_tq4_1s_fast_ref(raw, m, k, x)
+    exact = formats.gemv_tq4_1s_ref(raw, m, k, x)
+    assert rel(got, model) <= 1e-5
+    assert np.linalg.norm(got - exact) ** 2 / np.linalg.norm(exact) ** 2 <= 5e-4

@@ -72,12 +72,23 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Ou
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize(fmt, w)
     x = rng.standard_normal((n, k)).astype(np.float32)
+    fast = meta.get("mode") == "fast"
     a = x if meta.get("fused_rotation") or fmt != "tq4_1s" else formats.rht_forward(x)
+    if fast:
+        a = formats.quantize("q8_1", a)
     mem = Memory()
     wa, aa = mem.alloc(raw), mem.alloc(a)
     ya = mem.alloc(n * m * 4, poison=0xFF)
     run_kernel(ptx, ((m + rows - 1) // rows,), (256,), (wa, aa, ya, m, k, n), mem, seed=seed)
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
+    if fast:  # matches its own integer model tightly, and the exact result within the fork's NMSE bar
+        exact = formats.gemv_tq4_1s_ref(raw, m, k, x)
+        want = formats.gemv_tq4_1s_fast_ref(raw, m, k, x)
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        nmse = np.linalg.norm(got - exact) ** 2 / np.linalg.norm(exact) ** 2
+        ok = bool(np.isfinite(got).all() and rel <= 1e-5 and nmse <= 5e-4)
+        return Outcome(meta.get("name", "gemv"), ok, f"relative error {rel:.2e} vs the int8 model, NMSE {nmse:.1e} vs exact",
+                       got, want)
     want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-5)
@@ -162,6 +173,8 @@ for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8)
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
 HARNESSES["reduce_splitk"] = _reduce
+for _t in (1, 2, 4, 8):
+    HARNESSES[f"gemv_tq4_1s_fast_t{_t}"] = _gemv(f"gemv_tq4_1s_fast_t{_t}")
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")
 

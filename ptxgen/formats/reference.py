@@ -34,3 +34,21 @@ def gemv_tq4_1s_ref(raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
     w_rot = tq4_1s.rotated_values(blocks).reshape(m, k).astype(np.float64)
     a = tq4_1s.rht_forward(np.asarray(x, np.float32)).astype(np.float64)
     return a @ w_rot.T
+
+
+def gemv_tq4_1s_fast_ref(raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
+    """What the "fast" TQ4_1S GEMV computes: forward_rht(x) quantized to Q8_1, the int8 codebook, integer
+    dot products per half-block, then d_w·d_a·isum·2.733/127 summed in float64."""
+    from . import get
+
+    blocks = get("tq4_1s").blocks(raw, (m, k))
+    nb = k // 32
+    a = tq4_1s.rht_forward(np.asarray(x, np.float32))
+    t = a.shape[0]
+    qb = ggml.quantize_q8_1(a.reshape(-1, 32)).reshape(t, nb, 36)
+    qa = qb[:, :, 4:].copy().view(np.int8).astype(np.int64)  # (t, nb, 32)
+    da = qb[:, :, 0:2].copy().view("<f2").astype(np.float64)[..., 0]  # (t, nb)
+    w8 = tq4_1s.CODEBOOK_S8[tq4_1s.indices(blocks)].astype(np.int64).reshape(m, nb, 2, 16)
+    dw = blocks[:, 0:4].copy().view("<f2").astype(np.float64).reshape(m, nb, 2)
+    isum = np.einsum("rbhl,tbhl->trbh", w8, qa.reshape(t, nb, 2, 16))
+    return np.einsum("trbh,rbh,tb->tr", isum, dw, da) * float(tq4_1s.FAST_RESCALE)

@@ -17,6 +17,9 @@ CODEBOOK = np.array(
 THRESHOLDS = np.array(
     [-2.400804, -1.843532, -1.437139, -1.099286, -0.799550, -0.522404, -0.258222, 0.000000,
      0.258222, 0.522404, 0.799550, 1.099286, 1.437139, 1.843532, 2.400804], dtype=F32)
+# the "fast" GEMV's int8 codebook (the fork's dp4a path): round(C·127/2.733), rescaled by 2.733/127 at the end
+CODEBOOK_S8 = np.array([-127, -96, -75, -58, -44, -31, -18, -6, 6, 18, 31, 44, 58, 75, 96, 127], np.int8)
+FAST_RESCALE = np.float32(2.733) / np.float32(127.0)
 SIGN_MASK = 0x696B4B4A  # bit i set where the sign of element i is −1
 SIGNS = np.where((SIGN_MASK >> np.arange(32)) & 1, F32(-1), F32(1)).astype(F32)
 INV_SQRT32 = F32(0.17677669529663688)

@@ -34,17 +34,23 @@ TOKENS = (1, 2, 4, 8)
 ROWS = {1: 8, 2: 8, 4: 8, 8: 4}  # rows per CTA by T: R·T accumulators + 8·T activations per lane
 
 
+# TQ4_1S "fast" mode, as the TurboQuant fork's dp4a kernel: int8 codebook round(C·127/2.733), Q8_1 rotated
+# activation, integer dot products, one float rescale by 2.733/127 at the end
+CODEBOOK_S8, FAST_RESCALE = T4.CODEBOOK_S8, T4.FAST_RESCALE
+
+
 @dataclass(frozen=True)
 class GemvSpec:
     fmt: str  # "tq4_1s" or "q4_K"
     tokens: int
     rows: int
     fused_rotation: bool = False
+    mode: str = "exact"  # TQ4_1S only: "fast" = int8 codebook × Q8_1 activation with dp4a
 
     @property
     def name(self) -> str:
         f = "tq4_1s" if self.fmt == "tq4_1s" else "q4_k"
-        return f"gemv_{f}_t{self.tokens}" + ("_fused" if self.fused_rotation else "")
+        return f"gemv_{f}_{'fast_' if self.mode == 'fast' else ''}t{self.tokens}" + ("_fused" if self.fused_rotation else "")
 
 
 def _lut_values(fmt: str) -> np.ndarray:
@@ -62,11 +68,13 @@ def build(arch, spec: GemvSpec):
     m_p = b.param("m", "u32")
     k_p = b.param("k", "u32")
     n_p = b.param("ntok", "u32")
-    b.meta.update(tokens=Tn, rows_per_cta=R, warps=WARPS, chunk=CHUNK, fmt=spec.fmt,
-                  fused_rotation=spec.fused_rotation, grid="ceil(m / rows_per_cta)")
-    lut_sym = b.shared_buffer("lut", 256, align=256)
+    fast = spec.mode == "fast"
+    b.meta.update(tokens=Tn, rows_per_cta=R, warps=WARPS, chunk=CHUNK, fmt=spec.fmt, mode=spec.mode,
+                  fused_rotation=spec.fused_rotation, grid="ceil(m / rows_per_cta)",
+                  activation="Q8_1 blocks of forward_rht(x)" if fast else "fp32")
+    lut_sym = None if fast else b.shared_buffer("lut", 256, align=256)
     red_sym = b.shared_buffer("red", 4 * WARPS * R * Tn, align=16)
-    table = b.const_table("lut_init", _lut_values(spec.fmt).tobytes())
+    table = None if fast else b.const_table("lut_init", _lut_values(spec.fmt).tobytes())
 
     W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -75,15 +83,24 @@ def build(arch, spec: GemvSpec):
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
     row0 = b.op("mul.lo.u32", b.special("ctaid.x"), Imm(R, "u32"))
 
-    # the value table: threads 0..15 copy it into shared memory
-    b.comment("16-entry float32 value table in shared memory (codebook, or 0..15 for 4-bit ints)")
-    small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
-    tab = b.op("mov.u64", table)
-    tv = b.reg("f32")
-    b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), tab)), pred=small)
-    lut = b.op("mov.u32", lut_sym)
-    b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
-    b.emit("bar.sync", Imm(0, "u32"))
+    if fast:
+        # the int8 codebook lives in four registers: prmt picks bytes by the low 3 bits of a nibble from the
+        # lower or upper half of the table, and bit 3 (sign-replicated by a second prmt) picks the half
+        words = CODEBOOK_S8.view(np.uint32)
+        tl0, tl1, th0, th1 = (b.op("mov.b32", Imm(int(v), "b32")) for v in words)
+        # these two selectors replicate sign bits on purpose: bit 3 of each weight nibble → a 0x00/0xFF byte
+        sel_lo = b.op("mov.b32", Imm(0xD9C8, "b32"))
+        sel_hi = b.op("mov.b32", Imm(0xFBEA, "b32"))
+    else:
+        # the value table: threads 0..15 copy it into shared memory
+        b.comment("16-entry float32 value table in shared memory (codebook, or 0..15 for 4-bit ints)")
+        small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
+        tab = b.op("mov.u64", table)
+        tv = b.reg("f32")
+        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), tab)), pred=small)
+        lut = b.op("mov.u32", lut_sym)
+        b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+        b.emit("bar.sync", Imm(0, "u32"))
 
     # per-row byte strides and clamped row pointers (rows past M compute on row M-1 and are not stored)
     if spec.fmt == "tq4_1s":
@@ -97,7 +114,8 @@ def build(arch, spec: GemvSpec):
         rowptr.append(b.op("mad.wide.u32", rr, row_bytes, W))
     # activation row pointers, clamped to the last real token
     tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
-    k4 = b.op("shl.b32", K, Imm(2, "u32"))
+    # activation row bytes: fp32 (4·K) or Q8_1 blocks (36·K/32)
+    k4 = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(5, "u32")), Imm(36, "u32")) if fast else b.op("shl.b32", K, Imm(2, "u32"))
     actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), k4, A) for t in range(Tn)]
 
     acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
@@ -131,11 +149,29 @@ def build(arch, spec: GemvSpec):
             w = [(b.reg("b32"), [b.reg("b32")]) for _ in range(R)]
         else:
             w = [(b.reg("b32"), b.regs("b32", 4)) for _ in range(R)]
-        act = [[b.reg("f32") for _ in range(8)] for _ in range(Tn)] if prefetch_act else None
+        act = [new_act() for _ in range(Tn)] if prefetch_act else None
         return {"c": b.reg("u32"), "live": b.reg("pred"), "w": w, "act": act}
+
+    def new_act():
+        """One token's unit activation: 8 floats, or (2 words of int8 q, the block's d as f32) in fast mode."""
+        return [b.reg("b32"), b.reg("b32"), b.reg("f32")] if fast else [b.reg("f32") for _ in range(8)]
 
     def load_acts(st, act):
         """This lane's unit activations for all tokens (two 16-byte loads each; Q4_K: p..p+3, 32+p..p+3)."""
+        if fast:  # Q8_1 block of the unit's 32 columns: q bytes 8·word .. 8·word+7, d = low half of word 0
+            blk = b.op("mad.lo.u32", st["c"], Imm(8, "u32"), blk_in_chunk)
+            for t in range(Tn):
+                bp = b.op("mad.wide.u32", blk, Imm(36, "u32"), actptr[t])
+                qa, qb, d = act[t]
+                dw = b.reg("b32")
+                for r_ in (qa, qb, dw):
+                    b.emit("mov.b32", r_, Imm(0, "b32"))
+                qp = b.op("mad.wide.u32", word, Imm(8, "u32"), bp)
+                b.emit("ld.global.nc.u32", qa, Mem(qp, 4), pred=st["live"])
+                b.emit("ld.global.nc.u32", qb, Mem(qp, 8), pred=st["live"])
+                b.emit("ld.global.nc.u32", dw, Mem(bp), pred=st["live"])
+                b.emit("cvt.f32.f16", d, b.op("cvt.u16.u32", dw))
+            return
         col = b.op("mad.lo.u32", st["c"], Imm(CHUNK, "u32"), col_in_chunk)
         second = 16 if spec.fmt == "tq4_1s" else 128
         for t in range(Tn):
@@ -171,9 +207,11 @@ def build(arch, spec: GemvSpec):
     def compute(st):
         act = st["act"]
         if act is None:
-            act = [[b.reg("f32") for _ in range(8)] for _ in range(Tn)]
+            act = [new_act() for _ in range(Tn)]
             load_acts(st, act)
         act = [list(row) for row in act]
+        if fast:
+            return compute_fast(st, act)
         if spec.fused_rotation:
             _rotate_unit_in_registers(b, act, word, lane, None)
         if spec.fmt == "q4_K":  # Σa per half for the min term, once per chunk
@@ -213,6 +251,28 @@ def build(arch, spec: GemvSpec):
                     if minimum is not None:
                         b.emit("fma.rn.f32", acc[r][t], b.op("neg.f32", minimum), asum[t][gi], acc[r][t])
 
+    def compute_fast(st, act):
+        for r in range(R):
+            qw, extra = st["w"][r]
+            b.comment(f"row {r}: nibbles -> int8 codebook by prmt, dp4a with the Q8_1 activation")
+            t4 = b.op("shl.b32", qw, Imm(4, "u32"))  # bit 3 of the low nibbles moves to bit 7 of each byte
+            w8 = []
+            for half, (src, sel) in enumerate(((qw, sel_lo), (b.op("shr.u32", qw, Imm(16, "u32")), sel_hi))):
+                idx = b.op("and.b32", src, Imm(0x7777, "b32"))  # selector nibbles = index & 7 (no sign bits)
+                lo = b.op("prmt.b32", tl0, tl1, idx)
+                hi = b.op("prmt.b32", th0, th1, idx)
+                pick = b.op("prmt.b32", t4, qw, sel)  # 0xFF where the index has bit 3 (upper half of the table)
+                v = b.reg("b32")
+                b.emit("lop3.b32", v, lo, hi, pick, Imm(0xD8, "b32"))  # pick ? hi : lo, bytewise
+                w8.append(v)
+            half = b.op("cvt.u16.u32", b.op("shr.u32", extra[0], dshift))
+            dwt = b.op("cvt.f32.f16", half)
+            for t in range(Tn):
+                qa, qb, da = act[t]
+                isum = b.op("dp4a.s32.s32", w8[0], qa, Imm(0, "s32"), type="s32")
+                isum = b.op("dp4a.s32.s32", w8[1], qb, isum, type="s32")
+                b.emit("fma.rn.f32", acc[r][t], b.op("mul.rn.f32", dwt, da), b.op("cvt.rn.f32.s32", isum), acc[r][t])
+
     # software pipeline as a ping-pong between two register sets: the loads of chunk c+8 are in flight
     # while chunk c is decoded; chunks past the end load nothing (no lane is live there)
     b.comment("software-pipelined chunk loop: the next chunk's loads overlap this chunk's decode")
@@ -238,6 +298,8 @@ def build(arch, spec: GemvSpec):
     for r in range(R):
         for t in range(Tn):
             v = acc[r][t]
+            if fast:  # the int8 codebook is C·127/2.733: scale back once
+                v = b.op("mul.rn.f32", v, Imm(float(FAST_RESCALE), "f32"))
             for off in (16, 8, 4, 2, 1):
                 o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
                 v = b.op("add.rn.f32", v, o)
@@ -343,4 +405,8 @@ def kernel_defs() -> list[KernelDef]:
                 spec = GemvSpec(fmt, t, ROWS[t], fused)
                 defs.append(KernelDef(spec.name, f"{fmt} decode GEMV, T={t}" + (", fused rotation" if fused else ""),
                                       lambda arch, spec=spec: build(arch, spec)))
+            if fmt == "tq4_1s":
+                spec = GemvSpec(fmt, t, ROWS[t], False, "fast")
+                defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fast: int8 codebook x Q8_1, dp4a "
+                                      "(not yet run on a GPU)", lambda arch, spec=spec: build(arch, spec)))
     return defs
