@@ -87,6 +87,7 @@ def main():
                 row["GBps"] = wbytes / best / 1e3
                 row["pct_hbm"] = 100 * wbytes / (best * 1e-6) / HBM
                 if fmt == "tq4_1s":
+                    row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
                     if w16 is None:
                         deq = formats.dequantize(fmt, raw, (m, k)).astype(np.float16)
                         w16 = [torch.from_numpy(deq).cuda() for _ in range(max(2, math.ceil(4 * 60e6 / deq.nbytes)))]
@@ -110,17 +111,38 @@ _HEADER = False
 def print_row(row):
     global _HEADER
     if not _HEADER:
-        print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | cuBLAS fp16 µs | tinygemm µs "
-              "| llama.cpp/fork µs (PERF.md) | ratio peer/ptxgen |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| fmt | M×K | T | ptxgen µs (exact) | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
+              "| cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) | ratio peer/ptxgen |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         _HEADER = True
     peer = row.get("us_fork_tq4_1s") or row.get("us_llamacpp_q4_K")
     f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
     rot = f"{row['us_separate']:.1f} / {row['us_fused']:.1f}" if "us_fused" in row else "-"
     ratio = "n/a" if peer is None else f"{peer / row['us']:.2f}"
     print(f"| {row['fmt']} | {row['m']}×{row['k']} | {row['T']} | {row['us']:.1f} | {row['GBps']:.0f} | "
-          f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_cublas_fp16'))} | {f(row.get('us_tinygemm'))} | {f(peer)} | "
-          f"{ratio} |", flush=True)
+          f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_fast'))} | {f(row.get('us_cublas_fp16'))} | "
+          f"{f(row.get('us_tinygemm'))} | {f(peer)} | {ratio} |", flush=True)
+
+
+def fast_us(r, ws, copies, x, y, m, k, t, reps, torch):
+    """TQ4_1S fast mode, whole op: rotate, quantize to Q8_1, dp4a GEMV (not dispatched by mul_mat yet)."""
+    try:
+        from ptxgen.kernels.gemv import ROWS
+
+        tk = next(v for v in (1, 2, 4, 8) if v >= t)
+        fn = r.load(f"gemv_tq4_1s_fast_t{tk}")
+        xa, ya = r.as_device_array(x), r.as_device_array(y)
+        rot = r.DeviceArray.empty((t, k), np.float32)
+        q = r.DeviceArray.empty((t, k // 32 * 36), np.uint8)
+
+        def call(i):
+            r.rotate_tq4_1s(xa, out=rot)
+            r.quantize_q8_1(rot, out=q)
+            fn.launch(((m + ROWS[tk] - 1) // ROWS[tk],), (ws[i % copies].buffer, q, ya, m, k, t))
+        return timed(call, reps, torch)
+    except Exception as e:  # noqa: BLE001 - a benchmark column, not a test
+        print(f"fast mode unavailable: {type(e).__name__}: {str(e)[:120]}")
+        return None
 
 
 def tinygemm_us(torch, m, k, t, reps):
