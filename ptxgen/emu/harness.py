@@ -95,14 +95,21 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Ou
     return Outcome(meta.get("name", "gemv"), ok, f"relative error {rel:.2e}", got, want)
 
 
-def _gemv(name):
+def _with_meta(case, name, shape_len=None):
+    """A harness that runs `case` with the kernel's manifest meta (as built for sm_89)."""
     def run(ptx, rng, seed=None, **kw):
-        from ..kernels import get_kernel
         from ..arch import get_arch
+        from ..kernels import get_kernel
 
+        if shape_len and "shape" in kw and len(kw["shape"]) != shape_len:
+            raise ValueError(f"{name}: the harness shape has {shape_len} numbers")
         meta = dict(get_kernel(name).for_arch(get_arch("sm_89")).meta, name=name)
-        return gemv_case(ptx, meta, rng, seed=seed, **kw)
+        return case(ptx, meta, rng, seed=seed, **kw)
     return run
+
+
+def _gemv(name):
+    return _with_meta(gemv_case, name, 2)
 
 
 def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Outcome:
@@ -157,15 +164,7 @@ def _reduce(ptx, rng, seed=None, **kw):
 
 
 def _mmq(name):
-    def run(ptx, rng, seed=None, **kw):
-        from ..arch import get_arch
-        from ..kernels import get_kernel
-
-        meta = dict(get_kernel(name).for_arch(get_arch("sm_89")).meta, name=name)
-        if "shape" in kw and len(kw["shape"]) != 3:
-            raise ValueError("MMQ harness shape is (M, T, K)")
-        return mmq_case(ptx, meta, rng, seed=seed, **kw)
-    return run
+    return _with_meta(mmq_case, name, 3)  # shape (M, T, K)
 
 
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate}

@@ -326,14 +326,10 @@ def build(arch, spec: GemvSpec):
 
 def _q4_k_scales(b, hdr, sub_lo, sub_hi):
     """(d·sc, dmin·m) of the lane's two sub-blocks from the loaded 16-byte header."""
-    from ..dsl import DecodeScaleMin6, ScaleProduct, SplitHalves
+    from ..dsl import q4_k_scale_ops
 
     env = {"hdr": hdr, "sub_lo": sub_lo, "sub_hi": sub_hi}
-    for op in (SplitHalves("hdr", 0, ("d", "dmin")),
-               DecodeScaleMin6("hdr", 1, "sub_lo", ("sc_lo", "m_lo")),
-               DecodeScaleMin6("hdr", 1, "sub_hi", ("sc_hi", "m_hi")),
-               ScaleProduct("d", "sc_lo", "d_lo"), ScaleProduct("dmin", "m_lo", "min_lo"),
-               ScaleProduct("d", "sc_hi", "d_hi"), ScaleProduct("dmin", "m_hi", "min_hi")):
+    for op in q4_k_scale_ops():
         op.lower(b, env)
     return env["d_lo"], env["min_lo"], env["d_hi"], env["min_hi"]
 
