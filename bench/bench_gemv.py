@@ -125,21 +125,10 @@ def print_row(row):
 
 
 def fast_us(r, ws, copies, x, y, m, k, t, reps, torch):
-    """TQ4_1S fast mode, whole op: rotate, quantize to Q8_1, dp4a GEMV (not dispatched by mul_mat yet)."""
+    """TQ4_1S fast mode, whole op as users call it: mul_mat(mode="fast") = rotate, Q8_1, dp4a GEMV."""
     try:
-        from ptxgen.kernels.gemv import ROWS
-
-        tk = next(v for v in (1, 2, 4, 8) if v >= t)
-        fn = r.load(f"gemv_tq4_1s_fast_t{tk}")
         xa, ya = r.as_device_array(x), r.as_device_array(y)
-        rot = r.DeviceArray.empty((t, k), np.float32)
-        q = r.DeviceArray.empty((t, k // 32 * 36), np.uint8)
-
-        def call(i):
-            r.rotate_tq4_1s(xa, out=rot)
-            r.quantize_q8_1(rot, out=q)
-            fn.launch(((m + ROWS[tk] - 1) // ROWS[tk],), (ws[i % copies].buffer, q, ya, m, k, t))
-        return timed(call, reps, torch)
+        return timed(lambda i: r.mul_mat(ws[i % copies], xa, out=ya, mode="fast"), reps, torch)
     except Exception as e:  # noqa: BLE001 - a benchmark column, not a test
         print(f"fast mode unavailable: {type(e).__name__}: {str(e)[:120]}")
         return None

@@ -1,11 +1,13 @@
-"""Prefill GEMM benchmark (needs a GPU and torch): ptxgen's Q4_K MMQ (fp16 mma.sync path) against cuBLAS
+"""Prefill GEMM benchmark (needs a GPU and torch): ptxgen's Q4_K MMQ (both lowerings: wgmma + TMA on sm_90,
+fp16 mma.sync) against cuBLAS
 fp16 on already-dequantized weights, dequant (ptxgen kernel) + cuBLAS, tinygemm, and llama.cpp's MMQ
 figures from shared/PERF.md (a fixed column, measured with test-backend-ops on the same H200 model).
 
 Timing as in bench_gemv: CUDA events behind a long torch.cuda._sleep (device time only), weights rotated
 through copies that exceed 4× the 60 MB L2, median of --reps. ptxgen's figure is the whole device work of
-the op: fp32 activations in (converted inside the GEMM's load pipeline), fp32 out; the op's 4-byte overflow
-flag readback is host work and not included.
+the op: fp32 activations in (converted inside the GEMM's load pipeline on the mma.sync path, by the
+convert_f16 kernel before the GEMM on the wgmma path, both counted), fp32 out; the op's 4-byte overflow
+flag readback is host work and not included. "ptxgen µs" is the path mul_mat picks.
 """
 import argparse
 import json
@@ -39,8 +41,9 @@ def main():
     rng = np.random.default_rng(0)
     results = []
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
-          "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | tile n32/n64/n128 µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
+          "| wgmma tile n32/n64/n128 µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -62,8 +65,12 @@ def main():
             err = None if ref is None else float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
             xa, ya = r.as_device_array(x), r.as_device_array(y)
             us = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag), args.reps, torch)
-            by_tile = {bn: timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn), args.reps // 2, torch)
-                       for bn in (32, 64, 128)}
+            us_sync = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="mma.sync"), args.reps, torch)
+            has_wg = r.current().sm == 90
+            us_wg = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="wgmma"), args.reps, torch) \
+                if has_wg else None
+            by_tile = {bn: timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn, path="wgmma"),
+                                 args.reps // 2, torch) for bn in (32, 64, 128)} if has_wg else {}
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
@@ -73,12 +80,14 @@ def main():
             ll = LLAMA.get((m, k), {}).get(t)
             row = {"m": m, "k": k, "T": t, "us": us, "tflops": flops / us / 1e6, "pct_peak": 100 * flops / us / 1e6 / (PEAK_FP16 / 1e12),
                    "floor_us": floor, "us_cublas_fp16": cub, "us_dequant_cublas": deqc, "us_tinygemm": tiny,
-                   "us_llamacpp": ll, "rel_err": err, "us_by_token_tile": by_tile}
+                   "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
+                   "us_wgmma_by_token_tile": by_tile}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
                   f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
-                  f"{deqc / us:.2f}x | {' / '.join(f'{v:.0f}' for v in by_tile.values())} |", flush=True)
+                  f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} |",
+                  flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
@@ -94,7 +103,9 @@ def plot(results, path):
         rows = [r_ for r_ in results if (r_["m"], r_["k"]) == (m, k)]
         T = [r_["T"] for r_ in rows]
         fl = lambda us, r_: 2 * m * k * r_["T"] / us / 1e6  # noqa: E731
-        ax.plot(T, [r_["tflops"] for r_ in rows], "o-", label="ptxgen MMQ (fp16 mma.sync)")
+        ax.plot(T, [fl(r_["us_mma_sync"], r_) for r_ in rows], "o-", label="ptxgen MMQ, mma.sync (sm_89 PTX)")
+        if rows and rows[0].get("us_wgmma"):
+            ax.plot(T, [fl(r_["us_wgmma"], r_) for r_ in rows], "D-", label="ptxgen MMQ, wgmma + TMA (sm_90a PTX)")
         ax.plot(T, [fl(r_["us_cublas_fp16"], r_) for r_ in rows], "s--", label="cuBLAS fp16 (dequantized W)")
         ax.plot(T, [fl(r_["us_dequant_cublas"], r_) for r_ in rows], "^--", label="dequant + cuBLAS")
         lt = [(r_["T"], fl(r_["us_llamacpp"], r_)) for r_ in rows if r_["us_llamacpp"]]

@@ -7,7 +7,7 @@ import struct
 import jinja2
 
 from . import __version__
-from .ir import Imm, Instr, IRError, Label, Mem, Reg, Sym, Vec
+from .ir import Imm, Instr, IRError, Label, Mem, Reg, Sym, TensorRef, Vec
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("ptxgen", "templates"),
@@ -34,6 +34,8 @@ def render_operand(o) -> str:
         return f"[{base}]" if o.offset == 0 else f"[{base}+{o.offset}]" if o.offset > 0 else f"[{base}{o.offset}]"
     if isinstance(o, Vec):
         return "{" + ", ".join(render_operand(r) for r in o.regs) + "}"
+    if isinstance(o, TensorRef):
+        return f"[{o.tmap.name}, {{{', '.join(render_operand(c) for c in o.coords)}}}]"
     raise IRError(f"cannot render operand {o!r}")
 
 

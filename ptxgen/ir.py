@@ -83,7 +83,20 @@ class Vec:
             raise IRError("an empty register vector")
 
 
-Operand = Union[Reg, Imm, Sym, Label, Mem, Vec]
+@dataclass(frozen=True)
+class TensorRef:
+    """`[tmap, {c0, c1, ...}]`: a tensor map's generic address and the box's coordinates (TMA operand)."""
+    tmap: Reg
+    coords: tuple
+
+    def __post_init__(self):
+        if self.tmap.bits != 64:
+            raise IRError(f"tensor map address {self.tmap.name} must be 64-bit, is .{self.tmap.type}")
+        if not 1 <= len(self.coords) <= 5 or any(getattr(c, "bits", 32) != 32 for c in self.coords):
+            raise IRError(f"TMA coordinates are 1 to 5 32-bit values, got {self.coords}")
+
+
+Operand = Union[Reg, Imm, Sym, Label, Mem, Vec, TensorRef]
 
 # base opcode → number of operands (destination first). None: checked by a dedicated class.
 ARITY = {
@@ -91,7 +104,7 @@ ARITY = {
     "abs": 2, "neg": 2, "and": 3, "or": 3, "xor": 3, "not": 2, "shl": 3, "shr": 3, "shf": 4, "lop3": 5,
     "prmt": 4, "bfe": 4, "bfi": 5, "cvt": 2, "cvta": 2, "setp": 3, "selp": 4, "ld": 2, "st": 2, "atom": 3,
     "shfl": 5, "bar": 1, "bra": 1, "ret": 0, "exit": 0, "mma": 4, "ldmatrix": 2, "cp": 3, "cvt.pack": 3,
-    "membar": 0, "fence": 0, "mbarrier": None, "wgmma": None, "setmaxnreg": 0, "red": 2, "dp4a": 4,
+    "membar": 0, "fence": 0, "mbarrier": None, "wgmma": None, "setmaxnreg": 1, "red": 2, "dp4a": 4,
     "popc": 2, "clz": 2, "brev": 2, "ex2": 2, "lg2": 2, "vote": 3, "activemask": 1,
 }
 # ops whose register operands all have the width of the opcode's type suffix
@@ -180,8 +193,10 @@ def mma_sync(arch: Arch, shape: str, ab_type: str, d: Vec, a: Vec, b: Vec, c: Ve
 WGMMA_N = tuple(range(8, 257, 8))
 
 
-def wgmma(arch: Arch, n: int, ab_type: str, acc: Vec, a_desc_or_regs, b_desc: Reg, scale_d: int = 1) -> Instr:
-    """`wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16` (A from a descriptor or registers)."""
+def wgmma(arch: Arch, n: int, ab_type: str, acc: Vec, a_desc_or_regs, b_desc: Reg, scale_d: int = 1,
+          trans_a: int = 0, trans_b: int = 0) -> Instr:
+    """`wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16` (A from a descriptor or registers). trans 0 is
+    K-major (A rows and B columns contiguous along K), 1 is M/N-major; the register-A form has no trans_a."""
     arch.require("wgmma", "wgmma", "use mma.sync (m16n8k16 / m16n8k32) on this target, as the sm_120a lowering does")
     if n not in WGMMA_N:
         raise IRError(f"wgmma N={n} is not legal; N is a multiple of 8 from 8 to 256")
@@ -190,13 +205,17 @@ def wgmma(arch: Arch, n: int, ab_type: str, acc: Vec, a_desc_or_regs, b_desc: Re
         raise IRError(f"wgmma {ab_type}: ptxgen supports f16, bf16 (k16) and s8 (k32)")
     if len(acc.regs) != n // 2:
         raise IRError(f"wgmma m64n{n}k{k}: the accumulator has {n // 2} registers per thread, got {len(acc.regs)}")
+    if isinstance(a_desc_or_regs, Vec) and len(a_desc_or_regs.regs) != 4:
+        raise IRError(f"wgmma with A from registers takes 4 32-bit registers, got {len(a_desc_or_regs.regs)}")
+    if trans_a not in (0, 1) or trans_b not in (0, 1):
+        raise IRError(f"wgmma transpose flags are 0 or 1, got {trans_a}, {trans_b}")
     acc_t = "s32" if ab_type == "s8" else "f32"
     ops = (acc, a_desc_or_regs, b_desc, Imm(scale_d, "s32"))
     if ab_type != "s8":
         ops += (Imm(1, "s32"), Imm(1, "s32"))
         if isinstance(a_desc_or_regs, Reg):
-            ops += (Imm(0, "s32"),)
-        ops += (Imm(1, "s32"),)
+            ops += (Imm(trans_a, "s32"),)
+        ops += (Imm(trans_b, "s32"),)
     return Instr(f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.{acc_t}.{ab_type}.{ab_type}", ops)
 
 

@@ -91,6 +91,7 @@ def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
 MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
+WGMMA_TILES = (32, 64, 128)
 _FLAG: list = []
 _QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 
@@ -107,15 +108,33 @@ def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None) -> bool:
     return int(flag.download(np.uint32, (1,))[0]) == 0
 
 
-def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None) -> None:
+def mmq_path(arch: str | None = None) -> str:
+    """"wgmma" on an sm_90 device when the sm_90a kernels are there (and `arch` does not pin another
+    target), else "mma.sync"."""
+    from .driver import current
+
+    if arch not in (None, "sm_90a"):
+        return "mma.sync"
+    if current().sm == 90 and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_n{WGMMA_TILES[-1]}"):
+        return "wgmma"
+    if arch == "sm_90a":
+        raise kernels.KernelNotFound("the wgmma MMQ (arch='sm_90a') runs on sm_90 devices only")
+    return "mma.sync"
+
+
+def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
+               path: str | None = None) -> None:
     """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
-    `bn` overrides the token tile (benchmarks sweep it)."""
+    `bn` overrides the token tile, `path` the lowering ("mma.sync" or "wgmma"; benchmarks sweep both)."""
 
     from .driver import current
 
     m, k = w.shape
-    bn = bn or next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
-    fn = kernels.load(f"mmq_q4_k_f16_n{bn}", arch)
+    path = path or mmq_path(arch)
+    tiles_opt = WGMMA_TILES if path == "wgmma" else MMQ_TILES
+    bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
+    name = f"mmq_q4_k_wgmma_n{bn}" if path == "wgmma" else f"mmq_q4_k_f16_n{bn}"
+    fn = kernels.load(name, "sm_90a" if path == "wgmma" else arch)
     tiles_n = (t + bn - 1) // bn
     tiles = tiles_n * ((m + 127) // 128)
     sms = current().sm_count
@@ -125,14 +144,51 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
-    ctas = min(tiles * splits, 2 * sms)
-    fn.launch((ctas,), (w.buffer, xa, dst, flag, m, k, t, per, _QUEUE[0], tiles_n, splits))
+    if path == "wgmma":
+        x16 = convert_f16(xa, flag, arch="sm_90a")
+        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
+        tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
+        fn.launch((min(tiles * splits, sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
+    else:
+        ctas = min(tiles * splits, 2 * sms)
+        fn.launch((ctas,), (w.buffer, xa, dst, flag, m, k, t, per, _QUEUE[0], tiles_n, splits))
     if splits > 1:
         red = kernels.load("reduce_splitk", arch)
         from .driver import memcpy_dtod
 
         red.launch(((t * m + 255) // 256,), (dst, t * m, splits))
         memcpy_dtod(o.ptr, dst.ptr, t * m * 4)
+
+
+_TMAPS: dict = {}
+
+
+def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle) -> bytes:
+    """cuTensorMapEncodeTiled, memoised: the same buffer and tiling reuse one encoded map."""
+    from .tma import tensor_map_2d
+
+    key = (ptr, dtype, rows, cols, box_rows, box_cols, swizzle)
+    tm = _TMAPS.get(key)
+    if tm is None:
+        if len(_TMAPS) > 256:
+            _TMAPS.clear()
+        tm = _TMAPS[key] = tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle)
+    return tm
+
+
+def convert_f16(x, flag, *, out=None, arch: str | None = None):
+    """fp32 (..., K) → fp16 on the device (round to nearest even); sets flag[0] = 1 if any value became
+    inf or NaN in fp16. Returns a DeviceArray."""
+    xa = as_device_array(x, "convert_f16: x", np.float32)
+    n = int(np.prod(xa.shape, dtype=np.int64))
+    if n % 8:
+        raise ValueError(f"convert_f16: the element count must be a multiple of 8, got {n}")
+    o = DeviceArray.empty(xa.shape, np.float16) if out is None else as_device_array(out, "convert_f16: out", np.float16)
+    if o.nbytes != 2 * n:
+        raise ValueError(f"convert_f16: out holds {o.nbytes} B, needs {2 * n}")
+    fn = kernels.load("convert_f16", arch)
+    fn.launch(((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
+    return o
 
 
 def splitk_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:
@@ -142,7 +198,8 @@ def splitk_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:
     return -(-steps // per), per
 
 
-def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: str | None = None):
+def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: str = "exact",
+            arch: str | None = None):
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
@@ -151,13 +208,19 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: st
     activation overflows fp16 (|x| > 65504) the kernel flags it and the call is recomputed exactly by the
     GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
     rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits) for T ≤ 4 and
-    falls back to the separate rotation above that."""
+    falls back to the separate rotation above that. `mode="fast"` (TQ4_1S only) rotates, quantizes the
+    rotated activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact
+    result, bound 5e-4); `"exact"` keeps fp32 activations and the fp32 codebook (relative error ~1e-6)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     if w.fmt not in GEMV_FORMATS:
         raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {', '.join(GEMV_FORMATS)})")
     if rotation not in ("separate", "fused"):
         raise ValueError(f"mul_mat: rotation must be 'separate' or 'fused', got {rotation!r}")
+    if mode not in ("exact", "fast"):
+        raise ValueError(f"mul_mat: mode must be 'exact' or 'fast', got {mode!r}")
+    if mode == "fast" and w.fmt != "tq4_1s":
+        raise ValueError(f"mul_mat: mode='fast' exists for tq4_1s weights only, got {w.fmt}")
     m, k = w.shape
     shape = shape_of(x, "mul_mat: x")
     if len(shape) != 2 or shape[1] != k:
@@ -176,6 +239,16 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", arch: st
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
         if _mmq_q4_k(w, xa, o, t, arch):
             return _result(o, xa.host and out is None)
+    if mode == "fast":
+        rot = rotate_tq4_1s(xa, out=DeviceArray.empty((t, k), np.float32), arch=arch)
+        q = quantize_q8_1(rot, out=DeviceArray.empty((t, k // 32 * 36), np.uint8), arch=arch)
+        for t0 in range(0, t, 8):
+            n = min(8, t - t0)
+            tk = next(v for v in GEMV_TOKENS if v >= n)
+            fn = kernels.load(f"gemv_tq4_1s_fast_t{tk}", arch)
+            rows = int(fn.meta["rows_per_cta"])
+            fn.launch(((m + rows - 1) // rows,), (w.buffer, q.ptr + t0 * (k // 32 * 36), o.ptr + 4 * t0 * m, m, k, n))
+        return _result(o, xa.host and out is None)
     a = xa
     if w.fmt == "tq4_1s" and not fused:
         a = rotate_tq4_1s(xa, out=DeviceArray.empty((t, k), np.float32), arch=arch)

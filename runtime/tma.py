@@ -52,7 +52,8 @@ def tensor_map_2d(ptr: int, dtype: str, rows: int, cols: int, box_rows: int, box
     drv = _drv()
     tmap = check(drv.cuTensorMapEncodeTiled(
         getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[dtype]}"), 2, ptr,
-        [cols, rows], [stride], [box_cols, box_rows], [1, 1],
+        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)], [drv.cuuint64_t(stride)],
+        [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(drv.CUtensorMapSwizzle, _SWIZZLE[swizzle][1]),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,

@@ -56,6 +56,9 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LOP3"]
     if _k.startswith("mmq_"):  # tensor cores fed by ldmatrix, weights by cp.async (LDGSTS), fp16 dequant
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "HFMA2", "PRMT"]
+    if _k.startswith("mmq_q4_k_wgmma"):  # TMA into an mbarrier ring, wgmma from swizzled shared memory
+        EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "HFMA2"]
+EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 
 
 @pytest.mark.parametrize("kernel,arch", CASES)

@@ -1,4 +1,5 @@
-"""L3: the Q4_K prefill GEMM (fp16 mma.sync path) on the GPU against the float64 reference."""
+"""L3: the Q4_K prefill GEMM on the GPU against the float64 reference, both lowerings: the fp16 mma.sync
+path (sm_89 PTX, compiled for the device) and, on sm_90 devices, the wgmma + TMA path (sm_90a PTX)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -13,9 +14,25 @@ def rel(got, want):
     return np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
 
 
-def run_mmq(r, raw, m, k, x, bn):
+def paths():
+    import ptxgen.runtime as r
+
+    return ["mma.sync", "wgmma"] if r.current().sm == 90 else ["mma.sync"]
+
+
+def run_mmq(r, raw, m, k, x, bn, path="mma.sync"):
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     t = x.shape[0]
+    if path == "wgmma":
+        from ptxgen.runtime import ops
+
+        out = r.DeviceArray.empty((t, m), np.float32)
+        out.owner.fill_bytes(0xFF)  # NaN poison
+        flag = r.DeviceArray.empty((1,), np.uint32)
+        flag.owner.fill_bytes(0)
+        ops.mmq_launch(w, r.as_device_array(x), out, t, flag, bn=bn, path="wgmma")
+        assert not ops._QUEUE[0].download(np.uint32, (2,)).any(), "the persistent kernel did not reset its queue"
+        return out.numpy(), int(flag.numpy()[0])
     fn = r.load(f"mmq_q4_k_f16_n{bn}")
     xa = r.as_device_array(x)
     out = r.DeviceArray.empty((t, m), np.float32)
@@ -39,33 +56,36 @@ def test_mmq_kernel_matches_reference(data):
     t = data.draw(st.sampled_from([16, 63, 64, 65, 200, 512]))
     k = data.draw(st.sampled_from([256, 512, 4096]))
     bn = data.draw(st.sampled_from([32, 64, 128]))
+    path = data.draw(st.sampled_from(paths()))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     if data.draw(st.booleans()):
         raw = data.draw(S.raw_matrix("q4_K", m, k, max_abs_scale=2.0))  # any bytes; products stay in fp16
     else:
         raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    got, flag = run_mmq(r, raw, m, k, x, bn)
+    got, flag = run_mmq(r, raw, m, k, x, bn, path)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     assert flag == 0 and np.isfinite(got).all()
     assert rel(got, want) <= 1e-3
 
 
+@pytest.mark.parametrize("arch", [None, "sm_89"])  # None: what mul_mat picks (wgmma on sm_90); sm_89: mma.sync
 @pytest.mark.parametrize("m", [1, 127, 128, 129, 4096])
 @pytest.mark.parametrize("t", [1, 7, 16, 63, 64, 65, 200, 512])
-def test_mul_mat_q4_k_all_shapes(m, t):
+def test_mul_mat_q4_k_all_shapes(m, t, arch):
     import ptxgen.runtime as r
 
     k = 512 if m == 4096 else 4096
     rng = np.random.default_rng(m * 1000 + t)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x)
+    got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     assert rel(got, want) <= (1e-5 if (t <= 8 or m < 128) else 1e-3)
 
 
-def test_split_k_path_is_correct_and_deterministic():
+@pytest.mark.parametrize("arch", [None, "sm_89"])
+def test_split_k_path_is_correct_and_deterministic(arch):
     import ptxgen.runtime as r
     from ptxgen.runtime.ops import splitk_plan
 
@@ -75,28 +95,57 @@ def test_split_k_path_is_correct_and_deterministic():
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
-    a = r.mul_mat(w, x)
+    a = r.mul_mat(w, x, arch=arch)
     assert rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
     for _ in range(3):
-        np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), a.view(np.uint32))
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), a.view(np.uint32))
 
 
-def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly():
+@pytest.mark.parametrize("path", ["mma.sync", "wgmma"])
+def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
     import ptxgen.runtime as r
+
+    if path not in paths():
+        pytest.skip("the wgmma path needs an sm_90 device")
+    arch = "sm_89" if path == "mma.sync" else None
 
     rng = np.random.default_rng(5)
     m, k, t = 256, 1024, 100
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    a, _ = run_mmq(r, raw, m, k, x, 128)
+    a, _ = run_mmq(r, raw, m, k, x, 128, path)
     for _ in range(3):
-        b, _ = run_mmq(r, raw, m, k, x, 128)
+        b, _ = run_mmq(r, raw, m, k, x, 128, path)
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
     x[3, 17] = 1e6  # overflows fp16
-    _, flag = run_mmq(r, raw, m, k, x, 128)
+    _, flag = run_mmq(r, raw, m, k, x, 128, path)
     assert flag == 1
-    got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x)
+    got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-5  # the exact path answered
     x[5, 3] = np.nan
-    got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x)
+    got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     assert np.isnan(got[5]).all() and np.isfinite(np.delete(got, 5, axis=0)).all()
+
+
+def test_convert_f16_kernel_is_bit_exact_and_flags_overflow():
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    x = np.random.default_rng(1).standard_normal((7, 512)).astype(np.float32) * 100
+    flag = r.DeviceArray.empty((1,), np.uint32)
+    flag.owner.fill_bytes(0)
+    got = ops.convert_f16(x, flag).numpy()
+    np.testing.assert_array_equal(got.view(np.uint16), x.astype(np.float16).view(np.uint16))
+    assert int(flag.numpy()[0]) == 0
+    x[6, 511] = -7e4
+    ops.convert_f16(x, flag)
+    assert int(flag.numpy()[0]) == 1
+
+
+def test_mul_mat_picks_wgmma_on_sm90():
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    want = "wgmma" if r.current().sm == 90 else "mma.sync"
+    assert ops.mmq_path() == want
+    assert ops.mmq_path("sm_89") == "mma.sync"

@@ -64,6 +64,26 @@ def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     return Outcome("rotate_tq4_1s", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ", got, want)
 
 
+def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
+    t, k = shape
+    x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
+    big = bool(rng.integers(0, 2))
+    if big:  # one value past fp16's range must raise the flag
+        x[rng.integers(0, t), rng.integers(0, k)] = np.float32(7e4)
+    mem = Memory()
+    xa, ya, fa = mem.alloc(x), mem.alloc(x.size * 2, poison=0xFF), mem.alloc(np.zeros(1, np.uint32))
+    n8 = x.size // 8
+    run_kernel(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8), mem, seed=seed)
+    got = mem.view(ya, np.uint16, (t, k))
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+        want_flag = int(not np.isfinite(x.astype(np.float16)).all())
+    flag = int(mem.view(fa, np.uint32, (1,))[0])
+    ok = np.array_equal(got, want) and flag == want_flag
+    return Outcome("convert_f16", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ, flag {flag} "
+                   f"(want {want_flag})", got, want)
+
+
 def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Outcome:
     """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
     fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
@@ -167,7 +187,8 @@ def _mmq(name):
     return _with_meta(mmq_case, name, 3)  # shape (M, T, K)
 
 
-HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate}
+HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate,
+                                  "convert_f16": _convert_f16}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
@@ -176,6 +197,11 @@ for _t in (1, 2, 4, 8):
     HARNESSES[f"gemv_tq4_1s_fast_t{_t}"] = _gemv(f"gemv_tq4_1s_fast_t{_t}")
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")
+
+
+# kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)
+UNCOVERED = {f"mmq_q4_k_wgmma_n{_bn}": "wgmma, mbarrier and cp.async.bulk.tensor are not emulated yet"
+             for _bn in (32, 64, 128)}
 
 
 def check_kernel(name: str, ptx: str, seed: int = 0, **kw) -> Outcome:

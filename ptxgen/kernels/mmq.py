@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 from ..builder import KernelBuilder
 from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
-from ..ir import Imm, Mem, ldmatrix, mma_sync
+from .. import layouts
+from ..ir import Imm, Mem, TensorRef, ldmatrix, mma_sync
+from ..ir import wgmma as ir_wgmma
 from ..targets import lowering_for
 from . import KernelDef
 
@@ -34,18 +36,26 @@ TOKEN_TILES = (32, 64, 128)
 
 @dataclass(frozen=True)
 class MmqSpec:
+    """One MMQ description: token tile BN and the tensor-core instruction. The block tile (BM x BN x BK),
+    the dequant sequence (`dequant_f16_words`), the work schedule and the epilogue are shared; the
+    lowering is per instruction: mma.sync (sm_89, sm_120a) or wgmma (sm_90a)."""
     bn: int
+    mma: str = "mma.sync"
 
     @property
     def name(self) -> str:
-        return f"mmq_q4_k_f16_n{self.bn}"
+        return f"mmq_q4_k_f16_n{self.bn}" if self.mma == "mma.sync" else f"mmq_q4_k_wgmma_n{self.bn}"
 
     @property
     def tile(self) -> Tile:
+        if self.mma == "wgmma":  # 8 consumer warps = 2 warpgroups of 64 rows; a warp owns 16 rows x BN
+            return Tile(BM, self.bn, BK, warps=8, warp_m=16, warp_n=self.bn)
         return Tile(BM, self.bn, BK, warps=8, warp_m=64, warp_n=self.bn // 4)
 
 
 def build(arch, spec: MmqSpec):
+    if spec.mma == "wgmma":
+        return build_wgmma(arch, spec)
     tile = spec.tile
     tile.check_format("q4_K")
     low = lowering_for(arch)
@@ -195,30 +205,7 @@ def build(arch, spec: MmqSpec):
         b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, 16))
         b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 32))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), dh)
-        env = {"hdr": hdr, "sub": sub}
-        SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
-        DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
-        d1 = b.op("mul.rn.f32", b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"])), dscale)
-        m1 = b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"]))
-        # d·sc and dmin·m as fp16 pairs hi + lo (hi = fp16(v), lo = fp16(v − hi)): the weight is then
-        # q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step, ≈ 1.3 roundings of w instead of the
-        # ~3.5 a single fp16 d and m cost (measured on the reference: 3.9e-4 vs 7.2e-4 relative GEMM error)
-        def split(v):
-            hi = b.op("cvt.rn.f16.f32", v)
-            lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", v, b.op("cvt.f32.f16", hi)))
-            return b.op("mov.b32", b.vec([hi, hi]), type="b32"), b.op("mov.b32", b.vec([lo, lo]), type="b32")
-        d_hi, d_lo = split(d1)
-        nm_hi, nm_lo = split(b.op("neg.f32", m1))
-        out = []
-        for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
-            for sel in (0x4140, 0x4342):
-                v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
-                h = b.reg("b32")
-                b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-                q = b.op("sub.rn.f16x2", h, magic, type="b32")
-                t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
-                t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
-                out.append(b.op("add.rn.f16x2", t, nm_lo, type="b32"))
+        out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
         dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
             b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
@@ -331,6 +318,289 @@ def build(arch, spec: MmqSpec):
     return b.finish()
 
 
+
+def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic) -> list:
+    """The Q4_K dequant sequence both MMQ lowerings share: super-block header `hdr` (4 words), 32 bytes of
+    qs (8 words), sub-block `sub` → 16 f16x2 words, the 32 weights of one half (low or high nibbles, chosen
+    by `nibmask`) in k order: word 2i + p holds k = 4i + 2p, 4i + 2p + 1.
+
+    Nibbles become fp16 by `prmt` + `lop3` with the 0x6400 exponent (exact 1024 + q, minus 1024); high
+    nibbles come out as 16q, so `dscale` (1 or 1/16, exact) is folded into d·sc. d·sc and dmin·m are formed
+    in fp32, as ggml does, then split into fp16 pairs hi + lo (hi = fp16(v), lo = fp16(v − hi)): the weight
+    is q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step, about 1.3 roundings of w instead of the
+    ~3.5 a single fp16 d and m cost (measured on the reference: 3.9e-4 vs 7.2e-4 relative GEMM error)."""
+    env = {"hdr": hdr, "sub": sub}
+    SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
+    DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
+    d1 = b.op("mul.rn.f32", b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"])), dscale)
+    m1 = b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"]))
+
+    def split(v):
+        hi = b.op("cvt.rn.f16.f32", v)
+        lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", v, b.op("cvt.f32.f16", hi)))
+        return b.op("mov.b32", b.vec([hi, hi]), type="b32"), b.op("mov.b32", b.vec([lo, lo]), type="b32")
+    d_hi, d_lo = split(d1)
+    nm_hi, nm_lo = split(b.op("neg.f32", m1))
+    out = []
+    for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
+        for sel in (0x4140, 0x4342):
+            v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
+            h = b.reg("b32")
+            b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+            q = b.op("sub.rn.f16x2", h, magic, type="b32")
+            t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
+            t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
+            out.append(b.op("add.rn.f16x2", t, nm_lo, type="b32"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# sm_90a lowering of the same description: TMA + mbarrier ring, warp-specialized producer, wgmma
+
+WG_STAGES = 4
+WG_THREADS = 384  # warpgroup 0: producer (one thread issues TMA); warpgroups 1, 2: consumers, 64 rows each
+RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
+A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
+
+
+def _wait(b, bar, parity):
+    """Spin on mbarrier.try_wait.parity until the phase with `parity` has completed."""
+    top = b.label("wait")
+    b.place(top)
+    done = b.reg("pred")
+    b.emit("mbarrier.try_wait.parity.shared::cta.b64", done, Mem(bar), parity)
+    b.bra(top, pred=done, neg=True, uniform=False)  # each thread observes the phase on its own
+
+
+def _desc(b, addr):
+    """wgmma shared-memory descriptor of a K-major, 128B-swizzled tile at `addr` (1024-byte aligned):
+    start address >> 4, leading byte offset 16 (unused by a swizzled K-major operand), stride byte offset
+    1024 (eight 128-byte rows), swizzle mode 1 (128B) in bits 62-63 (ptxgen.layouts.wgmma_descriptor)."""
+    base = layouts.wgmma_descriptor(0, 16, 1024, "128B")
+    a = b.op("cvt.u64.u32", b.op("shr.u32", addr, Imm(4, "u32")))
+    return b.op("or.b64", a, Imm(base, "b64"))
+
+
+def build_wgmma(arch, spec: "MmqSpec"):
+    tile = spec.tile
+    tile.check_format("q4_K")
+    low = lowering_for(arch)
+    pipe = Pipeline(WG_STAGES, copy="tma")
+    low.pick_copy(pipe)
+    mma = Mma("f16", "wgmma")
+    low.pick_mma(mma, tile)
+    sched = Schedule("persistent")
+    epilogue = Epilogue("f32", transposed=True)
+    BN = spec.bn
+    b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
+    raw_bytes = 3 * RAW_PART
+    stage_bytes = b_bytes + raw_bytes
+    pipe.check_smem(arch, stage_bytes)
+    S = WG_STAGES
+    b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16, tile {BM}x{BN}x{BK}, {S}-stage TMA "
+                      "ring, warp-specialized, persistent", block=(WG_THREADS, 1, 1))
+    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
+    tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
+    y_p = b.param("y", "u64", "ptr:out")
+    m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
+    s_p = b.param("steps_per_split", "u32")
+    c_p = b.param("queue", "u64", "ptr:scratch")
+    tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
+    smem = b.dynamic_shared(S * stage_bytes + 2 * 2 * A_TILE + 1024)  # + 1024: aligned up at run time
+    bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
+    slots = b.shared_buffer("item_slots", 8, align=8)
+    b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
+                  mma=f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)", schedule=sched.kind,
+                  dynamic_smem=b.dynamic_smem, activations="fp16, converted by convert_f16 before the GEMM",
+                  roles="warpgroup 0: producer (thread 0 claims work items and issues TMA); warpgroups 1, 2: "
+                        "dequantize 64 rows each into swizzled fp16 tiles and issue wgmma",
+                  grid="persistent: min(items, SMs) CTAs, 1 per SM",
+                  work_queue="item = atom.add(queue[0], 1) -> (m tile, split z, token tile n), n fastest; the "
+                             "producer hands items to the consumers through a 2-slot mbarrier ring; the last "
+                             "CTA to finish resets the queue",
+                  split_k="as the mma.sync lowering: split z writes partials to y + z*t*m, reduce_splitk sums",
+                  tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
+                             f"(K, T), box (64, {BN}), 128B swizzle")
+
+    Y0, Q = b.ptr(y_p), b.ptr(c_p)
+    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
+    per = b.ld_param(s_p, "u32")
+    tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
+    tid = b.special("tid.x")
+    tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
+    items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
+    ksteps = b.op("shr.u32", K, Imm(6, "u32"))
+    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
+    bst = base  # B stages: S x b_bytes, each 1024-aligned
+    a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
+    raw0 = b.op("add.u32", a_base, Imm(4 * A_TILE, "u32"))  # raw: S x 3 x RAW_PART
+    bar0 = b.op("mov.u32", bars)
+    full = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), bar0)  # noqa: E731
+    empty = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), b.op("add.u32", bar0, Imm(8 * S, "u32")))  # noqa: E731
+    item_full = lambda sl: b.op("mad.lo.u32", sl, Imm(8, "u32"), b.op("add.u32", bar0, Imm(16 * S, "u32")))  # noqa: E731
+    item_empty = lambda sl: b.op("mad.lo.u32", sl, Imm(8, "u32"), b.op("add.u32", bar0, Imm(16 * S + 16, "u32")))  # noqa: E731
+    slot0 = b.op("mov.u32", slots)
+
+    def decode(item):
+        tn = b.op("rem.u32", item, tiles_n)
+        rest = b.op("div.u32", item, tiles_n)
+        z = b.op("rem.u32", rest, splits)
+        tm = b.op("div.u32", rest, splits)
+        s_begin = b.op("mul.lo.u32", z, per)
+        s_end = b.op("min.u32", b.op("add.u32", s_begin, per), ksteps)
+        return tm, z, tn, s_begin, s_end
+
+    b.comment("thread 0 initialises the barriers; everyone waits for that, then the roles split")
+    leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+    for i in range(S):
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * i), Imm(1, "u32"), pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256, "u32"), pred=leader)
+    for i in range(2):
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + i)), Imm(1, "u32"), pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(256, "u32"), pred=leader)
+    b.emit("fence.proxy.async.shared::cta")
+    b.emit("bar.sync", Imm(0, "u32"))
+    consumer = b.label("consumer")
+    b.bra(consumer, pred=b.op("setp.ge.u32", tid, Imm(128, "u32")))
+
+    # ---------------------------------------------------------------- producer (thread 0 of warpgroup 0)
+    b.comment("producer: claim an item, hand it over, then TMA its K-steps into the ring")
+    pdone = b.label("producer_exit")
+    b.bra(pdone, pred=leader, neg=True, uniform=False)
+    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
+    tx = b.op("cvta.param.u64", b.op("mov.b64", tx_p))
+    g = b.op("mov.u32", Imm(0, "u32"))  # K-steps issued so far (ring position)
+    j = b.op("mov.u32", Imm(0, "u32"))  # items claimed so far
+    p_item, p_end = b.label("p_item"), b.label("p_queue_empty")
+    b.place(p_item)
+    sl = b.op("and.b32", j, Imm(1, "b32"))
+    ph = b.op("and.b32", b.op("shr.u32", j, Imm(1, "u32")), Imm(1, "b32"))
+    _wait(b, item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
+    item = b.reg("u32")
+    b.emit("atom.global.add.u32", item, Mem(Q), Imm(1, "u32"))
+    b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), slot0)), item)
+    st64 = b.reg("b64")
+    b.emit("mbarrier.arrive.shared::cta.b64", st64, Mem(item_full(sl)))
+    b.emit("add.u32", j, j, Imm(1, "u32"))
+    b.bra(p_end, pred=b.op("setp.ge.u32", item, items))
+    tm, _z, tn, s_begin, s_end = decode(item)
+    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
+    n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
+    s = b.op("mov.u32", s_begin)
+    p_step = b.label("p_step")
+    b.place(p_step)
+    stage = b.op("rem.u32", g, Imm(S, "u32"))
+    sph = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
+    _wait(b, empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
+    fb = full(stage)
+    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(stage_bytes, "u32"))
+    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
+    q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
+    rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+    tma = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+    for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
+        b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb))
+    xk = b.op("shl.b32", s, Imm(6, "u32"))
+    b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst)), TensorRef(tx, (xk, n0)), Mem(fb))
+    b.emit("add.u32", g, g, Imm(1, "u32"))
+    b.emit("add.u32", s, s, Imm(1, "u32"))
+    b.bra(p_step, pred=b.op("setp.lt.u32", s, s_end))
+    b.bra(p_item)
+    b.place(p_end)
+    # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
+    done_before = b.reg("u32")
+    b.emit("atom.global.add.u32", done_before, Mem(Q, 4), Imm(1, "u32"))
+    last = b.op("setp.eq.u32", done_before, b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32")))
+    zero = b.op("mov.u32", Imm(0, "u32"))
+    b.emit("st.global.v2.u32", Mem(Q), b.vec([zero, zero]), pred=last)
+    b.place(pdone)
+    b.emit("ret")
+
+    # ---------------------------------------------------------------- consumers (warpgroups 1 and 2)
+    b.place(consumer)
+    ct = b.op("sub.u32", tid, Imm(128, "u32"))
+    wg = b.op("shr.u32", ct, Imm(7, "u32"))
+    lt = b.op("and.b32", ct, Imm(127, "b32"))
+    lane = b.op("and.b32", ct, Imm(31, "b32"))
+    cw = b.op("shr.u32", ct, Imm(5, "u32"))  # consumer warp 0..7: rows 16*cw .. +15 of the tile
+    named = b.op("add.u32", wg, Imm(1, "u32"))  # named barrier 1 or 2: one warpgroup
+    # dequant: thread -> (row r = lt/2 of this warpgroup's 64, half h = lt%2): 32 weights, 4 16-byte chunks
+    r = b.op("shr.u32", lt, Imm(1, "u32"))
+    dh = b.op("and.b32", lt, Imm(1, "b32"))
+    raw_row = b.op("mad.lo.u32", b.op("mad.lo.u32", wg, Imm(64, "u32"), r), Imm(16, "u32"), raw0)
+    a_mine = b.op("mad.lo.u32", wg, Imm(2 * A_TILE, "u32"), a_base)
+    rx = b.op("and.b32", r, Imm(7, "b32"))
+    chunk_off = []  # swizzled byte offset of chunk 4h+i of row r: r*128 + ((4h+i) ^ (r%8))*16
+    for i in range(4):
+        c = b.op("xor.b32", b.op("add.u32", b.op("shl.b32", dh, Imm(2, "u32")), Imm(i, "u32")), rx)
+        chunk_off.append(b.op("add.u32", b.op("shl.b32", r, Imm(7, "u32")), b.op("shl.b32", c, Imm(4, "u32"))))
+    dscale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
+    magic = b.op("mov.b32", Imm(0x64006400, "b32"))
+    nibmask = b.op("selp.b32", Imm(0x00F000F0, "b32"), Imm(0x000F000F, "b32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
+    acc = [b.reg("f32") for _ in range(BN // 2)]
+    gc = b.op("mov.u32", Imm(0, "u32"))
+    jc = b.op("mov.u32", Imm(0, "u32"))
+    c_item, c_end = b.label("c_item"), b.label("c_queue_empty")
+    b.place(c_item)
+    sl = b.op("and.b32", jc, Imm(1, "b32"))
+    ph = b.op("and.b32", b.op("shr.u32", jc, Imm(1, "u32")), Imm(1, "b32"))
+    _wait(b, item_full(sl), ph)
+    item = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), slot0)))
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(item_empty(sl)))
+    b.emit("add.u32", jc, jc, Imm(1, "u32"))
+    b.bra(c_end, pred=b.op("setp.ge.u32", item, items))
+    tm, z, tn, s_begin, s_end = decode(item)
+    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
+    n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
+    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", z, T), M), Imm(4, "u32"), Y0)
+    for a in acc:
+        b.emit("mov.f32", a, Imm(0.0, "f32"))
+    s = b.op("mov.u32", s_begin)
+    c_step = b.label("c_step")
+    b.place(c_step)
+    stage = b.op("rem.u32", gc, Imm(S, "u32"))
+    sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
+    _wait(b, full(stage), sph)
+    # dequantize this warpgroup's 64 rows into A buffer gc % 2 (wgmma of step gc - 2 read it; done)
+    src = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw_row)
+    hdr = b.regs("b32", 4)
+    b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
+    qs = b.regs("b32", 8)
+    b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
+    b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
+    sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), dh)
+    out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
+    abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), a_mine)
+    for i in range(4):
+        b.emit("st.shared.v4.b32", Mem(b.op("add.u32", abuf, chunk_off[i])), b.vec(out[4 * i:4 * i + 4]))
+    b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
+    b.emit("bar.sync", named, Imm(128, "u32"))
+    da = _desc(b, abuf)
+    db = _desc(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
+    b.emit("wgmma.fence.sync.aligned")
+    for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
+        dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
+        dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
+        b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
+    b.emit("wgmma.commit_group.sync.aligned")
+    b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
+    not_first = b.op("setp.gt.u32", s, s_begin)
+    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
+    b.emit("add.u32", gc, gc, Imm(1, "u32"))
+    b.emit("add.u32", s, s, Imm(1, "u32"))
+    b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
+    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
+    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
+    b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
+    frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
+    epilogue.lower_mma_sync(b, [frags], lane, m0, cw, 16, n0, b.op("mov.u32", Imm(0, "u32")), BN, M, T, Y)
+    b.bra(c_item)
+    b.place(c_end)
+    b.emit("ret")
+    return b.finish()
+
 def build_reduce(arch):
     """reduce_splitk: y[i] = Σ_z part[z][i] in z order (deterministic), part[0] is y itself."""
     b = KernelBuilder("reduce_splitk", arch, "sum split-K partials in a fixed order", block=(256, 1, 1))
@@ -360,7 +630,13 @@ def build_reduce(arch):
     return b.finish()
 
 
+WGMMA_TOKEN_TILES = (32, 64, 128)
+
+
 def kernel_defs() -> list[KernelDef]:
     return [KernelDef(MmqSpec(bn).name, f"Q4_K prefill GEMM, fp16 mma.sync, {BM}x{bn} tile",
                       lambda arch, s=MmqSpec(bn): build(arch, s), archs=("sm_89", "sm_120a"))
-            for bn in TOKEN_TILES] + [KernelDef("reduce_splitk", "split-K partial sums, fixed order", build_reduce)]
+            for bn in TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma").name, f"Q4_K prefill GEMM, wgmma + TMA, {BM}x{bn} tile",
+                   lambda arch, s=MmqSpec(bn, "wgmma"): build(arch, s), archs=("sm_90a",))
+         for bn in WGMMA_TOKEN_TILES] + [KernelDef("reduce_splitk", "split-K partial sums, fixed order", build_reduce)]

@@ -1,0 +1,46 @@
+"""convert_f16: fp32 activations → fp16 (round to nearest even), 8 values per thread, with an overflow flag.
+
+The wgmma MMQ reads its activation tiles with TMA straight into swizzled shared memory, so the fp32 → fp16
+conversion happens once per call here instead of once per weight-row tile inside the GEMM. Any value that
+becomes ±inf or NaN in fp16 (|x| > 65504, or a NaN/inf input) sets `flag` to 1; `mul_mat` then answers
+from the exact fp32 path instead of returning a wrong result.
+"""
+from __future__ import annotations
+
+from ..builder import KernelBuilder
+from ..ir import Imm, Mem
+from . import KernelDef
+
+THREADS = 256
+PER_THREAD = 8
+
+
+def build(arch):
+    b = KernelBuilder("convert_f16", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
+    x_p, y_p, f_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"), b.param("flag", "u64", "ptr:out")
+    n_p = b.param("n8", "u32")  # number of 8-value groups
+    b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
+    X, Y, F = b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
+    n8 = b.ld_param(n_p, "u32")
+    i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(THREADS, "u32"), b.special("tid.x"))
+    done = b.label("done")
+    b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
+    src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
+    v = b.regs("f32", 8)
+    b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
+    b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
+    h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
+    b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
+    # overflow watch: a half whose exponent bits are all ones is inf or NaN
+    over = None
+    for w in h:
+        for mask in (0x7C00, 0x7C000000):
+            p = b.op("setp.eq.u32", b.op("and.b32", w, Imm(mask, "b32")), Imm(mask, "u32"))
+            over = p if over is None else b.op("or.pred", over, p)
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
+KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
