@@ -42,7 +42,7 @@ def main():
     results = []
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
-          "| wgmma tile n32/n64/n128 µs |")
+          "| wgmma tile n32/n64/n128/n256 µs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
@@ -70,7 +70,7 @@ def main():
             us_wg = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="wgmma"), args.reps, torch) \
                 if has_wg else None
             by_tile = {bn: timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn, path="wgmma"),
-                                 args.reps // 2, torch) for bn in (32, 64, 128)} if has_wg else {}
+                                 args.reps // 2, torch) for bn in (32, 64, 128, 256)} if has_wg else {}
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)

@@ -100,26 +100,30 @@ class Mma:
     def shape(self) -> str:
         return "m16n8k32" if self.ab_type == "s8" else "m16n8k16"
 
-    def check_registers(self, arch: Arch, tile: Tile) -> None:
+    def check_registers(self, arch: Arch, tile: Tile, instr: str = "mma.sync") -> None:
         """The accumulators alone (warp tile / 32 lanes, 32-bit each) must leave room for operands and
-        addresses: more than half the arch's registers per thread is refused at construction."""
+        addresses: more than half the arch's registers per thread is refused at construction. wgmma's
+        largest legal accumulator (m64n256: 128 registers) is allowed, for kernels that raise the consumers'
+        register limit with setmaxnreg."""
         acc = tile.warp_m * tile.warp_n // 32
-        budget = arch.max_regs_per_thread // 2
+        budget = 128 if instr == "wgmma" else arch.max_regs_per_thread // 2
         if acc > budget:
             raise SpecError(f"warp tile {tile.warp_m}x{tile.warp_n} needs {acc} accumulator registers per thread; "
                             f"{arch.name} allows {arch.max_regs_per_thread}, and at most {budget} may be accumulators "
                             "- use a smaller warp tile or more warps")
 
     def resolve(self, arch: Arch, tile: Tile | None = None) -> str:
-        if tile is not None:
-            self.check_registers(arch, tile)
         if self.instr == "wgmma" or (self.instr == "auto" and arch.has_wgmma):
             if self.instr == "wgmma" and not arch.has_wgmma:
                 raise ArchError(f"Mma(instr='wgmma') on {arch.name}: {arch.name} has no wgmma (ptxas rejects it); "
                                 "use Mma(instr='mma.sync') or 'auto', which picks mma.sync there")
-            if tile is not None and tile.warps % 4:
-                raise SpecError(f"wgmma is issued by warpgroups of 4 warps; Tile.warps={tile.warps} is not a multiple of 4")
+            if tile is not None:
+                self.check_registers(arch, tile, "wgmma")
+                if tile.warps % 4:
+                    raise SpecError(f"wgmma is issued by warpgroups of 4 warps; Tile.warps={tile.warps} is not a multiple of 4")
             return "wgmma"
+        if tile is not None:
+            self.check_registers(arch, tile)
         return "mma.sync"
 
 

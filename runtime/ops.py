@@ -91,7 +91,7 @@ def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
 MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
-WGMMA_TILES = (32, 64, 128)
+WGMMA_TILES = (32, 64, 128, 256)
 _FLAG: list = []
 _QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 

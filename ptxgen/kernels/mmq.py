@@ -361,6 +361,7 @@ WG_STAGES = 4
 WG_THREADS = 384  # warpgroup 0: producer (one thread issues TMA); warpgroups 1, 2: consumers, 64 rows each
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
+PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
 
 
 def _wait(b, bar, parity):
@@ -409,6 +410,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     smem = b.dynamic_shared(S * stage_bytes + 2 * 2 * A_TILE + 1024)  # + 1024: aligned up at run time
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
+    # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
+    b.directives += [f".maxntid {WG_THREADS}, 1, 1", ".minnctapersm 1"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
                   mma=f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)", schedule=sched.kind,
                   dynamic_smem=b.dynamic_smem, activations="fp16, converted by convert_f16 before the GEMM",
@@ -466,6 +469,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     # ---------------------------------------------------------------- producer (thread 0 of warpgroup 0)
     b.comment("producer: claim an item, hand it over, then TMA its K-steps into the ring")
     pdone = b.label("producer_exit")
+    b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(PRODUCER_REGS, "u32"))  # registers go to the consumers
     b.bra(pdone, pred=leader, neg=True, uniform=False)
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
     tx = b.op("cvta.param.u64", b.op("mov.b64", tx_p))
@@ -518,6 +522,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
 
     # ---------------------------------------------------------------- consumers (warpgroups 1 and 2)
     b.place(consumer)
+    b.emit("setmaxnreg.inc.sync.aligned.u32", Imm(CONSUMER_REGS, "u32"))
     ct = b.op("sub.u32", tid, Imm(128, "u32"))
     wg = b.op("shr.u32", ct, Imm(7, "u32"))
     lt = b.op("and.b32", ct, Imm(127, "b32"))
@@ -530,10 +535,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     raw_row = b.op("mad.lo.u32", b.op("mad.lo.u32", wg, Imm(64, "u32"), r), Imm(16, "u32"), raw0)
     a_mine = b.op("mad.lo.u32", wg, Imm(2 * A_TILE, "u32"), a_base)
     rx = b.op("and.b32", r, Imm(7, "b32"))
-    chunk_off = []  # swizzled byte offset of chunk 4h+i of row r: r*128 + ((4h+i) ^ (r%8))*16
-    for i in range(4):
-        c = b.op("xor.b32", b.op("add.u32", b.op("shl.b32", dh, Imm(2, "u32")), Imm(i, "u32")), rx)
-        chunk_off.append(b.op("add.u32", b.op("shl.b32", r, Imm(7, "u32")), b.op("shl.b32", c, Imm(4, "u32"))))
+    # swizzled byte offset of chunk 4h+i of row r: r*128 + ((4h+i) ^ (r%8))*16 = row_off + ((hx ^ i) << 4)
+    row_off = b.op("shl.b32", r, Imm(7, "u32"))
+    hx = b.op("xor.b32", b.op("shl.b32", dh, Imm(2, "u32")), rx)
     dscale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
     magic = b.op("mov.b32", Imm(0x64006400, "b32"))
     nibmask = b.op("selp.b32", Imm(0x00F000F0, "b32"), Imm(0x000F000F, "b32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
@@ -571,8 +575,11 @@ def build_wgmma(arch, spec: "MmqSpec"):
     sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), dh)
     out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
     abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), a_mine)
+    arow = b.op("add.u32", abuf, row_off)
     for i in range(4):
-        b.emit("st.shared.v4.b32", Mem(b.op("add.u32", abuf, chunk_off[i])), b.vec(out[4 * i:4 * i + 4]))
+        c = hx if i == 0 else b.op("xor.b32", hx, Imm(i, "b32"))
+        dst = b.op("add.u32", arow, b.op("shl.b32", c, Imm(4, "u32")))
+        b.emit("st.shared.v4.b32", Mem(dst), b.vec(out[4 * i:4 * i + 4]))
     b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
     b.emit("bar.sync", named, Imm(128, "u32"))
     da = _desc(b, abuf)
@@ -630,7 +637,7 @@ def build_reduce(arch):
     return b.finish()
 
 
-WGMMA_TOKEN_TILES = (32, 64, 128)
+WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 
 
 def kernel_defs() -> list[KernelDef]:
