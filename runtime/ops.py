@@ -148,7 +148,8 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         x16 = convert_f16(xa, flag, arch="sm_90a")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        fn.launch((min(tiles * splits, sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
+        per_sm = int(fn.meta.get("ctas_per_sm", 1))  # small token tiles fit two CTAs per SM: more warps dequantize
+        fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
     else:
         ctas = min(tiles * splits, 2 * sms)
         fn.launch((ctas,), (w.buffer, xa, dst, flag, m, k, t, per, _QUEUE[0], tiles_n, splits))
