@@ -48,3 +48,21 @@ def dynamic_smem_kernel(arch: Arch, nbytes: int = 64 * 1024):
     v = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", rev, Imm(4, "u32"), far)))
     b.emit("st.global.u32", Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), out)), v)
     return b.finish()
+
+
+def cluster_rank_kernel(arch: Arch):
+    """Thread 0 of each CTA writes (its rank in the cluster, the cluster's index, the cluster size in CTAs)
+    to out[3·ctaid ...]: checks a launch with cluster dimensions."""
+    from .builder import KernelBuilder
+    from .ir import Imm, Mem
+
+    arch.require("clusters", "cluster_rank_kernel")
+    b = KernelBuilder("cluster_probe", arch, "cluster launch probe", block=(32, 1, 1))
+    out = b.ptr(b.param("out", "u64", "ptr:out"))
+    cta = b.special("ctaid.x")
+    vals = [b.special("cluster_ctarank"), b.special("clusterid.x"), b.special("cluster_nctarank")]
+    lead = b.op("setp.eq.u32", b.special("tid.x"), Imm(0, "u32"))
+    base = b.op("mad.wide.u32", cta, Imm(12, "u32"), out)
+    for i, v in enumerate(vals):
+        b.emit("st.global.u32", Mem(base, 4 * i), v, pred=lead)
+    return b.finish()

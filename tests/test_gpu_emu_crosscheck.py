@@ -9,7 +9,7 @@ from ptxgen.emu import Memory, run_kernel
 pytestmark = pytest.mark.gpu
 
 CASES = ["quantize_q8_1", "dequantize_q4_k", "rotate_tq4_1s", "gemv_tq4_1s_t1", "gemv_tq4_1s_t4_fused", "gemv_tq4_1s_t8",
-         "gemv_q4_k_t1", "gemv_q4_k_t4"]
+         "gemv_q4_k_t1", "gemv_q4_k_t4", "gemv_tq4_1s_fast_t1", "gemv_tq4_1s_fast_t4", "convert_f16"]
 
 
 def inputs(name, rng):
@@ -22,6 +22,18 @@ def inputs(name, rng):
         raw = formats.quantize("q4_K", rng.standard_normal((6, 512)).astype(np.float32))
         ns = 12
         return [raw], 6 * 512 * 2, ((ns + 7) // 8,), [ns]
+    if name == "convert_f16":
+        x = (rng.standard_normal((5, 256)) * 300).astype(np.float32)
+        return [x], x.size * 2, (1,), []  # flag buffer appended by the test
+    if "_fast_" in name:  # rotated activation as Q8_1 blocks
+        from ptxgen.runtime.kernels import manifest
+
+        t = int(name.rsplit("_t", 1)[1])
+        m, k = 37, 768
+        raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+        q = formats.quantize("q8_1", formats.rht_forward(rng.standard_normal((t, k)).astype(np.float32)))
+        rows = int(manifest("sm_89")[name]["meta"]["rows_per_cta"])
+        return [raw, q], t * m * 4, ((m + rows - 1) // rows,), [m, k, t]
     fmt = "tq4_1s" if "tq4_1s" in name else "q4_K"
     t = int(name.rsplit("_t", 1)[1][0]) if not name.endswith("_fused") else int(name[:-6].rsplit("_t", 1)[1])
     m, k = 37, 768
@@ -46,11 +58,16 @@ def test_gpu_equals_emulator(name):
     dev_in = [r.as_device_array(np.ascontiguousarray(a)) for a in arrays]
     dev_out = r.DeviceArray.empty((out_bytes,), np.uint8)
     dev_out.owner.fill_bytes(0xFF)
-    fn.launch(grid, (*dev_in, dev_out, *scalars))
-    gpu = dev_out.numpy()
+    extra_dev, extra_emu = [], []
     mem = Memory()
+    if name == "convert_f16":  # (x, y, flag, n8)
+        flag = r.DeviceArray.empty((1,), np.uint32)
+        flag.owner.fill_bytes(0)
+        extra_dev, extra_emu, scalars = [flag], [mem.alloc(np.zeros(1, np.uint32))], [arrays[0].size // 8]
+    fn.launch(grid, (*dev_in, dev_out, *extra_dev, *scalars))
+    gpu = dev_out.numpy()
     addrs = [mem.alloc(np.ascontiguousarray(a)) for a in arrays]
     o = mem.alloc(out_bytes, poison=0xFF)
-    run_kernel(ptx_source(name, "sm_89")[0], grid, (256,), (*addrs, o, *scalars), mem)
+    run_kernel(ptx_source(name, "sm_89")[0], grid, fn.block, (*addrs, o, *extra_emu, *scalars), mem)
     emu = mem.view(o, np.uint8, (out_bytes,))
     np.testing.assert_array_equal(gpu, emu)

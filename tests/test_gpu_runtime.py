@@ -111,3 +111,53 @@ def test_gguf_to_gpu_dequant(tmp_path):
     wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()  # noqa: E702
     t = r.QuantTensor.from_gguf(tmp_path / "m.gguf", "w")
     np.testing.assert_array_equal(r.dequantize(t).numpy(), formats.dequantize("q4_K", raw, (32, 512)).astype(np.float16))
+
+
+def test_cluster_launch():
+    """Function.launch(cluster=...) sets the cluster dimension: ranks 0,1 within each pair of CTAs."""
+    r = rt()
+    from ptxgen.arch import get_arch
+    from ptxgen.probes import cluster_rank_kernel
+
+    ctx = r.current()
+    if ctx.sm < 90:
+        pytest.skip("thread-block clusters need sm_90 or newer")
+    k = cluster_rank_kernel(get_arch("sm_90a"))
+    res = r.compile_ptx(k.ptx(), f"sm_{ctx.sm}a", name="cluster_probe")
+    fn = r.driver.Module(res.cubin).function(k.entry, [p.abi() for p in k.params], k.block, 0)
+    o = r.DeviceArray.empty((8, 3), np.uint32)
+    o.owner.fill_bytes(0xFF)
+    fn.launch((8,), (o,), cluster=(2, 1, 1))
+    got = o.numpy()
+    np.testing.assert_array_equal(got[:, 0], [0, 1] * 4)
+    np.testing.assert_array_equal(got[:, 1], [0, 0, 1, 1, 2, 2, 3, 3])
+    np.testing.assert_array_equal(got[:, 2], [2] * 8)
+
+
+def test_dlpack_only_input_and_a_stream():
+    """An object with only __dlpack__ (no CUDA array interface) is accepted; a launch on a created stream."""
+    r = rt()
+    torch = pytest.importorskip("torch")
+
+    class OnlyDLPack:
+        def __init__(self, t):
+            self.t, self.shape = t, tuple(t.shape)
+
+        def __dlpack__(self, *a, **kw):
+            return self.t.__dlpack__(*a, **kw)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    x = np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32)
+    xd = OnlyDLPack(torch.from_numpy(x).cuda())
+    assert not hasattr(xd, "__cuda_array_interface__")
+    got = r.quantize_q8_1(xd).numpy()
+    np.testing.assert_array_equal(got, formats.quantize("q8_1", x))
+    drv = r.driver._drv()
+    stream = r.driver.check(drv.cuStreamCreate(0), "cuStreamCreate")
+    fn = r.load("quantize_q8_1")
+    o = r.DeviceArray.empty((3, 8 * 36), np.uint8)
+    fn.launch((3,), (r.as_device_array(x), o, 24), stream=stream)  # 8 blocks per CTA
+    r.driver.check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    np.testing.assert_array_equal(o.numpy().reshape(3, -1), formats.quantize("q8_1", x))
