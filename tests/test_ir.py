@@ -135,3 +135,12 @@ def test_dequant_conversion_ops_compile_everywhere_and_compute_right_in_the_emul
     np.testing.assert_array_equal(got[:, 4], s8[:, 0] | s8[:, 1] << 8 | s8[:, 2] << 16 | s8[:, 3] << 24)
     with pytest.raises(SpecError, match="only f32 is lowered"):
         Epilogue("f16")
+
+
+def test_wgmma_mmq_on_sm120a_is_a_clear_error():
+    from ptxgen.kernels.mmq import MmqSpec, build
+
+    with pytest.raises(ArchError, match="sm_120a has no wgmma"):
+        build("sm_120a", MmqSpec(128, "wgmma"))
+    k = build("sm_90a", MmqSpec(64, "wgmma"))  # the same description lowers on Hopper
+    assert k.meta["mma"].startswith("wgmma m64n64k16")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
 from .. import layouts
@@ -53,18 +54,25 @@ class MmqSpec:
         return Tile(BM, self.bn, BK, warps=8, warp_m=64, warp_n=self.bn // 4)
 
 
-def build(arch, spec: MmqSpec):
-    if spec.mma == "wgmma":
-        return build_wgmma(arch, spec)
+def describe(arch, spec: MmqSpec):
+    """The one MMQ description both lowerings build from: block tile, pipeline, tensor-core op, schedule
+    and epilogue, each validated against the target (a wgmma request on sm_120a is an ArchError here)."""
     tile = spec.tile
     tile.check_format("q4_K")
     low = lowering_for(arch)
-    pipe = Pipeline(STAGES, copy="cp.async")  # the TMA lowering for sm_120a is not written yet
+    # mma.sync: 3-stage cp.async ring (the TMA lowering for sm_120a is not written yet); wgmma: 4-stage TMA
+    pipe = Pipeline(STAGES, copy="cp.async") if spec.mma == "mma.sync" else Pipeline(WG_STAGES, copy="tma")
     low.pick_copy(pipe)
-    mma = Mma("f16", "mma.sync")
+    mma = Mma("f16", spec.mma)
     low.pick_mma(mma, tile)
-    sched = Schedule("persistent")
-    epilogue = Epilogue("f32", transposed=True)
+    return tile, pipe, mma, Schedule("persistent"), Epilogue("f32", transposed=True)
+
+
+def build(arch, spec: MmqSpec):
+    arch = get_arch(arch)
+    if spec.mma == "wgmma":
+        return build_wgmma(arch, spec)
+    tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
     raw_bytes = BM * RAW_ROW
     a_bytes, b_bytes = BM * PAD_ROW, BN * PAD_ROW
@@ -383,15 +391,7 @@ def _desc(b, addr):
 
 
 def build_wgmma(arch, spec: "MmqSpec"):
-    tile = spec.tile
-    tile.check_format("q4_K")
-    low = lowering_for(arch)
-    pipe = Pipeline(WG_STAGES, copy="tma")
-    low.pick_copy(pipe)
-    mma = Mma("f16", "wgmma")
-    low.pick_mma(mma, tile)
-    sched = Schedule("persistent")
-    epilogue = Epilogue("f32", transposed=True)
+    tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
     raw_bytes = 3 * RAW_PART
