@@ -138,7 +138,11 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     tiles_n = (t + bn - 1) // bn
     tiles = tiles_n * ((m + 127) // 128)
     sms = current().sm_count
-    splits, per = splitk_plan(tiles, k // 64, sms)
+    if path == "wgmma":  # one round of items over the resident CTAs: a second, partial round doubles the time
+        per_sm = int(fn.meta.get("ctas_per_sm", 1))
+        splits, per = splitk_plan_one_round(tiles, k // 64, per_sm * sms)
+    else:
+        splits, per = splitk_plan(tiles, k // 64, sms)
     dst = o if splits == 1 else DeviceArray.empty((splits, t, m), np.float32)
     if not _QUEUE:
         q = DeviceBuffer(8)
@@ -148,7 +152,6 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         x16 = convert_f16(xa, flag, arch="sm_90a")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        per_sm = int(fn.meta.get("ctas_per_sm", 1))  # small token tiles fit two CTAs per SM: more warps dequantize
         fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
     else:
         ctas = min(tiles * splits, 2 * sms)
@@ -190,6 +193,15 @@ def convert_f16(x, flag, *, out=None, arch: str | None = None):
     fn = kernels.load("convert_f16", arch)
     fn.launch(((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
     return o
+
+
+def splitk_plan_one_round(tiles: int, steps: int, slots: int) -> tuple[int, int]:
+    """(splits, K-steps per split) for a persistent kernel with `slots` resident CTAs: as many splits as fit
+    in one round (tiles x splits <= slots), each with at least 8 K-steps; no split when the tiles alone
+    fill the slots."""
+    splits = max(1, min(slots // tiles, steps // 8))
+    per = -(-steps // splits)
+    return -(-steps // per), per
 
 
 def splitk_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:

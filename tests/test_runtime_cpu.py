@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from hypothesis import given, settings, strategies as st
 from ptxgen import formats
 from ptxgen.runtime import compiler
 from ptxgen.runtime.kernels import candidate_arches, manifest, ptx_source
@@ -205,3 +206,15 @@ def test_tensor_map_arguments_are_checked_before_the_driver():
         check_tensor_map_2d(0, "f16", 64, 256, 64, 128)
     with pytest.raises(ValueError, match="a box dimension is 1..256"):
         check_tensor_map_2d(0, "f16", 1024, 64, 512, 64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tiles=st.integers(1, 600), steps=st.integers(4, 512), slots=st.integers(1, 600))
+def test_one_round_split_plan_fits_the_slots_and_covers_k(tiles, steps, slots):
+    from ptxgen.runtime.ops import splitk_plan_one_round
+
+    splits, per = splitk_plan_one_round(tiles, steps, slots)
+    assert splits >= 1 and per >= 1
+    assert (splits - 1) * per < steps <= splits * per  # every K-step in exactly one split, none empty
+    if splits > 1:
+        assert tiles * splits <= slots and per >= 8
