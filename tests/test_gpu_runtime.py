@@ -161,3 +161,12 @@ def test_dlpack_only_input_and_a_stream():
     fn.launch((3,), (r.as_device_array(x), o, 24), stream=stream)  # 8 blocks per CTA
     r.driver.check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
     np.testing.assert_array_equal(o.numpy().reshape(3, -1), formats.quantize("q8_1", x))
+
+
+def test_out_of_memory_is_a_python_exception():
+    """An allocation the GPU cannot hold raises (naming the call), and the runtime keeps working after it."""
+    r = rt()
+    with pytest.raises((r.CudaError, MemoryError), match="(?i)out of memory|cuMemAlloc"):
+        r.DeviceBuffer(1 << 50)  # 1 PiB
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_array_equal(r.quantize_q8_1(x), formats.quantize("q8_1", x))
