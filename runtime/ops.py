@@ -216,10 +216,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
-    tokens (T ≤ 8 is one launch). Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM (mmq_q4_k_f16_n{32,64,128},
-    the smallest token tile that holds T): fp16 mma.sync with fp32 accumulation, relative error ~4e-4; if an
-    activation overflows fp16 (|x| > 65504) the kernel flags it and the call is recomputed exactly by the
-    GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
+    tokens (T ≤ 8 is one launch). Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
+    that holds T: on sm_90 devices the wgmma + TMA lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}),
+    elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
+    accumulation, relative error ~4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
+    the call is recomputed exactly by the GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
     rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits) for T ≤ 4 and
     falls back to the separate rotation above that. `mode="fast"` (TQ4_1S only) rotates, quantizes the
     rotated activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact
