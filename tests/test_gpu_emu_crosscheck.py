@@ -71,3 +71,51 @@ def test_gpu_equals_emulator(name):
     run_kernel(ptx_source(name, "sm_89")[0], grid, fn.block, (*addrs, o, *extra_emu, *scalars), mem)
     emu = mem.view(o, np.uint8, (out_bytes,))
     np.testing.assert_array_equal(gpu, emu)
+
+
+@pytest.mark.parametrize("name,arch", [("mmq_q4_k_f16_n32", "sm_89"), ("mmq_q4_k_wgmma_n32", "sm_90a"),
+                                       ("mmq_q4_k_wgmma_n128", "sm_90a")])
+def test_gpu_equals_emulator_mmq(name, arch):
+    """The tensor-core GEMMs: same PTX, same raw Q4_K and activations, two persistent CTAs sharing the
+    queue. The emulator models an mma/wgmma as exact products summed and rounded once to fp32 per
+    instruction; this records whether the H200's tensor cores round the same way (bit-identical)."""
+    import ptxgen.runtime as r
+    from ptxgen.emu.hopper import tensor_map_2d as emu_map
+    from ptxgen.runtime.kernels import ptx_source
+    from ptxgen.runtime.tma import tensor_map_2d as gpu_map
+
+    rng = np.random.default_rng(5)
+    m, t, k = 131, 45, 512
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    fn = r.load(name, arch)
+    bn = int(fn.meta["bn"])
+    tiles_n = (t + bn - 1) // bn
+    wd, yd, qd = r.as_device_array(raw), r.DeviceArray.empty((t * m,), np.float32), r.DeviceArray.empty((2,), np.uint32)
+    yd.owner.fill_bytes(0xFF)
+    qd.owner.fill_bytes(0)
+    mem = Memory()
+    wa, ya, qa = mem.alloc(raw), mem.alloc(t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
+    if "wgmma" in name:
+        x16 = x.astype(np.float16)
+        xd, xa = r.as_device_array(x16), mem.alloc(x16)
+        maps = [(gpu_map(wd.ptr, "u8", m, k // 256 * 144, 128, 16, "none"), emu_map(wa, "u8", m, k // 256 * 144, 128, 16, "none")),
+                (gpu_map(xd.ptr, "f16", t, k, bn, 64, "128B"), emu_map(xa, "f16", t, k, bn, 64, "128B"))]
+        rest = (m, k, t, k // 64, None, tiles_n, 1)
+        dev_args = (maps[0][0], maps[1][0], yd, *rest[:4], qd, *rest[5:])
+        emu_args = (maps[0][1], maps[1][1], ya, *rest[:4], qa, *rest[5:])
+    else:
+        xd, xa = r.as_device_array(x), mem.alloc(x)
+        fd, fa = r.DeviceArray.empty((1,), np.uint32), mem.alloc(4, poison=0)
+        fd.owner.fill_bytes(0)
+        dev_args = (wd, xd, yd, fd, m, k, t, k // 64, qd, tiles_n, 1)
+        emu_args = (wa, xa, ya, fa, m, k, t, k // 64, qa, tiles_n, 1)
+    fn.launch((2,), dev_args)
+    gpu = yd.numpy().reshape(t, m)
+    run_kernel(ptx_source(name, arch)[0], (2,), fn.block, emu_args, mem, dynamic_smem=int(fn.meta["dynamic_smem"]))
+    emu = mem.view(ya, np.float32, (t, m))
+    assert np.isfinite(gpu).all() and np.isfinite(emu).all()
+    diff = np.count_nonzero(gpu.view(np.uint32) != emu.view(np.uint32))
+    rel = float(np.abs(gpu.astype(np.float64) - emu).max() / np.abs(emu).max())
+    print(f"{name}: {diff} of {gpu.size} outputs differ in bits, max |gpu - emu| / max|y| = {rel:.1e}")
+    assert diff == 0, f"{diff} of {gpu.size} outputs differ (max relative {rel:.1e})"

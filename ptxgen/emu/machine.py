@@ -1,12 +1,16 @@
 """Execute ptxgen's PTX on the CPU: one CTA at a time, every thread of the CTA vectorised in NumPy.
 
 Registers hold raw bits (uint64 per thread); each instruction reinterprets them by its type. Control flow
-runs by the smallest-PC-first rule (the group of threads with the lowest PC executes next), which
-reconverges structured divergence; warp-synchronous instructions (shfl.sync, bar.sync, mma.sync,
-ldmatrix) check that every thread they need is there and raise otherwise. Shared memory starts poisoned:
-reading a byte no thread wrote is an error naming the instruction and the thread. Floating point is
-IEEE float32/float16 with the PTX rounding the modifier names (NumPy float32 arithmetic is round-to-
-nearest-even; `fma` is computed exactly and rounded once).
+runs by the smallest-PC-first rule (the group of runnable threads with the lowest PC executes next),
+which reconverges structured divergence; warp-synchronous instructions (shfl.sync, bar.sync, mma.sync,
+ldmatrix; wgmma and setmaxnreg per warpgroup) check that every thread they need is there and raise
+otherwise. A thread at `bar.sync` (named barriers with thread counts included) or at an unsatisfied
+`mbarrier.try_wait` is suspended, so warp-specialised kernels (a producer warp and consumer warpgroups)
+run; if every live thread is suspended and nothing is in flight, that is a deadlock error. Shared memory
+starts poisoned: reading a byte no thread wrote is an error naming the instruction and the thread.
+Floating point is IEEE float32/float16 with the PTX rounding the modifier names (NumPy float32
+arithmetic is round-to-nearest-even; `fma` is computed exactly and rounded once). The Hopper
+instructions (mbarrier, TMA, wgmma, setmaxnreg) are in `hopper.py`.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import layouts
+from .hopper import PARAM_BASE, HopperOps
 from .parser import Ins, Module, parse
 
 
@@ -120,6 +125,11 @@ class CTA:
     regs: dict = field(default_factory=dict)
     async_groups: list = field(default_factory=list)  # committed cp.async groups, oldest first
     async_open: list = field(default_factory=list)
+    bars: dict = field(default_factory=dict)  # named barrier id → (arrived mask, thread count or None)
+    mbars: dict = field(default_factory=dict)  # shared address → MBarrier
+    tma_pending: list = field(default_factory=list)  # bulk tensor copies issued, not landed, oldest first
+    wgmma: dict = field(default_factory=dict)  # warpgroup → WgmmaQueue
+    inflight: dict = field(default_factory=dict)  # register → per thread, wgmma ops in flight that write it
 
 
 def _imm(tok: str, t: str):
@@ -181,7 +191,10 @@ def _round_int(v: np.ndarray, mode: str) -> np.ndarray:
         return f(v)
 
 
-class Emulator:
+class Emulator(HopperOps):
+    Error = EmulationError
+    Unsupported = Unsupported
+
     def __init__(self, ptx: str | Module):
         self.mod = ptx if isinstance(ptx, Module) else parse(ptx)
         self.steps = 0
@@ -210,7 +223,6 @@ class Emulator:
 
     def _run_cta(self, ctaid, grid, block, dynamic_smem):
         n = block[0] * block[1] * block[2]
-        nsm = self.mod.shared_bytes + dynamic_smem
         self.dyn_base = (self.mod.shared_bytes + 127) // 128 * 128
         nsm = self.dyn_base + dynamic_smem
         cta = CTA(n, ctaid, block, grid, np.full(nsm, 0xFF, np.uint8), np.zeros(nsm, bool))
@@ -218,22 +230,33 @@ class Emulator:
         cta.tid = (tids % block[0], (tids // block[0]) % block[1], tids // (block[0] * block[1]))
         self.cta = cta
         body = self.mod.body
-        pcs = np.zeros(n, np.int64)
-        alive = np.ones(n, bool)
+        # per thread: its pc, whether it still runs, whether it is suspended (at a barrier or an mbarrier
+        # wait; a suspended thread's pc stays on the instruction that suspended it)
+        self.pcs = pcs = np.zeros(n, np.int64)
+        self.alive = alive = np.ones(n, bool)
+        self.blocked = blocked = np.zeros(n, bool)
+        self.waiting_on = np.full(n, -1, np.int64)  # the mbarrier a suspended try_wait waits on
         while alive.any():
             self.steps += 1
             if self.steps > self.max_steps:
                 raise EmulationError("step limit reached (an endless loop?)")
-            pc = pcs[alive].min()
+            runnable = alive & ~blocked
+            if not runnable.any():
+                if cta.tma_pending:  # async copies land as late as they may: when nothing else can run
+                    self._land_tma(cta.tma_pending.pop(0))
+                    continue
+                raise EmulationError(self._deadlock_report())
+            pc = pcs[runnable].min()
             if pc >= len(body):
                 raise EmulationError("ran off the end of the kernel without ret")
-            idx = np.nonzero(alive & (pcs == pc))[0]
+            idx = np.nonzero(runnable & (pcs == pc))[0]
             ins = body[pc]
             ex = idx
             if ins.guard is not None:
                 g = self._reg(ins.guard, ex) != 0
                 ex = idx[~g] if ins.guard_neg else idx[g]
             pcs[idx] = pc + 1
+            self.cur_pc = pc
             if ins.mods[0] in ("bra",):
                 if ins.mods[-1] == "uni":
                     self._check_uniform(idx, ex, ins)
@@ -241,12 +264,10 @@ class Emulator:
                 continue
             if ins.mods[0] in ("ret", "exit"):
                 alive[ex] = False
+                self._recheck_barriers()
                 continue
-            if ins.mods[0] == "bar":
-                others = alive & ~np.isin(np.arange(n), idx)
-                if others.any():
-                    raise EmulationError(f"line {ins.line}: {ins.text}: threads {np.nonzero(others)[0][:4]} "
-                                         "did not reach this barrier (divergent bar.sync)")
+            if ins.mods[0] == "bar" or (ins.mods[0] == "barrier" and ins.mods[1] == "sync"):
+                self._bar(ins, ex, idx)
                 continue
             if ex.size == 0:
                 continue
@@ -256,6 +277,63 @@ class Emulator:
                 if str(e).startswith("line "):
                     raise
                 raise type(e)(f"line {ins.line}: {ins.text}: {e}") from None
+
+    # --- barriers -------------------------------------------------------------------------------------------
+    def _bar(self, ins, ex, idx):
+        """bar.sync a{, b} (= barrier.sync.aligned): every live lane of an arriving warp arrives together;
+        the barrier opens when b threads (all live threads of the CTA when b is absent) have arrived."""
+        if ins.mods[1] != "sync":
+            raise Unsupported(f"{ins.opcode} (only bar.sync is modelled)")
+        for w in np.unique(idx // 32):
+            lanes = np.arange(32 * w, min(32 * w + 32, self.cta.n))
+            missing = lanes[self.alive[lanes] & ~np.isin(lanes, idx)]
+            if missing.size:
+                raise EmulationError(f"line {ins.line}: {ins.text}: threads {missing[:4]} did not reach this barrier "
+                                     "(divergent bar.sync)")
+        if ex.size == 0:
+            return
+        ids = self._val(ins.operands[0], "u32", ex).astype(np.int64)
+        count = self._val(ins.operands[1], "u32", ex).astype(np.int64) if len(ins.operands) > 1 else None
+        for bid in np.unique(ids).tolist():  # warps at one bar.sync may use different barriers
+            sel = ex[ids == bid]
+            cnts = np.unique(count[ids == bid]) if count is not None else [None]
+            if len(cnts) > 1:
+                raise EmulationError(f"line {ins.line}: {ins.text}: threads at barrier {bid} give different counts")
+            cnt = None if cnts[0] is None else int(cnts[0])
+            if bid > 15 or (cnt is not None and (cnt % 32 or cnt == 0)):
+                raise EmulationError(f"line {ins.line}: {ins.text}: barrier {bid} with {cnt} threads (ids 0..15, "
+                                     "counts a non-zero multiple of 32)")
+            arrived, want = self.cta.bars.get(bid, (None, None))
+            if arrived is None:
+                arrived = np.zeros(self.cta.n, bool)
+            elif want != cnt:
+                raise EmulationError(f"line {ins.line}: {ins.text}: barrier {bid} is in use with a thread count of {want}")
+            arrived[sel] = True
+            self.cta.bars[bid] = (arrived, cnt)
+            self.pcs[sel] = self.cur_pc  # suspended on the barrier
+            self.blocked[sel] = True
+        self._recheck_barriers(ins)
+
+    def _recheck_barriers(self, ins=None):
+        for bid, (arrived, cnt) in list(self.cta.bars.items()):
+            need = cnt if cnt is not None else int(self.alive.sum())
+            have = int(arrived.sum())
+            if have > need:
+                where = f"line {ins.line}: {ins.text}: " if ins is not None else ""
+                raise EmulationError(f"{where}{have} threads arrived at barrier {bid}, which expects {need}")
+            if have == need:
+                self.blocked[arrived] = False
+                self.pcs[arrived] += 1
+                del self.cta.bars[bid]
+
+    def _deadlock_report(self) -> str:
+        lines = []
+        for pc in np.unique(self.pcs[self.alive]):
+            who = np.nonzero(self.alive & (self.pcs == pc))[0]
+            ins = self.mod.body[pc]
+            lines.append(f"  {who.size} thread(s) {who[:4].tolist()}... at line {ins.line}: {ins.text}")
+        extra = "".join(f"\n  mbarrier at shared {a}: {mb}" for a, mb in self.cta.mbars.items())
+        return "deadlock: every live thread waits and no copy is in flight\n" + "\n".join(lines) + extra
 
     def _check_uniform(self, idx, ex, ins):
         taken = np.isin(idx, ex)
@@ -267,12 +345,22 @@ class Emulator:
 
     # --- operands ------------------------------------------------------------------------------------------
     def _reg(self, name: str, idx) -> np.ndarray:
+        if self.cta.inflight:
+            self._check_inflight(name, idx, "reads")
         r = self.cta.regs.get(name)
         if r is None:
             raise EmulationError(f"register {name} read before it was written")
         return r[idx]
 
+    def _check_inflight(self, name, idx, verb):
+        m = self.cta.inflight.get(name)
+        if m is not None and m[idx].any():
+            raise EmulationError(f"{verb} {name} while a wgmma that writes it is in flight (thread "
+                                 f"{np.asarray(idx)[m[idx] > 0][0]}; missing wgmma.wait_group?)")
+
     def _set(self, name: str, idx, values, t: str):
+        if self.cta.inflight:
+            self._check_inflight(name, idx, "writes")
         r = self.cta.regs.get(name)
         if r is None:
             r = self.cta.regs[name] = np.zeros(self.cta.n, np.uint64)
@@ -305,6 +393,9 @@ class Emulator:
             return typed(self._reg(tok, idx), t)
         if tok in self.mod.shared:
             return np.full(idx.size, self.mod.shared[tok][0], _NP[t])
+        if tok in self.params:  # the address of a parameter (mov.b64 %rd, tmap; then cvta.param)
+            off = next(p.offset for p in self.mod.params if p.name == tok)
+            return np.full(idx.size, PARAM_BASE + off, _NP[t])
         if tok in self.const_addr:
             return np.full(idx.size, self.const_addr[tok], _NP[t])
         if tok == self.mod.dynamic_shared:
@@ -853,6 +944,8 @@ class Emulator:
         if ins.mods[1] != "async":
             raise Unsupported(ins.opcode)
         cta = self.cta
+        if ins.mods[2] == "bulk":
+            return self._bulk_tensor(ins, ex)
         if ins.mods[2] == "commit_group":
             cta.async_groups.append(cta.async_open)
             cta.async_open = []

@@ -1,0 +1,334 @@
+"""The Hopper instructions of the emulator: mbarrier, TMA (`cp.async.bulk.tensor`), wgmma, setmaxnreg.
+
+Models (each a legal behaviour of the hardware, chosen so that a missing wait shows up):
+- an mbarrier is a phase counter with a pending-arrival count and a transaction count; a phase completes
+  when both reach zero. `try_wait.parity` suspends the thread until the phase of that parity has
+  completed (a legal outcome of its time limit); if every live thread is suspended and no copy is in
+  flight, that is a deadlock and an error that lists where each thread waits.
+- a TMA copy lands as late as it may: when no thread can run (or, with a seed, at random earlier), then
+  completes its bytes on the mbarrier. The box is read from global memory with out-of-bound elements
+  filled with zeros and written to shared memory in the box's row-major order, swizzled on the shared
+  address (16-byte chunk index XOR address bits [7, 10) for 128B), as `ptxgen.layouts.swizzle` states.
+- wgmma runs when its group retires (`wgmma.wait_group`), reading shared memory then; until then its
+  accumulator registers are in flight and any read or write of them is an error.
+Tensor maps: the emulator cannot read a driver-encoded CUtensorMap (it is opaque), so harnesses pass
+the 128-byte map that `tensor_map_2d` below encodes from the same arguments the runtime gives the driver.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import layouts
+
+MAGIC = b"ptxgen-emu-tmap\0"
+PARAM_BASE = 0x7E0000000000  # where the emulator places kernel parameters for `mov.b64 %rd, param`
+_ESIZE = {"u8": 1, "f16": 2, "bf16": 2, "f32": 4, "u32": 4, "s32": 4}
+_SWZ = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
+
+
+def tensor_map_2d(addr: int, dtype: str, rows: int, cols: int, box_rows: int, box_cols: int,
+                  swizzle: str = "128B", row_stride_bytes: int | None = None) -> bytes:
+    """A 2-D tiled tensor map for the emulator (the arguments of runtime.tma.tensor_map_2d)."""
+    es = _ESIZE[dtype]
+    stride = cols * es if row_stride_bytes is None else row_stride_bytes
+    if not (1 <= box_rows <= 256 and 1 <= box_cols <= 256) or (box_cols * es) % 16 or stride % 16 or addr % 16:
+        raise ValueError("tensor map: box dimensions 1..256, inner box, row stride and base multiples of 16 B")
+    if _SWZ[swizzle] and box_cols * es > _SWZ[swizzle]:
+        raise ValueError(f"tensor map: inner box {box_cols * es} B exceeds the {swizzle} swizzle span")
+    return MAGIC + struct.pack("<8Q", addr, es, cols, rows, stride, box_cols, box_rows, _SWZ[swizzle]) + bytes(48)
+
+
+def decode_tensor_map(raw: bytes) -> dict:
+    if raw[:16] != MAGIC:
+        raise ValueError("the tensor map parameter was not made by ptxgen.emu.hopper.tensor_map_2d "
+                         "(a driver-encoded CUtensorMap is opaque to the emulator)")
+    keys = ("addr", "es", "cols", "rows", "stride", "box_cols", "box_rows", "swizzle")
+    return dict(zip(keys, struct.unpack("<8Q", raw[16:80])))
+
+
+@dataclass
+class MBarrier:
+    count: int
+    pending: int
+    tx: int = 0
+    phase: int = 0
+
+    def __str__(self):
+        return f"phase {self.phase}, {self.pending} of {self.count} arrivals pending, tx-count {self.tx}"
+
+
+@dataclass
+class WgmmaQueue:
+    open: list = field(default_factory=list)
+    groups: list = field(default_factory=list)
+
+
+def wgmma_d_layout(n: int) -> np.ndarray:
+    """Accumulator of wgmma m64nNk16 (f32): [thread of the warpgroup, register] → (row, col). Each warp
+    holds 16 rows; within it the m16n8 C-fragment pattern repeats along N every 4 registers."""
+    t = np.arange(128)[:, None]
+    i = np.arange(n // 2)[None, :]
+    warp, lane = t // 32, t % 32
+    row = 16 * warp + lane // 4 + 8 * ((i // 2) % 2)
+    col = 8 * (i // 4) + 2 * (lane % 4) + (i % 2)
+    return np.stack(np.broadcast_arrays(row, col), axis=-1)
+
+
+def smem_operand_offsets(desc: int, rows: int, kbytes: int) -> np.ndarray:
+    """Shared addresses of a K-major wgmma operand (rows × kbytes bytes) under its matrix descriptor:
+    [row, byte] → address. 128B swizzle: 128-byte rows, 8-row groups SBO apart, the swizzle on the
+    address; no swizzle: 8×16-byte core matrices, LBO apart along K and SBO apart along rows."""
+    d = layouts.decode_wgmma_descriptor(desc)
+    r = np.arange(rows)[:, None]
+    c = np.arange(kbytes)[None, :]
+    start, lbo, sbo = d["start_addr"], d["leading_byte_offset"], d["stride_byte_offset"]
+    if d["base_offset"]:
+        raise NotImplementedError("wgmma descriptor with a non-zero matrix base offset")
+    if d["swizzle"] == "128B":
+        return layouts.swizzle(start + (r // 8) * sbo + (r % 8) * 128 + c, "128B")
+    if d["swizzle"] == "none":
+        return start + (r // 8) * sbo + (r % 8) * 16 + (c // 16) * lbo + c % 16
+    raise NotImplementedError(f"wgmma operand with {d['swizzle']} swizzle")
+
+
+class HopperOps:
+    """Mixed into Emulator: needs its cta, pcs, blocked, rng, memory, params and operand helpers."""
+
+    # --- mbarrier ---------------------------------------------------------------------------------------
+    def _mbar(self, addr: int):
+        mb = self.cta.mbars.get(addr)
+        if mb is None:
+            raise self.Error(f"no mbarrier was initialised at shared address {addr}")
+        return mb
+
+    def _mbar_addrs(self, tok, ex):
+        addrs, _ = self._addr(tok, ex)
+        addrs = addrs.astype(np.int64)
+        if (addrs % 8).any() or ((addrs < 0) | (addrs + 8 > self.cta.smem.size)).any():
+            raise self.Error(f"mbarrier address {addrs[0]} is not an 8-byte aligned shared address")
+        return addrs
+
+    def _mbar_complete(self, addr: int, mb: MBarrier):
+        if mb.pending < 0:
+            raise self.Error(f"mbarrier at shared {addr}: more arrivals than its count {mb.count} in one phase")
+        if mb.pending == 0 and mb.tx == 0:
+            mb.phase += 1
+            mb.pending = mb.count
+            waiting = self.blocked & (self.waiting_on == addr)
+            self.blocked[waiting] = False  # they re-execute their try_wait, which now succeeds
+            self.waiting_on[waiting] = -1
+
+    def _op_mbarrier(self, ins, ex, grp):
+        kind = ins.mods[1]
+        if kind == "init":
+            addrs = self._mbar_addrs(ins.operands[0], ex)
+            counts = self._val(ins.operands[1], "u32", ex)
+            for a, c in zip(addrs.tolist(), counts.tolist()):
+                if not 1 <= c < 1 << 20:
+                    raise self.Error(f"mbarrier.init count {c} outside 1..2^20-1")
+                self.cta.mbars[a] = MBarrier(c, c)
+                self.cta.smem[a:a + 8] = 0
+                self.cta.written[a:a + 8] = True
+            return
+        if kind == "arrive":
+            addrs = self._mbar_addrs(ins.operands[1], ex)
+            tx = self._val(ins.operands[2], "u32", ex) if "expect_tx" in ins.mods else np.zeros(ex.size, np.uint32)
+            state = np.empty(ex.size, np.uint64)
+            for i, (a, t) in enumerate(zip(addrs.tolist(), tx.tolist())):  # arrivals in thread order
+                mb = self._mbar(a)
+                state[i] = mb.phase
+                mb.tx += t
+                mb.pending -= 1
+                self._mbar_complete(a, mb)
+            if not ins.operands[0].startswith("_"):
+                self._set(ins.operands[0], ex, state, "u64")
+            return
+        if kind == "expect_tx":
+            addrs = self._mbar_addrs(ins.operands[0], ex)
+            for a, t in zip(addrs.tolist(), self._val(ins.operands[1], "u32", ex).tolist()):
+                self._mbar(a).tx += t
+            return
+        if kind in ("try_wait", "test_wait"):
+            if "parity" not in ins.mods:
+                raise self.Unsupported(f"{ins.opcode}: only the .parity form is modelled")
+            addrs = self._mbar_addrs(ins.operands[1], ex)
+            parity = self._val(ins.operands[2], "u32", ex).astype(np.int64) & 1
+            phase = np.array([self._mbar(a).phase for a in addrs.tolist()], np.int64)
+            done = (phase & 1) != parity  # the phase with this parity has completed
+            if kind == "try_wait":
+                wait = ex[~done]
+                self.pcs[wait] = self.cur_pc
+                self.blocked[wait] = True
+                self.waiting_on[wait] = addrs[~done]
+                if done.any():
+                    self._set(ins.operands[0], ex[done], np.ones(int(done.sum()), bool), "pred")
+            else:
+                self._set(ins.operands[0], ex, done, "pred")
+            return
+        raise self.Unsupported(f"{ins.opcode}")
+
+    # --- TMA -----------------------------------------------------------------------------------------------
+    def _param_bytes(self, addr: int) -> bytes:
+        for p in self.mod.params:
+            if PARAM_BASE + p.offset == addr:
+                return bytes(self.params[p.name])
+        raise self.Error(f"address {addr:#x} is not the address of a kernel parameter (a tensor map must be "
+                         "passed as a .param .b8[128] and addressed with mov + cvta.param)")
+
+    def _bulk_tensor(self, ins, ex):
+        mods = ins.mods
+        if mods[3] != "tensor" or "tile" not in mods or "global" not in mods or mods[4] != "2d":
+            raise self.Unsupported(f"{ins.opcode}: only 2-D tiled global → shared loads are modelled")
+        from .parser import split_operands
+
+        dst, src, bar = ins.operands[:3]
+        tmap_tok, coords_tok = split_operands(src.strip()[1:-1])
+        coords = self._vec(coords_tok)
+        daddr, _ = self._addr(dst, ex)
+        tmaps = self._val(tmap_tok, "u64", ex)
+        c0 = self._val(coords[0], "s32", ex).astype(np.int64)
+        c1 = self._val(coords[1], "s32", ex).astype(np.int64)
+        bars = self._mbar_addrs(bar, ex)
+        for i in range(ex.size):
+            try:
+                tm = decode_tensor_map(self._param_bytes(int(tmaps[i])))
+            except ValueError as e:
+                raise self.Error(str(e)) from None
+            es, bc, br = tm["es"], tm["box_cols"], tm["box_rows"]
+            d = int(daddr[i])
+            if d % 128:
+                raise self.Error(f"TMA destination {d} is not 128-byte aligned")
+            rr, cc = np.meshgrid(np.arange(br) + c1[i], np.arange(bc) + c0[i], indexing="ij")
+            inb = (rr >= 0) & (rr < tm["rows"]) & (cc >= 0) & (cc < tm["cols"])
+            data = np.zeros((br, bc, es), np.uint8)
+            if inb.any():
+                g = tm["addr"] + rr[inb].astype(np.uint64) * np.uint64(tm["stride"]) + cc[inb].astype(np.uint64) * np.uint64(es)
+                data[inb] = self.memory.load(g.astype(np.uint64), es, ins.text)
+            linear = d + np.arange(br * bc * es).reshape(br, bc * es)
+            swz = {0: "none", 32: "32B", 64: "64B", 128: "128B"}[tm["swizzle"]]
+            if swz not in ("none", "128B"):
+                raise self.Unsupported(f"TMA with {swz} swizzle")
+            where = layouts.swizzle(linear, swz) if swz != "none" else linear
+            job = (where.reshape(-1), data.reshape(-1), int(bars[i]), data.size, ins.text, int(ex[i]))
+            if self.rng is not None and self.rng.random() < 0.5:
+                self._land_tma(job)
+            else:
+                self.cta.tma_pending.append(job)
+
+    def _land_tma(self, job):
+        where, data, bar, nbytes, what, tid = job
+        if (where < 0).any() or (where >= self.cta.smem.size).any():
+            raise self.Error(f"{what}: TMA box lands outside the {self.cta.smem.size} B of shared memory")
+        self.cta.smem[where] = data
+        self.cta.written[where] = True
+        mb = self._mbar(bar)
+        mb.tx -= nbytes
+        self._mbar_complete(bar, mb)
+
+    # --- wgmma ---------------------------------------------------------------------------------------------
+    def _warpgroups(self, ex, ins):
+        wgs = np.unique(ex // 128)
+        for g in wgs:
+            if (ex // 128 == g).sum() != 128:
+                raise self.Error(f"{ins.text}: warpgroup {g} is not converged (needs all 128 threads)")
+        return wgs
+
+    def _op_setmaxnreg(self, ins, ex, grp):
+        self._warpgroups(ex, ins)
+        n = int(ins.operands[0], 0)
+        if not (24 <= n <= 256 and n % 8 == 0):
+            raise self.Error(f"setmaxnreg {n}: the count is a multiple of 8 in 24..256")
+
+    def _op_wgmma(self, ins, ex, grp):
+        kind = ins.mods[1]
+        wgs = self._warpgroups(ex, ins)
+        for g in wgs:
+            q = self.cta.wgmma.setdefault(int(g), WgmmaQueue())
+            threads = np.arange(128 * g, 128 * g + 128)
+            if kind == "fence":
+                continue
+            if kind == "commit_group":
+                q.groups.append(q.open)
+                q.open = []
+            elif kind == "wait_group":
+                keep = int(ins.operands[0], 0)
+                while len(q.groups) > keep:
+                    for job in q.groups.pop(0):
+                        self._wgmma_run(job)
+            elif kind == "mma_async":
+                q.open.append(self._wgmma_issue(ins, threads))
+            else:
+                raise self.Unsupported(ins.opcode)
+
+    def _wgmma_issue(self, ins, threads):
+        shape = next(m for m in ins.mods if m.startswith("m64"))
+        n = int(shape[4:shape.index("k")])
+        dt, at, bt = ins.mods[-3:]
+        if (dt, at, bt) != ("f32", "f16", "f16") or not shape.endswith("k16"):
+            raise self.Unsupported(f"{ins.opcode}: only m64nNk16 f32 += f16 × f16 is modelled")
+        d = self._vec(ins.operands[0])
+        if len(d) != n // 2:
+            raise self.Error(f"{ins.text}: {len(d)} accumulator registers for N = {n} (needs {n // 2})")
+        a_tok, b_tok, scale_d = ins.operands[1:4]
+        rest = [int(x, 0) for x in ins.operands[4:]]
+        a_in_regs = a_tok.startswith("{")
+        if a_in_regs:
+            imm_a, imm_b, tb = rest
+            ta = 0
+        else:
+            imm_a, imm_b, ta, tb = rest
+        if imm_a != 1 or imm_b != 1 or ta or tb:
+            raise self.Unsupported(f"{ins.text}: negated or transposed (MN-major) operands")
+
+        def uniform(tok):
+            v = self._val(tok, "u64", threads)
+            if (v != v[0]).any():
+                raise self.Error(f"{ins.text}: descriptor {tok} differs between threads of the warpgroup")
+            return int(v[0])
+
+        a = ([self._reg(r, threads).copy() for r in self._vec(a_tok)] if a_in_regs else uniform(a_tok))
+        sd = bool(self._val(scale_d, "pred", threads)[0]) if scale_d.startswith("%") else bool(int(scale_d, 0))
+        for r in d:
+            m = self.cta.inflight.setdefault(r, np.zeros(self.cta.n, np.int32))
+            m[threads] += 1  # wgmma ops in flight that write r
+        return dict(n=n, d=d, a=a, b=uniform(b_tok), scale_d=sd, threads=threads, text=ins.text)
+
+    def _wgmma_run(self, job):
+        n, threads = job["n"], job["threads"]
+        smem = self.cta.smem
+
+        def operand(desc, rows, what):
+            try:
+                where = smem_operand_offsets(desc, rows, 32)
+            except NotImplementedError as e:
+                raise self.Unsupported(f"{job['text']}: {e}") from None
+            if (where < 0).any() or (where >= smem.size).any():
+                raise self.Error(f"{job['text']}: {what} operand reaches outside shared memory")
+            if not self.cta.written[where].all():
+                raise self.Error(f"{job['text']}: {what} operand reads shared bytes nothing wrote")
+            return smem[where].view(np.float16).astype(np.float64)  # [rows, 16]
+
+        if isinstance(job["a"], list):  # register A: per warp the m16n8k16 A fragment of its 16 rows
+            la = layouts.mma_a_layout("m16n8k16")  # [lane, 8 halves] → (row, col)
+            regs = np.stack(job["a"], axis=1).astype(np.uint32)  # [thread, 4]
+            halves = regs.view(np.uint16).reshape(128, 8).view(np.float16).astype(np.float64)
+            A = np.zeros((64, 16))
+            for w in range(4):
+                A[16 * w + la[..., 0], la[..., 1]] = halves[32 * w:32 * w + 32]
+        else:
+            A = operand(job["a"], 64, "A")
+        B = operand(job["b"], n, "B")  # [N, K]
+        lay = wgmma_d_layout(n)
+        D = np.zeros((64, n))
+        if job["scale_d"]:
+            for i, r in enumerate(job["d"]):
+                D[lay[:, i, 0], lay[:, i, 1]] = self.cta.regs[r][threads].astype(np.uint32).view(np.float32)
+        out = (A @ B.T + D).astype(np.float32)  # exact products, one rounding per element
+        for i, r in enumerate(job["d"]):
+            self.cta.inflight[r][threads] -= 1
+            if r not in self.cta.regs:
+                self.cta.regs[r] = np.zeros(self.cta.n, np.uint64)
+            self.cta.regs[r][threads] = out[lay[:, i, 0], lay[:, i, 1]].view(np.uint32).astype(np.uint64)

@@ -1,0 +1,328 @@
+"""The emulator's Hopper instructions (mbarrier, TMA, wgmma, setmaxnreg, named barriers, suspension of
+waiting threads) against hand-computed results, and the errors that catch a missing wait. The expected
+layouts here are written out from the PTX ISA's tables, not taken from ptxgen.layouts."""
+import re
+
+import numpy as np
+import pytest
+
+from ptxgen.emu import EmulationError, Emulator, Memory
+from ptxgen.emu.harness import check_kernel
+from ptxgen.emu.hopper import tensor_map_2d
+from ptxgen.kernels import KERNELS
+
+HEADER = """.version 8.7
+.target sm_90a
+.address_size 64
+.visible .entry t(
+\t.param .u64 out,
+\t.param .align 64 .b8 tmap[128]
+)
+{
+\t.reg .pred %p<8>;
+\t.reg .b32 %r<64>;
+\t.reg .f32 %f<80>;
+\t.reg .b64 %rd<16>;
+\t.shared .align 1024 .b8 sm[32768];
+"""
+
+
+def run(body: str, threads: int, out, tmap=bytes(128), seed=None):
+    ptx = HEADER + "\tmov.u32 %r31, %tid.x;\n\tld.param.u64 %rd15, [out];\n\tmov.u32 %r30, sm;\n" + \
+        "\n".join("\t" + line for line in body.strip().splitlines()) + "\n\tret;\n}\n"
+    mem = Memory()
+    o = mem.alloc(out) if not isinstance(out, int) else mem.alloc(out, poison=0xFF)
+    emu = Emulator(ptx)
+    emu.run((1,), (threads,), (o, tmap if not callable(tmap) else tmap(mem)), mem, seed=seed)
+    return mem, o
+
+
+def test_mbarrier_phases_parity_and_arrival_state():
+    """A phase completes with its last arrival; `test_wait.parity P` is true once the phase of parity P
+    has completed (so parity 1 reads as complete before any phase did, the producer's start trick)."""
+    body = """
+setp.eq.u32 %p1, %r31, 0;
+@%p1 mbarrier.init.shared::cta.b64 [%r30], 32;
+bar.sync 0;
+mbarrier.test_wait.parity.shared::cta.b64 %p2, [%r30], 0;
+mbarrier.test_wait.parity.shared::cta.b64 %p3, [%r30], 1;
+mbarrier.arrive.shared::cta.b64 %rd1, [%r30];
+mbarrier.test_wait.parity.shared::cta.b64 %p4, [%r30], 0;
+mbarrier.test_wait.parity.shared::cta.b64 %p5, [%r30], 1;
+selp.u32 %r1, 1, 0, %p2;
+selp.u32 %r2, 1, 0, %p3;
+selp.u32 %r3, 1, 0, %p4;
+selp.u32 %r4, 1, 0, %p5;
+mul.wide.u32 %rd2, %r31, 16;
+add.s64 %rd3, %rd15, %rd2;
+st.global.v4.u32 [%rd3], {%r1, %r2, %r3, %r4};
+"""
+    mem, o = run(body, 32, 32 * 16)
+    np.testing.assert_array_equal(mem.view(o, np.uint32, (32, 4)), np.tile([0, 1, 1, 0], (32, 1)))
+
+
+PRODUCER_CONSUMER = """
+setp.eq.u32 %p1, %r31, 0;
+@%p1 mbarrier.init.shared::cta.b64 [%r30], 1;
+bar.sync 0;
+setp.lt.u32 %p2, %r31, 32;
+@%p2 bra.uni $L_producer;
+$L_wait:
+mbarrier.try_wait.parity.shared::cta.b64 %p3, [%r30], 0;
+@!%p3 bra $L_wait;
+ld.shared.u32 %r5, [%r30+64];
+sub.u32 %r6, %r31, 32;
+mul.wide.u32 %rd2, %r6, 4;
+add.s64 %rd3, %rd15, %rd2;
+st.global.u32 [%rd3], %r5;
+ret;
+$L_producer:
+mov.u32 %r7, 42;
+@%p1 st.shared.u32 [%r30+64], %r7;
+{arrive}
+"""
+
+
+def test_try_wait_suspends_until_the_producer_arrives():
+    """The consumer warp's wait comes first in program order; it must yield to the producer warp."""
+    mem, o = run(PRODUCER_CONSUMER.replace("{arrive}", "@%p1 mbarrier.arrive.shared::cta.b64 %rd1, [%r30];"), 64, 32 * 4)
+    np.testing.assert_array_equal(mem.view(o, np.uint32, (32,)), 42)
+
+
+def test_a_wait_nobody_satisfies_is_a_deadlock_error():
+    with pytest.raises(EmulationError, match=r"deadlock(.|\n)*try_wait(.|\n)*0 of 1 arrivals|deadlock(.|\n)*1 of 1 arrivals"):
+        run(PRODUCER_CONSUMER.replace("{arrive}", ""), 64, 32 * 4)
+
+
+def test_named_barriers_with_thread_counts():
+    """Two warpgroups sync on barriers 1 and 2 (128 threads each) at the same instruction; a barrier
+    whose count is never reached is a deadlock."""
+    body = """
+shr.u32 %r1, %r31, 7;
+add.u32 %r2, %r1, 1;
+mul.lo.u32 %r3, %r31, 4;
+add.u32 %r4, %r30, %r3;
+st.shared.u32 [%r4], %r31;
+bar.sync %r2, 128;
+xor.b32 %r5, %r31, 127;
+mul.lo.u32 %r6, %r5, 4;
+add.u32 %r7, %r30, %r6;
+ld.shared.u32 %r8, [%r7];
+mul.wide.u32 %rd2, %r31, 4;
+add.s64 %rd3, %rd15, %rd2;
+st.global.u32 [%rd3], %r8;
+"""
+    mem, o = run(body, 256, 256 * 4)
+    np.testing.assert_array_equal(mem.view(o, np.uint32, (256,)), np.arange(256) ^ 127)
+    with pytest.raises(EmulationError, match="deadlock"):
+        run(body.replace("bar.sync %r2, 128", "bar.sync %r2, 160"), 256, 256 * 4)
+
+
+def tma_body(box_bytes):
+    return f"""
+setp.eq.u32 %p1, %r31, 0;
+add.u32 %r1, %r30, 16384;
+@%p1 mbarrier.init.shared::cta.b64 [%r1], 1;
+bar.sync 0;
+mov.b64 %rd1, tmap;
+cvta.param.u64 %rd2, %rd1;
+mov.u32 %r2, 32;
+mov.u32 %r3, 1;
+@%p1 mbarrier.arrive.expect_tx.shared::cta.b64 %rd3, [%r1], {box_bytes};
+@%p1 cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%r30], [%rd2, {{%r2, %r3}}], [%r1];
+$L_wait:
+mbarrier.try_wait.parity.shared::cta.b64 %p3, [%r1], 0;
+@!%p3 bra $L_wait;
+mul.lo.u32 %r4, %r31, 16;
+add.u32 %r5, %r30, %r4;
+ld.shared.v4.u32 {{%r6, %r7, %r8, %r9}}, [%r5];
+mul.wide.u32 %rd4, %r31, 16;
+add.s64 %rd5, %rd15, %rd4;
+st.global.v4.u32 [%rd5+4096], {{%r6, %r7, %r8, %r9}};
+"""
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_tma_box_lands_swizzled_with_zero_fill(seed):
+    """An 8 x 64 fp16 box at (col 32, row 1) of a 5 x 80 tensor, 128B swizzle: box row r sits at bytes
+    128 r with its 16-byte chunk j at chunk j ^ (r % 8); elements outside the tensor read as zero."""
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((5, 80)).astype(np.float16)
+    out = np.concatenate([g.view(np.uint8).reshape(-1), np.zeros(4096 - g.nbytes + 64 * 16, np.uint8)])
+
+    def tmap(mem):
+        return tensor_map_2d(mem.bases[0], "f16", 5, 80, 8, 64, "128B")
+
+    mem, o = run(tma_body(1024), 64, out, tmap, seed)
+    smem = mem.view(o, np.uint8, (4096 + 1024,))[4096:].reshape(8, 8, 16)  # [row, chunk, byte]
+    want_box = np.zeros((8, 64), np.float16)
+    want_box[:4, :48] = g[1:5, 32:80]
+    want = want_box.view(np.uint8).reshape(8, 8, 16)
+    for r in range(8):
+        for j in range(8):
+            np.testing.assert_array_equal(smem[r, j ^ (r % 8)], want[r, j], err_msg=f"row {r} chunk {j}")
+
+
+def test_tma_expect_tx_short_of_the_box_deadlocks_or_overflows():
+    """expect_tx of fewer bytes than the box: the phase completes early (tx goes negative) — the
+    emulator must not complete it; it waits for the count to return to zero, so this deadlocks."""
+    out = np.zeros(4096 + 1024, np.uint8)
+
+    def tmap(mem):
+        return tensor_map_2d(mem.bases[0], "f16", 5, 80, 8, 64, "128B")
+
+    with pytest.raises(EmulationError, match="deadlock"):
+        run(tma_body(2048), 64, out, tmap)
+
+
+def _sw128(r, byte):
+    """Byte `byte` (0..127) of row r of a K-major 128B-swizzled tile (1024-byte aligned)."""
+    return (r // 8) * 1024 + (r % 8) * 128 + (((byte // 16) ^ (r % 8)) * 16) + byte % 16
+
+
+def wgmma_program(n, wait=True):
+    """128 threads: copy the A (64 x 64 f16) and B (n x 64 f16) images to shared memory, then 4 wgmma
+    m64nNk16 stepping the descriptors by +32 bytes along K, and store the accumulators."""
+    regs = ", ".join(f"%f{i}" for i in range(n // 2))
+    lines = ["mov.u32 %r1, 0;", "$L_copy:", "mad.lo.u32 %r2, %r1, 128, %r31;", "mul.lo.u32 %r3, %r2, 16;",
+             "cvt.u64.u32 %rd1, %r3;", "add.s64 %rd2, %rd15, %rd1;", "ld.global.v4.u32 {%r4, %r5, %r6, %r7}, [%rd2];",
+             "add.u32 %r8, %r30, %r3;", "st.shared.v4.u32 [%r8], {%r4, %r5, %r6, %r7};", "add.u32 %r1, %r1, 1;",
+             f"setp.lt.u32 %p1, %r1, {-(-(8192 + n * 128) // 2048)};", "@%p1 bra.uni $L_copy;", "bar.sync 0;",
+             "fence.proxy.async.shared::cta;"]
+    lines += [f"mov.f32 %f{i}, 0f3F800000;" for i in range(n // 2)]  # D starts at 1.0 (scale-d = 1 keeps it)
+    lines += ["shr.u32 %r9, %r30, 4;", "cvt.u64.u32 %rd3, %r9;", "or.b64 %rd4, %rd3, 0x4000004000010000;",
+              "add.s64 %rd5, %rd4, 512;", "wgmma.fence.sync.aligned;"]
+    for kk in range(4):
+        lines += [f"add.s64 %rd6, %rd4, {2 * kk};", f"add.s64 %rd7, %rd5, {2 * kk};",
+                  f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs}}}, %rd6, %rd7, 1, 1, 1, 0, 0;"]
+    lines += ["wgmma.commit_group.sync.aligned;"] + (["wgmma.wait_group.sync.aligned 0;"] if wait else [])
+    lines += [f"mul.wide.u32 %rd8, %r31, {2 * n};", "add.s64 %rd9, %rd15, %rd8;"]
+    lines += [f"st.global.f32 [%rd9+{16384 + 4 * i}], %f{i};" for i in range(n // 2)]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("n", [8, 32, 64])
+def test_wgmma_from_swizzled_shared_memory(n):
+    rng = np.random.default_rng(n)
+    A = rng.integers(-8, 8, (64, 64)).astype(np.float16)
+    B = rng.integers(-8, 8, (n, 64)).astype(np.float16)
+    img = np.zeros(8192 + n * 128, np.uint8)
+    for mat, base in ((A, 0), (B, 8192)):
+        raw = mat.view(np.uint8)  # [rows, 128 bytes]
+        for r in range(mat.shape[0]):
+            for byte in range(128):
+                img[base + _sw128(r, byte)] = raw[r, byte]
+    out = np.concatenate([img, np.zeros(16384 - img.size + 128 * 2 * n, np.uint8)])
+    mem, o = run(wgmma_program(n), 128, out)
+    acc = mem.view(o, np.uint8, (out.size,))[16384:].view(np.float32).reshape(128, n // 2)
+    # D fragment (PTX ISA, wgmma .m64nNk16 D): warp w holds rows 16w..16w+15; register i of lane l is
+    # row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2
+    D = np.zeros((64, n), np.float32)
+    for t in range(128):
+        w, lane = divmod(t, 32)
+        for i in range(n // 2):
+            D[16 * w + lane // 4 + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2] = acc[t, i]
+    np.testing.assert_array_equal(D, A.astype(np.float32) @ B.astype(np.float32).T + 1)
+
+
+def test_reading_an_accumulator_before_wgmma_wait_is_an_error():
+    out = np.zeros(16384 + 128 * 64, np.uint8)
+    with pytest.raises(EmulationError, match="in flight"):
+        run(wgmma_program(32, wait=False), 128, out)
+
+
+def test_setmaxnreg_checks_count_and_convergence():
+    run("setmaxnreg.dec.sync.aligned.u32 40;", 128, 16)
+    with pytest.raises(EmulationError, match="multiple of 8"):
+        run("setmaxnreg.inc.sync.aligned.u32 260;", 128, 16)
+    with pytest.raises(EmulationError, match="not converged"):
+        run("setp.lt.u32 %p1, %r31, 64;\n@%p1 bra $L_x;\nsetmaxnreg.dec.sync.aligned.u32 40;\n$L_x:", 128, 16)
+
+
+# --- the sm_90a MMQ in the emulator: missing waits and broken layouts must fail ----------------------------
+
+def _wgmma_mmq_ptx():
+    return KERNELS["mmq_q4_k_wgmma_n32"].for_arch("sm_90a").ptx()
+
+
+def test_wgmma_mmq_without_the_final_wait_group_fails():
+    ptx = _wgmma_mmq_ptx().replace("wgmma.wait_group.sync.aligned 0;", "")
+    with pytest.raises(EmulationError, match="in flight"):
+        check_kernel("mmq_q4_k_wgmma_n32", ptx, seed=0)
+
+
+def test_wgmma_mmq_whose_consumer_skips_the_full_barrier_wait_fails():
+    """Drop the consumers' wait on the 'stage full' mbarrier: they read the stage before TMA lands."""
+    ptx = _wgmma_mmq_ptx()
+    lines = ptx.splitlines()
+    waits = [i for i, x in enumerate(lines) if "mbarrier.try_wait" in x]
+    i = waits[-1]  # the consumers' per-K-step wait comes last in program order
+    pred = re.search(r"try_wait\S* (%p\d+),", lines[i]).group(1)
+    lines[i] = f"\tsetp.eq.u32 {pred}, 0, 0;"
+    with pytest.raises(EmulationError, match="nothing wrote"):
+        check_kernel("mmq_q4_k_wgmma_n32", "\n".join(lines) + "\n", seed=0)
+
+
+def test_wgmma_mmq_with_an_unswizzled_descriptor_is_wrong():
+    ptx = _wgmma_mmq_ptx().replace("0x4000004000010000", "0x0000004000010000")
+    out = check_kernel("mmq_q4_k_wgmma_n32", ptx, seed=0)
+    assert not out.ok, out.detail
+
+
+def test_wgmma_mmq_with_a_broken_dequant_sequence_fails(monkeypatch):
+    """Reverse the order of the qs words fed to the shared dequant sequence: weights land at wrong k."""
+    from ptxgen.kernels import mmq
+
+    orig = mmq.dequant_f16_words
+    monkeypatch.setattr(mmq, "dequant_f16_words", lambda b, hdr, qs, *rest: orig(b, hdr, list(qs)[::-1], *rest))
+    out = check_kernel("mmq_q4_k_wgmma_n32", _wgmma_mmq_ptx(), seed=0)
+    assert not out.ok, out.detail
+
+
+def test_wgmma_with_a_from_registers():
+    """Register-sourced A (m64n8k16): warp w holds rows 16w..16w+15 in the mma.sync m16n8k16 A pattern —
+    register j of lane l has (row g + 8·(j%2), cols 2·t + 8·(j/2) and +1), g = l/4, t = l%4."""
+    rng = np.random.default_rng(5)
+    A = rng.integers(-8, 8, (64, 16)).astype(np.float16)
+    B = rng.integers(-8, 8, (8, 16)).astype(np.float16)
+    frag = np.zeros((128, 4, 2), np.float16)
+    for th in range(128):
+        w, lane = divmod(th, 32)
+        g, t = divmod(lane, 4)
+        for j in range(4):
+            for h in range(2):
+                frag[th, j, h] = A[16 * w + g + 8 * (j % 2), 2 * t + 8 * (j // 2) + h]
+    img = np.zeros(1024, np.uint8)  # B: 8 rows of 16 halves, K-major, 128B swizzle (32 of 128 bytes used)
+    for r in range(8):
+        for byte in range(32):
+            img[_sw128(r, byte)] = B.view(np.uint8)[r, byte]
+    out = np.concatenate([img, frag.view(np.uint8).reshape(-1), np.zeros(128 * 16, np.uint8)])
+    body = """
+mul.lo.u32 %r3, %r31, 8;
+cvt.u64.u32 %rd1, %r3;
+add.s64 %rd2, %rd15, %rd1;
+ld.global.v2.u32 {%r4, %r5}, [%rd2];
+add.u32 %r8, %r30, %r3;
+st.shared.v2.u32 [%r8], {%r4, %r5};
+mul.wide.u32 %rd3, %r31, 16;
+add.s64 %rd4, %rd15, %rd3;
+ld.global.v4.u32 {%r10, %r11, %r12, %r13}, [%rd4+1024];
+bar.sync 0;
+fence.proxy.async.shared::cta;
+shr.u32 %r9, %r30, 4;
+cvt.u64.u32 %rd5, %r9;
+or.b64 %rd6, %rd5, 0x4000004000010000;
+wgmma.fence.sync.aligned;
+wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%f0, %f1, %f2, %f3}, {%r10, %r11, %r12, %r13}, %rd6, 0, 1, 1, 0;
+wgmma.commit_group.sync.aligned;
+wgmma.wait_group.sync.aligned 0;
+st.global.v4.f32 [%rd4+3072], {%f0, %f1, %f2, %f3};
+"""
+    mem, o = run(body, 128, out)
+    acc = mem.view(o, np.uint8, (out.size,))[3072:].view(np.float32).reshape(128, 4)
+    D = np.zeros((64, 8), np.float32)
+    for th in range(128):
+        w, lane = divmod(th, 32)
+        for i in range(4):
+            D[16 * w + lane // 4 + 8 * (i // 2), 2 * (lane % 4) + i % 2] = acc[th, i]
+    np.testing.assert_array_equal(D, A.astype(np.float32) @ B.astype(np.float32).T)
