@@ -325,3 +325,34 @@ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1,%f2,%f3,%f4}, {%r4,%r5,%r
     for i in range(4):
         D[lc[:, i, 0], lc[:, i, 1]] = reg(emu, f"%f{1 + i}", "f32")
     np.testing.assert_array_equal(D, (A.astype(np.float32) @ B.astype(np.float32)))
+
+
+def test_mma_rounding_matches_the_h200_bit_for_bit():
+    """256 mma.sync m16n8k16 recorded on the H200 (bench/probe_mma_rounding.py: random fragments, exponent
+    spreads up to 2^30 in the accumulator): the emulator running the probe's PTX gives the same bits. The
+    naive model (exact sum, one rounding) disagrees on many of them, so this test can fail."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "bench"))
+    from probe_mma_rounding import PTX
+
+    z = np.load(pathlib.Path(__file__).parent / "data" / "mma_h200_probe.npz")
+    a, b, c, d = z["a"], z["b"], z["c"], z["d"]
+    n = a.shape[0]
+    mem = Memory()
+    args = [mem.alloc(np.ascontiguousarray(x)) for x in (a, b, c)] + [mem.alloc(d.nbytes, poison=0xFF)]
+    Emulator(PTX.replace(".target sm_90", ".target sm_89")).run((n,), (32,), args, mem)
+    got = mem.view(args[3], np.uint32, d.shape)
+    assert np.array_equal(got, d.view(np.uint32)), f"{np.count_nonzero(got != d.view(np.uint32))} outputs differ"
+    from ptxgen import layouts  # the probe really exercises rounding: the naive model misses often
+
+    la, lb, lc = layouts.mma_a_layout("m16n8k16"), layouts.mma_b_layout("m16n8k16"), layouts.mma_c_layout()
+    misses = 0
+    for i in range(n):
+        A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+        A[la[..., 0], la[..., 1]] = a[i]
+        B[lb[..., 0], lb[..., 1]] = b[i]
+        C[lc[..., 0], lc[..., 1]] = c[i]
+        misses += np.count_nonzero((A @ B + C).astype(np.float32)[lc[..., 0], lc[..., 1]] != d[i])
+    assert misses > 1000

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import layouts
+from .tensorcore import mma_f32
 
 MAGIC = b"ptxgen-emu-tmap\0"
 PARAM_BASE = 0x7E0000000000  # where the emulator places kernel parameters for `mov.b64 %rd, param`
@@ -326,7 +327,7 @@ class HopperOps:
         if job["scale_d"]:
             for i, r in enumerate(job["d"]):
                 D[lay[:, i, 0], lay[:, i, 1]] = self.cta.regs[r][threads].astype(np.uint32).view(np.float32)
-        out = (A @ B.T + D).astype(np.float32)  # exact products, one rounding per element
+        out = mma_f32(A, B.T, D)  # the tensor cores' alignment and truncation (tensorcore.py)
         for i, r in enumerate(job["d"]):
             self.cta.inflight[r][threads] -= 1
             if r not in self.cta.regs:

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import layouts
 from .hopper import PARAM_BASE, HopperOps
+from .tensorcore import mma_f32
 from .parser import Ins, Module, parse
 
 
@@ -1025,9 +1026,7 @@ class Emulator(HopperOps):
             A, B = unpack(a), unpack(b)
             if acct == "f32":
                 C = np.stack([typed(self._reg(r, sel), "f32") for r in c], axis=1).astype(np.float64)
-                D = layouts.mma_reference(shape, A, B, np.zeros_like(C))
-                # tensor cores add the exact products to C and round once per element (modelled in float64)
-                out = (D + C).astype(np.float32)
+                out = _mma_fragments_f32(shape, A, B, C)
                 for i, r in enumerate(d):
                     self._set(r, sel, out[:, i], "f32")
             else:
@@ -1036,6 +1035,17 @@ class Emulator(HopperOps):
                 out = np.clip(out, -2**31, 2**31 - 1) if "satfinite" in ins.mods else (out + 2**31) % 2**32 - 2**31
                 for i, r in enumerate(d):
                     self._set(r, sel, out[:, i], "s32")
+
+
+def _mma_fragments_f32(shape, a_frag, b_frag, c_frag):
+    """mma.sync with f32 accumulation on lane-major fragments, through the tensor-core rounding model."""
+    la, lb, lc = layouts.mma_a_layout(shape), layouts.mma_b_layout(shape), layouts.mma_c_layout()
+    k = {"m16n8k16": 16, "m16n8k8": 8}[shape]
+    A, B, C = np.zeros((16, k)), np.zeros((k, 8)), np.zeros((16, 8))
+    A[la[..., 0], la[..., 1]] = a_frag
+    B[lb[..., 0], lb[..., 1]] = b_frag
+    C[lc[..., 0], lc[..., 1]] = c_frag
+    return mma_f32(A, B, C)[lc[..., 0], lc[..., 1]]
 
 
 def _prefix(reg: str) -> str:
