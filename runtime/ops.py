@@ -254,21 +254,58 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         if _mmq_q4_k(w, xa, o, t, arch):
             return _result(o, xa.host and out is None)
     if mode == "fast":
-        rot = rotate_tq4_1s(xa, out=DeviceArray.empty((t, k), np.float32), arch=arch)
-        q = quantize_q8_1(rot, out=DeviceArray.empty((t, k // 32 * 36), np.uint8), arch=arch)
+        q, row = _prep_tq4_1s(xa, t, k, True, arch)
         for t0 in range(0, t, 8):
             n = min(8, t - t0)
             tk = next(v for v in GEMV_TOKENS if v >= n)
             fn = kernels.load(f"gemv_tq4_1s_fast_t{tk}", arch)
-            rows = int(fn.meta["rows_per_cta"])
-            fn.launch(((m + rows - 1) // rows,), (w.buffer, q.ptr + t0 * (k // 32 * 36), o.ptr + 4 * t0 * m, m, k, n))
+            _gemv_launch(fn, w, q.ptr + t0 * row, o.ptr + 4 * t0 * m, m, k, n)
         return _result(o, xa.host and out is None)
-    a = xa
-    if w.fmt == "tq4_1s" and not fused:
-        a = rotate_tq4_1s(xa, out=DeviceArray.empty((t, k), np.float32), arch=arch)
+    a, row = xa, 4 * k
+    if w.fmt == "tq4_1s" and not fused:  # rotated once, into the lane layout the GEMV reads
+        a, row = _prep_tq4_1s(xa, t, k, False, arch)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         fn = kernels.load(_gemv_kernel(w, n, fused), arch)
-        rows = int(fn.meta["rows_per_cta"])
-        fn.launch(((m + rows - 1) // rows,), (w.buffer, a.ptr + 4 * t0 * k, o.ptr + 4 * t0 * m, m, k, n))
+        _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
     return _result(o, xa.host and out is None)
+
+
+_COUNTERS: list = []  # the split-K GEMVs' per-warp arrival counters (zero; each launch leaves them zero)
+
+
+def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int) -> int:
+    """K splits for a lane-per-block GEMV: as many as keep the grid within one wave of resident CTAs
+    (small M, long K: 3584 x 18944 has 448 row CTAs for 1056 slots), at most 8, each split ≥ one step."""
+    steps = -(-(k // 32) // 32)
+    return max(1, min(8, steps, (sms * ctas_per_sm) // max(ctas, 1)))
+
+
+def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
+    from .driver import DeviceBuffer, current
+
+    rows = int(fn.meta["rows_per_cta"])
+    ctas = (m + rows - 1) // rows
+    if "split_k" not in fn.meta:
+        fn.launch((ctas,), (w.buffer, a_ptr, y_ptr, m, k, n))
+        return
+    splits = gemv_splits(ctas, k, int(fn.meta["ctas_per_sm"]), current().sm_count)
+    need = 4 * ctas * int(fn.meta["warps"])
+    if not _COUNTERS or _COUNTERS[0].nbytes < need:
+        c = DeviceBuffer(max(need, 1 << 16))
+        c.fill_bytes(0)
+        _COUNTERS[:] = [c]
+    part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else _COUNTERS[0]
+    fn.launch((ctas, splits), (w.buffer, a_ptr, y_ptr, m, k, n, part, _COUNTERS[0]))
+
+
+def _prep_tq4_1s(xa, t: int, k: int, fast: bool, arch):
+    """forward_rht(x) (→ Q8_1) in the TQ4_1S GEMV's lane layout (ptxgen.formats.tq4_1s.to_lanes_*): one
+    launch. Returns the buffer and its bytes per token."""
+    from ptxgen.formats import tq4_1s as T4
+
+    row = T4.lane_groups(k) * (T4.LANE_GROUP_Q8 if fast else T4.LANE_GROUP_F32)
+    buf = DeviceArray.empty((t, row), np.uint8)
+    nb = t * k // 32
+    kernels.load("prep_tq4_1s_q8" if fast else "prep_tq4_1s", arch).launch(((nb + 7) // 8,), (xa, buf, nb, k))
+    return buf, row

@@ -48,7 +48,8 @@ def test_compiles_without_spills(kernel, arch):
 
 
 EXPECTED_SASS = {"quantize_q8_1": ["SHFL.BFLY", "F2FP"], "dequantize_q4_k": ["F2FP", "LDG.E"],
-                 "rotate_tq4_1s": ["SHFL.BFLY"], "reduce_splitk": ["FADD", "LDG.E"]}
+                 "rotate_tq4_1s": ["SHFL.BFLY"], "reduce_splitk": ["FADD", "LDG.E"],
+                 "prep_tq4_1s": ["SHFL.BFLY", "STG.E"], "prep_tq4_1s_q8": ["SHFL.BFLY", "F2I", "STG.E.U8"]}
 for _k in KERNELS:
     if _k.startswith("gemv_"):  # codebook from shared memory, addressed by prmt; 16-byte activation loads
         EXPECTED_SASS[_k] = ["PRMT", "LDS", "LDG.E.128.CONSTANT", "FFMA"]

@@ -8,11 +8,17 @@ from ptxgen.emu import Memory, run_kernel
 
 pytestmark = pytest.mark.gpu
 
-CASES = ["quantize_q8_1", "dequantize_q4_k", "rotate_tq4_1s", "gemv_tq4_1s_t1", "gemv_tq4_1s_t4_fused", "gemv_tq4_1s_t8",
+CASES = ["prep_tq4_1s", "prep_tq4_1s_q8", "gemv_tq4_1s_t2", "gemv_tq4_1s_fast_t8", "quantize_q8_1", "dequantize_q4_k", "rotate_tq4_1s", "gemv_tq4_1s_t1", "gemv_tq4_1s_t2_fused", "gemv_tq4_1s_t8",
          "gemv_q4_k_t1", "gemv_q4_k_t4", "gemv_tq4_1s_fast_t1", "gemv_tq4_1s_fast_t4", "convert_f16"]
 
 
 def inputs(name, rng):
+    if name.startswith("prep_"):
+        from ptxgen.formats import tq4_1s as T4
+
+        x = rng.standard_normal((3, 1440)).astype(np.float32)
+        per = T4.LANE_GROUP_Q8 if name.endswith("_q8") else T4.LANE_GROUP_F32
+        return [x], 3 * T4.lane_groups(1440) * per, ((x.size // 32 + 7) // 8,), [x.size // 32, 1440]
     if name == "quantize_q8_1" or name == "rotate_tq4_1s":
         x = rng.standard_normal((3, 256)).astype(np.float32)
         nb = x.size // 32
@@ -31,7 +37,9 @@ def inputs(name, rng):
         t = int(name.rsplit("_t", 1)[1])
         m, k = 37, 768
         raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
-        q = formats.quantize("q8_1", formats.rht_forward(rng.standard_normal((t, k)).astype(np.float32)))
+        from ptxgen.formats import tq4_1s as T4
+
+        q = T4.to_lanes_q8(formats.quantize("q8_1", formats.rht_forward(rng.standard_normal((t, k)).astype(np.float32))), k)
         rows = int(manifest("sm_89")[name]["meta"]["rows_per_cta"])
         return [raw, q], t * m * 4, ((m + rows - 1) // rows,), [m, k, t]
     fmt = "tq4_1s" if "tq4_1s" in name else "q4_K"
@@ -40,10 +48,12 @@ def inputs(name, rng):
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     if fmt == "tq4_1s" and "fused" not in name:
-        x = formats.rht_forward(x)
-    from ptxgen.kernels.gemv import ROWS
+        from ptxgen.formats import tq4_1s as T4
 
-    rows = ROWS[t]
+        x = T4.to_lanes_f32(formats.rht_forward(x))
+    from ptxgen.runtime.kernels import manifest
+
+    rows = int(manifest("sm_89")[name]["meta"]["rows_per_cta"])
     return [raw, x], t * m * 4, ((m + rows - 1) // rows,), [m, k, t]
 
 
@@ -64,11 +74,19 @@ def test_gpu_equals_emulator(name):
         flag = r.DeviceArray.empty((1,), np.uint32)
         flag.owner.fill_bytes(0)
         extra_dev, extra_emu, scalars = [flag], [mem.alloc(np.zeros(1, np.uint32))], [arrays[0].size // 8]
-    fn.launch(grid, (*dev_in, dev_out, *extra_dev, *scalars))
+    tail_dev, tail_emu = [], []
+    if "split_k" in fn.meta:  # two K splits: the last warp of each row group sums them (in z order)
+        grid = (grid[0], 2)
+        part = r.DeviceArray.empty((2 * out_bytes // 4,), np.float32)
+        cnt = r.DeviceArray.empty((grid[0] * int(fn.meta["warps"]),), np.uint32)
+        cnt.owner.fill_bytes(0)
+        tail_dev = [part, cnt]
+        tail_emu = [mem.alloc(2 * out_bytes, poison=0xFF), mem.alloc(np.zeros(grid[0] * int(fn.meta["warps"]), np.uint32))]
+    fn.launch(grid, (*dev_in, dev_out, *extra_dev, *scalars, *tail_dev))
     gpu = dev_out.numpy()
     addrs = [mem.alloc(np.ascontiguousarray(a)) for a in arrays]
     o = mem.alloc(out_bytes, poison=0xFF)
-    run_kernel(ptx_source(name, "sm_89")[0], grid, fn.block, (*addrs, o, *extra_emu, *scalars), mem)
+    run_kernel(ptx_source(name, "sm_89")[0], grid, fn.block, (*addrs, o, *extra_emu, *scalars, *tail_emu), mem)
     emu = mem.view(o, np.uint8, (out_bytes,))
     np.testing.assert_array_equal(gpu, emu)
 

@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from .. import formats
+from ..formats import tq4_1s as T4
 from .machine import Memory, run_kernel
 
 
@@ -64,6 +65,26 @@ def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     return Outcome("rotate_tq4_1s", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ", got, want)
 
 
+def _prep(fast):
+    def run(ptx: str, rng, shape=(3, 32 * 45), seed=None) -> Outcome:
+        """prep_tq4_1s{_q8}: x → forward_rht(x) (→ Q8_1) in the lane layout, bit for bit; padding untouched."""
+        t, k = shape
+        x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+        want = formats.rht_forward(x)
+        want = T4.to_lanes_q8(formats.quantize("q8_1", want), k) if fast else T4.to_lanes_f32(want)
+        mem = Memory()
+        xa = mem.alloc(x)
+        ya = mem.alloc(want.nbytes, poison=0)
+        nb = t * k // 32
+        run_kernel(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, k), mem, seed=seed)
+        got = mem.view(ya, np.uint8, (want.nbytes,))
+        ok = np.array_equal(got, want.view(np.uint8).reshape(-1))
+        name = "prep_tq4_1s_q8" if fast else "prep_tq4_1s"
+        return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(got != want.view(np.uint8).reshape(-1))} bytes differ",
+                       got, want)
+    return run
+
+
 def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
@@ -84,7 +105,7 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
                    f"(want {want_flag})", got, want)
 
 
-def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Outcome:
+def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None) -> Outcome:
     """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
     fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
     m, k = shape or ((rows * 3 - 1, 512) if fmt == "q4_K" else (rows * 3 - 1, 480))
@@ -96,10 +117,22 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Ou
     a = x if meta.get("fused_rotation") or fmt != "tq4_1s" else formats.rht_forward(x)
     if fast:
         a = formats.quantize("q8_1", a)
+    if meta.get("layout") == "lanes":  # what prep_tq4_1s / prep_tq4_1s_q8 write
+        a = T4.to_lanes_q8(a, k) if fast else T4.to_lanes_f32(a)
     mem = Memory()
     wa, aa = mem.alloc(raw), mem.alloc(a)
     ya = mem.alloc(n * m * 4, poison=0xFF)
-    run_kernel(ptx, ((m + rows - 1) // rows,), (256,), (wa, aa, ya, m, k, n), mem, seed=seed)
+    grid = ((m + rows - 1) // rows,)
+    extra = ()
+    if "split_k" in meta:  # split K over gridDim.y; the last warp of each row group sums the splits
+        splits = int(rng.integers(1, 4)) if splits is None else splits
+        grid = (grid[0], splits)
+        nwarps = grid[0] * meta["warps"]
+        ca = mem.alloc(np.zeros(nwarps, np.uint32))
+        extra = (mem.alloc(splits * n * m * 4, poison=0xFF), ca)
+    run_kernel(ptx, grid, (32 * meta.get("warps", 8),), (wa, aa, ya, m, k, n, *extra), mem, seed=seed)
+    if extra:
+        assert not mem.view(ca, np.uint32, (nwarps,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
     if fast:  # matches its own integer model tightly, and the exact result within the fork's NMSE bar
         exact = formats.gemv_tq4_1s_ref(raw, m, k, x)
@@ -229,7 +262,7 @@ def _mmq(name):
 
 
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate,
-                                  "convert_f16": _convert_f16}
+                                  "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)

@@ -283,8 +283,17 @@ class Emulator(HopperOps):
     def _bar(self, ins, ex, idx):
         """bar.sync a{, b} (= barrier.sync.aligned): every live lane of an arriving warp arrives together;
         the barrier opens when b threads (all live threads of the CTA when b is absent) have arrived."""
+        if ins.mods[1] == "warp":  # bar.warp.sync membermask: the named lanes must all be here
+            mask = int(self._val(ins.operands[0], "u32", idx)[0])
+            for w in np.unique(idx // 32):
+                need = {i for i in range(32) if mask >> i & 1 and 32 * w + i < self.cta.n and self.alive[32 * w + i]}
+                missing = need - set((idx[idx // 32 == w] % 32).tolist())
+                if missing:
+                    raise EmulationError(f"line {ins.line}: {ins.text}: lanes {sorted(missing)[:4]} of warp {w} "
+                                         "are not here (divergent bar.warp.sync)")
+            return
         if ins.mods[1] != "sync":
-            raise Unsupported(f"{ins.opcode} (only bar.sync is modelled)")
+            raise Unsupported(f"{ins.opcode} (only bar.sync and bar.warp.sync are modelled)")
         for w in np.unique(idx // 32):
             lanes = np.arange(32 * w, min(32 * w + 32, self.cta.n))
             missing = lanes[self.alive[lanes] & ~np.isin(lanes, idx)]

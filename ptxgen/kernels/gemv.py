@@ -324,6 +324,280 @@ def build(arch, spec: GemvSpec):
     return b.finish()
 
 
+LANE_WARPS = 4  # TQ4_1S kernels: 4 independent warps per CTA
+LANE_MIN_CTAS = {1: 8, 2: 7, 4: 4, 8: 2}  # resident CTAs per SM asked of ptxas (64, 72, 128, 255 registers; T=8 needs ~240 without spills)
+LANE_ROWS = {1: 2, 2: 2, 4: 2, 8: 2}  # rows per warp by T (2 rows: the ping-pong loads fit 64 registers)
+LANE_ROWS_FAST = {1: 2, 2: 2, 4: 2, 8: 1}
+
+
+def build_lanes(arch, spec: GemvSpec):
+    """TQ4_1S GEMV, one warp per R rows and one 32-weight block per lane per step.
+
+    A lane loads a whole block of each row (the scale word and 4 qs words: five 4-byte loads at immediate
+    offsets from one address), so loads and address arithmetic are per 32 weights, not per 8; the next
+    step's weight loads are in flight while this step computes (ping-pong registers). The activation
+    comes from `prep_tq4_1s` (fp32) or `prep_tq4_1s_q8` (Q8_1) in the lane layout, where the 32 lanes'
+    16-byte loads are contiguous (in the plain layout a lane's block is 128 bytes from its neighbour's and
+    each load touches 32 cache lines: measured 1.5-2x slower at T=1, 10x at T=8). Warps never meet: the 32
+    lanes' sums are reduced by shfl and the lane that owns (row, token) stores it. Deterministic.
+    Exact mode: nibble·4 → `prmt` into the low byte of a 256-aligned 16-entry fp32 table's address → LDS,
+    FFMA per weight and token; fast mode: int8 codebook by prmt from registers, dp4a with the Q8_1 block."""
+    if spec.fused_rotation:
+        raise ValueError("the lane-per-block GEMV reads the prepared activation; fused rotation is build()'s")
+    Tn = spec.tokens
+    R = spec.rows
+    fast = spec.mode == "fast"
+    doc = f"tq4_1s GEMV{' (fast: int8 codebook x Q8_1, dp4a)' if fast else ''}, {Tn} token(s), {R} rows per warp"
+    b = KernelBuilder(spec.name, arch, doc, block=(32 * LANE_WARPS, 1, 1))
+    w_p, a_p, y_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    # occupancy was the limit (ncu: 80 registers → 6 CTAs/SM, 0.8 eligible warps per scheduler): ask ptxas
+    # for as many resident CTAs as each T fits without spilling
+    b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {LANE_MIN_CTAS[Tn]}"]
+    b.meta.update(split_k="gridDim.y splits the K steps; part: splits x ntok x m fp32, counters: one u32 per warp "
+                          "(zero, left zero)",
+                  ctas_per_sm=LANE_MIN_CTAS[Tn],
+                  tokens=Tn, rows_per_cta=R * LANE_WARPS, rows_per_warp=R, warps=LANE_WARPS, fmt="tq4_1s",
+                  mode=spec.mode, fused_rotation=False, grid="ceil(m / rows_per_cta)", layout="lanes",
+                  activation="prep_tq4_1s_q8(x) (lane layout)" if fast else "prep_tq4_1s(x) (lane layout)")
+    W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(LANE_WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
+    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+
+    if fast:
+        # the int8 codebook in four ordinary registers, loaded at an address ptxas cannot prove uniform
+        # (%tid.y is 0 in this 1-D block): as immediates it keeps them in uniform registers and copies them
+        # into a register before every prmt
+        tab = b.const_table("cb_s8", CODEBOOK_S8.tobytes(), align=16)
+        tl0, tl1, th0, th1 = b.regs("b32", 4)
+        b.emit("ld.global.nc.v4.u32", b.vec([tl0, tl1, th0, th1]),
+               Mem(b.op("mad.wide.u32", b.special("tid.y"), Imm(16, "u32"), b.op("mov.u64", tab))))
+        sel_lo = b.op("mov.b32", Imm(0xD9C8, "b32"))  # sign-replicating selectors: bit 3 of a nibble → 0x00/0xFF
+        sel_hi = b.op("mov.b32", Imm(0xFBEA, "b32"))
+    else:
+        lut_sym = b.shared_buffer("lut", 256, align=256)
+        table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
+        b.comment("16-entry float32 codebook in shared memory (256-aligned: prmt writes nibble*4 into the low byte)")
+        small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
+        tv = b.reg("f32")
+        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))), pred=small)
+        lut = b.op("mov.u32", lut_sym)
+        b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+        b.emit("bar.sync", Imm(0, "u32"))
+
+    nblk = b.op("shr.u32", K, Imm(5, "u32"))
+    row_bytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
+    last = b.op("sub.u32", M, Imm(1, "u32"))
+    rowptr = [b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), last), row_bytes, W)
+              for r in range(R)]
+    tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
+    gsize = T4.LANE_GROUP_Q8 if fast else T4.LANE_GROUP_F32
+    a_row = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", nblk, Imm(31, "u32")), Imm(5, "u32")), Imm(gsize, "u32"))
+    lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
+    actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), a_row, A) for t in range(Tn)]
+    acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
+    for row in acc:
+        for r_ in row:
+            b.emit("mov.f32", r_, Imm(0.0, "f32"))
+
+    def alloc_state():
+        return {"blk": b.reg("u32"), "live": b.reg("pred"), "w": [b.regs("b32", 5) for _ in range(R)],
+                "tail": False}
+
+    def issue(st, jb, pred=None, tail=False):
+        """Weight loads of block jb + lane for every row. Full steps load unpredicated (or under the
+        warp-uniform `pred`); the tail step predicates each lane and zeroes what it does not load (scale 0,
+        activations 0: a lane past the row's end adds exact zeros)."""
+        st["tail"] = tail
+        b.emit("add.u32", st["blk"], jb, lane)
+        if tail:
+            b.emit("setp.lt.u32", st["live"], st["blk"], nblk)
+        off = b.op("mul.lo.u32", st["blk"], Imm(20, "u32"))
+        for r in range(R):
+            p = b.op("add.s64", rowptr[r], b.op("cvt.u64.u32", off))
+            for i, reg in enumerate(st["w"][r]):
+                if tail:
+                    b.emit("mov.b32", reg, Imm(0, "b32"))
+                b.emit("ld.global.nc.u32", reg, Mem(p, 4 * i), pred=st["live"] if tail else pred)
+
+    def act_base(st, t):
+        """This lane's 16-byte column of token t's group jb/32 in the lane layout."""
+        g = b.op("mul.wide.u32", b.op("shr.u32", st["blk"], Imm(5, "u32")), Imm(gsize, "u32"))
+        return b.op("add.s64", b.op("add.s64", actptr[t], g), lane16)
+
+    def act_load(st, base, offset, regs):
+        if st["tail"]:
+            for r_ in regs:
+                b.emit(f"mov.{'b32' if fast else 'f32'}", r_, Imm(0, "b32") if fast else Imm(0.0, "f32"))
+        b.emit(f"ld.global.nc.v4.{'u32' if fast else 'f32'}", b.vec(regs), Mem(base, offset),
+               pred=st["live"] if st["tail"] else None)
+        return regs
+
+    def compute(st):
+        scales = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", st["w"][r][0])),
+                   b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", st["w"][r][0], Imm(16, "u32"))))]
+                  for r in range(R)]
+        bases = [act_base(st, t) for t in range(Tn)]
+        if fast:
+            da = []
+            for t in range(Tn):  # the 32 blocks' d follow the 1024 bytes of qs words: byte 1024 + 4·lane
+                dv = b.reg("f32")
+                if st["tail"]:
+                    b.emit("mov.f32", dv, Imm(0.0, "f32"))
+                dp = b.op("sub.s64", bases[t], b.op("mul.wide.u32", lane, Imm(12, "u32")))
+                b.emit("ld.global.nc.f32", dv, Mem(dp, 1024), pred=st["live"] if st["tail"] else None)
+                da.append(dv)
+            for h in range(2):  # qs words 4h..4h+3 of the activation block: the weights' words 2h, 2h+1
+                acts = [act_load(st, bases[t], 512 * h, b.regs("b32", 4)) for t in range(Tn)]
+                for r in range(R):
+                    isum = [None] * Tn
+                    for i in range(2):
+                        qw = st["w"][r][1 + 2 * h + i]
+                        t4 = b.op("shl.b32", qw, Imm(4, "u32"))
+                        w8 = []
+                        for src, sel in ((qw, sel_lo), (b.op("shr.u32", qw, Imm(16, "u32")), sel_hi)):
+                            idx = b.op("and.b32", src, Imm(0x7777, "b32"))
+                            lo = b.op("prmt.b32", tl0, tl1, idx)
+                            hi = b.op("prmt.b32", th0, th1, idx)
+                            pick = b.op("prmt.b32", t4, qw, sel)
+                            v8 = b.reg("b32")
+                            b.emit("lop3.b32", v8, lo, hi, pick, Imm(0xD8, "b32"))
+                            w8.append(v8)
+                        for t in range(Tn):
+                            qa, qb = acts[t][2 * i], acts[t][2 * i + 1]
+                            s_ = b.op("dp4a.s32.s32", w8[0], qa, isum[t] if isum[t] is not None else Imm(0, "s32"), type="s32")
+                            isum[t] = b.op("dp4a.s32.s32", w8[1], qb, s_, type="s32")
+                    for t in range(Tn):
+                        b.emit("fma.rn.f32", acc[r][t], b.op("mul.rn.f32", scales[r][h], da[t]),
+                               b.op("cvt.rn.f32.s32", isum[t]), acc[r][t])
+            return
+        for h in range(2):
+            part = [[None] * Tn for _ in range(R)]
+            for i in range(2):
+                wi = 2 * h + i  # elements 8·wi .. 8·wi+7: lane-layout rows 2·wi, 2·wi+1 (512 bytes apart)
+                nib = []
+                for r in range(R):
+                    qw = st["w"][r][1 + wi]
+                    nib.append((b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32")),
+                                b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))))
+                for q in range(2):  # 4 elements at a time: 4·T activation registers live, not 8·T
+                    acts = [act_load(st, bases[t], 1024 * wi + 512 * q, [b.reg("f32") for _ in range(4)])
+                            for t in range(Tn)]
+                    for r in range(R):
+                        lo4, hi4 = nib[r]
+                        for e in range(4 * q, 4 * q + 4):  # element 8·wi + e: byte e/2, low nibble when e is even
+                            addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
+                            val = b.op("ld.shared.f32", Mem(addr))
+                            for t in range(Tn):
+                                p_ = part[r][t]
+                                a_ = acts[t][e - 4 * q]
+                                part[r][t] = b.op("mul.rn.f32", val, a_) if p_ is None else \
+                                    b.op("fma.rn.f32", val, a_, p_)
+            for r in range(R):
+                for t in range(Tn):
+                    b.emit("fma.rn.f32", acc[r][t], scales[r][h], part[r][t], acc[r][t])
+
+    b.comment("full steps (every lane has a block): ping-pong, the next step's weight loads in flight")
+    S0, S1 = alloc_state(), alloc_state()
+    nfull = b.op("and.b32", nblk, Imm(~31 & 0xFFFFFFFF, "b32"))
+    # split-K over gridDim.y: split z takes the steps z, z + splits, ... (the tail step too when it is its turn)
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    jb = b.op("shl.b32", kz, Imm(5, "u32"))
+    stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
+    tail, done = b.label("tail"), b.label("blocks_done")
+    b.bra(tail, pred=b.op("setp.ge.u32", jb, nfull))
+    issue(S0, jb)
+    top = b.label("block")
+    b.place(top)
+    b.emit("add.u32", jb, jb, stride)
+    more = b.op("setp.lt.u32", jb, nfull)
+    issue(S1, jb, pred=more)
+    compute(S0)
+    b.bra(tail, pred=more, neg=True)
+    b.emit("add.u32", jb, jb, stride)
+    more = b.op("setp.lt.u32", jb, nfull)
+    issue(S0, jb, pred=more)
+    compute(S1)
+    b.bra(top, pred=more)
+    b.place(tail)
+    b.comment("the tail step (K/32 not a multiple of 32): lanes past the end add zeros")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+    issue(S0, jb, tail=True)
+    compute(S0)
+    b.place(done)
+
+    b.comment("reduce the 32 lanes by shfl.bfly; lane r*T + t owns (row r, token t)")
+    sums = {}
+    for r in range(R):
+        for t in range(Tn):
+            v = acc[r][t]
+            if fast:
+                v = b.op("mul.rn.f32", v, Imm(float(FAST_RESCALE), "f32"))
+            for off in (16, 8, 4, 2, 1):
+                o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+                v = b.op("add.rn.f32", v, o)
+            sums[r, t] = v
+    owner = {}
+    for r in range(R):
+        for t in range(Tn):
+            row = b.op("add.u32", row0, Imm(r, "u32"))
+            mine = b.op("setp.eq.u32", lane, Imm(r * Tn + t, "u32"))
+            ok = b.op("and.pred", b.op("and.pred", mine, b.op("setp.lt.u32", row, M)),
+                      b.op("setp.lt.u32", Imm(t, "u32"), ntok, type="pred"))
+            owner[r, t] = (ok, b.op("mad.lo.u32", Imm(t, "u32"), M, row, type="u32"))
+    split = b.label("split")
+    b.bra(split, pred=b.op("setp.gt.u32", nsplit, Imm(1, "u32")))
+    for (r, t), (ok, yoff) in owner.items():
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), sums[r, t], pred=ok)
+    b.emit("ret")
+    b.place(split)
+    b.comment("split-K: store this split's partials; the warp that arrives last at the row group's counter sums "
+              "the splits in z order (deterministic) and resets the counter")
+    P, C = b.ptr(part_p), b.ptr(cnt_p)
+    zoff = b.op("mul.lo.u32", b.op("mul.lo.u32", kz, ntok), M)
+    plane = b.op("mul.lo.u32", ntok, M)
+    for (r, t), (ok, yoff) in owner.items():
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("add.u32", zoff, yoff), Imm(4, "u32"), P)), sums[r, t], pred=ok)
+    b.emit("membar.gl")
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    cnt = b.op("mad.wide.u32", gwarp, Imm(4, "u32"), C)
+    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    old = b.reg("u32")
+    b.emit("mov.u32", old, Imm(0, "u32"))
+    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=lead)
+    old = b.op("shfl.sync.idx.b32", old, Imm(0, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
+    fin = b.label("not_last")
+    b.bra(fin, pred=b.op("setp.ne.u32", old, b.op("sub.u32", nsplit, Imm(1, "u32"))))
+    b.emit("membar.gl")
+    for (r, t), (ok, yoff) in owner.items():
+        pz = b.op("mad.wide.u32", yoff, Imm(4, "u32"), P)
+        step = b.op("mul.wide.u32", plane, Imm(4, "u32"))
+        tot = b.reg("f32")
+        b.emit("mov.f32", tot, Imm(0.0, "f32"))
+        b.emit("ld.global.cg.f32", tot, Mem(pz), pred=ok)
+        z = b.op("mov.u32", Imm(1, "u32"))
+        zl, zd = b.label("z"), b.label("z_done")
+        b.place(zl)
+        b.bra(zd, pred=b.op("setp.ge.u32", z, nsplit))
+        b.emit("add.s64", pz, pz, step)
+        pv = b.reg("f32")
+        b.emit("mov.f32", pv, Imm(0.0, "f32"))
+        b.emit("ld.global.cg.f32", pv, Mem(pz), pred=ok)
+        b.emit("add.rn.f32", tot, tot, pv)
+        b.emit("add.u32", z, z, Imm(1, "u32"))
+        b.bra(zl)
+        b.place(zd)
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), tot, pred=ok)
+    b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=lead)
+    b.place(fin)
+    b.emit("ret")
+    return b.finish()
+
+
 def _q4_k_scales(b, hdr, sub_lo, sub_hi):
     """(d·sc, dmin·m) of the lane's two sub-blocks from the loaded 16-byte header."""
     from ..dsl import q4_k_scale_ops
@@ -365,6 +639,20 @@ def _rotate_unit_in_registers(b, act, word, lane, live):
         act[t] = v
 
 
+def _rotate_lane_value(b, x, lane, blk):
+    """Lane = element of block blk: load, forward RHT by shfl butterflies (bit-identical to rht_forward)."""
+    off = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
+    v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
+    neg = b.op("shl.b32", b.op("and.b32", b.op("shr.u32", Imm(T4.SIGN_MASK, "u32"), lane, type="u32"), Imm(1, "b32")),
+               Imm(31, "u32"))
+    v = b.op("xor.b32", v, neg, type="f32")
+    for h in (1, 2, 4, 8, 16):
+        o = b.op("shfl.sync.bfly.b32", v, Imm(h, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+        upper = b.op("setp.ne.u32", b.op("and.b32", lane, Imm(h, "b32")), Imm(0, "u32"))
+        v = b.op("selp.f32", b.op("sub.rn.f32", o, v), b.op("add.rn.f32", v, o), upper)
+    return off, b.op("mul.rn.f32", v, Imm(float(T4.INV_SQRT32), "f32"))
+
+
 def build_rotate(arch):
     """rotate_tq4_1s: the activation's forward RHT, one warp per 32-element block, lane = element."""
     b = KernelBuilder("rotate_tq4_1s", arch, "forward RHT of fp32 activations per 32-element block (TQ4_1S)",
@@ -376,33 +664,76 @@ def build_rotate(arch):
     x, y = b.ptr(x_p), b.ptr(y_p)
     n = b.ld_param(n_p, "u32")
     lane, blk, done = warp_per_item(b, n, WARPS)
-    off = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
-    v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
-    neg = b.op("shl.b32", b.op("and.b32", b.op("shr.u32", Imm(T4.SIGN_MASK, "u32"), lane, type="u32"), Imm(1, "b32")),
-               Imm(31, "u32"))
-    v = b.op("xor.b32", v, neg, type="f32")
-    for h in (1, 2, 4, 8, 16):
-        o = b.op("shfl.sync.bfly.b32", v, Imm(h, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
-        upper = b.op("setp.ne.u32", b.op("and.b32", lane, Imm(h, "b32")), Imm(0, "u32"))
-        v = b.op("selp.f32", b.op("sub.rn.f32", o, v), b.op("add.rn.f32", v, o), upper)
-    v = b.op("mul.rn.f32", v, Imm(float(T4.INV_SQRT32), "f32"))
+    off, v = _rotate_lane_value(b, x, lane, blk)
     b.emit("st.global.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), y)), v)
     b.place(done)
     b.emit("ret")
     return b.finish()
 
 
+def build_prep(arch, fast: bool):
+    """prep_tq4_1s{_q8}: x (T, K) fp32 → forward_rht(x) in the GEMV's lane layout (ptxgen.formats.tq4_1s
+    `to_lanes_f32`), or quantized to Q8_1 (the quantize_q8_1 kernel's math) in the quantized lane layout
+    (`to_lanes_q8`): one pass over x, one launch, for the lane-per-block GEMVs."""
+    name = "prep_tq4_1s_q8" if fast else "prep_tq4_1s"
+    doc = "TQ4_1S activation: forward RHT" + (" + Q8_1" if fast else "") + " into the GEMV's lane layout"
+    b = KernelBuilder(name, arch, doc, block=(32 * WARPS, 1, 1))
+    x_p, y_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    n_p, k_p = b.param("nblocks", "u32"), b.param("k", "u32")
+    b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(nblocks / 8)",
+                  layout="to_lanes_q8(quantize_q8_1(.))" if fast else "to_lanes_f32")
+    x, y = b.ptr(x_p), b.ptr(y_p)
+    n, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
+    lane, blk, done = warp_per_item(b, n, WARPS)
+    _, v = _rotate_lane_value(b, x, lane, blk)
+    nb = b.op("shr.u32", K, Imm(5, "u32"))
+    groups = b.op("shr.u32", b.op("add.u32", nb, Imm(31, "u32")), Imm(5, "u32"))
+    t = b.op("div.u32", blk, nb)
+    bb = b.op("rem.u32", blk, nb)
+    gsize = T4.LANE_GROUP_Q8 if fast else T4.LANE_GROUP_F32
+    # byte offset of this block's group: (t·groups + bb/32)·gsize; the block is lane l = bb % 32 there
+    gbase = b.op("mul.wide.u32", b.op("mad.lo.u32", t, groups, b.op("shr.u32", bb, Imm(5, "u32"))), Imm(gsize, "u32"))
+    l = b.op("and.b32", bb, Imm(31, "b32"))
+    e4 = b.op("shr.u32", lane, Imm(2, "u32"))  # element e = lane: e // 4, e % 4
+    e_lo = b.op("and.b32", lane, Imm(3, "b32"))
+    if not fast:  # element e at [(e // 4)·128 + l·4 + e % 4] floats
+        idx = b.op("mad.lo.u32", e4, Imm(128, "u32"), b.op("mad.lo.u32", l, Imm(4, "u32"), e_lo))
+        b.emit("st.global.f32", Mem(b.op("add.s64", b.op("add.s64", y, gbase), b.op("mul.wide.u32", idx, Imm(4, "u32")))), v)
+    else:  # byte e % 4 of qs word w = e // 4, at word [(w // 4)·128 + l·4 + w % 4]; d as fp32 at byte 1024 + 4·l
+        from .quantize_q8_1 import q8_1_math
+
+        q, dh, _ = q8_1_math(b, v)
+        w4 = b.op("shr.u32", e4, Imm(2, "u32"))
+        wlo = b.op("and.b32", e4, Imm(3, "b32"))
+        word = b.op("mad.lo.u32", w4, Imm(128, "u32"), b.op("mad.lo.u32", l, Imm(4, "u32"), wlo))
+        boff = b.op("mad.lo.u32", word, Imm(4, "u32"), e_lo)
+        base = b.op("add.s64", y, gbase)
+        b.emit("st.global.u8", Mem(b.op("add.s64", base, b.op("cvt.u64.u32", boff))), q)
+        lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+        dp = b.op("add.s64", base, b.op("cvt.u64.u32", b.op("mad.lo.u32", l, Imm(4, "u32"), Imm(1024, "u32"), type="u32")))
+        b.emit("st.global.f32", Mem(dp), b.op("cvt.f32.f16", dh), pred=lead)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
 def kernel_defs() -> list[KernelDef]:
-    defs = [KernelDef("rotate_tq4_1s", "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate)]
-    for fmt in ("tq4_1s", "q4_K"):
-        for t in TOKENS:
-            # fused rotation costs ~1 instruction per weight per token and registers: T <= 4 only
-            for fused in ((False, True) if fmt == "tq4_1s" and t <= 4 else (False,)):
-                spec = GemvSpec(fmt, t, ROWS[t], fused)
-                defs.append(KernelDef(spec.name, f"{fmt} decode GEMV, T={t}" + (", fused rotation" if fused else ""),
-                                      lambda arch, spec=spec: build(arch, spec)))
-            if fmt == "tq4_1s":
-                spec = GemvSpec(fmt, t, ROWS[t], False, "fast")
-                defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fast: int8 codebook x Q8_1, dp4a "
-                                      "(not yet run on a GPU)", lambda arch, spec=spec: build(arch, spec)))
+    defs = [KernelDef("rotate_tq4_1s", "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate),
+            KernelDef("prep_tq4_1s", "TQ4_1S activation: forward RHT into the GEMV's lane layout",
+                      lambda arch: build_prep(arch, False)),
+            KernelDef("prep_tq4_1s_q8", "TQ4_1S activation: forward RHT + Q8_1 into the GEMV's lane layout",
+                      lambda arch: build_prep(arch, True))]
+    for t in TOKENS:
+        spec = GemvSpec("q4_K", t, ROWS[t])
+        defs.append(KernelDef(spec.name, f"q4_K decode GEMV, T={t}", lambda arch, spec=spec: build(arch, spec)))
+        spec = GemvSpec("tq4_1s", t, LANE_ROWS[t])
+        defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, activation from prep_tq4_1s",
+                              lambda arch, spec=spec: build_lanes(arch, spec)))
+        if t <= 4:  # fused rotation: the 8-weight-unit kernel (x read coalesced in its own layout)
+            spec = GemvSpec("tq4_1s", t, ROWS[t], True)
+            defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fused rotation",
+                                  lambda arch, spec=spec: build(arch, spec)))
+        spec = GemvSpec("tq4_1s", t, LANE_ROWS_FAST[t], False, "fast")
+        defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fast: int8 codebook x Q8_1 (prep_tq4_1s_q8), dp4a",
+                              lambda arch, spec=spec: build_lanes(arch, spec)))
     return defs

@@ -13,6 +13,23 @@ from . import KernelDef
 WARPS = 8
 
 
+def q8_1_math(b, v):
+    """One Q8_1 block held one value per lane → (q as s32, d and s as f16): amax and Σx by butterfly,
+    q = cvt.rni(x · 127/amax), d = fp16(amax/127), s = fp16(Σx). Shared with the GEMV's activation prep."""
+    a = b.op("abs.f32", v)
+    s = v
+    for off in (16, 8, 4, 2, 1):
+        oa = b.op("shfl.sync.bfly.b32", a, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+        a = b.op("max.NaN.f32", a, oa)
+        os_ = b.op("shfl.sync.bfly.b32", s, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+        s = b.op("add.rn.f32", s, os_)
+    pos = b.op("setp.gt.f32", a, Imm(0.0, "f32"))
+    inv = b.op("selp.f32", b.op("div.rn.f32", Imm(127.0, "f32"), a), Imm(0.0, "f32"), pos)
+    q = b.op("cvt.rni.s32.f32", b.op("mul.rn.f32", v, inv))
+    d = b.op("div.rn.f32", a, Imm(127.0, "f32"))
+    return q, b.op("cvt.rn.f16.f32", d), b.op("cvt.rn.f16.f32", s)
+
+
 def build(arch):
     b = KernelBuilder("quantize_q8_1", arch, __doc__.splitlines()[0], block=(32 * WARPS, 1, 1))
     x_p = b.param("x", "u64", "ptr:in")
@@ -31,19 +48,7 @@ def build(arch):
 
     elem = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
     v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", elem, Imm(4, "u32"), x)))
-    a = b.op("abs.f32", v)
-    s = v
-    for off in (16, 8, 4, 2, 1):
-        oa = b.op("shfl.sync.bfly.b32", a, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
-        a = b.op("max.NaN.f32", a, oa)
-        os_ = b.op("shfl.sync.bfly.b32", s, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
-        s = b.op("add.rn.f32", s, os_)
-    pos = b.op("setp.gt.f32", a, Imm(0.0, "f32"))
-    inv = b.op("selp.f32", b.op("div.rn.f32", Imm(127.0, "f32"), a), Imm(0.0, "f32"), pos)
-    q = b.op("cvt.rni.s32.f32", b.op("mul.rn.f32", v, inv))
-    d = b.op("div.rn.f32", a, Imm(127.0, "f32"))
-    dh = b.op("cvt.rn.f16.f32", d)
-    sh = b.op("cvt.rn.f16.f32", s)
+    q, dh, sh = q8_1_math(b, v)
     yb = b.op("mad.wide.u32", blk, Imm(36, "u32"), y)
     qaddr = b.op("add.s64", yb, b.op("cvt.u64.u32", lane))
     b.emit("st.global.u8", Mem(qaddr, 4), q)
