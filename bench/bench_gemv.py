@@ -1,6 +1,8 @@
-"""Decode GEMV benchmark (needs a GPU and torch): TQ4_1S (exact; separate vs fused rotation) and Q4_K at
-T = 1, 2, 4, 8 on Qwen2.5-7B and Llama shapes, against cuBLAS fp16 on dequantized weights, tinygemm, and
-llama.cpp's figures from shared/PERF.md (fixed columns, measured elsewhere on the same H200 model).
+"""Decode GEMV benchmark (needs a GPU and torch): TQ4_1S (exact, separate vs fused rotation; fast), Q4_K
+(exact fp32; fast = int8 x Q8_1) and Q8_0 (int8 x Q8_1) at T = 1, 2, 4, 8 on Qwen2.5-7B and Llama shapes,
+against cuBLAS fp16 on dequantized weights, tinygemm, and llama.cpp's / the TurboQuant fork's figures from
+shared/PERF.md (fixed columns, measured elsewhere on the same H200 model). The ratio columns are peer time
+over ptxgen time (> 1: ptxgen faster) for ptxgen's exact and fast modes.
 
 Timing: each call is bracketed by CUDA events behind a 0.5 ms torch.cuda._sleep, so the GPU never waits
 for Python to enqueue (device time only; the host cost of a call is in bench_runtime); weights rotate through enough copies to exceed 4× the 60 MB L2, so they come from HBM;
@@ -18,6 +20,9 @@ TOKENS = (1, 2, 4, 8)
 # shared/PERF.md: the TurboQuant fork's tq4_1s (GGML_TQ_NATIVE=1) and llama.cpp MMVQ q4_K, µs per op
 FORK_TQ4_1S = {((18944, 3584), 1): 21.9, ((18944, 3584), 8): 71.2, ((3584, 18944), 1): 23.6,
                ((3584, 18944), 8): 79.2, ((4608, 3584), 1): 10.7, ((3584, 3584), 1): 9.7}
+LLAMA_Q8_0 = {((18944, 3584), 1): 40.1, ((18944, 3584), 8): 59.6, ((3584, 18944), 1): 29.5,
+              ((3584, 18944), 8): 62.4, ((4608, 3584), 1): 15.1, ((3584, 3584), 1): 13.3,
+              ((4096, 14336), 1): 23.0, ((4096, 14336), 8): 46.1}
 LLAMA_Q4_K = {((18944, 3584), 1): 26.9, ((18944, 3584), 8): 96.0, ((3584, 18944), 1): 23.6,
               ((3584, 18944), 8): 89.6, ((4608, 3584), 1): 11.1, ((3584, 3584), 1): 10.0,
               ((4096, 14336), 1): 16.3, ((4096, 14336), 8): 67.1}
@@ -62,7 +67,7 @@ def main():
     results = []
     shapes = SHAPES if args.shapes == "all" else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     for (m, k) in shapes:
-        for fmt in ("tq4_1s", "q4_K"):
+        for fmt in ("tq4_1s", "q4_K", "q8_0"):
             f = formats.get(fmt)
             wbytes = m * f.row_bytes(k)
             copies = max(2, math.ceil(4 * 60e6 / wbytes))
@@ -79,8 +84,9 @@ def main():
                 y = torch.empty(t, m, device="cuda", dtype=torch.float32)
                 row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": wbytes, "rel_err_T2": err}
                 modes = {"separate": "separate", "fused": "fused"} if fmt == "tq4_1s" else {"gemv": "separate"}
+                mode = "fast" if fmt == "q8_0" else "exact"  # q8_0: int8 x Q8_1 only
                 for label, rot in modes.items():
-                    us = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, rotation=rot), args.reps, torch)
+                    us = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, rotation=rot, mode=mode), args.reps, torch)
                     row[f"us_{label}"] = us
                 best = min(row[f"us_{k_}"] for k_ in modes)
                 row["us"] = best
@@ -94,7 +100,10 @@ def main():
                     xh = x.half()
                     row["us_cublas_fp16"] = timed(lambda i: torch.matmul(xh, w16[i % len(w16)].t()), args.reps, torch)
                     row["us_fork_tq4_1s"] = FORK_TQ4_1S.get(((m, k), t))
-                else:
+                elif fmt == "q8_0":
+                    row["us_llamacpp_q8_0"] = LLAMA_Q8_0.get(((m, k), t))
+                elif fmt == "q4_K":
+                    row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
                     row["us_llamacpp_q4_K"] = LLAMA_Q4_K.get(((m, k), t))
                     row["us_tinygemm"] = tinygemm_us(torch, m, k, t, args.reps)
                 results.append(row)
@@ -111,21 +120,22 @@ _HEADER = False
 def print_row(row):
     global _HEADER
     if not _HEADER:
-        print("| fmt | M×K | T | ptxgen µs (exact) | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
-              "| cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) | ratio peer/ptxgen |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
+              "| cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) | peer/ptxgen | peer/fast |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         _HEADER = True
-    peer = row.get("us_fork_tq4_1s") or row.get("us_llamacpp_q4_K")
+    peer = row.get("us_fork_tq4_1s") or row.get("us_llamacpp_q4_K") or row.get("us_llamacpp_q8_0")
     f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
     rot = f"{row['us_separate']:.1f} / {row['us_fused']:.1f}" if "us_fused" in row else "-"
     ratio = "n/a" if peer is None else f"{peer / row['us']:.2f}"
+    fratio = "n/a" if peer is None or row.get("us_fast") is None else f"{peer / row['us_fast']:.2f}"
     print(f"| {row['fmt']} | {row['m']}×{row['k']} | {row['T']} | {row['us']:.1f} | {row['GBps']:.0f} | "
           f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_fast'))} | {f(row.get('us_cublas_fp16'))} | "
-          f"{f(row.get('us_tinygemm'))} | {f(peer)} | {ratio} |", flush=True)
+          f"{f(row.get('us_tinygemm'))} | {f(peer)} | {ratio} | {fratio} |", flush=True)
 
 
 def fast_us(r, ws, copies, x, y, m, k, t, reps, torch):
-    """TQ4_1S fast mode, whole op as users call it: mul_mat(mode="fast") = rotate, Q8_1, dp4a GEMV."""
+    """Fast mode, whole op as users call it: mul_mat(mode="fast") = (rotate +) Q8_1 prep, dp4a GEMV."""
     try:
         xa, ya = r.as_device_array(x), r.as_device_array(y)
         return timed(lambda i: r.mul_mat(ws[i % copies], xa, out=ya, mode="fast"), reps, torch)
@@ -164,17 +174,20 @@ def plot(results, path):
     plt = pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, fmt in zip(axes, ("tq4_1s", "q4_K")):
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    for ax, fmt in zip(axes, ("tq4_1s", "q4_K", "q8_0")):
         for (m, k) in sorted({(r_["m"], r_["k"]) for r_ in results if r_["fmt"] == fmt}):
             rows = [r_ for r_ in results if r_["fmt"] == fmt and (r_["m"], r_["k"]) == (m, k)]
-            ax.plot([r_["T"] for r_ in rows], [r_["GBps"] for r_ in rows], "o-", label=f"{m}×{k}")
+            line = ax.plot([r_["T"] for r_ in rows], [r_["GBps"] for r_ in rows], "o-", label=f"{m}×{k}")[0]
+            if rows[0].get("us_fast"):
+                ax.plot([r_["T"] for r_ in rows], [r_["weight_bytes"] / r_["us_fast"] / 1e3 for r_ in rows], "x--",
+                        color=line.get_color(), label=f"{m}×{k} fast")
         ax.axhline(HBM / 1e9, color="k", ls="--", label="HBM copy 4.27 TB/s")
         ax.set_title(f"{fmt} decode GEMV on H200 (weight GB/s)")
         ax.set_xlabel("tokens T")
         ax.set_ylabel("GB/s")
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -77,7 +77,9 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None):
 
 
 GEMV_TOKENS = (1, 2, 4, 8)
-GEMV_FORMATS = {"tq4_1s": "tq4_1s", "q4_K": "q4_k"}
+GEMV_FORMATS = {"tq4_1s": "tq4_1s", "q4_K": "q4_k", "q8_0": "q8_0"}
+FAST_GEMV = {"tq4_1s": ("prep_tq4_1s_q8", "gemv_tq4_1s_fast_t{}"), "q4_K": ("prep_q8_lanes", "gemv_q4_k_fast_t{}"),
+             "q8_0": ("prep_q8_lanes", "gemv_q8_0_t{}")}
 
 
 FUSED_MAX_TOKENS = 4  # gemv_tq4_1s_t8 has no fused-rotation variant (it would spill on sm_89)
@@ -222,9 +224,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     accumulation, relative error ~4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
     the call is recomputed exactly by the GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
     rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits) for T ≤ 4 and
-    falls back to the separate rotation above that. `mode="fast"` (TQ4_1S only) rotates, quantizes the
-    rotated activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact
-    result, bound 5e-4); `"exact"` keeps fp32 activations and the fp32 codebook (relative error ~1e-6)."""
+    falls back to the separate rotation above that. `mode="fast"`: TQ4_1S rotates, quantizes the rotated
+    activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact result,
+    bound 5e-4); Q4_K (T ≤ 8) and Q8_0 (which has only this mode: pass mode="fast") quantize x to Q8_1 and
+    run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact integer dots; relative error ≤ 1e-5 against the
+    float64 product with the Q8_1-rounded x). `"exact"` keeps fp32 activations (relative error ~1e-6)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     if w.fmt not in GEMV_FORMATS:
@@ -233,9 +237,12 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError(f"mul_mat: rotation must be 'separate' or 'fused', got {rotation!r}")
     if mode not in ("exact", "fast"):
         raise ValueError(f"mul_mat: mode must be 'exact' or 'fast', got {mode!r}")
-    if mode == "fast" and w.fmt != "tq4_1s":
-        raise ValueError(f"mul_mat: mode='fast' exists for tq4_1s weights only, got {w.fmt}")
+    if w.fmt == "q8_0" and mode != "fast":
+        raise ValueError("mul_mat: q8_0 weights run int8 x Q8_1 activations (as llama.cpp does); pass mode='fast'")
     m, k = w.shape
+    if w.fmt == "q8_0" and (k % 64 or w.ptr % 4):
+        raise ValueError(f"mul_mat: q8_0 needs K a multiple of 64 and 4-byte aligned weights (K={k}, "
+                         f"pointer {w.ptr:#x})")
     shape = shape_of(x, "mul_mat: x")
     if len(shape) != 2 or shape[1] != k:
         raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {shape}")
@@ -254,16 +261,17 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         if _mmq_q4_k(w, xa, o, t, arch):
             return _result(o, xa.host and out is None)
     if mode == "fast":
-        q, row = _prep_tq4_1s(xa, t, k, True, arch)
+        prep, gemv = FAST_GEMV[w.fmt]
+        q, row = _prep_lanes(xa, t, k, prep, arch)
         for t0 in range(0, t, 8):
             n = min(8, t - t0)
             tk = next(v for v in GEMV_TOKENS if v >= n)
-            fn = kernels.load(f"gemv_tq4_1s_fast_t{tk}", arch)
+            fn = kernels.load(gemv.format(tk), arch)
             _gemv_launch(fn, w, q.ptr + t0 * row, o.ptr + 4 * t0 * m, m, k, n)
         return _result(o, xa.host and out is None)
     a, row = xa, 4 * k
     if w.fmt == "tq4_1s" and not fused:  # rotated once, into the lane layout the GEMV reads
-        a, row = _prep_tq4_1s(xa, t, k, False, arch)
+        a, row = _prep_lanes(xa, t, k, "prep_tq4_1s", arch)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         fn = kernels.load(_gemv_kernel(w, n, fused), arch)
@@ -299,13 +307,14 @@ def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
     fn.launch((ctas, splits), (w.buffer, a_ptr, y_ptr, m, k, n, part, _COUNTERS[0]))
 
 
-def _prep_tq4_1s(xa, t: int, k: int, fast: bool, arch):
-    """forward_rht(x) (→ Q8_1) in the TQ4_1S GEMV's lane layout (ptxgen.formats.tq4_1s.to_lanes_*): one
-    launch. Returns the buffer and its bytes per token."""
+def _prep_lanes(xa, t: int, k: int, prep: str, arch):
+    """The activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
+    prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1) or prep_q8_lanes (Q8_1). Returns the
+    buffer and its bytes per token."""
     from ptxgen.formats import tq4_1s as T4
 
-    row = T4.lane_groups(k) * (T4.LANE_GROUP_Q8 if fast else T4.LANE_GROUP_F32)
+    row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep == "prep_tq4_1s" else T4.LANE_GROUP_Q8)
     buf = DeviceArray.empty((t, row), np.uint8)
     nb = t * k // 32
-    kernels.load("prep_tq4_1s_q8" if fast else "prep_tq4_1s", arch).launch(((nb + 7) // 8,), (xa, buf, nb, k))
+    kernels.load(prep, arch).launch(((nb + 7) // 8,), (xa, buf, nb, k))
     return buf, row

@@ -8,11 +8,14 @@ from ptxgen.emu import Memory, run_kernel
 
 pytestmark = pytest.mark.gpu
 
-CASES = ["prep_tq4_1s", "prep_tq4_1s_q8", "gemv_tq4_1s_t2", "gemv_tq4_1s_fast_t8", "quantize_q8_1", "dequantize_q4_k", "rotate_tq4_1s", "gemv_tq4_1s_t1", "gemv_tq4_1s_t2_fused", "gemv_tq4_1s_t8",
+CASES = ["prep_tq4_1s", "prep_tq4_1s_q8", "prep_q8_lanes", "gemv_tq4_1s_t2", "gemv_tq4_1s_fast_t8", "gemv_q8_0_t1",
+         "gemv_q8_0_t4", "gemv_q4_k_fast_t1", "gemv_q4_k_fast_t8", "quantize_q8_1", "dequantize_q4_k", "rotate_tq4_1s", "gemv_tq4_1s_t1", "gemv_tq4_1s_t2_fused", "gemv_tq4_1s_t8",
          "gemv_q4_k_t1", "gemv_q4_k_t4", "gemv_tq4_1s_fast_t1", "gemv_tq4_1s_fast_t4", "convert_f16"]
 
 
 def inputs(name, rng):
+    from ptxgen.runtime.kernels import manifest
+
     if name.startswith("prep_"):
         from ptxgen.formats import tq4_1s as T4
 
@@ -31,6 +34,16 @@ def inputs(name, rng):
     if name == "convert_f16":
         x = (rng.standard_normal((5, 256)) * 300).astype(np.float32)
         return [x], x.size * 2, (1,), []  # flag buffer appended by the test
+    if name.startswith(("gemv_q8_0", "gemv_q4_k_fast")):  # int8 x Q8_1 in the lane layout
+        from ptxgen.formats import tq4_1s as T4
+
+        fmt = "q8_0" if "q8_0" in name else "q4_K"
+        t = int(name.rsplit("_t", 1)[1])
+        m, k = 37, 768
+        raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+        q = T4.to_lanes_q8(formats.quantize("q8_1", rng.standard_normal((t, k)).astype(np.float32)), k)
+        rows = int(manifest("sm_89")[name]["meta"]["rows_per_cta"])
+        return [raw, q], t * m * 4, ((m + rows - 1) // rows,), [m, k, t]
     if "_fast_" in name:  # rotated activation as Q8_1 blocks
         from ptxgen.runtime.kernels import manifest
 

@@ -70,8 +70,12 @@ def test_mul_mat_errors():
         r.mul_mat(w, np.ones((2, 256), np.float16))
     with pytest.raises(ValueError, match="rotation must be"):
         r.mul_mat(w, np.ones((2, 256), np.float32), rotation="none")
-    with pytest.raises(ValueError, match="mode='fast' exists for tq4_1s weights only"):
-        r.mul_mat(w, np.ones((2, 256), np.float32), mode="fast")
+    w8 = r.QuantTensor.from_numpy(np.ones((4, 256), np.float32), "q8_0")
+    with pytest.raises(ValueError, match="q8_0 weights run int8 x Q8_1 .* pass mode='fast'"):
+        r.mul_mat(w8, np.ones((2, 256), np.float32))
+    w8 = r.QuantTensor.from_numpy(np.ones((4, 96), np.float32), "q8_0")
+    with pytest.raises(ValueError, match="q8_0 needs K a multiple of 64"):
+        r.mul_mat(w8, np.ones((2, 96), np.float32), mode="fast")
     with pytest.raises(ValueError, match="mode must be"):
         r.mul_mat(w, np.ones((2, 256), np.float32), mode="quick")
 
@@ -95,3 +99,28 @@ def test_fast_tq4_1s_gemv_kernel(t):
     exact = formats.gemv_tq4_1s_ref(raw, m, k, x)
     assert rel(got, model) <= 1e-5
     assert np.linalg.norm(got - exact) ** 2 / np.linalg.norm(exact) ** 2 <= 5e-4
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q8_0"])
+@settings(max_examples=20)
+@given(data=st.data())
+def test_int8_gemv_matches_q8_1_reference(fmt, data):
+    """Q4_K (T <= 8) and Q8_0 with mode="fast": x quantized to Q8_1, int8 dp4a GEMV; within 1e-5 of the
+    float64 product with the Q8_1-rounded activation (integer dots are exact). Shapes include split-K
+    (small M, long K) and tails (K/32 not a multiple of 32); outputs poisoned; deterministic."""
+    import ptxgen.runtime as r
+
+    m = data.draw(st.sampled_from([1, 7, 127, 129, 300, 2048]))
+    k = data.draw(st.sampled_from([256, 512, 2304, 4096] + ([1088, 14336] if fmt == "q8_0" else [14336])))
+    t = data.draw(st.sampled_from([1, 2, 3, 5, 8] + ([9, 17] if fmt == "q8_0" else [])))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out, mode="fast")
+    got = out.numpy()
+    assert np.isfinite(got).all()
+    assert rel(got, formats.gemm_q8_1_ref(fmt, raw, m, k, x)) <= 1e-5
+    np.testing.assert_array_equal(r.mul_mat(w, x, mode="fast").view(np.uint32), got.view(np.uint32))

@@ -65,12 +65,12 @@ def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     return Outcome("rotate_tq4_1s", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ", got, want)
 
 
-def _prep(fast):
+def _prep(fast, rotate=True):
     def run(ptx: str, rng, shape=(3, 32 * 45), seed=None) -> Outcome:
         """prep_tq4_1s{_q8}: x → forward_rht(x) (→ Q8_1) in the lane layout, bit for bit; padding untouched."""
         t, k = shape
         x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
-        want = formats.rht_forward(x)
+        want = formats.rht_forward(x) if rotate else x
         want = T4.to_lanes_q8(formats.quantize("q8_1", want), k) if fast else T4.to_lanes_f32(want)
         mem = Memory()
         xa = mem.alloc(x)
@@ -79,7 +79,7 @@ def _prep(fast):
         run_kernel(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, k), mem, seed=seed)
         got = mem.view(ya, np.uint8, (want.nbytes,))
         ok = np.array_equal(got, want.view(np.uint8).reshape(-1))
-        name = "prep_tq4_1s_q8" if fast else "prep_tq4_1s"
+        name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else "prep_q8_lanes"
         return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(got != want.view(np.uint8).reshape(-1))} bytes differ",
                        got, want)
     return run
@@ -108,7 +108,7 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
 def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None) -> Outcome:
     """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
     fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
-    m, k = shape or ((rows * 3 - 1, 512) if fmt == "q4_K" else (rows * 3 - 1, 480))
+    m, k = shape or ((rows * 3 - 1, 512) if fmt in ("q4_K", "q8_0") else (rows * 3 - 1, 480))
     n = ntok or tokens
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize(fmt, w)
@@ -117,7 +117,7 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
     a = x if meta.get("fused_rotation") or fmt != "tq4_1s" else formats.rht_forward(x)
     if fast:
         a = formats.quantize("q8_1", a)
-    if meta.get("layout") == "lanes":  # what prep_tq4_1s / prep_tq4_1s_q8 write
+    if meta.get("layout") == "lanes":  # what prep_tq4_1s / prep_tq4_1s_q8 / prep_q8_lanes write
         a = T4.to_lanes_q8(a, k) if fast else T4.to_lanes_f32(a)
     mem = Memory()
     wa, aa = mem.alloc(raw), mem.alloc(a)
@@ -134,6 +134,11 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
     if extra:
         assert not mem.view(ca, np.uint32, (nwarps,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
+    if fast and fmt != "tq4_1s":  # int8 x Q8_1: exact integer dots, so only fp32 rounding of the scales
+        want = formats.gemm_q8_1_ref(fmt, raw, m, k, x)
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+        return Outcome(meta.get("name", "gemv"), ok, f"relative error {rel:.2e} vs the Q8_1 reference", got, want)
     if fast:  # matches its own integer model tightly, and the exact result within the fork's NMSE bar
         exact = formats.gemv_tq4_1s_ref(raw, m, k, x)
         want = formats.gemv_tq4_1s_fast_ref(raw, m, k, x)
@@ -262,13 +267,15 @@ def _mmq(name):
 
 
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate,
-                                  "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True)}
+                                  "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
+                                  "prep_q8_lanes": _prep(True, rotate=False)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
 HARNESSES["reduce_splitk"] = _reduce
 for _t in (1, 2, 4, 8):
-    HARNESSES[f"gemv_tq4_1s_fast_t{_t}"] = _gemv(f"gemv_tq4_1s_fast_t{_t}")
+    for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}"):
+        HARNESSES[_n] = _gemv(_n)
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")
 for _bn in (32, 64, 128, 256):

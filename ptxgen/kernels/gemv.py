@@ -328,6 +328,7 @@ LANE_WARPS = 4  # TQ4_1S kernels: 4 independent warps per CTA
 LANE_MIN_CTAS = {1: 8, 2: 7, 4: 4, 8: 2}  # resident CTAs per SM asked of ptxas (64, 72, 128, 255 registers; T=8 needs ~240 without spills)
 LANE_ROWS = {1: 2, 2: 2, 4: 2, 8: 2}  # rows per warp by T (2 rows: the ping-pong loads fit 64 registers)
 LANE_ROWS_FAST = {1: 2, 2: 2, 4: 2, 8: 1}
+GGML_MIN_CTAS = {1: 8, 2: 6, 4: 4, 8: 2}  # Q8_0 / Q4_K dp4a GEMVs: 64, 80, 128, 255 registers without spills
 
 
 def build_lanes(arch, spec: GemvSpec):
@@ -476,7 +477,8 @@ def build_lanes(arch, spec: GemvSpec):
                                b.op("cvt.rn.f32.s32", isum[t]), acc[r][t])
             return
         for h in range(2):
-            part = [[None] * Tn for _ in range(R)]
+            # two partial chains per (row, token): even and odd elements (the FFMA chain waits on LDS)
+            part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
             for i in range(2):
                 wi = 2 * h + i  # elements 8·wi .. 8·wi+7: lane-layout rows 2·wi, 2·wi+1 (512 bytes apart)
                 nib = []
@@ -493,25 +495,206 @@ def build_lanes(arch, spec: GemvSpec):
                             addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
                             val = b.op("ld.shared.f32", Mem(addr))
                             for t in range(Tn):
-                                p_ = part[r][t]
+                                p_ = part[r][t][e % 2]
                                 a_ = acts[t][e - 4 * q]
-                                part[r][t] = b.op("mul.rn.f32", val, a_) if p_ is None else \
+                                part[r][t][e % 2] = b.op("mul.rn.f32", val, a_) if p_ is None else \
                                     b.op("fma.rn.f32", val, a_, p_)
             for r in range(R):
                 for t in range(Tn):
-                    b.emit("fma.rn.f32", acc[r][t], scales[r][h], part[r][t], acc[r][t])
+                    both = b.op("add.rn.f32", part[r][t][0], part[r][t][1])
+                    b.emit("fma.rn.f32", acc[r][t], scales[r][h], both, acc[r][t])
 
-    b.comment("full steps (every lane has a block): ping-pong, the next step's weight loads in flight")
     S0, S1 = alloc_state(), alloc_state()
-    nfull = b.op("and.b32", nblk, Imm(~31 & 0xFFFFFFFF, "b32"))
-    # split-K over gridDim.y: split z takes the steps z, z + splits, ... (the tail step too when it is its turn)
+    _lane_steps(b, nblk, S0, S1, issue, compute)
+    sums = {}
+    for r in range(R):
+        for t in range(Tn):
+            sums[r, t] = acc[r][t] if not fast else b.op("mul.rn.f32", acc[r][t], Imm(float(FAST_RESCALE), "f32"))
+    _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p)
+    return b.finish()
+
+
+def build_lanes_ggml(arch, fmt: str, Tn: int):
+    """Q8_0 and Q4_K decode GEMVs on the lane machinery, int8 × Q8_1 activations (`prep_q8_lanes`) with
+    dp4a, as llama.cpp's MMVQ computes them (checked against gemm_q8_1_ref: exact integer dots, fp32 scales).
+
+    Q8_0: a lane owns one 34-byte block (2-byte aligned): it loads the 9 words covering it from the 4-byte
+    boundary below (K a multiple of 64 keeps them inside the row) and one prmt per word realigns the 32
+    int8 values whichever parity the block has. Q4_K: a lane owns a pair of sub-blocks (64 weights: the
+    32 qs bytes they share, two 16-byte loads) and its super-block header (one 16-byte load): low nibbles
+    are sub-block 2j, high nibbles 2j+1; y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block."""
+    q4k = fmt == "q4_K"
+    R = 1 if q4k else 2  # Q4_K: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
+    name = f"gemv_{'q4_k_fast' if q4k else 'q8_0'}_t{Tn}"
+    b = KernelBuilder(name, arch, f"{fmt} GEMV (int8 x Q8_1, dp4a), {Tn} token(s), {R} rows per warp",
+                      block=(32 * LANE_WARPS, 1, 1))
+    w_p, a_p, y_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {GGML_MIN_CTAS[Tn]}"]
+    b.meta.update(split_k="gridDim.y splits the K steps; part: splits x ntok x m fp32, counters: one u32 per warp "
+                          "(zero, left zero)", ctas_per_sm=GGML_MIN_CTAS[Tn],
+                  tokens=Tn, rows_per_cta=R * LANE_WARPS, rows_per_warp=R, warps=LANE_WARPS, fmt=fmt, mode="fast",
+                  layout="lanes", grid="ceil(m / rows_per_cta)", activation="prep_q8_lanes(x) (lane layout)",
+                  k_multiple=256 if q4k else 64)
+    W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(LANE_WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
+    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+    nblk = b.op("shr.u32", K, Imm(5, "u32"))
+    nunits = b.op("shr.u32", K, Imm(6, "u32")) if q4k else nblk
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32")) if q4k else \
+        b.op("mul.lo.u32", nblk, Imm(34, "u32"))
+    last = b.op("sub.u32", M, Imm(1, "u32"))
+    rowptr = [b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), last), row_bytes, W)
+              for r in range(R)]
+    tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
+    gsize = T4.LANE_GROUP_Q8
+    a_row = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", nblk, Imm(31, "u32")), Imm(5, "u32")), Imm(gsize, "u32"))
+    actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), a_row, A) for t in range(Tn)]
+    ones = b.op("mov.b32", Imm(0x01010101, "b32"))
+    acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
+    for row in acc:
+        for r_ in row:
+            b.emit("mov.f32", r_, Imm(0.0, "f32"))
+    if q4k:
+        # this lane's activation blocks 2P, 2P+1 sit in group (2·jb + 2·lane) / 32 at columns 2·lane % 32, +1
+        col = b.op("and.b32", b.op("shl.b32", lane, Imm(1, "u32")), Imm(31, "b32"))
+        sub_lo = b.reg("u32")
+        sub_hi = b.reg("u32")
+    else:
+        odd = b.op("and.b32", lane, Imm(1, "b32"))  # block parity = lane parity (jb is a multiple of 32)
+        # qs word i = bytes 2..5 of the window (even block) or word i+1 (odd block): prmt(w_i, w_i+1, sel)
+        wsel = b.op("selp.b32", Imm(0x7654, "b32"), Imm(0x5432, "b32"), b.op("setp.ne.u32", odd, Imm(0, "u32")))
+        dsel = b.op("selp.b32", Imm(0x32, "b32"), Imm(0x10, "b32"), b.op("setp.ne.u32", odd, Imm(0, "u32")))
+
+    def alloc_state():
+        nw = 12 if q4k else 9
+        return {"u": b.reg("u32"), "live": b.reg("pred"), "w": [b.regs("b32", nw) for _ in range(R)], "tail": False}
+
+    def issue(st, jb, pred=None, tail=False):
+        st["tail"] = tail
+        b.emit("add.u32", st["u"], jb, lane)
+        if tail:
+            b.emit("setp.lt.u32", st["live"], st["u"], nunits)
+        lp = st["live"] if tail else pred
+        for r in range(R):
+            regs = st["w"][r]
+            if tail:
+                for reg in regs:
+                    b.emit("mov.b32", reg, Imm(0, "b32"))
+            if q4k:  # header (16 B), then the pair's 32 qs bytes at 16 + 32·(u % 4)
+                sb = b.op("add.s64", rowptr[r], b.op("mul.wide.u32", b.op("shr.u32", st["u"], Imm(2, "u32")), Imm(144, "u32")))
+                qp = b.op("add.s64", sb, b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", st["u"], Imm(3, "b32")), Imm(5, "u32"))))
+                b.emit("ld.global.nc.v4.u32", b.vec(regs[0:4]), Mem(sb), pred=lp)
+                b.emit("ld.global.nc.v4.u32", b.vec(regs[4:8]), Mem(qp, 16), pred=lp)
+                b.emit("ld.global.nc.v4.u32", b.vec(regs[8:12]), Mem(qp, 32), pred=lp)
+            else:  # the 9 words from the 4-byte boundary at or below the block's start
+                off = b.op("and.b32", b.op("mul.lo.u32", st["u"], Imm(34, "u32")), Imm(~3 & 0xFFFFFFFF, "b32"))
+                p = b.op("add.s64", rowptr[r], b.op("cvt.u64.u32", off))
+                for i, reg in enumerate(regs):
+                    b.emit("ld.global.nc.u32", reg, Mem(p, 4 * i), pred=lp)
+
+    def act_blocks(st, t):
+        """Token t's Q8_1 activation of this lane's unit: qs words (8 per block) and d per block."""
+        pred = st["live"] if st["tail"] else None
+        if q4k:
+            g = b.op("shr.u32", st["u"], Imm(4, "u32"))  # group of block 2P: 2P / 32
+            base = b.op("add.s64", actptr[t], b.op("mul.wide.u32", g, Imm(gsize, "u32")))
+            cb = b.op("add.s64", base, b.op("mul.wide.u32", col, Imm(16, "u32")))
+            words = []
+            for row_off in (0, 512):  # words 0..3 of both blocks, then 4..7
+                wv = b.regs("b32", 8)
+                if st["tail"]:
+                    for reg in wv:
+                        b.emit("mov.b32", reg, Imm(0, "b32"))
+                b.emit("ld.global.nc.v4.u32", b.vec(wv[0:4]), Mem(cb, row_off), pred=pred)
+                b.emit("ld.global.nc.v4.u32", b.vec(wv[4:8]), Mem(cb, row_off + 16), pred=pred)
+                words.append(wv)
+            blk = [words[0][0:4] + words[1][0:4], words[0][4:8] + words[1][4:8]]
+            dv = b.regs("f32", 2)
+            if st["tail"]:
+                for reg in dv:
+                    b.emit("mov.f32", reg, Imm(0.0, "f32"))
+            b.emit("ld.global.nc.v2.f32", b.vec(dv), Mem(b.op("add.s64", base, b.op("mul.wide.u32", col, Imm(4, "u32"))), 1024),
+                   pred=pred)
+            return blk, dv
+        g = b.op("mul.wide.u32", b.op("shr.u32", st["u"], Imm(5, "u32")), Imm(gsize, "u32"))
+        base = b.op("add.s64", b.op("add.s64", actptr[t], g), b.op("mul.wide.u32", lane, Imm(16, "u32")))
+        wv = b.regs("b32", 8)
+        if st["tail"]:
+            for reg in wv:
+                b.emit("mov.b32", reg, Imm(0, "b32"))
+        b.emit("ld.global.nc.v4.u32", b.vec(wv[0:4]), Mem(base), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(wv[4:8]), Mem(base, 512), pred=pred)
+        dv = b.reg("f32")
+        if st["tail"]:
+            b.emit("mov.f32", dv, Imm(0.0, "f32"))
+        b.emit("ld.global.nc.f32", dv, Mem(b.op("sub.s64", base, b.op("mul.wide.u32", lane, Imm(12, "u32"))), 1024),
+               pred=pred)
+        return [wv], [dv]
+
+    def compute(st):
+        acts = [act_blocks(st, t) for t in range(Tn)]
+        if q4k:
+            b.emit("shl.b32", sub_lo, b.op("and.b32", st["u"], Imm(3, "b32")), Imm(1, "u32"))
+            b.emit("add.u32", sub_hi, sub_lo, Imm(1, "u32"))
+            asum = [[None, None] for _ in range(Tn)]
+            for t in range(Tn):
+                for h in range(2):
+                    s_ = Imm(0, "s32")
+                    for wv in acts[t][0][h]:
+                        s_ = b.op("dp4a.s32.s32", ones, wv, s_, type="s32")
+                    asum[t][h] = b.op("cvt.rn.f32.s32", s_)
+        for r in range(R):
+            regs = st["w"][r]
+            if q4k:
+                dlo, mlo, dhi, mhi = _q4_k_scales(b, regs[0:4], sub_lo, sub_hi)
+                qs = regs[4:12]
+                for h, (scale, mn) in enumerate(((dlo, mlo), (dhi, mhi))):
+                    nib = [b.op("and.b32", q if h == 0 else b.op("shr.u32", q, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
+                           for q in qs]
+                    for t in range(Tn):
+                        wv, dv = acts[t][0][h], acts[t][1][h]
+                        s_ = Imm(0, "s32")
+                        for i in range(8):
+                            s_ = b.op("dp4a.u32.s32", nib[i], wv[i], s_, type="s32")
+                        # d·sc·d_a·Σ q·q_a − dmin·m·d_a·Σ q_a
+                        t1 = b.op("mul.rn.f32", b.op("mul.rn.f32", scale, dv), b.op("cvt.rn.f32.s32", s_))
+                        t2 = b.op("mul.rn.f32", b.op("mul.rn.f32", mn, dv), asum[t][h])
+                        b.emit("add.rn.f32", acc[r][t], acc[r][t], b.op("sub.rn.f32", t1, t2))
+            else:
+                d = b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("prmt.b32", regs[0], Imm(0, "b32"), dsel)))
+                qw = [b.op("prmt.b32", regs[i], regs[i + 1], wsel) for i in range(8)]
+                for t in range(Tn):
+                    wv, dv = acts[t][0][0], acts[t][1][0]
+                    s_ = Imm(0, "s32")
+                    for i in range(8):
+                        s_ = b.op("dp4a.s32.s32", qw[i], wv[i], s_, type="s32")
+                    b.emit("fma.rn.f32", acc[r][t], b.op("mul.rn.f32", d, dv), b.op("cvt.rn.f32.s32", s_), acc[r][t])
+
+    S0, S1 = alloc_state(), alloc_state()
+    _lane_steps(b, nunits, S0, S1, issue, compute)
+    _lane_epilogue(b, {(r, t): acc[r][t] for r in range(R) for t in range(Tn)}, lane, gwarp, row0, M, ntok, Y,
+                   part_p, cnt_p)
+    return b.finish()
+
+
+def _lane_steps(b, nunits, S0, S1, issue, compute):
+    """The step loop of the lane GEMVs: lane = unit jb + lane; full steps ping-pong (the next step's weight
+    loads in flight while this one computes), then a predicated tail step; split-K over gridDim.y (split z
+    takes steps z, z + splits, ..., the tail too when it is its turn)."""
+    b.comment("full steps (every lane has a unit): ping-pong, the next step's weight loads in flight")
+    nfull = b.op("and.b32", nunits, Imm(~31 & 0xFFFFFFFF, "b32"))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     jb = b.op("shl.b32", kz, Imm(5, "u32"))
     stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
-    tail, done = b.label("tail"), b.label("blocks_done")
+    tail, done = b.label("tail"), b.label("units_done")
     b.bra(tail, pred=b.op("setp.ge.u32", jb, nfull))
     issue(S0, jb)
-    top = b.label("block")
+    top = b.label("step")
     b.place(top)
     b.emit("add.u32", jb, jb, stride)
     more = b.op("setp.lt.u32", jb, nfull)
@@ -524,31 +707,33 @@ def build_lanes(arch, spec: GemvSpec):
     compute(S1)
     b.bra(top, pred=more)
     b.place(tail)
-    b.comment("the tail step (K/32 not a multiple of 32): lanes past the end add zeros")
-    b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+    b.comment("the tail step (units not a multiple of 32): lanes past the end add zeros")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, nunits))
     issue(S0, jb, tail=True)
     compute(S0)
     b.place(done)
 
+
+def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
+    """Reduce each (row r, token t) over the 32 lanes (shfl.bfly) and store it from lane r·T + t; with
+    split-K, store the split's partial and let the last warp of the row group sum the splits in z order."""
     b.comment("reduce the 32 lanes by shfl.bfly; lane r*T + t owns (row r, token t)")
-    sums = {}
-    for r in range(R):
-        for t in range(Tn):
-            v = acc[r][t]
-            if fast:
-                v = b.op("mul.rn.f32", v, Imm(float(FAST_RESCALE), "f32"))
-            for off in (16, 8, 4, 2, 1):
-                o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
-                v = b.op("add.rn.f32", v, o)
-            sums[r, t] = v
+    Tn = 1 + max(t for _, t in sums)
+    red = {}
+    for (r, t), v in sums.items():
+        for off in (16, 8, 4, 2, 1):
+            o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+            v = b.op("add.rn.f32", v, o)
+        red[r, t] = v
+    sums = red
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     owner = {}
-    for r in range(R):
-        for t in range(Tn):
-            row = b.op("add.u32", row0, Imm(r, "u32"))
-            mine = b.op("setp.eq.u32", lane, Imm(r * Tn + t, "u32"))
-            ok = b.op("and.pred", b.op("and.pred", mine, b.op("setp.lt.u32", row, M)),
-                      b.op("setp.lt.u32", Imm(t, "u32"), ntok, type="pred"))
-            owner[r, t] = (ok, b.op("mad.lo.u32", Imm(t, "u32"), M, row, type="u32"))
+    for (r, t) in sums:
+        row = b.op("add.u32", row0, Imm(r, "u32"))
+        mine = b.op("setp.eq.u32", lane, Imm(r * Tn + t, "u32"))
+        ok = b.op("and.pred", b.op("and.pred", mine, b.op("setp.lt.u32", row, M)),
+                  b.op("setp.lt.u32", Imm(t, "u32"), ntok, type="pred"))
+        owner[r, t] = (ok, b.op("mad.lo.u32", Imm(t, "u32"), M, row, type="u32"))
     split = b.label("split")
     b.bra(split, pred=b.op("setp.gt.u32", nsplit, Imm(1, "u32")))
     for (r, t), (ok, yoff) in owner.items():
@@ -595,7 +780,6 @@ def build_lanes(arch, spec: GemvSpec):
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=lead)
     b.place(fin)
     b.emit("ret")
-    return b.finish()
 
 
 def _q4_k_scales(b, hdr, sub_lo, sub_hi):
@@ -671,12 +855,13 @@ def build_rotate(arch):
     return b.finish()
 
 
-def build_prep(arch, fast: bool):
+def build_prep(arch, fast: bool, rotate: bool = True):
     """prep_tq4_1s{_q8}: x (T, K) fp32 → forward_rht(x) in the GEMV's lane layout (ptxgen.formats.tq4_1s
     `to_lanes_f32`), or quantized to Q8_1 (the quantize_q8_1 kernel's math) in the quantized lane layout
     (`to_lanes_q8`): one pass over x, one launch, for the lane-per-block GEMVs."""
-    name = "prep_tq4_1s_q8" if fast else "prep_tq4_1s"
-    doc = "TQ4_1S activation: forward RHT" + (" + Q8_1" if fast else "") + " into the GEMV's lane layout"
+    name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else "prep_q8_lanes"
+    doc = ("TQ4_1S activation: forward RHT" + (" + Q8_1" if fast else "") if rotate else "activation: Q8_1") + \
+        " into the GEMV's lane layout"
     b = KernelBuilder(name, arch, doc, block=(32 * WARPS, 1, 1))
     x_p, y_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     n_p, k_p = b.param("nblocks", "u32"), b.param("k", "u32")
@@ -685,7 +870,10 @@ def build_prep(arch, fast: bool):
     x, y = b.ptr(x_p), b.ptr(y_p)
     n, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
     lane, blk, done = warp_per_item(b, n, WARPS)
-    _, v = _rotate_lane_value(b, x, lane, blk)
+    if rotate:
+        _, v = _rotate_lane_value(b, x, lane, blk)
+    else:
+        v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", blk, Imm(32, "u32"), lane), Imm(4, "u32"), x)))
     nb = b.op("shr.u32", K, Imm(5, "u32"))
     groups = b.op("shr.u32", b.op("add.u32", nb, Imm(31, "u32")), Imm(5, "u32"))
     t = b.op("div.u32", blk, nb)
@@ -722,7 +910,9 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_tq4_1s", "TQ4_1S activation: forward RHT into the GEMV's lane layout",
                       lambda arch: build_prep(arch, False)),
             KernelDef("prep_tq4_1s_q8", "TQ4_1S activation: forward RHT + Q8_1 into the GEMV's lane layout",
-                      lambda arch: build_prep(arch, True))]
+                      lambda arch: build_prep(arch, True)),
+            KernelDef("prep_q8_lanes", "activation: Q8_1 into the GEMV's lane layout (Q4_K, Q8_0 fast GEMVs)",
+                      lambda arch: build_prep(arch, True, rotate=False))]
     for t in TOKENS:
         spec = GemvSpec("q4_K", t, ROWS[t])
         defs.append(KernelDef(spec.name, f"q4_K decode GEMV, T={t}", lambda arch, spec=spec: build(arch, spec)))
@@ -733,6 +923,10 @@ def kernel_defs() -> list[KernelDef]:
             spec = GemvSpec("tq4_1s", t, ROWS[t], True)
             defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fused rotation",
                                   lambda arch, spec=spec: build(arch, spec)))
+        for fmt in ("q4_K", "q8_0"):
+            name = f"gemv_{'q4_k_fast' if fmt == 'q4_K' else 'q8_0'}_t{t}"
+            defs.append(KernelDef(name, f"{fmt} decode GEMV, T={t}, int8 x Q8_1 (prep_q8_lanes), dp4a",
+                                  lambda arch, fmt=fmt, t=t: build_lanes_ggml(arch, fmt, t)))
         spec = GemvSpec("tq4_1s", t, LANE_ROWS_FAST[t], False, "fast")
         defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fast: int8 codebook x Q8_1 (prep_tq4_1s_q8), dp4a",
                               lambda arch, spec=spec: build_lanes(arch, spec)))
