@@ -75,8 +75,11 @@ def main():
             ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)) for _ in range(copies)]
             # correctness spot check of this very shape before timing it
             xs = rng.standard_normal((2, k)).astype(np.float32)
-            ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
-            got = r.mul_mat(ws[0], xs)
+            if fmt == "q8_0":  # int8 x Q8_1 only: against the product with the Q8_1-rounded activation
+                ref, got = formats.gemm_q8_1_ref(fmt, raw, m, k, xs), r.mul_mat(ws[0], xs, mode="fast")
+            else:
+                ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
+                got = r.mul_mat(ws[0], xs)
             err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
             w16 = None
             for t in TOKENS:
