@@ -12,6 +12,46 @@ from ..formats import tq4_1s as T4
 from .machine import Memory, run_kernel
 
 
+class EmulatorBackend:
+    """Where a harness allocates, launches and reads back: the emulator (default). A GPU backend with the
+    same four methods runs the very same harness code on the device (tests/test_gpu_emu_crosscheck.py),
+    so GPU and emulator see identical inputs and their outputs can be compared bit for bit."""
+
+    def memory(self):
+        return Memory()
+
+    def run(self, ptx, grid, block, args, mem, dynamic_smem=0, seed=None):
+        run_kernel(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed)
+
+    def tensor_map(self, mem, addr, *args):
+        from .hopper import tensor_map_2d
+
+        return tensor_map_2d(addr, *args)
+
+
+BACKEND = [EmulatorBackend()]  # the active backend (a stack: use_backend pushes)
+
+
+class use_backend:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __enter__(self):
+        BACKEND.append(self.backend)
+        return self.backend
+
+    def __exit__(self, *exc):
+        BACKEND.pop()
+
+
+def _memory():
+    return BACKEND[-1].memory()
+
+
+def _run(ptx, grid, block, args, mem, dynamic_smem=0, seed=None):
+    BACKEND[-1].run(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed)
+
+
 @dataclass
 class Outcome:
     kernel: str
@@ -25,11 +65,11 @@ def _q8_1(ptx: str, rng, shape=(4, 96), seed=None) -> Outcome:
     t, k = shape
     x = rng.standard_normal((t, k)).astype(np.float32) * np.float32(rng.choice([1e-3, 1.0, 50.0]))
     x[0, :32] = 0
-    mem = Memory()
+    mem = _memory()
     xa = mem.alloc(x)
     nb = t * k // 32
     ya = mem.alloc(nb * 36, poison=0xFF)
-    run_kernel(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb), mem, seed=seed)
+    _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb), mem, seed=seed)
     got = mem.view(ya, np.uint8, (t, k // 32 * 36))
     want = formats.quantize("q8_1", x)
     ok = np.array_equal(got, want)
@@ -40,11 +80,11 @@ def _deq_q4_k(ptx: str, rng, shape=(5, 512), seed=None) -> Outcome:
     m, k = shape
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
-    mem = Memory()
+    mem = _memory()
     wa = mem.alloc(raw)
     ya = mem.alloc(m * k * 2, poison=0xFF)
     ns = m * k // 256
-    run_kernel(ptx, ((ns + 7) // 8,), (256,), (wa, ya, ns), mem, seed=seed)
+    _run(ptx, ((ns + 7) // 8,), (256,), (wa, ya, ns), mem, seed=seed)
     got = mem.view(ya, np.uint16, (m, k))
     want = formats.dequantize("q4_K", raw, (m, k)).astype(np.float16).view(np.uint16)
     ok = np.array_equal(got, want)
@@ -55,10 +95,10 @@ def _deq_q4_k(ptx: str, rng, shape=(5, 512), seed=None) -> Outcome:
 def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     t, k = shape
     x = rng.standard_normal((t, k)).astype(np.float32)
-    mem = Memory()
+    mem = _memory()
     xa, ya = mem.alloc(x), mem.alloc(x.nbytes, poison=0xFF)
     nb = t * k // 32
-    run_kernel(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb), mem, seed=seed)
+    _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb), mem, seed=seed)
     got = mem.view(ya, np.float32, (t, k))
     want = formats.rht_forward(x)
     ok = np.array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -72,11 +112,11 @@ def _prep(fast, rotate=True):
         x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
         want = formats.rht_forward(x) if rotate else x
         want = T4.to_lanes_q8(formats.quantize("q8_1", want), k) if fast else T4.to_lanes_f32(want)
-        mem = Memory()
+        mem = _memory()
         xa = mem.alloc(x)
         ya = mem.alloc(want.nbytes, poison=0)
         nb = t * k // 32
-        run_kernel(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, k), mem, seed=seed)
+        _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, k), mem, seed=seed)
         got = mem.view(ya, np.uint8, (want.nbytes,))
         ok = np.array_equal(got, want.view(np.uint8).reshape(-1))
         name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else "prep_q8_lanes"
@@ -91,10 +131,10 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
     big = bool(rng.integers(0, 2))
     if big:  # one value past fp16's range must raise the flag
         x[rng.integers(0, t), rng.integers(0, k)] = np.float32(7e4)
-    mem = Memory()
+    mem = _memory()
     xa, ya, fa = mem.alloc(x), mem.alloc(x.size * 2, poison=0xFF), mem.alloc(np.zeros(1, np.uint32))
     n8 = x.size // 8
-    run_kernel(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8), mem, seed=seed)
+    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8), mem, seed=seed)
     got = mem.view(ya, np.uint16, (t, k))
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).view(np.uint16)
@@ -119,7 +159,7 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
         a = formats.quantize("q8_1", a)
     if meta.get("layout") == "lanes":  # what prep_tq4_1s / prep_tq4_1s_q8 / prep_q8_lanes write
         a = T4.to_lanes_q8(a, k) if fast else T4.to_lanes_f32(a)
-    mem = Memory()
+    mem = _memory()
     wa, aa = mem.alloc(raw), mem.alloc(a)
     ya = mem.alloc(n * m * 4, poison=0xFF)
     grid = ((m + rows - 1) // rows,)
@@ -130,7 +170,7 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
         nwarps = grid[0] * meta["warps"]
         ca = mem.alloc(np.zeros(nwarps, np.uint32))
         extra = (mem.alloc(splits * n * m * 4, poison=0xFF), ca)
-    run_kernel(ptx, grid, (32 * meta.get("warps", 8),), (wa, aa, ya, m, k, n, *extra), mem, seed=seed)
+    _run(ptx, grid, (32 * meta.get("warps", 8),), (wa, aa, ya, m, k, n, *extra), mem, seed=seed)
     if extra:
         assert not mem.view(ca, np.uint32, (nwarps,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
@@ -176,13 +216,13 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Out
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
     x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
-    mem = Memory()
+    mem = _memory()
     wa, xa = mem.alloc(raw), mem.alloc(x)
     ya, fa, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
     tiles_n = (t + meta["bn"] - 1) // meta["bn"]
     items = tiles_n * ((m + meta["bm"] - 1) // meta["bm"])
     ctas = max(1, min(items, 3))  # a few persistent CTAs share the queue
-    run_kernel(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, k // 64, qa, tiles_n, 1), mem,
+    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, k // 64, qa, tiles_n, 1), mem,
                dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
@@ -198,14 +238,14 @@ def splitk_case(mmq_ptx: str, reduce_ptx: str, meta: dict, rng, shape=(130, 40, 
     m, t, k = shape
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    mem = Memory()
+    mem = _memory()
     wa, xa = mem.alloc(raw), mem.alloc(x)
     ya, fa, qa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
     per = -(-(k // 64) // splits)
     tiles_n = (t + meta["bn"] - 1) // meta["bn"]
-    run_kernel(mmq_ptx, (4,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits), mem,
+    _run(mmq_ptx, (4,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits), mem,
                dynamic_smem=meta["dynamic_smem"], seed=seed)
-    run_kernel(reduce_ptx, ((t * m + 255) // 256,), (256,), (ya, t * m, splits), mem, seed=seed)
+    _run(reduce_ptx, ((t * m + 255) // 256,), (256,), (ya, t * m, splits), mem, seed=seed)
     got = mem.view(ya, np.float32, (splits * t * m,))[: t * m].reshape(t, m).astype(np.float64)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
@@ -217,21 +257,19 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1) -
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
     emulator from the runtime's arguments); a few persistent CTAs share the work queue. With splits > 1
     the partials are summed here in z order (what reduce_splitk does)."""
-    from .hopper import tensor_map_2d
-
     bn = meta["bn"]
     m, t, k = shape or (128 + 3, bn + 5, 512)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    mem = Memory()
+    mem = _memory()
     wa, xa = mem.alloc(raw), mem.alloc(x.astype(np.float16))  # convert_f16 rounds to nearest even too
     ya, qa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
-    tw = tensor_map_2d(wa, "u8", m, k // 256 * 144, 128, 16, "none")
-    tx = tensor_map_2d(xa, "f16", t, k, bn, 64, "128B")
+    tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
+    tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn, 64, "128B")
     tiles_n = (t + bn - 1) // bn
     items = tiles_n * ((m + 127) // 128) * splits
     per = -(-(k // 64) // splits)
-    run_kernel(ptx, (max(1, min(items, 2)),), (384,), (tw, tx, ya, m, k, t, per, qa, tiles_n, splits), mem,
+    _run(ptx, (max(1, min(items, 2)),), (384,), (tw, tx, ya, m, k, t, per, qa, tiles_n, splits), mem,
                dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     parts = mem.view(ya, np.float32, (splits, t, m)).astype(np.float64)
