@@ -331,6 +331,30 @@ LANE_ROWS_FAST = {1: 2, 2: 2, 4: 2, 8: 1}
 GGML_MIN_CTAS = {1: 8, 2: 6, 4: 4, 8: 2}  # Q8_0 / Q4_K dp4a GEMVs: 64, 80, 128, 255 registers without spills
 
 
+_HEAD = ("W", "A", "Y", "M", "K", "ntok", "lane", "gwarp", "row0", "part_p", "cnt_p")
+
+
+def _lane_head(name, arch, doc, Tn, R, min_ctas, **meta):
+    """The shared head of the lane-per-block GEMVs: ABI (w, a, y, m, k, ntok, part, counters), launch bounds,
+    meta, and the warp's rows: warp gwarp = ctaid·4 + warp owns rows gwarp·R .. gwarp·R + R − 1."""
+    b = KernelBuilder(name, arch, doc, block=(32 * LANE_WARPS, 1, 1))
+    w_p, a_p, y_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {min_ctas}"]
+    b.meta.update(split_k="gridDim.y splits the K steps; part: splits x ntok x m fp32, counters: one u32 per warp "
+                          "(zero, left zero)", ctas_per_sm=min_ctas, tokens=Tn, rows_per_cta=R * LANE_WARPS,
+                  rows_per_warp=R, warps=LANE_WARPS, grid="ceil(m / rows_per_cta)", layout="lanes", **meta)
+    h = {"part_p": part_p, "cnt_p": cnt_p}
+    h["W"], h["A"], h["Y"] = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
+    h["M"], h["K"], h["ntok"] = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    h["tid"] = tid = b.special("tid.x")
+    h["lane"] = b.op("and.b32", tid, Imm(31, "b32"))
+    h["gwarp"] = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(LANE_WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
+    h["row0"] = b.op("mul.lo.u32", h["gwarp"], Imm(R, "u32"))
+    return b, h
+
+
 def build_lanes(arch, spec: GemvSpec):
     """TQ4_1S GEMV, one warp per R rows and one 32-weight block per lane per step.
 
@@ -349,25 +373,13 @@ def build_lanes(arch, spec: GemvSpec):
     R = spec.rows
     fast = spec.mode == "fast"
     doc = f"tq4_1s GEMV{' (fast: int8 codebook x Q8_1, dp4a)' if fast else ''}, {Tn} token(s), {R} rows per warp"
-    b = KernelBuilder(spec.name, arch, doc, block=(32 * LANE_WARPS, 1, 1))
-    w_p, a_p, y_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
-    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
-    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     # occupancy was the limit (ncu: 80 registers → 6 CTAs/SM, 0.8 eligible warps per scheduler): ask ptxas
     # for as many resident CTAs as each T fits without spilling
-    b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {LANE_MIN_CTAS[Tn]}"]
-    b.meta.update(split_k="gridDim.y splits the K steps; part: splits x ntok x m fp32, counters: one u32 per warp "
-                          "(zero, left zero)",
-                  ctas_per_sm=LANE_MIN_CTAS[Tn],
-                  tokens=Tn, rows_per_cta=R * LANE_WARPS, rows_per_warp=R, warps=LANE_WARPS, fmt="tq4_1s",
-                  mode=spec.mode, fused_rotation=False, grid="ceil(m / rows_per_cta)", layout="lanes",
-                  activation="prep_tq4_1s_q8(x) (lane layout)" if fast else "prep_tq4_1s(x) (lane layout)")
-    W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
-    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid = b.special("tid.x")
-    lane = b.op("and.b32", tid, Imm(31, "b32"))
-    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(LANE_WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
-    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+    b, h = _lane_head(spec.name, arch, doc, Tn, R, LANE_MIN_CTAS[Tn], fmt="tq4_1s", mode=spec.mode,
+                      fused_rotation=False, activation="prep_tq4_1s_q8(x) (lane layout)" if fast else
+                      "prep_tq4_1s(x) (lane layout)")
+    W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
+    tid = h["tid"]
 
     if fast:
         # the int8 codebook in four ordinary registers, loaded at an address ptxas cannot prove uniform
@@ -526,23 +538,10 @@ def build_lanes_ggml(arch, fmt: str, Tn: int):
     q4k = fmt == "q4_K"
     R = 1 if q4k else 2  # Q4_K: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
     name = f"gemv_{'q4_k_fast' if q4k else 'q8_0'}_t{Tn}"
-    b = KernelBuilder(name, arch, f"{fmt} GEMV (int8 x Q8_1, dp4a), {Tn} token(s), {R} rows per warp",
-                      block=(32 * LANE_WARPS, 1, 1))
-    w_p, a_p, y_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
-    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
-    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {GGML_MIN_CTAS[Tn]}"]
-    b.meta.update(split_k="gridDim.y splits the K steps; part: splits x ntok x m fp32, counters: one u32 per warp "
-                          "(zero, left zero)", ctas_per_sm=GGML_MIN_CTAS[Tn],
-                  tokens=Tn, rows_per_cta=R * LANE_WARPS, rows_per_warp=R, warps=LANE_WARPS, fmt=fmt, mode="fast",
-                  layout="lanes", grid="ceil(m / rows_per_cta)", activation="prep_q8_lanes(x) (lane layout)",
-                  k_multiple=256 if q4k else 64)
-    W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
-    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid = b.special("tid.x")
-    lane = b.op("and.b32", tid, Imm(31, "b32"))
-    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(LANE_WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
-    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+    b, h = _lane_head(name, arch, f"{fmt} GEMV (int8 x Q8_1, dp4a), {Tn} token(s), {R} rows per warp", Tn, R,
+                      GGML_MIN_CTAS[Tn], fmt=fmt, mode="fast", activation="prep_q8_lanes(x) (lane layout)",
+                      k_multiple=256 if q4k else 64)
+    W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
     nunits = b.op("shr.u32", K, Imm(6, "u32")) if q4k else nblk
     row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32")) if q4k else \
