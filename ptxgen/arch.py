@@ -19,6 +19,7 @@ FEATURES = (
     "stmatrix",
     "setmaxnreg",
     "clusters",
+    "griddepcontrol",  # griddepcontrol.launch_dependents / wait: programmatic dependent launch (sm_90+)
 )
 
 
@@ -74,7 +75,8 @@ class ArchError(ValueError):
 
 
 _AMPERE = {"mma_sync_f16", "mma_sync_s8", "ldmatrix", "cp_async"}
-_HOPPER_PLAIN = _AMPERE | {"cp_async_bulk_tensor", "mbarrier_try_wait", "mbarrier_expect_tx", "stmatrix", "clusters"}
+_HOPPER_PLAIN = _AMPERE | {"cp_async_bulk_tensor", "mbarrier_try_wait", "mbarrier_expect_tx", "stmatrix", "clusters",
+                           "griddepcontrol"}
 
 ARCHES: dict[str, Arch] = {
     a.name: a

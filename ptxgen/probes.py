@@ -19,6 +19,7 @@ PROBES = {
     "stmatrix": "mov.u32 %r20, smem; stmatrix.sync.aligned.m8n8.x1.shared.b16 [%r20], {%r0};",
     "setmaxnreg": "setmaxnreg.inc.sync.aligned.u32 240;",
     "clusters": "mov.u32 %r30, %cluster_ctarank; barrier.cluster.arrive; barrier.cluster.wait;",
+    "griddepcontrol": "griddepcontrol.launch_dependents; griddepcontrol.wait;",
 }
 
 

@@ -236,7 +236,10 @@ class Function:
         cells.append(ptrs)
         return cells, ctypes.addressof(ptrs)
 
-    def launch(self, grid, args, *, block=None, smem: int | None = None, stream=0, cluster=None) -> None:
+    def launch(self, grid, args, *, block=None, smem: int | None = None, stream=0, cluster=None,
+               pdl: bool = False) -> None:
+        """`cluster`: thread-block cluster dims; `pdl`: programmatic dependent launch (the kernel may start
+        while the previous one in the stream runs; it must `griddepcontrol.wait` before reading its output)."""
         drv = _drv()
         grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
         block = tuple(block or self.block)
@@ -245,7 +248,7 @@ class Function:
             raise ValueError(f"{self.name}: bad grid {grid}")
         smem = self.dynamic_smem if smem is None else smem
         storage, params = self.pack(args)
-        if cluster is None:
+        if cluster is None and not pdl:
             check(drv.cuLaunchKernel(self.handle, *grid, *block, smem, stream, params, 0), f"launch {self.name}")
         else:
             cfg = drv.CUlaunchConfig()
@@ -253,12 +256,20 @@ class Function:
             cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
             cfg.sharedMemBytes = smem
             cfg.hStream = stream
-            at = drv.CUlaunchAttribute()
-            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
-            cfg.attrs = [at]
-            cfg.numAttrs = 1
-            check(drv.cuLaunchKernelEx(cfg, self.handle, params, 0), f"launch {self.name} (cluster {cluster})")
+            attrs = []
+            if cluster is not None:
+                at = drv.CUlaunchAttribute()
+                at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
+                attrs.append(at)
+            if pdl:
+                at = drv.CUlaunchAttribute()
+                at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                at.value.programmaticStreamSerializationAllowed = 1
+                attrs.append(at)
+            cfg.attrs = attrs
+            cfg.numAttrs = len(attrs)
+            check(drv.cuLaunchKernelEx(cfg, self.handle, params, 0), f"launch {self.name} (cluster {cluster}, pdl {pdl})")
         del storage
         if knobs.verbose():
             import sys

@@ -304,7 +304,9 @@ def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
         c.fill_bytes(0)
         _COUNTERS[:] = [c]
     part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else _COUNTERS[0]
-    fn.launch((ctas, splits), (w.buffer, a_ptr, y_ptr, m, k, n, part, _COUNTERS[0]))
+    # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
+    # start early and have their first weights in flight when it finishes
+    fn.launch((ctas, splits), (w.buffer, a_ptr, y_ptr, m, k, n, part, _COUNTERS[0]), pdl=bool(fn.meta.get("pdl")))
 
 
 def _prep_lanes(xa, t: int, k: int, prep: str, arch):

@@ -949,6 +949,11 @@ class Emulator(HopperOps):
     def _op_fence(self, ins, ex, grp):
         pass
 
+    def _op_griddepcontrol(self, ins, ex, grp):
+        """launch_dependents / wait: the emulator runs grids one after the other, so both are no-ops."""
+        if ins.mods[1] not in ("launch_dependents", "wait"):
+            raise Unsupported(ins.opcode)
+
     # --- tensor-core and async-copy instructions -----------------------------------------------------------
     def _op_cp(self, ins, ex, grp):
         if ins.mods[1] != "async":

@@ -344,7 +344,8 @@ def _lane_head(name, arch, doc, Tn, R, min_ctas, **meta):
     b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {min_ctas}"]
     b.meta.update(split_k="gridDim.y splits the K steps; part: splits x ntok x m fp32, counters: one u32 per warp "
                           "(zero, left zero)", ctas_per_sm=min_ctas, tokens=Tn, rows_per_cta=R * LANE_WARPS,
-                  rows_per_warp=R, warps=LANE_WARPS, grid="ceil(m / rows_per_cta)", layout="lanes", **meta)
+                  rows_per_warp=R, warps=LANE_WARPS, grid="ceil(m / rows_per_cta)", layout="lanes",
+                  pdl=arch.has("griddepcontrol"), **meta)
     h = {"part_p": part_p, "cnt_p": cnt_p}
     h["W"], h["A"], h["Y"] = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
     h["M"], h["K"], h["ntok"] = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -691,8 +692,11 @@ def _lane_steps(b, nunits, S0, S1, issue, compute):
     jb = b.op("shl.b32", kz, Imm(5, "u32"))
     stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
     tail, done = b.label("tail"), b.label("units_done")
+    pdl = b.arch.has("griddepcontrol")
     b.bra(tail, pred=b.op("setp.ge.u32", jb, nfull))
     issue(S0, jb)
+    if pdl:  # launched early behind the activation prep: weights are in flight, now wait for the activation
+        b.emit("griddepcontrol.wait")
     top = b.label("step")
     b.place(top)
     b.emit("add.u32", jb, jb, stride)
@@ -706,6 +710,8 @@ def _lane_steps(b, nunits, S0, S1, issue, compute):
     compute(S1)
     b.bra(top, pred=more)
     b.place(tail)
+    if pdl:  # (a second wait after the first returns at once)
+        b.emit("griddepcontrol.wait")
     b.comment("the tail step (units not a multiple of 32): lanes past the end add zeros")
     b.bra(done, pred=b.op("setp.ge.u32", jb, nunits))
     issue(S0, jb, tail=True)
@@ -866,6 +872,8 @@ def build_prep(arch, fast: bool, rotate: bool = True):
     n_p, k_p = b.param("nblocks", "u32"), b.param("k", "u32")
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(nblocks / 8)",
                   layout="to_lanes_q8(quantize_q8_1(.))" if fast else "to_lanes_f32")
+    if arch.has("griddepcontrol"):  # the GEMV that reads this may launch now and load its weights meanwhile
+        b.emit("griddepcontrol.launch_dependents")
     x, y = b.ptr(x_p), b.ptr(y_p)
     n, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
     lane, blk, done = warp_per_item(b, n, WARPS)
