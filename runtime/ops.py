@@ -269,12 +269,15 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
             fn = kernels.load(gemv.format(tk), arch)
             _gemv_launch(fn, w, q.ptr + t0 * row, o.ptr + 4 * t0 * m, m, k, n)
         return _result(o, xa.host and out is None)
-    a, row = xa, 4 * k
-    if w.fmt == "tq4_1s" and not fused:  # rotated once, into the lane layout the GEMV reads
-        a, row = _prep_lanes(xa, t, k, "prep_tq4_1s", arch)
+    lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         fn = kernels.load(_gemv_kernel(w, n, fused), arch)
+        a, row = xa, 4 * k
+        if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 4) as fp32, in the lane layout
+            if lanes is None:
+                lanes = _prep_lanes(xa, t, k, "prep_tq4_1s" if w.fmt == "tq4_1s" else "prep_f32_lanes", arch)
+            a, row = lanes
         _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
     return _result(o, xa.host and out is None)
 
@@ -311,11 +314,11 @@ def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
 
 def _prep_lanes(xa, t: int, k: int, prep: str, arch):
     """The activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
-    prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1) or prep_q8_lanes (Q8_1). Returns the
+    prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1), prep_q8_lanes (Q8_1) or prep_f32_lanes. Returns the
     buffer and its bytes per token."""
     from ptxgen.formats import tq4_1s as T4
 
-    row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep == "prep_tq4_1s" else T4.LANE_GROUP_Q8)
+    row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep in ("prep_tq4_1s", "prep_f32_lanes") else T4.LANE_GROUP_Q8)
     buf = DeviceArray.empty((t, row), np.uint8)
     nb = t * k // 32
     kernels.load(prep, arch).launch(((nb + 7) // 8,), (xa, buf, nb, k))

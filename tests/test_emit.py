@@ -50,7 +50,7 @@ def test_compiles_without_spills(kernel, arch):
 EXPECTED_SASS = {"quantize_q8_1": ["SHFL.BFLY", "F2FP"], "dequantize_q4_k": ["F2FP", "LDG.E"],
                  "rotate_tq4_1s": ["SHFL.BFLY"], "reduce_splitk": ["FADD", "LDG.E"],
                  "prep_tq4_1s": ["SHFL.BFLY", "STG.E"], "prep_tq4_1s_q8": ["SHFL.BFLY", "F2I", "STG.E.U8"],
-                 "prep_q8_lanes": ["SHFL.BFLY", "F2I", "STG.E.U8"]}
+                 "prep_q8_lanes": ["SHFL.BFLY", "F2I", "STG.E.U8"], "prep_f32_lanes": ["LDG.E", "STG.E"]}
 for _k in KERNELS:
     if _k.startswith("gemv_"):  # codebook from shared memory, addressed by prmt; 16-byte activation loads
         EXPECTED_SASS[_k] = ["PRMT", "LDS", "LDG.E.128.CONSTANT", "FFMA"]
@@ -58,6 +58,8 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LOP3"]
     if _k.startswith("gemv_q8_0"):  # one prmt per word realigns the 2-byte-aligned block, dp4a, 16-byte Q8_1 loads
         EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LDG.E.128.CONSTANT"]
+    if _k in ("gemv_q4_k_t1", "gemv_q4_k_t2", "gemv_q4_k_t4"):  # nibble → float by prmt into 2^23, FFMA
+        EXPECTED_SASS[_k] = ["PRMT", "FFMA", "FADD", "LDG.E.128.CONSTANT"]
     if _k.startswith("gemv_q4_k_fast"):  # nibbles as unsigned bytes x signed Q8_1, Σq_a by dp4a with 1s
         EXPECTED_SASS[_k] = ["IDP.4A.U8.S8", "IDP.4A.S8.S8", "LDG.E.128.CONSTANT"]
     if _k.startswith("mmq_"):  # tensor cores fed by ldmatrix, weights by cp.async (LDGSTS), fp16 dequant

@@ -119,7 +119,7 @@ def _prep(fast, rotate=True):
         _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, k), mem, seed=seed)
         got = mem.view(ya, np.uint8, (want.nbytes,))
         ok = np.array_equal(got, want.view(np.uint8).reshape(-1))
-        name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else "prep_q8_lanes"
+        name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else ("prep_q8_lanes" if fast else "prep_f32_lanes")
         return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(got != want.view(np.uint8).reshape(-1))} bytes differ",
                        got, want)
     return run
@@ -306,7 +306,7 @@ def _mmq(name):
 
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate,
                                   "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
-                                  "prep_q8_lanes": _prep(True, rotate=False)}
+                                  "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)

@@ -328,7 +328,7 @@ LANE_WARPS = 4  # TQ4_1S kernels: 4 independent warps per CTA
 LANE_MIN_CTAS = {1: 8, 2: 7, 4: 4, 8: 2}  # resident CTAs per SM asked of ptxas (64, 72, 128, 255 registers; T=8 needs ~240 without spills)
 LANE_ROWS = {1: 2, 2: 2, 4: 2, 8: 2}  # rows per warp by T (2 rows: the ping-pong loads fit 64 registers)
 LANE_ROWS_FAST = {1: 2, 2: 2, 4: 2, 8: 1}
-GGML_MIN_CTAS = {1: 8, 2: 6, 4: 4, 8: 2}  # Q8_0 / Q4_K dp4a GEMVs: 64, 80, 128, 255 registers without spills
+GGML_MIN_CTAS = {1: 8, 2: 5, 4: 3, 8: 2}  # Q8_0 / Q4_K lane GEMVs: 64, 102, 170, 255 registers without spills
 
 
 _HEAD = ("W", "A", "Y", "M", "K", "ntok", "lane", "gwarp", "row0", "part_p", "cnt_p")
@@ -527,7 +527,7 @@ def build_lanes(arch, spec: GemvSpec):
     return b.finish()
 
 
-def build_lanes_ggml(arch, fmt: str, Tn: int):
+def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     """Q8_0 and Q4_K decode GEMVs on the lane machinery, int8 × Q8_1 activations (`prep_q8_lanes`) with
     dp4a, as llama.cpp's MMVQ computes them (checked against gemm_q8_1_ref: exact integer dots, fp32 scales).
 
@@ -535,12 +535,18 @@ def build_lanes_ggml(arch, fmt: str, Tn: int):
     boundary below (K a multiple of 64 keeps them inside the row) and one prmt per word realigns the 32
     int8 values whichever parity the block has. Q4_K: a lane owns a pair of sub-blocks (64 weights: the
     32 qs bytes they share, two 16-byte loads) and its super-block header (one 16-byte load): low nibbles
-    are sub-block 2j, high nibbles 2j+1; y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block."""
+    are sub-block 2j, high nibbles 2j+1; y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block.
+
+    `exact` (Q4_K): fp32 activations (`prep_f32_lanes`) and ggml's weight w = (d·sc)·q − dmin·m per element
+    in fp32 (q as float by prmt into 0x4B000000 and one exact subtraction of 2^23), FFMA per weight and token."""
     q4k = fmt == "q4_K"
+    if exact and not q4k:
+        raise ValueError("the exact lane GEMV is Q4_K's (Q8_0 runs int8 x Q8_1)")
     R = 1 if q4k else 2  # Q4_K: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
-    name = f"gemv_{'q4_k_fast' if q4k else 'q8_0'}_t{Tn}"
-    b, h = _lane_head(name, arch, f"{fmt} GEMV (int8 x Q8_1, dp4a), {Tn} token(s), {R} rows per warp", Tn, R,
-                      GGML_MIN_CTAS[Tn], fmt=fmt, mode="fast", activation="prep_q8_lanes(x) (lane layout)",
+    name = f"gemv_{('q4_k' if exact else 'q4_k_fast') if q4k else 'q8_0'}_t{Tn}"
+    doc = f"{fmt} GEMV ({'fp32 activations' if exact else 'int8 x Q8_1, dp4a'}), {Tn} token(s), {R} rows per warp"
+    b, h = _lane_head(name, arch, doc, Tn, R, GGML_MIN_CTAS[Tn], fmt=fmt, mode="exact" if exact else "fast",
+                      activation=("prep_f32_lanes(x)" if exact else "prep_q8_lanes(x)") + " (lane layout)",
                       k_multiple=256 if q4k else 64)
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
@@ -551,10 +557,11 @@ def build_lanes_ggml(arch, fmt: str, Tn: int):
     rowptr = [b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), last), row_bytes, W)
               for r in range(R)]
     tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
-    gsize = T4.LANE_GROUP_Q8
+    gsize = T4.LANE_GROUP_F32 if exact else T4.LANE_GROUP_Q8
     a_row = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", nblk, Imm(31, "u32")), Imm(5, "u32")), Imm(gsize, "u32"))
     actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), a_row, A) for t in range(Tn)]
     ones = b.op("mov.b32", Imm(0x01010101, "b32"))
+    magic = b.op("mov.b32", Imm(0x4B000000, "b32"))  # exact: the float 2^23 + q from a byte q by prmt
     acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
     for row in acc:
         for r_ in row:
@@ -636,7 +643,43 @@ def build_lanes_ggml(arch, fmt: str, Tn: int):
                pred=pred)
         return [wv], [dv]
 
+    def compute_exact(st):
+        """fp32 activations: chunk c (0..7) of the lane layout holds elements 4c..4c+3 of blocks 2P (sub-block
+        lo: low nibbles of qs word c) and 2P+1 (sub-block hi: its high nibbles), 32 contiguous bytes."""
+        pred = st["live"] if st["tail"] else None
+        b.emit("shl.b32", sub_lo, b.op("and.b32", st["u"], Imm(3, "b32")), Imm(1, "u32"))
+        b.emit("add.u32", sub_hi, sub_lo, Imm(1, "u32"))
+        g = b.op("shr.u32", st["u"], Imm(4, "u32"))
+        cbs = [b.op("add.s64", b.op("add.s64", actptr[t], b.op("mul.wide.u32", g, Imm(gsize, "u32"))),
+                    b.op("mul.wide.u32", col, Imm(16, "u32"))) for t in range(Tn)]
+        scales = [_q4_k_scales(b, st["w"][r][0:4], sub_lo, sub_hi) for r in range(R)]
+        two23 = Imm(8388608.0, "f32")
+        for c in range(8):
+            nibs = []
+            for r in range(R):
+                qw = st["w"][r][4 + c]
+                nibs.append((b.op("and.b32", qw, Imm(0x0F0F0F0F, "b32")),
+                             b.op("and.b32", b.op("shr.u32", qw, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))))
+            for half in range(2):  # sub-block lo (block 2P) then hi (2P+1): 4 floats per token live at a time
+                xs = []
+                for t in range(Tn):
+                    v = [b.reg("f32") for _ in range(4)]
+                    if st["tail"]:
+                        for r_ in v:
+                            b.emit("mov.f32", r_, Imm(0.0, "f32"))
+                    b.emit("ld.global.nc.v4.f32", b.vec(v), Mem(cbs[t], 512 * c + 16 * half), pred=pred)
+                    xs.append(v)
+                for r in range(R):
+                    dsc, dm = (scales[r][0], scales[r][1]) if half == 0 else (scales[r][2], scales[r][3])
+                    for i in range(4):
+                        f = b.op("prmt.b32", nibs[r][half], magic, Imm(0x7540 | i, "b32"), type="f32")
+                        wv = b.op("fma.rn.f32", dsc, b.op("sub.rn.f32", f, two23), b.op("neg.f32", dm))
+                        for t in range(Tn):
+                            b.emit("fma.rn.f32", acc[r][t], wv, xs[t][i], acc[r][t])
+
     def compute(st):
+        if exact:
+            return compute_exact(st)
         acts = [act_blocks(st, t) for t in range(Tn)]
         if q4k:
             b.emit("shl.b32", sub_lo, b.op("and.b32", st["u"], Imm(3, "b32")), Imm(1, "u32"))
@@ -864,9 +907,9 @@ def build_prep(arch, fast: bool, rotate: bool = True):
     """prep_tq4_1s{_q8}: x (T, K) fp32 → forward_rht(x) in the GEMV's lane layout (ptxgen.formats.tq4_1s
     `to_lanes_f32`), or quantized to Q8_1 (the quantize_q8_1 kernel's math) in the quantized lane layout
     (`to_lanes_q8`): one pass over x, one launch, for the lane-per-block GEMVs."""
-    name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else "prep_q8_lanes"
-    doc = ("TQ4_1S activation: forward RHT" + (" + Q8_1" if fast else "") if rotate else "activation: Q8_1") + \
-        " into the GEMV's lane layout"
+    name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else ("prep_q8_lanes" if fast else "prep_f32_lanes")
+    doc = ("TQ4_1S activation: forward RHT" + (" + Q8_1" if fast else "") if rotate else
+           "activation: " + ("Q8_1" if fast else "fp32")) + " into the GEMV's lane layout"
     b = KernelBuilder(name, arch, doc, block=(32 * WARPS, 1, 1))
     x_p, y_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     n_p, k_p = b.param("nblocks", "u32"), b.param("k", "u32")
@@ -919,10 +962,16 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_tq4_1s_q8", "TQ4_1S activation: forward RHT + Q8_1 into the GEMV's lane layout",
                       lambda arch: build_prep(arch, True)),
             KernelDef("prep_q8_lanes", "activation: Q8_1 into the GEMV's lane layout (Q4_K, Q8_0 fast GEMVs)",
-                      lambda arch: build_prep(arch, True, rotate=False))]
+                      lambda arch: build_prep(arch, True, rotate=False)),
+            KernelDef("prep_f32_lanes", "activation: fp32 into the GEMV's lane layout (Q4_K exact GEMV)",
+                      lambda arch: build_prep(arch, False, rotate=False))]
     for t in TOKENS:
-        spec = GemvSpec("q4_K", t, ROWS[t])
-        defs.append(KernelDef(spec.name, f"q4_K decode GEMV, T={t}", lambda arch, spec=spec: build(arch, spec)))
+        if t <= 4:
+            defs.append(KernelDef(f"gemv_q4_k_t{t}", f"q4_K decode GEMV, T={t}, fp32 activation from prep_f32_lanes",
+                                  lambda arch, t=t: build_lanes_ggml(arch, "q4_K", t, exact=True)))
+        else:  # 8 tokens of fp32 activations per lane spill in the lane kernel: the 8-weight-unit kernel, plain x
+            spec = GemvSpec("q4_K", t, ROWS[t])
+            defs.append(KernelDef(spec.name, f"q4_K decode GEMV, T={t}", lambda arch, spec=spec: build(arch, spec)))
         spec = GemvSpec("tq4_1s", t, LANE_ROWS[t])
         defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, activation from prep_tq4_1s",
                               lambda arch, spec=spec: build_lanes(arch, spec)))
