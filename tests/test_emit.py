@@ -58,7 +58,7 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LOP3"]
     if _k.startswith("gemv_q8_0"):  # one prmt per word realigns the 2-byte-aligned block, dp4a, 16-byte Q8_1 loads
         EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LDG.E.128.CONSTANT"]
-    if _k in ("gemv_q4_k_t1", "gemv_q4_k_t2", "gemv_q4_k_t4"):  # nibble → float by prmt into 2^23, FFMA
+    if _k in ("gemv_q4_k_t1", "gemv_q4_k_t2"):  # nibble → float by prmt into 2^23, FFMA
         EXPECTED_SASS[_k] = ["PRMT", "FFMA", "FADD", "LDG.E.128.CONSTANT"]
     if _k.startswith("gemv_q4_k_fast"):  # nibbles as unsigned bytes x signed Q8_1, Σq_a by dp4a with 1s
         EXPECTED_SASS[_k] = ["IDP.4A.U8.S8", "IDP.4A.S8.S8", "LDG.E.128.CONSTANT"]
