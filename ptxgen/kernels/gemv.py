@@ -356,6 +356,20 @@ def _lane_head(name, arch, doc, Tn, R, min_ctas, **meta):
     return b, h
 
 
+def _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize, with_lane16=False):
+    """Row pointers of the warp's R rows (rows past M read row M − 1 and are not stored) and activation
+    pointers of the T tokens in the lane layout (groups of 32 blocks, `gsize` bytes each; tokens past ntok
+    read the last one); with_lane16: also this lane's byte offset in a group row (16·lane)."""
+    last = b.op("sub.u32", h["M"], Imm(1, "u32"))
+    rowptr = [b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", h["row0"], Imm(r, "u32")), last), row_bytes, h["W"])
+              for r in range(R)]
+    tlast = b.op("sub.u32", h["ntok"], Imm(1, "u32"))
+    a_row = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", nblk, Imm(31, "u32")), Imm(5, "u32")), Imm(gsize, "u32"))
+    lane16 = b.op("mul.wide.u32", h["lane"], Imm(16, "u32")) if with_lane16 else None
+    actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), a_row, h["A"]) for t in range(Tn)]
+    return rowptr, actptr, lane16
+
+
 def build_lanes(arch, spec: GemvSpec):
     """TQ4_1S GEMV, one warp per R rows and one 32-weight block per lane per step.
 
@@ -405,14 +419,8 @@ def build_lanes(arch, spec: GemvSpec):
 
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
     row_bytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
-    last = b.op("sub.u32", M, Imm(1, "u32"))
-    rowptr = [b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), last), row_bytes, W)
-              for r in range(R)]
-    tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
     gsize = T4.LANE_GROUP_Q8 if fast else T4.LANE_GROUP_F32
-    a_row = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", nblk, Imm(31, "u32")), Imm(5, "u32")), Imm(gsize, "u32"))
-    lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
-    actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), a_row, A) for t in range(Tn)]
+    rowptr, actptr, lane16 = _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize, with_lane16=True)
     acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
     for row in acc:
         for r_ in row:
@@ -553,13 +561,8 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     nunits = b.op("shr.u32", K, Imm(6, "u32")) if q4k else nblk
     row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32")) if q4k else \
         b.op("mul.lo.u32", nblk, Imm(34, "u32"))
-    last = b.op("sub.u32", M, Imm(1, "u32"))
-    rowptr = [b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), last), row_bytes, W)
-              for r in range(R)]
-    tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
     gsize = T4.LANE_GROUP_F32 if exact else T4.LANE_GROUP_Q8
-    a_row = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", nblk, Imm(31, "u32")), Imm(5, "u32")), Imm(gsize, "u32"))
-    actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), a_row, A) for t in range(Tn)]
+    rowptr, actptr, _ = _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize)
     ones = b.op("mov.b32", Imm(0x01010101, "b32"))
     magic = b.op("mov.b32", Imm(0x4B000000, "b32"))  # exact: the float 2^23 + q from a byte q by prmt
     acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
