@@ -127,6 +127,16 @@ class Mma:
         return "mma.sync"
 
 
+def elementwise_head(name: str, arch, doc: str, inp: str, out: str, count: str, warps: int, per_cta_key: str):
+    """The prologue of the elementwise kernels (input pointer, output pointer, item count; one warp per item,
+    `warps` items per CTA): → (builder, input, output, count)."""
+    b = KernelBuilder(name, arch, doc, block=(32 * warps, 1, 1))
+    i_p, o_p, n_p = b.param(inp, "u64", "ptr:in"), b.param(out, "u64", "ptr:out"), b.param(count, "u32", "scalar")
+    b.meta.update({"warps": warps, per_cta_key: warps, "grid": f"ceil({count} / {warps})"})
+    i, o = b.ptr(i_p), b.ptr(o_p)
+    return b, i, o, b.ld_param(n_p, "u32")
+
+
 def warp_per_item(b: KernelBuilder, count: Reg, warps: int):
     """Schedule of the elementwise kernels: one warp per item (a quant block), `warps` items per CTA.
     Returns (lane, item, done); warps past `count` branch to `done`, which the caller places."""

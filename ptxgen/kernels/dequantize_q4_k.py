@@ -6,8 +6,7 @@ fp16, so the result equals `formats.dequantize("q4_K", ...).astype(float16)` bit
 """
 from __future__ import annotations
 
-from ..builder import KernelBuilder
-from ..dsl import ConvertHalf, dequant_q4_k_word, warp_per_item
+from ..dsl import ConvertHalf, dequant_q4_k_word, elementwise_head, warp_per_item
 from ..ir import Imm, Mem
 from . import KernelDef
 
@@ -15,13 +14,8 @@ WARPS = 8
 
 
 def build(arch):
-    b = KernelBuilder("dequantize_q4_k", arch, __doc__.splitlines()[0], block=(32 * WARPS, 1, 1))
-    w_p = b.param("w", "u64", "ptr:in")
-    y_p = b.param("y", "u64", "ptr:out")
-    n_p = b.param("nsuper", "u32", "scalar")
-    b.meta.update(warps=WARPS, superblocks_per_cta=WARPS, grid="ceil(nsuper / 8)")
-    w, y = b.ptr(w_p), b.ptr(y_p)
-    nsuper = b.ld_param(n_p, "u32")
+    b, w, y, nsuper = elementwise_head("dequantize_q4_k", arch, __doc__.splitlines()[0], "w", "y", "nsuper", WARPS,
+                                       "superblocks_per_cta")
     lane, sb, done = warp_per_item(b, nsuper, WARPS)
 
     block = b.op("mad.wide.u32", sb, Imm(144, "u32"), w)

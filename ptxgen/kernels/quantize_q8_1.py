@@ -6,7 +6,7 @@ A NaN anywhere in a block makes amax NaN (max.NaN), its q all 0 and d, s NaN.
 """
 from __future__ import annotations
 
-from ..builder import KernelBuilder
+from ..dsl import elementwise_head
 from ..ir import Imm, Mem
 from . import KernelDef
 
@@ -31,13 +31,8 @@ def q8_1_math(b, v):
 
 
 def build(arch):
-    b = KernelBuilder("quantize_q8_1", arch, __doc__.splitlines()[0], block=(32 * WARPS, 1, 1))
-    x_p = b.param("x", "u64", "ptr:in")
-    y_p = b.param("y", "u64", "ptr:out")
-    n_p = b.param("nblocks", "u32", "scalar")
-    b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(nblocks / 8)")
-    x, y = b.ptr(x_p), b.ptr(y_p)
-    nblocks = b.ld_param(n_p, "u32")
+    b, x, y, nblocks = elementwise_head("quantize_q8_1", arch, __doc__.splitlines()[0], "x", "y", "nblocks", WARPS,
+                                        "blocks_per_cta")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
