@@ -124,6 +124,34 @@ def tma_box_offsets(box_rows: int, box_cols: int, elem_bytes: int, swizzle_mode:
     return swizzle(linear, swizzle_mode)
 
 
+def wgmma_d_layout(n: int) -> np.ndarray:
+    """Accumulator of wgmma m64nNk16 (f32): [thread of the warpgroup, register] → (row, col). Each warp
+    holds 16 rows; within it the m16n8 C-fragment pattern repeats along N every 4 registers."""
+    t = np.arange(128)[:, None]
+    i = np.arange(n // 2)[None, :]
+    warp, lane = t // 32, t % 32
+    row = 16 * warp + lane // 4 + 8 * ((i // 2) % 2)
+    col = 8 * (i // 4) + 2 * (lane % 4) + (i % 2)
+    return np.stack(np.broadcast_arrays(row, col), axis=-1)
+
+
+def smem_operand_offsets(desc: int, rows: int, kbytes: int) -> np.ndarray:
+    """Shared addresses of a K-major wgmma operand (rows × kbytes bytes) under its matrix descriptor:
+    [row, byte] → address. 128B swizzle: 128-byte rows, 8-row groups SBO apart, the swizzle on the
+    address; no swizzle: 8×16-byte core matrices, LBO apart along K and SBO apart along rows."""
+    d = decode_wgmma_descriptor(desc)
+    r = np.arange(rows)[:, None]
+    c = np.arange(kbytes)[None, :]
+    start, lbo, sbo = d["start_addr"], d["leading_byte_offset"], d["stride_byte_offset"]
+    if d["base_offset"]:
+        raise NotImplementedError("wgmma descriptor with a non-zero matrix base offset")
+    if d["swizzle"] == "128B":
+        return swizzle(start + (r // 8) * sbo + (r % 8) * 128 + c, "128B")
+    if d["swizzle"] == "none":
+        return start + (r // 8) * sbo + (r % 8) * 16 + (c // 16) * lbo + c % 16
+    raise NotImplementedError(f"wgmma operand with {d['swizzle']} swizzle")
+
+
 # ---------------------------------------------------------------------------------------------------
 # prmt
 

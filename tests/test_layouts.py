@@ -1,5 +1,6 @@
 """L0: the NumPy layout models against the PTX ISA's fragment tables."""
 import numpy as np
+import pytest
 
 from ptxgen import layouts as L
 
@@ -71,3 +72,20 @@ def test_padding_is_bank_conflict_free():
     assert len(groups) == 8
     unpadded = {tuple(L.smem_bank(r + np.arange(0, 16, 4))) for r in np.arange(8) * 64}
     assert len(unpadded) < 8
+
+
+@pytest.mark.parametrize("n", [8, 32, 64, 256])
+def test_wgmma_accumulator_layout_covers_the_tile_once(n):
+    lay = L.wgmma_d_layout(n).reshape(-1, 2)
+    assert len({tuple(x) for x in lay}) == 64 * n and lay[:, 0].max() == 63 and lay[:, 1].max() == n - 1
+
+
+def test_tma_128b_box_is_what_a_k_major_128b_descriptor_reads():
+    """A TMA box of 64-element fp16 rows with 128B swizzle lands exactly where a K-major wgmma operand with
+    the 128B descriptor (SBO 1024) looks for element (row, k): the MMQ relies on it for the activation tile."""
+    box = L.tma_box_offsets(64, 64, 2, "128B")  # [row, col] → byte
+    desc = L.wgmma_descriptor(0, 16, 1024, "128B")
+    for kk in range(4):  # the four k16 steps: +32 bytes in the descriptor's start address
+        reads = L.smem_operand_offsets(desc + 2 * kk, 64, 32)  # [row, byte of the 16 k values]
+        want = box[:, 16 * kk:16 * kk + 16]
+        np.testing.assert_array_equal(reads[:, 0::2], want)
