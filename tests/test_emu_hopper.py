@@ -326,3 +326,21 @@ st.global.v4.f32 [%rd4+3072], {%f0, %f1, %f2, %f3};
         for i in range(4):
             D[16 * w + lane // 4 + 8 * (i // 2), 2 * (lane % 4) + i % 2] = acc[th, i]
     np.testing.assert_array_equal(D, A.astype(np.float32) @ B.astype(np.float32).T)
+
+
+def test_warp_sync_and_griddepcontrol():
+    """bar.warp.sync needs every named lane of the warp (a divergent one is an error); griddepcontrol is
+    a no-op in the emulator (it runs grids one after another), and it must be accepted in both forms."""
+    body = """
+griddepcontrol.launch_dependents;
+griddepcontrol.wait;
+bar.warp.sync 0xFFFFFFFF;
+mul.wide.u32 %rd2, %r31, 4;
+add.s64 %rd3, %rd15, %rd2;
+st.global.u32 [%rd3], %r31;
+"""
+    mem, o = run(body, 64, 64 * 4)
+    np.testing.assert_array_equal(mem.view(o, np.uint32, (64,)), np.arange(64))
+    with pytest.raises(EmulationError, match="divergent bar.warp.sync"):
+        run("setp.lt.u32 %p1, %r31, 8;\n@%p1 bra $L_x;\nbar.warp.sync 0xFFFFFFFF;\n$L_x:", 32, 16)
+    run("setp.lt.u32 %p1, %r31, 8;\n@%p1 bra $L_x;\nbar.warp.sync 0xFFFFFF00;\n$L_x:", 32, 16)  # lanes 8..31 only
