@@ -1,20 +1,25 @@
 """Decode GEMV ("MMVQ"): y[t, r] = Σ_k W[r, k]·a[t, k] for T ≤ 8 tokens, weights in their GGUF byte layout.
 
-Shape of the work (one description, all targets; these kernels need no tensor cores or async copies):
-- a CTA of 8 warps owns R consecutive rows; warp w walks the row's 256-column chunks w, w+8, ...;
-- lane l owns one *unit* of 8 weights in each chunk (TQ4_1S: 32-bit word l%4 of block l/4; Q4_K: qs word l of
-  the super-block) and keeps that unit's activations for all T tokens in registers, so each activation load
-  serves R rows;
-- weight values come from a 16-entry float32 table in shared memory addressed by a single `prmt` that
-  drops a nibble·4 into the low byte of the table's (256-aligned) address: 16 distinct words, so lanes never
-  conflict on banks and never serialise as a constant-memory lookup with divergent indices would;
-- per unit, the products are summed in element order into a partial, then scaled per scale group:
-  acc += scale·partial (− min·Σa for Q4_K);
-- the 8 warps' partials meet in shared memory and are summed in warp order: the result is deterministic.
+Two schedules, both deterministic (fixed summation order everywhere):
 
-TQ4_1S works in the rotated domain: `a` is forward_rht(x), produced by `rotate_tq4_1s` or, with
-`fused_rotation`, by the GEMV itself from x in registers (butterfly stages 1, 2, 4 inside a lane's 8 values,
-stages 8 and 16 by shfl.xor with lanes 1 and 2 away), bit-identical to the separate kernel.
+Lane-per-block (`build_lanes`, `build_lanes_ggml`; TQ4_1S exact and fast, Q8_0, Q4_K fast, Q4_K exact T ≤ 2):
+- one warp owns 1-2 rows; lane l owns unit jb + l of them (a 32-weight block, or a Q4_K sub-block pair) and
+  loads it whole from one address; the next step's weight loads are in flight while this one computes;
+- the activation is prepared once per call by a `prep_*` kernel (RHT and/or Q8_1, or plain fp32) into a lane
+  layout (ptxgen.formats.tq4_1s.to_lanes_*) where the 32 lanes' 16-byte loads are contiguous;
+- warps never meet: lanes reduce by shfl; rows that alone cannot fill the GPU split K over gridDim.y, and the last
+  warp of a row group to arrive sums the splits in z order; on sm_90+ the GEMV launches behind its prep
+  (programmatic dependent launch) and waits (`griddepcontrol.wait`) just before its first activation read.
+
+8-weight units (`build`; TQ4_1S with the rotation fused into the prologue, Q4_K exact at T = 4, 8):
+- a CTA of 8 warps owns R consecutive rows; warp w walks the row's 256-column chunks w, w+8, ...; lane l owns
+  one unit of 8 weights per chunk and keeps that unit's activations for all T tokens in registers;
+- weight values come from a 16-entry float32 table in shared memory addressed by a single `prmt` that drops a
+  nibble·4 into the low byte of the table's (256-aligned) address: 16 distinct words, so lanes never conflict
+  on banks and never serialise as a constant-memory lookup with divergent indices would;
+- the 8 warps' partials meet in shared memory and are summed in warp order.
+Fused rotation: x in registers, butterfly stages 1, 2, 4 inside a lane's 8 values, stages 8 and 16 by
+shfl.xor with lanes 1 and 2 away, bit-identical to the separate kernel.
 """
 from __future__ import annotations
 
@@ -68,13 +73,14 @@ def build(arch, spec: GemvSpec):
     m_p = b.param("m", "u32")
     k_p = b.param("k", "u32")
     n_p = b.param("ntok", "u32")
-    fast = spec.mode == "fast"
+    if spec.mode != "exact":
+        raise ValueError("the 8-weight-unit GEMV is exact (fp32); the fast GEMVs are build_lanes'")
     b.meta.update(tokens=Tn, rows_per_cta=R, warps=WARPS, chunk=CHUNK, fmt=spec.fmt, mode=spec.mode,
                   fused_rotation=spec.fused_rotation, grid="ceil(m / rows_per_cta)",
-                  activation="Q8_1 blocks of forward_rht(x)" if fast else "fp32")
-    lut_sym = None if fast else b.shared_buffer("lut", 256, align=256)
+                  activation="fp32")
+    lut_sym = b.shared_buffer("lut", 256, align=256)
     red_sym = b.shared_buffer("red", 4 * WARPS * R * Tn, align=16)
-    table = None if fast else b.const_table("lut_init", _lut_values(spec.fmt).tobytes())
+    table = b.const_table("lut_init", _lut_values(spec.fmt).tobytes())
 
     W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -83,24 +89,15 @@ def build(arch, spec: GemvSpec):
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
     row0 = b.op("mul.lo.u32", b.special("ctaid.x"), Imm(R, "u32"))
 
-    if fast:
-        # the int8 codebook lives in four registers: prmt picks bytes by the low 3 bits of a nibble from the
-        # lower or upper half of the table, and bit 3 (sign-replicated by a second prmt) picks the half
-        words = CODEBOOK_S8.view(np.uint32)
-        tl0, tl1, th0, th1 = (b.op("mov.b32", Imm(int(v), "b32")) for v in words)
-        # these two selectors replicate sign bits on purpose: bit 3 of each weight nibble → a 0x00/0xFF byte
-        sel_lo = b.op("mov.b32", Imm(0xD9C8, "b32"))
-        sel_hi = b.op("mov.b32", Imm(0xFBEA, "b32"))
-    else:
-        # the value table: threads 0..15 copy it into shared memory
-        b.comment("16-entry float32 value table in shared memory (codebook, or 0..15 for 4-bit ints)")
-        small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
-        tab = b.op("mov.u64", table)
-        tv = b.reg("f32")
-        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), tab)), pred=small)
-        lut = b.op("mov.u32", lut_sym)
-        b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
-        b.emit("bar.sync", Imm(0, "u32"))
+    # the value table: threads 0..15 copy it into shared memory
+    b.comment("16-entry float32 value table in shared memory (codebook, or 0..15 for 4-bit ints)")
+    small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
+    tab = b.op("mov.u64", table)
+    tv = b.reg("f32")
+    b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), tab)), pred=small)
+    lut = b.op("mov.u32", lut_sym)
+    b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+    b.emit("bar.sync", Imm(0, "u32"))
 
     # per-row byte strides and clamped row pointers (rows past M compute on row M-1 and are not stored)
     if spec.fmt == "tq4_1s":
@@ -114,8 +111,7 @@ def build(arch, spec: GemvSpec):
         rowptr.append(b.op("mad.wide.u32", rr, row_bytes, W))
     # activation row pointers, clamped to the last real token
     tlast = b.op("sub.u32", ntok, Imm(1, "u32"))
-    # activation row bytes: fp32 (4·K) or Q8_1 blocks (36·K/32)
-    k4 = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(5, "u32")), Imm(36, "u32")) if fast else b.op("shl.b32", K, Imm(2, "u32"))
+    k4 = b.op("shl.b32", K, Imm(2, "u32"))  # activation row bytes (fp32)
     actptr = [b.op("mad.wide.u32", b.op("min.u32", Imm(t, "u32"), tlast, type="u32"), k4, A) for t in range(Tn)]
 
     acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
@@ -153,25 +149,11 @@ def build(arch, spec: GemvSpec):
         return {"c": b.reg("u32"), "live": b.reg("pred"), "w": w, "act": act}
 
     def new_act():
-        """One token's unit activation: 8 floats, or (2 words of int8 q, the block's d as f32) in fast mode."""
-        return [b.reg("b32"), b.reg("b32"), b.reg("f32")] if fast else [b.reg("f32") for _ in range(8)]
+        """One token's unit activation: 8 floats."""
+        return [b.reg("f32") for _ in range(8)]
 
     def load_acts(st, act):
         """This lane's unit activations for all tokens (two 16-byte loads each; Q4_K: p..p+3, 32+p..p+3)."""
-        if fast:  # Q8_1 block of the unit's 32 columns: q bytes 8·word .. 8·word+7, d = low half of word 0
-            blk = b.op("mad.lo.u32", st["c"], Imm(8, "u32"), blk_in_chunk)
-            for t in range(Tn):
-                bp = b.op("mad.wide.u32", blk, Imm(36, "u32"), actptr[t])
-                qa, qb, d = act[t]
-                dw = b.reg("b32")
-                for r_ in (qa, qb, dw):
-                    b.emit("mov.b32", r_, Imm(0, "b32"))
-                qp = b.op("mad.wide.u32", word, Imm(8, "u32"), bp)
-                b.emit("ld.global.nc.u32", qa, Mem(qp, 4), pred=st["live"])
-                b.emit("ld.global.nc.u32", qb, Mem(qp, 8), pred=st["live"])
-                b.emit("ld.global.nc.u32", dw, Mem(bp), pred=st["live"])
-                b.emit("cvt.f32.f16", d, b.op("cvt.u16.u32", dw))
-            return
         col = b.op("mad.lo.u32", st["c"], Imm(CHUNK, "u32"), col_in_chunk)
         second = 16 if spec.fmt == "tq4_1s" else 128
         for t in range(Tn):
@@ -210,8 +192,6 @@ def build(arch, spec: GemvSpec):
             act = [new_act() for _ in range(Tn)]
             load_acts(st, act)
         act = [list(row) for row in act]
-        if fast:
-            return compute_fast(st, act)
         if spec.fused_rotation:
             _rotate_unit_in_registers(b, act, word, lane, None)
         if spec.fmt == "q4_K":  # Σa per half for the min term, once per chunk
@@ -251,28 +231,6 @@ def build(arch, spec: GemvSpec):
                     if minimum is not None:
                         b.emit("fma.rn.f32", acc[r][t], b.op("neg.f32", minimum), asum[t][gi], acc[r][t])
 
-    def compute_fast(st, act):
-        for r in range(R):
-            qw, extra = st["w"][r]
-            b.comment(f"row {r}: nibbles -> int8 codebook by prmt, dp4a with the Q8_1 activation")
-            t4 = b.op("shl.b32", qw, Imm(4, "u32"))  # bit 3 of the low nibbles moves to bit 7 of each byte
-            w8 = []
-            for half, (src, sel) in enumerate(((qw, sel_lo), (b.op("shr.u32", qw, Imm(16, "u32")), sel_hi))):
-                idx = b.op("and.b32", src, Imm(0x7777, "b32"))  # selector nibbles = index & 7 (no sign bits)
-                lo = b.op("prmt.b32", tl0, tl1, idx)
-                hi = b.op("prmt.b32", th0, th1, idx)
-                pick = b.op("prmt.b32", t4, qw, sel)  # 0xFF where the index has bit 3 (upper half of the table)
-                v = b.reg("b32")
-                b.emit("lop3.b32", v, lo, hi, pick, Imm(0xD8, "b32"))  # pick ? hi : lo, bytewise
-                w8.append(v)
-            half = b.op("cvt.u16.u32", b.op("shr.u32", extra[0], dshift))
-            dwt = b.op("cvt.f32.f16", half)
-            for t in range(Tn):
-                qa, qb, da = act[t]
-                isum = b.op("dp4a.s32.s32", w8[0], qa, Imm(0, "s32"), type="s32")
-                isum = b.op("dp4a.s32.s32", w8[1], qb, isum, type="s32")
-                b.emit("fma.rn.f32", acc[r][t], b.op("mul.rn.f32", dwt, da), b.op("cvt.rn.f32.s32", isum), acc[r][t])
-
     # software pipeline as a ping-pong between two register sets: the loads of chunk c+8 are in flight
     # while chunk c is decoded; chunks past the end load nothing (no lane is live there)
     b.comment("software-pipelined chunk loop: the next chunk's loads overlap this chunk's decode")
@@ -298,8 +256,6 @@ def build(arch, spec: GemvSpec):
     for r in range(R):
         for t in range(Tn):
             v = acc[r][t]
-            if fast:  # the int8 codebook is C·127/2.733: scale back once
-                v = b.op("mul.rn.f32", v, Imm(float(FAST_RESCALE), "f32"))
             for off in (16, 8, 4, 2, 1):
                 o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
                 v = b.op("add.rn.f32", v, o)
