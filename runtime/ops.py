@@ -223,8 +223,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
     accumulation, relative error ~4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
     the call is recomputed exactly by the GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
-    rotate_tq4_1s once per call, `"fused"` rotates inside the GEMV's prologue (same bits) for T ≤ 4 and
-    falls back to the separate rotation above that. `mode="fast"`: TQ4_1S rotates, quantizes the rotated
+    prep_tq4_1s once per call (the rotation, written in the lane GEMV's layout), `"fused"` rotates inside the
+    8-weight-unit GEMV's prologue (same bits) for T ≤ 4 and falls back to the separate rotation above that. `mode="fast"`: TQ4_1S rotates, quantizes the rotated
     activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact result,
     bound 5e-4); Q4_K (T ≤ 8) and Q8_0 (which has only this mode: pass mode="fast") quantize x to Q8_1 and
     run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact integer dots; relative error ≤ 1e-5 against the
@@ -274,7 +274,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         n = min(8, t - t0)
         fn = kernels.load(_gemv_kernel(w, n, fused), arch)
         a, row = xa, 4 * k
-        if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 4) as fp32, in the lane layout
+        if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
             if lanes is None:
                 lanes = _prep_lanes(xa, t, k, "prep_tq4_1s" if w.fmt == "tq4_1s" else "prep_f32_lanes", arch)
             a, row = lanes
