@@ -218,3 +218,16 @@ def test_one_round_split_plan_fits_the_slots_and_covers_k(tiles, steps, slots):
     assert (splits - 1) * per < steps <= splits * per  # every K-step in exactly one split, none empty
     if splits > 1:
         assert tiles * splits <= slots and per >= 8
+
+
+@given(ctas=st.integers(1, 5000), k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]),
+       per_sm=st.integers(1, 8), sms=st.sampled_from([1, 84, 132]))
+def test_gemv_splits_fill_one_wave_and_keep_a_step_each(ctas, k, per_sm, sms):
+    from ptxgen.runtime.ops import gemv_splits
+
+    s = gemv_splits(ctas, k, per_sm, sms)
+    steps = -(-(k // 32) // 32)  # 32 blocks per lane step
+    assert 1 <= s <= min(8, steps)
+    assert s == 1 or ctas * s <= sms * per_sm  # never a second, partial wave of CTAs
+    if ctas * 2 <= sms * per_sm and steps >= 2:
+        assert s >= 2  # rows alone fill at most half the GPU: split K
