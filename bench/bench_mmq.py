@@ -42,8 +42,9 @@ def main():
     results = []
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
-          "| wgmma tile n32/n64/n128/n256 µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1 + Q8_1 GEMM µs | fast-mode µs "
+          "| fast vs llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -57,7 +58,7 @@ def main():
         for t in TOKENS:
             x = torch.randn(t, k, device="cuda", dtype=torch.float32)
             y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-            from ptxgen.runtime.ops import mmq_launch
+            from ptxgen.runtime.ops import Q8_MAX_TOKENS, mmq_launch
 
             # correctness of this very shape before timing it
             got = r.mul_mat(ws[0], x[:, :].cpu().numpy())
@@ -71,6 +72,9 @@ def main():
                 if has_wg else None
             by_tile = {bn: timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn, path="wgmma"),
                                  args.reps // 2, torch) for bn in (32, 64, 128, 256)} if has_wg else {}
+            us_q8 = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8"), args.reps, torch)
+            us_q8p = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8_pre"), args.reps, torch)
+            us_fast = us_q8 if t <= Q8_MAX_TOKENS else us  # what mul_mat(mode="fast") runs
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
@@ -81,12 +85,14 @@ def main():
             row = {"m": m, "k": k, "T": t, "us": us, "tflops": flops / us / 1e6, "pct_peak": 100 * flops / us / 1e6 / (PEAK_FP16 / 1e12),
                    "floor_us": floor, "us_cublas_fp16": cub, "us_dequant_cublas": deqc, "us_tinygemm": tiny,
                    "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
-                   "us_wgmma_by_token_tile": by_tile}
+                   "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
+                   "us_fast_mode": us_fast}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
                   f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
-                  f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} |",
+                  f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
+                  f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} |",
                   flush=True)
     if args.out:
         with open(args.out, "w") as fh:
@@ -106,6 +112,7 @@ def plot(results, path):
         ax.plot(T, [fl(r_["us_mma_sync"], r_) for r_ in rows], "o-", label="ptxgen MMQ, mma.sync (sm_89 PTX)")
         if rows and rows[0].get("us_wgmma"):
             ax.plot(T, [fl(r_["us_wgmma"], r_) for r_ in rows], "D-", label="ptxgen MMQ, wgmma + TMA (sm_90a PTX)")
+        ax.plot(T, [fl(r_["us_q8_fused"], r_) for r_ in rows], "v-", label="ptxgen MMQ, int8 x Q8_1 (fused quantize)")
         ax.plot(T, [fl(r_["us_cublas_fp16"], r_) for r_ in rows], "s--", label="cuBLAS fp16 (dequantized W)")
         ax.plot(T, [fl(r_["us_dequant_cublas"], r_) for r_ in rows], "^--", label="dequant + cuBLAS")
         lt = [(r_["T"], fl(r_["us_llamacpp"], r_)) for r_ in rows if r_["us_llamacpp"]]

@@ -171,12 +171,16 @@ MMA_SHAPES = {
 }
 
 
-def mma_sync(arch: Arch, shape: str, ab_type: str, d: Vec, a: Vec, b: Vec, c: Vec) -> Instr:
-    """`mma.sync.aligned.<shape>.row.col.<acc>.<ab>.<ab>.<acc>`, checked against the legal table and the arch."""
+def mma_sync(arch: Arch, shape: str, ab_type: str, d: Vec, a: Vec, b: Vec, c: Vec, b_type: str | None = None) -> Instr:
+    """`mma.sync.aligned.<shape>.row.col.<acc>.<a>.<b>.<acc>`, checked against the legal table and the arch.
+    `b_type` differs from `ab_type` only for the mixed-sign integer forms (u8 x s8, s8 x u8: m16n8k32)."""
+    b_type = b_type or ab_type
     key = (shape, ab_type)
-    if key not in MMA_SHAPES:
+    if key not in MMA_SHAPES or (shape, b_type) not in MMA_SHAPES:
         legal = ", ".join(f"{s} {t}" for s, t in MMA_SHAPES)
-        raise IRError(f"mma.sync {shape} {ab_type} is not supported; legal: {legal}")
+        raise IRError(f"mma.sync {shape} {ab_type} x {b_type} is not supported; legal: {legal}")
+    if b_type != ab_type and {ab_type, b_type} != {"u8", "s8"}:
+        raise IRError(f"mma.sync mixes types only as u8 x s8 or s8 x u8, got {ab_type} x {b_type}")
     acc, na, nb, nc, feat = MMA_SHAPES[key]
     arch.require(feat, f"mma.sync {shape} {ab_type}")
     for name, v, n in (("D", d, nc), ("A", a, na), ("B", b, nb), ("C", c, nc)):
@@ -186,7 +190,7 @@ def mma_sync(arch: Arch, shape: str, ab_type: str, d: Vec, a: Vec, b: Vec, c: Ve
         if r.bits != 32:
             raise IRError(f"mma.sync accumulators are 32-bit .{acc}, {r.name} is .{r.type}")
     sat = ".satfinite" if acc == "s32" else ""
-    op = f"mma.sync.aligned.{shape}.row.col{sat}.{acc}.{ab_type}.{ab_type}.{acc}"
+    op = f"mma.sync.aligned.{shape}.row.col{sat}.{acc}.{ab_type}.{b_type}.{acc}"
     return Instr(op, (d, a, b, c))
 
 

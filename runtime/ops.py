@@ -94,19 +94,22 @@ MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
+Q8_TILES = (32, 64)
+Q8_MAX_TOKENS = 64  # mode="fast": the int8 Q8_1 MMQ up to here (measured crossover, bench/NOTES.md), fp16 above
 _FLAG: list = []
 _QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 
 
-def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None) -> bool:
-    """The fp16 MMQ. Returns False if an activation overflowed fp16 (the caller recomputes exactly)."""
+def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None, path: str | None = None) -> bool:
+    """The fp16 MMQ (or `path`="q8": the Q8_1 one). Returns False if an activation overflowed its format
+    (fp16; or a Q8_1 scale amax/127 past fp16): the caller recomputes another way."""
     from .driver import DeviceBuffer
 
     if not _FLAG:
         _FLAG.append(DeviceBuffer(4))
     flag = _FLAG[0]
     flag.fill_bytes(0)
-    mmq_launch(w, xa, o, t, flag, arch)
+    mmq_launch(w, xa, o, t, flag, arch, path=path)
     return int(flag.download(np.uint32, (1,))[0]) == 0
 
 
@@ -127,20 +130,25 @@ def mmq_path(arch: str | None = None) -> str:
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
                path: str | None = None) -> None:
     """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
-    `bn` overrides the token tile, `path` the lowering ("mma.sync" or "wgmma"; benchmarks sweep both)."""
+    `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16), "wgmma" (fp16, sm_90a), "q8" (int8
+    mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1 launch, then the int8 GEMM);
+    benchmarks sweep them."""
 
     from .driver import current
 
     m, k = w.shape
     path = path or mmq_path(arch)
-    tiles_opt = WGMMA_TILES if path == "wgmma" else MMQ_TILES
+    if path not in ("mma.sync", "wgmma", "q8", "q8_pre"):
+        raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, q8 or q8_pre, got {path!r}")
+    tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
     bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
-    name = f"mmq_q4_k_wgmma_n{bn}" if path == "wgmma" else f"mmq_q4_k_f16_n{bn}"
+    name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}", "q8": f"mmq_q4_k_q8_n{bn}",
+            "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     fn = kernels.load(name, "sm_90a" if path == "wgmma" else arch)
     tiles_n = (t + bn - 1) // bn
     tiles = tiles_n * ((m + 127) // 128)
     sms = current().sm_count
-    if path == "wgmma":  # one round of items over the resident CTAs: a second, partial round doubles the time
+    if path != "mma.sync":  # one round of items over the resident CTAs: a second, partial round doubles the time
         per_sm = int(fn.meta.get("ctas_per_sm", 1))
         splits, per = splitk_plan_one_round(tiles, k // 64, per_sm * sms)
     else:
@@ -155,6 +163,10 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
+    elif path in ("q8", "q8_pre"):
+        xin = xa if path == "q8" else quantize_q8_1(xa, arch=arch)
+        fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xin, dst, flag, m, k, t, per, _QUEUE[0], tiles_n,
+                                                         splits))
     else:
         ctas = min(tiles * splits, 2 * sms)
         fn.launch((ctas,), (w.buffer, xa, dst, flag, m, k, t, per, _QUEUE[0], tiles_n, splits))
@@ -228,7 +240,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact result,
     bound 5e-4); Q4_K (T ≤ 8) and Q8_0 (which has only this mode: pass mode="fast") quantize x to Q8_1 and
     run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact integer dots; relative error ≤ 1e-5 against the
-    float64 product with the Q8_1-rounded x). `"exact"` keeps fp32 activations (relative error ~1e-6)."""
+    float64 product with the Q8_1-rounded x); Q4_K with 8 < T ≤ Q8_MAX_TOKENS runs the int8 MMQ
+    (mmq_q4_k_q8_n{32,64}: x quantized to Q8_1 inside the GEMM, int8 mma.sync m16n8k32, same error bound),
+    larger T the fp16 GEMM as in "exact". An activation block whose Q8_1 scale overflows fp16 (amax > 65504·127)
+    raises the flag and the call is recomputed by the fp16 GEMM. `"exact"` keeps fp32 activations in the
+    GEMVs (relative error ~1e-6) and fp16 in the GEMMs (above)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     if w.fmt not in GEMV_FORMATS:
@@ -258,8 +274,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
+        if mode == "fast" and t <= Q8_MAX_TOKENS and _mmq_q4_k(w, xa, o, t, arch, path="q8"):
+            return _result(o, xa.host and out is None)
         if _mmq_q4_k(w, xa, o, t, arch):
             return _result(o, xa.host and out is None)
+        mode = "exact"  # an activation past fp16: the fp32 GEMV, exactly
     if mode == "fast":
         prep, gemv = FAST_GEMV[w.fmt]
         q, row = _prep_lanes(xa, t, k, prep, arch)

@@ -66,6 +66,8 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "HFMA2", "PRMT"]
     if _k.startswith("mmq_q4_k_wgmma"):  # TMA into an mbarrier ring, wgmma from swizzled shared memory
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "HFMA2"]
+    if _k.startswith("mmq_q4_k_q8"):  # raw qs bytes by ldmatrix as u8 fragments, int8 tensor cores, cp.async
+        EXPECTED_SASS[_k] = ["IMMA.16832.U8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 
 

@@ -356,3 +356,30 @@ def test_mma_rounding_matches_the_h200_bit_for_bit():
         C[lc[..., 0], lc[..., 1]] = c[i]
         misses += np.count_nonzero((A @ B + C).astype(np.float32)[lc[..., 0], lc[..., 1]] != d[i])
     assert misses > 1000
+
+
+@pytest.mark.parametrize("kernel", ["mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64_pre"])
+def test_q8_mmq_split_k_and_non_finite_activations(kernel):
+    """The int8 MMQ over 3 K-splits, and with a NaN / an Inf in x: the same outputs non-finite as in the
+    Q8_1 reference, the rest within 1e-5."""
+    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    for kw in (dict(shape=(129, 20, 1024), splits=3), dict(shape=(130, 9, 512), poison_x=(2, 100, np.nan)),
+               dict(shape=(130, 9, 512), poison_x=(4, 7, np.inf))):
+        out = check_kernel(kernel, ptx, seed=3, **kw)
+        assert out.ok, (kw, out.detail)
+
+
+def test_q8_mmq_flags_a_q8_1_scale_overflow():
+    """|x| > 65504·127 makes amax/127 overflow fp16: the fused kernel raises the flag (the harness checks
+    it is raised exactly when the reference quantizer overflows)."""
+    out = check_kernel("mmq_q4_k_q8_n32", KERNELS["mmq_q4_k_q8_n32"].for_arch("sm_89").ptx(), seed=2,
+                       shape=(130, 9, 512), poison_x=(3, 11, 1e10))
+    assert out.ok and "flagged" in out.detail, out.detail
+
+
+def test_q8_mmq_with_a_wrong_nibble_mask_fails():
+    """The A fragments are the raw qs bytes masked to nibbles: a mask that drops one bit must be caught."""
+    ptx = KERNELS["mmq_q4_k_q8_n32"].for_arch("sm_89").ptx()
+    assert "0xF0F0F0F;" in ptx
+    out = check_kernel("mmq_q4_k_q8_n32", ptx.replace("0xF0F0F0F;", "0xF0F0F0E;"), seed=0)
+    assert not out.ok, out.detail

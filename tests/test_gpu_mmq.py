@@ -149,3 +149,85 @@ def test_mul_mat_picks_wgmma_on_sm90():
     want = "wgmma" if r.current().sm == 90 else "mma.sync"
     assert ops.mmq_path() == want
     assert ops.mmq_path("sm_89") == "mma.sync"
+
+
+# --- the Q8_1 (int8 mma.sync) MMQ: fused quantization ("q8") and quantize_q8_1 first ("q8_pre")
+
+def run_q8(r, raw, m, k, x, bn, path="q8", splits_plan=True):
+    from ptxgen.runtime import ops
+
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    t = x.shape[0]
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)  # NaN poison
+    flag = r.DeviceArray.empty((1,), np.uint32)
+    flag.owner.fill_bytes(0)
+    ops.mmq_launch(w, r.as_device_array(x), out, t, flag, bn=bn, path=path)
+    assert not ops._QUEUE[0].download(np.uint32, (2,)).any(), "the persistent kernel did not reset its queue"
+    return out.numpy(), int(flag.numpy()[0])
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_q8_mmq_matches_the_q8_1_reference(data):
+    """Exact integer dots: within 1e-5 of the float64 product with the Q8_1-rounded activations, for raw
+    (any-bit) and quantized weights, split-K included (the plan splits small grids)."""
+    import ptxgen.runtime as r
+
+    m = data.draw(st.sampled_from([1, 127, 128, 129, 300, 4096]))
+    t = data.draw(st.sampled_from([1, 7, 16, 63, 64, 65, 200, 512]))
+    k = data.draw(st.sampled_from([256, 512, 4096]))
+    bn = data.draw(st.sampled_from([32, 64]))
+    path = data.draw(st.sampled_from(["q8", "q8_pre"]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    if data.draw(st.booleans()):
+        raw = data.draw(S.raw_matrix("q4_K", m, k, max_abs_scale=2.0))
+    else:
+        raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = (rng.standard_normal((t, k)) * data.draw(st.sampled_from([1e-3, 1.0, 1e4]))).astype(np.float32)
+    got, flag = run_q8(r, raw, m, k, x, bn, path)
+    want = formats.gemm_q8_1_ref("q4_K", raw, m, k, x)
+    assert flag == 0 and np.isfinite(got).all()
+    assert rel(got, want) <= 1e-5
+
+
+def test_q8_mmq_is_deterministic_propagates_nan_and_flags_scale_overflow():
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(6)
+    m, k, t = 4096, 4096, 48  # 32 x 2 tiles: split-K with the reduction
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    a, _ = run_q8(r, raw, m, k, x, 32)
+    for _ in range(3):
+        b, _ = run_q8(r, raw, m, k, x, 32)
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    pre, _ = run_q8(r, raw, m, k, x, 32, "q8_pre")
+    np.testing.assert_array_equal(a.view(np.uint32), pre.view(np.uint32))  # same Q8_1 bits either way
+    x[5, 3] = np.nan
+    got, flag = run_q8(r, raw, m, k, x, 64)
+    assert flag == 0 and np.isnan(got[5]).all() and np.isfinite(np.delete(got, 5, axis=0)).all()
+    x[5, 3] = 0
+    x[7, 100] = 1e10  # amax/127 > 65504: Q8_1 cannot hold this block's scale
+    _, flag = run_q8(r, raw, m, k, x, 32)
+    assert flag == 1
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    got = r.mul_mat(w, x, mode="fast")  # recomputed: fp16 overflows too, so the fp32 GEMV answers
+    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-5
+
+
+@pytest.mark.parametrize("t", [9, 16, 40, 64, 65, 200])
+def test_mul_mat_fast_q4_k_prefill(t):
+    """mode="fast" for T > 8: the Q8_1 MMQ up to Q8_MAX_TOKENS (Q8_1 reference, 1e-5), the fp16 GEMM above."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime.ops import Q8_MAX_TOKENS
+
+    rng = np.random.default_rng(t)
+    m, k = 384, 2048
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, mode="fast")
+    if t <= Q8_MAX_TOKENS:
+        assert rel(got, formats.gemm_q8_1_ref("q4_K", raw, m, k, x)) <= 1e-5
+    else:
+        assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3

@@ -233,6 +233,54 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Out
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}", got, want)
 
 
+def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scale=1.0, poison_x=None) -> Outcome:
+    """The Q8_1 MMQ (int8 mma.sync): fp32 activations quantized inside the kernel (fused) or by the
+    quantize_q8_1 format first (`_pre`); a few persistent CTAs share the queue; with splits > 1 the partials
+    are summed here in z order (what reduce_splitk does). Within 1e-5 of the float64 product with the
+    Q8_1-rounded activations (`formats.gemm_q8_1_ref`). `poison_x` = (t, k, value) plants one value in x."""
+    m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
+    if poison_x is not None:
+        x[poison_x[0], poison_x[1]] = poison_x[2]
+    fused = meta["x_layout"].startswith("fp32")
+    mem = _memory()
+    wa = mem.alloc(raw)
+    xa = mem.alloc(x if fused else formats.quantize("q8_1", x).reshape(t, -1))
+    ya, qa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
+    fa = mem.alloc(4, poison=0)
+    tiles_n = (t + meta["bn"] - 1) // meta["bn"]
+    items = tiles_n * ((m + meta["bm"] - 1) // meta["bm"]) * splits
+    per = -(-(k // 64) // splits)
+    _run(ptx, (max(1, min(items, 3)),), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
+    assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
+    flag = int(mem.view(fa, np.uint32, (1,))[0])
+    if fused:  # the flag is up exactly when some block's d overflows fp16 (amax/127 > 65504, amax finite)
+        amax = np.abs(x.reshape(-1, 32)).max(axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            want_flag = bool((np.isfinite(amax) & ((amax / np.float32(127)).astype(np.float16) == np.inf)).any())
+        if bool(flag) != want_flag:
+            return Outcome(meta.get("name", "mmq"), False, f"overflow flag {flag}, expected {int(want_flag)}", None, None)
+        if want_flag:
+            return Outcome(meta.get("name", "mmq"), True, "overflow flagged (the caller recomputes)", None, None)
+    parts = mem.view(ya, np.float32, (splits, t, m)).astype(np.float64)
+    got = parts[0]
+    for z in range(1, splits):
+        got = got + parts[z]
+    want = formats.gemm_q8_1_ref("q4_K", raw, m, k, x)
+    if poison_x is not None:  # NaN/Inf: the same outputs non-finite as in the reference, the rest within the bar
+        fin = np.isfinite(want)
+        same = bool((np.isfinite(got) == fin).all())
+        rel = np.linalg.norm((got - want)[fin]) / np.linalg.norm(want[fin])
+        return Outcome(meta.get("name", "mmq"), same and rel <= 1e-5,
+                       f"non-finite pattern {'matches' if same else 'differs'}, relative error {rel:.2e}", got, want)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+    return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e} vs the Q8_1 reference ({splits} split(s))",
+                   got, want)
+
+
 def splitk_case(mmq_ptx: str, reduce_ptx: str, meta: dict, rng, shape=(130, 40, 1024), splits=3, seed=None) -> Outcome:
     """MMQ with split-K over `splits` z-slices, then reduce_splitk: must equal the reference."""
     m, t, k = shape
@@ -316,6 +364,9 @@ for _t in (1, 2, 4, 8):
         HARNESSES[_n] = _gemv(_n)
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")
+for _bn in (32, 64):
+    for _n in (f"mmq_q4_k_q8_n{_bn}", f"mmq_q4_k_q8_n{_bn}_pre"):
+        HARNESSES[_n] = _with_meta(mmq_q8_case, _n, 3)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 

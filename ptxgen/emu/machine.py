@@ -1019,15 +1019,15 @@ class Emulator(HopperOps):
 
     def _op_mma(self, ins, ex, grp):
         shape = ins.mods[3]
-        abt = ins.mods[-2]
+        a_t, b_t = ins.mods[-3], ins.mods[-2]  # equal, except the mixed-sign integer forms (u8 x s8)
         acct = ins.mods[-1]
         self._whole_warps(ex, ins)
         d, a, b, c = (self._vec(o) for o in ins.operands)
-        per = {"f16": 2, "bf16": 2, "s8": 4, "u8": 4}[abt]
+        per = {"f16": 2, "bf16": 2, "s8": 4, "u8": 4}[a_t]
         for w in np.unique(ex // 32):
             sel = np.sort(ex[ex // 32 == w])
 
-            def unpack(regs):
+            def unpack(regs, abt):
                 bits = np.stack([self._reg(r, sel) for r in regs], axis=1).astype(np.uint32)  # [lane, reg]
                 if per == 2:
                     h = bits.view(np.uint16).reshape(32, len(regs), 2)
@@ -1037,7 +1037,7 @@ class Emulator(HopperOps):
                 q = bits.view(np.uint8).reshape(32, len(regs), 4)
                 return (q.view(np.int8) if abt == "s8" else q).astype(np.int64).reshape(32, -1)
 
-            A, B = unpack(a), unpack(b)
+            A, B = unpack(a, a_t), unpack(b, b_t)
             if acct == "f32":
                 C = np.stack([typed(self._reg(r, sel), "f32") for r in c], axis=1).astype(np.float64)
                 out = _mma_fragments_f32(shape, A, B, C)

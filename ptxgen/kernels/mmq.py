@@ -33,6 +33,9 @@ BM, BK, STAGES = 128, 64, 3
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
+Q8_STAGES = 4
+Q8_TOKEN_TILES = (32, 64)  # n128 needs > 255 registers (spills); the fp16 path serves large T
+ACT_ROW = 80  # bytes per token row of the int8 activation tile: 64 + 16 padding (8 rows hit 8 bank groups)
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,13 @@ class MmqSpec:
     lowering is per instruction: mma.sync (sm_89, sm_120a) or wgmma (sm_90a)."""
     bn: int
     mma: str = "mma.sync"
+    act: str = "f16"  # the activation format in the tensor cores: "f16" or "q8_1" (int8, mma.sync m16n8k32)
+    fused: bool = True  # q8_1: quantize fp32 x inside the load pipeline; False: read quantize_q8_1's blocks
 
     @property
     def name(self) -> str:
+        if self.act == "q8_1":
+            return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
         return f"mmq_q4_k_f16_n{self.bn}" if self.mma == "mma.sync" else f"mmq_q4_k_wgmma_n{self.bn}"
 
     @property
@@ -60,10 +67,14 @@ def describe(arch, spec: MmqSpec):
     tile = spec.tile
     tile.check_format("q4_K")
     low = lowering_for(arch)
-    # mma.sync: 3-stage cp.async ring (the TMA lowering for sm_120a is not written yet); wgmma: 4-stage TMA
-    pipe = Pipeline(STAGES, copy="cp.async") if spec.mma == "mma.sync" else Pipeline(WG_STAGES, copy="tma")
+    # mma.sync: 3-stage cp.async ring (4 for Q8_1, whose MMA reads the raw ring itself; the TMA lowering for
+    # sm_120a is not written yet); wgmma: 4-stage TMA
+    if spec.mma == "wgmma":
+        pipe = Pipeline(WG_STAGES, copy="tma")
+    else:
+        pipe = Pipeline(Q8_STAGES if spec.act == "q8_1" else STAGES, copy="cp.async")
     low.pick_copy(pipe)
-    mma = Mma("f16", spec.mma)
+    mma = Mma("s8" if spec.act == "q8_1" else "f16", spec.mma)
     low.pick_mma(mma, tile)
     return tile, pipe, mma, Schedule("persistent"), Epilogue("f32", transposed=True)
 
@@ -72,6 +83,8 @@ def build(arch, spec: MmqSpec):
     arch = get_arch(arch)
     if spec.mma == "wgmma":
         return build_wgmma(arch, spec)
+    if spec.act == "q8_1":
+        return build_q8(arch, spec)
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
     raw_bytes = BM * RAW_ROW
@@ -110,63 +123,18 @@ def build(arch, spec: MmqSpec):
     slot = b.op("mov.u32", work)
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
 
-    # --- persistent loop: one work item (m tile, split, token tile) per trip
-    b.comment("persistent CTA: claim work items from the atomic queue until it runs dry")
-    next_item, finish = b.label("next_item"), b.label("queue_empty")
-    b.place(next_item)
-    got = b.reg("u32")
-    b.emit("atom.global.add.u32", got, Mem(Q), Imm(1, "u32"), pred=leader)
-    b.emit("st.shared.u32", Mem(slot), got, pred=leader)
-    b.emit("bar.sync", Imm(0, "u32"))  # the item for everyone; and the previous item's buffers are free
-    item = b.op("ld.shared.u32", Mem(slot))
-    b.emit("bar.sync", Imm(0, "u32"))  # everyone has read the slot before the leader writes it again
-    b.bra(finish, pred=b.op("setp.ge.u32", item, items))
-    tn = b.op("rem.u32", item, tiles_n)
-    rest = b.op("div.u32", item, tiles_n)
-    zsplit = b.op("rem.u32", rest, splits)
-    tm = b.op("div.u32", rest, splits)
-    # partials of split z go to y + z·t·m (z = 0 writes y itself)
-    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", zsplit, T), M), Imm(4, "u32"), Y0)
-    n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
-    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
+    next_item, finish, zsplit, Y, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0)
     base = b.op("mov.u32", smem)
     raw0 = base
     a16 = b.op("add.u32", base, Imm(STAGES * raw_bytes, "u32"))
     b16 = b.op("add.u32", a16, Imm(a_bytes, "u32"))
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
-    s_begin = b.op("mul.lo.u32", zsplit, per)
-    nsteps = b.op("min.u32", b.op("add.u32", s_begin, per), b.op("shr.u32", K, Imm(6, "u32")))  # this split's end
-    mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
+    row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
 
     # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
-    copies = []
-    for r in range(2):
-        i = b.op("add.u32", tid, Imm(256 * r, "u32"))
-        ok = b.op("setp.lt.u32", i, Imm(BM * 3, "u32"))
-        row = b.op("div.u32", i, Imm(3, "u32"))
-        part = b.op("rem.u32", i, Imm(3, "u32"))
-        grow = b.op("min.u32", b.op("add.u32", m0, row), mlast)
-        src_row = b.op("mad.wide.u32", grow, row_bytes, W)
-        # part 0: header (bytes 0..15 of the super-block); parts 1, 2: qs bytes 32c .. 32c+31
-        dst_off = b.op("mad.lo.u32", row, Imm(RAW_ROW, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
-        copies.append((ok, part, src_row, dst_off))
+    copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
 
     def issue(step):
-        """cp.async the raw tile of K-step `step` into stage step % 3 (nothing past the end), then commit."""
-        live = b.op("setp.lt.u32", step, nsteps)
-        sb = b.op("shr.u32", step, Imm(2, "u32"))
-        c = b.op("and.b32", step, Imm(3, "b32"))
-        stage = b.op("rem.u32", step, Imm(STAGES, "u32"))
-        sdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
-        for ok, part, src_row, dst_off in copies:
-            # source byte offset in the row: 144·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
-            qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
-            off = b.op("selp.b32", Imm(0, "b32"), qoff, b.op("setp.eq.u32", part, Imm(0, "u32")))
-            off = b.op("mad.lo.u32", sb, Imm(144, "u32"), off)
-            src = b.op("add.s64", src_row, b.op("cvt.u64.u32", off))
-            go = b.op("and.pred", ok, live)
-            b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst_off)), Mem(src), Imm(16, "u32"), pred=go)
-        b.emit("cp.async.commit_group")
+        _issue_raw(b, copies, step, nsteps, raw0, STAGES)
 
     # --- activations: BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
     nvec = BN * 16 // 256
@@ -311,12 +279,7 @@ def build(arch, spec: MmqSpec):
     epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y)
     b.bra(next_item)
     b.place(finish)
-    # the last CTA out resets the queue for the next launch
-    done_before = b.reg("u32")
-    b.emit("atom.global.add.u32", done_before, Mem(Q, 4), Imm(1, "u32"), pred=leader)
-    last = b.op("and.pred", leader, b.op("setp.eq.u32", done_before,
-                                         b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32"))))
-    b.emit("st.global.v2.u32", Mem(Q), b.vec([b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))]), pred=last)
+    _queue_exit(b, Q, leader)
     # overflow flag: any converted activation at inf (≥ 0x7C00 in either half)
     lo_h = b.op("and.b32", hmax, Imm(0xFFFF, "b32"))
     hi_h = b.op("shr.u32", hmax, Imm(16, "u32"))
@@ -325,6 +288,86 @@ def build(arch, spec: MmqSpec):
     b.emit("ret")
     return b.finish()
 
+
+
+# --- the pieces both mma.sync MMQs (fp16 and Q8_1) share: the persistent work queue, the K range of a split,
+# the raw Q4_K ring (cp.async of header + qs per 64-K step) and the queue reset at exit
+
+def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0):
+    """Head of the persistent loop: thread 0 claims an item from the atomic queue and shares it through
+    shared memory; past the end, branch to `finish`. Returns (next_item, finish, z, Y, n0, m0)."""
+    b.comment("persistent CTA: claim work items from the atomic queue until it runs dry")
+    next_item, finish = b.label("next_item"), b.label("queue_empty")
+    b.place(next_item)
+    got = b.reg("u32")
+    b.emit("atom.global.add.u32", got, Mem(Q), Imm(1, "u32"), pred=leader)
+    b.emit("st.shared.u32", Mem(slot), got, pred=leader)
+    b.emit("bar.sync", Imm(0, "u32"))  # the item for everyone; and the previous item's buffers are free
+    item = b.op("ld.shared.u32", Mem(slot))
+    b.emit("bar.sync", Imm(0, "u32"))  # everyone has read the slot before the leader writes it again
+    b.bra(finish, pred=b.op("setp.ge.u32", item, items))
+    tn = b.op("rem.u32", item, tiles_n)
+    rest = b.op("div.u32", item, tiles_n)
+    zsplit = b.op("rem.u32", rest, splits)
+    tm = b.op("div.u32", rest, splits)
+    # partials of split z go to y + z·t·m (z = 0 writes y itself)
+    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", zsplit, T), M), Imm(4, "u32"), Y0)
+    n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
+    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
+    return next_item, finish, zsplit, Y, n0, m0
+
+
+def _k_range(b, K, M, T, zsplit, per):
+    """Row stride of W in bytes, split z's K-steps [s_begin, nsteps), and M - 1, T - 1 (load clamps)."""
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    s_begin = b.op("mul.lo.u32", zsplit, per)
+    nsteps = b.op("min.u32", b.op("add.u32", s_begin, per), b.op("shr.u32", K, Imm(6, "u32")))  # this split's end
+    mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
+    return row_bytes, s_begin, nsteps, mlast, tlast
+
+
+def _raw_copies(b, tid, m0, mlast, row_bytes, W):
+    """The cp.async producer's per-thread copies: 128 rows x 3 chunks of 16 B (header, qs lo, qs hi) per
+    step; thread i copies chunks i and i + 256."""
+    copies = []
+    for r in range(2):
+        i = b.op("add.u32", tid, Imm(256 * r, "u32"))
+        ok = b.op("setp.lt.u32", i, Imm(BM * 3, "u32"))
+        row = b.op("div.u32", i, Imm(3, "u32"))
+        part = b.op("rem.u32", i, Imm(3, "u32"))
+        grow = b.op("min.u32", b.op("add.u32", m0, row), mlast)
+        src_row = b.op("mad.wide.u32", grow, row_bytes, W)
+        # part 0: header (bytes 0..15 of the super-block); parts 1, 2: qs bytes 32c .. 32c+31
+        dst_off = b.op("mad.lo.u32", row, Imm(RAW_ROW, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
+        copies.append((ok, part, src_row, dst_off))
+    return copies
+
+
+def _issue_raw(b, copies, step, nsteps, raw0, stages):
+    """cp.async the raw tile of K-step `step` into stage step % stages (nothing past the end), then commit."""
+    live = b.op("setp.lt.u32", step, nsteps)
+    sb = b.op("shr.u32", step, Imm(2, "u32"))
+    c = b.op("and.b32", step, Imm(3, "b32"))
+    stage = b.op("rem.u32", step, Imm(stages, "u32"))
+    sdst = b.op("mad.lo.u32", stage, Imm(BM * RAW_ROW, "u32"), raw0)
+    for ok, part, src_row, dst_off in copies:
+        # source byte offset in the row: 144·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
+        qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
+        off = b.op("selp.b32", Imm(0, "b32"), qoff, b.op("setp.eq.u32", part, Imm(0, "u32")))
+        off = b.op("mad.lo.u32", sb, Imm(144, "u32"), off)
+        src = b.op("add.s64", src_row, b.op("cvt.u64.u32", off))
+        go = b.op("and.pred", ok, live)
+        b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst_off)), Mem(src), Imm(16, "u32"), pred=go)
+    b.emit("cp.async.commit_group")
+
+
+def _queue_exit(b, Q, leader):
+    """The last CTA out resets the queue (item counter, finished CTAs) for the next launch."""
+    done_before = b.reg("u32")
+    b.emit("atom.global.add.u32", done_before, Mem(Q, 4), Imm(1, "u32"), pred=leader)
+    last = b.op("and.pred", leader, b.op("setp.eq.u32", done_before,
+                                         b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32"))))
+    b.emit("st.global.v2.u32", Mem(Q), b.vec([b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))]), pred=last)
 
 
 def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic) -> list:
@@ -360,6 +403,282 @@ def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic) -> list:
             t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
             out.append(b.op("add.rn.f16x2", t, nm_lo, type="b32"))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Q8_1 activations: int8 mma.sync m16n8k32 (u8 weights x s8 activations), as llama.cpp's MMQ does
+
+def build_q8(arch, spec: "MmqSpec"):
+    """y = x @ W.T with x quantized to Q8_1 (per 32 values: d = amax/127 as fp16, q = rni(x·127/amax)).
+
+    Per 64-K step the raw Q4_K tile (4-stage cp.async ring) is the A operand itself: `ldmatrix.x4` over the
+    32 qs bytes of 16 rows gives the fragments of both sub-blocks at once (low nibbles: sub-block 2c, `& 0x0F`;
+    high: 2c+1, `>> 4 & 0x0F`), no dequant pass. Per sub-block one m16n8k32 gives the exact integer dot
+    Σ q_w·q_x, and the fp32 accumulator takes d·sc·d_x·Σ q_w·q_x − dmin·m·d_x·Σ q_x (4 instructions per
+    accumulator). (d·sc, −dmin·m) per (row, sub-block) are decoded once per step into a shared table; the
+    activations are quantized on the way in (fused: fp32 loaded a step ahead, amax and Σq over 8 lanes by
+    shfl, exactly `quantize_q8_1`'s arithmetic) or copied from `quantize_q8_1`'s blocks (`_pre`). The int8
+    tile and both tables are double-buffered: the MMA of step s and the preparation of step s+1 share one
+    basic block and one barrier per step. NaN in x gives a NaN d_x, so NaN reaches that token's outputs."""
+    tile, pipe, mma, sched, epilogue = describe(arch, spec)
+    BN, S = spec.bn, Q8_STAGES
+    NT = BN // 32  # n8 tiles per warp (warp tile 64 x BN/4)
+    raw_bytes = BM * RAW_ROW
+    act_bytes, stab_bytes, atab_bytes = BN * ACT_ROW, 2 * BM * 8, 2 * BN * 8
+    buf = act_bytes + stab_bytes + atab_bytes  # one (int8 tile, weight scales, activation scales) buffer
+    pipe.check_smem(arch, raw_bytes)
+    how = "fp32 quantized in the load pipeline" if spec.fused else "Q8_1 blocks from quantize_q8_1"
+    b = KernelBuilder(spec.name, arch, f"Q4_K x Q8_1 GEMM, int8 mma.sync m16n8k32, tile {BM}x{BN}x{BK}, "
+                      f"{S}-stage cp.async, activations: {how}", block=(256, 1, 1))
+    w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    f_p = b.param("flag", "u64", "ptr:out")  # fused: set to 1 if a block's d = amax/127 overflows fp16
+    m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
+    s_p = b.param("steps_per_split", "u32")
+    c_p = b.param("queue", "u64", "ptr:scratch")
+    tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
+    smem = b.dynamic_shared(S * raw_bytes + 2 * buf)
+    b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=8, copy=pipe.copy, mma="mma.sync m16n8k32 u8 x s8",
+                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if spec.fused else " (pre)"),
+                  x_layout="fp32 (T, K)" if spec.fused else "quantize_q8_1 blocks (T, K/32 x 36 B)",
+                  ctas_per_sm=2 if BN <= 32 else 1,
+                  grid="persistent: min(items, ctas_per_sm · SMs) CTAs", work_queue="as mmq_q4_k_f16_n*",
+                  split_k="split z writes partials to y + z·t·m; reduce_splitk sums them in z order")
+    work = b.shared_buffer("work_item", 16, align=16)
+    # n32 fits 128 registers, so two CTAs per SM; n64 would spill there and runs one CTA per SM (~190)
+    b.directives += [".maxntid 256, 1, 1", f".minnctapersm {2 if BN <= 32 else 1}"]
+
+    W, X, Y0, Q, F = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(c_p), b.ptr(f_p)
+    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
+    per = b.ld_param(s_p, "u32")
+    tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
+    tid = b.special("tid.x")
+    ovf = b.op("setp.ne.u32", tid, tid) if spec.fused else None  # false
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
+    items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
+    slot = b.op("mov.u32", work)
+    leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+    next_item, finish, zsplit, Y, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0)
+    raw0 = b.op("mov.u32", smem)
+    buf0 = b.op("add.u32", raw0, Imm(S * raw_bytes, "u32"))  # buffer p at buf0 + p·buf: act | stab | atab
+    row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
+    copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
+
+    def boff_of(stp):
+        return b.op("mad.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(buf, "u32"), buf0)
+
+    def raw_of(stp):
+        return b.op("mad.lo.u32", b.op("rem.u32", stp, Imm(S, "u32")), Imm(raw_bytes, "u32"), raw0)
+
+    # --- activations: unit u = tid + 256v covers 4 values: token u/16, 32-block (u%16)/8 of the step, word u%8;
+    # the 8 lanes of a block are an aligned group of a warp (amax and Σq by shfl.bfly 4, 2, 1)
+    nvec = BN * 16 // 256
+    kblocks = b.op("shr.u32", K, Imm(5, "u32"))
+    units = []
+    for v in range(nvec):
+        u = b.op("add.u32", tid, Imm(256 * v, "u32"))
+        tok = b.op("shr.u32", u, Imm(4, "u32"))
+        k4 = b.op("and.b32", u, Imm(15, "b32"))
+        gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
+        if spec.fused:
+            src = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
+            src = b.op("add.s64", src, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
+        else:  # block (gtok, 2·step + k4/8) of 36 B; this unit's word k4 % 8 of its qs
+            blk = b.op("mad.lo.u32", gtok, kblocks, b.op("shr.u32", k4, Imm(3, "u32")))
+            src = b.op("mad.wide.u32", blk, Imm(36, "u32"), X)
+        dst = b.op("mad.lo.u32", tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", k4, Imm(2, "u32")))
+        # the scale table entry [sub-block k4/8][token], written by the group's first lane
+        tab = b.op("shl.b32", b.op("mad.lo.u32", b.op("shr.u32", k4, Imm(3, "u32")), Imm(BN, "u32"), tok), Imm(3, "u32"))
+        units.append((src, dst, tab))
+    first = b.op("setp.eq.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(0, "u32"))
+    wq4 = b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32")))
+    xregs = [b.regs("f32" if spec.fused else "b32", 4 if spec.fused else 2) for _ in range(nvec)]
+
+    def load_x(step):
+        if spec.fused:  # 64 floats = 256 bytes per step
+            kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))
+            for v in range(nvec):
+                b.emit("ld.global.nc.v4.f32", b.vec(xregs[v]), Mem(b.op("add.s64", units[v][0], kb)))
+        else:  # two 36-byte blocks per step: (d, s) word and this lane's qs word
+            kb = b.op("cvt.u64.u32", b.op("mul.lo.u32", step, Imm(72, "u32")))
+            for v in range(nvec):
+                a = b.op("add.s64", units[v][0], kb)
+                b.emit("ld.global.nc.b32", xregs[v][0], Mem(a))
+                b.emit("ld.global.nc.b32", xregs[v][1], Mem(b.op("add.s64", a, wq4), 4))
+
+    def bfly(v, off, t):
+        return b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type=t)
+
+    def store_x(boff):
+        for v in range(nvec):
+            if spec.fused:  # quantize_q8_1's arithmetic: amax (NaN-propagating), q = rni(x · 127/amax)
+                xs = xregs[v]
+                a = b.op("max.NaN.f32", b.op("max.NaN.f32", b.op("abs.f32", xs[0]), b.op("abs.f32", xs[1])),
+                         b.op("max.NaN.f32", b.op("abs.f32", xs[2]), b.op("abs.f32", xs[3])))
+                for off in (4, 2, 1):
+                    a = b.op("max.NaN.f32", a, bfly(a, off, "f32"))
+                inv = b.op("selp.f32", b.op("div.rn.f32", Imm(127.0, "f32"), a), Imm(0.0, "f32"),
+                           b.op("setp.gt.f32", a, Imm(0.0, "f32")))
+                q = [b.op("cvt.rni.s32.f32", b.op("mul.rn.f32", xv, inv)) for xv in xs]
+                d16 = b.op("cvt.rn.f16.f32", b.op("div.rn.f32", a, Imm(127.0, "f32")))
+                d = b.op("cvt.f32.f16", d16)
+                # a finite amax whose d overflows fp16 (|x| > 65504·127): Q8_1 cannot hold it; flag it
+                big = b.op("and.pred", b.op("setp.eq.f32", d, Imm(float("inf"), "f32")),
+                           b.op("setp.lt.f32", a, Imm(float("inf"), "f32")))
+                b.emit("or.pred", ovf, ovf, big)
+                word = b.op("prmt.b32", b.op("prmt.b32", q[0], q[1], Imm(0x0040, "b32")),
+                            b.op("prmt.b32", q[2], q[3], Imm(0x0040, "b32")), Imm(0x5410, "b32"))
+                sq = b.op("add.s32", b.op("add.s32", q[0], q[1]), b.op("add.s32", q[2], q[3]))
+            else:  # the block's d (low half of its first word); Σq of this word by dp4a
+                lo, hi = b.reg("b16"), b.reg("b16")
+                b.emit("mov.b32", b.vec([lo, hi]), xregs[v][0])
+                d = b.op("cvt.f32.f16", lo)
+                word = xregs[v][1]
+                sq = b.op("dp4a.s32.s32", word, Imm(0x01010101, "s32"), Imm(0, "s32"), type="s32")
+            for off in (4, 2, 1):
+                sq = b.op("add.s32", sq, bfly(sq, off, "s32"))
+            b.emit("st.shared.b32", Mem(b.op("add.u32", units[v][1], boff)), word)
+            tab = b.op("add.u32", b.op("add.u32", units[v][2], boff), Imm(act_bytes + stab_bytes, "u32"))
+            dsq = b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sq))
+            b.emit("st.shared.v2.f32", Mem(tab), b.vec([d, dsq]), pred=first)
+
+    # --- weight scales: thread -> (row tid/2, sub-block 2c + tid%2): (d·sc, −dmin·m) in fp32, as ggml forms them
+    srow = b.op("shr.u32", tid, Imm(1, "u32"))
+    sh = b.op("and.b32", tid, Imm(1, "b32"))
+    s_src = b.op("mul.lo.u32", srow, Imm(RAW_ROW, "u32"))
+    s_dst = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", sh, Imm(BM, "u32"), srow), Imm(3, "u32")),
+                 Imm(act_bytes, "u32"))
+
+    def decode_scales(step, boff):
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", raw_of(step), s_src)))
+        env = {"hdr": hdr, "sub": b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), sh)}
+        SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
+        DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
+        dsc = b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"]))
+        ndm = b.op("neg.f32", b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"])))
+        b.emit("st.shared.v2.f32", Mem(b.op("add.u32", s_dst, boff)), b.vec([dsc, ndm]))
+
+    def prep(step):
+        boff = boff_of(step)
+        decode_scales(step, boff)
+        store_x(boff)
+
+    # --- MMA: warp (wm, wn) = (warp / 4, warp % 4), warp tile 64 x BN/4: 4 m16 tiles x NT n8 tiles
+    wm = b.op("shr.u32", warp, Imm(2, "u32"))
+    wn = b.op("and.b32", warp, Imm(3, "b32"))
+    q = b.op("shr.u32", lane, Imm(3, "u32"))
+    l8 = b.op("and.b32", lane, Imm(7, "b32"))
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    tig = b.op("and.b32", lane, Imm(3, "b32"))
+    # A (raw qs): matrix q of x4 -> rows +8·(q%2), qs bytes +16·(q/2)
+    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(64, "u32"), l8), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
+    a_lane = b.op("mad.lo.u32", a_row, Imm(RAW_ROW, "u32"), b.op("add.u32", b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")), Imm(16, "u32")))
+    # B (int8 tile): matrix q -> tokens +8·(q/2) (x4: two n8 tiles), bytes +16·(q%2)
+    b_tok = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8)
+    if NT >= 2:
+        b_tok = b.op("add.u32", b_tok, b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
+    b_lane = b.op("mad.lo.u32", b_tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
+    # this thread's accumulator rows (wm·64 + 16i + g + 8hi) in the weight-scale table, tokens in the other
+    st_lane = b.op("shl.b32", b.op("mad.lo.u32", wm, Imm(64, "u32"), g), Imm(3, "u32"))
+    at_lane = b.op("shl.b32", b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))), Imm(3, "u32"))
+    acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(4)]
+    zero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
+    mask = b.op("mov.b32", Imm(0x0F0F0F0F, "b32"))
+
+    def mma_step(step):
+        rawp = b.op("add.u32", raw_of(step), a_lane)
+        boff = boff_of(step)
+        araw = []
+        for i in range(4):
+            regs = b.regs("b32", 4)
+            b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(rawp, i * 16 * RAW_ROW)))
+            araw.append(regs)
+        bl = b.op("add.u32", b_lane, boff)
+        stp = b.op("add.u32", st_lane, boff)
+        atp = b.op("add.u32", at_lane, boff)
+        for h in range(2):
+            bfr = []
+            for j in range(0, NT, 2):
+                if NT >= 2:
+                    regs = b.regs("b32", 4)
+                    b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(bl, j * 8 * ACT_ROW + 32 * h)))
+                    bfr += [regs[0:2], regs[2:4]]
+                else:
+                    regs = b.regs("b32", 2)
+                    b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(bl, 32 * h)))
+                    bfr.append(regs)
+            xs = []  # [j] -> (d_x, d_x·Σq) of tokens 2·tig, 2·tig + 1
+            for j in range(NT):
+                regs = b.regs("f32", 4)
+                b.emit("ld.shared.v4.f32", b.vec(regs), Mem(atp, act_bytes + stab_bytes + 8 * (h * BN + 8 * j)))
+                xs.append(regs)
+            for i in range(4):  # one m16 tile at a time: its A fragment and its rows' scales
+                afr = [b.op("and.b32", r if h == 0 else b.op("shr.u32", r, Imm(4, "u32")), mask) for r in araw[i]]
+                ws = [b.regs("f32", 2) for _ in range(2)]  # [hi] -> (d·sc, −dmin·m) of rows g, g + 8
+                for hi in range(2):
+                    b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, act_bytes + 8 * (h * BM + 16 * i + 8 * hi)))
+                for j in range(NT):
+                    isum = b.regs("s32", 4)
+                    b.emit(mma_sync(arch, "m16n8k32", "u8", b.vec(isum), b.vec(afr), b.vec(bfr[j]), b.vec(zero),
+                                    b_type="s8"))
+                    for e in range(4):
+                        (dsc, ndm), (dx, dxs) = ws[e // 2], xs[j][2 * (e % 2):2 * (e % 2) + 2]
+                        r = acc[i][j][e]
+                        b.emit("fma.rn.f32", r, b.op("mul.rn.f32", dsc, dx), b.op("cvt.rn.f32.s32", isum[e]), r)
+                        b.emit("fma.rn.f32", r, ndm, dxs, r)
+
+    # --- pipeline: raw ring of 4 (the MMA of step s reads raw stage s % 4, the prep of s+1 reads (s+1) % 4,
+    # s+2 and s+3 in flight); the int8 tile and the scale tables double-buffered
+    for row in acc:
+        for frag in row:
+            for r in frag:
+                b.emit("mov.f32", r, Imm(0.0, "f32"))
+    b.comment("prologue: raw steps s0..s0+2 in flight; step s0 prepared into buffer s0 % 2")
+    s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
+    for i in range(3):
+        _issue_raw(b, copies, b.op("add.u32", s_begin, Imm(i, "u32")) if i else s_begin, nsteps, raw0, S)
+    load_x(s_begin)
+    b.emit("cp.async.wait_group", Imm(2, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))
+    prep(s_begin)
+    step = b.op("mov.u32", s_begin)
+    tail = b.label("last_step")
+    b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
+    load_x(b.op("add.u32", s_begin, Imm(1, "u32")))
+    b.place(tail)  # (a single-step split jumps here: nothing more to load)
+    b.emit("cp.async.wait_group", Imm(1, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))
+    top, done = b.label("kstep"), b.label("ksteps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", step, s_last))
+    b.place(top)
+    _issue_raw(b, copies, b.op("add.u32", step, Imm(3, "u32")), nsteps, raw0, S)  # stage of s-1: its MMA is done
+    mma_step(step)
+    nxt = b.op("add.u32", step, Imm(1, "u32"))
+    prep(nxt)
+    more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
+    skip = b.label("no_prefetch")
+    b.bra(skip, pred=more, neg=True)
+    load_x(b.op("add.u32", step, Imm(2, "u32")))
+    b.place(skip)
+    b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
+    b.emit("bar.sync", Imm(0, "u32"))  # buffer (s+1) % 2 complete; everyone done with buffer s % 2
+    b.emit("mov.u32", step, nxt)
+    b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
+    b.place(done)
+    mma_step(step)  # the last step
+    b.emit("cp.async.wait_group", Imm(0, "u32"))
+
+    b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y)
+    b.bra(next_item)
+    b.place(finish)
+    _queue_exit(b, Q, leader)
+    if spec.fused:
+        b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=ovf)
+    b.emit("ret")
+    return b.finish()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -647,4 +966,9 @@ def kernel_defs() -> list[KernelDef]:
             for bn in TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma").name, f"Q4_K prefill GEMM, wgmma + TMA, {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma"): build(arch, s), archs=("sm_90a",))
-         for bn in WGMMA_TOKEN_TILES] + [KernelDef("reduce_splitk", "split-K partial sums, fixed order", build_reduce)]
+         for bn in WGMMA_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, act="q8_1", fused=f).name,
+                   f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
+                   f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
+                   archs=("sm_89", "sm_120a"))
+         for bn in Q8_TOKEN_TILES for f in (True, False)] + [KernelDef("reduce_splitk", "split-K partial sums, fixed order", build_reduce)]
