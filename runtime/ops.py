@@ -39,6 +39,23 @@ def quantize_q8_1(x, *, out=None, arch: str | None = None):
     return _result(o, xa.host and out is None)
 
 
+def quantize_q8_1_mmq(x, flag, *, arch: str | None = None) -> DeviceArray:
+    """fp32 (T, K), K a multiple of 32 → the int8 MMQ's activation layout (ptxgen.formats.ggml.q8_1_mmq_layout):
+    T·K int8, then (d, d·Σq) float32 per 32-block; the same q and d as quantize_q8_1. Sets flag[0] = 1 if a
+    block's d overflows fp16 (amax > 65504·127, finite). Returns a DeviceArray."""
+    shape = shape_of(x, "quantize_q8_1_mmq: x")
+    if not shape or shape[-1] % 32:
+        raise ValueError(f"quantize_q8_1_mmq: the last dimension must be a multiple of 32, got shape {shape}")
+    xa = as_device_array(x, "quantize_q8_1_mmq: x", np.float32)
+    nblocks = int(np.prod(xa.shape, dtype=np.int64)) // 32
+    o = DeviceArray.empty((nblocks * 40,), np.uint8)
+    if nblocks:
+        fn = kernels.load("quantize_q8_1_mmq", arch)
+        per = _blocks_per_cta(fn, "blocks_per_cta")
+        fn.launch(((nblocks + per - 1) // per,), (xa, o, nblocks, flag))
+    return o
+
+
 def dequantize(w: QuantTensor, *, out=None, arch: str | None = None):
     """QuantTensor → fp16 (M, K). Q4_K runs on the GPU; the result equals ptxgen.formats' float32 dequant
     rounded to fp16, bit for bit. Returns a DeviceArray (or fills `out`)."""
@@ -96,6 +113,7 @@ MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
 Q8_TILES = (32, 64)
 Q8_MAX_TOKENS = 64  # mode="fast": the int8 Q8_1 MMQ up to here (measured crossover, bench/NOTES.md), fp16 above
+Q8_PATH = "q8_pre"  # quantize_q8_1_mmq + the GEMM (measured faster than quantizing inside it, bench/NOTES.md)
 _FLAG: list = []
 _QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 
@@ -131,7 +149,7 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
                path: str | None = None) -> None:
     """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16), "wgmma" (fp16, sm_90a), "q8" (int8
-    mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1 launch, then the int8 GEMM);
+    mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM);
     benchmarks sweep them."""
 
     from .driver import current
@@ -164,7 +182,7 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
     elif path in ("q8", "q8_pre"):
-        xin = xa if path == "q8" else quantize_q8_1(xa, arch=arch)
+        xin = xa if path == "q8" else quantize_q8_1_mmq(xa, flag, arch=arch)
         fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xin, dst, flag, m, k, t, per, _QUEUE[0], tiles_n,
                                                          splits))
     else:
@@ -274,7 +292,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
-        if mode == "fast" and t <= Q8_MAX_TOKENS and _mmq_q4_k(w, xa, o, t, arch, path="q8"):
+        if mode == "fast" and t <= Q8_MAX_TOKENS and _mmq_q4_k(w, xa, o, t, arch, path=Q8_PATH):
             return _result(o, xa.host and out is None)
         if _mmq_q4_k(w, xa, o, t, arch):
             return _result(o, xa.host and out is None)

@@ -383,3 +383,8 @@ def test_q8_mmq_with_a_wrong_nibble_mask_fails():
     assert "0xF0F0F0F;" in ptx
     out = check_kernel("mmq_q4_k_q8_n32", ptx.replace("0xF0F0F0F;", "0xF0F0F0E;"), seed=0)
     assert not out.ok, out.detail
+
+
+def test_quantize_q8_1_mmq_flags_a_scale_overflow():
+    out = check_kernel("quantize_q8_1_mmq", KERNELS["quantize_q8_1_mmq"].for_arch("sm_89").ptx(), seed=1, big=True)
+    assert out.ok, out.detail

@@ -76,6 +76,31 @@ def _q8_1(ptx: str, rng, shape=(4, 96), seed=None) -> Outcome:
     return Outcome("quantize_q8_1", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} bytes differ", got, want)
 
 
+def _q8_1_mmq(ptx: str, rng, shape=(4, 96), seed=None, big=False) -> Outcome:
+    """quantize_q8_1_mmq: bit-exact to ggml.q8_1_mmq_layout(quantize_q8_1(x)), a zero block, a NaN and an inf
+    included, flag down; with `big` one value past 65504·127 and the flag up."""
+    t, k = shape
+    x = rng.standard_normal((t, k)).astype(np.float32) * np.float32(rng.choice([1e-3, 1.0, 50.0]))
+    x[0, :32] = 0
+    x[-1, -1] = np.nan
+    x[-1, 0] = -np.inf
+    if big:
+        x[1, 40] = 1e10
+    mem = _memory()
+    xa = mem.alloc(x)
+    nb = t * k // 32
+    ya, fa = mem.alloc(nb * 40, poison=0xFF), mem.alloc(4, poison=0)
+    _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, fa), mem, seed=seed)
+    got = mem.view(ya, np.uint8, (nb * 40,))
+    want = formats.ggml.q8_1_mmq_layout(formats.quantize("q8_1", x))
+    flag = int(mem.view(fa, np.uint32, (1,))[0])
+    if big:  # the flag is raised for the overflowing block (its bytes are whatever Q8_1 makes of it)
+        return Outcome("quantize_q8_1_mmq", flag == 1, f"overflow flag {flag}", got, want)
+    ok = np.array_equal(got, want) and flag == 0
+    return Outcome("quantize_q8_1_mmq", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} bytes differ",
+                   got, want)
+
+
 def _deq_q4_k(ptx: str, rng, shape=(5, 512), seed=None) -> Outcome:
     m, k = shape
     w = rng.standard_normal((m, k)).astype(np.float32)
@@ -235,9 +260,9 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Out
 
 def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scale=1.0, poison_x=None) -> Outcome:
     """The Q8_1 MMQ (int8 mma.sync): fp32 activations quantized inside the kernel (fused) or by the
-    quantize_q8_1 format first (`_pre`); a few persistent CTAs share the queue; with splits > 1 the partials
+    quantize_q8_1 format first (`_pre`, in the MMQ layout); a few persistent CTAs share the queue; with splits > 1 the partials
     are summed here in z order (what reduce_splitk does). Within 1e-5 of the float64 product with the
-    Q8_1-rounded activations (`formats.gemm_q8_1_ref`). `poison_x` = (t, k, value) plants one value in x."""
+    Q8_1-rounded activations (`formats.gemm_q8_1_ref`); `_pre` reads `ggml.q8_1_mmq_layout`. `poison_x` = (t, k, value) plants one value in x."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
@@ -246,7 +271,7 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
     fused = meta["x_layout"].startswith("fp32")
     mem = _memory()
     wa = mem.alloc(raw)
-    xa = mem.alloc(x if fused else formats.quantize("q8_1", x).reshape(t, -1))
+    xa = mem.alloc(x if fused else formats.ggml.q8_1_mmq_layout(formats.quantize("q8_1", x)))
     ya, qa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
     fa = mem.alloc(4, poison=0)
     tiles_n = (t + meta["bn"] - 1) // meta["bn"]
@@ -352,7 +377,7 @@ def _mmq(name):
     return _with_meta(mmq_case, name, 3)  # shape (M, T, K)
 
 
-HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate,
+HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _q8_1_mmq, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate,
                                   "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
                                   "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")

@@ -324,6 +324,17 @@ def dequantize_q8_1(blocks: np.ndarray) -> np.ndarray:
 Q8_1_S_MODES = ("sum_x", "d_sum_q")
 
 
+def q8_1_mmq_layout(blocks: np.ndarray) -> np.ndarray:
+    """Q8_1 blocks (N, 36) (s_mode "sum_x") → the int8 MMQ's activation layout, what quantize_q8_1_mmq
+    writes: the N·32 int8 q, then per block float32 (d, d·Σq) with d·Σq rounded once in fp32."""
+    b = np.asarray(blocks, np.uint8).reshape(-1, 36)
+    q = b[:, 4:36].view(np.int8)
+    d = _half(b, 0).astype(F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ds = np.stack([d, d * q.astype(np.int32).sum(axis=1).astype(F32)], axis=1).astype(F32)
+    return np.concatenate([q.reshape(-1).view(np.uint8), ds.reshape(-1).view(np.uint8)])
+
+
 def quantize_q8_1(x: np.ndarray, s_mode: str = "sum_x") -> np.ndarray:
     """fp32 → Q8_1 blocks.
 

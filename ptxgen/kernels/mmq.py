@@ -33,7 +33,7 @@ BM, BK, STAGES = 128, 64, 3
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
-Q8_STAGES = 4
+Q8_STAGES = 6  # prefetch distance 4 steps: the small-T GEMM is latency-bound with fewer
 Q8_TOKEN_TILES = (32, 64)  # n128 needs > 255 registers (spills); the fp16 path serves large T
 ACT_ROW = 80  # bytes per token row of the int8 activation tile: 64 + 16 padding (8 rows hit 8 bank groups)
 
@@ -343,13 +343,14 @@ def _raw_copies(b, tid, m0, mlast, row_bytes, W):
     return copies
 
 
-def _issue_raw(b, copies, step, nsteps, raw0, stages):
-    """cp.async the raw tile of K-step `step` into stage step % stages (nothing past the end), then commit."""
+def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, extra=None):
+    """cp.async the raw tile of K-step `step` into stage step % stages (nothing past the end), then commit;
+    `extra(step, stage address, live)` adds copies of the same group (the Q8_1 MMQ's activations)."""
     live = b.op("setp.lt.u32", step, nsteps)
     sb = b.op("shr.u32", step, Imm(2, "u32"))
     c = b.op("and.b32", step, Imm(3, "b32"))
     stage = b.op("rem.u32", step, Imm(stages, "u32"))
-    sdst = b.op("mad.lo.u32", stage, Imm(BM * RAW_ROW, "u32"), raw0)
+    sdst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), raw0)
     for ok, part, src_row, dst_off in copies:
         # source byte offset in the row: 144·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
         qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
@@ -358,6 +359,8 @@ def _issue_raw(b, copies, step, nsteps, raw0, stages):
         src = b.op("add.s64", src_row, b.op("cvt.u64.u32", off))
         go = b.op("and.pred", ok, live)
         b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst_off)), Mem(src), Imm(16, "u32"), pred=go)
+    if extra is not None:
+        extra(step, sdst, live)
     b.emit("cp.async.commit_group")
 
 
@@ -411,23 +414,31 @@ def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic) -> list:
 def build_q8(arch, spec: "MmqSpec"):
     """y = x @ W.T with x quantized to Q8_1 (per 32 values: d = amax/127 as fp16, q = rni(x·127/amax)).
 
-    Per 64-K step the raw Q4_K tile (4-stage cp.async ring) is the A operand itself: `ldmatrix.x4` over the
-    32 qs bytes of 16 rows gives the fragments of both sub-blocks at once (low nibbles: sub-block 2c, `& 0x0F`;
-    high: 2c+1, `>> 4 & 0x0F`), no dequant pass. Per sub-block one m16n8k32 gives the exact integer dot
-    Σ q_w·q_x, and the fp32 accumulator takes d·sc·d_x·Σ q_w·q_x − dmin·m·d_x·Σ q_x (4 instructions per
-    accumulator). (d·sc, −dmin·m) per (row, sub-block) are decoded once per step into a shared table; the
-    activations are quantized on the way in (fused: fp32 loaded a step ahead, amax and Σq over 8 lanes by
-    shfl, exactly `quantize_q8_1`'s arithmetic) or copied from `quantize_q8_1`'s blocks (`_pre`). The int8
-    tile and both tables are double-buffered: the MMA of step s and the preparation of step s+1 share one
-    basic block and one barrier per step. NaN in x gives a NaN d_x, so NaN reaches that token's outputs."""
+    Per 64-K step the raw Q4_K tile (a cp.async ring of Q8_STAGES) is the A operand itself: `ldmatrix.x4` over
+    the 32 qs bytes of 16 rows gives the fragments of both sub-blocks at once (low nibbles: sub-block 2c,
+    `& 0x0F`; high: 2c+1, `>> 4 & 0x0F`), no dequant pass. Per sub-block one m16n8k32 gives the exact integer
+    dot Σ q_w·q_x, and the fp32 accumulator takes d·sc·d_x·Σ q_w·q_x − dmin·m·d_x·Σ q_x (4 instructions per
+    accumulator). (d·sc, −dmin·m) per (row, sub-block) are decoded once per step into a double-buffered
+    shared table, a step ahead of the MMA (one barrier per step).
+
+    Activations, two variants: fused (`mmq_q4_k_q8_n*`): fp32 x loaded a step ahead into registers and
+    quantized on the way into a double-buffered int8 tile (amax and Σq over 8 lanes by shfl, exactly
+    `quantize_q8_1`'s arithmetic; every weight-row tile re-quantizes its tokens). `_pre`: `quantize_q8_1_mmq`
+    wrote int8 rows and (d, d·Σq) once; they travel with the weights in the cp.async ring (16-byte chunks).
+    NaN in x gives a NaN d_x, so NaN reaches that token's outputs."""
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
-    BN, S = spec.bn, Q8_STAGES
+    BN, S, fused = spec.bn, Q8_STAGES, spec.fused
     NT = BN // 32  # n8 tiles per warp (warp tile 64 x BN/4)
     raw_bytes = BM * RAW_ROW
-    act_bytes, stab_bytes, atab_bytes = BN * ACT_ROW, 2 * BM * 8, 2 * BN * 8
-    buf = act_bytes + stab_bytes + atab_bytes  # one (int8 tile, weight scales, activation scales) buffer
-    pipe.check_smem(arch, raw_bytes)
-    how = "fp32 quantized in the load pipeline" if spec.fused else "Q8_1 blocks from quantize_q8_1"
+    act_bytes, stab_bytes = BN * ACT_ROW, 2 * BM * 8
+    # fused: a stage is the raw tile; buffers hold (int8 tile, weight scales [sub][row], x scales [sub][token]).
+    # _pre: a stage is (raw tile, int8 tile, x scales [token][sub]); buffers hold the weight scales only
+    stage_bytes = raw_bytes if fused else raw_bytes + act_bytes + BN * 16
+    buf = act_bytes + stab_bytes + 2 * BN * 8 if fused else stab_bytes
+    stab_off = act_bytes if fused else 0  # weight-scale table inside a buffer
+    pipe = Pipeline(S, copy=pipe.copy)
+    pipe.check_smem(arch, stage_bytes + 2 * buf // S)
+    how = "fp32 quantized in the load pipeline" if fused else "quantize_q8_1_mmq's int8 rows, in the ring"
     b = KernelBuilder(spec.name, arch, f"Q4_K x Q8_1 GEMM, int8 mma.sync m16n8k32, tile {BM}x{BN}x{BK}, "
                       f"{S}-stage cp.async, activations: {how}", block=(256, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
@@ -436,10 +447,10 @@ def build_q8(arch, spec: "MmqSpec"):
     s_p = b.param("steps_per_split", "u32")
     c_p = b.param("queue", "u64", "ptr:scratch")
     tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
-    smem = b.dynamic_shared(S * raw_bytes + 2 * buf)
+    smem = b.dynamic_shared(S * stage_bytes + 2 * buf)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=8, copy=pipe.copy, mma="mma.sync m16n8k32 u8 x s8",
-                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if spec.fused else " (pre)"),
-                  x_layout="fp32 (T, K)" if spec.fused else "quantize_q8_1 blocks (T, K/32 x 36 B)",
+                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if fused else " (pre)"),
+                  x_layout="fp32 (T, K)" if fused else "quantize_q8_1_mmq: int8 (T, K), then float2 (T, K/32)",
                   ctas_per_sm=2 if BN <= 32 else 1,
                   grid="persistent: min(items, ctas_per_sm · SMs) CTAs", work_queue="as mmq_q4_k_f16_n*",
                   split_k="split z writes partials to y + z·t·m; reduce_splitk sums them in z order")
@@ -452,7 +463,7 @@ def build_q8(arch, spec: "MmqSpec"):
     per = b.ld_param(s_p, "u32")
     tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
     tid = b.special("tid.x")
-    ovf = b.op("setp.ne.u32", tid, tid) if spec.fused else None  # false
+    ovf = b.op("setp.ne.u32", tid, tid) if fused else None  # false
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
     tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
@@ -461,7 +472,7 @@ def build_q8(arch, spec: "MmqSpec"):
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
     next_item, finish, zsplit, Y, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0)
     raw0 = b.op("mov.u32", smem)
-    buf0 = b.op("add.u32", raw0, Imm(S * raw_bytes, "u32"))  # buffer p at buf0 + p·buf: act | stab | atab
+    buf0 = b.op("add.u32", raw0, Imm(S * stage_bytes, "u32"))
     row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
     copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
 
@@ -469,73 +480,84 @@ def build_q8(arch, spec: "MmqSpec"):
         return b.op("mad.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(buf, "u32"), buf0)
 
     def raw_of(stp):
-        return b.op("mad.lo.u32", b.op("rem.u32", stp, Imm(S, "u32")), Imm(raw_bytes, "u32"), raw0)
+        return b.op("mad.lo.u32", b.op("rem.u32", stp, Imm(S, "u32")), Imm(stage_bytes, "u32"), raw0)
 
-    # --- activations: unit u = tid + 256v covers 4 values: token u/16, 32-block (u%16)/8 of the step, word u%8;
-    # the 8 lanes of a block are an aligned group of a warp (amax and Σq by shfl.bfly 4, 2, 1)
-    nvec = BN * 16 // 256
     kblocks = b.op("shr.u32", K, Imm(5, "u32"))
+    if not fused:
+        # _pre: per step and token 4 chunks of 16 int8 + 1 chunk (d, d·Σq) x 2 blocks; chunk c = tid + 256r
+        xs_base = b.op("mad.wide.u32", T, K, X)  # the float2 scales follow the T·K int8 values
+        act_copies = []
+        for r in range(-(-BN * 5 // 256)):
+            c = b.op("add.u32", tid, Imm(256 * r, "u32"))
+            ok = b.op("setp.lt.u32", c, Imm(BN * 5, "u32"))
+            tok = b.op("div.u32", c, Imm(5, "u32"))
+            part = b.op("rem.u32", c, Imm(5, "u32"))
+            gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
+            is_q = b.op("setp.lt.u32", part, Imm(4, "u32"))
+            q_src = b.op("add.s64", b.op("mad.wide.u32", gtok, K, X), b.op("cvt.u64.u32", b.op("shl.b32", part, Imm(4, "u32"))))
+            s_src = b.op("mad.wide.u32", gtok, b.op("shl.b32", kblocks, Imm(3, "u32")), xs_base)
+            dst = b.op("selp.b32", b.op("mad.lo.u32", tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", part, Imm(4, "u32"))),
+                       b.op("mad.lo.u32", tok, Imm(16, "u32"), Imm(act_bytes, "u32")), is_q)
+            act_copies.append((ok, is_q, q_src, s_src, b.op("add.u32", dst, Imm(raw_bytes, "u32"))))
+
+        def copy_act(step, sdst, live):
+            qk = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(6, "u32")))  # 64 int8 per step
+            sk = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(4, "u32")))  # 2 float2 per step
+            for ok, is_q, q_src, s_src, dst in act_copies:
+                src = b.op("selp.b64", b.op("add.s64", q_src, qk), b.op("add.s64", s_src, sk), is_q)
+                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst)), Mem(src), Imm(16, "u32"),
+                       pred=b.op("and.pred", ok, live))
+    else:
+        copy_act = None
+
+    def issue(step):
+        _issue_raw(b, copies, step, nsteps, raw0, S, stage_bytes, copy_act)
+
+    # --- fused activations: unit u = tid + 256v covers 4 values: token u/16, 32-block (u%16)/8 of the step,
+    # word u%8; the 8 lanes of a block are an aligned group of a warp (amax and Σq by shfl.bfly 4, 2, 1)
+    nvec = BN * 16 // 256 if fused else 0
     units = []
     for v in range(nvec):
         u = b.op("add.u32", tid, Imm(256 * v, "u32"))
         tok = b.op("shr.u32", u, Imm(4, "u32"))
         k4 = b.op("and.b32", u, Imm(15, "b32"))
         gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
-        if spec.fused:
-            src = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
-            src = b.op("add.s64", src, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
-        else:  # block (gtok, 2·step + k4/8) of 36 B; this unit's word k4 % 8 of its qs
-            blk = b.op("mad.lo.u32", gtok, kblocks, b.op("shr.u32", k4, Imm(3, "u32")))
-            src = b.op("mad.wide.u32", blk, Imm(36, "u32"), X)
+        src = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
+        src = b.op("add.s64", src, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
         dst = b.op("mad.lo.u32", tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", k4, Imm(2, "u32")))
-        # the scale table entry [sub-block k4/8][token], written by the group's first lane
+        # the x-scale table entry [sub-block k4/8][token], written by the group's first lane
         tab = b.op("shl.b32", b.op("mad.lo.u32", b.op("shr.u32", k4, Imm(3, "u32")), Imm(BN, "u32"), tok), Imm(3, "u32"))
         units.append((src, dst, tab))
-    first = b.op("setp.eq.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(0, "u32"))
-    wq4 = b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32")))
-    xregs = [b.regs("f32" if spec.fused else "b32", 4 if spec.fused else 2) for _ in range(nvec)]
+    first = b.op("setp.eq.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(0, "u32")) if fused else None
+    xregs = [b.regs("f32", 4) for _ in range(nvec)]
 
     def load_x(step):
-        if spec.fused:  # 64 floats = 256 bytes per step
-            kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))
-            for v in range(nvec):
-                b.emit("ld.global.nc.v4.f32", b.vec(xregs[v]), Mem(b.op("add.s64", units[v][0], kb)))
-        else:  # two 36-byte blocks per step: (d, s) word and this lane's qs word
-            kb = b.op("cvt.u64.u32", b.op("mul.lo.u32", step, Imm(72, "u32")))
-            for v in range(nvec):
-                a = b.op("add.s64", units[v][0], kb)
-                b.emit("ld.global.nc.b32", xregs[v][0], Mem(a))
-                b.emit("ld.global.nc.b32", xregs[v][1], Mem(b.op("add.s64", a, wq4), 4))
+        kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))  # 64 floats = 256 bytes per step
+        for v in range(nvec):
+            b.emit("ld.global.nc.v4.f32", b.vec(xregs[v]), Mem(b.op("add.s64", units[v][0], kb)))
 
     def bfly(v, off, t):
         return b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type=t)
 
     def store_x(boff):
-        for v in range(nvec):
-            if spec.fused:  # quantize_q8_1's arithmetic: amax (NaN-propagating), q = rni(x · 127/amax)
-                xs = xregs[v]
-                a = b.op("max.NaN.f32", b.op("max.NaN.f32", b.op("abs.f32", xs[0]), b.op("abs.f32", xs[1])),
-                         b.op("max.NaN.f32", b.op("abs.f32", xs[2]), b.op("abs.f32", xs[3])))
-                for off in (4, 2, 1):
-                    a = b.op("max.NaN.f32", a, bfly(a, off, "f32"))
-                inv = b.op("selp.f32", b.op("div.rn.f32", Imm(127.0, "f32"), a), Imm(0.0, "f32"),
-                           b.op("setp.gt.f32", a, Imm(0.0, "f32")))
-                q = [b.op("cvt.rni.s32.f32", b.op("mul.rn.f32", xv, inv)) for xv in xs]
-                d16 = b.op("cvt.rn.f16.f32", b.op("div.rn.f32", a, Imm(127.0, "f32")))
-                d = b.op("cvt.f32.f16", d16)
-                # a finite amax whose d overflows fp16 (|x| > 65504·127): Q8_1 cannot hold it; flag it
-                big = b.op("and.pred", b.op("setp.eq.f32", d, Imm(float("inf"), "f32")),
-                           b.op("setp.lt.f32", a, Imm(float("inf"), "f32")))
-                b.emit("or.pred", ovf, ovf, big)
-                word = b.op("prmt.b32", b.op("prmt.b32", q[0], q[1], Imm(0x0040, "b32")),
-                            b.op("prmt.b32", q[2], q[3], Imm(0x0040, "b32")), Imm(0x5410, "b32"))
-                sq = b.op("add.s32", b.op("add.s32", q[0], q[1]), b.op("add.s32", q[2], q[3]))
-            else:  # the block's d (low half of its first word); Σq of this word by dp4a
-                lo, hi = b.reg("b16"), b.reg("b16")
-                b.emit("mov.b32", b.vec([lo, hi]), xregs[v][0])
-                d = b.op("cvt.f32.f16", lo)
-                word = xregs[v][1]
-                sq = b.op("dp4a.s32.s32", word, Imm(0x01010101, "s32"), Imm(0, "s32"), type="s32")
+        for v in range(nvec):  # quantize_q8_1's arithmetic: amax (NaN-propagating), q = rni(x · 127/amax)
+            xs = xregs[v]
+            a = b.op("max.NaN.f32", b.op("max.NaN.f32", b.op("abs.f32", xs[0]), b.op("abs.f32", xs[1])),
+                     b.op("max.NaN.f32", b.op("abs.f32", xs[2]), b.op("abs.f32", xs[3])))
+            for off in (4, 2, 1):
+                a = b.op("max.NaN.f32", a, bfly(a, off, "f32"))
+            inv = b.op("selp.f32", b.op("div.rn.f32", Imm(127.0, "f32"), a), Imm(0.0, "f32"),
+                       b.op("setp.gt.f32", a, Imm(0.0, "f32")))
+            q = [b.op("cvt.rni.s32.f32", b.op("mul.rn.f32", xv, inv)) for xv in xs]
+            d16 = b.op("cvt.rn.f16.f32", b.op("div.rn.f32", a, Imm(127.0, "f32")))
+            d = b.op("cvt.f32.f16", d16)
+            # a finite amax whose d overflows fp16 (|x| > 65504·127): Q8_1 cannot hold it; flag it
+            big = b.op("and.pred", b.op("setp.eq.f32", d, Imm(float("inf"), "f32")),
+                       b.op("setp.lt.f32", a, Imm(float("inf"), "f32")))
+            b.emit("or.pred", ovf, ovf, big)
+            word = b.op("prmt.b32", b.op("prmt.b32", q[0], q[1], Imm(0x0040, "b32")),
+                        b.op("prmt.b32", q[2], q[3], Imm(0x0040, "b32")), Imm(0x5410, "b32"))
+            sq = b.op("add.s32", b.op("add.s32", q[0], q[1]), b.op("add.s32", q[2], q[3]))
             for off in (4, 2, 1):
                 sq = b.op("add.s32", sq, bfly(sq, off, "s32"))
             b.emit("st.shared.b32", Mem(b.op("add.u32", units[v][1], boff)), word)
@@ -548,7 +570,7 @@ def build_q8(arch, spec: "MmqSpec"):
     sh = b.op("and.b32", tid, Imm(1, "b32"))
     s_src = b.op("mul.lo.u32", srow, Imm(RAW_ROW, "u32"))
     s_dst = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", sh, Imm(BM, "u32"), srow), Imm(3, "u32")),
-                 Imm(act_bytes, "u32"))
+                 Imm(stab_off, "u32"))
 
     def decode_scales(step, boff):
         hdr = b.regs("b32", 4)
@@ -563,7 +585,8 @@ def build_q8(arch, spec: "MmqSpec"):
     def prep(step):
         boff = boff_of(step)
         decode_scales(step, boff)
-        store_x(boff)
+        if fused:
+            store_x(boff)
 
     # --- MMA: warp (wm, wn) = (warp / 4, warp % 4), warp tile 64 x BN/4: 4 m16 tiles x NT n8 tiles
     wm = b.op("shr.u32", warp, Imm(2, "u32"))
@@ -580,24 +603,39 @@ def build_q8(arch, spec: "MmqSpec"):
     if NT >= 2:
         b_tok = b.op("add.u32", b_tok, b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
     b_lane = b.op("mad.lo.u32", b_tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
-    # this thread's accumulator rows (wm·64 + 16i + g + 8hi) in the weight-scale table, tokens in the other
-    st_lane = b.op("shl.b32", b.op("mad.lo.u32", wm, Imm(64, "u32"), g), Imm(3, "u32"))
-    at_lane = b.op("shl.b32", b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))), Imm(3, "u32"))
+    # this thread's accumulator rows (wm·64 + 16i + g + 8hi) in the weight-scale table; its tokens 2·tig (+1)
+    st_lane = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", wm, Imm(64, "u32"), g), Imm(3, "u32")), Imm(stab_off, "u32"))
+    x_tok = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), b.op("shl.b32", tig, Imm(1, "u32")))
     acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(4)]
     zero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
     mask = b.op("mov.b32", Imm(0x0F0F0F0F, "b32"))
 
+    def x_scales(atp, h, j):
+        """(d_x, d_x·Σq) of tokens 2·tig and 2·tig + 1 of n8 tile j, sub-block h: [d0, s0, d1, s1]."""
+        regs = b.regs("f32", 4)
+        if fused:  # table [sub][token] in the buffer: one 16-byte load
+            b.emit("ld.shared.v4.f32", b.vec(regs), Mem(atp, act_bytes + stab_bytes + 8 * (h * BN + 8 * j)))
+        else:  # [token][sub] in the ring stage
+            for e in range(2):
+                b.emit("ld.shared.v2.f32", b.vec(regs[2 * e:2 * e + 2]), Mem(atp, 16 * (8 * j + e) + 8 * h))
+        return regs
+
     def mma_step(step):
-        rawp = b.op("add.u32", raw_of(step), a_lane)
+        stage = raw_of(step)
+        rawp = b.op("add.u32", stage, a_lane)
         boff = boff_of(step)
         araw = []
         for i in range(4):
             regs = b.regs("b32", 4)
             b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(rawp, i * 16 * RAW_ROW)))
             araw.append(regs)
-        bl = b.op("add.u32", b_lane, boff)
+        if fused:
+            bl = b.op("add.u32", b_lane, boff)
+            atp = b.op("add.u32", b.op("shl.b32", x_tok, Imm(3, "u32")), boff)
+        else:
+            bl = b.op("add.u32", b_lane, b.op("add.u32", stage, Imm(raw_bytes, "u32")))
+            atp = b.op("add.u32", b.op("shl.b32", x_tok, Imm(4, "u32")), b.op("add.u32", stage, Imm(raw_bytes + act_bytes, "u32")))
         stp = b.op("add.u32", st_lane, boff)
-        atp = b.op("add.u32", at_lane, boff)
         for h in range(2):
             bfr = []
             for j in range(0, NT, 2):
@@ -609,16 +647,12 @@ def build_q8(arch, spec: "MmqSpec"):
                     regs = b.regs("b32", 2)
                     b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(bl, 32 * h)))
                     bfr.append(regs)
-            xs = []  # [j] -> (d_x, d_x·Σq) of tokens 2·tig, 2·tig + 1
-            for j in range(NT):
-                regs = b.regs("f32", 4)
-                b.emit("ld.shared.v4.f32", b.vec(regs), Mem(atp, act_bytes + stab_bytes + 8 * (h * BN + 8 * j)))
-                xs.append(regs)
+            xs = [x_scales(atp, h, j) for j in range(NT)]
             for i in range(4):  # one m16 tile at a time: its A fragment and its rows' scales
                 afr = [b.op("and.b32", r if h == 0 else b.op("shr.u32", r, Imm(4, "u32")), mask) for r in araw[i]]
                 ws = [b.regs("f32", 2) for _ in range(2)]  # [hi] -> (d·sc, −dmin·m) of rows g, g + 8
                 for hi in range(2):
-                    b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, act_bytes + 8 * (h * BM + 16 * i + 8 * hi)))
+                    b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, 8 * (h * BM + 16 * i + 8 * hi)))
                 for j in range(NT):
                     isum = b.regs("s32", 4)
                     b.emit(mma_sync(arch, "m16n8k32", "u8", b.vec(isum), b.vec(afr), b.vec(bfr[j]), b.vec(zero),
@@ -629,41 +663,43 @@ def build_q8(arch, spec: "MmqSpec"):
                         b.emit("fma.rn.f32", r, b.op("mul.rn.f32", dsc, dx), b.op("cvt.rn.f32.s32", isum[e]), r)
                         b.emit("fma.rn.f32", r, ndm, dxs, r)
 
-    # --- pipeline: raw ring of 4 (the MMA of step s reads raw stage s % 4, the prep of s+1 reads (s+1) % 4,
-    # s+2 and s+3 in flight); the int8 tile and the scale tables double-buffered
+    # --- pipeline: the MMA of step s reads ring stage s % S, the prep of s+1 reads (s+1) % S, s+2 .. s+S-1
+    # are in flight; the prepared buffers are double-buffered
     for row in acc:
         for frag in row:
             for r in frag:
                 b.emit("mov.f32", r, Imm(0.0, "f32"))
-    b.comment("prologue: raw steps s0..s0+2 in flight; step s0 prepared into buffer s0 % 2")
+    b.comment(f"prologue: steps s0 .. s0+{S - 2} in flight; step s0 prepared into buffer s0 % 2")
     s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
-    for i in range(3):
-        _issue_raw(b, copies, b.op("add.u32", s_begin, Imm(i, "u32")) if i else s_begin, nsteps, raw0, S)
+    for i in range(S - 1):
+        issue(b.op("add.u32", s_begin, Imm(i, "u32")) if i else s_begin)
     load_x(s_begin)
-    b.emit("cp.async.wait_group", Imm(2, "u32"))
+    b.emit("cp.async.wait_group", Imm(S - 2, "u32"))
     b.emit("bar.sync", Imm(0, "u32"))
     prep(s_begin)
     step = b.op("mov.u32", s_begin)
-    tail = b.label("last_step")
-    b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
-    load_x(b.op("add.u32", s_begin, Imm(1, "u32")))
-    b.place(tail)  # (a single-step split jumps here: nothing more to load)
-    b.emit("cp.async.wait_group", Imm(1, "u32"))
+    if fused:
+        skip1 = b.label("single_step")
+        b.bra(skip1, pred=b.op("setp.ge.u32", step, s_last))
+        load_x(b.op("add.u32", s_begin, Imm(1, "u32")))
+        b.place(skip1)
+    b.emit("cp.async.wait_group", Imm(S - 3, "u32"))
     b.emit("bar.sync", Imm(0, "u32"))
     top, done = b.label("kstep"), b.label("ksteps_done")
     b.bra(done, pred=b.op("setp.ge.u32", step, s_last))
     b.place(top)
-    _issue_raw(b, copies, b.op("add.u32", step, Imm(3, "u32")), nsteps, raw0, S)  # stage of s-1: its MMA is done
+    issue(b.op("add.u32", step, Imm(S - 1, "u32")))  # into the stage of s-1: its MMA is done
     mma_step(step)
     nxt = b.op("add.u32", step, Imm(1, "u32"))
     prep(nxt)
-    more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
-    skip = b.label("no_prefetch")
-    b.bra(skip, pred=more, neg=True)
-    load_x(b.op("add.u32", step, Imm(2, "u32")))
-    b.place(skip)
-    b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
-    b.emit("bar.sync", Imm(0, "u32"))  # buffer (s+1) % 2 complete; everyone done with buffer s % 2
+    if fused:
+        more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
+        skip = b.label("no_prefetch")
+        b.bra(skip, pred=more, neg=True)
+        load_x(b.op("add.u32", step, Imm(2, "u32")))
+        b.place(skip)
+    b.emit("cp.async.wait_group", Imm(S - 3, "u32"))  # step s+2 landed (s+3 .. s+S-1 may be in flight)
+    b.emit("bar.sync", Imm(0, "u32"))  # buffer (s+1) % 2 complete; everyone done with stage s and buffer s % 2
     b.emit("mov.u32", step, nxt)
     b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
     b.place(done)
@@ -675,7 +711,7 @@ def build_q8(arch, spec: "MmqSpec"):
     b.bra(next_item)
     b.place(finish)
     _queue_exit(b, Q, leader)
-    if spec.fused:
+    if fused:
         b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=ovf)
     b.emit("ret")
     return b.finish()
