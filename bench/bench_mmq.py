@@ -42,7 +42,7 @@ def main():
     results = []
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
-          "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1 + Q8_1 GEMM µs | fast-mode µs "
+          "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
@@ -58,7 +58,7 @@ def main():
         for t in TOKENS:
             x = torch.randn(t, k, device="cuda", dtype=torch.float32)
             y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-            from ptxgen.runtime.ops import Q8_MAX_TOKENS, mmq_launch
+            from ptxgen.runtime.ops import Q8_MAX_TOKENS, Q8_PATH, mmq_launch
 
             # correctness of this very shape before timing it
             got = r.mul_mat(ws[0], x[:, :].cpu().numpy())
@@ -74,7 +74,7 @@ def main():
                                  args.reps // 2, torch) for bn in (32, 64, 128, 256)} if has_wg else {}
             us_q8 = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8"), args.reps, torch)
             us_q8p = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8_pre"), args.reps, torch)
-            us_fast = us_q8 if t <= Q8_MAX_TOKENS else us  # what mul_mat(mode="fast") runs
+            us_fast = (us_q8p if Q8_PATH == "q8_pre" else us_q8) if t <= Q8_MAX_TOKENS else us  # mul_mat(mode="fast")
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)

@@ -111,7 +111,7 @@ MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
-Q8_TILES = (32, 64)
+Q8_TILES = (16, 32, 64)
 Q8_MAX_TOKENS = 64  # mode="fast": the int8 Q8_1 MMQ up to here (measured crossover, bench/NOTES.md), fp16 above
 Q8_PATH = "q8_pre"  # quantize_q8_1_mmq + the GEMM (measured faster than quantizing inside it, bench/NOTES.md)
 _FLAG: list = []
@@ -181,10 +181,12 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
-    elif path in ("q8", "q8_pre"):
+    elif path in ("q8", "q8_pre"):  # split-K is summed inside the kernel (the last CTA of a tile): no reduce
         xin = xa if path == "q8" else quantize_q8_1_mmq(xa, flag, arch=arch)
-        fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xin, dst, flag, m, k, t, per, _QUEUE[0], tiles_n,
-                                                         splits))
+        part = dst  # the partials (o itself with one split)
+        fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xin, o, flag, m, k, t, per, _QUEUE[0], tiles_n,
+                                                         splits, part, _counters(4 * tiles)))
+        return
     else:
         ctas = min(tiles * splits, 2 * sms)
         fn.launch((ctas,), (w.buffer, xa, dst, flag, m, k, t, per, _QUEUE[0], tiles_n, splits))
@@ -319,7 +321,17 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     return _result(o, xa.host and out is None)
 
 
-_COUNTERS: list = []  # the split-K GEMVs' per-warp arrival counters (zero; each launch leaves them zero)
+_COUNTERS: list = []  # split-K arrival counters of the GEMVs and the Q8_1 MMQ (zero; each launch leaves them zero)
+
+
+def _counters(nbytes: int):
+    from .driver import DeviceBuffer
+
+    if not _COUNTERS or _COUNTERS[0].nbytes < nbytes:
+        c = DeviceBuffer(max(nbytes, 1 << 16))
+        c.fill_bytes(0)
+        _COUNTERS[:] = [c]
+    return _COUNTERS[0]
 
 
 def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int) -> int:
@@ -330,7 +342,7 @@ def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int) -> int:
 
 
 def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
-    from .driver import DeviceBuffer, current
+    from .driver import current
 
     rows = int(fn.meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
@@ -338,15 +350,11 @@ def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
         fn.launch((ctas,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
     splits = gemv_splits(ctas, k, int(fn.meta["ctas_per_sm"]), current().sm_count)
-    need = 4 * ctas * int(fn.meta["warps"])
-    if not _COUNTERS or _COUNTERS[0].nbytes < need:
-        c = DeviceBuffer(max(need, 1 << 16))
-        c.fill_bytes(0)
-        _COUNTERS[:] = [c]
-    part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else _COUNTERS[0]
+    cnt = _counters(4 * ctas * int(fn.meta["warps"]))
+    part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes
-    fn.launch((ctas, splits), (w.buffer, a_ptr, y_ptr, m, k, n, part, _COUNTERS[0]), pdl=bool(fn.meta.get("pdl")))
+    fn.launch((ctas, splits), (w.buffer, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def _prep_lanes(xa, t: int, k: int, prep: str, arch):

@@ -177,7 +177,7 @@ def test_q8_mmq_matches_the_q8_1_reference(data):
     m = data.draw(st.sampled_from([1, 127, 128, 129, 300, 4096]))
     t = data.draw(st.sampled_from([1, 7, 16, 63, 64, 65, 200, 512]))
     k = data.draw(st.sampled_from([256, 512, 4096]))
-    bn = data.draw(st.sampled_from([32, 64]))
+    bn = data.draw(st.sampled_from([16, 32, 64]))
     path = data.draw(st.sampled_from(["q8", "q8_pre"]))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     if data.draw(st.booleans()):
@@ -199,6 +199,9 @@ def test_q8_mmq_is_deterministic_propagates_nan_and_flags_scale_overflow():
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, _ = run_q8(r, raw, m, k, x, 32)
+    assert rel(a, formats.gemm_q8_1_ref("q4_K", raw, m, k, x)) <= 1e-5
+    from ptxgen.runtime import ops
+    assert not ops._COUNTERS[0].download(np.uint32, (64,)).any(), "the split-K fixup left a tile counter set"
     for _ in range(3):
         b, _ = run_q8(r, raw, m, k, x, 32)
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

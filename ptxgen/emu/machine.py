@@ -49,6 +49,23 @@ def bits_of(values: np.ndarray, t: str) -> np.ndarray:
     return v.view(_UINT[dt.itemsize]).astype(np.uint64)
 
 
+def _canonical_nan(v: np.ndarray, *inputs) -> np.ndarray:
+    """NaN results of fp32 arithmetic as the H200 makes them: a NaN operand propagates (the first NaN among
+    `inputs`, quieted); an invalid operation on numbers (inf·0, inf − inf) gives the canonical 0x7FFFFFFF."""
+    v = np.asarray(v, np.float32)
+    bad = np.isnan(v)
+    if bad.any():
+        out = np.full(v.shape, 0x7FFFFFFF, np.uint32)
+        seen = np.zeros(v.shape, bool)
+        for x in inputs:
+            xb = np.broadcast_to(np.asarray(x, np.float32), v.shape)
+            take = np.isnan(xb) & ~seen
+            out = np.where(take, xb.view(np.uint32) | np.uint32(0x00400000), out)
+            seen |= take
+        v = np.where(bad, out.view(np.float32), v)
+    return v
+
+
 def typed(bits: np.ndarray, t: str) -> np.ndarray:
     if t == "pred":
         return bits != 0
@@ -576,8 +593,10 @@ class Emulator(HopperOps):
             with np.errstate(all="ignore"):
                 return self._f16x2(ins, ex, lambda a, b: f(a, b, "f64"))
         d, a, b = ins.operands
+        va, vb = self._val(a, t, ex), self._val(b, t, ex)
         with np.errstate(all="ignore"):
-            self._set(d, ex, f(self._val(a, t, ex), self._val(b, t, ex), t), t)
+            r = f(va, vb, t)
+        self._set(d, ex, _canonical_nan(r, va, vb) if t == "f32" and r.dtype == np.float32 else r, t)
 
     def _op_add(self, ins, ex, grp):
         self._binary(ins, ex, lambda a, b, t: a + b)
@@ -683,7 +702,8 @@ class Emulator(HopperOps):
         d, a, b, c = ins.operands
         if t != "f32":
             raise Unsupported(f"fma.{t}")
-        self._set(d, ex, _fma_f32(*(self._val(x, t, ex) for x in (a, b, c))), t)
+        ops = [self._val(x, t, ex) for x in (a, b, c)]
+        self._set(d, ex, _canonical_nan(_fma_f32(*ops), *ops), t)
 
     def _op_div(self, ins, ex, grp):
         t = self._type(ins)

@@ -34,7 +34,10 @@ RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
 Q8_STAGES = 6  # prefetch distance 4 steps: the small-T GEMM is latency-bound with fewer
-Q8_TOKEN_TILES = (32, 64)  # n128 needs > 255 registers (spills); the fp16 path serves large T
+Q8_TOKEN_TILES = (16, 32, 64)  # n128 needs > 255 registers (spills); the fp16 path serves large T
+Q8_WARPS = {16: (8, 1), 32: (4, 2), 64: (2, 4)}  # BN -> (warps along M, warps along N): warp tiles 16x16, 32x16, 64x16
+# launch bounds: registers for 3 / 2 / 1 CTAs of 256 threads (the fused n16 would spill at 3: 80 registers)
+Q8_CTAS_PER_SM = {(16, False): 3, (16, True): 2, (32, False): 2, (32, True): 2, (64, False): 1, (64, True): 1}
 ACT_ROW = 80  # bytes per token row of the int8 activation tile: 64 + 16 padding (8 rows hit 8 bank groups)
 
 
@@ -58,6 +61,9 @@ class MmqSpec:
     def tile(self) -> Tile:
         if self.mma == "wgmma":  # 8 consumer warps = 2 warpgroups of 64 rows; a warp owns 16 rows x BN
             return Tile(BM, self.bn, BK, warps=8, warp_m=16, warp_n=self.bn)
+        if self.act == "q8_1":
+            wm, wn = Q8_WARPS[self.bn]
+            return Tile(BM, self.bn, BK, warps=8, warp_m=BM // wm, warp_n=self.bn // wn)
         return Tile(BM, self.bn, BK, warps=8, warp_m=64, warp_n=self.bn // 4)
 
 
@@ -364,6 +370,50 @@ def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, 
     b.emit("cp.async.commit_group")
 
 
+def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN):
+    """Split-K without a reduction launch: after storing its partial tile, a CTA counts itself in at the
+    tile's counter; the last of the `splits` CTAs sums the partials in z order (deterministic: the same
+    order whichever CTA is last) into y and resets the counter to zero for the next launch."""
+    b.comment("split-K fixup: the last CTA of a tile sums the partials in z order into y")
+    done = b.label("fixup_done")
+    b.bra(done, pred=split_k, neg=True)
+    b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
+    b.emit("bar.sync", Imm(0, "u32"))
+    tile = b.op("mad.lo.u32", b.op("shr.u32", m0, Imm(7, "u32")), tiles_n, b.op("div.u32", n0, Imm(BN, "u32")))
+    cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
+    old = b.reg("u32")
+    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
+    b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
+    b.emit("bar.sync", Imm(0, "u32"))
+    last = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(slot, 4)), b.op("sub.u32", splits, Imm(1, "u32")))
+    b.bra(done, pred=last, neg=True)
+    b.emit("membar.gl")
+    row = b.op("and.b32", tid, Imm(127, "b32"))
+    mm = b.op("add.u32", m0, row)
+    plane = b.op("mul.wide.u32", b.op("mul.lo.u32", T, M), Imm(4, "u32"))
+    for i in range(BN // 2):  # thread -> row tid % 128, tokens tid / 128 + 2i: coalesced along m
+        nn = b.op("add.u32", n0, b.op("add.u32", b.op("shr.u32", tid, Imm(7, "u32")), Imm(2 * i, "u32")))
+        ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, T))
+        idx = b.op("mad.lo.u32", nn, M, mm)
+        pz = b.op("mad.wide.u32", idx, Imm(4, "u32"), P)
+        tot = b.op("mov.f32", Imm(0.0, "f32"))
+        b.emit("ld.global.cg.f32", tot, Mem(pz), pred=ok)
+        z = b.op("mov.u32", Imm(1, "u32"))
+        zl, zd = b.label("z"), b.label("z_done")
+        b.place(zl)
+        b.bra(zd, pred=b.op("setp.ge.u32", z, splits))
+        b.emit("add.s64", pz, pz, plane)
+        pv = b.op("mov.f32", Imm(0.0, "f32"))
+        b.emit("ld.global.cg.f32", pv, Mem(pz), pred=ok)
+        b.emit("add.rn.f32", tot, tot, pv)
+        b.emit("add.u32", z, z, Imm(1, "u32"))
+        b.bra(zl)
+        b.place(zd)
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", idx, Imm(4, "u32"), Y0)), tot, pred=ok)
+    b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
+    b.place(done)
+
+
 def _queue_exit(b, Q, leader):
     """The last CTA out resets the queue (item counter, finished CTAs) for the next launch."""
     done_before = b.reg("u32")
@@ -416,7 +466,7 @@ def build_q8(arch, spec: "MmqSpec"):
 
     Per 64-K step the raw Q4_K tile (a cp.async ring of Q8_STAGES) is the A operand itself: `ldmatrix.x4` over
     the 32 qs bytes of 16 rows gives the fragments of both sub-blocks at once (low nibbles: sub-block 2c,
-    `& 0x0F`; high: 2c+1, `>> 4 & 0x0F`), no dequant pass. Per sub-block one m16n8k32 gives the exact integer
+    `& 0x0F`; high: 2c+1, `& 0xF0`, i.e. 16·q with the 1/16 folded into its d·sc), no dequant pass. Per sub-block one m16n8k32 gives the exact integer
     dot Σ q_w·q_x, and the fp32 accumulator takes d·sc·d_x·Σ q_w·q_x − dmin·m·d_x·Σ q_x (4 instructions per
     accumulator). (d·sc, −dmin·m) per (row, sub-block) are decoded once per step into a double-buffered
     shared table, a step ahead of the MMA (one barrier per step).
@@ -428,7 +478,8 @@ def build_q8(arch, spec: "MmqSpec"):
     NaN in x gives a NaN d_x, so NaN reaches that token's outputs."""
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN, S, fused = spec.bn, Q8_STAGES, spec.fused
-    NT = BN // 32  # n8 tiles per warp (warp tile 64 x BN/4)
+    WM, WN = Q8_WARPS[BN]  # warps along M and N
+    MT, NT = BM // WM // 16, BN // WN // 8  # m16 and n8 tiles per warp
     raw_bytes = BM * RAW_ROW
     act_bytes, stab_bytes = BN * ACT_ROW, 2 * BM * 8
     # fused: a stage is the raw tile; buffers hold (int8 tile, weight scales [sub][row], x scales [sub][token]).
@@ -447,16 +498,20 @@ def build_q8(arch, spec: "MmqSpec"):
     s_p = b.param("steps_per_split", "u32")
     c_p = b.param("queue", "u64", "ptr:scratch")
     tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
+    pt_p = b.param("part", "u64", "ptr:scratch")  # splits > 1: splits x T x M partials
+    ct_p = b.param("counters", "u64", "ptr:scratch")  # one u32 per (m tile, token tile), zero; left zero
     smem = b.dynamic_shared(S * stage_bytes + 2 * buf)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=8, copy=pipe.copy, mma="mma.sync m16n8k32 u8 x s8",
                   schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if fused else " (pre)"),
                   x_layout="fp32 (T, K)" if fused else "quantize_q8_1_mmq: int8 (T, K), then float2 (T, K/32)",
-                  ctas_per_sm=2 if BN <= 32 else 1,
+                  ctas_per_sm=Q8_CTAS_PER_SM[BN, fused], warp_tile=f"{16 * MT}x{8 * NT}",
                   grid="persistent: min(items, ctas_per_sm · SMs) CTAs", work_queue="as mmq_q4_k_f16_n*",
-                  split_k="split z writes partials to y + z·t·m; reduce_splitk sums them in z order")
+                  split_k="split z writes partials to part + z·t·m; the CTA that arrives last at the tile's "
+                          "counter sums them in z order into y (deterministic) and resets the counter: no "
+                          "reduction launch")
     work = b.shared_buffer("work_item", 16, align=16)
-    # n32 fits 128 registers, so two CTAs per SM; n64 would spill there and runs one CTA per SM (~190)
-    b.directives += [".maxntid 256, 1, 1", f".minnctapersm {2 if BN <= 32 else 1}"]
+    # n16 fits 80 registers (3 CTAs per SM), n32 128 (2); n64 would spill at 128 and runs one CTA per SM
+    b.directives += [".maxntid 256, 1, 1", f".minnctapersm {Q8_CTAS_PER_SM[BN, fused]}"]
 
     W, X, Y0, Q, F = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(c_p), b.ptr(f_p)
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
@@ -470,7 +525,10 @@ def build_q8(arch, spec: "MmqSpec"):
     items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
     slot = b.op("mov.u32", work)
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
-    next_item, finish, zsplit, Y, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0)
+    P, C = b.ptr(pt_p), b.ptr(ct_p)
+    split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
+    next_item, finish, zsplit, Yz, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, P)
+    Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     raw0 = b.op("mov.u32", smem)
     buf0 = b.op("add.u32", raw0, Imm(S * stage_bytes, "u32"))
     row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
@@ -568,6 +626,7 @@ def build_q8(arch, spec: "MmqSpec"):
     # --- weight scales: thread -> (row tid/2, sub-block 2c + tid%2): (d·sc, −dmin·m) in fp32, as ggml forms them
     srow = b.op("shr.u32", tid, Imm(1, "u32"))
     sh = b.op("and.b32", tid, Imm(1, "b32"))
+    sh16 = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", sh, Imm(0, "u32")))
     s_src = b.op("mul.lo.u32", srow, Imm(RAW_ROW, "u32"))
     s_dst = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", sh, Imm(BM, "u32"), srow), Imm(3, "u32")),
                  Imm(stab_off, "u32"))
@@ -579,6 +638,7 @@ def build_q8(arch, spec: "MmqSpec"):
         SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
         DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
         dsc = b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"]))
+        dsc = b.op("mul.rn.f32", dsc, sh16)  # odd sub-blocks (high nibbles) enter the MMA as 16·q: exact 1/16
         ndm = b.op("neg.f32", b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"])))
         b.emit("st.shared.v2.f32", Mem(b.op("add.u32", s_dst, boff)), b.vec([dsc, ndm]))
 
@@ -588,27 +648,28 @@ def build_q8(arch, spec: "MmqSpec"):
         if fused:
             store_x(boff)
 
-    # --- MMA: warp (wm, wn) = (warp / 4, warp % 4), warp tile 64 x BN/4: 4 m16 tiles x NT n8 tiles
-    wm = b.op("shr.u32", warp, Imm(2, "u32"))
-    wn = b.op("and.b32", warp, Imm(3, "b32"))
+    # --- MMA: warp (wm, wn) = (warp / WN, warp % WN), warp tile 16·MT x 8·NT
+    wm = b.op("div.u32", warp, Imm(WN, "u32"))
+    wn = b.op("rem.u32", warp, Imm(WN, "u32"))
     q = b.op("shr.u32", lane, Imm(3, "u32"))
     l8 = b.op("and.b32", lane, Imm(7, "b32"))
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     tig = b.op("and.b32", lane, Imm(3, "b32"))
     # A (raw qs): matrix q of x4 -> rows +8·(q%2), qs bytes +16·(q/2)
-    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(64, "u32"), l8), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
+    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), l8), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
     a_lane = b.op("mad.lo.u32", a_row, Imm(RAW_ROW, "u32"), b.op("add.u32", b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")), Imm(16, "u32")))
     # B (int8 tile): matrix q -> tokens +8·(q/2) (x4: two n8 tiles), bytes +16·(q%2)
-    b_tok = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8)
+    b_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), l8)
     if NT >= 2:
         b_tok = b.op("add.u32", b_tok, b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
     b_lane = b.op("mad.lo.u32", b_tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
     # this thread's accumulator rows (wm·64 + 16i + g + 8hi) in the weight-scale table; its tokens 2·tig (+1)
-    st_lane = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", wm, Imm(64, "u32"), g), Imm(3, "u32")), Imm(stab_off, "u32"))
-    x_tok = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), b.op("shl.b32", tig, Imm(1, "u32")))
-    acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(4)]
+    st_lane = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), g), Imm(3, "u32")), Imm(stab_off, "u32"))
+    x_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), b.op("shl.b32", tig, Imm(1, "u32")))
+    acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(MT)]
     zero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
     mask = b.op("mov.b32", Imm(0x0F0F0F0F, "b32"))
+    mask_hi = b.op("mov.b32", Imm(0xF0F0F0F0, "b32"))
 
     def x_scales(atp, h, j):
         """(d_x, d_x·Σq) of tokens 2·tig and 2·tig + 1 of n8 tile j, sub-block h: [d0, s0, d1, s1]."""
@@ -625,7 +686,7 @@ def build_q8(arch, spec: "MmqSpec"):
         rawp = b.op("add.u32", stage, a_lane)
         boff = boff_of(step)
         araw = []
-        for i in range(4):
+        for i in range(MT):
             regs = b.regs("b32", 4)
             b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(rawp, i * 16 * RAW_ROW)))
             araw.append(regs)
@@ -648,8 +709,9 @@ def build_q8(arch, spec: "MmqSpec"):
                     b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(bl, 32 * h)))
                     bfr.append(regs)
             xs = [x_scales(atp, h, j) for j in range(NT)]
-            for i in range(4):  # one m16 tile at a time: its A fragment and its rows' scales
-                afr = [b.op("and.b32", r if h == 0 else b.op("shr.u32", r, Imm(4, "u32")), mask) for r in araw[i]]
+            for i in range(MT):  # one m16 tile at a time: its A fragment and its rows' scales
+                # low nibbles: q; high nibbles kept in place: 16·q (still a u8), the 1/16 is in their d·sc
+                afr = [b.op("and.b32", r, mask if h == 0 else mask_hi) for r in araw[i]]
                 ws = [b.regs("f32", 2) for _ in range(2)]  # [hi] -> (d·sc, −dmin·m) of rows g, g + 8
                 for hi in range(2):
                     b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, 8 * (h * BM + 16 * i + 8 * hi)))
@@ -707,7 +769,8 @@ def build_q8(arch, spec: "MmqSpec"):
     b.emit("cp.async.wait_group", Imm(0, "u32"))
 
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
-    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y)
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 16 * MT, n0, wn, 8 * NT, M, T, Y)
+    _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN)
     b.bra(next_item)
     b.place(finish)
     _queue_exit(b, Q, leader)
