@@ -391,31 +391,27 @@ def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles
     row = b.op("and.b32", tid, Imm(127, "b32"))
     mm = b.op("add.u32", m0, row)
     plane = b.op("mul.wide.u32", b.op("mul.lo.u32", T, M), Imm(4, "u32"))
-    # thread -> row tid % 128, tokens tid / 128 + 2i (a loop, not unrolled): coalesced along m
-    nn = b.op("add.u32", n0, b.op("shr.u32", tid, Imm(7, "u32")))
-    n_end = b.op("add.u32", n0, Imm(BN, "u32"))
-    tl, td = b.label("fix_t"), b.label("fix_t_done")
-    b.place(tl)
-    ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, T))
-    idx = b.op("mad.lo.u32", nn, M, mm)
-    pz = b.op("mad.wide.u32", idx, Imm(4, "u32"), P)
-    tot = b.op("mov.f32", Imm(0.0, "f32"))
-    b.emit("ld.global.cg.f32", tot, Mem(pz), pred=ok)
-    z = b.op("mov.u32", Imm(1, "u32"))
-    zl, zd = b.label("z"), b.label("z_done")
+    # thread -> row tid % 128, tokens tid / 128 + 2i: coalesced along m; z outer, so the BN/2 loads of one
+    # split are independent (in flight together) and each sum still runs in z order
+    oks, idxs, tots = [], [], []
+    for i in range(BN // 2):
+        nn = b.op("add.u32", n0, b.op("add.u32", b.op("shr.u32", tid, Imm(7, "u32")), Imm(2 * i, "u32")))
+        oks.append(b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, T)))
+        idxs.append(b.op("mad.lo.u32", nn, M, mm))
+        tots.append(b.op("mov.f32", Imm(0.0, "f32")))
+    pz = b.op("mad.wide.u32", idxs[0], Imm(4, "u32"), P)  # token i is at pz + 8·i·M bytes
+    z = b.op("mov.u32", Imm(0, "u32"))
+    zl = b.label("z")
     b.place(zl)
-    b.bra(zd, pred=b.op("setp.ge.u32", z, splits))
+    for i in range(BN // 2):
+        pv = b.op("mov.f32", Imm(0.0, "f32"))
+        b.emit("ld.global.cg.f32", pv, Mem(b.op("mad.wide.u32", M, Imm(8 * i, "u32"), pz)), pred=oks[i])
+        b.emit("add.rn.f32", tots[i], tots[i], pv)  # z = 0 first: 0 + p0 = p0 exactly
     b.emit("add.s64", pz, pz, plane)
-    pv = b.op("mov.f32", Imm(0.0, "f32"))
-    b.emit("ld.global.cg.f32", pv, Mem(pz), pred=ok)
-    b.emit("add.rn.f32", tot, tot, pv)
     b.emit("add.u32", z, z, Imm(1, "u32"))
-    b.bra(zl)
-    b.place(zd)
-    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", idx, Imm(4, "u32"), Y0)), tot, pred=ok)
-    b.emit("add.u32", nn, nn, Imm(2, "u32"))
-    b.bra(tl, pred=b.op("setp.lt.u32", nn, n_end))
-    b.place(td)
+    b.bra(zl, pred=b.op("setp.lt.u32", z, splits))
+    for i in range(BN // 2):
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", idxs[i], Imm(4, "u32"), Y0)), tots[i], pred=oks[i])
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
     b.place(done)
 
