@@ -58,7 +58,7 @@ def main():
         for t in TOKENS:
             x = torch.randn(t, k, device="cuda", dtype=torch.float32)
             y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-            from ptxgen.runtime.ops import Q8_MAX_TOKENS, Q8_PATH, mmq_launch
+            from ptxgen.runtime.ops import mmq_launch, mmq_path, q8_path
 
             # correctness of this very shape before timing it
             got = r.mul_mat(ws[0], x[:, :].cpu().numpy())
@@ -74,7 +74,8 @@ def main():
                                  args.reps // 2, torch) for bn in (32, 64, 128, 256)} if has_wg else {}
             us_q8 = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8"), args.reps, torch)
             us_q8p = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8_pre"), args.reps, torch)
-            us_fast = (us_q8p if Q8_PATH == "q8_pre" else us_q8) if t <= Q8_MAX_TOKENS else us  # mul_mat(mode="fast")
+            q8 = q8_path(t, mmq_path())
+            us_fast = {"q8": us_q8, "q8_pre": us_q8p, None: us}[q8]  # what mul_mat(mode="fast") runs
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)

@@ -203,6 +203,18 @@ class Function:
                                      int(nbytes)), f"cuFuncSetAttribute({self.name}, max dynamic smem {nbytes})")
         self.dynamic_smem = nbytes
 
+    def resident_per_sm(self) -> int:
+        """CTAs of this kernel that fit one SM at its block size and dynamic shared memory (the driver's
+        occupancy calculator: registers, shared memory, threads), at least 1; cached."""
+        n = self.__dict__.get("_resident")
+        if n is None:
+            drv = _drv()
+            threads = self.block[0] * self.block[1] * self.block[2]
+            err, n = drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, threads, self.dynamic_smem)
+            check(err, f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})")
+            n = self._resident = max(1, int(n))
+        return n
+
     def _ctypes(self):
         import ctypes
 

@@ -112,8 +112,18 @@ MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
 Q8_TILES = (16, 32, 64)
-Q8_MAX_TOKENS = 64  # mode="fast": the int8 Q8_1 MMQ up to here (measured crossover, bench/NOTES.md), fp16 above
-Q8_PATH = "q8_pre"  # quantize_q8_1_mmq + the GEMM (measured faster than quantizing inside it, bench/NOTES.md)
+# mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
+# wgmma only at T <= 16, behind the fp16 mma.sync GEMM up to T = 32
+Q8_MAX_TOKENS = {"wgmma": 16, "mma.sync": 32}
+
+
+def q8_path(t: int, fp16_path: str) -> str | None:
+    """The Q8_1 MMQ variant mode="fast" runs for T tokens, or None for the fp16 GEMM: the fused n16 kernel
+    (quantizes inside, one launch) for T <= 16, quantize_q8_1_mmq + the n32 GEMM above (the fused n32 holds
+    one CTA per SM only)."""
+    if t > Q8_MAX_TOKENS[fp16_path]:
+        return None
+    return "q8" if t <= 16 else "q8_pre"
 _FLAG: list = []
 _QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 
@@ -166,12 +176,13 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     tiles_n = (t + bn - 1) // bn
     tiles = tiles_n * ((m + 127) // 128)
     sms = current().sm_count
-    if path != "mma.sync":  # one round of items over the resident CTAs: a second, partial round doubles the time
-        per_sm = int(fn.meta.get("ctas_per_sm", 1))
-        splits, per = splitk_plan_one_round(tiles, k // 64, per_sm * sms)
-    else:
-        splits, per = splitk_plan(tiles, k // 64, sms)
-    dst = o if splits == 1 else DeviceArray.empty((splits, t, m), np.float32)
+    # one round of items over the resident CTAs (the occupancy calculator's count on this GPU: an sm_89 has
+    # less shared memory per SM than the H200): a second, partial round doubles the time
+    per_sm = fn.resident_per_sm()
+    splits, per = splitk_plan_one_round(tiles, k // 64, per_sm * sms)
+    # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch)
+    part = o if splits == 1 else DeviceArray.empty((splits, t, m), np.float32)
+    cnt = _counters(4 * tiles)
     if not _QUEUE:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
@@ -180,22 +191,14 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         x16 = convert_f16(xa, flag, arch="sm_90a")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, dst, m, k, t, per, _QUEUE[0], tiles_n, splits))
-    elif path in ("q8", "q8_pre"):  # split-K is summed inside the kernel (the last CTA of a tile): no reduce
+        fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, o, m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt))
+    elif path in ("q8", "q8_pre"):
         xin = xa if path == "q8" else quantize_q8_1_mmq(xa, flag, arch=arch)
-        part = dst  # the partials (o itself with one split)
         fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xin, o, flag, m, k, t, per, _QUEUE[0], tiles_n,
-                                                         splits, part, _counters(4 * tiles)))
-        return
+                                                         splits, part, cnt))
     else:
-        ctas = min(tiles * splits, 2 * sms)
-        fn.launch((ctas,), (w.buffer, xa, dst, flag, m, k, t, per, _QUEUE[0], tiles_n, splits))
-    if splits > 1:
-        red = kernels.load("reduce_splitk", arch)
-        from .driver import memcpy_dtod
-
-        red.launch(((t * m + 255) // 256,), (dst, t * m, splits))
-        memcpy_dtod(o.ptr, dst.ptr, t * m * 4)
+        fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xa, o, flag, m, k, t, per, _QUEUE[0], tiles_n, splits,
+                                                         part, cnt))
 
 
 _TMAPS: dict = {}
@@ -238,13 +241,6 @@ def splitk_plan_one_round(tiles: int, steps: int, slots: int) -> tuple[int, int]
     return -(-steps // per), per
 
 
-def splitk_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:
-    """(splits, K-steps per split): enough CTAs for about two per SM, each with at least 8 K-steps."""
-    splits = max(1, min(-(-2 * sms // tiles), steps // 8))
-    per = -(-steps // splits)
-    return -(-steps // per), per
-
-
 def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: str = "exact",
             arch: str | None = None):
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
@@ -260,9 +256,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact result,
     bound 5e-4); Q4_K (T ≤ 8) and Q8_0 (which has only this mode: pass mode="fast") quantize x to Q8_1 and
     run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact integer dots; relative error ≤ 1e-5 against the
-    float64 product with the Q8_1-rounded x); Q4_K with 8 < T ≤ Q8_MAX_TOKENS runs the int8 MMQ
-    (mmq_q4_k_q8_n{32,64}: x quantized to Q8_1 inside the GEMM, int8 mma.sync m16n8k32, same error bound),
-    larger T the fp16 GEMM as in "exact". An activation block whose Q8_1 scale overflows fp16 (amax > 65504·127)
+    float64 product with the Q8_1-rounded x); Q4_K with 8 < T ≤ Q8_MAX_TOKENS runs the int8 MMQ (`q8_path`:
+    mmq_q4_k_q8_n16 quantizing x inside, or quantize_q8_1_mmq + mmq_q4_k_q8_n32_pre; int8 mma.sync m16n8k32,
+    same error bound), larger T the fp16 GEMM as in "exact". An activation block whose Q8_1 scale overflows fp16 (amax > 65504·127)
     raises the flag and the call is recomputed by the fp16 GEMM. `"exact"` keeps fp32 activations in the
     GEMVs (relative error ~1e-6) and fp16 in the GEMMs (above)."""
     if not isinstance(w, QuantTensor):
@@ -294,7 +290,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
-        if mode == "fast" and t <= Q8_MAX_TOKENS and _mmq_q4_k(w, xa, o, t, arch, path=Q8_PATH):
+        q8 = q8_path(t, mmq_path(arch)) if mode == "fast" else None
+        if q8 and _mmq_q4_k(w, xa, o, t, arch, path=q8):
             return _result(o, xa.host and out is None)
         if _mmq_q4_k(w, xa, o, t, arch):
             return _result(o, xa.host and out is None)
@@ -334,10 +331,11 @@ def _counters(nbytes: int):
     return _COUNTERS[0]
 
 
-def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int) -> int:
+def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32) -> int:
     """K splits for a lane-per-block GEMV: as many as keep the grid within one wave of resident CTAs
-    (small M, long K: 3584 x 18944 has 448 row CTAs for 1056 slots), at most 8, each split ≥ one step."""
-    steps = -(-(k // 32) // 32)
+    (small M, long K: 3584 x 18944 has 448 row CTAs for 1056 slots), at most 8, each split ≥ one step
+    (a step is 32 lanes x `lane_cols` columns: 32 for TQ4_1S and Q8_0 blocks, 64 for Q4_K sub-block pairs)."""
+    steps = -(-(k // lane_cols) // 32)
     return max(1, min(8, steps, (sms * ctas_per_sm) // max(ctas, 1)))
 
 
@@ -349,7 +347,7 @@ def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
     if "split_k" not in fn.meta:
         fn.launch((ctas,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
-    splits = gemv_splits(ctas, k, int(fn.meta["ctas_per_sm"]), current().sm_count)
+    splits = gemv_splits(ctas, k, int(fn.meta["ctas_per_sm"]), current().sm_count, int(fn.meta.get("lane_cols", 32)))
     cnt = _counters(4 * ctas * int(fn.meta["warps"]))
     part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may

@@ -42,7 +42,8 @@ def run_mmq(r, raw, m, k, x, bn, path="mma.sync"):
     queue = r.DeviceArray.empty((2,), np.uint32)
     queue.owner.fill_bytes(0)
     tiles_n = (t + bn - 1) // bn
-    fn.launch((min(tiles_n * ((m + 127) // 128), 264),), (w.buffer, xa, out, flag, m, k, t, k // 64, queue, tiles_n, 1))
+    fn.launch((min(tiles_n * ((m + 127) // 128), 264),), (w.buffer, xa, out, flag, m, k, t, k // 64, queue, tiles_n, 1,
+                                                         out, queue))  # one split: part and counters unused
     assert not queue.numpy().any(), "the persistent kernel did not reset its work queue"
     return out.numpy(), int(flag.numpy()[0])
 
@@ -87,9 +88,9 @@ def test_mul_mat_q4_k_all_shapes(m, t, arch):
 @pytest.mark.parametrize("arch", [None, "sm_89"])
 def test_split_k_path_is_correct_and_deterministic(arch):
     import ptxgen.runtime as r
-    from ptxgen.runtime.ops import splitk_plan
+    from ptxgen.runtime.ops import splitk_plan_one_round
 
-    assert splitk_plan(32, 224, 132)[0] > 1  # M=4096, T=16, K=14336: 32 tiles must split
+    assert splitk_plan_one_round(32, 224, 264)[0] > 1  # M=4096, T=16, K=14336: 32 tiles must split
     rng = np.random.default_rng(9)
     m, k, t = 512, 8192, 20
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
@@ -225,14 +226,14 @@ def test_q8_mmq_is_deterministic_propagates_nan_and_flags_scale_overflow():
 def test_mul_mat_fast_q4_k_prefill(t):
     """mode="fast" for T > 8: the Q8_1 MMQ up to Q8_MAX_TOKENS (Q8_1 reference, 1e-5), the fp16 GEMM above."""
     import ptxgen.runtime as r
-    from ptxgen.runtime.ops import Q8_MAX_TOKENS
+    from ptxgen.runtime.ops import mmq_path, q8_path
 
     rng = np.random.default_rng(t)
     m, k = 384, 2048
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, mode="fast")
-    if t <= Q8_MAX_TOKENS:
+    if q8_path(t, mmq_path()):
         assert rel(got, formats.gemm_q8_1_ref("q4_K", raw, m, k, x)) <= 1e-5
     else:
         assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3

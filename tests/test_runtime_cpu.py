@@ -221,13 +221,34 @@ def test_one_round_split_plan_fits_the_slots_and_covers_k(tiles, steps, slots):
 
 
 @given(ctas=st.integers(1, 5000), k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]),
-       per_sm=st.integers(1, 8), sms=st.sampled_from([1, 84, 132]))
-def test_gemv_splits_fill_one_wave_and_keep_a_step_each(ctas, k, per_sm, sms):
+       per_sm=st.integers(1, 8), sms=st.sampled_from([1, 84, 132]), lane_cols=st.sampled_from([32, 64]))
+def test_gemv_splits_fill_one_wave_and_keep_a_step_each(ctas, k, per_sm, sms, lane_cols):
     from ptxgen.runtime.ops import gemv_splits
 
-    s = gemv_splits(ctas, k, per_sm, sms)
-    steps = -(-(k // 32) // 32)  # 32 blocks per lane step
+    s = gemv_splits(ctas, k, per_sm, sms, lane_cols)
+    steps = -(-(k // lane_cols) // 32)  # a lane step: 32 lanes x lane_cols columns (Q4_K: 64)
     assert 1 <= s <= min(8, steps)
     assert s == 1 or ctas * s <= sms * per_sm  # never a second, partial wave of CTAs
     if ctas * 2 <= sms * per_sm and steps >= 2:
         assert s >= 2  # rows alone fill at most half the GPU: split K
+
+
+def test_q4_k_lane_gemv_steps_are_64_columns_wide():
+    """The Q4_K lane kernels step 64 columns per lane (a sub-block pair), so K = 2048 has one step: no split
+    may be planned that would get none (it would launch idle CTAs)."""
+    from ptxgen.kernels import KERNELS
+    from ptxgen.runtime.ops import gemv_splits
+
+    assert KERNELS["gemv_q4_k_fast_t1"].for_arch("sm_89").meta["lane_cols"] == 64
+    assert KERNELS["gemv_q8_0_t1"].for_arch("sm_89").meta["lane_cols"] == 32
+    assert gemv_splits(10, 2048, 8, 132, 64) == 1
+    assert gemv_splits(10, 2048, 8, 132, 32) == 2
+
+
+def test_fast_mode_picks_the_q8_1_mmq_where_it_measured_faster():
+    """mode="fast" prefill: the fused n16 Q8_1 GEMM up to 16 tokens, quantize-first n32 up to 32 when only the
+    mma.sync fp16 GEMM competes (on sm_90 the wgmma GEMM is faster past 16 tokens), the fp16 GEMM above."""
+    from ptxgen.runtime.ops import q8_path
+
+    assert [q8_path(t, "wgmma") for t in (9, 16, 17, 64)] == ["q8", "q8", None, None]
+    assert [q8_path(t, "mma.sync") for t in (9, 16, 17, 32, 33)] == ["q8", "q8", "q8_pre", "q8_pre", None]

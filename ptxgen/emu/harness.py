@@ -238,8 +238,9 @@ def _gemv(name):
     return _with_meta(gemv_case, name, 2)
 
 
-def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Outcome:
-    """Run an MMQ kernel (fp16 path) on random Q4_K weights and fp32 activations; float64 reference."""
+def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1) -> Outcome:
+    """Run an MMQ kernel (fp16 path) on random Q4_K weights and fp32 activations; float64 reference. With
+    splits > 1 the kernel's own fixup must leave y complete and the tile counters zero."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
@@ -248,17 +249,21 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0) -> Out
     wa, xa = mem.alloc(raw), mem.alloc(x)
     ya, fa, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
     tiles_n = (t + meta["bn"] - 1) // meta["bn"]
-    items = tiles_n * ((m + meta["bm"] - 1) // meta["bm"])
-    ctas = max(1, min(items, 3))  # a few persistent CTAs share the queue
-    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, k // 64, qa, tiles_n, 1), mem,
-               dynamic_smem=meta["dynamic_smem"], seed=seed)
+    tiles = tiles_n * ((m + meta["bm"] - 1) // meta["bm"])
+    pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
+    per = -(-(k // 64) // splits)
+    ctas = max(1, min(tiles * splits, 3))  # a few persistent CTAs share the queue
+    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits, pa, ca), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
+    assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
     got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3 and flag == 0)
-    return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}", got, want)
+    return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}, {splits} split(s)",
+                   got, want)
 
 
 def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scale=1.0, poison_x=None) -> Outcome:
@@ -309,49 +314,28 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
                    got, want)
 
 
-def splitk_case(mmq_ptx: str, reduce_ptx: str, meta: dict, rng, shape=(130, 40, 1024), splits=3, seed=None) -> Outcome:
-    """MMQ with split-K over `splits` z-slices, then reduce_splitk: must equal the reference."""
-    m, t, k = shape
-    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
-    x = rng.standard_normal((t, k)).astype(np.float32)
-    mem = _memory()
-    wa, xa = mem.alloc(raw), mem.alloc(x)
-    ya, fa, qa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
-    per = -(-(k // 64) // splits)
-    tiles_n = (t + meta["bn"] - 1) // meta["bn"]
-    _run(mmq_ptx, (4,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits), mem,
-               dynamic_smem=meta["dynamic_smem"], seed=seed)
-    _run(reduce_ptx, ((t * m + 255) // 256,), (256,), (ya, t * m, splits), mem, seed=seed)
-    got = mem.view(ya, np.float32, (splits * t * m,))[: t * m].reshape(t, m).astype(np.float64)
-    want = formats.gemm_ref("q4_K", raw, m, k, x)
-    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-    ok = bool(np.isfinite(got).all() and rel <= 1e-3)
-    return Outcome("reduce_splitk", ok, f"relative error {rel:.2e} over {splits} splits", got, want)
-
-
 def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
-    emulator from the runtime's arguments); a few persistent CTAs share the work queue. With splits > 1
-    the partials are summed here in z order (what reduce_splitk does)."""
+    emulator from the runtime's arguments); a few persistent CTAs share the work queue. With splits > 1 the
+    kernel's own fixup must leave y complete and the tile counters zero."""
     bn = meta["bn"]
     m, t, k = shape or (128 + 3, bn + 5, 512)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     mem = _memory()
     wa, xa = mem.alloc(raw), mem.alloc(x.astype(np.float16))  # convert_f16 rounds to nearest even too
-    ya, qa = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
+    ya, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
     tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn, 64, "128B")
     tiles_n = (t + bn - 1) // bn
-    items = tiles_n * ((m + 127) // 128) * splits
+    tiles = tiles_n * ((m + 127) // 128)
+    pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
     per = -(-(k // 64) // splits)
-    _run(ptx, (max(1, min(items, 2)),), (384,), (tw, tx, ya, m, k, t, per, qa, tiles_n, splits), mem,
+    _run(ptx, (max(1, min(tiles * splits, 2)),), (384,), (tw, tx, ya, m, k, t, per, qa, tiles_n, splits, pa, ca), mem,
                dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
-    parts = mem.view(ya, np.float32, (splits, t, m)).astype(np.float64)
-    got = parts[0]
-    for z in range(1, splits):
-        got = got + parts[z]
+    assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
+    got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)
@@ -368,14 +352,6 @@ def _mmq_wgmma(name):
     return run
 
 
-def _reduce(ptx, rng, seed=None, **kw):
-    from ..arch import get_arch
-    from ..kernels import get_kernel
-
-    k = get_kernel("mmq_q4_k_f16_n32").for_arch(get_arch("sm_89"))
-    return splitk_case(k.ptx(), ptx, k.meta, rng, seed=seed, **kw)
-
-
 def _mmq(name):
     return _with_meta(mmq_case, name, 3)  # shape (M, T, K)
 
@@ -386,7 +362,6 @@ HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
-HARNESSES["reduce_splitk"] = _reduce
 for _t in (1, 2, 4, 8):
     for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}"):
         HARNESSES[_n] = _gemv(_n)

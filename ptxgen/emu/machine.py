@@ -50,18 +50,15 @@ def bits_of(values: np.ndarray, t: str) -> np.ndarray:
 
 
 def _canonical_nan(v: np.ndarray, *inputs) -> np.ndarray:
-    """NaN results of fp32 arithmetic as the H200 makes them: a NaN operand propagates (the first NaN among
-    `inputs`, quieted); an invalid operation on numbers (inf·0, inf − inf) gives the canonical 0x7FFFFFFF."""
+    """NaN results of fp32 arithmetic as the H200 makes them (probed: tests/test_gpu_emu_crosscheck.py): a NaN
+    first operand propagates (quieted); any other NaN result is the canonical 0x7FFFFFFF."""
     v = np.asarray(v, np.float32)
     bad = np.isnan(v)
     if bad.any():
         out = np.full(v.shape, 0x7FFFFFFF, np.uint32)
-        seen = np.zeros(v.shape, bool)
-        for x in inputs:
-            xb = np.broadcast_to(np.asarray(x, np.float32), v.shape)
-            take = np.isnan(xb) & ~seen
-            out = np.where(take, xb.view(np.uint32) | np.uint32(0x00400000), out)
-            seen |= take
+        if inputs:
+            a = np.broadcast_to(np.asarray(inputs[0], np.float32), v.shape)
+            out = np.where(np.isnan(a), a.view(np.uint32) | np.uint32(0x00400000), out)
         v = np.where(bad, out.view(np.float32), v)
     return v
 

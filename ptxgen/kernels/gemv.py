@@ -298,8 +298,8 @@ def _lane_head(name, arch, doc, Tn, R, min_ctas, **meta):
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {min_ctas}"]
-    b.meta.update(split_k="gridDim.y splits the K steps; part: splits x ntok x m fp32, counters: one u32 per warp "
-                          "(zero, left zero)", ctas_per_sm=min_ctas, tokens=Tn, rows_per_cta=R * LANE_WARPS,
+    b.meta.update(split_k="gridDim.y splits the K steps (a step: 32 lanes x lane_cols columns); part: splits x ntok "
+                          "x m fp32, counters: one u32 per warp (zero, left zero)", ctas_per_sm=min_ctas, tokens=Tn, rows_per_cta=R * LANE_WARPS,
                   rows_per_warp=R, warps=LANE_WARPS, grid="ceil(m / rows_per_cta)", layout="lanes",
                   pdl=arch.has("griddepcontrol"), **meta)
     h = {"part_p": part_p, "cnt_p": cnt_p}
@@ -346,7 +346,7 @@ def build_lanes(arch, spec: GemvSpec):
     doc = f"tq4_1s GEMV{' (fast: int8 codebook x Q8_1, dp4a)' if fast else ''}, {Tn} token(s), {R} rows per warp"
     # occupancy was the limit (ncu: 80 registers → 6 CTAs/SM, 0.8 eligible warps per scheduler): ask ptxas
     # for as many resident CTAs as each T fits without spilling
-    b, h = _lane_head(spec.name, arch, doc, Tn, R, LANE_MIN_CTAS[Tn], fmt="tq4_1s", mode=spec.mode,
+    b, h = _lane_head(spec.name, arch, doc, Tn, R, LANE_MIN_CTAS[Tn], fmt="tq4_1s", mode=spec.mode, lane_cols=32,
                       fused_rotation=False, activation="prep_tq4_1s_q8(x) (lane layout)" if fast else
                       "prep_tq4_1s(x) (lane layout)")
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
@@ -511,7 +511,7 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     doc = f"{fmt} GEMV ({'fp32 activations' if exact else 'int8 x Q8_1, dp4a'}), {Tn} token(s), {R} rows per warp"
     b, h = _lane_head(name, arch, doc, Tn, R, GGML_MIN_CTAS[Tn], fmt=fmt, mode="exact" if exact else "fast",
                       activation=("prep_f32_lanes(x)" if exact else "prep_q8_lanes(x)") + " (lane layout)",
-                      k_multiple=256 if q4k else 64)
+                      k_multiple=256 if q4k else 64, lane_cols=64 if q4k else 32)
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
     nunits = b.op("shr.u32", K, Imm(6, "u32")) if q4k else nblk

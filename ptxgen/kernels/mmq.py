@@ -33,6 +33,9 @@ BM, BK, STAGES = 128, 64, 3
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
+SPLIT_K_NOTE = ("split z takes K-steps [z·steps_per_split, ...) and writes its partial tile to part + z·t·m; the CTA "
+                "that arrives last at the tile's counter sums the partials in z order into y (deterministic) and "
+                "resets the counter: no reduction launch")
 Q8_STAGES = 6  # prefetch distance 4 steps: the small-T GEMM is latency-bound with fewer
 Q8_TOKEN_TILES = (16, 32, 64)  # n128 needs > 255 registers (spills); the fp16 path serves large T
 Q8_WARPS = {16: (8, 1), 32: (4, 2), 64: (2, 4)}  # BN -> (warps along M, warps along N): warp tiles 16x16, 32x16, 64x16
@@ -104,18 +107,21 @@ def build(arch, spec: MmqSpec):
     s_p = b.param("steps_per_split", "u32")  # K-steps per split: split-K for grids too small for the GPU
     c_p = b.param("queue", "u64", "ptr:scratch")  # 2 × u32: next work item, finished CTAs (zero between launches)
     tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
+    pt_p = b.param("part", "u64", "ptr:scratch")  # splits > 1: splits x T x M partials
+    ct_p = b.param("counters", "u64", "ptr:scratch")  # one u32 per (m tile, token tile), zero; left zero
     pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
     smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
-                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, grid="persistent: min(items, 2 · SMs) CTAs",
+                  schedule=sched.kind, dynamic_smem=b.dynamic_smem,
+                  grid="persistent: min(items, resident CTAs per SM (occupancy calculator) · SMs) CTAs",
                   work_queue="item = atom.add(queue[0], 1) → (m tile, split z, token tile n) with n fastest, "
                              "so consecutive items reuse one weight tile from L2; the last CTA to finish "
                              "resets the queue (no host round trip)",
-                  split_k="split z takes K-steps [z·steps_per_split, ...) and writes partials to y + z·t·m; "
-                          "reduce_splitk sums them in z order")
+                  split_k=SPLIT_K_NOTE)
     work = b.shared_buffer("work_item", 16, align=16)
 
     W, X, Y0, F, Q = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
+    P, C = b.ptr(pt_p), b.ptr(ct_p)
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
     per = b.ld_param(s_p, "u32")
     tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
@@ -129,7 +135,9 @@ def build(arch, spec: MmqSpec):
     slot = b.op("mov.u32", work)
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
 
-    next_item, finish, zsplit, Y, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0)
+    split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
+    next_item, finish, zsplit, Yz, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, P)
+    Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     base = b.op("mov.u32", smem)
     raw0 = base
     a16 = b.op("add.u32", base, Imm(STAGES * raw_bytes, "u32"))
@@ -283,6 +291,7 @@ def build(arch, spec: MmqSpec):
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
     epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y)
+    _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN)
     b.bra(next_item)
     b.place(finish)
     _queue_exit(b, Q, leader)
@@ -370,48 +379,58 @@ def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, 
     b.emit("cp.async.commit_group")
 
 
-def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN):
+def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN, barrier=None):
     """Split-K without a reduction launch: after storing its partial tile, a CTA counts itself in at the
     tile's counter; the last of the `splits` CTAs sums the partials in z order (deterministic: the same
-    order whichever CTA is last) into y and resets the counter to zero for the next launch."""
+    order whichever CTA is last) into y and resets the counter to zero for the next launch. `tid` runs over
+    the 256 threads that stored the tile, `barrier` the bar.sync operands that join them (default: id 0)."""
+    barrier = barrier or (Imm(0, "u32"),)
     b.comment("split-K fixup: the last CTA of a tile sums the partials in z order into y")
     done = b.label("fixup_done")
     b.bra(done, pred=split_k, neg=True)
     b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
-    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("bar.sync", *barrier)
     tile = b.op("mad.lo.u32", b.op("shr.u32", m0, Imm(7, "u32")), tiles_n, b.op("div.u32", n0, Imm(BN, "u32")))
     cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
     old = b.reg("u32")
     b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
     b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
-    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("bar.sync", *barrier)
     last = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(slot, 4)), b.op("sub.u32", splits, Imm(1, "u32")))
+    b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
     b.bra(done, pred=last, neg=True)
     b.emit("membar.gl")
     row = b.op("and.b32", tid, Imm(127, "b32"))
     mm = b.op("add.u32", m0, row)
     plane = b.op("mul.wide.u32", b.op("mul.lo.u32", T, M), Imm(4, "u32"))
-    # thread -> row tid % 128, tokens tid / 128 + 2i: coalesced along m; z outer, so the BN/2 loads of one
-    # split are independent (in flight together) and each sum still runs in z order
+    # thread -> row tid % 128, tokens tid / 128 + 2i: coalesced along m. Passes of up to 16 tokens; in a pass
+    # z is the outer loop, so the pass's loads of one split are in flight together, and each sum runs in z order
+    per_pass = min(BN, 16) // 2
+    nb = b.op("add.u32", n0, b.op("shr.u32", tid, Imm(7, "u32")))
+    n_end = b.op("add.u32", n0, Imm(BN, "u32"))
+    pl = b.label("fix_pass")
+    b.place(pl)
     oks, idxs, tots = [], [], []
-    for i in range(BN // 2):
-        nn = b.op("add.u32", n0, b.op("add.u32", b.op("shr.u32", tid, Imm(7, "u32")), Imm(2 * i, "u32")))
+    for i in range(per_pass):
+        nn = b.op("add.u32", nb, Imm(2 * i, "u32"))
         oks.append(b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, T)))
         idxs.append(b.op("mad.lo.u32", nn, M, mm))
         tots.append(b.op("mov.f32", Imm(0.0, "f32")))
-    pz = b.op("mad.wide.u32", idxs[0], Imm(4, "u32"), P)  # token i is at pz + 8·i·M bytes
+    pz = b.op("mad.wide.u32", idxs[0], Imm(4, "u32"), P)  # token i of the pass is at pz + 8·i·M bytes
     z = b.op("mov.u32", Imm(0, "u32"))
     zl = b.label("z")
     b.place(zl)
-    for i in range(BN // 2):
+    for i in range(per_pass):
         pv = b.op("mov.f32", Imm(0.0, "f32"))
         b.emit("ld.global.cg.f32", pv, Mem(b.op("mad.wide.u32", M, Imm(8 * i, "u32"), pz)), pred=oks[i])
-        b.emit("add.rn.f32", tots[i], tots[i], pv)  # z = 0 first: 0 + p0 = p0 exactly
+        b.emit("add.rn.f32", tots[i], tots[i], pv)  # z = 0 first: 0 + p0 = p0
     b.emit("add.s64", pz, pz, plane)
     b.emit("add.u32", z, z, Imm(1, "u32"))
     b.bra(zl, pred=b.op("setp.lt.u32", z, splits))
-    for i in range(BN // 2):
+    for i in range(per_pass):
         b.emit("st.global.f32", Mem(b.op("mad.wide.u32", idxs[i], Imm(4, "u32"), Y0)), tots[i], pred=oks[i])
+    b.emit("add.u32", nb, nb, Imm(2 * per_pass, "u32"))
+    b.bra(pl, pred=b.op("setp.lt.u32", nb, n_end))
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
     b.place(done)
 
@@ -507,10 +526,8 @@ def build_q8(arch, spec: "MmqSpec"):
                   schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if fused else " (pre)"),
                   x_layout="fp32 (T, K)" if fused else "quantize_q8_1_mmq: int8 (T, K), then float2 (T, K/32)",
                   ctas_per_sm=Q8_CTAS_PER_SM[BN, fused], warp_tile=f"{16 * MT}x{8 * NT}",
-                  grid="persistent: min(items, ctas_per_sm · SMs) CTAs", work_queue="as mmq_q4_k_f16_n*",
-                  split_k="split z writes partials to part + z·t·m; the CTA that arrives last at the tile's "
-                          "counter sums them in z order into y (deterministic) and resets the counter: no "
-                          "reduction launch")
+                  grid="persistent: min(items, resident CTAs per SM · SMs) CTAs", work_queue="as mmq_q4_k_f16_n*",
+                  split_k=SPLIT_K_NOTE)
     work = b.shared_buffer("work_item", 16, align=16)
     # n16 fits 80 registers (3 CTAs per SM), n32 128 (2); n64 would spill at 128 and runs one CTA per SM
     b.directives += [".maxntid 256, 1, 1", f".minnctapersm {Q8_CTAS_PER_SM[BN, fused]}"]
@@ -827,9 +844,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
     s_p = b.param("steps_per_split", "u32")
     c_p = b.param("queue", "u64", "ptr:scratch")
     tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
+    pt_p = b.param("part", "u64", "ptr:scratch")  # splits > 1: splits x T x M partials
+    ct_p = b.param("counters", "u64", "ptr:scratch")  # one u32 per (m tile, token tile), zero; left zero
     smem = b.dynamic_shared(S * stage_bytes + 2 * 2 * A_TILE + 1024)  # + 1024: aligned up at run time
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
+    fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
     # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
     b.directives += [f".maxntid {WG_THREADS}, 1, 1", ".minnctapersm 1"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
@@ -842,11 +862,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
                   work_queue="item = atom.add(queue[0], 1) -> (m tile, split z, token tile n), n fastest; the "
                              "producer hands items to the consumers through a 2-slot mbarrier ring; the last "
                              "CTA to finish resets the queue",
-                  split_k="as the mma.sync lowering: split z writes partials to y + z*t*m, reduce_splitk sums",
+                  split_k=SPLIT_K_NOTE + " (the 256 consumer threads, named barrier 3)",
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
+    P, C = b.ptr(pt_p), b.ptr(ct_p)
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
     per = b.ld_param(s_p, "u32")
     tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
@@ -977,7 +998,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     tm, z, tn, s_begin, s_end = decode(item)
     m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
     n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
-    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", z, T), M), Imm(4, "u32"), Y0)
+    split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
+    Yz = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", z, T), M), Imm(4, "u32"), P)
+    Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     for a in acc:
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", s_begin)
@@ -1024,39 +1047,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
     frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
     epilogue.lower_mma_sync(b, [frags], lane, m0, cw, 16, n0, b.op("mov.u32", Imm(0, "u32")), BN, M, T, Y)
+    _splitk_fixup(b, ct, b.op("setp.eq.u32", ct, Imm(0, "u32")), b.op("mov.u32", fix_slot), split_k, splits, C, P, Y0,
+                  m0, n0, tiles_n, M, T, BN, barrier=(Imm(3, "u32"), Imm(256, "u32")))
     b.bra(c_item)
     b.place(c_end)
     b.emit("ret")
     return b.finish()
-
-def build_reduce(arch):
-    """reduce_splitk: y[i] = Σ_z part[z][i] in z order (deterministic), part[0] is y itself."""
-    b = KernelBuilder("reduce_splitk", arch, "sum split-K partials in a fixed order", block=(256, 1, 1))
-    y_p, n_p, s_p = b.param("y", "u64", "ptr:inout"), b.param("n", "u32"), b.param("splits", "u32")
-    b.meta.update(grid="ceil(n / 256)")
-    Y = b.ptr(y_p)
-    n, splits = b.ld_param(n_p, "u32"), b.ld_param(s_p, "u32")
-    i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(256, "u32"), b.special("tid.x"))
-    done = b.label("done")
-    b.bra(done, pred=b.op("setp.ge.u32", i, n), uniform=False)
-    addr = b.op("mad.wide.u32", i, Imm(4, "u32"), Y)
-    acc = b.op("ld.global.f32", Mem(addr))
-    stride = b.op("mul.wide.u32", n, Imm(4, "u32"))
-    z = b.op("mov.u32", Imm(1, "u32"))
-    p = b.op("add.s64", addr, stride)
-    top, end = b.label("z"), b.label("z_done")
-    b.place(top)
-    b.bra(end, pred=b.op("setp.ge.u32", z, splits), uniform=False)
-    b.emit("add.rn.f32", acc, acc, b.op("ld.global.f32", Mem(p)))
-    b.emit("add.s64", p, p, stride)
-    b.emit("add.u32", z, z, Imm(1, "u32"))
-    b.bra(top, uniform=False)
-    b.place(end)
-    b.emit("st.global.f32", Mem(addr), acc)
-    b.place(done)
-    b.emit("ret")
-    return b.finish()
-
 
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 
@@ -1072,4 +1068,4 @@ def kernel_defs() -> list[KernelDef]:
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
                    archs=("sm_89", "sm_120a"))
-         for bn in Q8_TOKEN_TILES for f in (True, False)] + [KernelDef("reduce_splitk", "split-K partial sums, fixed order", build_reduce)]
+         for bn in Q8_TOKEN_TILES for f in (True, False)]
