@@ -180,9 +180,12 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     # less shared memory per SM than the H200): a second, partial round doubles the time
     per_sm = fn.resident_per_sm()
     splits, per = splitk_plan_one_round(tiles, k // 64, per_sm * sms)
-    # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch)
+    # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch) for
+    # token tiles up to FIXUP_MAX_TILE; wider tiles leave it to reduce_splitk (one CTA would sum 128 x 256 x
+    # splits values alone: +10 us at T=256 on the H200)
     part = o if splits == 1 else DeviceArray.empty((splits, t, m), np.float32)
-    cnt = _counters(4 * tiles)
+    fixup = bn <= FIXUP_MAX_TILE
+    cnt = _counters(4 * tiles) if fixup else 0
     if not _QUEUE:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
@@ -199,6 +202,11 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     else:
         fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xa, o, flag, m, k, t, per, _QUEUE[0], tiles_n, splits,
                                                          part, cnt))
+    if splits > 1 and not fixup:
+        kernels.load("reduce_splitk", arch).launch(((t * m + 255) // 256,), (o, part, t * m, splits))
+
+
+FIXUP_MAX_TILE = 64  # token tiles summing their own split-K partials (bench/NOTES.md, session 4)
 
 
 _TMAPS: dict = {}

@@ -388,3 +388,12 @@ def test_q8_mmq_with_a_wrong_nibble_mask_fails():
 def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     out = check_kernel("quantize_q8_1_mmq", KERNELS["quantize_q8_1_mmq"].for_arch("sm_89").ptx(), seed=1, big=True)
     assert out.ok, out.detail
+
+
+@pytest.mark.parametrize("fixup", [True, False])
+def test_mmq_split_k_fixup_or_partials_for_reduce_splitk(fixup):
+    """Split over 3 K ranges: the kernel sums the partials itself (the last CTA of a tile, counters back to
+    zero), or with counters = 0 leaves them for reduce_splitk (wide tiles)."""
+    ptx = KERNELS["mmq_q4_k_f16_n32"].for_arch("sm_89").ptx()
+    out = check_kernel("mmq_q4_k_f16_n32", ptx, seed=4, shape=(129, 40, 1024), splits=3, fixup=fixup)
+    assert out.ok, out.detail

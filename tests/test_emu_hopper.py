@@ -344,3 +344,11 @@ st.global.u32 [%rd3], %r31;
     with pytest.raises(EmulationError, match="divergent bar.warp.sync"):
         run("setp.lt.u32 %p1, %r31, 8;\n@%p1 bra $L_x;\nbar.warp.sync 0xFFFFFFFF;\n$L_x:", 32, 16)
     run("setp.lt.u32 %p1, %r31, 8;\n@%p1 bra $L_x;\nbar.warp.sync 0xFFFFFF00;\n$L_x:", 32, 16)  # lanes 8..31 only
+
+
+@pytest.mark.parametrize("fixup", [True, False])
+def test_wgmma_mmq_split_k_fixup_over_the_consumer_warpgroups(fixup):
+    """The wgmma MMQ split over 3 K ranges: its 256 consumer threads (named barrier 3) sum the partials in the
+    kernel, or with counters = 0 leave them for reduce_splitk."""
+    out = check_kernel("mmq_q4_k_wgmma_n32", _wgmma_mmq_ptx(), seed=5, shape=(131, 40, 1024), splits=3, fixup=fixup)
+    assert out.ok, out.detail

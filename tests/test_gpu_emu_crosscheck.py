@@ -88,6 +88,10 @@ def test_gpu_equals_emulator(name):
     b = np.ascontiguousarray(np.asarray(emu.got))
     assert a.shape == b.shape
     diff = np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))
+    if diff and a.nbytes % 4 == 0:  # NaN payloads are no contract (ptxas may compute a product in fp16): any NaN
+        wa, wb = a.view(np.uint32).ravel(), b.view(np.uint32).ravel()  # word matches any NaN word
+        nan = lambda w: ((w & 0x7F800000) == 0x7F800000) & ((w & 0x007FFFFF) != 0)  # noqa: E731
+        diff = 4 * np.count_nonzero((wa != wb) & ~(nan(wa) & nan(wb)))
     print(f"{name} ({arch}): GPU {gpu.detail}; {diff} bytes differ from the emulator")
     assert diff == 0, f"{name}: {diff} bytes of {a.nbytes} differ between the GPU and the emulator"
 
@@ -124,7 +128,7 @@ NAN_PTX = """.version 8.7
 
 def test_fp32_nan_results_match_the_gpu():
     """NaN payloads out of mul/add/sub/fma (NaN operands, inf·0, inf − inf): the emulator's model
-    (emu.machine._canonical_nan) against the H200, bit for bit."""
+    (emu.machine._canonical_nan: always 0x7FFFFFFF) against the H200, bit for bit."""
     from ptxgen.emu.harness import _memory, _run
 
     vals = np.array([1.0, 0.0, np.inf, -np.inf, 2.5], np.float32).view(np.uint32).tolist()

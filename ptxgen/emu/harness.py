@@ -238,9 +238,10 @@ def _gemv(name):
     return _with_meta(gemv_case, name, 2)
 
 
-def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1) -> Outcome:
+def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, fixup=True) -> Outcome:
     """Run an MMQ kernel (fp16 path) on random Q4_K weights and fp32 activations; float64 reference. With
-    splits > 1 the kernel's own fixup must leave y complete and the tile counters zero."""
+    splits > 1 the kernel's own fixup must leave y complete and the tile counters zero; with fixup=False
+    (counters = 0) it must leave the partials for reduce_splitk, summed here in z order."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
@@ -253,17 +254,28 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
     per = -(-(k // 64) // splits)
     ctas = max(1, min(tiles * splits, 3))  # a few persistent CTAs share the queue
-    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits, pa, ca), mem,
+    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits, pa, ca if fixup else 0), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
-    got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
+    got = _split_result(mem, ya, pa, t, m, splits, fixup)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3 and flag == 0)
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}, {splits} split(s)",
                    got, want)
+
+
+def _split_result(mem, ya, pa, t, m, splits, fixup):
+    """y as the caller sees it: the kernel's own (fixup or one split), or the partials summed in z order."""
+    if splits == 1 or fixup:
+        return mem.view(ya, np.float32, (t, m)).astype(np.float64)
+    parts = mem.view(pa, np.float32, (splits, t, m))
+    got = parts[0].copy()
+    for z in range(1, splits):
+        got = (got + parts[z]).astype(np.float32)
+    return got.astype(np.float64)
 
 
 def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scale=1.0, poison_x=None) -> Outcome:
@@ -314,7 +326,7 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
                    got, want)
 
 
-def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1) -> Outcome:
+def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, fixup=True) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
     emulator from the runtime's arguments); a few persistent CTAs share the work queue. With splits > 1 the
     kernel's own fixup must leave y complete and the tile counters zero."""
@@ -331,11 +343,12 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1) -
     tiles = tiles_n * ((m + 127) // 128)
     pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
     per = -(-(k // 64) // splits)
-    _run(ptx, (max(1, min(tiles * splits, 2)),), (384,), (tw, tx, ya, m, k, t, per, qa, tiles_n, splits, pa, ca), mem,
+    _run(ptx, (max(1, min(tiles * splits, 2)),), (384,), (tw, tx, ya, m, k, t, per, qa, tiles_n, splits, pa,
+                                                          ca if fixup else 0), mem,
                dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
-    got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
+    got = _split_result(mem, ya, pa, t, m, splits, fixup)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)
@@ -350,6 +363,21 @@ def _mmq_wgmma(name):
         meta = dict(get_kernel(name).for_arch(get_arch("sm_90a")).meta, name=name)
         return mmq_wgmma_case(ptx, meta, rng, seed=seed, **kw)
     return run
+
+
+def _reduce(ptx: str, rng, shape=(3, 1000), seed=None) -> Outcome:
+    """reduce_splitk: y = Σ_z part[z] in z order, bit for bit the sequential fp32 sum."""
+    splits, n = shape
+    part = (rng.standard_normal((splits, n)) * np.float32(rng.choice([1e-3, 1.0, 1e4]))).astype(np.float32)
+    mem = _memory()
+    pa, ya = mem.alloc(part), mem.alloc(n * 4, poison=0xFF)
+    _run(ptx, ((n + 255) // 256,), (256,), (ya, pa, n, splits), mem, seed=seed)
+    got = mem.view(ya, np.float32, (n,))
+    want = part[0].copy()
+    for z in range(1, splits):
+        want = (want + part[z]).astype(np.float32)
+    ok = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    return Outcome("reduce_splitk", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} sums differ", got, want)
 
 
 def _mmq(name):
@@ -370,6 +398,7 @@ for _bn in (32, 64, 128):
 for _bn in (16, 32, 64):
     for _n in (f"mmq_q4_k_q8_n{_bn}", f"mmq_q4_k_q8_n{_bn}_pre"):
         HARNESSES[_n] = _with_meta(mmq_q8_case, _n, 3)
+HARNESSES["reduce_splitk"] = _reduce
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 

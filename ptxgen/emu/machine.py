@@ -49,17 +49,13 @@ def bits_of(values: np.ndarray, t: str) -> np.ndarray:
     return v.view(_UINT[dt.itemsize]).astype(np.uint64)
 
 
-def _canonical_nan(v: np.ndarray, *inputs) -> np.ndarray:
-    """NaN results of fp32 arithmetic as the H200 makes them (probed: tests/test_gpu_emu_crosscheck.py): a NaN
-    first operand propagates (quieted); any other NaN result is the canonical 0x7FFFFFFF."""
+def _canonical_nan(v: np.ndarray) -> np.ndarray:
+    """NaN results of fp32 arithmetic as the H200 makes them (probed by tests/test_gpu_emu_crosscheck.py): always
+    the canonical 0x7FFFFFFF, whatever NaN operand or invalid operation (inf·0, inf − inf) produced them."""
     v = np.asarray(v, np.float32)
     bad = np.isnan(v)
     if bad.any():
-        out = np.full(v.shape, 0x7FFFFFFF, np.uint32)
-        if inputs:
-            a = np.broadcast_to(np.asarray(inputs[0], np.float32), v.shape)
-            out = np.where(np.isnan(a), a.view(np.uint32) | np.uint32(0x00400000), out)
-        v = np.where(bad, out.view(np.float32), v)
+        v = np.where(bad, np.uint32(0x7FFFFFFF).view(np.float32), v)
     return v
 
 
@@ -593,7 +589,7 @@ class Emulator(HopperOps):
         va, vb = self._val(a, t, ex), self._val(b, t, ex)
         with np.errstate(all="ignore"):
             r = f(va, vb, t)
-        self._set(d, ex, _canonical_nan(r, va, vb) if t == "f32" and r.dtype == np.float32 else r, t)
+        self._set(d, ex, _canonical_nan(r) if t == "f32" and r.dtype == np.float32 else r, t)
 
     def _op_add(self, ins, ex, grp):
         self._binary(ins, ex, lambda a, b, t: a + b)
@@ -700,7 +696,7 @@ class Emulator(HopperOps):
         if t != "f32":
             raise Unsupported(f"fma.{t}")
         ops = [self._val(x, t, ex) for x in (a, b, c)]
-        self._set(d, ex, _canonical_nan(_fma_f32(*ops), *ops), t)
+        self._set(d, ex, _canonical_nan(_fma_f32(*ops)), t)
 
     def _op_div(self, ins, ex, grp):
         t = self._type(ins)
