@@ -1,5 +1,7 @@
-"""One wgmma MMQ call per token tile on a small shape, checked against the reference; run under `timeout`
-before the GPU tier so that a pipeline deadlock costs seconds, not the whole device call."""
+"""One MMQ call per lowering and token tile on small shapes (split-K included: the in-kernel fixup for tiles up
+to 64 tokens, reduce_splitk above), checked against the reference; run under `timeout` before the GPU tier so
+that a pipeline deadlock costs seconds, not the whole device call, and under compute-sanitizer racecheck /
+synccheck. Paths: argv (default: wgmma q8 q8_pre mma.sync)."""
 import sys
 
 import numpy as np
@@ -10,20 +12,23 @@ from ptxgen.runtime import ops
 
 rng = np.random.default_rng(0)
 ok = True
-for (m, k, t) in [(128, 256, 32), (256, 1024, 100), (300, 4096, 64)]:
-    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
-    x = rng.standard_normal((t, k)).astype(np.float32)
-    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
-    want = formats.gemm_ref("q4_K", raw, m, k, x)
-    for bn in ops.WGMMA_TILES:
-        out = r.DeviceArray.empty((t, m), np.float32)
-        out.owner.fill_bytes(0xFF)
-        flag = r.DeviceArray.empty((1,), np.uint32)
-        flag.owner.fill_bytes(0)
-        ops.mmq_launch(w, r.as_device_array(x), out, t, flag, bn=bn, path="wgmma")
-        got = out.numpy()
-        err = np.linalg.norm(got - want) / np.linalg.norm(want)
-        nan = int(np.isnan(got).sum())
-        print(f"m={m} k={k} t={t} bn={bn}: rel err {err:.3g}, NaN {nan}", flush=True)
-        ok &= bool(err <= 1e-3 and nan == 0)
+TILES = {"wgmma": ops.WGMMA_TILES, "q8": ops.Q8_TILES, "q8_pre": ops.Q8_TILES, "mma.sync": ops.MMQ_TILES}
+for path in sys.argv[1:] or list(TILES):
+    for (m, k, t) in [(128, 256, 32), (256, 1024, 100), (300, 4096, 64)]:
+        raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+        x = rng.standard_normal((t, k)).astype(np.float32)
+        w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+        ref = formats.gemm_q8_1_ref if path.startswith("q8") else formats.gemm_ref
+        want = ref("q4_K", raw, m, k, x)
+        for bn in TILES[path]:
+            out = r.DeviceArray.empty((t, m), np.float32)
+            out.owner.fill_bytes(0xFF)
+            flag = r.DeviceArray.empty((1,), np.uint32)
+            flag.owner.fill_bytes(0)
+            ops.mmq_launch(w, r.as_device_array(x), out, t, flag, bn=bn, path=path)
+            got = out.numpy()
+            err = np.linalg.norm(got - want) / np.linalg.norm(want)
+            nan = int(np.isnan(got).sum())
+            print(f"{path} m={m} k={k} t={t} bn={bn}: rel err {err:.3g}, NaN {nan}", flush=True)
+            ok &= bool(err <= (1e-5 if path.startswith("q8") else 1e-3) and nan == 0)
 sys.exit(0 if ok else 1)
