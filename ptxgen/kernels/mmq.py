@@ -153,21 +153,11 @@ def build(arch, spec: MmqSpec):
     # --- activations: BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
     nvec = BN * 16 // 256
     xregs = [[b.reg("f32") for _ in range(4)] for _ in range(nvec)]
-    xaddr_tok = []
-    for v in range(nvec):
-        i = b.op("add.u32", tid, Imm(256 * v, "u32"))
-        tok = b.op("shr.u32", i, Imm(4, "u32"))
-        k4 = b.op("and.b32", i, Imm(15, "b32"))
-        gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
-        rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
-        src = b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
-        dst = b.op("add.u32", b.op("mad.lo.u32", tok, Imm(PAD_ROW, "u32"), b16), b.op("shl.b32", k4, Imm(3, "u32")))
-        xaddr_tok.append((src, dst))
+    xaddr_tok = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: (
+        b.op("add.u32", b.op("mad.lo.u32", tok, Imm(PAD_ROW, "u32"), b16), b.op("shl.b32", k4, Imm(3, "u32"))),))
 
     def load_x(step):
-        kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))  # 64 floats = 256 bytes per step
-        for v in range(nvec):
-            b.emit("ld.global.nc.v4.f32", b.vec(xregs[v]), Mem(b.op("add.s64", xaddr_tok[v][0], kb)))
+        _load_x(b, step, xaddr_tok, xregs)
 
     def store_x(boff):
         for v in range(nvec):
@@ -307,6 +297,29 @@ def build(arch, spec: MmqSpec):
 
 # --- the pieces both mma.sync MMQs (fp16 and Q8_1) share: the persistent work queue, the K range of a split,
 # the raw Q4_K ring (cp.async of header + qs per 64-K step) and the queue reset at exit
+
+def _x_units(b, tid, n0, tlast, K, X, nvec, per_unit):
+    """The fp32 activation loads of both mma.sync MMQs: unit u = tid + 256v covers 4 values of token u/16
+    (clamped to T - 1), columns 4·(u % 16) .. +3 of the 64-K step; returns the units' source addresses (step 0)
+    and `per_unit(tok, k4)` of each (the caller's destinations)."""
+    out = []
+    for v in range(nvec):
+        u = b.op("add.u32", tid, Imm(256 * v, "u32"))
+        tok = b.op("shr.u32", u, Imm(4, "u32"))
+        k4 = b.op("and.b32", u, Imm(15, "b32"))
+        gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
+        rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
+        src = b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
+        out.append((src, *per_unit(tok, k4)))
+    return out
+
+
+def _load_x(b, step, units, xregs):
+    """One step's fp32 activations (64 floats = 256 bytes per token) into registers, a step ahead."""
+    kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))
+    for unit, regs in zip(units, xregs):
+        b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(b.op("add.s64", unit[0], kb)))
+
 
 def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0):
     """Head of the persistent loop: thread 0 claims an item from the atomic queue and shares it through
@@ -595,25 +608,15 @@ def build_q8(arch, spec: "MmqSpec"):
     # --- fused activations: unit u = tid + 256v covers 4 values: token u/16, 32-block (u%16)/8 of the step,
     # word u%8; the 8 lanes of a block are an aligned group of a warp (amax and Σq by shfl.bfly 4, 2, 1)
     nvec = BN * 16 // 256 if fused else 0
-    units = []
-    for v in range(nvec):
-        u = b.op("add.u32", tid, Imm(256 * v, "u32"))
-        tok = b.op("shr.u32", u, Imm(4, "u32"))
-        k4 = b.op("and.b32", u, Imm(15, "b32"))
-        gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
-        src = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
-        src = b.op("add.s64", src, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
-        dst = b.op("mad.lo.u32", tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", k4, Imm(2, "u32")))
-        # the x-scale table entry [sub-block k4/8][token], written by the group's first lane
-        tab = b.op("shl.b32", b.op("mad.lo.u32", b.op("shr.u32", k4, Imm(3, "u32")), Imm(BN, "u32"), tok), Imm(3, "u32"))
-        units.append((src, dst, tab))
+    # the int8 tile's word, and the x-scale table entry [sub-block k4/8][token] (written by the group's first lane)
+    units = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: (
+        b.op("mad.lo.u32", tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", k4, Imm(2, "u32"))),
+        b.op("shl.b32", b.op("mad.lo.u32", b.op("shr.u32", k4, Imm(3, "u32")), Imm(BN, "u32"), tok), Imm(3, "u32"))))
     first = b.op("setp.eq.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(0, "u32")) if fused else None
     xregs = [b.regs("f32", 4) for _ in range(nvec)]
 
     def load_x(step):
-        kb = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(8, "u32")))  # 64 floats = 256 bytes per step
-        for v in range(nvec):
-            b.emit("ld.global.nc.v4.f32", b.vec(xregs[v]), Mem(b.op("add.s64", units[v][0], kb)))
+        _load_x(b, step, units, xregs)
 
     def bfly(v, off, t):
         return b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type=t)
