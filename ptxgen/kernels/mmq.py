@@ -103,12 +103,7 @@ def build(arch, spec: MmqSpec):
                       f"{STAGES}-stage cp.async", block=(256, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")
-    m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
-    s_p = b.param("steps_per_split", "u32")  # K-steps per split: split-K for grids too small for the GPU
-    c_p = b.param("queue", "u64", "ptr:scratch")  # 2 × u32: next work item, finished CTAs (zero between launches)
-    tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
-    pt_p = b.param("part", "u64", "ptr:scratch")  # splits > 1: splits x T x M partials
-    ct_p = b.param("counters", "u64", "ptr:scratch")  # one u32 per (m tile, token tile), zero; left zero
+    m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
     smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
@@ -297,6 +292,15 @@ def build(arch, spec: MmqSpec):
 
 # --- the pieces both mma.sync MMQs (fp16 and Q8_1) share: the persistent work queue, the K range of a split,
 # the raw Q4_K ring (cp.async of header + qs per 64-K step) and the queue reset at exit
+
+def _mmq_params(b):
+    """The MMQ parameters after the operands, shared by every lowering: m, k, t; K-steps per split (split-K
+    for grids too small for the GPU); the work queue (2 x u32: next item, finished CTAs; zero between launches);
+    token tiles and splits; the split-K partials (splits x T x M) and tile counters (u32 each, zero, left zero)."""
+    return (b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32"), b.param("steps_per_split", "u32"),
+            b.param("queue", "u64", "ptr:scratch"), b.param("tiles_n", "u32"), b.param("splits", "u32"),
+            b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch"))
+
 
 def _x_units(b, tid, n0, tlast, K, X, nvec, per_unit):
     """The fp32 activation loads of both mma.sync MMQs: unit u = tid + 256v covers 4 values of token u/16
@@ -530,12 +534,7 @@ def build_q8(arch, spec: "MmqSpec"):
                       f"{S}-stage cp.async, activations: {how}", block=(256, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")  # fused: set to 1 if a block's d = amax/127 overflows fp16
-    m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
-    s_p = b.param("steps_per_split", "u32")
-    c_p = b.param("queue", "u64", "ptr:scratch")
-    tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
-    pt_p = b.param("part", "u64", "ptr:scratch")  # splits > 1: splits x T x M partials
-    ct_p = b.param("counters", "u64", "ptr:scratch")  # one u32 per (m tile, token tile), zero; left zero
+    m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     smem = b.dynamic_shared(S * stage_bytes + 2 * buf)
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=8, copy=pipe.copy, mma="mma.sync m16n8k32 u8 x s8",
                   schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if fused else " (pre)"),
@@ -845,12 +844,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
     y_p = b.param("y", "u64", "ptr:out")
-    m_p, k_p, t_p = b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32")
-    s_p = b.param("steps_per_split", "u32")
-    c_p = b.param("queue", "u64", "ptr:scratch")
-    tn_p, sp_p = b.param("tiles_n", "u32"), b.param("splits", "u32")
-    pt_p = b.param("part", "u64", "ptr:scratch")  # splits > 1: splits x T x M partials
-    ct_p = b.param("counters", "u64", "ptr:scratch")  # one u32 per (m tile, token tile), zero; left zero
+    m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     smem = b.dynamic_shared(S * stage_bytes + 2 * 2 * A_TILE + 1024)  # + 1024: aligned up at run time
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
