@@ -856,7 +856,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
                   dynamic_smem=b.dynamic_smem, activations="fp16, converted by convert_f16 before the GEMM",
                   roles="warpgroup 0: producer (thread 0 claims work items and issues TMA); warpgroups 1, 2: "
                         "dequantize 64 rows each into swizzled fp16 tiles and issue wgmma",
-                  grid=f"persistent: min(items, {2 if BN <= 32 else 1} x SMs) CTAs",
+                  grid="persistent: min(items, resident CTAs per SM (occupancy calculator) x SMs) CTAs",
                   ctas_per_sm=2 if BN <= 32 else 1,  # n32: 72 registers and 74 KB, so two CTAs fit an SM
                   work_queue="item = atom.add(queue[0], 1) -> (m tile, split z, token tile n), n fastest; the "
                              "producer hands items to the consumers through a 2-slot mbarrier ring; the last "
