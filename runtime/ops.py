@@ -124,6 +124,9 @@ def q8_path(t: int, fp16_path: str) -> str | None:
     if t > Q8_MAX_TOKENS[fp16_path]:
         return None
     return "q8" if t <= 16 else "q8_pre"
+
+
+FIXUP_MAX_TILE = 64  # token tiles that sum their own split-K partials; wider ones run reduce_splitk (NOTES.md)
 _FLAG: list = []
 _QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 
@@ -190,23 +193,18 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
+    grid = (min(tiles * splits, per_sm * sms),)
+    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt)
     if path == "wgmma":
         x16 = convert_f16(xa, flag, arch="sm_90a")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        fn.launch((min(tiles * splits, per_sm * sms),), (tw, tx, o, m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt))
-    elif path in ("q8", "q8_pre"):
-        xin = xa if path == "q8" else quantize_q8_1_mmq(xa, flag, arch=arch)
-        fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xin, o, flag, m, k, t, per, _QUEUE[0], tiles_n,
-                                                         splits, part, cnt))
-    else:
-        fn.launch((min(tiles * splits, per_sm * sms),), (w.buffer, xa, o, flag, m, k, t, per, _QUEUE[0], tiles_n, splits,
-                                                         part, cnt))
+        fn.launch(grid, (tw, tx, o, *tail))
+    else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout
+        xin = quantize_q8_1_mmq(xa, flag, arch=arch) if path == "q8_pre" else xa
+        fn.launch(grid, (w.buffer, xin, o, flag, *tail))
     if splits > 1 and not fixup:
         kernels.load("reduce_splitk", arch).launch(((t * m + 255) // 256,), (o, part, t * m, splits))
-
-
-FIXUP_MAX_TILE = 64  # token tiles summing their own split-K partials (bench/NOTES.md, session 4)
 
 
 _TMAPS: dict = {}
@@ -266,9 +264,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact integer dots; relative error ≤ 1e-5 against the
     float64 product with the Q8_1-rounded x); Q4_K with 8 < T ≤ Q8_MAX_TOKENS runs the int8 MMQ (`q8_path`:
     mmq_q4_k_q8_n16 quantizing x inside, or quantize_q8_1_mmq + mmq_q4_k_q8_n32_pre; int8 mma.sync m16n8k32,
-    same error bound), larger T the fp16 GEMM as in "exact". An activation block whose Q8_1 scale overflows fp16 (amax > 65504·127)
-    raises the flag and the call is recomputed by the fp16 GEMM. `"exact"` keeps fp32 activations in the
-    GEMVs (relative error ~1e-6) and fp16 in the GEMMs (above)."""
+    same error bound), larger T the fp16 GEMM as in "exact". An activation block whose Q8_1 scale overflows
+    fp16 (amax > 65504·127) raises the flag and the call is recomputed by the fp16 GEMM. `"exact"` keeps fp32
+    activations in the GEMVs (relative error ~1e-6) and fp16 in the GEMMs (above)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     if w.fmt not in GEMV_FORMATS:
@@ -326,7 +324,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     return _result(o, xa.host and out is None)
 
 
-_COUNTERS: list = []  # split-K arrival counters of the GEMVs and the Q8_1 MMQ (zero; each launch leaves them zero)
+_COUNTERS: list = []  # split-K arrival counters of the GEMVs and the MMQs (zero; each launch leaves them zero)
 
 
 def _counters(nbytes: int):
