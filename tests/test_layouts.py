@@ -89,3 +89,16 @@ def test_tma_128b_box_is_what_a_k_major_128b_descriptor_reads():
         reads = L.smem_operand_offsets(desc + 2 * kk, 64, 32)  # [row, byte of the 16 k values]
         want = box[:, 16 * kk:16 * kk + 16]
         np.testing.assert_array_equal(reads[:, 0::2], want)
+
+
+@pytest.mark.parametrize("stride,offset", [("RAW_ROW", 16), ("RAW_ROW", 32), ("ACT_ROW", 0), ("ACT_ROW", 48),
+                                           ("PAD_ROW", 0)])
+def test_mmq_ldmatrix_rows_are_bank_conflict_free(stride, offset):
+    """The MMQs' ldmatrix phases read 8 rows x 16 bytes: the Q8_1 kernel's A from the raw Q4_K ring (48-byte
+    rows, qs at +16 / +32), its B from the int8 tile (80-byte rows, +0..+48), the fp16 tiles (144-byte rows).
+    Each phase's 8 row addresses must hit 8 distinct 16-byte bank groups (one wavefront, no conflict)."""
+    from ptxgen.kernels import mmq
+
+    rows = np.arange(8) * getattr(mmq, stride) + offset
+    groups = {tuple(L.smem_bank(r + np.arange(0, 16, 4))) for r in rows}
+    assert len(groups) == 8
