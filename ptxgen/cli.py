@@ -101,7 +101,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from ptxgen.runtime.compiler import CompileError, compile_ptx, sass
+    from ptxgen.runtime.compiler import HOT_OPS, CompileError, compile_ptx, hot_loop, sass
 
     archs = _archs(args.arch)
     defs = _kernel_defs(args.kernel)
@@ -124,10 +124,20 @@ def cmd_check(args) -> int:
             failed += status != "ok"
             print(f"{k.name:<20} {arch.name:<8} {r.get('registers', 0):>4} {r.get('smem', 0) + k.dynamic_smem:>7} "
                   f"{r.get('stack', 0):>5} {spills:>5}  {status}")
+            if args.sass or args.loops:
+                text = sass(res.cubin)
             if args.sass:
                 out = Path(args.sass)
                 out.mkdir(parents=True, exist_ok=True)
-                (out / f"{k.name}.{arch.name}.sass").write_text(sass(res.cubin))
+                (out / f"{k.name}.{arch.name}.sass").write_text(text)
+            if args.loops:
+                loop = hot_loop(text)
+                if loop is None:
+                    print(f"{'':<29} main loop: none (no loop holds {', '.join(HOT_OPS)})")
+                else:
+                    mix = ", ".join(f"{op} {n}" for op, n in list(loop["ops"].items())[:8])
+                    print(f"{'':<29} main loop ({loop['marker']}): {loop['instructions']} SASS per iteration per "
+                          f"thread; {mix}")
     return 1 if failed else 0
 
 
@@ -160,6 +170,8 @@ def main(argv=None) -> int:
     c.add_argument("--arch", action="append")
     c.add_argument("--kernel", action="append")
     c.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS into DIR")
+    c.add_argument("--loops", action="store_true",
+                   help="also count the SASS instructions of each kernel's main loop (one iteration, one thread)")
     c.set_defaults(fn=cmd_check)
     b = sub.add_parser("bench", help="run a benchmark program from bench/ (needs a GPU)")
     b.add_argument("what", help="mmq, gemv, runtime, ...")

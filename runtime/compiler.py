@@ -227,3 +227,40 @@ def sass(cubin: bytes) -> str:
         f.flush()
         return subprocess.run([tool, "-c", f.name], check=True,
                               capture_output=True, text=True).stdout
+
+
+HOT_OPS = ("HGMMA", "IGMMA", "HMMA", "IMMA", "IDP", "FFMA")  # what marks a kernel's main loop, first found wins
+
+
+def hot_loop(sass_text: str) -> dict | None:
+    """The main loop of a kernel from its SASS (nvdisasm -c): the innermost backward branch whose body holds
+    the kernel's hottest kind of instruction (tensor-core ops first, then dp4a, then FFMA). Returns
+    {"instructions": per iteration (one thread), "ops": {opcode: count}, "marker": that kind}, or None when no
+    loop holds any of them. Static: it counts each instruction of the body once, predicated or not."""
+    lines = sass_text.splitlines()
+    labels = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = i
+    loops = []  # (first line, last line) of every backward branch
+    for i, line in enumerate(lines):
+        m = re.search(r"\bBRA\b[^`]*`\((\.L_x_\d+)\)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            loops.append((labels[m.group(1)], i))
+    instr = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)")
+
+    def body(a, b):
+        return [m.group(1) for m in (instr.match(x) for x in lines[a:b + 1]) if m]
+
+    for marker in HOT_OPS:
+        hot = [(b - a, a, b) for a, b in loops if any(op.startswith(marker) for op in body(a, b))]
+        if hot:
+            _, a, b = min(hot)
+            ops = body(a, b)
+            counts: dict = {}
+            for op in ops:
+                counts[op] = counts.get(op, 0) + 1
+            return {"instructions": len(ops), "ops": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+                    "marker": marker}
+    return None

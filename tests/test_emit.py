@@ -110,3 +110,34 @@ def test_cli_emit_and_check_run(tmp_path):
     chk = subprocess.run([sys.executable, "-m", "ptxgen.cli", "check", "--arch", "sm_120a"], capture_output=True, text=True)
     assert chk.returncode == 0, chk.stdout + chk.stderr
     assert "dequantize_q4_k" in chk.stdout and "SPILLS" not in chk.stdout
+
+
+def test_hot_loop_finds_the_innermost_loop_with_the_hottest_op():
+    from ptxgen.runtime.compiler import hot_loop
+
+    text = "\n".join([
+        ".L_x_0:", "        /*0000*/                   IADD3 R1, R1, 0x1, RZ ;",
+        ".L_x_1:", "        /*0010*/                   FFMA R2, R2, R3, R4 ;",
+        "        /*0020*/               @P0 BRA `(.L_x_1) ;",
+        ".L_x_2:", "        /*0030*/                   HMMA.16816.F32 R4, R8, R12, R4 ;",
+        "        /*0040*/                   LDSM.16.M88.4 R8, [R2] ;",
+        "        /*0050*/               @!P1 BRA `(.L_x_2) ;",
+        "        /*0060*/               @P2 BRA `(.L_x_0) ;"])
+    loop = hot_loop(text)
+    assert loop == {"instructions": 3, "ops": {"HMMA.16816.F32": 1, "LDSM.16.M88.4": 1, "BRA": 1}, "marker": "HMMA"}
+    assert hot_loop(text.replace("HMMA.16816.F32", "MOV")) ["marker"] == "FFMA"
+    assert hot_loop("        /*0000*/                   EXIT ;") is None
+
+
+@pytest.mark.parametrize("kernel,arch,op,per_iteration", [
+    ("mmq_q4_k_q8_n16", "sm_89", "IMMA.16832.U8.S8.SAT", 4),  # warp tile 16x16, 2 sub-blocks per 64-K step
+    ("mmq_q4_k_f16_n128", "sm_89", "HMMA.16816.F32", 64),  # 4 m16 x 4 n8 x 4 k16 per step
+    ("mmq_q4_k_wgmma_n256", "sm_90a", "HGMMA.64x256x16.F32", 4)])  # 4 k16 per 64-K step
+def test_main_loop_of_the_mmqs_holds_their_mma_count(kernel, arch, op, per_iteration):
+    """`ptxgen check --loops` reads the main loop from SASS: it must be the K-step loop (its MMA count is the
+    tile's, from the description) — the number a prediction of the kernel's issue time starts from."""
+    from ptxgen.runtime.compiler import hot_loop
+
+    k = KERNELS[kernel].for_arch(arch)
+    loop = hot_loop(sass(compile_ptx(k.ptx(), arch, name=kernel).cubin))
+    assert loop is not None and sum(n for o, n in loop["ops"].items() if o.startswith(op)) == per_iteration, loop
