@@ -238,6 +238,26 @@ def _gemv(name):
     return _with_meta(gemv_case, name, 2)
 
 
+def _mmq_scratch(mem, t, m, k, bn, bm, splits, fixup=True):
+    """What every MMQ launch takes after its operands (ptxgen.kernels.mmq._mmq_params): y (NaN-poisoned), the
+    work queue, split-K partials and tile counters (counters = 0 without the in-kernel fixup). Returns (y,
+    tiles, the parameter tail from m on, the scratch to check with _mmq_result)."""
+    ya, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
+    tiles_n = (t + bn - 1) // bn
+    tiles = tiles_n * ((m + bm - 1) // bm)
+    pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
+    per = -(-(k // 64) // splits)
+    return ya, tiles, (m, k, t, per, qa, tiles_n, splits, pa, ca if fixup else 0), (qa, pa, ca)
+
+
+def _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup=True):
+    """After an MMQ launch: the queue and the tile counters are back at zero; y as the caller sees it."""
+    qa, pa, ca = scratch
+    assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
+    assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
+    return _split_result(mem, ya, pa, t, m, splits, fixup)
+
+
 def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, fixup=True) -> Outcome:
     """Run an MMQ kernel (fp16 path) on random Q4_K weights and fp32 activations; float64 reference. With
     splits > 1 the kernel's own fixup must leave y complete and the tile counters zero; with fixup=False
@@ -247,18 +267,11 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     raw = formats.quantize("q4_K", w)
     x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
     mem = _memory()
-    wa, xa = mem.alloc(raw), mem.alloc(x)
-    ya, fa, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
-    tiles_n = (t + meta["bn"] - 1) // meta["bn"]
-    tiles = tiles_n * ((m + meta["bm"] - 1) // meta["bm"])
-    pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
-    per = -(-(k // 64) // splits)
+    wa, xa, fa = mem.alloc(raw), mem.alloc(x), mem.alloc(4, poison=0)
+    ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, meta["bn"], meta["bm"], splits, fixup)
     ctas = max(1, min(tiles * splits, 3))  # a few persistent CTAs share the queue
-    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits, pa, ca if fixup else 0), mem,
-         dynamic_smem=meta["dynamic_smem"], seed=seed)
-    assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
-    assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
-    got = _split_result(mem, ya, pa, t, m, splits, fixup)
+    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, *tail), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
+    got = _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
@@ -293,16 +306,11 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
     mem = _memory()
     wa = mem.alloc(raw)
     xa = mem.alloc(x if fused else formats.ggml.q8_1_mmq_layout(formats.quantize("q8_1", x)))
-    ya, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
     fa = mem.alloc(4, poison=0)
-    tiles_n = (t + meta["bn"] - 1) // meta["bn"]
-    tiles = tiles_n * ((m + meta["bm"] - 1) // meta["bm"])
-    pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
-    per = -(-(k // 64) // splits)
-    _run(ptx, (max(1, min(tiles * splits, 3)),), (256,), (wa, xa, ya, fa, m, k, t, per, qa, tiles_n, splits, pa, ca),
-         mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
-    assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
-    assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
+    ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, meta["bn"], meta["bm"], splits)
+    _run(ptx, (max(1, min(tiles * splits, 3)),), (256,), (wa, xa, ya, fa, *tail), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
+    got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     if fused:  # the flag is up exactly when some block's d overflows fp16 (amax/127 > 65504, amax finite)
         amax = np.abs(x.reshape(-1, 32)).max(axis=1)
@@ -312,7 +320,6 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
             return Outcome(meta.get("name", "mmq"), False, f"overflow flag {flag}, expected {int(want_flag)}", None, None)
         if want_flag:
             return Outcome(meta.get("name", "mmq"), True, "overflow flagged (the caller recomputes)", None, None)
-    got = mem.view(ya, np.float32, (t, m)).astype(np.float64)
     want = formats.gemm_q8_1_ref("q4_K", raw, m, k, x)
     if poison_x is not None:  # NaN/Inf: the same outputs non-finite as in the reference, the rest within the bar
         fin = np.isfinite(want)
@@ -336,19 +343,12 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, f
     x = rng.standard_normal((t, k)).astype(np.float32)
     mem = _memory()
     wa, xa = mem.alloc(raw), mem.alloc(x.astype(np.float16))  # convert_f16 rounds to nearest even too
-    ya, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
     tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn, 64, "128B")
-    tiles_n = (t + bn - 1) // bn
-    tiles = tiles_n * ((m + 127) // 128)
-    pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
-    per = -(-(k // 64) // splits)
-    _run(ptx, (max(1, min(tiles * splits, 2)),), (384,), (tw, tx, ya, m, k, t, per, qa, tiles_n, splits, pa,
-                                                          ca if fixup else 0), mem,
-               dynamic_smem=meta["dynamic_smem"], seed=seed)
-    assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
-    assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
-    got = _split_result(mem, ya, pa, t, m, splits, fixup)
+    ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, fixup)
+    _run(ptx, (max(1, min(tiles * splits, 2)),), (384,), (tw, tx, ya, *tail), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
+    got = _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)
