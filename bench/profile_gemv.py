@@ -1,23 +1,26 @@
-"""Launch the TQ4_1S decode GEMVs (exact and fast) on one shape (for ncu) and print each op's time.
-usage: python3 bench/profile_gemv.py [M K T]"""
+"""Run one decode GEMV op a few times (for ncu) and print its time: profile_gemv.py FMT M K T MODE
+(default tq4_1s 18944 3584 1 exact; FMT tq4_1s, q4_K or q8_0, MODE exact or fast). Weights are random bytes
+with small finite scales. Each op is 2 launches (prep, GEMV): `ncu -k regex:gemv --launch-skip 3 --launch-count 1`."""
 import sys
 
 import numpy as np
 
 import ptxgen.runtime as r
 
-m, k, t = (int(v) for v in (sys.argv[1:4] if len(sys.argv) >= 4 else (18944, 3584, 1)))
+fmt = sys.argv[1] if len(sys.argv) > 1 else "tq4_1s"
+m, k, t = (int(v) for v in (sys.argv[2:5] if len(sys.argv) >= 5 else (18944, 3584, 1)))
+mode = sys.argv[5] if len(sys.argv) > 5 else "exact"
 rng = np.random.default_rng(0)
-raw = rng.integers(0, 256, (m, k // 32 * 20), dtype=np.uint8)
-raw.reshape(m, -1, 20)[:, :, 0:4] = np.frombuffer(np.float16([0.01, 0.02]).tobytes(), np.uint8)
-w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
+bpb = {"tq4_1s": (32, 20), "q4_K": (256, 144), "q8_0": (32, 34)}[fmt]  # (weights, bytes) per block
+raw = rng.integers(0, 256, (m, k // bpb[0], bpb[1]), dtype=np.uint8)
+scales = raw[:, :, :4 if fmt != "q8_0" else 2].view(np.uint16)
+scales[:] = np.float16(0.01).view(np.uint16)  # finite scales (TQ4_1S d0, d1; Q4_K d, dmin; Q8_0 d)
+w = r.QuantTensor.from_raw(fmt, raw.reshape(m, -1), (m, k))
 x = r.as_device_array(rng.standard_normal((t, k)).astype(np.float32))
-y = r.DeviceArray.empty((t, m), np.float32)
-for mode in ("exact", "fast"):
-    for _ in range(3):
-        r.mul_mat(w, x, out=y, mode=mode)
-    r.synchronize()
-    timer = r.Timer()
-    with timer:
-        r.mul_mat(w, x, out=y, mode=mode)
-    print(f"{m}x{k} T={t} {mode}: {timer.ms * 1e3:.1f} us (with host enqueue)", flush=True)
+for _ in range(3):
+    r.mul_mat(w, x, mode=mode)
+r.synchronize()
+timer = r.Timer()
+with timer:
+    r.mul_mat(w, x, mode=mode)
+print(f"{fmt} {m}x{k} T={t} {mode}: {timer.ms * 1e3:.1f} us (with host enqueue; use ncu for kernel times)", flush=True)

@@ -312,9 +312,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
             _gemv_launch(fn, w, q.ptr + t0 * row, o.ptr + 4 * t0 * m, m, k, n)
         return _result(o, xa.host and out is None)
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
+    tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
-        fn = kernels.load(_gemv_kernel(w, n, fused), arch)
+        name = _gemv_kernel(w, n, fused)
+        fn = kernels.load(name.replace("gemv_tq4_1s_t", "gemv_tq4_1s_tma_t") if tma else name, arch)
         a, row = xa, 4 * k
         if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
             if lanes is None:
@@ -322,6 +324,17 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
             a, row = lanes
         _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
     return _result(o, xa.host and out is None)
+
+
+def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
+    """Whether the exact TQ4_1S GEMV runs the TMA-fed kernel (gemv_tq4_1s_tma_t*): an sm_90 device with the
+    sm_90a build (and `arch` not pinning another target), K a multiple of 128 (16-byte row stride for the
+    tensor map) and 16-byte aligned weights; otherwise the ld.global lane kernel (same results)."""
+    from .driver import current
+
+    m, k = w.shape
+    return (arch in (None, "sm_90a") and current().sm == 90 and "sm_90a" in kernels.available("gemv_tq4_1s_tma_t1")
+            and k % 128 == 0 and w.ptr % 16 == 0)
 
 
 _COUNTERS: list = []  # split-K arrival counters of the GEMVs and the MMQs (zero; each launch leaves them zero)
@@ -353,12 +366,15 @@ def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
     if "split_k" not in fn.meta:
         fn.launch((ctas,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
+    wt = w.buffer
+    if fn.meta.get("copy") == "tma":  # one box = a warp's rows x 32 blocks (160 u32), zero-filled past the ends
+        wt = _tensor_map(w.ptr, "u32", m, k * 20 // 128, int(fn.meta["rows_per_warp"]), 160, "none")
     splits = gemv_splits(ctas, k, int(fn.meta["ctas_per_sm"]), current().sm_count, int(fn.meta.get("lane_cols", 32)))
     cnt = _counters(4 * ctas * int(fn.meta["warps"]))
     part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes
-    fn.launch((ctas, splits), (w.buffer, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    fn.launch((ctas, splits), (wt, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def _prep_lanes(xa, t: int, k: int, prep: str, arch):

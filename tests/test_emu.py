@@ -397,3 +397,15 @@ def test_mmq_split_k_fixup_or_partials_for_reduce_splitk(fixup):
     ptx = KERNELS["mmq_q4_k_f16_n32"].for_arch("sm_89").ptx()
     out = check_kernel("mmq_q4_k_f16_n32", ptx, seed=4, shape=(129, 40, 1024), splits=3, fixup=fixup)
     assert out.ok, out.detail
+
+
+@pytest.mark.parametrize("kernel", ["gemv_tq4_1s_tma_t1", "gemv_tq4_1s_tma_t2", "gemv_tq4_1s_tma_t8"])
+def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
+    """The TMA-fed TQ4_1S GEMV over more steps than its ring has stages (6 full steps and a 4-block tail per
+    row, the tail and the rows past M zero-filled by TMA), whole and in 2 and 3 K-splits (the tail step
+    after an even and an odd number of full steps: T = 1 alternates two activation register sets), with M
+    not a multiple of a warp's rows."""
+    ptx = KERNELS[kernel].for_arch("sm_90a").ptx()
+    for splits in (1, 2, 3):
+        out = check_kernel(kernel, ptx, seed=5 + splits, shape=(41, 32 * 32 * 6 + 128), splits=splits)
+        assert out.ok, (splits, out.detail)

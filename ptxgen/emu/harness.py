@@ -176,7 +176,8 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
 def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None) -> Outcome:
     """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
     fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
-    m, k = shape or ((rows * 3 - 1, 512) if fmt in ("q4_K", "q8_0") else (rows * 3 - 1, 480))
+    tma = meta.get("copy") == "tma"  # weights through a TMA tensor map: K a multiple of 128
+    m, k = shape or ((rows * 3 - 1, 512) if fmt in ("q4_K", "q8_0") else (rows * 3 - 1, 640 if tma else 480))
     n = ntok or tokens
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize(fmt, w)
@@ -198,7 +199,10 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
         nwarps = grid[0] * meta["warps"]
         ca = mem.alloc(np.zeros(nwarps, np.uint32))
         extra = (mem.alloc(splits * n * m * 4, poison=0xFF), ca)
-    _run(ptx, grid, (32 * meta.get("warps", 8),), (wa, aa, ya, m, k, n, *extra), mem, seed=seed)
+    if tma:  # u32 elements, a box of 160 x rows_per_warp: one step of a warp's rows
+        wa = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, meta["rows_per_warp"], 160, "none")
+    _run(ptx, grid, (32 * meta.get("warps", 8),), (wa, aa, ya, m, k, n, *extra), mem,
+         dynamic_smem=meta.get("dynamic_smem", 0), seed=seed)
     if extra:
         assert not mem.view(ca, np.uint32, (nwarps,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
@@ -222,14 +226,19 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
 
 
 def _with_meta(case, name, shape_len=None):
-    """A harness that runs `case` with the kernel's manifest meta (as built for sm_89)."""
+    """A harness that runs `case` with the kernel's manifest meta as built for the PTX's `.target` (meta may
+    differ by arch, and a kernel may exist for one arch only: the TMA-fed TQ4_1S GEMV is sm_90a's)."""
     def run(ptx, rng, seed=None, **kw):
+        import re
+
         from ..arch import get_arch
         from ..kernels import get_kernel
 
         if shape_len and "shape" in kw and len(kw["shape"]) != shape_len:
             raise ValueError(f"{name}: the harness shape has {shape_len} numbers")
-        meta = dict(get_kernel(name).for_arch(get_arch("sm_89")).meta, name=name)
+        target = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.M)
+        arch = get_arch(target.group(1) if target else "sm_89")
+        meta = dict(get_kernel(name).for_arch(arch).meta, name=name)
         return case(ptx, meta, rng, seed=seed, **kw)
     return run
 
@@ -391,7 +400,7 @@ for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8)
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
 for _t in (1, 2, 4, 8):
-    for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}"):
+    for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}", f"gemv_tq4_1s_tma_t{_t}"):
         HARNESSES[_n] = _gemv(_n)
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")

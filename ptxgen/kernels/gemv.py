@@ -30,7 +30,7 @@ import numpy as np
 from ..builder import KernelBuilder
 from ..dsl import warp_per_item
 from ..formats import tq4_1s as T4
-from ..ir import Imm, Mem
+from ..ir import Imm, Mem, TensorRef
 from . import KernelDef
 
 WARPS = 8
@@ -491,6 +491,251 @@ def build_lanes(arch, spec: GemvSpec):
     return b.finish()
 
 
+TMA_WARPS = 4
+TMA_ROWS = {1: 4, 2: 4, 4: 4, 8: 2}  # rows per warp by T: one step's activations serve R rows (L1 wavefronts)
+TMA_STAGES = 3  # per-warp ring of weight steps (each R x 640 B); 2 where shared memory is 100 KB per SM
+TMA_MIN_CTAS = {1: 4, 2: 4, 4: 3, 8: 2}
+
+
+def build_tma_lanes(arch, Tn: int):
+    """Exact TQ4_1S GEMV with the weights brought in by TMA (sm_90a; K a multiple of 128).
+
+    The lane-per-block schedule of `build_lanes` (lane l owns block jb + l of each of the warp's R rows), with
+    the weight step — R rows x 32 blocks = R x 640 contiguous-per-row bytes — copied into the warp's own
+    shared-memory ring by one 2-D TMA box (u32 elements, 160 x R, zero-filled past the row's end and past
+    M), completion on the stage's mbarrier. Why: the ld.global version is bound by L1 data wavefronts
+    (ncu: L1/TEX 83%, DRAM 39%): a codebook lookup per weight (one LDS wavefront per 32 weights, fixed), five
+    20-byte-strided loads per lane per row (each touching five lines), and the activation loads, shared by
+    only 2 rows. Here a lane reads its block back from shared memory at stride 20 bytes (5 words, distinct
+    banks) and one step's activations serve R = 8 rows at T = 1, so nearly all that is left of the L1
+    traffic is the lookups. The lookups, the FFMA order and the split-K are those of `build_lanes`
+    (bit-identical sums per (row, token) given the same split)."""
+    arch.require("cp_async_bulk_tensor", "the TMA-fed TQ4_1S GEMV", "use gemv_tq4_1s_t* (ld.global)")
+    R, NW = TMA_ROWS[Tn], TMA_WARPS
+    S = TMA_STAGES if arch.max_smem_per_block >= 200 * 1024 else 2
+    stage_bytes = R * 640
+    name = f"gemv_tq4_1s_tma_t{Tn}"
+    b = KernelBuilder(name, arch, f"tq4_1s GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA",
+                      block=(32 * NW, 1, 1))
+    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u32 [M][K·20/128], box 160 x R, no swizzle
+    a_p, y_p = b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {TMA_MIN_CTAS[Tn]}"]
+    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)  # + 128: aligned up at run time (TMA destination)
+    b.meta.update(split_k="gridDim.y splits the K steps (a step: 32 lanes x 32 columns); part: splits x ntok x m "
+                          "fp32, counters: one u32 per warp (zero, left zero)", ctas_per_sm=TMA_MIN_CTAS[Tn],
+                  tokens=Tn, rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)",
+                  layout="lanes", pdl=arch.has("griddepcontrol"), fmt="tq4_1s", mode="exact", lane_cols=32,
+                  fused_rotation=False, activation="prep_tq4_1s(x) (lane layout)", copy="tma",
+                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({160}, {R}), no swizzle; needs k % 128 == 0",
+                  stages=S, dynamic_smem=b.dynamic_smem)
+    h = {"part_p": part_p, "cnt_p": cnt_p}
+    A, Y = b.ptr(a_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(NW, "u32"), warp)
+    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+    h.update(M=M, lane=lane, gwarp=gwarp, row0=row0, ntok=ntok, A=A, W=None)
+    leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+
+    lut_sym = b.shared_buffer("lut", 256, align=256)
+    bars_sym = b.shared_buffer("bars", 8 * NW * S, align=8)
+    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
+    bars = b.op("mad.lo.u32", warp, Imm(8 * S, "u32"), b.op("mov.u32", bars_sym))
+    lut = b.op("mov.u32", lut_sym)
+    b.comment("the warp's stage barriers (lane 0), the 16-entry codebook (threads 0-15); one CTA barrier for both")
+    for i in range(S):
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bars, 8 * i), Imm(1, "u32"), pred=leader)
+    table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
+    small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
+    tv = b.reg("f32")
+    b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))), pred=small)
+    b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+    b.emit("fence.proxy.async.shared::cta")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    nblk = b.op("shr.u32", K, Imm(5, "u32"))
+    row_bytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
+    _, actptr, lane16 = _lane_pointers(b, {**h, "W": b.op("mov.u64", Imm(0, "u64"))}, 0, Tn, nblk, row_bytes,
+                                       T4.LANE_GROUP_F32, with_lane16=True)
+    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
+    acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
+    for row in acc:
+        for r_ in row:
+            b.emit("mov.f32", r_, Imm(0.0, "f32"))
+
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
+    nfull = b.op("and.b32", nblk, Imm(~31 & 0xFFFFFFFF, "b32"))
+    tma = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+
+    def issue(jb, stage):
+        """Lane 0: TMA step jb (if it exists) into ring stage `stage` (a register or an int)."""
+        go = b.op("and.pred", leader, b.op("setp.lt.u32", jb, nblk))
+        if isinstance(stage, int):
+            bar, dst = b.op("add.u32", bars, Imm(8 * stage, "u32")), b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
+        else:
+            bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
+            dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
+        b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(stage_bytes, "u32"), pred=go)
+        b.emit(tma, Mem(dst), TensorRef(tw, (b.op("mul.lo.u32", jb, Imm(5, "u32")), row0)), Mem(bar), pred=go)
+
+    jb = b.op("shl.b32", kz, Imm(5, "u32"))
+    b.comment(f"fill the ring: this split's steps 0 .. {S - 1}")
+    for s_ in range(S):
+        issue(b.op("mad.lo.u32", stride, Imm(s_, "u32"), jb), s_)
+    if arch.has("griddepcontrol"):  # launched early behind prep_tq4_1s: weights in flight, now wait for it
+        b.emit("griddepcontrol.wait")
+    g = b.op("mov.u32", Imm(0, "u32"))  # steps consumed by this warp (ring position and phase)
+    w = [b.regs("b32", 5) for _ in range(R)]
+    blk, live = b.reg("u32"), b.reg("pred")
+
+    def take(tail):
+        """Wait for step jb's stage, read this lane's block of each row, hand the stage back to TMA with step
+        jb + S·stride."""
+        stage = b.op("rem.u32", g, Imm(S, "u32"))
+        par = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
+        bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
+        top = b.label("stage_wait")
+        b.place(top)
+        ready = b.reg("pred")
+        b.emit("mbarrier.try_wait.parity.shared::cta.b64", ready, Mem(bar), par)
+        b.bra(top, pred=ready, neg=True, uniform=False)
+        src = b.op("mad.lo.u32", lane, Imm(20, "u32"), b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
+        for r in range(R):
+            for j in range(5):
+                b.emit("ld.shared.u32", w[r][j], Mem(src, 640 * r + 4 * j))
+        if not tail:  # every lane has read its words before lane 0 lets TMA overwrite the stage
+            b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+            issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
+        b.emit("add.u32", g, g, Imm(1, "u32"))
+
+    early = Tn <= 2  # all of a step's activations in registers (32·T): loaded before the weights' wait
+    bases = {}
+
+    def load_acts(tail, chunks=range(8)):
+        """This lane's activation values of every token for step jb, elements 4c .. 4c+3 for c in `chunks`
+        (lane-layout rows c, 512 bytes apart); zeros past the row's end."""
+        if chunks[0] == 0:
+            b.emit("add.u32", blk, jb, lane)
+            if tail:
+                b.emit("setp.lt.u32", live, blk, nblk)
+            g32 = b.op("mul.wide.u32", b.op("shr.u32", blk, Imm(5, "u32")), Imm(T4.LANE_GROUP_F32, "u32"))
+            for t in range(Tn):
+                bases[t] = b.op("add.s64", b.op("add.s64", actptr[t], g32), lane16)
+        acts = {}
+        for t in range(Tn):
+            for c in chunks:
+                regs = [b.reg("f32") for _ in range(4)]
+                if tail:
+                    for r_ in regs:
+                        b.emit("mov.f32", r_, Imm(0.0, "f32"))
+                b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(bases[t], 512 * c), pred=live if tail else None)
+                for e in range(4):
+                    acts[t, 4 * c + e] = regs[e]
+        return acts
+
+    def compute(acts, tail):
+        scales = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", w[r][0])),
+                   b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", w[r][0], Imm(16, "u32"))))]
+                  for r in range(R)]
+        for hh in range(2):
+            part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
+            for i in range(2):
+                wi = 2 * hh + i  # elements 8·wi .. 8·wi+7
+                if not early:  # 8·T registers at a time
+                    acts = load_acts(tail, range(2 * wi, 2 * wi + 2))
+                for r in range(R):
+                    qw = w[r][1 + wi]
+                    lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+                    hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+                    for e in range(8):  # element 8·wi + e: byte e/2, low nibble when e is even
+                        addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
+                        val = b.op("ld.shared.f32", Mem(addr))
+                        for t in range(Tn):
+                            p_ = part[r][t][e % 2]
+                            a_ = acts[t, 8 * wi + e]
+                            part[r][t][e % 2] = b.op("mul.rn.f32", val, a_) if p_ is None else \
+                                b.op("fma.rn.f32", val, a_, p_)
+            for r in range(R):
+                for t in range(Tn):
+                    both = b.op("add.rn.f32", part[r][t][0], part[r][t][1])
+                    b.emit("fma.rn.f32", acc[r][t], scales[r][hh], both, acc[r][t])
+
+    loop, tail_l, done = b.label("step"), b.label("tail"), b.label("steps_done")
+    if Tn == 1:
+        # T = 1: the next step's activations are loaded while this step computes (two register sets, the
+        # loop unrolled by two), so the L2 latency of the activation is off the critical path
+        sets = [[b.reg("f32") for _ in range(32)] for _ in range(2)]
+
+        def prefetch(regs, jn):
+            """Step jn's 32 values into `regs`: plain loads for a full step, zeros and predicated loads for the
+            tail step, nothing past the end (all warp-uniform branches)."""
+            full, part, fin = b.label("pf_full"), b.label("pf_part"), b.label("pf_done")
+            b.bra(fin, pred=b.op("setp.ge.u32", jn, nblk))
+            bn = b.op("add.u32", jn, lane)
+            g32 = b.op("mul.wide.u32", b.op("shr.u32", bn, Imm(5, "u32")), Imm(T4.LANE_GROUP_F32, "u32"))
+            base0 = b.op("add.s64", b.op("add.s64", actptr[0], g32), lane16)
+            b.bra(part, pred=b.op("setp.gt.u32", b.op("add.u32", jn, Imm(32, "u32")), nblk))
+            b.place(full)
+            for c in range(8):
+                b.emit("ld.global.nc.v4.f32", b.vec(regs[4 * c:4 * c + 4]), Mem(base0, 512 * c))
+            b.bra(fin)
+            b.place(part)
+            ok = b.op("setp.lt.u32", bn, nblk)
+            for c in range(8):
+                for r_ in regs[4 * c:4 * c + 4]:
+                    b.emit("mov.f32", r_, Imm(0.0, "f32"))
+                b.emit("ld.global.nc.v4.f32", b.vec(regs[4 * c:4 * c + 4]), Mem(base0, 512 * c), pred=ok)
+            b.place(fin)
+
+        def as_acts(regs):
+            return {(0, e): regs[e] for e in range(32)}
+
+        tails = [b.label("tail_a"), b.label("tail_b")]
+        prefetch(sets[0], jb)
+        b.bra(tails[0], pred=b.op("setp.ge.u32", jb, nfull))
+        b.place(loop)
+        for i in range(2):
+            prefetch(sets[1 - i], b.op("add.u32", jb, stride))
+            take(False)
+            compute(as_acts(sets[i]), False)
+            b.emit("add.u32", jb, jb, stride)
+            if i == 0:
+                b.bra(tails[1], pred=b.op("setp.ge.u32", jb, nfull))
+        b.bra(loop, pred=b.op("setp.lt.u32", jb, nfull))
+        for i in range(2):
+            b.place(tails[i])
+            b.comment("the tail step, if this split owns it: TMA zero-filled the weights past the row's end")
+            b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+            take(True)
+            compute(as_acts(sets[i]), True)
+            if i == 0:
+                b.bra(done)
+    else:
+        b.bra(tail_l, pred=b.op("setp.ge.u32", jb, nfull))
+        b.place(loop)
+        acts = load_acts(False, range(8) if early else range(1))
+        take(False)
+        compute(acts, False)
+        b.emit("add.u32", jb, jb, stride)
+        b.bra(loop, pred=b.op("setp.lt.u32", jb, nfull))
+        b.place(tail_l)
+        b.comment("the tail step (blocks not a multiple of 32), if this split owns it: TMA zero-filled past the row")
+        b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+        acts = load_acts(True, range(8) if early else range(1))
+        take(True)
+        compute(acts, True)
+    b.place(done)
+    sums = {(r, t): acc[r][t] for r in range(R) for t in range(Tn)}
+    _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p)
+    return b.finish()
+
+
 def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     """Q8_0 and Q4_K decode GEMVs on the lane machinery, int8 × Q8_1 activations (`prep_q8_lanes`) with
     dp4a, as llama.cpp's MMVQ computes them (checked against gemm_q8_1_ref: exact integer dots, fp32 scales).
@@ -935,6 +1180,11 @@ def kernel_defs() -> list[KernelDef]:
         spec = GemvSpec("tq4_1s", t, LANE_ROWS[t])
         defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, activation from prep_tq4_1s",
                               lambda arch, spec=spec: build_lanes(arch, spec)))
+        defs.append(KernelDef(f"gemv_tq4_1s_tma_t{t}", f"tq4_1s decode GEMV, T={t}, weights by TMA (K % 128 == 0), "
+                              "activation from prep_tq4_1s", lambda arch, t=t: build_tma_lanes(arch, t),
+                              # sm_90a only: ptxas for sm_120a keeps a stack slot for the generic tensor-map
+                              # address, and with 100 KB of shared memory per SM it would hold 2 CTAs
+                              archs=("sm_90a",)))
         if t <= 4:  # fused rotation: the 8-weight-unit kernel (x read coalesced in its own layout)
             spec = GemvSpec("tq4_1s", t, ROWS[t], True)
             defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fused rotation",
