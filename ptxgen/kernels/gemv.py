@@ -501,15 +501,15 @@ def build_tma_lanes(arch, Tn: int):
     """Exact TQ4_1S GEMV with the weights brought in by TMA (sm_90a; K a multiple of 128).
 
     The lane-per-block schedule of `build_lanes` (lane l owns block jb + l of each of the warp's R rows), with
-    the weight step — R rows x 32 blocks = R x 640 contiguous-per-row bytes — copied into the warp's own
-    shared-memory ring by one 2-D TMA box (u32 elements, 160 x R, zero-filled past the row's end and past
-    M), completion on the stage's mbarrier. Why: the ld.global version is bound by L1 data wavefronts
-    (ncu: L1/TEX 83%, DRAM 39%): a codebook lookup per weight (one LDS wavefront per 32 weights, fixed), five
-    20-byte-strided loads per lane per row (each touching five lines), and the activation loads, shared by
-    only 2 rows. Here a lane reads its block back from shared memory at stride 20 bytes (5 words, distinct
-    banks) and one step's activations serve R = 8 rows at T = 1, so nearly all that is left of the L1
-    traffic is the lookups. The lookups, the FFMA order and the split-K are those of `build_lanes`
-    (bit-identical sums per (row, token) given the same split)."""
+    each step's weights — R rows x 32 blocks, 640 contiguous bytes per row — copied into the warp's own
+    3-stage shared-memory ring by one 2-D TMA box (u32 elements, 160 x R, zero-filled past the row's end and
+    past M), completion on the stage's mbarrier; a lane reads its block back at stride 20 bytes (5 words,
+    distinct banks). Why: the ld.global kernel is bound by L1 data wavefronts (ncu: L1/TEX 83%, DRAM 39%):
+    besides the codebook lookups (one LDS wavefront per 32 weights, fixed), five 20-byte-strided loads per
+    lane per row touch five lines each, and one step's activations serve only 2 rows (R = 4 here; 8 measured
+    slower: 154 registers, 10 warps per SM). At T = 1 the next step's activations are loaded while this one
+    computes; at T = 2 a step's are all issued before it waits for its weights. Lookups, FFMA order and the
+    split-K store are those of `build_lanes` (the same fp32 operations per lane)."""
     arch.require("cp_async_bulk_tensor", "the TMA-fed TQ4_1S GEMV", "use gemv_tq4_1s_t* (ld.global)")
     R, NW = TMA_ROWS[Tn], TMA_WARPS
     S = TMA_STAGES if arch.max_smem_per_block >= 200 * 1024 else 2
