@@ -285,6 +285,9 @@ LANE_MIN_CTAS = {1: 8, 2: 7, 4: 4, 8: 2}  # resident CTAs per SM asked of ptxas 
 LANE_ROWS = {1: 2, 2: 2, 4: 2, 8: 2}  # rows per warp by T (2 rows: the ping-pong loads fit 64 registers)
 LANE_ROWS_FAST = {1: 2, 2: 2, 4: 2, 8: 1}
 GGML_MIN_CTAS = {1: 8, 2: 5, 4: 3, 8: 2}  # Q8_0 / Q4_K lane GEMVs: 64, 102, 170, 255 registers without spills
+# (kernel, arch) → resident CTAs where one nvJitLink release needs more registers than another: the H200 image's
+# nvJitLink spills gemv_q4_k_t2 for sm_120a at 96 registers (13.5.37 does not); 4 CTAs leave it 128
+MIN_CTAS_OVERRIDE = {("gemv_q4_k_t2", "sm_120a"): 4}
 
 
 _HEAD = ("W", "A", "Y", "M", "K", "ntok", "lane", "gwarp", "row0", "part_p", "cnt_p")
@@ -754,7 +757,8 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     R = 1 if q4k else 2  # Q4_K: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
     name = f"gemv_{('q4_k' if exact else 'q4_k_fast') if q4k else 'q8_0'}_t{Tn}"
     doc = f"{fmt} GEMV ({'fp32 activations' if exact else 'int8 x Q8_1, dp4a'}), {Tn} token(s), {R} rows per warp"
-    b, h = _lane_head(name, arch, doc, Tn, R, GGML_MIN_CTAS[Tn], fmt=fmt, mode="exact" if exact else "fast",
+    b, h = _lane_head(name, arch, doc, Tn, R, MIN_CTAS_OVERRIDE.get((name, arch.name), GGML_MIN_CTAS[Tn]),
+                      fmt=fmt, mode="exact" if exact else "fast",
                       activation=("prep_f32_lanes(x)" if exact else "prep_q8_lanes(x)") + " (lane layout)",
                       k_multiple=256 if q4k else 64, lane_cols=64 if q4k else 32)
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
