@@ -329,6 +329,25 @@ def _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize, with_lane16=False):
     return rowptr, actptr, lane16
 
 
+def _lookup_fma(b, part, lo4, hi4, lut, e, acts):
+    """Element e of a qs word (byte e/2, the low nibble when e is even; lo4/hi4 hold the word's low/high
+    nibbles ·4): its codebook value from the 256-aligned shared table (prmt drops nibble·4 into the address's
+    low byte), times each token's activation, into that token's even or odd partial chain part[t][e % 2]."""
+    addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
+    val = b.op("ld.shared.f32", Mem(addr))
+    for t, a_ in enumerate(acts):
+        p_ = part[t][e % 2]
+        part[t][e % 2] = b.op("mul.rn.f32", val, a_) if p_ is None else b.op("fma.rn.f32", val, a_, p_)
+
+
+def _close_half(b, part, acc, scales, h):
+    """End of a 16-element half block: acc[r][t] += d_h(row r) · (even + odd chain)."""
+    for r, row in enumerate(acc):
+        for t, a_ in enumerate(row):
+            both = b.op("add.rn.f32", part[r][t][0], part[r][t][1])
+            b.emit("fma.rn.f32", a_, scales[r][h], both, a_)
+
+
 def build_lanes(arch, spec: GemvSpec):
     """TQ4_1S GEMV, one warp per R rows and one 32-weight block per lane per step.
 
@@ -471,18 +490,9 @@ def build_lanes(arch, spec: GemvSpec):
                             for t in range(Tn)]
                     for r in range(R):
                         lo4, hi4 = nib[r]
-                        for e in range(4 * q, 4 * q + 4):  # element 8·wi + e: byte e/2, low nibble when e is even
-                            addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
-                            val = b.op("ld.shared.f32", Mem(addr))
-                            for t in range(Tn):
-                                p_ = part[r][t][e % 2]
-                                a_ = acts[t][e - 4 * q]
-                                part[r][t][e % 2] = b.op("mul.rn.f32", val, a_) if p_ is None else \
-                                    b.op("fma.rn.f32", val, a_, p_)
-            for r in range(R):
-                for t in range(Tn):
-                    both = b.op("add.rn.f32", part[r][t][0], part[r][t][1])
-                    b.emit("fma.rn.f32", acc[r][t], scales[r][h], both, acc[r][t])
+                        for e in range(4 * q, 4 * q + 4):  # element 8·wi + e
+                            _lookup_fma(b, part[r], lo4, hi4, lut, e, [acts[t][e - 4 * q] for t in range(Tn)])
+            _close_half(b, part, acc, scales, h)
 
     S0, S1 = alloc_state(), alloc_state()
     _lane_steps(b, nblk, S0, S1, issue, compute)
@@ -656,18 +666,9 @@ def build_tma_lanes(arch, Tn: int):
                     qw = w[r][1 + wi]
                     lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
                     hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
-                    for e in range(8):  # element 8·wi + e: byte e/2, low nibble when e is even
-                        addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
-                        val = b.op("ld.shared.f32", Mem(addr))
-                        for t in range(Tn):
-                            p_ = part[r][t][e % 2]
-                            a_ = acts[t, 8 * wi + e]
-                            part[r][t][e % 2] = b.op("mul.rn.f32", val, a_) if p_ is None else \
-                                b.op("fma.rn.f32", val, a_, p_)
-            for r in range(R):
-                for t in range(Tn):
-                    both = b.op("add.rn.f32", part[r][t][0], part[r][t][1])
-                    b.emit("fma.rn.f32", acc[r][t], scales[r][hh], both, acc[r][t])
+                    for e in range(8):  # element 8·wi + e
+                        _lookup_fma(b, part[r], lo4, hi4, lut, e, [acts[t, 8 * wi + e] for t in range(Tn)])
+            _close_half(b, part, acc, scales, hh)
 
     loop, tail_l, done = b.label("step"), b.label("tail"), b.label("steps_done")
     if Tn == 1:
