@@ -38,6 +38,28 @@ def _kernel_defs(names):
     return [KERNELS[n] for n in names]
 
 
+def _not_built(defs, archs, explicit_archs: bool) -> list:
+    """Kernels named with --kernel that are not built for an arch asked for. With --arch given too, that is an
+    error saying why (the builder's own reason where it refuses the arch: sm_120a has no wgmma, sm_89 no TMA);
+    without, the kernel is emitted where it is built and the others are named on stderr."""
+    missing = [(d, a) for a in archs for d in defs if a.name not in d.archs]
+    msgs = []
+    for d, a in missing:
+        why = ""
+        try:
+            d.build(a)
+        except ArchError as e:
+            why = f": {e}"
+        except Exception:  # noqa: BLE001 - any other failure is reported when the kernel is built where it exists
+            pass
+        msgs.append(f"{d.name} is not built for {a.name} (built for: {', '.join(d.archs)}){why}")
+    if msgs and explicit_archs:
+        _fail("; ".join(msgs))
+    for m in msgs:
+        print(f"ptxgen: note: {m}", file=sys.stderr)
+    return missing
+
+
 class Progress:
     """A one-line progress display on stderr, shown only once work has taken more than a second."""
 
@@ -75,8 +97,12 @@ def emit_arch(arch, defs, out: Path, progress: Progress | None = None) -> list[d
 def cmd_emit(args) -> int:
     archs = _archs(args.arch)
     defs = _kernel_defs(args.kernel)
+    if args.kernel:
+        _not_built(defs, archs, bool(args.arch))
     prog = Progress(len(archs) * len(defs), "emit")
     for arch in archs:
+        if args.kernel and not any(arch.name in d.archs for d in defs):
+            continue  # (named above) nothing of the selection is built for this arch
         out = Path(args.output) if args.output and len(archs) == 1 else \
             (Path(args.output) / arch.name if args.output else REPO_EMITTED / arch.name)
         if args.kernel:  # keep the other kernels' entries when emitting a subset
@@ -105,6 +131,8 @@ def cmd_check(args) -> int:
 
     archs = _archs(args.arch)
     defs = _kernel_defs(args.kernel)
+    if args.kernel:
+        _not_built(defs, archs, bool(args.arch))
     failed = 0
     print(f"{'kernel':<20} {'arch':<8} {'regs':>4} {'smem':>7} {'stack':>5} {'spill':>5}  status")
     for arch in archs:

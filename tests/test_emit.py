@@ -103,6 +103,23 @@ def test_cli_errors_and_list(capsys):
     assert main(["list"]) == 0 and "dequantize_q4_k" in capsys.readouterr().out
 
 
+def test_cli_names_the_reason_a_kernel_is_not_built_for_an_arch(capsys, tmp_path):
+    """Asking for wgmma on sm_120a (or TMA on sm_89) by name is an error that says why, not 0 kernels
+    emitted; naming only the kernel emits it where it exists and notes the other targets."""
+    with pytest.raises(SystemExit) as e:
+        main(["emit", "--arch", "sm_120a", "--kernel", "mmq_q4_k_wgmma_n64", "-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "mmq_q4_k_wgmma_n64 is not built for sm_120a" in err and "no wgmma" in err
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--arch", "sm_89", "--kernel", "gemv_tq4_1s_tma_t1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "cp_async_bulk_tensor" in err and "sm_89" in err
+    assert main(["emit", "--kernel", "gemv_tq4_1s_tma_t1", "-o", str(tmp_path / "o"), "-q"]) == 0
+    assert "note: gemv_tq4_1s_tma_t1 is not built for sm_89" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["sm_90a"]
+    assert (tmp_path / "o" / "sm_90a" / "gemv_tq4_1s_tma_t1.ptx").exists()
+
+
 def test_cli_emit_and_check_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ptxgen.cli", "emit", "--arch", "sm_89", "-o", str(tmp_path)],
                          capture_output=True, text=True, check=True)
