@@ -5,6 +5,7 @@ PTXGEN_NO_CACHE    1: neither read nor write the disk cache
 PTXGEN_KEEP        a folder: keep ptx, cubin, ptxas log and SASS of every compile there
 PTXGEN_VERBOSE     1: print compiles, cache hits and launches to stderr
 PTXGEN_EMITTED_DIR load kernels from this folder instead of the packaged emitted/
+PTXGEN_TQ4_MMA     1: exact TQ4_1S decode through the experimental tensor-core GEMV (sm_90, not yet measured)
 """
 from __future__ import annotations
 
@@ -32,3 +33,7 @@ def verbose() -> bool:
 def emitted_dir() -> Path | None:
     v = os.environ.get("PTXGEN_EMITTED_DIR")
     return Path(v) if v else None
+
+
+def tq4_mma() -> bool:
+    return os.environ.get("PTXGEN_TQ4_MMA", "") in ("1", "true", "yes")

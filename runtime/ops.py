@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ptxgen import knobs
+
 from . import kernels
 from .arrays import DeviceArray, as_device_array, shape_of
 from .driver import DeviceBuffer
@@ -313,6 +315,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         return _result(o, xa.host and out is None)
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
+    if tma and knobs.tq4_mma():  # experimental: the tensor-core GEMV (README, Knobs)
+        for t0 in range(0, t, 8):
+            _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, min(8, t - t0), arch)
+        return _result(o, xa.host and out is None)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         name = _gemv_kernel(w, n, fused)
@@ -324,6 +330,27 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
             a, row = lanes
         _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
     return _result(o, xa.host and out is None)
+
+
+def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
+    """One slice of ≤ 8 tokens through prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles) and the
+    tensor-core GEMV gemv_tq4_1s_mma (PTXGEN_TQ4_MMA=1)."""
+    from ptxgen.formats import tq4_1s as T4
+
+    from .driver import current
+
+    tiles = DeviceArray.empty((k // 16, T4.MMA_TILE), np.uint8)
+    factors = DeviceArray.empty((k // 32, T4.MMA_TOKENS), np.float32)
+    items = T4.MMA_TOKENS * (k // 32)
+    kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
+    fn = kernels.load("gemv_tq4_1s_mma", arch)
+    rows = int(fn.meta["rows_per_cta"])
+    ctas = (m + rows - 1) // rows
+    splits = gemv_splits(ctas, k, fn.resident_per_sm(), current().sm_count, int(fn.meta["lane_cols"]))
+    cnt = _counters(4 * ctas * int(fn.meta["warps"]))
+    part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
+    tw = _tensor_map(w.ptr, "u32", m, k * 20 // 128, 16, 16 * 5 + 4, "none")
+    fn.launch((ctas, splits), (tw, tiles, factors, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:

@@ -409,3 +409,40 @@ def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
     for splits in (1, 2, 3):
         out = check_kernel(kernel, ptx, seed=5 + splits, shape=(41, 32 * 32 * 6 + 128), splits=splits)
         assert out.ok, (splits, out.detail)
+
+
+def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite():
+    """gemv_tq4_1s_mma (fp16 hi/lo split on mma.sync): 1, 5 and 8 tokens, several 16-block steps with a short
+    last one, 1-3 K-splits, within 1e-5 of the float64 reference; an inf or a NaN in x gives the same
+    non-finite outputs as the reference."""
+    ptx = KERNELS["gemv_tq4_1s_mma"].for_arch("sm_90a").ptx()
+    for kw in (dict(shape=(70, 32 * 16 * 4 + 128), splits=1, ntok=8), dict(shape=(70, 32 * 16 * 4 + 128), splits=3, ntok=5),
+               dict(shape=(33, 1024), ntok=1, splits=2)):
+        out = check_kernel("gemv_tq4_1s_mma", ptx, seed=3, **kw)
+        assert out.ok, (kw, out.detail)
+    for bad in (np.inf, np.nan):
+        out = check_kernel("gemv_tq4_1s_mma", ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
+        assert out.ok, (bad, out.detail)
+
+
+def test_tensor_core_gemv_without_the_lo_term_fails(monkeypatch):
+    """Mutation: dropping A_lo·B_hi (codebook in fp16 only, ~2^-11) must fail the 1e-5 bar."""
+    from ptxgen import ir
+    from ptxgen.arch import get_arch
+    from ptxgen.kernels import gemv
+
+    real = ir.mma_sync
+    calls = []
+
+    def every_third_dropped(*args, **kw):
+        calls.append(1)
+        ins = real(*args, **kw)
+        if len(calls) % 3 == 0:  # the A_lo x B_hi product of each half block (D is C): a no-op instead
+            c = ins.operands[3].regs[0]
+            return ir.Instr("mov.b32", (c, c))
+        return ins
+
+    monkeypatch.setattr(gemv, "mma_sync", every_third_dropped)
+    ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
+    out = check_kernel("gemv_tq4_1s_mma", ptx, seed=3, shape=(40, 1024), ntok=4, splits=1)
+    assert not out.ok and "relative error" in out.detail

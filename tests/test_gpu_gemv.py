@@ -124,3 +124,26 @@ def test_int8_gemv_matches_q8_1_reference(fmt, data):
     assert np.isfinite(got).all()
     assert rel(got, formats.gemm_q8_1_ref(fmt, raw, m, k, x)) <= 1e-5
     np.testing.assert_array_equal(r.mul_mat(w, x, mode="fast").view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("t", [1, 3, 8, 11])
+def test_experimental_tensor_core_tq4_1s_gemv(t, monkeypatch):
+    """PTXGEN_TQ4_MMA=1 (sm_90, K % 128 == 0): prep_tq4_1s_mma + gemv_tq4_1s_mma within 1e-5 of the float64
+    reference, outputs poisoned first, deterministic."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime.driver import current
+
+    if current().sm != 90:
+        pytest.skip("the tensor-core TQ4_1S GEMV is built for sm_90a")
+    monkeypatch.setenv("PTXGEN_TQ4_MMA", "1")
+    rng = np.random.default_rng(t)
+    m, k = 300, 3584
+    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out)
+    got = out.numpy()
+    assert rel(got, formats.gemv_tq4_1s_ref(raw, m, k, x)) <= 1e-5
+    np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))

@@ -96,3 +96,22 @@ def test_quantizer_picks_indices_with_unrounded_scale():
     idx_rounded = T.choose_index(rot / d[:, :, None]).reshape(-1, 32)
     diff = np.abs(idx_rounded - T.indices(raw))
     assert diff.max() <= 1
+
+
+def test_mma_tiles_hold_the_activation_as_scaled_hi_plus_lo():
+    """to_mma_tiles: (hi + lo)·2^-s gives back every value to ~2^-22 of its block's largest, the scaled block
+    maximum lies in [2^14, 2^15), tokens past T are zero, and the layout is the B fragment order."""
+    from ptxgen.formats import tq4_1s as T4
+
+    rng = np.random.default_rng(7)
+    t, k = 3, 256
+    a = (rng.standard_normal((t, k)) * np.array([[1e-4], [1.0], [300.0]])).astype(np.float32)
+    tiles, f = T4.to_mma_tiles(a)
+    v = tiles.view(np.float16).astype(np.float64).reshape(k // 32, 2, 8, 4, 8)  # [block, half, token, t, hi4 lo4]
+    rec = (v[..., :4] + v[..., 4:]).transpose(2, 0, 1, 3, 4).reshape(8, k) * np.repeat(f.T, 32, axis=1)
+    amax = np.repeat(np.abs(a).reshape(t, k // 32, 32).max(axis=2), 32, axis=1)
+    assert np.all(np.abs(rec[:t] - a) <= amax * 2.0 ** -21)
+    assert not rec[t:].any()
+    scaled_max = np.abs(v[..., :4]).reshape(k // 32, 2, 8, 16).max(axis=(1, 3))[:, :t]
+    assert np.all((scaled_max >= 2 ** 14) & (scaled_max <= 2 ** 15))
+    assert np.all(np.log2(f) == np.round(np.log2(f)))

@@ -153,6 +153,67 @@ def _prep(fast, rotate=True):
     return run
 
 
+def _prep_mma(ptx: str, rng, shape=(3, 32 * 9), seed=None, special=True) -> Outcome:
+    """prep_tq4_1s_mma: x → forward RHT → per (token, block) 2^s, fp16 hi + lo B tiles and factors, bit for
+    bit against ptxgen.formats.tq4_1s.to_mma_tiles; tokens past T zero. `special`: a zero block, a tiny
+    block, a huge one and an inf."""
+    t, k = shape
+    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    if special and k >= 128:
+        x[0, 0:32] = 0
+        x[-1, 32:64] *= np.float32(1e-30)
+        x[0, 64:96] *= np.float32(1e30)
+        x[-1, 100] = np.inf
+    tiles, factors = T4.to_mma_tiles(formats.rht_forward(x))
+    mem = _memory()
+    xa = mem.alloc(x)
+    ta, fa = mem.alloc(tiles.nbytes, poison=0xFF), mem.alloc(factors.nbytes, poison=0xFF)
+    nitems = 8 * (k // 32)
+    _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, t, k), mem, seed=seed)
+    got_t, got_f = mem.view(ta, np.uint8, (tiles.nbytes,)), mem.view(fa, np.uint32, (factors.size,))
+    want_f = factors.view(np.uint32).reshape(-1)
+    # NaN halves compare by "is NaN" (the hi - hi of an inf block), everything else bit for bit
+    gh, wh = got_t.view(np.float16), tiles.view(np.float16)
+    same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
+    ok = bool(same.all() and np.array_equal(got_f, want_f))
+    return Outcome("prep_tq4_1s_mma", ok, "bit-exact" if ok else
+                   f"{np.count_nonzero(~same)} halves, {np.count_nonzero(got_f != want_f)} factors differ",
+                   got_t, tiles)
+
+
+def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
+    """The tensor-core TQ4_1S GEMV on activation tiles from the NumPy model (to_mma_tiles): against the
+    float64 fused reference, relative error ≤ 1e-5; split-K counters back at zero."""
+    rows = meta["rows_per_cta"]
+    m, k = shape or (rows * 2 + 5, 32 * 20)
+    n = ntok or int(rng.integers(1, 9))
+    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    if poison_x is not None:
+        x[poison_x[0], poison_x[1]] = poison_x[2]
+    tiles, factors = T4.to_mma_tiles(formats.rht_forward(x))
+    mem = _memory()
+    wa, ta, fa = mem.alloc(raw), mem.alloc(tiles), mem.alloc(factors)
+    ya = mem.alloc(n * m * 4, poison=0xFF)
+    ctas = (m + rows - 1) // rows
+    nsteps = -(-(k // 32) // 16)
+    splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
+    ca = mem.alloc(np.zeros(ctas * meta["warps"], np.uint32))
+    part = mem.alloc(splits * n * m * 4, poison=0xFF)
+    tw = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, 16, 16 * 5 + 4, "none")
+    _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, ta, fa, ya, m, k, n, part, ca), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
+    assert not mem.view(ca, np.uint32, (ctas * meta["warps"],)).any(), "split-K counters were not reset"
+    got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
+    want = formats.gemv_tq4_1s_ref(raw, m, k, x)
+    if poison_x is not None:  # non-finite x: the same outputs non-finite
+        ok = bool(np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want)))
+        return Outcome("gemv_tq4_1s_mma", ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+    return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
+
+
 def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
@@ -408,6 +469,8 @@ for _bn in (16, 32, 64):
     for _n in (f"mmq_q4_k_q8_n{_bn}", f"mmq_q4_k_q8_n{_bn}_pre"):
         HARNESSES[_n] = _with_meta(mmq_q8_case, _n, 3)
 HARNESSES["reduce_splitk"] = _reduce
+HARNESSES["prep_tq4_1s_mma"] = _prep_mma
+HARNESSES["gemv_tq4_1s_mma"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma", 2)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 

@@ -168,3 +168,62 @@ def to_lanes_q8(q8_1: np.ndarray, k: int) -> np.ndarray:
     out[:, :, :1024] = words.transpose(0, 1, 3, 2, 4).copy().view(np.uint8).reshape(t, g, 1024)
     out[:, :, 1024:] = d.view(np.uint8).reshape(t, g, 128)
     return out.reshape(t, g * LANE_GROUP_Q8)
+
+
+# --- the tensor-core decode GEMV's activation layout ("mma tiles"): the rotated activation of up to 8 tokens,
+# per 32-block j and token n scaled by 2^s (s = 14 − floor(log2 max|x|), clamped to ±100: the block's largest
+# value lands in [2^14, 2^15)) and split into fp16 hi + lo (hi = fp16(x·2^s), lo = fp16(x·2^s − hi); lo = 0
+# where hi is not finite), stored as mma.sync m16n8k16 B fragments: half-block hb = 2j + h is 512 bytes, lane
+# 4n + t holds elements 16h + 4t .. 16h + 4t + 3 of token n as [hi × 4, lo × 4] (fp16). With the weights'
+# A fragments built from qs bytes 2t (k-pair t) and 2t + 1 (k-pair t + 4) of the half, this is the K order
+# the MMA needs. The factors 2^-s are fp32 [block][8 tokens]; tokens past T are zeros (factor 2^-100).
+
+MMA_TOKENS = 8
+MMA_TILE = 512
+
+
+def mma_scale_exponent(a: np.ndarray) -> np.ndarray:
+    """s per (token, block) of a (T, K) rotated activation: 14 − floor(log2 max|x|) from the fp32 exponent
+    bits (a zero or subnormal max counts as exponent 0), clamped to [-100, 100]."""
+    a = f32(a)
+    t, k = a.shape
+    m = np.abs(a.reshape(t, k // 32, 32)).max(axis=2)
+    e = ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64)
+    return np.clip(141 - e, -100, 100)
+
+
+def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rotated activation (T ≤ 8, K) fp32 → (tiles: K/16 × 512 bytes, factors: (K/32, 8) fp32)."""
+    a = f32(a)
+    t, k = a.shape
+    if t > MMA_TOKENS:
+        raise ValueError(f"to_mma_tiles: at most {MMA_TOKENS} tokens, got {t}")
+    nb = k // 32
+    full = np.zeros((MMA_TOKENS, k), F32)
+    full[:t] = a
+    s = np.full((MMA_TOKENS, nb), 100, np.int64)
+    s[:t] = mma_scale_exponent(a)
+    scale = ((s + 127) << 23).astype(np.uint32).view(F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        xs = (full.reshape(MMA_TOKENS, nb, 32) * scale[:, :, None]).astype(F32)
+        hi = xs.astype(np.float16)
+        lo = np.where(np.isfinite(hi), (xs - hi.astype(F32)).astype(np.float16), np.float16(0))
+    # [token n, block j, half h, t, slot] → [j, h, n, t, (hi slots, lo slots)]
+    hi5 = hi.reshape(MMA_TOKENS, nb, 2, 4, 4).transpose(1, 2, 0, 3, 4)
+    lo5 = lo.reshape(MMA_TOKENS, nb, 2, 4, 4).transpose(1, 2, 0, 3, 4)
+    tiles = np.concatenate([hi5, lo5], axis=4)  # (nb, 2, 8, 4, 8) fp16
+    factors = ((127 - s) << 23).astype(np.uint32).view(F32).T.copy()  # (nb, 8)
+    return tiles.reshape(nb * 2 * MMA_TILE // 2).view(np.uint8).copy(), factors
+
+
+def mma_pair_table() -> np.ndarray:
+    """256 entries of 8 bytes, one per qs byte v: (hi(C[v & 15]), hi(C[v >> 4])) and (lo(..), lo(..)) as
+    fp16x2 words — the A fragment registers of the byte's two elements (low nibble = even element = low half)."""
+    c = CODEBOOK.astype(F32)
+    hi = c.astype(np.float16)
+    lo = (c - hi.astype(F32)).astype(np.float16)
+    v = np.arange(256)
+    out = np.empty((256, 4), np.float16)
+    out[:, 0], out[:, 1] = hi[v & 15], hi[v >> 4]
+    out[:, 2], out[:, 3] = lo[v & 15], lo[v >> 4]
+    return out.view(np.uint8).reshape(256 * 8).copy()

@@ -30,7 +30,7 @@ import numpy as np
 from ..builder import KernelBuilder
 from ..dsl import warp_per_item
 from ..formats import tq4_1s as T4
-from ..ir import Imm, Mem, TensorRef
+from ..ir import Imm, Mem, TensorRef, mma_sync
 from . import KernelDef
 
 WARPS = 8
@@ -504,6 +504,49 @@ def build_lanes(arch, spec: GemvSpec):
     return b.finish()
 
 
+TMA_STEP = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+
+
+def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes):
+    """This warp's ring of S stages in dynamic shared memory (aligned up to 128 bytes for TMA) and its S
+    mbarriers, initialised by lane 0 (the caller's CTA barrier publishes them): (ring, bars) addresses."""
+    bars_sym = b.shared_buffer("bars", 8 * NW * S, align=8)
+    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
+    bars = b.op("mad.lo.u32", warp, Imm(8 * S, "u32"), b.op("mov.u32", bars_sym))
+    b.comment("the warp's stage barriers (lane 0)")
+    for i in range(S):
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bars, 8 * i), Imm(1, "u32"), pred=leader)
+    return ring, bars
+
+
+def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage):
+    """Lane 0: one TMA box — the step starting at block jb of the warp's rows (if jb < nblk) — into ring
+    stage `stage` (a register or an int), completing on that stage's mbarrier."""
+    go = b.op("and.pred", leader, b.op("setp.lt.u32", jb, nblk))
+    if isinstance(stage, int):
+        bar, dst = b.op("add.u32", bars, Imm(8 * stage, "u32")), b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
+    else:
+        bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
+        dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
+    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(stage_bytes, "u32"), pred=go)
+    b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (b.op("mul.lo.u32", jb, Imm(5, "u32")), row0)), Mem(bar), pred=go)
+
+
+def _wait_step(b, bars, count, S):
+    """Spin until the stage of this warp's step number `count` (stage count % S, phase (count / S) & 1) has
+    landed; returns the stage."""
+    stage = b.op("rem.u32", count, Imm(S, "u32"))
+    par = b.op("and.b32", b.op("div.u32", count, Imm(S, "u32")), Imm(1, "b32"))
+    bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
+    top = b.label("stage_wait")
+    b.place(top)
+    ready = b.reg("pred")
+    b.emit("mbarrier.try_wait.parity.shared::cta.b64", ready, Mem(bar), par)
+    b.bra(top, pred=ready, neg=True, uniform=False)
+    return stage
+
+
 TMA_WARPS = 4
 TMA_ROWS = {1: 4, 2: 4, 4: 4, 8: 2}  # rows per warp by T: one step's activations serve R rows (L1 wavefronts)
 TMA_STAGES = 3  # per-warp ring of weight steps (each R x 640 B); 2 where shared memory is 100 KB per SM
@@ -555,14 +598,9 @@ def build_tma_lanes(arch, Tn: int):
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
     lut_sym = b.shared_buffer("lut", 256, align=256)
-    bars_sym = b.shared_buffer("bars", 8 * NW * S, align=8)
-    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
-    ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
-    bars = b.op("mad.lo.u32", warp, Imm(8 * S, "u32"), b.op("mov.u32", bars_sym))
+    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
     lut = b.op("mov.u32", lut_sym)
-    b.comment("the warp's stage barriers (lane 0), the 16-entry codebook (threads 0-15); one CTA barrier for both")
-    for i in range(S):
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bars, 8 * i), Imm(1, "u32"), pred=leader)
+    b.comment("the 16-entry codebook (threads 0-15); one CTA barrier for it and the stage barriers")
     table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
     small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
     tv = b.reg("f32")
@@ -584,18 +622,9 @@ def build_tma_lanes(arch, Tn: int):
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
     nfull = b.op("and.b32", nblk, Imm(~31 & 0xFFFFFFFF, "b32"))
-    tma = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
 
     def issue(jb, stage):
-        """Lane 0: TMA step jb (if it exists) into ring stage `stage` (a register or an int)."""
-        go = b.op("and.pred", leader, b.op("setp.lt.u32", jb, nblk))
-        if isinstance(stage, int):
-            bar, dst = b.op("add.u32", bars, Imm(8 * stage, "u32")), b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
-        else:
-            bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
-            dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
-        b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(stage_bytes, "u32"), pred=go)
-        b.emit(tma, Mem(dst), TensorRef(tw, (b.op("mul.lo.u32", jb, Imm(5, "u32")), row0)), Mem(bar), pred=go)
+        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage)
 
     jb = b.op("shl.b32", kz, Imm(5, "u32"))
     b.comment(f"fill the ring: this split's steps 0 .. {S - 1}")
@@ -610,14 +639,7 @@ def build_tma_lanes(arch, Tn: int):
     def take(tail):
         """Wait for step jb's stage, read this lane's block of each row, hand the stage back to TMA with step
         jb + S·stride."""
-        stage = b.op("rem.u32", g, Imm(S, "u32"))
-        par = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
-        bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
-        top = b.label("stage_wait")
-        b.place(top)
-        ready = b.reg("pred")
-        b.emit("mbarrier.try_wait.parity.shared::cta.b64", ready, Mem(bar), par)
-        b.bra(top, pred=ready, neg=True, uniform=False)
+        stage = _wait_step(b, bars, g, S)
         src = b.op("mad.lo.u32", lane, Imm(20, "u32"), b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
         for r in range(R):
             for j in range(5):
@@ -737,6 +759,225 @@ def build_tma_lanes(arch, Tn: int):
     b.place(done)
     sums = {(r, t): acc[r][t] for r in range(R) for t in range(Tn)}
     _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p)
+    return b.finish()
+
+
+MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16 rows
+MMA_STEP = 16  # blocks per TMA box (16 rows x (80 + 4 pad) u32: a 336-byte smem row stride, conflict-free)
+MMA_STAGES = 3
+MMA_ROW_WORDS = MMA_STEP * 5 + 4
+
+
+def build_mma_gemv(arch):
+    """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (EXPERIMENTAL: emulator-verified, not yet measured
+    on the H200, not dispatched by mul_mat unless PTXGEN_TQ4_MMA=1).
+
+    Why: the FFMA lane kernels pay one FFMA per weight and token (T = 8: 3.3x the time of T = 1 on the H200).
+    Here a warp owns 16 rows; per half block (16 elements, one fp16 scale) it runs
+    mma.sync m16n8k16 three times, A_hi·B_hi + A_hi·B_lo + A_lo·B_hi: A = the codebook values of the 16 x 16
+    weights split into fp16 hi + lo (one 8-byte shared-memory lookup per qs byte gives both halves of two
+    elements), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
+    by `prep_tq4_1s_mma` (ptxgen.formats.tq4_1s.to_mma_tiles); the dropped lo·lo term is ~2^-22 relative.
+    Each C fragment is scaled by the row's d_h (FFMA) and, per block, by the token's 2^-s. Lane (g, t) reads
+    qs word 2h + t/2 of rows g and g + 8 and uses its bytes 2(t&1), 2(t&1)+1: k-pairs t and t + 4 of the MMA,
+    matched by the tile layout. Weights come by TMA as in `build_tma_lanes` (box: 16 rows x 84 u32). Lane
+    (g, t) ends with rows g, g + 8 x tokens 2t, 2t + 1: no cross-lane reduction. Split-K over gridDim.y with
+    the lane kernels' last-warp fixup."""
+    arch.require("cp_async_bulk_tensor", "the tensor-core TQ4_1S GEMV", "use gemv_tq4_1s_t8")
+    NW, S, STEP = MMA_WARPS, MMA_STAGES, MMA_STEP
+    row_stride = MMA_ROW_WORDS * 4
+    stage_bytes = 16 * row_stride
+    b = KernelBuilder("gemv_tq4_1s_mma", arch, "tq4_1s GEMV (exact) for up to 8 tokens on mma.sync, weights by TMA",
+                      block=(32 * NW, 1, 1))
+    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
+    bt_p, f_p, y_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * NW}, 1, 1", ".minnctapersm 3"]
+    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
+    b.meta.update(split_k="gridDim.y splits the K steps (a step: 16 blocks); part: splits x ntok x m fp32, counters: "
+                          "one u32 per warp (zero, left zero)", ctas_per_sm=3, tokens=8, rows_per_cta=16 * NW,
+                  rows_per_warp=16, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
+                  lane_cols=16, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
+                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, 16), no swizzle; k % 128 == 0",
+                  stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"),
+                  experimental="not measured on the H200 yet")
+    BT, F, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(NW, "u32"), warp)
+    row0 = b.op("shl.b32", gwarp, Imm(4, "u32"))
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    t = b.op("and.b32", lane, Imm(3, "b32"))
+    leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+
+    table_sym = b.shared_buffer("pairs", 2048, align=16)
+    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
+    tbl = b.op("mov.u32", table_sym)
+    b.comment("the 2 KB pair table (hi, lo fp16x2 per qs byte); one CTA barrier for it and the stage barriers")
+    pt = b.op("mov.u64", b.const_table("pair_init", T4.mma_pair_table().tobytes(), align=16))
+    v4 = b.regs("b32", 4)
+    b.emit("ld.global.nc.v4.u32", b.vec(v4), Mem(b.op("mad.wide.u32", tid, Imm(16, "u32"), pt)))
+    b.emit("st.shared.v4.u32", Mem(b.op("mad.lo.u32", tid, Imm(16, "u32"), tbl)), b.vec(v4))
+    b.emit("fence.proxy.async.shared::cta")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    nblk = b.op("shr.u32", K, Imm(5, "u32"))
+    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
+    acc = b.regs("f32", 4)
+    for r_ in acc:
+        b.emit("mov.f32", r_, Imm(0.0, "f32"))
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
+
+    def issue(jb, stage):
+        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage)
+
+    jb = b.op("mul.lo.u32", kz, Imm(STEP, "u32"))
+    for s_ in range(S):
+        issue(b.op("mad.lo.u32", stride, Imm(s_, "u32"), jb), s_)
+    if arch.has("griddepcontrol"):
+        b.emit("griddepcontrol.wait")
+    gcount = b.op("mov.u32", Imm(0, "u32"))
+    # per lane: byte offsets of (row g, word 1 + t/2) in a stage, the qs byte pair 2(t&1) (prmt selectors),
+    # this lane's 16 bytes in a B tile and the factor pair of tokens 2t, 2t + 1
+    lane_row = b.op("mad.lo.u32", g, Imm(row_stride, "u32"), b.op("shl.b32", b.op("shr.u32", t, Imm(1, "u32")), Imm(2, "u32")))
+    k0 = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))
+    sel0 = b.op("or.b32", k0, Imm(0x4440, "b32"))  # byte k0 → byte 0, zeros above (bytes of the zero operand)
+    sel1 = b.op("add.u32", sel0, Imm(1, "u32"))
+    lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
+    t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
+    zero = b.op("mov.b32", Imm(0, "b32"))
+    czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]  # C of each half block's first MMA
+
+    def lookup(word, sel):
+        """(hi, lo) fp16x2 of the qs byte `sel` picks from `word`."""
+        v = b.op("prmt.b32", word, zero, sel)
+        hi, lo = b.reg("b32"), b.reg("b32")
+        b.emit("ld.shared.v2.u32", b.vec([hi, lo]), Mem(b.op("mad.lo.u32", v, Imm(8, "u32"), tbl)))
+        return hi, lo
+
+    def block(stage_base, bl, j):
+        """Block j (local bl of the step): 2 halves x 3 MMAs, row scales, token factors into acc."""
+        sm = b.op("add.u32", stage_base, Imm(bl * 20, "u32"))
+        dw = [b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", g, Imm(row_stride, "u32"), sm), 8 * row_stride * rr))
+              for rr in range(2)]
+        ds = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", dw[rr])),
+               b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", dw[rr], Imm(16, "u32"))))] for rr in range(2)]
+        qbase = b.op("add.u32", sm, lane_row)
+        blk = [None] * 4
+        for h in range(2):
+            words = [b.op("ld.shared.u32", Mem(qbase, 4 + 8 * h + 8 * row_stride * rr)) for rr in range(2)]
+            a0h, a0l = lookup(words[0], sel0)  # row g, k-pair t
+            a1h, a1l = lookup(words[1], sel0)  # row g + 8, k-pair t
+            a2h, a2l = lookup(words[0], sel1)  # row g, k-pair t + 4
+            a3h, a3l = lookup(words[1], sel1)  # row g + 8, k-pair t + 4
+            bh0, bh1, bl0, bl1 = b.regs("b32", 4)
+            tile = b.op("add.s64", b.op("mad.wide.u32", b.op("mad.lo.u32", j, Imm(2, "u32"), Imm(h, "u32"), type="u32"),
+                                        Imm(T4.MMA_TILE, "u32"), BT), lane16)
+            b.emit("ld.global.nc.v4.u32", b.vec([bh0, bh1, bl0, bl1]), Mem(tile))
+            c = b.regs("f32", 4)
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bh0, bh1]), b.vec(czero)))
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bl0, bl1]), b.vec(c)))
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0l, a1l, a2l, a3l]), b.vec([bh0, bh1]), b.vec(c)))
+            for i in range(4):  # c0, c1: row g; c2, c3: row g + 8
+                d_ = ds[i // 2][h]
+                blk[i] = b.op("mul.rn.f32", c[i], d_) if h == 0 else b.op("fma.rn.f32", c[i], d_, blk[i])
+        fa, fb = b.reg("f32"), b.reg("f32")
+        b.emit("ld.global.nc.v2.f32", b.vec([fa, fb]), Mem(b.op("add.s64", b.op("mad.wide.u32", j, Imm(32, "u32"), F), t8)))
+        for i in range(4):
+            b.emit("fma.rn.f32", acc[i], blk[i], fa if i % 2 == 0 else fb, acc[i])
+
+    loop, done = b.label("step"), b.label("steps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+    b.place(loop)
+    stage = _wait_step(b, bars, gcount, S)
+    sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
+    for bl in range(STEP):
+        j = b.op("add.u32", jb, Imm(bl, "u32"))
+        skip = b.label("past_end")
+        b.bra(skip, pred=b.op("setp.ge.u32", j, nblk))  # the last step of a row may be short (uniform)
+        block(sbase, bl, j)
+        b.place(skip)
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
+    issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
+    b.emit("add.u32", gcount, gcount, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, stride)
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
+    b.place(done)
+    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p)
+    return b.finish()
+
+
+def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p):
+    """Store an m16n8 C fragment per lane — acc[0..3] = (row g, token 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) —
+    to y[token][row0 + row]; with split-K, the split's partial and the last-warp fixup of `_lane_epilogue`."""
+    owner = []
+    for i in range(4):
+        row = b.op("add.u32", row0, b.op("add.u32", g, Imm(8 * (i // 2), "u32")))
+        tok = b.op("add.u32", b.op("shl.b32", t, Imm(1, "u32")), Imm(i % 2, "u32"))
+        ok = b.op("and.pred", b.op("setp.lt.u32", row, M), b.op("setp.lt.u32", tok, ntok))
+        owner.append((ok, b.op("mad.lo.u32", tok, M, row)))
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    _store_or_split(b, [(ok, yoff, acc[i]) for i, (ok, yoff) in enumerate(owner)], b.op("mad.lo.u32", g, Imm(4, "u32"), t),
+                    gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
+
+
+def build_prep_mma(arch):
+    """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
+    the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
+    One warp per (token, block) for all 8 tokens: tokens past T write zeros."""
+    b = KernelBuilder("prep_tq4_1s_mma", arch, "TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles",
+                      block=(32 * WARPS, 1, 1))
+    x_p, bt_p, f_p = b.param("x", "u64", "ptr:in"), b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
+    n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
+    b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(8 * k / 32 / 8)", layout="to_mma_tiles")
+    if arch.has("griddepcontrol"):
+        b.emit("griddepcontrol.launch_dependents")
+    x, BT, F = b.ptr(x_p), b.ptr(bt_p), b.ptr(f_p)
+    ntok, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
+    nb = b.op("shr.u32", K, Imm(5, "u32"))
+    lane, item, done = warp_per_item(b, b.op("shl.b32", nb, Imm(3, "u32")), WARPS)
+    tok = b.op("div.u32", item, nb)
+    j = b.op("rem.u32", item, nb)
+    live = b.op("setp.lt.u32", tok, ntok)
+    v = b.reg("f32")
+    b.emit("mov.f32", v, Imm(0.0, "f32"))
+    skip = b.label("no_token")
+    b.bra(skip, pred=live, neg=True)
+    _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
+    b.emit("mov.f32", v, rv)
+    b.place(skip)
+    mbits = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"), type="b32")
+    for off in (16, 8, 4, 2, 1):  # |x| as integers: the same order as the floats (NaN above all)
+        o = b.op("shfl.sync.bfly.b32", mbits, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
+        mbits = b.op("max.u32", mbits, o)
+    e = b.op("and.b32", b.op("shr.u32", mbits, Imm(23, "u32")), Imm(0xFF, "b32"))
+    sexp = b.op("max.s32", b.op("min.s32", b.op("sub.s32", Imm(141, "s32"), e, type="s32"), Imm(100, "s32")), Imm(-100, "s32"))
+    scale = b.op("shl.b32", b.op("add.s32", sexp, Imm(127, "s32")), Imm(23, "u32"), type="b32")
+    xs = b.op("mul.rn.f32", v, scale)
+    hi = b.op("cvt.rn.f16.f32", xs, type="b16")
+    back = b.op("cvt.f32.f16", hi)
+    lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", xs, back), type="b16")
+    fin = b.op("setp.ne.b16", b.op("and.b16", hi, Imm(0x7C00, "b16")), Imm(0x7C00, "b16"))  # hi finite
+    lo = b.op("selp.b16", lo, Imm(0, "b16"), fin)
+    # element e = lane: half h = e / 16, t = (e % 16) / 4, slot e % 4 → tile 2j + h, lane 4·tok + t, byte 2·slot
+    h = b.op("shr.u32", lane, Imm(4, "u32"))
+    tt = b.op("and.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(3, "b32"))
+    off = b.op("mad.lo.u32", b.op("mad.lo.u32", j, Imm(2, "u32"), h), Imm(T4.MMA_TILE, "u32"),
+               b.op("mad.lo.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), tt), Imm(16, "u32"),
+                    b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(1, "u32"))))
+    p = b.op("add.s64", BT, b.op("cvt.u64.u32", off))
+    b.emit("st.global.b16", Mem(p), hi)
+    b.emit("st.global.b16", Mem(p, 8), lo)
+    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
+    b.emit("st.global.b32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", j, Imm(8, "u32"), tok), Imm(4, "u32"), F)), fbits,
+           pred=lead)
+    b.place(done)
+    b.emit("ret")
     return b.finish()
 
 
@@ -991,10 +1232,18 @@ def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
         ok = b.op("and.pred", b.op("and.pred", mine, b.op("setp.lt.u32", row, M)),
                   b.op("setp.lt.u32", Imm(t, "u32"), ntok, type="pred"))
         owner[r, t] = (ok, b.op("mad.lo.u32", Imm(t, "u32"), M, row, type="u32"))
+    _store_or_split(b, [(ok, yoff, sums[key]) for key, (ok, yoff) in owner.items()], lane, gwarp, kz, nsplit,
+                    M, ntok, Y, part_p, cnt_p)
+
+
+def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p):
+    """items: (pred, y offset, value) this lane owns. One split: store them. Split-K: store this split's
+    partials; the warp that arrives last at the row group's counter (index gwarp) sums the splits in z order
+    (deterministic) into y and resets the counter. Ends the thread."""
     split = b.label("split")
     b.bra(split, pred=b.op("setp.gt.u32", nsplit, Imm(1, "u32")))
-    for (r, t), (ok, yoff) in owner.items():
-        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), sums[r, t], pred=ok)
+    for ok, yoff, v in items:
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), v, pred=ok)
     b.emit("ret")
     b.place(split)
     b.comment("split-K: store this split's partials; the warp that arrives last at the row group's counter sums "
@@ -1002,8 +1251,8 @@ def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
     P, C = b.ptr(part_p), b.ptr(cnt_p)
     zoff = b.op("mul.lo.u32", b.op("mul.lo.u32", kz, ntok), M)
     plane = b.op("mul.lo.u32", ntok, M)
-    for (r, t), (ok, yoff) in owner.items():
-        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("add.u32", zoff, yoff), Imm(4, "u32"), P)), sums[r, t], pred=ok)
+    for ok, yoff, v in items:
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("add.u32", zoff, yoff), Imm(4, "u32"), P)), v, pred=ok)
     b.emit("membar.gl")
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
     cnt = b.op("mad.wide.u32", gwarp, Imm(4, "u32"), C)
@@ -1015,7 +1264,7 @@ def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
     fin = b.label("not_last")
     b.bra(fin, pred=b.op("setp.ne.u32", old, b.op("sub.u32", nsplit, Imm(1, "u32"))))
     b.emit("membar.gl")
-    for (r, t), (ok, yoff) in owner.items():
+    for ok, yoff, _ in items:
         pz = b.op("mad.wide.u32", yoff, Imm(4, "u32"), P)
         step = b.op("mul.wide.u32", plane, Imm(4, "u32"))
         tot = b.reg("f32")
@@ -1173,7 +1422,11 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_q8_lanes", "activation: Q8_1 into the GEMV's lane layout (Q4_K, Q8_0 fast GEMVs)",
                       lambda arch: build_prep(arch, True, rotate=False)),
             KernelDef("prep_f32_lanes", "activation: fp32 into the GEMV's lane layout (Q4_K exact GEMV)",
-                      lambda arch: build_prep(arch, False, rotate=False))]
+                      lambda arch: build_prep(arch, False, rotate=False)),
+            KernelDef("prep_tq4_1s_mma", "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
+                      build_prep_mma, archs=("sm_90a",)),
+            KernelDef("gemv_tq4_1s_mma", "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
+                      "(experimental: not measured yet)", build_mma_gemv, archs=("sm_90a",))]
     for t in TOKENS:
         if t <= 2:
             defs.append(KernelDef(f"gemv_q4_k_t{t}", f"q4_K decode GEMV, T={t}, fp32 activation from prep_f32_lanes",
