@@ -97,6 +97,7 @@ def main():
                 row["pct_hbm"] = 100 * wbytes / (best * 1e-6) / HBM
                 if fmt == "tq4_1s":
                     row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
+                    row["us_tc"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
                     if w16 is None:
                         deq = formats.dequantize(fmt, raw, (m, k)).astype(np.float16)
                         w16 = [torch.from_numpy(deq).cuda() for _ in range(max(2, math.ceil(4 * 60e6 / deq.nbytes)))]
@@ -124,8 +125,9 @@ def print_row(row):
     global _HEADER
     if not _HEADER:
         print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
-              "| cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) | peer/ptxgen | peer/fast |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| tensor-core exact µs (experimental) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
+              "| peer/ptxgen | peer/fast |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         _HEADER = True
     peer = row.get("us_fork_tq4_1s") or row.get("us_llamacpp_q4_K") or row.get("us_llamacpp_q8_0")
     f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
@@ -133,8 +135,30 @@ def print_row(row):
     ratio = "n/a" if peer is None else f"{peer / row['us']:.2f}"
     fratio = "n/a" if peer is None or row.get("us_fast") is None else f"{peer / row['us_fast']:.2f}"
     print(f"| {row['fmt']} | {row['m']}×{row['k']} | {row['T']} | {row['us']:.1f} | {row['GBps']:.0f} | "
-          f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_fast'))} | {f(row.get('us_cublas_fp16'))} | "
+          f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_fast'))} | {f(row.get('us_tc'))} | {f(row.get('us_cublas_fp16'))} | "
           f"{f(row.get('us_tinygemm'))} | {f(peer)} | {ratio} | {fratio} |", flush=True)
+
+
+def tc_us(r, ws, copies, x, y, m, k, t, reps, torch):
+    """The experimental tensor-core exact TQ4_1S GEMV (PTXGEN_TQ4_MMA=1; sm_90, K % 128 == 0), checked against
+    the float64 reference on this shape first; None where it does not run."""
+    import os
+
+    from ptxgen import formats
+    from ptxgen.runtime import ops
+
+    if not ops._tma_gemv_ok(ws[0], None):
+        return None
+    os.environ["PTXGEN_TQ4_MMA"] = "1"
+    try:
+        xs = x[:1].cpu().numpy()
+        ref = formats.gemv_tq4_1s_ref(ws[0].raw().reshape(m, -1), m, k, xs)
+        err = np.linalg.norm(r.mul_mat(ws[0], xs) - ref) / np.linalg.norm(ref)
+        if err > 1e-5:
+            raise AssertionError(f"tensor-core GEMV {m}x{k}: relative error {err:.2e}")
+        return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y), reps, torch)
+    finally:
+        os.environ.pop("PTXGEN_TQ4_MMA", None)
 
 
 def fast_us(r, ws, copies, x, y, m, k, t, reps, torch):
