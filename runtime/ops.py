@@ -322,7 +322,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         name = _gemv_kernel(w, n, fused)
-        fn = kernels.load(name.replace("gemv_tq4_1s_t", "gemv_tq4_1s_tma_t") if tma else name, arch)
+        if tma and n <= TMA_GEMV_MAX_TOKENS:
+            name = name.replace("gemv_tq4_1s_t", "gemv_tq4_1s_tma_t")
+        fn = kernels.load(name, arch)
         a, row = xa, 4 * k
         if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
             if lanes is None:
@@ -353,8 +355,14 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
     fn.launch((ctas, splits), (tw, tiles, factors, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
+# the TMA-fed exact TQ4_1S GEMV where it measured faster than the ld.global lane kernel on the H200 (session 4's
+# table vs bench_gemv_tma: T=1 -5 to -6%, T=2 -4 to 0%; T=4 and T=8 were 4-18% slower, they keep the lane kernel)
+TMA_GEMV_MAX_TOKENS = 2
+
+
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
-    """Whether the exact TQ4_1S GEMV runs the TMA-fed kernel (gemv_tq4_1s_tma_t*): an sm_90 device with the
+    """Whether the exact TQ4_1S GEMV may run the TMA-fed kernel (gemv_tq4_1s_tma_t*, for slices of at most
+    TMA_GEMV_MAX_TOKENS tokens; the tensor-core GEMV under PTXGEN_TQ4_MMA=1 too): an sm_90 device with the
     sm_90a build (and `arch` not pinning another target), K a multiple of 128 (16-byte row stride for the
     tensor map) and 16-byte aligned weights; otherwise the ld.global lane kernel (same results)."""
     from .driver import current

@@ -1439,7 +1439,8 @@ def kernel_defs() -> list[KernelDef]:
         defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, activation from prep_tq4_1s",
                               lambda arch, spec=spec: build_lanes(arch, spec)))
         defs.append(KernelDef(f"gemv_tq4_1s_tma_t{t}", f"tq4_1s decode GEMV, T={t}, weights by TMA (K % 128 == 0), "
-                              "activation from prep_tq4_1s", lambda arch, t=t: build_tma_lanes(arch, t),
+                              "activation from prep_tq4_1s" + ("" if t <= 2 else " (mul_mat keeps gemv_tq4_1s_t"
+                              f"{t}: faster on the H200)"), lambda arch, t=t: build_tma_lanes(arch, t),
                               # sm_90a only: ptxas for sm_120a keeps a stack slot for the generic tensor-map
                               # address, and with 100 KB of shared memory per SM it would hold 2 CTAs
                               archs=("sm_90a",)))
