@@ -217,13 +217,15 @@ def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def mma_pair_table() -> np.ndarray:
-    """256 entries of 8 bytes, one per qs byte v: (hi(C[v & 15]), hi(C[v >> 4])) and (lo(..), lo(..)) as
-    fp16x2 words — the A fragment registers of the byte's two elements (low nibble = even element = low half)."""
+    """Two 256-word tables, one word per qs byte v: hi = (hi(C[v & 15]), hi(C[v >> 4])) fp16x2 at 4·v, then
+    lo = (lo(..), lo(..)) at 1024 + 4·v — the A fragment registers of the byte's two elements (low nibble =
+    even element = low half). Separate hi and lo words let the four lookups of a fragment land in the four
+    registers the MMA reads (one 8-byte (hi, lo) lookup needed register moves to regroup them)."""
     c = CODEBOOK.astype(F32)
     hi = c.astype(np.float16)
     lo = (c - hi.astype(F32)).astype(np.float16)
     v = np.arange(256)
-    out = np.empty((256, 4), np.float16)
-    out[:, 0], out[:, 1] = hi[v & 15], hi[v >> 4]
-    out[:, 2], out[:, 3] = lo[v & 15], lo[v >> 4]
-    return out.view(np.uint8).reshape(256 * 8).copy()
+    out = np.empty((2, 256, 2), np.float16)
+    out[0, :, 0], out[0, :, 1] = hi[v & 15], hi[v >> 4]
+    out[1, :, 0], out[1, :, 1] = lo[v & 15], lo[v >> 4]
+    return out.view(np.uint8).reshape(2048).copy()

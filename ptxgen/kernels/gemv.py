@@ -775,8 +775,8 @@ def build_mma_gemv(arch):
     Why: the FFMA lane kernels pay one FFMA per weight and token (T = 8: 3.3x the time of T = 1 on the H200).
     Here a warp owns 16 rows; per half block (16 elements, one fp16 scale) it runs
     mma.sync m16n8k16 three times, A_hi·B_hi + A_hi·B_lo + A_lo·B_hi: A = the codebook values of the 16 x 16
-    weights split into fp16 hi + lo (one 8-byte shared-memory lookup per qs byte gives both halves of two
-    elements), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
+    weights split into fp16 hi + lo (per qs byte a 4-byte hi and a 4-byte lo lookup, each the fp16x2 of its
+    two elements), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
     by `prep_tq4_1s_mma` (ptxgen.formats.tq4_1s.to_mma_tiles); the dropped lo·lo term is ~2^-22 relative.
     Each C fragment is scaled by the row's d_h (FFMA) and, per block, by the token's 2^-s. Lane (g, t) reads
     qs word 2h + t/2 of rows g and g + 8 and uses its bytes 2(t&1), 2(t&1)+1: k-pairs t and t + 4 of the MMA,
@@ -816,7 +816,7 @@ def build_mma_gemv(arch):
     table_sym = b.shared_buffer("pairs", 2048, align=16)
     ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
     tbl = b.op("mov.u32", table_sym)
-    b.comment("the 2 KB pair table (hi, lo fp16x2 per qs byte); one CTA barrier for it and the stage barriers")
+    b.comment("the 2 KB codebook tables (hi and lo fp16x2 per qs byte); one CTA barrier for them and the stage barriers")
     pt = b.op("mov.u64", b.const_table("pair_init", T4.mma_pair_table().tobytes(), align=16))
     v4 = b.regs("b32", 4)
     b.emit("ld.global.nc.v4.u32", b.vec(v4), Mem(b.op("mad.wide.u32", tid, Imm(16, "u32"), pt)))
@@ -853,11 +853,9 @@ def build_mma_gemv(arch):
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]  # C of each half block's first MMA
 
     def lookup(word, sel):
-        """(hi, lo) fp16x2 of the qs byte `sel` picks from `word`."""
-        v = b.op("prmt.b32", word, zero, sel)
-        hi, lo = b.reg("b32"), b.reg("b32")
-        b.emit("ld.shared.v2.u32", b.vec([hi, lo]), Mem(b.op("mad.lo.u32", v, Imm(8, "u32"), tbl)))
-        return hi, lo
+        """(hi, lo) fp16x2 of the qs byte `sel` picks from `word` (two 4-byte lookups, hi and lo tables)."""
+        a = b.op("mad.lo.u32", b.op("prmt.b32", word, zero, sel), Imm(4, "u32"), tbl)
+        return b.op("ld.shared.u32", Mem(a)), b.op("ld.shared.u32", Mem(a, 1024))
 
     def block(stage_base, bl, j):
         """Block j (local bl of the step): 2 halves x 3 MMAs, row scales, token factors into acc."""
