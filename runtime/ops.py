@@ -339,20 +339,34 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
     tensor-core GEMV gemv_tq4_1s_mma (PTXGEN_TQ4_MMA=1)."""
     from ptxgen.formats import tq4_1s as T4
 
-    from .driver import current
-
     tiles = DeviceArray.empty((k // 16, T4.MMA_TILE), np.uint8)
     factors = DeviceArray.empty((k // 32, T4.MMA_TOKENS), np.float32)
     items = T4.MMA_TOKENS * (k // 32)
     kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
     fn = kernels.load("gemv_tq4_1s_mma", arch)
+    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
+    fn.launch((ctas, splits), (_weight_tensor_map(fn, w), tiles, factors, y_ptr, m, k, n, part, cnt),
+              pdl=bool(fn.meta.get("pdl")))
+
+
+def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
+    """A split-K GEMV's grid and scratch: (CTAs over the rows, K splits (gemv_splits), partials, counters)."""
+    from .driver import current
+
     rows = int(fn.meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
-    splits = gemv_splits(ctas, k, fn.resident_per_sm(), current().sm_count, int(fn.meta["lane_cols"]))
+    splits = gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)))
     cnt = _counters(4 * ctas * int(fn.meta["warps"]))
     part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
-    tw = _tensor_map(w.ptr, "u32", m, k * 20 // 128, 16, 16 * 5 + 4, "none")
-    fn.launch((ctas, splits), (tw, tiles, factors, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    return ctas, splits, part, cnt
+
+
+def _weight_tensor_map(fn, w: QuantTensor) -> bytes:
+    """The TQ4_1S weights as the TMA GEMVs' tensor map: u32 elements, rows of K·20/128 words, the kernel's
+    box (meta tma_box: words x rows), no swizzle; zero fill past the row end and past M."""
+    m, k = w.shape
+    cols, rows = fn.meta["tma_box"]
+    return _tensor_map(w.ptr, "u32", m, k * 20 // 128, int(rows), int(cols), "none")
 
 
 # the TMA-fed exact TQ4_1S GEMV where it measured faster than the ld.global lane kernel on the H200 (session 4's
@@ -394,19 +408,12 @@ def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 
 
 
 def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
-    from .driver import current
-
-    rows = int(fn.meta["rows_per_cta"])
-    ctas = (m + rows - 1) // rows
     if "split_k" not in fn.meta:
-        fn.launch((ctas,), (w.buffer, a_ptr, y_ptr, m, k, n))
+        rows = int(fn.meta["rows_per_cta"])
+        fn.launch(((m + rows - 1) // rows,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
-    wt = w.buffer
-    if fn.meta.get("copy") == "tma":  # one box = a warp's rows x 32 blocks (160 u32), zero-filled past the ends
-        wt = _tensor_map(w.ptr, "u32", m, k * 20 // 128, int(fn.meta["rows_per_warp"]), 160, "none")
-    splits = gemv_splits(ctas, k, int(fn.meta["ctas_per_sm"]), current().sm_count, int(fn.meta.get("lane_cols", 32)))
-    cnt = _counters(4 * ctas * int(fn.meta["warps"]))
-    part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
+    wt = _weight_tensor_map(fn, w) if fn.meta.get("copy") == "tma" else w.buffer
+    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, int(fn.meta["ctas_per_sm"]))
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes
     fn.launch((ctas, splits), (wt, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))

@@ -200,7 +200,7 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
     ca = mem.alloc(np.zeros(ctas * meta["warps"], np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
-    tw = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, 16, 16 * 5 + 4, "none")
+    tw = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, meta["tma_box"][1], meta["tma_box"][0], "none")
     _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, ta, fa, ya, m, k, n, part, ca), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(ca, np.uint32, (ctas * meta["warps"],)).any(), "split-K counters were not reset"
@@ -261,7 +261,7 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
         ca = mem.alloc(np.zeros(nwarps, np.uint32))
         extra = (mem.alloc(splits * n * m * 4, poison=0xFF), ca)
     if tma:  # u32 elements, a box of 160 x rows_per_warp: one step of a warp's rows
-        wa = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, meta["rows_per_warp"], 160, "none")
+        wa = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, meta["tma_box"][1], meta["tma_box"][0], "none")
     _run(ptx, grid, (32 * meta.get("warps", 8),), (wa, aa, ya, m, k, n, *extra), mem,
          dynamic_smem=meta.get("dynamic_smem", 0), seed=seed)
     if extra:

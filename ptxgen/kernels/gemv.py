@@ -585,6 +585,7 @@ def build_tma_lanes(arch, Tn: int):
                   layout="lanes", pdl=arch.has("griddepcontrol"), fmt="tq4_1s", mode="exact", lane_cols=32,
                   fused_rotation=False, activation="prep_tq4_1s(x) (lane layout)", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({160}, {R}), no swizzle; needs k % 128 == 0",
+                  tma_box=(160, R),
                   stages=S, dynamic_smem=b.dynamic_smem)
     h = {"part_p": part_p, "cnt_p": cnt_p}
     A, Y = b.ptr(a_p), b.ptr(y_p)
@@ -800,6 +801,7 @@ def build_mma_gemv(arch):
                   rows_per_warp=16, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
                   lane_cols=16, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, 16), no swizzle; k % 128 == 0",
+                  tma_box=(MMA_ROW_WORDS, 16),
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"),
                   experimental="not measured on the H200 yet")
     BT, F, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(y_p)
