@@ -412,8 +412,8 @@ def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
 
 
 def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite():
-    """gemv_tq4_1s_mma (fp16 hi/lo split on mma.sync): 1, 5 and 8 tokens, several 16-block steps with a short
-    last one, 1-3 K-splits, within 1e-5 of the float64 reference; an inf or a NaN in x gives the same
+    """gemv_tq4_1s_mma (fp16 hi/lo split on mma.sync): 1, 5 and 8 tokens, several 8-block steps with a short
+    last one (the B-tile prefetch clamped at the end), 1-3 K-splits, within 1e-5 of the float64 reference; an inf or a NaN in x gives the same
     non-finite outputs as the reference."""
     ptx = KERNELS["gemv_tq4_1s_mma"].for_arch("sm_90a").ptx()
     for kw in (dict(shape=(70, 32 * 16 * 4 + 128), splits=1, ntok=8), dict(shape=(70, 32 * 16 * 4 + 128), splits=3, ntok=5),

@@ -196,7 +196,7 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     wa, ta, fa = mem.alloc(raw), mem.alloc(tiles), mem.alloc(factors)
     ya = mem.alloc(n * m * 4, poison=0xFF)
     ctas = (m + rows - 1) // rows
-    nsteps = -(-(k // 32) // 16)
+    nsteps = -(-(k // 32) // meta["lane_cols"])  # a step: lane_cols blocks
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
     ca = mem.alloc(np.zeros(ctas * meta["warps"], np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)

@@ -764,9 +764,12 @@ def build_tma_lanes(arch, Tn: int):
 
 
 MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16 rows
-MMA_STEP = 16  # blocks per TMA box (16 rows x (80 + 4 pad) u32: a 336-byte smem row stride, conflict-free)
+MMA_STEP = 8  # blocks per TMA box (16 rows x (40 + 4 pad) u32: a 176-byte smem row stride, conflict-free; 2.8 KB
+# stages, so that 6 CTAs (24 warps) fit an SM: the first H200 run, with 16-block steps, had 9 warps per SM and
+# stalled on its B-tile loads (long_scoreboard 5 per issue, 0.21 issued per scheduler, 63 us at any T)
 MMA_STAGES = 3
 MMA_ROW_WORDS = MMA_STEP * 5 + 4
+MMA_CTAS = 6  # resident CTAs per SM (shared memory: 6 x (33.8 KB ring + 2 KB tables))
 
 
 def build_mma_gemv(arch):
@@ -794,12 +797,12 @@ def build_mma_gemv(arch):
     bt_p, f_p, y_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * NW}, 1, 1", ".minnctapersm 3"]
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {MMA_CTAS}"]
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
-    b.meta.update(split_k="gridDim.y splits the K steps (a step: 16 blocks); part: splits x ntok x m fp32, counters: "
-                          "one u32 per warp (zero, left zero)", ctas_per_sm=3, tokens=8, rows_per_cta=16 * NW,
+    b.meta.update(split_k=f"gridDim.y splits the K steps (a step: {STEP} blocks); part: splits x ntok x m fp32, counters: "
+                          "one u32 per warp (zero, left zero)", ctas_per_sm=MMA_CTAS, tokens=8, rows_per_cta=16 * NW,
                   rows_per_warp=16, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
-                  lane_cols=16, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
+                  lane_cols=STEP, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, 16), no swizzle; k % 128 == 0",
                   tma_box=(MMA_ROW_WORDS, 16),
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"),
@@ -859,14 +862,32 @@ def build_mma_gemv(arch):
         a = b.op("mad.lo.u32", b.op("prmt.b32", word, zero, sel), Imm(4, "u32"), tbl)
         return b.op("ld.shared.u32", Mem(a)), b.op("ld.shared.u32", Mem(a, 1024))
 
-    def block(stage_base, bl, j):
-        """Block j (local bl of the step): 2 halves x 3 MMAs, row scales, token factors into acc."""
+    last = b.op("sub.u32", nblk, Imm(1, "u32"))
+    # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
+    # waited on these loads: long_scoreboard 5 per issue)
+    sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(2)]
+
+    def load_b(j, dst):
+        """Block j's (clamped to the last block: the prefetch past a split's end reads, and drops, real data)
+        B tiles (hi0, hi1, lo0, lo1 of each half) and its token factors (2t, 2t + 1) into register set dst."""
+        jc = b.op("min.u32", j, last)
+        bregs, fregs = sets[dst]
+        for h in range(2):
+            tile = b.op("add.s64", b.op("mad.wide.u32", b.op("mad.lo.u32", jc, Imm(2, "u32"), Imm(h, "u32"), type="u32"),
+                                        Imm(T4.MMA_TILE, "u32"), BT), lane16)
+            b.emit("ld.global.nc.v4.u32", b.vec(bregs[4 * h:4 * h + 4]), Mem(tile))
+        b.emit("ld.global.nc.v2.f32", b.vec(fregs), Mem(b.op("add.s64", b.op("mad.wide.u32", jc, Imm(32, "u32"), F), t8)))
+
+    def block(stage_base, bl, cur):
+        """Block bl of the step (B tiles and factors in register set cur): 2 halves x 3 MMAs, row scales, token
+        factors into acc."""
         sm = b.op("add.u32", stage_base, Imm(bl * 20, "u32"))
         dw = [b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", g, Imm(row_stride, "u32"), sm), 8 * row_stride * rr))
               for rr in range(2)]
         ds = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", dw[rr])),
                b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", dw[rr], Imm(16, "u32"))))] for rr in range(2)]
         qbase = b.op("add.u32", sm, lane_row)
+        bregs, (fa, fb) = sets[cur]
         blk = [None] * 4
         for h in range(2):
             words = [b.op("ld.shared.u32", Mem(qbase, 4 + 8 * h + 8 * row_stride * rr)) for rr in range(2)]
@@ -874,10 +895,7 @@ def build_mma_gemv(arch):
             a1h, a1l = lookup(words[1], sel0)  # row g + 8, k-pair t
             a2h, a2l = lookup(words[0], sel1)  # row g, k-pair t + 4
             a3h, a3l = lookup(words[1], sel1)  # row g + 8, k-pair t + 4
-            bh0, bh1, bl0, bl1 = b.regs("b32", 4)
-            tile = b.op("add.s64", b.op("mad.wide.u32", b.op("mad.lo.u32", j, Imm(2, "u32"), Imm(h, "u32"), type="u32"),
-                                        Imm(T4.MMA_TILE, "u32"), BT), lane16)
-            b.emit("ld.global.nc.v4.u32", b.vec([bh0, bh1, bl0, bl1]), Mem(tile))
+            bh0, bh1, bl0, bl1 = bregs[4 * h:4 * h + 4]
             c = b.regs("f32", 4)
             b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bh0, bh1]), b.vec(czero)))
             b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bl0, bl1]), b.vec(c)))
@@ -885,21 +903,21 @@ def build_mma_gemv(arch):
             for i in range(4):  # c0, c1: row g; c2, c3: row g + 8
                 d_ = ds[i // 2][h]
                 blk[i] = b.op("mul.rn.f32", c[i], d_) if h == 0 else b.op("fma.rn.f32", c[i], d_, blk[i])
-        fa, fb = b.reg("f32"), b.reg("f32")
-        b.emit("ld.global.nc.v2.f32", b.vec([fa, fb]), Mem(b.op("add.s64", b.op("mad.wide.u32", j, Imm(32, "u32"), F), t8)))
         for i in range(4):
             b.emit("fma.rn.f32", acc[i], blk[i], fa if i % 2 == 0 else fb, acc[i])
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+    load_b(jb, 0)
     b.place(loop)
     stage = _wait_step(b, bars, gcount, S)
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
-    for bl in range(STEP):
+    for bl in range(STEP):  # STEP is even: block bl uses set bl % 2, and the next step's block 0 set 0
         j = b.op("add.u32", jb, Imm(bl, "u32"))
         skip = b.label("past_end")
         b.bra(skip, pred=b.op("setp.ge.u32", j, nblk))  # the last step of a row may be short (uniform)
-        block(sbase, bl, j)
+        load_b(b.op("add.u32", j, Imm(1, "u32")) if bl + 1 < STEP else b.op("add.u32", jb, stride), (bl + 1) % 2)
+        block(sbase, bl, bl % 2)
         b.place(skip)
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
     issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
