@@ -818,11 +818,11 @@ def build_mma_gemv(arch):
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
-    table_sym = b.shared_buffer("pairs", 2048, align=16)
+    table_sym = b.shared_buffer("codebook", 2048, align=16)
     ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
     tbl = b.op("mov.u32", table_sym)
-    b.comment("the 2 KB codebook tables (hi and lo fp16x2 per qs byte); one CTA barrier for them and the stage barriers")
-    pt = b.op("mov.u64", b.const_table("pair_init", T4.mma_pair_table().tobytes(), align=16))
+    b.comment("the 2 KB codebook table ((hi, lo) fp16 per index, one copy per lane); one CTA barrier for it and the stage barriers")
+    pt = b.op("mov.u64", b.const_table("codebook_init", T4.mma_element_table().tobytes(), align=16))
     v4 = b.regs("b32", 4)
     b.emit("ld.global.nc.v4.u32", b.vec(v4), Mem(b.op("mad.wide.u32", tid, Imm(16, "u32"), pt)))
     b.emit("st.shared.v4.u32", Mem(b.op("mad.lo.u32", tid, Imm(16, "u32"), tbl)), b.vec(v4))
@@ -848,19 +848,22 @@ def build_mma_gemv(arch):
     gcount = b.op("mov.u32", Imm(0, "u32"))
     # per lane: byte offsets of (row g, word 1 + t/2) in a stage, the qs byte pair 2(t&1) (prmt selectors),
     # this lane's 16 bytes in a B tile and the factor pair of tokens 2t, 2t + 1
-    lane_row = b.op("mad.lo.u32", g, Imm(row_stride, "u32"), b.op("shl.b32", b.op("shr.u32", t, Imm(1, "u32")), Imm(2, "u32")))
-    k0 = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))
-    sel0 = b.op("or.b32", k0, Imm(0x4440, "b32"))  # byte k0 → byte 0, zeros above (bytes of the zero operand)
-    sel1 = b.op("add.u32", sel0, Imm(1, "u32"))
+    lane_row = b.op("mad.lo.u32", g, Imm(row_stride, "u32"), b.op("shl.b32", t, Imm(1, "u32")))  # + its 2 qs bytes 2(t&1)..
+    lane4 = b.op("shl.b32", lane, Imm(2, "u32"))
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
     t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
-    zero = b.op("mov.b32", Imm(0, "b32"))
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]  # C of each half block's first MMA
 
-    def lookup(word, sel):
-        """(hi, lo) fp16x2 of the qs byte `sel` picks from `word` (two 4-byte lookups, hi and lo tables)."""
-        a = b.op("mad.lo.u32", b.op("prmt.b32", word, zero, sel), Imm(4, "u32"), tbl)
-        return b.op("ld.shared.u32", Mem(a)), b.op("ld.shared.u32", Mem(a, 1024))
+    def lookups(w):
+        """The A registers of the two qs bytes in `w` (bits 0..15): [(hi, lo) fp16x2 of each byte's two elements]
+        — one conflict-free 4-byte lookup per element (word 32·index + lane) and two prmt per byte."""
+        e = []
+        for sh in (7, 3, -1, -5):  # nibble n of w (bits 4n..4n+3) to bits 7..10: the table row
+            x = b.op("shl.b32", w, Imm(sh, "u32")) if sh > 0 else b.op("shr.u32", w, Imm(-sh, "u32"))
+            a = b.op("or.b32", b.op("and.b32", x, Imm(0x780, "b32")), lane4)
+            e.append(b.op("ld.shared.u32", Mem(b.op("add.u32", a, tbl))))
+        return [(b.op("prmt.b32", e[2 * i], e[2 * i + 1], Imm(0x5410, "b32")),
+                 b.op("prmt.b32", e[2 * i], e[2 * i + 1], Imm(0x7632, "b32"))) for i in range(2)]
 
     last = b.op("sub.u32", nblk, Imm(1, "u32"))
     # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
@@ -890,11 +893,9 @@ def build_mma_gemv(arch):
         bregs, (fa, fb) = sets[cur]
         blk = [None] * 4
         for h in range(2):
-            words = [b.op("ld.shared.u32", Mem(qbase, 4 + 8 * h + 8 * row_stride * rr)) for rr in range(2)]
-            a0h, a0l = lookup(words[0], sel0)  # row g, k-pair t
-            a1h, a1l = lookup(words[1], sel0)  # row g + 8, k-pair t
-            a2h, a2l = lookup(words[0], sel1)  # row g, k-pair t + 4
-            a3h, a3l = lookup(words[1], sel1)  # row g + 8, k-pair t + 4
+            words = [b.op("ld.shared.u16", Mem(qbase, 4 + 8 * h + 8 * row_stride * rr), type="u32") for rr in range(2)]
+            (a0h, a0l), (a2h, a2l) = lookups(words[0])  # row g: k-pairs t, t + 4
+            (a1h, a1l), (a3h, a3l) = lookups(words[1])  # row g + 8
             bh0, bh1, bl0, bl1 = bregs[4 * h:4 * h + 4]
             c = b.regs("f32", 4)
             b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bh0, bh1]), b.vec(czero)))
