@@ -355,7 +355,8 @@ def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
 
     rows = int(fn.meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
-    splits = gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)))
+    splits = gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)),
+                         int(fn.meta.get("max_splits", 8)))
     cnt = _counters(4 * ctas * int(fn.meta["warps"]))
     part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
     return ctas, splits, part, cnt
@@ -399,12 +400,13 @@ def _counters(nbytes: int):
     return _COUNTERS[0]
 
 
-def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32) -> int:
+def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8) -> int:
     """K splits for a lane-per-block GEMV: as many as keep the grid within one wave of resident CTAs
-    (small M, long K: 3584 x 18944 has 448 row CTAs for 1056 slots), at most 8, each split ≥ one step
-    (a step is 32 lanes x `lane_cols` columns: 32 for TQ4_1S and Q8_0 blocks, 64 for Q4_K sub-block pairs)."""
+    (small M, long K: 3584 x 18944 has 448 row CTAs for 1056 slots), at most `max_splits` (the kernel's meta;
+    8 for the lane kernels), each split ≥ one step (a step is 32 lanes x `lane_cols` columns: 32 for TQ4_1S
+    and Q8_0 blocks, 64 for Q4_K sub-block pairs)."""
     steps = -(-(k // lane_cols) // 32)
-    return max(1, min(8, steps, (sms * ctas_per_sm) // max(ctas, 1)))
+    return max(1, min(max_splits, steps, (sms * ctas_per_sm) // max(ctas, 1)))
 
 
 def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:

@@ -221,13 +221,14 @@ def test_one_round_split_plan_fits_the_slots_and_covers_k(tiles, steps, slots):
 
 
 @given(ctas=st.integers(1, 5000), k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]),
-       per_sm=st.integers(1, 8), sms=st.sampled_from([1, 84, 132]), lane_cols=st.sampled_from([32, 64]))
-def test_gemv_splits_fill_one_wave_and_keep_a_step_each(ctas, k, per_sm, sms, lane_cols):
+       per_sm=st.integers(1, 8), sms=st.sampled_from([1, 84, 132]), lane_cols=st.sampled_from([8, 32, 64]),
+       max_splits=st.sampled_from([8, 16]))
+def test_gemv_splits_fill_one_wave_and_keep_a_step_each(ctas, k, per_sm, sms, lane_cols, max_splits):
     from ptxgen.runtime.ops import gemv_splits
 
-    s = gemv_splits(ctas, k, per_sm, sms, lane_cols)
-    steps = -(-(k // lane_cols) // 32)  # a lane step: 32 lanes x lane_cols columns (Q4_K: 64)
-    assert 1 <= s <= min(8, steps)
+    s = gemv_splits(ctas, k, per_sm, sms, lane_cols, max_splits)
+    steps = -(-(k // lane_cols) // 32)  # a lane step: 32 lanes x lane_cols columns (Q4_K: 64; tensor-core: 8 blocks)
+    assert 1 <= s <= min(max_splits, steps)
     assert s == 1 or ctas * s <= sms * per_sm  # never a second, partial wave of CTAs
     if ctas * 2 <= sms * per_sm and steps >= 2:
         assert s >= 2  # rows alone fill at most half the GPU: split K

@@ -802,7 +802,7 @@ def build_mma_gemv(arch):
     b.meta.update(split_k=f"gridDim.y splits the K steps (a step: {STEP} blocks); part: splits x ntok x m fp32, counters: "
                           "one u32 per warp (zero, left zero)", ctas_per_sm=MMA_CTAS, tokens=8, rows_per_cta=16 * NW,
                   rows_per_warp=16, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
-                  lane_cols=STEP, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
+                  lane_cols=STEP, max_splits=16, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, 16), no swizzle; k % 128 == 0",
                   tma_box=(MMA_ROW_WORDS, 16),
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"),
@@ -865,21 +865,20 @@ def build_mma_gemv(arch):
         return [(b.op("prmt.b32", e[2 * i], e[2 * i + 1], Imm(0x5410, "b32")),
                  b.op("prmt.b32", e[2 * i], e[2 * i + 1], Imm(0x7632, "b32"))) for i in range(2)]
 
-    last = b.op("sub.u32", nblk, Imm(1, "u32"))
     # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
-    # waited on these loads: long_scoreboard 5 per issue)
+    # waited on these loads: long_scoreboard 5 per issue); the step's pointers, blocks at immediate offsets
     sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(2)]
+    p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
+    p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
+    s_b, s_f = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32")), b.op("mul.wide.u32", stride, Imm(32, "u32"))
 
-    def load_b(j, dst):
-        """Block j's (clamped to the last block: the prefetch past a split's end reads, and drops, real data)
-        B tiles (hi0, hi1, lo0, lo1 of each half) and its token factors (2t, 2t + 1) into register set dst."""
-        jc = b.op("min.u32", j, last)
+    def load_b(pb, pf, bl, dst, pred=None):
+        """Block bl after the pointers' block (if `pred`): its B tiles (hi0, hi1, lo0, lo1 of each half) and its
+        token factors (2t, 2t + 1) into register set dst."""
         bregs, fregs = sets[dst]
         for h in range(2):
-            tile = b.op("add.s64", b.op("mad.wide.u32", b.op("mad.lo.u32", jc, Imm(2, "u32"), Imm(h, "u32"), type="u32"),
-                                        Imm(T4.MMA_TILE, "u32"), BT), lane16)
-            b.emit("ld.global.nc.v4.u32", b.vec(bregs[4 * h:4 * h + 4]), Mem(tile))
-        b.emit("ld.global.nc.v2.f32", b.vec(fregs), Mem(b.op("add.s64", b.op("mad.wide.u32", jc, Imm(32, "u32"), F), t8)))
+            b.emit("ld.global.nc.v4.u32", b.vec(bregs[4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE), pred=pred)
+        b.emit("ld.global.nc.v2.f32", b.vec(fregs), Mem(pf, 32 * bl), pred=pred)
 
     def block(stage_base, bl, cur):
         """Block bl of the step (B tiles and factors in register set cur): 2 halves x 3 MMAs, row scales, token
@@ -909,7 +908,7 @@ def build_mma_gemv(arch):
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
-    load_b(jb, 0)
+    load_b(p_b, p_f, 0, 0)
     b.place(loop)
     stage = _wait_step(b, bars, gcount, S)
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
@@ -917,13 +916,19 @@ def build_mma_gemv(arch):
         j = b.op("add.u32", jb, Imm(bl, "u32"))
         skip = b.label("past_end")
         b.bra(skip, pred=b.op("setp.ge.u32", j, nblk))  # the last step of a row may be short (uniform)
-        load_b(b.op("add.u32", j, Imm(1, "u32")) if bl + 1 < STEP else b.op("add.u32", jb, stride), (bl + 1) % 2)
+        if bl + 1 < STEP:
+            load_b(p_b, p_f, bl + 1, (bl + 1) % 2, b.op("setp.lt.u32", b.op("add.u32", j, Imm(1, "u32")), nblk))
+        else:  # the next step's first block
+            load_b(b.op("add.s64", p_b, s_b), b.op("add.s64", p_f, s_f), 0, 0,
+                   b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk))
         block(sbase, bl, bl % 2)
         b.place(skip)
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
     issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
     b.emit("add.u32", gcount, gcount, Imm(1, "u32"))
     b.emit("add.u32", jb, jb, stride)
+    b.emit("add.s64", p_b, p_b, s_b)
+    b.emit("add.s64", p_f, p_f, s_f)
     b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
     b.place(done)
     _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p)
