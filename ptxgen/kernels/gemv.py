@@ -764,11 +764,13 @@ def build_tma_lanes(arch, Tn: int):
 
 
 MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16 rows
-MMA_STEP = 8  # blocks per TMA box (16 rows x (40 + 4 pad) u32: a 176-byte smem row stride, conflict-free; 2.8 KB
+MMA_STEP = 6  # blocks per TMA box (16 rows x (30 + 6 pad) u32: a 144-byte smem row stride, conflict-free; 2.3 KB
 # stages, so that 6 CTAs (24 warps) fit an SM: the first H200 run, with 16-block steps, had 9 warps per SM and
 # stalled on its B-tile loads (long_scoreboard 5 per issue, 0.21 issued per scheduler, 63 us at any T)
 MMA_STAGES = 3
-MMA_ROW_WORDS = MMA_STEP * 5 + 4
+MMA_ROW_WORDS = 36  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
+MMA_SETS = 3  # B-tile register sets: loads MMA_SETS - 1 blocks ahead (one ahead left half the blocks waiting on
+# them, ncu: the loads shared a scoreboard with the next block's); MMA_STEP is a multiple of it
 MMA_CTAS = 6  # resident CTAs per SM (shared memory: 6 x (33.8 KB ring + 2 KB tables))
 
 
@@ -867,7 +869,9 @@ def build_mma_gemv(arch):
 
     # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
     # waited on these loads: long_scoreboard 5 per issue); the step's pointers, blocks at immediate offsets
-    sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(2)]
+    D = MMA_SETS - 1
+    assert STEP % MMA_SETS == 0 and MMA_ROW_WORDS >= 5 * STEP and MMA_ROW_WORDS % 8 == 4
+    sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(MMA_SETS)]
     p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
     s_b, s_f = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32")), b.op("mul.wide.u32", stride, Imm(32, "u32"))
@@ -908,20 +912,24 @@ def build_mma_gemv(arch):
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
-    load_b(p_b, p_f, 0, 0)
+    for bl in range(D):
+        load_b(p_b, p_f, bl, bl, b.op("setp.lt.u32", b.op("add.u32", jb, Imm(bl, "u32")), nblk))
     b.place(loop)
     stage = _wait_step(b, bars, gcount, S)
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
-    for bl in range(STEP):  # STEP is even: block bl uses set bl % 2, and the next step's block 0 set 0
+    nxt = None
+    for bl in range(STEP):  # block bl uses set bl % MMA_SETS (STEP a multiple of it: the same sets every step)
         j = b.op("add.u32", jb, Imm(bl, "u32"))
         skip = b.label("past_end")
         b.bra(skip, pred=b.op("setp.ge.u32", j, nblk))  # the last step of a row may be short (uniform)
-        if bl + 1 < STEP:
-            load_b(p_b, p_f, bl + 1, (bl + 1) % 2, b.op("setp.lt.u32", b.op("add.u32", j, Imm(1, "u32")), nblk))
-        else:  # the next step's first block
-            load_b(b.op("add.s64", p_b, s_b), b.op("add.s64", p_f, s_f), 0, 0,
-                   b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk))
-        block(sbase, bl, bl % 2)
+        if bl + D < STEP:
+            load_b(p_b, p_f, bl + D, (bl + D) % MMA_SETS, b.op("setp.lt.u32", b.op("add.u32", j, Imm(D, "u32")), nblk))
+        else:  # one of the next step's first blocks
+            nxt = nxt or (b.op("add.s64", p_b, s_b), b.op("add.s64", p_f, s_f))
+            nb = bl + D - STEP
+            load_b(nxt[0], nxt[1], nb, (bl + D) % MMA_SETS,
+                   b.op("setp.lt.u32", b.op("add.u32", b.op("add.u32", jb, stride), Imm(nb, "u32")), nblk))
+        block(sbase, bl, bl % MMA_SETS)
         b.place(skip)
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
     issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
