@@ -446,3 +446,17 @@ def test_tensor_core_gemv_without_the_lo_term_fails(monkeypatch):
     ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
     out = check_kernel("gemv_tq4_1s_mma", ptx, seed=3, shape=(40, 1024), ntok=4, splits=1)
     assert not out.ok and "relative error" in out.detail
+
+
+def test_tma_box_starting_off_a_16_byte_boundary_is_an_error(monkeypatch):
+    """6-block steps (boxes 120 bytes apart in the row) stopped the H200 with an illegal instruction: the
+    emulator must reject a TMA box whose innermost coordinate is not 16-byte aligned, not run it."""
+    from ptxgen.arch import get_arch
+    from ptxgen.emu.machine import EmulationError
+    from ptxgen.kernels import gemv
+
+    monkeypatch.setattr(gemv, "MMA_STEP", 6)
+    monkeypatch.setattr(gemv, "MMA_ROW_WORDS", 36)
+    ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
+    with pytest.raises(EmulationError, match="16-byte aligned"):
+        check_kernel("gemv_tq4_1s_mma", ptx, seed=3, shape=(40, 1024), ntok=2, splits=1)

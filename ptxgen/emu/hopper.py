@@ -175,6 +175,9 @@ class HopperOps:
             d = int(daddr[i])
             if d % 128:
                 raise self.Error(f"TMA destination {d} is not 128-byte aligned")
+            if (int(c0[i]) * es) % 16:  # the H200 stops with an illegal instruction (6-block boxes of 20-byte blocks did)
+                raise self.Error(f"TMA box starts at column {int(c0[i])}: {int(c0[i]) * es} bytes into the row, not a "
+                                 "multiple of 16 (the innermost coordinate must be 16-byte aligned)")
             rr, cc = np.meshgrid(np.arange(br) + c1[i], np.arange(bc) + c0[i], indexing="ij")
             inb = (rr >= 0) & (rr < tm["rows"]) & (cc >= 0) & (cc < tm["cols"])
             data = np.zeros((br, bc, es), np.uint8)

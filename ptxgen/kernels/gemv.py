@@ -764,14 +764,16 @@ def build_tma_lanes(arch, Tn: int):
 
 
 MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16 rows
-MMA_STEP = 6  # blocks per TMA box (16 rows x (30 + 6 pad) u32: a 144-byte smem row stride, conflict-free; 2.3 KB
-# stages, so that 6 CTAs (24 warps) fit an SM: the first H200 run, with 16-block steps, had 9 warps per SM and
-# stalled on its B-tile loads (long_scoreboard 5 per issue, 0.21 issued per scheduler, 63 us at any T)
-MMA_STAGES = 3
-MMA_ROW_WORDS = 36  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
+MMA_STEP = 12  # blocks per TMA box (16 rows x 60 u32: a 240-byte smem row stride, conflict-free), a multiple of 4
+# so that each box starts 16-byte aligned in the row (6-block boxes, 120 bytes apart, stopped the H200 with an
+# illegal instruction; the emulator now checks it); 2 stages of 3.8 KB, so that 6 CTAs (24 warps) fit an SM:
+# the first H200 run (16-block steps, 3 stages) had 9 warps per SM and stalled on its B-tile loads
+# (long_scoreboard 5 per issue, 0.21 issued per scheduler, 63 us at any T)
+MMA_STAGES = 2
+MMA_ROW_WORDS = 60  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
 MMA_SETS = 3  # B-tile register sets: loads MMA_SETS - 1 blocks ahead (one ahead left half the blocks waiting on
 # them, ncu: the loads shared a scoreboard with the next block's); MMA_STEP is a multiple of it
-MMA_CTAS = 6  # resident CTAs per SM (shared memory: 6 x (33.8 KB ring + 2 KB tables))
+MMA_CTAS = 6  # resident CTAs per SM (shared memory: 6 x (30.7 KB rings + 2 KB table))
 
 
 def build_mma_gemv(arch):
