@@ -457,6 +457,7 @@ def test_tma_box_starting_off_a_16_byte_boundary_is_an_error(monkeypatch):
 
     monkeypatch.setattr(gemv, "MMA_STEP", 6)
     monkeypatch.setattr(gemv, "MMA_ROW_WORDS", 36)
+    monkeypatch.setattr(gemv, "MMA_SETS", 3)
     ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
     with pytest.raises(EmulationError, match="16-byte aligned"):
         check_kernel("gemv_tq4_1s_mma", ptx, seed=3, shape=(40, 1024), ntok=2, splits=1)

@@ -764,16 +764,18 @@ def build_tma_lanes(arch, Tn: int):
 
 
 MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16 rows
-MMA_STEP = 12  # blocks per TMA box (16 rows x 60 u32: a 240-byte smem row stride, conflict-free), a multiple of 4
+MMA_STEP = 8  # blocks per TMA box (16 rows x 44 u32: a 176-byte smem row stride, conflict-free), a multiple of 4
 # so that each box starts 16-byte aligned in the row (6-block boxes, 120 bytes apart, stopped the H200 with an
-# illegal instruction; the emulator now checks it); 2 stages of 3.8 KB, so that 6 CTAs (24 warps) fit an SM:
-# the first H200 run (16-block steps, 3 stages) had 9 warps per SM and stalled on its B-tile loads
-# (long_scoreboard 5 per issue, 0.21 issued per scheduler, 63 us at any T)
-MMA_STAGES = 2
-MMA_ROW_WORDS = 60  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
-MMA_SETS = 3  # B-tile register sets: loads MMA_SETS - 1 blocks ahead (one ahead left half the blocks waiting on
-# them, ncu: the loads shared a scoreboard with the next block's); MMA_STEP is a multiple of it
-MMA_CTAS = 6  # resident CTAs per SM (shared memory: 6 x (30.7 KB rings + 2 KB table))
+# illegal instruction; the emulator checks it); 3 stages of 2.8 KB, so that 6 CTAs (24 warps) fit an SM: the
+# first H200 run (16-block steps) had 9 warps per SM and stalled on its B-tile loads (long_scoreboard 5 per
+# issue, 0.21 issued per scheduler, 63 us at any T). 12-block steps in 2 stages measured slower (43.9 vs 39.0
+# us kernel, 18944x3584: more of each warp's short life waiting for its first and its next stage)
+MMA_STAGES = 3
+MMA_ROW_WORDS = 44  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
+MMA_AHEAD = 2  # B tiles are loaded this many blocks ahead (one ahead left every other block's first MMA waiting
+# on them: ncu showed those loads sharing a scoreboard with the next block's)
+MMA_SETS = 4  # B-tile register sets (virtual; > MMA_AHEAD, dividing MMA_STEP so that every step uses the same)
+MMA_CTAS = 5  # resident CTAs per SM (shared memory: 6 x (30.7 KB rings + 2 KB table))
 
 
 def build_mma_gemv(arch):
@@ -871,8 +873,8 @@ def build_mma_gemv(arch):
 
     # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
     # waited on these loads: long_scoreboard 5 per issue); the step's pointers, blocks at immediate offsets
-    D = MMA_SETS - 1
-    assert STEP % MMA_SETS == 0 and MMA_ROW_WORDS >= 5 * STEP and MMA_ROW_WORDS % 8 == 4
+    D = MMA_AHEAD
+    assert STEP % MMA_SETS == 0 and MMA_SETS > D and MMA_ROW_WORDS >= 5 * STEP and MMA_ROW_WORDS % 8 == 4
     sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(MMA_SETS)]
     p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
