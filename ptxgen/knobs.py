@@ -5,7 +5,8 @@ PTXGEN_NO_CACHE    1: neither read nor write the disk cache
 PTXGEN_KEEP        a folder: keep ptx, cubin, ptxas log and SASS of every compile there
 PTXGEN_VERBOSE     1: print compiles, cache hits and launches to stderr
 PTXGEN_EMITTED_DIR load kernels from this folder instead of the packaged emitted/
-PTXGEN_TQ4_MMA     1: exact TQ4_1S decode through the experimental tensor-core GEMV (sm_90, not yet measured)
+PTXGEN_TQ4_MMA     exact TQ4_1S decode on the tensor-core GEMV (sm_90): unset/auto = slices of 5-8 tokens,
+                   1 = every slice, 0 = never
 """
 from __future__ import annotations
 
@@ -35,5 +36,13 @@ def emitted_dir() -> Path | None:
     return Path(v) if v else None
 
 
-def tq4_mma() -> bool:
-    return os.environ.get("PTXGEN_TQ4_MMA", "") in ("1", "true", "yes")
+def tq4_mma() -> str:
+    """"auto" (unset), "on" (1/true/yes) or "off" (0/false/no); anything else is an error, not a silent default."""
+    v = os.environ.get("PTXGEN_TQ4_MMA", "").strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v in ("1", "true", "yes", "on"):
+        return "on"
+    if v in ("0", "false", "no", "off"):
+        return "off"
+    raise ValueError(f"PTXGEN_TQ4_MMA={v!r}: expected auto, 1 or 0")

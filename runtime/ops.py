@@ -315,12 +315,12 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         return _result(o, xa.host and out is None)
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
-    if tma and knobs.tq4_mma():  # experimental: the tensor-core GEMV (README, Knobs)
-        for t0 in range(0, t, 8):
-            _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, min(8, t - t0), arch)
-        return _result(o, xa.host and out is None)
+    tc = knobs.tq4_mma() if tma else "off"
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
+        if tc == "on" or (tc == "auto" and n >= MMA_GEMV_MIN_TOKENS):  # the tensor-core GEMV (README, Knobs)
+            _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
+            continue
         name = _gemv_kernel(w, n, fused)
         if tma and n <= TMA_GEMV_MAX_TOKENS:
             name = name.replace("gemv_tq4_1s_t", "gemv_tq4_1s_tma_t")
@@ -336,7 +336,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
 
 def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
     """One slice of ≤ 8 tokens through prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles) and the
-    tensor-core GEMV gemv_tq4_1s_mma (PTXGEN_TQ4_MMA=1)."""
+    tensor-core GEMV gemv_tq4_1s_mma (slices of MMA_GEMV_MIN_TOKENS or more; every slice with PTXGEN_TQ4_MMA=1)."""
     from ptxgen.formats import tq4_1s as T4
 
     tiles = DeviceArray.empty((k // 16, T4.MMA_TILE), np.uint8)
@@ -373,11 +373,15 @@ def _weight_tensor_map(fn, w: QuantTensor) -> bytes:
 # the TMA-fed exact TQ4_1S GEMV where it measured faster than the ld.global lane kernel on the H200 (session 4's
 # table vs bench_gemv_tma: T=1 -5 to -6%, T=2 -4 to 0%; T=4 and T=8 were 4-18% slower, they keep the lane kernel)
 TMA_GEMV_MAX_TOKENS = 2
+# the tensor-core exact TQ4_1S GEMV (8 tokens' work at any T ≤ 8) from this many tokens in a slice: on the H200
+# at T=8 41.8 / 49.9 us vs the lane kernel's 77.1 / 76.1 (18944x3584 / 3584x18944), at T=4 42.3 / 48.9 vs
+# 43.4 / 44.2 (a tie or slower), and T=5-7 run the lane kernel for 8 tokens (bench/results/bench_gemv.log)
+MMA_GEMV_MIN_TOKENS = 5
 
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
     """Whether the exact TQ4_1S GEMV may run the TMA-fed kernel (gemv_tq4_1s_tma_t*, for slices of at most
-    TMA_GEMV_MAX_TOKENS tokens; the tensor-core GEMV under PTXGEN_TQ4_MMA=1 too): an sm_90 device with the
+    TMA_GEMV_MAX_TOKENS tokens, and the tensor-core GEMV): an sm_90 device with the
     sm_90a build (and `arch` not pinning another target), K a multiple of 128 (16-byte row stride for the
     tensor map) and 16-byte aligned weights; otherwise the ld.global lane kernel (same results)."""
     from .driver import current
