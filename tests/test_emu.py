@@ -461,3 +461,17 @@ def test_tma_box_starting_off_a_16_byte_boundary_is_an_error(monkeypatch):
     ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
     with pytest.raises(EmulationError, match="16-byte aligned"):
         check_kernel("gemv_tq4_1s_mma", ptx, seed=3, shape=(40, 1024), ntok=2, splits=1)
+
+
+def test_tensor_core_gemv_with_two_m_tiles_per_warp(monkeypatch):
+    """MMA_MTILES = 2 (32 rows per warp, 4-block steps: the variant measured in session 6): still within 1e-5,
+    with rows past M and 1-3 splits."""
+    from ptxgen.arch import get_arch
+    from ptxgen.kernels import gemv
+
+    for name, v in (("MMA_MTILES", 2), ("MMA_STEP", 4), ("MMA_ROW_WORDS", 20)):
+        monkeypatch.setattr(gemv, name, v)
+    ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
+    for splits, ntok in ((1, 8), (3, 5)):
+        out = check_kernel("gemv_tq4_1s_mma", ptx, seed=7, shape=(150, 32 * 4 * 5 + 128), ntok=ntok, splits=splits)
+        assert out.ok, (splits, out.detail)

@@ -775,28 +775,32 @@ MMA_ROW_WORDS = 44  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod
 MMA_AHEAD = 2  # B tiles are loaded this many blocks ahead (one ahead left every other block's first MMA waiting
 # on them: ncu showed those loads sharing a scoreboard with the next block's)
 MMA_SETS = 4  # B-tile register sets (virtual; > MMA_AHEAD, dividing MMA_STEP so that every step uses the same)
-MMA_CTAS = 5  # resident CTAs per SM (shared memory: 6 x (30.7 KB rings + 2 KB table))
+MMA_MTILES = 1  # m16 tiles per warp (2: each B-tile load serves 32 rows; measured no better, bench/NOTES.md session 6)
+MMA_CTAS = 5  # resident CTAs per SM (96 registers; shared memory 5 x (33.8 KB rings + 2 KB table))
 
 
 def build_mma_gemv(arch):
-    """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (EXPERIMENTAL: emulator-verified, not yet measured
-    on the H200, not dispatched by mul_mat unless PTXGEN_TQ4_MMA=1).
+    """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 5-8
+    tokens on sm_90; bench/NOTES.md "session 6" has every version measured on the H200).
 
-    Why: the FFMA lane kernels pay one FFMA per weight and token (T = 8: 3.3x the time of T = 1 on the H200).
-    Here a warp owns 16 rows; per half block (16 elements, one fp16 scale) it runs
+    Why: the FFMA lane kernels pay one FFMA per weight and token (T = 8: 3.1x the time of T = 1 on the H200;
+    this kernel does 8 tokens' work at any T: 1.67x). Here a warp owns 16·MMA_MTILES rows; per m16 tile and half block (16 elements, one fp16 scale) it runs
     mma.sync m16n8k16 three times, A_hi·B_hi + A_hi·B_lo + A_lo·B_hi: A = the codebook values of the 16 x 16
-    weights split into fp16 hi + lo (per qs byte a 4-byte hi and a 4-byte lo lookup, each the fp16x2 of its
-    two elements), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
+    weights split into fp16 hi + lo (one conflict-free lookup per element of a (hi, lo) word, two prmt per qs
+    byte), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
     by `prep_tq4_1s_mma` (ptxgen.formats.tq4_1s.to_mma_tiles); the dropped lo·lo term is ~2^-22 relative.
     Each C fragment is scaled by the row's d_h (FFMA) and, per block, by the token's 2^-s. Lane (g, t) reads
     qs word 2h + t/2 of rows g and g + 8 and uses its bytes 2(t&1), 2(t&1)+1: k-pairs t and t + 4 of the MMA,
-    matched by the tile layout. Weights come by TMA as in `build_tma_lanes` (box: 16 rows x 84 u32). Lane
+    matched by the tile layout. Weights come by TMA as in `build_tma_lanes` (box: 16 rows x MMA_ROW_WORDS u32 per
+    m16 tile, MMA_STAGES stages); B tiles and factors load MMA_AHEAD blocks ahead. Lane
     (g, t) ends with rows g, g + 8 x tokens 2t, 2t + 1: no cross-lane reduction. Split-K over gridDim.y with
     the lane kernels' last-warp fixup."""
     arch.require("cp_async_bulk_tensor", "the tensor-core TQ4_1S GEMV", "use gemv_tq4_1s_t8")
-    NW, S, STEP = MMA_WARPS, MMA_STAGES, MMA_STEP
+    NW, S, STEP, MT = MMA_WARPS, MMA_STAGES, MMA_STEP, MMA_MTILES
+    assert MT in (1, 2, 4)
+    R = 16 * MT  # rows per warp
     row_stride = MMA_ROW_WORDS * 4
-    stage_bytes = 16 * row_stride
+    stage_bytes = R * row_stride
     b = KernelBuilder("gemv_tq4_1s_mma", arch, "tq4_1s GEMV (exact) for up to 8 tokens on mma.sync, weights by TMA",
                       block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
@@ -806,20 +810,19 @@ def build_mma_gemv(arch):
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {MMA_CTAS}"]
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k=f"gridDim.y splits the K steps (a step: {STEP} blocks); part: splits x ntok x m fp32, counters: "
-                          "one u32 per warp (zero, left zero)", ctas_per_sm=MMA_CTAS, tokens=8, rows_per_cta=16 * NW,
-                  rows_per_warp=16, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
+                          "one u32 per warp (zero, left zero)", ctas_per_sm=MMA_CTAS, tokens=8, rows_per_cta=R * NW,
+                  rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
                   lane_cols=STEP, max_splits=16, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
-                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, 16), no swizzle; k % 128 == 0",
-                  tma_box=(MMA_ROW_WORDS, 16),
-                  stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"),
-                  experimental="not measured on the H200 yet")
+                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, {R}), no swizzle; k % 128 == 0",
+                  tma_box=(MMA_ROW_WORDS, R),
+                  stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
     BT, F, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
     gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(NW, "u32"), warp)
-    row0 = b.op("shl.b32", gwarp, Imm(4, "u32"))
+    row0 = b.op("shl.b32", gwarp, Imm(R.bit_length() - 1, "u32"))  # R = 16·MT, MT a power of two
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
@@ -837,7 +840,7 @@ def build_mma_gemv(arch):
 
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
-    acc = b.regs("f32", 4)
+    acc = b.regs("f32", 4 * MT)  # per m16 tile mt: (row 16mt + g, token 2t), (.., 2t + 1), (16mt + g + 8, 2t), (..)
     for r_ in acc:
         b.emit("mov.f32", r_, Imm(0.0, "f32"))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
@@ -893,25 +896,27 @@ def build_mma_gemv(arch):
         factors into acc."""
         sm = b.op("add.u32", stage_base, Imm(bl * 20, "u32"))
         dw = [b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", g, Imm(row_stride, "u32"), sm), 8 * row_stride * rr))
-              for rr in range(2)]
+              for rr in range(2 * MT)]  # rows g + 8rr
         ds = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", dw[rr])),
-               b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", dw[rr], Imm(16, "u32"))))] for rr in range(2)]
+               b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", dw[rr], Imm(16, "u32"))))] for rr in range(2 * MT)]
         qbase = b.op("add.u32", sm, lane_row)
         bregs, (fa, fb) = sets[cur]
-        blk = [None] * 4
+        blk = [None] * (4 * MT)
         for h in range(2):
-            words = [b.op("ld.shared.u16", Mem(qbase, 4 + 8 * h + 8 * row_stride * rr), type="u32") for rr in range(2)]
-            (a0h, a0l), (a2h, a2l) = lookups(words[0])  # row g: k-pairs t, t + 4
-            (a1h, a1l), (a3h, a3l) = lookups(words[1])  # row g + 8
             bh0, bh1, bl0, bl1 = bregs[4 * h:4 * h + 4]
-            c = b.regs("f32", 4)
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bh0, bh1]), b.vec(czero)))
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bl0, bl1]), b.vec(c)))
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0l, a1l, a2l, a3l]), b.vec([bh0, bh1]), b.vec(c)))
-            for i in range(4):  # c0, c1: row g; c2, c3: row g + 8
-                d_ = ds[i // 2][h]
-                blk[i] = b.op("mul.rn.f32", c[i], d_) if h == 0 else b.op("fma.rn.f32", c[i], d_, blk[i])
-        for i in range(4):
+            for mt in range(MT):
+                words = [b.op("ld.shared.u16", Mem(qbase, 4 + 8 * h + 8 * row_stride * (2 * mt + rr)), type="u32")
+                         for rr in range(2)]
+                (a0h, a0l), (a2h, a2l) = lookups(words[0])  # row 16mt + g: k-pairs t, t + 4
+                (a1h, a1l), (a3h, a3l) = lookups(words[1])  # row 16mt + g + 8
+                c = b.regs("f32", 4)
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bh0, bh1]), b.vec(czero)))
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bl0, bl1]), b.vec(c)))
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0l, a1l, a2l, a3l]), b.vec([bh0, bh1]), b.vec(c)))
+                for i in range(4):  # c0, c1: row 16mt + g; c2, c3: row 16mt + g + 8
+                    d_, o = ds[2 * mt + i // 2][h], 4 * mt + i
+                    blk[o] = b.op("mul.rn.f32", c[i], d_) if h == 0 else b.op("fma.rn.f32", c[i], d_, blk[o])
+        for i in range(4 * MT):
             b.emit("fma.rn.f32", acc[i], blk[i], fa if i % 2 == 0 else fb, acc[i])
 
     loop, done = b.label("step"), b.label("steps_done")
@@ -948,10 +953,11 @@ def build_mma_gemv(arch):
 
 
 def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p):
-    """Store an m16n8 C fragment per lane — acc[0..3] = (row g, token 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) —
-    to y[token][row0 + row]; with split-K, the split's partial and the last-warp fixup of `_lane_epilogue`."""
+    """Store m16n8 C fragments per lane — acc[4mt..4mt+3] = (row 16mt + g, token 2t), (.., 2t+1), (16mt + g + 8,
+    2t), (.., 2t+1) — to y[token][row0 + row]; with split-K, the split's partial and the last-warp fixup of
+    `_lane_epilogue`."""
     owner = []
-    for i in range(4):
+    for i in range(len(acc)):
         row = b.op("add.u32", row0, b.op("add.u32", g, Imm(8 * (i // 2), "u32")))
         tok = b.op("add.u32", b.op("shl.b32", t, Imm(1, "u32")), Imm(i % 2, "u32"))
         ok = b.op("and.pred", b.op("setp.lt.u32", row, M), b.op("setp.lt.u32", tok, ntok))
