@@ -57,7 +57,11 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--shapes", default="all")
+    ap.add_argument("--formats", default="tq4_1s,q4_K,q8_0", help="comma-separated subset of tq4_1s,q4_K,q8_0")
     args = ap.parse_args()
+    fmts = args.formats.split(",")
+    if not set(fmts) <= {"tq4_1s", "q4_K", "q8_0"}:
+        ap.error(f"--formats: unknown {sorted(set(fmts) - {'tq4_1s', 'q4_K', 'q8_0'})}")
     import torch
 
     import ptxgen.runtime as r
@@ -67,7 +71,7 @@ def main():
     results = []
     shapes = SHAPES if args.shapes == "all" else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     for (m, k) in shapes:
-        for fmt in ("tq4_1s", "q4_K", "q8_0"):
+        for fmt in fmts:
             f = formats.get(fmt)
             wbytes = m * f.row_bytes(k)
             copies = max(2, math.ceil(4 * 60e6 / wbytes))
@@ -125,7 +129,7 @@ def print_row(row):
     global _HEADER
     if not _HEADER:
         print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
-              "| tensor-core exact µs (experimental) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
+              "| tensor-core exact µs (forced, any T) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
               "| peer/ptxgen | peer/fast |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         _HEADER = True
@@ -140,7 +144,7 @@ def print_row(row):
 
 
 def tc_us(r, ws, copies, x, y, m, k, t, reps, torch):
-    """The experimental tensor-core exact TQ4_1S GEMV (PTXGEN_TQ4_MMA=1; sm_90, K % 128 == 0), checked against
+    """The tensor-core exact TQ4_1S GEMV forced at every T (PTXGEN_TQ4_MMA=1; sm_90, K % 128 == 0), checked against
     the float64 reference on this shape first; None where it does not run."""
     import os
 

@@ -763,21 +763,20 @@ def build_tma_lanes(arch, Tn: int):
     return b.finish()
 
 
-MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16 rows
-MMA_STEP = 8  # blocks per TMA box (16 rows x 44 u32: a 176-byte smem row stride, conflict-free), a multiple of 4
+MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16·MMA_MTILES rows
+MMA_STEP = 4  # blocks per TMA box (32 rows x 20 u32: an 80-byte smem row stride, conflict-free), a multiple of 4
 # so that each box starts 16-byte aligned in the row (6-block boxes, 120 bytes apart, stopped the H200 with an
-# illegal instruction; the emulator checks it); 3 stages of 2.8 KB, so that 6 CTAs (24 warps) fit an SM: the
-# first H200 run (16-block steps) had 9 warps per SM and stalled on its B-tile loads (long_scoreboard 5 per
-# issue, 0.21 issued per scheduler, 63 us at any T). 12-block steps in 2 stages measured slower (43.9 vs 39.0
-# us kernel, 18944x3584: more of each warp's short life waiting for its first and its next stage)
+# illegal instruction; the emulator checks it). History (bench/NOTES.md, session 6): 16-block steps had 9 warps
+# per SM and stalled on the B-tile loads (63 us at any T); 12-block steps in 2 stages were slower than 8 in 3
 MMA_STAGES = 3
-MMA_ROW_WORDS = 44  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
+MMA_ROW_WORDS = 20  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
 MMA_AHEAD = 2  # B tiles are loaded this many blocks ahead (one ahead left every other block's first MMA waiting
 # on them: ncu showed those loads sharing a scoreboard with the next block's)
 MMA_SETS = 4  # B-tile register sets (virtual; > MMA_AHEAD, dividing MMA_STEP so that every step uses the same)
-MMA_MTILES = 1  # m16 tiles per warp (2: each B-tile load serves 32 rows; measured no better, bench/NOTES.md session 6)
-MMA_CTAS = 5  # resident CTAs per SM (96 registers; shared memory 5 x (33.8 KB rings + 2 KB table))
-
+MMA_MTILES = 2  # m16 tiles per warp: each B-tile load and its address work serve 32 rows (T=8 on the H200 vs one
+# tile with 8-block steps: 40.2 / 43.1 / 39.5 us vs 41.9 / 44.0 / 43.5 on 18944x3584 / 3584x18944 / 14336x4096,
+# 21.3 vs 18.8 on 3584x3584)
+MMA_CTAS = 5  # resident CTAs per SM (96 registers; shared memory 5 x (30 KB rings + 2 KB table))
 
 def build_mma_gemv(arch):
     """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 5-8
@@ -812,7 +811,7 @@ def build_mma_gemv(arch):
     b.meta.update(split_k=f"gridDim.y splits the K steps (a step: {STEP} blocks); part: splits x ntok x m fp32, counters: "
                           "one u32 per warp (zero, left zero)", ctas_per_sm=MMA_CTAS, tokens=8, rows_per_cta=R * NW,
                   rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
-                  lane_cols=STEP, max_splits=16, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
+                  lane_cols=STEP, max_splits=32, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, {R}), no swizzle; k % 128 == 0",
                   tma_box=(MMA_ROW_WORDS, R),
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
@@ -1491,7 +1490,7 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_tq4_1s_mma", "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
                       build_prep_mma, archs=("sm_90a",)),
             KernelDef("gemv_tq4_1s_mma", "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
-                      "(experimental: not measured yet)", build_mma_gemv, archs=("sm_90a",))]
+                      "(mul_mat at T = 5-8 on sm_90)", build_mma_gemv, archs=("sm_90a",))]
     for t in TOKENS:
         if t <= 2:
             defs.append(KernelDef(f"gemv_q4_k_t{t}", f"q4_K decode GEMV, T={t}, fp32 activation from prep_f32_lanes",
