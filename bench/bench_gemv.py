@@ -112,6 +112,7 @@ def main():
                     row["us_llamacpp_q8_0"] = LLAMA_Q8_0.get(((m, k), t))
                 elif fmt == "q4_K":
                     row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
+                    row["us_tc"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
                     row["us_llamacpp_q4_K"] = LLAMA_Q4_K.get(((m, k), t))
                     row["us_tinygemm"] = tinygemm_us(torch, m, k, t, args.reps)
                 results.append(row)
@@ -129,7 +130,7 @@ def print_row(row):
     global _HEADER
     if not _HEADER:
         print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
-              "| tensor-core exact µs (forced, any T) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
+              "| tensor-core exact µs (forced, any T; Q4_K experimental) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
               "| peer/ptxgen | peer/fast |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         _HEADER = True
@@ -144,25 +145,29 @@ def print_row(row):
 
 
 def tc_us(r, ws, copies, x, y, m, k, t, reps, torch):
-    """The tensor-core exact TQ4_1S GEMV forced at every T (PTXGEN_TQ4_MMA=1; sm_90, K % 128 == 0), checked against
-    the float64 reference on this shape first; None where it does not run."""
+    """The tensor-core exact GEMV forced at every T ≤ 8 — TQ4_1S (PTXGEN_TQ4_MMA=1), Q4_K (PTXGEN_Q4K_MMA=1,
+    experimental); sm_90 — checked against the float64 reference on this shape first; None where it does not
+    run."""
     import os
 
     from ptxgen import formats
     from ptxgen.runtime import ops
 
-    if not ops._tma_gemv_ok(ws[0], None):
+    fmt = ws[0].fmt
+    knob = {"tq4_1s": "PTXGEN_TQ4_MMA", "q4_K": "PTXGEN_Q4K_MMA"}[fmt]
+    if not ops._sm90a_tma_ok(ws[0], None, "gemv_tq4_1s_mma" if fmt == "tq4_1s" else "gemv_q4_k_mma"):
         return None
-    os.environ["PTXGEN_TQ4_MMA"] = "1"
+    os.environ[knob] = "1"
     try:
         xs = x[:1].cpu().numpy()
-        ref = formats.gemv_tq4_1s_ref(ws[0].raw().reshape(m, -1), m, k, xs)
+        raw = ws[0].raw().reshape(m, -1)
+        ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
         err = np.linalg.norm(r.mul_mat(ws[0], xs) - ref) / np.linalg.norm(ref)
         if err > 1e-5:
-            raise AssertionError(f"tensor-core GEMV {m}x{k}: relative error {err:.2e}")
+            raise AssertionError(f"{fmt} tensor-core GEMV {m}x{k}: relative error {err:.2e}")
         return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y), reps, torch)
     finally:
-        os.environ.pop("PTXGEN_TQ4_MMA", None)
+        os.environ.pop(knob, None)
 
 
 def fast_us(r, ws, copies, x, y, m, k, t, reps, torch):

@@ -7,6 +7,8 @@ PTXGEN_VERBOSE     1: print compiles, cache hits and launches to stderr
 PTXGEN_EMITTED_DIR load kernels from this folder instead of the packaged emitted/
 PTXGEN_TQ4_MMA     exact TQ4_1S decode on the tensor-core GEMV (sm_90): unset/auto = slices of 5-8 tokens,
                    1 = every slice, 0 = never
+PTXGEN_Q4K_MMA     1: exact Q4_K decode (T <= 8 slices) on the experimental tensor-core GEMV (sm_90; not yet run
+                   on a GPU)
 """
 from __future__ import annotations
 
@@ -46,3 +48,7 @@ def tq4_mma() -> str:
     if v in ("0", "false", "no", "off"):
         return "off"
     raise ValueError(f"PTXGEN_TQ4_MMA={v!r}: expected auto, 1 or 0")
+
+
+def q4k_mma() -> bool:
+    return os.environ.get("PTXGEN_Q4K_MMA", "").strip().lower() in ("1", "true", "yes", "on")

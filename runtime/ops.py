@@ -316,9 +316,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
     tc = knobs.tq4_mma() if tma else "off"
+    q4k_tc = w.fmt == "q4_K" and knobs.q4k_mma() and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma")  # experimental
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
-        if tc == "on" or (tc == "auto" and n >= MMA_GEMV_MIN_TOKENS):  # the tensor-core GEMV (README, Knobs)
+        if tc == "on" or (tc == "auto" and n >= MMA_GEMV_MIN_TOKENS) or q4k_tc:  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         name = _gemv_kernel(w, n, fused)
@@ -335,17 +336,26 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
 
 
 def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
-    """One slice of ≤ 8 tokens through prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles) and the
-    tensor-core GEMV gemv_tq4_1s_mma (slices of MMA_GEMV_MIN_TOKENS or more; every slice with PTXGEN_TQ4_MMA=1)."""
+    """One slice of ≤ 8 tokens through a tensor-core GEMV: TQ4_1S — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo
+    tiles) and gemv_tq4_1s_mma (slices of MMA_GEMV_MIN_TOKENS or more; every slice with PTXGEN_TQ4_MMA=1);
+    Q4_K — prep_mma_f16 (the same tiles unrotated, and block sums) and gemv_q4_k_mma (PTXGEN_Q4K_MMA=1)."""
     from ptxgen.formats import tq4_1s as T4
 
+    q4k = w.fmt == "q4_K"
     tiles = DeviceArray.empty((k // 16, T4.MMA_TILE), np.uint8)
     factors = DeviceArray.empty((k // 32, T4.MMA_TOKENS), np.float32)
     items = T4.MMA_TOKENS * (k // 32)
-    kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
-    fn = kernels.load("gemv_tq4_1s_mma", arch)
+    if q4k:
+        sums = DeviceArray.empty((k // 32, T4.MMA_TOKENS), np.float32)
+        kernels.load("prep_mma_f16", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, sums, n, k))
+        fn = kernels.load("gemv_q4_k_mma", arch)
+        acts = (tiles, factors, sums)
+    else:
+        kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
+        fn = kernels.load("gemv_tq4_1s_mma", arch)
+        acts = (tiles, factors)
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
-    fn.launch((ctas, splits), (_weight_tensor_map(fn, w), tiles, factors, y_ptr, m, k, n, part, cnt),
+    fn.launch((ctas, splits), (_weight_tensor_map(fn, w), *acts, y_ptr, m, k, n, part, cnt),
               pdl=bool(fn.meta.get("pdl")))
 
 
@@ -363,11 +373,14 @@ def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
 
 
 def _weight_tensor_map(fn, w: QuantTensor) -> bytes:
-    """The TQ4_1S weights as the TMA GEMVs' tensor map: u32 elements, rows of K·20/128 words, the kernel's
-    box (meta tma_box: words x rows), no swizzle; zero fill past the row end and past M."""
+    """The weights as the TMA GEMVs' tensor map: u32 elements, rows of row_bytes/4 words (TQ4_1S: K·20/128,
+    Q4_K: K·144/1024), the kernel's box (meta tma_box: words x rows), no swizzle; zero fill past the row end
+    and past M."""
+    from ptxgen import formats
+
     m, k = w.shape
     cols, rows = fn.meta["tma_box"]
-    return _tensor_map(w.ptr, "u32", m, k * 20 // 128, int(rows), int(cols), "none")
+    return _tensor_map(w.ptr, "u32", m, formats.get(w.fmt).row_bytes(k) // 4, int(rows), int(cols), "none")
 
 
 # the TMA-fed exact TQ4_1S GEMV where it measured faster than the ld.global lane kernel on the H200 (session 4's
@@ -377,6 +390,18 @@ TMA_GEMV_MAX_TOKENS = 2
 # at T=8 41.8 / 49.9 us vs the lane kernel's 77.1 / 76.1 (18944x3584 / 3584x18944), at T=4 42.3 / 48.9 vs
 # 43.4 / 44.2 (a tie or slower), and T=5-7 run the lane kernel for 8 tokens (bench/results/bench_gemv.log)
 MMA_GEMV_MIN_TOKENS = 5
+
+
+def _sm90a_tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
+    """An sm_90 device with the sm_90a build of `kernel` (and `arch` not pinning another target), 16-byte
+    aligned weights and a row stride that is a multiple of 16 bytes (the tensor map's rules)."""
+    from ptxgen import formats
+
+    from .driver import current
+
+    m, k = w.shape
+    return (arch in (None, "sm_90a") and current().sm == 90 and "sm_90a" in kernels.available(kernel)
+            and formats.get(w.fmt).row_bytes(k) % 16 == 0 and w.ptr % 16 == 0)
 
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:

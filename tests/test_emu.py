@@ -475,3 +475,54 @@ def test_tensor_core_gemv_with_one_m_tile_per_warp(monkeypatch):
     for splits, ntok in ((1, 8), (3, 5)):
         out = check_kernel("gemv_tq4_1s_mma", ptx, seed=7, shape=(150, 32 * 8 * 5 + 128), ntok=ntok, splits=splits)
         assert out.ok, (splits, out.detail)
+
+
+def test_prep_mma_f16_is_bit_exact_to_the_numpy_model():
+    """prep_mma_f16 (the Q4_K tensor-core GEMV's activation): tiles, factors and block sums bit for bit
+    against to_mma_tiles and mma_block_sums of the unrotated x, with a zero, a tiny and a huge block."""
+    ptx = KERNELS["prep_mma_f16"].for_arch("sm_90a").ptx()
+    for shape in ((3, 32 * 9), (8, 256)):
+        out = check_kernel("prep_mma_f16", ptx, seed=2, shape=shape)
+        assert out.ok, (shape, out.detail)
+
+
+def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite():
+    """gemv_q4_k_mma (integer nibbles x fp16 hi/lo activation on mma.sync): 1, 2, 5 and 8 tokens, several
+    super-blocks, 1-3 K-splits, M not a multiple of the CTA's rows, within 1e-5 of the float64 reference;
+    an inf or a NaN in x gives non-finite outputs exactly where the reference has them."""
+    ptx = KERNELS["gemv_q4_k_mma"].for_arch("sm_90a").ptx()
+    for kw in (dict(shape=(70, 256 * 5), splits=1, ntok=8), dict(shape=(70, 256 * 5), splits=3, ntok=5),
+               dict(shape=(33, 1024), ntok=1, splits=2), dict(shape=(129, 2048), ntok=2, splits=2)):
+        out = check_kernel("gemv_q4_k_mma", ptx, seed=3, **kw)
+        assert out.ok, (kw, out.detail)
+    for bad in (np.inf, np.nan):
+        out = check_kernel("gemv_q4_k_mma", ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
+        assert out.ok, (bad, out.detail)
+
+
+@pytest.mark.parametrize("mutation", ["no_lo_product", "no_min_term"])
+def test_q4_k_tensor_core_gemv_mutations_fail(monkeypatch, mutation):
+    """Dropping the activation's lo half (fp16 x only, ~2^-11) or the block sums (the dmin·m·Σx term) must fail
+    the 1e-5 bar."""
+    from ptxgen import ir
+    from ptxgen.arch import get_arch
+    from ptxgen.kernels import gemv
+
+    if mutation == "no_lo_product":
+        real, calls = ir.mma_sync, []
+
+        def every_second_dropped(*args, **kw):
+            calls.append(1)
+            ins = real(*args, **kw)
+            if len(calls) % 2 == 0:  # A·B_lo of each half (its C is the running sum): a no-op
+                c = ins.operands[3].regs[0]
+                return ir.Instr("mov.b32", (c, c))
+            return ins
+        monkeypatch.setattr(gemv, "mma_sync", every_second_dropped)
+    else:  # the block sums read as zeros: a kernel that ignored them would pass
+        from ptxgen.emu import harness
+
+        monkeypatch.setattr(harness.T4, "mma_block_sums", lambda a: np.zeros((a.shape[1] // 32, 8), np.float32))
+    ptx = gemv.build_q4k_mma_gemv(get_arch("sm_90a")).ptx()
+    out = check_kernel("gemv_q4_k_mma", ptx, seed=3, shape=(40, 1024), ntok=4, splits=1)
+    assert not out.ok and "relative error" in out.detail, out.detail

@@ -147,3 +147,26 @@ def test_experimental_tensor_core_tq4_1s_gemv(t, monkeypatch):
     got = out.numpy()
     assert rel(got, formats.gemv_tq4_1s_ref(raw, m, k, x)) <= 1e-5
     np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("t", [1, 3, 5, 8])  # T > 8 with M ≥ 128 is the MMQ's
+def test_experimental_tensor_core_q4_k_gemv(t, monkeypatch):
+    """PTXGEN_Q4K_MMA=1 (sm_90): prep_mma_f16 + gemv_q4_k_mma within 1e-5 of the float64 reference, outputs
+    poisoned first, the same bits run to run."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime.driver import current
+
+    if current().sm != 90:
+        pytest.skip("the tensor-core Q4_K GEMV is built for sm_90a")
+    monkeypatch.setenv("PTXGEN_Q4K_MMA", "1")
+    rng = np.random.default_rng(100 + t)
+    m, k = 300, 3584
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out)
+    got = out.numpy()
+    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-5
+    np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))

@@ -181,6 +181,62 @@ def _prep_mma(ptx: str, rng, shape=(3, 32 * 9), seed=None, special=True) -> Outc
                    got_t, tiles)
 
 
+def _prep_mma_f16(ptx: str, rng, shape=(3, 32 * 9), seed=None) -> Outcome:
+    """prep_mma_f16: x → per (token, block) 2^s, fp16 hi + lo B tiles, factors and block sums (no rotation), bit
+    for bit against to_mma_tiles and mma_block_sums; tokens past T zero."""
+    t, k = shape
+    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    if k >= 96:
+        x[0, 0:32] = 0
+        x[-1, 32:64] *= np.float32(1e-30)
+        x[0, 64:96] *= np.float32(1e30)
+    tiles, factors = T4.to_mma_tiles(x)
+    sums = T4.mma_block_sums(x)
+    mem = _memory()
+    xa = mem.alloc(x)
+    ta, fa, sa = (mem.alloc(a.nbytes, poison=0xFF) for a in (tiles, factors, sums))
+    nitems = 8 * (k // 32)
+    _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, sa, t, k), mem, seed=seed)
+    bad = [name for name, addr, want in (("tiles", ta, tiles), ("factors", fa, factors), ("sums", sa, sums))
+           if not np.array_equal(mem.view(addr, np.uint8, (want.nbytes,)), want.view(np.uint8).reshape(-1))]
+    return Outcome("prep_mma_f16", not bad, "bit-exact" if not bad else f"{', '.join(bad)} differ", None, None)
+
+
+def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
+    """The tensor-core Q4_K GEMV on tiles, factors and sums from the NumPy model (to_mma_tiles, mma_block_sums
+    of the unrotated x): against the float64 reference, relative error ≤ 1e-5; split-K counters back at zero."""
+    rows = meta["rows_per_cta"]
+    m, k = shape or (rows * 2 + 5, 512)
+    n = ntok or int(rng.integers(1, 9))
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    if poison_x is not None:
+        x[poison_x[0], poison_x[1]] = poison_x[2]
+    tiles, factors = T4.to_mma_tiles(x)
+    sums = T4.mma_block_sums(x)
+    mem = _memory()
+    wa, ta, fa, sa = mem.alloc(raw), mem.alloc(tiles), mem.alloc(factors), mem.alloc(sums)
+    ya = mem.alloc(n * m * 4, poison=0xFF)
+    ctas = (m + rows - 1) // rows
+    nsteps = k // 256
+    splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
+    ca = mem.alloc(np.zeros(ctas * meta["warps"], np.uint32))
+    part = mem.alloc(splits * n * m * 4, poison=0xFF)
+    tw = BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
+    _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, ta, fa, sa, ya, m, k, n, part, ca), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
+    assert not mem.view(ca, np.uint32, (ctas * meta["warps"],)).any(), "split-K counters were not reset"
+    got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    if poison_x is not None:  # non-finite exactly where the reference is; an inf gives NaN where the reference
+        # has ±inf (d·sc·Σq·x − dmin·m·Σx is inf − inf), as any kernel that factors the min term out
+        ok = bool(np.array_equal(np.isfinite(got), np.isfinite(want)))
+        return Outcome("gemv_q4_k_mma", ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+    return Outcome("gemv_q4_k_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
+
+
 def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
     """The tensor-core TQ4_1S GEMV on activation tiles from the NumPy model (to_mma_tiles): against the
     float64 fused reference, relative error ≤ 1e-5; split-K counters back at zero."""
@@ -471,6 +527,8 @@ for _bn in (16, 32, 64):
 HARNESSES["reduce_splitk"] = _reduce
 HARNESSES["prep_tq4_1s_mma"] = _prep_mma
 HARNESSES["gemv_tq4_1s_mma"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma", 2)
+HARNESSES["prep_mma_f16"] = _prep_mma_f16
+HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 

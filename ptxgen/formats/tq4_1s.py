@@ -192,8 +192,8 @@ def mma_scale_exponent(a: np.ndarray) -> np.ndarray:
     return np.clip(141 - e, -100, 100)
 
 
-def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rotated activation (T ≤ 8, K) fp32 → (tiles: K/16 × 512 bytes, factors: (K/32, 8) fp32)."""
+def _mma_scaled(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x·2^s as (8, K/32, 32) fp32, s as (8, K/32)) for up to 8 tokens; tokens past T are zeros (s = 100)."""
     a = f32(a)
     t, k = a.shape
     if t > MMA_TOKENS:
@@ -205,7 +205,14 @@ def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     s[:t] = mma_scale_exponent(a)
     scale = ((s + 127) << 23).astype(np.uint32).view(F32)
     with np.errstate(invalid="ignore", over="ignore"):
-        xs = (full.reshape(MMA_TOKENS, nb, 32) * scale[:, :, None]).astype(F32)
+        return (full.reshape(MMA_TOKENS, nb, 32) * scale[:, :, None]).astype(F32), s
+
+
+def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rotated activation (T ≤ 8, K) fp32 → (tiles: K/16 × 512 bytes, factors: (K/32, 8) fp32)."""
+    xs, s = _mma_scaled(a)
+    nb = xs.shape[1]
+    with np.errstate(invalid="ignore", over="ignore"):
         hi = xs.astype(np.float16)
         lo = np.where(np.isfinite(hi), (xs - hi.astype(F32)).astype(np.float16), np.float16(0))
     # [token n, block j, half h, t, slot] → [j, h, n, t, (hi slots, lo slots)]
@@ -214,6 +221,18 @@ def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     tiles = np.concatenate([hi5, lo5], axis=4)  # (nb, 2, 8, 4, 8) fp16
     factors = ((127 - s) << 23).astype(np.uint32).view(F32).T.copy()  # (nb, 8)
     return tiles.reshape(nb * 2 * MMA_TILE // 2).view(np.uint8).copy(), factors
+
+
+def mma_block_sums(a: np.ndarray) -> np.ndarray:
+    """Σ of each scaled 32-block of `to_mma_tiles`' input, (K/32, 8) fp32, in the order of prep_mma_f16's warp
+    butterfly (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; lane 0's sum): the Q4_K tensor-core GEMV's
+    min term dmin·m·Σx per sub-block and token."""
+    v, _ = _mma_scaled(a)
+    lane = np.arange(32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for o in (16, 8, 4, 2, 1):
+            v = (v + v[:, :, lane ^ o]).astype(F32)
+    return v[:, :, 0].T.copy()
 
 
 def mma_element_table() -> np.ndarray:

@@ -520,9 +520,10 @@ def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes):
     return ring, bars
 
 
-def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage):
+def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, words_per_step=None, step_blocks=None):
     """Lane 0: one TMA box — the step starting at block jb of the warp's rows (if jb < nblk) — into ring
-    stage `stage` (a register or an int), completing on that stage's mbarrier."""
+    stage `stage` (a register or an int), completing on that stage's mbarrier. The box's column is jb·5 u32
+    (TQ4_1S: 20-byte blocks), or (jb / step_blocks)·words_per_step (Q4_K: 8 sub-blocks per 36-word super-block)."""
     go = b.op("and.pred", leader, b.op("setp.lt.u32", jb, nblk))
     if isinstance(stage, int):
         bar, dst = b.op("add.u32", bars, Imm(8 * stage, "u32")), b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
@@ -530,7 +531,9 @@ def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage):
         bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
         dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(stage_bytes, "u32"), pred=go)
-    b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (b.op("mul.lo.u32", jb, Imm(5, "u32")), row0)), Mem(bar), pred=go)
+    col = (b.op("mul.lo.u32", jb, Imm(5, "u32")) if words_per_step is None else
+           b.op("mul.lo.u32", b.op("div.u32", jb, Imm(step_blocks, "u32")), Imm(words_per_step, "u32")))
+    b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (col, row0)), Mem(bar), pred=go)
 
 
 def _wait_step(b, bars, count, S):
@@ -951,6 +954,203 @@ def build_mma_gemv(arch):
     return b.finish()
 
 
+
+Q4K_MMA_MTILES = 1  # Q4_K tensor-core GEMV: m16 tiles per warp (2: 228 registers, 2 CTAs per SM)
+Q4K_MMA_STAGES = 3  # ring stages of one super-block (36 u32 per row: a 144-byte stride, 4·g + t banks: conflict-free)
+Q4K_MMA_CTAS = 4  # resident CTAs per SM (128 registers; at 5, 96 registers, ptxas spills)
+
+
+def build_q4k_mma_gemv(arch):
+    """Q4_K GEMV for up to 8 tokens on tensor cores, fp32-exact (EXPERIMENTAL: emulator-verified, not yet run on
+    the H200; mul_mat uses it only with PTXGEN_Q4K_MMA=1).
+
+    Why: the exact Q4_K GEMVs do an FFMA per weight and token (T=1: 31% of HBM, T=8: 8%). Here the weights
+    stay integers: A = the nibbles q as fp16 (prmt + lop3 with the 0x6400 exponent, minus 1024: exact; high
+    nibbles come out as 16q, folded into the scale), B = the activation per (token, 32-block) scaled by 2^s and
+    split into fp16 hi + lo by `prep_mma_f16` (the TQ4_1S tensor-core GEMV's tile layout, no rotation), so
+    C = Σ q·x per sub-block is exact up to the MMA's fp32 accumulation; then per sub-block j, row r, token n:
+    y += 2^-s · (d·sc_j · C − dmin·m_j · Σx_j) in fp32 (d·sc formed as ggml does, by one rounding: an FFMA on
+    the float 2^23 + sc). A warp owns 16·Q4K_MMA_MTILES rows and walks K one super-block (a TMA box of
+    36 u32 per row) at a time; lane (g, t) reads qs word 8c + 4h + t of chunk c (64 weights: low nibbles are
+    sub-block 2c, high 2c + 1), whose 4 bytes are elements 16h + 4t .. + 3 of both sub-blocks: the k order of
+    the B tiles. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs."""
+    arch.require("cp_async_bulk_tensor", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
+    NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
+    R, WORDS, STEP = 16 * MT, 36, 8  # rows per warp, u32 per super-block row, sub-blocks per step
+    row_stride = WORDS * 4
+    stage_bytes = R * row_stride
+    b = KernelBuilder("gemv_q4_k_mma", arch, "q4_K GEMV (exact) for up to 8 tokens on mma.sync, weights by TMA",
+                      block=(32 * NW, 1, 1))
+    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
+    bt_p, f_p, s_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("sums", "u64", "ptr:in")
+    y_p = b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {Q4K_MMA_CTAS}"]
+    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
+    b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=Q4K_MMA_CTAS, tokens=8,
+                  rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
+                  mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
+                  activation="prep_mma_f16(x): tiles + factors + sums", copy="tma",
+                  tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle",
+                  tma_box=(WORDS, R), stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"),
+                  experimental="emulator-verified; not yet run on the H200")
+    BT, F, SX, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(NW, "u32"), warp)
+    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    t = b.op("and.b32", lane, Imm(3, "b32"))
+    leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
+    b.emit("fence.proxy.async.shared::cta")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    nblk = b.op("shr.u32", K, Imm(5, "u32"))  # sub-blocks of 32
+    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
+    acc = b.regs("f32", 4 * MT)
+    for r_ in acc:
+        b.emit("mov.f32", r_, Imm(0.0, "f32"))
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
+
+    def issue(jb, stage):
+        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, WORDS, STEP)
+
+    jb = b.op("mul.lo.u32", kz, Imm(STEP, "u32"))
+    for s_ in range(S):
+        issue(b.op("mad.lo.u32", stride, Imm(s_, "u32"), jb), s_)
+    if arch.has("griddepcontrol"):
+        b.emit("griddepcontrol.wait")
+    gcount = b.op("mov.u32", Imm(0, "u32"))
+    lane_hdr = b.op("mul.lo.u32", g, Imm(row_stride, "u32"))  # row g's header in a stage
+    lane_q = b.op("mad.lo.u32", t, Imm(4, "u32"), lane_hdr)  # + qs word t
+    lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
+    t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
+    czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+    magic = b.op("mov.b32", Imm(0x64006400, "b32"))
+    zero = b.op("mov.b32", Imm(0, "b32"))
+    f4b = b.op("mov.b32", Imm(0x4B000000, "b32"))  # 2^23: prmt a byte into its mantissa → 2^23 + byte, exactly
+
+    # B tiles, factors and block sums of one sub-block, two sub-blocks ahead (as the TQ4_1S tensor-core GEMV)
+    D, NS = 2, 4
+    sets = [(b.regs("b32", 8), b.regs("f32", 2), b.regs("f32", 2)) for _ in range(NS)]
+    p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
+    p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
+    p_s = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), SX), t8)
+    s_b, s_f = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32")), b.op("mul.wide.u32", stride, Imm(32, "u32"))
+
+    def load_b(pb, pf, ps, bl, dst, pred=None):
+        bregs, fregs, sregs = sets[dst]
+        for h in range(2):
+            b.emit("ld.global.nc.v4.u32", b.vec(bregs[4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE), pred=pred)
+        b.emit("ld.global.nc.v2.f32", b.vec(fregs), Mem(pf, 32 * bl), pred=pred)
+        b.emit("ld.global.nc.v2.f32", b.vec(sregs), Mem(ps, 32 * bl), pred=pred)
+
+    def header(stage_base):
+        """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): (alpha, beta) of the 8 sub-blocks, alpha
+        = d·sc (d·sc / 16 for the odd, high-nibble sub-blocks whose A is 16q), beta = −dmin·m."""
+        out = []
+        for rr in range(2 * MT):
+            hw = b.regs("b32", 4)
+            b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", stage_base, lane_hdr), 8 * row_stride * rr))
+            dlo, dhi = b.reg("b16"), b.reg("b16")
+            b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
+            d, dmin = b.op("cvt.f32.f16", dlo), b.op("cvt.f32.f16", dhi)
+            s0, s1, s2 = hw[1:]
+            c3f = Imm(0x3F3F3F3F, "b32")
+            sc_lo, m_lo = b.op("and.b32", s0, c3f), b.op("and.b32", s1, c3f)  # sub-blocks 0..3
+            hi2 = Imm(0x30303030, "b32")
+            sc_hi = b.op("or.b32", b.op("and.b32", s2, Imm(0x0F0F0F0F, "b32")), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2))
+            m_hi = b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32")),
+                        b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2))
+            d16 = b.op("mul.rn.f32", d, Imm(0.0625, "f32"))
+            nd23 = b.op("mul.rn.f32", d, Imm(-8388608.0, "f32"))
+            nd16 = b.op("mul.rn.f32", d16, Imm(-8388608.0, "f32"))
+            dm23 = b.op("mul.rn.f32", dmin, Imm(8388608.0, "f32"))
+            coef = []
+            for j in range(8):
+                scw, mw = (sc_lo, m_lo) if j < 4 else (sc_hi, m_hi)
+                sel = Imm(0x7440 | (j & 3), "b32")
+                fs = b.op("prmt.b32", scw, f4b, sel, type="f32")
+                fm = b.op("prmt.b32", mw, f4b, sel, type="f32")
+                alpha = b.op("fma.rn.f32", d16, fs, nd16) if j % 2 else b.op("fma.rn.f32", d, fs, nd23)
+                beta = b.op("fma.rn.f32", b.op("neg.f32", dmin), fm, dm23)  # −dmin·m by one rounding
+                coef.append((alpha, beta))
+            out.append(coef)
+        return out
+
+    def nibbles(w):
+        """One qs word → ([low-nibble A regs of bytes (0,1), (2,3)], [high-nibble ones]) as exact fp16x2 q, 16q."""
+        lo, hi = [], []
+        for sel in (0x4140, 0x4342):
+            v = b.op("prmt.b32", w, zero, Imm(sel, "b32"))
+            for mask, dst in ((0x000F000F, lo), (0x00F000F0, hi)):
+                h_ = b.reg("b32")
+                b.emit("lop3.b32", h_, v, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+                dst.append(b.op("sub.rn.f16x2", h_, magic, type="b32"))
+        return lo, hi
+
+    def chunk(stage_base, c, coefs, cur):
+        """Chunk c (sub-blocks 2c, 2c + 1): per m16 tile, 2 halves x (hi, lo) MMAs per sub-block; then per
+        output y += f · (alpha·C + beta·Σx)."""
+        qb = b.op("add.u32", stage_base, lane_q)
+        for mt in range(MT):
+            # words[rr][h]: row 16mt + g + 8rr, half h
+            a = {}
+            for rr in range(2):
+                for h in range(2):
+                    w = b.op("ld.shared.u32", Mem(qb, 16 + 32 * c + 16 * h + row_stride * (16 * mt + 8 * rr)))
+                    a[rr, h] = nibbles(w)
+            for sb in range(2):  # sub-block 2c + sb: low (sb = 0) or high (sb = 1) nibbles
+                bregs, (fa, fb), (sa, sbx) = sets[cur[sb]]
+                cacc = b.regs("f32", 4)
+                first = True
+                for h in range(2):
+                    A = [a[0, h][sb][0], a[1, h][sb][0], a[0, h][sb][1], a[1, h][sb][1]]  # (g, 2t..), (g+8, ..), ..
+                    for breg in (bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4]):  # hi, then lo
+                        b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(cacc), b.vec(A), b.vec(breg),
+                                        b.vec(czero if first else cacc)))
+                        first = False
+                for i in range(4):  # c0, c1: row g (tokens 2t, 2t+1); c2, c3: row g + 8
+                    alpha, beta = coefs[2 * mt + i // 2][2 * c + sb]
+                    v = b.op("fma.rn.f32", beta, sa if i % 2 == 0 else sbx, b.op("mul.rn.f32", alpha, cacc[i]))
+                    o = 4 * mt + i
+                    b.emit("fma.rn.f32", acc[o], v, fa if i % 2 == 0 else fb, acc[o])
+
+    loop, done = b.label("step"), b.label("steps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+    for bl in range(D):
+        load_b(p_b, p_f, p_s, bl, bl)
+    b.place(loop)
+    stage = _wait_step(b, bars, gcount, S)
+    sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
+    coefs = header(sbase)
+    nxt = (b.op("add.s64", p_b, s_b), b.op("add.s64", p_f, s_f), b.op("add.s64", p_s, s_f))
+    more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
+    for bl in range(STEP):  # sub-block bl: register set bl % NS; its loads were issued D sub-blocks earlier
+        if bl + D < STEP:
+            load_b(p_b, p_f, p_s, bl + D, (bl + D) % NS)
+        else:
+            load_b(*nxt, bl + D - STEP, (bl + D) % NS, more)
+        if bl % 2:
+            chunk(sbase, bl // 2, coefs, ((bl - 1) % NS, bl % NS))
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
+    issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
+    b.emit("add.u32", gcount, gcount, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, stride)
+    for p_, s_ in ((p_b, s_b), (p_f, s_f), (p_s, s_f)):
+        b.emit("add.s64", p_, p_, s_)
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
+    b.place(done)
+    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p)
+    return b.finish()
+
+
 def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p):
     """Store m16n8 C fragments per lane — acc[4mt..4mt+3] = (row 16mt + g, token 2t), (.., 2t+1), (16mt + g + 8,
     2t), (.., 2t+1) — to y[token][row0 + row]; with split-K, the split's partial and the last-warp fixup of
@@ -966,13 +1166,19 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p):
                     gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
 
 
-def build_prep_mma(arch):
+def build_prep_mma(arch, rotate: bool = True):
     """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
-    One warp per (token, block) for all 8 tokens: tokens past T write zeros."""
-    b = KernelBuilder("prep_tq4_1s_mma", arch, "TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles",
+    One warp per (token, block) for all 8 tokens: tokens past T write zeros.
+
+    rotate=False (prep_mma_f16, for the Q4_K tensor-core GEMV): no RHT, and a third output, the sums of each
+    scaled block (K/32 x 8 fp32, a warp butterfly: the Q4_K min term dmin·m·Σx needs them)."""
+    name = "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
+    b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
+                                   "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
     x_p, bt_p, f_p = b.param("x", "u64", "ptr:in"), b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
+    s_p = None if rotate else b.param("sums", "u64", "ptr:out")
     n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(8 * k / 32 / 8)", layout="to_mma_tiles")
     if arch.has("griddepcontrol"):
@@ -988,7 +1194,11 @@ def build_prep_mma(arch):
     b.emit("mov.f32", v, Imm(0.0, "f32"))
     skip = b.label("no_token")
     b.bra(skip, pred=live, neg=True)
-    _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
+    if rotate:
+        _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
+    else:
+        off = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, j), Imm(32, "u32"), lane)
+        rv = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
     b.emit("mov.f32", v, rv)
     b.place(skip)
     mbits = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"), type="b32")
@@ -1015,8 +1225,14 @@ def build_prep_mma(arch):
     b.emit("st.global.b16", Mem(p, 8), lo)
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
-    b.emit("st.global.b32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", j, Imm(8, "u32"), tok), Imm(4, "u32"), F)), fbits,
-           pred=lead)
+    slot = b.op("mad.lo.u32", j, Imm(8, "u32"), tok)
+    b.emit("st.global.b32", Mem(b.op("mad.wide.u32", slot, Imm(4, "u32"), F)), fbits, pred=lead)
+    if not rotate:  # Σ of the scaled block, butterfly order (formats.tq4_1s.mma_block_sums)
+        tot = xs
+        for o_ in (16, 8, 4, 2, 1):
+            tot = b.op("add.rn.f32", tot, b.op("shfl.sync.bfly.b32", tot, Imm(o_, "u32"), Imm(31, "u32"),
+                                                 Imm(0xFFFFFFFF, "b32"), type="f32"))
+        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", slot, Imm(4, "u32"), b.ptr(s_p))), tot, pred=lead)
     b.place(done)
     b.emit("ret")
     return b.finish()
@@ -1490,7 +1706,12 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_tq4_1s_mma", "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
                       build_prep_mma, archs=("sm_90a",)),
             KernelDef("gemv_tq4_1s_mma", "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
-                      "(mul_mat at T = 5-8 on sm_90)", build_mma_gemv, archs=("sm_90a",))]
+                      "(mul_mat at T = 5-8 on sm_90)", build_mma_gemv, archs=("sm_90a",)),
+            KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + block sums (Q4_K tensor-core GEMV)",
+                      lambda arch: build_prep_mma(arch, rotate=False), archs=("sm_90a",)),
+            KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
+                      "activation, weights by TMA (experimental: PTXGEN_Q4K_MMA=1)", build_q4k_mma_gemv,
+                      archs=("sm_90a",))]
     for t in TOKENS:
         if t <= 2:
             defs.append(KernelDef(f"gemv_q4_k_t{t}", f"q4_K decode GEMV, T={t}, fp32 activation from prep_f32_lanes",
