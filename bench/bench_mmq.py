@@ -32,7 +32,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--tokens", default=None, help="comma-separated subset of T (default: all)")
     args = ap.parse_args()
+    tokens = TOKENS if args.tokens is None else [int(v) for v in args.tokens.split(",")]
     import torch
 
     import ptxgen.runtime as r
@@ -43,8 +45,8 @@ def main():
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
-          "| fast vs llama.cpp |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, experimental) | skinny vs llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -55,7 +57,7 @@ def main():
         deq_out = r.DeviceArray.empty((m, k), np.float16)
         deq_t = torch.as_tensor(deq_out, device="cuda")
         flag = r.DeviceArray.empty((1,), np.uint32)
-        for t in TOKENS:
+        for t in tokens:
             x = torch.randn(t, k, device="cuda", dtype=torch.float32)
             y = torch.empty(t, m, device="cuda", dtype=torch.float32)
             from ptxgen.runtime.ops import mmq_launch, mmq_path, q8_path
@@ -80,6 +82,7 @@ def main():
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
             tiny = tinygemm(torch, m, k, t, args.reps)
+            skinny = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch)
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)
@@ -87,18 +90,42 @@ def main():
                    "floor_us": floor, "us_cublas_fp16": cub, "us_dequant_cublas": deqc, "us_tinygemm": tiny,
                    "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
                    "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
-                   "us_fast_mode": us_fast}
+                   "us_fast_mode": us_fast, "us_tc_skinny": skinny}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
                   f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
                   f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
-                  f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} |",
+                  f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
+                  f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} |",
                   flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
         plot(results, args.out.replace(".json", ".png"))
+
+
+def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch):
+    """The experimental tensor-core skinny Q4_K GEMM (PTXGEN_Q4K_MMA=1: gemv_q4_k_mma_n16 at 9-16 tokens; sm_90),
+    whole op (two prep launches + the GEMM), checked against the float64 reference (1e-5) first; None where it
+    does not run."""
+    import os
+
+    from ptxgen import formats
+    from ptxgen.runtime import ops
+
+    if t > 16 or not ops._sm90a_tma_ok(ws[0], None, "gemv_q4_k_mma_n16"):
+        return None
+    os.environ["PTXGEN_Q4K_MMA"] = "1"
+    try:
+        xs = x.cpu().numpy()
+        err = np.linalg.norm(r.mul_mat(ws[0], xs) - formats.gemm_ref("q4_K", raw, m, k, xs))
+        err /= np.linalg.norm(formats.gemm_ref("q4_K", raw, m, k, xs))
+        if err > 1e-5:
+            raise AssertionError(f"tensor-core skinny GEMM {m}x{k} T={t}: relative error {err:.2e}")
+        return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y), reps, torch)
+    finally:
+        os.environ.pop("PTXGEN_Q4K_MMA", None)
 
 
 def plot(results, path):

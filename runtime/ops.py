@@ -297,6 +297,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
+    if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma()
+            and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma_n16")):  # experimental (README, Knobs)
+        _mma_gemv(w, xa.ptr, o.ptr, m, k, t, arch)
+        return _result(o, xa.host and out is None)
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
         q8 = q8_path(t, mmq_path(arch)) if mode == "fast" else None
         if q8 and _mmq_q4_k(w, xa, o, t, arch, path=q8):
@@ -342,13 +346,17 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
     from ptxgen.formats import tq4_1s as T4
 
     q4k = w.fmt == "q4_K"
-    tiles = DeviceArray.empty((k // 16, T4.MMA_TILE), np.uint8)
-    factors = DeviceArray.empty((k // 32, T4.MMA_TOKENS), np.float32)
+    groups = -(-n // 8)  # Q4_K: 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
+    tiles = DeviceArray.empty((groups, k // 16, T4.MMA_TILE), np.uint8)
+    factors = DeviceArray.empty((groups, k // 32, T4.MMA_TOKENS), np.float32)
     items = T4.MMA_TOKENS * (k // 32)
     if q4k:
-        sums = DeviceArray.empty((k // 32, T4.MMA_TOKENS), np.float32)
-        kernels.load("prep_mma_f16", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, sums, n, k))
-        fn = kernels.load("gemv_q4_k_mma", arch)
+        sums = DeviceArray.empty((groups, k // 32, T4.MMA_TOKENS), np.float32)
+        prep = kernels.load("prep_mma_f16", arch)
+        for i in range(groups):
+            prep.launch(((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
+                                              sums.ptr + k * i, min(8, n - 8 * i), k))
+        fn = kernels.load("gemv_q4_k_mma" if groups == 1 else "gemv_q4_k_mma_n16", arch)
         acts = (tiles, factors, sums)
     else:
         kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))

@@ -486,17 +486,18 @@ def test_prep_mma_f16_is_bit_exact_to_the_numpy_model():
         assert out.ok, (shape, out.detail)
 
 
-def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite():
-    """gemv_q4_k_mma (integer nibbles x fp16 hi/lo activation on mma.sync): 1, 2, 5 and 8 tokens, several
-    super-blocks, 1-3 K-splits, M not a multiple of the CTA's rows, within 1e-5 of the float64 reference;
-    an inf or a NaN in x gives non-finite outputs exactly where the reference has them."""
-    ptx = KERNELS["gemv_q4_k_mma"].for_arch("sm_90a").ptx()
-    for kw in (dict(shape=(70, 256 * 5), splits=1, ntok=8), dict(shape=(70, 256 * 5), splits=3, ntok=5),
-               dict(shape=(33, 1024), ntok=1, splits=2), dict(shape=(129, 2048), ntok=2, splits=2)):
-        out = check_kernel("gemv_q4_k_mma", ptx, seed=3, **kw)
-        assert out.ok, (kw, out.detail)
+@pytest.mark.parametrize("kernel,tokens", [("gemv_q4_k_mma", (8, 5, 1, 2)), ("gemv_q4_k_mma_n16", (16, 9, 12, 10))])
+def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens):
+    """gemv_q4_k_mma (integer nibbles x fp16 hi/lo activation on mma.sync) and its two-group build for 9-16
+    tokens: several super-blocks, 1-3 K-splits, M not a multiple of the CTA's rows, within 1e-5 of the float64
+    reference; an inf or a NaN in x gives non-finite outputs exactly where the reference has them."""
+    ptx = KERNELS[kernel].for_arch("sm_90a").ptx()
+    for n, kw in zip(tokens, (dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
+                              dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2))):
+        out = check_kernel(kernel, ptx, seed=3, ntok=n, **kw)
+        assert out.ok, (n, kw, out.detail)
     for bad in (np.inf, np.nan):
-        out = check_kernel("gemv_q4_k_mma", ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
+        out = check_kernel(kernel, ptx, seed=4, shape=(40, 512), ntok=tokens[1], splits=1, poison_x=(1, 77, bad))
         assert out.ok, (bad, out.detail)
 
 

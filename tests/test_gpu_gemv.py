@@ -149,10 +149,10 @@ def test_experimental_tensor_core_tq4_1s_gemv(t, monkeypatch):
     np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))
 
 
-@pytest.mark.parametrize("t", [1, 3, 5, 8])  # T > 8 with M ≥ 128 is the MMQ's
+@pytest.mark.parametrize("t", [1, 3, 5, 8, 9, 16])
 def test_experimental_tensor_core_q4_k_gemv(t, monkeypatch):
-    """PTXGEN_Q4K_MMA=1 (sm_90): prep_mma_f16 + gemv_q4_k_mma within 1e-5 of the float64 reference, outputs
-    poisoned first, the same bits run to run."""
+    """PTXGEN_Q4K_MMA=1 (sm_90): prep_mma_f16 + gemv_q4_k_mma (T ≤ 8) or gemv_q4_k_mma_n16 (9-16, instead of
+    the MMQ) within 1e-5 of the float64 reference, outputs poisoned first, the same bits run to run."""
     import ptxgen.runtime as r
     from ptxgen.runtime.driver import current
 

@@ -205,15 +205,16 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 32 * 9), seed=None) -> Outcome:
 def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
     """The tensor-core Q4_K GEMV on tiles, factors and sums from the NumPy model (to_mma_tiles, mma_block_sums
     of the unrotated x): against the float64 reference, relative error ≤ 1e-5; split-K counters back at zero."""
-    rows = meta["rows_per_cta"]
+    rows, groups = meta["rows_per_cta"], meta["token_groups"]
     m, k = shape or (rows * 2 + 5, 512)
-    n = ntok or int(rng.integers(1, 9))
+    n = ntok or int(rng.integers(8 * groups - 7, 8 * groups + 1))
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
-    tiles, factors = T4.to_mma_tiles(x)
-    sums = T4.mma_block_sums(x)
+    # one prep per group of 8 tokens, the groups' buffers back to back
+    parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8]) + (T4.mma_block_sums(x[8 * i:8 * i + 8]),) for i in range(groups)]
+    tiles, factors, sums = (np.concatenate([p_[j] for p_ in parts]) for j in range(3))
     mem = _memory()
     wa, ta, fa, sa = mem.alloc(raw), mem.alloc(tiles), mem.alloc(factors), mem.alloc(sums)
     ya = mem.alloc(n * m * 4, poison=0xFF)
@@ -231,10 +232,10 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     if poison_x is not None:  # non-finite exactly where the reference is; an inf gives NaN where the reference
         # has ±inf (d·sc·Σq·x − dmin·m·Σx is inf − inf), as any kernel that factors the min term out
         ok = bool(np.array_equal(np.isfinite(got), np.isfinite(want)))
-        return Outcome("gemv_q4_k_mma", ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
+        return Outcome(meta["name"], ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-5)
-    return Outcome("gemv_q4_k_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
 def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
@@ -529,6 +530,7 @@ HARNESSES["prep_tq4_1s_mma"] = _prep_mma
 HARNESSES["gemv_tq4_1s_mma"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma", 2)
 HARNESSES["prep_mma_f16"] = _prep_mma_f16
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
+HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 

@@ -958,10 +958,11 @@ def build_mma_gemv(arch):
 Q4K_MMA_MTILES = 1  # Q4_K tensor-core GEMV: m16 tiles per warp (2: 228 registers, 2 CTAs per SM)
 Q4K_MMA_STAGES = 3  # ring stages of one super-block (36 u32 per row: a 144-byte stride, 4·g + t banks: conflict-free)
 Q4K_MMA_CTAS = 4  # resident CTAs per SM (128 registers; at 5, 96 registers, ptxas spills)
+Q4K_MMA_CTAS_N16 = 3  # the 16-token build: 168 registers
 
 
-def build_q4k_mma_gemv(arch):
-    """Q4_K GEMV for up to 8 tokens on tensor cores, fp32-exact (EXPERIMENTAL: emulator-verified, not yet run on
+def build_q4k_mma_gemv(arch, NT: int = 1):
+    """Q4_K GEMV for up to 8·NT tokens on tensor cores, fp32-exact (EXPERIMENTAL: emulator-verified, not yet run on
     the H200; mul_mat uses it only with PTXGEN_Q4K_MMA=1).
 
     Why: the exact Q4_K GEMVs do an FFMA per weight and token (T=1: 31% of HBM, T=8: 8%). Here the weights
@@ -973,23 +974,29 @@ def build_q4k_mma_gemv(arch):
     the float 2^23 + sc). A warp owns 16·Q4K_MMA_MTILES rows and walks K one super-block (a TMA box of
     36 u32 per row) at a time; lane (g, t) reads qs word 8c + 4h + t of chunk c (64 weights: low nibbles are
     sub-block 2c, high 2c + 1), whose 4 bytes are elements 16h + 4t .. + 3 of both sub-blocks: the k order of
-    the B tiles. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs."""
+    the B tiles. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
+
+    NT = 2 (gemv_q4_k_mma_n16, 9-16 tokens: the small-T prefill llama.cpp serves with its MMQ): two groups of 8
+    tokens, each prepared by its own prep_mma_f16 launch into consecutive buffers (tiles 32·K bytes, factors
+    and sums K bytes per group); every A fragment feeds both groups' MMAs."""
     arch.require("cp_async_bulk_tensor", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
     R, WORDS, STEP = 16 * MT, 36, 8  # rows per warp, u32 per super-block row, sub-blocks per step
     row_stride = WORDS * 4
     stage_bytes = R * row_stride
-    b = KernelBuilder("gemv_q4_k_mma", arch, "q4_K GEMV (exact) for up to 8 tokens on mma.sync, weights by TMA",
+    name = "gemv_q4_k_mma" if NT == 1 else f"gemv_q4_k_mma_n{8 * NT}"
+    b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by TMA",
                       block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
     bt_p, f_p, s_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("sums", "u64", "ptr:in")
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {Q4K_MMA_CTAS}"]
+    ctas = Q4K_MMA_CTAS if NT == 1 else Q4K_MMA_CTAS_N16
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
-                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=Q4K_MMA_CTAS, tokens=8,
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT, token_groups=NT,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
                   mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
                   activation="prep_mma_f16(x): tiles + factors + sums", copy="tma",
@@ -1012,7 +1019,7 @@ def build_q4k_mma_gemv(arch):
 
     nblk = b.op("shr.u32", K, Imm(5, "u32"))  # sub-blocks of 32
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
-    acc = b.regs("f32", 4 * MT)
+    acc = b.regs("f32", 4 * MT * NT)  # index (nt·MT + mt)·4 + i
     for r_ in acc:
         b.emit("mov.f32", r_, Imm(0.0, "f32"))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
@@ -1037,23 +1044,32 @@ def build_q4k_mma_gemv(arch):
     f4b = b.op("mov.b32", Imm(0x4B000000, "b32"))  # 2^23: prmt a byte into its mantissa → 2^23 + byte, exactly
 
     # B tiles, factors and block sums of one sub-block, two sub-blocks ahead (as the TQ4_1S tensor-core GEMV)
-    D, NS = 2, 4
-    sets = [(b.regs("b32", 8), b.regs("f32", 2), b.regs("f32", 2)) for _ in range(NS)]
+    # a chunk consumes two sub-blocks' sets at its odd sub-block, when the loads D ahead are issued: NS ≥ D + 2
+    D, NS = (2, 4) if NT == 1 else (1, 4)  # two token groups' loads two ahead spill at 168 registers
+    assert NS >= D + 2 and STEP % NS == 0
+    eager = NT == 1
+    sets = [[(b.regs("b32", 8), b.regs("f32", 2), b.regs("f32", 2)) for _ in range(NT)] for _ in range(NS)]
     p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
     p_s = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), SX), t8)
     s_b, s_f = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32")), b.op("mul.wide.u32", stride, Imm(32, "u32"))
+    if NT > 1:
+        g_b = b.op("mul.wide.u32", K, Imm(32, "u32"))  # one token group's tiles (K/16 x 512 bytes) ...
+        g_f = b.op("cvt.u64.u32", K)  # ... and its factors or sums (K/32 x 8 fp32)
 
     def load_b(pb, pf, ps, bl, dst, pred=None):
-        bregs, fregs, sregs = sets[dst]
-        for h in range(2):
-            b.emit("ld.global.nc.v4.u32", b.vec(bregs[4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE), pred=pred)
-        b.emit("ld.global.nc.v2.f32", b.vec(fregs), Mem(pf, 32 * bl), pred=pred)
-        b.emit("ld.global.nc.v2.f32", b.vec(sregs), Mem(ps, 32 * bl), pred=pred)
+        for nt in range(NT):
+            bregs, fregs, sregs = sets[dst][nt]
+            if nt:
+                pb, pf, ps = b.op("add.s64", pb, g_b), b.op("add.s64", pf, g_f), b.op("add.s64", ps, g_f)
+            for h in range(2):
+                b.emit("ld.global.nc.v4.u32", b.vec(bregs[4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE), pred=pred)
+            b.emit("ld.global.nc.v2.f32", b.vec(fregs), Mem(pf, 32 * bl), pred=pred)
+            b.emit("ld.global.nc.v2.f32", b.vec(sregs), Mem(ps, 32 * bl), pred=pred)
 
     def header(stage_base):
-        """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): (alpha, beta) of the 8 sub-blocks, alpha
-        = d·sc (d·sc / 16 for the odd, high-nibble sub-blocks whose A is 16q), beta = −dmin·m."""
+        """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): d, dmin and the packed 6-bit sc and m
+        bytes of its 8 sub-blocks (sub-blocks 0-3 and 4-7 in two words each); `coef` turns them into factors."""
         out = []
         for rr in range(2 * MT):
             hw = b.regs("b32", 4)
@@ -1062,27 +1078,25 @@ def build_q4k_mma_gemv(arch):
             b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
             d, dmin = b.op("cvt.f32.f16", dlo), b.op("cvt.f32.f16", dhi)
             s0, s1, s2 = hw[1:]
-            c3f = Imm(0x3F3F3F3F, "b32")
-            sc_lo, m_lo = b.op("and.b32", s0, c3f), b.op("and.b32", s1, c3f)  # sub-blocks 0..3
-            hi2 = Imm(0x30303030, "b32")
-            sc_hi = b.op("or.b32", b.op("and.b32", s2, Imm(0x0F0F0F0F, "b32")), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2))
-            m_hi = b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32")),
-                        b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2))
-            d16 = b.op("mul.rn.f32", d, Imm(0.0625, "f32"))
-            nd23 = b.op("mul.rn.f32", d, Imm(-8388608.0, "f32"))
-            nd16 = b.op("mul.rn.f32", d16, Imm(-8388608.0, "f32"))
-            dm23 = b.op("mul.rn.f32", dmin, Imm(8388608.0, "f32"))
-            coef = []
-            for j in range(8):
-                scw, mw = (sc_lo, m_lo) if j < 4 else (sc_hi, m_hi)
-                sel = Imm(0x7440 | (j & 3), "b32")
-                fs = b.op("prmt.b32", scw, f4b, sel, type="f32")
-                fm = b.op("prmt.b32", mw, f4b, sel, type="f32")
-                alpha = b.op("fma.rn.f32", d16, fs, nd16) if j % 2 else b.op("fma.rn.f32", d, fs, nd23)
-                beta = b.op("fma.rn.f32", b.op("neg.f32", dmin), fm, dm23)  # −dmin·m by one rounding
-                coef.append((alpha, beta))
-            out.append(coef)
+            c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
+            sc = (b.op("and.b32", s0, c3f),  # sub-blocks 0..3
+                  b.op("or.b32", b.op("and.b32", s2, c0f), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)))
+            m = (b.op("and.b32", s1, c3f),
+                 b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
+                      b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)))
+            out.append(dict(d=d, ndmin=b.op("neg.f32", dmin), dm23=b.op("mul.rn.f32", dmin, Imm(8388608.0, "f32")),
+                            sc=sc, m=m))
         return out
+
+    def coef(hd, j):
+        """(alpha, beta) of sub-block j: alpha = d·sc (d·sc / 16 for the odd, high-nibble sub-blocks whose A is
+        16q), beta = −dmin·m, each by one rounding as ggml forms them (an FFMA on the float 2^23 + byte)."""
+        sel = Imm(0x7440 | (j & 3), "b32")
+        fs = b.op("prmt.b32", hd["sc"][j // 4], f4b, sel, type="f32")
+        fm = b.op("prmt.b32", hd["m"][j // 4], f4b, sel, type="f32")
+        dj = b.op("mul.rn.f32", hd["d"], Imm(0.0625, "f32")) if j % 2 else hd["d"]
+        alpha = b.op("fma.rn.f32", dj, fs, b.op("mul.rn.f32", dj, Imm(-8388608.0, "f32")))
+        return alpha, b.op("fma.rn.f32", hd["ndmin"], fm, hd["dm23"])
 
     def nibbles(w):
         """One qs word → ([low-nibble A regs of bytes (0,1), (2,3)], [high-nibble ones]) as exact fp16x2 q, 16q."""
@@ -1107,20 +1121,23 @@ def build_q4k_mma_gemv(arch):
                     w = b.op("ld.shared.u32", Mem(qb, 16 + 32 * c + 16 * h + row_stride * (16 * mt + 8 * rr)))
                     a[rr, h] = nibbles(w)
             for sb in range(2):  # sub-block 2c + sb: low (sb = 0) or high (sb = 1) nibbles
-                bregs, (fa, fb), (sa, sbx) = sets[cur[sb]]
-                cacc = b.regs("f32", 4)
-                first = True
-                for h in range(2):
-                    A = [a[0, h][sb][0], a[1, h][sb][0], a[0, h][sb][1], a[1, h][sb][1]]  # (g, 2t..), (g+8, ..), ..
-                    for breg in (bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4]):  # hi, then lo
-                        b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(cacc), b.vec(A), b.vec(breg),
-                                        b.vec(czero if first else cacc)))
-                        first = False
-                for i in range(4):  # c0, c1: row g (tokens 2t, 2t+1); c2, c3: row g + 8
-                    alpha, beta = coefs[2 * mt + i // 2][2 * c + sb]
-                    v = b.op("fma.rn.f32", beta, sa if i % 2 == 0 else sbx, b.op("mul.rn.f32", alpha, cacc[i]))
-                    o = 4 * mt + i
-                    b.emit("fma.rn.f32", acc[o], v, fa if i % 2 == 0 else fb, acc[o])
+                cf = {(rr, sb): coefs[rr, 2 * c + sb] if eager else coef(coefs[rr], 2 * c + sb)
+                      for rr in (2 * mt, 2 * mt + 1)}
+                for nt in range(NT):  # the token groups share the A fragments
+                    bregs, (fa, fb), (sa, sbx) = sets[cur[sb]][nt]
+                    cacc = b.regs("f32", 4)
+                    first = True
+                    for h in range(2):
+                        A = [a[0, h][sb][0], a[1, h][sb][0], a[0, h][sb][1], a[1, h][sb][1]]  # (g, 2t..), (g+8, ..), ..
+                        for breg in (bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4]):  # hi, then lo
+                            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(cacc), b.vec(A), b.vec(breg),
+                                            b.vec(czero if first else cacc)))
+                            first = False
+                    for i in range(4):  # c0, c1: row g (tokens 2t, 2t+1); c2, c3: row g + 8
+                        alpha, beta = cf[2 * mt + i // 2, sb]
+                        v = b.op("fma.rn.f32", beta, sa if i % 2 == 0 else sbx, b.op("mul.rn.f32", alpha, cacc[i]))
+                        o = (nt * MT + mt) * 4 + i
+                        b.emit("fma.rn.f32", acc[o], v, fa if i % 2 == 0 else fb, acc[o])
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
@@ -1130,6 +1147,9 @@ def build_q4k_mma_gemv(arch):
     stage = _wait_step(b, bars, gcount, S)
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
     coefs = header(sbase)
+    if eager:  # every factor of the super-block up front (NT = 1: 548 SASS per step, no spills; formed per chunk
+        # it spilled at 128 registers, while the two-group build needs the registers back)
+        coefs = {(rr, j): coef(hd, j) for rr, hd in enumerate(coefs) for j in range(8)}
     nxt = (b.op("add.s64", p_b, s_b), b.op("add.s64", p_f, s_f), b.op("add.s64", p_s, s_f))
     more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
     for bl in range(STEP):  # sub-block bl: register set bl % NS; its loads were issued D sub-blocks earlier
@@ -1147,18 +1167,20 @@ def build_q4k_mma_gemv(arch):
         b.emit("add.s64", p_, p_, s_)
     b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
     b.place(done)
-    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p)
+    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, MT)
     return b.finish()
 
 
-def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p):
+def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mtiles=None):
     """Store m16n8 C fragments per lane — acc[4mt..4mt+3] = (row 16mt + g, token 2t), (.., 2t+1), (16mt + g + 8,
     2t), (.., 2t+1) — to y[token][row0 + row]; with split-K, the split's partial and the last-warp fixup of
-    `_lane_epilogue`."""
+    `_lane_epilogue`. With token groups (`mtiles` m16 tiles per group), acc[(nt·mtiles + mt)·4 + i] is token
+    group nt's."""
+    mtiles = mtiles or len(acc) // 4
     owner = []
-    for i in range(len(acc)):
-        row = b.op("add.u32", row0, b.op("add.u32", g, Imm(8 * (i // 2), "u32")))
-        tok = b.op("add.u32", b.op("shl.b32", t, Imm(1, "u32")), Imm(i % 2, "u32"))
+    for i in range(len(acc)):  # acc[(nt·MT + mt)·4 + i]: rows 16mt + g (+8), tokens 8nt + 2t (+1)
+        row = b.op("add.u32", row0, b.op("add.u32", g, Imm(8 * ((i % (4 * mtiles)) // 2), "u32")))
+        tok = b.op("add.u32", b.op("shl.b32", t, Imm(1, "u32")), Imm(8 * (i // (4 * mtiles)) + i % 2, "u32"))
         ok = b.op("and.pred", b.op("setp.lt.u32", row, M), b.op("setp.lt.u32", tok, ntok))
         owner.append((ok, b.op("mad.lo.u32", tok, M, row)))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
@@ -1711,6 +1733,9 @@ def kernel_defs() -> list[KernelDef]:
                       lambda arch: build_prep_mma(arch, rotate=False), archs=("sm_90a",)),
             KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
                       "activation, weights by TMA (experimental: PTXGEN_Q4K_MMA=1)", build_q4k_mma_gemv,
+                      archs=("sm_90a",)),
+            KernelDef("gemv_q4_k_mma_n16", "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two token "
+                      "groups (experimental: PTXGEN_Q4K_MMA=1)", lambda arch: build_q4k_mma_gemv(arch, 2),
                       archs=("sm_90a",))]
     for t in TOKENS:
         if t <= 2:
