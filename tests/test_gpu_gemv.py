@@ -126,47 +126,27 @@ def test_int8_gemv_matches_q8_1_reference(fmt, data):
     np.testing.assert_array_equal(r.mul_mat(w, x, mode="fast").view(np.uint32), got.view(np.uint32))
 
 
-@pytest.mark.parametrize("t", [1, 3, 8, 11])
-def test_experimental_tensor_core_tq4_1s_gemv(t, monkeypatch):
-    """PTXGEN_TQ4_MMA=1 (sm_90, K % 128 == 0): prep_tq4_1s_mma + gemv_tq4_1s_mma within 1e-5 of the float64
-    reference, outputs poisoned first, deterministic."""
+@pytest.mark.parametrize("fmt,t", [("tq4_1s", t) for t in (1, 3, 8, 11)] + [("q4_K", t) for t in (1, 3, 5, 8, 9, 16)])
+def test_tensor_core_gemvs_forced(fmt, t, monkeypatch):
+    """The tensor-core exact GEMVs forced by their knobs (sm_90): TQ4_1S — PTXGEN_TQ4_MMA=1, prep_tq4_1s_mma +
+    gemv_tq4_1s_mma at every T; Q4_K (experimental) — PTXGEN_Q4K_MMA=1, prep_mma_f16 + gemv_q4_k_mma (T ≤ 8)
+    or gemv_q4_k_mma_n16 (9-16, instead of the MMQ). Within 1e-5 of the float64 reference, outputs poisoned
+    first, the same bits run to run."""
     import ptxgen.runtime as r
     from ptxgen.runtime.driver import current
 
     if current().sm != 90:
-        pytest.skip("the tensor-core TQ4_1S GEMV is built for sm_90a")
-    monkeypatch.setenv("PTXGEN_TQ4_MMA", "1")
-    rng = np.random.default_rng(t)
+        pytest.skip("the tensor-core GEMVs are built for sm_90a")
+    monkeypatch.setenv({"tq4_1s": "PTXGEN_TQ4_MMA", "q4_K": "PTXGEN_Q4K_MMA"}[fmt], "1")
+    rng = np.random.default_rng(t + (100 if fmt == "q4_K" else 0))
     m, k = 300, 3584
-    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
-    w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
     x = rng.standard_normal((t, k)).astype(np.float32)
     out = r.DeviceArray.empty((t, m), np.float32)
     out.owner.fill_bytes(0xFF)
     r.mul_mat(w, x, out=out)
     got = out.numpy()
-    assert rel(got, formats.gemv_tq4_1s_ref(raw, m, k, x)) <= 1e-5
-    np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))
-
-
-@pytest.mark.parametrize("t", [1, 3, 5, 8, 9, 16])
-def test_experimental_tensor_core_q4_k_gemv(t, monkeypatch):
-    """PTXGEN_Q4K_MMA=1 (sm_90): prep_mma_f16 + gemv_q4_k_mma (T ≤ 8) or gemv_q4_k_mma_n16 (9-16, instead of
-    the MMQ) within 1e-5 of the float64 reference, outputs poisoned first, the same bits run to run."""
-    import ptxgen.runtime as r
-    from ptxgen.runtime.driver import current
-
-    if current().sm != 90:
-        pytest.skip("the tensor-core Q4_K GEMV is built for sm_90a")
-    monkeypatch.setenv("PTXGEN_Q4K_MMA", "1")
-    rng = np.random.default_rng(100 + t)
-    m, k = 300, 3584
-    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
-    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
-    x = rng.standard_normal((t, k)).astype(np.float32)
-    out = r.DeviceArray.empty((t, m), np.float32)
-    out.owner.fill_bytes(0xFF)
-    r.mul_mat(w, x, out=out)
-    got = out.numpy()
-    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-5
+    want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
+    assert rel(got, want) <= 1e-5
     np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))

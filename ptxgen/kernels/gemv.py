@@ -507,6 +507,15 @@ def build_lanes(arch, spec: GemvSpec):
 TMA_STEP = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
 
 
+def _warp_rows(b, NW, R):
+    """(tid, lane, warp in the CTA, warp in the grid, its first row) of a kernel whose warps own R rows each."""
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(NW, "u32"), warp)
+    return tid, lane, warp, gwarp, b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+
+
 def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes):
     """This warp's ring of S stages in dynamic shared memory (aligned up to 128 bytes for TMA) and its S
     mbarriers, initialised by lane 0 (the caller's CTA barrier publishes them): (ring, bars) addresses."""
@@ -534,6 +543,17 @@ def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, wor
     col = (b.op("mul.lo.u32", jb, Imm(5, "u32")) if words_per_step is None else
            b.op("mul.lo.u32", b.op("div.u32", jb, Imm(step_blocks, "u32")), Imm(words_per_step, "u32")))
     b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (col, row0)), Mem(bar), pred=go)
+
+
+def _fill_ring(b, arch, issue, kz, stride, STEP, S):
+    """The tensor-core GEMVs' prologue: split kz's first step (block kz·STEP) and the S - 1 after it into the
+    ring, then wait for the activation prep (PDL). Returns (jb, the step counter)."""
+    jb = b.op("mul.lo.u32", kz, Imm(STEP, "u32"))
+    for s_ in range(S):
+        issue(b.op("mad.lo.u32", stride, Imm(s_, "u32"), jb), s_)
+    if arch.has("griddepcontrol"):
+        b.emit("griddepcontrol.wait")
+    return jb, b.op("mov.u32", Imm(0, "u32"))
 
 
 def _wait_step(b, bars, count, S):
@@ -593,11 +613,7 @@ def build_tma_lanes(arch, Tn: int):
     h = {"part_p": part_p, "cnt_p": cnt_p}
     A, Y = b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid = b.special("tid.x")
-    lane = b.op("and.b32", tid, Imm(31, "b32"))
-    warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(NW, "u32"), warp)
-    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
     h.update(M=M, lane=lane, gwarp=gwarp, row0=row0, ntok=ntok, A=A, W=None)
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
@@ -851,12 +867,7 @@ def build_mma_gemv(arch):
     def issue(jb, stage):
         _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage)
 
-    jb = b.op("mul.lo.u32", kz, Imm(STEP, "u32"))
-    for s_ in range(S):
-        issue(b.op("mad.lo.u32", stride, Imm(s_, "u32"), jb), s_)
-    if arch.has("griddepcontrol"):
-        b.emit("griddepcontrol.wait")
-    gcount = b.op("mov.u32", Imm(0, "u32"))
+    jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S)
     # per lane: byte offsets of (row g, word 1 + t/2) in a stage, the qs byte pair 2(t&1) (prmt selectors),
     # this lane's 16 bytes in a B tile and the factor pair of tokens 2t, 2t + 1
     lane_row = b.op("mad.lo.u32", g, Imm(row_stride, "u32"), b.op("shl.b32", t, Imm(1, "u32")))  # + its 2 qs bytes 2(t&1)..
@@ -1005,11 +1016,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
                   experimental="emulator-verified; not yet run on the H200")
     BT, F, SX, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid = b.special("tid.x")
-    lane = b.op("and.b32", tid, Imm(31, "b32"))
-    warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(NW, "u32"), warp)
-    row0 = b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
+    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
@@ -1028,12 +1035,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     def issue(jb, stage):
         _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, WORDS, STEP)
 
-    jb = b.op("mul.lo.u32", kz, Imm(STEP, "u32"))
-    for s_ in range(S):
-        issue(b.op("mad.lo.u32", stride, Imm(s_, "u32"), jb), s_)
-    if arch.has("griddepcontrol"):
-        b.emit("griddepcontrol.wait")
-    gcount = b.op("mov.u32", Imm(0, "u32"))
+    jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S)
     lane_hdr = b.op("mul.lo.u32", g, Imm(row_stride, "u32"))  # row g's header in a stage
     lane_q = b.op("mad.lo.u32", t, Imm(4, "u32"), lane_hdr)  # + qs word t
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
