@@ -360,7 +360,7 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
         acts = (tiles, factors, sums)
     else:
         kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
-        fn = kernels.load("gemv_tq4_1s_mma", arch)
+        fn = kernels.load("gemv_tq4_1s_mma" if m * k >= MMA_GEMV_M32_MIN_WEIGHTS else "gemv_tq4_1s_mma_m16", arch)
         acts = (tiles, factors)
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
     fn.launch((ctas, splits), (_weight_tensor_map(fn, w), *acts, y_ptr, m, k, n, part, cnt),
@@ -398,6 +398,10 @@ TMA_GEMV_MAX_TOKENS = 2
 # at T=8 41.8 / 49.9 us vs the lane kernel's 77.1 / 76.1 (18944x3584 / 3584x18944), at T=4 42.3 / 48.9 vs
 # 43.4 / 44.2 (a tie or slower), and T=5-7 run the lane kernel for 8 tokens (bench/results/bench_gemv.log)
 MMA_GEMV_MIN_TOKENS = 5
+# its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
+# 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
+# 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8
+MMA_GEMV_M32_MIN_WEIGHTS = 1 << 25
 
 
 def _sm90a_tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:

@@ -411,17 +411,19 @@ def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
         assert out.ok, (splits, out.detail)
 
 
-def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite():
-    """gemv_tq4_1s_mma (fp16 hi/lo split on mma.sync): 1, 5 and 8 tokens, several 8-block steps with a short
-    last one (the B-tile prefetch clamped at the end), 1-3 K-splits, within 1e-5 of the float64 reference; an inf or a NaN in x gives the same
-    non-finite outputs as the reference."""
-    ptx = KERNELS["gemv_tq4_1s_mma"].for_arch("sm_90a").ptx()
-    for kw in (dict(shape=(70, 32 * 16 * 4 + 128), splits=1, ntok=8), dict(shape=(70, 32 * 16 * 4 + 128), splits=3, ntok=5),
+@pytest.mark.parametrize("kernel", ["gemv_tq4_1s_mma", "gemv_tq4_1s_mma_m16"])
+def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite(kernel):
+    """gemv_tq4_1s_mma (32-row warps, 4-block steps) and gemv_tq4_1s_mma_m16 (16-row warps, 8-block steps), fp16
+    hi/lo split on mma.sync: 1, 5 and 8 tokens, several steps with a short last one (the B-tile prefetch
+    predicated off past the end), 1-3 K-splits, rows past M, within 1e-5 of the float64 reference; an inf or
+    a NaN in x gives the same non-finite outputs as the reference."""
+    ptx = KERNELS[kernel].for_arch("sm_90a").ptx()
+    for kw in (dict(shape=(70, 32 * 16 * 4 + 128), splits=1, ntok=8), dict(shape=(150, 32 * 16 * 4 + 128), splits=3, ntok=5),
                dict(shape=(33, 1024), ntok=1, splits=2)):
-        out = check_kernel("gemv_tq4_1s_mma", ptx, seed=3, **kw)
+        out = check_kernel(kernel, ptx, seed=3, **kw)
         assert out.ok, (kw, out.detail)
     for bad in (np.inf, np.nan):
-        out = check_kernel("gemv_tq4_1s_mma", ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
+        out = check_kernel(kernel, ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
         assert out.ok, (bad, out.detail)
 
 
@@ -461,20 +463,6 @@ def test_tma_box_starting_off_a_16_byte_boundary_is_an_error(monkeypatch):
     ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
     with pytest.raises(EmulationError, match="16-byte aligned"):
         check_kernel("gemv_tq4_1s_mma", ptx, seed=3, shape=(40, 1024), ntok=2, splits=1)
-
-
-def test_tensor_core_gemv_with_one_m_tile_per_warp(monkeypatch):
-    """MMA_MTILES = 1 (16 rows per warp, 8-block steps: the layout measured as v6 in session 6; the default is
-    2): still within 1e-5, with rows past M and 1-3 splits."""
-    from ptxgen.arch import get_arch
-    from ptxgen.kernels import gemv
-
-    for name, v in (("MMA_MTILES", 1), ("MMA_STEP", 8), ("MMA_ROW_WORDS", 44)):
-        monkeypatch.setattr(gemv, name, v)
-    ptx = gemv.build_mma_gemv(get_arch("sm_90a")).ptx()
-    for splits, ntok in ((1, 8), (3, 5)):
-        out = check_kernel("gemv_tq4_1s_mma", ptx, seed=7, shape=(150, 32 * 8 * 5 + 128), ntok=ntok, splits=splits)
-        assert out.ok, (splits, out.detail)
 
 
 def test_prep_mma_f16_is_bit_exact_to_the_numpy_model():

@@ -528,6 +528,7 @@ for _bn in (16, 32, 64):
 HARNESSES["reduce_splitk"] = _reduce
 HARNESSES["prep_tq4_1s_mma"] = _prep_mma
 HARNESSES["gemv_tq4_1s_mma"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma", 2)
+HARNESSES["gemv_tq4_1s_mma_m16"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma_m16", 2)
 HARNESSES["prep_mma_f16"] = _prep_mma_f16
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)

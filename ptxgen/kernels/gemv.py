@@ -796,8 +796,11 @@ MMA_MTILES = 2  # m16 tiles per warp: each B-tile load and its address work serv
 # tile with 8-block steps: 40.2 / 43.1 / 39.5 us vs 41.9 / 44.0 / 43.5 on 18944x3584 / 3584x18944 / 14336x4096,
 # 21.3 vs 18.8 on 3584x3584)
 MMA_CTAS = 5  # resident CTAs per SM (96 registers; shared memory 5 x (30 KB rings + 2 KB table))
+# gemv_tq4_1s_mma_m16: one m16 tile per warp, 8-block steps (176-byte rows) — on the H200 faster than two tiles
+# where the matrix is small (T=8: 18.8 / 18.9 vs 21.3 / 20.8 us on 3584x3584 / 4608x3584: more CTAs)
+MMA_M16_STEP, MMA_M16_ROW_WORDS = 8, 44
 
-def build_mma_gemv(arch):
+def build_mma_gemv(arch, small: bool = False):
     """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 5-8
     tokens on sm_90; bench/NOTES.md "session 6" has every version measured on the H200).
 
@@ -814,12 +817,14 @@ def build_mma_gemv(arch):
     (g, t) ends with rows g, g + 8 x tokens 2t, 2t + 1: no cross-lane reduction. Split-K over gridDim.y with
     the lane kernels' last-warp fixup."""
     arch.require("cp_async_bulk_tensor", "the tensor-core TQ4_1S GEMV", "use gemv_tq4_1s_t8")
-    NW, S, STEP, MT = MMA_WARPS, MMA_STAGES, MMA_STEP, MMA_MTILES
+    NW, S = MMA_WARPS, MMA_STAGES
+    MT, STEP, ROW_WORDS = (1, MMA_M16_STEP, MMA_M16_ROW_WORDS) if small else (MMA_MTILES, MMA_STEP, MMA_ROW_WORDS)
     assert MT in (1, 2, 4)
     R = 16 * MT  # rows per warp
-    row_stride = MMA_ROW_WORDS * 4
+    row_stride = ROW_WORDS * 4
     stage_bytes = R * row_stride
-    b = KernelBuilder("gemv_tq4_1s_mma", arch, "tq4_1s GEMV (exact) for up to 8 tokens on mma.sync, weights by TMA",
+    b = KernelBuilder("gemv_tq4_1s_mma_m16" if small else "gemv_tq4_1s_mma", arch,
+                      f"tq4_1s GEMV (exact) for up to 8 tokens on mma.sync, {R} rows per warp, weights by TMA",
                       block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
     bt_p, f_p, y_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
@@ -831,8 +836,8 @@ def build_mma_gemv(arch):
                           "one u32 per warp (zero, left zero)", ctas_per_sm=MMA_CTAS, tokens=8, rows_per_cta=R * NW,
                   rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
                   lane_cols=STEP, max_splits=32, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
-                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({MMA_ROW_WORDS}, {R}), no swizzle; k % 128 == 0",
-                  tma_box=(MMA_ROW_WORDS, R),
+                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({ROW_WORDS}, {R}), no swizzle; k % 128 == 0",
+                  tma_box=(ROW_WORDS, R),
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
     BT, F, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -890,7 +895,7 @@ def build_mma_gemv(arch):
     # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
     # waited on these loads: long_scoreboard 5 per issue); the step's pointers, blocks at immediate offsets
     D = MMA_AHEAD
-    assert STEP % MMA_SETS == 0 and MMA_SETS > D and MMA_ROW_WORDS >= 5 * STEP and MMA_ROW_WORDS % 8 == 4
+    assert STEP % MMA_SETS == 0 and MMA_SETS > D and ROW_WORDS >= 5 * STEP and ROW_WORDS % 8 == 4
     sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(MMA_SETS)]
     p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
@@ -1730,7 +1735,10 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_tq4_1s_mma", "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
                       build_prep_mma, archs=("sm_90a",)),
             KernelDef("gemv_tq4_1s_mma", "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
-                      "(mul_mat at T = 5-8 on sm_90)", build_mma_gemv, archs=("sm_90a",)),
+                      "(mul_mat at T = 5-8 on sm_90, M·K ≥ 2^25)", build_mma_gemv, archs=("sm_90a",)),
+            KernelDef("gemv_tq4_1s_mma_m16", "tq4_1s decode GEMV as gemv_tq4_1s_mma, one m16 tile per warp "
+                      "(mul_mat at T = 5-8 on sm_90, M·K < 2^25)", lambda arch: build_mma_gemv(arch, small=True),
+                      archs=("sm_90a",)),
             KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + block sums (Q4_K tensor-core GEMV)",
                       lambda arch: build_prep_mma(arch, rotate=False), archs=("sm_90a",)),
             KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
