@@ -340,9 +340,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
 
 
 def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
-    """One slice of ≤ 8 tokens through a tensor-core GEMV: TQ4_1S — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo
-    tiles) and gemv_tq4_1s_mma (slices of MMA_GEMV_MIN_TOKENS or more; every slice with PTXGEN_TQ4_MMA=1);
-    Q4_K — prep_mma_f16 (the same tiles unrotated, and block sums) and gemv_q4_k_mma (PTXGEN_Q4K_MMA=1)."""
+    """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
+    and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of MMA_GEMV_MIN_TOKENS or
+    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (PTXGEN_Q4K_MMA=1) — prep_mma_f16 per group of 8 tokens (the
+    same tiles unrotated, and block sums), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
     from ptxgen.formats import tq4_1s as T4
 
     q4k = w.fmt == "q4_K"
@@ -395,8 +396,9 @@ def _weight_tensor_map(fn, w: QuantTensor) -> bytes:
 # table vs bench_gemv_tma: T=1 -5 to -6%, T=2 -4 to 0%; T=4 and T=8 were 4-18% slower, they keep the lane kernel)
 TMA_GEMV_MAX_TOKENS = 2
 # the tensor-core exact TQ4_1S GEMV (8 tokens' work at any T ≤ 8) from this many tokens in a slice: on the H200
-# at T=8 41.8 / 49.9 us vs the lane kernel's 77.1 / 76.1 (18944x3584 / 3584x18944), at T=4 42.3 / 48.9 vs
-# 43.4 / 44.2 (a tie or slower), and T=5-7 run the lane kernel for 8 tokens (bench/results/bench_gemv.log)
+# at T=8 40.2 / 43.1 us vs the lane kernel's 77.1 / 76.1 (18944x3584 / 3584x18944); at T=4 39.4 / 41.8 vs 43.6 /
+# 44.3 there but 37.7 / 37.2 vs 34.5 / 34.8 on 4096x14336 / 14336x4096; T=5-7 run the lane kernel for 8 tokens
+# (bench/results/bench_gemv_tq4_session6.log)
 MMA_GEMV_MIN_TOKENS = 5
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
@@ -417,15 +419,10 @@ def _sm90a_tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
 
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
-    """Whether the exact TQ4_1S GEMV may run the TMA-fed kernel (gemv_tq4_1s_tma_t*, for slices of at most
-    TMA_GEMV_MAX_TOKENS tokens, and the tensor-core GEMV): an sm_90 device with the
-    sm_90a build (and `arch` not pinning another target), K a multiple of 128 (16-byte row stride for the
-    tensor map) and 16-byte aligned weights; otherwise the ld.global lane kernel (same results)."""
-    from .driver import current
-
-    m, k = w.shape
-    return (arch in (None, "sm_90a") and current().sm == 90 and "sm_90a" in kernels.available("gemv_tq4_1s_tma_t1")
-            and k % 128 == 0 and w.ptr % 16 == 0)
+    """Whether the exact TQ4_1S GEMV may run the TMA-fed kernels (gemv_tq4_1s_tma_t*, for slices of at most
+    TMA_GEMV_MAX_TOKENS tokens, and the tensor-core GEMV): `_sm90a_tma_ok` — for TQ4_1S, K a multiple of 128;
+    otherwise the ld.global lane kernel (same results)."""
+    return _sm90a_tma_ok(w, arch, "gemv_tq4_1s_tma_t1")
 
 
 _COUNTERS: list = []  # split-K arrival counters of the GEMVs and the MMQs (zero; each launch leaves them zero)
