@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install ptxgen on the GPU machine, run the GPU tier, then the benchmarks named as
 # arguments (default: runtime). Logs and results land in $OUT.
-# usage (device tool): bash bench/device.sh [runtime] [gemv] [mmq] ...
+# usage (device tool): bash bench/device.sh [runtime] [gemv] [mmq] ...   (ARGS_<bench>: extra arguments, e.g.
+# ARGS_mmq="--tokens 16,32,64" ARGS_gemv="--formats tq4_1s,q4_K")
 # PYTEST_ARGS (default "-m gpu"; words, no quoting): what pytest runs. The CPU tiers run in CI; on the GPU
 # machine they take ~9 minutes of its budget (PYTEST_ARGS=all runs them there too, e.g. against its nvJitLink).
 set -uo pipefail
@@ -17,5 +18,7 @@ if [ "${PYTEST_ARGS:-}" = all ]; then args=(-m "not slow"); else read -r -a args
 python3 -m pytest -q -ra -p no:cacheprovider "${args[@]}" 2>&1 | tee "$OUT/pytest.log" | tail -25
 benches=${*:-runtime}
 for b in $benches; do
-  echo "== bench $b"; python3 bench/bench_$b.py --out "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.log" | tail -40
+  extra_var="ARGS_$b"; read -r -a extra <<< "${!extra_var:-}"  # e.g. ARGS_mmq="--tokens 16,32,64"
+  echo "== bench $b ${extra[*]}"
+  python3 bench/bench_$b.py --out "$OUT/bench_$b.json" "${extra[@]}" 2>&1 | tee "$OUT/bench_$b.log" | tail -40
 done
