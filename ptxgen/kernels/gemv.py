@@ -1091,8 +1091,10 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
             m = (b.op("and.b32", s1, c3f),
                  b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
                       b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)))
-            out.append(dict(d=d, ndmin=b.op("neg.f32", dmin), dm23=b.op("mul.rn.f32", dmin, Imm(8388608.0, "f32")),
-                            sc=sc, m=m))
+            d16 = b.op("mul.rn.f32", d, Imm(0.0625, "f32"))
+            out.append(dict(d=(d, d16), nd23=(b.op("mul.rn.f32", d, Imm(-8388608.0, "f32")),
+                                            b.op("mul.rn.f32", d16, Imm(-8388608.0, "f32"))),
+                            ndmin=b.op("neg.f32", dmin), dm23=b.op("mul.rn.f32", dmin, Imm(8388608.0, "f32")), sc=sc, m=m))
         return out
 
     def coef(hd, j):
@@ -1101,8 +1103,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
         sel = Imm(0x7440 | (j & 3), "b32")
         fs = b.op("prmt.b32", hd["sc"][j // 4], f4b, sel, type="f32")
         fm = b.op("prmt.b32", hd["m"][j // 4], f4b, sel, type="f32")
-        dj = b.op("mul.rn.f32", hd["d"], Imm(0.0625, "f32")) if j % 2 else hd["d"]
-        alpha = b.op("fma.rn.f32", dj, fs, b.op("mul.rn.f32", dj, Imm(-8388608.0, "f32")))
+        alpha = b.op("fma.rn.f32", hd["d"][j % 2], fs, hd["nd23"][j % 2])  # d (or d/16) · (2^23 + sc) − d·2^23
         return alpha, b.op("fma.rn.f32", hd["ndmin"], fm, hd["dm23"])
 
     def nibbles(w):
