@@ -267,6 +267,8 @@ def test_emitted_kernels_match_reference_in_emulator(kernel, arch, seed):
     ptx = KERNELS[kernel].for_arch(arch).ptx()
     out = check_kernel(kernel, ptx, seed=seed)
     assert out.ok, out.detail
+    # the GPU crosscheck (test_gpu_emu_crosscheck) diffs `got` byte for byte against the GPU's: it must be numbers
+    assert np.asarray(out.got).dtype != object and np.asarray(out.got).size > 0, f"{kernel}: no output bytes to compare"
 
 
 def test_a_broken_dequant_sequence_fails_in_the_emulator(monkeypatch):

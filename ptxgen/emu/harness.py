@@ -197,9 +197,13 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 32 * 9), seed=None) -> Outcome:
     ta, fa, sa = (mem.alloc(a.nbytes, poison=0xFF) for a in (tiles, factors, sums))
     nitems = 8 * (k // 32)
     _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, sa, t, k), mem, seed=seed)
-    bad = [name for name, addr, want in (("tiles", ta, tiles), ("factors", fa, factors), ("sums", sa, sums))
-           if not np.array_equal(mem.view(addr, np.uint8, (want.nbytes,)), want.view(np.uint8).reshape(-1))]
-    return Outcome("prep_mma_f16", not bad, "bit-exact" if not bad else f"{', '.join(bad)} differ", None, None)
+    outs = (("tiles", ta, tiles), ("factors", fa, factors), ("sums", sa, sums))
+    got = [mem.view(addr, np.uint8, (want.nbytes,)) for _, addr, want in outs]
+    want = [want.view(np.uint8).reshape(-1) for *_, want in outs]
+    bad = [name for (name, *_), g, w in zip(outs, got, want) if not np.array_equal(g, w)]
+    # got/want: the three outputs' bytes end to end (the GPU crosscheck compares them with the emulator's)
+    return Outcome("prep_mma_f16", not bad, "bit-exact" if not bad else f"{', '.join(bad)} differ",
+                   np.concatenate(got), np.concatenate(want))
 
 
 def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
