@@ -130,7 +130,7 @@ def print_row(row):
     global _HEADER
     if not _HEADER:
         print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
-              "| tensor-core exact µs (forced, any T; Q4_K experimental) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
+              "| tensor-core exact µs (forced, any T) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
               "| peer/ptxgen | peer/fast |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         _HEADER = True

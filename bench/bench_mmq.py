@@ -45,7 +45,7 @@ def main():
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
-          "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, experimental) | skinny vs llama.cpp |")
+          "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, PTXGEN_Q4K_MMA=1) | skinny vs llama.cpp |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
@@ -106,7 +106,7 @@ def main():
 
 
 def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch):
-    """The experimental tensor-core skinny Q4_K GEMM (PTXGEN_Q4K_MMA=1: gemv_q4_k_mma_n16 at 9-16 tokens; sm_90),
+    """The tensor-core skinny Q4_K GEMM (PTXGEN_Q4K_MMA=1: gemv_q4_k_mma_n16 at 9-16 tokens; sm_90),
     whole op (two prep launches + the GEMM), checked against the float64 reference (1e-5) first; None where it
     does not run."""
     import os

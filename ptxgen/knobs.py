@@ -7,8 +7,8 @@ PTXGEN_VERBOSE     1: print compiles, cache hits and launches to stderr
 PTXGEN_EMITTED_DIR load kernels from this folder instead of the packaged emitted/
 PTXGEN_TQ4_MMA     exact TQ4_1S decode on the tensor-core GEMV (sm_90): unset/auto = slices of 5-8 tokens,
                    1 = every slice, 0 = never
-PTXGEN_Q4K_MMA     1: exact Q4_K decode (T <= 8 slices) on the experimental tensor-core GEMV (sm_90; not yet run
-                   on a GPU)
+PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto = slices of 2-8 tokens, 1 = every
+                   slice and 9-16 tokens on its 16-token build instead of the MMQ, 0 = never
 """
 from __future__ import annotations
 
@@ -38,17 +38,21 @@ def emitted_dir() -> Path | None:
     return Path(v) if v else None
 
 
-def tq4_mma() -> str:
+def _auto_on_off(name: str) -> str:
     """"auto" (unset), "on" (1/true/yes) or "off" (0/false/no); anything else is an error, not a silent default."""
-    v = os.environ.get("PTXGEN_TQ4_MMA", "").strip().lower()
+    v = os.environ.get(name, "").strip().lower()
     if v in ("", "auto"):
         return "auto"
     if v in ("1", "true", "yes", "on"):
         return "on"
     if v in ("0", "false", "no", "off"):
         return "off"
-    raise ValueError(f"PTXGEN_TQ4_MMA={v!r}: expected auto, 1 or 0")
+    raise ValueError(f"{name}={v!r}: expected auto, 1 or 0")
 
 
-def q4k_mma() -> bool:
-    return os.environ.get("PTXGEN_Q4K_MMA", "").strip().lower() in ("1", "true", "yes", "on")
+def tq4_mma() -> str:
+    return _auto_on_off("PTXGEN_TQ4_MMA")
+
+
+def q4k_mma() -> str:
+    return _auto_on_off("PTXGEN_Q4K_MMA")

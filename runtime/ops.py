@@ -297,8 +297,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
-    if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma()
-            and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma_n16")):  # experimental (README, Knobs)
+    if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() == "on"
+            and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma_n16")):  # not faster than the MMQ on the H200 (README, Knobs)
         _mma_gemv(w, xa.ptr, o.ptr, m, k, t, arch)
         return _result(o, xa.host and out is None)
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
@@ -320,10 +320,12 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
     tc = knobs.tq4_mma() if tma else "off"
-    q4k_tc = w.fmt == "q4_K" and knobs.q4k_mma() and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma")  # experimental
+    if w.fmt == "q4_K":
+        tc = knobs.q4k_mma() if _sm90a_tma_ok(w, arch, "gemv_q4_k_mma") else "off"
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
-        if tc == "on" or (tc == "auto" and n >= MMA_GEMV_MIN_TOKENS) or q4k_tc:  # tensor-core GEMVs (README, Knobs)
+        min_n = Q4K_MMA_GEMV_MIN_TOKENS if w.fmt == "q4_K" else MMA_GEMV_MIN_TOKENS
+        if tc == "on" or (tc == "auto" and n >= min_n):  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         name = _gemv_kernel(w, n, fused)
@@ -342,7 +344,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
 def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
     """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
     and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of MMA_GEMV_MIN_TOKENS or
-    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (PTXGEN_Q4K_MMA=1) — prep_mma_f16 per group of 8 tokens (the
+    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of Q4K_MMA_GEMV_MIN_TOKENS or more) — prep_mma_f16 per group of 8 tokens (the
     same tiles unrotated, and block sums), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
     from ptxgen.formats import tq4_1s as T4
 
@@ -400,6 +402,10 @@ TMA_GEMV_MAX_TOKENS = 2
 # 44.3 there but 37.7 / 37.2 vs 34.5 / 34.8 on 4096x14336 / 14336x4096; T=5-7 run the lane kernel for 8 tokens
 # (bench/results/bench_gemv_tq4_session6.log)
 MMA_GEMV_MIN_TOKENS = 5
+# the tensor-core exact Q4_K GEMV from this many tokens in a slice (H200, session 7, µs, lane kernel / tensor-core:
+# T=1 24.9 / 27.1, T=2 43.2 / 27.4, T=8 101.0 / 28.2 on 4096x14336; 3584x3584 T=1 10.6 / 13.2, T=2 15.1 / 13.4;
+# bench/results/bench_gemv_session7.log)
+Q4K_MMA_GEMV_MIN_TOKENS = 2
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
 # 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8

@@ -129,7 +129,7 @@ def test_int8_gemv_matches_q8_1_reference(fmt, data):
 @pytest.mark.parametrize("fmt,t", [("tq4_1s", t) for t in (1, 3, 8, 11)] + [("q4_K", t) for t in (1, 3, 5, 8, 9, 16)])
 def test_tensor_core_gemvs_forced(fmt, t, monkeypatch):
     """The tensor-core exact GEMVs forced by their knobs (sm_90): TQ4_1S — PTXGEN_TQ4_MMA=1, prep_tq4_1s_mma +
-    gemv_tq4_1s_mma at every T; Q4_K (experimental) — PTXGEN_Q4K_MMA=1, prep_mma_f16 + gemv_q4_k_mma (T ≤ 8)
+    gemv_tq4_1s_mma at every T; Q4_K — PTXGEN_Q4K_MMA=1, prep_mma_f16 + gemv_q4_k_mma (T ≤ 8)
     or gemv_q4_k_mma_n16 (9-16, instead of the MMQ). Within 1e-5 of the float64 reference, outputs poisoned
     first, the same bits run to run."""
     import ptxgen.runtime as r
@@ -150,3 +150,22 @@ def test_tensor_core_gemvs_forced(fmt, t, monkeypatch):
     want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
     assert rel(got, want) <= 1e-5
     np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))
+
+
+def test_q4_k_tensor_core_gemv_non_finite_activations_give_non_finite_outputs():
+    """mul_mat's default exact Q4_K path at T = 2-8 (sm_90: the tensor-core GEMV) with a NaN in one token and an
+    inf in another: those tokens' outputs are all non-finite (NaN where the reference has ±inf, the documented
+    difference: the min term is factored out), the other tokens' are finite and within 1e-5."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(7)
+    m, k, t = 200, 2048, 4
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    x[1, 300], x[2, 77] = np.inf, np.nan
+    got = r.mul_mat(w, x)
+    assert not np.isfinite(got[1]).any() and np.isnan(got[2]).all()
+    ok = [0, 3]
+    assert np.isfinite(got[ok]).all()
+    assert rel(got[ok], formats.gemm_ref("q4_K", raw, m, k, x[ok])) <= 1e-5

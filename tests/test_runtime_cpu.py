@@ -255,12 +255,13 @@ def test_fast_mode_picks_the_q8_1_mmq_where_it_measured_faster():
     assert [q8_path(t, "mma.sync") for t in (9, 16, 17, 32, 33)] == ["q8", "q8", "q8_pre", "q8_pre", None]
 
 
-def test_tq4_mma_knob_is_auto_on_or_off_and_rejects_anything_else(monkeypatch):
+@pytest.mark.parametrize("var,fn", [("PTXGEN_TQ4_MMA", "tq4_mma"), ("PTXGEN_Q4K_MMA", "q4k_mma")])
+def test_tensor_core_gemv_knobs_are_auto_on_or_off_and_reject_anything_else(monkeypatch, var, fn):
     from ptxgen import knobs
 
     for v, want in (("", "auto"), ("auto", "auto"), ("1", "on"), ("yes", "on"), ("0", "off"), ("false", "off")):
-        monkeypatch.setenv("PTXGEN_TQ4_MMA", v)
-        assert knobs.tq4_mma() == want
-    monkeypatch.setenv("PTXGEN_TQ4_MMA", "fast")
-    with pytest.raises(ValueError, match="PTXGEN_TQ4_MMA"):
-        knobs.tq4_mma()
+        monkeypatch.setenv(var, v)
+        assert getattr(knobs, fn)() == want
+    monkeypatch.setenv(var, "fast")
+    with pytest.raises(ValueError, match=var):
+        getattr(knobs, fn)()

@@ -897,9 +897,9 @@ def build_mma_gemv(arch, small: bool = False):
     D = MMA_AHEAD
     assert STEP % MMA_SETS == 0 and MMA_SETS > D and ROW_WORDS >= 5 * STEP and ROW_WORDS % 8 == 4
     sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(MMA_SETS)]
-    p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
+    p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
-    s_b, s_f = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32")), b.op("mul.wide.u32", stride, Imm(32, "u32"))
+    s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
 
     def load_b(pb, pf, bl, dst, pred=None):
         """Block bl after the pointers' block (if `pred`): its B tiles (hi0, hi1, lo0, lo1 of each half) and its
@@ -971,15 +971,34 @@ def build_mma_gemv(arch, small: bool = False):
 
 
 
+def _tile_pointer(b, jb, stride, BT, lane16, g, ntok):
+    """This lane's pointer into the B tiles at sub-block jb and its per-step advance. Lane (g, t) holds token g's
+    elements only, and the prep writes zeros for tokens past T: a lane with g ≥ ntok keeps reading its zero slots
+    of the first tiles (advance 0, L1-resident) instead of the whole activation's — at T = 1 the tiles' L2 → SM
+    traffic drops 8x with the same loads, registers and sums (a predicated load would keep its old value live)."""
+    p_live = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
+    s_live = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32"))
+    if ntok is None:  # every lane live (the 16-token build runs 9-16 tokens: token group 0 is full)
+        return p_live, s_live
+    live = b.op("setp.lt.u32", g, ntok)
+    return (b.op("selp.b64", p_live, b.op("add.s64", BT, lane16), live),
+            b.op("selp.b64", s_live, b.op("mov.u64", Imm(0, "u64")), live))
+
+
 Q4K_MMA_MTILES = 1  # Q4_K tensor-core GEMV: m16 tiles per warp (2: 228 registers, 2 CTAs per SM)
 Q4K_MMA_STAGES = 3  # ring stages of one super-block (36 u32 per row: a 144-byte stride, 4·g + t banks: conflict-free)
-Q4K_MMA_CTAS = 4  # resident CTAs per SM (128 registers; at 5, 96 registers, ptxas spills)
+# resident CTAs per SM and how many sub-blocks ahead the B tiles load (8-token build). H200, session 7, µs at T=8
+# (4096x14336 / 18944x3584 / 3584x3584): 4 CTAs (128 registers; ptxas sank half the loads to 20-110 SASS before
+# their MMA) 27.7 / 35.4 / 14.3; 3 CTAs (168) 26.7 / 29.0 / 12.9; 3 CTAs one ahead 26.4 / 29.2 / 12.8 (all loads
+# 77-213 SASS ahead, 528 SASS per step). At 5 CTAs (96 registers) ptxas spills.
+Q4K_MMA_CTAS = 3
+Q4K_MMA_AHEAD = 1
 Q4K_MMA_CTAS_N16 = 3  # the 16-token build: 168 registers
 
 
 def build_q4k_mma_gemv(arch, NT: int = 1):
-    """Q4_K GEMV for up to 8·NT tokens on tensor cores, fp32-exact (EXPERIMENTAL: emulator-verified, not yet run on
-    the H200; mul_mat uses it only with PTXGEN_Q4K_MMA=1).
+    """Q4_K GEMV for up to 8·NT tokens on tensor cores, fp32-exact (mul_mat: slices of 2-8 tokens on sm_90; the
+    16-token build only with PTXGEN_Q4K_MMA=1, it measured no faster than the MMQ).
 
     Why: the exact Q4_K GEMVs do an FFMA per weight and token (T=1: 31% of HBM, T=8: 8%). Here the weights
     stay integers: A = the nibbles q as fp16 (prmt + lop3 with the 0x6400 exponent, minus 1024: exact; high
@@ -1017,8 +1036,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
                   mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
                   activation="prep_mma_f16(x): tiles + factors + sums", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle",
-                  tma_box=(WORDS, R), stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"),
-                  experimental="emulator-verified; not yet run on the H200")
+                  tma_box=(WORDS, R), stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
     BT, F, SX, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
@@ -1052,14 +1070,14 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
 
     # B tiles, factors and block sums of one sub-block, two sub-blocks ahead (as the TQ4_1S tensor-core GEMV)
     # a chunk consumes two sub-blocks' sets at its odd sub-block, when the loads D ahead are issued: NS ≥ D + 2
-    D, NS = (2, 4) if NT == 1 else (1, 4)  # two token groups' loads two ahead spill at 168 registers
+    D, NS = (Q4K_MMA_AHEAD, 4) if NT == 1 else (1, 4)  # two token groups' loads two ahead spill at 168 registers
     assert NS >= D + 2 and STEP % NS == 0
     eager = NT == 1
     sets = [[(b.regs("b32", 8), b.regs("f32", 2), b.regs("f32", 2)) for _ in range(NT)] for _ in range(NS)]
-    p_b = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT), lane16)
+    p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok if NT == 1 else None)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
     p_s = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), SX), t8)
-    s_b, s_f = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32")), b.op("mul.wide.u32", stride, Imm(32, "u32"))
+    s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
     if NT > 1:
         g_b = b.op("mul.wide.u32", K, Imm(32, "u32"))  # one token group's tiles (K/16 x 512 bytes) ...
         g_f = b.op("cvt.u64.u32", K)  # ... and its factors or sums (K/32 x 8 fp32)
@@ -1743,10 +1761,10 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + block sums (Q4_K tensor-core GEMV)",
                       lambda arch: build_prep_mma(arch, rotate=False), archs=("sm_90a",)),
             KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
-                      "activation, weights by TMA (experimental: PTXGEN_Q4K_MMA=1)", build_q4k_mma_gemv,
+                      "activation, weights by TMA", build_q4k_mma_gemv,
                       archs=("sm_90a",)),
             KernelDef("gemv_q4_k_mma_n16", "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two token "
-                      "groups (experimental: PTXGEN_Q4K_MMA=1)", lambda arch: build_q4k_mma_gemv(arch, 2),
+                      "groups (PTXGEN_Q4K_MMA=1: no faster than the MMQ)", lambda arch: build_q4k_mma_gemv(arch, 2),
                       archs=("sm_90a",))]
     for t in TOKENS:
         if t <= 2:
