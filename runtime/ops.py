@@ -345,7 +345,7 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
     """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
     and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of MMA_GEMV_MIN_TOKENS or
     more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of Q4K_MMA_GEMV_MIN_TOKENS or more) — prep_mma_f16 per group of 8 tokens (the
-    same tiles unrotated, and block sums), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
+    same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
     from ptxgen.formats import tq4_1s as T4
 
     q4k = w.fmt == "q4_K"
@@ -354,13 +354,13 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
     factors = DeviceArray.empty((groups, k // 32, T4.MMA_TOKENS), np.float32)
     items = T4.MMA_TOKENS * (k // 32)
     if q4k:
-        sums = DeviceArray.empty((groups, k // 32, T4.MMA_TOKENS), np.float32)
+        minfrag = DeviceArray.empty((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
         prep = kernels.load("prep_mma_f16", arch)
         for i in range(groups):
             prep.launch(((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
-                                              sums.ptr + k * i, min(8, n - 8 * i), k))
+                                              minfrag.ptr + k * i, min(8, n - 8 * i), k))
         fn = kernels.load("gemv_q4_k_mma" if groups == 1 else "gemv_q4_k_mma_n16", arch)
-        acts = (tiles, factors, sums)
+        acts = (tiles, factors, minfrag)
     else:
         kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
         fn = kernels.load("gemv_tq4_1s_mma" if m * k >= MMA_GEMV_M32_MIN_WEIGHTS else "gemv_tq4_1s_mma_m16", arch)

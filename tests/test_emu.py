@@ -96,6 +96,22 @@ def test_fma_rounds_once():
     assert reg(emu, "%f3", "f32")[0] == 0
 
 
+def test_packed_half_arithmetic():
+    """f16x2 mul/sub/fma per half with one rounding (mul.f16x2 was once computed as an integer product)."""
+    h = lambda lo, hi: int(np.float16(lo).view(np.uint16)) | int(np.float16(hi).view(np.uint16)) << 16  # noqa: E731
+    emu, *_ = run(f"""
+mul.rn.f16x2 %r1, {h(3.0, 1 / 16)}, {h(-1024.0, 63.0)};
+sub.rn.f16x2 %r2, {h(1025.0, 1039.0)}, {h(1024.0, 1024.0)};
+fma.rn.f16x2 %r3, {h(1039.0, 1264.0)}, {h(63.0, 63 / 16)}, {h(-64512.0, -4032.0)};
+mul.rn.f16x2 %r4, {h(1 + 2**-10, 1.0)}, {h(1 + 2**-10, 65504.0)};
+""")
+    halves = lambda r: np.array([r & 0xFFFF, r >> 16], np.uint16).view(np.float16).tolist()  # noqa: E731
+    assert halves(int(reg(emu, "%r1")[0])) == [-3072.0, 63 / 16]
+    assert halves(int(reg(emu, "%r2")[0])) == [1.0, 15.0]
+    assert halves(int(reg(emu, "%r3")[0])) == [945.0, 945.0]  # (1024 + q)·sc − 1024·sc: exact only when fused
+    assert halves(int(reg(emu, "%r4")[0])) == [1 + 2**-9, 65504.0]  # 1 + 2^-9 + 2^-20 rounds to 1 + 2^-9
+
+
 def test_conversions_rounding_and_saturation():
     emu, *_ = run(f"""
 cvt.rni.s32.f32 %r1, {f32bits(2.5)};
@@ -468,10 +484,11 @@ def test_tma_box_starting_off_a_16_byte_boundary_is_an_error(monkeypatch):
 
 
 def test_prep_mma_f16_is_bit_exact_to_the_numpy_model():
-    """prep_mma_f16 (the Q4_K tensor-core GEMV's activation): tiles, factors and block sums bit for bit
-    against to_mma_tiles and mma_block_sums of the unrotated x, with a zero, a tiny and a huge block."""
+    """prep_mma_f16 (the Q4_K tensor-core GEMV's activation): tiles, factors and min-term fragments bit for bit
+    against to_mma_tiles(x, Q4K_GROUP) and mma_min_fragments of the unrotated x, with a zero, a tiny and a huge
+    block and a quiet super-block."""
     ptx = KERNELS["prep_mma_f16"].for_arch("sm_90a").ptx()
-    for shape in ((3, 32 * 9), (8, 256)):
+    for shape in ((3, 512), (8, 256), (5, 1024)):
         out = check_kernel("prep_mma_f16", ptx, seed=2, shape=shape)
         assert out.ok, (shape, out.detail)
 
@@ -493,8 +510,8 @@ def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens):
 
 @pytest.mark.parametrize("mutation", ["no_lo_product", "no_min_term"])
 def test_q4_k_tensor_core_gemv_mutations_fail(monkeypatch, mutation):
-    """Dropping the activation's lo half (fp16 x only, ~2^-11) or the block sums (the dmin·m·Σx term) must fail
-    the 1e-5 bar."""
+    """Dropping the activation's lo half (fp16 x only, ~2^-11) or the min-term fragments (the dmin·Σ m·Σx term)
+    must fail the 1e-5 bar."""
     from ptxgen import ir
     from ptxgen.arch import get_arch
     from ptxgen.kernels import gemv
@@ -510,10 +527,10 @@ def test_q4_k_tensor_core_gemv_mutations_fail(monkeypatch, mutation):
                 return ir.Instr("mov.b32", (c, c))
             return ins
         monkeypatch.setattr(gemv, "mma_sync", every_second_dropped)
-    else:  # the block sums read as zeros: a kernel that ignored them would pass
+    else:  # the min-term fragments read as zeros: a kernel that ignored them would pass
         from ptxgen.emu import harness
 
-        monkeypatch.setattr(harness.T4, "mma_block_sums", lambda a: np.zeros((a.shape[1] // 32, 8), np.float32))
+        monkeypatch.setattr(harness.T4, "mma_min_fragments", lambda a: np.zeros(a.shape[1], np.uint8))
     ptx = gemv.build_q4k_mma_gemv(get_arch("sm_90a")).ptx()
     out = check_kernel("gemv_q4_k_mma", ptx, seed=3, shape=(40, 1024), ntok=4, splits=1)
     assert not out.ok and "relative error" in out.detail, out.detail

@@ -181,23 +181,25 @@ def _prep_mma(ptx: str, rng, shape=(3, 32 * 9), seed=None, special=True) -> Outc
                    got_t, tiles)
 
 
-def _prep_mma_f16(ptx: str, rng, shape=(3, 32 * 9), seed=None) -> Outcome:
-    """prep_mma_f16: x → per (token, block) 2^s, fp16 hi + lo B tiles, factors and block sums (no rotation), bit
-    for bit against to_mma_tiles and mma_block_sums; tokens past T zero."""
+def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
+    """prep_mma_f16: x → per (token, super-block) 2^s, fp16 hi + lo B tiles, factors and the min-term fragments
+    (no rotation), bit for bit against to_mma_tiles(x, Q4K_GROUP) and mma_min_fragments; tokens past T zero."""
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if k >= 96:
         x[0, 0:32] = 0
         x[-1, 32:64] *= np.float32(1e-30)
         x[0, 64:96] *= np.float32(1e30)
-    tiles, factors = T4.to_mma_tiles(x)
-    sums = T4.mma_block_sums(x)
+    if k >= 512:  # a super-block whose largest value is an order of magnitude below the next one's
+        x[-1, 256:512] *= np.float32(1e-3)
+    tiles, factors = T4.to_mma_tiles(x, T4.Q4K_GROUP)
+    sums = T4.mma_min_fragments(x)
     mem = _memory()
     xa = mem.alloc(x)
     ta, fa, sa = (mem.alloc(a.nbytes, poison=0xFF) for a in (tiles, factors, sums))
     nitems = 8 * (k // 32)
     _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, sa, t, k), mem, seed=seed)
-    outs = (("tiles", ta, tiles), ("factors", fa, factors), ("sums", sa, sums))
+    outs = (("tiles", ta, tiles), ("factors", fa, factors), ("min fragments", sa, sums))
     got = [mem.view(addr, np.uint8, (want.nbytes,)) for _, addr, want in outs]
     want = [want.view(np.uint8).reshape(-1) for *_, want in outs]
     bad = [name for (name, *_), g, w in zip(outs, got, want) if not np.array_equal(g, w)]
@@ -207,8 +209,8 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 32 * 9), seed=None) -> Outcome:
 
 
 def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
-    """The tensor-core Q4_K GEMV on tiles, factors and sums from the NumPy model (to_mma_tiles, mma_block_sums
-    of the unrotated x): against the float64 reference, relative error ≤ 1e-5; split-K counters back at zero."""
+    """The tensor-core Q4_K GEMV on tiles, factors and min fragments from the NumPy model (to_mma_tiles(x,
+    Q4K_GROUP), mma_min_fragments of the unrotated x): against the float64 reference, relative error ≤ 1e-5; split-K counters back at zero."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
     m, k = shape or (rows * 2 + 5, 512)
     n = ntok or int(rng.integers(8 * groups - 7, 8 * groups + 1))
@@ -217,7 +219,8 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
     # one prep per group of 8 tokens, the groups' buffers back to back
-    parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8]) + (T4.mma_block_sums(x[8 * i:8 * i + 8]),) for i in range(groups)]
+    parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) + (T4.mma_min_fragments(x[8 * i:8 * i + 8]),)
+             for i in range(groups)]
     tiles, factors, sums = (np.concatenate([p_[j] for p_ in parts]) for j in range(3))
     mem = _memory()
     wa, ta, fa, sa = mem.alloc(raw), mem.alloc(tiles), mem.alloc(factors), mem.alloc(sums)

@@ -653,7 +653,7 @@ class Emulator(HopperOps):
     def _op_mul(self, ins, ex, grp):
         t = self._type(ins)
         d, a, b = ins.operands
-        if t in ("f32", "f64", "f16"):
+        if t in ("f32", "f64", "f16", "f16x2"):  # f16x2: per half, one rounding (_f16x2)
             self._float_ok(ins)
             return self._binary(ins, ex, lambda x, y, t: x * y)
         va = self._val(a, t, ex).astype(object if t.endswith("64") else np.int64)

@@ -182,17 +182,18 @@ MMA_TOKENS = 8
 MMA_TILE = 512
 
 
-def mma_scale_exponent(a: np.ndarray) -> np.ndarray:
+def mma_scale_exponent(a: np.ndarray, group: int = 1) -> np.ndarray:
     """s per (token, block) of a (T, K) rotated activation: 14 − floor(log2 max|x|) from the fp32 exponent
-    bits (a zero or subnormal max counts as exponent 0), clamped to [-100, 100]."""
+    bits (a zero or subnormal max counts as exponent 0; NaN above all), clamped to [-100, 100]. `group` > 1: the
+    max over each run of `group` blocks (Q4_K: 8, a super-block), the same s for all of them."""
     a = f32(a)
     t, k = a.shape
-    m = np.abs(a.reshape(t, k // 32, 32)).max(axis=2)
-    e = ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64)
+    bits = (a.view(np.uint32) & np.uint32(0x7FFFFFFF)).reshape(t, k // 32 // group, 32 * group).max(axis=2)
+    e = np.repeat(((bits >> 23) & 0xFF).astype(np.int64), group, axis=1)
     return np.clip(141 - e, -100, 100)
 
 
-def _mma_scaled(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _mma_scaled(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(x·2^s as (8, K/32, 32) fp32, s as (8, K/32)) for up to 8 tokens; tokens past T are zeros (s = 100)."""
     a = f32(a)
     t, k = a.shape
@@ -202,15 +203,16 @@ def _mma_scaled(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     full = np.zeros((MMA_TOKENS, k), F32)
     full[:t] = a
     s = np.full((MMA_TOKENS, nb), 100, np.int64)
-    s[:t] = mma_scale_exponent(a)
+    s[:t] = mma_scale_exponent(a, group)
     scale = ((s + 127) << 23).astype(np.uint32).view(F32)
     with np.errstate(invalid="ignore", over="ignore"):
         return (full.reshape(MMA_TOKENS, nb, 32) * scale[:, :, None]).astype(F32), s
 
 
-def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rotated activation (T ≤ 8, K) fp32 → (tiles: K/16 × 512 bytes, factors: (K/32, 8) fp32)."""
-    xs, s = _mma_scaled(a)
+def to_mma_tiles(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Rotated activation (T ≤ 8, K) fp32 → (tiles: K/16 × 512 bytes, factors: (K/32, 8) fp32). `group`: blocks
+    sharing one scale (mma_scale_exponent)."""
+    xs, s = _mma_scaled(a, group)
     nb = xs.shape[1]
     with np.errstate(invalid="ignore", over="ignore"):
         hi = xs.astype(np.float16)
@@ -223,16 +225,37 @@ def to_mma_tiles(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tiles.reshape(nb * 2 * MMA_TILE // 2).view(np.uint8).copy(), factors
 
 
-def mma_block_sums(a: np.ndarray) -> np.ndarray:
-    """Σ of each scaled 32-block of `to_mma_tiles`' input, (K/32, 8) fp32, in the order of prep_mma_f16's warp
-    butterfly (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; lane 0's sum): the Q4_K tensor-core GEMV's
-    min term dmin·m·Σx per sub-block and token."""
-    v, _ = _mma_scaled(a)
+def mma_block_sums(a: np.ndarray, group: int = 1) -> np.ndarray:
+    """Σ of each scaled 32-block of `to_mma_tiles(a, group)`' input, (K/32, 8) fp32, in the order of a warp
+    butterfly (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; lane 0's sum)."""
+    v, _ = _mma_scaled(a, group)
     lane = np.arange(32)
     with np.errstate(invalid="ignore", over="ignore"):
         for o in (16, 8, 4, 2, 1):
             v = (v + v[:, :, lane ^ o]).astype(F32)
     return v[:, :, 0].T.copy()
+
+
+Q4K_GROUP = 8  # the Q4_K tensor-core GEMV's activation: one scale per super-block (8 blocks) and token
+MIN_FRAG_SHIFT = -6  # block sums (< 2^20 at a scale that puts the max in [2^14, 2^15)) times 2^-6 fit fp16
+
+
+def mma_min_fragments(a: np.ndarray) -> np.ndarray:
+    """The Q4_K tensor-core GEMV's min-term B operand: per super-block sb and token n, the 8 block sums S_j of
+    `to_mma_tiles(a, Q4K_GROUP)`' scaled input (butterfly order) times 2^MIN_FRAG_SHIFT, split into fp16 hi + lo
+    (lo = 0 where hi is not finite), as one m16n8k16 B fragment: lane 4n + t holds (hi S_2t, hi S_2t+1) and
+    (lo S_2t, lo S_2t+1) — k = j for hi, 8 + j for lo, so an A fragment of the row's 8 mins m_j, repeated,
+    gives Σ_j m_j·S_j in one MMA. (K/256, 32 lanes, 2 words) as bytes, 256 per super-block."""
+    sums = mma_block_sums(a, Q4K_GROUP).T  # (8 tokens, K/32)
+    n, nb = sums.shape
+    with np.errstate(invalid="ignore", over="ignore"):
+        sv = (sums * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)
+        hi = sv.astype(np.float16)
+        lo = np.where(np.isfinite(hi), (sv - hi.astype(F32)).astype(np.float16), np.float16(0))
+    # [n, sb, t, pair] → [sb, n, t, (hi pair, lo pair)]
+    hi4 = hi.reshape(n, nb // 8, 4, 2).transpose(1, 0, 2, 3)
+    lo4 = lo.reshape(n, nb // 8, 4, 2).transpose(1, 0, 2, 3)
+    return np.concatenate([hi4, lo4], axis=3).reshape(-1).view(np.uint8).copy()
 
 
 def mma_element_table() -> np.ndarray:

@@ -1001,19 +1001,20 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     16-token build only with PTXGEN_Q4K_MMA=1, it measured no faster than the MMQ).
 
     Why: the exact Q4_K GEMVs do an FFMA per weight and token (T=1: 31% of HBM, T=8: 8%). Here the weights
-    stay integers: A = the nibbles q as fp16 (prmt + lop3 with the 0x6400 exponent, minus 1024: exact; high
-    nibbles come out as 16q, folded into the scale), B = the activation per (token, 32-block) scaled by 2^s and
-    split into fp16 hi + lo by `prep_mma_f16` (the TQ4_1S tensor-core GEMV's tile layout, no rotation), so
-    C = Σ q·x per sub-block is exact up to the MMA's fp32 accumulation; then per sub-block j, row r, token n:
-    y += 2^-s · (d·sc_j · C − dmin·m_j · Σx_j) in fp32 (d·sc formed as ggml does, by one rounding: an FFMA on
-    the float 2^23 + sc). A warp owns 16·Q4K_MMA_MTILES rows and walks K one super-block (a TMA box of
-    36 u32 per row) at a time; lane (g, t) reads qs word 8c + 4h + t of chunk c (64 weights: low nibbles are
-    sub-block 2c, high 2c + 1), whose 4 bytes are elements 16h + 4t .. + 3 of both sub-blocks: the k order of
-    the B tiles. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
+    stay integers: A = q·sc_j as fp16, exact (≤ 945): the nibble into the 0x6400 exponent by prmt + lop3 (1024 + q,
+    or 1024 + 16q for the high nibbles) and one fused h·mult − 1024·mult (mult = sc or sc/16); B = the activation
+    with one 2^s per (token, super-block), split into fp16 hi + lo by `prep_mma_f16`, so the MMAs sum
+    Σ_j sc_j·Σ q·x over the whole super-block (four independent accumulator chains: halves x hi/lo). The mins
+    take one more MMA per super-block: A = the row's m_j (exact fp16), B = the block sums S_j of the scaled
+    activation (hi + lo, times 2^-6). Then per row r, token n: y += 2^-s·(d·C − 64·dmin·MS) in fp32 — the
+    fp32 work is per super-block, not per sub-block. A warp owns 16·Q4K_MMA_MTILES rows and walks K one
+    super-block (a TMA box of 36 u32 per row) at a time; lane (g, t) reads qs word 8c + 4h + t of chunk c (64
+    weights: low nibbles are sub-block 2c, high 2c + 1), whose 4 bytes are elements 16h + 4t .. + 3 of both
+    sub-blocks: the k order of the B tiles. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
 
     NT = 2 (gemv_q4_k_mma_n16, 9-16 tokens: the small-T prefill llama.cpp serves with its MMQ): two groups of 8
     tokens, each prepared by its own prep_mma_f16 launch into consecutive buffers (tiles 32·K bytes, factors
-    and sums K bytes per group); every A fragment feeds both groups' MMAs."""
+    and min fragments K bytes per group); every A fragment feeds both groups' MMAs."""
     arch.require("cp_async_bulk_tensor", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
     R, WORDS, STEP = 16 * MT, 36, 8  # rows per warp, u32 per super-block row, sub-blocks per step
@@ -1023,7 +1024,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by TMA",
                       block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
-    bt_p, f_p, s_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("sums", "u64", "ptr:in")
+    bt_p, f_p, s_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("minfrag", "u64", "ptr:in")
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
@@ -1034,7 +1035,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT, token_groups=NT,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
                   mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
-                  activation="prep_mma_f16(x): tiles + factors + sums", copy="tma",
+                  activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle",
                   tma_box=(WORDS, R), stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
     BT, F, SX, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
@@ -1066,42 +1067,45 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
     magic = b.op("mov.b32", Imm(0x64006400, "b32"))
     zero = b.op("mov.b32", Imm(0, "b32"))
-    f4b = b.op("mov.b32", Imm(0x4B000000, "b32"))  # 2^23: prmt a byte into its mantissa → 2^23 + byte, exactly
 
-    # B tiles, factors and block sums of one sub-block, two sub-blocks ahead (as the TQ4_1S tensor-core GEMV)
-    # a chunk consumes two sub-blocks' sets at its odd sub-block, when the loads D ahead are issued: NS ≥ D + 2
-    D, NS = (Q4K_MMA_AHEAD, 4) if NT == 1 else (1, 4)  # two token groups' loads two ahead spill at 168 registers
+    h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
+    n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
+    # the min MMA's A: row r's mins m_2t, m_2t+1 (bytes 2t % 4, + 1 of its m word t / 2) into 0x64 halves
+    t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+    tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4
+    msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # bytes (tb, 0x64, tb + 1, 0x64)
+
+    # B tiles of one sub-block (hi and lo of its two halves), D sub-blocks ahead into NS rotating register sets;
+    # the step's factors and min fragments at its start (needed at its end)
+    D, NS = Q4K_MMA_AHEAD, 4
     assert NS >= D + 2 and STEP % NS == 0
-    eager = NT == 1
-    sets = [[(b.regs("b32", 8), b.regs("f32", 2), b.regs("f32", 2)) for _ in range(NT)] for _ in range(NS)]
+    sets = [[b.regs("b32", 8) for _ in range(NT)] for _ in range(NS)]
     p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok if NT == 1 else None)
-    p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
-    p_s = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), SX), t8)
+    p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)  # factors: [block][8 tokens] fp32
+    p_s = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), SX),  # min fragments: 256 bytes per super-block
+               b.op("mul.wide.u32", lane, Imm(8, "u32")))
     s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
     if NT > 1:
         g_b = b.op("mul.wide.u32", K, Imm(32, "u32"))  # one token group's tiles (K/16 x 512 bytes) ...
-        g_f = b.op("cvt.u64.u32", K)  # ... and its factors or sums (K/32 x 8 fp32)
+        g_f = b.op("cvt.u64.u32", K)  # ... and its factors or min fragments (K bytes)
 
-    def load_b(pb, pf, ps, bl, dst, pred=None):
+    def load_b(pb, bl, dst, pred=None):
         for nt in range(NT):
-            bregs, fregs, sregs = sets[dst][nt]
             if nt:
-                pb, pf, ps = b.op("add.s64", pb, g_b), b.op("add.s64", pf, g_f), b.op("add.s64", ps, g_f)
+                pb = b.op("add.s64", pb, g_b)
             for h in range(2):
-                b.emit("ld.global.nc.v4.u32", b.vec(bregs[4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE), pred=pred)
-            b.emit("ld.global.nc.v2.f32", b.vec(fregs), Mem(pf, 32 * bl), pred=pred)
-            b.emit("ld.global.nc.v2.f32", b.vec(sregs), Mem(ps, 32 * bl), pred=pred)
+                b.emit("ld.global.nc.v4.u32", b.vec(sets[dst][nt][4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE),
+                       pred=pred)
 
     def header(stage_base):
-        """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): d, dmin and the packed 6-bit sc and m
-        bytes of its 8 sub-blocks (sub-blocks 0-3 and 4-7 in two words each); `coef` turns them into factors."""
+        """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): d, −64·dmin (the min fragments carry
+        2^-6), the packed 6-bit sc bytes of sub-blocks 0-3 and 4-7, and the min MMA's A pair (m_2t, m_2t+1)."""
         out = []
         for rr in range(2 * MT):
             hw = b.regs("b32", 4)
             b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", stage_base, lane_hdr), 8 * row_stride * rr))
             dlo, dhi = b.reg("b16"), b.reg("b16")
             b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
-            d, dmin = b.op("cvt.f32.f16", dlo), b.op("cvt.f32.f16", dhi)
             s0, s1, s2 = hw[1:]
             c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
             sc = (b.op("and.b32", s0, c3f),  # sub-blocks 0..3
@@ -1109,84 +1113,90 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
             m = (b.op("and.b32", s1, c3f),
                  b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
                       b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)))
-            d16 = b.op("mul.rn.f32", d, Imm(0.0625, "f32"))
-            out.append(dict(d=(d, d16), nd23=(b.op("mul.rn.f32", d, Imm(-8388608.0, "f32")),
-                                            b.op("mul.rn.f32", d16, Imm(-8388608.0, "f32"))),
-                            ndmin=b.op("neg.f32", dmin), dm23=b.op("mul.rn.f32", dmin, Imm(8388608.0, "f32")), sc=sc, m=m))
+            mw = b.op("selp.b32", m[1], m[0], t_hi)
+            ma = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, msel), magic, type="b32")  # (m_2t, m_2t+1) exact
+            out.append(dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi),
+                                                                     Imm(-64.0, "f32")), sc=sc, ma=ma))
         return out
 
-    def coef(hd, j):
-        """(alpha, beta) of sub-block j: alpha = d·sc (d·sc / 16 for the odd, high-nibble sub-blocks whose A is
-        16q), beta = −dmin·m, each by one rounding as ggml forms them (an FFMA on the float 2^23 + byte)."""
-        sel = Imm(0x7440 | (j & 3), "b32")
-        fs = b.op("prmt.b32", hd["sc"][j // 4], f4b, sel, type="f32")
-        fm = b.op("prmt.b32", hd["m"][j // 4], f4b, sel, type="f32")
-        alpha = b.op("fma.rn.f32", hd["d"][j % 2], fs, hd["nd23"][j % 2])  # d (or d/16) · (2^23 + sc) − d·2^23
-        return alpha, b.op("fma.rn.f32", hd["ndmin"], fm, hd["dm23"])
+    def scale_pair(hd, j):
+        """(mult, add) fp16x2 of sub-block j: A = h·mult + add = q·sc_j exactly, for h = 1024 + q (even j, low
+        nibbles: mult = sc) or 1024 + 16q (odd j, high nibbles: mult = sc / 16); add = −1024·mult."""
+        sel = Imm((5 << 12) | ((j & 3) << 8) | (5 << 4) | (j & 3), "b32")  # bytes (sc_j, 0x64, sc_j, 0x64)
+        sc2 = b.op("sub.rn.f16x2", b.op("prmt.b32", hd["sc"][j // 4], magic, sel), magic, type="b32")  # (sc, sc)
+        mult = b.op("mul.rn.f16x2", sc2, h16, type="b32") if j % 2 else sc2
+        return mult, b.op("mul.rn.f16x2", mult, n1024, type="b32")
 
-    def nibbles(w):
-        """One qs word → ([low-nibble A regs of bytes (0,1), (2,3)], [high-nibble ones]) as exact fp16x2 q, 16q."""
-        lo, hi = [], []
-        for sel in (0x4140, 0x4342):
-            v = b.op("prmt.b32", w, zero, Imm(sel, "b32"))
-            for mask, dst in ((0x000F000F, lo), (0x00F000F0, hi)):
-                h_ = b.reg("b32")
-                b.emit("lop3.b32", h_, v, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-                dst.append(b.op("sub.rn.f16x2", h_, magic, type="b32"))
-        return lo, hi
-
-    def chunk(stage_base, c, coefs, cur):
-        """Chunk c (sub-blocks 2c, 2c + 1): per m16 tile, 2 halves x (hi, lo) MMAs per sub-block; then per
-        output y += f · (alpha·C + beta·Σx)."""
+    def chunk(stage_base, c, hds, cur, chains):
+        """Chunk c (sub-blocks 2c, 2c + 1): per m16 tile, the A fragments q·sc and 2 halves x (hi, lo) MMAs per
+        sub-block into the step's chains."""
         qb = b.op("add.u32", stage_base, lane_q)
         for mt in range(MT):
-            # words[rr][h]: row 16mt + g + 8rr, half h
+            pairs = {(rr, sb): scale_pair(hds[2 * mt + rr], 2 * c + sb) for rr in range(2) for sb in range(2)}
             a = {}
             for rr in range(2):
                 for h in range(2):
                     w = b.op("ld.shared.u32", Mem(qb, 16 + 32 * c + 16 * h + row_stride * (16 * mt + 8 * rr)))
-                    a[rr, h] = nibbles(w)
-            for sb in range(2):  # sub-block 2c + sb: low (sb = 0) or high (sb = 1) nibbles
-                cf = {(rr, sb): coefs[rr, 2 * c + sb] if eager else coef(coefs[rr], 2 * c + sb)
-                      for rr in (2 * mt, 2 * mt + 1)}
-                for nt in range(NT):  # the token groups share the A fragments
-                    bregs, (fa, fb), (sa, sbx) = sets[cur[sb]][nt]
-                    cacc = b.regs("f32", 4)
-                    first = True
+                    for sb, mask in ((0, 0x000F000F), (1, 0x00F000F0)):
+                        mult, add = pairs[rr, sb]
+                        for bp, sel in enumerate((0x4140, 0x4342)):  # bytes (0, 1), (2, 3) of the word
+                            v = b.op("prmt.b32", w, zero, Imm(sel, "b32"))
+                            h_ = b.reg("b32")
+                            b.emit("lop3.b32", h_, v, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+                            a[rr, h, sb, bp] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+            for sb in range(2):
+                for nt in range(NT):
+                    bregs = sets[cur[sb]][nt]
                     for h in range(2):
-                        A = [a[0, h][sb][0], a[1, h][sb][0], a[0, h][sb][1], a[1, h][sb][1]]  # (g, 2t..), (g+8, ..), ..
-                        for breg in (bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4]):  # hi, then lo
-                            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(cacc), b.vec(A), b.vec(breg),
-                                            b.vec(czero if first else cacc)))
-                            first = False
-                    for i in range(4):  # c0, c1: row g (tokens 2t, 2t+1); c2, c3: row g + 8
-                        alpha, beta = cf[2 * mt + i // 2, sb]
-                        v = b.op("fma.rn.f32", beta, sa if i % 2 == 0 else sbx, b.op("mul.rn.f32", alpha, cacc[i]))
-                        o = (nt * MT + mt) * 4 + i
-                        b.emit("fma.rn.f32", acc[o], v, fa if i % 2 == 0 else fb, acc[o])
+                        A = [a[0, h, sb, 0], a[1, h, sb, 0], a[0, h, sb, 1], a[1, h, sb, 1]]  # (g, 2t..), (g+8, ..), ..
+                        for hl, breg in enumerate((bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4])):  # hi, lo
+                            ch = chains[nt][mt][2 * h + hl]
+                            first = c == 0 and sb == 0
+                            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(breg),
+                                            b.vec(czero if first else ch)))
 
+    chains = [[[b.regs("f32", 4) for _ in range(4)] for _ in range(MT)] for _ in range(NT)]
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
     for bl in range(D):
-        load_b(p_b, p_f, p_s, bl, bl)
+        load_b(p_b, bl, bl)
     b.place(loop)
+    fac, mfr = [], []
+    for nt in range(NT):  # this step's factors 2^-s (tokens 2t, 2t + 1) and min fragment (hi, lo)
+        fr, mr = b.regs("f32", 2), b.regs("b32", 2)
+        pf, ps = (p_f, p_s) if nt == 0 else (b.op("add.s64", p_f, g_f), b.op("add.s64", p_s, g_f))
+        b.emit("ld.global.nc.v2.f32", b.vec(fr), Mem(pf))
+        b.emit("ld.global.nc.v2.u32", b.vec(mr), Mem(ps))
+        fac.append(fr)
+        mfr.append(mr)
     stage = _wait_step(b, bars, gcount, S)
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
-    coefs = header(sbase)
-    if eager:  # every factor of the super-block up front (NT = 1: 548 SASS per step, no spills; formed per chunk
-        # it spilled at 128 registers, while the two-group build needs the registers back)
-        coefs = {(rr, j): coef(hd, j) for rr, hd in enumerate(coefs) for j in range(8)}
-    nxt = (b.op("add.s64", p_b, s_b), b.op("add.s64", p_f, s_f), b.op("add.s64", p_s, s_f))
+    hds = header(sbase)
+    nxt_b = b.op("add.s64", p_b, s_b)
     more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
     for bl in range(STEP):  # sub-block bl: register set bl % NS; its loads were issued D sub-blocks earlier
         if bl + D < STEP:
-            load_b(p_b, p_f, p_s, bl + D, (bl + D) % NS)
+            load_b(p_b, bl + D, (bl + D) % NS)
         else:
-            load_b(*nxt, bl + D - STEP, (bl + D) % NS, more)
+            load_b(nxt_b, bl + D - STEP, (bl + D) % NS, more)
         if bl % 2:
-            chunk(sbase, bl // 2, coefs, ((bl - 1) % NS, bl % NS))
+            chunk(sbase, bl // 2, hds, ((bl - 1) % NS, bl % NS), chains)
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
     issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
+    # y += 2^-s·(d·C − 64·dmin·Σ_j m_j·S_j·2^-6) per output: C = the four chains' sum, the min term by one MMA
+    for nt in range(NT):
+        for mt in range(MT):
+            hd = hds[2 * mt:2 * mt + 2]
+            ms = b.regs("f32", 4)
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec([hd[0]["ma"], hd[1]["ma"], hd[0]["ma"], hd[1]["ma"]]),
+                            b.vec(mfr[nt]), b.vec(czero)))
+            ch = chains[nt][mt]
+            for i in range(4):  # c0, c1: row g (tokens 2t, 2t + 1); c2, c3: row g + 8
+                cs = b.op("add.rn.f32", b.op("add.rn.f32", ch[0][i], ch[1][i]), b.op("add.rn.f32", ch[2][i], ch[3][i]))
+                r_ = hd[i // 2]
+                v = b.op("fma.rn.f32", r_["d"], cs, b.op("mul.rn.f32", r_["nd64"], ms[i]))
+                o = (nt * MT + mt) * 4 + i
+                b.emit("fma.rn.f32", acc[o], v, fac[nt][i % 2], acc[o])
     b.emit("add.u32", gcount, gcount, Imm(1, "u32"))
     b.emit("add.u32", jb, jb, stride)
     for p_, s_ in ((p_b, s_b), (p_f, s_f), (p_s, s_f)):
@@ -1219,14 +1229,16 @@ def build_prep_mma(arch, rotate: bool = True):
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
     One warp per (token, block) for all 8 tokens: tokens past T write zeros.
 
-    rotate=False (prep_mma_f16, for the Q4_K tensor-core GEMV): no RHT, and a third output, the sums of each
-    scaled block (K/32 x 8 fp32, a warp butterfly: the Q4_K min term dmin·m·Σx needs them)."""
+    rotate=False (prep_mma_f16, for the Q4_K tensor-core GEMV): no RHT, one scale per super-block and token (the
+    max over its 8 blocks: each lane reads its element of all 8; tiles and factors of
+    to_mma_tiles(x, Q4K_GROUP)), and a third output, the min-term B fragments of each super-block
+    (formats.tq4_1s.mma_min_fragments: the scaled block sums by a warp butterfly, times 2^-6, fp16 hi + lo)."""
     name = "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
                                    "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
     x_p, bt_p, f_p = b.param("x", "u64", "ptr:in"), b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
-    s_p = None if rotate else b.param("sums", "u64", "ptr:out")
+    s_p = None if rotate else b.param("minfrag", "u64", "ptr:out")
     n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(8 * k / 32 / 8)", layout="to_mma_tiles")
     if arch.has("griddepcontrol"):
@@ -1250,6 +1262,15 @@ def build_prep_mma(arch, rotate: bool = True):
     b.emit("mov.f32", v, rv)
     b.place(skip)
     mbits = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"), type="b32")
+    if not rotate:  # the super-block's max: this lane's element of each of its 8 blocks (tokens past T: zeros)
+        first = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, b.op("and.b32", j, Imm(~7 & 0xFFFFFFFF, "b32"))),
+                     Imm(32, "u32"), lane)
+        p0 = b.op("mad.wide.u32", first, Imm(4, "u32"), x)
+        for i in range(T4.Q4K_GROUP):
+            o_ = b.reg("b32")
+            b.emit("mov.b32", o_, Imm(0, "b32"))
+            b.emit("ld.global.nc.b32", o_, Mem(p0, 128 * i), pred=live)
+            mbits = b.op("max.u32", mbits, b.op("and.b32", o_, Imm(0x7FFFFFFF, "b32")))
     for off in (16, 8, 4, 2, 1):  # |x| as integers: the same order as the floats (NaN above all)
         o = b.op("shfl.sync.bfly.b32", mbits, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
         mbits = b.op("max.u32", mbits, o)
@@ -1275,12 +1296,24 @@ def build_prep_mma(arch, rotate: bool = True):
     fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
     slot = b.op("mad.lo.u32", j, Imm(8, "u32"), tok)
     b.emit("st.global.b32", Mem(b.op("mad.wide.u32", slot, Imm(4, "u32"), F)), fbits, pred=lead)
-    if not rotate:  # Σ of the scaled block, butterfly order (formats.tq4_1s.mma_block_sums)
-        tot = xs
+    if not rotate:  # Σ of the scaled block, butterfly order, x 2^-6 as fp16 hi + lo into the min-term fragment
+        tot = xs  # of its super-block: byte 256·(j / 8) + 8·(4·tok + (j % 8) / 2) + 2·(j % 2), lo 4 bytes on
         for o_ in (16, 8, 4, 2, 1):
             tot = b.op("add.rn.f32", tot, b.op("shfl.sync.bfly.b32", tot, Imm(o_, "u32"), Imm(31, "u32"),
                                                  Imm(0xFFFFFFFF, "b32"), type="f32"))
-        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", slot, Imm(4, "u32"), b.ptr(s_p))), tot, pred=lead)
+        sv = b.op("mul.rn.f32", tot, Imm(2.0 ** T4.MIN_FRAG_SHIFT, "f32"))
+        shi = b.op("cvt.rn.f16.f32", sv, type="b16")
+        slo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", sv, b.op("cvt.f32.f16", shi)), type="b16")
+        sfin = b.op("setp.ne.b16", b.op("and.b16", shi, Imm(0x7C00, "b16")), Imm(0x7C00, "b16"))
+        slo = b.op("selp.b16", slo, Imm(0, "b16"), sfin)
+        jj = b.op("and.b32", j, Imm(7, "b32"))
+        foff = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", j, Imm(3, "u32")), Imm(8, "u32")),
+                    b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", tok, Imm(4, "u32"), b.op("shr.u32", jj, Imm(1, "u32"))),
+                                         Imm(3, "u32")),
+                         b.op("shl.b32", b.op("and.b32", jj, Imm(1, "b32")), Imm(1, "u32"))))
+        fp = b.op("add.s64", b.ptr(s_p), b.op("cvt.u64.u32", foff))
+        b.emit("st.global.b16", Mem(fp), shi, pred=lead)
+        b.emit("st.global.b16", Mem(fp, 4), slo, pred=lead)
     b.place(done)
     b.emit("ret")
     return b.finish()
