@@ -215,6 +215,33 @@ class Function:
             n = self._resident = max(1, int(n))
         return n
 
+    def smem_for_residency(self, n: int) -> int:
+        """The least dynamic shared memory (≥ this kernel's own) at which at most `n` of its CTAs fit one SM
+        (the occupancy calculator, bisected); the function's limit is raised to allow it. Launching with it
+        trades occupancy for a grid that fills the GPU better (ops._mma_gemv). Cached."""
+        cache = self.__dict__.setdefault("_residency_smem", {})
+        if n not in cache:
+            drv = _drv()
+            threads = self.block[0] * self.block[1] * self.block[2]
+            ctx = current()
+            check(drv.cuFuncSetAttribute(self.handle, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         int(ctx.max_smem_optin)), f"cuFuncSetAttribute({self.name}, max dynamic smem)")
+
+            def fits(nbytes):
+                err, k = drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, threads, nbytes)
+                check(err, f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})")
+                return int(k)
+            lo, hi = self.dynamic_smem, int(ctx.max_smem_optin)
+            if fits(hi) > n:
+                raise ValueError(f"{self.name}: no shared-memory size limits it to {n} CTAs per SM")
+            if fits(lo) <= n:
+                hi = lo
+            while hi - lo > 16:  # fits(lo) > n >= fits(hi)
+                mid = (lo + hi) // 2 // 16 * 16
+                lo, hi = (mid, hi) if fits(mid) > n else (lo, mid)
+            cache[n] = hi
+        return cache[n]
+
     def _ctypes(self):
         import ctypes
 

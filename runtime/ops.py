@@ -365,9 +365,33 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
         kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
         fn = kernels.load("gemv_tq4_1s_mma" if m * k >= MMA_GEMV_M32_MIN_WEIGHTS else "gemv_tq4_1s_mma_m16", arch)
         acts = (tiles, factors)
-    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
-    fn.launch((ctas, splits), (_weight_tensor_map(fn, w), *acts, y_ptr, m, k, n, part, cnt),
+    per_sm, smem = fn.resident_per_sm(), None
+    if q4k:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
+        per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
+        smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
+    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, per_sm)
+    fn.launch((ctas, splits), (_weight_tensor_map(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
               pdl=bool(fn.meta.get("pdl")))
+
+
+def _fullest_residency(fn, m: int, k: int, choices) -> int:
+    """Of `choices` (resident CTAs per SM), the one whose split plan (row CTAs x gemv_splits) fills the largest
+    share of the slots; the first unless another fills more than 1% more. H200, Q4_K tensor-core GEMV at T=8 (µs, 4 / 3 CTAs per SM):
+    14336x4096 (224 row CTAs: 448 of 528 slots / 224 of 396) 23.8 / 27.0; 18944x3584 (296 of 528 / 296 of 396)
+    29.9 / 25.3; 4096x14336 and 3584x3584 (97% / 97-99%) 23.3 / 23.7 and 12.8 / 12.1."""
+    from .driver import current
+
+    rows, sms = int(fn.meta["rows_per_cta"]), current().sm_count
+    ctas = (m + rows - 1) // rows
+
+    def fill(per_sm):
+        splits = gemv_splits(ctas, k, per_sm, sms, int(fn.meta.get("lane_cols", 32)), int(fn.meta.get("max_splits", 8)))
+        return ctas * splits / (per_sm * sms)
+    best = choices[0]
+    for c in choices[1:]:
+        if c >= 1 and fill(c) > fill(best) + 0.01:
+            best = c
+    return best
 
 
 def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):

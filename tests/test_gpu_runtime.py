@@ -170,3 +170,23 @@ def test_out_of_memory_is_a_python_exception():
         r.DeviceBuffer(1 << 50)  # 1 PiB
     x = np.ones((2, 64), np.float32)
     np.testing.assert_array_equal(r.quantize_q8_1(x), formats.quantize("q8_1", x))
+
+
+def test_smem_for_residency_limits_resident_ctas():
+    """Function.smem_for_residency(n): the least dynamic shared memory at which the occupancy calculator puts at
+    most n CTAs of the kernel on an SM (16 bytes less allows more); mul_mat launches the Q4_K tensor-core GEMV
+    with it where a 3-per-SM grid fills the GPU better."""
+    rt()
+    from cuda.bindings import driver as drv
+
+    from ptxgen.runtime import kernels
+    from ptxgen.runtime.driver import current
+
+    if current().sm != 90:
+        pytest.skip("gemv_q4_k_mma is built for sm_90a")
+    fn = kernels.load("gemv_q4_k_mma")
+    full = fn.resident_per_sm()
+    smem = fn.smem_for_residency(full - 1)
+    occ = lambda nb: drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn.handle, 128, nb)[1]  # noqa: E731
+    assert smem > fn.dynamic_smem and occ(smem) == full - 1 and occ(smem - 16) == full
+    assert fn.smem_for_residency(full) == fn.dynamic_smem

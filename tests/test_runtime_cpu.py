@@ -265,3 +265,17 @@ def test_tensor_core_gemv_knobs_are_auto_on_or_off_and_reject_anything_else(monk
     monkeypatch.setenv(var, "fast")
     with pytest.raises(ValueError, match=var):
         getattr(knobs, fn)()
+
+
+def test_fullest_residency_picks_the_grid_that_fills_more_slots(monkeypatch):
+    """ops._fullest_residency on the H200's 132 SMs with the Q4_K tensor-core GEMV's 64 rows per CTA: 14336 rows
+    (224 CTAs) fill 448 of 528 slots at 4 per SM but 224 of 396 at 3; 18944 rows (296) the other way round."""
+    from types import SimpleNamespace
+
+    from ptxgen.runtime import driver, ops
+
+    monkeypatch.setattr(driver, "current", lambda: SimpleNamespace(sm_count=132))
+    fn = SimpleNamespace(meta={"rows_per_cta": 64, "lane_cols": 8, "max_splits": 32})
+    assert ops._fullest_residency(fn, 14336, 4096, (4, 3)) == 4
+    assert ops._fullest_residency(fn, 18944, 3584, (4, 3)) == 3
+    assert ops._fullest_residency(fn, 4096, 14336, (4, 3)) == 4  # 512 / 528 vs 384 / 396: a tie within 0.1%

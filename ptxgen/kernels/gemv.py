@@ -987,12 +987,13 @@ def _tile_pointer(b, jb, stride, BT, lane16, g, ntok):
 
 Q4K_MMA_MTILES = 1  # Q4_K tensor-core GEMV: m16 tiles per warp (2: 228 registers, 2 CTAs per SM)
 Q4K_MMA_STAGES = 3  # ring stages of one super-block (36 u32 per row: a 144-byte stride, 4·g + t banks: conflict-free)
-# resident CTAs per SM and how many sub-blocks ahead the B tiles load (8-token build). H200, session 7, µs at T=8
-# (4096x14336 / 18944x3584 / 3584x3584): 4 CTAs (128 registers; ptxas sank half the loads to 20-110 SASS before
-# their MMA) 27.7 / 35.4 / 14.3; 3 CTAs (168) 26.7 / 29.0 / 12.9; 3 CTAs one ahead 26.4 / 29.2 / 12.8 (all loads
-# 77-213 SASS ahead, 528 SASS per step). At 5 CTAs (96 registers) ptxas spills.
-Q4K_MMA_CTAS = 3
-Q4K_MMA_AHEAD = 1
+# resident CTAs per SM and how many sub-blocks ahead the B tiles load (8-token build). v1 (per-sub-block fp32
+# epilogue), H200, µs at T=8 (4096x14336 / 18944x3584 / 3584x3584): 4 CTAs (128 registers; ptxas sank half the
+# loads to 20-110 SASS before their MMA) 27.7 / 35.4 / 14.3; 3 CTAs (168) 26.7 / 29.0 / 12.9; 3 CTAs one ahead
+# 26.4 / 29.2 / 12.8. v2 (this): every load ≥ 120 SASS ahead at 4 CTAs; which residency wins depends on how many
+# slots the grid fills, so mul_mat launches at 4 or 3 (more shared memory) per shape (ops._fullest_residency).
+Q4K_MMA_CTAS = 4
+Q4K_MMA_AHEAD = 2
 Q4K_MMA_CTAS_N16 = 3  # the 16-token build: 168 registers
 
 
