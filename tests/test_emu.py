@@ -512,24 +512,19 @@ def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens):
 def test_q4_k_tensor_core_gemv_mutations_fail(monkeypatch, mutation):
     """Dropping the activation's lo half (fp16 x only, ~2^-11) or the min-term fragments (the dmin·Σ m·Σx term)
     must fail the 1e-5 bar."""
-    from ptxgen import ir
     from ptxgen.arch import get_arch
+    from ptxgen.emu import harness
     from ptxgen.kernels import gemv
 
-    if mutation == "no_lo_product":
-        real, calls = ir.mma_sync, []
+    if mutation == "no_lo_product":  # the tiles' lo halves (slots 4-7 of each lane's 8) zero: x in fp16 only
+        real = harness.T4.to_mma_tiles
 
-        def every_second_dropped(*args, **kw):
-            calls.append(1)
-            ins = real(*args, **kw)
-            if len(calls) % 2 == 0:  # A·B_lo of each half (its C is the running sum): a no-op
-                c = ins.operands[3].regs[0]
-                return ir.Instr("mov.b32", (c, c))
-            return ins
-        monkeypatch.setattr(gemv, "mma_sync", every_second_dropped)
+        def hi_only(a, group=1):
+            tiles, factors = real(a, group)
+            tiles.view(np.float16).reshape(-1, 8)[:, 4:] = 0
+            return tiles, factors
+        monkeypatch.setattr(harness.T4, "to_mma_tiles", hi_only)
     else:  # the min-term fragments read as zeros: a kernel that ignored them would pass
-        from ptxgen.emu import harness
-
         monkeypatch.setattr(harness.T4, "mma_min_fragments", lambda a: np.zeros(a.shape[1], np.uint8))
     ptx = gemv.build_q4k_mma_gemv(get_arch("sm_90a")).ptx()
     out = check_kernel("gemv_q4_k_mma", ptx, seed=3, shape=(40, 1024), ntok=4, splits=1)
