@@ -223,15 +223,17 @@ class Function:
         if n not in cache:
             drv = _drv()
             threads = self.block[0] * self.block[1] * self.block[2]
-            ctx = current()
+            err, static = drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.handle)
+            check(err, f"cuFuncGetAttribute({self.name}, static smem)")
+            limit = int(current().max_smem_optin) - int(static)  # static + dynamic ≤ the opt-in maximum
             check(drv.cuFuncSetAttribute(self.handle, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                         int(ctx.max_smem_optin)), f"cuFuncSetAttribute({self.name}, max dynamic smem)")
+                                         limit), f"cuFuncSetAttribute({self.name}, max dynamic smem {limit})")
 
             def fits(nbytes):
                 err, k = drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, threads, nbytes)
                 check(err, f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})")
                 return int(k)
-            lo, hi = self.dynamic_smem, int(ctx.max_smem_optin)
+            lo, hi = self.dynamic_smem, limit
             if fits(hi) > n:
                 raise ValueError(f"{self.name}: no shared-memory size limits it to {n} CTAs per SM")
             if fits(lo) <= n:
