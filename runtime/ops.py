@@ -366,7 +366,7 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
         fn = kernels.load("gemv_tq4_1s_mma" if m * k >= MMA_GEMV_M32_MIN_WEIGHTS else "gemv_tq4_1s_mma_m16", arch)
         acts = (tiles, factors)
     per_sm, smem = fn.resident_per_sm(), None
-    if q4k:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
+    if q4k and groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
         smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, per_sm)

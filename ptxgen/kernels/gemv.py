@@ -1078,7 +1078,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
 
     # B tiles of one sub-block (hi and lo of its two halves), D sub-blocks ahead into NS rotating register sets;
     # the step's factors and min fragments at its start (needed at its end)
-    D, NS = Q4K_MMA_AHEAD, 4
+    D, NS = (Q4K_MMA_AHEAD if NT == 1 else 1), 4  # the 16-token build one ahead (as measured on the H200)
     assert NS >= D + 2 and STEP % NS == 0
     sets = [[b.regs("b32", 8) for _ in range(NT)] for _ in range(NS)]
     p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok if NT == 1 else None)
