@@ -7,8 +7,9 @@ PTXGEN_VERBOSE     1: print compiles, cache hits and launches to stderr
 PTXGEN_EMITTED_DIR load kernels from this folder instead of the packaged emitted/
 PTXGEN_TQ4_MMA     exact TQ4_1S decode on the tensor-core GEMV (sm_90): unset/auto = slices of 5-8 tokens,
                    1 = every slice, 0 = never
-PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto = slices of 2-8 tokens, 1 = every
-                   slice and 9-16 tokens on its 16-token build instead of the MMQ, 0 = never
+PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto = slices of 2-8 tokens and single
+                   tokens from 2^25 weights, 1 = every slice and 9-16 tokens on its 16-token build instead of the
+                   MMQ, 0 = never
 """
 from __future__ import annotations
 

@@ -324,8 +324,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         tc = knobs.q4k_mma() if _sm90a_tma_ok(w, arch, "gemv_q4_k_mma") else "off"
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
-        min_n = Q4K_MMA_GEMV_MIN_TOKENS if w.fmt == "q4_K" else MMA_GEMV_MIN_TOKENS
-        if tc == "on" or (tc == "auto" and n >= min_n):  # tensor-core GEMVs (README, Knobs)
+        if tc == "on" or (tc == "auto" and n >= mma_min_tokens(w.fmt, m, k)):  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         name = _gemv_kernel(w, n, fused)
@@ -339,6 +338,13 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
             a, row = lanes
         _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
     return _result(o, xa.host and out is None)
+
+
+def mma_min_tokens(fmt: str, m: int, k: int) -> int:
+    """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (sm_90, knob on auto)."""
+    if fmt == "q4_K":
+        return 1 if m * k >= Q4K_MMA_T1_MIN_WEIGHTS else Q4K_MMA_GEMV_MIN_TOKENS
+    return MMA_GEMV_MIN_TOKENS
 
 
 def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
@@ -430,6 +436,9 @@ MMA_GEMV_MIN_TOKENS = 5
 # T=1 24.9 / 27.1, T=2 43.2 / 27.4, T=8 101.0 / 28.2 on 4096x14336; 3584x3584 T=1 10.6 / 13.2, T=2 15.1 / 13.4;
 # bench/results/bench_gemv_session7.log)
 Q4K_MMA_GEMV_MIN_TOKENS = 2
+# ... and at T=1 too from this many weights (v2, µs, lane kernel / tensor-core: 4096x14336 24.8 / 23.2, 14336x4096
+# 26.3 / 23.1, 18944x3584 29.1 / 25.5; 3584x3584 10.5 / 12.0; bench/results/bench_gemv_q4k_v2_session7.log)
+Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
 # 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8

@@ -279,3 +279,12 @@ def test_fullest_residency_picks_the_grid_that_fills_more_slots(monkeypatch):
     assert ops._fullest_residency(fn, 14336, 4096, (4, 3)) == 4
     assert ops._fullest_residency(fn, 18944, 3584, (4, 3)) == 3
     assert ops._fullest_residency(fn, 4096, 14336, (4, 3)) == 4  # 512 / 528 vs 384 / 396: a tie within 0.1%
+
+
+def test_tensor_core_gemv_token_rule():
+    """mul_mat's rule (README): Q4_K from 2 tokens, single tokens too from 2^25 weights (4096x14336 and 18944x3584
+    yes, 4608x3584 no); TQ4_1S from 5 tokens at any size."""
+    from ptxgen.runtime.ops import mma_min_tokens
+
+    assert [mma_min_tokens("q4_K", m, k) for m, k in ((4096, 14336), (18944, 3584), (4608, 3584), (300, 4096))] == [1, 1, 2, 2]
+    assert mma_min_tokens("tq4_1s", 18944, 3584) == mma_min_tokens("tq4_1s", 300, 256) == 5
