@@ -998,8 +998,9 @@ Q4K_MMA_CTAS_N16 = 3  # the 16-token build: 168 registers
 
 
 def build_q4k_mma_gemv(arch, NT: int = 1):
-    """Q4_K GEMV for up to 8·NT tokens on tensor cores, fp32-exact (mul_mat: slices of 2-8 tokens on sm_90; the
-    16-token build only with PTXGEN_Q4K_MMA=1, it measured no faster than the MMQ).
+    """Q4_K GEMV for up to 8·NT tokens on tensor cores, fp32-exact (mul_mat on sm_90: slices of 2-8 tokens, single
+    tokens from 2^25 weights; the 16-token build with PTXGEN_Q4K_MMA=1: 10-19% faster than the wgmma MMQ at T=16
+    on the H200, not yet the default).
 
     Why: the exact Q4_K GEMVs do an FFMA per weight and token (T=1: 31% of HBM, T=8: 8%). Here the weights
     stay integers: A = q·sc_j as fp16, exact (≤ 945): the nibble into the 0x6400 exponent by prmt + lop3 (1024 + q,
@@ -1798,7 +1799,7 @@ def kernel_defs() -> list[KernelDef]:
                       "activation, weights by TMA", build_q4k_mma_gemv,
                       archs=("sm_90a",)),
             KernelDef("gemv_q4_k_mma_n16", "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two token "
-                      "groups (PTXGEN_Q4K_MMA=1: no faster than the MMQ)", lambda arch: build_q4k_mma_gemv(arch, 2),
+                      "groups (PTXGEN_Q4K_MMA=1)", lambda arch: build_q4k_mma_gemv(arch, 2),
                       archs=("sm_90a",))]
     for t in TOKENS:
         if t <= 2:
