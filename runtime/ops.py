@@ -298,7 +298,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() == "on"
-            and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma_n16")):  # not faster than the MMQ on the H200 (README, Knobs)
+            and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma_n16")):  # faster than the MMQ at T=16, not yet default (README)
         _mma_gemv(w, xa.ptr, o.ptr, m, k, t, arch)
         return _result(o, xa.host and out is None)
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
@@ -350,7 +350,7 @@ def mma_min_tokens(fmt: str, m: int, k: int) -> int:
 def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
     """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
     and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of MMA_GEMV_MIN_TOKENS or
-    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of Q4K_MMA_GEMV_MIN_TOKENS or more) — prep_mma_f16 per group of 8 tokens (the
+    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of mma_min_tokens or more) — prep_mma_f16 per group of 8 tokens (the
     same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
     from ptxgen.formats import tq4_1s as T4
 
@@ -387,12 +387,9 @@ def _fullest_residency(fn, m: int, k: int, choices) -> int:
     29.9 / 25.3; 4096x14336 and 3584x3584 (97% / 97-99%) 23.3 / 23.7 and 12.8 / 12.1."""
     from .driver import current
 
-    rows, sms = int(fn.meta["rows_per_cta"]), current().sm_count
-    ctas = (m + rows - 1) // rows
-
     def fill(per_sm):
-        splits = gemv_splits(ctas, k, per_sm, sms, int(fn.meta.get("lane_cols", 32)), int(fn.meta.get("max_splits", 8)))
-        return ctas * splits / (per_sm * sms)
+        ctas, splits = _split_grid(fn, m, k, per_sm)
+        return ctas * splits / (per_sm * current().sm_count)
     best = choices[0]
     for c in choices[1:]:
         if c >= 1 and fill(c) > fill(best) + 0.01:
@@ -400,14 +397,19 @@ def _fullest_residency(fn, m: int, k: int, choices) -> int:
     return best
 
 
-def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
-    """A split-K GEMV's grid and scratch: (CTAs over the rows, K splits (gemv_splits), partials, counters)."""
+def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int]:
+    """A split-K GEMV's grid at `per_sm` resident CTAs per SM: (CTAs over the rows, K splits (gemv_splits))."""
     from .driver import current
 
     rows = int(fn.meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
-    splits = gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)),
-                         int(fn.meta.get("max_splits", 8)))
+    return ctas, gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)),
+                             int(fn.meta.get("max_splits", 8)))
+
+
+def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
+    """A split-K GEMV's grid and scratch: (CTAs over the rows, K splits (gemv_splits), partials, counters)."""
+    ctas, splits = _split_grid(fn, m, k, per_sm)
     cnt = _counters(4 * ctas * int(fn.meta["warps"]))
     part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
     return ctas, splits, part, cnt
