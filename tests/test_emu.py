@@ -493,12 +493,15 @@ def test_prep_mma_f16_is_bit_exact_to_the_numpy_model():
         assert out.ok, (shape, out.detail)
 
 
-@pytest.mark.parametrize("kernel,tokens", [("gemv_q4_k_mma", (8, 5, 1, 2)), ("gemv_q4_k_mma_n16", (16, 9, 12, 10))])
-def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens):
+@pytest.mark.parametrize("kernel,tokens,arch", [("gemv_q4_k_mma", (8, 5, 1, 2), "sm_90a"),
+                                               ("gemv_q4_k_mma", (8, 5, 1, 2), "sm_89"),
+                                               ("gemv_q4_k_mma_n16", (16, 9, 12, 10), "sm_90a")])
+def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch):
     """gemv_q4_k_mma (integer nibbles x fp16 hi/lo activation on mma.sync) and its two-group build for 9-16
     tokens: several super-blocks, 1-3 K-splits, M not a multiple of the CTA's rows, within 1e-5 of the float64
-    reference; an inf or a NaN in x gives non-finite outputs exactly where the reference has them."""
-    ptx = KERNELS[kernel].for_arch("sm_90a").ptx()
+    reference; an inf or a NaN in x gives non-finite outputs exactly where the reference has them. sm_89: the
+    cp.async lowering (each lane copies 16-byte chunks; rows past M read row M − 1)."""
+    ptx = KERNELS[kernel].for_arch(arch).ptx()
     for n, kw in zip(tokens, (dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
                               dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2))):
         out = check_kernel(kernel, ptx, seed=3, ntok=n, **kw)

@@ -96,6 +96,21 @@ def test_gpu_equals_emulator(name):
     assert diff == 0, f"{name}: {diff} bytes of {a.nbytes} differ between the GPU and the emulator"
 
 
+# kernels whose sm_89 build is a different lowering from the sm_90a one the test above runs (cp.async, not TMA)
+SM89_LOWERINGS = ["gemv_q4_k_mma"]
+
+
+@pytest.mark.parametrize("name", SM89_LOWERINGS)
+def test_gpu_equals_emulator_sm89_lowering(name):
+    ptx = KERNELS[name].for_arch("sm_89").ptx()
+    emu = check_kernel(name, ptx, seed=12)
+    with use_backend(GpuBackend()):
+        gpu = check_kernel(name, ptx, seed=12)
+    assert emu.ok and gpu.ok, (emu.detail, gpu.detail)
+    a, b = (np.ascontiguousarray(np.asarray(o.got)) for o in (gpu, emu))
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} (sm_89): the GPU and the emulator differ"
+
+
 NAN_PTX = """.version 8.7
 .target sm_89
 .address_size 64

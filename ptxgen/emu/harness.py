@@ -230,7 +230,8 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
     ca = mem.alloc(np.zeros(ctas * meta["warps"], np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
-    tw = BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
+    tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
+          if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
     _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, ta, fa, sa, ya, m, k, n, part, ca), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(ca, np.uint32, (ctas * meta["warps"],)).any(), "split-K counters were not reset"

@@ -1017,49 +1017,88 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     NT = 2 (gemv_q4_k_mma_n16, 9-16 tokens: the small-T prefill llama.cpp serves with its MMQ): two groups of 8
     tokens, each prepared by its own prep_mma_f16 launch into consecutive buffers (tiles 32·K bytes, factors
     and min fragments K bytes per group); every A fragment feeds both groups' MMAs."""
-    arch.require("cp_async_bulk_tensor", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
+    arch.require("mma_sync_f16", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
+    # sm_90a (measured): one TMA box per step. Other targets: each lane cp.asyncs 16-byte chunks — sm_120a too,
+    # although it has TMA: with the tensor-map parameter its ptxas keeps an 8-byte stack frame
+    tma = arch.name == "sm_90a"
+    if not tma:
+        arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
     R, WORDS, STEP = 16 * MT, 36, 8  # rows per warp, u32 per super-block row, sub-blocks per step
     row_stride = WORDS * 4
     stage_bytes = R * row_stride
     name = "gemv_q4_k_mma" if NT == 1 else f"gemv_q4_k_mma_n{8 * NT}"
-    b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by TMA",
-                      block=(32 * NW, 1, 1))
-    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
+    b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by "
+                      f"{'TMA' if tma else 'cp.async'}", block=(32 * NW, 1, 1))
+    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64) if tma else b.param("w", "u64", "ptr:in")
     bt_p, f_p, s_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("minfrag", "u64", "ptr:in")
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    ctas = Q4K_MMA_CTAS if NT == 1 else Q4K_MMA_CTAS_N16
+    # other targets than the measured sm_90a (sm_89 cp.async, sm_120a TMA) at 3 CTAs: at 4, sm_120a's ptxas
+    # needs a stack frame
+    ctas = (Q4K_MMA_CTAS if arch.name == "sm_90a" else 3) if NT == 1 else Q4K_MMA_CTAS_N16
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT, token_groups=NT,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
                   mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
-                  activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma",
-                  tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle",
-                  tma_box=(WORDS, R), stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
+                  activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma" if tma else "cp.async",
+                  stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
+    if tma:
+        b.meta.update(tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle", tma_box=(WORDS, R))
     BT, F, SX, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
-    b.emit("fence.proxy.async.shared::cta")
-    b.emit("bar.sync", Imm(0, "u32"))
+    if tma:
+        ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
+        b.emit("fence.proxy.async.shared::cta")
+        b.emit("bar.sync", Imm(0, "u32"))
+    else:  # this warp's ring (16-byte aligned for cp.async)
+        base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+        ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
 
     nblk = b.op("shr.u32", K, Imm(5, "u32"))  # sub-blocks of 32
-    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
+    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p)) if tma else None
     acc = b.regs("f32", 4 * MT * NT)  # index (nt·MT + mt)·4 + i
     for r_ in acc:
         b.emit("mov.f32", r_, Imm(0.0, "f32"))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
 
-    def issue(jb, stage):
-        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, WORDS, STEP)
+    if tma:
+        def issue(jb, stage):
+            _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, WORDS, STEP)
+    else:  # a step: R rows x 9 chunks of 16 bytes; lane l copies chunks l, l + 32, ... (rows past M: row M - 1's
+        # bytes, never stored), then commits one group per step (an empty one past the end)
+        W = b.ptr(tw_p)
+        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(WORDS * 4, "u32"))
+        mlast = b.op("sub.u32", M, Imm(1, "u32"))
+        chunks = []
+        for c0 in range(0, R * 9, 32):
+            c = b.op("add.u32", lane, Imm(c0, "u32"))
+            row = b.op("div.u32", c, Imm(9, "u32"))
+            col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
+            grow = b.op("min.u32", b.op("add.u32", row0, row), mlast)
+            src = b.op("add.s64", b.op("mad.wide.u32", grow, row_bytes, W), b.op("cvt.u64.u32", col16))
+            dst = b.op("mad.lo.u32", row, Imm(row_stride, "u32"), col16)
+            ok = b.op("setp.lt.u32", c, Imm(R * 9, "u32")) if c0 + 32 > R * 9 else None
+            chunks.append((ok, src, dst))
+
+        def issue(jb, stage):
+            live = b.op("setp.lt.u32", jb, nblk)
+            soff = b.op("mul.wide.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(WORDS * 4, "u32"))  # super-block jb/8
+            sdst = (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
+                    b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
+            for ok, src, dst in chunks:
+                go = live if ok is None else b.op("and.pred", live, ok)
+                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst)), Mem(b.op("add.s64", src, soff)),
+                       Imm(16, "u32"), pred=go)
+            b.emit("cp.async.commit_group")
 
     jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S)
     lane_hdr = b.op("mul.lo.u32", g, Imm(row_stride, "u32"))  # row g's header in a stage
@@ -1171,7 +1210,12 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
         b.emit("ld.global.nc.v2.u32", b.vec(mr), Mem(ps))
         fac.append(fr)
         mfr.append(mr)
-    stage = _wait_step(b, bars, gcount, S)
+    if tma:
+        stage = _wait_step(b, bars, gcount, S)
+    else:  # the oldest of the S groups in flight is this step's; every lane's copies, then the warp's
+        stage = b.op("rem.u32", gcount, Imm(S, "u32"))
+        b.emit("cp.async.wait_group", Imm(S - 1, "u32"))
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
     hds = header(sbase)
     nxt_b = b.op("add.s64", p_b, s_b)
@@ -1793,11 +1837,11 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("gemv_tq4_1s_mma_m16", "tq4_1s decode GEMV as gemv_tq4_1s_mma, one m16 tile per warp "
                       "(mul_mat at T = 5-8 on sm_90, M·K < 2^25)", lambda arch: build_mma_gemv(arch, small=True),
                       archs=("sm_90a",)),
-            KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + block sums (Q4_K tensor-core GEMV)",
-                      lambda arch: build_prep_mma(arch, rotate=False), archs=("sm_90a",)),
+            KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + min-term fragments (Q4_K tensor-core GEMV)",
+                      lambda arch: build_prep_mma(arch, rotate=False)),
             KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
-                      "activation, weights by TMA", build_q4k_mma_gemv,
-                      archs=("sm_90a",)),
+                      "activation, weights by TMA (sm_90a) or cp.async (sm_89, sm_120a: not yet run on a GPU, not "
+                      "dispatched)", build_q4k_mma_gemv),
             KernelDef("gemv_q4_k_mma_n16", "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two token "
                       "groups (PTXGEN_Q4K_MMA=1)", lambda arch: build_q4k_mma_gemv(arch, 2),
                       archs=("sm_90a",))]
