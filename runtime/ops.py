@@ -376,7 +376,8 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
         smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, per_sm)
-    fn.launch((ctas, splits), (_weight_tensor_map(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
+    wt = _weight_tensor_map(fn, w) if fn.meta.get("copy") == "tma" else w.buffer  # sm_89/sm_120a build: cp.async
+    fn.launch((ctas, splits), (wt, *acts, y_ptr, m, k, n, part, cnt), smem=smem,
               pdl=bool(fn.meta.get("pdl")))
 
 
