@@ -376,8 +376,7 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
         smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, per_sm)
-    wt = _weight_tensor_map(fn, w) if fn.meta.get("copy") == "tma" else w.buffer  # sm_89/sm_120a build: cp.async
-    fn.launch((ctas, splits), (wt, *acts, y_ptr, m, k, n, part, cnt), smem=smem,
+    fn.launch((ctas, splits), (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
               pdl=bool(fn.meta.get("pdl")))
 
 
@@ -414,6 +413,11 @@ def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
     cnt = _counters(4 * ctas * int(fn.meta["warps"]))
     part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
     return ctas, splits, part, cnt
+
+
+def _weight_arg(fn, w: QuantTensor):
+    """A GEMV's weight parameter: the tensor map for a TMA-fed build (meta copy "tma"), else the buffer."""
+    return _weight_tensor_map(fn, w) if fn.meta.get("copy") == "tma" else w.buffer
 
 
 def _weight_tensor_map(fn, w: QuantTensor) -> bytes:
@@ -494,7 +498,7 @@ def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
         rows = int(fn.meta["rows_per_cta"])
         fn.launch(((m + rows - 1) // rows,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
-    wt = _weight_tensor_map(fn, w) if fn.meta.get("copy") == "tma" else w.buffer
+    wt = _weight_arg(fn, w)
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, int(fn.meta["ctas_per_sm"]))
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes

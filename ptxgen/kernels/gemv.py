@@ -1035,9 +1035,8 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    # other targets than the measured sm_90a (sm_89 cp.async, sm_120a TMA) at 3 CTAs: at 4, sm_120a's ptxas
-    # needs a stack frame
-    ctas = (Q4K_MMA_CTAS if arch.name == "sm_90a" else 3) if NT == 1 else Q4K_MMA_CTAS_N16
+    # the cp.async build (sm_89, sm_120a; not measured) at 3 CTAs: at 4, sm_120a's ptxas needs a stack frame
+    ctas = (Q4K_MMA_CTAS if tma else 3) if NT == 1 else Q4K_MMA_CTAS_N16
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
