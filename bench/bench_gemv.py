@@ -11,6 +11,7 @@ median of --reps calls. Weight bytes / time gives GB/s; % is of the measured 4.2
 import argparse
 import json
 import math
+import os
 
 import numpy as np
 
@@ -113,6 +114,15 @@ def main():
                 elif fmt == "q4_K":
                     row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
                     row["us_tc"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
+                    # the mma.sync targets' build (cp.async instead of TMA), run here as sm_89 PTX, and the lane
+                    # kernel mul_mat(arch="sm_89") would otherwise run
+                    row["us_tc_sm89"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch, arch="sm_89")
+                    os.environ["PTXGEN_Q4K_MMA"] = "0"
+                    try:
+                        row["us_lane_sm89"] = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch="sm_89"),
+                                                    args.reps, torch)
+                    finally:
+                        os.environ.pop("PTXGEN_Q4K_MMA", None)
                     row["us_llamacpp_q4_K"] = LLAMA_Q4_K.get(((m, k), t))
                     row["us_tinygemm"] = tinygemm_us(torch, m, k, t, args.reps)
                 results.append(row)
@@ -131,8 +141,8 @@ def print_row(row):
     if not _HEADER:
         print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
               "| tensor-core exact µs (forced, any T) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
-              "| peer/ptxgen | peer/fast |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| peer/ptxgen | peer/fast | sm_89 build: tensor-core / lane µs |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         _HEADER = True
     peer = row.get("us_fork_tq4_1s") or row.get("us_llamacpp_q4_K") or row.get("us_llamacpp_q8_0")
     f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
@@ -141,13 +151,14 @@ def print_row(row):
     fratio = "n/a" if peer is None or row.get("us_fast") is None else f"{peer / row['us_fast']:.2f}"
     print(f"| {row['fmt']} | {row['m']}×{row['k']} | {row['T']} | {row['us']:.1f} | {row['GBps']:.0f} | "
           f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_fast'))} | {f(row.get('us_tc'))} | {f(row.get('us_cublas_fp16'))} | "
-          f"{f(row.get('us_tinygemm'))} | {f(peer)} | {ratio} | {fratio} |", flush=True)
+          f"{f(row.get('us_tinygemm'))} | {f(peer)} | {ratio} | {fratio} | "
+          f"{f(row.get('us_tc_sm89'))} / {f(row.get('us_lane_sm89'))} |", flush=True)
 
 
-def tc_us(r, ws, copies, x, y, m, k, t, reps, torch):
-    """The tensor-core exact GEMV forced at every T ≤ 8 — TQ4_1S (PTXGEN_TQ4_MMA=1), Q4_K (PTXGEN_Q4K_MMA=1,
-    experimental); sm_90 — checked against the float64 reference on this shape first; None where it does not
-    run."""
+def tc_us(r, ws, copies, x, y, m, k, t, reps, torch, arch=None):
+    """The tensor-core exact GEMV forced at every T ≤ 8 — TQ4_1S (PTXGEN_TQ4_MMA=1; sm_90), Q4_K
+    (PTXGEN_Q4K_MMA=1; sm_90's TMA build, or with arch="sm_89" the cp.async build of the mma.sync targets) —
+    checked against the float64 reference on this shape first; None where it does not run."""
     import os
 
     from ptxgen import formats
@@ -155,17 +166,18 @@ def tc_us(r, ws, copies, x, y, m, k, t, reps, torch):
 
     fmt = ws[0].fmt
     knob = {"tq4_1s": "PTXGEN_TQ4_MMA", "q4_K": "PTXGEN_Q4K_MMA"}[fmt]
-    if not ops._sm90a_tma_ok(ws[0], None, "gemv_tq4_1s_mma" if fmt == "tq4_1s" else "gemv_q4_k_mma"):
+    if not (ops._sm90a_tma_ok(ws[0], arch, "gemv_tq4_1s_mma") if fmt == "tq4_1s"
+            else ops._q4k_mma_build(arch, "gemv_q4_k_mma")):
         return None
     os.environ[knob] = "1"
     try:
         xs = x[:1].cpu().numpy()
         raw = ws[0].raw().reshape(m, -1)
         ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
-        err = np.linalg.norm(r.mul_mat(ws[0], xs) - ref) / np.linalg.norm(ref)
+        err = np.linalg.norm(r.mul_mat(ws[0], xs, arch=arch) - ref) / np.linalg.norm(ref)
         if err > 1e-5:
-            raise AssertionError(f"{fmt} tensor-core GEMV {m}x{k}: relative error {err:.2e}")
-        return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y), reps, torch)
+            raise AssertionError(f"{fmt} tensor-core GEMV {m}x{k} ({arch or 'default'} build): relative error {err:.2e}")
+        return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch=arch), reps, torch)
     finally:
         os.environ.pop(knob, None)
 

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from ptxgen import knobs
+
 from bench_gemv import pyplot, random_raw, timed, tinygemm_us as tinygemm
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
@@ -45,7 +47,7 @@ def main():
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
-          "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, PTXGEN_Q4K_MMA=1) | skinny vs llama.cpp |")
+          "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16; the default there) | skinny vs llama.cpp |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
@@ -67,7 +69,7 @@ def main():
             ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy()) if m * t <= 4096 * 512 else None
             err = None if ref is None else float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
             xa, ya = r.as_device_array(x), r.as_device_array(y)
-            us = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag), args.reps, torch)
+            us_mmq = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag), args.reps, torch)
             us_sync = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="mma.sync"), args.reps, torch)
             has_wg = r.current().sm == 90
             us_wg = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="wgmma"), args.reps, torch) \
@@ -77,12 +79,14 @@ def main():
             us_q8 = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8"), args.reps, torch)
             us_q8p = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="q8_pre"), args.reps, torch)
             q8 = q8_path(t, mmq_path())
-            us_fast = {"q8": us_q8, "q8_pre": us_q8p, None: us}[q8]  # what mul_mat(mode="fast") runs
+            us_fast = {"q8": us_q8, "q8_pre": us_q8p, None: us_mmq}[q8]  # what mul_mat(mode="fast") runs
             xh = x.half()
             cub = timed(lambda i: torch.matmul(xh, w16s[i % len(w16s)].t()), args.reps, torch)
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
             tiny = tinygemm(torch, m, k, t, args.reps)
             skinny = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch)
+            # what mul_mat runs (timed apart from mul_mat itself: the MMQ's overflow-flag readback is a host sync)
+            us = skinny if skinny is not None and knobs.q4k_mma() != "off" else us_mmq
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)
@@ -90,7 +94,7 @@ def main():
                    "floor_us": floor, "us_cublas_fp16": cub, "us_dequant_cublas": deqc, "us_tinygemm": tiny,
                    "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
                    "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
-                   "us_fast_mode": us_fast, "us_tc_skinny": skinny}
+                   "us_fast_mode": us_fast, "us_tc_skinny": skinny, "us_mmq": us_mmq}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
@@ -106,7 +110,7 @@ def main():
 
 
 def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch):
-    """The tensor-core skinny Q4_K GEMM (PTXGEN_Q4K_MMA=1: gemv_q4_k_mma_n16 at 9-16 tokens; sm_90),
+    """The tensor-core skinny Q4_K GEMM (gemv_q4_k_mma_n16 at 9-16 tokens, mul_mat's default there; sm_90),
     whole op (two prep launches + the GEMM), checked against the float64 reference (1e-5) first; None where it
     does not run."""
     import os
@@ -114,7 +118,7 @@ def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch):
     from ptxgen import formats
     from ptxgen.runtime import ops
 
-    if t > 16 or not ops._sm90a_tma_ok(ws[0], None, "gemv_q4_k_mma_n16"):
+    if t > 16 or not ops._q4k_mma_build(None, "gemv_q4_k_mma_n16"):
         return None
     os.environ["PTXGEN_Q4K_MMA"] = "1"
     try:

@@ -254,7 +254,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
-    tokens (T ≤ 8 is one launch). Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
+    tokens (T ≤ 8 is one launch); exact Q4_K with T = 9–16 on sm_90 the 16-token tensor-core GEMV
+    (gemv_q4_k_mma_n16). Other Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
     that holds T: on sm_90 devices the wgmma + TMA lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}),
     elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
     accumulation, relative error ~4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
@@ -297,8 +298,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
-    if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() == "on"
-            and _sm90a_tma_ok(w, arch, "gemv_q4_k_mma_n16")):  # faster than the MMQ at T=16, not yet default (README)
+    if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() != "off"
+            and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16 (README)
         _mma_gemv(w, xa.ptr, o.ptr, m, k, t, arch)
         return _result(o, xa.host and out is None)
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
@@ -320,11 +321,14 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
     tc = knobs.tq4_mma() if tma else "off"
+    build = "sm_90a"  # the tensor-core GEMV's target
     if w.fmt == "q4_K":
-        tc = knobs.q4k_mma() if _sm90a_tma_ok(w, arch, "gemv_q4_k_mma") else "off"
+        build = _q4k_mma_build(arch, "gemv_q4_k_mma")
+        tc = knobs.q4k_mma() if build else "off"
+    min_tokens = mma_min_tokens(w.fmt, m, k, build)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
-        if tc == "on" or (tc == "auto" and n >= mma_min_tokens(w.fmt, m, k)):  # tensor-core GEMVs (README, Knobs)
+        if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         name = _gemv_kernel(w, n, fused)
@@ -340,10 +344,12 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     return _result(o, xa.host and out is None)
 
 
-def mma_min_tokens(fmt: str, m: int, k: int) -> int:
-    """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (sm_90, knob on auto)."""
+def mma_min_tokens(fmt: str, m: int, k: int, build: str = "sm_90a") -> int:
+    """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto); Q4_K: by
+    the build that runs (sm_90a's TMA one, or the cp.async one of sm_89 / sm_120a)."""
     if fmt == "q4_K":
-        return 1 if m * k >= Q4K_MMA_T1_MIN_WEIGHTS else Q4K_MMA_GEMV_MIN_TOKENS
+        t1 = build == "sm_90a" and m * k >= Q4K_MMA_T1_MIN_WEIGHTS
+        return 1 if t1 else Q4K_MMA_GEMV_MIN_TOKENS
     return MMA_GEMV_MIN_TOKENS
 
 
@@ -444,7 +450,10 @@ MMA_GEMV_MIN_TOKENS = 5
 # bench/results/bench_gemv_session7.log)
 Q4K_MMA_GEMV_MIN_TOKENS = 2
 # ... and at T=1 too from this many weights (v2, µs, lane kernel / tensor-core: 4096x14336 24.8 / 23.2, 14336x4096
-# 26.3 / 23.1, 18944x3584 29.1 / 25.5; 3584x3584 10.5 / 12.0; bench/results/bench_gemv_q4k_v2_session7.log)
+# 26.3 / 23.1, 18944x3584 29.1 / 25.5; 3584x3584 10.5 / 12.0; bench/results/bench_gemv_q4k_v2_session7.log) — for
+# sm_90a's TMA build only: the cp.async build (sm_89 PTX on the H200, session 8) lost at T=1 on 18944x3584 (34.7
+# vs the lane kernel's 30.1) and 3584x3584 (13.1 / 11.5), won by 4-10% on 4096x14336 / 14336x4096, and won from
+# T=2 on every shape (T=2 13.3 / 16.1 ... 24.9 / 44.2; bench/results/bench_gemv_q4k_sm89_session8.log)
 Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
@@ -462,6 +471,18 @@ def _sm90a_tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
     m, k = w.shape
     return (arch in (None, "sm_90a") and current().sm == 90 and "sm_90a" in kernels.available(kernel)
             and formats.get(w.fmt).row_bytes(k) % 16 == 0 and w.ptr % 16 == 0)
+
+
+def _q4k_mma_build(arch: str | None, kernel: str) -> str | None:
+    """The target whose build of the Q4_K tensor-core GEMV `kernel` mul_mat would run here (what
+    kernels.load(kernel, arch) picks: sm_90a's TMA-fed build on sm_90, the cp.async one for sm_89 / sm_120a),
+    or None where there is none. mul_mat has checked the weights' 16-byte alignment, and a Q4_K row (144·K/256
+    bytes) is always a multiple of 16 bytes: both copies' rules hold."""
+    from .driver import current
+
+    if arch:
+        return arch if kernel in kernels.manifest(arch) else None
+    return next((a for a in kernels.candidate_arches(current().sm) if kernel in kernels.manifest(a)), None)
 
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:

@@ -75,6 +75,7 @@ def test_mmq_kernel_matches_reference(data):
 @pytest.mark.parametrize("t", [1, 7, 16, 63, 64, 65, 200, 512])
 def test_mul_mat_q4_k_all_shapes(m, t, arch):
     import ptxgen.runtime as r
+    from ptxgen.runtime import ops
 
     k = 512 if m == 4096 else 4096
     rng = np.random.default_rng(m * 1000 + t)
@@ -82,7 +83,9 @@ def test_mul_mat_q4_k_all_shapes(m, t, arch):
     x = rng.standard_normal((t, k)).astype(np.float32)
     got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
-    assert rel(got, want) <= (1e-5 if (t <= 8 or m < 128) else 1e-3)
+    # exact (fp32 activations) in the GEMVs: T <= 8, M < 128, and T <= 16 where the skinny tensor-core build runs
+    exact = t <= 8 or m < 128 or (t <= 16 and ops._q4k_mma_build(arch, "gemv_q4_k_mma_n16"))
+    assert rel(got, want) <= (1e-5 if exact else 1e-3)
 
 
 @pytest.mark.parametrize("arch", [None, "sm_89"])

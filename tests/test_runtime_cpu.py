@@ -282,9 +282,24 @@ def test_fullest_residency_picks_the_grid_that_fills_more_slots(monkeypatch):
 
 
 def test_tensor_core_gemv_token_rule():
-    """mul_mat's rule (README): Q4_K from 2 tokens, single tokens too from 2^25 weights (4096x14336 and 18944x3584
-    yes, 4608x3584 no); TQ4_1S from 5 tokens at any size."""
+    """mul_mat's rule (README): Q4_K from 2 tokens, single tokens too from 2^25 weights on sm_90a's build
+    (4096x14336 and 18944x3584 yes, 4608x3584 no); TQ4_1S from 5 tokens at any size."""
     from ptxgen.runtime.ops import mma_min_tokens
 
     assert [mma_min_tokens("q4_K", m, k) for m, k in ((4096, 14336), (18944, 3584), (4608, 3584), (300, 4096))] == [1, 1, 2, 2]
     assert mma_min_tokens("tq4_1s", 18944, 3584) == mma_min_tokens("tq4_1s", 300, 256) == 5
+    # the cp.async build (sm_89 / sm_120a targets) lost at T=1 on 18944x3584 on the H200: from 2 tokens only
+    assert [mma_min_tokens("q4_K", m, k, b) for m, k in ((4096, 14336), (18944, 3584)) for b in ("sm_89", "sm_120a")] == [2] * 4
+
+
+def test_q4k_tensor_core_gemv_builds_per_target():
+    """Which build of the Q4_K tensor-core GEMVs mul_mat runs for a pinned target: sm_90a's TMA one, the cp.async
+    one for the mma.sync targets (sm_89, sm_120a); the 16-token build (T = 9-16) is sm_90a's only, so elsewhere
+    those T run the MMQ."""
+    from ptxgen.runtime import kernels
+    from ptxgen.runtime.ops import _q4k_mma_build
+
+    assert [_q4k_mma_build(a, "gemv_q4_k_mma") for a in ("sm_89", "sm_90a", "sm_120a")] == ["sm_89", "sm_90a", "sm_120a"]
+    assert [_q4k_mma_build(a, "gemv_q4_k_mma_n16") for a in ("sm_89", "sm_90a", "sm_120a")] == [None, "sm_90a", None]
+    assert kernels.manifest("sm_89")["gemv_q4_k_mma"]["meta"]["copy"] == "cp.async"
+    assert kernels.manifest("sm_90a")["gemv_q4_k_mma"]["meta"]["copy"] == "tma"
