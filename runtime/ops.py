@@ -254,7 +254,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
-    tokens (T ≤ 8 is one launch); exact Q4_K with T = 9–16 on sm_90 the 16-token tensor-core GEMV
+    tokens (T ≤ 8 is one launch); exact Q4_K with T = 9–16 the 16-token tensor-core GEMV
     (gemv_q4_k_mma_n16). Other Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
     that holds T: on sm_90 devices the wgmma + TMA lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}),
     elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
@@ -388,14 +388,15 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
 
 def _fullest_residency(fn, m: int, k: int, choices) -> int:
     """Of `choices` (resident CTAs per SM), the one whose split plan (row CTAs x gemv_splits) fills the largest
-    share of the slots; the first unless another fills more than 1% more. H200, Q4_K tensor-core GEMV at T=8 (µs, 4 / 3 CTAs per SM):
+    share of the slots over the rounds it takes; the first unless another fills more than 1% more. H200, Q4_K tensor-core GEMV at T=8 (µs, 4 / 3 CTAs per SM):
     14336x4096 (224 row CTAs: 448 of 528 slots / 224 of 396) 23.8 / 27.0; 18944x3584 (296 of 528 / 296 of 396)
     29.9 / 25.3; 4096x14336 and 3584x3584 (97% / 97-99%) 23.3 / 23.7 and 12.8 / 12.1."""
     from .driver import current
 
-    def fill(per_sm):
+    def fill(per_sm):  # the share of the slots busy over the rounds the grid takes (more CTAs than slots: 2+ rounds)
         ctas, splits = _split_grid(fn, m, k, per_sm)
-        return ctas * splits / (per_sm * current().sm_count)
+        slots = per_sm * current().sm_count
+        return ctas * splits / (-(-ctas * splits // slots) * slots)
     best = choices[0]
     for c in choices[1:]:
         if c >= 1 and fill(c) > fill(best) + 0.01:

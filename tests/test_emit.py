@@ -76,9 +76,9 @@ EXPECTED_SASS["gemv_tq4_1s_mma_m16"] = EXPECTED_SASS["gemv_tq4_1s_mma"]
 EXPECTED_SASS["prep_tq4_1s_mma"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["prep_mma_f16"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["gemv_q4_k_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HADD2"]
-EXPECTED_SASS["gemv_q4_k_mma_n16"] = EXPECTED_SASS["gemv_q4_k_mma"]
+EXPECTED_SASS["gemv_q4_k_mma_n16"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS"]  # cp.async everywhere
 for _a in ("sm_89", "sm_120a"):  # (kernel, arch) where a target's lowering differs: cp.async, not TMA
-    EXPECTED_SASS["gemv_q4_k_mma", _a] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS"]
+    EXPECTED_SASS["gemv_q4_k_mma", _a] = EXPECTED_SASS["gemv_q4_k_mma_n16"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 
 

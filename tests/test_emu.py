@@ -495,7 +495,8 @@ def test_prep_mma_f16_is_bit_exact_to_the_numpy_model():
 
 @pytest.mark.parametrize("kernel,tokens,arch", [("gemv_q4_k_mma", (8, 5, 1, 2), "sm_90a"),
                                                ("gemv_q4_k_mma", (8, 5, 1, 2), "sm_89"),
-                                               ("gemv_q4_k_mma_n16", (16, 9, 12, 10), "sm_90a")])
+                                               ("gemv_q4_k_mma_n16", (16, 9, 12, 10), "sm_90a"),
+                                               ("gemv_q4_k_mma_n16", (16, 9, 12, 10), "sm_89")])
 def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch):
     """gemv_q4_k_mma (integer nibbles x fp16 hi/lo activation on mma.sync) and its two-group build for 9-16
     tokens: several super-blocks, 1-3 K-splits, M not a multiple of the CTA's rows, within 1e-5 of the float64

@@ -97,7 +97,7 @@ def test_gpu_equals_emulator(name):
 
 
 # kernels whose sm_89 build is a different lowering from the sm_90a one the test above runs (cp.async, not TMA)
-SM89_LOWERINGS = ["gemv_q4_k_mma"]
+SM89_LOWERINGS = ["gemv_q4_k_mma", "gemv_q4_k_mma_n16"]
 
 
 @pytest.mark.parametrize("name", SM89_LOWERINGS)

@@ -1018,9 +1018,12 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     tokens, each prepared by its own prep_mma_f16 launch into consecutive buffers (tiles 32·K bytes, factors
     and min fragments K bytes per group); every A fragment feeds both groups' MMAs."""
     arch.require("mma_sync_f16", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
-    # sm_90a (measured): one TMA box per step. Other targets: each lane cp.asyncs 16-byte chunks — sm_120a too,
-    # although it has TMA: with the tensor-map parameter its ptxas keeps an 8-byte stack frame
-    tma = arch.name == "sm_90a"
+    # the 8-token build on sm_90a: one TMA box per step (measured: 23.2 / 25.5 µs vs cp.async's 24.8 / 34.7 on
+    # 4096x14336 / 18944x3584 at T=1). The 16-token build, and other targets: each lane cp.asyncs 16-byte chunks
+    # (measured on the H200 at T=16: 18.9 / 34.8 / 34.0 µs vs TMA's 19.3 / 39.0 / 34.7 on 4096², 14336x4096,
+    # 4096x14336); sm_120a too, although it has TMA: with the tensor-map parameter its ptxas keeps an 8-byte
+    # stack frame
+    tma = arch.name == "sm_90a" and NT == 1
     if not tma:
         arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
@@ -1839,11 +1842,9 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + min-term fragments (Q4_K tensor-core GEMV)",
                       lambda arch: build_prep_mma(arch, rotate=False)),
             KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
-                      "activation, weights by TMA (sm_90a) or cp.async (sm_89, sm_120a: not yet run on a GPU, not "
-                      "dispatched)", build_q4k_mma_gemv),
+                      "activation, weights by TMA (sm_90a) or cp.async (sm_89, sm_120a)", build_q4k_mma_gemv),
             KernelDef("gemv_q4_k_mma_n16", "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two token "
-                      "groups (PTXGEN_Q4K_MMA=1)", lambda arch: build_q4k_mma_gemv(arch, 2),
-                      archs=("sm_90a",))]
+                      "groups (mul_mat's exact Q4_K at T = 9-16)", lambda arch: build_q4k_mma_gemv(arch, 2))]
     for t in TOKENS:
         if t <= 2:
             defs.append(KernelDef(f"gemv_q4_k_t{t}", f"q4_K decode GEMV, T={t}, fp32 activation from prep_f32_lanes",
