@@ -321,11 +321,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
     tc = knobs.tq4_mma() if tma else "off"
-    build = "sm_90a"  # the tensor-core GEMV's target
     if w.fmt == "q4_K":
-        build = _q4k_mma_build(arch, "gemv_q4_k_mma")
-        tc = knobs.q4k_mma() if build else "off"
-    min_tokens = mma_min_tokens(w.fmt, m, k, build)
+        tc = knobs.q4k_mma() if _q4k_mma_build(arch, "gemv_q4_k_mma") else "off"
+    min_tokens = mma_min_tokens(w.fmt, m, k)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
@@ -344,12 +342,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     return _result(o, xa.host and out is None)
 
 
-def mma_min_tokens(fmt: str, m: int, k: int, build: str = "sm_90a") -> int:
-    """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto); Q4_K: by
-    the build that runs (sm_90a's TMA one, or the cp.async one of sm_89 / sm_120a)."""
+def mma_min_tokens(fmt: str, m: int, k: int) -> int:
+    """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto)."""
     if fmt == "q4_K":
-        t1 = build == "sm_90a" and m * k >= Q4K_MMA_T1_MIN_WEIGHTS
-        return 1 if t1 else Q4K_MMA_GEMV_MIN_TOKENS
+        return 1 if m * k >= Q4K_MMA_T1_MIN_WEIGHTS else Q4K_MMA_GEMV_MIN_TOKENS
     return MMA_GEMV_MIN_TOKENS
 
 
@@ -451,10 +447,10 @@ MMA_GEMV_MIN_TOKENS = 5
 # bench/results/bench_gemv_session7.log)
 Q4K_MMA_GEMV_MIN_TOKENS = 2
 # ... and at T=1 too from this many weights (v2, µs, lane kernel / tensor-core: 4096x14336 24.8 / 23.2, 14336x4096
-# 26.3 / 23.1, 18944x3584 29.1 / 25.5; 3584x3584 10.5 / 12.0; bench/results/bench_gemv_q4k_v2_session7.log) — for
-# sm_90a's TMA build only: the cp.async build (sm_89 PTX on the H200, session 8) lost at T=1 on 18944x3584 (34.7
-# vs the lane kernel's 30.1) and 3584x3584 (13.1 / 11.5), won by 4-10% on 4096x14336 / 14336x4096, and won from
-# T=2 on every shape (T=2 13.3 / 16.1 ... 24.9 / 44.2; bench/results/bench_gemv_q4k_sm89_session8.log)
+# 26.3 / 23.1, 18944x3584 29.1 / 25.5; 3584x3584 10.5 / 12.0; bench/results/bench_gemv_q4k_v2_session7.log); the
+# cp.async build of the mma.sync targets (sm_89 PTX on the H200, session 8) alike: T=1 27.2 / 24.7 / 24.7 vs the
+# sm_89 lane kernel's 30.0 / 25.9 / 27.2 on 18944x3584 / 4096x14336 / 14336x4096, 13.2 vs 11.6 on 3584x3584, and
+# faster from T=2 on every shape (bench/results/bench_gemv_q4k_sm89_session8_residency_fix.log)
 Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);

@@ -285,14 +285,12 @@ def test_fullest_residency_picks_the_grid_that_fills_more_slots(monkeypatch):
 
 
 def test_tensor_core_gemv_token_rule():
-    """mul_mat's rule (README): Q4_K from 2 tokens, single tokens too from 2^25 weights on sm_90a's build
-    (4096x14336 and 18944x3584 yes, 4608x3584 no); TQ4_1S from 5 tokens at any size."""
+    """mul_mat's rule (README): Q4_K from 2 tokens, single tokens too from 2^25 weights (4096x14336 and 18944x3584
+    yes, 4608x3584 no; TMA and cp.async builds alike); TQ4_1S from 5 tokens at any size."""
     from ptxgen.runtime.ops import mma_min_tokens
 
     assert [mma_min_tokens("q4_K", m, k) for m, k in ((4096, 14336), (18944, 3584), (4608, 3584), (300, 4096))] == [1, 1, 2, 2]
     assert mma_min_tokens("tq4_1s", 18944, 3584) == mma_min_tokens("tq4_1s", 300, 256) == 5
-    # the cp.async build (sm_89 / sm_120a targets) lost at T=1 on 18944x3584 on the H200: from 2 tokens only
-    assert [mma_min_tokens("q4_K", m, k, b) for m, k in ((4096, 14336), (18944, 3584)) for b in ("sm_89", "sm_120a")] == [2] * 4
 
 
 def test_q4k_tensor_core_gemv_builds_per_target():
@@ -308,3 +306,7 @@ def test_q4k_tensor_core_gemv_builds_per_target():
               for name in ("gemv_q4_k_mma", "gemv_q4_k_mma_n16")}
     # TMA only for sm_90a's 8-token build: the 16-token one measured faster with cp.async on the H200 too
     assert copies == {"gemv_q4_k_mma": ["cp.async", "tma", "cp.async"], "gemv_q4_k_mma_n16": ["cp.async"] * 3}
+    # programmatic dependent launch: the 8-token build (measured faster with it), not the 16-token one (slower)
+    assert kernels.manifest("sm_90a")["gemv_q4_k_mma"]["meta"]["pdl"] is True
+    assert kernels.manifest("sm_90a")["gemv_q4_k_mma_n16"]["meta"]["pdl"] is False
+    assert "griddepcontrol" not in kernels.ptx_source("gemv_q4_k_mma_n16", "sm_90a")[0]

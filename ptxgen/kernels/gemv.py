@@ -545,13 +545,13 @@ def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, wor
     b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (col, row0)), Mem(bar), pred=go)
 
 
-def _fill_ring(b, arch, issue, kz, stride, STEP, S):
+def _fill_ring(b, arch, issue, kz, stride, STEP, S, pdl=True):
     """The tensor-core GEMVs' prologue: split kz's first step (block kz·STEP) and the S - 1 after it into the
-    ring, then wait for the activation prep (PDL). Returns (jb, the step counter)."""
+    ring, then (`pdl`, where the target has it) wait for the activation prep. Returns (jb, the step counter)."""
     jb = b.op("mul.lo.u32", kz, Imm(STEP, "u32"))
     for s_ in range(S):
         issue(b.op("mad.lo.u32", stride, Imm(s_, "u32"), jb), s_)
-    if arch.has("griddepcontrol"):
+    if pdl and arch.has("griddepcontrol"):
         b.emit("griddepcontrol.wait")
     return jb, b.op("mov.u32", Imm(0, "u32"))
 
@@ -1024,6 +1024,10 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     # 4096x14336); sm_120a too, although it has TMA: with the tensor-map parameter its ptxas keeps an 8-byte
     # stack frame
     tma = arch.name == "sm_90a" and NT == 1
+    # programmatic dependent launch after the prep: the 8-token build measured 24.2 µs with it, 25.1 without
+    # (14336x4096, T=8); the 16-token build 39.1 with, 34.8 without (T=16; 4096x4096 19.2 / 18.5, others within
+    # 1%; bench/results/probe_pdl_session8.log): off there
+    pdl = NT == 1 and arch.has("griddepcontrol")
     if not tma:
         arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
@@ -1047,7 +1051,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
                   mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
                   activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma" if tma else "cp.async",
-                  stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
+                  stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     if tma:
         b.meta.update(tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle", tma_box=(WORDS, R))
     BT, F, SX, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
@@ -1102,7 +1106,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
                        Imm(16, "u32"), pred=go)
             b.emit("cp.async.commit_group")
 
-    jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S)
+    jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S, pdl)
     lane_hdr = b.op("mul.lo.u32", g, Imm(row_stride, "u32"))  # row g's header in a stage
     lane_q = b.op("mad.lo.u32", t, Imm(4, "u32"), lane_hdr)  # + qs word t
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
