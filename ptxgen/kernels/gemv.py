@@ -994,6 +994,7 @@ Q4K_MMA_STAGES = 3  # ring stages of one super-block (36 u32 per row: a 144-byte
 # slots the grid fills, so mul_mat launches at 4 or 3 (more shared memory) per shape (ops._fullest_residency).
 Q4K_MMA_CTAS = 4
 Q4K_MMA_AHEAD = 2
+Q4K_MMA_SETS = 4  # rotating B-tile register sets (≥ AHEAD + 2, dividing the 8 sub-blocks of a step)
 Q4K_MMA_CTAS_N16 = 3  # the 16-token build: 168 registers
 
 
@@ -1124,7 +1125,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
 
     # B tiles of one sub-block (hi and lo of its two halves), D sub-blocks ahead into NS rotating register sets;
     # the step's factors and min fragments at its start (needed at its end)
-    D, NS = (Q4K_MMA_AHEAD if NT == 1 else 1), 4  # the 16-token build one ahead (as measured on the H200)
+    D, NS = (Q4K_MMA_AHEAD if NT == 1 else 1), Q4K_MMA_SETS  # the 16-token build one ahead (as measured on the H200)
     assert NS >= D + 2 and STEP % NS == 0
     sets = [[b.regs("b32", 8) for _ in range(NT)] for _ in range(NS)]
     p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok if NT == 1 else None)
