@@ -1,0 +1,49 @@
+"""Probe: device times of the Q4_K MMQ launch (no flag readback) per path, e.g. to compare kernel variants emitted
+into PTXGEN_EMITTED_DIR: probe_mmq_times.py PATH MxK,MxK,... T,T,... [reps] (PATH wgmma or mma.sync). Each shape
+is checked against the float64 reference (1e-3) at its smallest T first. bench_mmq's timing (weights from HBM)."""
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+import ptxgen.runtime as r
+from bench_gemv import random_raw, timed
+from ptxgen import formats
+from ptxgen.runtime.ops import mmq_launch
+
+path = sys.argv[1]
+if os.environ.get("PROBE_JIT") == "driver":  # wgmma kernels JIT-compiled by the driver from PTX (whole program:
+    from ptxgen.runtime import compiler, kernels  # setmaxnreg honoured), not nvJitLink (relocatable: ignored)
+
+    nvjitlink = kernels.compile_ptx
+
+    def driver_jit(ptx, target, options=(), name="kernel"):
+        if "wgmma" not in name:
+            return nvjitlink(ptx, target, options, name)
+        return compiler.CompileResult(ptx.encode() + b"\0", target, "driver JIT")
+    kernels.compile_ptx = driver_jit
+shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2].split(",")]
+tokens = [int(v) for v in sys.argv[3].split(",")]
+reps = int(sys.argv[4]) if len(sys.argv) > 4 else 30
+rng = np.random.default_rng(0)
+flag = r.DeviceArray.empty((1,), np.uint32)
+for m, k in shapes:
+    raw = random_raw("q4_K", m, k, rng)
+    copies = max(2, math.ceil(4 * 60e6 / (m * formats.get("q4_K").row_bytes(k))))
+    ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)) for _ in range(copies)]
+    out = []
+    for i, t in enumerate(tokens):
+        x = torch.randn(t, k, device="cuda", dtype=torch.float32)
+        y = torch.empty(t, m, device="cuda", dtype=torch.float32)
+        xa, ya = r.as_device_array(x), r.as_device_array(y)
+        if i == 0:
+            flag.owner.fill_bytes(0)
+            y.fill_(float("nan"))  # poison: unwritten outputs fail the check
+            mmq_launch(ws[0], xa, ya, t, flag, path=path)
+            ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy())
+            err = np.linalg.norm(y.cpu().numpy() - ref) / np.linalg.norm(ref)
+            assert err <= 1e-3, f"{path} {m}x{k} T={t}: relative error {err:.2e}"
+        out.append(f"T={t} {timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path=path), reps, torch):.1f}")
+    print(f"{path} {m}x{k}: " + ", ".join(out) + " us", flush=True)
