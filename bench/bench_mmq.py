@@ -48,8 +48,8 @@ def main():
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16; the default there) | skinny vs llama.cpp "
-          "| skinny, sm_89 build (cp.async) µs |")
-    print("|---" * 23 + "|")
+          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers µs (not yet dispatched) |")
+    print("|---" * 24 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -87,6 +87,7 @@ def main():
             tiny = tinygemm(torch, m, k, t, args.reps)
             skinny = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch)
             skinny89 = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch, arch="sm_89")  # cp.async build
+            us_ra = rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, args.reps, torch) if has_wg else None
             # what mul_mat runs (timed apart from mul_mat itself: the MMQ's overflow-flag readback is a host sync)
             us = skinny if skinny is not None and knobs.q4k_mma() != "off" else us_mmq
             flops = 2 * m * k * t
@@ -97,14 +98,15 @@ def main():
                    "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
                    "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
                    "us_fast_mode": us_fast, "us_tc_skinny": skinny, "us_mmq": us_mmq,
-                   "us_tc_skinny_sm89": skinny89}
+                   "us_tc_skinny_sm89": skinny89, "us_wgmma_rega": us_ra}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
                   f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
                   f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
                   f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
-                  f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} |",
+                  f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | "
+                  f"{f(us_ra)} |",
                   flush=True)
     if args.out:
         with open(args.out, "w") as fh:
@@ -133,6 +135,25 @@ def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch, arch=None):
         return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch=arch), reps, torch)
     finally:
         os.environ.pop("PTXGEN_Q4K_MMA", None)
+
+
+def rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, reps, torch):
+    """The register-A wgmma MMQ (mmq_launch path "wgmma_ra"), checked against the float64 reference (1e-3) where
+    that is cheap (M·T ≤ 4096·512) and for finite outputs everywhere, then timed like the other MMQ columns."""
+    from ptxgen import formats
+    from ptxgen.runtime.ops import mmq_launch
+
+    y.fill_(float("nan"))  # poison: unwritten outputs fail
+    mmq_launch(ws[0], xa, ya, t, flag, path="wgmma_ra")
+    got = y.cpu().numpy()
+    if not np.isfinite(got).all():
+        raise AssertionError(f"wgmma_ra {m}x{k} T={t}: non-finite outputs")
+    if m * t <= 4096 * 512:
+        ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy())
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        if err > 1e-3:
+            raise AssertionError(f"wgmma_ra {m}x{k} T={t}: relative error {err:.2e}")
+    return timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="wgmma_ra"), reps, torch)
 
 
 def plot(results, path):

@@ -182,3 +182,21 @@ def prmt(a: int, b: int, sel: int) -> int:
 def smem_bank(byte_addr) -> np.ndarray:
     """The shared-memory bank (32 banks of 4 bytes) of a byte address."""
     return (np.asarray(byte_addr) // 4) % 32
+
+
+def q4k_rega_k_order() -> np.ndarray:
+    """The K order, within each 64-column chunk, of the register-A wgmma MMQ (mmq_q4_k_wgmma_ra_*): position L of
+    the GEMM's K order holds physical column order[L]. wgmma's A fragment is mma.sync m16n8k16's — lane (g, t)
+    holds k = 2t + 8p + e of each k16 slice j in register 2j' + p — and lane t dequantizes the qs bytes 8t..8t+7
+    of its rows: f16x2 number n = 2j + p is (lop3 trick) bytes (0, 2), (1, 3), (4, 6) or (5, 7) of those 8 (by
+    n % 4), low nibbles for n < 4 (columns 8t + byte), high nibbles for n ≥ 4 (32 + 8t + byte). The activation
+    is written in this order by convert_f16_perm, so A and B agree."""
+    pairs = ((0, 2), (1, 3), (4, 6), (5, 7))
+    order = np.empty(64, np.int64)
+    for j in range(4):
+        for t in range(4):
+            for p in range(2):
+                n = 2 * j + p
+                for e in range(2):
+                    order[16 * j + 2 * t + 8 * p + e] = 8 * t + pairs[n % 4][e] + 32 * (n // 4)
+    return order

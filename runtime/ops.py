@@ -113,6 +113,7 @@ MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
+WGMMA_RA_TILES = (128, 192)  # the register-A wgmma MMQ (n256 would spill under nvJitLink's 168-register cap)
 Q8_TILES = (16, 32, 64)
 # mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
 # wgmma only at T <= 16, behind the fp16 mma.sync GEMM up to T = 32
@@ -163,21 +164,23 @@ def mmq_path(arch: str | None = None) -> str:
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
                path: str | None = None) -> None:
     """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
-    `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16), "wgmma" (fp16, sm_90a), "q8" (int8
-    mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM);
-    benchmarks sweep them."""
+    `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16), "wgmma" (fp16, sm_90a), "wgmma_ra"
+    (fp16, sm_90a, A from registers and x in its K order; emulator-verified, not yet run on a GPU, not chosen by
+    mul_mat), "q8" (int8 mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch,
+    then the int8 GEMM); benchmarks sweep them."""
 
     from .driver import current
 
     m, k = w.shape
     path = path or mmq_path(arch)
-    if path not in ("mma.sync", "wgmma", "q8", "q8_pre"):
-        raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, q8 or q8_pre, got {path!r}")
-    tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
+    if path not in ("mma.sync", "wgmma", "wgmma_ra", "q8", "q8_pre"):
+        raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, wgmma_ra, q8 or q8_pre, got {path!r}")
+    tiles_opt = {"wgmma": WGMMA_TILES, "wgmma_ra": WGMMA_RA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
     bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
-    name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}", "q8": f"mmq_q4_k_q8_n{bn}",
-            "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
-    fn = kernels.load(name, "sm_90a" if path == "wgmma" else arch)
+    name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra": f"mmq_q4_k_wgmma_ra_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}",
+            "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
+    wg = path.startswith("wgmma")
+    fn = kernels.load(name, "sm_90a" if wg else arch)
     tiles_n = (t + bn - 1) // bn
     tiles = tiles_n * ((m + 127) // 128)
     sms = current().sm_count
@@ -197,8 +200,8 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         _QUEUE.append(q)
     grid = (min(tiles * splits, per_sm * sms),)
     tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt)
-    if path == "wgmma":
-        x16 = convert_f16(xa, flag, arch="sm_90a")
+    if wg:
+        x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path == "wgmma_ra" else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         fn.launch(grid, (tw, tx, o, *tail))
@@ -225,17 +228,22 @@ def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle) -> bytes:
     return tm
 
 
-def convert_f16(x, flag, *, out=None, arch: str | None = None):
+def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "natural"):
     """fp32 (..., K) → fp16 on the device (round to nearest even); sets flag[0] = 1 if any value became
-    inf or NaN in fp16. Returns a DeviceArray."""
+    inf or NaN in fp16. Returns a DeviceArray. `k_order="rega"`: each 64-column chunk in the register-A wgmma
+    MMQ's order (ptxgen.layouts.q4k_rega_k_order; convert_f16_perm, K a multiple of 64)."""
+    if k_order not in ("natural", "rega"):
+        raise ValueError(f"convert_f16: k_order must be 'natural' or 'rega', got {k_order!r}")
     xa = as_device_array(x, "convert_f16: x", np.float32)
     n = int(np.prod(xa.shape, dtype=np.int64))
     if n % 8:
         raise ValueError(f"convert_f16: the element count must be a multiple of 8, got {n}")
+    if k_order == "rega" and xa.shape[-1] % 64:
+        raise ValueError(f"convert_f16: k_order='rega' needs K a multiple of 64, got {xa.shape[-1]}")
     o = DeviceArray.empty(xa.shape, np.float16) if out is None else as_device_array(out, "convert_f16: out", np.float16)
     if o.nbytes != 2 * n:
         raise ValueError(f"convert_f16: out holds {o.nbytes} B, needs {2 * n}")
-    fn = kernels.load("convert_f16", arch)
+    fn = kernels.load("convert_f16" if k_order == "natural" else "convert_f16_perm", arch)
     fn.launch(((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
     return o
 

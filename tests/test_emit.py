@@ -67,6 +67,9 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "HFMA2", "PRMT"]
     if _k.startswith("mmq_q4_k_wgmma"):  # TMA into an mbarrier ring, wgmma from swizzled shared memory
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "HFMA2"]
+    if _k.startswith("mmq_q4_k_wgmma_ra"):  # as above, A from registers: no A tile stores, no proxy fence
+        EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "HFMA2",
+                             "SHFL.IDX"]
     if _k.startswith("mmq_q4_k_q8"):  # raw qs bytes by ldmatrix as u8 fragments, int8 tensor cores, cp.async
         EXPECTED_SASS[_k] = ["IMMA.16832.U8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32"]
     if _k.startswith("gemv_tq4_1s_tma"):  # weights by TMA into an mbarrier ring, lookups and FFMA as above
@@ -80,6 +83,7 @@ EXPECTED_SASS["gemv_q4_k_mma_n16"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "
 for _a in ("sm_89", "sm_120a"):  # (kernel, arch) where a target's lowering differs: cp.async, not TMA
     EXPECTED_SASS["gemv_q4_k_mma", _a] = EXPECTED_SASS["gemv_q4_k_mma_n16"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
+EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
 
 
 @pytest.mark.parametrize("kernel,arch", CASES)
@@ -159,7 +163,8 @@ def test_hot_loop_finds_the_innermost_loop_with_the_hottest_op():
 @pytest.mark.parametrize("kernel,arch,op,per_iteration", [
     ("mmq_q4_k_q8_n16", "sm_89", "IMMA.16832.U8.S8.SAT", 4),  # warp tile 16x16, 2 sub-blocks per 64-K step
     ("mmq_q4_k_f16_n128", "sm_89", "HMMA.16816.F32", 64),  # 4 m16 x 4 n8 x 4 k16 per step
-    ("mmq_q4_k_wgmma_n256", "sm_90a", "HGMMA.64x256x16.F32", 4)])  # 4 k16 per 64-K step
+    ("mmq_q4_k_wgmma_n256", "sm_90a", "HGMMA.64x256x16.F32", 4),  # 4 k16 per 64-K step
+    ("mmq_q4_k_wgmma_ra_n192", "sm_90a", "HGMMA.64x192x16.F32", 8)])  # 2 steps per iteration (A register sets)
 def test_main_loop_of_the_mmqs_holds_their_mma_count(kernel, arch, op, per_iteration):
     """`ptxgen check --loops` reads the main loop from SASS: it must be the K-step loop (its MMA count is the
     tile's, from the description) — the number a prediction of the kernel's issue time starts from."""

@@ -279,6 +279,35 @@ def test_wgmma_mmq_with_a_broken_dequant_sequence_fails(monkeypatch):
     assert not out.ok, out.detail
 
 
+def test_writing_a_registers_before_their_wgmma_retires_is_an_error():
+    """The hardware reads register A asynchronously: a write to one of them between the wgmma and the
+    wait_group that retires it is a race (the register-A MMQ alternates two register sets for this)."""
+    body = """
+mov.b32 %r10, 0;
+mov.b32 %r11, 0;
+mov.b32 %r12, 0;
+mov.b32 %r13, 0;
+mov.u64 %rd6, 0x4000004000010000;
+mov.f32 %f0, 0f00000000;
+mov.f32 %f1, 0f00000000;
+mov.f32 %f2, 0f00000000;
+mov.f32 %f3, 0f00000000;
+mul.lo.u32 %r3, %r31, 8;
+add.u32 %r8, %r30, %r3;
+st.shared.v2.u32 [%r8], {%r10, %r11};
+bar.sync 0;
+fence.proxy.async.shared::cta;
+wgmma.fence.sync.aligned;
+wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%f0, %f1, %f2, %f3}, {%r10, %r11, %r12, %r13}, %rd6, 0, 1, 1, 0;
+wgmma.commit_group.sync.aligned;
+WRITE
+wgmma.wait_group.sync.aligned 0;
+"""
+    run(body.replace("WRITE", "mov.b32 %r9, 1;"), 128, np.zeros(4096, np.uint8))  # another register: fine
+    with pytest.raises(EmulationError, match="outlive"):
+        run(body.replace("WRITE", "mov.b32 %r12, 1;"), 128, np.zeros(4096, np.uint8))
+
+
 def test_wgmma_with_a_from_registers():
     """Register-sourced A (m64n8k16): warp w holds rows 16w..16w+15 in the mma.sync m16n8k16 A pattern —
     register j of lane l has (row g + 8·(j%2), cols 2·t + 8·(j/2) and +1), g = l/4, t = l%4."""

@@ -102,3 +102,24 @@ def test_mmq_ldmatrix_rows_are_bank_conflict_free(stride, offset):
     rows = np.arange(8) * getattr(mmq, stride) + offset
     groups = {tuple(L.smem_bank(r + np.arange(0, 16, 4))) for r in rows}
     assert len(groups) == 8
+
+
+def test_register_a_k_order_matches_the_nibble_decode():
+    """q4k_rega_k_order against an independent model of what lane t of the register-A MMQ holds: from the qs
+    bytes 8t..8t+7 of a row, f16x2 number n is (word n % 4 // 2, shifted by 8 if n is odd, low nibbles for
+    n < 4 else high) — (v & 0x000F000F) puts byte 0 in the low half, byte 2 in the high half — and sits in
+    wgmma's A fragment at k = 16·(n // 2) + 2t + 8·(n % 2) (+1 for the high half)."""
+    from ptxgen.layouts import q4k_rega_k_order
+
+    order = q4k_rega_k_order()
+    assert sorted(order.tolist()) == list(range(64))
+    qs = np.arange(32, dtype=np.uint8)  # byte i of the 32-byte qs chunk: weights i (low) and 32 + i (high)
+    for t in range(4):
+        words = qs[8 * t:8 * t + 8].view("<u4")
+        for n in range(8):
+            v = int(words[n % 4 // 2]) >> (8 * (n % 2))
+            lo_byte, hi_byte = v & 0xFF, (v >> 16) & 0xFF  # the bytes whose nibbles the two halves hold
+            for e, byte in enumerate((lo_byte, hi_byte)):
+                physical = byte + (32 if n >= 4 else 0)
+                logical = 16 * (n // 2) + 2 * t + 8 * (n % 2) + e
+                assert order[logical] == physical, (t, n, e)

@@ -310,3 +310,10 @@ def test_q4k_tensor_core_gemv_builds_per_target():
     assert kernels.manifest("sm_90a")["gemv_q4_k_mma"]["meta"]["pdl"] is True
     assert kernels.manifest("sm_90a")["gemv_q4_k_mma_n16"]["meta"]["pdl"] is False
     assert "griddepcontrol" not in kernels.ptx_source("gemv_q4_k_mma_n16", "sm_90a")[0]
+
+
+def test_convert_f16_k_order_is_checked_before_any_launch():
+    from ptxgen.runtime import ops
+
+    with pytest.raises(ValueError, match="k_order"):
+        ops.convert_f16(np.zeros((2, 64), np.float32), None, k_order="permuted")

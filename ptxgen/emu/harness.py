@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import formats
+from .. import formats, layouts
 from ..formats import tq4_1s as T4
 from .machine import Memory, run_kernel
 
@@ -279,7 +279,9 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
-def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
+def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Outcome:
+    """convert_f16 (or convert_f16_perm: each 64-column chunk in layouts.q4k_rega_k_order): bit for bit numpy's
+    fp16 rounding, and the overflow flag exactly when some value leaves fp16's range."""
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
     big = bool(rng.integers(0, 2))
@@ -293,9 +295,11 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None) -> Outcome:
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).view(np.uint16)
         want_flag = int(not np.isfinite(x.astype(np.float16)).all())
+    if permuted:
+        want = want.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     ok = np.array_equal(got, want) and flag == want_flag
-    return Outcome("convert_f16", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ, flag {flag} "
+    return Outcome("convert_f16_perm" if permuted else "convert_f16", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ, flag {flag} "
                    f"(want {want_flag})", got, want)
 
 
@@ -477,7 +481,10 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, f
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     mem = _memory()
-    wa, xa = mem.alloc(raw), mem.alloc(x.astype(np.float16))  # convert_f16 rounds to nearest even too
+    x16 = x.astype(np.float16)  # convert_f16 rounds to nearest even too
+    if "q4k_rega_k_order" in meta.get("activations", ""):  # the register-A build's K order (convert_f16_perm)
+        x16 = np.ascontiguousarray(x16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k))
+    wa, xa = mem.alloc(raw), mem.alloc(x16)
     tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn, 64, "128B")
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, fixup)
@@ -542,6 +549,9 @@ HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
+for _bn in (128, 192):
+    HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}")
+HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)
 UNCOVERED: dict[str, str] = {}

@@ -271,7 +271,11 @@ class HopperOps:
         for r in d:
             m = self.cta.inflight.setdefault(r, np.zeros(self.cta.n, np.int32))
             m[threads] += 1  # wgmma ops in flight that write r
-        return dict(n=n, d=d, a=a, b=uniform(b_tok), scale_d=sd, threads=threads, text=ins.text)
+        a_regs = self._vec(a_tok) if a_in_regs else []
+        for r in a_regs:  # the hardware reads register A asynchronously: no writes to them until the wait
+            m = self.cta.inflight_a.setdefault(r, np.zeros(self.cta.n, np.int32))
+            m[threads] += 1
+        return dict(n=n, d=d, a=a, a_regs=a_regs, b=uniform(b_tok), scale_d=sd, threads=threads, text=ins.text)
 
     def _wgmma_run(self, job):
         n, threads = job["n"], job["threads"]
@@ -304,6 +308,8 @@ class HopperOps:
             for i, r in enumerate(job["d"]):
                 D[lay[:, i, 0], lay[:, i, 1]] = self.cta.regs[r][threads].astype(np.uint32).view(np.float32)
         out = mma_f32(A, B.T, D)  # the tensor cores' alignment and truncation (tensorcore.py)
+        for r in job["a_regs"]:
+            self.cta.inflight_a[r][threads] -= 1
         for i, r in enumerate(job["d"]):
             self.cta.inflight[r][threads] -= 1
             if r not in self.cta.regs:

@@ -141,6 +141,7 @@ class CTA:
     tma_pending: list = field(default_factory=list)  # bulk tensor copies issued, not landed, oldest first
     wgmma: dict = field(default_factory=dict)  # warpgroup → WgmmaQueue
     inflight: dict = field(default_factory=dict)  # register → per thread, wgmma ops in flight that write it
+    inflight_a: dict = field(default_factory=dict)  # register → per thread, wgmma ops in flight that read it (A)
 
 
 def _imm(tok: str, t: str):
@@ -381,6 +382,11 @@ class Emulator(HopperOps):
     def _set(self, name: str, idx, values, t: str):
         if self.cta.inflight:
             self._check_inflight(name, idx, "writes")
+        if self.cta.inflight_a:
+            m = self.cta.inflight_a.get(name)
+            if m is not None and m[idx].any():
+                raise EmulationError(f"writes {name} while a wgmma that reads it as A is in flight (thread "
+                                     f"{np.asarray(idx)[m[idx] > 0][0]}; the A registers must outlive their wgmma)")
         r = self.cta.regs.get(name)
         if r is None:
             r = self.cta.regs[name] = np.zeros(self.cta.n, np.uint64)

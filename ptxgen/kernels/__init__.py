@@ -25,7 +25,8 @@ class KernelDef:
 def _registry() -> dict[str, KernelDef]:
     from . import convert_f16, dequantize_q4_k, gemv, mmq, quantize_q8_1
 
-    defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, dequantize_q4_k.KERNEL, convert_f16.KERNEL, *gemv.kernel_defs(), *mmq.kernel_defs()]
+    defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, dequantize_q4_k.KERNEL, convert_f16.KERNEL,
+            convert_f16.KERNEL_PERM, *gemv.kernel_defs(), *mmq.kernel_defs()]
     return {d.name: d for d in defs}
 
 

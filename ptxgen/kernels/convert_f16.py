@@ -15,20 +15,39 @@ THREADS = 256
 PER_THREAD = 8
 
 
-def build(arch):
-    b = KernelBuilder("convert_f16", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
+def build(arch, permuted: bool = False):
+    """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
+    holds input column layouts.q4k_rega_k_order()[L] — for output group q = L / 8 (8 values, one 16-byte store)
+    the inputs are base(q) + {0, 2, 8, 10, 16, 18, 24, 26}, base(q) = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
+    (K a multiple of 64, so a chunk never straddles rows)."""
+    name = "convert_f16_perm" if permuted else "convert_f16"
+    doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
+    b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
     x_p, y_p, f_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"), b.param("flag", "u64", "ptr:out")
     n_p = b.param("n8", "u32")  # number of 8-value groups
     b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
+    if permuted:
+        b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
     X, Y, F = b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
     n8 = b.ld_param(n_p, "u32")
     i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(THREADS, "u32"), b.special("tid.x"))
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
-    src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
     v = b.regs("f32", 8)
-    b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
-    b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
+    if permuted:
+        q = b.op("and.b32", i, Imm(7, "b32"))
+        base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
+                    b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
+                         b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
+        col = b.op("add.u32", b.op("shl.b32", b.op("and.b32", i, Imm(~7 & 0xFFFFFFFF, "b32")), Imm(3, "u32")),
+                   base)  # the chunk's first element, 64·(i / 8), plus base(q)
+        src = b.op("mad.wide.u32", col, Imm(4, "u32"), X)
+        for e, off in enumerate((0, 2, 8, 10, 16, 18, 24, 26)):
+            b.emit("ld.global.nc.f32", v[e], Mem(src, 4 * off))
+    else:
+        src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
+        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
+        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
     h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
     b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
     # overflow watch: a half whose exponent bits are all ones is inf or NaN
@@ -44,3 +63,5 @@ def build(arch):
 
 
 KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
+KERNEL_PERM = KernelDef("convert_f16_perm", "fp32 → fp16 activations in the register-A wgmma MMQ's K order, with "
+                        "an overflow flag", lambda arch: build(arch, permuted=True), archs=("sm_90a",))

@@ -53,12 +53,15 @@ class MmqSpec:
     mma: str = "mma.sync"
     act: str = "f16"  # the activation format in the tensor cores: "f16" or "q8_1" (int8, mma.sync m16n8k32)
     fused: bool = True  # q8_1: quantize fp32 x inside the load pipeline; False: read quantize_q8_1's blocks
+    a_regs: bool = False  # wgmma: A (the dequantized weights) from registers instead of shared memory
 
     @property
     def name(self) -> str:
         if self.act == "q8_1":
             return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
-        return f"mmq_q4_k_f16_n{self.bn}" if self.mma == "mma.sync" else f"mmq_q4_k_wgmma_n{self.bn}"
+        if self.mma == "mma.sync":
+            return f"mmq_q4_k_f16_n{self.bn}"
+        return f"mmq_q4_k_wgmma_ra_n{self.bn}" if self.a_regs else f"mmq_q4_k_wgmma_n{self.bn}"
 
     @property
     def tile(self) -> Tile:
@@ -473,6 +476,20 @@ def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic) -> list:
     in fp32, as ggml does, then split into fp16 pairs hi + lo (hi = fp16(v), lo = fp16(v − hi)): the weight
     is q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step, about 1.3 roundings of w instead of the
     ~3.5 a single fp16 d and m cost (measured on the reference: 3.9e-4 vs 7.2e-4 relative GEMM error)."""
+    scale = q4k_scale_pairs(b, hdr, sub, dscale)
+    out = []
+    for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
+        for sel in (0x4140, 0x4342):
+            v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
+            h = b.reg("b32")
+            b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+            out.append(q4k_dequant_pair(b, h, scale, magic))
+    return out
+
+
+def q4k_scale_pairs(b, hdr, sub, dscale):
+    """Sub-block `sub` of a Q4_K super-block header `hdr` (4 words) → (d_hi, d_lo, −m_hi, −m_lo) as f16x2 (both
+    halves equal): d·sc·dscale and dmin·m formed in fp32, as ggml does, each split into fp16 hi + lo."""
     env = {"hdr": hdr, "sub": sub}
     SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
     DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
@@ -485,17 +502,17 @@ def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic) -> list:
         return b.op("mov.b32", b.vec([hi, hi]), type="b32"), b.op("mov.b32", b.vec([lo, lo]), type="b32")
     d_hi, d_lo = split(d1)
     nm_hi, nm_lo = split(b.op("neg.f32", m1))
-    out = []
-    for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
-        for sel in (0x4140, 0x4342):
-            v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
-            h = b.reg("b32")
-            b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-            q = b.op("sub.rn.f16x2", h, magic, type="b32")
-            t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
-            t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
-            out.append(b.op("add.rn.f16x2", t, nm_lo, type="b32"))
-    return out
+    return d_hi, d_lo, nm_hi, nm_lo
+
+
+def q4k_dequant_pair(b, h, scale, magic):
+    """Two weights from h = (0x6400 | q) halves (1024 + q, or 1024 + 16q for high nibbles, whose 1/16 is in
+    the scale): q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step (`q4k_scale_pairs`)."""
+    d_hi, d_lo, nm_hi, nm_lo = scale
+    q = b.op("sub.rn.f16x2", h, magic, type="b32")
+    t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
+    t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
+    return b.op("add.rn.f16x2", t, nm_lo, type="b32")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -839,23 +856,29 @@ def build_wgmma(arch, spec: "MmqSpec"):
     stage_bytes = b_bytes + raw_bytes
     pipe.check_smem(arch, stage_bytes)
     S = WG_STAGES
-    b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16, tile {BM}x{BN}x{BK}, {S}-stage TMA "
-                      "ring, warp-specialized, persistent", block=(WG_THREADS, 1, 1))
+    b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16{' (A from registers)' if spec.a_regs else ''}, "
+                      f"tile {BM}x{BN}x{BK}, {S}-stage TMA ring, warp-specialized, persistent", block=(WG_THREADS, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
-    smem = b.dynamic_shared(S * stage_bytes + 2 * 2 * A_TILE + 1024)  # + 1024: aligned up at run time
+    ra = spec.a_regs
+    a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
+    smem = b.dynamic_shared(S * stage_bytes + a_bytes + 1024)  # + 1024: aligned up at run time
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
     # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
     b.directives += [f".maxntid {WG_THREADS}, 1, 1", ".minnctapersm 1"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
-                  mma=f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)", schedule=sched.kind,
-                  dynamic_smem=b.dynamic_smem, activations="fp16, converted by convert_f16 before the GEMM",
-                  roles="warpgroup 0: producer (thread 0 claims work items and issues TMA); warpgroups 1, 2: "
-                        "dequantize 64 rows each into swizzled fp16 tiles and issue wgmma",
+                  mma=(f"wgmma m64n{BN}k16 f16 (A from registers, B from 128B-swizzled shared memory)" if ra else
+                       f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)"), schedule=sched.kind,
+                  dynamic_smem=b.dynamic_smem,
+                  activations=("fp16 in the K order of layouts.q4k_rega_k_order, by convert_f16_perm before the GEMM"
+                               if ra else "fp16, converted by convert_f16 before the GEMM"),
+                  roles="warpgroup 0: producer (thread 0 claims work items and issues TMA); warpgroups 1, 2: " +
+                        ("dequantize 64 rows each into wgmma's A registers and issue wgmma" if ra else
+                         "dequantize 64 rows each into swizzled fp16 tiles and issue wgmma"),
                   grid="persistent: min(items, resident CTAs per SM (occupancy calculator) x SMs) CTAs",
                   ctas_per_sm=2 if BN <= 32 else 1,  # n32: 72 registers and 74 KB, so two CTAs fit an SM
                   work_queue="item = atom.add(queue[0], 1) -> (m tile, split z, token tile n), n fastest; the "
@@ -877,7 +900,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
     bst = base  # B stages: S x b_bytes, each 1024-aligned
     a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
-    raw0 = b.op("add.u32", a_base, Imm(4 * A_TILE, "u32"))  # raw: S x 3 x RAW_PART
+    raw0 = b.op("add.u32", a_base, Imm(a_bytes, "u32"))  # raw: S x 3 x RAW_PART
     bar0 = b.op("mov.u32", bars)
     full = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), bar0)  # noqa: E731
     empty = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), b.op("add.u32", bar0, Imm(8 * S, "u32")))  # noqa: E731
@@ -1003,46 +1026,50 @@ def build_wgmma(arch, spec: "MmqSpec"):
     for a in acc:
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", s_begin)
-    c_step = b.label("c_step")
-    b.place(c_step)
-    stage = b.op("rem.u32", gc, Imm(S, "u32"))
-    sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
-    _wait(b, full(stage), sph)
-    # dequantize this warpgroup's 64 rows into A buffer gc % 2 (wgmma of step gc - 2 read it; done)
-    src = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw_row)
-    hdr = b.regs("b32", 4)
-    b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
-    qs = b.regs("b32", 8)
-    b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
-    b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
-    sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), dh)
-    out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
-    abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), a_mine)
-    arow = b.op("add.u32", abuf, row_off)
-    for i in range(4):
-        c = hx if i == 0 else b.op("xor.b32", hx, Imm(i, "b32"))
-        dst = b.op("add.u32", arow, b.op("shl.b32", c, Imm(4, "u32")))
-        b.emit("st.shared.v4.b32", Mem(dst), b.vec(out[4 * i:4 * i + 4]))
-    b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
-    b.emit("bar.sync", named, Imm(128, "u32"))
-    da = _desc(b, abuf)
-    db = _desc(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
-    b.emit("wgmma.fence.sync.aligned")
-    for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
-        dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
-        dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
-        b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
-    b.emit("wgmma.commit_group.sync.aligned")
-    b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
-    not_first = b.op("setp.gt.u32", s, s_begin)
-    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
-    b.emit("add.u32", gc, gc, Imm(1, "u32"))
-    b.emit("add.u32", s, s, Imm(1, "u32"))
-    b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
-    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
-    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
+    if ra:
+        _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
+                    lane, magic)
+    else:
+        c_step = b.label("c_step")
+        b.place(c_step)
+        stage = b.op("rem.u32", gc, Imm(S, "u32"))
+        sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
+        _wait(b, full(stage), sph)
+        # dequantize this warpgroup's 64 rows into A buffer gc % 2 (wgmma of step gc - 2 read it; done)
+        src = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw_row)
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
+        qs = b.regs("b32", 8)
+        b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
+        b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), dh)
+        out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
+        abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), a_mine)
+        arow = b.op("add.u32", abuf, row_off)
+        for i in range(4):
+            c = hx if i == 0 else b.op("xor.b32", hx, Imm(i, "b32"))
+            dst = b.op("add.u32", arow, b.op("shl.b32", c, Imm(4, "u32")))
+            b.emit("st.shared.v4.b32", Mem(dst), b.vec(out[4 * i:4 * i + 4]))
+        b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
+        b.emit("bar.sync", named, Imm(128, "u32"))
+        da = _desc(b, abuf)
+        db = _desc(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
+        b.emit("wgmma.fence.sync.aligned")
+        for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
+            dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
+            dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
+            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
+        b.emit("wgmma.commit_group.sync.aligned")
+        b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
+        not_first = b.op("setp.gt.u32", s, s_begin)
+        prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
+        b.emit("add.u32", gc, gc, Imm(1, "u32"))
+        b.emit("add.u32", s, s, Imm(1, "u32"))
+        b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
+        b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
+        prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
     frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
     epilogue.lower_mma_sync(b, [frags], lane, m0, cw, 16, n0, b.op("mov.u32", Imm(0, "u32")), BN, M, T, Y)
@@ -1052,6 +1079,80 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.place(c_end)
     b.emit("ret")
     return b.finish()
+
+def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
+                lane, magic):
+    """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
+    16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
+    pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
+    that order from convert_f16_perm). The 4 lanes of a row pair decode one (row, sub-block) scale each and share
+    them by shfl. No A tile, no fence.proxy.async, no named barrier: each warp's A is its own. A registers must
+    outlive their wgmma (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets."""
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    t = b.op("and.b32", lane, Imm(3, "b32"))
+    row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
+    own_rr = b.op("shr.u32", t, Imm(1, "u32"))  # the (row, sub-block) scale this lane decodes: row0 + 8·(t >> 1),
+    own_sb = b.op("and.b32", t, Imm(1, "b32"))  # sub-block 2c + (t & 1)
+    own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
+    own_scale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", own_sb, Imm(0, "u32")))
+    quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
+    # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
+    qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
+                                   b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
+                     b.op("mul.lo.u32", b.op("add.u32", own_rr, Imm(1, "u32")), Imm(RAW_PART, "u32")))
+              for rr in range(2)]
+    lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
+    c_step, c_done = b.label("c_step"), b.label("c_steps_done")
+    b.place(c_step)
+    for half in range(RA_UNROLL):  # copies of the step: A register sets alternate by step parity
+        stage = b.op("rem.u32", gc, Imm(S, "u32"))
+        sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
+        _wait(b, full(stage), sph)
+        rbase = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, own_hdr)))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), own_sb)
+        mine = q4k_scale_pairs(b, hdr, sub, own_scale)
+        scales = {}  # (rr, sb) → the 4 f16x2 of lane 4g + 2rr + sb
+        for rr in range(2):
+            for sb in range(2):
+                src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
+                scales[rr, sb] = [b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
+                                  for v in mine]
+        frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
+        for rr in range(2):
+            w = b.regs("b32", 2)
+            b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_off[rr])))
+            for wi in range(2):
+                words = (w[wi], b.op("shr.u32", w[wi], Imm(8, "u32")))  # bytes (0, 2) and (1, 3) of the word
+                for sh in range(2):
+                    for sb, mask in ((0, lo_mask), (1, hi_mask)):
+                        h = b.reg("b32")
+                        b.emit("lop3.b32", h, words[sh], mask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+                        frag[rr, 4 * sb + 2 * wi + sh] = q4k_dequant_pair(b, h, scales[rr, sb], magic)
+        db = _desc(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
+        b.emit("wgmma.fence.sync.aligned")
+        for kk in range(BK // 16):  # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
+            a = [frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]]
+            dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
+            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a), dbk))
+        b.emit("wgmma.commit_group.sync.aligned")
+        b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
+        not_first = b.op("setp.gt.u32", s, s_begin)
+        prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
+        b.emit("add.u32", gc, gc, Imm(1, "u32"))
+        b.emit("add.u32", s, s, Imm(1, "u32"))
+        more = b.op("setp.lt.u32", s, s_end)
+        if half < RA_UNROLL - 1:
+            b.bra(c_done, pred=more, neg=True)
+        else:
+            b.bra(c_step, pred=more)
+    b.place(c_done)
+    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
+    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
+
 
 def build_reduce(arch):
     """reduce_splitk: y[i] = Σ_z part[z][i] in z order (deterministic), for the wide token tiles whose split-K
@@ -1084,6 +1185,8 @@ def build_reduce(arch):
 
 
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
+RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
+WGMMA_RA_TOKEN_TILES = (128, 192)  # the register-A build: A fragments (2 sets x 16) beside 64 / 128 accumulators
 
 
 def kernel_defs() -> list[KernelDef]:
@@ -1093,6 +1196,10 @@ def kernel_defs() -> list[KernelDef]:
         [KernelDef(MmqSpec(bn, "wgmma").name, f"Q4_K prefill GEMM, wgmma + TMA, {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma"): build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True).name,
+                   f"Q4_K prefill GEMM, wgmma with A from registers + TMA, {BM}x{bn} tile (emulator-verified; not "
+                   "dispatched)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True): build(arch, s), archs=("sm_90a",))
+         for bn in WGMMA_RA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, act="q8_1", fused=f).name,
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
