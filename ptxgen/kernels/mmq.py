@@ -1059,17 +1059,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
             dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
             dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
-        b.emit("wgmma.commit_group.sync.aligned")
-        b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
-        not_first = b.op("setp.gt.u32", s, s_begin)
-        prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
-        b.emit("add.u32", gc, gc, Imm(1, "u32"))
-        b.emit("add.u32", s, s, Imm(1, "u32"))
+        _wgmma_step_done(b, S, gc, s, s_begin, empty)
         b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
-        b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
-        prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
+        _wgmma_drain(b, S, gc, empty)
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
     frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
     epilogue.lower_mma_sync(b, [frags], lane, m0, cw, 16, n0, b.op("mov.u32", Imm(0, "u32")), BN, M, T, Y)
@@ -1079,6 +1071,25 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.place(c_end)
     b.emit("ret")
     return b.finish()
+
+def _wgmma_step_done(b, S, gc, s, s_begin, empty):
+    """After a consumer step's wgmmas: commit them, wait until the previous step's group retired and release its
+    ring stage (not on the item's first step), advance the ring position gc and the K-step s."""
+    b.emit("wgmma.commit_group.sync.aligned")
+    b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
+    not_first = b.op("setp.gt.u32", s, s_begin)
+    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
+    b.emit("add.u32", gc, gc, Imm(1, "u32"))
+    b.emit("add.u32", s, s, Imm(1, "u32"))
+
+
+def _wgmma_drain(b, S, gc, empty):
+    """After an item's last step: wait for all its wgmmas, release the last ring stage."""
+    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
+    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
+
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
                 lane, magic):
@@ -1136,22 +1147,14 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
             a = [frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]]
             dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a), dbk))
-        b.emit("wgmma.commit_group.sync.aligned")
-        b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
-        not_first = b.op("setp.gt.u32", s, s_begin)
-        prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
-        b.emit("add.u32", gc, gc, Imm(1, "u32"))
-        b.emit("add.u32", s, s, Imm(1, "u32"))
+        _wgmma_step_done(b, S, gc, s, s_begin, empty)
         more = b.op("setp.lt.u32", s, s_end)
         if half < RA_UNROLL - 1:
             b.bra(c_done, pred=more, neg=True)
         else:
             b.bra(c_step, pred=more)
     b.place(c_done)
-    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
-    prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
+    _wgmma_drain(b, S, gc, empty)
 
 
 def build_reduce(arch):
