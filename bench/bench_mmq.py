@@ -48,7 +48,7 @@ def main():
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16; the default there) | skinny vs llama.cpp "
-          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers µs (not yet dispatched) |")
+          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers, per token tile µs (not yet dispatched) |")
     print("|---" * 24 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
@@ -106,7 +106,7 @@ def main():
                   f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
                   f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
                   f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | "
-                  f"{f(us_ra)} |",
+                  f"{' / '.join(f'n{n} {v:.1f}' for n, v in us_ra.items()) if us_ra else 'n/a'} |",
                   flush=True)
     if args.out:
         with open(args.out, "w") as fh:
@@ -138,22 +138,25 @@ def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch, arch=None):
 
 
 def rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, reps, torch):
-    """The register-A wgmma MMQ (mmq_launch path "wgmma_ra"), checked against the float64 reference (1e-3) where
-    that is cheap (M·T ≤ 4096·512) and for finite outputs everywhere, then timed like the other MMQ columns."""
+    """The register-A wgmma MMQ (mmq_launch path "wgmma_ra") per token tile that holds T (128, 192, 256: each
+    from the smallest that holds T up), each checked against the float64 reference (1e-3) where that is cheap
+    (M·T ≤ 4096·512) and for finite outputs everywhere, then timed like the other MMQ columns: {tile: µs}."""
     from ptxgen import formats
-    from ptxgen.runtime.ops import mmq_launch
+    from ptxgen.runtime.ops import WGMMA_RA_TILES, mmq_launch
 
-    y.fill_(float("nan"))  # poison: unwritten outputs fail
-    mmq_launch(ws[0], xa, ya, t, flag, path="wgmma_ra")
-    got = y.cpu().numpy()
-    if not np.isfinite(got).all():
-        raise AssertionError(f"wgmma_ra {m}x{k} T={t}: non-finite outputs")
-    if m * t <= 4096 * 512:
-        ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy())
-        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        if err > 1e-3:
-            raise AssertionError(f"wgmma_ra {m}x{k} T={t}: relative error {err:.2e}")
-    return timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="wgmma_ra"), reps, torch)
+    ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy()) if m * t <= 4096 * 512 else None
+    out = {}
+    for bn in [n for n in WGMMA_RA_TILES if n >= min(t, WGMMA_RA_TILES[-1])]:
+        y.fill_(float("nan"))  # poison: unwritten outputs fail
+        mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path="wgmma_ra")
+        got = y.cpu().numpy()
+        if not np.isfinite(got).all():
+            raise AssertionError(f"wgmma_ra n{bn} {m}x{k} T={t}: non-finite outputs")
+        if ref is not None and np.linalg.norm(got - ref) > 1e-3 * np.linalg.norm(ref):
+            raise AssertionError(f"wgmma_ra n{bn} {m}x{k} T={t}: relative error "
+                                 f"{np.linalg.norm(got - ref) / np.linalg.norm(ref):.2e}")
+        out[bn] = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn, path="wgmma_ra"), reps, torch)
+    return out
 
 
 def plot(results, path):

@@ -112,6 +112,19 @@ def _link(ptx: str, target: str, options: tuple) -> tuple[bytes, str]:
         nvjitlink.destroy(handle)
 
 
+def _ptxas(ptx: str, target: str, options: tuple) -> tuple[bytes, str]:
+    """Whole-program compile with the ptxas binary: (cubin, its -v log)."""
+    tool = _tool("ptxas", "nvidia-cuda-nvcc")
+    with tempfile.TemporaryDirectory(prefix="ptxgen-ptxas-") as d:
+        src, out = Path(d) / "k.ptx", Path(d) / "k.cubin"
+        src.write_text(ptx)
+        run = subprocess.run([tool, f"-arch={target}", "-v", *options, str(src), "-o", str(out)],
+                             capture_output=True, text=True)
+        if run.returncode:
+            raise CompileError(_failure_message(ptx, target, options, run.stderr).replace("nvJitLink", "ptxas", 1))
+        return out.read_bytes(), run.stderr
+
+
 def _failure_message(ptx: str, target: str, options: tuple, log: str) -> str:
     fd, path = tempfile.mkstemp(prefix="ptxgen-failed-", suffix=".ptx")
     with os.fdopen(fd, "w") as f:
@@ -165,9 +178,13 @@ def _unpack_entry(payload: bytes) -> tuple[bytes, str]:
     return payload[8 + n:], payload[8:8 + n].decode()
 
 
-def compile_ptx(ptx: str, target: str, options: tuple = (), name: str = "kernel") -> CompileResult:
-    """Compile `ptx` for `target` (e.g. "sm_90", "sm_90a"), through the memory and disk caches."""
-    options = tuple(options)
+def compile_ptx(ptx: str, target: str, options: tuple = (), name: str = "kernel",
+                whole_program: bool = False) -> CompileResult:
+    """Compile `ptx` for `target` (e.g. "sm_90", "sm_90a"), through the memory and disk caches. nvJitLink
+    compiles PTX as a relocatable unit, where ptxas ignores `setmaxnreg`; `whole_program=True` runs the ptxas
+    binary instead (PATH or an nvidia-* wheel's bin/; FileNotFoundError if there is none) — what the driver's
+    JIT does when the runtime loads such a kernel (manifest meta "compile": "whole-program")."""
+    options = tuple(options) + (("--whole-program",) if whole_program else ())
     key = cache_key(ptx, target, options)
     hit = _MEMORY.get(key)
     if hit is not None:
@@ -176,7 +193,7 @@ def compile_ptx(ptx: str, target: str, options: tuple = (), name: str = "kernel"
     payload = _read_disk(path) if knobs.cache_enabled() else None
     source = "disk"
     if payload is None:
-        cubin, log = _link(ptx, target, options)
+        cubin, log = _ptxas(ptx, target, options[:-1]) if whole_program else _link(ptx, target, options)
         source = ""
         if knobs.cache_enabled():
             _write_disk(path, _pack_entry(cubin, log))
@@ -203,7 +220,7 @@ def keep_artifacts(stem: Path, ptx: str, res: CompileResult) -> None:
         pass
 
 
-def _tool(name: str) -> str:
+def _tool(name: str, wheel: str = "nvidia-cuda-nvdisasm (the `tools` extra)") -> str:
     found = shutil.which(name)
     if found:
         return found
@@ -215,8 +232,7 @@ def _tool(name: str) -> str:
                 return str(cand)
     except ImportError:
         pass
-    raise FileNotFoundError(f"{name} not found: pip install nvidia-cuda-nvdisasm (the `tools` extra) "
-                            f"or put the CUDA toolkit's bin/ on PATH")
+    raise FileNotFoundError(f"{name} not found: pip install {wheel} or put the CUDA toolkit's bin/ on PATH")
 
 
 def sass(cubin: bytes) -> str:

@@ -95,8 +95,10 @@ def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Funct
         return fn
     target = device_target(a, ctx.sm)
     text, entry = ptx_source(kernel, a.name, source)
-    res = compile_ptx(text, target, name=kernel)
-    mod = Module(res.cubin, kernel)
+    if entry.get("meta", {}).get("compile") == "whole-program":  # the driver's JIT (honours setmaxnreg)
+        mod = Module(text.encode() + b"\0", kernel)
+    else:
+        mod = Module(compile_ptx(text, target, name=kernel).cubin, kernel)
     fn = mod.function(entry["entry"], entry["params"], entry["block"], entry.get("dynamic_smem", 0))
     fn.meta = entry.get("meta", {})
     fn.arch = a.name

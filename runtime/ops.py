@@ -113,7 +113,7 @@ MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
-WGMMA_RA_TILES = (128, 192)  # the register-A wgmma MMQ (n256 would spill under nvJitLink's 168-register cap)
+WGMMA_RA_TILES = (128, 192, 256)  # the register-A wgmma MMQ (n256: loaded through the driver's whole-program JIT)
 Q8_TILES = (16, 32, 64)
 # mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
 # wgmma only at T <= 16, behind the fp16 mma.sync GEMM up to T = 32

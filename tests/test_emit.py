@@ -38,10 +38,20 @@ def test_manifest_describes_the_abi():
     assert [p["size"] for p in k["params"]] == [8, 8, 4] and k["threads"] == 256 and len(k["sha256"]) == 64
 
 
+def _compile(k, arch, kernel):
+    """As the runtime will: nvJitLink, or for a kernel the driver JIT-compiles (meta compile "whole-program",
+    setmaxnreg honoured) the ptxas binary as a whole program — skipped where there is no ptxas."""
+    whole = k.meta.get("compile") == "whole-program"
+    try:
+        return compile_ptx(k.ptx(), arch, name=kernel, whole_program=whole)
+    except FileNotFoundError as e:
+        pytest.skip(f"{kernel} compiles as a whole program: {e}")
+
+
 @pytest.mark.parametrize("kernel,arch", CASES)
 def test_compiles_without_spills(kernel, arch):
     k = KERNELS[kernel].for_arch(arch)
-    res = compile_ptx(k.ptx(), arch, name=kernel)
+    res = _compile(k, arch, kernel)
     r = res.resources[k.entry]
     assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["lmem"] == 0
     assert 0 < r["registers"] <= 255
@@ -89,7 +99,7 @@ EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8
 @pytest.mark.parametrize("kernel,arch", CASES)
 def test_sass(kernel, arch):
     k = KERNELS[kernel].for_arch(arch)
-    text = sass(compile_ptx(k.ptx(), arch, name=kernel).cubin)
+    text = sass(_compile(k, arch, kernel).cubin)
     for op in EXPECTED_SASS.get((kernel, arch), EXPECTED_SASS[kernel]):
         assert op in text, f"{kernel}/{arch}: {op} missing from SASS"
     assert "LDL" not in text and "STL" not in text, "local memory in SASS"

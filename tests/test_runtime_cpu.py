@@ -317,3 +317,32 @@ def test_convert_f16_k_order_is_checked_before_any_launch():
 
     with pytest.raises(ValueError, match="k_order"):
         ops.convert_f16(np.zeros((2, 64), np.float32), None, k_order="permuted")
+
+
+def test_whole_program_kernels_load_through_the_driver_jit(monkeypatch):
+    """A kernel whose manifest says compile "whole-program" (it needs setmaxnreg, which nvJitLink's relocatable
+    compile ignores) reaches the driver as PTX text, which the driver JIT-compiles whole; the others as nvJitLink
+    cubins."""
+    from types import SimpleNamespace
+
+    from ptxgen.runtime import kernels
+
+    loaded = {}
+
+    class FakeModule:
+        def __init__(self, image, name):
+            loaded[name] = image
+
+        def function(self, *a):
+            return SimpleNamespace()
+
+    monkeypatch.setattr(kernels, "Module", FakeModule)
+    monkeypatch.setattr(kernels, "current", lambda: SimpleNamespace(sm=90, name="fake H200"))
+    monkeypatch.setattr(kernels, "_LOADED", {})
+    monkeypatch.setattr(kernels, "_BEST", {})
+    assert kernels.manifest("sm_90a")["mmq_q4_k_wgmma_ra_n256"]["meta"]["compile"] == "whole-program"
+    assert "compile" not in kernels.manifest("sm_90a")["mmq_q4_k_wgmma_ra_n192"]["meta"]
+    kernels.load("mmq_q4_k_wgmma_ra_n256")
+    kernels.load("mmq_q4_k_wgmma_ra_n192")
+    assert loaded["mmq_q4_k_wgmma_ra_n256"].endswith(b"\0") and b".target sm_90a" in loaded["mmq_q4_k_wgmma_ra_n256"]
+    assert loaded["mmq_q4_k_wgmma_ra_n192"][:4] == b"\x7fELF"

@@ -888,6 +888,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
+    if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
+        b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
     P, C = b.ptr(pt_p), b.ptr(ct_p)
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
@@ -1189,7 +1191,8 @@ def build_reduce(arch):
 
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
-WGMMA_RA_TOKEN_TILES = (128, 192)  # the register-A build: A fragments (2 sets x 16) beside 64 / 128 accumulators
+WGMMA_RA_TOKEN_TILES = (128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
+RA_RELOCATABLE_MAX_BN = 192  # above, it fits only with setmaxnreg honoured: compiled whole-program (driver JIT)
 
 
 def kernel_defs() -> list[KernelDef]:
