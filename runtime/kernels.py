@@ -55,6 +55,14 @@ def candidate_arches(device_sm: int) -> list[str]:
     return own + [a.name for a in plain]
 
 
+def build_for(kernel: str, arch: str | None = None) -> str | None:
+    """The target whose emitted build of `kernel` `load(kernel, arch)` runs on the current device — `arch` if
+    it has one, else the device's best candidate that does — or None where there is none."""
+    if arch:
+        return arch if kernel in manifest(arch) else None
+    return next((a for a in candidate_arches(current().sm) if kernel in manifest(a)), None)
+
+
 def ptx_source(kernel: str, arch: str, source: str = "emitted") -> tuple[str, dict]:
     """(PTX text, manifest entry) of `kernel` built for `arch`."""
     if source == "dsl":
@@ -83,11 +91,11 @@ def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Funct
     if fast is not None:
         return fast
     ctx = current()
-    arches = [arch] if arch else [a for a in candidate_arches(ctx.sm) if kernel in manifest(a) or source == "dsl"]
-    if not arches:
+    name = arch or (next(iter(candidate_arches(ctx.sm)), None) if source == "dsl" else build_for(kernel))
+    if name is None:
         raise KernelNotFound(f"kernel {kernel!r} has no build this {ctx.name} (sm_{ctx.sm}) can run; "
                              f"built for: {', '.join(available(kernel)) or 'none'}")
-    a = get_arch(arches[0])
+    a = get_arch(name)
     key = (kernel, a.name, source)
     fn = _LOADED.get(key)
     if fn is not None:

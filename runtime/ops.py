@@ -467,27 +467,23 @@ MMA_GEMV_M32_MIN_WEIGHTS = 1 << 25
 
 
 def _sm90a_tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
-    """An sm_90 device with the sm_90a build of `kernel` (and `arch` not pinning another target), 16-byte
-    aligned weights and a row stride that is a multiple of 16 bytes (the tensor map's rules)."""
+    """An sm_90 device running the sm_90a build of `kernel` (kernels.build_for: `arch` not pinning another
+    target), 16-byte aligned weights and a row stride that is a multiple of 16 bytes (the tensor map's rules)."""
     from ptxgen import formats
 
     from .driver import current
 
     m, k = w.shape
-    return (arch in (None, "sm_90a") and current().sm == 90 and "sm_90a" in kernels.available(kernel)
+    return (current().sm == 90 and kernels.build_for(kernel, arch) == "sm_90a"
             and formats.get(w.fmt).row_bytes(k) % 16 == 0 and w.ptr % 16 == 0)
 
 
 def _q4k_mma_build(arch: str | None, kernel: str) -> str | None:
-    """The target whose build of the Q4_K tensor-core GEMV `kernel` mul_mat would run here (what
-    kernels.load(kernel, arch) picks: sm_90a's TMA-fed build on sm_90, the cp.async one for sm_89 / sm_120a),
-    or None where there is none. mul_mat has checked the weights' 16-byte alignment, and a Q4_K row (144·K/256
-    bytes) is always a multiple of 16 bytes: both copies' rules hold."""
-    from .driver import current
-
-    if arch:
-        return arch if kernel in kernels.manifest(arch) else None
-    return next((a for a in kernels.candidate_arches(current().sm) if kernel in kernels.manifest(a)), None)
+    """The target whose build of the Q4_K tensor-core GEMV `kernel` mul_mat would run here (kernels.build_for:
+    sm_90a's TMA-fed build on sm_90, the cp.async one for sm_89 / sm_120a), or None where there is none.
+    mul_mat has checked the weights' 16-byte alignment, and a Q4_K row (144·K/256 bytes) is always a multiple
+    of 16 bytes: both copies' rules hold."""
+    return kernels.build_for(kernel, arch)
 
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..builder import KernelBuilder
 from ..ir import Imm, Mem
+from ..layouts import q4k_rega_k_order
 from . import KernelDef
 
 THREADS = 256
@@ -18,8 +19,8 @@ PER_THREAD = 8
 def build(arch, permuted: bool = False):
     """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
     holds input column layouts.q4k_rega_k_order()[L] — for output group q = L / 8 (8 values, one 16-byte store)
-    the inputs are base(q) + {0, 2, 8, 10, 16, 18, 24, 26}, base(q) = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
-    (K a multiple of 64, so a chunk never straddles rows)."""
+    the inputs are base(q) plus 8 offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) +
+    4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows)."""
     name = "convert_f16_perm" if permuted else "convert_f16"
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
@@ -42,7 +43,12 @@ def build(arch, permuted: bool = False):
         col = b.op("add.u32", b.op("shl.b32", b.op("and.b32", i, Imm(~7 & 0xFFFFFFFF, "b32")), Imm(3, "u32")),
                    base)  # the chunk's first element, 64·(i / 8), plus base(q)
         src = b.op("mad.wide.u32", col, Imm(4, "u32"), X)
-        for e, off in enumerate((0, 2, 8, 10, 16, 18, 24, 26)):
+        order = q4k_rega_k_order()
+        # output group q's inputs: base(q) = order[8q] plus the same 8 offsets for every q (checked here)
+        offs = [int(o - order[0]) for o in order[:8]]
+        assert all(list(order[8 * q:8 * q + 8] - order[8 * q]) == offs for q in range(8))
+        assert [int(order[8 * q]) for q in range(8)] == [(q & 1) + 4 * (q >> 1 & 1) + 32 * (q >> 2) for q in range(8)]
+        for e, off in enumerate(offs):
             b.emit("ld.global.nc.f32", v[e], Mem(src, 4 * off))
     else:
         src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
