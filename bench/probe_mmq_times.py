@@ -1,5 +1,5 @@
 """Probe: device times of the Q4_K MMQ launch (no flag readback) per path, e.g. to compare kernel variants emitted
-into PTXGEN_EMITTED_DIR: probe_mmq_times.py PATH MxK,MxK,... T,T,... [reps] (PATH wgmma or mma.sync). Each shape
+into PTXGEN_EMITTED_DIR: probe_mmq_times.py PATH MxK,MxK,... T,T,... [reps] (PATH wgmma, wgmma_ra or mma.sync; PROBE_BN pins the token tile). Each shape
 is checked against the float64 reference (1e-3) at its smallest T first. bench_mmq's timing (weights from HBM)."""
 import math
 import os
@@ -28,6 +28,7 @@ shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2].split(",")]
 tokens = [int(v) for v in sys.argv[3].split(",")]
 reps = int(sys.argv[4]) if len(sys.argv) > 4 else 30
 rng = np.random.default_rng(0)
+bn = int(os.environ["PROBE_BN"]) if os.environ.get("PROBE_BN") else None
 flag = r.DeviceArray.empty((1,), np.uint32)
 for m, k in shapes:
     raw = random_raw("q4_K", m, k, rng)
@@ -41,9 +42,9 @@ for m, k in shapes:
         if i == 0:
             flag.owner.fill_bytes(0)
             y.fill_(float("nan"))  # poison: unwritten outputs fail the check
-            mmq_launch(ws[0], xa, ya, t, flag, path=path)
+            mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path=path)
             ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy())
             err = np.linalg.norm(y.cpu().numpy() - ref) / np.linalg.norm(ref)
             assert err <= 1e-3, f"{path} {m}x{k} T={t}: relative error {err:.2e}"
-        out.append(f"T={t} {timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path=path), reps, torch):.1f}")
-    print(f"{path} {m}x{k}: " + ", ".join(out) + " us", flush=True)
+        out.append(f"T={t} {timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn, path=path), reps, torch):.1f}")
+    print(f"{path}{'' if bn is None else f' n{bn}'} {m}x{k}: " + ", ".join(out) + " us", flush=True)

@@ -155,6 +155,40 @@ class KernelBuilder:
     def emit(self, opcode_or_instr, *operands, pred: Reg | None = None, neg: bool = False) -> Instr:
         i = opcode_or_instr if isinstance(opcode_or_instr, Instr) else Instr(opcode_or_instr, tuple(operands), pred, neg)
         ir.check_feature(self.arch, i)
+        if i.opcode in ("div.u32", "rem.u32") and isinstance(i.operands[2], Imm) and i.operands[2].value >= 1:
+            return self._div_by_constant(i)
+        self.body.append(i)
+        return i
+
+    def _div_by_constant(self, i: Instr) -> Instr:
+        """`div.u32` / `rem.u32` by an immediate as shifts and a multiply-high: ptxas (13.0) compiles them as a
+        general division (I2F, MUFU.RCP, two IMAD.HI and fix-ups, ~12 SASS) even for 4; a ring-stage index
+        costs that on every pipeline step. Returns the last instruction emitted."""
+        d, a, c = i.operands[0], i.operands[1], int(i.operands[2].value)
+        is_rem = i.opcode.startswith("rem")
+        e = lambda op, *ops: self._append(Instr(op, ops, i.pred, i.pred_neg))  # noqa: E731
+        if c & (c - 1) == 0:
+            if is_rem:
+                return e("and.b32", d, a, Imm(c - 1, "b32"))
+            return e("shr.u32", d, a, Imm(c.bit_length() - 1, "u32"))
+        q = d if not is_rem and d != a else self.reg("u32")
+        magic, shift, add = ir.udiv_magic(c)
+        if not add:  # q = mulhi(a, M) >> s
+            e("mul.hi.u32", q, a, Imm(magic, "u32"))
+            e("shr.u32", q, q, Imm(shift, "u32"))
+        else:  # the 33-bit multiplier: t = mulhi(a, M - 2^32); q = (t + (a - t) / 2) >> (s - 1)
+            t, u = self.reg("u32"), self.reg("u32")
+            e("mul.hi.u32", t, a, Imm(magic, "u32"))
+            e("sub.u32", u, a, t)
+            e("shr.u32", u, u, Imm(1, "u32"))
+            e("add.u32", u, u, t)
+            e("shr.u32", q, u, Imm(shift - 1, "u32"))
+        if not is_rem:
+            return e("mov.u32", d, q) if q is not d else self.body[-1]
+        return e("mad.lo.u32", d, q, Imm((1 << 32) - c, "u32"), a)  # a - q·c (mod 2^32)
+
+    def _append(self, i: Instr) -> Instr:
+        ir.check_feature(self.arch, i)
         self.body.append(i)
         return i
 

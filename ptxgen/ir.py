@@ -241,6 +241,20 @@ def cp_async(arch: Arch, dst: Mem, src: Mem, nbytes: int, src_bytes: Reg | None 
     return Instr(f"cp.async.{kind}.shared.global", ops)
 
 
+def udiv_magic(c: int) -> tuple[int, int, bool]:
+    """Division of any u32 by the constant c ≥ 2 (not a power of two) as a multiply-high: (M, s, False) with
+    floor(a / c) = mulhi(a, M) >> s for every u32 a (Granlund–Montgomery: 2^(32+s) ≤ M·c ≤ 2^(32+s) + 2^s), or,
+    where no 32-bit M exists (c = 7), (M, l, True) with t = mulhi(a, M), floor(a / c) = (t + (a − t) / 2) >> (l − 1)."""
+    if c < 2 or c & (c - 1) == 0 or c >= 1 << 32:
+        raise IRError(f"udiv_magic: {c} is not a u32 divisor that needs a multiplier")
+    for s in range(32):
+        m = -(-(1 << (32 + s)) // c)
+        if m < 1 << 32 and m * c - (1 << (32 + s)) <= 1 << s:
+            return m, s, False
+    ell = (c - 1).bit_length()
+    return ((1 << 32) * ((1 << ell) - c)) // c + 1, ell, True
+
+
 def check_feature(arch: Arch, instr: Instr) -> None:
     """Arch checks for instructions built through the generic `Instr` constructor."""
     op = instr.opcode

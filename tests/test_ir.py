@@ -1,5 +1,6 @@
 """L0: instructions and DSL objects validate themselves at construction with errors that name the fix."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ptxgen import ir
 from ptxgen.arch import ArchError, get_arch
@@ -144,3 +145,53 @@ def test_wgmma_mmq_on_sm120a_is_a_clear_error():
         build("sm_120a", MmqSpec(128, "wgmma"))
     k = build("sm_90a", MmqSpec(64, "wgmma"))  # the same description lowers on Hopper
     assert k.meta["mma"].startswith("wgmma m64n64k16")
+
+
+DIVISORS = (1, 2, 3, 4, 5, 6, 7, 9, 10, 64, 192, 641, 1000003, 0x7FFFFFFF, 0x80000001, 0xFFFFFFFF)
+
+
+def _division_probe(arch):
+    """Each thread: a u32 from `inp`, then div and rem by every DIVISORS constant (the builder lowers them
+    to shifts / multiply-highs), the in-place form (d == a) included."""
+    b = KernelBuilder("div_probe", arch, "division by constants", block=(32, 1, 1))
+    out = b.ptr(b.param("out", "u64", "ptr:out"))
+    inp = b.ptr(b.param("inp", "u64", "ptr:in"))
+    tid = b.special("tid.x")
+    a = b.op("ld.global.u32", Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), inp)))
+    base = b.op("mad.wide.u32", tid, Imm(8 * len(DIVISORS), "u32"), out)
+    for i, c in enumerate(DIVISORS):
+        q = b.op("div.u32", a, Imm(c, "u32"))
+        r = b.op("mov.u32", a)
+        b.emit("rem.u32", r, r, Imm(c, "u32"))
+        b.emit("st.global.v2.u32", Mem(base, 8 * i), Vec((q, r)))
+    return b.finish()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=32, max_size=32))
+def test_division_by_constants_is_exact_for_every_u32(values):
+    """div.u32 / rem.u32 by an immediate are emitted without a division (ptxas 13.0 compiles those as a general
+    division even for 4), and give floor(a / c) and a mod c for any u32, edge values included."""
+    import numpy as np
+
+    from ptxgen.emu import Memory, run_kernel
+
+    edges = [0, 1, 2**32 - 1, 2**32 - 2, 2**31, 2**31 - 1, 191, 192, 193, 0xFFFFFFFF // 7 * 7, 0x7FFFFFFF]
+    a = np.array(edges + values[len(edges):], np.uint32)
+    k = _division_probe(SM89)
+    text = k.ptx()
+    assert "div." not in text and "rem." not in text
+    mem = Memory()
+    o, x = mem.alloc(32 * 8 * len(DIVISORS)), mem.alloc(a)
+    run_kernel(text, (1,), (32,), (o, x), mem)
+    got = mem.view(o, np.uint32, (32, len(DIVISORS), 2)).astype(np.int64)
+    c = np.array(DIVISORS, np.int64)
+    np.testing.assert_array_equal(got[:, :, 0], a.astype(np.int64)[:, None] // c)
+    np.testing.assert_array_equal(got[:, :, 1], a.astype(np.int64)[:, None] % c)
+
+
+def test_division_probe_compiles_everywhere():
+    from ptxgen.runtime.compiler import compile_ptx
+
+    for arch in ("sm_89", "sm_90a", "sm_120a"):
+        compile_ptx(_division_probe(get_arch(arch)).ptx(), arch, name="div_probe")
