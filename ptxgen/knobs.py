@@ -10,6 +10,8 @@ PTXGEN_TQ4_MMA     exact TQ4_1S decode on the tensor-core GEMV (sm_90): unset/au
 PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto = slices of 2-8 tokens and single
                    tokens from 2^25 weights, 1 = every slice and 9-16 tokens on its 16-token build instead of the
                    MMQ, 0 = never
+PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
+                   WGMMA_RA_MIN_TOKENS or more, 1 = from T = 9 on (n256 tiles), 0 = never (A from shared memory)
 """
 from __future__ import annotations
 
@@ -57,3 +59,7 @@ def tq4_mma() -> str:
 
 def q4k_mma() -> str:
     return _auto_on_off("PTXGEN_Q4K_MMA")
+
+
+def mmq_rega() -> str:
+    return _auto_on_off("PTXGEN_MMQ_REGA")

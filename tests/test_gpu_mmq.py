@@ -105,24 +105,25 @@ def test_split_k_path_is_correct_and_deterministic(arch):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), a.view(np.uint32))
 
 
-@pytest.mark.parametrize("path", ["mma.sync", "wgmma"])
+@pytest.mark.parametrize("path", ["mma.sync", "wgmma", "wgmma_ra"])
 def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
+    """wgmma_ra at T = 200: the path mul_mat itself takes there on an sm_90 device."""
     import ptxgen.runtime as r
 
-    if path not in paths():
-        pytest.skip("the wgmma path needs an sm_90 device")
+    if path != "mma.sync" and r.current().sm != 90:
+        pytest.skip("the wgmma paths need an sm_90 device")
     arch = "sm_89" if path == "mma.sync" else None
 
     rng = np.random.default_rng(5)
-    m, k, t = 256, 1024, 100
+    m, k, t, bn = (256, 1024, 200, 256) if path == "wgmma_ra" else (256, 1024, 100, 128)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    a, _ = run_mmq(r, raw, m, k, x, 128, path)
+    a, _ = run_mmq(r, raw, m, k, x, bn, path)
     for _ in range(3):
-        b, _ = run_mmq(r, raw, m, k, x, 128, path)
+        b, _ = run_mmq(r, raw, m, k, x, bn, path)
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
     x[3, 17] = 1e6  # overflows fp16
-    _, flag = run_mmq(r, raw, m, k, x, 128, path)
+    _, flag = run_mmq(r, raw, m, k, x, bn, path)
     assert flag == 1
     got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-5  # the exact path answered
@@ -176,9 +177,18 @@ def test_mul_mat_picks_wgmma_on_sm90():
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
-    want = "wgmma" if r.current().sm == 90 else "mma.sync"
-    assert ops.mmq_path() == want
+    hopper = r.current().sm == 90
+    assert ops.mmq_path() == ("wgmma" if hopper else "mma.sync")
     assert ops.mmq_path("sm_89") == "mma.sync"
+    # from WGMMA_RA_MIN_TOKENS on, A from registers (n256); the knob moves or removes that threshold
+    assert ops.mmq_path(t=ops.WGMMA_RA_MIN_TOKENS) == ("wgmma_ra" if hopper else "mma.sync")
+    assert ops.mmq_path(t=ops.WGMMA_RA_MIN_TOKENS - 1) == ("wgmma" if hopper else "mma.sync")
+    assert ops.mmq_path("sm_89", t=4096) == "mma.sync"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTXGEN_MMQ_REGA", "0")
+        assert ops.mmq_path(t=4096) == ("wgmma" if hopper else "mma.sync")
+        mp.setenv("PTXGEN_MMQ_REGA", "1")
+        assert ops.mmq_path(t=16) == ("wgmma_ra" if hopper else "mma.sync")
 
 
 # --- the Q8_1 (int8 mma.sync) MMQ: fused quantization ("q8") and quantize_q8_1 first ("q8_pre")
