@@ -11,7 +11,7 @@ PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto
                    tokens from 2^25 weights, 1 = every slice and 9-16 tokens on its 16-token build instead of the
                    MMQ, 0 = never
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
-                   WGMMA_RA_MIN_TOKENS or more, 1 = from T = 9 on (n256 tiles), 0 = never (A from shared memory)
+                   WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
 """
 from __future__ import annotations
 

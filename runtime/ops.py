@@ -114,9 +114,11 @@ MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
 WGMMA_RA_TILES = (128, 192, 256)  # the register-A wgmma MMQ (n256: loaded through the driver's whole-program JIT)
-# T from which mul_mat runs the register-A n256 build instead of the shared-memory-A one (H200, session 9: equal at
-# T=256, 1-3% faster at 512-4096; its n128 / n192 builds are slower than the n256 one at every T measured)
-WGMMA_RA_MIN_TOKENS = 129
+# T from which mul_mat runs the register-A builds instead of the shared-memory-A ones (H200, bench_mmq_session9.log):
+# n128 for T = 33-128 (3-15% faster than the wgmma n64/n128 tiles there; 8-37% slower at T = 32), n256 above
+# (equal at T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured
+WGMMA_RA_MIN_TOKENS = 33
+WGMMA_RA_N128_MAX_TOKENS = 128
 Q8_TILES = (16, 32, 64)
 # mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
 # wgmma only at T <= 16, behind the fp16 mma.sync GEMM up to T = 32
@@ -152,7 +154,8 @@ def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None, path: str | None 
 
 def mmq_path(arch: str | None = None, t: int | None = None) -> str:
     """"wgmma" on an sm_90 device when the sm_90a kernels are there (and `arch` does not pin another
-    target) — "wgmma_ra" (A from registers, n256) instead for `t` ≥ WGMMA_RA_MIN_TOKENS (knob PTXGEN_MMQ_REGA) —
+    target) — "wgmma_ra" (A from registers: n128 up to WGMMA_RA_N128_MAX_TOKENS, n256 above) instead for
+    `t` ≥ WGMMA_RA_MIN_TOKENS (knob PTXGEN_MMQ_REGA) —
     else "mma.sync"."""
     from .driver import current
 
@@ -173,7 +176,8 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
                path: str | None = None) -> None:
     """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16), "wgmma" (fp16, sm_90a), "wgmma_ra"
-    (fp16, sm_90a, A from registers and x in its K order; token tile n256 unless `bn` says otherwise), "q8" (int8 mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch,
+    (fp16, sm_90a, A from registers and x in its K order; token tile n128 to WGMMA_RA_N128_MAX_TOKENS, n256 above,
+    unless `bn` says otherwise), "q8" (int8 mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch,
     then the int8 GEMM); benchmarks sweep them."""
 
     from .driver import current
@@ -183,7 +187,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     if path not in ("mma.sync", "wgmma", "wgmma_ra", "q8", "q8_pre"):
         raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, wgmma_ra, q8 or q8_pre, got {path!r}")
     tiles_opt = {"wgmma": WGMMA_TILES, "wgmma_ra": WGMMA_RA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
-    bn = bn or (tiles_opt[-1] if path == "wgmma_ra" else next((n for n in tiles_opt if t <= n), tiles_opt[-1]))
+    if path == "wgmma_ra":
+        bn = bn or (128 if t <= WGMMA_RA_N128_MAX_TOKENS else 256)
+    bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra": f"mmq_q4_k_wgmma_ra_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}",
             "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
@@ -272,7 +278,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     tokens (T ≤ 8 is one launch); exact Q4_K with T = 9–16 the 16-token tensor-core GEMV
     (gemv_q4_k_mma_n16). Other Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
     that holds T: on sm_90 devices the wgmma + TMA lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}; from
-    T = WGMMA_RA_MIN_TOKENS convert_f16_perm and mmq_q4_k_wgmma_ra_n256, A from registers),
+    T = WGMMA_RA_MIN_TOKENS convert_f16_perm and mmq_q4_k_wgmma_ra_n{128,256}, A from registers),
     elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
     accumulation, relative error ~4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
     the call is recomputed exactly by the GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs

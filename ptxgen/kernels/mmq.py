@@ -1203,8 +1203,7 @@ def kernel_defs() -> list[KernelDef]:
                    lambda arch, s=MmqSpec(bn, "wgmma"): build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True).name,
-                   f"Q4_K prefill GEMM, wgmma with A from registers + TMA, {BM}x{bn} tile (emulator-verified; not "
-                   "dispatched)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True): build(arch, s), archs=("sm_90a",))
+                   f"Q4_K prefill GEMM, wgmma with A from registers + TMA, {BM}x{bn} tile", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True): build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_RA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, act="q8_1", fused=f).name,
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
