@@ -48,7 +48,7 @@ def main():
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16; the default there) | skinny vs llama.cpp "
-          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers, per token tile µs (the default from T = 33: n128 to 128, n256 above) |")
+          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) |")
     print("|---" * 24 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)

@@ -115,9 +115,10 @@ MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
 WGMMA_RA_TILES = (128, 192, 256)  # the register-A wgmma MMQ (n256: loaded through the driver's whole-program JIT)
 # T from which mul_mat runs the register-A builds instead of the shared-memory-A ones (H200, bench_mmq_session9.log):
-# n128 for T = 33-128 (3-15% faster than the wgmma n64/n128 tiles there; 8-37% slower at T = 32), n256 above
-# (equal at T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured
-WGMMA_RA_MIN_TOKENS = 33
+# n128 for T = 49-128 (3-15% faster than the wgmma n64/n128 tiles at T = 64-128; mixed at 48, up to 17% slower at
+# 33 where the shared-memory-A build runs n64 tiles: probe_rega_n128_small_t_session9.log), n256 above (equal at
+# T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured
+WGMMA_RA_MIN_TOKENS = 49
 WGMMA_RA_N128_MAX_TOKENS = 128
 Q8_TILES = (16, 32, 64)
 # mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
