@@ -154,11 +154,9 @@ class KernelBuilder:
     # --- instructions -------------------------------------------------------------------------------
     def emit(self, opcode_or_instr, *operands, pred: Reg | None = None, neg: bool = False) -> Instr:
         i = opcode_or_instr if isinstance(opcode_or_instr, Instr) else Instr(opcode_or_instr, tuple(operands), pred, neg)
-        ir.check_feature(self.arch, i)
         if i.opcode in ("div.u32", "rem.u32") and isinstance(i.operands[2], Imm) and i.operands[2].value >= 1:
             return self._div_by_constant(i)
-        self.body.append(i)
-        return i
+        return self._append(i)
 
     def _div_by_constant(self, i: Instr) -> Instr:
         """`div.u32` / `rem.u32` by an immediate as shifts and a multiply-high: ptxas (13.0) compiles them as a
