@@ -120,6 +120,11 @@ WGMMA_RA_TILES = (128, 192, 256)  # the register-A wgmma MMQ (n256: loaded throu
 # T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured
 WGMMA_RA_MIN_TOKENS = 49
 WGMMA_RA_N128_MAX_TOKENS = 128
+
+
+def _rega_tile(t: int) -> int:
+    """The register-A MMQ's token tile for T tokens (the rule above)."""
+    return 128 if t <= WGMMA_RA_N128_MAX_TOKENS else 256
 Q8_TILES = (16, 32, 64)
 # mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
 # wgmma only at T <= 16, behind the fp16 mma.sync GEMM up to T = 32
@@ -165,7 +170,7 @@ def mmq_path(arch: str | None = None, t: int | None = None) -> str:
     if current().sm == 90 and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_n{WGMMA_TILES[-1]}"):
         rega = knobs.mmq_rega()
         if (t is not None and rega != "off" and (t >= WGMMA_RA_MIN_TOKENS or rega == "on")
-                and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{WGMMA_RA_TILES[-1]}")):
+                and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{_rega_tile(t)}")):
             return "wgmma_ra"
         return "wgmma"
     if arch == "sm_90a":
@@ -187,10 +192,11 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     path = path or mmq_path(arch, t)
     if path not in ("mma.sync", "wgmma", "wgmma_ra", "q8", "q8_pre"):
         raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, wgmma_ra, q8 or q8_pre, got {path!r}")
-    tiles_opt = {"wgmma": WGMMA_TILES, "wgmma_ra": WGMMA_RA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
     if path == "wgmma_ra":
-        bn = bn or (128 if t <= WGMMA_RA_N128_MAX_TOKENS else 256)
-    bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
+        bn = bn or _rega_tile(t)
+    else:
+        tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
+        bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra": f"mmq_q4_k_wgmma_ra_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}",
             "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
