@@ -208,11 +208,15 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     # less shared memory per SM than the H200): a second, partial round doubles the time
     per_sm = fn.resident_per_sm()
     splits, per = splitk_plan_one_round(tiles, k // 64, per_sm * sms)
-    # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch) for
-    # token tiles up to FIXUP_MAX_TILE; wider tiles leave it to reduce_splitk (one CTA would sum 128 x 256 x
-    # splits values alone: +10 us at T=256 on the H200)
-    part = o if splits == 1 else DeviceArray.empty((splits, t, m), np.float32)
-    fixup = bn <= FIXUP_MAX_TILE
+    # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch). The
+    # wgmma builds store them in fragment order and the last CTA adds its own from registers, at any token tile;
+    # the mma.sync builds do it for token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their
+    # fixup sums 128 x BN x splits values in y's layout: +10 us at T=256 on the H200)
+    fixup = wg or bn <= FIXUP_MAX_TILE
+    if splits == 1:
+        part = o
+    else:
+        part = DeviceArray.empty((splits * tiles * 128 * bn,) if wg else (splits, t, m), np.float32)
     cnt = _counters(4 * tiles) if fixup else 0
     if not _QUEUE:
         q = DeviceBuffer(8)
@@ -224,7 +228,7 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path == "wgmma_ra" else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        fn.launch(grid, (tw, tx, o, *tail))
+        fn.launch(grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")))  # set-up overlaps convert_f16's tail
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout
         xin = quantize_q8_1_mmq(xa, flag, arch=arch) if path == "q8_pre" else xa
         fn.launch(grid, (w.buffer, xin, o, flag, *tail))

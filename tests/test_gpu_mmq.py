@@ -276,3 +276,26 @@ def test_mul_mat_fast_q4_k_prefill(t):
         assert rel(got, formats.gemm_q8_1_ref("q4_K", raw, m, k, x)) <= 1e-5
     else:
         assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+
+
+@pytest.mark.parametrize("path,bn", [("wgmma", 32), ("wgmma", 256), ("wgmma_ra", 128), ("wgmma_ra", 256)])
+def test_wgmma_split_k_fixup_is_correct_and_deterministic(path, bn):
+    """The wgmma builds' in-kernel split-K fixup (partials in fragment order, the last CTA of a tile sums them in z
+    order; no reduce_splitk): 10 tiles, partial in M and T, split 8 ways on the H200. Correct, bit-identical run to
+    run although a different CTA may come last each time, and the tile counters are left at zero."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    if r.current().sm != 90:
+        pytest.skip("the wgmma paths need an sm_90 device")
+    rng = np.random.default_rng(11)
+    m, k, t = 520, 4096, bn + 37
+    tiles = ((m + 127) // 128) * ((t + bn - 1) // bn)
+    assert ops.splitk_plan_one_round(tiles, k // 64, r.current().sm_count)[0] > 1
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    a, flag = run_mmq(r, raw, m, k, x, bn, path)
+    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert not ops._COUNTERS[0].download(np.uint32, (tiles,)).any(), "the split-K tile counters were not reset"
+    for _ in range(3):
+        np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, path)[0].view(np.uint32), a.view(np.uint32))

@@ -377,14 +377,16 @@ def _gemv(name):
     return _with_meta(gemv_case, name, 2)
 
 
-def _mmq_scratch(mem, t, m, k, bn, bm, splits, fixup=True):
+def _mmq_scratch(mem, t, m, k, bn, bm, splits, fixup=True, tile_partials=False):
     """What every MMQ launch takes after its operands (ptxgen.kernels.mmq._mmq_params): y (NaN-poisoned), the
-    work queue, split-K partials and tile counters (counters = 0 without the in-kernel fixup). Returns (y,
-    tiles, the parameter tail from m on, the scratch to check with _mmq_result)."""
+    work queue, split-K partials (splits x T x M, or `tile_partials`: splits x tiles x bm·bn, the wgmma builds'
+    fragment order) and tile counters (counters = 0 without the in-kernel fixup). Returns (y, tiles, the
+    parameter tail from m on, the scratch to check with _mmq_result)."""
     ya, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
     tiles_n = (t + bn - 1) // bn
     tiles = tiles_n * ((m + bm - 1) // bm)
-    pa, ca = mem.alloc(splits * t * m * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
+    part_floats = splits * (tiles * bm * bn if tile_partials else t * m)
+    pa, ca = mem.alloc(part_floats * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
     per = -(-(k // 64) // splits)
     return ya, tiles, (m, k, t, per, qa, tiles_n, splits, pa, ca if fixup else 0), (qa, pa, ca)
 
@@ -472,10 +474,11 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
                    got, want)
 
 
-def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, fixup=True) -> Outcome:
+def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
-    emulator from the runtime's arguments); a few persistent CTAs share the work queue. With splits > 1 the
-    kernel's own fixup must leave y complete and the tile counters zero."""
+    emulator from the runtime's arguments); `ctas` persistent CTAs share the work queue. With splits > 1 the
+    kernel's own fixup (partials in fragment order, the last CTA of a tile sums them) must leave y complete and
+    the tile counters zero."""
     bn = meta["bn"]
     m, t, k = shape or (128 + 3, bn + 5, 512)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
@@ -487,10 +490,10 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, f
     wa, xa = mem.alloc(raw), mem.alloc(x16)
     tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn, 64, "128B")
-    ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, fixup)
-    _run(ptx, (max(1, min(tiles * splits, 2)),), (384,), (tw, tx, ya, *tail), mem,
+    ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
+    _run(ptx, (max(1, min(tiles * splits, ctas)),), (384,), (tw, tx, ya, *tail), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed)
-    got = _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup)
+    got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)

@@ -873,7 +873,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
                   mma=(f"wgmma m64n{BN}k16 f16 (A from registers, B from 128B-swizzled shared memory)" if ra else
                        f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)"), schedule=sched.kind,
-                  dynamic_smem=b.dynamic_smem,
+                  dynamic_smem=b.dynamic_smem, pdl=True,
                   activations=("fp16 in the K order of layouts.q4k_rega_k_order, by convert_f16_perm before the GEMM"
                                if ra else "fp16, converted by convert_f16 before the GEMM"),
                   roles="warpgroup 0: producer (thread 0 claims work items and issues TMA); warpgroups 1, 2: " +
@@ -884,7 +884,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
                   work_queue="item = atom.add(queue[0], 1) -> (m tile, split z, token tile n), n fastest; the "
                              "producer hands items to the consumers through a 2-slot mbarrier ring; the last "
                              "CTA to finish resets the queue",
-                  split_k=SPLIT_K_NOTE + " (the 256 consumer threads, named barrier 3)",
+                  split_k="split z takes K-steps [z·steps_per_split, ...); each CTA stores its partial tile in "
+                          "fragment order (part: splits x tiles x 128·BN floats) and counts in at the tile's counter; "
+                          "the last sums the partials in z order (its own from registers) into y and resets the counter "
+                          "(the 256 consumer threads, named barrier 3): no reduction launch, counters required",
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
@@ -939,6 +942,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.bra(pdone, pred=leader, neg=True, uniform=False)
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
     tx = b.op("cvta.param.u64", b.op("mov.b64", tx_p))
+    # launched early behind convert_f16 (programmatic dependent launch): the set-up above overlapped its tail; the
+    # activation it writes is read only by this thread's TMA, so the wait goes here
+    b.emit("griddepcontrol.wait")
     g = b.op("mov.u32", Imm(0, "u32"))  # K-steps issued so far (ring position)
     j = b.op("mov.u32", Imm(0, "u32"))  # items claimed so far
     p_item, p_end = b.label("p_item"), b.label("p_queue_empty")
@@ -1023,8 +1029,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
     m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
     n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
     split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
-    Yz = b.op("mad.wide.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", z, T), M), Imm(4, "u32"), P)
-    Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     for a in acc:
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", s_begin)
@@ -1065,14 +1069,72 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
         _wgmma_drain(b, S, gc, empty)
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
-    frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
-    epilogue.lower_mma_sync(b, [frags], lane, m0, cw, 16, n0, b.op("mov.u32", Imm(0, "u32")), BN, M, T, Y)
-    _splitk_fixup(b, ct, b.op("setp.eq.u32", ct, Imm(0, "u32")), b.op("mov.u32", fix_slot), split_k, splits, C, P, Y0,
-                  m0, n0, tiles_n, M, T, BN, barrier=(Imm(3, "u32"), Imm(256, "u32")))
+    _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, b.op("mad.lo.u32", tm, tiles_n, tn),
+                    b.op("mul.lo.u32", tiles_m, tiles_n), z, splits, split_k, b.op("mov.u32", fix_slot), C, P, Y0, M, T)
     b.bra(c_item)
     b.place(c_end)
     b.emit("ret")
     return b.finish()
+
+def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, splits, split_k, slot, C, P, Y0, M, T):
+    """The wgmma MMQs' epilogue. One split: the accumulators straight into y. Split-K: every CTA stores its partial
+    tile in fragment order (part + ((z·tiles + tile)·BN/8 + q)·4096 + 16·ct: one 16-byte store per m16n8 fragment
+    q, coalesced) and counts itself in at the tile's counter; the last CTA of the tile sums the partials in z order
+    and writes y. The sum's order is fixed, so the result does not depend on which CTA comes last; no reduction
+    launch, the partials are read once, by one CTA, 64 values per thread and split at a time. (Its own partial
+    comes back from L2 too: adding it from the accumulators keeps them live beside the sums, and the n256 builds
+    spill at 168 registers.)"""
+    frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
+    zero = b.op("mov.u32", Imm(0, "u32"))
+    direct, done = b.label("epi_direct"), b.label("epi_done")
+    b.bra(direct, pred=split_k, neg=True)
+    barrier = (Imm(3, "u32"), Imm(256, "u32"))  # the 256 consumer threads
+    leader = b.op("setp.eq.u32", ct, Imm(0, "u32"))
+    nq = BN // 8
+    mine = b.op("mad.wide.u32", b.op("mad.lo.u32", b.op("mad.lo.u32", z, tiles, tile), Imm(nq * 256, "u32"), ct),
+                Imm(16, "u32"), P)
+    for q, f in enumerate(frags):
+        b.emit("st.global.v4.f32", Mem(mine, q * 4096), b.vec(f))
+    b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
+    b.emit("bar.sync", *barrier)
+    cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
+    old = b.reg("u32")
+    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
+    b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
+    b.emit("bar.sync", *barrier)
+    last = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(slot, 4)), b.op("sub.u32", splits, Imm(1, "u32")))
+    b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
+    b.bra(done, pred=last, neg=True)
+    b.emit("membar.gl")
+    plane = b.op("mul.wide.u32", tiles, Imm(nq * 4096, "u32"))  # bytes from split z to z + 1
+    first = b.op("mad.wide.u32", b.op("mad.lo.u32", tile, Imm(nq * 256, "u32"), ct), Imm(16, "u32"), P)  # split 0
+    CHUNK = 16  # fragments summed together: 16 16-byte loads in flight per thread and split
+    for c0 in range(0, nq, CHUNK):
+        chunk = frags[c0:c0 + CHUNK]
+        tots = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)] for _ in chunk]
+        pz = b.op("add.u64", first, Imm(c0 * 4096, "u64"))
+        zz = b.op("mov.u32", Imm(0, "u32"))
+        zl = b.label("fix_z")
+        b.place(zl)
+        loaded = []
+        for i in range(len(chunk)):
+            v = b.regs("f32", 4)
+            b.emit("ld.global.cg.v4.f32", b.vec(v), Mem(pz, i * 4096))
+            loaded.append(v)
+        for i, v in enumerate(loaded):
+            for e in range(4):
+                b.emit("add.rn.f32", tots[i][e], tots[i][e], v[e])  # z = 0 first: 0 + p0 = p0
+        b.emit("add.s64", pz, pz, plane)
+        b.emit("add.u32", zz, zz, Imm(1, "u32"))
+        b.bra(zl, pred=b.op("setp.lt.u32", zz, splits))
+        epilogue.lower_mma_sync(b, [tots], lane, m0, cw, 16, b.op("add.u32", n0, Imm(8 * c0, "u32")), zero,
+                                8 * len(chunk), M, T, Y0)
+    b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)  # every split has counted in: reset for the next
+    b.bra(done)
+    b.place(direct)
+    epilogue.lower_mma_sync(b, [frags], lane, m0, cw, 16, n0, zero, BN, M, T, Y0)
+    b.place(done)
+
 
 def _wgmma_step_done(b, S, gc, s, s_begin, empty):
     """After a consumer step's wgmmas: commit them, wait until the previous step's group retired and release its
