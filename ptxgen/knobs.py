@@ -10,6 +10,8 @@ PTXGEN_TQ4_MMA     exact TQ4_1S decode on the tensor-core GEMV (sm_90): unset/au
 PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto = slices of 2-8 tokens and single
                    tokens from 2^25 weights, 1 = every slice and 9-16 tokens on its 16-token build instead of the
                    MMQ, 0 = never
+PTXGEN_Q4K_XR      exact Q4_K decode of single tokens on gemv_q4_k_xr (the activation in registers; K ≤ 24576):
+                   1 = those slices (unless PTXGEN_Q4K_MMA=1); unset/auto/0 = never (it measured slower)
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
                    WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
 """
@@ -59,6 +61,10 @@ def tq4_mma() -> str:
 
 def q4k_mma() -> str:
     return _auto_on_off("PTXGEN_Q4K_MMA")
+
+
+def q4k_xr() -> str:
+    return _auto_on_off("PTXGEN_Q4K_XR")
 
 
 def mmq_rega() -> str:

@@ -203,16 +203,19 @@ class Function:
                                      int(nbytes)), f"cuFuncSetAttribute({self.name}, max dynamic smem {nbytes})")
         self.dynamic_smem = nbytes
 
-    def resident_per_sm(self) -> int:
-        """CTAs of this kernel that fit one SM at its block size and dynamic shared memory (the driver's
-        occupancy calculator: registers, shared memory, threads), at least 1; cached."""
-        n = self.__dict__.get("_resident")
+    def resident_per_sm(self, threads: int | None = None, smem: int | None = None) -> int:
+        """CTAs of this kernel that fit one SM at its block size and dynamic shared memory (or `threads` per CTA
+        and `smem` bytes, for kernels launched with less) — the driver's occupancy calculator: registers,
+        shared memory, threads — at least 1; cached."""
+        threads = threads or self.block[0] * self.block[1] * self.block[2]
+        smem = self.dynamic_smem if smem is None else smem
+        cache = self.__dict__.setdefault("_resident", {})
+        n = cache.get((threads, smem))
         if n is None:
             drv = _drv()
-            threads = self.block[0] * self.block[1] * self.block[2]
-            err, n = drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, threads, self.dynamic_smem)
+            err, n = drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, threads, smem)
             check(err, f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})")
-            n = self._resident = max(1, int(n))
+            n = cache[threads, smem] = max(1, int(n))
         return n
 
     def smem_for_residency(self, n: int) -> int:

@@ -152,10 +152,15 @@ def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None, path: str | None 
 
     if not _FLAG:
         _FLAG.append(DeviceBuffer(4))
+        _FLAG[0].fill_bytes(0)
+    # zero between calls, reset only after it was raised: no memset per call (0.8 us of device time). A call that
+    # failed after a raise leaves it up, and the next call then answers the exact way: slower, never wrong
     flag = _FLAG[0]
-    flag.fill_bytes(0)
     mmq_launch(w, xa, o, t, flag, arch, path=path)
-    return int(flag.download(np.uint32, (1,))[0]) == 0
+    raised = int(flag.download(np.uint32, (1,))[0]) != 0
+    if raised:
+        flag.fill_bytes(0)
+    return not raised
 
 
 def mmq_path(arch: str | None = None, t: int | None = None) -> str:
@@ -357,8 +362,12 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     if w.fmt == "q4_K":
         tc = knobs.q4k_mma() if _q4k_mma_build(arch, "gemv_q4_k_mma") else "off"
     min_tokens = mma_min_tokens(w.fmt, m, k)
+    xr = w.fmt == "q4_K" and _xr_ok(k)
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
+        if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
+            _xr_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
+            continue
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
@@ -373,6 +382,29 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
             a, row = lanes
         _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
     return _result(o, xa.host and out is None)
+
+
+def _xr_ok(k: int) -> bool:
+    """gemv_q4_k_xr serves exact Q4_K slices of one token when PTXGEN_Q4K_XR=1 and K ≤ its 24576 (one CTA
+    covers K). Opt-in: on the H200 it measured 10-40% slower than the default kernels (bench/NOTES.md)."""
+    from ptxgen.kernels.gemv_xr import XR_MAX_K
+
+    return k <= XR_MAX_K and knobs.q4k_xr() == "on"
+
+
+def _xr_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> None:
+    """One token through gemv_q4_k_xr: 32·ceil(K/2048) threads per CTA, rows per CTA so that the grid makes one
+    round of the resident CTAs (at most 64; at least 1)."""
+    from ptxgen.kernels.gemv_xr import XR_MAX_ROWS, XR_STAGES
+
+    from .driver import current
+
+    fn = kernels.load("gemv_q4_k_xr", arch)
+    threads = 32 * -(-(k // 64) // 32)
+    smem = XR_STAGES * 48 * threads  # the ring for the threads launched
+    slots = fn.resident_per_sm(threads, smem) * current().sm_count
+    rows = min(XR_MAX_ROWS, max(1, -(-m // slots)))
+    fn.launch((-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:

@@ -1,6 +1,8 @@
 """The emulator: instruction semantics against hand-computed results (edge cases included), its error
 reporting, and every emitted kernel × arch run through it against the NumPy references (the CI tier that
 checks kernel numerics without a GPU)."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -510,6 +512,29 @@ def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch
     for bad in (np.inf, np.nan):
         out = check_kernel(kernel, ptx, seed=4, shape=(40, 512), ntok=tokens[1], splits=1, poison_x=(1, 77, bad))
         assert out.ok, (bad, out.detail)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
+def test_q4_k_register_activation_gemv(arch):
+    """gemv_q4_k_xr (T = 1, x held in registers, nibbles → 2 + q/8 by prmt): K with idle lanes (20 and 36 units of
+    64 weights) and a full warp (32 units), rows per CTA from 1 to more than the block has threads, the last CTA
+    partial, activations of every scale; within 1e-5 of the float64 reference; an inf or a NaN in x gives
+    non-finite outputs exactly where the reference has them."""
+    ptx = KERNELS["gemv_q4_k_xr"].for_arch(arch).ptx()
+    for i, (shape, rpc) in enumerate((((45, 1280), 4), ((37, 2304), 1), ((70, 2048), 33), ((9, 256), 64), ((130, 512), 7))):
+        out = check_kernel("gemv_q4_k_xr", ptx, seed=10 + i, shape=shape, rows_per_cta=rpc)
+        assert out.ok, (shape, rpc, out.detail)
+    for bad in (np.inf, np.nan):
+        out = check_kernel("gemv_q4_k_xr", ptx, seed=4, shape=(20, 768), rows_per_cta=6, poison_x=(77, bad))
+        assert out.ok, (bad, out.detail)
+
+
+def test_q4_k_register_activation_gemv_catches_a_wrong_min_term():
+    """The harness is not blind to the min term: without the − dmin·m·Σx part the check fails."""
+    ptx = KERNELS["gemv_q4_k_xr"].for_arch("sm_90a").ptx()
+    bad = re.sub(r"neg\.f32", "mov.f32", ptx)  # the min term's sign flips: − dmin·m·X becomes + dmin·m·X
+    assert bad != ptx
+    assert not check_kernel("gemv_q4_k_xr", bad, seed=2, shape=(20, 512), rows_per_cta=5).ok
 
 
 @pytest.mark.parametrize("mutation", ["no_lo_product", "no_min_term"])

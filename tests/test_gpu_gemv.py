@@ -169,3 +169,38 @@ def test_q4_k_tensor_core_gemv_non_finite_activations_give_non_finite_outputs():
     ok = [0, 3]
     assert np.isfinite(got[ok]).all()
     assert rel(got[ok], formats.gemm_ref("q4_K", raw, m, k, x[ok])) <= 1e-5
+
+
+@pytest.mark.parametrize("m,k", [(1, 256), (129, 768), (300, 14336), (70, 18944), (2000, 3584)])
+def test_q4_k_single_token_register_gemv(m, k, monkeypatch):
+    """PTXGEN_Q4K_XR=1: exact Q4_K at T = 1 runs gemv_q4_k_xr (the activation in registers, no prep): within 1e-5
+    of the float64 reference with outputs NaN-poisoned first, bit-identical run to run; an inf or a NaN in x
+    makes every output non-finite, as the reference's are. Unset (the default) takes the other kernels."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    ran = []
+    load = ops.kernels.load
+    monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
+    rng = np.random.default_rng(m + k)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = (rng.standard_normal((1, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    out = r.DeviceArray.empty((1, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    monkeypatch.setenv("PTXGEN_Q4K_XR", "1")
+    r.mul_mat(w, x, out=out)
+    assert ran == ["gemv_q4_k_xr"]
+    got = out.numpy()
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-5
+    for _ in range(2):
+        np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))
+    for bad in (np.inf, np.nan):
+        xb = x.copy()
+        xb[0, k // 3] = bad
+        assert not np.isfinite(r.mul_mat(w, xb)).any()
+    monkeypatch.delenv("PTXGEN_Q4K_XR")
+    ran.clear()
+    other = r.mul_mat(w, x)
+    assert "gemv_q4_k_xr" not in ran and rel(other, want) <= 1e-5

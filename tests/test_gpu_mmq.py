@@ -127,6 +127,9 @@ def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
     assert flag == 1
     got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-5  # the exact path answered
+    from ptxgen.runtime import ops
+
+    assert not ops._FLAG[0].download(np.uint32, (1,))[0], "mul_mat left the overflow flag raised for the next call"
     x[5, 3] = np.nan
     got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     assert np.isnan(got[5]).all() and np.isfinite(np.delete(got, 5, axis=0)).all()

@@ -246,6 +246,32 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
+def gemv_xr_case(ptx: str, meta: dict, rng, shape=None, rows_per_cta=None, seed=None, poison_x=None) -> Outcome:
+    """gemv_q4_k_xr (T = 1, the activation in registers): raw Q4_K and the plain fp32 x, a block of 32·ceil(K /
+    2048) threads (idle lanes where K / 64 is not a multiple of 32), rows_per_cta rows per CTA (the last CTA
+    partial); y NaN-poisoned. Against the float64 reference, relative error ≤ 1e-5; `poison_x` = (k, value)
+    plants one value: the outputs are then non-finite exactly where the reference's are."""
+    m, k = shape or (45, 1280)
+    rpc = rows_per_cta or int(rng.integers(1, 17))
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = (rng.standard_normal((1, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    if poison_x is not None:
+        x[0, poison_x[0]] = poison_x[1]
+    mem = _memory()
+    wa, xa, ya = mem.alloc(raw), mem.alloc(x), mem.alloc(m * 4, poison=0xFF)
+    threads = 32 * -(-(k // 64) // 32)
+    _run(ptx, ((m + rpc - 1) // rpc,), (threads,), (wa, xa, ya, m, k, rpc), mem,
+         dynamic_smem=meta["stages"] * 48 * threads, seed=seed)  # the ring for the threads launched, as mul_mat
+    got = mem.view(ya, np.float32, (1, m)).astype(np.float64)
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    if poison_x is not None:
+        ok = bool(np.array_equal(np.isfinite(got), np.isfinite(want)))
+        return Outcome(meta["name"], ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (M={m}, K={k}, {rpc} rows per CTA)", got, want)
+
+
 def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
     """The tensor-core TQ4_1S GEMV on activation tiles from the NumPy model (to_mma_tiles): against the
     float64 fused reference, relative error ≤ 1e-5; split-K counters back at zero."""
@@ -550,6 +576,7 @@ HARNESSES["gemv_tq4_1s_mma_m16"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma_m1
 HARNESSES["prep_mma_f16"] = _prep_mma_f16
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
+HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 for _bn in (128, 192, 256):
