@@ -17,7 +17,7 @@ import numpy as np
 
 from ptxgen import knobs
 
-from bench_gemv import pyplot, random_raw, timed, tinygemm_us as tinygemm
+from bench_gemv import pyplot, random_raw, timed, tinygemm_us as tinygemm, weight_copies
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -53,8 +53,8 @@ def main():
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
-        copies = max(2, math.ceil(4 * 60e6 / wbytes))
-        ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)) for _ in range(copies)]
+        ws = weight_copies(r, "q4_K", raw, m, k)
+        copies = len(ws)
         w16 = torch.from_numpy(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16)).cuda()
         w16s = [w16.clone() for _ in range(max(2, math.ceil(4 * 60e6 / w16.numel() / 2)))]
         deq_out = r.DeviceArray.empty((m, k), np.float16)

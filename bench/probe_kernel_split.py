@@ -2,26 +2,20 @@
 FMT MxK,MxK,... T,T,... [reps] (FMT q4_K or tq4_1s; mul_mat's default dispatch, exact mode). Prints each kernel's
 mean device µs per op call, their sum, and the op's device time with bench_gemv's timing (the difference is the
 gaps between the op's launches). Weights from HBM (rotated copies)."""
-import math
-import sys
 from collections import defaultdict
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import random_raw, timed
-from ptxgen import formats
+from bench_gemv import probe_argv, random_raw, timed, weight_copies
 
-fmt = sys.argv[1]
-shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2].split(",")]
-tokens = [int(v) for v in sys.argv[3].split(",")]
-reps = int(sys.argv[4]) if len(sys.argv) > 4 else 20
+fmt, shapes, tokens, reps = probe_argv(20)
 rng = np.random.default_rng(0)
 for m, k in shapes:
     raw = random_raw(fmt, m, k, rng)
-    copies = max(2, math.ceil(4 * 60e6 / (m * formats.get(fmt).row_bytes(k))))
-    ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)) for _ in range(copies)]
+    ws = weight_copies(r, fmt, raw, m, k)
+    copies = len(ws)
     for t in tokens:
         x = torch.randn(t, k, device="cuda", dtype=torch.float32)
         y = torch.empty(t, m, device="cuda", dtype=torch.float32)

@@ -1,19 +1,17 @@
 """Probe: device times of the Q4_K MMQ launch (no flag readback) per path, e.g. to compare kernel variants emitted
 into PTXGEN_EMITTED_DIR: probe_mmq_times.py PATH MxK,MxK,... T,T,... [reps] (PATH wgmma, wgmma_ra or mma.sync; PROBE_BN pins the token tile). Each shape
 is checked against the float64 reference (1e-3) at its smallest T first. bench_mmq's timing (weights from HBM)."""
-import math
 import os
-import sys
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import random_raw, timed
+from bench_gemv import probe_argv, random_raw, timed, weight_copies
 from ptxgen import formats
 from ptxgen.runtime.ops import mmq_launch
 
-path = sys.argv[1]
+path, shapes, tokens, reps = probe_argv(30)
 if os.environ.get("PROBE_JIT") == "driver":  # wgmma kernels JIT-compiled by the driver from PTX (whole program:
     from ptxgen.runtime import compiler, kernels  # setmaxnreg honoured), not nvJitLink (relocatable: ignored)
 
@@ -24,16 +22,13 @@ if os.environ.get("PROBE_JIT") == "driver":  # wgmma kernels JIT-compiled by the
             return nvjitlink(ptx, target, options, name)
         return compiler.CompileResult(ptx.encode() + b"\0", target, "driver JIT")
     kernels.compile_ptx = driver_jit
-shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2].split(",")]
-tokens = [int(v) for v in sys.argv[3].split(",")]
-reps = int(sys.argv[4]) if len(sys.argv) > 4 else 30
 rng = np.random.default_rng(0)
 bn = int(os.environ["PROBE_BN"]) if os.environ.get("PROBE_BN") else None
 flag = r.DeviceArray.empty((1,), np.uint32)
 for m, k in shapes:
     raw = random_raw("q4_K", m, k, rng)
-    copies = max(2, math.ceil(4 * 60e6 / (m * formats.get("q4_K").row_bytes(k))))
-    ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)) for _ in range(copies)]
+    ws = weight_copies(r, "q4_K", raw, m, k)
+    copies = len(ws)
     out = []
     for i, t in enumerate(tokens):
         x = torch.randn(t, k, device="cuda", dtype=torch.float32)

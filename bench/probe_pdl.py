@@ -1,14 +1,13 @@
 """Probe: a decode op with and without programmatic dependent launch (every launch of the op), and for Q4_K the
 sm_89 build of the same kernels: probe_pdl.py FMT M K T [reps] (FMT q4_K or tq4_1s, exact mode). Whole op
 (preps + GEMV), bench_gemv's timing, weights from HBM."""
-import math
 import sys
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import random_raw, timed
+from bench_gemv import random_raw, timed, weight_copies
 from ptxgen import formats
 from ptxgen.runtime import driver
 
@@ -17,8 +16,8 @@ m, k, t = (int(v) for v in sys.argv[2:5])
 reps = int(sys.argv[5]) if len(sys.argv) > 5 else 60
 rng = np.random.default_rng(0)
 raw = random_raw(fmt, m, k, rng)
-copies = max(2, math.ceil(4 * 60e6 / (m * formats.get(fmt).row_bytes(k))))
-ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)) for _ in range(copies)]
+ws = weight_copies(r, fmt, raw, m, k)
+copies = len(ws)
 x = torch.randn(t, k, device="cuda", dtype=torch.float32)
 y = torch.empty(t, m, device="cuda", dtype=torch.float32)
 xs = x.cpu().numpy()

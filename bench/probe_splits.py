@@ -1,13 +1,12 @@
 """Split-K sweep for a split GEMV (device time per mul_mat call, weights from HBM): probe_splits.py FMT T SPLITS
 SHAPES, e.g. `probe_splits.py q4_K 8 0,1,2,3,4 14336x4096,4096x14336` (0 = the planner's choice). It overrides
 runtime.ops.gemv_splits (the planner) for every GEMV of the call and checks each result against the first."""
-import math
 import sys
 
 import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_gemv import random_raw, timed  # noqa: E402
+from bench_gemv import random_raw, timed, weight_copies  # noqa: E402
 
 import ptxgen.runtime as r  # noqa: E402
 from ptxgen.runtime import ops  # noqa: E402
@@ -21,10 +20,8 @@ import torch  # noqa: E402
 rng = np.random.default_rng(0)
 for m, k in shapes:
     raw = random_raw(fmt, m, k, rng)
-    from ptxgen import formats
-
-    copies = max(2, math.ceil(4 * 60e6 / (m * formats.get(fmt).row_bytes(k))))
-    ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)) for _ in range(copies)]
+    ws = weight_copies(r, fmt, raw, m, k)
+    copies = len(ws)
     x = torch.randn(t, k, device="cuda", dtype=torch.float32)
     y = torch.empty(t, m, device="cuda", dtype=torch.float32)
     first, cells = None, []

@@ -413,15 +413,7 @@ def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles
     b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
     b.emit("bar.sync", *barrier)
     tile = b.op("mad.lo.u32", b.op("shr.u32", m0, Imm(7, "u32")), tiles_n, b.op("div.u32", n0, Imm(BN, "u32")))
-    cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
-    old = b.reg("u32")
-    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
-    b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
-    b.emit("bar.sync", *barrier)
-    last = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(slot, 4)), b.op("sub.u32", splits, Imm(1, "u32")))
-    b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
-    b.bra(done, pred=last, neg=True)
-    b.emit("membar.gl")
+    cnt = _count_in(b, tile, C, leader, slot, splits, barrier, done)
     row = b.op("and.b32", tid, Imm(127, "b32"))
     mm = b.op("add.u32", m0, row)
     plane = b.op("mul.wide.u32", b.op("mul.lo.u32", T, M), Imm(4, "u32"))
@@ -455,6 +447,22 @@ def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles
     b.bra(pl, pred=b.op("setp.lt.u32", nb, n_end))
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
     b.place(done)
+
+
+def _count_in(b, tile, C, leader, slot, splits, barrier, done):
+    """Split-K arrival, after the CTA's partial stores (membar.gl'd) and a barrier: the leader counts the CTA in
+    at the tile's counter and shares the old count through `slot`; every CTA but the tile's last branches to
+    `done`; the last fences (membar.gl) before it reads the others' partials. Returns the counter's address."""
+    cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
+    old = b.reg("u32")
+    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
+    b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
+    b.emit("bar.sync", *barrier)
+    last = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(slot, 4)), b.op("sub.u32", splits, Imm(1, "u32")))
+    b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
+    b.bra(done, pred=last, neg=True)
+    b.emit("membar.gl")
+    return cnt
 
 
 def _queue_exit(b, Q, leader):
@@ -1097,15 +1105,7 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
         b.emit("st.global.v4.f32", Mem(mine, q * 4096), b.vec(f))
     b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
     b.emit("bar.sync", *barrier)
-    cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
-    old = b.reg("u32")
-    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
-    b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
-    b.emit("bar.sync", *barrier)
-    last = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(slot, 4)), b.op("sub.u32", splits, Imm(1, "u32")))
-    b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
-    b.bra(done, pred=last, neg=True)
-    b.emit("membar.gl")
+    cnt = _count_in(b, tile, C, leader, slot, splits, barrier, done)
     plane = b.op("mul.wide.u32", tiles, Imm(nq * 4096, "u32"))  # bytes from split z to z + 1
     first = b.op("mad.wide.u32", b.op("mad.lo.u32", tile, Imm(nq * 256, "u32"), ct), Imm(16, "u32"), P)  # split 0
     CHUNK = 16  # fragments summed together: 16 16-byte loads in flight per thread and split
