@@ -58,6 +58,14 @@ def weight_copies(r, fmt, raw, m, k):
     return [r.QuantTensor.from_raw(fmt, raw, (m, k)) for _ in range(copies)]
 
 
+def probe_weights(r, fmt, shapes, seed=0):
+    """The probes' loop over shapes: (m, k, raw, copies of the weights to rotate through) per shape."""
+    rng = np.random.default_rng(seed)
+    for m, k in shapes:
+        raw = random_raw(fmt, m, k, rng)
+        yield m, k, raw, weight_copies(r, fmt, raw, m, k)
+
+
 def timed(fn, reps, torch):
     out = []
     for i in range(reps):

@@ -6,14 +6,11 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_argv, random_raw, timed, weight_copies
+from bench_gemv import probe_argv, probe_weights, timed
 from ptxgen import formats
 
 fmt, shapes, tokens, reps = probe_argv(60)
-rng = np.random.default_rng(0)
-for m, k in shapes:
-    raw = random_raw(fmt, m, k, rng)
-    ws = weight_copies(r, fmt, raw, m, k)
+for m, k, raw, ws in probe_weights(r, fmt, shapes):
     copies = len(ws)
     out = []
     for t in tokens:

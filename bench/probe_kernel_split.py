@@ -4,17 +4,13 @@ mean device µs per op call, their sum, and the op's device time with bench_gemv
 gaps between the op's launches). Weights from HBM (rotated copies)."""
 from collections import defaultdict
 
-import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_argv, random_raw, timed, weight_copies
+from bench_gemv import probe_argv, probe_weights, timed
 
 fmt, shapes, tokens, reps = probe_argv(20)
-rng = np.random.default_rng(0)
-for m, k in shapes:
-    raw = random_raw(fmt, m, k, rng)
-    ws = weight_copies(r, fmt, raw, m, k)
+for m, k, raw, ws in probe_weights(r, fmt, shapes):
     copies = len(ws)
     for t in tokens:
         x = torch.randn(t, k, device="cuda", dtype=torch.float32)

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_argv, random_raw, timed, weight_copies
+from bench_gemv import probe_argv, probe_weights, timed
 from ptxgen import formats
 from ptxgen.runtime.ops import mmq_launch
 
@@ -22,12 +22,9 @@ if os.environ.get("PROBE_JIT") == "driver":  # wgmma kernels JIT-compiled by the
             return nvjitlink(ptx, target, options, name)
         return compiler.CompileResult(ptx.encode() + b"\0", target, "driver JIT")
     kernels.compile_ptx = driver_jit
-rng = np.random.default_rng(0)
 bn = int(os.environ["PROBE_BN"]) if os.environ.get("PROBE_BN") else None
 flag = r.DeviceArray.empty((1,), np.uint32)
-for m, k in shapes:
-    raw = random_raw("q4_K", m, k, rng)
-    ws = weight_copies(r, "q4_K", raw, m, k)
+for m, k, raw, ws in probe_weights(r, "q4_K", shapes):
     copies = len(ws)
     out = []
     for i, t in enumerate(tokens):
