@@ -188,22 +188,23 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16), "wgmma" (fp16, sm_90a), "wgmma_ra"
     (fp16, sm_90a, A from registers and x in its K order; token tile n128 to WGMMA_RA_N128_MAX_TOKENS, n256 above,
-    unless `bn` says otherwise), "q8" (int8 mma.sync, x quantized to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch,
-    then the int8 GEMM); benchmarks sweep them."""
+    unless `bn` says otherwise), "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each
+    activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized to Q8_1 inside the
+    GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them."""
 
     from .driver import current
 
     m, k = w.shape
     path = path or mmq_path(arch, t)
-    if path not in ("mma.sync", "wgmma", "wgmma_ra", "q8", "q8_pre"):
-        raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, wgmma_ra, q8 or q8_pre, got {path!r}")
-    if path == "wgmma_ra":
+    if path not in ("mma.sync", "wgmma", "wgmma_ra", "wgmma_ra_mc", "q8", "q8_pre"):
+        raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, wgmma_ra, wgmma_ra_mc, q8 or q8_pre, got {path!r}")
+    if path.startswith("wgmma_ra"):
         bn = bn or _rega_tile(t)
     else:
         tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
         bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra": f"mmq_q4_k_wgmma_ra_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}",
-            "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
+            "wgmma_ra_mc": f"mmq_q4_k_wgmma_ra_n{bn}_mc2", "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
     tiles_n = (t + bn - 1) // bn
@@ -212,10 +213,11 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     # one round of items over the resident CTAs (the occupancy calculator's count on this GPU: an sm_89 has
     # less shared memory per SM than the H200): a second, partial round doubles the time
     per_sm = fn.resident_per_sm()
-    splits, per = splitk_plan_one_round(tiles, k // 64, per_sm * sms)
+    cl = fn.meta.get("cluster", (1, 1, 1))[0]  # clusters: an item is cl M-tiles, a grid of whole clusters
+    groups = tiles_n * -(-((m + 127) // 128) // cl)
+    splits, per = splitk_plan_one_round(groups, k // 64, per_sm * sms // cl)
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch). The
-    # wgmma builds store them in fragment order and the last CTA adds its own from registers, at any token tile;
-    # the mma.sync builds do it for token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their
+    # wgmma builds store them in fragment order and sum them at any token tile; the mma.sync builds do it for token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their
     # fixup sums 128 x BN x splits values in y's layout: +10 us at T=256 on the H200)
     fixup = wg or bn <= FIXUP_MAX_TILE
     if splits == 1:
@@ -227,13 +229,14 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
-    grid = (min(tiles * splits, per_sm * sms),)
+    grid = (cl * min(groups * splits, per_sm * sms // cl),)
     tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt)
     if wg:
-        x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path == "wgmma_ra" else "natural")
+        x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
-        tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        fn.launch(grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")))  # set-up overlaps convert_f16's tail
+        tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
+        fn.launch(grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
+                  cluster=(cl, 1, 1) if cl > 1 else None)
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout
         xin = quantize_q8_1_mmq(xa, flag, arch=arch) if path == "q8_pre" else xa
         fn.launch(grid, (w.buffer, xin, o, flag, *tail))

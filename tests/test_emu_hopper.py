@@ -382,3 +382,191 @@ def test_wgmma_mmq_split_k_fixup_over_the_consumer_warpgroups():
     (test_gpu_mmq.py::test_wgmma_split_k_fixup_is_correct_and_deterministic runs it bit for bit, run to run)."""
     out = check_kernel("mmq_q4_k_wgmma_n32", _wgmma_mmq_ptx(), seed=5, shape=(131, 40, 1024), splits=3)
     assert out.ok, out.detail
+
+
+def test_interleaved_ctas_take_turns_in_a_seed_drawn_order():
+    """Emulator.run(interleave=True): every CTA is resident and they take turns, so two CTAs' atomics on one
+    counter meet in an order the seed draws (the sequential run gives CTA order); the counts stay exact."""
+    body = """
+mov.u32 %r1, %ctaid.x;
+setp.eq.u32 %p1, %r31, 0;
+mul.lo.u32 %r2, %r1, 40;
+add.u32 %r3, %r2, 1;
+$L_spin:
+sub.u32 %r3, %r3, 1;
+setp.ne.u32 %p2, %r3, 0;
+@%p2 bra $L_spin;
+@%p1 atom.global.add.u32 %r4, [%rd15], 1;
+mul.wide.u32 %rd1, %r1, 4;
+add.s64 %rd2, %rd15, %rd1;
+@%p1 st.global.u32 [%rd2+4], %r4;
+"""
+    ptx = HEADER + "\tmov.u32 %r31, %tid.x;\n\tld.param.u64 %rd15, [out];\n\tmov.u32 %r30, sm;\n" + \
+        "\n".join("\t" + line for line in body.strip().splitlines()) + "\n\tret;\n}\n"
+    orders = set()
+    for seed in [None] + list(range(12)):
+        mem = Memory()
+        o = mem.alloc(np.zeros(5, np.uint32))
+        Emulator(ptx).run((4,), (32,), (o, bytes(128)), mem, seed=seed, interleave=seed is not None)
+        got = mem.view(o, np.uint32, (5,))
+        assert got[0] == 4 and sorted(got[1:].tolist()) == [0, 1, 2, 3]
+        if seed is None:
+            assert got[1:].tolist() == [0, 1, 2, 3]  # one after another: CTA order
+        else:
+            orders.add(tuple(got[1:].tolist()))
+    assert len(orders) > 1, orders
+
+
+def test_wgmma_mmq_split_k_fixup_with_ctas_taking_turns():
+    """The wgmma MMQ's split-K fixup with 3 CTAs taking turns (Emulator interleave): items are claimed and a tile's
+    3 splits arrive in seed-drawn orders, so the last CTA of a tile can be any split; y is
+    correct, the counters reset, and the bits are the same for every order (the sum runs in z order)."""
+    outs = [check_kernel("mmq_q4_k_wgmma_n32", _wgmma_mmq_ptx(), seed=5, shape=(131, 40, 1024), splits=3, ctas=3,
+                         interleave=True, run_seed=s) for s in (5, 6, 7)]
+    for out in outs:
+        assert out.ok, out.detail
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out.got, outs[0].got)
+
+
+def run_cluster(body: str, grid: int, threads: int, out, cluster=2, tmap=bytes(128), seed=0):
+    """`body` on `grid` CTAs in clusters of `cluster` (the emulator interleaves them); %r31 tid, %rd15 out, %r30 sm."""
+    ptx = HEADER.replace("%rd<16>;", "%rd<16>;\n\t.reg .b16 %rs<4>;") + \
+        "\tmov.u32 %r31, %tid.x;\n\tld.param.u64 %rd15, [out];\n\tmov.u32 %r30, sm;\n" + \
+        "\n".join("\t" + line for line in body.strip().splitlines()) + "\n\tret;\n}\n"
+    mem = Memory()
+    o = mem.alloc(out)
+    Emulator(ptx).run((grid,), (threads,), (o, tmap if not callable(tmap) else tmap(mem)), mem, seed=seed,
+                      cluster=(cluster, 1, 1))
+    return mem, o
+
+
+CLUSTER_PING = """
+mov.u32 %r1, %cluster_ctarank;
+mov.u32 %r2, %cluster_nctarank;
+mov.u32 %r3, %clusterid.x;
+setp.eq.u32 %p1, %r31, 0;
+@%p1 mbarrier.init.shared::cta.b64 [%r30], 32;
+fence.mbarrier_init.release.cluster;
+barrier.cluster.arrive.release.aligned;
+barrier.cluster.wait.acquire.aligned;
+xor.b32 %r4, %r1, 1;
+mapa.shared::cluster.u32 %r5, %r30, %r4;
+mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r5];
+$L_wait:
+mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r30], 0;
+@!%p2 bra $L_wait;
+mad.lo.u32 %r6, %r1, 100, %r3;
+mad.lo.u32 %r6, %r2, 10, %r6;
+mov.u32 %r7, %ctaid.x;
+mul.wide.u32 %rd1, %r7, 4;
+add.s64 %rd2, %rd15, %rd1;
+@%p1 st.global.u32 [%rd2], %r6;
+barrier.cluster.arrive.release.aligned;
+barrier.cluster.wait.acquire.aligned;
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cluster_ranks_mapa_remote_arrivals_and_the_cluster_barrier(seed):
+    """Clusters of 2 CTAs (interleaved in seed-drawn turns): %cluster_ctarank / %cluster_nctarank / %clusterid;
+    each CTA inits an mbarrier for 32 arrivals, the cluster barrier makes that visible, every thread arrives on
+    its peer's barrier through mapa, then waits for its own; a final cluster barrier keeps both alive meanwhile."""
+    mem, o = run_cluster(CLUSTER_PING, 4, 32, np.zeros(4, np.uint32), seed=seed)
+    np.testing.assert_array_equal(mem.view(o, np.uint32, (4,)), [20, 120, 21, 121])
+
+
+def test_cluster_errors_deadlock_and_an_exited_peer():
+    """Waiting for arrivals that never come (nobody arrives on the peer's barrier) is a deadlock of the whole
+    cluster; arriving on the barrier of a peer that has exited (no final cluster barrier, the peer leaves at
+    once) is an error."""
+    with pytest.raises(EmulationError, match="deadlock"):
+        run_cluster(CLUSTER_PING.replace("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r5];", ""),
+                    2, 32, np.zeros(2, np.uint32))
+    early_exit = """
+mov.u32 %r1, %cluster_ctarank;
+setp.eq.u32 %p1, %r31, 0;
+@%p1 mbarrier.init.shared::cta.b64 [%r30], 32;
+barrier.cluster.arrive.release.aligned;
+barrier.cluster.wait.acquire.aligned;
+setp.eq.u32 %p3, %r1, 1;
+@%p3 ret;
+mov.u32 %r8, 3000;
+$L_spin:
+sub.u32 %r8, %r8, 1;
+setp.ne.u32 %p4, %r8, 0;
+@%p4 bra $L_spin;
+mapa.shared::cluster.u32 %r5, %r30, 1;
+mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r5];
+"""
+    with pytest.raises(EmulationError, match="exited"):
+        run_cluster(early_exit, 2, 32, np.zeros(2, np.uint32))
+
+
+def test_tma_multicast_lands_in_every_cta_of_the_mask():
+    """cp.async.bulk.tensor ... .multicast::cluster from rank 0 with ctaMask 0b11: the same box lands at the same
+    offset in both CTAs of the cluster, each completing the transaction on its own mbarrier; rank 1 only waits."""
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((5, 80)).astype(np.float16)
+    body = """
+mov.u32 %r10, %cluster_ctarank;
+setp.eq.u32 %p1, %r31, 0;
+add.u32 %r1, %r30, 16384;
+@%p1 mbarrier.init.shared::cta.b64 [%r1], 1;
+@%p1 mbarrier.arrive.expect_tx.shared::cta.b64 %rd3, [%r1], 1024;
+barrier.cluster.arrive.release.aligned;
+barrier.cluster.wait.acquire.aligned;
+mov.b64 %rd1, tmap;
+cvta.param.u64 %rd2, %rd1;
+mov.u32 %r2, 32;
+mov.u32 %r3, 1;
+mov.u16 %rs1, 3;
+setp.eq.u32 %p5, %r10, 0;
+and.pred %p5, %p5, %p1;
+@%p5 cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%r30], [%rd2, {%r2, %r3}], [%r1], %rs1;
+$L_wait:
+mbarrier.try_wait.parity.shared::cta.b64 %p3, [%r1], 0;
+@!%p3 bra $L_wait;
+mul.lo.u32 %r4, %r31, 16;
+add.u32 %r5, %r30, %r4;
+ld.shared.v4.u32 {%r6, %r7, %r8, %r9}, [%r5];
+mad.lo.u32 %r11, %r10, 1024, %r4;
+mul.wide.u32 %rd4, %r11, 1;
+add.s64 %rd5, %rd15, %rd4;
+st.global.v4.u32 [%rd5+4096], {%r6, %r7, %r8, %r9};
+barrier.cluster.arrive.release.aligned;
+barrier.cluster.wait.acquire.aligned;
+"""
+    out = np.concatenate([g.view(np.uint8).reshape(-1), np.zeros(4096 - g.nbytes + 2048, np.uint8)])
+
+    def tmap(mem):
+        return tensor_map_2d(mem.bases[0], "f16", 5, 80, 8, 64, "128B")
+
+    mem, o = run_cluster(body, 2, 64, out, tmap=tmap, seed=3)
+    boxes = mem.view(o, np.uint8, (4096 + 2048,))[4096:].reshape(2, 1024)
+    assert boxes[0].any()
+    np.testing.assert_array_equal(boxes[1], boxes[0])
+
+
+@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n128_mc2", "mmq_q4_k_wgmma_ra_n256_mc2"])
+def test_wgmma_mmq_in_clusters_of_two_multicasts_the_activation_tile(name):
+    """The register-A MMQ in clusters of 2 (each rank loads half of a step's activation tile and multicasts it to
+    both; a ring stage is free once both CTAs' consumers released it, through remote mbarrier arrivals): 3 M-tiles
+    (the second cluster's rank 1 lies past M and only takes part in the ring), 2 token tiles, 2 K-splits, 2
+    clusters taking seed-drawn turns: within 1e-3 of the float64 reference, the same bits for two orders."""
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    outs = [check_kernel(name, ptx, seed=3, shape=(259, 150, 1024), splits=2, ctas=4, run_seed=rs) for rs in (1, 2)]
+    for out in outs:
+        assert out.ok, out.detail
+    np.testing.assert_array_equal(outs[0].got, outs[1].got)
+
+
+def test_wgmma_mmq_cluster_without_remote_releases_deadlocks():
+    """Without the consumers' arrivals on the peer's empty barriers (which count both CTAs' consumers) no
+    producer may refill a stage: the emulator reports the cluster-wide deadlock instead of letting a multicast
+    overwrite a tile the peer still reads."""
+    ptx = KERNELS["mmq_q4_k_wgmma_ra_n128_mc2"].for_arch("sm_90a").ptx()
+    bad = re.sub(r"\t(@%p\d+ )?mbarrier\.arrive\.release\.cluster\.shared::cluster\.b64 _, \[%r\d+\];\n", "", ptx)
+    assert bad != ptx
+    with pytest.raises(EmulationError, match="deadlock"):
+        check_kernel("mmq_q4_k_wgmma_ra_n128_mc2", bad, seed=3, shape=(259, 150, 512), splits=1, ctas=2)

@@ -44,7 +44,7 @@ class GpuBackend:
     def memory(self):
         return GpuMemory()
 
-    def run(self, ptx, grid, block, args, mem, dynamic_smem=0, seed=None):
+    def run(self, ptx, grid, block, args, mem, dynamic_smem=0, seed=None, interleave=False, cluster=None):
         import ptxgen.runtime as r
         from ptxgen.emu.parser import parse
         from ptxgen.runtime.compiler import compile_ptx
@@ -58,7 +58,7 @@ class GpuBackend:
             params = [{"name": p.name, "type": p.type, "size": p.size} for p in mod.params]
             fn = self.fns[ptx] = Module(res.cubin, mod.entry).function(mod.entry, params, tuple(block), dynamic_smem)
         grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
-        fn.launch(grid, args, block=tuple(block) + (1,) * (3 - len(tuple(block))))
+        fn.launch(grid, args, block=tuple(block) + (1,) * (3 - len(tuple(block))), cluster=cluster)
         r.synchronize()
 
     def tensor_map(self, mem, buf, *args):

@@ -23,7 +23,7 @@ def paths():
 def run_mmq(r, raw, m, k, x, bn, path="mma.sync"):
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     t = x.shape[0]
-    if path in ("wgmma", "wgmma_ra"):
+    if path.startswith("wgmma"):
         from ptxgen.runtime import ops
 
         out = r.DeviceArray.empty((t, m), np.float32)
@@ -302,3 +302,26 @@ def test_wgmma_split_k_fixup_is_correct_and_deterministic(path, bn):
     assert not ops._COUNTERS[0].download(np.uint32, (tiles,)).any(), "the split-K tile counters were not reset"
     for _ in range(3):
         np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, path)[0].view(np.uint32), a.view(np.uint32))
+
+
+@pytest.mark.parametrize("bn", [128, 256])
+def test_wgmma_cluster_multicast_mmq(bn):
+    """mmq_launch path "wgmma_ra_mc": the register-A MMQ in clusters of 2 CTAs multicasting each activation tile
+    (launched with cluster dims (2, 1, 1)). An odd number of M-tiles (the last cluster's rank 1 past M), partial
+    token tiles, and K long enough to split: within 1e-3 of the float64 reference, the queue untouched, the
+    split-K counters back at zero, bit-identical run to run."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    if r.current().sm != 90:
+        pytest.skip("the wgmma paths need an sm_90 device")
+    rng = np.random.default_rng(13)
+    m, k, t = 2 * 128 + 5, 4096, bn + 37  # 3 M-tiles: the second cluster's rank 1 lies past M
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    a, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_mc")
+    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    tiles = ((m + 127) // 128) * ((t + bn - 1) // bn)
+    assert not ops._COUNTERS[0].download(np.uint32, (tiles,)).any(), "the split-K tile counters were not reset"
+    for _ in range(3):
+        np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, "wgmma_ra_mc")[0].view(np.uint32), a.view(np.uint32))

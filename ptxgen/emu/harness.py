@@ -20,8 +20,9 @@ class EmulatorBackend:
     def memory(self):
         return Memory()
 
-    def run(self, ptx, grid, block, args, mem, dynamic_smem=0, seed=None):
-        run_kernel(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed)
+    def run(self, ptx, grid, block, args, mem, dynamic_smem=0, seed=None, interleave=False, cluster=None):
+        run_kernel(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed, interleave=interleave,
+                   cluster=cluster)
 
     def tensor_map(self, mem, addr, *args):
         from .hopper import tensor_map_2d
@@ -48,8 +49,13 @@ def _memory():
     return BACKEND[-1].memory()
 
 
-def _run(ptx, grid, block, args, mem, dynamic_smem=0, seed=None):
-    BACKEND[-1].run(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed)
+def _run(ptx, grid, block, args, mem, dynamic_smem=0, seed=None, interleave=False, cluster=None):
+    """Run on the active backend; `interleave` (the emulator's CTAs taking turns; a GPU does that anyway) and
+    `cluster` are passed only when asked for."""
+    extra = {"interleave": True} if interleave else {}
+    if cluster is not None:
+        extra["cluster"] = cluster
+    BACKEND[-1].run(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed, **extra)
 
 
 @dataclass
@@ -500,11 +506,14 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
                    got, want)
 
 
-def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2) -> Outcome:
+def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2, interleave=False,
+                   run_seed=None) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
-    emulator from the runtime's arguments); `ctas` persistent CTAs share the work queue. With splits > 1 the
-    kernel's own fixup (partials in fragment order, the last CTA of a tile sums them) must leave y complete and
-    the tile counters zero."""
+    emulator from the runtime's arguments); `ctas` persistent CTAs share the work queue (one after another, or
+    taking turns with `interleave`: then the CTAs claim items in a seed-drawn order and a tile's splits arrive in
+    any order; `run_seed` draws that order and the emulator's other choices, `seed` by default, so the same inputs
+    can meet several orders). With splits > 1 the kernel's own fixup (partials in fragment order, the last CTA of a tile sums
+    them) must leave y complete and the tile counters zero."""
     bn = meta["bn"]
     m, t, k = shape or (128 + 3, bn + 5, 512)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
@@ -515,10 +524,16 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         x16 = np.ascontiguousarray(x16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k))
     wa, xa = mem.alloc(raw), mem.alloc(x16)
     tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
-    tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn, 64, "128B")
+    cl = meta.get("cluster", (1, 1, 1))[0]  # clusters: each rank loads bn / cl rows of the activation tile
+    tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn // cl, 64, "128B")
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
-    _run(ptx, (max(1, min(tiles * splits, ctas)),), (384,), (tw, tx, ya, *tail), mem,
-         dynamic_smem=meta["dynamic_smem"], seed=seed)
+    grid = max(1, min(tiles * splits, ctas))
+    extra = {}
+    if cl > 1:  # whole clusters (the kernel walks items per cluster)
+        grid = cl * max(1, min(-(-tiles // cl) * splits, ctas // cl))
+        extra = {"cluster": (cl, 1, 1)}
+    _run(ptx, (grid,), (384,), (tw, tx, ya, *tail), mem, dynamic_smem=meta["dynamic_smem"],
+         seed=seed if run_seed is None else run_seed, interleave=interleave, **extra)
     got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
@@ -581,6 +596,8 @@ for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 for _bn in (128, 192, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}")
+for _bn in (128, 256):
+    HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_mc2"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_mc2")
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)

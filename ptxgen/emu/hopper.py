@@ -85,15 +85,94 @@ class HopperOps:
             raise self.Error(f"mbarrier address {addrs[0]} is not an 8-byte aligned shared address")
         return addrs
 
-    def _mbar_complete(self, addr: int, mb: MBarrier):
+    def _mbar_complete(self, addr: int, mb: MBarrier, cta=None):
+        """After an arrival or a transaction on the mbarrier at `addr` of `cta` (default: the current CTA)."""
         if mb.pending < 0:
             raise self.Error(f"mbarrier at shared {addr}: more arrivals than its count {mb.count} in one phase")
         if mb.pending == 0 and mb.tx == 0:
             mb.phase += 1
             mb.pending = mb.count
-            waiting = self.blocked & (self.waiting_on == addr)
-            self.blocked[waiting] = False  # they re-execute their try_wait, which now succeeds
-            self.waiting_on[waiting] = -1
+            st = (cta or self.cta).state or {"blocked": self.blocked, "waiting_on": self.waiting_on}
+            blocked, waiting_on = st["blocked"], st["waiting_on"]
+            waiting = blocked & (waiting_on == addr)
+            blocked[waiting] = False  # they re-execute their try_wait, which now succeeds
+            waiting_on[waiting] = -1
+
+    # --- clusters: shared::cluster addresses are rank + 1 in bits 24.. over the CTA's own offset ------------
+    CLUSTER_SHIFT = 24
+
+    def _cluster_targets(self, addrs, what):
+        """(CTA, shared offset) for each shared::cluster address (bits 24..: rank + 1 from mapa; 0: this CTA)."""
+        out = []
+        for a in np.asarray(addrs, np.int64).tolist():
+            rank, off = (a >> self.CLUSTER_SHIFT) - 1, a & ((1 << self.CLUSTER_SHIFT) - 1)
+            if rank < 0:
+                out.append((self.cta, off))
+                continue
+            cl = self.cta.cluster
+            if cl is None or rank >= len(cl.ctas):
+                raise self.Error(f"{what}: shared::cluster address {a:#x} names CTA rank {rank}, outside the cluster")
+            peer = cl.ctas[rank]
+            if not peer.state["alive"].any():
+                raise self.Error(f"{what}: CTA rank {rank} of the cluster has exited; its shared memory is gone "
+                                 "(end with a barrier.cluster so that no CTA leaves while its peers use it)")
+            out.append((peer, off))
+        return out
+
+    def _op_mapa(self, ins, ex, grp):
+        """mapa.shared::cluster.u32/u64 d, a, rank: the address of a's offset in CTA `rank`'s shared memory."""
+        if "shared::cluster" not in ins.mods:
+            raise self.Unsupported(f"{ins.opcode}: only the shared::cluster form is modelled")
+        t = "u64" if "u64" in ins.mods else "u32"
+        a = self._val(ins.operands[1], t, ex).astype(np.int64) & ((1 << self.CLUSTER_SHIFT) - 1)
+        r = self._val(ins.operands[2], "u32", ex).astype(np.int64)
+        n = len(self.cta.cluster.ctas) if self.cta.cluster is not None else 1
+        if (r >= n).any():
+            raise self.Error(f"{ins.opcode}: CTA rank {int(r.max())} outside a cluster of {n}")
+        self._set(ins.operands[0], ex, (a | (r + 1) << self.CLUSTER_SHIFT).astype(np.uint64), "u64")
+
+    def _op_barrier(self, ins, ex, grp):
+        """barrier.cluster.arrive{.release,.relaxed} / barrier.cluster.wait{.acquire}: a wait returns once every
+        live thread of every CTA in the cluster has arrived in the phase the waiting thread arrived in."""
+        if ins.mods[1] != "cluster":
+            raise self.Unsupported(ins.opcode)
+        cta = self.cta
+        cl = cta.cluster
+        if cl is None:  # a grid without clusters is a cluster of one CTA
+            cl = cta.cluster = type(self)._solo_cluster(cta)
+        if ins.mods[2] == "arrive":
+            if (cta.cl_arrived[ex] == cl.phase).any():
+                raise self.Error(f"{ins.opcode}: a thread arrives twice in one cluster-barrier phase (no wait between)")
+            cta.cl_arrived[ex] = cl.phase
+            self._recheck_cluster_barrier()
+            return
+        if ins.mods[2] == "wait":
+            pending = ex[cta.cl_arrived[ex] == cl.phase]  # arrived, phase not complete yet
+            if (cta.cl_arrived[ex] < cl.phase - 1).any() or (cta.cl_arrived[ex] < 0).any():
+                raise self.Error(f"{ins.opcode}: a thread waits without having arrived")
+            self.pcs[pending] = self.cur_pc
+            self.blocked[pending] = True
+            self.waiting_on[pending] = -2  # the cluster barrier
+            return
+        raise self.Unsupported(ins.opcode)
+
+    @staticmethod
+    def _solo_cluster(cta):
+        from .machine import ClusterState
+
+        return ClusterState([cta])
+
+    def _recheck_cluster_barrier(self):
+        cl = self.cta.cluster
+        if cl is None:
+            return
+        if all((c.cl_arrived[c.state["alive"]] == cl.phase).all() for c in cl.ctas):
+            cl.phase += 1
+            for c in cl.ctas:
+                st = c.state
+                w = st["blocked"] & (st["waiting_on"] == -2)
+                st["blocked"][w] = False  # they re-execute the wait, which now passes
+                st["waiting_on"][w] = -1
 
     def _op_mbarrier(self, ins, ex, grp):
         kind = ins.mods[1]
@@ -108,15 +187,22 @@ class HopperOps:
                 self.cta.written[a:a + 8] = True
             return
         if kind == "arrive":
-            addrs = self._mbar_addrs(ins.operands[1], ex)
             tx = self._val(ins.operands[2], "u32", ex) if "expect_tx" in ins.mods else np.zeros(ex.size, np.uint32)
             state = np.empty(ex.size, np.uint64)
-            for i, (a, t) in enumerate(zip(addrs.tolist(), tx.tolist())):  # arrivals in thread order
-                mb = self._mbar(a)
+            if "shared::cluster" in ins.mods:  # possibly a peer CTA's mbarrier (an address from mapa)
+                addrs, _ = self._addr(ins.operands[1], ex)
+                targets = self._cluster_targets(addrs, ins.opcode)
+            else:
+                targets = [(self.cta, a) for a in self._mbar_addrs(ins.operands[1], ex).tolist()]
+            for i, ((cta, a), t) in enumerate(zip(targets, tx.tolist())):  # arrivals in thread order
+                mb = cta.mbars.get(a)
+                if mb is None or a % 8:
+                    raise self.Error(f"{ins.opcode}: no mbarrier was initialised at shared address {a} of CTA rank "
+                                     f"{cta.rank}")
                 state[i] = mb.phase
                 mb.tx += t
                 mb.pending -= 1
-                self._mbar_complete(a, mb)
+                self._mbar_complete(a, mb, cta)
             if not ins.operands[0].startswith("_"):
                 self._set(ins.operands[0], ex, state, "u64")
             return
@@ -159,6 +245,8 @@ class HopperOps:
         from .parser import split_operands
 
         dst, src, bar = ins.operands[:3]
+        multicast = "multicast::cluster" in mods
+        masks = self._val(ins.operands[3], "u16", ex).astype(np.int64) if multicast else None
         tmap_tok, coords_tok = split_operands(src.strip()[1:-1])
         coords = self._vec(coords_tok)
         daddr, _ = self._addr(dst, ex)
@@ -189,21 +277,35 @@ class HopperOps:
             if swz not in ("none", "128B"):
                 raise self.Unsupported(f"TMA with {swz} swizzle")
             where = layouts.swizzle(linear, swz) if swz != "none" else linear
-            job = (where.reshape(-1), data.reshape(-1), int(bars[i]), data.size, ins.text, int(ex[i]))
-            if self.rng is not None and self.rng.random() < 0.5:
-                self._land_tma(job)
+            if multicast:  # the same box into each CTA of the mask, at the same offsets, each on its own mbarrier
+                n = len(self.cta.cluster.ctas) if self.cta.cluster is not None else 1
+                m = int(masks[i])
+                if m == 0 or m >> n:
+                    raise self.Error(f"{ins.opcode}: ctaMask {m:#x} names CTAs outside a cluster of {n}")
+                dests = [self.cta.cluster.ctas[r] if self.cta.cluster is not None else self.cta
+                         for r in range(n) if m >> r & 1]
             else:
-                self.cta.tma_pending.append(job)
+                dests = [self.cta]
+            for cta in dests:
+                job = (where.reshape(-1), data.reshape(-1), int(bars[i]), data.size, ins.text, int(ex[i]), cta)
+                if self.rng is not None and self.rng.random() < 0.5:
+                    self._land_tma(job)
+                else:
+                    cta.tma_pending.append(job)
 
     def _land_tma(self, job):
-        where, data, bar, nbytes, what, tid = job
-        if (where < 0).any() or (where >= self.cta.smem.size).any():
-            raise self.Error(f"{what}: TMA box lands outside the {self.cta.smem.size} B of shared memory")
-        self.cta.smem[where] = data
-        self.cta.written[where] = True
-        mb = self._mbar(bar)
+        where, data, bar, nbytes, what, tid, cta = job
+        if (where < 0).any() or (where >= cta.smem.size).any():
+            raise self.Error(f"{what}: TMA box lands outside the {cta.smem.size} B of shared memory")
+        if cta is not self.cta and not cta.state["alive"].any():
+            raise self.Error(f"{what}: a multicast lands in CTA rank {cta.rank}, which has exited")
+        cta.smem[where] = data
+        cta.written[where] = True
+        mb = cta.mbars.get(bar)
+        if mb is None:
+            raise self.Error(f"{what}: no mbarrier was initialised at shared address {bar} of CTA rank {cta.rank}")
         mb.tx -= nbytes
-        self._mbar_complete(bar, mb)
+        self._mbar_complete(bar, mb, cta)
 
     # --- wgmma ---------------------------------------------------------------------------------------------
     def _warpgroups(self, ex, ins):

@@ -142,6 +142,20 @@ class CTA:
     wgmma: dict = field(default_factory=dict)  # warpgroup → WgmmaQueue
     inflight: dict = field(default_factory=dict)  # register → per thread, wgmma ops in flight that write it
     inflight_a: dict = field(default_factory=dict)  # register → per thread, wgmma ops in flight that read it (A)
+    rank: int = 0  # in its cluster
+    cluster: object = None  # ClusterState, when the grid runs in clusters
+    state: dict = None  # the emulator's per-CTA state (pcs, alive, blocked, waiting_on): for peers' arrivals
+    cl_arrived: np.ndarray = None
+
+
+@dataclass
+class ClusterState:
+    ctas: list  # by rank
+    phase: int = 0  # barrier.cluster phases completed
+
+
+class _Stalled(Exception):
+    """The current CTA cannot move (interleaved run): another CTA's progress may free it."""
 
 
 def _imm(tok: str, t: str):
@@ -213,7 +227,14 @@ class Emulator(HopperOps):
 
     # ---------------------------------------------------------------------------------------------------
     def run(self, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None,
-            max_steps: int = 50_000_000):
+            max_steps: int = 50_000_000, interleave: bool = False, cluster=None):
+        """Run the kernel over `grid`. CTAs run one after another, each to its end, unless `interleave`: then
+        all CTAs are resident at once and take turns of a few instructions each, in an order drawn from `seed`
+        (as on a GPU whose SMs hold the whole grid): protocols between CTAs through global memory — a split-K
+        tile's last arrival, a work queue — meet other orders than the sequential one. `cluster` = (cx, 1, 1):
+        thread-block clusters of cx consecutive CTAs along x (interleaved): %cluster_ctarank and friends, mapa,
+        mbarrier arrivals on a peer's shared memory, barrier.cluster, TMA multicast to the CTAs of a mask; a CTA
+        that touches an exited peer's shared memory, or a cluster whose every thread waits, is an error."""
         grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
         block = tuple(block) + (1,) * (3 - len(tuple(block)))
         if len(args) != len(self.mod.params):
@@ -228,12 +249,57 @@ class Emulator(HopperOps):
         self.const_addr = {name: memory.alloc(np.frombuffer(data, np.uint8)) for name, data in self.mod.consts.items()}
         self.rng = np.random.default_rng(seed) if seed is not None else None
         self.max_steps = max_steps
-        for z in range(grid[2]):
-            for y in range(grid[1]):
-                for x in range(grid[0]):
-                    self._run_cta((x, y, z), grid, block, dynamic_smem)
+        ids = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+        cx = 1
+        if cluster is not None:
+            cluster = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
+            cx = cluster[0]
+            if cluster[1:] != (1, 1) or not 1 <= cx <= 8 or grid[0] % cx:
+                raise EmulationError(f"cluster {cluster}: only (cx, 1, 1) with 1 ≤ cx ≤ 8 dividing grid x {grid[0]}")
+            interleave = True
+        self.cluster_x = cx
+        if not interleave:
+            for ctaid in ids:
+                self._start_cta(ctaid, grid, block, dynamic_smem)
+                while self._step():
+                    pass
+            return
+        turns = self.rng or np.random.default_rng(0)
+        live, clusters = [], {}
+        for c in ids:
+            self._start_cta(c, grid, block, dynamic_smem)
+            cl = clusters.setdefault((c[0] // cx, c[1], c[2]), ClusterState([]))
+            self.cta.rank, self.cta.cluster = len(cl.ctas), cl
+            cl.ctas.append(self.cta)
+            live.append(self.cta.state)
+        stalled = set()  # CTAs that could not move since the last step any CTA made
+        while live:
+            i = int(turns.integers(len(live)))
+            self._load_cta(live[i])
+            try:
+                for _ in range(int(turns.integers(1, 65))):  # a turn of 1-64 instructions (state mutated in place)
+                    if not self._step(stall_ok=True):
+                        del live[i]
+                        break
+                    stalled.clear()
+            except _Stalled:
+                stalled.add(id(live[i]))
+                if len(stalled) == len(live):
+                    raise EmulationError("deadlock: every live thread of every CTA waits and no copy is in flight\n"
+                                         + "\n".join(f"CTA {st['cta'].ctaid}:\n" + self._deadlock_report(st)
+                                                      for st in live)) from None
 
-    def _run_cta(self, ctaid, grid, block, dynamic_smem):
+    _CTA_STATE = ("cta", "pcs", "alive", "blocked", "waiting_on")
+
+    def _save_cta(self) -> dict:
+        return {k: getattr(self, k) for k in self._CTA_STATE}
+
+
+    def _load_cta(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def _start_cta(self, ctaid, grid, block, dynamic_smem):
         n = block[0] * block[1] * block[2]
         self.dyn_base = (self.mod.shared_bytes + 127) // 128 * 128
         nsm = self.dyn_base + dynamic_smem
@@ -241,54 +307,66 @@ class Emulator(HopperOps):
         tids = np.arange(n)
         cta.tid = (tids % block[0], (tids // block[0]) % block[1], tids // (block[0] * block[1]))
         self.cta = cta
-        body = self.mod.body
         # per thread: its pc, whether it still runs, whether it is suspended (at a barrier or an mbarrier
         # wait; a suspended thread's pc stays on the instruction that suspended it)
-        self.pcs = pcs = np.zeros(n, np.int64)
-        self.alive = alive = np.ones(n, bool)
-        self.blocked = blocked = np.zeros(n, bool)
+        self.pcs = np.zeros(n, np.int64)
+        self.alive = np.ones(n, bool)
+        self.blocked = np.zeros(n, bool)
         self.waiting_on = np.full(n, -1, np.int64)  # the mbarrier a suspended try_wait waits on
-        while alive.any():
-            self.steps += 1
-            if self.steps > self.max_steps:
-                raise EmulationError("step limit reached (an endless loop?)")
-            runnable = alive & ~blocked
-            if not runnable.any():
-                if cta.tma_pending:  # async copies land as late as they may: when nothing else can run
-                    self._land_tma(cta.tma_pending.pop(0))
-                    continue
-                raise EmulationError(self._deadlock_report())
-            pc = pcs[runnable].min()
-            if pc >= len(body):
-                raise EmulationError("ran off the end of the kernel without ret")
-            idx = np.nonzero(runnable & (pcs == pc))[0]
-            ins = body[pc]
-            ex = idx
-            if ins.guard is not None:
-                g = self._reg(ins.guard, ex) != 0
-                ex = idx[~g] if ins.guard_neg else idx[g]
-            pcs[idx] = pc + 1
-            self.cur_pc = pc
-            if ins.mods[0] in ("bra",):
-                if ins.mods[-1] == "uni":
-                    self._check_uniform(idx, ex, ins)
-                pcs[ex] = self.mod.labels[ins.operands[0]]
-                continue
-            if ins.mods[0] in ("ret", "exit"):
-                alive[ex] = False
-                self._recheck_barriers()
-                continue
-            if ins.mods[0] == "bar" or (ins.mods[0] == "barrier" and ins.mods[1] == "sync"):
-                self._bar(ins, ex, idx)
-                continue
-            if ex.size == 0:
-                continue
-            try:
-                self._exec(ins, ex, idx)
-            except EmulationError as e:
-                if str(e).startswith("line "):
-                    raise
-                raise type(e)(f"line {ins.line}: {ins.text}: {e}") from None
+        cta.cl_arrived = np.full(n, -1, np.int64)  # per thread: the cluster-barrier phase it last arrived in
+        cta.state = self._save_cta()
+
+    def _step(self, stall_ok: bool = False) -> bool:
+        """One instruction of the current CTA (its lowest pc among the runnable threads); False once it has ended.
+        With `stall_ok` (interleaved CTAs) a CTA whose threads all wait raises _Stalled: a peer may free it."""
+        cta, body, pcs, alive, blocked = self.cta, self.mod.body, self.pcs, self.alive, self.blocked
+        if not alive.any():
+            return False
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise EmulationError("step limit reached (an endless loop?)")
+        runnable = alive & ~blocked
+        if not runnable.any():
+            if cta.tma_pending:  # async copies land as late as they may: when nothing else can run
+                self._land_tma(cta.tma_pending.pop(0))
+                return True
+            if stall_ok:
+                raise _Stalled()
+            raise EmulationError(self._deadlock_report())
+        pc = pcs[runnable].min()
+        if pc >= len(body):
+            raise EmulationError("ran off the end of the kernel without ret")
+        idx = np.nonzero(runnable & (pcs == pc))[0]
+        ins = body[pc]
+        ex = idx
+        if ins.guard is not None:
+            g = self._reg(ins.guard, ex) != 0
+            ex = idx[~g] if ins.guard_neg else idx[g]
+        pcs[idx] = pc + 1
+        self.cur_pc = pc
+        if ins.mods[0] in ("bra",):
+            if ins.mods[-1] == "uni":
+                self._check_uniform(idx, ex, ins)
+            pcs[ex] = self.mod.labels[ins.operands[0]]
+            return True
+        if ins.mods[0] in ("ret", "exit"):
+            alive[ex] = False
+            self._recheck_barriers()
+            if cta.cluster is not None:
+                self._recheck_cluster_barrier()
+            return True
+        if ins.mods[0] == "bar" or (ins.mods[0] == "barrier" and ins.mods[1] == "sync"):
+            self._bar(ins, ex, idx)
+            return True
+        if ex.size == 0:
+            return True
+        try:
+            self._exec(ins, ex, idx)
+        except EmulationError as e:
+            if str(e).startswith("line "):
+                raise
+            raise type(e)(f"line {ins.line}: {ins.text}: {e}") from None
+        return True
 
     # --- barriers -------------------------------------------------------------------------------------------
     def _bar(self, ins, ex, idx):
@@ -347,14 +425,17 @@ class Emulator(HopperOps):
                 self.pcs[arrived] += 1
                 del self.cta.bars[bid]
 
-    def _deadlock_report(self) -> str:
+    def _deadlock_report(self, state=None) -> str:
+        st = state or self._save_cta()
+        pcs, alive = st["pcs"], st["alive"]
         lines = []
-        for pc in np.unique(self.pcs[self.alive]):
-            who = np.nonzero(self.alive & (self.pcs == pc))[0]
+        for pc in np.unique(pcs[alive]):
+            who = np.nonzero(alive & (pcs == pc))[0]
             ins = self.mod.body[pc]
             lines.append(f"  {who.size} thread(s) {who[:4].tolist()}... at line {ins.line}: {ins.text}")
-        extra = "".join(f"\n  mbarrier at shared {a}: {mb}" for a, mb in self.cta.mbars.items())
-        return "deadlock: every live thread waits and no copy is in flight\n" + "\n".join(lines) + extra
+        extra = "".join(f"\n  mbarrier at shared {a}: {mb}" for a, mb in st["cta"].mbars.items())
+        head = "" if state is not None else "deadlock: every live thread waits and no copy is in flight\n"
+        return head + "\n".join(lines) + extra
 
     def _check_uniform(self, idx, ex, ins):
         taken = np.isin(idx, ex)
@@ -403,6 +484,15 @@ class Emulator(HopperOps):
             return np.full(idx.size, self.cta.ctaid[c], np.uint32)
         if name == "nctaid":
             return np.full(idx.size, self.cta.nctaid[c], np.uint32)
+        if name.startswith(("cluster_", "clusterid", "nclusterid")):
+            cx, rank = getattr(self, "cluster_x", 1), getattr(self.cta, "rank", 0)
+            v = {"cluster_ctarank": rank, "cluster_nctarank": cx, "cluster_ctaid": rank if c == 0 else 0,
+                 "cluster_nctaid": cx if c == 0 else 1,
+                 "clusterid": self.cta.ctaid[c] // cx if c == 0 else self.cta.ctaid[c],
+                 "nclusterid": self.cta.nctaid[c] // cx if c == 0 else self.cta.nctaid[c]}.get(name)
+            if v is None:
+                raise Unsupported(f"special register {tok}")
+            return np.full(idx.size, v, np.uint32)
         if name == "laneid":
             return (idx % 32).astype(np.uint32)
         if name == "warpid":
@@ -414,7 +504,9 @@ class Emulator(HopperOps):
         if tok.startswith("%"):
             if tok in self.cta.regs:
                 return typed(self._reg(tok, idx), t)
-            if tok.split(".")[0][1:] in ("tid", "ntid", "ctaid", "nctaid", "laneid", "warpid"):
+            if tok.split(".")[0][1:] in ("tid", "ntid", "ctaid", "nctaid", "laneid", "warpid", "cluster_ctarank",
+                                         "cluster_nctarank", "cluster_ctaid", "cluster_nctaid", "clusterid",
+                                         "nclusterid"):
                 return self._special(tok, idx).astype(_NP[t]) if t != "pred" else self._special(tok, idx) != 0
             return typed(self._reg(tok, idx), t)
         if tok in self.mod.shared:
@@ -1088,8 +1180,9 @@ def _prefix(reg: str) -> str:
     return reg[:i]
 
 
-def run_kernel(ptx: str, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None):
+def run_kernel(ptx: str, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None,
+               interleave: bool = False, cluster=None):
     emu = Emulator(ptx)
-    emu.run(grid, block, args, memory, dynamic_smem, seed)
+    emu.run(grid, block, args, memory, dynamic_smem, seed, interleave=interleave, cluster=cluster)
     return emu
 

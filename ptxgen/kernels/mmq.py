@@ -24,7 +24,7 @@ from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
 from .. import layouts
-from ..ir import Imm, Mem, TensorRef, ldmatrix, mma_sync
+from ..ir import Imm, Mem, Sym, TensorRef, ldmatrix, mma_sync
 from ..ir import wgmma as ir_wgmma
 from ..targets import lowering_for
 from . import KernelDef
@@ -54,6 +54,7 @@ class MmqSpec:
     act: str = "f16"  # the activation format in the tensor cores: "f16" or "q8_1" (int8, mma.sync m16n8k32)
     fused: bool = True  # q8_1: quantize fp32 x inside the load pipeline; False: read quantize_q8_1's blocks
     a_regs: bool = False  # wgmma: A (the dequantized weights) from registers instead of shared memory
+    cluster: int = 1  # wgmma: CTAs per thread-block cluster; 2 = two M-tiles share each activation tile (multicast)
 
     @property
     def name(self) -> str:
@@ -61,7 +62,8 @@ class MmqSpec:
             return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
         if self.mma == "mma.sync":
             return f"mmq_q4_k_f16_n{self.bn}"
-        return f"mmq_q4_k_wgmma_ra_n{self.bn}" if self.a_regs else f"mmq_q4_k_wgmma_n{self.bn}"
+        mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
+        return (f"mmq_q4_k_wgmma_ra_n{self.bn}" if self.a_regs else f"mmq_q4_k_wgmma_n{self.bn}") + mc
 
     @property
     def tile(self) -> Tile:
@@ -899,6 +901,16 @@ def build_wgmma(arch, spec: "MmqSpec"):
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
+    CL = spec.cluster
+    if CL > 1:
+        arch.require("clusters", f"{spec.name} (thread-block clusters)")
+        b.meta.update(cluster=(CL, 1, 1), tensormaps=b.meta["tensormaps"].replace(f"box (64, {BN})", f"box (64, {BN // CL})"),
+                      work_queue=f"static: cluster c takes items c, c + clusters, ... (no atomic queue; the queue "
+                                 f"parameter is unused); an item is {CL} M-tiles (rank r: m tile {CL}·i + r) x a split "
+                                 "x a token tile, n fastest",
+                      multicast=f"each rank loads 1/{CL} of the step's activation tile and multicasts it to the "
+                                f"cluster; a ring stage is free once the consumers of all {CL} CTAs released it "
+                                f"(empty barriers count {CL} x 256 arrivals, local and remote)")
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
@@ -908,8 +920,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
     tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
     tid = b.special("tid.x")
     tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
-    items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
+    groups_m = tiles_m if CL == 1 else b.op("div.u32", b.op("add.u32", tiles_m, Imm(CL - 1, "u32")), Imm(CL, "u32"))
+    items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
     ksteps = b.op("shr.u32", K, Imm(6, "u32"))
+    rank = b.special("cluster_ctarank") if CL > 1 else None
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
     bst = base  # B stages: S x b_bytes, each 1024-aligned
     a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
@@ -926,6 +940,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
         rest = b.op("div.u32", item, tiles_n)
         z = b.op("rem.u32", rest, splits)
         tm = b.op("div.u32", rest, splits)
+        if CL > 1:  # this CTA's M-tile of the cluster's group (past M for an odd last group: zero-filled, masked)
+            tm = b.op("mad.lo.u32", tm, Imm(CL, "u32"), rank)
         s_begin = b.op("mul.lo.u32", z, per)
         s_end = b.op("min.u32", b.op("add.u32", s_begin, per), ksteps)
         return tm, z, tn, s_begin, s_end
@@ -934,12 +950,18 @@ def build_wgmma(arch, spec: "MmqSpec"):
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
     for i in range(S):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * i), Imm(1, "u32"), pred=leader)
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256, "u32"), pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256 * CL, "u32"), pred=leader)
     for i in range(2):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + i)), Imm(1, "u32"), pred=leader)
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(256, "u32"), pred=leader)
     b.emit("fence.proxy.async.shared::cta")
-    b.emit("bar.sync", Imm(0, "u32"))
+    if CL > 1:  # the peers' barriers are initialised before anyone multicasts into them or arrives on them
+        b.emit("fence.mbarrier_init.release.cluster")
+        b.emit("barrier.cluster.arrive.release.aligned")
+        b.emit("barrier.cluster.wait.acquire.aligned")
+    else:
+        b.emit("bar.sync", Imm(0, "u32"))
+    cl_exit = b.label("cluster_exit") if CL > 1 else None  # everyone meets here before leaving (peers use our smem)
     consumer = b.label("consumer")
     b.bra(consumer, pred=b.op("setp.ge.u32", tid, Imm(128, "u32")))
 
@@ -948,6 +970,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
     pdone = b.label("producer_exit")
     b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(PRODUCER_REGS, "u32"))  # registers go to the consumers
     b.bra(pdone, pred=leader, neg=True, uniform=False)
+    if CL > 1:
+        cid, ncl = b.special("clusterid.x"), b.special("nclusterid.x")
+        mask = b.reg("b16")
+        b.emit("mov.b16", mask, Imm((1 << CL) - 1, "b16"))
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
     tx = b.op("cvta.param.u64", b.op("mov.b64", tx_p))
     # launched early behind convert_f16 (programmatic dependent launch): the set-up above overlapped its tail; the
@@ -961,7 +987,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
     ph = b.op("and.b32", b.op("shr.u32", j, Imm(1, "u32")), Imm(1, "b32"))
     _wait(b, item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     item = b.reg("u32")
-    b.emit("atom.global.add.u32", item, Mem(Q), Imm(1, "u32"))
+    if CL > 1:  # static: both CTAs of a cluster walk the same items
+        b.emit("mad.lo.u32", item, j, ncl, cid)
+    else:
+        b.emit("atom.global.add.u32", item, Mem(Q), Imm(1, "u32"))
     b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), slot0)), item)
     st64 = b.reg("b64")
     b.emit("mbarrier.arrive.shared::cta.b64", st64, Mem(item_full(sl)))
@@ -985,20 +1014,29 @@ def build_wgmma(arch, spec: "MmqSpec"):
     for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
         b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb))
     xk = b.op("shl.b32", s, Imm(6, "u32"))
-    b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst)), TensorRef(tx, (xk, n0)), Mem(fb))
+    if CL > 1:  # this rank's 1/CL of the activation rows, into the same offsets of every CTA of the cluster
+        part_rows = BN // CL
+        bdst = b.op("mad.lo.u32", rank, Imm(part_rows * 128, "u32"), b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
+        b.emit(tma + ".multicast::cluster", Mem(bdst),
+               TensorRef(tx, (xk, b.op("mad.lo.u32", rank, Imm(part_rows, "u32"), n0))), Mem(fb), mask)
+    else:
+        b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst)), TensorRef(tx, (xk, n0)), Mem(fb))
     b.emit("add.u32", g, g, Imm(1, "u32"))
     b.emit("add.u32", s, s, Imm(1, "u32"))
     b.bra(p_step, pred=b.op("setp.lt.u32", s, s_end))
     b.bra(p_item)
     b.place(p_end)
-    # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
-    done_before = b.reg("u32")
-    b.emit("atom.global.add.u32", done_before, Mem(Q, 4), Imm(1, "u32"))
-    last = b.op("setp.eq.u32", done_before, b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32")))
-    zero = b.op("mov.u32", Imm(0, "u32"))
-    b.emit("st.global.v2.u32", Mem(Q), b.vec([zero, zero]), pred=last)
+    if CL == 1:  # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
+        done_before = b.reg("u32")
+        b.emit("atom.global.add.u32", done_before, Mem(Q, 4), Imm(1, "u32"))
+        last = b.op("setp.eq.u32", done_before, b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32")))
+        zero = b.op("mov.u32", Imm(0, "u32"))
+        b.emit("st.global.v2.u32", Mem(Q), b.vec([zero, zero]), pred=last)
     b.place(pdone)
-    b.emit("ret")
+    if CL > 1:
+        b.bra(cl_exit)
+    else:
+        b.emit("ret")
 
     # ---------------------------------------------------------------- consumers (warpgroups 1 and 2)
     b.place(consumer)
@@ -1040,6 +1078,15 @@ def build_wgmma(arch, spec: "MmqSpec"):
     for a in acc:
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", s_begin)
+    if CL > 1:  # a ring stage is released in every CTA of the cluster (the peers' producers multicast into ours)
+        peers = [b.op("xor.b32", rank, Imm(d, "b32")) for d in range(1, CL)] if CL == 2 else None
+        if peers is None:
+            raise NotImplementedError("clusters of more than 2 CTAs")
+        local_empty = empty
+
+        def empty(st):  # noqa: F811 — the local barrier; _release arrives on the peers' too
+            return local_empty(st)
+        empty.peers = peers
     if ra:
         _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
                     lane, magic)
@@ -1077,10 +1124,16 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
         _wgmma_drain(b, S, gc, empty)
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
+    if CL > 1:  # an odd last group's second M-tile lies past M: it only took part in the multicast ring
+        b.bra(c_item, pred=b.op("setp.ge.u32", tm, tiles_m))
     _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, b.op("mad.lo.u32", tm, tiles_n, tn),
                     b.op("mul.lo.u32", tiles_m, tiles_n), z, splits, split_k, b.op("mov.u32", fix_slot), C, P, Y0, M, T)
     b.bra(c_item)
     b.place(c_end)
+    if CL > 1:
+        b.place(cl_exit)  # reached on diverged paths (the producer's thread 0 comes later than its warp): not .aligned
+        b.emit("barrier.cluster.arrive.release")
+        b.emit("barrier.cluster.wait.acquire")
     b.emit("ret")
     return b.finish()
 
@@ -1143,16 +1196,27 @@ def _wgmma_step_done(b, S, gc, s, s_begin, empty):
     b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
     not_first = b.op("setp.gt.u32", s, s_begin)
     prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)), pred=not_first)
+    _release(b, empty, prev, not_first)
     b.emit("add.u32", gc, gc, Imm(1, "u32"))
     b.emit("add.u32", s, s, Imm(1, "u32"))
+
+
+def _release(b, empty, stage, pred=None):
+    """A consumer thread frees ring stage `stage`: an arrival on its CTA's empty barrier, and in a cluster on the
+    same barrier of each peer (`empty.peers`: their ranks), whose producer multicasts into this CTA too."""
+    state = b.reg("b64")
+    addr = empty(stage)
+    b.emit("mbarrier.arrive.shared::cta.b64", state, Mem(addr), pred=pred)
+    for peer in getattr(empty, "peers", ()):
+        remote = b.op("mapa.shared::cluster.u32", addr, peer)
+        b.emit("mbarrier.arrive.release.cluster.shared::cluster.b64", Sym("_"), Mem(remote), pred=pred)
 
 
 def _wgmma_drain(b, S, gc, empty):
     """After an item's last step: wait for all its wgmmas, release the last ring stage."""
     b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
     prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(empty(prev)))
+    _release(b, empty, prev)
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
@@ -1254,6 +1318,7 @@ def build_reduce(arch):
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
 WGMMA_RA_TOKEN_TILES = (128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
+WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (emulator-verified; not dispatched yet)
 RA_RELOCATABLE_MAX_BN = 192  # above, it fits only with setmaxnreg honoured: compiled whole-program (driver JIT)
 
 
@@ -1267,6 +1332,11 @@ def kernel_defs() -> list[KernelDef]:
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True).name,
                    f"Q4_K prefill GEMM, wgmma with A from registers + TMA, {BM}x{bn} tile", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True): build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_RA_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, cluster=2).name,
+                   f"Q4_K prefill GEMM, wgmma with A from registers, clusters of 2 CTAs multicasting the activation "
+                   f"tile, {BM}x{bn} tile per CTA", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, cluster=2): build(arch, s),
+                   archs=("sm_90a",))
+         for bn in WGMMA_MC_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, act="q8_1", fused=f).name,
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
