@@ -217,8 +217,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     groups = tiles_n * -(-((m + 127) // 128) // cl)
     splits, per = splitk_plan_one_round(groups, k // 64, per_sm * sms // cl)
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch). The
-    # wgmma builds store them in fragment order and sum them at any token tile; the mma.sync builds do it for token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their
-    # fixup sums 128 x BN x splits values in y's layout: +10 us at T=256 on the H200)
+    # wgmma builds store them in fragment order and sum them at any token tile; the mma.sync builds do it for
+    # token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their fixup sums 128 x BN x splits
+    # values in y's layout: +10 us at T=256 on the H200)
     fixup = wg or bn <= FIXUP_MAX_TILE
     if splits == 1:
         part = o
@@ -390,23 +391,23 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
 def _xr_ok(k: int) -> bool:
     """gemv_q4_k_xr serves exact Q4_K slices of one token when PTXGEN_Q4K_XR=1 and K ≤ its 24576 (one CTA
     covers K). Opt-in: on the H200 it measured 10-40% slower than the default kernels (bench/NOTES.md)."""
-    from ptxgen.kernels.gemv_xr import XR_MAX_K
+    if knobs.q4k_xr() != "on":
+        return False
+    from ptxgen.kernels.gemv_xr import XR_MAX_K  # only when asked for: the runtime needs no kernel builders
 
-    return k <= XR_MAX_K and knobs.q4k_xr() == "on"
+    return k <= XR_MAX_K
 
 
 def _xr_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> None:
     """One token through gemv_q4_k_xr: 32·ceil(K/2048) threads per CTA, rows per CTA so that the grid makes one
     round of the resident CTAs (at most 64; at least 1)."""
-    from ptxgen.kernels.gemv_xr import XR_MAX_ROWS, XR_STAGES
-
     from .driver import current
 
     fn = kernels.load("gemv_q4_k_xr", arch)
     threads = 32 * -(-(k // 64) // 32)
-    smem = XR_STAGES * 48 * threads  # the ring for the threads launched
+    smem = fn.meta["stages"] * 48 * threads  # the ring for the threads launched
     slots = fn.resident_per_sm(threads, smem) * current().sm_count
-    rows = min(XR_MAX_ROWS, max(1, -(-m // slots)))
+    rows = min(fn.meta["max_rows_per_cta"], max(1, -(-m // slots)))
     fn.launch((-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
 
 
