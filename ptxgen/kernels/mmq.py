@@ -902,6 +902,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
     CL = spec.cluster
+    if CL not in (1, 2):
+        raise ValueError(f"{spec.name}: clusters of 1 or 2 CTAs, not {CL}")
     if CL > 1:
         arch.require("clusters", f"{spec.name} (thread-block clusters)")
         b.meta.update(cluster=(CL, 1, 1), tensormaps=b.meta["tensormaps"].replace(f"box (64, {BN})", f"box (64, {BN // CL})"),
@@ -924,6 +926,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
     ksteps = b.op("shr.u32", K, Imm(6, "u32"))
     rank = b.special("cluster_ctarank") if CL > 1 else None
+    # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
+    peers = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
     bst = base  # B stages: S x b_bytes, each 1024-aligned
     a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
@@ -1078,18 +1082,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     for a in acc:
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", s_begin)
-    if CL > 1:  # a ring stage is released in every CTA of the cluster (the peers' producers multicast into ours)
-        peers = [b.op("xor.b32", rank, Imm(d, "b32")) for d in range(1, CL)] if CL == 2 else None
-        if peers is None:
-            raise NotImplementedError("clusters of more than 2 CTAs")
-        local_empty = empty
-
-        def empty(st):  # noqa: F811 — the local barrier; _release arrives on the peers' too
-            return local_empty(st)
-        empty.peers = peers
     if ra:
         _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                    lane, magic)
+                    lane, magic, peers)
     else:
         c_step = b.label("c_step")
         b.place(c_step)
@@ -1120,9 +1115,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
             dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
             dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
-        _wgmma_step_done(b, S, gc, s, s_begin, empty)
+        _wgmma_step_done(b, S, gc, s, s_begin, empty, peers)
         b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
-        _wgmma_drain(b, S, gc, empty)
+        _wgmma_drain(b, S, gc, empty, peers)
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
     if CL > 1:  # an odd last group's second M-tile lies past M: it only took part in the multicast ring
         b.bra(c_item, pred=b.op("setp.ge.u32", tm, tiles_m))
@@ -1189,38 +1184,38 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
     b.place(done)
 
 
-def _wgmma_step_done(b, S, gc, s, s_begin, empty):
+def _wgmma_step_done(b, S, gc, s, s_begin, empty, peers=()):
     """After a consumer step's wgmmas: commit them, wait until the previous step's group retired and release its
     ring stage (not on the item's first step), advance the ring position gc and the K-step s."""
     b.emit("wgmma.commit_group.sync.aligned")
     b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
     not_first = b.op("setp.gt.u32", s, s_begin)
     prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-    _release(b, empty, prev, not_first)
+    _release(b, empty, prev, peers, not_first)
     b.emit("add.u32", gc, gc, Imm(1, "u32"))
     b.emit("add.u32", s, s, Imm(1, "u32"))
 
 
-def _release(b, empty, stage, pred=None):
+def _release(b, empty, stage, peers=(), pred=None):
     """A consumer thread frees ring stage `stage`: an arrival on its CTA's empty barrier, and in a cluster on the
-    same barrier of each peer (`empty.peers`: their ranks), whose producer multicasts into this CTA too."""
+    same barrier of each peer (`peers`: their ranks), whose producer multicasts into this CTA too."""
     state = b.reg("b64")
     addr = empty(stage)
     b.emit("mbarrier.arrive.shared::cta.b64", state, Mem(addr), pred=pred)
-    for peer in getattr(empty, "peers", ()):
+    for peer in peers:
         remote = b.op("mapa.shared::cluster.u32", addr, peer)
         b.emit("mbarrier.arrive.release.cluster.shared::cluster.b64", Sym("_"), Mem(remote), pred=pred)
 
 
-def _wgmma_drain(b, S, gc, empty):
+def _wgmma_drain(b, S, gc, empty, peers=()):
     """After an item's last step: wait for all its wgmmas, release the last ring stage."""
     b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
     prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
-    _release(b, empty, prev)
+    _release(b, empty, prev, peers)
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic):
+                lane, magic, peers=()):
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
@@ -1275,14 +1270,14 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
             a = [frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]]
             dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a), dbk))
-        _wgmma_step_done(b, S, gc, s, s_begin, empty)
+        _wgmma_step_done(b, S, gc, s, s_begin, empty, peers)
         more = b.op("setp.lt.u32", s, s_end)
         if half < RA_UNROLL - 1:
             b.bra(c_done, pred=more, neg=True)
         else:
             b.bra(c_step, pred=more)
     b.place(c_done)
-    _wgmma_drain(b, S, gc, empty)
+    _wgmma_drain(b, S, gc, empty, peers)
 
 
 def build_reduce(arch):
