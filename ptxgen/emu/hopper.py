@@ -92,7 +92,7 @@ class HopperOps:
         if mb.pending == 0 and mb.tx == 0:
             mb.phase += 1
             mb.pending = mb.count
-            st = (cta or self.cta).state or {"blocked": self.blocked, "waiting_on": self.waiting_on}
+            st = (cta or self.cta).state
             blocked, waiting_on = st["blocked"], st["waiting_on"]
             waiting = blocked & (waiting_on == addr)
             blocked[waiting] = False  # they re-execute their try_wait, which now succeeds

@@ -294,7 +294,6 @@ class Emulator(HopperOps):
     def _save_cta(self) -> dict:
         return {k: getattr(self, k) for k in self._CTA_STATE}
 
-
     def _load_cta(self, state: dict) -> None:
         for k, v in state.items():
             setattr(self, k, v)
