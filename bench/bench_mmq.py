@@ -35,6 +35,9 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tokens", default=None, help="comma-separated subset of T (default: all)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="also time the register-A MMQ in clusters of 2 (not dispatched; a protocol error there can "
+                         "hang the GPU rather than fail, so run test_wgmma_cluster_multicast_mmq first)")
     args = ap.parse_args()
     tokens = TOKENS if args.tokens is None else [int(v) for v in args.tokens.split(",")]
     import torch
@@ -48,8 +51,9 @@ def main():
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16; the default there) | skinny vs llama.cpp "
-          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) |")
-    print("|---" * 24 + "|")
+          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
+          "| the same in clusters of 2, activation multicast, per token tile µs (T ≥ 64 with --cluster; not dispatched) |")
+    print("|---" * 25 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -88,6 +92,12 @@ def main():
             skinny = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch)
             skinny89 = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch, arch="sm_89")  # cp.async build
             us_ra = rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, args.reps, torch) if has_wg else None
+            us_mc = None
+            if args.cluster and has_wg and t >= 64:  # not dispatched yet: an error is reported in its cell, not fatal
+                try:
+                    us_mc = rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, args.reps, torch, path="wgmma_ra_mc")
+                except Exception as e:
+                    us_mc = {"error": f"{type(e).__name__}: {str(e)[:60]}"}
             # what mul_mat runs (timed apart from mul_mat itself: the MMQ's overflow-flag readback is a host sync)
             us = skinny if skinny is not None and knobs.q4k_mma() != "off" else us_mmq
             flops = 2 * m * k * t
@@ -98,7 +108,7 @@ def main():
                    "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
                    "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
                    "us_fast_mode": us_fast, "us_tc_skinny": skinny, "us_mmq": us_mmq,
-                   "us_tc_skinny_sm89": skinny89, "us_wgmma_rega": us_ra}
+                   "us_tc_skinny_sm89": skinny89, "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
@@ -106,8 +116,7 @@ def main():
                   f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
                   f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
                   f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | "
-                  f"{' / '.join(f'n{n} {v:.1f}' for n, v in us_ra.items()) if us_ra else 'n/a'} |",
-                  flush=True)
+                  f"{tiles_cell(us_ra)} | {tiles_cell(us_mc)} |", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
@@ -137,25 +146,37 @@ def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch, arch=None):
         os.environ.pop("PTXGEN_Q4K_MMA", None)
 
 
-def rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, reps, torch):
-    """The register-A wgmma MMQ (mmq_launch path "wgmma_ra") per token tile that holds T (128, 192, 256: each
-    from the smallest that holds T up), each checked against the float64 reference (1e-3) where that is cheap
-    (M·T ≤ 4096·512) and for finite outputs everywhere, then timed like the other MMQ columns: {tile: µs}."""
+def tiles_cell(us):
+    """A per-token-tile cell: 'n128 45.0 / n256 44.1', the error of a build that failed, or n/a."""
+    if not us:
+        return "n/a"
+    if "error" in us:
+        return us["error"]
+    return " / ".join(f"n{n} {v:.1f}" for n, v in us.items())
+
+
+def rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, reps, torch, path="wgmma_ra"):
+    """The register-A wgmma MMQ (mmq_launch `path`: "wgmma_ra", or "wgmma_ra_mc" in clusters of 2) per token tile
+    that holds T (each from the smallest that holds T up), each checked against the float64 reference (1e-3)
+    where that is cheap (M·T ≤ 4096·512) and for finite outputs everywhere, then timed like the other MMQ
+    columns: {tile: µs}."""
     from ptxgen import formats
+    from ptxgen.kernels.mmq import WGMMA_MC_TOKEN_TILES
     from ptxgen.runtime.ops import WGMMA_RA_TILES, mmq_launch
 
+    tiles = WGMMA_MC_TOKEN_TILES if path == "wgmma_ra_mc" else WGMMA_RA_TILES
     ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy()) if m * t <= 4096 * 512 else None
     out = {}
-    for bn in [n for n in WGMMA_RA_TILES if n >= min(t, WGMMA_RA_TILES[-1])]:
+    for bn in [n for n in tiles if n >= min(t, tiles[-1])]:
         y.fill_(float("nan"))  # poison: unwritten outputs fail
-        mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path="wgmma_ra")
+        mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path=path)
         got = y.cpu().numpy()
         if not np.isfinite(got).all():
-            raise AssertionError(f"wgmma_ra n{bn} {m}x{k} T={t}: non-finite outputs")
+            raise AssertionError(f"{path} n{bn} {m}x{k} T={t}: non-finite outputs")
         if ref is not None and np.linalg.norm(got - ref) > 1e-3 * np.linalg.norm(ref):
-            raise AssertionError(f"wgmma_ra n{bn} {m}x{k} T={t}: relative error "
+            raise AssertionError(f"{path} n{bn} {m}x{k} T={t}: relative error "
                                  f"{np.linalg.norm(got - ref) / np.linalg.norm(ref):.2e}")
-        out[bn] = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn, path="wgmma_ra"), reps, torch)
+        out[bn] = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, bn=bn, path=path), reps, torch)
     return out
 
 
