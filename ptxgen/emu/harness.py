@@ -50,12 +50,9 @@ def _memory():
 
 
 def _run(ptx, grid, block, args, mem, dynamic_smem=0, seed=None, interleave=False, cluster=None):
-    """Run on the active backend; `interleave` (the emulator's CTAs taking turns; a GPU does that anyway) and
-    `cluster` are passed only when asked for."""
-    extra = {"interleave": True} if interleave else {}
-    if cluster is not None:
-        extra["cluster"] = cluster
-    BACKEND[-1].run(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed, **extra)
+    """Run on the active backend (`interleave`: the emulator's CTAs take turns; a GPU does that anyway)."""
+    BACKEND[-1].run(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed, interleave=interleave,
+                    cluster=cluster)
 
 
 @dataclass
@@ -527,13 +524,11 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     cl = meta.get("cluster", (1, 1, 1))[0]  # clusters: each rank loads bn / cl rows of the activation tile
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn // cl, 64, "128B")
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
-    grid = max(1, min(tiles * splits, ctas))
-    extra = {}
-    if cl > 1:  # whole clusters (the kernel walks items per cluster)
-        grid = cl * max(1, min(-(-tiles // cl) * splits, ctas // cl))
-        extra = {"cluster": (cl, 1, 1)}
+    # whole clusters (the kernel walks items per cluster); cl = 1: one CTA per item at most
+    grid = cl * max(1, min(-(-tiles // cl) * splits, ctas // cl))
     _run(ptx, (grid,), (384,), (tw, tx, ya, *tail), mem, dynamic_smem=meta["dynamic_smem"],
-         seed=seed if run_seed is None else run_seed, interleave=interleave, **extra)
+         seed=seed if run_seed is None else run_seed, interleave=interleave,
+         cluster=(cl, 1, 1) if cl > 1 else None)
     got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)

@@ -139,7 +139,9 @@ class HopperOps:
         cta = self.cta
         cl = cta.cluster
         if cl is None:  # a grid without clusters is a cluster of one CTA
-            cl = cta.cluster = type(self)._solo_cluster(cta)
+            from .machine import ClusterState  # (machine imports this module)
+
+            cl = cta.cluster = ClusterState([cta])
         if ins.mods[2] == "arrive":
             if (cta.cl_arrived[ex] == cl.phase).any():
                 raise self.Error(f"{ins.opcode}: a thread arrives twice in one cluster-barrier phase (no wait between)")
@@ -155,12 +157,6 @@ class HopperOps:
             self.waiting_on[pending] = -2  # the cluster barrier
             return
         raise self.Unsupported(ins.opcode)
-
-    @staticmethod
-    def _solo_cluster(cta):
-        from .machine import ClusterState
-
-        return ClusterState([cta])
 
     def _recheck_cluster_barrier(self):
         cl = self.cta.cluster
