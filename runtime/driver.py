@@ -218,6 +218,28 @@ class Function:
             n = cache[threads, smem] = max(1, int(n))
         return n
 
+    def resident_clusters(self, size: int) -> int:
+        """Thread-block clusters of `size` CTAs (along x) of this kernel that can be resident on the whole GPU at
+        once — cuOccupancyMaxActiveClusters, which knows that a cluster's CTAs share one GPC (so it can be less
+        than sm_count x resident_per_sm / size) — at least 1; cached. A kernel that walks a static per-cluster
+        schedule sizes its grid by it: a cluster past it waits for a whole cluster to finish."""
+        cache = self.__dict__.setdefault("_clusters", {})
+        if size not in cache:
+            drv = _drv()
+            cfg = drv.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = size, 1, 1
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block + (1,) * (3 - len(self.block))
+            cfg.sharedMemBytes = self.dynamic_smem
+            at = drv.CUlaunchAttribute()
+            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = size, 1, 1
+            cfg.attrs = [at]
+            cfg.numAttrs = 1
+            err, n = drv.cuOccupancyMaxActiveClusters(self.handle, cfg)
+            check(err, f"cuOccupancyMaxActiveClusters({self.name}, cluster {size})")
+            cache[size] = max(1, int(n))
+        return cache[size]
+
     def smem_for_residency(self, n: int) -> int:
         """The least dynamic shared memory (≥ this kernel's own) at which at most `n` of its CTAs fit one SM
         (the occupancy calculator, bisected); the function's limit is raised to allow it. Launching with it

@@ -215,7 +215,8 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     per_sm = fn.resident_per_sm()
     cl = fn.meta.get("cluster", (1, 1, 1))[0]  # clusters: an item is cl M-tiles, a grid of whole clusters
     groups = tiles_n * -(-((m + 127) // 128) // cl)
-    splits, per = splitk_plan_one_round(groups, k // 64, per_sm * sms // cl)
+    slots = per_sm * sms if cl == 1 else fn.resident_clusters(cl)  # resident CTAs, or clusters (GPC-bound)
+    splits, per = splitk_plan_one_round(groups, k // 64, slots)
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch). The
     # wgmma builds store them in fragment order and sum them at any token tile; the mma.sync builds do it for
     # token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their fixup sums 128 x BN x splits
@@ -230,7 +231,7 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
-    grid = (cl * min(groups * splits, per_sm * sms // cl),)
+    grid = (cl * min(groups * splits, slots),)
     tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt)
     if wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")

@@ -190,3 +190,19 @@ def test_smem_for_residency_limits_resident_ctas():
     occ = lambda nb: drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn.handle, 128, nb)[1]  # noqa: E731
     assert smem > fn.dynamic_smem and occ(smem) == full - 1 and occ(smem - 16) == full
     assert fn.smem_for_residency(full) == fn.dynamic_smem
+
+
+def test_resident_clusters_is_bounded_by_the_ctas_that_fit():
+    """Function.resident_clusters(2) for the cluster MMQ (one CTA per SM): at least one cluster, at most
+    sm_count x resident_per_sm / 2 (a cluster's CTAs share a GPC, so the driver may report fewer); mmq_launch
+    sizes the static cluster schedule's grid by it."""
+    rt()
+    from ptxgen.runtime import kernels
+    from ptxgen.runtime.driver import current
+
+    if current().sm != 90:
+        pytest.skip("the cluster MMQ is built for sm_90a")
+    fn = kernels.load("mmq_q4_k_wgmma_ra_n256_mc2")
+    n = fn.resident_clusters(2)
+    assert 1 <= n <= current().sm_count * fn.resident_per_sm() // 2
+    assert fn.resident_clusters(2) == n  # cached
