@@ -838,6 +838,7 @@ WG_THREADS = 384  # warpgroup 0: producer (one thread issues TMA); warpgroups 1,
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
+CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
 
 
 def _wait(b, bar, parity):
@@ -912,7 +913,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
                                  "x a token tile, n fastest",
                       multicast=f"each rank loads 1/{CL} of the step's activation tile and multicasts it to the "
                                 f"cluster; a ring stage is free once the consumers of all {CL} CTAs released it "
-                                f"(empty barriers count {CL} x 256 arrivals, local and remote)")
+                                f"(empty barriers count 256 local arrivals, one per consumer thread, and {CONSUMER_WARPS} per peer, one per consumer warp of each peer)")
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
@@ -927,7 +928,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     ksteps = b.op("shr.u32", K, Imm(6, "u32"))
     rank = b.special("cluster_ctarank") if CL > 1 else None
     # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
-    peers = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
+    peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
     bst = base  # B stages: S x b_bytes, each 1024-aligned
     a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
@@ -954,7 +955,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
     for i in range(S):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * i), Imm(1, "u32"), pred=leader)
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256 * CL, "u32"), pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256 + CONSUMER_WARPS * (CL - 1), "u32"), pred=leader)
     for i in range(2):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + i)), Imm(1, "u32"), pred=leader)
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(256, "u32"), pred=leader)
@@ -1050,6 +1051,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     lt = b.op("and.b32", ct, Imm(127, "b32"))
     lane = b.op("and.b32", ct, Imm(31, "b32"))
     cw = b.op("shr.u32", ct, Imm(5, "u32"))  # consumer warp 0..7: rows 16*cw .. +15 of the tile
+    # (peer rank, this thread signals for its warp): lane 0 of each consumer warp releases stages on the peers
+    peers = [(r, b.op("setp.eq.u32", lane, Imm(0, "u32"))) for r in peer_ranks]
     named = b.op("add.u32", wg, Imm(1, "u32"))  # named barrier 1 or 2: one warpgroup
     # dequant: thread -> (row r = lt/2 of this warpgroup's 64, half h = lt%2): 32 weights, 4 16-byte chunks
     r = b.op("shr.u32", lt, Imm(1, "u32"))
@@ -1197,14 +1200,21 @@ def _wgmma_step_done(b, S, gc, s, s_begin, empty, peers=()):
 
 
 def _release(b, empty, stage, peers=(), pred=None):
-    """A consumer thread frees ring stage `stage`: an arrival on its CTA's empty barrier, and in a cluster on the
-    same barrier of each peer (`peers`: their ranks), whose producer multicasts into this CTA too."""
+    """A consumer thread frees ring stage `stage`: an arrival on its CTA's empty barrier; in a cluster also one
+    arrival per warp (`peers`: (rank, the warp's signalling lane) each; bar.warp.sync first, so the warp's reads of
+    the stage come before it) on the same barrier of each peer, whose producer multicasts into this CTA too. The
+    remote arrival keeps the default .release.cta semantics, as CUTLASS's cluster pipelines do: a
+    .release.cluster one compiles to a fence per arrival (ERRBAR + MEMBAR.GPU), which held the first cluster build
+    at 30-50% slower than no cluster on the H200 (ncu: 29% of stall samples on those fences)."""
     state = b.reg("b64")
     addr = empty(stage)
     b.emit("mbarrier.arrive.shared::cta.b64", state, Mem(addr), pred=pred)
-    for peer in peers:
+    if peers:
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    for peer, signal in peers:
         remote = b.op("mapa.shared::cluster.u32", addr, peer)
-        b.emit("mbarrier.arrive.release.cluster.shared::cluster.b64", Sym("_"), Mem(remote), pred=pred)
+        go = signal if pred is None else b.op("and.pred", signal, pred)
+        b.emit("mbarrier.arrive.shared::cluster.b64", Sym("_"), Mem(remote), pred=go)
 
 
 def _wgmma_drain(b, S, gc, empty, peers=()):
