@@ -558,3 +558,16 @@ def test_q4_k_tensor_core_gemv_mutations_fail(monkeypatch, mutation):
     ptx = gemv.build_q4k_mma_gemv(get_arch("sm_90a")).ptx()
     out = check_kernel("gemv_q4_k_mma", ptx, seed=3, shape=(40, 1024), ntok=4, splits=1)
     assert not out.ok and "relative error" in out.detail, out.detail
+
+
+@pytest.mark.parametrize("kernel,value,splits", [("mmq_q4_k_f16_n32", 1e6, 1), ("mmq_q4_k_f16_n128", -7e4, 1),
+                                                 ("mmq_q4_k_f16_n64", np.nan, 2), ("mmq_q4_k_f16_n32", np.inf, 3),
+                                                 ("mmq_q4_k_f16_n128", 6e4, 2)])
+def test_fp16_mmq_flags_activations_that_are_not_finite_in_fp16(kernel, value, splits):
+    """The fp16 mma.sync MMQ watches its results, not each converted activation: one x value past fp16's range
+    (or inf/NaN) makes the item's sums non-finite and raises the flag (mul_mat then recomputes exactly), also
+    when it falls into one K-split of several; 6e4 fits fp16: no flag, the result within the bar."""
+    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    out = check_kernel(kernel, ptx, seed=6, shape=(131, 40, 768), splits=splits, poison_x=(7, 300, value))
+    assert out.ok, out.detail
+    assert ("flagged" in out.detail) == (abs(value) > 65504 or not np.isfinite(value)), out.detail

@@ -428,14 +428,21 @@ def _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup=True):
     return _split_result(mem, ya, pa, t, m, splits, fixup)
 
 
-def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, fixup=True) -> Outcome:
+def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, fixup=True,
+             poison_x=None) -> Outcome:
     """Run an MMQ kernel (fp16 path) on random Q4_K weights and fp32 activations; float64 reference. With
     splits > 1 the kernel's own fixup must leave y complete and the tile counters zero; with fixup=False
-    (counters = 0) it must leave the partials for reduce_splitk, summed here in z order."""
+    (counters = 0) it must leave the partials for reduce_splitk, summed here in z order. `poison_x` = (t, k,
+    value) plants one value in x: the overflow flag must be up exactly when it is not finite in fp16 (the
+    caller then recomputes exactly), and the result within the bar otherwise."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
     x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
+    if poison_x is not None:
+        x[poison_x[0], poison_x[1]] = poison_x[2]
+    with np.errstate(over="ignore"):
+        want_flag = not np.isfinite(x.astype(np.float16)).all()
     mem = _memory()
     wa, xa, fa = mem.alloc(raw), mem.alloc(x), mem.alloc(4, poison=0)
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, meta["bn"], meta["bm"], splits, fixup)
@@ -443,6 +450,10 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, *tail), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
     got = _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
+    if bool(flag) != want_flag:
+        return Outcome(meta.get("name", "mmq"), False, f"overflow flag {flag}, expected {int(want_flag)}", None, None)
+    if want_flag:
+        return Outcome(meta.get("name", "mmq"), True, "overflow flagged (the caller recomputes)", None, None)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3 and flag == 0)

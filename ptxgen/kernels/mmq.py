@@ -9,8 +9,9 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
   `prmt` + `lop3` with the 0x6400 exponent (exact 1024+q, minus 1024), then w = q·(d·sc) − dmin·m in one
   fma.f16x2 (d·sc and dmin·m are formed in fp32 first, as ggml does, and rounded to fp16);
 - activations are loaded fp32 one step ahead into registers and converted to fp16 into shared memory
-  (fused: no separate conversion pass over DRAM); an activation that overflows fp16 raises a flag, and
-  `mul_mat` then recomputes exactly (fp32) instead of returning a wrong answer;
+  (fused: no separate conversion pass over DRAM); an activation that overflows fp16 makes its item's sums
+  non-finite, which raises a flag (checked once per item on the accumulators), and `mul_mat` then recomputes
+  exactly (fp32) instead of returning a wrong answer;
 - fragments come from `ldmatrix.x4` over rows padded to 144 B (8 row addresses hit 8 distinct 16-byte
   bank groups), `mma.sync.m16n8k16.f32.f16.f16.f32` accumulates in fp32;
 - grid: x = token tiles (fastest, so CTAs that share a weight tile run together and reuse it from L2),
@@ -33,6 +34,7 @@ BM, BK, STAGES = 128, 64, 3
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
+F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 SPLIT_K_NOTE = ("split z takes K-steps [z·steps_per_split, ...) and writes its partial tile to part + z·t·m; the CTA "
                 "that arrives last at the tile's counter sums the partials in z order into y (deterministic) and "
                 "resets the counter: no reduction launch. counters = 0 skips that (reduce_splitk runs after)")
@@ -111,6 +113,8 @@ def build(arch, spec: MmqSpec):
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
     smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
+    # CTAs per SM as shared memory allows on the H200 (ptxas keeps the registers to it: n64 took 138 without)
+    b.directives += [".maxntid 256, 1, 1", f".minnctapersm {F16_CTAS_PER_SM[BN]}"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
                   schedule=sched.kind, dynamic_smem=b.dynamic_smem,
                   grid="persistent: min(items, resident CTAs per SM (occupancy calculator) · SMs) CTAs",
@@ -128,8 +132,8 @@ def build(arch, spec: MmqSpec):
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    hmax = b.reg("b32")
-    b.emit("mov.b32", hmax, Imm(0, "b32"))
+    bad = b.reg("b32")  # some item's (partial) result was not finite: an activation overflowed fp16, or x had inf/NaN
+    b.emit("mov.b32", bad, Imm(0, "b32"))
     tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
     items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
     slot = b.op("mov.u32", work)
@@ -147,25 +151,31 @@ def build(arch, spec: MmqSpec):
     # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
     copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
 
-    def issue(step):
-        _issue_raw(b, copies, step, nsteps, raw0, STAGES)
+    def issue(step, stage=None):
+        _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
 
     # --- activations: BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
     nvec = BN * 16 // 256
     xregs = [[b.reg("f32") for _ in range(4)] for _ in range(nvec)]
-    xaddr_tok = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: (
-        b.op("add.u32", b.op("mad.lo.u32", tok, Imm(PAD_ROW, "u32"), b16), b.op("shl.b32", k4, Imm(3, "u32"))),))
+    xaddr_tok = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: ())
+    # unit v's fp16 destination: token tid/16 + 16v, columns 4·(tid % 16): one base, v·16 rows as an immediate
+    x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(4, "u32")), Imm(PAD_ROW, "u32"), b16),
+                 b.op("shl.b32", b.op("and.b32", tid, Imm(15, "b32")), Imm(3, "u32")))
 
-    def load_x(step):
-        _load_x(b, step, xaddr_tok, xregs)
+    # the units' source pointers walk the K range 256 bytes per load (loop-carried: kept, not recomputed)
+    xptr = [b.op("add.s64", u[0], b.op("cvt.u64.u32", b.op("shl.b32", s_begin, Imm(8, "u32")))) for u in xaddr_tok]
+
+    def load_x():  # the next step's activations
+        for ptr, regs in zip(xptr, xregs):
+            b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(ptr))
+            b.emit("add.s64", ptr, ptr, Imm(256, "s64"))
 
     def store_x(boff):
+        dst = b.op("add.u32", x_dst, boff)
         for v in range(nvec):
             lo = b.op("cvt.rn.f16x2.f32", xregs[v][1], xregs[v][0], type="b32")
             hi = b.op("cvt.rn.f16x2.f32", xregs[v][3], xregs[v][2], type="b32")
-            for h in (lo, hi):  # overflow watch: |fp16| max, inf shows as ≥ 0x7C00
-                b.emit("max.f16x2", hmax, hmax, b.op("and.b32", h, Imm(0x7FFF7FFF, "b32")))
-            b.emit("st.shared.v2.b32", Mem(b.op("add.u32", xaddr_tok[v][1], boff)), b.vec([lo, hi]))
+            b.emit("st.shared.v2.b32", Mem(dst, v * 16 * PAD_ROW), b.vec([lo, hi]))
 
     # --- dequant: thread → (row = tid/2, half = tid%2): 32 weights of sub-block 2c + half
     drow = b.op("shr.u32", tid, Imm(1, "u32"))
@@ -176,9 +186,11 @@ def build(arch, spec: MmqSpec):
     magic = b.op("mov.b32", Imm(0x64006400, "b32"))  # two fp16 1024.0: (q | 0x6400) − 1024 = q exactly
     nibmask = b.op("selp.b32", Imm(0x00F000F0, "b32"), Imm(0x000F000F, "b32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
 
-    def dequant(step, boff):
-        stage = b.op("rem.u32", step, Imm(STAGES, "u32"))
-        src = b.op("mad.lo.u32", drow, Imm(RAW_ROW, "u32"), b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0))
+    def stage_of(step):  # the raw ring stage of a K-step: its shared address
+        return b.op("mad.lo.u32", b.op("rem.u32", step, Imm(STAGES, "u32")), Imm(raw_bytes, "u32"), raw0)
+
+    def dequant(step, boff, stage):  # boff: the fp16 buffer's offset, stage: the raw stage's address
+        src = b.op("mad.lo.u32", drow, Imm(RAW_ROW, "u32"), stage)
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
         qs = b.regs("b32", 8)
@@ -234,49 +246,58 @@ def build(arch, spec: MmqSpec):
                     b.emit(mma_sync(arch, "m16n8k16", "f16", v, b.vec(afr[i]), b.vec(bfr[j]), v))
 
     # --- the pipeline. Raw bytes: 3-stage cp.async ring. fp16 tiles: double-buffered, so the MMA of step s
-    # (buffer s % 2) and the dequant + activation conversion of step s+1 (buffer (s+1) % 2) sit in one basic
-    # block: the tensor cores and the integer/fp16 pipes work at the same time, one barrier per step.
+    # (buffer (s - s0) % 2) and the dequant + activation conversion of step s+1 (the other buffer) sit in one basic
+    # block: the tensor cores and the integer/fp16 pipes work at the same time, one barrier per step. The raw
+    # stage's address walks the ring (no remainder by 3 per step) and the activation pointers walk K: under
+    # register pressure ptxas recomputed such addresses every step (420 → 334 SASS per step at n128).
     def boff_of(stp):
-        return b.op("mul.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(pair, "u32"))
+        return b.op("mul.lo.u32", b.op("and.b32", b.op("sub.u32", stp, s_begin), Imm(1, "b32")), Imm(pair, "u32"))
 
     b.comment("prologue: raw steps s0, s0+1 in flight; step s0 dequantized into buffer 0")
     s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
     issue(s_begin)
     issue(b.op("add.u32", s_begin, Imm(1, "u32")))
-    load_x(s_begin)
+    load_x()  # step s0
     b.emit("cp.async.wait_group", Imm(1, "u32"))
     b.emit("bar.sync", Imm(0, "u32"))
-    b0 = boff_of(s_begin)
-    dequant(s_begin, b0)
-    store_x(b0)
+    rcur = stage_of(s_begin)  # raw stage of step s (loop-carried)
+    dequant(s_begin, b.op("mov.u32", Imm(0, "u32")), rcur)
+    store_x(b.op("mov.u32", Imm(0, "u32")))
     issue(b.op("add.u32", s_begin, Imm(2, "u32")))
     step = b.op("mov.u32", s_begin)
     tail = b.label("last_step")
     b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
-    load_x(b.op("add.u32", s_begin, Imm(1, "u32")))
+    load_x()  # step s0 + 1
     b.emit("cp.async.wait_group", Imm(1, "u32"))
     b.emit("bar.sync", Imm(0, "u32"))
+    ring_end = b.op("add.u32", raw0, Imm(STAGES * raw_bytes, "u32"))
     top = b.label("kstep")
     b.place(top)
     nxt = b.op("add.u32", step, Imm(1, "u32"))
-    cur_off, nxt_off = boff_of(step), boff_of(nxt)
-    mma_step(cur_off)  # step s from buffer s % 2 ...
-    dequant(nxt, nxt_off)  # ... while step s+1 is dequantized into the other buffer
+    cur_off = boff_of(step)
+    nxt_off = b.op("sub.u32", Imm(pair, "u32"), cur_off)
+    rnext = b.op("add.u32", rcur, Imm(raw_bytes, "u32"))  # stage (s+1) % 3
+    b.emit("sub.u32", rnext, rnext, b.op("selp.u32", Imm(STAGES * raw_bytes, "u32"), Imm(0, "u32"),
+                                          b.op("setp.ge.u32", rnext, ring_end)))
+    mma_step(cur_off)  # step s from one buffer ...
+    dequant(nxt, nxt_off, rnext)  # ... while step s+1 is dequantized into the other
     store_x(nxt_off)
-    issue(b.op("add.u32", step, Imm(3, "u32")))  # raw stage (s+3) % 3 = s % 3: dequantized last iteration
+    issue(b.op("add.u32", step, Imm(3, "u32")), rcur)  # raw stage (s+3) % 3 = s % 3: dequantized last iteration
     more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
     skip = b.label("no_prefetch")
     b.bra(skip, pred=more, neg=True)
-    load_x(b.op("add.u32", step, Imm(2, "u32")))
+    load_x()  # step s + 2
     b.place(skip)
     b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
-    b.emit("bar.sync", Imm(0, "u32"))  # buffer (s+1) % 2 complete; everyone done reading buffer s % 2
+    b.emit("bar.sync", Imm(0, "u32"))  # the other buffer complete; everyone done reading this one
     b.emit("mov.u32", step, nxt)
+    b.emit("mov.u32", rcur, rnext)
     b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
     b.place(tail)
     b.emit("bar.sync", Imm(0, "u32"))
     mma_step(boff_of(step))  # the last step
     b.emit("cp.async.wait_group", Imm(0, "u32"))
+    _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
 
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
@@ -285,13 +306,23 @@ def build(arch, spec: MmqSpec):
     b.bra(next_item)
     b.place(finish)
     _queue_exit(b, Q, leader)
-    # overflow flag: any converted activation at inf (≥ 0x7C00 in either half)
-    lo_h = b.op("and.b32", hmax, Imm(0xFFFF, "b32"))
-    hi_h = b.op("shr.u32", hmax, Imm(16, "u32"))
-    over = b.op("or.pred", b.op("setp.ge.u32", lo_h, Imm(0x7C00, "u32")), b.op("setp.ge.u32", hi_h, Imm(0x7C00, "u32")))
-    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("setp.ne.u32", bad, Imm(0, "u32")))
     b.emit("ret")
     return b.finish()
+
+
+def _watch_finite(b, values, bad):
+    """The fp16 MMQ's overflow watch, once per item instead of per converted activation: bad |= 1 unless the sum
+    of this thread's accumulators is finite. An activation that overflowed fp16 (inf), or an inf/NaN in x,
+    makes every product with it inf or NaN, which no sum of finite values undoes; a finite result that
+    overflows fp32 in the sum raises it too (harmless: the caller recomputes exactly). One add per accumulator
+    per item, instead of 2 instructions per 2 converted values per step (32 per step per thread at n128)."""
+    part = list(values[:4])
+    for i, v in enumerate(values[4:]):  # 4 chains: short dependences
+        part[i % 4] = b.op("add.f32", part[i % 4], v)
+    tot = b.op("add.f32", b.op("add.f32", part[0], part[1]), b.op("add.f32", part[2], part[3]))
+    fin = b.op("setp.lt.f32", b.op("abs.f32", tot), Imm(float("inf"), "f32"))  # NaN compares false
+    b.emit("or.b32", bad, bad, b.op("selp.b32", Imm(0, "b32"), Imm(1, "b32"), fin))
 
 
 
@@ -380,14 +411,15 @@ def _raw_copies(b, tid, m0, mlast, row_bytes, W):
     return copies
 
 
-def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, extra=None):
+def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, extra=None, sdst=None):
     """cp.async the raw tile of K-step `step` into stage step % stages (nothing past the end), then commit;
-    `extra(step, stage address, live)` adds copies of the same group (the Q8_1 MMQ's activations)."""
+    `extra(step, stage address, live)` adds copies of the same group (the Q8_1 MMQ's activations); `sdst`: that
+    stage's address where the caller has it."""
     live = b.op("setp.lt.u32", step, nsteps)
     sb = b.op("shr.u32", step, Imm(2, "u32"))
     c = b.op("and.b32", step, Imm(3, "b32"))
-    stage = b.op("rem.u32", step, Imm(stages, "u32"))
-    sdst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), raw0)
+    if sdst is None:
+        sdst = b.op("mad.lo.u32", b.op("rem.u32", step, Imm(stages, "u32")), Imm(stage_bytes, "u32"), raw0)
     for ok, part, src_row, dst_off in copies:
         # source byte offset in the row: 144·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
         qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
