@@ -429,6 +429,22 @@ def test_wgmma_mmq_split_k_fixup_with_ctas_taking_turns():
         np.testing.assert_array_equal(out.got, outs[0].got)
 
 
+@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_n32", "mmq_q4_k_wgmma_ra_n128"])
+def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):
+    """Two K-splits take their own path: the first CTA of a tile stores its partial and raises the counter's ready
+    bit, the second waits for it and adds that partial into its accumulators (it stores nothing). With CTAs
+    taking turns the second can be either split, and the sum the same bits (a + b == b + a); sequentially too;
+    the counters end at zero (the harness checks)."""
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    assert "red.release.gpu.global.add.u32" in ptx
+    outs = [check_kernel(name, ptx, seed=5, shape=(131, 40, 1024), splits=2, ctas=3, interleave=rs is not None,
+                         run_seed=rs) for rs in (None, 5, 6, 7)]
+    for out in outs:
+        assert out.ok, out.detail
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out.got, outs[0].got)
+
+
 def run_cluster(body: str, grid: int, threads: int, out, cluster=2, tmap=bytes(128), seed=0):
     """`body` on `grid` CTAs in clusters of `cluster` (the emulator interleaves them); %r31 tid, %rd15 out, %r30 sm."""
     ptx = HEADER.replace("%rd<16>;", "%rd<16>;\n\t.reg .b16 %rs<4>;") + \

@@ -37,6 +37,7 @@ _NP = {"bf16x2": np.uint32, "u8": np.uint8, "s8": np.int8, "b8": np.uint8, "u16"
        "u64": np.uint64, "s64": np.int64, "b64": np.uint64, "f64": np.float64, "f16x2": np.uint32, "pred": np.bool_}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TYPES = set(_NP)
+_ORDER_SCOPE = {"weak", "relaxed", "acquire", "release", "acq_rel", "volatile", "cta", "cluster", "gpu", "sys"}
 
 
 def bits_of(values: np.ndarray, t: str) -> np.ndarray:
@@ -589,9 +590,14 @@ class Emulator(HopperOps):
                 return m
         raise EmulationError(f"{ins.opcode}: no type suffix")
 
+    def _space(self, ins) -> str:
+        """The state space of a memory instruction, past its memory-order and scope qualifiers (ld.acquire.gpu.
+        global, red.release.gpu.global: global memory is sequentially consistent here, so they order nothing)."""
+        return next(m for m in ins.mods[1:] if m not in _ORDER_SCOPE)
+
     def _op_ld(self, ins, ex, grp):
         t = self._type(ins)
-        space = ins.mods[1]
+        space = self._space(ins)
         vec = next((int(m[1:]) for m in ins.mods if m in ("v2", "v4", "v8")), 1)
         width = np.dtype(_NP[t]).itemsize
         dsts = self._vec(ins.operands[0])
@@ -617,7 +623,7 @@ class Emulator(HopperOps):
 
     def _op_st(self, ins, ex, grp):
         t = self._type(ins)
-        space = ins.mods[1]
+        space = self._space(ins)
         width = np.dtype(_NP[t]).itemsize
         srcs = self._vec(ins.operands[1])
         addrs, _ = self._addr(ins.operands[0], ex)
@@ -1025,12 +1031,17 @@ class Emulator(HopperOps):
         j = np.where(ok, j, lanes)
         self._set(d, ex, src[warps * 32 + j], "u64")
 
-    def _op_atom(self, ins, ex, grp):
+    def _op_red(self, ins, ex, grp):
+        """red.{order}.{scope}.global.op.type [a], v: an atom without the old value."""
+        self._op_atom(ins, ex, grp, red=True)
+
+    def _op_atom(self, ins, ex, grp, red=False):
         t = self._type(ins)
-        op = ins.mods[2]
-        if ins.mods[1] != "global" or op not in ("add", "exch", "max", "min"):
+        mods = [m for m in ins.mods[1:] if m not in _ORDER_SCOPE]
+        op = mods[1]
+        if mods[0] != "global" or op not in ("add", "exch", "max", "min"):
             raise Unsupported(ins.opcode)
-        d, addr, v = ins.operands
+        d, addr, v = (None, *ins.operands) if red else ins.operands
         addrs, _ = self._addr(addr, ex)
         vals = self._val(v, t, ex)
         width = np.dtype(_NP[t]).itemsize
@@ -1041,7 +1052,8 @@ class Emulator(HopperOps):
             new = {"add": lambda: cur + vals[i], "exch": lambda: vals[i], "max": lambda: max(cur, vals[i]),
                    "min": lambda: min(cur, vals[i])}[op]()
             self.memory.store(addrs[i:i + 1], np.array([new], _NP[t]).view(np.uint8).reshape(1, -1), ins.text)
-        self._set(d, ex, old, t)
+        if d is not None:
+            self._set(d, ex, old, t)
 
     def _op_dp4a(self, ins, ex, grp):
         ta, tb = ins.mods[1], ins.mods[2]

@@ -1157,7 +1157,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if CL > 1:  # an odd last group's second M-tile lies past M: it only took part in the multicast ring
         b.bra(c_item, pred=b.op("setp.ge.u32", tm, tiles_m))
     _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, b.op("mad.lo.u32", tm, tiles_n, tn),
-                    b.op("mul.lo.u32", tiles_m, tiles_n), z, splits, split_k, b.op("mov.u32", fix_slot), C, P, Y0, M, T)
+                    b.op("mul.lo.u32", tiles_m, tiles_n), z, splits, split_k, b.op("mov.u32", fix_slot), C, P, Y0, M, T,
+                    pair_chunk=PAIR_CHUNK.get((ra, BN), 0))
     b.bra(c_item)
     b.place(c_end)
     if CL > 1:
@@ -1167,7 +1168,57 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.emit("ret")
     return b.finish()
 
-def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, splits, split_k, slot, C, P, Y0, M, T):
+def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, slot, C, P, Y0, M, T, leader, barrier,
+                      done, chunk):
+    """Split-K with two splits (the T=512 shapes of M=4096): the first CTA of the tile to count in stores its
+    partial (fragment order, as below), fences and raises the counter's ready bit (4); the second (count 1 or 5)
+    neither stores nor re-reads its own: it waits for the ready bit, adds the other partial into its
+    accumulators `chunk` fragments at a time and writes y. Deterministic: one addition per value, and
+    a + b == b + a exactly. No deadlock: the first CTA waits for nothing once it has counted in."""
+    nq = len(frags)
+    cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
+    old = b.reg("u32")
+    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
+    b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
+    b.emit("bar.sync", *barrier)
+    second = b.op("setp.eq.u32", b.op("and.b32", b.op("ld.shared.u32", Mem(slot, 4)), Imm(3, "b32")), Imm(1, "u32"))
+    b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
+    def partial(split):  # this thread's first fragment of `split`'s partial tile
+        return b.op("mad.wide.u32", b.op("mad.lo.u32", b.op("mad.lo.u32", split, tiles, tile), Imm(nq * 256, "u32"), ct),
+                    Imm(16, "u32"), P)
+
+    mine = partial(z)
+    reduce = b.label("pair_reduce")
+    b.bra(reduce, pred=second)
+    for q, f in enumerate(frags):
+        b.emit("st.global.v4.f32", Mem(mine, q * 4096), b.vec(f))
+    b.emit("membar.gl")  # this thread's partial stores are visible before the ready bit
+    b.emit("bar.sync", *barrier)
+    b.emit("red.release.gpu.global.add.u32", Mem(cnt), Imm(4, "u32"), pred=leader)
+    b.bra(done)
+    b.place(reduce)
+    spin = b.label("pair_wait")  # every thread acquires the ready bit itself (no divergent warp before a barrier)
+    b.place(spin)
+    b.bra(spin, pred=b.op("setp.eq.u32", b.op("and.b32", b.op("ld.acquire.gpu.global.u32", Mem(cnt)), Imm(4, "b32")),
+                          Imm(0, "u32")))
+    other = partial(b.op("xor.b32", z, Imm(1, "b32")))  # z is 0 or 1
+    for c0 in range(0, nq, chunk):
+        loaded = []
+        for q in range(c0, min(nq, c0 + chunk)):
+            v = b.regs("f32", 4)
+            b.emit("ld.global.cg.v4.f32", b.vec(v), Mem(other, q * 4096))
+            loaded.append((q, v))
+        for q, v in loaded:
+            for e in range(4):
+                b.emit("add.rn.f32", frags[q][e], frags[q][e], v[e])
+    epilogue.lower_mma_sync(b, [frags], lane, m0, cw, 16, n0, b.op("mov.u32", Imm(0, "u32")), 8 * nq, M, T, Y0)
+    b.emit("bar.sync", *barrier)  # every thread has seen the ready bit before the reset
+    b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)  # both counted in, ready seen: reset
+    b.bra(done)
+
+
+def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, splits, split_k, slot, C, P, Y0, M, T,
+                    pair_chunk=0):
     """The wgmma MMQs' epilogue. One split: the accumulators straight into y. Split-K: every CTA stores its partial
     tile in fragment order (part + ((z·tiles + tile)·BN/8 + q)·4096 + 16·ct: one 16-byte store per m16n8 fragment
     q, coalesced) and counts itself in at the tile's counter; the last CTA of the tile sums the partials in z order
@@ -1182,6 +1233,12 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
     barrier = (Imm(3, "u32"), Imm(256, "u32"))  # the 256 consumer threads
     leader = b.op("setp.eq.u32", ct, Imm(0, "u32"))
     nq = BN // 8
+    if pair_chunk:
+        general = b.label("epi_splits")
+        b.bra(general, pred=b.op("setp.eq.u32", splits, Imm(2, "u32")), neg=True)
+        _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, slot, C, P, Y0, M, T, leader,
+                          barrier, done, pair_chunk)
+        b.place(general)
     mine = b.op("mad.wide.u32", b.op("mad.lo.u32", b.op("mad.lo.u32", z, tiles, tile), Imm(nq * 256, "u32"), ct),
                 Imm(16, "u32"), P)
     for q, f in enumerate(frags):
@@ -1353,6 +1410,10 @@ def build_reduce(arch):
 
 
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
+# two K-splits: the second CTA adds the first's partial into its accumulators, this many fragments at a time
+# (registers beside the live accumulators; 0: the general fixup). Keyed by (A from registers, token tile).
+PAIR_CHUNK = {(True, 256): 16, (True, 192): 8, (True, 128): 8, (False, 256): 4, (False, 128): 8, (False, 64): 8,
+              (False, 32): 8}
 RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
 WGMMA_RA_TOKEN_TILES = (128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (emulator-verified; not dispatched yet)
