@@ -929,8 +929,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
                              "CTA to finish resets the queue",
                   split_k="split z takes K-steps [z·steps_per_split, ...); each CTA stores its partial tile in "
                           "fragment order (part: splits x tiles x 128·BN floats) and counts in at the tile's counter; "
-                          "the last sums the partials in z order (its own from registers) into y and resets the counter "
-                          "(the 256 consumer threads, named barrier 3): no reduction launch, counters required",
+                          "the last sums the partials in z order into y and resets the counter (the 256 consumer "
+                          "threads, named barrier 3); with two splits the second to count in stores nothing: it waits "
+                          "for the first's ready bit (counter + 4) and adds that partial into its accumulators. No "
+                          "reduction launch, counters required",
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
@@ -1225,7 +1227,8 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
     and writes y. The sum's order is fixed, so the result does not depend on which CTA comes last; no reduction
     launch, the partials are read once, by one CTA, 64 values per thread and split at a time. (Its own partial
     comes back from L2 too: adding it from the accumulators keeps them live beside the sums, and the n256 builds
-    spill at 168 registers.)"""
+    spill at 168 registers.) With two splits and `pair_chunk` > 0 `_wgmma_two_splits` runs instead: one addition
+    per value needs no z order, so the second CTA adds the first's partial straight into its accumulators."""
     frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
     zero = b.op("mov.u32", Imm(0, "u32"))
     direct, done = b.label("epi_direct"), b.label("epi_done")
@@ -1416,7 +1419,8 @@ PAIR_CHUNK = {(True, 256): 16, (True, 192): 8, (True, 128): 8, (False, 256): 4, 
               (False, 32): 8}
 RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
 WGMMA_RA_TOKEN_TILES = (128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
-WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (emulator-verified; not dispatched yet)
+WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
+# single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, session 11)
 RA_RELOCATABLE_MAX_BN = 192  # above, it fits only with setmaxnreg honoured: compiled whole-program (driver JIT)
 
 
