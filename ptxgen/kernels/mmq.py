@@ -483,17 +483,25 @@ def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles
     b.place(done)
 
 
-def _count_in(b, tile, C, leader, slot, splits, barrier, done):
-    """Split-K arrival, after the CTA's partial stores (membar.gl'd) and a barrier: the leader counts the CTA in
-    at the tile's counter and shares the old count through `slot`; every CTA but the tile's last branches to
-    `done`; the last fences (membar.gl) before it reads the others' partials. Returns the counter's address."""
+def _arrive(b, tile, C, leader, slot, barrier, decide):
+    """The leader counts the CTA in at the tile's counter (atom.add 1) and shares the old count through `slot`;
+    every thread applies `decide` to it before the slot is free again. Returns (counter address, decision)."""
     cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
     old = b.reg("u32")
     b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
     b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
     b.emit("bar.sync", *barrier)
-    last = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(slot, 4)), b.op("sub.u32", splits, Imm(1, "u32")))
+    decision = decide(b.op("ld.shared.u32", Mem(slot, 4)))
     b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
+    return cnt, decision
+
+
+def _count_in(b, tile, C, leader, slot, splits, barrier, done):
+    """Split-K arrival, after the CTA's partial stores (membar.gl'd) and a barrier: the leader counts the CTA in
+    at the tile's counter and shares the old count through `slot`; every CTA but the tile's last branches to
+    `done`; the last fences (membar.gl) before it reads the others' partials. Returns the counter's address."""
+    cnt, last = _arrive(b, tile, C, leader, slot, barrier,
+                        lambda old: b.op("setp.eq.u32", old, b.op("sub.u32", splits, Imm(1, "u32"))))
     b.bra(done, pred=last, neg=True)
     b.emit("membar.gl")
     return cnt
@@ -1178,13 +1186,8 @@ def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, 
     accumulators `chunk` fragments at a time and writes y. Deterministic: one addition per value, and
     a + b == b + a exactly. No deadlock: the first CTA waits for nothing once it has counted in."""
     nq = len(frags)
-    cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
-    old = b.reg("u32")
-    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
-    b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
-    b.emit("bar.sync", *barrier)
-    second = b.op("setp.eq.u32", b.op("and.b32", b.op("ld.shared.u32", Mem(slot, 4)), Imm(3, "b32")), Imm(1, "u32"))
-    b.emit("bar.sync", *barrier)  # everyone has read the slot before it is written again
+    cnt, second = _arrive(b, tile, C, leader, slot, barrier,
+                          lambda old: b.op("setp.eq.u32", b.op("and.b32", old, Imm(3, "b32")), Imm(1, "u32")))
     def partial(split):  # this thread's first fragment of `split`'s partial tile
         return b.op("mad.wide.u32", b.op("mad.lo.u32", b.op("mad.lo.u32", split, tiles, tile), Imm(nq * 256, "u32"), ct),
                     Imm(16, "u32"), P)
