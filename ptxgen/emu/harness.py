@@ -456,7 +456,7 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
         return Outcome(meta.get("name", "mmq"), True, "overflow flagged (the caller recomputes)", None, None)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-    ok = bool(np.isfinite(got).all() and rel <= 1e-3 and flag == 0)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-3)  # the flag was checked above (down: no overflow)
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}, {splits} split(s)",
                    got, want)
 
