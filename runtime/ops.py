@@ -368,10 +368,15 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         tc = knobs.q4k_mma() if _q4k_mma_build(arch, "gemv_q4_k_mma") else "off"
     min_tokens = mma_min_tokens(w.fmt, m, k)
     xr = w.fmt == "q4_K" and _xr_ok(k)
+    t1 = (w.fmt == "q4_K" and tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", arch) is not None
+          and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and m * k >= Q4K_T1_MIN_WEIGHTS)))
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
             _xr_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
+            continue
+        if t1 and n == 1:  # one token on the tensor cores, (hi, lo) B columns (README, Knobs)
+            _t1_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
             continue
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
@@ -410,6 +415,19 @@ def _xr_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> No
     slots = fn.resident_per_sm(threads, smem) * current().sm_count
     rows = min(fn.meta["max_rows_per_cta"], max(1, -(-m // slots)))
     fn.launch((-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
+
+
+def _t1_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> None:
+    """One token through prep_q4k_t1 (x → a 1088-byte record per super-block: scaled fp16 hi/lo B pairs, min
+    pairs, factor) and gemv_q4_k_mma_t1 behind it (programmatic dependent launch where the build has it),
+    split-K by gemv_splits."""
+    from ptxgen.formats import tq4_1s as T4
+
+    rec = DeviceArray.empty((k // 256 * T4.T1_RECORD,), np.uint8)
+    kernels.load("prep_q4k_t1", arch).launch(((k // 32 + 7) // 8,), (x_ptr, rec, k))
+    fn = kernels.load("gemv_q4_k_mma_t1", arch)
+    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, 1, fn.resident_per_sm())
+    fn.launch((ctas, splits), (w.buffer, rec, y_ptr, m, k, 1, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:
@@ -522,6 +540,10 @@ Q4K_MMA_GEMV_MIN_TOKENS = 2
 # sm_89 lane kernel's 30.0 / 25.9 / 27.2 on 18944x3584 / 4096x14336 / 14336x4096, 13.2 vs 11.6 on 3584x3584, and
 # faster from T=2 on every shape (bench/results/bench_gemv_q4k_sm89_session8_residency_fix.log)
 Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
+# the one-token tensor-core GEMV (gemv_q4_k_mma_t1) from this many weights (H200, session 12, µs, it / the kernels
+# above: 4096x14336 20.2 / 22.7, 14336x4096 19.9 / 23.1, 18944x3584 20.5 / 24.8, 3584x18944 21.7 / 25.2, 4608x3584
+# (16.5 M) 11.9 / 13.3; 3584x3584 (12.8 M) 11.2 / 10.3; bench/results/probe_q4k_t1_session12.log)
+Q4K_T1_MIN_WEIGHTS = 14 << 20
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
 # 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8

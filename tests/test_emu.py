@@ -514,6 +514,55 @@ def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch
         assert out.ok, (bad, out.detail)
 
 
+def test_prep_q4k_t1_is_bit_exact_to_the_numpy_model():
+    """prep_q4k_t1 (the one-token Q4_K tensor-core GEMV's activation): records bit for bit against
+    formats.tq4_1s.q4k_t1_records, with a zero, a tiny, a huge and a quiet block and an inf."""
+    ptx = KERNELS["prep_q4k_t1"].for_arch("sm_89").ptx()
+    for shape in ((1, 768), (1, 256), (1, 1536)):
+        out = check_kernel("prep_q4k_t1", ptx, seed=2, shape=shape)
+        assert out.ok, (shape, out.detail)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_89", "sm_120a"])
+def test_q4_k_one_token_tensor_core_gemv(arch):
+    """gemv_q4_k_mma_t1 (T = 1: B columns hi and lo, a lane's qs chunk of two rows, cp.async ring): one to several
+    super-blocks, 1-3 K-splits, M not a multiple of the CTA's 64 rows, activations of every scale, within 1e-5 of
+    the float64 reference (outputs NaN-poisoned first); an inf or a NaN in x gives non-finite outputs exactly
+    where the reference has them. sm_89 / sm_120a: 3 ring stages instead of 4."""
+    ptx = KERNELS["gemv_q4_k_mma_t1"].for_arch(arch).ptx()
+    for i, kw in enumerate((dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
+                            dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
+                            dict(shape=(5, 256), splits=1))):
+        out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=3 + i, **kw)
+        assert out.ok, (kw, out.detail)
+    for bad in (np.inf, np.nan):
+        out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=4, shape=(40, 512), splits=1, poison_x=(0, 77, bad))
+        assert out.ok, (bad, out.detail)
+
+
+@pytest.mark.parametrize("mutation", ["no_lo_column", "no_min_pairs", "no_factor"])
+def test_q4_k_one_token_gemv_mutations_fail(monkeypatch, mutation):
+    """The one-token GEMV's harness is not blind: records without the lo halves (x in fp16 only), without the
+    min pairs (the dmin·Σ m·Σx term) or with the factor 2^-s read as 1 must fail the 1e-5 bar."""
+    from ptxgen.emu import harness
+
+    real = harness.T4.q4k_t1_records
+
+    def mutated(a):
+        rec = real(a).reshape(-1, harness.T4.T1_RECORD).copy()
+        if mutation == "no_lo_column":  # bytes 128·i + 64 .. 128·i + 127: lanes 4-7 (column 1)
+            rec[:, :1024].reshape(-1, 8, 2, 64)[:, :, 1] = 0
+        elif mutation == "no_min_pairs":
+            rec[:, 1024:1056] = 0
+        else:
+            rec[:, 1056:1060] = np.frombuffer(np.float32(1.0).tobytes(), np.uint8)
+        return rec.reshape(-1)
+    monkeypatch.setattr(harness.T4, "q4k_t1_records", mutated)
+    ptx = KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").ptx()
+    out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=3, shape=(40, 1024), splits=1)
+    assert not out.ok and "relative error" in out.detail, out.detail
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
 def test_q4_k_register_activation_gemv(arch):
     """gemv_q4_k_xr (T = 1, x held in registers, nibbles → 2 + q/8 by prmt): K with idle lanes (20 and 36 units of

@@ -255,7 +255,7 @@ def test_fast_mode_picks_the_q8_1_mmq_where_it_measured_faster():
     assert [q8_path(t, "mma.sync") for t in (9, 16, 17, 32, 33)] == ["q8", "q8", "q8_pre", "q8_pre", None]
 
 
-@pytest.mark.parametrize("var,fn", [("PTXGEN_TQ4_MMA", "tq4_mma"), ("PTXGEN_Q4K_MMA", "q4k_mma")])
+@pytest.mark.parametrize("var,fn", [("PTXGEN_TQ4_MMA", "tq4_mma"), ("PTXGEN_Q4K_MMA", "q4k_mma"), ("PTXGEN_Q4K_T1", "q4k_t1")])
 def test_tensor_core_gemv_knobs_are_auto_on_or_off_and_reject_anything_else(monkeypatch, var, fn):
     from ptxgen import knobs
 

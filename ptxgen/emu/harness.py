@@ -211,22 +211,51 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
                    np.concatenate(got), np.concatenate(want))
 
 
+def _prep_q4k_t1(ptx: str, rng, shape=(1, 768), seed=None) -> Outcome:
+    """prep_q4k_t1: one token → q4k_t1_records(x) bit for bit (a zero, a tiny and a huge block, a quiet
+    super-block; an inf's block compares its NaN halves by "is NaN")."""
+    _, k = shape
+    x = (rng.standard_normal((1, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    if k >= 512:
+        x[0, 0:32] = 0
+        x[0, 32:64] *= np.float32(1e-30)
+        x[0, 64:96] *= np.float32(1e30)
+        x[0, 256:512] *= np.float32(1e-3)
+    if k >= 768:
+        x[0, 600] = np.inf
+    want = T4.q4k_t1_records(x)
+    mem = _memory()
+    xa, ra = mem.alloc(x), mem.alloc(want.nbytes, poison=0xFF)
+    nb = k // 32
+    _run(ptx, ((nb + 7) // 8,), (256,), (xa, ra, k), mem, seed=seed)
+    got = mem.view(ra, np.uint8, (want.nbytes,))
+    gh, wh = got.view(np.float16), want.view(np.float16)
+    same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
+    ok = bool(same.all())
+    return Outcome("prep_q4k_t1", ok, "bit-exact" if ok else f"{np.count_nonzero(~same)} halves differ", got, want)
+
+
 def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
     """The tensor-core Q4_K GEMV on tiles, factors and min fragments from the NumPy model (to_mma_tiles(x,
-    Q4K_GROUP), mma_min_fragments of the unrotated x): against the float64 reference, relative error ≤ 1e-5; split-K counters back at zero."""
+    Q4K_GROUP), mma_min_fragments of the unrotated x) — or, for the one-token build (meta layout
+    "q4k_t1_records"), on q4k_t1_records(x): against the float64 reference, relative error ≤ 1e-5; split-K
+    counters back at zero."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
+    t1 = meta["layout"] == "q4k_t1_records"
     m, k = shape or (rows * 2 + 5, 512)
-    n = ntok or int(rng.integers(8 * groups - 7, 8 * groups + 1))
+    n = 1 if t1 else ntok or int(rng.integers(8 * groups - 7, 8 * groups + 1))
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
-    # one prep per group of 8 tokens, the groups' buffers back to back
-    parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) + (T4.mma_min_fragments(x[8 * i:8 * i + 8]),)
-             for i in range(groups)]
-    tiles, factors, sums = (np.concatenate([p_[j] for p_ in parts]) for j in range(3))
     mem = _memory()
-    wa, ta, fa, sa = mem.alloc(raw), mem.alloc(tiles), mem.alloc(factors), mem.alloc(sums)
+    wa = mem.alloc(raw)
+    if t1:
+        acts = (mem.alloc(T4.q4k_t1_records(x)),)
+    else:  # one prep per group of 8 tokens, the groups' buffers back to back
+        parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) + (T4.mma_min_fragments(x[8 * i:8 * i + 8]),)
+                 for i in range(groups)]
+        acts = tuple(mem.alloc(np.concatenate([p_[j] for p_ in parts])) for j in range(3))  # tiles, factors, sums
     ya = mem.alloc(n * m * 4, poison=0xFF)
     ctas = (m + rows - 1) // rows
     nsteps = k // 256
@@ -235,7 +264,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
-    _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, ta, fa, sa, ya, m, k, n, part, ca), mem,
+    _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, *acts, ya, m, k, n, part, ca), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(ca, np.uint32, (ctas * meta["warps"],)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
@@ -598,6 +627,8 @@ HARNESSES["prep_mma_f16"] = _prep_mma_f16
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)
+HARNESSES["gemv_q4_k_mma_t1"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_t1", 2)
+HARNESSES["prep_q4k_t1"] = _prep_q4k_t1
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 for _bn in (128, 192, 256):

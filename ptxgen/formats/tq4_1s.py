@@ -258,6 +258,40 @@ def mma_min_fragments(a: np.ndarray) -> np.ndarray:
     return np.concatenate([hi4, lo4], axis=3).reshape(-1).view(np.uint8).copy()
 
 
+T1_RECORD = 1088  # bytes per super-block of q4k_t1_records: 1024 of B fragments + 64 of min fragment and factor
+
+
+def q4k_t1_records(a: np.ndarray) -> np.ndarray:
+    """The one-token Q4_K tensor-core GEMV's activation (gemv_q4_k_mma_t1, prep_q4k_t1): x (1, K) fp32 → one
+    1088-byte record per super-block, (K/256 × 1088) bytes. x·2^s (one s per super-block, as to_mma_tiles(x,
+    Q4K_GROUP)) split into fp16 hi + lo; lane 4g + t of the GEMV owns sub-blocks 2t (low nibbles) and 2t + 1
+    (high) and its MMA pair i covers elements 4i .. 4i + 3 of both, so B column g = 0 carries hi and g = 1 lo:
+    bytes 128·i + 16·(4g + t) hold, for sub-block 2t then 2t + 1, the pairs (e 4i, e 4i + 2) and (e 4i + 1,
+    e 4i + 3) — the k order of the A fragments the nibble masks 0x000F000F / 0x00F000F0 give (bytes 0, 2 and,
+    after a shift by 8, bytes 1, 3). Bytes 1024 + 4·(4g + t): the min-term B pair (S_2t, S_2t+1) of the scaled
+    block sums (butterfly order) times 2^MIN_FRAG_SHIFT, hi for g = 0 and lo for g = 1; bytes 1056-1059: the
+    factor 2^-s (fp32); the rest zero."""
+    a = f32(a)
+    if a.ndim != 2 or a.shape[0] != 1:
+        raise ValueError(f"q4k_t1_records: one token (1, K), got shape {a.shape}")
+    xs, s = _mma_scaled(a, Q4K_GROUP)
+    nsb = xs.shape[1] // 8
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi = xs[0].astype(np.float16)
+        lo = np.where(np.isfinite(hi), (xs[0] - hi.astype(F32)).astype(np.float16), np.float16(0))
+        sv = (mma_block_sums(a, Q4K_GROUP)[:, 0] * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)
+        shi = sv.astype(np.float16)
+        slo = np.where(np.isfinite(shi), (sv - shi.astype(F32)).astype(np.float16), np.float16(0))
+    # element [sb, t, nib, i, p] (sub-block 2t + nib, element 4i + p) → [sb, i, g, t, nib, p & 1, p >> 1]
+    main = np.stack([v.reshape(nsb, 4, 2, 8, 2, 2).transpose(0, 3, 1, 2, 5, 4) for v in (hi, lo)], axis=2)
+    rec = np.zeros((nsb, T1_RECORD), np.uint8)
+    rec[:, :1024] = main.reshape(nsb, -1).view(np.uint8)
+    mins = np.stack([shi.reshape(nsb, 8), slo.reshape(nsb, 8)], axis=1)  # [sb, g, j] = [sb, g, t, pair]
+    rec[:, 1024:1056] = mins.reshape(nsb, -1).view(np.uint8)
+    rec[:, 1056:1060] = ((127 - s[0, ::8]) << 23).astype(np.uint32).reshape(nsb, 1).view(np.uint8)
+    return rec.reshape(-1)
+
+
 def mma_element_table() -> np.ndarray:
     """The tensor-core GEMV's codebook in shared memory: for each index i, one word (hi(C[i]), lo(C[i])) as
     fp16 (hi in the low half), where hi = fp16(C[i]) and lo = fp16(C[i] - hi), repeated for the 32 lanes

@@ -1277,7 +1277,7 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mti
                     gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
 
 
-def build_prep_mma(arch, rotate: bool = True):
+def build_prep_mma(arch, rotate: bool = True, t1: bool = False):
     """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
     One warp per (token, block) for all 8 tokens: tokens past T write zeros.
@@ -1285,39 +1285,53 @@ def build_prep_mma(arch, rotate: bool = True):
     rotate=False (prep_mma_f16, for the Q4_K tensor-core GEMV): no RHT, one scale per super-block and token (the
     max over its 8 blocks: each lane reads its element of all 8; tiles and factors of
     to_mma_tiles(x, Q4K_GROUP)), and a third output, the min-term B fragments of each super-block
-    (formats.tq4_1s.mma_min_fragments: the scaled block sums by a warp butterfly, times 2^-6, fp16 hi + lo)."""
-    name = "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
+    (formats.tq4_1s.mma_min_fragments: the scaled block sums by a warp butterfly, times 2^-6, fp16 hi + lo).
+
+    t1=True (prep_q4k_t1, for gemv_q4_k_mma_t1): one token, the same values written as
+    formats.tq4_1s.q4k_t1_records (a 1088-byte record per super-block: B pairs, min pairs, factor)."""
+    assert not (t1 and rotate)
+    name = "prep_q4k_t1" if t1 else "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
+                                   "one token's activation: scaled fp16 hi/lo records (gemv_q4_k_mma_t1)" if t1 else
                                    "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
-    x_p, bt_p, f_p = b.param("x", "u64", "ptr:in"), b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
-    s_p = None if rotate else b.param("minfrag", "u64", "ptr:out")
-    n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
-    b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(8 * k / 32 / 8)", layout="to_mma_tiles")
+    x_p = b.param("x", "u64", "ptr:in")
+    if t1:
+        bt_p, k_p = b.param("records", "u64", "ptr:out"), b.param("k", "u32")
+        b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(k / 32 / 8)", layout="q4k_t1_records")
+    else:
+        bt_p, f_p = b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
+        s_p = None if rotate else b.param("minfrag", "u64", "ptr:out")
+        n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
+        b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(8 * k / 32 / 8)", layout="to_mma_tiles")
     if arch.has("griddepcontrol"):
         b.emit("griddepcontrol.launch_dependents")
-    x, BT, F = b.ptr(x_p), b.ptr(bt_p), b.ptr(f_p)
-    ntok, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
+    x, BT = b.ptr(x_p), b.ptr(bt_p)
+    ntok, K = (Imm(1, "u32") if t1 else b.ld_param(n_p, "u32")), b.ld_param(k_p, "u32")
     nb = b.op("shr.u32", K, Imm(5, "u32"))
-    lane, item, done = warp_per_item(b, b.op("shl.b32", nb, Imm(3, "u32")), WARPS)
-    tok = b.op("div.u32", item, nb)
-    j = b.op("rem.u32", item, nb)
-    live = b.op("setp.lt.u32", tok, ntok)
-    v = b.reg("f32")
-    b.emit("mov.f32", v, Imm(0.0, "f32"))
-    skip = b.label("no_token")
-    b.bra(skip, pred=live, neg=True)
-    if rotate:
-        _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
+    lane, item, done = warp_per_item(b, nb if t1 else b.op("shl.b32", nb, Imm(3, "u32")), WARPS)
+    if t1:  # one token: every warp's block is live
+        tok, j, live = Imm(0, "u32"), item, None
+        v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", j, Imm(32, "u32"), lane), Imm(4, "u32"), x)))
     else:
-        off = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, j), Imm(32, "u32"), lane)
-        rv = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
-    b.emit("mov.f32", v, rv)
-    b.place(skip)
+        tok = b.op("div.u32", item, nb)
+        j = b.op("rem.u32", item, nb)
+        live = b.op("setp.lt.u32", tok, ntok)
+        v = b.reg("f32")
+        b.emit("mov.f32", v, Imm(0.0, "f32"))
+        skip = b.label("no_token")
+        b.bra(skip, pred=live, neg=True)
+        if rotate:
+            _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
+        else:
+            off = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, j), Imm(32, "u32"), lane)
+            rv = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
+        b.emit("mov.f32", v, rv)
+        b.place(skip)
     mbits = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"), type="b32")
     if not rotate:  # the super-block's max: this lane's element of each of its 8 blocks (tokens past T: zeros)
-        first = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, b.op("and.b32", j, Imm(~7 & 0xFFFFFFFF, "b32"))),
-                     Imm(32, "u32"), lane)
+        sb0 = b.op("and.b32", j, Imm(~7 & 0xFFFFFFFF, "b32"))
+        first = b.op("mad.lo.u32", sb0 if t1 else b.op("mad.lo.u32", tok, nb, sb0), Imm(32, "u32"), lane)
         p0 = b.op("mad.wide.u32", first, Imm(4, "u32"), x)
         for i in range(T4.Q4K_GROUP):
             o_ = b.reg("b32")
@@ -1336,6 +1350,14 @@ def build_prep_mma(arch, rotate: bool = True):
     lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", xs, back), type="b16")
     fin = b.op("setp.ne.b16", b.op("and.b16", hi, Imm(0x7C00, "b16")), Imm(0x7C00, "b16"))  # hi finite
     lo = b.op("selp.b16", lo, Imm(0, "b16"), fin)
+    fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
+    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    if t1:
+        _prep_t1_stores(b, BT, j, lane, lead, hi, lo, fbits, xs)
+        b.place(done)
+        b.emit("ret")
+        return b.finish()
+    F = b.ptr(f_p)
     # element e = lane: half h = e / 16, t = (e % 16) / 4, slot e % 4 → tile 2j + h, lane 4·tok + t, byte 2·slot
     h = b.op("shr.u32", lane, Imm(4, "u32"))
     tt = b.op("and.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(3, "b32"))
@@ -1345,20 +1367,11 @@ def build_prep_mma(arch, rotate: bool = True):
     p = b.op("add.s64", BT, b.op("cvt.u64.u32", off))
     b.emit("st.global.b16", Mem(p), hi)
     b.emit("st.global.b16", Mem(p, 8), lo)
-    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
     slot = b.op("mad.lo.u32", j, Imm(8, "u32"), tok)
     b.emit("st.global.b32", Mem(b.op("mad.wide.u32", slot, Imm(4, "u32"), F)), fbits, pred=lead)
     if not rotate:  # Σ of the scaled block, butterfly order, x 2^-6 as fp16 hi + lo into the min-term fragment
-        tot = xs  # of its super-block: byte 256·(j / 8) + 8·(4·tok + (j % 8) / 2) + 2·(j % 2), lo 4 bytes on
-        for o_ in (16, 8, 4, 2, 1):
-            tot = b.op("add.rn.f32", tot, b.op("shfl.sync.bfly.b32", tot, Imm(o_, "u32"), Imm(31, "u32"),
-                                                 Imm(0xFFFFFFFF, "b32"), type="f32"))
-        sv = b.op("mul.rn.f32", tot, Imm(2.0 ** T4.MIN_FRAG_SHIFT, "f32"))
-        shi = b.op("cvt.rn.f16.f32", sv, type="b16")
-        slo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", sv, b.op("cvt.f32.f16", shi)), type="b16")
-        sfin = b.op("setp.ne.b16", b.op("and.b16", shi, Imm(0x7C00, "b16")), Imm(0x7C00, "b16"))
-        slo = b.op("selp.b16", slo, Imm(0, "b16"), sfin)
+        # of its super-block: byte 256·(j / 8) + 8·(4·tok + (j % 8) / 2) + 2·(j % 2), lo 4 bytes on
+        shi, slo = _min_pair(b, xs)
         jj = b.op("and.b32", j, Imm(7, "b32"))
         foff = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", j, Imm(3, "u32")), Imm(8, "u32")),
                     b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", tok, Imm(4, "u32"), b.op("shr.u32", jj, Imm(1, "u32"))),
@@ -1370,6 +1383,47 @@ def build_prep_mma(arch, rotate: bool = True):
     b.place(done)
     b.emit("ret")
     return b.finish()
+
+
+def _min_pair(b, xs):
+    """The block's scaled sum (warp butterfly) times 2^MIN_FRAG_SHIFT as fp16 (hi, lo); lo = 0 where hi is not
+    finite."""
+    tot = xs
+    for o_ in (16, 8, 4, 2, 1):
+        tot = b.op("add.rn.f32", tot, b.op("shfl.sync.bfly.b32", tot, Imm(o_, "u32"), Imm(31, "u32"),
+                                             Imm(0xFFFFFFFF, "b32"), type="f32"))
+    sv = b.op("mul.rn.f32", tot, Imm(2.0 ** T4.MIN_FRAG_SHIFT, "f32"))
+    shi = b.op("cvt.rn.f16.f32", sv, type="b16")
+    slo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", sv, b.op("cvt.f32.f16", shi)), type="b16")
+    sfin = b.op("setp.ne.b16", b.op("and.b16", shi, Imm(0x7C00, "b16")), Imm(0x7C00, "b16"))
+    return shi, b.op("selp.b16", slo, Imm(0, "b16"), sfin)
+
+
+def _prep_t1_stores(b, REC, j, lane, lead, hi, lo, fbits, xs):
+    """prep_q4k_t1's stores (formats.tq4_1s.q4k_t1_records): block j = 8·sb + 2t + nib, element e = lane = 4i + p →
+    hi at byte 1088·sb + 128·i + 16·t + 8·nib + 4·(p & 1) + 2·(p >> 1), lo 64 bytes on; lane 0: the min pair
+    halves at 1024 + 4·t + 2·nib (hi) and + 16 (lo), block 0 of the super-block the factor and zeros (words
+    264-267), block 1 zeros (268-271)."""
+    sb = b.op("shr.u32", j, Imm(3, "u32"))
+    jj = b.op("and.b32", j, Imm(7, "b32"))  # 2t + nib
+    rec = b.op("mad.wide.u32", sb, Imm(T4.T1_RECORD, "u32"), REC)
+    p = b.op("and.b32", lane, Imm(3, "b32"))
+    e_off = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(7, "u32")),  # 128·i
+                 b.op("add.u32", b.op("shl.b32", b.op("and.b32", p, Imm(1, "b32")), Imm(2, "u32")),
+                      b.op("shl.b32", b.op("shr.u32", p, Imm(1, "u32")), Imm(1, "u32"))))
+    off = b.op("mad.lo.u32", jj, Imm(8, "u32"), e_off)  # 16·t + 8·nib = 8·jj
+    pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
+    b.emit("st.global.b16", Mem(pe), hi)
+    b.emit("st.global.b16", Mem(pe, 64), lo)
+    shi, slo = _min_pair(b, xs)
+    pm = b.op("add.s64", rec, b.op("cvt.u64.u32", b.op("mad.lo.u32", jj, Imm(2, "u32"), Imm(1024, "u32"))))
+    b.emit("st.global.b16", Mem(pm), shi, pred=lead)
+    b.emit("st.global.b16", Mem(pm, 16), slo, pred=lead)
+    zero = b.op("mov.b32", Imm(0, "b32"))
+    first = b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(0, "u32")))
+    second = b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(1, "u32")))
+    b.emit("st.global.v4.b32", Mem(rec, 1056), b.vec([fbits, zero, zero, zero]), pred=first)
+    b.emit("st.global.v4.b32", Mem(rec, 1072), b.vec([zero, zero, zero, zero]), pred=second)
 
 
 def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):

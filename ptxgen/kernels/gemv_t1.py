@@ -1,0 +1,233 @@
+"""gemv_q4_k_mma_t1: the exact Q4_K decode GEMV for one token, on mma.sync, streaming weights through a cp.async ring.
+
+`gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
+weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
+scales of its two rows, B tiles in register sets). This build is for one token:
+
+- B column 0 holds the activation's fp16 hi part, column 1 its lo part (x·2^s = hi + lo, one 2^s per super-block,
+  `prep_q4k_t1`), so one MMA per A fragment gives both, and the sum of C's columns 0 and 1 is the row's dot
+  product (lanes with t = 0 hold them). Columns 2-7 are whatever lanes 8-31 load (they read lanes 0-7's
+  records again): no column mixes into another, and those outputs are never used.
+- Lane (g, t) owns qs chunk t of rows g and g + 8 (32 bytes each: sub-block 2t in the low nibbles, 2t + 1 in
+  the high), so it decodes 2 scales per row per step, not 8. A = q·sc exactly in fp16: (w & 0x000F000F) |
+  0x64006400 is (1024 + q) for bytes 0 and 2, the 0x00F000F0 mask gives 1024 + 16q, w >> 8 bytes 1 and 3, then
+  one fma.f16x2 h·mult − 1024·mult (mult = sc or sc/16): 9 instructions per 8 weights.
+- The mins take one MMA per step: A = (m_2t, m_2t+1) of rows g, g + 8, B = the scaled block sums (hi / lo,
+  times 2^-6) of the record. Per step and row: y += 2^-s·(d·C − 64·dmin·MS) in fp32.
+- Weights and activation records come through a per-warp ring in shared memory (cp.async, S stages of 16 rows x
+  144 bytes + the 1088-byte record): bytes in flight without registers held, no barrier but the warp's own. A
+  copy instruction takes 32 consecutive 16-byte chunks of the step's rows (~3.5 rows' 144 contiguous bytes); the
+  CTA's four warps read the same records (.ca). Split-K over gridDim.y in contiguous runs of super-blocks, with
+  the last-warp fixup of the other GEMVs (deterministic).
+
+Measured on the H200 (bench/NOTES.md, session 12): the ring alone (no arithmetic) takes 17 µs of the 20 µs op on
+4096x14336 — the copies bound it, not the 293 SASS per step; 16 rows x 32 bytes per copy instruction was 5 µs
+slower, TMA boxes (36 words x 16 rows, as gemv_q4_k_mma) 3 µs slower, and reading the records from lanes 0-7
+only, 3 stages at 5 CTAs or 2 at 6 within ±3%.
+"""
+from __future__ import annotations
+
+from ..builder import KernelBuilder
+from ..formats import tq4_1s as T4
+from ..ir import Imm, Mem, mma_sync
+from . import KernelDef
+from .gemv import _fragment_epilogue, _warp_rows, build_prep_mma
+
+T1_WARPS = 4
+T1_ROWS = 16  # rows per warp (one m16 tile)
+T1_W_BYTES = T1_ROWS * 144  # a step's weights: 16 rows x one super-block (the record follows)
+T1_MAX_SPLITS = 32
+T1_PLAN = {"big": (4, 4), "small": (3, 2)}  # (ring stages, resident CTAs per SM) by the SM's shared memory
+
+
+def _ring_plan(arch) -> tuple[int, int]:
+    """(stages, resident CTAs per SM): 4 stages at 4 CTAs where a CTA may have 227 KB of shared memory (sm_90a:
+    4 x 54 KB), else 3 at 2 (sm_89, sm_120a: 99 KB per block, ~100 KB per SM)."""
+    return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"]
+
+
+def build(arch):
+    arch.require("mma_sync_f16", "the one-token tensor-core Q4_K GEMV", "use gemv_q4_k_t1")
+    arch.require("cp_async", "the one-token tensor-core Q4_K GEMV", "use gemv_q4_k_t1")
+    NW, R = T1_WARPS, T1_ROWS
+    S, ctas = _ring_plan(arch)
+    stage_bytes = T1_W_BYTES + T4.T1_RECORD
+    b = KernelBuilder("gemv_q4_k_mma_t1", arch, "q4_K GEMV (exact) for one token on mma.sync: B = (hi, lo) columns, "
+                      "a lane owns one qs chunk of two rows, weights and activation records by cp.async",
+                      block=(32 * NW, 1, 1))
+    w_p, r_p, y_p = b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
+    pdl = arch.has("griddepcontrol")
+    b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=1, token_groups=1,
+                  rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
+                  mode="exact", lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_t1_records",
+                  activation="prep_q4k_t1(x): one 1088-byte record per super-block", copy="cp.async",
+                  stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    W, REC, Y = b.ptr(w_p), b.ptr(r_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    t = b.op("and.b32", lane, Imm(3, "b32"))
+    nsb = b.op("shr.u32", K, Imm(8, "u32"))
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
+    b.comment("copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..4; u = 4: lanes < 16), 16 bytes each "
+              "(an instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster than 16 rows x 32 bytes), "
+              "rows past M copy row M - 1 (never stored); record chunks lane + 32u (u = 2: lanes < 4)")
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
+    mlast = b.op("sub.u32", M, Imm(1, "u32"))
+    rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
+    w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
+    wcopy = []
+    for u in range(5):
+        c = b.op("add.u32", lane, Imm(32 * u, "u32"))
+        row = b.op("div.u32", c, Imm(9, "u32"))
+        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
+        rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
+        wcopy.append((b.op("mad.lo.u32", rel, row_bytes, col16), b.op("mad.lo.u32", row, Imm(144, "u32"), col16)))
+    x_src0 = b.op("mad.wide.u32", lane, Imm(16, "u32"), REC)
+    x_dst0 = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
+    w_tail = b.op("setp.lt.u32", lane, Imm(16, "u32"))
+    x_tail = b.op("setp.lt.u32", lane, Imm((T4.T1_RECORD // 16) % 32, "u32"))
+
+    def stage_base(stage):
+        return (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
+                b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
+
+    def issue(jb, st, live, what=("w", "x")):
+        """Step jb's weights and/or record into the ring stage at st, if `live` (the caller commits); the records
+        .ca: the CTA's four warps read the same ones."""
+        if "w" in what:
+            off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
+            for u, (src, dst) in enumerate(wcopy):
+                go = live if u < 4 else b.op("and.pred", live, w_tail)
+                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
+                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"), pred=go)
+        if "x" in what:
+            src = b.op("mad.wide.u32", jb, Imm(T4.T1_RECORD, "u32"), x_src0)
+            dst = b.op("add.u32", st, x_dst0)
+            for u in range(3):
+                go = live if u < 2 else b.op("and.pred", live, x_tail)
+                b.emit("cp.async.ca.shared.global", Mem(dst, 512 * u), Mem(src, 512 * u), Imm(16, "u32"), pred=go)
+
+    b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
+              "first S steps' weights, then (after the prep, griddepcontrol) their records")
+    per = b.op("div.u32", b.op("add.u32", nsb, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit)
+    jb = b.op("mul.lo.u32", kz, per)
+    jend = b.op("min.u32", b.op("add.u32", jb, per), nsb)
+    firsts = []
+    for s_ in range(S):
+        js = b.op("add.u32", jb, Imm(s_, "u32"))
+        firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
+        issue(*firsts[-1], what=("w",))
+    if pdl:
+        b.emit("griddepcontrol.wait")
+    for first in firsts:
+        issue(*first, what=("x",))
+        b.emit("cp.async.commit_group")  # one group per step
+    count = b.op("mov.u32", Imm(0, "u32"))
+
+    magic = b.op("mov.b32", Imm(0x64006400, "b32"))
+    h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
+    n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
+    zero = b.op("mov.b32", Imm(0, "b32"))
+    czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+    t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+    tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4 of the sc / m word
+    sel_lo = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5050, "u32"))  # bytes (sc_2t, 0x64, sc_2t, 0x64)
+    sel_hi = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5151, "u32"))  # sc_2t+1
+    msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
+    lane_hdr = b.op("mul.lo.u32", g, Imm(144, "u32"))  # row g's header in a stage
+    lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", lane_hdr, Imm(16, "u32")))  # its qs chunk t
+    lane_rec = b.op("mad.lo.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
+    lane_min = b.op("mad.lo.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(4, "u32"), Imm(T1_W_BYTES + 1024, "u32"))
+    acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)]  # rows g, g + 8 (lanes t = 0)
+
+    def header(st, rr):
+        """Row g + 8·rr: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
+        mult = sc) and 2t + 1 (high: sc/16), add = −1024·mult, and the min MMA's A pair (m_2t, m_2t+1)."""
+        hw = b.regs("b32", 4)
+        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, lane_hdr), 8 * 144 * rr))
+        dlo, dhi = b.reg("b16"), b.reg("b16")
+        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
+        s0, s1, s2 = hw[1:]
+        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
+        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
+                  b.op("and.b32", s0, c3f), t_hi)  # sub-blocks 4-7 : 0-3
+        m = b.op("selp.b32", b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
+                                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)),
+                 b.op("and.b32", s1, c3f), t_hi)
+        mult_lo = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, sel_lo), magic, type="b32")
+        mult_hi = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, sel_hi), magic, type="b32"), h16, type="b32")
+        return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
+                    lo=(mult_lo, b.op("mul.rn.f16x2", mult_lo, n1024, type="b32")),
+                    hi=(mult_hi, b.op("mul.rn.f16x2", mult_hi, n1024, type="b32")),
+                    ma=b.op("sub.rn.f16x2", b.op("prmt.b32", m, magic, msel), magic, type="b32"))
+
+    def dequant(w, pair):
+        """The word's 8 weights as A halves q·sc: (bytes 0, 2), (bytes 1, 3) of the low nibbles and of the high."""
+        w8 = b.op("shr.u32", w, Imm(8, "u32"))
+        out = {}
+        for nib, mask in (("lo", 0x000F000F), ("hi", 0x00F000F0)):
+            mult, add = pair[nib]
+            for k2, src in enumerate((w, w8)):
+                h_ = b.reg("b32")
+                b.emit("lop3.b32", h_, src, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (src & mask) | 0x6400
+                out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+        return out
+
+    loop, done = b.label("step"), b.label("steps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
+    b.place(loop)
+    b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
+    hds = [header(st, rr) for rr in range(2)]
+    qs = []
+    for rr in range(2):
+        words = b.regs("b32", 8)
+        for h in range(2):
+            b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]), Mem(b.op("add.u32", st, lane_qs), 8 * 144 * rr + 16 * h))
+        qs.append(words)
+    xrec = b.op("add.u32", st, lane_rec)
+    chains = [b.regs("f32", 4) for _ in range(2)]  # low-nibble MMAs, high-nibble MMAs
+    for i in range(8):
+        xb = b.regs("b32", 4)
+        b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 128 * i))
+        a = [dequant(qs[rr][i], hds[rr]) for rr in range(2)]
+        for c, nib in enumerate(("lo", "hi")):
+            A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(chains[c]), b.vec(A), b.vec(xb[2 * c:2 * c + 2]),
+                            b.vec(czero if i == 0 else chains[c])))
+    mw = b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min)))
+    fac = b.op("ld.shared.f32", Mem(st, T1_W_BYTES + 1056))
+    ms = b.regs("f32", 4)
+    b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec([hds[0]["ma"], hds[1]["ma"], zero, zero]),
+                    b.vec([mw, zero]), b.vec(czero)))
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: refill it
+    nxt = b.op("add.u32", jb, Imm(S, "u32"))
+    issue(nxt, st, b.op("setp.lt.u32", nxt, jend))
+    b.emit("cp.async.commit_group")
+    for rr in range(2):  # y += 2^-s·(d·C − 64·dmin·MS): columns 0 (hi) and 1 (lo) of row g + 8·rr
+        cs = b.op("add.rn.f32", b.op("add.rn.f32", chains[0][2 * rr], chains[1][2 * rr]),
+                  b.op("add.rn.f32", chains[0][2 * rr + 1], chains[1][2 * rr + 1]))
+        mins = b.op("add.rn.f32", ms[2 * rr], ms[2 * rr + 1])
+        v = b.op("fma.rn.f32", hds[rr]["d"], cs, b.op("mul.rn.f32", hds[rr]["nd64"], mins))
+        b.emit("fma.rn.f32", acc[rr], v, fac, acc[rr])
+    b.emit("add.u32", count, count, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, Imm(1, "u32"))
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
+    b.place(done)
+    _fragment_epilogue(b, [acc[0], czero[0], acc[1], czero[0]], g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
+    return b.finish()
+
+
+KERNEL = KernelDef("gemv_q4_k_mma_t1", "q4_K decode GEMV, T = 1, exact, mma.sync with (hi, lo) B columns, weights and "
+                   "activation records through a per-warp cp.async ring (activation from prep_q4k_t1)", build)
+PREP = KernelDef("prep_q4k_t1", "one token's activation: scaled fp16 hi/lo records and min pairs (gemv_q4_k_mma_t1)",
+                 lambda arch: build_prep_mma(arch, rotate=False, t1=True))
