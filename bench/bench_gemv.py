@@ -141,14 +141,15 @@ def main():
                     row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
                     row["us_tc"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
                     # the mma.sync targets' build (cp.async instead of TMA), run here as sm_89 PTX, and the lane
-                    # kernel mul_mat(arch="sm_89") would otherwise run
+                    # kernel mul_mat(arch="sm_89") would otherwise run (both tensor-core knobs off)
                     row["us_tc_sm89"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch, arch="sm_89")
-                    os.environ["PTXGEN_Q4K_MMA"] = "0"
+                    os.environ["PTXGEN_Q4K_MMA"] = os.environ["PTXGEN_Q4K_T1"] = "0"
                     try:
                         row["us_lane_sm89"] = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch="sm_89"),
                                                     args.reps, torch)
                     finally:
                         os.environ.pop("PTXGEN_Q4K_MMA", None)
+                        os.environ.pop("PTXGEN_Q4K_T1", None)
                     row["us_llamacpp_q4_K"] = LLAMA_Q4_K.get(((m, k), t))
                     row["us_tinygemm"] = tinygemm_us(torch, m, k, t, args.reps)
                 results.append(row)

@@ -12,9 +12,9 @@ PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto
                    MMQ, 0 = never
 PTXGEN_Q4K_XR      exact Q4_K decode of single tokens on gemv_q4_k_xr (the activation in registers; K ≤ 24576):
                    1 = those slices (unless PTXGEN_Q4K_MMA=1); unset/auto/0 = never (it measured slower)
-PTXGEN_Q4K_T1      exact Q4_K decode of single tokens on gemv_q4_k_mma_t1 (prep_q4k_t1, one MMA per A fragment for
-                   the activation's hi and lo, weights through a cp.async ring): unset/auto = from 14·2^20 weights,
-                   1 = every such slice, 0 = never (PTXGEN_Q4K_MMA=1 and PTXGEN_Q4K_XR=1 take precedence)
+PTXGEN_Q4K_T1      exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} (prep_q4k_t*, token n's hi and lo as B
+                   columns 2n, 2n + 1, weights through a cp.async ring): unset/auto = from 14·2^20 weights, 1 = every
+                   such slice, 0 = never (PTXGEN_Q4K_MMA=1 and PTXGEN_Q4K_XR=1 take precedence)
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
                    WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
 """

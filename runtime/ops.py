@@ -375,8 +375,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
             _xr_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
             continue
-        if t1 and n == 1:  # one token on the tensor cores, (hi, lo) B columns (README, Knobs)
-            _t1_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
+        if t1 and n <= T1_MAX_TOKENS:  # 1-4 tokens on the tensor cores, (hi, lo) B columns (README, Knobs)
+            _t1_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
@@ -417,17 +417,18 @@ def _xr_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> No
     fn.launch((-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
 
 
-def _t1_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> None:
-    """One token through prep_q4k_t1 (x → a 1088-byte record per super-block: scaled fp16 hi/lo B pairs, min
-    pairs, factor) and gemv_q4_k_mma_t1 behind it (programmatic dependent launch where the build has it),
-    split-K by gemv_splits."""
+def _t1_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
+    """n ≤ 4 tokens through prep_q4k_t{nt} (x → one record per super-block: scaled fp16 hi/lo B pairs, min pairs,
+    factors; nt = 1, 2 or 4, the smallest ≥ n) and gemv_q4_k_mma_t{nt} behind it (programmatic dependent launch
+    where the build has it), split-K by gemv_splits."""
     from ptxgen.formats import tq4_1s as T4
 
-    rec = DeviceArray.empty((k // 256 * T4.T1_RECORD,), np.uint8)
-    kernels.load("prep_q4k_t1", arch).launch(((k // 32 + 7) // 8,), (x_ptr, rec, k))
-    fn = kernels.load("gemv_q4_k_mma_t1", arch)
-    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, 1, fn.resident_per_sm())
-    fn.launch((ctas, splits), (w.buffer, rec, y_ptr, m, k, 1, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    nt = next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
+    rec = DeviceArray.empty((k // 256 * T4.q4k_record_bytes(nt),), np.uint8)
+    kernels.load(f"prep_q4k_t{nt}", arch).launch(((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
+    fn = kernels.load(f"gemv_q4_k_mma_t{nt}", arch)
+    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
+    fn.launch((ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:
@@ -542,8 +543,11 @@ Q4K_MMA_GEMV_MIN_TOKENS = 2
 Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
 # the one-token tensor-core GEMV (gemv_q4_k_mma_t1) from this many weights (H200, session 12, µs, it / the kernels
 # above: 4096x14336 20.2 / 22.7, 14336x4096 19.9 / 23.1, 18944x3584 20.5 / 24.8, 3584x18944 21.7 / 25.2, 4608x3584
-# (16.5 M) 11.9 / 13.3; 3584x3584 (12.8 M) 11.2 / 10.3; bench/results/probe_q4k_t1_session12.log)
+# (16.5 M) 11.9 / 13.3; 3584x3584 (12.8 M) 11.2 / 10.3; bench/results/probe_q4k_t1_session12.log); the 2- and 4-token
+# builds by the same rule (T = 2-4: 4096x14336 19.6-20.4 / 22.9-23.3, 18944x3584 20.0 / 24.9 at T=2 and 24.9-25.1 /
+# 25.1-25.2 at T = 3-4; 3584x3584 forced 11.4-12.3 / 11.9-12.1; bench/results/probe_q4k_t1234_session12.log)
 Q4K_T1_MIN_WEIGHTS = 14 << 20
+T1_MAX_TOKENS = 4  # slices of up to this many tokens run gemv_q4_k_mma_t{1,2,4} (the rule above)
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
 # 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8

@@ -514,29 +514,34 @@ def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch
         assert out.ok, (bad, out.detail)
 
 
-def test_prep_q4k_t1_is_bit_exact_to_the_numpy_model():
-    """prep_q4k_t1 (the one-token Q4_K tensor-core GEMV's activation): records bit for bit against
-    formats.tq4_1s.q4k_t1_records, with a zero, a tiny, a huge and a quiet block and an inf."""
-    ptx = KERNELS["prep_q4k_t1"].for_arch("sm_89").ptx()
-    for shape in ((1, 768), (1, 256), (1, 1536)):
-        out = check_kernel("prep_q4k_t1", ptx, seed=2, shape=shape)
+@pytest.mark.parametrize("nt", [1, 2, 4])
+def test_prep_q4k_records_are_bit_exact_to_the_numpy_model(nt):
+    """prep_q4k_t{1,2,4} (the few-token Q4_K tensor-core GEMVs' activation): records bit for bit against
+    formats.tq4_1s.q4k_mma_records, with a zero, a tiny, a huge and a quiet block and an inf, and with fewer
+    tokens than the build holds (the rest zeros)."""
+    ptx = KERNELS[f"prep_q4k_t{nt}"].for_arch("sm_89").ptx()
+    for shape in ((nt, 768), (max(1, nt - 1), 256), (1, 1536)):
+        out = check_kernel(f"prep_q4k_t{nt}", ptx, seed=2, shape=shape)
         assert out.ok, (shape, out.detail)
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_89", "sm_120a"])
-def test_q4_k_one_token_tensor_core_gemv(arch):
-    """gemv_q4_k_mma_t1 (T = 1: B columns hi and lo, a lane's qs chunk of two rows, cp.async ring): one to several
-    super-blocks, 1-3 K-splits, M not a multiple of the CTA's 64 rows, activations of every scale, within 1e-5 of
-    the float64 reference (outputs NaN-poisoned first); an inf or a NaN in x gives non-finite outputs exactly
-    where the reference has them. sm_89 / sm_120a: 3 ring stages instead of 4."""
-    ptx = KERNELS["gemv_q4_k_mma_t1"].for_arch(arch).ptx()
+@pytest.mark.parametrize("nt,arch", [(1, "sm_90a"), (1, "sm_89"), (1, "sm_120a"), (2, "sm_90a"), (2, "sm_89"),
+                                     (4, "sm_90a"), (4, "sm_120a")])
+def test_q4_k_few_token_tensor_core_gemv(nt, arch):
+    """gemv_q4_k_mma_t{1,2,4} (token n's hi and lo in B columns 2n, 2n + 1; a lane's qs chunk of two rows; cp.async
+    ring): one to several super-blocks, 1-3 K-splits, M not a multiple of the CTA's 64 rows, 1 to nt tokens,
+    activations of every scale, within 1e-5 of the float64 reference (outputs NaN-poisoned first); an inf or a NaN
+    in the last token's x gives non-finite outputs exactly where the reference has them (that token's only).
+    sm_89 / sm_120a: fewer ring stages."""
+    name = f"gemv_q4_k_mma_t{nt}"
+    ptx = KERNELS[name].for_arch(arch).ptx()
     for i, kw in enumerate((dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
                             dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
                             dict(shape=(5, 256), splits=1))):
-        out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=3 + i, **kw)
+        out = check_kernel(name, ptx, seed=3 + i, ntok=max(1, nt - i % 2), **kw)
         assert out.ok, (kw, out.detail)
     for bad in (np.inf, np.nan):
-        out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=4, shape=(40, 512), splits=1, poison_x=(0, 77, bad))
+        out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, bad))
         assert out.ok, (bad, out.detail)
 
 
@@ -546,10 +551,10 @@ def test_q4_k_one_token_gemv_mutations_fail(monkeypatch, mutation):
     min pairs (the dmin·Σ m·Σx term) or with the factor 2^-s read as 1 must fail the 1e-5 bar."""
     from ptxgen.emu import harness
 
-    real = harness.T4.q4k_t1_records
+    real = harness.T4.q4k_mma_records
 
-    def mutated(a):
-        rec = real(a).reshape(-1, harness.T4.T1_RECORD).copy()
+    def mutated(a, nt):
+        rec = real(a, nt).reshape(-1, harness.T4.q4k_record_bytes(1)).copy()
         if mutation == "no_lo_column":  # bytes 128·i + 64 .. 128·i + 127: lanes 4-7 (column 1)
             rec[:, :1024].reshape(-1, 8, 2, 64)[:, :, 1] = 0
         elif mutation == "no_min_pairs":
@@ -557,9 +562,9 @@ def test_q4_k_one_token_gemv_mutations_fail(monkeypatch, mutation):
         else:
             rec[:, 1056:1060] = np.frombuffer(np.float32(1.0).tobytes(), np.uint8)
         return rec.reshape(-1)
-    monkeypatch.setattr(harness.T4, "q4k_t1_records", mutated)
+    monkeypatch.setattr(harness.T4, "q4k_mma_records", mutated)
     ptx = KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").ptx()
-    out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=3, shape=(40, 1024), splits=1)
+    out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=3, shape=(40, 1024), splits=1, ntok=1)
     assert not out.ok and "relative error" in out.detail, out.detail
 
 

@@ -206,15 +206,20 @@ def test_q4_k_single_token_register_gemv(m, k, monkeypatch):
     assert "gemv_q4_k_xr" not in ran and rel(other, want) <= 1e-5
 
 
-@pytest.mark.parametrize("m,k,arch,knob", [(1, 256, None, "1"), (129, 768, None, "1"), (300, 14336, None, "1"),
-                                           (70, 18944, None, "1"), (2000, 3584, None, "1"), (129, 768, "sm_89", "1"),
-                                           (2000, 3584, "sm_89", "1"), (4096, 4096, None, None), (129, 768, None, None)])
-def test_q4_k_single_token_tensor_core_gemv(m, k, arch, knob, monkeypatch):
-    """Exact Q4_K at T = 1 on prep_q4k_t1 + gemv_q4_k_mma_t1 — by default from Q4K_T1_MIN_WEIGHTS (4096 x 4096),
-    with PTXGEN_Q4K_T1=1 at any size, also its sm_89 build (3 ring stages) compiled for this GPU: within 1e-5 of
-    the float64 reference with outputs NaN-poisoned first, bit-identical run to run; an inf or a NaN in x makes
-    every output non-finite, as the reference's are. Below the threshold the default takes the other kernels, and
-    PTXGEN_Q4K_T1=0 does everywhere, with results within the same bar."""
+@pytest.mark.parametrize("m,k,t,arch,knob", [(1, 256, 1, None, "1"), (129, 768, 1, None, "1"), (300, 14336, 1, None, "1"),
+                                             (70, 18944, 1, None, "1"), (2000, 3584, 1, None, "1"),
+                                             (129, 768, 1, "sm_89", "1"), (2000, 3584, 1, "sm_89", "1"),
+                                             (4096, 4096, 1, None, None), (129, 768, 1, None, None),
+                                             (300, 14336, 2, None, "1"), (129, 768, 3, None, "1"), (1, 512, 4, None, "1"),
+                                             (2000, 3584, 4, "sm_89", "1"), (2000, 3584, 2, "sm_89", "1"),
+                                             (4096, 4096, 3, None, None), (4096, 4096, 2, None, None)])
+def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
+    """Exact Q4_K slices of 1-4 tokens on prep_q4k_t{1,2,4} + gemv_q4_k_mma_t{1,2,4} — by default from
+    Q4K_T1_MIN_WEIGHTS (4096 x 4096), with PTXGEN_Q4K_T1=1 at any size, also the sm_89 builds (fewer ring stages)
+    compiled for this GPU: within 1e-5 of the float64 reference with outputs NaN-poisoned first, bit-identical run
+    to run; an inf or a NaN in one token's x makes that token's outputs non-finite, as the reference's are, and
+    leaves the others finite. Below the threshold the default takes the other kernels, and PTXGEN_Q4K_T1=0 does
+    everywhere, with results within the same bar."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
@@ -223,29 +228,31 @@ def test_q4_k_single_token_tensor_core_gemv(m, k, arch, knob, monkeypatch):
     monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
     if knob:
         monkeypatch.setenv("PTXGEN_Q4K_T1", knob)
-    rng = np.random.default_rng(m + k)
+    rng = np.random.default_rng(m + k + t)
     rows = min(m, 256)  # large matrices repeat a quantized block of rows (quantizing 16 M weights takes minutes)
     raw = formats.quantize("q4_K", rng.standard_normal((rows, k)).astype(np.float32))
     raw = np.tile(raw, (-(-m // rows), 1))[:m]
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
-    x = (rng.standard_normal((1, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
-    out = r.DeviceArray.empty((1, m), np.float32)
+    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    out = r.DeviceArray.empty((t, m), np.float32)
     out.owner.fill_bytes(0xFF)
     r.mul_mat(w, x, out=out, arch=arch)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     got = out.numpy()
     assert np.isfinite(got).all() and rel(got, want) <= 1e-5
     if not knob and m * k < ops.Q4K_T1_MIN_WEIGHTS:
-        assert "gemv_q4_k_mma_t1" not in ran
+        assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran)
         return
-    assert ran == ["prep_q4k_t1", "gemv_q4_k_mma_t1"]
+    nt = {1: 1, 2: 2, 3: 4, 4: 4}[t]
+    assert ran == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"]
     for _ in range(2):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
     for bad in (np.inf, np.nan):
         xb = x.copy()
-        xb[0, k // 3] = bad
-        assert not np.isfinite(r.mul_mat(w, xb, arch=arch)).any()
+        xb[t - 1, k // 3] = bad
+        yb = r.mul_mat(w, xb, arch=arch)
+        assert not np.isfinite(yb[t - 1]).any() and np.isfinite(yb[:t - 1]).all()
     monkeypatch.setenv("PTXGEN_Q4K_T1", "0")
     ran.clear()
     other = r.mul_mat(w, x, arch=arch)
-    assert "gemv_q4_k_mma_t1" not in ran and rel(other, want) <= 1e-5
+    assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran) and rel(other, want) <= 1e-5

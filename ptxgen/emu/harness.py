@@ -211,39 +211,41 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
                    np.concatenate(got), np.concatenate(want))
 
 
-def _prep_q4k_t1(ptx: str, rng, shape=(1, 768), seed=None) -> Outcome:
-    """prep_q4k_t1: one token → q4k_t1_records(x) bit for bit (a zero, a tiny and a huge block, a quiet
-    super-block; an inf's block compares its NaN halves by "is NaN")."""
-    _, k = shape
-    x = (rng.standard_normal((1, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
-    if k >= 512:
-        x[0, 0:32] = 0
-        x[0, 32:64] *= np.float32(1e-30)
-        x[0, 64:96] *= np.float32(1e30)
-        x[0, 256:512] *= np.float32(1e-3)
-    if k >= 768:
-        x[0, 600] = np.inf
-    want = T4.q4k_t1_records(x)
-    mem = _memory()
-    xa, ra = mem.alloc(x), mem.alloc(want.nbytes, poison=0xFF)
-    nb = k // 32
-    _run(ptx, ((nb + 7) // 8,), (256,), (xa, ra, k), mem, seed=seed)
-    got = mem.view(ra, np.uint8, (want.nbytes,))
-    gh, wh = got.view(np.float16), want.view(np.float16)
-    same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
-    ok = bool(same.all())
-    return Outcome("prep_q4k_t1", ok, "bit-exact" if ok else f"{np.count_nonzero(~same)} halves differ", got, want)
+def _prep_q4k_records(nt: int):
+    def run(ptx: str, rng, shape=None, seed=None) -> Outcome:
+        """prep_q4k_t{nt}: up to nt tokens → q4k_mma_records(x, nt) bit for bit (a zero, a tiny and a huge block,
+        a quiet super-block, an inf; fewer tokens than nt: the rest zeros)."""
+        t, k = shape or (nt, 768)
+        x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+        if k >= 512:
+            x[0, 0:32] = 0
+            x[-1, 32:64] *= np.float32(1e-30)
+            x[0, 64:96] *= np.float32(1e30)
+            x[-1, 256:512] *= np.float32(1e-3)
+        if k >= 768:
+            x[0, 600] = np.inf
+        want = T4.q4k_mma_records(x, nt)
+        mem = _memory()
+        xa, ra = mem.alloc(x), mem.alloc(want.nbytes, poison=0xFF)
+        items = nt * (k // 32)
+        _run(ptx, ((items + 7) // 8,), (256,), (xa, ra, t, k), mem, seed=seed)
+        got = mem.view(ra, np.uint8, (want.nbytes,))
+        gh, wh = got.view(np.float16), want.view(np.float16)
+        same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
+        ok = bool(same.all())
+        return Outcome(f"prep_q4k_t{nt}", ok, "bit-exact" if ok else f"{np.count_nonzero(~same)} halves differ", got, want)
+    return run
 
 
 def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
     """The tensor-core Q4_K GEMV on tiles, factors and min fragments from the NumPy model (to_mma_tiles(x,
-    Q4K_GROUP), mma_min_fragments of the unrotated x) — or, for the one-token build (meta layout
-    "q4k_t1_records"), on q4k_t1_records(x): against the float64 reference, relative error ≤ 1e-5; split-K
-    counters back at zero."""
+    Q4K_GROUP), mma_min_fragments of the unrotated x) — or, for the few-token builds (meta layout
+    "q4k_mma_records"), on q4k_mma_records(x, tokens): against the float64 reference, relative error ≤ 1e-5;
+    split-K counters back at zero."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
-    t1 = meta["layout"] == "q4k_t1_records"
+    t1 = meta["layout"] == "q4k_mma_records"
     m, k = shape or (rows * 2 + 5, 512)
-    n = 1 if t1 else ntok or int(rng.integers(8 * groups - 7, 8 * groups + 1))
+    n = ntok or int(rng.integers(1, meta["tokens"] + 1) if t1 else rng.integers(8 * groups - 7, 8 * groups + 1))
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
@@ -251,7 +253,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     mem = _memory()
     wa = mem.alloc(raw)
     if t1:
-        acts = (mem.alloc(T4.q4k_t1_records(x)),)
+        acts = (mem.alloc(T4.q4k_mma_records(x, meta["tokens"])),)
     else:  # one prep per group of 8 tokens, the groups' buffers back to back
         parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) + (T4.mma_min_fragments(x[8 * i:8 * i + 8]),)
                  for i in range(groups)]
@@ -627,8 +629,9 @@ HARNESSES["prep_mma_f16"] = _prep_mma_f16
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)
-HARNESSES["gemv_q4_k_mma_t1"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_t1", 2)
-HARNESSES["prep_q4k_t1"] = _prep_q4k_t1
+for _nt in T4.Q4K_RECORD_TOKENS:
+    HARNESSES[f"gemv_q4_k_mma_t{_nt}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_t{_nt}", 2)
+    HARNESSES[f"prep_q4k_t{_nt}"] = _prep_q4k_records(_nt)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 for _bn in (128, 192, 256):

@@ -258,37 +258,47 @@ def mma_min_fragments(a: np.ndarray) -> np.ndarray:
     return np.concatenate([hi4, lo4], axis=3).reshape(-1).view(np.uint8).copy()
 
 
-T1_RECORD = 1088  # bytes per super-block of q4k_t1_records: 1024 of B fragments + 64 of min fragment and factor
+Q4K_RECORD_TOKENS = (1, 2, 4)  # the token counts gemv_q4_k_mma_t{1,2,4} are built for
 
 
-def q4k_t1_records(a: np.ndarray) -> np.ndarray:
-    """The one-token Q4_K tensor-core GEMV's activation (gemv_q4_k_mma_t1, prep_q4k_t1): x (1, K) fp32 → one
-    1088-byte record per super-block, (K/256 × 1088) bytes. x·2^s (one s per super-block, as to_mma_tiles(x,
-    Q4K_GROUP)) split into fp16 hi + lo; lane 4g + t of the GEMV owns sub-blocks 2t (low nibbles) and 2t + 1
-    (high) and its MMA pair i covers elements 4i .. 4i + 3 of both, so B column g = 0 carries hi and g = 1 lo:
-    bytes 128·i + 16·(4g + t) hold, for sub-block 2t then 2t + 1, the pairs (e 4i, e 4i + 2) and (e 4i + 1,
-    e 4i + 3) — the k order of the A fragments the nibble masks 0x000F000F / 0x00F000F0 give (bytes 0, 2 and,
-    after a shift by 8, bytes 1, 3). Bytes 1024 + 4·(4g + t): the min-term B pair (S_2t, S_2t+1) of the scaled
-    block sums (butterfly order) times 2^MIN_FRAG_SHIFT, hi for g = 0 and lo for g = 1; bytes 1056-1059: the
-    factor 2^-s (fp32); the rest zero."""
+def q4k_record_bytes(nt: int) -> int:
+    """Bytes per super-block of q4k_mma_records(·, nt): 1024·nt of B pairs, 32·nt of min pairs, 4·nt of factors,
+    zeros up to a multiple of 16 (1072, 2128, 4240)."""
+    return -(-1060 * nt // 16) * 16
+
+
+def q4k_mma_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
+    """The activation of the few-token Q4_K tensor-core GEMV gemv_q4_k_mma_t{nt} (prep_q4k_t{nt}): x (T ≤ nt, K)
+    fp32 → one q4k_record_bytes(nt)-byte record per super-block. Token n's x·2^s (one s per super-block, as
+    to_mma_tiles(x, Q4K_GROUP)) split into fp16 hi + lo fills B column 2n (hi) and 2n + 1 (lo); tokens past T are
+    zeros (factor 2^-100). Lane (g, t) of the GEMV owns sub-blocks 2t (low nibbles) and 2t + 1 (high), and its
+    MMA pair i covers elements 4i .. 4i + 3 of both: bytes 128·nt·i + 16·(4c + t) (c = 2n + hi/lo, the column)
+    hold, for sub-block 2t then 2t + 1, the pairs (e 4i, e 4i + 2) and (e 4i + 1, e 4i + 3) — the k order of the
+    A fragments the nibble masks 0x000F000F / 0x00F000F0 give (bytes 0, 2 and, after a shift by 8, bytes 1, 3).
+    Bytes 1024·nt + 4·(4c + t): column c's min-term pair (S_2t, S_2t+1) of the scaled block sums (butterfly
+    order) times 2^MIN_FRAG_SHIFT, hi or lo; bytes 1056·nt + 4n: token n's factor 2^-s (fp32); zeros after."""
     a = f32(a)
-    if a.ndim != 2 or a.shape[0] != 1:
-        raise ValueError(f"q4k_t1_records: one token (1, K), got shape {a.shape}")
+    if nt not in Q4K_RECORD_TOKENS or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
+        raise ValueError(f"q4k_mma_records: 1 to {nt} tokens (nt one of {Q4K_RECORD_TOKENS}), got shape {a.shape}")
     xs, s = _mma_scaled(a, Q4K_GROUP)
-    nsb = xs.shape[1] // 8
+    nb = xs.shape[1]
+    nsb = nb // 8
     with np.errstate(invalid="ignore", over="ignore"):
-        hi = xs[0].astype(np.float16)
-        lo = np.where(np.isfinite(hi), (xs[0] - hi.astype(F32)).astype(np.float16), np.float16(0))
-        sv = (mma_block_sums(a, Q4K_GROUP)[:, 0] * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)
+        hi = xs[:nt].astype(np.float16)
+        lo = np.where(np.isfinite(hi), (xs[:nt] - hi.astype(F32)).astype(np.float16), np.float16(0))
+        sv = (mma_block_sums(a, Q4K_GROUP)[:, :nt].T * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)  # (nt, nb)
         shi = sv.astype(np.float16)
         slo = np.where(np.isfinite(shi), (sv - shi.astype(F32)).astype(np.float16), np.float16(0))
-    # element [sb, t, nib, i, p] (sub-block 2t + nib, element 4i + p) → [sb, i, g, t, nib, p & 1, p >> 1]
-    main = np.stack([v.reshape(nsb, 4, 2, 8, 2, 2).transpose(0, 3, 1, 2, 5, 4) for v in (hi, lo)], axis=2)
-    rec = np.zeros((nsb, T1_RECORD), np.uint8)
-    rec[:, :1024] = main.reshape(nsb, -1).view(np.uint8)
-    mins = np.stack([shi.reshape(nsb, 8), slo.reshape(nsb, 8)], axis=1)  # [sb, g, j] = [sb, g, t, pair]
-    rec[:, 1024:1056] = mins.reshape(nsb, -1).view(np.uint8)
-    rec[:, 1056:1060] = ((127 - s[0, ::8]) << 23).astype(np.uint32).reshape(nsb, 1).view(np.uint8)
+    # [column c = 2n + hl, sb, t, nib, i, p >> 1, p & 1] → [sb, i, c, t, nib, p & 1, p >> 1]
+    cols = np.stack([hi, lo], axis=1).reshape(2 * nt, nsb, 4, 2, 8, 2, 2)
+    main = cols.transpose(1, 4, 0, 2, 3, 6, 5)
+    mins = np.stack([shi, slo], axis=1).reshape(2 * nt, nsb, 8).transpose(1, 0, 2)  # [sb, c, j = 2t + pair]
+    rb = q4k_record_bytes(nt)
+    rec = np.zeros((nsb, rb), np.uint8)
+    rec[:, :1024 * nt] = main.reshape(nsb, -1).view(np.uint8)
+    rec[:, 1024 * nt:1056 * nt] = np.ascontiguousarray(mins).reshape(nsb, -1).view(np.uint8)
+    fac = ((127 - s[:nt, ::8]) << 23).astype(np.uint32).T  # (nsb, nt)
+    rec[:, 1056 * nt:1060 * nt] = np.ascontiguousarray(fac).view(np.uint8)
     return rec.reshape(-1)
 
 

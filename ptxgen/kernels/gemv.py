@@ -1277,7 +1277,7 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mti
                     gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
 
 
-def build_prep_mma(arch, rotate: bool = True, t1: bool = False):
+def build_prep_mma(arch, rotate: bool = True, records: int = 0):
     """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
     One warp per (token, block) for all 8 tokens: tokens past T write zeros.
@@ -1287,51 +1287,50 @@ def build_prep_mma(arch, rotate: bool = True, t1: bool = False):
     to_mma_tiles(x, Q4K_GROUP)), and a third output, the min-term B fragments of each super-block
     (formats.tq4_1s.mma_min_fragments: the scaled block sums by a warp butterfly, times 2^-6, fp16 hi + lo).
 
-    t1=True (prep_q4k_t1, for gemv_q4_k_mma_t1): one token, the same values written as
-    formats.tq4_1s.q4k_t1_records (a 1088-byte record per super-block: B pairs, min pairs, factor)."""
-    assert not (t1 and rotate)
-    name = "prep_q4k_t1" if t1 else "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
+    records=nt (prep_q4k_t{nt}, for gemv_q4_k_mma_t{nt}; rotate=False): up to nt tokens, the same values written
+    as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors)."""
+    assert not (records and rotate)
+    nt = records or T4.MMA_TOKENS
+    name = f"prep_q4k_t{records}" if records else "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
-                                   "one token's activation: scaled fp16 hi/lo records (gemv_q4_k_mma_t1)" if t1 else
+                                   f"activation of up to {records} tokens: scaled fp16 hi/lo records (gemv_q4_k_mma_t{records})"
+                                   if records else
                                    "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
     x_p = b.param("x", "u64", "ptr:in")
-    if t1:
-        bt_p, k_p = b.param("records", "u64", "ptr:out"), b.param("k", "u32")
-        b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(k / 32 / 8)", layout="q4k_t1_records")
+    if records:
+        bt_p = b.param("records", "u64", "ptr:out")
+        b.meta.update(layout="q4k_mma_records", tokens=records)
     else:
         bt_p, f_p = b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
         s_p = None if rotate else b.param("minfrag", "u64", "ptr:out")
-        n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
-        b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(8 * k / 32 / 8)", layout="to_mma_tiles")
+        b.meta.update(layout="to_mma_tiles")
+    n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
+    b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid=f"ceil({nt} * k / 32 / 8)")
     if arch.has("griddepcontrol"):
         b.emit("griddepcontrol.launch_dependents")
     x, BT = b.ptr(x_p), b.ptr(bt_p)
-    ntok, K = (Imm(1, "u32") if t1 else b.ld_param(n_p, "u32")), b.ld_param(k_p, "u32")
+    ntok, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
     nb = b.op("shr.u32", K, Imm(5, "u32"))
-    lane, item, done = warp_per_item(b, nb if t1 else b.op("shl.b32", nb, Imm(3, "u32")), WARPS)
-    if t1:  # one token: every warp's block is live
-        tok, j, live = Imm(0, "u32"), item, None
-        v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", j, Imm(32, "u32"), lane), Imm(4, "u32"), x)))
+    lane, item, done = warp_per_item(b, b.op("mul.lo.u32", nb, Imm(nt, "u32")), WARPS)
+    tok = b.op("div.u32", item, nb)
+    j = b.op("rem.u32", item, nb)
+    live = b.op("setp.lt.u32", tok, ntok)
+    v = b.reg("f32")
+    b.emit("mov.f32", v, Imm(0.0, "f32"))
+    skip = b.label("no_token")
+    b.bra(skip, pred=live, neg=True)
+    if rotate:
+        _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
     else:
-        tok = b.op("div.u32", item, nb)
-        j = b.op("rem.u32", item, nb)
-        live = b.op("setp.lt.u32", tok, ntok)
-        v = b.reg("f32")
-        b.emit("mov.f32", v, Imm(0.0, "f32"))
-        skip = b.label("no_token")
-        b.bra(skip, pred=live, neg=True)
-        if rotate:
-            _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
-        else:
-            off = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, j), Imm(32, "u32"), lane)
-            rv = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
-        b.emit("mov.f32", v, rv)
-        b.place(skip)
+        off = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, j), Imm(32, "u32"), lane)
+        rv = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
+    b.emit("mov.f32", v, rv)
+    b.place(skip)
     mbits = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"), type="b32")
     if not rotate:  # the super-block's max: this lane's element of each of its 8 blocks (tokens past T: zeros)
-        sb0 = b.op("and.b32", j, Imm(~7 & 0xFFFFFFFF, "b32"))
-        first = b.op("mad.lo.u32", sb0 if t1 else b.op("mad.lo.u32", tok, nb, sb0), Imm(32, "u32"), lane)
+        first = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, b.op("and.b32", j, Imm(~7 & 0xFFFFFFFF, "b32"))),
+                     Imm(32, "u32"), lane)
         p0 = b.op("mad.wide.u32", first, Imm(4, "u32"), x)
         for i in range(T4.Q4K_GROUP):
             o_ = b.reg("b32")
@@ -1352,8 +1351,8 @@ def build_prep_mma(arch, rotate: bool = True, t1: bool = False):
     lo = b.op("selp.b16", lo, Imm(0, "b16"), fin)
     fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    if t1:
-        _prep_t1_stores(b, BT, j, lane, lead, hi, lo, fbits, xs)
+    if records:
+        _prep_record_stores(b, BT, records, tok, j, lane, lead, hi, lo, fbits, xs)
         b.place(done)
         b.emit("ret")
         return b.finish()
@@ -1399,31 +1398,38 @@ def _min_pair(b, xs):
     return shi, b.op("selp.b16", slo, Imm(0, "b16"), sfin)
 
 
-def _prep_t1_stores(b, REC, j, lane, lead, hi, lo, fbits, xs):
-    """prep_q4k_t1's stores (formats.tq4_1s.q4k_t1_records): block j = 8·sb + 2t + nib, element e = lane = 4i + p →
-    hi at byte 1088·sb + 128·i + 16·t + 8·nib + 4·(p & 1) + 2·(p >> 1), lo 64 bytes on; lane 0: the min pair
-    halves at 1024 + 4·t + 2·nib (hi) and + 16 (lo), block 0 of the super-block the factor and zeros (words
-    264-267), block 1 zeros (268-271)."""
+def _prep_record_stores(b, REC, nt, tok, j, lane, lead, hi, lo, fbits, xs):
+    """prep_q4k_t{nt}'s stores (formats.tq4_1s.q4k_mma_records): token n, block j = 8·sb + 2t + nib, element e =
+    lane = 4i + p → hi at byte q4k_record_bytes(nt)·sb + 128·nt·i + 128·n + 16·t + 8·nib + 4·(p & 1) + 2·(p >> 1), lo
+    64 bytes on; lane 0: the min pair halves at 1024·nt + 32·n + 4·t + 2·nib (hi) and + 16 (lo), block 0 of the
+    super-block the factor at 1056·nt + 4·n; token 0's block 1 the zeros after the factors."""
+    rb = T4.q4k_record_bytes(nt)
     sb = b.op("shr.u32", j, Imm(3, "u32"))
     jj = b.op("and.b32", j, Imm(7, "b32"))  # 2t + nib
-    rec = b.op("mad.wide.u32", sb, Imm(T4.T1_RECORD, "u32"), REC)
+    rec = b.op("mad.wide.u32", sb, Imm(rb, "u32"), REC)
     p = b.op("and.b32", lane, Imm(3, "b32"))
-    e_off = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(7, "u32")),  # 128·i
+    e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(128 * nt, "u32")),  # 128·nt·i
                  b.op("add.u32", b.op("shl.b32", b.op("and.b32", p, Imm(1, "b32")), Imm(2, "u32")),
                       b.op("shl.b32", b.op("shr.u32", p, Imm(1, "u32")), Imm(1, "u32"))))
-    off = b.op("mad.lo.u32", jj, Imm(8, "u32"), e_off)  # 16·t + 8·nib = 8·jj
+    off = b.op("mad.lo.u32", tok, Imm(128, "u32"), b.op("mad.lo.u32", jj, Imm(8, "u32"), e_off))  # 16·t + 8·nib = 8·jj
     pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
     b.emit("st.global.b16", Mem(pe), hi)
     b.emit("st.global.b16", Mem(pe, 64), lo)
     shi, slo = _min_pair(b, xs)
-    pm = b.op("add.s64", rec, b.op("cvt.u64.u32", b.op("mad.lo.u32", jj, Imm(2, "u32"), Imm(1024, "u32"))))
+    moff = b.op("mad.lo.u32", tok, Imm(32, "u32"), b.op("mad.lo.u32", jj, Imm(2, "u32"), Imm(1024 * nt, "u32")))
+    pm = b.op("add.s64", rec, b.op("cvt.u64.u32", moff))
     b.emit("st.global.b16", Mem(pm), shi, pred=lead)
     b.emit("st.global.b16", Mem(pm, 16), slo, pred=lead)
-    zero = b.op("mov.b32", Imm(0, "b32"))
     first = b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(0, "u32")))
-    second = b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(1, "u32")))
-    b.emit("st.global.v4.b32", Mem(rec, 1056), b.vec([fbits, zero, zero, zero]), pred=first)
-    b.emit("st.global.v4.b32", Mem(rec, 1072), b.vec([zero, zero, zero, zero]), pred=second)
+    pf = b.op("add.s64", rec, b.op("cvt.u64.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(1056 * nt, "u32"))))
+    b.emit("st.global.b32", Mem(pf), fbits, pred=first)
+    pad = range(1060 * nt, rb, 4)
+    if pad:
+        zero = b.op("mov.b32", Imm(0, "b32"))
+        tail = b.op("and.pred", b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(1, "u32"))),
+                    b.op("setp.eq.u32", tok, Imm(0, "u32")))
+        for o in pad:
+            b.emit("st.global.b32", Mem(rec, o), zero, pred=tail)
 
 
 def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):

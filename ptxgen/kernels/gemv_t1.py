@@ -1,13 +1,14 @@
-"""gemv_q4_k_mma_t1: the exact Q4_K decode GEMV for one token, on mma.sync, streaming weights through a cp.async ring.
+"""gemv_q4_k_mma_t{1,2,4}: the exact Q4_K decode GEMVs for 1, 2 and 4 tokens, on mma.sync, streaming weights through a
+cp.async ring.
 
 `gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
 weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
-scales of its two rows, B tiles in register sets). This build is for one token:
+scales of its two rows, B tiles in register sets). These builds are for few tokens:
 
-- B column 0 holds the activation's fp16 hi part, column 1 its lo part (x·2^s = hi + lo, one 2^s per super-block,
-  `prep_q4k_t1`), so one MMA per A fragment gives both, and the sum of C's columns 0 and 1 is the row's dot
-  product (lanes with t = 0 hold them). Columns 2-7 are whatever lanes 8-31 load (they read lanes 0-7's
-  records again): no column mixes into another, and those outputs are never used.
+- B column 2n holds token n's fp16 hi part, column 2n + 1 its lo part (x·2^s = hi + lo, one 2^s per super-block
+  and token, `prep_q4k_t{nt}`), so one MMA per A fragment gives both for up to 4 tokens, and lane (g, t) holds
+  token t's sums in C's columns 2t, 2t + 1. Columns past 2·nt are whatever the other lanes load (they read the
+  first lanes' records again): no column mixes into another, and those outputs are never used.
 - Lane (g, t) owns qs chunk t of rows g and g + 8 (32 bytes each: sub-block 2t in the low nibbles, 2t + 1 in
   the high), so it decodes 2 scales per row per step, not 8. A = q·sc exactly in fp16: (w & 0x000F000F) |
   0x64006400 is (1024 + q) for bytes 0 and 2, the 0x00F000F0 mask gives 1024 + 16q, w >> 8 bytes 1 and 3, then
@@ -15,7 +16,7 @@ scales of its two rows, B tiles in register sets). This build is for one token:
 - The mins take one MMA per step: A = (m_2t, m_2t+1) of rows g, g + 8, B = the scaled block sums (hi / lo,
   times 2^-6) of the record. Per step and row: y += 2^-s·(d·C − 64·dmin·MS) in fp32.
 - Weights and activation records come through a per-warp ring in shared memory (cp.async, S stages of 16 rows x
-  144 bytes + the 1088-byte record): bytes in flight without registers held, no barrier but the warp's own. A
+  144 bytes + the record, 1072 / 2128 / 4240 bytes): bytes in flight without registers held, no barrier but the warp's own. A
   copy instruction takes 32 consecutive 16-byte chunks of the step's rows (~3.5 rows' 144 contiguous bytes); the
   CTA's four warps read the same records (.ca). Split-K over gridDim.y in contiguous runs of super-blocks, with
   the last-warp fixup of the other GEMVs (deterministic).
@@ -23,7 +24,8 @@ scales of its two rows, B tiles in register sets). This build is for one token:
 Measured on the H200 (bench/NOTES.md, session 12): the ring alone (no arithmetic) takes 17 µs of the 20 µs op on
 4096x14336 — the copies bound it, not the 293 SASS per step; 16 rows x 32 bytes per copy instruction was 5 µs
 slower, TMA boxes (36 words x 16 rows, as gemv_q4_k_mma) 3 µs slower, and reading the records from lanes 0-7
-only, 3 stages at 5 CTAs or 2 at 6 within ±3%.
+only, 3 stages at 5 CTAs or 2 at 6 within ±3%. The 2- and 4-token builds cost what the 1-token one does (19.5-20.4 µs
+at T = 2-4 on 4096x14336, vs 22.9-23.3 for gemv_q4_k_mma), except on 18944x3584 at T = 3-4 (25 µs, equal).
 """
 from __future__ import annotations
 
@@ -31,30 +33,34 @@ from ..builder import KernelBuilder
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from . import KernelDef
-from .gemv import _fragment_epilogue, _warp_rows, build_prep_mma
+from .gemv import _store_or_split, _warp_rows, build_prep_mma
 
 T1_WARPS = 4
 T1_ROWS = 16  # rows per warp (one m16 tile)
 T1_W_BYTES = T1_ROWS * 144  # a step's weights: 16 rows x one super-block (the record follows)
 T1_MAX_SPLITS = 32
-T1_PLAN = {"big": (4, 4), "small": (3, 2)}  # (ring stages, resident CTAs per SM) by the SM's shared memory
+# (ring stages, resident CTAs per SM) by tokens and the SM's shared memory ("big": sm_90a's 227 KB per CTA; "small":
+# sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows x 144 bytes + one record
+T1_PLAN = {"big": {1: (4, 4), 2: (3, 4), 4: (2, 4)}, "small": {1: (3, 2), 2: (2, 2), 4: (2, 1)}}
 
 
-def _ring_plan(arch) -> tuple[int, int]:
-    """(stages, resident CTAs per SM): 4 stages at 4 CTAs where a CTA may have 227 KB of shared memory (sm_90a:
-    4 x 54 KB), else 3 at 2 (sm_89, sm_120a: 99 KB per block, ~100 KB per SM)."""
-    return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"]
+def _ring_plan(arch, nt: int) -> tuple[int, int]:
+    """(stages, resident CTAs per SM) of the nt-token build on `arch` (T1_PLAN)."""
+    return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"][nt]
 
 
-def build(arch):
-    arch.require("mma_sync_f16", "the one-token tensor-core Q4_K GEMV", "use gemv_q4_k_t1")
-    arch.require("cp_async", "the one-token tensor-core Q4_K GEMV", "use gemv_q4_k_t1")
+def build(arch, nt: int = 1):
+    """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2 or 4); token n's hi and lo in B columns 2n and 2n + 1."""
+    what = f"the {nt}-token tensor-core Q4_K GEMV"
+    arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
+    arch.require("cp_async", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     NW, R = T1_WARPS, T1_ROWS
-    S, ctas = _ring_plan(arch)
-    stage_bytes = T1_W_BYTES + T4.T1_RECORD
-    b = KernelBuilder("gemv_q4_k_mma_t1", arch, "q4_K GEMV (exact) for one token on mma.sync: B = (hi, lo) columns, "
-                      "a lane owns one qs chunk of two rows, weights and activation records by cp.async",
-                      block=(32 * NW, 1, 1))
+    S, ctas = _ring_plan(arch, nt)
+    rb = T4.q4k_record_bytes(nt)
+    stage_bytes = T1_W_BYTES + rb
+    b = KernelBuilder(f"gemv_q4_k_mma_t{nt}", arch, f"q4_K GEMV (exact) for up to {nt} token(s) on mma.sync: B = "
+                      "(hi, lo) columns per token, a lane owns one qs chunk of two rows, weights and activation "
+                      "records by cp.async", block=(32 * NW, 1, 1))
     w_p, r_p, y_p = b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
@@ -62,10 +68,10 @@ def build(arch):
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     pdl = arch.has("griddepcontrol")
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
-                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=1, token_groups=1,
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
-                  mode="exact", lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_t1_records",
-                  activation="prep_q4k_t1(x): one 1088-byte record per super-block", copy="cp.async",
+                  mode="exact", lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_mma_records",
+                  activation=f"prep_q4k_t{nt}(x): one {rb}-byte record per super-block", copy="cp.async",
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     W, REC, Y = b.ptr(w_p), b.ptr(r_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -93,7 +99,8 @@ def build(arch):
     x_src0 = b.op("mad.wide.u32", lane, Imm(16, "u32"), REC)
     x_dst0 = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
     w_tail = b.op("setp.lt.u32", lane, Imm(16, "u32"))
-    x_tail = b.op("setp.lt.u32", lane, Imm((T4.T1_RECORD // 16) % 32, "u32"))
+    x_chunks = rb // 16
+    x_tail = b.op("setp.lt.u32", lane, Imm(x_chunks % 32, "u32"))
 
     def stage_base(stage):
         return (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
@@ -109,10 +116,10 @@ def build(arch):
                 b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
                        Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"), pred=go)
         if "x" in what:
-            src = b.op("mad.wide.u32", jb, Imm(T4.T1_RECORD, "u32"), x_src0)
+            src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
             dst = b.op("add.u32", st, x_dst0)
-            for u in range(3):
-                go = live if u < 2 else b.op("and.pred", live, x_tail)
+            for u in range(-(-x_chunks // 32)):
+                go = live if 32 * (u + 1) <= x_chunks else b.op("and.pred", live, x_tail)
                 b.emit("cp.async.ca.shared.global", Mem(dst, 512 * u), Mem(src, 512 * u), Imm(16, "u32"), pred=go)
 
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
@@ -144,9 +151,13 @@ def build(arch):
     msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
     lane_hdr = b.op("mul.lo.u32", g, Imm(144, "u32"))  # row g's header in a stage
     lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", lane_hdr, Imm(16, "u32")))  # its qs chunk t
-    lane_rec = b.op("mad.lo.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
-    lane_min = b.op("mad.lo.u32", b.op("and.b32", lane, Imm(7, "b32")), Imm(4, "u32"), Imm(T1_W_BYTES + 1024, "u32"))
-    acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)]  # rows g, g + 8 (lanes t = 0)
+    # B column c = lane / 4 comes from lane c·4 + t's record slot; lanes past the 2·nt columns re-read the first
+    # ones (their columns of C are never used)
+    col_lane = b.op("and.b32", lane, Imm(8 * nt - 1, "b32"))
+    lane_rec = b.op("mad.lo.u32", col_lane, Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
+    lane_min = b.op("mad.lo.u32", col_lane, Imm(4, "u32"), Imm(T1_W_BYTES + 1024 * nt, "u32"))
+    lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(nt - 1, "b32")), Imm(4, "u32"), Imm(T1_W_BYTES + 1056 * nt, "u32"))
+    acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)]  # rows g, g + 8 of token t (lanes t < nt)
 
     def header(st, rr):
         """Row g + 8·rr: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
@@ -198,14 +209,14 @@ def build(arch):
     chains = [b.regs("f32", 4) for _ in range(2)]  # low-nibble MMAs, high-nibble MMAs
     for i in range(8):
         xb = b.regs("b32", 4)
-        b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 128 * i))
+        b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 128 * nt * i))
         a = [dequant(qs[rr][i], hds[rr]) for rr in range(2)]
         for c, nib in enumerate(("lo", "hi")):
             A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
             b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(chains[c]), b.vec(A), b.vec(xb[2 * c:2 * c + 2]),
                             b.vec(czero if i == 0 else chains[c])))
     mw = b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min)))
-    fac = b.op("ld.shared.f32", Mem(st, T1_W_BYTES + 1056))
+    fac = b.op("ld.shared.f32", Mem(b.op("add.u32", st, lane_fac)))  # token t's 2^-s
     ms = b.regs("f32", 4)
     b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec([hds[0]["ma"], hds[1]["ma"], zero, zero]),
                     b.vec([mw, zero]), b.vec(czero)))
@@ -223,11 +234,18 @@ def build(arch):
     b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
-    _fragment_epilogue(b, [acc[0], czero[0], acc[1], czero[0]], g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
+    items = []  # lane (g, t): token t of rows g and g + 8
+    for rr in range(2):
+        row = b.op("add.u32", row0, b.op("add.u32", g, Imm(8 * rr, "u32")))
+        ok = b.op("and.pred", b.op("setp.lt.u32", row, M), b.op("setp.lt.u32", t, ntok))
+        items.append((ok, b.op("mad.lo.u32", t, M, row), acc[rr]))
+    _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
     return b.finish()
 
 
-KERNEL = KernelDef("gemv_q4_k_mma_t1", "q4_K decode GEMV, T = 1, exact, mma.sync with (hi, lo) B columns, weights and "
-                   "activation records through a per-warp cp.async ring (activation from prep_q4k_t1)", build)
-PREP = KernelDef("prep_q4k_t1", "one token's activation: scaled fp16 hi/lo records and min pairs (gemv_q4_k_mma_t1)",
-                 lambda arch: build_prep_mma(arch, rotate=False, t1=True))
+KERNELS = [KernelDef(f"gemv_q4_k_mma_t{nt}", f"q4_K decode GEMV, T ≤ {nt}, exact, mma.sync with (hi, lo) B columns per "
+                     f"token, weights and activation records through a per-warp cp.async ring (activation from "
+                     f"prep_q4k_t{nt})", lambda arch, nt=nt: build(arch, nt)) for nt in T4.Q4K_RECORD_TOKENS]
+PREPS = [KernelDef(f"prep_q4k_t{nt}", f"activation of up to {nt} token(s): scaled fp16 hi/lo records and min pairs "
+                   f"(gemv_q4_k_mma_t{nt})", lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt))
+         for nt in T4.Q4K_RECORD_TOKENS]
