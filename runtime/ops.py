@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ptxgen import knobs
+from ptxgen.formats import tq4_1s as T4
 
 from . import kernels
 from .arrays import DeviceArray, as_device_array, shape_of
@@ -368,15 +369,15 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         tc = knobs.q4k_mma() if _q4k_mma_build(arch, "gemv_q4_k_mma") else "off"
     min_tokens = mma_min_tokens(w.fmt, m, k)
     xr = w.fmt == "q4_K" and _xr_ok(k)
-    t1 = (w.fmt == "q4_K" and tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", arch) is not None
-          and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and m * k >= Q4K_T1_MIN_WEIGHTS)))
+    few = (w.fmt == "q4_K" and tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", arch) is not None
+           and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and m * k >= Q4K_T1_MIN_WEIGHTS)))
     for t0 in range(0, t, 8):
         n = min(8, t - t0)
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
             _xr_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
             continue
-        if t1 and n <= T1_MAX_TOKENS:  # 1-4 tokens on the tensor cores, (hi, lo) B columns (README, Knobs)
-            _t1_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
+        if few and n <= T4.Q4K_RECORD_TOKENS[-1]:  # 1-4 tokens on tensor cores, (hi, lo) B columns (README)
+            _few_token_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
             _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
@@ -417,12 +418,10 @@ def _xr_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> No
     fn.launch((-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
 
 
-def _t1_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
+def _few_token_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
     """n ≤ 4 tokens through prep_q4k_t{nt} (x → one record per super-block: scaled fp16 hi/lo B pairs, min pairs,
     factors; nt = 1, 2 or 4, the smallest ≥ n) and gemv_q4_k_mma_t{nt} behind it (programmatic dependent launch
     where the build has it), split-K by gemv_splits."""
-    from ptxgen.formats import tq4_1s as T4
-
     nt = next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     rec = DeviceArray.empty((k // 256 * T4.q4k_record_bytes(nt),), np.uint8)
     kernels.load(f"prep_q4k_t{nt}", arch).launch(((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
@@ -443,8 +442,6 @@ def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, ar
     and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of MMA_GEMV_MIN_TOKENS or
     more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of mma_min_tokens or more) — prep_mma_f16 per group of 8 tokens (the
     same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
-    from ptxgen.formats import tq4_1s as T4
-
     q4k = w.fmt == "q4_K"
     groups = -(-n // 8)  # Q4_K: 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
     tiles = DeviceArray.empty((groups, k // 16, T4.MMA_TILE), np.uint8)
@@ -547,7 +544,6 @@ Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
 # builds by the same rule (T = 2-4: 4096x14336 19.6-20.4 / 22.9-23.3, 18944x3584 20.0 / 24.9 at T=2 and 24.9-25.1 /
 # 25.1-25.2 at T = 3-4; 3584x3584 forced 11.4-12.3 / 11.9-12.1; bench/results/probe_q4k_t1234_session12.log)
 Q4K_T1_MIN_WEIGHTS = 14 << 20
-T1_MAX_TOKENS = 4  # slices of up to this many tokens run gemv_q4_k_mma_t{1,2,4} (the rule above)
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
 # 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8
@@ -619,8 +615,6 @@ def _prep_lanes(xa, t: int, k: int, prep: str, arch):
     """The activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
     prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1), prep_q8_lanes (Q8_1) or prep_f32_lanes. Returns the
     buffer and its bytes per token."""
-    from ptxgen.formats import tq4_1s as T4
-
     row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep in ("prep_tq4_1s", "prep_f32_lanes") else T4.LANE_GROUP_Q8)
     buf = DeviceArray.empty((t, row), np.uint8)
     nb = t * k // 32

@@ -243,16 +243,16 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     "q4k_mma_records"), on q4k_mma_records(x, tokens): against the float64 reference, relative error ≤ 1e-5;
     split-K counters back at zero."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
-    t1 = meta["layout"] == "q4k_mma_records"
+    records = meta["layout"] == "q4k_mma_records"
     m, k = shape or (rows * 2 + 5, 512)
-    n = ntok or int(rng.integers(1, meta["tokens"] + 1) if t1 else rng.integers(8 * groups - 7, 8 * groups + 1))
+    n = ntok or int(rng.integers(1, meta["tokens"] + 1) if records else rng.integers(8 * groups - 7, 8 * groups + 1))
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
     mem = _memory()
     wa = mem.alloc(raw)
-    if t1:
+    if records:
         acts = (mem.alloc(T4.q4k_mma_records(x, meta["tokens"])),)
     else:  # one prep per group of 8 tokens, the groups' buffers back to back
         parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) + (T4.mma_min_fragments(x[8 * i:8 * i + 8]),)

@@ -16,10 +16,10 @@ scales of its two rows, B tiles in register sets). These builds are for few toke
 - The mins take one MMA per step: A = (m_2t, m_2t+1) of rows g, g + 8, B = the scaled block sums (hi / lo,
   times 2^-6) of the record. Per step and row: y += 2^-s·(d·C − 64·dmin·MS) in fp32.
 - Weights and activation records come through a per-warp ring in shared memory (cp.async, S stages of 16 rows x
-  144 bytes + the record, 1072 / 2128 / 4240 bytes): bytes in flight without registers held, no barrier but the warp's own. A
-  copy instruction takes 32 consecutive 16-byte chunks of the step's rows (~3.5 rows' 144 contiguous bytes); the
-  CTA's four warps read the same records (.ca). Split-K over gridDim.y in contiguous runs of super-blocks, with
-  the last-warp fixup of the other GEMVs (deterministic).
+  144 bytes + the record, 1072 / 2128 / 4240 bytes): bytes in flight without registers held, no barrier but the
+  warp's own. A copy instruction takes 32 consecutive 16-byte chunks of the step's rows (~3.5 rows' 144
+  contiguous bytes); the CTA's four warps read the same records (.ca). Split-K over gridDim.y in contiguous runs
+  of super-blocks, with the last-warp fixup of the other GEMVs (deterministic).
 
 Measured on the H200 (bench/NOTES.md, session 12): the ring alone (no arithmetic) takes 17 µs of the 20 µs op on
 4096x14336 — the copies bound it, not the 293 SASS per step; 16 rows x 32 bytes per copy instruction was 5 µs
@@ -114,7 +114,8 @@ def build(arch, nt: int = 1):
             for u, (src, dst) in enumerate(wcopy):
                 go = live if u < 4 else b.op("and.pred", live, w_tail)
                 b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
-                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"), pred=go)
+                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
+                       pred=go)
         if "x" in what:
             src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
             dst = b.op("add.u32", st, x_dst0)
@@ -156,7 +157,8 @@ def build(arch, nt: int = 1):
     col_lane = b.op("and.b32", lane, Imm(8 * nt - 1, "b32"))
     lane_rec = b.op("mad.lo.u32", col_lane, Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
     lane_min = b.op("mad.lo.u32", col_lane, Imm(4, "u32"), Imm(T1_W_BYTES + 1024 * nt, "u32"))
-    lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(nt - 1, "b32")), Imm(4, "u32"), Imm(T1_W_BYTES + 1056 * nt, "u32"))
+    lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(nt - 1, "b32")), Imm(4, "u32"),
+                    Imm(T1_W_BYTES + 1056 * nt, "u32"))  # token t's factor (t % nt)
     acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)]  # rows g, g + 8 of token t (lanes t < nt)
 
     def header(st, rr):
@@ -168,7 +170,8 @@ def build(arch, nt: int = 1):
         b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
         s0, s1, s2 = hw[1:]
         c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
-        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
+        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f),
+                                   b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
                   b.op("and.b32", s0, c3f), t_hi)  # sub-blocks 4-7 : 0-3
         m = b.op("selp.b32", b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
                                   b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)),
