@@ -209,14 +209,19 @@ def _mma_scaled(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
         return (full.reshape(MMA_TOKENS, nb, 32) * scale[:, :, None]).astype(F32), s
 
 
+def _f16_hi_lo(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 → (hi, lo) fp16 with hi = fp16(v), lo = fp16(v − hi); lo = 0 where hi is not finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi = v.astype(np.float16)
+        return hi, np.where(np.isfinite(hi), (v - hi.astype(F32)).astype(np.float16), np.float16(0))
+
+
 def to_mma_tiles(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Rotated activation (T ≤ 8, K) fp32 → (tiles: K/16 × 512 bytes, factors: (K/32, 8) fp32). `group`: blocks
     sharing one scale (mma_scale_exponent)."""
     xs, s = _mma_scaled(a, group)
     nb = xs.shape[1]
-    with np.errstate(invalid="ignore", over="ignore"):
-        hi = xs.astype(np.float16)
-        lo = np.where(np.isfinite(hi), (xs - hi.astype(F32)).astype(np.float16), np.float16(0))
+    hi, lo = _f16_hi_lo(xs)
     # [token n, block j, half h, t, slot] → [j, h, n, t, (hi slots, lo slots)]
     hi5 = hi.reshape(MMA_TOKENS, nb, 2, 4, 4).transpose(1, 2, 0, 3, 4)
     lo5 = lo.reshape(MMA_TOKENS, nb, 2, 4, 4).transpose(1, 2, 0, 3, 4)
@@ -250,8 +255,7 @@ def mma_min_fragments(a: np.ndarray) -> np.ndarray:
     n, nb = sums.shape
     with np.errstate(invalid="ignore", over="ignore"):
         sv = (sums * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)
-        hi = sv.astype(np.float16)
-        lo = np.where(np.isfinite(hi), (sv - hi.astype(F32)).astype(np.float16), np.float16(0))
+    hi, lo = _f16_hi_lo(sv)
     # [n, sb, t, pair] → [sb, n, t, (hi pair, lo pair)]
     hi4 = hi.reshape(n, nb // 8, 4, 2).transpose(1, 0, 2, 3)
     lo4 = lo.reshape(n, nb // 8, 4, 2).transpose(1, 0, 2, 3)
@@ -283,12 +287,10 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
     xs, s = _mma_scaled(a, Q4K_GROUP)
     nb = xs.shape[1]
     nsb = nb // 8
+    hi, lo = _f16_hi_lo(xs[:nt])
     with np.errstate(invalid="ignore", over="ignore"):
-        hi = xs[:nt].astype(np.float16)
-        lo = np.where(np.isfinite(hi), (xs[:nt] - hi.astype(F32)).astype(np.float16), np.float16(0))
         sv = (mma_block_sums(a, Q4K_GROUP)[:, :nt].T * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)  # (nt, nb)
-        shi = sv.astype(np.float16)
-        slo = np.where(np.isfinite(shi), (sv - shi.astype(F32)).astype(np.float16), np.float16(0))
+    shi, slo = _f16_hi_lo(sv)
     # [column c = 2n + hl, sb, t, nib, i, p >> 1, p & 1] → [sb, i, c, t, nib, p & 1, p >> 1]
     cols = np.stack([hi, lo], axis=1).reshape(2 * nt, nsb, 4, 2, 8, 2, 2)
     main = cols.transpose(1, 4, 0, 2, 3, 6, 5)

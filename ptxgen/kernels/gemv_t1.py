@@ -84,7 +84,7 @@ def build(arch, nt: int = 1):
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
     b.comment("copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..4; u = 4: lanes < 16), 16 bytes each "
               "(an instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster than 16 rows x 32 bytes), "
-              "rows past M copy row M - 1 (never stored); record chunks lane + 32u (u = 2: lanes < 4)")
+              "rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u partial")
     row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
