@@ -50,10 +50,10 @@ def main():
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
-          "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16; the default there) | skinny vs llama.cpp "
-          "| skinny, sm_89 build (cp.async) µs | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
+          "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, fp16 x: gemv_q4_k_mma_t16h, the default there) "
+          "| skinny vs llama.cpp | skinny, sm_89 build µs | exact 16-token GEMV µs (gemv_q4_k_mma_n16) | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
           "| the same in clusters of 2, activation multicast, per token tile µs (T ≥ 64 with --cluster; not dispatched) |")
-    print("|---" * 25 + "|")
+    print("|---" * 26 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -90,7 +90,8 @@ def main():
             deqc = timed(lambda i: (r.dequantize(ws[i % copies], out=deq_out), torch.matmul(xh, deq_t.t())), args.reps, torch)
             tiny = tinygemm(torch, m, k, t, args.reps)
             skinny = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch)
-            skinny89 = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch, arch="sm_89")  # cp.async build
+            skinny89 = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch, arch="sm_89")  # its sm_89 plan
+            n16 = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch, exact=True)
             us_ra = rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, args.reps, torch) if has_wg else None
             us_mc = None
             if args.cluster and has_wg and t >= 64:  # not dispatched yet: an error is reported in its cell, not fatal
@@ -99,7 +100,8 @@ def main():
                 except Exception as e:
                     us_mc = {"error": f"{type(e).__name__}: {str(e)[:60]}"}
             # what mul_mat runs (timed apart from mul_mat itself: the MMQ's overflow-flag readback is a host sync)
-            us = skinny if skinny is not None and knobs.q4k_mma() != "off" else us_mmq
+            us = (skinny if skinny is not None and knobs.q4k_t16h() != "off" else
+                  n16 if n16 is not None and knobs.q4k_mma() != "off" else us_mmq)
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)
@@ -108,14 +110,14 @@ def main():
                    "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
                    "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
                    "us_fast_mode": us_fast, "us_tc_skinny": skinny, "us_mmq": us_mmq,
-                   "us_tc_skinny_sm89": skinny89, "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc}
+                   "us_tc_skinny_sm89": skinny89, "us_exact_n16": n16, "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
                   f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
                   f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
                   f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
-                  f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | "
+                  f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | {f(n16)} | "
                   f"{tiles_cell(us_ra)} | {tiles_cell(us_mc)} |", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
@@ -123,27 +125,30 @@ def main():
         plot(results, args.out.replace(".json", ".png"))
 
 
-def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch, arch=None):
-    """The tensor-core skinny Q4_K GEMM (gemv_q4_k_mma_n16 at 9-16 tokens, mul_mat's default there; sm_90),
-    whole op (two prep launches + the GEMM), checked against the float64 reference (1e-5) first; None where it
-    does not run."""
+def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch, arch=None, exact=False):
+    """The tensor-core skinny Q4_K GEMMs at 9-16 tokens, whole op (prep launch + GEMV), checked against the float64
+    reference first: gemv_q4_k_mma_t16h (fp16 x, mul_mat's default there; 1e-3) or, exact, gemv_q4_k_mma_n16 (two
+    prep launches; 1e-5). None where it does not run."""
     import os
 
     from ptxgen import formats
     from ptxgen.runtime import ops
 
-    if t > 16 or not ops._q4k_mma_build(arch, "gemv_q4_k_mma_n16"):
+    name = "gemv_q4_k_mma_n16" if exact else "gemv_q4_k_mma_t16h"
+    if not 9 <= t <= 16 or ops.kernels.build_for(name, arch) is None:
         return None
-    os.environ["PTXGEN_Q4K_MMA"] = "1"
+    env = {"PTXGEN_Q4K_T16H": "0", "PTXGEN_Q4K_MMA": "1"} if exact else {"PTXGEN_Q4K_T16H": "1"}
+    os.environ.update(env)
     try:
         xs = x.cpu().numpy()
-        err = np.linalg.norm(r.mul_mat(ws[0], xs, arch=arch) - formats.gemm_ref("q4_K", raw, m, k, xs))
-        err /= np.linalg.norm(formats.gemm_ref("q4_K", raw, m, k, xs))
-        if err > 1e-5:
-            raise AssertionError(f"tensor-core skinny GEMM {m}x{k} T={t}: relative error {err:.2e}")
+        ref = formats.gemm_ref("q4_K", raw, m, k, xs)
+        err = np.linalg.norm(r.mul_mat(ws[0], xs, arch=arch) - ref) / np.linalg.norm(ref)
+        if err > (1e-5 if exact else 1e-3):
+            raise AssertionError(f"{name} {m}x{k} T={t}: relative error {err:.2e}")
         return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch=arch), reps, torch)
     finally:
-        os.environ.pop("PTXGEN_Q4K_MMA", None)
+        for v in env:
+            os.environ.pop(v, None)
 
 
 def tiles_cell(us):

@@ -297,8 +297,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
-    tokens (T ≤ 8 is one launch); exact Q4_K with T = 9–16 the 16-token tensor-core GEMV
-    (gemv_q4_k_mma_n16). Other Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
+    tokens (T ≤ 8 is one launch); Q4_K with T = 9–16 (mode "exact") the 16-token tensor-core skinny GEMM
+    gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; PTXGEN_Q4K_T16H=0 or
+    PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16). Other Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
     that holds T: on sm_90 devices the wgmma + TMA lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}; from
     T = WGMMA_RA_MIN_TOKENS convert_f16_perm and mmq_q4_k_wgmma_ra_n{128,256}, A from registers),
     elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
@@ -342,6 +343,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
+    if w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= T4.Q4K_HI_TOKENS and _t16h_ok(arch):
+        _few_token_gemv(w, xa.ptr, o.ptr, m, k, t, arch, hi_only=True)  # fp16 activations, as the GEMMs (README)
+        return _result(o, xa.host and out is None)
     if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() != "off"
             and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16 (README)
         _mma_gemv(w, xa.ptr, o.ptr, m, k, t, arch)
@@ -376,7 +380,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
             _xr_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
             continue
-        if few and n <= T4.Q4K_RECORD_TOKENS[-1]:  # 1-4 tokens on tensor cores, (hi, lo) B columns (README)
+        if few and n <= Q4K_FEW_MAX_TOKENS:  # few tokens on tensor cores, (hi, lo) B columns (README)
             _few_token_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
@@ -393,6 +397,18 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
             a, row = lanes
         _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
     return _result(o, xa.host and out is None)
+
+
+def _t16h_ok(arch) -> bool:
+    """Exact-mode Q4_K calls of 9-16 tokens run gemv_q4_k_mma_t16h wherever it is built (PTXGEN_Q4K_T16H; on auto
+    PTXGEN_Q4K_MMA=1 keeps them on the exact gemv_q4_k_mma_n16). H200, T=16, µs, t16h / n16 (exact) / the wgmma
+    MMQ (bench_mmq, session 11): 4096x4096 13.8 / 19.3 / 21.0, 14336x4096 22.4 / 34.2 / 40.1, 4096x14336 24.0 /
+    33.6 / 38.8, 18944x3584 33.8 / 37.9, 3584x18944 28.3 / 37.8; 9-16 tokens on 256x2048 to 4608x3584 9.1-14.5 /
+    12.4-20.0 (bench/results/probe_q4k_few*_session13.log)."""
+    v = knobs.q4k_t16h()
+    if v == "off" or (v == "auto" and knobs.q4k_mma() == "on"):
+        return False
+    return kernels.build_for("gemv_q4_k_mma_t16h", arch) is not None
 
 
 def _xr_ok(k: int) -> bool:
@@ -418,14 +434,17 @@ def _xr_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> No
     fn.launch((-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
 
 
-def _few_token_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
-    """n ≤ 4 tokens through prep_q4k_t{nt} (x → one record per super-block: scaled fp16 hi/lo B pairs, min pairs,
-    factors; nt = 1, 2 or 4, the smallest ≥ n) and gemv_q4_k_mma_t{nt} behind it (programmatic dependent launch
-    where the build has it), split-K by gemv_splits."""
-    nt = next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
-    rec = DeviceArray.empty((k // 256 * T4.q4k_record_bytes(nt),), np.uint8)
-    kernels.load(f"prep_q4k_t{nt}", arch).launch(((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
-    fn = kernels.load(f"gemv_q4_k_mma_t{nt}", arch)
+def _few_token_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch,
+                    hi_only: bool = False) -> None:
+    """n ≤ 8 tokens through prep_q4k_t{nt} (x → one record per super-block: scaled fp16 hi/lo B pairs, min pairs,
+    factors; nt = 1, 2, 4 or 8, the smallest ≥ n) and gemv_q4_k_mma_t{nt} behind it (programmatic dependent
+    launch where the build has it), split-K by gemv_splits; hi_only: n ≤ 16 tokens, fp16 activations (hi parts
+    only), prep_q4k_t16h + gemv_q4_k_mma_t16h."""
+    nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
+    sfx = f"t{nt}h" if hi_only else f"t{nt}"
+    rec = DeviceArray.empty((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
+    kernels.load(f"prep_q4k_{sfx}", arch).launch(((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
+    fn = kernels.load(f"gemv_q4_k_mma_{sfx}", arch)
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
     fn.launch((ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
@@ -544,6 +563,10 @@ Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
 # builds by the same rule (T = 2-4: 4096x14336 19.6-20.4 / 22.9-23.3, 18944x3584 20.0 / 24.9 at T=2 and 24.9-25.1 /
 # 25.1-25.2 at T = 3-4; 3584x3584 forced 11.4-12.3 / 11.9-12.1; bench/results/probe_q4k_t1234_session12.log)
 Q4K_T1_MIN_WEIGHTS = 14 << 20
+# the largest slice the few-token builds take (gemv_q4_k_mma_t{1,2,4,8}); 5-8 tokens run gemv_q4_k_mma. The 8-token
+# build measured equal or slower on the H200 (T=8, µs, t8 / gemv_q4_k_mma: 4096x4096 13.4 / 13.8, 14336x4096 23.4 /
+# 23.6, 4096x14336 23.9 / 23.7, 18944x3584 29.3 / 24.8, 3584x18944 29.0 / 26.4; probe_q4k_few_mt2_s3_session13.log)
+Q4K_FEW_MAX_TOKENS = 4
 # its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
 # 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
 # 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8

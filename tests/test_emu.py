@@ -514,26 +514,30 @@ def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch
         assert out.ok, (bad, out.detail)
 
 
-@pytest.mark.parametrize("nt", [1, 2, 4])
-def test_prep_q4k_records_are_bit_exact_to_the_numpy_model(nt):
-    """prep_q4k_t{1,2,4} (the few-token Q4_K tensor-core GEMVs' activation): records bit for bit against
-    formats.tq4_1s.q4k_mma_records, with a zero, a tiny, a huge and a quiet block and an inf, and with fewer
-    tokens than the build holds (the rest zeros)."""
-    ptx = KERNELS[f"prep_q4k_t{nt}"].for_arch("sm_89").ptx()
+@pytest.mark.parametrize("sfx", ["t1", "t2", "t4", "t8", "t16h"])
+def test_prep_q4k_records_are_bit_exact_to_the_numpy_model(sfx):
+    """prep_q4k_t{1,2,4,8} and prep_q4k_t16h (the few-token Q4_K tensor-core GEMVs' activation; t16h: hi parts
+    only): records bit for bit against formats.tq4_1s.q4k_mma_records, with a zero, a tiny, a huge and a quiet
+    block and an inf, and with fewer tokens than the build holds (the rest zeros)."""
+    nt = int(sfx[1:].rstrip("h"))
+    ptx = KERNELS[f"prep_q4k_{sfx}"].for_arch("sm_89").ptx()
     for shape in ((nt, 768), (max(1, nt - 1), 256), (1, 1536)):
-        out = check_kernel(f"prep_q4k_t{nt}", ptx, seed=2, shape=shape)
+        out = check_kernel(f"prep_q4k_{sfx}", ptx, seed=2, shape=shape)
         assert out.ok, (shape, out.detail)
 
 
-@pytest.mark.parametrize("nt,arch", [(1, "sm_90a"), (1, "sm_89"), (1, "sm_120a"), (2, "sm_90a"), (2, "sm_89"),
-                                     (4, "sm_90a"), (4, "sm_120a")])
-def test_q4_k_few_token_tensor_core_gemv(nt, arch):
-    """gemv_q4_k_mma_t{1,2,4} (token n's hi and lo in B columns 2n, 2n + 1; a lane's qs chunk of two rows; cp.async
-    ring): one to several super-blocks, 1-3 K-splits, M not a multiple of the CTA's 64 rows, 1 to nt tokens,
-    activations of every scale, within 1e-5 of the float64 reference (outputs NaN-poisoned first); an inf or a NaN
-    in the last token's x gives non-finite outputs exactly where the reference has them (that token's only).
-    sm_89 / sm_120a: fewer ring stages."""
-    name = f"gemv_q4_k_mma_t{nt}"
+@pytest.mark.parametrize("sfx,arch", [("t1", "sm_90a"), ("t1", "sm_89"), ("t1", "sm_120a"), ("t2", "sm_90a"),
+                                      ("t2", "sm_89"), ("t4", "sm_90a"), ("t4", "sm_120a"), ("t8", "sm_90a"),
+                                      ("t8", "sm_89"), ("t16h", "sm_90a"), ("t16h", "sm_120a")])
+def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
+    """gemv_q4_k_mma_t{1,2,4,8} (token n's hi and lo in B columns 2n, 2n + 1; t8: two n8 tiles; a lane's qs chunk
+    of two rows; cp.async ring) and gemv_q4_k_mma_t16h (token n's fp16 hi in column n): one to several
+    super-blocks, 1-3 K-splits, M not a multiple of the CTA's 64 rows, 1 to nt tokens, activations of every scale,
+    within 1e-5 (t16h: 1e-3) of the float64 reference (outputs NaN-poisoned first); an inf or a NaN in the last
+    token's x gives non-finite outputs exactly where the reference has them (that token's only). sm_89 / sm_120a:
+    fewer ring stages."""
+    nt = int(sfx[1:].rstrip("h"))
+    name = f"gemv_q4_k_mma_{sfx}"
     ptx = KERNELS[name].for_arch(arch).ptx()
     for i, kw in enumerate((dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
                             dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
@@ -553,8 +557,8 @@ def test_q4_k_one_token_gemv_mutations_fail(monkeypatch, mutation):
 
     real = harness.T4.q4k_mma_records
 
-    def mutated(a, nt):
-        rec = real(a, nt).reshape(-1, harness.T4.q4k_record_bytes(1)).copy()
+    def mutated(a, nt, hi_only=False):
+        rec = real(a, nt, hi_only).reshape(-1, harness.T4.q4k_record_bytes(1)).copy()
         if mutation == "no_lo_column":  # bytes 128·i + 64 .. 128·i + 127: lanes 4-7 (column 1)
             rec[:, :1024].reshape(-1, 8, 2, 64)[:, :, 1] = 0
         elif mutation == "no_min_pairs":

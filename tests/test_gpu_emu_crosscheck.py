@@ -99,7 +99,8 @@ def test_gpu_equals_emulator(name):
 # kernels whose sm_89 build is a different lowering from the sm_90a one the test above runs (cp.async, not TMA;
 # or another ring depth)
 SM89_LOWERINGS = ["gemv_q4_k_mma", "gemv_q4_k_mma_n16",  # gemv_q4_k_mma_t*: fewer ring stages and CTAs
-                  "gemv_q4_k_mma_t1", "gemv_q4_k_mma_t2", "gemv_q4_k_mma_t4"]
+                  "gemv_q4_k_mma_t1", "gemv_q4_k_mma_t2", "gemv_q4_k_mma_t4", "gemv_q4_k_mma_t8",
+                  "gemv_q4_k_mma_t16h"]
 
 
 @pytest.mark.parametrize("name", SM89_LOWERINGS)

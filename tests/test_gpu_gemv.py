@@ -36,8 +36,8 @@ def test_mul_mat_gemv_matches_reference(fmt, data):
     got = out.numpy()
     want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
     assert np.isfinite(got).all()
-    if np.linalg.norm(want) > 0:  # Q4_K above 8 tokens on >= 128 rows takes the fp16 MMQ
-        assert rel(got, want) <= (1e-3 if fmt == "q4_K" and t > 8 and m >= 128 else 1e-5)
+    if np.linalg.norm(want) > 0:  # Q4_K above 8 tokens: the fp16 skinny GEMM (9-16, any M) or MMQ (M >= 128)
+        assert rel(got, want) <= (1e-3 if fmt == "q4_K" and t > 8 and (m >= 128 or t <= 16) else 1e-5)
 
 
 def test_fused_and_separate_rotation_are_bit_identical_and_deterministic():
@@ -212,17 +212,22 @@ def test_q4_k_single_token_register_gemv(m, k, monkeypatch):
                                              (4096, 4096, 1, None, None), (129, 768, 1, None, None),
                                              (300, 14336, 2, None, "1"), (129, 768, 3, None, "1"), (1, 512, 4, None, "1"),
                                              (2000, 3584, 4, "sm_89", "1"), (2000, 3584, 2, "sm_89", "1"),
-                                             (4096, 4096, 3, None, None), (4096, 4096, 2, None, None)])
+                                             (4096, 4096, 3, None, None), (4096, 4096, 2, None, None),
+                                             (300, 14336, 8, None, "1"), (129, 768, 5, None, "1"),
+                                             (2000, 3584, 7, "sm_89", "1")])
 def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
-    """Exact Q4_K slices of 1-4 tokens on prep_q4k_t{1,2,4} + gemv_q4_k_mma_t{1,2,4} — by default from
-    Q4K_T1_MIN_WEIGHTS (4096 x 4096), with PTXGEN_Q4K_T1=1 at any size, also the sm_89 builds (fewer ring stages)
-    compiled for this GPU: within 1e-5 of the float64 reference with outputs NaN-poisoned first, bit-identical run
-    to run; an inf or a NaN in one token's x makes that token's outputs non-finite, as the reference's are, and
-    leaves the others finite. Below the threshold the default takes the other kernels, and PTXGEN_Q4K_T1=0 does
-    everywhere, with results within the same bar."""
+    """Exact Q4_K slices of 1-8 tokens on prep_q4k_t{1,2,4,8} + gemv_q4_k_mma_t{1,2,4,8} — by default from
+    Q4K_T1_MIN_WEIGHTS (4096 x 4096) up to Q4K_FEW_MAX_TOKENS tokens, with PTXGEN_Q4K_T1=1 at any size (5-8 tokens:
+    with the limit raised to 8), also the sm_89 builds (fewer ring stages) compiled for this GPU: within 1e-5 of
+    the float64 reference with outputs NaN-poisoned first, bit-identical run to run; an inf or a NaN in one token's
+    x makes that token's outputs non-finite, as the reference's are, and leaves the others finite. Below the
+    threshold the default takes the other kernels, and PTXGEN_Q4K_T1=0 does everywhere, with results within the
+    same bar."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
+    if t > ops.Q4K_FEW_MAX_TOKENS:
+        monkeypatch.setattr(ops, "Q4K_FEW_MAX_TOKENS", 8)
     ran = []
     load = ops.kernels.load
     monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
@@ -243,7 +248,7 @@ def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
     if not knob and m * k < ops.Q4K_T1_MIN_WEIGHTS:
         assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran)
         return
-    nt = {1: 1, 2: 2, 3: 4, 4: 4}[t]
+    nt = next(v for v in (1, 2, 4, 8) if v >= t)
     assert ran == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"]
     for _ in range(2):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
@@ -256,3 +261,44 @@ def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
     ran.clear()
     other = r.mul_mat(w, x, arch=arch)
     assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran) and rel(other, want) <= 1e-5
+
+
+@pytest.mark.parametrize("m,k,t,arch", [(129, 768, 9, None), (300, 14336, 16, None), (2000, 3584, 12, None),
+                                        (1, 512, 16, None), (2000, 3584, 16, "sm_89")])
+def test_q4_k_sixteen_token_fp16_gemv(m, k, t, arch, monkeypatch):
+    """Q4_K slices of 9-16 tokens on prep_q4k_t16h + gemv_q4_k_mma_t16h (PTXGEN_Q4K_T16H=1; fp16 hi parts of x,
+    one B column per token), also the sm_89 build compiled for this GPU: within 1e-3 of the float64 reference (the
+    prefill GEMMs' bar; ~2e-4 expected) with outputs NaN-poisoned first, bit-identical run to run; an inf or a NaN
+    in one token's x makes that token's outputs non-finite and leaves the others finite. PTXGEN_Q4K_T16H=0 gives
+    these calls back to the exact 16-token GEMV (1e-5)."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    ran = []
+    load = ops.kernels.load
+    monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
+    monkeypatch.setenv("PTXGEN_Q4K_T16H", "1")
+    rng = np.random.default_rng(m + k + t)
+    rows = min(m, 256)
+    raw = formats.quantize("q4_K", rng.standard_normal((rows, k)).astype(np.float32))
+    raw = np.tile(raw, (-(-m // rows), 1))[:m]
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out, arch=arch)
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    got = out.numpy()
+    assert ran == ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-3, rel(got, want)
+    for _ in range(2):
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
+    for bad in (np.inf, np.nan):
+        xb = x.copy()
+        xb[t - 1, k // 3] = bad
+        yb = r.mul_mat(w, xb, arch=arch)
+        assert not np.isfinite(yb[t - 1]).any() and np.isfinite(yb[:t - 1]).all()
+    monkeypatch.setenv("PTXGEN_Q4K_T16H", "0")
+    ran.clear()
+    other = r.mul_mat(w, x, arch=arch)
+    assert "gemv_q4_k_mma_t16h" not in ran and rel(other, want) <= 1e-5

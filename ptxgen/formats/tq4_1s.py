@@ -193,20 +193,21 @@ def mma_scale_exponent(a: np.ndarray, group: int = 1) -> np.ndarray:
     return np.clip(141 - e, -100, 100)
 
 
-def _mma_scaled(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """(x·2^s as (8, K/32, 32) fp32, s as (8, K/32)) for up to 8 tokens; tokens past T are zeros (s = 100)."""
+def _mma_scaled(a: np.ndarray, group: int = 1, tokens: int = MMA_TOKENS) -> tuple[np.ndarray, np.ndarray]:
+    """(x·2^s as (tokens, K/32, 32) fp32, s as (tokens, K/32)) for up to `tokens` tokens; tokens past T are zeros
+    (s = 100)."""
     a = f32(a)
     t, k = a.shape
-    if t > MMA_TOKENS:
-        raise ValueError(f"to_mma_tiles: at most {MMA_TOKENS} tokens, got {t}")
+    if t > tokens:
+        raise ValueError(f"to_mma_tiles: at most {tokens} tokens, got {t}")
     nb = k // 32
-    full = np.zeros((MMA_TOKENS, k), F32)
+    full = np.zeros((tokens, k), F32)
     full[:t] = a
-    s = np.full((MMA_TOKENS, nb), 100, np.int64)
+    s = np.full((tokens, nb), 100, np.int64)
     s[:t] = mma_scale_exponent(a, group)
     scale = ((s + 127) << 23).astype(np.uint32).view(F32)
     with np.errstate(invalid="ignore", over="ignore"):
-        return (full.reshape(MMA_TOKENS, nb, 32) * scale[:, :, None]).astype(F32), s
+        return (full.reshape(tokens, nb, 32) * scale[:, :, None]).astype(F32), s
 
 
 def _f16_hi_lo(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -230,10 +231,10 @@ def to_mma_tiles(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]
     return tiles.reshape(nb * 2 * MMA_TILE // 2).view(np.uint8).copy(), factors
 
 
-def mma_block_sums(a: np.ndarray, group: int = 1) -> np.ndarray:
-    """Σ of each scaled 32-block of `to_mma_tiles(a, group)`' input, (K/32, 8) fp32, in the order of a warp
+def mma_block_sums(a: np.ndarray, group: int = 1, tokens: int = MMA_TOKENS) -> np.ndarray:
+    """Σ of each scaled 32-block of `to_mma_tiles(a, group)`' input, (K/32, tokens) fp32, in the order of a warp
     butterfly (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; lane 0's sum)."""
-    v, _ = _mma_scaled(a, group)
+    v, _ = _mma_scaled(a, group, tokens)
     lane = np.arange(32)
     with np.errstate(invalid="ignore", over="ignore"):
         for o in (16, 8, 4, 2, 1):
@@ -262,45 +263,76 @@ def mma_min_fragments(a: np.ndarray) -> np.ndarray:
     return np.concatenate([hi4, lo4], axis=3).reshape(-1).view(np.uint8).copy()
 
 
-Q4K_RECORD_TOKENS = (1, 2, 4)  # the token counts gemv_q4_k_mma_t{1,2,4} are built for
+Q4K_RECORD_TOKENS = (1, 2, 4, 8)  # the token counts the exact gemv_q4_k_mma_t{nt} are built for
+Q4K_HI_TOKENS = 16  # gemv_q4_k_mma_t16h: fp16 hi parts only (one B column per token), up to 16 tokens
 
 
-def q4k_record_bytes(nt: int) -> int:
-    """Bytes per super-block of q4k_mma_records(·, nt): 1024·nt of B pairs, 32·nt of min pairs, 4·nt of factors,
-    zeros up to a multiple of 16 (1072, 2128, 4240)."""
-    return -(-1060 * nt // 16) * 16
+def q4k_record_columns(nt: int, hi_only: bool = False) -> int:
+    """B columns of a q4k_mma_records(·, nt, hi_only) record: 2 per token (hi, lo), or 1 (hi) with hi_only."""
+    return nt if hi_only else 2 * nt
 
 
-def q4k_mma_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
-    """The activation of the few-token Q4_K tensor-core GEMV gemv_q4_k_mma_t{nt} (prep_q4k_t{nt}): x (T ≤ nt, K)
-    fp32 → one q4k_record_bytes(nt)-byte record per super-block. Token n's x·2^s (one s per super-block, as
-    to_mma_tiles(x, Q4K_GROUP)) split into fp16 hi + lo fills B column 2n (hi) and 2n + 1 (lo); tokens past T are
-    zeros (factor 2^-100). Lane (g, t) of the GEMV owns sub-blocks 2t (low nibbles) and 2t + 1 (high), and its
-    MMA pair i covers elements 4i .. 4i + 3 of both: bytes 128·nt·i + 16·(4c + t) (c = 2n + hi/lo, the column)
-    hold, for sub-block 2t then 2t + 1, the pairs (e 4i, e 4i + 2) and (e 4i + 1, e 4i + 3) — the k order of the
-    A fragments the nibble masks 0x000F000F / 0x00F000F0 give (bytes 0, 2 and, after a shift by 8, bytes 1, 3).
-    Bytes 1024·nt + 4·(4c + t): column c's min-term pair (S_2t, S_2t+1) of the scaled block sums (butterfly
-    order) times 2^MIN_FRAG_SHIFT, hi or lo; bytes 1056·nt + 4n: token n's factor 2^-s (fp32); zeros after."""
+def q4k_record_layout(nt: int, hi_only: bool = False) -> tuple[int, int, int]:
+    """(min pairs' offset, factors' offset, bytes) of a q4k_mma_records(·, nt, hi_only) record, C =
+    q4k_record_columns: 512·C of B pairs, then 16·C of min pairs (hi_only: 32·C, hi and lo of each pair), 4·nt of
+    factors, zeros up to a multiple of 16 (exact: 1072, 2128, 4240, 8480 bytes; 16 tokens hi only: 8768)."""
+    c = q4k_record_columns(nt, hi_only)
+    fac = 512 * c + (32 if hi_only else 16) * c
+    return 512 * c, fac, -(-(fac + 4 * nt) // 16) * 16
+
+
+def q4k_record_bytes(nt: int, hi_only: bool = False) -> int:
+    """Bytes per super-block of q4k_mma_records(·, nt, hi_only) (q4k_record_layout)."""
+    return q4k_record_layout(nt, hi_only)[2]
+
+
+def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False) -> np.ndarray:
+    """The activation of the few-token Q4_K tensor-core GEMVs gemv_q4_k_mma_t{nt} (prep_q4k_t{nt}) and, with
+    hi_only, gemv_q4_k_mma_t16h (prep_q4k_t16h): x (T ≤ nt, K) fp32 → one q4k_record_bytes(nt, hi_only)-byte
+    record per super-block (offsets: q4k_record_layout). Token n's x·2^s (one s per super-block, as
+    to_mma_tiles(x, Q4K_GROUP)) split into fp16 hi + lo fills B column c = 2n (hi) and 2n + 1 (lo); with hi_only
+    column c = n holds the hi part alone (fp16 activations, as the prefill GEMMs). Tokens past T are zeros
+    (factor 2^-100). Lane (g, t) of the GEMV owns sub-blocks 2t (low nibbles) and 2t + 1 (high), and its MMA
+    pair i covers elements 4i .. 4i + 3 of both: with C = q4k_record_columns columns, bytes 64·C·i + 16·(4c + t)
+    hold, for sub-block 2t then 2t + 1, the pairs (e 4i, e 4i + 2) and (e 4i + 1, e 4i + 3) — the k order of
+    the A fragments the nibble masks 0x000F000F / 0x00F000F0 give (bytes 0, 2 and, after a shift by 8, bytes 1,
+    3). Min pairs: the scaled block sums (S_2t, S_2t+1) (butterfly order) times 2^MIN_FRAG_SHIFT, as fp16 hi or
+    lo in column c's 4 bytes at 4·(4c + t); with hi_only the sums are of the hi parts (the values the main
+    product uses: the min term then cancels against the same rounded x, which halves the error) and each lane
+    slot holds the hi pair then the lo pair (8 bytes at 8·(4c + t)). Then token n's factor 2^-s (fp32); zeros
+    after."""
     a = f32(a)
-    if nt not in Q4K_RECORD_TOKENS or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
-        raise ValueError(f"q4k_mma_records: 1 to {nt} tokens (nt one of {Q4K_RECORD_TOKENS}), got shape {a.shape}")
-    xs, s = _mma_scaled(a, Q4K_GROUP)
+    tokens = (Q4K_HI_TOKENS,) if hi_only else Q4K_RECORD_TOKENS
+    if nt not in tokens or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
+        raise ValueError(f"q4k_mma_records: 1 to {nt} tokens (nt one of {tokens}), got shape {a.shape}")
+    xs, s = _mma_scaled(a, Q4K_GROUP, max(nt, MMA_TOKENS))
     nb = xs.shape[1]
     nsb = nb // 8
     hi, lo = _f16_hi_lo(xs[:nt])
     with np.errstate(invalid="ignore", over="ignore"):
-        sv = (mma_block_sums(a, Q4K_GROUP)[:, :nt].T * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)  # (nt, nb)
+        if hi_only:  # Σ of the hi parts in the butterfly order
+            v = hi.astype(F32)
+            for o in (16, 8, 4, 2, 1):
+                v = (v + v[:, :, np.arange(32) ^ o]).astype(F32)
+            sums = v[:, :, 0]
+        else:
+            sums = mma_block_sums(a, Q4K_GROUP, max(nt, MMA_TOKENS))[:, :nt].T
+        sv = (sums * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)  # (nt, nb)
     shi, slo = _f16_hi_lo(sv)
-    # [column c = 2n + hl, sb, t, nib, i, p >> 1, p & 1] → [sb, i, c, t, nib, p & 1, p >> 1]
-    cols = np.stack([hi, lo], axis=1).reshape(2 * nt, nsb, 4, 2, 8, 2, 2)
+    ncol = q4k_record_columns(nt, hi_only)
+    # [column c, sb, t, nib, i, p >> 1, p & 1] → [sb, i, c, t, nib, p & 1, p >> 1]
+    cols = (hi if hi_only else np.stack([hi, lo], axis=1)).reshape(ncol, nsb, 4, 2, 8, 2, 2)
     main = cols.transpose(1, 4, 0, 2, 3, 6, 5)
-    mins = np.stack([shi, slo], axis=1).reshape(2 * nt, nsb, 8).transpose(1, 0, 2)  # [sb, c, j = 2t + pair]
-    rb = q4k_record_bytes(nt)
+    if hi_only:  # [c, sb, t, pair] x (hi, lo) → [sb, c, t, (hi pair, lo pair)]
+        mins = np.stack([shi.reshape(ncol, nsb, 4, 2), slo.reshape(ncol, nsb, 4, 2)], axis=3).transpose(1, 0, 2, 3, 4)
+    else:  # [sb, c, j = 2t + pair]
+        mins = np.stack([shi, slo], axis=1).reshape(ncol, nsb, 8).transpose(1, 0, 2)
+    moff, foff, rb = q4k_record_layout(nt, hi_only)
     rec = np.zeros((nsb, rb), np.uint8)
-    rec[:, :1024 * nt] = main.reshape(nsb, -1).view(np.uint8)
-    rec[:, 1024 * nt:1056 * nt] = np.ascontiguousarray(mins).reshape(nsb, -1).view(np.uint8)
+    rec[:, :moff] = main.reshape(nsb, -1).view(np.uint8)
+    rec[:, moff:foff] = np.ascontiguousarray(mins).reshape(nsb, -1).view(np.uint8)
     fac = ((127 - s[:nt, ::8]) << 23).astype(np.uint32).T  # (nsb, nt)
-    rec[:, 1056 * nt:1060 * nt] = np.ascontiguousarray(fac).view(np.uint8)
+    rec[:, foff:foff + 4 * nt] = np.ascontiguousarray(fac).view(np.uint8)
     return rec.reshape(-1)
 
 

@@ -1277,7 +1277,7 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mti
                     gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
 
 
-def build_prep_mma(arch, rotate: bool = True, records: int = 0):
+def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = False):
     """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
     One warp per (token, block) for all 8 tokens: tokens past T write zeros.
@@ -1288,19 +1288,22 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0):
     (formats.tq4_1s.mma_min_fragments: the scaled block sums by a warp butterfly, times 2^-6, fp16 hi + lo).
 
     records=nt (prep_q4k_t{nt}, for gemv_q4_k_mma_t{nt}; rotate=False): up to nt tokens, the same values written
-    as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors)."""
-    assert not (records and rotate)
+    as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors); with
+    hi_only (prep_q4k_t16h) the hi parts alone, one B column per token."""
+    assert not (records and rotate) and (records or not hi_only)
     nt = records or T4.MMA_TOKENS
-    name = f"prep_q4k_t{records}" if records else "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
+    sfx = f"t{records}h" if hi_only else f"t{records}"
+    name = f"prep_q4k_{sfx}" if records else "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
-                                   f"activation of up to {records} tokens: scaled fp16 hi/lo records (gemv_q4_k_mma_t{records})"
+                                   f"activation of up to {records} tokens: scaled fp16 {'hi' if hi_only else 'hi/lo'} "
+                                   f"records (gemv_q4_k_mma_{sfx})"
                                    if records else
                                    "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
     x_p = b.param("x", "u64", "ptr:in")
     if records:
         bt_p = b.param("records", "u64", "ptr:out")
-        b.meta.update(layout="q4k_mma_records", tokens=records)
+        b.meta.update(layout="q4k_mma_records", tokens=records, hi_only=hi_only)
     else:
         bt_p, f_p = b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
         s_p = None if rotate else b.param("minfrag", "u64", "ptr:out")
@@ -1352,7 +1355,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0):
     fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     if records:
-        _prep_record_stores(b, BT, records, tok, j, lane, lead, hi, lo, fbits, xs)
+        _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs)
         b.place(done)
         b.emit("ret")
         return b.finish()
@@ -1398,32 +1401,44 @@ def _min_pair(b, xs):
     return shi, b.op("selp.b16", slo, Imm(0, "b16"), sfin)
 
 
-def _prep_record_stores(b, REC, nt, tok, j, lane, lead, hi, lo, fbits, xs):
-    """prep_q4k_t{nt}'s stores (formats.tq4_1s.q4k_mma_records): token n, block j = 8·sb + 2t + nib, element e =
-    lane = 4i + p → hi at byte q4k_record_bytes(nt)·sb + 128·nt·i + 128·n + 16·t + 8·nib + 4·(p & 1) + 2·(p >> 1), lo
-    64 bytes on; lane 0: the min pair halves at 1024·nt + 32·n + 4·t + 2·nib (hi) and + 16 (lo), block 0 of the
-    super-block the factor at 1056·nt + 4·n; token 0's block 1 the zeros after the factors."""
-    rb = T4.q4k_record_bytes(nt)
+def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs):
+    """prep_q4k_t{nt}'s stores (formats.tq4_1s.q4k_mma_records; offsets q4k_record_layout), C =
+    q4k_record_columns columns: token n, block j = 8·sb + 2t + nib, element e = lane = 4i + p → hi at byte
+    record·sb + 64·C·i + 16·(4c + t) + 8·nib + 4·(p & 1) + 2·(p >> 1) with c = 2n (lo: c = 2n + 1, 64 bytes on)
+    or, hi_only, c = n; lane 0: the min pair halves at min + 4·(4c + t) + 2·nib (hi_only: the sum of the hi parts,
+    min + 8·(4c + t) + 2·nib, lo 4 bytes on), block 0 of the super-block the factor at fac + 4·n; token 0's block
+    1 the zeros after the factors."""
+    ncol = T4.q4k_record_columns(nt, hi_only)
+    moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     sb = b.op("shr.u32", j, Imm(3, "u32"))
     jj = b.op("and.b32", j, Imm(7, "b32"))  # 2t + nib
     rec = b.op("mad.wide.u32", sb, Imm(rb, "u32"), REC)
     p = b.op("and.b32", lane, Imm(3, "b32"))
-    e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(128 * nt, "u32")),  # 128·nt·i
+    e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(64 * ncol, "u32")),  # 64·C·i
                  b.op("add.u32", b.op("shl.b32", b.op("and.b32", p, Imm(1, "b32")), Imm(2, "u32")),
                       b.op("shl.b32", b.op("shr.u32", p, Imm(1, "u32")), Imm(1, "u32"))))
-    off = b.op("mad.lo.u32", tok, Imm(128, "u32"), b.op("mad.lo.u32", jj, Imm(8, "u32"), e_off))  # 16·t + 8·nib = 8·jj
+    per_tok = 64 if hi_only else 128  # 16·4c for c = n or 2n
+    off = b.op("mad.lo.u32", tok, Imm(per_tok, "u32"), b.op("mad.lo.u32", jj, Imm(8, "u32"), e_off))  # + 16·t + 8·nib
     pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
     b.emit("st.global.b16", Mem(pe), hi)
-    b.emit("st.global.b16", Mem(pe, 64), lo)
-    shi, slo = _min_pair(b, xs)
-    moff = b.op("mad.lo.u32", tok, Imm(32, "u32"), b.op("mad.lo.u32", jj, Imm(2, "u32"), Imm(1024 * nt, "u32")))
-    pm = b.op("add.s64", rec, b.op("cvt.u64.u32", moff))
+    if hi_only:  # the min term from the same rounded values the main product sees
+        shi, slo = _min_pair(b, b.op("cvt.f32.f16", hi))
+        mo = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", jj, Imm(1, "u32")), Imm(3, "u32")),
+                  b.op("shl.b32", b.op("and.b32", jj, Imm(1, "b32")), Imm(1, "u32")))  # 8·t + 2·nib
+        moff_ = b.op("mad.lo.u32", tok, Imm(32, "u32"), b.op("add.u32", mo, Imm(moff, "u32")))
+        lo_at = 4
+    else:
+        b.emit("st.global.b16", Mem(pe, 64), lo)
+        shi, slo = _min_pair(b, xs)
+        moff_ = b.op("mad.lo.u32", tok, Imm(32, "u32"), b.op("mad.lo.u32", jj, Imm(2, "u32"), Imm(moff, "u32")))
+        lo_at = 16
+    pm = b.op("add.s64", rec, b.op("cvt.u64.u32", moff_))
     b.emit("st.global.b16", Mem(pm), shi, pred=lead)
-    b.emit("st.global.b16", Mem(pm, 16), slo, pred=lead)
+    b.emit("st.global.b16", Mem(pm, lo_at), slo, pred=lead)
     first = b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(0, "u32")))
-    pf = b.op("add.s64", rec, b.op("cvt.u64.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(1056 * nt, "u32"))))
+    pf = b.op("add.s64", rec, b.op("cvt.u64.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(foff, "u32"))))
     b.emit("st.global.b32", Mem(pf), fbits, pred=first)
-    pad = range(1060 * nt, rb, 4)
+    pad = range(foff + 4 * nt, rb, 4)
     if pad:
         zero = b.op("mov.b32", Imm(0, "b32"))
         tail = b.op("and.pred", b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(1, "u32"))),

@@ -36,31 +36,42 @@ from . import KernelDef
 from .gemv import _store_or_split, _warp_rows, build_prep_mma
 
 T1_WARPS = 4
-T1_ROWS = 16  # rows per warp (one m16 tile)
-T1_W_BYTES = T1_ROWS * 144  # a step's weights: 16 rows x one super-block (the record follows)
 T1_MAX_SPLITS = 32
-# (ring stages, resident CTAs per SM) by tokens and the SM's shared memory ("big": sm_90a's 227 KB per CTA; "small":
-# sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows x 144 bytes + one record
-T1_PLAN = {"big": {1: (4, 4), 2: (3, 4), 4: (2, 4)}, "small": {1: (3, 2), 2: (2, 2), 4: (2, 1)}}
+# (ring stages, resident CTAs per SM, m16 tiles per warp) by build and the SM's shared memory ("big": sm_90a's 227
+# KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x 144 bytes +
+# one record
+T1_PLAN = {"big": {"t1": (4, 4, 1), "t2": (3, 4, 1), "t4": (2, 4, 1), "t8": (2, 2, 1), "t16h": (3, 1, 2)},
+           "small": {"t1": (3, 2, 1), "t2": (2, 2, 1), "t4": (2, 1, 1), "t8": (2, 1, 1), "t16h": (2, 1, 1)}}
 
 
-def _ring_plan(arch, nt: int) -> tuple[int, int]:
-    """(stages, resident CTAs per SM) of the nt-token build on `arch` (T1_PLAN)."""
-    return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"][nt]
+def _suffix(nt: int, hi_only: bool) -> str:
+    return f"t{nt}h" if hi_only else f"t{nt}"
 
 
-def build(arch, nt: int = 1):
-    """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2 or 4); token n's hi and lo in B columns 2n and 2n + 1."""
+def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int]:
+    """(stages, resident CTAs per SM, m16 tiles per warp) of the build on `arch` (T1_PLAN)."""
+    return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"][_suffix(nt, hi_only)]
+
+
+def build(arch, nt: int = 1, hi_only: bool = False):
+    """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
+    hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n."""
+    sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core Q4_K GEMV"
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     arch.require("cp_async", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
-    NW, R = T1_WARPS, T1_ROWS
-    S, ctas = _ring_plan(arch, nt)
-    rb = T4.q4k_record_bytes(nt)
-    stage_bytes = T1_W_BYTES + rb
-    b = KernelBuilder(f"gemv_q4_k_mma_t{nt}", arch, f"q4_K GEMV (exact) for up to {nt} token(s) on mma.sync: B = "
-                      "(hi, lo) columns per token, a lane owns one qs chunk of two rows, weights and activation "
-                      "records by cp.async", block=(32 * NW, 1, 1))
+    NW = T1_WARPS
+    S, ctas, MT = _ring_plan(arch, nt, hi_only)
+    R = 16 * MT  # rows per warp
+    W_BYTES = R * 144  # a step's weights (the record follows)
+    ncol = T4.q4k_record_columns(nt, hi_only)
+    NTL = max(1, ncol // 8)  # n8 tiles of B
+    moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
+    stage_bytes = W_BYTES + rb
+    b = KernelBuilder(f"gemv_q4_k_mma_{sfx}", arch, f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
+                      f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
+                      "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
+                      "cp.async", block=(32 * NW, 1, 1))
     w_p, r_p, y_p = b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
@@ -70,9 +81,9 @@ def build(arch, nt: int = 1):
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
-                  mode="exact", lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_mma_records",
-                  activation=f"prep_q4k_t{nt}(x): one {rb}-byte record per super-block", copy="cp.async",
-                  stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+                  mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
+                  layout="q4k_mma_records", activation=f"prep_q4k_{sfx}(x): one {rb}-byte record per super-block",
+                  copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     W, REC, Y = b.ptr(w_p), b.ptr(r_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
@@ -82,23 +93,25 @@ def build(arch, nt: int = 1):
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
-    b.comment("copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..4; u = 4: lanes < 16), 16 bytes each "
-              "(an instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster than 16 rows x 32 bytes), "
-              "rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u partial")
+    w_chunks = 9 * R
+    b.comment(f"copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..{-(-w_chunks // 32) - 1}), 16 bytes "
+              "each (an instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster than 16 rows x 32 "
+              "bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u partial where "
+              "the record is not a multiple of 512 bytes")
     row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
     w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
     wcopy = []
-    for u in range(5):
+    for u in range(-(-w_chunks // 32)):
         c = b.op("add.u32", lane, Imm(32 * u, "u32"))
         row = b.op("div.u32", c, Imm(9, "u32"))
         col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
         rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
         wcopy.append((b.op("mad.lo.u32", rel, row_bytes, col16), b.op("mad.lo.u32", row, Imm(144, "u32"), col16)))
     x_src0 = b.op("mad.wide.u32", lane, Imm(16, "u32"), REC)
-    x_dst0 = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
-    w_tail = b.op("setp.lt.u32", lane, Imm(16, "u32"))
+    x_dst0 = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(W_BYTES, "u32"))
+    w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
     x_chunks = rb // 16
     x_tail = b.op("setp.lt.u32", lane, Imm(x_chunks % 32, "u32"))
 
@@ -112,7 +125,7 @@ def build(arch, nt: int = 1):
         if "w" in what:
             off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
             for u, (src, dst) in enumerate(wcopy):
-                go = live if u < 4 else b.op("and.pred", live, w_tail)
+                go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
                 b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
                        Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
                        pred=go)
@@ -152,20 +165,27 @@ def build(arch, nt: int = 1):
     msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
     lane_hdr = b.op("mul.lo.u32", g, Imm(144, "u32"))  # row g's header in a stage
     lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", lane_hdr, Imm(16, "u32")))  # its qs chunk t
-    # B column c = lane / 4 comes from lane c·4 + t's record slot; lanes past the 2·nt columns re-read the first
-    # ones (their columns of C are never used)
-    col_lane = b.op("and.b32", lane, Imm(8 * nt - 1, "b32"))
-    lane_rec = b.op("mad.lo.u32", col_lane, Imm(16, "u32"), Imm(T1_W_BYTES, "u32"))
-    lane_min = b.op("mad.lo.u32", col_lane, Imm(4, "u32"), Imm(T1_W_BYTES + 1024 * nt, "u32"))
-    lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(nt - 1, "b32")), Imm(4, "u32"),
-                    Imm(T1_W_BYTES + 1056 * nt, "u32"))  # token t's factor (t % nt)
-    acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)]  # rows g, g + 8 of token t (lanes t < nt)
+    # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
+    # them re-read the first ones (their columns of C are never used)
+    col_lane = b.op("and.b32", lane, Imm(min(32, 4 * ncol) - 1, "b32"))
+    lane_rec = b.op("mad.lo.u32", col_lane, Imm(16, "u32"), Imm(W_BYTES, "u32"))
+    mslot = 8 if hi_only else 4  # a lane's min pair: hi (and lo, hi_only) halves
+    lane_min = b.op("mad.lo.u32", col_lane, Imm(mslot, "u32"), Imm(W_BYTES + moff, "u32"))
+    if hi_only:  # lane (g, t), tile n: tokens 8n + 2t, 8n + 2t + 1 (columns 2t, 2t + 1)
+        lane_fac = b.op("mad.lo.u32", t, Imm(8, "u32"), Imm(W_BYTES + foff, "u32"))
+    else:  # tile n: token 4n + t (columns 2t hi, 2t + 1 lo); fewer than 4 tokens: t % nt
+        lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(min(nt, 4) - 1, "b32")), Imm(4, "u32"),
+                        Imm(W_BYTES + foff, "u32"))
+    cols_per_lane = 2 if hi_only else 1
+    # acc[mt][rr][tile][e]: row 16·mt + g + 8·rr, the lane's token e of the tile
+    acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(cols_per_lane)] for _ in range(NTL)]
+            for _ in range(2)] for _ in range(MT)]
 
-    def header(st, rr):
-        """Row g + 8·rr: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
+    def header(st, ro):
+        """Row ro of the stage: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
         mult = sc) and 2t + 1 (high: sc/16), add = −1024·mult, and the min MMA's A pair (m_2t, m_2t+1)."""
         hw = b.regs("b32", 4)
-        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, lane_hdr), 8 * 144 * rr))
+        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, lane_hdr), 144 * ro))
         dlo, dhi = b.reg("b16"), b.reg("b16")
         b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
         s0, s1, s2 = hw[1:]
@@ -201,54 +221,102 @@ def build(arch, nt: int = 1):
     b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
     st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
-    hds = [header(st, rr) for rr in range(2)]
+    hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
     qs = []
-    for rr in range(2):
-        words = b.regs("b32", 8)
-        for h in range(2):
-            b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]), Mem(b.op("add.u32", st, lane_qs), 8 * 144 * rr + 16 * h))
-        qs.append(words)
+    for mt in range(MT):
+        qs.append([])
+        for rr in range(2):
+            words = b.regs("b32", 8)
+            for h in range(2):
+                b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]),
+                       Mem(b.op("add.u32", st, lane_qs), 144 * (16 * mt + 8 * rr) + 16 * h))
+            qs[mt].append(words)
     xrec = b.op("add.u32", st, lane_rec)
-    chains = [b.regs("f32", 4) for _ in range(2)]  # low-nibble MMAs, high-nibble MMAs
+    # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
+    chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
     for i in range(8):
-        xb = b.regs("b32", 4)
-        b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 128 * nt * i))
-        a = [dequant(qs[rr][i], hds[rr]) for rr in range(2)]
-        for c, nib in enumerate(("lo", "hi")):
-            A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(chains[c]), b.vec(A), b.vec(xb[2 * c:2 * c + 2]),
-                            b.vec(czero if i == 0 else chains[c])))
-    mw = b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min)))
-    fac = b.op("ld.shared.f32", Mem(b.op("add.u32", st, lane_fac)))  # token t's 2^-s
-    ms = b.regs("f32", 4)
-    b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec([hds[0]["ma"], hds[1]["ma"], zero, zero]),
-                    b.vec([mw, zero]), b.vec(czero)))
+        xbs = []
+        for n in range(NTL):
+            xb = b.regs("b32", 4)
+            b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 64 * ncol * i + 512 * n))
+            xbs.append(xb)
+        for mt in range(MT):
+            a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
+            for c, nib in enumerate(("lo", "hi")):
+                A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
+                for n in range(NTL):
+                    ch = chains[mt][n][c]
+                    b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
+                                    b.vec(czero if i == 0 else ch)))
+    mws = []  # the min MMA's B registers per tile: (hi pair, 0) or, hi_only, (hi pair, lo pair) at k, k + 8
+    for n in range(NTL):
+        if hi_only:
+            mw = b.regs("b32", 2)
+            b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 32 * mslot * n))
+        else:
+            mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 32 * mslot * n)), zero]
+        mws.append(mw)
+    facs = []  # facs[tile][e]: the lane's tokens' 2^-s
+    for n in range(NTL):
+        fa = b.op("add.u32", st, lane_fac)
+        if hi_only:
+            f2 = b.regs("f32", 2)
+            b.emit("ld.shared.v2.f32", b.vec(f2), Mem(fa, 32 * n))
+            facs.append(f2)
+        else:
+            facs.append([b.op("ld.shared.f32", Mem(fa, 16 * n))])
+    ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
+    for mt in range(MT):
+        for n in range(NTL):
+            ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]  # hi_only: the mins again at k + 8 for the lo pairs
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms[mt][n]), b.vec(ma + (ma if hi_only else [zero, zero])),
+                            b.vec(mws[n]), b.vec(czero)))
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: refill it
     nxt = b.op("add.u32", jb, Imm(S, "u32"))
     issue(nxt, st, b.op("setp.lt.u32", nxt, jend))
     b.emit("cp.async.commit_group")
-    for rr in range(2):  # y += 2^-s·(d·C − 64·dmin·MS): columns 0 (hi) and 1 (lo) of row g + 8·rr
-        cs = b.op("add.rn.f32", b.op("add.rn.f32", chains[0][2 * rr], chains[1][2 * rr]),
-                  b.op("add.rn.f32", chains[0][2 * rr + 1], chains[1][2 * rr + 1]))
-        mins = b.op("add.rn.f32", ms[2 * rr], ms[2 * rr + 1])
-        v = b.op("fma.rn.f32", hds[rr]["d"], cs, b.op("mul.rn.f32", hds[rr]["nd64"], mins))
-        b.emit("fma.rn.f32", acc[rr], v, fac, acc[rr])
+    for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
+        for rr in range(2):
+            hd = hds[mt][rr]
+            for n in range(NTL):
+                lo_c, hi_c, mm = chains[mt][n][0], chains[mt][n][1], ms[mt][n]
+                if hi_only:  # columns 2t, 2t + 1: two tokens
+                    for e in range(2):
+                        cs = b.op("add.rn.f32", lo_c[2 * rr + e], hi_c[2 * rr + e])
+                        v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mm[2 * rr + e]))
+                        b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e])
+                else:  # columns 2t (hi), 2t + 1 (lo) of one token
+                    cs = b.op("add.rn.f32", b.op("add.rn.f32", lo_c[2 * rr], hi_c[2 * rr]),
+                              b.op("add.rn.f32", lo_c[2 * rr + 1], hi_c[2 * rr + 1]))
+                    mins = b.op("add.rn.f32", mm[2 * rr], mm[2 * rr + 1])
+                    v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mins))
+                    b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
     b.emit("add.u32", count, count, Imm(1, "u32"))
     b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
-    items = []  # lane (g, t): token t of rows g and g + 8
-    for rr in range(2):
-        row = b.op("add.u32", row0, b.op("add.u32", g, Imm(8 * rr, "u32")))
-        ok = b.op("and.pred", b.op("setp.lt.u32", row, M), b.op("setp.lt.u32", t, ntok))
-        items.append((ok, b.op("mad.lo.u32", t, M, row), acc[rr]))
+    items = []  # lane (g, t): its tokens of rows 16·mt + g + 8·rr
+    for mt in range(MT):
+        for rr in range(2):
+            row = b.op("add.u32", row0, b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")))
+            rok = b.op("setp.lt.u32", row, M)
+            for n in range(NTL):
+                for e in range(cols_per_lane):
+                    tok = (b.op("mad.lo.u32", t, Imm(2, "u32"), Imm(8 * n + e, "u32")) if hi_only else
+                           b.op("add.u32", t, Imm(4 * n, "u32")) if n else t)
+                    ok = b.op("and.pred", rok, b.op("setp.lt.u32", tok, ntok))
+                    items.append((ok, b.op("mad.lo.u32", tok, M, row), acc[mt][rr][n][e]))
     _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
     return b.finish()
 
 
-KERNELS = [KernelDef(f"gemv_q4_k_mma_t{nt}", f"q4_K decode GEMV, T ≤ {nt}, exact, mma.sync with (hi, lo) B columns per "
-                     f"token, weights and activation records through a per-warp cp.async ring (activation from "
-                     f"prep_q4k_t{nt})", lambda arch, nt=nt: build(arch, nt)) for nt in T4.Q4K_RECORD_TOKENS]
-PREPS = [KernelDef(f"prep_q4k_t{nt}", f"activation of up to {nt} token(s): scaled fp16 hi/lo records and min pairs "
-                   f"(gemv_q4_k_mma_t{nt})", lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt))
-         for nt in T4.Q4K_RECORD_TOKENS]
+_BUILDS = [(nt, False) for nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]
+KERNELS = [KernelDef(f"gemv_q4_k_mma_{_suffix(nt, h)}",
+                     f"q4_K GEMV, T ≤ {nt}, {'fp16 activations' if h else 'exact'}, mma.sync with "
+                     f"{'one hi column' if h else '(hi, lo) B columns'} per token, weights and activation records "
+                     f"through a per-warp cp.async ring (activation from prep_q4k_{_suffix(nt, h)})",
+                     lambda arch, nt=nt, h=h: build(arch, nt, h)) for nt, h in _BUILDS]
+PREPS = [KernelDef(f"prep_q4k_{_suffix(nt, h)}", f"activation of up to {nt} tokens: scaled fp16 "
+                   f"{'hi' if h else 'hi/lo'} records and min pairs (gemv_q4_k_mma_{_suffix(nt, h)})",
+                   lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
+         for nt, h in _BUILDS]
