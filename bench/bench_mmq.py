@@ -51,9 +51,10 @@ def main():
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, fp16 x: gemv_q4_k_mma_t16h, the default there) "
-          "| skinny vs llama.cpp | skinny, sm_89 build µs | exact 16-token GEMV µs (gemv_q4_k_mma_n16) | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
+          "| skinny vs llama.cpp | skinny, sm_89 build µs | exact 16-token GEMV µs (gemv_q4_k_mma_n16) "
+          "| register-A skinny GEMM µs (mmq_q4_k_rega_n32, T = 17-64; its sm_89 build) | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
           "| the same in clusters of 2, activation multicast, per token tile µs (T ≥ 64 with --cluster; not dispatched) |")
-    print("|---" * 26 + "|")
+    print("|---" * 27 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -92,6 +93,7 @@ def main():
             skinny = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch)
             skinny89 = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch, arch="sm_89")  # its sm_89 plan
             n16 = skinny_us(r, ws, copies, raw, x, y, m, k, t, args.reps, torch, exact=True)
+            rega = {a: rega_skinny_us(ws, copies, raw, xa, ya, m, k, t, args.reps, torch, a) for a in (None, "sm_89")}
             us_ra = rega_us(ws, copies, raw, x, xa, ya, y, m, k, t, flag, args.reps, torch) if has_wg else None
             us_mc = None
             if args.cluster and has_wg and t >= 64:  # not dispatched yet: an error is reported in its cell, not fatal
@@ -100,8 +102,11 @@ def main():
                 except Exception as e:
                     us_mc = {"error": f"{type(e).__name__}: {str(e)[:60]}"}
             # what mul_mat runs (timed apart from mul_mat itself: the MMQ's overflow-flag readback is a host sync)
+            from ptxgen.runtime.ops import skinny_ok
+
             us = (skinny if skinny is not None and knobs.q4k_t16h() != "off" else
-                  n16 if n16 is not None and knobs.q4k_mma() != "off" else us_mmq)
+                  n16 if n16 is not None and knobs.q4k_mma() != "off" else
+                  rega[None] if rega[None] is not None and skinny_ok(t, m, k) else us_mmq)
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)
@@ -110,7 +115,8 @@ def main():
                    "us_llamacpp": ll, "rel_err": err, "us_mma_sync": us_sync, "us_wgmma": us_wg,
                    "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
                    "us_fast_mode": us_fast, "us_tc_skinny": skinny, "us_mmq": us_mmq,
-                   "us_tc_skinny_sm89": skinny89, "us_exact_n16": n16, "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc}
+                   "us_tc_skinny_sm89": skinny89, "us_exact_n16": n16, "us_rega_skinny": rega[None],
+                   "us_rega_skinny_sm89": rega["sm_89"], "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
@@ -118,6 +124,7 @@ def main():
                   f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
                   f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
                   f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | {f(n16)} | "
+                  f"{f(rega[None])} / {f(rega['sm_89'])} | "
                   f"{tiles_cell(us_ra)} | {tiles_cell(us_mc)} |", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
@@ -149,6 +156,25 @@ def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch, arch=None, exact=F
     finally:
         for v in env:
             os.environ.pop(v, None)
+
+
+def rega_skinny_us(ws, copies, raw, xa, ya, m, k, t, reps, torch, arch=None):
+    """mmq_q4_k_rega_n32 (prep_q4k_t32h per 32 tokens + the GEMM) for 17-64 tokens, checked against the float64
+    reference first (1e-3, where the reference is cheap); None elsewhere."""
+    from ptxgen import formats
+    from ptxgen.runtime import ops
+
+    if not 16 < t <= 64 or ops.kernels.build_for(f"mmq_q4_k_rega_n{ops.T4.Q4K_SKINNY_COLUMNS}", arch) is None:
+        return None
+    if m * t <= 4096 * 64:
+        got = np.empty((t, m), np.float32)
+        ops._skinny_gemm(ws[0], xa.ptr, ya.ptr, m, k, t, arch)
+        got[:] = ya.numpy()
+        ref = formats.gemm_ref("q4_K", raw, m, k, xa.numpy())
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        if err > 1e-3:
+            raise AssertionError(f"mmq_q4_k_rega_n32 {m}x{k} T={t}: relative error {err:.2e}")
+    return timed(lambda i: ops._skinny_gemm(ws[i % copies], xa.ptr, ya.ptr, m, k, t, arch), reps, torch)
 
 
 def tiles_cell(us):

@@ -18,6 +18,9 @@ PTXGEN_Q4K_T1      exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} (pr
 PTXGEN_Q4K_T16H    Q4_K calls of 9-16 tokens in exact mode on gemv_q4_k_mma_t16h (fp16 activations, relative error
                    ~2e-4, the prefill GEMMs' accuracy): unset/auto = yes unless PTXGEN_Q4K_MMA=1, 1 = yes, 0 = never
                    (the exact 16-token GEMV gemv_q4_k_mma_n16, or the MMQ with PTXGEN_Q4K_MMA=0)
+PTXGEN_MMQ_SKINNY  exact-mode Q4_K prefill (M ≥ 128) on the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations,
+                   token groups of 32): unset/auto = from 17 tokens up to runtime.ops.SKINNY_MAX_TOKENS of the MMQ
+                   path it replaces (64 for mma.sync; 32 for wgmma, from 2^25 weights), 1 = 17-128 tokens, 0 = never
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
                    WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
 """
@@ -79,6 +82,10 @@ def q4k_t1() -> str:
 
 def q4k_t16h() -> str:
     return _auto_on_off("PTXGEN_Q4K_T16H")
+
+
+def mmq_skinny() -> str:
+    return _auto_on_off("PTXGEN_MMQ_SKINNY")
 
 
 def mmq_rega() -> str:

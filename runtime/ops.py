@@ -299,8 +299,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
     tokens (T ≤ 8 is one launch); Q4_K with T = 9–16 (mode "exact") the 16-token tensor-core skinny GEMM
     gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; PTXGEN_Q4K_T16H=0 or
-    PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16). Other Q4_K with T > 8 and M ≥ 128 runs the prefill GEMM, the smallest token tile
-    that holds T: on sm_90 devices the wgmma + TMA lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}; from
+    PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16); exact-mode Q4_K with M ≥ 128 and 17 ≤ T ≤ SKINNY_MAX_TOKENS
+    (skinny_ok) the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations). Other Q4_K with T > 8 and
+    M ≥ 128 runs the prefill GEMM, the smallest token tile that holds T: on sm_90 devices the wgmma + TMA lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}; from
     T = WGMMA_RA_MIN_TOKENS convert_f16_perm and mmq_q4_k_wgmma_ra_n{128,256}, A from registers),
     elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
     accumulation, relative error ~4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
@@ -349,6 +350,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() != "off"
             and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16 (README)
         _mma_gemv(w, xa.ptr, o.ptr, m, k, t, arch)
+        return _result(o, xa.host and out is None)
+    if w.fmt == "q4_K" and mode == "exact" and m >= MMQ_MIN_ROWS and skinny_ok(t, m, k, arch):
+        _skinny_gemm(w, xa.ptr, o.ptr, m, k, t, arch)  # fp16 activations, as the MMQs (README)
         return _result(o, xa.host and out is None)
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
         q8 = q8_path(t, mmq_path(arch)) if mode == "fast" else None
@@ -447,6 +451,53 @@ def _few_token_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: i
     fn = kernels.load(f"gemv_q4_k_mma_{sfx}", arch)
     ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
     fn.launch((ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+
+
+# exact-mode Q4_K from 17 tokens up to this many (and M >= MMQ_MIN_ROWS) runs mmq_q4_k_rega_n32, by the MMQ path
+# it replaces; against the wgmma MMQ only from SKINNY_WGMMA_MIN_WEIGHTS. H200, µs, same run
+# (bench/results/bench_mmq_skinny_session13.log; 4096x4096, 14336x4096, 4096x14336): its sm_89 build / the
+# mma.sync MMQ: T=17 18.9 / 22.8, 31.1 / 51.3, 33.2 / 50.3; T=32 20.7 / 24.0, 32.1 / 52.4, 34.5 / 52.4; T=48
+# 25.8 / 29.0, 51.4 / 58.4, 54.2 / 57.7; T=64 26.2 / 31.4, 52.3 / 59.3, 54.2 / 60.4. The sm_90a build / the wgmma
+# MMQ: T=17 18.9 / 18.6, 30.7 / 37.4, 33.0 / 36.2; T=32 22.6 / 18.9, 32.0 / 37.7, 34.9 / 36.4; T=48 26.2 / 20.3,
+# 50.7 / 46.2, 53.8 / 44.9
+SKINNY_MAX_TOKENS = {"mma.sync": 64, "wgmma": 32}
+SKINNY_WGMMA_MIN_WEIGHTS = 1 << 25
+
+
+def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
+    """Whether mul_mat runs exact-mode Q4_K with t tokens on the skinny GEMM mmq_q4_k_rega_n32 (PTXGEN_MMQ_SKINNY:
+    auto = 17 ≤ t ≤ SKINNY_MAX_TOKENS of the MMQ path it replaces — the wgmma one from SKINNY_WGMMA_MIN_WEIGHTS
+    weights —, on = 17-128 tokens, off = never)."""
+    v = knobs.mmq_skinny()
+    if v == "off" or t <= T4.Q4K_HI_TOKENS or t > 128:
+        return False
+    if v == "auto":
+        path = mmq_path(arch, t).split("_")[0]
+        if t > SKINNY_MAX_TOKENS[path] or (path == "wgmma" and m * k < SKINNY_WGMMA_MIN_WEIGHTS):
+            return False
+    return kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_SKINNY_COLUMNS}", arch) is not None
+
+
+def _skinny_gemm(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, t: int, arch) -> None:
+    """t tokens through mmq_q4_k_rega_n32: prep_q4k_t32h once per group of 32 tokens (records back to back), then
+    one launch over (row CTAs, K splits, token groups); splits fill one wave of the resident CTAs."""
+    from .driver import current
+
+    c = T4.Q4K_SKINNY_COLUMNS
+    groups = -(-t // c)
+    nsb = k // 256
+    rb = T4.q4k_record_bytes(c, True)
+    rec = DeviceArray.empty((groups * nsb * rb,), np.uint8)
+    prep = kernels.load(f"prep_q4k_t{c}h", arch)
+    for gz in range(groups):
+        prep.launch(((c * k // 32 + 7) // 8,), (x_ptr + 4 * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
+    fn = kernels.load(f"mmq_q4_k_rega_n{c}", arch)
+    rows = int(fn.meta["rows_per_cta"])
+    ctas = -(-m // rows)
+    splits = gemv_splits(ctas * groups, k, fn.resident_per_sm(), current().sm_count, 8, int(fn.meta["max_splits"]))
+    cnt = _counters(4 * ctas * int(fn.meta["warps"]) * groups)
+    part = DeviceArray.empty((splits, t, m), np.float32) if splits > 1 else cnt
+    fn.launch((ctas, splits, groups), (w.buffer, rec, y_ptr, m, k, t, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:

@@ -514,7 +514,7 @@ def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch
         assert out.ok, (bad, out.detail)
 
 
-@pytest.mark.parametrize("sfx", ["t1", "t2", "t4", "t8", "t16h"])
+@pytest.mark.parametrize("sfx", ["t1", "t2", "t4", "t8", "t16h", "t32h"])
 def test_prep_q4k_records_are_bit_exact_to_the_numpy_model(sfx):
     """prep_q4k_t{1,2,4,8} and prep_q4k_t16h (the few-token Q4_K tensor-core GEMVs' activation; t16h: hi parts
     only): records bit for bit against formats.tq4_1s.q4k_mma_records, with a zero, a tiny, a huge and a quiet
@@ -546,6 +546,23 @@ def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
         assert out.ok, (kw, out.detail)
     for bad in (np.inf, np.nan):
         out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, bad))
+        assert out.ok, (bad, out.detail)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
+def test_register_a_skinny_gemm(arch):
+    """mmq_q4_k_rega_n32 (token groups of 32 over gridDim.z, the records' ring shared by the CTA's warps, one CTA
+    barrier per step): one and two token groups (the second partial), 1-3 K-splits, M not a multiple of the CTA's
+    128 rows, within 1e-3 of the float64 reference (outputs NaN-poisoned first); an inf or a NaN in the last
+    token's x gives non-finite outputs exactly where the reference has them. sm_89: 2 stages, 1 CTA per SM."""
+    name = "mmq_q4_k_rega_n32"
+    ptx = KERNELS[name].for_arch(arch).ptx()
+    for i, (n, shape, splits) in enumerate(((5, (140, 1280), 2), (32, (70, 512), 1), (45, (300, 768), 3),
+                                            (64, (129, 256), 1))):
+        out = check_kernel(name, ptx, seed=20 + i, ntok=n, shape=shape, splits=splits)
+        assert out.ok, (n, shape, splits, out.detail)
+    for bad in (np.inf, np.nan):
+        out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=37, splits=2, poison_x=(36, 77, bad))
         assert out.ok, (bad, out.detail)
 
 

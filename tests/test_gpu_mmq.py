@@ -327,3 +327,41 @@ def test_wgmma_cluster_multicast_mmq(bn):
     assert not ops._COUNTERS[0].download(np.uint32, (tiles,)).any(), "the split-K tile counters were not reset"
     for _ in range(3):
         np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, "wgmma_ra_mc")[0].view(np.uint32), a.view(np.uint32))
+
+
+@pytest.mark.parametrize("m,k,t,arch", [(129, 768, 5, None), (300, 4096, 32, None), (520, 2048, 45, None),
+                                        (1, 512, 64, None), (300, 4096, 40, "sm_89"), (4096, 1024, 33, None)])
+def test_register_a_skinny_gemm(m, k, t, arch):
+    """mmq_q4_k_rega_n32 (prep_q4k_t32h per group of 32 tokens; the CTA's warps share the records' ring, A decoded
+    in registers), also its sm_89 build compiled for this GPU: within 1e-3 of the float64 reference (~2e-4
+    expected) with outputs NaN-poisoned first, over 1-2 token groups, with and without K splits; bit-identical run
+    to run; an inf or a NaN in the last token's x makes that token's outputs non-finite and leaves the others
+    finite."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    rng = np.random.default_rng(m + k + t)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+
+    def run(xv):
+        xa = r.as_device_array(xv, "x", np.float32, ndim=2)
+        out = r.DeviceArray.empty((t, m), np.float32)
+        out.owner.fill_bytes(0xFF)
+        ops._skinny_gemm(w, xa.ptr, out.ptr, m, k, t, arch)
+        return out.numpy()
+
+    got = run(x)
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-3, rel(got, want)
+    for _ in range(2):
+        np.testing.assert_array_equal(run(x).view(np.uint32), got.view(np.uint32))
+    for bad in (np.inf, np.nan):
+        xb = x.copy()
+        xb[t - 1, k // 3] = bad
+        yb = run(xb)
+        assert not np.isfinite(yb[t - 1]).any() and np.isfinite(yb[:t - 1]).all()
+    if arch == "sm_89" and 16 < t <= ops.SKINNY_MAX_TOKENS["mma.sync"] and m >= ops.MMQ_MIN_ROWS:
+        # mul_mat on the mma.sync targets takes this kernel at these T: the same bits
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))

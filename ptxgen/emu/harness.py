@@ -247,8 +247,11 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     zero."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
     records = meta["layout"] == "q4k_mma_records"
+    zgroups = groups == "gridDim.z"  # mmq_q4_k_rega_n*: token groups of meta tokens over gridDim.z
     m, k = shape or (rows * 2 + 5, 512)
-    n = ntok or int(rng.integers(1, meta["tokens"] + 1) if records else rng.integers(8 * groups - 7, 8 * groups + 1))
+    n = ntok or int(rng.integers(1, (2 if zgroups else 1) * meta["tokens"] + 1) if records else
+                    rng.integers(8 * groups - 7, 8 * groups + 1))
+    nz = -(-n // meta["tokens"]) if zgroups else 1
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
@@ -256,7 +259,9 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     mem = _memory()
     wa = mem.alloc(raw)
     if records:
-        acts = (mem.alloc(T4.q4k_mma_records(x, meta["tokens"], bool(meta.get("hi_only")))),)
+        c_ = meta["tokens"]
+        acts = (mem.alloc(np.concatenate([T4.q4k_mma_records(x[c_ * i:c_ * i + c_], c_, bool(meta.get("hi_only")))
+                                          for i in range(nz)])),)
     else:  # one prep per group of 8 tokens, the groups' buffers back to back
         parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) + (T4.mma_min_fragments(x[8 * i:8 * i + 8]),)
                  for i in range(groups)]
@@ -265,13 +270,13 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     ctas = (m + rows - 1) // rows
     nsteps = k // 256
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
-    ca = mem.alloc(np.zeros(ctas * meta["warps"], np.uint32))
+    ca = mem.alloc(np.zeros(ctas * meta["warps"] * nz, np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
-    _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, *acts, ya, m, k, n, part, ca), mem,
+    _run(ptx, (ctas, splits, nz), (32 * meta["warps"],), (tw, *acts, ya, m, k, n, part, ca), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed)
-    assert not mem.view(ca, np.uint32, (ctas * meta["warps"],)).any(), "split-K counters were not reset"
+    assert not mem.view(ca, np.uint32, (ctas * meta["warps"] * nz,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     if poison_x is not None:  # non-finite exactly where the reference is; an inf gives NaN where the reference
@@ -636,6 +641,9 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
     _sfx = f"t{_nt}{'h' if _h else ''}"
     HARNESSES[f"gemv_q4_k_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_{_sfx}", 2)
     HARNESSES[f"prep_q4k_{_sfx}"] = _prep_q4k_records(_nt, _h)
+HARNESSES[f"mmq_q4_k_rega_n{T4.Q4K_SKINNY_COLUMNS}"] = _with_meta(gemv_q4k_mma_case,
+                                                                 f"mmq_q4_k_rega_n{T4.Q4K_SKINNY_COLUMNS}", 2)
+HARNESSES[f"prep_q4k_t{T4.Q4K_SKINNY_COLUMNS}h"] = _prep_q4k_records(T4.Q4K_SKINNY_COLUMNS, True)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 for _bn in (128, 192, 256):

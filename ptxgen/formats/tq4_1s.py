@@ -265,6 +265,7 @@ def mma_min_fragments(a: np.ndarray) -> np.ndarray:
 
 Q4K_RECORD_TOKENS = (1, 2, 4, 8)  # the token counts the exact gemv_q4_k_mma_t{nt} are built for
 Q4K_HI_TOKENS = 16  # gemv_q4_k_mma_t16h: fp16 hi parts only (one B column per token), up to 16 tokens
+Q4K_SKINNY_COLUMNS = 32  # mmq_q4_k_rega_n32: hi-only records of 32 tokens per token group
 
 
 def q4k_record_columns(nt: int, hi_only: bool = False) -> int:
@@ -302,7 +303,7 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False) -> np.nda
     slot holds the hi pair then the lo pair (8 bytes at 8·(4c + t)). Then token n's factor 2^-s (fp32); zeros
     after."""
     a = f32(a)
-    tokens = (Q4K_HI_TOKENS,) if hi_only else Q4K_RECORD_TOKENS
+    tokens = (Q4K_HI_TOKENS, Q4K_SKINNY_COLUMNS) if hi_only else Q4K_RECORD_TOKENS
     if nt not in tokens or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
         raise ValueError(f"q4k_mma_records: 1 to {nt} tokens (nt one of {tokens}), got shape {a.shape}")
     xs, s = _mma_scaled(a, Q4K_GROUP, max(nt, MMA_TOKENS))

@@ -1702,10 +1702,11 @@ def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
                     M, ntok, Y, part_p, cnt_p)
 
 
-def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p):
+def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=False):
     """items: (pred, y offset, value) this lane owns. One split: store them. Split-K: store this split's
     partials; the warp that arrives last at the row group's counter (index gwarp) sums the splits in z order
-    (deterministic) into y and resets the counter. Ends the thread."""
+    (deterministic) into y and resets the counter. Ends the thread. lean: the sum one split at a time from one
+    base pointer (for many items: fewer registers, more round trips)."""
     split = b.label("split")
     b.bra(split, pred=b.op("setp.gt.u32", nsplit, Imm(1, "u32")))
     for ok, yoff, v in items:
@@ -1732,14 +1733,18 @@ def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p
     b.emit("membar.gl")
     # the sum in z order, its loads 4 splits at a time (one L2 round trip per 4 splits, not one per split and
     # item: with 11 splits and 4 items that chain was ~44 round trips on the kernel's critical path)
-    U = 4
+    # (lean: one split at a time from one base pointer, the items' addresses recomputed per load — for 32 items,
+    # 4 splits in flight and 32 64-bit pointers held ~190 registers)
+    few = not lean
+    U = 4 if few else 1
     step = b.op("mul.wide.u32", plane, Imm(4, "u32"))
-    pz = [b.op("mad.wide.u32", yoff, Imm(4, "u32"), P) for _, yoff, _ in items]
+    pz = [b.op("mad.wide.u32", yoff, Imm(4, "u32"), P) for _, yoff, _ in items] if few else None
+    pbase = None if few else b.op("mov.u64", P)
     tots = []
-    for (ok, _, _), p_ in zip(items, pz):
+    for i_, (ok, yoff, _) in enumerate(items):
         tot = b.reg("f32")
         b.emit("mov.f32", tot, Imm(0.0, "f32"))
-        b.emit("ld.global.cg.f32", tot, Mem(p_), pred=ok)
+        b.emit("ld.global.cg.f32", tot, Mem(pz[i_] if few else b.op("mad.wide.u32", yoff, Imm(4, "u32"), pbase)), pred=ok)
         tots.append(tot)
     z = b.op("mov.u32", Imm(1, "u32"))
 
@@ -1748,11 +1753,15 @@ def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p
         vals = []
         for u in range(n):
             row = []
-            for (ok, _, _), p_ in zip(items, pz):
-                b.emit("add.s64", p_, p_, step)
+            if not few:
+                b.emit("add.s64", pbase, pbase, step)
+            for i_, (ok, yoff, _) in enumerate(items):
+                if few:
+                    b.emit("add.s64", pz[i_], pz[i_], step)
                 pv = b.reg("f32")
                 b.emit("mov.f32", pv, Imm(0.0, "f32"))
-                b.emit("ld.global.cg.f32", pv, Mem(p_), pred=ok)
+                b.emit("ld.global.cg.f32", pv, Mem(pz[i_] if few else b.op("mad.wide.u32", yoff, Imm(4, "u32"), pbase)),
+                       pred=ok)
                 row.append(pv)
             vals.append(row)
         for row in vals:

@@ -53,6 +53,63 @@ def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int]:
     return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"][_suffix(nt, hi_only)]
 
 
+class _Decoder:
+    """The Q4_K decode of a lane (g, t) that owns qs chunk t of rows g, g + 8 (of each m16 tile): its constants
+    (emitted on construction, in this order) and header() / dequant()."""
+
+    def __init__(self, b, g, t):
+        self.b = b
+        self.magic = b.op("mov.b32", Imm(0x64006400, "b32"))
+        self.h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
+        self.n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
+        self.zero = b.op("mov.b32", Imm(0, "b32"))
+        self.czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+        self.t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+        tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4 of the sc / m word
+        self.sel_lo = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5050, "u32"))  # bytes (sc_2t, 0x64, sc_2t, 0x64)
+        self.sel_hi = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5151, "u32"))  # sc_2t+1
+        self.msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
+        self.lane_hdr = b.op("mul.lo.u32", g, Imm(144, "u32"))  # row g's header in a stage
+        self.lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", self.lane_hdr, Imm(16, "u32")))  # chunk t
+
+    def header(self, st, ro):
+        """Row ro of the stage: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
+        mult = sc) and 2t + 1 (high: sc/16), add = −1024·mult, and the min MMA's A pair (m_2t, m_2t+1)."""
+        b, magic = self.b, self.magic
+        hw = b.regs("b32", 4)
+        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, self.lane_hdr), 144 * ro))
+        dlo, dhi = b.reg("b16"), b.reg("b16")
+        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
+        s0, s1, s2 = hw[1:]
+        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
+        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f),
+                                   b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
+                  b.op("and.b32", s0, c3f), self.t_hi)  # sub-blocks 4-7 : 0-3
+        m = b.op("selp.b32", b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
+                                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)),
+                 b.op("and.b32", s1, c3f), self.t_hi)
+        mult_lo = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_lo), magic, type="b32")
+        mult_hi = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_hi), magic, type="b32"),
+                       self.h16, type="b32")
+        return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
+                    lo=(mult_lo, b.op("mul.rn.f16x2", mult_lo, self.n1024, type="b32")),
+                    hi=(mult_hi, b.op("mul.rn.f16x2", mult_hi, self.n1024, type="b32")),
+                    ma=b.op("sub.rn.f16x2", b.op("prmt.b32", m, magic, self.msel), magic, type="b32"))
+
+    def dequant(self, w, pair):
+        """The word's 8 weights as A halves q·sc: (bytes 0, 2), (bytes 1, 3) of the low nibbles and of the high."""
+        b = self.b
+        w8 = b.op("shr.u32", w, Imm(8, "u32"))
+        out = {}
+        for nib, mask in (("lo", 0x000F000F), ("hi", 0x00F000F0)):
+            mult, add = pair[nib]
+            for k2, src in enumerate((w, w8)):
+                h_ = b.reg("b32")
+                b.emit("lop3.b32", h_, src, Imm(mask, "b32"), self.magic, Imm(0xEA, "b32"))  # (src & mask) | 0x6400
+                out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+        return out
+
+
 def build(arch, nt: int = 1, hi_only: bool = False):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n."""
@@ -153,18 +210,8 @@ def build(arch, nt: int = 1, hi_only: bool = False):
         b.emit("cp.async.commit_group")  # one group per step
     count = b.op("mov.u32", Imm(0, "u32"))
 
-    magic = b.op("mov.b32", Imm(0x64006400, "b32"))
-    h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
-    n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
-    zero = b.op("mov.b32", Imm(0, "b32"))
-    czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
-    t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
-    tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4 of the sc / m word
-    sel_lo = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5050, "u32"))  # bytes (sc_2t, 0x64, sc_2t, 0x64)
-    sel_hi = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5151, "u32"))  # sc_2t+1
-    msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
-    lane_hdr = b.op("mul.lo.u32", g, Imm(144, "u32"))  # row g's header in a stage
-    lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", lane_hdr, Imm(16, "u32")))  # its qs chunk t
+    dec = _Decoder(b, g, t)
+    zero, czero, lane_qs = dec.zero, dec.czero, dec.lane_qs
     # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
     # them re-read the first ones (their columns of C are never used)
     col_lane = b.op("and.b32", lane, Imm(min(32, 4 * ncol) - 1, "b32"))
@@ -181,39 +228,7 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(cols_per_lane)] for _ in range(NTL)]
             for _ in range(2)] for _ in range(MT)]
 
-    def header(st, ro):
-        """Row ro of the stage: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
-        mult = sc) and 2t + 1 (high: sc/16), add = −1024·mult, and the min MMA's A pair (m_2t, m_2t+1)."""
-        hw = b.regs("b32", 4)
-        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, lane_hdr), 144 * ro))
-        dlo, dhi = b.reg("b16"), b.reg("b16")
-        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
-        s0, s1, s2 = hw[1:]
-        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
-        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f),
-                                   b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
-                  b.op("and.b32", s0, c3f), t_hi)  # sub-blocks 4-7 : 0-3
-        m = b.op("selp.b32", b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
-                                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)),
-                 b.op("and.b32", s1, c3f), t_hi)
-        mult_lo = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, sel_lo), magic, type="b32")
-        mult_hi = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, sel_hi), magic, type="b32"), h16, type="b32")
-        return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
-                    lo=(mult_lo, b.op("mul.rn.f16x2", mult_lo, n1024, type="b32")),
-                    hi=(mult_hi, b.op("mul.rn.f16x2", mult_hi, n1024, type="b32")),
-                    ma=b.op("sub.rn.f16x2", b.op("prmt.b32", m, magic, msel), magic, type="b32"))
-
-    def dequant(w, pair):
-        """The word's 8 weights as A halves q·sc: (bytes 0, 2), (bytes 1, 3) of the low nibbles and of the high."""
-        w8 = b.op("shr.u32", w, Imm(8, "u32"))
-        out = {}
-        for nib, mask in (("lo", 0x000F000F), ("hi", 0x00F000F0)):
-            mult, add = pair[nib]
-            for k2, src in enumerate((w, w8)):
-                h_ = b.reg("b32")
-                b.emit("lop3.b32", h_, src, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (src & mask) | 0x6400
-                out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
-        return out
+    header, dequant = dec.header, dec.dequant
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
@@ -310,6 +325,195 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     return b.finish()
 
 
+# mmq_q4_k_rega_n32: (ring stages, resident CTAs per SM, m16 tiles per warp, warps) by the SM's shared memory; a
+# stage is every warp's 16·MT rows x 144 bytes + one 32-token record (17536 bytes)
+SKINNY_PLAN = {"big": (3, 2, 2, 4), "small": (2, 1, 2, 4)}
+SKINNY_UNROLL = 2  # MMA pairs per iteration of the step's inner loop
+
+
+def build_skinny(arch):
+    """mmq_q4_k_rega_n32: the few-token GEMV's decode for more tokens — a CTA's warps share one ring of records
+    (32 tokens' fp16 hi parts per super-block, prep_q4k_t32h per token group), so a record is copied once per CTA
+    and not once per warp; one CTA barrier per step (cp.async groups, S stages, the stage consumed last step
+    refilled after the barrier). Token groups of 32 over gridDim.z, split-K over gridDim.y with the GEMVs'
+    deterministic last-warp fixup (counters per group and warp)."""
+    C = T4.Q4K_SKINNY_COLUMNS
+    NTL = C // 8
+    what = "the register-A mma.sync skinny GEMM"
+    arch.require("mma_sync_f16", what, "use mmq_q4_k_f16_n*")
+    arch.require("cp_async", what, "use mmq_q4_k_f16_n*")
+    S, ctas, MT, NW = SKINNY_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"]
+    R = 16 * MT
+    W_BYTES = R * 144
+    moff, foff, rb = T4.q4k_record_layout(C, True)
+    rec_at = NW * W_BYTES  # the record's offset in a stage
+    stage_bytes = rec_at + rb
+    b = KernelBuilder(f"mmq_q4_k_rega_n{C}", arch, f"q4_K skinny GEMM on mma.sync: token groups of {C} (fp16 "
+                      "activation records shared by the CTA's warps), A = q·sc decoded in registers from the raw "
+                      "super-blocks, weights and records by cp.async", block=(32 * NW, 1, 1))
+    w_p, r_p, y_p = b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    ring_sym = b.dynamic_shared(S * stage_bytes + 128)
+    pdl = arch.has("griddepcontrol")
+    b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
+                          "counters: one u32 per token group and warp (zero, left zero)",
+                  ctas_per_sm=ctas, tokens=C, token_groups="gridDim.z", rows_per_cta=R * NW, rows_per_warp=R,
+                  warps=NW, grid="(ceil(m / rows_per_cta), splits, ceil(ntok / tokens))", fmt="q4_K", mode="fp16",
+                  hi_only=True, lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_mma_records",
+                  activation=f"prep_q4k_t{C}h per group of {C} tokens: one {rb}-byte record per super-block, the "
+                             "groups back to back", copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    W, REC, Y = b.ptr(w_p), b.ptr(r_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    t = b.op("and.b32", lane, Imm(3, "b32"))
+    nsb = b.op("shr.u32", K, Imm(8, "u32"))
+    kz, nsplit, gz = b.special("ctaid.y"), b.special("nctaid.y"), b.special("ctaid.z")
+    ring = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    w_chunks = 9 * R
+    b.comment("copy plan: each warp its rows' weight chunks c = lane + 32u = 9·row + column (as the few-token GEMV), "
+              "the CTA's threads the group's record, chunk tid + 32·warps·u")
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
+    mlast = b.op("sub.u32", M, Imm(1, "u32"))
+    rbase = b.op("min.u32", row0, mlast)
+    w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)
+    wst = b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32"))  # this warp's weights in a stage
+    wcopy = []
+    for u in range(-(-w_chunks // 32)):
+        c = b.op("add.u32", lane, Imm(32 * u, "u32"))
+        row = b.op("div.u32", c, Imm(9, "u32"))
+        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
+        rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
+        wcopy.append((b.op("mad.lo.u32", rel, row_bytes, col16), b.op("mad.lo.u32", row, Imm(144, "u32"), b.op("add.u32", wst, col16))))
+    rec_g = b.op("mad.wide.u32", b.op("mul.lo.u32", gz, nsb), Imm(rb, "u32"), REC)  # this group's records
+    x_src0 = b.op("mad.wide.u32", tid, Imm(16, "u32"), rec_g)
+    x_dst0 = b.op("mad.lo.u32", tid, Imm(16, "u32"), Imm(rec_at, "u32"))
+    w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
+    x_chunks, xstride = rb // 16, 32 * NW
+    x_tail = b.op("setp.lt.u32", tid, Imm(x_chunks % xstride, "u32"))
+
+    def stage_base(stage):
+        return (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
+                b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
+
+    def issue(jb, st, live, what=("w", "x")):
+        """Step jb's weights (this warp's rows) and/or record share (this thread's chunks) into the stage at st."""
+        if "w" in what:
+            off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
+            for u, (src, dst) in enumerate(wcopy):
+                go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
+                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
+                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
+                       pred=go)
+        if "x" in what:
+            src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
+            dst = b.op("add.u32", st, x_dst0)
+            for u in range(-(-x_chunks // xstride)):
+                go = live if xstride * (u + 1) <= x_chunks else b.op("and.pred", live, x_tail)
+                b.emit("cp.async.cg.shared.global", Mem(dst, 16 * xstride * u), Mem(src, 16 * xstride * u),
+                       Imm(16, "u32"), pred=go)
+
+    b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)). Prologue: steps 0 .. S - 2 (weights, then "
+              "after the prep, griddepcontrol, their records); step s + S - 1 is issued at step s after the barrier "
+              "into the stage step s - 1 used")
+    per = b.op("div.u32", b.op("add.u32", nsb, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit)
+    jb = b.op("mul.lo.u32", kz, per)
+    jend = b.op("min.u32", b.op("add.u32", jb, per), nsb)
+    firsts = []
+    for s_ in range(S - 1):
+        js = b.op("add.u32", jb, Imm(s_, "u32"))
+        firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
+        issue(*firsts[-1], what=("w",))
+    if pdl:
+        b.emit("griddepcontrol.wait")
+    for first in firsts:
+        issue(*first, what=("x",))
+        b.emit("cp.async.commit_group")
+    count = b.op("mov.u32", Imm(0, "u32"))
+    dec = _Decoder(b, g, t)
+    czero = dec.czero
+    lane_b = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(rec_at, "u32"))  # B pairs: column 8·tile + g, k-pair t
+    lane_min = b.op("mad.lo.u32", lane, Imm(8, "u32"), Imm(rec_at + moff, "u32"))
+    lane_fac = b.op("mad.lo.u32", t, Imm(8, "u32"), Imm(rec_at + foff, "u32"))  # tokens 8·tile + 2t, + 1
+    # acc[mt][rr][tile][e]: row 16·mt + g + 8·rr of the warp, token 8·tile + 2t + e of the group
+    acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(NTL)] for _ in range(2)]
+           for _ in range(MT)]
+    loop, done = b.label("step"), b.label("steps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
+    b.place(loop)
+    b.emit("cp.async.wait_group", Imm(S - 2, "u32"))  # this thread's copies of step jb
+    b.emit("bar.sync", Imm(0, "u32"))  # everyone's; and every warp is done with the stage of step jb - 1
+    nxt = b.op("add.u32", jb, Imm(S - 1, "u32"))
+    issue(nxt, stage_base(b.op("rem.u32", b.op("add.u32", count, Imm(S - 1, "u32")), Imm(S, "u32"))),
+          b.op("setp.lt.u32", nxt, jend))
+    b.emit("cp.async.commit_group")
+    st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
+    stw = b.op("add.u32", st, wst)
+    hds = [[dec.header(stw, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
+    # the 8 MMA pairs i as a loop (unrolled by SKINNY_UNROLL): unrolled whole, ptxas hoisted every pair's B loads and
+    # ran out of registers
+    chains = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]  # both nibbles' MMAs in one chain
+    for ch in (c_ for row_ in chains for c_ in row_):
+        for r_ in ch:
+            b.emit("mov.f32", r_, Imm(0.0, "f32"))
+    xrec = b.op("add.u32", st, lane_b)
+    qsp = b.op("add.u32", stw, dec.lane_qs)  # word i of the lane's qs chunk at + 4i
+    iend = b.op("add.u32", qsp, Imm(32, "u32"))
+    pairs = b.label("pairs")
+    b.place(pairs)
+    for u in range(SKINNY_UNROLL):
+        xbs = []
+        for n in range(NTL):
+            xb = b.regs("b32", 4)
+            b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 64 * C * u + 512 * n))
+            xbs.append(xb)
+        for mt in range(MT):
+            a = [dec.dequant(b.op("ld.shared.u32", Mem(qsp, 144 * (16 * mt + 8 * rr) + 4 * u)), hds[mt][rr])
+                 for rr in range(2)]
+            for c, nib in enumerate(("lo", "hi")):
+                A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]
+                for n in range(NTL):
+                    ch = chains[mt][n]
+                    b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
+                                    b.vec(ch)))
+    b.emit("add.u32", xrec, xrec, Imm(64 * C * SKINNY_UNROLL, "u32"))
+    b.emit("add.u32", qsp, qsp, Imm(4 * SKINNY_UNROLL, "u32"))
+    b.bra(pairs, pred=b.op("setp.lt.u32", qsp, iend))
+    for n in range(NTL):
+        mw, fac = b.regs("b32", 2), b.regs("f32", 2)
+        b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 256 * n))
+        b.emit("ld.shared.v2.f32", b.vec(fac), Mem(b.op("add.u32", st, lane_fac), 32 * n))
+        for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS): the mins' hi pairs at k, lo pairs at k + 8
+            ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]
+            ms = b.regs("f32", 4)
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec(ma + ma), b.vec(mw), b.vec(czero)))
+            for rr in range(2):
+                hd = hds[mt][rr]
+                for e in range(2):
+                    v = b.op("fma.rn.f32", hd["d"], chains[mt][n][2 * rr + e], b.op("mul.rn.f32", hd["nd64"], ms[2 * rr + e]))
+                    b.emit("fma.rn.f32", acc[mt][rr][n][e], v, fac[e], acc[mt][rr][n][e])
+    b.emit("add.u32", count, count, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, Imm(1, "u32"))
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
+    b.place(done)
+    tok0 = b.op("mad.lo.u32", gz, Imm(C, "u32"), b.op("shl.b32", t, Imm(1, "u32")))  # group's token 2t
+    items = []
+    for mt in range(MT):
+        for rr in range(2):
+            row = b.op("add.u32", row0, b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")))
+            rok = b.op("setp.lt.u32", row, M)
+            for n in range(NTL):
+                for e in range(2):
+                    tok = b.op("add.u32", tok0, Imm(8 * n + e, "u32"))
+                    ok = b.op("and.pred", rok, b.op("setp.lt.u32", tok, ntok))
+                    items.append((ok, b.op("mad.lo.u32", tok, M, row), acc[mt][rr][n][e]))
+    gcnt = b.op("mad.lo.u32", b.op("mul.lo.u32", gz, b.special("nctaid.x")), Imm(NW, "u32"), gwarp)  # group's counters
+    _store_or_split(b, items, lane, gcnt, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=True)
+    return b.finish()
+
+
 _BUILDS = [(nt, False) for nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]
 KERNELS = [KernelDef(f"gemv_q4_k_mma_{_suffix(nt, h)}",
                      f"q4_K GEMV, T ≤ {nt}, {'fp16 activations' if h else 'exact'}, mma.sync with "
@@ -320,3 +524,10 @@ PREPS = [KernelDef(f"prep_q4k_{_suffix(nt, h)}", f"activation of up to {nt} toke
                    f"{'hi' if h else 'hi/lo'} records and min pairs (gemv_q4_k_mma_{_suffix(nt, h)})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
          for nt, h in _BUILDS]
+_C = T4.Q4K_SKINNY_COLUMNS
+KERNELS.append(KernelDef(f"mmq_q4_k_rega_n{_C}", f"q4_K skinny GEMM on mma.sync for token groups of {_C}: A decoded "
+                         "in registers from the raw super-blocks, fp16 activation records shared by the CTA's warps "
+                         f"(prep_q4k_t{_C}h), cp.async ring, one CTA barrier per step", build_skinny))
+PREPS.append(KernelDef(f"prep_q4k_t{_C}h", f"activation of a group of up to {_C} tokens: scaled fp16 hi records and "
+                       f"min pairs (mmq_q4_k_rega_n{_C})",
+                       lambda arch: build_prep_mma(arch, rotate=False, records=_C, hi_only=True)))
