@@ -419,6 +419,23 @@ def test_mmq_split_k_fixup_or_partials_for_reduce_splitk(fixup):
     assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("kernel,splits", [("mmq_q4_k_f16_n32", 1), ("mmq_q4_k_f16_n32", 2), ("mmq_q4_k_q8_n16", 1)])
+def test_mmq_item_raster_covers_every_item_once(monkeypatch, kernel, splits):
+    """The mma.sync MMQs' item raster (bands of token tiles, the last band partial): built with RASTER_BYTES
+    small enough for bands of 2 token tiles at K = 512, 7 token tiles, 3 M tiles — every output written once and
+    right (NaN-poisoned y), with and without K splits."""
+    from ptxgen.kernels import mmq
+
+    bn = int(kernel.split("_n")[1])
+    plain = KERNELS[kernel].for_arch("sm_89").ptx()
+    monkeypatch.setattr(mmq, "RASTER_BYTES", 2 * 4 * bn * 512)
+    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    assert ptx != plain  # the band size is in the code
+    t = 7 * bn - 3
+    out = check_kernel(kernel, ptx, seed=6, shape=(300, t, 512), **({"splits": splits} if splits > 1 else {}))
+    assert out.ok, out.detail
+
+
 @pytest.mark.parametrize("kernel", ["gemv_tq4_1s_tma_t1", "gemv_tq4_1s_tma_t2", "gemv_tq4_1s_tma_t8"])
 def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
     """The TMA-fed TQ4_1S GEMV over more steps than its ring has stages (6 full steps and a 4-block tail per

@@ -365,3 +365,25 @@ def test_register_a_skinny_gemm(m, k, t, arch):
     if arch == "sm_89" and 16 < t <= ops.SKINNY_MAX_TOKENS["mma.sync"] and m >= ops.MMQ_MIN_ROWS:
         # mul_mat on the mma.sync targets takes this kernel at these T: the same bits
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
+
+
+def test_mma_sync_mmq_item_raster_on_the_gpu():
+    """The mma.sync MMQ's item raster where it bands (K = 14336: bands of 3 token tiles of 128, 7 tiles, the last
+    band partial): mul_mat on the mma.sync lowering within 1e-3 of the float64 reference, outputs NaN-poisoned
+    first, bit-identical run to run."""
+    import ptxgen.runtime as r
+    from ptxgen.kernels import mmq
+
+    m, k, t = 256, 14336, 800
+    gt = max(1, mmq.RASTER_BYTES // (4 * 128) // k)
+    assert -(-t // 128) > 2 * gt  # the order is banded here
+    rng = np.random.default_rng(21)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out, arch="sm_89")
+    got = out.numpy()
+    assert np.isfinite(got).all() and rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    np.testing.assert_array_equal(r.mul_mat(w, x, arch="sm_89").view(np.uint32), got.view(np.uint32))

@@ -31,6 +31,8 @@ from ..targets import lowering_for
 from . import KernelDef
 
 BM, BK, STAGES = 128, 64, 3
+MMQ_RASTER = True
+RASTER_BYTES = 24 << 20  # the mma.sync MMQs' item raster: fp32 activations per band of token tiles (_claim_item)
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
@@ -140,7 +142,8 @@ def build(arch, spec: MmqSpec):
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
 
     split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
-    next_item, finish, zsplit, Yz, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, P)
+    next_item, finish, zsplit, Yz, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, P,
+                                                        K if MMQ_RASTER else None)
     Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     base = b.op("mov.u32", smem)
     raw0 = base
@@ -361,9 +364,13 @@ def _load_x(b, step, units, xregs):
         b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(b.op("add.s64", unit[0], kb)))
 
 
-def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0):
+def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0, K=None):
     """Head of the persistent loop: thread 0 claims an item from the atomic queue and shares it through
-    shared memory; past the end, branch to `finish`. Returns (next_item, finish, z, Y, n0, m0)."""
+    shared memory; past the end, branch to `finish`. Returns (next_item, finish, z, Y, n0, m0). With K (the
+    raster): items walk bands of gt token tiles (gt·BN·K fp32 activations ≈ RASTER_BYTES), every M tile and split
+    of a band before the next band, the token tile fastest inside a band — so a band's activations stay in L2
+    while the weights pass, instead of all of x being re-read for every few M tiles; x of at most two bands
+    is one band (the order without the raster)."""
     b.comment("persistent CTA: claim work items from the atomic queue until it runs dry")
     next_item, finish = b.label("next_item"), b.label("queue_empty")
     b.place(next_item)
@@ -374,8 +381,19 @@ def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0):
     item = b.op("ld.shared.u32", Mem(slot))
     b.emit("bar.sync", Imm(0, "u32"))  # everyone has read the slot before the leader writes it again
     b.bra(finish, pred=b.op("setp.ge.u32", item, items))
-    tn = b.op("rem.u32", item, tiles_n)
-    rest = b.op("div.u32", item, tiles_n)
+    if K is None:
+        tn = b.op("rem.u32", item, tiles_n)
+        rest = b.op("div.u32", item, tiles_n)
+    else:
+        gt = b.op("max.u32", b.op("div.u32", b.op("mov.u32", Imm(RASTER_BYTES // (4 * BN), "u32")), K), Imm(1, "u32"))
+        gt = b.op("selp.b32", tiles_n, gt, b.op("setp.le.u32", tiles_n, b.op("shl.b32", gt, Imm(1, "u32"))), type="b32")
+        per_band = b.op("mul.lo.u32", gt, b.op("div.u32", items, tiles_n))  # gt · tiles_m · splits
+        band = b.op("div.u32", item, per_band)
+        r_ = b.op("sub.u32", item, b.op("mul.lo.u32", band, per_band))
+        first = b.op("mul.lo.u32", band, gt)
+        width = b.op("min.u32", gt, b.op("sub.u32", tiles_n, first))
+        tn = b.op("add.u32", first, b.op("rem.u32", r_, width))
+        rest = b.op("div.u32", r_, width)
     zsplit = b.op("rem.u32", rest, splits)
     tm = b.op("div.u32", rest, splits)
     # partials of split z go to y + z·t·m (z = 0 writes y itself)
@@ -627,7 +645,8 @@ def build_q8(arch, spec: "MmqSpec"):
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
     P, C = b.ptr(pt_p), b.ptr(ct_p)
     split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
-    next_item, finish, zsplit, Yz, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, P)
+    next_item, finish, zsplit, Yz, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, P,
+                                                        K if MMQ_RASTER else None)
     Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     raw0 = b.op("mov.u32", smem)
     buf0 = b.op("add.u32", raw0, Imm(S * stage_bytes, "u32"))
