@@ -206,6 +206,45 @@ def test_q4_k_single_token_register_gemv(m, k, monkeypatch):
     assert "gemv_q4_k_xr" not in ran and rel(other, want) <= 1e-5
 
 
+def _q4k_mul_mat(monkeypatch, m, k, t, arch, env):
+    """mul_mat on random Q4_K weights (large matrices repeat a quantized block of 256 rows: quantizing 16 M weights
+    takes minutes) and activations of a random scale, `env` set first, outputs NaN-poisoned: (the kernels it
+    loaded, w, x, y, the float64 reference)."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    ran = []
+    load = ops.kernels.load
+    monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
+    for name, v in env.items():
+        monkeypatch.setenv(name, v)
+    rng = np.random.default_rng(m + k + t)
+    rows = min(m, 256)
+    raw = formats.quantize("q4_K", rng.standard_normal((rows, k)).astype(np.float32))
+    raw = np.tile(raw, (-(-m // rows), 1))[:m]
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out, arch=arch)
+    return ran, w, x, out.numpy(), formats.gemm_ref("q4_K", raw, m, k, x)
+
+
+def _same_bits_and_per_token_non_finite(w, x, got, arch):
+    """mul_mat again gives the same bits; an inf or a NaN in the last token's x makes that token's outputs
+    non-finite and leaves the others finite."""
+    import ptxgen.runtime as r
+
+    t, k = x.shape
+    for _ in range(2):
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
+    for bad in (np.inf, np.nan):
+        xb = x.copy()
+        xb[t - 1, k // 3] = bad
+        yb = r.mul_mat(w, xb, arch=arch)
+        assert not np.isfinite(yb[t - 1]).any() and np.isfinite(yb[:t - 1]).all()
+
+
 @pytest.mark.parametrize("m,k,t,arch,knob", [(1, 256, 1, None, "1"), (129, 768, 1, None, "1"), (300, 14336, 1, None, "1"),
                                              (70, 18944, 1, None, "1"), (2000, 3584, 1, None, "1"),
                                              (129, 768, 1, "sm_89", "1"), (2000, 3584, 1, "sm_89", "1"),
@@ -228,35 +267,14 @@ def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
 
     if t > ops.Q4K_FEW_MAX_TOKENS:
         monkeypatch.setattr(ops, "Q4K_FEW_MAX_TOKENS", 8)
-    ran = []
-    load = ops.kernels.load
-    monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
-    if knob:
-        monkeypatch.setenv("PTXGEN_Q4K_T1", knob)
-    rng = np.random.default_rng(m + k + t)
-    rows = min(m, 256)  # large matrices repeat a quantized block of rows (quantizing 16 M weights takes minutes)
-    raw = formats.quantize("q4_K", rng.standard_normal((rows, k)).astype(np.float32))
-    raw = np.tile(raw, (-(-m // rows), 1))[:m]
-    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
-    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
-    out = r.DeviceArray.empty((t, m), np.float32)
-    out.owner.fill_bytes(0xFF)
-    r.mul_mat(w, x, out=out, arch=arch)
-    want = formats.gemm_ref("q4_K", raw, m, k, x)
-    got = out.numpy()
+    ran, w, x, got, want = _q4k_mul_mat(monkeypatch, m, k, t, arch, {"PTXGEN_Q4K_T1": knob} if knob else {})
     assert np.isfinite(got).all() and rel(got, want) <= 1e-5
     if not knob and m * k < ops.Q4K_T1_MIN_WEIGHTS:
         assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran)
         return
     nt = next(v for v in (1, 2, 4, 8) if v >= t)
     assert ran == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"]
-    for _ in range(2):
-        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
-    for bad in (np.inf, np.nan):
-        xb = x.copy()
-        xb[t - 1, k // 3] = bad
-        yb = r.mul_mat(w, xb, arch=arch)
-        assert not np.isfinite(yb[t - 1]).any() and np.isfinite(yb[:t - 1]).all()
+    _same_bits_and_per_token_non_finite(w, x, got, arch)
     monkeypatch.setenv("PTXGEN_Q4K_T1", "0")
     ran.clear()
     other = r.mul_mat(w, x, arch=arch)
@@ -272,32 +290,11 @@ def test_q4_k_sixteen_token_fp16_gemv(m, k, t, arch, monkeypatch):
     in one token's x makes that token's outputs non-finite and leaves the others finite. PTXGEN_Q4K_T16H=0 gives
     these calls back to the exact 16-token GEMV (1e-5)."""
     import ptxgen.runtime as r
-    from ptxgen.runtime import ops
 
-    ran = []
-    load = ops.kernels.load
-    monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
-    monkeypatch.setenv("PTXGEN_Q4K_T16H", "1")
-    rng = np.random.default_rng(m + k + t)
-    rows = min(m, 256)
-    raw = formats.quantize("q4_K", rng.standard_normal((rows, k)).astype(np.float32))
-    raw = np.tile(raw, (-(-m // rows), 1))[:m]
-    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
-    x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
-    out = r.DeviceArray.empty((t, m), np.float32)
-    out.owner.fill_bytes(0xFF)
-    r.mul_mat(w, x, out=out, arch=arch)
-    want = formats.gemm_ref("q4_K", raw, m, k, x)
-    got = out.numpy()
+    ran, w, x, got, want = _q4k_mul_mat(monkeypatch, m, k, t, arch, {"PTXGEN_Q4K_T16H": "1"})
     assert ran == ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]
     assert np.isfinite(got).all() and rel(got, want) <= 1e-3, rel(got, want)
-    for _ in range(2):
-        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
-    for bad in (np.inf, np.nan):
-        xb = x.copy()
-        xb[t - 1, k // 3] = bad
-        yb = r.mul_mat(w, xb, arch=arch)
-        assert not np.isfinite(yb[t - 1]).any() and np.isfinite(yb[:t - 1]).all()
+    _same_bits_and_per_token_non_finite(w, x, got, arch)
     monkeypatch.setenv("PTXGEN_Q4K_T16H", "0")
     ran.clear()
     other = r.mul_mat(w, x, arch=arch)

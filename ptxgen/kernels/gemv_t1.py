@@ -53,6 +53,113 @@ def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int]:
     return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"][_suffix(nt, hi_only)]
 
 
+def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, w_off=None):
+    """The cp.async copy plan of the few-token rings: a warp's R rows of one super-block as chunks c = lane + 32u =
+    9·row + column (16 bytes each, so one instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster
+    than 16 rows x 32 bytes; rows past M copy row M - 1, never stored) to w_off + 144·row + 16·column of a stage,
+    and one record (rb bytes at rec + rb·step) as chunks xi + nthr·u to rec_at of the stage (`cache`: .ca or .cg).
+    Returns issue(jb, st, live, what) for step jb into the stage at st, if `live` (the caller commits). w_off and
+    rec may be callables, emitted where they are first needed (the order the measured builds were emitted in)."""
+    w_chunks = 9 * R
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
+    mlast = b.op("sub.u32", M, Imm(1, "u32"))
+    rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
+    w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
+    w_off = w_off() if callable(w_off) else w_off
+    wcopy = []
+    for u in range(-(-w_chunks // 32)):
+        c = b.op("add.u32", lane, Imm(32 * u, "u32"))
+        row = b.op("div.u32", c, Imm(9, "u32"))
+        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
+        rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
+        src = b.op("mad.lo.u32", rel, row_bytes, col16)
+        dst = col16 if w_off is None else b.op("add.u32", w_off, col16)
+        wcopy.append((src, b.op("mad.lo.u32", row, Imm(144, "u32"), dst)))
+    x_src0 = b.op("mad.wide.u32", xi, Imm(16, "u32"), rec() if callable(rec) else rec)
+    x_dst0 = b.op("mad.lo.u32", xi, Imm(16, "u32"), Imm(rec_at, "u32"))
+    w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
+    x_chunks = rb // 16
+    x_tail = b.op("setp.lt.u32", xi, Imm(x_chunks % nthr, "u32"))
+
+    def issue(jb, st, live, what=("w", "x")):
+        if "w" in what:
+            off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
+            for u, (src, dst) in enumerate(wcopy):
+                go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
+                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
+                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
+                       pred=go)
+        if "x" in what:
+            src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
+            dst = b.op("add.u32", st, x_dst0)
+            for u in range(-(-x_chunks // nthr)):
+                go = live if nthr * (u + 1) <= x_chunks else b.op("and.pred", live, x_tail)
+                b.emit(f"cp.async.{cache}.shared.global", Mem(dst, 16 * nthr * u), Mem(src, 16 * nthr * u),
+                       Imm(16, "u32"), pred=go)
+    return issue
+
+
+def _stage_base(b, ring, stage_bytes):
+    """The address of ring stage `stage` (an int or a register)."""
+    def at(stage):
+        return (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
+                b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
+    return at
+
+
+def _split_range(b, nsb, kz, nsplit):
+    """Split kz's super-blocks [jb, jend): contiguous runs of ceil(nsb / nsplit)."""
+    per = b.op("div.u32", b.op("add.u32", nsb, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit)
+    jb = b.op("mul.lo.u32", kz, per)
+    return jb, b.op("min.u32", b.op("add.u32", jb, per), nsb)
+
+
+def _params(b, NW, ctas):
+    """The few-token kernels' parameters (w, records, y, m, k, ntok, part, counters) and launch bounds."""
+    ps = (b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"),
+          b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32"))
+    ps += (b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch"))
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    return ps
+
+
+def _entry(b, ps, NW, R):
+    """The parameters loaded, the warp's rows (_warp_rows) and the lane's (g, t): (W, REC, Y, M, ntok, K / 256,
+    (tid, lane, warp, gwarp, row0), g, t)."""
+    W, REC, Y = (b.ptr(p_) for p_ in ps[:3])
+    M, K, ntok = (b.ld_param(p_, "u32") for p_ in ps[3:6])
+    rows = _warp_rows(b, NW, R)
+    g = b.op("shr.u32", rows[1], Imm(2, "u32"))
+    t = b.op("and.b32", rows[1], Imm(3, "b32"))
+    return W, REC, Y, M, ntok, b.op("shr.u32", K, Imm(8, "u32")), rows, g, t
+
+
+def _b_tiles(b, xrec, off, ntl):
+    """The lane's B registers of MMA pair i (record bytes at `off`): one 16-byte load per n8 tile, 512 bytes apart
+    (both nibbles' k-pairs)."""
+    xbs = []
+    for n in range(ntl):
+        xb = b.regs("b32", 4)
+        b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, off + 512 * n))
+        xbs.append(xb)
+    return xbs
+
+
+def _prologue(b, issue, stage_base, jb, jend, n, pdl):
+    """The first n steps into stages 0 .. n - 1: their weights, then (after the prep kernel: griddepcontrol.wait
+    where `pdl`) their records; one cp.async group per step."""
+    firsts = []
+    for s_ in range(n):
+        js = b.op("add.u32", jb, Imm(s_, "u32"))
+        firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
+        issue(*firsts[-1], what=("w",))
+    if pdl:
+        b.emit("griddepcontrol.wait")
+    for first in firsts:
+        issue(*first, what=("x",))
+        b.emit("cp.async.commit_group")
+
+
 class _Decoder:
     """The Q4_K decode of a lane (g, t) that owns qs chunk t of rows g, g + 8 (of each m16 tile): its constants
     (emitted on construction, in this order) and header() / dequant()."""
@@ -129,10 +236,8 @@ def build(arch, nt: int = 1, hi_only: bool = False):
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
                       "cp.async", block=(32 * NW, 1, 1))
-    w_p, r_p, y_p = b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
-    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
-    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    ps = _params(b, NW, ctas)
+    part_p, cnt_p = ps[6:]
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     pdl = arch.has("griddepcontrol")
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
@@ -141,73 +246,22 @@ def build(arch, nt: int = 1, hi_only: bool = False):
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   layout="q4k_mma_records", activation=f"prep_q4k_{sfx}(x): one {rb}-byte record per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
-    W, REC, Y = b.ptr(w_p), b.ptr(r_p), b.ptr(y_p)
-    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
-    g = b.op("shr.u32", lane, Imm(2, "u32"))
-    t = b.op("and.b32", lane, Imm(3, "b32"))
-    nsb = b.op("shr.u32", K, Imm(8, "u32"))
+    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
-    w_chunks = 9 * R
-    b.comment(f"copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..{-(-w_chunks // 32) - 1}), 16 bytes "
+    b.comment(f"copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..{-(-9 * R // 32) - 1}), 16 bytes "
               "each (an instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster than 16 rows x 32 "
               "bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u partial where "
               "the record is not a multiple of 512 bytes")
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
-    mlast = b.op("sub.u32", M, Imm(1, "u32"))
-    rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
-    w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
-    wcopy = []
-    for u in range(-(-w_chunks // 32)):
-        c = b.op("add.u32", lane, Imm(32 * u, "u32"))
-        row = b.op("div.u32", c, Imm(9, "u32"))
-        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
-        rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
-        wcopy.append((b.op("mad.lo.u32", rel, row_bytes, col16), b.op("mad.lo.u32", row, Imm(144, "u32"), col16)))
-    x_src0 = b.op("mad.wide.u32", lane, Imm(16, "u32"), REC)
-    x_dst0 = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(W_BYTES, "u32"))
-    w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
-    x_chunks = rb // 16
-    x_tail = b.op("setp.lt.u32", lane, Imm(x_chunks % 32, "u32"))
-
-    def stage_base(stage):
-        return (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
-                b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
-
-    def issue(jb, st, live, what=("w", "x")):
-        """Step jb's weights and/or record into the ring stage at st, if `live` (the caller commits); the records
-        .ca: the CTA's four warps read the same ones."""
-        if "w" in what:
-            off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
-            for u, (src, dst) in enumerate(wcopy):
-                go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
-                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
-                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
-                       pred=go)
-        if "x" in what:
-            src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
-            dst = b.op("add.u32", st, x_dst0)
-            for u in range(-(-x_chunks // 32)):
-                go = live if 32 * (u + 1) <= x_chunks else b.op("and.pred", live, x_tail)
-                b.emit("cp.async.ca.shared.global", Mem(dst, 512 * u), Mem(src, 512 * u), Imm(16, "u32"), pred=go)
-
+    # the records .ca: the CTA's four warps read the same ones
+    issue = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, rec=REC, xi=lane, nthr=32, rb=rb,
+                         rec_at=W_BYTES, cache="ca")
+    stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
-    per = b.op("div.u32", b.op("add.u32", nsb, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit)
-    jb = b.op("mul.lo.u32", kz, per)
-    jend = b.op("min.u32", b.op("add.u32", jb, per), nsb)
-    firsts = []
-    for s_ in range(S):
-        js = b.op("add.u32", jb, Imm(s_, "u32"))
-        firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
-        issue(*firsts[-1], what=("w",))
-    if pdl:
-        b.emit("griddepcontrol.wait")
-    for first in firsts:
-        issue(*first, what=("x",))
-        b.emit("cp.async.commit_group")  # one group per step
+    jb, jend = _split_range(b, nsb, kz, nsplit)
+    _prologue(b, issue, stage_base, jb, jend, S, pdl)
     count = b.op("mov.u32", Imm(0, "u32"))
 
     dec = _Decoder(b, g, t)
@@ -250,11 +304,7 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
     chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
     for i in range(8):
-        xbs = []
-        for n in range(NTL):
-            xb = b.regs("b32", 4)
-            b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 64 * ncol * i + 512 * n))
-            xbs.append(xb)
+        xbs = _b_tiles(b, xrec, 64 * ncol * i, NTL)
         for mt in range(MT):
             a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
             for c, nib in enumerate(("lo", "hi")):
@@ -351,10 +401,8 @@ def build_skinny(arch):
     b = KernelBuilder(f"mmq_q4_k_rega_n{C}", arch, f"q4_K skinny GEMM on mma.sync: token groups of {C} (fp16 "
                       "activation records shared by the CTA's warps), A = q·sc decoded in registers from the raw "
                       "super-blocks, weights and records by cp.async", block=(32 * NW, 1, 1))
-    w_p, r_p, y_p = b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
-    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
-    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    ps = _params(b, NW, ctas)
+    part_p, cnt_p = ps[6:]
     ring_sym = b.dynamic_shared(S * stage_bytes + 128)
     pdl = arch.has("griddepcontrol")
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
@@ -364,73 +412,23 @@ def build_skinny(arch):
                   hi_only=True, lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_mma_records",
                   activation=f"prep_q4k_t{C}h per group of {C} tokens: one {rb}-byte record per super-block, the "
                              "groups back to back", copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
-    W, REC, Y = b.ptr(w_p), b.ptr(r_p), b.ptr(y_p)
-    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
-    g = b.op("shr.u32", lane, Imm(2, "u32"))
-    t = b.op("and.b32", lane, Imm(3, "b32"))
-    nsb = b.op("shr.u32", K, Imm(8, "u32"))
+    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit, gz = b.special("ctaid.y"), b.special("nctaid.y"), b.special("ctaid.z")
     ring = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
-    w_chunks = 9 * R
     b.comment("copy plan: each warp its rows' weight chunks c = lane + 32u = 9·row + column (as the few-token GEMV), "
               "the CTA's threads the group's record, chunk tid + 32·warps·u")
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
-    mlast = b.op("sub.u32", M, Imm(1, "u32"))
-    rbase = b.op("min.u32", row0, mlast)
-    w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)
-    wst = b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32"))  # this warp's weights in a stage
-    wcopy = []
-    for u in range(-(-w_chunks // 32)):
-        c = b.op("add.u32", lane, Imm(32 * u, "u32"))
-        row = b.op("div.u32", c, Imm(9, "u32"))
-        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
-        rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
-        wcopy.append((b.op("mad.lo.u32", rel, row_bytes, col16), b.op("mad.lo.u32", row, Imm(144, "u32"), b.op("add.u32", wst, col16))))
-    rec_g = b.op("mad.wide.u32", b.op("mul.lo.u32", gz, nsb), Imm(rb, "u32"), REC)  # this group's records
-    x_src0 = b.op("mad.wide.u32", tid, Imm(16, "u32"), rec_g)
-    x_dst0 = b.op("mad.lo.u32", tid, Imm(16, "u32"), Imm(rec_at, "u32"))
-    w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
-    x_chunks, xstride = rb // 16, 32 * NW
-    x_tail = b.op("setp.lt.u32", tid, Imm(x_chunks % xstride, "u32"))
-
-    def stage_base(stage):
-        return (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
-                b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
-
-    def issue(jb, st, live, what=("w", "x")):
-        """Step jb's weights (this warp's rows) and/or record share (this thread's chunks) into the stage at st."""
-        if "w" in what:
-            off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
-            for u, (src, dst) in enumerate(wcopy):
-                go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
-                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
-                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
-                       pred=go)
-        if "x" in what:
-            src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
-            dst = b.op("add.u32", st, x_dst0)
-            for u in range(-(-x_chunks // xstride)):
-                go = live if xstride * (u + 1) <= x_chunks else b.op("and.pred", live, x_tail)
-                b.emit("cp.async.cg.shared.global", Mem(dst, 16 * xstride * u), Mem(src, 16 * xstride * u),
-                       Imm(16, "u32"), pred=go)
-
+    wst = []  # this warp's weights in a stage, and the group's records (emitted inside _ring_copies)
+    issue = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, xi=tid, nthr=32 * NW, rb=rb,
+                         rec=lambda: b.op("mad.wide.u32", b.op("mul.lo.u32", gz, nsb), Imm(rb, "u32"), REC),
+                         rec_at=rec_at, cache="cg",
+                         w_off=lambda: wst.append(b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32"))) or wst[0])
+    wst = wst[0]
+    stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)). Prologue: steps 0 .. S - 2 (weights, then "
               "after the prep, griddepcontrol, their records); step s + S - 1 is issued at step s after the barrier "
               "into the stage step s - 1 used")
-    per = b.op("div.u32", b.op("add.u32", nsb, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit)
-    jb = b.op("mul.lo.u32", kz, per)
-    jend = b.op("min.u32", b.op("add.u32", jb, per), nsb)
-    firsts = []
-    for s_ in range(S - 1):
-        js = b.op("add.u32", jb, Imm(s_, "u32"))
-        firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
-        issue(*firsts[-1], what=("w",))
-    if pdl:
-        b.emit("griddepcontrol.wait")
-    for first in firsts:
-        issue(*first, what=("x",))
-        b.emit("cp.async.commit_group")
+    jb, jend = _split_range(b, nsb, kz, nsplit)
+    _prologue(b, issue, stage_base, jb, jend, S - 1, pdl)
     count = b.op("mov.u32", Imm(0, "u32"))
     dec = _Decoder(b, g, t)
     czero = dec.czero
@@ -464,11 +462,7 @@ def build_skinny(arch):
     pairs = b.label("pairs")
     b.place(pairs)
     for u in range(SKINNY_UNROLL):
-        xbs = []
-        for n in range(NTL):
-            xb = b.regs("b32", 4)
-            b.emit("ld.shared.v4.u32", b.vec(xb), Mem(xrec, 64 * C * u + 512 * n))
-            xbs.append(xb)
+        xbs = _b_tiles(b, xrec, 64 * C * u, NTL)
         for mt in range(MT):
             a = [dec.dequant(b.op("ld.shared.u32", Mem(qsp, 144 * (16 * mt + 8 * rr) + 4 * u)), hds[mt][rr])
                  for rr in range(2)]
