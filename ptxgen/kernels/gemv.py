@@ -1289,7 +1289,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
 
     records=nt (prep_q4k_t{nt}, for gemv_q4_k_mma_t{nt}; rotate=False): up to nt tokens, the same values written
     as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors); with
-    hi_only (prep_q4k_t16h) the hi parts alone, one B column per token."""
+    hi_only (prep_q4k_t16h, prep_q4k_t32h) the hi parts alone, one B column per token."""
     assert not (records and rotate) and (records or not hi_only)
     nt = records or T4.MMA_TOKENS
     sfx = f"t{records}h" if hi_only else f"t{records}"

@@ -31,8 +31,8 @@ from ..targets import lowering_for
 from . import KernelDef
 
 BM, BK, STAGES = 128, 64, 3
-MMQ_RASTER = True
-RASTER_BYTES = 24 << 20  # the mma.sync MMQs' item raster: fp32 activations per band of token tiles (_claim_item)
+MMQ_RASTER = True  # the mma.sync MMQs' item raster (_claim_item; False: the order before it, for A/B probes)
+RASTER_BYTES = 24 << 20  # fp32 activations per band of token tiles
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
