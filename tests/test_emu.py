@@ -419,6 +419,47 @@ def test_mmq_split_k_fixup_or_partials_for_reduce_splitk(fixup):
     assert out.ok, out.detail
 
 
+def _cta_barrier_kernels():
+    """(kernel, arch) of every emulator-covered kernel without wgmma whose build has a CTA barrier (bar.sync): the
+    ones whose warps share shared memory."""
+    out = []
+    for name in HARNESSES:
+        if "wgmma" in name or name not in KERNELS:
+            continue
+        arch = "sm_89" if "sm_89" in KERNELS[name].archs else KERNELS[name].archs[0]
+        if "bar.sync" in KERNELS[name].for_arch(arch).ptx():
+            out.append((name, arch))
+    return out
+
+
+@pytest.mark.parametrize("kernel,arch", _cta_barrier_kernels())
+def test_cta_barrier_kernels_pass_with_warps_run_one_at_a_time(kernel, arch):
+    """With the emulator running a CTA's warps one at a time between waits (warp_serial), a missing bar.sync
+    shows up as a read of shared memory nothing wrote yet (or stale data); every kernel with CTA barriers passes
+    its harness that way too."""
+    from ptxgen.emu.harness import EmulatorBackend, use_backend
+
+    with use_backend(EmulatorBackend(warp_serial=True)):
+        out = check_kernel(kernel, KERNELS[kernel].for_arch(arch).ptx(), seed=3)
+    assert out.ok, out.detail
+
+
+def test_warp_serial_emulation_finds_a_missing_barrier():
+    """The skinny GEMM without its per-step bar.sync passes the default (lockstep) emulation — which is why the
+    warp-serial mode exists — and fails warp-serial (records read before other warps' copies landed)."""
+    from ptxgen.emu.harness import EmulatorBackend, use_backend
+
+    ptx = KERNELS["mmq_q4_k_rega_n32"].for_arch("sm_90a").ptx()
+    bad = ptx.replace("bar.sync 0;", "// (barrier removed)")
+    assert bad != ptx
+    kw = dict(seed=1, shape=(140, 1280), ntok=40, splits=2)
+    assert check_kernel("mmq_q4_k_rega_n32", bad, **kw).ok  # lockstep warps hide it
+    with use_backend(EmulatorBackend(warp_serial=True)):
+        assert check_kernel("mmq_q4_k_rega_n32", ptx, **kw).ok
+        with pytest.raises(EmulationError, match="nothing wrote"):
+            check_kernel("mmq_q4_k_rega_n32", bad, **kw)
+
+
 @pytest.mark.parametrize("kernel,splits", [("mmq_q4_k_f16_n32", 1), ("mmq_q4_k_f16_n32", 2), ("mmq_q4_k_q8_n16", 1)])
 def test_mmq_item_raster_covers_every_item_once(monkeypatch, kernel, splits):
     """The mma.sync MMQs' item raster (bands of token tiles, the last band partial): built with RASTER_BYTES

@@ -15,14 +15,18 @@ from .machine import Memory, run_kernel
 class EmulatorBackend:
     """Where a harness allocates, launches and reads back: the emulator (default). A GPU backend with the
     same four methods runs the very same harness code on the device (tests/test_gpu_emu_crosscheck.py),
-    so GPU and emulator see identical inputs and their outputs can be compared bit for bit."""
+    so GPU and emulator see identical inputs and their outputs can be compared bit for bit. `warp_serial`:
+    the emulator runs a CTA's warps one at a time between waits (Emulator.run), to find missing barriers."""
+
+    def __init__(self, warp_serial: bool = False):
+        self.warp_serial = warp_serial
 
     def memory(self):
         return Memory()
 
     def run(self, ptx, grid, block, args, mem, dynamic_smem=0, seed=None, interleave=False, cluster=None):
         run_kernel(ptx, grid, block, args, mem, dynamic_smem=dynamic_smem, seed=seed, interleave=interleave,
-                   cluster=cluster)
+                   cluster=cluster, warp_serial=self.warp_serial)
 
     def tensor_map(self, mem, addr, *args):
         from .hopper import tensor_map_2d

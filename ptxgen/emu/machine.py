@@ -7,7 +7,9 @@ ldmatrix; wgmma and setmaxnreg per warpgroup) check that every thread they need 
 otherwise. A thread at `bar.sync` (named barriers with thread counts included) or at an unsatisfied
 `mbarrier.try_wait` is suspended, so warp-specialised kernels (a producer warp and consumer warpgroups)
 run; if every live thread is suspended and nothing is in flight, that is a deadlock error. Shared memory
-starts poisoned: reading a byte no thread wrote is an error naming the instruction and the thread.
+starts poisoned: reading a byte no thread wrote is an error naming the instruction and the thread. Warps at
+one pc run together, which hides a missing bar.sync; `run(warp_serial=True)` runs a CTA's warps one at a time
+between waits instead, so such a kernel reads bytes its peers have not written yet.
 Floating point is IEEE float32/float16 with the PTX rounding the modifier names (NumPy float32
 arithmetic is round-to-nearest-even; `fma` is computed exactly and rounded once). The Hopper
 instructions (mbarrier, TMA, wgmma, setmaxnreg) are in `hopper.py`.
@@ -228,14 +230,19 @@ class Emulator(HopperOps):
 
     # ---------------------------------------------------------------------------------------------------
     def run(self, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None,
-            max_steps: int = 50_000_000, interleave: bool = False, cluster=None):
+            max_steps: int = 50_000_000, interleave: bool = False, cluster=None, warp_serial: bool = False):
         """Run the kernel over `grid`. CTAs run one after another, each to its end, unless `interleave`: then
         all CTAs are resident at once and take turns of a few instructions each, in an order drawn from `seed`
         (as on a GPU whose SMs hold the whole grid): protocols between CTAs through global memory — a split-K
         tile's last arrival, a work queue — meet other orders than the sequential one. `cluster` = (cx, 1, 1):
         thread-block clusters of cx consecutive CTAs along x (interleaved): %cluster_ctarank and friends, mapa,
         mbarrier arrivals on a peer's shared memory, barrier.cluster, TMA multicast to the CTAs of a mask; a CTA
-        that touches an exited peer's shared memory, or a cluster whose every thread waits, is an error."""
+        that touches an exited peer's shared memory, or a cluster whose every thread waits, is an error.
+        `warp_serial`: inside a CTA, the lowest-numbered warp that can run runs until it waits (a barrier, an
+        mbarrier) or ends, then the next — instead of all warps at one pc together, which hides a missing
+        bar.sync between warps that write and read the same shared memory (the reader then meets bytes no thread
+        wrote yet, an error, or stale ones). For kernels whose instructions are per warp (mma.sync); wgmma's
+        warpgroups need their four warps together."""
         grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
         block = tuple(block) + (1,) * (3 - len(tuple(block)))
         if len(args) != len(self.mod.params):
@@ -250,6 +257,7 @@ class Emulator(HopperOps):
         self.const_addr = {name: memory.alloc(np.frombuffer(data, np.uint8)) for name, data in self.mod.consts.items()}
         self.rng = np.random.default_rng(seed) if seed is not None else None
         self.max_steps = max_steps
+        self.warp_serial = warp_serial
         ids = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
         cx = 1
         if cluster is not None:
@@ -333,6 +341,11 @@ class Emulator(HopperOps):
             if stall_ok:
                 raise _Stalled()
             raise EmulationError(self._deadlock_report())
+        if getattr(self, "warp_serial", False):  # the lowest warp that can run, alone
+            w = int(np.argmax(runnable)) // 32
+            runnable = runnable.copy()
+            runnable[:32 * w] = False
+            runnable[32 * (w + 1):] = False
         pc = pcs[runnable].min()
         if pc >= len(body):
             raise EmulationError("ran off the end of the kernel without ret")
@@ -1192,8 +1205,9 @@ def _prefix(reg: str) -> str:
 
 
 def run_kernel(ptx: str, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None,
-               interleave: bool = False, cluster=None):
+               interleave: bool = False, cluster=None, warp_serial: bool = False):
     emu = Emulator(ptx)
-    emu.run(grid, block, args, memory, dynamic_smem, seed, interleave=interleave, cluster=cluster)
+    emu.run(grid, block, args, memory, dynamic_smem, seed, interleave=interleave, cluster=cluster,
+            warp_serial=warp_serial)
     return emu
 
