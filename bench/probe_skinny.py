@@ -1,7 +1,7 @@
-"""Probe: the register-A skinny GEMM mmq_q4_k_rega_n32 (sm_90a build and the sm_89 one) against what mul_mat runs
-today (the wgmma MMQ on sm_90), the mma.sync MMQ and cuBLAS fp16 on dequantized weights, same run, bench_gemv's
-timing (weights from HBM): probe_skinny.py q4_K MxK,MxK,... T,T,... [reps]. Each skinny build is checked against
-the float64 reference first (1e-3)."""
+"""Probe: the register-A skinny GEMM mmq_q4_k_rega_n32 (sm_90a build and the sm_89 one) against the MMQ this
+GPU runs (the wgmma one on sm_90; launches only, no flag readback, as bench_mmq), the mma.sync MMQ and cuBLAS fp16
+on dequantized weights, same run, bench_gemv's timing (weights from HBM): probe_skinny.py q4_K MxK,MxK,... T,T,...
+[reps]. Each skinny build is checked against the float64 reference first (1e-3)."""
 
 import numpy as np
 import torch
@@ -33,8 +33,8 @@ for m, k, raw, ws in probe_weights(r, "q4_K", shapes):
                 assert err <= 1e-3, f"skinny {arch} {m}x{k} T={t}: relative error {err:.2e}"
             us = timed(lambda i: ops._skinny_gemm(ws[i % copies], xa.ptr, ya.ptr, m, k, t, arch), reps, torch)
             out.append(f"skinny{'' if arch is None else ' ' + arch} {us:.1f}")
-        us = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y), reps, torch)
-        out.append(f"mul_mat {us:.1f}")
+        us = timed(lambda i: ops.mmq_launch(ws[i % copies], xa, ya, t, flag), reps, torch)  # no flag readback
+        out.append(f"{ops.mmq_path(None, t)} MMQ {us:.1f}")
         us = timed(lambda i: ops.mmq_launch(ws[i % copies], xa, ya, t, flag, path="mma.sync"), reps, torch)
         out.append(f"mma.sync MMQ {us:.1f}")
         xh = x.half()

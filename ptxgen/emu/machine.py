@@ -227,6 +227,7 @@ class Emulator(HopperOps):
     def __init__(self, ptx: str | Module):
         self.mod = ptx if isinstance(ptx, Module) else parse(ptx)
         self.steps = 0
+        self.warp_serial = False
 
     # ---------------------------------------------------------------------------------------------------
     def run(self, grid, block, args, memory: Memory, dynamic_smem: int = 0, seed: int | None = None,
@@ -341,7 +342,7 @@ class Emulator(HopperOps):
             if stall_ok:
                 raise _Stalled()
             raise EmulationError(self._deadlock_report())
-        if getattr(self, "warp_serial", False):  # the lowest warp that can run, alone
+        if self.warp_serial:  # the lowest warp that can run, alone
             w = int(np.argmax(runnable)) // 32
             runnable = runnable.copy()
             runnable[:32 * w] = False

@@ -1,14 +1,18 @@
-"""gemv_q4_k_mma_t{1,2,4}: the exact Q4_K decode GEMVs for 1, 2 and 4 tokens, on mma.sync, streaming weights through a
-cp.async ring.
+"""The few-token Q4_K tensor-core kernels on mma.sync, streaming raw super-blocks through a cp.async ring and
+decoding A = q·sc in registers: gemv_q4_k_mma_t{1,2,4,8} (exact decode GEMVs), gemv_q4_k_mma_t16h (9-16
+tokens, fp16 activations) and mmq_q4_k_rega_n32 (the skinny GEMM for token groups of 32, records shared by a
+CTA's warps).
 
 `gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
 weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
 scales of its two rows, B tiles in register sets). These builds are for few tokens:
 
 - B column 2n holds token n's fp16 hi part, column 2n + 1 its lo part (x·2^s = hi + lo, one 2^s per super-block
-  and token, `prep_q4k_t{nt}`), so one MMA per A fragment gives both for up to 4 tokens, and lane (g, t) holds
-  token t's sums in C's columns 2t, 2t + 1. Columns past 2·nt are whatever the other lanes load (they read the
-  first lanes' records again): no column mixes into another, and those outputs are never used.
+  and token, `prep_q4k_t{nt}`), so one MMA per A fragment gives both for up to 4 tokens (8: two n8 tiles), and
+  lane (g, t) holds token t's sums in C's columns 2t, 2t + 1. Columns past 2·nt are whatever the other lanes load
+  (they read the first lanes' records again): no column mixes into another, and those outputs are never used.
+  The hi-only records (t16h, n32) hold one column per token: fp16 activations, the min term from the same
+  rounded values (relative error ~2e-4).
 - Lane (g, t) owns qs chunk t of rows g and g + 8 (32 bytes each: sub-block 2t in the low nibbles, 2t + 1 in
   the high), so it decodes 2 scales per row per step, not 8. A = q·sc exactly in fp16: (w & 0x000F000F) |
   0x64006400 is (1024 + q) for bytes 0 and 2, the 0x00F000F0 mask gives 1024 + 16q, w >> 8 bytes 1 and 3, then
@@ -58,8 +62,8 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
     9·row + column (16 bytes each, so one instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster
     than 16 rows x 32 bytes; rows past M copy row M - 1, never stored) to w_off + 144·row + 16·column of a stage,
     and one record (rb bytes at rec + rb·step) as chunks xi + nthr·u to rec_at of the stage (`cache`: .ca or .cg).
-    Returns issue(jb, st, live, what) for step jb into the stage at st, if `live` (the caller commits). w_off and
-    rec may be callables, emitted where they are first needed (the order the measured builds were emitted in)."""
+    Returns (issue(jb, st, live, what): step jb into the stage at st, if `live` (the caller commits), w_off). w_off
+    and rec may be callables, emitted where they are first needed (the order the measured builds were emitted in)."""
     w_chunks = 9 * R
     row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
@@ -96,7 +100,7 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
                 go = live if nthr * (u + 1) <= x_chunks else b.op("and.pred", live, x_tail)
                 b.emit(f"cp.async.{cache}.shared.global", Mem(dst, 16 * nthr * u), Mem(src, 16 * nthr * u),
                        Imm(16, "u32"), pred=go)
-    return issue
+    return issue, w_off
 
 
 def _stage_base(b, ring, stage_bytes):
@@ -255,8 +259,8 @@ def build(arch, nt: int = 1, hi_only: bool = False):
               "bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u partial where "
               "the record is not a multiple of 512 bytes")
     # the records .ca: the CTA's four warps read the same ones
-    issue = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, rec=REC, xi=lane, nthr=32, rb=rb,
-                         rec_at=W_BYTES, cache="ca")
+    issue, _ = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, rec=REC, xi=lane, nthr=32, rb=rb,
+                            rec_at=W_BYTES, cache="ca")
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
@@ -417,12 +421,10 @@ def build_skinny(arch):
     ring = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     b.comment("copy plan: each warp its rows' weight chunks c = lane + 32u = 9·row + column (as the few-token GEMV), "
               "the CTA's threads the group's record, chunk tid + 32·warps·u")
-    wst = []  # this warp's weights in a stage, and the group's records (emitted inside _ring_copies)
-    issue = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, xi=tid, nthr=32 * NW, rb=rb,
-                         rec=lambda: b.op("mad.wide.u32", b.op("mul.lo.u32", gz, nsb), Imm(rb, "u32"), REC),
-                         rec_at=rec_at, cache="cg",
-                         w_off=lambda: wst.append(b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32"))) or wst[0])
-    wst = wst[0]
+    # wst: this warp's weights in a stage; the group's records (both emitted inside _ring_copies)
+    issue, wst = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, xi=tid, nthr=32 * NW, rb=rb,
+                              rec=lambda: b.op("mad.wide.u32", b.op("mul.lo.u32", gz, nsb), Imm(rb, "u32"), REC),
+                              rec_at=rec_at, cache="cg", w_off=lambda: b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32")))
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)). Prologue: steps 0 .. S - 2 (weights, then "
               "after the prep, griddepcontrol, their records); step s + S - 1 is issued at step s after the barrier "
