@@ -23,6 +23,9 @@ PTXGEN_MMQ_SKINNY  exact-mode Q4_K prefill (M ≥ 128) on the register-A skinny 
                    path it replaces (64 for mma.sync; 32 for wgmma, from 2^25 weights), 1 = 17-128 tokens, 0 = never
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
                    WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
+PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's
+                   tiles split in K (runtime.ops.splitk_plan_tail), 0 = every tile split alike when the tiles fit
+                   one round of resident CTAs, none otherwise (the plan before it, for A/B measurements)
 """
 from __future__ import annotations
 
@@ -90,3 +93,7 @@ def mmq_skinny() -> str:
 
 def mmq_rega() -> str:
     return _auto_on_off("PTXGEN_MMQ_REGA")
+
+
+def mmq_tail_split() -> str:
+    return _auto_on_off("PTXGEN_MMQ_TAIL_SPLIT")

@@ -5,6 +5,9 @@ Results follow the inputs: NumPy in → NumPy out; a device array in → a Devic
 """
 from __future__ import annotations
 
+import functools
+import heapq
+
 import numpy as np
 
 from ptxgen import knobs
@@ -217,14 +220,24 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     cl = fn.meta.get("cluster", (1, 1, 1))[0]  # clusters: an item is cl M-tiles, a grid of whole clusters
     groups = tiles_n * -(-((m + 127) // 128) // cl)
     slots = per_sm * sms if cl == 1 else fn.resident_clusters(cl)  # resident CTAs, or clusters (GPC-bound)
-    splits, per = splitk_plan_one_round(groups, k // 64, slots)
+    steps = k // 64
+    sync = path == "mma.sync"
+    if sync:  # whole tiles, then the tail's tiles split so that the last round is balanced (splitk_plan_tail)
+        whole, splits, per = splitk_plan_tail(tiles, steps, slots) if knobs.mmq_tail_split() != "off" else (
+            _one_round_as_tail(tiles, steps, slots))
+        items = whole + (tiles - whole) * splits
+    else:
+        splits, per = splitk_plan_one_round(groups, steps, slots)
+        items = groups * splits
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch). The
     # wgmma builds store them in fragment order and sum them at any token tile; the mma.sync builds do it for
     # token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their fixup sums 128 x BN x splits
     # values in y's layout: +10 us at T=256 on the H200)
-    fixup = wg or bn <= FIXUP_MAX_TILE
+    fixup = wg or sync or bn <= FIXUP_MAX_TILE
     if splits == 1:
         part = o
+    elif sync:  # fragment order, only the split tiles
+        part = DeviceArray.empty((splits * (tiles - whole) * 128 * bn,), np.float32)
     else:
         part = DeviceArray.empty((splits * tiles * 128 * bn,) if wg else (splits, t, m), np.float32)
     cnt = _counters(4 * tiles) if fixup else 0
@@ -232,8 +245,8 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
-    grid = (cl * min(groups * splits, slots),)
-    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt)
+    grid = (cl * min(items, slots),)
+    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt) + ((whole,) if sync else ())
     if wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
@@ -281,6 +294,52 @@ def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "n
     fn = kernels.load("convert_f16" if k_order == "natural" else "convert_f16_perm", arch)
     fn.launch(((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
     return o
+
+
+# the tail-split planner's cost model, in K-steps: a work item's fixed cost (claim, pipeline fill, epilogue) and a
+# split item's extra (its partial out, the arrival, the last one's sum)
+SPLIT_ITEM_COST = 2
+SPLIT_FIXUP_COST = 2
+
+
+def _list_schedule(lengths: list[int], slots: int) -> int:
+    """Makespan of items claimed in order by `slots` workers, each taking the next item when it is free."""
+    if len(lengths) <= slots:
+        return max(lengths, default=0)
+    free = [0] * slots
+    for n in lengths:
+        heapq.heapreplace(free, free[0] + n)
+    return max(free)
+
+
+@functools.lru_cache(maxsize=512)
+def splitk_plan_tail(tiles: int, steps: int, slots: int) -> tuple[int, int, int]:
+    """(whole, splits, K-steps per split) for the fp16 mma.sync MMQ's persistent queue: the first `whole` tiles
+    run over all of K (whole rounds of the `slots` resident CTAs), the remaining tiles — the last, partial round,
+    or every tile when there are fewer than slots — are split into `splits` K ranges (the last one shorter), so
+    that the CTAs idle in a partial round take split items instead. The split is the one with the least modelled
+    makespan (items in queue order on `slots` workers, costs SPLIT_ITEM_COST / SPLIT_FIXUP_COST); none unless it
+    saves a K-step."""
+    tail = tiles % slots if tiles > slots else tiles
+    whole = tiles - tail
+    if tail == 0:
+        return tiles, 1, steps
+    best, plan = steps + SPLIT_ITEM_COST, (tiles, 1, steps)  # the tail's time unsplit: one more whole round
+    for per in range(max(2, -(-steps // 16)), steps):
+        splits = -(-steps // per)
+        last = steps - (splits - 1) * per
+        c = SPLIT_ITEM_COST + SPLIT_FIXUP_COST
+        span = _list_schedule([per + c] * (tail * (splits - 1)) + [last + c] * tail, slots)
+        if span + 1 <= best:
+            best, plan = span, (whole, splits, per)
+    return plan
+
+
+def _one_round_as_tail(tiles: int, steps: int, slots: int) -> tuple[int, int, int]:
+    """splitk_plan_one_round in splitk_plan_tail's terms (PTXGEN_MMQ_TAIL_SPLIT=0): every tile split alike when
+    they fit one round, none otherwise."""
+    splits, per = splitk_plan_one_round(tiles, steps, slots)
+    return (tiles, 1, steps) if splits == 1 else (0, splits, per)
 
 
 def splitk_plan_one_round(tiles: int, steps: int, slots: int) -> tuple[int, int]:

@@ -410,13 +410,20 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     assert out.ok, out.detail
 
 
-@pytest.mark.parametrize("fixup", [True, False])
-def test_mmq_split_k_fixup_or_partials_for_reduce_splitk(fixup):
-    """Split over 3 K ranges: the kernel sums the partials itself (the last CTA of a tile, counters back to
-    zero), or with counters = 0 leaves them for reduce_splitk (wide tiles)."""
-    ptx = KERNELS["mmq_q4_k_f16_n32"].for_arch("sm_89").ptx()
-    out = check_kernel("mmq_q4_k_f16_n32", ptx, seed=4, shape=(129, 40, 1024), splits=3, fixup=fixup)
-    assert out.ok, out.detail
+@pytest.mark.parametrize("kernel,shape,plan", [
+    ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(splits=3)),  # every tile split, evenly (6, 6, 4 K-steps)
+    ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=2, splits=3, per=6)),  # two whole tiles, then the tail split
+    ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=3, splits=2, per=12)),  # uneven: 12 + 4 K-steps
+    ("mmq_q4_k_f16_n128", (130, 131, 512), dict(whole=1, splits=2, per=5))])
+def test_mmq_whole_tiles_then_split_tail(kernel, shape, plan):
+    """The fp16 mma.sync MMQ's queue: whole tiles first, then the rest split in K (partials in fragment order, the
+    last CTA of a tile sums them in z order, counters back to zero). Correct, and bit-identical whichever CTA
+    arrives last at a tile (one CTA; three taking turns in a drawn order)."""
+    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    outs = [check_kernel(kernel, ptx, seed=4, shape=shape, ctas=ctas, interleave=ctas > 1, run_seed=2, **plan)
+            for ctas in (1, 3)]
+    assert all(o.ok for o in outs), [o.detail for o in outs]
+    assert np.array_equal(outs[0].got, outs[1].got)
 
 
 def _cta_barrier_kernels():

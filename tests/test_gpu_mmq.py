@@ -21,30 +21,19 @@ def paths():
 
 
 def run_mmq(r, raw, m, k, x, bn, path="mma.sync"):
+    """mmq_launch with token tile `bn` on `path` (NaN-poisoned y): (y, overflow flag); the queue must be back at
+    zero."""
+    from ptxgen.runtime import ops
+
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     t = x.shape[0]
-    if path.startswith("wgmma"):
-        from ptxgen.runtime import ops
-
-        out = r.DeviceArray.empty((t, m), np.float32)
-        out.owner.fill_bytes(0xFF)  # NaN poison
-        flag = r.DeviceArray.empty((1,), np.uint32)
-        flag.owner.fill_bytes(0)
-        ops.mmq_launch(w, r.as_device_array(x), out, t, flag, bn=bn, path=path)
-        assert not ops._QUEUE[0].download(np.uint32, (2,)).any(), "the persistent kernel did not reset its queue"
-        return out.numpy(), int(flag.numpy()[0])
-    fn = r.load(f"mmq_q4_k_f16_n{bn}")
-    xa = r.as_device_array(x)
     out = r.DeviceArray.empty((t, m), np.float32)
     out.owner.fill_bytes(0xFF)  # NaN poison
     flag = r.DeviceArray.empty((1,), np.uint32)
     flag.owner.fill_bytes(0)
-    queue = r.DeviceArray.empty((2,), np.uint32)
-    queue.owner.fill_bytes(0)
-    tiles_n = (t + bn - 1) // bn
-    fn.launch((min(tiles_n * ((m + 127) // 128), 264),), (w.buffer, xa, out, flag, m, k, t, k // 64, queue, tiles_n, 1,
-                                                         out, queue))  # one split: part and counters unused
-    assert not queue.numpy().any(), "the persistent kernel did not reset its work queue"
+    ops.mmq_launch(w, r.as_device_array(x), out, t, flag, arch=None if path.startswith("wgmma") else "sm_89", bn=bn,
+                   path=path)
+    assert not ops._QUEUE[0].download(np.uint32, (2,)).any(), "the persistent kernel did not reset its queue"
     return out.numpy(), int(flag.numpy()[0])
 
 
@@ -105,6 +94,30 @@ def test_split_k_path_is_correct_and_deterministic(arch):
     assert rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
     for _ in range(3):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), a.view(np.uint32))
+
+
+@pytest.mark.parametrize("bn,m,k,t", [(32, 2048, 2048, 832), (64, 1024, 2048, 2240), (128, 2048, 2048, 1152),
+                                      (128, 1920, 4096, 128)])
+def test_mma_sync_mmq_whole_tiles_then_split_tail(bn, m, k, t):
+    """The mma.sync MMQ's queue plan on this GPU: whole tiles, then the last partial round's tiles split in K
+    (or, with fewer tiles than resident CTAs, every tile split unevenly): correct against the float64 reference,
+    the split counters back at zero, bit-identical run to run, and within fp32 rounding of the unsplit plan."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    fn = r.load(f"mmq_q4_k_f16_n{bn}", arch="sm_89")
+    tiles = -(-t // bn) * -(-m // 128)
+    whole, splits, per = ops.splitk_plan_tail(tiles, k // 64, fn.resident_per_sm() * r.current().sm_count)
+    assert splits > 1 and whole < tiles  # the case exercises the split tail
+    rng = np.random.default_rng(bn + t)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    a, flag = run_mmq(r, raw, m, k, x, bn)
+    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert not ops._counters(4 * tiles).download(np.uint32, (tiles,)).any(), "split counters left raised"
+    for _ in range(2):
+        b, _ = run_mmq(r, raw, m, k, x, bn)
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("path", ["mma.sync", "wgmma", "wgmma_ra"])

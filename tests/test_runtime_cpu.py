@@ -220,6 +220,38 @@ def test_one_round_split_plan_fits_the_slots_and_covers_k(tiles, steps, slots):
         assert tiles * splits <= slots and per >= 8
 
 
+@settings(max_examples=150, deadline=None)
+@given(tiles=st.integers(1, 4000), steps=st.integers(1, 300), slots=st.sampled_from([1, 3, 132, 264, 396]))
+def test_tail_split_plan_covers_every_tile_and_k_step_once(tiles, steps, slots):
+    """splitk_plan_tail: whole rounds of whole tiles, the rest split into K ranges that cover K exactly, and a
+    split only when the model says it saves time."""
+    from ptxgen.runtime import ops
+
+    whole, splits, per = ops.splitk_plan_tail(tiles, steps, slots)
+    assert 0 <= whole <= tiles and whole % slots == 0 or whole == tiles
+    assert (splits - 1) * per < steps <= splits * per
+    if splits == 1:
+        assert whole == tiles and per == steps
+    else:
+        tail, c = tiles - whole, ops.SPLIT_ITEM_COST + ops.SPLIT_FIXUP_COST
+        last = steps - (splits - 1) * per
+        span = ops._list_schedule([per + c] * (tail * (splits - 1)) + [last + c] * tail, slots)
+        assert span < steps + ops.SPLIT_ITEM_COST
+
+
+def test_tail_split_plan_on_the_h200_shapes():
+    """132 resident CTAs (the n128 MMQ on an H200): 14336 x 4096 at T = 4096 (3584 tiles) splits only the last
+    20; at T = 128 (112 tiles, fewer than the CTAs) every tile splits unevenly, its long part first; 4096 x 4096
+    at T = 512 (128 tiles, one round) does not split."""
+    from ptxgen.runtime.ops import splitk_plan_tail
+
+    whole, splits, per = splitk_plan_tail(3584, 64, 132)
+    assert whole == 27 * 132 and splits > 1
+    whole, splits, per = splitk_plan_tail(112, 64, 132)
+    assert whole == 0 and splits == 2 and per > 32
+    assert splitk_plan_tail(128, 64, 132) == (128, 1, 64)
+
+
 @given(ctas=st.integers(1, 5000), k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]),
        per_sm=st.integers(1, 8), sms=st.sampled_from([1, 84, 132]), lane_cols=st.sampled_from([8, 32, 64]),
        max_splits=st.sampled_from([8, 16]))

@@ -471,13 +471,15 @@ def _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup=True):
     return _split_result(mem, ya, pa, t, m, splits, fixup)
 
 
-def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, fixup=True,
-             poison_x=None) -> Outcome:
-    """Run an MMQ kernel (fp16 path) on random Q4_K weights and fp32 activations; float64 reference. With
-    splits > 1 the kernel's own fixup must leave y complete and the tile counters zero; with fixup=False
-    (counters = 0) it must leave the partials for reduce_splitk, summed here in z order. `poison_x` = (t, k,
-    value) plants one value in x: the overflow flag must be up exactly when it is not finite in fp16 (the
-    caller then recomputes exactly), and the result within the bar otherwise."""
+def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, whole=None, per=None, ctas=3,
+             interleave=False, run_seed=None, poison_x=None) -> Outcome:
+    """Run the fp16 mma.sync MMQ on random Q4_K weights and fp32 activations; float64 reference. Its queue
+    holds the first `whole` tiles over all of K, then the others in `splits` K ranges of `per` K-steps (default:
+    every tile split when splits > 1, evenly); the kernel's own fixup must leave y complete and the tile counters
+    zero. `ctas` persistent CTAs share the queue (one after another, or taking turns with `interleave`, in an
+    order `run_seed` draws). `poison_x` = (t, k, value) plants one value in x: the overflow flag must be up
+    exactly when it is not finite in fp16 (the caller then recomputes exactly), and the result within the bar
+    otherwise."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
@@ -488,10 +490,15 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
         want_flag = not np.isfinite(x.astype(np.float16)).all()
     mem = _memory()
     wa, xa, fa = mem.alloc(raw), mem.alloc(x), mem.alloc(4, poison=0)
-    ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, meta["bn"], meta["bm"], splits, fixup)
-    ctas = max(1, min(tiles * splits, 3))  # a few persistent CTAs share the queue
-    _run(ptx, (ctas,), (256,), (wa, xa, ya, fa, *tail), mem, dynamic_smem=meta["dynamic_smem"], seed=seed)
-    got = _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup)
+    ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, meta["bn"], meta["bm"], splits, tile_partials=True)
+    whole = (0 if splits > 1 else tiles) if whole is None else whole
+    if per is not None:
+        assert -(-(k // 64) // per) == splits, "per and splits disagree"
+        tail = (*tail[:3], per, *tail[4:])
+    items = whole + (tiles - whole) * splits
+    _run(ptx, (max(1, min(items, ctas)),), (256,), (wa, xa, ya, fa, *tail, whole), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed if run_seed is None else run_seed, interleave=interleave)
+    got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     if bool(flag) != want_flag:
         return Outcome(meta.get("name", "mmq"), False, f"overflow flag {flag}, expected {int(want_flag)}", None, None)

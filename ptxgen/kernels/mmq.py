@@ -37,6 +37,11 @@ RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
+TAIL_SPLIT_NOTE = ("items: the first `whole` tiles over all of K, then the other tiles split into `splits` K ranges of "
+                   "steps_per_split K-steps (z-major: every tile's split 0 first); a split writes its partial in "
+                   "fragment order to part (splits x (tiles - whole) x 128·BN fp32), and the CTA that arrives last "
+                   "at the tile's counter (one per split tile) sums the partials in z order and stores y "
+                   "(deterministic); no reduction launch")
 SPLIT_K_NOTE = ("split z takes K-steps [z·steps_per_split, ...) and writes its partial tile to part + z·t·m; the CTA "
                 "that arrives last at the tile's counter sums the partials in z order into y (deterministic) and "
                 "resets the counter: no reduction launch. counters = 0 skips that (reduce_splitk runs after)")
@@ -113,6 +118,7 @@ def build(arch, spec: MmqSpec):
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
+    wh_p = b.param("whole", "u32")
     pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
     smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
     # CTAs per SM as shared memory allows on the H200 (ptxas keeps the registers to it: n64 took 138 without)
@@ -123,7 +129,7 @@ def build(arch, spec: MmqSpec):
                   work_queue="item = atom.add(queue[0], 1) → (m tile, split z, token tile n) with n fastest, "
                              "so consecutive items reuse one weight tile from L2; the last CTA to finish "
                              "resets the queue (no host round trip)",
-                  split_k=SPLIT_K_NOTE)
+                  split_k=TAIL_SPLIT_NOTE, tail_split=True)
     work = b.shared_buffer("work_item", 16, align=16)
 
     W, X, Y0, F, Q = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
@@ -131,25 +137,24 @@ def build(arch, spec: MmqSpec):
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
     per = b.ld_param(s_p, "u32")
     tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
+    whole = b.ld_param(wh_p, "u32")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
     bad = b.reg("b32")  # some item's (partial) result was not finite: an activation overflowed fp16, or x had inf/NaN
     b.emit("mov.b32", bad, Imm(0, "b32"))
     tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
-    items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
     slot = b.op("mov.u32", work)
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
 
-    split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
-    next_item, finish, zsplit, Yz, n0, m0 = _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, P,
-                                                        K if MMQ_RASTER else None)
-    Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
+    next_item, finish, split, zsplit, ti, ntail, n0, m0, s_begin, nsteps = _claim_whole_or_split(
+        b, Q, slot, leader, whole, b.op("mul.lo.u32", tiles_m, tiles_n), splits, per, tiles_n, BN, K)
     base = b.op("mov.u32", smem)
     raw0 = base
     a16 = b.op("add.u32", base, Imm(STAGES * raw_bytes, "u32"))
     b16 = b.op("add.u32", a16, Imm(a_bytes, "u32"))
-    row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
 
     # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
     copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
@@ -301,11 +306,12 @@ def build(arch, spec: MmqSpec):
     mma_step(boff_of(step))  # the last step
     b.emit("cp.async.wait_group", Imm(0, "u32"))
     _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
+    frags = [frag for row in acc for frag in row]
+    _fragment_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN)
 
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
-    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y)
-    _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN)
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y0)
     b.bra(next_item)
     b.place(finish)
     _queue_exit(b, Q, leader)
@@ -364,13 +370,9 @@ def _load_x(b, step, units, xregs):
         b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(b.op("add.s64", unit[0], kb)))
 
 
-def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0, K=None):
+def _claim(b, Q, slot, leader, items):
     """Head of the persistent loop: thread 0 claims an item from the atomic queue and shares it through
-    shared memory; past the end, branch to `finish`. Returns (next_item, finish, z, Y, n0, m0). With K (the
-    raster): items walk bands of gt token tiles (gt·BN·K fp32 activations ≈ RASTER_BYTES), every M tile and split
-    of a band before the next band, the token tile fastest inside a band — so a band's activations stay in L2
-    while the weights pass, instead of all of x being re-read for every few M tiles; x of at most two bands
-    is one band (the order without the raster)."""
+    shared memory; past the end, branch to `finish`. Returns (next_item, finish, item)."""
     b.comment("persistent CTA: claim work items from the atomic queue until it runs dry")
     next_item, finish = b.label("next_item"), b.label("queue_empty")
     b.place(next_item)
@@ -381,19 +383,32 @@ def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0, K=None
     item = b.op("ld.shared.u32", Mem(slot))
     b.emit("bar.sync", Imm(0, "u32"))  # everyone has read the slot before the leader writes it again
     b.bra(finish, pred=b.op("setp.ge.u32", item, items))
+    return next_item, finish, item
+
+
+def _raster(b, item, items, tiles_n, BN, K=None):
+    """(token tile, rest) of `item` among `items` = tiles_n x rest-count. With K (the raster): items walk bands
+    of gt token tiles (gt·BN·K fp32 activations ≈ RASTER_BYTES), every rest (M tile, split) of a band before the
+    next band, the token tile fastest inside a band — so a band's activations stay in L2 while the weights pass,
+    instead of all of x being re-read for every few M tiles; x of at most two bands is one band (the order
+    without the raster)."""
     if K is None:
-        tn = b.op("rem.u32", item, tiles_n)
-        rest = b.op("div.u32", item, tiles_n)
-    else:
-        gt = b.op("max.u32", b.op("div.u32", b.op("mov.u32", Imm(RASTER_BYTES // (4 * BN), "u32")), K), Imm(1, "u32"))
-        gt = b.op("selp.b32", tiles_n, gt, b.op("setp.le.u32", tiles_n, b.op("shl.b32", gt, Imm(1, "u32"))), type="b32")
-        per_band = b.op("mul.lo.u32", gt, b.op("div.u32", items, tiles_n))  # gt · tiles_m · splits
-        band = b.op("div.u32", item, per_band)
-        r_ = b.op("sub.u32", item, b.op("mul.lo.u32", band, per_band))
-        first = b.op("mul.lo.u32", band, gt)
-        width = b.op("min.u32", gt, b.op("sub.u32", tiles_n, first))
-        tn = b.op("add.u32", first, b.op("rem.u32", r_, width))
-        rest = b.op("div.u32", r_, width)
+        return b.op("rem.u32", item, tiles_n), b.op("div.u32", item, tiles_n)
+    gt = b.op("max.u32", b.op("div.u32", b.op("mov.u32", Imm(RASTER_BYTES // (4 * BN), "u32")), K), Imm(1, "u32"))
+    gt = b.op("selp.b32", tiles_n, gt, b.op("setp.le.u32", tiles_n, b.op("shl.b32", gt, Imm(1, "u32"))), type="b32")
+    per_band = b.op("mul.lo.u32", gt, b.op("div.u32", items, tiles_n))  # gt · (M tiles · splits)
+    band = b.op("div.u32", item, per_band)
+    r_ = b.op("sub.u32", item, b.op("mul.lo.u32", band, per_band))
+    first = b.op("mul.lo.u32", band, gt)
+    width = b.op("min.u32", gt, b.op("sub.u32", tiles_n, first))
+    return b.op("add.u32", first, b.op("rem.u32", r_, width)), b.op("div.u32", r_, width)
+
+
+def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0, K=None):
+    """_claim, then the item → (token tile, split z, M tile) with the token tile fastest (`_raster` with K).
+    Returns (next_item, finish, z, Y, n0, m0)."""
+    next_item, finish, item = _claim(b, Q, slot, leader, items)
+    tn, rest = _raster(b, item, items, tiles_n, BN, K)
     zsplit = b.op("rem.u32", rest, splits)
     tm = b.op("div.u32", rest, splits)
     # partials of split z go to y + z·t·m (z = 0 writes y itself)
@@ -401,6 +416,68 @@ def _claim_item(b, Q, slot, leader, items, tiles_n, splits, T, M, BN, Y0, K=None
     n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
     m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
     return next_item, finish, zsplit, Y, n0, m0
+
+
+def _claim_whole_or_split(b, Q, slot, leader, whole, tiles, splits, per, tiles_n, BN, K):
+    """The fp16 mma.sync MMQ's items: the first `whole` tiles (in `_raster` order) over all of K, then the other
+    r = tiles - whole tiles split into `splits` K ranges of `per` steps, z-major (every tile's split 0, then
+    split 1, ...: the last, shortest splits are claimed last). Returns (next_item, finish, split?, z, tail index,
+    r, n0, m0, first K-step, end K-step)."""
+    r = b.op("sub.u32", tiles, whole)
+    next_item, finish, item = _claim(b, Q, slot, leader, b.op("mad.lo.u32", r, splits, whole))
+    split = b.op("setp.ge.u32", item, whole)
+    j = b.op("sub.u32", item, whole)
+    rr = b.op("max.u32", r, Imm(1, "u32"))
+    z = b.op("selp.b32", b.op("div.u32", j, rr), Imm(0, "b32"), split, type="b32")
+    ti = b.op("sub.u32", j, b.op("mul.lo.u32", z, rr))  # the tail index (split items)
+    tile = b.op("selp.b32", b.op("add.u32", whole, ti), item, split, type="b32")
+    tn, tm = _raster(b, tile, tiles, tiles_n, BN, K if MMQ_RASTER else None)
+    steps = b.op("shr.u32", K, Imm(6, "u32"))
+    s_begin = b.op("mul.lo.u32", z, per)
+    nsteps = b.op("selp.b32", b.op("min.u32", b.op("add.u32", s_begin, per), steps), steps, split, type="b32")
+    return (next_item, finish, split, z, ti, r, b.op("mul.lo.u32", tn, Imm(BN, "u32")),
+            b.op("mul.lo.u32", tm, Imm(BM, "u32")), s_begin, nsteps)
+
+
+def _fragment_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, skip, tile_floats):
+    """Split-K of a split item, in fragment order: the CTA stores its accumulator fragments (4 floats each, thread
+    tid's fragment f at float 4·(f·threads + tid): whole 16-byte rows per warp) as partial z of tail tile ti, and
+    counts itself in at the tile's counter; all but the last branch to `skip`. The last loads every partial of the
+    tile back into `frags`, summed in z order (deterministic whichever CTA is last), resets the counter and falls
+    through to the caller's epilogue, which stores y."""
+    b.comment("split-K: partial z of tail tile ti in fragment order; the last CTA of the tile sums them in z order")
+    whole_item = b.label("whole_item")
+    b.bra(whole_item, pred=split, neg=True)
+    fbytes = 16 * 256  # one fragment of every thread
+    thr = b.op("add.s64", P, b.op("cvt.u64.u32", b.op("shl.b32", tid, Imm(4, "u32"))))
+    own = b.op("mad.wide.u32", b.op("mad.lo.u32", z, r, ti), Imm(4 * tile_floats, "u32"), thr)
+    for f, frag in enumerate(frags):
+        b.emit("st.global.cg.v4.f32", Mem(own, f * fbytes), b.vec(frag))
+    b.emit("membar.gl")  # this thread's partial is visible before the CTA is counted in
+    b.emit("bar.sync", Imm(0, "u32"))
+    cnt, last = _arrive(b, ti, C, leader, slot, (Imm(0, "u32"),),
+                        lambda old: b.op("setp.eq.u32", old, b.op("sub.u32", splits, Imm(1, "u32"))))
+    b.bra(skip, pred=last, neg=True)
+    b.emit("membar.gl")
+    plane = b.op("mul.wide.u32", r, Imm(4 * tile_floats, "u32"))  # partial z + 1 of a tile is this far on
+    pz = b.op("mad.wide.u32", ti, Imm(4 * tile_floats, "u32"), thr)  # partial 0 of the tile, this thread's part
+    for f, frag in enumerate(frags):
+        b.emit("ld.global.cg.v4.f32", b.vec(frag), Mem(pz, f * fbytes))
+    zz = b.op("mov.u32", Imm(1, "u32"))
+    zl, zdone = b.label("sum_z"), b.label("sum_done")
+    b.bra(zdone, pred=b.op("setp.ge.u32", zz, splits))
+    b.place(zl)
+    b.emit("add.s64", pz, pz, plane)
+    for f, frag in enumerate(frags):
+        v = b.regs("f32", 4)
+        b.emit("ld.global.cg.v4.f32", b.vec(v), Mem(pz, f * fbytes))
+        for e in range(4):
+            b.emit("add.rn.f32", frag[e], frag[e], v[e])
+    b.emit("add.u32", zz, zz, Imm(1, "u32"))
+    b.bra(zl, pred=b.op("setp.lt.u32", zz, splits))
+    b.place(zdone)
+    b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
+    b.place(whole_item)
 
 
 def _k_range(b, K, M, T, zsplit, per):
