@@ -53,8 +53,9 @@ def main():
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, fp16 x: gemv_q4_k_mma_t16h, the default there) "
           "| skinny vs llama.cpp | skinny, sm_89 build µs | exact 16-token GEMV µs (gemv_q4_k_mma_n16) "
           "| register-A skinny GEMM µs (mmq_q4_k_rega_n32, T = 17-64; its sm_89 build) | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
-          "| the same in clusters of 2, activation multicast, per token tile µs (T ≥ 64 with --cluster; not dispatched) |")
-    print("|---" * 27 + "|")
+          "| the same in clusters of 2, activation multicast, per token tile µs (T ≥ 64 with --cluster; not dispatched) "
+          "| mma.sync path µs (mul_mat(arch='sm_89'): the sm_89 PTX) | its vs llama.cpp | its vs dequant+cuBLAS |")
+    print("|---" * 30 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -107,6 +108,10 @@ def main():
             us = (skinny if skinny is not None and knobs.q4k_t16h() != "off" else
                   n16 if n16 is not None and knobs.q4k_mma() != "off" else
                   rega[None] if rega[None] is not None and skinny_ok(t, m, k) else us_mmq)
+            # the mma.sync targets' path (mul_mat(arch="sm_89"), the sm_89 PTX on this GPU): 9-16 tokens the t16h
+            # skinny GEMM's sm_89 build, 17-64 the register-A skinny GEMM's, the fp16 mma.sync MMQ above
+            us89 = (skinny89 if skinny89 is not None and knobs.q4k_t16h() != "off" else
+                    rega["sm_89"] if rega["sm_89"] is not None and skinny_ok(t, m, k, "sm_89") else us_sync)
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)
@@ -116,7 +121,8 @@ def main():
                    "us_wgmma_by_token_tile": by_tile, "us_q8_fused": us_q8, "us_q8_separate": us_q8p,
                    "us_fast_mode": us_fast, "us_tc_skinny": skinny, "us_mmq": us_mmq,
                    "us_tc_skinny_sm89": skinny89, "us_exact_n16": n16, "us_rega_skinny": rega[None],
-                   "us_rega_skinny_sm89": rega["sm_89"], "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc}
+                   "us_rega_skinny_sm89": rega["sm_89"], "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc,
+                   "us_mma_sync_path": us89}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
@@ -125,7 +131,8 @@ def main():
                   f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
                   f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | {f(n16)} | "
                   f"{f(rega[None])} / {f(rega['sm_89'])} | "
-                  f"{tiles_cell(us_ra)} | {tiles_cell(us_mc)} |", flush=True)
+                  f"{tiles_cell(us_ra)} | {tiles_cell(us_mc)} | {us89:.1f} | "
+                  f"{'n/a' if ll is None else f'{ll / us89:.2f}x'} | {deqc / us89:.2f}x |", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
@@ -220,9 +227,10 @@ def plot(results, path):
         rows = [r_ for r_ in results if (r_["m"], r_["k"]) == (m, k)]
         T = [r_["T"] for r_ in rows]
         fl = lambda us, r_: 2 * m * k * r_["T"] / us / 1e6  # noqa: E731
-        ax.plot(T, [fl(r_["us_mma_sync"], r_) for r_ in rows], "o-", label="ptxgen MMQ, mma.sync (sm_89 PTX)")
+        ax.plot(T, [fl(r_["us_mma_sync_path"], r_) for r_ in rows], "o-",
+                label="ptxgen mma.sync path (mul_mat(arch='sm_89'), sm_89 PTX)")
         if rows and rows[0].get("us_wgmma"):
-            ax.plot(T, [fl(r_["us_wgmma"], r_) for r_ in rows], "D-", label="ptxgen MMQ, wgmma + TMA (sm_90a PTX)")
+            ax.plot(T, [fl(r_["us"], r_) for r_ in rows], "D-", label="ptxgen mul_mat on sm_90 (wgmma MMQ above 32 T)")
         ax.plot(T, [fl(r_["us_q8_fused"], r_) for r_ in rows], "v-", label="ptxgen MMQ, int8 x Q8_1 (fused quantize)")
         ax.plot(T, [fl(r_["us_cublas_fp16"], r_) for r_ in rows], "s--", label="cuBLAS fp16 (dequantized W)")
         ax.plot(T, [fl(r_["us_dequant_cublas"], r_) for r_ in rows], "^--", label="dequant + cuBLAS")

@@ -1,5 +1,5 @@
-"""One MMQ call per lowering and token tile on small shapes (split-K included: the in-kernel fixup for tiles up
-to 64 tokens, reduce_splitk above), checked against the reference; run under `timeout` before the GPU tier so
+"""One MMQ call per lowering and token tile on small shapes (split-K included: every lowering sums its partials
+in the kernel), checked against the reference; run under `timeout` before the GPU tier so
 that a pipeline deadlock costs seconds, not the whole device call, and under compute-sanitizer racecheck /
 synccheck. Paths: argv (default: wgmma wgmma_ra q8 q8_pre mma.sync)."""
 import sys

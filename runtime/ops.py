@@ -144,7 +144,6 @@ def q8_path(t: int, fp16_path: str) -> str | None:
     return "q8" if t <= 16 else "q8_pre"
 
 
-FIXUP_MAX_TILE = 64  # token tiles that sum their own split-K partials; wider ones run reduce_splitk (NOTES.md)
 _FLAG: list = []
 _QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
 
@@ -229,18 +228,15 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     else:
         splits, per = splitk_plan_one_round(groups, steps, slots)
         items = groups * splits
-    # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch). The
-    # wgmma builds store them in fragment order and sum them at any token tile; the mma.sync builds do it for
-    # token tiles up to FIXUP_MAX_TILE and leave wider ones to reduce_splitk (their fixup sums 128 x BN x splits
-    # values in y's layout: +10 us at T=256 on the H200)
-    fixup = wg or sync or bn <= FIXUP_MAX_TILE
+    # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
+    # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)
     if splits == 1:
         part = o
     elif sync:  # fragment order, only the split tiles
         part = DeviceArray.empty((splits * (tiles - whole) * 128 * bn,), np.float32)
     else:
         part = DeviceArray.empty((splits * tiles * 128 * bn,) if wg else (splits, t, m), np.float32)
-    cnt = _counters(4 * tiles) if fixup else 0
+    cnt = _counters(4 * tiles)
     if not _QUEUE:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
@@ -256,8 +252,6 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout
         xin = quantize_q8_1_mmq(xa, flag, arch=arch) if path == "q8_pre" else xa
         fn.launch(grid, (w.buffer, xin, o, flag, *tail))
-    if splits > 1 and not fixup:
-        kernels.load("reduce_splitk", arch).launch(((t * m + 255) // 256,), (o, part, t * m, splits))
 
 
 _TMAPS: dict = {}

@@ -299,7 +299,7 @@ def test_mul_mat_fast_q4_k_prefill(t):
 @pytest.mark.parametrize("path,bn", [("wgmma", 32), ("wgmma", 256), ("wgmma_ra", 128), ("wgmma_ra", 256)])
 def test_wgmma_split_k_fixup_is_correct_and_deterministic(path, bn):
     """The wgmma builds' in-kernel split-K fixup (partials in fragment order, the last CTA of a tile sums them in z
-    order; no reduce_splitk): 10 tiles, partial in M and T, split 8 ways on the H200. Correct, bit-identical run to
+    order): 10 tiles, partial in M and T, split 8 ways on the H200. Correct, bit-identical run to
     run although a different CTA may come last each time, and the tile counters are left at zero."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops

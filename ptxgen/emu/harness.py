@@ -449,26 +449,25 @@ def _gemv(name):
     return _with_meta(gemv_case, name, 2)
 
 
-def _mmq_scratch(mem, t, m, k, bn, bm, splits, fixup=True, tile_partials=False):
+def _mmq_scratch(mem, t, m, k, bn, bm, splits, tile_partials=False):
     """What every MMQ launch takes after its operands (ptxgen.kernels.mmq._mmq_params): y (NaN-poisoned), the
-    work queue, split-K partials (splits x T x M, or `tile_partials`: splits x tiles x bm·bn, the wgmma builds'
-    fragment order) and tile counters (counters = 0 without the in-kernel fixup). Returns (y, tiles, the
-    parameter tail from m on, the scratch to check with _mmq_result)."""
+    work queue, split-K partials (splits x T x M, or `tile_partials`: splits x tiles x bm·bn, fragment order)
+    and tile counters. Returns (y, tiles, the parameter tail from m on, the scratch to check with _mmq_result)."""
     ya, qa = mem.alloc(t * m * 4, poison=0xFF), mem.alloc(8, poison=0)
     tiles_n = (t + bn - 1) // bn
     tiles = tiles_n * ((m + bm - 1) // bm)
     part_floats = splits * (tiles * bm * bn if tile_partials else t * m)
     pa, ca = mem.alloc(part_floats * 4, poison=0xFF), mem.alloc(4 * tiles, poison=0)
     per = -(-(k // 64) // splits)
-    return ya, tiles, (m, k, t, per, qa, tiles_n, splits, pa, ca if fixup else 0), (qa, pa, ca)
+    return ya, tiles, (m, k, t, per, qa, tiles_n, splits, pa, ca), (qa, pa, ca)
 
 
-def _mmq_result(mem, ya, tiles, scratch, t, m, splits, fixup=True):
-    """After an MMQ launch: the queue and the tile counters are back at zero; y as the caller sees it."""
+def _mmq_result(mem, ya, tiles, scratch, t, m, splits):
+    """After an MMQ launch: the queue and the tile counters are back at zero; y (float64)."""
     qa, pa, ca = scratch
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     assert not mem.view(ca, np.uint32, (tiles,)).any(), "the split-K counters were not reset"
-    return _split_result(mem, ya, pa, t, m, splits, fixup)
+    return mem.view(ya, np.float32, (t, m)).astype(np.float64)
 
 
 def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, whole=None, per=None, ctas=3,
@@ -509,17 +508,6 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)  # the flag was checked above (down: no overflow)
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}, {splits} split(s)",
                    got, want)
-
-
-def _split_result(mem, ya, pa, t, m, splits, fixup):
-    """y as the caller sees it: the kernel's own (fixup or one split), or the partials summed in z order."""
-    if splits == 1 or fixup:
-        return mem.view(ya, np.float32, (t, m)).astype(np.float64)
-    parts = mem.view(pa, np.float32, (splits, t, m))
-    got = parts[0].copy()
-    for z in range(1, splits):
-        got = (got + parts[z]).astype(np.float32)
-    return got.astype(np.float64)
 
 
 def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scale=1.0, poison_x=None) -> Outcome:
@@ -607,21 +595,6 @@ def _mmq_wgmma(name):
     return run
 
 
-def _reduce(ptx: str, rng, shape=(3, 1000), seed=None) -> Outcome:
-    """reduce_splitk: y = Σ_z part[z] in z order, bit for bit the sequential fp32 sum."""
-    splits, n = shape
-    part = (rng.standard_normal((splits, n)) * np.float32(rng.choice([1e-3, 1.0, 1e4]))).astype(np.float32)
-    mem = _memory()
-    pa, ya = mem.alloc(part), mem.alloc(n * 4, poison=0xFF)
-    _run(ptx, ((n + 255) // 256,), (256,), (ya, pa, n, splits), mem, seed=seed)
-    got = mem.view(ya, np.float32, (n,))
-    want = part[0].copy()
-    for z in range(1, splits):
-        want = (want + part[z]).astype(np.float32)
-    ok = np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    return Outcome("reduce_splitk", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} sums differ", got, want)
-
-
 def _mmq(name):
     return _with_meta(mmq_case, name, 3)  # shape (M, T, K)
 
@@ -640,7 +613,6 @@ for _bn in (32, 64, 128):
 for _bn in (16, 32, 64):
     for _n in (f"mmq_q4_k_q8_n{_bn}", f"mmq_q4_k_q8_n{_bn}_pre"):
         HARNESSES[_n] = _with_meta(mmq_q8_case, _n, 3)
-HARNESSES["reduce_splitk"] = _reduce
 HARNESSES["prep_tq4_1s_mma"] = _prep_mma
 HARNESSES["gemv_tq4_1s_mma"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma", 2)
 HARNESSES["gemv_tq4_1s_mma_m16"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma_m16", 2)

@@ -44,7 +44,7 @@ TAIL_SPLIT_NOTE = ("items: the first `whole` tiles over all of K, then the other
                    "(deterministic); no reduction launch")
 SPLIT_K_NOTE = ("split z takes K-steps [z·steps_per_split, ...) and writes its partial tile to part + z·t·m; the CTA "
                 "that arrives last at the tile's counter sums the partials in z order into y (deterministic) and "
-                "resets the counter: no reduction launch. counters = 0 skips that (reduce_splitk runs after)")
+                "resets the counter: no reduction launch")
 Q8_STAGES = 6  # prefetch distance 4 steps: the small-T GEMM is latency-bound with fewer
 Q8_TOKEN_TILES = (16, 32, 64)  # n128 needs > 255 registers (spills); the fp16 path serves large T
 Q8_WARPS = {16: (8, 1), 32: (4, 2), 64: (2, 4)}  # BN -> (warps along M, warps along N): warp tiles 16x16, 32x16, 64x16
@@ -534,11 +534,9 @@ def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles
     order whichever CTA is last) into y and resets the counter to zero for the next launch. `tid` runs over
     the 256 threads that stored the tile, `barrier` the bar.sync operands that join them (default: id 0)."""
     barrier = barrier or (Imm(0, "u32"),)
-    b.comment("split-K fixup: the last CTA of a tile sums the partials in z order into y (counters = 0: the "
-              "caller runs reduce_splitk instead)")
+    b.comment("split-K fixup: the last CTA of a tile sums the partials in z order into y")
     done = b.label("fixup_done")
-    fix = b.op("and.pred", split_k, b.op("setp.ne.u64", C, Imm(0, "u64")))
-    b.bra(done, pred=fix, neg=True)
+    b.bra(done, pred=split_k, neg=True)
     b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
     b.emit("bar.sync", *barrier)
     tile = b.op("mad.lo.u32", b.op("shr.u32", m0, Imm(7, "u32")), tiles_n, b.op("div.u32", n0, Imm(BN, "u32")))
@@ -1481,36 +1479,6 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     _wgmma_drain(b, S, gc, empty, peers)
 
 
-def build_reduce(arch):
-    """reduce_splitk: y[i] = Σ_z part[z][i] in z order (deterministic), for the wide token tiles whose split-K
-    partials one CTA would sum too slowly (the in-kernel fixup is for n <= 64 tiles)."""
-    b = KernelBuilder("reduce_splitk", arch, "sum split-K partials in a fixed order", block=(256, 1, 1))
-    y_p, p_p = b.param("y", "u64", "ptr:out"), b.param("part", "u64", "ptr:in")
-    n_p, s_p = b.param("n", "u32"), b.param("splits", "u32")
-    b.meta.update(grid="ceil(n / 256)")
-    Y, P = b.ptr(y_p), b.ptr(p_p)
-    n, splits = b.ld_param(n_p, "u32"), b.ld_param(s_p, "u32")
-    i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(256, "u32"), b.special("tid.x"))
-    done = b.label("done")
-    b.bra(done, pred=b.op("setp.ge.u32", i, n), uniform=False)
-    p = b.op("mad.wide.u32", i, Imm(4, "u32"), P)
-    acc = b.op("ld.global.f32", Mem(p))
-    stride = b.op("mul.wide.u32", n, Imm(4, "u32"))
-    z = b.op("mov.u32", Imm(1, "u32"))
-    top, end = b.label("z"), b.label("z_done")
-    b.place(top)
-    b.bra(end, pred=b.op("setp.ge.u32", z, splits), uniform=False)
-    b.emit("add.s64", p, p, stride)
-    b.emit("add.rn.f32", acc, acc, b.op("ld.global.f32", Mem(p)))
-    b.emit("add.u32", z, z, Imm(1, "u32"))
-    b.bra(top, uniform=False)
-    b.place(end)
-    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", i, Imm(4, "u32"), Y)), acc)
-    b.place(done)
-    b.emit("ret")
-    return b.finish()
-
-
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 # two K-splits: the second CTA adds the first's partial into its accumulators, this many fragments at a time
 # (registers beside the live accumulators; 0: the general fixup). Keyed by (A from registers, token tile).
@@ -1542,5 +1510,4 @@ def kernel_defs() -> list[KernelDef]:
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
                    archs=("sm_89", "sm_120a"))
-         for bn in Q8_TOKEN_TILES for f in (True, False)] + \
-        [KernelDef("reduce_splitk", "split-K partial sums, fixed order (wide token tiles)", build_reduce)]
+         for bn in Q8_TOKEN_TILES for f in (True, False)]
