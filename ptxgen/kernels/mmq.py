@@ -307,8 +307,7 @@ def build(arch, spec: MmqSpec):
     b.emit("cp.async.wait_group", Imm(0, "u32"))
     _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
     frags = [frag for row in acc for frag in row]
-    _fragment_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN,
-                    paired=BN > 32)  # n32: the second set of loads would spill at its 80 registers (3 CTAs per SM)
+    _fragment_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN)
 
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
@@ -372,18 +371,13 @@ def _load_x(b, step, units, xregs):
 
 
 def _claim(b, Q, slot, leader, items):
-    """Head of the persistent loop: a CTA's first item is its index (the grid never exceeds the items), the
-    next ones come from the atomic queue (nctaid + the count: no queue round trip before the first item); thread 0
-    shares the item through shared memory; past the end, branch to `finish`. Returns (next_item, finish, item)."""
-    b.comment("persistent CTA: item ctaid first, then claims from the atomic queue until it runs dry")
+    """Head of the persistent loop: thread 0 claims an item from the atomic queue and shares it through
+    shared memory; past the end, branch to `finish`. Returns (next_item, finish, item)."""
+    b.comment("persistent CTA: claim work items from the atomic queue until it runs dry")
     next_item, finish = b.label("next_item"), b.label("queue_empty")
-    got = b.op("mov.u32", b.special("ctaid.x"))
-    first = b.op("mov.u32", Imm(1, "u32"))
     b.place(next_item)
-    claim = b.op("and.pred", leader, b.op("setp.eq.u32", first, Imm(0, "u32")))
-    b.emit("atom.global.add.u32", got, Mem(Q), Imm(1, "u32"), pred=claim)
-    b.emit("add.u32", got, got, b.special("nctaid.x"), pred=claim)
-    b.emit("mov.u32", first, Imm(0, "u32"))
+    got = b.reg("u32")
+    b.emit("atom.global.add.u32", got, Mem(Q), Imm(1, "u32"), pred=leader)
     b.emit("st.shared.u32", Mem(slot), got, pred=leader)
     b.emit("bar.sync", Imm(0, "u32"))  # the item for everyone; and the previous item's buffers are free
     item = b.op("ld.shared.u32", Mem(slot))
@@ -445,7 +439,7 @@ def _claim_whole_or_split(b, Q, slot, leader, whole, tiles, splits, per, tiles_n
             b.op("mul.lo.u32", tm, Imm(BM, "u32")), s_begin, nsteps)
 
 
-def _fragment_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, skip, tile_floats, paired=True):
+def _fragment_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, skip, tile_floats):
     """Split-K of a split item, in fragment order: the CTA stores its accumulator fragments (4 floats each, thread
     tid's fragment f at float 4·(f·threads + tid): whole 16-byte rows per warp) as partial z of tail tile ti, and
     counts itself in at the tile's counter; all but the last branch to `skip`. The last loads every partial of the
@@ -467,7 +461,6 @@ def _fragment_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, 
     b.emit("membar.gl")
     plane = b.op("mul.wide.u32", r, Imm(4 * tile_floats, "u32"))  # partial z + 1 of a tile is this far on
     pz = b.op("mad.wide.u32", ti, Imm(4 * tile_floats, "u32"), thr)  # partial 0 of the tile, this thread's part
-    # `paired`: two partials per L2 round trip (z, z + 1; the second predicated on z + 1 < splits), added in z order
     for f, frag in enumerate(frags):
         b.emit("ld.global.cg.v4.f32", b.vec(frag), Mem(pz, f * fbytes))
     zz = b.op("mov.u32", Imm(1, "u32"))
@@ -475,20 +468,12 @@ def _fragment_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, 
     b.bra(zdone, pred=b.op("setp.ge.u32", zz, splits))
     b.place(zl)
     b.emit("add.s64", pz, pz, plane)
-    pair = b.op("setp.lt.u32", b.op("add.u32", zz, Imm(1, "u32")), splits) if paired else None
-    vs = [(b.regs("f32", 4), b.regs("f32", 4) if paired else None) for _ in frags]
-    for f, (v1, v2) in enumerate(vs):
-        b.emit("ld.global.cg.v4.f32", b.vec(v1), Mem(pz, f * fbytes))
-        if paired:
-            b.emit("ld.global.cg.v4.f32", b.vec(v2), Mem(b.op("add.s64", pz, plane), f * fbytes), pred=pair)
-    for frag, (v1, v2) in zip(frags, vs):
+    for f, frag in enumerate(frags):
+        v = b.regs("f32", 4)
+        b.emit("ld.global.cg.v4.f32", b.vec(v), Mem(pz, f * fbytes))
         for e in range(4):
-            b.emit("add.rn.f32", frag[e], frag[e], v1[e])
-            if paired:
-                b.emit("add.rn.f32", frag[e], frag[e], v2[e], pred=pair)
-    if paired:
-        b.emit("add.s64", pz, pz, plane)
-    b.emit("add.u32", zz, zz, Imm(2 if paired else 1, "u32"))
+            b.emit("add.rn.f32", frag[e], frag[e], v[e])
+    b.emit("add.u32", zz, zz, Imm(1, "u32"))
     b.bra(zl, pred=b.op("setp.lt.u32", zz, splits))
     b.place(zdone)
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
