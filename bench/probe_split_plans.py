@@ -1,5 +1,5 @@
 """Probe: the mma.sync MMQ under fixed split plans (whole, splits, K-steps per split) instead of splitk_plan_tail's,
-to calibrate its cost model: probe_split_plans.py MxK T whole:splits:per,... [reps]. Each plan is checked against
+to calibrate its cost model: probe_split_plans.py MxK T whole:splits:per,... [reps] (T > 64: the n128 tile). Each plan is checked against
 the float64 reference (1e-3) first; bench_mmq's timing (weights from HBM)."""
 import sys
 
@@ -20,7 +20,8 @@ for m, k, raw, ws in probe_weights(r, "q4_K", [(m, k)]):
     y = torch.empty(t, m, device="cuda", dtype=torch.float32)
     xa, ya = r.as_device_array(x), r.as_device_array(y)
     ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy())
-    out = [f"model {ops.splitk_plan_tail.__wrapped__(-(-t // 128) * -(-m // 128), k // 64, 132)}"]
+    slots = r.load("mmq_q4_k_f16_n128", arch="sm_89").resident_per_sm() * r.current().sm_count
+    out = [f"model {ops.splitk_plan_tail.__wrapped__(-(-t // 128) * -(-m // 128), k // 64, slots)}"]  # n128 (T > 64)
     for plan in plans:
         ops.splitk_plan_tail = lambda tiles, steps, slots, plan=plan: plan
         y.fill_(float("nan"))

@@ -319,10 +319,10 @@ def splitk_plan_tail(tiles: int, steps: int, slots: int) -> tuple[int, int, int]
     if tail == 0:
         return tiles, 1, steps
     best, plan = steps + SPLIT_ITEM_COST, (tiles, 1, steps)  # the tail's time unsplit: one more whole round
+    c = SPLIT_ITEM_COST + SPLIT_FIXUP_COST
     for per in range(max(2, -(-steps // 16)), steps):
         splits = -(-steps // per)
         last = steps - (splits - 1) * per
-        c = SPLIT_ITEM_COST + SPLIT_FIXUP_COST
         span = _list_schedule([per + c] * (tail * (splits - 1)) + [last + c] * tail, slots)
         if span + 1 <= best:
             best, plan = span, (whole, splits, per)
