@@ -455,10 +455,7 @@ def _fragment_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, 
         b.emit("st.global.cg.v4.f32", Mem(own, f * fbytes), b.vec(frag))
     b.emit("membar.gl")  # this thread's partial is visible before the CTA is counted in
     b.emit("bar.sync", Imm(0, "u32"))
-    cnt, last = _arrive(b, ti, C, leader, slot, (Imm(0, "u32"),),
-                        lambda old: b.op("setp.eq.u32", old, b.op("sub.u32", splits, Imm(1, "u32"))))
-    b.bra(skip, pred=last, neg=True)
-    b.emit("membar.gl")
+    cnt = _count_in(b, ti, C, leader, slot, splits, (Imm(0, "u32"),), skip)
     plane = b.op("mul.wide.u32", r, Imm(4 * tile_floats, "u32"))  # partial z + 1 of a tile is this far on
     pz = b.op("mad.wide.u32", ti, Imm(4 * tile_floats, "u32"), thr)  # partial 0 of the tile, this thread's part
     for f, frag in enumerate(frags):
