@@ -414,16 +414,42 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(splits=3)),  # every tile split, evenly (6, 6, 4 K-steps)
     ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=2, splits=3, per=6)),  # two whole tiles, then the tail split
     ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=3, splits=2, per=12)),  # uneven: 12 + 4 K-steps
+    ("mmq_q4_k_f16_n32", (129, 40, 1280), dict(whole=1, splits=5, per=4)),  # five splits
     ("mmq_q4_k_f16_n128", (130, 131, 512), dict(whole=1, splits=2, per=5))])
 def test_mmq_whole_tiles_then_split_tail(kernel, shape, plan):
     """The fp16 mma.sync MMQ's queue: whole tiles first, then the rest split in K (partials in fragment order, the
-    last CTA of a tile sums them in z order, counters back to zero). Correct, and bit-identical whichever CTA
-    arrives last at a tile (one CTA; three taking turns in a drawn order)."""
+    last CTA of a tile sums them in z order around its own, counters back to zero). Correct, and bit-identical
+    whichever CTA arrives last at a tile (one CTA; three taking turns in a drawn order)."""
     ptx = KERNELS[kernel].for_arch("sm_89").ptx()
     outs = [check_kernel(kernel, ptx, seed=4, shape=shape, ctas=ctas, interleave=ctas > 1, run_seed=2, **plan)
             for ctas in (1, 3)]
     assert all(o.ok for o in outs), [o.detail for o in outs]
     assert np.array_equal(outs[0].got, outs[1].got)
+
+
+def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
+    """A split tile's last CTA counts in before the others may have stored and published their partials; it
+    then polls the counter until they have. Sixteen CTAs taking turns in run_seed 8's order meet that case (the
+    poll runs more than once per tile); the result is correct and bit-identical to one CTA's, whose last
+    arrivals find every partial published at the first poll."""
+    from ptxgen.emu import machine
+
+    polls = []
+    op_ld = machine.Emulator._op_ld
+
+    def counting_ld(self, ins, ex, grp):
+        polls.append(ins.opcode.startswith("ld.relaxed"))
+        return op_ld(self, ins, ex, grp)
+
+    monkeypatch.setattr(machine.Emulator, "_op_ld", counting_ld)
+    ptx = KERNELS["mmq_q4_k_f16_n32"].for_arch("sm_89").ptx()
+    plan = dict(seed=4, shape=(129, 40, 512), whole=0, splits=4, per=2)  # 4 tiles, every one split
+    one = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=1, **plan)
+    assert one.ok and sum(polls) == 4, (one.detail, sum(polls))
+    polls.clear()
+    many = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=16, interleave=True, run_seed=8, **plan)
+    assert many.ok and sum(polls) > 4, (many.detail, sum(polls))
+    assert np.array_equal(one.got, many.got)
 
 
 def _cta_barrier_kernels():

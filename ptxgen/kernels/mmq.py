@@ -39,9 +39,10 @@ TOKEN_TILES = (32, 64, 128)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 TAIL_SPLIT_NOTE = ("items: the first `whole` tiles over all of K, then the other tiles split into `splits` K ranges of "
                    "steps_per_split K-steps (z-major: every tile's split 0 first); a split writes its partial in "
-                   "fragment order to part (splits x (tiles - whole) x 128·BN fp32), and the CTA that arrives last "
-                   "at the tile's counter (one per split tile) sums the partials in z order and stores y "
-                   "(deterministic); no reduction launch")
+                   "fragment order to part (splits x (tiles - whole) x 128·BN fp32) unless it is the last to count "
+                   "in at the tile's counter (arrivals in the low 16 bits, published partials in the high 16); the "
+                   "last waits for the others' partials and sums them in z order around its own, kept in "
+                   "registers, and stores y (deterministic); no reduction launch")
 SPLIT_K_NOTE = ("split z takes K-steps [z·steps_per_split, ...) and writes its partial tile to part + z·t·m; the CTA "
                 "that arrives last at the tile's counter sums the partials in z order into y (deterministic) and "
                 "resets the counter: no reduction launch")
@@ -307,7 +308,7 @@ def build(arch, spec: MmqSpec):
     b.emit("cp.async.wait_group", Imm(0, "u32"))
     _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
     frags = [frag for row in acc for frag in row]
-    _fragment_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN)
+    _last_sums_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN, base)
 
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
@@ -439,40 +440,86 @@ def _claim_whole_or_split(b, Q, slot, leader, whole, tiles, splits, per, tiles_n
             b.op("mul.lo.u32", tm, Imm(BM, "u32")), s_begin, nsteps)
 
 
-def _fragment_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, skip, tile_floats):
-    """Split-K of a split item, in fragment order: the CTA stores its accumulator fragments (4 floats each, thread
-    tid's fragment f at float 4·(f·threads + tid): whole 16-byte rows per warp) as partial z of tail tile ti, and
-    counts itself in at the tile's counter; all but the last branch to `skip`. The last loads every partial of the
-    tile back into `frags`, summed in z order (deterministic whichever CTA is last), resets the counter and falls
-    through to the caller's epilogue, which stores y."""
-    b.comment("split-K: partial z of tail tile ti in fragment order; the last CTA of the tile sums them in z order")
+def _last_sums_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, skip, tile_floats, scratch):
+    """Split-K of a split item; the CTA that counts in last at the tile's counter sums the partials in z order
+    (((p0 + p1) + p2) + ..., the same bits whichever CTA is last) with its own partial kept in registers. A CTA
+    counts in first (the counter's low 16 bits count arrivals); all but the last then store their accumulator
+    fragments in fragment order (thread tid's fragment f at float 4·(f·threads + tid), partial z of tail tile ti),
+    fence, publish (+1 in the high 16 bits) and branch to `skip`. The last waits until the others have published
+    (they are running already: the wait is bounded), loads partials 0 .. z-1 into a prefix sum in `scratch`
+    (shared memory: its own thread's slots, no barrier), adds its own fragments to it (a + b = b + a) and adds
+    partials z+1 ... Then it resets the counter and falls through to the caller's epilogue, which stores y.
+    Against storing first and summing all: its own partial is neither stored nor read back, and the others'
+    stores overlap its arrival."""
+    b.comment("split-K: count in first; the others store and publish, the last sums in z order around its own")
     whole_item = b.label("whole_item")
     b.bra(whole_item, pred=split, neg=True)
     fbytes = 16 * 256  # one fragment of every thread
     thr = b.op("add.s64", P, b.op("cvt.u64.u32", b.op("shl.b32", tid, Imm(4, "u32"))))
+    cnt, old = _arrive(b, ti, C, leader, slot, (Imm(0, "u32"),), lambda old: b.op("mov.u32", old))
+    nm1 = b.op("sub.u32", splits, Imm(1, "u32"))
+    last = b.label("split_last")
+    b.bra(last, pred=b.op("setp.eq.u32", b.op("and.b32", old, Imm(0xFFFF, "b32")), nm1))
     own = b.op("mad.wide.u32", b.op("mad.lo.u32", z, r, ti), Imm(4 * tile_floats, "u32"), thr)
     for f, frag in enumerate(frags):
         b.emit("st.global.cg.v4.f32", Mem(own, f * fbytes), b.vec(frag))
-    b.emit("membar.gl")  # this thread's partial is visible before the CTA is counted in
+    b.emit("membar.gl")  # this thread's partial is visible before the CTA publishes it
     b.emit("bar.sync", Imm(0, "u32"))
-    cnt = _count_in(b, ti, C, leader, slot, splits, (Imm(0, "u32"),), skip)
-    plane = b.op("mul.wide.u32", r, Imm(4 * tile_floats, "u32"))  # partial z + 1 of a tile is this far on
+    b.emit("red.global.add.u32", Mem(cnt), Imm(0x10000, "u32"), pred=leader)
+    b.bra(skip)
+    b.place(last)
+    wait = b.label("split_wait")
+    b.place(wait)  # every other split has published: the high half of the count is splits - 1
+    seen = b.reg("u32")
+    b.emit("ld.relaxed.gpu.global.u32", seen, Mem(cnt))
+    b.bra(wait, pred=b.op("setp.ne.u32", b.op("shr.u32", seen, Imm(16, "u32")), nm1), uniform=False)
+    b.emit("membar.gl")
+    plane = b.op("mul.wide.u32", r, Imm(4 * tile_floats, "u32"))  # partial j + 1 of a tile is this far on
     pz = b.op("mad.wide.u32", ti, Imm(4 * tile_floats, "u32"), thr)  # partial 0 of the tile, this thread's part
-    for f, frag in enumerate(frags):
-        b.emit("ld.global.cg.v4.f32", b.vec(frag), Mem(pz, f * fbytes))
-    zz = b.op("mov.u32", Imm(1, "u32"))
-    zl, zdone = b.label("sum_z"), b.label("sum_done")
-    b.bra(zdone, pred=b.op("setp.ge.u32", zz, splits))
-    b.place(zl)
+    mine = b.op("add.u32", scratch, b.op("shl.b32", tid, Imm(4, "u32")))  # this thread's prefix slots
+
+    def load_plane():
+        vs = [b.regs("f32", 4) for _ in frags]
+        for f, v in enumerate(vs):
+            b.emit("ld.global.cg.v4.f32", b.vec(v), Mem(pz, f * fbytes))
+        return vs
+
+    prefix_done = b.label("prefix_done")
+    b.bra(prefix_done, pred=b.op("setp.eq.u32", z, Imm(0, "u32")))
+    for f, v in enumerate(load_plane()):  # prefix = p0
+        b.emit("st.shared.v4.f32", Mem(mine, f * fbytes), b.vec(v))
+    j = b.op("mov.u32", Imm(1, "u32"))
+    pl, pfold = b.label("prefix_sum"), b.label("prefix_fold")
+    b.place(pl)
+    b.bra(pfold, pred=b.op("setp.ge.u32", j, z))
     b.emit("add.s64", pz, pz, plane)
-    for f, frag in enumerate(frags):
-        v = b.regs("f32", 4)
-        b.emit("ld.global.cg.v4.f32", b.vec(v), Mem(pz, f * fbytes))
+    for f, v in enumerate(load_plane()):  # prefix += p_j, j < z
+        s = b.regs("f32", 4)
+        b.emit("ld.shared.v4.f32", b.vec(s), Mem(mine, f * fbytes))
+        for e in range(4):
+            b.emit("add.rn.f32", s[e], s[e], v[e])
+        b.emit("st.shared.v4.f32", Mem(mine, f * fbytes), b.vec(s))
+    b.emit("add.u32", j, j, Imm(1, "u32"))
+    b.bra(pl)
+    b.place(pfold)
+    for f, frag in enumerate(frags):  # own = prefix + own
+        s = b.regs("f32", 4)
+        b.emit("ld.shared.v4.f32", b.vec(s), Mem(mine, f * fbytes))
+        for e in range(4):
+            b.emit("add.rn.f32", frag[e], s[e], frag[e])
+    b.emit("add.s64", pz, pz, plane)
+    b.place(prefix_done)  # pz: partial z (not read)
+    j = b.op("add.u32", z, Imm(1, "u32"))
+    sl, sdone = b.label("suffix_sum"), b.label("suffix_done")
+    b.place(sl)
+    b.bra(sdone, pred=b.op("setp.ge.u32", j, splits))
+    b.emit("add.s64", pz, pz, plane)
+    for frag, v in zip(frags, load_plane()):  # own += p_j, j > z
         for e in range(4):
             b.emit("add.rn.f32", frag[e], frag[e], v[e])
-    b.emit("add.u32", zz, zz, Imm(1, "u32"))
-    b.bra(zl, pred=b.op("setp.lt.u32", zz, splits))
-    b.place(zdone)
+    b.emit("add.u32", j, j, Imm(1, "u32"))
+    b.bra(sl)
+    b.place(sdone)
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
     b.place(whole_item)
 
