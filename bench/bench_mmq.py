@@ -48,14 +48,15 @@ def main():
     rng = np.random.default_rng(0)
     results = []
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
-          "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs | wgmma µs "
+          "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs (x converted in the GEMM) "
+          "| mma.sync x16 µs (convert_f16, then the GEMM on fp16 x) | wgmma µs "
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, fp16 x: gemv_q4_k_mma_t16h, the default there) "
           "| skinny vs llama.cpp | skinny, sm_89 build µs | exact 16-token GEMV µs (gemv_q4_k_mma_n16) "
           "| register-A skinny GEMM µs (mmq_q4_k_rega_n32, T = 17-64; its sm_89 build) | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
           "| the same in clusters of 2, activation multicast, per token tile µs (T ≥ 64 with --cluster; not dispatched) "
           "| mma.sync path µs (mul_mat(arch='sm_89'): the sm_89 PTX) | its vs llama.cpp | its vs dequant+cuBLAS |")
-    print("|---" * 30 + "|")
+    print("|---" * 31 + "|")
     for (m, k) in SHAPES:
         raw = random_raw("q4_K", m, k, rng)
         wbytes = raw.nbytes
@@ -69,7 +70,7 @@ def main():
         for t in tokens:
             x = torch.randn(t, k, device="cuda", dtype=torch.float32)
             y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-            from ptxgen.runtime.ops import mmq_launch, mmq_path, q8_path
+            from ptxgen.runtime.ops import mma_sync_x16, mmq_launch, mmq_path, q8_path
 
             # correctness of this very shape before timing it
             got = r.mul_mat(ws[0], x[:, :].cpu().numpy())
@@ -78,6 +79,9 @@ def main():
             xa, ya = r.as_device_array(x), r.as_device_array(y)
             us_mmq = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag), args.reps, torch)
             us_sync = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="mma.sync"), args.reps, torch)
+            us_x16 = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="mma.sync_x16"), args.reps, torch)
+            # what mul_mat(arch="sm_89") runs past the skinny GEMMs: x converted inside the GEMM, or convert_f16 first
+            us_sync_auto = us_x16 if mma_sync_x16(m, k, t, "sm_89") else us_sync
             has_wg = r.current().sm == 90
             us_wg = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path="wgmma"), args.reps, torch) \
                 if has_wg else None
@@ -111,7 +115,7 @@ def main():
             # the mma.sync targets' path (mul_mat(arch="sm_89"), the sm_89 PTX on this GPU): 9-16 tokens the t16h
             # skinny GEMM's sm_89 build, 17-64 the register-A skinny GEMM's, the fp16 mma.sync MMQ above
             us89 = (skinny89 if skinny89 is not None and knobs.q4k_t16h() != "off" else
-                    rega["sm_89"] if rega["sm_89"] is not None and skinny_ok(t, m, k, "sm_89") else us_sync)
+                    rega["sm_89"] if rega["sm_89"] is not None and skinny_ok(t, m, k, "sm_89") else us_sync_auto)
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)
@@ -122,12 +126,12 @@ def main():
                    "us_fast_mode": us_fast, "us_tc_skinny": skinny, "us_mmq": us_mmq,
                    "us_tc_skinny_sm89": skinny89, "us_exact_n16": n16, "us_rega_skinny": rega[None],
                    "us_rega_skinny_sm89": rega["sm_89"], "us_wgmma_rega": us_ra, "us_wgmma_rega_cluster2": us_mc,
-                   "us_mma_sync_path": us89}
+                   "us_mma_sync_path": us89, "us_mma_sync_x16": us_x16}
             results.append(row)
             f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
             print(f"| {m}×{k} | {t} | {us:.1f} | {row['tflops']:.0f} | {row['pct_peak']:.0f}% | {floor:.1f} | {cub:.1f} | "
                   f"{deqc:.1f} | {f(tiny)} | {f(ll)} | {'n/a' if ll is None else f'{ll / us:.2f}x'} | {cub / us:.2f}x | "
-                  f"{deqc / us:.2f}x | {us_sync:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
+                  f"{deqc / us:.2f}x | {us_sync:.1f} | {us_x16:.1f} | {f(us_wg)} | {' / '.join(f'{v:.0f}' for v in by_tile.values())} | "
                   f"{us_q8:.1f} | {us_q8p:.1f} | {us_fast:.1f} | {'n/a' if ll is None else f'{ll / us_fast:.2f}x'} | "
                   f"{f(skinny)} | {'n/a' if ll is None or skinny is None else f'{ll / skinny:.2f}x'} | {f(skinny89)} | {f(n16)} | "
                   f"{f(rega[None])} / {f(rega['sm_89'])} | "

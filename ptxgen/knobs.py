@@ -97,3 +97,7 @@ def mmq_rega() -> str:
 
 def mmq_tail_split() -> str:
     return _auto_on_off("PTXGEN_MMQ_TAIL_SPLIT")
+
+
+def mmq_x16() -> str:
+    return _auto_on_off("PTXGEN_MMQ_X16")

@@ -186,10 +186,26 @@ def mmq_path(arch: str | None = None, t: int | None = None) -> str:
     return "mma.sync"
 
 
+# the mma.sync MMQ on fp16 x (convert_f16 launch, then cp.async of fp16 x) from this much work, M·T·K: on the H200
+# equal at 2^32 (4096² x 256 tokens), 4-8% faster above (no conversion in the K loop), slower below (the extra
+# launch; bench/results/probe_mma_sync_x16_cp_async_session15.log)
+MMQ_X16_MIN_WORK = 1 << 32
+
+
+def mma_sync_x16(m: int, k: int, t: int, arch: str | None = None) -> bool:
+    """Whether the mma.sync MMQ runs on fp16 x converted first (PTXGEN_MMQ_X16: auto = from MMQ_X16_MIN_WORK
+    multiply-adds, on = always, off = never: x converted inside the GEMM)."""
+    v = knobs.mmq_x16()
+    if v == "off" or (v == "auto" and m * k * t < MMQ_X16_MIN_WORK):
+        return False
+    return kernels.build_for("mmq_q4_k_f16_n128_x16", arch) is not None
+
+
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
                path: str | None = None) -> None:
     """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
-    `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16), "wgmma" (fp16, sm_90a), "wgmma_ra"
+    `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16, x converted inside the GEMM),
+    "mma.sync_x16" (convert_f16 launch, then the fp16 GEMM on fp16 x), "wgmma" (fp16, sm_90a), "wgmma_ra"
     (fp16, sm_90a, A from registers and x in its K order; token tile n128 to WGMMA_RA_N128_MAX_TOKENS, n256 above,
     unless `bn` says otherwise), "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each
     activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized to Q8_1 inside the
@@ -198,15 +214,20 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     from .driver import current
 
     m, k = w.shape
-    path = path or mmq_path(arch, t)
-    if path not in ("mma.sync", "wgmma", "wgmma_ra", "wgmma_ra_mc", "q8", "q8_pre"):
-        raise ValueError(f"mmq_launch: path must be mma.sync, wgmma, wgmma_ra, wgmma_ra_mc, q8 or q8_pre, got {path!r}")
+    if path is None:
+        path = mmq_path(arch, t)
+        if path == "mma.sync" and mma_sync_x16(m, k, t, arch):
+            path = "mma.sync_x16"
+    if path not in ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_mc", "q8", "q8_pre"):
+        raise ValueError("mmq_launch: path must be mma.sync, mma.sync_x16, wgmma, wgmma_ra, wgmma_ra_mc, q8 or q8_pre, "
+                         f"got {path!r}")
     if path.startswith("wgmma_ra"):
         bn = bn or _rega_tile(t)
     else:
-        tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES}.get(path, Q8_TILES)
+        tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES, "mma.sync_x16": MMQ_TILES}.get(path, Q8_TILES)
         bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra": f"mmq_q4_k_wgmma_ra_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}",
+            "mma.sync_x16": f"mmq_q4_k_f16_n{bn}_x16",
             "wgmma_ra_mc": f"mmq_q4_k_wgmma_ra_n{bn}_mc2", "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
@@ -220,7 +241,7 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     groups = tiles_n * -(-((m + 127) // 128) // cl)
     slots = per_sm * sms if cl == 1 else fn.resident_clusters(cl)  # resident CTAs, or clusters (GPC-bound)
     steps = k // 64
-    sync = path == "mma.sync"
+    sync = path in ("mma.sync", "mma.sync_x16")
     if sync:  # whole tiles, then the tail's tiles split so that the last round is balanced (splitk_plan_tail)
         whole, splits, per = splitk_plan_tail(tiles, steps, slots) if knobs.mmq_tail_split() != "off" else (
             _one_round_as_tail(tiles, steps, slots))
@@ -249,8 +270,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
         fn.launch(grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=(cl, 1, 1) if cl > 1 else None)
-    else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout
-        xin = quantize_q8_1_mmq(xa, flag, arch=arch) if path == "q8_pre" else xa
+    else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout, mma.sync_x16 fp16 x
+        xin = (quantize_q8_1_mmq(xa, flag, arch=arch) if path == "q8_pre" else
+               convert_f16(xa, flag, arch=arch) if path == "mma.sync_x16" else xa)
         fn.launch(grid, (w.buffer, xin, o, flag, *tail))
 
 

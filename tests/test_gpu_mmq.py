@@ -96,12 +96,14 @@ def test_split_k_path_is_correct_and_deterministic(arch):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), a.view(np.uint32))
 
 
+@pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16"])
 @pytest.mark.parametrize("bn,m,k,t", [(32, 2048, 2048, 832), (64, 1024, 2048, 2240), (128, 2048, 2048, 1152),
                                       (128, 1920, 4096, 128)])
-def test_mma_sync_mmq_whole_tiles_then_split_tail(bn, m, k, t):
-    """The mma.sync MMQ's queue plan on this GPU: whole tiles, then the last partial round's tiles split in K
-    (or, with fewer tiles than resident CTAs, every tile split unevenly): correct against the float64 reference,
-    the split counters back at zero, bit-identical run to run, and within fp32 rounding of the unsplit plan."""
+def test_mma_sync_mmq_whole_tiles_then_split_tail(bn, m, k, t, path):
+    """The mma.sync MMQ's queue plan on this GPU (x converted inside the GEMM, or by convert_f16 first): whole
+    tiles, then the last partial round's tiles split in K (or, with fewer tiles than resident CTAs, every tile
+    split unevenly): correct against the float64 reference, the split counters back at zero, bit-identical run
+    to run."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
@@ -112,22 +114,23 @@ def test_mma_sync_mmq_whole_tiles_then_split_tail(bn, m, k, t):
     rng = np.random.default_rng(bn + t)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    a, flag = run_mmq(r, raw, m, k, x, bn)
+    a, flag = run_mmq(r, raw, m, k, x, bn, path)
     assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
     assert not ops._counters(4 * tiles).download(np.uint32, (tiles,)).any(), "split counters left raised"
     for _ in range(2):
-        b, _ = run_mmq(r, raw, m, k, x, bn)
+        b, _ = run_mmq(r, raw, m, k, x, bn, path)
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-@pytest.mark.parametrize("path", ["mma.sync", "wgmma", "wgmma_ra"])
+@pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra"])
 def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
-    """wgmma_ra at T = 200: the path mul_mat itself takes there on an sm_90 device."""
+    """wgmma_ra at T = 200: the path mul_mat itself takes there on an sm_90 device. mma.sync_x16: the flag comes
+    from convert_f16."""
     import ptxgen.runtime as r
 
-    if path != "mma.sync" and r.current().sm != 90:
+    if path.startswith("wgmma") and r.current().sm != 90:
         pytest.skip("the wgmma paths need an sm_90 device")
-    arch = "sm_89" if path == "mma.sync" else None
+    arch = None if path.startswith("wgmma") else "sm_89"
 
     rng = np.random.default_rng(5)
     m, k, t, bn = (256, 1024, 200, 256) if path == "wgmma_ra" else (256, 1024, 100, 128)
@@ -148,6 +151,32 @@ def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
     x[5, 3] = np.nan
     got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch=arch)
     assert np.isnan(got[5]).all() and np.isfinite(np.delete(got, 5, axis=0)).all()
+
+
+def test_mul_mat_on_the_mma_sync_targets_converts_x_first_for_large_products():
+    """mul_mat(arch="sm_89") from 2^32 multiply-adds runs convert_f16 + mmq_q4_k_f16_n128_x16 (a launch of it is
+    seen); correct against the float64 reference, and the same bits as calling that path directly."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    m, k, t = 4096, 4096, 256
+    assert ops.mma_sync_x16(m, k, t, "sm_89")
+    rng = np.random.default_rng(3)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    launched = []
+    fn = r.load("mmq_q4_k_f16_n128_x16", arch="sm_89")
+    real = type(fn).launch
+    try:
+        type(fn).launch = lambda self, *a, **kw: (launched.append(self.name), real(self, *a, **kw))[1]
+        got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x, arch="sm_89")
+    finally:
+        type(fn).launch = real
+    assert "mmq_q4_k_f16_n128_x16" in launched, launched
+    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    direct, flag = run_mmq(r, raw, m, k, x, 128, "mma.sync_x16")
+    assert flag == 0
+    np.testing.assert_array_equal(direct.view(np.uint32), got.view(np.uint32))
 
 
 @settings(max_examples=25)

@@ -472,7 +472,8 @@ def _mmq_result(mem, ya, tiles, scratch, t, m, splits):
 
 def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, whole=None, per=None, ctas=3,
              interleave=False, run_seed=None, poison_x=None) -> Outcome:
-    """Run the fp16 mma.sync MMQ on random Q4_K weights and fp32 activations; float64 reference. Its queue
+    """Run the fp16 mma.sync MMQ on random Q4_K weights and fp32 activations (the _x16 builds: converted to fp16
+    first, as convert_f16 does); float64 reference. Its queue
     holds the first `whole` tiles over all of K, then the others in `splits` K ranges of `per` K-steps (default:
     every tile split when splits > 1, evenly); the kernel's own fixup must leave y complete and the tile counters
     zero. `ctas` persistent CTAs share the queue (one after another, or taking turns with `interleave`, in an
@@ -488,7 +489,9 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     with np.errstate(over="ignore"):
         want_flag = not np.isfinite(x.astype(np.float16)).all()
     mem = _memory()
-    wa, xa, fa = mem.alloc(raw), mem.alloc(x), mem.alloc(4, poison=0)
+    x16 = meta.get("x_layout", "").startswith("fp16")  # the _x16 builds read convert_f16's output
+    with np.errstate(over="ignore"):
+        wa, xa, fa = mem.alloc(raw), mem.alloc(x.astype(np.float16) if x16 else x), mem.alloc(4, poison=0)
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, meta["bn"], meta["bm"], splits, tile_partials=True)
     whole = (0 if splits > 1 else tiles) if whole is None else whole
     if per is not None:
@@ -609,7 +612,8 @@ for _t in (1, 2, 4, 8):
     for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}", f"gemv_tq4_1s_tma_t{_t}"):
         HARNESSES[_n] = _gemv(_n)
 for _bn in (32, 64, 128):
-    HARNESSES[f"mmq_q4_k_f16_n{_bn}"] = _mmq(f"mmq_q4_k_f16_n{_bn}")
+    for _n in (f"mmq_q4_k_f16_n{_bn}", f"mmq_q4_k_f16_n{_bn}_x16"):
+        HARNESSES[_n] = _mmq(_n)
 for _bn in (16, 32, 64):
     for _n in (f"mmq_q4_k_q8_n{_bn}", f"mmq_q4_k_q8_n{_bn}_pre"):
         HARNESSES[_n] = _with_meta(mmq_q8_case, _n, 3)

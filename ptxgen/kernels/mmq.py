@@ -11,7 +11,8 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 - activations are loaded fp32 one step ahead into registers and converted to fp16 into shared memory
   (fused: no separate conversion pass over DRAM); an activation that overflows fp16 makes its item's sums
   non-finite, which raises a flag (checked once per item on the accumulators), and `mul_mat` then recomputes
-  exactly (fp32) instead of returning a wrong answer;
+  exactly (fp32) instead of returning a wrong answer; the _x16 builds read fp16 x (convert_f16 first) and
+  copy it with cp.async straight into the B buffers, one step ahead (faster for large products: runtime.ops);
 - fragments come from `ldmatrix.x4` over rows padded to 144 B (8 row addresses hit 8 distinct 16-byte
   bank groups), `mma.sync.m16n8k16.f32.f16.f16.f32` accumulates in fp32;
 - grid: x = token tiles (fastest, so CTAs that share a weight tile run together and reuse it from L2),
@@ -62,7 +63,8 @@ class MmqSpec:
     bn: int
     mma: str = "mma.sync"
     act: str = "f16"  # the activation format in the tensor cores: "f16" or "q8_1" (int8, mma.sync m16n8k32)
-    fused: bool = True  # q8_1: quantize fp32 x inside the load pipeline; False: read quantize_q8_1's blocks
+    fused: bool = True  # q8_1: quantize fp32 x inside the load pipeline; False: read quantize_q8_1's blocks;
+    # fp16 mma.sync: convert fp32 x to fp16 inside the load pipeline; False: read convert_f16's fp16 x
     a_regs: bool = False  # wgmma: A (the dequantized weights) from registers instead of shared memory
     cluster: int = 1  # wgmma: CTAs per thread-block cluster; 2 = two M-tiles share each activation tile (multicast)
 
@@ -71,7 +73,7 @@ class MmqSpec:
         if self.act == "q8_1":
             return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
         if self.mma == "mma.sync":
-            return f"mmq_q4_k_f16_n{self.bn}"
+            return f"mmq_q4_k_f16_n{self.bn}" + ("" if self.fused else "_x16")
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         return (f"mmq_q4_k_wgmma_ra_n{self.bn}" if self.a_regs else f"mmq_q4_k_wgmma_n{self.bn}") + mc
 
@@ -111,11 +113,12 @@ def build(arch, spec: MmqSpec):
         return build_q8(arch, spec)
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
+    x16 = not spec.fused  # x arrives in fp16 (convert_f16 first): half the bytes per step, no conversion
     raw_bytes = BM * RAW_ROW
     a_bytes, b_bytes = BM * PAD_ROW, BN * PAD_ROW
     pipe.check_smem(arch, raw_bytes)
-    b = KernelBuilder(spec.name, arch, f"Q4_K x fp32 GEMM, fp16 mma.sync, tile {BM}x{BN}x{BK}, "
-                      f"{STAGES}-stage cp.async", block=(256, 1, 1))
+    b = KernelBuilder(spec.name, arch, f"Q4_K x {'fp16' if x16 else 'fp32'} GEMM, fp16 mma.sync, tile "
+                      f"{BM}x{BN}x{BK}, {STAGES}-stage cp.async", block=(256, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
@@ -130,7 +133,8 @@ def build(arch, spec: MmqSpec):
                   work_queue="item = atom.add(queue[0], 1) → (m tile, split z, token tile n) with n fastest, "
                              "so consecutive items reuse one weight tile from L2; the last CTA to finish "
                              "resets the queue (no host round trip)",
-                  split_k=TAIL_SPLIT_NOTE, tail_split=True)
+                  split_k=TAIL_SPLIT_NOTE, tail_split=True,
+                  x_layout="fp16 (convert_f16 first)" if x16 else "fp32, converted to fp16 in the load pipeline")
     work = b.shared_buffer("work_item", 16, align=16)
 
     W, X, Y0, F, Q = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
@@ -164,20 +168,36 @@ def build(arch, spec: MmqSpec):
         _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
 
     # --- activations: BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
-    nvec = BN * 16 // 256
-    xregs = [[b.reg("f32") for _ in range(4)] for _ in range(nvec)]
-    xaddr_tok = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: ())
-    # unit v's fp16 destination: token tid/16 + 16v, columns 4·(tid % 16): one base, v·16 rows as an immediate
-    x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(4, "u32")), Imm(PAD_ROW, "u32"), b16),
-                 b.op("shl.b32", b.op("and.b32", tid, Imm(15, "b32")), Imm(3, "u32")))
+    # (x16: BN × 64 fp16 = BN·8 units of 8 halves, stored as loaded)
+    nvec = BN * (8 if x16 else 16) // 256
+    xregs = [] if x16 else [[b.reg("f32") for _ in range(4)] for _ in range(nvec)]
+    if x16:
+        xaddr_tok = _x16_units(b, tid, n0, tlast, K, X, nvec)
+        # unit v's destination: token tid/8 + 32v, halves 8·(tid % 8): one base, v·32 rows as an immediate
+        x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(3, "u32")), Imm(PAD_ROW, "u32"), b16),
+                     b.op("shl.b32", b.op("and.b32", tid, Imm(7, "b32")), Imm(4, "u32")))
+    else:
+        xaddr_tok = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: ())
+        # unit v's fp16 destination: token tid/16 + 16v, columns 4·(tid % 16): one base, v·16 rows as an immediate
+        x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(4, "u32")), Imm(PAD_ROW, "u32"), b16),
+                     b.op("shl.b32", b.op("and.b32", tid, Imm(15, "b32")), Imm(3, "u32")))
+    xstep = 128 if x16 else 256  # bytes of a token's row per K-step
 
-    # the units' source pointers walk the K range 256 bytes per load (loop-carried: kept, not recomputed)
-    xptr = [b.op("add.s64", u[0], b.op("cvt.u64.u32", b.op("shl.b32", s_begin, Imm(8, "u32")))) for u in xaddr_tok]
+    # the units' source pointers walk the K range xstep bytes per load (loop-carried: kept, not recomputed)
+    xptr = [b.op("add.s64", u[0], b.op("cvt.u64.u32", b.op("shl.b32", s_begin, Imm(xstep.bit_length() - 1, "u32"))))
+            for u in xaddr_tok]
 
     def load_x():  # the next step's activations
         for ptr, regs in zip(xptr, xregs):
-            b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(ptr))
-            b.emit("add.s64", ptr, ptr, Imm(256, "s64"))
+            b.emit("ld.global.nc.v4.b32" if x16 else "ld.global.nc.v4.f32", b.vec(regs), Mem(ptr))
+            b.emit("add.s64", ptr, ptr, Imm(xstep, "s64"))
+
+    def copy_x(boff):  # x16: the next step's fp16 activations by cp.async into B buffer boff, one commit group
+        dst = b.op("add.u32", x_dst, boff)
+        for v, ptr in enumerate(xptr):
+            b.emit("cp.async.cg.shared.global", Mem(dst, v * 32 * PAD_ROW), Mem(ptr), Imm(16, "u32"))
+            b.emit("add.s64", ptr, ptr, Imm(xstep, "s64"))
+        b.emit("cp.async.commit_group")
 
     def store_x(boff):
         dst = b.op("add.u32", x_dst, boff)
@@ -262,50 +282,53 @@ def build(arch, spec: MmqSpec):
     def boff_of(stp):
         return b.op("mul.lo.u32", b.op("and.b32", b.op("sub.u32", stp, s_begin), Imm(1, "b32")), Imm(pair, "u32"))
 
-    b.comment("prologue: raw steps s0, s0+1 in flight; step s0 dequantized into buffer 0")
-    s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
-    issue(s_begin)
-    issue(b.op("add.u32", s_begin, Imm(1, "u32")))
-    load_x()  # step s0
-    b.emit("cp.async.wait_group", Imm(1, "u32"))
-    b.emit("bar.sync", Imm(0, "u32"))
-    rcur = stage_of(s_begin)  # raw stage of step s (loop-carried)
-    dequant(s_begin, b.op("mov.u32", Imm(0, "u32")), rcur)
-    store_x(b.op("mov.u32", Imm(0, "u32")))
-    issue(b.op("add.u32", s_begin, Imm(2, "u32")))
-    step = b.op("mov.u32", s_begin)
-    tail = b.label("last_step")
-    b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
-    load_x()  # step s0 + 1
-    b.emit("cp.async.wait_group", Imm(1, "u32"))
-    b.emit("bar.sync", Imm(0, "u32"))
-    ring_end = b.op("add.u32", raw0, Imm(STAGES * raw_bytes, "u32"))
-    top = b.label("kstep")
-    b.place(top)
-    nxt = b.op("add.u32", step, Imm(1, "u32"))
-    cur_off = boff_of(step)
-    nxt_off = b.op("sub.u32", Imm(pair, "u32"), cur_off)
-    rnext = b.op("add.u32", rcur, Imm(raw_bytes, "u32"))  # stage (s+1) % 3
-    b.emit("sub.u32", rnext, rnext, b.op("selp.u32", Imm(STAGES * raw_bytes, "u32"), Imm(0, "u32"),
-                                          b.op("setp.ge.u32", rnext, ring_end)))
-    mma_step(cur_off)  # step s from one buffer ...
-    dequant(nxt, nxt_off, rnext)  # ... while step s+1 is dequantized into the other
-    store_x(nxt_off)
-    issue(b.op("add.u32", step, Imm(3, "u32")), rcur)  # raw stage (s+3) % 3 = s % 3: dequantized last iteration
-    more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
-    skip = b.label("no_prefetch")
-    b.bra(skip, pred=more, neg=True)
-    load_x()  # step s + 2
-    b.place(skip)
-    b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
-    b.emit("bar.sync", Imm(0, "u32"))  # the other buffer complete; everyone done reading this one
-    b.emit("mov.u32", step, nxt)
-    b.emit("mov.u32", rcur, rnext)
-    b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
-    b.place(tail)
-    b.emit("bar.sync", Imm(0, "u32"))
-    mma_step(boff_of(step))  # the last step
-    b.emit("cp.async.wait_group", Imm(0, "u32"))
+    if x16:
+        _x16_pipeline(b, issue, copy_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, pair)
+    else:
+        b.comment("prologue: raw steps s0, s0+1 in flight; step s0 dequantized into buffer 0")
+        s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
+        issue(s_begin)
+        issue(b.op("add.u32", s_begin, Imm(1, "u32")))
+        load_x()  # step s0
+        b.emit("cp.async.wait_group", Imm(1, "u32"))
+        b.emit("bar.sync", Imm(0, "u32"))
+        rcur = stage_of(s_begin)  # raw stage of step s (loop-carried)
+        dequant(s_begin, b.op("mov.u32", Imm(0, "u32")), rcur)
+        store_x(b.op("mov.u32", Imm(0, "u32")))
+        issue(b.op("add.u32", s_begin, Imm(2, "u32")))
+        step = b.op("mov.u32", s_begin)
+        tail = b.label("last_step")
+        b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
+        load_x()  # step s0 + 1
+        b.emit("cp.async.wait_group", Imm(1, "u32"))
+        b.emit("bar.sync", Imm(0, "u32"))
+        ring_end = b.op("add.u32", raw0, Imm(STAGES * raw_bytes, "u32"))
+        top = b.label("kstep")
+        b.place(top)
+        nxt = b.op("add.u32", step, Imm(1, "u32"))
+        cur_off = boff_of(step)
+        nxt_off = b.op("sub.u32", Imm(pair, "u32"), cur_off)
+        rnext = b.op("add.u32", rcur, Imm(raw_bytes, "u32"))  # stage (s+1) % 3
+        b.emit("sub.u32", rnext, rnext, b.op("selp.u32", Imm(STAGES * raw_bytes, "u32"), Imm(0, "u32"),
+                                              b.op("setp.ge.u32", rnext, ring_end)))
+        mma_step(cur_off)  # step s from one buffer ...
+        dequant(nxt, nxt_off, rnext)  # ... while step s+1 is dequantized into the other
+        store_x(nxt_off)
+        issue(b.op("add.u32", step, Imm(3, "u32")), rcur)  # raw stage (s+3) % 3 = s % 3: dequantized last iteration
+        more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
+        skip = b.label("no_prefetch")
+        b.bra(skip, pred=more, neg=True)
+        load_x()  # step s + 2
+        b.place(skip)
+        b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
+        b.emit("bar.sync", Imm(0, "u32"))  # the other buffer complete; everyone done reading this one
+        b.emit("mov.u32", step, nxt)
+        b.emit("mov.u32", rcur, rnext)
+        b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
+        b.place(tail)
+        b.emit("bar.sync", Imm(0, "u32"))
+        mma_step(boff_of(step))  # the last step
+        b.emit("cp.async.wait_group", Imm(0, "u32"))
     _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
     frags = [frag for row in acc for frag in row]
     _last_sums_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN, base)
@@ -361,6 +384,56 @@ def _x_units(b, tid, n0, tlast, K, X, nvec, per_unit):
         rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
         src = b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
         out.append((src, *per_unit(tok, k4)))
+    return out
+
+
+def _x16_pipeline(b, issue, copy_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, pair):
+    """The x16 MMQ's K loop: raw tiles three steps ahead in the cp.async ring as in the fp32 build; the fp16
+    activations of step s+1 go by cp.async straight into B buffer (s+1) % 2 at the top of iteration s (free:
+    every warp passed the barrier after the MMA that read it), as their own commit group before the raw copy,
+    so one wait_group 1 at the end of the iteration covers both (the raw copy of s+3 may stay in flight)."""
+    b.comment("prologue (x16): raw s0, s0+1 and x s0 in flight; step s0 dequantized into buffer 0")
+    s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
+    issue(s_begin)
+    issue(b.op("add.u32", s_begin, Imm(1, "u32")))
+    copy_x(b.op("mov.u32", Imm(0, "u32")))
+    b.emit("cp.async.wait_group", Imm(0, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))
+    dequant(s_begin, b.op("mov.u32", Imm(0, "u32")), stage_of(s_begin))
+    issue(b.op("add.u32", s_begin, Imm(2, "u32")))
+    step = b.op("mov.u32", s_begin)
+    tail = b.label("last_step")
+    b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
+    b.emit("bar.sync", Imm(0, "u32"))  # buffer 0 complete before any warp multiplies it
+    top = b.label("kstep")
+    b.place(top)
+    nxt = b.op("add.u32", step, Imm(1, "u32"))
+    cur_off = boff_of(step)
+    nxt_off = b.op("sub.u32", Imm(pair, "u32"), cur_off)
+    copy_x(nxt_off)  # x of step s+1
+    mma_step(cur_off)
+    dequant(nxt, nxt_off, stage_of(nxt))
+    issue(b.op("add.u32", step, Imm(3, "u32")))
+    b.emit("cp.async.wait_group", Imm(1, "u32"))  # x s+1 and raw s+2 landed (raw s+3 may be in flight)
+    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("mov.u32", step, nxt)
+    b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
+    b.place(tail)
+    b.emit("bar.sync", Imm(0, "u32"))
+    mma_step(boff_of(step))  # the last step
+    b.emit("cp.async.wait_group", Imm(0, "u32"))
+
+
+def _x16_units(b, tid, n0, tlast, K, X, nvec):
+    """The fp16 activation loads of the x16 MMQ: unit u = tid + 256v covers 8 halves of token u/8 (clamped to
+    T - 1), columns 8·(u % 8) .. +7 of the 64-K step; returns the units' source addresses (step 0)."""
+    out = []
+    for v in range(nvec):
+        u = b.op("add.u32", tid, Imm(256 * v, "u32"))
+        gtok = b.op("min.u32", b.op("add.u32", n0, b.op("shr.u32", u, Imm(3, "u32"))), tlast)
+        rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(2, "u32"), X)
+        out.append((b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", u, Imm(7, "b32")),
+                                                                     Imm(4, "u32")))),))
     return out
 
 
@@ -1539,6 +1612,10 @@ def kernel_defs() -> list[KernelDef]:
     return [KernelDef(MmqSpec(bn).name, f"Q4_K prefill GEMM, fp16 mma.sync, {BM}x{bn} tile",
                       lambda arch, s=MmqSpec(bn): build(arch, s), archs=("sm_89", "sm_120a"))
             for bn in TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, fused=False).name, f"Q4_K prefill GEMM, fp16 mma.sync on fp16 x (convert_f16 "
+                   f"first), {BM}x{bn} tile", lambda arch, s=MmqSpec(bn, fused=False): build(arch, s),
+                   archs=("sm_89", "sm_120a"))
+         for bn in TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma").name, f"Q4_K prefill GEMM, wgmma + TMA, {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma"): build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_TOKEN_TILES] + \
