@@ -324,11 +324,7 @@ def build(arch, spec: MmqSpec):
         b.emit("bar.sync", Imm(0, "u32"))  # the other buffer complete; everyone done reading this one
         b.emit("mov.u32", step, nxt)
         b.emit("mov.u32", rcur, rnext)
-        b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
-        b.place(tail)
-        b.emit("bar.sync", Imm(0, "u32"))
-        mma_step(boff_of(step))  # the last step
-        b.emit("cp.async.wait_group", Imm(0, "u32"))
+        _loop_back_then_last_step(b, top, tail, step, s_last, lambda: mma_step(boff_of(step)))
     _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
     frags = [frag for row in acc for frag in row]
     _last_sums_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN, base)
@@ -417,10 +413,16 @@ def _x16_pipeline(b, issue, copy_x, dequant, mma_step, boff_of, stage_of, s_begi
     b.emit("cp.async.wait_group", Imm(1, "u32"))  # x s+1 and raw s+2 landed (raw s+3 may be in flight)
     b.emit("bar.sync", Imm(0, "u32"))
     b.emit("mov.u32", step, nxt)
+    _loop_back_then_last_step(b, top, tail, step, s_last, lambda: mma_step(boff_of(step)))
+
+
+def _loop_back_then_last_step(b, top, tail, step, s_last, last_mma):
+    """Both mma.sync fp16 K loops' end: back to `top` while steps remain, then (also straight from a one-step
+    prologue) a barrier, the last step's MMA and the drain of every copy group."""
     b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
     b.place(tail)
     b.emit("bar.sync", Imm(0, "u32"))
-    mma_step(boff_of(step))  # the last step
+    last_mma()  # the last step
     b.emit("cp.async.wait_group", Imm(0, "u32"))
 
 
