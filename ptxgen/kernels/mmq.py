@@ -125,6 +125,7 @@ def build(arch, spec: MmqSpec):
     wh_p = b.param("whole", "u32")
     pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
     smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
+    assert 4 * BM * BN <= b.dynamic_smem, "the split tail's prefix sum (fp32 tile) lives in the ring + buffers"
     # CTAs per SM as shared memory allows on the H200 (ptxas keeps the registers to it: n64 took 138 without)
     b.directives += [".maxntid 256, 1, 1", f".minnctapersm {F16_CTAS_PER_SM[BN]}"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
@@ -168,7 +169,7 @@ def build(arch, spec: MmqSpec):
         _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
 
     # --- activations: BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
-    # (x16: BN × 64 fp16 = BN·8 units of 8 halves, stored as loaded)
+    # (x16: BN × 64 fp16 = BN·8 units of 8 halves, copied by cp.async, no registers)
     nvec = BN * (8 if x16 else 16) // 256
     xregs = [] if x16 else [[b.reg("f32") for _ in range(4)] for _ in range(nvec)]
     if x16:
@@ -189,7 +190,7 @@ def build(arch, spec: MmqSpec):
 
     def load_x():  # the next step's activations
         for ptr, regs in zip(xptr, xregs):
-            b.emit("ld.global.nc.v4.b32" if x16 else "ld.global.nc.v4.f32", b.vec(regs), Mem(ptr))
+            b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(ptr))
             b.emit("add.s64", ptr, ptr, Imm(xstep, "s64"))
 
     def copy_x(boff):  # x16: the next step's fp16 activations by cp.async into B buffer boff, one commit group
