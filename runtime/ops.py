@@ -203,7 +203,8 @@ def mma_sync_x16(m: int, k: int, t: int, arch: str | None = None) -> bool:
 
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
                path: str | None = None) -> None:
-    """Launch the Q4_K MMQ (and the split-K reduction when the grid is small) without reading the flag.
+    """Launch the Q4_K MMQ (with convert_f16 / quantize_q8_1_mmq first where its path reads their output)
+    without reading the flag; split-K partials are summed inside the kernel.
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16, x converted inside the GEMM),
     "mma.sync_x16" (convert_f16 launch, then the fp16 GEMM on fp16 x), "wgmma" (fp16, sm_90a), "wgmma_ra"
     (fp16, sm_90a, A from registers and x in its K order; token tile n128 to WGMMA_RA_N128_MAX_TOKENS, n256 above,

@@ -177,6 +177,7 @@ def test_hot_loop_finds_the_innermost_loop_with_the_hottest_op():
 @pytest.mark.parametrize("kernel,arch,op,per_iteration", [
     ("mmq_q4_k_q8_n16", "sm_89", "IMMA.16832.U8.S8.SAT", 4),  # warp tile 16x16, 2 sub-blocks per 64-K step
     ("mmq_q4_k_f16_n128", "sm_89", "HMMA.16816.F32", 64),  # 4 m16 x 4 n8 x 4 k16 per step
+    ("mmq_q4_k_f16_n128_x16", "sm_89", "HMMA.16816.F32", 64),  # the same tile on fp16 x
     ("mmq_q4_k_wgmma_n256", "sm_90a", "HGMMA.64x256x16.F32", 4),  # 4 k16 per 64-K step
     ("mmq_q4_k_wgmma_ra_n192", "sm_90a", "HGMMA.64x192x16.F32", 8)])  # 2 steps per iteration (A register sets)
 def test_main_loop_of_the_mmqs_holds_their_mma_count(kernel, arch, op, per_iteration):
