@@ -312,9 +312,9 @@ class Epilogue:
         if self.out_dtype != "f32":
             raise SpecError(f"Epilogue.out_dtype: only f32 is lowered, got {self.out_dtype!r}")
 
-    def lower_mma_sync(self, b, acc, lane, m0, wm, warp_m: int, n0, wn, warp_n: int, M, N, Y):
+    def lower_mma_sync(self, b, acc, lane, m0, wm, warp_m: int, n0, wn, warp_n: int, M, N, Y, rows=None):
         """acc[i][j][e] of m16n8 fragments of warp (wm, wn) in the CTA tile at (m0, n0) (fragment rows g, g+8;
-        cols 2·tig, +1) → Y, masked to m < M, n < N."""
+        cols 2·tig, +1) → Y, masked to m < M, n < N (and with `rows`, a predicate per i, to the rows it holds)."""
         g = b.op("shr.u32", lane, Imm(2, "u32"))
         tig = b.op("and.b32", lane, Imm(3, "b32"))
         mb = b.op("add.u32", m0, b.op("mad.lo.u32", wm, Imm(warp_m, "u32"), g))
@@ -325,6 +325,8 @@ class Epilogue:
                     mm = b.op("add.u32", mb, Imm(16 * i + 8 * (e // 2), "u32"))
                     nn = b.op("add.u32", nb, Imm(8 * j + (e % 2), "u32"))
                     ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, N))
+                    if rows is not None:
+                        ok = b.op("and.pred", ok, rows[i])
                     idx = b.op("mad.lo.u32", nn, M, mm) if self.transposed else b.op("mad.lo.u32", mm, N, nn)
                     b.emit("st.global.f32", Mem(b.op("mad.wide.u32", idx, Imm(4, "u32"), Y)), r, pred=ok)
 

@@ -187,9 +187,10 @@ def mmq_path(arch: str | None = None, t: int | None = None) -> str:
 
 
 # the mma.sync MMQ on fp16 x (convert_f16 launch, then cp.async of fp16 x) from this much work, M·T·K: on the H200
-# equal at 2^32 (4096² x 256 tokens), 4-8% faster above (no conversion in the K loop), slower below (the extra
-# launch; bench/results/probe_mma_sync_x16_cp_async_session15.log)
-MMQ_X16_MIN_WORK = 1 << 32
+# 3% faster at 2^31 (4096² x 128 tokens: 31.3 vs 32.3 µs with the spread split fixup), 7-14% at T = 128-256 on the
+# larger shapes, slower below (the extra launch: 4096² x 64 tokens 27.2 vs 25.5; bench/results/
+# probe_mma_sync_spread_fixup_session16.log; session 15 set 2^32 with the last-CTA fixup)
+MMQ_X16_MIN_WORK = 1 << 31
 
 
 def mma_sync_x16(m: int, k: int, t: int, arch: str | None = None) -> bool:
@@ -264,7 +265,8 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
     grid = (cl * min(items, slots),)
-    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt) + ((whole,) if sync else ())
+    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt) + ((whole, int(
+        mmq_spread_fixup(tiles - whole, splits, min(items, slots)))) if sync else ())
     if wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
@@ -311,6 +313,20 @@ def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "n
     fn = kernels.load("convert_f16" if k_order == "natural" else "convert_f16_perm", arch)
     fn.launch(((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
     return o
+
+
+def mmq_spread_fixup(split_tiles: int, splits: int, grid: int) -> bool:
+    """Whether the fp16 mma.sync MMQ's split tiles sum their partials spread over their CTAs (each split sums its
+    own rows: one round trip of 1/splits of the tile each) rather than in the tile's last CTA (all of it): with at
+    most SPREAD_MAX_SPLITS splits, and only when every split item can hold a CTA at once — there every split
+    waits for all the others, which must not wait for a CTA that is itself waiting."""
+    from ptxgen.kernels.mmq import SPREAD_MAX_SPLITS
+
+    return 1 < splits <= min(SPREAD_MAX_SPLITS, MMQ_SPREAD_MAX_SPLITS) and split_tiles * splits <= grid
+
+
+# the spread split-K fixup up to this many splits (0: always the last CTA's; for A/B probes)
+MMQ_SPREAD_MAX_SPLITS = 4
 
 
 # the tail-split planner's cost model, in K-steps: a work item's fixed cost (claim, pipeline fill, epilogue) and a

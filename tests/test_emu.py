@@ -447,9 +447,42 @@ def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     one = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=1, **plan)
     assert one.ok and sum(polls) == 4, (one.detail, sum(polls))
     polls.clear()
-    many = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=16, interleave=True, run_seed=8, **plan)
+    many = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=16, interleave=True, run_seed=8, spread=False, **plan)
     assert many.ok and sum(polls) > 4, (many.detail, sum(polls))
     assert np.array_equal(one.got, many.got)
+
+
+@pytest.mark.parametrize("kernel,shape,plan,ctas", [
+    ("mmq_q4_k_f16_n32", (129, 40, 512), dict(whole=0, splits=4, per=2), 16),  # 4 tiles x 4 splits: one each
+    ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=1, splits=3, per=6), 12),  # 3 split tiles: 6, 6, 4 K-steps
+    ("mmq_q4_k_f16_n64_x16", (250, 70, 512), dict(whole=2, splits=2, per=5), 6),
+    ("mmq_q4_k_f16_n128", (130, 131, 512), dict(whole=1, splits=2, per=5), 7)])
+def test_mmq_spread_fixup_sums_each_splits_rows_with_the_last_ctas_bits(kernel, shape, plan, ctas, monkeypatch):
+    """The spread split fixup (every split item holds a CTA): each split stores the rows the others own, waits
+    until all have counted in, sums its own rows (i % splits == z) in z order and stores only those. Correct,
+    counters back at zero, and bit-identical to the last CTA summing everything (one CTA, no spread) whatever
+    the order the CTAs take turns in; every CTA polls at least once."""
+    from ptxgen.emu import machine
+
+    polls = []
+    op_ld = machine.Emulator._op_ld
+
+    def counting_ld(self, ins, ex, grp):
+        polls.append(ins.opcode.startswith("ld.relaxed"))
+        return op_ld(self, ins, ex, grp)
+
+    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    one = check_kernel(kernel, ptx, seed=4, shape=shape, ctas=1, spread=False, **plan)
+    assert one.ok, one.detail
+    monkeypatch.setattr(machine.Emulator, "_op_ld", counting_ld)
+    for run_seed in (2, 5):
+        polls.clear()
+        many = check_kernel(kernel, ptx, seed=4, shape=shape, ctas=ctas, interleave=True, run_seed=run_seed,
+                            spread=True, **plan)
+        assert many.ok, many.detail
+        assert np.array_equal(one.got, many.got)
+        tiles = -(-shape[0] // 128) * -(-shape[1] // KERNELS[kernel].for_arch("sm_89").meta["bn"])
+        assert sum(polls) >= (tiles - plan["whole"]) * plan["splits"]
 
 
 def _cta_barrier_kernels():

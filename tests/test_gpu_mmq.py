@@ -122,6 +122,32 @@ def test_mma_sync_mmq_whole_tiles_then_split_tail(bn, m, k, t, path):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+@pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16"])
+def test_mma_sync_mmq_spread_fixup_gives_the_last_ctas_bits(path, monkeypatch):
+    """4096 x 1024 at T = 128: 32 tiles split 4 ways fill one round, so each split sums its own rows
+    (ops.mmq_spread_fixup): correct, counters back at zero, and bit-identical to the tile's last CTA summing all
+    (MMQ_SPREAD_MAX_SPLITS = 0) and to itself run again."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    m, k, t = 4096, 1024, 128
+    fn = r.load("mmq_q4_k_f16_n128", arch="sm_89")
+    slots = fn.resident_per_sm() * r.current().sm_count
+    whole, splits, per = ops.splitk_plan_tail(m // 128, k // 64, slots)
+    assert splits > 1 and ops.mmq_spread_fixup(m // 128 - whole, splits, min(whole + (m // 128 - whole) * splits, slots))
+    rng = np.random.default_rng(11)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    a, flag = run_mmq(r, raw, m, k, x, 128, path)
+    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert not ops._counters(4 * (m // 128)).download(np.uint32, (m // 128,)).any(), "split counters left raised"
+    b, _ = run_mmq(r, raw, m, k, x, 128, path)
+    monkeypatch.setattr(ops, "MMQ_SPREAD_MAX_SPLITS", 0)
+    c, _ = run_mmq(r, raw, m, k, x, 128, path)
+    for other in (b, c):
+        np.testing.assert_array_equal(a.view(np.uint32), other.view(np.uint32))
+
+
 @pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra"])
 def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
     """wgmma_ra at T = 200: the path mul_mat itself takes there on an sm_90 device. mma.sync_x16: the flag comes
@@ -154,7 +180,7 @@ def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
 
 
 def test_mul_mat_on_the_mma_sync_targets_converts_x_first_for_large_products():
-    """mul_mat(arch="sm_89") from 2^32 multiply-adds runs convert_f16 + mmq_q4_k_f16_n128_x16 (a launch of it is
+    """mul_mat(arch="sm_89") from 2^31 multiply-adds (ops.MMQ_X16_MIN_WORK) runs convert_f16 + mmq_q4_k_f16_n128_x16 (a launch of it is
     seen); correct against the float64 reference, and the same bits as calling that path directly."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops

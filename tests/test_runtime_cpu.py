@@ -287,14 +287,14 @@ def test_fast_mode_picks_the_q8_1_mmq_where_it_measured_faster():
     assert [q8_path(t, "mma.sync") for t in (9, 16, 17, 32, 33)] == ["q8", "q8", "q8_pre", "q8_pre", None]
 
 
-def test_mma_sync_mmq_converts_x_first_from_2_to_the_32_multiply_adds(monkeypatch):
-    """The mma.sync MMQ takes fp16 x from convert_f16 (mmq_q4_k_f16_n*_x16) from M·T·K = 2^32 (where it measured
+def test_mma_sync_mmq_converts_x_first_from_2_to_the_31_multiply_adds(monkeypatch):
+    """The mma.sync MMQ takes fp16 x from convert_f16 (mmq_q4_k_f16_n*_x16) from M·T·K = 2^31 (where it measured
     faster on the H200), converts inside the GEMM below; PTXGEN_MMQ_X16 forces either."""
     from ptxgen.runtime.ops import mma_sync_x16
 
     monkeypatch.delenv("PTXGEN_MMQ_X16", raising=False)
-    assert [mma_sync_x16(4096, 4096, t, "sm_89") for t in (128, 255, 256, 4096)] == [False, False, True, True]
-    assert mma_sync_x16(14336, 4096, 74, "sm_120a") and not mma_sync_x16(14336, 4096, 73, "sm_120a")
+    assert [mma_sync_x16(4096, 4096, t, "sm_89") for t in (96, 127, 128, 4096)] == [False, False, True, True]
+    assert mma_sync_x16(14336, 4096, 37, "sm_120a") and not mma_sync_x16(14336, 4096, 36, "sm_120a")
     monkeypatch.setenv("PTXGEN_MMQ_X16", "1")
     assert mma_sync_x16(128, 256, 9, "sm_89")
     monkeypatch.setenv("PTXGEN_MMQ_X16", "0")

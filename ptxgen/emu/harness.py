@@ -471,7 +471,7 @@ def _mmq_result(mem, ya, tiles, scratch, t, m, splits):
 
 
 def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, whole=None, per=None, ctas=3,
-             interleave=False, run_seed=None, poison_x=None) -> Outcome:
+             interleave=False, run_seed=None, poison_x=None, spread=None) -> Outcome:
     """Run the fp16 mma.sync MMQ on random Q4_K weights and fp32 activations (the _x16 builds: converted to fp16
     first, as convert_f16 does); float64 reference. Its queue
     holds the first `whole` tiles over all of K, then the others in `splits` K ranges of `per` K-steps (default:
@@ -479,7 +479,7 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     zero. `ctas` persistent CTAs share the queue (one after another, or taking turns with `interleave`, in an
     order `run_seed` draws). `poison_x` = (t, k, value) plants one value in x: the overflow flag must be up
     exactly when it is not finite in fp16 (the caller then recomputes exactly), and the result within the bar
-    otherwise."""
+    otherwise. `spread`: the split fixup (default: the runtime's rule, ops.mmq_spread_fixup, with `ctas` CTAs)."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
@@ -498,7 +498,12 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
         assert -(-(k // 64) // per) == splits, "per and splits disagree"
         tail = (*tail[:3], per, *tail[4:])
     items = whole + (tiles - whole) * splits
-    _run(ptx, (max(1, min(items, ctas)),), (256,), (wa, xa, ya, fa, *tail, whole), mem,
+    grid = max(1, min(items, ctas))
+    if spread is None:
+        from ptxgen.runtime.ops import mmq_spread_fixup
+
+        spread = mmq_spread_fixup(tiles - whole, splits, grid)
+    _run(ptx, (grid,), (256,), (wa, xa, ya, fa, *tail, whole, int(spread)), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed if run_seed is None else run_seed, interleave=interleave)
     got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     flag = int(mem.view(fa, np.uint32, (1,))[0])

@@ -43,7 +43,10 @@ TAIL_SPLIT_NOTE = ("items: the first `whole` tiles over all of K, then the other
                    "fragment order to part (splits x (tiles - whole) x 128·BN fp32) unless it is the last to count "
                    "in at the tile's counter (arrivals in the low 16 bits, published partials in the high 16); the "
                    "last waits for the others' partials and sums them in z order around its own, kept in "
-                   "registers, and stores y (deterministic); no reduction launch")
+                   "registers, and stores y (deterministic); no reduction launch. With spread = 1 (at most 4 "
+                   "splits, every split item holding a CTA at once: runtime.ops.mmq_spread_fixup) each split stores "
+                   "the rows the others own, waits for all, sums its own rows (m16 row i % splits == z) in z order "
+                   "and stores those (the same bits)")
 SPLIT_K_NOTE = ("split z takes K-steps [z·steps_per_split, ...) and writes its partial tile to part + z·t·m; the CTA "
                 "that arrives last at the tile's counter sums the partials in z order into y (deterministic) and "
                 "resets the counter: no reduction launch")
@@ -123,6 +126,7 @@ def build(arch, spec: MmqSpec):
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     wh_p = b.param("whole", "u32")
+    fx_p = b.param("spread", "u32")  # 1: every split of a tile sums its share (_spread_sums_fixup), 0: the last all
     pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
     smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
     assert 4 * BM * BN <= b.dynamic_smem, "the split tail's prefix sum (fp32 tile) lives in the ring + buffers"
@@ -144,6 +148,7 @@ def build(arch, spec: MmqSpec):
     per = b.ld_param(s_p, "u32")
     tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
     whole = b.ld_param(wh_p, "u32")
+    spread = b.op("setp.ne.u32", b.ld_param(fx_p, "u32"), Imm(0, "u32"))
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
@@ -328,11 +333,15 @@ def build(arch, spec: MmqSpec):
         _loop_back_then_last_step(b, top, tail, step, s_last, lambda: mma_step(boff_of(step)))
     _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
     frags = [frag for row in acc for frag in row]
-    _last_sums_fixup(b, frags, tid, leader, slot, split, zsplit, ti, ntail, splits, P, C, next_item, 128 * BN, base)
+    spread_item = b.op("and.pred", split, spread)
+    owned = _spread_rows(b, spread_item, zsplit, splits, len(acc))
+    _spread_sums_fixup(b, acc, owned, spread_item, tid, leader, zsplit, ti, ntail, splits, P, C, 128 * BN)
+    _last_sums_fixup(b, frags, tid, leader, slot, b.op("and.pred", split, b.op("not.pred", spread)), zsplit, ti,
+                     ntail, splits, P, C, next_item, 128 * BN, base)
 
-    # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked
+    # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked (and to this CTA's rows of a split)
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
-    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y0)
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y0, rows=owned)
     b.bra(next_item)
     b.place(finish)
     _queue_exit(b, Q, leader)
@@ -514,6 +523,78 @@ def _claim_whole_or_split(b, Q, slot, leader, whole, tiles, splits, per, tiles_n
     nsteps = b.op("selp.b32", b.op("min.u32", b.op("add.u32", s_begin, per), steps), steps, split, type="b32")
     return (next_item, finish, split, z, ti, r, b.op("mul.lo.u32", tn, Imm(BN, "u32")),
             b.op("mul.lo.u32", tm, Imm(BM, "u32")), s_begin, nsteps)
+
+
+SPREAD_MAX_SPLITS = 4  # the spread fixup's loads are unrolled over this many partials
+
+
+def _spread_rows(b, spread_item, z, splits, n):
+    """Per m16 row i of a warp's fragments: whether this CTA sums and stores it — every row, except on a split
+    item under the spread fixup, where split z owns the rows i with i % splits == z."""
+    out = []
+    for i in range(n):
+        mine = b.op("setp.eq.u32", b.op("rem.u32", b.op("mov.u32", Imm(i, "u32")), splits), z)
+        out.append(b.op("or.pred", mine, b.op("not.pred", spread_item)))
+    return out
+
+
+def _spread_sums_fixup(b, acc, owned, spread_item, tid, leader, z, ti, r, splits, P, C, tile_floats):
+    """Split-K of a split item, the sum spread over the tile's CTAs (at most SPREAD_MAX_SPLITS of them, and all
+    resident together: the caller's rule): split z stores its partial of the rows it does not own (`owned`, i %
+    splits == z) in fragment order (as _last_sums_fixup), fences, counts in (the counter's low 16 bits), waits
+    until every split of the tile has, then loads the others' partials of its own rows in one batch and sums
+    them in z order, (((p0 + p1) + p2) + p3 with its own p_z from registers: the bits of _last_sums_fixup),
+    for the caller's epilogue to store only those rows. One L2 round trip of 1/splits of the tile per CTA
+    instead of the last CTA's splits - 1 round trips of the whole tile. Counting out (high 16 bits) after
+    everyone passed the wait, the last CTA out resets the counter."""
+    b.comment("split-K (spread): store the rows others own, wait for every split, sum the own rows in z order")
+    done = b.label("spread_done")
+    b.bra(done, pred=spread_item, neg=True)
+    NT = len(acc[0])
+    fbytes = 16 * 256
+    tile_bytes = 4 * tile_floats
+    thr = b.op("add.s64", P, b.op("cvt.u64.u32", b.op("shl.b32", tid, Imm(4, "u32"))))
+    own = b.op("mad.wide.u32", b.op("mad.lo.u32", z, r, ti), Imm(tile_bytes, "u32"), thr)
+    for i, row in enumerate(acc):
+        for j, frag in enumerate(row):
+            b.emit("st.global.cg.v4.f32", Mem(own, (i * NT + j) * fbytes), b.vec(frag), pred=owned[i], neg=True)
+    b.emit("membar.gl")  # this thread's partial is visible before the CTA counts in
+    b.emit("bar.sync", Imm(0, "u32"))
+    cnt = b.op("mad.wide.u32", ti, Imm(4, "u32"), C)
+    b.emit("red.global.add.u32", Mem(cnt), Imm(1, "u32"), pred=leader)
+    wait = b.label("spread_wait")
+    b.place(wait)  # every split of the tile has counted in (its partial stored)
+    seen = b.reg("u32")
+    b.emit("ld.relaxed.gpu.global.u32", seen, Mem(cnt))
+    b.bra(wait, pred=b.op("setp.ne.u32", b.op("and.b32", seen, Imm(0xFFFF, "b32")), splits), uniform=False)
+    b.emit("membar.gl")
+    b.emit("bar.sync", Imm(0, "u32"))  # every thread of this CTA is past the wait before it counts out
+    out = b.reg("u32")
+    b.emit("atom.global.add.u32", out, Mem(cnt), Imm(0x10000, "u32"), pred=leader)
+    last_out = b.op("and.pred", leader, b.op("setp.eq.u32", b.op("shr.u32", out, Imm(16, "u32")),
+                                             b.op("sub.u32", splits, Imm(1, "u32"))))
+    b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=last_out)
+    planes = []  # (partial p's address for this thread, load it?) — p != z and p < splits
+    for p in range(SPREAD_MAX_SPLITS):
+        at = b.op("mad.wide.u32", b.op("mad.lo.u32", b.op("mov.u32", Imm(p, "u32")), r, ti), Imm(tile_bytes, "u32"), thr)
+        go = b.op("and.pred", b.op("setp.lt.u32", b.op("mov.u32", Imm(p, "u32")), splits),
+                  b.op("setp.ne.u32", z, Imm(p, "u32")))
+        planes.append((at, go, b.op("setp.lt.u32", b.op("mov.u32", Imm(p, "u32")), splits)))
+    for i, row in enumerate(acc):
+        skip = b.label(f"spread_row{i}")
+        b.bra(skip, pred=owned[i], neg=True)
+        # v[p]: partial p of this row (own p_z: a copy of the registers), loaded in one batch
+        v = [[[b.op("mov.f32", e) for e in frag] for frag in row] for _ in planes]
+        for (at, go, _), vp in zip(planes, v):
+            for j, regs in enumerate(vp):
+                b.emit("ld.global.cg.v4.f32", b.vec(regs), Mem(at, (i * NT + j) * fbytes), pred=go)
+        for j, frag in enumerate(row):
+            for e in range(4):
+                b.emit("mov.f32", frag[e], v[0][j][e])
+                for p in range(1, len(planes)):
+                    b.emit("add.rn.f32", frag[e], frag[e], v[p][j][e], pred=planes[p][2])
+        b.place(skip)
+    b.place(done)
 
 
 def _last_sums_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C, skip, tile_floats, scratch):
