@@ -437,12 +437,17 @@ def _loop_back_then_last_step(b, top, tail, step, s_last, last_mma):
 
 
 def _x16_units(b, tid, n0, tlast, K, X, nvec):
-    """The fp16 activation loads of the x16 MMQ: unit u = tid + 256v covers 8 halves of token u/8 (clamped to
-    T - 1), columns 8·(u % 8) .. +7 of the 64-K step; returns the units' source addresses (step 0)."""
+    """The fp16 activation loads of the x16 MMQ: unit u = tid + 256v covers 8 halves of token u/8, columns
+    8·(u % 8) .. +7 of the 64-K step; returns the units' source addresses (step 0). Rows past T read token
+    (n0 + u/8) mod T (a real row; the epilogue masks them): clamped to T - 1 they all hit one line, which
+    cp.async.cg (no L1) sent to L2 once per row — a partial token tile cost up to 1.8x (4096² x 160 tokens:
+    90 µs against 46.5); zero-filling them instead (a cp.async source size per unit) took n128 from 194 to
+    232 registers and cost 5-15% everywhere (bench/results/probe_mma_sync_x16_tail_session16.log)."""
     out = []
     for v in range(nvec):
         u = b.op("add.u32", tid, Imm(256 * v, "u32"))
-        gtok = b.op("min.u32", b.op("add.u32", n0, b.op("shr.u32", u, Imm(3, "u32"))), tlast)
+        tok = b.op("add.u32", n0, b.op("shr.u32", u, Imm(3, "u32")))
+        gtok = b.op("rem.u32", tok, b.op("add.u32", tlast, Imm(1, "u32")))
         rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(2, "u32"), X)
         out.append((b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", u, Imm(7, "b32")),
                                                                      Imm(4, "u32")))),))
