@@ -655,7 +655,7 @@ def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int]:
     rows = int(fn.meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
     return ctas, gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)),
-                             int(fn.meta.get("max_splits", 8)))
+                             int(fn.meta.get("max_splits", 8)), int(fn.meta.get("min_split_steps", 1)))
 
 
 def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
@@ -756,13 +756,15 @@ def _counters(nbytes: int):
     return _COUNTERS[0]
 
 
-def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8) -> int:
+def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8,
+                min_steps: int = 1) -> int:
     """K splits for a lane-per-block GEMV: as many as keep the grid within one wave of resident CTAs
     (small M, long K: 3584 x 18944 has 448 row CTAs for 1056 slots), at most `max_splits` (the kernel's meta;
     8 for the lane kernels), each split ≥ one step (a step is 32 lanes x `lane_cols` columns: 32 for TQ4_1S
-    and Q8_0 blocks, 64 for Q4_K sub-block pairs)."""
+    and Q8_0 blocks, 64 for Q4_K sub-block pairs), and no more than ceil(steps / min_steps) (the kernel's meta
+    min_split_steps, where short splits measured slower)."""
     steps = -(-(k // lane_cols) // 32)
-    return max(1, min(max_splits, steps, (sms * ctas_per_sm) // max(ctas, 1)))
+    return max(1, min(max_splits, steps, -(-steps // min_steps), (sms * ctas_per_sm) // max(ctas, 1)))
 
 
 def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:

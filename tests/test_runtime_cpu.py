@@ -266,6 +266,32 @@ def test_gemv_splits_fill_one_wave_and_keep_a_step_each(ctas, k, per_sm, sms, la
         assert s >= 2  # rows alone fill at most half the GPU: split K
 
 
+@given(ctas=st.integers(1, 300), k=st.sampled_from([1024, 3584, 4096, 14336, 18944]), min_steps=st.integers(1, 16))
+def test_gemv_splits_keep_the_builds_min_split_steps(ctas, k, min_steps):
+    """A build's min_split_steps caps the splits at ceil(steps / min_steps), and only caps: otherwise the plan is
+    the one without it."""
+    from ptxgen.runtime.ops import gemv_splits
+
+    steps = -(-(k // 8) // 32)
+    s = gemv_splits(ctas, k, 2, 132, 8, 32, min_steps)
+    assert s == min(gemv_splits(ctas, k, 2, 132, 8, 32), max(1, -(-steps // min_steps)))
+
+
+def test_small_t16h_build_splits_k_in_runs_of_eight_super_blocks():
+    """The sm_89 / sm_120a t16h build (2 CTAs per SM on the H200) measured faster with splits of ≥ 8 super-blocks
+    (4096² at T=16: 2 splits 14.2 µs, 4 splits 15.0); the sm_90a build has no such floor (4 splits there 13.9 vs
+    2 16.2)."""
+    from ptxgen.kernels import KERNELS
+    from ptxgen.runtime.ops import gemv_splits
+
+    small = KERNELS["gemv_q4_k_mma_t16h"].for_arch("sm_89").meta
+    big = KERNELS["gemv_q4_k_mma_t16h"].for_arch("sm_90a").meta
+    assert small["min_split_steps"] == 8 and big["min_split_steps"] == 1
+    assert gemv_splits(4096 // small["rows_per_cta"], 4096, 2, 132, 8, 32, small["min_split_steps"]) == 2
+    assert gemv_splits(4096 // small["rows_per_cta"], 14336, 2, 132, 8, 32, small["min_split_steps"]) == 4
+    assert gemv_splits(4096 // big["rows_per_cta"], 4096, 1, 132, 8, 32, big["min_split_steps"]) == 4
+
+
 def test_q4_k_lane_gemv_steps_are_64_columns_wide():
     """The Q4_K lane kernels step 64 columns per lane (a sub-block pair), so K = 2048 has one step: no split
     may be planned that would get none (it would launch idle CTAs)."""

@@ -48,13 +48,24 @@ T1_PLAN = {"big": {"t1": (4, 4, 1), "t2": (3, 4, 1), "t4": (2, 4, 1), "t8": (2, 
            "small": {"t1": (3, 2, 1), "t2": (2, 2, 1), "t4": (2, 1, 1), "t8": (2, 1, 1), "t16h": (2, 1, 1)}}
 
 
+# K-steps (super-blocks) per split at least, where measured to matter: the "small" t16h build (2 stages, 2 CTAs per
+# SM on the H200) lost to its own fill and fixup at 4 steps per split — 4096² at T=16: 2 splits of 8 steps 14.2 µs,
+# 4 of 4 15.0; 4096x14336 (56 steps) 4 splits 26.6 vs 2 27.9 (bench/results/probe_t16h_splits_session16.log); the
+# "big" build (3 stages, PDL) is fastest at 4 steps per split there (13.9 vs 16.2)
+T1_MIN_SPLIT_STEPS = {("small", "t16h"): 8}
+
+
 def _suffix(nt: int, hi_only: bool) -> str:
     return f"t{nt}h" if hi_only else f"t{nt}"
 
 
 def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int]:
     """(stages, resident CTAs per SM, m16 tiles per warp) of the build on `arch` (T1_PLAN)."""
-    return T1_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"][_suffix(nt, hi_only)]
+    return T1_PLAN[_plan_size(arch)][_suffix(nt, hi_only)]
+
+
+def _plan_size(arch) -> str:
+    return "big" if arch.max_smem_per_block >= 200 * 1024 else "small"
 
 
 def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, w_off=None):
@@ -248,6 +259,7 @@ def build(arch, nt: int = 1, hi_only: bool = False):
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
+                  min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records", activation=f"prep_q4k_{sfx}(x): one {rb}-byte record per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
