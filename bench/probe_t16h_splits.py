@@ -21,7 +21,7 @@ for m, k, raw, ws in probe_weights(r, "q4_K", shapes):
             row = []
             for s in (None, 1, 2, 4, 8, 16):
                 ops.gemv_splits = orig if s is None else (
-                    lambda ctas, k, per_sm, sms, lane_cols=32, max_splits=8, s=s: min(s, max_splits, -(-(k // lane_cols) // 32)))
+                    lambda ctas, k, per_sm, sms, lane_cols=32, max_splits=8, min_steps=1, s=s: min(s, max_splits, -(-(k // lane_cols) // 32)))
                 got = r.mul_mat(ws[0], x, arch=arch)
                 err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
                 assert err <= 1e-3, (arch, s, err)
