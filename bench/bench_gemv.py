@@ -66,6 +66,29 @@ def probe_weights(r, fmt, shapes, seed=0):
         yield m, k, raw, weight_copies(r, fmt, raw, m, k)
 
 
+def probe_cases(r, torch, fmt, shapes, tokens):
+    """The probes' loop over shapes and token counts: (m, k, raw, weight copies (probe_weights), t, x, y) with
+    fresh random fp32 x (T x K) and an empty y (T x M), torch tensors on the GPU."""
+    for m, k, raw, ws in probe_weights(r, fmt, shapes):
+        for t in tokens:
+            yield (m, k, raw, ws, t, torch.randn(t, k, device="cuda", dtype=torch.float32),
+                   torch.empty(t, m, device="cuda", dtype=torch.float32))
+
+
+def mmq_checked(mmq_launch, w, x, y, t, flag, path, ref=None, arch="sm_89"):
+    """One MMQ launch (ptxgen.runtime.ops.mmq_launch on DeviceArray views of torch x, y) on NaN-poisoned y, within
+    1e-3 of the float64 `ref` where given; returns y's bits."""
+    import ptxgen.runtime as r
+
+    y.fill_(float("nan"))
+    mmq_launch(w, r.as_device_array(x), r.as_device_array(y), t, flag, path=path, arch=arch)
+    got = y.cpu().numpy()
+    if ref is not None:
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert err <= 1e-3, f"{path} T={t}: relative error {err:.2e}"
+    return got.view(np.uint32).copy()
+
+
 def timed(fn, reps, torch):
     out = []
     for i in range(reps):

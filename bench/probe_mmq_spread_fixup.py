@@ -4,34 +4,27 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_argv, probe_weights, timed
+from bench_gemv import mmq_checked, probe_argv, probe_cases, timed
 from ptxgen import formats
 from ptxgen.runtime import ops
 from ptxgen.runtime.ops import mmq_launch
 
 _, shapes, tokens, reps = probe_argv(30)
 flag = r.DeviceArray.empty((1,), np.uint32)
-for m, k, raw, ws in probe_weights(r, "q4_K", shapes):
-    copies = len(ws)
-    for t in tokens:
-        x = torch.randn(t, k, device="cuda", dtype=torch.float32)
-        y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-        xa, ya = r.as_device_array(x), r.as_device_array(y)
-        ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy()) if t == tokens[0] else None
-        row, bits = {}, {}
-        for path in ("mma.sync", "mma.sync_x16"):
-            for mode, mx in (("last", 0), ("spread", 4)):
-                ops.MMQ_SPREAD_MAX_SPLITS = mx
-                y.fill_(float("nan"))
-                mmq_launch(ws[0], xa, ya, t, flag, path=path, arch="sm_89")
-                got = y.cpu().numpy()
-                bits[(path, mode)] = got.view(np.uint32).copy()
-                if ref is not None:
-                    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-                    assert err <= 1e-3, (path, mode, err)
-                row[f"{path} {mode}"] = timed(lambda i: mmq_launch(ws[i % copies], xa, ya, t, flag, path=path, arch="sm_89"), reps, torch)
-            assert np.array_equal(bits[(path, "last")], bits[(path, "spread")]), f"{path}: spread != last bits"
-        ops.MMQ_SPREAD_MAX_SPLITS = 4
-        bn = next((n for n in (32, 64, 128) if t <= n), 128)
-        tiles = -(-t // bn) * -(-m // 128)
-        print(f"{m}x{k} T={t} plan {ops.splitk_plan_tail(tiles, k // 64, 132)}: " + ", ".join(f"{a} {v:.1f}" for a, v in row.items()) + " us", flush=True)
+for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
+    xa, ya = r.as_device_array(x), r.as_device_array(y)
+    ref = formats.gemm_ref("q4_K", raw, m, k, x.cpu().numpy()) if t == tokens[0] else None
+    row = {}
+    for path in ("mma.sync", "mma.sync_x16"):
+        bits = {}
+        for mode, mx in (("last", 0), ("spread", 4)):
+            ops.MMQ_SPREAD_MAX_SPLITS = mx
+            bits[mode] = mmq_checked(mmq_launch, ws[0], x, y, t, flag, path, ref)
+            row[f"{path} {mode}"] = timed(lambda i: mmq_launch(ws[i % len(ws)], xa, ya, t, flag, path=path, arch="sm_89"),
+                                          reps, torch)
+        assert np.array_equal(bits["last"], bits["spread"]), f"{path}: spread != last bits"
+    ops.MMQ_SPREAD_MAX_SPLITS = 4
+    bn = next((n for n in (32, 64, 128) if t <= n), 128)
+    tiles = -(-t // bn) * -(-m // 128)
+    print(f"{m}x{k} T={t} plan {ops.splitk_plan_tail(tiles, k // 64, 132)}: "
+          + ", ".join(f"{a} {v:.1f}" for a, v in row.items()) + " us", flush=True)
