@@ -264,10 +264,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
-    ctas = min(items, slots)
-    grid = (cl * ctas,)
-    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt) + (
-        (whole, int(mmq_spread_fixup(tiles - whole, splits, ctas))) if sync else ())
+    grid = (cl * min(items, slots),)
+    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt) + ((whole, int(
+        mmq_spread_fixup(tiles - whole, splits, min(items, slots)))) if sync else ())
     if wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
