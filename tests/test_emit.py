@@ -84,6 +84,8 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["IMMA.16832.U8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32"]
     if _k.startswith("gemv_tq4_1s_tma"):  # weights by TMA into an mbarrier ring, lookups and FFMA as above
         EXPECTED_SASS[_k] = ["UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "PRMT", "LDS", "FFMA"]
+for _t in (1, 2):  # the pair-table builds: one LDS.64 per qs byte (both of its weights' codebook values)
+    EXPECTED_SASS[f"gemv_tq4_1s_tma_t{_t}"] = EXPECTED_SASS[f"gemv_tq4_1s_tma_t{_t}"] + ["LDS.64"]
 EXPECTED_SASS["gemv_tq4_1s_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "LDS"]
 EXPECTED_SASS["gemv_tq4_1s_mma_m16"] = EXPECTED_SASS["gemv_tq4_1s_mma"]
 EXPECTED_SASS["prep_tq4_1s_mma"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]

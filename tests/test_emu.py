@@ -555,6 +555,39 @@ def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
         assert out.ok, (splits, out.detail)
 
 
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_tma_gemv_pair_table_gives_the_16_entry_tables_bits(tokens):
+    """The T ≤ 2 TMA GEMVs look codebook values up two at a time (one LDS.64 per qs byte from the pair table, 16
+    copies): same FFMA order, so the same bits as the 16-entry-table build of the same CTA shape, whole and in 3
+    K-splits, over a ring that wraps and a zero-filled tail; a pair table with one entry wrong fails the 1e-5 bar."""
+    from ptxgen.arch import get_arch
+    from ptxgen.formats.tq4_1s import CODEBOOK
+    from ptxgen.kernels import gemv
+
+    name, arch = f"gemv_tq4_1s_tma_t{tokens}", get_arch("sm_90a")
+    copies, warps, stages, ctas = gemv.TMA_PAIRS[tokens]
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    assert "ld.shared.v2.f32" in ptx
+    saved = gemv.TMA_WARPS, gemv.TMA_STAGES, dict(gemv.TMA_MIN_CTAS)
+    try:  # the 16-entry-table build with the pair build's warps, stages and CTAs per SM
+        gemv.TMA_WARPS, gemv.TMA_STAGES, gemv.TMA_MIN_CTAS[tokens] = warps, stages, ctas
+        lut_ptx = gemv.build_tma_lanes(arch, tokens).ptx()
+    finally:
+        gemv.TMA_WARPS, gemv.TMA_STAGES, gemv.TMA_MIN_CTAS = saved
+    assert "ld.shared.v2.f32" not in lut_ptx
+    for splits in (1, 3):
+        kw = dict(seed=11 + splits, shape=(37, 32 * 32 * 3 + 128), splits=splits)
+        a, b = check_kernel(name, ptx, **kw), check_kernel(name, lut_ptx, **kw)
+        assert a.ok and b.ok, (a.detail, b.detail)
+        assert np.array_equal(a.got.view(np.uint64), b.got.view(np.uint64))
+    # mutation: the first store of C[5] as a pair's high value (bytes 0x50-0x57, every copy) writes C[6]
+    c5, c6 = (f"0f{np.float32(v).view(np.uint32):08X}" for v in CODEBOOK[5:7])
+    assert c5 in ptx
+    bad = ptx.replace(c5, c6, 1)
+    out = check_kernel(name, bad, seed=12, shape=(37, 1024), splits=1)
+    assert not out.ok and "relative error" in out.detail
+
+
 @pytest.mark.parametrize("kernel", ["gemv_tq4_1s_mma", "gemv_tq4_1s_mma_m16"])
 def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite(kernel):
     """gemv_tq4_1s_mma (32-row warps, 4-block steps) and gemv_tq4_1s_mma_m16 (16-row warps, 8-block steps), fp16

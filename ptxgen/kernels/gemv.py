@@ -334,7 +334,11 @@ def _lookup_fma(b, part, lo4, hi4, lut, e, acts):
     nibbles ·4): its codebook value from the 256-aligned shared table (prmt drops nibble·4 into the address's
     low byte), times each token's activation, into that token's even or odd partial chain part[t][e % 2]."""
     addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
-    val = b.op("ld.shared.f32", Mem(addr))
+    _pair_fma(b, part, b.op("ld.shared.f32", Mem(addr)), e, acts)
+
+
+def _pair_fma(b, part, val, e, acts):
+    """Element e's codebook value `val` times each token's activation, into chain part[t][e % 2] (as _lookup_fma)."""
     for t, a_ in enumerate(acts):
         p_ = part[t][e % 2]
         part[t][e % 2] = b.op("mul.rn.f32", val, a_) if p_ is None else b.op("fma.rn.f32", val, a_, p_)
@@ -516,11 +520,14 @@ def _warp_rows(b, NW, R):
     return tid, lane, warp, gwarp, b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
 
 
-def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes):
-    """This warp's ring of S stages in dynamic shared memory (aligned up to 128 bytes for TMA) and its S
-    mbarriers, initialised by lane 0 (the caller's CTA barrier publishes them): (ring, bars) addresses."""
+def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=0):
+    """This warp's ring of S stages in dynamic shared memory (aligned up to 128 bytes for TMA; the rings start
+    `skip` bytes past that) and its S mbarriers, initialised by lane 0 (the caller's CTA barrier publishes
+    them): (ring, bars) addresses."""
     bars_sym = b.shared_buffer("bars", 8 * NW * S, align=8)
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    if skip:
+        base = b.op("add.u32", base, Imm(skip, "u32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
     bars = b.op("mad.lo.u32", warp, Imm(8 * S, "u32"), b.op("mov.u32", bars_sym))
     b.comment("the warp's stage barriers (lane 0)")
@@ -574,9 +581,40 @@ TMA_WARPS = 4
 TMA_ROWS = {1: 4, 2: 4, 4: 4, 8: 2}  # rows per warp by T: one step's activations serve R rows (L1 wavefronts)
 TMA_STAGES = 3  # per-warp ring of weight steps (each R x 640 B); 2 where shared memory is 100 KB per SM
 TMA_MIN_CTAS = {1: 4, 2: 4, 4: 3, 8: 2}
+# T ≤ 2 (the builds mul_mat runs): the pair table (`pairs` = (copies, warps, stages, CTAs per SM)) — one 64-bit
+# lookup per qs byte, both of its weights' codebook values, from 256 bytes x `copies` x 8 bytes (32 copies: one per
+# lane; 16: lanes l and l + 16 share one, a 64-bit access being served per half-warp), the byte dropped into the
+# address by a prmt. H200, µs through mul_mat, T=1 on 18944x3584 / 3584x18944 / 4096x14336 / 14336x4096 / 3584² /
+# 4608x3584 (bench/results/probe_tq4_pairs_session17.log): 16-entry table (4 warps, 3 stages, 4 CTAs) 24.9 / 25.8 /
+# 22.1 / 21.2 / 11.9 / 12.3; (32, 8, 2, 2) 24.4 / 23.9 / 20.2 / 20.4 / 11.2 / 13.0; (16, 8, 3, 2) 25.3 / 25.2 / 21.3 /
+# 22.6 / 11.7 / 14.1; (16, 4, 3, 3) 25.4 / 29.7 / 23.9 / 21.4 / 9.9 / 12.1; **(16, 4, 2, 4)** 23.7 / 24.2 / 20.4 / 19.6 /
+# 11.3 / 11.4 (T=2: 30.9 / 28.7 / 23.5 / 24.5 / 12.4 / 12.7 vs 29.5 / 31.3 / 26.0 / 24.5 / 13.1 / 13.7). An LDS.64 is
+# two L1 wavefronts (session 5), so the lookups cost the same wavefronts per weight as before; the gain is issue:
+# per 128 weights of a step 550 → 390 SASS (prmt + lea + LDS.64 per byte, an FFMA per weight)
+TMA_PAIRS = {1: (16, 4, 2, 4), 2: (16, 4, 2, 4)}
 
 
-def build_tma_lanes(arch, Tn: int):
+def _pair_table(b, table, tid, lane, copies, nthreads):
+    """Fill the pair table at `table`: entry (byte v, copy c) at v·(8·copies) + 8·c holds (C[v & 15], C[v >> 4]).
+    Thread (row r = tid / copies, copy c = tid % copies) writes v = r + rows·i, rows = nthreads / copies (8 or 16):
+    C[v >> 4] = C[rows·i >> 4] is a constant, C[v & 15] one of rows·i & 15's values."""
+    rows = nthreads // copies
+    assert rows in (8, 16), (copies, nthreads)
+    r = b.op("shr.u32", tid, Imm(copies.bit_length() - 1, "u32"))
+    cb = b.op("mov.u64", b.const_table("codebook", T4.CODEBOOK.tobytes()))
+    lo = {}
+    for i in range(256 // rows):
+        o = rows * i & 15
+        if o not in lo:
+            lo[o] = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("add.u32", r, Imm(o, "u32")), Imm(4, "u32"), cb)))
+    c8 = b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3, "u32"))
+    dst = b.op("add.u32", b.op("mad.lo.u32", r, Imm(8 * copies, "u32"), table), c8)
+    for i in range(256 // rows):
+        hi = b.op("mov.f32", Imm(float(T4.CODEBOOK[rows * i >> 4]), "f32"))
+        b.emit("st.shared.v2.f32", Mem(dst, 8 * copies * rows * i), b.vec([lo[rows * i & 15], hi]))
+
+
+def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     """Exact TQ4_1S GEMV with the weights brought in by TMA (sm_90a; K a multiple of 128).
 
     The lane-per-block schedule of `build_lanes` (lane l owns block jb + l of each of the warp's R rows), with
@@ -588,28 +626,39 @@ def build_tma_lanes(arch, Tn: int):
     lane per row touch five lines each, and one step's activations serve only 2 rows (R = 4 here; 8 measured
     slower: 154 registers, 10 warps per SM). At T = 1 the next step's activations are loaded while this one
     computes; at T = 2 a step's are all issued before it waits for its weights. Lookups, FFMA order and the
-    split-K store are those of `build_lanes` (the same fp32 operations per lane)."""
+    split-K store are those of `build_lanes` (the same fp32 operations per lane). `pairs` (TMA_PAIRS: the T ≤ 2
+    builds): the codebook values come two at a time, one LDS.64 per qs byte from the pair table, in the same
+    FFMA order (same bits); its (copies, warps, stages, CTAs per SM) replace TMA_WARPS / TMA_STAGES / TMA_MIN_CTAS."""
     arch.require("cp_async_bulk_tensor", "the TMA-fed TQ4_1S GEMV", "use gemv_tq4_1s_t* (ld.global)")
-    R, NW = TMA_ROWS[Tn], TMA_WARPS
-    S = TMA_STAGES if arch.max_smem_per_block >= 200 * 1024 else 2
+    R = TMA_ROWS[Tn]
+    if pairs:
+        copies, NW, S, min_ctas = pairs
+        table_bytes = 256 * copies * 8
+    else:
+        NW, min_ctas, table_bytes = TMA_WARPS, TMA_MIN_CTAS[Tn], 0
+        S = TMA_STAGES if arch.max_smem_per_block >= 200 * 1024 else 2
     stage_bytes = R * 640
     name = f"gemv_tq4_1s_tma_t{Tn}"
-    b = KernelBuilder(name, arch, f"tq4_1s GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA",
-                      block=(32 * NW, 1, 1))
+    b = KernelBuilder(name, arch, f"tq4_1s GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA"
+                      + (", codebook pairs by byte" if pairs else ""), block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u32 [M][K·20/128], box 160 x R, no swizzle
     a_p, y_p = b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {TMA_MIN_CTAS[Tn]}"]
-    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)  # + 128: aligned up at run time (TMA destination)
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {min_ctas}"]
+    # + 128: aligned up at run time (TMA destination); the pair table first, then the rings
+    ring_sym = b.dynamic_shared(table_bytes + NW * S * stage_bytes + 128)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: 32 lanes x 32 columns); part: splits x ntok x m "
-                          "fp32, counters: one u32 per warp (zero, left zero)", ctas_per_sm=TMA_MIN_CTAS[Tn],
+                          "fp32, counters: one u32 per warp (zero, left zero)", ctas_per_sm=min_ctas,
                   tokens=Tn, rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)",
                   layout="lanes", pdl=arch.has("griddepcontrol"), fmt="tq4_1s", mode="exact", lane_cols=32,
                   fused_rotation=False, activation="prep_tq4_1s(x) (lane layout)", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({160}, {R}), no swizzle; needs k % 128 == 0",
                   tma_box=(160, R),
                   stages=S, dynamic_smem=b.dynamic_smem)
+    if pairs:
+        b.meta.update(lookup="one ld.shared.v2.f32 per qs byte: (C[lo nibble], C[hi nibble]) from a 64 KB table "
+                             "(256 bytes x 32 lanes), address = prmt(qs word, 8·lane) + table")
     h = {"part_p": part_p, "cnt_p": cnt_p}
     A, Y = b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -617,15 +666,22 @@ def build_tma_lanes(arch, Tn: int):
     h.update(M=M, lane=lane, gwarp=gwarp, row0=row0, ntok=ntok, A=A, W=None)
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
-    lut_sym = b.shared_buffer("lut", 256, align=256)
-    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
-    lut = b.op("mov.u32", lut_sym)
-    b.comment("the 16-entry codebook (threads 0-15); one CTA barrier for it and the stage barriers")
-    table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
-    small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
-    tv = b.reg("f32")
-    b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))), pred=small)
-    b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+    lut_sym = None if pairs else b.shared_buffer("lut", 256, align=256)
+    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=table_bytes)
+    if pairs:
+        # prmt drops a qs byte into bits 8-15 beside the lane's copy offset (x 2 for 16 copies: shifted back)
+        lanec = b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3 if copies == 32 else 4, "u32"))
+        ptab = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+        b.comment(f"the pair table ({table_bytes // 1024} KB, every thread); one CTA barrier for it and the stage barriers")
+        _pair_table(b, ptab, tid, lane, copies, 32 * NW)
+    else:
+        lut = b.op("mov.u32", lut_sym)
+        b.comment("the 16-entry codebook (threads 0-15); one CTA barrier for it and the stage barriers")
+        table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
+        small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
+        tv = b.reg("f32")
+        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))), pred=small)
+        b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
     b.emit("fence.proxy.async.shared::cta")
     b.emit("bar.sync", Imm(0, "u32"))
 
@@ -706,6 +762,16 @@ def build_tma_lanes(arch, Tn: int):
                     acts = load_acts(tail, range(2 * wi, 2 * wi + 2))
                 for r in range(R):
                     qw = w[r][1 + wi]
+                    if pairs:  # byte j: elements 2j (low nibble) and 2j + 1, the same FMA order as below
+                        for j in range(4):
+                            vals = [b.reg("f32"), b.reg("f32")]
+                            off = b.op("prmt.b32", qw, lanec, Imm(0x5504 | (j << 4), "b32"))
+                            if copies == 16:
+                                off = b.op("shr.u32", off, Imm(1, "u32"))
+                            b.emit("ld.shared.v2.f32", b.vec(vals), Mem(b.op("add.u32", off, ptab)))
+                            for e in (2 * j, 2 * j + 1):
+                                _pair_fma(b, part[r], vals[e % 2], e, [acts[t, 8 * wi + e] for t in range(Tn)])
+                        continue
                     lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
                     hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
                     for e in range(8):  # element 8·wi + e
@@ -1946,8 +2012,9 @@ def kernel_defs() -> list[KernelDef]:
         defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, activation from prep_tq4_1s",
                               lambda arch, spec=spec: build_lanes(arch, spec)))
         defs.append(KernelDef(f"gemv_tq4_1s_tma_t{t}", f"tq4_1s decode GEMV, T={t}, weights by TMA (K % 128 == 0), "
-                              "activation from prep_tq4_1s" + ("" if t <= 2 else " (mul_mat keeps gemv_tq4_1s_t"
-                              f"{t}: faster on the H200)"), lambda arch, t=t: build_tma_lanes(arch, t),
+                              "activation from prep_tq4_1s" + (", codebook pairs per qs byte" if t in TMA_PAIRS else
+                              " (mul_mat keeps gemv_tq4_1s_t"
+                              f"{t}: faster on the H200)"), lambda arch, t=t: build_tma_lanes(arch, t, TMA_PAIRS.get(t)),
                               # sm_90a only: ptxas for sm_120a keeps a stack slot for the generic tensor-map
                               # address, and with 100 KB of shared memory per SM it would hold 2 CTAs
                               archs=("sm_90a",)))
