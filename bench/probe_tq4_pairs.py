@@ -1,9 +1,10 @@
-"""Probe: builds of the exact TQ4_1S TMA GEMV (gemv_tq4_1s_tma_t1/t2) side by side through mul_mat — the 16-entry
-codebook table (`lut`: one LDS per weight, 4 warps, 3 stages, 4 CTAs per SM) and pair tables (one LDS.64 per qs
-byte; variant <copies>w<warps>s<stages>c<CTAs per SM>, e.g. 16w4s2c4 = gemv.TMA_PAIRS) — built from the DSL here;
-each within 1e-5 of the float64 reference; Q4_K's exact op on the same shape in the same run (#7: TQ4_1S ≤ 1.15×
-Q4_K's time). Usage: probe_tq4_pairs.py VARIANTS MxK,... T,... [reps] (VARIANTS comma-separated, "-" for
-lut,32w8s2c2,16w8s3c2,16w4s3c3,16w4s2c4)."""
+"""Probe: builds of the exact TQ4_1S GEMVs side by side through mul_mat, built from the DSL here. Family `tma`
+(gemv_tq4_1s_tma_t1/t2, T ≤ 2): the 16-entry codebook table (`lut`: one LDS per weight, 4 warps, 3 stages, 4 CTAs
+per SM) against pair tables (one LDS.64 per qs byte); family `mma` (gemv_tq4_1s_mma{,_m16}, T = 5-8): the per-element
+(hi, lo) table (`lut`) against pair tables of A words. A pair variant is <copies>w<warps>s<stages>c<CTAs per SM>,
+e.g. 16w4s2c4. Each build within 1e-5 of the float64 reference; Q4_K's exact op on the same shape in the same run
+(#7: TQ4_1S ≤ 1.15× Q4_K's time). Usage: probe_tq4_pairs.py FAMILY:VARIANTS MxK,... T,... [reps] (VARIANTS
+comma-separated)."""
 import re
 
 import numpy as np
@@ -16,19 +17,22 @@ from ptxgen.kernels import KERNELS, KernelDef, gemv
 from ptxgen.runtime import kernels
 
 what, shapes, tokens, reps = probe_argv(40)
-variants = ("lut,32w8s2c2,16w8s3c2,16w4s3c3,16w4s2c4" if what == "-" else what).split(",")
+family, variants = what.split(":")
+variants = variants.split(",")
+NAMES = {"tma": r"gemv_tq4_1s_tma_t(\d)", "mma": r"gemv_tq4_1s_mma(_m16)?"}[family]
 load = kernels.load
 for v in variants:
     cfg = None if v == "lut" else tuple(int(n) for n in re.fullmatch(r"(\d+)w(\d+)s(\d+)c(\d+)", v).groups())
-    for t in (1, 2):
-        KERNELS[f"tma_{v}_t{t}"] = KernelDef(f"tma_{v}_t{t}", "probe", lambda arch, t=t, cfg=cfg: gemv.build_tma_lanes(arch, t, cfg),
-                                             archs=("sm_90a",))
+    for sfx in (("1", "2") if family == "tma" else ("", "_m16")):
+        build = ((lambda arch, t=int(sfx), cfg=cfg: gemv.build_tma_lanes(arch, t, cfg)) if family == "tma" else
+                 (lambda arch, small=bool(sfx), cfg=cfg: gemv.build_mma_gemv(arch, small, cfg)))
+        KERNELS[f"probe_{v}{sfx}"] = KernelDef(f"probe_{v}{sfx}", "probe", build, archs=("sm_90a",))
 
 
-def variant_load(v):  # the TMA kernel's name -> the variant's build
+def variant_load(v):  # the family's kernel names -> the variant's builds
     def f(name, *a, **kw):
-        m = re.fullmatch(r"gemv_tq4_1s_tma_t(\d)", name)
-        return load(f"tma_{v}_t{m.group(1)}", *a, source="dsl") if m else load(name, *a, **kw)
+        m = re.fullmatch(NAMES, name)
+        return load(f"probe_{v}{m.group(1) or ''}", *a, source="dsl") if m else load(name, *a, **kw)
     return f
 
 

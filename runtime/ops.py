@@ -596,12 +596,12 @@ def mma_min_tokens(fmt: str, m: int, k: int) -> int:
     """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto)."""
     if fmt == "q4_K":
         return 1 if m * k >= Q4K_MMA_T1_MIN_WEIGHTS else Q4K_MMA_GEMV_MIN_TOKENS
-    return MMA_GEMV_MIN_TOKENS
+    return 3 if m * k >= MMA_GEMV_T3_MIN_WEIGHTS else MMA_GEMV_MIN_TOKENS
 
 
 def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
     """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
-    and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of MMA_GEMV_MIN_TOKENS or
+    and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of mma_min_tokens or
     more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of mma_min_tokens or more) — prep_mma_f16 per group of 8 tokens (the
     same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
     q4k = w.fmt == "q4_K"
@@ -690,6 +690,13 @@ TMA_GEMV_MAX_TOKENS = 2
 # 44.3 there but 37.7 / 37.2 vs 34.5 / 34.8 on 4096x14336 / 14336x4096; T=5-7 run the lane kernel for 8 tokens
 # (bench/results/bench_gemv_tq4_session6.log)
 MMA_GEMV_MIN_TOKENS = 5
+# ... and from 3 tokens where the matrix has this many weights, since the pair-table build (session 17, µs at T=3 /
+# T=4, forced tensor-core GEMV vs the lane kernel gemv_tq4_1s_t4): 34.1 / 33.6 vs 43.0 / 43.1 on 18944x3584, 35.2 /
+# 35.9 vs 44.0 / 44.1 on 3584x18944, 30.8 / 31.0 vs 34.2 / 34.3 on 4096x14336, 30.7 / 30.8 vs 34.5 / 34.9 on
+# 14336x4096, 16.8 / 17.0 vs 19.0 / 18.9 on 4608x3584, but 16.1 / 16.2 vs 14.4 / 14.5 on 3584x3584; at T=2 the
+# TMA lane kernel stays ahead (29.5 / 28.7 / 23.5 / 24.5 vs 34.0 / 34.6 / 30.1 / 30.8) —
+# bench/results/probe_tq4_mma_pairs_hl_session17.log
+MMA_GEMV_T3_MIN_WEIGHTS = 14 << 20
 # the tensor-core exact Q4_K GEMV from this many tokens in a slice (H200, session 7, µs, lane kernel / tensor-core:
 # T=1 24.9 / 27.1, T=2 43.2 / 27.4, T=8 101.0 / 28.2 on 4096x14336; 3584x3584 T=1 10.6 / 13.2, T=2 15.1 / 13.4;
 # bench/results/bench_gemv_session7.log)

@@ -604,6 +604,29 @@ def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite(kernel):
         assert out.ok, (bad, out.detail)
 
 
+@pytest.mark.parametrize("small", [False, True])
+def test_tensor_core_gemv_pair_table_gives_the_element_tables_bits(monkeypatch, small):
+    """gemv_tq4_1s_mma{,_m16} read both elements' A words of a qs byte in one LDS.64 from the pair table
+    (gemv.MMA_PAIRS): the same MMAs on the same operands as the per-element (hi, lo) table and two prmt per byte,
+    so the same bits at the same CTA shape (8 tokens, 2 K-splits; 5 tokens, 3 splits)."""
+    from ptxgen.arch import get_arch
+    from ptxgen.kernels import gemv
+
+    copies, warps, stages, ctas = gemv.MMA_PAIRS
+    name = "gemv_tq4_1s_mma_m16" if small else "gemv_tq4_1s_mma"
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    assert "ld.shared.v2.u32" in ptx
+    monkeypatch.setattr(gemv, "MMA_WARPS", warps)
+    monkeypatch.setattr(gemv, "MMA_STAGES", stages)
+    monkeypatch.setattr(gemv, "MMA_CTAS", ctas)
+    elem_ptx = gemv.build_mma_gemv(get_arch("sm_90a"), small, pairs=None).ptx()
+    assert "ld.shared.v2.u32" not in elem_ptx
+    for kw in (dict(shape=(70, 32 * 16 * 4 + 128), splits=2, ntok=8), dict(shape=(150, 1024), splits=3, ntok=5)):
+        a, b = check_kernel(name, ptx, seed=9, **kw), check_kernel(name, elem_ptx, seed=9, **kw)
+        assert a.ok and b.ok, (kw, a.detail, b.detail)
+        assert np.array_equal(a.got.view(np.uint64), b.got.view(np.uint64)), kw
+
+
 def test_tensor_core_gemv_without_the_lo_term_fails(monkeypatch):
     """Mutation: dropping A_lo·B_hi (codebook in fp16 only, ~2^-11) must fail the 1e-5 bar."""
     from ptxgen import ir

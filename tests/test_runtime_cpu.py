@@ -359,11 +359,12 @@ def test_fullest_residency_picks_the_grid_that_fills_more_slots(monkeypatch):
 
 def test_tensor_core_gemv_token_rule():
     """mul_mat's rule (README): Q4_K from 2 tokens, single tokens too from 2^25 weights (4096x14336 and 18944x3584
-    yes, 4608x3584 no; TMA and cp.async builds alike); TQ4_1S from 5 tokens at any size."""
+    yes, 4608x3584 no; TMA and cp.async builds alike); TQ4_1S from 3 tokens from 14·2^20 weights (4608x3584 and
+    larger), from 5 below (3584x3584)."""
     from ptxgen.runtime.ops import mma_min_tokens
 
     assert [mma_min_tokens("q4_K", m, k) for m, k in ((4096, 14336), (18944, 3584), (4608, 3584), (300, 4096))] == [1, 1, 2, 2]
-    assert mma_min_tokens("tq4_1s", 18944, 3584) == mma_min_tokens("tq4_1s", 300, 256) == 5
+    assert [mma_min_tokens("tq4_1s", m, k) for m, k in ((18944, 3584), (4608, 3584), (3584, 3584), (300, 256))] == [3, 3, 5, 5]
 
 
 def test_q4k_tensor_core_gemv_builds_per_target():

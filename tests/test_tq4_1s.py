@@ -115,3 +115,18 @@ def test_mma_tiles_hold_the_activation_as_scaled_hi_plus_lo():
     scaled_max = np.abs(v[..., :4]).reshape(k // 32, 2, 8, 16).max(axis=(1, 3))[:, :t]
     assert np.all((scaled_max >= 2 ** 14) & (scaled_max <= 2 ** 15))
     assert np.all(np.log2(f) == np.round(np.log2(f)))
+
+
+def test_mma_pair_table_holds_both_elements_words():
+    """The tensor-core GEMV's pair table: for every qs byte v, the (hi, hi) and (lo, lo) fp16x2 A words of its two
+    elements — the low nibble's in the low half — equal to the per-element table's halves, and hi + lo within
+    2^-22 of the fp32 codebook value."""
+    elem = T.mma_element_table().view("<u4").reshape(16, 32)[:, 0]
+    pair = T.mma_pair_table().view("<u4").reshape(256, 2)
+    v = np.arange(256)
+    assert np.array_equal(pair[:, 0], (elem[v & 15] & 0xFFFF) | ((elem[v >> 4] & 0xFFFF) << 16))
+    assert np.array_equal(pair[:, 1], (elem[v & 15] >> 16) | ((elem[v >> 4] >> 16) << 16))
+    halves = pair.view("<u2").reshape(256, 2, 2).view(np.float16).astype(np.float64)
+    got = halves[:, 0, :] + halves[:, 1, :]  # hi + lo of (low nibble, high nibble)
+    want = T.CODEBOOK.astype(np.float64)[np.stack([v & 15, v >> 4], axis=1)]
+    assert np.abs(got - want).max() <= 2.0 ** -22 * np.abs(want).max()

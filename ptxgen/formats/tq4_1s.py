@@ -337,6 +337,18 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False) -> np.nda
     return rec.reshape(-1)
 
 
+def mma_pair_table() -> np.ndarray:
+    """The tensor-core GEMV's codebook by qs byte v (256 entries of 8 bytes, before replication per lane): the A
+    words of its two elements, (hi(C[v & 15]), hi(C[v >> 4])) and (lo(C[v & 15]), lo(C[v >> 4])) as fp16x2 (the low
+    nibble's in the low half), hi and lo as in mma_element_table."""
+    c = CODEBOOK.astype(F32)
+    hi = c.astype(np.float16)
+    lo = (c - hi.astype(F32)).astype(np.float16)
+    v = np.arange(256)
+    pair = lambda h: h.view(np.uint16)[v & 15].astype(np.uint32) | (h.view(np.uint16)[v >> 4].astype(np.uint32) << 16)  # noqa: E731
+    return np.stack([pair(hi), pair(lo)], axis=1).astype("<u4").view(np.uint8).reshape(2048).copy()
+
+
 def mma_element_table() -> np.ndarray:
     """The tensor-core GEMV's codebook in shared memory: for each index i, one word (hi(C[i]), lo(C[i])) as
     fp16 (hi in the low half), where hi = fp16(C[i]) and lo = fp16(C[i] - hi), repeated for the 32 lanes

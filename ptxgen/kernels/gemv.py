@@ -861,20 +861,52 @@ MMA_SETS = 4  # B-tile register sets (virtual; > MMA_AHEAD, dividing MMA_STEP so
 MMA_MTILES = 2  # m16 tiles per warp: each B-tile load and its address work serve 32 rows (T=8 on the H200 vs one
 # tile with 8-block steps: 40.2 / 43.1 / 39.5 us vs 41.9 / 44.0 / 43.5 on 18944x3584 / 3584x18944 / 14336x4096,
 # 21.3 vs 18.8 on 3584x3584)
-MMA_CTAS = 5  # resident CTAs per SM (96 registers; shared memory 5 x (30 KB rings + 2 KB table))
+MMA_CTAS = 5  # resident CTAs per SM of the per-element-table build (96 registers; 5 x (30 KB rings + 2 KB table))
+# both builds (MMA_PAIRS = (copies, warps, stages, CTAs per SM)): the A words of a qs byte's two elements, (hi, hi)
+# and (lo, lo), in one LDS.64 from a 32 KB pair table (16 copies) instead of a 4-byte lookup per element and two prmt
+# per byte. H200, µs through mul_mat at T=8 on 18944x3584 / 3584x18944 / 4096x14336 / 14336x4096 / 3584² /
+# 4608x3584 (bench/results/probe_tq4_mma_pairs*_session17.log): per-element table 40.3 / 43.2 / 39.2 / 39.7 / 18.8 /
+# 18.8; (16, 4, 2, 4) 36.4 / 39.9 / 32.0 / 31.7 / 17.3 / 17.7; **(16, 8, 2, 2)** 35.5-35.7 / 38.1-38.2 / 32.2-32.3 /
+# 31.3-31.8 / 16.2-16.4 / 16.9-17.1. Two LDS.32 per byte from 32-copy hi and lo tables (no register moves between
+# the LDS.64 pair and the hi and lo A quads: 699 → 509 SASS per step) measured no faster: not issue-bound
+MMA_PAIRS = (16, 8, 2, 2)
 # gemv_tq4_1s_mma_m16: one m16 tile per warp, 8-block steps (176-byte rows) — on the H200 faster than two tiles
 # where the matrix is small (T=8: 18.8 / 18.9 vs 21.3 / 20.8 us on 3584x3584 / 4608x3584: more CTAs)
 MMA_M16_STEP, MMA_M16_ROW_WORDS = 8, 44
 
-def build_mma_gemv(arch, small: bool = False):
-    """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 5-8
-    tokens on sm_90; bench/NOTES.md "session 6" has every version measured on the H200).
+def _pair_table_copy(b, tbl, tid, lane, copies, nthreads, table_bytes):
+    """Replicate a 256-entry table of 8-byte pairs (`table_bytes`, global) into shared memory at `tbl`: entry
+    (byte v, copy c) at v·(8·copies) + 8·c. Thread (r = tid / copies, c = tid % copies) copies v = r + rows·i,
+    rows = nthreads / copies."""
+    rows = nthreads // copies
+    r = b.op("shr.u32", tid, Imm(copies.bit_length() - 1, "u32"))
+    src = b.op("mad.wide.u32", r, Imm(8, "u32"), b.op("mov.u64", b.const_table("pair_init", table_bytes, align=16)))
+    dst = b.op("add.u32", b.op("mad.lo.u32", r, Imm(8 * copies, "u32"), tbl),
+               b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3, "u32")))
+    for i in range(256 // rows):
+        v = b.regs("b32", 2)
+        b.emit("ld.global.nc.v2.u32", b.vec(v), Mem(src, 8 * rows * i))
+        b.emit("st.shared.v2.u32", Mem(dst, 8 * copies * rows * i), b.vec(v))
+
+
+def _pair_offset(b, w, j, lanec, copies):
+    """Byte j of `w` as an offset into a pair table: v·(8·copies) + 8·(lane % copies). prmt puts v in bits 8-15 beside
+    lanec = (lane % copies) << 3 (32 copies) or << 4 (16 copies: the sum is halved)."""
+    off = b.op("prmt.b32", w, lanec, Imm(0x5504 | (j << 4), "b32"))  # (v << 8) | lanec
+    return off if copies == 32 else b.op("shr.u32", off, Imm(1, "u32"))
+
+
+def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
+    """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 3-8
+    tokens on sm_90, 5-8 on small matrices; bench/NOTES.md "session 6" and "session 17" have every version
+    measured on the H200).
 
     Why: the FFMA lane kernels pay one FFMA per weight and token (T = 8: 3.1x the time of T = 1 on the H200;
     this kernel does 8 tokens' work at any T: 1.67x). Here a warp owns 16·MMA_MTILES rows; per m16 tile and half block (16 elements, one fp16 scale) it runs
     mma.sync m16n8k16 three times, A_hi·B_hi + A_hi·B_lo + A_lo·B_hi: A = the codebook values of the 16 x 16
-    weights split into fp16 hi + lo (one conflict-free lookup per element of a (hi, lo) word, two prmt per qs
-    byte), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
+    weights split into fp16 hi + lo (`pairs`, MMA_PAIRS: one conflict-free LDS.64 per qs byte of its two
+    elements' (hi, hi) and (lo, lo) words; pairs=None: one lookup per element of a (hi, lo) word and two prmt per
+    byte, MMA_WARPS / MMA_STAGES / MMA_CTAS), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
     by `prep_tq4_1s_mma` (ptxgen.formats.tq4_1s.to_mma_tiles); the dropped lo·lo term is ~2^-22 relative.
     Each C fragment is scaled by the row's d_h (FFMA) and, per block, by the token's 2^-s. Lane (g, t) reads
     qs word 2h + t/2 of rows g and g + 8 and uses its bytes 2(t&1), 2(t&1)+1: k-pairs t and t + 4 of the MMA,
@@ -883,7 +915,9 @@ def build_mma_gemv(arch, small: bool = False):
     (g, t) ends with rows g, g + 8 x tokens 2t, 2t + 1: no cross-lane reduction. Split-K over gridDim.y with
     the lane kernels' last-warp fixup."""
     arch.require("cp_async_bulk_tensor", "the tensor-core TQ4_1S GEMV", "use gemv_tq4_1s_t8")
-    NW, S = MMA_WARPS, MMA_STAGES
+    NW, S, ctas = MMA_WARPS, MMA_STAGES, MMA_CTAS
+    if pairs:
+        copies, NW, S, ctas = pairs
     MT, STEP, ROW_WORDS = (1, MMA_M16_STEP, MMA_M16_ROW_WORDS) if small else (MMA_MTILES, MMA_STEP, MMA_ROW_WORDS)
     assert MT in (1, 2, 4)
     R = 16 * MT  # rows per warp
@@ -896,10 +930,10 @@ def build_mma_gemv(arch, small: bool = False):
     bt_p, f_p, y_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {MMA_CTAS}"]
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k=f"gridDim.y splits the K steps (a step: {STEP} blocks); part: splits x ntok x m fp32, counters: "
-                          "one u32 per warp (zero, left zero)", ctas_per_sm=MMA_CTAS, tokens=8, rows_per_cta=R * NW,
+                          "one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8, rows_per_cta=R * NW,
                   rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
                   lane_cols=STEP, max_splits=32, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({ROW_WORDS}, {R}), no swizzle; k % 128 == 0",
@@ -916,14 +950,20 @@ def build_mma_gemv(arch, small: bool = False):
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
-    table_sym = b.shared_buffer("codebook", 2048, align=16)
+    table_sym = b.shared_buffer("codebook", 256 * 8 * copies if pairs else 2048, align=16)
     ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
     tbl = b.op("mov.u32", table_sym)
-    b.comment("the 2 KB codebook table ((hi, lo) fp16 per index, one copy per lane); one CTA barrier for it and the stage barriers")
-    pt = b.op("mov.u64", b.const_table("codebook_init", T4.mma_element_table().tobytes(), align=16))
-    v4 = b.regs("b32", 4)
-    b.emit("ld.global.nc.v4.u32", b.vec(v4), Mem(b.op("mad.wide.u32", tid, Imm(16, "u32"), pt)))
-    b.emit("st.shared.v4.u32", Mem(b.op("mad.lo.u32", tid, Imm(16, "u32"), tbl)), b.vec(v4))
+    if pairs:
+        b.comment(f"the pair table (A words (hi, lo) of both elements per qs byte, {copies} copies); one CTA barrier for it and the stage barriers")
+        _pair_table_copy(b, tbl, tid, lane, copies, 32 * NW, T4.mma_pair_table().tobytes())
+        lanec = b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3 if copies == 32 else 4, "u32"))
+    else:
+        b.comment("the 2 KB codebook table ((hi, lo) fp16 per index, one copy per lane); one CTA barrier for it and the stage barriers")
+        pt = b.op("mov.u64", b.const_table("codebook_init", T4.mma_element_table().tobytes(), align=16))
+        v4 = b.regs("b32", 4)
+        first = b.op("setp.lt.u32", tid, Imm(128, "u32")) if NW > 4 else None  # threads 0-127: 16 bytes each
+        b.emit("ld.global.nc.v4.u32", b.vec(v4), Mem(b.op("mad.wide.u32", tid, Imm(16, "u32"), pt)), pred=first)
+        b.emit("st.shared.v4.u32", Mem(b.op("mad.lo.u32", tid, Imm(16, "u32"), tbl)), b.vec(v4), pred=first)
     b.emit("fence.proxy.async.shared::cta")
     b.emit("bar.sync", Imm(0, "u32"))
 
@@ -949,7 +989,15 @@ def build_mma_gemv(arch, small: bool = False):
 
     def lookups(w):
         """The A registers of the two qs bytes in `w` (bits 0..15): [(hi, lo) fp16x2 of each byte's two elements]
-        — one conflict-free 4-byte lookup per element (word 32·index + lane) and two prmt per byte."""
+        — one conflict-free 4-byte lookup per element (word 32·index + lane) and two prmt per byte; with `pairs`
+        one 8-byte lookup per byte."""
+        if pairs:
+            out = []
+            for j in range(2):
+                hl = b.regs("b32", 2)
+                b.emit("ld.shared.v2.u32", b.vec(hl), Mem(b.op("add.u32", _pair_offset(b, w, j, lanec, copies), tbl)))
+                out.append(tuple(hl))
+            return out
         e = []
         for sh in (7, 3, -1, -5):  # nibble n of w (bits 4n..4n+3) to bits 7..10: the table row
             x = b.op("shl.b32", w, Imm(sh, "u32")) if sh > 0 else b.op("shr.u32", w, Imm(-sh, "u32"))
@@ -1990,9 +2038,9 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_tq4_1s_mma", "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
                       build_prep_mma, archs=("sm_90a",)),
             KernelDef("gemv_tq4_1s_mma", "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
-                      "(mul_mat at T = 5-8 on sm_90, M·K ≥ 2^25)", build_mma_gemv, archs=("sm_90a",)),
+                      "(mul_mat at T = 3-8 on sm_90, M·K ≥ 2^25)", build_mma_gemv, archs=("sm_90a",)),
             KernelDef("gemv_tq4_1s_mma_m16", "tq4_1s decode GEMV as gemv_tq4_1s_mma, one m16 tile per warp "
-                      "(mul_mat at T = 5-8 on sm_90, M·K < 2^25)", lambda arch: build_mma_gemv(arch, small=True),
+                      "(mul_mat at T = 3-8 on sm_90, M·K < 2^25; T = 5-8 below 14·2^20)", lambda arch: build_mma_gemv(arch, small=True),
                       archs=("sm_90a",)),
             KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + min-term fragments (Q4_K tensor-core GEMV)",
                       lambda arch: build_prep_mma(arch, rotate=False)),
