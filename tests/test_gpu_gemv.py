@@ -152,6 +152,33 @@ def test_tensor_core_gemvs_forced(fmt, t, monkeypatch):
     np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))
 
 
+@pytest.mark.parametrize("t", [3, 4, 5])
+def test_tq4_1s_default_dispatch_takes_the_tensor_core_gemv_from_3_tokens(t, monkeypatch):
+    """mul_mat's exact TQ4_1S at 3-5 tokens on a matrix of ≥ 14·2^20 weights (4608 x 3584, sm_90): the tensor-core
+    GEMV (ops.mma_min_tokens), within 1e-5 of the float64 reference on NaN-poisoned outputs, the same bits run to
+    run."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import kernels
+    from ptxgen.runtime.driver import current
+
+    if current().sm != 90:
+        pytest.skip("the tensor-core GEMVs are built for sm_90a")
+    loaded, load = [], kernels.load
+    monkeypatch.setattr(kernels, "load", lambda name, *a, **kw: loaded.append(name) or load(name, *a, **kw))
+    rng = np.random.default_rng(40 + t)
+    m, k = 4608, 3584
+    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    out = r.DeviceArray.empty((t, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out)
+    assert "gemv_tq4_1s_mma_m16" in loaded and not any(n.startswith("gemv_tq4_1s_t") for n in loaded), loaded
+    got = out.numpy()
+    assert rel(got, formats.gemv_tq4_1s_ref(raw, m, k, x)) <= 1e-5
+    np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), got.view(np.uint32))
+
+
 def test_q4_k_tensor_core_gemv_non_finite_activations_give_non_finite_outputs():
     """mul_mat's default exact Q4_K path at T = 2-8 (sm_90: the tensor-core GEMV) with a NaN in one token and an
     inf in another: those tokens' outputs are all non-finite (NaN where the reference has ±inf, the documented
