@@ -2,7 +2,7 @@
 (gemv_tq4_1s_tma_t1/t2, T ≤ 2): the 16-entry codebook table (`lut`: one LDS per weight, 4 warps, 3 stages, 4 CTAs
 per SM) against pair tables (one LDS.64 per qs byte); family `mma` (gemv_tq4_1s_mma{,_m16}, T = 5-8): the per-element
 (hi, lo) table (`lut`) against pair tables of A words. A pair variant is <copies>w<warps>s<stages>c<CTAs per SM>,
-e.g. 16w4s2c4. Each build within 1e-5 of the float64 reference; Q4_K's exact op on the same shape in the same run
+e.g. 16w4s2c4, and for the tma family optionally r<rows per warp> (default gemv.TMA_ROWS). Each build within 1e-5 of the float64 reference; Q4_K's exact op on the same shape in the same run
 (#7: TQ4_1S ≤ 1.15× Q4_K's time). Usage: probe_tq4_pairs.py FAMILY:VARIANTS MxK,... T,... [reps] (VARIANTS
 comma-separated)."""
 import re
@@ -21,10 +21,25 @@ family, variants = what.split(":")
 variants = variants.split(",")
 NAMES = {"tma": r"gemv_tq4_1s_tma_t(\d)", "mma": r"gemv_tq4_1s_mma(_m16)?"}[family]
 load = kernels.load
+def tma_build(t, cfg, rows):  # rows: the TMA kernel's rows per warp (gemv.TMA_ROWS) for this build
+    def build(arch):
+        saved = dict(gemv.TMA_ROWS)
+        gemv.TMA_ROWS[t] = rows or saved[t]
+        try:
+            return gemv.build_tma_lanes(arch, t, cfg)
+        finally:
+            gemv.TMA_ROWS.clear()
+            gemv.TMA_ROWS.update(saved)
+    return build
+
+
 for v in variants:
-    cfg = None if v == "lut" else tuple(int(n) for n in re.fullmatch(r"(\d+)w(\d+)s(\d+)c(\d+)", v).groups())
+    cfg, rows = None, None
+    if v != "lut":
+        *cfg, rows = re.fullmatch(r"(\d+)w(\d+)s(\d+)c(\d+)(?:r(\d+))?", v).groups()
+        cfg, rows = tuple(int(n) for n in cfg), rows and int(rows)
     for sfx in (("1", "2") if family == "tma" else ("", "_m16")):
-        build = ((lambda arch, t=int(sfx), cfg=cfg: gemv.build_tma_lanes(arch, t, cfg)) if family == "tma" else
+        build = (tma_build(int(sfx), cfg, rows) if family == "tma" else
                  (lambda arch, small=bool(sfx), cfg=cfg: gemv.build_mma_gemv(arch, small, cfg)))
         KERNELS[f"probe_{v}{sfx}"] = KernelDef(f"probe_{v}{sfx}", "probe", build, archs=("sm_90a",))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+from typing import NamedTuple
 
 import numpy as np
 
@@ -202,6 +203,44 @@ def mma_sync_x16(m: int, k: int, t: int, arch: str | None = None) -> bool:
     return kernels.build_for("mmq_q4_k_f16_n128_x16", arch) is not None
 
 
+class MmqPlan(NamedTuple):
+    """How an MMQ launch covers its tiles: token tiles, 128 x bn tiles, the whole ones (the mma.sync builds run
+    those first, then the rest split; the others split every tile alike: whole = 0), K splits and K-steps per
+    split, work items, CTAs (or clusters) launched and whether the split tiles use the spread fixup."""
+    tiles_n: int
+    tiles: int
+    whole: int
+    splits: int
+    per: int
+    items: int
+    ctas: int
+    spread: bool
+
+
+def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPlan:
+    """The plan of an MMQ build `fn` (loaded) with token tile bn on a GPU of `sms` SMs: one round of items over
+    the resident CTAs (the occupancy calculator's count on this GPU: an sm_89 has less shared memory per SM than
+    the H200; a second, partial round doubles the time). `sync` (the fp16 mma.sync builds): whole tiles, then the
+    tail's tiles split so that the last round is balanced (splitk_plan_tail, PTXGEN_MMQ_TAIL_SPLIT), and the
+    spread fixup where mmq_spread_fixup allows it; otherwise splitk_plan_one_round over the items (clusters: an
+    item is cl M-tiles, the slots resident clusters)."""
+    tiles_n = (t + bn - 1) // bn
+    tiles = tiles_n * ((m + 127) // 128)
+    cl = fn.meta.get("cluster", (1, 1, 1))[0]
+    slots = fn.resident_per_sm() * sms if cl == 1 else fn.resident_clusters(cl)
+    steps = k // 64
+    if sync:
+        whole, splits, per = splitk_plan_tail(tiles, steps, slots) if knobs.mmq_tail_split() != "off" else (
+            _one_round_as_tail(tiles, steps, slots))
+        items = whole + (tiles - whole) * splits
+        ctas = min(items, slots)
+        return MmqPlan(tiles_n, tiles, whole, splits, per, items, ctas, mmq_spread_fixup(tiles - whole, splits, ctas))
+    groups = tiles_n * -(-((m + 127) // 128) // cl)
+    splits, per = splitk_plan_one_round(groups, steps, slots)
+    items = groups * splits
+    return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False)
+
+
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
                path: str | None = None) -> None:
     """Launch the Q4_K MMQ (with convert_f16 / quantize_q8_1_mmq first where its path reads their output)
@@ -233,24 +272,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
             "wgmma_ra_mc": f"mmq_q4_k_wgmma_ra_n{bn}_mc2", "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
-    tiles_n = (t + bn - 1) // bn
-    tiles = tiles_n * ((m + 127) // 128)
-    sms = current().sm_count
-    # one round of items over the resident CTAs (the occupancy calculator's count on this GPU: an sm_89 has
-    # less shared memory per SM than the H200): a second, partial round doubles the time
-    per_sm = fn.resident_per_sm()
-    cl = fn.meta.get("cluster", (1, 1, 1))[0]  # clusters: an item is cl M-tiles, a grid of whole clusters
-    groups = tiles_n * -(-((m + 127) // 128) // cl)
-    slots = per_sm * sms if cl == 1 else fn.resident_clusters(cl)  # resident CTAs, or clusters (GPC-bound)
-    steps = k // 64
     sync = path in ("mma.sync", "mma.sync_x16")
-    if sync:  # whole tiles, then the tail's tiles split so that the last round is balanced (splitk_plan_tail)
-        whole, splits, per = splitk_plan_tail(tiles, steps, slots) if knobs.mmq_tail_split() != "off" else (
-            _one_round_as_tail(tiles, steps, slots))
-        items = whole + (tiles - whole) * splits
-    else:
-        splits, per = splitk_plan_one_round(groups, steps, slots)
-        items = groups * splits
+    plan = mmq_plan(fn, m, k, t, bn, sync, current().sm_count)
+    tiles, whole, splits = plan.tiles, plan.whole, plan.splits
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
     # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)
     if splits == 1:
@@ -264,9 +288,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
-    grid = (cl * min(items, slots),)
-    tail = (m, k, t, per, _QUEUE[0], tiles_n, splits, part, cnt) + ((whole, int(
-        mmq_spread_fixup(tiles - whole, splits, min(items, slots)))) if sync else ())
+    cl = fn.meta.get("cluster", (1, 1, 1))[0]
+    grid = (cl * plan.ctas,)
+    tail = (m, k, t, plan.per, _QUEUE[0], plan.tiles_n, splits, part, cnt) + ((whole, int(plan.spread)) if sync else ())
     if wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")

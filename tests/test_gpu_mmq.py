@@ -131,10 +131,8 @@ def test_mma_sync_mmq_spread_fixup_gives_the_last_ctas_bits(path, monkeypatch):
     from ptxgen.runtime import ops
 
     m, k, t = 4096, 1024, 128
-    fn = r.load("mmq_q4_k_f16_n128", arch="sm_89")
-    slots = fn.resident_per_sm() * r.current().sm_count
-    whole, splits, per = ops.splitk_plan_tail(m // 128, k // 64, slots)
-    assert splits > 1 and ops.mmq_spread_fixup(m // 128 - whole, splits, min(whole + (m // 128 - whole) * splits, slots))
+    plan = ops.mmq_plan(r.load("mmq_q4_k_f16_n128", arch="sm_89"), m, k, t, 128, True, r.current().sm_count)
+    assert plan.splits > 1 and plan.spread, plan
     rng = np.random.default_rng(11)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)

@@ -420,3 +420,34 @@ def test_whole_program_kernels_load_through_the_driver_jit(monkeypatch):
     kernels.load("mmq_q4_k_wgmma_ra_n192")
     assert loaded["mmq_q4_k_wgmma_ra_n256"].endswith(b"\0") and b".target sm_90a" in loaded["mmq_q4_k_wgmma_ra_n256"]
     assert loaded["mmq_q4_k_wgmma_ra_n192"][:4] == b"\x7fELF"
+
+
+def test_mmq_plan_matches_its_parts():
+    """ops.mmq_plan (what mmq_launch launches): the mma.sync builds' tail plan with the spread fixup where every
+    split item holds a CTA; the wgmma builds' one-round plan over the items (clusters: items of cl M-tiles over the
+    resident clusters), never spread; the grid never exceeds the resident slots."""
+    from ptxgen.runtime import ops
+
+    class Fn:  # a loaded build as far as the plan looks: its residency and cluster shape
+        def __init__(self, per_sm, cluster=1):
+            self.per_sm, self.meta = per_sm, {"cluster": (cluster, 1, 1)} if cluster > 1 else {}
+
+        def resident_per_sm(self):
+            return self.per_sm
+
+        def resident_clusters(self, cl):
+            return 132 // cl
+
+    p = ops.mmq_plan(Fn(1), 4096, 1024, 128, 128, True, 132)  # 32 tiles x 16 K-steps on 132 CTAs
+    whole, splits, per = ops.splitk_plan_tail(32, 16, 132)
+    assert (p.tiles_n, p.tiles, p.whole, p.splits, p.per) == (1, 32, whole, splits, per) and splits > 1
+    assert p.items == whole + (32 - whole) * splits and p.ctas == min(p.items, 132)
+    assert p.spread == ops.mmq_spread_fixup(32 - whole, splits, p.ctas)
+    p = ops.mmq_plan(Fn(1), 4096, 4096, 512, 256, False, 132)  # wgmma n256: 64 tiles, 2 splits
+    assert (p.tiles_n, p.tiles, p.whole) == (2, 64, 0) and (p.splits, p.per) == ops.splitk_plan_one_round(64, 64, 132)
+    assert p.items == 64 * p.splits and p.ctas == min(p.items, 132) and not p.spread
+    p = ops.mmq_plan(Fn(1, cluster=2), 4096, 4096, 512, 256, False, 132)  # clusters of 2: 32 groups of 2 M-tiles
+    assert (p.splits, p.per) == ops.splitk_plan_one_round(32, 64, 66) and p.ctas == min(32 * p.splits, 66)
+    p = ops.mmq_plan(Fn(2), 14336, 4096, 4096, 128, True, 132)  # 3584 tiles: whole rounds, then the tail split
+    assert (p.tiles, p.whole % 264, p.ctas) == (32 * 112, 0, 264) and p.items == p.whole + (p.tiles - p.whole) * p.splits
+    assert not p.spread  # more split items than resident CTAs: the last-CTA fixup (the spread one could deadlock)
