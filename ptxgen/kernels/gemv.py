@@ -594,26 +594,6 @@ TMA_MIN_CTAS = {1: 4, 2: 4, 4: 3, 8: 2}
 TMA_PAIRS = {1: (16, 4, 2, 4), 2: (16, 4, 2, 4)}
 
 
-def _pair_table(b, table, tid, lane, copies, nthreads):
-    """Fill the pair table at `table`: entry (byte v, copy c) at v·(8·copies) + 8·c holds (C[v & 15], C[v >> 4]).
-    Thread (row r = tid / copies, copy c = tid % copies) writes v = r + rows·i, rows = nthreads / copies (8 or 16):
-    C[v >> 4] = C[rows·i >> 4] is a constant, C[v & 15] one of rows·i & 15's values."""
-    rows = nthreads // copies
-    assert rows in (8, 16), (copies, nthreads)
-    r = b.op("shr.u32", tid, Imm(copies.bit_length() - 1, "u32"))
-    cb = b.op("mov.u64", b.const_table("codebook", T4.CODEBOOK.tobytes()))
-    lo = {}
-    for i in range(256 // rows):
-        o = rows * i & 15
-        if o not in lo:
-            lo[o] = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("add.u32", r, Imm(o, "u32")), Imm(4, "u32"), cb)))
-    c8 = b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3, "u32"))
-    dst = b.op("add.u32", b.op("mad.lo.u32", r, Imm(8 * copies, "u32"), table), c8)
-    for i in range(256 // rows):
-        hi = b.op("mov.f32", Imm(float(T4.CODEBOOK[rows * i >> 4]), "f32"))
-        b.emit("st.shared.v2.f32", Mem(dst, 8 * copies * rows * i), b.vec([lo[rows * i & 15], hi]))
-
-
 def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     """Exact TQ4_1S GEMV with the weights brought in by TMA (sm_90a; K a multiple of 128).
 
@@ -657,8 +637,8 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
                   tma_box=(160, R),
                   stages=S, dynamic_smem=b.dynamic_smem)
     if pairs:
-        b.meta.update(lookup="one ld.shared.v2.f32 per qs byte: (C[lo nibble], C[hi nibble]) from a 64 KB table "
-                             "(256 bytes x 32 lanes), address = prmt(qs word, 8·lane) + table")
+        b.meta.update(lookup=f"one ld.shared.v2.f32 per qs byte: (C[lo nibble], C[hi nibble]) from a {table_bytes // 1024} "
+                             f"KB table (256 bytes x {copies} copies, lane l reads copy l % {copies})")
     h = {"part_p": part_p, "cnt_p": cnt_p}
     A, Y = b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -669,11 +649,10 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     lut_sym = None if pairs else b.shared_buffer("lut", 256, align=256)
     ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=table_bytes)
     if pairs:
-        # prmt drops a qs byte into bits 8-15 beside the lane's copy offset (x 2 for 16 copies: shifted back)
-        lanec = b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3 if copies == 32 else 4, "u32"))
+        lanec = _pair_lane_term(b, lane, copies)
         ptab = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
         b.comment(f"the pair table ({table_bytes // 1024} KB, every thread); one CTA barrier for it and the stage barriers")
-        _pair_table(b, ptab, tid, lane, copies, 32 * NW)
+        _pair_table_copy(b, ptab, tid, lane, copies, 32 * NW, T4.codebook_pairs().tobytes())
     else:
         lut = b.op("mov.u32", lut_sym)
         b.comment("the 16-entry codebook (threads 0-15); one CTA barrier for it and the stage barriers")
@@ -765,10 +744,7 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
                     if pairs:  # byte j: elements 2j (low nibble) and 2j + 1, the same FMA order as below
                         for j in range(4):
                             vals = [b.reg("f32"), b.reg("f32")]
-                            off = b.op("prmt.b32", qw, lanec, Imm(0x5504 | (j << 4), "b32"))
-                            if copies == 16:
-                                off = b.op("shr.u32", off, Imm(1, "u32"))
-                            b.emit("ld.shared.v2.f32", b.vec(vals), Mem(b.op("add.u32", off, ptab)))
+                            b.emit("ld.shared.v2.f32", b.vec(vals), Mem(b.op("add.u32", _pair_offset(b, qw, j, lanec, copies), ptab)))
                             for e in (2 * j, 2 * j + 1):
                                 _pair_fma(b, part[r], vals[e % 2], e, [acts[t, 8 * wi + e] for t in range(Tn)])
                         continue
@@ -889,6 +865,12 @@ def _pair_table_copy(b, tbl, tid, lane, copies, nthreads, table_bytes):
         b.emit("st.shared.v2.u32", Mem(dst, 8 * copies * rows * i), b.vec(v))
 
 
+def _pair_lane_term(b, lane, copies):
+    """The lane's part of a pair-table offset as _pair_offset wants it: (lane % copies) << 3 for 32 copies, << 4 for
+    16 (prmt drops the byte into bits 8-15 beside it; the sum is halved)."""
+    return b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3 if copies == 32 else 4, "u32"))
+
+
 def _pair_offset(b, w, j, lanec, copies):
     """Byte j of `w` as an offset into a pair table: v·(8·copies) + 8·(lane % copies). prmt puts v in bits 8-15 beside
     lanec = (lane % copies) << 3 (32 copies) or << 4 (16 copies: the sum is halved)."""
@@ -956,7 +938,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     if pairs:
         b.comment(f"the pair table (A words (hi, lo) of both elements per qs byte, {copies} copies); one CTA barrier for it and the stage barriers")
         _pair_table_copy(b, tbl, tid, lane, copies, 32 * NW, T4.mma_pair_table().tobytes())
-        lanec = b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3 if copies == 32 else 4, "u32"))
+        lanec = _pair_lane_term(b, lane, copies)
     else:
         b.comment("the 2 KB codebook table ((hi, lo) fp16 per index, one copy per lane); one CTA barrier for it and the stage barriers")
         pt = b.op("mov.u64", b.const_table("codebook_init", T4.mma_element_table().tobytes(), align=16))
