@@ -337,13 +337,6 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False) -> np.nda
     return rec.reshape(-1)
 
 
-def codebook_pairs() -> np.ndarray:
-    """The exact lane GEMVs' codebook by qs byte v (256 entries of 8 bytes, before replication per lane):
-    (C[v & 15], C[v >> 4]) as fp32, the low nibble's value first."""
-    v = np.arange(256)
-    return np.stack([CODEBOOK[v & 15], CODEBOOK[v >> 4]], axis=1).astype("<f4").view(np.uint8).reshape(2048).copy()
-
-
 def mma_pair_table() -> np.ndarray:
     """The tensor-core GEMV's codebook by qs byte v (256 entries of 8 bytes, before replication per lane): the A
     words of its two elements, (hi(C[v & 15]), hi(C[v >> 4])) and (lo(C[v & 15]), lo(C[v >> 4])) as fp16x2 (the low
