@@ -1,10 +1,11 @@
 """Probe: builds of the exact TQ4_1S GEMVs side by side through mul_mat, built from the DSL here. Family `tma`
 (gemv_tq4_1s_tma_t1/t2, T ≤ 2): the 16-entry codebook table (`lut`: one LDS per weight, 4 warps, 3 stages, 4 CTAs
-per SM) against pair tables (one LDS.64 per qs byte); family `mma` (gemv_tq4_1s_mma{,_m16}, T = 5-8): the per-element
-(hi, lo) table (`lut`) against pair tables of A words. A pair variant is <copies>w<warps>s<stages>c<CTAs per SM>,
-e.g. 16w4s2c4, and for the tma family optionally r<rows per warp> (default gemv.TMA_ROWS). Each build within 1e-5 of the float64 reference; Q4_K's exact op on the same shape in the same run
+per SM) against pair tables (one LDS.64 per qs byte); family `mma` (gemv_tq4_1s_mma{,_m16}, T = 3-8): the
+per-element (hi, lo) table (`lut`) against pair tables of A words. A pair variant is
+<copies>w<warps>s<stages>c<CTAs per SM>, e.g. 16w4s2c4, and for the tma family optionally r<rows per warp> (default
+gemv.TMA_ROWS). Each build within 1e-5 of the float64 reference; Q4_K's exact op on the same shape in the same run
 (#7: TQ4_1S ≤ 1.15× Q4_K's time). Usage: probe_tq4_pairs.py FAMILY:VARIANTS MxK,... T,... [reps] (VARIANTS
-comma-separated)."""
+comma-separated), e.g. tma:lut,16w4s2c4 or mma:lut,16w8s2c2."""
 import re
 
 import numpy as np
@@ -21,6 +22,8 @@ family, variants = what.split(":")
 variants = variants.split(",")
 NAMES = {"tma": r"gemv_tq4_1s_tma_t(\d)", "mma": r"gemv_tq4_1s_mma(_m16)?"}[family]
 load = kernels.load
+
+
 def tma_build(t, cfg, rows):  # rows: the TMA kernel's rows per warp (gemv.TMA_ROWS) for this build
     def build(arch):
         saved = dict(gemv.TMA_ROWS)

@@ -569,12 +569,11 @@ def test_tma_gemv_pair_table_gives_the_16_entry_tables_bits(tokens):
     copies, warps, stages, ctas = gemv.TMA_PAIRS[tokens]
     ptx = KERNELS[name].for_arch("sm_90a").ptx()
     assert "ld.shared.v2.f32" in ptx
-    saved = gemv.TMA_WARPS, gemv.TMA_STAGES, dict(gemv.TMA_MIN_CTAS)
-    try:  # the 16-entry-table build with the pair build's warps, stages and CTAs per SM
-        gemv.TMA_WARPS, gemv.TMA_STAGES, gemv.TMA_MIN_CTAS[tokens] = warps, stages, ctas
+    with pytest.MonkeyPatch.context() as mp:  # the 16-entry-table build with the pair build's CTA shape
+        mp.setattr(gemv, "TMA_WARPS", warps)
+        mp.setattr(gemv, "TMA_STAGES", stages)
+        mp.setitem(gemv.TMA_MIN_CTAS, tokens, ctas)
         lut_ptx = gemv.build_tma_lanes(arch, tokens).ptx()
-    finally:
-        gemv.TMA_WARPS, gemv.TMA_STAGES, gemv.TMA_MIN_CTAS = saved
     assert "ld.shared.v2.f32" not in lut_ptx
     for splits in (1, 3):
         kw = dict(seed=11 + splits, shape=(37, 32 * 32 * 3 + 128), splits=splits)
