@@ -594,12 +594,13 @@ def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
     return kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_SKINNY_COLUMNS}", arch) is not None
 
 
-def _skinny_gemm(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, t: int, arch) -> None:
-    """t tokens through mmq_q4_k_rega_n32: prep_q4k_t32h once per group of 32 tokens (records back to back), then
-    one launch over (row CTAs, K splits, token groups); splits fill one wave of the resident CTAs."""
+def _skinny_gemm(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, t: int, arch,
+                 c: int = T4.Q4K_SKINNY_COLUMNS) -> None:
+    """t tokens through mmq_q4_k_rega_n{c} (c = 32, or 16: T ≤ 16): prep_q4k_t{c}h once per group of c tokens
+    (records back to back), then one launch over (row CTAs, K splits, token groups); splits fill one wave of the
+    resident CTAs."""
     from .driver import current
 
-    c = T4.Q4K_SKINNY_COLUMNS
     groups = -(-t // c)
     nsb = k // 256
     rb = T4.q4k_record_bytes(c, True)
