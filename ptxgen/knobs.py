@@ -21,6 +21,7 @@ PTXGEN_Q4K_T16H    Q4_K calls of 9-16 tokens in exact mode on gemv_q4_k_mma_t16h
 PTXGEN_MMQ_SKINNY  exact-mode Q4_K prefill (M ≥ 128) on the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations,
                    token groups of 32): unset/auto = from 17 tokens up to runtime.ops.SKINNY_MAX_TOKENS of the MMQ
                    path it replaces (64 for mma.sync; 32 for wgmma, from 2^25 weights), 1 = 17-128 tokens, 0 = never
+                   (9-16 tokens then stay on gemv_q4_k_mma_t16h where mmq_q4_k_rega_n16 would run them)
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
                    WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
 PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's

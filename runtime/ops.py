@@ -414,7 +414,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
 
     Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
     tokens (T ≤ 8 is one launch); Q4_K with T = 9–16 (mode "exact") the 16-token tensor-core skinny GEMM
-    gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; PTXGEN_Q4K_T16H=0 or
+    gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; where t16h's grid would take two
+    rounds, skinny16_ok, the same records on mmq_q4_k_rega_n16; PTXGEN_Q4K_T16H=0 or
     PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16); exact-mode Q4_K with M ≥ 128 and 17 ≤ T ≤ SKINNY_MAX_TOKENS
     (skinny_ok) the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations). Other Q4_K with T > 8 and
     M ≥ 128 runs the prefill GEMM, the smallest token tile that holds T: on sm_90 devices the wgmma + TMA
@@ -461,7 +462,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     if w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= T4.Q4K_HI_TOKENS and _t16h_ok(arch):
-        _few_token_gemv(w, xa.ptr, o.ptr, m, k, t, arch, hi_only=True)  # fp16 activations, as the GEMMs (README)
+        if skinny16_ok(m, arch):  # t16h's grid would take two rounds (README)
+            _skinny_gemm(w, xa.ptr, o.ptr, m, k, t, arch, c=T4.Q4K_HI_TOKENS)
+        else:
+            _few_token_gemv(w, xa.ptr, o.ptr, m, k, t, arch, hi_only=True)  # fp16 activations, as the GEMMs (README)
         return _result(o, xa.host and out is None)
     if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() != "off"
             and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16 (README)
@@ -529,6 +533,20 @@ def _t16h_ok(arch) -> bool:
     if v == "off" or (v == "auto" and knobs.q4k_mma() == "on"):
         return False
     return kernels.build_for("gemv_q4_k_mma_t16h", arch) is not None
+
+
+def skinny16_ok(m: int, arch=None) -> bool:
+    """Whether a 9-16-token call that would run gemv_q4_k_mma_t16h (_t16h_ok) runs mmq_q4_k_rega_n16 instead (the
+    same prep_q4k_t16h records, shared by the CTA's warps: 3 CTAs per SM to t16h's 1): where it is built (sm_90a)
+    and t16h's row CTAs exceed one round of its resident CTAs (one CTA per SM on the H200: M > 132 x 128 rows),
+    unless PTXGEN_MMQ_SKINNY=0. H200, µs, t16h / n16 at T = 16 and 9: 18944x3584 33.9 / 28.7 and 33.5 / 28.2; where
+    t16h's grid fits (4096², 14336x4096, 4096x14336) n16 is 10-30% slower (bench/results/probe_skinny16_session18.log)."""
+    from .driver import current
+
+    if knobs.mmq_skinny() == "off" or kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_HI_TOKENS}", arch) is None:
+        return False
+    fn = kernels.load("gemv_q4_k_mma_t16h", arch)
+    return -(-m // int(fn.meta["rows_per_cta"])) > fn.resident_per_sm() * current().sm_count
 
 
 def _xr_ok(k: int) -> bool:

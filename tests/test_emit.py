@@ -98,6 +98,7 @@ for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):
     EXPECTED_SASS[f"prep_q4k_{_sfx}"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
     EXPECTED_SASS[f"gemv_q4_k_mma_{_sfx}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS.128"]
 EXPECTED_SASS["mmq_q4_k_rega_n32"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "BAR.SYNC"]
+EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
 

@@ -729,20 +729,21 @@ def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
         assert out.ok, (bad, out.detail)
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
-def test_register_a_skinny_gemm(arch):
-    """mmq_q4_k_rega_n32 (token groups of 32 over gridDim.z, the records' ring shared by the CTA's warps, one CTA
-    barrier per step): one and two token groups (the second partial), 1-3 K-splits, M not a multiple of the CTA's
-    128 rows, within 1e-3 of the float64 reference (outputs NaN-poisoned first); an inf or a NaN in the last
-    token's x gives non-finite outputs exactly where the reference has them. sm_89: 2 stages, 1 CTA per SM."""
-    name = "mmq_q4_k_rega_n32"
+@pytest.mark.parametrize("c,arch", [(32, "sm_90a"), (32, "sm_89"), (16, "sm_90a")])
+def test_register_a_skinny_gemm(c, arch):
+    """mmq_q4_k_rega_n32 / _n16 (token groups of 32 / 16 over gridDim.z, the records' ring shared by the CTA's
+    warps, one CTA barrier per step): one and two token groups (the second partial), 1-3 K-splits, M not a multiple
+    of the CTA's 128 rows, within 1e-3 of the float64 reference (outputs NaN-poisoned first); an inf or a NaN in
+    the last token's x gives non-finite outputs exactly where the reference has them. sm_89: 2 stages, 1 CTA per
+    SM; n16: 2 stages, 3 CTAs per SM."""
+    name = f"mmq_q4_k_rega_n{c}"
     ptx = KERNELS[name].for_arch(arch).ptx()
-    for i, (n, shape, splits) in enumerate(((5, (140, 1280), 2), (32, (70, 512), 1), (45, (300, 768), 3),
-                                            (64, (129, 256), 1))):
+    for i, (n, shape, splits) in enumerate(((5, (140, 1280), 2), (c, (70, 512), 1), (c + 13, (300, 768), 3),
+                                            (2 * c, (129, 256), 1))):
         out = check_kernel(name, ptx, seed=20 + i, ntok=n, shape=shape, splits=splits)
         assert out.ok, (n, shape, splits, out.detail)
     for bad in (np.inf, np.nan):
-        out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=37, splits=2, poison_x=(36, 77, bad))
+        out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=c + 5, splits=2, poison_x=(c + 4, 77, bad))
         assert out.ok, (bad, out.detail)
 
 

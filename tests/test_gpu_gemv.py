@@ -308,6 +308,31 @@ def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
     assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran) and rel(other, want) <= 1e-5
 
 
+@pytest.mark.parametrize("m,k,t", [(16897, 512, 16), (20000, 768, 9), (16896, 512, 12)])
+def test_sixteen_token_calls_past_one_round_of_t16h_take_the_skinny_gemm(m, k, t, monkeypatch):
+    """Exact-mode Q4_K with 9-16 tokens where gemv_q4_k_mma_t16h's row CTAs (128 rows each) exceed one round of
+    its resident CTAs (M > 132 x 128 on the H200) runs prep_q4k_t16h + mmq_q4_k_rega_n16 (the same records, shared
+    by the CTA's warps), at or below it t16h: within 1e-3 of the float64 reference (outputs NaN-poisoned first),
+    bit-identical run to run, non-finite x only in its token's outputs; PTXGEN_MMQ_SKINNY=0 keeps t16h, within
+    the same bar."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+    from ptxgen.runtime.driver import current
+
+    ran, w, x, got, want = _q4k_mul_mat(monkeypatch, m, k, t, None, {})
+    t16h = ops.kernels.load("gemv_q4_k_mma_t16h")
+    past = -(-m // int(t16h.meta["rows_per_cta"])) > t16h.resident_per_sm() * current().sm_count
+    if current().sm_count == 132:  # the H200: one t16h CTA per SM, 128 rows each
+        assert past == (m > 16896)
+    assert ran == ["prep_q4k_t16h", "mmq_q4_k_rega_n16" if past else "gemv_q4_k_mma_t16h"], ran
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-3, rel(got, want)
+    _same_bits_and_per_token_non_finite(w, x, got, None)
+    monkeypatch.setenv("PTXGEN_MMQ_SKINNY", "0")
+    ran.clear()
+    other = r.mul_mat(w, x)
+    assert ran == ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"] and rel(other, want) <= 1e-3
+
+
 @pytest.mark.parametrize("m,k,t,arch", [(129, 768, 9, None), (300, 14336, 16, None), (2000, 3584, 12, None),
                                         (1, 512, 16, None), (2000, 3584, 16, "sm_89")])
 def test_q4_k_sixteen_token_fp16_gemv(m, k, t, arch, monkeypatch):

@@ -47,9 +47,6 @@ T1_MAX_SPLITS = 32
 T1_PLAN = {"big": {"t1": (4, 4, 1), "t2": (3, 4, 1), "t4": (2, 4, 1), "t8": (2, 2, 1), "t16h": (3, 1, 2)},
            "small": {"t1": (3, 2, 1), "t2": (2, 2, 1), "t4": (2, 1, 1), "t8": (2, 1, 1), "t16h": (2, 1, 1)}}
 
-# super-blocks per ring step by build (default 1): a step's copies take each row's 144·SB contiguous bytes
-T1_STEP: dict[tuple[str, str], int] = {}
-
 
 # K-steps (super-blocks) per split at least, where measured to matter: the "small" t16h build (2 stages, 2 CTAs per
 # SM on the H200) lost to its own fill and fixup at 4 steps per split — 4096² at T=16: 2 splits of 8 steps 14.2 µs,
@@ -62,27 +59,23 @@ def _suffix(nt: int, hi_only: bool) -> str:
     return f"t{nt}h" if hi_only else f"t{nt}"
 
 
-def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int, int]:
-    """(stages, resident CTAs per SM, m16 tiles per warp, super-blocks per step) of the build on `arch` (T1_PLAN,
-    T1_STEP)."""
-    size, sfx = _plan_size(arch), _suffix(nt, hi_only)
-    return T1_PLAN[size][sfx] + (T1_STEP.get((size, sfx), 1),)
+def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int]:
+    """(stages, resident CTAs per SM, m16 tiles per warp) of the build on `arch` (T1_PLAN)."""
+    return T1_PLAN[_plan_size(arch)][_suffix(nt, hi_only)]
 
 
 def _plan_size(arch) -> str:
     return "big" if arch.max_smem_per_block >= 200 * 1024 else "small"
 
 
-def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, w_off=None, SB=1, sub_bytes=0):
-    """The cp.async copy plan of the few-token rings: a warp's R rows of SB consecutive super-blocks as chunks
-    c = lane + 32u = 9·SB·row + column (16 bytes each, so one instruction copies ~3.5 / SB rows' contiguous 144·SB
-    bytes: measured 17% faster than 16 rows x 32 bytes at SB = 1; rows past M copy row M - 1, never stored) to
-    w_off + h·sub_bytes + 144·row + 16·(column - 9h) of a stage (super-block h of the step), and SB records (rb
-    bytes each at rec + rb·step) as chunks xi + nthr·u to h·sub_bytes + rec_at (`cache`: .ca or .cg).
-    Returns (issue(jb, st, live, what, live1): step jb into the stage at st if `live`, its second super-block
-    (SB = 2) only if `live1` too (the caller commits), w_off). w_off and rec may be callables, emitted where they
-    are first needed (the order the measured builds were emitted in)."""
-    w_chunks = 9 * SB * R
+def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, w_off=None):
+    """The cp.async copy plan of the few-token rings: a warp's R rows of one super-block as chunks c = lane + 32u =
+    9·row + column (16 bytes each, so one instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster
+    than 16 rows x 32 bytes; rows past M copy row M - 1, never stored) to w_off + 144·row + 16·column of a stage,
+    and one record (rb bytes at rec + rb·step) as chunks xi + nthr·u to rec_at of the stage (`cache`: .ca or .cg).
+    Returns (issue(jb, st, live, what): step jb into the stage at st, if `live` (the caller commits), w_off). w_off
+    and rec may be callables, emitted where they are first needed (the order the measured builds were emitted in)."""
+    w_chunks = 9 * R
     row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
@@ -91,58 +84,33 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
     wcopy = []
     for u in range(-(-w_chunks // 32)):
         c = b.op("add.u32", lane, Imm(32 * u, "u32"))
-        row = b.op("div.u32", c, Imm(9 * SB, "u32"))
-        col = b.op("rem.u32", c, Imm(9 * SB, "u32"))
-        col16 = b.op("shl.b32", col, Imm(4, "u32"))
+        row = b.op("div.u32", c, Imm(9, "u32"))
+        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
         rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
         src = b.op("mad.lo.u32", rel, row_bytes, col16)
-        h0 = None
-        if SB > 1:  # super-block h = column / 9 of the step: its bytes at h·sub_bytes, its copy only if live1
-            h0 = b.op("setp.lt.u32", col, Imm(9, "u32"))
-            col16 = b.op("add.u32", col16, b.op("selp.b32", Imm(0, "b32"), Imm(sub_bytes - 144, "b32"), h0))
         dst = col16 if w_off is None else b.op("add.u32", w_off, col16)
-        wcopy.append((src, b.op("mad.lo.u32", row, Imm(144, "u32"), dst), h0))
+        wcopy.append((src, b.op("mad.lo.u32", row, Imm(144, "u32"), dst)))
     x_src0 = b.op("mad.wide.u32", xi, Imm(16, "u32"), rec() if callable(rec) else rec)
     x_dst0 = b.op("mad.lo.u32", xi, Imm(16, "u32"), Imm(rec_at, "u32"))
     w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
-    x_chunks = SB * rb // 16
+    x_chunks = rb // 16
     x_tail = b.op("setp.lt.u32", xi, Imm(x_chunks % nthr, "u32"))
-    xcopy = []  # SB = 2: chunk xi + nthr·u of the step's two records: (its stage offset, whether it is record 0)
-    if SB > 1:
-        for u in range(-(-x_chunks // nthr)):
-            i = b.op("add.u32", xi, Imm(nthr * u, "u32"))
-            h0 = b.op("setp.lt.u32", i, Imm(rb // 16, "u32"))
-            xcopy.append((b.op("add.u32", b.op("mad.lo.u32", i, Imm(16, "u32"), Imm(rec_at, "u32")),
-                                b.op("selp.b32", Imm(0, "b32"), Imm(sub_bytes - rb, "b32"), h0)), h0))
 
-    def issue(jb, st, live, what=("w", "x"), live1=None):
-        either = {}  # h0 → (h0 or live1), once per step
-
-        def pred(go, h0):
-            if h0 is None:
-                return go
-            if h0 not in either:
-                either[h0] = b.op("or.pred", h0, live1)
-            return b.op("and.pred", go, either[h0])
+    def issue(jb, st, live, what=("w", "x")):
         if "w" in what:
             off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
-            for u, (src, dst, h0) in enumerate(wcopy):
+            for u, (src, dst) in enumerate(wcopy):
                 go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
                 b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
                        Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
-                       pred=pred(go, h0))
+                       pred=go)
         if "x" in what:
             src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
             dst = b.op("add.u32", st, x_dst0)
             for u in range(-(-x_chunks // nthr)):
                 go = live if nthr * (u + 1) <= x_chunks else b.op("and.pred", live, x_tail)
-                if SB > 1:
-                    xd, h0 = xcopy[u]
-                    b.emit(f"cp.async.{cache}.shared.global", Mem(b.op("add.u32", st, xd)), Mem(src, 16 * nthr * u),
-                           Imm(16, "u32"), pred=pred(go, h0))
-                else:
-                    b.emit(f"cp.async.{cache}.shared.global", Mem(dst, 16 * nthr * u), Mem(src, 16 * nthr * u),
-                           Imm(16, "u32"), pred=go)
+                b.emit(f"cp.async.{cache}.shared.global", Mem(dst, 16 * nthr * u), Mem(src, 16 * nthr * u),
+                       Imm(16, "u32"), pred=go)
     return issue, w_off
 
 
@@ -154,15 +122,9 @@ def _stage_base(b, ring, stage_bytes):
     return at
 
 
-def _split_range(b, nsb, kz, nsplit, SB=1):
-    """Split kz's super-blocks [jb, jend): contiguous runs of ceil(nsb / nsplit) (SB = 2: of 2·ceil(ceil(nsb / 2)
-    / nsplit), whole steps of two super-blocks but the last)."""
-    if SB > 1:
-        steps = b.op("shr.u32", b.op("add.u32", nsb, Imm(1, "u32")), Imm(1, "u32"))
-        per = b.op("shl.b32", b.op("div.u32", b.op("add.u32", steps, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit),
-                   Imm(1, "u32"))
-    else:
-        per = b.op("div.u32", b.op("add.u32", nsb, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit)
+def _split_range(b, nsb, kz, nsplit):
+    """Split kz's super-blocks [jb, jend): contiguous runs of ceil(nsb / nsplit)."""
+    per = b.op("div.u32", b.op("add.u32", nsb, b.op("sub.u32", nsplit, Imm(1, "u32"))), nsplit)
     jb = b.op("mul.lo.u32", kz, per)
     return jb, b.op("min.u32", b.op("add.u32", jb, per), nsb)
 
@@ -198,19 +160,18 @@ def _b_tiles(b, xrec, off, ntl):
     return xbs
 
 
-def _prologue(b, issue, stage_base, jb, jend, n, pdl, SB=1):
-    """The first n steps (of SB super-blocks) into stages 0 .. n - 1: their weights, then (after the prep kernel:
-    griddepcontrol.wait where `pdl`) their records; one cp.async group per step."""
+def _prologue(b, issue, stage_base, jb, jend, n, pdl):
+    """The first n steps into stages 0 .. n - 1: their weights, then (after the prep kernel: griddepcontrol.wait
+    where `pdl`) their records; one cp.async group per step."""
     firsts = []
     for s_ in range(n):
-        js = b.op("add.u32", jb, Imm(SB * s_, "u32"))
-        live1 = b.op("setp.lt.u32", b.op("add.u32", js, Imm(1, "u32")), jend) if SB > 1 else None
-        firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend), live1))
-        issue(*firsts[-1][:3], what=("w",), live1=live1)
+        js = b.op("add.u32", jb, Imm(s_, "u32"))
+        firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
+        issue(*firsts[-1], what=("w",))
     if pdl:
         b.emit("griddepcontrol.wait")
     for first in firsts:
-        issue(*first[:3], what=("x",), live1=first[3])
+        issue(*first, what=("x",))
         b.emit("cp.async.commit_group")
 
 
@@ -279,14 +240,13 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     arch.require("cp_async", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     NW = T1_WARPS
-    S, ctas, MT, SB = _ring_plan(arch, nt, hi_only)
+    S, ctas, MT = _ring_plan(arch, nt, hi_only)
     R = 16 * MT  # rows per warp
-    W_BYTES = R * 144  # a super-block's weights (its record follows; SB = 2: the second super-block after that)
+    W_BYTES = R * 144  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
-    sub_bytes = W_BYTES + rb
-    stage_bytes = SB * sub_bytes
+    stage_bytes = W_BYTES + rb
     b = KernelBuilder(f"gemv_q4_k_mma_{sfx}", arch, f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
@@ -298,27 +258,26 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
-                  mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8 * SB, max_splits=T1_MAX_SPLITS,
-                  min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1), step_blocks=SB,
+                  mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
+                  min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records", activation=f"prep_q4k_{sfx}(x): one {rb}-byte record per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
-    b.comment(f"copy plan: weight chunk c = lane + 32u = {9 * SB}·row + column (u = 0..{-(-9 * SB * R // 32) - 1}), "
-              f"16 bytes each (an instruction copies ~{3.5 / SB:.2g} rows' contiguous {144 * SB} bytes: at SB = 1 "
-              "measured 17% faster than 16 rows x 32 bytes), rows past M copy row M - 1 (never stored); record chunks "
-              "lane + 32u, the last u partial where the records are not a multiple of 512 bytes" +
-              (f"; {SB} super-blocks per step, each with its record, {sub_bytes} bytes apart" if SB > 1 else ""))
+    b.comment(f"copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..{-(-9 * R // 32) - 1}), 16 bytes "
+              "each (an instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster than 16 rows x 32 "
+              "bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u partial where "
+              "the record is not a multiple of 512 bytes")
     # the records .ca: the CTA's four warps read the same ones
     issue, _ = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, rec=REC, xi=lane, nthr=32, rb=rb,
-                            rec_at=W_BYTES, cache="ca", SB=SB, sub_bytes=sub_bytes)
+                            rec_at=W_BYTES, cache="ca")
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
-    jb, jend = _split_range(b, nsb, kz, nsplit, SB)
-    _prologue(b, issue, stage_base, jb, jend, S, pdl, SB)
+    jb, jend = _split_range(b, nsb, kz, nsplit)
+    _prologue(b, issue, stage_base, jb, jend, S, pdl)
     count = b.op("mov.u32", Imm(0, "u32"))
 
     dec = _Decoder(b, g, t)
@@ -347,91 +306,74 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
     st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
-
-    def substep(st, refill):
-        """One super-block of the stage at st: reads, MMAs, `refill` (SB = 1: the stage's refill), fp32 epilogue."""
-        hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
-        qs = []
+    hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
+    qs = []
+    for mt in range(MT):
+        qs.append([])
+        for rr in range(2):
+            words = b.regs("b32", 8)
+            for h in range(2):
+                b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]),
+                       Mem(b.op("add.u32", st, lane_qs), 144 * (16 * mt + 8 * rr) + 16 * h))
+            qs[mt].append(words)
+    xrec = b.op("add.u32", st, lane_rec)
+    # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
+    chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
+    for i in range(8):
+        xbs = _b_tiles(b, xrec, 64 * ncol * i, NTL)
         for mt in range(MT):
-            qs.append([])
-            for rr in range(2):
-                words = b.regs("b32", 8)
-                for h in range(2):
-                    b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]),
-                           Mem(b.op("add.u32", st, lane_qs), 144 * (16 * mt + 8 * rr) + 16 * h))
-                qs[mt].append(words)
-        xrec = b.op("add.u32", st, lane_rec)
-        # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
-        chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
-        for i in range(8):
-            xbs = _b_tiles(b, xrec, 64 * ncol * i, NTL)
-            for mt in range(MT):
-                a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
-                for c, nib in enumerate(("lo", "hi")):
-                    A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
-                    for n in range(NTL):
-                        ch = chains[mt][n][c]
-                        b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
-                                        b.vec(czero if i == 0 else ch)))
-        mws = []  # the min MMA's B registers per tile: (hi pair, 0) or, hi_only, (hi pair, lo pair) at k, k + 8
-        for n in range(NTL):
-            if hi_only:
-                mw = b.regs("b32", 2)
-                b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 32 * mslot * n))
-            else:
-                mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 32 * mslot * n)), zero]
-            mws.append(mw)
-        facs = []  # facs[tile][e]: the lane's tokens' 2^-s
-        for n in range(NTL):
-            fa = b.op("add.u32", st, lane_fac)
-            if hi_only:
-                f2 = b.regs("f32", 2)
-                b.emit("ld.shared.v2.f32", b.vec(f2), Mem(fa, 32 * n))
-                facs.append(f2)
-            else:
-                facs.append([b.op("ld.shared.f32", Mem(fa, 16 * n))])
-        ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
-        for mt in range(MT):
-            for n in range(NTL):
-                ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]  # hi_only: the mins again at k + 8 for the lo pairs
-                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms[mt][n]), b.vec(ma + (ma if hi_only else [zero, zero])),
-                                b.vec(mws[n]), b.vec(czero)))
-        refill()
-        for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
-            for rr in range(2):
-                hd = hds[mt][rr]
+            a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
+            for c, nib in enumerate(("lo", "hi")):
+                A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
                 for n in range(NTL):
-                    lo_c, hi_c, mm = chains[mt][n][0], chains[mt][n][1], ms[mt][n]
-                    if hi_only:  # columns 2t, 2t + 1: two tokens
-                        for e in range(2):
-                            cs = b.op("add.rn.f32", lo_c[2 * rr + e], hi_c[2 * rr + e])
-                            v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mm[2 * rr + e]))
-                            b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e])
-                    else:  # columns 2t (hi), 2t + 1 (lo) of one token
-                        cs = b.op("add.rn.f32", b.op("add.rn.f32", lo_c[2 * rr], hi_c[2 * rr]),
-                                  b.op("add.rn.f32", lo_c[2 * rr + 1], hi_c[2 * rr + 1]))
-                        mins = b.op("add.rn.f32", mm[2 * rr], mm[2 * rr + 1])
-                        v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mins))
-                        b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
-
-    def refill():
-        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: refill it
-        nxt = b.op("add.u32", jb, Imm(S * SB, "u32"))
-        live1 = b.op("setp.lt.u32", b.op("add.u32", nxt, Imm(1, "u32")), jend) if SB > 1 else None
-        issue(nxt, st, b.op("setp.lt.u32", nxt, jend), live1=live1)
-        b.emit("cp.async.commit_group")
-
-    if SB == 1:
-        substep(st, refill)
-    else:  # the step's second super-block only where the split has it (an odd run's last step has one)
-        substep(st, lambda: None)
-        one = b.label("one_block")
-        b.bra(one, pred=b.op("setp.ge.u32", b.op("add.u32", jb, Imm(1, "u32")), jend))
-        substep(b.op("add.u32", st, Imm(sub_bytes, "u32")), lambda: None)
-        b.place(one)
-        refill()
+                    ch = chains[mt][n][c]
+                    b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
+                                    b.vec(czero if i == 0 else ch)))
+    mws = []  # the min MMA's B registers per tile: (hi pair, 0) or, hi_only, (hi pair, lo pair) at k, k + 8
+    for n in range(NTL):
+        if hi_only:
+            mw = b.regs("b32", 2)
+            b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 32 * mslot * n))
+        else:
+            mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 32 * mslot * n)), zero]
+        mws.append(mw)
+    facs = []  # facs[tile][e]: the lane's tokens' 2^-s
+    for n in range(NTL):
+        fa = b.op("add.u32", st, lane_fac)
+        if hi_only:
+            f2 = b.regs("f32", 2)
+            b.emit("ld.shared.v2.f32", b.vec(f2), Mem(fa, 32 * n))
+            facs.append(f2)
+        else:
+            facs.append([b.op("ld.shared.f32", Mem(fa, 16 * n))])
+    ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
+    for mt in range(MT):
+        for n in range(NTL):
+            ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]  # hi_only: the mins again at k + 8 for the lo pairs
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms[mt][n]), b.vec(ma + (ma if hi_only else [zero, zero])),
+                            b.vec(mws[n]), b.vec(czero)))
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: refill it
+    nxt = b.op("add.u32", jb, Imm(S, "u32"))
+    issue(nxt, st, b.op("setp.lt.u32", nxt, jend))
+    b.emit("cp.async.commit_group")
+    for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
+        for rr in range(2):
+            hd = hds[mt][rr]
+            for n in range(NTL):
+                lo_c, hi_c, mm = chains[mt][n][0], chains[mt][n][1], ms[mt][n]
+                if hi_only:  # columns 2t, 2t + 1: two tokens
+                    for e in range(2):
+                        cs = b.op("add.rn.f32", lo_c[2 * rr + e], hi_c[2 * rr + e])
+                        v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mm[2 * rr + e]))
+                        b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e])
+                else:  # columns 2t (hi), 2t + 1 (lo) of one token
+                    cs = b.op("add.rn.f32", b.op("add.rn.f32", lo_c[2 * rr], hi_c[2 * rr]),
+                              b.op("add.rn.f32", lo_c[2 * rr + 1], hi_c[2 * rr + 1]))
+                    mins = b.op("add.rn.f32", mm[2 * rr], mm[2 * rr + 1])
+                    v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mins))
+                    b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
     b.emit("add.u32", count, count, Imm(1, "u32"))
-    b.emit("add.u32", jb, jb, Imm(SB, "u32"))
+    b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
     items = []  # lane (g, t): its tokens of rows 16·mt + g + 8·rr
@@ -449,15 +391,17 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     return b.finish()
 
 
-# mmq_q4_k_rega_n32: (ring stages, resident CTAs per SM, m16 tiles per warp, warps) by the SM's shared memory; a
-# stage is every warp's 16·MT rows x 144 bytes + one 32-token record (17536 bytes)
-SKINNY_PLAN = {"big": (3, 2, 2, 4), "small": (2, 1, 2, 4)}
+# mmq_q4_k_rega_n{C}: (ring stages, resident CTAs per SM, m16 tiles per warp, warps) by the SM's shared memory and
+# C; a stage is every warp's 16·MT rows x 144 bytes + one C-token record (17536 / 8768 bytes). n16 (sm_90a only):
+# 2 stages x 3 CTAs measured best on 18944x3584 at T = 9-16 (28.2-28.7 µs vs 33.2-33.4 at 3 x 2), where it runs
+# (ops.skinny16_ok); slowest of the plans on 4096² (bench/results/probe_skinny16_session18.log)
+SKINNY_PLAN = {("big", 32): (3, 2, 2, 4), ("small", 32): (2, 1, 2, 4), ("big", 16): (2, 3, 2, 4)}
 SKINNY_UNROLL = 2  # MMA pairs per iteration of the step's inner loop
 
 
 def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None):
-    """mmq_q4_k_rega_n{C} (C = 32; `plan` as SKINNY_PLAN's, default by the SM's shared memory; C = 16 reads
-    prep_q4k_t16h's records): the few-token GEMV's decode for more tokens — a CTA's warps share one ring of records
+    """mmq_q4_k_rega_n{C} (C = 32, or 16 for up to 16 tokens with prep_q4k_t16h's records; `plan` as SKINNY_PLAN's,
+    default by the SM's shared memory and C): the few-token GEMV's decode for more tokens — a CTA's warps share one ring of records
     (32 tokens' fp16 hi parts per super-block, prep_q4k_t32h per token group), so a record is copied once per CTA
     and not once per warp; one CTA barrier per step (cp.async groups, S stages, the stage consumed last step
     refilled after the barrier). Token groups of 32 over gridDim.z, split-K over gridDim.y with the GEMVs'
@@ -466,7 +410,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     what = "the register-A mma.sync skinny GEMM"
     arch.require("mma_sync_f16", what, "use mmq_q4_k_f16_n*")
     arch.require("cp_async", what, "use mmq_q4_k_f16_n*")
-    S, ctas, MT, NW = plan or SKINNY_PLAN["big" if arch.max_smem_per_block >= 200 * 1024 else "small"]
+    S, ctas, MT, NW = plan or SKINNY_PLAN[("big" if arch.max_smem_per_block >= 200 * 1024 else "small", C)]
     R = 16 * MT
     W_BYTES = R * 144
     moff, foff, rb = T4.q4k_record_layout(C, True)
