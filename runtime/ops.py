@@ -206,7 +206,8 @@ def mma_sync_x16(m: int, k: int, t: int, arch: str | None = None) -> bool:
 class MmqPlan(NamedTuple):
     """How an MMQ launch covers its tiles: token tiles, 128 x bn tiles, the whole ones (the mma.sync builds run
     those first, then the rest split; the others split every tile alike: whole = 0), K splits and K-steps per
-    split, work items, CTAs (or clusters) launched and whether the split tiles use the spread fixup."""
+    split, work items, CTAs (or clusters) launched, whether the split tiles use the spread fixup, the build's
+    cluster size and the launch grid (CTAs: cluster x ctas)."""
     tiles_n: int
     tiles: int
     whole: int
@@ -215,6 +216,11 @@ class MmqPlan(NamedTuple):
     items: int
     ctas: int
     spread: bool
+    cluster: int = 1
+
+    @property
+    def grid(self) -> tuple[int]:
+        return (self.cluster * self.ctas,)
 
 
 def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPlan:
@@ -234,11 +240,12 @@ def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPl
             _one_round_as_tail(tiles, steps, slots))
         items = whole + (tiles - whole) * splits
         ctas = min(items, slots)
-        return MmqPlan(tiles_n, tiles, whole, splits, per, items, ctas, mmq_spread_fixup(tiles - whole, splits, ctas))
+        return MmqPlan(tiles_n, tiles, whole, splits, per, items, ctas, mmq_spread_fixup(tiles - whole, splits, ctas),
+                       cl)
     groups = tiles_n * -(-((m + 127) // 128) // cl)
     splits, per = splitk_plan_one_round(groups, steps, slots)
     items = groups * splits
-    return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False)
+    return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False, cl)
 
 
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
@@ -288,8 +295,7 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         q = DeviceBuffer(8)
         q.fill_bytes(0)  # once; every launch leaves it at zero again
         _QUEUE.append(q)
-    cl = fn.meta.get("cluster", (1, 1, 1))[0]
-    grid = (cl * plan.ctas,)
+    cl, grid = plan.cluster, plan.grid
     tail = (m, k, t, plan.per, _QUEUE[0], plan.tiles_n, splits, part, cnt) + ((whole, int(plan.spread)) if sync else ())
     if wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")

@@ -445,9 +445,10 @@ def test_mmq_plan_matches_its_parts():
     assert p.spread == ops.mmq_spread_fixup(32 - whole, splits, p.ctas)
     p = ops.mmq_plan(Fn(1), 4096, 4096, 512, 256, False, 132)  # wgmma n256: 64 tiles, 2 splits
     assert (p.tiles_n, p.tiles, p.whole) == (2, 64, 0) and (p.splits, p.per) == ops.splitk_plan_one_round(64, 64, 132)
-    assert p.items == 64 * p.splits and p.ctas == min(p.items, 132) and not p.spread
+    assert p.items == 64 * p.splits and p.ctas == min(p.items, 132) and not p.spread and p.grid == (p.ctas,)
     p = ops.mmq_plan(Fn(1, cluster=2), 4096, 4096, 512, 256, False, 132)  # clusters of 2: 32 groups of 2 M-tiles
     assert (p.splits, p.per) == ops.splitk_plan_one_round(32, 64, 66) and p.ctas == min(32 * p.splits, 66)
+    assert p.cluster == 2 and p.grid == (2 * p.ctas,)  # the launch: every cluster's CTAs
     p = ops.mmq_plan(Fn(2), 14336, 4096, 4096, 128, True, 132)  # 3584 tiles: whole rounds, then the tail split
     assert (p.tiles, p.whole % 264, p.ctas) == (32 * 112, 0, 264) and p.items == p.whole + (p.tiles - p.whole) * p.splits
     assert not p.spread  # more split items than resident CTAs: the last-CTA fixup (the spread one could deadlock)

@@ -523,17 +523,16 @@ def _warp_rows(b, NW, R):
 def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=0):
     """This warp's ring of S stages in dynamic shared memory (aligned up to 128 bytes for TMA; the rings start
     `skip` bytes past that) and its S mbarriers, initialised by lane 0 (the caller's CTA barrier publishes
-    them): (ring, bars) addresses."""
+    them): (ring, bars, the aligned base: where the `skip` bytes start) addresses."""
     bars_sym = b.shared_buffer("bars", 8 * NW * S, align=8)
-    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
-    if skip:
-        base = b.op("add.u32", base, Imm(skip, "u32"))
+    aligned = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    base = b.op("add.u32", aligned, Imm(skip, "u32")) if skip else aligned
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
     bars = b.op("mad.lo.u32", warp, Imm(8 * S, "u32"), b.op("mov.u32", bars_sym))
     b.comment("the warp's stage barriers (lane 0)")
     for i in range(S):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bars, 8 * i), Imm(1, "u32"), pred=leader)
-    return ring, bars
+    return ring, bars, aligned
 
 
 def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, words_per_step=None, step_blocks=None):
@@ -669,10 +668,9 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
     lut_sym = None if pairs else b.shared_buffer("lut", 256, align=256)
-    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=table_bytes)
+    ring, bars, ptab = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=table_bytes)  # table at ptab
     if pairs:
         lanec = _pair_lane_term(b, lane, copies)
-        ptab = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
         b.comment(f"the pair table ({table_bytes // 1024} KB, every thread); one CTA barrier for it and the stage barriers")
         _pair_table(b, ptab, tid, lane, copies, 32 * NW)
     else:
@@ -955,7 +953,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
     table_sym = b.shared_buffer("codebook", 256 * 8 * copies if pairs else 2048, align=16)
-    ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
+    ring, bars, _ = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
     tbl = b.op("mov.u32", table_sym)
     if pairs:
         b.comment(f"the pair table (A words (hi, lo) of both elements per qs byte, {copies} copies); one CTA barrier for it and the stage barriers")
@@ -1180,7 +1178,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     if tma:
-        ring, bars = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
+        ring, bars, _ = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
         b.emit("fence.proxy.async.shared::cta")
         b.emit("bar.sync", Imm(0, "u32"))
     else:  # this warp's ring (16-byte aligned for cp.async)
