@@ -1,8 +1,11 @@
-"""Probe: Q4_K at T = 9-16 (#6's T=16 column) — mul_mat's default (prep_q4k_t16h + gemv_q4_k_mma_t16h, each warp
-copying the 16-token records into its own ring: 4 warps per SM) against the register-A skinny GEMM built for
+"""Probe: Q4_K at T = 9-16 (#6's T=16 column) — mul_mat with PTXGEN_MMQ_SKINNY=0 (prep_q4k_t16h +
+gemv_q4_k_mma_t16h, each warp copying the 16-token records into its own ring: 4 warps per SM), mul_mat's default
+(since session 18 the skinny GEMM below where t16h's grid takes two rounds) and the register-A skinny GEMM built for
 16-token groups (mmq_q4_k_rega_n16: the same records shared by the CTA's warps, one CTA barrier per step), in ring
 plans S,C,MT,NW (stages, CTAs per SM, m16 tiles per warp, warps; `cur` = gemv_t1.SKINNY_PLAN's n16 plan: 3,2,2,4 when the session-18 log ran, 2,3,2,4 since), built from the
 DSL here. Each within 1e-3 of the float64 reference. Usage: probe_skinny16.py PLAN/PLAN/... MxK,... T,... [reps]."""
+import os
+
 import numpy as np
 import torch
 
@@ -40,8 +43,12 @@ for m, k, raw, ws, t, xt, y in probe_cases(r, torch, "q4_K", shapes, tokens):
 
     row = []
     fn = lambda i: r.mul_mat(ws[i % len(ws)], xt, out=y)
+    os.environ["PTXGEN_MMQ_SKINNY"] = "0"
     check(fn, "t16h")
     row.append(f"t16h {timed(fn, reps, torch):.1f}")
+    del os.environ["PTXGEN_MMQ_SKINNY"]
+    check(fn, "mul_mat")
+    row.append(f"mul_mat {timed(fn, reps, torch):.1f}")
     for i, plan in enumerate(plans):
         kernels.load = plan_load(i)
         fn = lambda i: ops._skinny_gemm(ws[i % len(ws)], xa.ptr, ya.ptr, m, k, t, "sm_90a", c=16)
