@@ -25,25 +25,32 @@ extern "C" __global__ void read16(const uint4* __restrict__ p, unsigned long lon
     if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 """
-sizes = [float(v) for v in sys.argv[1].split(",")]
-reps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
-kern = cp.RawKernel(SRC, "read16")
-sms = torch.cuda.get_device_properties(0).multi_processor_count
-out = cp.zeros(sms * 64, dtype=cp.uint32)
-for mb in sizes:
-    n = int(mb * 1e6) // 16 * 4  # fp32 elements, a multiple of 4
-    copies = max(2, math.ceil(4 * 60e6 / (4 * n)))
-    bufs = [torch.randn(n, device="cuda") for _ in range(copies)]
-    dst = [torch.empty(n, device="cuda") for _ in range(copies)]
-    nb = 4 * n
-    res = []
-    for blocks_per_sm in (4, 8, 16):
-        def run(i, bps=blocks_per_sm):
-            kern((sms * bps,), (256,), (cp.uint64(bufs[i % copies].data_ptr()), cp.uint64(nb // 16), out),
-                 stream=cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
-        run(0)
-        us = timed(run, reps, torch)
-        res.append(f"{blocks_per_sm}/SM {us:.1f} us ({nb / us / 4.27e6:.0%})")
-    c = timed(lambda i: dst[i % copies].copy_(bufs[(i + 1) % copies]), reps, torch)
-    print(f"{nb / 1e6:.1f} MB: read kernel " + ", ".join(res) +
-          f"; torch copy {c:.1f} us ({2 * nb / c / 1e3:.0f} GB/s read+write)", flush=True)
+
+
+def main():
+    sizes = [float(v) for v in sys.argv[1].split(",")]
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+    kern = cp.RawKernel(SRC, "read16")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = cp.zeros(sms * 64, dtype=cp.uint32)
+    for mb in sizes:
+        n = int(mb * 1e6) // 16 * 4  # fp32 elements, a multiple of 4
+        copies = max(2, math.ceil(4 * 60e6 / (4 * n)))
+        bufs = [torch.randn(n, device="cuda") for _ in range(copies)]
+        dst = [torch.empty(n, device="cuda") for _ in range(copies)]
+        nb = 4 * n
+        res = []
+        for blocks_per_sm in (4, 8, 16):
+            def run(i, bps=blocks_per_sm):
+                kern((sms * bps,), (256,), (cp.uint64(bufs[i % copies].data_ptr()), cp.uint64(nb // 16), out),
+                     stream=cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+            run(0)
+            us = timed(run, reps, torch)
+            res.append(f"{blocks_per_sm}/SM {us:.1f} us ({nb / us / 4.27e6:.0%})")
+        c = timed(lambda i: dst[i % copies].copy_(bufs[(i + 1) % copies]), reps, torch)
+        print(f"{nb / 1e6:.1f} MB: read kernel " + ", ".join(res) +
+              f"; torch copy {c:.1f} us ({2 * nb / c / 1e3:.0f} GB/s read+write)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

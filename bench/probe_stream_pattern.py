@@ -11,7 +11,7 @@ per CTA, a warp on 16 rows, K split over gridDim.y into runs of super-blocks (as
 - ldg{SB}: the same chunks into registers (ld.global.nc.L1::no_allocate v4), two steps in flight;
 - rowrun: a warp walks its 16 rows one after another, 32 lanes x 16 consecutive bytes of the row's run, 4 loads in
   flight per lane (the fast dp4a GEMV's pattern: long contiguous runs per warp);
-- flat: the read floor (probe_read_floor.py's kernel) over the same bytes.
+- flat: the read floor (probe_read_floor.py's kernel, 8 CTAs of 256 threads per SM) over the same bytes.
 Timing as bench_gemv (events around one launch after a sleep; weights rotated past the L2).
 
 Usage: probe_stream_pattern.py MxK,MxK [reps]"""
@@ -22,6 +22,7 @@ import cupy as cp
 import torch
 
 from bench_gemv import timed
+from probe_read_floor import SRC as FLAT_SRC  # the read floor's kernel, read16
 
 SRC = r"""
 #include <cuda_pipeline.h>
@@ -127,17 +128,6 @@ __global__ void __launch_bounds__(128, 4) rowrun(const unsigned char* __restrict
     if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-extern "C" __global__ void flat(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) {
-    unsigned acc = 0;
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n16; i += 4 * stride) {
-        uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-    }
-    for (; i < n16; i += stride) { uint4 a = __ldcs(p + i); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
-    if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
 """
 CP = [(1, 4, 4), (1, 3, 4), (2, 2, 4), (2, 3, 3), (4, 2, 2)]  # (SB, S, CTAs per SM)
 LDG = [1, 2, 4]
@@ -189,7 +179,7 @@ def main():
             fn = lambda i, ny=ny, per=per: go(kern, (gx, ny), 0, per, i)
             fn(0)
             res.append((f"rowrun ({ny} splits)", timed(fn, reps, torch)))
-        flat = mod.get_function("flat")
+        flat = cp.RawKernel(FLAT_SRC, "read16")
         fn = lambda i: flat((sms * 8,), (256,), (cp.uint64(bufs[i % copies].data_ptr()), cp.uint64(nbytes // 16), out),
                             stream=stream)
         fn(0)
