@@ -2,8 +2,8 @@
 gemv_q4_k_mma_t16h, each warp copying the 16-token records into its own ring: 4 warps per SM), mul_mat's default
 (since session 18 the skinny GEMM below where t16h's grid takes two rounds) and the register-A skinny GEMM built for
 16-token groups (mmq_q4_k_rega_n16: the same records shared by the CTA's warps, one CTA barrier per step), in ring
-plans S,C,MT,NW (stages, CTAs per SM, m16 tiles per warp, warps; `cur` = gemv_t1.SKINNY_PLAN's n16 plan: 3,2,2,4 when the session-18 log ran, 2,3,2,4 since), built from the
-DSL here. Each within 1e-3 of the float64 reference. Usage: probe_skinny16.py PLAN/PLAN/... MxK,... T,... [reps]."""
+plans S,C,MT,NW (stages, CTAs per SM, m16 tiles per warp, warps; `cur` = gemv_t1.SKINNY_PLAN's n16 plan: 3,2,2,4
+in probe_skinny16_session18.log, 2,3,2,4 since), built from the DSL here. Each within 1e-3 of the float64 reference. Usage: probe_skinny16.py PLAN/PLAN/... MxK,... T,... [reps]."""
 import os
 
 import numpy as np

@@ -544,9 +544,10 @@ def _t16h_ok(arch) -> bool:
 def skinny16_ok(m: int, arch=None) -> bool:
     """Whether a 9-16-token call that would run gemv_q4_k_mma_t16h (_t16h_ok) runs mmq_q4_k_rega_n16 instead (the
     same prep_q4k_t16h records, shared by the CTA's warps: 3 CTAs per SM to t16h's 1): where it is built (sm_90a)
-    and t16h's row CTAs exceed one round of its resident CTAs (its build's meta ctas_per_sm, one on sm_90a: M > 132 x
-    128 rows on the H200), unless PTXGEN_MMQ_SKINNY=0. H200, µs, t16h / n16 at T = 16 and 9: 18944x3584 33.9 / 28.7 and 33.5 / 28.2; where
-    t16h's grid fits (4096², 14336x4096, 4096x14336) n16 is 10-30% slower (bench/results/probe_skinny16_session18.log)."""
+    and t16h's row CTAs exceed one round of its resident CTAs (its build's meta ctas_per_sm, one on sm_90a: M >
+    132 x 128 rows on the H200), unless PTXGEN_MMQ_SKINNY=0. H200, µs, t16h / n16 at T = 16 and 9: 18944x3584
+    33.8 / 28.5 and 33.4 / 27.8; where t16h's grid fits (4096², 14336x4096, 4096x14336, 3584x18944) n16 is 10-30%
+    slower (bench/results/probe_skinny16*_session18.log)."""
     from .driver import current
 
     if knobs.mmq_skinny() == "off" or kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_HI_TOKENS}", arch) is None:

@@ -525,7 +525,8 @@ def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=0):
     `skip` bytes past that) and its S mbarriers, initialised by lane 0 (the caller's CTA barrier publishes
     them): (ring, bars, the aligned base: where the `skip` bytes start) addresses."""
     bars_sym = b.shared_buffer("bars", 8 * NW * S, align=8)
-    aligned = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    aligned = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")),
+                   Imm(~127 & 0xFFFFFFFF, "b32"))
     base = b.op("add.u32", aligned, Imm(skip, "u32")) if skip else aligned
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
     bars = b.op("mad.lo.u32", warp, Imm(8 * S, "u32"), b.op("mov.u32", bars_sym))

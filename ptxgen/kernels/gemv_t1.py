@@ -400,11 +400,11 @@ SKINNY_UNROLL = 2  # MMA pairs per iteration of the step's inner loop
 
 
 def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None):
-    """mmq_q4_k_rega_n{C} (C = 32, or 16 for up to 16 tokens with prep_q4k_t16h's records; `plan` as SKINNY_PLAN's,
-    default by the SM's shared memory and C): the few-token GEMV's decode for more tokens — a CTA's warps share one ring of records
-    (32 tokens' fp16 hi parts per super-block, prep_q4k_t32h per token group), so a record is copied once per CTA
+    """mmq_q4_k_rega_n{C} (C = 32, or 16 for up to 16 tokens; `plan` as SKINNY_PLAN's, by default the SM's shared
+    memory's and C's): the few-token GEMV's decode for more tokens — a CTA's warps share one ring of records (C
+    tokens' fp16 hi parts per super-block, prep_q4k_t{C}h per token group), so a record is copied once per CTA
     and not once per warp; one CTA barrier per step (cp.async groups, S stages, the stage consumed last step
-    refilled after the barrier). Token groups of 32 over gridDim.z, split-K over gridDim.y with the GEMVs'
+    refilled after the barrier). Token groups of C over gridDim.z, split-K over gridDim.y with the GEMVs'
     deterministic last-warp fixup (counters per group and warp)."""
     NTL = C // 8
     what = "the register-A mma.sync skinny GEMM"
