@@ -357,6 +357,25 @@ def test_fullest_residency_picks_the_grid_that_fills_more_slots(monkeypatch):
     assert ops._fullest_residency(fn, 18944, 3584, (3, 2)) == 3
 
 
+def test_sixteen_token_skinny_gemm_rule(monkeypatch):
+    """mul_mat's rule for 9-16 tokens (README): mmq_q4_k_rega_n16 where gemv_q4_k_mma_t16h's 128-row CTAs exceed
+    one round of its planned residency (one per SM on sm_90a: M > 16896 on 132 SMs), from the emitted manifests;
+    never where n16 is not built (sm_89) or with PTXGEN_MMQ_SKINNY=0."""
+    from types import SimpleNamespace
+
+    from ptxgen.runtime import driver, ops
+
+    monkeypatch.setattr(driver, "current", lambda: SimpleNamespace(sm_count=132))
+    monkeypatch.delenv("PTXGEN_MMQ_SKINNY", raising=False)
+    assert not ops.skinny16_ok(16896, "sm_90a") and ops.skinny16_ok(16897, "sm_90a")
+    assert ops.skinny16_ok(18944, "sm_90a")
+    assert not ops.skinny16_ok(18944, "sm_89") and not ops.skinny16_ok(18944, "sm_120a")
+    monkeypatch.setattr(driver, "current", lambda: SimpleNamespace(sm_count=170))  # more SMs: a later switch
+    assert not ops.skinny16_ok(18944, "sm_90a") and ops.skinny16_ok(170 * 128 + 1, "sm_90a")
+    monkeypatch.setenv("PTXGEN_MMQ_SKINNY", "0")
+    assert not ops.skinny16_ok(20000, "sm_90a")
+
+
 def test_tensor_core_gemv_token_rule():
     """mul_mat's rule (README): Q4_K from 2 tokens, single tokens too from 2^25 weights (4096x14336 and 18944x3584
     yes, 4608x3584 no; TMA and cp.async builds alike); TQ4_1S from 3 tokens from 14·2^20 weights (4608x3584 and
