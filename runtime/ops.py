@@ -248,6 +248,19 @@ def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPl
     return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False, cl)
 
 
+# the register-A MMQ converts x inside the launch (mmq_q4_k_wgmma_ra_n*_cx: no convert_f16_perm launch) when its
+# plan has no K split (set from the H200 measurements, bench/NOTES.md session 19)
+MMQ_CX_MAX_SPLITS = 1
+
+
+def mmq_convert_in_gemm(splits: int) -> bool:
+    """Whether the register-A MMQ converts fp32 x itself (PTXGEN_MMQ_CX: auto = plans of at most MMQ_CX_MAX_SPLITS
+    K splits, on = always, off = never: convert_f16_perm first). Its converters walk x's K chunks in order, so a
+    split that starts mid-K waits for the chunks before its own."""
+    v = knobs.mmq_cx()
+    return v == "on" or (v == "auto" and splits <= MMQ_CX_MAX_SPLITS)
+
+
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
                path: str | None = None) -> None:
     """Launch the Q4_K MMQ (with convert_f16 / quantize_q8_1_mmq first where its path reads their output)
@@ -255,7 +268,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16, x converted inside the GEMM),
     "mma.sync_x16" (convert_f16 launch, then the fp16 GEMM on fp16 x), "wgmma" (fp16, sm_90a), "wgmma_ra"
     (fp16, sm_90a, A from registers and x in its K order; token tile n128 to WGMMA_RA_N128_MAX_TOKENS, n256 above,
-    unless `bn` says otherwise), "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each
+    unless `bn` says otherwise; it converts x itself, mmq_q4_k_wgmma_ra_n*_cx, where mmq_convert_in_gemm says so),
+    "wgmma_ra_cx" / "wgmma_ra_x16" (the register-A build converting x inside the launch / after convert_f16_perm,
+    whatever the rule says), "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each
     activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized to Q8_1 inside the
     GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them."""
 
@@ -266,15 +281,20 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         path = mmq_path(arch, t)
         if path == "mma.sync" and mma_sync_x16(m, k, t, arch):
             path = "mma.sync_x16"
-    if path not in ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_mc", "q8", "q8_pre"):
-        raise ValueError("mmq_launch: path must be mma.sync, mma.sync_x16, wgmma, wgmma_ra, wgmma_ra_mc, q8 or q8_pre, "
-                         f"got {path!r}")
+    paths = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc", "q8",
+             "q8_pre")
+    if path not in paths:
+        raise ValueError(f"mmq_launch: path must be one of {', '.join(paths)}, got {path!r}")
     if path.startswith("wgmma_ra"):
         bn = bn or _rega_tile(t)
     else:
         tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES, "mma.sync_x16": MMQ_TILES}.get(path, Q8_TILES)
         bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
-    name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra": f"mmq_q4_k_wgmma_ra_n{bn}", "mma.sync": f"mmq_q4_k_f16_n{bn}",
+    if path == "wgmma_ra":  # the plan (its K splits) is the same for both builds
+        plan = mmq_plan(kernels.load(f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a"), m, k, t, bn, False, current().sm_count)
+        path = "wgmma_ra_cx" if mmq_convert_in_gemm(plan.splits) else "wgmma_ra_x16"
+    name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra_x16": f"mmq_q4_k_wgmma_ra_n{bn}",
+            "wgmma_ra_cx": f"mmq_q4_k_wgmma_ra_n{bn}_cx", "mma.sync": f"mmq_q4_k_f16_n{bn}",
             "mma.sync_x16": f"mmq_q4_k_f16_n{bn}_x16",
             "wgmma_ra_mc": f"mmq_q4_k_wgmma_ra_n{bn}_mc2", "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
@@ -297,7 +317,14 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         _QUEUE.append(q)
     cl, grid = plan.cluster, plan.grid
     tail = (m, k, t, plan.per, _QUEUE[0], plan.tiles_n, splits, part, cnt) + ((whole, int(plan.spread)) if sync else ())
-    if wg:
+    if path == "wgmma_ra_cx":  # x converted by the GEMM's own idle producer warps into x16 (ptxgen.kernels.mmq.CX_NOTE)
+        x16 = DeviceArray.empty((t, k), np.float16)
+        nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
+        ready = _x_ready(4 * nready)
+        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
+        tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
+        fn.launch(grid, (tw, tx, o, *tail, xa, x16, ready, flag), pdl=bool(fn.meta.get("pdl")))
+    elif wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
@@ -801,6 +828,17 @@ def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
 
 
 _COUNTERS: list = []  # split-K arrival counters of the GEMVs and the MMQs (zero; each launch leaves them zero)
+_X_READY: list = []  # the converting MMQ's per-chunk x counters (zero; each launch leaves them zero)
+
+
+def _x_ready(nbytes: int):
+    from .driver import DeviceBuffer
+
+    if not _X_READY or _X_READY[0].nbytes < nbytes:
+        c = DeviceBuffer(max(nbytes, 1 << 12))
+        c.fill_bytes(0)
+        _X_READY[:] = [c]
+    return _X_READY[0]
 
 
 def _counters(nbytes: int):

@@ -445,6 +445,36 @@ def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):
         np.testing.assert_array_equal(out.got, outs[0].got)
 
 
+def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_perm():
+    """mmq_q4_k_wgmma_ra_n128_cx: warps 1-3 of the producer warpgroup convert fp32 x into the fp16 copy the TMA thread
+    reads (chunk by chunk, x_ready counters acquired before each chunk's first TMA), no convert_f16_perm. With 3
+    CTAs taking turns in seed-drawn orders (a CTA's TMA thread waits for chunks the others convert): the fp16 copy
+    is convert_f16_perm's bit for bit, the x_ready counters end at zero (the harness checks both), and y has the
+    bits of mmq_q4_k_wgmma_ra_n128 on pre-converted x — with one split and with two."""
+    cx = KERNELS["mmq_q4_k_wgmma_ra_n128_cx"].for_arch("sm_90a").ptx()
+    assert "ld.acquire.gpu.global.u32" in cx and "fence.proxy.async.global" in cx and "convert_f16" not in cx
+    ref = KERNELS["mmq_q4_k_wgmma_ra_n128"].for_arch("sm_90a").ptx()
+    for splits in (1, 2):
+        want = check_kernel("mmq_q4_k_wgmma_ra_n128", ref, seed=7, shape=(131, 133, 512), splits=splits, ctas=3)
+        assert want.ok, want.detail
+        for rs in (7, 8):
+            out = check_kernel("mmq_q4_k_wgmma_ra_n128_cx", cx, seed=7, shape=(131, 133, 512), splits=splits, ctas=3,
+                               run_seed=rs)
+            assert out.ok, out.detail
+            np.testing.assert_array_equal(out.got, want.got)
+
+
+@pytest.mark.parametrize("value,flagged", [(7e4, True), (-np.inf, True), (6e4, False)])
+def test_register_a_mmq_converting_x_itself_flags_fp16_overflow(value, flagged):
+    """The converters raise the overflow flag exactly when a value of x is not finite in fp16 (|x| ≥ 65520 rounds
+    to inf; 6e4 does not), as convert_f16 does, so mul_mat recomputes those calls exactly."""
+    cx = KERNELS["mmq_q4_k_wgmma_ra_n128_cx"].for_arch("sm_90a").ptx()
+    out = check_kernel("mmq_q4_k_wgmma_ra_n128_cx", cx, seed=3, shape=(131, 133, 512), ctas=2,
+                       poison_x=(132, 301, np.float32(value)))
+    assert out.ok, out.detail
+    assert ("overflow flagged" in out.detail) == flagged
+
+
 def run_cluster(body: str, grid: int, threads: int, out, cluster=2, tmap=bytes(128), seed=0):
     """`body` on `grid` CTAs in clusters of `cluster` (the emulator interleaves them); %r31 tid, %rd15 out, %r30 sm."""
     ptx = HEADER.replace("%rd<16>;", "%rd<16>;\n\t.reg .b16 %rs<4>;") + \

@@ -34,6 +34,8 @@ def run_mmq(r, raw, m, k, x, bn, path="mma.sync"):
     ops.mmq_launch(w, r.as_device_array(x), out, t, flag, arch=None if path.startswith("wgmma") else "sm_89", bn=bn,
                    path=path)
     assert not ops._QUEUE[0].download(np.uint32, (2,)).any(), "the persistent kernel did not reset its queue"
+    if ops._X_READY:
+        assert not ops._X_READY[0].download(np.uint32, (1024,)).any(), "the converting MMQ left x_ready counts"
     return out.numpy(), int(flag.numpy()[0])
 
 
@@ -146,10 +148,11 @@ def test_mma_sync_mmq_spread_fixup_gives_the_last_ctas_bits(path, monkeypatch):
         np.testing.assert_array_equal(a.view(np.uint32), other.view(np.uint32))
 
 
-@pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra"])
+@pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16"])
 def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
-    """wgmma_ra at T = 200: the path mul_mat itself takes there on an sm_90 device. mma.sync_x16: the flag comes
-    from convert_f16."""
+    """wgmma_ra at T = 200: the path mul_mat itself takes there on an sm_90 device (its rule picks the build that
+    converts x itself or the one after convert_f16_perm; both are forced too). mma.sync_x16 / wgmma_ra_x16: the
+    flag comes from convert_f16; wgmma_ra_cx: from the GEMM's own converters."""
     import ptxgen.runtime as r
 
     if path.startswith("wgmma") and r.current().sm != 90:
@@ -157,7 +160,7 @@ def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
     arch = None if path.startswith("wgmma") else "sm_89"
 
     rng = np.random.default_rng(5)
-    m, k, t, bn = (256, 1024, 200, 256) if path == "wgmma_ra" else (256, 1024, 100, 128)
+    m, k, t, bn = (256, 1024, 200, 256) if path.startswith("wgmma_ra") else (256, 1024, 100, 128)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, _ = run_mmq(r, raw, m, k, x, bn, path)
@@ -229,6 +232,67 @@ def test_register_a_wgmma_mmq_matches_reference_and_is_deterministic(data):
     assert run_mmq(r, raw, m, k, x, bn, "wgmma_ra")[1] == 1
 
 
+@settings(max_examples=25)
+@given(data=st.data())
+def test_register_a_mmq_converting_x_itself_gives_the_bits_of_the_build_after_convert_f16_perm(data):
+    """mmq_q4_k_wgmma_ra_n*_cx (path "wgmma_ra_cx"): the producer warpgroup's idle warps convert fp32 x into the fp16
+    copy the TMA thread reads, chunk by chunk behind x_ready counters, with no convert_f16_perm launch. Same
+    conversion, same GEMM: bit for bit the output of "wgmma_ra_x16" on the same inputs (NaN-poisoned y), within
+    1e-3 of the float64 reference, the x_ready counters and the queue back at zero (run_mmq), and an activation
+    that overflows fp16 flagged."""
+    import ptxgen.runtime as r
+
+    if r.current().sm != 90:
+        pytest.skip("the wgmma path needs an sm_90 device")
+    m = data.draw(st.sampled_from([1, 127, 129, 300, 4096]))
+    t = data.draw(st.sampled_from([1, 7, 65, 200, 512, 700]))
+    k = data.draw(st.sampled_from([256, 512, 4096]))
+    bn = data.draw(st.sampled_from([128, 256]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    got, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_cx")
+    assert flag == 0 and np.isfinite(got).all()
+    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    after, _ = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_x16")
+    np.testing.assert_array_equal(got.view(np.uint32), after.view(np.uint32))
+    x[t - 1, k - 1] = -1e6  # overflows fp16
+    assert run_mmq(r, raw, m, k, x, bn, "wgmma_ra_cx")[1] == 1
+
+
+def test_register_a_mmq_converting_x_itself_on_a_full_grid_is_deterministic():
+    """A large call (4096 x 4096 x 1024 tokens: every SM's CTA converts x while the others wait for its chunks, 16
+    K chunks x 4 token tiles of x_ready counters): five runs bit-identical, the same bits as after convert_f16_perm,
+    and mul_mat takes this build there (ops.mmq_convert_in_gemm: no K split)."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    if r.current().sm != 90:
+        pytest.skip("the wgmma path needs an sm_90 device")
+    m, k, t = 4096, 4096, 1024
+    rng = np.random.default_rng(11)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    first, flag = run_mmq(r, raw, m, k, x, 256, "wgmma_ra_cx")
+    assert flag == 0
+    for _ in range(4):
+        np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, 256, "wgmma_ra_cx")[0].view(np.uint32),
+                                      first.view(np.uint32))
+    np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, 256, "wgmma_ra_x16")[0].view(np.uint32),
+                                  first.view(np.uint32))
+    launched = []
+    fn = r.load("mmq_q4_k_wgmma_ra_n256_cx", arch="sm_90a")
+    real = type(fn).launch
+    try:
+        type(fn).launch = lambda self, *a, **kw: (launched.append(self.name), real(self, *a, **kw))[1]
+        got = r.mul_mat(r.QuantTensor.from_raw("q4_K", raw, (m, k)), x)
+    finally:
+        type(fn).launch = real
+    assert "mmq_q4_k_wgmma_ra_n256_cx" in launched, launched
+    np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32))
+    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+
+
 def test_convert_f16_kernel_is_bit_exact_and_flags_overflow():
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
@@ -275,6 +339,8 @@ def run_q8(r, raw, m, k, x, bn, path="q8", splits_plan=True):
     flag.owner.fill_bytes(0)
     ops.mmq_launch(w, r.as_device_array(x), out, t, flag, bn=bn, path=path)
     assert not ops._QUEUE[0].download(np.uint32, (2,)).any(), "the persistent kernel did not reset its queue"
+    if ops._X_READY:
+        assert not ops._X_READY[0].download(np.uint32, (1024,)).any(), "the converting MMQ left x_ready counts"
     return out.numpy(), int(flag.numpy()[0])
 
 

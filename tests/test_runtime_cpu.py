@@ -471,3 +471,27 @@ def test_mmq_plan_matches_its_parts():
     p = ops.mmq_plan(Fn(2), 14336, 4096, 4096, 128, True, 132)  # 3584 tiles: whole rounds, then the tail split
     assert (p.tiles, p.whole % 264, p.ctas) == (32 * 112, 0, 264) and p.items == p.whole + (p.tiles - p.whole) * p.splits
     assert not p.spread  # more split items than resident CTAs: the last-CTA fixup (the spread one could deadlock)
+
+
+def test_register_a_mmq_converts_x_itself_when_its_plan_has_no_k_split(monkeypatch):
+    """mul_mat's rule for the sm_90 register-A MMQ (README): mmq_q4_k_wgmma_ra_n*_cx (x converted inside the
+    launch) when the plan has at most ops.MMQ_CX_MAX_SPLITS K splits, convert_f16_perm + mmq_q4_k_wgmma_ra_n* above;
+    PTXGEN_MMQ_CX=1 / 0 force it, anything else is an error. The builds are in the sm_90a manifest with the chunking
+    the runtime sizes x_ready from, and only there (no wgmma on sm_89 / sm_120a)."""
+    from ptxgen.runtime import kernels, ops
+
+    man = kernels.manifest("sm_90a")
+    for bn in (128, 256):
+        meta = man[f"mmq_q4_k_wgmma_ra_n{bn}_cx"]["meta"]
+        assert meta["convert_steps"] * 64 == 256 and meta["pdl"] is False and "fp32" in meta["activations"]
+        assert f"mmq_q4_k_wgmma_ra_n{bn}_cx" not in kernels.manifest("sm_89")
+        assert f"mmq_q4_k_wgmma_ra_n{bn}_cx" not in kernels.manifest("sm_120a")
+    monkeypatch.delenv("PTXGEN_MMQ_CX", raising=False)
+    assert ops.mmq_convert_in_gemm(1) and not ops.mmq_convert_in_gemm(2)
+    monkeypatch.setenv("PTXGEN_MMQ_CX", "1")
+    assert ops.mmq_convert_in_gemm(4)
+    monkeypatch.setenv("PTXGEN_MMQ_CX", "0")
+    assert not ops.mmq_convert_in_gemm(1)
+    monkeypatch.setenv("PTXGEN_MMQ_CX", "sometimes")
+    with pytest.raises(ValueError, match="PTXGEN_MMQ_CX"):
+        ops.mmq_convert_in_gemm(1)

@@ -561,32 +561,60 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
 
 
 def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2, interleave=False,
-                   run_seed=None) -> Outcome:
+                   run_seed=None, poison_x=None) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
     emulator from the runtime's arguments); `ctas` persistent CTAs share the work queue (one after another, or
     taking turns with `interleave`: then the CTAs claim items in a seed-drawn order and a tile's splits arrive in
     any order; `run_seed` draws that order and the emulator's other choices, `seed` by default, so the same inputs
     can meet several orders). With splits > 1 the kernel's own fixup (partials in fragment order, the last CTA of a tile sums
-    them) must leave y complete and the tile counters zero."""
+    them) must leave y complete and the tile counters zero. The converting builds (meta "convert": fp32 x in, the
+    producer warpgroup's idle warps write the fp16 copy the TMA reads) run interleaved whenever there are two CTAs or
+    more (a CTA's TMA thread waits for chunks other CTAs convert); their fp16 copy must be bit for bit
+    convert_f16_perm's, the x_ready counters back at zero, and the overflow flag up exactly when some x is not finite
+    in fp16 (`poison_x` = (t, k, value) plants one value)."""
     bn = meta["bn"]
     m, t, k = shape or (128 + 3, bn + 5, 512)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
+    if poison_x is not None:
+        x[poison_x[0], poison_x[1]] = poison_x[2]
     mem = _memory()
-    x16 = x.astype(np.float16)  # convert_f16 rounds to nearest even too
+    with np.errstate(over="ignore", invalid="ignore"):
+        x16 = x.astype(np.float16)  # convert_f16 rounds to nearest even too
+        want_flag = not np.isfinite(x16).all()
     if "q4k_rega_k_order" in meta.get("activations", ""):  # the register-A build's K order (convert_f16_perm)
         x16 = np.ascontiguousarray(x16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k))
-    wa, xa = mem.alloc(raw), mem.alloc(x16)
+    cx = "convert" in meta
+    wa, xa = mem.alloc(raw), (mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16))  # cx: NaN until written
     tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
     cl = meta.get("cluster", (1, 1, 1))[0]  # clusters: each rank loads bn / cl rows of the activation tile
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn // cl, 64, "128B")
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
     # whole clusters (the kernel walks items per cluster); cl = 1: one CTA per item at most
     grid = cl * max(1, min(-(-tiles // cl) * splits, ctas // cl))
-    _run(ptx, (grid,), (384,), (tw, tx, ya, *tail), mem, dynamic_smem=meta["dynamic_smem"],
+    extra = ()
+    if cx:
+        nready = -(-t // bn) * -(-(k // 64) // meta["convert_steps"])
+        x32a, ready, fa = mem.alloc(x), mem.alloc(4 * nready, poison=0), mem.alloc(4, poison=0)
+        extra = (x32a, xa, ready, fa)
+        interleave = interleave or grid > 1
+    _run(ptx, (grid,), (384,), (tw, tx, ya, *tail, *extra), mem, dynamic_smem=meta["dynamic_smem"],
          seed=seed if run_seed is None else run_seed, interleave=interleave,
          cluster=(cl, 1, 1) if cl > 1 else None)
     got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
+    if cx:
+        name = meta.get("name", "mmq")
+        if mem.view(ready, np.uint32, (nready,)).any():
+            return Outcome(name, False, "the x_ready counters were not reset by the last CTA", got, None)
+        conv = mem.view(xa, np.uint16, (t, k))
+        if not np.array_equal(conv, x16.view(np.uint16)):
+            return Outcome(name, False, f"the fp16 copy of x differs from convert_f16_perm's in "
+                           f"{np.count_nonzero(conv != x16.view(np.uint16))} values", got, None)
+        flag = int(mem.view(fa, np.uint32, (1,))[0])
+        if bool(flag) != want_flag:
+            return Outcome(name, False, f"overflow flag {flag}, expected {int(want_flag)}", got, None)
+        if want_flag:
+            return Outcome(name, True, "overflow flagged (the caller recomputes)", got, None)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)
@@ -642,6 +670,7 @@ for _bn in (128, 192, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}")
 for _bn in (128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_mc2"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_mc2")
+    HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_cx")
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)

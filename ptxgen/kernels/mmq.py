@@ -70,6 +70,7 @@ class MmqSpec:
     # fp16 mma.sync: convert fp32 x to fp16 inside the load pipeline; False: read convert_f16's fp16 x
     a_regs: bool = False  # wgmma: A (the dequantized weights) from registers instead of shared memory
     cluster: int = 1  # wgmma: CTAs per thread-block cluster; 2 = two M-tiles share each activation tile (multicast)
+    convert: bool = False  # register-A wgmma: fp32 x converted inside the launch by the producer warpgroup's idle warps
 
     @property
     def name(self) -> str:
@@ -78,7 +79,8 @@ class MmqSpec:
         if self.mma == "mma.sync":
             return f"mmq_q4_k_f16_n{self.bn}" + ("" if self.fused else "_x16")
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
-        return (f"mmq_q4_k_wgmma_ra_n{self.bn}" if self.a_regs else f"mmq_q4_k_wgmma_n{self.bn}") + mc
+        cx = "_cx" if self.convert else ""
+        return (f"mmq_q4_k_wgmma_ra_n{self.bn}" if self.a_regs else f"mmq_q4_k_wgmma_n{self.bn}") + mc + cx
 
     @property
     def tile(self) -> Tile:
@@ -1199,6 +1201,92 @@ def _desc(b, addr):
     return b.op("or.b64", a, Imm(base, "b64"))
 
 
+CX_STEPS = 4  # K-steps (64 columns each) per x_ready chunk of the converting build
+CX_ROWS = 8  # token rows per conversion unit (one warp's)
+CX_INFLIGHT = 2  # 64-column segments loaded before the first is converted (8 loads per lane each)
+CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to nearest even) into x16 in "
+           "layouts.q4k_rega_k_order, as convert_f16_perm does, in units of {rows} token rows x {cols} columns: "
+           "converter warp w (3 per CTA) takes units w, w + 3·CTAs, ..., ordered chunk kc ({steps} K-steps) major, "
+           "then token tile, then 8-row group, so the first K chunk of every tile comes first; after a unit "
+           "fence.proxy.async.global, bar.warp.sync and one red.release.gpu on x_ready[kc·tiles_n + tn]. The TMA "
+           "thread waits (ld.acquire) until x_ready counts every 8-row group of the tile before its first x load "
+           "of each chunk (and of each item); the last CTA out zeroes x_ready. An fp16 inf/NaN sets flag, as "
+           "convert_f16 does. No conversion launch: it runs under the GEMM")
+
+
+def _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, F):
+    """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
+    layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
+    convert_f16_perm uses). Lane (r4, q) = (lane / 8, lane % 8) converts group q of row 4·half + r4 of the unit,
+    16 loads in flight per lane; rows past T load row T - 1 and store nothing."""
+    b.emit("griddepcontrol.wait")  # x may come from the kernel before this one (programmatic dependent launch)
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    w = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(3, "u32"), b.op("sub.u32", b.op("shr.u32", tid, Imm(5, "u32")),
+                                                                    Imm(1, "u32")))
+    nconv = b.op("mul.lo.u32", b.special("nctaid.x"), Imm(3, "u32"))
+    r4 = b.op("shr.u32", lane, Imm(3, "u32"))
+    q = b.op("and.b32", lane, Imm(7, "b32"))
+    order = layouts.q4k_rega_k_order()
+    offs = [int(o - order[0]) for o in order[:8]]
+    assert all(list(order[8 * j:8 * j + 8] - order[8 * j]) == offs for j in range(8))
+    assert [int(order[8 * j]) for j in range(8)] == [(j & 1) + 4 * (j >> 1 & 1) + 32 * (j >> 2) for j in range(8)]
+    base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # base(q) = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
+                b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
+                     b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
+    rg_n = BN // CX_ROWS
+    ksteps = b.op("shr.u32", K, Imm(6, "u32"))
+    kchunks = b.op("shr.u32", b.op("add.u32", ksteps, Imm(CX_STEPS - 1, "u32")), Imm(CX_STEPS.bit_length() - 1, "u32"))
+    units = b.op("mul.lo.u32", b.op("mul.lo.u32", kchunks, tiles_n), Imm(rg_n, "u32"))
+    tlast = b.op("sub.u32", T, Imm(1, "u32"))
+    bad = b.op("mov.u32", Imm(0, "u32"))
+    u = b.op("mov.u32", w)
+    top, nxt, done = b.label("cx_unit"), b.label("cx_next"), b.label("cx_done")
+    b.place(top)
+    b.bra(done, pred=b.op("setp.ge.u32", u, units))
+    rest = b.op("shr.u32", u, Imm(rg_n.bit_length() - 1, "u32"))
+    tn = b.op("rem.u32", rest, tiles_n)
+    kc = b.op("div.u32", rest, tiles_n)
+    row0 = b.op("mad.lo.u32", tn, Imm(BN, "u32"), b.op("shl.b32", b.op("and.b32", u, Imm(rg_n - 1, "b32")),
+                                                          Imm(CX_ROWS.bit_length() - 1, "u32")))
+    b.bra(nxt, pred=b.op("setp.ge.u32", row0, T))  # a group past T: nothing to convert, not counted
+    col0 = b.op("shl.b32", kc, Imm(6 + CX_STEPS.bit_length() - 1, "u32"))
+    segs = CX_STEPS  # 64-column segments per unit row: K is a multiple of 256 (Q4_K), so a unit never passes K
+    assert 64 * CX_STEPS == 256
+    for half in range(CX_ROWS // 4):
+        row = b.op("add.u32", row0, b.op("add.u32", r4, Imm(4 * half, "u32")))
+        row_ok = b.op("setp.le.u32", row, tlast)
+        rk = b.op("mul.lo.u32", b.op("min.u32", row, tlast), K)
+        src = b.op("mad.wide.u32", b.op("add.u32", b.op("add.u32", rk, col0), base), Imm(4, "u32"), X)
+        dst = b.op("mad.wide.u32", b.op("add.u32", b.op("mul.lo.u32", row, K), b.op("mad.lo.u32", q, Imm(8, "u32"), col0)),
+                   Imm(2, "u32"), X16)
+        for e0 in range(0, segs, CX_INFLIGHT):  # CX_INFLIGHT segments (8 loads each) in flight
+            vals = {}
+            for e in range(e0, min(segs, e0 + CX_INFLIGHT)):
+                v = b.regs("f32", 8)
+                for i, off in enumerate(offs):
+                    b.emit("ld.global.nc.f32", v[i], Mem(src, 4 * (64 * e + off)))
+                vals[e] = v
+            for e in range(e0, min(segs, e0 + CX_INFLIGHT)):
+                v = vals[e]
+                h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
+                b.emit("st.global.v4.b32", Mem(dst, 2 * 64 * e), b.vec(h), pred=row_ok)
+                over = None  # a half whose exponent bits are all ones is inf or NaN
+                for word in h:
+                    for mask in (0x7C00, 0x7C000000):
+                        p = b.op("setp.eq.u32", b.op("and.b32", word, Imm(mask, "b32")), Imm(mask, "u32"))
+                        over = p if over is None else b.op("or.pred", over, p)
+                b.emit("or.b32", bad, bad, b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"), b.op("and.pred", over, row_ok)))
+    b.emit("fence.proxy.async.global")  # these generic stores, before another CTA's TMA reads them
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    fl = b.op("mad.wide.u32", b.op("mad.lo.u32", kc, tiles_n, tn), Imm(4, "u32"), XR)
+    b.emit("red.release.gpu.global.add.u32", Mem(fl), Imm(1, "u32"), pred=b.op("setp.eq.u32", lane, Imm(0, "u32")))
+    b.place(nxt)
+    b.emit("add.u32", u, u, nconv)
+    b.bra(top)
+    b.place(done)
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("setp.ne.u32", bad, Imm(0, "u32")))
+
+
 def build_wgmma(arch, spec: "MmqSpec"):
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
@@ -1213,7 +1301,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
-    ra = spec.a_regs
+    ra, CX = spec.a_regs, spec.convert
+    if CX:  # fp32 x in; the fp16 copy tmap_x describes is written inside the launch (see _convert_x)
+        if not ra or spec.cluster > 1:
+            raise ValueError(f"{spec.name}: the converting build is register-A, one CTA per cluster")
+        cx_p = (b.param("x", "u64", "ptr:in"), b.param("x16", "u64", "ptr:out"),
+                b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
     smem = b.dynamic_shared(S * stage_bytes + a_bytes + 1024)  # + 1024: aligned up at run time
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
@@ -1256,6 +1349,13 @@ def build_wgmma(arch, spec: "MmqSpec"):
                       multicast=f"each rank loads 1/{CL} of the step's activation tile and multicasts it to the "
                                 f"cluster; a ring stage is free once the consumers of all {CL} CTAs released it "
                                 f"(empty barriers count 256 local arrivals, one per consumer thread, and {CONSUMER_WARPS} per peer, one per consumer warp of each peer)")
+    if CX:
+        b.meta.update(activations="fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside the launch",
+                      convert=CX_NOTE.format(bn=BN, rows=CX_ROWS, steps=CX_STEPS, cols=64 * CX_STEPS), pdl=False,
+                      convert_steps=CX_STEPS, convert_rows=CX_ROWS,
+                      roles=b.meta["roles"].replace("warpgroup 0: producer (thread 0 claims work items and issues TMA)",
+                                                    "warpgroup 0: producer (thread 0 claims work items and issues TMA; "
+                                                    "warps 1-3 convert x)"))
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
@@ -1316,6 +1416,14 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.comment("producer: claim an item, hand it over, then TMA its K-steps into the ring")
     pdone = b.label("producer_exit")
     b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(PRODUCER_REGS, "u32"))  # registers go to the consumers
+    if CX:  # warps 1-3 convert x; their code comes first, so the emulator's lowest-pc rule runs it before the
+        # producer's spin on x_ready (on the GPU they are separate warps anyway)
+        X, X16, XR = (b.ptr(p) for p in cx_p[:3])
+        producer = b.label("producer")
+        b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
+        _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, b.ptr(cx_p[3]))
+        b.emit("ret")
+        b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
     if CL > 1:
         cid, ncl = b.special("clusterid.x"), b.special("nclusterid.x")
@@ -1347,6 +1455,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
     n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
     s = b.op("mov.u32", s_begin)
+    if CX:  # x_ready[kc][tn] counts the converted 8-row groups of chunk kc of token tile tn
+        need = b.op("shr.u32", b.op("add.u32", b.op("min.u32", b.op("sub.u32", T, n0), Imm(BN, "u32")),
+                                    Imm(CX_ROWS - 1, "u32")), Imm(CX_ROWS.bit_length() - 1, "u32"))
     p_step = b.label("p_step")
     b.place(p_step)
     stage = b.op("rem.u32", g, Imm(S, "u32"))
@@ -1361,6 +1472,18 @@ def build_wgmma(arch, spec: "MmqSpec"):
     for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
         b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb))
     xk = b.op("shl.b32", s, Imm(6, "u32"))
+    if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
+        ready = b.label("x_ready")
+        first = b.op("or.pred", b.op("setp.eq.u32", s, s_begin),
+                     b.op("setp.eq.u32", b.op("and.b32", s, Imm(CX_STEPS - 1, "b32")), Imm(0, "u32")))
+        b.bra(ready, pred=first, neg=True)
+        kc = b.op("shr.u32", s, Imm(CX_STEPS.bit_length() - 1, "u32"))
+        fl = b.op("mad.wide.u32", b.op("mad.lo.u32", kc, tiles_n, tn), Imm(4, "u32"), XR)
+        spin = b.label("x_spin")
+        b.place(spin)
+        b.bra(spin, pred=b.op("setp.lt.u32", b.op("ld.acquire.gpu.global.u32", Mem(fl)), need), uniform=False)
+        b.emit("fence.proxy.async.global")  # the converters' generic stores, then this TMA (async proxy) read
+        b.place(ready)
     if CL > 1:  # this rank's 1/CL of the activation rows, into the same offsets of every CTA of the cluster
         part_rows = BN // CL
         bdst = b.op("mad.lo.u32", rank, Imm(part_rows * 128, "u32"), b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
@@ -1375,10 +1498,22 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.place(p_end)
     if CL == 1:  # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
         done_before = b.reg("u32")
-        b.emit("atom.global.add.u32", done_before, Mem(Q, 4), Imm(1, "u32"))
+        b.emit("atom.acq_rel.gpu.global.add.u32" if CX else "atom.global.add.u32", done_before, Mem(Q, 4),
+               Imm(1, "u32"))
         last = b.op("setp.eq.u32", done_before, b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32")))
         zero = b.op("mov.u32", Imm(0, "u32"))
         b.emit("st.global.v2.u32", Mem(Q), b.vec([zero, zero]), pred=last)
+        if CX:  # every x_ready counter reached its count (some producer waited for each): zero them for the next
+            nflags = b.op("mul.lo.u32", tiles_n, b.op("shr.u32", b.op("add.u32", ksteps, Imm(CX_STEPS - 1, "u32")),
+                                                      Imm(CX_STEPS.bit_length() - 1, "u32")))
+            i = b.op("mov.u32", Imm(0, "u32"))
+            zl, zd = b.label("x_ready_reset"), b.label("x_ready_reset_done")
+            b.bra(zd, pred=last, neg=True)
+            b.place(zl)
+            b.emit("st.global.u32", Mem(b.op("mad.wide.u32", i, Imm(4, "u32"), XR)), zero)
+            b.emit("add.u32", i, i, Imm(1, "u32"))
+            b.bra(zl, pred=b.op("setp.lt.u32", i, nflags))
+            b.place(zd)
     b.place(pdone)
     if CL > 1:
         b.bra(cl_exit)
@@ -1694,6 +1829,7 @@ RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A 
 WGMMA_RA_TOKEN_TILES = (128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
 # single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, session 11)
+WGMMA_CX_TOKEN_TILES = (128, 256)  # register-A builds that convert x inside the launch
 RA_RELOCATABLE_MAX_BN = 192  # above, it fits only with setmaxnreg honoured: compiled whole-program (driver JIT)
 
 
@@ -1711,6 +1847,11 @@ def kernel_defs() -> list[KernelDef]:
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True).name,
                    f"Q4_K prefill GEMM, wgmma with A from registers + TMA, {BM}x{bn} tile", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True): build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_RA_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, convert=True).name,
+                   f"Q4_K prefill GEMM, wgmma with A from registers, fp32 x converted inside the launch (no "
+                   f"convert_f16_perm), {BM}x{bn} tile", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=True):
+                   build(arch, s), archs=("sm_90a",))
+         for bn in WGMMA_CX_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, cluster=2).name,
                    f"Q4_K prefill GEMM, wgmma with A from registers, clusters of 2 CTAs multicasting the activation "
                    f"tile, {BM}x{bn} tile per CTA", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, cluster=2): build(arch, s),
