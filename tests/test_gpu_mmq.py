@@ -265,7 +265,6 @@ def test_register_a_mmq_converting_x_itself_on_a_full_grid_is_deterministic():
     K chunks x 4 token tiles of x_ready counters): five runs bit-identical, the same bits as after convert_f16_perm,
     and mul_mat takes this build there (ops.mmq_convert_in_gemm: no K split)."""
     import ptxgen.runtime as r
-    from ptxgen.runtime import ops
 
     if r.current().sm != 90:
         pytest.skip("the wgmma path needs an sm_90 device")
