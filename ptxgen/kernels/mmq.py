@@ -1201,28 +1201,35 @@ def _desc(b, addr):
     return b.op("or.b64", a, Imm(base, "b64"))
 
 
-CX_STEPS = 4  # K-steps (64 columns each) per x_ready chunk of the converting build
-CX_ROWS = 8  # token rows per conversion unit (one warp's)
-CX_INFLIGHT = 2  # 64-column segments loaded before the first is converted (8 loads per lane each)
+CX_STEPS = 4  # K-steps (64 columns each) per x_ready chunk of the converting build: one flag check per 4 steps
+CX_ROWS = 8  # token rows per conversion unit (one warp's): 8 x 256 fp32 = 8 KB
+CX_BUFS = 2  # a converter warp's cp.async staging buffers: the next unit's copies fly while this one converts
+CX_ROW_BYTES = 256 * 4 + 32  # a staged row, padded: rows 4h..4h+3 start 8 banks apart
+CX_UNIT_BYTES = CX_ROWS * CX_ROW_BYTES
+CX_SMEM = 3 * CX_BUFS * CX_UNIT_BYTES  # three converter warps
 CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to nearest even) into x16 in "
            "layouts.q4k_rega_k_order, as convert_f16_perm does, in units of {rows} token rows x {cols} columns: "
            "converter warp w (3 per CTA) takes units w, w + 3·CTAs, ..., ordered chunk kc ({steps} K-steps) major, "
-           "then token tile, then 8-row group, so the first K chunk of every tile comes first; after a unit "
-           "fence.proxy.async.global, bar.warp.sync and one red.release.gpu on x_ready[kc·tiles_n + tn]. The TMA "
-           "thread waits (ld.acquire) until x_ready counts every 8-row group of the tile before its first x load "
-           "of each chunk (and of each item); the last CTA out zeroes x_ready. An fp16 inf/NaN sets flag, as "
-           "convert_f16 does. No conversion launch: it runs under the GEMM")
+           "then token tile, then 8-row group, so the first K chunk of every tile comes first. A unit's fp32 rows "
+           "come by cp.async into the warp's staging buffer while the previous unit converts (registers hold no "
+           "data in flight: the producer warpgroup has 40 each); after a unit fence.proxy.async.global, "
+           "bar.warp.sync and one red.release.gpu on x_ready[kc·tiles_n + tn]. The TMA thread waits (ld.acquire) "
+           "until x_ready counts every 8-row group of the tile before its first x load of each chunk (and of each "
+           "item); the last CTA out zeroes x_ready. An fp16 inf/NaN sets flag, as convert_f16 does. No conversion "
+           "launch: it runs under the GEMM")
 
 
-def _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, F):
+def _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, F, stage):
     """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
     layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
-    convert_f16_perm uses). Lane (r4, q) = (lane / 8, lane % 8) converts group q of row 4·half + r4 of the unit,
-    16 loads in flight per lane; rows past T load row T - 1 and store nothing."""
+    convert_f16_perm uses). A unit's 8 rows x 1 KB arrive by 16 cp.async per lane into staging buffer i % 2 of
+    the warp (at shared address `stage`) while unit i - 1 converts from the other; lane (r4, q) = (lane / 8,
+    lane % 8) converts group q of rows r4 and 4 + r4 from shared memory. Rows past T copy row T - 1 and store
+    nothing. K is a multiple of 256 (Q4_K), so a unit never passes K."""
     b.emit("griddepcontrol.wait")  # x may come from the kernel before this one (programmatic dependent launch)
     lane = b.op("and.b32", tid, Imm(31, "b32"))
-    w = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(3, "u32"), b.op("sub.u32", b.op("shr.u32", tid, Imm(5, "u32")),
-                                                                    Imm(1, "u32")))
+    wl = b.op("sub.u32", b.op("shr.u32", tid, Imm(5, "u32")), Imm(1, "u32"))  # converter warp 0..2 of the CTA
+    w = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(3, "u32"), wl)
     nconv = b.op("mul.lo.u32", b.special("nctaid.x"), Imm(3, "u32"))
     r4 = b.op("shr.u32", lane, Imm(3, "u32"))
     q = b.op("and.b32", lane, Imm(7, "b32"))
@@ -1234,56 +1241,87 @@ def _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, F):
                 b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
                      b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
     rg_n = BN // CX_ROWS
+    assert 64 * CX_STEPS == 256 and CX_ROWS == 8 and CX_BUFS == 2
     ksteps = b.op("shr.u32", K, Imm(6, "u32"))
     kchunks = b.op("shr.u32", b.op("add.u32", ksteps, Imm(CX_STEPS - 1, "u32")), Imm(CX_STEPS.bit_length() - 1, "u32"))
     units = b.op("mul.lo.u32", b.op("mul.lo.u32", kchunks, tiles_n), Imm(rg_n, "u32"))
     tlast = b.op("sub.u32", T, Imm(1, "u32"))
     bad = b.op("mov.u32", Imm(0, "u32"))
+    mine = b.op("mad.lo.u32", wl, Imm(CX_BUFS * CX_UNIT_BYTES, "u32"), stage)
+    cur = b.op("mov.u32", mine)  # staging buffer of the unit being converted; the other takes the next one's copies
+    nxt_buf = b.op("add.u32", mine, Imm(CX_UNIT_BYTES, "u32"))
+    copy_off = b.op("shl.b32", lane, Imm(4, "u32"))  # lane l copies 16-byte chunks l and 32 + l of each row
+
+    def coords(u):
+        """(row0, col0, the x_ready counter's index, the unit holds rows < T) of unit u (u < units)."""
+        rest = b.op("shr.u32", u, Imm(rg_n.bit_length() - 1, "u32"))
+        tn = b.op("rem.u32", rest, tiles_n)
+        kc = b.op("div.u32", rest, tiles_n)
+        row0 = b.op("mad.lo.u32", tn, Imm(BN, "u32"), b.op("shl.b32", b.op("and.b32", u, Imm(rg_n - 1, "b32")),
+                                                              Imm(CX_ROWS.bit_length() - 1, "u32")))
+        col0 = b.op("shl.b32", kc, Imm(6 + CX_STEPS.bit_length() - 1, "u32"))
+        return row0, col0, b.op("mad.lo.u32", kc, tiles_n, tn)
+
+    def issue(u, buf):
+        """cp.async of unit u's rows into `buf` (none past the last unit or T), then one commit group either way."""
+        skip = b.label("cx_no_copy")
+        b.bra(skip, pred=b.op("setp.ge.u32", u, units))
+        row0, col0, _ = coords(u)
+        b.bra(skip, pred=b.op("setp.ge.u32", row0, T))
+        for r in range(CX_ROWS):
+            row = b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), tlast)
+            src = b.op("mad.wide.u32", b.op("add.u32", b.op("mad.lo.u32", row, K, col0), b.op("shl.b32", lane, Imm(2, "u32"))),
+                       Imm(4, "u32"), X)
+            dst = b.op("add.u32", buf, copy_off)
+            for j in range(2):
+                b.emit("cp.async.cg.shared.global", Mem(dst, r * CX_ROW_BYTES + 512 * j), Mem(src, 512 * j),
+                       Imm(16, "u32"))
+        b.place(skip)
+        b.emit("cp.async.commit_group")
+
     u = b.op("mov.u32", w)
+    issue(u, cur)
     top, nxt, done = b.label("cx_unit"), b.label("cx_next"), b.label("cx_done")
     b.place(top)
     b.bra(done, pred=b.op("setp.ge.u32", u, units))
-    rest = b.op("shr.u32", u, Imm(rg_n.bit_length() - 1, "u32"))
-    tn = b.op("rem.u32", rest, tiles_n)
-    kc = b.op("div.u32", rest, tiles_n)
-    row0 = b.op("mad.lo.u32", tn, Imm(BN, "u32"), b.op("shl.b32", b.op("and.b32", u, Imm(rg_n - 1, "b32")),
-                                                          Imm(CX_ROWS.bit_length() - 1, "u32")))
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane is done reading nxt_buf (its unit converted)
+    un = b.op("add.u32", u, nconv)
+    issue(un, nxt_buf)
+    b.emit("cp.async.wait_group", Imm(1, "u32"))  # this lane's copies of unit u have landed
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # ... and every other lane's
+    row0, col0, ix = coords(u)
     b.bra(nxt, pred=b.op("setp.ge.u32", row0, T))  # a group past T: nothing to convert, not counted
-    col0 = b.op("shl.b32", kc, Imm(6 + CX_STEPS.bit_length() - 1, "u32"))
-    segs = CX_STEPS  # 64-column segments per unit row: K is a multiple of 256 (Q4_K), so a unit never passes K
-    assert 64 * CX_STEPS == 256
     for half in range(CX_ROWS // 4):
         row = b.op("add.u32", row0, b.op("add.u32", r4, Imm(4 * half, "u32")))
         row_ok = b.op("setp.le.u32", row, tlast)
-        rk = b.op("mul.lo.u32", b.op("min.u32", row, tlast), K)
-        src = b.op("mad.wide.u32", b.op("add.u32", b.op("add.u32", rk, col0), base), Imm(4, "u32"), X)
+        lds = b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", r4, Imm(4 * half, "u32")), Imm(CX_ROW_BYTES, "u32"), cur),
+                   b.op("shl.b32", base, Imm(2, "u32")))
         dst = b.op("mad.wide.u32", b.op("add.u32", b.op("mul.lo.u32", row, K), b.op("mad.lo.u32", q, Imm(8, "u32"), col0)),
                    Imm(2, "u32"), X16)
-        for e0 in range(0, segs, CX_INFLIGHT):  # CX_INFLIGHT segments (8 loads each) in flight
-            vals = {}
-            for e in range(e0, min(segs, e0 + CX_INFLIGHT)):
-                v = b.regs("f32", 8)
-                for i, off in enumerate(offs):
-                    b.emit("ld.global.nc.f32", v[i], Mem(src, 4 * (64 * e + off)))
-                vals[e] = v
-            for e in range(e0, min(segs, e0 + CX_INFLIGHT)):
-                v = vals[e]
-                h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
-                b.emit("st.global.v4.b32", Mem(dst, 2 * 64 * e), b.vec(h), pred=row_ok)
-                over = None  # a half whose exponent bits are all ones is inf or NaN
-                for word in h:
-                    for mask in (0x7C00, 0x7C000000):
-                        p = b.op("setp.eq.u32", b.op("and.b32", word, Imm(mask, "b32")), Imm(mask, "u32"))
-                        over = p if over is None else b.op("or.pred", over, p)
-                b.emit("or.b32", bad, bad, b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"), b.op("and.pred", over, row_ok)))
+        for e in range(CX_STEPS):  # the unit row's four 64-column segments
+            v = b.regs("f32", 8)
+            for i, off in enumerate(offs):
+                b.emit("ld.shared.f32", v[i], Mem(lds, 4 * (64 * e + off)))
+            h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
+            b.emit("st.global.v4.b32", Mem(dst, 2 * 64 * e), b.vec(h), pred=row_ok)
+            over = None  # a half whose exponent bits are all ones is inf or NaN
+            for word in h:
+                for mask in (0x7C00, 0x7C000000):
+                    p = b.op("setp.eq.u32", b.op("and.b32", word, Imm(mask, "b32")), Imm(mask, "u32"))
+                    over = p if over is None else b.op("or.pred", over, p)
+            b.emit("or.b32", bad, bad, b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"), b.op("and.pred", over, row_ok)))
     b.emit("fence.proxy.async.global")  # these generic stores, before another CTA's TMA reads them
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-    fl = b.op("mad.wide.u32", b.op("mad.lo.u32", kc, tiles_n, tn), Imm(4, "u32"), XR)
-    b.emit("red.release.gpu.global.add.u32", Mem(fl), Imm(1, "u32"), pred=b.op("setp.eq.u32", lane, Imm(0, "u32")))
+    b.emit("red.release.gpu.global.add.u32", Mem(b.op("mad.wide.u32", ix, Imm(4, "u32"), XR)), Imm(1, "u32"),
+           pred=b.op("setp.eq.u32", lane, Imm(0, "u32")))
     b.place(nxt)
-    b.emit("add.u32", u, u, nconv)
+    b.emit("mov.u32", u, un)
+    t_ = b.op("mov.u32", cur)
+    b.emit("mov.u32", cur, nxt_buf)
+    b.emit("mov.u32", nxt_buf, t_)
     b.bra(top)
     b.place(done)
+    b.emit("cp.async.wait_group", Imm(0, "u32"))
     b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("setp.ne.u32", bad, Imm(0, "u32")))
 
 
@@ -1308,7 +1346,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
         cx_p = (b.param("x", "u64", "ptr:in"), b.param("x16", "u64", "ptr:out"),
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
-    smem = b.dynamic_shared(S * stage_bytes + a_bytes + 1024)  # + 1024: aligned up at run time
+    cx_bytes = CX_SMEM if CX else 0  # the converters' staging buffers
+    smem = b.dynamic_shared(S * stage_bytes + a_bytes + cx_bytes + 1024)  # + 1024: aligned up at run time
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
@@ -1421,7 +1460,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
         X, X16, XR = (b.ptr(p) for p in cx_p[:3])
         producer = b.label("producer")
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
-        _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, b.ptr(cx_p[3]))
+        _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, b.ptr(cx_p[3]), b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")))
         b.emit("ret")
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
