@@ -450,16 +450,16 @@ def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_
     reads (chunk by chunk, x_ready counters acquired before each chunk's first TMA), no convert_f16_perm. With 3
     CTAs taking turns in seed-drawn orders (a CTA's TMA thread waits for chunks the others convert): the fp16 copy
     is convert_f16_perm's bit for bit, the x_ready counters end at zero (the harness checks both), and y has the
-    bits of mmq_q4_k_wgmma_ra_n128 on pre-converted x — with one split and with two."""
+    bits of mmq_q4_k_wgmma_ra_n128 on pre-converted x — with one split and with two, and on 3 x 3 tiles with 3 CTAs,
+    where the converters go one token tile at a time (G = ceil(CTAs / M-tiles) = 1: items run m fastest)."""
     cx = KERNELS["mmq_q4_k_wgmma_ra_n128_cx"].for_arch("sm_90a").ptx()
     assert "ld.acquire.gpu.global.u32" in cx and "fence.proxy.async.global" in cx and "convert_f16" not in cx
     ref = KERNELS["mmq_q4_k_wgmma_ra_n128"].for_arch("sm_90a").ptx()
-    for splits in (1, 2):
-        want = check_kernel("mmq_q4_k_wgmma_ra_n128", ref, seed=7, shape=(131, 133, 512), splits=splits, ctas=3)
+    for shape, splits, seeds in (((131, 133, 512), 1, (7, 8)), ((131, 133, 512), 2, (7,)), ((259, 300, 512), 1, (9,))):
+        want = check_kernel("mmq_q4_k_wgmma_ra_n128", ref, seed=7, shape=shape, splits=splits, ctas=3)
         assert want.ok, want.detail
-        for rs in (7, 8):
-            out = check_kernel("mmq_q4_k_wgmma_ra_n128_cx", cx, seed=7, shape=(131, 133, 512), splits=splits, ctas=3,
-                               run_seed=rs)
+        for rs in seeds:
+            out = check_kernel("mmq_q4_k_wgmma_ra_n128_cx", cx, seed=7, shape=shape, splits=splits, ctas=3, run_seed=rs)
             assert out.ok, out.detail
             np.testing.assert_array_equal(out.got, want.got)
 

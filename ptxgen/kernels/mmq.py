@@ -1209,8 +1209,10 @@ CX_UNIT_BYTES = CX_ROWS * CX_ROW_BYTES
 CX_SMEM = 3 * CX_BUFS * CX_UNIT_BYTES  # three converter warps
 CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to nearest even) into x16 in "
            "layouts.q4k_rega_k_order, as convert_f16_perm does, in units of {rows} token rows x {cols} columns: "
-           "converter warp w (3 per CTA) takes units w, w + 3·CTAs, ..., ordered chunk kc ({steps} K-steps) major, "
-           "then token tile, then 8-row group, so the first K chunk of every tile comes first. A unit's fp32 rows "
+           "converter warp w (3 per CTA) takes units w, w + 3·CTAs, ... in the order the GEMM's rounds need them: "
+           "items run m-tile fastest, so one round of CTAs works on G = ceil(CTAs / M-tiles) token tiles; units go "
+           "group of G tiles by group, within a group chunk kc ({steps} K-steps) by chunk, then tile, then 8-row "
+           "group. A unit's fp32 rows "
            "come by cp.async into the warp's staging buffer while the previous unit converts (registers hold no "
            "data in flight: the producer warpgroup has 40 each); after a unit fence.proxy.async.global, "
            "bar.warp.sync and one red.release.gpu on x_ready[kc·tiles_n + tn]. The TMA thread waits (ld.acquire) "
@@ -1219,7 +1221,7 @@ CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to
            "launch: it runs under the GEMM")
 
 
-def _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, F, stage):
+def _convert_x(b, tid, K, T, tiles_n, tiles_m, BN, X, X16, XR, F, stage):
     """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
     layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
     convert_f16_perm uses). A unit's 8 rows x 1 KB arrive by 16 cp.async per lane into staging buffer i % 2 of
@@ -1244,7 +1246,11 @@ def _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, F, stage):
     assert 64 * CX_STEPS == 256 and CX_ROWS == 8 and CX_BUFS == 2
     ksteps = b.op("shr.u32", K, Imm(6, "u32"))
     kchunks = b.op("shr.u32", b.op("add.u32", ksteps, Imm(CX_STEPS - 1, "u32")), Imm(CX_STEPS.bit_length() - 1, "u32"))
-    units = b.op("mul.lo.u32", b.op("mul.lo.u32", kchunks, tiles_n), Imm(rg_n, "u32"))
+    # G = the token tiles one round of CTAs works on (items m fastest): ceil(CTAs / M-tiles), at most all of them
+    G = b.op("min.u32", tiles_n, b.op("div.u32", b.op("add.u32", b.special("nctaid.x"), b.op("sub.u32", tiles_m, Imm(1, "u32"))),
+                                      tiles_m))
+    groups = b.op("div.u32", b.op("add.u32", tiles_n, b.op("sub.u32", G, Imm(1, "u32"))), G)
+    units = b.op("mul.lo.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", groups, G), kchunks), Imm(rg_n, "u32"))
     tlast = b.op("sub.u32", T, Imm(1, "u32"))
     bad = b.op("mov.u32", Imm(0, "u32"))
     mine = b.op("mad.lo.u32", wl, Imm(CX_BUFS * CX_UNIT_BYTES, "u32"), stage)
@@ -1253,10 +1259,14 @@ def _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, F, stage):
     copy_off = b.op("shl.b32", lane, Imm(4, "u32"))  # lane l copies 16-byte chunks l and 32 + l of each row
 
     def coords(u):
-        """(row0, col0, the x_ready counter's index, the unit holds rows < T) of unit u (u < units)."""
+        """(row0, col0, the x_ready counter's index) of unit u (u < units): u = ((g·kchunks + kc)·G + tn % G)·rg_n
+        + rg, tn = g·G + tn % G — group by group of G token tiles, chunk kc of the group's tiles before kc + 1. A
+        unit of a tile past the last (the last group may be short) has row0 ≥ T: skipped like rows past T."""
         rest = b.op("shr.u32", u, Imm(rg_n.bit_length() - 1, "u32"))
-        tn = b.op("rem.u32", rest, tiles_n)
-        kc = b.op("div.u32", rest, tiles_n)
+        tl = b.op("rem.u32", rest, G)
+        rest = b.op("div.u32", rest, G)
+        kc = b.op("rem.u32", rest, kchunks)
+        tn = b.op("mad.lo.u32", b.op("div.u32", rest, kchunks), G, tl)
         row0 = b.op("mad.lo.u32", tn, Imm(BN, "u32"), b.op("shl.b32", b.op("and.b32", u, Imm(rg_n - 1, "b32")),
                                                               Imm(CX_ROWS.bit_length() - 1, "u32")))
         col0 = b.op("shl.b32", kc, Imm(6 + CX_STEPS.bit_length() - 1, "u32"))
@@ -1392,6 +1402,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.meta.update(activations="fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside the launch",
                       convert=CX_NOTE.format(bn=BN, rows=CX_ROWS, steps=CX_STEPS, cols=64 * CX_STEPS), pdl=False,
                       convert_steps=CX_STEPS, convert_rows=CX_ROWS,
+                      work_queue=b.meta["work_queue"].replace("(m tile, split z, token tile n), n fastest",
+                                                              "(token tile n, split z, m tile), m fastest"),
                       roles=b.meta["roles"].replace("warpgroup 0: producer (thread 0 claims work items and issues TMA)",
                                                     "warpgroup 0: producer (thread 0 claims work items and issues TMA; "
                                                     "warps 1-3 convert x)"))
@@ -1422,10 +1434,16 @@ def build_wgmma(arch, spec: "MmqSpec"):
     slot0 = b.op("mov.u32", slots)
 
     def decode(item):
-        tn = b.op("rem.u32", item, tiles_n)
-        rest = b.op("div.u32", item, tiles_n)
-        z = b.op("rem.u32", rest, splits)
-        tm = b.op("div.u32", rest, splits)
+        if CX:  # m fastest: a round of CTAs needs few token tiles of x, which the converters do first (CX_NOTE)
+            tm = b.op("rem.u32", item, tiles_m)
+            rest = b.op("div.u32", item, tiles_m)
+            z = b.op("rem.u32", rest, splits)
+            tn = b.op("div.u32", rest, splits)
+        else:
+            tn = b.op("rem.u32", item, tiles_n)
+            rest = b.op("div.u32", item, tiles_n)
+            z = b.op("rem.u32", rest, splits)
+            tm = b.op("div.u32", rest, splits)
         if CL > 1:  # this CTA's M-tile of the cluster's group (past M for an odd last group: zero-filled, masked)
             tm = b.op("mad.lo.u32", tm, Imm(CL, "u32"), rank)
         s_begin = b.op("mul.lo.u32", z, per)
@@ -1460,7 +1478,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
         X, X16, XR = (b.ptr(p) for p in cx_p[:3])
         producer = b.label("producer")
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
-        _convert_x(b, tid, K, T, tiles_n, BN, X, X16, XR, b.ptr(cx_p[3]), b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")))
+        _convert_x(b, tid, K, T, tiles_n, tiles_m, BN, X, X16, XR, b.ptr(cx_p[3]),
+                   b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")))
         b.emit("ret")
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
