@@ -299,7 +299,7 @@ class Emulator(HopperOps):
                                          + "\n".join(f"CTA {st['cta'].ctaid}:\n" + self._deadlock_report(st)
                                                       for st in live)) from None
 
-    _CTA_STATE = ("cta", "pcs", "alive", "blocked", "waiting_on")
+    _CTA_STATE = ("cta", "pcs", "alive", "blocked", "waiting_on", "yielding")
 
     def _save_cta(self) -> dict:
         return {k: getattr(self, k) for k in self._CTA_STATE}
@@ -321,6 +321,7 @@ class Emulator(HopperOps):
         self.pcs = np.zeros(n, np.int64)
         self.alive = np.ones(n, bool)
         self.blocked = np.zeros(n, bool)
+        self.yielding = np.zeros(n, bool)  # after nanosleep: runs only when no other thread of the CTA can
         self.waiting_on = np.full(n, -1, np.int64)  # the mbarrier a suspended try_wait waits on
         cta.cl_arrived = np.full(n, -1, np.int64)  # per thread: the cluster-barrier phase it last arrived in
         cta.state = self._save_cta()
@@ -335,6 +336,12 @@ class Emulator(HopperOps):
         if self.steps > self.max_steps:
             raise EmulationError("step limit reached (an endless loop?)")
         runnable = alive & ~blocked
+        if self.yielding.any():  # a thread that slept (a spin loop's nanosleep) lets every other one go first
+            others = runnable & ~self.yielding
+            if others.any():
+                runnable = others
+            else:
+                self.yielding[:] = False
         if not runnable.any():
             if cta.tma_pending:  # async copies land as late as they may: when nothing else can run
                 self._land_tma(cta.tma_pending.pop(0))
@@ -1081,6 +1088,11 @@ class Emulator(HopperOps):
 
     def _op_membar(self, ins, ex, grp):
         pass
+
+    def _op_nanosleep(self, ins, ex, grp):
+        """nanosleep t: no time here; the sleeping threads yield — they run again only once no other thread of
+        the CTA can (a spin loop waiting for another warp of its CTA lets that warp move, whatever the pcs)."""
+        self.yielding[ex] = True
 
     def _op_fence(self, ins, ex, grp):
         pass

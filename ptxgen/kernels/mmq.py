@@ -1207,6 +1207,7 @@ CX_BUFS = 2  # a converter warp's cp.async staging buffers: the next unit's copi
 CX_ROW_BYTES = 256 * 4 + 32  # a staged row, padded: rows 4h..4h+3 start 8 banks apart
 CX_UNIT_BYTES = CX_ROWS * CX_ROW_BYTES
 CX_SMEM = 3 * CX_BUFS * CX_UNIT_BYTES  # three converter warps
+CX_THROTTLE = True  # groups past the second wait for the queue to reach the group before (spreads the traffic)
 CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to nearest even) into x16 in "
            "layouts.q4k_rega_k_order, as convert_f16_perm does, in units of {rows} token rows x {cols} columns: "
            "converter warp w (3 per CTA) takes units w, w + 3·CTAs, ... in the order the GEMM's rounds need them: "
@@ -1221,7 +1222,7 @@ CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to
            "launch: it runs under the GEMM")
 
 
-def _convert_x(b, tid, K, T, tiles_n, tiles_m, BN, X, X16, XR, F, stage):
+def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, stage):
     """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
     layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
     convert_f16_perm uses). A unit's 8 rows x 1 KB arrive by 16 cp.async per lane into staging buffer i % 2 of
@@ -1266,17 +1267,18 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, BN, X, X16, XR, F, stage):
         tl = b.op("rem.u32", rest, G)
         rest = b.op("div.u32", rest, G)
         kc = b.op("rem.u32", rest, kchunks)
-        tn = b.op("mad.lo.u32", b.op("div.u32", rest, kchunks), G, tl)
+        grp = b.op("div.u32", rest, kchunks)
+        tn = b.op("mad.lo.u32", grp, G, tl)
         row0 = b.op("mad.lo.u32", tn, Imm(BN, "u32"), b.op("shl.b32", b.op("and.b32", u, Imm(rg_n - 1, "b32")),
                                                               Imm(CX_ROWS.bit_length() - 1, "u32")))
         col0 = b.op("shl.b32", kc, Imm(6 + CX_STEPS.bit_length() - 1, "u32"))
-        return row0, col0, b.op("mad.lo.u32", kc, tiles_n, tn)
+        return row0, col0, b.op("mad.lo.u32", kc, tiles_n, tn), grp
 
     def issue(u, buf):
         """cp.async of unit u's rows into `buf` (none past the last unit or T), then one commit group either way."""
         skip = b.label("cx_no_copy")
         b.bra(skip, pred=b.op("setp.ge.u32", u, units))
-        row0, col0, _ = coords(u)
+        row0, col0, _, _ = coords(u)
         b.bra(skip, pred=b.op("setp.ge.u32", row0, T))
         for r in range(CX_ROWS):
             row = b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), tlast)
@@ -1299,8 +1301,19 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, BN, X, X16, XR, F, stage):
     issue(un, nxt_buf)
     b.emit("cp.async.wait_group", Imm(1, "u32"))  # this lane's copies of unit u have landed
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # ... and every other lane's
-    row0, col0, ix = coords(u)
+    row0, col0, ix, grp = coords(u)
     b.bra(nxt, pred=b.op("setp.ge.u32", row0, T))  # a group past T: nothing to convert, not counted
+    if CX_THROTTLE:  # group g ≥ 2 once the queue reaches group g - 1's first item: one round ahead of its use
+        go = b.label("cx_go")
+        b.bra(go, pred=b.op("setp.lt.u32", grp, Imm(2, "u32")))
+        thr = b.op("mul.lo.u32", b.op("mul.lo.u32", b.op("sub.u32", grp, Imm(1, "u32")), G),
+                   b.op("mul.lo.u32", splits, tiles_m))
+        spin = b.label("cx_throttle")
+        b.place(spin)
+        early = b.op("setp.lt.u32", b.op("ld.relaxed.gpu.global.u32", Mem(Q)), thr)
+        b.emit("nanosleep.u32", Imm(256, "u32"), pred=early)
+        b.bra(spin, pred=early)
+        b.place(go)
     for half in range(CX_ROWS // 4):
         row = b.op("add.u32", row0, b.op("add.u32", r4, Imm(4 * half, "u32")))
         row_ok = b.op("setp.le.u32", row, tlast)
@@ -1478,7 +1491,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
         X, X16, XR = (b.ptr(p) for p in cx_p[:3])
         producer = b.label("producer")
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
-        _convert_x(b, tid, K, T, tiles_n, tiles_m, BN, X, X16, XR, b.ptr(cx_p[3]),
+        _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, b.ptr(cx_p[3]),
                    b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")))
         b.emit("ret")
         b.place(producer)
