@@ -37,6 +37,34 @@ def run(body: str, threads: int, out, tmap=bytes(128), seed=None):
     return mem, o
 
 
+def test_nanosleep_in_a_spin_lets_the_other_warps_of_the_cta_run():
+    """A spin loop with nanosleep (the converting MMQ's throttle) waits for a store by a warp whose code sits at
+    higher pcs: the emulator runs the lowest pc first, so without the sleep's yield the spinner would spin until
+    the step limit; with it, warp 1 stores, warp 0 sees it and copies it out."""
+    body = """
+setp.lt.u32 %p1, %r31, 32;
+@!%p1 bra $L_writer;
+$L_spin:
+ld.relaxed.gpu.global.u32 %r2, [%rd15];
+setp.eq.u32 %p2, %r2, 0;
+@%p2 nanosleep.u32 100;
+@%p2 bra $L_spin;
+st.global.u32 [%rd15+4], %r2;
+bra $L_end;
+$L_writer:
+setp.eq.u32 %p3, %r31, 32;
+@%p3 st.global.u32 [%rd15], 7;
+$L_end:
+"""
+    mem, o = run(body, 64, np.zeros(2, np.uint32))
+    assert mem.view(o, np.uint32, (2,)).tolist() == [7, 7]
+    with pytest.raises(EmulationError, match="step limit"):  # the same spin without the sleep never lets go
+        Emulator(HEADER + "\tmov.u32 %r31, %tid.x;\n\tld.param.u64 %rd15, [out];\n" +
+                 "\n".join("\t" + ln for ln in body.strip().splitlines() if "nanosleep" not in ln) +
+                 "\n\tret;\n}\n").run((1,), (64,), (mem.alloc(np.zeros(2, np.uint32)), bytes(128)), mem,
+                                         max_steps=20_000)
+
+
 def test_mbarrier_phases_parity_and_arrival_state():
     """A phase completes with its last arrival; `test_wait.parity P` is true once the phase of parity P
     has completed (so parity 1 reads as complete before any phase did, the producer's start trick)."""
