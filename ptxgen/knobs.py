@@ -25,8 +25,9 @@ PTXGEN_MMQ_SKINNY  exact-mode Q4_K prefill (M ≥ 128) on the register-A skinny 
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
                    WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
 PTXGEN_MMQ_CX      the sm_90 register-A prefill GEMM converts fp32 x to fp16 itself (its idle producer warps, under
-                   the GEMM; mmq_q4_k_wgmma_ra_n*_cx) instead of a convert_f16_perm launch first: unset/auto = when
-                   its plan has at most runtime.ops.MMQ_CX_MAX_SPLITS K splits, 1 = always, 0 = never
+                   the GEMM; mmq_q4_k_wgmma_ra_n*_cx) instead of a convert_f16_perm launch first: unset/auto = from
+                   runtime.ops.MMQ_CX_MIN_TOKENS tokens when its plan has at most runtime.ops.MMQ_CX_MAX_SPLITS K
+                   splits, 1 = always, 0 = never
 PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's
                    tiles split in K (runtime.ops.splitk_plan_tail), 0 = every tile split alike when the tiles fit
                    one round of resident CTAs, none otherwise (the plan before it, for A/B measurements)

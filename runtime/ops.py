@@ -248,17 +248,20 @@ def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPl
     return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False, cl)
 
 
-# the register-A MMQ converts x inside the launch (mmq_q4_k_wgmma_ra_n*_cx: no convert_f16_perm launch) when its
-# plan has no K split (set from the H200 measurements, bench/NOTES.md session 19)
+# the register-A MMQ converts x inside the launch (mmq_q4_k_wgmma_ra_n*_cx: no convert_f16_perm launch) from this
+# many tokens when its plan has no K split (H200, same-run A/B, bench/results/probe_mmq_cx*_session19.log: 3-7%
+# faster at T = 1024-4096 on 4096^2 and 4096x14336, within ±2% on 14336x4096; 1-4% slower at T = 64-256, where
+# the conversion is a few µs and the m-fastest item order costs about as much)
+MMQ_CX_MIN_TOKENS = 1024
 MMQ_CX_MAX_SPLITS = 1
 
 
-def mmq_convert_in_gemm(splits: int) -> bool:
-    """Whether the register-A MMQ converts fp32 x itself (PTXGEN_MMQ_CX: auto = plans of at most MMQ_CX_MAX_SPLITS
-    K splits, on = always, off = never: convert_f16_perm first). Its converters walk x's K chunks in order, so a
-    split that starts mid-K waits for the chunks before its own."""
+def mmq_convert_in_gemm(t: int, splits: int) -> bool:
+    """Whether the register-A MMQ converts fp32 x itself (PTXGEN_MMQ_CX: auto = from MMQ_CX_MIN_TOKENS tokens with
+    at most MMQ_CX_MAX_SPLITS K splits, on = always, off = never: convert_f16_perm first). Its converters walk x's
+    K chunks in order, so a split that starts mid-K waits for the chunks before its own."""
     v = knobs.mmq_cx()
-    return v == "on" or (v == "auto" and splits <= MMQ_CX_MAX_SPLITS)
+    return v == "on" or (v == "auto" and t >= MMQ_CX_MIN_TOKENS and splits <= MMQ_CX_MAX_SPLITS)
 
 
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
@@ -290,9 +293,10 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     else:
         tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES, "mma.sync_x16": MMQ_TILES}.get(path, Q8_TILES)
         bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
-    if path == "wgmma_ra":  # the plan (its K splits) is the same for both builds
+    if path == "wgmma_ra":  # the plan (its K splits) is the same for both builds; n192 has no converting build
         plan = mmq_plan(kernels.load(f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a"), m, k, t, bn, False, current().sm_count)
-        path = "wgmma_ra_cx" if mmq_convert_in_gemm(plan.splits) else "wgmma_ra_x16"
+        cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
+        path = "wgmma_ra_cx" if cx else "wgmma_ra_x16"
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra_x16": f"mmq_q4_k_wgmma_ra_n{bn}",
             "wgmma_ra_cx": f"mmq_q4_k_wgmma_ra_n{bn}_cx", "mma.sync": f"mmq_q4_k_f16_n{bn}",
             "mma.sync_x16": f"mmq_q4_k_f16_n{bn}_x16",

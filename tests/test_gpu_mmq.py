@@ -289,7 +289,10 @@ def test_register_a_mmq_converting_x_itself_on_a_full_grid_is_deterministic():
         type(fn).launch = real
     assert "mmq_q4_k_wgmma_ra_n256_cx" in launched, launched
     np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32))
-    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    assert rel(got, want) <= 1e-3
+    n192, flag = run_mmq(r, raw, m, k, x, 192, "wgmma_ra")  # no converting n192 build: the rule falls back
+    assert flag == 0 and rel(n192, want) <= 1e-3
 
 
 def test_convert_f16_kernel_is_bit_exact_and_flags_overflow():

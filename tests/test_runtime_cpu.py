@@ -475,7 +475,8 @@ def test_mmq_plan_matches_its_parts():
 
 def test_register_a_mmq_converts_x_itself_when_its_plan_has_no_k_split(monkeypatch):
     """mul_mat's rule for the sm_90 register-A MMQ (README): mmq_q4_k_wgmma_ra_n*_cx (x converted inside the
-    launch) when the plan has at most ops.MMQ_CX_MAX_SPLITS K splits, convert_f16_perm + mmq_q4_k_wgmma_ra_n* above;
+    launch) from ops.MMQ_CX_MIN_TOKENS tokens when the plan has at most ops.MMQ_CX_MAX_SPLITS K splits,
+    convert_f16_perm + mmq_q4_k_wgmma_ra_n* otherwise;
     PTXGEN_MMQ_CX=1 / 0 force it, anything else is an error. The builds are in the sm_90a manifest with the chunking
     the runtime sizes x_ready from, and only there (no wgmma on sm_89 / sm_120a)."""
     from ptxgen.runtime import kernels, ops
@@ -487,11 +488,12 @@ def test_register_a_mmq_converts_x_itself_when_its_plan_has_no_k_split(monkeypat
         assert f"mmq_q4_k_wgmma_ra_n{bn}_cx" not in kernels.manifest("sm_89")
         assert f"mmq_q4_k_wgmma_ra_n{bn}_cx" not in kernels.manifest("sm_120a")
     monkeypatch.delenv("PTXGEN_MMQ_CX", raising=False)
-    assert ops.mmq_convert_in_gemm(1) and not ops.mmq_convert_in_gemm(2)
+    assert ops.mmq_convert_in_gemm(1024, 1) and ops.mmq_convert_in_gemm(4096, 1)
+    assert not ops.mmq_convert_in_gemm(1024, 2) and not ops.mmq_convert_in_gemm(1023, 1)
     monkeypatch.setenv("PTXGEN_MMQ_CX", "1")
-    assert ops.mmq_convert_in_gemm(4)
+    assert ops.mmq_convert_in_gemm(64, 4)
     monkeypatch.setenv("PTXGEN_MMQ_CX", "0")
-    assert not ops.mmq_convert_in_gemm(1)
+    assert not ops.mmq_convert_in_gemm(4096, 1)
     monkeypatch.setenv("PTXGEN_MMQ_CX", "sometimes")
     with pytest.raises(ValueError, match="PTXGEN_MMQ_CX"):
-        ops.mmq_convert_in_gemm(1)
+        ops.mmq_convert_in_gemm(4096, 1)
