@@ -104,7 +104,7 @@ ARITY = {
     "abs": 2, "neg": 2, "and": 3, "or": 3, "xor": 3, "not": 2, "shl": 3, "shr": 3, "shf": 4, "lop3": 5,
     "prmt": 4, "bfe": 4, "bfi": 5, "cvt": 2, "cvta": 2, "setp": 3, "selp": 4, "ld": 2, "st": 2, "atom": 3,
     "shfl": 5, "bar": 1, "bra": 1, "ret": 0, "exit": 0, "mma": 4, "ldmatrix": 2, "cp": 3, "cvt.pack": 3,
-    "membar": 0, "fence": 0, "nanosleep": 1, "createpolicy": None, "mbarrier": None, "wgmma": None, "setmaxnreg": 1, "red": 2, "dp4a": 4,
+    "membar": 0, "fence": 0, "nanosleep": 1, "mbarrier": None, "wgmma": None, "setmaxnreg": 1, "red": 2, "dp4a": 4,
     "popc": 2, "clz": 2, "brev": 2, "ex2": 2, "lg2": 2, "vote": 3, "activemask": 1, "griddepcontrol": 0,
     "barrier": 0, "mapa": 3,
 }

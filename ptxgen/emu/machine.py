@@ -1089,13 +1089,6 @@ class Emulator(HopperOps):
     def _op_membar(self, ins, ex, grp):
         pass
 
-    def _op_createpolicy(self, ins, ex, grp):
-        """createpolicy.fractional.L2::evict_*: an opaque cache policy for the .L2::cache_hint forms; the emulator
-        has no cache, so any value does (a fixed one)."""
-        if ins.mods[1] != "fractional":
-            raise Unsupported(ins.opcode)
-        self._set(ins.operands[0], ex, np.full(ex.size, 0x1000000000000000, np.uint64), "u64")
-
     def _op_nanosleep(self, ins, ex, grp):
         """nanosleep t: no time here; the sleeping threads yield — they run again only once no other thread of
         the CTA can (a spin loop waiting for another warp of its CTA lets that warp move, whatever the pcs)."""
@@ -1131,8 +1124,7 @@ class Emulator(HopperOps):
             n = int(size, 0)
             daddr, _ = self._addr(dst, ex)
             saddr, _ = self._addr(src, ex)
-            extra = ins.operands[3:-1] if "L2::cache_hint" in ins.mods else ins.operands[3:]  # last: the policy
-            src_bytes = self._val(extra[0], "u32", ex).astype(np.int64) if extra else np.full(ex.size, n)
+            src_bytes = self._val(ins.operands[3], "u32", ex).astype(np.int64) if len(ins.operands) > 3 else np.full(ex.size, n)
             data = self.memory.load(saddr, n, ins.text) if (src_bytes > 0).any() else np.zeros((ex.size, n), np.uint8)
             data = np.where(np.arange(n)[None, :] < src_bytes[:, None], data, 0).astype(np.uint8)
             job = (daddr, data, ins.text, ex.copy())

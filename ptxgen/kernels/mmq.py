@@ -1207,7 +1207,6 @@ CX_BUFS = 2  # a converter warp's cp.async staging buffers: the next unit's copi
 CX_ROW_BYTES = 256 * 4 + 32  # a staged row, padded: rows 4h..4h+3 start 8 banks apart
 CX_UNIT_BYTES = CX_ROWS * CX_ROW_BYTES
 CX_SMEM = 3 * CX_BUFS * CX_UNIT_BYTES  # three converter warps
-CX_EVICT_FIRST = True  # the converters' fp32 reads carry an L2 evict-first policy
 CX_THROTTLE = True  # groups past the second wait for the queue to reach the group before (spreads the traffic)
 CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to nearest even) into x16 in "
            "layouts.q4k_rega_k_order, as convert_f16_perm does, in units of {rows} token rows x {cols} columns: "
@@ -1259,10 +1258,6 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     cur = b.op("mov.u32", mine)  # staging buffer of the unit being converted; the other takes the next one's copies
     nxt_buf = b.op("add.u32", mine, Imm(CX_UNIT_BYTES, "u32"))
     copy_off = b.op("shl.b32", lane, Imm(4, "u32"))  # lane l copies 16-byte chunks l and 32 + l of each row
-    policy = None
-    if CX_EVICT_FIRST:  # fp32 x is read once: its lines go first, not the GEMM's weights and fp16 x
-        policy = b.reg("b64")
-        b.emit("createpolicy.fractional.L2::evict_first.b64", policy, Imm(1.0, "f32"))
 
     def coords(u):
         """(row0, col0, the x_ready counter's index) of unit u (u < units): u = ((g·kchunks + kc)·G + tn % G)·rg_n
@@ -1291,12 +1286,8 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
                        Imm(4, "u32"), X)
             dst = b.op("add.u32", buf, copy_off)
             for j in range(2):
-                if policy is None:
-                    b.emit("cp.async.cg.shared.global", Mem(dst, r * CX_ROW_BYTES + 512 * j), Mem(src, 512 * j),
-                           Imm(16, "u32"))
-                else:
-                    b.emit("cp.async.cg.shared.global.L2::cache_hint", Mem(dst, r * CX_ROW_BYTES + 512 * j),
-                           Mem(src, 512 * j), Imm(16, "u32"), policy)
+                b.emit("cp.async.cg.shared.global", Mem(dst, r * CX_ROW_BYTES + 512 * j), Mem(src, 512 * j),
+                       Imm(16, "u32"))
         b.place(skip)
         b.emit("cp.async.commit_group")
 
