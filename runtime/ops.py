@@ -118,18 +118,23 @@ MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
 MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
-WGMMA_RA_TILES = (128, 192, 256)  # the register-A wgmma MMQ (n256: loaded through the driver's whole-program JIT)
+WGMMA_RA_TILES = (64, 128, 192, 256)  # the register-A wgmma MMQ (n256: loaded through the driver's whole-program JIT)
 # T from which mul_mat runs the register-A builds instead of the shared-memory-A ones (H200, bench_mmq_session9.log):
 # n128 for T = 49-128 (3-15% faster than the wgmma n64/n128 tiles at T = 64-128; mixed at 48, up to 17% slower at
 # 33 where the shared-memory-A build runs n64 tiles: probe_rega_n128_small_t_session9.log), n256 above (equal at
-# T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured
+# T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured. Session 19: n64 up to
+# T = 64 (10-17% faster than n128 at T=64 on the three benchmark shapes, 0.6-0.85x at T=96:
+# bench/results/probe_rega_n64_session19.log)
 WGMMA_RA_MIN_TOKENS = 49
+WGMMA_RA_N64_MAX_TOKENS = 64
 WGMMA_RA_N128_MAX_TOKENS = 128
 
 
 def _rega_tile(t: int) -> int:
     """The register-A MMQ's token tile for T tokens (the rule above)."""
-    return 128 if t <= WGMMA_RA_N128_MAX_TOKENS else 256
+    return 64 if t <= WGMMA_RA_N64_MAX_TOKENS else 128 if t <= WGMMA_RA_N128_MAX_TOKENS else 256
+
+
 Q8_TILES = (16, 32, 64)
 # mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
 # wgmma only at T <= 16, behind the fp16 mma.sync GEMM up to T = 32
@@ -169,7 +174,8 @@ def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None, path: str | None 
 
 def mmq_path(arch: str | None = None, t: int | None = None) -> str:
     """"wgmma" on an sm_90 device when the sm_90a kernels are there (and `arch` does not pin another
-    target) — "wgmma_ra" (A from registers: n128 up to WGMMA_RA_N128_MAX_TOKENS, n256 above) instead for
+    target) — "wgmma_ra" (A from registers: n64 up to WGMMA_RA_N64_MAX_TOKENS, n128 up to WGMMA_RA_N128_MAX_TOKENS,
+    n256 above) instead for
     `t` ≥ WGMMA_RA_MIN_TOKENS (knob PTXGEN_MMQ_REGA) —
     else "mma.sync"."""
     from .driver import current
@@ -270,7 +276,8 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     without reading the flag; split-K partials are summed inside the kernel.
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16, x converted inside the GEMM),
     "mma.sync_x16" (convert_f16 launch, then the fp16 GEMM on fp16 x), "wgmma" (fp16, sm_90a), "wgmma_ra"
-    (fp16, sm_90a, A from registers and x in its K order; token tile n128 to WGMMA_RA_N128_MAX_TOKENS, n256 above,
+    (fp16, sm_90a, A from registers and x in its K order; token tile n64 to WGMMA_RA_N64_MAX_TOKENS, n128 to
+    WGMMA_RA_N128_MAX_TOKENS, n256 above,
     unless `bn` says otherwise; it converts x itself, mmq_q4_k_wgmma_ra_n*_cx, where mmq_convert_in_gemm says so),
     "wgmma_ra_cx" / "wgmma_ra_x16" (the register-A build converting x inside the launch / after convert_f16_perm,
     whatever the rule says), "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each

@@ -666,7 +666,7 @@ for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
 HARNESSES[f"prep_q4k_t{T4.Q4K_SKINNY_COLUMNS}h"] = _prep_q4k_records(T4.Q4K_SKINNY_COLUMNS, True)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
-for _bn in (128, 192, 256):
+for _bn in (64, 128, 192, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}")
 for _bn in (128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_mc2"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_mc2")

@@ -1897,7 +1897,7 @@ WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 PAIR_CHUNK = {(True, 256): 16, (True, 192): 8, (True, 128): 8, (False, 256): 4, (False, 128): 8, (False, 64): 8,
               (False, 32): 8}
 RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
-WGMMA_RA_TOKEN_TILES = (128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
+WGMMA_RA_TOKEN_TILES = (64, 128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
 # single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, session 11)
 WGMMA_CX_TOKEN_TILES = (128, 256)  # register-A builds that convert x inside the launch
