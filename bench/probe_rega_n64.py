@@ -2,6 +2,7 @@
 not emitted) against the n128 build mul_mat runs at T = 49-128 and against mul_mat's default, same run, whole op
 through mmq_launch (convert_f16_perm + GEMM; weights rotated past the L2). At T ≤ 64 the n128 tile multiplies 64+
 padding tokens; n64 halves the tensor work per step, the dequant stays. Each result within 1e-3 of the n128 one.
+The mul_mat column includes the op's overflow-flag readback (a host sync), unlike bench_mmq's ptxgen column.
 Usage: probe_rega_n64.py MxK,... T,... [reps]."""
 import sys
 
