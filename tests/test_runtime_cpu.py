@@ -497,3 +497,14 @@ def test_register_a_mmq_converts_x_itself_when_its_plan_has_no_k_split(monkeypat
     monkeypatch.setenv("PTXGEN_MMQ_CX", "sometimes")
     with pytest.raises(ValueError, match="PTXGEN_MMQ_CX"):
         ops.mmq_convert_in_gemm(4096, 1)
+
+
+def test_register_a_mmq_token_tile_rule():
+    """mul_mat's register-A token tile (README): n64 up to ops.WGMMA_RA_N64_MAX_TOKENS, n128 up to
+    WGMMA_RA_N128_MAX_TOKENS, n256 above; every tile of the rule is an emitted sm_90a build (and no other target's)."""
+    from ptxgen.runtime import kernels, ops
+
+    assert [ops._rega_tile(t) for t in (1, 49, 64, 65, 128, 129, 4096)] == [64, 64, 64, 128, 128, 256, 256]
+    for bn in {ops._rega_tile(t) for t in range(1, 600)}:
+        assert kernels.available(f"mmq_q4_k_wgmma_ra_n{bn}") == ["sm_90a"]
+    assert set(ops.WGMMA_RA_TILES) >= {64, 128, 256}
