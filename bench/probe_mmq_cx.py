@@ -8,34 +8,28 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import random_raw, timed, weight_copies
+from bench_gemv import probe_cases, timed
 from ptxgen.runtime import ops
 
 shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
 tokens = [int(v) for v in sys.argv[2].split(",")]
 reps = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-rng = np.random.default_rng(0)
 flag = r.DeviceArray.empty((1,), np.uint32)
 flag.owner.fill_bytes(0)
 print("| M×K | T | splits | convert_f16_perm + GEMM µs | GEMM converting x µs | ratio |")
 print("|---|---|---|---|---|---|")
-for m, k in shapes:
-    raw = random_raw("q4_K", m, k, rng)
-    ws = weight_copies(r, "q4_K", raw, m, k)
-    for t in tokens:
-        x = torch.randn(t, k, device="cuda", dtype=torch.float32)
-        y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-        xa, ya = r.as_device_array(x), r.as_device_array(y)
-        got = {}
-        for path in ("wgmma_ra_x16", "wgmma_ra_cx"):
-            y.fill_(float("nan"))
-            ops.mmq_launch(ws[0], xa, ya, t, flag, path=path)
-            got[path] = y.cpu().numpy()
-        assert np.isfinite(got["wgmma_ra_cx"]).all(), (m, k, t)
-        assert np.array_equal(got["wgmma_ra_cx"].view(np.uint32), got["wgmma_ra_x16"].view(np.uint32)), (m, k, t)
-        bn = ops._rega_tile(t)
-        plan = ops.mmq_plan(r.load(f"mmq_q4_k_wgmma_ra_n{bn}", arch="sm_90a"), m, k, t, bn, False, r.current().sm_count)
-        us = {p: timed(lambda i, p=p: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, path=p), reps, torch)
-              for p in ("wgmma_ra_x16", "wgmma_ra_cx")}
-        print(f"| {m}×{k} | {t} | {plan.splits} | {us['wgmma_ra_x16']:.1f} | {us['wgmma_ra_cx']:.1f} | "
-              f"{us['wgmma_ra_x16'] / us['wgmma_ra_cx']:.3f}x |", flush=True)
+for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
+    xa, ya = r.as_device_array(x), r.as_device_array(y)
+    got = {}
+    bn = 128 if t <= 128 else 256  # the converting builds' tiles (n64 has none)
+    for path in ("wgmma_ra_x16", "wgmma_ra_cx"):
+        y.fill_(float("nan"))
+        ops.mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path=path)
+        got[path] = y.cpu().numpy()
+    assert np.isfinite(got["wgmma_ra_cx"]).all(), (m, k, t)
+    assert np.array_equal(got["wgmma_ra_cx"].view(np.uint32), got["wgmma_ra_x16"].view(np.uint32)), (m, k, t)
+    plan = ops.mmq_plan(r.load(f"mmq_q4_k_wgmma_ra_n{bn}", arch="sm_90a"), m, k, t, bn, False, r.current().sm_count)
+    us = {p: timed(lambda i, p=p: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path=p), reps, torch)
+          for p in ("wgmma_ra_x16", "wgmma_ra_cx")}
+    print(f"| {m}×{k} | {t} | {plan.splits} | {us['wgmma_ra_x16']:.1f} | {us['wgmma_ra_cx']:.1f} | "
+          f"{us['wgmma_ra_x16'] / us['wgmma_ra_cx']:.3f}x |", flush=True)

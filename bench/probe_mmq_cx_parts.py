@@ -12,14 +12,13 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import random_raw, timed, weight_copies
+from bench_gemv import probe_cases, timed
 from ptxgen.runtime import kernels, ops
 from ptxgen.runtime.driver import Module
 
 shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
 tokens = [int(v) for v in sys.argv[2].split(",")]
 reps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-rng = np.random.default_rng(0)
 flag = r.DeviceArray.empty((1,), np.uint32)
 flag.owner.fill_bytes(0)
 
@@ -40,36 +39,32 @@ def mutated(name, wait_off, conv_off):
 
 print("| M×K | T | x16 op µs | convert_f16_perm µs | GEMM µs | cx op µs | cx, no wait µs | cx, GEMM alone µs |")
 print("|---|---|---|---|---|---|---|---|")
-for m, k in shapes:
-    raw = random_raw("q4_K", m, k, rng)
-    ws = weight_copies(r, "q4_K", raw, m, k)
-    for t in tokens:
-        x = torch.randn(t, k, device="cuda", dtype=torch.float32)
-        y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-        xa, ya = r.as_device_array(x), r.as_device_array(y)
-        name = f"mmq_q4_k_wgmma_ra_n{ops._rega_tile(t)}_cx"
-        real = kernels.load(name, "sm_90a")
+for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
+    xa, ya = r.as_device_array(x), r.as_device_array(y)
+    bn = 128 if t <= 128 else 256  # the converting builds' tiles (n64 has none)
+    name = f"mmq_q4_k_wgmma_ra_n{bn}_cx"
+    real = kernels.load(name, "sm_90a")
 
-        def op(path):
-            return timed(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, path=path), reps, torch)
-        x16 = op("wgmma_ra_x16")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for i in range(reps):
-                torch.cuda._sleep(1_000_000)
-                ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, path="wgmma_ra_x16")
-            torch.cuda.synchronize()
-        per = defaultdict(float)
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name:
-                per[ev.name] += ev.device_time / reps
-        conv = sum(v for n_, v in per.items() if "convert" in n_)
-        gemm = sum(v for n_, v in per.items() if "mmq" in n_)
-        cx = op("wgmma_ra_cx")
-        cells = []
-        for wait_off, conv_off in ((True, False), (True, True)):
-            kernels._BEST[(name, "sm_90a", "emitted")] = mutated(name, wait_off, conv_off)
-            cells.append(op("wgmma_ra_cx"))
-        kernels._BEST[(name, "sm_90a", "emitted")] = real
-        flag.owner.fill_bytes(0)
-        print(f"| {m}×{k} | {t} | {x16:.1f} | {conv:.1f} | {gemm:.1f} | {cx:.1f} | {cells[0]:.1f} | {cells[1]:.1f} |",
-              flush=True)
+    def op(path):
+        return timed(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path=path), reps, torch)
+    x16 = op("wgmma_ra_x16")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            torch.cuda._sleep(1_000_000)
+            ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path="wgmma_ra_x16")
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name:
+            per[ev.name] += ev.device_time / reps
+    conv = sum(v for n_, v in per.items() if "convert" in n_)
+    gemm = sum(v for n_, v in per.items() if "mmq" in n_)
+    cx = op("wgmma_ra_cx")
+    cells = []
+    for wait_off, conv_off in ((True, False), (True, True)):
+        kernels._BEST[(name, "sm_90a", "emitted")] = mutated(name, wait_off, conv_off)
+        cells.append(op("wgmma_ra_cx"))
+    kernels._BEST[(name, "sm_90a", "emitted")] = real
+    flag.owner.fill_bytes(0)
+    print(f"| {m}×{k} | {t} | {x16:.1f} | {conv:.1f} | {gemm:.1f} | {cx:.1f} | {cells[0]:.1f} | {cells[1]:.1f} |",
+          flush=True)

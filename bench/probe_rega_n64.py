@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import random_raw, timed, weight_copies
+from bench_gemv import probe_cases, timed
 from ptxgen.arch import get_arch
 from ptxgen.kernels.mmq import MmqSpec, build
 from ptxgen.runtime import kernels, ops
@@ -26,30 +26,24 @@ fn = Module(text.encode() + b"\0", k64.name).function(entry["entry"], entry["par
                                                       entry.get("dynamic_smem", 0))
 fn.meta, fn.arch = entry["meta"], "sm_90a"
 kernels._BEST[(k64.name, "sm_90a", "emitted")] = fn
-rng = np.random.default_rng(0)
 flag = r.DeviceArray.empty((1,), np.uint32)
 flag.owner.fill_bytes(0)
 print("| M×K | T | mul_mat µs | RA n128 µs (splits) | RA n64 µs (splits) | n128 / n64 |")
 print("|---|---|---|---|---|---|")
-for m, k in shapes:
-    raw = random_raw("q4_K", m, k, rng)
-    ws = weight_copies(r, "q4_K", raw, m, k)
-    for t in tokens:
-        x = torch.randn(t, k, device="cuda", dtype=torch.float32)
-        y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-        xa, ya = r.as_device_array(x), r.as_device_array(y)
-        got, us, sp = {}, {}, {}
-        for bn in (128, 64):
-            y.fill_(float("nan"))
-            ops.mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path="wgmma_ra_x16")
-            got[bn] = y.cpu().numpy()
-            sp[bn] = ops.mmq_plan(kernels.load(f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a"), m, k, t, bn, False,
-                                  r.current().sm_count).splits
-            us[bn] = timed(lambda i, bn=bn: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path="wgmma_ra_x16"),
-                           reps, torch)
-        assert np.isfinite(got[64]).all(), (m, k, t)
-        err = float(np.linalg.norm(got[64] - got[128]) / np.linalg.norm(got[128]))
-        assert err < 1e-3, (m, k, t, err)
-        mm = timed(lambda i: r.mul_mat(ws[i % len(ws)], x, out=y), reps, torch)
-        print(f"| {m}×{k} | {t} | {mm:.1f} | {us[128]:.1f} ({sp[128]}) | {us[64]:.1f} ({sp[64]}) | "
-              f"{us[128] / us[64]:.3f}x |", flush=True)
+for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
+    xa, ya = r.as_device_array(x), r.as_device_array(y)
+    got, us, sp = {}, {}, {}
+    for bn in (128, 64):
+        y.fill_(float("nan"))
+        ops.mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path="wgmma_ra_x16")
+        got[bn] = y.cpu().numpy()
+        sp[bn] = ops.mmq_plan(kernels.load(f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a"), m, k, t, bn, False,
+                              r.current().sm_count).splits
+        us[bn] = timed(lambda i, bn=bn: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path="wgmma_ra_x16"),
+                       reps, torch)
+    assert np.isfinite(got[64]).all(), (m, k, t)
+    err = float(np.linalg.norm(got[64] - got[128]) / np.linalg.norm(got[128]))
+    assert err < 1e-3, (m, k, t, err)
+    mm = timed(lambda i: r.mul_mat(ws[i % len(ws)], x, out=y), reps, torch)
+    print(f"| {m}×{k} | {t} | {mm:.1f} | {us[128]:.1f} ({sp[128]}) | {us[64]:.1f} ({sp[64]}) | "
+          f"{us[128] / us[64]:.3f}x |", flush=True)

@@ -842,24 +842,24 @@ _COUNTERS: list = []  # split-K arrival counters of the GEMVs and the MMQs (zero
 _X_READY: list = []  # the converting MMQ's per-chunk x counters (zero; each launch leaves them zero)
 
 
-def _x_ready(nbytes: int):
+def _zeroed(store: list, nbytes: int, least: int):
+    """The device buffer kept in `store` (one element), grown and zeroed once to hold `nbytes`; the kernels that
+    count in it leave it zero, so it is never cleared again."""
     from .driver import DeviceBuffer
 
-    if not _X_READY or _X_READY[0].nbytes < nbytes:
-        c = DeviceBuffer(max(nbytes, 1 << 12))
+    if not store or store[0].nbytes < nbytes:
+        c = DeviceBuffer(max(nbytes, least))
         c.fill_bytes(0)
-        _X_READY[:] = [c]
-    return _X_READY[0]
+        store[:] = [c]
+    return store[0]
+
+
+def _x_ready(nbytes: int):
+    return _zeroed(_X_READY, nbytes, 1 << 12)
 
 
 def _counters(nbytes: int):
-    from .driver import DeviceBuffer
-
-    if not _COUNTERS or _COUNTERS[0].nbytes < nbytes:
-        c = DeviceBuffer(max(nbytes, 1 << 16))
-        c.fill_bytes(0)
-        _COUNTERS[:] = [c]
-    return _COUNTERS[0]
+    return _zeroed(_COUNTERS, nbytes, 1 << 16)
 
 
 def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8,
