@@ -2,7 +2,8 @@
 not emitted) against the n128 build mul_mat runs at T = 49-128 and against mul_mat's default, same run, whole op
 through mmq_launch (convert_f16_perm + GEMM; weights rotated past the L2). At T ≤ 64 the n128 tile multiplies 64+
 padding tokens; n64 halves the tensor work per step, the dequant stays. Each result within 1e-3 of the n128 one.
-The mul_mat column includes the op's overflow-flag readback (a host sync), unlike bench_mmq's ptxgen column.
+The mul_mat column includes the op's overflow-flag readback (a host sync), unlike bench_mmq's ptxgen column; the
+last column is the shared-memory-A wgmma n64 build mul_mat runs at T = 33-48 (added after the session-19 log).
 Usage: probe_rega_n64.py MxK,... T,... [reps]."""
 import sys
 
@@ -28,8 +29,8 @@ fn.meta, fn.arch = entry["meta"], "sm_90a"
 kernels._BEST[(k64.name, "sm_90a", "emitted")] = fn
 flag = r.DeviceArray.empty((1,), np.uint32)
 flag.owner.fill_bytes(0)
-print("| M×K | T | mul_mat µs | RA n128 µs (splits) | RA n64 µs (splits) | n128 / n64 |")
-print("|---|---|---|---|---|---|")
+print("| M×K | T | mul_mat µs | RA n128 µs (splits) | RA n64 µs (splits) | n128 / n64 | A from shared memory, n64 µs |")
+print("|---|---|---|---|---|---|---|")
 for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
     xa, ya = r.as_device_array(x), r.as_device_array(y)
     got, us, sp = {}, {}, {}
@@ -45,5 +46,6 @@ for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
     err = float(np.linalg.norm(got[64] - got[128]) / np.linalg.norm(got[128]))
     assert err < 1e-3, (m, k, t, err)
     mm = timed(lambda i: r.mul_mat(ws[i % len(ws)], x, out=y), reps, torch)
+    smem = timed(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=64, path="wgmma"), reps, torch)
     print(f"| {m}×{k} | {t} | {mm:.1f} | {us[128]:.1f} ({sp[128]}) | {us[64]:.1f} ({sp[64]}) | "
-          f"{us[128] / us[64]:.3f}x |", flush=True)
+          f"{us[128] / us[64]:.3f}x | {smem:.1f} |", flush=True)
