@@ -300,8 +300,11 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     else:
         tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES, "mma.sync_x16": MMQ_TILES}.get(path, Q8_TILES)
         bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
-    if path == "wgmma_ra":  # the plan (its K splits) is the same for both builds; n192 has no converting build
-        plan = mmq_plan(kernels.load(f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a"), m, k, t, bn, False, current().sm_count)
+    sync = path in ("mma.sync", "mma.sync_x16")
+    plan, planned = None, None
+    if path == "wgmma_ra":  # the rule needs the plan's K splits; n192 has no converting build
+        planned = kernels.load(f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a")
+        plan = mmq_plan(planned, m, k, t, bn, False, current().sm_count)
         cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
         path = "wgmma_ra_cx" if cx else "wgmma_ra_x16"
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra_x16": f"mmq_q4_k_wgmma_ra_n{bn}",
@@ -310,8 +313,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
             "wgmma_ra_mc": f"mmq_q4_k_wgmma_ra_n{bn}_mc2", "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
-    sync = path in ("mma.sync", "mma.sync_x16")
-    plan = mmq_plan(fn, m, k, t, bn, sync, current().sm_count)
+    if plan is None or (fn is not planned and fn.resident_per_sm() != planned.resident_per_sm()):
+        plan = mmq_plan(fn, m, k, t, bn, sync, current().sm_count)  # the converting build: same plan unless its
+        # shared memory changes how many CTAs an SM holds
     tiles, whole, splits = plan.tiles, plan.whole, plan.splits
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
     # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)
@@ -328,16 +332,15 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         _QUEUE.append(q)
     cl, grid = plan.cluster, plan.grid
     tail = (m, k, t, plan.per, _QUEUE[0], plan.tiles_n, splits, part, cnt) + ((whole, int(plan.spread)) if sync else ())
+    tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
     if path == "wgmma_ra_cx":  # x converted by the GEMM's own idle producer warps into x16 (ptxgen.kernels.mmq.CX_NOTE)
         x16 = DeviceArray.empty((t, k), np.float16)
         nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
         ready = _x_ready(4 * nready)
-        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         fn.launch(grid, (tw, tx, o, *tail, xa, x16, ready, flag), pdl=bool(fn.meta.get("pdl")))
     elif wg:
         x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
-        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
         fn.launch(grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=(cl, 1, 1) if cl > 1 else None)
