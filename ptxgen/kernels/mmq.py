@@ -866,6 +866,35 @@ def q4k_dequant_pair(b, h, scale, magic):
     return b.op("add.rn.f16x2", t, nm_lo, type="b32")
 
 
+NEG_1024_F16X2 = 0xE400E400  # −1024 in both halves
+
+
+def q4k_scale_ints(b, hdr, sub, dscale):
+    """Sub-block `sub` of a Q4_K super-block header `hdr` → (sc', −m_hi, −m_lo, d) as f16x2 broadcasts for
+    `q4k_dequant_pair3`: sc' = sc·dscale (exact in fp16: sc ≤ 63, dscale 1 or 1/16), d the header's own fp16 d,
+    dmin·m formed in fp32 as ggml does (exact there) and split into fp16 hi + lo."""
+    env = {"hdr": hdr, "sub": sub}
+    DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
+    d, dmin = b.reg("b16"), b.reg("b16")
+    b.emit("mov.b32", b.vec([d, dmin]), hdr[0])
+    sc = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", b.op("cvt.rn.f32.u32", env["sc"]), dscale))
+    m1 = b.op("neg.f32", b.op("mul.rn.f32", b.op("cvt.f32.f16", dmin), b.op("cvt.rn.f32.u32", env["m"])))
+    m_hi = b.op("cvt.rn.f16.f32", m1)
+    m_lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", m1, b.op("cvt.f32.f16", m_hi)))
+    return tuple(b.op("mov.b32", b.vec([v, v]), type="b32") for v in (sc, m_hi, m_lo, d))
+
+
+def q4k_dequant_pair3(b, h, scale):
+    """Two weights from h = (0x6400 | q) halves (1024 + q, or 1024 + 16q for high nibbles, whose 1/16 is in sc')
+    and scale = (sc', −1024·sc', d, −m_hi, −m_lo) f16x2: q·sc' = fma(h, sc', −1024·sc') is exact (every term is
+    an fp16 integer multiple of sc' below 2^11), then q·sc'·d − m_hi in one rounding, + (−m_lo). Three
+    instructions per two weights (q4k_dequant_pair takes four) and closer to the fp16 floor: a bench/NOTES.md
+    model (session 20) puts it at 3.0-3.5e-4 relative GEMM error where q4k_dequant_pair gives 3.7-4.0e-4."""
+    sc, c, d, nm_hi, nm_lo = scale
+    qs = b.op("fma.rn.f16x2", h, sc, c, type="b32")
+    return b.op("add.rn.f16x2", b.op("fma.rn.f16x2", qs, d, nm_hi, type="b32"), nm_lo, type="b32")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Q8_1 activations: int8 mma.sync m16n8k32 (u8 weights x s8 activations), as llama.cpp's MMQ does
 
@@ -1180,15 +1209,16 @@ WG_THREADS = 384  # warpgroup 0: producer (one thread issues TMA); warpgroups 1,
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
-SCALE_TABLE = True  # register-A builds without conversion or cluster: warps 1-3 decode the scales (A/B probes: False)
+SCALE_TABLE = True  # n256 register-A builds without conversion or cluster: warps 1-3 decode the scales (probes: False)
+SCALE_TABLE_MIN_BN = 256  # below, the consumers decode and share them (at T <= 128 the table's extra hop costs 4-6%)
 SCALE_WARPS = 3  # the producer warpgroup's warps 1-3
-SCALE_TABLE_BYTES = 2 * BM * 16  # per ring stage: (sub-block of the pair, row) -> d_hi, d_lo, -m_hi, -m_lo (f16x2)
-SCALE_NOTE = ("warps 1-3 of the producer warpgroup decode each ring stage's 256 (row, sub-block) scales once (6-bit "
-              "sc and m, d·sc and dmin·m in fp32, split into fp16 hi + lo: q4k_scale_pairs) into a per-stage table "
-              "[sub-block][row] of 16 bytes and arrive on the stage's scale barrier (96 arrivals); the consumers wait "
-              "for it and load their four (row, sub-block) entries instead of decoding and sharing them by shfl. The "
-              "producer writes each stage's K-step beside the ring (the sub-block pair) and ends the walk with a "
-              "stage whose step is 0xFFFFFFFF")
+SCALE_TABLE_BYTES = 2 * BM * 16 + BM * 4  # per ring stage: [sub-block][row] (sc', -1024·sc', -m_hi, -m_lo), [row] d
+SCALE_NOTE = ("warps 1-3 of the producer warpgroup decode each ring stage's 256 (row, sub-block) scales once "
+              "(q4k_scale_ints) into a per-stage table: [sub-block][row] 16 bytes (sc', −1024·sc', −m_hi, −m_lo) and "
+              "[row] 4 bytes (d), all f16x2 broadcasts, then arrive on the stage's scale barrier (96 arrivals); the "
+              "consumers wait for it and load their entries (4 x 16 + 2 x 4 bytes per step) instead of decoding and "
+              "sharing them by shfl. The producer writes each stage's K-step beside the ring (the sub-block pair) "
+              "and ends the walk with a stage whose step is 0xFFFFFFFF")
 CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
 
 
@@ -1379,7 +1409,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
     cx_bytes = CX_SMEM if CX else 0  # the converters' staging buffers
-    table = ra and not CX and spec.cluster == 1 and SCALE_TABLE  # warps 1-3 decode the scales (SCALE_NOTE)
+    # warps 1-3 decode the scales (SCALE_NOTE)
+    table = ra and not CX and spec.cluster == 1 and SCALE_TABLE and BN >= SCALE_TABLE_MIN_BN
     st_bytes = S * SCALE_TABLE_BYTES if table else 0
     smem = b.dynamic_shared(S * stage_bytes + a_bytes + cx_bytes + st_bytes + 1024)  # + 1024: aligned up at run time
     # full[S], empty[S], item_full[2], item_empty[2], then (scale table) scales_full[S]
@@ -1874,11 +1905,12 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
-    that order from convert_f16_perm). The 4 lanes of a row pair decode one (row, sub-block) scale each and share
-    them by shfl. No A tile, no fence.proxy.async, no named barrier: each warp's A is its own. A registers must
-    outlive their wgmma (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets.
+    that order from convert_f16_perm), three instructions per two weights (q4k_dequant_pair3). The 4 lanes of a
+    row pair decode one (row, sub-block) scale each (q4k_scale_ints) and share them by shfl. No A tile, no
+    fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
+    (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets.
     `table` = (scales_full barrier of a stage, table base): the scales come decoded from the scale warps
-    (SCALE_NOTE) instead: four 16-byte loads per step, no header load, decode or shfl."""
+    (SCALE_NOTE) instead: 4 x 16 + 2 x 4 bytes of loads per step, no header load, decode or shfl."""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
@@ -1888,6 +1920,8 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     own_scale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", own_sb, Imm(0, "u32")))
     quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
     tbl_row = b.op("shl.b32", row0, Imm(4, "u32"))  # the scale table's entry of row0 (sub-block 0)
+    d_row = b.op("shl.b32", row0, Imm(2, "u32"))  # and its d
+    neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
     # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
     qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
                                    b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
@@ -1901,25 +1935,33 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
         sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
         _wait(b, full(stage), sph)
         rbase = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
-        scales = {}  # (rr, sb) → the 4 f16x2 (d_hi, d_lo, -m_hi, -m_lo) of row row0 + 8·rr, sub-block sb of the pair
+        scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
         if table:
             scales_full, tbl0 = table
             _wait(b, scales_full(stage), sph)
-            tb = b.op("mad.lo.u32", stage, Imm(SCALE_TABLE_BYTES, "u32"), b.op("add.u32", tbl0, tbl_row))
+            tb = b.op("mad.lo.u32", stage, Imm(SCALE_TABLE_BYTES, "u32"), tbl0)
+            trow = b.op("add.u32", tb, tbl_row)
             for rr in range(2):
+                d = b.op("ld.shared.b32", Mem(b.op("add.u32", tb, d_row), 2 * BM * 16 + rr * 8 * 4))
                 for sb in range(2):
-                    scales[rr, sb] = b.regs("b32", 4)
-                    b.emit("ld.shared.v4.b32", b.vec(scales[rr, sb]), Mem(tb, sb * BM * 16 + rr * 8 * 16))
+                    sc, c, nm_hi, nm_lo = b.regs("b32", 4)
+                    b.emit("ld.shared.v4.b32", b.vec([sc, c, nm_hi, nm_lo]), Mem(trow, sb * BM * 16 + rr * 8 * 16))
+                    scales[rr, sb] = (sc, c, d, nm_hi, nm_lo)
         else:
             hdr = b.regs("b32", 4)
             b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, own_hdr)))
             sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), own_sb)
-            mine = q4k_scale_pairs(b, hdr, sub, own_scale)
+            sc_m, m_hi, m_lo, d_m = q4k_scale_ints(b, hdr, sub, own_scale)
+
+            def shfl(v, src):
+                return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
             for rr in range(2):
+                d = shfl(d_m, b.op("or.b32", quad, Imm(2 * rr, "b32")))  # row row0 + 8·rr's d: from lane 4g + 2rr
                 for sb in range(2):  # from lane 4g + 2rr + sb
                     src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
-                    scales[rr, sb] = [b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
-                                      for v in mine]
+                    sc = shfl(sc_m, src)
+                    scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
+                                      shfl(m_lo, src))
         frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
         for rr in range(2):
             w = b.regs("b32", 2)
@@ -1930,7 +1972,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                     for sb, mask in ((0, lo_mask), (1, hi_mask)):
                         h = b.reg("b32")
                         b.emit("lop3.b32", h, words[sh], mask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-                        frag[rr, 4 * sb + 2 * wi + sh] = q4k_dequant_pair(b, h, scales[rr, sb], magic)
+                        frag[rr, 4 * sb + 2 * wi + sh] = q4k_dequant_pair3(b, h, scales[rr, sb])
         db = _desc(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16):  # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
@@ -1950,8 +1992,10 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
 def _scale_warps(b, tid, S, full, scales_full, step_of, raw0, raw_bytes, tbl0):
     """Warps 1-3 of the producer warpgroup (SCALE_NOTE): walk the ring as the consumers do; per stage, thread u of
     96 decodes entries u, u + 96, u + 192 (< 256) of the table: sub-block sb = e / 128 of the step's pair, row
-    e % 128, from the row's super-block header in the raw stage; then one arrival each on scales_full."""
+    e % 128, from the row's super-block header in the raw stage (entries below 128 also store the row's d); then
+    one arrival each on scales_full."""
     u = b.op("sub.u32", tid, Imm(32, "u32"))
+    neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
     sg = b.op("mov.u32", Imm(0, "u32"))
     top, out = b.label("scale_stage"), b.label("scale_done")
     b.place(top)
@@ -1972,8 +2016,12 @@ def _scale_warps(b, tid, S, full, scales_full, step_of, raw0, raw_bytes, tbl0):
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("mad.lo.u32", row, Imm(16, "u32"), rbase)))
         dscale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", sb, Imm(0, "u32")))
-        vals = q4k_scale_pairs(b, hdr, b.op("add.u32", pair, sb), dscale)
-        b.emit("st.shared.v4.b32", Mem(b.op("mad.lo.u32", e, Imm(16, "u32"), tbase)), b.vec(list(vals)))
+        sc, m_hi, m_lo, d = q4k_scale_ints(b, hdr, b.op("add.u32", pair, sb), dscale)
+        c = b.op("mul.rn.f16x2", sc, neg1024, type="b32")
+        b.emit("st.shared.v4.b32", Mem(b.op("mad.lo.u32", e, Imm(16, "u32"), tbase)), b.vec([sc, c, m_hi, m_lo]))
+        if 32 * SCALE_WARPS * i < BM:  # entries 0-127 are sub-block 0 of each row: they also store the row's d
+            first = None if 32 * SCALE_WARPS * (i + 1) <= BM else b.op("setp.lt.u32", e, Imm(BM, "u32"))
+            b.emit("st.shared.b32", Mem(b.op("mad.lo.u32", row, Imm(4, "u32"), tbase), 2 * BM * 16), d, pred=first)
         b.place(skip)
     b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(scales_full(stage)))
     b.emit("add.u32", sg, sg, Imm(1, "u32"))

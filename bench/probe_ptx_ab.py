@@ -1,0 +1,63 @@
+"""Probe: same-run A/B of emitted MMQ builds against an earlier emission of the same kernels (their PTX and manifest
+copied into OLD_DIR, e.g. `git show REV:emitted/sm_90a/NAME.ptx`, as the device machine has no git history).
+Whole op through mmq_launch (the register-A builds: "wgmma_ra_x16" after convert_f16_perm, "_cx" ones converting x
+themselves), weights rotated past the L2, bench_gemv's timing; the relative difference of the two results is printed
+(both must be within the 1e-3 bar of each other). Usage: probe_ptx_ab.py OLD_DIR KERNEL,... MxK,... T,... [reps]."""
+import json
+import pathlib
+import sys
+
+import numpy as np
+import torch
+
+import ptxgen.runtime as r
+from bench_gemv import probe_cases, timed
+from ptxgen.arch import device_target, get_arch
+from ptxgen.runtime import kernels, ops
+from ptxgen.runtime.compiler import compile_ptx
+from ptxgen.runtime.driver import Module
+
+old_dir = pathlib.Path(sys.argv[1])
+names = sys.argv[2].split(",")
+shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[3].split(",")]
+tokens = [int(v) for v in sys.argv[4].split(",")]
+reps = int(sys.argv[5]) if len(sys.argv) > 5 else 30
+manifest = json.loads((old_dir / "manifest.json").read_text())
+flag = r.DeviceArray.empty((1,), np.uint32)
+flag.owner.fill_bytes(0)
+
+
+def old_build(name):
+    """Compiled as kernels.load compiles the emitted build: the driver's JIT for whole-program builds, else
+    nvJitLink."""
+    entry = next(e for e in manifest["kernels"] if e["kernel"] == name)
+    text = (old_dir / f"{name}.ptx").read_text()
+    if entry["meta"].get("compile") == "whole-program":
+        mod = Module(text.encode() + b"\0", name)
+    else:
+        mod = Module(compile_ptx(text, device_target(get_arch("sm_90a"), r.current().sm), name=name).cubin, name)
+    fn = mod.function(entry["entry"], entry["params"], entry["block"], entry.get("dynamic_smem", 0))
+    fn.meta, fn.arch = entry["meta"], "sm_90a"
+    return fn
+
+
+print("| kernel | M×K | T | new µs | old µs | old / new | relative difference |")
+print("|---|---|---|---|---|---|---|")
+builds = {n: (kernels.load(n, "sm_90a"), old_build(n)) for n in names}
+for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
+    xa, ya = r.as_device_array(x), r.as_device_array(y)
+    for name, (new, old) in builds.items():
+        bn = int(name.split("_n")[1].split("_")[0])
+        path = "wgmma_ra_cx" if name.endswith("_cx") else "wgmma_ra_x16"
+        us, got = [], []
+        for fn in (new, old):
+            kernels._BEST[(name, "sm_90a", "emitted")] = fn
+            y.fill_(float("nan"))
+            ops.mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path=path)
+            got.append(y.cpu().numpy().astype(np.float64))
+            us.append(timed(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path=path), reps, torch))
+        kernels._BEST[(name, "sm_90a", "emitted")] = new
+        assert np.isfinite(got[0]).all() and np.isfinite(got[1]).all(), (name, m, k, t)
+        diff = float(np.linalg.norm(got[0] - got[1]) / np.linalg.norm(got[1]))
+        assert diff < 1e-3, (name, m, k, t, diff)
+        print(f"| {name} | {m}×{k} | {t} | {us[0]:.1f} | {us[1]:.1f} | {us[1] / us[0]:.3f} | {diff:.1e} |", flush=True)
