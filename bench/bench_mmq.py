@@ -53,7 +53,7 @@ def main():
           "| wgmma tile n32/n64/n128/n256 µs | Q8_1 fused µs | quantize_q8_1_mmq + Q8_1 GEMM µs | fast-mode µs "
           "| fast vs llama.cpp | tensor-core skinny µs (T ≤ 16, fp16 x: gemv_q4_k_mma_t16h, the default there) "
           "| skinny vs llama.cpp | skinny, sm_89 build µs | exact 16-token GEMV µs (gemv_q4_k_mma_n16) "
-          "| register-A skinny GEMM µs (mmq_q4_k_rega_n32, T = 17-64; its sm_89 build) | wgmma, A from registers, per token tile µs (the default from T = 49: n128 to 128, n256 above) "
+          "| register-A skinny GEMM µs (mmq_q4_k_rega_n32, T = 17-64; its sm_89 build) | wgmma, A from registers, per token tile µs (the default from T = 33: n64 to 64, n128 to 128, n256 above) "
           "| the same in clusters of 2, activation multicast, per token tile µs (T ≥ 64 with --cluster; not dispatched) "
           "| mma.sync path µs (mul_mat(arch='sm_89'): the sm_89 PTX) | its vs llama.cpp | its vs dequant+cuBLAS |")
     print("|---" * 31 + "|")

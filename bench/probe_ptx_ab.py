@@ -1,8 +1,9 @@
-"""Probe: same-run A/B of emitted MMQ builds against an earlier emission of the same kernels (their PTX and manifest
-copied into OLD_DIR, e.g. `git show REV:emitted/sm_90a/NAME.ptx`, as the device machine has no git history).
-Whole op through mmq_launch (the register-A builds: "wgmma_ra_x16" after convert_f16_perm, "_cx" ones converting x
-themselves), weights rotated past the L2, bench_gemv's timing; the relative difference of the two results is printed
-(both must be within the 1e-3 bar of each other). Usage: probe_ptx_ab.py OLD_DIR KERNEL,... MxK,... T,... [reps]."""
+"""Probe: same-run A/B of emitted MMQ builds against another emission of the same kernels (their PTX and manifest in
+OLD_DIR/<arch>/, e.g. from `git show REV:emitted/sm_90a/NAME.ptx`, as the device machine has no git history).
+Whole op through mmq_launch on the kernel's own path: register-A builds "wgmma_ra_x16" after convert_f16_perm ("_cx"
+ones convert x themselves), mmq_q4_k_wgmma_n* "wgmma", mmq_q4_k_f16_n* the sm_89 PTX's "mma.sync" / "mma.sync_x16";
+weights rotated past the L2, bench_gemv's timing; the relative difference of the two results is printed (within the
+1e-3 bar of each other). Usage: probe_ptx_ab.py OLD_DIR KERNEL,... MxK,... T,... [reps]."""
 import json
 import pathlib
 import sys
@@ -22,41 +23,51 @@ names = sys.argv[2].split(",")
 shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[3].split(",")]
 tokens = [int(v) for v in sys.argv[4].split(",")]
 reps = int(sys.argv[5]) if len(sys.argv) > 5 else 30
-manifest = json.loads((old_dir / "manifest.json").read_text())
 flag = r.DeviceArray.empty((1,), np.uint32)
 flag.owner.fill_bytes(0)
+
+
+def path_of(name):
+    """(mmq_launch path, PTX target) of an MMQ build."""
+    if name.startswith("mmq_q4_k_f16_"):
+        return ("mma.sync_x16" if name.endswith("_x16") else "mma.sync"), "sm_89"
+    if name.startswith("mmq_q4_k_wgmma_ra_"):
+        return ("wgmma_ra_cx" if name.endswith("_cx") else "wgmma_ra_x16"), "sm_90a"
+    return "wgmma", "sm_90a"
 
 
 def old_build(name):
     """Compiled as kernels.load compiles the emitted build: the driver's JIT for whole-program builds, else
     nvJitLink."""
-    entry = next(e for e in manifest["kernels"] if e["kernel"] == name)
-    text = (old_dir / f"{name}.ptx").read_text()
+    arch = path_of(name)[1]
+    entry = next(e for e in json.loads((old_dir / arch / "manifest.json").read_text())["kernels"] if e["kernel"] == name)
+    text = (old_dir / arch / f"{name}.ptx").read_text()
     if entry["meta"].get("compile") == "whole-program":
         mod = Module(text.encode() + b"\0", name)
     else:
-        mod = Module(compile_ptx(text, device_target(get_arch("sm_90a"), r.current().sm), name=name).cubin, name)
+        mod = Module(compile_ptx(text, device_target(get_arch(arch), r.current().sm), name=name).cubin, name)
     fn = mod.function(entry["entry"], entry["params"], entry["block"], entry.get("dynamic_smem", 0))
-    fn.meta, fn.arch = entry["meta"], "sm_90a"
+    fn.meta, fn.arch = entry["meta"], arch
     return fn
 
 
 print("| kernel | M×K | T | new µs | old µs | old / new | relative difference |")
 print("|---|---|---|---|---|---|---|")
-builds = {n: (kernels.load(n, "sm_90a"), old_build(n)) for n in names}
+builds = {n: (kernels.load(n, path_of(n)[1]), old_build(n)) for n in names}
 for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
     xa, ya = r.as_device_array(x), r.as_device_array(y)
     for name, (new, old) in builds.items():
         bn = int(name.split("_n")[1].split("_")[0])
-        path = "wgmma_ra_cx" if name.endswith("_cx") else "wgmma_ra_x16"
+        path, arch = path_of(name)
         us, got = [], []
         for fn in (new, old):
-            kernels._BEST[(name, "sm_90a", "emitted")] = fn
+            kernels._BEST[(name, arch, "emitted")] = fn
             y.fill_(float("nan"))
-            ops.mmq_launch(ws[0], xa, ya, t, flag, bn=bn, path=path)
+            ops.mmq_launch(ws[0], xa, ya, t, flag, arch=arch, bn=bn, path=path)
             got.append(y.cpu().numpy().astype(np.float64))
-            us.append(timed(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path=path), reps, torch))
-        kernels._BEST[(name, "sm_90a", "emitted")] = new
+            us.append(timed(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, arch=arch, bn=bn, path=path),
+                            reps, torch))
+        kernels._BEST[(name, arch, "emitted")] = new
         assert np.isfinite(got[0]).all() and np.isfinite(got[1]).all(), (name, m, k, t)
         diff = float(np.linalg.norm(got[0] - got[1]) / np.linalg.norm(got[1]))
         assert diff < 1e-3, (name, m, k, t, diff)

@@ -124,8 +124,10 @@ WGMMA_RA_TILES = (64, 128, 192, 256)  # the register-A wgmma MMQ (n256: loaded t
 # 33 where the shared-memory-A build runs n64 tiles: probe_rega_n128_small_t_session9.log), n256 above (equal at
 # T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured. Session 19: n64 up to
 # T = 64 (10-17% faster than n128 at T=64 on the three benchmark shapes, 0.6-0.85x at T=96:
-# bench/results/probe_rega_n64_session19.log)
-WGMMA_RA_MIN_TOKENS = 49
+# bench/results/probe_rega_n64_session19.log). Session 20: n64 from T = 33 (1.06-1.17x faster than the shared-memory-A
+# n64 at T = 33-48 on the three benchmark shapes: bench/results/probe_rega_n64_t33_48_session20.log; T = 17-32 keep
+# the smem-A n32 on 4096^2, where it takes what RA n64 takes at T=33, and the skinny GEMM on the two large shapes)
+WGMMA_RA_MIN_TOKENS = 33
 WGMMA_RA_N64_MAX_TOKENS = 64
 WGMMA_RA_N128_MAX_TOKENS = 128
 

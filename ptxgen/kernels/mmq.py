@@ -37,7 +37,9 @@ RASTER_BYTES = 24 << 20  # fp32 activations per band of token tiles
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
-F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
+F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}
+F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
+# three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, session 20)  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 TAIL_SPLIT_NOTE = ("items: the first `whole` tiles over all of K, then the other tiles split into `splits` K ranges of "
                    "steps_per_split K-steps (z-major: every tile's split 0 first); a split writes its partial in "
                    "fragment order to part (splits x (tiles - whole) x 128·BN fp32) unless it is the last to count "
@@ -234,7 +236,7 @@ def build(arch, spec: MmqSpec):
         b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, 16))
         b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 32))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), dh)
-        out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
+        out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic, three=(BN, x16) not in F16_FOUR_OP_TILES)
         dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
             b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
@@ -817,25 +819,33 @@ def _queue_exit(b, Q, leader):
     b.emit("st.global.v2.u32", Mem(Q), b.vec([b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))]), pred=last)
 
 
-def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic) -> list:
+def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic, three: bool = True) -> list:
     """The Q4_K dequant sequence both MMQ lowerings share: super-block header `hdr` (4 words), 32 bytes of
     qs (8 words), sub-block `sub` → 16 f16x2 words, the 32 weights of one half (low or high nibbles, chosen
     by `nibmask`) in k order: word 2i + p holds k = 4i + 2p, 4i + 2p + 1.
 
-    Nibbles become fp16 by `prmt` + `lop3` with the 0x6400 exponent (exact 1024 + q, minus 1024); high
-    nibbles come out as 16q, so `dscale` (1 or 1/16, exact) is folded into d·sc. d·sc and dmin·m are formed
-    in fp32, as ggml does, then split into fp16 pairs hi + lo (hi = fp16(v), lo = fp16(v − hi)): the weight
-    is q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step, about 1.3 roundings of w instead of the
-    ~3.5 a single fp16 d and m cost (measured on the reference: 3.9e-4 vs 7.2e-4 relative GEMM error)."""
-    scale = q4k_scale_pairs(b, hdr, sub, dscale)
-    out = []
+    Nibbles become fp16 by `prmt` + `lop3` with the 0x6400 exponent (1024 + q); high nibbles come out as 16q,
+    so `dscale` (1 or 1/16, exact) is folded into sc' = sc·dscale. Then `q4k_dequant_pair3`: q·sc' by one exact
+    fma, ·d − m_hi − m_lo (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo) — three instructions
+    per two weights and ~3.4e-4 relative GEMM error (session 20; the hi/lo d·sc pairs before it took four and
+    gave 3.9e-4, a single fp16 d·sc and dmin·m 7.2e-4). `three=False`: those four-instruction pairs
+    (q4k_dequant_pair), one register fewer (F16_FOUR_OP_TILES)."""
+    if not three:
+        scale = q4k_scale_pairs(b, hdr, sub, dscale)
+        return [q4k_dequant_pair(b, h, scale, magic) for h in _nibble_halves(b, qs, nibmask, magic)]
+    sc, m_hi, m_lo, d = q4k_scale_ints(b, hdr, sub, dscale)
+    scale = (sc, b.op("mul.rn.f16x2", sc, b.op("mov.b32", Imm(NEG_1024_F16X2, "b32")), type="b32"), d, m_hi, m_lo)
+    return [q4k_dequant_pair3(b, h, scale) for h in _nibble_halves(b, qs, nibmask, magic)]
+
+
+def _nibble_halves(b, qs, nibmask, magic):
+    """The 16 f16x2 words (0x6400 | q) of one nibble half of 8 qs words, in k order."""
     for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
         for sel in (0x4140, 0x4342):
             v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
             h = b.reg("b32")
             b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-            out.append(q4k_dequant_pair(b, h, scale, magic))
-    return out
+            yield h
 
 
 def q4k_scale_pairs(b, hdr, sub, dscale):
@@ -1238,6 +1248,17 @@ def _desc(b, addr):
     base = layouts.wgmma_descriptor(0, 16, 1024, "128B")
     a = b.op("cvt.u64.u32", b.op("shr.u32", addr, Imm(4, "u32")))
     return b.op("or.b64", a, Imm(base, "b64"))
+
+
+def _desc_steps(b, addr, n):
+    """`_desc` of the tile at `addr` and of its n − 1 next 32-byte K slices (+2 each in the start address field),
+    formed from 32-bit halves: the high word is a constant and the low word's address field does not carry (a
+    shared address >> 4 < 2^14), so no 64-bit adds (ptxas had turned each into IADD3 + IMAD.X + moves)."""
+    base = layouts.wgmma_descriptor(0, 16, 1024, "128B")
+    lo = b.op("or.b32", b.op("shr.u32", addr, Imm(4, "u32")), Imm(base & 0xFFFFFFFF, "b32"))
+    hi = b.op("mov.b32", Imm(base >> 32, "b32"))
+    return [b.op("mov.b64", b.vec([lo if kk == 0 else b.op("add.u32", lo, Imm(2 * kk, "u32")), hi]), type="b64")
+            for kk in range(n)]
 
 
 CX_STEPS = 4  # K-steps (64 columns each) per x_ready chunk of the converting build: one flag check per 4 steps
@@ -1973,12 +1994,11 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                         h = b.reg("b32")
                         b.emit("lop3.b32", h, words[sh], mask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
                         frag[rr, 4 * sb + 2 * wi + sh] = q4k_dequant_pair3(b, h, scales[rr, sb])
-        db = _desc(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
+        dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst), BK // 16)
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16):  # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
             a = [frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]]
-            dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
-            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a), dbk))
+            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a), dbs[kk]))
         _wgmma_step_done(b, S, gc, s, s_begin, empty, peers)
         more = b.op("setp.lt.u32", s, s_end)
         if half < RA_UNROLL - 1:
