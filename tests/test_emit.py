@@ -77,10 +77,9 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "HFMA2", "PRMT"]
     if _k.startswith("mmq_q4_k_wgmma"):  # TMA into an mbarrier ring, wgmma from swizzled shared memory
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "HFMA2"]
-    if _k.startswith("mmq_q4_k_wgmma_ra"):  # as above, A from registers: no A tile stores, no proxy fence; the
-        # scales shared by shfl (converting and cluster builds) or decoded by warps 1-3 into a table: LDS.128
+    if _k.startswith("mmq_q4_k_wgmma_ra"):  # as above, A from registers: no A tile stores, no proxy fence
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "HFMA2",
-                             "SHFL.IDX" if _k.endswith(("_cx", "_mc2")) else "LDS.128"]
+                             "SHFL.IDX"]
     if _k.startswith("mmq_q4_k_q8"):  # raw qs bytes by ldmatrix as u8 fragments, int8 tensor cores, cp.async
         EXPECTED_SASS[_k] = ["IMMA.16832.U8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32"]
     if _k.startswith("gemv_tq4_1s_tma"):  # weights by TMA into an mbarrier ring, lookups and FFMA as above

@@ -473,32 +473,6 @@ def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):
         np.testing.assert_array_equal(out.got, outs[0].got)
 
 
-def test_register_a_n256_scale_table_gives_the_bits_of_consumer_decoded_scales(monkeypatch):
-    """mmq_q4_k_wgmma_ra_n256: warps 1-3 of the producer warpgroup decode each ring stage's scales into a table
-    (mmq.SCALE_NOTE: the producer's K-step beside the ring, a scale barrier per stage, a last stage with step
-    0xFFFFFFFF that lets them leave). The same bits as the build whose consumer lanes decode the scales and share
-    them by shfl — one split and two, 2 CTAs taking turns in two orders, a partial M-tile (rows 128-132: the TMA
-    zero-fills their headers, the table their zero scales)."""
-    from ptxgen.arch import get_arch
-    from ptxgen.kernels import mmq
-
-    ptx = KERNELS["mmq_q4_k_wgmma_ra_n256"].for_arch("sm_90a").ptx()
-    assert "stage_step" in ptx and "shfl.sync" not in ptx
-    monkeypatch.setattr(mmq, "SCALE_TABLE", False)
-    ref = mmq.build(get_arch("sm_90a"), mmq.MmqSpec(256, "wgmma", a_regs=True)).ptx()
-    assert "stage_step" not in ref and "shfl.sync" in ref
-    wants = [check_kernel("mmq_q4_k_wgmma_ra_n256", ref, seed=4, shape=(133, 40, 512), splits=splits, ctas=2)
-             for splits in (1, 2)]  # the harness takes the launch's shared memory from the build: this one's here
-    monkeypatch.undo()
-    for splits, want in zip((1, 2), wants):
-        assert want.ok, want.detail
-        for rs in (3, 4):
-            out = check_kernel("mmq_q4_k_wgmma_ra_n256", ptx, seed=4, shape=(133, 40, 512), splits=splits, ctas=2,
-                               interleave=True, run_seed=rs)
-            assert out.ok, out.detail
-            np.testing.assert_array_equal(out.got, want.got)
-
-
 def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_perm():
     """mmq_q4_k_wgmma_ra_n128_cx: warps 1-3 of the producer warpgroup convert fp32 x into the fp16 copy the TMA thread
     reads (chunk by chunk, x_ready counters acquired before each chunk's first TMA), no convert_f16_perm. With 3

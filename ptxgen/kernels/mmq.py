@@ -1219,16 +1219,6 @@ WG_THREADS = 384  # warpgroup 0: producer (one thread issues TMA); warpgroups 1,
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
-SCALE_TABLE = True  # n256 register-A builds without conversion or cluster: warps 1-3 decode the scales (probes: False)
-SCALE_TABLE_MIN_BN = 256  # below, the consumers decode and share them (at T <= 128 the table's extra hop costs 4-6%)
-SCALE_WARPS = 3  # the producer warpgroup's warps 1-3
-SCALE_TABLE_BYTES = 2 * BM * 16 + BM * 4  # per ring stage: [sub-block][row] (sc', -1024·sc', -m_hi, -m_lo), [row] d
-SCALE_NOTE = ("warps 1-3 of the producer warpgroup decode each ring stage's 256 (row, sub-block) scales once "
-              "(q4k_scale_ints) into a per-stage table: [sub-block][row] 16 bytes (sc', −1024·sc', −m_hi, −m_lo) and "
-              "[row] 4 bytes (d), all f16x2 broadcasts, then arrive on the stage's scale barrier (96 arrivals); the "
-              "consumers wait for it and load their entries (4 x 16 + 2 x 4 bytes per step) instead of decoding and "
-              "sharing them by shfl. The producer writes each stage's K-step beside the ring (the sub-block pair) "
-              "and ends the walk with a stage whose step is 0xFFFFFFFF")
 CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
 
 
@@ -1430,13 +1420,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
     cx_bytes = CX_SMEM if CX else 0  # the converters' staging buffers
-    # warps 1-3 decode the scales (SCALE_NOTE)
-    table = ra and not CX and spec.cluster == 1 and SCALE_TABLE and BN >= SCALE_TABLE_MIN_BN
-    st_bytes = S * SCALE_TABLE_BYTES if table else 0
-    smem = b.dynamic_shared(S * stage_bytes + a_bytes + cx_bytes + st_bytes + 1024)  # + 1024: aligned up at run time
-    # full[S], empty[S], item_full[2], item_empty[2], then (scale table) scales_full[S]
-    bars = b.shared_buffer("bars", 8 * ((3 if table else 2) * S + 4), align=8)
-    step_of = b.shared_buffer("stage_step", 4 * S, align=4) if table else None  # the K-step in each ring stage
+    smem = b.dynamic_shared(S * stage_bytes + a_bytes + cx_bytes + 1024)  # + 1024: aligned up at run time
+    bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
     # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
@@ -1476,10 +1461,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
                       multicast=f"each rank loads 1/{CL} of the step's activation tile and multicasts it to the "
                                 f"cluster; a ring stage is free once the consumers of all {CL} CTAs released it "
                                 f"(empty barriers count 256 local arrivals, one per consumer thread, and {CONSUMER_WARPS} per peer, one per consumer warp of each peer)")
-    if table:
-        b.meta.update(scales=SCALE_NOTE, roles=b.meta["roles"].replace(
-            "(thread 0 claims work items and issues TMA)", "(thread 0 claims work items and issues TMA; warps 1-3 "
-            "decode the scales)"))
     if CX:
         b.meta.update(activations="fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside the launch",
                       convert=CX_NOTE.format(bn=BN, rows=CX_ROWS, steps=CX_STEPS, cols=64 * CX_STEPS), pdl=False,
@@ -1513,14 +1494,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
     empty = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), b.op("add.u32", bar0, Imm(8 * S, "u32")))  # noqa: E731
     item_full = lambda sl: b.op("mad.lo.u32", sl, Imm(8, "u32"), b.op("add.u32", bar0, Imm(16 * S, "u32")))  # noqa: E731
     item_empty = lambda sl: b.op("mad.lo.u32", sl, Imm(8, "u32"), b.op("add.u32", bar0, Imm(16 * S + 16, "u32")))  # noqa: E731
-    scales_full = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), b.op("add.u32", bar0, Imm(16 * S + 32, "u32")))  # noqa: E731
-    # the scale table (S x SCALE_TABLE_BYTES after the raw ring), formed where it is used: the values live across
-    # setmaxnreg.dec must fit the producer's 40 registers, and ptxas spilled raw0 for the scale warps (n256) when
-    # they shared it; so they align the base by shifts, which ptxas does not merge with the and above
-    raw0_again = lambda: b.op("add.u32", b.op("shl.b32", b.op("shr.u32", b.op("add.u32", b.op("mov.u32", smem),  # noqa: E731
-                                                                           Imm(1023, "u32")), Imm(10, "u32")),
-                                              Imm(10, "u32")), Imm(S * b_bytes + a_bytes, "u32"))
-    tbl0 = lambda raw: b.op("add.u32", raw, Imm(S * raw_bytes + cx_bytes, "u32"))  # noqa: E731
     slot0 = b.op("mov.u32", slots)
 
     def decode(item):
@@ -1548,9 +1521,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
     for i in range(2):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + i)), Imm(1, "u32"), pred=leader)
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(256, "u32"), pred=leader)
-    for i in range(S if table else 0):
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 4 + i)), Imm(32 * SCALE_WARPS, "u32"),
-               pred=leader)
     b.emit("fence.proxy.async.shared::cta")
     if CL > 1:  # the peers' barriers are initialised before anyone multicasts into them or arrives on them
         b.emit("fence.mbarrier_init.release.cluster")
@@ -1573,13 +1543,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
         _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, b.ptr(cx_p[3]),
                    b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")))
-        b.emit("ret")
-        b.place(producer)
-    if table:
-        producer = b.label("producer")
-        b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
-        raw_s = raw0_again()
-        _scale_warps(b, tid, S, full, scales_full, b.op("mov.u32", step_of), raw_s, raw_bytes, tbl0(raw_s))
         b.emit("ret")
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
@@ -1622,8 +1585,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
     sph = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
     _wait(b, empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
     fb = full(stage)
-    if table:  # the scale warps read it once the stage is full (the arrival below releases it)
-        b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", stage, Imm(4, "u32"), b.op("mov.u32", step_of))), s)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(stage_bytes, "u32"))
     x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
     q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
@@ -1656,13 +1617,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.bra(p_step, pred=b.op("setp.lt.u32", s, s_end))
     b.bra(p_item)
     b.place(p_end)
-    if table:  # the scale warps' last stage: no copies, step 0xFFFFFFFF (every consumer has left by then or soon will)
-        stage = b.op("rem.u32", g, Imm(S, "u32"))
-        _wait(b, empty(stage), b.op("xor.b32", b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32")),
-                                    Imm(1, "b32")))
-        b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", stage, Imm(4, "u32"), b.op("mov.u32", step_of))),
-               Imm(0xFFFFFFFF, "u32"))
-        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(full(stage)))
     if CL == 1:  # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
         done_before = b.reg("u32")
         b.emit("atom.acq_rel.gpu.global.add.u32" if CX else "atom.global.add.u32", done_before, Mem(Q, 4),
@@ -1731,7 +1685,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     s = b.op("mov.u32", s_begin)
     if ra:
         _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                    lane, magic, peers, (scales_full, tbl0(raw0)) if table else None)
+                    lane, magic, peers)
     else:
         c_step = b.label("c_step")
         b.place(c_step)
@@ -1922,16 +1876,16 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), table=None):
+                lane, magic, peers=()):
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
     that order from convert_f16_perm), three instructions per two weights (q4k_dequant_pair3). The 4 lanes of a
     row pair decode one (row, sub-block) scale each (q4k_scale_ints) and share them by shfl. No A tile, no
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
-    (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets.
-    `table` = (scales_full barrier of a stage, table base): the scales come decoded from the scale warps
-    (SCALE_NOTE) instead: 4 x 16 + 2 x 4 bytes of loads per step, no header load, decode or shfl."""
+    (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
+    kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
+    bench/NOTES.md.)"""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
@@ -1940,8 +1894,6 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
     own_scale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", own_sb, Imm(0, "u32")))
     quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
-    tbl_row = b.op("shl.b32", row0, Imm(4, "u32"))  # the scale table's entry of row0 (sub-block 0)
-    d_row = b.op("shl.b32", row0, Imm(2, "u32"))  # and its d
     neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
     # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
     qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
@@ -1957,32 +1909,20 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
         _wait(b, full(stage), sph)
         rbase = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
         scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
-        if table:
-            scales_full, tbl0 = table
-            _wait(b, scales_full(stage), sph)
-            tb = b.op("mad.lo.u32", stage, Imm(SCALE_TABLE_BYTES, "u32"), tbl0)
-            trow = b.op("add.u32", tb, tbl_row)
-            for rr in range(2):
-                d = b.op("ld.shared.b32", Mem(b.op("add.u32", tb, d_row), 2 * BM * 16 + rr * 8 * 4))
-                for sb in range(2):
-                    sc, c, nm_hi, nm_lo = b.regs("b32", 4)
-                    b.emit("ld.shared.v4.b32", b.vec([sc, c, nm_hi, nm_lo]), Mem(trow, sb * BM * 16 + rr * 8 * 16))
-                    scales[rr, sb] = (sc, c, d, nm_hi, nm_lo)
-        else:
-            hdr = b.regs("b32", 4)
-            b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, own_hdr)))
-            sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), own_sb)
-            sc_m, m_hi, m_lo, d_m = q4k_scale_ints(b, hdr, sub, own_scale)
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, own_hdr)))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), own_sb)
+        sc_m, m_hi, m_lo, d_m = q4k_scale_ints(b, hdr, sub, own_scale)
 
-            def shfl(v, src):
-                return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
-            for rr in range(2):
-                d = shfl(d_m, b.op("or.b32", quad, Imm(2 * rr, "b32")))  # row row0 + 8·rr's d: from lane 4g + 2rr
-                for sb in range(2):  # from lane 4g + 2rr + sb
-                    src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
-                    sc = shfl(sc_m, src)
-                    scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
-                                      shfl(m_lo, src))
+        def shfl(v, src):
+            return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
+        for rr in range(2):
+            d = shfl(d_m, b.op("or.b32", quad, Imm(2 * rr, "b32")))  # row row0 + 8·rr's d: from lane 4g + 2rr
+            for sb in range(2):  # from lane 4g + 2rr + sb
+                src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
+                sc = shfl(sc_m, src)
+                scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
+                                  shfl(m_lo, src))
         frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
         for rr in range(2):
             w = b.regs("b32", 2)
@@ -2007,46 +1947,6 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
             b.bra(c_step, pred=more)
     b.place(c_done)
     _wgmma_drain(b, S, gc, empty, peers)
-
-
-def _scale_warps(b, tid, S, full, scales_full, step_of, raw0, raw_bytes, tbl0):
-    """Warps 1-3 of the producer warpgroup (SCALE_NOTE): walk the ring as the consumers do; per stage, thread u of
-    96 decodes entries u, u + 96, u + 192 (< 256) of the table: sub-block sb = e / 128 of the step's pair, row
-    e % 128, from the row's super-block header in the raw stage (entries below 128 also store the row's d); then
-    one arrival each on scales_full."""
-    u = b.op("sub.u32", tid, Imm(32, "u32"))
-    neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
-    sg = b.op("mov.u32", Imm(0, "u32"))
-    top, out = b.label("scale_stage"), b.label("scale_done")
-    b.place(top)
-    stage = b.op("rem.u32", sg, Imm(S, "u32"))
-    _wait(b, full(stage), b.op("and.b32", b.op("div.u32", sg, Imm(S, "u32")), Imm(1, "b32")))
-    step = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", stage, Imm(4, "u32"), step_of)))
-    b.bra(out, pred=b.op("setp.eq.u32", step, Imm(0xFFFFFFFF, "u32")))
-    pair = b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32"))
-    rbase = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
-    tbase = b.op("mad.lo.u32", stage, Imm(SCALE_TABLE_BYTES, "u32"), tbl0)
-    for i in range(3):
-        e = b.op("add.u32", u, Imm(32 * SCALE_WARPS * i, "u32"))
-        skip = b.label("scale_skip")
-        if 32 * SCALE_WARPS * (i + 1) > 2 * BM:  # the last round: warps 1-2 only
-            b.bra(skip, pred=b.op("setp.ge.u32", e, Imm(2 * BM, "u32")))
-        row = b.op("and.b32", e, Imm(BM - 1, "b32"))
-        sb = b.op("shr.u32", e, Imm(7, "u32"))
-        hdr = b.regs("b32", 4)
-        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("mad.lo.u32", row, Imm(16, "u32"), rbase)))
-        dscale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", sb, Imm(0, "u32")))
-        sc, m_hi, m_lo, d = q4k_scale_ints(b, hdr, b.op("add.u32", pair, sb), dscale)
-        c = b.op("mul.rn.f16x2", sc, neg1024, type="b32")
-        b.emit("st.shared.v4.b32", Mem(b.op("mad.lo.u32", e, Imm(16, "u32"), tbase)), b.vec([sc, c, m_hi, m_lo]))
-        if 32 * SCALE_WARPS * i < BM:  # entries 0-127 are sub-block 0 of each row: they also store the row's d
-            first = None if 32 * SCALE_WARPS * (i + 1) <= BM else b.op("setp.lt.u32", e, Imm(BM, "u32"))
-            b.emit("st.shared.b32", Mem(b.op("mad.lo.u32", row, Imm(4, "u32"), tbase), 2 * BM * 16), d, pred=first)
-        b.place(skip)
-    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(scales_full(stage)))
-    b.emit("add.u32", sg, sg, Imm(1, "u32"))
-    b.bra(top)
-    b.place(out)
 
 
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
