@@ -469,8 +469,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     (skinny_ok) the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations). Other Q4_K with T > 8 and
     M ≥ 128 runs the prefill GEMM, the smallest token tile that holds T: on sm_90 devices the wgmma + TMA
     lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}; from T = WGMMA_RA_MIN_TOKENS convert_f16_perm and
-    mmq_q4_k_wgmma_ra_n{128,256}, A from registers), elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
-    accumulation, relative error ~4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
+    mmq_q4_k_wgmma_ra_n{64,128,256}, A from registers), elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
+    accumulation, relative error ~3.4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
     the call is recomputed exactly by the GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
     prep_tq4_1s once per call (the rotation, written in the lane GEMV's layout), `"fused"` rotates inside the
     8-weight-unit GEMV's prologue (same bits) for T ≤ 4 and falls back to the separate rotation above that. `mode="fast"`: TQ4_1S rotates, quantizes the rotated
