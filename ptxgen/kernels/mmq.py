@@ -6,8 +6,8 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 - raw weight bytes go global → shared with cp.async.cg (16 B) into a 3-stage ring (commit/wait groups), so
   the copy of step s+2 overlaps the dequant of s+1 and the MMA of s;
 - each step, threads dequantize the landed raw tile to fp16 in shared memory: nibbles become fp16 by
-  `prmt` + `lop3` with the 0x6400 exponent (exact 1024+q, minus 1024), then w = q·(d·sc) − dmin·m in one
-  fma.f16x2 (d·sc and dmin·m are formed in fp32 first, as ggml does, and rounded to fp16);
+  `prmt` + `lop3` with the 0x6400 exponent (1024 + q), then q·sc by one exact fma.f16x2 and w = (q·sc)·d −
+  dmin·m in two more (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo: `dequant_f16_words`);
 - activations are loaded fp32 one step ahead into registers and converted to fp16 into shared memory
   (fused: no separate conversion pass over DRAM); an activation that overflows fp16 makes its item's sums
   non-finite, which raises a flag (checked once per item on the accumulators), and `mul_mat` then recomputes
@@ -37,9 +37,9 @@ RASTER_BYTES = 24 << 20  # fp32 activations per band of token tiles
 RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
-F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}
+F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
-# three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, session 20)  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
+# three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, session 20)
 TAIL_SPLIT_NOTE = ("items: the first `whole` tiles over all of K, then the other tiles split into `splits` K ranges of "
                    "steps_per_split K-steps (z-major: every tile's split 0 first); a split writes its partial in "
                    "fragment order to part (splits x (tiles - whole) x 128·BN fp32) unless it is the last to count "
