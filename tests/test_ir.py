@@ -195,3 +195,69 @@ def test_division_probe_compiles_everywhere():
 
     for arch in ("sm_89", "sm_90a", "sm_120a"):
         compile_ptx(_division_probe(get_arch(arch)).ptx(), arch, name="div_probe")
+
+
+def _q4k_pair3_probe(arch):
+    """Each thread: a Q4_K super-block header (4 words) and a sub-block index from `inp`; for every nibble value q
+    (low nibbles: h = 0x6400 | q, high: 0x6400 | 16q with sc' = sc/16; the upper half of h carries 15 − q) the
+    intermediate q·sc' = fma(h, sc', −1024·sc') and the weight pair of mmq.q4k_dequant_pair3."""
+    from ptxgen.kernels import mmq
+
+    b = KernelBuilder("pair3_probe", arch, "Q4_K three-op dequant probe", block=(32, 1, 1))
+    out = b.ptr(b.param("out", "u64", "ptr:out"))
+    inp = b.ptr(b.param("inp", "u64", "ptr:in"))
+    tid = b.special("tid.x")
+    src = b.op("mad.wide.u32", tid, Imm(20, "u32"), inp)
+    hdr = [b.op("ld.global.u32", Mem(src, 4 * i)) for i in range(4)]
+    sub = b.op("ld.global.u32", Mem(src, 16))
+    base = b.op("mad.wide.u32", tid, Imm(16 * 2 * 2 * 4, "u32"), out)
+    neg1024 = b.op("mov.b32", Imm(mmq.NEG_1024_F16X2, "b32"))
+    for high in (0, 1):
+        sc, m_hi, m_lo, d = mmq.q4k_scale_ints(b, hdr, sub, b.op("mov.f32", Imm(1 / 16 if high else 1.0, "f32")))
+        c = b.op("mul.rn.f16x2", sc, neg1024, type="b32")
+        for q in range(16):
+            lo, hi = (q, 15 - q) if not high else (16 * q, 16 * (15 - q))
+            h = b.op("mov.b32", Imm((0x6400 | lo) | (0x6400 | hi) << 16, "b32"))
+            qs = b.op("fma.rn.f16x2", h, sc, c, type="b32")
+            w = mmq.q4k_dequant_pair3(b, h, (sc, c, d, m_hi, m_lo))
+            b.emit("st.global.v2.b32", Mem(base, 8 * (16 * high + q)), Vec((qs, w)))
+    return b.finish()
+
+
+def test_q4k_three_op_dequant_forms_q_sc_exactly_and_rounds_as_documented():
+    """mmq.q4k_dequant_pair3 (every fp16 MMQ's dequant since session 20): q·sc' by one fma is exact for every
+    nibble, scale and half (low nibbles as q with sc' = sc, high ones as 16q with sc/16); the weight is then
+    fp16(fp16(q·sc·d − m_hi) − m_lo) with m = fp32(dmin·m) split into fp16 hi + lo, bit for bit, on random
+    headers of every sub-block; and the probe compiles for every target."""
+    import numpy as np
+
+    from ptxgen.emu import Memory, run_kernel
+    from ptxgen.formats import ggml
+    from ptxgen.runtime.compiler import compile_ptx
+
+    rng = np.random.default_rng(7)
+    hdr = rng.integers(0, 256, (32, 16), dtype=np.uint8)
+    hdr[:, 0:4] = np.frombuffer(rng.uniform(1e-4, 0.05, (32, 2)).astype(np.float16).tobytes(), np.uint8).reshape(32, 4)
+    sub = np.arange(32, dtype=np.uint32) % 8
+    inp = np.concatenate([hdr.view(np.uint32), sub[:, None]], axis=1).astype(np.uint32)
+    mem = Memory()
+    o, x = mem.alloc(32 * 16 * 2 * 2 * 4), mem.alloc(inp)
+    run_kernel(_q4k_pair3_probe(SM89).ptx(), (1,), (32,), (o, x), mem)
+    got = mem.view(o, np.uint32, (32, 2, 16, 2))
+    halves = np.stack([got & 0xFFFF, got >> 16], axis=-1).astype(np.uint16).view(np.float16).astype(np.float64)
+    d = hdr[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float64)
+    dmin = hdr[:, 2:4].copy().view(np.float16)[:, 0].astype(np.float32)
+    sc, m = ggml.unpack_scale_min_k4(hdr[:, 4:16])
+    sc, m = sc[np.arange(32), sub].astype(np.float64), m[np.arange(32), sub].astype(np.float32)
+    m1 = -(dmin * m).astype(np.float64)
+    m_hi = m1.astype(np.float16).astype(np.float64)
+    m_lo = (m1 - m_hi).astype(np.float16).astype(np.float64)
+    for half, qv in ((0, np.arange(16)), (1, 15 - np.arange(16))):
+        qs = qv[None, :] * sc[:, None]  # (32, 16): the same for low (q, sc) and high (16q, sc/16) nibbles
+        t = (qs * d[:, None] + m_hi[:, None]).astype(np.float16).astype(np.float64)
+        w = (t + m_lo[:, None]).astype(np.float16).astype(np.float64)
+        for high in (0, 1):
+            np.testing.assert_array_equal(halves[:, high, :, 0, half], qs)
+            np.testing.assert_array_equal(halves[:, high, :, 1, half], w)
+    for a in ("sm_89", "sm_90a", "sm_120a"):
+        compile_ptx(_q4k_pair3_probe(get_arch(a)).ptx(), a, name="pair3_probe")
