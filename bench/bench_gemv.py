@@ -40,13 +40,40 @@ def random_raw(fmt, m, k, rng):
     return raw.reshape(m, -1)
 
 
-def probe_argv(default_reps):
-    """The probes' command line: WHAT MxK,MxK,... T,T,... [reps] → (what, shapes, tokens, reps)."""
+def probe_argv(default_reps, lead=1):
+    """The probes' command line: `lead` leading arguments (default one: WHAT), then MxK,MxK,... T,T,... [reps] →
+    (*leading, shapes, tokens, reps)."""
     import sys
 
-    shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2].split(",")]
-    reps = int(sys.argv[4]) if len(sys.argv) > 4 else default_reps
-    return sys.argv[1], shapes, [int(v) for v in sys.argv[3].split(",")], reps
+    a = sys.argv[1:]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a[lead].split(",")]
+    reps = int(a[lead + 2]) if len(a) > lead + 2 else default_reps
+    return (*a[:lead], shapes, [int(v) for v in a[lead + 1].split(",")], reps)
+
+
+def zeroed_flag(r):
+    """The MMQ launches' overflow flag (one u32, zero)."""
+    flag = r.DeviceArray.empty((1,), np.uint32)
+    flag.owner.fill_bytes(0)
+    return flag
+
+
+def ptx_function(r, text, entry, arch):
+    """A loaded kernel from PTX text and its manifest entry (a build made in-process, an edited or an older
+    emission), compiled as ptxgen.runtime.kernels.load compiles the emitted builds — the driver's whole-program
+    JIT where the manifest says so (setmaxnreg honoured), nvJitLink otherwise — so probes compare like with like."""
+    from ptxgen.arch import device_target, get_arch
+    from ptxgen.runtime.compiler import compile_ptx
+    from ptxgen.runtime.driver import Module
+
+    name = entry["kernel"]
+    if entry["meta"].get("compile") == "whole-program":
+        mod = Module(text.encode() + b"\0", name)
+    else:
+        mod = Module(compile_ptx(text, device_target(get_arch(arch), r.current().sm), name=name).cubin, name)
+    fn = mod.function(entry["entry"], entry["params"], entry["block"], entry.get("dynamic_smem", 0))
+    fn.meta, fn.arch = entry["meta"], arch
+    return fn
 
 
 def weight_copies(r, fmt, raw, m, k):

@@ -2,20 +2,16 @@
 producer warpgroup's idle warps write the fp16 copy chunk by chunk, the TMA thread waits on x_ready counters) against
 convert_f16_perm + the same GEMM ("wgmma_ra_x16"), same run, same inputs: bits equal asserted, then bench_mmq's
 timing (the whole op through mmq_launch, weights rotated past the L2). Usage: probe_mmq_cx.py MxK,... T,... [reps]."""
-import sys
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_cases, timed
+from bench_gemv import probe_argv, zeroed_flag, probe_cases, timed
 from ptxgen.runtime import ops
 
-shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
-tokens = [int(v) for v in sys.argv[2].split(",")]
-reps = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-flag = r.DeviceArray.empty((1,), np.uint32)
-flag.owner.fill_bytes(0)
+shapes, tokens, reps = probe_argv(30, lead=0)
+flag = zeroed_flag(r)
 print("| M×K | T | splits | convert_f16_perm + GEMM µs | GEMM converting x µs | ratio |")
 print("|---|---|---|---|---|---|")
 for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):

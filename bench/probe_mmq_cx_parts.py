@@ -5,22 +5,16 @@ its PTX with the TMA thread's x_ready spin removed (wrong results where a chunk 
 = no wait and the converter warps returning at once (x16 unconverted: the GEMM alone in the converting build's item
 order, m fastest). Usage: probe_mmq_cx_parts.py MxK,... T,... [reps]."""
 import re
-import sys
 from collections import defaultdict
 
-import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_cases, timed
+from bench_gemv import probe_argv, probe_cases, ptx_function, timed, zeroed_flag
 from ptxgen.runtime import kernels, ops
-from ptxgen.runtime.driver import Module
 
-shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
-tokens = [int(v) for v in sys.argv[2].split(",")]
-reps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-flag = r.DeviceArray.empty((1,), np.uint32)
-flag.owner.fill_bytes(0)
+shapes, tokens, reps = probe_argv(20, lead=0)
+flag = zeroed_flag(r)
 
 
 def mutated(name, wait_off, conv_off):
@@ -31,10 +25,7 @@ def mutated(name, wait_off, conv_off):
     if conv_off:
         text, n = re.subn(r"(\n\s*@%p\d+ bra\.uni \$L_producer_\d+;)", r"\1\n\tret;", text)
         assert n == 1
-    fn = Module(text.encode() + b"\0", name).function(entry["entry"], entry["params"], entry["block"],
-                                                       entry.get("dynamic_smem", 0))
-    fn.meta, fn.arch = entry["meta"], "sm_90a"
-    return fn
+    return ptx_function(r, text, entry, "sm_90a")
 
 
 print("| M×K | T | x16 op µs | convert_f16_perm µs | GEMM µs | cx op µs | cx, no wait µs | cx, GEMM alone µs |")

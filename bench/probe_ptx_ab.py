@@ -6,25 +6,17 @@ weights rotated past the L2, bench_gemv's timing; the relative difference of the
 1e-3 bar of each other). Usage: probe_ptx_ab.py OLD_DIR KERNEL,... MxK,... T,... [reps]."""
 import json
 import pathlib
-import sys
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_cases, timed
-from ptxgen.arch import device_target, get_arch
+from bench_gemv import probe_argv, probe_cases, ptx_function, timed, zeroed_flag
 from ptxgen.runtime import kernels, ops
-from ptxgen.runtime.compiler import compile_ptx
-from ptxgen.runtime.driver import Module
 
-old_dir = pathlib.Path(sys.argv[1])
-names = sys.argv[2].split(",")
-shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[3].split(",")]
-tokens = [int(v) for v in sys.argv[4].split(",")]
-reps = int(sys.argv[5]) if len(sys.argv) > 5 else 30
-flag = r.DeviceArray.empty((1,), np.uint32)
-flag.owner.fill_bytes(0)
+old_dir, names, shapes, tokens, reps = probe_argv(30, lead=2)
+old_dir, names = pathlib.Path(old_dir), names.split(",")
+flag = zeroed_flag(r)
 
 
 def path_of(name):
@@ -37,18 +29,10 @@ def path_of(name):
 
 
 def old_build(name):
-    """Compiled as kernels.load compiles the emitted build: the driver's JIT for whole-program builds, else
-    nvJitLink."""
+    """Compiled as kernels.load compiles the emitted build (bench_gemv.ptx_function)."""
     arch = path_of(name)[1]
     entry = next(e for e in json.loads((old_dir / arch / "manifest.json").read_text())["kernels"] if e["kernel"] == name)
-    text = (old_dir / arch / f"{name}.ptx").read_text()
-    if entry["meta"].get("compile") == "whole-program":
-        mod = Module(text.encode() + b"\0", name)
-    else:
-        mod = Module(compile_ptx(text, device_target(get_arch(arch), r.current().sm), name=name).cubin, name)
-    fn = mod.function(entry["entry"], entry["params"], entry["block"], entry.get("dynamic_smem", 0))
-    fn.meta, fn.arch = entry["meta"], arch
-    return fn
+    return ptx_function(r, (old_dir / arch / f"{name}.ptx").read_text(), entry, arch)
 
 
 print("| kernel | M×K | T | new µs | old µs | old / new | relative difference |")

@@ -5,30 +5,22 @@ padding tokens; n64 halves the tensor work per step, the dequant stays. Each res
 The mul_mat column includes the op's overflow-flag readback (a host sync), unlike bench_mmq's ptxgen column; the
 last column is the shared-memory-A wgmma n64 build mul_mat runs at T = 33-48 (added after the session-19 log).
 Usage: probe_rega_n64.py MxK,... T,... [reps]."""
-import sys
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_cases, timed
+from bench_gemv import probe_argv, probe_cases, ptx_function, timed, zeroed_flag
 from ptxgen.arch import get_arch
 from ptxgen.kernels.mmq import MmqSpec, build
 from ptxgen.runtime import kernels, ops
-from ptxgen.runtime.driver import Module
 
-shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
-tokens = [int(v) for v in sys.argv[2].split(",")]
-reps = int(sys.argv[3]) if len(sys.argv) > 3 else 30
+shapes, tokens, reps = probe_argv(30, lead=0)
 k64 = build(get_arch("sm_90a"), MmqSpec(64, "wgmma", a_regs=True))
 text = k64.ptx()
 entry = k64.manifest(text)
-fn = Module(text.encode() + b"\0", k64.name).function(entry["entry"], entry["params"], entry["block"],
-                                                      entry.get("dynamic_smem", 0))
-fn.meta, fn.arch = entry["meta"], "sm_90a"
-kernels._BEST[(k64.name, "sm_90a", "emitted")] = fn
-flag = r.DeviceArray.empty((1,), np.uint32)
-flag.owner.fill_bytes(0)
+kernels._BEST[(k64.name, "sm_90a", "emitted")] = ptx_function(r, text, entry, "sm_90a")
+flag = zeroed_flag(r)
 print("| M×K | T | mul_mat µs | RA n128 µs (splits) | RA n64 µs (splits) | n128 / n64 | A from shared memory, n64 µs |")
 print("|---|---|---|---|---|---|---|")
 for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):

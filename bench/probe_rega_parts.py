@@ -18,12 +18,11 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_cases
+from bench_gemv import probe_cases, ptx_function, zeroed_flag
 from ptxgen.arch import get_arch
 from ptxgen.ir import Imm
 from ptxgen.kernels import mmq
 from ptxgen.runtime import kernels, ops
-from ptxgen.runtime.driver import Module
 
 clocks = "--clocks" in sys.argv
 argv = [a for a in sys.argv if a != "--clocks"]
@@ -52,17 +51,13 @@ def variant(scales, pair):
         mmq.q4k_scale_ints, mmq.q4k_dequant_pair3 = real_scales, real_pair
     text = k.ptx()
     entry = k.manifest(text)
-    fn = Module(text.encode() + b"\0", k.name).function(entry["entry"], entry["params"], entry["block"],
-                                                        entry.get("dynamic_smem", 0))
-    fn.meta, fn.arch = entry["meta"], "sm_90a"
-    return fn
+    return ptx_function(r, text, entry, "sm_90a")
 
 
 real = kernels.load(name, "sm_90a")
 builds = {"real": real, "2 ops": variant(real_scales, two_ops), "no scales": variant(const_scales, real_pair),
           "const A": variant(const_scales, lambda b, h, scale: h)}
-flag = r.DeviceArray.empty((1,), np.uint32)
-flag.owner.fill_bytes(0)
+flag = zeroed_flag(r)
 
 
 def gemm_us(launch, every=False):
