@@ -1,8 +1,9 @@
 """One MMQ call per lowering and token tile on small shapes (split-K included: every lowering sums its partials
 in the kernel), checked against the reference; run under `timeout` before the GPU tier so
 that a pipeline deadlock costs seconds, not the whole device call, and under compute-sanitizer racecheck /
-synccheck. Paths: argv (default: wgmma wgmma_ra wgmma_ra_cx q8 q8_pre mma.sync mma.sync_x16; wgmma_ra_cx: the
-register-A build converting x inside the launch)."""
+synccheck. Paths: argv (default: wgmma wgmma_ra wgmma_ra_cx wgmma_pre_x16 wgmma_pre_cx q8 q8_pre mma.sync mma.sync_x16;
+wgmma_ra_cx: the register-A build converting x inside the launch; wgmma_pre_*: the prepared build,
+dequantize_q4_k_frags first)."""
 import sys
 
 import numpy as np
@@ -13,7 +14,8 @@ from ptxgen.runtime import ops
 
 rng = np.random.default_rng(0)
 ok = True
-TILES = {"wgmma": ops.WGMMA_TILES, "wgmma_ra": ops.WGMMA_RA_TILES, "wgmma_ra_cx": (128, 256), "q8": ops.Q8_TILES, "q8_pre": ops.Q8_TILES, "mma.sync": ops.MMQ_TILES,
+TILES = {"wgmma": ops.WGMMA_TILES, "wgmma_ra": ops.WGMMA_RA_TILES, "wgmma_ra_cx": (128, 256),
+         "wgmma_pre_x16": (256,), "wgmma_pre_cx": (256,), "q8": ops.Q8_TILES, "q8_pre": ops.Q8_TILES, "mma.sync": ops.MMQ_TILES,
          "mma.sync_x16": ops.MMQ_TILES}
 for path in sys.argv[1:] or list(TILES):
     for (m, k, t) in [(128, 256, 32), (256, 1024, 100), (300, 4096, 64)]:

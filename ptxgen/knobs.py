@@ -28,6 +28,9 @@ PTXGEN_MMQ_CX      the sm_90 register-A prefill GEMM converts fp32 x to fp16 its
                    the GEMM; mmq_q4_k_wgmma_ra_n*_cx) instead of a convert_f16_perm launch first: unset/auto = from
                    runtime.ops.MMQ_CX_MIN_TOKENS tokens when its plan has at most runtime.ops.MMQ_CX_MAX_SPLITS K
                    splits, 1 = always, 0 = never
+PTXGEN_MMQ_PRE     the sm_90 register-A prefill GEMM on prepared A fragments (dequantize_q4_k_frags first, then
+                   mmq_q4_k_wgmma_pre_n256{,_cx}: no dequant in the K loop): unset/auto = from
+                   runtime.ops.MMQ_PRE_MIN_TOKENS tokens, 1 = wherever the register-A path runs its n256 tile, 0 = never
 PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's
                    tiles split in K (runtime.ops.splitk_plan_tail), 0 = every tile split alike when the tiles fit
                    one round of resident CTAs, none otherwise (the plan before it, for A/B measurements)
@@ -110,3 +113,7 @@ def mmq_x16() -> str:
 
 def mmq_cx() -> str:
     return _auto_on_off("PTXGEN_MMQ_CX")
+
+
+def mmq_pre() -> str:
+    return _auto_on_off("PTXGEN_MMQ_PRE")

@@ -200,3 +200,30 @@ def q4k_rega_k_order() -> np.ndarray:
                 for e in range(2):
                     order[16 * j + 2 * t + 8 * p + e] = 8 * t + pairs[n % 4][e] + 32 * (n // 4)
     return order
+
+
+RA_FRAG_BYTES = 4 * 256 * 16  # one (M-tile, K-step) block of q4k_rega_fragments: 4 k16 slices x 256 threads x 16 B
+
+
+def q4k_rega_fragments(w16: np.ndarray) -> np.ndarray:
+    """fp16 weights (M, K) → the register-A wgmma MMQ's A fragments, as dequantize_q4_k_frags writes them for the
+    prepared build (mmq_q4_k_wgmma_pre_*): uint8 (tiles_m·ksteps·64, 256), block (M-tile tm, K-step s) = rows
+    64·(tm·ksteps + s) .. + 63, that is [k16 slice kk][consumer thread ct][4 registers of f16x2]. Thread ct is lane
+    (g, t) of consumer warp cw = ct / 32, rows 16·cw + g and + 8 of the 128-row tile; register j of slice kk holds
+    row 16·cw + g + 8·(j & 1) at GEMM-K positions 16·kk + 2t + 8·(j >> 1) + (0, 1), i.e. physical columns
+    q4k_rega_k_order() of them (the order convert_f16_perm writes x in). Rows past M are zero."""
+    m, k = w16.shape
+    if k % 64:
+        raise ValueError(f"q4k_rega_fragments: K must be a multiple of 64, got {k}")
+    tiles_m, ksteps = -(-m // 128), k // 64
+    w = np.zeros((tiles_m * 128, k), np.float16)
+    w[:m] = w16
+    ct = np.arange(256)
+    cw, g, t = ct // 32, (ct % 32) // 4, ct % 4
+    kk, j, e = np.arange(4), np.arange(4), np.arange(2)
+    row = (16 * cw + g)[None, :, None, None] + 8 * (j & 1)[None, None, :, None]  # (1, 256, 4, 1)
+    pos = 16 * kk[:, None, None, None] + 2 * t[None, :, None, None] + 8 * (j >> 1)[None, None, :, None] + e
+    col = q4k_rega_k_order()[pos]  # (4, 256, 4, 2)
+    blocks = w.reshape(tiles_m, 128, ksteps, 64).transpose(0, 2, 1, 3)  # (tm, s, row, col in the step)
+    out = blocks[:, :, np.broadcast_to(row, col.shape), col]  # (tm, s, kk, ct, j, e)
+    return np.ascontiguousarray(out).view(np.uint8).reshape(tiles_m * ksteps * 64, 256)

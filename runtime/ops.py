@@ -132,6 +132,21 @@ WGMMA_RA_N64_MAX_TOKENS = 64
 WGMMA_RA_N128_MAX_TOKENS = 128
 
 
+# the prepared register-A GEMM (dequantize_q4_k_frags, then mmq_q4_k_wgmma_pre_n256: the fp16 fragments by TMA, no
+# dequant in the K loop) from this many tokens, where its extra pass (weights read, M·K·2 bytes written and read back)
+# costs less than the in-loop dequant (bench/NOTES.md, session 21); knob PTXGEN_MMQ_PRE
+MMQ_PRE_MIN_TOKENS = 2048
+PREPARED_TILE = 256
+
+
+def mmq_prepared(t: int) -> bool:
+    """Whether the register-A path runs the prepared build for T tokens (PTXGEN_MMQ_PRE: auto = from
+    MMQ_PRE_MIN_TOKENS, on = wherever it runs the n256 tile, off = never) and its kernels are emitted."""
+    v = knobs.mmq_pre()
+    want = v == "on" and _rega_tile(t) == PREPARED_TILE or v == "auto" and t >= MMQ_PRE_MIN_TOKENS
+    return want and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_pre_n{PREPARED_TILE}")
+
+
 def _rega_tile(t: int) -> int:
     """The register-A MMQ's token tile for T tokens (the rule above)."""
     return 64 if t <= WGMMA_RA_N64_MAX_TOKENS else 128 if t <= WGMMA_RA_N128_MAX_TOKENS else 256
@@ -178,7 +193,7 @@ def mmq_path(arch: str | None = None, t: int | None = None) -> str:
     """"wgmma" on an sm_90 device when the sm_90a kernels are there (and `arch` does not pin another
     target) — "wgmma_ra" (A from registers: n64 up to WGMMA_RA_N64_MAX_TOKENS, n128 up to WGMMA_RA_N128_MAX_TOKENS,
     n256 above) instead for
-    `t` ≥ WGMMA_RA_MIN_TOKENS (knob PTXGEN_MMQ_REGA) —
+    `t` ≥ WGMMA_RA_MIN_TOKENS (knob PTXGEN_MMQ_REGA), "wgmma_pre" (its prepared build) where mmq_prepared says so —
     else "mma.sync"."""
     from .driver import current
 
@@ -188,7 +203,7 @@ def mmq_path(arch: str | None = None, t: int | None = None) -> str:
         rega = knobs.mmq_rega()
         if (t is not None and rega != "off" and (t >= WGMMA_RA_MIN_TOKENS or rega == "on")
                 and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{_rega_tile(t)}")):
-            return "wgmma_ra"
+            return "wgmma_pre" if mmq_prepared(t) else "wgmma_ra"
         return "wgmma"
     if arch == "sm_90a":
         raise kernels.KernelNotFound("the wgmma MMQ (arch='sm_90a') runs on sm_90 devices only")
@@ -282,7 +297,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     WGMMA_RA_N128_MAX_TOKENS, n256 above,
     unless `bn` says otherwise; it converts x itself, mmq_q4_k_wgmma_ra_n*_cx, where mmq_convert_in_gemm says so),
     "wgmma_ra_cx" / "wgmma_ra_x16" (the register-A build converting x inside the launch / after convert_f16_perm,
-    whatever the rule says), "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each
+    whatever the rule says), "wgmma_pre" (dequantize_q4_k_frags writes the register-A fragments as fp16 first,
+    then the register-A GEMM loads them instead of dequantizing: mmq_q4_k_wgmma_pre_n256, converting x itself
+    where mmq_convert_in_gemm says so) with "wgmma_pre_cx" / "wgmma_pre_x16" to pin that choice, "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each
     activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized to Q8_1 inside the
     GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them."""
 
@@ -293,24 +310,30 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         path = mmq_path(arch, t)
         if path == "mma.sync" and mma_sync_x16(m, k, t, arch):
             path = "mma.sync_x16"
-    paths = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc", "q8",
-             "q8_pre")
+    paths = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc",
+             "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16", "q8", "q8_pre")
     if path not in paths:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(paths)}, got {path!r}")
-    if path.startswith("wgmma_ra"):
+    if path.startswith("wgmma_pre"):
+        bn = bn or PREPARED_TILE
+        if bn != PREPARED_TILE:
+            raise ValueError(f"mmq_launch: the prepared build has token tile {PREPARED_TILE} only, not {bn}")
+    elif path.startswith("wgmma_ra"):
         bn = bn or _rega_tile(t)
     else:
         tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES, "mma.sync_x16": MMQ_TILES}.get(path, Q8_TILES)
         bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
     sync = path in ("mma.sync", "mma.sync_x16")
     plan, planned = None, None
-    if path == "wgmma_ra":  # the rule needs the plan's K splits; n192 has no converting build
-        planned = kernels.load(f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a")
+    if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
+        kind = path.split("_")[1]
+        planned = kernels.load(f"mmq_q4_k_wgmma_{kind}_n{bn}", "sm_90a")
         plan = mmq_plan(planned, m, k, t, bn, False, current().sm_count)
-        cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
-        path = "wgmma_ra_cx" if cx else "wgmma_ra_x16"
+        cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_{kind}_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
+        path = f"{path}_cx" if cx else f"{path}_x16"
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra_x16": f"mmq_q4_k_wgmma_ra_n{bn}",
-            "wgmma_ra_cx": f"mmq_q4_k_wgmma_ra_n{bn}_cx", "mma.sync": f"mmq_q4_k_f16_n{bn}",
+            "wgmma_ra_cx": f"mmq_q4_k_wgmma_ra_n{bn}_cx", "wgmma_pre_x16": f"mmq_q4_k_wgmma_pre_n{bn}",
+            "wgmma_pre_cx": f"mmq_q4_k_wgmma_pre_n{bn}_cx", "mma.sync": f"mmq_q4_k_f16_n{bn}",
             "mma.sync_x16": f"mmq_q4_k_f16_n{bn}_x16",
             "wgmma_ra_mc": f"mmq_q4_k_wgmma_ra_n{bn}_mc2", "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
     wg = path.startswith("wgmma")
@@ -334,15 +357,21 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         _QUEUE.append(q)
     cl, grid = plan.cluster, plan.grid
     tail = (m, k, t, plan.per, _QUEUE[0], plan.tiles_n, splits, part, cnt) + ((whole, int(plan.spread)) if sync else ())
-    tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
-    if path == "wgmma_ra_cx":  # x converted by the GEMM's own idle producer warps into x16 (ptxgen.kernels.mmq.CX_NOTE)
+    if path.startswith("wgmma_pre"):  # A fragments first (ptxgen.layouts.q4k_rega_fragments), 16 KB per block
+        tiles_m, ksteps = -(-m // 128), k // 64
+        frags = DeviceArray.empty((tiles_m * ksteps * 64, 256), np.uint8)
+        kernels.load("dequantize_q4_k_frags", "sm_90a").launch((ksteps, tiles_m), (w.buffer, frags, m, k))
+        tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
+    else:
+        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
+    if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's own idle producer warps into x16 (ptxgen.kernels.mmq.CX_NOTE)
         x16 = DeviceArray.empty((t, k), np.float16)
         nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
         ready = _x_ready(4 * nready)
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        fn.launch(grid, (tw, tx, o, *tail, xa, x16, ready, flag), pdl=bool(fn.meta.get("pdl")))
+        fn.launch(grid, (tw, tx, o, *tail, xa, x16, ready, flag), pdl=bool(fn.meta.get("pdl")))  # pre: behind the frags
     elif wg:
-        x16 = convert_f16(xa, flag, arch="sm_90a", k_order="rega" if path.startswith("wgmma_ra") else "natural")
+        x16 = convert_f16(xa, flag, arch="sm_90a", k_order="natural" if path == "wgmma" else "rega")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
         fn.launch(grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=(cl, 1, 1) if cl > 1 else None)

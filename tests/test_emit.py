@@ -80,6 +80,8 @@ for _k in KERNELS:
     if _k.startswith("mmq_q4_k_wgmma_ra"):  # as above, A from registers: no A tile stores, no proxy fence
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "HFMA2",
                              "SHFL.IDX"]
+    if _k.startswith("mmq_q4_k_wgmma_pre"):  # A fragments loaded from the TMA ring (16-byte LDS), no dequant
+        EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "LDS.128"]
     if _k.startswith("mmq_q4_k_q8"):  # raw qs bytes by ldmatrix as u8 fragments, int8 tensor cores, cp.async
         EXPECTED_SASS[_k] = ["IMMA.16832.U8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32"]
     if _k.startswith("gemv_tq4_1s_tma"):  # weights by TMA into an mbarrier ring, lookups and FFMA as above
@@ -99,6 +101,7 @@ for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):
     EXPECTED_SASS[f"gemv_q4_k_mma_{_sfx}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS.128"]
 EXPECTED_SASS["mmq_q4_k_rega_n32"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "BAR.SYNC"]
 EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
+EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
 

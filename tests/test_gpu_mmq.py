@@ -148,7 +148,8 @@ def test_mma_sync_mmq_spread_fixup_gives_the_last_ctas_bits(path, monkeypatch):
         np.testing.assert_array_equal(a.view(np.uint32), other.view(np.uint32))
 
 
-@pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16"])
+@pytest.mark.parametrize("path", ["mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16",
+                                  "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16"])
 def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
     """wgmma_ra at T = 200: the path mul_mat itself takes there on an sm_90 device (its rule picks the build that
     converts x itself or the one after convert_f16_perm; both are forced too). mma.sync_x16 / wgmma_ra_x16: the
@@ -160,7 +161,7 @@ def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
     arch = None if path.startswith("wgmma") else "sm_89"
 
     rng = np.random.default_rng(5)
-    m, k, t, bn = (256, 1024, 200, 256) if path.startswith("wgmma_ra") else (256, 1024, 100, 128)
+    m, k, t, bn = (256, 1024, 200, 256) if path.startswith(("wgmma_ra", "wgmma_pre")) else (256, 1024, 100, 128)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, _ = run_mmq(r, raw, m, k, x, bn, path)
@@ -310,6 +311,77 @@ def test_convert_f16_kernel_is_bit_exact_and_flags_overflow():
     assert int(flag.numpy()[0]) == 1
 
 
+@settings(max_examples=20)
+@given(data=st.data())
+def test_prepared_mmq_matches_reference_and_its_fragments_are_the_numpy_models(data):
+    """The prepared register-A MMQ (path "wgmma_pre": dequantize_q4_k_frags writes the fp16 A fragments, then
+    mmq_q4_k_wgmma_pre_n256 loads them by TMA instead of dequantizing): the fragments bit for bit
+    layouts.q4k_rega_fragments of gguf-exact weights rounded to fp16 (rows past M zero, every byte written over a
+    0xFF poison); the product within 1e-3 of the float64 reference on NaN-poisoned y, bit-identical when repeated,
+    and the converting build ("wgmma_pre_cx") gives the bits of the one after convert_f16_perm ("wgmma_pre_x16")."""
+    import ptxgen.runtime as r
+    from ptxgen import layouts
+
+    if r.current().sm != 90:
+        pytest.skip("the wgmma path needs an sm_90 device")
+    m = data.draw(st.sampled_from([1, 127, 128, 129, 300, 4096]))
+    t = data.draw(st.sampled_from([1, 65, 200, 256, 257, 600]))
+    k = data.draw(st.sampled_from([256, 512, 4096]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    want_frags = layouts.q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))
+    frags = r.DeviceArray.empty(want_frags.shape, np.uint8)
+    frags.owner.fill_bytes(0xFF)
+    r.load("dequantize_q4_k_frags", arch="sm_90a").launch((k // 64, -(-m // 128)),
+                                                          (r.as_device_array(raw), frags, np.uint32(m), np.uint32(k)))
+    np.testing.assert_array_equal(frags.numpy(), want_frags)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    got, flag = run_mmq(r, raw, m, k, x, 256, "wgmma_pre_x16")
+    assert flag == 0 and np.isfinite(got).all()
+    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    again, _ = run_mmq(r, raw, m, k, x, 256, "wgmma_pre_x16")
+    np.testing.assert_array_equal(again.view(np.uint32), got.view(np.uint32))
+    cx, flag = run_mmq(r, raw, m, k, x, 256, "wgmma_pre_cx")
+    assert flag == 0
+    np.testing.assert_array_equal(cx.view(np.uint32), got.view(np.uint32))
+
+
+def test_mul_mat_runs_the_prepared_mmq_from_its_threshold():
+    """mul_mat on an sm_90 device from ops.MMQ_PRE_MIN_TOKENS tokens launches dequantize_q4_k_frags and a prepared
+    build, correct against the float64 reference and the same bits as that path called directly; with
+    PTXGEN_MMQ_PRE=0 the register-A build instead."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    if r.current().sm != 90:
+        pytest.skip("the prepared MMQ needs an sm_90 device")
+    m, k, t = 256, 1024, ops.MMQ_PRE_MIN_TOKENS
+    rng = np.random.default_rng(21)
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    launched = []
+    fn = r.load("dequantize_q4_k_frags", arch="sm_90a")
+    real = type(fn).launch
+    try:
+        type(fn).launch = lambda self, *a, **kw: (launched.append(self.name), real(self, *a, **kw))[1]
+        got = r.mul_mat(w, x)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PTXGEN_MMQ_PRE", "0")
+            launched.append("--")
+            ra = r.mul_mat(w, x)
+    finally:
+        type(fn).launch = real
+    cut = launched.index("--")
+    assert "dequantize_q4_k_frags" in launched[:cut] and any("wgmma_pre_n256" in n for n in launched[:cut]), launched
+    assert not any("frags" in n or "_pre_" in n for n in launched[cut:]), launched
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    assert rel(got, want) <= 1e-3 and rel(ra, want) <= 1e-3
+    direct, flag = run_mmq(r, raw, m, k, x, 256, "wgmma_pre")
+    assert flag == 0
+    np.testing.assert_array_equal(direct.view(np.uint32), got.view(np.uint32))
+
+
 def test_mul_mat_picks_wgmma_on_sm90():
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
@@ -326,6 +398,15 @@ def test_mul_mat_picks_wgmma_on_sm90():
         assert ops.mmq_path(t=4096) == ("wgmma" if hopper else "mma.sync")
         mp.setenv("PTXGEN_MMQ_REGA", "1")
         assert ops.mmq_path(t=16) == ("wgmma_ra" if hopper else "mma.sync")
+    # the prepared build from MMQ_PRE_MIN_TOKENS (PTXGEN_MMQ_PRE=1: wherever n256 runs, 0: never)
+    assert ops.mmq_path(t=ops.MMQ_PRE_MIN_TOKENS) == ("wgmma_pre" if hopper else "mma.sync")
+    assert ops.mmq_path(t=ops.MMQ_PRE_MIN_TOKENS - 1) == ("wgmma_ra" if hopper else "mma.sync")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTXGEN_MMQ_PRE", "1")
+        assert ops.mmq_path(t=ops.WGMMA_RA_N128_MAX_TOKENS + 1) == ("wgmma_pre" if hopper else "mma.sync")
+        assert ops.mmq_path(t=ops.WGMMA_RA_N128_MAX_TOKENS) == ("wgmma_ra" if hopper else "mma.sync")
+        mp.setenv("PTXGEN_MMQ_PRE", "0")
+        assert ops.mmq_path(t=8192) == ("wgmma_ra" if hopper else "mma.sync")
 
 
 # --- the Q8_1 (int8 mma.sync) MMQ: fused quantization ("q8") and quantize_q8_1 first ("q8_pre")
@@ -417,7 +498,8 @@ def test_mul_mat_fast_q4_k_prefill(t):
         assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
 
 
-@pytest.mark.parametrize("path,bn", [("wgmma", 32), ("wgmma", 256), ("wgmma_ra", 128), ("wgmma_ra", 256)])
+@pytest.mark.parametrize("path,bn", [("wgmma", 32), ("wgmma", 256), ("wgmma_ra", 128), ("wgmma_ra", 256),
+                                     ("wgmma_pre", 256)])
 def test_wgmma_split_k_fixup_is_correct_and_deterministic(path, bn):
     """The wgmma builds' in-kernel split-K fixup (partials in fragment order, the last CTA of a tile sums them in z
     order): 10 tiles, partial in M and T, split 8 ways on the H200. Correct, bit-identical run to

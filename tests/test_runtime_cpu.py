@@ -508,3 +508,63 @@ def test_register_a_mmq_token_tile_rule():
     for bn in {ops._rega_tile(t) for t in range(1, 600)}:
         assert kernels.available(f"mmq_q4_k_wgmma_ra_n{bn}") == ["sm_90a"]
     assert set(ops.WGMMA_RA_TILES) >= {64, 128, 256}
+
+
+def test_prepared_mmq_rule_and_builds(monkeypatch):
+    """mul_mat's rule for the prepared register-A MMQ (README): from ops.MMQ_PRE_MIN_TOKENS tokens; PTXGEN_MMQ_PRE=1
+    wherever the register-A path runs its n256 tile, 0 never, anything else an error. Its builds and
+    dequantize_q4_k_frags are sm_90a only; the prepared builds' ring fits the shared memory (the converting one with
+    fewer stages) and they launch with PDL behind dequantize_q4_k_frags, which writes 16 KB blocks."""
+    from ptxgen import layouts
+    from ptxgen.runtime import kernels, ops
+
+    man = kernels.manifest("sm_90a")
+    for name in ("dequantize_q4_k_frags", "mmq_q4_k_wgmma_pre_n256", "mmq_q4_k_wgmma_pre_n256_cx"):
+        assert kernels.available(name) == ["sm_90a"]
+    assert man["dequantize_q4_k_frags"]["meta"]["block_bytes"] == layouts.RA_FRAG_BYTES == 16384
+    for sfx, stages in (("", 4), ("_cx", 3)):
+        meta = man[f"mmq_q4_k_wgmma_pre_n256{sfx}"]["meta"]
+        assert meta["stages"] == stages and meta["pdl"] is True and "dequantize_q4_k_frags" in meta["prepared"]
+        assert meta["dynamic_smem"] <= 227 * 1024
+    monkeypatch.delenv("PTXGEN_MMQ_PRE", raising=False)
+    assert ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS) and ops.mmq_prepared(8192)
+    assert not ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS - 1)
+    monkeypatch.setenv("PTXGEN_MMQ_PRE", "1")
+    assert ops.mmq_prepared(ops.WGMMA_RA_N128_MAX_TOKENS + 1) and not ops.mmq_prepared(ops.WGMMA_RA_N128_MAX_TOKENS)
+    monkeypatch.setenv("PTXGEN_MMQ_PRE", "0")
+    assert not ops.mmq_prepared(8192)
+    monkeypatch.setenv("PTXGEN_MMQ_PRE", "maybe")
+    with pytest.raises(ValueError, match="PTXGEN_MMQ_PRE"):
+        ops.mmq_prepared(8192)
+
+
+def test_prepared_fragments_model_places_every_weight_once():
+    """layouts.q4k_rega_fragments: every weight of an (M, K) matrix appears exactly once, at the register-A
+    fragment place of its (row, column) — thread ct = 32·(row // 16) + 4·(row % 8) + t holds it in slice kk —
+    and the padding rows past M are zero."""
+    from ptxgen import layouts
+
+    m, k = 131, 128
+    vals = (np.arange(m * k) % 2039 + 1).astype(np.float16).reshape(m, k)  # distinct enough, all nonzero
+    ids = np.arange(m * k, dtype=np.int64).reshape(m, k)
+    f = layouts.q4k_rega_fragments(vals).view(np.uint16).reshape(2, 2, 4, 256, 4, 2)
+    assert f.shape[:2] == (2, 2)  # ceil(131 / 128) M-tiles x 2 K-steps
+    order = layouts.q4k_rega_k_order()
+    seen = np.zeros(m * k, bool)
+    for tm in range(2):
+        for s in range(2):
+            for kk in range(4):
+                for ct in range(256):
+                    cw, g, t = ct // 32, (ct % 32) // 4, ct % 4
+                    for j in range(4):
+                        row = 128 * tm + 16 * cw + g + 8 * (j & 1)
+                        for e in range(2):
+                            col = 64 * s + order[16 * kk + 2 * t + 8 * (j >> 1) + e]
+                            got = f[tm, s, kk, ct, j, e]
+                            if row < m:
+                                assert got == vals[row, col].view(np.uint16)
+                                assert not seen[ids[row, col]]
+                                seen[ids[row, col]] = True
+                            else:
+                                assert got == 0
+    assert seen.all()

@@ -127,6 +127,21 @@ def _deq_q4_k(ptx: str, rng, shape=(5, 512), seed=None) -> Outcome:
                    got, want)
 
 
+def _deq_q4_k_frags(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
+    """dequantize_q4_k_frags: every fp16 weight equals dequantize_q4_k's, in layouts.q4k_rega_fragments' places
+    (rows past M zero); the output is poisoned first, so an unwritten byte shows."""
+    m, k = shape
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    want = layouts.q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))
+    mem = _memory()
+    wa, ya = mem.alloc(raw), mem.alloc(want.size, poison=0xFF)
+    _run(ptx, (k // 64, -(-m // 128)), (256,), (wa, ya, m, k), mem, seed=seed)
+    got = mem.view(ya, np.uint8, want.shape)
+    ok = np.array_equal(got, want)
+    return Outcome("dequantize_q4_k_frags", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} of "
+                   f"{got.size} bytes differ", got, want)
+
+
 def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     t, k = shape
     x = rng.standard_normal((t, k)).astype(np.float32)
@@ -585,8 +600,14 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     if "q4k_rega_k_order" in meta.get("activations", ""):  # the register-A build's K order (convert_f16_perm)
         x16 = np.ascontiguousarray(x16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k))
     cx = "convert" in meta
-    wa, xa = mem.alloc(raw), (mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16))  # cx: NaN until written
-    tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
+    xa = mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16)  # cx: NaN until written
+    if "prepared" in meta:  # A fragments as dequantize_q4_k_frags writes them (its own test checks it bit for bit)
+        frags = layouts.q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))
+        wa = mem.alloc(frags)
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
+    else:
+        wa = mem.alloc(raw)
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
     cl = meta.get("cluster", (1, 1, 1))[0]  # clusters: each rank loads bn / cl rows of the activation tile
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn // cl, 64, "128B")
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
@@ -635,7 +656,8 @@ def _mmq(name):
     return _with_meta(mmq_case, name, 3)  # shape (M, T, K)
 
 
-HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _q8_1_mmq, "dequantize_q4_k": _deq_q4_k, "rotate_tq4_1s": _rotate,
+HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _q8_1_mmq, "dequantize_q4_k": _deq_q4_k,
+                                  "dequantize_q4_k_frags": _deq_q4_k_frags, "rotate_tq4_1s": _rotate,
                                   "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
                                   "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
@@ -671,6 +693,9 @@ for _bn in (64, 128, 192, 256):
 for _bn in (128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_mc2"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_mc2")
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_cx")
+for _bn in (256,):
+    for _sfx in ("", "_cx"):
+        HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)

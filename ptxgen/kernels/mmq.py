@@ -73,6 +73,8 @@ class MmqSpec:
     a_regs: bool = False  # wgmma: A (the dequantized weights) from registers instead of shared memory
     cluster: int = 1  # wgmma: CTAs per thread-block cluster; 2 = two M-tiles share each activation tile (multicast)
     convert: bool = False  # register-A wgmma: fp32 x converted inside the launch by the producer warpgroup's idle warps
+    prepared: bool = False  # register-A wgmma: A fragments written by dequantize_q4_k_frags first and loaded by TMA
+    # (no dequant in the K loop; PREPARED_NOTE)
 
     @property
     def name(self) -> str:
@@ -82,7 +84,8 @@ class MmqSpec:
             return f"mmq_q4_k_f16_n{self.bn}" + ("" if self.fused else "_x16")
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
-        return (f"mmq_q4_k_wgmma_ra_n{self.bn}" if self.a_regs else f"mmq_q4_k_wgmma_n{self.bn}") + mc + cx
+        kind = "pre" if self.prepared else "ra" if self.a_regs else ""
+        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx
 
     @property
     def tile(self) -> Tile:
@@ -1216,6 +1219,7 @@ def build_q8(arch, spec: "MmqSpec"):
 
 WG_STAGES = 4
 WG_THREADS = 384  # warpgroup 0: producer (one thread issues TMA); warpgroups 1, 2: consumers, 64 rows each
+RA_FRAG_BYTES = layouts.RA_FRAG_BYTES  # the prepared builds: one (M-tile, K-step) block of A fragments
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
@@ -1401,11 +1405,14 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
 def build_wgmma(arch, spec: "MmqSpec"):
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
+    PRE = spec.prepared
+    if PRE and (not spec.a_regs or spec.cluster > 1):
+        raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
-    raw_bytes = 3 * RAW_PART
+    raw_bytes = RA_FRAG_BYTES if PRE else 3 * RAW_PART  # per stage: the step's A fragments, or the raw Q4_K columns
     stage_bytes = b_bytes + raw_bytes
     pipe.check_smem(arch, stage_bytes)
-    S = WG_STAGES
+    S = PREPARED_CX_STAGES if PRE and spec.convert else WG_STAGES  # 4 x 48 KB + the converters' 50 KB: too much
     b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16{' (A from registers)' if spec.a_regs else ''}, "
                       f"tile {BM}x{BN}x{BK}, {S}-stage TMA ring, warp-specialized, persistent", block=(WG_THREADS, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
@@ -1470,6 +1477,16 @@ def build_wgmma(arch, spec: "MmqSpec"):
                       roles=b.meta["roles"].replace("warpgroup 0: producer (thread 0 claims work items and issues TMA)",
                                                     "warpgroup 0: producer (thread 0 claims work items and issues TMA; "
                                                     "warps 1-3 convert x)"))
+    if PRE:
+        b.meta.update(prepared=PREPARED_NOTE, stages=S, pdl=True,
+                      mma=f"wgmma m64n{BN}k16 f16 (A from registers, loaded from the prepared fragments; B from "
+                          "128B-swizzled shared memory)",
+                      roles=b.meta["roles"].replace("dequantize 64 rows each into wgmma's A registers",
+                                                    "load 64 rows each of prepared A fragments into registers"),
+                      tensormaps=b.meta["tensormaps"].replace(
+                          "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle",
+                          "tmap_w: u8, dims (256, ceil(M / 128)·(K / 64)·64) over dequantize_q4_k_frags' output, box "
+                          "(256, 64), no swizzle"))
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
@@ -1586,12 +1603,17 @@ def build_wgmma(arch, spec: "MmqSpec"):
     _wait(b, empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
     fb = full(stage)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(stage_bytes, "u32"))
-    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
-    q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
-    rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
     tma = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-    for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
-        b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb))
+    if PRE:  # block (tm, s) of the prepared fragments: 64 rows of 256 bytes
+        frow = b.op("shl.b32", b.op("mad.lo.u32", tm, ksteps, s), Imm(6, "u32"))
+        rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
+    else:
+        x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
+        q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
+        rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
+            b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb))
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
@@ -1685,7 +1707,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     s = b.op("mov.u32", s_begin)
     if ra:
         _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                    lane, magic, peers)
+                    lane, magic, peers, prepared=PRE)
     else:
         c_step = b.label("c_step")
         b.place(c_step)
@@ -1876,7 +1898,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=()):
+                lane, magic, peers=(), prepared=False):
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
@@ -1885,7 +1907,11 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
     kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
-    bench/NOTES.md.)"""
+    bench/NOTES.md.) `prepared` (mmq_q4_k_wgmma_pre_*): the stage holds the step's fragments as
+    dequantize_q4_k_frags wrote them, and thread ct loads its 4 x 4 registers with 4 conflict-free 16-byte loads."""
+    if prepared:
+        return _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
+                               ct, peers)
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
@@ -1949,6 +1975,45 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     _wgmma_drain(b, S, gc, empty, peers)
 
 
+def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct,
+                    peers=()):
+    """The prepared build's K loop: the register-A loop (two register sets by step parity, wait_group 1) with each
+    step's A fragments loaded from the stage (ptxgen.layouts.q4k_rega_fragments: slice kk, thread ct at
+    16·(256·kk + ct)) instead of dequantized."""
+    mine = b.op("shl.b32", ct, Imm(4, "u32"))
+    c_step, c_done = b.label("c_step"), b.label("c_steps_done")
+    b.place(c_step)
+    for half in range(RA_UNROLL):
+        stage = b.op("rem.u32", gc, Imm(S, "u32"))
+        sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
+        _wait(b, full(stage), sph)
+        src = b.op("add.u32", b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), mine)
+        a = [b.regs("b32", 4) for _ in range(BK // 16)]
+        for kk in range(BK // 16):
+            b.emit("ld.shared.v4.b32", b.vec(a[kk]), Mem(src, kk * 256 * 16))
+        dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst), BK // 16)
+        b.emit("wgmma.fence.sync.aligned")
+        for kk in range(BK // 16):
+            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk]))
+        _wgmma_step_done(b, S, gc, s, s_begin, empty, peers)
+        more = b.op("setp.lt.u32", s, s_end)
+        if half < RA_UNROLL - 1:
+            b.bra(c_done, pred=more, neg=True)
+        else:
+            b.bra(c_step, pred=more)
+    b.place(c_done)
+    _wgmma_drain(b, S, gc, empty, peers)
+
+
+PREPARED_CX_STAGES = 3  # the prepared converting build's ring: 3 x (32 + 16) KB beside the converters' buffers
+PREPARED_NOTE = ("A is dequantized before the GEMM by dequantize_q4_k_frags (float32 as ggml, rounded once to fp16) "
+                 "into the register-A fragments in K-step blocks (ptxgen.layouts.q4k_rega_fragments); each ring stage "
+                 "takes one 16 KB block by TMA and every consumer thread loads its 16 registers with 4 16-byte loads: "
+                 "the K loop holds no dequant, at the price of the extra pass (weights read once, ceil(M/128)·128·K·2 "
+                 "bytes written and read back)")
+PREPARED_TOKEN_TILES = (256,)  # the prepared builds (large T: the extra pass is amortised over many token tiles)
+
+
 WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 # two K-splits: the second CTA adds the first's partial into its accumulators, this many fragments at a time
 # (registers beside the live accumulators; 0: the general fixup). Keyed by (A from registers, token tile).
@@ -1981,6 +2046,12 @@ def kernel_defs() -> list[KernelDef]:
                    f"convert_f16_perm), {BM}x{bn} tile", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=True):
                    build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_CX_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, convert=cx, prepared=True).name,
+                   f"Q4_K prefill GEMM on prepared fp16 A fragments (dequantize_q4_k_frags first), wgmma with A from "
+                   f"registers{', fp32 x converted inside the launch' if cx else ''}, {BM}x{bn} tile",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=cx, prepared=True): build(arch, s),
+                   archs=("sm_90a",))
+         for bn in PREPARED_TOKEN_TILES for cx in (False, True)] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, cluster=2).name,
                    f"Q4_K prefill GEMM, wgmma with A from registers, clusters of 2 CTAs multicasting the activation "
                    f"tile, {BM}x{bn} tile per CTA", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, cluster=2): build(arch, s),
