@@ -26,13 +26,13 @@ def kernel_split(launch):
         torch.cuda.synchronize()
     per = defaultdict(float)
     for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name:
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name and "at::" not in ev.name:
             per[ev.name] += ev.device_time / 5
     return " + ".join(f"{n.split('(')[0]} {us:.1f}" for n, us in per.items())
 
 
 print(f"| M×K | T | {' | '.join(p + ' µs' for p in PATHS)} | cuBLAS fp16 µs | pre / ra | cuBLAS / pre | "
-      "max rel. diff to ra | prepared op's kernels (CUPTI µs) |")
+      "max rel. diff to ra | prepared op's kernels (CUPTI µs): converting; after convert_f16_perm |")
 print("|---|---|" + "---|" * (len(PATHS) + 5))
 for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
     xa, ya = r.as_device_array(x), r.as_device_array(y)
@@ -52,7 +52,8 @@ for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
     wfs = [wf] + [wf.clone() for _ in range(max(1, int(4 * 60e6 // wf.nbytes)))]
     xh = x.half()
     cub = timed(lambda i: torch.matmul(xh, wfs[i % len(wfs)].T), reps, torch)
-    split = kernel_split(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, path="wgmma_pre"))
+    split = "; ".join(kernel_split(lambda i, p=p: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, path=p))
+                      for p in ("wgmma_pre_cx", "wgmma_pre_x16"))
     print(f"| {m}×{k} | {t} | {' | '.join(f'{v:.1f}' for v in cells.values())} | {cub:.1f} | "
           f"{cells['wgmma_pre'] / cells['wgmma_ra']:.3f} | {cub / cells['wgmma_pre']:.3f} | {max(diffs):.1e} | {split} |",
           flush=True)

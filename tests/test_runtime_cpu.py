@@ -513,8 +513,8 @@ def test_register_a_mmq_token_tile_rule():
 def test_prepared_mmq_rule_and_builds(monkeypatch):
     """mul_mat's rule for the prepared register-A MMQ (README): from ops.MMQ_PRE_MIN_TOKENS tokens; PTXGEN_MMQ_PRE=1
     wherever the register-A path runs its n256 tile, 0 never, anything else an error. Its builds and
-    dequantize_q4_k_frags are sm_90a only; the prepared builds' ring fits the shared memory (the converting one with
-    fewer stages) and they launch with PDL behind dequantize_q4_k_frags, which writes 16 KB blocks."""
+    dequantize_q4_k_frags are sm_90a only; the prepared builds' 4-stage ring fits the shared memory (the converting one
+    beside 2-step conversion units) and they launch with PDL behind dequantize_q4_k_frags, which writes 16 KB blocks."""
     from ptxgen import layouts
     from ptxgen.runtime import kernels, ops
 
@@ -522,10 +522,11 @@ def test_prepared_mmq_rule_and_builds(monkeypatch):
     for name in ("dequantize_q4_k_frags", "mmq_q4_k_wgmma_pre_n256", "mmq_q4_k_wgmma_pre_n256_cx"):
         assert kernels.available(name) == ["sm_90a"]
     assert man["dequantize_q4_k_frags"]["meta"]["block_bytes"] == layouts.RA_FRAG_BYTES == 16384
-    for sfx, stages in (("", 4), ("_cx", 3)):
+    for sfx in ("", "_cx"):
         meta = man[f"mmq_q4_k_wgmma_pre_n256{sfx}"]["meta"]
-        assert meta["stages"] == stages and meta["pdl"] is True and "dequantize_q4_k_frags" in meta["prepared"]
+        assert meta["stages"] == 4 and meta["pdl"] is True and "dequantize_q4_k_frags" in meta["prepared"]
         assert meta["dynamic_smem"] <= 227 * 1024
+    assert man["mmq_q4_k_wgmma_pre_n256_cx"]["meta"]["convert_steps"] == 2  # half-size units beside 4 stages
     monkeypatch.delenv("PTXGEN_MMQ_PRE", raising=False)
     assert ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS) and ops.mmq_prepared(8192)
     assert not ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS - 1)

@@ -1258,9 +1258,6 @@ def _desc_steps(b, addr, n):
 CX_STEPS = 4  # K-steps (64 columns each) per x_ready chunk of the converting build: one flag check per 4 steps
 CX_ROWS = 8  # token rows per conversion unit (one warp's): 8 x 256 fp32 = 8 KB
 CX_BUFS = 2  # a converter warp's cp.async staging buffers: the next unit's copies fly while this one converts
-CX_ROW_BYTES = 256 * 4 + 32  # a staged row, padded: rows 4h..4h+3 start 8 banks apart
-CX_UNIT_BYTES = CX_ROWS * CX_ROW_BYTES
-CX_SMEM = 3 * CX_BUFS * CX_UNIT_BYTES  # three converter warps
 CX_THROTTLE = True  # groups past the second wait for the queue to reach the group before (spreads the traffic)
 CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to nearest even) into x16 in "
            "layouts.q4k_rega_k_order, as convert_f16_perm does, in units of {rows} token rows x {cols} columns: "
@@ -1276,13 +1273,20 @@ CX_NOTE = ("warps 1-3 of the producer warpgroup convert fp32 x to fp16 (round to
            "launch: it runs under the GEMM")
 
 
-def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, stage):
+def _cx_row_bytes(steps: int) -> int:
+    """A converter's staged fp32 row of `steps` 64-column K-steps, padded 32 bytes: rows 4h..4h+3 start 8 banks
+    apart. Three converter warps stage CX_BUFS units of CX_ROWS such rows each."""
+    return 64 * steps * 4 + 32
+
+
+def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, stage, steps=CX_STEPS):
     """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
     layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
     convert_f16_perm uses). A unit's 8 rows x 1 KB arrive by 16 cp.async per lane into staging buffer i % 2 of
     the warp (at shared address `stage`) while unit i - 1 converts from the other; lane (r4, q) = (lane / 8,
     lane % 8) converts group q of rows r4 and 4 + r4 from shared memory. Rows past T copy row T - 1 and store
-    nothing. K is a multiple of 256 (Q4_K), so a unit never passes K."""
+    nothing. K is a multiple of 256 (Q4_K), so a unit never passes K. `steps`: K-steps per unit and x_ready chunk
+    (CX_STEPS, or 2 in the prepared build, whose 4-stage ring leaves room for half the staging buffers)."""
     b.emit("griddepcontrol.wait")  # x may come from the kernel before this one (programmatic dependent launch)
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     wl = b.op("sub.u32", b.op("shr.u32", tid, Imm(5, "u32")), Imm(1, "u32"))  # converter warp 0..2 of the CTA
@@ -1298,9 +1302,11 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
                 b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
                      b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
     rg_n = BN // CX_ROWS
-    assert 64 * CX_STEPS == 256 and CX_ROWS == 8 and CX_BUFS == 2
+    assert steps in (2, 4) and CX_ROWS == 8 and CX_BUFS == 2
+    row_bytes = _cx_row_bytes(steps)
+    unit_bytes = CX_ROWS * row_bytes
     ksteps = b.op("shr.u32", K, Imm(6, "u32"))
-    kchunks = b.op("shr.u32", b.op("add.u32", ksteps, Imm(CX_STEPS - 1, "u32")), Imm(CX_STEPS.bit_length() - 1, "u32"))
+    kchunks = b.op("shr.u32", b.op("add.u32", ksteps, Imm(steps - 1, "u32")), Imm(steps.bit_length() - 1, "u32"))
     # G = the token tiles one round of CTAs works on (items m fastest): ceil(CTAs / M-tiles), at most all of them
     G = b.op("min.u32", tiles_n, b.op("div.u32", b.op("add.u32", b.special("nctaid.x"), b.op("sub.u32", tiles_m, Imm(1, "u32"))),
                                       tiles_m))
@@ -1308,9 +1314,9 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     units = b.op("mul.lo.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", groups, G), kchunks), Imm(rg_n, "u32"))
     tlast = b.op("sub.u32", T, Imm(1, "u32"))
     bad = b.op("mov.u32", Imm(0, "u32"))
-    mine = b.op("mad.lo.u32", wl, Imm(CX_BUFS * CX_UNIT_BYTES, "u32"), stage)
+    mine = b.op("mad.lo.u32", wl, Imm(CX_BUFS * unit_bytes, "u32"), stage)
     cur = b.op("mov.u32", mine)  # staging buffer of the unit being converted; the other takes the next one's copies
-    nxt_buf = b.op("add.u32", mine, Imm(CX_UNIT_BYTES, "u32"))
+    nxt_buf = b.op("add.u32", mine, Imm(unit_bytes, "u32"))
     copy_off = b.op("shl.b32", lane, Imm(4, "u32"))  # lane l copies 16-byte chunks l and 32 + l of each row
 
     def coords(u):
@@ -1325,7 +1331,7 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
         tn = b.op("mad.lo.u32", grp, G, tl)
         row0 = b.op("mad.lo.u32", tn, Imm(BN, "u32"), b.op("shl.b32", b.op("and.b32", u, Imm(rg_n - 1, "b32")),
                                                               Imm(CX_ROWS.bit_length() - 1, "u32")))
-        col0 = b.op("shl.b32", kc, Imm(6 + CX_STEPS.bit_length() - 1, "u32"))
+        col0 = b.op("shl.b32", kc, Imm(6 + steps.bit_length() - 1, "u32"))
         return row0, col0, b.op("mad.lo.u32", kc, tiles_n, tn), grp
 
     def issue(u, buf):
@@ -1339,8 +1345,8 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
             src = b.op("mad.wide.u32", b.op("add.u32", b.op("mad.lo.u32", row, K, col0), b.op("shl.b32", lane, Imm(2, "u32"))),
                        Imm(4, "u32"), X)
             dst = b.op("add.u32", buf, copy_off)
-            for j in range(2):
-                b.emit("cp.async.cg.shared.global", Mem(dst, r * CX_ROW_BYTES + 512 * j), Mem(src, 512 * j),
+            for j in range(steps // 2):
+                b.emit("cp.async.cg.shared.global", Mem(dst, r * row_bytes + 512 * j), Mem(src, 512 * j),
                        Imm(16, "u32"))
         b.place(skip)
         b.emit("cp.async.commit_group")
@@ -1371,11 +1377,11 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     for half in range(CX_ROWS // 4):
         row = b.op("add.u32", row0, b.op("add.u32", r4, Imm(4 * half, "u32")))
         row_ok = b.op("setp.le.u32", row, tlast)
-        lds = b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", r4, Imm(4 * half, "u32")), Imm(CX_ROW_BYTES, "u32"), cur),
+        lds = b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", r4, Imm(4 * half, "u32")), Imm(row_bytes, "u32"), cur),
                    b.op("shl.b32", base, Imm(2, "u32")))
         dst = b.op("mad.wide.u32", b.op("add.u32", b.op("mul.lo.u32", row, K), b.op("mad.lo.u32", q, Imm(8, "u32"), col0)),
                    Imm(2, "u32"), X16)
-        for e in range(CX_STEPS):  # the unit row's four 64-column segments
+        for e in range(steps):  # the unit row's 64-column segments
             v = b.regs("f32", 8)
             for i, off in enumerate(offs):
                 b.emit("ld.shared.f32", v[i], Mem(lds, 4 * (64 * e + off)))
@@ -1412,7 +1418,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     raw_bytes = RA_FRAG_BYTES if PRE else 3 * RAW_PART  # per stage: the step's A fragments, or the raw Q4_K columns
     stage_bytes = b_bytes + raw_bytes
     pipe.check_smem(arch, stage_bytes)
-    S = PREPARED_CX_STAGES if PRE and spec.convert else WG_STAGES  # 4 x 48 KB + the converters' 50 KB: too much
+    S = WG_STAGES
+    XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
     b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16{' (A from registers)' if spec.a_regs else ''}, "
                       f"tile {BM}x{BN}x{BK}, {S}-stage TMA ring, warp-specialized, persistent", block=(WG_THREADS, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
@@ -1426,7 +1433,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
         cx_p = (b.param("x", "u64", "ptr:in"), b.param("x16", "u64", "ptr:out"),
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
-    cx_bytes = CX_SMEM if CX else 0  # the converters' staging buffers
+    cx_bytes = 3 * CX_BUFS * CX_ROWS * _cx_row_bytes(XS) if CX else 0  # the converters' staging buffers
     smem = b.dynamic_shared(S * stage_bytes + a_bytes + cx_bytes + 1024)  # + 1024: aligned up at run time
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
@@ -1470,8 +1477,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
                                 f"(empty barriers count 256 local arrivals, one per consumer thread, and {CONSUMER_WARPS} per peer, one per consumer warp of each peer)")
     if CX:
         b.meta.update(activations="fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside the launch",
-                      convert=CX_NOTE.format(bn=BN, rows=CX_ROWS, steps=CX_STEPS, cols=64 * CX_STEPS), pdl=False,
-                      convert_steps=CX_STEPS, convert_rows=CX_ROWS,
+                      convert=CX_NOTE.format(bn=BN, rows=CX_ROWS, steps=XS, cols=64 * XS), pdl=False,
+                      convert_steps=XS, convert_rows=CX_ROWS,
                       work_queue=b.meta["work_queue"].replace("(m tile, split z, token tile n), n fastest",
                                                               "(token tile n, split z, m tile), m fastest"),
                       roles=b.meta["roles"].replace("warpgroup 0: producer (thread 0 claims work items and issues TMA)",
@@ -1559,7 +1566,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
         producer = b.label("producer")
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
         _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, b.ptr(cx_p[3]),
-                   b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")))
+                   b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")), steps=XS)
         b.emit("ret")
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
@@ -1618,9 +1625,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
         first = b.op("or.pred", b.op("setp.eq.u32", s, s_begin),
-                     b.op("setp.eq.u32", b.op("and.b32", s, Imm(CX_STEPS - 1, "b32")), Imm(0, "u32")))
+                     b.op("setp.eq.u32", b.op("and.b32", s, Imm(XS - 1, "b32")), Imm(0, "u32")))
         b.bra(ready, pred=first, neg=True)
-        kc = b.op("shr.u32", s, Imm(CX_STEPS.bit_length() - 1, "u32"))
+        kc = b.op("shr.u32", s, Imm(XS.bit_length() - 1, "u32"))
         fl = b.op("mad.wide.u32", b.op("mad.lo.u32", kc, tiles_n, tn), Imm(4, "u32"), XR)
         spin = b.label("x_spin")
         b.place(spin)
@@ -1647,8 +1654,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
         zero = b.op("mov.u32", Imm(0, "u32"))
         b.emit("st.global.v2.u32", Mem(Q), b.vec([zero, zero]), pred=last)
         if CX:  # every x_ready counter reached its count (some producer waited for each): zero them for the next
-            nflags = b.op("mul.lo.u32", tiles_n, b.op("shr.u32", b.op("add.u32", ksteps, Imm(CX_STEPS - 1, "u32")),
-                                                      Imm(CX_STEPS.bit_length() - 1, "u32")))
+            nflags = b.op("mul.lo.u32", tiles_n, b.op("shr.u32", b.op("add.u32", ksteps, Imm(XS - 1, "u32")),
+                                                      Imm(XS.bit_length() - 1, "u32")))
             i = b.op("mov.u32", Imm(0, "u32"))
             zl, zd = b.label("x_ready_reset"), b.label("x_ready_reset_done")
             b.bra(zd, pred=last, neg=True)
@@ -2005,7 +2012,8 @@ def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw
     _wgmma_drain(b, S, gc, empty, peers)
 
 
-PREPARED_CX_STAGES = 3  # the prepared converting build's ring: 3 x (32 + 16) KB beside the converters' buffers
+PREPARED_CX_STEPS = 2  # the prepared converting build's conversion units: 2 K-steps, so 4 ring stages of 48 KB fit
+# beside the staging buffers (3 stages with 4-step units measured 11-19% slower at T = 1024-4096, session 21)
 PREPARED_NOTE = ("A is dequantized before the GEMM by dequantize_q4_k_frags (float32 as ggml, rounded once to fp16) "
                  "into the register-A fragments in K-step blocks (ptxgen.layouts.q4k_rega_fragments); each ring stage "
                  "takes one 16 KB block by TMA and every consumer thread loads its 16 registers with 4 16-byte loads: "
