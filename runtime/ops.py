@@ -133,9 +133,11 @@ WGMMA_RA_N128_MAX_TOKENS = 128
 
 
 # the prepared register-A GEMM (dequantize_q4_k_frags, then mmq_q4_k_wgmma_pre_n256: the fp16 fragments by TMA, no
-# dequant in the K loop) from this many tokens, where its extra pass (weights read, M·K·2 bytes written and read back)
-# costs less than the in-loop dequant (bench/NOTES.md, session 21); knob PTXGEN_MMQ_PRE
-MMQ_PRE_MIN_TOKENS = 2048
+# dequant in the K loop) from this many tokens. Its GEMM alone is 0.93-0.96x cuBLAS fp16 at T=4096, but the extra pass
+# (13 / 41 µs on 4096^2 / 4096x14336) and the conversion's heavier interference make the op equal to the in-loop
+# dequant there (0.99-1.00x) and slower below (1.04-1.13x at T = 1024-2048: bench/results/probe_mmq_pre_session21.log);
+# the pass is a fixed cost per weight, so it pays from twice that T on (bench/NOTES.md, session 21); knob PTXGEN_MMQ_PRE
+MMQ_PRE_MIN_TOKENS = 8192
 PREPARED_TILE = 256
 
 
