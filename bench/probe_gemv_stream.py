@@ -47,8 +47,8 @@ kern = cp.RawKernel(SRC, "read16")
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 out = cp.zeros(sms * 64, dtype=cp.uint32)
 rng = np.random.default_rng(0)
-print(f"| M×K | format | weight MB | one op µs (% HBM) | back to back µs per op (% HBM) | read floor, one launch µs (%) "
-      f"| read floor, back to back µs (%) |")
+print("| M×K | format | weight MB | one op µs (% HBM) | back to back µs per op (% HBM) | read floor, one launch µs (%) "
+      "| read floor, back to back µs (%) |")
 print("|---|---|---|---|---|---|---|")
 for m, k in shapes:
     for fmt in fmts:
@@ -75,4 +75,3 @@ for m, k in shapes:
         fs = float(np.median([stream(rd, N) for _ in range(3)]))
         pct = lambda us: f"{us:.1f} ({nb / (us * 1e-6) / HBM:.0%})"  # noqa: E731
         print(f"| {m}×{k} | {fmt} | {nb / 1e6:.1f} | {pct(one)} | {pct(seq)} | {pct(f1)} | {pct(fs)} |", flush=True)
-        del bufs
