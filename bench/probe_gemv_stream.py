@@ -26,8 +26,9 @@ N = int(a[1]) if len(a) > 1 else 40
 fmts = (a[2] if len(a) > 2 else "tq4_1s,q4_K").split(",")
 
 
-def stream(fn, n, sleep_cycles=20_000_000):
-    """n calls of fn(i) back to back behind one sleep long enough for Python to enqueue them all: µs per call."""
+def stream(fn, n, sleep_cycles=100_000_000):
+    """n calls of fn(i) back to back behind one sleep long enough for Python to enqueue them all: (device µs per
+    call, host µs per call to enqueue it)."""
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(sleep_cycles)
@@ -40,7 +41,7 @@ def stream(fn, n, sleep_cycles=20_000_000):
     e.synchronize()
     gpu = s.elapsed_time(e) * 1e3
     assert host * 1e6 < 0.8 * sleep_cycles / 1.98e3, f"enqueue took {host * 1e3:.1f} ms: the sleep did not cover it"
-    return gpu / n
+    return gpu / n, host * 1e6 / n
 
 
 kern = cp.RawKernel(SRC, "read16")
@@ -48,8 +49,8 @@ sms = torch.cuda.get_device_properties(0).multi_processor_count
 out = cp.zeros(sms * 64, dtype=cp.uint32)
 rng = np.random.default_rng(0)
 print("| M×K | format | weight MB | one op µs (% HBM) | back to back µs per op (% HBM) | read floor, one launch µs (%) "
-      "| read floor, back to back µs (%) |")
-print("|---|---|---|---|---|---|---|")
+      "| read floor, back to back µs (%) | host µs to enqueue one op |")
+print("|---|---|---|---|---|---|---|---|")
 for m, k in shapes:
     for fmt in fmts:
         raw = random_raw(fmt, m, k, rng)
@@ -64,7 +65,8 @@ for m, k in shapes:
             assert err <= 1e-5, f"{fmt} {m}x{k}: relative error {err:.2e}"
         op = lambda i: r.mul_mat(ws[i % len(ws)], x, out=y)  # noqa: E731
         one = timed(op, 40, torch)
-        seq = float(np.median([stream(op, N) for _ in range(3)]))
+        runs = [stream(op, N) for _ in range(3)]
+        seq, host = (float(np.median([v[i] for v in runs])) for i in range(2))
         copies = max(2, math.ceil(4 * 60e6 / nb))
         bufs = [torch.empty(nb // 4, device="cuda").uniform_() for _ in range(copies)]
         cs = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
@@ -72,6 +74,6 @@ for m, k in shapes:
                             stream=cs)
         rd(0)
         f1 = timed(rd, 40, torch)
-        fs = float(np.median([stream(rd, N) for _ in range(3)]))
+        fs = float(np.median([stream(rd, N)[0] for _ in range(3)]))
         pct = lambda us: f"{us:.1f} ({nb / (us * 1e-6) / HBM:.0%})"  # noqa: E731
-        print(f"| {m}×{k} | {fmt} | {nb / 1e6:.1f} | {pct(one)} | {pct(seq)} | {pct(f1)} | {pct(fs)} |", flush=True)
+        print(f"| {m}×{k} | {fmt} | {nb / 1e6:.1f} | {pct(one)} | {pct(seq)} | {pct(f1)} | {pct(fs)} | {host:.0f} |", flush=True)
