@@ -301,8 +301,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     "wgmma_ra_cx" / "wgmma_ra_x16" (the register-A build converting x inside the launch / after convert_f16_perm,
     whatever the rule says), "wgmma_pre" (dequantize_q4_k_frags writes the register-A fragments as fp16 first,
     then the register-A GEMM loads them instead of dequantizing: mmq_q4_k_wgmma_pre_n256, converting x itself
-    where mmq_convert_in_gemm says so) with "wgmma_pre_cx" / "wgmma_pre_x16" to pin that choice, "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs that multicast each
-    activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized to Q8_1 inside the
+    where mmq_convert_in_gemm says so) with "wgmma_pre_cx" / "wgmma_pre_x16" to pin that choice, "wgmma_ra_mc"
+    (the register-A build in clusters of 2 CTAs that multicast each activation tile to both; not dispatched by
+    mul_mat yet), "q8" (int8 mma.sync, x quantized to Q8_1 inside the
     GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them."""
 
     from .driver import current
@@ -366,7 +367,7 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
     else:
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
-    if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's own idle producer warps into x16 (ptxgen.kernels.mmq.CX_NOTE)
+    if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's idle producer warps (mmq.CX_NOTE)
         x16 = DeviceArray.empty((t, k), np.float16)
         nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
         ready = _x_ready(4 * nready)
