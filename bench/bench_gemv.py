@@ -116,6 +116,23 @@ def mmq_checked(mmq_launch, w, x, y, t, flag, path, ref=None, arch="sm_89"):
     return got.view(np.uint32).copy()
 
 
+def kernel_times(torch, launch, reps, skip=("sleep",)):
+    """Device µs per call of each kernel that `launch(i)` runs, by name (CUPTI through torch.profiler), over `reps`
+    calls each behind a sleep; kernels whose name contains a `skip` string are left out."""
+    from collections import defaultdict
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            torch.cuda._sleep(1_000_000)
+            launch(i)
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and not any(s in ev.name for s in skip):
+            per[ev.name] += ev.device_time / reps
+    return dict(per)
+
+
 def timed(fn, reps, torch):
     out = []
     for i in range(reps):

@@ -4,13 +4,11 @@ run, whole op (fp32 x in, fp32 y out), and cuBLAS fp16 on dequantized weights fo
 checked against the register-A build's (NaN-poisoned y, relative difference printed) before it is timed. The
 kernel split (CUPTI) of the prepared op says what its extra pass costs.
 Usage: probe_mmq_pre.py MxK,... T,... [reps]."""
-from collections import defaultdict
-
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_argv, probe_cases, timed, zeroed_flag
+from bench_gemv import kernel_times, probe_argv, probe_cases, timed, zeroed_flag
 from ptxgen.runtime import ops
 
 shapes, tokens, reps = probe_argv(20, lead=0)
@@ -19,15 +17,7 @@ PATHS = ("wgmma_ra", "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16")
 
 
 def kernel_split(launch):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for i in range(5):
-            torch.cuda._sleep(1_000_000)
-            launch(i)
-        torch.cuda.synchronize()
-    per = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name and "at::" not in ev.name:
-            per[ev.name] += ev.device_time / 5
+    per = kernel_times(torch, launch, 5, skip=("sleep", "at::"))
     return " + ".join(f"{n.split('(')[0]} {us:.1f}" for n, us in per.items())
 
 

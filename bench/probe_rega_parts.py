@@ -12,13 +12,12 @@ Usage: probe_rega_parts.py MxK,... T,... [bn] [--clocks]."""
 import subprocess
 import sys
 import time
-from collections import defaultdict
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import probe_cases, ptx_function, zeroed_flag
+from bench_gemv import kernel_times, probe_cases, ptx_function, zeroed_flag
 from ptxgen.arch import get_arch
 from ptxgen.ir import Imm
 from ptxgen.kernels import mmq
@@ -61,15 +60,7 @@ flag = zeroed_flag(r)
 
 
 def gemm_us(launch, every=False):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for i in range(reps):
-            torch.cuda._sleep(1_000_000)
-            launch(i)
-        torch.cuda.synchronize()
-    per = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name and "spin" not in ev.name:
-            per[ev.name] += ev.device_time / reps
+    per = kernel_times(torch, launch, reps, skip=("sleep", "spin"))
     return sum(v for n_, v in per.items() if every or "mmq" in n_)
 
 

@@ -1934,12 +1934,8 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                      b.op("mul.lo.u32", b.op("add.u32", own_rr, Imm(1, "u32")), Imm(RAW_PART, "u32")))
               for rr in range(2)]
     lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
-    c_step, c_done = b.label("c_step"), b.label("c_steps_done")
-    b.place(c_step)
-    for half in range(RA_UNROLL):  # copies of the step: A register sets alternate by step parity
-        stage = b.op("rem.u32", gc, Imm(S, "u32"))
-        sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
-        _wait(b, full(stage), sph)
+
+    def fragments(stage):
         rbase = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
         scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
         hdr = b.regs("b32", 4)
@@ -1967,37 +1963,22 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                         h = b.reg("b32")
                         b.emit("lop3.b32", h, words[sh], mask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
                         frag[rr, 4 * sb + 2 * wi + sh] = q4k_dequant_pair3(b, h, scales[rr, sb])
-        dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst), BK // 16)
-        b.emit("wgmma.fence.sync.aligned")
-        for kk in range(BK // 16):  # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
-            a = [frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]]
-            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a), dbs[kk]))
-        _wgmma_step_done(b, S, gc, s, s_begin, empty, peers)
-        more = b.op("setp.lt.u32", s, s_end)
-        if half < RA_UNROLL - 1:
-            b.bra(c_done, pred=more, neg=True)
-        else:
-            b.bra(c_step, pred=more)
-    b.place(c_done)
-    _wgmma_drain(b, S, gc, empty, peers)
+        # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
+        return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(BK // 16)]
+    _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
-def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct,
-                    peers=()):
-    """The prepared build's K loop: the register-A loop (two register sets by step parity, wait_group 1) with each
-    step's A fragments loaded from the stage (ptxgen.layouts.q4k_rega_fragments: slice kk, thread ct at
-    16·(256·kk + ct)) instead of dequantized."""
-    mine = b.op("shl.b32", ct, Imm(4, "u32"))
+def _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments):
+    """The register-A K loop both A sources share: unrolled twice (two A register sets by step parity; wait_group
+    1 retires the step before), each step waits for its ring stage, takes `fragments(stage)` (the 4 k16 slices' A
+    registers) and issues the step's wgmmas on the stage's B tile."""
     c_step, c_done = b.label("c_step"), b.label("c_steps_done")
     b.place(c_step)
     for half in range(RA_UNROLL):
         stage = b.op("rem.u32", gc, Imm(S, "u32"))
         sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
         _wait(b, full(stage), sph)
-        src = b.op("add.u32", b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), mine)
-        a = [b.regs("b32", 4) for _ in range(BK // 16)]
-        for kk in range(BK // 16):
-            b.emit("ld.shared.v4.b32", b.vec(a[kk]), Mem(src, kk * 256 * 16))
+        a = fragments(stage)
         dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst), BK // 16)
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16):
@@ -2010,6 +1991,21 @@ def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw
             b.bra(c_step, pred=more)
     b.place(c_done)
     _wgmma_drain(b, S, gc, empty, peers)
+
+
+def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct,
+                    peers=()):
+    """The prepared build's K loop: the register-A loop with each step's A fragments loaded from the stage
+    (ptxgen.layouts.q4k_rega_fragments: slice kk, thread ct at 16·(256·kk + ct)) instead of dequantized."""
+    mine = b.op("shl.b32", ct, Imm(4, "u32"))
+
+    def fragments(stage):
+        src = b.op("add.u32", b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), mine)
+        a = [b.regs("b32", 4) for _ in range(BK // 16)]
+        for kk in range(BK // 16):
+            b.emit("ld.shared.v4.b32", b.vec(a[kk]), Mem(src, kk * 256 * 16))
+        return a
+    _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
 PREPARED_CX_STEPS = 2  # the prepared converting build's conversion units: 2 K-steps, so 4 ring stages of 48 KB fit
