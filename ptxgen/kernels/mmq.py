@@ -1282,8 +1282,8 @@ def _cx_row_bytes(steps: int) -> int:
 def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, stage, steps=CX_STEPS):
     """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
     layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
-    convert_f16_perm uses). A unit's 8 rows x 1 KB arrive by 16 cp.async per lane into staging buffer i % 2 of
-    the warp (at shared address `stage`) while unit i - 1 converts from the other; lane (r4, q) = (lane / 8,
+    convert_f16_perm uses). A unit's 8 rows x 256·steps bytes arrive by 4·steps cp.async per lane into staging
+    buffer i % 2 of the warp (at shared address `stage`) while unit i - 1 converts from the other; lane (r4, q) = (lane / 8,
     lane % 8) converts group q of rows r4 and 4 + r4 from shared memory. Rows past T copy row T - 1 and store
     nothing. K is a multiple of 256 (Q4_K), so a unit never passes K. `steps`: K-steps per unit and x_ready chunk
     (CX_STEPS, or 2 in the prepared build, whose 4-stage ring leaves room for half the staging buffers)."""
@@ -1317,7 +1317,7 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     mine = b.op("mad.lo.u32", wl, Imm(CX_BUFS * unit_bytes, "u32"), stage)
     cur = b.op("mov.u32", mine)  # staging buffer of the unit being converted; the other takes the next one's copies
     nxt_buf = b.op("add.u32", mine, Imm(unit_bytes, "u32"))
-    copy_off = b.op("shl.b32", lane, Imm(4, "u32"))  # lane l copies 16-byte chunks l and 32 + l of each row
+    copy_off = b.op("shl.b32", lane, Imm(4, "u32"))  # lane l copies 16-byte chunks l (and 32 + l at 4 steps) of a row
 
     def coords(u):
         """(row0, col0, the x_ready counter's index) of unit u (u < units): u = ((g·kchunks + kc)·G + tn % G)·rg_n
@@ -1713,8 +1713,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", s_begin)
     if ra:
-        _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                    lane, magic, peers, prepared=PRE)
+        steps = _prepared_steps if PRE else _rega_steps
+        steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw, lane, magic,
+              peers)
     else:
         c_step = b.label("c_step")
         b.place(c_step)
@@ -1905,7 +1906,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), prepared=False):
+                lane, magic, peers=()):
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
@@ -1914,11 +1915,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
     kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
-    bench/NOTES.md.) `prepared` (mmq_q4_k_wgmma_pre_*): the stage holds the step's fragments as
-    dequantize_q4_k_frags wrote them, and thread ct loads its 4 x 4 registers with 4 conflict-free 16-byte loads."""
-    if prepared:
-        return _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                               ct, peers)
+    bench/NOTES.md.)"""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
@@ -1993,10 +1990,11 @@ def _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_b
     _wgmma_drain(b, S, gc, empty, peers)
 
 
-def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct,
-                    peers=()):
-    """The prepared build's K loop: the register-A loop with each step's A fragments loaded from the stage
-    (ptxgen.layouts.q4k_rega_fragments: slice kk, thread ct at 16·(256·kk + ct)) instead of dequantized."""
+def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
+                    lane, magic, peers=()):
+    """The prepared build's K loop (mmq_q4_k_wgmma_pre_*; _rega_steps' signature, cw / lane / magic unused): the
+    register-A loop with each step's A fragments loaded from the stage as dequantize_q4_k_frags wrote them
+    (ptxgen.layouts.q4k_rega_fragments: slice kk, thread ct at 16·(256·kk + ct): 4 conflict-free 16-byte loads)."""
     mine = b.op("shl.b32", ct, Imm(4, "u32"))
 
     def fragments(stage):
