@@ -75,7 +75,6 @@ class MmqSpec:
     convert: bool = False  # register-A wgmma: fp32 x converted inside the launch by the producer warpgroup's idle warps
     prepared: bool = False  # register-A wgmma: A fragments written by dequantize_q4_k_frags first and loaded by TMA
     # (no dequant in the K loop; PREPARED_NOTE)
-    ctas_per_sm: int = 1  # register-A wgmma: 2 = a register budget (TWO_CTA_REGS) that lets two CTAs share an SM
 
     @property
     def name(self) -> str:
@@ -86,8 +85,7 @@ class MmqSpec:
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
         kind = "pre" if self.prepared else "ra" if self.a_regs else ""
-        occ = f"_{self.ctas_per_sm}cta" if self.ctas_per_sm > 1 else ""
-        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx + occ
+        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx
 
     @property
     def tile(self) -> Tile:
@@ -1225,9 +1223,6 @@ RA_FRAG_BYTES = layouts.RA_FRAG_BYTES  # the prepared builds: one (M-tile, K-ste
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
-# two CTAs per SM (MmqSpec.ctas_per_sm = 2): .minnctapersm 2 caps entry at 80 registers (65536 / 768, rounded down to
-# 8), 384 x 80 = 30720 per CTA; 128 x 24 + 256 x 104 = 29696 fits it
-TWO_CTA_REGS = (24, 104)
 CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
 
 
@@ -1444,11 +1439,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
     # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
-    OCC = spec.ctas_per_sm
-    if OCC not in (1, 2) or (OCC > 1 and (not ra or CX or PRE or spec.cluster > 1)):
-        raise ValueError(f"{spec.name}: two CTAs per SM are for the plain register-A build, not ctas_per_sm={OCC}")
-    regs = (PRODUCER_REGS, CONSUMER_REGS) if OCC == 1 else TWO_CTA_REGS
-    b.directives += [f".maxntid {WG_THREADS}, 1, 1", f".minnctapersm {OCC}"]
+    b.directives += [f".maxntid {WG_THREADS}, 1, 1", ".minnctapersm 1"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
                   mma=(f"wgmma m64n{BN}k16 f16 (A from registers, B from 128B-swizzled shared memory)" if ra else
                        f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)"), schedule=sched.kind,
@@ -1459,7 +1450,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
                         ("dequantize 64 rows each into wgmma's A registers and issue wgmma" if ra else
                          "dequantize 64 rows each into swizzled fp16 tiles and issue wgmma"),
                   grid="persistent: min(items, resident CTAs per SM (occupancy calculator) x SMs) CTAs",
-                  ctas_per_sm=2 if BN <= 32 or OCC == 2 else 1,  # n32: 72 registers and 74 KB, so two CTAs fit an SM
+                  ctas_per_sm=2 if BN <= 32 else 1,  # n32: 72 registers and 74 KB, so two CTAs fit an SM
                   work_queue="item = atom.add(queue[0], 1) -> (m tile, split z, token tile n), n fastest; the "
                              "producer hands items to the consumers through a 2-slot mbarrier ring; the last "
                              "CTA to finish resets the queue",
@@ -1568,7 +1559,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     # ---------------------------------------------------------------- producer (thread 0 of warpgroup 0)
     b.comment("producer: claim an item, hand it over, then TMA its K-steps into the ring")
     pdone = b.label("producer_exit")
-    b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(regs[0], "u32"))  # registers go to the consumers
+    b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(PRODUCER_REGS, "u32"))  # registers go to the consumers
     if CX:  # warps 1-3 convert x; their code comes first, so the emulator's lowest-pc rule runs it before the
         # producer's spin on x_ready (on the GPU they are separate warps anyway)
         X, X16, XR = (b.ptr(p) for p in cx_p[:3])
@@ -1681,7 +1672,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
 
     # ---------------------------------------------------------------- consumers (warpgroups 1 and 2)
     b.place(consumer)
-    b.emit("setmaxnreg.inc.sync.aligned.u32", Imm(regs[1], "u32"))
+    b.emit("setmaxnreg.inc.sync.aligned.u32", Imm(CONSUMER_REGS, "u32"))
     ct = b.op("sub.u32", tid, Imm(128, "u32"))
     wg = b.op("shr.u32", ct, Imm(7, "u32"))
     lt = b.op("and.b32", ct, Imm(127, "b32"))
