@@ -4,7 +4,7 @@ its TMA loads (DRAM latency over 4 stages in flight), deeper rings shorten each 
 mmq.WG_STAGES patched, swapped in under the emitted name (mmq_launch loads the build by name), timed in the same run
 as the emitted one: whole op through mmq_launch (convert_f16_perm + GEMM; weights rotated past the L2). The ring
 depth does not change the arithmetic, so every build's output must be bit-identical to the emitted build's (and
-finite). Usage: probe_rega_stages.py MxK,... T,... [reps] (T ≤ 64: n64, T ≤ 128: n128, else n256)."""
+finite). Usage: probe_rega_stages.py MxK,... T,... [reps] (the token tile mul_mat's rule gives T: ops._rega_tile)."""
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from ptxgen.runtime import kernels, ops
 shapes, tokens, reps = probe_argv(30, lead=0)
 DEPTHS = (4, 6, 8)
 builds = {}
-for bn in sorted({64 if t <= 64 else 128 if t <= 128 else 256 for t in tokens}):
+for bn in sorted({ops._rega_tile(t) for t in tokens}):
     name = f"mmq_q4_k_wgmma_ra_n{bn}"
     builds[bn] = {4: kernels.load(name, "sm_90a")}
     for s in DEPTHS[1:]:
@@ -36,7 +36,7 @@ flag = zeroed_flag(r)
 print("| M×K | T | tile | " + " | ".join(f"{s} stages µs" for s in DEPTHS) + " | 4 / best |")
 print("|---|---|---|" + "---|" * (len(DEPTHS) + 1))
 for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
-    bn = 64 if t <= 64 else 128 if t <= 128 else 256
+    bn = ops._rega_tile(t)
     key = (f"mmq_q4_k_wgmma_ra_n{bn}", "sm_90a", "emitted")
     xa, ya = r.as_device_array(x), r.as_device_array(y)
     base, us = None, {}

@@ -44,7 +44,7 @@ for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
         us = timed(lambda i: ops.mmq_launch(ws[i % len(ws)], xa, ya, t, flag, bn=bn, path=path), reps, torch)
         cells.append(f"{us:.1f} ({sp})")
     y.fill_(float("nan"))
-    got = r.mul_mat(ws[0], x, out=y)
+    r.mul_mat(ws[0], x, out=y)
     assert np.linalg.norm(y.cpu().numpy() - ref) < 1e-3 * np.linalg.norm(ref), (m, k, t)
     mm = timed(lambda i: r.mul_mat(ws[i % len(ws)], x, out=y), reps, torch)
     print(f"| {m}×{k} | {t} | {mm:.1f} | " + " | ".join(cells) + " |", flush=True)
