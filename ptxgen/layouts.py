@@ -227,3 +227,11 @@ def q4k_rega_fragments(w16: np.ndarray) -> np.ndarray:
     blocks = w.reshape(tiles_m, 128, ksteps, 64).transpose(0, 2, 1, 3)  # (tm, s, row, col in the step)
     out = blocks[:, :, np.broadcast_to(row, col.shape), col]  # (tm, s, kk, ct, j, e)
     return np.ascontiguousarray(out).view(np.uint8).reshape(tiles_m * ksteps * 64, 256)
+
+
+def q4k_prepared_fragments(raw: np.ndarray, m: int, k: int) -> np.ndarray:
+    """Q4_K bytes (M, K) → what dequantize_q4_k_frags writes: the weights dequantized as ggml does (float32), rounded
+    once to fp16, in q4k_rega_fragments' order."""
+    from . import formats
+
+    return q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))

@@ -329,7 +329,7 @@ def test_prepared_mmq_matches_reference_and_its_fragments_are_the_numpy_models(d
     k = data.draw(st.sampled_from([256, 512, 4096]))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
-    want_frags = layouts.q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))
+    want_frags = layouts.q4k_prepared_fragments(raw, m, k)
     frags = r.DeviceArray.empty(want_frags.shape, np.uint8)
     frags.owner.fill_bytes(0xFF)
     r.load("dequantize_q4_k_frags", arch="sm_90a").launch((k // 64, -(-m // 128)),

@@ -132,7 +132,7 @@ def _deq_q4_k_frags(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
     (rows past M zero); the output is poisoned first, so an unwritten byte shows."""
     m, k = shape
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
-    want = layouts.q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))
+    want = layouts.q4k_prepared_fragments(raw, m, k)
     mem = _memory()
     wa, ya = mem.alloc(raw), mem.alloc(want.size, poison=0xFF)
     _run(ptx, (k // 64, -(-m // 128)), (256,), (wa, ya, m, k), mem, seed=seed)
@@ -602,7 +602,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     cx = "convert" in meta
     xa = mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16)  # cx: NaN until written
     if "prepared" in meta:  # A fragments as dequantize_q4_k_frags writes them (its own test checks it bit for bit)
-        frags = layouts.q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))
+        frags = layouts.q4k_prepared_fragments(raw, m, k)
         wa = mem.alloc(frags)
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
     else:
