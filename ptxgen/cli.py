@@ -1,6 +1,7 @@
-"""The `ptxgen` command: emit, list, check (and bench, emulate where those programs exist).
+"""The `ptxgen` command: emit PTX, list kernels, check them with nvJitLink, run a benchmark.
 
 Exit codes: 0 success, 1 a check failed (compile error, spill, missing instruction), 2 bad input.
+The emulator has its own command: `python -m ptxgen.emu --help`.
 """
 from __future__ import annotations
 
@@ -21,10 +22,17 @@ def _fail(msg: str) -> "None":
 
 
 def _archs(names) -> list:
+    """The targets named (default: all of TARGETS). An arch ptxgen knows but builds no kernels for (sm_80) is
+    refused rather than answered with an empty manifest."""
     try:
-        return [get_arch(a) for a in (names or TARGETS)]
+        archs = [get_arch(a) for a in (names or TARGETS)]
     except ArchError as e:
         _fail(str(e))
+    unbuilt = [a.name for a in archs if a.name not in TARGETS]
+    if unbuilt:
+        _fail(f"no kernels are built for {', '.join(unbuilt)} (their GPUs are not supported); "
+              f"targets: {', '.join(TARGETS)}")
+    return archs
 
 
 def _kernel_defs(names):
@@ -187,7 +195,21 @@ def cmd_bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="ptxgen", description=__doc__.splitlines()[0])
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `ptxgen list | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 0
+
+
+def _main(argv=None) -> int:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="ptxgen", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1].strip())
+    p.add_argument("--version", action="version", version=f"ptxgen {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("emit", help="write one .ptx per kernel and a manifest.json (default: emitted/<arch>/)")
     e.add_argument("--arch", action="append", help=f"one of {', '.join(ARCHES)}; repeatable; default: {', '.join(TARGETS)}")

@@ -1,5 +1,11 @@
 """Every environment switch ptxgen reads, in one place (the README lists them).
 
+Each is read from the environment once, at its first use, and kept: an op on the hot path never reads the
+environment. To change one in a running process, `knobs.set(PTXGEN_MMQ_CX="0")` (for good),
+`with knobs.override(PTXGEN_MMQ_CX="0"): ...` (for a block), or `knobs.reload()` after changing os.environ.
+Every change bumps `knobs.generation()`, which the runtime's cached launch plans are keyed by, so a plan made
+under the old value is not reused.
+
 PTXGEN_CACHE_DIR   where compiled cubins are cached (default ~/.cache/ptxgen)
 PTXGEN_NO_CACHE    1: neither read nor write the disk cache
 PTXGEN_KEEP        a folder: keep ptx, cubin, ptxas log and SASS of every compile there
@@ -37,35 +43,89 @@ PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole til
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
+
+_VALUES: dict[str, str] = {}  # name → the raw value in force ("" = unset), read once
+_GENERATION = [0]
+_LOCK = threading.Lock()
+
+
+def _raw(name: str) -> str:
+    v = _VALUES.get(name)
+    if v is None:
+        v = _VALUES.setdefault(name, os.environ.get(name, ""))
+    return v
+
+
+def generation() -> int:
+    """A number that changes whenever a knob's value may have changed (set, override, reload)."""
+    return _GENERATION[0]
+
+
+def set(**values) -> None:  # noqa: A001 - knobs.set reads as what it does
+    """Set knobs in this process: `knobs.set(PTXGEN_MMQ_CX="0")`; None or "" restores the unset default. The value
+    is checked when the knob is next used (an invalid one raises there, as from the environment)."""
+    with _LOCK:
+        for name, v in values.items():
+            if not name.startswith("PTXGEN_"):
+                raise ValueError(f"knobs.set: {name!r} is not a PTXGEN_ knob")
+            _VALUES[name] = "" if v is None else str(v)
+        _GENERATION[0] += 1
+
+
+@contextlib.contextmanager
+def override(**values):
+    """`with knobs.override(PTXGEN_Q4K_T1="0"): ...`: the knobs take these values inside the block only."""
+    with _LOCK:
+        saved = {n: _VALUES.get(n) for n in values}
+    set(**values)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for n, v in saved.items():
+                if v is None:
+                    _VALUES.pop(n, None)
+                else:
+                    _VALUES[n] = v
+            _GENERATION[0] += 1
+
+
+def reload() -> None:
+    """Forget every value read or set: the next use reads the environment again."""
+    with _LOCK:
+        _VALUES.clear()
+        _GENERATION[0] += 1
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PTXGEN_CACHE_DIR") or Path.home() / ".cache" / "ptxgen")
+    return Path(_raw("PTXGEN_CACHE_DIR") or Path.home() / ".cache" / "ptxgen")
 
 
 def cache_enabled() -> bool:
-    return os.environ.get("PTXGEN_NO_CACHE", "") not in ("1", "true", "yes")
+    return _raw("PTXGEN_NO_CACHE") not in ("1", "true", "yes")
 
 
 def keep_dir() -> Path | None:
-    v = os.environ.get("PTXGEN_KEEP")
+    v = _raw("PTXGEN_KEEP")
     return Path(v) if v else None
 
 
 def verbose() -> bool:
-    return os.environ.get("PTXGEN_VERBOSE", "") not in ("", "0", "false", "no")
+    return _raw("PTXGEN_VERBOSE") not in ("", "0", "false", "no")
 
 
 def emitted_dir() -> Path | None:
-    v = os.environ.get("PTXGEN_EMITTED_DIR")
+    v = _raw("PTXGEN_EMITTED_DIR")
     return Path(v) if v else None
 
 
 def _auto_on_off(name: str) -> str:
     """"auto" (unset), "on" (1/true/yes) or "off" (0/false/no); anything else is an error, not a silent default."""
-    v = os.environ.get(name, "").strip().lower()
+    v = _raw(name).strip().lower()
     if v in ("", "auto"):
         return "auto"
     if v in ("1", "true", "yes", "on"):

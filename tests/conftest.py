@@ -1,5 +1,9 @@
-"""Test tiers and shared fixtures. L0/L1/L2 run anywhere; `gpu` (L3) tests skip with a reason when no
-NVIDIA driver/GPU is present."""
+"""Test tiers and shared fixtures.
+
+`python3 -m pytest` runs the fast tier: everything but the tests marked `slow` (the thorough emulator and
+hypothesis runs) and, on a machine without a usable GPU, the `gpu` tier (one line in the summary says why).
+`python3 -m pytest --all` runs the slow tests too; `-m gpu` the GPU tier alone; `-m slow` the slow tests alone.
+"""
 from __future__ import annotations
 
 import os
@@ -7,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ptxgen import knobs
 from ptxgen.testing import profiles
 
 profiles.register()
@@ -15,14 +20,12 @@ from hypothesis import settings  # noqa: E402
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
 
 
-def shared_dir() -> Path | None:
-    cand = [os.environ.get("PTXGEN_SHARED_DIR"), REPO / "shared", REPO.parent / "shared"]
-    for c in cand:
-        if c and (Path(c) / "testdata").is_dir():
-            return Path(c)
-    return None
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", default=False,
+                     help="also run the tests marked slow (the thorough emulator and hypothesis runs)")
 
 
 def _gpu_reason() -> str | None:
@@ -35,23 +38,54 @@ def _gpu_reason() -> str | None:
         return f"no usable GPU: {e}"
 
 
-_GPU_REASON: list = []
+_NOT_RUN: list = []  # (count, why) of the tiers left out, for the summary
 
 
 def pytest_collection_modifyitems(config, items):
-    gpu_items = [it for it in items if "gpu" in it.keywords]
-    if not gpu_items:
-        return
-    reason = _gpu_reason()
-    if reason:
-        skip = pytest.mark.skip(reason=reason)
-        for it in gpu_items:
-            it.add_marker(skip)
+    markexpr = config.getoption("markexpr") or ""
+    keep, dropped = [], {"slow": [], "gpu": []}
+    gpu_reason = None
+    if any("gpu" in it.keywords for it in items):
+        gpu_reason = _gpu_reason()
+    for it in items:
+        if "slow" in it.keywords and not config.getoption("--all") and "slow" not in markexpr:
+            dropped["slow"].append(it)
+        elif "gpu" in it.keywords and gpu_reason:
+            dropped["gpu"].append(it)
+        else:
+            keep.append(it)
+    if dropped["slow"] or dropped["gpu"]:
+        config.hook.pytest_deselected(items=dropped["slow"] + dropped["gpu"])
+        items[:] = keep
+    if dropped["slow"]:
+        _NOT_RUN.append((len(dropped["slow"]), "slow tier (thorough emulator / hypothesis runs): add --all"))
+    if dropped["gpu"]:
+        _NOT_RUN.append((len(dropped["gpu"]), f"gpu tier: {gpu_reason}"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    for n, why in _NOT_RUN:
+        terminalreporter.write_line(f"not run: {n} tests of the {why}")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_knobs():
+    """Each test starts from the environment's knob values (a test that sets one with `setknob` leaves nothing)."""
+    yield
+    knobs.reload()
+
+
+def setknob(mp, name: str, value) -> None:
+    """Set (or with None unset) a PTXGEN_ knob for the rest of a test: the environment through `mp` (a
+    pytest MonkeyPatch), then knobs.reload(), since ptxgen reads each knob once."""
+    if value is None:
+        mp.delenv(name, raising=False)
+    else:
+        mp.setenv(name, value)
+    knobs.reload()
 
 
 @pytest.fixture(scope="session")
 def ggml_ref() -> Path:
-    d = shared_dir()
-    if d is None:
-        pytest.skip("../shared/testdata not found (set PTXGEN_SHARED_DIR)")
-    return d / "testdata" / "ggml-ref"
+    """Outputs of ggml's own quantizers (tests/data/ggml-ref/README.md says how they were made)."""
+    return DATA / "ggml-ref"

@@ -270,12 +270,30 @@ def test_mma_sync_s8_against_layout_model():
 
 
 CASES = [(k, a) for k in KERNELS for a in KERNELS[k].archs]
+# builds whose emulation takes seconds, left to the slow tier; the fast tier runs a cheaper build of each family
+# (the mma.sync MMQ as n32, the register-A wgmma MMQ as n64 / n16, the tensor-core TQ4_1S GEMV as its m16 build)
+SLOW_TO_EMULATE = {
+    "mmq_q4_k_f16_n128", "mmq_q4_k_f16_n128_x16", "mmq_q4_k_f16_n64", "mmq_q4_k_f16_n64_x16", "mmq_q4_k_f16_n32_x16",
+    "mmq_q4_k_rega_n32", "gemv_tq4_1s_mma", "mmq_q4_k_wgmma_ra_n256_cx", "mmq_q4_k_wgmma_ra_n256_mc2",
+    "mmq_q4_k_wgmma_ra_n256", "mmq_q4_k_wgmma_n256", "mmq_q4_k_wgmma_pre_n256_cx", "mmq_q4_k_wgmma_ra_n192",
+    "mmq_q4_k_wgmma_ra_n128_cx", "mmq_q4_k_wgmma_ra_n128_mc2", "mmq_q4_k_wgmma_n128", "mmq_q4_k_wgmma_ra_n128",
+    "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n64_pre", "mmq_q4_k_q8_n32_pre"}
+FAST_CASES = [(k, KERNELS[k].archs[0]) for k in KERNELS if k not in SLOW_TO_EMULATE]
+
+
+@pytest.mark.parametrize("kernel,arch", FAST_CASES)
+def test_each_kernel_once_in_the_emulator(kernel, arch):
+    """The fast tier: every kernel family's emitted PTX, one build on one seed, against the reference (the slow
+    tier below runs every build on every target, on drawn seeds)."""
+    out = check_kernel(kernel, KERNELS[kernel].for_arch(arch).ptx(), seed=1)
+    assert out.ok, out.detail
 
 
 def test_every_kernel_has_a_harness():
     assert set(KERNELS) <= set(HARNESSES) | set(UNCOVERED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel,arch", CASES)
 @settings(max_examples=5)
 @given(seed=st.integers(0, 2**31 - 1))
@@ -378,6 +396,7 @@ def test_mma_rounding_matches_the_h200_bit_for_bit():
     assert misses > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64_pre"])
 def test_q8_mmq_split_k_and_non_finite_activations(kernel):
     """The int8 MMQ over 3 K-splits, and with a NaN / an Inf in x: the same outputs non-finite as in the
@@ -416,6 +435,7 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=3, splits=2, per=12)),  # uneven: 12 + 4 K-steps
     ("mmq_q4_k_f16_n32", (129, 40, 1280), dict(whole=1, splits=5, per=4)),  # five splits
     ("mmq_q4_k_f16_n128", (130, 131, 512), dict(whole=1, splits=2, per=5))])
+@pytest.mark.slow
 def test_mmq_whole_tiles_then_split_tail(kernel, shape, plan):
     """The fp16 mma.sync MMQ's queue: whole tiles first, then the rest split in K (partials in fragment order, the
     last CTA of a tile sums them in z order around its own, counters back to zero). Correct, and bit-identical
@@ -458,6 +478,7 @@ def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=1, splits=3, per=6), 12),  # 3 split tiles: 6, 6, 4 K-steps
     ("mmq_q4_k_f16_n64_x16", (250, 70, 512), dict(whole=2, splits=2, per=5), 6),
     ("mmq_q4_k_f16_n128", (130, 131, 512), dict(whole=1, splits=2, per=5), 7)])
+@pytest.mark.slow
 def test_mmq_spread_fixup_sums_each_splits_rows_with_the_last_ctas_bits(kernel, shape, plan, ctas, monkeypatch):
     """The spread split fixup (every split item holds a CTA): each split stores the rows the others own, waits
     until all have counted in, sums its own rows (i % splits == z) in z order and stores only those. Correct,
@@ -499,6 +520,7 @@ def _cta_barrier_kernels():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel,arch", _cta_barrier_kernels())
 def test_cta_barrier_kernels_pass_with_warps_run_one_at_a_time(kernel, arch):
     """With the emulator running a CTA's warps one at a time between waits (warp_serial), a missing bar.sync
@@ -511,6 +533,7 @@ def test_cta_barrier_kernels_pass_with_warps_run_one_at_a_time(kernel, arch):
     assert out.ok, out.detail
 
 
+@pytest.mark.slow
 def test_warp_serial_emulation_finds_a_missing_barrier():
     """The skinny GEMM without its per-step bar.sync passes the default (lockstep) emulation — which is why the
     warp-serial mode exists — and fails warp-serial (records read before other warps' copies landed)."""
@@ -527,6 +550,7 @@ def test_warp_serial_emulation_finds_a_missing_barrier():
             check_kernel("mmq_q4_k_rega_n32", bad, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel,splits", [("mmq_q4_k_f16_n32", 1), ("mmq_q4_k_f16_n32", 2), ("mmq_q4_k_q8_n16", 1)])
 def test_mmq_item_raster_covers_every_item_once(monkeypatch, kernel, splits):
     """The mma.sync MMQs' item raster (bands of token tiles, the last band partial): built with RASTER_BYTES
@@ -544,6 +568,7 @@ def test_mmq_item_raster_covers_every_item_once(monkeypatch, kernel, splits):
     assert out.ok, out.detail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["gemv_tq4_1s_tma_t1", "gemv_tq4_1s_tma_t2", "gemv_tq4_1s_tma_t8"])
 def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
     """The TMA-fed TQ4_1S GEMV over more steps than its ring has stages (6 full steps and a 4-block tail per
@@ -556,6 +581,7 @@ def test_tma_gemv_ring_wraps_splits_and_zero_fills(kernel):
         assert out.ok, (splits, out.detail)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_tma_gemv_pair_table_gives_the_16_entry_tables_bits(tokens):
     """The T ≤ 2 TMA GEMVs look codebook values up two at a time (one LDS.64 per qs byte from the pair table, 16
@@ -589,6 +615,7 @@ def test_tma_gemv_pair_table_gives_the_16_entry_tables_bits(tokens):
     assert not out.ok and "relative error" in out.detail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["gemv_tq4_1s_mma", "gemv_tq4_1s_mma_m16"])
 def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite(kernel):
     """gemv_tq4_1s_mma (32-row warps, 4-block steps) and gemv_tq4_1s_mma_m16 (16-row warps, 8-block steps), fp16
@@ -605,6 +632,7 @@ def test_tensor_core_tq4_1s_gemv_tokens_splits_and_non_finite(kernel):
         assert out.ok, (bad, out.detail)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("small", [False, True])
 def test_tensor_core_gemv_pair_table_gives_the_element_tables_bits(monkeypatch, small):
     """gemv_tq4_1s_mma{,_m16} read both elements' A words of a qs byte in one LDS.64 from the pair table
@@ -680,6 +708,7 @@ def test_prep_mma_f16_is_bit_exact_to_the_numpy_model():
                                                ("gemv_q4_k_mma", (8, 5, 1, 2), "sm_89"),
                                                ("gemv_q4_k_mma_n16", (16, 9, 12, 10), "sm_90a"),
                                                ("gemv_q4_k_mma_n16", (16, 9, 12, 10), "sm_89")])
+@pytest.mark.slow
 def test_q4_k_tensor_core_gemv_tokens_splits_and_non_finite(kernel, tokens, arch):
     """gemv_q4_k_mma (integer nibbles x fp16 hi/lo activation on mma.sync) and its two-group build for 9-16
     tokens: several super-blocks, 1-3 K-splits, M not a multiple of the CTA's rows, within 1e-5 of the float64
@@ -710,6 +739,7 @@ def test_prep_q4k_records_are_bit_exact_to_the_numpy_model(sfx):
 @pytest.mark.parametrize("sfx,arch", [("t1", "sm_90a"), ("t1", "sm_89"), ("t1", "sm_120a"), ("t2", "sm_90a"),
                                       ("t2", "sm_89"), ("t4", "sm_90a"), ("t4", "sm_120a"), ("t8", "sm_90a"),
                                       ("t8", "sm_89"), ("t16h", "sm_90a"), ("t16h", "sm_120a")])
+@pytest.mark.slow
 def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
     """gemv_q4_k_mma_t{1,2,4,8} (token n's hi and lo in B columns 2n, 2n + 1; t8: two n8 tiles; a lane's qs chunk
     of two rows; cp.async ring) and gemv_q4_k_mma_t16h (token n's fp16 hi in column n): one to several
@@ -730,6 +760,7 @@ def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
         assert out.ok, (bad, out.detail)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c,arch", [(32, "sm_90a"), (32, "sm_89"), (16, "sm_90a")])
 def test_register_a_skinny_gemm(c, arch):
     """mmq_q4_k_rega_n32 / _n16 (token groups of 32 / 16 over gridDim.z, the records' ring shared by the CTA's
@@ -771,6 +802,7 @@ def test_q4_k_one_token_gemv_mutations_fail(monkeypatch, mutation):
     assert not out.ok and "relative error" in out.detail, out.detail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
 def test_q4_k_register_activation_gemv(arch):
     """gemv_q4_k_xr (T = 1, x held in registers, nibbles → 2 + q/8 by prmt): K with idle lanes (20 and 36 units of
@@ -820,6 +852,7 @@ def test_q4_k_tensor_core_gemv_mutations_fail(monkeypatch, mutation):
 @pytest.mark.parametrize("kernel,value,splits", [("mmq_q4_k_f16_n32", 1e6, 1), ("mmq_q4_k_f16_n128", -7e4, 1),
                                                  ("mmq_q4_k_f16_n64", np.nan, 2), ("mmq_q4_k_f16_n32", np.inf, 3),
                                                  ("mmq_q4_k_f16_n128", 6e4, 2)])
+@pytest.mark.slow
 def test_fp16_mmq_flags_activations_that_are_not_finite_in_fp16(kernel, value, splits):
     """The fp16 mma.sync MMQ watches its results, not each converted activation: one x value past fp16's range
     (or inf/NaN) makes the item's sums non-finite and raises the flag (mul_mat then recomputes exactly), also

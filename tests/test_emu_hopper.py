@@ -457,6 +457,7 @@ def test_wgmma_mmq_split_k_fixup_with_ctas_taking_turns():
         np.testing.assert_array_equal(out.got, outs[0].got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_n32", "mmq_q4_k_wgmma_ra_n128"])
 def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):
     """Two K-splits take their own path: the first CTA of a tile stores its partial and raises the counter's ready
@@ -473,6 +474,7 @@ def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):
         np.testing.assert_array_equal(out.got, outs[0].got)
 
 
+@pytest.mark.slow
 def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_perm():
     """mmq_q4_k_wgmma_ra_n128_cx: warps 1-3 of the producer warpgroup convert fp32 x into the fp16 copy the TMA thread
     reads (chunk by chunk, x_ready counters acquired before each chunk's first TMA), no convert_f16_perm. With 3
@@ -492,6 +494,7 @@ def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_
             np.testing.assert_array_equal(out.got, want.got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value,flagged", [(7e4, True), (-np.inf, True), (6e4, False)])
 def test_register_a_mmq_converting_x_itself_flags_fp16_overflow(value, flagged):
     """The converters raise the overflow flag exactly when a value of x is not finite in fp16 (|x| ≥ 65520 rounds
@@ -622,6 +625,7 @@ barrier.cluster.wait.acquire.aligned;
     np.testing.assert_array_equal(boxes[1], boxes[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n128_mc2", "mmq_q4_k_wgmma_ra_n256_mc2"])
 def test_wgmma_mmq_in_clusters_of_two_multicasts_the_activation_tile(name):
     """The register-A MMQ in clusters of 2 (each rank loads half of a step's activation tile and multicasts it to

@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, setknob
 from hypothesis import given, settings, strategies as st
 from ptxgen import formats
 from ptxgen.runtime import compiler
@@ -318,12 +318,12 @@ def test_mma_sync_mmq_converts_x_first_from_2_to_the_31_multiply_adds(monkeypatc
     faster on the H200), converts inside the GEMM below; PTXGEN_MMQ_X16 forces either."""
     from ptxgen.runtime.ops import mma_sync_x16
 
-    monkeypatch.delenv("PTXGEN_MMQ_X16", raising=False)
+    setknob(monkeypatch, "PTXGEN_MMQ_X16", None)
     assert [mma_sync_x16(4096, 4096, t, "sm_89") for t in (96, 127, 128, 4096)] == [False, False, True, True]
     assert mma_sync_x16(14336, 4096, 37, "sm_120a") and not mma_sync_x16(14336, 4096, 36, "sm_120a")
-    monkeypatch.setenv("PTXGEN_MMQ_X16", "1")
+    setknob(monkeypatch, "PTXGEN_MMQ_X16", "1")
     assert mma_sync_x16(128, 256, 9, "sm_89")
-    monkeypatch.setenv("PTXGEN_MMQ_X16", "0")
+    setknob(monkeypatch, "PTXGEN_MMQ_X16", "0")
     assert not mma_sync_x16(4096, 4096, 4096, "sm_89")
 
 
@@ -333,9 +333,9 @@ def test_tensor_core_gemv_knobs_are_auto_on_or_off_and_reject_anything_else(monk
     from ptxgen import knobs
 
     for v, want in (("", "auto"), ("auto", "auto"), ("1", "on"), ("yes", "on"), ("0", "off"), ("false", "off")):
-        monkeypatch.setenv(var, v)
+        setknob(monkeypatch, var, v)
         assert getattr(knobs, fn)() == want
-    monkeypatch.setenv(var, "fast")
+    setknob(monkeypatch, var, "fast")
     with pytest.raises(ValueError, match=var):
         getattr(knobs, fn)()
 
@@ -366,13 +366,13 @@ def test_sixteen_token_skinny_gemm_rule(monkeypatch):
     from ptxgen.runtime import driver, ops
 
     monkeypatch.setattr(driver, "current", lambda: SimpleNamespace(sm_count=132))
-    monkeypatch.delenv("PTXGEN_MMQ_SKINNY", raising=False)
+    setknob(monkeypatch, "PTXGEN_MMQ_SKINNY", None)
     assert not ops.skinny16_ok(16896, "sm_90a") and ops.skinny16_ok(16897, "sm_90a")
     assert ops.skinny16_ok(18944, "sm_90a")
     assert not ops.skinny16_ok(18944, "sm_89") and not ops.skinny16_ok(18944, "sm_120a")
     monkeypatch.setattr(driver, "current", lambda: SimpleNamespace(sm_count=170))  # more SMs: a later switch
     assert not ops.skinny16_ok(18944, "sm_90a") and ops.skinny16_ok(170 * 128 + 1, "sm_90a")
-    monkeypatch.setenv("PTXGEN_MMQ_SKINNY", "0")
+    setknob(monkeypatch, "PTXGEN_MMQ_SKINNY", "0")
     assert not ops.skinny16_ok(20000, "sm_90a")
 
 
@@ -487,14 +487,14 @@ def test_register_a_mmq_converts_x_itself_when_its_plan_has_no_k_split(monkeypat
         assert meta["convert_steps"] * 64 == 256 and meta["pdl"] is False and "fp32" in meta["activations"]
         assert f"mmq_q4_k_wgmma_ra_n{bn}_cx" not in kernels.manifest("sm_89")
         assert f"mmq_q4_k_wgmma_ra_n{bn}_cx" not in kernels.manifest("sm_120a")
-    monkeypatch.delenv("PTXGEN_MMQ_CX", raising=False)
+    setknob(monkeypatch, "PTXGEN_MMQ_CX", None)
     assert ops.mmq_convert_in_gemm(1024, 1) and ops.mmq_convert_in_gemm(4096, 1)
     assert not ops.mmq_convert_in_gemm(1024, 2) and not ops.mmq_convert_in_gemm(1023, 1)
-    monkeypatch.setenv("PTXGEN_MMQ_CX", "1")
+    setknob(monkeypatch, "PTXGEN_MMQ_CX", "1")
     assert ops.mmq_convert_in_gemm(64, 4)
-    monkeypatch.setenv("PTXGEN_MMQ_CX", "0")
+    setknob(monkeypatch, "PTXGEN_MMQ_CX", "0")
     assert not ops.mmq_convert_in_gemm(4096, 1)
-    monkeypatch.setenv("PTXGEN_MMQ_CX", "sometimes")
+    setknob(monkeypatch, "PTXGEN_MMQ_CX", "sometimes")
     with pytest.raises(ValueError, match="PTXGEN_MMQ_CX"):
         ops.mmq_convert_in_gemm(4096, 1)
 
@@ -527,14 +527,14 @@ def test_prepared_mmq_rule_and_builds(monkeypatch):
         assert meta["stages"] == 4 and meta["pdl"] is True and "dequantize_q4_k_frags" in meta["prepared"]
         assert meta["dynamic_smem"] <= 227 * 1024
     assert man["mmq_q4_k_wgmma_pre_n256_cx"]["meta"]["convert_steps"] == 2  # half-size units beside 4 stages
-    monkeypatch.delenv("PTXGEN_MMQ_PRE", raising=False)
+    setknob(monkeypatch, "PTXGEN_MMQ_PRE", None)
     assert ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS) and ops.mmq_prepared(8192)
     assert not ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS - 1)
-    monkeypatch.setenv("PTXGEN_MMQ_PRE", "1")
+    setknob(monkeypatch, "PTXGEN_MMQ_PRE", "1")
     assert ops.mmq_prepared(ops.WGMMA_RA_N128_MAX_TOKENS + 1) and not ops.mmq_prepared(ops.WGMMA_RA_N128_MAX_TOKENS)
-    monkeypatch.setenv("PTXGEN_MMQ_PRE", "0")
+    setknob(monkeypatch, "PTXGEN_MMQ_PRE", "0")
     assert not ops.mmq_prepared(8192)
-    monkeypatch.setenv("PTXGEN_MMQ_PRE", "maybe")
+    setknob(monkeypatch, "PTXGEN_MMQ_PRE", "maybe")
     with pytest.raises(ValueError, match="PTXGEN_MMQ_PRE"):
         ops.mmq_prepared(8192)
 
