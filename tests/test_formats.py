@@ -154,3 +154,23 @@ def test_bad_input_messages():
         F.quantize("tq4_1s", np.zeros((1, 48), np.float32))
     assert f.row_bytes(512) == 288
     assert F.dequantize("q4_K", bytes(288), (1, 512)).shape == (1, 512)
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_weight_quantizers_refuse_non_finite_values_naming_the_row(fmt, bad):
+    """A NaN / inf weight would be quantized into plausible garbage (differently per format): refused, with the
+    row and column of the first one; allow_nonfinite=True quantizes anyway. Q8_1 (activations) passes them."""
+    k = F.get(fmt).block_size * 2
+    w = np.random.default_rng(0).standard_normal((5, k)).astype(np.float32)
+    w[3, 7] = bad
+    with pytest.raises(ValueError, match=r"1 non-finite value\(s\), the first .* at row 3, column 7"):
+        F.quantize(fmt, w)
+    with pytest.raises(ValueError, match="row 3, column 7"):
+        from ptxgen.runtime import QuantTensor
+
+        QuantTensor.from_numpy(w, fmt)
+    assert F.quantize(fmt, w, allow_nonfinite=True).shape[0] == 5
+    x = np.ones((1, 64), np.float32)
+    x[0, 1] = bad
+    F.quantize("q8_1", x)  # activations: NaN / inf flow through, as in the kernels

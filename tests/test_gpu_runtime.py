@@ -101,16 +101,18 @@ def test_torch_and_cupy_inputs():
 
 
 def test_gguf_to_gpu_dequant(tmp_path):
-    from gguf import GGMLQuantizationType as GT, GGUFWriter
+    """A GGUF file (ptxgen's writer; the `gguf` package checks the reader in the CPU tier) to the GPU: the bytes
+    stay on the host until the first op, which uploads them."""
+    from ptxgen.gguf import write_gguf
 
     r = rt()
     w = np.random.default_rng(5).standard_normal((32, 512)).astype(np.float32)
     raw = formats.quantize("q4_K", w)
-    wr = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
-    wr.add_tensor("w", raw, raw_dtype=GT.Q4_K)
-    wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()  # noqa: E702
+    write_gguf(tmp_path / "m.gguf", {"w": (12, (32, 512), raw)})
     t = r.QuantTensor.from_gguf(tmp_path / "m.gguf", "w")
+    assert not t.on_device
     np.testing.assert_array_equal(r.dequantize(t).numpy(), formats.dequantize("q4_K", raw, (32, 512)).astype(np.float16))
+    assert t.on_device and t.raw().tobytes() == raw.tobytes()
 
 
 def test_cluster_launch():

@@ -30,10 +30,11 @@ def dequantize(name: str, raw, shape) -> np.ndarray:
     return get(name).dequantize(raw, shape)
 
 
-def quantize(name: str, x, **options) -> np.ndarray:
-    """float32 array (last dim a multiple of the block size) → uint8 blocks, rows kept.
+def quantize(name: str, x, *, allow_nonfinite: bool = False, **options) -> np.ndarray:
+    """float32 array (last dim a multiple of the block size) → uint8 blocks, rows kept. Weight formats refuse
+    NaN / ±inf unless `allow_nonfinite=True` (QuantFormat.quantize); q8_1 (activations) passes them through.
     q8_1 takes `s_mode` ("sum_x", the kernels' meaning, or "d_sum_q", ggml's CPU meaning)."""
-    return get(name).quantize(x, **options)
+    return get(name).quantize(x, allow_nonfinite=allow_nonfinite, **options)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ class QuantFormat:
     alignment: int  # guaranteed byte alignment of a block inside a row
     _dequantize: Callable[[np.ndarray], np.ndarray]  # (nblocks, block_bytes) u8 -> (nblocks, block_size) f32
     _quantize: Callable[[np.ndarray], np.ndarray] | None  # (nblocks, block_size) f32 -> (nblocks, block_bytes) u8
+    activation: bool = False  # an activation format (Q8_1): non-finite values pass through, as in the kernels
 
     @property
     def bits_per_weight(self) -> float:
@@ -58,7 +59,11 @@ class QuantFormat:
         blocks = self.blocks(raw, shape)
         return self._dequantize(blocks).reshape(shape)
 
-    def quantize(self, x, **options) -> np.ndarray:
+    def quantize(self, x, *, allow_nonfinite: bool = False, **options) -> np.ndarray:
+        """float32 (..., K) → uint8 blocks (..., K / block_size · block_bytes). A weight format refuses NaN and
+        ±inf (ValueError naming the first such row and column): its block scales would turn them into
+        plausible-looking garbage, differently per format. `allow_nonfinite=True` quantizes them anyway, as ggml
+        does (the result is unspecified)."""
         if self._quantize is None:
             raise NotImplementedError(f"{self.name}: no quantizer")
         x = np.asarray(x)
@@ -67,6 +72,8 @@ class QuantFormat:
         if x.ndim == 0:
             raise ValueError(f"{self.name}: quantize takes an array with a last dimension")
         self.check_k(x.shape[-1])
+        if not (self.activation or allow_nonfinite):
+            check_finite(x, f"{self.name}: quantize")
         blocks = np.ascontiguousarray(x).reshape(-1, self.block_size)
         out = self._quantize(blocks, **options)
         return out.reshape(*x.shape[:-1], x.shape[-1] // self.block_size * self.block_bytes)
@@ -74,3 +81,15 @@ class QuantFormat:
     def fields(self, raw, shape) -> np.ndarray:
         """The blocks as a structured array (one record per block)."""
         return self.blocks(raw, shape).view(self.dtype).reshape(-1)
+
+
+def check_finite(x: np.ndarray, what: str) -> None:
+    """ValueError naming the first non-finite element of `x` (its row and column for a matrix) and how many there
+    are; nothing when all are finite."""
+    bad = ~np.isfinite(x)
+    if not bad.any():
+        return
+    first = np.unravel_index(int(np.argmax(bad)), x.shape)
+    where = f"row {first[0]}, column {first[1]}" if x.ndim == 2 else f"index {tuple(int(i) for i in first)}"
+    raise ValueError(f"{what}: {int(bad.sum())} non-finite value(s), the first {x[first]} at {where}; "
+                     "fix the weights or pass allow_nonfinite=True to quantize them anyway (unspecified result)")

@@ -376,5 +376,5 @@ FORMATS = {
     "q5_K": QuantFormat("q5_K", QK_K, 176, Q5_K_DTYPE, 4, dequantize_q5_k, quantize_q5_k),
     "q6_K": QuantFormat("q6_K", QK_K, 210, Q6_K_DTYPE, 2, dequantize_q6_k, quantize_q6_k),
     "q8_0": QuantFormat("q8_0", 32, 34, Q8_0_DTYPE, 2, dequantize_q8_0, quantize_q8_0),
-    "q8_1": QuantFormat("q8_1", 32, 36, Q8_1_DTYPE, 4, dequantize_q8_1, quantize_q8_1),
+    "q8_1": QuantFormat("q8_1", 32, 36, Q8_1_DTYPE, 4, dequantize_q8_1, quantize_q8_1, activation=True),
 }

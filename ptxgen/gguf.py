@@ -1,0 +1,267 @@
+"""GGUF files: a reader that checks every count, length and offset against the file before it trusts it, and a
+minimal writer (for tests, examples and the TQ4_1S type ids that the `gguf` package does not know).
+
+The reader needs only NumPy: it maps the file (`mmap`), parses the header and the tensor table, and copies out the
+one tensor asked for. A corrupt, truncated or hostile file (wrong magic, a count larger than the file could hold,
+a string or array running past the end, a tensor past the end of the data, an unknown type) gives one `GGUFError`
+naming the file (and the tensor), never a crash or an allocation sized by the file's claims. The `gguf` package
+is the tests' oracle, not a dependency.
+
+GGUF type ids for TQ4_1S differ between llama.cpp forks (46 in TheTom's fork at 69d8e4be, 48 in others), so TQ4_1S
+is recognised by id *and* by size: 20 bytes per 32 weights must fit before the next tensor's data.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"GGUF"
+GGML_IDS = {12: "q4_K", 13: "q5_K", 14: "q6_K", 8: "q8_0", 9: "q8_1"}  # the ggml type ids ptxgen reads
+TQ4_1S_IDS = (46, 48)  # TheTom/llama-cpp-turboquant HEAD, and the fork that moved it past TURBO*_TCQ
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NESTING = 4  # arrays of arrays in metadata values
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class GGUFError(ValueError):
+    """A GGUF file ptxgen cannot read; the message names the file (and the tensor, where one is involved)."""
+
+
+def format_of(type_id: int) -> str | None:
+    """ptxgen's format name for a GGML type id, or None for a type it does not read."""
+    if type_id in GGML_IDS:
+        return GGML_IDS[type_id]
+    return "tq4_1s" if type_id in TQ4_1S_IDS else None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of a GGUF tensor table. `dims` as GGUF stores them, innermost first: a weight matrix of M rows
+    of K weights is (K, M); `offset` is absolute in the file; `end` is where the next tensor's data (or the
+    file) starts, the most bytes this tensor may occupy."""
+
+    name: str
+    type_id: int
+    dims: tuple[int, ...]
+    offset: int
+    end: int
+
+    @property
+    def fmt(self) -> str | None:
+        return format_of(self.type_id)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(M, K): K the innermost dimension, M every other one multiplied."""
+        k = self.dims[0]
+        m = 1
+        for d in self.dims[1:]:
+            m *= d
+        return m, k
+
+
+class GGUFFile:
+    """An open GGUF file: `metadata` (key → value), `tensors` (name → TensorInfo), `raw(name)` (the bytes).
+    Use it as a context manager, or call `close()`."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+        try:
+            size = self.path.stat().st_size
+            if size < 24:
+                raise self._error(f"{size} bytes is too short for a GGUF header (24 bytes)")
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self._parse()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        m = getattr(self, "_map", None)
+        if m is not None:
+            m.close()
+            self._map = None
+        self._file.close()
+
+    def _error(self, msg: str, tensor: str | None = None) -> GGUFError:
+        where = f"{self.path}: tensor {tensor!r}: " if tensor else f"{self.path}: "
+        return GGUFError(where + msg)
+
+    # --- parsing, every read bounded by the file --------------------------------------------------------
+    def _take(self, fmt: str):
+        n = struct.calcsize(fmt)
+        if self._pos + n > len(self._map):
+            raise self._error(f"truncated: {n} bytes wanted at offset {self._pos}, the file has {len(self._map)}")
+        v = struct.unpack_from(fmt, self._map, self._pos)[0]
+        self._pos += n
+        return v
+
+    def _count(self, n: int, least_bytes: int, what: str) -> int:
+        """A count read from the file, refused when its items (at least `least_bytes` each) could not fit in what
+        is left of the file: a hostile count must not size an allocation or a loop."""
+        left = len(self._map) - self._pos
+        if n * least_bytes > left:
+            raise self._error(f"{what} {n} cannot fit in the {left} bytes left at offset {self._pos}")
+        return n
+
+    def _string(self, what: str) -> str:
+        n = self._count(self._take("<Q"), 1, f"{what} length")
+        raw = self._map[self._pos:self._pos + n]
+        self._pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self._error(f"{what} at offset {self._pos - n} is not UTF-8") from None
+
+    def _value(self, type_id: int, key: str, depth: int = 0):
+        if type_id in _SCALAR:
+            return self._take(_SCALAR[type_id])
+        if type_id == _STRING:
+            return self._string(f"metadata {key!r} string")
+        if type_id == _ARRAY:
+            if depth >= MAX_NESTING:
+                raise self._error(f"metadata {key!r}: arrays nested deeper than {MAX_NESTING}")
+            et = self._take("<I")
+            least = struct.calcsize(_SCALAR[et]) if et in _SCALAR else 8 if et == _STRING else 12 if et == _ARRAY else 0
+            if not least:
+                raise self._error(f"metadata {key!r}: unknown array element type {et}")
+            n = self._count(self._take("<Q"), least, f"metadata {key!r} array length")
+            if et in _SCALAR and et != 7:  # numbers: one read, not a Python loop over a long array
+                out = np.frombuffer(self._map, np.dtype(_SCALAR[et]), n, self._pos).tolist()
+                self._pos += n * least
+                return out
+            return [self._value(et, key, depth + 1) for _ in range(n)]
+        raise self._error(f"metadata {key!r}: unknown value type {type_id}")
+
+    def _parse(self) -> None:
+        self._pos = 0
+        if self._map[:4] != MAGIC:
+            raise self._error(f"not a GGUF file (magic {bytes(self._map[:4])!r}, expected {MAGIC!r})")
+        self._pos = 4
+        self.version = self._take("<I")
+        if self.version not in (2, 3):
+            raise self._error(f"GGUF version {self.version} is not supported (2 and 3 are)")
+        n_tensors, n_kv = self._take("<Q"), self._take("<Q")
+        self._count(n_kv, 13, "metadata count")  # key length, a 1-byte key, value type, a 1-byte value
+        self._count(n_tensors, 32, "tensor count")  # name length, n_dims, one dim, type, offset
+        self.metadata: dict = {}
+        for _ in range(n_kv):
+            key = self._string("metadata key")
+            self.metadata[key] = self._value(self._take("<I"), key)
+        alignment = self.metadata.get("general.alignment", 32)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1) or alignment > 1 << 20:
+            raise self._error(f"general.alignment {alignment!r} is not a power of two up to 1 MiB")
+        entries = []
+        for _ in range(n_tensors):
+            name = self._string("tensor name")
+            nd = self._take("<I")
+            if not 1 <= nd <= MAX_DIMS:
+                raise self._error(f"{nd} dimensions (1 to {MAX_DIMS} are valid)", name)
+            dims = tuple(self._take("<Q") for _ in range(nd))
+            if any(d == 0 for d in dims):
+                raise self._error(f"a zero dimension in {dims}", name)
+            entries.append((name, self._take("<I"), dims, self._take("<Q")))
+        start = -(-self._pos // alignment) * alignment
+        size = len(self._map)
+        if entries and start > size:
+            raise self._error(f"truncated: the tensor data would start at {start}, the file has {size} bytes")
+        ends = sorted({start + e[3] for e in entries} | {size})
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, type_id, dims, offset in entries:
+            if name in self.tensors:
+                raise self._error("named twice in the tensor table", name)
+            at = start + offset
+            if at > size:
+                raise self._error(f"data offset {offset} (file offset {at}) is past the end ({size} bytes)", name)
+            end = next(e for e in ends if e > at) if at < size else size
+            self.tensors[name] = TensorInfo(name, type_id, dims, at, end)
+
+    # --- tensors ----------------------------------------------------------------------------------------
+    def info(self, name: str) -> TensorInfo:
+        t = self.tensors.get(name)
+        if t is None:
+            some = ", ".join(list(self.tensors)[:10])
+            more = f" and {len(self.tensors) - 10} more" if len(self.tensors) > 10 else ""
+            raise KeyError(f"{self.path}: no tensor {name!r}; it has {len(self.tensors)}: {some}{more}")
+        return t
+
+    def raw(self, name: str) -> tuple[str, tuple[int, int], np.ndarray]:
+        """(format, (M, K), raw uint8 bytes, a copy) of one tensor that ptxgen reads."""
+        from ptxgen import formats
+
+        t = self.info(name)
+        fmt = t.fmt
+        if fmt is None:
+            known = ", ".join(f"{i} ({f})" for i, f in GGML_IDS.items())
+            raise self._error(f"GGML type id {t.type_id} is not one ptxgen reads (ids: {known}; TQ4_1S: "
+                              f"{', '.join(map(str, TQ4_1S_IDS))})", name)
+        m, k = t.shape
+        try:
+            nbytes = m * formats.get(fmt).row_bytes(k)
+        except ValueError as e:
+            raise self._error(f"type {fmt} with dimensions {t.dims}: {e}", name) from None
+        if t.offset + nbytes > t.end:
+            what = "the next tensor's data" if t.end < len(self._map) else "the end of the file"
+            raise self._error(f"{fmt} {m}x{k} needs {nbytes} bytes at file offset {t.offset}, but "
+                              f"{what} starts {t.end - t.offset} bytes after it", name)
+        return fmt, (m, k), np.frombuffer(self._map, np.uint8, nbytes, t.offset).copy()
+
+
+def read_gguf_tensor(path, tensor_name: str) -> tuple[str, tuple[int, int], np.ndarray]:
+    """(format, (M, K), raw uint8 bytes) of one tensor of a .gguf file."""
+    with GGUFFile(path) as f:
+        return f.raw(tensor_name)
+
+
+def list_gguf_tensors(path) -> list[TensorInfo]:
+    """Every tensor of a .gguf file (name, type id, dims, format ptxgen reads it as or None)."""
+    with GGUFFile(path) as f:
+        return list(f.tensors.values())
+
+
+def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
+    """Write a minimal GGUF v3 file: tensors {name: (type_id, (M, K), raw uint8)}, metadata {key: str | int}
+    (strings and unsigned 32-bit integers). Used by tests and examples (the `gguf` package's writer does not know
+    TQ4_1S's type ids)."""
+    out = bytearray(MAGIC)
+    metadata = metadata or {}
+    out += struct.pack("<IQQ", 3, len(tensors), len(metadata))
+    for key, v in metadata.items():
+        kb = key.encode()
+        out += struct.pack("<Q", len(kb)) + kb
+        if isinstance(v, str):
+            vb = v.encode()
+            out += struct.pack("<IQ", _STRING, len(vb)) + vb
+        elif isinstance(v, int) and 0 <= v < 1 << 32:
+            out += struct.pack("<II", 4, v)
+        else:
+            raise TypeError(f"write_gguf: metadata {key!r} must be a str or a u32 int, got {v!r}")
+    offset = 0
+    blobs = []
+    for name, (type_id, (m, k), raw) in tensors.items():
+        nb = name.encode()
+        out += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", 2) + struct.pack("<QQ", k, m)
+        out += struct.pack("<IQ", type_id, offset)
+        raw = np.asarray(raw, np.uint8).reshape(-1)
+        pad = (-raw.size) % 32
+        blobs.append(raw.tobytes() + bytes(pad))
+        offset += raw.size + pad
+    out += bytes((-len(out)) % 32)
+    for b in blobs:
+        out += b
+    Path(path).write_bytes(bytes(out))
