@@ -11,7 +11,6 @@ median of --reps calls. Weight bytes / time gives GB/s; % is of the measured 4.2
 import argparse
 import json
 import math
-import os
 
 import numpy as np
 
@@ -159,7 +158,7 @@ def main():
     import torch
 
     import ptxgen.runtime as r
-    from ptxgen import formats
+    from ptxgen import formats, knobs
 
     rng = np.random.default_rng(0)
     results = []
@@ -210,13 +209,9 @@ def main():
                     # the mma.sync targets' build (cp.async instead of TMA), run here as sm_89 PTX, and the lane
                     # kernel mul_mat(arch="sm_89") would otherwise run (both tensor-core knobs off)
                     row["us_tc_sm89"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch, arch="sm_89")
-                    os.environ["PTXGEN_Q4K_MMA"] = os.environ["PTXGEN_Q4K_T1"] = "0"
-                    try:
+                    with knobs.override(PTXGEN_Q4K_MMA="0", PTXGEN_Q4K_T1="0"):
                         row["us_lane_sm89"] = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch="sm_89"),
                                                     args.reps, torch)
-                    finally:
-                        os.environ.pop("PTXGEN_Q4K_MMA", None)
-                        os.environ.pop("PTXGEN_Q4K_T1", None)
                     row["us_llamacpp_q4_K"] = LLAMA_Q4_K.get(((m, k), t))
                     row["us_tinygemm"] = tinygemm_us(torch, m, k, t, args.reps)
                 results.append(row)
@@ -253,9 +248,7 @@ def tc_us(r, ws, copies, x, y, m, k, t, reps, torch, arch=None):
     """The tensor-core exact GEMV forced at every T ≤ 8 — TQ4_1S (PTXGEN_TQ4_MMA=1; sm_90), Q4_K
     (PTXGEN_Q4K_MMA=1; sm_90's TMA build, or with arch="sm_89" the cp.async build of the mma.sync targets) —
     checked against the float64 reference on this shape first; None where it does not run."""
-    import os
-
-    from ptxgen import formats
+    from ptxgen import formats, knobs
     from ptxgen.runtime import ops
 
     fmt = ws[0].fmt
@@ -263,8 +256,7 @@ def tc_us(r, ws, copies, x, y, m, k, t, reps, torch, arch=None):
     if not (ops._sm90a_tma_ok(ws[0], arch, "gemv_tq4_1s_mma") if fmt == "tq4_1s"
             else ops._q4k_mma_build(arch, "gemv_q4_k_mma")):
         return None
-    os.environ[knob] = "1"
-    try:
+    with knobs.override(**{knob: "1"}):
         xs = x[:1].cpu().numpy()
         raw = ws[0].raw().reshape(m, -1)
         ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
@@ -272,8 +264,6 @@ def tc_us(r, ws, copies, x, y, m, k, t, reps, torch, arch=None):
         if err > 1e-5:
             raise AssertionError(f"{fmt} tensor-core GEMV {m}x{k} ({arch or 'default'} build): relative error {err:.2e}")
         return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch=arch), reps, torch)
-    finally:
-        os.environ.pop(knob, None)
 
 
 def fast_us(r, ws, copies, x, y, m, k, t, reps, torch):

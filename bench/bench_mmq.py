@@ -147,26 +147,20 @@ def skinny_us(r, ws, copies, raw, x, y, m, k, t, reps, torch, arch=None, exact=F
     """The tensor-core skinny Q4_K GEMMs at 9-16 tokens, whole op (prep launch + GEMV), checked against the float64
     reference first: gemv_q4_k_mma_t16h (fp16 x, mul_mat's default there; 1e-3) or, exact, gemv_q4_k_mma_n16 (two
     prep launches; 1e-5). None where it does not run."""
-    import os
-
-    from ptxgen import formats
+    from ptxgen import formats, knobs
     from ptxgen.runtime import ops
 
     name = "gemv_q4_k_mma_n16" if exact else "gemv_q4_k_mma_t16h"
     if not 9 <= t <= 16 or ops.kernels.build_for(name, arch) is None:
         return None
     env = {"PTXGEN_Q4K_T16H": "0", "PTXGEN_Q4K_MMA": "1"} if exact else {"PTXGEN_Q4K_T16H": "1"}
-    os.environ.update(env)
-    try:
+    with knobs.override(**env):
         xs = x.cpu().numpy()
         ref = formats.gemm_ref("q4_K", raw, m, k, xs)
         err = np.linalg.norm(r.mul_mat(ws[0], xs, arch=arch) - ref) / np.linalg.norm(ref)
         if err > (1e-5 if exact else 1e-3):
             raise AssertionError(f"{name} {m}x{k} T={t}: relative error {err:.2e}")
         return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch=arch), reps, torch)
-    finally:
-        for v in env:
-            os.environ.pop(v, None)
 
 
 def rega_skinny_us(ws, copies, raw, xa, ya, m, k, t, reps, torch, arch=None):
@@ -177,15 +171,17 @@ def rega_skinny_us(ws, copies, raw, xa, ya, m, k, t, reps, torch, arch=None):
 
     if not 16 < t <= 64 or ops.kernels.build_for(f"mmq_q4_k_rega_n{ops.T4.Q4K_SKINNY_COLUMNS}", arch) is None:
         return None
+    plans = [ops.recorded_plan(w, t, lambda pb, w=w: ops._skinny_gemm(pb, w, pb.x.ptr, pb.y.ptr, m, k, t, arch))
+             for w in ws]
     if m * t <= 4096 * 64:
-        got = np.empty((t, m), np.float32)
-        ops._skinny_gemm(ws[0], xa.ptr, ya.ptr, m, k, t, arch)
-        got[:] = ya.numpy()
+        ops.run_plan(plans[0], xa.ptr, ya.ptr)
+        got = ya.numpy()
         ref = formats.gemm_ref("q4_K", raw, m, k, xa.numpy())
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         if err > 1e-3:
             raise AssertionError(f"mmq_q4_k_rega_n32 {m}x{k} T={t}: relative error {err:.2e}")
-    return timed(lambda i: ops._skinny_gemm(ws[i % copies], xa.ptr, ya.ptr, m, k, t, arch), reps, torch)
+    return timed(lambda i: ops.run_plan(plans[i % copies], xa.ptr, ya.ptr, torch.cuda.current_stream().cuda_stream),
+                 reps, torch)
 
 
 def tiles_cell(us):

@@ -22,6 +22,7 @@ class DeviceArray:
     dtype: np.dtype
     owner: object = field(default=None, repr=False)  # whatever keeps the memory alive
     host: bool = False  # came from a NumPy array: results go back to NumPy
+    stream: int | None = None  # the stream whose work writes it (.numpy() waits for that stream); None: synchronous
 
     @property
     def nbytes(self) -> int:
@@ -33,19 +34,25 @@ class DeviceArray:
                 "strides": None}
 
     def numpy(self) -> np.ndarray:
+        """A host copy, made after the work queued on the array's stream (so after the op that wrote it)."""
         out = np.empty(self.shape, self.dtype)
         if out.nbytes:
-            from .driver import _drv, check
+            from .driver import _drv, check, stream_synchronize
 
-            check(_drv().cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH")
+            if self.stream is None:
+                check(_drv().cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH")
+            else:
+                check(_drv().cuMemcpyDtoHAsync(out.ctypes.data, self.ptr, out.nbytes, self.stream), "cuMemcpyDtoHAsync")
+                stream_synchronize(self.stream)
         return out
 
     @classmethod
-    def empty(cls, shape, dtype) -> "DeviceArray":
+    def empty(cls, shape, dtype, stream: int | None = None) -> "DeviceArray":
+        """Uninitialised device memory; with `stream`, allocated in that stream's order (DeviceBuffer)."""
         dtype = np.dtype(dtype)
         shape = tuple(int(s) for s in shape)
-        buf = DeviceBuffer(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-        return cls(buf.ptr, shape, dtype, buf)
+        buf = DeviceBuffer(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, stream)
+        return cls(buf.ptr, shape, dtype, buf, stream=stream)
 
 
 def _contiguous_strides(shape, itemsize):
@@ -103,15 +110,16 @@ def _from_dlpack(obj, what: str) -> DeviceArray:
     return DeviceArray(int(t.data) + int(t.byte_offset), shape, dtype, (obj, capsule))
 
 
-def as_device_array(obj, what: str = "array", dtype=None, ndim: int | None = None, align: int = 4) -> DeviceArray:
+def as_device_array(obj, what: str = "array", dtype=None, ndim: int | None = None, align: int = 4,
+                    stream: int | None = None) -> DeviceArray:
     """Any supported array → DeviceArray, checked (dtype, dimensions, contiguity, alignment) before any
-    device work; NumPy arrays are uploaded after their checks pass."""
+    device work; NumPy arrays are uploaded after their checks pass (in the order of `stream`, if given)."""
     if isinstance(obj, np.ndarray):
         _check_meta(obj.shape, obj.dtype, what, dtype, ndim)
         if not obj.flags.c_contiguous:
             raise ValueError(f"{what}: a non-contiguous NumPy array; pass np.ascontiguousarray(...)")
-        buf = DeviceBuffer.from_host(obj)
-        return DeviceArray(buf.ptr, obj.shape, obj.dtype, buf, host=True)
+        buf = DeviceBuffer.from_host(obj, stream)
+        return DeviceArray(buf.ptr, obj.shape, obj.dtype, buf, host=True, stream=stream)
     if isinstance(obj, DeviceArray):
         a = obj
     elif hasattr(obj, "__cuda_array_interface__"):

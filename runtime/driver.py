@@ -1,28 +1,39 @@
-"""The CUDA driver, through cuda-python's `cuda.bindings.driver`: context, device memory, modules, launches,
+"""The CUDA driver, through cuda-python's `cuda.bindings.driver`: context, streams, device memory, modules, launches,
 events.
 
-Why the driver API and not `cuda.core` for launches: ptxgen's kernels take a CUtensorMap by value (a
-128-byte parameter, as nvcc passes a `__grid_constant__` one), opt into more than 48 KB of dynamic shared
-memory and may set cluster dimensions; the driver's `cuLaunchKernelEx` with a packed `void**` does all
-three on every cuda-python release we meet (12.x on older images, 13.x here), so there is one launch path.
-cuda-python is imported on first use: importing ptxgen.runtime works on a machine without a driver.
+Why the driver API and not `cuda.core` for launches: ptxgen's kernels take a CUtensorMap by value (a 128-byte
+parameter, as nvcc passes a `__grid_constant__` one), opt into more than 48 KB of dynamic shared memory and may
+set cluster dimensions; the driver's `cuLaunchKernelEx` with a packed `void**` does all three on every cuda-python
+release we meet, so there is one launch path. The ops' hot path (`PreparedLaunch`) calls `cuLaunchKernel(Ex)`
+through ctypes with argument buffers packed once: a cuda-python call converts its arguments on every call, which
+costs more than the launch itself. cuda-python is imported on first use: importing ptxgen.runtime works on a
+machine without a driver.
+
+Streams: every launch and copy names a stream. `stream_handle` turns what a user passes (a raw handle, an object
+with `__cuda_stream__`, a torch or cupy stream) into a handle, and picks the default: the current stream of the
+library that owns the input (torch, cupy), else the per-thread default stream.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 from dataclasses import dataclass
 
 import numpy as np
-
-from ptxgen import knobs
 
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the driver's error."""
 
 
-_LOCK = threading.Lock()
+ORDINAL = 0  # the GPU ptxgen runs on (cuda:0)
+LEGACY_STREAM = 0x1  # CU_STREAM_LEGACY
+PER_THREAD_STREAM = 0x2  # CU_STREAM_PER_THREAD
+
+_LOCK = threading.RLock()
 _CTX = None
+_TLS = threading.local()  # per thread: whether the context is current here
 
 
 def _drv():
@@ -36,20 +47,38 @@ def _drv():
     return driver
 
 
+def _error_text(err) -> str:
+    drv = _drv()
+    _, name = drv.cuGetErrorName(err)
+    _, text = drv.cuGetErrorString(err)
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    return f"{name} ({text})"
+
+
 def check(result, what: str = "CUDA call"):
     """Unpack a cuda-python result tuple, raising CudaError (or MemoryError for out-of-memory)."""
-    drv = _drv()
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        _, name = drv.cuGetErrorName(err)
-        _, text = drv.cuGetErrorString(err)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        text = text.decode() if isinstance(text, bytes) else str(text)
-        msg = f"{what} failed: {name} ({text})"
+        drv = _drv()
+        msg = f"{what} failed: {_error_text(err)}"
         if int(err) == int(drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
             raise MemoryError(msg)
         raise CudaError(msg)
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+def _check_rc(rc: int, what) -> None:
+    """The same for a raw CUresult from a ctypes call; `what` a string or a callable making one (only on error)."""
+    if rc:
+        from cuda.bindings import driver as drv
+
+        what = what() if callable(what) else what
+        err = drv.CUresult(rc)
+        msg = f"{what} failed: {_error_text(err)}"
+        if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise MemoryError(msg)
+        raise CudaError(msg)
 
 
 @dataclass
@@ -61,29 +90,46 @@ class Context:
     sm_count: int
     max_smem_optin: int
     l2_bytes: int
+    ordinal: int = 0
+
+
+def bind_thread() -> None:
+    """Make ptxgen's context current in this thread if it is not yet (an op's hot path calls this)."""
+    if not getattr(_TLS, "bound", False):
+        current()
 
 
 def current() -> Context:
-    """The process's CUDA context on device 0 (PTXGEN_DEVICE later), created on first use."""
+    """The process's CUDA context on device 0 (the primary context, which torch and cupy use too), created on first
+    use and made current in every thread that calls."""
+    ctx = _CTX
+    if ctx is not None:
+        if not getattr(_TLS, "bound", False):
+            check(_drv().cuCtxSetCurrent(ctx.ctx), "cuCtxSetCurrent")
+            _TLS.bound = True
+        return ctx
+    return _create_context()
+
+
+def _create_context() -> Context:
     global _CTX
-    if _CTX is not None:
-        return _CTX
     with _LOCK:
         if _CTX is not None:
-            return _CTX
+            return current()
         try:
             drv = _drv()
             check(drv.cuInit(0), "cuInit")
         except (CudaError, OSError, RuntimeError) as e:
             raise RuntimeError(f"ptxgen.runtime: no usable CUDA driver/GPU on this machine ({e}). "
-                               "The GPU ops need an NVIDIA GPU and driver; ptxgen emit/check and the "
+                               "The GPU ops need an NVIDIA GPU and driver; ptxgen emit/check, QuantTensor and the "
                                "NumPy references work without one.") from None
         n = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
         if n == 0:
             raise RuntimeError("ptxgen.runtime: the CUDA driver sees no GPU")
-        dev = check(drv.cuDeviceGet(0), "cuDeviceGet")
+        dev = check(drv.cuDeviceGet(ORDINAL), "cuDeviceGet")
         ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        _TLS.bound = True
         A = drv.CUdevice_attribute
         attr = lambda a: check(drv.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute")  # noqa: E731
         major = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
@@ -92,93 +138,338 @@ def current() -> Context:
         name = name.split(b"\0")[0].decode() if isinstance(name, bytes) else str(name)
         _CTX = Context(dev, ctx, name, major * 10 + minor, attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
                        attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-                       attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE))
+                       attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE), ORDINAL)
         return _CTX
 
 
 def synchronize() -> None:
+    """Wait for all work on the GPU (every stream)."""
     current()
     check(_drv().cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 # ---------------------------------------------------------------------------------------------------
+# the hot path's raw driver entry points (ctypes: no per-call argument conversion)
+
+class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint32 * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_ATTR_CLUSTER = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+_ATTR_PDL = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_CU: list = []
+
+
+def libcuda():
+    """libcuda through ctypes, with the prototypes of the few entry points the hot path calls."""
+    if _CU:
+        return _CU[0]
+    with _LOCK:
+        if _CU:
+            return _CU[0]
+        lib = ctypes.CDLL("libcuda.so.1" if sys.platform != "win32" else "nvcuda.dll")
+        vp, u = ctypes.c_void_p, ctypes.c_uint
+        lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
+        lib.cuStreamIsCapturing.argtypes = [vp, ctypes.POINTER(ctypes.c_int)]
+        lib.cuStreamGetCaptureInfo_v2.argtypes = [vp, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64),
+                                                  vp, vp, vp]
+        lib.cuThreadExchangeStreamCaptureMode.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        for f in (lib.cuLaunchKernel, lib.cuLaunchKernelEx, lib.cuStreamIsCapturing, lib.cuStreamGetCaptureInfo_v2,
+                  lib.cuThreadExchangeStreamCaptureMode):
+            f.restype = ctypes.c_int
+        _CU.append(lib)
+        return lib
+
+
+# ---------------------------------------------------------------------------------------------------
+# streams
+
+_TORCH_RAW: list = []  # torch's cheapest "current raw stream" accessor, found once
+
+
+def torch_stream_getter():
+    """torch's cheapest accessor of its current raw stream on a device (found once; torch must be imported)."""
+    if not _TORCH_RAW:
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _TORCH_RAW.append(raw if raw is not None else
+                          (lambda i: torch.cuda.current_stream(i).cuda_stream))
+    return _TORCH_RAW[0]
+
+
+def _torch_current_stream(device_index: int) -> int:
+    return torch_stream_getter()(device_index)
+
+
+def is_torch(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def stream_handle(stream=None, like=None) -> int:
+    """The raw CUstream a call runs on. `stream`: None (the default below), an int (a raw handle; 0 is the legacy
+    default stream, 2 the per-thread one), an object with `__cuda_stream__` (cuda.core), a torch stream
+    (`.cuda_stream`), a cupy stream (`.ptr`) or a cuda-python `CUstream`. The default is the current stream of the
+    library that owns `like` (torch's current stream for a torch tensor, cupy's for a cupy array), else the
+    per-thread default stream."""
+    if stream is None:
+        if like is not None:
+            mod = type(like).__module__
+            if mod.startswith("torch") and is_torch(like):
+                return _torch_current_stream(like.device.index)
+            if mod.startswith("cupy"):
+                return sys.modules["cupy"].cuda.get_current_stream().ptr
+        return PER_THREAD_STREAM
+    if isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
+        if stream < 0:
+            raise ValueError(f"stream: a raw handle is a non-negative integer, got {stream}")
+        return int(stream)
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        got = proto() if callable(proto) else proto
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise TypeError(f"stream: {type(stream).__name__}.__cuda_stream__() must return (version, handle), got {got!r}")
+        return int(got[1])
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        v = getattr(stream, attr, None)
+        if isinstance(v, (int, np.integer)):
+            return int(v)
+    if type(stream).__name__ == "CUstream":  # cuda.bindings.driver.CUstream
+        return int(stream)
+    raise TypeError(f"stream: expected None, a raw handle (int), an object with __cuda_stream__, or a torch / cupy "
+                    f"stream, got {type(stream).__name__}")
+
+
+def capture_status(stream: int) -> int:
+    """0: the stream is not capturing a CUDA graph; 1: it is; 2: its capture was invalidated."""
+    current()
+    st = ctypes.c_int(0)
+    _check_rc(libcuda().cuStreamIsCapturing(stream, ctypes.byref(st)), "cuStreamIsCapturing")
+    return st.value
+
+
+_CAP = threading.local()  # per thread: the out-parameters of cuStreamGetCaptureInfo, made once
+
+
+def capture_id(stream: int) -> int | None:
+    """The id of the capture sequence `stream` is in (unique in the process), or None when it is not capturing.
+    One ctypes call with out-parameters made once per thread: every op asks it."""
+    refs = getattr(_CAP, "refs", None)
+    if refs is None:
+        st, cid = ctypes.c_int(0), ctypes.c_uint64(0)
+        refs = _CAP.refs = (st, cid, ctypes.byref(st), ctypes.byref(cid))
+    rc = (_CU[0] if _CU else libcuda()).cuStreamGetCaptureInfo_v2(stream, refs[2], refs[3], None, None, None)
+    if rc:
+        _check_rc(rc, "cuStreamGetCaptureInfo")
+    st = refs[0].value
+    if st == 0:
+        return None
+    if st == 2:
+        raise CudaError("the stream's CUDA graph capture was invalidated by an earlier call")
+    return refs[1].value
+
+
+class relaxed_capture:
+    """`with relaxed_capture(): ...` lets this thread make calls that a global-mode capture would otherwise refuse
+    (cuMemAlloc, a synchronous copy on another stream): for memory that ptxgen owns outside every graph."""
+
+    def __enter__(self):
+        self.mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
+        _check_rc(libcuda().cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode)), "cuThreadExchangeStreamCaptureMode")
+        return self
+
+    def __exit__(self, *exc):
+        _check_rc(libcuda().cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode)), "cuThreadExchangeStreamCaptureMode")
+        return False
+
+
+_SIDE: list = []
+
+
+def side_stream() -> int:
+    """ptxgen's own non-blocking stream, for set-up work (zeroing a workspace) that must not join a capture."""
+    if not _SIDE:
+        with _LOCK:
+            if not _SIDE:
+                current()
+                s = check(_drv().cuStreamCreate(1), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING
+                _SIDE.append((s, int(s)))
+    return _SIDE[0][1]
+
+
+def stream_synchronize(stream: int) -> None:
+    check(_drv().cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
+# ---------------------------------------------------------------------------------------------------
 # memory
 
-_POOL: dict[int, list[int]] = {}  # rounded size → free device pointers (cuMemFree synchronises the GPU)
+_POOL: list = []
+_DEFERRED: list = []  # stream-ordered buffers dropped while their stream was capturing: freed later
 
 
-def _bucket(nbytes: int) -> int:
-    n = max(int(nbytes), 256)
-    return 1 << (n - 1).bit_length() if n <= 1 << 26 else (n + (1 << 20) - 1) >> 20 << 20
+def _mempool():
+    """ptxgen's stream-ordered memory pool on the device (cuMemPoolCreate), keeping freed memory for reuse (release
+    threshold: unlimited) instead of handing it back to the driver at every synchronization."""
+    if not _POOL:
+        with _LOCK:
+            if not _POOL:
+                drv = _drv()
+                ctx = current()
+                props = drv.CUmemPoolProps()
+                props.allocType = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+                props.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+                props.location.id = ctx.ordinal
+                pool = check(drv.cuMemPoolCreate(props), "cuMemPoolCreate")
+                check(drv.cuMemPoolSetAttribute(pool, drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                drv.cuuint64_t(2**64 - 1)), "cuMemPoolSetAttribute")
+                _POOL.append(pool)
+    return _POOL[0]
 
 
-def empty_cache() -> None:
-    """Return every pooled block to the driver."""
-    drv = _drv()
-    for ptrs in _POOL.values():
-        for p in ptrs:
-            check(drv.cuMemFree(p), "cuMemFree")
-    _POOL.clear()
+def _free_deferred() -> None:
+    while _DEFERRED:
+        ptr, stream = _DEFERRED.pop()
+        if capture_status(stream) == 0:
+            check(_drv().cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+        else:
+            _DEFERRED.append((ptr, stream))
+            return
 
 
 class DeviceBuffer:
-    """Device memory (cuMemAlloc) from a size-bucketed pool: freeing returns the block to the pool, because
-    cuMemFree waits for the whole GPU and would serialise every op that allocates its output."""
+    """Device memory.
 
-    def __init__(self, nbytes: int):
+    `DeviceBuffer(n)`: cuMemAlloc, freed by cuMemFree when dropped (weights, workspaces that CUDA graphs keep).
+    `DeviceBuffer(n, stream=s)`: from ptxgen's stream-ordered pool, allocated and freed in the order of stream `s`
+    (cuMemAllocFromPoolAsync / cuMemFreeAsync): an op's output or an upload, usable on `s` at once; another stream
+    must wait for `s` first, as with torch's allocator.
+    `DeviceBuffer.wrap(ptr, n, owner)`: memory someone else owns (kept alive through `owner`), never freed here.
+    """
+
+    __slots__ = ("ptr", "nbytes", "stream", "_kind", "_owner", "__weakref__")
+
+    def __init__(self, nbytes: int, stream: int | None = None):
         current()
-        self.nbytes = int(nbytes)
-        self._bucket = _bucket(self.nbytes)
-        free = _POOL.get(self._bucket)
-        if free:
-            self.ptr = free.pop()
-            return
+        self.nbytes, self.stream, self._owner = int(nbytes), stream, None
+        self.ptr, self._kind = 0, None
         drv = _drv()
-        try:
-            self.ptr = int(check(drv.cuMemAlloc(self._bucket), f"cuMemAlloc({self.nbytes} B)"))
-        except MemoryError:
-            empty_cache()
-            self.ptr = int(check(drv.cuMemAlloc(self._bucket), f"cuMemAlloc({self.nbytes} B)"))
-
-    def __del__(self):
-        ptr = getattr(self, "ptr", 0)
-        if ptr:
-            _POOL.setdefault(self._bucket, []).append(ptr)
-            self.ptr = 0
+        size = max(self.nbytes, 1)
+        if stream is None:
+            try:
+                self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
+            except MemoryError:
+                synchronize()
+                self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
+            self._kind = "sync"
+        else:
+            if _DEFERRED:
+                _free_deferred()
+            self.ptr = int(check(drv.cuMemAllocFromPoolAsync(size, _mempool(), stream),
+                                 f"cuMemAllocFromPoolAsync({self.nbytes} B)"))
+            self._kind = "stream"
 
     @classmethod
-    def from_host(cls, arr: np.ndarray) -> "DeviceBuffer":
+    def wrap(cls, ptr: int, nbytes: int, owner=None) -> "DeviceBuffer":
+        b = cls.__new__(cls)
+        b.ptr, b.nbytes, b.stream, b._kind, b._owner = int(ptr), int(nbytes), None, "foreign", owner
+        return b
+
+    def __del__(self):
+        ptr, kind = getattr(self, "ptr", 0), getattr(self, "_kind", None)
+        if not ptr or kind == "foreign" or _drv is None:
+            return
+        self.ptr = 0
+        try:
+            drv = _drv()
+            if kind == "sync":
+                drv.cuMemFree(ptr)
+            elif capture_status(self.stream) == 0:
+                drv.cuMemFreeAsync(ptr, self.stream)
+            else:  # a free now would be recorded into the capture
+                _DEFERRED.append((ptr, self.stream))
+        except Exception:  # noqa: BLE001 - interpreter shutdown, or the context is gone
+            pass
+
+    @classmethod
+    def from_host(cls, arr: np.ndarray, stream: int | None = None) -> "DeviceBuffer":
         arr = np.ascontiguousarray(arr)
-        buf = cls(arr.nbytes)
-        buf.upload(arr)
+        buf = cls(arr.nbytes, stream)
+        buf.upload(arr, stream=stream)
         return buf
 
-    def upload(self, arr: np.ndarray, offset: int = 0) -> None:
+    def upload(self, arr: np.ndarray, offset: int = 0, stream: int | None = None) -> None:
+        """Copy host `arr` in, in the order of `stream` (or synchronously with None); returns when `arr` may be
+        reused."""
         arr = np.ascontiguousarray(arr)
         if offset + arr.nbytes > self.nbytes:
             raise ValueError(f"upload of {arr.nbytes} B at {offset} overflows a {self.nbytes} B buffer")
         if arr.nbytes:
-            check(_drv().cuMemcpyHtoD(self.ptr + offset, arr.ctypes.data, arr.nbytes), "cuMemcpyHtoD")
+            drv = _drv()
+            if stream is None:
+                check(drv.cuMemcpyHtoD(self.ptr + offset, arr.ctypes.data, arr.nbytes), "cuMemcpyHtoD")
+            else:
+                check(drv.cuMemcpyHtoDAsync(self.ptr + offset, arr.ctypes.data, arr.nbytes, stream), "cuMemcpyHtoDAsync")
+                stream_synchronize(stream)  # pageable memory: the copy must be done before `arr` may change
 
-    def download(self, dtype, shape, offset: int = 0) -> np.ndarray:
+    def download(self, dtype, shape, offset: int = 0, stream: int | None = None) -> np.ndarray:
+        """Copy out to a new host array after the work queued on `stream` (default: the buffer's own stream, or
+        synchronous for a buffer without one)."""
         out = np.empty(shape, dtype)
         if offset + out.nbytes > self.nbytes:
             raise ValueError(f"download of {out.nbytes} B at {offset} overruns a {self.nbytes} B buffer")
+        stream = self.stream if stream is None else stream
         if out.nbytes:
-            check(_drv().cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, out.nbytes), "cuMemcpyDtoH")
+            drv = _drv()
+            if stream is None:
+                check(drv.cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, out.nbytes), "cuMemcpyDtoH")
+            else:
+                check(drv.cuMemcpyDtoHAsync(out.ctypes.data, self.ptr + offset, out.nbytes, stream), "cuMemcpyDtoHAsync")
+                stream_synchronize(stream)
         return out
 
-    def fill_bytes(self, value: int, nbytes: int | None = None, offset: int = 0) -> None:
+    def fill_bytes(self, value: int, nbytes: int | None = None, offset: int = 0, stream: int | None = None) -> None:
         n = self.nbytes if nbytes is None else nbytes
-        check(_drv().cuMemsetD8(self.ptr + offset, value & 0xFF, n), "cuMemsetD8")
+        drv = _drv()
+        if stream is None:
+            check(drv.cuMemsetD8(self.ptr + offset, value & 0xFF, n), "cuMemsetD8")
+        else:
+            check(drv.cuMemsetD8Async(self.ptr + offset, value & 0xFF, n, stream), "cuMemsetD8Async")
 
 
-def memcpy_dtod(dst: int, src: int, nbytes: int, stream=0) -> None:
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream=PER_THREAD_STREAM) -> None:
     check(_drv().cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+
+def empty_cache() -> None:
+    """Hand the stream-ordered pool's unused memory back to the driver (after the work queued so far)."""
+    if _POOL:
+        synchronize()
+        check(_drv().cuMemPoolTrimTo(_POOL[0], 0), "cuMemPoolTrimTo")
 
 
 # ---------------------------------------------------------------------------------------------------
 # modules and launches
+
+_CTYPES = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "s32": ctypes.c_int32, "f32": ctypes.c_float,
+           "s64": ctypes.c_int64}
+
+
+def _address_of(a) -> int:
+    if hasattr(a, "ptr"):
+        return a.ptr
+    if hasattr(a, "__cuda_array_interface__"):
+        return a.__cuda_array_interface__["data"][0]
+    return a
+
 
 class Function:
     """A loaded kernel entry point with its parameter ABI (from the manifest)."""
@@ -190,8 +481,15 @@ class Function:
         self.params = params
         self.block = tuple(block)
         self.dynamic_smem = 0
+        self.meta: dict = {}
         if dynamic_smem:
             self.set_dynamic_smem(dynamic_smem)
+
+    @property
+    def address(self) -> int:
+        """The CUfunction as an integer (for the ctypes launch path)."""
+        h = self.handle
+        return int(h) if not hasattr(h, "getPtr") else int(h)
 
     def set_dynamic_smem(self, nbytes: int) -> None:
         ctx = current()
@@ -270,17 +568,11 @@ class Function:
         return cache[n]
 
     def _ctypes(self):
-        import ctypes
+        return [(ctypes.c_ubyte * p["size"]) if p["type"] == "b8" else _CTYPES[p["type"]] for p in self.params]
 
-        table = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "s32": ctypes.c_int32, "f32": ctypes.c_float,
-                 "s64": ctypes.c_int64}
-        return [(ctypes.c_ubyte * p["size"]) if p["type"] == "b8" else table[p["type"]] for p in self.params]
-
-    def pack(self, args) -> tuple:
-        """Kernel arguments → (keep-alive storage, void** address), typed by the manifest's ABI. Python ints
-        become exactly the parameter's C type (never a pointer-sized guess); CUtensorMaps are copied by value."""
-        import ctypes
-
+    def cells(self, args) -> list:
+        """Kernel arguments → one ctypes cell per parameter, typed by the manifest's ABI. Python ints become exactly
+        the parameter's C type (never a pointer-sized guess); CUtensorMaps are copied by value."""
         if len(args) != len(self.params):
             names = ", ".join(p["name"] for p in self.params)
             raise TypeError(f"{self.name} takes {len(self.params)} arguments ({names}), got {len(args)}")
@@ -293,54 +585,87 @@ class Function:
                     raise ValueError(f"{self.name}: parameter {p['name']} is {p['size']} B, got {len(blob)}")
                 cells.append(t.from_buffer_copy(blob))
             else:
-                v = a.ptr if hasattr(a, "ptr") else a.__cuda_array_interface__["data"][0] \
-                    if hasattr(a, "__cuda_array_interface__") else a
+                v = _address_of(a)
                 if p["type"][0] == "u" and v < 0:
                     raise ValueError(f"{self.name}: parameter {p['name']} is unsigned, got {v}")
                 cells.append(t(v))
+        return cells
+
+    def pack(self, args) -> tuple:
+        """(keep-alive storage, void** address) of the arguments (`cells`)."""
+        cells = self.cells(args)
         ptrs = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
         cells.append(ptrs)
         return cells, ctypes.addressof(ptrs)
 
-    def launch(self, grid, args, *, block=None, smem: int | None = None, stream=0, cluster=None,
-               pdl: bool = False) -> None:
-        """`cluster`: thread-block cluster dims; `pdl`: programmatic dependent launch (the kernel may start
-        while the previous one in the stream runs; it must `griddepcontrol.wait` before reading its output)."""
-        drv = _drv()
-        grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
-        block = tuple(block or self.block)
-        block = block + (1,) * (3 - len(block))
-        if any(g <= 0 for g in grid) or any(g >= 2**31 for g in grid):
-            raise ValueError(f"{self.name}: bad grid {grid}")
-        smem = self.dynamic_smem if smem is None else smem
-        storage, params = self.pack(args)
-        if cluster is None and not pdl:
-            check(drv.cuLaunchKernel(self.handle, *grid, *block, smem, stream, params, 0), f"launch {self.name}")
-        else:
-            cfg = drv.CUlaunchConfig()
-            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-            cfg.sharedMemBytes = smem
-            cfg.hStream = stream
-            attrs = []
-            if cluster is not None:
-                at = drv.CUlaunchAttribute()
-                at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
-                attrs.append(at)
-            if pdl:
-                at = drv.CUlaunchAttribute()
-                at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-                at.value.programmaticStreamSerializationAllowed = 1
-                attrs.append(at)
-            cfg.attrs = attrs
-            cfg.numAttrs = len(attrs)
-            check(drv.cuLaunchKernelEx(cfg, self.handle, params, 0), f"launch {self.name} (cluster {cluster}, pdl {pdl})")
-        del storage
-        if knobs.verbose():
-            import sys
+    def prepare(self, grid, cells, *, block=None, smem: int | None = None, cluster=None,
+                pdl: bool = False) -> "PreparedLaunch":
+        """A launch of this kernel with its argument cells packed once: `PreparedLaunch.run(stream)` issues it;
+        a caller may change a cell's `.value` between runs."""
+        return PreparedLaunch(self, grid, cells, block or self.block, self.dynamic_smem if smem is None else smem,
+                              cluster, pdl)
 
-            print(f"ptxgen: launch {self.name} grid={grid} block={block} smem={smem}", file=sys.stderr)
+    def launch(self, grid, args, *, block=None, smem: int | None = None, stream=PER_THREAD_STREAM, cluster=None,
+               pdl: bool = False) -> None:
+        """Pack `args` and launch on `stream` (a raw handle; default the per-thread stream). `cluster`:
+        thread-block cluster dims; `pdl`: programmatic dependent launch (the kernel may start while the previous one
+        in the stream runs; it must `griddepcontrol.wait` before reading its output)."""
+        self.prepare(grid, self.cells(args), block=block, smem=smem, cluster=cluster, pdl=pdl).run(stream)
+
+
+class PreparedLaunch:
+    """One kernel launch with its grid, block, shared memory, cluster / PDL attributes and argument buffer fixed:
+    `run(stream)` sets the config's stream and makes one ctypes call to cuLaunchKernelEx (4 arguments, the config
+    and the packed parameters built once)."""
+
+    __slots__ = ("fn", "cells", "grid", "block", "smem", "cluster", "pdl", "_ptrs", "_params", "_cfg", "_cfg_ref",
+                 "_attrs", "_handle")
+
+    def __init__(self, fn: Function, grid, cells, block, smem: int, cluster=None, pdl: bool = False):
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(tuple(block)))
+        if any(g <= 0 for g in grid) or any(g >= 2**31 for g in grid):
+            raise ValueError(f"{fn.name}: bad grid {grid}")
+        self.fn, self.cells, self.grid, self.block, self.smem = fn, list(cells), grid, block, int(smem)
+        self.cluster, self.pdl = cluster, bool(pdl)
+        self._ptrs = (ctypes.c_void_p * max(len(self.cells), 1))(*[ctypes.addressof(c) for c in self.cells])
+        self._params = ctypes.addressof(self._ptrs)
+        self._handle = fn.address
+        attrs = []
+        if cluster is not None:
+            a = _LaunchAttr()
+            a.id = _ATTR_CLUSTER
+            a.value[0], a.value[1], a.value[2] = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
+            attrs.append(a)
+        if pdl:
+            a = _LaunchAttr()
+            a.id = _ATTR_PDL
+            a.value[0] = 1
+            attrs.append(a)
+        self._attrs = (_LaunchAttr * max(len(attrs), 1))(*attrs)
+        cfg = _LaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = self.smem
+        cfg.attrs = ctypes.cast(self._attrs, ctypes.POINTER(_LaunchAttr))
+        cfg.numAttrs = len(attrs)
+        self._cfg, self._cfg_ref = cfg, ctypes.byref(cfg)
+
+    def run(self, stream: int) -> None:
+        self._cfg.hStream = stream
+        rc = (_CU[0] if _CU else libcuda()).cuLaunchKernelEx(self._cfg_ref, self._handle, self._params, None)
+        if rc:
+            self.fail(rc)
+        if _VERBOSE[0]:
+            print(f"ptxgen: launch {self.fn.name} grid={self.grid} block={self.block} smem={self.smem} "
+                  f"stream={stream:#x}", file=sys.stderr)
+
+    def fail(self, rc: int) -> None:
+        _check_rc(rc, f"launch {self.fn.name} (grid {self.grid}, block {self.block}, smem {self.smem}, cluster "
+                      f"{self.cluster}, pdl {self.pdl})")
+
+
+_VERBOSE = [False]  # knobs.verbose(), read when kernels are loaded (kernels.load), not per launch
 
 
 class Module:
@@ -364,12 +689,12 @@ class Module:
 
 
 class Timer:
-    """Events-based timing of device work: `with Timer() as t: ...; t.ms`."""
+    """Events-based timing of device work on a stream: `with Timer(stream) as t: ...; t.ms`."""
 
-    def __init__(self, stream=0):
+    def __init__(self, stream=None):
         current()
         drv = _drv()
-        self.stream = stream
+        self.stream = stream_handle(stream)
         self.start = check(drv.cuEventCreate(0), "cuEventCreate")
         self.stop = check(drv.cuEventCreate(0), "cuEventCreate")
         self.ms = float("nan")

@@ -1,12 +1,22 @@
-"""Ops: validated Python calls that pick a kernel, check every input before launching, and launch it.
+"""Ops: validated Python calls that pick kernels, check every input before launching, and launch them on the
+caller's stream.
 
-Results follow the inputs: NumPy in → NumPy out; a device array in → a DeviceArray out (exports
-`__cuda_array_interface__`), unless `out=` is given.
+Every op takes `stream=` (driver.stream_handle: a raw handle, `__cuda_stream__`, a torch or cupy stream; default
+the current stream of the input's library, else the per-thread default stream) and queues its work there without
+waiting for it. Results follow the inputs: NumPy in → NumPy out (the call is synchronous); a torch tensor in → a
+torch tensor out; another device array in → a DeviceArray out (exports `__cuda_array_interface__`), unless `out=`
+is given.
+
+`mul_mat` records what it launches for one (weights, T, mode, rotation, arch, knobs) once, as a launch plan
+(`plans.Plan`, kept on the QuantTensor), and then issues those launches with argument buffers packed ahead of time,
+against the stream's workspace (`plans.workspace_for`). Nothing it does reads device memory back to the host: an
+activation past fp16 is recomputed on the device (`mul_mat_fixup_q4_k`).
 """
 from __future__ import annotations
 
 import functools
 import heapq
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -14,90 +24,121 @@ import numpy as np
 from ptxgen import knobs
 from ptxgen.formats import tq4_1s as T4
 
-from . import kernels
+from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
-from .driver import DeviceBuffer
+from .plans import _EAGER, Plan, PlanBuilder, Sym, SymArray, TMap, Workspace, workspace_for
 from .tensors import QuantTensor
 
 
-def _result(out: DeviceArray, host: bool):
-    return out.numpy() if host else out
+def _host_stream(stream, like) -> int:
+    return driver.stream_handle(stream, like)
+
+
+def _finish(o: DeviceArray, host_in: bool, out_given: bool, stream: int):
+    """NumPy in: wait for the stream and return NumPy (or `out`); otherwise return the device result at once."""
+    if host_in:
+        if out_given:
+            driver.stream_synchronize(stream)
+            return o
+        return o.numpy()
+    return o
+
+
+def _output(out, shape, dtype, what: str, x, stream: int, align: int = 4):
+    """(the output as a DeviceArray, the object to return): `out` checked, or a new array of the input's kind (a
+    torch tensor for a torch input, allocated by torch on the stream; else a DeviceArray in the stream's order)."""
+    if out is not None:
+        o = as_device_array(out, what, dtype, ndim=len(shape), align=align)
+        if tuple(o.shape) != tuple(shape):
+            raise ValueError(f"{what}: has shape {tuple(o.shape)}, expected {tuple(shape)}")
+        return o, out
+    if driver.is_torch(x):
+        t = _torch_empty(shape, dtype, x, stream)
+        return DeviceArray(t.data_ptr(), tuple(shape), np.dtype(dtype), t, stream=stream), t
+    o = DeviceArray.empty(shape, dtype, stream)
+    return o, o
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_empty(shape, dtype, like, stream: int):
+    import torch
+
+    td = _TORCH_DTYPES.get(np.dtype(dtype))
+    if td is None:
+        td = _TORCH_DTYPES[np.dtype(dtype)] = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+                                               np.dtype(np.uint8): torch.uint8}[np.dtype(dtype)]
+    if stream == driver._torch_current_stream(like.device.index):
+        return torch.empty(shape, dtype=td, device=like.device)
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=like.device)):  # torch's allocator: that stream
+        return torch.empty(shape, dtype=td, device=like.device)
 
 
 def _blocks_per_cta(fn, key: str, default: int = 8) -> int:
     return int(getattr(fn, "meta", {}).get(key, default))
 
 
-def quantize_q8_1(x, *, out=None, arch: str | None = None):
+def quantize_q8_1(x, *, out=None, arch: str | None = None, stream=None):
     """fp32 (..., K) with K a multiple of 32 → Q8_1 blocks (..., K/32·36) uint8, s = Σx (formats' "sum_x")."""
     shape = shape_of(x, "quantize_q8_1: x")
     if not shape or shape[-1] % 32:
         raise ValueError(f"quantize_q8_1: the last dimension must be a multiple of 32, got shape {shape}")
-    xa = as_device_array(x, "quantize_q8_1: x", np.float32)
+    s = _host_stream(stream, x)
+    xa = as_device_array(x, "quantize_q8_1: x", np.float32, stream=s)
     nblocks = int(np.prod(xa.shape, dtype=np.int64)) // 32
-    oshape = (*xa.shape[:-1], xa.shape[-1] // 32 * 36)
-    o = DeviceArray.empty(oshape, np.uint8) if out is None else as_device_array(out, "quantize_q8_1: out", np.uint8)
-    if o.nbytes != nblocks * 36:
-        raise ValueError(f"quantize_q8_1: out holds {o.nbytes} B, needs {nblocks * 36}")
+    o, ret = _output(out, (*xa.shape[:-1], xa.shape[-1] // 32 * 36), np.uint8, "quantize_q8_1: out", x, s, align=1)
     if nblocks:
         fn = kernels.load("quantize_q8_1", arch)
         per = _blocks_per_cta(fn, "blocks_per_cta")
-        fn.launch(((nblocks + per - 1) // per,), (xa, o, nblocks))
-    return _result(o, xa.host and out is None)
+        fn.launch(((nblocks + per - 1) // per,), (xa, o, nblocks), stream=s)
+    return _finish(o, xa.host, out is not None, s) if xa.host else ret
 
 
-def quantize_q8_1_mmq(x, flag, *, arch: str | None = None) -> DeviceArray:
-    """fp32 (T, K), K a multiple of 32 → the int8 MMQ's activation layout (ptxgen.formats.ggml.q8_1_mmq_layout):
-    T·K int8, then (d, d·Σq) float32 per 32-block; the same q and d as quantize_q8_1. Sets flag[0] = 1 if a
-    block's d overflows fp16 (amax > 65504·127, finite). Returns a DeviceArray."""
-    shape = shape_of(x, "quantize_q8_1_mmq: x")
-    if not shape or shape[-1] % 32:
-        raise ValueError(f"quantize_q8_1_mmq: the last dimension must be a multiple of 32, got shape {shape}")
-    xa = as_device_array(x, "quantize_q8_1_mmq: x", np.float32)
+def _rec_quantize_q8_1_mmq(pb: PlanBuilder, xa, flag, arch: str | None) -> SymArray:
+    """Record quantize_q8_1_mmq: fp32 (T, K), K a multiple of 32 → the int8 MMQ's activation layout
+    (ptxgen.formats.ggml.q8_1_mmq_layout): T·K int8, then (d, d·Σq) float32 per 32-block; the same q and d as
+    quantize_q8_1. Sets flag[0] = 1 if a block's d overflows fp16 (amax > 65504·127, finite)."""
     nblocks = int(np.prod(xa.shape, dtype=np.int64)) // 32
-    o = DeviceArray.empty((nblocks * 40,), np.uint8)
-    if nblocks:
-        fn = kernels.load("quantize_q8_1_mmq", arch)
-        per = _blocks_per_cta(fn, "blocks_per_cta")
-        fn.launch(((nblocks + per - 1) // per,), (xa, o, nblocks, flag))
+    o = pb.scratch((nblocks * 40,), np.uint8)
+    fn = kernels.load("quantize_q8_1_mmq", arch)
+    per = _blocks_per_cta(fn, "blocks_per_cta")
+    pb.launch(fn, ((nblocks + per - 1) // per,), (xa, o, nblocks, flag))
     return o
 
 
-def dequantize(w: QuantTensor, *, out=None, arch: str | None = None):
+def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None):
     """QuantTensor → fp16 (M, K). Q4_K runs on the GPU; the result equals ptxgen.formats' float32 dequant
-    rounded to fp16, bit for bit. Returns a DeviceArray (or fills `out`)."""
+    rounded to fp16, bit for bit. Returns a DeviceArray (or fills `out`, whose library's stream is the default)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"dequantize: expected a QuantTensor, got {type(w).__name__}")
     kernel = {"q4_K": "dequantize_q4_k"}.get(w.fmt)
     if kernel is None:
         raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: q4_K)")
     m, k = w.shape
-    o = DeviceArray.empty((m, k), np.float16) if out is None else \
-        as_device_array(out, "dequantize: out", np.float16, align=8)
-    if tuple(o.shape) != (m, k):
-        raise ValueError(f"dequantize: out has shape {tuple(o.shape)}, expected {(m, k)}")
+    s = _host_stream(stream, out)
+    o, ret = _output(out, (m, k), np.float16, "dequantize: out", None, s, align=8)
     fn = kernels.load(kernel, arch)
     nsuper = m * k // 256
     per = _blocks_per_cta(fn, "superblocks_per_cta")
-    fn.launch(((nsuper + per - 1) // per,), (w.buffer, o, nsuper))
-    return o
+    fn.launch(((nsuper + per - 1) // per,), (w.buffer, o, nsuper), stream=s)
+    return ret
 
 
-def rotate_tq4_1s(x, *, out=None, arch: str | None = None):
+def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     """TQ4_1S activation rotation: forward RHT per 32-element block of fp32 (..., K) → fp32, bit-exact to
     ptxgen.formats.rht_forward."""
     shape = shape_of(x, "rotate_tq4_1s: x")
     if not shape or shape[-1] % 32:
         raise ValueError(f"rotate_tq4_1s: the last dimension must be a multiple of 32, got shape {shape}")
-    xa = as_device_array(x, "rotate_tq4_1s: x", np.float32)
-    o = DeviceArray.empty(shape, np.float32) if out is None else as_device_array(out, "rotate_tq4_1s: out", np.float32)
-    if tuple(o.shape) != tuple(shape):
-        raise ValueError(f"rotate_tq4_1s: out has shape {tuple(o.shape)}, expected {tuple(shape)}")
+    s = _host_stream(stream, x)
+    xa = as_device_array(x, "rotate_tq4_1s: x", np.float32, stream=s)
+    o, ret = _output(out, shape, np.float32, "rotate_tq4_1s: out", x, s)
     nb = int(np.prod(shape, dtype=np.int64)) // 32
     if nb:
         fn = kernels.load("rotate_tq4_1s", arch)
-        fn.launch(((nb + 7) // 8,), (xa, o, nb))
-    return _result(o, xa.host and out is None)
+        fn.launch(((nb + 7) // 8,), (xa, o, nb), stream=s)
+    return _finish(o, xa.host, out is not None, s) if xa.host else ret
 
 
 GEMV_TOKENS = (1, 2, 4, 8)
@@ -167,28 +208,6 @@ def q8_path(t: int, fp16_path: str) -> str | None:
     if t > Q8_MAX_TOKENS[fp16_path]:
         return None
     return "q8" if t <= 16 else "q8_pre"
-
-
-_FLAG: list = []
-_QUEUE: list = []  # the persistent MMQ's work counter (the kernel resets it at the end of each launch)
-
-
-def _mmq_q4_k(w: QuantTensor, xa, o, t: int, arch: str | None, path: str | None = None) -> bool:
-    """The fp16 MMQ (or `path`="q8": the Q8_1 one). Returns False if an activation overflowed its format
-    (fp16; or a Q8_1 scale amax/127 past fp16): the caller recomputes another way."""
-    from .driver import DeviceBuffer
-
-    if not _FLAG:
-        _FLAG.append(DeviceBuffer(4))
-        _FLAG[0].fill_bytes(0)
-    # zero between calls, reset only after it was raised: no memset per call (0.8 us of device time). A call that
-    # failed after a raise leaves it up, and the next call then answers the exact way: slower, never wrong
-    flag = _FLAG[0]
-    mmq_launch(w, xa, o, t, flag, arch, path=path)
-    raised = int(flag.download(np.uint32, (1,))[0]) != 0
-    if raised:
-        flag.fill_bytes(0)
-    return not raised
 
 
 def mmq_path(arch: str | None = None, t: int | None = None) -> str:
@@ -289,34 +308,32 @@ def mmq_convert_in_gemm(t: int, splits: int) -> bool:
     return v == "on" or (v == "auto" and t >= MMQ_CX_MIN_TOKENS and splits <= MMQ_CX_MAX_SPLITS)
 
 
-def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
-               path: str | None = None) -> None:
-    """Launch the Q4_K MMQ (with convert_f16 / quantize_q8_1_mmq first where its path reads their output)
-    without reading the flag; split-K partials are summed inside the kernel.
+MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc",
+             "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16", "q8", "q8_pre")
+
+
+def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
+             path: str | None = None) -> None:
+    """Record the Q4_K MMQ (with convert_f16 / quantize_q8_1_mmq first where its path reads their output); split-K
+    partials are summed inside the kernel. The overflow flag is raised, never read here (see mul_mat_fixup_q4_k).
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16, x converted inside the GEMM),
     "mma.sync_x16" (convert_f16 launch, then the fp16 GEMM on fp16 x), "wgmma" (fp16, sm_90a), "wgmma_ra"
     (fp16, sm_90a, A from registers and x in its K order; token tile n64 to WGMMA_RA_N64_MAX_TOKENS, n128 to
-    WGMMA_RA_N128_MAX_TOKENS, n256 above,
-    unless `bn` says otherwise; it converts x itself, mmq_q4_k_wgmma_ra_n*_cx, where mmq_convert_in_gemm says so),
-    "wgmma_ra_cx" / "wgmma_ra_x16" (the register-A build converting x inside the launch / after convert_f16_perm,
-    whatever the rule says), "wgmma_pre" (dequantize_q4_k_frags writes the register-A fragments as fp16 first,
-    then the register-A GEMM loads them instead of dequantizing: mmq_q4_k_wgmma_pre_n256, converting x itself
-    where mmq_convert_in_gemm says so) with "wgmma_pre_cx" / "wgmma_pre_x16" to pin that choice, "wgmma_ra_mc"
-    (the register-A build in clusters of 2 CTAs that multicast each activation tile to both; not dispatched by
-    mul_mat yet), "q8" (int8 mma.sync, x quantized to Q8_1 inside the
-    GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them."""
-
-    from .driver import current
-
+    WGMMA_RA_N128_MAX_TOKENS, n256 above, unless `bn` says otherwise; it converts x itself,
+    mmq_q4_k_wgmma_ra_n*_cx, where mmq_convert_in_gemm says so), "wgmma_ra_cx" / "wgmma_ra_x16" (the register-A
+    build converting x inside the launch / after convert_f16_perm, whatever the rule says), "wgmma_pre"
+    (dequantize_q4_k_frags writes the register-A fragments as fp16 first, then the register-A GEMM loads them
+    instead of dequantizing: mmq_q4_k_wgmma_pre_n256, converting x itself where mmq_convert_in_gemm says so) with
+    "wgmma_pre_cx" / "wgmma_pre_x16" to pin that choice, "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs
+    that multicast each activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized
+    to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them."""
     m, k = w.shape
     if path is None:
         path = mmq_path(arch, t)
         if path == "mma.sync" and mma_sync_x16(m, k, t, arch):
             path = "mma.sync_x16"
-    paths = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc",
-             "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16", "q8", "q8_pre")
-    if path not in paths:
-        raise ValueError(f"mmq_launch: path must be one of {', '.join(paths)}, got {path!r}")
+    if path not in MMQ_PATHS:
+        raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
     if path.startswith("wgmma_pre"):
         bn = bn or PREPARED_TILE
         if bn != PREPARED_TILE:
@@ -327,11 +344,12 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
         tiles_opt = {"wgmma": WGMMA_TILES, "mma.sync": MMQ_TILES, "mma.sync_x16": MMQ_TILES}.get(path, Q8_TILES)
         bn = bn or next((n for n in tiles_opt if t <= n), tiles_opt[-1])
     sync = path in ("mma.sync", "mma.sync_x16")
+    sms = driver.current().sm_count
     plan, planned = None, None
     if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
         kind = path.split("_")[1]
         planned = kernels.load(f"mmq_q4_k_wgmma_{kind}_n{bn}", "sm_90a")
-        plan = mmq_plan(planned, m, k, t, bn, False, current().sm_count)
+        plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_{kind}_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
         path = f"{path}_cx" if cx else f"{path}_x16"
     name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra_x16": f"mmq_q4_k_wgmma_ra_n{bn}",
@@ -342,53 +360,105 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
     if plan is None or (fn is not planned and fn.resident_per_sm() != planned.resident_per_sm()):
-        plan = mmq_plan(fn, m, k, t, bn, sync, current().sm_count)  # the converting build: same plan unless its
-        # shared memory changes how many CTAs an SM holds
+        plan = mmq_plan(fn, m, k, t, bn, sync, sms)  # the converting build: same plan unless its shared memory
+        # changes how many CTAs an SM holds
     tiles, whole, splits = plan.tiles, plan.whole, plan.splits
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
     # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)
     if splits == 1:
         part = o
     elif sync:  # fragment order, only the split tiles
-        part = DeviceArray.empty((splits * (tiles - whole) * 128 * bn,), np.float32)
+        part = pb.scratch((splits * (tiles - whole) * 128 * bn,), np.float32)
     else:
-        part = DeviceArray.empty((splits * tiles * 128 * bn,) if wg else (splits, t, m), np.float32)
-    cnt = _counters(4 * tiles)
-    if not _QUEUE:
-        q = DeviceBuffer(8)
-        q.fill_bytes(0)  # once; every launch leaves it at zero again
-        _QUEUE.append(q)
+        part = pb.scratch((splits * tiles * 128 * bn,) if wg else (splits, t, m), np.float32)
+    cnt = pb.counters(4 * tiles)
     cl, grid = plan.cluster, plan.grid
-    tail = (m, k, t, plan.per, _QUEUE[0], plan.tiles_n, splits, part, cnt) + ((whole, int(plan.spread)) if sync else ())
+    tail = (m, k, t, plan.per, pb.queue, plan.tiles_n, splits, part, cnt) + ((whole, int(plan.spread)) if sync else ())
     if path.startswith("wgmma_pre"):  # A fragments first (ptxgen.layouts.q4k_rega_fragments), 16 KB per block
         tiles_m, ksteps = -(-m // 128), k // 64
-        frags = DeviceArray.empty((tiles_m * ksteps * 64, 256), np.uint8)
-        kernels.load("dequantize_q4_k_frags", "sm_90a").launch((ksteps, tiles_m), (w.buffer, frags, m, k))
+        frags = pb.scratch((tiles_m * ksteps * 64, 256), np.uint8)
+        pb.launch(kernels.load("dequantize_q4_k_frags", "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
     else:
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
     if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's idle producer warps (mmq.CX_NOTE)
-        x16 = DeviceArray.empty((t, k), np.float16)
+        x16 = pb.scratch((t, k), np.float16)
         nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
-        ready = _x_ready(4 * nready)
+        ready = pb.ready(4 * nready)
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
-        fn.launch(grid, (tw, tx, o, *tail, xa, x16, ready, flag), pdl=bool(fn.meta.get("pdl")))  # pre: behind the frags
+        pb.launch(fn, grid, (tw, tx, o, *tail, xa, x16, ready, flag), pdl=bool(fn.meta.get("pdl")))  # pre: behind the frags
     elif wg:
-        x16 = convert_f16(xa, flag, arch="sm_90a", k_order="natural" if path == "wgmma" else "rega")
+        x16 = _rec_convert_f16(pb, xa, flag, "sm_90a", "natural" if path == "wgmma" else "rega")
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
-        fn.launch(grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
+        pb.launch(fn, grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=(cl, 1, 1) if cl > 1 else None)
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout, mma.sync_x16 fp16 x
-        xin = (quantize_q8_1_mmq(xa, flag, arch=arch) if path == "q8_pre" else
-               convert_f16(xa, flag, arch=arch) if path == "mma.sync_x16" else xa)
-        fn.launch(grid, (w.buffer, xin, o, flag, *tail))
+        xin = (_rec_quantize_q8_1_mmq(pb, xa, flag, arch) if path == "q8_pre" else
+               _rec_convert_f16(pb, xa, flag, arch) if path == "mma.sync_x16" else xa)
+        pb.launch(fn, grid, (w.buffer, xin, o, flag, *tail))
+
+
+def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None) -> None:
+    """Record mul_mat_fixup_q4_k behind a GEMM on fp16 / Q8_1 activations: it reads the workspace's flag on the
+    device and recomputes the tokens that left the format (at once a no-op when the flag is clear)."""
+    m, k = w.shape
+    fn = kernels.load("mul_mat_fixup_q4_k", arch)
+    grid = max(1, min(t, 4 * driver.current().sm_count))
+    pb.launch(fn, (grid,), (pb.flag, pb.done, w.buffer, xa, o, m, k, t), pdl=bool(fn.meta.get("pdl")))
+
+
+def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
+               path: str | None = None, stream=None) -> None:
+    """Launch the Q4_K MMQ alone (`_rec_mmq`: the path and tile rules, or `path` / `bn` forced) on `stream` (default:
+    the per-thread stream), raising `flag` (a device buffer of 4 bytes, never read here) if an activation leaves its
+    format; no fixup behind it. For benchmarks and tests that sweep the lowerings; `mul_mat` is the op."""
+    s = driver.stream_handle(stream)
+    xa = as_device_array(xa, "mmq_launch: x", np.float32, ndim=2, align=16, stream=s)
+    o = as_device_array(o, "mmq_launch: out", np.float32, ndim=2)
+    m, k = w.shape
+    pb = PlanBuilder((t, k), np.float32, (t, m), np.float32)
+    _rec_mmq(pb, w, pb.x, pb.y, t, flag.ptr if hasattr(flag, "ptr") else int(flag), arch, bn, path)
+    run_plan(pb.finish(f"mmq_launch {path or 'auto'}"), xa.ptr, o.ptr, s)
+
+
+def run_plan(plan: Plan, x_ptr: int, y_ptr: int, stream=None, workspace: Workspace | None = None) -> Workspace:
+    """Issue a plan's launches on `stream` (driver.stream_handle) against its workspace (plans.workspace_for);
+    returns the workspace."""
+    s = driver.stream_handle(stream)
+    ws = workspace_for(plan, s, workspace)
+    plan.bound(ws).run(x_ptr, y_ptr, s)
+    return ws
+
+
+def recorded_plan(w: QuantTensor, t: int, record, note: str = "") -> Plan:
+    """A plan made by `record(pb)` (a PlanBuilder whose x is (T, K) fp32 and y (T, M) fp32) — for benchmarks and
+    probes that time one lowering; mul_mat_plan is what mul_mat runs."""
+    m, k = w.shape
+    pb = PlanBuilder((t, k), np.float32, (t, m), np.float32)
+    record(pb)
+    return pb.finish(note)
+
+
+def workspace_state(stream=None) -> np.ndarray:
+    """The zero-kept state words of the eager workspace of `stream` (after its work): flag, done, queue (2 words),
+    then the counters — tests check that every kernel left them at zero."""
+    from .plans import STATE_HEAD, _EAGER, _stream_key
+
+    s = driver.stream_handle(stream)
+    ws = _EAGER.get(_stream_key(s))
+    if ws is None:
+        return np.zeros(0, np.uint32)
+    return ws.state.download(np.uint32, ((STATE_HEAD + ws.counter_bytes + ws.ready_bytes) // 4,), stream=s)
 
 
 _TMAPS: dict = {}
 
 
-def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle) -> bytes:
-    """cuTensorMapEncodeTiled, memoised: the same buffer and tiling reuse one encoded map."""
+def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle):
+    """cuTensorMapEncodeTiled, memoised (the same buffer and tiling reuse one encoded map); over a symbolic buffer
+    (scratch, while recording a plan) a TMap, encoded when the plan is bound."""
+    if isinstance(ptr, Sym):
+        return TMap(ptr, dtype, rows, cols, box_rows, box_cols, swizzle)
     from .tma import tensor_map_2d
 
     key = (ptr, dtype, rows, cols, box_rows, box_cols, swizzle)
@@ -400,24 +470,36 @@ def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle) -> bytes:
     return tm
 
 
-def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "natural"):
-    """fp32 (..., K) → fp16 on the device (round to nearest even); sets flag[0] = 1 if any value became
-    inf or NaN in fp16. Returns a DeviceArray. `k_order="rega"`: each 64-column chunk in the register-A wgmma
-    MMQ's order (ptxgen.layouts.q4k_rega_k_order; convert_f16_perm, K a multiple of 64)."""
+def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str = "natural") -> SymArray:
+    """Record fp32 (..., K) → fp16 (round to nearest even) into scratch; sets flag[0] = 1 if any value became inf or
+    NaN in fp16. `k_order="rega"`: each 64-column chunk in the register-A wgmma MMQ's order
+    (ptxgen.layouts.q4k_rega_k_order; convert_f16_perm, K a multiple of 64)."""
     if k_order not in ("natural", "rega"):
         raise ValueError(f"convert_f16: k_order must be 'natural' or 'rega', got {k_order!r}")
-    xa = as_device_array(x, "convert_f16: x", np.float32)
     n = int(np.prod(xa.shape, dtype=np.int64))
     if n % 8:
         raise ValueError(f"convert_f16: the element count must be a multiple of 8, got {n}")
     if k_order == "rega" and xa.shape[-1] % 64:
         raise ValueError(f"convert_f16: k_order='rega' needs K a multiple of 64, got {xa.shape[-1]}")
-    o = DeviceArray.empty(xa.shape, np.float16) if out is None else as_device_array(out, "convert_f16: out", np.float16)
-    if o.nbytes != 2 * n:
-        raise ValueError(f"convert_f16: out holds {o.nbytes} B, needs {2 * n}")
+    o = pb.scratch(xa.shape, np.float16)
     fn = kernels.load("convert_f16" if k_order == "natural" else "convert_f16_perm", arch)
-    fn.launch(((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
+    pb.launch(fn, ((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
     return o
+
+
+def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "natural", stream=None):
+    """fp32 (..., K) → fp16 on the device (round to nearest even); sets flag[0] = 1 if any value became inf or NaN in
+    fp16 (`flag`: a device buffer of at least 4 bytes). `k_order="rega"`: the register-A MMQ's K order."""
+    if k_order not in ("natural", "rega"):
+        raise ValueError(f"convert_f16: k_order must be 'natural' or 'rega', got {k_order!r}")
+    s = _host_stream(stream, x)
+    xa = as_device_array(x, "convert_f16: x", np.float32, stream=s)
+    pb = PlanBuilder(xa.shape, np.float32, xa.shape, np.float16)
+    _rec_convert_f16(pb, pb.x, flag.ptr if hasattr(flag, "ptr") else int(flag), arch, k_order)
+    o, ret = _output(out, xa.shape, np.float16, "convert_f16: out", x, s)
+    pb.launches = [ln._replace(args=(ln.args[0], pb.y, *ln.args[2:])) for ln in pb.launches]
+    run_plan(pb.finish("convert_f16"), xa.ptr, o.ptr, s)
+    return ret
 
 
 def mmq_spread_fixup(split_tiles: int, splits: int, grid: int) -> bool:
@@ -490,32 +572,156 @@ def splitk_plan_one_round(tiles: int, steps: int, slots: int) -> tuple[int, int]
 
 
 def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: str = "exact",
-            arch: str | None = None):
-    """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W).
+            arch: str | None = None, stream=None, workspace: Workspace | None = None):
+    """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W), queued on `stream`.
 
-    Dispatch (README "mul_mat dispatch"): TQ4_1S and Q4_K run the decode GEMV, in slices of at most 8
-    tokens (T ≤ 8 is one launch); Q4_K with T = 9–16 (mode "exact") the 16-token tensor-core skinny GEMM
-    gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; where t16h's grid would take two
-    rounds, skinny16_ok, the same records on mmq_q4_k_rega_n16; PTXGEN_Q4K_T16H=0 or
+    `stream`: see the module's docstring (default: torch's current stream for a torch x, cupy's for a cupy x,
+    else the per-thread default stream); the call returns without waiting for the GPU unless x is a NumPy array.
+    `out`: a (T, M) fp32 device array to write (torch, cupy, DeviceArray). `workspace`: a plans.Workspace to use
+    instead of the stream's own (for instance one reserved before capturing a CUDA graph).
+
+    The kernels (README "mul_mat dispatch"; `mul_mat_plan(w, T).kernels` lists them): TQ4_1S and Q4_K run the decode
+    GEMV, in slices of at most 8 tokens (T ≤ 8 is one launch); Q4_K with T = 9–16 (mode "exact") the 16-token
+    tensor-core skinny GEMM gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; where t16h's
+    grid would take two rounds, skinny16_ok, the same records on mmq_q4_k_rega_n16; PTXGEN_Q4K_T16H=0 or
     PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16); exact-mode Q4_K with M ≥ 128 and 17 ≤ T ≤ SKINNY_MAX_TOKENS
     (skinny_ok) the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations). Other Q4_K with T > 8 and
     M ≥ 128 runs the prefill GEMM, the smallest token tile that holds T: on sm_90 devices the wgmma + TMA
     lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}; from T = WGMMA_RA_MIN_TOKENS convert_f16_perm and
-    mmq_q4_k_wgmma_ra_n{64,128,256}, A from registers), elsewhere or with arch="sm_89" the mma.sync one (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32
-    accumulation, relative error ~3.4e-4; if an activation overflows fp16 (|x| > 65504) the flag is raised and
-    the call is recomputed exactly by the GEMV path. TQ4_1S needs the activation rotated: `rotation="separate"` runs
-    prep_tq4_1s once per call (the rotation, written in the lane GEMV's layout), `"fused"` rotates inside the
-    8-weight-unit GEMV's prologue (same bits) for T ≤ 4 and falls back to the separate rotation above that. `mode="fast"`: TQ4_1S rotates, quantizes the rotated
-    activation to Q8_1 and runs the dp4a GEMV with the int8 codebook (NMSE ~5e-5 against the exact result,
-    bound 5e-4); Q4_K (T ≤ 8) and Q8_0 (which has only this mode: pass mode="fast") quantize x to Q8_1 and
-    run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact integer dots; relative error ≤ 1e-5 against the
-    float64 product with the Q8_1-rounded x); Q4_K with 8 < T ≤ Q8_MAX_TOKENS runs the int8 MMQ (`q8_path`:
-    mmq_q4_k_q8_n16 quantizing x inside, or quantize_q8_1_mmq + mmq_q4_k_q8_n32_pre; int8 mma.sync m16n8k32,
-    same error bound), larger T the fp16 GEMM as in "exact". An activation block whose Q8_1 scale overflows
-    fp16 (amax > 65504·127) raises the flag and the call is recomputed by the fp16 GEMM. `"exact"` keeps fp32
-    activations in the GEMVs (relative error ~1e-6) and fp16 in the GEMMs (above)."""
+    mmq_q4_k_wgmma_ra_n{64,128,256}, A from registers), elsewhere or with arch="sm_89" the mma.sync one
+    (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32 accumulation, relative error ~3.4e-4. Behind every prefill
+    GEMM, mul_mat_fixup_q4_k reads the overflow flag on the device: a token with a value past fp16 (|x| ≥ 65520, or
+    non-finite) is recomputed exactly in fp32 (the kernel returns at once when none is). TQ4_1S needs the activation
+    rotated: `rotation="separate"` runs prep_tq4_1s once per call (the rotation, written in the lane GEMV's layout),
+    `"fused"` rotates inside the 8-weight-unit GEMV's prologue (same bits) for T ≤ 4 and falls back to the separate
+    rotation above that. `mode="fast"`: TQ4_1S rotates, quantizes the rotated activation to Q8_1 and runs the dp4a
+    GEMV with the int8 codebook (NMSE ~5e-5 against the exact result, bound 5e-4); Q4_K (T ≤ 8) and Q8_0 (which has
+    only this mode: pass mode="fast") quantize x to Q8_1 and run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact
+    integer dots; relative error ≤ 1e-5 against the float64 product with the Q8_1-rounded x); Q4_K with
+    8 < T ≤ Q8_MAX_TOKENS runs the int8 MMQ (`q8_path`: mmq_q4_k_q8_n16 quantizing x inside, or quantize_q8_1_mmq +
+    mmq_q4_k_q8_n32_pre; int8 mma.sync m16n8k32, same error bound), larger T the fp16 GEMM as in "exact"; a token
+    whose Q8_1 scale overflows fp16 (amax > 65504·127) is recomputed by the fixup. `"exact"` keeps fp32
+    activations in the GEMVs (relative error ~1e-6) and fp16 in the GEMMs (above). Non-finite activations give
+    non-finite outputs in their token's row."""
+    if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
+        raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
+    m, k = w.shape
+    host = False
+    tt = _TORCH[0] if _TORCH else _torch_types()
+    if tt is not None and isinstance(x, tt[0]):  # the hot path: a CUDA float32 torch tensor
+        if not (x.dtype is tt[1] and x.is_cuda and x.dim() == 2 and x.is_contiguous() and x.shape[1] == k):
+            _torch_input(x, k)  # raises the precise error
+        t, x_ptr, dev = x.shape[0], x.data_ptr(), x.get_device()
+        if x_ptr & 15 or dev != driver.ORDINAL:
+            _torch_input(x, k)
+        s = stream if type(stream) is int else tt[2](dev) if stream is None else driver.stream_handle(stream)
+    elif type(x) is DeviceArray:
+        if len(x.shape) != 2 or x.shape[1] != k:
+            raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {tuple(x.shape)}")
+        if x.dtype != np.float32:
+            raise TypeError(f"mul_mat: x: expected dtype float32, got {x.dtype}")
+        if x.ptr % 16:
+            raise ValueError(f"mul_mat: x: device pointer {x.ptr:#x} is not 16-byte aligned")
+        t, x_ptr = x.shape[0], x.ptr
+        s = driver.stream_handle(stream, x)
+    else:
+        shape = shape_of(x, "mul_mat: x")
+        if len(shape) != 2 or shape[1] != k:
+            raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {shape}")
+        t, x_ptr, host = shape[0], None, isinstance(x, np.ndarray)
+        s = driver.stream_handle(stream, x)
+    if t == 0:
+        raise ValueError("mul_mat: x has no tokens (T = 0)")
+    driver.bind_thread()
+    entry = w._plans.get((t, mode, rotation, arch))
+    if entry is None or entry[0] != knobs._GENERATION[0]:
+        plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
+    else:
+        plan = entry[1]
+    if x_ptr is None:
+        xa = as_device_array(x, "mul_mat: x", np.float32, ndim=2, align=16, stream=s)
+        x_ptr = xa.ptr
+    if out is None:
+        o, ret = _output(None, (t, m), np.float32, "mul_mat: out", x, s)
+        y_ptr = o.ptr
+    elif tt is not None and isinstance(out, tt[0]):
+        if not (out.dtype is tt[1] and out.is_cuda and out.is_contiguous() and out.dim() == 2 and out.shape[0] == t
+                and out.shape[1] == m):
+            _torch_output(out, t, m)  # raises the precise error
+        y_ptr, ret, o = out.data_ptr(), out, None
+    else:
+        o, ret = _output(out, (t, m), np.float32, "mul_mat: out", x, s)
+        y_ptr = o.ptr
+    cid = driver.capture_id(s)
+    if cid is None and workspace is None:
+        ws = _EAGER.get(s if s != driver.PER_THREAD_STREAM else (s, threading.get_ident()))
+        last = plan._last
+        b = last[1] if ws is not None and last[0]() is ws else plan.bound(workspace_for(plan, s, None, cid))
+    else:
+        b = plan.bound(workspace_for(plan, s, workspace, cid))
+    b.run(x_ptr, y_ptr, s)
+    if host:
+        return _finish(o, True, out is not None, s)
+    return ret
+
+
+_TORCH: list = []  # (torch.Tensor, torch.float32, torch's current-raw-stream function), once torch is imported
+
+
+def _torch_types():
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    _TORCH.append((torch.Tensor, torch.float32, driver.torch_stream_getter()))
+    return _TORCH[0]
+
+
+def _torch_input(x, k: int) -> tuple[int, int]:
+    """(T, pointer) of a torch x, checked: CUDA, float32, (T, K), contiguous, 16-byte aligned, on ptxgen's GPU."""
+    import torch
+
+    if x.dtype is not torch.float32:
+        raise TypeError(f"mul_mat: x: expected dtype float32, got {x.dtype}")
+    if not x.is_cuda:
+        raise TypeError("mul_mat: x is a CPU torch tensor: pass x.cuda() (or x.numpy() for a synchronous call)")
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"mul_mat: x must have shape (T, {k}), got {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError("mul_mat: x: a non-contiguous tensor; pass x.contiguous()")
+    ptr = x.data_ptr()
+    if ptr % 16:
+        raise ValueError(f"mul_mat: x: device pointer {ptr:#x} is not 16-byte aligned (a view at an odd offset?)")
+    if x.get_device() != driver.ORDINAL:
+        raise ValueError(f"mul_mat: x is on cuda:{x.get_device()}; ptxgen runs on cuda:{driver.ORDINAL}")
+    return x.shape[0], ptr
+
+
+def _torch_output(out, t: int, m: int) -> int:
+    import torch
+
+    if out.dtype is not torch.float32 or not out.is_cuda:
+        raise TypeError(f"mul_mat: out: expected a CUDA float32 tensor, got {out.dtype} on {out.device}")
+    if tuple(out.shape) != (t, m):
+        raise ValueError(f"mul_mat: out has shape {tuple(out.shape)}, expected {(t, m)}")
+    if not out.is_contiguous():
+        raise ValueError("mul_mat: out: a non-contiguous tensor")
+    return out.data_ptr()
+
+
+def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str = "separate",
+                 arch: str | None = None) -> Plan:
+    """The launch plan mul_mat(w, x) runs for T = t tokens (cached on `w` per (T, mode, rotation, arch) and the
+    knobs' generation): `.kernels` names its launches, `.scratch_bytes` / `.counter_bytes` its workspace needs.
+    Loads the kernels it names; checks the arguments (a ValueError names a bad one)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
+    key = (t, mode, rotation, arch)
+    gen = knobs.generation()
+    entry = w._plans.get(key)
+    if entry is not None and entry[0] == gen:
+        return entry[1]
     if w.fmt not in GEMV_FORMATS:
         raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {', '.join(GEMV_FORMATS)})")
     if rotation not in ("separate", "fused"):
@@ -524,53 +730,60 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError(f"mul_mat: mode must be 'exact' or 'fast', got {mode!r}")
     if w.fmt == "q8_0" and mode != "fast":
         raise ValueError("mul_mat: q8_0 weights run int8 x Q8_1 activations (as llama.cpp does); pass mode='fast'")
+    if not isinstance(t, (int, np.integer)) or t <= 0:
+        raise ValueError(f"mul_mat: T must be a positive number of tokens, got {t!r}")
+    if not w.on_device:
+        if driver.capture_id(driver.PER_THREAD_STREAM) is not None:
+            raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and a CUDA graph is being captured: call "
+                               "w.to_device() (or run the op once) before capturing")
+        w.to_device()
     m, k = w.shape
     if w.fmt == "q8_0" and (k % 64 or w.ptr % 4):
         raise ValueError(f"mul_mat: q8_0 needs K a multiple of 64 and 4-byte aligned weights (K={k}, "
                          f"pointer {w.ptr:#x})")
-    shape = shape_of(x, "mul_mat: x")
-    if len(shape) != 2 or shape[1] != k:
-        raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {shape}")
-    t = shape[0]
-    if t == 0:
-        raise ValueError("mul_mat: x has no tokens (T = 0)")
     if w.fmt == "q4_K" and w.ptr % 16:
         raise ValueError(f"mul_mat: q4_K weights must start 16-byte aligned, pointer is {w.ptr:#x}")
-    xa = as_device_array(x, "mul_mat: x", np.float32, ndim=2, align=16)
-    o = DeviceArray.empty((t, m), np.float32) if out is None else as_device_array(out, "mul_mat: out", np.float32, ndim=2)
-    if tuple(o.shape) != (t, m):
-        raise ValueError(f"mul_mat: out has shape {tuple(o.shape)}, expected {(t, m)}")
+    pb = PlanBuilder((t, k), np.float32, (t, m), np.float32)
+    _record_mul_mat(pb, w, int(t), mode, rotation, arch)
+    plan = pb.finish(f"mul_mat {w.fmt} {m}x{k} T={t} mode={mode}")
+    w._plans[key] = (gen, plan)
+    return plan
+
+
+def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation: str, arch: str | None) -> None:
+    """mul_mat's dispatch (its docstring; README "mul_mat dispatch"), recorded into `pb`."""
+    m, k = w.shape
+    xa, o = pb.x, pb.y
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     if w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= T4.Q4K_HI_TOKENS and _t16h_ok(arch):
         if skinny16_ok(m, arch):  # t16h's grid would take two rounds (README)
-            _skinny_gemm(w, xa.ptr, o.ptr, m, k, t, arch, c=T4.Q4K_HI_TOKENS)
+            _skinny_gemm(pb, w, xa.ptr, o.ptr, m, k, t, arch, c=T4.Q4K_HI_TOKENS)
         else:
-            _few_token_gemv(w, xa.ptr, o.ptr, m, k, t, arch, hi_only=True)  # fp16 activations, as the GEMMs (README)
-        return _result(o, xa.host and out is None)
+            _few_token_gemv(pb, w, xa.ptr, o.ptr, m, k, t, arch, hi_only=True)  # fp16 activations, as the GEMMs
+        return
     if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() != "off"
             and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16 (README)
-        _mma_gemv(w, xa.ptr, o.ptr, m, k, t, arch)
-        return _result(o, xa.host and out is None)
+        _mma_gemv(pb, w, xa.ptr, o.ptr, m, k, t, arch)
+        return
     if w.fmt == "q4_K" and mode == "exact" and m >= MMQ_MIN_ROWS and skinny_ok(t, m, k, arch):
-        _skinny_gemm(w, xa.ptr, o.ptr, m, k, t, arch)  # fp16 activations, as the MMQs (README)
-        return _result(o, xa.host and out is None)
+        _skinny_gemm(pb, w, xa.ptr, o.ptr, m, k, t, arch)  # fp16 activations, as the MMQs (README)
+        return
     if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
         q8 = q8_path(t, mmq_path(arch)) if mode == "fast" else None
-        if q8 and _mmq_q4_k(w, xa, o, t, arch, path=q8):
-            return _result(o, xa.host and out is None)
-        if _mmq_q4_k(w, xa, o, t, arch):
-            return _result(o, xa.host and out is None)
-        mode = "exact"  # an activation past fp16: the fp32 GEMV, exactly
+        _rec_mmq(pb, w, xa, o, t, pb.flag, arch, path=q8)
+        _rec_fixup(pb, w, xa, o, t, arch)  # a token past fp16 / Q8_1: recomputed exactly, decided on the device
+        return
     if mode == "fast":
         prep, gemv = FAST_GEMV[w.fmt]
-        q, row = _prep_lanes(xa, t, k, prep, arch)
+        q, row = _prep_lanes(pb, xa, t, k, prep, arch)
         for t0 in range(0, t, 8):
+            pb.begin_slice()
             n = min(8, t - t0)
             tk = next(v for v in GEMV_TOKENS if v >= n)
             fn = kernels.load(gemv.format(tk), arch)
-            _gemv_launch(fn, w, q.ptr + t0 * row, o.ptr + 4 * t0 * m, m, k, n)
-        return _result(o, xa.host and out is None)
+            _gemv_launch(pb, fn, w, q.ptr + t0 * row, o.ptr + 4 * t0 * m, m, k, n)
+        return
     lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
     tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
     tc = knobs.tq4_mma() if tma else "off"
@@ -581,15 +794,16 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     few = (w.fmt == "q4_K" and tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", arch) is not None
            and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and m * k >= Q4K_T1_MIN_WEIGHTS)))
     for t0 in range(0, t, 8):
+        pb.begin_slice()
         n = min(8, t - t0)
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
-            _xr_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
+            _xr_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
             continue
         if few and n <= Q4K_FEW_MAX_TOKENS:  # few tokens on tensor cores, (hi, lo) B columns (README)
-            _few_token_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
+            _few_token_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
-            _mma_gemv(w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
+            _mma_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         name = _gemv_kernel(w, n, fused)
         if tma and n <= TMA_GEMV_MAX_TOKENS:
@@ -598,10 +812,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         a, row = xa, 4 * k
         if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
             if lanes is None:
-                lanes = _prep_lanes(xa, t, k, "prep_tq4_1s" if w.fmt == "tq4_1s" else "prep_f32_lanes", arch)
+                lanes = _prep_lanes(pb, xa, t, k, "prep_tq4_1s" if w.fmt == "tq4_1s" else "prep_f32_lanes", arch)
             a, row = lanes
-        _gemv_launch(fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
-    return _result(o, xa.host and out is None)
+        _gemv_launch(pb, fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
 
 
 def _t16h_ok(arch) -> bool:
@@ -641,20 +854,18 @@ def _xr_ok(k: int) -> bool:
     return k <= XR_MAX_K
 
 
-def _xr_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, arch) -> None:
+def _xr_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, arch) -> None:
     """One token through gemv_q4_k_xr: 32·ceil(K/2048) threads per CTA, rows per CTA so that the grid makes one
     round of the resident CTAs (at most 64; at least 1)."""
-    from .driver import current
-
     fn = kernels.load("gemv_q4_k_xr", arch)
     threads = 32 * -(-(k // 64) // 32)
     smem = fn.meta["stages"] * 48 * threads  # the ring for the threads launched
-    slots = fn.resident_per_sm(threads, smem) * current().sm_count
+    slots = fn.resident_per_sm(threads, smem) * driver.current().sm_count
     rows = min(fn.meta["max_rows_per_cta"], max(1, -(-m // slots)))
-    fn.launch((-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
+    pb.launch(fn, (-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
 
 
-def _few_token_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch,
+def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch,
                     hi_only: bool = False) -> None:
     """n ≤ 8 tokens through prep_q4k_t{nt} (x → one record per super-block: scaled fp16 hi/lo B pairs, min pairs,
     factors; nt = 1, 2, 4 or 8, the smallest ≥ n) and gemv_q4_k_mma_t{nt} behind it (programmatic dependent
@@ -662,11 +873,11 @@ def _few_token_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: i
     only), prep_q4k_t16h + gemv_q4_k_mma_t16h."""
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     sfx = f"t{nt}h" if hi_only else f"t{nt}"
-    rec = DeviceArray.empty((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
-    kernels.load(f"prep_q4k_{sfx}", arch).launch(((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
+    rec = pb.scratch((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
+    pb.launch(kernels.load(f"prep_q4k_{sfx}", arch), ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
     fn = kernels.load(f"gemv_q4_k_mma_{sfx}", arch)
-    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, fn.resident_per_sm())
-    fn.launch((ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
+    pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 # exact-mode Q4_K from 17 tokens up to this many (and M >= MMQ_MIN_ROWS) runs mmq_q4_k_rega_n32, by the MMQ path
@@ -694,27 +905,25 @@ def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
     return kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_SKINNY_COLUMNS}", arch) is not None
 
 
-def _skinny_gemm(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, t: int, arch,
+def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, t: int, arch,
                  c: int = T4.Q4K_SKINNY_COLUMNS) -> None:
     """t tokens through mmq_q4_k_rega_n{c} (c = 32, or 16: T ≤ 16): prep_q4k_t{c}h once per group of c tokens
     (records back to back), then one launch over (row CTAs, K splits, token groups); splits fill one wave of the
     resident CTAs."""
-    from .driver import current
-
     groups = -(-t // c)
     nsb = k // 256
     rb = T4.q4k_record_bytes(c, True)
-    rec = DeviceArray.empty((groups * nsb * rb,), np.uint8)
+    rec = pb.scratch((groups * nsb * rb,), np.uint8)
     prep = kernels.load(f"prep_q4k_t{c}h", arch)
     for gz in range(groups):
-        prep.launch(((c * k // 32 + 7) // 8,), (x_ptr + 4 * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
+        pb.launch(prep, ((c * k // 32 + 7) // 8,), (x_ptr + 4 * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
     fn = kernels.load(f"mmq_q4_k_rega_n{c}", arch)
     rows = int(fn.meta["rows_per_cta"])
     ctas = -(-m // rows)
-    splits = gemv_splits(ctas * groups, k, fn.resident_per_sm(), current().sm_count, 8, int(fn.meta["max_splits"]))
-    cnt = _counters(4 * ctas * int(fn.meta["warps"]) * groups)
-    part = DeviceArray.empty((splits, t, m), np.float32) if splits > 1 else cnt
-    fn.launch((ctas, splits, groups), (w.buffer, rec, y_ptr, m, k, t, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    splits = gemv_splits(ctas * groups, k, fn.resident_per_sm(), driver.current().sm_count, 8, int(fn.meta["max_splits"]))
+    cnt = pb.counters(4 * ctas * int(fn.meta["warps"]) * groups)
+    part = pb.scratch((splits, t, m), np.float32) if splits > 1 else cnt
+    pb.launch(fn, (ctas, splits, groups), (w.buffer, rec, y_ptr, m, k, t, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:
@@ -724,34 +933,35 @@ def mma_min_tokens(fmt: str, m: int, k: int) -> int:
     return 3 if m * k >= MMA_GEMV_T3_MIN_WEIGHTS else MMA_GEMV_MIN_TOKENS
 
 
-def _mma_gemv(w: QuantTensor, x_ptr: int, y_ptr: int, m: int, k: int, n: int, arch) -> None:
+def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
     """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
     and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of mma_min_tokens or
-    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of mma_min_tokens or more) — prep_mma_f16 per group of 8 tokens (the
-    same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
+    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of mma_min_tokens or more) — prep_mma_f16 per group of 8
+    tokens (the same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma
+    (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
     q4k = w.fmt == "q4_K"
     groups = -(-n // 8)  # Q4_K: 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
-    tiles = DeviceArray.empty((groups, k // 16, T4.MMA_TILE), np.uint8)
-    factors = DeviceArray.empty((groups, k // 32, T4.MMA_TOKENS), np.float32)
+    tiles = pb.scratch((groups, k // 16, T4.MMA_TILE), np.uint8)
+    factors = pb.scratch((groups, k // 32, T4.MMA_TOKENS), np.float32)
     items = T4.MMA_TOKENS * (k // 32)
     if q4k:
-        minfrag = DeviceArray.empty((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
+        minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
         prep = kernels.load("prep_mma_f16", arch)
         for i in range(groups):
-            prep.launch(((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
-                                              minfrag.ptr + k * i, min(8, n - 8 * i), k))
+            pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
+                                                  minfrag.ptr + k * i, min(8, n - 8 * i), k))
         fn = kernels.load("gemv_q4_k_mma" if groups == 1 else "gemv_q4_k_mma_n16", arch)
         acts = (tiles, factors, minfrag)
     else:
-        kernels.load("prep_tq4_1s_mma", arch).launch(((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
+        pb.launch(kernels.load("prep_tq4_1s_mma", arch), ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
         fn = kernels.load("gemv_tq4_1s_mma" if m * k >= MMA_GEMV_M32_MIN_WEIGHTS else "gemv_tq4_1s_mma_m16", arch)
         acts = (tiles, factors)
     per_sm, smem = fn.resident_per_sm(), None
     if q4k and groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
         smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
-    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, per_sm)
-    fn.launch((ctas, splits), (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
+    ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, per_sm)
+    pb.launch(fn, (ctas, splits), (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
               pdl=bool(fn.meta.get("pdl")))
 
 
@@ -783,11 +993,11 @@ def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int]:
                              int(fn.meta.get("max_splits", 8)), int(fn.meta.get("min_split_steps", 1)))
 
 
-def _gemv_split_plan(fn, m: int, k: int, n: int, per_sm: int):
+def _gemv_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int, per_sm: int):
     """A split-K GEMV's grid and scratch: (CTAs over the rows, K splits (gemv_splits), partials, counters)."""
     ctas, splits = _split_grid(fn, m, k, per_sm)
-    cnt = _counters(4 * ctas * int(fn.meta["warps"]))
-    part = DeviceArray.empty((splits, n, m), np.float32) if splits > 1 else cnt
+    cnt = pb.counters(4 * ctas * int(fn.meta["warps"]))
+    part = pb.scratch((splits, n, m), np.float32) if splits > 1 else cnt
     return ctas, splits, part, cnt
 
 
@@ -875,30 +1085,6 @@ def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
     return _sm90a_tma_ok(w, arch, "gemv_tq4_1s_tma_t1")
 
 
-_COUNTERS: list = []  # split-K arrival counters of the GEMVs and the MMQs (zero; each launch leaves them zero)
-_X_READY: list = []  # the converting MMQ's per-chunk x counters (zero; each launch leaves them zero)
-
-
-def _zeroed(store: list, nbytes: int, least: int):
-    """The device buffer kept in `store` (one element), grown and zeroed once to hold `nbytes`; the kernels that
-    count in it leave it zero, so it is never cleared again."""
-    from .driver import DeviceBuffer
-
-    if not store or store[0].nbytes < nbytes:
-        c = DeviceBuffer(max(nbytes, least))
-        c.fill_bytes(0)
-        store[:] = [c]
-    return store[0]
-
-
-def _x_ready(nbytes: int):
-    return _zeroed(_X_READY, nbytes, 1 << 12)
-
-
-def _counters(nbytes: int):
-    return _zeroed(_COUNTERS, nbytes, 1 << 16)
-
-
 def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8,
                 min_steps: int = 1) -> int:
     """K splits for a lane-per-block GEMV: as many as keep the grid within one wave of resident CTAs
@@ -910,24 +1096,24 @@ def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 
     return max(1, min(max_splits, steps, -(-steps // min_steps), (sms * ctas_per_sm) // max(ctas, 1)))
 
 
-def _gemv_launch(fn, w, a_ptr: int, y_ptr: int, m: int, k: int, n: int) -> None:
+def _gemv_launch(pb: PlanBuilder, fn, w, a_ptr, y_ptr, m: int, k: int, n: int) -> None:
     if "split_k" not in fn.meta:
         rows = int(fn.meta["rows_per_cta"])
-        fn.launch(((m + rows - 1) // rows,), (w.buffer, a_ptr, y_ptr, m, k, n))
+        pb.launch(fn, ((m + rows - 1) // rows,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
     wt = _weight_arg(fn, w)
-    ctas, splits, part, cnt = _gemv_split_plan(fn, m, k, n, int(fn.meta["ctas_per_sm"]))
+    ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, int(fn.meta["ctas_per_sm"]))
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes
-    fn.launch((ctas, splits), (wt, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    pb.launch(fn, (ctas, splits), (wt, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
-def _prep_lanes(xa, t: int, k: int, prep: str, arch):
+def _prep_lanes(pb: PlanBuilder, xa, t: int, k: int, prep: str, arch):
     """The activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
     prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1), prep_q8_lanes (Q8_1) or prep_f32_lanes. Returns the
     buffer and its bytes per token."""
     row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep in ("prep_tq4_1s", "prep_f32_lanes") else T4.LANE_GROUP_Q8)
-    buf = DeviceArray.empty((t, row), np.uint8)
+    buf = pb.scratch((t, row), np.uint8, once=True)
     nb = t * k // 32
-    kernels.load(prep, arch).launch(((nb + 7) // 8,), (xa, buf, nb, k))
+    pb.launch(kernels.load(prep, arch), ((nb + 7) // 8,), (xa, buf, nb, k))
     return buf, row

@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from ptxgen import formats
 from ptxgen.testing import strategies as S
+from conftest import setknob
 
 pytestmark = pytest.mark.gpu
 
@@ -137,7 +138,7 @@ def test_tensor_core_gemvs_forced(fmt, t, monkeypatch):
 
     if current().sm != 90:
         pytest.skip("the tensor-core GEMVs are built for sm_90a")
-    monkeypatch.setenv({"tq4_1s": "PTXGEN_TQ4_MMA", "q4_K": "PTXGEN_Q4K_MMA"}[fmt], "1")
+    setknob(monkeypatch, {"tq4_1s": "PTXGEN_TQ4_MMA", "q4_K": "PTXGEN_Q4K_MMA"}[fmt], "1")
     rng = np.random.default_rng(t + (100 if fmt == "q4_K" else 0))
     m, k = 300, 3584
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
@@ -215,7 +216,7 @@ def test_q4_k_single_token_register_gemv(m, k, monkeypatch):
     x = (rng.standard_normal((1, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     out = r.DeviceArray.empty((1, m), np.float32)
     out.owner.fill_bytes(0xFF)
-    monkeypatch.setenv("PTXGEN_Q4K_XR", "1")
+    setknob(monkeypatch, "PTXGEN_Q4K_XR", "1")
     r.mul_mat(w, x, out=out)
     assert ran == ["gemv_q4_k_xr"]
     got = out.numpy()
@@ -227,7 +228,7 @@ def test_q4_k_single_token_register_gemv(m, k, monkeypatch):
         xb = x.copy()
         xb[0, k // 3] = bad
         assert not np.isfinite(r.mul_mat(w, xb)).any()
-    monkeypatch.delenv("PTXGEN_Q4K_XR")
+    setknob(monkeypatch, "PTXGEN_Q4K_XR", None)
     ran.clear()
     other = r.mul_mat(w, x)
     assert "gemv_q4_k_xr" not in ran and rel(other, want) <= 1e-5
@@ -244,7 +245,7 @@ def _q4k_mul_mat(monkeypatch, m, k, t, arch, env):
     load = ops.kernels.load
     monkeypatch.setattr(ops.kernels, "load", lambda name, *a, **kw: ran.append(name) or load(name, *a, **kw))
     for name, v in env.items():
-        monkeypatch.setenv(name, v)
+        setknob(monkeypatch, name, v)
     rng = np.random.default_rng(m + k + t)
     rows = min(m, 256)
     raw = formats.quantize("q4_K", rng.standard_normal((rows, k)).astype(np.float32))
@@ -302,7 +303,7 @@ def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
     nt = next(v for v in (1, 2, 4, 8) if v >= t)
     assert ran == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"]
     _same_bits_and_per_token_non_finite(w, x, got, arch)
-    monkeypatch.setenv("PTXGEN_Q4K_T1", "0")
+    setknob(monkeypatch, "PTXGEN_Q4K_T1", "0")
     ran.clear()
     other = r.mul_mat(w, x, arch=arch)
     assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran) and rel(other, want) <= 1e-5
@@ -328,7 +329,7 @@ def test_sixteen_token_calls_past_one_round_of_t16h_take_the_skinny_gemm(m, k, t
     assert call == ["prep_q4k_t16h", "mmq_q4_k_rega_n16" if past else "gemv_q4_k_mma_t16h"], call
     assert np.isfinite(got).all() and rel(got, want) <= 1e-3, rel(got, want)
     _same_bits_and_per_token_non_finite(w, x, got, None)
-    monkeypatch.setenv("PTXGEN_MMQ_SKINNY", "0")
+    setknob(monkeypatch, "PTXGEN_MMQ_SKINNY", "0")
     ran.clear()
     other = r.mul_mat(w, x)
     assert ran == ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"] and rel(other, want) <= 1e-3
@@ -348,7 +349,7 @@ def test_q4_k_sixteen_token_fp16_gemv(m, k, t, arch, monkeypatch):
     assert ran == ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]
     assert np.isfinite(got).all() and rel(got, want) <= 1e-3, rel(got, want)
     _same_bits_and_per_token_non_finite(w, x, got, arch)
-    monkeypatch.setenv("PTXGEN_Q4K_T16H", "0")
+    setknob(monkeypatch, "PTXGEN_Q4K_T16H", "0")
     ran.clear()
     other = r.mul_mat(w, x, arch=arch)
     assert "gemv_q4_k_mma_t16h" not in ran and rel(other, want) <= 1e-5

@@ -390,6 +390,43 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Ou
                    f"(want {want_flag})", got, want)
 
 
+def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, interleave=False) -> Outcome:
+    """mul_mat_fixup_q4_k behind a GEMM's output: flag clear, y untouched; flag set, the tokens with a value past
+    fp16 (a 7e4, an inf, a NaN) recomputed within 1e-5 of the float64 reference (NaN / inf rows where the
+    reference has them), the other tokens untouched; flag and done back at zero either way."""
+    m, t, k = shape
+    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    flagged = bool(rng.integers(0, 2)) if flag is None else bool(flag)
+    bad = sorted({int(i) for i in rng.choice(t, size=min(t, 2), replace=False)}) if flagged else []
+    for j, i in enumerate(bad):
+        x[i, rng.integers(0, k)] = [np.float32(7e4), np.float32(-np.inf), np.float32(np.nan)][(j + int(rng.integers(0, 3))) % 3]
+    y0 = rng.standard_normal((t, m)).astype(np.float32)  # what the GEMM left
+    mem = _memory()
+    fa, da = mem.alloc(np.array([int(flagged), 0], np.uint32)), 0
+    da = fa + 4
+    wa, xa, ya = mem.alloc(raw), mem.alloc(x), mem.alloc(y0)
+    g = max(1, min(t, ctas))
+    _run(ptx, (g,), (256,), (fa, da, wa, xa, ya, m, k, t), mem, seed=seed, interleave=interleave)
+    got = mem.view(ya, np.float32, (t, m)).copy()
+    state = mem.view(fa, np.uint32, (2,))
+    with np.errstate(all="ignore"):
+        want = y0.astype(np.float64)
+        if bad:
+            want[bad] = formats.gemm_ref("q4_K", raw, m, k, x[bad])
+    fin = np.isfinite(want)
+    same_nonfinite = np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+    ok_rows = [i for i in range(t) if i not in bad]
+    untouched = np.array_equal(got[ok_rows].view(np.uint32), y0[ok_rows].view(np.uint32))
+    err = 0.0
+    if bad and fin[bad].any():
+        g_, w_ = got[bad][fin[bad]].astype(np.float64), want[bad][fin[bad]]
+        err = float(np.linalg.norm(g_ - w_) / max(np.linalg.norm(w_), 1e-30))
+    ok = untouched and same_nonfinite and err <= 1e-5 and not state.any()
+    return Outcome("mul_mat_fixup_q4_k", ok, f"flag {int(flagged)}, tokens {bad} recomputed (rel err {err:.2e}), others "
+                   f"{'untouched' if untouched else 'CHANGED'}, flag/done after {state.tolist()}", got, want)
+
+
 def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None) -> Outcome:
     """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
     fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
@@ -696,6 +733,7 @@ for _bn in (128, 256):
 for _bn in (256,):
     for _sfx in ("", "_cx"):
         HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")
+HARNESSES["mul_mat_fixup_q4_k"] = _fixup
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)

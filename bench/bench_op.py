@@ -1,0 +1,251 @@
+"""The op as users call it (needs a GPU and torch): `mul_mat` with torch tensors in and `out=` given, timed three
+ways per shape and T, beside cuBLAS fp16 (`F.linear` on fp16 weights, fp16 x) timed the same three ways and
+llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
+
+- kernel-only: CUDA events around one call behind a 0.5 ms sleep, so the host has long enqueued it (device time;
+  the diagnostic column);
+- eager: CUDA events around 100 back-to-back Python calls (no synchronization between them), per call;
+- graph: the same 100 calls captured once with torch.cuda.graph, events around a replay, per call.
+
+Weights rotate over copies holding ≥ 4× the 60 MB L2 in all three (they come from HBM). Then a decode loop over
+24 distinct 4096×14336 Q4_K weights at T = 1, 2, 4, 8 (eager and graph-replayed) beside the same loop of F.linear
+on 24 fp16 weights and of a kernel that only reads the same bytes (torch's sum), and the host time per call at T=1
+(4096×4096, out= given; calls in bursts of 50 between synchronizations, so the launch queue never fills) beside
+F.linear's, in the same run. Prints tables, writes JSON (--out) and a PNG beside it.
+"""
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+
+HBM = 4.27e12
+L2 = 60e6
+SHAPES = {"q4_K": [(4096, 4096), (14336, 4096), (4096, 14336)], "tq4_1s": [(18944, 3584)]}
+TOKENS = {"q4_K": (1, 8, 16, 64, 512, 4096), "tq4_1s": (1, 8)}
+# shared/PERF.md: llama.cpp test-backend-ops MUL_MAT q4_K, µs per op (M=4096 rows of K=14336 is its "M=4096, K=14336")
+LLAMA = {((4096, 14336), 1): 16.3, ((4096, 14336), 8): 67.1, ((4096, 14336), 16): 37.4, ((4096, 14336), 64): 70.5,
+         ((4096, 14336), 512): 359.9, ((4096, 14336), 4096): 2714.2, ((14336, 4096), 16): 35.5,
+         ((14336, 4096), 512): 384.2, ((14336, 4096), 4096): 2640.0, ((4096, 4096), 16): 18.5,
+         ((4096, 4096), 512): 105.3, ((4096, 4096), 4096): 805.0}
+CALLS = 100
+
+
+def kernel_only(torch, fn, reps):
+    out = []
+    for i in range(reps):
+        torch.cuda._sleep(1_000_000)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(i)
+        e.record()
+        out.append((s, e))
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) * 1e3 for s, e in out]))
+
+
+def eager(torch, fn, calls=CALLS, rounds=3):
+    """µs per call over `calls` back-to-back calls (median of `rounds`), the GPU idle at the start of each."""
+    best = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for i in range(calls):
+            fn(i)
+        e.record()
+        torch.cuda.synchronize()
+        best.append(s.elapsed_time(e) * 1e3 / calls)
+    return float(np.median(best))
+
+
+def graphed(torch, fn, calls=CALLS, rounds=3):
+    """µs per call of `calls` calls captured once into a CUDA graph (median of `rounds` replays)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(min(calls, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    g.replay()
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / calls)
+    del g
+    return float(np.median(out))
+
+
+def host_us(torch, fn, calls=1000, burst=50):
+    """Host µs per call: `calls` calls in bursts of `burst`, the GPU drained between bursts (not counted)."""
+    total = 0.0
+    for b in range(calls // burst):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(burst):
+            fn(b * burst + i)
+        total += time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return total / calls * 1e6
+
+
+def three_ways(torch, fn, reps):
+    return {"kernel": kernel_only(torch, fn, reps), "eager": eager(torch, fn), "graph": graphed(torch, fn)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=30, help="kernel-only samples per cell")
+    ap.add_argument("--formats", default="q4_K,tq4_1s")
+    ap.add_argument("--tokens", default=None, help="comma-separated T (default: each format's list)")
+    ap.add_argument("--no-decode-loop", action="store_true")
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+
+    import ptxgen.runtime as r
+    from ptxgen import formats
+    from ptxgen.runtime import ops
+    from ptxgen.testing.strategies import random_raw
+
+    rng = np.random.default_rng(0)
+    res = {"device": torch.cuda.get_device_name(), "op": [], "decode_loop": [], "host": {}}
+    print("| fmt | M×K | T | ptxgen kernel / eager / graph µs | eager / kernel | graph / kernel | cuBLAS fp16 kernel "
+          "/ eager / graph µs | llama.cpp µs | graph vs cuBLAS graph | kernels |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for fmt in args.formats.split(","):
+        for m, k in SHAPES[fmt]:
+            raw = random_raw(fmt, m, k, rng)
+            nbytes = m * formats.get(fmt).row_bytes(k)
+            ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)).to_device()
+                  for _ in range(max(2, math.ceil(4 * L2 / nbytes)))]
+            w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02
+                   for _ in range(max(2, math.ceil(4 * L2 / (2 * m * k))))]
+            tokens = [int(v) for v in args.tokens.split(",")] if args.tokens else TOKENS[fmt]
+            for t in tokens:
+                x = torch.randn(t, k, device="cuda")
+                y = torch.empty(t, m, device="cuda")
+                r.mul_mat(ws[0], x, out=y)
+                if fmt == "q4_K":  # a sanity check of what is timed (the tests check the bounds)
+                    wd = torch.as_tensor(r.dequantize(ws[0]), device="cuda").double()
+                    err = float(((y.double() - x.double() @ wd.T).norm() / (x.double() @ wd.T).norm()).item())
+                    assert err < 2e-3, f"{fmt} {m}x{k} T={t}: relative error {err:.2e}"
+                    del wd
+                ours = three_ways(torch, lambda i: r.mul_mat(ws[i % len(ws)], x, out=y), args.reps)
+                xh = x.half()
+                peer = three_ways(torch, lambda i: F.linear(xh, w16[i % len(w16)]), args.reps)
+                row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": nbytes, "ptxgen": ours, "cublas_fp16": peer,
+                       "llamacpp": LLAMA.get(((m, k), t)) if fmt == "q4_K" else None,
+                       "kernels": ops.mul_mat_plan(ws[0], t).kernels,
+                       "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
+                res["op"].append(row)
+                print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} / {ours['eager']:.1f} / {ours['graph']:.1f} | "
+                      f"{ours['eager'] / ours['kernel']:.2f} | {ours['graph'] / ours['kernel']:.2f} | "
+                      f"{peer['kernel']:.1f} / {peer['eager']:.1f} / {peer['graph']:.1f} | "
+                      f"{row['llamacpp'] or '—'} | {peer['graph'] / ours['graph']:.2f}× | "
+                      f"{' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
+            del ws, w16
+            torch.cuda.empty_cache()
+
+    if not args.no_decode_loop:
+        m, k, n = 4096, 14336, 24
+        raw = random_raw("q4_K", m, k, rng)
+        ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)).to_device() for _ in range(n)]
+        nbytes = m * formats.get("q4_K").row_bytes(k)
+        views = [torch.as_tensor(r.DeviceArray(w.ptr, (nbytes // 4,), np.dtype(np.float32), w), device="cuda")
+                 for w in ws]  # the same bytes, for a kernel that only reads them
+        w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
+        print(f"\ndecode loop: {n} distinct {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
+              "4.27 TB/s over the weights' bytes")
+        print("| T | ptxgen Q4_K eager / graph µs | % HBM (graph) | read-only floor (sum) graph µs | "
+              "ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / ptxgen graph |")
+        print("|---|---|---|---|---|---|---|")
+        for t in (1, 2, 4, 8):
+            x = torch.randn(t, k, device="cuda")
+            ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
+            xh = x.half()
+            loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
+            ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n)}
+            floor = graphed(torch, lambda i: views[i % n].sum(), calls=4 * n)
+            lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
+            peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
+            row = {"T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor, "flinear": peer,
+                   "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM}
+            res["decode_loop"].append(row)
+            print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | {row['pct_hbm_graph']:.0f}% | {floor:.1f} | "
+                  f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
+                  f"{peer['graph'] / ours['graph']:.2f}× |", flush=True)
+        del ws, views, w16
+        torch.cuda.empty_cache()
+
+    m, k = 4096, 4096
+    w = r.QuantTensor.from_raw("q4_K", random_raw("q4_K", m, k, rng), (m, k)).to_device()
+    x, y = torch.randn(1, k, device="cuda"), torch.empty(1, m, device="cuda")
+    w16 = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    xh = x.half()
+    r.mul_mat(w, x, out=y)
+    from ptxgen.runtime import driver
+
+    s = torch.cuda.current_stream().cuda_stream
+    bound = ops.mul_mat_plan(w, 1).bound(ops.workspace_for(ops.mul_mat_plan(w, 1), s))
+    get_stream = driver.torch_stream_getter()
+    host = {"mul_mat_out": host_us(torch, lambda i: r.mul_mat(w, x, out=y)),
+            "mul_mat": host_us(torch, lambda i: r.mul_mat(w, x)),
+            "F.linear": host_us(torch, lambda i: F.linear(xh, w16)),
+            "launches_only": host_us(torch, lambda i: bound.run(x.data_ptr(), y.data_ptr(), s)),
+            "torch_stream_query": host_us(torch, lambda i: get_stream(0)),
+            "capture_query": host_us(torch, lambda i: driver.capture_id(s))}
+    res["host"] = host
+    print("\nhost time per call, T=1, 4096×4096 (µs; 1000 calls in bursts of 50), and its parts:")
+    print("| mul_mat(out=) | mul_mat | F.linear (fp16) | mul_mat(out=) / F.linear | its 2 launches alone | torch stream "
+          "query | capture query |\n|---|---|---|---|---|---|---|")
+    print(f"| {host['mul_mat_out']:.1f} | {host['mul_mat']:.1f} | {host['F.linear']:.1f} | "
+          f"{host['mul_mat_out'] / host['F.linear']:.2f} | {host['launches_only']:.1f} | "
+          f"{host['torch_stream_query']:.2f} | {host['capture_query']:.2f} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        plot(res, args.out.replace(".json", ".png"))
+
+
+def plot(res, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    shapes = sorted({(o["fmt"], o["m"], o["k"]) for o in res["op"]})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, (fmt, m, k) in zip(axes[0], shapes):
+        rows = [o for o in res["op"] if (o["fmt"], o["m"], o["k"]) == (fmt, m, k)]
+        ts = [o["T"] for o in rows]
+        for who, style in (("ptxgen", "-"), ("cublas_fp16", ":")):
+            for how, mark in (("kernel", "o"), ("eager", "s"), ("graph", "^")):
+                ax.plot(ts, [o[who][how] for o in rows], style + mark, label=f"{who} {how}")
+        ax.plot(ts, [o["floor_us"] for o in rows], "k--", label="floor")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{fmt} {m}×{k}")
+        ax.set_xlabel("T (tokens)")
+        ax.set_ylabel("µs per op")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""mul_mat_fixup_q4_k: after a prefill GEMM on fp16 (or Q8_1) activations, recompute exactly the tokens whose
+activations left that format — decided on the device, so `mul_mat` never reads the overflow flag on the host.
+
+The GEMMs' activation conversion (convert_f16{,_perm}, the converting and Q8_1 builds) raises `flag` when a value
+becomes ±inf / NaN in fp16 (|x| ≥ 65520, or a non-finite input) or a Q8_1 scale overflows. This kernel runs behind
+every such GEMM: it reads `flag` and, when it is clear (the usual case), every CTA returns at once. When it is set,
+CTA c takes tokens c, c + gridDim.x, ...: its threads test the token's fp32 row the same way (any value whose fp16
+rounding has an all-ones exponent), and for a token that fails they recompute its whole output row in fp32 from the
+Q4_K bytes (weights as ggml's float32 dequant, fp32 sums: the exact GEMV's accuracy), overwriting the GEMM's. The
+last CTA to finish (an arrival count in `done`) clears `flag` and `done` for the next op of the stream.
+A non-finite input gives non-finite outputs in that token's row, as the float64 reference does.
+"""
+from __future__ import annotations
+
+from ..builder import KernelBuilder
+from ..dsl import dequant_q4_k_word
+from ..ir import Imm, Mem
+from . import KernelDef
+
+THREADS = 256
+WARPS = THREADS // 32
+
+
+def build(arch):
+    b = KernelBuilder("mul_mat_fixup_q4_k", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
+    f_p, d_p = b.param("flag", "u64", "ptr:scratch"), b.param("done", "u64", "ptr:scratch")
+    w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, t_p = b.param("M", "u32"), b.param("K", "u32"), b.param("T", "u32")
+    b.meta.update(grid="min(T, 4 x SMs) CTAs: CTA c recomputes tokens c, c + gridDim.x, ... when flag is set",
+                  warps=WARPS, pdl=arch.has("griddepcontrol"))
+    if arch.has("griddepcontrol"):  # launched with PDL behind the GEMM: wait for it (and its flag) to complete
+        b.emit("griddepcontrol.wait")
+    F, D = b.ptr(f_p), b.ptr(d_p)
+    out = b.label("out")
+    flag = b.op("ld.global.u32", Mem(F))
+    b.bra(out, pred=b.op("setp.eq.u32", flag, Imm(0, "u32")))  # the usual case: nothing to fix
+
+    any_sym = b.shared_buffer("any_bad", 4, align=4)  # token t + 1 written by a thread that found t out of range
+    W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
+    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
+    tid, cta, ncta = b.special("tid.x"), b.special("ctaid.x"), b.special("nctaid.x")
+    lane, warp = b.op("and.b32", tid, Imm(31, "b32")), b.op("shr.u32", tid, Imm(5, "u32"))
+    k4 = b.op("shr.u32", K, Imm(2, "u32"))
+    nsb = b.op("shr.u32", K, Imm(8, "u32"))
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
+    chunk = b.op("shr.u32", lane, Imm(3, "u32"))
+    sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
+    sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
+    # this lane's columns within a super-block: the low-nibble run 64·c + 4·(lane % 8) + 0..3, the high one + 32
+    col = b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32")))
+
+    anyp = b.op("mov.u32", any_sym)
+    b.emit("st.shared.u32", Mem(anyp), Imm(0, "u32"), pred=b.op("setp.eq.u32", tid, Imm(0, "u32")))
+    b.emit("bar.sync", Imm(0, "u32"))
+    t = b.reg("u32")
+    b.emit("mov.u32", t, cta)
+    tok_loop, tok_next, tok_done = b.label("token"), b.label("token_next"), b.label("tokens_done")
+    b.place(tok_loop)
+    b.bra(tok_done, pred=b.op("setp.ge.u32", t, T))
+    xrow = b.op("mad.wide.u32", b.op("mul.lo.u32", t, K), Imm(4, "u32"), X)
+    # 1. does this token leave fp16? each thread tests every 256th group of 4 values
+    bad = b.reg("pred")
+    b.emit("setp.ne.u32", bad, tid, tid)  # false
+    j = b.reg("u32")
+    b.emit("mov.u32", j, tid)
+    scan, scan_done = b.label("scan"), b.label("scan_done")
+    b.place(scan)
+    b.bra(scan_done, pred=b.op("setp.ge.u32", j, k4), uniform=False)
+    v = b.regs("f32", 4)
+    b.emit("ld.global.nc.v4.f32", b.vec(v), Mem(b.op("mad.wide.u32", j, Imm(16, "u32"), xrow)))
+    for h in (b.op("cvt.rn.f16x2.f32", v[1], v[0], type="b32"), b.op("cvt.rn.f16x2.f32", v[3], v[2], type="b32")):
+        for mask in (0x7C00, 0x7C000000):
+            p = b.op("setp.eq.u32", b.op("and.b32", h, Imm(mask, "b32")), Imm(mask, "u32"))
+            b.emit("or.pred", bad, bad, p)
+    b.emit("add.u32", j, j, Imm(THREADS, "u32"))
+    b.bra(scan, uniform=False)
+    b.place(scan_done)
+    t1 = b.op("add.u32", t, Imm(1, "u32"))  # never a value an earlier token of this CTA left there
+    b.emit("st.shared.u32", Mem(anyp), t1, pred=bad)
+    b.emit("bar.sync", Imm(0, "u32"))
+    any_bad = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(anyp)), t1)
+    b.bra(tok_next, pred=any_bad, neg=True)
+
+    # 2. recompute y[t, :] in fp32: warp w takes rows w, w + 8, ...; lane L one qs word per super-block
+    ytok = b.op("mad.wide.u32", b.op("mul.lo.u32", t, M), Imm(4, "u32"), Y)
+    row = b.reg("u32")
+    b.emit("mov.u32", row, warp)
+    row_loop, row_done = b.label("row"), b.label("rows_done")
+    b.place(row_loop)
+    b.bra(row_done, pred=b.op("setp.ge.u32", row, M))
+    wrow = b.op("mad.wide.u32", row, row_bytes, W)
+    acc = b.reg("f32")
+    b.emit("mov.f32", acc, Imm(0.0, "f32"))
+    sb = b.reg("u32")
+    b.emit("mov.u32", sb, Imm(0, "u32"))
+    sb_loop, sb_done = b.label("superblock"), b.label("superblocks_done")
+    b.place(sb_loop)
+    b.bra(sb_done, pred=b.op("setp.ge.u32", sb, nsb))
+    block = b.op("mad.wide.u32", sb, Imm(144, "u32"), wrow)
+    env = {"block": block, "sub_lo": sub_lo, "sub_hi": sub_hi,
+           "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block), 16))}
+    dequant_q4_k_word().lower(b, env)
+    xa = b.op("mad.wide.u32", b.op("mad.lo.u32", sb, Imm(256, "u32"), col), Imm(4, "u32"), xrow)
+    xl, xh = b.regs("f32", 4), b.regs("f32", 4)
+    b.emit("ld.global.nc.v4.f32", b.vec(xl), Mem(xa))
+    b.emit("ld.global.nc.v4.f32", b.vec(xh), Mem(xa, 128))
+    for wv, xv in zip(env["w_lo"] + env["w_hi"], xl + xh):
+        b.emit("fma.rn.f32", acc, wv, xv, acc)
+    b.emit("add.u32", sb, sb, Imm(1, "u32"))
+    b.bra(sb_loop)
+    b.place(sb_done)
+    for off in (16, 8, 4, 2, 1):
+        o = b.op("shfl.sync.bfly.b32", acc, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+        b.emit("add.rn.f32", acc, acc, o)
+    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", row, Imm(4, "u32"), ytok)), acc,
+           pred=b.op("setp.eq.u32", lane, Imm(0, "u32")))
+    b.emit("add.u32", row, row, Imm(WARPS, "u32"))
+    b.bra(row_loop)
+    b.place(row_done)
+
+    b.place(tok_next)
+    b.emit("bar.sync", Imm(0, "u32"))  # every thread has read any_bad before the next token writes it
+    b.emit("add.u32", t, t, ncta)
+    b.bra(tok_loop)
+    b.place(tok_done)
+
+    # 3. the last CTA out clears the flag and the arrival count (every CTA read the flag before it arrives)
+    last = b.label("last")
+    b.bra(out, pred=b.op("setp.ne.u32", tid, Imm(0, "u32")), uniform=False)
+    b.emit("membar.gl")
+    arrived = b.op("atom.global.add.u32", Mem(D), Imm(1, "u32"))
+    b.bra(out, pred=b.op("setp.ne.u32", arrived, b.op("sub.u32", ncta, Imm(1, "u32"))), uniform=False)
+    b.place(last)
+    b.emit("st.global.u32", Mem(F), Imm(0, "u32"))
+    b.emit("st.global.u32", Mem(D), Imm(0, "u32"))
+    b.place(out)
+    b.emit("ret")
+    return b.finish()
+
+
+KERNEL = KernelDef("mul_mat_fixup_q4_k", "after a prefill GEMM: recompute in fp32 the tokens whose activations left "
+                   "fp16 / Q8_1 (flag read on the device; returns at once when clear)", build)

@@ -1,0 +1,99 @@
+"""ptxgen's ops as torch operators (`torch.ops.ptxgen.*`), for torch modules, `torch.compile(fullgraph=True)` and CUDA
+graphs (`mode="reduce-overhead"`). Needs torch (the `[torch]` extra); nothing else in ptxgen imports torch.
+
+    from ptxgen.torch import QuantLinear
+    layer = QuantLinear.from_gguf("model.gguf", "blk.0.ffn_up.weight").cuda()   # an nn.Module
+    y = layer(x)                                  # x: (T, K) float32 CUDA tensor → (T, M)
+    fast = torch.compile(layer, fullgraph=True, mode="reduce-overhead")
+
+The operators take the weights as a torch uint8 tensor of their GGUF bytes plus (fmt, M, K), so that a module can
+hold them as a buffer (moved, saved and traced by torch); each has a fake (meta) implementation for tracing.
+They run on torch's current stream, like any torch op.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import formats
+from .runtime import ops
+from .runtime.driver import DeviceBuffer
+from .runtime.tensors import QuantTensor
+
+_VIEWS: dict = {}  # (data_ptr, fmt, M, K) → QuantTensor over that memory (plans depend on the address and shape only)
+
+
+def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int) -> QuantTensor:
+    """A QuantTensor over the GGUF bytes in CUDA uint8 tensor `w` (no copy); cached, so its launch plans are reused."""
+    key = (w.data_ptr(), fmt, m, k)
+    qt = _VIEWS.get(key)
+    if qt is None:
+        if w.dtype != torch.uint8 or not w.is_cuda or not w.is_contiguous():
+            raise TypeError(f"ptxgen: weights must be a contiguous CUDA uint8 tensor, got {w.dtype} on {w.device}")
+        if len(_VIEWS) > 4096:
+            _VIEWS.clear()
+        # no reference to `w`: the caller (a module's buffer) owns the memory; the view only names it
+        qt = _VIEWS[key] = QuantTensor(fmt, (m, k), device=DeviceBuffer.wrap(w.data_ptr(), w.numel()))
+    return qt
+
+
+@torch.library.custom_op("ptxgen::mul_mat", mutates_args=())
+def mul_mat_op(w: torch.Tensor, x: torch.Tensor, fmt: str, m: int, k: int, mode: str = "exact",
+               rotation: str = "separate") -> torch.Tensor:
+    """y = x @ W.T (ptxgen.runtime.mul_mat) with W given as its GGUF bytes `w` (uint8) in format `fmt`, M × K."""
+    return ops.mul_mat(quant_tensor(w, fmt, m, k), x.contiguous(), mode=mode, rotation=rotation)
+
+
+@mul_mat_op.register_fake
+def _(w, x, fmt, m, k, mode="exact", rotation="separate"):
+    return x.new_empty((x.shape[0], m))
+
+
+@torch.library.custom_op("ptxgen::dequantize", mutates_args=())
+def dequantize_op(w: torch.Tensor, fmt: str, m: int, k: int) -> torch.Tensor:
+    """W as fp16 (M, K) (ptxgen.runtime.dequantize)."""
+    out = torch.empty((m, k), dtype=torch.float16, device=w.device)
+    ops.dequantize(quant_tensor(w, fmt, m, k), out=out)
+    return out
+
+
+@dequantize_op.register_fake
+def _(w, fmt, m, k):
+    return w.new_empty((m, k), dtype=torch.float16)
+
+
+def weight_tensor(qt: QuantTensor, device="cuda") -> torch.Tensor:
+    """A QuantTensor's GGUF bytes as a torch uint8 tensor (a copy, owned by torch)."""
+    return torch.from_numpy(qt.raw()).to(device)
+
+
+class QuantLinear(torch.nn.Module):
+    """A linear layer with quantized weights (no bias): forward(x) = x @ W.T through ptxgen. The weights are the
+    buffer `qweight` (GGUF bytes, uint8); `fmt`, `out_features` (M), `in_features` (K) describe them."""
+
+    def __init__(self, qweight: torch.Tensor, fmt: str, out_features: int, in_features: int, *, mode: str = "exact",
+                 rotation: str = "separate"):
+        super().__init__()
+        self.fmt, self.out_features, self.in_features = fmt, int(out_features), int(in_features)
+        self.mode, self.rotation = mode, rotation
+        want = self.out_features * formats.get(fmt).row_bytes(self.in_features)
+        if qweight.dtype != torch.uint8 or qweight.numel() != want:
+            raise ValueError(f"QuantLinear: {fmt} {out_features}x{in_features} needs {want} uint8 bytes, got "
+                             f"{qweight.numel()} {qweight.dtype}")
+        self.register_buffer("qweight", qweight.reshape(-1).contiguous())
+
+    @classmethod
+    def from_quant_tensor(cls, qt: QuantTensor, **kw) -> "QuantLinear":
+        return cls(torch.from_numpy(qt.raw()), qt.fmt, qt.shape[0], qt.shape[1], **kw)
+
+    @classmethod
+    def from_gguf(cls, path, tensor_name: str, **kw) -> "QuantLinear":
+        return cls.from_quant_tensor(QuantTensor.from_gguf(path, tensor_name), **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch.ops.ptxgen.mul_mat(self.qweight, x.reshape(-1, self.in_features), self.fmt, self.out_features,
+                                     self.in_features, self.mode, self.rotation)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.fmt}, in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}"

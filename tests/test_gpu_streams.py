@@ -1,0 +1,253 @@
+"""L3: mul_mat as users call it — on their stream, asynchronous, inside CUDA graphs, from two threads, as a torch
+operator (torch.compile). Each case compares bit for bit with a quiet eager call of the same plan."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ptxgen import formats
+from ptxgen.testing.strategies import random_raw
+
+pytestmark = pytest.mark.gpu
+
+
+def _torch():
+    """torch, imported when a GPU test runs (a machine without torch or a GPU collects this file without a skip)."""
+    return pytest.importorskip("torch")
+
+# decode (T = 1, 8), skinny (16, 32) and prefill (512, with the device-side fixup) paths on a 4096 x 4096 Q4_K weight
+SHAPE = (4096, 4096)
+PATHS = [1, 8, 16, 32, 512]
+
+
+def rel(got, want):
+    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))
+
+
+_W: dict = {}
+
+
+def weights(seed=0, fmt="q4_K", shape=SHAPE):
+    import ptxgen.runtime as r
+
+    key = (seed, fmt, shape)
+    if key not in _W:
+        raw = random_raw(fmt, *shape, np.random.default_rng(seed))
+        _W[key] = (r.QuantTensor.from_raw(fmt, raw, shape).to_device(), raw)
+    return _W[key]
+
+
+def reference(w, x):
+    """The quiet eager answer (current stream, synchronized), checked against float64 once."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    y = r.mul_mat(w, x)
+    torch.cuda.synchronize()
+    return y.clone()
+
+
+def busy(stream, ms=1.0):
+    """Queue about `ms` of GPU time on `stream`."""
+    torch = _torch()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(ms * 1.5e6))
+
+
+@pytest.mark.parametrize("t", [1, 16, 512])
+def test_input_made_on_a_busy_side_stream(t):
+    """x written behind a long chain of work on a torch side stream, then mul_mat inside `with torch.cuda.stream(s)`
+    (its default stream is torch's current one): 100 of 100 trials right (x is NaN until the chain ends)."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, raw = weights()
+    src = torch.randn(t, SHAPE[1], device="cuda")
+    want = reference(w, src)
+    assert rel(want.cpu(), formats.gemm_ref("q4_K", raw, *SHAPE, src.cpu().numpy())) < 1e-3
+    s = torch.cuda.Stream()
+    bad = 0
+    for _ in range(100):
+        x = torch.full_like(src, float("nan"))
+        s.wait_stream(torch.cuda.current_stream())
+        busy(s, 0.3)
+        with torch.cuda.stream(s):
+            x.copy_(src)
+            y = r.mul_mat(w, x)
+        s.synchronize()
+        bad += not torch.equal(y, want)
+    assert bad == 0, f"{bad} of 100 trials wrong"
+
+
+def test_two_threads_on_two_streams():
+    """Two Python threads, each with its own stream and weights, calling mul_mat at the same time (their
+    workspaces are the streams' own): 100 of 100 calls right in each."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    cases = []
+    for i in range(2):
+        w, _ = weights(seed=10 + i)
+        x = torch.randn(16 if i else 512, SHAPE[1], device="cuda")
+        cases.append((w, x, reference(w, x)))
+    bad, errors = [0, 0], []
+
+    def work(i):
+        torch = _torch()
+        try:
+            w, x, want = cases[i]
+            s = torch.cuda.Stream()
+            for _ in range(100):
+                busy(s, 0.1)
+                with torch.cuda.stream(s):
+                    y = r.mul_mat(w, x)
+                s.synchronize()
+                bad[i] += not torch.equal(y, want)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert bad == [0, 0], bad
+
+
+@pytest.mark.parametrize("t", [1, 512])
+def test_the_call_does_not_wait_for_the_gpu(t):
+    """Behind 10 ms of work on the same stream, mul_mat returns while the GPU is still busy (no host
+    synchronization inside the op, the prefill path's overflow check included), and the result is right."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, _ = weights()
+    x = torch.randn(t, SHAPE[1], device="cuda")
+    want = reference(w, x)
+    stream = torch.cuda.current_stream()
+    busy(stream, 10.0)
+    t0 = time.perf_counter()
+    y = r.mul_mat(w, x)
+    took = time.perf_counter() - t0
+    still_busy = not stream.query()
+    torch.cuda.synchronize()
+    assert still_busy and took < 5e-3, (still_busy, took)
+    assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("t", PATHS)
+def test_torch_cuda_graph_replays_the_eager_bits(t):
+    """A loop of mul_mat calls captured with torch.cuda.graph: the graph holds the kernels (replay writes the
+    NaN-poisoned outputs), replays bit-identical to eager, again and again, with new inputs copied in."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    ws = [weights(seed=20 + i)[0] for i in range(3)]
+    x = torch.randn(t, SHAPE[1], device="cuda")
+    ys = [torch.empty(t, SHAPE[0], device="cuda") for _ in ws]
+    s = torch.cuda.Stream()  # warm up (plans, kernels) on a side stream, as torch recommends
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for w, y in zip(ws, ys):
+            r.mul_mat(w, x, out=y)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for w, y in zip(ws, ys):
+            r.mul_mat(w, x, out=y)
+    for trial in range(3):
+        x.copy_(torch.randn(t, SHAPE[1], device="cuda"))
+        for y in ys:
+            y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for w, y in zip(ws, ys):
+            assert torch.equal(y, reference(w, x)), (t, trial)
+
+
+@pytest.mark.parametrize("t", PATHS)
+def test_stream_capture_through_cuda_python_records_every_kernel(t):
+    """Plain stream capture (cuda-python) of one mul_mat: the graph has at least as many nodes as the plan has
+    kernels, and its launch gives the eager bits."""
+    torch = _torch()
+    from cuda.bindings import driver as drv
+
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    w, _ = weights()
+    x = torch.randn(t, SHAPE[1], device="cuda")
+    y = torch.empty(t, SHAPE[0], device="cuda")
+    want = reference(w, x)
+    err, stream = drv.cuStreamCreate(1)
+    assert int(err) == 0
+    r.mul_mat(w, x, out=y, stream=stream)  # warm-up on the stream to be captured
+    drv.cuStreamSynchronize(stream)
+    assert int(drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)[0]) == 0
+    r.mul_mat(w, x, out=y, stream=stream)
+    err, graph = drv.cuStreamEndCapture(stream)
+    assert int(err) == 0
+    err, _, n = drv.cuGraphGetNodes(graph, 0)
+    assert int(err) == 0 and n >= len(ops.mul_mat_plan(w, t).kernels), n
+    err, exe = drv.cuGraphInstantiate(graph, 0)
+    assert int(err) == 0
+    y.fill_(float("nan"))
+    torch.cuda.synchronize()
+    assert int(drv.cuGraphLaunch(exe, stream)[0]) == 0
+    drv.cuStreamSynchronize(stream)
+    assert torch.equal(y, want)
+    drv.cuGraphExecDestroy(exe)
+    drv.cuGraphDestroy(graph)
+    drv.cuStreamDestroy(stream)
+
+
+def test_an_overflowing_token_is_fixed_on_the_device_inside_a_graph():
+    """The prefill GEMM's overflow fixup decides on the device: in a replayed graph, a token past fp16 comes out
+    exact (fp32 recompute), the others as eager, and the next replay without it gives the eager bits again."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, raw = weights()
+    t = 512
+    x = torch.randn(t, SHAPE[1], device="cuda")
+    clean = x.clone()
+    y = torch.empty(t, SHAPE[0], device="cuda")
+    r.mul_mat(w, x, out=y)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        r.mul_mat(w, x, out=y)
+    x[7, 100] = 1e6
+    g.replay()
+    torch.cuda.synchronize()
+    want = formats.gemm_ref("q4_K", raw, *SHAPE, x[6:9].cpu().numpy())
+    assert rel(y[7].cpu(), want[1]) <= 1e-5
+    assert rel(y[6].cpu(), want[0]) <= 1e-3
+    x.copy_(clean)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, reference(w, clean))
+
+
+def test_torch_operator_under_torch_compile_and_cuda_graphs():
+    """ptxgen.torch.QuantLinear through torch.compile(fullgraph=True), with and without mode="reduce-overhead"
+    (CUDA graphs): the eager bits, for decode and prefill token counts."""
+    torch = _torch()
+    import ptxgen.runtime as r
+    from ptxgen.torch import QuantLinear
+
+    w, _ = weights()
+    layer = QuantLinear.from_quant_tensor(w).cuda()
+    compiled = torch.compile(layer, fullgraph=True)
+    graphed = torch.compile(layer, fullgraph=True, mode="reduce-overhead")
+    for t in (1, 16, 512):
+        x = torch.randn(t, SHAPE[1], device="cuda")
+        want = reference(w, x)
+        assert torch.equal(layer(x), want)
+        assert torch.equal(compiled(x), want)
+        for _ in range(3):  # cudagraph trees record on a later call, then replay
+            got = graphed(x).clone()
+        assert torch.equal(got, want), t
+    assert r.QuantTensor  # the runtime stays importable alongside

@@ -1,0 +1,240 @@
+"""The runtime's launch plans and streams without a GPU (tests/fakegpu.py: an H200-shaped context, kernels as their
+manifests say): which kernels mul_mat plans, when a cached plan is reused or rebuilt, how a plan binds to a
+workspace, and how `stream=` is read."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import fakegpu
+from ptxgen import knobs
+from ptxgen.runtime import driver, ops, plans
+from ptxgen.runtime.driver import PER_THREAD_STREAM, stream_handle
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    return fakegpu.install(monkeypatch)
+
+
+# --- which kernels ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,m,k,t,mode,kernels", [
+    ("q4_K", 4096, 14336, 1, "exact", ["prep_q4k_t1", "gemv_q4_k_mma_t1"]),
+    ("q4_K", 4096, 14336, 8, "exact", ["prep_mma_f16", "gemv_q4_k_mma"]),
+    ("q4_K", 4096, 14336, 16, "exact", ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]),
+    ("q4_K", 4096, 14336, 32, "exact", ["prep_q4k_t32h", "mmq_q4_k_rega_n32"]),
+    ("q4_K", 4096, 14336, 512, "exact", ["convert_f16_perm", "mmq_q4_k_wgmma_ra_n256", "mul_mat_fixup_q4_k"]),
+    ("q4_K", 4096, 14336, 4096, "exact", ["mmq_q4_k_wgmma_ra_n256_cx", "mul_mat_fixup_q4_k"]),
+    ("q4_K", 4096, 4096, 16, "fast", ["mmq_q4_k_q8_n16", "mul_mat_fixup_q4_k"]),
+    ("tq4_1s", 18944, 3584, 1, "exact", ["prep_tq4_1s", "gemv_tq4_1s_tma_t1"]),
+    ("tq4_1s", 18944, 3584, 8, "exact", ["prep_tq4_1s_mma", "gemv_tq4_1s_mma"]),
+    ("q8_0", 4096, 4096, 4, "fast", ["prep_q8_lanes", "gemv_q8_0_t4"]),
+])
+def test_mul_mat_plans_the_kernels_of_the_dispatch_rule(gpu, fmt, m, k, t, mode, kernels):
+    """The README's dispatch on an H200, as plans: every GEMM on fp16 / Q8_1 activations is followed by the fixup
+    that reads the overflow flag on the device (no host read-back)."""
+    p = ops.mul_mat_plan(fakegpu.weights(fmt, m, k), t, mode=mode)
+    assert p.kernels == kernels
+    assert p.launches[0].pdl is False  # an op's first kernel never overlaps the previous op's last one
+
+
+def test_mul_mat_on_the_mma_sync_target_plans_the_mma_sync_gemm(gpu):
+    p = ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 4096), 512, arch="sm_89")
+    assert p.kernels[-2:] == ["mmq_q4_k_f16_n128_x16", "mul_mat_fixup_q4_k"] and p.kernels[0] == "convert_f16"
+
+
+def test_sliced_calls_reuse_their_scratch(gpu):
+    """TQ4_1S above 8 tokens runs the decode GEMV in slices of 8: every slice reuses the same scratch (each starts
+    with a launch that waits for the previous slice), so the workspace does not grow with T."""
+    w = fakegpu.weights("tq4_1s", 18944, 3584)
+    p8, p4096 = ops.mul_mat_plan(w, 8), ops.mul_mat_plan(w, 4096)
+    assert len(p4096.launches) == 512 * len(p8.launches)
+    assert p4096.scratch_bytes == p8.scratch_bytes
+    slice_starts = [ln for i, ln in enumerate(p4096.launches) if i % 2 == 0]
+    assert not any(ln.pdl for ln in slice_starts)
+
+
+# --- the plan cache -----------------------------------------------------------------------------------------
+
+def test_plans_are_cached_per_weights_tokens_and_knobs(gpu, monkeypatch):
+    w = fakegpu.weights("q4_K", 4096, 14336)
+    a = ops.mul_mat_plan(w, 1)
+    assert ops.mul_mat_plan(w, 1) is a  # the same call: the cached plan
+    assert ops.mul_mat_plan(w, 2) is not a and ops.mul_mat_plan(w, 2).kernels[-1] == "gemv_q4_k_mma_t2"
+    assert ops.mul_mat_plan(w, 1, mode="fast") is not a  # mode is part of the key
+    other = fakegpu.weights("q4_K", 4096, 14336, at=fakegpu.BASE + (1 << 30))
+    b = ops.mul_mat_plan(other, 1)
+    assert b is not a and b.launches[-1].args[0] is other.buffer  # plans live on (and point at) their weights
+    loaded = len(gpu)
+    with knobs.override(PTXGEN_Q4K_T1="0"):  # a knob change: a new plan, with the knob's kernels
+        c = ops.mul_mat_plan(w, 1)
+        assert c is not a and c.kernels == ["prep_mma_f16", "gemv_q4_k_mma"]
+        assert ops.mul_mat_plan(w, 1) is c
+    assert len(gpu) > loaded
+    d = ops.mul_mat_plan(w, 1)  # back to the environment's value: rebuilt, the first choice again
+    assert d is not c and d.kernels == a.kernels
+
+
+def test_knobs_are_read_once_and_changed_in_process(monkeypatch):
+    monkeypatch.delenv("PTXGEN_MMQ_CX", raising=False)
+    knobs.reload()
+    g = knobs.generation()
+    assert knobs.mmq_cx() == "auto"
+    monkeypatch.setenv("PTXGEN_MMQ_CX", "0")
+    assert knobs.mmq_cx() == "auto" and knobs.generation() == g  # read once: the environment is not re-read
+    knobs.set(PTXGEN_MMQ_CX="1")
+    assert knobs.mmq_cx() == "on" and knobs.generation() > g
+    knobs.reload()
+    assert knobs.mmq_cx() == "off"
+    with pytest.raises(ValueError, match="not a PTXGEN_ knob"):
+        knobs.set(MMQ_CX="1")
+    knobs.set(PTXGEN_MMQ_CX="sometimes")
+    with pytest.raises(ValueError, match="PTXGEN_MMQ_CX"):
+        knobs.mmq_cx()
+
+
+def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
+    w = fakegpu.weights("q4_K", 256, 512)
+    with pytest.raises(ValueError, match="mode must be"):
+        ops.mul_mat_plan(w, 1, mode="quick")
+    with pytest.raises(ValueError, match="rotation must be"):
+        ops.mul_mat_plan(w, 1, rotation="none")
+    with pytest.raises(ValueError, match="positive number of tokens"):
+        ops.mul_mat_plan(w, 0)
+    with pytest.raises(ValueError, match="pass mode='fast'"):
+        ops.mul_mat_plan(fakegpu.weights("q8_0", 64, 256), 1)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        ops.mul_mat_plan(fakegpu.weights("q4_K", 64, 256, at=fakegpu.BASE + 8), 1)
+    with pytest.raises(ValueError, match="no kernel for q6_K"):
+        ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256), 1)
+
+
+# --- binding and running ------------------------------------------------------------------------------------
+
+def test_a_bound_plan_patches_only_x_and_y_per_call(gpu, monkeypatch):
+    """Binding resolves scratch and state against the workspace once; a call writes x and y (plus their slice
+    offsets) into the packed cells and issues the launches in order on its stream."""
+    w = fakegpu.weights("q4_K", 4096, 14336)
+    p = ops.mul_mat_plan(w, 16)  # prep_q4k_t16h(x, rec, n, k), gemv_q4_k_mma_t16h(w, rec, y, ...)
+    ws = fakegpu.FakeWorkspace(p)
+    b = p.bound(ws)
+    assert p.bound(ws) is b
+    issued = []
+    monkeypatch.setattr(driver.PreparedLaunch, "run", lambda self, stream: issued.append(
+        (self.fn.name, stream, [c.value if not isinstance(c, ctypes.Array) else None for c in self.cells])))
+    b.run(0x1000, 0x2000, 77)
+    b.run(0x3000, 0x4000, 78)
+    (prep, s1, pa), (gemv, _, ga) = issued[:2]
+    assert (prep, gemv, s1) == ("prep_q4k_t16h", "gemv_q4_k_mma_t16h", 77)
+    rec = ws.scratch_ptr + p.scratch_offsets[0]
+    assert pa[:2] == [0x1000, rec] and ga[:3] == [w.ptr, rec, 0x2000]
+    assert issued[2][2][0] == 0x3000 and issued[3][2][2] == 0x4000 and issued[3][1] == 78
+
+
+def test_tensor_maps_over_scratch_are_encoded_when_bound(gpu):
+    """The wgmma GEMM's activation map points into the workspace's scratch: unknown while recording (a TMap),
+    encoded (and checked against the TMA rules) when the plan is bound."""
+    p = ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 4096), 512)
+    gemm = p.launches[1]
+    assert isinstance(gemm.args[1], plans.TMap) and isinstance(gemm.args[0], bytes)
+    b = p.bound(fakegpu.FakeWorkspace(p))
+    assert bytes(b.launches[1].cells[1]) == bytes(128)
+
+
+def test_workspace_for_picks_per_stream_per_capture_or_the_given_one(gpu, monkeypatch):
+    made = []
+
+    class FakeWS:
+        def __init__(self, counters, ready, scratch, stream=None):
+            self.counter_bytes, self.ready_bytes, self.scratch_bytes, self.stream = counters, ready, scratch, stream
+            self.nbytes = counters + ready + scratch
+            made.append(self)
+
+        fits = plans.Workspace.fits
+        need = plans.Workspace.need
+
+        def grown_for(self, plan, stream):
+            return FakeWS(max(self.counter_bytes, plan.counter_bytes), max(self.ready_bytes, plan.ready_bytes),
+                          max(self.scratch_bytes, plan.scratch_bytes), stream)
+
+    class Relaxed:
+        def __enter__(self):
+            made.append("relaxed")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(plans, "Workspace", FakeWS)
+    monkeypatch.setattr(plans, "_EAGER", {})
+    monkeypatch.setattr(plans, "_CAPTURED", {})
+    monkeypatch.setattr(driver, "relaxed_capture", Relaxed)
+    w = fakegpu.weights("q4_K", 4096, 4096)
+    small, big = ops.mul_mat_plan(w, 1), ops.mul_mat_plan(w, 512)
+    a = plans.workspace_for(small, 5)
+    assert plans.workspace_for(small, 5) is a and a.stream == 5  # one per stream, in that stream's order
+    assert plans.workspace_for(small, 6) is not a
+    grown = plans.workspace_for(big, 5)
+    assert grown is not a and grown.fits(small) and grown.fits(big) and plans.workspace_for(small, 5) is grown
+    t1 = plans.workspace_for(small, PER_THREAD_STREAM)
+    import threading
+    other = []
+    th = threading.Thread(target=lambda: other.append(plans.workspace_for(small, PER_THREAD_STREAM)))
+    th.start()
+    th.join()
+    assert other[0] is not t1  # the per-thread stream is a different stream in each thread
+    monkeypatch.setattr(driver, "capture_id", lambda stream: 41 if stream == 5 else None)
+    c = plans.workspace_for(small, 5)  # capturing: the capture's own, made outside the graph
+    assert c is not grown and c.stream is None and "relaxed" in made and plans.workspace_for(small, 5) is c
+    c2 = plans.workspace_for(big, 5)
+    assert c2 is not c and plans._CAPTURED[41] == [c, c2]  # the first stays alive: the graph holds it
+    mine = FakeWS(1 << 16, 1 << 12, small.scratch_bytes)
+    with pytest.raises(ValueError, match="workspace too small"):
+        plans.workspace_for(big, 5, mine)
+    assert plans.workspace_for(small, 5, mine) is mine
+    assert plans.release_capture_workspaces() >= 0 and not plans._CAPTURED
+
+
+# --- streams -------------------------------------------------------------------------------------------------
+
+def test_stream_argument_forms():
+    class CoreStream:  # cuda.core's protocol
+        def __cuda_stream__(self):
+            return (0, 0x1234)
+
+    class TorchLike:
+        cuda_stream = 0x55
+
+    class CupyLike:
+        ptr = 0x66
+
+    assert stream_handle(None) == PER_THREAD_STREAM  # nothing to follow: the per-thread default stream
+    assert stream_handle(None, np.zeros(3)) == PER_THREAD_STREAM
+    assert stream_handle(0) == 0 and stream_handle(np.uint64(7)) == 7
+    assert stream_handle(CoreStream()) == 0x1234
+    assert stream_handle(TorchLike()) == 0x55 and stream_handle(CupyLike()) == 0x66
+    with pytest.raises(ValueError, match="non-negative"):
+        stream_handle(-1)
+    for bad in ("0x10", 1.5, True, object()):
+        with pytest.raises(TypeError, match="stream: expected"):
+            stream_handle(bad)
+
+    class BadProto:
+        def __cuda_stream__(self):
+            return 5
+
+    with pytest.raises(TypeError, match="must return"):
+        stream_handle(BadProto())
+
+
+def test_prepared_launch_packs_the_cuda_launch_config(gpu):
+    """cuLaunchKernelEx's config for a cluster / PDL launch: the grid, block, shared memory and the attributes
+    (cluster dims, programmatic stream serialization) at the driver's offsets; the stream set per call."""
+    fn = fakegpu.FakeFunction(ops.kernels.manifest("sm_90a")["mmq_q4_k_wgmma_ra_n256_mc2"], "sm_90a")
+    pl = fn.prepare((264,), [ctypes.c_uint32(0)] * len(fn.params), smem=1000, cluster=(2, 1, 1), pdl=True)
+    cfg = pl._cfg
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (264, 1, fn.block[0], 1000, 2)
+    assert ctypes.sizeof(driver._LaunchAttr) == 72 and driver._LaunchConfig.hStream.offset == 32
+    a0, a1 = cfg.attrs[0], cfg.attrs[1]
+    assert (a0.id, list(a0.value[:3]), a1.id, a1.value[0]) == (4, [2, 1, 1], 6, 1)
+    assert fn.prepare((1,), [ctypes.c_uint32(0)] * len(fn.params))._cfg.numAttrs == 0  # a plain launch
