@@ -2,8 +2,11 @@
 ways per shape and T, beside cuBLAS fp16 (`F.linear` on fp16 weights, fp16 x) timed the same three ways and
 llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
 
-- kernel-only: CUDA events around one call behind a 0.5 ms sleep, so the host has long enqueued it (device time;
-  the diagnostic column);
+- kernel (isolated): CUDA events around one call behind a 0.5 ms sleep, so the host has long enqueued it (device
+  time, as the earlier benchmarks of record measured it; the GPU idles between calls, so it runs cooler and may
+  clock higher than under back-to-back work);
+- kernel (in the loop): the op's kernels' device time summed by CUPTI (torch.profiler) over 100 back-to-back calls,
+  per call — what eager and graph are compared with (it leaves out only the gaps between kernels);
 - eager: CUDA events around 100 back-to-back Python calls (no synchronization between them), per call;
 - graph: the same 100 calls captured once with torch.cuda.graph, events around a replay, per call.
 
@@ -99,8 +102,22 @@ def host_us(torch, fn, calls=1000, burst=50):
     return total / calls * 1e6
 
 
+def loop_kernels(torch, fn, calls=CALLS):
+    """Device µs per call of the kernels that `calls` back-to-back calls run (CUPTI through torch.profiler)."""
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(i)
+        torch.cuda.synchronize()
+    total = sum(ev.device_time for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA)
+    return total / calls
+
+
 def three_ways(torch, fn, reps):
-    return {"kernel": kernel_only(torch, fn, reps), "eager": eager(torch, fn), "graph": graphed(torch, fn)}
+    return {"kernel": kernel_only(torch, fn, reps), "loop_kernels": loop_kernels(torch, fn), "eager": eager(torch, fn),
+            "graph": graphed(torch, fn)}
 
 
 def main():
@@ -121,9 +138,10 @@ def main():
 
     rng = np.random.default_rng(0)
     res = {"device": torch.cuda.get_device_name(), "op": [], "decode_loop": [], "host": {}}
-    print("| fmt | M×K | T | ptxgen kernel / eager / graph µs | eager / kernel | graph / kernel | cuBLAS fp16 kernel "
-          "/ eager / graph µs | llama.cpp µs | graph vs cuBLAS graph | kernels |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| fmt | M×K | T | ptxgen kernel isolated / in loop µs | eager / graph µs | eager / loop kernels | graph / "
+          "loop kernels | cuBLAS fp16 isolated / in loop / eager / graph µs | llama.cpp µs | cuBLAS graph / ptxgen graph "
+          "| kernels |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt in args.formats.split(","):
         for m, k in SHAPES[fmt]:
             raw = random_raw(fmt, m, k, rng)
@@ -150,9 +168,10 @@ def main():
                        "kernels": ops.mul_mat_plan(ws[0], t).kernels,
                        "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
                 res["op"].append(row)
-                print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} / {ours['eager']:.1f} / {ours['graph']:.1f} | "
-                      f"{ours['eager'] / ours['kernel']:.2f} | {ours['graph'] / ours['kernel']:.2f} | "
-                      f"{peer['kernel']:.1f} / {peer['eager']:.1f} / {peer['graph']:.1f} | "
+                print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} / {ours['loop_kernels']:.1f} | "
+                      f"{ours['eager']:.1f} / {ours['graph']:.1f} | {ours['eager'] / ours['loop_kernels']:.2f} | "
+                      f"{ours['graph'] / ours['loop_kernels']:.2f} | {peer['kernel']:.1f} / {peer['loop_kernels']:.1f} / "
+                      f"{peer['eager']:.1f} / {peer['graph']:.1f} | "
                       f"{row['llamacpp'] or '—'} | {peer['graph'] / ours['graph']:.2f}× | "
                       f"{' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
             del ws, w16
@@ -168,22 +187,25 @@ def main():
         w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
         print(f"\ndecode loop: {n} distinct {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
               "4.27 TB/s over the weights' bytes")
-        print("| T | ptxgen Q4_K eager / graph µs | % HBM (graph) | read-only floor (sum) graph µs | "
-              "ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / ptxgen graph |")
-        print("|---|---|---|---|---|---|---|")
+        print("| T | ptxgen Q4_K kernels in loop / eager / graph µs | graph / loop kernels | % HBM (graph) | read-only "
+              "floor (sum) graph µs | ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / ptxgen "
+              "graph |")
+        print("|---|---|---|---|---|---|---|---|")
         for t in (1, 2, 4, 8):
             x = torch.randn(t, k, device="cuda")
             ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
             xh = x.half()
             loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
-            ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n)}
+            ours = {"loop_kernels": loop_kernels(torch, loop, calls=4 * n), "eager": eager(torch, loop, calls=4 * n),
+                    "graph": graphed(torch, loop, calls=4 * n)}
             floor = graphed(torch, lambda i: views[i % n].sum(), calls=4 * n)
             lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
             peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
             row = {"T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor, "flinear": peer,
                    "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM}
             res["decode_loop"].append(row)
-            print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | {row['pct_hbm_graph']:.0f}% | {floor:.1f} | "
+            print(f"| {t} | {ours['loop_kernels']:.1f} / {ours['eager']:.1f} / {ours['graph']:.1f} | "
+                  f"{ours['graph'] / ours['loop_kernels']:.2f} | {row['pct_hbm_graph']:.0f}% | {floor:.1f} | "
                   f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
                   f"{peer['graph'] / ours['graph']:.2f}× |", flush=True)
         del ws, views, w16

@@ -610,16 +610,17 @@ class Function:
         """Pack `args` and launch on `stream` (a raw handle; default the per-thread stream). `cluster`:
         thread-block cluster dims; `pdl`: programmatic dependent launch (the kernel may start while the previous one
         in the stream runs; it must `griddepcontrol.wait` before reading its output)."""
-        self.prepare(grid, self.cells(args), block=block, smem=smem, cluster=cluster, pdl=pdl).run(stream)
+        self.prepare(grid, self.cells(args), block=block, smem=smem, cluster=cluster, pdl=pdl).run(
+            stream if type(stream) is int else stream_handle(stream))
 
 
 class PreparedLaunch:
     """One kernel launch with its grid, block, shared memory, cluster / PDL attributes and argument buffer fixed:
-    `run(stream)` sets the config's stream and makes one ctypes call to cuLaunchKernelEx (4 arguments, the config
-    and the packed parameters built once)."""
+    `run(stream)` makes one ctypes call — cuLaunchKernel, or with attributes cuLaunchKernelEx on a config built
+    once (its stream set per call)."""
 
     __slots__ = ("fn", "cells", "grid", "block", "smem", "cluster", "pdl", "_ptrs", "_params", "_cfg", "_cfg_ref",
-                 "_attrs", "_handle")
+                 "_attrs", "_handle", "_head")
 
     def __init__(self, fn: Function, grid, cells, block, smem: int, cluster=None, pdl: bool = False):
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
@@ -650,10 +651,15 @@ class PreparedLaunch:
         cfg.attrs = ctypes.cast(self._attrs, ctypes.POINTER(_LaunchAttr))
         cfg.numAttrs = len(attrs)
         self._cfg, self._cfg_ref = cfg, ctypes.byref(cfg)
+        self._head = None if attrs else (self._handle, *grid, *block, self.smem)
 
     def run(self, stream: int) -> None:
-        self._cfg.hStream = stream
-        rc = (_CU[0] if _CU else libcuda()).cuLaunchKernelEx(self._cfg_ref, self._handle, self._params, None)
+        lib = _CU[0] if _CU else libcuda()
+        if self._head is not None:
+            rc = lib.cuLaunchKernel(*self._head, stream, self._params, None)
+        else:
+            self._cfg.hStream = stream
+            rc = lib.cuLaunchKernelEx(self._cfg_ref, self._handle, self._params, None)
         if rc:
             self.fail(rc)
         if _VERBOSE[0]:

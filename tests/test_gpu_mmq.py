@@ -117,7 +117,7 @@ def test_mma_sync_mmq_whole_tiles_then_split_tail(bn, m, k, t, path):
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, flag = run_mmq(r, raw, m, k, x, bn, path)
     assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
-    assert not ops._counters(4 * tiles).download(np.uint32, (tiles,)).any(), "split counters left raised"
+    assert not ops.workspace_state().any(), "split counters left raised"
     for _ in range(2):
         b, _ = run_mmq(r, raw, m, k, x, bn, path)
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
@@ -139,7 +139,7 @@ def test_mma_sync_mmq_spread_fixup_gives_the_last_ctas_bits(path, monkeypatch):
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, flag = run_mmq(r, raw, m, k, x, 128, path)
     assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
-    assert not ops._counters(4 * (m // 128)).download(np.uint32, (m // 128,)).any(), "split counters left raised"
+    assert not ops.workspace_state().any(), "split counters left raised"
     b, _ = run_mmq(r, raw, m, k, x, 128, path)
     monkeypatch.setattr(ops, "MMQ_SPREAD_MAX_SPLITS", 0)
     c, _ = run_mmq(r, raw, m, k, x, 128, path)
@@ -530,7 +530,6 @@ def test_wgmma_cluster_multicast_mmq(bn):
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_mc")
     assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
-    tiles = ((m + 127) // 128) * ((t + bn - 1) // bn)
     assert not ops.workspace_state().any(), "the split-K tile counters were not reset"
     for _ in range(3):
         np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, "wgmma_ra_mc")[0].view(np.uint32), a.view(np.uint32))
@@ -552,11 +551,13 @@ def test_register_a_skinny_gemm(m, k, t, arch):
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
 
+    plan = ops.recorded_plan(w, t, lambda pb: ops._skinny_gemm(pb, w, pb.x.ptr, pb.y.ptr, m, k, t, arch))
+
     def run(xv):
         xa = r.as_device_array(xv, "x", np.float32, ndim=2)
         out = r.DeviceArray.empty((t, m), np.float32)
         out.owner.fill_bytes(0xFF)
-        ops._skinny_gemm(w, xa.ptr, out.ptr, m, k, t, arch)
+        ops.run_plan(plan, xa.ptr, out.ptr)
         return out.numpy()
 
     got = run(x)

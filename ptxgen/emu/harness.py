@@ -403,13 +403,12 @@ def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, inte
         x[i, rng.integers(0, k)] = [np.float32(7e4), np.float32(-np.inf), np.float32(np.nan)][(j + int(rng.integers(0, 3))) % 3]
     y0 = rng.standard_normal((t, m)).astype(np.float32)  # what the GEMM left
     mem = _memory()
-    fa, da = mem.alloc(np.array([int(flagged), 0], np.uint32)), 0
-    da = fa + 4
+    fa, da = mem.alloc(np.array([int(flagged)], np.uint32)), mem.alloc(np.zeros(1, np.uint32))
     wa, xa, ya = mem.alloc(raw), mem.alloc(x), mem.alloc(y0)
     g = max(1, min(t, ctas))
     _run(ptx, (g,), (256,), (fa, da, wa, xa, ya, m, k, t), mem, seed=seed, interleave=interleave)
     got = mem.view(ya, np.float32, (t, m)).copy()
-    state = mem.view(fa, np.uint32, (2,))
+    state = np.concatenate([mem.view(fa, np.uint32, (1,)), mem.view(da, np.uint32, (1,))])
     with np.errstate(all="ignore"):
         want = y0.astype(np.float64)
         if bad:
