@@ -90,7 +90,10 @@ def graphed(torch, fn, calls=CALLS, rounds=3):
 
 
 def host_us(torch, fn, calls=1000, burst=50):
-    """Host µs per call: `calls` calls in bursts of `burst`, the GPU drained between bursts (not counted)."""
+    """Host µs per call: `calls` calls in bursts of `burst`, the GPU drained between bursts (not counted), after a
+    warm-up burst (the first calls of a library set it up)."""
+    for i in range(burst):
+        fn(i)
     total = 0.0
     for b in range(calls // burst):
         torch.cuda.synchronize()
@@ -127,6 +130,7 @@ def main():
     ap.add_argument("--formats", default="q4_K,tq4_1s")
     ap.add_argument("--tokens", default=None, help="comma-separated T (default: each format's list)")
     ap.add_argument("--no-decode-loop", action="store_true")
+    ap.add_argument("--host-only", action="store_true", help="only the host time per call")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -142,7 +146,7 @@ def main():
           "loop kernels | cuBLAS fp16 isolated / in loop / eager / graph µs | llama.cpp µs | cuBLAS graph / ptxgen graph "
           "| kernels |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for fmt in args.formats.split(","):
+    for fmt in ([] if args.host_only else args.formats.split(",")):
         for m, k in SHAPES[fmt]:
             raw = random_raw(fmt, m, k, rng)
             nbytes = m * formats.get(fmt).row_bytes(k)
@@ -177,7 +181,7 @@ def main():
             del ws, w16
             torch.cuda.empty_cache()
 
-    if not args.no_decode_loop:
+    if not (args.no_decode_loop or args.host_only):
         m, k, n = 4096, 14336, 24
         raw = random_raw("q4_K", m, k, rng)
         ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)).to_device() for _ in range(n)]
@@ -251,6 +255,8 @@ def plot(res, path):
         print("matplotlib missing: no plot")
         return
     shapes = sorted({(o["fmt"], o["m"], o["k"]) for o in res["op"]})
+    if not shapes:
+        return
     fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
     for ax, (fmt, m, k) in zip(axes[0], shapes):
         rows = [o for o in res["op"] if (o["fmt"], o["m"], o["k"]) == (fmt, m, k)]

@@ -632,7 +632,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         s = driver.stream_handle(stream, x)
     if t == 0:
         raise ValueError("mul_mat: x has no tokens (T = 0)")
-    driver.bind_thread()
+    if not getattr(driver._TLS, "bound", False):
+        driver.current()  # the context current in this thread
     entry = w._plans.get((t, mode, rotation, arch))
     if entry is None or entry[0] != knobs._GENERATION[0]:
         plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
