@@ -234,10 +234,14 @@ def list_gguf_tensors(path) -> list[TensorInfo]:
         return list(f.tensors.values())
 
 
+TYPE_IDS = {fmt: i for i, fmt in GGML_IDS.items()} | {"tq4_1s": TQ4_1S_IDS[0]}  # what write_gguf writes per format
+
+
 def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
-    """Write a minimal GGUF v3 file: tensors {name: (type_id, (M, K), raw uint8)}, metadata {key: str | int}
-    (strings and unsigned 32-bit integers). Used by tests and examples (the `gguf` package's writer does not know
-    TQ4_1S's type ids)."""
+    """Write a minimal GGUF v3 file: tensors {name: QuantTensor, or (type_id, (M, K), raw uint8)}, metadata
+    {key: str | int} (strings and unsigned 32-bit integers). TQ4_1S gets type id 46 (TheTom's fork). Used by tests
+    and examples (the `gguf` package's writer does not know TQ4_1S's type ids)."""
+    tensors = {name: (TYPE_IDS[t.fmt], t.shape, t.raw()) if hasattr(t, "fmt") else t for name, t in tensors.items()}
     out = bytearray(MAGIC)
     metadata = metadata or {}
     out += struct.pack("<IQQ", 3, len(tensors), len(metadata))
