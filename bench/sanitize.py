@@ -1,0 +1,83 @@
+"""Every kernel mul_mat can dispatch, at edge shapes, once each — the program compute-sanitizer runs:
+
+    compute-sanitizer --tool memcheck  python3 bench/sanitize.py   (also racecheck, synccheck, initcheck)
+    bash bench/sanitize.sh                                          (all four tools, one log: $OUT/sanitize.log)
+
+Cases: each format and mode, T at the dispatch rule's edges (1, 2, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 129), M at
+tile edges (1, 127, 128, 129, 300) and K of one or a few blocks, with the knobs that pick the paths the default
+rule keeps for large matrices forced on, and the mma.sync lowering (arch="sm_89") beside the wgmma one. Each call
+is checked against the float64 reference (a sanitizer run must also compute the right thing). Prints the kernels
+covered and the dispatchable kernels that were not.
+"""
+import sys
+
+import numpy as np
+
+from ptxgen import formats, knobs
+from ptxgen.testing.strategies import random_raw
+
+TOKENS = (1, 2, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 129)
+FORCED = [{}, {"PTXGEN_Q4K_T1": "1"}, {"PTXGEN_Q4K_MMA": "1", "PTXGEN_Q4K_T16H": "0"}, {"PTXGEN_MMQ_SKINNY": "1"},
+          {"PTXGEN_MMQ_REGA": "0", "PTXGEN_MMQ_SKINNY": "0"}, {"PTXGEN_MMQ_CX": "1"}, {"PTXGEN_MMQ_PRE": "1"},
+          {"PTXGEN_MMQ_X16": "1"}, {"PTXGEN_TQ4_MMA": "1"}, {"PTXGEN_Q4K_MMA": "0", "PTXGEN_Q4K_T1": "0"},
+          {"PTXGEN_Q4K_XR": "1"}]
+SHAPES = ((1, 256), (127, 512), (128, 256), (129, 768), (300, 1024))
+WIDE = (17000, 256)  # 9-16 tokens past one round of t16h's CTAs on the H200: the 16-token register-A GEMM
+
+
+def cases():
+    for fmt, mode in (("q4_K", "exact"), ("q4_K", "fast"), ("tq4_1s", "exact"), ("tq4_1s", "fast"), ("q8_0", "fast")):
+        for m, k in SHAPES + ((WIDE,) if (fmt, mode) == ("q4_K", "exact") else ()):
+            if fmt == "q8_0" and k % 64:
+                continue
+            for t in (TOKENS if (m, k) != WIDE else (9, 16)):
+                for arch in (None, "sm_89"):
+                    for forced in (FORCED if fmt != "q8_0" else [{}]):
+                        for rotation in (("separate", "fused") if fmt == "tq4_1s" and mode == "exact" else ("separate",)):
+                            yield fmt, mode, rotation, m, k, t, arch, forced
+
+
+def main():
+    import ptxgen.runtime as r
+    from ptxgen.runtime import kernels, ops
+
+    quick = "--quick" in sys.argv
+    rng = np.random.default_rng(0)
+    covered, seen, n, worst = set(), set(), 0, 0.0
+    weights = {}
+    for fmt, mode, rotation, m, k, t, arch, forced in cases():
+        with knobs.override(**forced):
+            key = (fmt, m, k)
+            if key not in weights:
+                raw = random_raw(fmt, m, k, rng)
+                weights[key] = (r.QuantTensor.from_raw(fmt, raw, (m, k)), raw)
+            w, raw = weights[key]
+            plan = ops.mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
+            sig = (tuple(plan.kernels), fmt, mode, arch)
+            if sig in seen or (quick and set(plan.kernels) <= covered):
+                continue
+            seen.add(sig)
+            x = rng.standard_normal((t, k)).astype(np.float32)
+            y = r.mul_mat(w, x, mode=mode, rotation=rotation, arch=arch)
+            if mode == "exact":
+                want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
+            else:
+                want = formats.gemm_q8_1_ref(fmt, raw, m, k, x) if fmt != "tq4_1s" else formats.gemv_tq4_1s_ref(raw, m, k, x)
+            err = float(np.linalg.norm(y - want) / max(np.linalg.norm(want), 1e-30))
+            bound = 1e-3 if (mode == "exact" or fmt != "tq4_1s") else 3e-2
+            if not np.isfinite(y).all() or err > bound:
+                print(f"WRONG: {fmt} {mode} {m}x{k} T={t} arch={arch} {forced}: relative error {err:.2e}")
+            worst = max(worst, err if mode == "exact" else 0.0)
+            covered |= set(plan.kernels)
+            n += 1
+    r.synchronize()
+    dispatchable = {name for name in kernels.manifest("sm_90a") | kernels.manifest("sm_89")
+                    if not name.startswith(("dequantize_q4_k", "quantize_q8_1", "rotate_tq4_1s"))
+                    and not name.endswith(("_mc2", "_n192"))}
+    print(f"{n} calls, {len(covered)} kernels covered; worst relative error (exact modes) {worst:.1e}")
+    print("covered:", " ".join(sorted(covered)))
+    print("not reached:", " ".join(sorted(dispatchable - covered)) or "none")
+
+
+if __name__ == "__main__":
+    main()
