@@ -265,6 +265,7 @@ def capture_id(stream: int) -> int | None:
     made once per thread; only a capturing stream is asked for its id."""
     refs = getattr(_CAP, "refs", None)
     if refs is None:
+        current()  # the driver initialised and the context current in this thread, once per thread
         st, cid = ctypes.c_int(0), ctypes.c_uint64(0)
         refs = _CAP.refs = (st, cid, ctypes.byref(st), ctypes.byref(cid))
     lib = _CU[0] if _CU else libcuda()
