@@ -208,3 +208,15 @@ def test_resident_clusters_is_bounded_by_the_ctas_that_fit():
     n = fn.resident_clusters(2)
     assert 1 <= n <= current().sm_count * fn.resident_per_sm() // 2
     assert fn.resident_clusters(2) == n  # cached
+
+
+def test_a_fresh_process_may_start_with_any_entry_point():
+    """The first runtime call of a process may be mul_mat_plan, a capture query or an op on host weights: each
+    initialises the driver itself."""
+    code = ("import numpy as np, ptxgen.runtime as r; from ptxgen.runtime import ops, driver\n"
+            "w = r.QuantTensor.from_numpy(np.ones((128, 256), np.float32), 'q4_K')\n"
+            "print(ops.mul_mat_plan(w, 1).kernels[-1], driver.capture_id(2))\n"
+            "print(float(r.mul_mat(w, np.ones((1, 256), np.float32))[0, 0]))")
+    for first in (code, code.replace("print(ops.mul_mat_plan(w, 1).kernels[-1], driver.capture_id(2))\n", "")):
+        p = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-1500:]
