@@ -59,22 +59,25 @@ def main():
             seen.add(sig)
             x = rng.standard_normal((t, k)).astype(np.float32)
             y = r.mul_mat(w, x, mode=mode, rotation=rotation, arch=arch)
-            if mode == "exact":
-                want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
-            else:
-                want = formats.gemm_q8_1_ref(fmt, raw, m, k, x) if fmt != "tq4_1s" else formats.gemv_tq4_1s_ref(raw, m, k, x)
+            q8 = any("q8" in name or "fast" in name for name in plan.kernels)  # int8 x Q8_1 kernels ran
+            if fmt == "tq4_1s":  # exact: fp32 rotated x; fast: NMSE ~5e-5 against it (one output alone is noisier)
+                want = formats.gemv_tq4_1s_ref(raw, m, k, x)
+                bound = 1e-5 if mode == "exact" else (3e-2 if m * t >= 64 else 2e-1)
+            elif q8:  # exact integer dots against the product with the Q8_1-rounded x
+                want, bound = formats.gemm_q8_1_ref(fmt, raw, m, k, x), 1e-5
+            else:  # fp32 GEMVs ~1e-6, fp16 skinny / prefill GEMMs ~3e-4
+                want, bound = formats.gemm_ref(fmt, raw, m, k, x), 1e-3
             err = float(np.linalg.norm(y - want) / max(np.linalg.norm(want), 1e-30))
-            bound = 1e-3 if (mode == "exact" or fmt != "tq4_1s") else 3e-2
             if not np.isfinite(y).all() or err > bound:
-                print(f"WRONG: {fmt} {mode} {m}x{k} T={t} arch={arch} {forced}: relative error {err:.2e}")
-            worst = max(worst, err if mode == "exact" else 0.0)
+                print(f"WRONG: {fmt} {mode} {m}x{k} T={t} arch={arch} {forced}: relative error {err:.2e} > {bound:.0e}")
+            worst = max(worst, err if not q8 and fmt != "tq4_1s" else 0.0)
             covered |= set(plan.kernels)
             n += 1
     r.synchronize()
     dispatchable = {name for name in kernels.manifest("sm_90a") | kernels.manifest("sm_89")
                     if not name.startswith(("dequantize_q4_k", "quantize_q8_1", "rotate_tq4_1s"))
                     and not name.endswith(("_mc2", "_n192"))}
-    print(f"{n} calls, {len(covered)} kernels covered; worst relative error (exact modes) {worst:.1e}")
+    print(f"{n} calls, {len(covered)} kernels covered; worst relative error of the fp32 / fp16 paths {worst:.1e}")
     print("covered:", " ".join(sorted(covered)))
     print("not reached:", " ".join(sorted(dispatchable - covered)) or "none")
 
