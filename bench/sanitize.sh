@@ -5,7 +5,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/ptxgen-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PTXGEN_CACHE_DIR=${PTXGEN_CACHE_DIR:-/tmp/ptxgen-cache}
 log="$OUT/sanitize.log"
-{ echo "== $(date -u +%F) $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+{ echo "== $(date -u +%F) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
   echo "== plain"; timeout "${PLAIN_TIMEOUT:-300}" python3 bench/sanitize.py
   for tool in memcheck racecheck synccheck initcheck; do
     echo "== $tool"
