@@ -36,16 +36,10 @@ CALLS = 100
 
 
 def kernel_only(torch, fn, reps):
-    out = []
-    for i in range(reps):
-        torch.cuda._sleep(1_000_000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn(i)
-        e.record()
-        out.append((s, e))
-    torch.cuda.synchronize()
-    return float(np.median([s.elapsed_time(e) * 1e3 for s, e in out]))
+    """Events around one call behind a 0.5 ms sleep, median of `reps` (bench_gemv.timed)."""
+    from bench_gemv import timed
+
+    return timed(fn, reps, torch)
 
 
 def eager(torch, fn, calls=CALLS, rounds=3):
