@@ -634,6 +634,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError("mul_mat: x has no tokens (T = 0)")
     if not getattr(driver._TLS, "bound", False):
         driver.current()  # the context current in this thread
+    if w._device is None and driver.capture_id(s) is not None:
+        raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: call "
+                           "w.to_device() (or run the op once) before capturing")
     entry = w._plans.get((t, mode, rotation, arch))
     if entry is None or entry[0] != knobs._GENERATION[0]:
         plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
@@ -733,11 +736,7 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
         raise ValueError("mul_mat: q8_0 weights run int8 x Q8_1 activations (as llama.cpp does); pass mode='fast'")
     if not isinstance(t, (int, np.integer)) or t <= 0:
         raise ValueError(f"mul_mat: T must be a positive number of tokens, got {t!r}")
-    if not w.on_device:
-        if driver.capture_id(driver.PER_THREAD_STREAM) is not None:
-            raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and a CUDA graph is being captured: call "
-                               "w.to_device() (or run the op once) before capturing")
-        w.to_device()
+    w.to_device()  # once (mul_mat refuses to get here while its stream is capturing)
     m, k = w.shape
     if w.fmt == "q8_0" and (k % 64 or w.ptr % 4):
         raise ValueError(f"mul_mat: q8_0 needs K a multiple of 64 and 4-byte aligned weights (K={k}, "

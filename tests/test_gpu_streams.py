@@ -251,3 +251,29 @@ def test_torch_operator_under_torch_compile_and_cuda_graphs():
             got = graphed(x).clone()
         assert torch.equal(got, want), t
     assert r.QuantTensor  # the runtime stays importable alongside
+
+
+def test_weights_still_on_the_host_are_refused_while_capturing():
+    """An upload is not allowed while a stream captures: mul_mat says what to do instead of breaking the capture
+    with a synchronous copy; the same weights work once uploaded."""
+    torch = _torch()
+    from cuda.bindings import driver as drv
+
+    import ptxgen.runtime as r
+
+    raw = random_raw("q4_K", 256, 512, np.random.default_rng(3))
+    w = r.QuantTensor.from_raw("q4_K", raw, (256, 512))
+    x = torch.randn(1, 512, device="cuda")
+    y = torch.empty(1, 256, device="cuda")
+    err, stream = drv.cuStreamCreate(1)
+    drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+    with pytest.raises(RuntimeError, match="not on the GPU yet"):
+        r.mul_mat(w, x, out=y, stream=stream)
+    err, graph = drv.cuStreamEndCapture(stream)
+    assert int(err) == 0 and not w.on_device
+    w.to_device()
+    r.mul_mat(w, x, out=y, stream=stream)
+    drv.cuStreamSynchronize(stream)
+    assert rel(y.cpu().numpy(), formats.gemm_ref("q4_K", raw, 256, 512, x.cpu().numpy())) < 1e-5
+    drv.cuGraphDestroy(graph)
+    drv.cuStreamDestroy(stream)
