@@ -1,4 +1,4 @@
-"""The runtime's launch plans and streams without a GPU (tests/fakegpu.py: an H200-shaped context, kernels as their
+"""The runtime's launch plans and streams without a GPU (ptxgen.testing.fakegpu: an H200-shaped context, kernels as their
 manifests say): which kernels mul_mat plans, when a cached plan is reused or rebuilt, how a plan binds to a
 workspace, and how `stream=` is read."""
 import ctypes
@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-import fakegpu
+from ptxgen.testing import fakegpu
 from ptxgen import knobs
 from ptxgen.runtime import driver, ops, plans
 from ptxgen.runtime.driver import PER_THREAD_STREAM, stream_handle
