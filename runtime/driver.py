@@ -93,12 +93,6 @@ class Context:
     ordinal: int = 0
 
 
-def bind_thread() -> None:
-    """Make ptxgen's context current in this thread if it is not yet (an op's hot path calls this)."""
-    if not getattr(_TLS, "bound", False):
-        current()
-
-
 def current() -> Context:
     """The process's CUDA context on device 0 (the primary context, which torch and cupy use too), created on first
     use and made current in every thread that calls."""
@@ -248,33 +242,35 @@ def stream_handle(stream=None, like=None) -> int:
                     f"stream, got {type(stream).__name__}")
 
 
-def capture_status(stream: int) -> int:
-    """0: the stream is not capturing a CUDA graph; 1: it is; 2: its capture was invalidated."""
-    current()
-    st = ctypes.c_int(0)
-    _check_rc(libcuda().cuStreamIsCapturing(stream, ctypes.byref(st)), "cuStreamIsCapturing")
-    return st.value
-
-
 _CAP = threading.local()  # per thread: the out-parameters of the capture queries, made once
 
 
-def capture_id(stream: int) -> int | None:
-    """The id of the capture sequence `stream` is in (unique in the process), or None when it is not capturing.
-    Every op asks, so the usual answer costs one 2-argument ctypes call (cuStreamIsCapturing) with an out-parameter
-    made once per thread; only a capturing stream is asked for its id."""
+def _capture_refs():
     refs = getattr(_CAP, "refs", None)
     if refs is None:
         current()  # the driver initialised and the context current in this thread, once per thread
         st, cid = ctypes.c_int(0), ctypes.c_uint64(0)
         refs = _CAP.refs = (st, cid, ctypes.byref(st), ctypes.byref(cid))
-    lib = _CU[0] if _CU else libcuda()
-    rc = lib.cuStreamIsCapturing(stream, refs[2])
+    return refs
+
+
+def capture_status(stream: int) -> int:
+    """0: the stream is not capturing a CUDA graph; 1: it is; 2: its capture was invalidated. One 2-argument
+    ctypes call (cuStreamIsCapturing) with an out-parameter made once per thread: every op asks."""
+    refs = _capture_refs()
+    rc = (_CU[0] if _CU else libcuda()).cuStreamIsCapturing(stream, refs[2])
     if rc:
         _check_rc(rc, "cuStreamIsCapturing")
-    if refs[0].value == 0:
+    return refs[0].value
+
+
+def capture_id(stream: int) -> int | None:
+    """The id of the capture sequence `stream` is in (unique in the process), or None when it is not capturing;
+    only a capturing stream is asked for its id (cuStreamGetCaptureInfo)."""
+    if capture_status(stream) == 0:
         return None
-    rc = lib.cuStreamGetCaptureInfo_v2(stream, refs[2], refs[3], None, None, None)
+    refs = _capture_refs()
+    rc = (_CU[0] if _CU else libcuda()).cuStreamGetCaptureInfo_v2(stream, refs[2], refs[3], None, None, None)
     if rc:
         _check_rc(rc, "cuStreamGetCaptureInfo")
     if refs[0].value == 2:
@@ -493,8 +489,7 @@ class Function:
     @property
     def address(self) -> int:
         """The CUfunction as an integer (for the ctypes launch path)."""
-        h = self.handle
-        return int(h) if not hasattr(h, "getPtr") else int(h)
+        return int(self.handle)
 
     def set_dynamic_smem(self, nbytes: int) -> None:
         ctx = current()

@@ -30,10 +30,6 @@ from .plans import _EAGER, Plan, PlanBuilder, Sym, SymArray, TMap, Workspace, wo
 from .tensors import QuantTensor
 
 
-def _host_stream(stream, like) -> int:
-    return driver.stream_handle(stream, like)
-
-
 def _finish(o: DeviceArray, host_in: bool, out_given: bool, stream: int):
     """NumPy in: wait for the stream and return NumPy (or `out`); otherwise return the device result at once."""
     if host_in:
@@ -84,7 +80,7 @@ def quantize_q8_1(x, *, out=None, arch: str | None = None, stream=None):
     shape = shape_of(x, "quantize_q8_1: x")
     if not shape or shape[-1] % 32:
         raise ValueError(f"quantize_q8_1: the last dimension must be a multiple of 32, got shape {shape}")
-    s = _host_stream(stream, x)
+    s = driver.stream_handle(stream, x)
     xa = as_device_array(x, "quantize_q8_1: x", np.float32, stream=s)
     nblocks = int(np.prod(xa.shape, dtype=np.int64)) // 32
     o, ret = _output(out, (*xa.shape[:-1], xa.shape[-1] // 32 * 36), np.uint8, "quantize_q8_1: out", x, s, align=1)
@@ -116,7 +112,7 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     if kernel is None:
         raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: q4_K)")
     m, k = w.shape
-    s = _host_stream(stream, out)
+    s = driver.stream_handle(stream, out)
     o, ret = _output(out, (m, k), np.float16, "dequantize: out", None, s, align=8)
     fn = kernels.load(kernel, arch)
     nsuper = m * k // 256
@@ -131,7 +127,7 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     shape = shape_of(x, "rotate_tq4_1s: x")
     if not shape or shape[-1] % 32:
         raise ValueError(f"rotate_tq4_1s: the last dimension must be a multiple of 32, got shape {shape}")
-    s = _host_stream(stream, x)
+    s = driver.stream_handle(stream, x)
     xa = as_device_array(x, "rotate_tq4_1s: x", np.float32, stream=s)
     o, ret = _output(out, shape, np.float32, "rotate_tq4_1s: out", x, s)
     nb = int(np.prod(shape, dtype=np.int64)) // 32
@@ -492,7 +488,7 @@ def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "n
     fp16 (`flag`: a device buffer of at least 4 bytes). `k_order="rega"`: the register-A MMQ's K order."""
     if k_order not in ("natural", "rega"):
         raise ValueError(f"convert_f16: k_order must be 'natural' or 'rega', got {k_order!r}")
-    s = _host_stream(stream, x)
+    s = driver.stream_handle(stream, x)
     xa = as_device_array(x, "convert_f16: x", np.float32, stream=s)
     pb = PlanBuilder(xa.shape, np.float32, xa.shape, np.float16)
     _rec_convert_f16(pb, pb.x, flag.ptr if hasattr(flag, "ptr") else int(flag), arch, k_order)
