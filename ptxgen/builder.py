@@ -152,6 +152,23 @@ class KernelBuilder:
         return Label(f"$L_{hint}_{next(self._labels)}")
 
     # --- instructions -------------------------------------------------------------------------------
+    # --- programmatic dependent launch (PDL) -------------------------------------------------------------
+    def pdl_trigger(self) -> None:
+        """`griddepcontrol.launch_dependents` where the target has it: a kernel launched behind this one with PDL
+        may start (it waits, griddepcontrol.wait, before it reads what this one writes). Emitted first thing by the
+        kernels that end an op, so the next op's first kernel (a `pdl_head`) is resident when this one ends."""
+        if self.arch.has("griddepcontrol"):
+            self.emit("griddepcontrol.launch_dependents")
+
+    def pdl_head(self) -> None:
+        """Trigger, then `griddepcontrol.wait`, before anything else: this kernel touches no memory until every
+        kernel before it in the stream has completed and flushed, so the runtime may launch it with PDL behind
+        any kernel (meta `pdl_head`), hiding the launch gap between consecutive ops."""
+        if self.arch.has("griddepcontrol"):
+            self.emit("griddepcontrol.launch_dependents")
+            self.emit("griddepcontrol.wait")
+            self.meta["pdl_head"] = True
+
     def emit(self, opcode_or_instr, *operands, pred: Reg | None = None, neg: bool = False) -> Instr:
         i = opcode_or_instr if isinstance(opcode_or_instr, Instr) else Instr(opcode_or_instr, tuple(operands), pred, neg)
         if i.opcode in ("div.u32", "rem.u32") and isinstance(i.operands[2], Imm) and i.operands[2].value >= 1:

@@ -152,8 +152,9 @@ class PlanBuilder:
     def scratch(self, shape, dtype, *, once: bool = False) -> SymArray:
         """A scratch region of its own for this op. Inside `begin_slice()` the n-th region a slice asks for is the
         n-th region of every slice (sized for the largest): each slice starts with a launch that waits for all
-        before it (never PDL), so a slice never overwrites what the previous one still reads. `once`: a region of
-        its own even inside a slice (the lane-layout activation every slice reads)."""
+        before it (not PDL, or a `pdl_head` kernel that waits before touching memory), so a slice never overwrites
+        what the previous one still reads. `once`: a region of its own even inside a slice (the lane-layout
+        activation every slice reads)."""
         n = SymArray(Sym(("scratch", 0)), shape, dtype).nbytes
         if self._slice is not None and not once:
             pos, regions = self._slice
@@ -186,6 +187,11 @@ class PlanBuilder:
             # the op's first kernel must not overlap the previous op's last one: scratch and counters are shared
             # by the ops of a stream, and a PDL kernel may run before its griddepcontrol.wait
             pdl = False
+        if fn.meta.get("pdl_head"):
+            # ... unless it waits before touching any memory (KernelBuilder.pdl_head): then it may be launched
+            # behind whatever precedes it in the stream (a kernel of ours, of torch's, anyone's) and its launch
+            # overlaps that kernel's tail
+            pdl = True
         self.launches.append(Launch(fn, tuple(grid), tuple(args), block, smem, cluster, bool(pdl)))
 
     def finish(self, note: str = "") -> Plan:

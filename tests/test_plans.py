@@ -36,7 +36,31 @@ def test_mul_mat_plans_the_kernels_of_the_dispatch_rule(gpu, fmt, m, k, t, mode,
     that reads the overflow flag on the device (no host read-back)."""
     p = ops.mul_mat_plan(fakegpu.weights(fmt, m, k), t, mode=mode)
     assert p.kernels == kernels
-    assert p.launches[0].pdl is False  # an op's first kernel never overlaps the previous op's last one
+    # an op's first kernel overlaps the previous op's last one only if it waits before touching memory
+    assert p.launches[0].pdl is bool(p.launches[0].fn.meta.get("pdl_head"))
+
+
+def test_pdl_head_kernels_wait_before_touching_memory():
+    """A kernel the plans launch with PDL as an op's first (meta pdl_head) may start while the kernel before it in
+    the stream (anyone's) still runs: in its emitted PTX nothing reads or writes memory before griddepcontrol.wait;
+    and the kernels that end a decode op trigger their dependents first thing."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "emitted" / "sm_90a"
+    manifest = json.loads((root / "manifest.json").read_text())
+    heads = [k["kernel"] for k in manifest["kernels"] if k["meta"].get("pdl_head")]
+    assert {"prep_q4k_t1", "prep_f32_lanes", "prep_tq4_1s", "convert_f16_perm"} <= set(heads)
+    memory = re.compile(r"^\s*(@!?%\w+\s+)?(ld|st|atom|red|cp|tex|prefetch|mbarrier)\.(?!param)")
+    for name in heads:
+        body = (root / f"{name}.ptx").read_text().split("{", 1)[1].splitlines()
+        wait = next(i for i, line in enumerate(body) if "griddepcontrol.wait" in line)
+        assert not [line for line in body[:wait] if memory.match(line)], name
+    for name in ("gemv_q4_k_mma_t1", "gemv_q4_k_t1", "gemv_tq4_1s_tma_t1", "mul_mat_fixup_q4_k"):
+        body = (root / f"{name}.ptx").read_text().split("{", 1)[1]
+        assert body.index("griddepcontrol.launch_dependents") < min(body.index(op) for op in ("ld.global", "cp.async")
+                                                                   if op in body), name
 
 
 def test_mul_mat_on_the_mma_sync_target_plans_the_mma_sync_gemm(gpu):
@@ -52,7 +76,7 @@ def test_sliced_calls_reuse_their_scratch(gpu):
     assert len(p4096.launches) == 512 * len(p8.launches)
     assert p4096.scratch_bytes == p8.scratch_bytes
     slice_starts = [ln for i, ln in enumerate(p4096.launches) if i % 2 == 0]
-    assert not any(ln.pdl for ln in slice_starts)
+    assert all(ln.fn.meta.get("pdl_head") or not ln.pdl for ln in slice_starts)
 
 
 # --- the plan cache -----------------------------------------------------------------------------------------

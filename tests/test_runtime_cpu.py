@@ -402,7 +402,7 @@ def test_q4k_tensor_core_gemv_builds_per_target():
     # programmatic dependent launch: the 8-token build (measured faster with it), not the 16-token one (slower)
     assert kernels.manifest("sm_90a")["gemv_q4_k_mma"]["meta"]["pdl"] is True
     assert kernels.manifest("sm_90a")["gemv_q4_k_mma_n16"]["meta"]["pdl"] is False
-    assert "griddepcontrol" not in kernels.ptx_source("gemv_q4_k_mma_n16", "sm_90a")[0]
+    assert "griddepcontrol.wait" not in kernels.ptx_source("gemv_q4_k_mma_n16", "sm_90a")[0]
 
 
 def test_convert_f16_k_order_is_checked_before_any_launch():

@@ -29,8 +29,7 @@ def build(arch, permuted: bool = False):
     b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
     if permuted:
         b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
-    if arch.has("griddepcontrol"):  # the wgmma MMQ after it may launch now (it waits before its first TMA of x)
-        b.emit("griddepcontrol.launch_dependents")
+    b.pdl_head()  # the wgmma MMQ after it may launch now (it waits before its first TMA of x)
     X, Y, F = b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
     n8 = b.ld_param(n_p, "u32")
     i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(THREADS, "u32"), b.special("tid.x"))

@@ -28,6 +28,7 @@ def build(arch):
     m_p, k_p, t_p = b.param("M", "u32"), b.param("K", "u32"), b.param("T", "u32")
     b.meta.update(grid="min(T, 4 x SMs) CTAs: CTA c recomputes tokens c, c + gridDim.x, ... when flag is set",
                   warps=WARPS, pdl=arch.has("griddepcontrol"))
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start now
     if arch.has("griddepcontrol"):  # launched with PDL behind the GEMM: wait for it (and its flag) to complete
         b.emit("griddepcontrol.wait")
     F, D = b.ptr(f_p), b.ptr(d_p)

@@ -81,6 +81,7 @@ def build(arch, spec: GemvSpec):
     lut_sym = b.shared_buffer("lut", 256, align=256)
     red_sym = b.shared_buffer("red", 4 * WARPS * R * Tn, align=16)
     table = b.const_table("lut_init", _lut_values(spec.fmt).tobytes())
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
 
     W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
@@ -301,6 +302,7 @@ def _lane_head(name, arch, doc, Tn, R, min_ctas, **meta):
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     b.directives += [f".maxntid {32 * LANE_WARPS}, 1, 1", f".minnctapersm {min_ctas}"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: 32 lanes x lane_cols columns); part: splits x ntok "
                           "x m fp32, counters: one u32 per warp (zero, left zero)", ctas_per_sm=min_ctas, tokens=Tn, rows_per_cta=R * LANE_WARPS,
                   rows_per_warp=R, warps=LANE_WARPS, grid="ceil(m / rows_per_cta)", layout="lanes",
@@ -648,6 +650,7 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {min_ctas}"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     # + 128: aligned up at run time (TMA destination); the pair table first, then the rings
     ring_sym = b.dynamic_shared(table_bytes + NW * S * stage_bytes + 128)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: 32 lanes x 32 columns); part: splits x ntok x m "
@@ -934,6 +937,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k=f"gridDim.y splits the K steps (a step: {STEP} blocks); part: splits x ntok x m fp32, counters: "
                           "one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8, rows_per_cta=R * NW,
@@ -1163,6 +1167,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     # the cp.async build (sm_89, sm_120a; not measured) at 3 CTAs: at 4, sm_120a's ptxas needs a stack frame
     ctas = (Q4K_MMA_CTAS if tma else 3) if NT == 1 else Q4K_MMA_CTAS_N16
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT, token_groups=NT,
@@ -1427,8 +1432,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
         b.meta.update(layout="to_mma_tiles")
     n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid=f"ceil({nt} * k / 32 / 8)")
-    if arch.has("griddepcontrol"):
-        b.emit("griddepcontrol.launch_dependents")
+    b.pdl_head()  # the GEMV that reads this may launch now and load its weights meanwhile
     x, BT = b.ptr(x_p), b.ptr(bt_p)
     ntok, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
     nb = b.op("shr.u32", K, Imm(5, "u32"))
@@ -1988,8 +1992,7 @@ def build_prep(arch, fast: bool, rotate: bool = True):
     n_p, k_p = b.param("nblocks", "u32"), b.param("k", "u32")
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(nblocks / 8)",
                   layout="to_lanes_q8(quantize_q8_1(.))" if fast else "to_lanes_f32")
-    if arch.has("griddepcontrol"):  # the GEMV that reads this may launch now and load its weights meanwhile
-        b.emit("griddepcontrol.launch_dependents")
+    b.pdl_head()  # the GEMV that reads this may launch now and load its weights meanwhile
     x, y = b.ptr(x_p), b.ptr(y_p)
     n, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
     lane, blk, done = warp_per_item(b, n, WARPS)

@@ -135,6 +135,7 @@ def _params(b, NW, ctas):
           b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32"))
     ps += (b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch"))
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     return ps
 
 

@@ -39,6 +39,7 @@ def build(arch):
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, r_p = b.param("m", "u32"), b.param("k", "u32"), b.param("rows_per_cta", "u32")
     b.directives += [f".maxntid {XR_THREADS}, 1, 1"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     b.meta.update(fmt="q4_K", tokens=1, mode="exact", max_k=XR_MAX_K, max_rows_per_cta=XR_MAX_ROWS,
                   block="32·ceil(K / 2048) threads: thread u owns 64 weights (super-block u / 4, qs group u % 4)",
                   grid="ceil(M / rows_per_cta)", layout="gguf rows (16-byte aligned), fp32 activation (T = 1)",
