@@ -577,7 +577,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     instead of the stream's own (for instance one reserved before capturing a CUDA graph).
 
     The kernels (README "mul_mat dispatch"; `mul_mat_plan(w, T).kernels` lists them): TQ4_1S and Q4_K run the decode
-    GEMV, in slices of at most 8 tokens (T ≤ 8 is one launch); Q4_K with T = 9–16 (mode "exact") the 16-token
+    GEMV, in slices of at most 8 tokens (T ≤ 8 is one launch of the GEMV; exact Q4_K at T = 1 on the tensor-core
+    GEMV is one launch in all: gemv_q4_k_mma_t1_fused builds its activation records itself); Q4_K with T = 9–16
+    (mode "exact") the 16-token
     tensor-core skinny GEMM gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; where t16h's
     grid would take two rounds, skinny16_ok, the same records on mmq_q4_k_rega_n16; PTXGEN_Q4K_T16H=0 or
     PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16); exact-mode Q4_K with M ≥ 128 and 17 ≤ T ≤ SKINNY_MAX_TOKENS
@@ -870,6 +872,13 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     sfx = f"t{nt}h" if hi_only else f"t{nt}"
     rec = pb.scratch((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
+    fused = kernels.build_for(f"gemv_q4_k_mma_{sfx}_fused", arch) if knobs.q4k_fused() != "off" else None
+    if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
+        fn = kernels.load(f"gemv_q4_k_mma_{sfx}_fused", arch)
+        ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
+        pb.counters(4 * ctas * int(fn.meta["warps"]) + 12)
+        pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr))
+        return
     pb.launch(kernels.load(f"prep_q4k_{sfx}", arch), ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
     fn = kernels.load(f"gemv_q4_k_mma_{sfx}", arch)
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())

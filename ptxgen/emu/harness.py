@@ -263,9 +263,11 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     Q4K_GROUP), mma_min_fragments of the unrotated x) — or, for the few-token builds (meta layout
     "q4k_mma_records"), on q4k_mma_records(x, tokens, hi_only): against the float64 reference, relative error
     ≤ 1e-5 (≤ 1e-3 for the hi-only build: fp16 activations, the prefill GEMMs' bar); split-K counters back at
-    zero."""
+    zero. The fused builds (meta fused_prep) take x and build the records themselves, CTAs taking turns: the
+    records must equal q4k_mma_records bit for bit, and their three sync counters be back at zero too."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
     records = meta["layout"] == "q4k_mma_records"
+    fused = bool(meta.get("fused_prep"))
     zgroups = groups == "gridDim.z"  # mmq_q4_k_rega_n*: token groups of meta tokens over gridDim.z
     m, k = shape or (rows * 2 + 5, 512)
     n = ntok or int(rng.integers(1, (2 if zgroups else 1) * meta["tokens"] + 1) if records else
@@ -279,8 +281,9 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     wa = mem.alloc(raw)
     if records:
         c_ = meta["tokens"]
-        acts = (mem.alloc(np.concatenate([T4.q4k_mma_records(x[c_ * i:c_ * i + c_], c_, bool(meta.get("hi_only")))
-                                          for i in range(nz)])),)
+        want_rec = np.concatenate([T4.q4k_mma_records(x[c_ * i:c_ * i + c_], c_, bool(meta.get("hi_only")))
+                                   for i in range(nz)])
+        acts = (mem.alloc(want_rec.nbytes, poison=0xFF) if fused else mem.alloc(want_rec),)
     else:  # one prep per group of 8 tokens, the groups' buffers back to back
         parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) + (T4.mma_min_fragments(x[8 * i:8 * i + 8]),)
                  for i in range(groups)]
@@ -289,13 +292,21 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     ctas = (m + rows - 1) // rows
     nsteps = k // 256
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
-    ca = mem.alloc(np.zeros(ctas * meta["warps"] * nz, np.uint32))
+    ncnt = ctas * meta["warps"] * nz + (3 if fused else 0)
+    ca = mem.alloc(np.zeros(ncnt, np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
-    _run(ptx, (ctas, splits, nz), (32 * meta["warps"],), (tw, *acts, ya, m, k, n, part, ca), mem,
-         dynamic_smem=meta["dynamic_smem"], seed=seed)
-    assert not mem.view(ca, np.uint32, (ctas * meta["warps"] * nz,)).any(), "split-K counters were not reset"
+    tail = (mem.alloc(x),) if fused else ()
+    _run(ptx, (ctas, splits, nz), (32 * meta["warps"],), (tw, *acts, ya, m, k, n, part, ca, *tail), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=fused)
+    assert not mem.view(ca, np.uint32, (ncnt,)).any(), "split-K / sync counters were not reset"
+    if fused:
+        gh = mem.view(acts[0], np.uint8, (want_rec.nbytes,)).view(np.float16)
+        wh = want_rec.view(np.float16)
+        same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
+        if not same.all():
+            return Outcome(meta["name"], False, f"records: {np.count_nonzero(~same)} halves differ", gh, wh)
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     if poison_x is not None:  # non-finite exactly where the reference is; an inf gives NaN where the reference
@@ -719,6 +730,7 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
     _sfx = f"t{_nt}{'h' if _h else ''}"
     HARNESSES[f"gemv_q4_k_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_{_sfx}", 2)
     HARNESSES[f"prep_q4k_{_sfx}"] = _prep_q4k_records(_nt, _h)
+HARNESSES["gemv_q4_k_mma_t1_fused"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_t1_fused", 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)
 HARNESSES[f"prep_q4k_t{T4.Q4K_SKINNY_COLUMNS}h"] = _prep_q4k_records(T4.Q4K_SKINNY_COLUMNS, True)

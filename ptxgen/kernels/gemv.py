@@ -1439,6 +1439,46 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     lane, item, done = warp_per_item(b, b.op("mul.lo.u32", nb, Imm(nt, "u32")), WARPS)
     tok = b.op("div.u32", item, nb)
     j = b.op("rem.u32", item, nb)
+    hi, lo, fbits, xs, lead = _scaled_item(b, x, ntok, nb, tok, j, lane, rotate)
+    if records:
+        _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs)
+        b.place(done)
+        b.emit("ret")
+        return b.finish()
+    F = b.ptr(f_p)
+    # element e = lane: half h = e / 16, t = (e % 16) / 4, slot e % 4 → tile 2j + h, lane 4·tok + t, byte 2·slot
+    h = b.op("shr.u32", lane, Imm(4, "u32"))
+    tt = b.op("and.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(3, "b32"))
+    off = b.op("mad.lo.u32", b.op("mad.lo.u32", j, Imm(2, "u32"), h), Imm(T4.MMA_TILE, "u32"),
+               b.op("mad.lo.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), tt), Imm(16, "u32"),
+                    b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(1, "u32"))))
+    p = b.op("add.s64", BT, b.op("cvt.u64.u32", off))
+    b.emit("st.global.b16", Mem(p), hi)
+    b.emit("st.global.b16", Mem(p, 8), lo)
+    slot = b.op("mad.lo.u32", j, Imm(8, "u32"), tok)
+    b.emit("st.global.b32", Mem(b.op("mad.wide.u32", slot, Imm(4, "u32"), F)), fbits, pred=lead)
+    if not rotate:  # Σ of the scaled block, butterfly order, x 2^-6 as fp16 hi + lo into the min-term fragment
+        # of its super-block: byte 256·(j / 8) + 8·(4·tok + (j % 8) / 2) + 2·(j % 2), lo 4 bytes on
+        shi, slo = _min_pair(b, xs)
+        jj = b.op("and.b32", j, Imm(7, "b32"))
+        foff = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", j, Imm(3, "u32")), Imm(8, "u32")),
+                    b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", tok, Imm(4, "u32"), b.op("shr.u32", jj, Imm(1, "u32"))),
+                                         Imm(3, "u32")),
+                         b.op("shl.b32", b.op("and.b32", jj, Imm(1, "b32")), Imm(1, "u32"))))
+        fp = b.op("add.s64", b.ptr(s_p), b.op("cvt.u64.u32", foff))
+        b.emit("st.global.b16", Mem(fp), shi, pred=lead)
+        b.emit("st.global.b16", Mem(fp, 4), slo, pred=lead)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
+def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool):
+    """One warp's item of the mma preps: token `tok`'s 32-element block j, lane = element (zeros past ntok);
+    rotate: the forward RHT first; else the scale comes from the max over the block's super-block (this lane's
+    element of each of its 8 blocks). The power-of-two scale 2^s puts the largest |value| in [2^14, 2^15) (s
+    clamped to ±100); hi = fp16(x·2^s), lo = fp16(x·2^s − hi) (0 where hi is not finite). Returns (hi, lo, the
+    factor 2^-s's bits, x·2^s, lane == 0)."""
     live = b.op("setp.lt.u32", tok, ntok)
     v = b.reg("f32")
     b.emit("mov.f32", v, Imm(0.0, "f32"))
@@ -1475,37 +1515,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     lo = b.op("selp.b16", lo, Imm(0, "b16"), fin)
     fbits = b.op("shl.b32", b.op("sub.s32", Imm(127, "s32"), sexp, type="s32"), Imm(23, "u32"), type="b32")
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    if records:
-        _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs)
-        b.place(done)
-        b.emit("ret")
-        return b.finish()
-    F = b.ptr(f_p)
-    # element e = lane: half h = e / 16, t = (e % 16) / 4, slot e % 4 → tile 2j + h, lane 4·tok + t, byte 2·slot
-    h = b.op("shr.u32", lane, Imm(4, "u32"))
-    tt = b.op("and.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(3, "b32"))
-    off = b.op("mad.lo.u32", b.op("mad.lo.u32", j, Imm(2, "u32"), h), Imm(T4.MMA_TILE, "u32"),
-               b.op("mad.lo.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), tt), Imm(16, "u32"),
-                    b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(1, "u32"))))
-    p = b.op("add.s64", BT, b.op("cvt.u64.u32", off))
-    b.emit("st.global.b16", Mem(p), hi)
-    b.emit("st.global.b16", Mem(p, 8), lo)
-    slot = b.op("mad.lo.u32", j, Imm(8, "u32"), tok)
-    b.emit("st.global.b32", Mem(b.op("mad.wide.u32", slot, Imm(4, "u32"), F)), fbits, pred=lead)
-    if not rotate:  # Σ of the scaled block, butterfly order, x 2^-6 as fp16 hi + lo into the min-term fragment
-        # of its super-block: byte 256·(j / 8) + 8·(4·tok + (j % 8) / 2) + 2·(j % 2), lo 4 bytes on
-        shi, slo = _min_pair(b, xs)
-        jj = b.op("and.b32", j, Imm(7, "b32"))
-        foff = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", j, Imm(3, "u32")), Imm(8, "u32")),
-                    b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", tok, Imm(4, "u32"), b.op("shr.u32", jj, Imm(1, "u32"))),
-                                         Imm(3, "u32")),
-                         b.op("shl.b32", b.op("and.b32", jj, Imm(1, "b32")), Imm(1, "u32"))))
-        fp = b.op("add.s64", b.ptr(s_p), b.op("cvt.u64.u32", foff))
-        b.emit("st.global.b16", Mem(fp), shi, pred=lead)
-        b.emit("st.global.b16", Mem(fp, 4), slo, pred=lead)
-    b.place(done)
-    b.emit("ret")
-    return b.finish()
+    return hi, lo, fbits, xs, lead
 
 
 def _min_pair(b, xs):

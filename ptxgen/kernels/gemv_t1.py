@@ -37,7 +37,7 @@ from ..builder import KernelBuilder
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from . import KernelDef
-from .gemv import _store_or_split, _warp_rows, build_prep_mma
+from .gemv import _prep_record_stores, _scaled_item, _store_or_split, _warp_rows, build_prep_mma
 
 T1_WARPS = 4
 T1_MAX_SPLITS = 32
@@ -161,9 +161,10 @@ def _b_tiles(b, xrec, off, ntl):
     return xbs
 
 
-def _prologue(b, issue, stage_base, jb, jend, n, pdl):
+def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None):
     """The first n steps into stages 0 .. n - 1: their weights, then (after the prep kernel: griddepcontrol.wait
-    where `pdl`) their records; one cp.async group per step."""
+    where `pdl`; then `records()` where given, the records built in the kernel) their records; one cp.async group
+    per step."""
     firsts = []
     for s_ in range(n):
         js = b.op("add.u32", jb, Imm(s_, "u32"))
@@ -171,9 +172,68 @@ def _prologue(b, issue, stage_base, jb, jend, n, pdl):
         issue(*firsts[-1], what=("w",))
     if pdl:
         b.emit("griddepcontrol.wait")
+    if records is not None:
+        records()
     for first in firsts:
         issue(*first, what=("x",))
         b.emit("cp.async.commit_group")
+
+
+def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp):
+    """The fused builds' activation prep: the CTAs that start first (by a ticket, so they are running: no
+    co-residency needed, any grid size) write the records prep_q4k_t{nt} would (the same code, bit for bit),
+    one (token, 32-block) item per warp at a time; then every CTA waits until all of them have. Three u32 after
+    the split-K counters (at counters + 16·gridDim.x: tickets, producers done, CTAs past the wait), each back to
+    zero when the kernel ends: the last ticket resets the tickets, the last CTA past the wait the other two."""
+    G = b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y"))
+    nb = b.op("shr.u32", K, Imm(5, "u32"))
+    items = b.op("mul.lo.u32", nb, Imm(nt, "u32"))
+    assert NW & (NW - 1) == 0
+    P = b.op("min.u32", G, b.op("shr.u32", b.op("add.u32", items, Imm(NW - 1, "u32")), Imm(NW.bit_length() - 1, "u32")))
+    sync = b.op("mad.wide.u32", b.special("nctaid.x"), Imm(4 * NW, "u32"), CNT)
+    t0 = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+    tsym = b.shared_buffer("ticket", 4, align=4)
+    b.comment("a ticket per CTA: the first P to arrive build the records")
+    tk = b.op("mov.u32", Imm(0, "u32"))
+    b.emit("atom.global.add.u32", tk, Mem(sync), Imm(1, "u32"), pred=t0)
+    last = b.op("and.pred", t0, b.op("setp.eq.u32", tk, b.op("sub.u32", G, Imm(1, "u32"))))
+    b.emit("st.global.u32", Mem(sync), Imm(0, "u32"), pred=last)  # every ticket is taken: back to zero
+    b.emit("st.shared.u32", Mem(tsym), tk, pred=t0)
+    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("ld.shared.u32", tk, Mem(tsym))
+    wait = b.label("records_wait")
+    b.bra(wait, pred=b.op("setp.ge.u32", tk, P))
+    item = b.op("mad.lo.u32", tk, Imm(NW, "u32"), warp)
+    stride = b.op("mul.lo.u32", P, Imm(NW, "u32"))
+    loop, built = b.label("record_item"), b.label("records_built")
+    b.place(loop)
+    b.bra(built, pred=b.op("setp.ge.u32", item, items))
+    tok, j = b.op("div.u32", item, nb), b.op("rem.u32", item, nb)
+    hi, lo, fbits, xs, lead = _scaled_item(b, X, ntok, nb, tok, j, lane, False)
+    _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs)
+    b.emit("add.u32", item, item, stride)
+    b.bra(loop)
+    b.place(built)
+    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("membar.gl", pred=t0)
+    b.emit("red.release.gpu.global.add.u32", Mem(sync, 4), Imm(1, "u32"), pred=t0)
+    b.place(wait)
+    b.comment("warp 0 waits until the P producers are done (every lane loads the same word: the loop stays "
+              "converged), then thread 0 counts the CTA past the wait; the last CTA past it zeroes both counts")
+    past = b.label("records_ready")
+    b.bra(past, pred=b.op("setp.ne.u32", warp, Imm(0, "u32")))
+    spin = b.label("records_spin")
+    b.place(spin)
+    ready = b.op("setp.ge.u32", b.op("ld.acquire.gpu.global.u32", Mem(sync, 4)), P)
+    b.emit("nanosleep.u32", Imm(64, "u32"), pred=ready, neg=True)
+    b.bra(spin, pred=ready, neg=True, uniform=False)
+    old = b.op("mov.u32", Imm(0, "u32"))
+    b.emit("atom.global.add.u32", old, Mem(sync, 8), Imm(1, "u32"), pred=t0)
+    gone = b.op("and.pred", t0, b.op("setp.eq.u32", old, b.op("sub.u32", G, Imm(1, "u32"))))
+    for o_ in (4, 8):
+        b.emit("st.global.u32", Mem(sync, o_), Imm(0, "u32"), pred=gone)
+    b.place(past)
+    b.emit("bar.sync", Imm(0, "u32"))
 
 
 class _Decoder:
@@ -233,9 +293,11 @@ class _Decoder:
         return out
 
 
-def build(arch, nt: int = 1, hi_only: bool = False):
+def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
-    hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n."""
+    hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
+    (gemv_q4_k_mma_t{nt}_fused): one launch per op — the kernel takes x and builds the records itself
+    (_build_records) between its first weight copies and its first record copies."""
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core Q4_K GEMV"
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
@@ -248,12 +310,13 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
-    b = KernelBuilder(f"gemv_q4_k_mma_{sfx}", arch, f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
+    b = KernelBuilder(f"gemv_q4_k_mma_{sfx}" + ("_fused" if fused else ""), arch, f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
                       "cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas)
     part_p, cnt_p = ps[6:]
+    x_p = b.param("x", "u64", "ptr:in") if fused else None
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     pdl = arch.has("griddepcontrol")
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
@@ -263,6 +326,14 @@ def build(arch, nt: int = 1, hi_only: bool = False):
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records", activation=f"prep_q4k_{sfx}(x): one {rb}-byte record per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    if fused:
+        b.meta.update(activation="x (fp32), the records built in the kernel into `records` (scratch, "
+                                 f"{rb} bytes per super-block)",
+                      fused_prep="the first CTAs to start write the records, every CTA waits for them; counters: "
+                                 "the split-K ones, then 3 u32 (zero, left zero)",
+                      pdl=False)
+        if pdl:
+            b.meta["pdl_head"] = "weights"  # before griddepcontrol.wait it only copies weights
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
@@ -278,7 +349,12 @@ def build(arch, nt: int = 1, hi_only: bool = False):
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
     jb, jend = _split_range(b, nsb, kz, nsplit)
-    _prologue(b, issue, stage_base, jb, jend, S, pdl)
+    records = None
+    if fused:
+        def records():
+            _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
+                           nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp)
+    _prologue(b, issue, stage_base, jb, jend, S, pdl, records)
     count = b.op("mov.u32", Imm(0, "u32"))
 
     dec = _Decoder(b, g, t)
@@ -531,6 +607,9 @@ KERNELS = [KernelDef(f"gemv_q4_k_mma_{_suffix(nt, h)}",
                      f"{'one hi column' if h else '(hi, lo) B columns'} per token, weights and activation records "
                      f"through a per-warp cp.async ring (activation from prep_q4k_{_suffix(nt, h)})",
                      lambda arch, nt=nt, h=h: build(arch, nt, h)) for nt, h in _BUILDS]
+KERNELS.append(KernelDef("gemv_q4_k_mma_t1_fused", "q4_K GEMV, T = 1, exact, as gemv_q4_k_mma_t1 in one launch: the "
+                         "kernel's first CTAs build the activation records from x, every CTA waits for them",
+                         lambda arch: build(arch, 1, False, fused=True)))
 PREPS = [KernelDef(f"prep_q4k_{_suffix(nt, h)}", f"activation of up to {nt} tokens: scaled fp16 "
                    f"{'hi' if h else 'hi/lo'} records and min pairs (gemv_q4_k_mma_{_suffix(nt, h)})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
