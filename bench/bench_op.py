@@ -5,16 +5,19 @@ llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
 - kernel (isolated): CUDA events around one call behind a 0.5 ms sleep, so the host has long enqueued it (device
   time, as the earlier benchmarks of record measured it; the GPU idles between calls, so it runs cooler and may
   clock higher than under back-to-back work);
-- kernel (in the loop): the op's kernels' device time summed by CUPTI (torch.profiler) over 100 back-to-back calls,
-  per call — what eager and graph are compared with (it leaves out only the gaps between kernels);
 - eager: CUDA events around 100 back-to-back Python calls (no synchronization between them), per call;
-- graph: the same 100 calls captured once with torch.cuda.graph, events around a replay, per call.
+- graph: the same 100 calls captured once with torch.cuda.graph, events around a replay, per call;
+- busy (diagnostic): in one more eager loop and one more replay, run under CUPTI (torch.profiler), the time the GPU
+  spent in any kernel of the loop — the union of the kernels' intervals, so kernels that overlap (programmatic
+  dependent launch) count once — per call, beside the events' time of that same loop: eager ÷ busy and graph ÷
+  busy compare the op with its kernels in one thermal / power state (a loop of 0.8 ms GEMMs holds the GPU at its
+  power limit, an isolated kernel behind a sleep runs cooler).
 
 Weights rotate over copies holding ≥ 4× the 60 MB L2 in all three (they come from HBM). Then a decode loop over
 24 distinct 4096×14336 Q4_K weights at T = 1, 2, 4, 8 (eager and graph-replayed) beside the same loop of F.linear
 on 24 fp16 weights and of a kernel that only reads the same bytes (torch's sum), and the host time per call at T=1
 (4096×4096, out= given; calls in bursts of 50 between synchronizations, so the launch queue never fills) beside
-F.linear's, in the same run. Prints tables, writes JSON (--out) and a PNG beside it.
+F.linear's, in the same run (rounds alternating between the two, medians). Prints tables, writes JSON (--out) and a PNG beside it.
 """
 import argparse
 import json
@@ -59,17 +62,7 @@ def eager(torch, fn, calls=CALLS, rounds=3):
 
 def graphed(torch, fn, calls=CALLS, rounds=3):
     """µs per call of `calls` calls captured once into a CUDA graph (median of `rounds` replays)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(min(calls, 3)):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    g.replay()
+    g = _capture(torch, fn, calls)
     out = []
     for _ in range(rounds):
         torch.cuda.synchronize()
@@ -81,6 +74,65 @@ def graphed(torch, fn, calls=CALLS, rounds=3):
         out.append(a.elapsed_time(b) * 1e3 / calls)
     del g
     return float(np.median(out))
+
+
+def _busy(torch, prof) -> float:
+    """µs the GPU spent in kernels during `prof`: the union of the CUDA kernels' [start, end) intervals."""
+    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA)
+    total, cur_s, cur_e = 0.0, None, None
+    for a, b in spans:
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
+def eager_busy(torch, fn, calls=CALLS):
+    """(events µs per call, GPU-busy µs per call) of one loop of `calls` back-to-back calls under CUPTI."""
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        s.record()
+        for i in range(calls):
+            fn(i)
+        e.record()
+        torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3 / calls, _busy(torch, prof) / calls
+
+
+def _capture(torch, fn, calls):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(min(calls, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    g.replay()
+    return g
+
+
+def graph_busy(torch, fn, calls=CALLS):
+    """(events µs per call, GPU-busy µs per call) of one replay of `calls` captured calls under CUPTI."""
+    g = _capture(torch, fn, calls)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+    del g
+    return a.elapsed_time(b) * 1e3 / calls, _busy(torch, prof) / calls
 
 
 def host_us(torch, fn, calls=1000, burst=50):
@@ -99,22 +151,11 @@ def host_us(torch, fn, calls=1000, burst=50):
     return total / calls * 1e6
 
 
-def loop_kernels(torch, fn, calls=CALLS):
-    """Device µs per call of the kernels that `calls` back-to-back calls run (CUPTI through torch.profiler)."""
-    for i in range(3):
-        fn(i)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            fn(i)
-        torch.cuda.synchronize()
-    total = sum(ev.device_time for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA)
-    return total / calls
-
-
 def three_ways(torch, fn, reps):
-    return {"kernel": kernel_only(torch, fn, reps), "loop_kernels": loop_kernels(torch, fn), "eager": eager(torch, fn),
-            "graph": graphed(torch, fn)}
+    out = {"kernel": kernel_only(torch, fn, reps), "eager": eager(torch, fn), "graph": graphed(torch, fn)}
+    out["eager_profiled"], out["eager_busy"] = eager_busy(torch, fn)
+    out["graph_profiled"], out["graph_busy"] = graph_busy(torch, fn)
+    return out
 
 
 def main():
@@ -136,8 +177,8 @@ def main():
 
     rng = np.random.default_rng(0)
     res = {"device": torch.cuda.get_device_name(), "op": [], "decode_loop": [], "host": {}}
-    print("| fmt | M×K | T | ptxgen kernel isolated / in loop µs | eager / graph µs | eager / loop kernels | graph / "
-          "loop kernels | cuBLAS fp16 isolated / in loop / eager / graph µs | llama.cpp µs | cuBLAS graph / ptxgen graph "
+    print("| fmt | M×K | T | ptxgen kernel isolated µs | eager / graph µs | eager ÷ busy (same loop) | graph ÷ busy "
+          "(same replay) | cuBLAS fp16 isolated / eager / graph µs | llama.cpp µs | cuBLAS graph / ptxgen graph "
           "| kernels |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt in ([] if args.host_only else args.formats.split(",")):
@@ -166,10 +207,11 @@ def main():
                        "kernels": ops.mul_mat_plan(ws[0], t).kernels,
                        "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
                 res["op"].append(row)
-                print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} / {ours['loop_kernels']:.1f} | "
-                      f"{ours['eager']:.1f} / {ours['graph']:.1f} | {ours['eager'] / ours['loop_kernels']:.2f} | "
-                      f"{ours['graph'] / ours['loop_kernels']:.2f} | {peer['kernel']:.1f} / {peer['loop_kernels']:.1f} / "
-                      f"{peer['eager']:.1f} / {peer['graph']:.1f} | "
+                print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} | "
+                      f"{ours['eager']:.1f} / {ours['graph']:.1f} | "
+                      f"{ours['eager_profiled'] / ours['eager_busy']:.2f} ({ours['eager_busy']:.1f}) | "
+                      f"{ours['graph_profiled'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
+                      f"{peer['kernel']:.1f} / {peer['eager']:.1f} / {peer['graph']:.1f} | "
                       f"{row['llamacpp'] or '—'} | {peer['graph'] / ours['graph']:.2f}× | "
                       f"{' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
             del ws, w16
@@ -185,7 +227,7 @@ def main():
         w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
         print(f"\ndecode loop: {n} distinct {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
               "4.27 TB/s over the weights' bytes")
-        print("| T | ptxgen Q4_K kernels in loop / eager / graph µs | graph / loop kernels | % HBM (graph) | read-only "
+        print("| T | ptxgen Q4_K eager / graph µs | graph ÷ busy (same replay) | % HBM (graph) | read-only "
               "floor (sum) graph µs | ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / ptxgen "
               "graph |")
         print("|---|---|---|---|---|---|---|---|")
@@ -194,16 +236,17 @@ def main():
             ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
             xh = x.half()
             loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
-            ours = {"loop_kernels": loop_kernels(torch, loop, calls=4 * n), "eager": eager(torch, loop, calls=4 * n),
-                    "graph": graphed(torch, loop, calls=4 * n)}
+            ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n)}
+            ours["graph_profiled"], ours["graph_busy"] = graph_busy(torch, loop, calls=4 * n)
             floor = graphed(torch, lambda i: views[i % n].sum(), calls=4 * n)
             lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
             peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
             row = {"T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor, "flinear": peer,
                    "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM}
             res["decode_loop"].append(row)
-            print(f"| {t} | {ours['loop_kernels']:.1f} / {ours['eager']:.1f} / {ours['graph']:.1f} | "
-                  f"{ours['graph'] / ours['loop_kernels']:.2f} | {row['pct_hbm_graph']:.0f}% | {floor:.1f} | "
+            print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | "
+                  f"{ours['graph_profiled'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
+                  f"{row['pct_hbm_graph']:.0f}% | {floor:.1f} | "
                   f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
                   f"{peer['graph'] / ours['graph']:.2f}× |", flush=True)
         del ws, views, w16
@@ -220,18 +263,25 @@ def main():
     s = torch.cuda.current_stream().cuda_stream
     bound = ops.mul_mat_plan(w, 1).bound(ops.workspace_for(ops.mul_mat_plan(w, 1), s))
     get_stream = driver.torch_stream_getter()
-    host = {"mul_mat_out": host_us(torch, lambda i: r.mul_mat(w, x, out=y)),
-            "mul_mat": host_us(torch, lambda i: r.mul_mat(w, x)),
-            "F.linear": host_us(torch, lambda i: F.linear(xh, w16)),
-            "launches_only": host_us(torch, lambda i: bound.run(x.data_ptr(), y.data_ptr(), s)),
-            "torch_stream_query": host_us(torch, lambda i: get_stream(0)),
-            "capture_query": host_us(torch, lambda i: driver.capture_id(s))}
+    parts = {"mul_mat_out": lambda i: r.mul_mat(w, x, out=y), "mul_mat": lambda i: r.mul_mat(w, x),
+             "F.linear": lambda i: F.linear(xh, w16),
+             "launches_only": lambda i: bound.run(x.data_ptr(), y.data_ptr(), s),
+             "torch_stream_query": lambda i: get_stream(0), "capture_query": lambda i: driver.capture_id(s)}
+    rounds = {name: [] for name in parts}
+    for _ in range(10):  # alternate, so a slow spell of the host hits every column alike
+        for name, fn in parts.items():
+            rounds[name].append(host_us(torch, fn, calls=200))
+    host = {name: float(np.median(v)) for name, v in rounds.items()}
+    ratios = [a / b for a, b in zip(rounds["mul_mat_out"], rounds["F.linear"])]
+    host["ratio_median"], host["ratio_max"] = float(np.median(ratios)), float(max(ratios))
     res["host"] = host
-    print("\nhost time per call, T=1, 4096×4096 (µs; 1000 calls in bursts of 50), and its parts:")
-    print("| mul_mat(out=) | mul_mat | F.linear (fp16) | mul_mat(out=) / F.linear | its 2 launches alone | torch stream "
-          "query | capture query |\n|---|---|---|---|---|---|---|")
+    nl = len(bound.launches) if hasattr(bound, "launches") else len(ops.mul_mat_plan(w, 1).launches)
+    print("\nhost time per call, T=1, 4096×4096 (µs; medians of 10 alternating rounds of 200 calls in bursts of 50), "
+          "and its parts:")
+    print(f"| mul_mat(out=) | mul_mat | F.linear (fp16) | mul_mat(out=) / F.linear, median (max) of the rounds | its "
+          f"{nl} launch(es) alone | torch stream query | capture query |\n|---|---|---|---|---|---|---|")
     print(f"| {host['mul_mat_out']:.1f} | {host['mul_mat']:.1f} | {host['F.linear']:.1f} | "
-          f"{host['mul_mat_out'] / host['F.linear']:.2f} | {host['launches_only']:.1f} | "
+          f"{host['ratio_median']:.2f} ({host['ratio_max']:.2f}) | {host['launches_only']:.1f} | "
           f"{host['torch_stream_query']:.2f} | {host['capture_query']:.2f} |")
     if args.out:
         with open(args.out, "w") as f:
