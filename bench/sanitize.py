@@ -1,6 +1,7 @@
 """Every kernel mul_mat can dispatch, at edge shapes, once each — the program compute-sanitizer runs:
 
     compute-sanitizer --tool memcheck  python3 bench/sanitize.py   (also racecheck, synccheck, initcheck)
+    compute-sanitizer --tool racecheck python3 bench/sanitize.py --only gemv_q4_k_mma_t1_fused   (calls running it)
     bash bench/sanitize.sh                                          (all four tools, one log: $OUT/sanitize.log)
 
 Cases: each format and mode, T at the dispatch rule's edges (1, 2, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 129), M at
@@ -17,7 +18,7 @@ from ptxgen import formats, knobs
 from ptxgen.testing.strategies import random_raw
 
 TOKENS = (1, 2, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 129)
-FORCED = [{}, {"PTXGEN_Q4K_T1": "1"}, {"PTXGEN_Q4K_MMA": "1", "PTXGEN_Q4K_T16H": "0"}, {"PTXGEN_MMQ_SKINNY": "1"},
+FORCED = [{}, {"PTXGEN_Q4K_T1": "1"}, {"PTXGEN_Q4K_T1": "1", "PTXGEN_Q4K_FUSED": "0"}, {"PTXGEN_Q4K_MMA": "1", "PTXGEN_Q4K_T16H": "0"}, {"PTXGEN_MMQ_SKINNY": "1"},
           {"PTXGEN_MMQ_REGA": "0", "PTXGEN_MMQ_SKINNY": "0"}, {"PTXGEN_MMQ_CX": "1"}, {"PTXGEN_MMQ_PRE": "1"},
           {"PTXGEN_MMQ_X16": "1"}, {"PTXGEN_TQ4_MMA": "1"}, {"PTXGEN_Q4K_MMA": "0", "PTXGEN_Q4K_T1": "0"},
           {"PTXGEN_Q4K_XR": "1"}, {"PTXGEN_MMQ_PRE": "1", "PTXGEN_MMQ_CX": "1"},
@@ -48,6 +49,7 @@ def main():
     from ptxgen.runtime import kernels, ops
 
     quick = "--quick" in sys.argv
+    only = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
     rng = np.random.default_rng(0)
     covered, seen, n, worst = set(), set(), 0, 0.0
     weights = {}
@@ -60,7 +62,7 @@ def main():
             w, raw = weights[key]
             plan = ops.mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
             sig = (tuple(plan.kernels), fmt, mode, arch)
-            if sig in seen or (quick and set(plan.kernels) <= covered):
+            if sig in seen or (quick and set(plan.kernels) <= covered) or (only and not only & set(plan.kernels)):
                 continue
             seen.add(sig)
             x = rng.standard_normal((t, k)).astype(np.float32)
@@ -85,6 +87,8 @@ def main():
                     and not name.endswith(("_mc2", "_n192"))}
     print(f"{n} calls, {len(covered)} kernels covered; worst relative error of the fp32 / fp16 paths {worst:.1e}")
     print("covered:", " ".join(sorted(covered)))
+    if only:
+        return
     print("not reached:", " ".join(sorted(dispatchable - covered - NOT_DISPATCHED)) or "none",
           f"(never dispatched by the rule, not swept: {' '.join(sorted(NOT_DISPATCHED))})")
 
