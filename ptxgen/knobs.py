@@ -21,8 +21,9 @@ PTXGEN_Q4K_XR      exact Q4_K decode of single tokens on gemv_q4_k_xr (the activ
 PTXGEN_Q4K_T1      exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} (prep_q4k_t*, token n's hi and lo as B
                    columns 2n, 2n + 1, weights through a cp.async ring): unset/auto = from 14·2^20 weights, 1 = every
                    such slice, 0 = never (PTXGEN_Q4K_MMA=1 and PTXGEN_Q4K_XR=1 take precedence)
-PTXGEN_Q4K_FUSED   the single-token exact Q4_K decode on gemv_q4_k_mma_t1 in one launch (gemv_q4_k_mma_t1_fused builds
-                   the activation records itself) instead of prep_q4k_t1 + gemv_q4_k_mma_t1: unset/auto/1 = yes, 0 = never
+PTXGEN_Q4K_FUSED   exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} in one launch (gemv_q4_k_mma_t*_fused build
+                   the activation records themselves) instead of prep_q4k_t* + gemv_q4_k_mma_t*: unset/auto/1 = yes,
+                   0 = never
 PTXGEN_Q4K_T16H    Q4_K calls of 9-16 tokens in exact mode on gemv_q4_k_mma_t16h (fp16 activations, relative error
                    ~2e-4, the prefill GEMMs' accuracy): unset/auto = yes unless PTXGEN_Q4K_MMA=1, 1 = yes, 0 = never
                    (the exact 16-token GEMV gemv_q4_k_mma_n16, or the MMQ with PTXGEN_Q4K_MMA=0)

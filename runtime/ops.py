@@ -577,9 +577,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     instead of the stream's own (for instance one reserved before capturing a CUDA graph).
 
     The kernels (README "mul_mat dispatch"; `mul_mat_plan(w, T).kernels` lists them): TQ4_1S and Q4_K run the decode
-    GEMV, in slices of at most 8 tokens (T ≤ 8 is one launch of the GEMV; exact Q4_K at T = 1 on the tensor-core
-    GEMV is one launch in all: gemv_q4_k_mma_t1_fused builds its activation records itself); Q4_K with T = 9–16
-    (mode "exact") the 16-token
+    GEMV, in slices of at most 8 tokens (T ≤ 8 is one launch of the GEMV; exact Q4_K of 1-4 tokens on the
+    tensor-core GEMV is one launch in all: gemv_q4_k_mma_t{1,2,4}_fused build their activation records); Q4_K
+    with T = 9–16 (mode "exact") the 16-token
     tensor-core skinny GEMM gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; where t16h's
     grid would take two rounds, skinny16_ok, the same records on mmq_q4_k_rega_n16; PTXGEN_Q4K_T16H=0 or
     PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16); exact-mode Q4_K with M ≥ 128 and 17 ≤ T ≤ SKINNY_MAX_TOKENS

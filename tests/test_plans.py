@@ -89,7 +89,7 @@ def test_plans_are_cached_per_weights_tokens_and_knobs(gpu, monkeypatch):
     w = fakegpu.weights("q4_K", 4096, 14336)
     a = ops.mul_mat_plan(w, 1)
     assert ops.mul_mat_plan(w, 1) is a  # the same call: the cached plan
-    assert ops.mul_mat_plan(w, 2) is not a and ops.mul_mat_plan(w, 2).kernels[-1] == "gemv_q4_k_mma_t2"
+    assert ops.mul_mat_plan(w, 2) is not a and ops.mul_mat_plan(w, 2).kernels[-1] == "gemv_q4_k_mma_t2_fused"
     assert ops.mul_mat_plan(w, 1, mode="fast") is not a  # mode is part of the key
     other = fakegpu.weights("q4_K", 4096, 14336, at=fakegpu.BASE + (1 << 30))
     b = ops.mul_mat_plan(other, 1)

@@ -607,9 +607,10 @@ KERNELS = [KernelDef(f"gemv_q4_k_mma_{_suffix(nt, h)}",
                      f"{'one hi column' if h else '(hi, lo) B columns'} per token, weights and activation records "
                      f"through a per-warp cp.async ring (activation from prep_q4k_{_suffix(nt, h)})",
                      lambda arch, nt=nt, h=h: build(arch, nt, h)) for nt, h in _BUILDS]
-KERNELS.append(KernelDef("gemv_q4_k_mma_t1_fused", "q4_K GEMV, T = 1, exact, as gemv_q4_k_mma_t1 in one launch: the "
-                         "kernel's first CTAs build the activation records from x, every CTA waits for them",
-                         lambda arch: build(arch, 1, False, fused=True)))
+FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each also in one launch
+KERNELS += [KernelDef(f"gemv_q4_k_mma_t{nt}_fused", f"q4_K GEMV, T ≤ {nt}, exact, as gemv_q4_k_mma_t{nt} in one launch: "
+                      "the kernel's first CTAs build the activation records from x, every CTA waits for them",
+                      lambda arch, nt=nt: build(arch, nt, False, fused=True)) for nt in FUSED_TOKENS]
 PREPS = [KernelDef(f"prep_q4k_{_suffix(nt, h)}", f"activation of up to {nt} tokens: scaled fp16 "
                    f"{'hi' if h else 'hi/lo'} records and min pairs (gemv_q4_k_mma_{_suffix(nt, h)})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
