@@ -632,14 +632,18 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         raise ValueError("mul_mat: x has no tokens (T = 0)")
     if not getattr(driver._TLS, "bound", False):
         driver.current()  # the context current in this thread
-    if w._device is None and driver.capture_id(s) is not None:
+    cid = driver.capture_id(s)
+    if w._device is None and cid is not None:
         raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: call "
                            "w.to_device() (or run the op once) before capturing")
-    entry = w._plans.get((t, mode, rotation, arch))
-    if entry is None or entry[0] != knobs._GENERATION[0]:
-        plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
-    else:
+    entry = w._plans.get((t, mode, rotation, arch, cid is not None))
+    if entry is not None and entry[0] == knobs._GENERATION[0]:
         plan = entry[1]
+    elif cid is None:
+        plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
+    else:  # the first captured call of this T: its plan may load kernels the eager calls did not need
+        with driver.relaxed_capture():
+            plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=True)
     if x_ptr is None:
         xa = as_device_array(x, "mul_mat: x", np.float32, ndim=2, align=16, stream=s)
         x_ptr = xa.ptr
@@ -654,7 +658,6 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     else:
         o, ret = _output(out, (t, m), np.float32, "mul_mat: out", x, s)
         y_ptr = o.ptr
-    cid = driver.capture_id(s)
     if cid is None and workspace is None:
         ws = _EAGER.get(s if s != driver.PER_THREAD_STREAM else (s, threading.get_ident()))
         last = plan._last
@@ -713,13 +716,16 @@ def _torch_output(out, t: int, m: int) -> int:
 
 
 def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str = "separate",
-                 arch: str | None = None) -> Plan:
-    """The launch plan mul_mat(w, x) runs for T = t tokens (cached on `w` per (T, mode, rotation, arch) and the
-    knobs' generation): `.kernels` names its launches, `.scratch_bytes` / `.counter_bytes` its workspace needs.
-    Loads the kernels it names; checks the arguments (a ValueError names a bad one)."""
+                 arch: str | None = None, graph: bool = False) -> Plan:
+    """The launch plan mul_mat(w, x) runs for T = t tokens (cached on `w` per (T, mode, rotation, arch, graph) and
+    the knobs' generation): `.kernels` names its launches, `.scratch_bytes` / `.counter_bytes` its workspace needs.
+    `graph`: the plan of a call captured into a CUDA graph, where launches cost the host nothing at replay — it may
+    prefer more, faster kernels (exact Q4_K at 1-4 tokens: the activation prep as a kernel of its own, overlapped
+    by PDL, instead of inside the GEMV; the same bits). Loads the kernels it names; checks the arguments (a
+    ValueError names a bad one)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
-    key = (t, mode, rotation, arch)
+    key = (t, mode, rotation, arch, bool(graph))
     gen = knobs.generation()
     entry = w._plans.get(key)
     if entry is not None and entry[0] == gen:
@@ -741,7 +747,7 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
                          f"pointer {w.ptr:#x})")
     if w.fmt == "q4_K" and w.ptr % 16:
         raise ValueError(f"mul_mat: q4_K weights must start 16-byte aligned, pointer is {w.ptr:#x}")
-    pb = PlanBuilder((t, k), np.float32, (t, m), np.float32)
+    pb = PlanBuilder((t, k), np.float32, (t, m), np.float32, graph=bool(graph))
     _record_mul_mat(pb, w, int(t), mode, rotation, arch)
     plan = pb.finish(f"mul_mat {w.fmt} {m}x{k} T={t} mode={mode}")
     w._plans[key] = (gen, plan)
@@ -872,7 +878,11 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     sfx = f"t{nt}h" if hi_only else f"t{nt}"
     rec = pb.scratch((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
-    fused = kernels.build_for(f"gemv_q4_k_mma_{sfx}_fused", arch) if knobs.q4k_fused() != "off" else None
+    # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
+    # the two kernels overlapped by PDL measured ~1 µs faster on the GPU (bench/NOTES.md, 2026-12-01)
+    fk = knobs.q4k_fused()
+    fused = (kernels.build_for(f"gemv_q4_k_mma_{sfx}_fused", arch)
+             if fk == "on" or (fk == "auto" and not pb.graph) else None)
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
         fn = kernels.load(f"gemv_q4_k_mma_{sfx}_fused", arch)
         ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())

@@ -139,7 +139,8 @@ class Plan:
 class PlanBuilder:
     """Records an op's launches (see the module's docstring). `x` / `y`: the call's input and output."""
 
-    def __init__(self, x_shape=(), x_dtype=np.float32, y_shape=(), y_dtype=np.float32):
+    def __init__(self, x_shape=(), x_dtype=np.float32, y_shape=(), y_dtype=np.float32, graph: bool = False):
+        self.graph = graph  # planned for calls captured into a CUDA graph (see ops.mul_mat_plan)
         self.x = SymArray(Sym("x"), x_shape, x_dtype)
         self.y = SymArray(Sym("y"), y_shape, y_dtype)
         self.flag, self.done, self.queue = Sym("flag"), Sym("done"), Sym("queue")
@@ -253,8 +254,8 @@ class Workspace:
         """Grow (in place) to hold mul_mat(w, x) for each T in `tokens` (an int or a list). Returns self."""
         from .ops import mul_mat_plan
 
-        plans = [mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
-                 for t in ([tokens] if isinstance(tokens, int) else tokens)]
+        plans = [mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=g)
+                 for t in ([tokens] if isinstance(tokens, int) else tokens) for g in (False, True)]
         c = max([self.counter_bytes] + [p.counter_bytes for p in plans])
         r = max([self.ready_bytes] + [p.ready_bytes for p in plans])
         s = max([self.scratch_bytes] + [p.scratch_bytes for p in plans])

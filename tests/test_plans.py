@@ -104,6 +104,21 @@ def test_plans_are_cached_per_weights_tokens_and_knobs(gpu, monkeypatch):
     assert d is not c and d.kernels == a.kernels
 
 
+def test_graph_plans_keep_the_prep_kernel_eager_plans_fuse_it(gpu):
+    """Exact Q4_K at 1-4 tokens: eager calls run one kernel (the host issues every launch), captured calls the prep
+    and the GEMV (faster on the GPU, overlapped by PDL; the same bits): two plans, cached apart."""
+    w = fakegpu.weights("q4_K", 4096, 14336)
+    for t, nt in ((1, 1), (2, 2), (3, 4)):
+        eager, graph = ops.mul_mat_plan(w, t), ops.mul_mat_plan(w, t, graph=True)
+        assert eager.kernels == [f"gemv_q4_k_mma_t{nt}_fused"]
+        assert graph.kernels == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"] and graph is not eager
+        assert ops.mul_mat_plan(w, t, graph=True) is graph
+    with knobs.override(PTXGEN_Q4K_FUSED="1"):
+        assert ops.mul_mat_plan(w, 1, graph=True).kernels == ["gemv_q4_k_mma_t1_fused"]
+    with knobs.override(PTXGEN_Q4K_FUSED="0"):
+        assert ops.mul_mat_plan(w, 1).kernels == ["prep_q4k_t1", "gemv_q4_k_mma_t1"]
+
+
 def test_knobs_are_read_once_and_changed_in_process(monkeypatch):
     monkeypatch.delenv("PTXGEN_MMQ_CX", raising=False)
     knobs.reload()
