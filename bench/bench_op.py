@@ -206,6 +206,7 @@ def main():
                 row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": nbytes, "ptxgen": ours, "cublas_fp16": peer,
                        "llamacpp": LLAMA.get(((m, k), t)) if fmt == "q4_K" else None,
                        "kernels": ops.mul_mat_plan(ws[0], t).kernels,
+                       "graph_kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels,
                        "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
                 res["op"].append(row)
                 print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} | "
@@ -214,7 +215,9 @@ def main():
                       f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
                       f"{peer['kernel']:.1f} / {peer['eager']:.1f} / {peer['graph']:.1f} | "
                       f"{row['llamacpp'] or '—'} | {peer['graph'] / ours['graph']:.2f}× | "
-                      f"{' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
+                      f"{' + '.join(dict.fromkeys(row['kernels']))}"
+                      + (f" (graph: {' + '.join(dict.fromkeys(row['graph_kernels']))})"
+                         if row["graph_kernels"] != row["kernels"] else "") + " |", flush=True)
             del ws, w16
             torch.cuda.empty_cache()
 
