@@ -1,11 +1,11 @@
-"""Probe: the mma.sync MMQ's split fixup, spread over the split CTAs vs summed by the last (ops.MMQ_SPREAD_MAX_SPLITS = 0),
+"""Probe: the mma.sync MMQ's split fixup, spread over the split CTAs vs summed by the last (tuning.set(mmq_spread_max_splits=0)),
 fused and x16; the bits of both must agree. Usage: probe_mmq_spread_fixup.py - MxK,... T,... [reps]."""
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
 from bench_gemv import mmq_checked, probe_argv, probe_cases, timed
-from ptxgen import formats
+from ptxgen import formats, tuning
 from ptxgen.runtime import ops
 from ptxgen.runtime.ops import mmq_launch
 
@@ -18,12 +18,12 @@ for m, k, raw, ws, t, x, y in probe_cases(r, torch, "q4_K", shapes, tokens):
     for path in ("mma.sync", "mma.sync_x16"):
         bits = {}
         for mode, mx in (("last", 0), ("spread", 4)):
-            ops.MMQ_SPREAD_MAX_SPLITS = mx
+            tuning.set(mmq_spread_max_splits=mx)
             bits[mode] = mmq_checked(mmq_launch, ws[0], x, y, t, flag, path, ref)
             row[f"{path} {mode}"] = timed(lambda i: mmq_launch(ws[i % len(ws)], xa, ya, t, flag, path=path, arch="sm_89"),
                                           reps, torch)
         assert np.array_equal(bits["last"], bits["spread"]), f"{path}: spread != last bits"
-    ops.MMQ_SPREAD_MAX_SPLITS = 4
+    tuning.reset()
     bn = next((n for n in (32, 64, 128) if t <= n), 128)
     tiles = -(-t // bn) * -(-m // 128)
     print(f"{m}x{k} T={t} plan {ops.splitk_plan_tail(tiles, k // 64, 132)}: "

@@ -4,7 +4,7 @@ Each is read from the environment once, at its first use, and kept: an op on the
 environment. To change one in a running process, `knobs.set(PTXGEN_MMQ_CX="0")` (for good),
 `with knobs.override(PTXGEN_MMQ_CX="0"): ...` (for a block), or `knobs.reload()` after changing os.environ.
 Every change bumps `knobs.generation()`, which the runtime's cached launch plans are keyed by, so a plan made
-under the old value is not reused.
+under the old value is not reused. The thresholds the `auto` settings compare against are data: ptxgen/tuning.
 
 PTXGEN_CACHE_DIR   where compiled cubins are cached (default ~/.cache/ptxgen)
 PTXGEN_NO_CACHE    1: neither read nor write the disk cache
@@ -28,18 +28,18 @@ PTXGEN_Q4K_T16H    Q4_K calls of 9-16 tokens in exact mode on gemv_q4_k_mma_t16h
                    ~2e-4, the prefill GEMMs' accuracy): unset/auto = yes unless PTXGEN_Q4K_MMA=1, 1 = yes, 0 = never
                    (the exact 16-token GEMV gemv_q4_k_mma_n16, or the MMQ with PTXGEN_Q4K_MMA=0)
 PTXGEN_MMQ_SKINNY  exact-mode Q4_K prefill (M ≥ 128) on the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations,
-                   token groups of 32): unset/auto = from 17 tokens up to runtime.ops.SKINNY_MAX_TOKENS of the MMQ
+                   token groups of 32): unset/auto = from 17 tokens up to the tuning's skinny_max_tokens for the MMQ
                    path it replaces (64 for mma.sync; 32 for wgmma, from 2^25 weights), 1 = 17-128 tokens, 0 = never
                    (9-16 tokens then stay on gemv_q4_k_mma_t16h where mmq_q4_k_rega_n16 would run them)
 PTXGEN_MMQ_REGA    the sm_90 prefill GEMM with A (the dequantized weights) from registers: unset/auto = T of
-                   WGMMA_RA_MIN_TOKENS or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
+                   the tuning's wgmma_ra_min_tokens or more, 1 = at every T the wgmma MMQ runs, 0 = never (A from shared memory)
 PTXGEN_MMQ_CX      the sm_90 register-A prefill GEMM converts fp32 x to fp16 itself (its idle producer warps, under
                    the GEMM; mmq_q4_k_wgmma_ra_n*_cx) instead of a convert_f16_perm launch first: unset/auto = from
-                   runtime.ops.MMQ_CX_MIN_TOKENS tokens when its plan has at most runtime.ops.MMQ_CX_MAX_SPLITS K
-                   splits, 1 = always, 0 = never
+                   the tuning's mmq_cx_min_tokens tokens when its plan has at most mmq_cx_max_splits K splits,
+                   1 = always, 0 = never
 PTXGEN_MMQ_PRE     the sm_90 register-A prefill GEMM on prepared A fragments (dequantize_q4_k_frags first, then
-                   mmq_q4_k_wgmma_pre_n256{,_cx}: no dequant in the K loop): unset/auto = from
-                   runtime.ops.MMQ_PRE_MIN_TOKENS tokens, 1 = wherever the register-A path runs its n256 tile, 0 = never
+                   mmq_q4_k_wgmma_pre_n256{,_cx}: no dequant in the K loop): unset/auto = from the tuning's
+                   mmq_pre_min_tokens tokens, 1 = wherever the register-A path runs its n256 tile, 0 = never
 PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's
                    tiles split in K (runtime.ops.splitk_plan_tail), 0 = every tile split alike when the tiles fit
                    one round of resident CTAs, none otherwise (the plan before it, for A/B measurements)

@@ -30,6 +30,24 @@ from .plans import _EAGER, Plan, PlanBuilder, Sym, SymArray, TMap, Workspace, wo
 from .tensors import QuantTensor
 
 
+class _Rules:
+    """The dispatch thresholds of the GPU in use (ptxgen/tuning: a JSON file per GPU, each rule with the measurement
+    behind it), or the default GPU's on a machine without one (rule queries work there too):
+    `RULES.mmq_min_tokens`. Read while a launch plan is made, never per call."""
+
+    def __getattr__(self, name: str):
+        from ptxgen import tuning
+
+        try:
+            sm = driver.current().sm
+        except RuntimeError:  # no usable GPU: the default rules
+            sm = None
+        return getattr(tuning.for_sm(sm), name)
+
+
+RULES = _Rules()
+
+
 def _finish(o: DeviceArray, host_in: bool, out_given: bool, stream: int):
     """NumPy in: wait for the stream and return NumPy (or `out`); otherwise return the device result at once."""
     if host_in:
@@ -151,74 +169,51 @@ def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
     return f"gemv_{GEMV_FORMATS[w.fmt]}_t{tk}" + ("_fused" if fused else "")
 
 
-MMQ_MIN_TOKENS = 9  # T above the GEMV's 8 tokens ...
-MMQ_MIN_ROWS = 128  # ... and at least one full 128-row weight tile: then the fp16 mma.sync GEMM
 MMQ_TILES = (32, 64, 128)
 WGMMA_TILES = (32, 64, 128, 256)
 WGMMA_RA_TILES = (64, 128, 192, 256)  # the register-A wgmma MMQ (n256: loaded through the driver's whole-program JIT)
-# T from which mul_mat runs the register-A builds instead of the shared-memory-A ones (H200, bench_mmq_session9.log):
-# n128 for T = 49-128 (3-15% faster than the wgmma n64/n128 tiles at T = 64-128; mixed at 48, up to 17% slower at
-# 33 where the shared-memory-A build runs n64 tiles: probe_rega_n128_small_t_session9.log), n256 above (equal at
-# T=256, 1-3% faster at 512-4096); the n192 build is slower than n256 at every T measured. Session 19: n64 up to
-# T = 64 (10-17% faster than n128 at T=64 on the three benchmark shapes, 0.6-0.85x at T=96:
-# bench/results/probe_rega_n64_session19.log). Session 20: n64 from T = 33 (1.06-1.17x faster than the shared-memory-A
-# n64 at T = 33-48 on the three benchmark shapes: bench/results/probe_rega_n64_t33_48_session20.log; T = 17-32 keep
-# the smem-A n32 on 4096^2, where it takes what RA n64 takes at T=33, and the skinny GEMM on the two large shapes)
-WGMMA_RA_MIN_TOKENS = 33
-WGMMA_RA_N64_MAX_TOKENS = 64
-WGMMA_RA_N128_MAX_TOKENS = 128
 
 
-# the prepared register-A GEMM (dequantize_q4_k_frags, then mmq_q4_k_wgmma_pre_n256: the fp16 fragments by TMA, no
-# dequant in the K loop) from this many tokens. Its GEMM alone is 0.93-0.96x cuBLAS fp16 at T=4096, but the extra pass
-# (13 / 41 µs on 4096^2 / 4096x14336) and the conversion's heavier interference make the op equal to the in-loop
-# dequant there (0.99-1.00x) and slower below (1.04-1.13x at T = 1024-2048: bench/results/probe_mmq_pre_session21.log);
-# the pass is a fixed cost per weight, so it pays from twice that T on (bench/NOTES.md, session 21); knob PTXGEN_MMQ_PRE
-MMQ_PRE_MIN_TOKENS = 8192
 PREPARED_TILE = 256
 
 
 def mmq_prepared(t: int) -> bool:
     """Whether the register-A path runs the prepared build for T tokens (PTXGEN_MMQ_PRE: auto = from
-    MMQ_PRE_MIN_TOKENS, on = wherever it runs the n256 tile, off = never) and its kernels are emitted."""
+    RULES.mmq_pre_min_tokens, on = wherever it runs the n256 tile, off = never) and its kernels are emitted."""
     v = knobs.mmq_pre()
-    want = v == "on" and _rega_tile(t) == PREPARED_TILE or v == "auto" and t >= MMQ_PRE_MIN_TOKENS
+    want = v == "on" and _rega_tile(t) == PREPARED_TILE or v == "auto" and t >= RULES.mmq_pre_min_tokens
     return want and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_pre_n{PREPARED_TILE}")
 
 
 def _rega_tile(t: int) -> int:
     """The register-A MMQ's token tile for T tokens (the rule above)."""
-    return 64 if t <= WGMMA_RA_N64_MAX_TOKENS else 128 if t <= WGMMA_RA_N128_MAX_TOKENS else 256
+    return 64 if t <= RULES.wgmma_ra_n64_max_tokens else 128 if t <= RULES.wgmma_ra_n128_max_tokens else 256
 
 
 Q8_TILES = (16, 32, 64)
-# mode="fast": the int8 Q8_1 MMQ up to these T, the fp16 GEMM above (the H200 crossovers, bench/NOTES.md): behind
-# wgmma only at T <= 16, behind the fp16 mma.sync GEMM up to T = 32
-Q8_MAX_TOKENS = {"wgmma": 16, "mma.sync": 32}
 
 
 def q8_path(t: int, fp16_path: str) -> str | None:
     """The Q8_1 MMQ variant mode="fast" runs for T tokens, or None for the fp16 GEMM: the fused n16 kernel
     (quantizes inside, one launch) for T <= 16, quantize_q8_1_mmq + the n32 GEMM above (the fused n32 holds
     one CTA per SM only)."""
-    if t > Q8_MAX_TOKENS[fp16_path]:
+    if t > RULES.q8_max_tokens[fp16_path]:
         return None
     return "q8" if t <= 16 else "q8_pre"
 
 
 def mmq_path(arch: str | None = None, t: int | None = None) -> str:
-    """"wgmma" on an sm_90 device when the sm_90a kernels are there (and `arch` does not pin another
-    target) — "wgmma_ra" (A from registers: n64 up to WGMMA_RA_N64_MAX_TOKENS, n128 up to WGMMA_RA_N128_MAX_TOKENS,
-    n256 above) instead for
-    `t` ≥ WGMMA_RA_MIN_TOKENS (knob PTXGEN_MMQ_REGA), "wgmma_pre" (its prepared build) where mmq_prepared says so —
-    else "mma.sync"."""
+    """"wgmma" on an sm_90 device when the sm_90a kernels are there (and `arch` does not pin another target) —
+    "wgmma_ra" (A from registers: n64 up to RULES.wgmma_ra_n64_max_tokens, n128 up to wgmma_ra_n128_max_tokens,
+    n256 above) instead for `t` ≥ RULES.wgmma_ra_min_tokens (knob PTXGEN_MMQ_REGA), "wgmma_pre" (its prepared
+    build) where mmq_prepared says so — else "mma.sync"."""
     from .driver import current
 
     if arch not in (None, "sm_90a"):
         return "mma.sync"
     if current().sm == 90 and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_n{WGMMA_TILES[-1]}"):
         rega = knobs.mmq_rega()
-        if (t is not None and rega != "off" and (t >= WGMMA_RA_MIN_TOKENS or rega == "on")
+        if (t is not None and rega != "off" and (t >= RULES.wgmma_ra_min_tokens or rega == "on")
                 and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{_rega_tile(t)}")):
             return "wgmma_pre" if mmq_prepared(t) else "wgmma_ra"
         return "wgmma"
@@ -227,18 +222,11 @@ def mmq_path(arch: str | None = None, t: int | None = None) -> str:
     return "mma.sync"
 
 
-# the mma.sync MMQ on fp16 x (convert_f16 launch, then cp.async of fp16 x) from this much work, M·T·K: on the H200
-# 3% faster at 2^31 (4096² x 128 tokens: 31.3 vs 32.3 µs with the spread split fixup), 7-14% at T = 128-256 on the
-# larger shapes, slower below (the extra launch: 4096² x 64 tokens 27.2 vs 25.5; bench/results/
-# probe_mma_sync_spread_fixup_session16.log; session 15 set 2^32 with the last-CTA fixup)
-MMQ_X16_MIN_WORK = 1 << 31
-
-
 def mma_sync_x16(m: int, k: int, t: int, arch: str | None = None) -> bool:
-    """Whether the mma.sync MMQ runs on fp16 x converted first (PTXGEN_MMQ_X16: auto = from MMQ_X16_MIN_WORK
+    """Whether the mma.sync MMQ runs on fp16 x converted first (PTXGEN_MMQ_X16: auto = from RULES.mmq_x16_min_work
     multiply-adds, on = always, off = never: x converted inside the GEMM)."""
     v = knobs.mmq_x16()
-    if v == "off" or (v == "auto" and m * k * t < MMQ_X16_MIN_WORK):
+    if v == "off" or (v == "auto" and m * k * t < RULES.mmq_x16_min_work):
         return False
     return kernels.build_for("mmq_q4_k_f16_n128_x16", arch) is not None
 
@@ -288,20 +276,12 @@ def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPl
     return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False, cl)
 
 
-# the register-A MMQ converts x inside the launch (mmq_q4_k_wgmma_ra_n*_cx: no convert_f16_perm launch) from this
-# many tokens when its plan has no K split (H200, same-run A/B, bench/results/probe_mmq_cx*_session19.log: 3-7%
-# faster at T = 1024-4096 on 4096^2 and 4096x14336, within ±2% on 14336x4096; 1-4% slower at T = 64-256, where
-# the conversion is a few µs and the m-fastest item order costs about as much)
-MMQ_CX_MIN_TOKENS = 1024
-MMQ_CX_MAX_SPLITS = 1
-
-
 def mmq_convert_in_gemm(t: int, splits: int) -> bool:
-    """Whether the register-A MMQ converts fp32 x itself (PTXGEN_MMQ_CX: auto = from MMQ_CX_MIN_TOKENS tokens with
-    at most MMQ_CX_MAX_SPLITS K splits, on = always, off = never: convert_f16_perm first). Its converters walk x's
+    """Whether the register-A MMQ converts fp32 x itself (PTXGEN_MMQ_CX: auto = from RULES.mmq_cx_min_tokens tokens with
+    at most RULES.mmq_cx_max_splits K splits, on = always, off = never: convert_f16_perm first). Its converters walk x's
     K chunks in order, so a split that starts mid-K waits for the chunks before its own."""
     v = knobs.mmq_cx()
-    return v == "on" or (v == "auto" and t >= MMQ_CX_MIN_TOKENS and splits <= MMQ_CX_MAX_SPLITS)
+    return v == "on" or (v == "auto" and t >= RULES.mmq_cx_min_tokens and splits <= RULES.mmq_cx_max_splits)
 
 
 MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc",
@@ -314,8 +294,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     partials are summed inside the kernel. The overflow flag is raised, never read here (see mul_mat_fixup_q4_k).
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16, x converted inside the GEMM),
     "mma.sync_x16" (convert_f16 launch, then the fp16 GEMM on fp16 x), "wgmma" (fp16, sm_90a), "wgmma_ra"
-    (fp16, sm_90a, A from registers and x in its K order; token tile n64 to WGMMA_RA_N64_MAX_TOKENS, n128 to
-    WGMMA_RA_N128_MAX_TOKENS, n256 above, unless `bn` says otherwise; it converts x itself,
+    (fp16, sm_90a, A from registers and x in its K order; token tile n64 to RULES.wgmma_ra_n64_max_tokens, n128 to
+    RULES.wgmma_ra_n128_max_tokens, n256 above, unless `bn` says otherwise; it converts x itself,
     mmq_q4_k_wgmma_ra_n*_cx, where mmq_convert_in_gemm says so), "wgmma_ra_cx" / "wgmma_ra_x16" (the register-A
     build converting x inside the launch / after convert_f16_perm, whatever the rule says), "wgmma_pre"
     (dequantize_q4_k_frags writes the register-A fragments as fp16 first, then the register-A GEMM loads them
@@ -505,17 +485,7 @@ def mmq_spread_fixup(split_tiles: int, splits: int, grid: int) -> bool:
     waits for all the others, which must not wait for a CTA that is itself waiting."""
     from ptxgen.kernels.mmq import SPREAD_MAX_SPLITS
 
-    return 1 < splits <= min(SPREAD_MAX_SPLITS, MMQ_SPREAD_MAX_SPLITS) and split_tiles * splits <= grid
-
-
-# the spread split-K fixup up to this many splits (0: always the last CTA's; for A/B probes)
-MMQ_SPREAD_MAX_SPLITS = 4
-
-
-# the tail-split planner's cost model, in K-steps: a work item's fixed cost (claim, pipeline fill, epilogue) and a
-# split item's extra (its partial out, the arrival, the last one's sum)
-SPLIT_ITEM_COST = 2
-SPLIT_FIXUP_COST = 2
+    return 1 < splits <= min(SPREAD_MAX_SPLITS, RULES.mmq_spread_max_splits) and split_tiles * splits <= grid
 
 
 def _list_schedule(lengths: list[int], slots: int) -> int:
@@ -528,20 +498,24 @@ def _list_schedule(lengths: list[int], slots: int) -> int:
     return max(free)
 
 
-@functools.lru_cache(maxsize=512)
 def splitk_plan_tail(tiles: int, steps: int, slots: int) -> tuple[int, int, int]:
     """(whole, splits, K-steps per split) for the fp16 mma.sync MMQ's persistent queue: the first `whole` tiles
     run over all of K (whole rounds of the `slots` resident CTAs), the remaining tiles — the last, partial round,
     or every tile when there are fewer than slots — are split into `splits` K ranges (the last one shorter), so
     that the CTAs idle in a partial round take split items instead. The split is the one with the least modelled
-    makespan (items in queue order on `slots` workers, costs SPLIT_ITEM_COST / SPLIT_FIXUP_COST); none unless it
-    saves a K-step."""
+    makespan (items in queue order on `slots` workers, costs RULES.split_item_cost / split_fixup_cost); none
+    unless it saves a K-step."""
+    return _splitk_plan_tail(tiles, steps, slots, RULES.split_item_cost, RULES.split_fixup_cost)
+
+
+@functools.lru_cache(maxsize=512)
+def _splitk_plan_tail(tiles: int, steps: int, slots: int, item_cost: int, fixup_cost: int) -> tuple[int, int, int]:
     tail = tiles % slots if tiles > slots else tiles
     whole = tiles - tail
     if tail == 0:
         return tiles, 1, steps
-    best, plan = steps + SPLIT_ITEM_COST, (tiles, 1, steps)  # the tail's time unsplit: one more whole round
-    c = SPLIT_ITEM_COST + SPLIT_FIXUP_COST
+    best, plan = steps + item_cost, (tiles, 1, steps)  # the tail's time unsplit: one more whole round
+    c = item_cost + fixup_cost
     for per in range(max(2, -(-steps // 16)), steps):
         splits = -(-steps // per)
         last = steps - (splits - 1) * per
@@ -576,31 +550,16 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     `out`: a (T, M) fp32 device array to write (torch, cupy, DeviceArray). `workspace`: a plans.Workspace to use
     instead of the stream's own (for instance one reserved before capturing a CUDA graph).
 
-    The kernels (README "mul_mat dispatch"; `mul_mat_plan(w, T).kernels` lists them): TQ4_1S and Q4_K run the decode
-    GEMV, in slices of at most 8 tokens (T ≤ 8 is one launch of the GEMV; exact Q4_K of 1-4 tokens on the
-    tensor-core GEMV is one launch in all: gemv_q4_k_mma_t{1,2,4}_fused build their activation records); Q4_K
-    with T = 9–16 (mode "exact") the 16-token
-    tensor-core skinny GEMM gemv_q4_k_mma_t16h (fp16 activations like the GEMMs, relative error ~2e-4; where t16h's
-    grid would take two rounds, skinny16_ok, the same records on mmq_q4_k_rega_n16; PTXGEN_Q4K_T16H=0 or
-    PTXGEN_Q4K_MMA=1: the exact gemv_q4_k_mma_n16); exact-mode Q4_K with M ≥ 128 and 17 ≤ T ≤ SKINNY_MAX_TOKENS
-    (skinny_ok) the register-A skinny GEMM mmq_q4_k_rega_n32 (fp16 activations). Other Q4_K with T > 8 and
-    M ≥ 128 runs the prefill GEMM, the smallest token tile that holds T: on sm_90 devices the wgmma + TMA
-    lowering (convert_f16, then mmq_q4_k_wgmma_n{32..256}; from T = WGMMA_RA_MIN_TOKENS convert_f16_perm and
-    mmq_q4_k_wgmma_ra_n{64,128,256}, A from registers), elsewhere or with arch="sm_89" the mma.sync one
-    (mmq_q4_k_f16_n{32,64,128}); fp16 operands with fp32 accumulation, relative error ~3.4e-4. Behind every prefill
-    GEMM, mul_mat_fixup_q4_k reads the overflow flag on the device: a token with a value past fp16 (|x| ≥ 65520, or
-    non-finite) is recomputed exactly in fp32 (the kernel returns at once when none is). TQ4_1S needs the activation
-    rotated: `rotation="separate"` runs prep_tq4_1s once per call (the rotation, written in the lane GEMV's layout),
-    `"fused"` rotates inside the 8-weight-unit GEMV's prologue (same bits) for T ≤ 4 and falls back to the separate
-    rotation above that. `mode="fast"`: TQ4_1S rotates, quantizes the rotated activation to Q8_1 and runs the dp4a
-    GEMV with the int8 codebook (NMSE ~5e-5 against the exact result, bound 5e-4); Q4_K (T ≤ 8) and Q8_0 (which has
-    only this mode: pass mode="fast") quantize x to Q8_1 and run int8 dp4a GEMVs as llama.cpp's MMVQ does (exact
-    integer dots; relative error ≤ 1e-5 against the float64 product with the Q8_1-rounded x); Q4_K with
-    8 < T ≤ Q8_MAX_TOKENS runs the int8 MMQ (`q8_path`: mmq_q4_k_q8_n16 quantizing x inside, or quantize_q8_1_mmq +
-    mmq_q4_k_q8_n32_pre; int8 mma.sync m16n8k32, same error bound), larger T the fp16 GEMM as in "exact"; a token
-    whose Q8_1 scale overflows fp16 (amax > 65504·127) is recomputed by the fixup. `"exact"` keeps fp32
-    activations in the GEMVs (relative error ~1e-6) and fp16 in the GEMMs (above). Non-finite activations give
-    non-finite outputs in their token's row."""
+    The kernels: `mul_mat_plan(w, T).kernels` lists them; docs/design.md "Dispatch" tabulates the rule (generated
+    from ptxgen/tuning). In short: T ≤ 8 (and TQ4_1S / Q8_0 at any T, in slices of 8) the decode GEMVs, exact Q4_K
+    at 1-4 tokens in one launch when called eagerly; Q4_K T = 9-64 the tensor-core skinny GEMMs (fp16
+    activations); larger T the prefill GEMM (wgmma + TMA on sm_90, mma.sync elsewhere or with arch="sm_89"),
+    followed by mul_mat_fixup_q4_k, which recomputes in fp32 on the device any token past fp16's range.
+    Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and fp16 in the GEMMs
+    (~3.4e-4); `mode="fast"` quantizes x to Q8_1 and runs int8 dp4a / int8 MMA kernels as llama.cpp does (exact
+    integer dots; relative error ≤ 1e-5 against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5); Q8_0 has
+    only this mode. TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside the GEMV for T ≤
+    4, the same bits). Non-finite activations give non-finite outputs in their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     m, k = w.shape
@@ -754,26 +713,39 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     return plan
 
 
+def choose(fmt: str, mode: str, arch: str | None, t: int, m: int, k: int, *, graph: bool = False) -> Plan:
+    """The launch plan mul_mat makes on this GPU for a `fmt` weight of shape (m, k) and t tokens (`mode`, `arch`,
+    `graph` as mul_mat / mul_mat_plan take them), without weights: a stand-in at a made-up address that is never
+    read (`.kernels` names the launches; binding or running the plan is not meant). The dispatch rule in one call,
+    for tools and docs (ptxgen.testing.dispatch tabulates it)."""
+    from ptxgen import formats
+
+    from .driver import DeviceBuffer
+
+    stand_in = QuantTensor(fmt, (m, k), device=DeviceBuffer.wrap(1 << 44, m * formats.get(fmt).row_bytes(k)))
+    return mul_mat_plan(stand_in, t, mode=mode, arch=arch, graph=graph)
+
+
 def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation: str, arch: str | None) -> None:
-    """mul_mat's dispatch (its docstring; README "mul_mat dispatch"), recorded into `pb`."""
+    """mul_mat's dispatch (docs/design.md "Dispatch"; the thresholds: RULES), recorded into `pb`."""
     m, k = w.shape
     xa, o = pb.x, pb.y
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
-    if w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= T4.Q4K_HI_TOKENS and _t16h_ok(arch):
-        if skinny16_ok(m, arch):  # t16h's grid would take two rounds (README)
+    if w.fmt == "q4_K" and mode == "exact" and RULES.mmq_min_tokens <= t <= T4.Q4K_HI_TOKENS and _t16h_ok(arch):
+        if skinny16_ok(m, arch):  # t16h's grid would take two rounds
             _skinny_gemm(pb, w, xa.ptr, o.ptr, m, k, t, arch, c=T4.Q4K_HI_TOKENS)
         else:
             _few_token_gemv(pb, w, xa.ptr, o.ptr, m, k, t, arch, hi_only=True)  # fp16 activations, as the GEMMs
         return
-    if (w.fmt == "q4_K" and mode == "exact" and MMQ_MIN_TOKENS <= t <= 16 and knobs.q4k_mma() != "off"
-            and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16 (README)
+    if (w.fmt == "q4_K" and mode == "exact" and RULES.mmq_min_tokens <= t <= 16 and knobs.q4k_mma() != "off"
+            and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16
         _mma_gemv(pb, w, xa.ptr, o.ptr, m, k, t, arch)
         return
-    if w.fmt == "q4_K" and mode == "exact" and m >= MMQ_MIN_ROWS and skinny_ok(t, m, k, arch):
-        _skinny_gemm(pb, w, xa.ptr, o.ptr, m, k, t, arch)  # fp16 activations, as the MMQs (README)
+    if w.fmt == "q4_K" and mode == "exact" and m >= RULES.mmq_min_rows and skinny_ok(t, m, k, arch):
+        _skinny_gemm(pb, w, xa.ptr, o.ptr, m, k, t, arch)  # fp16 activations, as the MMQs
         return
-    if w.fmt == "q4_K" and t >= MMQ_MIN_TOKENS and m >= MMQ_MIN_ROWS:
+    if w.fmt == "q4_K" and t >= RULES.mmq_min_tokens and m >= RULES.mmq_min_rows:
         q8 = q8_path(t, mmq_path(arch)) if mode == "fast" else None
         _rec_mmq(pb, w, xa, o, t, pb.flag, arch, path=q8)
         _rec_fixup(pb, w, xa, o, t, arch)  # a token past fp16 / Q8_1: recomputed exactly, decided on the device
@@ -796,21 +768,21 @@ def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation
     min_tokens = mma_min_tokens(w.fmt, m, k)
     xr = w.fmt == "q4_K" and _xr_ok(k)
     few = (w.fmt == "q4_K" and tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", arch) is not None
-           and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and m * k >= Q4K_T1_MIN_WEIGHTS)))
+           and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and m * k >= RULES.q4k_t1_min_weights)))
     for t0 in range(0, t, 8):
         pb.begin_slice()
         n = min(8, t - t0)
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
             _xr_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
             continue
-        if few and n <= Q4K_FEW_MAX_TOKENS:  # few tokens on tensor cores, (hi, lo) B columns (README)
+        if few and n <= RULES.q4k_few_max_tokens:  # few tokens on tensor cores, (hi, lo) B columns
             _few_token_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
-        if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (README, Knobs)
+        if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
             _mma_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
             continue
         name = _gemv_kernel(w, n, fused)
-        if tma and n <= TMA_GEMV_MAX_TOKENS:
+        if tma and n <= RULES.tma_gemv_max_tokens:
             name = name.replace("gemv_tq4_1s_t", "gemv_tq4_1s_tma_t")
         fn = kernels.load(name, arch)
         a, row = xa, 4 * k
@@ -895,27 +867,16 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
-# exact-mode Q4_K from 17 tokens up to this many (and M >= MMQ_MIN_ROWS) runs mmq_q4_k_rega_n32, by the MMQ path
-# it replaces; against the wgmma MMQ only from SKINNY_WGMMA_MIN_WEIGHTS. H200, µs, same run
-# (bench/results/bench_mmq_skinny_session13.log; 4096x4096, 14336x4096, 4096x14336): its sm_89 build / the
-# mma.sync MMQ: T=17 18.9 / 22.8, 31.1 / 51.3, 33.2 / 50.3; T=32 20.7 / 24.0, 32.1 / 52.4, 34.5 / 52.4; T=48
-# 25.8 / 29.0, 51.4 / 58.4, 54.2 / 57.7; T=64 26.2 / 31.4, 52.3 / 59.3, 54.2 / 60.4. The sm_90a build / the wgmma
-# MMQ: T=17 18.9 / 18.6, 30.7 / 37.4, 33.0 / 36.2; T=32 22.6 / 18.9, 32.0 / 37.7, 34.9 / 36.4; T=48 26.2 / 20.3,
-# 50.7 / 46.2, 53.8 / 44.9
-SKINNY_MAX_TOKENS = {"mma.sync": 64, "wgmma": 32}
-SKINNY_WGMMA_MIN_WEIGHTS = 1 << 25
-
-
 def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
     """Whether mul_mat runs exact-mode Q4_K with t tokens on the skinny GEMM mmq_q4_k_rega_n32 (PTXGEN_MMQ_SKINNY:
-    auto = 17 ≤ t ≤ SKINNY_MAX_TOKENS of the MMQ path it replaces — the wgmma one from SKINNY_WGMMA_MIN_WEIGHTS
-    weights —, on = 17-128 tokens, off = never)."""
+    auto = 17 ≤ t ≤ RULES.skinny_max_tokens of the MMQ path it replaces — the wgmma one from
+    RULES.skinny_wgmma_min_weights weights —, on = 17-128 tokens, off = never)."""
     v = knobs.mmq_skinny()
     if v == "off" or t <= T4.Q4K_HI_TOKENS or t > 128:
         return False
     if v == "auto":
         path = mmq_path(arch, t).split("_")[0]
-        if t > SKINNY_MAX_TOKENS[path] or (path == "wgmma" and m * k < SKINNY_WGMMA_MIN_WEIGHTS):
+        if t > RULES.skinny_max_tokens[path] or (path == "wgmma" and m * k < RULES.skinny_wgmma_min_weights):
             return False
     return kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_SKINNY_COLUMNS}", arch) is not None
 
@@ -944,13 +905,13 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:
     """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto)."""
     if fmt == "q4_K":
-        return 1 if m * k >= Q4K_MMA_T1_MIN_WEIGHTS else Q4K_MMA_GEMV_MIN_TOKENS
-    return 3 if m * k >= MMA_GEMV_T3_MIN_WEIGHTS else MMA_GEMV_MIN_TOKENS
+        return 1 if m * k >= RULES.q4k_mma_t1_min_weights else RULES.q4k_mma_gemv_min_tokens
+    return 3 if m * k >= RULES.mma_gemv_t3_min_weights else RULES.mma_gemv_min_tokens
 
 
 def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
     """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
-    and gemv_tq4_1s_mma or, below MMA_GEMV_M32_MIN_WEIGHTS, gemv_tq4_1s_mma_m16 (slices of mma_min_tokens or
+    and gemv_tq4_1s_mma or, below RULES.mma_gemv_m32_min_weights, gemv_tq4_1s_mma_m16 (slices of mma_min_tokens or
     more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of mma_min_tokens or more) — prep_mma_f16 per group of 8
     tokens (the same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma
     (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
@@ -969,7 +930,7 @@ def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: 
         acts = (tiles, factors, minfrag)
     else:
         pb.launch(kernels.load("prep_tq4_1s_mma", arch), ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
-        fn = kernels.load("gemv_tq4_1s_mma" if m * k >= MMA_GEMV_M32_MIN_WEIGHTS else "gemv_tq4_1s_mma_m16", arch)
+        fn = kernels.load("gemv_tq4_1s_mma" if m * k >= RULES.mma_gemv_m32_min_weights else "gemv_tq4_1s_mma_m16", arch)
         acts = (tiles, factors)
     per_sm, smem = fn.resident_per_sm(), None
     if q4k and groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
@@ -1032,47 +993,6 @@ def _weight_tensor_map(fn, w: QuantTensor) -> bytes:
     return _tensor_map(w.ptr, "u32", m, formats.get(w.fmt).row_bytes(k) // 4, int(rows), int(cols), "none")
 
 
-# the TMA-fed exact TQ4_1S GEMV where it measured faster than the ld.global lane kernel on the H200 (session 4's
-# table vs bench_gemv_tma: T=1 -5 to -6%, T=2 -4 to 0%; T=4 and T=8 were 4-18% slower, they keep the lane kernel)
-TMA_GEMV_MAX_TOKENS = 2
-# the tensor-core exact TQ4_1S GEMV (8 tokens' work at any T ≤ 8) from this many tokens in a slice: on the H200
-# at T=8 40.2 / 43.1 us vs the lane kernel's 77.1 / 76.1 (18944x3584 / 3584x18944); at T=4 39.4 / 41.8 vs 43.6 /
-# 44.3 there but 37.7 / 37.2 vs 34.5 / 34.8 on 4096x14336 / 14336x4096; T=5-7 run the lane kernel for 8 tokens
-# (bench/results/bench_gemv_tq4_session6.log)
-MMA_GEMV_MIN_TOKENS = 5
-# ... and from 3 tokens where the matrix has this many weights, since the pair-table build (session 17, µs at T=3 /
-# T=4, forced tensor-core GEMV vs the lane kernel gemv_tq4_1s_t4): 34.1 / 33.6 vs 43.0 / 43.1 on 18944x3584, 35.2 /
-# 35.9 vs 44.0 / 44.1 on 3584x18944, 30.8 / 31.0 vs 34.2 / 34.3 on 4096x14336, 30.7 / 30.8 vs 34.5 / 34.9 on
-# 14336x4096, 16.8 / 17.0 vs 19.0 / 18.9 on 4608x3584, but 16.1 / 16.2 vs 14.4 / 14.5 on 3584x3584; at T=2 the
-# TMA lane kernel stays ahead (29.5 / 28.7 / 23.5 / 24.5 vs 34.0 / 34.6 / 30.1 / 30.8) —
-# bench/results/probe_tq4_mma_pairs_hl_session17.log
-MMA_GEMV_T3_MIN_WEIGHTS = 14 << 20
-# the tensor-core exact Q4_K GEMV from this many tokens in a slice (H200, session 7, µs, lane kernel / tensor-core:
-# T=1 24.9 / 27.1, T=2 43.2 / 27.4, T=8 101.0 / 28.2 on 4096x14336; 3584x3584 T=1 10.6 / 13.2, T=2 15.1 / 13.4;
-# bench/results/bench_gemv_session7.log)
-Q4K_MMA_GEMV_MIN_TOKENS = 2
-# ... and at T=1 too from this many weights (v2, µs, lane kernel / tensor-core: 4096x14336 24.8 / 23.2, 14336x4096
-# 26.3 / 23.1, 18944x3584 29.1 / 25.5; 3584x3584 10.5 / 12.0; bench/results/bench_gemv_q4k_v2_session7.log); the
-# cp.async build of the mma.sync targets (sm_89 PTX on the H200, session 8) alike: T=1 27.2 / 24.7 / 24.7 vs the
-# sm_89 lane kernel's 30.0 / 25.9 / 27.2 on 18944x3584 / 4096x14336 / 14336x4096, 13.2 vs 11.6 on 3584x3584, and
-# faster from T=2 on every shape (bench/results/bench_gemv_q4k_sm89_session8_residency_fix.log)
-Q4K_MMA_T1_MIN_WEIGHTS = 1 << 25
-# the one-token tensor-core GEMV (gemv_q4_k_mma_t1) from this many weights (H200, session 12, µs, it / the kernels
-# above: 4096x14336 20.2 / 22.7, 14336x4096 19.9 / 23.1, 18944x3584 20.5 / 24.8, 3584x18944 21.7 / 25.2, 4608x3584
-# (16.5 M) 11.9 / 13.3; 3584x3584 (12.8 M) 11.2 / 10.3; bench/results/probe_q4k_t1_session12.log); the 2- and 4-token
-# builds by the same rule (T = 2-4: 4096x14336 19.6-20.4 / 22.9-23.3, 18944x3584 20.0 / 24.9 at T=2 and 24.9-25.1 /
-# 25.1-25.2 at T = 3-4; 3584x3584 forced 11.4-12.3 / 11.9-12.1; bench/results/probe_q4k_t1234_session12.log)
-Q4K_T1_MIN_WEIGHTS = 14 << 20
-# the largest slice the few-token builds take (gemv_q4_k_mma_t{1,2,4,8}); 5-8 tokens run gemv_q4_k_mma. The 8-token
-# build measured equal or slower on the H200 (T=8, µs, t8 / gemv_q4_k_mma: 4096x4096 13.4 / 13.8, 14336x4096 23.4 /
-# 23.6, 4096x14336 23.9 / 23.7, 18944x3584 29.3 / 24.8, 3584x18944 29.0 / 26.4; probe_q4k_few_mt2_s3_session13.log)
-Q4K_FEW_MAX_TOKENS = 4
-# its 32-row-warp build from this many weights; below, the 16-row one (more CTAs). H200, T=8, µs (32 / 16 rows):
-# 18944x3584 40.2 / 41.9, 3584x18944 43.1 / 44.0, 14336x4096 39.5 / 43.5, 4096x14336 38.8 / 39.0 (58.7 M weights);
-# 4608x3584 (16.5 M) 20.8 / 18.9, 3584x3584 21.3 / 18.8
-MMA_GEMV_M32_MIN_WEIGHTS = 1 << 25
-
-
 def _sm90a_tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
     """An sm_90 device running the sm_90a build of `kernel` (kernels.build_for: `arch` not pinning another
     target), 16-byte aligned weights and a row stride that is a multiple of 16 bytes (the tensor map's rules)."""
@@ -1095,7 +1015,7 @@ def _q4k_mma_build(arch: str | None, kernel: str) -> str | None:
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
     """Whether the exact TQ4_1S GEMV may run the TMA-fed kernels (gemv_tq4_1s_tma_t*, for slices of at most
-    TMA_GEMV_MAX_TOKENS tokens, and the tensor-core GEMV): `_sm90a_tma_ok` — for TQ4_1S, K a multiple of 128;
+    RULES.tma_gemv_max_tokens tokens, and the tensor-core GEMV): `_sm90a_tma_ok` — for TQ4_1S, K a multiple of 128;
     otherwise the ld.global lane kernel (same results)."""
     return _sm90a_tma_ok(w, arch, "gemv_tq4_1s_tma_t1")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxgen import knobs
+from ptxgen import knobs, tuning
 from ptxgen.testing import profiles
 
 profiles.register()
@@ -70,8 +70,10 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(autouse=True)
 def _fresh_knobs():
-    """Each test starts from the environment's knob values (a test that sets one with `setknob` leaves nothing)."""
+    """Each test starts from the environment's knob values and the tuning files' rules (a test that sets a knob
+    with `setknob` or a rule with `tuning.set` leaves nothing)."""
     yield
+    tuning.reset()
     knobs.reload()
 
 

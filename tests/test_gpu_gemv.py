@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ptxgen import formats
+from ptxgen import formats, tuning
 from ptxgen.testing import strategies as S
 from conftest import setknob
 
@@ -293,11 +293,11 @@ def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
-    if t > ops.Q4K_FEW_MAX_TOKENS:
-        monkeypatch.setattr(ops, "Q4K_FEW_MAX_TOKENS", 8)
+    if t > ops.RULES.q4k_few_max_tokens:
+        tuning.set(q4k_few_max_tokens=8)
     ran, w, x, got, want = _q4k_mul_mat(monkeypatch, m, k, t, arch, {"PTXGEN_Q4K_T1": knob} if knob else {})
     assert np.isfinite(got).all() and rel(got, want) <= 1e-5
-    if not knob and m * k < ops.Q4K_T1_MIN_WEIGHTS:
+    if not knob and m * k < ops.RULES.q4k_t1_min_weights:
         assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran)
         return
     nt = next(v for v in (1, 2, 4, 8) if v >= t)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ptxgen import formats
+from ptxgen import formats, tuning
 from ptxgen.testing import strategies as S
 from conftest import setknob
 
@@ -141,7 +141,7 @@ def test_mma_sync_mmq_spread_fixup_gives_the_last_ctas_bits(path, monkeypatch):
     assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
     assert not ops.workspace_state().any(), "split counters left raised"
     b, _ = run_mmq(r, raw, m, k, x, 128, path)
-    monkeypatch.setattr(ops, "MMQ_SPREAD_MAX_SPLITS", 0)
+    tuning.set(mmq_spread_max_splits=0)
     c, _ = run_mmq(r, raw, m, k, x, 128, path)
     for other in (b, c):
         np.testing.assert_array_equal(a.view(np.uint32), other.view(np.uint32))
@@ -183,7 +183,7 @@ def test_mmq_is_deterministic_and_fp16_overflow_is_recomputed_exactly(path):
 
 
 def test_mul_mat_on_the_mma_sync_targets_converts_x_first_for_large_products():
-    """mul_mat(arch="sm_89") from 2^31 multiply-adds (ops.MMQ_X16_MIN_WORK) runs convert_f16 + mmq_q4_k_f16_n128_x16 (a launch of it is
+    """mul_mat(arch="sm_89") from 2^31 multiply-adds (ops.RULES.mmq_x16_min_work) runs convert_f16 + mmq_q4_k_f16_n128_x16 (a launch of it is
     seen); correct against the float64 reference, and the same bits as calling that path directly."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
@@ -340,7 +340,7 @@ def test_prepared_mmq_matches_reference_and_its_fragments_are_the_numpy_models(d
 
 
 def test_mul_mat_runs_the_prepared_mmq_from_its_threshold():
-    """mul_mat on an sm_90 device from ops.MMQ_PRE_MIN_TOKENS tokens launches dequantize_q4_k_frags and a prepared
+    """mul_mat on an sm_90 device from ops.RULES.mmq_pre_min_tokens tokens launches dequantize_q4_k_frags and a prepared
     build, correct against the float64 reference and the same bits as that path called directly; with
     PTXGEN_MMQ_PRE=0 the register-A build instead."""
     import ptxgen.runtime as r
@@ -348,7 +348,7 @@ def test_mul_mat_runs_the_prepared_mmq_from_its_threshold():
 
     if r.current().sm != 90:
         pytest.skip("the prepared MMQ needs an sm_90 device")
-    m, k, t = 256, 1024, ops.MMQ_PRE_MIN_TOKENS
+    m, k, t = 256, 1024, ops.RULES.mmq_pre_min_tokens
     rng = np.random.default_rng(21)
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
@@ -377,8 +377,8 @@ def test_mul_mat_picks_wgmma_on_sm90():
     assert ops.mmq_path() == ("wgmma" if hopper else "mma.sync")
     assert ops.mmq_path("sm_89") == "mma.sync"
     # from WGMMA_RA_MIN_TOKENS on, A from registers (n256); the knob moves or removes that threshold
-    assert ops.mmq_path(t=ops.WGMMA_RA_MIN_TOKENS) == ("wgmma_ra" if hopper else "mma.sync")
-    assert ops.mmq_path(t=ops.WGMMA_RA_MIN_TOKENS - 1) == ("wgmma" if hopper else "mma.sync")
+    assert ops.mmq_path(t=ops.RULES.wgmma_ra_min_tokens) == ("wgmma_ra" if hopper else "mma.sync")
+    assert ops.mmq_path(t=ops.RULES.wgmma_ra_min_tokens - 1) == ("wgmma" if hopper else "mma.sync")
     assert ops.mmq_path("sm_89", t=4096) == "mma.sync"
     with pytest.MonkeyPatch.context() as mp:
         setknob(mp, "PTXGEN_MMQ_REGA", "0")
@@ -386,12 +386,12 @@ def test_mul_mat_picks_wgmma_on_sm90():
         setknob(mp, "PTXGEN_MMQ_REGA", "1")
         assert ops.mmq_path(t=16) == ("wgmma_ra" if hopper else "mma.sync")
     # the prepared build from MMQ_PRE_MIN_TOKENS (PTXGEN_MMQ_PRE=1: wherever n256 runs, 0: never)
-    assert ops.mmq_path(t=ops.MMQ_PRE_MIN_TOKENS) == ("wgmma_pre" if hopper else "mma.sync")
-    assert ops.mmq_path(t=ops.MMQ_PRE_MIN_TOKENS - 1) == ("wgmma_ra" if hopper else "mma.sync")
+    assert ops.mmq_path(t=ops.RULES.mmq_pre_min_tokens) == ("wgmma_pre" if hopper else "mma.sync")
+    assert ops.mmq_path(t=ops.RULES.mmq_pre_min_tokens - 1) == ("wgmma_ra" if hopper else "mma.sync")
     with pytest.MonkeyPatch.context() as mp:
         setknob(mp, "PTXGEN_MMQ_PRE", "1")
-        assert ops.mmq_path(t=ops.WGMMA_RA_N128_MAX_TOKENS + 1) == ("wgmma_pre" if hopper else "mma.sync")
-        assert ops.mmq_path(t=ops.WGMMA_RA_N128_MAX_TOKENS) == ("wgmma_ra" if hopper else "mma.sync")
+        assert ops.mmq_path(t=ops.RULES.wgmma_ra_n128_max_tokens + 1) == ("wgmma_pre" if hopper else "mma.sync")
+        assert ops.mmq_path(t=ops.RULES.wgmma_ra_n128_max_tokens) == ("wgmma_ra" if hopper else "mma.sync")
         setknob(mp, "PTXGEN_MMQ_PRE", "0")
         assert ops.mmq_path(t=8192) == ("wgmma_ra" if hopper else "mma.sync")
 
@@ -570,7 +570,7 @@ def test_register_a_skinny_gemm(m, k, t, arch):
         xb[t - 1, k // 3] = bad
         yb = run(xb)
         assert not np.isfinite(yb[t - 1]).any() and np.isfinite(yb[:t - 1]).all()
-    if arch == "sm_89" and 16 < t <= ops.SKINNY_MAX_TOKENS["mma.sync"] and m >= ops.MMQ_MIN_ROWS:
+    if arch == "sm_89" and 16 < t <= ops.RULES.skinny_max_tokens["mma.sync"] and m >= ops.RULES.mmq_min_rows:
         # mul_mat on the mma.sync targets takes this kernel at these T: the same bits
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
 

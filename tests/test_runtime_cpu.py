@@ -233,10 +233,10 @@ def test_tail_split_plan_covers_every_tile_and_k_step_once(tiles, steps, slots):
     if splits == 1:
         assert whole == tiles and per == steps
     else:
-        tail, c = tiles - whole, ops.SPLIT_ITEM_COST + ops.SPLIT_FIXUP_COST
+        tail, c = tiles - whole, ops.RULES.split_item_cost + ops.RULES.split_fixup_cost
         last = steps - (splits - 1) * per
         span = ops._list_schedule([per + c] * (tail * (splits - 1)) + [last + c] * tail, slots)
-        assert span < steps + ops.SPLIT_ITEM_COST
+        assert span < steps + ops.RULES.split_item_cost
 
 
 def test_tail_split_plan_on_the_h200_shapes():
@@ -475,7 +475,7 @@ def test_mmq_plan_matches_its_parts():
 
 def test_register_a_mmq_converts_x_itself_when_its_plan_has_no_k_split(monkeypatch):
     """mul_mat's rule for the sm_90 register-A MMQ (README): mmq_q4_k_wgmma_ra_n*_cx (x converted inside the
-    launch) from ops.MMQ_CX_MIN_TOKENS tokens when the plan has at most ops.MMQ_CX_MAX_SPLITS K splits,
+    launch) from ops.RULES.mmq_cx_min_tokens tokens when the plan has at most ops.RULES.mmq_cx_max_splits K splits,
     convert_f16_perm + mmq_q4_k_wgmma_ra_n* otherwise;
     PTXGEN_MMQ_CX=1 / 0 force it, anything else is an error. The builds are in the sm_90a manifest with the chunking
     the runtime sizes x_ready from, and only there (no wgmma on sm_89 / sm_120a)."""
@@ -500,7 +500,7 @@ def test_register_a_mmq_converts_x_itself_when_its_plan_has_no_k_split(monkeypat
 
 
 def test_register_a_mmq_token_tile_rule():
-    """mul_mat's register-A token tile (README): n64 up to ops.WGMMA_RA_N64_MAX_TOKENS, n128 up to
+    """mul_mat's register-A token tile (README): n64 up to ops.RULES.wgmma_ra_n64_max_tokens, n128 up to
     WGMMA_RA_N128_MAX_TOKENS, n256 above; every tile of the rule is an emitted sm_90a build (and no other target's)."""
     from ptxgen.runtime import kernels, ops
 
@@ -511,7 +511,7 @@ def test_register_a_mmq_token_tile_rule():
 
 
 def test_prepared_mmq_rule_and_builds(monkeypatch):
-    """mul_mat's rule for the prepared register-A MMQ (README): from ops.MMQ_PRE_MIN_TOKENS tokens; PTXGEN_MMQ_PRE=1
+    """mul_mat's rule for the prepared register-A MMQ (README): from ops.RULES.mmq_pre_min_tokens tokens; PTXGEN_MMQ_PRE=1
     wherever the register-A path runs its n256 tile, 0 never, anything else an error. Its builds and
     dequantize_q4_k_frags are sm_90a only; the prepared builds' 4-stage ring fits the shared memory (the converting one
     beside 2-step conversion units) and they launch with PDL behind dequantize_q4_k_frags, which writes 16 KB blocks."""
@@ -528,10 +528,10 @@ def test_prepared_mmq_rule_and_builds(monkeypatch):
         assert meta["dynamic_smem"] <= 227 * 1024
     assert man["mmq_q4_k_wgmma_pre_n256_cx"]["meta"]["convert_steps"] == 2  # half-size units beside 4 stages
     setknob(monkeypatch, "PTXGEN_MMQ_PRE", None)
-    assert ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS) and ops.mmq_prepared(8192)
-    assert not ops.mmq_prepared(ops.MMQ_PRE_MIN_TOKENS - 1)
+    assert ops.mmq_prepared(ops.RULES.mmq_pre_min_tokens) and ops.mmq_prepared(8192)
+    assert not ops.mmq_prepared(ops.RULES.mmq_pre_min_tokens - 1)
     setknob(monkeypatch, "PTXGEN_MMQ_PRE", "1")
-    assert ops.mmq_prepared(ops.WGMMA_RA_N128_MAX_TOKENS + 1) and not ops.mmq_prepared(ops.WGMMA_RA_N128_MAX_TOKENS)
+    assert ops.mmq_prepared(ops.RULES.wgmma_ra_n128_max_tokens + 1) and not ops.mmq_prepared(ops.RULES.wgmma_ra_n128_max_tokens)
     setknob(monkeypatch, "PTXGEN_MMQ_PRE", "0")
     assert not ops.mmq_prepared(8192)
     setknob(monkeypatch, "PTXGEN_MMQ_PRE", "maybe")
