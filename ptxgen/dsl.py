@@ -345,27 +345,3 @@ class DequantSequence:
 
     def then(self, *ops: DequantOp) -> "DequantSequence":
         return DequantSequence(self.fmt, self.ops + tuple(ops))
-
-
-def q4_k_scale_ops() -> tuple:
-    """d·sc and dmin·m (f32) of sub-blocks env["sub_lo"], env["sub_hi"] from the header words env["hdr"]
-    (d|dmin, then the 12 scale bytes): leaves env["d_lo"], env["min_lo"], env["d_hi"], env["min_hi"]."""
-    return (
-        SplitHalves("hdr", 0, ("d", "dmin")),
-        DecodeScaleMin6("hdr", 1, "sub_lo", ("sc_lo", "m_lo")),
-        DecodeScaleMin6("hdr", 1, "sub_hi", ("sc_hi", "m_hi")),
-        ScaleProduct("d", "sc_lo", "d_lo"), ScaleProduct("dmin", "m_lo", "min_lo"),
-        ScaleProduct("d", "sc_hi", "d_hi"), ScaleProduct("dmin", "m_hi", "min_hi"),
-    )
-
-
-def dequant_q4_k_word() -> DequantSequence:
-    """Q4_K for one 32-bit word of `qs` inside super-block env["block"]: 8 weights, 4 from sub-block
-    env["sub_lo"] (low nibbles) and 4 from env["sub_hi"] (high nibbles). Leaves f32 env["w_lo"], env["w_hi"]."""
-    return DequantSequence("q4_K", (
-        LoadWords("hdr", 0, 4),  # d|dmin, scales[0:12]
-        *q4_k_scale_ops(),
-        UnpackNibbles("qword", ("q_lo", "q_hi")),
-        ApplyScaleMin("q_lo", "d_lo", "min_lo", "w_lo"),
-        ApplyScaleMin("q_hi", "d_hi", "min_hi", "w_hi"),
-    ))

@@ -299,10 +299,10 @@ def test_wgmma_mmq_with_an_unswizzled_descriptor_is_wrong():
 
 def test_wgmma_mmq_with_a_broken_dequant_sequence_fails(monkeypatch):
     """Reverse the order of the qs words fed to the shared dequant sequence: weights land at wrong k."""
-    from ptxgen.kernels import mmq
+    from ptxgen.codecs import q4_k as q4k
 
-    orig = mmq.dequant_f16_words
-    monkeypatch.setattr(mmq, "dequant_f16_words", lambda b, hdr, qs, *rest: orig(b, hdr, list(qs)[::-1], *rest))
+    orig = q4k.f16_words
+    monkeypatch.setattr(q4k, "f16_words", lambda b, hdr, qs, *rest: orig(b, hdr, list(qs)[::-1], *rest))
     out = check_kernel("mmq_q4_k_wgmma_n32", _wgmma_mmq_ptx(), seed=0)
     assert not out.ok, out.detail
 

@@ -200,8 +200,8 @@ def test_division_probe_compiles_everywhere():
 def _q4k_pair3_probe(arch):
     """Each thread: a Q4_K super-block header (4 words) and a sub-block index from `inp`; for every nibble value q
     (low nibbles: h = 0x6400 | q, high: 0x6400 | 16q with sc' = sc/16; the upper half of h carries 15 − q) the
-    intermediate q·sc' = fma(h, sc', −1024·sc') and the weight pair of mmq.q4k_dequant_pair3."""
-    from ptxgen.kernels import mmq
+    intermediate q·sc' = fma(h, sc', −1024·sc') and the weight pair of q4k.dequant_pair3."""
+    from ptxgen.codecs import q4_k as q4k
 
     b = KernelBuilder("pair3_probe", arch, "Q4_K three-op dequant probe", block=(32, 1, 1))
     out = b.ptr(b.param("out", "u64", "ptr:out"))
@@ -211,21 +211,21 @@ def _q4k_pair3_probe(arch):
     hdr = [b.op("ld.global.u32", Mem(src, 4 * i)) for i in range(4)]
     sub = b.op("ld.global.u32", Mem(src, 16))
     base = b.op("mad.wide.u32", tid, Imm(16 * 2 * 2 * 4, "u32"), out)
-    neg1024 = b.op("mov.b32", Imm(mmq.NEG_1024_F16X2, "b32"))
+    neg1024 = b.op("mov.b32", Imm(q4k.NEG_1024_F16X2, "b32"))
     for high in (0, 1):
-        sc, m_hi, m_lo, d = mmq.q4k_scale_ints(b, hdr, sub, b.op("mov.f32", Imm(1 / 16 if high else 1.0, "f32")))
+        sc, m_hi, m_lo, d = q4k.scale_ints(b, hdr, sub, b.op("mov.f32", Imm(1 / 16 if high else 1.0, "f32")))
         c = b.op("mul.rn.f16x2", sc, neg1024, type="b32")
         for q in range(16):
             lo, hi = (q, 15 - q) if not high else (16 * q, 16 * (15 - q))
             h = b.op("mov.b32", Imm((0x6400 | lo) | (0x6400 | hi) << 16, "b32"))
             qs = b.op("fma.rn.f16x2", h, sc, c, type="b32")
-            w = mmq.q4k_dequant_pair3(b, h, (sc, c, d, m_hi, m_lo))
+            w = q4k.dequant_pair3(b, h, (sc, c, d, m_hi, m_lo))
             b.emit("st.global.v2.b32", Mem(base, 8 * (16 * high + q)), Vec((qs, w)))
     return b.finish()
 
 
 def test_q4k_three_op_dequant_forms_q_sc_exactly_and_rounds_as_documented():
-    """mmq.q4k_dequant_pair3 (every fp16 MMQ's dequant since session 20): q·sc' by one fma is exact for every
+    """q4k.dequant_pair3 (every fp16 MMQ's dequant): q·sc' by one fma is exact for every
     nibble, scale and half (low nibbles as q with sc' = sc, high ones as 16q with sc/16); the weight is then
     fp16(fp16(q·sc·d − m_hi) − m_lo) with m = fp32(dmin·m) split into fp16 hi + lo, bit for bit, on random
     headers of every sub-block; and the probe compiles for every target."""

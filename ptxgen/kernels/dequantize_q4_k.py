@@ -6,7 +6,8 @@ fp16, so the result equals `formats.dequantize("q4_K", ...).astype(float16)` bit
 """
 from __future__ import annotations
 
-from ..dsl import ConvertHalf, dequant_q4_k_word, elementwise_head, warp_per_item
+from ..codecs.q4_k import dequant_word as dequant_q4_k_word
+from ..dsl import ConvertHalf, elementwise_head, warp_per_item
 from ..ir import Imm, Mem
 from . import KernelDef
 

@@ -13,7 +13,7 @@ A non-finite input gives non-finite outputs in that token's row, as the float64 
 from __future__ import annotations
 
 from ..builder import KernelBuilder
-from ..dsl import dequant_q4_k_word
+from ..codecs.q4_k import dequant_word as dequant_q4_k_word
 from ..ir import Imm, Mem
 from . import KernelDef
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..builder import KernelBuilder
+from ..codecs import q4_k as Q4K
 from ..dsl import warp_per_item
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, TensorRef, mma_sync
@@ -220,7 +221,7 @@ def build(arch, spec: GemvSpec):
                 half = b.op("cvt.u16.u32", b.op("shr.u32", extra[0], dshift))
                 groups = [(range(8), b.op("cvt.f32.f16", half), None)]
             else:
-                d1, dm1, d2, dm2 = _q4_k_scales(b, extra, sub_lo, sub_hi)
+                d1, dm1, d2, dm2 = Q4K.lane_scales(b, extra, sub_lo, sub_hi)
                 groups = [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]
             for gi, (elems, scale, minimum) in enumerate(groups):
                 for t in range(Tn):
@@ -1699,7 +1700,7 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
         g = b.op("shr.u32", st["u"], Imm(4, "u32"))
         cbs = [b.op("add.s64", b.op("add.s64", actptr[t], b.op("mul.wide.u32", g, Imm(gsize, "u32"))),
                     b.op("mul.wide.u32", col, Imm(16, "u32"))) for t in range(Tn)]
-        scales = [_q4_k_scales(b, st["w"][r][0:4], sub_lo, sub_hi) for r in range(R)]
+        scales = [Q4K.lane_scales(b, st["w"][r][0:4], sub_lo, sub_hi) for r in range(R)]
         two23 = Imm(8388608.0, "f32")
         for c in range(8):
             nibs = []
@@ -1741,7 +1742,7 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
         for r in range(R):
             regs = st["w"][r]
             if q4k:
-                dlo, mlo, dhi, mhi = _q4_k_scales(b, regs[0:4], sub_lo, sub_hi)
+                dlo, mlo, dhi, mhi = Q4K.lane_scales(b, regs[0:4], sub_lo, sub_hi)
                 qs = regs[4:12]
                 for h, (scale, mn) in enumerate(((dlo, mlo), (dhi, mhi))):
                     nib = [b.op("and.b32", q if h == 0 else b.op("shr.u32", q, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
@@ -1915,16 +1916,6 @@ def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=lead)
     b.place(fin)
     b.emit("ret")
-
-
-def _q4_k_scales(b, hdr, sub_lo, sub_hi):
-    """(d·sc, dmin·m) of the lane's two sub-blocks from the loaded 16-byte header."""
-    from ..dsl import q4_k_scale_ops
-
-    env = {"hdr": hdr, "sub_lo": sub_lo, "sub_hi": sub_hi}
-    for op in q4_k_scale_ops():
-        op.lower(b, env)
-    return env["d_lo"], env["min_lo"], env["d_hi"], env["min_hi"]
 
 
 def _rotate_unit_in_registers(b, act, word, lane, live):

@@ -34,6 +34,7 @@ at T = 2-4 on 4096x14336, vs 22.9-23.3 for gemv_q4_k_mma), except on 18944x3584 
 from __future__ import annotations
 
 from ..builder import KernelBuilder
+from ..codecs.q4_k import BLOCK_BYTES, RegDecoder
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from . import KernelDef
@@ -76,7 +77,7 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
     Returns (issue(jb, st, live, what): step jb into the stage at st, if `live` (the caller commits), w_off). w_off
     and rec may be callables, emitted where they are first needed (the order the measured builds were emitted in)."""
     w_chunks = 9 * R
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(BLOCK_BYTES, "u32"))
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
     w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
@@ -89,7 +90,7 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
         rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
         src = b.op("mad.lo.u32", rel, row_bytes, col16)
         dst = col16 if w_off is None else b.op("add.u32", w_off, col16)
-        wcopy.append((src, b.op("mad.lo.u32", row, Imm(144, "u32"), dst)))
+        wcopy.append((src, b.op("mad.lo.u32", row, Imm(BLOCK_BYTES, "u32"), dst)))
     x_src0 = b.op("mad.wide.u32", xi, Imm(16, "u32"), rec() if callable(rec) else rec)
     x_dst0 = b.op("mad.lo.u32", xi, Imm(16, "u32"), Imm(rec_at, "u32"))
     w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
@@ -98,7 +99,7 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
 
     def issue(jb, st, live, what=("w", "x")):
         if "w" in what:
-            off = b.op("mul.lo.u32", jb, Imm(144, "u32"))
+            off = b.op("mul.lo.u32", jb, Imm(BLOCK_BYTES, "u32"))
             for u, (src, dst) in enumerate(wcopy):
                 go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
                 b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
@@ -235,63 +236,6 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp)
     b.emit("bar.sync", Imm(0, "u32"))
 
 
-class _Decoder:
-    """The Q4_K decode of a lane (g, t) that owns qs chunk t of rows g, g + 8 (of each m16 tile): its constants
-    (emitted on construction, in this order) and header() / dequant()."""
-
-    def __init__(self, b, g, t):
-        self.b = b
-        self.magic = b.op("mov.b32", Imm(0x64006400, "b32"))
-        self.h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
-        self.n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
-        self.zero = b.op("mov.b32", Imm(0, "b32"))
-        self.czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
-        self.t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
-        tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4 of the sc / m word
-        self.sel_lo = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5050, "u32"))  # bytes (sc_2t, 0x64, sc_2t, 0x64)
-        self.sel_hi = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5151, "u32"))  # sc_2t+1
-        self.msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
-        self.lane_hdr = b.op("mul.lo.u32", g, Imm(144, "u32"))  # row g's header in a stage
-        self.lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", self.lane_hdr, Imm(16, "u32")))  # chunk t
-
-    def header(self, st, ro):
-        """Row ro of the stage: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
-        mult = sc) and 2t + 1 (high: sc/16), add = −1024·mult, and the min MMA's A pair (m_2t, m_2t+1)."""
-        b, magic = self.b, self.magic
-        hw = b.regs("b32", 4)
-        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, self.lane_hdr), 144 * ro))
-        dlo, dhi = b.reg("b16"), b.reg("b16")
-        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
-        s0, s1, s2 = hw[1:]
-        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
-        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f),
-                                   b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
-                  b.op("and.b32", s0, c3f), self.t_hi)  # sub-blocks 4-7 : 0-3
-        m = b.op("selp.b32", b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
-                                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)),
-                 b.op("and.b32", s1, c3f), self.t_hi)
-        mult_lo = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_lo), magic, type="b32")
-        mult_hi = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_hi), magic, type="b32"),
-                       self.h16, type="b32")
-        return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
-                    lo=(mult_lo, b.op("mul.rn.f16x2", mult_lo, self.n1024, type="b32")),
-                    hi=(mult_hi, b.op("mul.rn.f16x2", mult_hi, self.n1024, type="b32")),
-                    ma=b.op("sub.rn.f16x2", b.op("prmt.b32", m, magic, self.msel), magic, type="b32"))
-
-    def dequant(self, w, pair):
-        """The word's 8 weights as A halves q·sc: (bytes 0, 2), (bytes 1, 3) of the low nibbles and of the high."""
-        b = self.b
-        w8 = b.op("shr.u32", w, Imm(8, "u32"))
-        out = {}
-        for nib, mask in (("lo", 0x000F000F), ("hi", 0x00F000F0)):
-            mult, add = pair[nib]
-            for k2, src in enumerate((w, w8)):
-                h_ = b.reg("b32")
-                b.emit("lop3.b32", h_, src, Imm(mask, "b32"), self.magic, Imm(0xEA, "b32"))  # (src & mask) | 0x6400
-                out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
-        return out
-
-
 def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
@@ -304,7 +248,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     NW = T1_WARPS
     S, ctas, MT = _ring_plan(arch, nt, hi_only)
     R = 16 * MT  # rows per warp
-    W_BYTES = R * 144  # a step's weights (the record follows)
+    W_BYTES = R * BLOCK_BYTES  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
@@ -356,7 +300,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records)
     count = b.op("mov.u32", Imm(0, "u32"))
 
-    dec = _Decoder(b, g, t)
+    dec = RegDecoder(b, g, t)
     zero, czero, lane_qs = dec.zero, dec.czero, dec.lane_qs
     # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
     # them re-read the first ones (their columns of C are never used)
@@ -390,7 +334,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
             words = b.regs("b32", 8)
             for h in range(2):
                 b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]),
-                       Mem(b.op("add.u32", st, lane_qs), 144 * (16 * mt + 8 * rr) + 16 * h))
+                       Mem(b.op("add.u32", st, lane_qs), BLOCK_BYTES * (16 * mt + 8 * rr) + 16 * h))
             qs[mt].append(words)
     xrec = b.op("add.u32", st, lane_rec)
     # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
@@ -488,7 +432,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     arch.require("cp_async", what, "use mmq_q4_k_f16_n*")
     S, ctas, MT, NW = plan or SKINNY_PLAN[("big" if arch.max_smem_per_block >= 200 * 1024 else "small", C)]
     R = 16 * MT
-    W_BYTES = R * 144
+    W_BYTES = R * BLOCK_BYTES
     moff, foff, rb = T4.q4k_record_layout(C, True)
     rec_at = NW * W_BYTES  # the record's offset in a stage
     stage_bytes = rec_at + rb
@@ -522,7 +466,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     jb, jend = _split_range(b, nsb, kz, nsplit)
     _prologue(b, issue, stage_base, jb, jend, S - 1, pdl)
     count = b.op("mov.u32", Imm(0, "u32"))
-    dec = _Decoder(b, g, t)
+    dec = RegDecoder(b, g, t)
     czero = dec.czero
     lane_b = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(rec_at, "u32"))  # B pairs: column 8·tile + g, k-pair t
     lane_min = b.op("mad.lo.u32", lane, Imm(8, "u32"), Imm(rec_at + moff, "u32"))
@@ -556,7 +500,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     for u in range(SKINNY_UNROLL):
         xbs = _b_tiles(b, xrec, 64 * C * u, NTL)
         for mt in range(MT):
-            a = [dec.dequant(b.op("ld.shared.u32", Mem(qsp, 144 * (16 * mt + 8 * rr) + 4 * u)), hds[mt][rr])
+            a = [dec.dequant(b.op("ld.shared.u32", Mem(qsp, BLOCK_BYTES * (16 * mt + 8 * rr) + 4 * u)), hds[mt][rr])
                  for rr in range(2)]
             for c, nib in enumerate(("lo", "hi")):
                 A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]

@@ -85,14 +85,14 @@ def build(arch):
         b.emit("cp.async.commit_group")
 
     def compute(r, stage):
-        from .gemv import _q4_k_scales
+        from ..codecs.q4_k import lane_scales
 
         src = b.op("mad.lo.u32", stage, stage_bytes, mine)
         hdr, qs = b.regs("b32", 4), b.regs("b32", 8)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
         b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(b.op("add.u32", src, plane)))
         b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(b.op("mad.lo.u32", plane, Imm(2, "u32"), src)))
-        d_lo, min_lo, d_hi, min_hi = _q4_k_scales(b, hdr, sub_lo, sub_hi)
+        d_lo, min_lo, d_hi, min_hi = lane_scales(b, hdr, sub_lo, sub_hi)
         acc = [[None] * XR_CHAINS, [None] * XR_CHAINS]  # [sub-block][chain]: independent FMA chains
         for wi, word in enumerate(qs):
             halves = (b.op("and.b32", b.op("shl.b32", word, Imm(3, "u32")), nib),  # low nibbles·8 per byte

@@ -7,7 +7,7 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
   the copy of step s+2 overlaps the dequant of s+1 and the MMA of s;
 - each step, threads dequantize the landed raw tile to fp16 in shared memory: nibbles become fp16 by
   `prmt` + `lop3` with the 0x6400 exponent (1024 + q), then q·sc by one exact fma.f16x2 and w = (q·sc)·d −
-  dmin·m in two more (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo: `dequant_f16_words`);
+  dmin·m in two more (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo: `q4k.f16_words`);
 - activations are loaded fp32 one step ahead into registers and converted to fp16 into shared memory
   (fused: no separate conversion pass over DRAM); an activation that overflows fp16 makes its item's sums
   non-finite, which raises a flag (checked once per item on the accumulators), and `mul_mat` then recomputes
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ..arch import get_arch
 from ..builder import KernelBuilder
+from ..codecs import q4_k as q4k
 from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
 from .. import layouts
 from ..ir import Imm, Mem, Sym, TensorRef, ldmatrix, mma_sync
@@ -31,10 +32,10 @@ from ..ir import wgmma as ir_wgmma
 from ..targets import lowering_for
 from . import KernelDef
 
-BM, BK, STAGES = 128, 64, 3
+BM, BK, STAGES = 128, q4k.STEP_K, 3
 MMQ_RASTER = True  # the mma.sync MMQs' item raster (_claim_item; False: the order before it, for A/B probes)
 RASTER_BYTES = 24 << 20  # fp32 activations per band of token tiles
-RAW_ROW = 48  # bytes per row per stage: 16 header + 32 qs
+RAW_ROW = q4k.STEP_ROW_BYTES  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
@@ -63,7 +64,7 @@ ACT_ROW = 80  # bytes per token row of the int8 activation tile: 64 + 16 padding
 @dataclass(frozen=True)
 class MmqSpec:
     """One MMQ description: token tile BN and the tensor-core instruction. The block tile (BM x BN x BK),
-    the dequant sequence (`dequant_f16_words`), the work schedule and the epilogue are shared; the
+    the dequant sequence (`q4k.f16_words`), the work schedule and the epilogue are shared; the
     lowering is per instruction: mma.sync (sm_89, sm_120a) or wgmma (sm_90a)."""
     bn: int
     mma: str = "mma.sync"
@@ -239,7 +240,7 @@ def build(arch, spec: MmqSpec):
         b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, 16))
         b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 32))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), dh)
-        out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic, three=(BN, x16) not in F16_FOUR_OP_TILES)
+        out = q4k.f16_words(b, hdr, qs, sub, dscale, nibmask, magic, three=(BN, x16) not in F16_FOUR_OP_TILES)
         dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
             b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
@@ -820,92 +821,6 @@ def _queue_exit(b, Q, leader):
     last = b.op("and.pred", leader, b.op("setp.eq.u32", done_before,
                                          b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32"))))
     b.emit("st.global.v2.u32", Mem(Q), b.vec([b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))]), pred=last)
-
-
-def dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic, three: bool = True) -> list:
-    """The Q4_K dequant sequence both MMQ lowerings share: super-block header `hdr` (4 words), 32 bytes of
-    qs (8 words), sub-block `sub` → 16 f16x2 words, the 32 weights of one half (low or high nibbles, chosen
-    by `nibmask`) in k order: word 2i + p holds k = 4i + 2p, 4i + 2p + 1.
-
-    Nibbles become fp16 by `prmt` + `lop3` with the 0x6400 exponent (1024 + q); high nibbles come out as 16q,
-    so `dscale` (1 or 1/16, exact) is folded into sc' = sc·dscale. Then `q4k_dequant_pair3`: q·sc' by one exact
-    fma, ·d − m_hi − m_lo (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo) — three instructions
-    per two weights and ~3.4e-4 relative GEMM error (session 20; the hi/lo d·sc pairs before it took four and
-    gave 3.9e-4, a single fp16 d·sc and dmin·m 7.2e-4). `three=False`: those four-instruction pairs
-    (q4k_dequant_pair), one register fewer (F16_FOUR_OP_TILES)."""
-    if not three:
-        scale = q4k_scale_pairs(b, hdr, sub, dscale)
-        return [q4k_dequant_pair(b, h, scale, magic) for h in _nibble_halves(b, qs, nibmask, magic)]
-    sc, m_hi, m_lo, d = q4k_scale_ints(b, hdr, sub, dscale)
-    scale = (sc, b.op("mul.rn.f16x2", sc, b.op("mov.b32", Imm(NEG_1024_F16X2, "b32")), type="b32"), d, m_hi, m_lo)
-    return [q4k_dequant_pair3(b, h, scale) for h in _nibble_halves(b, qs, nibmask, magic)]
-
-
-def _nibble_halves(b, qs, nibmask, magic):
-    """The 16 f16x2 words (0x6400 | q) of one nibble half of 8 qs words, in k order."""
-    for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
-        for sel in (0x4140, 0x4342):
-            v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
-            h = b.reg("b32")
-            b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-            yield h
-
-
-def q4k_scale_pairs(b, hdr, sub, dscale):
-    """Sub-block `sub` of a Q4_K super-block header `hdr` (4 words) → (d_hi, d_lo, −m_hi, −m_lo) as f16x2 (both
-    halves equal): d·sc·dscale and dmin·m formed in fp32, as ggml does, each split into fp16 hi + lo."""
-    env = {"hdr": hdr, "sub": sub}
-    SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
-    DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
-    d1 = b.op("mul.rn.f32", b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"])), dscale)
-    m1 = b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"]))
-
-    def split(v):
-        hi = b.op("cvt.rn.f16.f32", v)
-        lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", v, b.op("cvt.f32.f16", hi)))
-        return b.op("mov.b32", b.vec([hi, hi]), type="b32"), b.op("mov.b32", b.vec([lo, lo]), type="b32")
-    d_hi, d_lo = split(d1)
-    nm_hi, nm_lo = split(b.op("neg.f32", m1))
-    return d_hi, d_lo, nm_hi, nm_lo
-
-
-def q4k_dequant_pair(b, h, scale, magic):
-    """Two weights from h = (0x6400 | q) halves (1024 + q, or 1024 + 16q for high nibbles, whose 1/16 is in
-    the scale): q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step (`q4k_scale_pairs`)."""
-    d_hi, d_lo, nm_hi, nm_lo = scale
-    q = b.op("sub.rn.f16x2", h, magic, type="b32")
-    t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
-    t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
-    return b.op("add.rn.f16x2", t, nm_lo, type="b32")
-
-
-NEG_1024_F16X2 = 0xE400E400  # −1024 in both halves
-
-
-def q4k_scale_ints(b, hdr, sub, dscale):
-    """Sub-block `sub` of a Q4_K super-block header `hdr` → (sc', −m_hi, −m_lo, d) as f16x2 broadcasts for
-    `q4k_dequant_pair3`: sc' = sc·dscale (exact in fp16: sc ≤ 63, dscale 1 or 1/16), d the header's own fp16 d,
-    dmin·m formed in fp32 as ggml does (exact there) and split into fp16 hi + lo."""
-    env = {"hdr": hdr, "sub": sub}
-    DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
-    d, dmin = b.reg("b16"), b.reg("b16")
-    b.emit("mov.b32", b.vec([d, dmin]), hdr[0])
-    sc = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", b.op("cvt.rn.f32.u32", env["sc"]), dscale))
-    m1 = b.op("neg.f32", b.op("mul.rn.f32", b.op("cvt.f32.f16", dmin), b.op("cvt.rn.f32.u32", env["m"])))
-    m_hi = b.op("cvt.rn.f16.f32", m1)
-    m_lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", m1, b.op("cvt.f32.f16", m_hi)))
-    return tuple(b.op("mov.b32", b.vec([v, v]), type="b32") for v in (sc, m_hi, m_lo, d))
-
-
-def q4k_dequant_pair3(b, h, scale):
-    """Two weights from h = (0x6400 | q) halves (1024 + q, or 1024 + 16q for high nibbles, whose 1/16 is in sc')
-    and scale = (sc', −1024·sc', d, −m_hi, −m_lo) f16x2: q·sc' = fma(h, sc', −1024·sc') is exact (every term is
-    an fp16 integer multiple of sc' below 2^11), then q·sc'·d − m_hi in one rounding, + (−m_lo). Three
-    instructions per two weights (q4k_dequant_pair takes four) and closer to the fp16 floor: a bench/NOTES.md
-    model (session 20) puts it at 3.0-3.5e-4 relative GEMM error where q4k_dequant_pair gives 3.7-4.0e-4."""
-    sc, c, d, nm_hi, nm_lo = scale
-    qs = b.op("fma.rn.f16x2", h, sc, c, type="b32")
-    return b.op("add.rn.f16x2", b.op("fma.rn.f16x2", qs, d, nm_hi, type="b32"), nm_lo, type="b32")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1730,7 +1645,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
         b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), dh)
-        out = dequant_f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
+        out = q4k.f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
         abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), a_mine)
         arow = b.op("add.u32", abuf, row_off)
         for i in range(4):
@@ -1910,8 +1825,8 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
-    that order from convert_f16_perm), three instructions per two weights (q4k_dequant_pair3). The 4 lanes of a
-    row pair decode one (row, sub-block) scale each (q4k_scale_ints) and share them by shfl. No A tile, no
+    that order from convert_f16_perm), three instructions per two weights (q4k.dequant_pair3). The 4 lanes of a
+    row pair decode one (row, sub-block) scale each (q4k.scale_ints) and share them by shfl. No A tile, no
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
     kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
@@ -1924,7 +1839,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
     own_scale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", own_sb, Imm(0, "u32")))
     quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
-    neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
+    neg1024 = b.op("mov.b32", Imm(q4k.NEG_1024_F16X2, "b32"))
     # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
     qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
                                    b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
@@ -1938,7 +1853,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, own_hdr)))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), own_sb)
-        sc_m, m_hi, m_lo, d_m = q4k_scale_ints(b, hdr, sub, own_scale)
+        sc_m, m_hi, m_lo, d_m = q4k.scale_ints(b, hdr, sub, own_scale)
 
         def shfl(v, src):
             return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
@@ -1959,7 +1874,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                     for sb, mask in ((0, lo_mask), (1, hi_mask)):
                         h = b.reg("b32")
                         b.emit("lop3.b32", h, words[sh], mask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-                        frag[rr, 4 * sb + 2 * wi + sh] = q4k_dequant_pair3(b, h, scales[rr, sb])
+                        frag[rr, 4 * sb + 2 * wi + sh] = q4k.dequant_pair3(b, h, scales[rr, sb])
         # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
         return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(BK // 16)]
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)

@@ -1,0 +1,202 @@
+"""The Q4_K weight codec: GGUF's block_q4_K geometry and every decode of it the kernels use.
+
+A super-block is BLOCK_BYTES = 144 bytes for BLOCK_K = 256 weights: d and dmin (fp16), 12 bytes of packed 6-bit
+(scale, min) pairs for its 8 sub-blocks of SUB_K = 32, then 128 bytes of qs (4-bit quants: byte i of 32-byte chunk c
+holds sub-block 2c in its low nibble and 2c + 1 in its high one). w = d·sc·q − dmin·m (ggml's dequantize_row_q4_K).
+
+The decodes, by the kernels that consume them:
+- `scale_ops` / `dequant_word` / `lane_scales`: fp32, exactly ggml's (dequantize_q4_k, the fixup's exact
+  recompute, the fp32 decode GEMVs);
+- `f16_words` (and `scale_pairs`, `dequant_pair`, `scale_ints`, `dequant_pair3`): fp16 operands in the canonical K
+  order for the tensor-core GEMMs;
+- `RegDecoder`: the few-token tensor-core kernels' register decode (A = q·sc as fp16, the min term by its own MMA).
+"""
+from __future__ import annotations
+
+from ..dsl import (ApplyScaleMin, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct, SplitHalves,
+                   UnpackNibbles)
+from ..ir import Imm, Mem
+
+FMT = "q4_K"
+BLOCK_K = 256
+BLOCK_BYTES = 144
+HEADER_BYTES = 16  # d, dmin, scales[12]
+SUB_K = 32
+STEP_K = 64  # the GEMMs' K step: one pair of sub-blocks,
+STEP_ROW_BYTES = HEADER_BYTES + 32  # the header and the pair's 32 qs bytes per row and step
+
+
+def scale_ops() -> tuple:
+    """d·sc and dmin·m (f32) of sub-blocks env["sub_lo"], env["sub_hi"] from the header words env["hdr"]
+    (d|dmin, then the 12 scale bytes): leaves env["d_lo"], env["min_lo"], env["d_hi"], env["min_hi"]."""
+    return (
+        SplitHalves("hdr", 0, ("d", "dmin")),
+        DecodeScaleMin6("hdr", 1, "sub_lo", ("sc_lo", "m_lo")),
+        DecodeScaleMin6("hdr", 1, "sub_hi", ("sc_hi", "m_hi")),
+        ScaleProduct("d", "sc_lo", "d_lo"), ScaleProduct("dmin", "m_lo", "min_lo"),
+        ScaleProduct("d", "sc_hi", "d_hi"), ScaleProduct("dmin", "m_hi", "min_hi"),
+    )
+
+
+def dequant_word() -> DequantSequence:
+    """Q4_K for one 32-bit word of `qs` inside super-block env["block"]: 8 weights, 4 from sub-block
+    env["sub_lo"] (low nibbles) and 4 from env["sub_hi"] (high nibbles). Leaves f32 env["w_lo"], env["w_hi"]."""
+    return DequantSequence("q4_K", (
+        LoadWords("hdr", 0, 4),  # d|dmin, scales[0:12]
+        *scale_ops(),
+        UnpackNibbles("qword", ("q_lo", "q_hi")),
+        ApplyScaleMin("q_lo", "d_lo", "min_lo", "w_lo"),
+        ApplyScaleMin("q_hi", "d_hi", "min_hi", "w_hi"),
+    ))
+
+
+def lane_scales(b, hdr, sub_lo, sub_hi):
+    """(d·sc, dmin·m) of the lane's two sub-blocks from the loaded 16-byte header."""
+    env = {"hdr": hdr, "sub_lo": sub_lo, "sub_hi": sub_hi}
+    for op in scale_ops():
+        op.lower(b, env)
+    return env["d_lo"], env["min_lo"], env["d_hi"], env["min_hi"]
+
+
+def f16_words(b, hdr, qs, sub, dscale, nibmask, magic, three: bool = True) -> list:
+    """The fp16 dequant both MMQ lowerings share (shared-memory A): super-block header `hdr` (4 words), 32 bytes of
+    qs (8 words), sub-block `sub` → 16 f16x2 words, the 32 weights of one half (low or high nibbles, chosen
+    by `nibmask`) in k order: word 2i + p holds k = 4i + 2p, 4i + 2p + 1.
+
+    Nibbles become fp16 by `prmt` + `lop3` with the 0x6400 exponent (1024 + q); high nibbles come out as 16q,
+    so `dscale` (1 or 1/16, exact) is folded into sc' = sc·dscale. Then `dequant_pair3`: q·sc' by one exact
+    fma, ·d − m_hi − m_lo (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo) — three instructions
+    per two weights and ~3.4e-4 relative GEMM error (bench/NOTES.md; the hi/lo d·sc pairs before it took four and
+    gave 3.9e-4, a single fp16 d·sc and dmin·m 7.2e-4). `three=False`: those four-instruction pairs
+    (dequant_pair), one register fewer (mmq.F16_FOUR_OP_TILES)."""
+    if not three:
+        scale = scale_pairs(b, hdr, sub, dscale)
+        return [dequant_pair(b, h, scale, magic) for h in _nibble_halves(b, qs, nibmask, magic)]
+    sc, m_hi, m_lo, d = scale_ints(b, hdr, sub, dscale)
+    scale = (sc, b.op("mul.rn.f16x2", sc, b.op("mov.b32", Imm(NEG_1024_F16X2, "b32")), type="b32"), d, m_hi, m_lo)
+    return [dequant_pair3(b, h, scale) for h in _nibble_halves(b, qs, nibmask, magic)]
+
+
+def _nibble_halves(b, qs, nibmask, magic):
+    """The 16 f16x2 words (0x6400 | q) of one nibble half of 8 qs words, in k order."""
+    for wv in qs:  # bytes (b0, b1) and (b2, b3) of each word → two f16x2
+        for sel in (0x4140, 0x4342):
+            v = b.op("prmt.b32", wv, Imm(0, "b32"), Imm(sel, "b32"))
+            h = b.reg("b32")
+            b.emit("lop3.b32", h, v, nibmask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+            yield h
+
+
+def scale_pairs(b, hdr, sub, dscale):
+    """Sub-block `sub` of a Q4_K super-block header `hdr` (4 words) → (d_hi, d_lo, −m_hi, −m_lo) as f16x2 (both
+    halves equal): d·sc·dscale and dmin·m formed in fp32, as ggml does, each split into fp16 hi + lo."""
+    env = {"hdr": hdr, "sub": sub}
+    SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
+    DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
+    d1 = b.op("mul.rn.f32", b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"])), dscale)
+    m1 = b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"]))
+
+    def split(v):
+        hi = b.op("cvt.rn.f16.f32", v)
+        lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", v, b.op("cvt.f32.f16", hi)))
+        return b.op("mov.b32", b.vec([hi, hi]), type="b32"), b.op("mov.b32", b.vec([lo, lo]), type="b32")
+    d_hi, d_lo = split(d1)
+    nm_hi, nm_lo = split(b.op("neg.f32", m1))
+    return d_hi, d_lo, nm_hi, nm_lo
+
+
+def dequant_pair(b, h, scale, magic):
+    """Two weights from h = (0x6400 | q) halves (1024 + q, or 1024 + 16q for high nibbles, whose 1/16 is in
+    the scale): q·d_hi + q·d_lo − m_hi − m_lo with fp16 rounding per step (`scale_pairs`)."""
+    d_hi, d_lo, nm_hi, nm_lo = scale
+    q = b.op("sub.rn.f16x2", h, magic, type="b32")
+    t = b.op("fma.rn.f16x2", q, d_hi, nm_hi, type="b32")
+    t = b.op("fma.rn.f16x2", q, d_lo, t, type="b32")
+    return b.op("add.rn.f16x2", t, nm_lo, type="b32")
+
+
+NEG_1024_F16X2 = 0xE400E400  # −1024 in both halves
+
+
+def scale_ints(b, hdr, sub, dscale):
+    """Sub-block `sub` of a Q4_K super-block header `hdr` → (sc', −m_hi, −m_lo, d) as f16x2 broadcasts for
+    `dequant_pair3`: sc' = sc·dscale (exact in fp16: sc ≤ 63, dscale 1 or 1/16), d the header's own fp16 d,
+    dmin·m formed in fp32 as ggml does (exact there) and split into fp16 hi + lo."""
+    env = {"hdr": hdr, "sub": sub}
+    DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
+    d, dmin = b.reg("b16"), b.reg("b16")
+    b.emit("mov.b32", b.vec([d, dmin]), hdr[0])
+    sc = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", b.op("cvt.rn.f32.u32", env["sc"]), dscale))
+    m1 = b.op("neg.f32", b.op("mul.rn.f32", b.op("cvt.f32.f16", dmin), b.op("cvt.rn.f32.u32", env["m"])))
+    m_hi = b.op("cvt.rn.f16.f32", m1)
+    m_lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", m1, b.op("cvt.f32.f16", m_hi)))
+    return tuple(b.op("mov.b32", b.vec([v, v]), type="b32") for v in (sc, m_hi, m_lo, d))
+
+
+def dequant_pair3(b, h, scale):
+    """Two weights from h = (0x6400 | q) halves (1024 + q, or 1024 + 16q for high nibbles, whose 1/16 is in sc')
+    and scale = (sc', −1024·sc', d, −m_hi, −m_lo) f16x2: q·sc' = fma(h, sc', −1024·sc') is exact (every term is
+    an fp16 integer multiple of sc' below 2^11), then q·sc'·d − m_hi in one rounding, + (−m_lo). Three
+    instructions per two weights (dequant_pair takes four) and closer to the fp16 floor: a bench/NOTES.md
+    model puts it at 3.0-3.5e-4 relative GEMM error where q4k_dequant_pair gives 3.7-4.0e-4."""
+    sc, c, d, nm_hi, nm_lo = scale
+    qs = b.op("fma.rn.f16x2", h, sc, c, type="b32")
+    return b.op("add.rn.f16x2", b.op("fma.rn.f16x2", qs, d, nm_hi, type="b32"), nm_lo, type="b32")
+
+
+class RegDecoder:
+    """The register decode of the few-token tensor-core kernels (gemv_q4_k_mma_t*, mmq_q4_k_rega_n*): lane (g, t)
+    owns qs chunk t of rows g, g + 8 (of each m16 tile) in a ring stage of BLOCK_BYTES-byte rows; its constants
+    (emitted on construction, in this order) and header() / dequant()."""
+
+    def __init__(self, b, g, t):
+        self.b = b
+        self.magic = b.op("mov.b32", Imm(0x64006400, "b32"))
+        self.h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
+        self.n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
+        self.zero = b.op("mov.b32", Imm(0, "b32"))
+        self.czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+        self.t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+        tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4 of the sc / m word
+        self.sel_lo = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5050, "u32"))  # bytes (sc_2t, 0x64, sc_2t, 0x64)
+        self.sel_hi = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5151, "u32"))  # sc_2t+1
+        self.msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
+        self.lane_hdr = b.op("mul.lo.u32", g, Imm(BLOCK_BYTES, "u32"))  # row g's header in a stage
+        self.lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", self.lane_hdr, Imm(HEADER_BYTES, "u32")))
+
+    def header(self, st, ro):
+        """Row ro of the stage: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
+        mult = sc) and 2t + 1 (high: sc/16), add = −1024·mult, and the min MMA's A pair (m_2t, m_2t+1)."""
+        b, magic = self.b, self.magic
+        hw = b.regs("b32", 4)
+        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, self.lane_hdr), BLOCK_BYTES * ro))
+        dlo, dhi = b.reg("b16"), b.reg("b16")
+        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
+        s0, s1, s2 = hw[1:]
+        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
+        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f),
+                                   b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
+                  b.op("and.b32", s0, c3f), self.t_hi)  # sub-blocks 4-7 : 0-3
+        m = b.op("selp.b32", b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
+                                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)),
+                 b.op("and.b32", s1, c3f), self.t_hi)
+        mult_lo = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_lo), magic, type="b32")
+        mult_hi = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_hi), magic, type="b32"),
+                       self.h16, type="b32")
+        return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
+                    lo=(mult_lo, b.op("mul.rn.f16x2", mult_lo, self.n1024, type="b32")),
+                    hi=(mult_hi, b.op("mul.rn.f16x2", mult_hi, self.n1024, type="b32")),
+                    ma=b.op("sub.rn.f16x2", b.op("prmt.b32", m, magic, self.msel), magic, type="b32"))
+
+    def dequant(self, w, pair):
+        """The word's 8 weights as A halves q·sc: (bytes 0, 2), (bytes 1, 3) of the low nibbles and of the high."""
+        b = self.b
+        w8 = b.op("shr.u32", w, Imm(8, "u32"))
+        out = {}
+        for nib, mask in (("lo", 0x000F000F), ("hi", 0x00F000F0)):
+            mult, add = pair[nib]
+            for k2, src in enumerate((w, w8)):
+                h_ = b.reg("b32")
+                b.emit("lop3.b32", h_, src, Imm(mask, "b32"), self.magic, Imm(0xEA, "b32"))  # (src & mask) | 0x6400
+                out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+        return out
