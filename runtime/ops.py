@@ -122,21 +122,33 @@ def _rec_quantize_q8_1_mmq(pb: PlanBuilder, xa, flag, arch: str | None) -> SymAr
 
 
 def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None):
-    """QuantTensor → fp16 (M, K). Q4_K runs on the GPU; the result equals ptxgen.formats' float32 dequant
-    rounded to fp16, bit for bit. Returns a DeviceArray (or fills `out`, whose library's stream is the default)."""
+    """QuantTensor → fp16 (M, K) on the GPU (Q4_K, Q5_K, Q6_K, Q8_0: dequantize_<fmt>, one kernel over the format's
+    codec); the result equals ptxgen.formats' float32 dequant rounded to fp16, bit for bit. Returns a DeviceArray
+    (or fills `out`, whose library's stream is the default)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"dequantize: expected a QuantTensor, got {type(w).__name__}")
-    kernel = {"q4_K": "dequantize_q4_k"}.get(w.fmt)
-    if kernel is None:
-        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: q4_K)")
+    kernel = f"dequantize_{w.fmt.lower()}"
+    if w.fmt not in DEQUANTIZE_FORMATS:
+        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(DEQUANTIZE_FORMATS)})")
+    from ptxgen import formats
+
     m, k = w.shape
+    w.to_device()
+    need = 4 if w.fmt in ("q4_K", "q5_K") else 2  # the kernels' load widths (Q6_K, Q8_0 blocks: 2-byte aligned)
+    if w.ptr % need:
+        raise ValueError(f"dequantize: {w.fmt} weights must start {need}-byte aligned, pointer is {w.ptr:#x}")
     s = driver.stream_handle(stream, out)
-    o, ret = _output(out, (m, k), np.float16, "dequantize: out", None, s, align=8)
     fn = kernels.load(kernel, arch)
-    nsuper = m * k // 256
-    per = _blocks_per_cta(fn, "superblocks_per_cta")
-    fn.launch(((nsuper + per - 1) // per,), (w.buffer, o, nsuper), stream=s)
+    group = int(fn.meta.get("blocks_per_group", 1))  # blocks a warp takes (Q8_0: 8 blocks of 32 weights)
+    o, ret = _output(out, (m, k), np.float16, "dequantize: out", None, s, align=16 if group > 1 else 8)
+    nblocks = m * k // formats.get(w.fmt).block_size
+    per = _blocks_per_cta(fn, "superblocks_per_cta" if group == 1 else "groups_per_cta")
+    groups = -(-nblocks // group)
+    fn.launch(((groups + per - 1) // per,), (w.buffer, o, nblocks), stream=s)
     return ret
+
+
+DEQUANTIZE_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # the weight codecs with a dequantize kernel
 
 
 def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):

@@ -117,6 +117,11 @@ EXPECTED_SASS["mmq_q4_k_rega_n32"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "
 EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["mul_mat_fixup_q4_k"] = ["ATOMG.E.ADD", "LDG.E.128.CONSTANT", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
+# the other codecs' dequantize: 2-byte loads where blocks are only 2-byte aligned (Q6_K, Q8_0), 16-byte stores for
+# Q8_0's runs of 8
+EXPECTED_SASS["dequantize_q5_k"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.64"]
+EXPECTED_SASS["dequantize_q6_k"] = ["F2FP", "LDG.E.U16.CONSTANT", "LDG.E.S8.CONSTANT", "I2FP.F32.S32"]
+EXPECTED_SASS["dequantize_q8_0"] = ["F2FP", "LDG.E.U16.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
 

@@ -2,9 +2,9 @@
 (docs/design.md). `get(fmt)` gives a format's codec."""
 from __future__ import annotations
 
-from . import q4_k
+from . import q4_k, q5_k, q6_k, q8_0
 
-CODECS = {q4_k.FMT: q4_k}
+CODECS = {c.FMT: c for c in (q4_k, q5_k, q6_k, q8_0)}
 
 
 def get(fmt: str):

@@ -13,8 +13,8 @@ The decodes, by the kernels that consume them:
 """
 from __future__ import annotations
 
-from ..dsl import (ApplyScaleMin, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct, SplitHalves,
-                   UnpackNibbles)
+from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
+                   SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
 
 FMT = "q4_K"
@@ -24,6 +24,7 @@ HEADER_BYTES = 16  # d, dmin, scales[12]
 SUB_K = 32
 STEP_K = 64  # the GEMMs' K step: one pair of sub-blocks,
 STEP_ROW_BYTES = HEADER_BYTES + 32  # the header and the pair's 32 qs bytes per row and step
+GROUP_BLOCKS = 1  # blocks a warp dequantizes at once (dequant_lane): one super-block
 
 
 def scale_ops() -> tuple:
@@ -200,3 +201,23 @@ class RegDecoder:
                 b.emit("lop3.b32", h_, src, Imm(mask, "b32"), self.magic, Imm(0xEA, "b32"))  # (src & mask) | 0x6400
                 out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
         return out
+
+
+def dequant_lane(b, w, group, lane, count):
+    """The dequantize kernel's step (kernels/dequantize.py): super-block `group` of the weights at `w`, lane L owns
+    qs word L — 4 low nibbles of sub-block 2c and 4 high nibbles of 2c + 1 (c = L / 8) — in float32 exactly as
+    ggml, then rounded to fp16. Returns (runs of f16x2 words, offsets(): (the first run's element index, each
+    run's element delta), None: every lane is valid)."""
+    block = b.op("mad.wide.u32", group, Imm(BLOCK_BYTES, "u32"), w)
+    chunk = b.op("shr.u32", lane, Imm(3, "u32"))
+    sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
+    env = {"block": block, "sub_lo": sub_lo, "sub_hi": b.op("add.u32", sub_lo, Imm(1, "u32")),
+           "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block), HEADER_BYTES))}
+    dequant_word().then(ConvertHalf("w_lo", "h_lo"), ConvertHalf("w_hi", "h_hi")).lower(b, env)
+
+    def offsets():  # the low-nibble run: 256·group + 64·c + 4·(L % 8); the high run is 32 further
+        p = b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32"))
+        first = b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("mad.lo.u32", chunk, Imm(64, "u32"), p))
+        return first, (0, 32)
+    return [env["h_lo"], env["h_hi"]], offsets, None
+

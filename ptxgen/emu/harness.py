@@ -111,20 +111,33 @@ def _q8_1_mmq(ptx: str, rng, shape=(4, 96), seed=None, big=False) -> Outcome:
                    got, want)
 
 
-def _deq_q4_k(ptx: str, rng, shape=(5, 512), seed=None) -> Outcome:
-    m, k = shape
-    w = rng.standard_normal((m, k)).astype(np.float32)
-    raw = formats.quantize("q4_K", w)
-    mem = _memory()
-    wa = mem.alloc(raw)
-    ya = mem.alloc(m * k * 2, poison=0xFF)
-    ns = m * k // 256
-    _run(ptx, ((ns + 7) // 8,), (256,), (wa, ya, ns), mem, seed=seed)
-    got = mem.view(ya, np.uint16, (m, k))
-    want = formats.dequantize("q4_K", raw, (m, k)).astype(np.float16).view(np.uint16)
-    ok = np.array_equal(got, want)
-    return Outcome("dequantize_q4_k", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} of {got.size} differ",
-                   got, want)
+def _deq(fmt: str):
+    """dequantize_<fmt>: drawn GGUF bytes (any bit pattern: NaN / inf scales included) → fp16 equal to
+    formats.dequantize(...).astype(float16) bit for bit (NaNs as NaNs); the output is poisoned first. Q8_0 takes a
+    block count that is not a multiple of its 8-block groups (the last group's idle lanes must not write)."""
+    from ptxgen.testing.strategies import random_raw
+
+    def run(ptx: str, rng, shape=None, seed=None) -> Outcome:
+        m, k = shape or ((5, 512) if fmt != "q8_0" else (5, 96))
+        raw = random_raw(fmt, m, k, rng) if fmt != "q4_K" else formats.quantize(
+            fmt, rng.standard_normal((m, k)).astype(np.float32))
+        f = formats.get(fmt)
+        count = m * k // f.block_size
+        mem = _memory()
+        wa = mem.alloc(raw)
+        ya = mem.alloc(m * k * 2 + 64, poison=0xFF)  # 64 bytes past the end: must stay poisoned
+        groups = count if f.block_size == 256 else -(-count // 8)
+        _run(ptx, ((groups + 7) // 8,), (256,), (wa, ya, count), mem, seed=seed)
+        got = mem.view(ya, np.uint16, (m * k * 2 + 64) // 2)
+        with np.errstate(all="ignore"):
+            want = formats.dequantize(fmt, raw, (m, k)).astype(np.float16).reshape(-1)
+        g, tail = got[:m * k], got[m * k:]
+        same = (g == want.view(np.uint16)) | (np.isnan(g.view(np.float16)) & np.isnan(want))
+        ok = bool(same.all() and (tail == 0xFFFF).all())
+        return Outcome(f"dequantize_{fmt.lower()}", ok, "bit-exact" if ok else
+                       f"{np.count_nonzero(~same)} of {g.size} differ, tail {'kept' if (tail == 0xFFFF).all() else 'written'}",
+                       g, want.view(np.uint16))
+    return run
 
 
 def _deq_q4_k_frags(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
@@ -703,7 +716,7 @@ def _mmq(name):
     return _with_meta(mmq_case, name, 3)  # shape (M, T, K)
 
 
-HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _q8_1_mmq, "dequantize_q4_k": _deq_q4_k,
+HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _q8_1_mmq,
                                   "dequantize_q4_k_frags": _deq_q4_k_frags, "rotate_tq4_1s": _rotate,
                                   "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
                                   "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False)}
@@ -746,6 +759,8 @@ for _bn in (256,):
     for _sfx in ("", "_cx"):
         HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")
 HARNESSES["mul_mat_fixup_q4_k"] = _fixup
+for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
+    HARNESSES[f"dequantize_{_f.lower()}"] = _deq(_f)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)

@@ -1,0 +1,42 @@
+"""The Q5_K weight codec: GGUF's block_q5_K — d, dmin (fp16), the 12 bytes of 6-bit (scale, min) pairs Q4_K has,
+qh[32] (the fifth bit: sub-block j takes bit j of qh[l] for its element l), qs[128] (the low 4 bits, as Q4_K's):
+176 bytes per 256 weights, w = d·sc·q − dmin·m. The scale decode is Q4_K's (`q4_k.scale_ops`)."""
+from __future__ import annotations
+
+from ..dsl import ApplyScaleMin, ConvertHalf, DequantSequence, LoadWords, UnpackNibbles
+from ..ir import Imm, Mem
+from . import q4_k
+
+FMT = "q5_K"
+BLOCK_K = 256
+BLOCK_BYTES = 176
+HEADER_BYTES = 16
+QH_OFFSET, QS_OFFSET = 16, 48
+GROUP_BLOCKS = 1
+
+
+def dequant_lane(b, w, group, lane, count):
+    """dequantize_q5_k's step: lane L owns qs word L (4 low nibbles of sub-block 2c, 4 high of 2c + 1, c = L / 8)
+    and qh word L % 8 (the same 4 elements' fifth bits: bit 2c, 2c + 1 of each byte); float32 as ggml, then fp16."""
+    block = b.op("mad.wide.u32", group, Imm(BLOCK_BYTES, "u32"), w)
+    chunk = b.op("shr.u32", lane, Imm(3, "u32"))
+    sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
+    p = b.op("and.b32", lane, Imm(7, "b32"))
+    env = {"block": block, "sub_lo": sub_lo, "sub_hi": b.op("add.u32", sub_lo, Imm(1, "u32")),
+           "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block), QS_OFFSET)),
+           "hword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", p, Imm(4, "u32"), block), QH_OFFSET))}
+    head = (LoadWords("hdr", 0, 4), *q4_k.scale_ops(), UnpackNibbles("qword", ("q_lo", "q_hi")))
+    DequantSequence(FMT, head).lower(b, env)
+    for half, sub in (("q_lo", "sub_lo"), ("q_hi", "sub_hi")):  # q + 16·(bit `sub` of qh byte i)
+        env[half + "5"] = [b.op("or.b32", q, b.op("shl.b32", b.op("bfe.u32", env["hword"], b.op("add.u32", env[sub],
+                                                                                             Imm(8 * i, "u32")),
+                                                                     Imm(1, "u32")), Imm(4, "u32")))
+                           for i, q in enumerate(env[half])]
+    DequantSequence(FMT, (ApplyScaleMin("q_lo5", "d_lo", "min_lo", "w_lo"),
+                          ApplyScaleMin("q_hi5", "d_hi", "min_hi", "w_hi"),
+                          ConvertHalf("w_lo", "h_lo"), ConvertHalf("w_hi", "h_hi"))).lower(b, env)
+
+    def offsets():  # as Q4_K's: 256·group + 64·c + 4·(L % 8), the high run 32 further
+        return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")),
+                    b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", p, Imm(2, "u32")))), (0, 32)
+    return [env["h_lo"], env["h_hi"]], offsets, None

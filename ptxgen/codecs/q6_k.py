@@ -1,0 +1,50 @@
+"""The Q6_K weight codec: GGUF's block_q6_K — ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8 scales (one per
+16 weights), d (fp16): 210 bytes per 256 weights (blocks only 2-byte aligned), w = d·sc·(q − 32) with q 6 bits.
+Each 128-weight half takes ql[64·h ...], qh[32·h ...], scales[8·h ...]; element 32·k + l of a half is
+ql[l + 32·(k & 1)] (low nibble for k < 2, high for k ≥ 2) with bits 2k, 2k + 1 of qh[l] above them."""
+from __future__ import annotations
+
+from ..ir import Imm, Mem
+
+FMT = "q6_K"
+BLOCK_K = 256
+BLOCK_BYTES = 210
+QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = 0, 128, 192, 208
+GROUP_BLOCKS = 1
+
+
+def dequant_lane(b, w, group, lane, count):
+    """dequantize_q6_k's step: lane L takes half h = L / 16 and elements l, l + 1 (l = 2·(L % 16)) of each of its 4
+    quarters (2-byte loads: the block is 2-byte aligned); w = (d·sc)·(q − 32) in float32 as ggml, then fp16: 4 runs
+    of one f16x2 word each."""
+    b.comment("dequant q6_K: ql, qh pairs -> 6-bit q - 32 -> (d·sc)·q -> fp16")
+    block = b.op("mad.wide.u32", group, Imm(BLOCK_BYTES, "u32"), w)
+    h = b.op("shr.u32", lane, Imm(4, "u32"))
+    l0 = b.op("shl.b32", b.op("and.b32", lane, Imm(15, "b32")), Imm(1, "u32"))
+    ql = b.op("add.s64", block, b.op("cvt.u64.u32", b.op("mad.lo.u32", h, Imm(64, "u32"), l0)))
+    qh = b.op("add.s64", block, b.op("cvt.u64.u32", b.op("mad.lo.u32", h, Imm(32, "u32"), l0)))
+    sc_at = b.op("add.s64", block, b.op("cvt.u64.u32", b.op("mad.lo.u32", h, Imm(8, "u32"),
+                                                              b.op("shr.u32", l0, Imm(4, "u32")))))
+    a = b.op("ld.global.nc.u16", Mem(ql, QL_OFFSET), type="u32")
+    a2 = b.op("ld.global.nc.u16", Mem(ql, QL_OFFSET + 32), type="u32")
+    hq = b.op("ld.global.nc.u16", Mem(qh, QH_OFFSET), type="u32")
+    dbits = b.reg("b16")
+    b.emit("ld.global.nc.b16", dbits, Mem(block, D_OFFSET))
+    d = b.op("cvt.f32.f16", dbits)
+    runs = []
+    for k in range(4):  # quarter k: low nibbles of ql[l] (k = 0), ql[l + 32] (1), high of ql[l] (2), ql[l + 32] (3)
+        sc = b.op("cvt.rn.f32.s32", b.op("ld.global.nc.s8", Mem(sc_at, SC_OFFSET + 2 * k), type="s32"))
+        ds = b.op("mul.rn.f32", d, sc)
+        src = a if k % 2 == 0 else a2
+        vals = []
+        for j in range(2):  # elements l, l + 1: byte j of the 2-byte loads
+            lo = b.op("bfe.u32", src, Imm(8 * j + 4 * (k // 2), "u32"), Imm(4, "u32"))
+            hi = b.op("bfe.u32", hq, Imm(8 * j + 2 * k, "u32"), Imm(2, "u32"))
+            q = b.op("sub.s32", b.op("or.b32", lo, b.op("shl.b32", hi, Imm(4, "u32"))), Imm(32, "s32"), type="s32")
+            vals.append(b.op("mul.rn.f32", ds, b.op("cvt.rn.f32.s32", q)))
+        runs.append([b.op("cvt.rn.f16x2.f32", vals[1], vals[0], type="b32")])
+
+    def offsets():  # element 256·group + 128·h + 32·k + l of quarter k
+        return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("mad.lo.u32", h, Imm(128, "u32"), l0)), \
+            (0, 32, 64, 96)
+    return runs, offsets, None
