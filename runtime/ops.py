@@ -169,6 +169,7 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
 
 GEMV_TOKENS = (1, 2, 4, 8)
 GEMV_FORMATS = {"tq4_1s": "tq4_1s", "q4_K": "q4_k", "q8_0": "q8_0"}
+CODEC_GEMV_FORMATS = ("q5_K", "q6_K", "q8_0")  # exact mode through the codec-generic GEMV (kernels/gemv_codec.py)
 FAST_GEMV = {"tq4_1s": ("prep_tq4_1s_q8", "gemv_tq4_1s_fast_t{}"), "q4_K": ("prep_q8_lanes", "gemv_q4_k_fast_t{}"),
              "q8_0": ("prep_q8_lanes", "gemv_q8_0_t{}")}
 
@@ -569,8 +570,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     followed by mul_mat_fixup_q4_k, which recomputes in fp32 on the device any token past fp16's range.
     Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and fp16 in the GEMMs
     (~3.4e-4); `mode="fast"` quantizes x to Q8_1 and runs int8 dp4a / int8 MMA kernels as llama.cpp does (exact
-    integer dots; relative error ≤ 1e-5 against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5); Q8_0 has
-    only this mode. TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside the GEMV for T ≤
+    integer dots; relative error ≤ 1e-5 against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5). Q5_K,
+    Q6_K and Q8_0 in mode "exact" run the codec-generic GEMV (kernels/gemv_codec.py: fp32 x, ggml's fp32
+    weights, slices of 8 tokens). TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside the GEMV for T ≤
     4, the same bits). Non-finite activations give non-finite outputs in their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
@@ -701,21 +703,25 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     entry = w._plans.get(key)
     if entry is not None and entry[0] == gen:
         return entry[1]
-    if w.fmt not in GEMV_FORMATS:
-        raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {', '.join(GEMV_FORMATS)})")
+    if w.fmt not in GEMV_FORMATS and w.fmt not in CODEC_GEMV_FORMATS:
+        have = ", ".join(dict.fromkeys((*GEMV_FORMATS, *CODEC_GEMV_FORMATS)))
+        raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {have})")
     if rotation not in ("separate", "fused"):
         raise ValueError(f"mul_mat: rotation must be 'separate' or 'fused', got {rotation!r}")
     if mode not in ("exact", "fast"):
         raise ValueError(f"mul_mat: mode must be 'exact' or 'fast', got {mode!r}")
-    if w.fmt == "q8_0" and mode != "fast":
-        raise ValueError("mul_mat: q8_0 weights run int8 x Q8_1 activations (as llama.cpp does); pass mode='fast'")
+    if mode == "fast" and w.fmt not in GEMV_FORMATS:
+        raise ValueError(f"mul_mat: mode='fast' (int8 x Q8_1) has no kernel for {w.fmt} yet: use mode='exact'")
     if not isinstance(t, (int, np.integer)) or t <= 0:
         raise ValueError(f"mul_mat: T must be a positive number of tokens, got {t!r}")
     w.to_device()  # once (mul_mat refuses to get here while its stream is capturing)
     m, k = w.shape
-    if w.fmt == "q8_0" and (k % 64 or w.ptr % 4):
-        raise ValueError(f"mul_mat: q8_0 needs K a multiple of 64 and 4-byte aligned weights (K={k}, "
+    if w.fmt == "q8_0" and mode == "fast" and (k % 64 or w.ptr % 4):
+        raise ValueError(f"mul_mat: q8_0 in mode='fast' needs K a multiple of 64 and 4-byte aligned weights (K={k}, "
                          f"pointer {w.ptr:#x})")
+    need = {"q5_K": 4, "q6_K": 2, "q8_0": 2}.get(w.fmt, 1)  # the codec GEMV's loads (Q6_K, Q8_0: 2-byte aligned)
+    if w.ptr % need:
+        raise ValueError(f"mul_mat: {w.fmt} weights must start {need}-byte aligned, pointer is {w.ptr:#x}")
     if w.fmt == "q4_K" and w.ptr % 16:
         raise ValueError(f"mul_mat: q4_K weights must start 16-byte aligned, pointer is {w.ptr:#x}")
     pb = PlanBuilder((t, k), np.float32, (t, m), np.float32, graph=bool(graph))
@@ -742,6 +748,14 @@ def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation
     """mul_mat's dispatch (docs/design.md "Dispatch"; the thresholds: RULES), recorded into `pb`."""
     m, k = w.shape
     xa, o = pb.x, pb.y
+    if mode == "exact" and w.fmt in CODEC_GEMV_FORMATS:  # the codec-generic decode GEMV, slices of up to 8 tokens
+        for t0 in range(0, t, 8):
+            pb.begin_slice()
+            n = min(8, t - t0)
+            fn = kernels.load(f"gemv_{w.fmt.lower()}_f32_t{next(v for v in GEMV_TOKENS if v >= n)}", arch)
+            pb.launch(fn, (-(-m // int(fn.meta["rows_per_cta"])),), (w.buffer, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m,
+                                                                     m, k, n))
+        return
     # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
     fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
     if w.fmt == "q4_K" and mode == "exact" and RULES.mmq_min_tokens <= t <= T4.Q4K_HI_TOKENS and _t16h_ok(arch):

@@ -122,6 +122,10 @@ EXPECTED_SASS["mul_mat_fixup_q4_k"] = ["ATOMG.E.ADD", "LDG.E.128.CONSTANT", "FFM
 EXPECTED_SASS["dequantize_q5_k"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.64"]
 EXPECTED_SASS["dequantize_q6_k"] = ["F2FP", "LDG.E.U16.CONSTANT", "LDG.E.S8.CONSTANT", "I2FP.F32.S32"]
 EXPECTED_SASS["dequantize_q8_0"] = ["F2FP", "LDG.E.U16.CONSTANT", "STG.E.128"]
+for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one FFMA per weight, a shuffle sum
+    for _t in (1, 2, 4, 8):
+        EXPECTED_SASS[f"gemv_{_f}_f32_t{_t}"] = ["FFMA", "SHFL.BFLY", "LDG.E.64.CONSTANT" if _f == "q6_k" else
+                                                 "LDG.E.128.CONSTANT"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
 

@@ -145,12 +145,24 @@ def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
         ops.mul_mat_plan(w, 1, rotation="none")
     with pytest.raises(ValueError, match="positive number of tokens"):
         ops.mul_mat_plan(w, 0)
-    with pytest.raises(ValueError, match="pass mode='fast'"):
-        ops.mul_mat_plan(fakegpu.weights("q8_0", 64, 256), 1)
     with pytest.raises(ValueError, match="16-byte aligned"):
         ops.mul_mat_plan(fakegpu.weights("q4_K", 64, 256, at=fakegpu.BASE + 8), 1)
-    with pytest.raises(ValueError, match="no kernel for q6_K"):
-        ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256), 1)
+    with pytest.raises(ValueError, match="mode='fast' .* no kernel for q6_K yet: use mode='exact'"):
+        ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256), 1, mode="fast")
+    with pytest.raises(ValueError, match="q6_K weights must start 2-byte aligned"):
+        ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256, at=fakegpu.BASE + 1), 1)
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
+def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
+    """Q5_K, Q6_K (and Q8_0 in mode "exact") run gemv_<fmt>_f32_t<nt>: one launch per slice of up to 8 tokens, the
+    slice's token count rounded up to 1, 2, 4 or 8, x and y at the slice's rows."""
+    w = fakegpu.weights(fmt, 300, 512)
+    assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_f32_t1"]
+    p = ops.mul_mat_plan(w, 19)
+    assert p.kernels == [f"gemv_{fmt.lower()}_f32_t8"] * 2 + [f"gemv_{fmt.lower()}_f32_t4"]
+    assert [ln.grid for ln in p.launches] == [(38,)] * 3 and [ln.args[-1] for ln in p.launches] == [8, 8, 3]
+    assert all(ln.fn.meta.get("pdl_head") for ln in p.launches)
 
 
 # --- binding and running ------------------------------------------------------------------------------------

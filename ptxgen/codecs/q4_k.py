@@ -203,21 +203,25 @@ class RegDecoder:
         return out
 
 
-def dequant_lane(b, w, group, lane, count):
-    """The dequantize kernel's step (kernels/dequantize.py): super-block `group` of the weights at `w`, lane L owns
-    qs word L — 4 low nibbles of sub-block 2c and 4 high nibbles of 2c + 1 (c = L / 8) — in float32 exactly as
-    ggml, then rounded to fp16. Returns (runs of f16x2 words, offsets(): (the first run's element index, each
-    run's element delta), None: every lane is valid)."""
+def dequant_lane(b, w, group, lane, count, f32: bool = False):
+    """A warp's step over 256 weights (kernels/dequantize.py, kernels/gemv_codec.py): super-block `group` of the
+    weights at `w`; lane L owns qs word L — 4 low nibbles of sub-block 2c and 4 high nibbles of 2c + 1 (c = L / 8)
+    — in float32 exactly as ggml, then rounded to fp16 (f32: kept in float32). Returns (runs of f16x2 words, or of
+    f32 values, offsets(): (the first run's element index, each run's element delta), None: every lane is
+    valid)."""
     block = b.op("mad.wide.u32", group, Imm(BLOCK_BYTES, "u32"), w)
     chunk = b.op("shr.u32", lane, Imm(3, "u32"))
     sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
     env = {"block": block, "sub_lo": sub_lo, "sub_hi": b.op("add.u32", sub_lo, Imm(1, "u32")),
            "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block), HEADER_BYTES))}
-    dequant_word().then(ConvertHalf("w_lo", "h_lo"), ConvertHalf("w_hi", "h_hi")).lower(b, env)
+    if f32:
+        dequant_word().lower(b, env)
+    else:
+        dequant_word().then(ConvertHalf("w_lo", "h_lo"), ConvertHalf("w_hi", "h_hi")).lower(b, env)
 
     def offsets():  # the low-nibble run: 256·group + 64·c + 4·(L % 8); the high run is 32 further
         p = b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32"))
         first = b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("mad.lo.u32", chunk, Imm(64, "u32"), p))
         return first, (0, 32)
-    return [env["h_lo"], env["h_hi"]], offsets, None
+    return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None
 

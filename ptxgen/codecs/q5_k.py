@@ -15,9 +15,10 @@ QH_OFFSET, QS_OFFSET = 16, 48
 GROUP_BLOCKS = 1
 
 
-def dequant_lane(b, w, group, lane, count):
+def dequant_lane(b, w, group, lane, count, f32: bool = False):
     """dequantize_q5_k's step: lane L owns qs word L (4 low nibbles of sub-block 2c, 4 high of 2c + 1, c = L / 8)
-    and qh word L % 8 (the same 4 elements' fifth bits: bit 2c, 2c + 1 of each byte); float32 as ggml, then fp16."""
+    and qh word L % 8 (the same 4 elements' fifth bits: bit 2c, 2c + 1 of each byte); float32 as ggml, then fp16
+    (f32: kept in float32). As q4_k.dequant_lane."""
     block = b.op("mad.wide.u32", group, Imm(BLOCK_BYTES, "u32"), w)
     chunk = b.op("shr.u32", lane, Imm(3, "u32"))
     sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
@@ -32,11 +33,12 @@ def dequant_lane(b, w, group, lane, count):
                                                                                              Imm(8 * i, "u32")),
                                                                      Imm(1, "u32")), Imm(4, "u32")))
                            for i, q in enumerate(env[half])]
-    DequantSequence(FMT, (ApplyScaleMin("q_lo5", "d_lo", "min_lo", "w_lo"),
-                          ApplyScaleMin("q_hi5", "d_hi", "min_hi", "w_hi"),
-                          ConvertHalf("w_lo", "h_lo"), ConvertHalf("w_hi", "h_hi"))).lower(b, env)
+    tail = (ApplyScaleMin("q_lo5", "d_lo", "min_lo", "w_lo"), ApplyScaleMin("q_hi5", "d_hi", "min_hi", "w_hi"))
+    if not f32:
+        tail += (ConvertHalf("w_lo", "h_lo"), ConvertHalf("w_hi", "h_hi"))
+    DequantSequence(FMT, tail).lower(b, env)
 
     def offsets():  # as Q4_K's: 256·group + 64·c + 4·(L % 8), the high run 32 further
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")),
                     b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", p, Imm(2, "u32")))), (0, 32)
-    return [env["h_lo"], env["h_hi"]], offsets, None
+    return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None

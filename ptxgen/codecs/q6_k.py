@@ -13,10 +13,10 @@ QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = 0, 128, 192, 208
 GROUP_BLOCKS = 1
 
 
-def dequant_lane(b, w, group, lane, count):
+def dequant_lane(b, w, group, lane, count, f32: bool = False):
     """dequantize_q6_k's step: lane L takes half h = L / 16 and elements l, l + 1 (l = 2·(L % 16)) of each of its 4
     quarters (2-byte loads: the block is 2-byte aligned); w = (d·sc)·(q − 32) in float32 as ggml, then fp16: 4 runs
-    of one f16x2 word each."""
+    of one f16x2 word each (f32: of two f32 values). As q4_k.dequant_lane."""
     b.comment("dequant q6_K: ql, qh pairs -> 6-bit q - 32 -> (d·sc)·q -> fp16")
     block = b.op("mad.wide.u32", group, Imm(BLOCK_BYTES, "u32"), w)
     h = b.op("shr.u32", lane, Imm(4, "u32"))
@@ -42,7 +42,7 @@ def dequant_lane(b, w, group, lane, count):
             hi = b.op("bfe.u32", hq, Imm(8 * j + 2 * k, "u32"), Imm(2, "u32"))
             q = b.op("sub.s32", b.op("or.b32", lo, b.op("shl.b32", hi, Imm(4, "u32"))), Imm(32, "s32"), type="s32")
             vals.append(b.op("mul.rn.f32", ds, b.op("cvt.rn.f32.s32", q)))
-        runs.append([b.op("cvt.rn.f16x2.f32", vals[1], vals[0], type="b32")])
+        runs.append(vals if f32 else [b.op("cvt.rn.f16x2.f32", vals[1], vals[0], type="b32")])
 
     def offsets():  # element 256·group + 128·h + 32·k + l of quarter k
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("mad.lo.u32", h, Imm(128, "u32"), l0)), \

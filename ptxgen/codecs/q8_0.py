@@ -10,10 +10,10 @@ BLOCK_BYTES = 34
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 
 
-def dequant_lane(b, w, group, lane, count):
+def dequant_lane(b, w, group, lane, count, f32: bool = False):
     """dequantize_q8_0's step: lane L takes block 8·group + L / 4 (valid below `count` blocks) and its quants
     8·(L % 4) .. + 7 (four 2-byte loads: the block is 2-byte aligned); w = q·d in float32 as ggml, then fp16: one
-    run of 4 f16x2 words."""
+    run of 4 f16x2 words (f32: of 8 f32 values). As q4_k.dequant_lane."""
     b.comment("dequant q8_0: int8 pairs -> q·d -> fp16")
     blk = b.op("mad.lo.u32", group, Imm(GROUP_BLOCKS, "u32"), b.op("shr.u32", lane, Imm(2, "u32")))
     valid = b.op("setp.lt.u32", blk, count)
@@ -30,7 +30,10 @@ def dequant_lane(b, w, group, lane, count):
         b.emit("ld.global.nc.u16", pair, Mem(qs, 2 + 2 * i), pred=valid)
         q = [b.op("bfe.s32", pair, Imm(8 * j, "u32"), Imm(8, "u32"), type="s32") for j in range(2)]
         v = [b.op("mul.rn.f32", b.op("cvt.rn.f32.s32", qj), d) for qj in q]
-        words.append(b.op("cvt.rn.f16x2.f32", v[1], v[0], type="b32"))
+        if f32:
+            words += v
+        else:
+            words.append(b.op("cvt.rn.f16x2.f32", v[1], v[0], type="b32"))
 
     def offsets():  # element 32·block + 8·(L % 4) = 256·group + 8·L
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("shl.b32", lane, Imm(3, "u32"))), (0,)

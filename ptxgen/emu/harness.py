@@ -140,6 +140,25 @@ def _deq(fmt: str):
     return run
 
 
+def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Outcome:
+    """gemv_<fmt>_f32_t<nt> (kernels/gemv_codec.py): ggml-quantized weights of a shape with a partial last CTA (and,
+    for Q8_0, a K that is not a multiple of 256: a partial last step), 1..nt tokens of fp32 x; y NaN-poisoned
+    first. Against the float64 reference, relative error ≤ 1e-5."""
+    fmt = meta["fmt"]
+    m, k = shape or (21, 544 if fmt == "q8_0" else 512)
+    n = ntok or int(rng.integers(1, meta["tokens"] + 1))
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    mem = _memory()
+    wa, xa, ya = mem.alloc(raw), mem.alloc(x), mem.alloc(n * m * 4, poison=0xFF)
+    _run(ptx, (-(-m // meta["rows_per_cta"]),), (32 * meta["warps"],), (wa, xa, ya, m, k, n), mem, seed=seed)
+    got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n})", got, want)
+
+
 def _deq_q4_k_frags(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
     """dequantize_q4_k_frags: every fp16 weight equals dequantize_q4_k's, in layouts.q4k_rega_fragments' places
     (rows past M zero); the output is poisoned first, so an unwritten byte shows."""
@@ -761,6 +780,9 @@ for _bn in (256,):
 HARNESSES["mul_mat_fixup_q4_k"] = _fixup
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}"] = _deq(_f)
+for _f in ("q5_K", "q6_K", "q8_0"):
+    for _t in (1, 2, 4, 8):
+        HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)
