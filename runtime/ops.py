@@ -128,13 +128,18 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     if not isinstance(w, QuantTensor):
         raise TypeError(f"dequantize: expected a QuantTensor, got {type(w).__name__}")
     kernel = f"dequantize_{w.fmt.lower()}"
-    if w.fmt not in DEQUANTIZE_FORMATS:
-        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(DEQUANTIZE_FORMATS)})")
+    from ptxgen import codecs
+
+    have = [f for f, c in codecs.CODECS.items() if hasattr(c, "dequant_lane")]
+    if w.fmt not in have:
+        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(have)})")
     from ptxgen import formats
 
     m, k = w.shape
     w.to_device()
-    need = 4 if w.fmt in ("q4_K", "q5_K") else 2  # the kernels' load widths (Q6_K, Q8_0 blocks: 2-byte aligned)
+    from ptxgen import codecs
+
+    need = codecs.get(w.fmt).LOAD_ALIGN  # the kernel's widest load (Q6_K, Q8_0 blocks are 2-byte aligned)
     if w.ptr % need:
         raise ValueError(f"dequantize: {w.fmt} weights must start {need}-byte aligned, pointer is {w.ptr:#x}")
     s = driver.stream_handle(stream, out)
@@ -147,8 +152,6 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     fn.launch(((groups + per - 1) // per,), (w.buffer, o, nblocks), stream=s)
     return ret
 
-
-DEQUANTIZE_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # the weight codecs with a dequantize kernel
 
 
 def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
@@ -168,18 +171,16 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
 
 
 GEMV_TOKENS = (1, 2, 4, 8)
-GEMV_FORMATS = {"tq4_1s": "tq4_1s", "q4_K": "q4_k", "q8_0": "q8_0"}
-CODEC_GEMV_FORMATS = ("q5_K", "q6_K", "q8_0")  # exact mode through the codec-generic GEMV (kernels/gemv_codec.py)
-FAST_GEMV = {"tq4_1s": ("prep_tq4_1s_q8", "gemv_tq4_1s_fast_t{}"), "q4_K": ("prep_q8_lanes", "gemv_q4_k_fast_t{}"),
-             "q8_0": ("prep_q8_lanes", "gemv_q8_0_t{}")}
 
 
 FUSED_MAX_TOKENS = 4  # gemv_tq4_1s_t8 has no fused-rotation variant (it would spill on sm_89)
 
 
 def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
+    from ptxgen import codecs
+
     tk = next(k for k in GEMV_TOKENS if k >= t)
-    return f"gemv_{GEMV_FORMATS[w.fmt]}_t{tk}" + ("_fused" if fused else "")
+    return f"gemv_{codecs.get(w.fmt).LANE_STEM}_t{tk}" + ("_fused" if fused else "")
 
 
 MMQ_TILES = (32, 64, 128)
@@ -572,8 +573,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     (~3.4e-4); `mode="fast"` quantizes x to Q8_1 and runs int8 dp4a / int8 MMA kernels as llama.cpp does (exact
     integer dots; relative error ≤ 1e-5 against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5). Q5_K,
     Q6_K and Q8_0 in mode "exact" run the codec-generic GEMV (kernels/gemv_codec.py: fp32 x, ggml's fp32
-    weights, slices of 8 tokens). TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside the GEMV for T ≤
-    4, the same bits). Non-finite activations give non-finite outputs in their token's row."""
+    weights, slices of 8 tokens). TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside
+    the GEMV for T ≤ 4, the same bits). Non-finite activations give non-finite outputs in their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     m, k = w.shape
@@ -703,27 +704,25 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     entry = w._plans.get(key)
     if entry is not None and entry[0] == gen:
         return entry[1]
-    if w.fmt not in GEMV_FORMATS and w.fmt not in CODEC_GEMV_FORMATS:
-        have = ", ".join(dict.fromkeys((*GEMV_FORMATS, *CODEC_GEMV_FORMATS)))
-        raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {have})")
+    from ptxgen import codecs
+
+    if w.fmt not in codecs.CODECS:
+        raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {', '.join(codecs.CODECS)})")
+    codec = codecs.get(w.fmt)
     if rotation not in ("separate", "fused"):
         raise ValueError(f"mul_mat: rotation must be 'separate' or 'fused', got {rotation!r}")
     if mode not in ("exact", "fast"):
         raise ValueError(f"mul_mat: mode must be 'exact' or 'fast', got {mode!r}")
-    if mode == "fast" and w.fmt not in GEMV_FORMATS:
-        raise ValueError(f"mul_mat: mode='fast' (int8 x Q8_1) has no kernel for {w.fmt} yet: use mode='exact'")
+    if mode not in codec.ROUTES:
+        raise ValueError(f"mul_mat: mode={mode!r} has no kernel for {w.fmt} yet: use mode="
+                         f"{next(iter(codec.ROUTES))!r}")
     if not isinstance(t, (int, np.integer)) or t <= 0:
         raise ValueError(f"mul_mat: T must be a positive number of tokens, got {t!r}")
     w.to_device()  # once (mul_mat refuses to get here while its stream is capturing)
     m, k = w.shape
-    if w.fmt == "q8_0" and mode == "fast" and (k % 64 or w.ptr % 4):
-        raise ValueError(f"mul_mat: q8_0 in mode='fast' needs K a multiple of 64 and 4-byte aligned weights (K={k}, "
-                         f"pointer {w.ptr:#x})")
-    need = {"q5_K": 4, "q6_K": 2, "q8_0": 2}.get(w.fmt, 1)  # the codec GEMV's loads (Q6_K, Q8_0: 2-byte aligned)
-    if w.ptr % need:
-        raise ValueError(f"mul_mat: {w.fmt} weights must start {need}-byte aligned, pointer is {w.ptr:#x}")
-    if w.fmt == "q4_K" and w.ptr % 16:
-        raise ValueError(f"mul_mat: q4_K weights must start 16-byte aligned, pointer is {w.ptr:#x}")
+    err = codec.weights_error(mode, k, w.ptr)
+    if err:
+        raise ValueError(f"mul_mat: {err}")
     pb = PlanBuilder((t, k), np.float32, (t, m), np.float32, graph=bool(graph))
     _record_mul_mat(pb, w, int(t), mode, rotation, arch)
     plan = pb.finish(f"mul_mat {w.fmt} {m}x{k} T={t} mode={mode}")
@@ -744,79 +743,135 @@ def choose(fmt: str, mode: str, arch: str | None, t: int, m: int, k: int, *, gra
     return mul_mat_plan(stand_in, t, mode=mode, arch=arch, graph=graph)
 
 
+class _Call(NamedTuple):
+    """One mul_mat being planned: what the routes below look at and record into."""
+    pb: PlanBuilder
+    w: QuantTensor
+    t: int
+    mode: str
+    rotation: str
+    arch: str | None
+    m: int
+    k: int
+
+
 def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation: str, arch: str | None) -> None:
-    """mul_mat's dispatch (docs/design.md "Dispatch"; the thresholds: RULES), recorded into `pb`."""
-    m, k = w.shape
-    xa, o = pb.x, pb.y
-    if mode == "exact" and w.fmt in CODEC_GEMV_FORMATS:  # the codec-generic decode GEMV, slices of up to 8 tokens
-        for t0 in range(0, t, 8):
-            pb.begin_slice()
-            n = min(8, t - t0)
-            fn = kernels.load(f"gemv_{w.fmt.lower()}_f32_t{next(v for v in GEMV_TOKENS if v >= n)}", arch)
-            pb.launch(fn, (-(-m // int(fn.meta["rows_per_cta"])),), (w.buffer, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m,
-                                                                     m, k, n))
-        return
-    # fused rotation exists for slices of at most 4 tokens; wider calls rotate once up front
-    fused = w.fmt == "tq4_1s" and rotation == "fused" and t <= FUSED_MAX_TOKENS
-    if w.fmt == "q4_K" and mode == "exact" and RULES.mmq_min_tokens <= t <= T4.Q4K_HI_TOKENS and _t16h_ok(arch):
-        if skinny16_ok(m, arch):  # t16h's grid would take two rounds
-            _skinny_gemm(pb, w, xa.ptr, o.ptr, m, k, t, arch, c=T4.Q4K_HI_TOKENS)
-        else:
-            _few_token_gemv(pb, w, xa.ptr, o.ptr, m, k, t, arch, hi_only=True)  # fp16 activations, as the GEMMs
-        return
-    if (w.fmt == "q4_K" and mode == "exact" and RULES.mmq_min_tokens <= t <= 16 and knobs.q4k_mma() != "off"
-            and _q4k_mma_build(arch, "gemv_q4_k_mma_n16")):  # exact, and faster than the MMQ at T=16
-        _mma_gemv(pb, w, xa.ptr, o.ptr, m, k, t, arch)
-        return
-    if w.fmt == "q4_K" and mode == "exact" and m >= RULES.mmq_min_rows and skinny_ok(t, m, k, arch):
-        _skinny_gemm(pb, w, xa.ptr, o.ptr, m, k, t, arch)  # fp16 activations, as the MMQs
-        return
-    if w.fmt == "q4_K" and t >= RULES.mmq_min_tokens and m >= RULES.mmq_min_rows:
-        q8 = q8_path(t, mmq_path(arch)) if mode == "fast" else None
-        _rec_mmq(pb, w, xa, o, t, pb.flag, arch, path=q8)
-        _rec_fixup(pb, w, xa, o, t, arch)  # a token past fp16 / Q8_1: recomputed exactly, decided on the device
-        return
-    if mode == "fast":
-        prep, gemv = FAST_GEMV[w.fmt]
-        q, row = _prep_lanes(pb, xa, t, k, prep, arch)
-        for t0 in range(0, t, 8):
-            pb.begin_slice()
-            n = min(8, t - t0)
-            tk = next(v for v in GEMV_TOKENS if v >= n)
-            fn = kernels.load(gemv.format(tk), arch)
-            _gemv_launch(pb, fn, w, q.ptr + t0 * row, o.ptr + 4 * t0 * m, m, k, n)
-        return
-    lanes = None  # the activation in the lane layout, prepared once if a lane kernel needs it
-    tma = w.fmt == "tq4_1s" and not fused and _tma_gemv_ok(w, arch)
+    """mul_mat's dispatch (docs/design.md "Dispatch"; the thresholds: RULES), recorded into `pb`: the first of the
+    weight codec's routes for `mode` (ptxgen/codecs: `ROUTES`) whose condition holds records the call."""
+    from ptxgen import codecs
+
+    c = _Call(pb, w, t, mode, rotation, arch, *w.shape)
+    for name in codecs.get(w.fmt).ROUTES[mode]:
+        when, record = _ROUTES[name]
+        if when(c):
+            record(c)
+            return
+    raise AssertionError(f"mul_mat: no route of {w.fmt} took T={t}")  # every codec's last route always holds
+
+
+def _slices(c: _Call, one) -> None:
+    """Calls `one(n, t0)` for each slice of at most 8 tokens (a fresh slice of scratch each, plans.PlanBuilder)."""
+    for t0 in range(0, c.t, 8):
+        c.pb.begin_slice()
+        one(min(8, c.t - t0), t0)
+
+
+def _codec_gemv(c: _Call) -> None:
+    """The codec-generic exact GEMV (kernels/gemv_codec.py) in slices of up to 8 tokens."""
+    def one(n, t0):
+        fn = kernels.load(f"gemv_{c.w.fmt.lower()}_f32_t{next(v for v in GEMV_TOKENS if v >= n)}", c.arch)
+        c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
+                    (c.w.buffer, c.pb.x.ptr + 4 * c.k * t0, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
+    _slices(c, one)
+
+
+def _t16h(c: _Call) -> None:
+    if skinny16_ok(c.m, c.arch):  # t16h's grid would take two rounds
+        _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, c=T4.Q4K_HI_TOKENS)
+    else:  # fp16 activations, as the GEMMs
+        _few_token_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=True)
+
+
+def _mmq(c: _Call) -> None:
+    q8 = q8_path(c.t, mmq_path(c.arch)) if c.mode == "fast" else None
+    _rec_mmq(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
+    _rec_fixup(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.arch)  # a token past fp16 / Q8_1: recomputed exactly on the device
+
+
+def _fast_lanes(c: _Call) -> None:
+    """mode "fast": x quantized to Q8_1 in the lane layout once, then the int8 GEMV per slice of 8 tokens."""
+    from ptxgen import codecs
+
+    prep, gemv = codecs.get(c.w.fmt).FAST_LANES
+    q, row = _prep_lanes(c.pb, c.pb.x, c.t, c.k, prep, c.arch)
+
+    def one(n, t0):
+        fn = kernels.load(gemv.format(next(v for v in GEMV_TOKENS if v >= n)), c.arch)
+        _gemv_launch(c.pb, fn, c.w, q.ptr + t0 * row, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n)
+    _slices(c, one)
+
+
+def _decode_q4k(c: _Call) -> None:
+    """Exact Q4_K decode per slice: the activation-in-registers GEMV (opt-in), the few-token tensor-core builds,
+    the tensor-core GEMV, else the fp32 lane GEMV."""
+    tc = knobs.q4k_mma() if _q4k_mma_build(c.arch, "gemv_q4_k_mma") else "off"
+    few = (tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", c.arch) is not None
+           and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and c.m * c.k >= RULES.q4k_t1_min_weights)))
+    _decode(c, tc, _Q4K_MMA_MIN(c.m, c.k), _mma_gemv_q4k, few=few, xr=_xr_ok(c.k), tma=False, fused=False,
+            lane_prep="prep_f32_lanes")
+
+
+def _decode_tq4(c: _Call) -> None:
+    """Exact TQ4_1S decode per slice: the tensor-core GEMV, else the lane GEMV (TMA-fed where it may be, the
+    rotation fused into it for T ≤ FUSED_MAX_TOKENS with rotation="fused")."""
+    fused = c.rotation == "fused" and c.t <= FUSED_MAX_TOKENS  # wider calls rotate once up front
+    tma = not fused and _tma_gemv_ok(c.w, c.arch)
     tc = knobs.tq4_mma() if tma else "off"
-    if w.fmt == "q4_K":
-        tc = knobs.q4k_mma() if _q4k_mma_build(arch, "gemv_q4_k_mma") else "off"
-    min_tokens = mma_min_tokens(w.fmt, m, k)
-    xr = w.fmt == "q4_K" and _xr_ok(k)
-    few = (w.fmt == "q4_K" and tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", arch) is not None
-           and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and m * k >= RULES.q4k_t1_min_weights)))
-    for t0 in range(0, t, 8):
-        pb.begin_slice()
-        n = min(8, t - t0)
-        if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in, README)
-            _xr_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, arch)
-            continue
+    _decode(c, tc, _TQ4_MMA_MIN(c.m, c.k), _mma_gemv_tq4, few=False, xr=False, tma=tma, fused=fused,
+            lane_prep="prep_tq4_1s")
+
+
+def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool, tma: bool, fused: bool,
+            lane_prep: str):
+    pb, w, m, k, xa = c.pb, c.w, c.m, c.k, c.pb.x
+    lanes = []  # the activation in the lane layout, prepared once if a lane kernel needs it
+
+    def one(n, t0):
+        x_ptr, y_ptr = xa.ptr + 4 * k * t0, pb.y.ptr + 4 * t0 * m
+        if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in)
+            return _xr_gemv(pb, w, x_ptr, y_ptr, m, k, c.arch)
         if few and n <= RULES.q4k_few_max_tokens:  # few tokens on tensor cores, (hi, lo) B columns
-            _few_token_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
-            continue
+            return _few_token_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
-            _mma_gemv(pb, w, xa.ptr + 4 * k * t0, o.ptr + 4 * t0 * m, m, k, n, arch)
-            continue
+            return mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         name = _gemv_kernel(w, n, fused)
         if tma and n <= RULES.tma_gemv_max_tokens:
             name = name.replace("gemv_tq4_1s_t", "gemv_tq4_1s_tma_t")
-        fn = kernels.load(name, arch)
+        fn = kernels.load(name, c.arch)
         a, row = xa, 4 * k
         if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
-            if lanes is None:
-                lanes = _prep_lanes(pb, xa, t, k, "prep_tq4_1s" if w.fmt == "tq4_1s" else "prep_f32_lanes", arch)
-            a, row = lanes
-        _gemv_launch(pb, fn, w, a.ptr + row * t0, o.ptr + 4 * t0 * m, m, k, n)
+            if not lanes:
+                lanes.append(_prep_lanes(pb, xa, c.t, k, lane_prep, c.arch))
+            a, row = lanes[0]
+        _gemv_launch(pb, fn, w, a.ptr + row * t0, y_ptr, m, k, n)
+    _slices(c, one)
+
+
+# mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
+_ROUTES = {
+    "codec_gemv": (lambda c: True, _codec_gemv),
+    "t16h": (lambda c: RULES.mmq_min_tokens <= c.t <= T4.Q4K_HI_TOKENS and _t16h_ok(c.arch), _t16h),
+    # exact, and faster than the MMQ at T=16
+    "mma_n16": (lambda c: (RULES.mmq_min_tokens <= c.t <= 16 and knobs.q4k_mma() != "off"
+                           and _q4k_mma_build(c.arch, "gemv_q4_k_mma_n16") is not None),
+                lambda c: _mma_gemv_q4k(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
+    "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.t, c.m, c.k, c.arch),  # fp16 x, as the MMQs
+               lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
+    "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
+    "fast_lanes": (lambda c: True, _fast_lanes),
+    "decode_q4k": (lambda c: True, _decode_q4k),
+    "decode_tq4": (lambda c: True, _decode_tq4),
+}
 
 
 def _t16h_ok(arch) -> bool:
@@ -930,38 +985,52 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:
     """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto)."""
-    if fmt == "q4_K":
-        return 1 if m * k >= RULES.q4k_mma_t1_min_weights else RULES.q4k_mma_gemv_min_tokens
+    return _Q4K_MMA_MIN(m, k) if fmt == "q4_K" else _TQ4_MMA_MIN(m, k)
+
+
+def _Q4K_MMA_MIN(m: int, k: int) -> int:  # noqa: N802 - a rule, named as RULES' entries are
+    return 1 if m * k >= RULES.q4k_mma_t1_min_weights else RULES.q4k_mma_gemv_min_tokens
+
+
+def _TQ4_MMA_MIN(m: int, k: int) -> int:  # noqa: N802
     return 3 if m * k >= RULES.mma_gemv_t3_min_weights else RULES.mma_gemv_min_tokens
 
 
-def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
-    """n tokens through a tensor-core GEMV: TQ4_1S (n ≤ 8) — prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles)
-    and gemv_tq4_1s_mma or, below RULES.mma_gemv_m32_min_weights, gemv_tq4_1s_mma_m16 (slices of mma_min_tokens or
-    more; every slice with PTXGEN_TQ4_MMA=1); Q4_K (slices of mma_min_tokens or more) — prep_mma_f16 per group of 8
-    tokens (the same tiles unrotated, one scale per super-block, and the min-term fragments), then gemv_q4_k_mma
-    (n ≤ 8) or gemv_q4_k_mma_n16 (n ≤ 16)."""
-    q4k = w.fmt == "q4_K"
-    groups = -(-n // 8)  # Q4_K: 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
-    tiles = pb.scratch((groups, k // 16, T4.MMA_TILE), np.uint8)
-    factors = pb.scratch((groups, k // 32, T4.MMA_TOKENS), np.float32)
-    items = T4.MMA_TOKENS * (k // 32)
-    if q4k:
-        minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
-        prep = kernels.load("prep_mma_f16", arch)
-        for i in range(groups):
-            pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
-                                                  minfrag.ptr + k * i, min(8, n - 8 * i), k))
-        fn = kernels.load("gemv_q4_k_mma" if groups == 1 else "gemv_q4_k_mma_n16", arch)
-        acts = (tiles, factors, minfrag)
-    else:
-        pb.launch(kernels.load("prep_tq4_1s_mma", arch), ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
-        fn = kernels.load("gemv_tq4_1s_mma" if m * k >= RULES.mma_gemv_m32_min_weights else "gemv_tq4_1s_mma_m16", arch)
-        acts = (tiles, factors)
+def _mma_gemv_q4k(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
+    """n ≤ 16 Q4_K tokens through the tensor-core GEMV: prep_mma_f16 per group of 8 tokens (scaled fp16 hi/lo tiles,
+    one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16."""
+    groups = -(-n // 8)  # 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
+    tiles, factors, items = _mma_tiles(pb, groups, k)
+    minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
+    prep = kernels.load("prep_mma_f16", arch)
+    for i in range(groups):
+        pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
+                                              minfrag.ptr + k * i, min(8, n - 8 * i), k))
+    fn = kernels.load("gemv_q4_k_mma" if groups == 1 else "gemv_q4_k_mma_n16", arch)
     per_sm, smem = fn.resident_per_sm(), None
-    if q4k and groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
+    if groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
         smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
+    _mma_gemv_launch(pb, fn, w, (tiles, factors, minfrag), y_ptr, m, k, n, per_sm, smem)
+
+
+def _mma_gemv_tq4(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
+    """n ≤ 8 TQ4_1S tokens through the tensor-core GEMV: prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles), then
+    gemv_tq4_1s_mma or, below RULES.mma_gemv_m32_min_weights, gemv_tq4_1s_mma_m16."""
+    tiles, factors, items = _mma_tiles(pb, 1, k)
+    pb.launch(kernels.load("prep_tq4_1s_mma", arch), ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
+    fn = kernels.load("gemv_tq4_1s_mma" if m * k >= RULES.mma_gemv_m32_min_weights else "gemv_tq4_1s_mma_m16", arch)
+    _mma_gemv_launch(pb, fn, w, (tiles, factors), y_ptr, m, k, n, fn.resident_per_sm(), None)
+
+
+def _mma_tiles(pb: PlanBuilder, groups: int, k: int):
+    """Scratch for the tensor-core GEMVs' activation: fp16 hi/lo B tiles and factors per group of 8 tokens."""
+    tiles = pb.scratch((groups, k // 16, T4.MMA_TILE), np.uint8)
+    factors = pb.scratch((groups, k // 32, T4.MMA_TOKENS), np.float32)
+    return tiles, factors, T4.MMA_TOKENS * (k // 32)
+
+
+def _mma_gemv_launch(pb, fn, w, acts, y_ptr, m, k, n, per_sm, smem) -> None:
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, per_sm)
     pb.launch(fn, (ctas, splits), (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
               pdl=bool(fn.meta.get("pdl")))

@@ -2,9 +2,9 @@
 (docs/design.md). `get(fmt)` gives a format's codec."""
 from __future__ import annotations
 
-from . import q4_k, q5_k, q6_k, q8_0
+from . import q4_k, q5_k, q6_k, q8_0, tq4_1s
 
-CODECS = {c.FMT: c for c in (q4_k, q5_k, q6_k, q8_0)}
+CODECS = {c.FMT: c for c in (q4_k, q5_k, q6_k, q8_0, tq4_1s)}
 
 
 def get(fmt: str):

@@ -25,6 +25,16 @@ SUB_K = 32
 STEP_K = 64  # the GEMMs' K step: one pair of sub-blocks,
 STEP_ROW_BYTES = HEADER_BYTES + 32  # the header and the pair's 32 qs bytes per row and step
 GROUP_BLOCKS = 1  # blocks a warp dequantizes at once (dequant_lane): one super-block
+LOAD_ALIGN = 4  # dequant_lane's widest load
+# mul_mat's routes (runtime/ops.py), in the order they are tried, per mode
+ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode_q4k"), "fast": ("mmq", "fast_lanes")}
+FAST_LANES = ("prep_q8_lanes", "gemv_q4_k_fast_t{}")  # mode "fast" decode: activation prep, GEMV per token count
+LANE_STEM = "q4_k"  # the lane GEMVs: gemv_q4_k_t{n}
+
+
+def weights_error(mode: str, k: int, ptr: int) -> str | None:
+    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None."""
+    return f"q4_K weights must start 16-byte aligned, pointer is {ptr:#x}" if ptr % 16 else None
 
 
 def scale_ops() -> tuple:

@@ -13,6 +13,13 @@ BLOCK_BYTES = 176
 HEADER_BYTES = 16
 QH_OFFSET, QS_OFFSET = 16, 48
 GROUP_BLOCKS = 1
+LOAD_ALIGN = 4
+ROUTES = {"exact": ("codec_gemv",)}  # mul_mat's routes (runtime/ops.py) per mode
+
+
+def weights_error(mode: str, k: int, ptr: int) -> str | None:
+    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None."""
+    return f"{FMT} weights must start {LOAD_ALIGN}-byte aligned, pointer is {ptr:#x}" if ptr % LOAD_ALIGN else None
 
 
 def dequant_lane(b, w, group, lane, count, f32: bool = False):

@@ -8,6 +8,17 @@ FMT = "q8_0"
 BLOCK_K = 32
 BLOCK_BYTES = 34
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
+LOAD_ALIGN = 2
+ROUTES = {"exact": ("codec_gemv",), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py) per mode
+FAST_LANES = ("prep_q8_lanes", "gemv_q8_0_t{}")
+
+
+def weights_error(mode: str, k: int, ptr: int) -> str | None:
+    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None: the int8 GEMV reads 4-byte
+    words over pairs of blocks."""
+    if mode == "fast" and (k % 64 or ptr % 4):
+        return f"q8_0 in mode='fast' needs K a multiple of 64 and 4-byte aligned weights (K={k}, pointer {ptr:#x})"
+    return f"q8_0 weights must start 2-byte aligned, pointer is {ptr:#x}" if ptr % 2 else None
 
 
 def dequant_lane(b, w, group, lane, count, f32: bool = False):
