@@ -33,6 +33,7 @@ def test_the_design_docs_dispatch_section_is_generated_from_the_rule(monkeypatch
     doc = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
     want = dispatch.markdown(monkeypatch)
     a, b = doc.find(dispatch.BEGIN), doc.find(dispatch.END)
-    assert a >= 0 and b > a, "docs/design.md lost its generated dispatch section"
+    assert a >= 0 and b > a and doc.count(dispatch.BEGIN) == doc.count(dispatch.END) == 1, \
+        "docs/design.md must hold its generated dispatch section once"
     assert doc[a:b + len(dispatch.END)] + "\n" == want, \
         "docs/design.md's dispatch section is stale: python -m ptxgen.testing.dispatch --markdown"
