@@ -229,9 +229,10 @@ def q4k_rega_fragments(w16: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out).view(np.uint8).reshape(tiles_m * ksteps * 64, 256)
 
 
-def q4k_prepared_fragments(raw: np.ndarray, m: int, k: int) -> np.ndarray:
-    """Q4_K bytes (M, K) → what dequantize_q4_k_frags writes: the weights dequantized as ggml does (float32), rounded
-    once to fp16, in q4k_rega_fragments' order."""
+def q4k_prepared_fragments(raw: np.ndarray, m: int, k: int, fmt: str = "q4_K") -> np.ndarray:
+    """GGUF bytes (M, K) of `fmt` → what dequantize_<fmt>_frags writes: the weights dequantized as ggml does
+    (float32), rounded once to fp16, in q4k_rega_fragments' order."""
     from . import formats
 
-    return q4k_rega_fragments(formats.dequantize("q4_K", raw, (m, k)).astype(np.float16))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return q4k_rega_fragments(formats.dequantize(fmt, raw, (m, k)).astype(np.float16))

@@ -235,3 +235,23 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
         return first, (0, 32)
     return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None
 
+
+def run8(b, row, k0):
+    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8, a register): float32 exactly as ggml (random
+    access: the prepared GEMM's fragment writer, kernels/frags.py)."""
+    kin = b.op("and.b32", k0, Imm(BLOCK_K - 1, "b32"))
+    c = b.op("shr.u32", kin, Imm(6, "u32"))
+    hi = b.op("and.b32", b.op("shr.u32", kin, Imm(5, "u32")), Imm(1, "b32"))
+    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"), row)
+    env = {"block": block, "sub": b.op("add.u32", b.op("shl.b32", c, Imm(1, "u32")), hi)}
+    DequantSequence(FMT, (LoadWords("hdr", 0, 4), SplitHalves("hdr", 0, ("d", "dmin")),
+                          DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")), ScaleProduct("d", "sc", "d1"),
+                          ScaleProduct("dmin", "m", "m1"))).lower(b, env)
+    qs = b.regs("b32", 2)
+    off = b.op("add.u32", b.op("shl.b32", c, Imm(5, "u32")), b.op("and.b32", kin, Imm(31, "b32")))
+    b.emit("ld.global.nc.v2.u32", b.vec(qs), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", off)), HEADER_BYTES))
+    shift = b.op("shl.b32", hi, Imm(2, "u32"))
+    env["q"] = [b.op("bfe.u32", qs[j // 4], b.op("add.u32", shift, Imm(8 * (j % 4), "u32")), Imm(4, "u32"))
+                for j in range(8)]
+    ApplyScaleMin("q", "d1", "m1", "w").lower(b, env)
+    return env["w"]

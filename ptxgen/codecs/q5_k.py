@@ -3,7 +3,8 @@ qh[32] (the fifth bit: sub-block j takes bit j of qh[l] for its element l), qs[1
 176 bytes per 256 weights, w = d·sc·q − dmin·m. The scale decode is Q4_K's (`q4_k.scale_ops`)."""
 from __future__ import annotations
 
-from ..dsl import ApplyScaleMin, ConvertHalf, DequantSequence, LoadWords, UnpackNibbles
+from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
+                   SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
 from . import q4_k
 
@@ -49,3 +50,28 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")),
                     b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", p, Imm(2, "u32")))), (0, 32)
     return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None
+
+
+def run8(b, row, k0):
+    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): float32 exactly as ggml (q4_k.run8 plus the
+    fifth bits: bit 2c + hi of qh bytes k0 % 32 ..)."""
+    kin = b.op("and.b32", k0, Imm(BLOCK_K - 1, "b32"))
+    c = b.op("shr.u32", kin, Imm(6, "u32"))
+    hi = b.op("and.b32", b.op("shr.u32", kin, Imm(5, "u32")), Imm(1, "b32"))
+    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"), row)
+    env = {"block": block, "sub": b.op("add.u32", b.op("shl.b32", c, Imm(1, "u32")), hi)}
+    DequantSequence(FMT, (LoadWords("hdr", 0, 4), SplitHalves("hdr", 0, ("d", "dmin")),
+                          DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")), ScaleProduct("d", "sc", "d1"),
+                          ScaleProduct("dmin", "m", "m1"))).lower(b, env)
+    l = b.op("and.b32", kin, Imm(31, "b32"))
+    qs, qh = b.regs("b32", 2), b.regs("b32", 2)
+    b.emit("ld.global.nc.v2.u32", b.vec(qs), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", b.op(
+        "add.u32", b.op("shl.b32", c, Imm(5, "u32")), l))), QS_OFFSET))
+    b.emit("ld.global.nc.v2.u32", b.vec(qh), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", l)), QH_OFFSET))
+    shift, bit = b.op("shl.b32", hi, Imm(2, "u32")), env["sub"]
+    env["q"] = [b.op("or.b32", b.op("bfe.u32", qs[j // 4], b.op("add.u32", shift, Imm(8 * (j % 4), "u32")), Imm(4, "u32")),
+                     b.op("shl.b32", b.op("bfe.u32", qh[j // 4], b.op("add.u32", bit, Imm(8 * (j % 4), "u32")),
+                                          Imm(1, "u32")), Imm(4, "u32")))
+                for j in range(8)]
+    ApplyScaleMin("q", "d1", "m1", "w").lower(b, env)
+    return env["w"]

@@ -55,3 +55,35 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("mad.lo.u32", h, Imm(128, "u32"), l0)), \
             (0, 32, 64, 96)
     return runs, offsets, None
+
+
+def run8(b, row, k0):
+    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): (d·sc)·(q − 32) in float32 as ggml (2-byte
+    loads: the block is 2-byte aligned)."""
+    kin = b.op("and.b32", k0, Imm(BLOCK_K - 1, "b32"))
+    h = b.op("shr.u32", kin, Imm(7, "u32"))
+    q4 = b.op("and.b32", b.op("shr.u32", kin, Imm(5, "u32")), Imm(3, "b32"))
+    l = b.op("and.b32", kin, Imm(31, "b32"))
+    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"), row)
+    at = lambda off: b.op("add.s64", block, b.op("cvt.u64.u32", off))  # noqa: E731
+    ql = at(b.op("add.u32", b.op("mad.lo.u32", h, Imm(64, "u32"), l),
+                 b.op("shl.b32", b.op("and.b32", q4, Imm(1, "b32")), Imm(5, "u32"))))
+    qh = at(b.op("mad.lo.u32", h, Imm(32, "u32"), l))
+    sc_at = at(b.op("add.u32", b.op("mad.lo.u32", h, Imm(8, "u32"), b.op("shl.b32", q4, Imm(1, "u32"))),
+                    b.op("shr.u32", l, Imm(4, "u32"))))
+    dbits = b.reg("b16")
+    b.emit("ld.global.nc.b16", dbits, Mem(block, D_OFFSET))
+    ds = b.op("mul.rn.f32", b.op("cvt.f32.f16", dbits),
+              b.op("cvt.rn.f32.s32", b.op("ld.global.nc.s8", Mem(sc_at, SC_OFFSET), type="s32")))
+    lo_shift = b.op("shl.b32", b.op("shr.u32", q4, Imm(1, "u32")), Imm(2, "u32"))
+    hi_shift = b.op("shl.b32", q4, Imm(1, "u32"))
+    out = []
+    for i in range(4):  # byte pairs 2i, 2i + 1
+        a = b.op("ld.global.nc.u16", Mem(ql, QL_OFFSET + 2 * i), type="u32")
+        hq = b.op("ld.global.nc.u16", Mem(qh, QH_OFFSET + 2 * i), type="u32")
+        for j in range(2):
+            lo = b.op("bfe.u32", a, b.op("add.u32", lo_shift, Imm(8 * j, "u32")), Imm(4, "u32"))
+            hb = b.op("bfe.u32", hq, b.op("add.u32", hi_shift, Imm(8 * j, "u32")), Imm(2, "u32"))
+            q = b.op("sub.s32", b.op("or.b32", lo, b.op("shl.b32", hb, Imm(4, "u32"))), Imm(32, "s32"), type="s32")
+            out.append(b.op("mul.rn.f32", ds, b.op("cvt.rn.f32.s32", q)))
+    return out

@@ -49,3 +49,19 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
     def offsets():  # element 32·block + 8·(L % 4) = 256·group + 8·L
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("shl.b32", lane, Imm(3, "u32"))), (0,)
     return [words], offsets, valid
+
+
+def run8(b, row, k0):
+    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): q·d in float32 as ggml (2-byte loads)."""
+    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(5, "u32")), Imm(BLOCK_BYTES, "u32"), row)
+    qs = b.op("add.s64", block, b.op("cvt.u64.u32", b.op("and.b32", k0, Imm(31, "b32"))))
+    dbits = b.reg("b16")
+    b.emit("ld.global.nc.b16", dbits, Mem(block))
+    d = b.op("cvt.f32.f16", dbits)
+    out = []
+    for i in range(4):
+        pair = b.op("ld.global.nc.u16", Mem(qs, 2 + 2 * i), type="u32")
+        for j in range(2):
+            q = b.op("bfe.s32", pair, Imm(8 * j, "u32"), Imm(8, "u32"), type="s32")
+            out.append(b.op("mul.rn.f32", b.op("cvt.rn.f32.s32", q), d))
+    return out

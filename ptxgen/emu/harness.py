@@ -159,6 +159,27 @@ def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None)
     return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n})", got, want)
 
 
+def _frags(fmt: str):
+    """dequantize_<fmt>_frags (kernels/frags.py): drawn GGUF bytes → layouts.q4k_prepared_fragments(raw, fmt) bit for
+    bit (NaN as NaN), rows past M zero; the output poisoned first."""
+    from ptxgen.testing.strategies import random_raw
+
+    def run(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
+        m, k = shape
+        raw = random_raw(fmt, m, k, rng)
+        want = layouts.q4k_prepared_fragments(raw, m, k, fmt)
+        mem = _memory()
+        wa, ya = mem.alloc(raw), mem.alloc(want.size, poison=0xFF)
+        _run(ptx, (k // 64, -(-m // 128)), (256,), (wa, ya, m, k), mem, seed=seed)
+        got = mem.view(ya, np.uint8, want.shape)
+        g, w = got.view(np.float16), want.view(np.float16)
+        same = (g.view(np.uint16) == w.view(np.uint16)) | (np.isnan(g) & np.isnan(w))
+        ok = bool(same.all())
+        return Outcome(f"dequantize_{fmt.lower()}_frags", ok, "bit-exact" if ok else
+                       f"{np.count_nonzero(~same)} of {same.size} halves differ", got, want)
+    return run
+
+
 def _deq_q4_k_frags(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
     """dequantize_q4_k_frags: every fp16 weight equals dequantize_q4_k's, in layouts.q4k_rega_fragments' places
     (rows past M zero); the output is poisoned first, so an unwritten byte shows."""
@@ -781,6 +802,7 @@ HARNESSES["mul_mat_fixup_q4_k"] = _fixup
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}"] = _deq(_f)
 for _f in ("q5_K", "q6_K", "q8_0"):
+    HARNESSES[f"dequantize_{_f.lower()}_frags"] = _frags(_f)
     for _t in (1, 2, 4, 8):
         HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
