@@ -367,7 +367,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     if path.startswith("wgmma_pre"):  # A fragments first (ptxgen.layouts.q4k_rega_fragments), 16 KB per block
         tiles_m, ksteps = -(-m // 128), k // 64
         frags = pb.scratch((tiles_m * ksteps * 64, 256), np.uint8)
-        pb.launch(kernels.load("dequantize_q4_k_frags", "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
+        pb.launch(kernels.load(f"dequantize_{w.fmt.lower()}_frags", "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
     else:
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
@@ -389,10 +389,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
 
 
 def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None) -> None:
-    """Record mul_mat_fixup_q4_k behind a GEMM on fp16 / Q8_1 activations: it reads the workspace's flag on the
+    """Record mul_mat_fixup_<fmt> behind a GEMM on fp16 / Q8_1 activations: it reads the workspace's flag on the
     device and recomputes the tokens that left the format (at once a no-op when the flag is clear)."""
     m, k = w.shape
-    fn = kernels.load("mul_mat_fixup_q4_k", arch)
+    fn = kernels.load(f"mul_mat_fixup_{w.fmt.lower()}", arch)
     grid = max(1, min(t, 4 * driver.current().sm_count))
     pb.launch(fn, (grid,), (pb.flag, pb.done, w.buffer, xa, o, m, k, t), pdl=bool(fn.meta.get("pdl")))
 
@@ -868,6 +868,12 @@ _ROUTES = {
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.t, c.m, c.k, c.arch),  # fp16 x, as the MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
+    # any codec with a fragment writer: its fp16 fragments, then the prepared wgmma GEMM (sm_90), then the fixup
+    "mmq_pre": (lambda c: (c.t >= RULES.codec_mmq_min_tokens and c.m >= RULES.mmq_min_rows and c.k % 64 == 0
+                           and mmq_path(c.arch) != "mma.sync"
+                           and "sm_90a" in kernels.available(f"dequantize_{c.w.fmt.lower()}_frags")),
+                lambda c: (_rec_mmq(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre"),
+                           _rec_fixup(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.arch))),
     "fast_lanes": (lambda c: True, _fast_lanes),
     "decode_q4k": (lambda c: True, _decode_q4k),
     "decode_tq4": (lambda c: True, _decode_tq4),

@@ -128,6 +128,8 @@ for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one F
                                                  "LDG.E.128.CONSTANT"]
 for _f in ("q5_k", "q6_k", "q8_0"):  # the prepared GEMM's fragments from any codec: fragment-ordered 16-byte stores
     EXPECTED_SASS[f"dequantize_{_f}_frags"] = ["F2FP", "STG.E.128", "FMUL"]
+for _f in ("q5_k", "q6_k", "q8_0"):  # the codec fixups: the flag, an arrival count, fp32 row sums
+    EXPECTED_SASS[f"mul_mat_fixup_{_f}"] = ["ATOMG.E.ADD", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
 

@@ -154,14 +154,30 @@ def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
+def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
+    """From RULES.codec_mmq_min_tokens tokens on sm_90 (M ≥ 128): the codec's fp16 fragments, the prepared
+    register-A GEMM (converting x itself from mmq_cx_min_tokens with one K split), and the codec's fixup."""
+    w = fakegpu.weights(fmt, 4096, 4096)
+    f = fmt.lower()
+    assert ops.mul_mat_plan(w, 16).kernels == [f"gemv_{f}_f32_t8"] * 2
+    assert ops.mul_mat_plan(w, 512).kernels == [f"dequantize_{f}_frags", "convert_f16_perm",
+                                                "mmq_q4_k_wgmma_pre_n256", f"mul_mat_fixup_{f}"]
+    assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}_frags", "mmq_q4_k_wgmma_pre_n256_cx",
+                                                 f"mul_mat_fixup_{f}"]
+    assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == f"gemv_{f}_f32_t8"  # no prepared GEMM off sm_90a
+    assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == f"gemv_{f}_f32_t8"  # M < 128
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
-    """Q5_K, Q6_K (and Q8_0 in mode "exact") run gemv_<fmt>_f32_t<nt>: one launch per slice of up to 8 tokens, the
-    slice's token count rounded up to 1, 2, 4 or 8, x and y at the slice's rows."""
+    """Q5_K, Q6_K (and Q8_0 in mode "exact") below the prepared GEMM's T (and off sm_90) run gemv_<fmt>_f32_t<nt>:
+    one launch per slice of up to 8 tokens, the slice's token count rounded up to 1, 2, 4 or 8."""
     w = fakegpu.weights(fmt, 300, 512)
     assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_f32_t1"]
-    p = ops.mul_mat_plan(w, 19)
-    assert p.kernels == [f"gemv_{fmt.lower()}_f32_t8"] * 2 + [f"gemv_{fmt.lower()}_f32_t4"]
-    assert [ln.grid for ln in p.launches] == [(38,)] * 3 and [ln.args[-1] for ln in p.launches] == [8, 8, 3]
+    p = ops.mul_mat_plan(w, 11)
+    assert p.kernels == [f"gemv_{fmt.lower()}_f32_t8", f"gemv_{fmt.lower()}_f32_t4"]
+    assert [ln.grid for ln in p.launches] == [(38,)] * 2 and [ln.args[-1] for ln in p.launches] == [8, 3]
+    assert len(ops.mul_mat_plan(w, 512, arch="sm_89").launches) == 64  # no prepared GEMM there: 64 slices
     assert all(ln.fn.meta.get("pdl_head") for ln in p.launches)
 
 

@@ -15,7 +15,7 @@ HEADER_BYTES = 16
 QH_OFFSET, QS_OFFSET = 16, 48
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 4
-ROUTES = {"exact": ("codec_gemv",)}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:

@@ -12,7 +12,7 @@ BLOCK_BYTES = 210
 QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = 0, 128, 192, 208
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("codec_gemv",)}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:

@@ -454,12 +454,12 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Ou
                    f"(want {want_flag})", got, want)
 
 
-def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, interleave=False) -> Outcome:
-    """mul_mat_fixup_q4_k behind a GEMM's output: flag clear, y untouched; flag set, the tokens with a value past
+def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, interleave=False, fmt="q4_K") -> Outcome:
+    """mul_mat_fixup_<fmt> behind a GEMM's output: flag clear, y untouched; flag set, the tokens with a value past
     fp16 (a 7e4, an inf, a NaN) recomputed within 1e-5 of the float64 reference (NaN / inf rows where the
     reference has them), the other tokens untouched; flag and done back at zero either way."""
     m, t, k = shape
-    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     flagged = bool(rng.integers(0, 2)) if flag is None else bool(flag)
     bad = sorted({int(i) for i in rng.choice(t, size=min(t, 2), replace=False)}) if flagged else []
@@ -476,7 +476,7 @@ def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, inte
     with np.errstate(all="ignore"):
         want = y0.astype(np.float64)
         if bad:
-            want[bad] = formats.gemm_ref("q4_K", raw, m, k, x[bad])
+            want[bad] = formats.gemm_ref(fmt, raw, m, k, x[bad])
     fin = np.isfinite(want)
     same_nonfinite = np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
     ok_rows = [i for i in range(t) if i not in bad]
@@ -486,7 +486,7 @@ def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, inte
         g_, w_ = got[bad][fin[bad]].astype(np.float64), want[bad][fin[bad]]
         err = float(np.linalg.norm(g_ - w_) / max(np.linalg.norm(w_), 1e-30))
     ok = untouched and same_nonfinite and err <= 1e-5 and not state.any()
-    return Outcome("mul_mat_fixup_q4_k", ok, f"flag {int(flagged)}, tokens {bad} recomputed (rel err {err:.2e}), others "
+    return Outcome(f"mul_mat_fixup_{fmt.lower()}", ok, f"flag {int(flagged)}, tokens {bad} recomputed (rel err {err:.2e}), others "
                    f"{'untouched' if untouched else 'CHANGED'}, flag/done after {state.tolist()}", got, want)
 
 
@@ -799,6 +799,8 @@ for _bn in (256,):
     for _sfx in ("", "_cx"):
         HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")
 HARNESSES["mul_mat_fixup_q4_k"] = _fixup
+for _f in ("q5_K", "q6_K", "q8_0"):
+    HARNESSES[f"mul_mat_fixup_{_f.lower()}"] = (lambda f: lambda ptx, rng, **kw: _fixup(ptx, rng, fmt=f, **kw))(_f)
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}"] = _deq(_f)
 for _f in ("q5_K", "q6_K", "q8_0"):

@@ -27,7 +27,7 @@ def _registry() -> dict[str, KernelDef]:
                    quantize_q8_1)
 
     defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, dequantize_q4_k.KERNEL_FRAGS, *frags.KERNELS, convert_f16.KERNEL,
-            convert_f16.KERNEL_PERM, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, gemv_xr.KERNEL, *mmq.kernel_defs(), fixup.KERNEL]
+            convert_f16.KERNEL_PERM, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, gemv_xr.KERNEL, *mmq.kernel_defs(), fixup.KERNEL, *fixup.KERNELS]
     return {d.name: d for d in defs}
 
 

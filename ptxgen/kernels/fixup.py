@@ -12,6 +12,7 @@ A non-finite input gives non-finite outputs in that token's row, as the float64 
 """
 from __future__ import annotations
 
+from .. import codecs
 from ..builder import KernelBuilder
 from ..codecs.q4_k import dequant_word as dequant_q4_k_word
 from ..ir import Imm, Mem
@@ -19,10 +20,18 @@ from . import KernelDef
 
 THREADS = 256
 WARPS = THREADS // 32
+FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # behind the prefill GEMMs of each (Q4_K: its MMQs; the others: the prepared GEMM)
 
 
-def build(arch):
-    b = KernelBuilder("mul_mat_fixup_q4_k", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
+def name(fmt: str) -> str:
+    return f"mul_mat_fixup_{fmt.lower()}"
+
+
+def build(arch, fmt: str = "q4_K"):
+    """The fixup behind a prefill GEMM on `fmt` weights: the rows recomputed from the codec's fp32 decode (Q4_K: its
+    own per-lane word decode; the others: the codec's dequant_lane, as the codec GEMV)."""
+    doc = __doc__.splitlines()[0] if fmt == "q4_K" else __doc__.splitlines()[0].replace("q4_k", fmt.lower())
+    b = KernelBuilder(name(fmt), arch, doc, block=(THREADS, 1, 1))
     f_p, d_p = b.param("flag", "u64", "ptr:scratch"), b.param("done", "u64", "ptr:scratch")
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, t_p = b.param("M", "u32"), b.param("K", "u32"), b.param("T", "u32")
@@ -42,13 +51,7 @@ def build(arch):
     tid, cta, ncta = b.special("tid.x"), b.special("ctaid.x"), b.special("nctaid.x")
     lane, warp = b.op("and.b32", tid, Imm(31, "b32")), b.op("shr.u32", tid, Imm(5, "u32"))
     k4 = b.op("shr.u32", K, Imm(2, "u32"))
-    nsb = b.op("shr.u32", K, Imm(8, "u32"))
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
-    chunk = b.op("shr.u32", lane, Imm(3, "u32"))
-    sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
-    sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
-    # this lane's columns within a super-block: the low-nibble run 64·c + 4·(lane % 8) + 0..3, the high one + 32
-    col = b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32")))
+    nsb, row_bytes, step = (_q4k_rows if fmt == "q4_K" else _codec_rows)(b, codecs.get(fmt), K, lane)
 
     anyp = b.op("mov.u32", any_sym)
     b.emit("st.shared.u32", Mem(anyp), Imm(0, "u32"), pred=b.op("setp.eq.u32", tid, Imm(0, "u32")))
@@ -97,16 +100,7 @@ def build(arch):
     sb_loop, sb_done = b.label("superblock"), b.label("superblocks_done")
     b.place(sb_loop)
     b.bra(sb_done, pred=b.op("setp.ge.u32", sb, nsb))
-    block = b.op("mad.wide.u32", sb, Imm(144, "u32"), wrow)
-    env = {"block": block, "sub_lo": sub_lo, "sub_hi": sub_hi,
-           "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block), 16))}
-    dequant_q4_k_word().lower(b, env)
-    xa = b.op("mad.wide.u32", b.op("mad.lo.u32", sb, Imm(256, "u32"), col), Imm(4, "u32"), xrow)
-    xl, xh = b.regs("f32", 4), b.regs("f32", 4)
-    b.emit("ld.global.nc.v4.f32", b.vec(xl), Mem(xa))
-    b.emit("ld.global.nc.v4.f32", b.vec(xh), Mem(xa, 128))
-    for wv, xv in zip(env["w_lo"] + env["w_hi"], xl + xh):
-        b.emit("fma.rn.f32", acc, wv, xv, acc)
+    step(wrow, sb, xrow, acc)
     b.emit("add.u32", sb, sb, Imm(1, "u32"))
     b.bra(sb_loop)
     b.place(sb_done)
@@ -139,5 +133,53 @@ def build(arch):
     return b.finish()
 
 
+def _q4k_rows(b, codec, K, lane):
+    """Q4_K's row walk: (super-blocks, row bytes, step(row, super-block, x row, acc)); lane L decodes qs word L."""
+    nsb = b.op("shr.u32", K, Imm(8, "u32"))
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
+    chunk = b.op("shr.u32", lane, Imm(3, "u32"))
+    sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
+    sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
+    # this lane's columns within a super-block: the low-nibble run 64·c + 4·(lane % 8) + 0..3, the high one + 32
+    col = b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32")))
+
+    def step(wrow, sb, xrow, acc):
+        block = b.op("mad.wide.u32", sb, Imm(144, "u32"), wrow)
+        env = {"block": block, "sub_lo": sub_lo, "sub_hi": sub_hi,
+               "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block), 16))}
+        dequant_q4_k_word().lower(b, env)
+        xa = b.op("mad.wide.u32", b.op("mad.lo.u32", sb, Imm(256, "u32"), col), Imm(4, "u32"), xrow)
+        xl, xh = b.regs("f32", 4), b.regs("f32", 4)
+        b.emit("ld.global.nc.v4.f32", b.vec(xl), Mem(xa))
+        b.emit("ld.global.nc.v4.f32", b.vec(xh), Mem(xa, 128))
+        for wv, xv in zip(env["w_lo"] + env["w_hi"], xl + xh):
+            b.emit("fma.rn.f32", acc, wv, xv, acc)
+    return nsb, row_bytes, step
+
+
+def _codec_rows(b, codec, K, lane):
+    """Any codec's row walk: 256 weights per step through its dequant_lane (float32 as ggml), as the codec GEMV."""
+    nblk = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
+    row_bytes = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
+    steps = b.op("div.u32", b.op("add.u32", nblk, Imm(codec.GROUP_BLOCKS - 1, "u32")), Imm(codec.GROUP_BLOCKS, "u32"))
+
+    def step(wrow, g, xrow, acc):
+        runs, offsets, valid = codec.dequant_lane(b, wrow, g, lane, nblk, f32=True)
+        first, deltas = offsets()
+        base = b.op("mad.wide.u32", first, Imm(4, "u32"), xrow)
+        for run, delta in zip(runs, deltas):
+            for c0 in range(0, len(run), 4):
+                n = min(4, len(run) - c0)
+                xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
+                b.emit("ld.global.nc.v4.f32" if n == 4 else "ld.global.nc.v2.f32", b.vec(xs), Mem(base, 4 * (delta + c0)),
+                       pred=valid)
+                for wv, xv in zip(run[c0:c0 + n], xs):
+                    b.emit("fma.rn.f32", acc, wv, xv, acc)
+    return steps, row_bytes, step
+
+
 KERNEL = KernelDef("mul_mat_fixup_q4_k", "after a prefill GEMM: recompute in fp32 the tokens whose activations left "
                    "fp16 / Q8_1 (flag read on the device; returns at once when clear)", build)
+KERNELS = [KernelDef(name(f), f"after the prepared GEMM on {f.upper()} weights: recompute in fp32 the tokens whose "
+                     "activations left fp16 (decided on the device)", lambda arch, f=f: build(arch, f),
+                     archs=("sm_90a",)) for f in FORMATS[1:]]

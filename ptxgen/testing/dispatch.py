@@ -35,7 +35,7 @@ def table(monkeypatch) -> dict:
                     for arch in ((None, "sm_89") if ctx.sm == 90 else (None,)):
                         runs, last = [], None
                         for t in TOKENS:
-                            if fmt != "q4_K" and t > SLICED_MAX_T:
+                            if (fmt == "tq4_1s" or mode == "fast" and fmt != "q4_K") and t > SLICED_MAX_T:
                                 break
                             seq = " + ".join(dict.fromkeys(ops.choose(fmt, mode, arch, t, m, k).kernels))
                             if seq != last:
