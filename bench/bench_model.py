@@ -1,0 +1,143 @@
+"""A model's linear layers as the user runs them (needs a GPU and torch): writes a GGUF with Llama-3-8B's linear
+shapes in the Q4_K_M mix as llama.cpp's quantizer assigns it (Q6_K for `output` and for `attn_v` / `ffn_down` in
+the layers its use_more_bits rule picks, Q4_K elsewhere; --format puts every tensor in one format, TQ4_1S with
+Qwen2.5-7B's shapes), loads it with QuantTensor.from_gguf, and times one decode step's matmuls (T = 1) and a
+prefill's (T = --tokens, 512), each captured into a CUDA graph and replayed: the whole step, and per kind of weight
+(all layers' q, k, ... in one graph). Beside them cuBLAS fp16 (`F.linear` on the dequantized weights, the same
+graphs) and the byte floor (weight bytes / 4.27 TB/s). Weights are random valid blocks (speed, not accuracy: the
+tests check accuracy). `--dry-run` (no GPU): a small model, written, read back, and the kernels mul_mat would run
+per tensor on an H200, planned without one.
+
+    python3 bench/bench_model.py --layers 4 --out model.json
+    python3 bench/bench_model.py --format q6_K --layers 2
+"""
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+HBM = 4.27e12
+SHAPES = {  # per layer (M, K), and the output projection
+    "llama3-8b": {"attn_q": (4096, 4096), "attn_k": (1024, 4096), "attn_v": (1024, 4096), "attn_output": (4096, 4096),
+                  "ffn_gate": (14336, 4096), "ffn_up": (14336, 4096), "ffn_down": (4096, 14336),
+                  "output": (128256, 4096), "layers": 32},
+    "qwen2.5-7b": {"attn_q": (3584, 3584), "attn_k": (512, 3584), "attn_v": (512, 3584), "attn_output": (3584, 3584),
+                   "ffn_gate": (18944, 3584), "ffn_up": (18944, 3584), "ffn_down": (3584, 18944),
+                   "output": (152064, 3584), "layers": 28},
+}
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's rule (llama-quant.cpp) for the layers whose attn_v / ffn_down get more bits in the _M mixes."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m(kind: str, layer: int, n_layers: int) -> str:
+    if kind == "output":
+        return "q6_K"
+    if kind in ("attn_v", "ffn_down") and use_more_bits(layer, n_layers):
+        return "q6_K"
+    return "q4_K"
+
+
+def model_tensors(fmt: str, layers: int, scale: int = 1):
+    """[(name, kind, fmt, (M, K))]: `layers` layers of the model's shapes (rows divided by `scale` for dry runs) in the
+    Q4_K_M mix (fmt "q4_K_M", the layer index taken from the full model's depth) or one format."""
+    arch = SHAPES["qwen2.5-7b" if fmt == "tq4_1s" else "llama3-8b"]
+    out = []
+    for i in range(layers):
+        for kind in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            m, k = arch[kind]
+            f = q4_k_m(kind, i, arch["layers"]) if fmt == "q4_K_M" else fmt
+            out.append((f"blk.{i}.{kind}.weight", kind, f, (m // scale, k)))
+    m, k = arch["output"]
+    out.append(("output.weight", "output", q4_k_m("output", 0, 1) if fmt == "q4_K_M" else fmt, (m // scale, k)))
+    return out
+
+
+def write_model(path: str, tensors, seed: int = 0) -> None:
+    from ptxgen import gguf
+    from ptxgen.testing.strategies import random_raw
+
+    rng = np.random.default_rng(seed)
+    gguf.write_gguf(path, {name: (gguf.TYPE_IDS[f], (m, k), random_raw(f, m, k, rng)) for name, _, f, (m, k) in tensors},
+                    {"general.name": "ptxgen bench_model"})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--format", default="q4_K_M", help="q4_K_M (the mix), or one of q4_K, q5_K, q6_K, q8_0, tq4_1s")
+    ap.add_argument("--tokens", type=int, default=512, help="the prefill's T")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: a small model, written, read, planned")
+    args = ap.parse_args()
+    scale = 16 if args.dry_run else 1
+    tensors = model_tensors(args.format, args.layers, scale)
+    path = os.path.join(tempfile.mkdtemp(), "model.gguf")
+    t0 = time.perf_counter()
+    write_model(path, tensors)
+    print(f"wrote {path}: {len(tensors)} tensors, {os.path.getsize(path) / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    import ptxgen.runtime as r
+
+    ws = {name: r.QuantTensor.from_gguf(path, name) for name, *_ in tensors}
+    assert all(ws[name].fmt == f and ws[name].shape == shape for name, _, f, shape in tensors)
+    if args.dry_run:
+        from _pytest.monkeypatch import MonkeyPatch
+
+        from ptxgen.runtime import ops
+        from ptxgen.testing import fakegpu
+
+        fakegpu.install(MonkeyPatch())
+        for name, kind, f, (m, k) in tensors:
+            for t in (1, args.tokens):
+                seq = " + ".join(dict.fromkeys(ops.choose(f, "exact", None, t, m, k).kernels))
+                print(f"{name:28s} {f:6s} {m}x{k} T={t}: {seq}")
+        return
+    run(args, tensors, ws)
+
+
+def run(args, tensors, ws):
+    import torch
+    import torch.nn.functional as F
+
+    import ptxgen.runtime as r
+    from bench_op import graphed
+
+    kinds = list(dict.fromkeys(kind for _, kind, *_ in tensors))
+    from ptxgen import formats
+
+    nbytes = {name: m * formats.get(f).row_bytes(k) for name, _, f, (m, k) in tensors}
+    for w in ws.values():
+        w.to_device()
+    w16 = {name: torch.as_tensor(r.dequantize(ws[name]), device="cuda") for name, *_ in tensors}
+    res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers, "rows": []}
+    print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen |")
+    print("|---|---|---|---|---|---|---|---|")
+    for t in (1, args.tokens):
+        xs = {k: torch.randn(t, k, device="cuda") for k in {shape[1] for *_, shape in tensors}}
+        ys = {name: torch.empty(t, m, device="cuda") for name, _, _, (m, _) in tensors}
+        xh = {k: v.half() for k, v in xs.items()}
+        for label, names in [("all", [n for n, *_ in tensors])] + [(kd, [n for n, k_, *_ in tensors if k_ == kd])
+                                                                    for kd in kinds]:
+            ops_ = [(ws[n], xs[ws[n].shape[1]], ys[n]) for n in names]
+            ours = graphed(torch, lambda i: [r.mul_mat(w, x, out=y) for w, x, y in ops_], calls=1)  # µs per step
+            peer = graphed(torch, lambda i: [F.linear(xh[ws[n].shape[1]], w16[n]) for n in names], calls=1)
+            b = sum(nbytes[n] for n in names)
+            floor = b / HBM * 1e6
+            row = {"T": t, "weights": label, "ptxgen_graph_us": ours, "cublas_fp16_graph_us": peer, "bytes": b,
+                   "floor_us": floor, "kernels": {n: r.mul_mat_plan(ws[n], t).kernels for n in names[:1]}}
+            res["rows"].append(row)
+            print(f"| {'decode' if t == 1 else 'prefill'} | {label} ({len(names)}) | {t} | {ours:.1f} | "
+                  f"{100 * b / (ours * 1e-6) / HBM:.0f}% | {floor:.1f} | {peer:.1f} | {peer / ours:.2f}× |", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
