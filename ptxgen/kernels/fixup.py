@@ -163,18 +163,12 @@ def _codec_rows(b, codec, K, lane):
     row_bytes = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
     steps = b.op("div.u32", b.op("add.u32", nblk, Imm(codec.GROUP_BLOCKS - 1, "u32")), Imm(codec.GROUP_BLOCKS, "u32"))
 
+    from .gemv_codec import dot_runs
+
     def step(wrow, g, xrow, acc):
         runs, offsets, valid = codec.dequant_lane(b, wrow, g, lane, nblk, f32=True)
         first, deltas = offsets()
-        base = b.op("mad.wide.u32", first, Imm(4, "u32"), xrow)
-        for run, delta in zip(runs, deltas):
-            for c0 in range(0, len(run), 4):
-                n = min(4, len(run) - c0)
-                xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
-                b.emit("ld.global.nc.v4.f32" if n == 4 else "ld.global.nc.v2.f32", b.vec(xs), Mem(base, 4 * (delta + c0)),
-                       pred=valid)
-                for wv, xv in zip(run[c0:c0 + n], xs):
-                    b.emit("fma.rn.f32", acc, wv, xv, acc)
+        dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow), acc, valid)
     return steps, row_bytes, step
 
 

@@ -21,6 +21,18 @@ FORMATS = ("q5_K", "q6_K", "q8_0")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 
 
+def dot_runs(b, runs, deltas, base, acc, pred=None) -> None:
+    """acc += the codec's fp32 weights (`runs`, at element `deltas` from `base`, an fp32 row of x) times x, one FFMA
+    each in order; x by 16-byte loads (8-byte for runs of 2), zero where `pred` is false."""
+    for run, delta in zip(runs, deltas):
+        for c0 in range(0, len(run), 4):
+            n = min(4, len(run) - c0)
+            xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
+            b.emit(_LOAD[n], b.vec(xs), Mem(base, 4 * (delta + c0)), pred=pred)
+            for wv, xv in zip(run[c0:c0 + n], xs):
+                b.emit("fma.rn.f32", acc, wv, xv, acc)
+
+
 def name(fmt: str, nt: int) -> str:
     return f"gemv_{fmt.lower()}_f32_t{nt}"
 
@@ -56,14 +68,7 @@ def build(arch, fmt: str, nt: int):
     first, deltas = offsets()
     for t in range(nt):
         pred = valid if live[t] is None else live[t] if valid is None else b.op("and.pred", valid, live[t])
-        base = b.op("mad.wide.u32", first, Imm(4, "u32"), xrow[t])
-        for run, delta in zip(runs, deltas):
-            for c0 in range(0, len(run), 4):  # 16-byte loads (8-byte for runs of 2)
-                n = min(4, len(run) - c0)
-                xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
-                b.emit(_LOAD[n], b.vec(xs), Mem(base, 4 * (delta + c0)), pred=pred)
-                for wv, xv in zip(run[c0:c0 + n], xs):
-                    b.emit("fma.rn.f32", acc[t], wv, xv, acc[t])
+        dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow[t]), acc[t], pred)
     b.emit("add.u32", g, g, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", g, ngroups))
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
