@@ -573,7 +573,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     (~3.4e-4); `mode="fast"` quantizes x to Q8_1 and runs int8 dp4a / int8 MMA kernels as llama.cpp does (exact
     integer dots; relative error ≤ 1e-5 against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5). Q5_K,
     Q6_K and Q8_0 in mode "exact" run the codec-generic GEMV (kernels/gemv_codec.py: fp32 x, ggml's fp32
-    weights, slices of 8 tokens). TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside
+    weights, slices of 8 tokens), and on sm_90 from RULES.codec_mmq_min_tokens the prepared GEMM on their fp16
+    fragments (fp16 operands, as the Q4_K GEMMs). TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside
     the GEMV for T ≤ 4, the same bits). Non-finite activations give non-finite outputs in their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
