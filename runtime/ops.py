@@ -23,6 +23,7 @@ import numpy as np
 
 from ptxgen import knobs
 from ptxgen.formats import tq4_1s as T4
+from ptxgen.specs import MmqSpec
 
 from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
@@ -342,11 +343,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_{kind}_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
         path = f"{path}_cx" if cx else f"{path}_x16"
-    name = {"wgmma": f"mmq_q4_k_wgmma_n{bn}", "wgmma_ra_x16": f"mmq_q4_k_wgmma_ra_n{bn}",
-            "wgmma_ra_cx": f"mmq_q4_k_wgmma_ra_n{bn}_cx", "wgmma_pre_x16": f"mmq_q4_k_wgmma_pre_n{bn}",
-            "wgmma_pre_cx": f"mmq_q4_k_wgmma_pre_n{bn}_cx", "mma.sync": f"mmq_q4_k_f16_n{bn}",
-            "mma.sync_x16": f"mmq_q4_k_f16_n{bn}_x16",
-            "wgmma_ra_mc": f"mmq_q4_k_wgmma_ra_n{bn}_mc2", "q8": f"mmq_q4_k_q8_n{bn}", "q8_pre": f"mmq_q4_k_q8_n{bn}_pre"}[path]
+    name = MmqSpec.for_path(path, bn).name
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
     if plan is None or (fn is not planned and fn.resident_per_sm() != planned.resident_per_sm()):

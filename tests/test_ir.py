@@ -139,7 +139,7 @@ def test_dequant_conversion_ops_compile_everywhere_and_compute_right_in_the_emul
 
 
 def test_wgmma_mmq_on_sm120a_is_a_clear_error():
-    from ptxgen.kernels.mmq import MmqSpec, build
+    from ptxgen.kernels.mmq import MmqSpec, build  # (MmqSpec lives in ptxgen.specs)
 
     with pytest.raises(ArchError, match="sm_120a has no wgmma"):
         build("sm_120a", MmqSpec(128, "wgmma"))

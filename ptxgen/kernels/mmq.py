@@ -20,8 +20,6 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..codecs import q4_k as q4k
@@ -29,6 +27,7 @@ from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalve
 from .. import layouts
 from ..ir import Imm, Mem, Sym, TensorRef, ldmatrix, mma_sync
 from ..ir import wgmma as ir_wgmma
+from ..specs import MmqSpec
 from ..targets import lowering_for
 from . import KernelDef
 
@@ -61,47 +60,20 @@ Q8_CTAS_PER_SM = {(16, False): 3, (16, True): 2, (32, False): 2, (32, True): 1, 
 ACT_ROW = 80  # bytes per token row of the int8 activation tile: 64 + 16 padding (8 rows hit 8 bank groups)
 
 
-@dataclass(frozen=True)
-class MmqSpec:
-    """One MMQ description: token tile BN and the tensor-core instruction. The block tile (BM x BN x BK),
-    the dequant sequence (`q4k.f16_words`), the work schedule and the epilogue are shared; the
-    lowering is per instruction: mma.sync (sm_89, sm_120a) or wgmma (sm_90a)."""
-    bn: int
-    mma: str = "mma.sync"
-    act: str = "f16"  # the activation format in the tensor cores: "f16" or "q8_1" (int8, mma.sync m16n8k32)
-    fused: bool = True  # q8_1: quantize fp32 x inside the load pipeline; False: read quantize_q8_1's blocks;
-    # fp16 mma.sync: convert fp32 x to fp16 inside the load pipeline; False: read convert_f16's fp16 x
-    a_regs: bool = False  # wgmma: A (the dequantized weights) from registers instead of shared memory
-    cluster: int = 1  # wgmma: CTAs per thread-block cluster; 2 = two M-tiles share each activation tile (multicast)
-    convert: bool = False  # register-A wgmma: fp32 x converted inside the launch by the producer warpgroup's idle warps
-    prepared: bool = False  # register-A wgmma: A fragments written by dequantize_q4_k_frags first and loaded by TMA
-    # (no dequant in the K loop; PREPARED_NOTE)
-
-    @property
-    def name(self) -> str:
-        if self.act == "q8_1":
-            return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
-        if self.mma == "mma.sync":
-            return f"mmq_q4_k_f16_n{self.bn}" + ("" if self.fused else "_x16")
-        mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
-        cx = "_cx" if self.convert else ""
-        kind = "pre" if self.prepared else "ra" if self.a_regs else ""
-        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx
-
-    @property
-    def tile(self) -> Tile:
-        if self.mma == "wgmma":  # 8 consumer warps = 2 warpgroups of 64 rows; a warp owns 16 rows x BN
-            return Tile(BM, self.bn, BK, warps=8, warp_m=16, warp_n=self.bn)
-        if self.act == "q8_1":
-            wm, wn = Q8_WARPS[self.bn]
-            return Tile(BM, self.bn, BK, warps=8, warp_m=BM // wm, warp_n=self.bn // wn)
-        return Tile(BM, self.bn, BK, warps=8, warp_m=64, warp_n=self.bn // 4)
+def spec_tile(spec: MmqSpec) -> Tile:
+    """The block tile of an MMQ spec (BM x BN x BK, warps and warp tiles by lowering)."""
+    if spec.mma == "wgmma":  # 8 consumer warps = 2 warpgroups of 64 rows; a warp owns 16 rows x BN
+        return Tile(BM, spec.bn, BK, warps=8, warp_m=16, warp_n=spec.bn)
+    if spec.act == "q8_1":
+        wm, wn = Q8_WARPS[spec.bn]
+        return Tile(BM, spec.bn, BK, warps=8, warp_m=BM // wm, warp_n=spec.bn // wn)
+    return Tile(BM, spec.bn, BK, warps=8, warp_m=64, warp_n=spec.bn // 4)
 
 
 def describe(arch, spec: MmqSpec):
     """The one MMQ description both lowerings build from: block tile, pipeline, tensor-core op, schedule
     and epilogue, each validated against the target (a wgmma request on sm_120a is an ArchError here)."""
-    tile = spec.tile
+    tile = spec_tile(spec)
     tile.check_format("q4_K")
     low = lowering_for(arch)
     # mma.sync: 3-stage cp.async ring (4 for Q8_1, whose MMA reads the raw ring itself; the TMA lowering for

@@ -1,0 +1,48 @@
+"""Kernel specs that the builders and the runtime share: a spec's `name` is the one place a kernel's name is made.
+Builder-free, so the runtime imports it without the kernel builders (ptxgen/kernels/*)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MmqSpec:
+    """One MMQ description: token tile BN and the tensor-core instruction. The block tile (BM x BN x BK),
+    the dequant sequence (codecs.q4_k.f16_words), the work schedule and the epilogue are shared; the
+    lowering is per instruction: mma.sync (sm_89, sm_120a) or wgmma (sm_90a)."""
+    bn: int
+    mma: str = "mma.sync"
+    act: str = "f16"  # the activation format in the tensor cores: "f16" or "q8_1" (int8, mma.sync m16n8k32)
+    fused: bool = True  # q8_1: quantize fp32 x inside the load pipeline; False: read quantize_q8_1's blocks;
+    # fp16 mma.sync: convert fp32 x to fp16 inside the load pipeline; False: read convert_f16's fp16 x
+    a_regs: bool = False  # wgmma: A (the dequantized weights) from registers instead of shared memory
+    cluster: int = 1  # wgmma: CTAs per thread-block cluster; 2 = two M-tiles share each activation tile (multicast)
+    convert: bool = False  # register-A wgmma: fp32 x converted inside the launch by the producer warpgroup's idle warps
+    prepared: bool = False  # register-A wgmma: A fragments written by dequantize_<fmt>_frags first and loaded by
+    # TMA (no dequant in the K loop; kernels/mmq.py PREPARED_NOTE)
+
+    @property
+    def name(self) -> str:
+        if self.act == "q8_1":
+            return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
+        if self.mma == "mma.sync":
+            return f"mmq_q4_k_f16_n{self.bn}" + ("" if self.fused else "_x16")
+        mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
+        cx = "_cx" if self.convert else ""
+        kind = "pre" if self.prepared else "ra" if self.a_regs else ""
+        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx
+
+    @classmethod
+    def for_path(cls, path: str, bn: int) -> "MmqSpec":
+        """The spec of an MMQ lowering path as runtime.ops.mmq_launch names them (MMQ_PATHS) with token tile bn."""
+        specs = {"mma.sync": cls(bn), "mma.sync_x16": cls(bn, fused=False), "wgmma": cls(bn, "wgmma"),
+                 "wgmma_ra_x16": cls(bn, "wgmma", a_regs=True),
+                 "wgmma_ra_cx": cls(bn, "wgmma", a_regs=True, convert=True),
+                 "wgmma_pre_x16": cls(bn, "wgmma", a_regs=True, prepared=True),
+                 "wgmma_pre_cx": cls(bn, "wgmma", a_regs=True, convert=True, prepared=True),
+                 "wgmma_ra_mc": cls(bn, "wgmma", a_regs=True, cluster=2),
+                 "q8": cls(bn, act="q8_1"), "q8_pre": cls(bn, act="q8_1", fused=False)}
+        try:
+            return specs[path]
+        except KeyError:
+            raise ValueError(f"no MMQ path {path!r} (have: {', '.join(specs)})") from None
