@@ -47,6 +47,11 @@ class Arch:
     def ptx_version_str(self) -> str:
         return f"{self.ptx_version[0]}.{self.ptx_version[1]}"
 
+    def allowed_stack(self, ptx: str) -> int:
+        """Stack bytes a kernel's compile may show without a spill: sm_120a's ptxas (CUDA 13.0) gives every kernel
+        that issues cp.async.bulk.tensor an 8-byte frame (a one-instruction TMA kernel too), elsewhere none."""
+        return 8 if self.name == "sm_120a" and "cp.async.bulk.tensor" in ptx else 0
+
     def has(self, feature: str) -> bool:
         if feature not in FEATURES:
             raise ValueError(f"unknown feature {feature!r}; known: {', '.join(FEATURES)}")

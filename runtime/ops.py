@@ -1092,15 +1092,14 @@ def _weight_tensor_map(fn, w: QuantTensor) -> bytes:
     return _tensor_map(w.ptr, "u32", m, formats.get(w.fmt).row_bytes(k) // 4, int(rows), int(cols), "none")
 
 
-def _sm90a_tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
-    """An sm_90 device running the sm_90a build of `kernel` (kernels.build_for: `arch` not pinning another
-    target), 16-byte aligned weights and a row stride that is a multiple of 16 bytes (the tensor map's rules)."""
+def _tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
+    """The device runs a TMA-fed build of `kernel` (kernels.build_for gives sm_90a or sm_120a: `arch` not pinning
+    another target), with 16-byte aligned weights and a row stride that is a multiple of 16 bytes (the tensor
+    map's rules)."""
     from ptxgen import formats
 
-    from .driver import current
-
     m, k = w.shape
-    return (current().sm == 90 and kernels.build_for(kernel, arch) == "sm_90a"
+    return (kernels.build_for(kernel, arch) in ("sm_90a", "sm_120a")
             and formats.get(w.fmt).row_bytes(k) % 16 == 0 and w.ptr % 16 == 0)
 
 
@@ -1114,9 +1113,9 @@ def _q4k_mma_build(arch: str | None, kernel: str) -> str | None:
 
 def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
     """Whether the exact TQ4_1S GEMV may run the TMA-fed kernels (gemv_tq4_1s_tma_t*, for slices of at most
-    RULES.tma_gemv_max_tokens tokens, and the tensor-core GEMV): `_sm90a_tma_ok` — for TQ4_1S, K a multiple of 128;
+    RULES.tma_gemv_max_tokens tokens, and the tensor-core GEMV): `_tma_ok` — for TQ4_1S, K a multiple of 128;
     otherwise the ld.global lane kernel (same results)."""
-    return _sm90a_tma_ok(w, arch, "gemv_tq4_1s_tma_t1")
+    return _tma_ok(w, arch, "gemv_tq4_1s_tma_t1")
 
 
 def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8,

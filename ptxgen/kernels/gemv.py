@@ -293,6 +293,10 @@ MIN_CTAS_OVERRIDE = {("gemv_q4_k_t2", "sm_120a"): 4}
 
 
 _HEAD = ("W", "A", "Y", "M", "K", "ntok", "lane", "gwarp", "row0", "part_p", "cnt_p")
+# the TMA-fed builds: sm_90a and sm_120a (its ptxas (CUDA 13.0) gives any kernel that issues cp.async.bulk.tensor an
+# 8-byte stack frame, a one-line TMA kernel included: not the tensor-map parameter's doing; checked there by nvJitLink,
+# SASS and the emulator only — no sm_120 GPU has measured them)
+TMA_ARCHS = ("sm_90a", "sm_120a")
 
 
 def _lane_head(name, arch, doc, Tn, R, min_ctas, **meta):
@@ -1144,9 +1148,8 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     # the 8-token build on sm_90a: one TMA box per step (measured: 23.2 / 25.5 µs vs cp.async's 24.8 / 34.7 on
     # 4096x14336 / 18944x3584 at T=1). The 16-token build, and other targets: each lane cp.asyncs 16-byte chunks
     # (measured on the H200 at T=16: 18.9 / 34.8 / 34.0 µs vs TMA's 19.3 / 39.0 / 34.7 on 4096², 14336x4096,
-    # 4096x14336); sm_120a too, although it has TMA: with the tensor-map parameter its ptxas keeps an 8-byte
-    # stack frame
-    tma = arch.name == "sm_90a" and NT == 1
+    # 4096x14336); sm_89 has no TMA; sm_120a takes the TMA build (TMA_ARCHS)
+    tma = arch.has_tma and NT == 1
     # programmatic dependent launch after the prep: the 8-token build measured 24.2 µs with it, 25.1 without
     # (14336x4096, T=8); the 16-token build 39.1 with, 34.8 without (T=16; 4096x4096 19.2 / 18.5, others within
     # 1%; bench/results/probe_pdl_session8.log): off there
@@ -2043,12 +2046,12 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef("prep_f32_lanes", "activation: fp32 into the GEMV's lane layout (Q4_K exact GEMV)",
                       lambda arch: build_prep(arch, False, rotate=False)),
             KernelDef("prep_tq4_1s_mma", "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
-                      build_prep_mma, archs=("sm_90a",)),
+                      build_prep_mma, archs=TMA_ARCHS),
             KernelDef("gemv_tq4_1s_mma", "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
-                      "(mul_mat at T = 3-8 on sm_90, M·K ≥ 2^25)", build_mma_gemv, archs=("sm_90a",)),
+                      "(mul_mat at T = 3-8 on sm_90, M·K ≥ 2^25)", build_mma_gemv, archs=TMA_ARCHS),
             KernelDef("gemv_tq4_1s_mma_m16", "tq4_1s decode GEMV as gemv_tq4_1s_mma, one m16 tile per warp "
                       "(mul_mat at T = 3-8 on sm_90, M·K < 2^25; T = 5-8 below 14·2^20)", lambda arch: build_mma_gemv(arch, small=True),
-                      archs=("sm_90a",)),
+                      archs=TMA_ARCHS),
             KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + min-term fragments (Q4_K tensor-core GEMV)",
                       lambda arch: build_prep_mma(arch, rotate=False)),
             KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
@@ -2070,9 +2073,7 @@ def kernel_defs() -> list[KernelDef]:
                               "activation from prep_tq4_1s" + (", codebook pairs per qs byte" if t in TMA_PAIRS else
                               " (mul_mat keeps gemv_tq4_1s_t"
                               f"{t}: faster on the H200)"), lambda arch, t=t: build_tma_lanes(arch, t, TMA_PAIRS.get(t)),
-                              # sm_90a only: ptxas for sm_120a keeps a stack slot for the generic tensor-map
-                              # address, and with 100 KB of shared memory per SM it would hold 2 CTAs
-                              archs=("sm_90a",)))
+                              archs=TMA_ARCHS))
         if t <= 4:  # fused rotation: the 8-weight-unit kernel (x read coalesced in its own layout)
             spec = GemvSpec("tq4_1s", t, ROWS[t], True)
             defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fused rotation",

@@ -13,7 +13,8 @@ import sys
 from ptxgen.runtime.driver import Context
 
 DEVICES = {"sm_90 H200": Context(0, None, "fake H200", 90, 132, 227 * 1024, 60 << 20),
-           "sm_89 142 SMs": Context(0, None, "fake sm_89", 89, 142, 99 * 1024, 96 << 20)}
+           "sm_89 142 SMs": Context(0, None, "fake sm_89", 89, 142, 99 * 1024, 96 << 20),
+           "sm_120 170 SMs": Context(0, None, "fake sm_120", 120, 170, 99 * 1024, 96 << 20)}
 SHAPES = [(64, 4096), (127, 512), (128, 256), (3584, 3584), (4096, 4096), (4096, 14336), (14336, 4096), (18944, 3584)]
 TOKENS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48, 64, 65, 128, 129, 256, 512, 1024, 4096, 8192]
 FORMATS = (("q4_K", ("exact", "fast")), ("tq4_1s", ("exact", "fast")), ("q8_0", ("exact", "fast")), ("q5_K", ("exact",)),
