@@ -146,6 +146,8 @@ def test_sass(kernel, arch):
     text = sass(_compile(k, arch, kernel).cubin)
     for op in EXPECTED_SASS.get((kernel, arch), EXPECTED_SASS[kernel]):
         assert op in text, f"{kernel}/{arch}: {op} missing from SASS"
+    if get_arch(arch).allowed_stack(k.ptx()):  # sm_120a's TMA frame: ptxas zeroes it (STL.64 [R1], RZ), no more
+        text = "\n".join(line for line in text.splitlines() if "STL.64 [R1], RZ" not in line)
     assert "LDL" not in text and "STL" not in text, "local memory in SASS"
 
 
