@@ -231,8 +231,12 @@ def q4k_rega_fragments(w16: np.ndarray) -> np.ndarray:
 
 def q4k_prepared_fragments(raw: np.ndarray, m: int, k: int, fmt: str = "q4_K") -> np.ndarray:
     """GGUF bytes (M, K) of `fmt` → what dequantize_<fmt>_frags writes: the weights dequantized as ggml does
-    (float32), rounded once to fp16, in q4k_rega_fragments' order."""
+    (float32; TQ4_1S: in the rotated domain, C[idx]·d), rounded once to fp16, in q4k_rega_fragments' order."""
     from . import formats
 
     with np.errstate(over="ignore", invalid="ignore"):
-        return q4k_rega_fragments(formats.dequantize(fmt, raw, (m, k)).astype(np.float16))
+        if fmt == "tq4_1s":
+            w = formats.tq4_1s.rotated_values(formats.get(fmt).blocks(raw, (m, k))).reshape(m, k)
+        else:
+            w = formats.dequantize(fmt, raw, (m, k))
+        return q4k_rega_fragments(w.astype(np.float16))

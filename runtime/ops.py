@@ -855,6 +855,20 @@ def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool
     _slices(c, one)
 
 
+def _mmq_pre(c: _Call) -> None:
+    """The codec's fp16 fragments, the prepared register-A GEMM, the codec's fixup; a rotated codec's (TQ4_1S)
+    activation rotated once first (rotate_tq4_1s into scratch), which the GEMM and the fixup then read."""
+    from ptxgen import codecs
+
+    xa = c.pb.x
+    if getattr(codecs.get(c.w.fmt), "ROTATED", False):
+        xa = c.pb.scratch((c.t, c.k), np.float32)
+        nb = c.t * c.k // 32
+        c.pb.launch(kernels.load("rotate_tq4_1s", c.arch), ((nb + 7) // 8,), (c.pb.x, xa, nb))
+    _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
+    _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
+
+
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),
@@ -870,8 +884,7 @@ _ROUTES = {
     "mmq_pre": (lambda c: (c.t >= RULES.codec_mmq_min_tokens and c.m >= RULES.mmq_min_rows and c.k % 64 == 0
                            and mmq_path(c.arch) != "mma.sync"
                            and "sm_90a" in kernels.available(f"dequantize_{c.w.fmt.lower()}_frags")),
-                lambda c: (_rec_mmq(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre"),
-                           _rec_fixup(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.arch))),
+                _mmq_pre),
     "fast_lanes": (lambda c: True, _fast_lanes),
     "decode_q4k": (lambda c: True, _decode_q4k),
     "decode_tq4": (lambda c: True, _decode_tq4),

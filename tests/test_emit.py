@@ -126,9 +126,9 @@ for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one F
     for _t in (1, 2, 4, 8):
         EXPECTED_SASS[f"gemv_{_f}_f32_t{_t}"] = ["FFMA", "SHFL.BFLY", "LDG.E.64.CONSTANT" if _f == "q6_k" else
                                                  "LDG.E.128.CONSTANT"]
-for _f in ("q5_k", "q6_k", "q8_0"):  # the prepared GEMM's fragments from any codec: fragment-ordered 16-byte stores
+for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the prepared GEMM's fragments from any codec: 16-byte stores
     EXPECTED_SASS[f"dequantize_{_f}_frags"] = ["F2FP", "STG.E.128", "FMUL"]
-for _f in ("q5_k", "q6_k", "q8_0"):  # the codec fixups: the flag, an arrival count, fp32 row sums
+for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the codec fixups: the flag, an arrival count, fp32 row sums
     EXPECTED_SASS[f"mul_mat_fixup_{_f}"] = ["ATOMG.E.ADD", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads

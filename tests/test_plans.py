@@ -73,10 +73,14 @@ def test_mul_mat_on_the_mma_sync_target_plans_the_mma_sync_gemm(gpu):
 
 
 def test_sliced_calls_reuse_their_scratch(gpu):
-    """TQ4_1S above 8 tokens runs the decode GEMV in slices of 8: every slice reuses the same scratch (each starts
-    with a launch that waits for the previous slice), so the workspace does not grow with T."""
+    """TQ4_1S above 8 tokens where no prepared GEMM runs (here: its threshold raised) takes the decode GEMV in slices
+    of 8: every slice reuses the same scratch (each starts with a launch that waits for the previous slice), so the
+    workspace does not grow with T."""
+    from ptxgen import tuning
+
     w = fakegpu.weights("tq4_1s", 18944, 3584)
-    p8, p4096 = ops.mul_mat_plan(w, 8), ops.mul_mat_plan(w, 4096)
+    with tuning.override(codec_mmq_min_tokens=1 << 30):
+        p8, p4096 = ops.mul_mat_plan(w, 8), ops.mul_mat_plan(w, 4096)
     assert len(p4096.launches) == 512 * len(p8.launches)
     assert p4096.scratch_bytes == p8.scratch_bytes
     slice_starts = [ln for i, ln in enumerate(p4096.launches) if i % 2 == 0]
@@ -166,6 +170,19 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
                                                  f"mul_mat_fixup_{f}"]
     assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == f"gemv_{f}_f32_t8"  # no prepared GEMM off sm_90a
     assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == f"gemv_{f}_f32_t8"  # M < 128
+
+
+def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
+    """TQ4_1S from codec_mmq_min_tokens on sm_90: rotate_tq4_1s into scratch, whose rotated x the conversion, the
+    prepared GEMM (on the rotated-domain fragments) and the fixup read; below that, its decode GEMVs."""
+    w = fakegpu.weights("tq4_1s", 18944, 3584)
+    p = ops.mul_mat_plan(w, 512)
+    assert p.kernels == ["rotate_tq4_1s", "dequantize_tq4_1s_frags", "convert_f16_perm", "mmq_q4_k_wgmma_pre_n256",
+                         "mul_mat_fixup_tq4_1s"]
+    rot = p.launches[0].args[1]  # rotate_tq4_1s's output
+    assert rot != p.launches[0].args[0]
+    assert p.launches[2].args[0] == rot and p.launches[4].args[3] == rot  # convert_f16_perm's x, the fixup's x
+    assert ops.mul_mat_plan(w, 16).kernels[0] == "prep_tq4_1s_mma"
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])

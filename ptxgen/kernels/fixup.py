@@ -20,7 +20,8 @@ from . import KernelDef
 
 THREADS = 256
 WARPS = THREADS // 32
-FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # behind the prefill GEMMs of each (Q4_K: its MMQs; the others: the prepared GEMM)
+FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")  # behind the prefill GEMMs of each (Q4_K: its MMQs; the
+# others: the prepared GEMM; TQ4_1S's x is the rotated activation)
 
 
 def name(fmt: str) -> str:
