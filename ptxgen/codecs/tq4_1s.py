@@ -60,9 +60,9 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
         raise ValueError("tq4_1s: dequant_lane gives the rotated-domain fp32 weights only")
     blk = b.op("mad.lo.u32", group, Imm(GROUP_BLOCKS, "u32"), b.op("shr.u32", lane, Imm(2, "u32")))
     valid = b.op("setp.lt.u32", blk, count)
-    k0 = b.op("mad.lo.u32", blk, Imm(BLOCK_K, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(3, "u32")))
-    last = b.op("mul.lo.u32", b.op("sub.u32", count, Imm(1, "u32")), Imm(BLOCK_K, "u32"))
-    vals = run8(b, w, b.op("min.u32", k0, last))  # a lane past the row reads its last block (unused)
+    inrow = b.op("min.u32", blk, b.op("sub.u32", count, Imm(1, "u32")))  # a lane past the row reads its last block
+    k0 = b.op("mad.lo.u32", inrow, Imm(BLOCK_K, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(3, "u32")))
+    vals = run8(b, w, k0)  # (those lanes' values are multiplied by predicated-off zeros)
 
     def offsets():  # element 32·block + 8·(L % 4) = 256·group + 8·L
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("shl.b32", lane, Imm(3, "u32"))), (0,)
