@@ -562,17 +562,17 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     instead of the stream's own (for instance one reserved before capturing a CUDA graph).
 
     The kernels: `mul_mat_plan(w, T).kernels` lists them; docs/design.md "Dispatch" tabulates the rule (generated
-    from ptxgen/tuning). In short: T ≤ 8 (and TQ4_1S / Q8_0 at any T, in slices of 8) the decode GEMVs, exact Q4_K
-    at 1-4 tokens in one launch when called eagerly; Q4_K T = 9-64 the tensor-core skinny GEMMs (fp16
-    activations); larger T the prefill GEMM (wgmma + TMA on sm_90, mma.sync elsewhere or with arch="sm_89"),
-    followed by mul_mat_fixup_q4_k, which recomputes in fp32 on the device any token past fp16's range.
-    Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and fp16 in the GEMMs
-    (~3.4e-4); `mode="fast"` quantizes x to Q8_1 and runs int8 dp4a / int8 MMA kernels as llama.cpp does (exact
-    integer dots; relative error ≤ 1e-5 against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5). Q5_K,
-    Q6_K and Q8_0 in mode "exact" run the codec-generic GEMV (kernels/gemv_codec.py: fp32 x, ggml's fp32
-    weights, slices of 8 tokens), and on sm_90 from RULES.codec_mmq_min_tokens the prepared GEMM on their fp16
-    fragments (fp16 operands, as the Q4_K GEMMs). TQ4_1S rotates x (`rotation="separate"`: one prep kernel; `"fused"`: inside
-    the GEMV for T ≤ 4, the same bits). Non-finite activations give non-finite outputs in their token's row."""
+    from ptxgen/tuning). In short: T ≤ 8 the decode GEMVs (exact Q4_K at 1-4 tokens in one launch when called
+    eagerly); Q4_K T = 9-64 the tensor-core skinny GEMMs (fp16 activations); larger T the prefill GEMM (wgmma +
+    TMA on sm_90, mma.sync elsewhere or with arch="sm_89"); Q5_K, Q6_K, Q8_0 and TQ4_1S from
+    RULES.codec_mmq_min_tokens on sm_90 the prepared GEMM on their fp16 fragments (TQ4_1S's x rotated once), else
+    their decode GEMVs in slices of 8 tokens. Behind every GEMM a fixup recomputes in fp32, on the device, any token
+    past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
+    fp16 in the GEMMs (~3.4e-4); `mode="fast"` (Q4_K, TQ4_1S, Q8_0) quantizes x to Q8_1 and runs int8 dp4a / int8
+    MMA kernels as llama.cpp does (exact integer dots; relative error ≤ 1e-5 against the product with the
+    Q8_1-rounded x; TQ4_1S NMSE ~5e-5). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
+    `"fused"`: inside the GEMV for T ≤ 4, the same bits). Non-finite activations give non-finite outputs in
+    their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     m, k = w.shape
