@@ -236,17 +236,26 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
     return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None
 
 
-def run8(b, row, k0):
-    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8, a register): float32 exactly as ggml (random
-    access: the prepared GEMM's fragment writer, kernels/frags.py)."""
+def run8_head(b, row, k0, fmt: str = FMT, block_bytes: int = BLOCK_BYTES):
+    """The K-quants' (Q4_K, Q5_K) random access to weights k0 .. k0 + 7: (k0 within its super-block, the 64-column
+    chunk c, its half hi (0: low nibbles, sub-block 2c; 1: high, 2c + 1), env with the super-block's address and
+    d1 = d·sc, m1 = dmin·m of that sub-block in float32, as ggml forms them)."""
     kin = b.op("and.b32", k0, Imm(BLOCK_K - 1, "b32"))
     c = b.op("shr.u32", kin, Imm(6, "u32"))
     hi = b.op("and.b32", b.op("shr.u32", kin, Imm(5, "u32")), Imm(1, "b32"))
-    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"), row)
+    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(block_bytes, "u32"), row)
     env = {"block": block, "sub": b.op("add.u32", b.op("shl.b32", c, Imm(1, "u32")), hi)}
-    DequantSequence(FMT, (LoadWords("hdr", 0, 4), SplitHalves("hdr", 0, ("d", "dmin")),
+    DequantSequence(fmt, (LoadWords("hdr", 0, 4), SplitHalves("hdr", 0, ("d", "dmin")),
                           DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")), ScaleProduct("d", "sc", "d1"),
                           ScaleProduct("dmin", "m", "m1"))).lower(b, env)
+    return kin, c, hi, env
+
+
+def run8(b, row, k0):
+    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8, a register): float32 exactly as ggml (random
+    access: the prepared GEMM's fragment writer, kernels/frags.py)."""
+    kin, c, hi, env = run8_head(b, row, k0)
+    block = env["block"]
     qs = b.regs("b32", 2)
     off = b.op("add.u32", b.op("shl.b32", c, Imm(5, "u32")), b.op("and.b32", kin, Imm(31, "b32")))
     b.emit("ld.global.nc.v2.u32", b.vec(qs), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", off)), HEADER_BYTES))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
                    SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
+from ._common import alignment_error
 from . import q4_k
 
 FMT = "q5_K"
@@ -16,11 +17,7 @@ QH_OFFSET, QS_OFFSET = 16, 48
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 4
 ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
-
-
-def weights_error(mode: str, k: int, ptr: int) -> str | None:
-    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None."""
-    return f"{FMT} weights must start {LOAD_ALIGN}-byte aligned, pointer is {ptr:#x}" if ptr % LOAD_ALIGN else None
+weights_error = alignment_error(FMT, LOAD_ALIGN)
 
 
 def dequant_lane(b, w, group, lane, count, f32: bool = False):
@@ -55,14 +52,8 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
 def run8(b, row, k0):
     """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): float32 exactly as ggml (q4_k.run8 plus the
     fifth bits: bit 2c + hi of qh bytes k0 % 32 ..)."""
-    kin = b.op("and.b32", k0, Imm(BLOCK_K - 1, "b32"))
-    c = b.op("shr.u32", kin, Imm(6, "u32"))
-    hi = b.op("and.b32", b.op("shr.u32", kin, Imm(5, "u32")), Imm(1, "b32"))
-    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"), row)
-    env = {"block": block, "sub": b.op("add.u32", b.op("shl.b32", c, Imm(1, "u32")), hi)}
-    DequantSequence(FMT, (LoadWords("hdr", 0, 4), SplitHalves("hdr", 0, ("d", "dmin")),
-                          DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")), ScaleProduct("d", "sc", "d1"),
-                          ScaleProduct("dmin", "m", "m1"))).lower(b, env)
+    kin, c, hi, env = q4_k.run8_head(b, row, k0, FMT, BLOCK_BYTES)
+    block = env["block"]
     l = b.op("and.b32", kin, Imm(31, "b32"))
     qs, qh = b.regs("b32", 2), b.regs("b32", 2)
     b.emit("ld.global.nc.v2.u32", b.vec(qs), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", b.op(

@@ -5,6 +5,7 @@ ql[l + 32·(k & 1)] (low nibble for k < 2, high for k ≥ 2) with bits 2k, 2k + 
 from __future__ import annotations
 
 from ..ir import Imm, Mem
+from ._common import alignment_error
 
 FMT = "q6_K"
 BLOCK_K = 256
@@ -13,11 +14,7 @@ QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = 0, 128, 192, 208
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 2
 ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
-
-
-def weights_error(mode: str, k: int, ptr: int) -> str | None:
-    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None."""
-    return f"{FMT} weights must start {LOAD_ALIGN}-byte aligned, pointer is {ptr:#x}" if ptr % LOAD_ALIGN else None
+weights_error = alignment_error(FMT, LOAD_ALIGN)
 
 
 def dequant_lane(b, w, group, lane, count, f32: bool = False):

@@ -20,6 +20,7 @@ def build_frags(arch):
     from ..builder import KernelBuilder
     from ..dsl import ApplyScaleMin, UnpackNibbles
     from ..layouts import RA_FRAG_BYTES
+    from .frags import place, store, thread
 
     b = KernelBuilder("dequantize_q4_k_frags", arch, build_frags.__doc__.splitlines()[0], block=(FRAG_THREADS, 1, 1))
     w_p, y_p = b.param("w", "u64", "ptr:in"), b.param("frags", "u64", "ptr:out")
@@ -28,21 +29,13 @@ def build_frags(arch):
                   block_bytes=RA_FRAG_BYTES)
     if arch.has("griddepcontrol"):  # the GEMM after it may launch now (its producer waits before the first TMA)
         b.emit("griddepcontrol.launch_dependents")
-    W, Y = b.ptr(w_p), b.ptr(y_p)
-    M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
-    ct = b.special("tid.x")
-    s, tm = b.special("ctaid.x"), b.special("ctaid.y")
-    lane = b.op("and.b32", ct, Imm(31, "b32"))
-    g, t = b.op("shr.u32", lane, Imm(2, "u32")), b.op("and.b32", lane, Imm(3, "b32"))
-    row0 = b.op("add.u32", b.op("shl.b32", tm, Imm(7, "u32")),
-                b.op("mad.lo.u32", b.op("shr.u32", ct, Imm(5, "u32")), Imm(16, "u32"), g))
+    W, Y, M, K, ct, s, tm, t, row0 = thread(b, w_p, y_p, m_p, k_p)
     row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
     c = b.op("and.b32", s, Imm(3, "b32"))  # the step's 64 columns within its super-block
     sb_off = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))
     sub_lo = b.op("shl.b32", c, Imm(1, "u32"))
     qs_off = b.op("add.u32", b.op("shl.b32", c, Imm(5, "u32")), b.op("shl.b32", t, Imm(3, "u32")))
     last = b.op("sub.u32", M, Imm(1, "u32"))
-    pairs = ((0, 2), (1, 3), (4, 6), (5, 7))
     frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr (as in the register-A consumer's frag)
     for rr in range(2):
         row = b.op("add.u32", row0, Imm(8 * rr, "u32"))
@@ -58,18 +51,8 @@ def build_frags(arch):
         UnpackNibbles("qword2", ("q_lo2", "q_hi2")).lower(b, env)
         ApplyScaleMin("q_lo2", "d_lo", "min_lo", "w_lo2").lower(b, env)
         ApplyScaleMin("q_hi2", "d_hi", "min_hi", "w_hi2").lower(b, env)
-        low, high = env["w_lo"] + env["w_lo2"], env["w_hi"] + env["w_hi2"]
-        for n in range(8):
-            src = low if n < 4 else high
-            e0, e1 = pairs[n % 4]
-            h = b.op("cvt.rn.f16x2.f32", src[e1], src[e0], type="b32")
-            frag[rr, n] = b.op("selp.b32", h, Imm(0, "b32"), valid)
-    blk = b.op("mad.lo.u32", tm, b.op("shr.u32", K, Imm(6, "u32")), s)
-    out = b.op("add.u64", b.op("mad.wide.u32", blk, Imm(RA_FRAG_BYTES, "u32"), Y),
-               b.op("cvt.u64.u32", b.op("shl.b32", ct, Imm(4, "u32"))))
-    for kk in range(4):
-        regs = [frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]]
-        b.emit("st.global.v4.b32", Mem(out, kk * FRAG_THREADS * 16), b.vec(regs))
+        place(b, frag, rr, env["w_lo"] + env["w_lo2"], env["w_hi"] + env["w_hi2"], valid)
+    store(b, frag, tm, K, s, ct, Y)
     b.emit("ret")
     return b.finish()
 

@@ -29,14 +29,7 @@ def build(arch, fmt: str):
     b.meta.update(grid="(K / 64, ceil(M / 128))", layout="ptxgen.layouts.q4k_rega_fragments", block_bytes=RA_FRAG_BYTES,
                   fmt=fmt)
     b.pdl_head()  # the op's first kernel: it waits for whatever came before; the GEMM behind it may launch now
-    W, Y = b.ptr(w_p), b.ptr(y_p)
-    M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
-    ct = b.special("tid.x")
-    s, tm = b.special("ctaid.x"), b.special("ctaid.y")
-    lane = b.op("and.b32", ct, Imm(31, "b32"))
-    g, t = b.op("shr.u32", lane, Imm(2, "u32")), b.op("and.b32", lane, Imm(3, "b32"))
-    row0 = b.op("add.u32", b.op("shl.b32", tm, Imm(7, "u32")),
-                b.op("mad.lo.u32", b.op("shr.u32", ct, Imm(5, "u32")), Imm(16, "u32"), g))
+    W, Y, M, K, ct, s, tm, t, row0 = thread(b, w_p, y_p, m_p, k_p)
     row_bytes = b.op("mul.lo.u32", b.op("div.u32", K, Imm(codec.BLOCK_K, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
     k_low = b.op("mad.lo.u32", s, Imm(64, "u32"), b.op("shl.b32", t, Imm(3, "u32")))
     k_high = b.op("add.u32", k_low, Imm(32, "u32"))
@@ -46,20 +39,44 @@ def build(arch, fmt: str):
         row = b.op("add.u32", row0, Imm(8 * rr, "u32"))
         valid = b.op("setp.lt.u32", row, M)
         rowp = b.op("mad.wide.u32", b.op("min.u32", row, last), row_bytes, W)
-        low, high = codec.run8(b, rowp, k_low), codec.run8(b, rowp, k_high)
-        for n in range(8):
-            src = low if n < 4 else high
-            e0, e1 = PAIRS[n % 4]
-            h = b.op("cvt.rn.f16x2.f32", src[e1], src[e0], type="b32")
-            frag[rr, n] = b.op("selp.b32", h, Imm(0, "b32"), valid)
+        place(b, frag, rr, codec.run8(b, rowp, k_low), codec.run8(b, rowp, k_high), valid)
+    store(b, frag, tm, K, s, ct, Y)
+    b.emit("ret")
+    return b.finish()
+
+
+def thread(b, w_p, y_p, m_p, k_p):
+    """A fragment writer's parameters and thread: (W, Y, M, K, ct, K-step s, M-tile tm, t, row0): thread ct is lane
+    (g, t) of consumer warp ct / 32 of the register-A GEMM, rows row0 = 128·tm + 16·(ct / 32) + g and + 8."""
+    W, Y = b.ptr(w_p), b.ptr(y_p)
+    M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
+    ct = b.special("tid.x")
+    s, tm = b.special("ctaid.x"), b.special("ctaid.y")
+    lane = b.op("and.b32", ct, Imm(31, "b32"))
+    g, t = b.op("shr.u32", lane, Imm(2, "u32")), b.op("and.b32", lane, Imm(3, "b32"))
+    row0 = b.op("add.u32", b.op("shl.b32", tm, Imm(7, "u32")),
+                b.op("mad.lo.u32", b.op("shr.u32", ct, Imm(5, "u32")), Imm(16, "u32"), g))
+    return W, Y, M, K, ct, s, tm, t, row0
+
+
+def place(b, frag, rr, low, high, valid) -> None:
+    """frag[rr, n]: f16x2 number n of row row0 + 8·rr from its columns 8t .. (`low`) and 32 + 8t .. (`high`), fp32,
+    in the register-A K order (PAIRS); zero for a row past M."""
+    for n in range(8):
+        src = low if n < 4 else high
+        e0, e1 = PAIRS[n % 4]
+        h = b.op("cvt.rn.f16x2.f32", src[e1], src[e0], type="b32")
+        frag[rr, n] = b.op("selp.b32", h, Imm(0, "b32"), valid)
+
+
+def store(b, frag, tm, K, s, ct, Y) -> None:
+    """Thread ct's 16 bytes of each k16 slice of block (M-tile tm, K-step s) (layouts.q4k_rega_fragments)."""
     blk = b.op("mad.lo.u32", tm, b.op("shr.u32", K, Imm(6, "u32")), s)
     out = b.op("add.u64", b.op("mad.wide.u32", blk, Imm(RA_FRAG_BYTES, "u32"), Y),
                b.op("cvt.u64.u32", b.op("shl.b32", ct, Imm(4, "u32"))))
     for kk in range(4):
         regs = [frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]]
         b.emit("st.global.v4.b32", Mem(out, kk * FRAG_THREADS * 16), b.vec(regs))
-    b.emit("ret")
-    return b.finish()
 
 
 KERNELS = [KernelDef(name(f), f"{f.upper()} → fp16 wgmma A fragments of the register-A MMQ (its K order), bit-exact "
