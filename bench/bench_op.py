@@ -15,10 +15,11 @@ llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
   per kernel to a replay of small ops (the profiled times are in the JSON).
 
 Weights rotate over copies holding ≥ 4× the 60 MB L2 in all three (they come from HBM). Then a decode loop over
-24 distinct 4096×14336 Q4_K weights at T = 1, 2, 4, 8 (eager and graph-replayed) beside the same loop of F.linear
-on 24 fp16 weights and of a kernel that only reads the same bytes (torch's sum), and the host time per call at T=1
-(4096×4096, out= given; calls in bursts of 50 between synchronizations, so the launch queue never fills) beside
-F.linear's, in the same run (rounds alternating between the two, medians). Prints tables, writes JSON (--out) and a PNG beside it.
+24 distinct weights of each --loop-formats format (4096×14336; TQ4_1S 18944×3584) at T = 1, 2, 4, 8 (eager and
+graph-replayed) beside the same loop of F.linear on 24 fp16 weights and of a kernel that only reads the same bytes
+(torch's sum), and the host time per call at T=1 (4096×4096 Q4_K, out= given; calls in bursts of 50 between
+synchronizations, so the launch queue never fills) beside F.linear's, in the same run (rounds alternating between
+the two, medians). Prints tables, writes JSON (--out) and a PNG beside it.
 """
 import argparse
 import json
@@ -37,6 +38,7 @@ LLAMA = {((4096, 14336), 1): 16.3, ((4096, 14336), 8): 67.1, ((4096, 14336), 16)
          ((14336, 4096), 512): 384.2, ((14336, 4096), 4096): 2640.0, ((4096, 4096), 16): 18.5,
          ((4096, 4096), 512): 105.3, ((4096, 4096), 4096): 805.0}
 CALLS = 100
+LOOP_SHAPES = {"tq4_1s": (18944, 3584)}  # the decode loop's shape per format (else 4096x14336)
 
 
 def kernel_only(torch, fn, reps):
@@ -166,6 +168,7 @@ def main():
     ap.add_argument("--formats", default="q4_K,tq4_1s")
     ap.add_argument("--tokens", default=None, help="comma-separated T (default: each format's list)")
     ap.add_argument("--no-decode-loop", action="store_true")
+    ap.add_argument("--loop-formats", default="q4_K", help="formats of the decode loop (e.g. q4_K,q5_K,q6_K,q8_0,tq4_1s)")
     ap.add_argument("--host-only", action="store_true", help="only the host time per call")
     args = ap.parse_args()
     import torch
@@ -221,20 +224,20 @@ def main():
             del ws, w16
             torch.cuda.empty_cache()
 
-    if not (args.no_decode_loop or args.host_only):
-        m, k, n = 4096, 14336, 24
-        raw = random_raw("q4_K", m, k, rng)
-        ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)).to_device() for _ in range(n)]
-        nbytes = m * formats.get("q4_K").row_bytes(k)
+    for fmt in ([] if (args.no_decode_loop or args.host_only) else args.loop_formats.split(",")):
+        m, k, n = LOOP_SHAPES.get(fmt, (4096, 14336)) + (24,)
+        raw = random_raw(fmt, m, k, rng)
+        ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)).to_device() for _ in range(n)]
+        nbytes = m * formats.get(fmt).row_bytes(k)
         views = [torch.as_tensor(r.DeviceArray(w.ptr, (nbytes // 4,), np.dtype(np.float32), w), device="cuda")
                  for w in ws]  # the same bytes, for a kernel that only reads them
         w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
-        print(f"\ndecode loop: {n} distinct {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
+        print(f"\ndecode loop: {n} distinct {fmt} {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
               "4.27 TB/s over the weights' bytes")
-        print("| T | ptxgen Q4_K eager / graph µs | graph ÷ busy (busy µs) | % HBM (graph) | read-only "
+        print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | % HBM (graph) | read-only "
               "floor (sum) graph µs | ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / ptxgen "
-              "graph |")
-        print("|---|---|---|---|---|---|---|---|")
+              "graph | kernels |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for t in (1, 2, 4, 8):
             x = torch.randn(t, k, device="cuda")
             ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
@@ -245,14 +248,15 @@ def main():
             floor = graphed(torch, lambda i: views[i % n].sum(), calls=4 * n)
             lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
             peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
-            row = {"T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor, "flinear": peer,
-                   "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM}
+            row = {"fmt": fmt, "T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor,
+                   "flinear": peer, "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM,
+                   "kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels}
             res["decode_loop"].append(row)
             print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | "
                   f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
                   f"{row['pct_hbm_graph']:.0f}% | {floor:.1f} | "
                   f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
-                  f"{peer['graph'] / ours['graph']:.2f}× |", flush=True)
+                  f"{peer['graph'] / ours['graph']:.2f}× | {' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
         del ws, views, w16
         torch.cuda.empty_cache()
 
