@@ -251,7 +251,14 @@ def build(arch, spec: GemvSpec):
     b.bra(top)
     b.place(done)
 
-    # reduction: lanes (xor tree), then warps in order through shared memory
+    _reduce_and_store(b, acc, R, Tn, lane, warp, tid, red_sym, row0, M, ntok, Y)
+    b.emit("ret")
+    return b.finish()
+
+
+def _reduce_and_store(b, acc, R, Tn, lane, warp, tid, red_sym, row0, M, ntok, Y):
+    """The 8-weight-unit GEMV's end: each (row, token) sum over the lanes (xor tree), then over the WARPS warps in
+    order through shared memory (deterministic), stored by thread r·Tn + t where row and token exist."""
     b.comment("reduce: 32 lanes by shfl.bfly, then the 8 warps in order")
     red = b.op("mov.u32", red_sym)
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
@@ -278,8 +285,6 @@ def build(arch, spec: GemvSpec):
     yoff = b.op("mad.lo.u32", t_of, M, row)
     b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), s, pred=both)
     b.place(fin)
-    b.emit("ret")
-    return b.finish()
 
 
 LANE_WARPS = 4  # TQ4_1S kernels: 4 independent warps per CTA
