@@ -15,20 +15,23 @@ from __future__ import annotations
 import torch
 
 from . import formats
-from .runtime import ops
+from .runtime import driver, ops
 from .runtime.driver import DeviceBuffer
 from .runtime.tensors import QuantTensor
 
-_VIEWS: dict = {}  # (data_ptr, fmt, M, K) → QuantTensor over that memory (plans depend on the address and shape only)
+_VIEWS: dict = {}  # (data_ptr, bytes, fmt, M, K) → QuantTensor over that memory (plans depend on these only)
 
 
 def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int) -> QuantTensor:
-    """A QuantTensor over the GGUF bytes in CUDA uint8 tensor `w` (no copy); cached, so its launch plans are reused."""
-    key = (w.data_ptr(), fmt, m, k)
+    """A QuantTensor over the GGUF bytes in CUDA uint8 tensor `w` (no copy); cached, so its launch plans are reused.
+    `w` is checked on every call (a later view at the same address may be shorter, or another dtype)."""
+    if w.dtype != torch.uint8 or not w.is_cuda or not w.is_contiguous():
+        raise TypeError(f"ptxgen: weights must be a contiguous CUDA uint8 tensor, got {w.dtype} on {w.device}")
+    if w.get_device() != driver.ORDINAL:
+        raise ValueError(f"ptxgen: the weights are on {w.device}; ptxgen runs on cuda:{driver.ORDINAL}")
+    key = (w.data_ptr(), w.numel(), fmt, m, k)
     qt = _VIEWS.get(key)
     if qt is None:
-        if w.dtype != torch.uint8 or not w.is_cuda or not w.is_contiguous():
-            raise TypeError(f"ptxgen: weights must be a contiguous CUDA uint8 tensor, got {w.dtype} on {w.device}")
         if len(_VIEWS) > 4096:
             _VIEWS.clear()
         # no reference to `w`: the caller (a module's buffer) owns the memory; the view only names it
@@ -59,11 +62,6 @@ def dequantize_op(w: torch.Tensor, fmt: str, m: int, k: int) -> torch.Tensor:
 @dequantize_op.register_fake
 def _(w, fmt, m, k):
     return w.new_empty((m, k), dtype=torch.float16)
-
-
-def weight_tensor(qt: QuantTensor, device="cuda") -> torch.Tensor:
-    """A QuantTensor's GGUF bytes as a torch uint8 tensor (a copy, owned by torch)."""
-    return torch.from_numpy(qt.raw()).to(device)
 
 
 class QuantLinear(torch.nn.Module):

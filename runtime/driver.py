@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ptxgen import knobs
+
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the driver's error."""
@@ -186,26 +188,35 @@ def libcuda():
 # ---------------------------------------------------------------------------------------------------
 # streams
 
-_TORCH_RAW: list = []  # torch's cheapest "current raw stream" accessor, found once
+_TORCH: list = []  # (torch.Tensor, torch.float32, torch's current-raw-stream accessor), once torch is imported
+
+
+def torch_types():
+    """(torch.Tensor, torch.float32, torch's cheapest accessor of its current raw stream on a device), found once
+    torch is imported; None before (ptxgen never imports torch itself)."""
+    if _TORCH:
+        return _TORCH[0]
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    _TORCH.append((torch.Tensor, torch.float32,
+                   raw if raw is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)))
+    return _TORCH[0]
 
 
 def torch_stream_getter():
-    """torch's cheapest accessor of its current raw stream on a device (found once; torch must be imported)."""
-    if not _TORCH_RAW:
-        torch = sys.modules["torch"]
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        _TORCH_RAW.append(raw if raw is not None else
-                          (lambda i: torch.cuda.current_stream(i).cuda_stream))
-    return _TORCH_RAW[0]
+    """torch's cheapest accessor of its current raw stream on a device (torch must be imported)."""
+    return torch_types()[2]
 
 
 def _torch_current_stream(device_index: int) -> int:
-    return torch_stream_getter()(device_index)
+    return torch_types()[2](device_index)
 
 
 def is_torch(obj) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
+    tt = _TORCH[0] if _TORCH else torch_types()
+    return tt is not None and isinstance(obj, tt[0])
 
 
 def stream_handle(stream=None, like=None) -> int:
@@ -621,7 +632,7 @@ class PreparedLaunch:
     bench/results/probe_launch_cost_2026-12-01.log)."""
 
     __slots__ = ("fn", "cells", "grid", "block", "smem", "cluster", "pdl", "_ptrs", "_params", "_cfg", "_cfg_ref",
-                 "_attrs", "_handle")
+                 "_attrs", "_handle", "verbose")
 
     def __init__(self, fn: Function, grid, cells, block, smem: int, cluster=None, pdl: bool = False):
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
@@ -630,6 +641,7 @@ class PreparedLaunch:
             raise ValueError(f"{fn.name}: bad grid {grid}")
         self.fn, self.cells, self.grid, self.block, self.smem = fn, list(cells), grid, block, int(smem)
         self.cluster, self.pdl = cluster, bool(pdl)
+        self.verbose = knobs.verbose()  # read once per prepared launch (a plan's are remade when a knob changes)
         self._ptrs = (ctypes.c_void_p * max(len(self.cells), 1))(*[ctypes.addressof(c) for c in self.cells])
         self._params = ctypes.addressof(self._ptrs)
         self._handle = fn.address
@@ -658,16 +670,13 @@ class PreparedLaunch:
         rc = (_CU[0] if _CU else libcuda()).cuLaunchKernelEx(self._cfg_ref, self._handle, self._params, None)
         if rc:
             self.fail(rc)
-        if _VERBOSE[0]:
+        if self.verbose:
             print(f"ptxgen: launch {self.fn.name} grid={self.grid} block={self.block} smem={self.smem} "
                   f"stream={stream:#x}", file=sys.stderr)
 
     def fail(self, rc: int) -> None:
         _check_rc(rc, f"launch {self.fn.name} (grid {self.grid}, block {self.block}, smem {self.smem}, cluster "
                       f"{self.cluster}, pdl {self.pdl})")
-
-
-_VERBOSE = [False]  # knobs.verbose(), read when kernels are loaded (kernels.load), not per launch
 
 
 class Module:

@@ -90,9 +90,6 @@ def load(kernel: str, arch: str | None = None, source: str = "emitted") -> Funct
     fast = _BEST.get((kernel, arch, source))
     if fast is not None:
         return fast
-    from . import driver
-
-    driver._VERBOSE[0] = knobs.verbose()  # read here, once per kernel, not per launch
     ctx = current()
     name = arch or (next(iter(candidate_arches(ctx.sm)), None) if source == "dsl" else build_for(kernel))
     if name is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +26,8 @@ from ptxgen.specs import MmqSpec
 
 from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
-from .plans import _EAGER, Plan, PlanBuilder, Sym, SymArray, TMap, Workspace, workspace_for
+from .driver import _TORCH
+from .plans import Plan, PlanBuilder, Sym, SymArray, TMap, Workspace, eager_bound, workspace_for
 from .tensors import QuantTensor
 
 
@@ -49,14 +49,15 @@ class _Rules:
 RULES = _Rules()
 
 
-def _finish(o: DeviceArray, host_in: bool, out_given: bool, stream: int):
-    """NumPy in: wait for the stream and return NumPy (or `out`); otherwise return the device result at once."""
+def _finish(o: DeviceArray | None, ret, host_in: bool, out_given: bool, stream: int):
+    """NumPy in: wait for the stream and return NumPy (or the caller's `out`, whatever its kind); otherwise return
+    `ret` (the caller's `out`, or the new device array) at once."""
     if host_in:
         if out_given:
             driver.stream_synchronize(stream)
-            return o
+            return ret
         return o.numpy()
-    return o
+    return ret
 
 
 def _output(out, shape, dtype, what: str, x, stream: int, align: int = 4):
@@ -107,7 +108,7 @@ def quantize_q8_1(x, *, out=None, arch: str | None = None, stream=None):
         fn = kernels.load("quantize_q8_1", arch)
         per = _blocks_per_cta(fn, "blocks_per_cta")
         fn.launch(((nblocks + per - 1) // per,), (xa, o, nblocks), stream=s)
-    return _finish(o, xa.host, out is not None, s) if xa.host else ret
+    return _finish(o, ret, xa.host, out is not None, s)
 
 
 def _rec_quantize_q8_1_mmq(pb: PlanBuilder, xa, flag, arch: str | None) -> SymArray:
@@ -128,18 +129,14 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     (or fills `out`, whose library's stream is the default)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"dequantize: expected a QuantTensor, got {type(w).__name__}")
-    kernel = f"dequantize_{w.fmt.lower()}"
-    from ptxgen import codecs
+    from ptxgen import codecs, formats
+    from ptxgen.kernels import dequantize as dq
 
-    have = [f for f, c in codecs.CODECS.items() if hasattr(c, "dequant_lane")]
-    if w.fmt not in have:
-        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(have)})")
-    from ptxgen import formats
-
+    if w.fmt not in dq.FORMATS:
+        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(dq.FORMATS)})")
+    kernel = dq.name(w.fmt)
     m, k = w.shape
     w.to_device()
-    from ptxgen import codecs
-
     need = codecs.get(w.fmt).LOAD_ALIGN  # the kernel's widest load (Q6_K, Q8_0 blocks are 2-byte aligned)
     if w.ptr % need:
         raise ValueError(f"dequantize: {w.fmt} weights must start {need}-byte aligned, pointer is {w.ptr:#x}")
@@ -152,7 +149,6 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     groups = -(-nblocks // group)
     fn.launch(((groups + per - 1) // per,), (w.buffer, o, nblocks), stream=s)
     return ret
-
 
 
 def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
@@ -168,7 +164,7 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     if nb:
         fn = kernels.load("rotate_tq4_1s", arch)
         fn.launch(((nb + 7) // 8,), (xa, o, nb), stream=s)
-    return _finish(o, xa.host, out is not None, s) if xa.host else ret
+    return _finish(o, ret, xa.host, out is not None, s)
 
 
 GEMV_TOKENS = (1, 2, 4, 8)
@@ -457,18 +453,16 @@ def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle):
     return tm
 
 
-def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str = "natural") -> SymArray:
-    """Record fp32 (..., K) → fp16 (round to nearest even) into scratch; sets flag[0] = 1 if any value became inf or
-    NaN in fp16. `k_order="rega"`: each 64-column chunk in the register-A wgmma MMQ's order
+def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str = "natural", out=None) -> SymArray:
+    """Record fp32 (..., K) → fp16 (round to nearest even) into `out` (default: scratch); sets flag[0] = 1 if any
+    value became inf or NaN in fp16. `k_order="rega"`: each 64-column chunk in the register-A wgmma MMQ's order
     (ptxgen.layouts.q4k_rega_k_order; convert_f16_perm, K a multiple of 64)."""
-    if k_order not in ("natural", "rega"):
-        raise ValueError(f"convert_f16: k_order must be 'natural' or 'rega', got {k_order!r}")
     n = int(np.prod(xa.shape, dtype=np.int64))
     if n % 8:
         raise ValueError(f"convert_f16: the element count must be a multiple of 8, got {n}")
     if k_order == "rega" and xa.shape[-1] % 64:
         raise ValueError(f"convert_f16: k_order='rega' needs K a multiple of 64, got {xa.shape[-1]}")
-    o = pb.scratch(xa.shape, np.float16)
+    o = pb.scratch(xa.shape, np.float16) if out is None else out
     fn = kernels.load("convert_f16" if k_order == "natural" else "convert_f16_perm", arch)
     pb.launch(fn, ((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
     return o
@@ -482,9 +476,8 @@ def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "n
     s = driver.stream_handle(stream, x)
     xa = as_device_array(x, "convert_f16: x", np.float32, stream=s)
     pb = PlanBuilder(xa.shape, np.float32, xa.shape, np.float16)
-    _rec_convert_f16(pb, pb.x, flag.ptr if hasattr(flag, "ptr") else int(flag), arch, k_order)
+    _rec_convert_f16(pb, pb.x, flag.ptr if hasattr(flag, "ptr") else int(flag), arch, k_order, out=pb.y)
     o, ret = _output(out, xa.shape, np.float16, "convert_f16: out", x, s)
-    pb.launches = [ln._replace(args=(ln.args[0], pb.y, *ln.args[2:])) for ln in pb.launches]
     run_plan(pb.finish("convert_f16"), xa.ptr, o.ptr, s)
     return ret
 
@@ -576,9 +569,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     m, k = w.shape
-    host = False
-    tt = _TORCH[0] if _TORCH else _torch_types()
+    host = torch_x = False
+    tt = _TORCH[0] if _TORCH else driver.torch_types()
     if tt is not None and isinstance(x, tt[0]):  # the hot path: a CUDA float32 torch tensor
+        torch_x = True
         if not (x.dtype is tt[1] and x.is_cuda and x.dim() == 2 and x.is_contiguous() and x.shape[1] == k):
             _torch_input(x, k)  # raises the precise error
         t, x_ptr, dev = x.shape[0], x.data_ptr(), x.get_device()
@@ -608,7 +602,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     if w._device is None and cid is not None:
         raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: call "
                            "w.to_device() (or run the op once) before capturing")
-    entry = w._plans.get((t, mode, rotation, arch, cid is not None))
+    entry = w._plans.get((t, mode, rotation, arch, cid is not None))  # mul_mat_plan's cache, looked up inline
     if entry is not None and entry[0] == knobs._GENERATION[0]:
         plan = entry[1]
     elif cid is None:
@@ -620,8 +614,12 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         xa = as_device_array(x, "mul_mat: x", np.float32, ndim=2, align=16, stream=s)
         x_ptr = xa.ptr
     if out is None:
-        o, ret = _output(None, (t, m), np.float32, "mul_mat: out", x, s)
-        y_ptr = o.ptr
+        if torch_x and stream is None:  # on torch's current stream: torch's allocator, as x.new_empty does
+            o = ret = x.new_empty((t, m))
+            y_ptr = ret.data_ptr()
+        else:
+            o, ret = _output(None, (t, m), np.float32, "mul_mat: out", x, s)
+            y_ptr = o.ptr
     elif tt is not None and isinstance(out, tt[0]):
         if not (out.dtype is tt[1] and out.is_cuda and out.is_contiguous() and out.dim() == 2 and out.shape[0] == t
                 and out.shape[1] == m):
@@ -631,28 +629,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         o, ret = _output(out, (t, m), np.float32, "mul_mat: out", x, s)
         y_ptr = o.ptr
     if cid is None and workspace is None:
-        ws = _EAGER.get(s if s != driver.PER_THREAD_STREAM else (s, threading.get_ident()))
-        last = plan._last
-        b = last[1] if ws is not None and last[0]() is ws else plan.bound(workspace_for(plan, s, None, cid))
+        b = eager_bound(plan, s)
     else:
         b = plan.bound(workspace_for(plan, s, workspace, cid))
     b.run(x_ptr, y_ptr, s)
-    if host:
-        return _finish(o, True, out is not None, s)
-    return ret
-
-
-_TORCH: list = []  # (torch.Tensor, torch.float32, torch's current-raw-stream function), once torch is imported
-
-
-def _torch_types():
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    _TORCH.append((torch.Tensor, torch.float32, driver.torch_stream_getter()))
-    return _TORCH[0]
+    return _finish(o, ret, host, out is not None, s)
 
 
 def _torch_input(x, k: int) -> tuple[int, int]:

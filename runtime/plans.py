@@ -121,13 +121,13 @@ class Plan:
 
     def bound(self, ws: "Workspace") -> "Bound":
         last = self._last
-        if last[0]() is ws:
+        if last[0]() is ws and last[1].epoch == ws.epoch:
             return last[1]
         b = self._bound.get(ws)
-        if b is None:
+        if b is None or b.epoch != ws.epoch:  # new, or packed before ws.reserve() moved its memory
             with self._lock:
                 b = self._bound.get(ws)
-                if b is None:
+                if b is None or b.epoch != ws.epoch:
                     b = self._bound[ws] = Bound(self, ws)
         self._last = (weakref.ref(ws), b)
         return b
@@ -216,9 +216,11 @@ class Workspace:
         self.counter_bytes, self.ready_bytes = _up(max(counters, MIN_COUNTERS)), _up(max(ready, MIN_READY))
         self.scratch_bytes = _up(scratch)
         self.stream = stream
+        self.epoch = -1  # bumped by each allocation: plans packed against the old addresses re-pack (Plan.bound)
         self._alloc(stream)
 
     def _alloc(self, stream) -> None:
+        self.epoch += 1
         state = STATE_HEAD + self.counter_bytes + self.ready_bytes
         self.state = DeviceBuffer(state, stream)
         self.scratch = DeviceBuffer(self.scratch_bytes, stream) if self.scratch_bytes else None
@@ -318,6 +320,15 @@ def workspace_for(plan: Plan, stream: int, workspace: Workspace | None = None, c
     return ws
 
 
+def eager_bound(plan: Plan, stream: int) -> "Bound":
+    """`plan` packed against `stream`'s eager workspace (workspace_for's third case): mul_mat's per-call path, one
+    dict lookup when the plan ran on this workspace last."""
+    ws = _EAGER.get(_stream_key(stream))
+    if ws is not None and plan._last[0]() is ws:  # bound to it before, so it fits
+        return plan.bound(ws)
+    return plan.bound(workspace_for(plan, stream, None, None))
+
+
 def release_capture_workspaces() -> int:
     """Free the workspaces of every CUDA graph captured so far (call it once those graphs are destroyed: a graph
     replayed after this reads freed memory). Returns how many bytes were released."""
@@ -333,7 +344,7 @@ def release_capture_workspaces() -> int:
 class Bound:
     """A plan's launches packed against one workspace; `run` patches the x / y addresses and issues them."""
 
-    __slots__ = ("launches", "x_cells", "y_cells", "lock", "__weakref__")
+    __slots__ = ("launches", "x_cells", "y_cells", "lock", "epoch", "__weakref__")
 
     def __init__(self, plan: Plan, ws: Workspace):
         from .tma import tensor_map_2d
@@ -344,6 +355,7 @@ class Bound:
                 return ws.scratch_ptr + plan.scratch_offsets[i] + s.off
             return ws.addr[s.base] + s.off
 
+        self.epoch = ws.epoch
         self.launches, self.x_cells, self.y_cells = [], [], []  # (cell, offset) to patch per call
         tmaps: dict = {}
         for ln in plan.launches:

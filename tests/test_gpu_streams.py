@@ -277,3 +277,33 @@ def test_weights_still_on_the_host_are_refused_while_capturing():
     assert rel(y.cpu().numpy(), formats.gemm_ref("q4_K", raw, 256, 512, x.cpu().numpy())) < 1e-5
     drv.cuGraphDestroy(graph)
     drv.cuStreamDestroy(stream)
+
+
+def test_a_numpy_x_with_a_torch_out_returns_that_out():
+    """A synchronous call (NumPy x) that writes the caller's `out` returns the caller's object, whatever its kind."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, raw = weights()
+    x = np.random.default_rng(5).standard_normal((2, SHAPE[1])).astype(np.float32)
+    out = torch.full((2, SHAPE[0]), float("nan"), device="cuda")
+    assert r.mul_mat(w, x, out=out) is out
+    assert rel(out.cpu().numpy(), formats.gemm_ref("q4_K", raw, *SHAPE, x)) < 1e-5
+
+
+def test_a_reserved_workspace_moves_and_the_plans_bound_to_it_follow():
+    """Workspace.reserve() reallocates in place; a plan bound before re-packs against the new memory (its result
+    stays bit-identical), so nothing writes into the freed buffers."""
+    torch = _torch()
+    import ptxgen.runtime as r
+    from ptxgen.runtime.plans import Workspace
+
+    w, _ = weights()
+    x = torch.randn(512, SHAPE[1], device="cuda")
+    ws = Workspace()
+    ws.reserve(w, 16)
+    before = r.mul_mat(w, x[:16], workspace=ws).clone()
+    epoch, scratch = ws.epoch, ws.scratch_ptr
+    ws.reserve(w, [16, 512])
+    assert ws.epoch == epoch + 1 and ws.scratch_ptr != scratch
+    assert torch.equal(r.mul_mat(w, x[:16], workspace=ws), before)

@@ -220,6 +220,19 @@ def test_a_bound_plan_patches_only_x_and_y_per_call(gpu, monkeypatch):
     assert issued[2][2][0] == 0x3000 and issued[3][2][2] == 0x4000 and issued[3][1] == 78
 
 
+def test_a_plan_repacks_when_its_workspace_moved(gpu):
+    """Workspace.reserve() reallocates in place (a new epoch): a plan bound before packs its launches again against
+    the new addresses instead of writing into the freed ones."""
+    p = ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 14336), 16)
+    ws = fakegpu.FakeWorkspace(p)
+    old = p.bound(ws)
+    ws.scratch_ptr += 1 << 20
+    ws.epoch += 1
+    new = p.bound(ws)
+    assert new is not old and p.bound(ws) is new
+    assert new.launches[0].cells[1].value == ws.scratch_ptr + p.scratch_offsets[0]
+
+
 def test_tensor_maps_over_scratch_are_encoded_when_bound(gpu):
     """The wgmma GEMM's activation map points into the workspace's scratch: unknown while recording (a TMap),
     encoded (and checked against the TMA rules) when the plan is bound."""

@@ -120,6 +120,9 @@ def test_bad_inputs_fail_before_any_launch():
         QuantTensor.from_raw("q4_K", np.zeros(100, np.uint8), (1, 300))
     with pytest.raises(TypeError, match="expected a QuantTensor"):
         dequantize(np.zeros((4, 4)))
+    tq = QuantTensor.from_raw("tq4_1s", np.zeros(2 * 8 * 20, np.uint8), (2, 256))
+    with pytest.raises(ValueError, match=r"no GPU kernel for tq4_1s yet \(have: q4_K, q5_K, q6_K, q8_0\)"):
+        dequantize(tq)
     with pytest.raises(TypeError, match="expected a NumPy array or a CUDA array"):
         quantize_q8_1([1.0] * 32)
 

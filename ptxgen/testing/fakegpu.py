@@ -80,6 +80,7 @@ class FakeWorkspace:
         self.addr = {"flag": base, "done": base + 4, "queue": base + 8, "counters": base + STATE_HEAD,
                      "ready": base + STATE_HEAD + c}
         self.scratch_ptr = base + (1 << 30)
+        self.epoch = 0  # plans.Workspace bumps it when reserve() moves its memory
 
 
 def arrays_equal(a, b) -> bool:
