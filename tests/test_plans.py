@@ -155,6 +155,10 @@ def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
         ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256), 1, mode="fast")
     with pytest.raises(ValueError, match="q6_K weights must start 2-byte aligned"):
         ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256, at=fakegpu.BASE + 1), 1)
+    with pytest.raises(ValueError, match="q5_K weights must start 8-byte aligned"):  # run8's 8-byte loads
+        ops.mul_mat_plan(fakegpu.weights("q5_K", 64, 256, at=fakegpu.BASE + 4), 1)
+    with pytest.raises(ValueError, match="tq4_1s weights must start 4-byte aligned"):
+        ops.mul_mat_plan(fakegpu.weights("tq4_1s", 64, 256, at=fakegpu.BASE + 2), 1)
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])

@@ -15,9 +15,9 @@ BLOCK_BYTES = 176
 HEADER_BYTES = 16
 QH_OFFSET, QS_OFFSET = 16, 48
 GROUP_BLOCKS = 1
-LOAD_ALIGN = 4
+LOAD_ALIGN = 4  # dequant_lane's widest load
 ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
-weights_error = alignment_error(FMT, LOAD_ALIGN)
+weights_error = alignment_error(FMT, 8)  # run8's v2 loads (the codec GEMV, the prepared GEMM's fragments, the fixup)
 
 
 def dequant_lane(b, w, group, lane, count, f32: bool = False):

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..formats.tq4_1s import CODEBOOK
 from ..ir import Imm, Mem
+from ._common import alignment_error
 
 FMT = "tq4_1s"
 BLOCK_K = 32
@@ -21,8 +22,7 @@ FAST_LANES = ("prep_tq4_1s_q8", "gemv_tq4_1s_fast_t{}")
 LANE_STEM = "tq4_1s"
 
 
-def weights_error(mode: str, k: int, ptr: int) -> str | None:
-    return None
+weights_error = alignment_error(FMT, LOAD_ALIGN)  # every kernel reads the blocks in 4-byte words
 
 
 def _codebook(b):

@@ -19,12 +19,33 @@ SHAPES = [(64, 4096), (127, 512), (128, 256), (3584, 3584), (4096, 4096), (4096,
 TOKENS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48, 64, 65, 128, 129, 256, 512, 1024, 4096, 8192]
 FORMATS = (("q4_K", ("exact", "fast")), ("tq4_1s", ("exact", "fast")), ("q8_0", ("exact", "fast")), ("q5_K", ("exact",)),
            ("q6_K", ("exact",)))
-SLICED_MAX_T = 64  # formats whose T > 8 runs the GEMV in slices of 8: the pattern repeats, stop here
+SLICED_MAX_T = 64  # the docs table: past this T a plan made of slices of 8 tokens repeats its pattern
+SLICE = "slices of 8 tokens, each as above (the last as its own T)"
+
+
+def _runs(fmt: str, mode: str, arch, m: int, k: int, tokens, *, label_slices: bool) -> list:
+    """[[T, kernels], ...] where the sequence changes. A plan for T > 8 made only of kernels the T ≤ 8 plans use
+    is the decode GEMVs in slices of 8: with `label_slices` it reads as SLICE and the runs stop at the first such T
+    past SLICED_MAX_T."""
+    from ptxgen.runtime import ops
+
+    runs, last, small = [], None, set()
+    for t in tokens:
+        names = ops.choose(fmt, mode, arch, t, m, k).kernels
+        if t <= 8:
+            small.update(names)
+        sliced = t > 8 and small.issuperset(names)
+        if sliced and label_slices and t > SLICED_MAX_T:
+            break
+        seq = SLICE if sliced and label_slices else " + ".join(dict.fromkeys(names))
+        if seq != last:
+            runs.append([t, seq])
+            last = seq
+    return runs
 
 
 def table(monkeypatch) -> dict:
     """{"device|fmt|mode|arch|MxK": [[T, "kernel + kernel"], ...]} with a row wherever the sequence changes."""
-    from ptxgen.runtime import ops
     from ptxgen.testing import fakegpu
 
     out = {}
@@ -34,15 +55,8 @@ def table(monkeypatch) -> dict:
             for m, k in SHAPES:
                 for mode in modes:
                     for arch in ((None, "sm_89") if ctx.sm == 90 else (None,)):
-                        runs, last = [], None
-                        for t in TOKENS:
-                            if (fmt == "tq4_1s" or mode == "fast" and fmt != "q4_K") and t > SLICED_MAX_T:
-                                break
-                            seq = " + ".join(dict.fromkeys(ops.choose(fmt, mode, arch, t, m, k).kernels))
-                            if seq != last:
-                                runs.append([t, seq])
-                                last = seq
-                        out[f"{dname}|{fmt}|{mode}|{arch or 'auto'}|{m}x{k}"] = runs
+                        out[f"{dname}|{fmt}|{mode}|{arch or 'auto'}|{m}x{k}"] = _runs(
+                            fmt, mode, arch, m, k, TOKENS, label_slices=False)
         monkeypatch.undo()
     return out
 
@@ -61,22 +75,12 @@ def markdown(monkeypatch) -> str:
     """docs/design.md's dispatch section: the kernels of eager calls by T on the H200 for DOC_CASES (calls that run
     the GEMV in slices of 8 tokens are one row), then every rule of the H200's tuning file."""
     from ptxgen import tuning
-    from ptxgen.runtime import ops
     from ptxgen.testing import fakegpu
 
     fakegpu.install(monkeypatch, DEVICES["sm_90 H200"])
     out = [BEGIN, "", "| weights, mode, target | M × K | T | kernels |", "|---|---|---|---|"]
     for fmt, mode, arch, m, k in DOC_CASES:
-        sliced = fmt != "q4_K" or m < ops.RULES.mmq_min_rows
-        runs, last = [], None
-        for t in DOC_TOKENS:
-            seq = " + ".join(dict.fromkeys(ops.choose(fmt, mode, arch, t, m, k).kernels))
-            if sliced and (t > (8 if fmt != "q4_K" else 16) or seq.count(" + ") > 1):  # slices of 8 tokens from here
-                runs.append([t, "slices of 8 tokens, each as above (the last as its own T)"])
-                break
-            if seq != last:
-                runs.append([t, seq])
-                last = seq
+        runs = _runs(fmt, mode, arch, m, k, DOC_TOKENS, label_slices=True)
         for i, (t0, seq) in enumerate(runs):
             t1 = runs[i + 1][0] - 1 if i + 1 < len(runs) else None
             span = f"{t0}" if t1 == t0 else f"{t0}–{t1}" if t1 else f"≥ {t0}"

@@ -15,22 +15,25 @@ BASE = 0x7F0000000000
 
 
 class FakeFunction(Function):
-    """A kernel as its manifest describes it; the occupancy calculator answers from its meta (ctas_per_sm, else 1)."""
+    """A kernel as its manifest describes it; the occupancy calculator answers from its meta (ctas_per_sm, else 1),
+    capped by the shared memory of the context's SM (its opt-in limit + 1 KB, 1 KB reserved per CTA)."""
 
-    def __init__(self, entry: dict, arch: str):
+    def __init__(self, entry: dict, arch: str, ctx: Context = H200):
         self.module, self.handle, self.name = None, 0, entry["kernel"]
         self.params, self.block = entry["params"], tuple(entry["block"])
         self.dynamic_smem, self.meta, self.arch = entry.get("dynamic_smem", 0), entry.get("meta", {}), arch
+        self.static_smem, self.ctx = entry.get("static_smem", 0), ctx
 
     @property
     def address(self) -> int:
         return 0
 
     def resident_per_sm(self, threads=None, smem=None) -> int:
-        return int(self.meta.get("ctas_per_sm", 1))
+        per_cta = (self.dynamic_smem if smem is None else smem) + self.static_smem + 1024
+        return max(1, min(int(self.meta.get("ctas_per_sm", 1)), (self.ctx.max_smem_optin + 1024) // per_cta))
 
     def resident_clusters(self, size: int) -> int:
-        return H200.sm_count // size
+        return self.ctx.sm_count // size
 
     def smem_for_residency(self, n: int) -> int:
         return self.dynamic_smem + 1024
@@ -45,7 +48,7 @@ def install(monkeypatch, ctx: Context = H200) -> list:
         if a is None:
             raise kernels.KernelNotFound(f"kernel {kernel!r} has no build for the fake sm_{ctx.sm}")
         loaded.append(kernel)
-        return FakeFunction(kernels.manifest(a)[kernel], a)
+        return FakeFunction(kernels.manifest(a)[kernel], a, ctx)
 
     current = lambda: ctx  # noqa: E731
     monkeypatch.setattr(driver, "current", current)
