@@ -86,7 +86,9 @@ class Progress:
             print(file=sys.stderr)
 
 
-def emit_arch(arch, defs, out: Path, progress: Progress | None = None) -> list[dict]:
+def emit_arch(arch, defs, out: Path, progress: Progress | None = None, merge: bool = False) -> list[dict]:
+    """Write each kernel of `defs` built for `arch` (.ptx) and the manifest into `out`; returns the entries emitted.
+    `merge`: the manifest keeps the entries of kernels not in `defs` (emitting a subset)."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = []
     for d in defs:
@@ -98,7 +100,11 @@ def emit_arch(arch, defs, out: Path, progress: Progress | None = None) -> list[d
         manifest.append(k.manifest(text))
         if progress:
             progress.step(f"{arch.name}/{k.name}")
-    (out / "manifest.json").write_text(json.dumps({"arch": arch.name, "kernels": manifest}, indent=1) + "\n")
+    path, entries = out / "manifest.json", manifest
+    if merge and path.exists():  # the other kernels' entries stay, the emitted ones replace theirs
+        fresh = {e["kernel"]: e for e in manifest}
+        entries = [fresh.pop(e["kernel"], e) for e in json.loads(path.read_text())["kernels"]] + list(fresh.values())
+    path.write_text(json.dumps({"arch": arch.name, "kernels": entries}, indent=1) + "\n")
     return manifest
 
 
@@ -113,9 +119,7 @@ def cmd_emit(args) -> int:
             continue  # (named above) nothing of the selection is built for this arch
         out = Path(args.output) if args.output and len(archs) == 1 else \
             (Path(args.output) / arch.name if args.output else REPO_EMITTED / arch.name)
-        if args.kernel:  # keep the other kernels' entries when emitting a subset
-            out.mkdir(parents=True, exist_ok=True)
-        manifest = emit_arch(arch, defs, out, prog)
+        manifest = emit_arch(arch, defs, out, prog, merge=bool(args.kernel))
         if not args.quiet:
             prog.close()
             print(f"{arch.name}: {len(manifest)} kernels → {out}")

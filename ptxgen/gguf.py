@@ -244,6 +244,9 @@ def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
     tensors = {name: (TYPE_IDS[t.fmt], t.shape, t.raw()) if hasattr(t, "fmt") else t for name, t in tensors.items()}
     out = bytearray(MAGIC)
     metadata = metadata or {}
+    align = metadata.get("general.alignment", 32)  # the readers align the data (and each tensor) to it
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1) or align > 1 << 20:
+        raise ValueError(f"write_gguf: general.alignment must be a power of two up to 1 MiB, got {align!r}")
     out += struct.pack("<IQQ", 3, len(tensors), len(metadata))
     for key, v in metadata.items():
         kb = key.encode()
@@ -251,7 +254,7 @@ def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
         if isinstance(v, str):
             vb = v.encode()
             out += struct.pack("<IQ", _STRING, len(vb)) + vb
-        elif isinstance(v, int) and 0 <= v < 1 << 32:
+        elif isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32:
             out += struct.pack("<II", 4, v)
         else:
             raise TypeError(f"write_gguf: metadata {key!r} must be a str or a u32 int, got {v!r}")
@@ -262,10 +265,10 @@ def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
         out += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", 2) + struct.pack("<QQ", k, m)
         out += struct.pack("<IQ", type_id, offset)
         raw = np.asarray(raw, np.uint8).reshape(-1)
-        pad = (-raw.size) % 32
+        pad = (-raw.size) % align
         blobs.append(raw.tobytes() + bytes(pad))
         offset += raw.size + pad
-    out += bytes((-len(out)) % 32)
+    out += bytes((-len(out)) % align)
     for b in blobs:
         out += b
     Path(path).write_bytes(bytes(out))

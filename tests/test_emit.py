@@ -199,6 +199,19 @@ def test_cli_emit_and_check_run(tmp_path):
     assert "dequantize_q4_k" in chk.stdout and "SPILLS" not in chk.stdout
 
 
+def test_cli_emit_of_one_kernel_keeps_the_other_manifest_entries(tmp_path):
+    """`ptxgen emit --kernel X` rewrites X's file and manifest entry only: the other kernels' entries stay, in
+    their order, so emitting a subset into emitted/ never drops the rest of the manifest."""
+    import json
+    import shutil
+
+    golden = REPO / "emitted" / "sm_89" / "manifest.json"
+    shutil.copy(golden, tmp_path / "manifest.json")
+    assert main(["emit", "--arch", "sm_89", "--kernel", "quantize_q8_1", "-o", str(tmp_path), "-q"]) == 0
+    assert json.loads((tmp_path / "manifest.json").read_text()) == json.loads(golden.read_text())
+    assert [p.name for p in tmp_path.glob("*.ptx")] == ["quantize_q8_1.ptx"]
+
+
 def test_hot_loop_finds_the_innermost_loop_with_the_hottest_op():
     from ptxgen.runtime.compiler import hot_loop
 

@@ -1,6 +1,7 @@
 """GGUF reading (ptxgen.gguf): files written by the `gguf` package and by ptxgen read back byte for byte; corrupt,
 truncated and hostile files give one GGUFError naming the file (and the tensor), never a crash, a hang or an
 allocation sized by the file's claims."""
+import functools
 import struct
 import tracemalloc
 
@@ -13,13 +14,18 @@ from ptxgen.gguf import GGUFError, GGUFFile, format_of, list_gguf_tensors, read_
 from ptxgen.runtime import QuantTensor
 
 
-def _file(tmp_path, name="m.gguf"):
+@functools.cache
+def _tensors():
     rng = np.random.default_rng(0)
-    tensors = {"blk.0.attn_q.weight": (12, (3, 256), formats.quantize("q4_K", rng.standard_normal((3, 256)).astype(np.float32))),
-               "blk.0.ffn_down.weight": (14, (2, 512), formats.quantize("q6_K", rng.standard_normal((2, 512)).astype(np.float32))),
-               "output.weight": (8, (4, 64), formats.quantize("q8_0", rng.standard_normal((4, 64)).astype(np.float32)))}
+    return {"blk.0.attn_q.weight": (12, (3, 256), formats.quantize("q4_K", rng.standard_normal((3, 256)).astype(np.float32))),
+            "blk.0.ffn_down.weight": (14, (2, 512), formats.quantize("q6_K", rng.standard_normal((2, 512)).astype(np.float32))),
+            "output.weight": (8, (4, 64), formats.quantize("q8_0", rng.standard_normal((4, 64)).astype(np.float32)))}
+
+
+def _file(tmp_path, name="m.gguf", alignment=32):
+    tensors = _tensors()  # quantized once: the fuzz test writes this file per example
     path = tmp_path / name
-    write_gguf(path, tensors, {"general.architecture": "llama", "general.alignment": 32})
+    write_gguf(path, tensors, {"general.architecture": "llama", "general.alignment": alignment})
     return path, tensors
 
 
@@ -33,6 +39,17 @@ def test_written_files_read_back_byte_for_byte(tmp_path):
         assert got.tobytes() == raw.tobytes()
     with GGUFFile(path) as f:
         assert f.metadata["general.architecture"] == "llama" and f.version == 3
+
+
+@pytest.mark.parametrize("alignment", [8, 64, 4096])
+def test_the_written_alignment_is_the_one_read(tmp_path, alignment):
+    """write_gguf pads the data and each tensor to general.alignment, which the reader aligns to."""
+    path, tensors = _file(tmp_path, alignment=alignment)
+    for name, (_, _, raw) in tensors.items():
+        assert read_gguf_tensor(path, name)[2].tobytes() == raw.tobytes()
+    for bad in (48, True, 0):
+        with pytest.raises(ValueError, match="general.alignment must be a power of two"):
+            write_gguf(tmp_path / "bad.gguf", tensors, {"general.alignment": bad})
 
 
 def test_files_of_the_gguf_package_read_back(tmp_path):

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ptxgen import formats, tuning
+from ptxgen import formats, knobs, tuning
 from ptxgen.testing import strategies as S
-from conftest import setknob
 
 pytestmark = pytest.mark.gpu
 
@@ -355,8 +354,7 @@ def test_mul_mat_runs_the_prepared_mmq_from_its_threshold():
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     got = r.mul_mat(w, x)
     launched = ops.mul_mat_plan(w, t).kernels + ["--"]  # the plans the calls ran
-    with pytest.MonkeyPatch.context() as mp:
-        setknob(mp, "PTXGEN_MMQ_PRE", "0")
+    with knobs.override(PTXGEN_MMQ_PRE="0"):  # restored (and the plans re-made) on leaving
         ra = r.mul_mat(w, x)
         launched += ops.mul_mat_plan(w, t).kernels
     cut = launched.index("--")
@@ -380,19 +378,17 @@ def test_mul_mat_picks_wgmma_on_sm90():
     assert ops.mmq_path(t=ops.RULES.wgmma_ra_min_tokens) == ("wgmma_ra" if hopper else "mma.sync")
     assert ops.mmq_path(t=ops.RULES.wgmma_ra_min_tokens - 1) == ("wgmma" if hopper else "mma.sync")
     assert ops.mmq_path("sm_89", t=4096) == "mma.sync"
-    with pytest.MonkeyPatch.context() as mp:
-        setknob(mp, "PTXGEN_MMQ_REGA", "0")
+    with knobs.override(PTXGEN_MMQ_REGA="0"):
         assert ops.mmq_path(t=4096) == ("wgmma" if hopper else "mma.sync")
-        setknob(mp, "PTXGEN_MMQ_REGA", "1")
+    with knobs.override(PTXGEN_MMQ_REGA="1"):
         assert ops.mmq_path(t=16) == ("wgmma_ra" if hopper else "mma.sync")
     # the prepared build from MMQ_PRE_MIN_TOKENS (PTXGEN_MMQ_PRE=1: wherever n256 runs, 0: never)
     assert ops.mmq_path(t=ops.RULES.mmq_pre_min_tokens) == ("wgmma_pre" if hopper else "mma.sync")
     assert ops.mmq_path(t=ops.RULES.mmq_pre_min_tokens - 1) == ("wgmma_ra" if hopper else "mma.sync")
-    with pytest.MonkeyPatch.context() as mp:
-        setknob(mp, "PTXGEN_MMQ_PRE", "1")
+    with knobs.override(PTXGEN_MMQ_PRE="1"):
         assert ops.mmq_path(t=ops.RULES.wgmma_ra_n128_max_tokens + 1) == ("wgmma_pre" if hopper else "mma.sync")
         assert ops.mmq_path(t=ops.RULES.wgmma_ra_n128_max_tokens) == ("wgmma_ra" if hopper else "mma.sync")
-        setknob(mp, "PTXGEN_MMQ_PRE", "0")
+    with knobs.override(PTXGEN_MMQ_PRE="0"):
         assert ops.mmq_path(t=8192) == ("wgmma_ra" if hopper else "mma.sync")
 
 

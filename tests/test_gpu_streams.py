@@ -1,7 +1,6 @@
 """L3: mul_mat as users call it — on their stream, asynchronous, inside CUDA graphs, from two threads, as a torch
 operator (torch.compile). Each case compares bit for bit with a quiet eager call of the same plan."""
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -39,7 +38,8 @@ def weights(seed=0, fmt="q4_K", shape=SHAPE):
 
 
 def reference(w, x):
-    """The quiet eager answer (current stream, synchronized), checked against float64 once."""
+    """The quiet eager answer (current stream, synchronized): what every other way of calling must reproduce bit for
+    bit (its accuracy against float64 is test_gpu_gemv's and test_gpu_mmq's)."""
     torch = _torch()
     import ptxgen.runtime as r
 
@@ -128,12 +128,10 @@ def test_the_call_does_not_wait_for_the_gpu(t):
     want = reference(w, x)
     stream = torch.cuda.current_stream()
     busy(stream, 10.0)
-    t0 = time.perf_counter()
     y = r.mul_mat(w, x)
-    took = time.perf_counter() - t0
-    still_busy = not stream.query()
+    still_busy = not stream.query()  # the call came back before the 10 ms ahead of it finished
     torch.cuda.synchronize()
-    assert still_busy and took < 5e-3, (still_busy, took)
+    assert still_busy
     assert torch.equal(y, want)
 
 
@@ -235,7 +233,6 @@ def test_torch_operator_under_torch_compile_and_cuda_graphs():
     """ptxgen.torch.QuantLinear through torch.compile(fullgraph=True), with and without mode="reduce-overhead"
     (CUDA graphs): the eager bits, for decode and prefill token counts."""
     torch = _torch()
-    import ptxgen.runtime as r
     from ptxgen.torch import QuantLinear
 
     w, _ = weights()
@@ -250,7 +247,6 @@ def test_torch_operator_under_torch_compile_and_cuda_graphs():
         for _ in range(3):  # cudagraph trees record on a later call, then replay
             got = graphed(x).clone()
         assert torch.equal(got, want), t
-    assert r.QuantTensor  # the runtime stays importable alongside
 
 
 def test_weights_still_on_the_host_are_refused_while_capturing():

@@ -3,8 +3,7 @@ qh[32] (the fifth bit: sub-block j takes bit j of qh[l] for its element l), qs[1
 176 bytes per 256 weights, w = d·sc·q − dmin·m. The scale decode is Q4_K's (`q4_k.scale_ops`)."""
 from __future__ import annotations
 
-from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
-                   SplitHalves, UnpackNibbles)
+from ..dsl import ApplyScaleMin, ConvertHalf, DequantSequence, LoadWords, UnpackNibbles
 from ..ir import Imm, Mem
 from ._common import alignment_error
 from . import q4_k
