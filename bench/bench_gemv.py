@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from ptxgen.testing.strategies import random_raw  # noqa: F401 - bench_mmq and the probes take it from here
+
 HBM = 4.27e12
 SHAPES = [(3584, 3584), (4608, 3584), (18944, 3584), (3584, 18944), (4096, 14336), (14336, 4096)]
 TOKENS = (1, 2, 4, 8)
@@ -26,17 +28,6 @@ LLAMA_Q8_0 = {((18944, 3584), 1): 40.1, ((18944, 3584), 8): 59.6, ((3584, 18944)
 LLAMA_Q4_K = {((18944, 3584), 1): 26.9, ((18944, 3584), 8): 96.0, ((3584, 18944), 1): 23.6,
               ((3584, 18944), 8): 89.6, ((4608, 3584), 1): 11.1, ((3584, 3584), 1): 10.0,
               ((4096, 14336), 1): 16.3, ((4096, 14336), 8): 67.1}
-
-
-def random_raw(fmt, m, k, rng):
-    """Random blocks with tame scales (speed does not depend on values; tests check correctness)."""
-    from ptxgen import formats
-
-    f = formats.get(fmt)
-    raw = rng.integers(0, 256, (m * k // f.block_size, f.block_bytes), dtype=np.uint8)
-    halves = (rng.random((raw.shape[0], 2)) * 0.02 + 0.001).astype(np.float16).view(np.uint8)
-    raw[:, 0:4] = halves.reshape(-1, 4)
-    return raw.reshape(m, -1)
 
 
 def probe_argv(default_reps, lead=1):

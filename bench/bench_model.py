@@ -77,7 +77,12 @@ def main():
     args = ap.parse_args()
     scale = 16 if args.dry_run else 1
     tensors = model_tensors(args.format, args.layers, scale)
-    path = os.path.join(tempfile.mkdtemp(), "model.gguf")
+    with tempfile.TemporaryDirectory() as d:  # the file (GBs for a whole model) goes with the run
+        load_and_run(args, tensors, os.path.join(d, "model.gguf"))
+
+
+def load_and_run(args, tensors, path):
+    """Write the model to `path`, read its tensors back, then plan them (--dry-run) or time them."""
     t0 = time.perf_counter()
     write_model(path, tensors)
     print(f"wrote {path}: {len(tensors)} tensors, {os.path.getsize(path) / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s",
@@ -87,12 +92,12 @@ def main():
     ws = {name: r.QuantTensor.from_gguf(path, name) for name, *_ in tensors}
     assert all(ws[name].fmt == f and ws[name].shape == shape for name, _, f, shape in tensors)
     if args.dry_run:
-        from _pytest.monkeypatch import MonkeyPatch
+        import pytest
 
         from ptxgen.runtime import ops
         from ptxgen.testing import fakegpu
 
-        fakegpu.install(MonkeyPatch())
+        fakegpu.install(pytest.MonkeyPatch())
         for name, kind, f, (m, k) in tensors:
             for t in (1, args.tokens):
                 seq = " + ".join(dict.fromkeys(ops.choose(f, "exact", None, t, m, k).kernels))

@@ -32,14 +32,15 @@ NOT_DISPATCHED = {"gemv_q4_k_mma_t8", "prep_q4k_t8", "gemv_tq4_1s_tma_t4", "gemv
 
 
 def cases():
-    for fmt, mode in (("q4_K", "exact"), ("q4_K", "fast"), ("tq4_1s", "exact"), ("tq4_1s", "fast"), ("q8_0", "fast")):
+    for fmt, mode in (("q4_K", "exact"), ("q4_K", "fast"), ("tq4_1s", "exact"), ("tq4_1s", "fast"), ("q8_0", "fast"),
+                      ("q8_0", "exact"), ("q5_K", "exact"), ("q6_K", "exact")):
         extra = (WIDE,) if (fmt, mode) == ("q4_K", "exact") else (BIG,) if (fmt, mode) == ("tq4_1s", "exact") else ()
         for m, k in SHAPES + extra:
-            if fmt == "q8_0" and k % 64:
+            if (fmt, mode) == ("q8_0", "fast") and k % 64:
                 continue
             for t in (TOKENS if (m, k) in SHAPES else (9, 16) if (m, k) == WIDE else (3, 8)):
                 for arch in (None, "sm_89"):
-                    for forced in (FORCED if fmt != "q8_0" else [{}]):
+                    for forced in (FORCED if fmt in ("q4_K", "tq4_1s") else [{}]):  # the knobs pick their paths
                         for rotation in (("separate", "fused") if fmt == "tq4_1s" and mode == "exact" else ("separate",)):
                             yield fmt, mode, rotation, m, k, t, arch, forced
 
@@ -51,7 +52,7 @@ def main():
     quick = "--quick" in sys.argv
     only = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
     rng = np.random.default_rng(0)
-    covered, seen, n, worst = set(), set(), 0, 0.0
+    covered, seen, n, worst, wrong = set(), set(), 0, 0.0, 0
     weights = {}
     for fmt, mode, rotation, m, k, t, arch, forced in cases():
         with knobs.override(**forced):
@@ -78,19 +79,21 @@ def main():
             err = float(np.linalg.norm(y - want) / max(np.linalg.norm(want), 1e-30))
             if not np.isfinite(y).all() or err > bound:
                 print(f"WRONG: {fmt} {mode} {m}x{k} T={t} arch={arch} {forced}: relative error {err:.2e} > {bound:.0e}")
+                wrong += 1
             worst = max(worst, err if not q8 and fmt != "tq4_1s" else 0.0)
             covered |= set(plan.kernels)
             n += 1
     r.synchronize()
     dispatchable = {name for name in kernels.manifest("sm_90a") | kernels.manifest("sm_89")
-                    if not name.startswith(("dequantize_q4_k", "quantize_q8_1", "rotate_tq4_1s"))
+                    if name != "quantize_q8_1" and not (name.startswith("dequantize_") and not name.endswith("_frags"))
                     and not name.endswith(("_mc2", "_n192"))}
-    print(f"{n} calls, {len(covered)} kernels covered; worst relative error of the fp32 / fp16 paths {worst:.1e}")
+    print(f"{n} calls, {len(covered)} kernels covered; worst relative error of the fp32 / fp16 paths {worst:.1e}"
+          + (f"; {wrong} WRONG" if wrong else ""))
     print("covered:", " ".join(sorted(covered)))
-    if only:
-        return
-    print("not reached:", " ".join(sorted(dispatchable - covered - NOT_DISPATCHED)) or "none",
-          f"(never dispatched by the rule, not swept: {' '.join(sorted(NOT_DISPATCHED))})")
+    if not only:
+        print("not reached:", " ".join(sorted(dispatchable - covered - NOT_DISPATCHED)) or "none",
+              f"(never dispatched by the rule, not swept: {' '.join(sorted(NOT_DISPATCHED))})")
+    sys.exit(1 if wrong else 0)
 
 
 if __name__ == "__main__":
