@@ -165,7 +165,7 @@ class KernelBuilder:
         kernel before it in the stream has completed and flushed, so the runtime may launch it with PDL behind
         any kernel (meta `pdl_head`), hiding the launch gap between consecutive ops."""
         if self.arch.has("griddepcontrol"):
-            self.emit("griddepcontrol.launch_dependents")
+            self.pdl_trigger()
             self.emit("griddepcontrol.wait")
             self.meta["pdl_head"] = True
 

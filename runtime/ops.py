@@ -174,10 +174,9 @@ FUSED_MAX_TOKENS = 4  # gemv_tq4_1s_t8 has no fused-rotation variant (it would s
 
 
 def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
-    from ptxgen import codecs
-
+    """The lane GEMV of `w`'s format for up to the next of GEMV_TOKENS tokens: gemv_<fmt>_t<n>."""
     tk = next(k for k in GEMV_TOKENS if k >= t)
-    return f"gemv_{codecs.get(w.fmt).LANE_STEM}_t{tk}" + ("_fused" if fused else "")
+    return f"gemv_{w.fmt.lower()}_t{tk}" + ("_fused" if fused else "")
 
 
 MMQ_TILES = (32, 64, 128)

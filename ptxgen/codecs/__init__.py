@@ -7,6 +7,17 @@ from . import q4_k, q5_k, q6_k, q8_0, tq4_1s
 CODECS = {c.FMT: c for c in (q4_k, q5_k, q6_k, q8_0, tq4_1s)}
 
 
+def with_route(route: str) -> tuple[str, ...]:
+    """The formats whose mul_mat takes `route` (runtime/ops.py) in some mode, in CODECS' order: the kernels a route
+    needs are built for these."""
+    return tuple(f for f, c in CODECS.items() if any(route in routes for routes in c.ROUTES.values()))
+
+
+def dequantizable() -> tuple[str, ...]:
+    """The formats whose `dequant_lane` gives the weights W themselves (not a rotated domain's, as TQ4_1S's)."""
+    return tuple(f for f, c in CODECS.items() if hasattr(c, "dequant_lane") and not getattr(c, "ROTATED", False))
+
+
 def get(fmt: str):
     try:
         return CODECS[fmt]

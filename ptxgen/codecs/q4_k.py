@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
                    SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
+from ._common import alignment_error
 
 FMT = "q4_K"
 BLOCK_K = 256
@@ -29,12 +30,7 @@ LOAD_ALIGN = 4  # dequant_lane's widest load
 # mul_mat's routes (runtime/ops.py), in the order they are tried, per mode
 ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode_q4k"), "fast": ("mmq", "fast_lanes")}
 FAST_LANES = ("prep_q8_lanes", "gemv_q4_k_fast_t{}")  # mode "fast" decode: activation prep, GEMV per token count
-LANE_STEM = "q4_k"  # the lane GEMVs: gemv_q4_k_t{n}
-
-
-def weights_error(mode: str, k: int, ptr: int) -> str | None:
-    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None."""
-    return f"q4_K weights must start 16-byte aligned, pointer is {ptr:#x}" if ptr % 16 else None
+weights_error = alignment_error(FMT, 16)  # the GEMVs' and GEMMs' 16-byte loads, the TMA maps
 
 
 def scale_ops() -> tuple:
@@ -249,18 +245,3 @@ def run8_head(b, row, k0, fmt: str = FMT, block_bytes: int = BLOCK_BYTES):
                           DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")), ScaleProduct("d", "sc", "d1"),
                           ScaleProduct("dmin", "m", "m1"))).lower(b, env)
     return kin, c, hi, env
-
-
-def run8(b, row, k0):
-    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8, a register): float32 exactly as ggml (random
-    access: the prepared GEMM's fragment writer, kernels/frags.py)."""
-    kin, c, hi, env = run8_head(b, row, k0)
-    block = env["block"]
-    qs = b.regs("b32", 2)
-    off = b.op("add.u32", b.op("shl.b32", c, Imm(5, "u32")), b.op("and.b32", kin, Imm(31, "b32")))
-    b.emit("ld.global.nc.v2.u32", b.vec(qs), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", off)), HEADER_BYTES))
-    shift = b.op("shl.b32", hi, Imm(2, "u32"))
-    env["q"] = [b.op("bfe.u32", qs[j // 4], b.op("add.u32", shift, Imm(8 * (j % 4), "u32")), Imm(4, "u32"))
-                for j in range(8)]
-    ApplyScaleMin("q", "d1", "m1", "w").lower(b, env)
-    return env["w"]

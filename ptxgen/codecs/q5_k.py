@@ -16,7 +16,7 @@ QH_OFFSET, QS_OFFSET = 16, 48
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 4  # dequant_lane's widest load
 ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
-weights_error = alignment_error(FMT, 8)  # run8's v2 loads (the codec GEMV, the prepared GEMM's fragments, the fixup)
+weights_error = alignment_error(FMT, 8)  # run8's v2 loads (the prepared GEMM's fragment writer)
 
 
 def dequant_lane(b, w, group, lane, count, f32: bool = False):
@@ -49,7 +49,7 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
 
 
 def run8(b, row, k0):
-    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): float32 exactly as ggml (q4_k.run8 plus the
+    """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): float32 exactly as ggml (Q4_K's decode plus the
     fifth bits: bit 2c + hi of qh bytes k0 % 32 ..)."""
     kin, c, hi, env = q4_k.run8_head(b, row, k0, FMT, BLOCK_BYTES)
     block = env["block"]

@@ -19,7 +19,6 @@ LOAD_ALIGN = 4
 ROTATED = True  # the activation is forward_rht(x): the prefill route rotates it once (rotate_tq4_1s)
 ROUTES = {"exact": ("mmq_pre", "decode_tq4"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py) per mode
 FAST_LANES = ("prep_tq4_1s_q8", "gemv_tq4_1s_fast_t{}")
-LANE_STEM = "tq4_1s"
 
 
 weights_error = alignment_error(FMT, LOAD_ALIGN)  # every kernel reads the blocks in 4-byte words

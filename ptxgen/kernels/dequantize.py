@@ -10,7 +10,7 @@ from ..ir import Imm, Mem
 from . import KernelDef
 
 WARPS = 8
-FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")
+FORMATS = codecs.dequantizable()
 _STORE = {1: "st.global.b32", 2: "st.global.v2.b32", 4: "st.global.v4.b32"}
 
 
@@ -28,8 +28,8 @@ def build(arch, fmt: str):
                                       "superblocks_per_cta" if one else "groups_per_cta")
     if not one:
         b.meta["blocks_per_group"] = codec.GROUP_BLOCKS
-    groups = count if one else b.op("shr.u32", b.op("add.u32", count, Imm(codec.GROUP_BLOCKS - 1, "u32")),
-                                    Imm(codec.GROUP_BLOCKS.bit_length() - 1, "u32"))
+    groups = count if one else b.op("div.u32", b.op("add.u32", count, Imm(codec.GROUP_BLOCKS - 1, "u32")),
+                                    Imm(codec.GROUP_BLOCKS, "u32"))
     lane, group, done = warp_per_item(b, groups, WARPS)
     runs, offsets, valid = codec.dequant_lane(b, w, group, lane, count)
     first, deltas = offsets()

@@ -27,8 +27,7 @@ def build_frags(arch):
     m_p, k_p = b.param("M", "u32", "scalar"), b.param("K", "u32", "scalar")
     b.meta.update(grid="(K / 64, ceil(M / 128))", layout="ptxgen.layouts.q4k_rega_fragments",
                   block_bytes=RA_FRAG_BYTES)
-    if arch.has("griddepcontrol"):  # the GEMM after it may launch now (its producer waits before the first TMA)
-        b.emit("griddepcontrol.launch_dependents")
+    b.pdl_trigger()  # the GEMM after it may launch now (its producer waits before the first TMA)
     W, Y, M, K, ct, s, tm, t, row0 = thread(b, w_p, y_p, m_p, k_p)
     row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
     c = b.op("and.b32", s, Imm(3, "b32"))  # the step's 64 columns within its super-block

@@ -20,8 +20,8 @@ from . import KernelDef
 
 THREADS = 256
 WARPS = THREADS // 32
-FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")  # behind the prefill GEMMs of each (Q4_K: its MMQs; the
-# others: the prepared GEMM; TQ4_1S's x is the rotated activation)
+FORMATS = codecs.with_route("mmq") + codecs.with_route("mmq_pre")  # behind the prefill GEMMs of each (Q4_K: its
+# MMQs; the others: the prepared GEMM; TQ4_1S's x is the rotated activation)
 
 
 def name(fmt: str) -> str:
@@ -31,7 +31,7 @@ def name(fmt: str) -> str:
 def build(arch, fmt: str = "q4_K"):
     """The fixup behind a prefill GEMM on `fmt` weights: the rows recomputed from the codec's fp32 decode (Q4_K: its
     own per-lane word decode; the others: the codec's dequant_lane, as the codec GEMV)."""
-    doc = __doc__.splitlines()[0] if fmt == "q4_K" else __doc__.splitlines()[0].replace("q4_k", fmt.lower())
+    doc = __doc__.splitlines()[0].replace("q4_k", fmt.lower())
     b = KernelBuilder(name(fmt), arch, doc, block=(THREADS, 1, 1))
     f_p, d_p = b.param("flag", "u64", "ptr:scratch"), b.param("done", "u64", "ptr:scratch")
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")

@@ -12,7 +12,7 @@ from ..layouts import RA_FRAG_BYTES
 from . import KernelDef
 
 FRAG_THREADS = 256
-FORMATS = ("q5_K", "q6_K", "q8_0", "tq4_1s")  # (TQ4_1S: its rotated-domain weights, for a rotated activation)
+FORMATS = codecs.with_route("mmq_pre")  # (TQ4_1S: its rotated-domain weights, for a rotated activation)
 PAIRS = ((0, 2), (1, 3), (4, 6), (5, 7))  # f16x2 number n % 4 of a thread's 8 columns (layouts.q4k_rega_k_order)
 
 

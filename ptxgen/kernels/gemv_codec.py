@@ -17,7 +17,7 @@ from . import KernelDef
 
 WARPS = 8
 TOKENS = (1, 2, 4, 8)
-FORMATS = ("q5_K", "q6_K", "q8_0")
+FORMATS = codecs.with_route("codec_gemv")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 
 

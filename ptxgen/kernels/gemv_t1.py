@@ -130,9 +130,11 @@ def _split_range(b, nsb, kz, nsplit):
     return jb, b.op("min.u32", b.op("add.u32", jb, per), nsb)
 
 
-def _params(b, NW, ctas):
-    """The few-token kernels' parameters (w, records, y, m, k, ntok, part, counters) and launch bounds."""
-    ps = (b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"),
+def _params(b, NW, ctas, fused: bool = False):
+    """The few-token kernels' parameters (w, records, y, m, k, ntok, part, counters) and launch bounds (`fused`: the
+    kernel writes the records itself, scratch rather than an input)."""
+    ps = (b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:scratch" if fused else "ptr:in"),
+          b.param("y", "u64", "ptr:out"),
           b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32"))
     ps += (b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch"))
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
@@ -257,7 +259,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
                       "cp.async", block=(32 * NW, 1, 1))
-    ps = _params(b, NW, ctas)
+    ps = _params(b, NW, ctas, fused)
     part_p, cnt_p = ps[6:]
     x_p = b.param("x", "u64", "ptr:in") if fused else None
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)

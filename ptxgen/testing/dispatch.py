@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ptxgen.codecs import CODECS
 from ptxgen.runtime.driver import Context
 
 DEVICES = {"sm_90 H200": Context(0, None, "fake H200", 90, 132, 227 * 1024, 60 << 20),
@@ -17,8 +18,7 @@ DEVICES = {"sm_90 H200": Context(0, None, "fake H200", 90, 132, 227 * 1024, 60 <
            "sm_120 170 SMs": Context(0, None, "fake sm_120", 120, 170, 99 * 1024, 96 << 20)}
 SHAPES = [(64, 4096), (127, 512), (128, 256), (3584, 3584), (4096, 4096), (4096, 14336), (14336, 4096), (18944, 3584)]
 TOKENS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48, 64, 65, 128, 129, 256, 512, 1024, 4096, 8192]
-FORMATS = (("q4_K", ("exact", "fast")), ("tq4_1s", ("exact", "fast")), ("q8_0", ("exact", "fast")), ("q5_K", ("exact",)),
-           ("q6_K", ("exact",)))
+FORMATS = tuple((fmt, tuple(c.ROUTES)) for fmt, c in CODECS.items())  # every format, in each mode it has
 SLICED_MAX_T = 64  # the docs table: past this T a plan made of slices of 8 tokens repeats its pattern
 SLICE = "slices of 8 tokens, each as above (the last as its own T)"
 
