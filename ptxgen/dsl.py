@@ -137,6 +137,18 @@ def elementwise_head(name: str, arch, doc: str, inp: str, out: str, count: str, 
     return b, i, o, b.ld_param(n_p, "u32")
 
 
+def warp_sum(b: KernelBuilder, v: Reg, *, inplace: bool = False) -> Reg:
+    """fp32 `v` summed over the warp by a butterfly (lane offsets 16, 8, 4, 2, 1: every lane ends with the same
+    total, in the same order of additions): a new register per step, or `inplace` into `v`."""
+    for off in (16, 8, 4, 2, 1):
+        o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+        if inplace:
+            b.emit("add.rn.f32", v, v, o)
+        else:
+            v = b.op("add.rn.f32", v, o)
+    return v
+
+
 def warp_per_item(b: KernelBuilder, count: Reg, warps: int):
     """Schedule of the elementwise kernels: one warp per item (a quant block), `warps` items per CTA.
     Returns (lane, item, done); warps past `count` branch to `done`, which the caller places."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .. import codecs
 from ..builder import KernelBuilder
 from ..codecs.q4_k import dequant_word as dequant_q4_k_word
+from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
 
@@ -105,9 +106,7 @@ def build(arch, fmt: str = "q4_K"):
     b.emit("add.u32", sb, sb, Imm(1, "u32"))
     b.bra(sb_loop)
     b.place(sb_done)
-    for off in (16, 8, 4, 2, 1):
-        o = b.op("shfl.sync.bfly.b32", acc, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
-        b.emit("add.rn.f32", acc, acc, o)
+    warp_sum(b, acc, inplace=True)
     b.emit("st.global.f32", Mem(b.op("mad.wide.u32", row, Imm(4, "u32"), ytok)), acc,
            pred=b.op("setp.eq.u32", lane, Imm(0, "u32")))
     b.emit("add.u32", row, row, Imm(WARPS, "u32"))

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..builder import KernelBuilder
 from ..codecs import q4_k as Q4K
-from ..dsl import warp_per_item
+from ..dsl import warp_per_item, warp_sum
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, TensorRef, mma_sync
 from . import KernelDef
@@ -264,10 +264,7 @@ def _reduce_and_store(b, acc, R, Tn, lane, warp, tid, red_sym, row0, M, ntok, Y)
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     for r in range(R):
         for t in range(Tn):
-            v = acc[r][t]
-            for off in (16, 8, 4, 2, 1):
-                o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
-                v = b.op("add.rn.f32", v, o)
+            v = warp_sum(b, acc[r][t])
             slot = b.op("mad.lo.u32", warp, Imm(4 * R * Tn, "u32"), red)
             b.emit("st.shared.f32", Mem(slot, 4 * (r * Tn + t)), v, pred=lead)
     b.emit("bar.sync", Imm(0, "u32"))
@@ -1530,10 +1527,7 @@ def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool):
 def _min_pair(b, xs):
     """The block's scaled sum (warp butterfly) times 2^MIN_FRAG_SHIFT as fp16 (hi, lo); lo = 0 where hi is not
     finite."""
-    tot = xs
-    for o_ in (16, 8, 4, 2, 1):
-        tot = b.op("add.rn.f32", tot, b.op("shfl.sync.bfly.b32", tot, Imm(o_, "u32"), Imm(31, "u32"),
-                                             Imm(0xFFFFFFFF, "b32"), type="f32"))
+    tot = warp_sum(b, xs)
     sv = b.op("mul.rn.f32", tot, Imm(2.0 ** T4.MIN_FRAG_SHIFT, "f32"))
     shi = b.op("cvt.rn.f16.f32", sv, type="b16")
     slo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", sv, b.op("cvt.f32.f16", shi)), type="b16")
@@ -1825,10 +1819,7 @@ def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
     Tn = 1 + max(t for _, t in sums)
     red = {}
     for (r, t), v in sums.items():
-        for off in (16, 8, 4, 2, 1):
-            o = b.op("shfl.sync.bfly.b32", v, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
-            v = b.op("add.rn.f32", v, o)
-        red[r, t] = v
+        red[r, t] = warp_sum(b, v)
     sums = red
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     owner = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .. import codecs
 from ..builder import KernelBuilder
+from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
 
@@ -73,10 +74,7 @@ def build(arch, fmt: str, nt: int):
     b.bra(loop, pred=b.op("setp.lt.u32", g, ngroups))
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     for t in range(nt):
-        s = acc[t]
-        for off in (16, 8, 4, 2, 1):
-            s = b.op("add.rn.f32", s, b.op("shfl.sync.bfly.b32", s, Imm(off, "u32"), Imm(31, "u32"),
-                                           Imm(0xFFFFFFFF, "b32"), type="f32"))
+        s = warp_sum(b, acc[t])
         ok = lead if live[t] is None else b.op("and.pred", lead, live[t])
         b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", M, Imm(t, "u32"), row), Imm(4, "u32"), Y)),
                s, pred=ok)

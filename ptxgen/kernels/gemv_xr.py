@@ -21,6 +21,7 @@ memory across warps, summed in warp order (deterministic). Idle lanes (K / 64 no
 from __future__ import annotations
 
 from ..builder import KernelBuilder
+from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
 
@@ -116,10 +117,7 @@ def build(arch):
             c = b.op("fma.rn.f32", dsc, qx, b.op("neg.f32", b.op("mul.rn.f32", dmm, sums[h])))
             part = c if part is None else b.op("add.rn.f32", part, c)
         part = b.op("selp.f32", part, Imm(0.0, "f32"), live)
-        for off in (16, 8, 4, 2, 1):
-            b.emit("add.rn.f32", part, part,
-                   b.op("shfl.sync.bfly.b32", part, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"),
-                        type="f32"))
+        warp_sum(b, part, inplace=True)
         store = b.op("and.pred", b.op("setp.eq.u32", lane, Imm(0, "u32")), b.op("setp.lt.u32", r, rend))
         slot = b.op("mad.lo.u32", b.op("sub.u32", r, r0), Imm(XR_WARP_STRIDE, "u32"), warp)
         b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", slot, Imm(4, "u32"), b.op("mov.u32", red))), part, pred=store)
