@@ -16,12 +16,10 @@ from __future__ import annotations
 from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
                    SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
-from ._common import alignment_error
+from ._common import alignment_error, geometry
 
 FMT = "q4_K"
-BLOCK_K = 256
-BLOCK_BYTES = 144
-HEADER_BYTES = 16  # d, dmin, scales[12]
+BLOCK_K, BLOCK_BYTES, HEADER_BYTES = geometry(FMT, "qs")  # 256, 144, 16 (d, dmin, scales[12], then qs)
 SUB_K = 32
 STEP_K = 64  # the GEMMs' K step: one pair of sub-blocks,
 STEP_ROW_BYTES = HEADER_BYTES + 32  # the header and the pair's 32 qs bytes per row and step

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from ..dsl import ApplyScaleMin, ConvertHalf, DequantSequence, LoadWords, UnpackNibbles
 from ..ir import Imm, Mem
-from ._common import alignment_error
+from ._common import alignment_error, geometry
 from . import q4_k
 
 FMT = "q5_K"
-BLOCK_K = 256
-BLOCK_BYTES = 176
-HEADER_BYTES = 16
-QH_OFFSET, QS_OFFSET = 16, 48
+BLOCK_K, BLOCK_BYTES, HEADER_BYTES, QS_OFFSET = geometry(FMT, "qh", "qs")  # 256, 176, 16, 48
+QH_OFFSET = HEADER_BYTES
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 4  # dequant_lane's widest load
 ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode

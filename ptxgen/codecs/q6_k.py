@@ -5,12 +5,10 @@ ql[l + 32·(k & 1)] (low nibble for k < 2, high for k ≥ 2) with bits 2k, 2k + 
 from __future__ import annotations
 
 from ..ir import Imm, Mem
-from ._common import alignment_error
+from ._common import alignment_error, geometry
 
 FMT = "q6_K"
-BLOCK_K = 256
-BLOCK_BYTES = 210
-QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = 0, 128, 192, 208
+BLOCK_K, BLOCK_BYTES, QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = geometry(FMT, "ql", "qh", "scales", "d")
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 2
 ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode

@@ -3,10 +3,10 @@ aligned), w = q·d."""
 from __future__ import annotations
 
 from ..ir import Imm, Mem
+from ._common import block_lanes, geometry
 
 FMT = "q8_0"
-BLOCK_K = 32
-BLOCK_BYTES = 34
+BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 34
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 LOAD_ALIGN = 2
 ROUTES = {"exact": ("mmq_pre", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py) per mode
@@ -26,8 +26,7 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
     8·(L % 4) .. + 7 (four 2-byte loads: the block is 2-byte aligned); w = q·d in float32 as ggml, then fp16: one
     run of 4 f16x2 words (f32: of 8 f32 values). As q4_k.dequant_lane."""
     b.comment("dequant q8_0: int8 pairs -> q·d -> fp16")
-    blk = b.op("mad.lo.u32", group, Imm(GROUP_BLOCKS, "u32"), b.op("shr.u32", lane, Imm(2, "u32")))
-    valid = b.op("setp.lt.u32", blk, count)
+    blk, valid, offsets = block_lanes(b, group, lane, count, GROUP_BLOCKS)
     block = b.op("mad.wide.u32", blk, Imm(BLOCK_BYTES, "u32"), w)
     run = b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(3, "u32"))  # 8·(L % 4)
     qs = b.op("add.s64", block, b.op("cvt.u64.u32", run))
@@ -45,9 +44,6 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
             words += v
         else:
             words.append(b.op("cvt.rn.f16x2.f32", v[1], v[0], type="b32"))
-
-    def offsets():  # element 32·block + 8·(L % 4) = 256·group + 8·L
-        return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("shl.b32", lane, Imm(3, "u32"))), (0,)
     return [words], offsets, valid
 
 

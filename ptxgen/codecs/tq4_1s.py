@@ -9,11 +9,10 @@ import numpy as np
 
 from ..formats.tq4_1s import CODEBOOK
 from ..ir import Imm, Mem
-from ._common import alignment_error
+from ._common import alignment_error, block_lanes, geometry
 
 FMT = "tq4_1s"
-BLOCK_K = 32
-BLOCK_BYTES = 20
+BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 20
 GROUP_BLOCKS = 8  # a warp step: 8 blocks (256 weights), lane L the 8 elements 8·(L % 4) .. of block L / 4
 LOAD_ALIGN = 4
 ROTATED = True  # the activation is forward_rht(x): the prefill route rotates it once (rotate_tq4_1s)
@@ -57,12 +56,8 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
     real domain is the CPU's: formats.dequantize)."""
     if not f32:
         raise ValueError("tq4_1s: dequant_lane gives the rotated-domain fp32 weights only")
-    blk = b.op("mad.lo.u32", group, Imm(GROUP_BLOCKS, "u32"), b.op("shr.u32", lane, Imm(2, "u32")))
-    valid = b.op("setp.lt.u32", blk, count)
+    blk, valid, offsets = block_lanes(b, group, lane, count, GROUP_BLOCKS)
     inrow = b.op("min.u32", blk, b.op("sub.u32", count, Imm(1, "u32")))  # a lane past the row reads its last block
     k0 = b.op("mad.lo.u32", inrow, Imm(BLOCK_K, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(3, "u32")))
     vals = run8(b, w, k0)  # (those lanes' values are multiplied by predicated-off zeros)
-
-    def offsets():  # element 32·block + 8·(L % 4) = 256·group + 8·L
-        return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("shl.b32", lane, Imm(3, "u32"))), (0,)
     return [vals], offsets, valid

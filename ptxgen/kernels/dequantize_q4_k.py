@@ -2,11 +2,11 @@
 dequantize_q4_k itself is the generic kernels/dequantize.py over the Q4_K codec."""
 from __future__ import annotations
 
+from ..codecs import q4_k as Q4K
 from ..codecs.q4_k import dequant_word as dequant_q4_k_word
 from ..ir import Imm, Mem
 from . import KernelDef
-
-FRAG_THREADS = 256  # one thread per consumer thread of the register-A wgmma MMQ
+from .frags import FRAG_THREADS  # one thread per consumer thread of the register-A wgmma MMQ
 
 
 def build_frags(arch):
@@ -29,9 +29,9 @@ def build_frags(arch):
                   block_bytes=RA_FRAG_BYTES)
     b.pdl_trigger()  # the GEMM after it may launch now (its producer waits before the first TMA)
     W, Y, M, K, ct, s, tm, t, row0 = thread(b, w_p, y_p, m_p, k_p)
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    row_bytes = b.op("mul.lo.u32", b.op("div.u32", K, Imm(Q4K.BLOCK_K, "u32")), Imm(Q4K.BLOCK_BYTES, "u32"))
     c = b.op("and.b32", s, Imm(3, "b32"))  # the step's 64 columns within its super-block
-    sb_off = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))
+    sb_off = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(Q4K.BLOCK_BYTES, "u32"))
     sub_lo = b.op("shl.b32", c, Imm(1, "u32"))
     qs_off = b.op("add.u32", b.op("shl.b32", c, Imm(5, "u32")), b.op("shl.b32", t, Imm(3, "u32")))
     last = b.op("sub.u32", M, Imm(1, "u32"))
@@ -43,7 +43,7 @@ def build_frags(arch):
                      b.op("cvt.u64.u32", sb_off))
         block = b.op("add.u64", W, block)
         qw = b.regs("b32", 2)
-        b.emit("ld.global.nc.v2.u32", b.vec(qw), Mem(b.op("add.u64", block, b.op("cvt.u64.u32", qs_off)), 16))
+        b.emit("ld.global.nc.v2.u32", b.vec(qw), Mem(b.op("add.u64", block, b.op("cvt.u64.u32", qs_off)), Q4K.HEADER_BYTES))
         env = {"block": block, "sub_lo": sub_lo, "sub_hi": b.op("add.u32", sub_lo, Imm(1, "u32")), "qword": qw[0]}
         dequant_q4_k_word().lower(b, env)  # bytes 0-3 of the 8: w_lo (columns 8t + 0..3), w_hi (32 + 8t + 0..3)
         env["qword2"] = qw[1]

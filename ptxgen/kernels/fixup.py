@@ -135,8 +135,8 @@ def build(arch, fmt: str = "q4_K"):
 
 def _q4k_rows(b, codec, K, lane):
     """Q4_K's row walk: (super-blocks, row bytes, step(row, super-block, x row, acc)); lane L decodes qs word L."""
-    nsb = b.op("shr.u32", K, Imm(8, "u32"))
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(144, "u32"))
+    nsb = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(codec.BLOCK_BYTES, "u32"))
     chunk = b.op("shr.u32", lane, Imm(3, "u32"))
     sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
     sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
@@ -144,11 +144,12 @@ def _q4k_rows(b, codec, K, lane):
     col = b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32")))
 
     def step(wrow, sb, xrow, acc):
-        block = b.op("mad.wide.u32", sb, Imm(144, "u32"), wrow)
+        block = b.op("mad.wide.u32", sb, Imm(codec.BLOCK_BYTES, "u32"), wrow)
         env = {"block": block, "sub_lo": sub_lo, "sub_hi": sub_hi,
-               "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block), 16))}
+               "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block),
+                                                     codec.HEADER_BYTES))}
         dequant_q4_k_word().lower(b, env)
-        xa = b.op("mad.wide.u32", b.op("mad.lo.u32", sb, Imm(256, "u32"), col), Imm(4, "u32"), xrow)
+        xa = b.op("mad.wide.u32", b.op("mad.lo.u32", sb, Imm(codec.BLOCK_K, "u32"), col), Imm(4, "u32"), xrow)
         xl, xh = b.regs("f32", 4), b.regs("f32", 4)
         b.emit("ld.global.nc.v4.f32", b.vec(xl), Mem(xa))
         b.emit("ld.global.nc.v4.f32", b.vec(xh), Mem(xa, 128))
