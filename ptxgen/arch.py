@@ -34,6 +34,7 @@ class Arch:
     max_smem_per_block: int = 48 * 1024  # dynamic shared memory opt-in limit, bytes
     max_regs_per_thread: int = 255
     features: frozenset[str] = field(default_factory=frozenset)
+    tma_frame_bytes: int = 0  # the stack frame this target's ptxas gives any kernel that issues a TMA copy
 
     @property
     def name(self) -> str:
@@ -48,9 +49,9 @@ class Arch:
         return f"{self.ptx_version[0]}.{self.ptx_version[1]}"
 
     def allowed_stack(self, ptx: str) -> int:
-        """Stack bytes a kernel's compile may show without a spill: sm_120a's ptxas (CUDA 13.0) gives every kernel
-        that issues cp.async.bulk.tensor an 8-byte frame (a one-instruction TMA kernel too), elsewhere none."""
-        return 8 if self.name == "sm_120a" and "cp.async.bulk.tensor" in ptx else 0
+        """Stack bytes a kernel's compile may show without a spill: `tma_frame_bytes` if it issues
+        cp.async.bulk.tensor, else none."""
+        return self.tma_frame_bytes if "cp.async.bulk.tensor" in ptx else 0
 
     def has(self, feature: str) -> bool:
         if feature not in FEATURES:
@@ -90,8 +91,9 @@ ARCHES: dict[str, Arch] = {
         Arch(8, 9, "", (8, 7), 99 * 1024, features=frozenset(_AMPERE)),
         Arch(9, 0, "a", (8, 7), 227 * 1024, features=frozenset(_HOPPER_PLAIN | {"wgmma", "setmaxnreg"})),
         # consumer Blackwell: mma.sync + TMA, no wgmma (ptxas rejects it); setmaxnreg does assemble there.
-        # PTX ISA 8.7 is the first with sm_120a.
-        Arch(12, 0, "a", (8, 7), 99 * 1024, features=frozenset(_HOPPER_PLAIN | {"setmaxnreg"})),
+        # PTX ISA 8.7 is the first with sm_120a. Its ptxas (CUDA 13.0) gives every kernel that issues
+        # cp.async.bulk.tensor an 8-byte frame (a one-instruction TMA kernel too).
+        Arch(12, 0, "a", (8, 7), 99 * 1024, features=frozenset(_HOPPER_PLAIN | {"setmaxnreg"}), tma_frame_bytes=8),
     )
 }
 TARGETS = ("sm_89", "sm_90a", "sm_120a")  # what `ptxgen emit` produces by default

@@ -153,8 +153,9 @@ def cmd_check(args) -> int:
                 continue
             k = d.for_arch(arch)
             whole = k.meta.get("compile") == "whole-program"  # loaded by the driver's JIT: check it the same way
+            ptx = k.ptx()
             try:
-                res = compile_ptx(k.ptx(), arch.name, name=k.name, whole_program=whole)
+                res = compile_ptx(ptx, arch.name, name=k.name, whole_program=whole)
             except CompileError as e:
                 failed += 1
                 print(f"{k.name:<20} {arch.name:<8} {'-':>4} {'-':>7} {'-':>5} {'-':>5}  FAILED\n{e}")
@@ -164,7 +165,7 @@ def cmd_check(args) -> int:
                 continue
             r = res.resources.get(k.entry, {})
             spills = r.get("spill_stores", 0) + r.get("spill_loads", 0) + r.get("lmem", 0)
-            status = "ok" if spills == 0 and r.get("stack", 0) <= arch.allowed_stack(k.ptx()) else "SPILLS"
+            status = "ok" if spills == 0 and r.get("stack", 0) <= arch.allowed_stack(ptx) else "SPILLS"
             failed += status != "ok"
             print(f"{k.name:<20} {arch.name:<8} {r.get('registers', 0):>4} {r.get('smem', 0) + k.dynamic_smem:>7} "
                   f"{r.get('stack', 0):>5} {spills:>5}  {status}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ptxgen import knobs, tuning
@@ -75,6 +76,11 @@ def _fresh_knobs():
     yield
     tuning.reset()
     knobs.reload()
+
+
+def rel(got, want) -> float:
+    """‖got − want‖ / ‖want‖ in float64: the GPU tests' accuracy measure against their float64 references."""
+    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))
 
 
 def setknob(mp, name: str, value) -> None:

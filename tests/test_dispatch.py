@@ -2,36 +2,36 @@
 without a GPU) equal tests/data/dispatch.json. A deliberate change of the rule regenerates that file
 (`python -m ptxgen.testing.dispatch > tests/data/dispatch.json`) and shows up in its diff, one case per line."""
 import json
+import os
 
-from conftest import DATA
+import pytest
+
+from conftest import DATA, REPO
+from ptxgen import knobs
 from ptxgen.testing import dispatch
 
 
-def test_dispatch_is_the_golden_table(monkeypatch):
-    for var in ("PTXGEN_Q4K_MMA", "PTXGEN_Q4K_T1", "PTXGEN_Q4K_FUSED", "PTXGEN_Q4K_T16H", "PTXGEN_Q4K_XR", "PTXGEN_TQ4_MMA", "PTXGEN_MMQ_SKINNY",
-                "PTXGEN_MMQ_REGA", "PTXGEN_MMQ_CX", "PTXGEN_MMQ_PRE", "PTXGEN_MMQ_X16", "PTXGEN_MMQ_TAIL_SPLIT"):
-        monkeypatch.delenv(var, raising=False)  # the rule as shipped: every knob on auto
-    from ptxgen import knobs
-
+@pytest.fixture
+def shipped_rule(monkeypatch):
+    """The rule as shipped: every PTXGEN_ knob unset (on auto)."""
+    for var in [v for v in os.environ if v.startswith("PTXGEN_")]:
+        monkeypatch.delenv(var, raising=False)
     knobs.reload()
+    return monkeypatch
+
+
+def test_dispatch_is_the_golden_table(shipped_rule):
     golden = json.loads((DATA / "dispatch.json").read_text())
-    got = json.loads(dispatch.dumps(dispatch.table(monkeypatch)))
+    got = json.loads(dispatch.dumps(dispatch.table(shipped_rule)))
     changed = [k for k in golden if got.get(k) != golden[k]] + [k for k in got if k not in golden]
     assert not changed, f"{len(changed)} cases differ from tests/data/dispatch.json, e.g. {changed[0]}: " \
                         f"{got.get(changed[0])} (golden {golden.get(changed[0])})"
 
 
-def test_the_design_docs_dispatch_section_is_generated_from_the_rule(monkeypatch):
+def test_the_design_docs_dispatch_section_is_generated_from_the_rule(shipped_rule):
     """docs/design.md's dispatch table and thresholds are `python -m ptxgen.testing.dispatch --markdown`'s output."""
-    from pathlib import Path
-
-    from ptxgen import knobs
-
-    for var in [v for v in __import__("os").environ if v.startswith("PTXGEN_")]:
-        monkeypatch.delenv(var, raising=False)
-    knobs.reload()
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
-    want = dispatch.markdown(monkeypatch)
+    doc = (REPO / "docs" / "design.md").read_text()
+    want = dispatch.markdown(shipped_rule)
     a, b = doc.find(dispatch.BEGIN), doc.find(dispatch.END)
     assert a >= 0 and b > a and doc.count(dispatch.BEGIN) == doc.count(dispatch.END) == 1, \
         "docs/design.md must hold its generated dispatch section once"

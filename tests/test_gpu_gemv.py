@@ -5,13 +5,9 @@ from hypothesis import given, settings, strategies as st
 
 from ptxgen import formats, tuning
 from ptxgen.testing import strategies as S
-from conftest import setknob
+from conftest import rel, setknob
 
 pytestmark = pytest.mark.gpu
-
-
-def rel(got, want):
-    return np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
 
 
 @pytest.mark.parametrize("fmt", ["tq4_1s", "q4_K"])

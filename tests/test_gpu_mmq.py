@@ -6,12 +6,9 @@ from hypothesis import given, settings, strategies as st
 
 from ptxgen import formats, knobs, tuning
 from ptxgen.testing import strategies as S
+from conftest import rel
 
 pytestmark = pytest.mark.gpu
-
-
-def rel(got, want):
-    return np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
 
 
 def paths():

@@ -7,6 +7,7 @@ import pytest
 
 from ptxgen import formats
 from ptxgen.testing.strategies import random_raw
+from conftest import rel
 
 pytestmark = pytest.mark.gpu
 
@@ -18,10 +19,6 @@ def _torch():
 # decode (T = 1, 8), skinny (16, 32) and prefill (512, with the device-side fixup) paths on a 4096 x 4096 Q4_K weight
 SHAPE = (4096, 4096)
 PATHS = [1, 8, 16, 32, 512]
-
-
-def rel(got, want):
-    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))
 
 
 _W: dict = {}

@@ -112,7 +112,7 @@ def _q8_1_mmq(ptx: str, rng, shape=(4, 96), seed=None, big=False) -> Outcome:
 
 
 def _deq(fmt: str):
-    """dequantize_<fmt>: drawn GGUF bytes (any bit pattern: NaN / inf scales included) → fp16 equal to
+    """dequantize_<fmt>: drawn GGUF bytes (random quants, finite scales; Q4_K's from its quantizer) → fp16 equal to
     formats.dequantize(...).astype(float16) bit for bit (NaNs as NaNs); the output is poisoned first. Q8_0 takes a
     block count that is not a multiple of its 8-block groups (the last group's idle lanes must not write)."""
     from ptxgen.testing.strategies import random_raw
@@ -178,21 +178,6 @@ def _frags(fmt: str):
         return Outcome(f"dequantize_{fmt.lower()}_frags", ok, "bit-exact" if ok else
                        f"{np.count_nonzero(~same)} of {same.size} halves differ", got, want)
     return run
-
-
-def _deq_q4_k_frags(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
-    """dequantize_q4_k_frags: every fp16 weight equals dequantize_q4_k's, in layouts.q4k_rega_fragments' places
-    (rows past M zero); the output is poisoned first, so an unwritten byte shows."""
-    m, k = shape
-    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
-    want = layouts.q4k_prepared_fragments(raw, m, k)
-    mem = _memory()
-    wa, ya = mem.alloc(raw), mem.alloc(want.size, poison=0xFF)
-    _run(ptx, (k // 64, -(-m // 128)), (256,), (wa, ya, m, k), mem, seed=seed)
-    got = mem.view(ya, np.uint8, want.shape)
-    ok = np.array_equal(got, want)
-    return Outcome("dequantize_q4_k_frags", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} of "
-                   f"{got.size} bytes differ", got, want)
 
 
 def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
@@ -763,7 +748,7 @@ def _mmq(name):
 
 
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _q8_1_mmq,
-                                  "dequantize_q4_k_frags": _deq_q4_k_frags, "rotate_tq4_1s": _rotate,
+                                  "dequantize_q4_k_frags": _frags("q4_K"), "rotate_tq4_1s": _rotate,
                                   "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
                                   "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
