@@ -16,7 +16,7 @@ import numpy as np
 
 from ptxgen.testing.strategies import random_raw  # noqa: F401 - bench_mmq and the probes take it from here
 
-HBM = 4.27e12
+HBM = 4.27e12  # the H200's measured copy bandwidth, B/s (../shared/PERF.md): every benchmark's floor
 SHAPES = [(3584, 3584), (4608, 3584), (18944, 3584), (3584, 18944), (4096, 14336), (14336, 4096)]
 TOKENS = (1, 2, 4, 8)
 # shared/PERF.md: the TurboQuant fork's tq4_1s (GGML_TQ_NATIVE=1) and llama.cpp MMVQ q4_K, µs per op

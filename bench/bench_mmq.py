@@ -17,12 +17,11 @@ import numpy as np
 
 from ptxgen import knobs
 
-from bench_gemv import pyplot, random_raw, timed, tinygemm_us as tinygemm, weight_copies
+from bench_gemv import HBM, pyplot, random_raw, timed, tinygemm_us as tinygemm, weight_copies
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 PEAK_FP16 = 989e12
-HBM = 4.27e12
 LLAMA = {  # shared/PERF.md, µs, q4_K MUL_MAT (includes its Q8_1 quantize kernel)
     (4096, 14336): {16: 37.4, 64: 70.5, 256: 227.0, 512: 359.9, 1024: 698.7, 4096: 2714.2},
     (14336, 4096): {16: 35.5, 128: 110.6, 512: 384.2, 4096: 2640.0},

@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-HBM = 4.27e12
+from bench_gemv import HBM
+
 SHAPES = {  # per layer (M, K), and the output projection
     "llama3-8b": {"attn_q": (4096, 4096), "attn_k": (1024, 4096), "attn_v": (1024, 4096), "attn_output": (4096, 4096),
                   "ffn_gate": (14336, 4096), "ffn_up": (14336, 4096), "ffn_down": (4096, 14336),

@@ -28,7 +28,8 @@ import time
 
 import numpy as np
 
-HBM = 4.27e12
+from bench_gemv import HBM
+
 L2 = 60e6
 SHAPES = {"q4_K": [(4096, 4096), (14336, 4096), (4096, 14336)], "tq4_1s": [(18944, 3584)]}
 TOKENS = {"q4_K": (1, 8, 16, 64, 512, 4096), "tq4_1s": (1, 8)}

@@ -15,11 +15,10 @@ import numpy as np
 import torch
 
 import ptxgen.runtime as r
-from bench_gemv import random_raw, timed, weight_copies
+from bench_gemv import HBM, random_raw, timed, weight_copies
 from probe_read_floor import SRC
 from ptxgen import formats
 
-HBM = 4.27e12
 a = sys.argv[1:]
 shapes = [tuple(int(v) for v in s.split("x")) for s in (a[0] if a else "18944x3584,3584x18944,4096x14336,14336x4096").split(",")]
 N = int(a[1]) if len(a) > 1 else 40

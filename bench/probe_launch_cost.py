@@ -2,25 +2,13 @@
 cuLaunchKernel, ctypes cuLaunchKernelEx without / with the PDL attribute, cuda-python's cuLaunchKernel on packed
 parameters, and the capture-status queries an op makes. Calls in bursts of 50, the GPU drained between bursts."""
 import ctypes
-import time
 
 import numpy as np
 import torch
 
 import ptxgen.runtime as r
+from bench_op import host_us
 from ptxgen.runtime import driver
-
-
-def host_us(fn, calls=2000, burst=50):
-    total = 0.0
-    for b in range(calls // burst):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(burst):
-            fn()
-        total += time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return total / calls * 1e6
 
 
 def main():
@@ -53,7 +41,7 @@ def main():
     got = {name: [] for name in rows}
     for _ in range(5):  # interleaved rounds: the host's clock drifts during a run
         for name, f in rows.items():
-            got[name].append(host_us(f, calls=400))
+            got[name].append(host_us(torch, lambda i, f=f: f(), calls=400))
     print("| route | host µs per call (median of 5 interleaved rounds) |\n|---|---|")
     for name, v in got.items():
         print(f"| {name} | {np.median(v):.2f} |", flush=True)
