@@ -367,11 +367,12 @@ class DeviceBuffer:
     `DeviceBuffer.wrap(ptr, n, owner)`: memory someone else owns (kept alive through `owner`), never freed here.
     """
 
-    __slots__ = ("ptr", "nbytes", "stream", "_kind", "_owner", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "stream", "_kind", "_owner", "_thread", "__weakref__")
 
     def __init__(self, nbytes: int, stream: int | None = None):
         current()
         self.nbytes, self.stream, self._owner = int(nbytes), stream, None
+        self._thread = threading.get_ident()  # whose per-thread default stream PER_THREAD_STREAM means
         self.ptr, self._kind = 0, None
         drv = _drv()
         size = max(self.nbytes, 1)
@@ -404,6 +405,10 @@ class DeviceBuffer:
             drv = _drv()
             if kind == "sync":
                 drv.cuMemFree(ptr)
+            elif self.stream == PER_THREAD_STREAM and threading.get_ident() != self._thread:
+                # dropped in another thread (a GC pass, a worker): its per-thread stream is not the one the buffer
+                # was used on; the legacy stream's free waits for every blocking stream's earlier work, that one's too
+                drv.cuMemFreeAsync(ptr, LEGACY_STREAM)
             elif capture_status(self.stream) == 0:
                 drv.cuMemFreeAsync(ptr, self.stream)
             else:  # a free now would be recorded into the capture

@@ -67,6 +67,8 @@ def _output(out, shape, dtype, what: str, x, stream: int, align: int = 4):
         o = as_device_array(out, what, dtype, ndim=len(shape), align=align)
         if tuple(o.shape) != tuple(shape):
             raise ValueError(f"{what}: has shape {tuple(o.shape)}, expected {tuple(shape)}")
+        if o is out:  # a DeviceArray: now written on `stream` (its .numpy() waits for that one)
+            out.stream = stream
         return o, out
     if driver.is_torch(x):
         t = _torch_empty(shape, dtype, x, stream)

@@ -300,3 +300,20 @@ def test_a_reserved_workspace_moves_and_the_plans_bound_to_it_follow():
     ws.reserve(w, [16, 512])
     assert ws.epoch == epoch + 1 and ws.scratch_ptr != scratch
     assert torch.equal(r.mul_mat(w, x[:16], workspace=ws), before)
+
+
+def test_a_device_array_out_written_on_another_stream_reads_back_after_that_op():
+    """out= a DeviceArray allocated on one stream, written by mul_mat on a busy other stream: out.numpy() waits for
+    the op (it follows the stream that wrote it)."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, _ = weights()
+    x = torch.randn(16, SHAPE[1], device="cuda")
+    want = reference(w, x).cpu().numpy()
+    out = r.DeviceArray.empty((16, SHAPE[0]), np.float32, stream=torch.cuda.current_stream().cuda_stream)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    busy(side, 10.0)
+    r.mul_mat(w, x, out=out, stream=side)
+    np.testing.assert_array_equal(out.numpy(), want)

@@ -573,3 +573,43 @@ def test_prepared_fragments_model_places_every_weight_once():
                             else:
                                 assert got == 0
     assert seen.all()
+
+
+def test_a_per_thread_stream_buffer_dropped_in_another_thread_is_freed_on_the_legacy_stream(monkeypatch):
+    """A buffer from the per-thread default stream (0x2) names a different stream in each thread: dropped by its own
+    thread it is freed in that stream's order; dropped by another (a GC pass, a worker) on the legacy stream, whose
+    free waits for the earlier work of every blocking stream (the allocating thread's included)."""
+    import threading
+
+    from ptxgen.runtime import driver
+
+    freed = []
+
+    class Drv:
+        @staticmethod
+        def cuMemFreeAsync(ptr, stream):
+            freed.append((ptr, stream))
+
+    monkeypatch.setattr(driver, "_drv", lambda: Drv)
+    monkeypatch.setattr(driver, "capture_status", lambda stream: 0)
+
+    def buffer(ptr, thread):
+        b = driver.DeviceBuffer.__new__(driver.DeviceBuffer)
+        b.ptr, b.nbytes, b.stream, b._kind, b._owner, b._thread = ptr, 4, driver.PER_THREAD_STREAM, "stream", None, thread
+        return b
+
+    here = threading.get_ident()
+    buffer(0x1000, here).__del__()
+    buffer(0x2000, here + 1).__del__()
+    assert freed == [(0x1000, driver.PER_THREAD_STREAM), (0x2000, driver.LEGACY_STREAM)]
+
+
+def test_an_op_writing_a_device_array_out_makes_its_numpy_wait_for_that_stream():
+    """DeviceArray.stream is the stream whose work writes it: an op that fills `out` on another stream moves it
+    there, so out.numpy() waits for that op rather than for the stream the array was allocated on."""
+    from ptxgen.runtime import ops
+    from ptxgen.runtime.arrays import DeviceArray
+
+    out = DeviceArray(0x1000, (2, 4), np.dtype(np.float32), stream=7)
+    o, ret = ops._output(out, (2, 4), np.float32, "out", None, 9)
+    assert o is out and ret is out and out.stream == 9
