@@ -170,6 +170,7 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
 
 
 GEMV_TOKENS = (1, 2, 4, 8)
+PLANS_PER_WEIGHT = 256  # plans a QuantTensor keeps (one per T, mode, ...); past it the T > 8 ones are dropped
 
 
 FUSED_MAX_TOKENS = 4  # gemv_tq4_1s_t8 has no fused-rotation variant (it would spill on sm_89)
@@ -706,6 +707,9 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     pb = PlanBuilder((t, k), np.float32, (t, m), np.float32, graph=bool(graph))
     _record_mul_mat(pb, w, int(t), mode, rotation, arch)
     plan = pb.finish(f"mul_mat {w.fmt} {m}x{k} T={t} mode={mode}")
+    if len(w._plans) >= PLANS_PER_WEIGHT:  # prefill lengths vary per request: keep the decode plans, drop the rest
+        for old in [k for k in w._plans if k[0] > GEMV_TOKENS[-1]]:
+            del w._plans[old]
     w._plans[key] = (gen, plan)
     return plan
 

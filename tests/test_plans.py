@@ -108,6 +108,18 @@ def test_plans_are_cached_per_weights_tokens_and_knobs(gpu, monkeypatch):
     assert d is not c and d.kernels == a.kernels
 
 
+def test_a_weights_plan_cache_is_bounded_and_keeps_its_decode_plans(gpu, monkeypatch):
+    """Prefill lengths vary per request: past PLANS_PER_WEIGHT plans a QuantTensor drops its T > 8 ones, never the
+    decode plans a generation loop reuses."""
+    monkeypatch.setattr(ops, "PLANS_PER_WEIGHT", 8)
+    w = fakegpu.weights("q4_K", 256, 512)
+    one = ops.mul_mat_plan(w, 1)
+    for t in range(9, 40):
+        ops.mul_mat_plan(w, t)
+        assert len(w._plans) <= 8
+    assert ops.mul_mat_plan(w, 1) is one
+
+
 def test_graph_plans_keep_the_prep_kernel_eager_plans_fuse_it(gpu):
     """Exact Q4_K at 1-4 tokens: eager calls run one kernel (the host issues every launch), captured calls the prep
     and the GEMV (faster on the GPU, overlapped by PDL; the same bits): two plans, cached apart."""
