@@ -176,10 +176,10 @@ PLANS_PER_WEIGHT = 256  # plans a QuantTensor keeps (one per T, mode, ...); past
 FUSED_MAX_TOKENS = 4  # gemv_tq4_1s_t8 has no fused-rotation variant (it would spill on sm_89)
 
 
-def _gemv_kernel(w: QuantTensor, t: int, fused: bool) -> str:
-    """The lane GEMV of `w`'s format for up to the next of GEMV_TOKENS tokens: gemv_<fmt>_t<n>."""
+def _gemv_kernel(w: QuantTensor, t: int, fused: bool, tma: bool = False) -> str:
+    """The lane GEMV of `w`'s format for up to the next of GEMV_TOKENS tokens: gemv_<fmt>[_tma]_t<n>[_fused]."""
     tk = next(k for k in GEMV_TOKENS if k >= t)
-    return f"gemv_{w.fmt.lower()}_t{tk}" + ("_fused" if fused else "")
+    return f"gemv_{w.fmt.lower()}{'_tma' if tma else ''}_t{tk}" + ("_fused" if fused else "")
 
 
 MMQ_TILES = (32, 64, 128)
@@ -828,10 +828,7 @@ def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool
             return _few_token_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
             return mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
-        name = _gemv_kernel(w, n, fused)
-        if tma and n <= RULES.tma_gemv_max_tokens:
-            name = name.replace("gemv_tq4_1s_t", "gemv_tq4_1s_tma_t")
-        fn = kernels.load(name, c.arch)
+        fn = kernels.load(_gemv_kernel(w, n, fused, tma and n <= RULES.tma_gemv_max_tokens), c.arch)
         a, row = xa, 4 * k
         if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
             if not lanes:
@@ -843,14 +840,15 @@ def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool
 
 def _mmq_pre(c: _Call) -> None:
     """The codec's fp16 fragments, the prepared register-A GEMM, the codec's fixup; a rotated codec's (TQ4_1S)
-    activation rotated once first (rotate_tq4_1s into scratch), which the GEMM and the fixup then read."""
+    activation rotated once first (its ROTATION kernel, into scratch), which the GEMM and the fixup then read."""
     from ptxgen import codecs
 
     xa = c.pb.x
-    if getattr(codecs.get(c.w.fmt), "ROTATED", False):
+    rotation = getattr(codecs.get(c.w.fmt), "ROTATION", None)
+    if rotation:
         xa = c.pb.scratch((c.t, c.k), np.float32)
         nb = c.t * c.k // 32
-        c.pb.launch(kernels.load("rotate_tq4_1s", c.arch), ((nb + 7) // 8,), (c.pb.x, xa, nb))
+        c.pb.launch(kernels.load(rotation, c.arch), ((nb + 7) // 8,), (c.pb.x, xa, nb))
     _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
     _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 

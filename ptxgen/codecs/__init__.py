@@ -15,7 +15,7 @@ def with_route(route: str) -> tuple[str, ...]:
 
 def dequantizable() -> tuple[str, ...]:
     """The formats whose `dequant_lane` gives the weights W themselves (not a rotated domain's, as TQ4_1S's)."""
-    return tuple(f for f, c in CODECS.items() if hasattr(c, "dequant_lane") and not getattr(c, "ROTATED", False))
+    return tuple(f for f, c in CODECS.items() if hasattr(c, "dequant_lane") and not hasattr(c, "ROTATION"))
 
 
 def get(fmt: str):

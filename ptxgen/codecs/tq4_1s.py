@@ -1,7 +1,7 @@
 """The TQ4_1S weight codec (TurboQuant's 4-bit format, ptxgen/formats/tq4_1s.py): 20 bytes per 32 weights — d0, d1
 (fp16: elements 0-15, 16-31), 16 bytes of codebook indices (element j: the low nibble of byte j / 2 when j is even)
 — whose values C[idx]·d are the weights in the rotated domain: y = Σ_b <C[idx]·d, forward_rht(x_b)>, so every
-kernel over it multiplies a rotated activation (ROTATED). Its decode GEMVs keep their own decodes
+kernel over it multiplies a rotated activation (ROTATION). Its decode GEMVs keep their own decodes
 (kernels/gemv.py); `run8` / `dequant_lane` give the prepared prefill (fragments, fixup) the same fp32 values."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ FMT = "tq4_1s"
 BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 20
 GROUP_BLOCKS = 8  # a warp step: 8 blocks (256 weights), lane L the 8 elements 8·(L % 4) .. of block L / 4
 LOAD_ALIGN = 4
-ROTATED = True  # the activation is forward_rht(x): the prefill route rotates it once (rotate_tq4_1s)
+ROTATION = "rotate_tq4_1s"  # the kernel that rotates the activation (forward_rht(x)), once, on the prefill route
 ROUTES = {"exact": ("mmq_pre", "decode_tq4"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py) per mode
 FAST_LANES = ("prep_tq4_1s_q8", "gemv_tq4_1s_fast_t{}")
 
