@@ -8,7 +8,8 @@ naming the file (and the tensor), never a crash or an allocation sized by the fi
 is the tests' oracle, not a dependency.
 
 GGUF type ids for TQ4_1S differ between llama.cpp forks (46 in TheTom's fork at 69d8e4be, 48 in others), so TQ4_1S
-is recognised by id *and* by size: 20 bytes per 32 weights must fit before the next tensor's data.
+is recognised by id *and* by size: its 20 bytes per 32 weights must span the tensor's data up to the alignment
+padding (another fork's type under the same id gives another size).
 """
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ class GGUFFile:
         if self.version not in (2, 3):
             raise self._error(f"GGUF version {self.version} is not supported (2 and 3 are)")
         n_tensors, n_kv = self._take("<Q"), self._take("<Q")
-        self._count(n_kv, 13, "metadata count")  # key length, a 1-byte key, value type, a 1-byte value
+        self._count(n_kv, 13, "metadata count")  # key length (8), an empty key, value type (4), a 1-byte value
         self._count(n_tensors, 32, "tensor count")  # name length, n_dims, one dim, type, offset
         self.metadata: dict = {}
         for _ in range(n_kv):
@@ -166,6 +167,7 @@ class GGUFFile:
         alignment = self.metadata.get("general.alignment", 32)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1) or alignment > 1 << 20:
             raise self._error(f"general.alignment {alignment!r} is not a power of two up to 1 MiB")
+        self.alignment = alignment
         entries = []
         for _ in range(n_tensors):
             name = self._string("tensor name")
@@ -219,6 +221,9 @@ class GGUFFile:
             what = "the next tensor's data" if t.end < len(self._map) else "the end of the file"
             raise self._error(f"{fmt} {m}x{k} needs {nbytes} bytes at file offset {t.offset}, but "
                               f"{what} starts {t.end - t.offset} bytes after it", name)
+        if t.type_id in TQ4_1S_IDS and t.end - t.offset - nbytes >= self.alignment:
+            raise self._error(f"type id {t.type_id} read as TQ4_1S needs {nbytes} bytes for {m}x{k}, but its data spans "
+                              f"{t.end - t.offset}: another fork's type under this id?", name)
         return fmt, (m, k), np.frombuffer(self._map, np.uint8, nbytes, t.offset).copy()
 
 

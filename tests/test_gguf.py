@@ -101,6 +101,17 @@ def test_unknown_types_and_names_are_named(tmp_path):
         read_gguf_tensor(tmp_path / "missing.gguf", "w")
 
 
+def test_a_tq4_1s_id_whose_data_has_another_size_is_refused(tmp_path):
+    """TQ4_1S's type ids are the forks' (46, 48): a tensor under one whose data spans more than TQ4_1S's bytes (plus
+    padding) is another fork's type, refused by name rather than read as TQ4_1S."""
+    good = formats.quantize("tq4_1s", np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32))
+    other = np.zeros(2 * good.size, np.uint8)  # as if 40 bytes per 32 weights
+    write_gguf(tmp_path / "t.gguf", {"a": (46, (2, 64), good), "b": (46, (2, 64), other), "c": (8, (1, 32), np.zeros(34, np.uint8))})
+    assert read_gguf_tensor(tmp_path / "t.gguf", "a")[2].tobytes() == good.tobytes()
+    with pytest.raises(GGUFError, match="read as TQ4_1S needs 80 bytes for 2x64, but its data spans 160"):
+        read_gguf_tensor(tmp_path / "t.gguf", "b")
+
+
 def test_a_huge_claimed_shape_is_refused_before_any_allocation(tmp_path):
     path, _ = _file(tmp_path)
     data = bytearray(path.read_bytes())
