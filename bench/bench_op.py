@@ -31,13 +31,18 @@ import numpy as np
 from bench_gemv import HBM
 
 L2 = 60e6
-SHAPES = {"q4_K": [(4096, 4096), (14336, 4096), (4096, 14336)], "tq4_1s": [(18944, 3584)]}
-TOKENS = {"q4_K": (1, 8, 16, 64, 512, 4096), "tq4_1s": (1, 8)}
+SHAPES = {"q4_K": [(4096, 4096), (14336, 4096), (4096, 14336)], "tq4_1s": [(18944, 3584)],
+          "q5_K": [(4096, 14336)], "q6_K": [(4096, 14336)], "q8_0": [(4096, 14336)]}
+TOKENS = {"q4_K": (1, 8, 16, 64, 512, 4096), "tq4_1s": (1, 8, 512)}
 # shared/PERF.md: llama.cpp test-backend-ops MUL_MAT q4_K, µs per op (M=4096 rows of K=14336 is its "M=4096, K=14336")
 LLAMA = {((4096, 14336), 1): 16.3, ((4096, 14336), 8): 67.1, ((4096, 14336), 16): 37.4, ((4096, 14336), 64): 70.5,
          ((4096, 14336), 512): 359.9, ((4096, 14336), 4096): 2714.2, ((14336, 4096), 16): 35.5,
          ((14336, 4096), 512): 384.2, ((14336, 4096), 4096): 2640.0, ((4096, 4096), 16): 18.5,
          ((4096, 4096), 512): 105.3, ((4096, 4096), 4096): 805.0}
+LLAMA_OTHER = {  # the same table's other formats, M=4096, K=14336: {fmt: {T: µs}}
+    "q5_K": {1: 18.7, 8: 70.2, 16: 42.5, 64: 76.8, 512: 373.3, 4096: 2824.6},
+    "q6_K": {1: 28.4, 8: 62.4, 16: 56.6, 64: 91.8, 512: 436.2, 4096: 3350.2},
+    "q8_0": {1: 23.0, 8: 46.1, 16: 49.2, 64: 75.0, 512: 323.0, 4096: 2465.4}}
 CALLS = 100
 LOOP_SHAPES = {"tq4_1s": (18944, 3584)}  # the decode loop's shape per format (else 4096x14336)
 
@@ -168,6 +173,7 @@ def main():
     ap.add_argument("--reps", type=int, default=30, help="kernel-only samples per cell")
     ap.add_argument("--formats", default="q4_K,tq4_1s")
     ap.add_argument("--tokens", default=None, help="comma-separated T (default: each format's list)")
+    ap.add_argument("--shape", default=None, help="MxK instead of each format's shapes (e.g. 18944x3584)")
     ap.add_argument("--no-decode-loop", action="store_true")
     ap.add_argument("--loop-formats", default="q4_K", help="formats of the decode loop (e.g. q4_K,q5_K,q6_K,q8_0,tq4_1s)")
     ap.add_argument("--host-only", action="store_true", help="only the host time per call")
@@ -187,19 +193,19 @@ def main():
           "| kernels |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt in ([] if args.host_only else args.formats.split(",")):
-        for m, k in SHAPES[fmt]:
+        for m, k in ([tuple(int(v) for v in args.shape.split("x"))] if args.shape else SHAPES[fmt]):
             raw = random_raw(fmt, m, k, rng)
             nbytes = m * formats.get(fmt).row_bytes(k)
             ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)).to_device()
                   for _ in range(max(2, math.ceil(4 * L2 / nbytes)))]
             w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02
                    for _ in range(max(2, math.ceil(4 * L2 / (2 * m * k))))]
-            tokens = [int(v) for v in args.tokens.split(",")] if args.tokens else TOKENS[fmt]
+            tokens = [int(v) for v in args.tokens.split(",")] if args.tokens else TOKENS.get(fmt, (1, 16, 512, 4096))
             for t in tokens:
                 x = torch.randn(t, k, device="cuda")
                 y = torch.empty(t, m, device="cuda")
                 r.mul_mat(ws[0], x, out=y)
-                if fmt == "q4_K":  # a sanity check of what is timed (the tests check the bounds)
+                if fmt != "tq4_1s":  # a sanity check of what is timed (the tests check the bounds)
                     wd = torch.as_tensor(r.dequantize(ws[0]), device="cuda").double()
                     err = float(((y.double() - x.double() @ wd.T).norm() / (x.double() @ wd.T).norm()).item())
                     assert err < 2e-3, f"{fmt} {m}x{k} T={t}: relative error {err:.2e}"
@@ -208,7 +214,8 @@ def main():
                 xh = x.half()
                 peer = three_ways(torch, lambda i: F.linear(xh, w16[i % len(w16)]), args.reps)
                 row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": nbytes, "ptxgen": ours, "cublas_fp16": peer,
-                       "llamacpp": LLAMA.get(((m, k), t)) if fmt == "q4_K" else None,
+                       "llamacpp": (LLAMA.get(((m, k), t)) if fmt == "q4_K"
+                                    else LLAMA_OTHER.get(fmt, {}).get(t) if (m, k) == (4096, 14336) else None),
                        "kernels": ops.mul_mat_plan(ws[0], t).kernels,
                        "graph_kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels,
                        "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
