@@ -106,7 +106,7 @@ ARITY = {
     "shfl": 5, "bar": 1, "bra": 1, "ret": 0, "exit": 0, "mma": 4, "ldmatrix": 2, "cp": 3, "cvt.pack": 3,
     "membar": 0, "fence": 0, "nanosleep": 1, "mbarrier": None, "wgmma": None, "setmaxnreg": 1, "red": 2, "dp4a": 4,
     "popc": 2, "clz": 2, "brev": 2, "ex2": 2, "lg2": 2, "vote": 3, "activemask": 1, "griddepcontrol": 0,
-    "barrier": 0, "mapa": 3,
+    "barrier": 0, "mapa": 3, "prefetch": 1,
 }
 # ops whose register operands all have the width of the opcode's type suffix
 _SAME_WIDTH = {"add", "sub", "min", "max", "and", "or", "xor", "not", "neg", "abs", "div", "rcp", "sqrt", "selp"}

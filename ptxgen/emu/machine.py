@@ -1097,6 +1097,12 @@ class Emulator(HopperOps):
     def _op_fence(self, ins, ex, grp):
         pass
 
+    def _op_prefetch(self, ins, ex, grp):
+        """prefetch.global.L2 [a]: no data moves here; the byte at `a` must lie in an allocation (the kernels
+        prefetch only bytes they own, so a stray address is a bug the emulator reports)."""
+        addrs, _ = self._addr(ins.operands[0], ex)
+        self.memory.load(addrs, 1, ins.text)
+
     def _op_griddepcontrol(self, ins, ex, grp):
         """launch_dependents / wait: the emulator runs grids one after the other, so both are no-ops."""
         if ins.mods[1] not in ("launch_dependents", "wait"):

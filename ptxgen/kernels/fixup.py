@@ -169,7 +169,7 @@ def _codec_rows(b, codec, K, lane):
     def step(wrow, g, xrow, acc):
         runs, offsets, valid = codec.dequant_lane(b, wrow, g, lane, nblk, f32=True)
         first, deltas = offsets()
-        dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow), acc, valid)
+        dot_runs(b, [runs], deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow), [acc], valid)
     return steps, row_bytes, step
 
 

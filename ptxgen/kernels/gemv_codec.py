@@ -1,12 +1,16 @@
 """gemv_<fmt>_f32_t<nt>: the exact decode GEMV of any weight codec with a `dequant_lane` (ptxgen/codecs), y = x @ W.T
 for up to nt tokens with fp32 x as given (no activation prep: one launch per call).
 
-A warp owns one row: per step it takes 256 of the row's weights (one super-block, or 8 Q8_0 blocks), each lane 8
-of them decoded by the codec in float32 exactly as ggml's dequantize_row_<fmt> (the same code as dequantize_<fmt>),
-multiplies them by the matching x values (16- or 8-byte loads, L1/L2 hits after the first warp) with one FFMA per
-weight and token, and the warp sums its lanes at the end (shfl butterfly). The result is the fp32 product of ggml's
-fp32 weights with x (relative error ~1e-6 against the float64 reference). The generic baseline that makes every
-codec's format run; the formats with hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
+A warp owns ROWS rows (SHAPE[nt]): per step it takes 256 of each row's weights (one super-block, or 8 Q8_0 blocks),
+each lane 8 of them decoded by the codec in float32 exactly as ggml's dequantize_row_<fmt> (the same code as
+dequantize_<fmt>), multiplies them by the matching x values (16- or 8-byte loads, L1/L2 hits after the first warp;
+one load serves the warp's ROWS rows) with one FFMA per weight and token, and the warp sums its lanes at the end
+(shfl butterfly). A step decodes UNROLL consecutive groups of each row before it multiplies (the loads of
+ROWS × UNROLL groups in flight per warp: a decode GEMV waits on memory, not on arithmetic); a group past the row's
+end is the row's last group again with its products skipped. Every accumulator adds its products in K order, so
+the result does not depend on ROWS or UNROLL: the fp32 product of ggml's fp32 weights with x (relative error ~1e-6
+against the float64 reference). The generic baseline that makes every codec's format run; the formats with
+hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
 """
 from __future__ import annotations
 
@@ -18,66 +22,122 @@ from . import KernelDef
 
 WARPS = 8
 TOKENS = (1, 2, 4, 8)
+SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2)}  # tokens: (rows per warp, groups decoded per step)
+AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
 FORMATS = codecs.with_route("codec_gemv")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 
 
-def dot_runs(b, runs, deltas, base, acc, pred=None) -> None:
-    """acc += the codec's fp32 weights (`runs`, at element `deltas` from `base`, an fp32 row of x) times x, one FFMA
-    each in order; x by 16-byte loads (8-byte for runs of 2), zero where `pred` is false."""
-    for run, delta in zip(runs, deltas):
-        for c0 in range(0, len(run), 4):
-            n = min(4, len(run) - c0)
+def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None) -> None:
+    """accs[r] += the codec's fp32 weights of row r (`runs[r]`, at element `deltas` from `base`, an fp32 row of x)
+    times x, one FFMA each in order; x by 16-byte loads (8-byte for runs of 2), zero where `pred` is false; the
+    FFMAs only where `fma_pred` is (None: always)."""
+    for i, delta in enumerate(deltas):
+        width = len(runs[0][i])
+        for c0 in range(0, width, 4):
+            n = min(4, width - c0)
             xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
             b.emit(_LOAD[n], b.vec(xs), Mem(base, 4 * (delta + c0)), pred=pred)
-            for wv, xv in zip(run[c0:c0 + n], xs):
-                b.emit("fma.rn.f32", acc, wv, xv, acc)
+            for row_runs, acc in zip(runs, accs):
+                for wv, xv in zip(row_runs[i][c0:c0 + n], xs):
+                    b.emit("fma.rn.f32", acc, wv, xv, acc, pred=fma_pred)
 
 
 def name(fmt: str, nt: int) -> str:
     return f"gemv_{fmt.lower()}_f32_t{nt}"
 
 
-def build(arch, fmt: str, nt: int):
+def _both(b, p, q):
+    return q if p is None else p if q is None else b.op("and.pred", p, q)
+
+
+def prefetch_rows(b, rowp, row_end, byte0, span: int, lane) -> None:
+    """Each row's bytes [byte0, byte0 + span) (its next steps) asked of L2: lane L takes the 32 bytes at 32·L, rows
+    one after another (ceil(span / 32) lanes each, one instruction per 32 lanes); nothing past the row's end.
+    Fire and forget: no register waits for it, so the loads a step makes later find their bytes in L2 (a decode
+    GEMV's loads come in dependent steps; this keeps more of the row's bytes in flight from HBM)."""
+    per = -(-span // 32)
+    lane32 = b.op("add.u32", byte0, b.op("shl.b32", lane, Imm(5, "u32")))  # byte0 + 32·L
+    for i in range(-(-len(rowp) * per // 32)):
+        for r, (p, end) in enumerate(zip(rowp, row_end)):
+            lo, hi = max(r * per - 32 * i, 0), min((r + 1) * per - 32 * i, 32)  # this instruction's lanes for row r
+            if lo >= hi:
+                continue
+            at = b.op("add.s64", p, b.op("cvt.u64.u32", b.op("add.s32", lane32, Imm(32 * (32 * i - r * per), "s32"),
+                                                              type="u32")))  # garbage below lo: not issued
+            ok = b.op("and.pred", b.op("setp.lt.u64", at, end), b.op("and.pred", b.op(
+                "setp.ge.u32", lane, Imm(lo, "u32")), b.op("setp.lt.u32", lane, Imm(hi, "u32"))))
+            b.emit("prefetch.global.L2", Mem(at), pred=ok)
+
+
+def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None):
+    """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of SHAPE[nt] and AHEAD:
+    for probes (bench/probe_gemv_codec.py)."""
     codec = codecs.get(fmt)
-    b = KernelBuilder(name(fmt, nt), arch, f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s), one row per warp, "
-                      "weights decoded by the codec as ggml's", block=(32 * WARPS, 1, 1))
+    rows, unroll = shape or SHAPE[nt]
+    ahead = AHEAD if ahead is None else ahead
+    group_bytes = codec.GROUP_BLOCKS * codec.BLOCK_BYTES
+    b = KernelBuilder(name(fmt, nt), arch, f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s), {rows} row(s) per warp, "
+                      f"{unroll} group(s) per step, weights decoded by the codec as ggml's", block=(32 * WARPS, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     b.directives += [f".maxntid {32 * WARPS}, 1, 1"]
-    b.meta.update(tokens=nt, rows_per_cta=WARPS, warps=WARPS, grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
-                  activation="fp32 x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K,
-                  layout="gguf rows")
+    b.meta.update(tokens=nt, rows_per_cta=WARPS * rows, warps=WARPS, rows_per_warp=rows, unroll=unroll, ahead=ahead,
+                  grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
+                  activation="fp32 x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K, layout="gguf rows")
     b.pdl_head()  # one kernel per call: it waits for whatever wrote x before it reads anything
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
-    row = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32")))
+    row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32"))),
+                Imm(rows, "u32"))
     done = b.label("done")
-    b.bra(done, pred=b.op("setp.ge.u32", row, M))  # a warp past M: nothing to do (warp-uniform)
+    b.bra(done, pred=b.op("setp.ge.u32", row0, M))  # a warp past M: nothing to do (warp-uniform)
     nblk = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
-    rowp = b.op("mad.wide.u32", row, b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32")), W)
+    stride = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
+    last_row = b.op("sub.u32", M, Imm(1, "u32"))
+    row = [row0] + [b.op("add.u32", row0, Imm(r, "u32")) for r in range(1, rows)]
+    rowp = [b.op("mad.wide.u32", row[0], stride, W)] + [  # a row past M reads row M - 1 and stores nothing
+        b.op("mad.wide.u32", b.op("min.u32", row[r], last_row), stride, W) for r in range(1, rows)]
     ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(codec.GROUP_BLOCKS - 1, "u32")), Imm(codec.GROUP_BLOCKS, "u32"))
+    last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
     live = [b.op("setp.gt.u32", ntok, Imm(t, "u32")) if t else None for t in range(nt)]  # token 0 always exists
     xrow = [b.op("mad.wide.u32", K, Imm(4 * t, "u32"), X) for t in range(nt)]
-    acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(nt)]
+    acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
+    row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
     g = b.op("mov.u32", Imm(0, "u32"))
+    if ahead:  # the first steps' bytes, then each step the bytes `ahead` steps further
+        prefetch_rows(b, rowp, row_end, b.op("mov.u32", Imm(0, "u32")), ahead * unroll * group_bytes, lane)
     loop = b.label("step")
     b.place(loop)
-    runs, offsets, valid = codec.dequant_lane(b, rowp, g, lane, nblk, f32=True)
-    first, deltas = offsets()
-    for t in range(nt):
-        pred = valid if live[t] is None else live[t] if valid is None else b.op("and.pred", valid, live[t])
-        dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow[t]), acc[t], pred)
-    b.emit("add.u32", g, g, Imm(1, "u32"))
+    if ahead:
+        prefetch_rows(b, rowp, row_end, b.op("mul.lo.u32", b.op("add.u32", g, Imm(ahead * unroll, "u32")),
+                                             Imm(group_bytes, "u32")), unroll * group_bytes, lane)
+    slots = []  # per group of the step: (its runs per row, offsets, the codec's valid, the group's own predicate)
+    for u in range(unroll):
+        gu, in_row = g, None
+        if u:
+            gu = b.op("add.u32", g, Imm(u, "u32"))
+            in_row = b.op("setp.lt.u32", gu, ngroups)
+            gu = b.op("min.u32", gu, last_group)
+        decoded = [codec.dequant_lane(b, rowp[r], gu, lane, nblk, f32=True) for r in range(rows)]
+        slots.append(([runs for runs, _, _ in decoded], decoded[0][1], decoded[0][2], in_row))
+    for runs, offsets, valid, in_row in slots:
+        first, deltas = offsets()
+        for t in range(nt):
+            pred = _both(b, valid, live[t])
+            dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow[t]), acc[t],
+                     _both(b, pred, in_row), in_row)
+    b.emit("add.u32", g, g, Imm(unroll, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", g, ngroups))
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    for t in range(nt):
-        s = warp_sum(b, acc[t])
-        ok = lead if live[t] is None else b.op("and.pred", lead, live[t])
-        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", M, Imm(t, "u32"), row), Imm(4, "u32"), Y)),
-               s, pred=ok)
+    for r in range(rows):
+        stored = lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M))
+        for t in range(nt):
+            s = warp_sum(b, acc[t][r])
+            b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", M, Imm(t, "u32"), row[r]), Imm(4, "u32"),
+                                              Y)), s, pred=_both(b, stored, live[t]))
     b.place(done)
     b.emit("ret")
     return b.finish()
