@@ -177,7 +177,12 @@ def main():
     ap.add_argument("--no-decode-loop", action="store_true")
     ap.add_argument("--loop-formats", default="q4_K", help="formats of the decode loop (e.g. q4_K,q5_K,q6_K,q8_0,tq4_1s)")
     ap.add_argument("--host-only", action="store_true", help="only the host time per call")
+    ap.add_argument("--rule", action="append", default=[], metavar="NAME=VALUE",
+                    help="a dispatch rule of ptxgen/tuning overridden for this run (e.g. codec_mmq_min_tokens=9)")
     args = ap.parse_args()
+    from ptxgen import tuning
+
+    tuning.set(**{n: int(v) for n, v in (a.split("=", 1) for a in args.rule)})
     import torch
     import torch.nn.functional as F
 

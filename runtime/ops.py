@@ -560,8 +560,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     from ptxgen/tuning). In short: T ≤ 8 the decode GEMVs (exact Q4_K at 1-4 tokens in one launch when called
     eagerly); Q4_K T = 9-64 the tensor-core skinny GEMMs (fp16 activations); larger T the prefill GEMM (wgmma +
     TMA on sm_90, mma.sync elsewhere or with arch="sm_89"); Q5_K, Q6_K, Q8_0 and TQ4_1S from
-    RULES.codec_mmq_min_tokens on sm_90 the prepared GEMM on their fp16 fragments (TQ4_1S's x rotated once), else
-    their decode GEMVs in slices of 8 tokens. Behind every GEMM a fixup recomputes in fp32, on the device, any token
+    RULES.codec_mmq_min_tokens[fmt] (9-40) on sm_90 the prepared GEMM on their fp16 fragments (TQ4_1S's x rotated
+    once), else their decode GEMVs in slices. Behind every GEMM a fixup recomputes in fp32, on the device, any token
     past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
     fp16 in the GEMMs (~3.4e-4); `mode="fast"` (Q4_K, TQ4_1S, Q8_0) quantizes x to Q8_1 and runs int8 dp4a / int8
     MMA kernels as llama.cpp does (exact integer dots; relative error ≤ 1e-5 against the product with the
@@ -739,6 +739,11 @@ class _Call(NamedTuple):
     k: int
 
 
+def _per_format(rule, fmt: str) -> int:
+    """A rule's value for `fmt`: the rule's own where it is one number (an override sets one for every format)."""
+    return rule[fmt] if isinstance(rule, dict) else rule
+
+
 def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation: str, arch: str | None) -> None:
     """mul_mat's dispatch (docs/design.md "Dispatch"; the thresholds: RULES), recorded into `pb`: the first of the
     weight codec's routes for `mode` (ptxgen/codecs: `ROUTES`) whose condition holds records the call."""
@@ -865,7 +870,8 @@ _ROUTES = {
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
     # any codec with a fragment writer: its fp16 fragments, then the prepared wgmma GEMM (sm_90), then the fixup
-    "mmq_pre": (lambda c: (c.t >= RULES.codec_mmq_min_tokens and c.m >= RULES.mmq_min_rows and c.k % 64 == 0
+    "mmq_pre": (lambda c: (c.t >= _per_format(RULES.codec_mmq_min_tokens, c.w.fmt) and c.m >= RULES.mmq_min_rows
+                           and c.k % 64 == 0
                            and mmq_path(c.arch) != "mma.sync"
                            and "sm_90a" in kernels.available(f"dequantize_{c.w.fmt.lower()}_frags")),
                 _mmq_pre),

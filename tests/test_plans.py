@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ptxgen.testing import fakegpu
-from ptxgen import knobs
+from ptxgen import knobs, tuning
 from ptxgen.runtime import driver, ops, plans
 from ptxgen.runtime.driver import PER_THREAD_STREAM, stream_handle
 
@@ -179,7 +179,9 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
     register-A GEMM (converting x itself from mmq_cx_min_tokens with one K split), and the codec's fixup."""
     w = fakegpu.weights(fmt, 4096, 4096)
     f = fmt.lower()
-    assert ops.mul_mat_plan(w, 16).kernels == [f"gemv_{f}_f32_t8"] * 2
+    first = ops.RULES.codec_mmq_min_tokens[fmt]  # per format (ptxgen/tuning/h200.json)
+    assert ops.mul_mat_plan(w, first - 1).kernels[0] == f"gemv_{f}_f32_t8"
+    assert ops.mul_mat_plan(w, first).kernels[0] == f"dequantize_{f}_frags"
     assert ops.mul_mat_plan(w, 512).kernels == [f"dequantize_{f}_frags", "convert_f16_perm",
                                                 "mmq_q4_k_wgmma_pre_n256", f"mul_mat_fixup_{f}"]
     assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}_frags", "mmq_q4_k_wgmma_pre_n256_cx",
@@ -198,7 +200,11 @@ def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
     rot = p.launches[0].args[1]  # rotate_tq4_1s's output
     assert rot != p.launches[0].args[0]
     assert p.launches[2].args[0] == rot and p.launches[4].args[3] == rot  # convert_f16_perm's x, the fixup's x
-    assert ops.mul_mat_plan(w, 16).kernels[0] == "prep_tq4_1s_mma"
+    first = ops.RULES.codec_mmq_min_tokens["tq4_1s"]
+    assert ops.mul_mat_plan(w, 16).kernels[0] == ops.mul_mat_plan(w, first - 1).kernels[0] == "prep_tq4_1s_mma"
+    assert ops.mul_mat_plan(w, first).kernels[0] == "rotate_tq4_1s"
+    with tuning.override(codec_mmq_min_tokens=17):  # one number for every format
+        assert ops.mul_mat_plan(w, 17).kernels[0] == "rotate_tq4_1s"
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
@@ -207,9 +213,11 @@ def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
     one launch per slice of up to 8 tokens, the slice's token count rounded up to 1, 2, 4 or 8."""
     w = fakegpu.weights(fmt, 300, 512)
     assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_f32_t1"]
-    p = ops.mul_mat_plan(w, 11)
+    with tuning.override(codec_mmq_min_tokens=1 << 30):
+        p = ops.mul_mat_plan(w, 11)
     assert p.kernels == [f"gemv_{fmt.lower()}_f32_t8", f"gemv_{fmt.lower()}_f32_t4"]
-    assert [ln.grid for ln in p.launches] == [(38,)] * 2 and [ln.args[-1] for ln in p.launches] == [8, 3]
+    assert [ln.fn.meta["rows_per_cta"] for ln in p.launches] == [32, 16]  # 8 warps of 4 rows (T = 8), of 2
+    assert [ln.grid for ln in p.launches] == [(10,), (19,)] and [ln.args[-1] for ln in p.launches] == [8, 3]
     assert len(ops.mul_mat_plan(w, 512, arch="sm_89").launches) == 64  # no prepared GEMM there: 64 slices
     assert all(ln.fn.meta.get("pdl_head") for ln in p.launches)
 
