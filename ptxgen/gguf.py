@@ -57,13 +57,16 @@ class TensorInfo:
         return format_of(self.type_id)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        """(M, K): K the innermost dimension, M every other one multiplied."""
-        k = self.dims[0]
-        m = 1
-        for d in self.dims[1:]:
-            m *= d
-        return m, k
+    def shape(self) -> tuple[int, ...]:
+        """(M, K): K the innermost dimension, M the next; a 3-D tensor (an MoE layer's experts, GGUF dims
+        (K, M, E)) is (E, M, K); dimensions past the third multiply into E."""
+        k, m = self.dims[0], (self.dims[1] if len(self.dims) > 1 else 1)
+        if len(self.dims) <= 2:
+            return m, k
+        e = 1
+        for d in self.dims[2:]:
+            e *= d
+        return e, m, k
 
 
 class GGUFFile:
@@ -202,8 +205,8 @@ class GGUFFile:
             raise KeyError(f"{self.path}: no tensor {name!r}; it has {len(self.tensors)}: {some}{more}")
         return t
 
-    def raw(self, name: str) -> tuple[str, tuple[int, int], np.ndarray]:
-        """(format, (M, K), raw uint8 bytes, a copy) of one tensor that ptxgen reads."""
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
+        """(format, (M, K) or (E, M, K), raw uint8 bytes, a copy) of one tensor that ptxgen reads."""
         from ptxgen import formats
 
         t = self.info(name)
@@ -212,23 +215,25 @@ class GGUFFile:
             known = ", ".join(f"{i} ({f})" for i, f in GGML_IDS.items())
             raise self._error(f"GGML type id {t.type_id} is not one ptxgen reads (ids: {known}; TQ4_1S: "
                               f"{', '.join(map(str, TQ4_1S_IDS))})", name)
-        m, k = t.shape
+        *lead, k = t.shape
+        m = int(np.prod(lead))
+        shown = "x".join(map(str, t.shape))
         try:
             nbytes = m * formats.get(fmt).row_bytes(k)
         except ValueError as e:
             raise self._error(f"type {fmt} with dimensions {t.dims}: {e}", name) from None
         if t.offset + nbytes > t.end:
             what = "the next tensor's data" if t.end < len(self._map) else "the end of the file"
-            raise self._error(f"{fmt} {m}x{k} needs {nbytes} bytes at file offset {t.offset}, but "
+            raise self._error(f"{fmt} {shown} needs {nbytes} bytes at file offset {t.offset}, but "
                               f"{what} starts {t.end - t.offset} bytes after it", name)
         if t.type_id in TQ4_1S_IDS and t.end - t.offset - nbytes >= self.alignment:
-            raise self._error(f"type id {t.type_id} read as TQ4_1S needs {nbytes} bytes for {m}x{k}, but its data spans "
-                              f"{t.end - t.offset}: another fork's type under this id?", name)
-        return fmt, (m, k), np.frombuffer(self._map, np.uint8, nbytes, t.offset).copy()
+            raise self._error(f"type id {t.type_id} read as TQ4_1S needs {nbytes} bytes for {shown}, but its data "
+                              f"spans {t.end - t.offset}: another fork's type under this id?", name)
+        return fmt, t.shape, np.frombuffer(self._map, np.uint8, nbytes, t.offset).copy()
 
 
-def read_gguf_tensor(path, tensor_name: str) -> tuple[str, tuple[int, int], np.ndarray]:
-    """(format, (M, K), raw uint8 bytes) of one tensor of a .gguf file."""
+def read_gguf_tensor(path, tensor_name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """(format, (M, K) — (E, M, K) for an MoE layer's experts — raw uint8 bytes) of one tensor of a .gguf file."""
     with GGUFFile(path) as f:
         return f.raw(tensor_name)
 
@@ -243,7 +248,7 @@ TYPE_IDS = {fmt: i for i, fmt in GGML_IDS.items()} | {"tq4_1s": TQ4_1S_IDS[0]}  
 
 
 def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
-    """Write a minimal GGUF v3 file: tensors {name: QuantTensor, or (type_id, (M, K), raw uint8)}, metadata
+    """Write a minimal GGUF v3 file: tensors {name: QuantTensor, or (type_id, (M, K) or (E, M, K), raw uint8)}, metadata
     {key: str | int} (strings and unsigned 32-bit integers). TQ4_1S gets type id 46 (TheTom's fork). Used by tests
     and examples (the `gguf` package's writer does not know TQ4_1S's type ids)."""
     tensors = {name: (TYPE_IDS[t.fmt], t.shape, t.raw()) if hasattr(t, "fmt") else t for name, t in tensors.items()}
@@ -265,9 +270,10 @@ def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
             raise TypeError(f"write_gguf: metadata {key!r} must be a str or a u32 int, got {v!r}")
     offset = 0
     blobs = []
-    for name, (type_id, (m, k), raw) in tensors.items():
+    for name, (type_id, shape, raw) in tensors.items():
         nb = name.encode()
-        out += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", 2) + struct.pack("<QQ", k, m)
+        dims = tuple(reversed(shape))  # innermost first: (K, M) or (K, M, E)
+        out += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
         out += struct.pack("<IQ", type_id, offset)
         raw = np.asarray(raw, np.uint8).reshape(-1)
         pad = (-raw.size) % align

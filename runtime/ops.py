@@ -126,9 +126,9 @@ def _rec_quantize_q8_1_mmq(pb: PlanBuilder, xa, flag, arch: str | None) -> SymAr
 
 
 def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None):
-    """QuantTensor → fp16 (M, K) on the GPU (Q4_K, Q5_K, Q6_K, Q8_0: dequantize_<fmt>, one kernel over the format's
-    codec); the result equals ptxgen.formats' float32 dequant rounded to fp16, bit for bit. Returns a DeviceArray
-    (or fills `out`, whose library's stream is the default)."""
+    """QuantTensor → fp16 (M, K) — (E, M, K) for experts — on the GPU (Q4_K, Q5_K, Q6_K, Q8_0: dequantize_<fmt>,
+    one kernel over the format's codec); the result equals ptxgen.formats' float32 dequant rounded to fp16, bit for
+    bit. Returns a DeviceArray (or fills `out`, whose library's stream is the default)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"dequantize: expected a QuantTensor, got {type(w).__name__}")
     from ptxgen import codecs, formats
@@ -137,7 +137,7 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     if w.fmt not in dq.FORMATS:
         raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(dq.FORMATS)})")
     kernel = dq.name(w.fmt)
-    m, k = w.shape
+    m, k = w.rows, w.shape[-1]
     w.to_device()
     need = codecs.get(w.fmt).LOAD_ALIGN  # the kernel's widest load (Q6_K, Q8_0 blocks are 2-byte aligned)
     if w.ptr % need:
@@ -145,7 +145,7 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     s = driver.stream_handle(stream, out)
     fn = kernels.load(kernel, arch)
     group = int(fn.meta.get("blocks_per_group", 1))  # blocks a warp takes (Q8_0: 8 blocks of 32 weights)
-    o, ret = _output(out, (m, k), np.float16, "dequantize: out", None, s, align=16 if group > 1 else 8)
+    o, ret = _output(out, w.shape, np.float16, "dequantize: out", None, s, align=16 if group > 1 else 8)
     nblocks = m * k // formats.get(w.fmt).block_size
     per = _blocks_per_cta(fn, "superblocks_per_cta" if group == 1 else "groups_per_cta")
     groups = -(-nblocks // group)
@@ -166,6 +166,66 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     if nb:
         fn = kernels.load("rotate_tq4_1s", arch)
         fn.launch(((nb + 7) // 8,), (xa, o, nb), stream=s)
+    return _finish(o, ret, xa.host, out is not None, s)
+
+
+def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None):
+    """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
+    `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 (T, K), one
+    row per token shared by its slots, or (T, slots, K), one row per slot (the down projection). Returns fp32
+    (T, slots, M): y[t, j] = x[t(, j)] @ w[ids[t, j]].T.
+
+    Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already
+    on the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its
+    row only. Streams, outputs and NumPy-in / NumPy-out as mul_mat. Kernels: gemv_<fmt>_f32_id for Q4_K, Q5_K,
+    Q6_K, Q8_0 (mode "exact": fp32 products of ggml's dequantized weights, relative error ~1e-6), one launch of
+    (M rows, T·slots pairs), each pair reading its expert's weights."""
+    from ptxgen import codecs, formats
+    from ptxgen.kernels import gemv_codec
+
+    if not isinstance(w, QuantTensor):
+        raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
+    if len(w.shape) != 3:
+        raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
+    if mode != "exact":
+        raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
+    if w.fmt not in gemv_codec.MOE_FORMATS:
+        raise ValueError(f"mul_mat_id: no kernel for {w.fmt} yet (have: {', '.join(gemv_codec.MOE_FORMATS)})")
+    e, m, k = w.shape
+    ishape, xshape = shape_of(ids, "mul_mat_id: ids"), shape_of(x, "mul_mat_id: x")
+    if len(ishape) != 2 or 0 in ishape:
+        raise ValueError(f"mul_mat_id: ids must have shape (T, slots) with T, slots ≥ 1, got {ishape}")
+    t, slots = ishape
+    if xshape not in ((t, k), (t, slots, k)):
+        raise ValueError(f"mul_mat_id: x must have shape ({t}, {k}) or ({t}, {slots}, {k}) for ids {ishape} and w "
+                         f"{w.shape}, got {xshape}")
+    if isinstance(ids, np.ndarray):
+        if ids.dtype != np.int32:
+            raise TypeError(f"mul_mat_id: ids: expected dtype int32, got {ids.dtype}")
+        bad = np.flatnonzero((ids < 0) | (ids >= e))
+        if bad.size:
+            i = np.unravel_index(bad[0], ishape)
+            raise ValueError(f"mul_mat_id: ids[{i[0]}, {i[1]}] = {ids[i]} is not an expert of w (0 ≤ id < {e}); "
+                             f"{bad.size} out of range")
+    s = driver.stream_handle(stream, x)
+    if w._device is None and driver.capture_id(s) is not None:
+        raise RuntimeError(f"mul_mat_id: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: "
+                           "call w.to_device() (or run the op once) before capturing")
+    w.to_device()
+    err = codecs.get(w.fmt).weights_error(mode, k, w.ptr)
+    if err:
+        raise ValueError(f"mul_mat_id: {err}")
+    xa = as_device_array(x, "mul_mat_id: x", np.float32, align=16, stream=s)
+    ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
+    o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
+    fn = kernels.load(gemv_codec.name_id(w.fmt), arch)
+    expert_bytes = m * formats.get(w.fmt).row_bytes(k)
+    per = (65535 // slots) * slots  # pairs a launch takes (grid.y ≤ 65535), whole tokens
+    for p0 in range(0, t * slots, per):  # a later launch: ids, x and y moved to its first token
+        n, t0 = min(per, t * slots - p0), p0 // slots
+        fn.launch((-(-m // int(fn.meta["rows_per_cta"])), n),
+                  (w.buffer, xa.ptr + 4 * k * (p0 if len(xshape) == 3 else t0), o.ptr + 4 * m * p0, m, k, 1, e,
+                   expert_bytes, ia.ptr + 4 * p0, slots, int(len(xshape) == 3)), stream=s)
     return _finish(o, ret, xa.host, out is not None, s)
 
 
@@ -570,6 +630,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
+    if len(w.shape) != 2:
+        raise ValueError(f"mul_mat: w holds {w.shape[0]} experts {w.shape}: route tokens to them with mul_mat_id")
     m, k = w.shape
     host = torch_x = False
     tt = _TORCH[0] if _TORCH else driver.torch_types()
@@ -699,6 +761,8 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
                          f"{next(iter(codec.ROUTES))!r}")
     if not isinstance(t, (int, np.integer)) or t <= 0:
         raise ValueError(f"mul_mat: T must be a positive number of tokens, got {t!r}")
+    if len(w.shape) != 2:
+        raise ValueError(f"mul_mat_plan: w holds {w.shape[0]} experts {w.shape}: mul_mat_id runs those")
     w.to_device()  # once (mul_mat refuses to get here while its stream is capturing)
     m, k = w.shape
     err = codec.weights_error(mode, k, w.ptr)

@@ -13,8 +13,20 @@ from ptxgen.gguf import GGML_IDS, TQ4_1S_IDS, GGUFError, list_gguf_tensors, read
 from .driver import DeviceBuffer
 
 
+def _shape(fmt: str, shape) -> tuple[int, ...]:
+    """(M, K) or (E, M, K) as ints, checked: positive, K whole blocks of `fmt`."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) not in (2, 3):
+        raise ValueError(f"{fmt}: a weight tensor is (M, K), or (E, M, K) for an MoE layer's experts; got {shape}")
+    if min(shape[:-1]) <= 0:
+        raise ValueError(f"{fmt}: shape {shape} has no rows")
+    formats.get(fmt).check_k(shape[-1])
+    return shape
+
+
 class QuantTensor:
-    """M rows of K weights in format `fmt` (ggml's spelling: q4_K, q5_K, q6_K, q8_0, tq4_1s), GGUF bytes unchanged.
+    """M rows of K weights in format `fmt` (ggml's spelling: q4_K, q5_K, q6_K, q8_0, tq4_1s), GGUF bytes unchanged;
+    or E experts of M rows each, shape (E, M, K), as GGUF stores an MoE layer's `ffn_*_exps` (for `mul_mat_id`).
 
     The bytes stay on the host until the first GPU op uses the tensor (or `to_device()`), which uploads them once
     and drops the host copy. Do that before capturing a CUDA graph: an upload is not allowed while capturing.
@@ -24,13 +36,8 @@ class QuantTensor:
 
     def __init__(self, fmt: str, shape, *, host: np.ndarray | None = None, device: DeviceBuffer | None = None,
                  owner=None):
-        f = formats.get(fmt)
-        m, k = (int(s) for s in shape)
-        if m <= 0:
-            raise ValueError(f"{fmt}: M={m} rows")
-        f.check_k(k)
-        self.fmt, self.shape = fmt, (m, k)
-        want = m * f.row_bytes(k)
+        self.fmt, self.shape = fmt, _shape(fmt, shape)
+        want = self.nbytes
         if (host is None) == (device is None):
             raise ValueError("QuantTensor: give exactly one of host= (bytes) or device= (a device buffer)")
         if host is not None and host.nbytes != want:
@@ -50,7 +57,17 @@ class QuantTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.shape[0] * self.format.row_bytes(self.shape[1])
+        return self.rows * self.format.row_bytes(self.shape[-1])
+
+    @property
+    def rows(self) -> int:
+        """Rows of K weights in all (E·M for experts)."""
+        return int(np.prod(self.shape[:-1]))
+
+    @property
+    def experts(self) -> int:
+        """E for an (E, M, K) tensor, else 1."""
+        return self.shape[0] if len(self.shape) == 3 else 1
 
     @property
     def on_device(self) -> bool:
@@ -74,19 +91,21 @@ class QuantTensor:
 
     @classmethod
     def from_raw(cls, fmt: str, raw, shape) -> "QuantTensor":
-        """Raw GGUF bytes (uint8, whole rows of blocks) of logical shape (M, K), kept on the host until first use."""
-        m, k = (int(s) for s in shape)
-        blocks = formats.get(fmt).blocks(raw, (m, k))  # checks dtype and size, names the format
-        return cls(fmt, (m, k), host=np.array(blocks.reshape(-1), copy=True))
+        """Raw GGUF bytes (uint8, whole rows of blocks) of logical shape (M, K) or (E, M, K), kept on the host until
+        first use."""
+        shape = _shape(fmt, shape)
+        blocks = formats.get(fmt).blocks(raw, (int(np.prod(shape[:-1])), shape[-1]))  # checks dtype and size
+        return cls(fmt, shape, host=np.array(blocks.reshape(-1), copy=True))
 
     @classmethod
     def from_numpy(cls, w, fmt: str, *, allow_nonfinite: bool = False) -> "QuantTensor":
-        """Quantize float32 weights (M, K) on the CPU with ptxgen.formats (NaN / inf refused unless
+        """Quantize float32 weights (M, K) or (E, M, K) on the CPU with ptxgen.formats (NaN / inf refused unless
         `allow_nonfinite`). Needs no GPU."""
         w = np.asarray(w)
-        if w.ndim != 2:
-            raise ValueError(f"from_numpy: weights must be 2-D (M, K), got shape {w.shape}")
-        return cls.from_raw(fmt, formats.quantize(fmt, w, allow_nonfinite=allow_nonfinite), w.shape)
+        if w.ndim not in (2, 3):
+            raise ValueError(f"from_numpy: weights must be (M, K) or (E, M, K), got shape {w.shape}")
+        flat = w.reshape(-1, w.shape[-1])
+        return cls.from_raw(fmt, formats.quantize(fmt, flat, allow_nonfinite=allow_nonfinite), w.shape)
 
     @classmethod
     def from_gguf(cls, path, tensor_name: str) -> "QuantTensor":

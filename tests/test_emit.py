@@ -126,6 +126,8 @@ for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one F
     for _t in (1, 2, 4, 8):
         EXPECTED_SASS[f"gemv_{_f}_f32_t{_t}"] = ["FFMA", "SHFL.BFLY", "LDG.E.64.CONSTANT" if _f == "q6_k" else
                                                  "LDG.E.128.CONSTANT"]
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # mul_mat_id's GEMV: the codec's decode, a shuffle sum, NaN for a bad id
+    EXPECTED_SASS[f"gemv_{_f}_f32_id"] = ["FFMA", "SHFL.BFLY", "FSEL"]
 for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the prepared GEMM's fragments from any codec: 16-byte stores
     EXPECTED_SASS[f"dequantize_{_f}_frags"] = ["F2FP", "STG.E.128", "FMUL"]
 for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the codec fixups: the flag, an arrival count, fp32 row sums

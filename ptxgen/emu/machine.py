@@ -806,6 +806,12 @@ class Emulator(HopperOps):
             p = (va * vb).astype(np.uint64 if wt == "u64" else np.int64) + vc
             self._set(d, ex, p, wt)
             return
+        if bits == 64:  # mad.lo.u64 / .s64: the low 64 bits, numpy's uint64 arithmetic wraps as the hardware's
+            with np.errstate(over="ignore"):
+                p = (self._val(a, t, ex).astype(np.uint64) * self._val(b, t, ex).astype(np.uint64)
+                     + self._val(c, t, ex).astype(np.uint64))
+            self._set(d, ex, p, "u64")
+            return
         vc = self._val(c, t, ex).astype(np.int64)
         mask = (1 << bits) - 1
         self._set(d, ex, ((va * vb + vc) & mask).astype(np.uint64), "u64")

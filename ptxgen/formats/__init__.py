@@ -10,7 +10,7 @@ import numpy as np
 from . import ggml, tq4_1s
 from .base import QuantFormat
 from .ggml import quantize_q8_1, unpack_scale_min_k4
-from .reference import gemm_q8_1_ref, gemm_ref, gemv_tq4_1s_fast_ref, gemv_tq4_1s_ref
+from .reference import gemm_q8_1_ref, gemm_ref, gemv_tq4_1s_fast_ref, gemv_tq4_1s_ref, mul_mat_id_ref
 from .tq4_1s import rht_forward, rht_inverse
 
 FORMATS: dict[str, QuantFormat] = {**ggml.FORMATS, "tq4_1s": tq4_1s.FORMAT}
@@ -39,5 +39,6 @@ def quantize(name: str, x, *, allow_nonfinite: bool = False, **options) -> np.nd
 
 __all__ = [
     "QuantFormat", "FORMATS", "NAMES", "get", "dequantize", "quantize", "quantize_q8_1",
-    "gemm_ref", "gemm_q8_1_ref", "gemv_tq4_1s_ref", "gemv_tq4_1s_fast_ref", "rht_forward", "rht_inverse", "unpack_scale_min_k4",
+    "gemm_ref", "gemm_q8_1_ref", "mul_mat_id_ref", "gemv_tq4_1s_ref", "gemv_tq4_1s_fast_ref", "rht_forward",
+    "rht_inverse", "unpack_scale_min_k4",
 ]

@@ -14,6 +14,22 @@ def gemm_ref(fmt: str, raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float64) @ w.T
 
 
+def mul_mat_id_ref(fmt: str, raw, shape, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """ggml's MUL_MAT_ID in float64: y[t, j] = x[t] @ W[ids[t, j]].T (x (T, K)), or x[t, j] @ ... (x (T, slots, K)),
+    W (E, M, K) dequantized from `raw`; y (T, slots, M); a slot whose id is outside [0, E) is NaN."""
+    from . import dequantize
+
+    e, m, k = shape
+    w = dequantize(fmt, raw, (e * m, k)).astype(np.float64).reshape(e, m, k)
+    ids = np.asarray(ids)
+    x = np.asarray(x, np.float64)
+    xs = x if x.ndim == 3 else np.broadcast_to(x[:, None, :], (*ids.shape, k))
+    ok = (ids >= 0) & (ids < e)
+    y = np.einsum("tjk,tjmk->tjm", xs, w[np.where(ok, ids, 0)])
+    y[~ok] = np.nan
+    return y
+
+
 def gemm_q8_1_ref(fmt: str, raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
     """What an int8 kernel computes: activations quantized to Q8_1 (s_mode "sum_x") first.
 

@@ -47,6 +47,10 @@ def name(fmt: str, nt: int) -> str:
     return f"gemv_{fmt.lower()}_f32_t{nt}"
 
 
+def name_id(fmt: str) -> str:
+    return f"gemv_{fmt.lower()}_f32_id"
+
+
 def _both(b, p, q):
     return q if p is None else p if q is None else b.op("and.pred", p, q)
 
@@ -70,14 +74,35 @@ def prefetch_rows(b, rowp, row_end, byte0, span: int, lane) -> None:
             b.emit("prefetch.global.L2", Mem(at), pred=ok)
 
 
-def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None):
+def _route_to_expert(b, W, X, Y, M, K):
+    """The MoE build's pair p = ctaid.y (token p / slots, slot p % slots): W moved to expert ids[p]'s matrix (expert
+    0's where the id is out of range, so every load stays inside w), X to its activation row (the token's, or the
+    pair's with x_per_slot), Y to output row p. Returns (W, X, Y, the predicate "ids[p] is out of range")."""
+    e_p, eb_p, ids_p = b.param("experts", "u32"), b.param("expert_bytes", "u64"), b.param("ids", "u64", "ptr:in")
+    s_p, xs_p = b.param("slots", "u32"), b.param("x_per_slot", "u32")
+    pair = b.special("ctaid.y")
+    e = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", pair, Imm(4, "u32"), b.ptr(ids_p))))  # int32 ids as u32
+    bad = b.op("setp.ge.u32", e, b.ld_param(e_p, "u32"))  # negative ids are past any E as u32
+    e = b.op("selp.b32", Imm(0, "b32"), e, bad)
+    W = b.op("mad.lo.u64", b.op("cvt.u64.u32", e), b.ld_param(eb_p, "u64"), W)
+    tok = b.op("div.u32", pair, b.ld_param(s_p, "u32"))
+    xr = b.op("selp.b32", pair, tok, b.op("setp.ne.u32", b.ld_param(xs_p, "u32"), Imm(0, "u32")))
+    X = b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(4, "u32"), X)
+    Y = b.op("mad.wide.u32", b.op("mul.lo.u32", pair, M), Imm(4, "u32"), Y)
+    return W, X, Y, bad
+
+
+def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: bool = False):
     """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of SHAPE[nt] and AHEAD:
-    for probes (bench/probe_gemv_codec.py)."""
+    for probes (bench/probe_gemv_codec.py). `moe`: gemv_<fmt>_f32_id, mul_mat_id's decode GEMV (one token per
+    (token, slot) pair, grid.y the pairs; an out-of-range expert id writes NaN over its pair's row)."""
     codec = codecs.get(fmt)
     rows, unroll = shape or SHAPE[nt]
     ahead = AHEAD if ahead is None else ahead
     group_bytes = codec.GROUP_BLOCKS * codec.BLOCK_BYTES
-    b = KernelBuilder(name(fmt, nt), arch, f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s), {rows} row(s) per warp, "
+    what = (f"{fmt} MoE GEMV (exact, fp32 x), one token per (token, slot) pair against its expert" if moe else
+            f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s)")
+    b = KernelBuilder(name_id(fmt) if moe else name(fmt, nt), arch, f"{what}, {rows} row(s) per warp, "
                       f"{unroll} group(s) per step, weights decoded by the codec as ggml's", block=(32 * WARPS, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
@@ -85,9 +110,16 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     b.meta.update(tokens=nt, rows_per_cta=WARPS * rows, warps=WARPS, rows_per_warp=rows, unroll=unroll, ahead=ahead,
                   grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
                   activation="fp32 x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K, layout="gguf rows")
+    if moe:
+        b.meta.update(grid="(ceil(m / rows_per_cta), pairs)", activation="fp32 x (T, K) or (T, slots, K), 16-byte "
+                      "aligned rows; ids (T, slots) int32", experts="w holds `experts` matrices of m rows, "
+                      "expert_bytes apart")
     b.pdl_head()  # one kernel per call: it waits for whatever wrote x before it reads anything
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    bad = None
+    if moe:
+        W, X, Y, bad = _route_to_expert(b, W, X, Y, M, K)
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32"))),
@@ -136,6 +168,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
         stored = lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M))
         for t in range(nt):
             s = warp_sum(b, acc[t][r])
+            if bad is not None:  # an out-of-range expert id: NaN over the pair's row
+                s = b.op("selp.f32", Imm(float("nan"), "f32"), s, bad)
             b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", M, Imm(t, "u32"), row[r]), Imm(4, "u32"),
                                               Y)), s, pred=_both(b, stored, live[t]))
     b.place(done)
@@ -145,3 +179,7 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
 
 KERNELS = [KernelDef(name(f, nt), f"{f.upper()} decode GEMV, exact (fp32 x), up to {nt} token(s), weights by the codec",
                      lambda arch, f=f, nt=nt: build(arch, f, nt)) for f in FORMATS for nt in TOKENS]
+MOE_FORMATS = codecs.dequantizable()  # the codecs whose lanes give W itself (TQ4_1S's give the rotated domain's)
+KERNELS += [KernelDef(name_id(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, one (token, slot) pair per "
+                      "grid row, weights by the codec", lambda arch, f=f: build(arch, f, 1, moe=True))
+            for f in MOE_FORMATS]

@@ -1,0 +1,89 @@
+"""L3: mul_mat_id (MoE) on the GPU against the float64 reference (formats.mul_mat_id_ref): every format with an MoE
+GEMV, x shared by a token's slots or one row per slot, skewed routes; device ids out of range give NaN rows without
+a synchronization; host ids out of range are refused; on the caller's torch stream and inside a CUDA graph, the
+same bits as eager; GPU == emulator for the MoE kernels is test_gpu_emu_crosscheck's."""
+import numpy as np
+import pytest
+
+from ptxgen import formats
+from conftest import rel
+
+pytestmark = pytest.mark.gpu
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _case(fmt, e, m, k, t, slots, seed, skew=False, per_slot=False):
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(seed)
+    raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
+    ids = (np.full((t, slots), e - 1) if skew else rng.integers(0, e, (t, slots))).astype(np.int32)
+    x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
+    return w, raw, x, ids
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("e,m,k,t,slots,skew,per_slot", [(8, 768, 2048, 1, 8, False, False),
+                                                         (32, 1792, 2048, 3, 4, False, True),
+                                                         (4, 300, 512, 5, 2, True, False),
+                                                         (6, 64, 4096, 16, 1, False, True)])
+def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot):
+    """Within 1e-5 of float64 (fp32 products of ggml's weights), NumPy in and out, the output poisoned first."""
+    import ptxgen.runtime as r
+
+    w, raw, x, ids = _case(fmt, e, m, k, t, slots, seed=e + m + t, skew=skew, per_slot=per_slot)
+    out = r.DeviceArray.empty((t, slots, m), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat_id(w, x, ids, out=out)
+    got = out.numpy()
+    want = formats.mul_mat_id_ref(w.fmt, raw, w.shape, x, ids)
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-5
+    np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
+
+
+def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, raw, x, ids = _case("q4_K", 4, 256, 1024, 3, 2, seed=5)
+    ids[1, 0], ids[2, 1] = -1, 4
+    got = r.mul_mat_id(w, torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()).cpu().numpy()
+    bad = np.zeros(ids.shape, bool)
+    bad[1, 0] = bad[2, 1] = True
+    assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
+    want = formats.mul_mat_id_ref("q4_K", raw, w.shape, x, ids)
+    assert rel(got[~bad], want[~bad]) <= 1e-5
+    with pytest.raises(ValueError, match=r"ids\[1, 0\] = -1 is not an expert"):
+        r.mul_mat_id(w, x, ids)
+
+
+def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits():
+    """x and ids made on a side stream behind 2 ms of work, the op on that stream (torch's current), then the same
+    calls captured in a torch CUDA graph and replayed: bit-identical to a quiet eager call."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, raw, x, ids = _case("q6_K", 16, 1024, 2048, 4, 4, seed=9)
+    w.to_device()
+    xt, it = torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()
+    want = r.mul_mat_id(w, xt, it)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(int(2e6))
+        xs, ids_s = xt * 1.0, it + 0
+        y = r.mul_mat_id(w, xs, ids_s)
+    side.synchronize()
+    assert torch.equal(y, want)
+    out = torch.empty_like(want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        r.mul_mat_id(w, xt, it, out=out)
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

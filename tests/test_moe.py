@@ -1,0 +1,98 @@
+"""mul_mat_id (MoE) without a GPU: expert tensors (E, M, K) in QuantTensor and GGUF, the op's argument checks
+before any device work, and its decode GEMV gemv_<fmt>_f32_id in the emulator against formats.mul_mat_id_ref over
+skewed, empty, duplicate and out-of-range expert loads."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ptxgen import formats
+from ptxgen.arch import get_arch
+from ptxgen.emu.harness import gemv_id_case
+from ptxgen.kernels import get_kernel
+from ptxgen.runtime import QuantTensor, mul_mat, mul_mat_id
+from ptxgen.runtime.tensors import list_gguf_tensors, read_gguf_tensor, write_gguf
+
+
+def _experts(fmt="q4_K", e=3, m=4, k=256, seed=0):
+    return np.random.default_rng(seed).standard_normal((e, m, k)).astype(np.float32)
+
+
+def test_an_expert_tensor_keeps_its_three_dimensions():
+    w = _experts()
+    q = QuantTensor.from_numpy(w, "q4_K")
+    assert q.shape == (3, 4, 256) and q.experts == 3 and q.rows == 12
+    assert q.nbytes == 12 * formats.get("q4_K").row_bytes(256)
+    assert q.raw().tobytes() == formats.quantize("q4_K", w.reshape(12, 256)).tobytes()
+    assert QuantTensor.from_raw("q4_K", q.raw(), (3, 4, 256)).shape == (3, 4, 256)
+    assert QuantTensor.from_numpy(w[0], "q4_K").experts == 1
+    with pytest.raises(ValueError, match=r"\(M, K\), or \(E, M, K\)"):
+        QuantTensor("q4_K", (2, 3, 4, 256), host=np.zeros(0, np.uint8))
+    with pytest.raises(ValueError, match="no rows"):
+        QuantTensor.from_raw("q4_K", np.zeros(0, np.uint8), (0, 4, 256))
+
+
+def test_expert_tensors_round_trip_through_gguf(tmp_path):
+    q = QuantTensor.from_numpy(_experts("q6_K"), "q6_K")
+    path = tmp_path / "moe.gguf"
+    write_gguf(path, {"blk.0.ffn_gate_exps.weight": q})
+    info = list_gguf_tensors(path)[0]
+    assert info.dims == (256, 4, 3) and info.shape == (3, 4, 256)  # GGUF: innermost first
+    fmt, shape, raw = read_gguf_tensor(path, "blk.0.ffn_gate_exps.weight")
+    assert (fmt, shape) == ("q6_K", (3, 4, 256)) and raw.tobytes() == q.raw().tobytes()
+    back = QuantTensor.from_gguf(path, "blk.0.ffn_gate_exps.weight")
+    assert back.shape == (3, 4, 256) and back.raw().tobytes() == q.raw().tobytes()
+
+
+def test_mul_mat_id_checks_its_arguments_before_any_device_work():
+    w = QuantTensor.from_numpy(_experts(), "q4_K")
+    x = np.ones((2, 256), np.float32)
+    ids = np.array([[0, 2], [1, 1]], np.int32)
+    with pytest.raises(ValueError, match="route tokens to them with mul_mat_id"):
+        mul_mat(w, x)
+    with pytest.raises(ValueError, match=r"w must hold experts, shape \(E, M, K\)"):
+        mul_mat_id(QuantTensor.from_numpy(_experts()[0], "q4_K"), x, ids)
+    with pytest.raises(ValueError, match="mode must be 'exact'"):
+        mul_mat_id(w, x, ids, mode="fast")
+    with pytest.raises(ValueError, match="no kernel for tq4_1s"):
+        mul_mat_id(QuantTensor.from_numpy(_experts(), "tq4_1s"), x, ids)
+    with pytest.raises(ValueError, match=r"ids must have shape \(T, slots\)"):
+        mul_mat_id(w, x, ids[0])
+    with pytest.raises(ValueError, match=r"x must have shape \(2, 256\) or \(2, 2, 256\)"):
+        mul_mat_id(w, np.ones((3, 256), np.float32), ids)
+    with pytest.raises(TypeError, match="expected dtype int32, got int64"):
+        mul_mat_id(w, x, ids.astype(np.int64))
+    with pytest.raises(ValueError, match=r"ids\[1, 0\] = 3 is not an expert of w \(0 ≤ id < 3\); 2 out of range"):
+        mul_mat_id(w, x, np.array([[0, 2], [3, -1]], np.int32))
+
+
+def _case(fmt, arch, **kw):
+    ptx = get_kernel(f"gemv_{fmt.lower()}_f32_id").for_arch(get_arch(arch)).ptx()
+    meta = dict(get_kernel(f"gemv_{fmt.lower()}_f32_id").for_arch(get_arch(arch)).meta,
+                name=f"gemv_{fmt.lower()}_f32_id")
+    return gemv_id_case(ptx, meta, np.random.default_rng(kw.pop("seed", 0)), **kw)
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("load", ["one expert takes every token", "every slot its own expert", "an id out of range"])
+def test_moe_gemv_in_the_emulator(fmt, load):
+    """Skewed loads (all pairs on one expert; the others get none), distinct experts, and an out-of-range id (−1
+    and E: its pair's row NaN, the others right); x shared by a token's slots and one row per slot."""
+    e = 4
+    ids = {"one expert takes every token": [[2, 2], [2, 2], [2, 2]],
+           "every slot its own expert": [[0, 1], [2, 3]],
+           "an id out of range": [[1, -1], [e, 0]]}[load]
+    for per_slot in (False, True):
+        out = _case(fmt, "sm_90a", shape=(e, 21, 544 if fmt == "q8_0" else 512), ids=np.array(ids, np.int32),
+                    x_per_slot=per_slot, seed=len(load))
+        assert out.ok, out.detail
+
+
+@settings(max_examples=6, deadline=None)
+@given(fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0"]), e=st.integers(1, 5), m=st.integers(1, 40),
+       kb=st.integers(1, 3), t=st.integers(1, 3), slots=st.integers(1, 3), seed=st.integers(0, 2**31 - 1),
+       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]))
+def test_moe_gemv_drawn_shapes_and_routes(fmt, e, m, kb, t, slots, seed, arch):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, e, (t, slots)).astype(np.int32)
+    out = _case(fmt, arch, shape=(e, m, 256 * kb), ids=ids, x_per_slot=bool(seed & 1), seed=seed)
+    assert out.ok, out.detail
