@@ -23,15 +23,18 @@ shfl.xor with lanes 1 and 2 away, bit-identical to the separate kernel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..arch import Arch
 from ..builder import KernelBuilder
 from ..codecs import q4_k as Q4K
 from ..dsl import warp_per_item, warp_sum
 from ..formats import tq4_1s as T4
-from ..ir import Imm, Mem, TensorRef, mma_sync
+from ..ir import Imm, Mem, Reg, TensorRef, mma_sync
 from . import KernelDef
 
 WARPS = 8
@@ -625,33 +628,67 @@ def _pair_table(b, table, tid, lane, copies, nthreads):
         b.emit("st.shared.v2.f32", Mem(dst, 8 * copies * rows * i), b.vec([lo[rows * i & 15], hi]))
 
 
-def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
-    """Exact TQ4_1S GEMV with the weights brought in by TMA (sm_90a; K a multiple of 128).
+class _TmaLanesShape(NamedTuple):
+    """build_tma_lanes' shape: tokens, rows per warp, warps, ring stages, pair-table copies (None: the 16-entry
+    table) and the table's bytes, bytes per ring stage, resident CTAs per SM."""
+    Tn: int
+    R: int
+    NW: int
+    S: int
+    copies: int | None
+    table_bytes: int
+    stage_bytes: int
+    min_ctas: int
 
-    The lane-per-block schedule of `build_lanes` (lane l owns block jb + l of each of the warp's R rows), with
-    each step's weights — R rows x 32 blocks, 640 contiguous bytes per row — copied into the warp's own
-    3-stage shared-memory ring by one 2-D TMA box (u32 elements, 160 x R, zero-filled past the row's end and
-    past M), completion on the stage's mbarrier; a lane reads its block back at stride 20 bytes (5 words,
-    distinct banks). Why: the ld.global kernel is bound by L1 data wavefronts (ncu: L1/TEX 83%, DRAM 39%):
-    besides the codebook lookups (one LDS wavefront per 32 weights, fixed), five 20-byte-strided loads per
-    lane per row touch five lines each, and one step's activations serve only 2 rows (R = 4 here; 8 measured
-    slower: 154 registers, 10 warps per SM). At T = 1 the next step's activations are loaded while this one
-    computes; at T = 2 a step's are all issued before it waits for its weights. Lookups, FFMA order and the
-    split-K store are those of `build_lanes` (the same fp32 operations per lane). `pairs` (TMA_PAIRS: the T ≤ 2
-    builds): the codebook values come two at a time, one LDS.64 per qs byte from the pair table, in the same
-    FFMA order (same bits); its (copies, warps, stages, CTAs per SM) replace TMA_WARPS / TMA_STAGES / TMA_MIN_CTAS."""
-    arch.require("cp_async_bulk_tensor", "the TMA-fed TQ4_1S GEMV", "use gemv_tq4_1s_t* (ld.global)")
+
+@dataclass
+class _TmaLanesLoop:
+    """What build_tma_lanes' step loop works on: the shape, the ring, the tables, the per-lane registers."""
+    b: KernelBuilder
+    k: _TmaLanesShape
+    lane: Reg
+    issue: Callable  # issue(jb, stage): lane 0's TMA box of the step at block jb into a ring stage
+    ring: Reg
+    bars: Reg
+    lut: Reg | None  # the 16-entry codebook (no pair table)
+    ptab: Reg  # the aligned dynamic shared memory: the pair table (pairs)
+    lanec: Reg | None  # the lane's part of a pair-table offset (pairs)
+    nblk: Reg
+    nfull: Reg  # blocks in full steps
+    stride: Reg  # blocks between this split's steps
+    jb: Reg  # the step's first block
+    count: Reg  # steps consumed by this warp (ring position and phase)
+    w: list  # R x 5 words: the lane's block of each row
+    blk: Reg
+    live: Reg
+    actptr: list
+    lane16: Reg
+    acc: list  # R x Tn fp32 accumulators
+    early: bool  # all of a step's activations in registers (32·T): loaded before the weights' wait
+    bases: dict = field(default_factory=dict)  # token → the step's activation pointer (set by element 0's load)
+
+
+def _tma_lanes_shape(arch, Tn, pairs):
+    """build_tma_lanes' shape: from `pairs` (copies, warps, stages, CTAs per SM), else TMA_WARPS / TMA_STAGES /
+    TMA_MIN_CTAS."""
     R = TMA_ROWS[Tn]
     if pairs:
         copies, NW, S, min_ctas = pairs
         table_bytes = 256 * copies * 8
     else:
-        NW, min_ctas, table_bytes = TMA_WARPS, TMA_MIN_CTAS[Tn], 0
+        copies, NW, min_ctas, table_bytes = None, TMA_WARPS, TMA_MIN_CTAS[Tn], 0
         S = TMA_STAGES if arch.max_smem_per_block >= 200 * 1024 else 2
-    stage_bytes = R * 640
+    return _TmaLanesShape(Tn, R, NW, S, copies, table_bytes, R * 640, min_ctas)
+
+
+def _tma_lanes_head(arch, k):
+    """build_tma_lanes' ABI (tmap_w, a, y, m, k, ntok, part, counters), launch bounds, dynamic shared memory and
+    meta, then the parameters' loads and the warp's rows: (b, the head dict as `_lane_head`'s, the tensor map
+    parameter, the dynamic shared memory)."""
+    Tn, R, NW, S, copies, table_bytes, stage_bytes, min_ctas = k
     name = f"gemv_tq4_1s_tma_t{Tn}"
     b = KernelBuilder(name, arch, f"tq4_1s GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA"
-                      + (", codebook pairs by byte" if pairs else ""), block=(32 * NW, 1, 1))
+                      + (", codebook pairs by byte" if copies else ""), block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u32 [M][K·20/128], box 160 x R, no swizzle
     a_p, y_p = b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
@@ -668,34 +705,51 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
                   tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({160}, {R}), no swizzle; needs k % 128 == 0",
                   tma_box=(160, R),
                   stages=S, dynamic_smem=b.dynamic_smem)
-    if pairs:
-        b.meta.update(lookup=f"one ld.shared.v2.f32 per qs byte: (C[lo nibble], C[hi nibble]) from a {table_bytes // 1024} "
-                             f"KB table (256 bytes x {copies} copies, lane l reads copy l % {copies})")
+    if copies:
+        b.meta.update(lookup=f"one ld.shared.v2.f32 per qs byte: (C[lo nibble], C[hi nibble]) from a "
+                             f"{table_bytes // 1024} KB table (256 bytes x {copies} copies, lane l reads copy "
+                             f"l % {copies})")
     h = {"part_p": part_p, "cnt_p": cnt_p}
     A, Y = b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
-    h.update(M=M, lane=lane, gwarp=gwarp, row0=row0, ntok=ntok, A=A, W=None)
-    leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    h.update(M=M, lane=lane, gwarp=gwarp, row0=row0, ntok=ntok, A=A, W=None, Y=Y, K=K, tid=tid, warp=warp)
+    return b, h, tw_p, ring_sym
 
-    lut_sym = None if pairs else b.shared_buffer("lut", 256, align=256)
-    ring, bars, ptab = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=table_bytes)  # table at ptab
-    if pairs:
-        lanec = _pair_lane_term(b, lane, copies)
-        b.comment(f"the pair table ({table_bytes // 1024} KB, every thread); one CTA barrier for it and the stage barriers")
-        _pair_table(b, ptab, tid, lane, copies, 32 * NW)
+
+def _tma_lanes_tables(b, k, h, ring_sym, leader):
+    """The warp's ring and stage barriers, and the codebook: the pair table (every thread) or the 16-entry table
+    (threads 0-15), behind one CTA barrier. Returns (ring, bars, lut, the pair table, the lane's pair offset)."""
+    tid, lane = h["tid"], h["lane"]
+    lut_sym = None if k.copies else b.shared_buffer("lut", 256, align=256)
+    ring, bars, ptab = _warp_rings(b, ring_sym, h["warp"], leader, k.NW, k.S, k.stage_bytes,
+                                   skip=k.table_bytes)  # table at ptab
+    lut = lanec = None
+    if k.copies:
+        lanec = _pair_lane_term(b, lane, k.copies)
+        b.comment(f"the pair table ({k.table_bytes // 1024} KB, every thread); one CTA barrier for it and the stage "
+                  "barriers")
+        _pair_table(b, ptab, tid, lane, k.copies, 32 * k.NW)
     else:
         lut = b.op("mov.u32", lut_sym)
         b.comment("the 16-entry codebook (threads 0-15); one CTA barrier for it and the stage barriers")
         table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
         small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
         tv = b.reg("f32")
-        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))), pred=small)
+        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))),
+               pred=small)
         b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
     b.emit("fence.proxy.async.shared::cta")
     b.emit("bar.sync", Imm(0, "u32"))
+    return ring, bars, lut, ptab, lanec
 
-    nblk = b.op("shr.u32", K, Imm(5, "u32"))
+
+def _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lanec):
+    """Activation pointers, zeroed accumulators, this split's first S steps into the ring (then, behind the
+    prep, griddepcontrol.wait) and the step loop's registers."""
+    Tn, R, S = k.Tn, k.R, k.S
+    lane, row0 = h["lane"], h["row0"]
+    nblk = b.op("shr.u32", h["K"], Imm(5, "u32"))
     row_bytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
     _, actptr, lane16 = _lane_pointers(b, {**h, "W": b.op("mov.u64", Imm(0, "u64"))}, 0, Tn, nblk, row_bytes,
                                        T4.LANE_GROUP_F32, with_lane16=True)
@@ -708,9 +762,7 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
     nfull = b.op("and.b32", nblk, Imm(~31 & 0xFFFFFFFF, "b32"))
-
-    def issue(jb, stage):
-        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage)
+    issue = partial(_tma_step, b, tw, leader, nblk, bars, ring, k.stage_bytes, row0)
 
     jb = b.op("shl.b32", kz, Imm(5, "u32"))
     b.comment(f"fill the ring: this split's steps 0 .. {S - 1}")
@@ -721,137 +773,183 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     g = b.op("mov.u32", Imm(0, "u32"))  # steps consumed by this warp (ring position and phase)
     w = [b.regs("b32", 5) for _ in range(R)]
     blk, live = b.reg("u32"), b.reg("pred")
+    return _TmaLanesLoop(b, k, lane, issue, ring, bars, lut, ptab, lanec, nblk, nfull, stride, jb, g, w, blk, live,
+                         actptr, lane16, acc, early=Tn <= 2)
 
-    def take(tail):
-        """Wait for step jb's stage, read this lane's block of each row, hand the stage back to TMA with step
-        jb + S·stride."""
-        stage = _wait_step(b, bars, g, S)
-        src = b.op("mad.lo.u32", lane, Imm(20, "u32"), b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
-        for r in range(R):
-            for j in range(5):
-                b.emit("ld.shared.u32", w[r][j], Mem(src, 640 * r + 4 * j))
-        if not tail:  # every lane has read its words before lane 0 lets TMA overwrite the stage
-            b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-            issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
-        b.emit("add.u32", g, g, Imm(1, "u32"))
 
-    early = Tn <= 2  # all of a step's activations in registers (32·T): loaded before the weights' wait
-    bases = {}
+def _tma_lanes_take(s, tail):
+    """Wait for step jb's stage, read this lane's block of each row, hand the stage back to TMA with step
+    jb + S·stride."""
+    b, k = s.b, s.k
+    stage = _wait_step(b, s.bars, s.count, k.S)
+    src = b.op("mad.lo.u32", s.lane, Imm(20, "u32"), b.op("mad.lo.u32", stage, Imm(k.stage_bytes, "u32"), s.ring))
+    for r in range(k.R):
+        for j in range(5):
+            b.emit("ld.shared.u32", s.w[r][j], Mem(src, 640 * r + 4 * j))
+    if not tail:  # every lane has read its words before lane 0 lets TMA overwrite the stage
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+        s.issue(b.op("mad.lo.u32", s.stride, Imm(k.S, "u32"), s.jb), stage)
+    b.emit("add.u32", s.count, s.count, Imm(1, "u32"))
 
-    def load_acts(tail, chunks=range(8)):
-        """This lane's activation values of every token for step jb, elements 4c .. 4c+3 for c in `chunks`
-        (lane-layout rows c, 512 bytes apart); zeros past the row's end."""
-        if chunks[0] == 0:
-            b.emit("add.u32", blk, jb, lane)
-            if tail:
-                b.emit("setp.lt.u32", live, blk, nblk)
-            g32 = b.op("mul.wide.u32", b.op("shr.u32", blk, Imm(5, "u32")), Imm(T4.LANE_GROUP_F32, "u32"))
-            for t in range(Tn):
-                bases[t] = b.op("add.s64", b.op("add.s64", actptr[t], g32), lane16)
-        acts = {}
+
+def _tma_lanes_acts(s, tail, chunks=range(8)):
+    """This lane's activation values of every token for step jb, elements 4c .. 4c+3 for c in `chunks`
+    (lane-layout rows c, 512 bytes apart); zeros past the row's end."""
+    b, Tn = s.b, s.k.Tn
+    if chunks[0] == 0:
+        b.emit("add.u32", s.blk, s.jb, s.lane)
+        if tail:
+            b.emit("setp.lt.u32", s.live, s.blk, s.nblk)
+        g32 = b.op("mul.wide.u32", b.op("shr.u32", s.blk, Imm(5, "u32")), Imm(T4.LANE_GROUP_F32, "u32"))
         for t in range(Tn):
-            for c in chunks:
-                regs = [b.reg("f32") for _ in range(4)]
-                if tail:
-                    for r_ in regs:
-                        b.emit("mov.f32", r_, Imm(0.0, "f32"))
-                b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(bases[t], 512 * c), pred=live if tail else None)
-                for e in range(4):
-                    acts[t, 4 * c + e] = regs[e]
-        return acts
+            s.bases[t] = b.op("add.s64", b.op("add.s64", s.actptr[t], g32), s.lane16)
+    acts = {}
+    for t in range(Tn):
+        for c in chunks:
+            regs = [b.reg("f32") for _ in range(4)]
+            if tail:
+                for r_ in regs:
+                    b.emit("mov.f32", r_, Imm(0.0, "f32"))
+            b.emit("ld.global.nc.v4.f32", b.vec(regs), Mem(s.bases[t], 512 * c), pred=s.live if tail else None)
+            for e in range(4):
+                acts[t, 4 * c + e] = regs[e]
+    return acts
 
-    def compute(acts, tail):
-        scales = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", w[r][0])),
-                   b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", w[r][0], Imm(16, "u32"))))]
-                  for r in range(R)]
-        for hh in range(2):
-            part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
-            for i in range(2):
-                wi = 2 * hh + i  # elements 8·wi .. 8·wi+7
-                if not early:  # 8·T registers at a time
-                    acts = load_acts(tail, range(2 * wi, 2 * wi + 2))
-                for r in range(R):
-                    qw = w[r][1 + wi]
-                    if pairs:  # byte j: elements 2j (low nibble) and 2j + 1, the same FMA order as below
-                        for j in range(4):
-                            vals = [b.reg("f32"), b.reg("f32")]
-                            b.emit("ld.shared.v2.f32", b.vec(vals), Mem(b.op("add.u32", _pair_offset(b, qw, j, lanec, copies), ptab)))
-                            for e in (2 * j, 2 * j + 1):
-                                _pair_fma(b, part[r], vals[e % 2], e, [acts[t, 8 * wi + e] for t in range(Tn)])
-                        continue
-                    lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
-                    hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
-                    for e in range(8):  # element 8·wi + e
-                        _lookup_fma(b, part[r], lo4, hi4, lut, e, [acts[t, 8 * wi + e] for t in range(Tn)])
-            _close_half(b, part, acc, scales, hh)
 
+def _tma_lanes_compute(s, acts, tail):
+    """One step's FFMAs: per half block, each row's codebook lookups times every token's activation into two
+    chains, closed into acc by the half's scale (without `early`, the activations load 8·T at a time here)."""
+    b, Tn, R, copies = s.b, s.k.Tn, s.k.R, s.k.copies
+    w = s.w
+    scales = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", w[r][0])),
+               b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", w[r][0], Imm(16, "u32"))))]
+              for r in range(R)]
+    for hh in range(2):
+        part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
+        for i in range(2):
+            wi = 2 * hh + i  # elements 8·wi .. 8·wi+7
+            if not s.early:  # 8·T registers at a time
+                acts = _tma_lanes_acts(s, tail, range(2 * wi, 2 * wi + 2))
+            for r in range(R):
+                qw = w[r][1 + wi]
+                if copies:  # byte j: elements 2j (low nibble) and 2j + 1, the same FMA order as below
+                    for j in range(4):
+                        vals = [b.reg("f32"), b.reg("f32")]
+                        b.emit("ld.shared.v2.f32", b.vec(vals),
+                               Mem(b.op("add.u32", _pair_offset(b, qw, j, s.lanec, copies), s.ptab)))
+                        for e in (2 * j, 2 * j + 1):
+                            _pair_fma(b, part[r], vals[e % 2], e, [acts[t, 8 * wi + e] for t in range(Tn)])
+                    continue
+                lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+                hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+                for e in range(8):  # element 8·wi + e
+                    _lookup_fma(b, part[r], lo4, hi4, s.lut, e, [acts[t, 8 * wi + e] for t in range(Tn)])
+        _close_half(b, part, s.acc, scales, hh)
+
+
+def _tma_lanes_prefetch(s, regs, jn):
+    """T = 1: step jn's 32 values into `regs`: plain loads for a full step, zeros and predicated loads for the
+    tail step, nothing past the end (all warp-uniform branches)."""
+    b, nblk = s.b, s.nblk
+    full, part, fin = b.label("pf_full"), b.label("pf_part"), b.label("pf_done")
+    b.bra(fin, pred=b.op("setp.ge.u32", jn, nblk))
+    bn = b.op("add.u32", jn, s.lane)
+    g32 = b.op("mul.wide.u32", b.op("shr.u32", bn, Imm(5, "u32")), Imm(T4.LANE_GROUP_F32, "u32"))
+    base0 = b.op("add.s64", b.op("add.s64", s.actptr[0], g32), s.lane16)
+    b.bra(part, pred=b.op("setp.gt.u32", b.op("add.u32", jn, Imm(32, "u32")), nblk))
+    b.place(full)
+    for c in range(8):
+        b.emit("ld.global.nc.v4.f32", b.vec(regs[4 * c:4 * c + 4]), Mem(base0, 512 * c))
+    b.bra(fin)
+    b.place(part)
+    ok = b.op("setp.lt.u32", bn, nblk)
+    for c in range(8):
+        for r_ in regs[4 * c:4 * c + 4]:
+            b.emit("mov.f32", r_, Imm(0.0, "f32"))
+        b.emit("ld.global.nc.v4.f32", b.vec(regs[4 * c:4 * c + 4]), Mem(base0, 512 * c), pred=ok)
+    b.place(fin)
+
+
+def _tma_lanes_steps_t1(s, loop, done):
+    """T = 1's step loop: the next step's activations are loaded while this step computes (two register sets,
+    the loop unrolled by two), so the L2 latency of the activation is off the critical path; then the tail."""
+    b, jb, stride, nfull = s.b, s.jb, s.stride, s.nfull
+    sets = [[b.reg("f32") for _ in range(32)] for _ in range(2)]
+
+    def as_acts(regs):
+        return {(0, e): regs[e] for e in range(32)}
+
+    tails = [b.label("tail_a"), b.label("tail_b")]
+    _tma_lanes_prefetch(s, sets[0], jb)
+    b.bra(tails[0], pred=b.op("setp.ge.u32", jb, nfull))
+    b.place(loop)
+    for i in range(2):
+        _tma_lanes_prefetch(s, sets[1 - i], b.op("add.u32", jb, stride))
+        _tma_lanes_take(s, False)
+        _tma_lanes_compute(s, as_acts(sets[i]), False)
+        b.emit("add.u32", jb, jb, stride)
+        if i == 0:
+            b.bra(tails[1], pred=b.op("setp.ge.u32", jb, nfull))
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nfull))
+    for i in range(2):
+        b.place(tails[i])
+        b.comment("the tail step, if this split owns it: TMA zero-filled the weights past the row's end")
+        b.bra(done, pred=b.op("setp.ge.u32", jb, s.nblk))
+        _tma_lanes_take(s, True)
+        _tma_lanes_compute(s, as_acts(sets[i]), True)
+        if i == 0:
+            b.bra(done)
+
+
+def _tma_lanes_steps(s, loop, tail_l, done):
+    """T ≥ 2's step loop: a step's first activations before its weights' wait (T = 2: all 32·T; else elements
+    0-3, `_tma_lanes_compute` loading 8·T at a time); then the tail step."""
+    b, jb, stride, nfull = s.b, s.jb, s.stride, s.nfull
+    first = range(8) if s.early else range(1)
+    b.bra(tail_l, pred=b.op("setp.ge.u32", jb, nfull))
+    b.place(loop)
+    acts = _tma_lanes_acts(s, False, first)
+    _tma_lanes_take(s, False)
+    _tma_lanes_compute(s, acts, False)
+    b.emit("add.u32", jb, jb, stride)
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nfull))
+    b.place(tail_l)
+    b.comment("the tail step (blocks not a multiple of 32), if this split owns it: TMA zero-filled past the row")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, s.nblk))
+    acts = _tma_lanes_acts(s, True, first)
+    _tma_lanes_take(s, True)
+    _tma_lanes_compute(s, acts, True)
+
+
+def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
+    """Exact TQ4_1S GEMV with the weights brought in by TMA (sm_90a; K a multiple of 128).
+
+    The lane-per-block schedule of `build_lanes` (lane l owns block jb + l of each of the warp's R rows), with
+    each step's weights — R rows x 32 blocks, 640 contiguous bytes per row — copied into the warp's own
+    3-stage shared-memory ring by one 2-D TMA box (u32 elements, 160 x R, zero-filled past the row's end and
+    past M), completion on the stage's mbarrier; a lane reads its block back at stride 20 bytes (5 words,
+    distinct banks). Why: the ld.global kernel is bound by L1 data wavefronts (ncu: L1/TEX 83%, DRAM 39%):
+    besides the codebook lookups (one LDS wavefront per 32 weights, fixed), five 20-byte-strided loads per
+    lane per row touch five lines each, and one step's activations serve only 2 rows (R = 4 here; 8 measured
+    slower: 154 registers, 10 warps per SM). At T = 1 the next step's activations are loaded while this one
+    computes; at T = 2 a step's are all issued before it waits for its weights. Lookups, FFMA order and the
+    split-K store are those of `build_lanes` (the same fp32 operations per lane). `pairs` (TMA_PAIRS: the T ≤ 2
+    builds): the codebook values come two at a time, one LDS.64 per qs byte from the pair table, in the same
+    FFMA order (same bits); its (copies, warps, stages, CTAs per SM) replace TMA_WARPS / TMA_STAGES / TMA_MIN_CTAS."""
+    arch.require("cp_async_bulk_tensor", "the TMA-fed TQ4_1S GEMV", "use gemv_tq4_1s_t* (ld.global)")
+    k = _tma_lanes_shape(arch, Tn, pairs)
+    b, h, tw_p, ring_sym = _tma_lanes_head(arch, k)
+    leader = b.op("setp.eq.u32", h["lane"], Imm(0, "u32"))
+    ring, bars, lut, ptab, lanec = _tma_lanes_tables(b, k, h, ring_sym, leader)
+    s = _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lanec)
     loop, tail_l, done = b.label("step"), b.label("tail"), b.label("steps_done")
     if Tn == 1:
-        # T = 1: the next step's activations are loaded while this step computes (two register sets, the
-        # loop unrolled by two), so the L2 latency of the activation is off the critical path
-        sets = [[b.reg("f32") for _ in range(32)] for _ in range(2)]
-
-        def prefetch(regs, jn):
-            """Step jn's 32 values into `regs`: plain loads for a full step, zeros and predicated loads for the
-            tail step, nothing past the end (all warp-uniform branches)."""
-            full, part, fin = b.label("pf_full"), b.label("pf_part"), b.label("pf_done")
-            b.bra(fin, pred=b.op("setp.ge.u32", jn, nblk))
-            bn = b.op("add.u32", jn, lane)
-            g32 = b.op("mul.wide.u32", b.op("shr.u32", bn, Imm(5, "u32")), Imm(T4.LANE_GROUP_F32, "u32"))
-            base0 = b.op("add.s64", b.op("add.s64", actptr[0], g32), lane16)
-            b.bra(part, pred=b.op("setp.gt.u32", b.op("add.u32", jn, Imm(32, "u32")), nblk))
-            b.place(full)
-            for c in range(8):
-                b.emit("ld.global.nc.v4.f32", b.vec(regs[4 * c:4 * c + 4]), Mem(base0, 512 * c))
-            b.bra(fin)
-            b.place(part)
-            ok = b.op("setp.lt.u32", bn, nblk)
-            for c in range(8):
-                for r_ in regs[4 * c:4 * c + 4]:
-                    b.emit("mov.f32", r_, Imm(0.0, "f32"))
-                b.emit("ld.global.nc.v4.f32", b.vec(regs[4 * c:4 * c + 4]), Mem(base0, 512 * c), pred=ok)
-            b.place(fin)
-
-        def as_acts(regs):
-            return {(0, e): regs[e] for e in range(32)}
-
-        tails = [b.label("tail_a"), b.label("tail_b")]
-        prefetch(sets[0], jb)
-        b.bra(tails[0], pred=b.op("setp.ge.u32", jb, nfull))
-        b.place(loop)
-        for i in range(2):
-            prefetch(sets[1 - i], b.op("add.u32", jb, stride))
-            take(False)
-            compute(as_acts(sets[i]), False)
-            b.emit("add.u32", jb, jb, stride)
-            if i == 0:
-                b.bra(tails[1], pred=b.op("setp.ge.u32", jb, nfull))
-        b.bra(loop, pred=b.op("setp.lt.u32", jb, nfull))
-        for i in range(2):
-            b.place(tails[i])
-            b.comment("the tail step, if this split owns it: TMA zero-filled the weights past the row's end")
-            b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
-            take(True)
-            compute(as_acts(sets[i]), True)
-            if i == 0:
-                b.bra(done)
+        _tma_lanes_steps_t1(s, loop, done)
     else:
-        b.bra(tail_l, pred=b.op("setp.ge.u32", jb, nfull))
-        b.place(loop)
-        acts = load_acts(False, range(8) if early else range(1))
-        take(False)
-        compute(acts, False)
-        b.emit("add.u32", jb, jb, stride)
-        b.bra(loop, pred=b.op("setp.lt.u32", jb, nfull))
-        b.place(tail_l)
-        b.comment("the tail step (blocks not a multiple of 32), if this split owns it: TMA zero-filled past the row")
-        b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
-        acts = load_acts(True, range(8) if early else range(1))
-        take(True)
-        compute(acts, True)
+        _tma_lanes_steps(s, loop, tail_l, done)
     b.place(done)
-    sums = {(r, t): acc[r][t] for r in range(R) for t in range(Tn)}
-    _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p)
+    sums = {(r, t): s.acc[r][t] for r in range(k.R) for t in range(Tn)}
+    _lane_epilogue(b, sums, h["lane"], h["gwarp"], h["row0"], h["M"], h["ntok"], h["Y"], h["part_p"], h["cnt_p"])
     return b.finish()
 
 
@@ -1126,6 +1224,330 @@ Q4K_MMA_SETS = 4  # rotating B-tile register sets (≥ AHEAD + 2, dividing the 8
 Q4K_MMA_CTAS_N16 = 3  # the 16-token build: 168 registers
 
 
+class _Q4kMmaShape(NamedTuple):
+    """build_q4k_mma_gemv's shape: token groups of 8, weights by TMA (else cp.async), PDL, warps, ring stages, m16
+    tiles and rows per warp, u32 per super-block row, sub-blocks per step, bytes per ring row and per stage."""
+    NT: int
+    tma: bool
+    pdl: bool
+    NW: int
+    S: int
+    MT: int
+    R: int
+    WORDS: int
+    STEP: int
+    row_stride: int
+    stage_bytes: int
+
+
+class _Q4kOperands(NamedTuple):
+    """The Q4_K tensor-core GEMV's per-lane operands: stage offsets, fp16 constants of the A fragments, the B-tile
+    register sets and the tiles' / factors' / min fragments' pointers (advanced in place) and per-step strides."""
+    lane_hdr: Reg  # row g's header in a stage
+    lane_q: Reg  # + qs word t
+    czero: list  # C of each chain's first MMA
+    magic: Reg  # (1024, 1024) fp16: 0x6400 halves
+    zero: Reg
+    h16: Reg  # (1/16, 1/16) fp16
+    n1024: Reg  # (-1024, -1024) fp16
+    t_hi: Reg  # t ≥ 2: the min MMA's A from the m word of sub-blocks 4-7
+    msel: Reg  # bytes (2t % 4, 0x64, 2t % 4 + 1, 0x64)
+    D: int  # sub-blocks the B tiles load ahead
+    NS: int  # rotating B-tile register sets
+    sets: list  # [set][token group]: 8 b32
+    p_b: Reg
+    s_b: Reg
+    p_f: Reg
+    p_s: Reg
+    s_f: Reg
+    g_b: Reg | None  # NT > 1: one token group's tiles ...
+    g_f: Reg | None  # ... and its factors or min fragments
+
+
+@dataclass
+class _Q4kMmaLoop:
+    """What build_q4k_mma_gemv's K loop works on: the shape, the ring and its copies, the step registers (advanced
+    in place), the accumulators, the lane's operands."""
+    b: KernelBuilder
+    arch: Arch
+    k: _Q4kMmaShape
+    issue: Callable  # issue(jb, stage): the step at sub-block jb into a ring stage
+    ring: Reg
+    bars: Reg | None  # TMA: the stages' mbarriers
+    nblk: Reg
+    stride: Reg
+    jb: Reg
+    count: Reg  # steps consumed by this warp (ring position and phase)
+    acc: list  # index (nt·MT + mt)·4 + i
+    ops: _Q4kOperands
+
+
+def _q4k_mma_head(arch, NT):
+    """build_q4k_mma_gemv's shape, ABI (tmap_w or w, tiles, factors, minfrag, y, m, k, ntok, part, counters), launch
+    bounds, dynamic shared memory and meta, then the parameters' loads and the warp's rows: (b, shape, head dict,
+    the weights' parameter, the dynamic shared memory)."""
+    # the 8-token build on sm_90a: one TMA box per step (measured: 23.2 / 25.5 µs vs cp.async's 24.8 / 34.7 on
+    # 4096x14336 / 18944x3584 at T=1). The 16-token build, and other targets: each lane cp.asyncs 16-byte chunks
+    # (measured on the H200 at T=16: 18.9 / 34.8 / 34.0 µs vs TMA's 19.3 / 39.0 / 34.7 on 4096², 14336x4096,
+    # 4096x14336); sm_89 has no TMA; sm_120a takes the TMA build (TMA_ARCHS)
+    tma = arch.has_tma and NT == 1
+    # programmatic dependent launch after the prep: the 8-token build measured 24.2 µs with it, 25.1 without
+    # (14336x4096, T=8); the 16-token build 39.1 with, 34.8 without (T=16; 4096x4096 19.2 / 18.5, others within
+    # 1%; bench/results/probe_pdl_session8.log): off there
+    pdl = NT == 1 and arch.has("griddepcontrol")
+    if not tma:
+        arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
+    NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
+    R, WORDS, STEP = 16 * MT, 36, 8  # rows per warp, u32 per super-block row, sub-blocks per step
+    row_stride = WORDS * 4
+    stage_bytes = R * row_stride
+    k = _Q4kMmaShape(NT, tma, pdl, NW, S, MT, R, WORDS, STEP, row_stride, stage_bytes)
+    name = "gemv_q4_k_mma" if NT == 1 else f"gemv_q4_k_mma_n{8 * NT}"
+    b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by "
+                      f"{'TMA' if tma else 'cp.async'}", block=(32 * NW, 1, 1))
+    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64) if tma else b.param("w", "u64", "ptr:in")
+    bt_p, f_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in")
+    s_p = b.param("minfrag", "u64", "ptr:in")
+    y_p = b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    # the cp.async build (sm_89, sm_120a; not measured) at 3 CTAs: at 4, sm_120a's ptxas needs a stack frame
+    ctas = (Q4K_MMA_CTAS if tma else 3) if NT == 1 else Q4K_MMA_CTAS_N16
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
+    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
+    b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT,
+                  token_groups=NT, rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)",
+                  fmt="q4_K", mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
+                  activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma" if tma else "cp.async",
+                  stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    if tma:
+        b.meta.update(tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle",
+                      tma_box=(WORDS, R))
+    h = {"part_p": part_p, "cnt_p": cnt_p}
+    h["BT"], h["F"], h["SX"], h["Y"] = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
+    h["M"], h["K"], h["ntok"] = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    h["tid"], h["lane"], h["warp"], h["gwarp"], h["row0"] = _warp_rows(b, NW, R)
+    return b, k, h, tw_p, ring_sym
+
+
+def _q4k_cp_async_issue(b, k, w_p, K, M, lane, row0, ring, nblk):
+    """The cp.async build's issue(jb, stage): a step is R rows x 9 chunks of 16 bytes; lane l copies chunks l,
+    l + 32, ... (rows past M: row M - 1's bytes, never stored), then commits one group per step (an empty one
+    past the end). Emits the chunks' addresses; returns issue."""
+    R, WORDS, row_stride, stage_bytes = k.R, k.WORDS, k.row_stride, k.stage_bytes
+    W = b.ptr(w_p)
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(WORDS * 4, "u32"))
+    mlast = b.op("sub.u32", M, Imm(1, "u32"))
+    chunks = []
+    for c0 in range(0, R * 9, 32):
+        c = b.op("add.u32", lane, Imm(c0, "u32"))
+        row = b.op("div.u32", c, Imm(9, "u32"))
+        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
+        grow = b.op("min.u32", b.op("add.u32", row0, row), mlast)
+        src = b.op("add.s64", b.op("mad.wide.u32", grow, row_bytes, W), b.op("cvt.u64.u32", col16))
+        dst = b.op("mad.lo.u32", row, Imm(row_stride, "u32"), col16)
+        ok = b.op("setp.lt.u32", c, Imm(R * 9, "u32")) if c0 + 32 > R * 9 else None
+        chunks.append((ok, src, dst))
+
+    def issue(jb, stage):
+        live = b.op("setp.lt.u32", jb, nblk)
+        soff = b.op("mul.wide.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(WORDS * 4, "u32"))  # super-block jb/8
+        sdst = (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
+                b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
+        for ok, src, dst in chunks:
+            go = live if ok is None else b.op("and.pred", live, ok)
+            b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst)), Mem(b.op("add.s64", src, soff)),
+                   Imm(16, "u32"), pred=go)
+        b.emit("cp.async.commit_group")
+
+    return issue
+
+
+def _q4k_mma_operands(b, k, jb, stride, lane, g, t, BT, F, SX, K, ntok):
+    """The lane's stage offsets, the A fragments' fp16 constants, the B-tile register sets and the pointers of
+    the tiles (from sub-block jb), factors and min fragments."""
+    NT, row_stride = k.NT, k.row_stride
+    lane_hdr = b.op("mul.lo.u32", g, Imm(row_stride, "u32"))  # row g's header in a stage
+    lane_q = b.op("mad.lo.u32", t, Imm(4, "u32"), lane_hdr)  # + qs word t
+    lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
+    t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
+    czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+    magic = b.op("mov.b32", Imm(0x64006400, "b32"))
+    zero = b.op("mov.b32", Imm(0, "b32"))
+
+    h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
+    n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
+    # the min MMA's A: row r's mins m_2t, m_2t+1 (bytes 2t % 4, + 1 of its m word t / 2) into 0x64 halves
+    t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+    tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4
+    msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # bytes (tb, 0x64, tb + 1, 0x64)
+
+    # B tiles of one sub-block (hi and lo of its two halves), D sub-blocks ahead into NS rotating register sets;
+    # the step's factors and min fragments at its start (needed at its end)
+    D, NS = (Q4K_MMA_AHEAD if NT == 1 else 1), Q4K_MMA_SETS  # the 16-token build one ahead (as measured on the H200)
+    assert NS >= D + 2 and k.STEP % NS == 0
+    sets = [[b.regs("b32", 8) for _ in range(NT)] for _ in range(NS)]
+    p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok if NT == 1 else None)
+    p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)  # factors: [block][8 tokens] fp32
+    p_s = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), SX),  # min fragments: 256 bytes per super-block
+               b.op("mul.wide.u32", lane, Imm(8, "u32")))
+    s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
+    g_b = g_f = None
+    if NT > 1:
+        g_b = b.op("mul.wide.u32", K, Imm(32, "u32"))  # one token group's tiles (K/16 x 512 bytes) ...
+        g_f = b.op("cvt.u64.u32", K)  # ... and its factors or min fragments (K bytes)
+    return _Q4kOperands(lane_hdr, lane_q, czero, magic, zero, h16, n1024, t_hi, msel, D, NS, sets,
+                        p_b, s_b, p_f, p_s, s_f, g_b, g_f)
+
+
+def _q4k_load_b(s, pb, bl, dst, pred=None):
+    """Sub-block bl after pb's: every token group's B tiles (hi, lo of both halves) into register set dst."""
+    b, o = s.b, s.ops
+    for nt in range(s.k.NT):
+        if nt:
+            pb = b.op("add.s64", pb, o.g_b)
+        for h in range(2):
+            b.emit("ld.global.nc.v4.u32", b.vec(o.sets[dst][nt][4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE),
+                   pred=pred)
+
+
+def _q4k_header(s, stage_base):
+    """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): d, −64·dmin (the min fragments carry
+    2^-6), the packed 6-bit sc bytes of sub-blocks 0-3 and 4-7, and the min MMA's A pair (m_2t, m_2t+1)."""
+    b, o = s.b, s.ops
+    magic = o.magic
+    out = []
+    for rr in range(2 * s.k.MT):
+        hw = b.regs("b32", 4)
+        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", stage_base, o.lane_hdr), 8 * s.k.row_stride * rr))
+        dlo, dhi = b.reg("b16"), b.reg("b16")
+        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
+        s0, s1, s2 = hw[1:]
+        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
+        sc = (b.op("and.b32", s0, c3f),  # sub-blocks 0..3
+              b.op("or.b32", b.op("and.b32", s2, c0f), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)))
+        m = (b.op("and.b32", s1, c3f),
+             b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
+                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)))
+        mw = b.op("selp.b32", m[1], m[0], o.t_hi)
+        ma = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, o.msel), magic, type="b32")  # (m_2t, m_2t+1) exact
+        out.append(dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi),
+                                                                 Imm(-64.0, "f32")), sc=sc, ma=ma))
+    return out
+
+
+def _q4k_scale_pair(s, hd, j):
+    """(mult, add) fp16x2 of sub-block j: A = h·mult + add = q·sc_j exactly, for h = 1024 + q (even j, low
+    nibbles: mult = sc) or 1024 + 16q (odd j, high nibbles: mult = sc / 16); add = −1024·mult."""
+    b, o = s.b, s.ops
+    sel = Imm((5 << 12) | ((j & 3) << 8) | (5 << 4) | (j & 3), "b32")  # bytes (sc_j, 0x64, sc_j, 0x64)
+    sc2 = b.op("sub.rn.f16x2", b.op("prmt.b32", hd["sc"][j // 4], o.magic, sel), o.magic, type="b32")  # (sc, sc)
+    mult = b.op("mul.rn.f16x2", sc2, o.h16, type="b32") if j % 2 else sc2
+    return mult, b.op("mul.rn.f16x2", mult, o.n1024, type="b32")
+
+
+def _q4k_chunk(s, stage_base, c, hds, cur, chains):
+    """Chunk c (sub-blocks 2c, 2c + 1): per m16 tile, the A fragments q·sc and 2 halves x (hi, lo) MMAs per
+    sub-block into the step's chains."""
+    b, k, o = s.b, s.k, s.ops
+    magic, czero = o.magic, o.czero
+    qb = b.op("add.u32", stage_base, o.lane_q)
+    for mt in range(k.MT):
+        pairs = {(rr, sb): _q4k_scale_pair(s, hds[2 * mt + rr], 2 * c + sb) for rr in range(2) for sb in range(2)}
+        a = {}
+        for rr in range(2):
+            for h in range(2):
+                w = b.op("ld.shared.u32", Mem(qb, 16 + 32 * c + 16 * h + k.row_stride * (16 * mt + 8 * rr)))
+                for sb, mask in ((0, 0x000F000F), (1, 0x00F000F0)):
+                    mult, add = pairs[rr, sb]
+                    for bp, sel in enumerate((0x4140, 0x4342)):  # bytes (0, 1), (2, 3) of the word
+                        v = b.op("prmt.b32", w, o.zero, Imm(sel, "b32"))
+                        h_ = b.reg("b32")
+                        b.emit("lop3.b32", h_, v, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+                        a[rr, h, sb, bp] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+        for sb in range(2):
+            for nt in range(k.NT):
+                bregs = o.sets[cur[sb]][nt]
+                for h in range(2):
+                    A = [a[0, h, sb, 0], a[1, h, sb, 0], a[0, h, sb, 1], a[1, h, sb, 1]]  # (g, 2t..), (g+8, ..), ..
+                    for hl, breg in enumerate((bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4])):  # hi, lo
+                        ch = chains[nt][mt][2 * h + hl]
+                        first = c == 0 and sb == 0
+                        b.emit(mma_sync(s.arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(breg),
+                                        b.vec(czero if first else ch)))
+
+
+def _q4k_step_sums(s, hds, fac, mfr, chains):
+    """The step's fp32 work, per super-block: y += 2^-s·(d·C − 64·dmin·Σ_j m_j·S_j·2^-6) per output, C = the four
+    chains' sum, the min term by one MMA."""
+    b, k, o = s.b, s.k, s.ops
+    for nt in range(k.NT):
+        for mt in range(k.MT):
+            hd = hds[2 * mt:2 * mt + 2]
+            ms = b.regs("f32", 4)
+            ma = b.vec([hd[0]["ma"], hd[1]["ma"], hd[0]["ma"], hd[1]["ma"]])
+            b.emit(mma_sync(s.arch, "m16n8k16", "f16", b.vec(ms), ma, b.vec(mfr[nt]), b.vec(o.czero)))
+            ch = chains[nt][mt]
+            for i in range(4):  # c0, c1: row g (tokens 2t, 2t + 1); c2, c3: row g + 8
+                cs = b.op("add.rn.f32", b.op("add.rn.f32", ch[0][i], ch[1][i]), b.op("add.rn.f32", ch[2][i], ch[3][i]))
+                r_ = hd[i // 2]
+                v = b.op("fma.rn.f32", r_["d"], cs, b.op("mul.rn.f32", r_["nd64"], ms[i]))
+                o_ = (nt * k.MT + mt) * 4 + i
+                b.emit("fma.rn.f32", s.acc[o_], v, fac[nt][i % 2], s.acc[o_])
+
+
+def _q4k_mma_steps(s):
+    """The K loop, one super-block a step: its factors and min fragments, the wait for its stage, the row headers,
+    8 sub-blocks' MMAs (B tiles D sub-blocks ahead), the stage back to the copies, the step's fp32 sums; the
+    loop's exit label last."""
+    b, k, o = s.b, s.k, s.ops
+    NT, S, STEP, D, NS = k.NT, k.S, k.STEP, o.D, o.NS
+    jb, gcount, stride, nblk = s.jb, s.count, s.stride, s.nblk
+    p_b, s_b, p_f, p_s, s_f = o.p_b, o.s_b, o.p_f, o.p_s, o.s_f
+    chains = [[[b.regs("f32", 4) for _ in range(4)] for _ in range(k.MT)] for _ in range(NT)]
+    loop, done = b.label("step"), b.label("steps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+    for bl in range(D):
+        _q4k_load_b(s, p_b, bl, bl)
+    b.place(loop)
+    fac, mfr = [], []
+    for nt in range(NT):  # this step's factors 2^-s (tokens 2t, 2t + 1) and min fragment (hi, lo)
+        fr, mr = b.regs("f32", 2), b.regs("b32", 2)
+        pf, ps = (p_f, p_s) if nt == 0 else (b.op("add.s64", p_f, o.g_f), b.op("add.s64", p_s, o.g_f))
+        b.emit("ld.global.nc.v2.f32", b.vec(fr), Mem(pf))
+        b.emit("ld.global.nc.v2.u32", b.vec(mr), Mem(ps))
+        fac.append(fr)
+        mfr.append(mr)
+    if k.tma:
+        stage = _wait_step(b, s.bars, gcount, S)
+    else:  # the oldest of the S groups in flight is this step's; every lane's copies, then the warp's
+        stage = b.op("rem.u32", gcount, Imm(S, "u32"))
+        b.emit("cp.async.wait_group", Imm(S - 1, "u32"))
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    sbase = b.op("mad.lo.u32", stage, Imm(k.stage_bytes, "u32"), s.ring)
+    hds = _q4k_header(s, sbase)
+    nxt_b = b.op("add.s64", p_b, s_b)
+    more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
+    for bl in range(STEP):  # sub-block bl: register set bl % NS; its loads were issued D sub-blocks earlier
+        if bl + D < STEP:
+            _q4k_load_b(s, p_b, bl + D, (bl + D) % NS)
+        else:
+            _q4k_load_b(s, nxt_b, bl + D - STEP, (bl + D) % NS, more)
+        if bl % 2:
+            _q4k_chunk(s, sbase, bl // 2, hds, ((bl - 1) % NS, bl % NS), chains)
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
+    s.issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
+    _q4k_step_sums(s, hds, fac, mfr, chains)
+    b.emit("add.u32", gcount, gcount, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, stride)
+    for p_, s_ in ((p_b, s_b), (p_f, s_f), (p_s, s_f)):
+        b.emit("add.s64", p_, p_, s_)
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
+    b.place(done)
+
+
 def build_q4k_mma_gemv(arch, NT: int = 1):
     """Q4_K GEMV for up to 8·NT tokens on tensor cores, fp32-exact (mul_mat on sm_90: slices of 2-8 tokens, single
     tokens from 2^25 weights; the 16-token build with PTXGEN_Q4K_MMA=1: 10-19% faster than the wgmma MMQ at T=16
@@ -1147,244 +1569,37 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     tokens, each prepared by its own prep_mma_f16 launch into consecutive buffers (tiles 32·K bytes, factors
     and min fragments K bytes per group); every A fragment feeds both groups' MMAs."""
     arch.require("mma_sync_f16", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
-    # the 8-token build on sm_90a: one TMA box per step (measured: 23.2 / 25.5 µs vs cp.async's 24.8 / 34.7 on
-    # 4096x14336 / 18944x3584 at T=1). The 16-token build, and other targets: each lane cp.asyncs 16-byte chunks
-    # (measured on the H200 at T=16: 18.9 / 34.8 / 34.0 µs vs TMA's 19.3 / 39.0 / 34.7 on 4096², 14336x4096,
-    # 4096x14336); sm_89 has no TMA; sm_120a takes the TMA build (TMA_ARCHS)
-    tma = arch.has_tma and NT == 1
-    # programmatic dependent launch after the prep: the 8-token build measured 24.2 µs with it, 25.1 without
-    # (14336x4096, T=8); the 16-token build 39.1 with, 34.8 without (T=16; 4096x4096 19.2 / 18.5, others within
-    # 1%; bench/results/probe_pdl_session8.log): off there
-    pdl = NT == 1 and arch.has("griddepcontrol")
-    if not tma:
-        arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
-    NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
-    R, WORDS, STEP = 16 * MT, 36, 8  # rows per warp, u32 per super-block row, sub-blocks per step
-    row_stride = WORDS * 4
-    stage_bytes = R * row_stride
-    name = "gemv_q4_k_mma" if NT == 1 else f"gemv_q4_k_mma_n{8 * NT}"
-    b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by "
-                      f"{'TMA' if tma else 'cp.async'}", block=(32 * NW, 1, 1))
-    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64) if tma else b.param("w", "u64", "ptr:in")
-    bt_p, f_p, s_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in"), b.param("minfrag", "u64", "ptr:in")
-    y_p = b.param("y", "u64", "ptr:out")
-    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
-    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    # the cp.async build (sm_89, sm_120a; not measured) at 3 CTAs: at 4, sm_120a's ptxas needs a stack frame
-    ctas = (Q4K_MMA_CTAS if tma else 3) if NT == 1 else Q4K_MMA_CTAS_N16
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
-    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
-    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
-    b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
-                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT, token_groups=NT,
-                  rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
-                  mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
-                  activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma" if tma else "cp.async",
-                  stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
-    if tma:
-        b.meta.update(tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle", tma_box=(WORDS, R))
-    BT, F, SX, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
-    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, R)
+    b, k, h, w_p, ring_sym = _q4k_mma_head(arch, NT)
+    lane, row0, M, K, ntok = h["lane"], h["row0"], h["M"], h["K"], h["ntok"]
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    if tma:
-        ring, bars, _ = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
+    bars = None
+    if k.tma:
+        ring, bars, _ = _warp_rings(b, ring_sym, h["warp"], leader, k.NW, k.S, k.stage_bytes)
         b.emit("fence.proxy.async.shared::cta")
         b.emit("bar.sync", Imm(0, "u32"))
     else:  # this warp's ring (16-byte aligned for cp.async)
-        base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
-        ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
+        base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")),
+                    Imm(~127 & 0xFFFFFFFF, "b32"))
+        ring = b.op("mad.lo.u32", h["warp"], Imm(k.S * k.stage_bytes, "u32"), base)
 
     nblk = b.op("shr.u32", K, Imm(5, "u32"))  # sub-blocks of 32
-    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p)) if tma else None
-    acc = b.regs("f32", 4 * MT * NT)  # index (nt·MT + mt)·4 + i
+    tw = b.op("cvta.param.u64", b.op("mov.b64", w_p)) if k.tma else None
+    acc = b.regs("f32", 4 * k.MT * NT)  # index (nt·MT + mt)·4 + i
     for r_ in acc:
         b.emit("mov.f32", r_, Imm(0.0, "f32"))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
-    stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
-
-    if tma:
-        def issue(jb, stage):
-            _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, WORDS, STEP)
-    else:  # a step: R rows x 9 chunks of 16 bytes; lane l copies chunks l, l + 32, ... (rows past M: row M - 1's
-        # bytes, never stored), then commits one group per step (an empty one past the end)
-        W = b.ptr(tw_p)
-        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(WORDS * 4, "u32"))
-        mlast = b.op("sub.u32", M, Imm(1, "u32"))
-        chunks = []
-        for c0 in range(0, R * 9, 32):
-            c = b.op("add.u32", lane, Imm(c0, "u32"))
-            row = b.op("div.u32", c, Imm(9, "u32"))
-            col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
-            grow = b.op("min.u32", b.op("add.u32", row0, row), mlast)
-            src = b.op("add.s64", b.op("mad.wide.u32", grow, row_bytes, W), b.op("cvt.u64.u32", col16))
-            dst = b.op("mad.lo.u32", row, Imm(row_stride, "u32"), col16)
-            ok = b.op("setp.lt.u32", c, Imm(R * 9, "u32")) if c0 + 32 > R * 9 else None
-            chunks.append((ok, src, dst))
-
-        def issue(jb, stage):
-            live = b.op("setp.lt.u32", jb, nblk)
-            soff = b.op("mul.wide.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(WORDS * 4, "u32"))  # super-block jb/8
-            sdst = (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
-                    b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
-            for ok, src, dst in chunks:
-                go = live if ok is None else b.op("and.pred", live, ok)
-                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst)), Mem(b.op("add.s64", src, soff)),
-                       Imm(16, "u32"), pred=go)
-            b.emit("cp.async.commit_group")
-
-    jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S, pdl)
-    lane_hdr = b.op("mul.lo.u32", g, Imm(row_stride, "u32"))  # row g's header in a stage
-    lane_q = b.op("mad.lo.u32", t, Imm(4, "u32"), lane_hdr)  # + qs word t
-    lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
-    t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
-    czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
-    magic = b.op("mov.b32", Imm(0x64006400, "b32"))
-    zero = b.op("mov.b32", Imm(0, "b32"))
-
-    h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
-    n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
-    # the min MMA's A: row r's mins m_2t, m_2t+1 (bytes 2t % 4, + 1 of its m word t / 2) into 0x64 halves
-    t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
-    tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4
-    msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # bytes (tb, 0x64, tb + 1, 0x64)
-
-    # B tiles of one sub-block (hi and lo of its two halves), D sub-blocks ahead into NS rotating register sets;
-    # the step's factors and min fragments at its start (needed at its end)
-    D, NS = (Q4K_MMA_AHEAD if NT == 1 else 1), Q4K_MMA_SETS  # the 16-token build one ahead (as measured on the H200)
-    assert NS >= D + 2 and STEP % NS == 0
-    sets = [[b.regs("b32", 8) for _ in range(NT)] for _ in range(NS)]
-    p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok if NT == 1 else None)
-    p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)  # factors: [block][8 tokens] fp32
-    p_s = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), SX),  # min fragments: 256 bytes per super-block
-               b.op("mul.wide.u32", lane, Imm(8, "u32")))
-    s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
-    if NT > 1:
-        g_b = b.op("mul.wide.u32", K, Imm(32, "u32"))  # one token group's tiles (K/16 x 512 bytes) ...
-        g_f = b.op("cvt.u64.u32", K)  # ... and its factors or min fragments (K bytes)
-
-    def load_b(pb, bl, dst, pred=None):
-        for nt in range(NT):
-            if nt:
-                pb = b.op("add.s64", pb, g_b)
-            for h in range(2):
-                b.emit("ld.global.nc.v4.u32", b.vec(sets[dst][nt][4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE),
-                       pred=pred)
-
-    def header(stage_base):
-        """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): d, −64·dmin (the min fragments carry
-        2^-6), the packed 6-bit sc bytes of sub-blocks 0-3 and 4-7, and the min MMA's A pair (m_2t, m_2t+1)."""
-        out = []
-        for rr in range(2 * MT):
-            hw = b.regs("b32", 4)
-            b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", stage_base, lane_hdr), 8 * row_stride * rr))
-            dlo, dhi = b.reg("b16"), b.reg("b16")
-            b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
-            s0, s1, s2 = hw[1:]
-            c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
-            sc = (b.op("and.b32", s0, c3f),  # sub-blocks 0..3
-                  b.op("or.b32", b.op("and.b32", s2, c0f), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)))
-            m = (b.op("and.b32", s1, c3f),
-                 b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
-                      b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)))
-            mw = b.op("selp.b32", m[1], m[0], t_hi)
-            ma = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, msel), magic, type="b32")  # (m_2t, m_2t+1) exact
-            out.append(dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi),
-                                                                     Imm(-64.0, "f32")), sc=sc, ma=ma))
-        return out
-
-    def scale_pair(hd, j):
-        """(mult, add) fp16x2 of sub-block j: A = h·mult + add = q·sc_j exactly, for h = 1024 + q (even j, low
-        nibbles: mult = sc) or 1024 + 16q (odd j, high nibbles: mult = sc / 16); add = −1024·mult."""
-        sel = Imm((5 << 12) | ((j & 3) << 8) | (5 << 4) | (j & 3), "b32")  # bytes (sc_j, 0x64, sc_j, 0x64)
-        sc2 = b.op("sub.rn.f16x2", b.op("prmt.b32", hd["sc"][j // 4], magic, sel), magic, type="b32")  # (sc, sc)
-        mult = b.op("mul.rn.f16x2", sc2, h16, type="b32") if j % 2 else sc2
-        return mult, b.op("mul.rn.f16x2", mult, n1024, type="b32")
-
-    def chunk(stage_base, c, hds, cur, chains):
-        """Chunk c (sub-blocks 2c, 2c + 1): per m16 tile, the A fragments q·sc and 2 halves x (hi, lo) MMAs per
-        sub-block into the step's chains."""
-        qb = b.op("add.u32", stage_base, lane_q)
-        for mt in range(MT):
-            pairs = {(rr, sb): scale_pair(hds[2 * mt + rr], 2 * c + sb) for rr in range(2) for sb in range(2)}
-            a = {}
-            for rr in range(2):
-                for h in range(2):
-                    w = b.op("ld.shared.u32", Mem(qb, 16 + 32 * c + 16 * h + row_stride * (16 * mt + 8 * rr)))
-                    for sb, mask in ((0, 0x000F000F), (1, 0x00F000F0)):
-                        mult, add = pairs[rr, sb]
-                        for bp, sel in enumerate((0x4140, 0x4342)):  # bytes (0, 1), (2, 3) of the word
-                            v = b.op("prmt.b32", w, zero, Imm(sel, "b32"))
-                            h_ = b.reg("b32")
-                            b.emit("lop3.b32", h_, v, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-                            a[rr, h, sb, bp] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
-            for sb in range(2):
-                for nt in range(NT):
-                    bregs = sets[cur[sb]][nt]
-                    for h in range(2):
-                        A = [a[0, h, sb, 0], a[1, h, sb, 0], a[0, h, sb, 1], a[1, h, sb, 1]]  # (g, 2t..), (g+8, ..), ..
-                        for hl, breg in enumerate((bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4])):  # hi, lo
-                            ch = chains[nt][mt][2 * h + hl]
-                            first = c == 0 and sb == 0
-                            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(breg),
-                                            b.vec(czero if first else ch)))
-
-    chains = [[[b.regs("f32", 4) for _ in range(4)] for _ in range(MT)] for _ in range(NT)]
-    loop, done = b.label("step"), b.label("steps_done")
-    b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
-    for bl in range(D):
-        load_b(p_b, bl, bl)
-    b.place(loop)
-    fac, mfr = [], []
-    for nt in range(NT):  # this step's factors 2^-s (tokens 2t, 2t + 1) and min fragment (hi, lo)
-        fr, mr = b.regs("f32", 2), b.regs("b32", 2)
-        pf, ps = (p_f, p_s) if nt == 0 else (b.op("add.s64", p_f, g_f), b.op("add.s64", p_s, g_f))
-        b.emit("ld.global.nc.v2.f32", b.vec(fr), Mem(pf))
-        b.emit("ld.global.nc.v2.u32", b.vec(mr), Mem(ps))
-        fac.append(fr)
-        mfr.append(mr)
-    if tma:
-        stage = _wait_step(b, bars, gcount, S)
-    else:  # the oldest of the S groups in flight is this step's; every lane's copies, then the warp's
-        stage = b.op("rem.u32", gcount, Imm(S, "u32"))
-        b.emit("cp.async.wait_group", Imm(S - 1, "u32"))
-        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-    sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
-    hds = header(sbase)
-    nxt_b = b.op("add.s64", p_b, s_b)
-    more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
-    for bl in range(STEP):  # sub-block bl: register set bl % NS; its loads were issued D sub-blocks earlier
-        if bl + D < STEP:
-            load_b(p_b, bl + D, (bl + D) % NS)
-        else:
-            load_b(nxt_b, bl + D - STEP, (bl + D) % NS, more)
-        if bl % 2:
-            chunk(sbase, bl // 2, hds, ((bl - 1) % NS, bl % NS), chains)
-    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
-    issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
-    # y += 2^-s·(d·C − 64·dmin·Σ_j m_j·S_j·2^-6) per output: C = the four chains' sum, the min term by one MMA
-    for nt in range(NT):
-        for mt in range(MT):
-            hd = hds[2 * mt:2 * mt + 2]
-            ms = b.regs("f32", 4)
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec([hd[0]["ma"], hd[1]["ma"], hd[0]["ma"], hd[1]["ma"]]),
-                            b.vec(mfr[nt]), b.vec(czero)))
-            ch = chains[nt][mt]
-            for i in range(4):  # c0, c1: row g (tokens 2t, 2t + 1); c2, c3: row g + 8
-                cs = b.op("add.rn.f32", b.op("add.rn.f32", ch[0][i], ch[1][i]), b.op("add.rn.f32", ch[2][i], ch[3][i]))
-                r_ = hd[i // 2]
-                v = b.op("fma.rn.f32", r_["d"], cs, b.op("mul.rn.f32", r_["nd64"], ms[i]))
-                o = (nt * MT + mt) * 4 + i
-                b.emit("fma.rn.f32", acc[o], v, fac[nt][i % 2], acc[o])
-    b.emit("add.u32", gcount, gcount, Imm(1, "u32"))
-    b.emit("add.u32", jb, jb, stride)
-    for p_, s_ in ((p_b, s_b), (p_f, s_f), (p_s, s_f)):
-        b.emit("add.s64", p_, p_, s_)
-    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
-    b.place(done)
-    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, MT)
+    stride = b.op("mul.lo.u32", nsplit, Imm(k.STEP, "u32"))
+    if k.tma:
+        issue = partial(_tma_step, b, tw, leader, nblk, bars, ring, k.stage_bytes, row0, words_per_step=k.WORDS,
+                        step_blocks=k.STEP)
+    else:
+        issue = _q4k_cp_async_issue(b, k, w_p, K, M, lane, row0, ring, nblk)
+    jb, gcount = _fill_ring(b, arch, issue, kz, stride, k.STEP, k.S, k.pdl)
+    ops = _q4k_mma_operands(b, k, jb, stride, lane, g, t, h["BT"], h["F"], h["SX"], K, ntok)
+    _q4k_mma_steps(_Q4kMmaLoop(b, arch, k, issue, ring, bars, nblk, stride, jb, gcount, acc, ops))
+    _fragment_epilogue(b, acc, g, t, h["gwarp"], row0, M, ntok, h["Y"], h["part_p"], h["cnt_p"], k.MT)
     return b.finish()
 
 
