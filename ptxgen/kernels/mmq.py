@@ -20,12 +20,14 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..codecs import q4_k as q4k
 from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
 from .. import layouts
-from ..ir import Imm, Mem, Sym, TensorRef, ldmatrix, mma_sync
+from ..ir import Imm, Mem, Reg, Sym, TensorRef, ldmatrix, mma_sync
 from ..ir import wgmma as ir_wgmma
 from ..specs import MmqSpec
 from ..targets import lowering_for
@@ -88,18 +90,36 @@ def describe(arch, spec: MmqSpec):
     return tile, pipe, mma, Schedule("persistent"), Epilogue("f32", transposed=True)
 
 
+class _F16Tile(NamedTuple):
+    """The fp16 mma.sync MMQ's token tile and shared-memory sizes (bytes)."""
+    BN: int
+    x16: bool  # x arrives in fp16 (convert_f16 first): half the bytes per step, no conversion
+    raw_bytes: int  # one raw ring stage: BM rows of RAW_ROW
+    a_bytes: int  # the fp16 A tile (BM rows of PAD_ROW)
+    b_bytes: int  # the fp16 B tile (BN token rows of PAD_ROW)
+    pair: int  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
+
+
+def _f16_tile(spec: MmqSpec) -> _F16Tile:
+    """The _F16Tile of an fp16 mma.sync spec."""
+    a_bytes, b_bytes = BM * PAD_ROW, spec.bn * PAD_ROW
+    return _F16Tile(spec.bn, not spec.fused, BM * RAW_ROW, a_bytes, b_bytes, a_bytes + b_bytes)
+
+
 def build(arch, spec: MmqSpec):
+    """The MMQ of `spec` for `arch` (wgmma: build_wgmma; Q8_1 activations: build_q8); here the fp16 mma.sync
+    lowering: a persistent loop over work items (_claim_whole_or_split), each one tile's K range through the
+    cp.async ring and the double-buffered fp16 tiles (_f32_pipeline / _x16_pipeline), then the split-K fixups
+    and the epilogue."""
     arch = get_arch(arch)
     if spec.mma == "wgmma":
         return build_wgmma(arch, spec)
     if spec.act == "q8_1":
         return build_q8(arch, spec)
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
-    BN = spec.bn
-    x16 = not spec.fused  # x arrives in fp16 (convert_f16 first): half the bytes per step, no conversion
-    raw_bytes = BM * RAW_ROW
-    a_bytes, b_bytes = BM * PAD_ROW, BN * PAD_ROW
-    pipe.check_smem(arch, raw_bytes)
+    ft = _f16_tile(spec)
+    BN, x16 = ft.BN, ft.x16
+    pipe.check_smem(arch, ft.raw_bytes)
     b = KernelBuilder(spec.name, arch, f"Q4_K x {'fp16' if x16 else 'fp32'} GEMM, fp16 mma.sync, tile "
                       f"{BM}x{BN}x{BK}, {STAGES}-stage cp.async", block=(256, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
@@ -107,8 +127,74 @@ def build(arch, spec: MmqSpec):
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     wh_p = b.param("whole", "u32")
     fx_p = b.param("spread", "u32")  # 1: every split of a tile sums its share (_spread_sums_fixup), 0: the last all
-    pair = a_bytes + b_bytes  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
-    smem = b.dynamic_shared(STAGES * raw_bytes + 2 * pair)
+    smem, work = _f16_smem_and_meta(b, ft, pipe, sched)
+
+    W, X, Y0, F, Q = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
+    P, C = b.ptr(pt_p), b.ptr(ct_p)
+    M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
+    whole = b.ld_param(wh_p, "u32")
+    spread = b.op("setp.ne.u32", b.ld_param(fx_p, "u32"), Imm(0, "u32"))
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    bad = b.reg("b32")  # some item's (partial) result was not finite: an activation overflowed fp16, or x had inf/NaN
+    b.emit("mov.b32", bad, Imm(0, "b32"))
+    tiles_m = _tiles_m(b, M)
+    slot = b.op("mov.u32", work)
+    leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+
+    next_item, finish, split, zsplit, ti, ntail, n0, m0, s_begin, nsteps = _claim_whole_or_split(
+        b, Q, slot, leader, whole, b.op("mul.lo.u32", tiles_m, tiles_n), splits, per, tiles_n, BN, K)
+    base = b.op("mov.u32", smem)
+    raw0 = base
+    a16 = b.op("add.u32", base, Imm(STAGES * ft.raw_bytes, "u32"))
+    b16 = b.op("add.u32", a16, Imm(ft.a_bytes, "u32"))
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
+
+    # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
+    copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
+
+    def issue(step, stage=None):
+        _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
+
+    load_x, copy_x, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16)
+    stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16)
+    wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
+
+    # --- the pipeline. Raw bytes: 3-stage cp.async ring. fp16 tiles: double-buffered, so the MMA of step s
+    # (buffer (s - s0) % 2) and the dequant + activation conversion of step s+1 (the other buffer) sit in one basic
+    # block: the tensor cores and the integer/fp16 pipes work at the same time, one barrier per step. The raw
+    # stage's address walks the ring (no remainder by 3 per step) and the activation pointers walk K: under
+    # register pressure ptxas recomputed such addresses every step (420 → 334 SASS per step at n128).
+    def boff_of(stp):
+        return b.op("mul.lo.u32", b.op("and.b32", b.op("sub.u32", stp, s_begin), Imm(1, "b32")),
+                    Imm(ft.pair, "u32"))
+
+    if x16:
+        _x16_pipeline(b, issue, copy_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, ft.pair)
+    else:
+        _f32_pipeline(b, issue, load_x, store_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, ft.pair,
+                      raw0, ft.raw_bytes)
+    _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
+    frags = [frag for row in acc for frag in row]
+    spread_item = b.op("and.pred", split, spread)
+    owned = _spread_rows(b, spread_item, zsplit, splits, len(acc))
+    _spread_sums_fixup(b, acc, owned, spread_item, tid, leader, zsplit, ti, ntail, splits, P, C, 128 * BN)
+    _last_sums_fixup(b, frags, tid, leader, slot, b.op("and.pred", split, b.op("not.pred", spread)), zsplit, ti,
+                     ntail, splits, P, C, next_item, 128 * BN, base)
+
+    # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked (and to this CTA's rows of a split)
+    b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y0, rows=owned)
+    return _next_item_or_exit(b, next_item, finish, Q, leader, F, lambda: b.op("setp.ne.u32", bad, Imm(0, "u32")))
+
+
+def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched):
+    """The fp16 mma.sync MMQ's dynamic shared memory (3 raw ring stages, then two fp16 (A, B) buffers), launch
+    bounds and metadata, and the work-item slot. Returns (dynamic shared memory, work-item slot)."""
+    BN, x16 = ft.BN, ft.x16
+    smem = b.dynamic_shared(STAGES * ft.raw_bytes + 2 * ft.pair)
     assert 4 * BM * BN <= b.dynamic_smem, "the split tail's prefix sum (fp32 tile) lives in the ring + buffers"
     # CTAs per SM as shared memory allows on the H200 (ptxas keeps the registers to it: n64 took 138 without)
     b.directives += [".maxntid 256, 1, 1", f".minnctapersm {F16_CTAS_PER_SM[BN]}"]
@@ -120,42 +206,17 @@ def build(arch, spec: MmqSpec):
                              "resets the queue (no host round trip)",
                   split_k=TAIL_SPLIT_NOTE, tail_split=True,
                   x_layout="fp16 (convert_f16 first)" if x16 else "fp32, converted to fp16 in the load pipeline")
-    work = b.shared_buffer("work_item", 16, align=16)
+    return smem, b.shared_buffer("work_item", 16, align=16)
 
-    W, X, Y0, F, Q = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
-    P, C = b.ptr(pt_p), b.ptr(ct_p)
-    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
-    per = b.ld_param(s_p, "u32")
-    tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
-    whole = b.ld_param(wh_p, "u32")
-    spread = b.op("setp.ne.u32", b.ld_param(fx_p, "u32"), Imm(0, "u32"))
-    tid = b.special("tid.x")
-    lane = b.op("and.b32", tid, Imm(31, "b32"))
-    warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    bad = b.reg("b32")  # some item's (partial) result was not finite: an activation overflowed fp16, or x had inf/NaN
-    b.emit("mov.b32", bad, Imm(0, "b32"))
-    tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
-    slot = b.op("mov.u32", work)
-    leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
 
-    next_item, finish, split, zsplit, ti, ntail, n0, m0, s_begin, nsteps = _claim_whole_or_split(
-        b, Q, slot, leader, whole, b.op("mul.lo.u32", tiles_m, tiles_n), splits, per, tiles_n, BN, K)
-    base = b.op("mov.u32", smem)
-    raw0 = base
-    a16 = b.op("add.u32", base, Imm(STAGES * raw_bytes, "u32"))
-    b16 = b.op("add.u32", a16, Imm(a_bytes, "u32"))
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
-    mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
-
-    # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
-    copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
-
-    def issue(step, stage=None):
-        _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
-
-    # --- activations: BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
+def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16):
+    """The fp16 MMQ's activation units and their source pointers at the item's first K-step. Returns (load_x(): the
+    next step's fp32 x into registers, copy_x(boff): x16, the next step's fp16 x by cp.async into B buffer boff,
+    store_x(boff): the registers converted to fp16 into B buffer boff)."""
+    # BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
     # (x16: BN × 64 fp16 = BN·8 units of 8 halves, copied by cp.async, no registers)
-    nvec = BN * (8 if x16 else 16) // 256
+    x16 = ft.x16
+    nvec = ft.BN * (8 if x16 else 16) // 256
     xregs = [] if x16 else [[b.reg("f32") for _ in range(4)] for _ in range(nvec)]
     if x16:
         xaddr_tok = _x16_units(b, tid, n0, tlast, K, X, nvec)
@@ -191,8 +252,13 @@ def build(arch, spec: MmqSpec):
             lo = b.op("cvt.rn.f16x2.f32", xregs[v][1], xregs[v][0], type="b32")
             hi = b.op("cvt.rn.f16x2.f32", xregs[v][3], xregs[v][2], type="b32")
             b.emit("st.shared.v2.b32", Mem(dst, v * 16 * PAD_ROW), b.vec([lo, hi]))
+    return load_x, copy_x, store_x
 
-    # --- dequant: thread → (row = tid/2, half = tid%2): 32 weights of sub-block 2c + half
+
+def _f16_dequant(b, ft: _F16Tile, tid, raw0, a16):
+    """The fp16 MMQ's dequant lanes: thread → (row = tid/2, half = tid%2), 32 weights of sub-block 2c + half.
+    Returns (stage_of(step): the raw ring stage's address, dequant(step, boff, stage): the raw tile at `stage` to
+    fp16 into A buffer boff)."""
     drow = b.op("shr.u32", tid, Imm(1, "u32"))
     dh = b.op("and.b32", tid, Imm(1, "b32"))
     a_dst = b.op("add.u32", b.op("mad.lo.u32", drow, Imm(PAD_ROW, "u32"), a16), b.op("shl.b32", dh, Imm(6, "u32")))
@@ -202,7 +268,7 @@ def build(arch, spec: MmqSpec):
     nibmask = b.op("selp.b32", Imm(0x00F000F0, "b32"), Imm(0x000F000F, "b32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
 
     def stage_of(step):  # the raw ring stage of a K-step: its shared address
-        return b.op("mad.lo.u32", b.op("rem.u32", step, Imm(STAGES, "u32")), Imm(raw_bytes, "u32"), raw0)
+        return b.op("mad.lo.u32", b.op("rem.u32", step, Imm(STAGES, "u32")), Imm(ft.raw_bytes, "u32"), raw0)
 
     def dequant(step, boff, stage):  # boff: the fp16 buffer's offset, stage: the raw stage's address
         src = b.op("mad.lo.u32", drow, Imm(RAW_ROW, "u32"), stage)
@@ -212,30 +278,37 @@ def build(arch, spec: MmqSpec):
         b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, 16))
         b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 32))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), dh)
-        out = q4k.f16_words(b, hdr, qs, sub, dscale, nibmask, magic, three=(BN, x16) not in F16_FOUR_OP_TILES)
+        out = q4k.f16_words(b, hdr, qs, sub, dscale, nibmask, magic,
+                            three=(ft.BN, ft.x16) not in F16_FOUR_OP_TILES)
         dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
             b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
+    return stage_of, dequant
 
-    # --- MMA: warp (wm, wn) = (warp / 4, warp % 4); m16 tiles 4, n8 tiles BN/32
+
+def _f16_mma(b, arch, ft: _F16Tile, warp, lane, a16, b16):
+    """The fp16 MMQ's MMA lanes: warp (wm, wn) = (warp / 4, warp % 4), 4 m16 tiles x BN/32 n8 tiles, the
+    accumulators zeroed. Returns (wm, wn, acc, mma_step(boff): one K-step from fp16 buffer boff)."""
+    BN = ft.BN
     wm = b.op("shr.u32", warp, Imm(2, "u32"))
     wn = b.op("and.b32", warp, Imm(3, "b32"))
     NT = BN // 32
     acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(4)]
-    for row in acc:
-        for frag in row:
-            for r in frag:
-                b.emit("mov.f32", r, Imm(0.0, "f32"))
+    _zero_acc(b, acc)
     q = b.op("shr.u32", lane, Imm(3, "u32"))
     l8 = b.op("and.b32", lane, Imm(7, "b32"))
     # A: matrix q of x4 → rows +8·(q%2), k +8·(q/2); B: n +8·(q/2), k +8·(q%2)
-    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(64, "u32"), l8), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
-    a_lane = b.op("add.u32", b.op("mad.lo.u32", a_row, Imm(PAD_ROW, "u32"), a16), b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")))
+    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(64, "u32"), l8),
+                 b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
+    a_lane = b.op("add.u32", b.op("mad.lo.u32", a_row, Imm(PAD_ROW, "u32"), a16),
+                  b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")))
     if NT >= 2:
-        b_row = b.op("add.u32", b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8), b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
+        b_row = b.op("add.u32", b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8),
+                     b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
     else:
         b_row = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8)
-    b_lane = b.op("add.u32", b.op("mad.lo.u32", b_row, Imm(PAD_ROW, "u32"), b16), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
+    b_lane = b.op("add.u32", b.op("mad.lo.u32", b_row, Imm(PAD_ROW, "u32"), b16),
+                  b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
 
     def mma_step(boff):
         a_l, b_l = b.op("add.u32", a_lane, boff), b.op("add.u32", b_lane, boff)
@@ -259,75 +332,54 @@ def build(arch, spec: MmqSpec):
                 for j in range(NT):
                     v = b.vec(acc[i][j])
                     b.emit(mma_sync(arch, "m16n8k16", "f16", v, b.vec(afr[i]), b.vec(bfr[j]), v))
+    return wm, wn, acc, mma_step
 
-    # --- the pipeline. Raw bytes: 3-stage cp.async ring. fp16 tiles: double-buffered, so the MMA of step s
-    # (buffer (s - s0) % 2) and the dequant + activation conversion of step s+1 (the other buffer) sit in one basic
-    # block: the tensor cores and the integer/fp16 pipes work at the same time, one barrier per step. The raw
-    # stage's address walks the ring (no remainder by 3 per step) and the activation pointers walk K: under
-    # register pressure ptxas recomputed such addresses every step (420 → 334 SASS per step at n128).
-    def boff_of(stp):
-        return b.op("mul.lo.u32", b.op("and.b32", b.op("sub.u32", stp, s_begin), Imm(1, "b32")), Imm(pair, "u32"))
 
-    if x16:
-        _x16_pipeline(b, issue, copy_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, pair)
-    else:
-        b.comment("prologue: raw steps s0, s0+1 in flight; step s0 dequantized into buffer 0")
-        s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
-        issue(s_begin)
-        issue(b.op("add.u32", s_begin, Imm(1, "u32")))
-        load_x()  # step s0
-        b.emit("cp.async.wait_group", Imm(1, "u32"))
-        b.emit("bar.sync", Imm(0, "u32"))
-        rcur = stage_of(s_begin)  # raw stage of step s (loop-carried)
-        dequant(s_begin, b.op("mov.u32", Imm(0, "u32")), rcur)
-        store_x(b.op("mov.u32", Imm(0, "u32")))
-        issue(b.op("add.u32", s_begin, Imm(2, "u32")))
-        step = b.op("mov.u32", s_begin)
-        tail = b.label("last_step")
-        b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
-        load_x()  # step s0 + 1
-        b.emit("cp.async.wait_group", Imm(1, "u32"))
-        b.emit("bar.sync", Imm(0, "u32"))
-        ring_end = b.op("add.u32", raw0, Imm(STAGES * raw_bytes, "u32"))
-        top = b.label("kstep")
-        b.place(top)
-        nxt = b.op("add.u32", step, Imm(1, "u32"))
-        cur_off = boff_of(step)
-        nxt_off = b.op("sub.u32", Imm(pair, "u32"), cur_off)
-        rnext = b.op("add.u32", rcur, Imm(raw_bytes, "u32"))  # stage (s+1) % 3
-        b.emit("sub.u32", rnext, rnext, b.op("selp.u32", Imm(STAGES * raw_bytes, "u32"), Imm(0, "u32"),
-                                              b.op("setp.ge.u32", rnext, ring_end)))
-        mma_step(cur_off)  # step s from one buffer ...
-        dequant(nxt, nxt_off, rnext)  # ... while step s+1 is dequantized into the other
-        store_x(nxt_off)
-        issue(b.op("add.u32", step, Imm(3, "u32")), rcur)  # raw stage (s+3) % 3 = s % 3: dequantized last iteration
-        more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
-        skip = b.label("no_prefetch")
-        b.bra(skip, pred=more, neg=True)
-        load_x()  # step s + 2
-        b.place(skip)
-        b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
-        b.emit("bar.sync", Imm(0, "u32"))  # the other buffer complete; everyone done reading this one
-        b.emit("mov.u32", step, nxt)
-        b.emit("mov.u32", rcur, rnext)
-        _loop_back_then_last_step(b, top, tail, step, s_last, lambda: mma_step(boff_of(step)))
-    _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
-    frags = [frag for row in acc for frag in row]
-    spread_item = b.op("and.pred", split, spread)
-    owned = _spread_rows(b, spread_item, zsplit, splits, len(acc))
-    _spread_sums_fixup(b, acc, owned, spread_item, tid, leader, zsplit, ti, ntail, splits, P, C, 128 * BN)
-    _last_sums_fixup(b, frags, tid, leader, slot, b.op("and.pred", split, b.op("not.pred", spread)), zsplit, ti,
-                     ntail, splits, P, C, next_item, 128 * BN, base)
-
-    # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked (and to this CTA's rows of a split)
-    b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
-    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y0, rows=owned)
-    b.bra(next_item)
-    b.place(finish)
-    _queue_exit(b, Q, leader)
-    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("setp.ne.u32", bad, Imm(0, "u32")))
-    b.emit("ret")
-    return b.finish()
+def _f32_pipeline(b, issue, load_x, store_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, pair, raw0,
+                  raw_bytes):
+    """The fp32-x MMQ's K loop: raw tiles three steps ahead in the cp.async ring, the raw stage's address walking
+    the ring (loop-carried); the activations of step s+2 loaded into registers while step s multiplies and step
+    s+1 is dequantized and converted into the other fp16 buffer."""
+    b.comment("prologue: raw steps s0, s0+1 in flight; step s0 dequantized into buffer 0")
+    s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
+    issue(s_begin)
+    issue(b.op("add.u32", s_begin, Imm(1, "u32")))
+    load_x()  # step s0
+    b.emit("cp.async.wait_group", Imm(1, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))
+    rcur = stage_of(s_begin)  # raw stage of step s (loop-carried)
+    dequant(s_begin, b.op("mov.u32", Imm(0, "u32")), rcur)
+    store_x(b.op("mov.u32", Imm(0, "u32")))
+    issue(b.op("add.u32", s_begin, Imm(2, "u32")))
+    step = b.op("mov.u32", s_begin)
+    tail = b.label("last_step")
+    b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
+    load_x()  # step s0 + 1
+    b.emit("cp.async.wait_group", Imm(1, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))
+    ring_end = b.op("add.u32", raw0, Imm(STAGES * raw_bytes, "u32"))
+    top = b.label("kstep")
+    b.place(top)
+    nxt = b.op("add.u32", step, Imm(1, "u32"))
+    cur_off = boff_of(step)
+    nxt_off = b.op("sub.u32", Imm(pair, "u32"), cur_off)
+    rnext = b.op("add.u32", rcur, Imm(raw_bytes, "u32"))  # stage (s+1) % 3
+    b.emit("sub.u32", rnext, rnext, b.op("selp.u32", Imm(STAGES * raw_bytes, "u32"), Imm(0, "u32"),
+                                          b.op("setp.ge.u32", rnext, ring_end)))
+    mma_step(cur_off)  # step s from one buffer ...
+    dequant(nxt, nxt_off, rnext)  # ... while step s+1 is dequantized into the other
+    store_x(nxt_off)
+    issue(b.op("add.u32", step, Imm(3, "u32")), rcur)  # raw stage (s+3) % 3 = s % 3: dequantized last iteration
+    more = b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps)
+    skip = b.label("no_prefetch")
+    b.bra(skip, pred=more, neg=True)
+    load_x()  # step s + 2
+    b.place(skip)
+    b.emit("cp.async.wait_group", Imm(1, "u32"))  # raw s+2 landed (s+3 may be in flight)
+    b.emit("bar.sync", Imm(0, "u32"))  # the other buffer complete; everyone done reading this one
+    b.emit("mov.u32", step, nxt)
+    b.emit("mov.u32", rcur, rnext)
+    _loop_back_then_last_step(b, top, tail, step, s_last, lambda: mma_step(boff_of(step)))
 
 
 def _watch_finite(b, values, bad):
@@ -355,6 +407,39 @@ def _mmq_params(b):
     return (b.param("m", "u32"), b.param("k", "u32"), b.param("t", "u32"), b.param("steps_per_split", "u32"),
             b.param("queue", "u64", "ptr:scratch"), b.param("tiles_n", "u32"), b.param("splits", "u32"),
             b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch"))
+
+
+def _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p):
+    """Every lowering's size parameters (_mmq_params) loaded: (M, K, T, K-steps per split, token tiles, splits)."""
+    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
+    per = b.ld_param(s_p, "u32")
+    tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
+    return M, K, T, per, tiles_n, splits
+
+
+def _tiles_m(b, M):
+    """ceil(M / BM): the weight-row tiles."""
+    return b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
+
+
+def _zero_acc(b, acc):
+    """mov 0 into every accumulator of an mma.sync MMQ's [m16 tile][n8 tile][4] fragments."""
+    for row in acc:
+        for frag in row:
+            for r in frag:
+                b.emit("mov.f32", r, Imm(0.0, "f32"))
+
+
+def _next_item_or_exit(b, next_item, finish, Q, leader, F, flag=None):
+    """Both mma.sync MMQs' end of an item: back to claim the next; past the queue's end reset it (_queue_exit), set
+    the flag where `flag()` (a predicate formed there) holds, return. Returns the finished kernel."""
+    b.bra(next_item)
+    b.place(finish)
+    _queue_exit(b, Q, leader)
+    if flag is not None:
+        b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=flag())
+    b.emit("ret")
+    return b.finish()
 
 
 def _x_units(b, tid, n0, tlast, K, X, nvec, per_unit):
@@ -798,15 +883,46 @@ def _queue_exit(b, Q, leader):
 # ---------------------------------------------------------------------------------------------------
 # Q8_1 activations: int8 mma.sync m16n8k32 (u8 weights x s8 activations), as llama.cpp's MMQ does
 
+class _Q8Tile(NamedTuple):
+    """The Q8_1 MMQ's token tile, warp tiling and shared-memory sizes (bytes). Fused: a ring stage is the raw tile;
+    a buffer holds (int8 tile, weight scales [sub][row], x scales [sub][token]). _pre: a stage is (raw tile, int8
+    tile, x scales [token][sub]); a buffer holds the weight scales only."""
+    BN: int
+    S: int  # ring stages
+    fused: bool
+    WM: int  # warps along M
+    WN: int  # warps along N
+    MT: int  # m16 tiles per warp
+    NT: int  # n8 tiles per warp
+    raw_bytes: int  # the raw Q4_K tile
+    act_bytes: int  # the int8 activation tile
+    stab_bytes: int  # the weight-scale table
+    stage_bytes: int  # one ring stage
+    buf: int  # one of the two buffers
+    stab_off: int  # the weight-scale table inside a buffer
+
+
+def _q8_tile(spec: MmqSpec) -> _Q8Tile:
+    """The _Q8Tile of a Q8_1 spec."""
+    BN, fused = spec.bn, spec.fused
+    WM, WN = Q8_WARPS[BN]
+    raw_bytes = BM * RAW_ROW
+    act_bytes, stab_bytes = BN * ACT_ROW, 2 * BM * 8
+    stage_bytes = raw_bytes if fused else raw_bytes + act_bytes + BN * 16
+    buf = act_bytes + stab_bytes + 2 * BN * 8 if fused else stab_bytes
+    return _Q8Tile(BN, Q8_STAGES, fused, WM, WN, BM // WM // 16, BN // WN // 8, raw_bytes, act_bytes, stab_bytes,
+                   stage_bytes, buf, act_bytes if fused else 0)
+
+
 def build_q8(arch, spec: "MmqSpec"):
     """y = x @ W.T with x quantized to Q8_1 (per 32 values: d = amax/127 as fp16, q = rni(x·127/amax)).
 
     Per 64-K step the raw Q4_K tile (a cp.async ring of Q8_STAGES) is the A operand itself: `ldmatrix.x4` over
     the 32 qs bytes of 16 rows gives the fragments of both sub-blocks at once (low nibbles: sub-block 2c,
-    `& 0x0F`; high: 2c+1, `& 0xF0`, i.e. 16·q with the 1/16 folded into its d·sc), no dequant pass. Per sub-block one m16n8k32 gives the exact integer
-    dot Σ q_w·q_x, and the fp32 accumulator takes d·sc·d_x·Σ q_w·q_x − dmin·m·d_x·Σ q_x (4 instructions per
-    accumulator). (d·sc, −dmin·m) per (row, sub-block) are decoded once per step into a double-buffered
-    shared table, a step ahead of the MMA (one barrier per step).
+    `& 0x0F`; high: 2c+1, `& 0xF0`, i.e. 16·q with the 1/16 folded into its d·sc), no dequant pass. Per sub-block
+    one m16n8k32 gives the exact integer dot Σ q_w·q_x, and the fp32 accumulator takes d·sc·d_x·Σ q_w·q_x −
+    dmin·m·d_x·Σ q_x (4 instructions per accumulator). (d·sc, −dmin·m) per (row, sub-block) are decoded once per
+    step into a double-buffered shared table, a step ahead of the MMA (one barrier per step).
 
     Activations, two variants: fused (`mmq_q4_k_q8_n*`): fp32 x loaded a step ahead into registers and
     quantized on the way into a double-buffered int8 tile (amax and Σq over 8 lanes by shfl, exactly
@@ -814,44 +930,25 @@ def build_q8(arch, spec: "MmqSpec"):
     wrote int8 rows and (d, d·Σq) once; they travel with the weights in the cp.async ring (16-byte chunks).
     NaN in x gives a NaN d_x, so NaN reaches that token's outputs."""
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
-    BN, S, fused = spec.bn, Q8_STAGES, spec.fused
-    WM, WN = Q8_WARPS[BN]  # warps along M and N
-    MT, NT = BM // WM // 16, BN // WN // 8  # m16 and n8 tiles per warp
-    raw_bytes = BM * RAW_ROW
-    act_bytes, stab_bytes = BN * ACT_ROW, 2 * BM * 8
-    # fused: a stage is the raw tile; buffers hold (int8 tile, weight scales [sub][row], x scales [sub][token]).
-    # _pre: a stage is (raw tile, int8 tile, x scales [token][sub]); buffers hold the weight scales only
-    stage_bytes = raw_bytes if fused else raw_bytes + act_bytes + BN * 16
-    buf = act_bytes + stab_bytes + 2 * BN * 8 if fused else stab_bytes
-    stab_off = act_bytes if fused else 0  # weight-scale table inside a buffer
+    qt = _q8_tile(spec)
+    BN, S, fused = qt.BN, qt.S, qt.fused
     pipe = Pipeline(S, copy=pipe.copy)
-    pipe.check_smem(arch, stage_bytes + 2 * buf // S)
+    pipe.check_smem(arch, qt.stage_bytes + 2 * qt.buf // S)
     how = "fp32 quantized in the load pipeline" if fused else "quantize_q8_1_mmq's int8 rows, in the ring"
     b = KernelBuilder(spec.name, arch, f"Q4_K x Q8_1 GEMM, int8 mma.sync m16n8k32, tile {BM}x{BN}x{BK}, "
                       f"{S}-stage cp.async, activations: {how}", block=(256, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")  # fused: set to 1 if a block's d = amax/127 overflows fp16
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
-    smem = b.dynamic_shared(S * stage_bytes + 2 * buf)
-    b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=8, copy=pipe.copy, mma="mma.sync m16n8k32 u8 x s8",
-                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if fused else " (pre)"),
-                  x_layout="fp32 (T, K)" if fused else "quantize_q8_1_mmq: int8 (T, K), then float2 (T, K/32)",
-                  ctas_per_sm=Q8_CTAS_PER_SM[BN, fused], warp_tile=f"{16 * MT}x{8 * NT}",
-                  grid="persistent: min(items, resident CTAs per SM · SMs) CTAs", work_queue="as mmq_q4_k_f16_n*",
-                  split_k=SPLIT_K_NOTE)
-    work = b.shared_buffer("work_item", 16, align=16)
-    # n16 fits 80 registers (3 CTAs per SM), n32 128 (2); n64 would spill at 128 and runs one CTA per SM
-    b.directives += [".maxntid 256, 1, 1", f".minnctapersm {Q8_CTAS_PER_SM[BN, fused]}"]
+    smem, work = _q8_smem_and_meta(b, qt, pipe, sched)
 
     W, X, Y0, Q, F = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(c_p), b.ptr(f_p)
-    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
-    per = b.ld_param(s_p, "u32")
-    tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
+    M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
     tid = b.special("tid.x")
     ovf = b.op("setp.ne.u32", tid, tid) if fused else None  # false
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
+    tiles_m = _tiles_m(b, M)
     items = b.op("mul.lo.u32", b.op("mul.lo.u32", tiles_m, splits), tiles_n)
     slot = b.op("mov.u32", work)
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
@@ -861,49 +958,87 @@ def build_q8(arch, spec: "MmqSpec"):
                                                         K if MMQ_RASTER else None)
     Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     raw0 = b.op("mov.u32", smem)
-    buf0 = b.op("add.u32", raw0, Imm(S * stage_bytes, "u32"))
+    buf0 = b.op("add.u32", raw0, Imm(S * qt.stage_bytes, "u32"))
     row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
     copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
 
     def boff_of(stp):
-        return b.op("mad.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(buf, "u32"), buf0)
+        return b.op("mad.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(qt.buf, "u32"), buf0)
 
     def raw_of(stp):
-        return b.op("mad.lo.u32", b.op("rem.u32", stp, Imm(S, "u32")), Imm(stage_bytes, "u32"), raw0)
+        return b.op("mad.lo.u32", b.op("rem.u32", stp, Imm(S, "u32")), Imm(qt.stage_bytes, "u32"), raw0)
 
     kblocks = b.op("shr.u32", K, Imm(5, "u32"))
-    if not fused:
-        # _pre: per step and token 4 chunks of 16 int8 + 1 chunk (d, d·Σq) x 2 blocks; chunk c = tid + 256r
-        xs_base = b.op("mad.wide.u32", T, K, X)  # the float2 scales follow the T·K int8 values
-        act_copies = []
-        for r in range(-(-BN * 5 // 256)):
-            c = b.op("add.u32", tid, Imm(256 * r, "u32"))
-            ok = b.op("setp.lt.u32", c, Imm(BN * 5, "u32"))
-            tok = b.op("div.u32", c, Imm(5, "u32"))
-            part = b.op("rem.u32", c, Imm(5, "u32"))
-            gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
-            is_q = b.op("setp.lt.u32", part, Imm(4, "u32"))
-            q_src = b.op("add.s64", b.op("mad.wide.u32", gtok, K, X), b.op("cvt.u64.u32", b.op("shl.b32", part, Imm(4, "u32"))))
-            s_src = b.op("mad.wide.u32", gtok, b.op("shl.b32", kblocks, Imm(3, "u32")), xs_base)
-            dst = b.op("selp.b32", b.op("mad.lo.u32", tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", part, Imm(4, "u32"))),
-                       b.op("mad.lo.u32", tok, Imm(16, "u32"), Imm(act_bytes, "u32")), is_q)
-            act_copies.append((ok, is_q, q_src, s_src, b.op("add.u32", dst, Imm(raw_bytes, "u32"))))
-
-        def copy_act(step, sdst, live):
-            qk = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(6, "u32")))  # 64 int8 per step
-            sk = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(4, "u32")))  # 2 float2 per step
-            for ok, is_q, q_src, s_src, dst in act_copies:
-                src = b.op("selp.b64", b.op("add.s64", q_src, qk), b.op("add.s64", s_src, sk), is_q)
-                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst)), Mem(src), Imm(16, "u32"),
-                       pred=b.op("and.pred", ok, live))
-    else:
-        copy_act = None
+    copy_act = None if fused else _q8_act_copies(b, qt, tid, n0, tlast, K, T, X, kblocks)
 
     def issue(step):
-        _issue_raw(b, copies, step, nsteps, raw0, S, stage_bytes, copy_act)
+        _issue_raw(b, copies, step, nsteps, raw0, S, qt.stage_bytes, copy_act)
 
-    # --- fused activations: unit u = tid + 256v covers 4 values: token u/16, 32-block (u%16)/8 of the step,
-    # word u%8; the 8 lanes of a block are an aligned group of a warp (amax and Σq by shfl.bfly 4, 2, 1)
+    load_x, store_x = _q8_quantize_x(b, qt, tid, lane, n0, tlast, K, X, ovf)
+    prep = _q8_scales(b, qt, tid, raw_of, boff_of, store_x)
+    wm, wn, acc, mma_step = _q8_mma(b, arch, qt, warp, lane, raw_of, boff_of)
+    _q8_pipeline(b, qt, acc, issue, load_x, prep, mma_step, s_begin, nsteps)
+
+    b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 16 * qt.MT, n0, wn, 8 * qt.NT, M, T, Y)
+    _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN)
+    return _next_item_or_exit(b, next_item, finish, Q, leader, F, (lambda: ovf) if fused else None)
+
+
+def _q8_smem_and_meta(b, qt: _Q8Tile, pipe, sched):
+    """The Q8_1 MMQ's dynamic shared memory (S ring stages, then two buffers), metadata, work-item slot and launch
+    bounds. Returns (dynamic shared memory, work-item slot)."""
+    BN, S, fused = qt.BN, qt.S, qt.fused
+    smem = b.dynamic_shared(S * qt.stage_bytes + 2 * qt.buf)
+    b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=8, copy=pipe.copy, mma="mma.sync m16n8k32 u8 x s8",
+                  schedule=sched.kind, dynamic_smem=b.dynamic_smem, activations="q8_1" + ("" if fused else " (pre)"),
+                  x_layout="fp32 (T, K)" if fused else "quantize_q8_1_mmq: int8 (T, K), then float2 (T, K/32)",
+                  ctas_per_sm=Q8_CTAS_PER_SM[BN, fused], warp_tile=f"{16 * qt.MT}x{8 * qt.NT}",
+                  grid="persistent: min(items, resident CTAs per SM · SMs) CTAs", work_queue="as mmq_q4_k_f16_n*",
+                  split_k=SPLIT_K_NOTE)
+    work = b.shared_buffer("work_item", 16, align=16)
+    # n16 fits 80 registers (3 CTAs per SM), n32 128 (2); n64 would spill at 128 and runs one CTA per SM
+    b.directives += [".maxntid 256, 1, 1", f".minnctapersm {Q8_CTAS_PER_SM[BN, fused]}"]
+    return smem, work
+
+
+def _q8_act_copies(b, qt: _Q8Tile, tid, n0, tlast, K, T, X, kblocks):
+    """The _pre Q8_1 MMQ's activation copies: per step and token 4 chunks of 16 int8 + 1 chunk (d, d·Σq) x 2
+    blocks; chunk c = tid + 256r. Returns copy_act(step, stage address, live), _issue_raw's `extra`: the step's
+    chunks by cp.async into the ring stage after the raw tile."""
+    BN, act_bytes = qt.BN, qt.act_bytes
+    xs_base = b.op("mad.wide.u32", T, K, X)  # the float2 scales follow the T·K int8 values
+    act_copies = []
+    for r in range(-(-BN * 5 // 256)):
+        c = b.op("add.u32", tid, Imm(256 * r, "u32"))
+        ok = b.op("setp.lt.u32", c, Imm(BN * 5, "u32"))
+        tok = b.op("div.u32", c, Imm(5, "u32"))
+        part = b.op("rem.u32", c, Imm(5, "u32"))
+        gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
+        is_q = b.op("setp.lt.u32", part, Imm(4, "u32"))
+        q_src = b.op("add.s64", b.op("mad.wide.u32", gtok, K, X),
+                     b.op("cvt.u64.u32", b.op("shl.b32", part, Imm(4, "u32"))))
+        s_src = b.op("mad.wide.u32", gtok, b.op("shl.b32", kblocks, Imm(3, "u32")), xs_base)
+        dst = b.op("selp.b32", b.op("mad.lo.u32", tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", part, Imm(4, "u32"))),
+                   b.op("mad.lo.u32", tok, Imm(16, "u32"), Imm(act_bytes, "u32")), is_q)
+        act_copies.append((ok, is_q, q_src, s_src, b.op("add.u32", dst, Imm(qt.raw_bytes, "u32"))))
+
+    def copy_act(step, sdst, live):
+        qk = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(6, "u32")))  # 64 int8 per step
+        sk = b.op("cvt.u64.u32", b.op("shl.b32", step, Imm(4, "u32")))  # 2 float2 per step
+        for ok, is_q, q_src, s_src, dst in act_copies:
+            src = b.op("selp.b64", b.op("add.s64", q_src, qk), b.op("add.s64", s_src, sk), is_q)
+            b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst)), Mem(src), Imm(16, "u32"),
+                   pred=b.op("and.pred", ok, live))
+    return copy_act
+
+
+def _q8_quantize_x(b, qt: _Q8Tile, tid, lane, n0, tlast, K, X, ovf):
+    """The fused Q8_1 MMQ's activations (none for _pre, whose load_x emits only its step offset): unit u = tid +
+    256v covers 4 values: token u/16, 32-block (u%16)/8 of the step, word u%8; the 8 lanes of a block are an
+    aligned group of a warp (amax and Σq by shfl.bfly 4, 2, 1). Returns (load_x(step): fp32 x into registers,
+    store_x(boff): quantized into the int8 tile and x-scale table of buffer boff, overflow into `ovf`)."""
+    BN, fused, act_bytes, stab_bytes = qt.BN, qt.fused, qt.act_bytes, qt.stab_bytes
     nvec = BN * 16 // 256 if fused else 0
     # the int8 tile's word, and the x-scale table entry [sub-block k4/8][token] (written by the group's first lane)
     units = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: (
@@ -943,19 +1078,25 @@ def build_q8(arch, spec: "MmqSpec"):
             tab = b.op("add.u32", b.op("add.u32", units[v][2], boff), Imm(act_bytes + stab_bytes, "u32"))
             dsq = b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sq))
             b.emit("st.shared.v2.f32", Mem(tab), b.vec([d, dsq]), pred=first)
+    return load_x, store_x
 
-    # --- weight scales: thread -> (row tid/2, sub-block 2c + tid%2): (d·sc, −dmin·m) in fp32, as ggml forms them
+
+def _q8_scales(b, qt: _Q8Tile, tid, raw_of, boff_of, store_x):
+    """The Q8_1 MMQ's weight scales: thread -> (row tid/2, sub-block 2c + tid%2): (d·sc, −dmin·m) in fp32, as ggml
+    forms them. Returns prep(step): the step's scale table (and, fused, its quantized activations) into buffer
+    step % 2."""
     srow = b.op("shr.u32", tid, Imm(1, "u32"))
     sh = b.op("and.b32", tid, Imm(1, "b32"))
     sh16 = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", sh, Imm(0, "u32")))
     s_src = b.op("mul.lo.u32", srow, Imm(RAW_ROW, "u32"))
     s_dst = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", sh, Imm(BM, "u32"), srow), Imm(3, "u32")),
-                 Imm(stab_off, "u32"))
+                 Imm(qt.stab_off, "u32"))
 
     def decode_scales(step, boff):
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", raw_of(step), s_src)))
-        env = {"hdr": hdr, "sub": b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), sh)}
+        env = {"hdr": hdr,
+               "sub": b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), sh)}
         SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
         DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
         dsc = b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"]))
@@ -966,10 +1107,16 @@ def build_q8(arch, spec: "MmqSpec"):
     def prep(step):
         boff = boff_of(step)
         decode_scales(step, boff)
-        if fused:
+        if qt.fused:
             store_x(boff)
+    return prep
 
-    # --- MMA: warp (wm, wn) = (warp / WN, warp % WN), warp tile 16·MT x 8·NT
+
+def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
+    """The Q8_1 MMQ's MMA lanes: warp (wm, wn) = (warp / WN, warp % WN), warp tile 16·MT x 8·NT. Returns (wm, wn,
+    acc, mma_step(step): the step's m16n8k32 integer dots scaled into the fp32 accumulators)."""
+    BN, fused, MT, NT, WN = qt.BN, qt.fused, qt.MT, qt.NT, qt.WN
+    raw_bytes, act_bytes, stab_bytes, stab_off = qt.raw_bytes, qt.act_bytes, qt.stab_bytes, qt.stab_off
     wm = b.op("div.u32", warp, Imm(WN, "u32"))
     wn = b.op("rem.u32", warp, Imm(WN, "u32"))
     q = b.op("shr.u32", lane, Imm(3, "u32"))
@@ -977,15 +1124,19 @@ def build_q8(arch, spec: "MmqSpec"):
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     tig = b.op("and.b32", lane, Imm(3, "b32"))
     # A (raw qs): matrix q of x4 -> rows +8·(q%2), qs bytes +16·(q/2)
-    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), l8), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
-    a_lane = b.op("mad.lo.u32", a_row, Imm(RAW_ROW, "u32"), b.op("add.u32", b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")), Imm(16, "u32")))
+    a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), l8),
+                 b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
+    a_lane = b.op("mad.lo.u32", a_row, Imm(RAW_ROW, "u32"),
+                  b.op("add.u32", b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")), Imm(16, "u32")))
     # B (int8 tile): matrix q -> tokens +8·(q/2) (x4: two n8 tiles), bytes +16·(q%2)
     b_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), l8)
     if NT >= 2:
         b_tok = b.op("add.u32", b_tok, b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
-    b_lane = b.op("mad.lo.u32", b_tok, Imm(ACT_ROW, "u32"), b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
+    b_lane = b.op("mad.lo.u32", b_tok, Imm(ACT_ROW, "u32"),
+                  b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
     # this thread's accumulator rows (wm·64 + 16i + g + 8hi) in the weight-scale table; its tokens 2·tig (+1)
-    st_lane = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), g), Imm(3, "u32")), Imm(stab_off, "u32"))
+    st_lane = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), g), Imm(3, "u32")),
+                   Imm(stab_off, "u32"))
     x_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), b.op("shl.b32", tig, Imm(1, "u32")))
     acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(MT)]
     zero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
@@ -1016,7 +1167,8 @@ def build_q8(arch, spec: "MmqSpec"):
             atp = b.op("add.u32", b.op("shl.b32", x_tok, Imm(3, "u32")), boff)
         else:
             bl = b.op("add.u32", b_lane, b.op("add.u32", stage, Imm(raw_bytes, "u32")))
-            atp = b.op("add.u32", b.op("shl.b32", x_tok, Imm(4, "u32")), b.op("add.u32", stage, Imm(raw_bytes + act_bytes, "u32")))
+            atp = b.op("add.u32", b.op("shl.b32", x_tok, Imm(4, "u32")),
+                       b.op("add.u32", stage, Imm(raw_bytes + act_bytes, "u32")))
         stp = b.op("add.u32", st_lane, boff)
         for h in range(2):
             bfr = []
@@ -1045,13 +1197,14 @@ def build_q8(arch, spec: "MmqSpec"):
                         r = acc[i][j][e]
                         b.emit("fma.rn.f32", r, b.op("mul.rn.f32", dsc, dx), b.op("cvt.rn.f32.s32", isum[e]), r)
                         b.emit("fma.rn.f32", r, ndm, dxs, r)
+    return wm, wn, acc, mma_step
 
-    # --- pipeline: the MMA of step s reads ring stage s % S, the prep of s+1 reads (s+1) % S, s+2 .. s+S-1
-    # are in flight; the prepared buffers are double-buffered
-    for row in acc:
-        for frag in row:
-            for r in frag:
-                b.emit("mov.f32", r, Imm(0.0, "f32"))
+
+def _q8_pipeline(b, qt: _Q8Tile, acc, issue, load_x, prep, mma_step, s_begin, nsteps):
+    """The Q8_1 MMQ's K loop: the MMA of step s reads ring stage s % S, the prep of s+1 reads (s+1) % S, s+2 ..
+    s+S-1 are in flight; the prepared buffers are double-buffered. Zeroes the accumulators first."""
+    S, fused = qt.S, qt.fused
+    _zero_acc(b, acc)
     b.comment(f"prologue: steps s0 .. s0+{S - 2} in flight; step s0 prepared into buffer s0 % 2")
     s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
     for i in range(S - 1):
@@ -1088,17 +1241,6 @@ def build_q8(arch, spec: "MmqSpec"):
     b.place(done)
     mma_step(step)  # the last step
     b.emit("cp.async.wait_group", Imm(0, "u32"))
-
-    b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
-    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 16 * MT, n0, wn, 8 * NT, M, T, Y)
-    _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles_n, M, T, BN)
-    b.bra(next_item)
-    b.place(finish)
-    _queue_exit(b, Q, leader)
-    if fused:
-        b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=ovf)
-    b.emit("ret")
-    return b.finish()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1170,9 +1312,9 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
     layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
     convert_f16_perm uses). A unit's 8 rows x 256·steps bytes arrive by 4·steps cp.async per lane into staging
-    buffer i % 2 of the warp (at shared address `stage`) while unit i - 1 converts from the other; lane (r4, q) = (lane / 8,
-    lane % 8) converts group q of rows r4 and 4 + r4 from shared memory. Rows past T copy row T - 1 and store
-    nothing. K is a multiple of 256 (Q4_K), so a unit never passes K. `steps`: K-steps per unit and x_ready chunk
+    buffer i % 2 of the warp (at shared address `stage`) while unit i - 1 converts from the other; lane (r4, q) =
+    (lane / 8, lane % 8) converts group q of rows r4 and 4 + r4 from shared memory. Rows past T copy row T - 1 and
+    store nothing. K is a multiple of 256 (Q4_K), so a unit never passes K. `steps`: K-steps per unit and x_ready chunk
     (CX_STEPS, or 2 in the prepared build, whose 4-stage ring leaves room for half the staging buffers)."""
     b.emit("griddepcontrol.wait")  # x may come from the kernel before this one (programmatic dependent launch)
     lane = b.op("and.b32", tid, Imm(31, "b32"))
@@ -1195,8 +1337,8 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     ksteps = b.op("shr.u32", K, Imm(6, "u32"))
     kchunks = b.op("shr.u32", b.op("add.u32", ksteps, Imm(steps - 1, "u32")), Imm(steps.bit_length() - 1, "u32"))
     # G = the token tiles one round of CTAs works on (items m fastest): ceil(CTAs / M-tiles), at most all of them
-    G = b.op("min.u32", tiles_n, b.op("div.u32", b.op("add.u32", b.special("nctaid.x"), b.op("sub.u32", tiles_m, Imm(1, "u32"))),
-                                      tiles_m))
+    G = b.op("min.u32", tiles_n, b.op("div.u32", b.op("add.u32", b.special("nctaid.x"),
+                                                      b.op("sub.u32", tiles_m, Imm(1, "u32"))), tiles_m))
     groups = b.op("div.u32", b.op("add.u32", tiles_n, b.op("sub.u32", G, Imm(1, "u32"))), G)
     units = b.op("mul.lo.u32", b.op("mul.lo.u32", b.op("mul.lo.u32", groups, G), kchunks), Imm(rg_n, "u32"))
     tlast = b.op("sub.u32", T, Imm(1, "u32"))
@@ -1229,8 +1371,8 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
         b.bra(skip, pred=b.op("setp.ge.u32", row0, T))
         for r in range(CX_ROWS):
             row = b.op("min.u32", b.op("add.u32", row0, Imm(r, "u32")), tlast)
-            src = b.op("mad.wide.u32", b.op("add.u32", b.op("mad.lo.u32", row, K, col0), b.op("shl.b32", lane, Imm(2, "u32"))),
-                       Imm(4, "u32"), X)
+            src = b.op("mad.wide.u32", b.op("add.u32", b.op("mad.lo.u32", row, K, col0),
+                                            b.op("shl.b32", lane, Imm(2, "u32"))), Imm(4, "u32"), X)
             dst = b.op("add.u32", buf, copy_off)
             for j in range(steps // 2):
                 b.emit("cp.async.cg.shared.global", Mem(dst, r * row_bytes + 512 * j), Mem(src, 512 * j),
@@ -1250,24 +1392,15 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # ... and every other lane's
     row0, col0, ix, grp = coords(u)
     b.bra(nxt, pred=b.op("setp.ge.u32", row0, T))  # a group past T: nothing to convert, not counted
-    if CX_THROTTLE:  # group g ≥ 2 once the queue reaches group g - 1's first item: one round ahead of its use
-        go = b.label("cx_go")
-        b.bra(go, pred=b.op("setp.lt.u32", grp, Imm(2, "u32")))
-        thr = b.op("mul.lo.u32", b.op("mul.lo.u32", b.op("sub.u32", grp, Imm(1, "u32")), G),
-                   b.op("mul.lo.u32", splits, tiles_m))
-        spin = b.label("cx_throttle")
-        b.place(spin)
-        early = b.op("setp.lt.u32", b.op("ld.relaxed.gpu.global.u32", Mem(Q)), thr)
-        b.emit("nanosleep.u32", Imm(256, "u32"), pred=early)
-        b.bra(spin, pred=early)
-        b.place(go)
+    if CX_THROTTLE:
+        _cx_throttle(b, Q, grp, G, splits, tiles_m)
     for half in range(CX_ROWS // 4):
         row = b.op("add.u32", row0, b.op("add.u32", r4, Imm(4 * half, "u32")))
         row_ok = b.op("setp.le.u32", row, tlast)
         lds = b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", r4, Imm(4 * half, "u32")), Imm(row_bytes, "u32"), cur),
                    b.op("shl.b32", base, Imm(2, "u32")))
-        dst = b.op("mad.wide.u32", b.op("add.u32", b.op("mul.lo.u32", row, K), b.op("mad.lo.u32", q, Imm(8, "u32"), col0)),
-                   Imm(2, "u32"), X16)
+        dst = b.op("mad.wide.u32", b.op("add.u32", b.op("mul.lo.u32", row, K),
+                                        b.op("mad.lo.u32", q, Imm(8, "u32"), col0)), Imm(2, "u32"), X16)
         for e in range(steps):  # the unit row's 64-column segments
             v = b.regs("f32", 8)
             for i, off in enumerate(offs):
@@ -1295,7 +1428,90 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("setp.ne.u32", bad, Imm(0, "u32")))
 
 
+def _cx_throttle(b, Q, grp, G, splits, tiles_m):
+    """A converter warp's wait before a unit of token-tile group `grp`: group g ≥ 2 once the queue reaches group
+    g - 1's first item (one round ahead of its use), nanosleeping between polls."""
+    go = b.label("cx_go")
+    b.bra(go, pred=b.op("setp.lt.u32", grp, Imm(2, "u32")))
+    thr = b.op("mul.lo.u32", b.op("mul.lo.u32", b.op("sub.u32", grp, Imm(1, "u32")), G),
+               b.op("mul.lo.u32", splits, tiles_m))
+    spin = b.label("cx_throttle")
+    b.place(spin)
+    early = b.op("setp.lt.u32", b.op("ld.relaxed.gpu.global.u32", Mem(Q)), thr)
+    b.emit("nanosleep.u32", Imm(256, "u32"), pred=early)
+    b.bra(spin, pred=early)
+    b.place(go)
+
+class _WgRing(NamedTuple):
+    """The wgmma MMQ's shared memory at run time (its base aligned up to 1024 bytes): S ring stages of a B tile
+    (bst + stage·b_bytes) and of raw A columns or prepared fragments (raw0 + stage·raw_bytes), the consumers' A
+    tiles at a_base, the mbarriers at bar0 (full[S], empty[S], item_full[2], item_empty[2]), the item slots at
+    slot0. The barrier methods emit the address of one barrier."""
+    b: KernelBuilder
+    S: int
+    b_bytes: int
+    raw_bytes: int
+    stage_bytes: int
+    bst: Reg
+    a_base: Reg
+    raw0: Reg
+    bar0: Reg
+    slot0: Reg
+
+    def full(self, st):
+        """Ring stage st's TMA bytes have landed."""
+        return self.b.op("mad.lo.u32", st, Imm(8, "u32"), self.bar0)
+
+    def empty(self, st):
+        """Ring stage st is released by every consumer (of every CTA of the cluster)."""
+        return self.b.op("mad.lo.u32", st, Imm(8, "u32"), self.b.op("add.u32", self.bar0, Imm(8 * self.S, "u32")))
+
+    def item_full(self, sl):
+        """Item slot sl holds the producer's next item."""
+        return self.b.op("mad.lo.u32", sl, Imm(8, "u32"), self.b.op("add.u32", self.bar0, Imm(16 * self.S, "u32")))
+
+    def item_empty(self, sl):
+        """Every consumer thread has read item slot sl."""
+        return self.b.op("mad.lo.u32", sl, Imm(8, "u32"),
+                         self.b.op("add.u32", self.bar0, Imm(16 * self.S + 16, "u32")))
+
+
+class _WgWork(NamedTuple):
+    """The wgmma MMQ's problem and work items, loaded once for both roles: y, the queue, the split-K partials and
+    counters, the sizes, the item count and K-steps, and the cluster rank (rank and peer_ranks: clusters only)."""
+    Y0: Reg
+    Q: Reg
+    P: Reg
+    C: Reg
+    M: Reg
+    K: Reg
+    T: Reg
+    per: Reg
+    tiles_n: Reg
+    splits: Reg
+    tiles_m: Reg
+    items: Reg
+    ksteps: Reg
+    rank: Reg | None
+    peer_ranks: list
+
+
+class _WgItem(NamedTuple):
+    """One decoded work item: M tile, split, token tile, its K-steps [s_begin, s_end) and first row and token."""
+    tm: Reg
+    z: Reg
+    tn: Reg
+    s_begin: Reg
+    s_end: Reg
+    m0: Reg
+    n0: Reg
+
+
 def build_wgmma(arch, spec: "MmqSpec"):
+    """The sm_90a lowering: a persistent, warp-specialized CTA of three warpgroups. Warpgroup 0 (_wgmma_producer)
+    claims work items and TMAs each K-step's raw weight columns (or prepared A fragments) and activation tile into
+    a WG_STAGES mbarrier ring; warpgroups 1 and 2 (_wgmma_consumer) dequantize 64 rows each, into swizzled A tiles
+    or straight into wgmma's A registers, issue wgmma and run the epilogue (split-K included)."""
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
     PRE = spec.prepared
@@ -1307,13 +1523,15 @@ def build_wgmma(arch, spec: "MmqSpec"):
     pipe.check_smem(arch, stage_bytes)
     S = WG_STAGES
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
-    b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16{' (A from registers)' if spec.a_regs else ''}, "
-                      f"tile {BM}x{BN}x{BK}, {S}-stage TMA ring, warp-specialized, persistent", block=(WG_THREADS, 1, 1))
+    b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16"
+                      f"{' (A from registers)' if spec.a_regs else ''}, tile {BM}x{BN}x{BK}, {S}-stage TMA ring, "
+                      "warp-specialized, persistent", block=(WG_THREADS, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     ra, CX = spec.a_regs, spec.convert
+    cx_p = None
     if CX:  # fp32 x in; the fp16 copy tmap_x describes is written inside the launch (see _convert_x)
         if not ra or spec.cluster > 1:
             raise ValueError(f"{spec.name}: the converting build is register-A, one CTA per cluster")
@@ -1325,6 +1543,47 @@ def build_wgmma(arch, spec: "MmqSpec"):
     bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
+    _wgmma_meta(b, arch, spec, sched, S, XS)
+
+    CL = spec.cluster
+    Y0, Q = b.ptr(y_p), b.ptr(c_p)
+    P, C = b.ptr(pt_p), b.ptr(ct_p)
+    M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
+    tid = b.special("tid.x")
+    tiles_m = _tiles_m(b, M)
+    groups_m = tiles_m if CL == 1 else b.op("div.u32", b.op("add.u32", tiles_m, Imm(CL - 1, "u32")), Imm(CL, "u32"))
+    items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
+    ksteps = b.op("shr.u32", K, Imm(6, "u32"))
+    rank = b.special("cluster_ctarank") if CL > 1 else None
+    # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
+    peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
+    w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks)
+    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
+    bst = base  # B stages: S x b_bytes, each 1024-aligned
+    a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
+    raw0 = b.op("add.u32", a_base, Imm(a_bytes, "u32"))  # raw: S x 3 x RAW_PART
+    lay = _WgRing(b, S, b_bytes, raw_bytes, stage_bytes, bst, a_base, raw0, b.op("mov.u32", bars),
+                  b.op("mov.u32", slots))
+
+    leader = _wgmma_init_barriers(b, CL, lay, tid)
+    cl_exit = b.label("cluster_exit") if CL > 1 else None  # everyone meets here before leaving (peers use our smem)
+    consumer = b.label("consumer")
+    b.bra(consumer, pred=b.op("setp.ge.u32", tid, Imm(128, "u32")))
+    _wgmma_producer(b, spec, lay, w, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit)
+    b.place(consumer)
+    _wgmma_consumer(b, arch, spec, lay, w, tid, epilogue, fix_slot)
+    if CL > 1:
+        b.place(cl_exit)  # reached on diverged paths (the producer's thread 0 comes later than its warp): not .aligned
+        b.emit("barrier.cluster.arrive.release")
+        b.emit("barrier.cluster.wait.acquire")
+    b.emit("ret")
+    return b.finish()
+
+
+def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
+    """The wgmma MMQ's launch bounds and metadata (the cluster, converting and prepared variants' on top); checks
+    the cluster size."""
+    BN, ra, CX, PRE = spec.bn, spec.a_regs, spec.convert, spec.prepared
     # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
     b.directives += [f".maxntid {WG_THREADS}, 1, 1", ".minnctapersm 1"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
@@ -1355,15 +1614,18 @@ def build_wgmma(arch, spec: "MmqSpec"):
         raise ValueError(f"{spec.name}: clusters of 1 or 2 CTAs, not {CL}")
     if CL > 1:
         arch.require("clusters", f"{spec.name} (thread-block clusters)")
-        b.meta.update(cluster=(CL, 1, 1), tensormaps=b.meta["tensormaps"].replace(f"box (64, {BN})", f"box (64, {BN // CL})"),
+        b.meta.update(cluster=(CL, 1, 1),
+                      tensormaps=b.meta["tensormaps"].replace(f"box (64, {BN})", f"box (64, {BN // CL})"),
                       work_queue=f"static: cluster c takes items c, c + clusters, ... (no atomic queue; the queue "
                                  f"parameter is unused); an item is {CL} M-tiles (rank r: m tile {CL}·i + r) x a split "
                                  "x a token tile, n fastest",
                       multicast=f"each rank loads 1/{CL} of the step's activation tile and multicasts it to the "
                                 f"cluster; a ring stage is free once the consumers of all {CL} CTAs released it "
-                                f"(empty barriers count 256 local arrivals, one per consumer thread, and {CONSUMER_WARPS} per peer, one per consumer warp of each peer)")
+                                f"(empty barriers count 256 local arrivals, one per consumer thread, and "
+                                f"{CONSUMER_WARPS} per peer, one per consumer warp of each peer)")
     if CX:
-        b.meta.update(activations="fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside the launch",
+        b.meta.update(activations="fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside the "
+                                  "launch",
                       convert=CX_NOTE.format(bn=BN, rows=CX_ROWS, steps=XS, cols=64 * XS), pdl=False,
                       convert_steps=XS, convert_rows=CX_ROWS,
                       work_queue=b.meta["work_queue"].replace("(m tile, split z, token tile n), n fastest",
@@ -1383,52 +1645,41 @@ def build_wgmma(arch, spec: "MmqSpec"):
                           "(256, 64), no swizzle"))
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
-    Y0, Q = b.ptr(y_p), b.ptr(c_p)
-    P, C = b.ptr(pt_p), b.ptr(ct_p)
-    M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
-    per = b.ld_param(s_p, "u32")
-    tiles_n, splits = b.ld_param(tn_p, "u32"), b.ld_param(sp_p, "u32")
-    tid = b.special("tid.x")
-    tiles_m = b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
-    groups_m = tiles_m if CL == 1 else b.op("div.u32", b.op("add.u32", tiles_m, Imm(CL - 1, "u32")), Imm(CL, "u32"))
-    items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
-    ksteps = b.op("shr.u32", K, Imm(6, "u32"))
-    rank = b.special("cluster_ctarank") if CL > 1 else None
-    # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
-    peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
-    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
-    bst = base  # B stages: S x b_bytes, each 1024-aligned
-    a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
-    raw0 = b.op("add.u32", a_base, Imm(a_bytes, "u32"))  # raw: S x 3 x RAW_PART
-    bar0 = b.op("mov.u32", bars)
-    full = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), bar0)  # noqa: E731
-    empty = lambda st: b.op("mad.lo.u32", st, Imm(8, "u32"), b.op("add.u32", bar0, Imm(8 * S, "u32")))  # noqa: E731
-    item_full = lambda sl: b.op("mad.lo.u32", sl, Imm(8, "u32"), b.op("add.u32", bar0, Imm(16 * S, "u32")))  # noqa: E731
-    item_empty = lambda sl: b.op("mad.lo.u32", sl, Imm(8, "u32"), b.op("add.u32", bar0, Imm(16 * S + 16, "u32")))  # noqa: E731
-    slot0 = b.op("mov.u32", slots)
 
-    def decode(item):
-        if CX:  # m fastest: a round of CTAs needs few token tiles of x, which the converters do first (CX_NOTE)
-            tm = b.op("rem.u32", item, tiles_m)
-            rest = b.op("div.u32", item, tiles_m)
-            z = b.op("rem.u32", rest, splits)
-            tn = b.op("div.u32", rest, splits)
-        else:
-            tn = b.op("rem.u32", item, tiles_n)
-            rest = b.op("div.u32", item, tiles_n)
-            z = b.op("rem.u32", rest, splits)
-            tm = b.op("div.u32", rest, splits)
-        if CL > 1:  # this CTA's M-tile of the cluster's group (past M for an odd last group: zero-filled, masked)
-            tm = b.op("mad.lo.u32", tm, Imm(CL, "u32"), rank)
-        s_begin = b.op("mul.lo.u32", z, per)
-        s_end = b.op("min.u32", b.op("add.u32", s_begin, per), ksteps)
-        return tm, z, tn, s_begin, s_end
 
+def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
+    """Work item → (M tile, split z, token tile) with the token tile fastest (the converting build: the M tile
+    fastest), its K range and first row and token."""
+    CL = spec.cluster
+    if spec.convert:  # m fastest: a round of CTAs needs few token tiles of x, which the converters do first (CX_NOTE)
+        tm = b.op("rem.u32", item, w.tiles_m)
+        rest = b.op("div.u32", item, w.tiles_m)
+        z = b.op("rem.u32", rest, w.splits)
+        tn = b.op("div.u32", rest, w.splits)
+    else:
+        tn = b.op("rem.u32", item, w.tiles_n)
+        rest = b.op("div.u32", item, w.tiles_n)
+        z = b.op("rem.u32", rest, w.splits)
+        tm = b.op("div.u32", rest, w.splits)
+    if CL > 1:  # this CTA's M-tile of the cluster's group (past M for an odd last group: zero-filled, masked)
+        tm = b.op("mad.lo.u32", tm, Imm(CL, "u32"), w.rank)
+    s_begin = b.op("mul.lo.u32", z, w.per)
+    s_end = b.op("min.u32", b.op("add.u32", s_begin, w.per), w.ksteps)
+    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
+    n0 = b.op("mul.lo.u32", tn, Imm(spec.bn, "u32"))
+    return _WgItem(tm, z, tn, s_begin, s_end, m0, n0)
+
+
+def _wgmma_init_barriers(b, CL, lay: _WgRing, tid):
+    """Thread 0 initialises the ring's and the item ring's mbarriers; everyone (every CTA of the cluster) waits
+    for that. Returns the predicate tid == 0."""
+    S, bar0 = lay.S, lay.bar0
     b.comment("thread 0 initialises the barriers; everyone waits for that, then the roles split")
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
     for i in range(S):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * i), Imm(1, "u32"), pred=leader)
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256 + CONSUMER_WARPS * (CL - 1), "u32"), pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256 + CONSUMER_WARPS * (CL - 1), "u32"),
+               pred=leader)
     for i in range(2):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + i)), Imm(1, "u32"), pred=leader)
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(256, "u32"), pred=leader)
@@ -1439,24 +1690,30 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.emit("barrier.cluster.wait.acquire.aligned")
     else:
         b.emit("bar.sync", Imm(0, "u32"))
-    cl_exit = b.label("cluster_exit") if CL > 1 else None  # everyone meets here before leaving (peers use our smem)
-    consumer = b.label("consumer")
-    b.bra(consumer, pred=b.op("setp.ge.u32", tid, Imm(128, "u32")))
+    return leader
 
-    # ---------------------------------------------------------------- producer (thread 0 of warpgroup 0)
+
+def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit):
+    """Warpgroup 0, its registers handed to the consumers: in the converting build warps 1-3 convert x
+    (_convert_x); thread 0 claims items (the atomic queue, or statically per cluster), hands each to the consumers
+    through the 2-slot item ring and TMAs its K-steps into the stage ring (_wgmma_tma_step); the last CTA out
+    resets the queue (_wgmma_queue_reset)."""
+    BN, CL, CX, S = spec.bn, spec.cluster, spec.convert, lay.S
     b.comment("producer: claim an item, hand it over, then TMA its K-steps into the ring")
     pdone = b.label("producer_exit")
     b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(PRODUCER_REGS, "u32"))  # registers go to the consumers
+    XR = None
     if CX:  # warps 1-3 convert x; their code comes first, so the emulator's lowest-pc rule runs it before the
         # producer's spin on x_ready (on the GPU they are separate warps anyway)
         X, X16, XR = (b.ptr(p) for p in cx_p[:3])
         producer = b.label("producer")
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
-        _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, b.ptr(cx_p[3]),
-                   b.op("add.u32", raw0, Imm(S * raw_bytes, "u32")), steps=XS)
+        _convert_x(b, tid, w.K, w.T, w.tiles_n, w.tiles_m, w.splits, w.Q, BN, X, X16, XR, b.ptr(cx_p[3]),
+                   b.op("add.u32", lay.raw0, Imm(S * lay.raw_bytes, "u32")), steps=XS)
         b.emit("ret")
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
+    mask = None
     if CL > 1:
         cid, ncl = b.special("clusterid.x"), b.special("nclusterid.x")
         mask = b.reg("b16")
@@ -1472,50 +1729,70 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.place(p_item)
     sl = b.op("and.b32", j, Imm(1, "b32"))
     ph = b.op("and.b32", b.op("shr.u32", j, Imm(1, "u32")), Imm(1, "b32"))
-    _wait(b, item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
+    _wait(b, lay.item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     item = b.reg("u32")
     if CL > 1:  # static: both CTAs of a cluster walk the same items
         b.emit("mad.lo.u32", item, j, ncl, cid)
     else:
-        b.emit("atom.global.add.u32", item, Mem(Q), Imm(1, "u32"))
-    b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), slot0)), item)
+        b.emit("atom.global.add.u32", item, Mem(w.Q), Imm(1, "u32"))
+    b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), lay.slot0)), item)
     st64 = b.reg("b64")
-    b.emit("mbarrier.arrive.shared::cta.b64", st64, Mem(item_full(sl)))
+    b.emit("mbarrier.arrive.shared::cta.b64", st64, Mem(lay.item_full(sl)))
     b.emit("add.u32", j, j, Imm(1, "u32"))
-    b.bra(p_end, pred=b.op("setp.ge.u32", item, items))
-    tm, _z, tn, s_begin, s_end = decode(item)
-    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
-    n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
-    s = b.op("mov.u32", s_begin)
+    b.bra(p_end, pred=b.op("setp.ge.u32", item, w.items))
+    it = _wgmma_decode(b, spec, w, item)
+    s = b.op("mov.u32", it.s_begin)
+    need = None
     if CX:  # x_ready[kc][tn] counts the converted 8-row groups of chunk kc of token tile tn
-        need = b.op("shr.u32", b.op("add.u32", b.op("min.u32", b.op("sub.u32", T, n0), Imm(BN, "u32")),
+        need = b.op("shr.u32", b.op("add.u32", b.op("min.u32", b.op("sub.u32", w.T, it.n0), Imm(BN, "u32")),
                                     Imm(CX_ROWS - 1, "u32")), Imm(CX_ROWS.bit_length() - 1, "u32"))
     p_step = b.label("p_step")
     b.place(p_step)
+    _wgmma_tma_step(b, spec, lay, w, it, g, s, need, tw, tx, mask, XR, XS)
+    b.emit("add.u32", g, g, Imm(1, "u32"))
+    b.emit("add.u32", s, s, Imm(1, "u32"))
+    b.bra(p_step, pred=b.op("setp.lt.u32", s, it.s_end))
+    b.bra(p_item)
+    b.place(p_end)
+    if CL == 1:  # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
+        _wgmma_queue_reset(b, spec, w, XR, XS)
+    b.place(pdone)
+    if CL > 1:
+        b.bra(cl_exit)
+    else:
+        b.emit("ret")
+
+
+def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, s, need, tw, tx, mask, XR, XS):
+    """The producer's K-step s (ring position g): wait until the stage is free, expect its bytes, TMA the A part
+    (the prepared fragments' block, or the raw tile's header and qs columns) and, once the converters have
+    written that chunk of x (the converting build), the activation tile (a cluster rank: its share, multicast)."""
+    BN, CL, CX, PRE, S = spec.bn, spec.cluster, spec.convert, spec.prepared, lay.S
     stage = b.op("rem.u32", g, Imm(S, "u32"))
     sph = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
-    _wait(b, empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
-    fb = full(stage)
-    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(stage_bytes, "u32"))
+    _wait(b, lay.empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
+    fb = lay.full(stage)
+    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(lay.stage_bytes, "u32"))
     tma = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
     if PRE:  # block (tm, s) of the prepared fragments: 64 rows of 256 bytes
-        frow = b.op("shl.b32", b.op("mad.lo.u32", tm, ksteps, s), Imm(6, "u32"))
-        rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
+        rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
     else:
         x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
         q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
-        rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
-            b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb))
+            b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, it.m0)),
+                   Mem(fb))
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
-        first = b.op("or.pred", b.op("setp.eq.u32", s, s_begin),
+        first = b.op("or.pred", b.op("setp.eq.u32", s, it.s_begin),
                      b.op("setp.eq.u32", b.op("and.b32", s, Imm(XS - 1, "b32")), Imm(0, "u32")))
         b.bra(ready, pred=first, neg=True)
         kc = b.op("shr.u32", s, Imm(XS.bit_length() - 1, "u32"))
-        fl = b.op("mad.wide.u32", b.op("mad.lo.u32", kc, tiles_n, tn), Imm(4, "u32"), XR)
+        fl = b.op("mad.wide.u32", b.op("mad.lo.u32", kc, w.tiles_n, it.tn), Imm(4, "u32"), XR)
         spin = b.label("x_spin")
         b.place(spin)
         b.bra(spin, pred=b.op("setp.lt.u32", b.op("ld.acquire.gpu.global.u32", Mem(fl)), need), uniform=False)
@@ -1523,56 +1800,60 @@ def build_wgmma(arch, spec: "MmqSpec"):
         b.place(ready)
     if CL > 1:  # this rank's 1/CL of the activation rows, into the same offsets of every CTA of the cluster
         part_rows = BN // CL
-        bdst = b.op("mad.lo.u32", rank, Imm(part_rows * 128, "u32"), b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
+        bdst = b.op("mad.lo.u32", w.rank, Imm(part_rows * 128, "u32"),
+                    b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst))
         b.emit(tma + ".multicast::cluster", Mem(bdst),
-               TensorRef(tx, (xk, b.op("mad.lo.u32", rank, Imm(part_rows, "u32"), n0))), Mem(fb), mask)
+               TensorRef(tx, (xk, b.op("mad.lo.u32", w.rank, Imm(part_rows, "u32"), it.n0))), Mem(fb), mask)
     else:
-        b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst)), TensorRef(tx, (xk, n0)), Mem(fb))
-    b.emit("add.u32", g, g, Imm(1, "u32"))
-    b.emit("add.u32", s, s, Imm(1, "u32"))
-    b.bra(p_step, pred=b.op("setp.lt.u32", s, s_end))
-    b.bra(p_item)
-    b.place(p_end)
-    if CL == 1:  # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
-        done_before = b.reg("u32")
-        b.emit("atom.acq_rel.gpu.global.add.u32" if CX else "atom.global.add.u32", done_before, Mem(Q, 4),
-               Imm(1, "u32"))
-        last = b.op("setp.eq.u32", done_before, b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32")))
-        zero = b.op("mov.u32", Imm(0, "u32"))
-        b.emit("st.global.v2.u32", Mem(Q), b.vec([zero, zero]), pred=last)
-        if CX:  # every x_ready counter reached its count (some producer waited for each): zero them for the next
-            nflags = b.op("mul.lo.u32", tiles_n, b.op("shr.u32", b.op("add.u32", ksteps, Imm(XS - 1, "u32")),
-                                                      Imm(XS.bit_length() - 1, "u32")))
-            i = b.op("mov.u32", Imm(0, "u32"))
-            zl, zd = b.label("x_ready_reset"), b.label("x_ready_reset_done")
-            b.bra(zd, pred=last, neg=True)
-            b.place(zl)
-            b.emit("st.global.u32", Mem(b.op("mad.wide.u32", i, Imm(4, "u32"), XR)), zero)
-            b.emit("add.u32", i, i, Imm(1, "u32"))
-            b.bra(zl, pred=b.op("setp.lt.u32", i, nflags))
-            b.place(zd)
-    b.place(pdone)
-    if CL > 1:
-        b.bra(cl_exit)
-    else:
-        b.emit("ret")
+        b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst)), TensorRef(tx, (xk, it.n0)),
+               Mem(fb))
 
-    # ---------------------------------------------------------------- consumers (warpgroups 1 and 2)
-    b.place(consumer)
-    b.emit("setmaxnreg.inc.sync.aligned.u32", Imm(CONSUMER_REGS, "u32"))
-    ct = b.op("sub.u32", tid, Imm(128, "u32"))
-    wg = b.op("shr.u32", ct, Imm(7, "u32"))
-    lt = b.op("and.b32", ct, Imm(127, "b32"))
-    lane = b.op("and.b32", ct, Imm(31, "b32"))
-    cw = b.op("shr.u32", ct, Imm(5, "u32"))  # consumer warp 0..7: rows 16*cw .. +15 of the tile
-    # (peer rank, this thread signals for its warp): lane 0 of each consumer warp releases stages on the peers
-    peers = [(r, b.op("setp.eq.u32", lane, Imm(0, "u32"))) for r in peer_ranks]
+
+def _wgmma_queue_reset(b, spec: MmqSpec, w: _WgWork, XR, XS):
+    """The producer's exit (one CTA per cluster): the last CTA out resets the queue and, in the converting build,
+    the x_ready counters for the next launch."""
+    CX = spec.convert
+    done_before = b.reg("u32")
+    b.emit("atom.acq_rel.gpu.global.add.u32" if CX else "atom.global.add.u32", done_before, Mem(w.Q, 4),
+           Imm(1, "u32"))
+    last = b.op("setp.eq.u32", done_before, b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32")))
+    zero = b.op("mov.u32", Imm(0, "u32"))
+    b.emit("st.global.v2.u32", Mem(w.Q), b.vec([zero, zero]), pred=last)
+    if CX:  # every x_ready counter reached its count (some producer waited for each): zero them for the next
+        nflags = b.op("mul.lo.u32", w.tiles_n, b.op("shr.u32", b.op("add.u32", w.ksteps, Imm(XS - 1, "u32")),
+                                                    Imm(XS.bit_length() - 1, "u32")))
+        i = b.op("mov.u32", Imm(0, "u32"))
+        zl, zd = b.label("x_ready_reset"), b.label("x_ready_reset_done")
+        b.bra(zd, pred=last, neg=True)
+        b.place(zl)
+        b.emit("st.global.u32", Mem(b.op("mad.wide.u32", i, Imm(4, "u32"), XR)), zero)
+        b.emit("add.u32", i, i, Imm(1, "u32"))
+        b.bra(zl, pred=b.op("setp.lt.u32", i, nflags))
+        b.place(zd)
+
+
+class _SmemA(NamedTuple):
+    """A consumer thread's share of the shared-memory-A build's dequant: row lt/2 of its warpgroup's 64, half lt%2
+    (32 weights, 4 16-byte chunks), and where they go in the 128B-swizzled A tile."""
+    named: Reg  # named barrier 1 or 2: one warpgroup
+    dh: Reg  # the half
+    raw_row: Reg  # the row in the raw ring (stage 0)
+    a_mine: Reg  # this warpgroup's two A buffers
+    row_off: Reg  # the row in an A buffer
+    hx: Reg  # (4·half) ^ (row % 8): the swizzled chunk of chunk 0
+    dscale: Reg
+    magic: Reg
+    nibmask: Reg
+
+
+def _smem_a_lanes(b, wg, lt, lay: _WgRing) -> _SmemA:
+    """A consumer thread's _SmemA, emitted in every wgmma build (the register-A K loops take only its `magic`)."""
     named = b.op("add.u32", wg, Imm(1, "u32"))  # named barrier 1 or 2: one warpgroup
     # dequant: thread -> (row r = lt/2 of this warpgroup's 64, half h = lt%2): 32 weights, 4 16-byte chunks
     r = b.op("shr.u32", lt, Imm(1, "u32"))
     dh = b.op("and.b32", lt, Imm(1, "b32"))
-    raw_row = b.op("mad.lo.u32", b.op("mad.lo.u32", wg, Imm(64, "u32"), r), Imm(16, "u32"), raw0)
-    a_mine = b.op("mad.lo.u32", wg, Imm(2 * A_TILE, "u32"), a_base)
+    raw_row = b.op("mad.lo.u32", b.op("mad.lo.u32", wg, Imm(64, "u32"), r), Imm(16, "u32"), lay.raw0)
+    a_mine = b.op("mad.lo.u32", wg, Imm(2 * A_TILE, "u32"), lay.a_base)
     rx = b.op("and.b32", r, Imm(7, "b32"))
     # swizzled byte offset of chunk 4h+i of row r: r*128 + ((4h+i) ^ (r%8))*16 = row_off + ((hx ^ i) << 4)
     row_off = b.op("shl.b32", r, Imm(7, "u32"))
@@ -1580,6 +1861,23 @@ def build_wgmma(arch, spec: "MmqSpec"):
     dscale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
     magic = b.op("mov.b32", Imm(0x64006400, "b32"))
     nibmask = b.op("selp.b32", Imm(0x00F000F0, "b32"), Imm(0x000F000F, "b32"), b.op("setp.ne.u32", dh, Imm(0, "u32")))
+    return _SmemA(named, dh, raw_row, a_mine, row_off, hx, dscale, magic, nibmask)
+
+
+def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilogue, fix_slot):
+    """Warpgroups 1 and 2, with the producer's registers: take each item from the item ring, run its K loop into
+    BN/2 fp32 accumulators per thread (A in registers: _rega_steps / _prepared_steps; else _smem_a_steps) and
+    store the tile through _wgmma_epilogue (split-K included)."""
+    BN, CL, ra, S = spec.bn, spec.cluster, spec.a_regs, lay.S
+    b.emit("setmaxnreg.inc.sync.aligned.u32", Imm(CONSUMER_REGS, "u32"))
+    ct = b.op("sub.u32", tid, Imm(128, "u32"))
+    wg = b.op("shr.u32", ct, Imm(7, "u32"))
+    lt = b.op("and.b32", ct, Imm(127, "b32"))
+    lane = b.op("and.b32", ct, Imm(31, "b32"))
+    cw = b.op("shr.u32", ct, Imm(5, "u32"))  # consumer warp 0..7: rows 16*cw .. +15 of the tile
+    # (peer rank, this thread signals for its warp): lane 0 of each consumer warp releases stages on the peers
+    peers = [(r, b.op("setp.eq.u32", lane, Imm(0, "u32"))) for r in w.peer_ranks]
+    sa = _smem_a_lanes(b, wg, lt, lay)
     acc = [b.reg("f32") for _ in range(BN // 2)]
     gc = b.op("mov.u32", Imm(0, "u32"))
     jc = b.op("mov.u32", Imm(0, "u32"))
@@ -1587,69 +1885,70 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b.place(c_item)
     sl = b.op("and.b32", jc, Imm(1, "b32"))
     ph = b.op("and.b32", b.op("shr.u32", jc, Imm(1, "u32")), Imm(1, "b32"))
-    _wait(b, item_full(sl), ph)
-    item = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), slot0)))
-    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(item_empty(sl)))
+    _wait(b, lay.item_full(sl), ph)
+    item = b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), lay.slot0)))
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.item_empty(sl)))
     b.emit("add.u32", jc, jc, Imm(1, "u32"))
-    b.bra(c_end, pred=b.op("setp.ge.u32", item, items))
-    tm, z, tn, s_begin, s_end = decode(item)
-    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
-    n0 = b.op("mul.lo.u32", tn, Imm(BN, "u32"))
-    split_k = b.op("setp.gt.u32", splits, Imm(1, "u32"))
+    b.bra(c_end, pred=b.op("setp.ge.u32", item, w.items))
+    it = _wgmma_decode(b, spec, w, item)
+    split_k = b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
     for a in acc:
         b.emit("mov.f32", a, Imm(0.0, "f32"))
-    s = b.op("mov.u32", s_begin)
+    s = b.op("mov.u32", it.s_begin)
     if ra:
-        steps = _prepared_steps if PRE else _rega_steps
-        steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw, lane, magic,
-              peers)
+        steps = _prepared_steps if spec.prepared else _rega_steps
+        steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
+              lay.b_bytes, ct, cw, lane, sa.magic, peers)
     else:
-        c_step = b.label("c_step")
-        b.place(c_step)
-        stage = b.op("rem.u32", gc, Imm(S, "u32"))
-        sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
-        _wait(b, full(stage), sph)
-        # dequantize this warpgroup's 64 rows into A buffer gc % 2 (wgmma of step gc - 2 read it; done)
-        src = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw_row)
-        hdr = b.regs("b32", 4)
-        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
-        qs = b.regs("b32", 8)
-        b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
-        b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
-        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), dh)
-        out = q4k.f16_words(b, hdr, qs, sub, dscale, nibmask, magic)
-        abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), a_mine)
-        arow = b.op("add.u32", abuf, row_off)
-        for i in range(4):
-            c = hx if i == 0 else b.op("xor.b32", hx, Imm(i, "b32"))
-            dst = b.op("add.u32", arow, b.op("shl.b32", c, Imm(4, "u32")))
-            b.emit("st.shared.v4.b32", Mem(dst), b.vec(out[4 * i:4 * i + 4]))
-        b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
-        b.emit("bar.sync", named, Imm(128, "u32"))
-        da = _desc(b, abuf)
-        db = _desc(b, b.op("mad.lo.u32", stage, Imm(b_bytes, "u32"), bst))
-        b.emit("wgmma.fence.sync.aligned")
-        for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
-            dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
-            dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
-            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
-        _wgmma_step_done(b, S, gc, s, s_begin, empty, peers)
-        b.bra(c_step, pred=b.op("setp.lt.u32", s, s_end))
-        _wgmma_drain(b, S, gc, empty, peers)
+        _smem_a_steps(b, arch, BN, lay, sa, acc, s, it, gc, peers)
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
     if CL > 1:  # an odd last group's second M-tile lies past M: it only took part in the multicast ring
-        b.bra(c_item, pred=b.op("setp.ge.u32", tm, tiles_m))
-    _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, b.op("mad.lo.u32", tm, tiles_n, tn),
-                    b.op("mul.lo.u32", tiles_m, tiles_n), z, splits, split_k, b.op("mov.u32", fix_slot), C, P, Y0, M, T,
-                    pair_chunk=PAIR_CHUNK.get((ra, BN), 0))
+        b.bra(c_item, pred=b.op("setp.ge.u32", it.tm, w.tiles_m))
+    _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, it.m0, it.n0, b.op("mad.lo.u32", it.tm, w.tiles_n, it.tn),
+                    b.op("mul.lo.u32", w.tiles_m, w.tiles_n), it.z, w.splits, split_k, b.op("mov.u32", fix_slot), w.C,
+                    w.P, w.Y0, w.M, w.T, pair_chunk=PAIR_CHUNK.get((ra, BN), 0))
     b.bra(c_item)
     b.place(c_end)
-    if CL > 1:
-        b.place(cl_exit)  # reached on diverged paths (the producer's thread 0 comes later than its warp): not .aligned
-        b.emit("barrier.cluster.arrive.release")
-        b.emit("barrier.cluster.wait.acquire")
-    b.emit("ret")
-    return b.finish()
+
+
+def _smem_a_steps(b, arch, BN, lay: _WgRing, sa: _SmemA, acc, s, it: _WgItem, gc, peers):
+    """The shared-memory-A consumer's K loop (mmq_q4_k_wgmma_n*): per step each thread dequantizes its 32 weights
+    into the warpgroup's swizzled A buffer gc % 2, fences them for the async proxy, and the warpgroup issues the
+    step's wgmmas on that A tile and the stage's B tile."""
+    S = lay.S
+    c_step = b.label("c_step")
+    b.place(c_step)
+    stage = b.op("rem.u32", gc, Imm(S, "u32"))
+    sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
+    _wait(b, lay.full(stage), sph)
+    # dequantize this warpgroup's 64 rows into A buffer gc % 2 (wgmma of step gc - 2 read it; done)
+    src = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), sa.raw_row)
+    hdr = b.regs("b32", 4)
+    b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
+    qs = b.regs("b32", 8)
+    b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
+    b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
+    sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), sa.dh)
+    out = q4k.f16_words(b, hdr, qs, sub, sa.dscale, sa.nibmask, sa.magic)
+    abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), sa.a_mine)
+    arow = b.op("add.u32", abuf, sa.row_off)
+    for i in range(4):
+        c = sa.hx if i == 0 else b.op("xor.b32", sa.hx, Imm(i, "b32"))
+        dst = b.op("add.u32", arow, b.op("shl.b32", c, Imm(4, "u32")))
+        b.emit("st.shared.v4.b32", Mem(dst), b.vec(out[4 * i:4 * i + 4]))
+    b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
+    b.emit("bar.sync", sa.named, Imm(128, "u32"))
+    da = _desc(b, abuf)
+    db = _desc(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst))
+    b.emit("wgmma.fence.sync.aligned")
+    for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
+        dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
+        dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
+        b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
+    _wgmma_step_done(b, S, gc, s, it.s_begin, lay.empty, peers)
+    b.bra(c_step, pred=b.op("setp.lt.u32", s, it.s_end))
+    _wgmma_drain(b, S, gc, lay.empty, peers)
+
 
 def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, slot, C, P, Y0, M, T, leader, barrier,
                       done, chunk):
