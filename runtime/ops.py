@@ -169,6 +169,18 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     return _finish(o, ret, xa.host, out is not None, s)
 
 
+MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measured yet: one token's slots differ)
+
+
+def mul_mat_id_kernel(fmt: str, t: int, slots: int, experts: int) -> str:
+    """The kernel mul_mat_id runs for T = t tokens of `slots` experts each over `experts` experts."""
+    from ptxgen.kernels import gemv_codec
+
+    if t >= MOE_GROUPED_MIN_TOKENS and t * slots <= gemv_codec.GROUP_PAIRS and experts <= 65535:
+        return gemv_codec.name_idg(fmt)
+    return gemv_codec.name_id(fmt)
+
+
 def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None):
     """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
     `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 (T, K), one
@@ -178,8 +190,10 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already
     on the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its
     row only. Streams, outputs and NumPy-in / NumPy-out as mul_mat. Kernels: gemv_<fmt>_f32_id for Q4_K, Q5_K,
-    Q6_K, Q8_0 (mode "exact": fp32 products of ggml's dequantized weights, relative error ~1e-6), one launch of
-    (M rows, T·slots pairs), each pair reading its expert's weights."""
+    Q6_K, Q8_0 (mode "exact": fp32 products of ggml's dequantized weights, relative error ~1e-6): from 2 tokens
+    up to 64 pairs gemv_<fmt>_f32_idg, one launch of (M rows, E experts) in which each expert's CTAs find the pairs
+    routed to it and read its weights once per 8 of them; otherwise gemv_<fmt>_f32_id, one launch of (M rows,
+    T·slots pairs), each pair reading its expert's weights (one token: its slots' experts are distinct anyway)."""
     from ptxgen import codecs, formats
     from ptxgen.kernels import gemv_codec
 
@@ -218,14 +232,20 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     xa = as_device_array(x, "mul_mat_id: x", np.float32, align=16, stream=s)
     ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
     o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
-    fn = kernels.load(gemv_codec.name_id(w.fmt), arch)
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
+    x_per_slot = int(len(xshape) == 3)
+    if mul_mat_id_kernel(w.fmt, t, slots, e) == gemv_codec.name_idg(w.fmt):
+        fn = kernels.load(gemv_codec.name_idg(w.fmt), arch)
+        fn.launch((-(-m // int(fn.meta["rows_per_cta"])), e),
+                  (w.buffer, xa, o, m, k, t * slots, e, expert_bytes, ia, slots, x_per_slot), stream=s)
+        return _finish(o, ret, xa.host, out is not None, s)
+    fn = kernels.load(gemv_codec.name_id(w.fmt), arch)
     per = (65535 // slots) * slots  # pairs a launch takes (grid.y ≤ 65535), whole tokens
     for p0 in range(0, t * slots, per):  # a later launch: ids, x and y moved to its first token
         n, t0 = min(per, t * slots - p0), p0 // slots
         fn.launch((-(-m // int(fn.meta["rows_per_cta"])), n),
                   (w.buffer, xa.ptr + 4 * k * (p0 if len(xshape) == 3 else t0), o.ptr + 4 * m * p0, m, k, 1, e,
-                   expert_bytes, ia.ptr + 4 * p0, slots, int(len(xshape) == 3)), stream=s)
+                   expert_bytes, ia.ptr + 4 * p0, slots, x_per_slot), stream=s)
     return _finish(o, ret, xa.host, out is not None, s)
 
 

@@ -23,3 +23,13 @@ def test_bench_model_dry_run_plans_every_tensor_of_the_q4_k_m_mix():
     assert len(lines) == 2 * 8  # 7 tensors of the layer and the output, at T = 1 and T = 512
     assert any("q6_K" in line and "gemv_q6_k_f32_t1" in line for line in lines)  # attn_v / ffn_down / output
     assert any("dequantize_q6_k_frags" in line for line in lines)  # their prefill
+
+
+def test_bench_moe_dry_run_plans_both_expert_shapes_and_checks_the_reference():
+    out = subprocess.run([sys.executable, "bench_moe.py", "--dry-run"], cwd=BENCH, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "128 experts top-8 768×2048" in out.stdout and "32 experts top-4 1792×2048" in out.stdout
+    cells = [line for line in out.stdout.splitlines() if " T=" in line and "experts used" in line]
+    assert len(cells) == 2 * 6  # both shapes at T = 1, 8, 32, 64, 128, 512
+    assert "gemv_q4_k_f32_id" in out.stdout and out.stdout.count(": ok") == 2  # x (T, K) and (T, top, K)

@@ -128,6 +128,7 @@ for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one F
                                                  "LDG.E.128.CONSTANT"]
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # mul_mat_id's GEMV: the codec's decode, a shuffle sum, NaN for a bad id
     EXPECTED_SASS[f"gemv_{_f}_f32_id"] = ["FFMA", "SHFL.BFLY", "FSEL"]
+    EXPECTED_SASS[f"gemv_{_f}_f32_idg"] = ["FFMA", "SHFL.BFLY", "SHFL.UP", "STS", "LDS", "FSEL"]  # the expert's pairs
 for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the prepared GEMM's fragments from any codec: 16-byte stores
     EXPECTED_SASS[f"dequantize_{_f}_frags"] = ["F2FP", "STG.E.128", "FMUL"]
 for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the codec fixups: the flag, an arrival count, fp32 row sums

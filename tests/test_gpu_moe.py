@@ -27,14 +27,18 @@ def _case(fmt, e, m, k, t, slots, seed, skew=False, per_slot=False):
 
 
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
-@pytest.mark.parametrize("e,m,k,t,slots,skew,per_slot", [(8, 768, 2048, 1, 8, False, False),
-                                                         (32, 1792, 2048, 3, 4, False, True),
-                                                         (4, 300, 512, 5, 2, True, False),
-                                                         (6, 64, 4096, 16, 1, False, True)])
+@pytest.mark.parametrize("e,m,k,t,slots,skew,per_slot", [(8, 768, 2048, 1, 8, False, False),  # a pair per row
+                                                         (32, 1792, 2048, 3, 4, False, True),  # grouped
+                                                         (4, 300, 512, 5, 2, True, False),  # grouped, 10 on one
+                                                         (6, 64, 4096, 16, 1, False, True),
+                                                         (16, 256, 1024, 40, 2, False, False)])  # 80 pairs: per pair
 def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot):
-    """Within 1e-5 of float64 (fp32 products of ggml's weights), NumPy in and out, the output poisoned first."""
+    """Within 1e-5 of float64 (fp32 products of ggml's weights), NumPy in and out, the output poisoned first; both
+    MoE GEMVs (ops.mul_mat_id_kernel says which runs)."""
     import ptxgen.runtime as r
+    from ptxgen.runtime import ops
 
+    assert ops.mul_mat_id_kernel(fmt, t, slots, e).endswith("_idg" if 2 <= t and t * slots <= 64 else "_id")
     w, raw, x, ids = _case(fmt, e, m, k, t, slots, seed=e + m + t, skew=skew, per_slot=per_slot)
     out = r.DeviceArray.empty((t, slots, m), np.float32)
     out.owner.fill_bytes(0xFF)
@@ -49,14 +53,15 @@ def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
     torch = _torch()
     import ptxgen.runtime as r
 
-    w, raw, x, ids = _case("q4_K", 4, 256, 1024, 3, 2, seed=5)
-    ids[1, 0], ids[2, 1] = -1, 4
-    got = r.mul_mat_id(w, torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()).cpu().numpy()
-    bad = np.zeros(ids.shape, bool)
-    bad[1, 0] = bad[2, 1] = True
-    assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
-    want = formats.mul_mat_id_ref("q4_K", raw, w.shape, x, ids)
-    assert rel(got[~bad], want[~bad]) <= 1e-5
+    for t in (1, 3, 40):  # the pair build, the grouped one (expert 0's CTAs take the strays), the pair build
+        w, raw, x, ids = _case("q4_K", 4, 256, 1024, t, 2, seed=5)
+        ids[t // 2, 0], ids[t - 1, 1] = -1, 4
+        got = r.mul_mat_id(w, torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()).cpu().numpy()
+        bad = np.zeros(ids.shape, bool)
+        bad[t // 2, 0] = bad[t - 1, 1] = True
+        assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
+        want = formats.mul_mat_id_ref("q4_K", raw, w.shape, x, ids)
+        assert rel(got[~bad], want[~bad]) <= 1e-5
     with pytest.raises(ValueError, match=r"ids\[1, 0\] = -1 is not an expert"):
         r.mul_mat_id(w, x, ids)
 

@@ -65,34 +65,38 @@ def test_mul_mat_id_checks_its_arguments_before_any_device_work():
         mul_mat_id(w, x, np.array([[0, 2], [3, -1]], np.int32))
 
 
-def _case(fmt, arch, **kw):
-    ptx = get_kernel(f"gemv_{fmt.lower()}_f32_id").for_arch(get_arch(arch)).ptx()
-    meta = dict(get_kernel(f"gemv_{fmt.lower()}_f32_id").for_arch(get_arch(arch)).meta,
-                name=f"gemv_{fmt.lower()}_f32_id")
-    return gemv_id_case(ptx, meta, np.random.default_rng(kw.pop("seed", 0)), **kw)
+def _case(fmt, arch, kind="id", **kw):
+    name = f"gemv_{fmt.lower()}_f32_{kind}"
+    k = get_kernel(name).for_arch(get_arch(arch))
+    return gemv_id_case(k.ptx(), dict(k.meta, name=name), np.random.default_rng(kw.pop("seed", 0)), **kw)
+
+
+LOADS = {"one expert takes every token": [[2, 2], [2, 2], [2, 2]],
+         "every slot its own expert": [[0, 1], [2, 3]],
+         "an id out of range": [[1, -1], [4, 0]],
+         "more than 8 pairs on one expert": [[3, 1]] * 9 + [[1, 3]] * 2,
+         "64 pairs, all on one expert": [[2] * 8] * 8}
 
 
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
-@pytest.mark.parametrize("load", ["one expert takes every token", "every slot its own expert", "an id out of range"])
-def test_moe_gemv_in_the_emulator(fmt, load):
-    """Skewed loads (all pairs on one expert; the others get none), distinct experts, and an out-of-range id (−1
-    and E: its pair's row NaN, the others right); x shared by a token's slots and one row per slot."""
-    e = 4
-    ids = {"one expert takes every token": [[2, 2], [2, 2], [2, 2]],
-           "every slot its own expert": [[0, 1], [2, 3]],
-           "an id out of range": [[1, -1], [e, 0]]}[load]
+@pytest.mark.parametrize("load,kind", [(load, kind) for load in LOADS for kind in ("id", "idg")
+                                       if kind == "idg" or not load.startswith("64")])  # 64: the grouped build's
+def test_moe_gemv_in_the_emulator(fmt, load, kind):
+    """Both MoE GEMVs (a pair per grid row; per expert its pairs 8 at a time): skewed loads (all pairs on one
+    expert, the others none; 9 and 64 pairs on one expert: 2 and 8 passes), distinct experts, out-of-range ids (−1
+    and E: the pair's row NaN, the others right); x shared by a token's slots, and one row per slot."""
     for per_slot in (False, True):
-        out = _case(fmt, "sm_90a", shape=(e, 21, 544 if fmt == "q8_0" else 512), ids=np.array(ids, np.int32),
-                    x_per_slot=per_slot, seed=len(load))
+        out = _case(fmt, "sm_90a", kind, shape=(4, 21, 544 if fmt == "q8_0" else 512),
+                    ids=np.array(LOADS[load], np.int32), x_per_slot=per_slot, seed=len(load))
         assert out.ok, out.detail
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0"]), e=st.integers(1, 5), m=st.integers(1, 40),
-       kb=st.integers(1, 3), t=st.integers(1, 3), slots=st.integers(1, 3), seed=st.integers(0, 2**31 - 1),
-       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]))
-def test_moe_gemv_drawn_shapes_and_routes(fmt, e, m, kb, t, slots, seed, arch):
+       kb=st.integers(1, 3), t=st.integers(1, 6), slots=st.integers(1, 3), seed=st.integers(0, 2**31 - 1),
+       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]), kind=st.sampled_from(["id", "idg"]))
+def test_moe_gemv_drawn_shapes_and_routes(fmt, e, m, kb, t, slots, seed, arch, kind):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, e, (t, slots)).astype(np.int32)
-    out = _case(fmt, arch, shape=(e, m, 256 * kb), ids=ids, x_per_slot=bool(seed & 1), seed=seed)
+    out = _case(fmt, arch, kind, shape=(e, m, 256 * kb), ids=ids, x_per_slot=bool(seed & 1), seed=seed)
     assert out.ok, out.detail

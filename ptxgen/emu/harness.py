@@ -160,14 +160,15 @@ def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None)
 
 
 def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None) -> Outcome:
-    """gemv_<fmt>_f32_id (mul_mat_id's decode GEMV): E experts of ggml-quantized (M, K) weights (M with a partial
-    last CTA), T tokens × `slots` expert ids with repeats (several pairs on one expert) and, unless `ids` is given,
-    one id out of range (−1 or E); x (T, K) or, with `x_per_slot`, (T, slots, K); y NaN-poisoned first. Against
-    formats.mul_mat_id_ref: within 1e-5 relative where the id is valid, NaN exactly where it is not."""
-    fmt = meta["fmt"]
+    """gemv_<fmt>_f32_id / _idg (mul_mat_id's decode GEMVs: one pair per grid row / per expert its pairs 8 at a
+    time): E experts of ggml-quantized (M, K) weights (M with a partial last CTA), T tokens × `slots` expert ids
+    with repeats (several pairs on one expert; the grouped build gets more than 8 on one) and, unless `ids` is
+    given, one id out of range (−1 or E); x (T, K) or, with `x_per_slot`, (T, slots, K); y NaN-poisoned first.
+    Against formats.mul_mat_id_ref: within 1e-5 relative where the id is valid, NaN exactly where it is not."""
+    fmt, grouped = meta["fmt"], "max_pairs" in meta
     e, m, k = shape or (3, 21, 544 if fmt == "q8_0" else 512)
     if ids is None:
-        t, slots = int(rng.integers(1, 4)), int(rng.integers(1, 3))
+        t, slots = (int(rng.integers(5, 8)), 2) if grouped else (int(rng.integers(1, 4)), int(rng.integers(1, 3)))
         ids = rng.integers(0, e, (t, slots)).astype(np.int32)
         ids.flat[int(rng.integers(ids.size))] = rng.choice([-1, e])
     ids = np.asarray(ids, np.int32)
@@ -179,8 +180,8 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
     ya = mem.alloc(t * slots * m * 4, poison=0xFF)
     expert_bytes = m * formats.get(fmt).row_bytes(k)
-    _run(ptx, (-(-m // meta["rows_per_cta"]), t * slots), (32 * meta["warps"],),
-         (wa, xa, ya, m, k, 1, e, expert_bytes, ia, slots, int(per_slot)), mem, seed=seed)
+    _run(ptx, (-(-m // meta["rows_per_cta"]), e if grouped else t * slots), (32 * meta["warps"],),
+         (wa, xa, ya, m, k, t * slots if grouped else 1, e, expert_bytes, ia, slots, int(per_slot)), mem, seed=seed)
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
     want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want)
@@ -833,6 +834,7 @@ for _f in ("q5_K", "q6_K", "q8_0"):
         HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
+    HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)

@@ -51,6 +51,10 @@ def name_id(fmt: str) -> str:
     return f"gemv_{fmt.lower()}_f32_id"
 
 
+def name_idg(fmt: str) -> str:
+    return f"gemv_{fmt.lower()}_f32_idg"
+
+
 def _both(b, p, q):
     return q if p is None else p if q is None else b.op("and.pred", p, q)
 
@@ -92,17 +96,76 @@ def _route_to_expert(b, W, X, Y, M, K):
     return W, X, Y, bad
 
 
-def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: bool = False):
+GROUPED_SHAPE = (2, 2)  # the grouped MoE GEMV's (rows per warp, groups per step): SHAPE[8]'s 4 rows spill there
+GROUP_PAIRS = 64  # the grouped MoE GEMV scans this many (token, slot) pairs at most (two per lane)
+
+
+def _group_pairs(b, E, ntok, ids, lane, tid):
+    """The grouped MoE build's scan: this CTA's expert e = ctaid.y; each warp finds, in order, the pairs (of the
+    first `ntok` ≤ GROUP_PAIRS) routed to e — expert 0's CTAs also take the pairs whose id is out of range, flagged
+    by bit 31 — and writes their indices to its slice of shared memory (a shuffle scan gives each match its rank).
+    Returns (e, the warp's slice, the match count)."""
+    e = b.special("ctaid.y")
+    slots_at = b.shared_buffer("pairs", 4 * GROUP_PAIRS * WARPS)
+    mine = b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(5, "u32")), Imm(4 * GROUP_PAIRS, "u32"),
+                b.op("mov.u32", slots_at, type="u32"))
+    first_e = b.op("setp.eq.u32", e, Imm(0, "u32"))
+    base = b.op("mov.u32", Imm(0, "u32"))
+    for c in range(GROUP_PAIRS // 32):
+        idx = b.op("add.u32", lane, Imm(32 * c, "u32"))
+        here = b.op("setp.lt.u32", idx, ntok)
+        v = b.op("mov.u32", Imm(0xFFFFFFFF, "u32"))
+        b.emit("ld.global.nc.u32", v, Mem(b.op("mad.wide.u32", idx, Imm(4, "u32"), ids)), pred=here)
+        stray = b.op("and.pred", b.op("and.pred", first_e, here), b.op("setp.ge.u32", v, E))  # out of range → e = 0
+        match = b.op("or.pred", b.op("setp.eq.u32", v, e), stray)
+        flag = b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"), match)
+        s = flag
+        for off in (1, 2, 4, 8, 16):  # inclusive prefix sum of the flags over the warp
+            o = b.op("shfl.sync.up.b32", s, Imm(off, "u32"), Imm(0, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
+            s = b.op("add.u32", s, b.op("selp.b32", o, Imm(0, "b32"), b.op("setp.ge.u32", lane, Imm(off, "u32"))))
+        rank = b.op("sub.u32", b.op("add.u32", base, s), flag)
+        tagged = b.op("or.b32", idx, b.op("selp.b32", Imm(0x80000000, "b32"), Imm(0, "b32"), stray))
+        b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", rank, Imm(4, "u32"), mine)), tagged, pred=match)
+        base = b.op("add.u32", base, b.op("shfl.sync.idx.b32", s, Imm(31, "u32"), Imm(31, "u32"),
+                                          Imm(0xFFFFFFFF, "b32"), type="u32"))
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    return e, mine, base
+
+
+def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
+    """One pass of the grouped MoE build over up to `nt` of the warp's matched pairs, from match q: per pair its
+    live predicate, activation row address, output row index and out-of-range flag."""
+    cnt = b.op("min.u32", b.op("sub.u32", total, q), Imm(nt, "u32"))
+    live, xrow, yidx, bad = [], [], [], []
+    for t in range(nt):
+        lv = b.op("setp.gt.u32", cnt, Imm(t, "u32"))
+        v = b.op("mov.u32", Imm(0, "u32"))
+        b.emit("ld.shared.u32", v, Mem(b.op("mad.lo.u32", b.op("add.u32", q, Imm(t, "u32")), Imm(4, "u32"), mine)),
+               pred=lv)
+        p = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"))
+        xr = b.op("selp.b32", p, b.op("div.u32", p, slots_n), per_slot)
+        live.append(lv if t else None)  # the pass runs only with a first pair
+        xrow.append(b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(4, "u32"), X))
+        yidx.append(p)
+        bad.append(b.op("setp.ne.u32", b.op("and.b32", v, Imm(0x80000000, "b32")), Imm(0, "u32")))
+    return live, xrow, yidx, bad
+
+
+def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: str | None = None):
     """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of SHAPE[nt] and AHEAD:
-    for probes (bench/probe_gemv_codec.py). `moe`: gemv_<fmt>_f32_id, mul_mat_id's decode GEMV (one token per
-    (token, slot) pair, grid.y the pairs; an out-of-range expert id writes NaN over its pair's row)."""
+    for probes (bench/probe_gemv_codec.py). `moe`: mul_mat_id's decode GEMVs — "pair": gemv_<fmt>_f32_id, one token
+    per (token, slot) pair, grid.y the pairs; "grouped": gemv_<fmt>_f32_idg, grid.y the experts, each CTA's warps
+    take the pairs routed to their expert nt at a time, so an expert's weights are read once per nt of its pairs.
+    An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its place)."""
     codec = codecs.get(fmt)
-    rows, unroll = shape or SHAPE[nt]
+    rows, unroll = shape or (GROUPED_SHAPE if moe == "grouped" else SHAPE[nt])
     ahead = AHEAD if ahead is None else ahead
     group_bytes = codec.GROUP_BLOCKS * codec.BLOCK_BYTES
-    what = (f"{fmt} MoE GEMV (exact, fp32 x), one token per (token, slot) pair against its expert" if moe else
-            f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s)")
-    b = KernelBuilder(name_id(fmt) if moe else name(fmt, nt), arch, f"{what}, {rows} row(s) per warp, "
+    what = {None: f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s)",
+            "pair": f"{fmt} MoE GEMV (exact, fp32 x), one token per (token, slot) pair against its expert",
+            "grouped": f"{fmt} MoE GEMV (exact, fp32 x), per expert its pairs {nt} at a time"}[moe]
+    kname = {None: name(fmt, nt), "pair": name_id(fmt), "grouped": name_idg(fmt)}[moe]
+    b = KernelBuilder(kname, arch, f"{what}, {rows} row(s) per warp, "
                       f"{unroll} group(s) per step, weights decoded by the codec as ggml's", block=(32 * WARPS, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
@@ -111,21 +174,32 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
                   grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
                   activation="fp32 x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K, layout="gguf rows")
     if moe:
-        b.meta.update(grid="(ceil(m / rows_per_cta), pairs)", activation="fp32 x (T, K) or (T, slots, K), 16-byte "
-                      "aligned rows; ids (T, slots) int32", experts="w holds `experts` matrices of m rows, "
-                      "expert_bytes apart")
+        b.meta.update(grid=f"(ceil(m / rows_per_cta), {'pairs' if moe == 'pair' else 'experts'})",
+                      activation="fp32 x (T, K) or (T, slots, K), 16-byte aligned rows; ids (T, slots) int32",
+                      experts="w holds `experts` matrices of m rows, expert_bytes apart")
+    if moe == "grouped":
+        b.meta.update(max_pairs=GROUP_PAIRS, ntok="the number of (token, slot) pairs, at most max_pairs")
     b.pdl_head()  # one kernel per call: it waits for whatever wrote x before it reads anything
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     bad = None
-    if moe:
+    if moe == "pair":
         W, X, Y, bad = _route_to_expert(b, W, X, Y, M, K)
+    elif moe == "grouped":
+        e_p, eb_p, ids_p = b.param("experts", "u32"), b.param("expert_bytes", "u64"), b.param("ids", "u64", "ptr:in")
+        s_p, xs_p = b.param("slots", "u32"), b.param("x_per_slot", "u32")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32"))),
                 Imm(rows, "u32"))
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", row0, M))  # a warp past M: nothing to do (warp-uniform)
+    if moe == "grouped":
+        e, mine, total = _group_pairs(b, b.ld_param(e_p, "u32"), ntok, b.ptr(ids_p), lane, tid)
+        b.bra(done, pred=b.op("setp.eq.u32", total, Imm(0, "u32")))  # no pair routed to this expert
+        W = b.op("mad.lo.u64", b.op("cvt.u64.u32", e), b.ld_param(eb_p, "u64"), W)
+        slots_n = b.ld_param(s_p, "u32")
+        per_slot = b.op("setp.ne.u32", b.ld_param(xs_p, "u32"), Imm(0, "u32"))
     nblk = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
     stride = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
     last_row = b.op("sub.u32", M, Imm(1, "u32"))
@@ -134,10 +208,39 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
         b.op("mad.wide.u32", b.op("min.u32", row[r], last_row), stride, W) for r in range(1, rows)]
     ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(codec.GROUP_BLOCKS - 1, "u32")), Imm(codec.GROUP_BLOCKS, "u32"))
     last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
-    live = [b.op("setp.gt.u32", ntok, Imm(t, "u32")) if t else None for t in range(nt)]  # token 0 always exists
-    xrow = [b.op("mad.wide.u32", K, Imm(4 * t, "u32"), X) for t in range(nt)]
+    if moe == "grouped":
+        q = b.op("mov.u32", Imm(0, "u32"))
+        next_pass = b.label("pass")
+        b.place(next_pass)
+        live, xrow, yidx, bads = _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot)
+    else:
+        live = [b.op("setp.gt.u32", ntok, Imm(t, "u32")) if t else None for t in range(nt)]  # token 0 always exists
+        xrow = [b.op("mad.wide.u32", K, Imm(4 * t, "u32"), X) for t in range(nt)]
+        yidx, bads = [Imm(t, "u32") for t in range(nt)], [bad] * nt
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
+    _k_loop(b, codec, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes)
+    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    for r in range(rows):
+        stored = lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M))
+        for t in range(nt):
+            s = warp_sum(b, acc[t][r])
+            if bads[t] is not None:  # an out-of-range expert id: NaN over the pair's row
+                s = b.op("selp.f32", Imm(float("nan"), "f32"), s, bads[t])
+            b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", M, yidx[t], row[r]), Imm(4, "u32"),
+                                              Y)), s, pred=_both(b, stored, live[t]))
+    if moe == "grouped":
+        b.emit("add.u32", q, q, Imm(nt, "u32"))
+        b.bra(next_pass, pred=b.op("setp.lt.u32", q, total))
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
+def _k_loop(b, codec, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes):
+    """The GEMV's walk along K: per step `unroll` groups of each row decoded by the codec, then multiplied by x
+    (one FFMA per weight and token, in K order), the rows' bytes asked of L2 `ahead` steps before."""
+    rows, nt = len(rowp), len(xrow)
     g = b.op("mov.u32", Imm(0, "u32"))
     if ahead:  # the first steps' bytes, then each step the bytes `ahead` steps further
         prefetch_rows(b, rowp, row_end, b.op("mov.u32", Imm(0, "u32")), ahead * unroll * group_bytes, lane)
@@ -163,23 +266,14 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
                      _both(b, pred, in_row), in_row)
     b.emit("add.u32", g, g, Imm(unroll, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", g, ngroups))
-    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    for r in range(rows):
-        stored = lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M))
-        for t in range(nt):
-            s = warp_sum(b, acc[t][r])
-            if bad is not None:  # an out-of-range expert id: NaN over the pair's row
-                s = b.op("selp.f32", Imm(float("nan"), "f32"), s, bad)
-            b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", M, Imm(t, "u32"), row[r]), Imm(4, "u32"),
-                                              Y)), s, pred=_both(b, stored, live[t]))
-    b.place(done)
-    b.emit("ret")
-    return b.finish()
 
 
 KERNELS = [KernelDef(name(f, nt), f"{f.upper()} decode GEMV, exact (fp32 x), up to {nt} token(s), weights by the codec",
                      lambda arch, f=f, nt=nt: build(arch, f, nt)) for f in FORMATS for nt in TOKENS]
 MOE_FORMATS = codecs.dequantizable()  # the codecs whose lanes give W itself (TQ4_1S's give the rotated domain's)
 KERNELS += [KernelDef(name_id(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, one (token, slot) pair per "
-                      "grid row, weights by the codec", lambda arch, f=f: build(arch, f, 1, moe=True))
+                      "grid row, weights by the codec", lambda arch, f=f: build(arch, f, 1, moe="pair"))
             for f in MOE_FORMATS]
+KERNELS += [KernelDef(name_idg(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, per expert its pairs 8 at a "
+                      "time (each expert's weights read once per 8 of its pairs)",
+                      lambda arch, f=f: build(arch, f, 8, moe="grouped")) for f in MOE_FORMATS]
