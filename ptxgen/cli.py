@@ -36,10 +36,10 @@ def _archs(names) -> list:
 
 
 def _kernel_defs(names):
-    from .kernels import KERNELS
+    from .kernels import KERNELS, SHIPPED
 
     if not names:
-        return list(KERNELS.values())
+        return list(SHIPPED.values())  # the unshipped ones only when named (ptxgen.kernels.NOT_SHIPPED)
     bad = [n for n in names if n not in KERNELS]
     if bad:
         _fail(f"unknown kernel {', '.join(bad)}; valid: {', '.join(KERNELS)}")

@@ -41,9 +41,33 @@ def manifest(arch: str) -> dict:
 
 
 def available(kernel: str) -> list[str]:
+    """The targets `kernel` has a build for: emitted/'s, or for a kernel ptxgen does not ship
+    (ptxgen.kernels.NOT_SHIPPED) the targets its DSL builds it for, on demand."""
     from ptxgen.arch import ARCHES
 
-    return [a for a in ARCHES if kernel in manifest(a)]
+    unshipped = _unshipped(kernel)
+    return [a for a in ARCHES if kernel in manifest(a) or (unshipped is not None and a in unshipped.archs)]
+
+
+def _unshipped(kernel: str):
+    """The KernelDef of a kernel built on demand instead of shipped in emitted/, else None."""
+    from ptxgen.kernels import KERNELS, NOT_SHIPPED
+
+    return KERNELS[kernel] if kernel in NOT_SHIPPED else None
+
+
+@lru_cache(maxsize=None)
+def _built(kernel: str, arch: str) -> tuple[str, dict]:
+    from ptxgen.kernels import get_kernel
+
+    k = get_kernel(kernel).for_arch(arch)
+    text = k.ptx()
+    return text, k.manifest(text)
+
+
+def entry(kernel: str, arch: str) -> dict:
+    """`kernel`'s manifest entry for `arch` (emitted/'s, or its on-demand build's)."""
+    return ptx_source(kernel, arch)[1]
 
 
 def candidate_arches(device_sm: int) -> list[str]:
@@ -58,20 +82,19 @@ def candidate_arches(device_sm: int) -> list[str]:
 def build_for(kernel: str, arch: str | None = None) -> str | None:
     """The target whose emitted build of `kernel` `load(kernel, arch)` runs on the current device — `arch` if
     it has one, else the device's best candidate that does — or None where there is none."""
+    have = available(kernel)
     if arch:
-        return arch if kernel in manifest(arch) else None
-    return next((a for a in candidate_arches(current().sm) if kernel in manifest(a)), None)
+        return arch if arch in have else None
+    return next((a for a in candidate_arches(current().sm) if a in have), None)
 
 
 def ptx_source(kernel: str, arch: str, source: str = "emitted") -> tuple[str, dict]:
     """(PTX text, manifest entry) of `kernel` built for `arch`."""
     if source == "dsl":
-        from ptxgen.kernels import get_kernel
-
-        k = get_kernel(kernel).for_arch(arch)
-        text = k.ptx()
-        return text, k.manifest(text)
+        return _built(kernel, arch)
     entry = manifest(arch).get(kernel)
+    if entry is None and arch in available(kernel):  # not shipped: built from the DSL on demand
+        return _built(kernel, arch)
     if entry is None:
         raise KernelNotFound(f"kernel {kernel!r} has no build for {arch} in emitted/ "
                              f"(built for: {', '.join(available(kernel)) or 'none'})")

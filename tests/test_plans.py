@@ -355,7 +355,7 @@ def test_stream_argument_forms():
 def test_prepared_launch_packs_the_cuda_launch_config(gpu):
     """cuLaunchKernelEx's config for a cluster / PDL launch: the grid, block, shared memory and the attributes
     (cluster dims, programmatic stream serialization) at the driver's offsets; the stream set per call."""
-    fn = fakegpu.FakeFunction(ops.kernels.manifest("sm_90a")["mmq_q4_k_wgmma_ra_n256_mc2"], "sm_90a")
+    fn = fakegpu.FakeFunction(ops.kernels.entry("mmq_q4_k_wgmma_ra_n256_mc2", "sm_90a"), "sm_90a")
     pl = fn.prepare((264,), [ctypes.c_uint32(0)] * len(fn.params), smem=1000, cluster=(2, 1, 1), pdl=True)
     cfg = pl._cfg
     assert (cfg.gridDimX, cfg.gridDimY, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (264, 1, fn.block[0], 1000, 2)

@@ -438,7 +438,7 @@ def test_whole_program_kernels_load_through_the_driver_jit(monkeypatch):
     monkeypatch.setattr(kernels, "_LOADED", {})
     monkeypatch.setattr(kernels, "_BEST", {})
     assert kernels.manifest("sm_90a")["mmq_q4_k_wgmma_ra_n256"]["meta"]["compile"] == "whole-program"
-    assert "compile" not in kernels.manifest("sm_90a")["mmq_q4_k_wgmma_ra_n192"]["meta"]
+    assert "compile" not in kernels.entry("mmq_q4_k_wgmma_ra_n192", "sm_90a")["meta"]
     kernels.load("mmq_q4_k_wgmma_ra_n256")
     kernels.load("mmq_q4_k_wgmma_ra_n192")
     assert loaded["mmq_q4_k_wgmma_ra_n256"].endswith(b"\0") and b".target sm_90a" in loaded["mmq_q4_k_wgmma_ra_n256"]

@@ -33,6 +33,22 @@ def _registry() -> dict[str, KernelDef]:
 
 KERNELS = _registry()
 
+# Kernels no dispatch rule selects: they stay buildable from the DSL (the runtime builds one on demand when a knob,
+# a probe or a benchmark asks for it) but are not shipped in emitted/. Each with why (bench/NOTES.md has the runs).
+NOT_SHIPPED = {
+    "mmq_q4_k_wgmma_ra_n128_mc2": "cluster multicast of the activation tiles: never dispatched (measured no faster)",
+    "mmq_q4_k_wgmma_ra_n256_mc2": "cluster multicast of the activation tiles: never dispatched (measured no faster)",
+    "mmq_q4_k_wgmma_ra_n192": "a 192-token tile: the n256 / n128 register-A builds cover every T faster",
+    "mmq_q4_k_wgmma_n64": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
+    "mmq_q4_k_wgmma_n128": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
+    "mmq_q4_k_wgmma_n256": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
+    "gemv_q4_k_mma_t8": "the 8-token few-token build measured equal or slower than gemv_q4_k_mma (q4k_few_max_tokens)",
+    "prep_q4k_t8": "the records of gemv_q4_k_mma_t8 (not shipped)",
+    "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
+    "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
+}
+SHIPPED = {n: d for n, d in KERNELS.items() if n not in NOT_SHIPPED}
+
 
 def get_kernel(name: str) -> KernelDef:
     try:

@@ -48,7 +48,7 @@ def install(monkeypatch, ctx: Context = H200) -> list:
         if a is None:
             raise kernels.KernelNotFound(f"kernel {kernel!r} has no build for the fake sm_{ctx.sm}")
         loaded.append(kernel)
-        return FakeFunction(kernels.manifest(a)[kernel], a, ctx)
+        return FakeFunction(kernels.entry(kernel, a), a, ctx)
 
     current = lambda: ctx  # noqa: E731
     monkeypatch.setattr(driver, "current", current)
