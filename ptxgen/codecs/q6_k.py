@@ -52,6 +52,61 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
     return runs, offsets, None
 
 
+WIDE_BLOCKS = 2  # dequant_lane_wide: a warp step covers 2 blocks, 16 weights a lane
+
+
+def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
+    """The GEMVs' wider step (kernels/gemv_codec.py): lane L takes block 2·group + L / 16 (valid below `count`;
+    past it every load is off and the weights are 0), half h = (L / 8) % 2 and elements l0 .. l0 + 3 (l0 = 4·(L % 8))
+    of all 4 quarters: 16 weights from two 4-byte ql words and one qh word (each from two 2-byte loads: the block is
+    2-byte aligned) and the quarters' 4 scales. Four weights' q − 32 at a time: (low nibbles | high bits << 4) ^ 0x20
+    per byte is q − 32 as a 6-bit two's complement; shifted left by 2 each byte is the int8 4·(q − 32), which one
+    I2F.S8 converts (ptxas folds the byte extract into it). Returns factored runs — per quarter (the 4 values
+    4·(q − 32) as f32, the scale d·sc / 4) — so the GEMV sums q·x first and scales once per quarter: the same
+    products as ggml's fp32 weights times x up to fp32 rounding (~1e-7 relative), at 2 instructions a weight. Offsets
+    as dequant_lane's, the first element 256·block + 128·h + l0."""
+    if not f32:
+        raise ValueError("q6_K dequant_lane_wide gives float32 runs only (the GEMV's form)")
+    b.comment("dequant q6_K wide: 4-byte ql / qh words -> 4·(q - 32) as int8 bytes -> f32; scale d·sc / 4 per run")
+    blk = b.op("add.u32", b.op("shl.b32", group, Imm(1, "u32")), b.op("shr.u32", lane, Imm(4, "u32")))
+    valid = b.op("setp.lt.u32", blk, count)
+    block = b.op("mad.wide.u32", blk, Imm(BLOCK_BYTES, "u32"), w)
+    h = b.op("and.b32", b.op("shr.u32", lane, Imm(3, "u32")), Imm(1, "b32"))
+    l0 = b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32"))
+    ql = b.op("add.s64", block, b.op("cvt.u64.u32", b.op("mad.lo.u32", h, Imm(64, "u32"), l0)))
+    qh = b.op("add.s64", block, b.op("cvt.u64.u32", b.op("mad.lo.u32", h, Imm(32, "u32"), l0)))
+    sc_at = b.op("add.s64", block, b.op("cvt.u64.u32", b.op("mad.lo.u32", h, Imm(8, "u32"),
+                                                              b.op("shr.u32", l0, Imm(4, "u32")))))
+
+    def word(at, off):  # 4 bytes from two 2-byte loads (zero where the lane is past the row)
+        lo, hi = b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))
+        b.emit("ld.global.nc.u16", lo, Mem(at, off), pred=valid)
+        b.emit("ld.global.nc.u16", hi, Mem(at, off + 2), pred=valid)
+        return b.op("prmt.b32", lo, hi, Imm(0x5410, "b32"))
+    qa, qb, hw = word(ql, QL_OFFSET), word(ql, QL_OFFSET + 32), word(qh, QH_OFFSET)
+    dbits = b.reg("b16")
+    b.emit("mov.b16", dbits, Imm(0, "b16"))
+    b.emit("ld.global.nc.b16", dbits, Mem(block, D_OFFSET), pred=valid)
+    d4 = b.op("mul.rn.f32", b.op("cvt.f32.f16", dbits), Imm(0.25, "f32"))  # exact: a power of two
+    runs = []
+    for k in range(4):  # quarter k: low nibbles of qa (k = 0), qb (1), high of qa (2), qb (3); qh bits 2k, 2k + 1
+        sc = b.op("mov.u32", Imm(0, "u32"), type="s32")
+        b.emit("ld.global.nc.s8", sc, Mem(sc_at, SC_OFFSET + 2 * k), pred=valid)
+        src = qa if k % 2 == 0 else qb
+        lo = b.op("and.b32", src if k < 2 else b.op("shr.u32", src, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
+        hi = b.op("and.b32", hw if k == 0 else b.op("shr.u32", hw, Imm(2 * k, "u32")), Imm(0x03030303, "b32"))
+        q4 = b.op("shl.b32", b.op("xor.b32", b.op("or.b32", lo, b.op("shl.b32", hi, Imm(4, "u32"))),
+                                  Imm(0x20202020, "b32")), Imm(2, "u32"))  # bytes: 4·(q − 32) as int8
+        vals = [b.op("cvt.rn.f32.s32", b.op("bfe.s32", q4, Imm(8 * i, "u32"), Imm(8, "u32"), type="s32"))
+                for i in range(4)]
+        runs.append((vals, b.op("mul.rn.f32", d4, b.op("cvt.rn.f32.s32", sc))))
+
+    def offsets():  # element 256·block + 128·h + 32·k + l0 .. + 3 of quarter k
+        return b.op("add.u32", b.op("shl.b32", blk, Imm(8, "u32")), b.op("mad.lo.u32", h, Imm(128, "u32"), l0)), \
+            (0, 32, 64, 96)
+    return runs, offsets, valid
+
+
 def run8(b, row, k0):
     """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): (d·sc)·(q − 32) in float32 as ggml (2-byte
     loads: the block is 2-byte aligned)."""

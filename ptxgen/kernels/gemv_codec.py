@@ -11,6 +11,11 @@ end is the row's last group again with its products skipped. Every accumulator a
 the result does not depend on ROWS or UNROLL: the fp32 product of ggml's fp32 weights with x (relative error ~1e-6
 against the float64 reference). The generic baseline that makes every codec's format run; the formats with
 hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
+
+A codec with `dequant_lane_wide` (Q6_K) gives each lane 16 weights of a block and factored runs (small integers as
+f32 and a scale per run): the warp sums q·x per run and adds scale × sum, about 8 SASS instructions a weight at
+T = 1 where the 8-weight lanes took 14 (`ptxgen check --loops`); the sums differ from the 8-weight lanes' in
+rounding only (~1e-7). Measured against them by bench/probe_gemv_codec.py (W = 0 / 1).
 """
 from __future__ import annotations
 
@@ -31,16 +36,23 @@ _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None) -> None:
     """accs[r] += the codec's fp32 weights of row r (`runs[r]`, at element `deltas` from `base`, an fp32 row of x)
     times x, one FFMA each in order; x by 16-byte loads (8-byte for runs of 2), zero where `pred` is false; the
-    FFMAs only where `fma_pred` is (None: always)."""
+    FFMAs only where `fma_pred` is (None: always). A factored run (values, scale) — a wide codec's — sums
+    values·x first, then adds scale times that sum."""
     for i, delta in enumerate(deltas):
-        width = len(runs[0][i])
+        factored = isinstance(runs[0][i], tuple)
+        width = len(runs[0][i][0] if factored else runs[0][i])
+        part = [b.op("mov.f32", Imm(0.0, "f32")) for _ in accs] if factored else accs
         for c0 in range(0, width, 4):
             n = min(4, width - c0)
             xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
             b.emit(_LOAD[n], b.vec(xs), Mem(base, 4 * (delta + c0)), pred=pred)
-            for row_runs, acc in zip(runs, accs):
-                for wv, xv in zip(row_runs[i][c0:c0 + n], xs):
+            for row_runs, acc in zip(runs, part):
+                vals = row_runs[i][0] if factored else row_runs[i]
+                for wv, xv in zip(vals[c0:c0 + n], xs):
                     b.emit("fma.rn.f32", acc, wv, xv, acc, pred=fma_pred)
+        if factored:
+            for row_runs, p, acc in zip(runs, part, accs):
+                b.emit("fma.rn.f32", acc, row_runs[i][1], p, acc, pred=fma_pred)
 
 
 def name(fmt: str, nt: int) -> str:
@@ -151,16 +163,24 @@ def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
     return live, xrow, yidx, bad
 
 
-def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: str | None = None):
+def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: str | None = None,
+          wide: bool | None = None):
     """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of SHAPE[nt] and AHEAD:
     for probes (bench/probe_gemv_codec.py). `moe`: mul_mat_id's decode GEMVs — "pair": gemv_<fmt>_f32_id, one token
     per (token, slot) pair, grid.y the pairs; "grouped": gemv_<fmt>_f32_idg, grid.y the experts, each CTA's warps
     take the pairs routed to their expert nt at a time, so an expert's weights are read once per nt of its pairs.
-    An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its place)."""
+    An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its place). `wide`
+    (default: where the codec has one) takes the codec's dequant_lane_wide: 16 weights a lane, its blocks per step
+    WIDE_BLOCKS (fewer instructions per weight: the scales and addresses of a lane serve twice the weights)."""
     codec = codecs.get(fmt)
+    wide = hasattr(codec, "dequant_lane_wide") if wide is None else wide
     rows, unroll = shape or (GROUPED_SHAPE if moe == "grouped" else SHAPE[nt])
+    if wide and not shape:  # a wide group is WIDE_BLOCKS blocks: as many bytes per step in half the groups
+        unroll = max(1, unroll // codec.WIDE_BLOCKS)
     ahead = AHEAD if ahead is None else ahead
-    group_bytes = codec.GROUP_BLOCKS * codec.BLOCK_BYTES
+    lanes = codec.dequant_lane_wide if wide else codec.dequant_lane
+    group_blocks = codec.WIDE_BLOCKS if wide else codec.GROUP_BLOCKS
+    group_bytes = group_blocks * codec.BLOCK_BYTES
     what = {None: f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s)",
             "pair": f"{fmt} MoE GEMV (exact, fp32 x), one token per (token, slot) pair against its expert",
             "grouped": f"{fmt} MoE GEMV (exact, fp32 x), per expert its pairs {nt} at a time"}[moe]
@@ -206,7 +226,7 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     row = [row0] + [b.op("add.u32", row0, Imm(r, "u32")) for r in range(1, rows)]
     rowp = [b.op("mad.wide.u32", row[0], stride, W)] + [  # a row past M reads row M - 1 and stores nothing
         b.op("mad.wide.u32", b.op("min.u32", row[r], last_row), stride, W) for r in range(1, rows)]
-    ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(codec.GROUP_BLOCKS - 1, "u32")), Imm(codec.GROUP_BLOCKS, "u32"))
+    ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(group_blocks - 1, "u32")), Imm(group_blocks, "u32"))
     last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
     if moe == "grouped":
         q = b.op("mov.u32", Imm(0, "u32"))
@@ -219,7 +239,7 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
         yidx, bads = [Imm(t, "u32") for t in range(nt)], [bad] * nt
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
-    _k_loop(b, codec, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes)
+    _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes)
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     for r in range(rows):
         stored = lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M))
@@ -237,8 +257,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     return b.finish()
 
 
-def _k_loop(b, codec, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes):
-    """The GEMV's walk along K: per step `unroll` groups of each row decoded by the codec, then multiplied by x
+def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes):
+    """The GEMV's walk along K: per step `unroll` groups of each row decoded by the codec's `lanes`, then times x
     (one FFMA per weight and token, in K order), the rows' bytes asked of L2 `ahead` steps before."""
     rows, nt = len(rowp), len(xrow)
     g = b.op("mov.u32", Imm(0, "u32"))
@@ -256,7 +276,7 @@ def _k_loop(b, codec, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_
             gu = b.op("add.u32", g, Imm(u, "u32"))
             in_row = b.op("setp.lt.u32", gu, ngroups)
             gu = b.op("min.u32", gu, last_group)
-        decoded = [codec.dequant_lane(b, rowp[r], gu, lane, nblk, f32=True) for r in range(rows)]
+        decoded = [lanes(b, rowp[r], gu, lane, nblk, f32=True) for r in range(rows)]
         slots.append(([runs for runs, _, _ in decoded], decoded[0][1], decoded[0][2], in_row))
     for runs, offsets, valid, in_row in slots:
         first, deltas = offsets()
