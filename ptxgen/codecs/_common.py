@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import formats
-from ..ir import Imm
+from ..ir import Imm, Mem
 
 
 def geometry(fmt: str, *fields: str) -> tuple[int, ...]:
@@ -30,3 +30,46 @@ def block_lanes(b, group, lane, count, group_blocks: int):
     def offsets():  # element 32·block + 8·(L % 4) = 256·group + 8·L
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("shl.b32", lane, Imm(3, "u32"))), (0,)
     return blk, valid, offsets
+
+
+def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs_offset: int, qh_offset=None):
+    """The GEMVs' wider step for the K-quants with 6-bit (scale, min) pairs, Q4_K and Q5_K (`qh_offset`: Q5_K's
+    fifth bits): lane L takes block 2·group + L / 16 (valid below `count`; past it every load is off and the
+    weights are 0), chunk c = (L / 4) % 4 and bytes l0 .. l0 + 7 (l0 = 8·(L % 4)) of its 32 qs bytes: 8 weights of
+    sub-block 2c (low nibbles) and 8 of 2c + 1 (high), one 8-byte qs load (and one of qh), the 16-byte header and
+    the two sub-blocks' scale decode for 16 weights. Returns factored runs (the 8 values q as f32, d·sc, −dmin·m)
+    per sub-block: the GEMV sums q·x and x and adds d·sc·Σqx − dmin·m·Σx (ggml's w = d·sc·q − dmin·m up to fp32
+    rounding). Offsets as dequant_lane's, the first element 256·block + 64·c + l0, the high run 32 further."""
+    from ..dsl import DequantSequence, LoadWords
+    from . import q4_k
+
+    blk = b.op("add.u32", b.op("shl.b32", group, Imm(1, "u32")), b.op("shr.u32", lane, Imm(4, "u32")))
+    valid = b.op("setp.lt.u32", blk, count)
+    block = b.op("mad.wide.u32", b.op("min.u32", blk, b.op("sub.u32", count, Imm(1, "u32"))), Imm(block_bytes, "u32"), w)
+    c = b.op("and.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(3, "b32"))
+    l0 = b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(3, "u32"))
+    sub_lo = b.op("shl.b32", c, Imm(1, "u32"))
+    env = {"block": block, "sub_lo": sub_lo, "sub_hi": b.op("add.u32", sub_lo, Imm(1, "u32"))}
+    DequantSequence(fmt, (LoadWords("hdr", 0, 4), *q4_k.scale_ops())).lower(b, env)
+
+    def pair(offset):  # 8 bytes: qs (or qh) bytes l0 .. l0 + 7 of the lane's chunk (zero past the row)
+        words = [b.op("mov.u32", Imm(0, "u32")) for _ in range(2)]
+        b.emit("ld.global.nc.v2.u32", b.vec(words), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", offset))), pred=valid)
+        return words
+    qs = pair(b.op("add.u32", b.op("mad.lo.u32", c, Imm(32, "u32"), l0), Imm(qs_offset, "u32")))
+    qh = pair(b.op("add.u32", l0, Imm(qh_offset, "u32"))) if qh_offset is not None else None
+    runs = []
+    for half, sub, scale, minimum in ((0, sub_lo, "d_lo", "min_lo"), (1, env["sub_hi"], "d_hi", "min_hi")):
+        vals = []
+        for wd in range(2):
+            q = b.op("and.b32", qs[wd] if half == 0 else b.op("shr.u32", qs[wd], Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
+            if qh is not None:  # bit `sub` of each qh byte is the fifth bit
+                q = b.op("or.b32", q, b.op("shl.b32", b.op("and.b32", b.op("shr.u32", qh[wd], sub),
+                                                           Imm(0x01010101, "b32")), Imm(4, "u32")))
+            vals += [b.op("cvt.rn.f32.u32", b.op("bfe.u32", q, Imm(8 * i, "u32"), Imm(8, "u32"))) for i in range(4)]
+        # past the row the header is block count - 1's and the values 0: the run adds 0·d − 0·m
+        runs.append((vals, env[scale], b.op("neg.f32", env[minimum])))
+
+    def offsets():  # 256·block + 64·c + l0; the high run 32 further
+        return b.op("add.u32", b.op("shl.b32", blk, Imm(8, "u32")), b.op("mad.lo.u32", c, Imm(64, "u32"), l0)), (0, 32)
+    return runs, offsets, valid

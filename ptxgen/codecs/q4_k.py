@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
                    SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
-from ._common import alignment_error, geometry
+from ._common import alignment_error, geometry, kquant_lane_wide
 
 FMT = "q4_K"
 BLOCK_K, BLOCK_BYTES, HEADER_BYTES = geometry(FMT, "qs")  # 256, 144, 16 (d, dmin, scales[12], then qs)
@@ -229,6 +229,14 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
         return first, (0, 32)
     return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None
 
+
+
+WIDE_BLOCKS = 2  # dequant_lane_wide: a warp step covers 2 blocks, 16 weights a lane
+
+
+def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
+    """The GEMVs' wider step: _common.kquant_lane_wide (16 weights a lane, factored runs)."""
+    return kquant_lane_wide(b, w, group, lane, count, fmt=FMT, block_bytes=BLOCK_BYTES, qs_offset=HEADER_BYTES)
 
 def run8_head(b, row, k0, fmt: str = FMT, block_bytes: int = BLOCK_BYTES):
     """The K-quants' (Q4_K, Q5_K) random access to weights k0 .. k0 + 7: (k0 within its super-block, the 64-column

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..dsl import ApplyScaleMin, ConvertHalf, DequantSequence, LoadWords, UnpackNibbles
 from ..ir import Imm, Mem
-from ._common import alignment_error, geometry
+from ._common import alignment_error, geometry, kquant_lane_wide
 from . import q4_k
 
 FMT = "q5_K"
@@ -45,6 +45,14 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
                     b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", p, Imm(2, "u32")))), (0, 32)
     return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None
 
+
+
+WIDE_BLOCKS = 2  # dequant_lane_wide: a warp step covers 2 blocks, 16 weights a lane
+
+
+def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
+    """The GEMVs' wider step: _common.kquant_lane_wide (16 weights a lane, factored runs)."""
+    return kquant_lane_wide(b, w, group, lane, count, fmt=FMT, block_bytes=BLOCK_BYTES, qs_offset=QS_OFFSET, qh_offset=QH_OFFSET)
 
 def run8(b, row, k0):
     """Weights k0 .. k0 + 7 of the row at `row` (k0 a multiple of 8): float32 exactly as ggml (Q4_K's decode plus the

@@ -12,10 +12,11 @@ the result does not depend on ROWS or UNROLL: the fp32 product of ggml's fp32 we
 against the float64 reference). The generic baseline that makes every codec's format run; the formats with
 hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
 
-A codec with `dequant_lane_wide` (Q6_K) gives each lane 16 weights of a block and factored runs (small integers as
-f32 and a scale per run): the warp sums q·x per run and adds scale × sum, about 8 SASS instructions a weight at
-T = 1 where the 8-weight lanes took 14 (`ptxgen check --loops`); the sums differ from the 8-weight lanes' in
-rounding only (~1e-7). Measured against them by bench/probe_gemv_codec.py (W = 0 / 1).
+A codec with `dequant_lane_wide` (Q4_K, Q5_K, Q6_K) gives each lane 16 weights of a block and factored runs (small
+integers as f32, a scale, and for the K-quants −dmin·m): the warp sums q·x (and x) per run and adds scale·Σqx
+(− dmin·m·Σx), at T = 1 about 10 SASS instructions a weight for Q5_K where the 8-weight lanes took 22, 8 for Q6_K
+where they took 14 (`ptxgen check --loops`); the sums differ from the 8-weight lanes' in rounding only (≤ 4e-7
+relative in the emulator, random bytes included). Measured against them by bench/probe_gemv_codec.py (W = 0 / 1).
 """
 from __future__ import annotations
 
@@ -36,12 +37,14 @@ _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None) -> None:
     """accs[r] += the codec's fp32 weights of row r (`runs[r]`, at element `deltas` from `base`, an fp32 row of x)
     times x, one FFMA each in order; x by 16-byte loads (8-byte for runs of 2), zero where `pred` is false; the
-    FFMAs only where `fma_pred` is (None: always). A factored run (values, scale) — a wide codec's — sums
-    values·x first, then adds scale times that sum."""
+    FFMAs only where `fma_pred` is (None: always). A factored run — a wide codec's (values, scale) or (values,
+    scale, −min) — sums values·x (and x, once for all rows) first, then adds scale·Σvx (and −min·Σx) where `pred`
+    holds."""
     for i, delta in enumerate(deltas):
         factored = isinstance(runs[0][i], tuple)
         width = len(runs[0][i][0] if factored else runs[0][i])
         part = [b.op("mov.f32", Imm(0.0, "f32")) for _ in accs] if factored else accs
+        xsum = b.op("mov.f32", Imm(0.0, "f32")) if factored and len(runs[0][i]) == 3 else None
         for c0 in range(0, width, 4):
             n = min(4, width - c0)
             xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
@@ -50,9 +53,14 @@ def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None) -> None:
                 vals = row_runs[i][0] if factored else row_runs[i]
                 for wv, xv in zip(vals[c0:c0 + n], xs):
                     b.emit("fma.rn.f32", acc, wv, xv, acc, pred=fma_pred)
+            if xsum is not None:
+                for xv in xs:
+                    b.emit("add.rn.f32", xsum, xsum, xv)
         if factored:
             for row_runs, p, acc in zip(runs, part, accs):
-                b.emit("fma.rn.f32", acc, row_runs[i][1], p, acc, pred=fma_pred)
+                b.emit("fma.rn.f32", acc, row_runs[i][1], p, acc, pred=pred)
+                if xsum is not None:
+                    b.emit("fma.rn.f32", acc, row_runs[i][2], xsum, acc, pred=pred)
 
 
 def name(fmt: str, nt: int) -> str:
