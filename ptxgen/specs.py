@@ -46,3 +46,27 @@ class MmqSpec:
             return specs[path]
         except KeyError:
             raise ValueError(f"no MMQ path {path!r} (have: {', '.join(specs)})") from None
+
+
+@dataclass(frozen=True)
+class CodecKernel:
+    """A kernel of the codec-driven families (ptxgen/codecs): one per codec whose routes need it. `kind`:
+    "gemv" (the exact decode GEMV for up to `tokens` tokens), "gemv_id" / "gemv_idg" (mul_mat_id's per-pair and
+    expert-grouped GEMVs), "dequantize", "frags" (the prepared GEMM's fp16 fragments), "fixup"."""
+    kind: str
+    fmt: str
+    tokens: int = 1
+
+    @property
+    def name(self) -> str:
+        f = self.fmt.lower()
+        names = {"gemv": f"gemv_{f}_f32_t{self.tokens}", "gemv_id": f"gemv_{f}_f32_id",
+                 "gemv_idg": f"gemv_{f}_f32_idg", "dequantize": f"dequantize_{f}", "frags": f"dequantize_{f}_frags",
+                 "fixup": f"mul_mat_fixup_{f}"}
+        try:
+            return names[self.kind]
+        except KeyError:
+            raise ValueError(f"no codec kernel kind {self.kind!r} (have: {', '.join(names)})") from None
+
+
+MOE_GROUP_PAIRS = 64  # the expert-grouped MoE GEMV scans this many (token, slot) pairs at most (two per lane)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ptxgen import knobs
 from ptxgen.formats import tq4_1s as T4
-from ptxgen.specs import MmqSpec
+from ptxgen.specs import MOE_GROUP_PAIRS, CodecKernel, MmqSpec
 
 from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
@@ -132,11 +132,9 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     if not isinstance(w, QuantTensor):
         raise TypeError(f"dequantize: expected a QuantTensor, got {type(w).__name__}")
     from ptxgen import codecs, formats
-    from ptxgen.kernels import dequantize as dq
-
-    if w.fmt not in dq.FORMATS:
-        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(dq.FORMATS)})")
-    kernel = dq.name(w.fmt)
+    if w.fmt not in codecs.dequantizable():
+        raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(codecs.dequantizable())})")
+    kernel = CodecKernel("dequantize", w.fmt).name
     m, k = w.rows, w.shape[-1]
     w.to_device()
     need = codecs.get(w.fmt).LOAD_ALIGN  # the kernel's widest load (Q6_K, Q8_0 blocks are 2-byte aligned)
@@ -174,11 +172,9 @@ MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measure
 
 def mul_mat_id_kernel(fmt: str, t: int, slots: int, experts: int) -> str:
     """The kernel mul_mat_id runs for T = t tokens of `slots` experts each over `experts` experts."""
-    from ptxgen.kernels import gemv_codec
-
-    if t >= MOE_GROUPED_MIN_TOKENS and t * slots <= gemv_codec.GROUP_PAIRS and experts <= 65535:
-        return gemv_codec.name_idg(fmt)
-    return gemv_codec.name_id(fmt)
+    if t >= MOE_GROUPED_MIN_TOKENS and t * slots <= MOE_GROUP_PAIRS and experts <= 65535:
+        return CodecKernel("gemv_idg", fmt).name
+    return CodecKernel("gemv_id", fmt).name
 
 
 def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None):
@@ -195,7 +191,6 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     routed to it and read its weights once per 8 of them; otherwise gemv_<fmt>_f32_id, one launch of (M rows,
     T·slots pairs), each pair reading its expert's weights (one token: its slots' experts are distinct anyway)."""
     from ptxgen import codecs, formats
-    from ptxgen.kernels import gemv_codec
 
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
@@ -203,8 +198,8 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
     if mode != "exact":
         raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
-    if w.fmt not in gemv_codec.MOE_FORMATS:
-        raise ValueError(f"mul_mat_id: no kernel for {w.fmt} yet (have: {', '.join(gemv_codec.MOE_FORMATS)})")
+    if w.fmt not in codecs.dequantizable():  # the codecs whose lanes give W itself (the MoE GEMVs' FORMATS)
+        raise ValueError(f"mul_mat_id: no kernel for {w.fmt} yet (have: {', '.join(codecs.dequantizable())})")
     e, m, k = w.shape
     ishape, xshape = shape_of(ids, "mul_mat_id: ids"), shape_of(x, "mul_mat_id: x")
     if len(ishape) != 2 or 0 in ishape:
@@ -234,12 +229,12 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     x_per_slot = int(len(xshape) == 3)
-    if mul_mat_id_kernel(w.fmt, t, slots, e) == gemv_codec.name_idg(w.fmt):
-        fn = kernels.load(gemv_codec.name_idg(w.fmt), arch)
+    kernel = mul_mat_id_kernel(w.fmt, t, slots, e)
+    fn = kernels.load(kernel, arch)
+    if kernel.endswith("_idg"):
         fn.launch((-(-m // int(fn.meta["rows_per_cta"])), e),
                   (w.buffer, xa, o, m, k, t * slots, e, expert_bytes, ia, slots, x_per_slot), stream=s)
         return _finish(o, ret, xa.host, out is not None, s)
-    fn = kernels.load(gemv_codec.name_id(w.fmt), arch)
     per = (65535 // slots) * slots  # pairs a launch takes (grid.y ≤ 65535), whole tokens
     for p0 in range(0, t * slots, per):  # a later launch: ids, x and y moved to its first token
         n, t0 = min(per, t * slots - p0), p0 // slots
@@ -442,7 +437,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     if path.startswith("wgmma_pre"):  # A fragments first (ptxgen.layouts.q4k_rega_fragments), 16 KB per block
         tiles_m, ksteps = -(-m // 128), k // 64
         frags = pb.scratch((tiles_m * ksteps * 64, 256), np.uint8)
-        pb.launch(kernels.load(f"dequantize_{w.fmt.lower()}_frags", "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
+        pb.launch(kernels.load(CodecKernel("frags", w.fmt).name, "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
     else:
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
@@ -467,7 +462,7 @@ def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None)
     """Record mul_mat_fixup_<fmt> behind a GEMM on fp16 / Q8_1 activations: it reads the workspace's flag on the
     device and recomputes the tokens that left the format (at once a no-op when the flag is clear)."""
     m, k = w.shape
-    fn = kernels.load(f"mul_mat_fixup_{w.fmt.lower()}", arch)
+    fn = kernels.load(CodecKernel("fixup", w.fmt).name, arch)
     grid = max(1, min(t, 4 * driver.current().sm_count))
     pb.launch(fn, (grid,), (pb.flag, pb.done, w.buffer, xa, o, m, k, t), pdl=bool(fn.meta.get("pdl")))
 
@@ -852,7 +847,7 @@ def _slices(c: _Call, one) -> None:
 def _codec_gemv(c: _Call) -> None:
     """The codec-generic exact GEMV (kernels/gemv_codec.py) in slices of up to 8 tokens."""
     def one(n, t0):
-        fn = kernels.load(f"gemv_{c.w.fmt.lower()}_f32_t{next(v for v in GEMV_TOKENS if v >= n)}", c.arch)
+        fn = kernels.load(CodecKernel("gemv", c.w.fmt, next(v for v in GEMV_TOKENS if v >= n)).name, c.arch)
         c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
                     (c.w.buffer, c.pb.x.ptr + 4 * c.k * t0, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
     _slices(c, one)
@@ -957,7 +952,7 @@ _ROUTES = {
     "mmq_pre": (lambda c: (c.t >= _per_format(RULES.codec_mmq_min_tokens, c.w.fmt) and c.m >= RULES.mmq_min_rows
                            and c.k % 64 == 0
                            and mmq_path(c.arch) != "mma.sync"
-                           and "sm_90a" in kernels.available(f"dequantize_{c.w.fmt.lower()}_frags")),
+                           and "sm_90a" in kernels.available(CodecKernel("frags", c.w.fmt).name)),
                 _mmq_pre),
     "fast_lanes": (lambda c: True, _fast_lanes),
     "decode_q4k": (lambda c: True, _decode_q4k),

@@ -8,6 +8,7 @@ from .. import codecs
 from ..dsl import elementwise_head, warp_per_item
 from ..ir import Imm, Mem
 from . import KernelDef
+from ..specs import CodecKernel
 
 WARPS = 8
 FORMATS = codecs.dequantizable()
@@ -15,7 +16,7 @@ _STORE = {1: "st.global.b32", 2: "st.global.v2.b32", 4: "st.global.v4.b32"}
 
 
 def name(fmt: str) -> str:
-    return f"dequantize_{fmt.lower()}"
+    return CodecKernel("dequantize", fmt).name
 
 
 def build(arch, fmt: str):

@@ -18,6 +18,7 @@ from ..codecs.q4_k import dequant_word as dequant_q4_k_word
 from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
+from ..specs import CodecKernel
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -26,7 +27,7 @@ FORMATS = codecs.with_route("mmq") + codecs.with_route("mmq_pre")  # behind the 
 
 
 def name(fmt: str) -> str:
-    return f"mul_mat_fixup_{fmt.lower()}"
+    return CodecKernel("fixup", fmt).name
 
 
 def build(arch, fmt: str = "q4_K"):

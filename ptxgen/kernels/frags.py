@@ -10,6 +10,7 @@ from ..builder import KernelBuilder
 from ..ir import Imm, Mem
 from ..layouts import RA_FRAG_BYTES
 from . import KernelDef
+from ..specs import CodecKernel
 
 FRAG_THREADS = 256
 FORMATS = codecs.with_route("mmq_pre")  # (TQ4_1S: its rotated-domain weights, for a rotated activation)
@@ -17,7 +18,7 @@ PAIRS = ((0, 2), (1, 3), (4, 6), (5, 7))  # f16x2 number n % 4 of a thread's 8 c
 
 
 def name(fmt: str) -> str:
-    return f"dequantize_{fmt.lower()}_frags"
+    return CodecKernel("frags", fmt).name
 
 
 def build(arch, fmt: str):

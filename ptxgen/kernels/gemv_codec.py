@@ -25,6 +25,7 @@ from ..builder import KernelBuilder
 from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
+from ..specs import CodecKernel, MOE_GROUP_PAIRS
 
 WARPS = 8
 TOKENS = (1, 2, 4, 8)
@@ -64,15 +65,15 @@ def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None) -> None:
 
 
 def name(fmt: str, nt: int) -> str:
-    return f"gemv_{fmt.lower()}_f32_t{nt}"
+    return CodecKernel("gemv", fmt, nt).name
 
 
 def name_id(fmt: str) -> str:
-    return f"gemv_{fmt.lower()}_f32_id"
+    return CodecKernel("gemv_id", fmt).name
 
 
 def name_idg(fmt: str) -> str:
-    return f"gemv_{fmt.lower()}_f32_idg"
+    return CodecKernel("gemv_idg", fmt).name
 
 
 def _both(b, p, q):
@@ -117,7 +118,7 @@ def _route_to_expert(b, W, X, Y, M, K):
 
 
 GROUPED_SHAPE = (2, 2)  # the grouped MoE GEMV's (rows per warp, groups per step): SHAPE[8]'s 4 rows spill there
-GROUP_PAIRS = 64  # the grouped MoE GEMV scans this many (token, slot) pairs at most (two per lane)
+GROUP_PAIRS = MOE_GROUP_PAIRS
 
 
 def _group_pairs(b, E, ntok, ids, lane, tid):
