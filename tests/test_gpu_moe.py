@@ -92,3 +92,34 @@ def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_two_threads_on_two_streams_share_the_prepared_launch():
+    """mul_mat_id keeps one prepared launch per weight and shape, patched per call: two threads on their own torch
+    streams, 50 calls each on the same weights with their own x and ids, each get their own eager answer."""
+    import threading
+
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, raw, x, ids = _case("q8_0", 8, 512, 1024, 4, 2, seed=3)
+    w.to_device()
+    inputs = [(torch.from_numpy(x).cuda() * (i + 1), torch.from_numpy((ids + i) % 8).cuda()) for i in range(2)]
+    want = [r.mul_mat_id(w, xi, ii) for xi, ii in inputs]
+    torch.cuda.synchronize()
+    bad = []
+
+    def run(i):
+        st = torch.cuda.Stream()
+        with torch.cuda.stream(st):
+            for _ in range(50):
+                y = r.mul_mat_id(w, *inputs[i])
+                if not torch.equal(y, want[i]):
+                    bad.append(i)
+        st.synchronize()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not bad
