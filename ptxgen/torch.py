@@ -22,20 +22,22 @@ from .runtime.tensors import QuantTensor
 _VIEWS: dict = {}  # (data_ptr, bytes, fmt, M, K) → QuantTensor over that memory (plans depend on these only)
 
 
-def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int) -> QuantTensor:
-    """A QuantTensor over the GGUF bytes in CUDA uint8 tensor `w` (no copy); cached, so its launch plans are reused.
-    `w` is checked on every call (a later view at the same address may be shorter, or another dtype)."""
+def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int, experts: int = 0) -> QuantTensor:
+    """A QuantTensor over the GGUF bytes in CUDA uint8 tensor `w` (no copy), shape (M, K) or with `experts`
+    (E, M, K); cached, so its launch plans are reused. `w` is checked on every call (a later view at the same
+    address may be shorter, or another dtype)."""
     if w.dtype != torch.uint8 or not w.is_cuda or not w.is_contiguous():
         raise TypeError(f"ptxgen: weights must be a contiguous CUDA uint8 tensor, got {w.dtype} on {w.device}")
     if w.get_device() != driver.ORDINAL:
         raise ValueError(f"ptxgen: the weights are on {w.device}; ptxgen runs on cuda:{driver.ORDINAL}")
-    key = (w.data_ptr(), w.numel(), fmt, m, k)
+    key = (w.data_ptr(), w.numel(), fmt, m, k, experts)
     qt = _VIEWS.get(key)
     if qt is None:
         if len(_VIEWS) > 4096:
             _VIEWS.clear()
         # no reference to `w`: the caller (a module's buffer) owns the memory; the view only names it
-        qt = _VIEWS[key] = QuantTensor(fmt, (m, k), device=DeviceBuffer.wrap(w.data_ptr(), w.numel()))
+        shape = (experts, m, k) if experts else (m, k)
+        qt = _VIEWS[key] = QuantTensor(fmt, shape, device=DeviceBuffer.wrap(w.data_ptr(), w.numel()))
     return qt
 
 
@@ -62,6 +64,19 @@ def dequantize_op(w: torch.Tensor, fmt: str, m: int, k: int) -> torch.Tensor:
 @dequantize_op.register_fake
 def _(w, fmt, m, k):
     return w.new_empty((m, k), dtype=torch.float16)
+
+
+@torch.library.custom_op("ptxgen::mul_mat_id", mutates_args=())
+def mul_mat_id_op(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, fmt: str, experts: int, m: int,
+                  k: int) -> torch.Tensor:
+    """MoE: y[t, j] = x[t(, j)] @ W[ids[t, j]].T (ptxgen.runtime.mul_mat_id) with the E experts' GGUF bytes `w`
+    (uint8, E·M rows of K) in format `fmt`; ids (T, slots) int32; x (T, K) or (T, slots, K) → (T, slots, M)."""
+    return ops.mul_mat_id(quant_tensor(w, fmt, m, k, experts), x.contiguous(), ids.contiguous())
+
+
+@mul_mat_id_op.register_fake
+def _(w, x, ids, fmt, experts, m, k):
+    return x.new_empty((ids.shape[0], ids.shape[1], m))
 
 
 class QuantLinear(torch.nn.Module):

@@ -123,3 +123,21 @@ def test_two_threads_on_two_streams_share_the_prepared_launch():
     for th in threads:
         th.join()
     assert not bad
+
+
+def test_torch_operator_under_torch_compile():
+    """torch.ops.ptxgen.mul_mat_id (ptxgen.torch): its fake implementation traces, and a function calling it runs
+    under torch.compile(fullgraph=True) with the eager bits."""
+    torch = _torch()
+    import ptxgen.runtime as r
+    import ptxgen.torch  # noqa: F401 - registers the operators
+
+    w, raw, x, ids = _case("q4_K", 8, 256, 512, 3, 2, seed=7)
+    wb = torch.from_numpy(raw.reshape(-1).view(np.uint8)).cuda()
+    xt, it = torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()
+    want = r.mul_mat_id(w, xt, it)
+
+    def f(wb, xt, it):
+        return torch.ops.ptxgen.mul_mat_id(wb, xt * 1.0, it, "q4_K", 8, 256, 512)
+    got = torch.compile(f, fullgraph=True)(wb, xt, it)
+    assert got.shape == (3, 2, 256) and torch.equal(got, want)
