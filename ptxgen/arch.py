@@ -34,7 +34,7 @@ class Arch:
     max_smem_per_block: int = 48 * 1024  # dynamic shared memory opt-in limit, bytes
     max_regs_per_thread: int = 255
     features: frozenset[str] = field(default_factory=frozenset)
-    tma_frame_bytes: int = 0  # the stack frame this target's ptxas gives any kernel that issues a TMA copy
+    tma_frame_bytes: int = 0  # the stack frame this target's ptxas gives a kernel whose TMA copies .shared::cluster
 
     @property
     def name(self) -> str:
@@ -91,8 +91,10 @@ ARCHES: dict[str, Arch] = {
         Arch(8, 9, "", (8, 7), 99 * 1024, features=frozenset(_AMPERE)),
         Arch(9, 0, "a", (8, 7), 227 * 1024, features=frozenset(_HOPPER_PLAIN | {"wgmma", "setmaxnreg"})),
         # consumer Blackwell: mma.sync + TMA, no wgmma (ptxas rejects it); setmaxnreg does assemble there.
-        # PTX ISA 8.7 is the first with sm_120a. Its ptxas (CUDA 13.0) gives every kernel that issues
-        # cp.async.bulk.tensor an 8-byte frame (a one-instruction TMA kernel too).
+        # PTX ISA 8.7 is the first with sm_120a. Its ptxas (CUDA 13.0) gives every kernel whose
+        # cp.async.bulk.tensor names a .shared::cluster destination an 8-byte frame (a one-instruction TMA kernel
+        # too): each copy tests the address's CTA and may call a slow path. A .shared::cta destination (PTX ISA
+        # 8.6; the fp16 mma.sync MMQ's) compiles without it.
         Arch(12, 0, "a", (8, 7), 99 * 1024, features=frozenset(_HOPPER_PLAIN | {"setmaxnreg"}), tma_frame_bytes=8),
     )
 }

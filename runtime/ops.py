@@ -438,6 +438,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         plan = mmq_plan(fn, m, k, t, bn, sync, sms)  # the converting build: same plan unless its shared memory
         # changes how many CTAs an SM holds
     tiles, whole, splits = plan.tiles, plan.whole, plan.splits
+    tma = sync and fn.meta.get("copy") == "tma"  # the fp16 mma.sync build's TMA ring (sm_120a): weights by tensor map
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
     # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)
     if splits == 1:
@@ -454,8 +455,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         frags = pb.scratch((tiles_m * ksteps * 64, 256), np.uint8)
         pb.launch(kernels.load(CodecKernel("frags", w.fmt).name, "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
-    else:
-        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg else None  # raw Q4_K rows, box 16 x 128
+    else:  # raw Q4_K rows, box 16 x 128
+        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg or tma else None
     if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's idle producer warps (mmq.CX_NOTE)
         x16 = pb.scratch((t, k), np.float16)
         nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
@@ -470,7 +471,9 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout, mma.sync_x16 fp16 x
         xin = (_rec_quantize_q8_1_mmq(pb, xa, flag, arch) if path == "q8_pre" else
                _rec_convert_f16(pb, xa, flag, arch) if path == "mma.sync_x16" else xa)
-        pb.launch(fn, grid, (w.buffer, xin, o, flag, *tail))
+        if tma and path == "mma.sync_x16":  # sm_120a: fp16 x by TMA too, box 64 x bn, 128B-swizzled
+            xin = _tensor_map(xin.ptr, "f16", t, k, bn, 64, "128B")
+        pb.launch(fn, grid, (tw if tma else w.buffer, xin, o, flag, *tail))
 
 
 def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None) -> None:

@@ -150,11 +150,19 @@ for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the codec fixups: the flag, an 
     EXPECTED_SASS[f"mul_mat_fixup_{_f}"] = ["ATOMG.E.ADD", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
+# sm_120a's fp16 mma.sync MMQ: the weights (and the x16 builds' fp16 x) by TMA into an mbarrier ring, no cp.async
+ABSENT_SASS = {}
+for _k in KERNELS:
+    if _k.startswith("mmq_q4_k_f16_"):
+        EXPECTED_SASS[_k, "sm_120a"] = ["HMMA.16816.F32", "LDSM.16.M88.4", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
+                                        "HFMA2", "PRMT"]
+        ABSENT_SASS[_k, "sm_120a"] = ["LDGSTS"]
 
 
-# the fast tier reads the SASS of the sm_90a builds, and of the kernels built only for the mma.sync targets on
-# sm_89; the slow tier every build
+# the fast tier reads the SASS of the sm_90a builds, of the kernels built only for the mma.sync targets on sm_89,
+# and of sm_120a's own lowering of the fp16 mma.sync MMQ (its TMA ring) at n32; the slow tier every build
 SASS_FAST = [(k, a) for k, a in CASES if a == "sm_90a" or (a == "sm_89" and "sm_90a" not in KERNELS[k].archs)]
+SASS_FAST += [("mmq_q4_k_f16_n32", "sm_120a"), ("mmq_q4_k_f16_n32_x16", "sm_120a")]
 
 
 @pytest.mark.parametrize("kernel,arch", [c if c in SASS_FAST else pytest.param(*c, marks=pytest.mark.slow)
@@ -164,6 +172,8 @@ def test_sass(kernel, arch):
     text = sass(_compile(k, arch, kernel).cubin)
     for op in EXPECTED_SASS.get((kernel, arch), EXPECTED_SASS[kernel]):
         assert op in text, f"{kernel}/{arch}: {op} missing from SASS"
+    for op in ABSENT_SASS.get((kernel, arch), ()):
+        assert op not in text, f"{kernel}/{arch}: {op} in SASS"
     if get_arch(arch).allowed_stack(k.ptx()):  # sm_120a's TMA frame: ptxas zeroes it (STL.64 [R1], RZ), no more
         text = "\n".join(line for line in text.splitlines() if "STL.64 [R1], RZ" not in line)
     assert "LDL" not in text and "STL" not in text, "local memory in SASS"
@@ -251,6 +261,7 @@ def test_hot_loop_finds_the_innermost_loop_with_the_hottest_op():
     ("mmq_q4_k_q8_n16", "sm_89", "IMMA.16832.U8.S8.SAT", 4),  # warp tile 16x16, 2 sub-blocks per 64-K step
     ("mmq_q4_k_f16_n128", "sm_89", "HMMA.16816.F32", 64),  # 4 m16 x 4 n8 x 4 k16 per step
     ("mmq_q4_k_f16_n128_x16", "sm_89", "HMMA.16816.F32", 64),  # the same tile on fp16 x
+    ("mmq_q4_k_f16_n128_x16", "sm_120a", "HMMA.16816.F32", 64),  # its TMA ring: the stage waits are loops too
     ("mmq_q4_k_wgmma_n256", "sm_90a", "HGMMA.64x256x16.F32", 4),  # 4 k16 per 64-K step
     ("mmq_q4_k_wgmma_ra_n192", "sm_90a", "HGMMA.64x192x16.F32", 8)])  # 2 steps per iteration (A register sets)
 def test_main_loop_of_the_mmqs_holds_their_mma_count(kernel, arch, op, per_iteration):

@@ -435,16 +435,31 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=3, splits=2, per=12)),  # uneven: 12 + 4 K-steps
     ("mmq_q4_k_f16_n32", (129, 40, 1280), dict(whole=1, splits=5, per=4)),  # five splits
     ("mmq_q4_k_f16_n128", (130, 131, 512), dict(whole=1, splits=2, per=5))])
+@pytest.mark.parametrize("arch", ["sm_89", "sm_120a"])
 @pytest.mark.slow
-def test_mmq_whole_tiles_then_split_tail(kernel, shape, plan):
+def test_mmq_whole_tiles_then_split_tail(kernel, shape, plan, arch):
     """The fp16 mma.sync MMQ's queue: whole tiles first, then the rest split in K (partials in fragment order, the
     last CTA of a tile sums them in z order around its own, counters back to zero). Correct, and bit-identical
-    whichever CTA arrives last at a tile (one CTA; three taking turns in a drawn order)."""
-    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    whichever CTA arrives last at a tile (one CTA; three taking turns in a drawn order); on sm_120a through its TMA
+    ring, which runs on across a CTA's items."""
+    ptx = KERNELS[kernel].for_arch(arch).ptx()
     outs = [check_kernel(kernel, ptx, seed=4, shape=shape, ctas=ctas, interleave=ctas > 1, run_seed=2, **plan)
             for ctas in (1, 3)]
     assert all(o.ok for o in outs), [o.detail for o in outs]
     assert np.array_equal(outs[0].got, outs[1].got)
+
+
+@pytest.mark.parametrize("kernel", ["mmq_q4_k_f16_n32", "mmq_q4_k_f16_n32_x16"])
+def test_mmq_tma_ring_on_sm_120a_gives_the_cp_async_builds_bits(kernel):
+    """sm_120a's fp16 mma.sync MMQ brings its raw weight tiles (and the x16 build its fp16 activations) by TMA into
+    an mbarrier ring whose position and phases run on across a CTA's items: three CTAs taking turns over a whole
+    tile (12 K-steps) and split items of 5, 5 and 2 K-steps (the ring wraps inside items; a split shorter than the
+    ring leaves stages unissued) give the bits of the sm_89 cp.async build, and its tile counters back at zero."""
+    plan = dict(seed=4, shape=(129, 40, 768), whole=1, splits=3, per=5, ctas=3, interleave=True, run_seed=2)
+    ref = check_kernel(kernel, KERNELS[kernel].for_arch("sm_89").ptx(), **plan)
+    out = check_kernel(kernel, KERNELS[kernel].for_arch("sm_120a").ptx(), **plan)
+    assert ref.ok and out.ok, (ref.detail, out.detail)
+    assert np.array_equal(ref.got, out.got)
 
 
 def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
@@ -478,8 +493,9 @@ def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     ("mmq_q4_k_f16_n32", (129, 40, 1024), dict(whole=1, splits=3, per=6), 12),  # 3 split tiles: 6, 6, 4 K-steps
     ("mmq_q4_k_f16_n64_x16", (250, 70, 512), dict(whole=2, splits=2, per=5), 6),
     ("mmq_q4_k_f16_n128", (130, 131, 512), dict(whole=1, splits=2, per=5), 7)])
+@pytest.mark.parametrize("arch", ["sm_89", "sm_120a"])
 @pytest.mark.slow
-def test_mmq_spread_fixup_sums_each_splits_rows_with_the_last_ctas_bits(kernel, shape, plan, ctas, monkeypatch):
+def test_mmq_spread_fixup_sums_each_splits_rows_with_the_last_ctas_bits(kernel, shape, plan, ctas, arch, monkeypatch):
     """The spread split fixup (every split item holds a CTA): each split stores the rows the others own, waits
     until all have counted in, sums its own rows (i % splits == z) in z order and stores only those. Correct,
     counters back at zero, and bit-identical to the last CTA summing everything (one CTA, no spread) whatever
@@ -493,7 +509,7 @@ def test_mmq_spread_fixup_sums_each_splits_rows_with_the_last_ctas_bits(kernel, 
         polls.append(ins.opcode.startswith("ld.relaxed"))
         return op_ld(self, ins, ex, grp)
 
-    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    ptx = KERNELS[kernel].for_arch(arch).ptx()
     one = check_kernel(kernel, ptx, seed=4, shape=shape, ctas=1, spread=False, **plan)
     assert one.ok, one.detail
     monkeypatch.setattr(machine.Emulator, "_op_ld", counting_ld)
@@ -509,14 +525,20 @@ def test_mmq_spread_fixup_sums_each_splits_rows_with_the_last_ctas_bits(kernel, 
 
 def _cta_barrier_kernels():
     """(kernel, arch) of every emulator-covered kernel without wgmma whose build has a CTA barrier (bar.sync): the
-    ones whose warps share shared memory."""
+    ones whose warps share shared memory; where that build copies by cp.async and the sm_120a one by TMA (another
+    pipeline), the sm_120a build too."""
     out = []
     for name in HARNESSES:
         if "wgmma" in name or name not in KERNELS:
             continue
         arch = "sm_89" if "sm_89" in KERNELS[name].archs else KERNELS[name].archs[0]
-        if "bar.sync" in KERNELS[name].for_arch(arch).ptx():
+        ptx = KERNELS[name].for_arch(arch).ptx()
+        if "bar.sync" in ptx:
             out.append((name, arch))
+            tma_on_120a = "sm_120a" in KERNELS[name].archs and "cp.async.bulk.tensor" in KERNELS[name].for_arch(
+                "sm_120a").ptx()
+            if tma_on_120a and "cp.async.bulk.tensor" not in ptx:
+                out.append((name, "sm_120a"))
     return out
 
 
@@ -852,12 +874,13 @@ def test_q4_k_tensor_core_gemv_mutations_fail(monkeypatch, mutation):
 @pytest.mark.parametrize("kernel,value,splits", [("mmq_q4_k_f16_n32", 1e6, 1), ("mmq_q4_k_f16_n128", -7e4, 1),
                                                  ("mmq_q4_k_f16_n64", np.nan, 2), ("mmq_q4_k_f16_n32", np.inf, 3),
                                                  ("mmq_q4_k_f16_n128", 6e4, 2)])
+@pytest.mark.parametrize("arch", ["sm_89", "sm_120a"])
 @pytest.mark.slow
-def test_fp16_mmq_flags_activations_that_are_not_finite_in_fp16(kernel, value, splits):
+def test_fp16_mmq_flags_activations_that_are_not_finite_in_fp16(kernel, value, splits, arch):
     """The fp16 mma.sync MMQ watches its results, not each converted activation: one x value past fp16's range
     (or inf/NaN) makes the item's sums non-finite and raises the flag (mul_mat then recomputes exactly), also
     when it falls into one K-split of several; 6e4 fits fp16: no flag, the result within the bar."""
-    ptx = KERNELS[kernel].for_arch("sm_89").ptx()
+    ptx = KERNELS[kernel].for_arch(arch).ptx()
     out = check_kernel(kernel, ptx, seed=6, shape=(131, 40, 768), splits=splits, poison_x=(7, 300, value))
     assert out.ok, out.detail
     assert ("flagged" in out.detail) == (abs(value) > 65504 or not np.isfinite(value)), out.detail

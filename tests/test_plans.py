@@ -72,6 +72,27 @@ def test_mul_mat_on_the_mma_sync_target_plans_the_mma_sync_gemm(gpu):
     assert p.kernels[-2:] == ["mmq_q4_k_f16_n128_x16", "mul_mat_fixup_q4_k"] and p.kernels[0] == "convert_f16"
 
 
+def test_sm120_mma_sync_gemm_takes_tensor_maps(monkeypatch):
+    """On an sm_120 device the fp16 mma.sync MMQ is the sm_120a build, whose ring is TMA: the plan passes the
+    weights' tensor map (encoded while recording) where the sm_89 build takes the pointer, and behind convert_f16 a
+    map over the fp16 x in scratch (a TMap, encoded when the plan is bound); fp32 x stays a pointer."""
+    from ptxgen.runtime.driver import Context
+
+    sm120 = Context(device=0, ctx=None, name="fake sm_120", sm=120, sm_count=84, max_smem_optin=99 * 1024,
+                    l2_bytes=64 << 20)
+    fakegpu.install(monkeypatch, sm120)
+    w = fakegpu.weights("q4_K", 4096, 4096)
+    for t, x16 in ((512, True), (100, False)):
+        with tuning.override(mmq_x16_min_work=4096 * 4096 * 256):  # fp16 x from 256 tokens
+            p = ops.mul_mat_plan(w, t)
+        gemm = next(ln for ln in p.launches if ln.fn.name.startswith("mmq_q4_k_f16_"))
+        assert gemm.fn.arch == "sm_120a" and gemm.fn.name.endswith("_x16") == x16, p.kernels
+        assert [q["name"] for q in gemm.fn.params[:2]] == ["tmap_w", "tmap_x" if x16 else "x"]
+        assert isinstance(gemm.args[0], bytes) and isinstance(gemm.args[1], plans.TMap) == x16
+        b = p.bound(fakegpu.FakeWorkspace(p))
+        assert bytes(b.launches[p.launches.index(gemm)].cells[1]) == (bytes(128) if x16 else bytes(8))
+
+
 def test_sliced_calls_reuse_their_scratch(gpu):
     """TQ4_1S above 8 tokens where no prepared GEMM runs (here: its threshold raised) takes the decode GEMV in slices
     of 8: every slice reuses the same scratch (each starts with a launch that waits for the previous slice), so the

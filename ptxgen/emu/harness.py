@@ -612,11 +612,11 @@ def _mmq_result(mem, ya, tiles, scratch, t, m, splits):
 def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, whole=None, per=None, ctas=3,
              interleave=False, run_seed=None, poison_x=None, spread=None) -> Outcome:
     """Run the fp16 mma.sync MMQ on random Q4_K weights and fp32 activations (the _x16 builds: converted to fp16
-    first, as convert_f16 does); float64 reference. Its queue
-    holds the first `whole` tiles over all of K, then the others in `splits` K ranges of `per` K-steps (default:
-    every tile split when splits > 1, evenly); the kernel's own fixup must leave y complete and the tile counters
-    zero. `ctas` persistent CTAs share the queue (one after another, or taking turns with `interleave`, in an
-    order `run_seed` draws). `poison_x` = (t, k, value) plants one value in x: the overflow flag must be up
+    first, as convert_f16 does; the sm_120a builds take the weights, and fp16 x, as TMA tensor maps); float64
+    reference. Its queue holds the first `whole` tiles over all of K, then the others in `splits` K ranges of `per`
+    K-steps (default: every tile split when splits > 1, evenly); the kernel's own fixup must leave y complete and the
+    tile counters zero. `ctas` persistent CTAs share the queue (one after another, or taking turns with `interleave`,
+    in an order `run_seed` draws). `poison_x` = (t, k, value) plants one value in x: the overflow flag must be up
     exactly when it is not finite in fp16 (the caller then recomputes exactly), and the result within the bar
     otherwise. `spread`: the split fixup (default: the runtime's rule, ops.mmq_spread_fixup, with `ctas` CTAs)."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
@@ -631,6 +631,10 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     x16 = meta.get("x_layout", "").startswith("fp16")  # the _x16 builds read convert_f16's output
     with np.errstate(over="ignore"):
         wa, xa, fa = mem.alloc(raw), mem.alloc(x.astype(np.float16) if x16 else x), mem.alloc(4, poison=0)
+    ops = (wa, xa)
+    if "tensormaps" in meta:  # sm_120a: the weights (and fp16 x) through TMA, the maps as the runtime encodes them
+        ops = (BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none"),
+               BACKEND[-1].tensor_map(mem, xa, "f16", t, k, meta["bn"], 64, "128B") if x16 else xa)
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, meta["bn"], meta["bm"], splits, tile_partials=True)
     whole = (0 if splits > 1 else tiles) if whole is None else whole
     if per is not None:
@@ -642,7 +646,7 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
         from ptxgen.runtime.ops import mmq_spread_fixup
 
         spread = mmq_spread_fixup(tiles - whole, splits, grid)
-    _run(ptx, (grid,), (256,), (wa, xa, ya, fa, *tail, whole, int(spread)), mem,
+    _run(ptx, (grid,), (256,), (*ops, ya, fa, *tail, whole, int(spread)), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed if run_seed is None else run_seed, interleave=interleave)
     got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     flag = int(mem.view(fa, np.uint32, (1,))[0])

@@ -4,7 +4,9 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 - block tile BM=128 weight rows × BN tokens × BK=64 (one pair of Q4_K sub-blocks: 32 bytes of qs per row
   plus the super-block's 16-byte header); 8 warps as 2 (M) × 4 (N), warp tile 64 × BN/4;
 - raw weight bytes go global → shared with cp.async.cg (16 B) into a 3-stage ring (commit/wait groups), so
-  the copy of step s+2 overlaps the dequant of s+1 and the MMA of s;
+  the copy of step s+2 overlaps the dequant of s+1 and the MMA of s; on sm_120a thread 0 brings them by TMA
+  (three boxes of 16 bytes x 128 rows per step, one per 16-byte column) into an mbarrier ring of the Pipeline's stages, and
+  the _x16 builds' fp16 activations by TMA too, 128B-swizzled (the B ldmatrix addresses swizzled to match);
 - each step, threads dequantize the landed raw tile to fp16 in shared memory: nibbles become fp16 by
   `prmt` + `lop3` with the 0x6400 exponent (1024 + q), then q·sc by one exact fma.f16x2 and w = (q·sc)·d −
   dmin·m in two more (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo: `q4k.f16_words`);
@@ -16,11 +18,11 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 - fragments come from `ldmatrix.x4` over rows padded to 144 B (8 row addresses hit 8 distinct 16-byte
   bank groups), `mma.sync.m16n8k16.f32.f16.f16.f32` accumulates in fp32;
 - grid: x = token tiles (fastest, so CTAs that share a weight tile run together and reuse it from L2),
-  y = weight-row tiles. Partial tiles are clamped on load and masked on store. No atomics: deterministic.
+  y = weight-row tiles. Partial tiles are clamped (TMA: zero-filled) on load and masked on store. No atomics: deterministic.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..arch import get_arch
 from ..builder import KernelBuilder
@@ -32,6 +34,7 @@ from ..ir import wgmma as ir_wgmma
 from ..specs import MmqSpec
 from ..targets import lowering_for
 from . import KernelDef
+from .gemv import TMA_STEP, _wait_step
 
 BM, BK, STAGES = 128, q4k.STEP_K, 3
 MMQ_RASTER = True  # the mma.sync MMQs' item raster (_claim_item; False: the order before it, for A/B probes)
@@ -78,13 +81,16 @@ def describe(arch, spec: MmqSpec):
     tile = spec_tile(spec)
     tile.check_format("q4_K")
     low = lowering_for(arch)
-    # mma.sync: 3-stage cp.async ring (4 for Q8_1, whose MMA reads the raw ring itself; the TMA lowering for
-    # sm_120a is not written yet); wgmma: 4-stage TMA
+    # fp16 mma.sync: a 3-stage ring by the target's copy (cp.async on sm_89; on sm_120a TMA + mbarrier,
+    # _tma_pipeline); Q8_1: 6-stage cp.async on both targets (its MMA reads the raw ring itself, in the rows cp.async
+    # writes); wgmma: 4-stage TMA
     if spec.mma == "wgmma":
         pipe = Pipeline(WG_STAGES, copy="tma")
+    elif spec.act == "q8_1":
+        pipe = Pipeline(Q8_STAGES, copy="cp.async")
     else:
-        pipe = Pipeline(Q8_STAGES if spec.act == "q8_1" else STAGES, copy="cp.async")
-    low.pick_copy(pipe)
+        pipe = Pipeline(STAGES)
+    pipe = Pipeline(pipe.stages, low.pick_copy(pipe))
     mma = Mma("s8" if spec.act == "q8_1" else "f16", spec.mma)
     low.pick_mma(mma, tile)
     return tile, pipe, mma, Schedule("persistent"), Epilogue("f32", transposed=True)
@@ -96,40 +102,48 @@ class _F16Tile(NamedTuple):
     x16: bool  # x arrives in fp16 (convert_f16 first): half the bytes per step, no conversion
     raw_bytes: int  # one raw ring stage: BM rows of RAW_ROW
     a_bytes: int  # the fp16 A tile (BM rows of PAD_ROW)
-    b_bytes: int  # the fp16 B tile (BN token rows of PAD_ROW)
+    b_bytes: int  # the fp16 B tile (BN token rows of b_row bytes)
     pair: int  # one fp16 (A, B) buffer; there are two: step s is multiplied from buffer s % 2
+    b_row: int = PAD_ROW  # bytes per token row of B: 128 where TMA writes it (x16 on sm_120a), 128B-swizzled
 
 
-def _f16_tile(spec: MmqSpec) -> _F16Tile:
-    """The _F16Tile of an fp16 mma.sync spec."""
-    a_bytes, b_bytes = BM * PAD_ROW, spec.bn * PAD_ROW
-    return _F16Tile(spec.bn, not spec.fused, BM * RAW_ROW, a_bytes, b_bytes, a_bytes + b_bytes)
+def _f16_tile(spec: MmqSpec, tma: bool = False) -> _F16Tile:
+    """The _F16Tile of an fp16 mma.sync spec (`tma`: its sm_120a lowering)."""
+    b_row = 128 if tma and not spec.fused else PAD_ROW
+    a_bytes, b_bytes = BM * PAD_ROW, spec.bn * b_row
+    return _F16Tile(spec.bn, not spec.fused, BM * RAW_ROW, a_bytes, b_bytes, a_bytes + b_bytes, b_row)
 
 
 def build(arch, spec: MmqSpec):
     """The MMQ of `spec` for `arch` (wgmma: build_wgmma; Q8_1 activations: build_q8); here the fp16 mma.sync
-    lowering: a persistent loop over work items (_claim_whole_or_split), each one tile's K range through the
-    cp.async ring and the double-buffered fp16 tiles (_f32_pipeline / _x16_pipeline), then the split-K fixups
-    and the epilogue."""
+    lowering: a persistent loop over work items (_claim_whole_or_split), each one tile's K range through the raw
+    ring (cp.async on sm_89: _f32_pipeline / _x16_pipeline; TMA + mbarrier on sm_120a: _tma_pipeline) and the
+    double-buffered fp16 tiles, then the split-K fixups and the epilogue."""
     arch = get_arch(arch)
     if spec.mma == "wgmma":
         return build_wgmma(arch, spec)
     if spec.act == "q8_1":
         return build_q8(arch, spec)
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
-    ft = _f16_tile(spec)
+    tma = pipe.copy == "tma"
+    ft = _f16_tile(spec, tma)
     BN, x16 = ft.BN, ft.x16
     pipe.check_smem(arch, ft.raw_bytes)
     b = KernelBuilder(spec.name, arch, f"Q4_K x {'fp16' if x16 else 'fp32'} GEMM, fp16 mma.sync, tile "
-                      f"{BM}x{BN}x{BK}, {STAGES}-stage cp.async", block=(256, 1, 1))
-    w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+                      f"{BM}x{BN}x{BK}, {pipe.stages}-stage {'TMA + mbarrier' if tma else 'cp.async'}",
+                      block=(256, 1, 1))
+    w_p, x_p, y_p = _f16_operands(b, tma, x16)
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     wh_p = b.param("whole", "u32")
     fx_p = b.param("spread", "u32")  # 1: every split of a tile sums its share (_spread_sums_fixup), 0: the last all
     smem, work = _f16_smem_and_meta(b, ft, pipe, sched)
 
-    W, X, Y0, F, Q = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
+    if tma:  # the tensor maps' generic addresses (x: a pointer where it is fp32)
+        W, X = _tmap(b, w_p), _tmap(b, x_p) if x16 else b.ptr(x_p)
+    else:
+        W, X = b.ptr(w_p), b.ptr(x_p)
+    Y0, F, Q = b.ptr(y_p), b.ptr(f_p), b.ptr(c_p)
     P, C = b.ptr(pt_p), b.ptr(ct_p)
     M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
     whole = b.ld_param(wh_p, "u32")
@@ -142,28 +156,35 @@ def build(arch, spec: MmqSpec):
     tiles_m = _tiles_m(b, M)
     slot = b.op("mov.u32", work)
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+    ring = _f16_tma_ring(b, pipe.stages, x16, leader) if tma else None
 
     next_item, finish, split, zsplit, ti, ntail, n0, m0, s_begin, nsteps = _claim_whole_or_split(
         b, Q, slot, leader, whole, b.op("mul.lo.u32", tiles_m, tiles_n), splits, per, tiles_n, BN, K)
-    base = b.op("mov.u32", smem)
+    base = _aligned(b, smem, 1024) if ft.b_row == 128 else b.op("mov.u32", smem)  # swizzled B: 1024-byte aligned
     raw0 = base
-    a16 = b.op("add.u32", base, Imm(STAGES * ft.raw_bytes, "u32"))
+    a16 = b.op("add.u32", base, Imm(pipe.stages * ft.raw_bytes, "u32"))
     b16 = b.op("add.u32", a16, Imm(ft.a_bytes, "u32"))
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
-    mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
+    if tma:
+        tlast = b.op("sub.u32", T, Imm(1, "u32"))
+        ops = _f16_tma_ops(b, ft, ring, leader, W, X, m0, n0, nsteps, raw0, b16)
+    else:
+        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+        mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
+        # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
+        copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
 
-    # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
-    copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
+        def issue(step, stage=None):
+            _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
 
-    def issue(step, stage=None):
-        _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
-
-    load_x, copy_x, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16)
-    stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16)
+    if tma and x16:  # the activations by TMA as well (_f16_tma_ops)
+        load_x = copy_x = store_x = None
+    else:
+        load_x, copy_x, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16)
+    stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16, columns=tma)
     wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
 
-    # --- the pipeline. Raw bytes: 3-stage cp.async ring. fp16 tiles: double-buffered, so the MMA of step s
-    # (buffer (s - s0) % 2) and the dequant + activation conversion of step s+1 (the other buffer) sit in one basic
+    # --- the pipeline. Raw bytes: 3-stage ring. fp16 tiles: double-buffered, so the MMA of step s (buffer
+    # (s - s0) % 2) and the dequant + activation conversion of step s+1 (the other buffer) sit in one basic
     # block: the tensor cores and the integer/fp16 pipes work at the same time, one barrier per step. The raw
     # stage's address walks the ring (no remainder by 3 per step) and the activation pointers walk K: under
     # register pressure ptxas recomputed such addresses every step (420 → 334 SASS per step at n128).
@@ -171,7 +192,9 @@ def build(arch, spec: MmqSpec):
         return b.op("mul.lo.u32", b.op("and.b32", b.op("sub.u32", stp, s_begin), Imm(1, "b32")),
                     Imm(ft.pair, "u32"))
 
-    if x16:
+    if tma:
+        _tma_pipeline(b, ops, load_x, store_x, dequant, mma_step, boff_of, s_begin, nsteps, ft.pair)
+    elif x16:
         _x16_pipeline(b, issue, copy_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, ft.pair)
     else:
         _f32_pipeline(b, issue, load_x, store_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, ft.pair,
@@ -187,18 +210,44 @@ def build(arch, spec: MmqSpec):
     # --- epilogue: D fragment (row g (+8), cols 2·tig, +1) → y[n][m], masked (and to this CTA's rows of a split)
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
     epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, T, Y0, rows=owned)
+    if tma:  # the split sum's prefix (generic stores) may lie where the next item's TMA writes: ordered first
+        b.emit("fence.proxy.async.shared::cta")
     return _next_item_or_exit(b, next_item, finish, Q, leader, F, lambda: b.op("setp.ne.u32", bad, Imm(0, "u32")))
 
 
+def _f16_operands(b, tma, x16):
+    """The fp16 MMQ's first parameters: the weights (sm_120a: tmap_w, u8 [M][row bytes], box 16 x 128, no swizzle),
+    the activations (x16 on sm_120a: tmap_x, f16 [T][K], box 64 x BN, 128B swizzle) and y."""
+    if tma:
+        w_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
+        x_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64) if x16 else b.param("x", "u64", "ptr:in")
+    else:
+        w_p, x_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in")
+    return w_p, x_p, b.param("y", "u64", "ptr:out")
+
+
+def _tmap(b, param):
+    """A tensor-map parameter's generic address (the TMA operand)."""
+    return b.op("cvta.param.u64", b.op("mov.b64", param))
+
+
+def _aligned(b, sym, align):
+    """The shared address of `sym` rounded up to `align` bytes (the caller reserved `align` more)."""
+    return b.op("and.b32", b.op("add.u32", b.op("mov.u32", sym), Imm(align - 1, "u32")),
+                Imm(~(align - 1) & 0xFFFFFFFF, "b32"))
+
+
 def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched):
-    """The fp16 mma.sync MMQ's dynamic shared memory (3 raw ring stages, then two fp16 (A, B) buffers), launch
-    bounds and metadata, and the work-item slot. Returns (dynamic shared memory, work-item slot)."""
+    """The fp16 mma.sync MMQ's dynamic shared memory (the raw ring's stages, then two fp16 (A, B) buffers; + 1024
+    where TMA writes B swizzled: aligned up at run time), launch bounds and metadata, and the work-item slot.
+    Returns (dynamic shared memory, work-item slot)."""
     BN, x16 = ft.BN, ft.x16
-    smem = b.dynamic_shared(STAGES * ft.raw_bytes + 2 * ft.pair)
-    assert 4 * BM * BN <= b.dynamic_smem, "the split tail's prefix sum (fp32 tile) lives in the ring + buffers"
+    ring_and_buffers = pipe.stages * ft.raw_bytes + 2 * ft.pair
+    smem = b.dynamic_shared(ring_and_buffers + (1024 if ft.b_row == 128 else 0))
+    assert 4 * BM * BN <= ring_and_buffers, "the split tail's prefix sum (fp32 tile) lives in the ring + buffers"
     # CTAs per SM as shared memory allows on the H200 (ptxas keeps the registers to it: n64 took 138 without)
     b.directives += [".maxntid 256, 1, 1", f".minnctapersm {F16_CTAS_PER_SM[BN]}"]
-    b.meta.update(bm=BM, bn=BN, bk=BK, stages=STAGES, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
+    b.meta.update(bm=BM, bn=BN, bk=BK, stages=pipe.stages, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",
                   schedule=sched.kind, dynamic_smem=b.dynamic_smem,
                   grid="persistent: min(items, resident CTAs per SM (occupancy calculator) · SMs) CTAs",
                   work_queue="item = atom.add(queue[0], 1) → (m tile, split z, token tile n) with n fastest, "
@@ -206,6 +255,11 @@ def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched):
                              "resets the queue (no host round trip)",
                   split_k=TAIL_SPLIT_NOTE, tail_split=True,
                   x_layout="fp16 (convert_f16 first)" if x16 else "fp32, converted to fp16 in the load pipeline")
+    if pipe.copy == "tma":
+        b.meta.update(tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle" + (
+            f"; tmap_x: f16, dims (K, T), box (64, {BN}), 128B swizzle" if x16 else ""),
+            raw_layout="a stage holds the 128 rows' header, qs bytes 0-15 and qs bytes 16-31 of the step as three "
+                       "columns of 16 bytes per row (one TMA box each)")
     return smem, b.shared_buffer("work_item", 16, align=16)
 
 
@@ -255,9 +309,10 @@ def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16):
     return load_x, copy_x, store_x
 
 
-def _f16_dequant(b, ft: _F16Tile, tid, raw0, a16):
-    """The fp16 MMQ's dequant lanes: thread → (row = tid/2, half = tid%2), 32 weights of sub-block 2c + half.
-    Returns (stage_of(step): the raw ring stage's address, dequant(step, boff, stage): the raw tile at `stage` to
+def _f16_dequant(b, ft: _F16Tile, tid, raw0, a16, columns=False):
+    """The fp16 MMQ's dequant lanes: thread → (row = tid/2, half = tid%2), 32 weights of sub-block 2c + half, from a
+    raw stage in rows of RAW_ROW bytes (cp.async) or in `columns` of RAW_PART (TMA: _tma_raw_tile). Returns
+    (stage_of(step): the raw ring stage's address (cp.async), dequant(step, boff, stage): the raw tile at `stage` to
     fp16 into A buffer boff)."""
     drow = b.op("shr.u32", tid, Imm(1, "u32"))
     dh = b.op("and.b32", tid, Imm(1, "b32"))
@@ -271,12 +326,13 @@ def _f16_dequant(b, ft: _F16Tile, tid, raw0, a16):
         return b.op("mad.lo.u32", b.op("rem.u32", step, Imm(STAGES, "u32")), Imm(ft.raw_bytes, "u32"), raw0)
 
     def dequant(step, boff, stage):  # boff: the fp16 buffer's offset, stage: the raw stage's address
-        src = b.op("mad.lo.u32", drow, Imm(RAW_ROW, "u32"), stage)
+        src = b.op("mad.lo.u32", drow, Imm(16 if columns else RAW_ROW, "u32"), stage)
+        part = RAW_PART if columns else 16  # header, qs bytes 0-15, qs bytes 16-31 of the row
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
         qs = b.regs("b32", 8)
-        b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, 16))
-        b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 32))
+        b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, part))
+        b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * part))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), dh)
         out = q4k.f16_words(b, hdr, qs, sub, dscale, nibmask, magic,
                             three=(ft.BN, ft.x16) not in F16_FOUR_OP_TILES)
@@ -307,12 +363,21 @@ def _f16_mma(b, arch, ft: _F16Tile, warp, lane, a16, b16):
                      b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(3, "u32")))
     else:
         b_row = b.op("mad.lo.u32", wn, Imm(BN // 4, "u32"), l8)
-    b_lane = b.op("add.u32", b.op("mad.lo.u32", b_row, Imm(PAD_ROW, "u32"), b16),
-                  b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
+    swz = ft.b_row == 128
+    if swz:  # TMA's 128B swizzle: 16-byte chunk c of token row r at r·128 + ((c ^ r % 8) << 4). A lane's rows are
+        # l8 mod 8, so its chunk for kk = 0 is (q % 2) ^ l8 and for kk its address XOR 32·kk (rows, buffers and the
+        # base 1024-byte aligned: the XOR touches address bits 5-6 only, no carries)
+        b_lane = b.op("add.u32", b.op("mad.lo.u32", b_row, Imm(128, "u32"), b16),
+                      b.op("shl.b32", b.op("xor.b32", b.op("and.b32", q, Imm(1, "b32")), l8), Imm(4, "u32")))
+    else:
+        b_lane = b.op("add.u32", b.op("mad.lo.u32", b_row, Imm(PAD_ROW, "u32"), b16),
+                      b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(4, "u32")))
 
     def mma_step(boff):
         a_l, b_l = b.op("add.u32", a_lane, boff), b.op("add.u32", b_lane, boff)
         for kk in range(BK // 16):
+            # B's k16 slice kk: 32 bytes on in a padded row; in a swizzled one the lane's address XOR 32·kk
+            b_k, b_off = (b.op("xor.b32", b_l, Imm(32 * kk, "b32")) if kk else b_l, 0) if swz else (b_l, kk * 32)
             afr = []
             for i in range(4):
                 regs = b.regs("b32", 4)
@@ -322,11 +387,11 @@ def _f16_mma(b, arch, ft: _F16Tile, warp, lane, a16, b16):
             for j in range(0, NT, 2):
                 if NT >= 2:
                     regs = b.regs("b32", 4)
-                    b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(b_l, j * 8 * PAD_ROW + kk * 32)))
+                    b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(b_k, j * 8 * ft.b_row + b_off)))
                     bfr += [regs[0:2], regs[2:4]]
                 else:
                     regs = b.regs("b32", 2)
-                    b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(b_l, kk * 32)))
+                    b.emit(ldmatrix(arch, 2, b.vec(regs), Mem(b_k, b_off)))
                     bfr.append(regs)
             for i in range(4):
                 for j in range(NT):
@@ -491,14 +556,138 @@ def _x16_pipeline(b, issue, copy_x, dequant, mma_step, boff_of, stage_of, s_begi
     _loop_back_then_last_step(b, top, tail, step, s_last, lambda: mma_step(boff_of(step)))
 
 
-def _loop_back_then_last_step(b, top, tail, step, s_last, last_mma):
-    """Both mma.sync fp16 K loops' end: back to `top` while steps remain, then (also straight from a one-step
-    prologue) a barrier, the last step's MMA and the drain of every copy group."""
+def _loop_back_then_last_step(b, top, tail, step, s_last, last_mma, drain=True):
+    """The mma.sync fp16 K loops' end: back to `top` while steps remain, then (also straight from a one-step
+    prologue) a barrier, the last step's MMA and (`drain`: cp.async) the drain of every copy group."""
     b.bra(top, pred=b.op("setp.lt.u32", step, s_last))
     b.place(tail)
     b.emit("bar.sync", Imm(0, "u32"))
     last_mma()  # the last step
-    b.emit("cp.async.wait_group", Imm(0, "u32"))
+    if drain:
+        b.emit("cp.async.wait_group", Imm(0, "u32"))
+
+
+# the sm_120a MMQ's TMA: a .shared::cta destination (PTX ISA 8.6). With .shared::cluster (TMA_STEP) sm_120a's ptxas
+# wraps every copy in a test of the address's CTA and a call into a slow path, with an 8-byte stack frame (n32: 340
+# SASS per K-step against 248)
+TMA_CTA = "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
+
+
+class _F16Tma(NamedTuple):
+    """The sm_120a fp16 MMQ's TMA ring for one item: S raw stages, thread 0's copies and everyone's waits."""
+    S: int
+    stage: Callable  # stage(i): the ring stage of the item's i-th raw tile (the prologue's)
+    issue: Callable  # issue(step, stage): thread 0 TMAs K-step `step`'s raw tile (if step < nsteps) into `stage`
+    take: Callable  # take(): wait for the next raw tile in ring order; returns (its stage, the stage's address)
+    copy_x: Callable | None  # copy_x(boff, step): x16, thread 0 TMAs step's activation tile into B buffer boff
+    wait_x: Callable | None  # wait_x(): x16, wait for that activation tile
+
+
+def _f16_tma_ring(b, S, x16, leader):
+    """sm_120a: the S raw stages' mbarriers (x16: and the activation tile's), initialised by thread 0 and fenced for
+    the async proxy (the first claim's barrier publishes them to the CTA), and the counters that run across items:
+    the ring position of the next raw tile to wait for and the activation barrier's parity. Returns (S, barriers,
+    position, parity)."""
+    nbars = S + int(x16)
+    bars = b.op("mov.u32", b.shared_buffer("bars", 8 * nbars, align=8))
+    for i in range(nbars):
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bars, 8 * i), Imm(1, "u32"), pred=leader)
+    b.emit("fence.proxy.async.shared::cta")
+    return S, bars, b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32")) if x16 else None
+
+
+def _f16_tma_ops(b, ft: _F16Tile, ring, leader, tw, tx, m0, n0, nsteps, raw0, b16) -> _F16Tma:
+    """The sm_120a fp16 MMQ's copies and waits for an item: raw tiles by `_tma_raw_tile` into the ring (one mbarrier
+    per stage, phase (position / S) % 2), x16's activation tiles (BN tokens from n0 x 64 columns, zero-filled past
+    T, 128B-swizzled) into the B buffers, one at a time on the activation barrier."""
+    S, bars, count, xph = ring
+
+    def stage(i):
+        return b.op("rem.u32", b.op("add.u32", count, Imm(i, "u32")) if i else count, Imm(S, "u32"))
+
+    # thread 0 alone branches to its copies: predicated, every warp would run ptxas's elect loop around each TMA
+    def issue(step, st):
+        skip = b.label("no_raw_tma")
+        b.bra(skip, pred=b.op("and.pred", leader, b.op("setp.lt.u32", step, nsteps)), neg=True, uniform=False)
+        fb = b.op("mad.lo.u32", st, Imm(8, "u32"), bars)
+        b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(ft.raw_bytes, "u32"))
+        _tma_raw_tile(b, tw, step, m0, st, ft.raw_bytes, raw0, fb, op=TMA_CTA)
+        b.place(skip)
+
+    def take():
+        st = _wait_step(b, bars, count, S)
+        b.emit("add.u32", count, count, Imm(1, "u32"))
+        return st, b.op("mad.lo.u32", st, Imm(ft.raw_bytes, "u32"), raw0)
+
+    if not ft.x16:
+        return _F16Tma(S, stage, issue, take, None, None)
+    xbar = b.op("add.u32", bars, Imm(8 * S, "u32"))
+
+    def copy_x(boff, step):
+        skip = b.label("no_x_tma")
+        b.bra(skip, pred=leader, neg=True, uniform=False)
+        b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(xbar), Imm(ft.b_bytes, "u32"))
+        b.emit(TMA_CTA, Mem(b.op("add.u32", b16, boff)), TensorRef(tx, (b.op("shl.b32", step, Imm(6, "u32")), n0)),
+               Mem(xbar))
+        b.place(skip)
+
+    def wait_x():
+        _wait(b, xbar, xph)
+        b.emit("xor.b32", xph, xph, Imm(1, "b32"))
+    return _F16Tma(S, stage, issue, take, copy_x, wait_x)
+
+
+def _tma_pipeline(b, ops: _F16Tma, load_x, store_x, dequant, mma_step, boff_of, s_begin, nsteps, pair):
+    """sm_120a's K loop (fp32 x, or x16 where load_x is None): the item's first S raw tiles by TMA at once (between
+    items every stage is free), x16's activations of s0 into buffer 0; then per step s, thread 0 TMAs raw s+S into
+    the stage of s (dequantized before the last barrier) and x16's activations of s+1 into the other buffer
+    (multiplied from before that barrier), everyone multiplies s, waits for raw s+1 and dequantizes it (fp32 x:
+    converts s+1's registers and loads s+2's; x16: waits for s+1's activations), one barrier."""
+    x16, S = load_x is None, ops.S
+    b.comment(f"prologue (TMA): raw s0 .. s0+{S - 1} in flight; step s0 dequantized into buffer 0")
+    s_last = b.op("sub.u32", nsteps, Imm(1, "u32"))
+    for i in range(S):
+        ops.issue(b.op("add.u32", s_begin, Imm(i, "u32")), ops.stage(i))
+    zero = b.op("mov.u32", Imm(0, "u32"))
+    if x16:
+        ops.copy_x(zero, s_begin)
+    else:
+        load_x()  # step s0
+    st, raw = ops.take()
+    dequant(s_begin, zero, raw)
+    if x16:
+        ops.wait_x()
+    else:
+        store_x(zero)
+    step, scur = b.op("mov.u32", s_begin), b.op("mov.u32", st)  # step s and its raw stage (loop-carried)
+    tail = b.label("last_step")
+    b.bra(tail, pred=b.op("setp.ge.u32", step, s_last))
+    if not x16:
+        load_x()  # step s0 + 1
+    b.emit("bar.sync", Imm(0, "u32"))
+    top = b.label("kstep")
+    b.place(top)
+    nxt = b.op("add.u32", step, Imm(1, "u32"))
+    cur_off = boff_of(step)
+    nxt_off = b.op("sub.u32", Imm(pair, "u32"), cur_off)
+    ops.issue(b.op("add.u32", step, Imm(S, "u32")), scur)
+    if x16:
+        ops.copy_x(nxt_off, nxt)
+    mma_step(cur_off)  # step s from one buffer ...
+    st, raw = ops.take()
+    dequant(nxt, nxt_off, raw)  # ... while step s+1 is dequantized into the other
+    if x16:
+        ops.wait_x()
+    else:
+        store_x(nxt_off)
+        skip = b.label("no_prefetch")
+        b.bra(skip, pred=b.op("setp.lt.u32", b.op("add.u32", step, Imm(2, "u32")), nsteps), neg=True)
+        load_x()  # step s + 2
+        b.place(skip)
+    b.emit("bar.sync", Imm(0, "u32"))  # the other buffer complete; this one and raw s+1's stage (refilled next) read
+    b.emit("mov.u32", step, nxt)
+    b.emit("mov.u32", scur, st)
+    _loop_back_then_last_step(b, top, tail, step, s_last, lambda: mma_step(boff_of(step)), drain=False)
 
 
 def _x16_units(b, tid, n0, tlast, K, X, nvec):
@@ -1773,18 +1962,13 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     _wait(b, lay.empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
     fb = lay.full(stage)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(lay.stage_bytes, "u32"))
-    tma = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+    tma = TMA_STEP
     if PRE:  # block (tm, s) of the prepared fragments: 64 rows of 256 bytes
         frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
     else:
-        x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
-        q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
-        rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
-        for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
-            b.emit(tma, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, it.m0)),
-                   Mem(fb))
+        _tma_raw_tile(b, tw, s, it.m0, stage, lay.raw_bytes, lay.raw0, fb)
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
@@ -1807,6 +1991,17 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     else:
         b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst)), TensorRef(tx, (xk, it.n0)),
                Mem(fb))
+
+
+def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_STEP):
+    """TMA (`op`; tmap_w: box 16 x 128, zero-filled past M) of K-step s's raw Q4_K tile of rows m0 .. m0+127 into
+    ring stage `stage` (at raw0 + stage·stage_bytes) as three 16-byte columns of RAW_PART bytes — the super-block's
+    header, qs bytes 32c .. 32c+15 and 32c+16 .. 32c+31 of sub-block pair c = s % 4 — completing on mbarrier fb."""
+    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
+    q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
+    rdst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), raw0)
+    for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
+        b.emit(op, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb), pred=pred)
 
 
 def _wgmma_queue_reset(b, spec: MmqSpec, w: _WgWork, XR, XS):
