@@ -73,7 +73,7 @@ for fmt in fmts:
                     rel = np.linalg.norm(got.cpu().numpy() - want) / np.linalg.norm(want)
                     assert rel < 1e-5, f"{fmt} {shape} T={t}: relative error {rel:.2e}"
                 same = torch.equal(got.view(torch.int32), first.view(torch.int32)) or (
-                    float((got - first).norm() / first.norm()) < 1e-5)
+                    wide != variants[0][3] and float((got - first).norm() / first.norm()) < 1e-5)  # other lanes: 1e-5
                 us = back_to_back(run)
                 print(f"| {fmt} | {shape} | {t} | {rows}:{unroll}:{ahead}:{wide} | {us:.1f} | "
                       f"{100 * nbytes / (us * 1e-6) / HBM:.0f}% | {floor:.1f} | {us / floor:.2f}"

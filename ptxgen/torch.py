@@ -19,7 +19,7 @@ from .runtime import driver, ops
 from .runtime.driver import DeviceBuffer
 from .runtime.tensors import QuantTensor
 
-_VIEWS: dict = {}  # (data_ptr, bytes, fmt, M, K) → QuantTensor over that memory (plans depend on these only)
+_VIEWS: dict = {}  # (data_ptr, bytes, fmt, M, K, E) → QuantTensor over that memory (plans depend on these only)
 
 
 def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int, experts: int = 0) -> QuantTensor:

@@ -187,12 +187,14 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
 
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already
     on the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its
-    row only. Streams, outputs and NumPy-in / NumPy-out as mul_mat. Kernels: gemv_<fmt>_f32_id for Q4_K, Q5_K,
+    row only. Streams, outputs and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded first, and that
+    upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are refused while the
+    stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array. Kernels: gemv_<fmt>_f32_id for Q4_K, Q5_K,
     Q6_K, Q8_0 (mode "exact": fp32 products of ggml's dequantized weights, relative error ~1e-6): from 2 tokens
     up to 64 pairs gemv_<fmt>_f32_idg, one launch of (M rows, E experts) in which each expert's CTAs find the pairs
     routed to it and read its weights once per 8 of them; otherwise gemv_<fmt>_f32_id, one launch of (M rows,
     T·slots pairs), each pair reading its expert's weights (one token: its slots' experts are distinct anyway)."""
-    from ptxgen import codecs, formats
+    from ptxgen import codecs
 
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
@@ -218,45 +220,81 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
             i = np.unravel_index(bad[0], ishape)
             raise ValueError(f"mul_mat_id: ids[{i[0]}, {i[1]}] = {ids[i]} is not an expert of w (0 ≤ id < {e}); "
                              f"{bad.size} out of range")
-    s = driver.stream_handle(stream, x)
-    if w._device is None and driver.capture_id(s) is not None:
-        raise RuntimeError(f"mul_mat_id: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: "
-                           "call w.to_device() (or run the op once) before capturing")
+    host_x, host_ids = isinstance(x, np.ndarray), isinstance(ids, np.ndarray)
+    s = driver.stream_handle(stream, ids if host_x and not host_ids else x)  # the device operand's library
+    for a, what in ((x, "x"), (ids, "ids"), (out, "out")):
+        _on_our_device(a, f"mul_mat_id: {what}")
+    cid = driver.capture_id(s)
+    if cid is not None and (w._device is None or host_x or host_ids):
+        what = "w is not on the GPU yet" if w._device is None else "x or ids is a NumPy array (an upload waits)"
+        raise RuntimeError(f"mul_mat_id: {what} and stream {s:#x} is capturing a CUDA graph: pass device arrays "
+                           "(and call w.to_device(), or run the op once) before capturing")
+    xa = as_device_array(x, "mul_mat_id: x", np.float32, align=16, stream=s)  # checked before w is uploaded
+    ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
+    o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
     w.to_device()
     err = codecs.get(w.fmt).weights_error(mode, k, w.ptr)
     if err:
         raise ValueError(f"mul_mat_id: {err}")
-    xa = as_device_array(x, "mul_mat_id: x", np.float32, align=16, stream=s)
-    ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
-    o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
-    expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     x_per_slot = int(len(xshape) == 3)
-    key = (t, "mul_mat_id", slots, x_per_slot, arch)  # T first: the plan cache's eviction reads it
+    key = (t, "mul_mat_id", slots, x_per_slot, arch)  # T first, as mul_mat_plan's keys: _remember evicts by it
     entry = w._plans.get(key)
-    if entry is not None and entry[0] == knobs._GENERATION[0]:  # a prepared launch: patch x, y, ids, then run
-        cells = entry[1].cells
-        with _PATCH_LOCK:  # the launch copies its arguments: another thread may patch once it returns
-            cells[1].value, cells[2].value, cells[8].value = xa.ptr, o.ptr, ia.ptr
-            entry[1].run(s)
-        return _finish(o, ret, xa.host, out is not None, s)
+    if entry is None or entry[0] != knobs.generation():
+        if cid is None:
+            entry = _mul_mat_id_launch(w, t, slots, x_per_slot, arch, xa, ia, o)
+        else:  # the first captured call of this shape: its kernel may not be loaded yet
+            with driver.relaxed_capture():
+                entry = _mul_mat_id_launch(w, t, slots, x_per_slot, arch, xa, ia, o)
+        _remember(w, key, entry)
+    with _PATCH_LOCK:  # a prepared launch, patched and issued as one step (the launch copies its arguments)
+        for launch, (dx, dy, di) in entry[1]:
+            cells = launch.cells
+            cells[1].value, cells[2].value, cells[8].value = xa.ptr + dx, o.ptr + dy, ia.ptr + di
+            launch.run(s)
+    return _finish(o, ret, xa.host, out is not None, s)
+
+
+def _mul_mat_id_launch(w: QuantTensor, t: int, slots: int, x_per_slot: int, arch, xa, ia, o) -> tuple:
+    """(knobs' generation, [(prepared launch, byte offsets of its x, y, ids)]): mul_mat_id's one launch (the grouped
+    GEMV's, or the per-pair GEMV's), or for more pairs than one grid takes the per-pair GEMV's launches of whole
+    tokens (x, y and ids moved to each launch's first token)."""
+    from ptxgen import formats
+
+    e, m, k = w.shape
     kernel = mul_mat_id_kernel(w.fmt, t, slots, e)
     fn = kernels.load(kernel, arch)
     pdl = bool(fn.meta.get("pdl_head"))  # it waits before touching memory: it may start behind anything
     rows = -(-m // int(fn.meta["rows_per_cta"]))
-    per = (65535 // slots) * slots  # pairs a launch takes (grid.y ≤ 65535), whole tokens
-    if kernel.endswith("_idg") or t * slots <= per:  # one launch: prepared once per (T, slots, x form, arch)
-        grid = (rows, e) if kernel.endswith("_idg") else (rows, t * slots)
-        launch = fn.prepare(grid, fn.cells((w.buffer, xa, o, m, k, t * slots if kernel.endswith("_idg") else 1, e,
-                                            expert_bytes, ia, slots, x_per_slot)), pdl=pdl)
-        w._plans[key] = (knobs._GENERATION[0], launch)
-        with _PATCH_LOCK:
-            launch.run(s)
-        return _finish(o, ret, xa.host, out is not None, s)
-    for p0 in range(0, t * slots, per):  # a later launch: ids, x and y moved to its first token
-        n, t0 = min(per, t * slots - p0), p0 // slots
-        fn.launch((rows, n), (w.buffer, xa.ptr + 4 * k * (p0 if len(xshape) == 3 else t0), o.ptr + 4 * m * p0, m, k,
-                              1, e, expert_bytes, ia.ptr + 4 * p0, slots, x_per_slot), stream=s, pdl=pdl)
-    return _finish(o, ret, xa.host, out is not None, s)
+    expert_bytes = m * formats.get(w.fmt).row_bytes(k)
+    if kernel.endswith("_idg"):
+        parts = [((rows, e), t * slots, 0)]
+    else:
+        per = (65535 // slots) * slots  # pairs a launch takes (grid.y ≤ 65535), whole tokens
+        parts = [((rows, min(per, t * slots - p0)), 1, p0) for p0 in range(0, t * slots, per)]
+    out = []
+    for grid, ntok, p0 in parts:
+        dx, dy, di = 4 * k * (p0 if x_per_slot else p0 // slots), 4 * m * p0, 4 * p0
+        cells = fn.cells((w.buffer, xa.ptr + dx, o.ptr + dy, m, k, ntok, e, expert_bytes, ia.ptr + di, slots,
+                          x_per_slot))
+        out.append((fn.prepare(grid, cells, pdl=pdl), (dx, dy, di)))
+    return knobs.generation(), out
+
+
+def _on_our_device(a, what: str) -> None:
+    """A torch / cupy operand on another GPU than ptxgen's is refused (NumPy and DeviceArrays pass)."""
+    dev = a.get_device() if hasattr(a, "get_device") and hasattr(a, "is_cuda") else getattr(
+        getattr(a, "device", None), "id", None)
+    if isinstance(dev, int) and dev >= 0 and dev != driver.ORDINAL:
+        raise ValueError(f"{what} is on cuda:{dev}; ptxgen runs on cuda:{driver.ORDINAL}")
+
+
+def _remember(w: QuantTensor, key, entry) -> None:
+    """Cache `entry` on `w` under `key` (T first); past PLANS_PER_WEIGHT the T > 8 entries are dropped (prefill
+    lengths vary per request; the decode ones a generation loop reuses stay)."""
+    if len(w._plans) >= PLANS_PER_WEIGHT:
+        for old in [k for k in w._plans if k[0] > GEMV_TOKENS[-1]]:
+            del w._plans[old]
+    w._plans[key] = entry
 
 
 GEMV_TOKENS = (1, 2, 4, 8)
@@ -804,10 +842,7 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     pb = PlanBuilder((t, k), np.float32, (t, m), np.float32, graph=bool(graph))
     _record_mul_mat(pb, w, int(t), mode, rotation, arch)
     plan = pb.finish(f"mul_mat {w.fmt} {m}x{k} T={t} mode={mode}")
-    if len(w._plans) >= PLANS_PER_WEIGHT:  # prefill lengths vary per request: keep the decode plans, drop the rest
-        for old in [k for k in w._plans if k[0] > GEMV_TOKENS[-1]]:
-            del w._plans[old]
-    w._plans[key] = (gen, plan)
+    _remember(w, key, (gen, plan))
     return plan
 
 

@@ -56,14 +56,15 @@ def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
     for t in (1, 3, 40):  # the pair build, the grouped one (expert 0's CTAs take the strays), the pair build
         w, raw, x, ids = _case("q4_K", 4, 256, 1024, t, 2, seed=5)
         ids[t // 2, 0], ids[t - 1, 1] = -1, 4
-        got = r.mul_mat_id(w, torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()).cpu().numpy()
+        out = torch.full((t, 2, 256), 7.0, device="cuda")  # finite: a NaN must be written
+        got = r.mul_mat_id(w, torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda(), out=out).cpu().numpy()
         bad = np.zeros(ids.shape, bool)
         bad[t // 2, 0] = bad[t - 1, 1] = True
         assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
         want = formats.mul_mat_id_ref("q4_K", raw, w.shape, x, ids)
         assert rel(got[~bad], want[~bad]) <= 1e-5
-    with pytest.raises(ValueError, match=r"ids\[1, 0\] = -1 is not an expert"):
-        r.mul_mat_id(w, x, ids)
+    with pytest.raises(ValueError, match=r"ids\[20, 0\] = -1 is not an expert of w \(0 ≤ id < 4\); 2 out of range"):
+        r.mul_mat_id(w, x, ids)  # host ids: refused before anything runs
 
 
 def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits():

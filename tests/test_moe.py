@@ -100,3 +100,93 @@ def test_moe_gemv_drawn_shapes_and_routes(fmt, e, m, kb, t, slots, seed, arch, k
     ids = rng.integers(0, e, (t, slots)).astype(np.int32)
     out = _case(fmt, arch, kind, shape=(e, m, 256 * kb), ids=ids, x_per_slot=bool(seed & 1), seed=seed)
     assert out.ok, out.detail
+
+
+class _Launches:
+    """mul_mat_id on a fake H200 (ptxgen.testing.fakegpu): every prepared launch's run recorded, with its cells."""
+
+    def __init__(self, monkeypatch):
+        from ptxgen.runtime.driver import PreparedLaunch
+        from ptxgen.testing import fakegpu
+
+        fakegpu.install(monkeypatch)
+        self.runs = []
+        monkeypatch.setattr(PreparedLaunch, "run", lambda launch, s: self.runs.append(
+            (launch.fn.name, launch.grid, [c.value for c in launch.cells], s)))
+
+
+def _fake_call(w, t, slots, per_slot=False, base=0):
+    from ptxgen.runtime.arrays import DeviceArray
+
+    e, m, k = w.shape
+    x = DeviceArray(0x100000000 + base, (t, slots, k) if per_slot else (t, k), np.dtype(np.float32))
+    ids = DeviceArray(0x200000000 + base, (t, slots), np.dtype(np.int32))
+    out = DeviceArray(0x300000000 + base, (t, slots, m), np.dtype(np.float32))
+    mul_mat_id(w, x, ids, out=out)
+    return x, ids, out
+
+
+def _fake_experts(fmt="q4_K", e=8, m=64, k=256):
+    from ptxgen.runtime.driver import DeviceBuffer
+    from ptxgen.testing import fakegpu
+
+    return QuantTensor(fmt, (e, m, k), device=DeviceBuffer.wrap(fakegpu.BASE, e * m * formats.get(fmt).row_bytes(k)))
+
+
+def test_mul_mat_id_launches_patch_each_calls_pointers_and_evict_prefill_shapes(monkeypatch):
+    """One prepared launch per (T, slots, x form, arch), patched per call with that call's x, y, ids (a second
+    call at other addresses launches with those); grouped from 2 tokens to 64 pairs, per pair otherwise; the
+    cache keeps at most PLANS_PER_WEIGHT shapes (the T > 8 ones go first)."""
+    from ptxgen.runtime import ops
+
+    rec = _Launches(monkeypatch)
+    w = _fake_experts()
+    for t, kernel, grid in ((1, "gemv_q4_k_f32_id", (4, 2, 1)), (4, "gemv_q4_k_f32_idg", (4, 8, 1)),
+                            (40, "gemv_q4_k_f32_id", (4, 80, 1))):
+        for base in (0, 0x1000):
+            x, ids, out = _fake_call(w, t, 2, base=base)
+            name, g, cells, _ = rec.runs[-1]
+            assert (name, g) == (kernel, grid) and cells[1:3] == [x.ptr, out.ptr] and cells[8] == ids.ptr
+    for t in range(9, 9 + ops.PLANS_PER_WEIGHT + 5):
+        _fake_call(w, t, 2)
+    assert len(w._plans) <= ops.PLANS_PER_WEIGHT and (1, "mul_mat_id", 2, 0, None) in w._plans
+
+
+def test_mul_mat_id_past_one_grid_moves_x_y_ids_to_each_launchs_first_token(monkeypatch):
+    """More pairs than one grid row count (65535) takes: launches of whole tokens, each with x (the token's row, or
+    the pair's), y and ids at its first pair."""
+    rec = _Launches(monkeypatch)
+    w = _fake_experts(e=4, m=16)
+    t, slots = 40000, 2  # 80000 pairs: 65534 + 14466
+    for per_slot in (False, True):
+        rec.runs.clear()
+        x, ids, out = _fake_call(w, t, slots, per_slot=per_slot)
+        (n0, g0, c0, _), (n1, g1, c1, _) = rec.runs
+        assert g0[1] == 65534 and g1[1] == 80000 - 65534
+        first = 65534 if per_slot else 65534 // slots
+        assert c1[1] - x.ptr == 4 * 256 * first and c1[2] - out.ptr == 4 * 16 * 65534 and c1[8] - ids.ptr == 4 * 65534
+
+
+def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(monkeypatch):
+    """The first call of a shape prepares the launch and publishes it; a second thread finding it must not make the
+    first launch with its pointers: patch and run happen as one step for every call, the first included."""
+    import threading
+
+    from ptxgen.runtime import ops
+
+    rec = _Launches(monkeypatch)
+    w = _fake_experts()
+    real = ops._remember
+
+    def slow_remember(*a):  # widen the window between publishing the launch and running it
+        real(*a)
+        if threading.current_thread().name == "A":
+            other = threading.Thread(target=_fake_call, args=(w, 3, 2), kwargs={"base": 0x2000}, name="B")
+            other.start()
+            other.join()
+    monkeypatch.setattr(ops, "_remember", slow_remember)
+    th = threading.Thread(target=_fake_call, args=(w, 3, 2), name="A")
+    th.start()
+    th.join()
+    xs = sorted(cells[1] for _, _, cells, _ in rec.runs)
+    assert xs == [0x100000000, 0x100000000 + 0x2000]

@@ -34,12 +34,13 @@ def block_lanes(b, group, lane, count, group_blocks: int):
 
 def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs_offset: int, qh_offset=None):
     """The GEMVs' wider step for the K-quants with 6-bit (scale, min) pairs, Q4_K and Q5_K (`qh_offset`: Q5_K's
-    fifth bits): lane L takes block 2·group + L / 16 (valid below `count`; past it every load is off and the
-    weights are 0), chunk c = (L / 4) % 4 and bytes l0 .. l0 + 7 (l0 = 8·(L % 4)) of its 32 qs bytes: 8 weights of
-    sub-block 2c (low nibbles) and 8 of 2c + 1 (high), one 8-byte qs load (and one of qh), the 16-byte header and
-    the two sub-blocks' scale decode for 16 weights. Returns factored runs (the 8 values q as f32, d·sc, −dmin·m)
-    per sub-block: the GEMV sums q·x and x and adds d·sc·Σqx − dmin·m·Σx (ggml's w = d·sc·q − dmin·m up to fp32
-    rounding). Offsets as dequant_lane's, the first element 256·block + 64·c + l0, the high run 32 further."""
+    fifth bits): lane L takes block 2·group + L / 16 (valid below `count`; past it the qs / qh loads are off, the
+    header is the row's last block's, and the GEMV masks x), chunk c = (L / 4) % 4 and bytes l0 .. l0 + 7
+    (l0 = 8·(L % 4)) of its 32 qs bytes: 8 weights of sub-block 2c (low nibbles) and 8 of 2c + 1 (high), from one
+    8-byte qs load (and one of qh), with one header load and the two sub-blocks' scale decode for 16 weights. The
+    weights are ggml's fp32 w = d·sc·q − dmin·m, each rounded as ggml rounds it (not factored: with the min term a
+    factored sum d·sc·Σqx − dmin·m·Σx can cancel). Offsets as dequant_lane's, the first element 256·block + 64·c
+    + l0, the high run 32 further."""
     from ..dsl import DequantSequence, LoadWords
     from . import q4_k
 
@@ -66,9 +67,9 @@ def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs
             if qh is not None:  # bit `sub` of each qh byte is the fifth bit
                 q = b.op("or.b32", q, b.op("shl.b32", b.op("and.b32", b.op("shr.u32", qh[wd], sub),
                                                            Imm(0x01010101, "b32")), Imm(4, "u32")))
-            vals += [b.op("cvt.rn.f32.u32", b.op("bfe.u32", q, Imm(8 * i, "u32"), Imm(8, "u32"))) for i in range(4)]
-        # past the row the header is block count - 1's and the values 0: the run adds 0·d − 0·m
-        runs.append((vals, env[scale], b.op("neg.f32", env[minimum])))
+            vals += [b.op("sub.rn.f32", b.op("mul.rn.f32", env[scale], b.op("cvt.rn.f32.u32", b.op(
+                "bfe.u32", q, Imm(8 * i, "u32"), Imm(8, "u32")))), env[minimum]) for i in range(4)]
+        runs.append(vals)
 
     def offsets():  # 256·block + 64·c + l0; the high run 32 further
         return b.op("add.u32", b.op("shl.b32", blk, Imm(8, "u32")), b.op("mad.lo.u32", c, Imm(64, "u32"), l0)), (0, 32)

@@ -57,7 +57,7 @@ WIDE_BLOCKS = 2  # dequant_lane_wide: a warp step covers 2 blocks, 16 weights a 
 
 def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
     """The GEMVs' wider step (kernels/gemv_codec.py): lane L takes block 2·group + L / 16 (valid below `count`;
-    past it every load is off and the weights are 0), half h = (L / 8) % 2 and elements l0 .. l0 + 3 (l0 = 4·(L % 8))
+    past it every load is off: a zero scale, and the GEMV masks x), half h = (L / 8) % 2 and elements l0 .. l0 + 3 (l0 = 4·(L % 8))
     of all 4 quarters: 16 weights from two 4-byte ql words and one qh word (each from two 2-byte loads: the block is
     2-byte aligned) and the quarters' 4 scales. Four weights' q − 32 at a time: (low nibbles | high bits << 4) ^ 0x20
     per byte is q − 32 as a 6-bit two's complement; shifted left by 2 each byte is the int8 4·(q − 32), which one

@@ -178,7 +178,7 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     mem = _memory()
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
-    ya = mem.alloc(t * slots * m * 4, poison=0xFF)
+    ya = mem.alloc(t * slots * m * 4, poison=0x11)  # finite (1e-28): a row never written fails, NaN rows included
     expert_bytes = m * formats.get(fmt).row_bytes(k)
     _run(ptx, (-(-m // meta["rows_per_cta"]), e if grouped else t * slots), (32 * meta["warps"],),
          (wa, xa, ya, m, k, t * slots if grouped else 1, e, expert_bytes, ia, slots, int(per_slot)), mem, seed=seed)

@@ -12,11 +12,11 @@ the result does not depend on ROWS or UNROLL: the fp32 product of ggml's fp32 we
 against the float64 reference). The generic baseline that makes every codec's format run; the formats with
 hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
 
-A codec with `dequant_lane_wide` (Q4_K, Q5_K, Q6_K) gives each lane 16 weights of a block and factored runs (small
-integers as f32, a scale, and for the K-quants −dmin·m): the warp sums q·x (and x) per run and adds scale·Σqx
-(− dmin·m·Σx), at T = 1 about 10 SASS instructions a weight for Q5_K where the 8-weight lanes took 22, 8 for Q6_K
-where they took 14 (`ptxgen check --loops`); the sums differ from the 8-weight lanes' in rounding only (≤ 4e-7
-relative in the emulator, random bytes included). Measured against them by bench/probe_gemv_codec.py (W = 0 / 1).
+A codec with `dequant_lane_wide` (Q4_K, Q5_K, Q6_K) gives each lane 16 weights of a block, so one header load and
+one scale decode serve twice the weights: the K-quants' as ggml's fp32 weights (Q5_K at T = 1: 11 SASS
+instructions a weight in the main loop, the 8-weight lanes 22; `ptxgen check --loops`), Q6_K's as factored runs
+(4·(q − 32) as f32 and d·sc / 4 per run of 4: the warp sums q·x and scales once, no min term to cancel; 8 where
+they took 14). Measured against the 8-weight lanes by bench/probe_gemv_codec.py (W = 0 / 1).
 """
 from __future__ import annotations
 
