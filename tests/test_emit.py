@@ -315,3 +315,14 @@ def test_emulator_cli_reports_errors_in_one_line(tmp_path):
 
 def ptx_of(kernel: str, arch: str = "sm_89") -> str:
     return KERNELS[kernel].for_arch(arch).ptx()
+
+
+def test_ctas_per_sm_never_claims_more_shared_memory_than_the_target_has():
+    """Every build's meta ctas_per_sm (the runtime's grid and split plans read it) fits the target's shared memory
+    per SM (opt-in limit + 1 KB; 1 KB more per CTA): sm_89 and sm_120a builds of kernels tuned on the H200 say so."""
+    for arch in TARGETS:
+        a = get_arch(arch)
+        for e in json.loads((REPO / "emitted" / arch / "manifest.json").read_text())["kernels"]:
+            c, smem = e["meta"].get("ctas_per_sm"), e["static_smem"] + e["dynamic_smem"]
+            if isinstance(c, int) and smem:
+                assert c == 1 or c * (smem + 1024) <= a.max_smem_per_block + 1024, (arch, e["kernel"], c, smem)

@@ -19,7 +19,20 @@ class KernelDef:
         arch = get_arch(arch)
         if arch.name not in self.archs and arch.name != "sm_80":
             raise ValueError(f"kernel {self.name} is not built for {arch.name}; it is built for {', '.join(self.archs)}")
-        return self.build(arch)
+        return _resident(self.build(arch), arch)
+
+
+def _resident(k: Kernel, arch: Arch) -> Kernel:
+    """meta `ctas_per_sm` (what the runtime plans grids and splits with) no more than the target's shared memory
+    holds: an SM has the opt-in limit plus 1 KB, and each CTA takes 1 KB of it besides its own (sm_89 and sm_120a
+    hold 100 KB where the H200 holds 228: a build tuned for 4 CTAs of 54 KB there fits one)."""
+    c = k.meta.get("ctas_per_sm")
+    smem = k.static_smem + k.dynamic_smem
+    if isinstance(c, int) and smem:
+        fit = max(1, (arch.max_smem_per_block + 1024) // (smem + 1024))
+        if fit < c:
+            k.meta["ctas_per_sm"] = fit
+    return k
 
 
 def _registry() -> dict[str, KernelDef]:
