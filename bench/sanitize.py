@@ -1,4 +1,4 @@
-"""Every kernel mul_mat can dispatch, at edge shapes, once each — the program compute-sanitizer runs:
+"""Every kernel mul_mat and mul_mat_id can dispatch, at edge shapes, once each — the program compute-sanitizer runs:
 
     compute-sanitizer --tool memcheck  python3 bench/sanitize.py   (also racecheck, synccheck, initcheck)
     compute-sanitizer --tool racecheck python3 bench/sanitize.py --only gemv_q4_k_mma_t1_fused   (calls running it)
@@ -45,6 +45,35 @@ def cases():
                             yield fmt, mode, rotation, m, k, t, arch, forced
 
 
+def moe_cases(r, rng, covered, only, n, worst, wrong):
+    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1, and 40 tokens of 2 slots: 80 pairs) and the grouped
+    one (T = 3), x shared and per slot, ids on the device with two out of range (their rows NaN, the rest checked)."""
+    from ptxgen.runtime import ops
+
+    for fmt in ("q4_K", "q5_K", "q6_K", "q8_0"):
+        e, m, k, slots = 4, 129, 512, 2
+        raw = random_raw(fmt, e * m, k, rng)
+        w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
+        for t in (1, 3, 40):
+            if only and ops.mul_mat_id_kernel(fmt, t, slots, e) not in only:
+                continue
+            for per_slot in (False, True):
+                ids = rng.integers(0, e, (t, slots)).astype(np.int32)
+                ids[t // 2, 0], ids[t - 1, slots - 1] = -1, e
+                x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
+                y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids)).numpy()
+                want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
+                bad = np.isnan(want)
+                err = float(np.linalg.norm((y - want)[~bad]) / max(np.linalg.norm(want[~bad]), 1e-30))
+                if not (np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all() and err <= 1e-5):
+                    print(f"WRONG: mul_mat_id {fmt} {e}x{m}x{k} T={t} per_slot={per_slot}: relative error {err:.2e}")
+                    wrong += 1
+                worst = max(worst, err)
+                covered.add(ops.mul_mat_id_kernel(fmt, t, slots, e))
+                n += 1
+    return n, worst, wrong
+
+
 def main():
     import ptxgen.runtime as r
     from ptxgen.runtime import kernels, ops
@@ -83,6 +112,7 @@ def main():
             worst = max(worst, err if not q8 and fmt != "tq4_1s" else 0.0)
             covered |= set(plan.kernels)
             n += 1
+    n, worst, wrong = moe_cases(r, rng, covered, only, n, worst, wrong)
     r.synchronize()
     dispatchable = {name for name in kernels.manifest("sm_90a") | kernels.manifest("sm_89")
                     if name != "quantize_q8_1" and not (name.startswith("dequantize_") and not name.endswith("_frags"))
