@@ -16,10 +16,10 @@ llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
 
 Weights rotate over copies holding ≥ 4× the 60 MB L2 in all three (they come from HBM). Then a decode loop over
 24 distinct weights of each --loop-formats format (4096×14336; TQ4_1S 18944×3584) at T = 1, 2, 4, 8 (eager and
-graph-replayed) beside the same loop of F.linear on 24 fp16 weights and of a kernel that only reads the same bytes
-(torch's sum), and the host time per call at T=1 (4096×4096 Q4_K, out= given; calls in bursts of 50 between
-synchronizations, so the launch queue never fills) beside F.linear's, in the same run (rounds alternating between
-the two, medians). Prints tables, writes JSON (--out) and a PNG beside it.
+graph-replayed) beside the same loop of F.linear on 24 fp16 weights and of kernels that only read the same bytes
+(probe_read_floor's streaming kernel, the floor; torch's sum beside it), and the host time per call at T=1
+(4096×4096 Q4_K, out= given; calls in bursts of 50 between synchronizations, so the launch queue never fills)
+beside F.linear's, in the same run (rounds alternating between the two, medians). Prints tables, writes JSON (--out) and a PNG beside it.
 """
 import argparse
 import json
@@ -160,6 +160,26 @@ def host_us(torch, fn, calls=1000, burst=50):
     return total / calls * 1e6
 
 
+def read_floor_kernel(torch, views):
+    """fn(i) launching probe_read_floor's streaming kernel (16-byte loads, 4 in flight per thread, 8 CTAs per SM)
+    over views[i % len(views)] on torch's current stream — the bytes-only floor of #36 — or None without cupy."""
+    try:
+        import cupy as cp
+
+        from probe_read_floor import SRC
+    except ImportError:
+        return None
+    kern = cp.RawKernel(SRC, "read16")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = cp.zeros(sms * 64, dtype=cp.uint32)
+
+    def run(i):
+        v = views[i % len(views)]
+        kern((sms * 8,), (256,), (cp.uint64(v.data_ptr()), cp.uint64(4 * v.numel() // 16), out),
+             stream=cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+    return run
+
+
 def three_ways(torch, fn, reps):
     out = {"kernel": kernel_only(torch, fn, reps), "eager": eager(torch, fn), "graph": graphed(torch, fn)}
     out["eager_profiled"], out["eager_busy"] = eager_busy(torch, fn)
@@ -247,10 +267,11 @@ def main():
         w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
         print(f"\ndecode loop: {n} distinct {fmt} {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
               "4.27 TB/s over the weights' bytes")
-        print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | % HBM (graph) | read-only "
-              "floor (sum) graph µs | ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / ptxgen "
-              "graph | kernels |")
+        print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | % HBM (graph) | read floor (streaming "
+              "kernel; torch sum) graph µs | ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / "
+              "ptxgen graph | kernels |")
         print("|---|---|---|---|---|---|---|---|---|")
+        stream_read = read_floor_kernel(torch, views)
         for t in (1, 2, 4, 8):
             x = torch.randn(t, k, device="cuda")
             ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
@@ -258,16 +279,18 @@ def main():
             loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
             ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n)}
             ours["graph_profiled"], ours["graph_busy"] = graph_busy(torch, loop, calls=4 * n)
-            floor = graphed(torch, lambda i: views[i % n].sum(), calls=4 * n)
+            summed = graphed(torch, lambda i: views[i % n].sum(), calls=4 * n)
+            floor = graphed(torch, stream_read, calls=4 * n) if stream_read else summed
             lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
             peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
             row = {"fmt": fmt, "T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor,
+                   "read_sum_graph": summed, "floor_kernel": "read16 (probe_read_floor)" if stream_read else "torch sum",
                    "flinear": peer, "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM,
                    "kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels}
             res["decode_loop"].append(row)
             print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | "
                   f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
-                  f"{row['pct_hbm_graph']:.0f}% | {floor:.1f} | "
+                  f"{row['pct_hbm_graph']:.0f}% | {floor:.1f}; {summed:.1f} | "
                   f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
                   f"{peer['graph'] / ours['graph']:.2f}× | {' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
         del ws, views, w16
