@@ -138,7 +138,7 @@ EXPECTED_SASS["dequantize_q5_k"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.64"]
 EXPECTED_SASS["dequantize_q6_k"] = ["F2FP", "LDG.E.U16.CONSTANT", "LDG.E.S8.CONSTANT", "I2FP.F32.S32"]
 EXPECTED_SASS["dequantize_q8_0"] = ["F2FP", "LDG.E.U16.CONSTANT", "STG.E.128"]
 for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one FFMA per weight, a shuffle sum
-    for _t in (1, 2, 4, 8):
+    for _t in (1, 2, 4, 8, 16):
         EXPECTED_SASS[f"gemv_{_f}_f32_t{_t}"] = ["FFMA", "SHFL.BFLY", "LDG.E.128.CONSTANT"] + (
             ["LDG.E.U16.CONSTANT", "PRMT"] if _f == "q6_k" else [])  # Q6_K's wide lanes: 2-byte loads paired
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # mul_mat_id's GEMV: the codec's decode, a shuffle sum, NaN for a bad id

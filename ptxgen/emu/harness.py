@@ -834,7 +834,7 @@ for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}"] = _deq(_f)
 for _f in ("q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}_frags"] = _frags(_f)
-    for _t in (1, 2, 4, 8):
+    for _t in (1, 2, 4, 8, 16):
         HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)

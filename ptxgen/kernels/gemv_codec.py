@@ -28,8 +28,8 @@ from . import KernelDef
 from ..specs import CodecKernel, MOE_GROUP_PAIRS
 
 WARPS = 8
-TOKENS = (1, 2, 4, 8)
-SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2)}  # tokens: (rows per warp, groups decoded per step)
+TOKENS = (1, 2, 4, 8, 16)  # 16: not dispatched yet (ptxgen.kernels.NOT_SHIPPED), for probe_gemv_codec.py's T = 9-16
+SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2), 16: (2, 2)}  # tokens: (rows per warp, groups decoded per step)
 AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
 FORMATS = codecs.with_route("codec_gemv")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
