@@ -277,14 +277,14 @@ def run_cell(torch, args, fmt, shape, t, ids_h, ws, w16s):
 
 
 def plot(res, path):
-    try:
-        import matplotlib
+    from bench_gemv import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("matplotlib missing: no plot")
         return
+    from bench_op import log_axes, save_figure
+
     panels = list(dict.fromkeys((c["fmt"], c["experts"], c["top"], c["m"], c["k"]) for c in res["cells"]))
     if not panels:
         return
@@ -308,14 +308,8 @@ def plot(res, path):
             if lim:
                 ax.plot(*zip(*lim), "rv", linestyle="none", label="goal")
         ax.plot(ts, [c["floor_us"] for c in rows], "k--", label="floor")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"{fmt} {e} experts top-{top} {m}×{k}")
-        ax.set_xlabel("T (tokens)")
-        ax.set_ylabel("µs per op")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        log_axes(ax, f"{fmt} {e} experts top-{top} {m}×{k}")
+    save_figure(fig, axes, path)
 
 
 if __name__ == "__main__":

@@ -334,12 +334,10 @@ def main():
 
 
 def plot(res, path):
-    try:
-        import matplotlib
+    from bench_gemv import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("matplotlib missing: no plot")
         return
     shapes = sorted({(o["fmt"], o["m"], o["k"]) for o in res["op"]})
@@ -353,11 +351,20 @@ def plot(res, path):
             for how, mark in (("kernel", "o"), ("eager", "s"), ("graph", "^")):
                 ax.plot(ts, [o[who][how] for o in rows], style + mark, label=f"{who} {how}")
         ax.plot(ts, [o["floor_us"] for o in rows], "k--", label="floor")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"{fmt} {m}×{k}")
-        ax.set_xlabel("T (tokens)")
-        ax.set_ylabel("µs per op")
+        log_axes(ax, f"{fmt} {m}×{k}")
+    save_figure(fig, axes, path)
+
+
+def log_axes(ax, title: str) -> None:
+    """The benchmarks' plot axes: T (log 2) against µs per op (log)."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel("T (tokens)")
+    ax.set_ylabel("µs per op")
+
+
+def save_figure(fig, axes, path) -> None:
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -12,6 +12,7 @@ import torch
 
 import ptxgen.runtime as r
 from bench_gemv import HBM, ptx_function
+from bench_op import eager
 from ptxgen import formats
 from ptxgen.arch import get_arch
 from ptxgen.kernels import gemv_codec
@@ -24,20 +25,9 @@ arch = "sm_90a" if torch.cuda.get_device_capability()[0] == 9 else "sm_89"
 
 
 def back_to_back(fn):
-    """µs per call of fn(i), i = 0 .. CALLS - 1, issued behind one sleep (device time, no host gaps)."""
+    """µs per call of fn(i), i = 0 .. CALLS - 1, issued back to back (bench_op.eager, median of 5 rounds)."""
     fn(0)
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(5):
-        torch.cuda._sleep(20_000_000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for i in range(CALLS):
-            fn(i)
-        e.record()
-        torch.cuda.synchronize()
-        best.append(s.elapsed_time(e) * 1e3 / CALLS)
-    return float(np.median(best))
+    return eager(torch, fn, calls=CALLS, rounds=5)
 
 
 print("| fmt | M×K | T | rows:unroll:ahead:wide | µs per op | % HBM | floor µs | ÷ floor |")
