@@ -46,15 +46,15 @@ def cases():
 
 
 def moe_cases(r, rng, covered, only, n, worst, wrong):
-    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1, and 40 tokens of 2 slots: 80 pairs) and the grouped
-    one (T = 3), x shared and per slot, ids on the device with two out of range (their rows NaN, the rest checked)."""
+    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1) and the grouped one (T = 3; T = 600 of 2 slots:
+    two windows of its id scan), x shared and per slot, ids on the device with two out of range (NaN rows)."""
     from ptxgen.runtime import ops
 
     for fmt in ("q4_K", "q5_K", "q6_K", "q8_0"):
         e, m, k, slots = 4, 129, 512, 2
         raw = random_raw(fmt, e * m, k, rng)
         w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
-        for t in (1, 3, 40):
+        for t in (1, 3, 600):
             if only and ops.mul_mat_id_kernel(fmt, t, slots, e) not in only:
                 continue
             for per_slot in (False, True):

@@ -68,5 +68,3 @@ class CodecKernel:
         except KeyError:
             raise ValueError(f"no codec kernel kind {self.kind!r} (have: {', '.join(names)})") from None
 
-
-MOE_GROUP_PAIRS = 64  # the expert-grouped MoE GEMV scans this many (token, slot) pairs at most (two per lane)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ptxgen import knobs
 from ptxgen.formats import tq4_1s as T4
-from ptxgen.specs import MOE_GROUP_PAIRS, CodecKernel, MmqSpec
+from ptxgen.specs import CodecKernel, MmqSpec
 
 from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
@@ -174,7 +174,7 @@ MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measure
 
 def mul_mat_id_kernel(fmt: str, t: int, slots: int, experts: int) -> str:
     """The kernel mul_mat_id runs for T = t tokens of `slots` experts each over `experts` experts."""
-    if t >= MOE_GROUPED_MIN_TOKENS and t * slots <= MOE_GROUP_PAIRS and experts <= 65535:
+    if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return CodecKernel("gemv_idg", fmt).name
     return CodecKernel("gemv_id", fmt).name
 
@@ -191,9 +191,9 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are refused while the
     stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array. Kernels: gemv_<fmt>_f32_id for Q4_K, Q5_K,
     Q6_K, Q8_0 (mode "exact": fp32 products of ggml's dequantized weights, relative error ~1e-6): from 2 tokens
-    up to 64 pairs gemv_<fmt>_f32_idg, one launch of (M rows, E experts) in which each expert's CTAs find the pairs
-    routed to it and read its weights once per 8 of them; otherwise gemv_<fmt>_f32_id, one launch of (M rows,
-    T·slots pairs), each pair reading its expert's weights (one token: its slots' experts are distinct anyway)."""
+    gemv_<fmt>_f32_idg, one launch of (M rows, E experts) in which each expert's CTAs scan the ids (1024 pairs at
+    a time) for the pairs routed to it and read its weights once per 8 of them; one token gemv_<fmt>_f32_id, one
+    launch of (M rows, slots pairs), each pair reading its expert's weights (a token's experts differ anyway)."""
     from ptxgen import codecs
 
     if not isinstance(w, QuantTensor):
@@ -255,9 +255,8 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
 
 
 def _mul_mat_id_launch(w: QuantTensor, t: int, slots: int, x_per_slot: int, arch, xa, ia, o) -> tuple:
-    """(knobs' generation, [(prepared launch, byte offsets of its x, y, ids)]): mul_mat_id's one launch (the grouped
-    GEMV's, or the per-pair GEMV's), or for more pairs than one grid takes the per-pair GEMV's launches of whole
-    tokens (x, y and ids moved to each launch's first token)."""
+    """(knobs' generation, [(prepared launch, byte offsets of its x, y, ids)]): mul_mat_id's launch (the grouped
+    GEMV's, grid.y the experts; or, for one token, the per-pair GEMV's, grid.y its slots)."""
     from ptxgen import formats
 
     e, m, k = w.shape
@@ -268,9 +267,10 @@ def _mul_mat_id_launch(w: QuantTensor, t: int, slots: int, x_per_slot: int, arch
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     if kernel.endswith("_idg"):
         parts = [((rows, e), t * slots, 0)]
+    elif t * slots <= 65535:  # grid.y
+        parts = [((rows, t * slots), 1, 0)]
     else:
-        per = (65535 // slots) * slots  # pairs a launch takes (grid.y ≤ 65535), whole tokens
-        parts = [((rows, min(per, t * slots - p0)), 1, p0) for p0 in range(0, t * slots, per)]
+        raise ValueError(f"mul_mat_id: {t * slots} (token, slot) pairs of one token: at most 65535")
     out = []
     for grid, ntok, p0 in parts:
         dx, dy, di = 4 * k * (p0 if x_per_slot else p0 // slots), 4 * m * p0, 4 * p0

@@ -91,6 +91,19 @@ def test_moe_gemv_in_the_emulator(fmt, load, kind):
         assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("fmt,per_slots", [("q8_0", (True,)),
+                                           pytest.param("q4_K", (False, True), marks=pytest.mark.slow)])
+def test_grouped_moe_gemv_across_id_windows(fmt, per_slots):
+    """1400 pairs: two windows of the grouped build's scan (1024 pairs each), an expert with matches in both, one
+    with none, and out-of-range ids in each window; x one row per slot (and, in the slow tier, shared)."""
+    rng = np.random.default_rng(5)
+    ids = rng.choice([0, 1, 1, 1, 3], size=(700, 2)).astype(np.int32)  # expert 2 gets none
+    ids[3, 1], ids[600, 0] = -1, 4
+    for per_slot in per_slots:
+        out = _case(fmt, "sm_90a", "idg", shape=(4, 17, 256), ids=ids, x_per_slot=per_slot, seed=9)
+        assert out.ok, out.detail
+
+
 @settings(max_examples=8, deadline=None)
 @given(fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0"]), e=st.integers(1, 5), m=st.integers(1, 40),
        kb=st.integers(1, 3), t=st.integers(1, 6), slots=st.integers(1, 3), seed=st.integers(0, 2**31 - 1),
@@ -135,14 +148,14 @@ def _fake_experts(fmt="q4_K", e=8, m=64, k=256):
 
 def test_mul_mat_id_launches_patch_each_calls_pointers_and_evict_prefill_shapes(monkeypatch):
     """One prepared launch per (T, slots, x form, arch), patched per call with that call's x, y, ids (a second
-    call at other addresses launches with those); grouped from 2 tokens to 64 pairs, per pair otherwise; the
+    call at other addresses launches with those); grouped from 2 tokens, per pair for one token; the
     cache keeps at most PLANS_PER_WEIGHT shapes (the T > 8 ones go first)."""
     from ptxgen.runtime import ops
 
     rec = _Launches(monkeypatch)
     w = _fake_experts()
     for t, kernel, grid in ((1, "gemv_q4_k_f32_id", (4, 2, 1)), (4, "gemv_q4_k_f32_idg", (4, 8, 1)),
-                            (40, "gemv_q4_k_f32_id", (4, 80, 1))):
+                            (40, "gemv_q4_k_f32_idg", (4, 8, 1))):
         for base in (0, 0x1000):
             x, ids, out = _fake_call(w, t, 2, base=base)
             name, g, cells, _ = rec.runs[-1]
@@ -152,19 +165,14 @@ def test_mul_mat_id_launches_patch_each_calls_pointers_and_evict_prefill_shapes(
     assert len(w._plans) <= ops.PLANS_PER_WEIGHT and (1, "mul_mat_id", 2, 0, None) in w._plans
 
 
-def test_mul_mat_id_past_one_grid_moves_x_y_ids_to_each_launchs_first_token(monkeypatch):
-    """More pairs than one grid row count (65535) takes: launches of whole tokens, each with x (the token's row, or
-    the pair's), y and ids at its first pair."""
+def test_mul_mat_id_at_prefill_lengths_is_one_grouped_launch(monkeypatch):
+    """However many pairs (80000 here), the grouped GEMV is one launch of (M rows, E experts): its CTAs scan the ids
+    in windows; ntok is the pair count."""
     rec = _Launches(monkeypatch)
     w = _fake_experts(e=4, m=16)
-    t, slots = 40000, 2  # 80000 pairs: 65534 + 14466
-    for per_slot in (False, True):
-        rec.runs.clear()
-        x, ids, out = _fake_call(w, t, slots, per_slot=per_slot)
-        (n0, g0, c0, _), (n1, g1, c1, _) = rec.runs
-        assert g0[1] == 65534 and g1[1] == 80000 - 65534
-        first = 65534 if per_slot else 65534 // slots
-        assert c1[1] - x.ptr == 4 * 256 * first and c1[2] - out.ptr == 4 * 16 * 65534 and c1[8] - ids.ptr == 4 * 65534
+    x, ids, out = _fake_call(w, 40000, 2)
+    (name, grid, cells, _), = rec.runs
+    assert name == "gemv_q4_k_f32_idg" and grid == (1, 4, 1) and cells[5] == 80000
 
 
 def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(monkeypatch):

@@ -160,12 +160,12 @@ def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None)
 
 
 def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None) -> Outcome:
-    """gemv_<fmt>_f32_id / _idg (mul_mat_id's decode GEMVs: one pair per grid row / per expert its pairs 8 at a
-    time): E experts of ggml-quantized (M, K) weights (M with a partial last CTA), T tokens × `slots` expert ids
+    """gemv_<fmt>_f32_id / _idg (mul_mat_id's GEMVs: one pair per grid row / per expert its pairs 8 at a time, the
+    ids scanned in windows of 1024 pairs): E experts of ggml-quantized (M, K) weights (M with a partial last CTA), T tokens × `slots` expert ids
     with repeats (several pairs on one expert; the grouped build gets more than 8 on one) and, unless `ids` is
     given, one id out of range (−1 or E); x (T, K) or, with `x_per_slot`, (T, slots, K); y NaN-poisoned first.
     Against formats.mul_mat_id_ref: within 1e-5 relative where the id is valid, NaN exactly where it is not."""
-    fmt, grouped = meta["fmt"], "max_pairs" in meta
+    fmt, grouped = meta["fmt"], "window" in meta
     e, m, k = shape or (3, 21, 544 if fmt == "q8_0" else 512)
     if ids is None:
         t, slots = (int(rng.integers(5, 8)), 2) if grouped else (int(rng.integers(1, 4)), int(rng.integers(1, 3)))

@@ -24,9 +24,10 @@ def mul_mat_id_ref(fmt: str, raw, shape, x: np.ndarray, ids: np.ndarray) -> np.n
     ids = np.asarray(ids)
     x = np.asarray(x, np.float64)
     xs = x if x.ndim == 3 else np.broadcast_to(x[:, None, :], (*ids.shape, k))
-    ok = (ids >= 0) & (ids < e)
-    y = np.einsum("tjk,tjmk->tjm", xs, w[np.where(ok, ids, 0)])
-    y[~ok] = np.nan
+    y = np.full((*ids.shape, m), np.nan)
+    for expert in range(e):  # each expert's pairs at once (no (T, slots, M, K) gather)
+        sel = ids == expert
+        y[sel] = xs[sel] @ w[expert].T
     return y
 
 

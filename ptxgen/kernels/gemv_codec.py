@@ -25,7 +25,7 @@ from ..builder import KernelBuilder
 from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
-from ..specs import CodecKernel, MOE_GROUP_PAIRS
+from ..specs import CodecKernel
 
 WARPS = 8
 TOKENS = (1, 2, 4, 8, 16)  # 16: not dispatched yet (ptxgen.kernels.NOT_SHIPPED), for probe_gemv_codec.py's T = 9-16
@@ -118,39 +118,50 @@ def _route_to_expert(b, W, X, Y, M, K):
 
 
 GROUPED_SHAPE = (2, 2)  # the grouped MoE GEMV's (rows per warp, groups per step): SHAPE[8]'s 4 rows spill there
-GROUP_PAIRS = MOE_GROUP_PAIRS
+WINDOW_CHUNKS = 4  # the grouped MoE GEMV scans the ids in windows of 32·WARPS·WINDOW_CHUNKS pairs
+WINDOW = 32 * WARPS * WINDOW_CHUNKS
 
 
-def _group_pairs(b, E, ntok, ids, lane, tid):
-    """The grouped MoE build's scan: this CTA's expert e = ctaid.y; each warp finds, in order, the pairs (of the
-    first `ntok` ≤ GROUP_PAIRS) routed to e — expert 0's CTAs also take the pairs whose id is out of range, flagged
-    by bit 31 — and writes their indices to its slice of shared memory (a shuffle scan gives each match its rank).
-    Returns (e, the warp's slice, the match count)."""
-    e = b.special("ctaid.y")
-    slots_at = b.shared_buffer("pairs", 4 * GROUP_PAIRS * WARPS)
-    mine = b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(5, "u32")), Imm(4 * GROUP_PAIRS, "u32"),
-                b.op("mov.u32", slots_at, type="u32"))
+def _window_scan(b, e, E, ntok, ids, win0, lane, wid, list_at, counts_at):
+    """The grouped MoE build's scan of one window of the ids, by the whole CTA: the pairs in [win0, win0 + WINDOW)
+    (below `ntok`) routed to expert e — expert 0's CTAs also take those whose id is out of range, flagged by bit 31
+    — written in pair order to the shared list at `list_at`. Warp w scans pairs win0 + 128·w .. + 127 (a shuffle
+    prefix sum ranks its matches), the warps' counts meet in shared memory (`counts_at`), then each match is
+    stored at its warp's offset plus its rank. Ends with bar.sync (the list complete). Returns the window's count."""
     first_e = b.op("setp.eq.u32", e, Imm(0, "u32"))
     base = b.op("mov.u32", Imm(0, "u32"))
-    for c in range(GROUP_PAIRS // 32):
-        idx = b.op("add.u32", lane, Imm(32 * c, "u32"))
+    found = []
+    for c in range(WINDOW_CHUNKS):
+        idx = b.op("add.u32", b.op("add.u32", win0, b.op("mad.lo.u32", wid, Imm(32 * WINDOW_CHUNKS, "u32"),
+                                                          Imm(32 * c, "u32"))), lane)
         here = b.op("setp.lt.u32", idx, ntok)
         v = b.op("mov.u32", Imm(0xFFFFFFFF, "u32"))
         b.emit("ld.global.nc.u32", v, Mem(b.op("mad.wide.u32", idx, Imm(4, "u32"), ids)), pred=here)
         stray = b.op("and.pred", b.op("and.pred", first_e, here), b.op("setp.ge.u32", v, E))  # out of range → e = 0
         match = b.op("or.pred", b.op("setp.eq.u32", v, e), stray)
         flag = b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"), match)
-        s = flag
+        sc = flag
         for off in (1, 2, 4, 8, 16):  # inclusive prefix sum of the flags over the warp
-            o = b.op("shfl.sync.up.b32", s, Imm(off, "u32"), Imm(0, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
-            s = b.op("add.u32", s, b.op("selp.b32", o, Imm(0, "b32"), b.op("setp.ge.u32", lane, Imm(off, "u32"))))
-        rank = b.op("sub.u32", b.op("add.u32", base, s), flag)
+            o = b.op("shfl.sync.up.b32", sc, Imm(off, "u32"), Imm(0, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
+            sc = b.op("add.u32", sc, b.op("selp.b32", o, Imm(0, "b32"), b.op("setp.ge.u32", lane, Imm(off, "u32"))))
+        rank = b.op("sub.u32", b.op("add.u32", base, sc), flag)
         tagged = b.op("or.b32", idx, b.op("selp.b32", Imm(0x80000000, "b32"), Imm(0, "b32"), stray))
-        b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", rank, Imm(4, "u32"), mine)), tagged, pred=match)
-        base = b.op("add.u32", base, b.op("shfl.sync.idx.b32", s, Imm(31, "u32"), Imm(31, "u32"),
+        found.append((match, rank, tagged))
+        base = b.op("add.u32", base, b.op("shfl.sync.idx.b32", sc, Imm(31, "u32"), Imm(31, "u32"),
                                           Imm(0xFFFFFFFF, "b32"), type="u32"))
-    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-    return e, mine, base
+    b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", wid, Imm(4, "u32"), counts_at)), base,
+           pred=b.op("setp.eq.u32", lane, Imm(0, "u32")))
+    b.emit("bar.sync", Imm(0, "u32"))
+    offset, total = b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))
+    for w in range(WARPS):  # this warp's offset: the counts of the warps before it; the window's total
+        cw = b.op("ld.shared.u32", Mem(counts_at, 4 * w))
+        b.emit("add.u32", offset, offset, cw, pred=b.op("setp.gt.u32", wid, Imm(w, "u32")))
+        b.emit("add.u32", total, total, cw)
+    for match, rank, tagged in found:
+        b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", b.op("add.u32", offset, rank), Imm(4, "u32"), list_at)),
+               tagged, pred=match)
+    b.emit("bar.sync", Imm(0, "u32"))
+    return total
 
 
 def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
@@ -207,28 +218,21 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
                       activation="fp32 x (T, K) or (T, slots, K), 16-byte aligned rows; ids (T, slots) int32",
                       experts="w holds `experts` matrices of m rows, expert_bytes apart")
     if moe == "grouped":
-        b.meta.update(max_pairs=GROUP_PAIRS, ntok="the number of (token, slot) pairs, at most max_pairs")
+        b.meta.update(window=WINDOW, ntok="the number of (token, slot) pairs")
     b.pdl_head()  # one kernel per call: it waits for whatever wrote x before it reads anything
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    if moe == "grouped":
+        return _grouped(b, codec, lanes, (W, X, Y, M, K, ntok), rows, unroll, ahead, group_blocks, group_bytes, nt)
     bad = None
     if moe == "pair":
         W, X, Y, bad = _route_to_expert(b, W, X, Y, M, K)
-    elif moe == "grouped":
-        e_p, eb_p, ids_p = b.param("experts", "u32"), b.param("expert_bytes", "u64"), b.param("ids", "u64", "ptr:in")
-        s_p, xs_p = b.param("slots", "u32"), b.param("x_per_slot", "u32")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32"))),
                 Imm(rows, "u32"))
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", row0, M))  # a warp past M: nothing to do (warp-uniform)
-    if moe == "grouped":
-        e, mine, total = _group_pairs(b, b.ld_param(e_p, "u32"), ntok, b.ptr(ids_p), lane, tid)
-        b.bra(done, pred=b.op("setp.eq.u32", total, Imm(0, "u32")))  # no pair routed to this expert
-        W = b.op("mad.lo.u64", b.op("cvt.u64.u32", e), b.ld_param(eb_p, "u64"), W)
-        slots_n = b.ld_param(s_p, "u32")
-        per_slot = b.op("setp.ne.u32", b.ld_param(xs_p, "u32"), Imm(0, "u32"))
     nblk = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
     stride = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
     last_row = b.op("sub.u32", M, Imm(1, "u32"))
@@ -237,30 +241,78 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
         b.op("mad.wide.u32", b.op("min.u32", row[r], last_row), stride, W) for r in range(1, rows)]
     ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(group_blocks - 1, "u32")), Imm(group_blocks, "u32"))
     last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
-    if moe == "grouped":
-        q = b.op("mov.u32", Imm(0, "u32"))
-        next_pass = b.label("pass")
-        b.place(next_pass)
-        live, xrow, yidx, bads = _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot)
-    else:
-        live = [b.op("setp.gt.u32", ntok, Imm(t, "u32")) if t else None for t in range(nt)]  # token 0 always exists
-        xrow = [b.op("mad.wide.u32", K, Imm(4 * t, "u32"), X) for t in range(nt)]
-        yidx, bads = [Imm(t, "u32") for t in range(nt)], [bad] * nt
+    live = [b.op("setp.gt.u32", ntok, Imm(t, "u32")) if t else None for t in range(nt)]  # token 0 always exists
+    xrow = [b.op("mad.wide.u32", K, Imm(4 * t, "u32"), X) for t in range(nt)]
+    yidx, bads = [Imm(t, "u32") for t in range(nt)], [bad] * nt
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
     _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes)
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    for r in range(rows):
-        stored = lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M))
-        for t in range(nt):
+    _store_rows(b, acc, lambda r: lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M)),
+                row, M, Y, yidx, bads, live)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
+def _store_rows(b, acc, stored, row, M, Y, yidx, bads, live) -> None:
+    """Each row's sums over the warp, stored by lane 0 at y[yidx[t], row] where `stored(r)` (made as row r's turn
+    comes) and the token's `live` hold; NaN where `bads[t]` (an out-of-range expert id)."""
+    for r in range(len(row)):
+        ok = stored(r)
+        for t in range(len(yidx)):
             s = warp_sum(b, acc[t][r])
             if bads[t] is not None:  # an out-of-range expert id: NaN over the pair's row
                 s = b.op("selp.f32", Imm(float("nan"), "f32"), s, bads[t])
             b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", M, yidx[t], row[r]), Imm(4, "u32"),
-                                              Y)), s, pred=_both(b, stored, live[t]))
-    if moe == "grouped":
-        b.emit("add.u32", q, q, Imm(nt, "u32"))
-        b.bra(next_pass, pred=b.op("setp.lt.u32", q, total))
+                                              Y)), s, pred=_both(b, ok, live[t]))
+
+
+def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_bytes, nt):
+    """gemv_<fmt>_f32_idg's body: grid.y the experts; the CTA scans the ids a window at a time (_window_scan) for
+    the pairs routed to its expert e and runs the nt-token GEMV over them nt at a time (expert e's weights, read
+    once per nt of its pairs in the window). Every warp takes part in the scans (CTA barriers): a warp past M reads
+    row M - 1 and stores nothing."""
+    W, X, Y, M, K, ntok = args
+    e_p, eb_p, ids_p = b.param("experts", "u32"), b.param("expert_bytes", "u64"), b.param("ids", "u64", "ptr:in")
+    s_p, xs_p = b.param("slots", "u32"), b.param("x_per_slot", "u32")
+    list_at = b.op("mov.u32", b.shared_buffer("pairs", 4 * WINDOW), type="u32")
+    counts_at = b.op("mov.u32", b.shared_buffer("counts", 4 * WARPS), type="u32")
+    tid = b.special("tid.x")
+    lane, wid = b.op("and.b32", tid, Imm(31, "b32")), b.op("shr.u32", tid, Imm(5, "u32"))
+    e, E, ids = b.special("ctaid.y"), b.ld_param(e_p, "u32"), b.ptr(ids_p)
+    W = b.op("mad.lo.u64", b.op("cvt.u64.u32", e), b.ld_param(eb_p, "u64"), W)
+    slots_n = b.ld_param(s_p, "u32")
+    per_slot = b.op("setp.ne.u32", b.ld_param(xs_p, "u32"), Imm(0, "u32"))
+    row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), wid), Imm(rows, "u32"))
+    nblk = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
+    stride = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
+    last_row = b.op("sub.u32", M, Imm(1, "u32"))
+    row = [row0] + [b.op("add.u32", row0, Imm(r, "u32")) for r in range(1, rows)]
+    rowp = [b.op("mad.wide.u32", b.op("min.u32", r_, last_row), stride, W) for r_ in row]
+    row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
+    ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(group_blocks - 1, "u32")), Imm(group_blocks, "u32"))
+    last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
+    lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    stored = [b.op("and.pred", lead, b.op("setp.lt.u32", r_, M)) for r_ in row]
+    win0 = b.op("mov.u32", Imm(0, "u32"))
+    window, next_window, done = b.label("window"), b.label("next_window"), b.label("done")
+    b.place(window)
+    total = _window_scan(b, e, E, ntok, ids, win0, lane, wid, list_at, counts_at)
+    b.bra(next_window, pred=b.op("setp.eq.u32", total, Imm(0, "u32")))  # none of this window's pairs is e's
+    q = b.op("mov.u32", Imm(0, "u32"))
+    next_pass = b.label("pass")
+    b.place(next_pass)
+    live, xrow, yidx, bads = _pass_pairs(b, list_at, q, total, nt, M, K, X, slots_n, per_slot)
+    acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
+    _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes)
+    _store_rows(b, acc, lambda r: stored[r], row, M, Y, yidx, bads, live)
+    b.emit("add.u32", q, q, Imm(nt, "u32"))
+    b.bra(next_pass, pred=b.op("setp.lt.u32", q, total))
+    b.place(next_window)
+    b.emit("bar.sync", Imm(0, "u32"))  # every warp is done with the list before the next scan writes it
+    b.emit("add.u32", win0, win0, Imm(WINDOW, "u32"))
+    b.bra(window, pred=b.op("setp.lt.u32", win0, ntok))
     b.place(done)
     b.emit("ret")
     return b.finish()
