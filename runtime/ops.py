@@ -189,11 +189,12 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     on the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its
     row only. Streams, outputs and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded first, and that
     upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are refused while the
-    stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array. Kernels: gemv_<fmt>_f32_id for Q4_K, Q5_K,
-    Q6_K, Q8_0 (mode "exact": fp32 products of ggml's dequantized weights, relative error ~1e-6): from 2 tokens
-    gemv_<fmt>_f32_idg, one launch of (M rows, E experts) in which each expert's CTAs scan the ids (1024 pairs at
-    a time) for the pairs routed to it and read its weights once per 8 of them; one token gemv_<fmt>_f32_id, one
-    launch of (M rows, slots pairs), each pair reading its expert's weights (a token's experts differ anyway)."""
+    stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
+
+    Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact" (fp32 products of ggml's dequantized weights, relative error
+    ~1e-6). From 2 tokens one launch of gemv_<fmt>_f32_idg over (M rows, E experts): each expert's CTAs scan the
+    ids (1024 pairs at a time) for the pairs routed to it and read its weights once per 8 of them; for one token
+    gemv_<fmt>_f32_id over (M rows, slots), each pair reading its expert's weights (a token's experts differ)."""
     from ptxgen import codecs
 
     if not isinstance(w, QuantTensor):
