@@ -23,7 +23,7 @@ import numpy as np
 
 from ptxgen import knobs
 from ptxgen.formats import tq4_1s as T4
-from ptxgen.specs import CodecKernel, MmqSpec
+from ptxgen.specs import CodecKernel, GemvKernel, MmqSpec
 
 from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
@@ -308,7 +308,7 @@ FUSED_MAX_TOKENS = 4  # gemv_tq4_1s_t8 has no fused-rotation variant (it would s
 def _gemv_kernel(w: QuantTensor, t: int, fused: bool, tma: bool = False) -> str:
     """The lane GEMV of `w`'s format for up to the next of GEMV_TOKENS tokens: gemv_<fmt>[_tma]_t<n>[_fused]."""
     tk = next(k for k in GEMV_TOKENS if k >= t)
-    return f"gemv_{w.fmt.lower()}{'_tma' if tma else ''}_t{tk}" + ("_fused" if fused else "")
+    return GemvKernel("gemv", w.fmt, tk, tma=tma, fused=fused).name
 
 
 MMQ_TILES = (32, 64, 128)
@@ -922,13 +922,10 @@ def _mmq(c: _Call) -> None:
 
 def _fast_lanes(c: _Call) -> None:
     """mode "fast": x quantized to Q8_1 in the lane layout once, then the int8 GEMV per slice of 8 tokens."""
-    from ptxgen import codecs
-
-    prep, gemv = codecs.get(c.w.fmt).FAST_LANES
-    q, row = _prep_lanes(c.pb, c.pb.x, c.t, c.k, prep, c.arch)
+    q, row = _prep_lanes(c.pb, c.pb.x, c.t, c.k, GemvKernel("prep_lanes", c.w.fmt, fast=True).name, c.arch)
 
     def one(n, t0):
-        fn = kernels.load(gemv.format(next(v for v in GEMV_TOKENS if v >= n)), c.arch)
+        fn = kernels.load(GemvKernel("gemv", c.w.fmt, next(v for v in GEMV_TOKENS if v >= n), fast=True).name, c.arch)
         _gemv_launch(c.pb, fn, c.w, q.ptr + t0 * row, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n)
     _slices(c, one)
 
@@ -936,11 +933,11 @@ def _fast_lanes(c: _Call) -> None:
 def _decode_q4k(c: _Call) -> None:
     """Exact Q4_K decode per slice: the activation-in-registers GEMV (opt-in), the few-token tensor-core builds,
     the tensor-core GEMV, else the fp32 lane GEMV."""
-    tc = knobs.q4k_mma() if _q4k_mma_build(c.arch, "gemv_q4_k_mma") else "off"
-    few = (tc != "on" and kernels.build_for("gemv_q4_k_mma_t1", c.arch) is not None
+    tc = knobs.q4k_mma() if _q4k_mma_build(c.arch, GemvKernel("mma", "q4_K").name) else "off"
+    few = (tc != "on" and kernels.build_for(GemvKernel("few", "q4_K", 1).name, c.arch) is not None
            and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and c.m * c.k >= RULES.q4k_t1_min_weights)))
     _decode(c, tc, _Q4K_MMA_MIN(c.m, c.k), _mma_gemv_q4k, few=few, xr=_xr_ok(c.k), tma=False, fused=False,
-            lane_prep="prep_f32_lanes")
+            lane_prep=GemvKernel("prep_lanes", "q4_K").name)
 
 
 def _decode_tq4(c: _Call) -> None:
@@ -950,7 +947,7 @@ def _decode_tq4(c: _Call) -> None:
     tma = not fused and _tma_gemv_ok(c.w, c.arch)
     tc = knobs.tq4_mma() if tma else "off"
     _decode(c, tc, _TQ4_MMA_MIN(c.m, c.k), _mma_gemv_tq4, few=False, xr=False, tma=tma, fused=fused,
-            lane_prep="prep_tq4_1s")
+            lane_prep=GemvKernel("prep_lanes", "tq4_1s").name)
 
 
 def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool, tma: bool, fused: bool,
@@ -997,7 +994,7 @@ _ROUTES = {
     "t16h": (lambda c: RULES.mmq_min_tokens <= c.t <= T4.Q4K_HI_TOKENS and _t16h_ok(c.arch), _t16h),
     # exact, and faster than the MMQ at T=16
     "mma_n16": (lambda c: (RULES.mmq_min_tokens <= c.t <= 16 and knobs.q4k_mma() != "off"
-                           and _q4k_mma_build(c.arch, "gemv_q4_k_mma_n16") is not None),
+                           and _q4k_mma_build(c.arch, GemvKernel("mma", "q4_K", 16).name) is not None),
                 lambda c: _mma_gemv_q4k(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.t, c.m, c.k, c.arch),  # fp16 x, as the MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
@@ -1023,7 +1020,7 @@ def _t16h_ok(arch) -> bool:
     v = knobs.q4k_t16h()
     if v == "off" or (v == "auto" and knobs.q4k_mma() == "on"):
         return False
-    return kernels.build_for("gemv_q4_k_mma_t16h", arch) is not None
+    return kernels.build_for(GemvKernel("few", "q4_K", T4.Q4K_HI_TOKENS, hi_only=True).name, arch) is not None
 
 
 def skinny16_ok(m: int, arch=None) -> bool:
@@ -1035,9 +1032,11 @@ def skinny16_ok(m: int, arch=None) -> bool:
     slower (bench/results/probe_skinny16*_session18.log)."""
     from .driver import current
 
-    if knobs.mmq_skinny() == "off" or kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_HI_TOKENS}", arch) is None:
+    if knobs.mmq_skinny() == "off" or kernels.build_for(GemvKernel("skinny", "q4_K", T4.Q4K_HI_TOKENS).name,
+                                                        arch) is None:
         return False
-    meta = kernels.manifest(kernels.build_for("gemv_q4_k_mma_t16h", arch))["gemv_q4_k_mma_t16h"]["meta"]
+    t16h = GemvKernel("few", "q4_K", T4.Q4K_HI_TOKENS, hi_only=True).name
+    meta = kernels.manifest(kernels.build_for(t16h, arch))[t16h]["meta"]
     return -(-m // int(meta["rows_per_cta"])) > int(meta["ctas_per_sm"]) * current().sm_count
 
 
@@ -1069,21 +1068,21 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     launch where the build has it), split-K by gemv_splits; hi_only: n ≤ 16 tokens, fp16 activations (hi parts
     only), prep_q4k_t16h + gemv_q4_k_mma_t16h."""
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
-    sfx = f"t{nt}h" if hi_only else f"t{nt}"
     rec = pb.scratch((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
     # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
     # the two kernels overlapped by PDL measured ~1 µs faster on the GPU (bench/NOTES.md, 2026-12-01)
     fk = knobs.q4k_fused()
-    fused = (kernels.build_for(f"gemv_q4_k_mma_{sfx}_fused", arch)
-             if fk == "on" or (fk == "auto" and not pb.graph) else None)
+    fused_name = GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=True).name
+    fused = (kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None)
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
-        fn = kernels.load(f"gemv_q4_k_mma_{sfx}_fused", arch)
+        fn = kernels.load(fused_name, arch)
         ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
         pb.counters(4 * ctas * int(fn.meta["warps"]) + 12)
         pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr))
         return
-    pb.launch(kernels.load(f"prep_q4k_{sfx}", arch), ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
-    fn = kernels.load(f"gemv_q4_k_mma_{sfx}", arch)
+    prep = kernels.load(GemvKernel("prep_few", "q4_K", nt, hi_only=hi_only).name, arch)
+    pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
+    fn = kernels.load(GemvKernel("few", "q4_K", nt, hi_only=hi_only).name, arch)
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
     pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
@@ -1099,7 +1098,7 @@ def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
         path = mmq_path(arch, t).split("_")[0]
         if t > RULES.skinny_max_tokens[path] or (path == "wgmma" and m * k < RULES.skinny_wgmma_min_weights):
             return False
-    return kernels.build_for(f"mmq_q4_k_rega_n{T4.Q4K_SKINNY_COLUMNS}", arch) is not None
+    return kernels.build_for(GemvKernel("skinny", "q4_K", T4.Q4K_SKINNY_COLUMNS).name, arch) is not None
 
 
 def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, t: int, arch,
@@ -1111,10 +1110,10 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, 
     nsb = k // 256
     rb = T4.q4k_record_bytes(c, True)
     rec = pb.scratch((groups * nsb * rb,), np.uint8)
-    prep = kernels.load(f"prep_q4k_t{c}h", arch)
+    prep = kernels.load(GemvKernel("prep_few", "q4_K", c, hi_only=True).name, arch)
     for gz in range(groups):
         pb.launch(prep, ((c * k // 32 + 7) // 8,), (x_ptr + 4 * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
-    fn = kernels.load(f"mmq_q4_k_rega_n{c}", arch)
+    fn = kernels.load(GemvKernel("skinny", "q4_K", c).name, arch)
     rows = int(fn.meta["rows_per_cta"])
     ctas = -(-m // rows)
     splits = gemv_splits(ctas * groups, k, fn.resident_per_sm(), driver.current().sm_count, 8, int(fn.meta["max_splits"]))
@@ -1142,11 +1141,11 @@ def _mma_gemv_q4k(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int,
     groups = -(-n // 8)  # 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
     tiles, factors, items = _mma_tiles(pb, groups, k)
     minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
-    prep = kernels.load("prep_mma_f16", arch)
+    prep = kernels.load(GemvKernel("prep_mma", "q4_K").name, arch)
     for i in range(groups):
         pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
                                               minfrag.ptr + k * i, min(8, n - 8 * i), k))
-    fn = kernels.load("gemv_q4_k_mma" if groups == 1 else "gemv_q4_k_mma_n16", arch)
+    fn = kernels.load(GemvKernel("mma", "q4_K", 8 * groups).name, arch)
     per_sm, smem = fn.resident_per_sm(), None
     if groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
@@ -1158,8 +1157,9 @@ def _mma_gemv_tq4(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int,
     """n ≤ 8 TQ4_1S tokens through the tensor-core GEMV: prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles), then
     gemv_tq4_1s_mma or, below RULES.mma_gemv_m32_min_weights, gemv_tq4_1s_mma_m16."""
     tiles, factors, items = _mma_tiles(pb, 1, k)
-    pb.launch(kernels.load("prep_tq4_1s_mma", arch), ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
-    fn = kernels.load("gemv_tq4_1s_mma" if m * k >= RULES.mma_gemv_m32_min_weights else "gemv_tq4_1s_mma_m16", arch)
+    prep = kernels.load(GemvKernel("prep_mma", "tq4_1s").name, arch)
+    pb.launch(prep, ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
+    fn = kernels.load(GemvKernel("mma", "tq4_1s", small=m * k < RULES.mma_gemv_m32_min_weights).name, arch)
     _mma_gemv_launch(pb, fn, w, (tiles, factors), y_ptr, m, k, n, fn.resident_per_sm(), None)
 
 
@@ -1251,7 +1251,7 @@ def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
     """Whether the exact TQ4_1S GEMV may run the TMA-fed kernels (gemv_tq4_1s_tma_t*, for slices of at most
     RULES.tma_gemv_max_tokens tokens, and the tensor-core GEMV): `_tma_ok` — for TQ4_1S, K a multiple of 128;
     otherwise the ld.global lane kernel (same results)."""
-    return _tma_ok(w, arch, "gemv_tq4_1s_tma_t1")
+    return _tma_ok(w, arch, GemvKernel("gemv", "tq4_1s", tma=True).name)
 
 
 def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8,
@@ -1281,7 +1281,8 @@ def _prep_lanes(pb: PlanBuilder, xa, t: int, k: int, prep: str, arch):
     """The activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
     prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1), prep_q8_lanes (Q8_1) or prep_f32_lanes. Returns the
     buffer and its bytes per token."""
-    row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep in ("prep_tq4_1s", "prep_f32_lanes") else T4.LANE_GROUP_Q8)
+    f32 = (GemvKernel("prep_lanes", "tq4_1s").name, GemvKernel("prep_lanes", "q4_K").name)
+    row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep in f32 else T4.LANE_GROUP_Q8)
     buf = pb.scratch((t, row), np.uint8, once=True)
     nb = t * k // 32
     pb.launch(kernels.load(prep, arch), ((nb + 7) // 8,), (xa, buf, nb, k))

@@ -27,7 +27,6 @@ GROUP_BLOCKS = 1  # blocks a warp dequantizes at once (dequant_lane): one super-
 LOAD_ALIGN = 4  # dequant_lane's widest load
 # mul_mat's routes (runtime/ops.py), in the order they are tried, per mode
 ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode_q4k"), "fast": ("mmq", "fast_lanes")}
-FAST_LANES = ("prep_q8_lanes", "gemv_q4_k_fast_t{}")  # mode "fast" decode: activation prep, GEMV per token count
 weights_error = alignment_error(FMT, 16)  # the GEMVs' and GEMMs' 16-byte loads, the TMA maps
 
 

@@ -10,7 +10,6 @@ BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 34
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 LOAD_ALIGN = 2
 ROUTES = {"exact": ("mmq_pre", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py) per mode
-FAST_LANES = ("prep_q8_lanes", "gemv_q8_0_t{}")
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:

@@ -17,7 +17,6 @@ GROUP_BLOCKS = 8  # a warp step: 8 blocks (256 weights), lane L the 8 elements 8
 LOAD_ALIGN = 4
 ROTATION = "rotate_tq4_1s"  # the kernel that rotates the activation (forward_rht(x)), once, on the prefill route
 ROUTES = {"exact": ("mmq_pre", "decode_tq4"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py) per mode
-FAST_LANES = ("prep_tq4_1s_q8", "gemv_tq4_1s_fast_t{}")
 
 
 weights_error = alignment_error(FMT, LOAD_ALIGN)  # every kernel reads the blocks in 4-byte words

@@ -35,6 +35,7 @@ from ..codecs import q4_k as Q4K
 from ..dsl import warp_per_item, warp_sum
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, Reg, TensorRef, mma_sync
+from ..specs import GemvKernel
 from . import KernelDef
 
 WARPS = 8
@@ -58,8 +59,7 @@ class GemvSpec:
 
     @property
     def name(self) -> str:
-        f = "tq4_1s" if self.fmt == "tq4_1s" else "q4_k"
-        return f"gemv_{f}_{'fast_' if self.mode == 'fast' else ''}t{self.tokens}" + ("_fused" if self.fused_rotation else "")
+        return GemvKernel("gemv", self.fmt, self.tokens, fast=self.mode == "fast", fused=self.fused_rotation).name
 
 
 def _lut_values(fmt: str) -> np.ndarray:
@@ -294,7 +294,7 @@ LANE_ROWS_FAST = {1: 2, 2: 2, 4: 2, 8: 1}
 GGML_MIN_CTAS = {1: 8, 2: 5, 4: 3, 8: 2}  # Q8_0 / Q4_K lane GEMVs: 64, 102, 170, 255 registers without spills
 # (kernel, arch) → resident CTAs where one nvJitLink release needs more registers than another: the H200 image's
 # nvJitLink spills gemv_q4_k_t2 for sm_120a at 96 registers (13.5.37 does not); 4 CTAs leave it 128
-MIN_CTAS_OVERRIDE = {("gemv_q4_k_t2", "sm_120a"): 4}
+MIN_CTAS_OVERRIDE = {(GemvKernel("gemv", "q4_K", 2).name, "sm_120a"): 4}
 
 
 _HEAD = ("W", "A", "Y", "M", "K", "ntok", "lane", "gwarp", "row0", "part_p", "cnt_p")
@@ -385,8 +385,8 @@ def build_lanes(arch, spec: GemvSpec):
     # occupancy was the limit (ncu: 80 registers → 6 CTAs/SM, 0.8 eligible warps per scheduler): ask ptxas
     # for as many resident CTAs as each T fits without spilling
     b, h = _lane_head(spec.name, arch, doc, Tn, R, LANE_MIN_CTAS[Tn], fmt="tq4_1s", mode=spec.mode, lane_cols=32,
-                      fused_rotation=False, activation="prep_tq4_1s_q8(x) (lane layout)" if fast else
-                      "prep_tq4_1s(x) (lane layout)")
+                      fused_rotation=False,
+                      activation=f"{GemvKernel('prep_lanes', 'tq4_1s', fast=fast).name}(x) (lane layout)")
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     tid = h["tid"]
 
@@ -686,7 +686,7 @@ def _tma_lanes_head(arch, k):
     meta, then the parameters' loads and the warp's rows: (b, the head dict as `_lane_head`'s, the tensor map
     parameter, the dynamic shared memory)."""
     Tn, R, NW, S, copies, table_bytes, stage_bytes, min_ctas = k
-    name = f"gemv_tq4_1s_tma_t{Tn}"
+    name = GemvKernel("gemv", "tq4_1s", Tn, tma=True).name
     b = KernelBuilder(name, arch, f"tq4_1s GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA"
                       + (", codebook pairs by byte" if copies else ""), block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u32 [M][K·20/128], box 160 x R, no swizzle
@@ -1034,7 +1034,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     R = 16 * MT  # rows per warp
     row_stride = ROW_WORDS * 4
     stage_bytes = R * row_stride
-    b = KernelBuilder("gemv_tq4_1s_mma_m16" if small else "gemv_tq4_1s_mma", arch,
+    b = KernelBuilder(GemvKernel("mma", "tq4_1s", small=small).name, arch,
                       f"tq4_1s GEMV (exact) for up to 8 tokens on mma.sync, {R} rows per warp, weights by TMA",
                       block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
@@ -1302,7 +1302,7 @@ def _q4k_mma_head(arch, NT):
     row_stride = WORDS * 4
     stage_bytes = R * row_stride
     k = _Q4kMmaShape(NT, tma, pdl, NW, S, MT, R, WORDS, STEP, row_stride, stage_bytes)
-    name = "gemv_q4_k_mma" if NT == 1 else f"gemv_q4_k_mma_n{8 * NT}"
+    name = GemvKernel("mma", "q4_K", 8 * NT).name
     b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by "
                       f"{'TMA' if tma else 'cp.async'}", block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64) if tma else b.param("w", "u64", "ptr:in")
@@ -1635,11 +1635,11 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     hi_only (prep_q4k_t16h, prep_q4k_t32h) the hi parts alone, one B column per token."""
     assert not (records and rotate) and (records or not hi_only)
     nt = records or T4.MMA_TOKENS
-    sfx = f"t{records}h" if hi_only else f"t{records}"
-    name = f"prep_q4k_{sfx}" if records else "prep_tq4_1s_mma" if rotate else "prep_mma_f16"
+    name = (GemvKernel("prep_few", "q4_K", records, hi_only=hi_only) if records else
+            GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K")).name
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
                                    f"activation of up to {records} tokens: scaled fp16 {'hi' if hi_only else 'hi/lo'} "
-                                   f"records (gemv_q4_k_mma_{sfx})"
+                                   f"records ({GemvKernel('few', 'q4_K', records, hi_only=hi_only).name})"
                                    if records else
                                    "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
@@ -1812,11 +1812,11 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     if exact and not q4k:
         raise ValueError("the exact lane GEMV is Q4_K's (Q8_0 runs int8 x Q8_1)")
     R = 1 if q4k else 2  # Q4_K: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
-    name = f"gemv_{('q4_k' if exact else 'q4_k_fast') if q4k else 'q8_0'}_t{Tn}"
+    name = GemvKernel("gemv", fmt, Tn, fast=not exact).name
     doc = f"{fmt} GEMV ({'fp32 activations' if exact else 'int8 x Q8_1, dp4a'}), {Tn} token(s), {R} rows per warp"
     b, h = _lane_head(name, arch, doc, Tn, R, MIN_CTAS_OVERRIDE.get((name, arch.name), GGML_MIN_CTAS[Tn]),
                       fmt=fmt, mode="exact" if exact else "fast",
-                      activation=("prep_f32_lanes(x)" if exact else "prep_q8_lanes(x)") + " (lane layout)",
+                      activation=f"{GemvKernel('prep_lanes', fmt, fast=not exact).name}(x) (lane layout)",
                       k_multiple=256 if q4k else 64, lane_cols=64 if q4k else 32)
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
@@ -2199,7 +2199,7 @@ def build_prep(arch, fast: bool, rotate: bool = True):
     """prep_tq4_1s{_q8}: x (T, K) fp32 → forward_rht(x) in the GEMV's lane layout (ptxgen.formats.tq4_1s
     `to_lanes_f32`), or quantized to Q8_1 (the quantize_q8_1 kernel's math) in the quantized lane layout
     (`to_lanes_q8`): one pass over x, one launch, for the lane-per-block GEMVs."""
-    name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else ("prep_q8_lanes" if fast else "prep_f32_lanes")
+    name = GemvKernel("prep_lanes", "tq4_1s" if rotate else "q4_K", fast=fast).name
     doc = ("TQ4_1S activation: forward RHT" + (" + Q8_1" if fast else "") if rotate else
            "activation: " + ("Q8_1" if fast else "fp32")) + " into the GEMV's lane layout"
     b = KernelBuilder(name, arch, doc, block=(32 * WARPS, 1, 1))
@@ -2247,31 +2247,37 @@ def build_prep(arch, fast: bool, rotate: bool = True):
 
 
 def kernel_defs() -> list[KernelDef]:
+    G = GemvKernel
     defs = [KernelDef("rotate_tq4_1s", "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate),
-            KernelDef("prep_tq4_1s", "TQ4_1S activation: forward RHT into the GEMV's lane layout",
+            KernelDef(G("prep_lanes", "tq4_1s").name, "TQ4_1S activation: forward RHT into the GEMV's lane layout",
                       lambda arch: build_prep(arch, False)),
-            KernelDef("prep_tq4_1s_q8", "TQ4_1S activation: forward RHT + Q8_1 into the GEMV's lane layout",
+            KernelDef(G("prep_lanes", "tq4_1s", fast=True).name,
+                      "TQ4_1S activation: forward RHT + Q8_1 into the GEMV's lane layout",
                       lambda arch: build_prep(arch, True)),
-            KernelDef("prep_q8_lanes", "activation: Q8_1 into the GEMV's lane layout (Q4_K, Q8_0 fast GEMVs)",
+            KernelDef(G("prep_lanes", "q8_0", fast=True).name,
+                      "activation: Q8_1 into the GEMV's lane layout (Q4_K, Q8_0 fast GEMVs)",
                       lambda arch: build_prep(arch, True, rotate=False)),
-            KernelDef("prep_f32_lanes", "activation: fp32 into the GEMV's lane layout (Q4_K exact GEMV)",
+            KernelDef(G("prep_lanes", "q4_K").name, "activation: fp32 into the GEMV's lane layout (Q4_K exact GEMV)",
                       lambda arch: build_prep(arch, False, rotate=False)),
-            KernelDef("prep_tq4_1s_mma", "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
+            KernelDef(G("prep_mma", "tq4_1s").name,
+                      "TQ4_1S activation: forward RHT, scaled fp16 hi/lo B tiles (tensor-core GEMV)",
                       build_prep_mma, archs=TMA_ARCHS),
-            KernelDef("gemv_tq4_1s_mma", "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
+            KernelDef(G("mma", "tq4_1s").name, "tq4_1s decode GEMV, T <= 8, mma.sync hi/lo split, weights by TMA "
                       "(mul_mat at T = 3-8 on sm_90, M·K ≥ 2^25)", build_mma_gemv, archs=TMA_ARCHS),
-            KernelDef("gemv_tq4_1s_mma_m16", "tq4_1s decode GEMV as gemv_tq4_1s_mma, one m16 tile per warp "
-                      "(mul_mat at T = 3-8 on sm_90, M·K < 2^25; T = 5-8 below 14·2^20)", lambda arch: build_mma_gemv(arch, small=True),
-                      archs=TMA_ARCHS),
-            KernelDef("prep_mma_f16", "activation: scaled fp16 hi/lo B tiles + min-term fragments (Q4_K tensor-core GEMV)",
+            KernelDef(G("mma", "tq4_1s", small=True).name, "tq4_1s decode GEMV as gemv_tq4_1s_mma, one m16 tile per "
+                      "warp (mul_mat at T = 3-8 on sm_90, M·K < 2^25; T = 5-8 below 14·2^20)",
+                      lambda arch: build_mma_gemv(arch, small=True), archs=TMA_ARCHS),
+            KernelDef(G("prep_mma", "q4_K").name,
+                      "activation: scaled fp16 hi/lo B tiles + min-term fragments (Q4_K tensor-core GEMV)",
                       lambda arch: build_prep_mma(arch, rotate=False)),
-            KernelDef("gemv_q4_k_mma", "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
+            KernelDef(G("mma", "q4_K").name, "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
                       "activation, weights by TMA (sm_90a) or cp.async (sm_89, sm_120a)", build_q4k_mma_gemv),
-            KernelDef("gemv_q4_k_mma_n16", "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two token "
-                      "groups (mul_mat's exact Q4_K at T = 9-16)", lambda arch: build_q4k_mma_gemv(arch, 2))]
+            KernelDef(G("mma", "q4_K", 16).name, "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two "
+                      "token groups (mul_mat's exact Q4_K at T = 9-16)", lambda arch: build_q4k_mma_gemv(arch, 2))]
     for t in TOKENS:
         if t <= 2:
-            defs.append(KernelDef(f"gemv_q4_k_t{t}", f"q4_K decode GEMV, T={t}, fp32 activation from prep_f32_lanes",
+            defs.append(KernelDef(G("gemv", "q4_K", t).name,
+                                  f"q4_K decode GEMV, T={t}, fp32 activation from prep_f32_lanes",
                                   lambda arch, t=t: build_lanes_ggml(arch, "q4_K", t, exact=True)))
         else:  # measured on the H200: at T=4 the lane kernel (170 registers) is 15% slower than the
             # 8-weight-unit kernel, and at T=8 eight tokens of fp32 activations per lane spill: unit kernel, plain x
@@ -2280,20 +2286,21 @@ def kernel_defs() -> list[KernelDef]:
         spec = GemvSpec("tq4_1s", t, LANE_ROWS[t])
         defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, activation from prep_tq4_1s",
                               lambda arch, spec=spec: build_lanes(arch, spec)))
-        defs.append(KernelDef(f"gemv_tq4_1s_tma_t{t}", f"tq4_1s decode GEMV, T={t}, weights by TMA (K % 128 == 0), "
-                              "activation from prep_tq4_1s" + (", codebook pairs per qs byte" if t in TMA_PAIRS else
-                              " (mul_mat keeps gemv_tq4_1s_t"
-                              f"{t}: faster on the H200)"), lambda arch, t=t: build_tma_lanes(arch, t, TMA_PAIRS.get(t)),
-                              archs=TMA_ARCHS))
+        defs.append(KernelDef(G("gemv", "tq4_1s", t, tma=True).name,
+                              f"tq4_1s decode GEMV, T={t}, weights by TMA (K % 128 == 0), activation from prep_tq4_1s"
+                              + (", codebook pairs per qs byte" if t in TMA_PAIRS else
+                                 f" (mul_mat keeps {G('gemv', 'tq4_1s', t).name}: faster on the H200)"),
+                              lambda arch, t=t: build_tma_lanes(arch, t, TMA_PAIRS.get(t)), archs=TMA_ARCHS))
         if t <= 4:  # fused rotation: the 8-weight-unit kernel (x read coalesced in its own layout)
             spec = GemvSpec("tq4_1s", t, ROWS[t], True)
             defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fused rotation",
                                   lambda arch, spec=spec: build(arch, spec)))
         for fmt in ("q4_K", "q8_0"):
-            name = f"gemv_{'q4_k_fast' if fmt == 'q4_K' else 'q8_0'}_t{t}"
-            defs.append(KernelDef(name, f"{fmt} decode GEMV, T={t}, int8 x Q8_1 (prep_q8_lanes), dp4a",
+            defs.append(KernelDef(G("gemv", fmt, t, fast=True).name,
+                                  f"{fmt} decode GEMV, T={t}, int8 x Q8_1 (prep_q8_lanes), dp4a",
                                   lambda arch, fmt=fmt, t=t: build_lanes_ggml(arch, fmt, t)))
         spec = GemvSpec("tq4_1s", t, LANE_ROWS_FAST[t], False, "fast")
-        defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fast: int8 codebook x Q8_1 (prep_tq4_1s_q8), dp4a",
+        defs.append(KernelDef(spec.name,
+                              f"tq4_1s decode GEMV, T={t}, fast: int8 codebook x Q8_1 (prep_tq4_1s_q8), dp4a",
                               lambda arch, spec=spec: build_lanes(arch, spec)))
     return defs

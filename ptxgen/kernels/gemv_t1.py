@@ -37,6 +37,7 @@ from ..builder import KernelBuilder
 from ..codecs.q4_k import BLOCK_BYTES, RegDecoder
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
+from ..specs import GemvKernel
 from . import KernelDef
 from .gemv import _prep_record_stores, _scaled_item, _store_or_split, _warp_rows, build_prep_mma
 
@@ -255,7 +256,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
-    b = KernelBuilder(f"gemv_q4_k_mma_{sfx}" + ("_fused" if fused else ""), arch, f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
+    b = KernelBuilder(GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=fused).name, arch,
+                      f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
                       "cp.async", block=(32 * NW, 1, 1))
@@ -269,7 +271,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
-                  layout="q4k_mma_records", activation=f"prep_q4k_{sfx}(x): one {rb}-byte record per super-block",
+                  layout="q4k_mma_records",
+                  activation=f"{GemvKernel('prep_few', 'q4_K', nt, hi_only=hi_only).name}(x): one {rb}-byte record "
+                             "per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     if fused:
         b.meta.update(activation="x (fp32), the records built in the kernel into `records` (scratch, "
@@ -438,7 +442,8 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     moff, foff, rb = T4.q4k_record_layout(C, True)
     rec_at = NW * W_BYTES  # the record's offset in a stage
     stage_bytes = rec_at + rb
-    b = KernelBuilder(f"mmq_q4_k_rega_n{C}", arch, f"q4_K skinny GEMM on mma.sync: token groups of {C} (fp16 "
+    b = KernelBuilder(GemvKernel("skinny", "q4_K", C).name, arch,
+                      f"q4_K skinny GEMM on mma.sync: token groups of {C} (fp16 "
                       "activation records shared by the CTA's warps), A = q·sc decoded in registers from the raw "
                       "super-blocks, weights and records by cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas)
@@ -450,7 +455,8 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
                   ctas_per_sm=ctas, tokens=C, token_groups="gridDim.z", rows_per_cta=R * NW, rows_per_warp=R,
                   warps=NW, grid="(ceil(m / rows_per_cta), splits, ceil(ntok / tokens))", fmt="q4_K", mode="fp16",
                   hi_only=True, lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_mma_records",
-                  activation=f"prep_q4k_t{C}h per group of {C} tokens: one {rb}-byte record per super-block, the "
+                  activation=f"{GemvKernel('prep_few', 'q4_K', C, hi_only=True).name} per group of {C} tokens: one "
+                             f"{rb}-byte record per super-block, the "
                              "groups back to back", copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit, gz = b.special("ctaid.y"), b.special("nctaid.y"), b.special("ctaid.z")
@@ -547,26 +553,29 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
 
 
 _BUILDS = [(nt, False) for nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]
-KERNELS = [KernelDef(f"gemv_q4_k_mma_{_suffix(nt, h)}",
+KERNELS = [KernelDef(GemvKernel("few", "q4_K", nt, hi_only=h).name,
                      f"q4_K GEMV, T ≤ {nt}, {'fp16 activations' if h else 'exact'}, mma.sync with "
                      f"{'one hi column' if h else '(hi, lo) B columns'} per token, weights and activation records "
-                     f"through a per-warp cp.async ring (activation from prep_q4k_{_suffix(nt, h)})",
+                     f"through a per-warp cp.async ring (activation from "
+                     f"{GemvKernel('prep_few', 'q4_K', nt, hi_only=h).name})",
                      lambda arch, nt=nt, h=h: build(arch, nt, h)) for nt, h in _BUILDS]
 FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each also in one launch
-KERNELS += [KernelDef(f"gemv_q4_k_mma_t{nt}_fused", f"q4_K GEMV, T ≤ {nt}, exact, as gemv_q4_k_mma_t{nt} in one launch: "
+KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, fused=True).name,
+                      f"q4_K GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt).name} in one launch: "
                       "the kernel's first CTAs build the activation records from x, every CTA waits for them",
                       lambda arch, nt=nt: build(arch, nt, False, fused=True)) for nt in FUSED_TOKENS]
-PREPS = [KernelDef(f"prep_q4k_{_suffix(nt, h)}", f"activation of up to {nt} tokens: scaled fp16 "
-                   f"{'hi' if h else 'hi/lo'} records and min pairs (gemv_q4_k_mma_{_suffix(nt, h)})",
+PREPS = [KernelDef(GemvKernel("prep_few", "q4_K", nt, hi_only=h).name, f"activation of up to {nt} tokens: scaled fp16 "
+                   f"{'hi' if h else 'hi/lo'} records and min pairs ({GemvKernel('few', 'q4_K', nt, hi_only=h).name})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
          for nt, h in _BUILDS]
-_C = T4.Q4K_SKINNY_COLUMNS
-KERNELS.append(KernelDef(f"mmq_q4_k_rega_n{T4.Q4K_HI_TOKENS}", f"q4_K skinny GEMM as mmq_q4_k_rega_n{_C} for up to "
-                         f"{T4.Q4K_HI_TOKENS} tokens (prep_q4k_t{T4.Q4K_HI_TOKENS}h records shared by the CTA's warps)",
-                         lambda arch: build_skinny(arch, T4.Q4K_HI_TOKENS), archs=("sm_90a",)))
-KERNELS.append(KernelDef(f"mmq_q4_k_rega_n{_C}", f"q4_K skinny GEMM on mma.sync for token groups of {_C}: A decoded "
+_C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
+_SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
+_PREP_C, _PREP_HI = (GemvKernel("prep_few", "q4_K", c, hi_only=True).name for c in (_C, _HI))
+KERNELS.append(KernelDef(_SKINNY_HI, f"q4_K skinny GEMM as {_SKINNY} for up to {_HI} tokens ({_PREP_HI} records "
+                         "shared by the CTA's warps)", lambda arch: build_skinny(arch, _HI), archs=("sm_90a",)))
+KERNELS.append(KernelDef(_SKINNY, f"q4_K skinny GEMM on mma.sync for token groups of {_C}: A decoded "
                          "in registers from the raw super-blocks, fp16 activation records shared by the CTA's warps "
-                         f"(prep_q4k_t{_C}h), cp.async ring, one CTA barrier per step", build_skinny))
-PREPS.append(KernelDef(f"prep_q4k_t{_C}h", f"activation of a group of up to {_C} tokens: scaled fp16 hi records and "
-                       f"min pairs (mmq_q4_k_rega_n{_C})",
+                         f"({_PREP_C}), cp.async ring, one CTA barrier per step", build_skinny))
+PREPS.append(KernelDef(_PREP_C, f"activation of a group of up to {_C} tokens: scaled fp16 hi records and "
+                       f"min pairs ({_SKINNY})",
                        lambda arch: build_prep_mma(arch, rotate=False, records=_C, hi_only=True)))
