@@ -50,8 +50,9 @@ class Arch:
 
     def allowed_stack(self, ptx: str) -> int:
         """Stack bytes a kernel's compile may show without a spill: `tma_frame_bytes` if it issues
-        cp.async.bulk.tensor, else none."""
-        return self.tma_frame_bytes if "cp.async.bulk.tensor" in ptx else 0
+        cp.async.bulk.tensor to a .shared::cluster destination, else none (every sm_120a build now copies to
+        .shared::cta, so none may have a frame)."""
+        return self.tma_frame_bytes if "cp.async.bulk.tensor.2d.shared::cluster" in ptx else 0
 
     def has(self, feature: str) -> bool:
         if feature not in FEATURES:

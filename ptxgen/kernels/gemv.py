@@ -521,6 +521,10 @@ def build_lanes(arch, spec: GemvSpec):
 
 
 TMA_STEP = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+# sm_120a's TMA: a .shared::cta destination (PTX ISA 8.6). With .shared::cluster (TMA_STEP) sm_120a's ptxas wraps
+# every copy in a test of the address's CTA and a call into a slow path, with an 8-byte stack frame (the fp16 MMQ
+# n32: 340 SASS per K-step against 248)
+TMA_CTA = "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
 
 
 def _warp_rows(b, NW, R):
@@ -561,7 +565,7 @@ def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, wor
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(stage_bytes, "u32"), pred=go)
     col = (b.op("mul.lo.u32", jb, Imm(5, "u32")) if words_per_step is None else
            b.op("mul.lo.u32", b.op("div.u32", jb, Imm(step_blocks, "u32")), Imm(words_per_step, "u32")))
-    b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (col, row0)), Mem(bar), pred=go)
+    b.emit(TMA_CTA if b.arch.name == "sm_120a" else TMA_STEP, Mem(dst), TensorRef(tw, (col, row0)), Mem(bar), pred=go)
 
 
 def _fill_ring(b, arch, issue, kz, stride, STEP, S, pdl=True):

@@ -34,7 +34,7 @@ from ..ir import wgmma as ir_wgmma
 from ..specs import MmqSpec
 from ..targets import lowering_for
 from . import KernelDef
-from .gemv import TMA_STEP, _wait_step
+from .gemv import TMA_CTA, TMA_STEP, _wait_step
 
 BM, BK, STAGES = 128, q4k.STEP_K, 3
 MMQ_RASTER = True  # the mma.sync MMQs' item raster (_claim_item; False: the order before it, for A/B probes)
@@ -567,10 +567,6 @@ def _loop_back_then_last_step(b, top, tail, step, s_last, last_mma, drain=True):
         b.emit("cp.async.wait_group", Imm(0, "u32"))
 
 
-# the sm_120a MMQ's TMA: a .shared::cta destination (PTX ISA 8.6). With .shared::cluster (TMA_STEP) sm_120a's ptxas
-# wraps every copy in a test of the address's CTA and a call into a slow path, with an 8-byte stack frame (n32: 340
-# SASS per K-step against 248)
-TMA_CTA = "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
 
 
 class _F16Tma(NamedTuple):
