@@ -123,6 +123,20 @@ class QuantTensor:
         buf = DeviceBuffer.wrap(a.ptr, a.nbytes, owner=array)
         return cls(fmt, shape, device=buf, owner=array)
 
+    def expert(self, e: int) -> "QuantTensor":
+        """Expert `e` of an (E, M, K) tensor as an (M, K) QuantTensor over the same bytes (no copy on the GPU; on
+        the host, a copy of its rows): what mul_mat runs for one expert, e.g. a reference or a dense fallback."""
+        if len(self.shape) != 3:
+            raise ValueError(f"expert: {self!r} holds no experts (shape {self.shape})")
+        n, m, k = self.shape
+        if not 0 <= int(e) < n:
+            raise IndexError(f"expert: {e} is not one of the {n} experts")
+        size = m * self.format.row_bytes(k)
+        if self._device is None:
+            return QuantTensor(self.fmt, (m, k), host=self._host[int(e) * size:(int(e) + 1) * size].copy())
+        view = DeviceBuffer.wrap(self._device.ptr + int(e) * size, size, owner=self)
+        return QuantTensor(self.fmt, (m, k), device=view, owner=self)
+
     def raw(self) -> np.ndarray:
         """The GGUF bytes on the host (a copy)."""
         if self._device is None:

@@ -31,6 +31,25 @@ def test_an_expert_tensor_keeps_its_three_dimensions():
         QuantTensor.from_raw("q4_K", np.zeros(0, np.uint8), (0, 4, 256))
 
 
+def test_one_expert_of_an_expert_tensor():
+    """QuantTensor.expert(e): the (M, K) tensor of expert e, its bytes those of rows e·M .. (e + 1)·M; on the GPU a
+    view at the expert's offset that keeps the whole tensor alive; bad indices and 2-D tensors refused."""
+    from ptxgen.runtime.driver import DeviceBuffer
+    from ptxgen.testing import fakegpu
+
+    q = QuantTensor.from_numpy(_experts(), "q4_K")
+    rows = q.raw().reshape(12, -1)
+    one = q.expert(2)
+    assert one.shape == (4, 256) and one.raw().tobytes() == rows[8:12].tobytes()
+    with pytest.raises(IndexError, match="3 is not one of the 3 experts"):
+        q.expert(3)
+    with pytest.raises(ValueError, match="holds no experts"):
+        one.expert(0)
+    dev = QuantTensor("q4_K", (3, 4, 256), device=DeviceBuffer.wrap(fakegpu.BASE, q.nbytes))
+    view = dev.expert(1)
+    assert view.ptr == fakegpu.BASE + 4 * 144 and view.buffer.nbytes == 4 * 144 and view._owner is dev
+
+
 def test_expert_tensors_round_trip_through_gguf(tmp_path):
     q = QuantTensor.from_numpy(_experts("q6_K"), "q6_K")
     path = tmp_path / "moe.gguf"
