@@ -45,6 +45,10 @@ LLAMA_OTHER = {  # the same table's other formats, M=4096, K=14336: {fmt: {T: µ
     "q8_0": {1: 23.0, 8: 46.1, 16: 49.2, 64: 75.0, 512: 323.0, 4096: 2465.4}}
 CALLS = 100
 LOOP_SHAPES = {"tq4_1s": (18944, 3584)}  # the decode loop's shape per format (else 4096x14336)
+# llama.cpp at the decode loop's shapes, µs per op (shared/PERF.md: test-backend-ops, weights from HBM; TQ4_1S: the
+# TurboQuant fork's kernel), T = 1 and 8
+LLAMA_LOOP = {"q4_K": {1: 16.3, 8: 67.1}, "q5_K": {1: 18.7, 8: 70.2}, "q6_K": {1: 28.4, 8: 62.4},
+              "q8_0": {1: 23.0, 8: 46.1}, "tq4_1s": {1: 21.9, 8: 71.2}}
 
 
 def kernel_only(torch, fn, reps):
@@ -269,8 +273,8 @@ def main():
               "4.27 TB/s over the weights' bytes")
         print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | % HBM (graph) | read floor (streaming "
               "kernel; torch sum) graph µs | ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / "
-              "ptxgen graph | kernels |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "ptxgen graph | llama.cpp µs | kernels |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         stream_read = read_floor_kernel(torch, views)
         for t in (1, 2, 4, 8):
             x = torch.randn(t, k, device="cuda")
@@ -286,13 +290,15 @@ def main():
             row = {"fmt": fmt, "T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor,
                    "read_sum_graph": summed, "floor_kernel": "read16 (probe_read_floor)" if stream_read else "torch sum",
                    "flinear": peer, "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM,
-                   "kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels}
+                   "kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels,
+                   "llamacpp": LLAMA_LOOP.get(fmt, {}).get(t)}
             res["decode_loop"].append(row)
             print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | "
                   f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
                   f"{row['pct_hbm_graph']:.0f}% | {floor:.1f}; {summed:.1f} | "
                   f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
-                  f"{peer['graph'] / ours['graph']:.2f}× | {' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
+                  f"{peer['graph'] / ours['graph']:.2f}× | {row['llamacpp'] or '—'} | "
+                  f"{' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
         del ws, views, w16
         torch.cuda.empty_cache()
 
