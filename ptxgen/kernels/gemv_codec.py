@@ -165,8 +165,9 @@ def _window_scan(b, e, E, ntok, ids, win0, lane, wid, list_at, counts_at):
 
 
 def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
-    """One pass of the grouped MoE build over up to `nt` of the warp's matched pairs, from match q: per pair its
-    live predicate, activation row address, output row index and out-of-range flag."""
+    """One pass of the grouped MoE build over up to `nt` of the window's matched pairs (the CTA's shared list at
+    `mine`), from match q: per pair its live predicate, activation row address, output row index and
+    out-of-range flag."""
     cnt = b.op("min.u32", b.op("sub.u32", total, q), Imm(nt, "u32"))
     live, xrow, yidx, bad = [], [], [], []
     for t in range(nt):
