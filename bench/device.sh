@@ -3,7 +3,8 @@
 # arguments (default: runtime). Logs and results land in $OUT.
 # usage (device tool): bash bench/device.sh [runtime] [gemv] [mmq] ...   (ARGS_<bench>: extra arguments, e.g.
 # ARGS_mmq="--tokens 16,32,64" ARGS_gemv="--formats tq4_1s,q4_K")
-# PYTEST_ARGS (default "-m gpu"; words, no quoting): what pytest runs. The CPU tiers run in CI; on the GPU
+# PYTEST_ARGS (default "-m gpu -n 12 --dist load": the tier on 12 pytest-xdist workers, which the GPU image has —
+# 4.5 min where one process takes over 10; words, no quoting): what pytest runs. The CPU tiers run in CI; on the GPU
 # machine they take ~9 minutes of its budget (PYTEST_ARGS=all runs them there too, e.g. against its nvJitLink).
 set -uo pipefail
 OUT=${OUT:-/tmp/ptxgen-out}; mkdir -p "$OUT"
@@ -14,7 +15,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import cuda.bindings, numpy, torch; print('cuda-bindings', cuda.bindings.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
-if [ "${PYTEST_ARGS:-}" = all ]; then args=(-m "not slow"); else read -r -a args <<< "${PYTEST_ARGS:--m gpu}"; fi
+if [ "${PYTEST_ARGS:-}" = all ]; then args=(-m "not slow"); else read -r -a args <<< "${PYTEST_ARGS:--m gpu -n 12 --dist load}"; fi
 python3 -m pytest -q -ra -p no:cacheprovider "${args[@]}" 2>&1 | tee "$OUT/pytest.log" | tail -25
 benches=${*:-runtime}
 for b in $benches; do

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ptxgen import formats
+from ptxgen.testing.strategies import random_raw
 from conftest import rel
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +20,7 @@ def _case(fmt, e, m, k, t, slots, seed, skew=False, per_slot=False):
     import ptxgen.runtime as r
 
     rng = np.random.default_rng(seed)
-    raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
+    raw = random_raw(fmt, e * m, k, rng)  # valid blocks without the quantizer (seconds, not minutes, at 117 M weights)
     w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
     ids = (np.full((t, slots), e - 1) if skew else rng.integers(0, e, (t, slots))).astype(np.int32)
     x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
@@ -62,7 +63,7 @@ def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
         bad[t // 2, 0] = bad[t - 1, 1] = True
         assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
         want = formats.mul_mat_id_ref("q4_K", raw, w.shape, x, ids)
-        assert rel(got[~bad], want[~bad]) <= 1e-5
+        assert t == 1 or rel(got[~bad], want[~bad]) <= 1e-5  # at T = 1 both of the token's slots are the bad ones
     with pytest.raises(ValueError, match=r"ids\[300, 0\] = -1 is not an expert of w \(0 ≤ id < 4\); 2 out of range"):
         r.mul_mat_id(w, x, ids)  # host ids: refused before anything runs
 
