@@ -8,6 +8,7 @@ import pytest
 
 from ptxgen.testing import fakegpu
 from ptxgen import knobs, tuning
+from ptxgen.kernels import gemv_codec
 from ptxgen.runtime import driver, ops, plans
 from ptxgen.runtime.driver import PER_THREAD_STREAM, stream_handle
 
@@ -237,8 +238,9 @@ def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
     with tuning.override(codec_mmq_min_tokens=1 << 30):
         p = ops.mul_mat_plan(w, 11)
     assert p.kernels == [f"gemv_{fmt.lower()}_f32_t8", f"gemv_{fmt.lower()}_f32_t4"]
-    assert [ln.fn.meta["rows_per_cta"] for ln in p.launches] == [32, 16]  # 8 warps of 4 rows (T = 8), of 2
-    assert [ln.grid for ln in p.launches] == [(10,), (19,)] and [ln.args[-1] for ln in p.launches] == [8, 3]
+    rows = [gemv_codec.WARPS * gemv_codec.tuned_shape(fmt, nt)[0] for nt in (8, 4)]  # rows per warp as tuned
+    assert [ln.fn.meta["rows_per_cta"] for ln in p.launches] == rows
+    assert [ln.grid for ln in p.launches] == [(-(-300 // r),) for r in rows] and [ln.args[-1] for ln in p.launches] == [8, 3]
     assert len(ops.mul_mat_plan(w, 512, arch="sm_89").launches) == 64  # no prepared GEMM there: 64 slices
     assert all(ln.fn.meta.get("pdl_head") for ln in p.launches)
 

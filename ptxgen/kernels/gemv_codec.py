@@ -1,7 +1,7 @@
 """gemv_<fmt>_f32_t<nt>: the exact decode GEMV of any weight codec with a `dequant_lane` (ptxgen/codecs), y = x @ W.T
 for up to nt tokens with fp32 x as given (no activation prep: one launch per call).
 
-A warp owns ROWS rows (SHAPE[nt]): per step it takes 256 of each row's weights (one super-block, or 8 Q8_0 blocks),
+A warp owns ROWS rows (TUNED / SHAPE per format and nt): per step it takes 256 of each row's weights (one super-block, or 8 Q8_0 blocks),
 each lane 8 of them decoded by the codec in float32 exactly as ggml's dequantize_row_<fmt> (the same code as
 dequantize_<fmt>), multiplies them by the matching x values (16- or 8-byte loads, L1/L2 hits after the first warp;
 one load serves the warp's ROWS rows) with one FFMA per weight and token, and the warp sums its lanes at the end
@@ -29,7 +29,14 @@ from ..specs import CodecKernel
 
 WARPS = 8
 TOKENS = (1, 2, 4, 8, 16)  # 16: not dispatched yet (ptxgen.kernels.NOT_SHIPPED), for probe_gemv_codec.py's T = 9-16
-SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2), 16: (2, 2)}  # tokens: (rows per warp, groups decoded per step)
+SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2), 16: (2, 2)}  # tokens: (rows per warp, groups per step), 8-weight lanes
+# (rows per warp, groups decoded per step, wide lanes) per format and token build, where measured: the fastest of the
+# variants bench/probe_gemv_codec.py timed on the H200 (4096x14336, back to back over 24 weights from HBM;
+# bench/results/probe_gemv_codec_shapes_852097d.log). A wide group is WIDE_BLOCKS blocks. Q4_K (its codec GEMV runs
+# the MoE decode) takes Q5_K's: the same lane code less the fifth bit. The rest: SHAPE with 8-weight lanes.
+TUNED = {"q5_K": {1: (2, 2, True), 2: (2, 2, True), 4: (4, 2, True), 8: (4, 1, True), 16: (4, 1, True)},
+         "q6_K": {1: (1, 2, True), 2: (1, 2, True), 4: (1, 2, True), 8: (2, 4, False)}}  # T = 16: 2:2 narrow spills
+TUNED["q4_K"] = TUNED["q5_K"]
 AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
 FORMATS = codecs.with_route("codec_gemv")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
@@ -184,20 +191,32 @@ def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
     return live, xrow, yidx, bad
 
 
+def tuned_shape(fmt: str, nt: int, moe: str | None = None) -> tuple[int, int, bool]:
+    """(rows per warp, groups per step, wide lanes) of a build: TUNED where measured, else SHAPE (GROUPED_SHAPE for
+    the grouped MoE GEMV) with the codec's wide lanes where it has them, as many bytes per step in half the groups."""
+    codec = codecs.get(fmt)
+    has_wide = hasattr(codec, "dequant_lane_wide")
+    if moe != "grouped" and nt in TUNED.get(fmt, {}):
+        rows, unroll, wide = TUNED[fmt][nt]
+        return rows, unroll, wide and has_wide
+    rows, unroll = GROUPED_SHAPE if moe == "grouped" else SHAPE[nt]
+    return (rows, max(1, unroll // codec.WIDE_BLOCKS), True) if has_wide else (rows, unroll, False)
+
+
 def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: str | None = None,
           wide: bool | None = None):
-    """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of SHAPE[nt] and AHEAD:
-    for probes (bench/probe_gemv_codec.py). `moe`: mul_mat_id's decode GEMVs — "pair": gemv_<fmt>_f32_id, one token
+    """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of the tuned ones (tuned_shape)
+    and AHEAD: for probes (bench/probe_gemv_codec.py). `moe`: mul_mat_id's decode GEMVs — "pair": gemv_<fmt>_f32_id, one token
     per (token, slot) pair, grid.y the pairs; "grouped": gemv_<fmt>_f32_idg, grid.y the experts, each CTA's warps
     take the pairs routed to their expert nt at a time, so an expert's weights are read once per nt of its pairs.
     An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its place). `wide`
-    (default: where the codec has one) takes the codec's dequant_lane_wide: 16 weights a lane, its blocks per step
+    (default: the tuned choice) takes the codec's dequant_lane_wide: 16 weights a lane, its blocks per step
     WIDE_BLOCKS (fewer instructions per weight: the scales and addresses of a lane serve twice the weights)."""
     codec = codecs.get(fmt)
-    wide = hasattr(codec, "dequant_lane_wide") if wide is None else wide
-    rows, unroll = shape or (GROUPED_SHAPE if moe == "grouped" else SHAPE[nt])
-    if wide and not shape:  # a wide group is WIDE_BLOCKS blocks: as many bytes per step in half the groups
-        unroll = max(1, unroll // codec.WIDE_BLOCKS)
+    rows, unroll, tuned_wide = tuned_shape(fmt, nt, moe)
+    wide = tuned_wide if wide is None else wide
+    if shape:
+        rows, unroll = shape
     ahead = AHEAD if ahead is None else ahead
     lanes = codec.dequant_lane_wide if wide else codec.dequant_lane
     group_blocks = codec.WIDE_BLOCKS if wide else codec.GROUP_BLOCKS
