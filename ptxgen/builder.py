@@ -160,12 +160,14 @@ class KernelBuilder:
         if self.arch.has("griddepcontrol"):
             self.emit("griddepcontrol.launch_dependents")
 
-    def pdl_head(self) -> None:
+    def pdl_head(self, trigger: bool = True) -> None:
         """Trigger, then `griddepcontrol.wait`, before anything else: this kernel touches no memory until every
         kernel before it in the stream has completed and flushed, so the runtime may launch it with PDL behind
-        any kernel (meta `pdl_head`), hiding the launch gap between consecutive ops."""
+        any kernel (meta `pdl_head`), hiding the launch gap between consecutive ops. `trigger=False`: the kernel
+        calls pdl_trigger itself later (a trigger at the head lets the next ops' CTAs sit resident in its slots)."""
         if self.arch.has("griddepcontrol"):
-            self.pdl_trigger()
+            if trigger:
+                self.pdl_trigger()
             self.emit("griddepcontrol.wait")
             self.meta["pdl_head"] = True
 
