@@ -239,9 +239,9 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
                       experts="w holds `experts` matrices of m rows, expert_bytes apart")
     if moe == "grouped":
         b.meta.update(window=WINDOW, ntok="the number of (token, slot) pairs")
-    # one kernel per call: it waits for whatever wrote x before it reads anything; the plain GEMV lets the next op
-    # launch once its K loop is done (triggered at its head, Q8_0 at T = 1 ran 29 → 42 µs behind PDL on the H200)
-    b.pdl_head(trigger=moe is not None)
+    # one kernel per call: it waits for whatever wrote x before it reads anything; the GEMV (and the pair MoE one)
+    # let the next op launch once their K loop is done (at the head, Q8_0 at T = 1 ran 29 → 42 µs behind PDL)
+    b.pdl_head(trigger=moe == "grouped")
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     if moe == "grouped":
