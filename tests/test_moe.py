@@ -217,3 +217,19 @@ def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(mo
     th.join()
     xs = sorted(cells[1] for _, _, cells, _ in rec.runs)
     assert xs == [0x100000000, 0x100000000 + 0x2000]
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90a", "sm_120a"])
+def test_moe_group_sorts_the_pairs_by_expert_and_lists_the_token_tiles(arch):
+    """kernels/moe_group.py in the emulator: offsets and the work list exactly as its NumPy model, each expert's
+    pairs (a permutation), NaN rows for bad ids — drawn routes, 128 experts with 700 x 8 pairs (tiles of 32),
+    every pair on one expert, and no valid pair at all."""
+    from ptxgen.emu.harness import check_kernel
+
+    ptx = get_kernel("moe_group").for_arch(arch).ptx()
+    cases = [dict(seed=s) for s in range(2)] + [
+        dict(shape=(128, 700, 8, 3), tile=32), dict(ids=np.full((40, 2), 3, np.int32), shape=(4, 40, 2, 3), tile=16),
+        dict(ids=np.full((3, 2), -1, np.int32), shape=(4, 3, 2, 3))]
+    for kw in cases:
+        out = check_kernel("moe_group", ptx, **kw)
+        assert out.ok, out.detail

@@ -192,6 +192,44 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
                    f"(T={t}, slots={slots}, x per slot: {per_slot})", got, want)
 
 
+def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, seed=None) -> Outcome:
+    """moe_group: E experts, (T, slots) ids drawn with repeats, empty experts and one out of range (unless `ids` is
+    given); offsets and the work list as kernels.moe_group.reference says, each expert's slice of order a
+    permutation of its pairs, y's rows NaN exactly for the bad pairs (others untouched)."""
+    from ptxgen.kernels.moe_group import reference
+
+    e, t, slots, m = shape or (9, 37, 3, 5)
+    if ids is None:
+        ids = rng.integers(0, e - 2, (t, slots)).astype(np.int32)  # the last two experts empty
+        ids.flat[int(rng.integers(ids.size))] = rng.choice([-1, e])
+    ids = np.asarray(ids, np.int32)
+    p = ids.size
+    offsets, groups, work = reference(ids, e, tile)
+    mem = _memory()
+    ia, oa = mem.alloc(ids), mem.alloc(4 * max(p, 1), poison=0xFF)
+    fa, wa = mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // tile + e), poison=0xFF)
+    ya = mem.alloc(np.zeros((p, m), np.float32))
+    _run(ptx, (1,), (1024,), (ia, p, e, tile, oa, fa, wa, ya, m), mem, seed=seed)
+    got_off = mem.view(fa, np.uint32, (e + 1,))
+    wl = mem.view(wa, np.uint32, (1 + p // tile + e,))
+    L = int(wl[0])
+    got_work = wl[1:1 + L]
+    order = mem.view(oa, np.uint32, (max(p, 1),))
+    why = []
+    if not np.array_equal(got_off, offsets):
+        why.append(f"offsets {got_off} != {offsets}")
+    if not np.array_equal(got_work, work):
+        why.append(f"work {got_work} != {work}")
+    for ex, pairs in groups.items():
+        if not np.array_equal(np.sort(order[offsets[ex]:offsets[ex + 1]]), pairs):
+            why.append(f"expert {ex}'s pairs")
+    y = mem.view(ya, np.float32, (p, m))
+    bad = (ids.reshape(-1) < 0) | (ids.reshape(-1) >= e)
+    if not (np.isnan(y[bad]).all() and (y[~bad] == 0).all()):
+        why.append("NaN rows")
+    return Outcome("moe_group", not why, "; ".join(why) or f"{len(groups)} experts with pairs, L = {L}", None, None)
+
+
 def _frags(fmt: str):
     """dequantize_<fmt>_frags (kernels/frags.py): drawn GGUF bytes → layouts.q4k_prepared_fragments(raw, fmt) bit for
     bit (NaN as NaN), rows past M zero; the output poisoned first."""
@@ -839,6 +877,7 @@ for _f in ("q5_K", "q6_K", "q8_0"):
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)
+HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)

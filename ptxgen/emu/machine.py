@@ -1066,19 +1066,25 @@ class Emulator(HopperOps):
         t = self._type(ins)
         mods = [m for m in ins.mods[1:] if m not in _ORDER_SCOPE]
         op = mods[1]
-        if mods[0] != "global" or op not in ("add", "exch", "max", "min"):
+        if mods[0] not in ("global", "shared") or op not in ("add", "exch", "max", "min"):
             raise Unsupported(ins.opcode)
         d, addr, v = (None, *ins.operands) if red else ins.operands
         addrs, _ = self._addr(addr, ex)
         vals = self._val(v, t, ex)
         width = np.dtype(_NP[t]).itemsize
+        if mods[0] == "global":
+            load = lambda i: self.memory.load(addrs[i:i + 1], width, ins.text)  # noqa: E731
+            store = lambda i, data: self.memory.store(addrs[i:i + 1], data, ins.text)  # noqa: E731
+        else:  # a CTA's shared memory: the word must have been written before (as ld.shared)
+            load = lambda i: self.smem_load(addrs[i:i + 1], width, ins.text, ex[i:i + 1])  # noqa: E731
+            store = lambda i, data: self.smem_store(addrs[i:i + 1], data, ins.text, ex[i:i + 1])  # noqa: E731
         old = np.empty(ex.size, _NP[t])
         for i in range(ex.size):  # atomics serialise in thread order
-            cur = self.memory.load(addrs[i:i + 1], width, ins.text).view(_NP[t]).reshape(-1)[0]
+            cur = np.ascontiguousarray(load(i)).view(_NP[t]).reshape(-1)[0]
             old[i] = cur
             new = {"add": lambda: cur + vals[i], "exch": lambda: vals[i], "max": lambda: max(cur, vals[i]),
                    "min": lambda: min(cur, vals[i])}[op]()
-            self.memory.store(addrs[i:i + 1], np.array([new], _NP[t]).view(np.uint8).reshape(1, -1), ins.text)
+            store(i, np.array([new], _NP[t]).view(np.uint8).reshape(1, -1))
         if d is not None:
             self._set(d, ex, old, t)
 

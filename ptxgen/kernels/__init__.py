@@ -37,10 +37,11 @@ def _resident(k: Kernel, arch: Arch) -> Kernel:
 
 def _registry() -> dict[str, KernelDef]:
     from . import (convert_f16, dequantize, dequantize_q4_k, fixup, frags, gemv, gemv_codec, gemv_t1, gemv_xr, mmq,
-                   quantize_q8_1)
+                   moe_group, quantize_q8_1)
 
     defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, dequantize_q4_k.KERNEL_FRAGS, *frags.KERNELS, convert_f16.KERNEL,
-            convert_f16.KERNEL_PERM, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, gemv_xr.KERNEL, *mmq.kernel_defs(), fixup.KERNEL, *fixup.KERNELS]
+            convert_f16.KERNEL_PERM, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, gemv_xr.KERNEL, *mmq.kernel_defs(), fixup.KERNEL, *fixup.KERNELS,
+            moe_group.KERNEL]
     return {d.name: d for d in defs}
 
 
@@ -59,6 +60,7 @@ NOT_SHIPPED = {
     "prep_q4k_t8": "the records of gemv_q4_k_mma_t8 (not shipped)",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
+    "moe_group": "the grouped MoE GEMM's expert grouping and work list: dispatched once that GEMM is",
 }
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: not timed yet against two 8-token "
                     "launches and the prepared GEMM (bench/probe_gemv_codec.py)" for f in ("q5_k", "q6_k", "q8_0")})

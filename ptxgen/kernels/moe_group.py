@@ -1,0 +1,135 @@
+"""moe_group: mul_mat_id's expert grouping on the device, the work list of the grouped MoE GEMM (mmq_*_moe).
+
+One CTA of 1024 threads reads the (token, slot) pairs' expert ids once and writes, without a host round trip:
+- `offsets` (E + 1 u32): expert e's pairs are order[offsets[e] .. offsets[e + 1]) (an exclusive scan of the
+  per-expert counts, counted with shared-memory atomics);
+- `order` (u32 per valid pair): the pair indices p = t·slots + j grouped by expert (in no fixed order inside an
+  expert: each pair's output row is computed alone, so the result does not depend on it);
+- `work`: work[0] = L, then L entries e | tile << 16, one per token tile of BN pairs of each expert with pairs
+  (expert-major, its tiles in order) — the GEMM's items are (M tile, entry);
+- y's row of a pair whose id is outside [0, E): NaN (the GEMM never sees the pair).
+E ≤ MAX_EXPERTS; the pairs are walked 1024 at a time (any count)."""
+from __future__ import annotations
+
+from ..builder import KernelBuilder
+from ..ir import Imm, Mem
+from . import KernelDef
+
+THREADS = 1024
+MAX_EXPERTS = 1024
+TILE_SHIFT = 16  # work entry = expert | token tile << TILE_SHIFT
+
+
+def _loop(b, start, end, step, body, name):
+    """for (i = start; i < end; i += step) body(i), per thread (divergent)."""
+    i = b.op("mov.u32", start)
+    top, out = b.label(name), b.label(name + "_end")
+    b.place(top)
+    b.bra(out, pred=b.op("setp.ge.u32", i, end), uniform=False)
+    body(i)
+    b.emit("add.u32", i, i, Imm(step, "u32") if isinstance(step, int) else step)
+    b.bra(top, uniform=False)
+    b.place(out)
+
+
+def build(arch):
+    b = KernelBuilder("moe_group", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
+    ids_p, n_p, e_p = b.param("ids", "u64", "ptr:in"), b.param("npairs", "u32"), b.param("experts", "u32")
+    bn_p = b.param("tile", "u32")
+    ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
+    wrk_p, y_p, m_p = b.param("work", "u64", "ptr:scratch"), b.param("y", "u64", "ptr:out"), b.param("m", "u32")
+    b.directives += [f".maxntid {THREADS}, 1, 1"]
+    b.meta.update(grid="1", max_experts=MAX_EXPERTS, work="work[0] = L; work[1 + i] = expert | token tile << 16",
+                  order="u32 per valid pair, grouped by expert", offsets="u32 × (experts + 1)")
+    counts = b.shared_buffer("counts", 4 * MAX_EXPERTS)
+    cursor = b.shared_buffer("cursor", 4 * MAX_EXPERTS)
+    tstart = b.shared_buffer("tile_start", 4 * MAX_EXPERTS)
+    b.pdl_head()  # it reads ids, which the op before may have written
+    IDS, ORD, OFF, WRK, Y = (b.ptr(p) for p in (ids_p, ord_p, off_p, wrk_p, y_p))
+    P, E, BN, M = (b.ld_param(p, "u32") for p in (n_p, e_p, bn_p, m_p))
+    tid = b.special("tid.x")
+    cb, kb, sb = (b.op("mov.u32", s) for s in (counts, cursor, tstart))
+
+    def at(base, i):
+        return b.op("mad.lo.u32", i, Imm(4, "u32"), base)
+
+    def gat(base, i):
+        return b.op("mad.wide.u32", i, Imm(4, "u32"), base)
+
+    b.comment("per-expert counts: zeroed, then one shared atomic per valid pair; a bad id's row of y is NaN")
+    _loop(b, tid, E, THREADS, lambda e: b.emit("st.shared.u32", Mem(at(cb, e)), Imm(0, "u32")), "zero")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    def count(p):
+        e = b.op("ld.global.nc.u32", Mem(gat(IDS, p)))
+        ok = b.op("setp.lt.u32", e, E)  # unsigned: -1 is past E too
+        b.emit("atom.shared.add.u32", b.reg("u32"), Mem(at(cb, e)), Imm(1, "u32"), pred=ok)
+        skip = b.label("valid")
+        b.bra(skip, pred=ok, uniform=False)
+        row = b.op("mul.lo.u32", p, M)
+        _loop(b, b.op("mov.u32", Imm(0, "u32")), M, 1, lambda j: b.emit(
+            "st.global.f32", Mem(gat(Y, b.op("add.u32", row, j))), Imm(float("nan"), "f32")), "nan_row")
+        b.place(skip)
+    _loop(b, tid, P, THREADS, count, "count")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    b.comment("thread 0: exclusive scan of the counts (offsets, cursors) and of their token tiles (work starts)")
+    bm1 = b.op("sub.u32", BN, Imm(1, "u32"))  # every thread's (the work entries use it too)
+    serial = b.label("scanned")
+    b.bra(serial, pred=b.op("setp.ne.u32", tid, Imm(0, "u32")), uniform=False)
+    acc, tiles = b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))
+
+    def scan(e):
+        c = b.op("ld.shared.u32", Mem(at(cb, e)))
+        b.emit("st.shared.u32", Mem(at(kb, e)), acc)
+        b.emit("st.global.u32", Mem(gat(OFF, e)), acc)
+        b.emit("st.shared.u32", Mem(at(sb, e)), tiles)
+        b.emit("add.u32", acc, acc, c)
+        b.emit("add.u32", tiles, tiles, b.op("div.u32", b.op("add.u32", c, bm1), BN))
+    _loop(b, b.op("mov.u32", Imm(0, "u32")), E, 1, scan, "scan")
+    b.emit("st.global.u32", Mem(gat(OFF, E)), acc)
+    b.emit("st.global.u32", Mem(WRK), tiles)
+    b.place(serial)
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    b.comment("the work entries of expert e: e | tile << 16 for each of its token tiles")
+
+    def entries(e):
+        c = b.op("ld.shared.u32", Mem(at(cb, e)))
+        n = b.op("div.u32", b.op("add.u32", c, bm1), BN)
+        s = b.op("ld.shared.u32", Mem(at(sb, e)))
+        dst = b.op("mad.wide.u32", b.op("add.u32", s, Imm(1, "u32")), Imm(4, "u32"), WRK)
+        _loop(b, b.op("mov.u32", Imm(0, "u32")), n, 1, lambda j: b.emit(
+            "st.global.u32", Mem(b.op("mad.wide.u32", j, Imm(4, "u32"), dst)),
+            b.op("or.b32", e, b.op("shl.b32", j, Imm(TILE_SHIFT, "u32")))), "tile")
+    _loop(b, tid, E, THREADS, entries, "entries")
+
+    b.comment("each valid pair to its expert's next place in order")
+
+    def scatter(p):
+        e = b.op("ld.global.nc.u32", Mem(gat(IDS, p)))
+        ok = b.op("setp.lt.u32", e, E)
+        slot = b.op("mov.u32", Imm(0, "u32"))  # written for every thread: the store's address reads it
+        b.emit("atom.shared.add.u32", slot, Mem(at(kb, e)), Imm(1, "u32"), pred=ok)
+        b.emit("st.global.u32", Mem(gat(ORD, slot)), p, pred=ok)
+    _loop(b, tid, P, THREADS, scatter, "scatter")
+    b.emit("ret")
+    return b.finish()
+
+
+def reference(ids, experts: int, tile: int):
+    """NumPy model: (offsets, {expert: sorted pair indices}, work entries) — what moe_group writes, the order inside
+    an expert aside."""
+    import numpy as np
+
+    flat = np.asarray(ids, np.int64).reshape(-1)
+    valid = (flat >= 0) & (flat < experts)
+    counts = np.bincount(flat[valid], minlength=experts)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+    groups = {e: np.nonzero(flat == e)[0] for e in range(experts) if counts[e]}
+    work = [e | j << TILE_SHIFT for e in range(experts) for j in range(-(-int(counts[e]) // tile))]
+    return offsets, groups, np.array(work, np.uint32)
+
+
+KERNEL = KernelDef("moe_group", "mul_mat_id's expert grouping: per-expert offsets, pairs by expert, the grouped "
+                   "GEMM's work list", build)
