@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -168,18 +167,42 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     return _finish(o, ret, xa.host, out is not None, s)
 
 
-_PATCH_LOCK = threading.Lock()  # mul_mat_id's prepared launches: patch and launch as one step
 MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measured yet: one token's slots differ)
+MOE_GEMM_MIN_PAIRS = 16  # Q4_K: the grouped tensor-core GEMM from this many (token, slot) pairs (not measured yet:
+# the grouped GEMV ran 150-2000 µs at T = 8-512 on 128 experts top-8, 5-13x llama.cpp; bench_moe_852097d.log)
+MOE_GEMM_FORMATS = ("q4_K",)
 
 
-def mul_mat_id_kernel(fmt: str, t: int, slots: int, experts: int) -> str:
-    """The kernel mul_mat_id runs for T = t tokens of `slots` experts each over `experts` experts."""
+def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int) -> list[str]:
+    """The kernels mul_mat_id launches, in order, for T = t tokens of `slots` experts each over `experts` experts of
+    K = k (needs no GPU: bench_moe's dry run and sanitize.py ask it; mul_mat_id_plan follows it)."""
+    p = t * slots
+    if _moe_gemm(fmt, t, slots, experts, k):
+        return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True).name, CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
-        return CodecKernel("gemv_idg", fmt).name
-    return CodecKernel("gemv_id", fmt).name
+        return [CodecKernel("gemv_idg", fmt).name]
+    return [CodecKernel("gemv_id", fmt).name]
 
 
-def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None):
+def _moe_bn(pairs: int, experts: int) -> int:
+    return 64 if pairs >= 48 * experts else 32  # an expert's share of the pairs fills a 64-pair tile
+
+
+def _moe_format(fmt: str) -> None:
+    from ptxgen import codecs
+
+    if fmt not in codecs.dequantizable():  # the codecs whose lanes give W itself (the MoE GEMVs' FORMATS)
+        raise ValueError(f"mul_mat_id: no kernel for {fmt} yet (have: {', '.join(codecs.dequantizable())})")
+
+
+def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int) -> bool:
+    from ptxgen.kernels.moe_group import MAX_EXPERTS
+
+    return fmt in MOE_GEMM_FORMATS and t * slots >= MOE_GEMM_MIN_PAIRS and experts <= MAX_EXPERTS and k % 256 == 0
+
+
+def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None,
+               workspace: Workspace | None = None):
     """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
     `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 (T, K), one
     row per token shared by its slots, or (T, slots, K), one row per slot (the down projection). Returns fp32
@@ -187,24 +210,24 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
 
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already
     on the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its
-    row only. Streams, outputs and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded first, and that
-    upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are refused while the
-    stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
+    row only. Streams, outputs, workspaces and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded
+    first, and that upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are
+    refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
-    Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact" (fp32 products of ggml's dequantized weights, relative error
-    ~1e-6). From 2 tokens one launch of gemv_<fmt>_f32_idg over (M rows, E experts): each expert's CTAs scan the
-    ids (1024 pairs at a time) for the pairs routed to it and read its weights once per 8 of them; for one token
-    gemv_<fmt>_f32_id over (M rows, slots), each pair reading its expert's weights (a token's experts differ)."""
-    from ptxgen import codecs
-
+    Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches:
+    Q4_K from MOE_GEMM_MIN_PAIRS pairs: moe_group (the pairs grouped by expert on the device, a work list of
+    (expert, token tile)), then the grouped tensor-core GEMM (fp16 activations, fp32 sums, as mul_mat's prefill:
+    relative error ~4e-4), then gemv_q4_k_f32_idg gated on the GEMM's overflow flag (it runs, exactly, only when an
+    activation passed fp16's range). Otherwise the fp32 GEMVs (relative error ~1e-6): from 2 tokens
+    gemv_<fmt>_f32_idg over (M rows, E experts) — each expert's CTAs scan the ids for its pairs and read its
+    weights once per 8 of them; for one token gemv_<fmt>_f32_id over (M rows, slots)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
     if len(w.shape) != 3:
         raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
     if mode != "exact":
         raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
-    if w.fmt not in codecs.dequantizable():  # the codecs whose lanes give W itself (the MoE GEMVs' FORMATS)
-        raise ValueError(f"mul_mat_id: no kernel for {w.fmt} yet (have: {', '.join(codecs.dequantizable())})")
+    _moe_format(w.fmt)
     e, m, k = w.shape
     ishape, xshape = shape_of(ids, "mul_mat_id: ids"), shape_of(x, "mul_mat_id: x")
     if len(ishape) != 2 or 0 in ishape:
@@ -233,52 +256,76 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     xa = as_device_array(x, "mul_mat_id: x", np.float32, align=16, stream=s)  # checked before w is uploaded
     ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
     o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
+    x_per_slot = int(len(xshape) == 3)
+    if cid is None:
+        plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch)
+    else:  # the first captured call of this shape: its plan may load kernels the eager calls did not need
+        with driver.relaxed_capture():
+            plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, graph=True)
+    if cid is None and workspace is None:
+        b = eager_bound(plan, s)
+    else:
+        b = plan.bound(workspace_for(plan, s, workspace, cid))
+    b.run(xa.ptr, o.ptr, s, ia.ptr)
+    return _finish(o, ret, xa.host, out is not None, s)
+
+
+def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, mode: str = "exact",
+                    arch: str | None = None, graph: bool = False) -> Plan:
+    """The launch plan of mul_mat_id(w, x, ids) for T = t tokens of `slots` experts each (x (T, K), or with
+    `x_per_slot` (T, slots, K)); cached on `w` as mul_mat_plan's. `.kernels` names its launches."""
+    from ptxgen import codecs, formats
+
+    key = (t, "mul_mat_id", slots, int(x_per_slot), mode, arch, bool(graph))  # T first: _remember evicts by it
+    gen = knobs.generation()
+    entry = w._plans.get(key)
+    if entry is not None and entry[0] == gen:
+        return entry[1]
+    _moe_format(w.fmt)
+    e, m, k = w.shape
     w.to_device()
     err = codecs.get(w.fmt).weights_error(mode, k, w.ptr)
     if err:
         raise ValueError(f"mul_mat_id: {err}")
-    x_per_slot = int(len(xshape) == 3)
-    key = (t, "mul_mat_id", slots, x_per_slot, arch)  # T first, as mul_mat_plan's keys: _remember evicts by it
-    entry = w._plans.get(key)
-    if entry is None or entry[0] != knobs.generation():
-        if cid is None:
-            entry = _mul_mat_id_launch(w, t, slots, x_per_slot, arch, xa, ia, o)
-        else:  # the first captured call of this shape: its kernel may not be loaded yet
-            with driver.relaxed_capture():
-                entry = _mul_mat_id_launch(w, t, slots, x_per_slot, arch, xa, ia, o)
-        _remember(w, key, entry)
-    with _PATCH_LOCK:  # a prepared launch, patched and issued as one step (the launch copies its arguments)
-        for launch, (dx, dy, di) in entry[1]:
-            cells = launch.cells
-            cells[1].value, cells[2].value, cells[8].value = xa.ptr + dx, o.ptr + dy, ia.ptr + di
-            launch.run(s)
-    return _finish(o, ret, xa.host, out is not None, s)
+    pb = PlanBuilder((t, slots, k) if x_per_slot else (t, k), np.float32, (t, slots, m), np.float32,
+                     graph=bool(graph), ids_shape=(t, slots))
+    expert_bytes = m * formats.get(w.fmt).row_bytes(k)
+    p = t * slots
+    idg_args = (w.buffer, pb.x, pb.y, m, k, p, e, expert_bytes, pb.ids, slots, int(x_per_slot))
+    route = mul_mat_id_kernels(w.fmt, t, slots, e, k)
+    fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
+    rows = -(-m // int(fn.meta["rows_per_cta"]))
+    if len(route) > 1:
+        gate = _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[1], arch)
+        pb.launch(fn, (rows, e), idg_args + (gate,))  # exact, only where the GEMM's activations overflowed
+    elif route[0].endswith("_idg"):
+        pb.launch(fn, (rows, e), idg_args + (0,))
+    else:
+        if p > 65535:  # grid.y
+            raise ValueError(f"mul_mat_id: {p} (token, slot) pairs of one token: at most 65535")
+        pb.launch(fn, (rows, p), (w.buffer, pb.x, pb.y, m, k, 1, e, expert_bytes, pb.ids, slots, int(x_per_slot)))
+    plan = pb.finish(f"mul_mat_id {w.fmt} {e}x{m}x{k} T={t} slots={slots}")
+    _remember(w, key, (gen, plan))
+    return plan
 
 
-def _mul_mat_id_launch(w: QuantTensor, t: int, slots: int, x_per_slot: int, arch, xa, ia, o) -> tuple:
-    """(knobs' generation, [(prepared launch, byte offsets of its x, y, ids)]): mul_mat_id's launch (the grouped
-    GEMV's, grid.y the experts; or, for one token, the per-pair GEMV's, grid.y its slots)."""
-    from ptxgen import formats
+def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: int, kernel: str, arch) -> SymArray:
+    """moe_group, then the grouped GEMM over its work list (persistent CTAs, at most one per item). Returns the gate
+    word: zeroed by moe_group, raised by the GEMM where an activation overflowed fp16."""
+    from ptxgen.kernels.mmq import BM
 
     e, m, k = w.shape
-    kernel = mul_mat_id_kernel(w.fmt, t, slots, e)
-    fn = kernels.load(kernel, arch)
-    pdl = bool(fn.meta.get("pdl_head"))  # it waits before touching memory: it may start behind anything
-    rows = -(-m // int(fn.meta["rows_per_cta"]))
-    expert_bytes = m * formats.get(w.fmt).row_bytes(k)
-    if kernel.endswith("_idg"):
-        parts = [((rows, e), t * slots, 0)]
-    elif t * slots <= 65535:  # grid.y
-        parts = [((rows, t * slots), 1, 0)]
-    else:
-        raise ValueError(f"mul_mat_id: {t * slots} (token, slot) pairs of one token: at most 65535")
-    out = []
-    for grid, ntok, p0 in parts:
-        dx, dy, di = 4 * k * (p0 if x_per_slot else p0 // slots), 4 * m * p0, 4 * p0
-        cells = fn.cells((w.buffer, xa.ptr + dx, o.ptr + dy, m, k, ntok, e, expert_bytes, ia.ptr + di, slots,
-                          x_per_slot))
-        out.append((fn.prepare(grid, cells, pdl=pdl), (dx, dy, di)))
-    return knobs.generation(), out
+    p = t * slots
+    gemm = kernels.load(kernel, arch)
+    bn = int(gemm.meta["bn"])
+    order, offsets = pb.scratch((p,), np.uint32), pb.scratch((e + 1,), np.uint32)
+    work, gate = pb.scratch((1 + p // bn + e,), np.uint32), pb.scratch((1,), np.uint32)
+    pb.launch(kernels.load("moe_group", arch), (1,), (pb.ids, p, e, bn, order, offsets, work, pb.y, m, gate))
+    items = -(-m // BM) * (p // bn + e)
+    ctas = max(1, min(items, gemm.resident_per_sm() * driver.current().sm_count))
+    pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, gate, m, k, slots, x_per_slot, expert_bytes, order, offsets, work,
+                              pb.queue))
+    return gate
 
 
 def _on_our_device(a, what: str) -> None:

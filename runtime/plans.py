@@ -8,8 +8,8 @@ scratch, `pb.counters(n)` / `pb.ready(n)` / `pb.flag` / `pb.queue` / `pb.done` n
 occupancy calculator.
 
 Binding: `plan.bind(ws)` resolves every symbolic address against a `Workspace`, encodes the tensor maps over its
-scratch and packs each launch's argument cells once (`Bound`). A call patches the x / y cells and issues the
-launches on its stream: `bound.run(x_ptr, y_ptr, stream)`.
+scratch and packs each launch's argument cells once (`Bound`). A call patches the x / y cells (and mul_mat_id's ids)
+and issues the launches on its stream: `bound.run(x_ptr, y_ptr, stream[, ids_ptr])`.
 
 Workspaces: the state words (the persistent queue's counter, split-K arrival counters, the converting GEMM's
 x-ready counters, the overflow flag) start at zero and every kernel leaves them zero; scratch is overwritten by
@@ -132,17 +132,19 @@ class Plan:
         self._last = (weakref.ref(ws), b)
         return b
 
-    def run(self, x_ptr: int, y_ptr: int, stream: int, ws: "Workspace") -> None:
-        self.bound(ws).run(x_ptr, y_ptr, stream)
+    def run(self, x_ptr: int, y_ptr: int, stream: int, ws: "Workspace", ids_ptr: int = 0) -> None:
+        self.bound(ws).run(x_ptr, y_ptr, stream, ids_ptr)
 
 
 class PlanBuilder:
     """Records an op's launches (see the module's docstring). `x` / `y`: the call's input and output."""
 
-    def __init__(self, x_shape=(), x_dtype=np.float32, y_shape=(), y_dtype=np.float32, graph: bool = False):
+    def __init__(self, x_shape=(), x_dtype=np.float32, y_shape=(), y_dtype=np.float32, graph: bool = False,
+                 ids_shape=()):
         self.graph = graph  # planned for calls captured into a CUDA graph (see ops.mul_mat_plan)
         self.x = SymArray(Sym("x"), x_shape, x_dtype)
         self.y = SymArray(Sym("y"), y_shape, y_dtype)
+        self.ids = SymArray(Sym("ids"), ids_shape, np.int32)  # mul_mat_id's expert ids: a third per-call input
         self.flag, self.done, self.queue = Sym("flag"), Sym("done"), Sym("queue")
         self.launches: list[Launch] = []
         self._scratch: list[int] = []
@@ -344,7 +346,7 @@ def release_capture_workspaces() -> int:
 class Bound:
     """A plan's launches packed against one workspace; `run` patches the x / y addresses and issues them."""
 
-    __slots__ = ("launches", "x_cells", "y_cells", "lock", "epoch", "__weakref__")
+    __slots__ = ("launches", "x_cells", "y_cells", "ids_cells", "lock", "epoch", "__weakref__")
 
     def __init__(self, plan: Plan, ws: Workspace):
         from .tma import tensor_map_2d
@@ -356,7 +358,8 @@ class Bound:
             return ws.addr[s.base] + s.off
 
         self.epoch = ws.epoch
-        self.launches, self.x_cells, self.y_cells = [], [], []  # (cell, offset) to patch per call
+        self.launches, self.x_cells, self.y_cells, self.ids_cells = [], [], [], []  # (cell, offset) to patch per call
+        per_call = {"x": self.x_cells, "y": self.y_cells, "ids": self.ids_cells}
         tmaps: dict = {}
         for ln in plan.launches:
             vals, later = [], []
@@ -364,7 +367,7 @@ class Bound:
                 if isinstance(a, SymArray):
                     a = a.ptr
                 if isinstance(a, Sym):
-                    if a.base in ("x", "y"):
+                    if a.base in per_call:
                         later.append((i, a.base, a.off))
                         vals.append(0)
                     else:
@@ -378,16 +381,18 @@ class Bound:
                     vals.append(a)
             cells = ln.fn.cells(vals)
             for i, base, off in later:
-                (self.x_cells if base == "x" else self.y_cells).append((cells[i], off))
+                per_call[base].append((cells[i], off))
             self.launches.append(ln.fn.prepare(ln.grid, cells, block=ln.block, smem=ln.smem, cluster=ln.cluster,
                                                pdl=ln.pdl))
         self.lock = threading.Lock()
 
-    def run(self, x_ptr: int, y_ptr: int, stream: int) -> None:
+    def run(self, x_ptr: int, y_ptr: int, stream: int, ids_ptr: int = 0) -> None:
         with self.lock:  # two threads on one stream share this Bound: patch and launch as one step
             for cell, off in self.x_cells:
                 cell.value = x_ptr + off
             for cell, off in self.y_cells:
                 cell.value = y_ptr + off
+            for cell, off in self.ids_cells:
+                cell.value = ids_ptr + off
             for ln in self.launches:
                 ln.run(stream)

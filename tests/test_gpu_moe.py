@@ -34,19 +34,21 @@ def _case(fmt, e, m, k, t, slots, seed, skew=False, per_slot=False):
                                                          (6, 64, 4096, 16, 1, False, True),
                                                          (16, 256, 1024, 600, 2, False, False)])  # 2 id windows
 def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot):
-    """Within 1e-5 of float64 (fp32 products of ggml's weights), NumPy in and out, the output poisoned first; both
-    MoE GEMVs (ops.mul_mat_id_kernel says which runs)."""
+    """Within 1e-5 of float64 (fp32 products of ggml's weights) through the MoE GEMVs, 1e-3 through Q4_K's grouped
+    tensor-core GEMM (fp16 activations; ops.mul_mat_id_kernels says which runs), NumPy in and out, the output
+    poisoned first."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
-    assert ops.mul_mat_id_kernel(fmt, t, slots, e).endswith("_idg" if t >= 2 else "_id")
+    route = ops.mul_mat_id_kernels(fmt, t, slots, e, k)
+    assert route[-1].endswith("_idg" if t >= 2 else "_id")
     w, raw, x, ids = _case(fmt, e, m, k, t, slots, seed=e + m + t, skew=skew, per_slot=per_slot)
     out = r.DeviceArray.empty((t, slots, m), np.float32)
     out.owner.fill_bytes(0xFF)
     r.mul_mat_id(w, x, ids, out=out)
     got = out.numpy()
     want = formats.mul_mat_id_ref(w.fmt, raw, w.shape, x, ids)
-    assert np.isfinite(got).all() and rel(got, want) <= 1e-5
+    assert np.isfinite(got).all() and rel(got, want) <= (1e-3 if len(route) > 1 else 1e-5)
     np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
 
 
@@ -63,7 +65,8 @@ def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
         bad[t // 2, 0] = bad[t - 1, 1] = True
         assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
         want = formats.mul_mat_id_ref("q4_K", raw, w.shape, x, ids)
-        assert t == 1 or rel(got[~bad], want[~bad]) <= 1e-5  # at T = 1 both of the token's slots are the bad ones
+        assert t == 1 or rel(got[~bad], want[~bad]) <= (1e-3 if t == 600 else 1e-5)  # T = 1: both slots bad;
+        # 600: the grouped GEMM (fp16 activations), moe_group writing the NaN rows
     with pytest.raises(ValueError, match=r"ids\[300, 0\] = -1 is not an expert of w \(0 ≤ id < 4\); 2 out of range"):
         r.mul_mat_id(w, x, ids)  # host ids: refused before anything runs
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ptxgen import formats
+from conftest import rel
 from ptxgen.arch import get_arch
 from ptxgen.emu.harness import gemv_id_case
 from ptxgen.kernels import get_kernel
@@ -181,17 +182,38 @@ def test_mul_mat_id_launches_patch_each_calls_pointers_and_evict_prefill_shapes(
             assert (name, g) == (kernel, grid) and cells[1:3] == [x.ptr, out.ptr] and cells[8] == ids.ptr
     for t in range(9, 9 + ops.PLANS_PER_WEIGHT + 5):
         _fake_call(w, t, 2)
-    assert len(w._plans) <= ops.PLANS_PER_WEIGHT and (1, "mul_mat_id", 2, 0, None) in w._plans
+    assert len(w._plans) <= ops.PLANS_PER_WEIGHT and (1, "mul_mat_id", 2, 0, "exact", None, False) in w._plans
 
 
 def test_mul_mat_id_at_prefill_lengths_is_one_grouped_launch(monkeypatch):
     """However many pairs (80000 here), the grouped GEMV is one launch of (M rows, E experts): its CTAs scan the ids
-    in windows; ntok is the pair count."""
+    in windows; ntok is the pair count; ungated (0)."""
     rec = _Launches(monkeypatch)
-    w = _fake_experts(e=4, m=16)
+    w = _fake_experts("q8_0", e=4, m=16)
     x, ids, out = _fake_call(w, 40000, 2)
     (name, grid, cells, _), = rec.runs
-    assert name == "gemv_q4_k_f32_idg" and grid == (1, 4, 1) and cells[5] == 80000
+    assert name == "gemv_q8_0_f32_idg" and grid == (1, 4, 1) and cells[5] == 80000 and cells[11] == 0
+
+
+def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
+    """Q4_K from ops.MOE_GEMM_MIN_PAIRS pairs: moe_group (one CTA) writes order / offsets / work and zeroes the gate;
+    the grouped GEMM (persistent CTAs, at most one per possible item) reads them; the exact grouped GEMV after it is
+    gated on that word. All three take this call's ids, x and y; the scratch is the workspace's."""
+    from ptxgen.runtime import ops
+
+    rec = _Launches(monkeypatch)
+    w = _fake_experts(e=8, m=300, k=512)
+    assert ops.mul_mat_id_plan(w, 7, 2).kernels[0] != "moe_group"  # 14 pairs: the grouped GEMV alone
+    x, ids, out = _fake_call(w, 8, 2)
+    names = [r[0] for r in rec.runs]
+    assert names == ["moe_group", "mmq_q4_k_f16_n32_moe", "gemv_q4_k_f32_idg"]
+    (_, g0, c0, _), (_, g1, c1, _), (_, g2, c2, _) = rec.runs
+    assert g0 == (1, 1, 1) and c0[0] == ids.ptr and c0[1:4] == [16, 8, 32] and c0[7] == out.ptr
+    order, offsets, work, gate = c0[4], c0[5], c0[6], c0[9]
+    assert c1[:4] == [w.ptr, x.ptr, out.ptr, gate] and c1[9:12] == [order, offsets, work]
+    assert g1 == (min(3 * (16 // 32 + 8), g1[0]), 1, 1) and g1[0] <= 3 * 8
+    assert c2[1:3] == [x.ptr, out.ptr] and c2[8] == ids.ptr and c2[11] == gate
+    assert ops.mul_mat_id_plan(w, 200, 2).launches[1].fn.name == "mmq_q4_k_f16_n64_moe"  # 400 pairs ≥ 48 per expert
 
 
 def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(monkeypatch):
@@ -233,3 +255,76 @@ def test_moe_group_sorts_the_pairs_by_expert_and_lists_the_token_tiles(arch):
     for kw in cases:
         out = check_kernel("moe_group", ptx, **kw)
         assert out.ok, out.detail
+
+
+def test_the_grouped_gemv_runs_only_through_an_open_gate():
+    """gemv_<fmt>_f32_idg's gate (mul_mat_id's exact recompute behind the grouped GEMM): a zero word, nothing
+    written; a raised one, the whole exact result."""
+    for gate, fmt in ((0, "q4_K"), (1, "q4_K"), (0, "q8_0")):
+        out = _case(fmt, "sm_90a", "idg", gate=gate, seed=gate)
+        assert out.ok, out.detail
+
+
+@pytest.mark.parametrize("name", ["mmq_q4_k_f16_n32_moe", "mmq_q4_k_f16_n64_moe"])
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90a", "sm_120a"])
+def test_grouped_moe_gemm_matches_the_reference(name, arch):
+    """The grouped GEMM in the emulator (kernels/mmq_moe.py) on moe_group's grouping (any order inside an expert):
+    an expert with more than a tile of pairs, an empty one, a bad id (its row untouched), x shared and per slot,
+    three persistent CTAs taking turns; within 1e-3 of float64; the queue left zero."""
+    from ptxgen.emu.harness import check_kernel
+
+    ptx = get_kernel(name).for_arch(arch).ptx()
+    for seed, per_slot in ((1, False), (2, True)):
+        out = check_kernel(name, ptx, seed=seed, x_per_slot=per_slot, interleave=seed == 2)
+        assert out.ok, out.detail
+
+
+def test_grouped_moe_gemm_skewed_empty_and_overflowing():
+    """Every pair on one expert (several token tiles), no valid pair at all (no items: the CTAs go home and the
+    queue is reset), and an activation past fp16's range: the flag rises (mul_mat_id's gated GEMV recomputes)."""
+    from ptxgen.emu.harness import check_kernel
+
+    name = "mmq_q4_k_f16_n32_moe"
+    ptx = get_kernel(name).for_arch("sm_89").ptx()
+    out = check_kernel(name, ptx, seed=3, ids=np.full((40, 2), 2, np.int32))
+    assert out.ok, out.detail
+    out = check_kernel(name, ptx, seed=3, ids=np.full((3, 2), -1, np.int32))
+    assert out.ok, out.detail
+    out = check_kernel(name, ptx, seed=4, scale=1e5)
+    assert not out.ok and "flag 1" in out.detail
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e5])
+def test_the_grouped_route_end_to_end_in_the_emulator(scale):
+    """mul_mat_id's Q4_K route as ops records it (moe_group, the grouped GEMM, the gated grouped GEMV), run in one
+    emulated memory: within 1e-3 of float64 (fp16 activations), NaN rows for the bad ids; with activations past
+    fp16's range (scale 1e5) the GEMM raises the gate and the GEMV recomputes every pair exactly (1e-5)."""
+    from ptxgen.emu.harness import _memory, _run
+    from ptxgen.runtime import ops
+
+    e, m, k, t, slots = 5, 130, 512, 20, 2
+    rng = np.random.default_rng(7)
+    raw = formats.quantize("q4_K", rng.standard_normal((e * m, k)).astype(np.float32))
+    ids = rng.integers(0, e - 1, (t, slots)).astype(np.int32)
+    ids[3, 1], ids[11, 0] = -1, e
+    x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
+    route = ops.mul_mat_id_kernels("q4_K", t, slots, e, k)
+    assert route == ["moe_group", "mmq_q4_k_f16_n32_moe", "gemv_q4_k_f32_idg"]
+    group, gemm, idg = (get_kernel(n).for_arch("sm_89") for n in route)
+    p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get("q4_K").row_bytes(k)
+    mem = _memory()
+    wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
+    ya, qa = mem.alloc(p * m * 4, poison=0x11), mem.alloc(8, poison=0)
+    oa, fa, ka = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // bn + e))
+    ga = mem.alloc(4, poison=0xFF)
+    _run(group.ptx(), (1,), (1024,), (ia, p, e, bn, oa, fa, ka, ya, m, ga), mem)
+    _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, 0, eb, oa, fa, ka, qa), mem,
+         dynamic_smem=gemm.meta["dynamic_smem"])
+    _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), e), (32 * idg.meta["warps"],),
+         (wa, xa, ya, m, k, p, e, eb, ia, slots, 0, ga), mem)
+    got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
+    want = formats.mul_mat_id_ref("q4_K", raw, (e, m, k), x, ids)
+    bad = np.isnan(want)
+    assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
+    assert rel(got[~bad], want[~bad]) <= (1e-5 if scale > 1 else 1e-3)
+    assert int(mem.view(ga, np.uint32, (1,))[0]) == int(scale > 1)

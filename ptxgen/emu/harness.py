@@ -159,12 +159,13 @@ def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None)
     return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n})", got, want)
 
 
-def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None) -> Outcome:
+def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, gate=None) -> Outcome:
     """gemv_<fmt>_f32_id / _idg (mul_mat_id's GEMVs: one pair per grid row / per expert its pairs 8 at a time, the
     ids scanned in windows of 1024 pairs): E experts of ggml-quantized (M, K) weights (M with a partial last CTA), T tokens × `slots` expert ids
     with repeats (several pairs on one expert; the grouped build gets more than 8 on one) and, unless `ids` is
     given, one id out of range (−1 or E); x (T, K) or, with `x_per_slot`, (T, slots, K); y NaN-poisoned first.
-    Against formats.mul_mat_id_ref: within 1e-5 relative where the id is valid, NaN exactly where it is not."""
+    Against formats.mul_mat_id_ref: within 1e-5 relative where the id is valid, NaN exactly where it is not. `gate`
+    (the grouped build): the value of the u32 its gate points at — 0: nothing may be written."""
     fmt, grouped = meta["fmt"], "window" in meta
     e, m, k = shape or (3, 21, 544 if fmt == "q8_0" else 512)
     if ids is None:
@@ -181,7 +182,11 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     ya = mem.alloc(t * slots * m * 4, poison=0x11)  # finite (1e-28): a row never written fails, NaN rows included
     expert_bytes = m * formats.get(fmt).row_bytes(k)
     _run(ptx, (-(-m // meta["rows_per_cta"]), e if grouped else t * slots), (32 * meta["warps"],),
-         (wa, xa, ya, m, k, t * slots if grouped else 1, e, expert_bytes, ia, slots, int(per_slot)), mem, seed=seed)
+         (wa, xa, ya, m, k, t * slots if grouped else 1, e, expert_bytes, ia, slots, int(per_slot))
+         + ((0 if gate is None else mem.alloc(np.array([gate], np.uint32)),) if grouped else ()), mem, seed=seed)
+    if gate == 0:
+        untouched = bool((mem.view(ya, np.uint32, (t, slots, m)) == 0x11111111).all())
+        return Outcome(meta["name"], untouched, f"gate 0: y {'untouched' if untouched else 'WRITTEN'}", None, None)
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
     want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want)
@@ -208,14 +213,16 @@ def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, see
     mem = _memory()
     ia, oa = mem.alloc(ids), mem.alloc(4 * max(p, 1), poison=0xFF)
     fa, wa = mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // tile + e), poison=0xFF)
-    ya = mem.alloc(np.zeros((p, m), np.float32))
-    _run(ptx, (1,), (1024,), (ia, p, e, tile, oa, fa, wa, ya, m), mem, seed=seed)
+    ya, ga = mem.alloc(np.zeros((p, m), np.float32)), mem.alloc(4, poison=0xFF)
+    _run(ptx, (1,), (1024,), (ia, p, e, tile, oa, fa, wa, ya, m, ga), mem, seed=seed)
     got_off = mem.view(fa, np.uint32, (e + 1,))
     wl = mem.view(wa, np.uint32, (1 + p // tile + e,))
     L = int(wl[0])
     got_work = wl[1:1 + L]
     order = mem.view(oa, np.uint32, (max(p, 1),))
     why = []
+    if mem.view(ga, np.uint32, (1,))[0]:
+        why.append("gate not zeroed")
     if not np.array_equal(got_off, offsets):
         why.append(f"offsets {got_off} != {offsets}")
     if not np.array_equal(got_work, work):
@@ -228,6 +235,53 @@ def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, see
     if not (np.isnan(y[bad]).all() and (y[~bad] == 0).all()):
         why.append("NaN rows")
     return Outcome("moe_group", not why, "; ".join(why) or f"{len(groups)} experts with pairs, L = {L}", None, None)
+
+
+def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, ctas=3,
+                 interleave=False, scale=1.0) -> Outcome:
+    """mmq_q4_k_f16_n<BN>_moe: E experts of ggml-quantized (M, K) weights (M past one tile), (T, slots) ids with
+    repeats, empty experts, one expert with more than a tile of pairs and one id out of range (unless `ids` is
+    given); the grouping (order, offsets, work list) from kernels.moe_group.reference, as moe_group leaves it; `ctas`
+    persistent CTAs. Within 1e-3 of formats.mul_mat_id_ref (fp16 activations) on the valid pairs, the bad pairs'
+    rows untouched (moe_group writes their NaN), the queue reset, the flag down."""
+    from ptxgen.kernels.moe_group import reference
+
+    bn = meta["bn"]
+    e, m, k = shape or (4, 131, 512)
+    if ids is None:
+        t, slots = bn + 3, 2
+        ids = rng.integers(0, e - 1, (t, slots)).astype(np.int32)  # the last expert empty
+        ids[:bn + 1, 0] = 1  # more than a tile of pairs on expert 1
+        ids.flat[int(rng.integers(ids.size))] = rng.choice([-1, e])
+    ids = np.asarray(ids, np.int32)
+    t, slots = ids.shape
+    per_slot = bool(rng.integers(2)) if x_per_slot is None else x_per_slot
+    raw = formats.quantize("q4_K", rng.standard_normal((e * m, k)).astype(np.float32))
+    x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
+    offsets, groups, work = reference(ids, e, bn)
+    order = np.zeros(max(ids.size, 1), np.uint32)
+    for ex, pairs in groups.items():
+        order[offsets[ex]:offsets[ex + 1]] = rng.permutation(pairs)  # moe_group's order inside an expert: any
+    mem = _memory()
+    wa, xa = mem.alloc(raw), mem.alloc(x)
+    ya, fa, qa = mem.alloc(t * slots * m * 4, poison=0x11), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
+    oa, na = mem.alloc(order), mem.alloc(offsets)
+    ka = mem.alloc(np.concatenate([[len(work)], work]).astype(np.uint32))
+    expert_bytes = m * formats.get("q4_K").row_bytes(k)
+    items = -(-m // meta["bm"]) * len(work)
+    _run(ptx, (max(1, min(items, ctas)),), (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na,
+                                                    ka, qa), mem, dynamic_smem=meta["dynamic_smem"], seed=seed,
+         interleave=interleave)
+    assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
+    got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
+    want = formats.mul_mat_id_ref("q4_K", raw, (e, m, k), x, ids)
+    bad = np.isnan(want[..., 0])
+    untouched = bool((mem.view(ya, np.uint32, (t, slots, m))[bad] == 0x11111111).all())
+    rel = np.linalg.norm(got[~bad] - want[~bad]) / max(np.linalg.norm(want[~bad]), 1e-300)
+    flag = int(mem.view(fa, np.uint32, (1,))[0])
+    ok = untouched and flag == 0 and bool(np.isfinite(got[~bad]).all() and rel <= 1e-3)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e}, bad rows untouched: {untouched}, flag {flag} "
+                   f"(T={t}, slots={slots}, x per slot: {per_slot}, {len(work)} entries, {items} items)", got, want)
 
 
 def _frags(fmt: str):
@@ -877,6 +931,8 @@ for _f in ("q5_K", "q6_K", "q8_0"):
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)
+for _bn in (32, 64):
+    HARNESSES[f"mmq_q4_k_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_f16_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 

@@ -60,7 +60,6 @@ NOT_SHIPPED = {
     "prep_q4k_t8": "the records of gemv_q4_k_mma_t8 (not shipped)",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
-    "moe_group": "the grouped MoE GEMM's expert grouping and work list: dispatched once that GEMM is",
 }
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: not timed yet against two 8-token "
                     "launches and the prepared GEMM (bench/probe_gemv_codec.py)" for f in ("q5_k", "q6_k", "q8_0")})

@@ -299,6 +299,12 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     W, X, Y, M, K, ntok = args
     e_p, eb_p, ids_p = b.param("experts", "u32"), b.param("expert_bytes", "u64"), b.param("ids", "u64", "ptr:in")
     s_p, xs_p = b.param("slots", "u32"), b.param("x_per_slot", "u32")
+    gate = b.ld_param(b.param("gate", "u64"), "u64")  # 0, or a u32 the kernel must find non-zero to run at all:
+    # mul_mat_id's exact recompute behind the grouped GEMM, which raises it when an activation overflowed fp16
+    gated = b.label("gated")
+    b.bra(gated, pred=b.op("setp.eq.u64", gate, Imm(0, "u64")))
+    b.emit("ret", pred=b.op("setp.eq.u32", b.op("ld.global.u32", Mem(b.op("cvta.to.global.u64", gate))), Imm(0, "u32")))
+    b.place(gated)
     list_at = b.op("mov.u32", b.shared_buffer("pairs", 4 * WINDOW), type="u32")
     counts_at = b.op("mov.u32", b.shared_buffer("counts", 4 * WARPS), type="u32")
     tid = b.special("tid.x")

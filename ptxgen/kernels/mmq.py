@@ -42,6 +42,7 @@ RASTER_BYTES = 24 << 20  # fp32 activations per band of token tiles
 RAW_ROW = q4k.STEP_ROW_BYTES  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
+GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T = 512, top-8 of 128: ~32 pairs)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
 # three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, session 20)
@@ -124,6 +125,10 @@ def build(arch, spec: MmqSpec):
         return build_wgmma(arch, spec)
     if spec.act == "q8_1":
         return build_q8(arch, spec)
+    if spec.grouped:
+        from .mmq_moe import build_grouped
+
+        return build_grouped(arch, spec)
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     tma = pipe.copy == "tma"
     ft = _f16_tile(spec, tma)
@@ -263,10 +268,11 @@ def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched):
     return smem, b.shared_buffer("work_item", 16, align=16)
 
 
-def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16):
+def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, units=None):
     """The fp16 MMQ's activation units and their source pointers at the item's first K-step. Returns (load_x(): the
     next step's fp32 x into registers, copy_x(boff): x16, the next step's fp16 x by cp.async into B buffer boff,
-    store_x(boff): the registers converted to fp16 into B buffer boff)."""
+    store_x(boff): the registers converted to fp16 into B buffer boff). `units`: the fp32 units' addresses instead
+    of _x_units' (the grouped MoE GEMM gathers its token rows)."""
     # BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
     # (x16: BN × 64 fp16 = BN·8 units of 8 halves, copied by cp.async, no registers)
     x16 = ft.x16
@@ -278,7 +284,7 @@ def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16):
         x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(3, "u32")), Imm(PAD_ROW, "u32"), b16),
                      b.op("shl.b32", b.op("and.b32", tid, Imm(7, "b32")), Imm(4, "u32")))
     else:
-        xaddr_tok = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: ())
+        xaddr_tok = (units or _x_units)(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: ())
         # unit v's fp16 destination: token tid/16 + 16v, columns 4·(tid % 16): one base, v·16 rows as an immediate
         x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(4, "u32")), Imm(PAD_ROW, "u32"), b16),
                      b.op("shl.b32", b.op("and.b32", tid, Imm(15, "b32")), Imm(3, "u32")))
@@ -2440,4 +2446,9 @@ def kernel_defs() -> list[KernelDef]:
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
                    archs=("sm_89", "sm_120a"))
-         for bn in Q8_TOKEN_TILES for f in (True, False)]
+         for bn in Q8_TOKEN_TILES for f in (True, False)] + \
+        [KernelDef(MmqSpec(bn, grouped=True).name,
+                   f"Q4_K MoE GEMM (mul_mat_id), fp16 mma.sync, {BM}x{bn} tiles of one expert's rows and token pairs "
+                   f"(moe_group's work list)", lambda arch, s=MmqSpec(bn, grouped=True): build(arch, s),
+                   archs=("sm_89", "sm_90a", "sm_120a"))
+         for bn in GROUPED_TOKEN_TILES]

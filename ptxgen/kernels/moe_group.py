@@ -7,7 +7,8 @@ One CTA of 1024 threads reads the (token, slot) pairs' expert ids once and write
   expert: each pair's output row is computed alone, so the result does not depend on it);
 - `work`: work[0] = L, then L entries e | tile << 16, one per token tile of BN pairs of each expert with pairs
   (expert-major, its tiles in order) — the GEMM's items are (M tile, entry);
-- y's row of a pair whose id is outside [0, E): NaN (the GEMM never sees the pair).
+- y's row of a pair whose id is outside [0, E): NaN (the GEMM never sees the pair);
+- `gate` = 0 (the grouped GEMM sets it where an activation overflowed fp16; the exact GEMV behind it runs then).
 E ≤ MAX_EXPERTS; the pairs are walked 1024 at a time (any count)."""
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def build(arch):
     bn_p = b.param("tile", "u32")
     ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
     wrk_p, y_p, m_p = b.param("work", "u64", "ptr:scratch"), b.param("y", "u64", "ptr:out"), b.param("m", "u32")
+    g_p = b.param("gate", "u64", "ptr:scratch")  # zeroed here: the grouped GEMM raises it, the exact recompute reads it
     b.directives += [f".maxntid {THREADS}, 1, 1"]
     b.meta.update(grid="1", max_experts=MAX_EXPERTS, work="work[0] = L; work[1 + i] = expert | token tile << 16",
                   order="u32 per valid pair, grouped by expert", offsets="u32 × (experts + 1)")
@@ -48,6 +50,7 @@ def build(arch):
     IDS, ORD, OFF, WRK, Y = (b.ptr(p) for p in (ids_p, ord_p, off_p, wrk_p, y_p))
     P, E, BN, M = (b.ld_param(p, "u32") for p in (n_p, e_p, bn_p, m_p))
     tid = b.special("tid.x")
+    b.emit("st.global.u32", Mem(b.ptr(g_p)), Imm(0, "u32"), pred=b.op("setp.eq.u32", tid, Imm(0, "u32")))
     cb, kb, sb = (b.op("mov.u32", s) for s in (counts, cursor, tstart))
 
     def at(base, i):

@@ -61,6 +61,11 @@ def install(monkeypatch, ctx: Context = H200) -> list:
         return bytes(128)
 
     monkeypatch.setattr(tma, "tensor_map_2d", fake_map)
+    from ..runtime import ops
+
+    spaces: dict = {}  # the ops' eager workspaces: made-up addresses, one per plan (nothing allocated)
+    monkeypatch.setattr(ops, "eager_bound", lambda plan, stream: plan.bound(
+        spaces.setdefault(id(plan), (plan, FakeWorkspace(plan)))[1]))
     return loaded
 
 

@@ -1,0 +1,136 @@
+"""mmq_q4_k_f16_n<BN>_moe: mul_mat_id's grouped GEMM — the fp16 mma.sync MMQ (kernels/mmq.py) with the grouped
+schedule: y[p] = x[row(p)] @ W[e(p)].T for every (token, slot) pair p, the pairs of one expert multiplied together.
+
+moe_group runs first and leaves, on the device, the pairs grouped by expert (`order`, `offsets`) and a work list of
+(expert, token tile) entries. Persistent CTAs claim items (M tile, entry) from the atomic queue, the entry fastest
+(an expert's token tiles follow each other, so its weight tile is read from L2 after the first). An item is the
+dense kernel's item with three changes: the weights start at expert e's matrix (w + e·expert_bytes); the token rows
+are the expert's pairs offsets[e] + tile·BN .. (clamped to its last), each gathered by `order` (x row p, or p /
+slots where the slots share x); the epilogue stores row n of the tile to y's row order[n] (masked past the
+expert's pairs and M). The K loop — raw Q4_K rows by cp.async, dequant and fp32 → fp16 conversion into double
+buffers, mma.sync — is the dense one, unchanged. No split-K: the work list has an item per expert and token
+tile, enough to fill the GPU from a few hundred pairs. A non-finite product (an activation past fp16's range)
+sets `flag`, as the dense kernel does."""
+from __future__ import annotations
+
+from ..arch import get_arch
+from ..builder import KernelBuilder
+from ..dsl import Pipeline
+from ..ir import Imm, Mem
+from ..specs import MmqSpec
+from .mmq import (BM, STAGES, _claim, _f16_activations, _f16_dequant, _f16_mma, _f16_smem_and_meta,
+                  _f16_tile, _f32_pipeline, _issue_raw, _next_item_or_exit, _raw_copies, _tiles_m, _watch_finite,
+                  describe)
+from .moe_group import TILE_SHIFT
+
+
+def build_grouped(arch, spec: MmqSpec):
+    arch = get_arch(arch)
+    _, _, _, sched, _ = describe(arch, MmqSpec(spec.bn))  # the dense spec's checks; the ring is cp.async everywhere
+    pipe = Pipeline(STAGES, "cp.async")
+    ft = _f16_tile(MmqSpec(spec.bn))
+    BN = ft.BN
+    pipe.check_smem(arch, ft.raw_bytes)
+    b = KernelBuilder(spec.name, arch, f"Q4_K MoE GEMM (mul_mat_id), fp32 x gathered by pair, fp16 mma.sync, tile "
+                      f"{BM}x{BN}, {STAGES}-stage cp.async, items from moe_group's work list", block=(256, 1, 1))
+    w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    f_p = b.param("flag", "u64", "ptr:out")
+    m_p, k_p, sl_p, ps_p = b.param("m", "u32"), b.param("k", "u32"), b.param("slots", "u32"), b.param("per_slot", "u32")
+    eb_p = b.param("expert_bytes", "u64")
+    ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
+    wrk_p, q_p = b.param("work", "u64", "ptr:scratch"), b.param("queue", "u64", "ptr:scratch")
+    smem, work = _f16_smem_and_meta(b, ft, pipe, sched)
+    b.meta.update(schedule="grouped", split_k="none", tail_split=False, fmt="q4_K",
+                  work_queue="item = atom.add(queue[0], 1) → (M tile, entry) with the entry fastest: an expert's "
+                             "token tiles follow each other; the last CTA to finish resets the queue",
+                  activation="fp32 x (T, K) or (T, slots, K), gathered by pair; y (T, slots, M)",
+                  grouping="moe_group first: order, offsets, work (its meta)")
+
+    W0, X, Y0, F, Q = (b.ptr(p) for p in (w_p, x_p, y_p, f_p, q_p))
+    ORD, OFF, WRK = (b.ptr(p) for p in (ord_p, off_p, wrk_p))
+    M, K, SL = (b.ld_param(p, "u32") for p in (m_p, k_p, sl_p))
+    shared_x = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
+    EB = b.ld_param(eb_p, "u64")
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    bad = b.op("mov.b32", Imm(0, "b32"))
+    tiles_m = _tiles_m(b, M)
+    L = b.op("ld.global.u32", Mem(WRK))  # moe_group's entries (written before this launch, in stream order)
+    L1 = b.op("max.u32", L, Imm(1, "u32"))
+    slot = b.op("mov.u32", work)
+    leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+
+    next_item, finish, item = _claim(b, Q, slot, leader, b.op("mul.lo.u32", tiles_m, L))
+    mt, li = b.op("div.u32", item, L1), b.op("rem.u32", item, L1)
+    entry = b.op("ld.global.u32", Mem(b.op("mad.wide.u32", li, Imm(4, "u32"), WRK), 4))
+    e = b.op("and.b32", entry, Imm((1 << TILE_SHIFT) - 1, "b32"))
+    offp = b.op("mad.wide.u32", e, Imm(4, "u32"), OFF)
+    n0 = b.op("mad.lo.u32", b.op("shr.u32", entry, Imm(TILE_SHIFT, "u32")), Imm(BN, "u32"),
+              b.op("ld.global.u32", Mem(offp)))
+    tlast = b.op("sub.u32", b.op("ld.global.u32", Mem(offp, 4)), Imm(1, "u32"))  # the expert's last pair in order
+    m0 = b.op("mul.lo.u32", mt, Imm(BM, "u32"))
+    W = b.op("add.s64", W0, b.op("mul.lo.u64", b.op("cvt.u64.u32", e), EB))
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    copies = _raw_copies(b, tid, m0, b.op("sub.u32", M, Imm(1, "u32")), row_bytes, W)
+    s_begin, nsteps = b.op("mov.u32", Imm(0, "u32")), b.op("shr.u32", K, Imm(6, "u32"))
+
+    def issue(step, stage=None):
+        _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
+
+    def gathered(_b, _tid, _n0, _tlast, _K, _X, nvec, per_unit):
+        """mmq._x_units with the token row gathered: unit u's pair order[min(n0 + u/16, tlast)], then its x row."""
+        out = []
+        for v in range(nvec):
+            u = b.op("add.u32", tid, Imm(256 * v, "u32"))
+            tok, k4 = b.op("shr.u32", u, Imm(4, "u32")), b.op("and.b32", u, Imm(15, "b32"))
+            pair = _pair(b, ORD, b.op("min.u32", b.op("add.u32", n0, tok), tlast))
+            xr = b.op("selp.b32", b.op("div.u32", pair, SL), pair, shared_x, type="b32")
+            rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(4, "u32"), X)
+            out.append((b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32")))),
+                        *per_unit(tok, k4)))
+        return out
+
+    raw0 = b.op("mov.u32", smem)
+    a16 = b.op("add.u32", raw0, Imm(STAGES * ft.raw_bytes, "u32"))
+    b16 = b.op("add.u32", a16, Imm(ft.a_bytes, "u32"))
+    load_x, _, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, units=gathered)
+    stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16)
+    wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
+
+    def boff_of(stp):
+        return b.op("mul.lo.u32", b.op("and.b32", b.op("sub.u32", stp, s_begin), Imm(1, "b32")), Imm(ft.pair, "u32"))
+
+    _f32_pipeline(b, issue, load_x, store_x, dequant, mma_step, boff_of, stage_of, s_begin, nsteps, ft.pair, raw0,
+                  ft.raw_bytes)
+    _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
+    b.comment("epilogue: tile column n → y's row order[n] (the pair), masked to the expert's pairs and m < M")
+    _scatter(b, acc, lane, m0, wm, n0, wn, BN // 4, tlast, M, Y0, ORD)
+    return _next_item_or_exit(b, next_item, finish, Q, leader, F, lambda: b.op("setp.ne.u32", bad, Imm(0, "u32")))
+
+
+def _pair(b, ORD, n):
+    """order[n]: the pair at place n of the grouped order."""
+    return b.op("ld.global.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), ORD)))
+
+
+def _scatter(b, acc, lane, m0, wm, n0, wn, warp_n, tlast, M, Y, ORD):
+    """Epilogue.lower_mma_sync's fragment walk (rows g, g + 8; columns 2·tig, + 1) with column n's y row the pair
+    order[n]: one pair load per column a thread holds, its stores masked to n ≤ tlast and m < M."""
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    tig = b.op("and.b32", lane, Imm(3, "b32"))
+    mb = b.op("add.u32", m0, b.op("mad.lo.u32", wm, Imm(64, "u32"), g))
+    nb = b.op("add.u32", n0, b.op("mad.lo.u32", wn, Imm(warp_n, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))))
+    for j in range(len(acc[0])):
+        for c in range(2):
+            nn = b.op("add.u32", nb, Imm(8 * j + c, "u32"))
+            live = b.op("setp.le.u32", nn, tlast)
+            yrow = b.op("mad.wide.u32", b.op("mul.lo.u32", _pair(b, ORD, b.op("min.u32", nn, tlast)), M),
+                        Imm(4, "u32"), Y)
+            for i in range(len(acc)):
+                for h in range(2):
+                    mm = b.op("add.u32", mb, Imm(16 * i + 8 * h, "u32"))
+                    ok = b.op("and.pred", live, b.op("setp.lt.u32", mm, M))
+                    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", mm, Imm(4, "u32"), yrow)), acc[i][j][2 * h + c],
+                           pred=ok)
+
