@@ -71,13 +71,15 @@ def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
         r.mul_mat_id(w, x, ids)  # host ids: refused before anything runs
 
 
-def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits():
+@pytest.mark.parametrize("fmt,t", [("q6_K", 4), ("q4_K", 64)])  # the grouped GEMV; moe_group + the grouped GEMM
+def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits(fmt, t):
     """x and ids made on a side stream behind 2 ms of work, the op on that stream (torch's current), then the same
-    calls captured in a torch CUDA graph and replayed: bit-identical to a quiet eager call."""
+    calls captured in a torch CUDA graph and replayed: bit-identical to a quiet eager call (the grouped GEMM's
+    scratch and queue in the stream's and the capture's workspaces)."""
     torch = _torch()
     import ptxgen.runtime as r
 
-    w, raw, x, ids = _case("q6_K", 16, 1024, 2048, 4, 4, seed=9)
+    w, raw, x, ids = _case(fmt, 16, 1024, 2048, t, 4, seed=9)
     w.to_device()
     xt, it = torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()
     want = r.mul_mat_id(w, xt, it)
@@ -99,15 +101,17 @@ def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits():
     assert torch.equal(out, want)
 
 
-def test_two_threads_on_two_streams_share_the_prepared_launch():
-    """mul_mat_id keeps one prepared launch per weight and shape, patched per call: two threads on their own torch
-    streams, 50 calls each on the same weights with their own x and ids, each get their own eager answer."""
+@pytest.mark.parametrize("fmt,t", [("q8_0", 4), ("q4_K", 40)])
+def test_two_threads_on_two_streams_share_the_prepared_launch(fmt, t):
+    """mul_mat_id keeps one plan per weight and shape, patched per call: two threads on their own torch streams, 50
+    calls each on the same weights with their own x and ids, each get their own eager answer (the grouped GEMM:
+    each stream its own workspace, so its scratch and queue are not shared)."""
     import threading
 
     torch = _torch()
     import ptxgen.runtime as r
 
-    w, raw, x, ids = _case("q8_0", 8, 512, 1024, 4, 2, seed=3)
+    w, raw, x, ids = _case(fmt, 8, 512, 1024, t, 2, seed=3)
     w.to_device()
     inputs = [(torch.from_numpy(x).cuda() * (i + 1), torch.from_numpy((ids + i) % 8).cuda()) for i in range(2)]
     want = [r.mul_mat_id(w, xi, ii) for xi, ii in inputs]
