@@ -266,14 +266,14 @@ def test_the_grouped_gemv_runs_only_through_an_open_gate():
 
 
 @pytest.mark.parametrize("name", ["mmq_q4_k_f16_n32_moe", "mmq_q4_k_f16_n64_moe"])
-@pytest.mark.parametrize("arch", ["sm_89", "sm_90a", "sm_120a"])
-def test_grouped_moe_gemm_matches_the_reference(name, arch):
+def test_grouped_moe_gemm_matches_the_reference(name):
     """The grouped GEMM in the emulator (kernels/mmq_moe.py) on moe_group's grouping (any order inside an expert):
     an expert with more than a tile of pairs, an empty one, a bad id (its row untouched), x shared and per slot,
-    three persistent CTAs taking turns; within 1e-3 of float64; the queue left zero."""
+    three persistent CTAs taking turns; within 1e-3 of float64; the queue left zero. (sm_89's build here; the slow
+    tier runs every target's on drawn seeds, with warps one at a time.)"""
     from ptxgen.emu.harness import check_kernel
 
-    ptx = get_kernel(name).for_arch(arch).ptx()
+    ptx = get_kernel(name).for_arch("sm_89").ptx()
     for seed, per_slot in ((1, False), (2, True)):
         out = check_kernel(name, ptx, seed=seed, x_per_slot=per_slot, interleave=seed == 2)
         assert out.ok, out.detail

@@ -234,7 +234,10 @@ def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, see
     bad = (ids.reshape(-1) < 0) | (ids.reshape(-1) >= e)
     if not (np.isnan(y[bad]).all() and (y[~bad] == 0).all()):
         why.append("NaN rows")
-    return Outcome("moe_group", not why, "; ".join(why) or f"{len(groups)} experts with pairs, L = {L}", None, None)
+    # what a GPU run must match byte for byte: the order inside an expert depends on the atomics' order, so sorted
+    canon = np.concatenate([np.sort(order[got_off[x]:got_off[x + 1]]) for x in range(e)] or [np.zeros(0, np.uint32)])
+    got = np.concatenate([got_off, wl[:1 + L], canon.astype(np.uint32), y.view(np.uint32).reshape(-1)])
+    return Outcome("moe_group", not why, "; ".join(why) or f"{len(groups)} experts with pairs, L = {L}", got, None)
 
 
 def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, ctas=3,
