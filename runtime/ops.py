@@ -938,20 +938,25 @@ def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation
     raise AssertionError(f"mul_mat: no route of {w.fmt} took T={t}")  # every codec's last route always holds
 
 
-def _slices(c: _Call, one) -> None:
-    """Calls `one(n, t0)` for each slice of at most 8 tokens (a fresh slice of scratch each, plans.PlanBuilder)."""
-    for t0 in range(0, c.t, 8):
+def _slices(c: _Call, one, size: int = 8) -> None:
+    """Calls `one(n, t0)` for each slice of at most `size` tokens (a fresh slice of scratch each, plans.PlanBuilder)."""
+    for t0 in range(0, c.t, size):
         c.pb.begin_slice()
-        one(min(8, c.t - t0), t0)
+        one(min(size, c.t - t0), t0)
 
 
 def _codec_gemv(c: _Call) -> None:
-    """The codec-generic exact GEMV (kernels/gemv_codec.py) in slices of up to 8 tokens."""
+    """The codec-generic exact GEMV (kernels/gemv_codec.py) in slices of up to 8 tokens, or of up to 16 where the
+    format ships its 16-token build (9-16 tokens in one launch: Q5_K)."""
+    from ptxgen.kernels import NOT_SHIPPED
+
+    tokens = GEMV_TOKENS + ((16,) if CodecKernel("gemv", c.w.fmt, 16).name not in NOT_SHIPPED else ())
+
     def one(n, t0):
-        fn = kernels.load(CodecKernel("gemv", c.w.fmt, next(v for v in GEMV_TOKENS if v >= n)).name, c.arch)
+        fn = kernels.load(CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)).name, c.arch)
         c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
                     (c.w.buffer, c.pb.x.ptr + 4 * c.k * t0, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
-    _slices(c, one)
+    _slices(c, one, tokens[-1])
 
 
 def _t16h(c: _Call) -> None:

@@ -202,14 +202,15 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
     w = fakegpu.weights(fmt, 4096, 4096)
     f = fmt.lower()
     first = ops.RULES.codec_mmq_min_tokens[fmt]  # per format (ptxgen/tuning/h200.json)
-    assert ops.mul_mat_plan(w, first - 1).kernels[0] == f"gemv_{f}_f32_t8"
+    widest = f"gemv_{f}_f32_t{16 if fmt == 'q5_K' else 8}"  # the codec GEMV's widest shipped build
+    assert ops.mul_mat_plan(w, first - 1).kernels[0] == widest
     assert ops.mul_mat_plan(w, first).kernels[0] == f"dequantize_{f}_frags"
     assert ops.mul_mat_plan(w, 512).kernels == [f"dequantize_{f}_frags", "convert_f16_perm",
                                                 "mmq_q4_k_wgmma_pre_n256", f"mul_mat_fixup_{f}"]
     assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}_frags", "mmq_q4_k_wgmma_pre_n256_cx",
                                                  f"mul_mat_fixup_{f}"]
-    assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == f"gemv_{f}_f32_t8"  # no prepared GEMM off sm_90a
-    assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == f"gemv_{f}_f32_t8"  # M < 128
+    assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == widest  # no prepared GEMM off sm_90a
+    assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == widest  # M < 128
 
 
 def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
@@ -232,16 +233,18 @@ def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
     """Q5_K, Q6_K (and Q8_0 in mode "exact") below the prepared GEMM's T (and off sm_90) run gemv_<fmt>_f32_t<nt>:
-    one launch per slice of up to 8 tokens, the slice's token count rounded up to 1, 2, 4 or 8."""
+    one launch per slice of up to 8 tokens, the slice's token count rounded up to 1, 2, 4 or 8 — Q5_K, which ships
+    its 16-token build, slices of up to 16 (9-16 tokens: that build)."""
     w = fakegpu.weights(fmt, 300, 512)
     assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_f32_t1"]
     with tuning.override(codec_mmq_min_tokens=1 << 30):
-        p = ops.mul_mat_plan(w, 11)
-    assert p.kernels == [f"gemv_{fmt.lower()}_f32_t8", f"gemv_{fmt.lower()}_f32_t4"]
-    rows = [gemv_codec.WARPS * gemv_codec.tuned_shape(fmt, nt)[0] for nt in (8, 4)]  # rows per warp as tuned
+        p = ops.mul_mat_plan(w, 11 if fmt != "q5_K" else 19)
+    builds, counts = ((8, 4), [8, 3]) if fmt != "q5_K" else ((16, 4), [16, 3])
+    assert p.kernels == [f"gemv_{fmt.lower()}_f32_t{nt}" for nt in builds]
+    rows = [gemv_codec.WARPS * gemv_codec.tuned_shape(fmt, nt)[0] for nt in builds]  # rows per warp as tuned
     assert [ln.fn.meta["rows_per_cta"] for ln in p.launches] == rows
-    assert [ln.grid for ln in p.launches] == [(-(-300 // r),) for r in rows] and [ln.args[-1] for ln in p.launches] == [8, 3]
-    assert len(ops.mul_mat_plan(w, 512, arch="sm_89").launches) == 64  # no prepared GEMM there: 64 slices
+    assert [ln.grid for ln in p.launches] == [(-(-300 // r),) for r in rows] and [ln.args[-1] for ln in p.launches] == counts
+    assert len(ops.mul_mat_plan(w, 512, arch="sm_89").launches) == (32 if fmt == "q5_K" else 64)  # no prepared GEMM
     assert all(ln.fn.meta.get("pdl_head") for ln in p.launches)
 
 

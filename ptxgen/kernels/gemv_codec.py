@@ -28,7 +28,7 @@ from . import KernelDef
 from ..specs import CodecKernel
 
 WARPS = 8
-TOKENS = (1, 2, 4, 8, 16)  # 16: not dispatched yet (ptxgen.kernels.NOT_SHIPPED), for probe_gemv_codec.py's T = 9-16
+TOKENS = (1, 2, 4, 8, 16)  # 16: Q5_K's 9-16-token calls; Q6_K's and Q8_0's not shipped (ptxgen.kernels.NOT_SHIPPED)
 SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2), 16: (2, 2)}  # tokens: (rows per warp, groups per step), 8-weight lanes
 # (rows per warp, groups decoded per step, wide lanes) per format and token build, where measured: the fastest of the
 # variants bench/probe_gemv_codec.py timed on the H200 (4096x14336, back to back over 24 weights from HBM;
