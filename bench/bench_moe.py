@@ -135,7 +135,7 @@ def dry_run(fmts, tokens):
     for fmt in fmts:
         for e, top, m, k in SHAPES:
             eb = expert_bytes(fmt, m, k)
-            kernels = "; ".join(dict.fromkeys(" + ".join(ops.mul_mat_id_kernels(fmt, t, top, e, k)) for t in tokens))
+            kernels = "; ".join(dict.fromkeys(" + ".join(ops.mul_mat_id_kernels(fmt, t, top, e, k, m)) for t in tokens))
             print(f"  {fmt} {shape_name(e, top, m, k)}: {eb / 1e6:.3f} MB / {e * eb / 1e6:.1f} MB / "
                   f"{2 * e * m * k / 1e6:.1f} MB; kernels {kernels}")
     print("\nplanned cells:")
@@ -264,7 +264,7 @@ def run_cell(torch, args, fmt, shape, t, ids_h, ws, w16s):
     g, met = goal(fmt, e, top, t, ours["graph"])
     row = {"fmt": fmt, "experts": e, "top": top, "m": m, "k": k, "T": t, "experts_used": used,
            "used_bytes": used * eb, "tensor_bytes": e * eb, "copies": len(ws), "fp16_copies": len(w16s),
-           "kernels": ops.mul_mat_id_kernels(fmt, t, top, e, k), "rel_err": err, "ptxgen": ours, "torch_fp16": peer,
+           "kernels": ops.mul_mat_id_kernels(fmt, t, top, e, k, m), "rel_err": err, "ptxgen": ours, "torch_fp16": peer,
            "llamacpp": llama, "floor_us": floor, "flop_floor_us": 2 * t * top * m * k / 989e12 * 1e6,
            "goal": g, "goal_met": met}
     pg = f"{peer['graph']:.1f}" if peer["graph"] is not None else "—"

@@ -55,7 +55,7 @@ def moe_cases(r, rng, covered, only, n, worst, wrong):
         raw = random_raw(fmt, e * m, k, rng)
         w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
         for t in (1, 3, 600):
-            route = ops.mul_mat_id_kernels(fmt, t, slots, e, k)
+            route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m)
             if only and not set(route) & set(only):
                 continue
             for per_slot in (False, True):

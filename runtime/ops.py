@@ -173,11 +173,11 @@ MOE_GEMM_MIN_PAIRS = 16  # Q4_K: the grouped tensor-core GEMM from this many (to
 MOE_GEMM_FORMATS = ("q4_K",)
 
 
-def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int) -> list[str]:
+def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) -> list[str]:
     """The kernels mul_mat_id launches, in order, for T = t tokens of `slots` experts each over `experts` experts of
-    K = k (needs no GPU: bench_moe's dry run and sanitize.py ask it; mul_mat_id_plan follows it)."""
+    (M, K) = (m, k) (needs no GPU: bench_moe's dry run and sanitize.py ask it; mul_mat_id_plan follows it)."""
     p = t * slots
-    if _moe_gemm(fmt, t, slots, experts, k):
+    if _moe_gemm(fmt, t, slots, experts, k, m):
         return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True).name, CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
@@ -195,10 +195,14 @@ def _moe_format(fmt: str) -> None:
         raise ValueError(f"mul_mat_id: no kernel for {fmt} yet (have: {', '.join(codecs.dequantizable())})")
 
 
-def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int) -> bool:
-    from ptxgen.kernels.moe_group import MAX_EXPERTS
+def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) -> bool:
+    """Whether mul_mat_id takes the grouped GEMM: its format, enough pairs, and the sizes its 32-bit indices hold
+    (experts ≤ moe_group.MAX_EXPERTS, token tiles < 2^16 per expert, pair · max(M, K) < 2^32)."""
+    from ptxgen.kernels.moe_group import MAX_EXPERTS, TILE_SHIFT
 
-    return fmt in MOE_GEMM_FORMATS and t * slots >= MOE_GEMM_MIN_PAIRS and experts <= MAX_EXPERTS and k % 256 == 0
+    p = t * slots
+    return (fmt in MOE_GEMM_FORMATS and p >= MOE_GEMM_MIN_PAIRS and experts <= MAX_EXPERTS and k % 256 == 0
+            and p // 32 < 1 << TILE_SHIFT and p * max(m, k) < 1 << 32)
 
 
 def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None,
@@ -292,7 +296,7 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
     idg_args = (w.buffer, pb.x, pb.y, m, k, p, e, expert_bytes, pb.ids, slots, int(x_per_slot))
-    route = mul_mat_id_kernels(w.fmt, t, slots, e, k)
+    route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m)
     fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
     rows = -(-m // int(fn.meta["rows_per_cta"]))
     if len(route) > 1:

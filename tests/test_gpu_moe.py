@@ -40,7 +40,7 @@ def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
-    route = ops.mul_mat_id_kernels(fmt, t, slots, e, k)
+    route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m)
     assert route[-1].endswith("_idg" if t >= 2 else "_id")
     w, raw, x, ids = _case(fmt, e, m, k, t, slots, seed=e + m + t, skew=skew, per_slot=per_slot)
     out = r.DeviceArray.empty((t, slots, m), np.float32)

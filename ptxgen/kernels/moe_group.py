@@ -9,7 +9,7 @@ One CTA of 1024 threads reads the (token, slot) pairs' expert ids once and write
   (expert-major, its tiles in order) — the GEMM's items are (M tile, entry);
 - y's row of a pair whose id is outside [0, E): NaN (the GEMM never sees the pair);
 - `gate` = 0 (the grouped GEMM sets it where an activation overflowed fp16; the exact GEMV behind it runs then).
-E ≤ MAX_EXPERTS; the pairs are walked 1024 at a time (any count)."""
+E ≤ MAX_EXPERTS = THREADS (thread e scans expert e); the pairs are walked 1024 at a time (any count)."""
 from __future__ import annotations
 
 from ..builder import KernelBuilder
@@ -17,7 +17,7 @@ from ..ir import Imm, Mem
 from . import KernelDef
 
 THREADS = 1024
-MAX_EXPERTS = 1024
+MAX_EXPERTS = THREADS  # thread e scans expert e
 TILE_SHIFT = 16  # work entry = expert | token tile << TILE_SHIFT
 
 
@@ -33,6 +33,14 @@ def _loop(b, start, end, step, body, name):
     b.place(out)
 
 
+def _warp_scan(b, v, lane):
+    """Inclusive prefix sum of u32 `v` over the warp (shfl.up, lanes below the offset add nothing)."""
+    for d in (1, 2, 4, 8, 16):
+        o = b.op("shfl.sync.up.b32", v, Imm(d, "u32"), Imm(0, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
+        v = b.op("add.u32", v, b.op("selp.b32", o, Imm(0, "b32"), b.op("setp.ge.u32", lane, Imm(d, "u32"))))
+    return v
+
+
 def build(arch):
     b = KernelBuilder("moe_group", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
     ids_p, n_p, e_p = b.param("ids", "u64", "ptr:in"), b.param("npairs", "u32"), b.param("experts", "u32")
@@ -46,12 +54,13 @@ def build(arch):
     counts = b.shared_buffer("counts", 4 * MAX_EXPERTS)
     cursor = b.shared_buffer("cursor", 4 * MAX_EXPERTS)
     tstart = b.shared_buffer("tile_start", 4 * MAX_EXPERTS)
+    wsums = b.shared_buffer("warp_sums", 4 * 64)  # per warp: its count total, then its tile total
     b.pdl_head()  # it reads ids, which the op before may have written
     IDS, ORD, OFF, WRK, Y = (b.ptr(p) for p in (ids_p, ord_p, off_p, wrk_p, y_p))
     P, E, BN, M = (b.ld_param(p, "u32") for p in (n_p, e_p, bn_p, m_p))
     tid = b.special("tid.x")
     b.emit("st.global.u32", Mem(b.ptr(g_p)), Imm(0, "u32"), pred=b.op("setp.eq.u32", tid, Imm(0, "u32")))
-    cb, kb, sb = (b.op("mov.u32", s) for s in (counts, cursor, tstart))
+    cb, kb, sb, wb = (b.op("mov.u32", s) for s in (counts, cursor, tstart, wsums))
 
     def at(base, i):
         return b.op("mad.lo.u32", i, Imm(4, "u32"), base)
@@ -76,23 +85,34 @@ def build(arch):
     _loop(b, tid, P, THREADS, count, "count")
     b.emit("bar.sync", Imm(0, "u32"))
 
-    b.comment("thread 0: exclusive scan of the counts (offsets, cursors) and of their token tiles (work starts)")
-    bm1 = b.op("sub.u32", BN, Imm(1, "u32"))  # every thread's (the work entries use it too)
-    serial = b.label("scanned")
-    b.bra(serial, pred=b.op("setp.ne.u32", tid, Imm(0, "u32")), uniform=False)
-    acc, tiles = b.op("mov.u32", Imm(0, "u32")), b.op("mov.u32", Imm(0, "u32"))
-
-    def scan(e):
-        c = b.op("ld.shared.u32", Mem(at(cb, e)))
-        b.emit("st.shared.u32", Mem(at(kb, e)), acc)
-        b.emit("st.global.u32", Mem(gat(OFF, e)), acc)
-        b.emit("st.shared.u32", Mem(at(sb, e)), tiles)
-        b.emit("add.u32", acc, acc, c)
-        b.emit("add.u32", tiles, tiles, b.op("div.u32", b.op("add.u32", c, bm1), BN))
-    _loop(b, b.op("mov.u32", Imm(0, "u32")), E, 1, scan, "scan")
-    b.emit("st.global.u32", Mem(gat(OFF, E)), acc)
-    b.emit("st.global.u32", Mem(WRK), tiles)
-    b.place(serial)
+    b.comment("exclusive scans of the counts (offsets, cursors) and of their token tiles (work starts): thread e owns "
+              "expert e; warp scans by shuffles, then the 32 warps' totals scanned by warp 0")
+    bm1 = b.op("sub.u32", BN, Imm(1, "u32"))
+    lane, warp = b.op("and.b32", tid, Imm(31, "b32")), b.op("shr.u32", tid, Imm(5, "u32"))
+    mine = b.op("setp.lt.u32", tid, E)
+    c = b.op("mov.u32", Imm(0, "u32"))
+    b.emit("ld.shared.u32", c, Mem(at(cb, tid)), pred=mine)
+    n = b.op("div.u32", b.op("add.u32", c, bm1), BN)
+    ic, it = _warp_scan(b, c, lane), _warp_scan(b, n, lane)
+    last = b.op("setp.eq.u32", lane, Imm(31, "u32"))
+    b.emit("st.shared.u32", Mem(at(wb, warp)), ic, pred=last)
+    b.emit("st.shared.u32", Mem(at(wb, b.op("add.u32", warp, Imm(32, "u32")))), it, pred=last)
+    b.emit("bar.sync", Imm(0, "u32"))
+    lead = b.label("warp_totals")
+    b.bra(lead, pred=b.op("setp.ne.u32", warp, Imm(0, "u32")))
+    for half in (0, 32):  # warp 0: the warps' totals → their exclusive prefixes, in place
+        v = b.op("ld.shared.u32", Mem(at(wb, b.op("add.u32", lane, Imm(half, "u32")))))
+        b.emit("st.shared.u32", Mem(at(wb, b.op("add.u32", lane, Imm(half, "u32")))), b.op("sub.u32", _warp_scan(b, v, lane), v))
+    b.place(lead)
+    b.emit("bar.sync", Imm(0, "u32"))
+    off = b.op("add.u32", b.op("sub.u32", ic, c), b.op("ld.shared.u32", Mem(at(wb, warp))))
+    tile0 = b.op("add.u32", b.op("sub.u32", it, n), b.op("ld.shared.u32", Mem(at(wb, b.op("add.u32", warp, Imm(32, "u32"))))))
+    b.emit("st.shared.u32", Mem(at(kb, tid)), off, pred=mine)
+    b.emit("st.shared.u32", Mem(at(sb, tid)), tile0, pred=mine)
+    b.emit("st.global.u32", Mem(gat(OFF, tid)), off, pred=mine)
+    end = b.op("setp.eq.u32", tid, b.op("sub.u32", E, Imm(1, "u32")))  # the last expert's thread: the totals
+    b.emit("st.global.u32", Mem(gat(OFF, E)), b.op("add.u32", off, c), pred=end)
+    b.emit("st.global.u32", Mem(WRK), b.op("add.u32", tile0, n), pred=end)
     b.emit("bar.sync", Imm(0, "u32"))
 
     b.comment("the work entries of expert e: e | tile << 16 for each of its token tiles")
