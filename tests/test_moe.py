@@ -299,18 +299,38 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale):
     """mul_mat_id's Q4_K route as ops records it (moe_group, the grouped GEMM, the gated grouped GEMV), run in one
     emulated memory: within 1e-3 of float64 (fp16 activations), NaN rows for the bad ids; with activations past
     fp16's range (scale 1e5) the GEMM raises the gate and the GEMV recomputes every pair exactly (1e-5)."""
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
+    ids[3, 1], ids[11, 0] = -1, 5
+    _grouped_route((5, 130, 512), ids, False, scale, "sm_89", rng, ["moe_group", "mmq_q4_k_f16_n32_moe",
+                                                                    "gemv_q4_k_f32_idg"])
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None)
+@given(e=st.integers(1, 40), m=st.integers(1, 200), kb=st.integers(1, 2), t=st.integers(16, 90),
+       slots=st.integers(1, 4), per_slot=st.booleans(), seed=st.integers(0, 2**31 - 1),
+       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]))
+def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, arch):
+    """The route end to end on drawn (E, M, K, T, slots), x shared or per slot, routes drawn with repeats and one
+    bad id: M below a tile and past it, one expert or many, both token tiles (BN 64 where pairs ≥ 48 per expert)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, e, (t, slots)).astype(np.int32)
+    ids.flat[int(rng.integers(ids.size))] = -1
+    _grouped_route((e, m, 256 * kb), ids, per_slot, 1.0, arch, rng)
+
+
+def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None):
     from ptxgen.emu.harness import _memory, _run
     from ptxgen.runtime import ops
 
-    e, m, k, t, slots = 5, 130, 512, 20, 2
-    rng = np.random.default_rng(7)
+    e, m, k = shape
+    t, slots = ids.shape
     raw = formats.quantize("q4_K", rng.standard_normal((e * m, k)).astype(np.float32))
-    ids = rng.integers(0, e - 1, (t, slots)).astype(np.int32)
-    ids[3, 1], ids[11, 0] = -1, e
-    x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
-    route = ops.mul_mat_id_kernels("q4_K", t, slots, e, k)
-    assert route == ["moe_group", "mmq_q4_k_f16_n32_moe", "gemv_q4_k_f32_idg"]
-    group, gemm, idg = (get_kernel(n).for_arch("sm_89") for n in route)
+    x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
+    route = ops.mul_mat_id_kernels("q4_K", t, slots, e, k, m)
+    assert len(route) == 3 and (want_route is None or route == want_route)
+    group, gemm, idg = (get_kernel(n).for_arch(arch) for n in route)
     p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get("q4_K").row_bytes(k)
     mem = _memory()
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
@@ -318,10 +338,10 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale):
     oa, fa, ka = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // bn + e))
     ga = mem.alloc(4, poison=0xFF)
     _run(group.ptx(), (1,), (1024,), (ia, p, e, bn, oa, fa, ka, ya, m, ga), mem)
-    _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, 0, eb, oa, fa, ka, qa), mem,
+    _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,
          dynamic_smem=gemm.meta["dynamic_smem"])
     _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), e), (32 * idg.meta["warps"],),
-         (wa, xa, ya, m, k, p, e, eb, ia, slots, 0, ga), mem)
+         (wa, xa, ya, m, k, p, e, eb, ia, slots, int(per_slot), ga), mem)
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
     want = formats.mul_mat_id_ref("q4_K", raw, (e, m, k), x, ids)
     bad = np.isnan(want)
