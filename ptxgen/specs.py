@@ -22,13 +22,14 @@ class MmqSpec:
     # TMA (no dequant in the K loop; kernels/mmq.py PREPARED_NOTE)
     grouped: bool = False  # fp16 mma.sync: mul_mat_id's schedule — items (M tile, expert's token tile) from
     # moe_group's work list, x rows gathered and y rows scattered by pair (kernels/mmq_moe.py)
+    fmt: str = "q4_K"  # the weights' codec: Q4_K's raw ring and dequant, or (grouped only) any codec's run8
 
     @property
     def name(self) -> str:
         if self.act == "q8_1":
             return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
         if self.mma == "mma.sync":
-            return f"mmq_q4_k_f16_n{self.bn}" + ("" if self.fused else "_x16") + ("_moe" if self.grouped else "")
+            return f"mmq_{self.fmt.lower()}_f16_n{self.bn}" + ("" if self.fused else "_x16") + ("_moe" if self.grouped else "")
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
         kind = "pre" if self.prepared else "ra" if self.a_regs else ""

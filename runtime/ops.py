@@ -168,9 +168,9 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
 
 
 MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measured yet: one token's slots differ)
-MOE_GEMM_MIN_PAIRS = 16  # Q4_K: the grouped tensor-core GEMM from this many (token, slot) pairs (not measured yet:
+MOE_GEMM_MIN_PAIRS = 16  # the grouped tensor-core GEMM from this many (token, slot) pairs (not measured yet:
 # the grouped GEMV ran 150-2000 µs at T = 8-512 on 128 experts top-8, 5-13x llama.cpp; bench_moe_852097d.log)
-MOE_GEMM_FORMATS = ("q4_K",)
+MOE_GEMM_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # kernels/mmq.py GROUPED_FORMATS
 
 
 def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) -> list[str]:
@@ -178,7 +178,7 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
     (M, K) = (m, k) (needs no GPU: bench_moe's dry run and sanitize.py ask it; mul_mat_id_plan follows it)."""
     p = t * slots
     if _moe_gemm(fmt, t, slots, experts, k, m):
-        return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True).name, CodecKernel("gemv_idg", fmt).name]
+        return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name, CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
     return [CodecKernel("gemv_id", fmt).name]
@@ -219,9 +219,9 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
     Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches:
-    Q4_K from MOE_GEMM_MIN_PAIRS pairs: moe_group (the pairs grouped by expert on the device, a work list of
+    from MOE_GEMM_MIN_PAIRS pairs: moe_group (the pairs grouped by expert on the device, a work list of
     (expert, token tile)), then the grouped tensor-core GEMM (fp16 activations, fp32 sums, as mul_mat's prefill:
-    relative error ~4e-4), then gemv_q4_k_f32_idg gated on the GEMM's overflow flag (it runs, exactly, only when an
+    relative error ~4e-4), then gemv_<fmt>_f32_idg gated on the GEMM's overflow flag (it runs, exactly, only when an
     activation passed fp16's range). Otherwise the fp32 GEMVs (relative error ~1e-6): from 2 tokens
     gemv_<fmt>_f32_idg over (M rows, E experts) — each expert's CTAs scan the ids for its pairs and read its
     weights once per 8 of them; for one token gemv_<fmt>_f32_id over (M rows, slots)."""

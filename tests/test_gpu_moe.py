@@ -71,7 +71,7 @@ def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
         r.mul_mat_id(w, x, ids)  # host ids: refused before anything runs
 
 
-@pytest.mark.parametrize("fmt,t", [("q6_K", 4), ("q4_K", 64)])  # the grouped GEMV; moe_group + the grouped GEMM
+@pytest.mark.parametrize("fmt,t", [("q6_K", 3), ("q4_K", 64), ("q6_K", 64)])  # the grouped GEMV; the grouped GEMM
 def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits(fmt, t):
     """x and ids made on a side stream behind 2 ms of work, the op on that stream (torch's current), then the same
     calls captured in a torch CUDA graph and replayed: bit-identical to a quiet eager call (the grouped GEMM's

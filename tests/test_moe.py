@@ -185,14 +185,15 @@ def test_mul_mat_id_launches_patch_each_calls_pointers_and_evict_prefill_shapes(
     assert len(w._plans) <= ops.PLANS_PER_WEIGHT and (1, "mul_mat_id", 2, 0, "exact", None, False) in w._plans
 
 
-def test_mul_mat_id_at_prefill_lengths_is_one_grouped_launch(monkeypatch):
-    """However many pairs (80000 here), the grouped GEMV is one launch of (M rows, E experts): its CTAs scan the ids
-    in windows; ntok is the pair count; ungated (0)."""
+def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(monkeypatch):
+    """Past the grouped GEMM's limits (here 1025 experts: moe_group scans at most 1024), however many pairs (80000
+    here), the grouped GEMV is one launch of (M rows, E experts): its CTAs scan the ids in windows; ntok is the pair
+    count; ungated (0)."""
     rec = _Launches(monkeypatch)
-    w = _fake_experts("q8_0", e=4, m=16)
+    w = _fake_experts("q8_0", e=1025, m=16)
     x, ids, out = _fake_call(w, 40000, 2)
     (name, grid, cells, _), = rec.runs
-    assert name == "gemv_q8_0_f32_idg" and grid == (1, 4, 1) and cells[5] == 80000 and cells[11] == 0
+    assert name == "gemv_q8_0_f32_idg" and grid == (1, 1025, 1) and cells[5] == 80000 and cells[11] == 0
 
 
 def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
@@ -265,7 +266,8 @@ def test_the_grouped_gemv_runs_only_through_an_open_gate():
         assert out.ok, out.detail
 
 
-@pytest.mark.parametrize("name", ["mmq_q4_k_f16_n32_moe", "mmq_q4_k_f16_n64_moe"])
+@pytest.mark.parametrize("name", ["mmq_q4_k_f16_n32_moe", "mmq_q4_k_f16_n64_moe", "mmq_q5_k_f16_n32_moe",
+                                  "mmq_q6_k_f16_n64_moe", "mmq_q8_0_f16_n32_moe"])
 def test_grouped_moe_gemm_matches_the_reference(name):
     """The grouped GEMM in the emulator (kernels/mmq_moe.py) on moe_group's grouping (any order inside an expert):
     an expert with more than a tile of pairs, an empty one, a bad id (its row untouched), x shared and per slot,
@@ -310,28 +312,29 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale):
 @settings(max_examples=6, deadline=None)
 @given(e=st.integers(1, 40), m=st.integers(1, 200), kb=st.integers(1, 2), t=st.integers(16, 90),
        slots=st.integers(1, 4), per_slot=st.booleans(), seed=st.integers(0, 2**31 - 1),
-       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]))
-def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, arch):
-    """The route end to end on drawn (E, M, K, T, slots), x shared or per slot, routes drawn with repeats and one
-    bad id: M below a tile and past it, one expert or many, both token tiles (BN 64 where pairs ≥ 48 per expert)."""
+       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]), fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0"]))
+def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, arch, fmt):
+    """The route end to end on drawn (format, E, M, K, T, slots), x shared or per slot, routes drawn with repeats
+    and one bad id: M below a tile and past it, one expert or many, both token tiles (BN 64 where pairs ≥ 48 per
+    expert)."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, e, (t, slots)).astype(np.int32)
     ids.flat[int(rng.integers(ids.size))] = -1
-    _grouped_route((e, m, 256 * kb), ids, per_slot, 1.0, arch, rng)
+    _grouped_route((e, m, 256 * kb), ids, per_slot, 1.0, arch, rng, fmt=fmt)
 
 
-def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None):
+def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
     from ptxgen.emu.harness import _memory, _run
     from ptxgen.runtime import ops
 
     e, m, k = shape
     t, slots = ids.shape
-    raw = formats.quantize("q4_K", rng.standard_normal((e * m, k)).astype(np.float32))
+    raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
-    route = ops.mul_mat_id_kernels("q4_K", t, slots, e, k, m)
+    route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m)
     assert len(route) == 3 and (want_route is None or route == want_route)
     group, gemm, idg = (get_kernel(n).for_arch(arch) for n in route)
-    p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get("q4_K").row_bytes(k)
+    p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get(fmt).row_bytes(k)
     mem = _memory()
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
     ya, qa = mem.alloc(p * m * 4, poison=0x11), mem.alloc(8, poison=0)
@@ -343,7 +346,7 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None):
     _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), e), (32 * idg.meta["warps"],),
          (wa, xa, ya, m, k, p, e, eb, ia, slots, int(per_slot), ga), mem)
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
-    want = formats.mul_mat_id_ref("q4_K", raw, (e, m, k), x, ids)
+    want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want)
     assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
     assert rel(got[~bad], want[~bad]) <= (1e-5 if scale > 1 else 1e-3)

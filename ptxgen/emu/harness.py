@@ -242,14 +242,14 @@ def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, see
 
 def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, ctas=3,
                  interleave=False, scale=1.0) -> Outcome:
-    """mmq_q4_k_f16_n<BN>_moe: E experts of ggml-quantized (M, K) weights (M past one tile), (T, slots) ids with
+    """mmq_<fmt>_f16_n<BN>_moe: E experts of ggml-quantized (M, K) weights (M past one tile), (T, slots) ids with
     repeats, empty experts, one expert with more than a tile of pairs and one id out of range (unless `ids` is
     given); the grouping (order, offsets, work list) from kernels.moe_group.reference, as moe_group leaves it; `ctas`
     persistent CTAs. Within 1e-3 of formats.mul_mat_id_ref (fp16 activations) on the valid pairs, the bad pairs'
     rows untouched (moe_group writes their NaN), the queue reset, the flag down."""
     from ptxgen.kernels.moe_group import reference
 
-    bn = meta["bn"]
+    bn, fmt = meta["bn"], meta["fmt"]
     e, m, k = shape or (4, 131, 512)
     if ids is None:
         t, slots = bn + 3, 2
@@ -259,7 +259,7 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     ids = np.asarray(ids, np.int32)
     t, slots = ids.shape
     per_slot = bool(rng.integers(2)) if x_per_slot is None else x_per_slot
-    raw = formats.quantize("q4_K", rng.standard_normal((e * m, k)).astype(np.float32))
+    raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
     offsets, groups, work = reference(ids, e, bn)
     order = np.zeros(max(ids.size, 1), np.uint32)
@@ -270,14 +270,14 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     ya, fa, qa = mem.alloc(t * slots * m * 4, poison=0x11), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
     oa, na = mem.alloc(order), mem.alloc(offsets)
     ka = mem.alloc(np.concatenate([[len(work)], work]).astype(np.uint32))
-    expert_bytes = m * formats.get("q4_K").row_bytes(k)
+    expert_bytes = m * formats.get(fmt).row_bytes(k)
     items = -(-m // meta["bm"]) * len(work)
     _run(ptx, (max(1, min(items, ctas)),), (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na,
                                                     ka, qa), mem, dynamic_smem=meta["dynamic_smem"], seed=seed,
          interleave=interleave)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
-    want = formats.mul_mat_id_ref("q4_K", raw, (e, m, k), x, ids)
+    want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want[..., 0])
     untouched = bool((mem.view(ya, np.uint32, (t, slots, m))[bad] == 0x11111111).all())
     rel = np.linalg.norm(got[~bad] - want[~bad]) / max(np.linalg.norm(want[~bad]), 1e-300)
@@ -934,8 +934,9 @@ for _f in ("q5_K", "q6_K", "q8_0"):
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)
-for _bn in (32, 64):
-    HARNESSES[f"mmq_q4_k_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_f16_n{_bn}_moe", 3)
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
+    for _bn in (32, 64):
+        HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 

@@ -43,6 +43,7 @@ RAW_ROW = q4k.STEP_ROW_BYTES  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
 GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T = 512, top-8 of 128: ~32 pairs)
+GROUPED_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # Q4_K by its raw ring; the others by their codec's run8
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
 # three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, session 20)
@@ -2447,8 +2448,8 @@ def kernel_defs() -> list[KernelDef]:
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
                    archs=("sm_89", "sm_120a"))
          for bn in Q8_TOKEN_TILES for f in (True, False)] + \
-        [KernelDef(MmqSpec(bn, grouped=True).name,
-                   f"Q4_K MoE GEMM (mul_mat_id), fp16 mma.sync, {BM}x{bn} tiles of one expert's rows and token pairs "
-                   f"(moe_group's work list)", lambda arch, s=MmqSpec(bn, grouped=True): build(arch, s),
+        [KernelDef(MmqSpec(bn, grouped=True, fmt=f).name,
+                   f"{f} MoE GEMM (mul_mat_id), fp16 mma.sync, {BM}x{bn} tiles of one expert's rows and token pairs "
+                   f"(moe_group's work list)", lambda arch, s=MmqSpec(bn, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_89", "sm_90a", "sm_120a"))
-         for bn in GROUPED_TOKEN_TILES]
+         for f in GROUPED_FORMATS for bn in GROUPED_TOKEN_TILES]

@@ -13,12 +13,13 @@ tile, enough to fill the GPU from a few hundred pairs. A non-finite product (an 
 sets `flag`, as the dense kernel does."""
 from __future__ import annotations
 
+from .. import codecs
 from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..dsl import Pipeline
 from ..ir import Imm, Mem
 from ..specs import MmqSpec
-from .mmq import (BM, STAGES, _claim, _f16_activations, _f16_dequant, _f16_mma, _f16_smem_and_meta,
+from .mmq import (BM, F16_CTAS_PER_SM, PAD_ROW, STAGES, _claim, _f16_activations, _f16_dequant, _f16_mma, _f16_smem_and_meta,
                   _f16_tile, _f32_pipeline, _issue_raw, _next_item_or_exit, _raw_copies, _tiles_m, _watch_finite,
                   describe)
 from .moe_group import TILE_SHIFT
@@ -31,8 +32,11 @@ def build_grouped(arch, spec: MmqSpec):
     ft = _f16_tile(MmqSpec(spec.bn))
     BN = ft.BN
     pipe.check_smem(arch, ft.raw_bytes)
-    b = KernelBuilder(spec.name, arch, f"Q4_K MoE GEMM (mul_mat_id), fp32 x gathered by pair, fp16 mma.sync, tile "
-                      f"{BM}x{BN}, {STAGES}-stage cp.async, items from moe_group's work list", block=(256, 1, 1))
+    codec = codecs.get(spec.fmt)
+    raw = spec.fmt == "q4_K"  # Q4_K: its raw ring (cp.async) and dequant; the others: their codec's run8, direct loads
+    b = KernelBuilder(spec.name, arch, f"{spec.fmt} MoE GEMM (mul_mat_id), fp32 x gathered by pair, fp16 mma.sync, "
+                      f"tile {BM}x{BN}, {'a 3-stage cp.async raw ring' if raw else 'weights decoded from global memory'}"
+                      f", items from moe_group's work list", block=(256, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, sl_p, ps_p = b.param("m", "u32"), b.param("k", "u32"), b.param("slots", "u32"), b.param("per_slot", "u32")
@@ -40,7 +44,10 @@ def build_grouped(arch, spec: MmqSpec):
     ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
     wrk_p, q_p = b.param("work", "u64", "ptr:scratch"), b.param("queue", "u64", "ptr:scratch")
     smem, work = _f16_smem_and_meta(b, ft, pipe, sched)
-    b.meta.update(schedule="grouped", split_k="none", tail_split=False, fmt="q4_K",
+    if not raw:  # a run8 decode holds more registers than Q4_K's: 80 (3 CTAs an SM at n32) spilled Q5_K and Q6_K
+        b.directives = [d for d in b.directives if not d.startswith(".minnctapersm")] + [
+            f".minnctapersm {min(2, F16_CTAS_PER_SM[BN])}"]
+    b.meta.update(schedule="grouped", split_k="none", tail_split=False, fmt=spec.fmt,
                   work_queue="item = atom.add(queue[0], 1) → (M tile, entry) with the entry fastest: an expert's "
                              "token tiles follow each other; the last CTA to finish resets the queue",
                   activation="fp32 x (T, K) or (T, slots, K), gathered by pair; y (T, slots, M)",
@@ -71,12 +78,17 @@ def build_grouped(arch, spec: MmqSpec):
     tlast = b.op("sub.u32", b.op("ld.global.u32", Mem(offp, 4)), Imm(1, "u32"))  # the expert's last pair in order
     m0 = b.op("mul.lo.u32", mt, Imm(BM, "u32"))
     W = b.op("add.s64", W0, b.op("mul.lo.u64", b.op("cvt.u64.u32", e), EB))
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
-    copies = _raw_copies(b, tid, m0, b.op("sub.u32", M, Imm(1, "u32")), row_bytes, W)
+    row_bytes = b.op("mul.lo.u32", b.op("div.u32", K, Imm(codec.BLOCK_K, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
+    mlast = b.op("sub.u32", M, Imm(1, "u32"))
     s_begin, nsteps = b.op("mov.u32", Imm(0, "u32")), b.op("shr.u32", K, Imm(6, "u32"))
+    if raw:
+        copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
 
     def issue(step, stage=None):
-        _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
+        if raw:
+            _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
+        else:  # nothing to copy ahead: an empty group keeps the pipeline's wait_group counts
+            b.emit("cp.async.commit_group")
 
     def gathered(_b, _tid, _n0, _tlast, _K, _X, nvec, per_unit):
         """mmq._x_units with the token row gathered: unit u's pair order[min(n0 + u/16, tlast)], then its x row."""
@@ -95,7 +107,8 @@ def build_grouped(arch, spec: MmqSpec):
     a16 = b.op("add.u32", raw0, Imm(STAGES * ft.raw_bytes, "u32"))
     b16 = b.op("add.u32", a16, Imm(ft.a_bytes, "u32"))
     load_x, _, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, units=gathered)
-    stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16)
+    stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16) if raw else _codec_dequant(b, codec, tid, m0, mlast,
+                                                                                     row_bytes, W, a16)
     wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
 
     def boff_of(stp):
@@ -107,6 +120,28 @@ def build_grouped(arch, spec: MmqSpec):
     b.comment("epilogue: tile column n → y's row order[n] (the pair), masked to the expert's pairs and m < M")
     _scatter(b, acc, lane, m0, wm, n0, wn, BN // 4, tlast, M, Y0, ORD)
     return _next_item_or_exit(b, next_item, finish, Q, leader, F, lambda: b.op("setp.ne.u32", bad, Imm(0, "u32")))
+
+
+def _codec_dequant(b, codec, tid, m0, mlast, row_bytes, W, a16):
+    """The fp16 A tile from any codec's run8 (float32 exactly as ggml, then rounded once to fp16, as the prepared
+    fragments): thread (row tid / 2, half tid % 2) decodes weights 64·step + 32·half .. + 31 of its row (rows past
+    M read row M - 1; the epilogue drops them) straight from global memory into its 64 bytes of the A row, the
+    fp16 MMQ's layout (PAD_ROW bytes a row, K in order). Returns (stage_of, dequant) as mmq._f16_dequant's."""
+    drow, dh = b.op("shr.u32", tid, Imm(1, "u32")), b.op("and.b32", tid, Imm(1, "b32"))
+    rowp = b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", m0, drow), mlast), row_bytes, W)
+    a_dst = b.op("add.u32", b.op("mad.lo.u32", drow, Imm(PAD_ROW, "u32"), a16), b.op("shl.b32", dh, Imm(6, "u32")))
+
+    def stage_of(step):  # no raw ring
+        return b.op("mov.u32", Imm(0, "u32"))
+
+    def dequant(step, boff, stage):
+        k0 = b.op("add.u32", b.op("shl.b32", step, Imm(6, "u32")), b.op("shl.b32", dh, Imm(5, "u32")))
+        vals = [v for r in range(4) for v in codec.run8(b, rowp, b.op("add.u32", k0, Imm(8 * r, "u32")))]
+        words = [b.op("cvt.rn.f16x2.f32", vals[2 * j + 1], vals[2 * j], type="b32") for j in range(16)]
+        dst = b.op("add.u32", a_dst, boff)
+        for i in range(4):
+            b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(words[4 * i:4 * i + 4]))
+    return stage_of, dequant
 
 
 def _pair(b, ORD, n):
