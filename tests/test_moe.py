@@ -266,19 +266,19 @@ def test_the_grouped_gemv_runs_only_through_an_open_gate():
         assert out.ok, out.detail
 
 
-@pytest.mark.parametrize("name", ["mmq_q4_k_f16_n32_moe", "mmq_q4_k_f16_n64_moe", "mmq_q5_k_f16_n32_moe",
-                                  "mmq_q6_k_f16_n64_moe", "mmq_q8_0_f16_n32_moe"])
-def test_grouped_moe_gemm_matches_the_reference(name):
+@pytest.mark.parametrize("name,seed,per_slot", [("mmq_q4_k_f16_n32_moe", 1, False), ("mmq_q4_k_f16_n64_moe", 2, True),
+                                                 ("mmq_q5_k_f16_n32_moe", 3, True), ("mmq_q6_k_f16_n64_moe", 4, False),
+                                                 ("mmq_q8_0_f16_n32_moe", 5, True)])
+def test_grouped_moe_gemm_matches_the_reference(name, seed, per_slot):
     """The grouped GEMM in the emulator (kernels/mmq_moe.py) on moe_group's grouping (any order inside an expert):
     an expert with more than a tile of pairs, an empty one, a bad id (its row untouched), x shared and per slot,
     three persistent CTAs taking turns; within 1e-3 of float64; the queue left zero. (sm_89's build here; the slow
     tier runs every target's on drawn seeds, with warps one at a time.)"""
     from ptxgen.emu.harness import check_kernel
 
-    ptx = get_kernel(name).for_arch("sm_89").ptx()
-    for seed, per_slot in ((1, False), (2, True)):
-        out = check_kernel(name, ptx, seed=seed, x_per_slot=per_slot, interleave=seed == 2)
-        assert out.ok, out.detail
+    out = check_kernel(name, get_kernel(name).for_arch("sm_89").ptx(), seed=seed, x_per_slot=per_slot,
+                       interleave=seed % 2 == 0)
+    assert out.ok, out.detail
 
 
 def test_grouped_moe_gemm_skewed_empty_and_overflowing():
@@ -351,3 +351,39 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
     assert rel(got[~bad], want[~bad]) <= (1e-5 if scale > 1 else 1e-3)
     assert int(mem.view(ga, np.uint32, (1,))[0]) == int(scale > 1)
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K"])
+def test_run32_is_four_run8s_bit_for_bit(fmt):
+    """A codec's run32 (the MoE GEMM's A decode: one sub-block's header once) against four run8 calls (the prepared
+    fragments' decode, bit-checked against NumPy there) on every 32-weight run of drawn GGUF blocks, in the
+    emulator: identical float32 bits, NaN / inf included."""
+    from ptxgen import codecs
+    from ptxgen.arch import get_arch
+    from ptxgen.builder import KernelBuilder
+    from ptxgen.emu.harness import _memory, _run
+    from ptxgen.ir import Imm, Mem
+    from ptxgen.testing.strategies import random_raw
+
+    codec, k = codecs.get(fmt), 512
+    b = KernelBuilder("run32_vs_run8", get_arch("sm_89"), "test", block=(32, 1, 1))
+    w_p, a_p, c_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:out"), b.param("c", "u64", "ptr:out")
+    W, A, C = b.ptr(w_p), b.ptr(a_p), b.ptr(c_p)
+    tid = b.special("tid.x")
+    row = b.op("mad.wide.u32", b.op("shr.u32", tid, Imm(4, "u32")), Imm(k // codec.BLOCK_K * codec.BLOCK_BYTES, "u32"),
+               W)  # 2 rows of 16 runs
+    k0 = b.op("shl.b32", b.op("and.b32", tid, Imm(15, "b32")), Imm(5, "u32"))
+    one = codec.run32(b, row, k0)
+    four = [v for r in range(4) for v in codec.run8(b, row, b.op("add.u32", k0, Imm(8 * r, "u32")))]
+    for out, vals in ((A, one), (C, four)):
+        base = b.op("mad.wide.u32", tid, Imm(128, "u32"), out)
+        for i, v in enumerate(vals):
+            b.emit("st.global.f32", Mem(base, 4 * i), v)
+    b.emit("ret")
+    raw = random_raw(fmt, 2, k, np.random.default_rng(3), scale=(-1e3, 1e3))
+    raw.reshape(-1)[:2] = 0xFF  # a NaN d in the first block
+    mem = _memory()
+    wa, aa, ca = mem.alloc(raw), mem.alloc(32 * 128, poison=0x11), mem.alloc(32 * 128, poison=0x22)
+    _run(b.finish().ptx(), (1,), (32,), (wa, aa, ca), mem)
+    got, want = mem.view(aa, np.uint32, (32, 32)), mem.view(ca, np.uint32, (32, 32))
+    np.testing.assert_array_equal(got, want)

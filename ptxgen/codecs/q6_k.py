@@ -137,3 +137,33 @@ def run8(b, row, k0):
             q = b.op("sub.s32", b.op("or.b32", lo, b.op("shl.b32", hb, Imm(4, "u32"))), Imm(32, "s32"), type="s32")
             out.append(b.op("mul.rn.f32", ds, b.op("cvt.rn.f32.s32", q)))
     return out
+
+
+def run32(b, row, k0):
+    """Weights k0 .. k0 + 31 (k0 a multiple of 32: one quarter of a half) — run8's values, bit for bit, with d and
+    the quarter's two scales loaded once instead of four times (the MoE GEMM's A tile)."""
+    kin = b.op("and.b32", k0, Imm(BLOCK_K - 1, "b32"))
+    h = b.op("shr.u32", kin, Imm(7, "u32"))
+    q4 = b.op("and.b32", b.op("shr.u32", kin, Imm(5, "u32")), Imm(3, "b32"))
+    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"), row)
+    at = lambda off: b.op("add.s64", block, b.op("cvt.u64.u32", off))  # noqa: E731
+    ql = at(b.op("mad.lo.u32", h, Imm(64, "u32"), b.op("shl.b32", b.op("and.b32", q4, Imm(1, "b32")), Imm(5, "u32"))))
+    qh = at(b.op("shl.b32", h, Imm(5, "u32")))
+    sc_at = at(b.op("mad.lo.u32", h, Imm(8, "u32"), b.op("shl.b32", q4, Imm(1, "u32"))))
+    dbits = b.reg("b16")
+    b.emit("ld.global.nc.b16", dbits, Mem(block, D_OFFSET))
+    d = b.op("cvt.f32.f16", dbits)
+    ds = [b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", b.op("ld.global.nc.s8", Mem(sc_at, SC_OFFSET + s), type="s32")))
+          for s in range(2)]  # elements 0-15 and 16-31 of the quarter
+    lo_shift = b.op("shl.b32", b.op("shr.u32", q4, Imm(1, "u32")), Imm(2, "u32"))
+    hi_shift = b.op("shl.b32", q4, Imm(1, "u32"))
+    out = []
+    for i in range(16):  # byte pairs 2i, 2i + 1: both 6-bit q in one word (shifts by register once a pair)
+        a = b.op("ld.global.nc.u16", Mem(ql, QL_OFFSET + 2 * i), type="u32")
+        hq = b.op("ld.global.nc.u16", Mem(qh, QH_OFFSET + 2 * i), type="u32")
+        pair = b.op("or.b32", b.op("and.b32", b.op("shr.u32", a, lo_shift), Imm(0x0F0F, "b32")),
+                    b.op("shl.b32", b.op("and.b32", b.op("shr.u32", hq, hi_shift), Imm(0x0303, "b32")), Imm(4, "u32")))
+        for j in range(2):
+            q = b.op("sub.s32", b.op("bfe.u32", pair, Imm(8 * j, "u32"), Imm(8, "u32")), Imm(32, "s32"), type="s32")
+            out.append(b.op("mul.rn.f32", ds[i // 8], b.op("cvt.rn.f32.s32", q)))
+    return out

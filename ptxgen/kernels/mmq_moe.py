@@ -136,7 +136,10 @@ def _codec_dequant(b, codec, tid, m0, mlast, row_bytes, W, a16):
 
     def dequant(step, boff, stage):
         k0 = b.op("add.u32", b.op("shl.b32", step, Imm(6, "u32")), b.op("shl.b32", dh, Imm(5, "u32")))
-        vals = [v for r in range(4) for v in codec.run8(b, rowp, b.op("add.u32", k0, Imm(8 * r, "u32")))]
+        if hasattr(codec, "run32"):  # one sub-block's header decoded once (Q5_K, Q6_K)
+            vals = codec.run32(b, rowp, k0)
+        else:
+            vals = [v for r in range(4) for v in codec.run8(b, rowp, b.op("add.u32", k0, Imm(8 * r, "u32")))]
         words = [b.op("cvt.rn.f16x2.f32", vals[2 * j + 1], vals[2 * j], type="b32") for j in range(16)]
         dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
