@@ -28,8 +28,7 @@ def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int, experts: int = 0) ->
     address may be shorter, or another dtype)."""
     if w.dtype != torch.uint8 or not w.is_cuda or not w.is_contiguous():
         raise TypeError(f"ptxgen: weights must be a contiguous CUDA uint8 tensor, got {w.dtype} on {w.device}")
-    if w.get_device() != driver.ORDINAL:
-        raise ValueError(f"ptxgen: the weights are on {w.device}; ptxgen runs on cuda:{driver.ORDINAL}")
+    driver.check_device(w, "ptxgen: the weights tensor")
     key = (w.data_ptr(), w.numel(), fmt, m, k, experts)
     qt = _VIEWS.get(key)
     if qt is None:

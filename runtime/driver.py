@@ -30,6 +30,15 @@ class CudaError(RuntimeError):
 
 
 ORDINAL = 0  # the GPU ptxgen runs on (cuda:0)
+
+
+def check_device(a, what: str) -> None:
+    """A torch tensor or cupy array on another GPU than ptxgen's is refused: ValueError "<what> is on cuda:N; ptxgen
+    runs on cuda:ORDINAL" (NumPy arrays, DeviceArrays and CPU tensors pass: other checks name those)."""
+    dev = a.get_device() if hasattr(a, "get_device") and hasattr(a, "is_cuda") else getattr(
+        getattr(a, "device", None), "id", None)
+    if isinstance(dev, int) and dev >= 0 and dev != ORDINAL:
+        raise ValueError(f"{what} is on cuda:{dev}; ptxgen runs on cuda:{ORDINAL}")
 LEGACY_STREAM = 0x1  # CU_STREAM_LEGACY
 PER_THREAD_STREAM = 0x2  # CU_STREAM_PER_THREAD
 

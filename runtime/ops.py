@@ -251,7 +251,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     host_x, host_ids = isinstance(x, np.ndarray), isinstance(ids, np.ndarray)
     s = driver.stream_handle(stream, ids if host_x and not host_ids else x)  # the device operand's library
     for a, what in ((x, "x"), (ids, "ids"), (out, "out")):
-        _on_our_device(a, f"mul_mat_id: {what}")
+        driver.check_device(a, f"mul_mat_id: {what}")
     cid = driver.capture_id(s)
     if cid is not None and (w._device is None or host_x or host_ids):
         what = "w is not on the GPU yet" if w._device is None else "x or ids is a NumPy array (an upload waits)"
@@ -330,14 +330,6 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
     pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, gate, m, k, slots, x_per_slot, expert_bytes, order, offsets, work,
                               pb.queue))
     return gate
-
-
-def _on_our_device(a, what: str) -> None:
-    """A torch / cupy operand on another GPU than ptxgen's is refused (NumPy and DeviceArrays pass)."""
-    dev = a.get_device() if hasattr(a, "get_device") and hasattr(a, "is_cuda") else getattr(
-        getattr(a, "device", None), "id", None)
-    if isinstance(dev, int) and dev >= 0 and dev != driver.ORDINAL:
-        raise ValueError(f"{what} is on cuda:{dev}; ptxgen runs on cuda:{driver.ORDINAL}")
 
 
 def _remember(w: QuantTensor, key, entry) -> None:
@@ -838,8 +830,7 @@ def _torch_input(x, k: int) -> tuple[int, int]:
     ptr = x.data_ptr()
     if ptr % 16:
         raise ValueError(f"mul_mat: x: device pointer {ptr:#x} is not 16-byte aligned (a view at an odd offset?)")
-    if x.get_device() != driver.ORDINAL:
-        raise ValueError(f"mul_mat: x is on cuda:{x.get_device()}; ptxgen runs on cuda:{driver.ORDINAL}")
+    driver.check_device(x, "mul_mat: x")
     return x.shape[0], ptr
 
 

@@ -1,5 +1,8 @@
 """Weight codecs: one module per GGUF format with its block geometry and the decodes the kernels consume
-(docs/design.md). `get(fmt)` gives a format's codec."""
+(docs/design.md). `get(fmt)` gives a format's codec. The decodes: `dequant_lane` (a warp's 256 weights, the
+dequantize kernels and the codec GEMVs), `dequant_lane_wide` (16 weights a lane, the GEMVs), `run8` (8 weights at
+any multiple of 8: the prepared GEMM's fragments, the MoE GEMM's A tile) and, where one header serves a sub-block,
+`run32` (32 weights, bit-identical to four run8s)."""
 from __future__ import annotations
 
 from . import q4_k, q5_k, q6_k, q8_0, tq4_1s
