@@ -254,12 +254,20 @@ class Workspace:
         return Workspace(max(self.counter_bytes, plan.counter_bytes), max(self.ready_bytes, plan.ready_bytes),
                          max(self.scratch_bytes, _up(plan.scratch_bytes * 5 // 4)), stream=stream)
 
-    def reserve(self, w, tokens, *, mode: str = "exact", rotation: str = "separate", arch: str | None = None) -> "Workspace":
-        """Grow (in place) to hold mul_mat(w, x) for each T in `tokens` (an int or a list). Returns self."""
-        from .ops import mul_mat_plan
+    def reserve(self, w, tokens, *, mode: str = "exact", rotation: str = "separate", arch: str | None = None,
+                slots: int | None = None) -> "Workspace":
+        """Grow (in place) to hold mul_mat(w, x) for each T in `tokens` (an int or a list) — or, for expert weights
+        (E, M, K), mul_mat_id(w, x, ids) with ids of shape (T, `slots`). Returns self."""
+        from .ops import mul_mat_id_plan, mul_mat_plan
 
-        plans = [mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=g)
-                 for t in ([tokens] if isinstance(tokens, int) else tokens) for g in (False, True)]
+        ts = [tokens] if isinstance(tokens, int) else list(tokens)
+        if len(w.shape) == 3:
+            if not slots:
+                raise ValueError(f"Workspace.reserve: w holds {w.shape[0]} experts: pass slots= (the experts per token)")
+            plans = [mul_mat_id_plan(w, t, slots, x_per_slot=p, mode=mode, arch=arch, graph=g)
+                     for t in ts for p in (0, 1) for g in (False, True)]
+        else:
+            plans = [mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=g) for t in ts for g in (False, True)]
         c = max([self.counter_bytes] + [p.counter_bytes for p in plans])
         r = max([self.ready_bytes] + [p.ready_bytes for p in plans])
         s = max([self.scratch_bytes] + [p.scratch_bytes for p in plans])

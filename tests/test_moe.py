@@ -185,6 +185,25 @@ def test_mul_mat_id_launches_patch_each_calls_pointers_and_evict_prefill_shapes(
     assert len(w._plans) <= ops.PLANS_PER_WEIGHT and (1, "mul_mat_id", 2, 0, "exact", None, False) in w._plans
 
 
+def test_a_workspace_reserved_for_expert_weights_holds_the_grouped_route(monkeypatch):
+    """Workspace.reserve(w, T, slots=k) on expert weights sizes the scratch for mul_mat_id's plans (moe_group's
+    order / offsets / work list and the gate), eager and captured; without slots it says what is missing."""
+    from ptxgen.runtime import ops, plans
+
+    _Launches(monkeypatch)
+    w = _fake_experts(e=8, m=300, k=512)
+    ws = plans.Workspace.__new__(plans.Workspace)  # sizes only: nothing allocated on the fake GPU
+    ws.counter_bytes = ws.ready_bytes = ws.scratch_bytes = 0
+    monkeypatch.setattr(plans.Workspace, "_alloc", lambda self, stream: None)
+    monkeypatch.setattr(plans.driver, "synchronize", lambda: None)
+    ws.stream = 0
+    ws.reserve(w, [8, 300], slots=2)
+    need = max(ops.mul_mat_id_plan(w, t, 2, x_per_slot=p).scratch_bytes for t in (8, 300) for p in (0, 1))
+    assert need > 0 and ws.scratch_bytes >= need and ws.fits(ops.mul_mat_id_plan(w, 300, 2))
+    with pytest.raises(ValueError, match="pass slots="):
+        ws.reserve(w, 8)
+
+
 def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(monkeypatch):
     """Past the grouped GEMM's limits (here 1025 experts: moe_group scans at most 1024), however many pairs (80000
     here), the grouped GEMV is one launch of (M rows, E experts): its CTAs scan the ids in windows; ntok is the pair
