@@ -150,3 +150,24 @@ def test_torch_operator_under_torch_compile():
         return torch.ops.ptxgen.mul_mat_id(wb, xt * 1.0, it, "q4_K", 8, 256, 512)
     got = torch.compile(f, fullgraph=True)(wb, xt, it)
     assert got.shape == (3, 2, 256) and torch.equal(got, want)
+
+
+def test_a_captured_mul_mat_id_on_a_reserved_workspace():
+    """Workspace.reserve(w, T, slots=k) then the grouped route captured with workspace=: the replay gives the eager
+    bits, and nothing was allocated inside the capture."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, raw, x, ids = _case("q4_K", 8, 512, 1024, 48, 2, seed=11)
+    w.to_device()
+    ws = r.Workspace().reserve(w, 48, slots=2)
+    xt, it = torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()
+    want = r.mul_mat_id(w, xt, it, workspace=ws)
+    out = torch.empty_like(want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        r.mul_mat_id(w, xt, it, out=out, workspace=ws)
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
