@@ -168,8 +168,6 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
 
 
 MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measured yet: one token's slots differ)
-MOE_GEMM_MIN_PAIRS = 16  # the grouped tensor-core GEMM from this many (token, slot) pairs (not measured yet:
-# the grouped GEMV ran 150-2000 µs at T = 8-512 on 128 experts top-8, 5-13x llama.cpp; bench_moe_852097d.log)
 MOE_GEMM_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # kernels/mmq.py GROUPED_FORMATS
 
 
@@ -201,7 +199,7 @@ def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) ->
     from ptxgen.kernels.moe_group import MAX_EXPERTS, TILE_SHIFT
 
     p = t * slots
-    return (fmt in MOE_GEMM_FORMATS and p >= MOE_GEMM_MIN_PAIRS and experts <= MAX_EXPERTS and k % 256 == 0
+    return (fmt in MOE_GEMM_FORMATS and p >= RULES.moe_gemm_min_pairs and experts <= MAX_EXPERTS and k % 256 == 0
             and p // 32 < 1 << TILE_SHIFT and p * max(m, k) < 1 << 32)
 
 
@@ -219,7 +217,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
     Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches:
-    from MOE_GEMM_MIN_PAIRS pairs: moe_group (the pairs grouped by expert on the device, a work list of
+    from RULES.moe_gemm_min_pairs pairs (ptxgen/tuning): moe_group (the pairs grouped by expert on the device, a work list of
     (expert, token tile)), then the grouped tensor-core GEMM (fp16 activations, fp32 sums, as mul_mat's prefill:
     relative error ~4e-4), then gemv_<fmt>_f32_idg gated on the GEMM's overflow flag (it runs, exactly, only when an
     activation passed fp16's range). Otherwise the fp32 GEMVs (relative error ~1e-6): from 2 tokens

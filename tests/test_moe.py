@@ -216,7 +216,7 @@ def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(mon
 
 
 def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
-    """Q4_K from ops.MOE_GEMM_MIN_PAIRS pairs: moe_group (one CTA) writes order / offsets / work and zeroes the gate;
+    """Q4_K from the tuning's moe_gemm_min_pairs pairs: moe_group (one CTA) writes order / offsets / work and zeroes the gate;
     the grouped GEMM (persistent CTAs, at most one per possible item) reads them; the exact grouped GEMV after it is
     gated on that word. All three take this call's ids, x and y; the scratch is the workspace's."""
     from ptxgen.runtime import ops
