@@ -299,7 +299,11 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     rows = -(-m // int(fn.meta["rows_per_cta"]))
     if len(route) > 1:
         gate = _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[1], arch)
-        pb.launch(fn, (rows, e), idg_args + (gate,))  # exact, only where the GEMM's activations overflowed
+        # exact, only where the GEMM's activations overflowed; few CTAs (each loops over experts): a closed gate
+        # costs their exits only
+        from ptxgen.kernels.gemv_codec import GATED_EXPERT_CTAS
+
+        pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (gate,))
     elif route[0].endswith("_idg"):
         pb.launch(fn, (rows, e), idg_args + (0,))
     else:

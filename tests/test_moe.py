@@ -175,7 +175,7 @@ def test_mul_mat_id_launches_patch_each_calls_pointers_and_evict_prefill_shapes(
     rec = _Launches(monkeypatch)
     w = _fake_experts()
     for t, kernel, grid in ((1, "gemv_q4_k_f32_id", (4, 2, 1)), (4, "gemv_q4_k_f32_idg", (4, 8, 1)),
-                            (40, "gemv_q4_k_f32_idg", (4, 8, 1))):
+                            (40, "gemv_q4_k_f32_idg", (4, 4, 1))):  # 80 pairs: the gated GEMV behind the GEMM
         for base in (0, 0x1000):
             x, ids, out = _fake_call(w, t, 2, base=base)
             name, g, cells, _ = rec.runs[-1]
@@ -232,7 +232,7 @@ def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
     order, offsets, work, gate = c0[4], c0[5], c0[6], c0[9]
     assert c1[:4] == [w.ptr, x.ptr, out.ptr, gate] and c1[9:12] == [order, offsets, work]
     assert g1 == (min(3 * (16 // 32 + 8), g1[0]), 1, 1) and g1[0] <= 3 * 8
-    assert c2[1:3] == [x.ptr, out.ptr] and c2[8] == ids.ptr and c2[11] == gate
+    assert c2[1:3] == [x.ptr, out.ptr] and c2[8] == ids.ptr and c2[11] == gate and g2[1] == 4  # GATED_EXPERT_CTAS
     assert ops.mul_mat_id_plan(w, 200, 2).launches[1].fn.name == "mmq_q4_k_f16_n64_moe"  # 400 pairs ≥ 48 per expert
 
 
@@ -279,9 +279,10 @@ def test_moe_group_sorts_the_pairs_by_expert_and_lists_the_token_tiles(arch):
 
 def test_the_grouped_gemv_runs_only_through_an_open_gate():
     """gemv_<fmt>_f32_idg's gate (mul_mat_id's exact recompute behind the grouped GEMM): a zero word, nothing
-    written; a raised one, the whole exact result."""
-    for gate, fmt in ((0, "q4_K"), (1, "q4_K"), (0, "q8_0")):
-        out = _case(fmt, "sm_90a", "idg", gate=gate, seed=gate)
+    written; a raised one, the whole exact result — with grid.y = 2 < E = 5 too (each CTA loops over experts, as
+    the gated launch runs, GATED_EXPERT_CTAS of them)."""
+    for gate, fmt, ygrid in ((0, "q4_K", None), (1, "q4_K", None), (0, "q8_0", 2), (1, "q6_K", 2), (1, "q8_0", 1)):
+        out = _case(fmt, "sm_90a", "idg", gate=gate, seed=gate, experts_grid=ygrid, shape=(5, 21, 512))
         assert out.ok, out.detail
 
 
@@ -362,8 +363,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     _run(group.ptx(), (1,), (1024,), (ia, p, e, bn, oa, fa, ka, ya, m, ga), mem)
     _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,
          dynamic_smem=gemm.meta["dynamic_smem"])
-    _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), e), (32 * idg.meta["warps"],),
-         (wa, xa, ya, m, k, p, e, eb, ia, slots, int(per_slot), ga), mem)
+    _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), min(e, 4)), (32 * idg.meta["warps"],),
+         (wa, xa, ya, m, k, p, e, eb, ia, slots, int(per_slot), ga), mem)  # as ops launches it: GATED_EXPERT_CTAS
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
     want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want)

@@ -159,13 +159,15 @@ def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None)
     return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n})", got, want)
 
 
-def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, gate=None) -> Outcome:
+def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, gate=None,
+                 experts_grid=None) -> Outcome:
     """gemv_<fmt>_f32_id / _idg (mul_mat_id's GEMVs: one pair per grid row / per expert its pairs 8 at a time, the
     ids scanned in windows of 1024 pairs): E experts of ggml-quantized (M, K) weights (M with a partial last CTA), T tokens × `slots` expert ids
     with repeats (several pairs on one expert; the grouped build gets more than 8 on one) and, unless `ids` is
     given, one id out of range (−1 or E); x (T, K) or, with `x_per_slot`, (T, slots, K); y NaN-poisoned first.
     Against formats.mul_mat_id_ref: within 1e-5 relative where the id is valid, NaN exactly where it is not. `gate`
-    (the grouped build): the value of the u32 its gate points at — 0: nothing may be written."""
+    (the grouped build): the value of the u32 its gate points at — 0: nothing may be written. `experts_grid`: the
+    grouped build's grid.y (default E; fewer: each CTA loops over the experts ctaid.y + nctaid.y·i)."""
     fmt, grouped = meta["fmt"], "window" in meta
     e, m, k = shape or (3, 21, 544 if fmt == "q8_0" else 512)
     if ids is None:
@@ -181,7 +183,7 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
     ya = mem.alloc(t * slots * m * 4, poison=0x11)  # finite (1e-28): a row never written fails, NaN rows included
     expert_bytes = m * formats.get(fmt).row_bytes(k)
-    _run(ptx, (-(-m // meta["rows_per_cta"]), e if grouped else t * slots), (32 * meta["warps"],),
+    _run(ptx, (-(-m // meta["rows_per_cta"]), (experts_grid or e) if grouped else t * slots), (32 * meta["warps"],),
          (wa, xa, ya, m, k, t * slots if grouped else 1, e, expert_bytes, ia, slots, int(per_slot))
          + ((0 if gate is None else mem.alloc(np.array([gate], np.uint32)),) if grouped else ()), mem, seed=seed)
     if gate == 0:

@@ -124,6 +124,7 @@ def _route_to_expert(b, W, X, Y, M, K):
     return W, X, Y, bad
 
 
+GATED_EXPERT_CTAS = 4  # grid.y of the gated grouped GEMV (mul_mat_id's exact recompute behind the grouped GEMM)
 GROUPED_SHAPE = (2, 2)  # the grouped MoE GEMV's (rows per warp, groups per step): SHAPE[8]'s 4 rows spill there
 WINDOW_CHUNKS = 4  # the grouped MoE GEMV scans the ids in windows of 32·WARPS·WINDOW_CHUNKS pairs
 WINDOW = 32 * WARPS * WINDOW_CHUNKS
@@ -309,8 +310,7 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     counts_at = b.op("mov.u32", b.shared_buffer("counts", 4 * WARPS), type="u32")
     tid = b.special("tid.x")
     lane, wid = b.op("and.b32", tid, Imm(31, "b32")), b.op("shr.u32", tid, Imm(5, "u32"))
-    e, E, ids = b.special("ctaid.y"), b.ld_param(e_p, "u32"), b.ptr(ids_p)
-    W = b.op("mad.lo.u64", b.op("cvt.u64.u32", e), b.ld_param(eb_p, "u64"), W)
+    E, ids, EB = b.ld_param(e_p, "u32"), b.ptr(ids_p), b.ld_param(eb_p, "u64")
     slots_n = b.ld_param(s_p, "u32")
     per_slot = b.op("setp.ne.u32", b.ld_param(xs_p, "u32"), Imm(0, "u32"))
     row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), wid), Imm(rows, "u32"))
@@ -318,14 +318,21 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     stride = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
     last_row = b.op("sub.u32", M, Imm(1, "u32"))
     row = [row0] + [b.op("add.u32", row0, Imm(r, "u32")) for r in range(1, rows)]
-    rowp = [b.op("mad.wide.u32", b.op("min.u32", r_, last_row), stride, W) for r_ in row]
-    row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
     ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(group_blocks - 1, "u32")), Imm(group_blocks, "u32"))
     last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     stored = [b.op("and.pred", lead, b.op("setp.lt.u32", r_, M)) for r_ in row]
-    win0 = b.op("mov.u32", Imm(0, "u32"))
     window, next_window, done = b.label("window"), b.label("next_window"), b.label("done")
+    # experts ctaid.y, + nctaid.y, ... below E: one each where grid.y = E (mul_mat_id's GEMV route); the gated
+    # recompute launches grid.y = min(E, GATED_EXPERT_CTAS), so a closed gate sends few CTAs home
+    e = b.op("mov.u32", b.special("ctaid.y"))
+    expert = b.label("expert")
+    b.place(expert)
+    b.bra(done, pred=b.op("setp.ge.u32", e, E))
+    W_e = b.op("mad.lo.u64", b.op("cvt.u64.u32", e), EB, W)
+    rowp = [b.op("mad.wide.u32", b.op("min.u32", r_, last_row), stride, W_e) for r_ in row]
+    row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
+    win0 = b.op("mov.u32", Imm(0, "u32"))
     b.place(window)
     total = _window_scan(b, e, E, ntok, ids, win0, lane, wid, list_at, counts_at)
     b.bra(next_window, pred=b.op("setp.eq.u32", total, Imm(0, "u32")))  # none of this window's pairs is e's
@@ -342,6 +349,8 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     b.emit("bar.sync", Imm(0, "u32"))  # every warp is done with the list before the next scan writes it
     b.emit("add.u32", win0, win0, Imm(WINDOW, "u32"))
     b.bra(window, pred=b.op("setp.lt.u32", win0, ntok))
+    b.emit("add.u32", e, e, b.special("nctaid.y"))
+    b.bra(expert)
     b.place(done)
     b.emit("ret")
     return b.finish()
