@@ -1,4 +1,4 @@
-"""mmq_q4_k_f16_n<BN>_moe: mul_mat_id's grouped GEMM — the fp16 mma.sync MMQ (kernels/mmq.py) with the grouped
+"""mmq_<fmt>_f16_n<BN>_moe: mul_mat_id's grouped GEMM — the fp16 mma.sync MMQ (kernels/mmq.py) with the grouped
 schedule: y[p] = x[row(p)] @ W[e(p)].T for every (token, slot) pair p, the pairs of one expert multiplied together.
 
 moe_group runs first and leaves, on the device, the pairs grouped by expert (`order`, `offsets`) and a work list of
@@ -8,7 +8,9 @@ dense kernel's item with three changes: the weights start at expert e's matrix (
 are the expert's pairs offsets[e] + tile·BN .. (clamped to its last), each gathered by `order` (x row p, or p /
 slots where the slots share x); the epilogue stores row n of the tile to y's row order[n] (masked past the
 expert's pairs and M). The K loop — raw Q4_K rows by cp.async, dequant and fp32 → fp16 conversion into double
-buffers, mma.sync — is the dense one, unchanged. No split-K: the work list has an item per expert and token
+buffers, mma.sync — is the dense one, unchanged; for Q5_K, Q6_K and Q8_0 (blocks not 16-byte aligned for
+cp.async) each thread decodes its 32 weights of a step with the codec's run32 / run8 straight from global memory
+(_codec_dequant) into the same A tile. No split-K: the work list has an item per expert and token
 tile, enough to fill the GPU from a few hundred pairs. A non-finite product (an activation past fp16's range)
 sets `flag`, as the dense kernel does."""
 from __future__ import annotations
