@@ -269,11 +269,10 @@ def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched):
     return smem, b.shared_buffer("work_item", 16, align=16)
 
 
-def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, units=None):
+def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, row_of=None):
     """The fp16 MMQ's activation units and their source pointers at the item's first K-step. Returns (load_x(): the
     next step's fp32 x into registers, copy_x(boff): x16, the next step's fp16 x by cp.async into B buffer boff,
-    store_x(boff): the registers converted to fp16 into B buffer boff). `units`: the fp32 units' addresses instead
-    of _x_units' (the grouped MoE GEMM gathers its token rows)."""
+    store_x(boff): the registers converted to fp16 into B buffer boff). `row_of`: as _x_units' (fp32 x only)."""
     # BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
     # (x16: BN × 64 fp16 = BN·8 units of 8 halves, copied by cp.async, no registers)
     x16 = ft.x16
@@ -285,7 +284,7 @@ def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, units=
         x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(3, "u32")), Imm(PAD_ROW, "u32"), b16),
                      b.op("shl.b32", b.op("and.b32", tid, Imm(7, "b32")), Imm(4, "u32")))
     else:
-        xaddr_tok = (units or _x_units)(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: ())
+        xaddr_tok = _x_units(b, tid, n0, tlast, K, X, nvec, lambda tok, k4: (), row_of)
         # unit v's fp16 destination: token tid/16 + 16v, columns 4·(tid % 16): one base, v·16 rows as an immediate
         x_dst = b.op("add.u32", b.op("mad.lo.u32", b.op("shr.u32", tid, Imm(4, "u32")), Imm(PAD_ROW, "u32"), b16),
                      b.op("shl.b32", b.op("and.b32", tid, Imm(15, "b32")), Imm(3, "u32")))
@@ -514,17 +513,18 @@ def _next_item_or_exit(b, next_item, finish, Q, leader, F, flag=None):
     return b.finish()
 
 
-def _x_units(b, tid, n0, tlast, K, X, nvec, per_unit):
+def _x_units(b, tid, n0, tlast, K, X, nvec, per_unit, row_of=None):
     """The fp32 activation loads of both mma.sync MMQs: unit u = tid + 256v covers 4 values of token u/16
     (clamped to T - 1), columns 4·(u % 16) .. +3 of the 64-K step; returns the units' source addresses (step 0)
-    and `per_unit(tok, k4)` of each (the caller's destinations)."""
+    and `per_unit(tok, k4)` of each (the caller's destinations). `row_of(token)`: x's row of a token where it is
+    not the token itself (the grouped MoE GEMM gathers its pairs' rows)."""
     out = []
     for v in range(nvec):
         u = b.op("add.u32", tid, Imm(256 * v, "u32"))
         tok = b.op("shr.u32", u, Imm(4, "u32"))
         k4 = b.op("and.b32", u, Imm(15, "b32"))
         gtok = b.op("min.u32", b.op("add.u32", n0, tok), tlast)
-        rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", gtok, K), Imm(4, "u32"), X)
+        rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", row_of(gtok) if row_of else gtok, K), Imm(4, "u32"), X)
         src = b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32"))))
         out.append((src, *per_unit(tok, k4)))
     return out

@@ -92,23 +92,14 @@ def build_grouped(arch, spec: MmqSpec):
         else:  # nothing to copy ahead: an empty group keeps the pipeline's wait_group counts
             b.emit("cp.async.commit_group")
 
-    def gathered(_b, _tid, _n0, _tlast, _K, _X, nvec, per_unit):
-        """mmq._x_units with the token row gathered: unit u's pair order[min(n0 + u/16, tlast)], then its x row."""
-        out = []
-        for v in range(nvec):
-            u = b.op("add.u32", tid, Imm(256 * v, "u32"))
-            tok, k4 = b.op("shr.u32", u, Imm(4, "u32")), b.op("and.b32", u, Imm(15, "b32"))
-            pair = _pair(b, ORD, b.op("min.u32", b.op("add.u32", n0, tok), tlast))
-            xr = b.op("selp.b32", b.op("div.u32", pair, SL), pair, shared_x, type="b32")
-            rowp = b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(4, "u32"), X)
-            out.append((b.op("add.s64", rowp, b.op("cvt.u64.u32", b.op("shl.b32", k4, Imm(4, "u32")))),
-                        *per_unit(tok, k4)))
-        return out
+    def row_of(n):  # x's row of place n in the grouped order: its pair p, or p / slots where the slots share x
+        pair = _pair(b, ORD, n)
+        return b.op("selp.b32", b.op("div.u32", pair, SL), pair, shared_x, type="b32")
 
     raw0 = b.op("mov.u32", smem)
     a16 = b.op("add.u32", raw0, Imm(STAGES * ft.raw_bytes, "u32"))
     b16 = b.op("add.u32", a16, Imm(ft.a_bytes, "u32"))
-    load_x, _, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, units=gathered)
+    load_x, _, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, row_of=row_of)
     stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16) if raw else _codec_dequant(b, codec, tid, m0, mlast,
                                                                                      row_bytes, W, a16)
     wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
