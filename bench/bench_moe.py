@@ -135,7 +135,8 @@ def dry_run(fmts, tokens):
     for fmt in fmts:
         for e, top, m, k in SHAPES:
             eb = expert_bytes(fmt, m, k)
-            kernels = "; ".join(dict.fromkeys(" + ".join(ops.mul_mat_id_kernels(fmt, t, top, e, k, m)) for t in tokens))
+            kernels = "; ".join(dict.fromkeys(" + ".join(ops.mul_mat_id_kernels(fmt, t, top, e, k, m, sm=90))
+                                          for t in tokens))  # the H200's routes
             print(f"  {fmt} {shape_name(e, top, m, k)}: {eb / 1e6:.3f} MB / {e * eb / 1e6:.1f} MB / "
                   f"{2 * e * m * k / 1e6:.1f} MB; kernels {kernels}")
     print("\nplanned cells:")

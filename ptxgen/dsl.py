@@ -324,22 +324,36 @@ class Epilogue:
         if self.out_dtype != "f32":
             raise SpecError(f"Epilogue.out_dtype: only f32 is lowered, got {self.out_dtype!r}")
 
-    def lower_mma_sync(self, b, acc, lane, m0, wm, warp_m: int, n0, wn, warp_n: int, M, N, Y, rows=None):
+    def lower_mma_sync(self, b, acc, lane, m0, wm, warp_m: int, n0, wn, warp_n: int, M, N, Y, rows=None,
+                       col_row=None):
         """acc[i][j][e] of m16n8 fragments of warp (wm, wn) in the CTA tile at (m0, n0) (fragment rows g, g+8;
-        cols 2·tig, +1) → Y, masked to m < M, n < N (and with `rows`, a predicate per i, to the rows it holds)."""
+        cols 2·tig, +1) → Y, masked to m < M, n < N (and with `rows`, a predicate per i, to the rows it holds).
+        `col_row` (transposed only; mul_mat_id's scatter): column n is stored to Y's row col_row(n) instead of n,
+        asked once per column a thread holds."""
         g = b.op("shr.u32", lane, Imm(2, "u32"))
         tig = b.op("and.b32", lane, Imm(3, "b32"))
         mb = b.op("add.u32", m0, b.op("mad.lo.u32", wm, Imm(warp_m, "u32"), g))
         nb = b.op("add.u32", n0, b.op("mad.lo.u32", wn, Imm(warp_n, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))))
+        if col_row is not None and not self.transposed:
+            raise ValueError("lower_mma_sync: col_row maps columns to rows of a transposed (N x M) output")
+        cols = {}  # column offset → (n, its mask, its Y row): one per column a thread holds
         for i, row in enumerate(acc):
             for j, frag in enumerate(row):
                 for e, r in enumerate(frag):
                     mm = b.op("add.u32", mb, Imm(16 * i + 8 * (e // 2), "u32"))
-                    nn = b.op("add.u32", nb, Imm(8 * j + (e % 2), "u32"))
-                    ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, N))
+                    c = 8 * j + (e % 2)
+                    if col_row is None:
+                        nn = n_row = b.op("add.u32", nb, Imm(c, "u32"))
+                        ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), b.op("setp.lt.u32", nn, N))
+                    else:
+                        if c not in cols:
+                            nn = b.op("add.u32", nb, Imm(c, "u32"))
+                            cols[c] = (b.op("setp.lt.u32", nn, N), col_row(nn))
+                        n_ok, n_row = cols[c]
+                        ok = b.op("and.pred", b.op("setp.lt.u32", mm, M), n_ok)
                     if rows is not None:
                         ok = b.op("and.pred", ok, rows[i])
-                    idx = b.op("mad.lo.u32", nn, M, mm) if self.transposed else b.op("mad.lo.u32", mm, N, nn)
+                    idx = b.op("mad.lo.u32", n_row, M, mm) if self.transposed else b.op("mad.lo.u32", mm, N, nn)
                     b.emit("st.global.f32", Mem(b.op("mad.wide.u32", idx, Imm(4, "u32"), Y)), r, pred=ok)
 
 

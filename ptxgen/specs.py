@@ -20,8 +20,9 @@ class MmqSpec:
     convert: bool = False  # register-A wgmma: fp32 x converted inside the launch by the producer warpgroup's idle warps
     prepared: bool = False  # register-A wgmma: A fragments written by dequantize_<fmt>_frags first and loaded by
     # TMA (no dequant in the K loop; kernels/mmq.py PREPARED_NOTE)
-    grouped: bool = False  # fp16 mma.sync: mul_mat_id's schedule — items (M tile, expert's token tile) from
-    # moe_group's work list, x rows gathered and y rows scattered by pair (kernels/mmq_moe.py)
+    grouped: bool = False  # mul_mat_id's schedule — items (M tile, expert's token tile) from moe_group's work list,
+    # y rows scattered by pair; x rows gathered by pair (fp16 mma.sync, kernels/mmq_moe.py) or by
+    # convert_f16_perm_gather before the register-A wgmma build
     fmt: str = "q4_K"  # the weights' codec: Q4_K's raw ring and dequant, or (grouped only) any codec's run8
 
     @property
@@ -33,7 +34,7 @@ class MmqSpec:
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
         kind = "pre" if self.prepared else "ra" if self.a_regs else ""
-        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx
+        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx + ("_moe" if self.grouped else "")
 
     @classmethod
     def for_path(cls, path: str, bn: int) -> "MmqSpec":

@@ -171,11 +171,16 @@ MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measure
 MOE_GEMM_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # kernels/mmq.py GROUPED_FORMATS
 
 
-def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) -> list[str]:
+def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0, arch: str | None = None,
+                       sm: int | None = None) -> list[str]:
     """The kernels mul_mat_id launches, in order, for T = t tokens of `slots` experts each over `experts` experts of
-    (M, K) = (m, k) (needs no GPU: bench_moe's dry run and sanitize.py ask it; mul_mat_id_plan follows it)."""
+    (M, K) = (m, k) on a GPU of compute capability `sm` (default: this process's GPU; give it and nothing needs a
+    GPU: bench_moe's dry run and sanitize.py do; mul_mat_id_plan follows it) with `arch` pinned or not."""
     p = t * slots
     if _moe_gemm(fmt, t, slots, experts, k, m):
+        if _moe_wgmma(fmt, arch, sm):
+            return ["moe_group", "convert_f16_perm_gather", _moe_wgmma_spec(p, experts).name,
+                    CodecKernel("gemv_idg", fmt).name]
         return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name, CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
@@ -184,6 +189,24 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
 
 def _moe_bn(pairs: int, experts: int) -> int:
     return 64 if pairs >= 48 * experts else 32  # an expert's share of the pairs fills a 64-pair tile
+
+
+def _moe_wgmma(fmt: str, arch: str | None, sm: int | None) -> bool:
+    """sm_90's grouped GEMM: Q4_K's register-A wgmma build (x gathered by convert_f16_perm_gather first), where the
+    sm_90a kernels are there and `arch` pins nothing else."""
+    if fmt != "q4_K" or arch not in (None, "sm_90a"):
+        return False
+    if sm is None:
+        sm = driver.current().sm
+    return sm == 90 and "sm_90a" in kernels.available(_moe_wgmma_spec(1, 1).name)
+
+
+def _moe_wgmma_spec(pairs: int, experts: int) -> MmqSpec:
+    """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: from the
+    first n64, from the second n128): one tile an expert where it fits, its weights decoded once per tile."""
+    n64, n128 = RULES.moe_wgmma_tile_pairs
+    per = pairs / experts
+    return MmqSpec(128 if per >= n128 else 64 if per >= n64 else 32, "wgmma", a_regs=True, grouped=True)
 
 
 def _moe_format(fmt: str) -> None:
@@ -294,11 +317,11 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
     idg_args = (w.buffer, pb.x, pb.y, m, k, p, e, expert_bytes, pb.ids, slots, int(x_per_slot))
-    route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m)
+    route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch)
     fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
     rows = -(-m // int(fn.meta["rows_per_cta"]))
     if len(route) > 1:
-        gate = _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[1], arch)
+        gate = _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[1:-1], arch)
         # exact, only where the GEMM's activations overflowed; few CTAs (each loops over experts): a closed gate
         # costs their exits only
         from ptxgen.kernels.gemv_codec import GATED_EXPERT_CTAS
@@ -315,22 +338,34 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     return plan
 
 
-def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: int, kernel: str, arch) -> SymArray:
-    """moe_group, then the grouped GEMM over its work list (persistent CTAs, at most one per item). Returns the gate
-    word: zeroed by moe_group, raised by the GEMM where an activation overflowed fp16."""
+def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: int, route: list, arch) -> SymArray:
+    """moe_group, then the grouped GEMM over its work list (persistent CTAs, at most one per item) — on sm_90 first
+    convert_f16_perm_gather (x in fp16, grouped order, the wgmma build's K order) and the register-A wgmma build
+    reading both by tensor map. Returns the gate word: zeroed by moe_group, raised by the GEMM or the conversion
+    where an activation overflowed fp16."""
     from ptxgen.kernels.mmq import BM
 
     e, m, k = w.shape
     p = t * slots
-    gemm = kernels.load(kernel, arch)
+    wg = len(route) == 2
+    gemm = kernels.load(route[-1], "sm_90a" if wg else arch)
     bn = int(gemm.meta["bn"])
     order, offsets = pb.scratch((p,), np.uint32), pb.scratch((e + 1,), np.uint32)
     work, gate = pb.scratch((1 + p // bn + e,), np.uint32), pb.scratch((1,), np.uint32)
     pb.launch(kernels.load("moe_group", arch), (1,), (pb.ids, p, e, bn, order, offsets, work, pb.y, m, gate))
     items = -(-m // BM) * (p // bn + e)
     ctas = max(1, min(items, gemm.resident_per_sm() * driver.current().sm_count))
-    pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, gate, m, k, slots, x_per_slot, expert_bytes, order, offsets, work,
-                              pb.queue))
+    if wg:
+        x16 = pb.scratch((p, k), np.float16)
+        n8 = p * k // 8
+        pb.launch(kernels.load("convert_f16_perm_gather", "sm_90a"), (-(-n8 // 256),),
+                  (pb.x, x16, gate, n8, order, offsets, e, k // 8, slots, x_per_slot))
+        tw = _tensor_map(w.ptr, "u8", e * m, k // 256 * 144, 128, 16, "none")  # every expert's raw rows
+        tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
+        pb.launch(gemm, (ctas,), (tw, tx, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
+    else:
+        pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, gate, m, k, slots, x_per_slot, expert_bytes, order, offsets,
+                                  work, pb.queue))
     return gate
 
 

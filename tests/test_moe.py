@@ -145,17 +145,17 @@ class _Launches:
         fakegpu.install(monkeypatch)
         self.runs = []
         monkeypatch.setattr(PreparedLaunch, "run", lambda launch, s: self.runs.append(
-            (launch.fn.name, launch.grid, [c.value for c in launch.cells], s)))
+            (launch.fn.name, launch.grid, [c.value if hasattr(c, "value") else bytes(c) for c in launch.cells], s)))
 
 
-def _fake_call(w, t, slots, per_slot=False, base=0):
+def _fake_call(w, t, slots, per_slot=False, base=0, arch=None):
     from ptxgen.runtime.arrays import DeviceArray
 
     e, m, k = w.shape
     x = DeviceArray(0x100000000 + base, (t, slots, k) if per_slot else (t, k), np.dtype(np.float32))
     ids = DeviceArray(0x200000000 + base, (t, slots), np.dtype(np.int32))
     out = DeviceArray(0x300000000 + base, (t, slots, m), np.dtype(np.float32))
-    mul_mat_id(w, x, ids, out=out)
+    mul_mat_id(w, x, ids, out=out, arch=arch)
     return x, ids, out
 
 
@@ -216,15 +216,16 @@ def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(mon
 
 
 def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
-    """Q4_K from the tuning's moe_gemm_min_pairs pairs: moe_group (one CTA) writes order / offsets / work and zeroes the gate;
-    the grouped GEMM (persistent CTAs, at most one per possible item) reads them; the exact grouped GEMV after it is
-    gated on that word. All three take this call's ids, x and y; the scratch is the workspace's."""
+    """Q4_K from the tuning's moe_gemm_min_pairs pairs (sm_89's lowering: arch pinned): moe_group (one CTA) writes
+    order / offsets / work and zeroes the gate; the grouped GEMM (persistent CTAs, at most one per possible item)
+    reads them; the exact grouped GEMV after it is gated on that word. All three take this call's ids, x and y; the
+    scratch is the workspace's."""
     from ptxgen.runtime import ops
 
     rec = _Launches(monkeypatch)
     w = _fake_experts(e=8, m=300, k=512)
     assert ops.mul_mat_id_plan(w, 7, 2).kernels[0] != "moe_group"  # 14 pairs: the grouped GEMV alone
-    x, ids, out = _fake_call(w, 8, 2)
+    x, ids, out = _fake_call(w, 8, 2, arch="sm_89")
     names = [r[0] for r in rec.runs]
     assert names == ["moe_group", "mmq_q4_k_f16_n32_moe", "gemv_q4_k_f32_idg"]
     (_, g0, c0, _), (_, g1, c1, _), (_, g2, c2, _) = rec.runs
@@ -233,7 +234,32 @@ def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
     assert c1[:4] == [w.ptr, x.ptr, out.ptr, gate] and c1[9:12] == [order, offsets, work]
     assert g1 == (min(3 * (16 // 32 + 8), g1[0]), 1, 1) and g1[0] <= 3 * 8
     assert c2[1:3] == [x.ptr, out.ptr] and c2[8] == ids.ptr and c2[11] == gate and g2[1] == 4  # GATED_EXPERT_CTAS
-    assert ops.mul_mat_id_plan(w, 200, 2).launches[1].fn.name == "mmq_q4_k_f16_n64_moe"  # 400 pairs ≥ 48 per expert
+    assert ops.mul_mat_id_plan(w, 200, 2, arch="sm_89").launches[1].fn.name == "mmq_q4_k_f16_n64_moe"  # 400 pairs ≥ 48
+    # per expert
+
+
+def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
+    """On an H200 (no arch pinned) Q4_K's grouped route is moe_group, convert_f16_perm_gather (x → fp16 in moe_group's
+    order and the wgmma build's K order, into scratch; the gate is its overflow flag), the register-A wgmma build
+    reading the weights of all experts and the gathered x by tensor map (one CTA an SM, PDL behind the conversion),
+    then the gated exact GEMV. Its token tile follows the pairs per expert (RULES.moe_wgmma_tile_pairs)."""
+    from ptxgen.runtime import ops
+
+    rec = _Launches(monkeypatch)
+    w = _fake_experts(e=8, m=300, k=512)
+    x, ids, out = _fake_call(w, 8, 2)
+    names = [r[0] for r in rec.runs]
+    assert names == ["moe_group", "convert_f16_perm_gather", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
+    (_, _, c0, _), (_, g1, c1, _), (_, g2, c2, _), (_, _, c3, _) = rec.runs
+    order, offsets, work, gate = c0[4], c0[5], c0[6], c0[9]
+    assert c1[0] == x.ptr and c1[2] == gate and c1[3] == 16 * 512 // 8 and c1[4:10] == [order, offsets, 8, 64, 2, 0]
+    assert g1 == (-(-16 * 512 // 8 // 256), 1, 1)
+    assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
+    assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate
+    plan = ops.mul_mat_id_plan(w, 8, 2)
+    assert [ln.pdl for ln in plan.launches[1:3]] == [True, True]
+    for t, bn in ((95, 32), (96, 64), (255, 64), (256, 128)):  # from 24 pairs per expert n64, from 64 n128
+        assert ops.mul_mat_id_plan(w, t, 2).kernels[2] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
 
 
 def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(monkeypatch):
@@ -316,16 +342,18 @@ def test_grouped_moe_gemm_skewed_empty_and_overflowing():
     assert not out.ok and "flag 1" in out.detail
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e5])
-def test_the_grouped_route_end_to_end_in_the_emulator(scale):
-    """mul_mat_id's Q4_K route as ops records it (moe_group, the grouped GEMM, the gated grouped GEMV), run in one
-    emulated memory: within 1e-3 of float64 (fp16 activations), NaN rows for the bad ids; with activations past
-    fp16's range (scale 1e5) the GEMM raises the gate and the GEMV recomputes every pair exactly (1e-5)."""
+@pytest.mark.parametrize("scale,arch", [(1.0, "sm_89"), (1e5, "sm_89"), (1.0, "sm_90a"), (1e5, "sm_90a")])
+def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
+    """mul_mat_id's Q4_K route as ops records it (moe_group, the grouped GEMM — on sm_90 x gathered into fp16 first
+    and the register-A wgmma build —, the gated grouped GEMV), run in one emulated memory: within 1e-3 of float64
+    (fp16 activations), NaN rows for the bad ids; with activations past fp16's range (scale 1e5) the GEMM or the
+    conversion raises the gate and the GEMV recomputes every pair exactly (1e-5)."""
     rng = np.random.default_rng(7)
     ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
     ids[3, 1], ids[11, 0] = -1, 5
-    _grouped_route((5, 130, 512), ids, False, scale, "sm_89", rng, ["moe_group", "mmq_q4_k_f16_n32_moe",
-                                                                    "gemv_q4_k_f32_idg"])
+    gemm = (["convert_f16_perm_gather", "mmq_q4_k_wgmma_ra_n32_moe"] if arch == "sm_90a" else
+            ["mmq_q4_k_f16_n32_moe"])
+    _grouped_route((5, 130, 512), ids, False, scale, arch, rng, ["moe_group", *gemm, "gemv_q4_k_f32_idg"])
 
 
 @pytest.mark.slow
@@ -344,16 +372,18 @@ def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, a
 
 
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
-    from ptxgen.emu.harness import _memory, _run
+    from ptxgen.emu.harness import BACKEND, _memory, _run
     from ptxgen.runtime import ops
 
     e, m, k = shape
     t, slots = ids.shape
     raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
-    route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m)
-    assert len(route) == 3 and (want_route is None or route == want_route)
-    group, gemm, idg = (get_kernel(n).for_arch(arch) for n in route)
+    route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, sm=90 if arch == "sm_90a" else 89)
+    assert (want_route is None or route == want_route) and len(route) == (4 if route[2].startswith("mmq_q4_k_wgmma")
+                                                                           else 3)
+    group, *gemms, idg = (get_kernel(n).for_arch(arch) for n in route)
+    gemm = gemms[-1]
     p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get(fmt).row_bytes(k)
     mem = _memory()
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
@@ -361,8 +391,17 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     oa, fa, ka = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // bn + e))
     ga = mem.alloc(4, poison=0xFF)
     _run(group.ptx(), (1,), (1024,), (ia, p, e, bn, oa, fa, ka, ya, m, ga), mem)
-    _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,
-         dynamic_smem=gemm.meta["dynamic_smem"])
+    if len(gemms) == 2:  # sm_90: x gathered into fp16 by convert_f16_perm_gather, the wgmma build on tensor maps
+        x16 = mem.alloc(p * k * 2, poison=0xFF)
+        n8 = p * k // 8
+        _run(gemms[0].ptx(), (-(-n8 // 256),), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot)),
+             mem)
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, k // 256 * 144, 128, 16, "none")
+        tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B")
+        _run(gemm.ptx(), (2,), (384,), (tw, tx, ya, m, k, oa, fa, ka, qa), mem, dynamic_smem=gemm.meta["dynamic_smem"])
+    else:
+        _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,
+             dynamic_smem=gemm.meta["dynamic_smem"])
     _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), min(e, 4)), (32 * idg.meta["warps"],),
          (wa, xa, ya, m, k, p, e, eb, ia, slots, int(per_slot), ga), mem)  # as ops launches it: GATED_EXPERT_CTAS
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)

@@ -274,9 +274,20 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     ka = mem.alloc(np.concatenate([[len(work)], work]).astype(np.uint32))
     expert_bytes = m * formats.get(fmt).row_bytes(k)
     items = -(-m // meta["bm"]) * len(work)
-    _run(ptx, (max(1, min(items, ctas)),), (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na,
-                                                    ka, qa), mem, dynamic_smem=meta["dynamic_smem"], seed=seed,
-         interleave=interleave)
+    grid = (max(1, min(items, ctas)),)
+    if "wgmma" in meta.get("mma", ""):  # sm_90a's register-A build: x gathered in grouped order and K-permuted (as
+        # convert_f16_perm_gather writes it; its own test checks that bit for bit), both operands by tensor map
+        p = max(ids.size, 1)
+        rows = x.reshape(-1, k)[order[:p] if per_slot else order[:p] // slots]
+        with np.errstate(over="ignore", invalid="ignore"):
+            x16 = rows.astype(np.float16).reshape(p, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(p, k)
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, k // 256 * 144, 128, 16, "none")
+        tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B")
+        _run(ptx, grid, (384,), (tw, tx, ya, m, k, oa, na, ka, qa), mem, dynamic_smem=meta["dynamic_smem"], seed=seed,
+             interleave=interleave)
+    else:
+        _run(ptx, grid, (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na, ka, qa), mem,
+             dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)
     assert not mem.view(qa, np.uint32, (2,)).any(), "the work queue was not reset by the last CTA"
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
     want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
@@ -545,27 +556,44 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
-def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Outcome:
+def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gather=None) -> Outcome:
     """convert_f16 (or convert_f16_perm: each 64-column chunk in layouts.q4k_rega_k_order): bit for bit numpy's
-    fp16 rounding, and the overflow flag exactly when some value leaves fp16's range."""
+    fp16 rounding, and the overflow flag exactly when some value leaves fp16's range. `gather` = (slots,
+    per_slot) (convert_f16_perm_gather): output row n is x's row order[n] (/ slots where per_slot is 0), order a
+    drawn permutation of the T·slots pairs."""
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
     big = bool(rng.integers(0, 2))
     if big:  # one value past fp16's range must raise the flag
         x[rng.integers(0, t), rng.integers(0, k)] = np.float32(7e4)
     mem = _memory()
-    xa, ya, fa = mem.alloc(x), mem.alloc(x.size * 2, poison=0xFF), mem.alloc(np.zeros(1, np.uint32))
-    n8 = x.size // 8
-    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8), mem, seed=seed)
-    got = mem.view(ya, np.uint16, (t, k))
+    xa, fa = mem.alloc(x), mem.alloc(np.zeros(1, np.uint32))
+    rows, extra = x, ()
+    if gather is not None:
+        slots, per_slot = gather
+        p = t // slots if per_slot else t * slots  # per slot: x holds (T, slots, K) as T·slots rows
+        order = rng.permutation(t if per_slot else p).astype(np.uint32)
+        valid = len(order) - 1  # the last place: a bad id's (order holds garbage there), left untouched
+        order[valid] = 0xFFFFFF
+        rows = x[order[:valid] // slots if not per_slot else order[:valid]]
+        extra = (mem.alloc(order), mem.alloc(np.array([0, valid], np.uint32)), 1, k // 8, slots, int(per_slot))
+    n8 = rows.size // 8 + (k // 8 if gather else 0)
+    ya = mem.alloc(n8 * 16, poison=0xFF)
+    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
+    got = mem.view(ya, np.uint16, (n8 * 8 // k, k))
+    if gather:
+        if not (got[-1] == 0xFFFF).all():
+            return Outcome("convert_f16_perm_gather", False, "the row past offsets[E] was written", got, None)
+        got = got[:-1]
     with np.errstate(over="ignore"):
-        want = x.astype(np.float16).view(np.uint16)
+        want = rows.astype(np.float16).view(np.uint16)
         want_flag = int(not np.isfinite(x.astype(np.float16)).all())
     if permuted:
-        want = want.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
+        want = want.reshape(len(rows), k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(len(rows), k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     ok = np.array_equal(got, want) and flag == want_flag
-    return Outcome("convert_f16_perm" if permuted else "convert_f16", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ, flag {flag} "
+    name = "convert_f16_perm_gather" if gather else "convert_f16_perm" if permuted else "convert_f16"
+    return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ, flag {flag} "
                    f"(want {want_flag})", got, want)
 
 
@@ -939,8 +967,12 @@ for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
     for _bn in (32, 64):
         HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
+for _bn in (32, 64, 128):
+    HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
+HARNESSES["convert_f16_perm_gather"] = lambda ptx, rng, seed=None, gather=None, **kw: _convert_f16(
+    ptx, rng, seed=seed, permuted=True, gather=gather or (3, bool(rng.integers(2))), shape=(6, 256), **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)
 UNCOVERED: dict[str, str] = {}

@@ -16,19 +16,32 @@ THREADS = 256
 PER_THREAD = 8
 
 
-def build(arch, permuted: bool = False):
+def build(arch, permuted: bool = False, gather: bool = False):
     """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
     holds input column layouts.q4k_rega_k_order()[L] — for output group q = L / 8 (8 values, one 16-byte store)
     the inputs are base(q) plus 8 offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) +
-    4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows)."""
-    name = "convert_f16_perm" if permuted else "convert_f16"
-    doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
+    4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows).
+    gather (convert_f16_perm_gather, mul_mat_id's grouped wgmma GEMM; permuted too): output row n (k8 groups of 8)
+    is input row order[n] / slots where the slots share x (per_slot 0), else order[n] — x in moe_group's grouped
+    order; rows from offsets[experts] on (the pairs with a bad id, which order does not hold) are left as they
+    are: only columns the GEMM's epilogue masks read them. The flag word is the route's gate."""
+    assert permuted or not gather
+    name = "convert_f16_perm_gather" if gather else "convert_f16_perm" if permuted else "convert_f16"
+    doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "") + (
+        ", rows gathered in moe_group's order" if gather else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
     x_p, y_p, f_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"), b.param("flag", "u64", "ptr:out")
     n_p = b.param("n8", "u32")  # number of 8-value groups
+    if gather:
+        o_p, off_p = b.param("order", "u64", "ptr:in"), b.param("offsets", "u64", "ptr:in")
+        e_p, k8_p = b.param("experts", "u32"), b.param("k8", "u32")  # groups of 8 per row
+        sl_p, ps_p = b.param("slots", "u32"), b.param("per_slot", "u32")
     b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
     if permuted:
         b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
+    if gather:
+        b.meta.update(rows="output row n < offsets[experts] = x row order[n] / slots (x shared by the slots) or "
+                           "order[n] (per slot); rows past it untouched")
     b.pdl_head()  # the wgmma MMQ after it may launch now (it waits before its first TMA of x)
     X, Y, F = b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
     n8 = b.ld_param(n_p, "u32")
@@ -41,7 +54,18 @@ def build(arch, permuted: bool = False):
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
                     b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
                          b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
-        col = b.op("add.u32", b.op("shl.b32", b.op("and.b32", i, Imm(~7 & 0xFFFFFFFF, "b32")), Imm(3, "u32")),
+        gi = i
+        if gather:  # group i = row n, group r of it: the same group of x's row order[n] (/ slots)
+            k8 = b.ld_param(k8_p, "u32")
+            n = b.op("div.u32", i, k8)
+            valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"),
+                                                      b.ptr(off_p))))
+            b.bra(done, pred=b.op("setp.ge.u32", n, valid), uniform=False)
+            pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
+            shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
+            row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
+            gi = b.op("mad.lo.u32", row, k8, b.op("sub.u32", i, b.op("mul.lo.u32", n, k8)))
+        col = b.op("add.u32", b.op("shl.b32", b.op("and.b32", gi, Imm(~7 & 0xFFFFFFFF, "b32")), Imm(3, "u32")),
                    base)  # the chunk's first element, 64·(i / 8), plus base(q)
         src = b.op("mad.wide.u32", col, Imm(4, "u32"), X)
         order = q4k_rega_k_order()
@@ -72,3 +96,6 @@ def build(arch, permuted: bool = False):
 KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
 KERNEL_PERM = KernelDef("convert_f16_perm", "fp32 → fp16 activations in the register-A wgmma MMQ's K order, with "
                         "an overflow flag", lambda arch: build(arch, permuted=True), archs=("sm_90a",))
+KERNEL_GATHER = KernelDef("convert_f16_perm_gather", "fp32 → fp16 activations in the register-A wgmma MMQ's K order, "
+                          "rows gathered in moe_group's order (mul_mat_id), with an overflow flag",
+                          lambda arch: build(arch, permuted=True, gather=True), archs=("sm_90a",))

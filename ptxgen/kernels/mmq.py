@@ -44,6 +44,7 @@ PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of paddin
 TOKEN_TILES = (32, 64, 128)
 GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T = 512, top-8 of 128: ~32 pairs)
 GROUPED_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # Q4_K by its raw ring; the others by their codec's run8
+GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_90a, Q4_K): an expert's pairs per tile
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
 # three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, session 20)
@@ -1444,6 +1445,17 @@ RA_FRAG_BYTES = layouts.RA_FRAG_BYTES  # the prepared builds: one (M-tile, K-ste
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
+# the grouped n32 build, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80 registers,
+# 128 x 24 + 256 x 104 = 29696 <= 384 x 80
+PAIRED_REGS = (80, 24, 104)
+
+
+def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
+    """(CTAs an SM, producer registers, consumer registers) of a wgmma build: one CTA with setmaxnreg's 40 / 232,
+    or (the grouped n32 build) two with PAIRED_REGS."""
+    if spec.grouped and spec.bn <= 32:
+        return 2, PAIRED_REGS[1], PAIRED_REGS[2]
+    return 1, PRODUCER_REGS, CONSUMER_REGS
 CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
 
 
@@ -1686,10 +1698,21 @@ class _WgWork(NamedTuple):
     ksteps: Reg
     rank: Reg | None
     peer_ranks: list
+    groups: "_WgGroups | None" = None
+
+
+class _WgGroups(NamedTuple):
+    """The grouped (MoE) build's grouping, moe_group's output: order (pair at each place), offsets (an expert's
+    first place), the work list (entry count, then expert | token tile << TILE_SHIFT) and max(entries, 1)."""
+    ORD: Reg
+    OFF: Reg
+    WRK: Reg
+    L1: Reg
 
 
 class _WgItem(NamedTuple):
-    """One decoded work item: M tile, split, token tile, its K-steps [s_begin, s_end) and first row and token."""
+    """One decoded work item: M tile, split, token tile, its K-steps [s_begin, s_end) and first row and token; the
+    grouped build's also its weights' first row in tmap_w (expert·M + m0) and the expert's last place."""
     tm: Reg
     z: Reg
     tn: Reg
@@ -1697,6 +1720,8 @@ class _WgItem(NamedTuple):
     s_end: Reg
     m0: Reg
     n0: Reg
+    w_row: Reg | None = None
+    tlast: Reg | None = None
 
 
 def build_wgmma(arch, spec: "MmqSpec"):
@@ -1721,7 +1746,15 @@ def build_wgmma(arch, spec: "MmqSpec"):
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
     y_p = b.param("y", "u64", "ptr:out")
-    m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
+    G = spec.grouped
+    if G:  # mul_mat_id: the sizes, moe_group's grouping and the queue (no split-K: no partials or counters)
+        if not spec.a_regs or spec.convert or spec.prepared or spec.cluster > 1 or spec.fmt != "q4_K":
+            raise ValueError(f"{spec.name}: the grouped wgmma build is register-A Q4_K, x gathered before it")
+        m_p, k_p = b.param("m", "u32"), b.param("k", "u32")
+        grp_p = [b.param(n, "u64", "ptr:scratch") for n in ("order", "offsets", "work")]
+        c_p = b.param("queue", "u64", "ptr:scratch")
+    else:
+        m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     ra, CX = spec.a_regs, spec.convert
     cx_p = None
     if CX:  # fp32 x in; the fp16 copy tmap_x describes is written inside the launch (see _convert_x)
@@ -1739,17 +1772,22 @@ def build_wgmma(arch, spec: "MmqSpec"):
 
     CL = spec.cluster
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
-    P, C = b.ptr(pt_p), b.ptr(ct_p)
-    M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
+    if G:
+        w = _grouped_work(b, Y0, Q, m_p, k_p, grp_p)
+    else:
+        P, C = b.ptr(pt_p), b.ptr(ct_p)
+        M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
     tid = b.special("tid.x")
-    tiles_m = _tiles_m(b, M)
-    groups_m = tiles_m if CL == 1 else b.op("div.u32", b.op("add.u32", tiles_m, Imm(CL - 1, "u32")), Imm(CL, "u32"))
-    items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
-    ksteps = b.op("shr.u32", K, Imm(6, "u32"))
-    rank = b.special("cluster_ctarank") if CL > 1 else None
-    # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
-    peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
-    w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks)
+    if not G:
+        tiles_m = _tiles_m(b, M)
+        groups_m = tiles_m if CL == 1 else b.op("div.u32", b.op("add.u32", tiles_m, Imm(CL - 1, "u32")),
+                                                Imm(CL, "u32"))
+        items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
+        ksteps = b.op("shr.u32", K, Imm(6, "u32"))
+        rank = b.special("cluster_ctarank") if CL > 1 else None
+        # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
+        peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
+        w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks)
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
     bst = base  # B stages: S x b_bytes, each 1024-aligned
     a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
@@ -1777,7 +1815,8 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
     the cluster size."""
     BN, ra, CX, PRE = spec.bn, spec.a_regs, spec.convert, spec.prepared
     # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
-    b.directives += [f".maxntid {WG_THREADS}, 1, 1", ".minnctapersm 1"]
+    ctas = _wg_regs(spec)[0]
+    b.directives += [f".maxntid {WG_THREADS}, 1, 1", f".minnctapersm {ctas}"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
                   mma=(f"wgmma m64n{BN}k16 f16 (A from registers, B from 128B-swizzled shared memory)" if ra else
                        f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)"), schedule=sched.kind,
@@ -1835,14 +1874,29 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                           "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle",
                           "tmap_w: u8, dims (256, ceil(M / 128)·(K / 64)·64) over dequantize_q4_k_frags' output, box "
                           "(256, 64), no swizzle"))
+    if spec.grouped:
+        b.meta.update(schedule="grouped", split_k="none", fmt=spec.fmt, ctas_per_sm=ctas, tail_split=False,
+                      activations="fp16 in grouped order (row n = the pair at place n of moe_group's order) and the "
+                                  "K order of layouts.q4k_rega_k_order, by convert_f16_perm_gather before the GEMM",
+                      work_queue="item = atom.add(queue[0], 1) -> (M tile, work-list entry), the entry fastest: an "
+                                 "expert's token tiles follow each other; the last CTA to finish resets the queue",
+                      grouping="moe_group first: order, offsets, work (its meta); the epilogue stores tile column n "
+                               "to y's row order[n], masked to the expert's places and m < M",
+                      tensormaps="tmap_w: u8, dims (row bytes, E·M) over all experts (an item's rows start at "
+                                 f"expert·M + m0), box (16, 128), no swizzle; tmap_x: f16, dims (K, pairs) over the "
+                                 f"gathered x16, box (64, {BN}), 128B swizzle")
+    if spec.grouped:  # the two-CTA n32 build's consumers fit their 104 registers only where setmaxnreg is honoured
+        b.meta.update(compile="whole-program")
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
 
 
 def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     """Work item → (M tile, split z, token tile) with the token tile fastest (the converting build: the M tile
-    fastest), its K range and first row and token."""
+    fastest), its K range and first row and token; the grouped build's: _grouped_item."""
     CL = spec.cluster
+    if w.groups is not None:
+        return _grouped_item(b, spec, w, item)
     if spec.convert:  # m fastest: a round of CTAs needs few token tiles of x, which the converters do first (CX_NOTE)
         tm = b.op("rem.u32", item, w.tiles_m)
         rest = b.op("div.u32", item, w.tiles_m)
@@ -1860,6 +1914,41 @@ def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
     n0 = b.op("mul.lo.u32", tn, Imm(spec.bn, "u32"))
     return _WgItem(tm, z, tn, s_begin, s_end, m0, n0)
+
+
+def _grouped_work(b, Y0, Q, m_p, k_p, grp_p) -> _WgWork:
+    """The grouped build's _WgWork: M, K, moe_group's grouping and items = M tiles x work-list entries (read from
+    work[0], which moe_group wrote before this launch in stream order). No splits, no partials."""
+    M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
+    ORD, OFF, WRK = (b.ptr(p) for p in grp_p)
+    # launched early behind convert_f16_perm_gather (PDL), which ran after moe_group: every thread waits for them
+    # before reading the grouping (the producer's wait before its first TMA is then already satisfied)
+    b.emit("griddepcontrol.wait")
+    L = b.op("ld.global.u32", Mem(WRK))
+    tiles_m = _tiles_m(b, M)
+    groups = _WgGroups(ORD, OFF, WRK, b.op("max.u32", L, Imm(1, "u32")))
+    return _WgWork(Y0, Q, None, None, M, K, None, None, None, None, tiles_m, b.op("mul.lo.u32", tiles_m, L),
+                   b.op("shr.u32", K, Imm(6, "u32")), None, [], groups)
+
+
+def _grouped_item(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
+    """A grouped work item → (M tile, entry) with the entry fastest (an expert's token tiles follow each other in
+    the work list, so its weight tile is read from L2 after the first): expert e = entry & 0xFFFF, token tile
+    entry >> TILE_SHIFT; its places offsets[e] + tile·BN .. (the gathered x16's rows), the expert's last place
+    offsets[e + 1] − 1, all of K, the weights from row e·M + m0 of tmap_w (E·M rows)."""
+    from .moe_group import TILE_SHIFT
+
+    g = w.groups
+    tm, li = b.op("div.u32", item, g.L1), b.op("rem.u32", item, g.L1)
+    entry = b.op("ld.global.u32", Mem(b.op("mad.wide.u32", li, Imm(4, "u32"), g.WRK), 4))
+    e = b.op("and.b32", entry, Imm((1 << TILE_SHIFT) - 1, "b32"))
+    offp = b.op("mad.wide.u32", e, Imm(4, "u32"), g.OFF)
+    n0 = b.op("mad.lo.u32", b.op("shr.u32", entry, Imm(TILE_SHIFT, "u32")), Imm(spec.bn, "u32"),
+              b.op("ld.global.u32", Mem(offp)))
+    tlast = b.op("sub.u32", b.op("ld.global.u32", Mem(offp, 4)), Imm(1, "u32"))
+    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
+    zero = b.op("mov.u32", Imm(0, "u32"))
+    return _WgItem(tm, zero, li, zero, w.ksteps, m0, n0, b.op("mad.lo.u32", e, w.M, m0), tlast)
 
 
 def _wgmma_init_barriers(b, CL, lay: _WgRing, tid):
@@ -1893,7 +1982,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     BN, CL, CX, S = spec.bn, spec.cluster, spec.convert, lay.S
     b.comment("producer: claim an item, hand it over, then TMA its K-steps into the ring")
     pdone = b.label("producer_exit")
-    b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(PRODUCER_REGS, "u32"))  # registers go to the consumers
+    b.emit("setmaxnreg.dec.sync.aligned.u32", Imm(_wg_regs(spec)[1], "u32"))  # registers go to the consumers
     XR = None
     if CX:  # warps 1-3 convert x; their code comes first, so the emulator's lowest-pc rule runs it before the
         # producer's spin on x_ready (on the GPU they are separate warps anyway)
@@ -1971,7 +2060,7 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
     else:
-        _tma_raw_tile(b, tw, s, it.m0, stage, lay.raw_bytes, lay.raw0, fb)
+        _tma_raw_tile(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb)
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
@@ -2067,7 +2156,7 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     BN/2 fp32 accumulators per thread (A in registers: _rega_steps / _prepared_steps; else _smem_a_steps) and
     store the tile through _wgmma_epilogue (split-K included)."""
     BN, CL, ra, S = spec.bn, spec.cluster, spec.a_regs, lay.S
-    b.emit("setmaxnreg.inc.sync.aligned.u32", Imm(CONSUMER_REGS, "u32"))
+    b.emit("setmaxnreg.inc.sync.aligned.u32", Imm(_wg_regs(spec)[2], "u32"))
     ct = b.op("sub.u32", tid, Imm(128, "u32"))
     wg = b.op("shr.u32", ct, Imm(7, "u32"))
     lt = b.op("and.b32", ct, Imm(127, "b32"))
@@ -2089,7 +2178,7 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     b.emit("add.u32", jc, jc, Imm(1, "u32"))
     b.bra(c_end, pred=b.op("setp.ge.u32", item, w.items))
     it = _wgmma_decode(b, spec, w, item)
-    split_k = b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
+    split_k = None if w.groups is not None else b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
     for a in acc:
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", it.s_begin)
@@ -2102,6 +2191,15 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
     if CL > 1:  # an odd last group's second M-tile lies past M: it only took part in the multicast ring
         b.bra(c_item, pred=b.op("setp.ge.u32", it.tm, w.tiles_m))
+    if w.groups is not None:  # mul_mat_id: tile column n → y's row order[n] (the pair), masked to the expert's
+        from .mmq_moe import scatter_rows
+
+        epilogue.lower_mma_sync(b, [[acc[4 * q:4 * q + 4] for q in range(BN // 8)]], lane, it.m0, cw, 16, it.n0,
+                                b.op("mov.u32", Imm(0, "u32")), BN, w.M, b.op("add.u32", it.tlast, Imm(1, "u32")),
+                                w.Y0, col_row=scatter_rows(b, w.groups.ORD, it.tlast))
+        b.bra(c_item)
+        b.place(c_end)
+        return
     _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, it.m0, it.n0, b.op("mad.lo.u32", it.tm, w.tiles_n, it.tn),
                     b.op("mul.lo.u32", w.tiles_m, w.tiles_n), it.z, w.splits, split_k, b.op("mov.u32", fix_slot), w.C,
                     w.P, w.Y0, w.M, w.T, pair_chunk=PAIR_CHUNK.get((ra, BN), 0))
@@ -2452,4 +2550,9 @@ def kernel_defs() -> list[KernelDef]:
                    f"{f} MoE GEMM (mul_mat_id), fp16 mma.sync, {BM}x{bn} tiles of one expert's rows and token pairs "
                    f"(moe_group's work list)", lambda arch, s=MmqSpec(bn, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_89", "sm_90a", "sm_120a"))
-         for f in GROUPED_FORMATS for bn in GROUPED_TOKEN_TILES]
+         for f in GROUPED_FORMATS for bn in GROUPED_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True).name,
+                   f"q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles of one expert's "
+                   f"rows and token pairs (moe_group's work list; x gathered by convert_f16_perm_gather)",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s), archs=("sm_90a",))
+         for bn in GROUPED_WGMMA_TOKEN_TILES]

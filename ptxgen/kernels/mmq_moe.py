@@ -29,7 +29,7 @@ from .moe_group import TILE_SHIFT
 
 def build_grouped(arch, spec: MmqSpec):
     arch = get_arch(arch)
-    _, _, _, sched, _ = describe(arch, MmqSpec(spec.bn))  # the dense spec's checks; the ring is cp.async everywhere
+    _, _, _, sched, epilogue = describe(arch, MmqSpec(spec.bn))  # the dense spec's checks; cp.async everywhere
     pipe = Pipeline(STAGES, "cp.async")
     ft = _f16_tile(MmqSpec(spec.bn))
     BN = ft.BN
@@ -111,7 +111,8 @@ def build_grouped(arch, spec: MmqSpec):
                   ft.raw_bytes)
     _watch_finite(b, [r for row in acc for frag in row for r in frag], bad)
     b.comment("epilogue: tile column n → y's row order[n] (the pair), masked to the expert's pairs and m < M")
-    _scatter(b, acc, lane, m0, wm, n0, wn, BN // 4, tlast, M, Y0, ORD)
+    epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, b.op("add.u32", tlast, Imm(1, "u32")), Y0,
+                            col_row=scatter_rows(b, ORD, tlast))
     return _next_item_or_exit(b, next_item, finish, Q, leader, F, lambda: b.op("setp.ne.u32", bad, Imm(0, "u32")))
 
 
@@ -145,23 +146,7 @@ def _pair(b, ORD, n):
     return b.op("ld.global.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), ORD)))
 
 
-def _scatter(b, acc, lane, m0, wm, n0, wn, warp_n, tlast, M, Y, ORD):
-    """Epilogue.lower_mma_sync's fragment walk (rows g, g + 8; columns 2·tig, + 1) with column n's y row the pair
-    order[n]: one pair load per column a thread holds, its stores masked to n ≤ tlast and m < M."""
-    g = b.op("shr.u32", lane, Imm(2, "u32"))
-    tig = b.op("and.b32", lane, Imm(3, "b32"))
-    mb = b.op("add.u32", m0, b.op("mad.lo.u32", wm, Imm(64, "u32"), g))
-    nb = b.op("add.u32", n0, b.op("mad.lo.u32", wn, Imm(warp_n, "u32"), b.op("shl.b32", tig, Imm(1, "u32"))))
-    for j in range(len(acc[0])):
-        for c in range(2):
-            nn = b.op("add.u32", nb, Imm(8 * j + c, "u32"))
-            live = b.op("setp.le.u32", nn, tlast)
-            yrow = b.op("mad.wide.u32", b.op("mul.lo.u32", _pair(b, ORD, b.op("min.u32", nn, tlast)), M),
-                        Imm(4, "u32"), Y)
-            for i in range(len(acc)):
-                for h in range(2):
-                    mm = b.op("add.u32", mb, Imm(16 * i + 8 * h, "u32"))
-                    ok = b.op("and.pred", live, b.op("setp.lt.u32", mm, M))
-                    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", mm, Imm(4, "u32"), yrow)), acc[i][j][2 * h + c],
-                           pred=ok)
-
+def scatter_rows(b, ORD, tlast):
+    """The grouped epilogue's column → y row map (Epilogue.lower_mma_sync's col_row): place n of the expert's token
+    tile is pair order[min(n, tlast)] (columns past the expert's last pair are masked by N = tlast + 1)."""
+    return lambda n: _pair(b, ORD, b.op("min.u32", n, tlast))
