@@ -3,7 +3,7 @@ for bench_moe's shapes, a few T, the GEMM route forced (tuning.override). Diagno
 to its estimate; the op's own time is bench_moe's.
 
     python3 bench/probe_moe_kernels.py [--formats q4_K,q8_0] [--tokens 1,32,512] [--route gemm|gemv|auto]
-        [--rule moe_wgmma_tile_pairs=[0,1000]] ...  (tuning rules, JSON values; each --rule set is one sweep)
+        [--rule 'moe_wgmma_tile_pairs={"n64": 0, "n128": 1000}'] ...  (tuning rules, JSON values; each --rule set is one sweep)
 """
 import argparse
 from collections import defaultdict

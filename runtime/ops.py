@@ -204,7 +204,7 @@ def _moe_wgmma(fmt: str, arch: str | None, sm: int | None) -> bool:
 def _moe_wgmma_spec(pairs: int, experts: int) -> MmqSpec:
     """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: from the
     first n64, from the second n128): one tile an expert where it fits, its weights decoded once per tile."""
-    n64, n128 = RULES.moe_wgmma_tile_pairs
+    n64, n128 = RULES.moe_wgmma_tile_pairs["n64"], RULES.moe_wgmma_tile_pairs["n128"]
     per = pairs / experts
     return MmqSpec(128 if per >= n128 else 64 if per >= n64 else 32, "wgmma", a_regs=True, grouped=True)
 
@@ -222,7 +222,7 @@ def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) ->
     from ptxgen.kernels.moe_group import MAX_EXPERTS, TILE_SHIFT
 
     p = t * slots
-    return (fmt in MOE_GEMM_FORMATS and p >= RULES.moe_gemm_min_pairs and experts <= MAX_EXPERTS and k % 256 == 0
+    return (fmt in MOE_GEMM_FORMATS and p >= _per_format(RULES.moe_gemm_min_pairs, fmt) and experts <= MAX_EXPERTS and k % 256 == 0
             and p // 32 < 1 << TILE_SHIFT and p * max(m, k) < 1 << 32)
 
 
@@ -240,7 +240,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
     Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches:
-    from RULES.moe_gemm_min_pairs pairs (ptxgen/tuning): moe_group (the pairs grouped by expert on the device, a work list of
+    from RULES.moe_gemm_min_pairs[fmt] pairs (ptxgen/tuning): moe_group (the pairs grouped by expert on the device, a work list of
     (expert, token tile)), then the grouped tensor-core GEMM (fp16 activations, fp32 sums, as mul_mat's prefill:
     relative error ~4e-4), then gemv_<fmt>_f32_idg gated on the GEMM's overflow flag (it runs, exactly, only when an
     activation passed fp16's range). Otherwise the fp32 GEMVs (relative error ~1e-6): from 2 tokens

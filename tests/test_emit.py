@@ -153,11 +153,16 @@ for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the codec fixups: the flag, an 
     EXPECTED_SASS[f"mul_mat_fixup_{_f}"] = ["ATOMG.E.ADD", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
+EXPECTED_SASS["convert_f16_perm_gather"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E"]  # 2 16-byte loads, 4-byte stores
 # sm_120a's fp16 mma.sync MMQ: the weights (and the x16 builds' fp16 x) by TMA into an mbarrier ring, no cp.async
 ABSENT_SASS = {}
 for _k in KERNELS:
     if _k.startswith("mmq_q4_k_f16_") and _k.endswith("_moe"):  # the grouped MoE GEMM: cp.async on every target
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "HFMA2", "PRMT"]
+    elif _k.startswith("mmq_q4_k_wgmma_ra") and _k.endswith("_moe"):  # sm_90's: the register-A wgmma K loop, y
+        # scattered by pair (4-byte stores), no cp.async
+        EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HFMA2", "SHFL.IDX", "STG.E"]
+        ABSENT_SASS[_k, "sm_90a"] = ["LDGSTS", "STG.E.128"]
     elif _k.startswith("mmq_") and _k.endswith("_moe"):  # the other codecs': run8 from global memory, to fp16
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDG.E", "F2FP.F16.F32.PACK"]
         ABSENT_SASS[_k, "sm_90a"] = ["LDGSTS"]

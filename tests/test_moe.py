@@ -372,6 +372,7 @@ def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, a
 
 
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
+    from ptxgen import tuning
     from ptxgen.emu.harness import BACKEND, _memory, _run
     from ptxgen.runtime import ops
 
@@ -379,7 +380,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     t, slots = ids.shape
     raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
-    route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, sm=90 if arch == "sm_90a" else 89)
+    with tuning.override(moe_gemm_min_pairs=1):  # the GEMM route whatever the format's threshold
+        route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, sm=90 if arch == "sm_90a" else 89)
     assert (want_route is None or route == want_route) and len(route) == (4 if route[2].startswith("mmq_q4_k_wgmma")
                                                                            else 3)
     group, *gemms, idg = (get_kernel(n).for_arch(arch) for n in route)

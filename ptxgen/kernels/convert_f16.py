@@ -23,7 +23,8 @@ def build(arch, permuted: bool = False, gather: bool = False):
     4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows).
     gather (convert_f16_perm_gather, mul_mat_id's grouped wgmma GEMM; permuted too): output row n (k8 groups of 8)
     is input row order[n] / slots where the slots share x (per_slot 0), else order[n] — x in moe_group's grouped
-    order; rows from offsets[experts] on (the pairs with a bad id, which order does not hold) are left as they
+    order. Its thread reads one group of 8 input columns with two 16-byte loads (the scattered 4-byte loads of
+    convert_f16_perm cost 8 L1 wavefronts each) and stores one 4-byte word into each of 4 output groups; rows from offsets[experts] on (the pairs with a bad id, which order does not hold) are left as they
     are: only columns the GEMM's epilogue masks read them. The flag word is the route's gate."""
     assert permuted or not gather
     name = "convert_f16_perm_gather" if gather else "convert_f16_perm" if permuted else "convert_f16"
@@ -49,23 +50,37 @@ def build(arch, permuted: bool = False, gather: bool = False):
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
     v = b.regs("f32", 8)
-    if permuted:
+    h = None
+    if gather:  # group i = row n, group r of it: read x's row order[n] (/ slots), group r, as two 16-byte loads
+        k8 = b.ld_param(k8_p, "u32")
+        n = b.op("div.u32", i, k8)
+        valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"),
+                                                  b.ptr(off_p))))
+        b.bra(done, pred=b.op("setp.ge.u32", n, valid), uniform=False)
+        pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
+        shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
+        row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
+        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))),
+                   Imm(32, "u32"), X)
+        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
+        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
+        # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
+        # columns b' and b' + 2 of the group, b' = (q' & 1) + 4·(q' >> 1) (layouts.q4k_rega_k_order, checked below)
+        h = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
+             for q in range(4)]
+        order = q4k_rega_k_order()
+        assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
+                   for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
+        dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
+                   b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
+        for q in range(4):
+            b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
+    elif permuted:
         q = b.op("and.b32", i, Imm(7, "b32"))
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
                     b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
                          b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
-        gi = i
-        if gather:  # group i = row n, group r of it: the same group of x's row order[n] (/ slots)
-            k8 = b.ld_param(k8_p, "u32")
-            n = b.op("div.u32", i, k8)
-            valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"),
-                                                      b.ptr(off_p))))
-            b.bra(done, pred=b.op("setp.ge.u32", n, valid), uniform=False)
-            pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
-            shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
-            row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
-            gi = b.op("mad.lo.u32", row, k8, b.op("sub.u32", i, b.op("mul.lo.u32", n, k8)))
-        col = b.op("add.u32", b.op("shl.b32", b.op("and.b32", gi, Imm(~7 & 0xFFFFFFFF, "b32")), Imm(3, "u32")),
+        col = b.op("add.u32", b.op("shl.b32", b.op("and.b32", i, Imm(~7 & 0xFFFFFFFF, "b32")), Imm(3, "u32")),
                    base)  # the chunk's first element, 64·(i / 8), plus base(q)
         src = b.op("mad.wide.u32", col, Imm(4, "u32"), X)
         order = q4k_rega_k_order()
@@ -79,8 +94,9 @@ def build(arch, permuted: bool = False, gather: bool = False):
         src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
         b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
         b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
-    h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
-    b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
+    if h is None:
+        h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
+        b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
     # overflow watch: a half whose exponent bits are all ones is inf or NaN
     over = None
     for w in h:
