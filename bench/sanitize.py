@@ -46,23 +46,25 @@ def cases():
 
 
 def moe_cases(r, rng, covered, only, n, worst, wrong):
-    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1) and the grouped one (T = 3; T = 600 of 2 slots:
-    two windows of its id scan), x shared and per slot, ids on the device with two out of range (NaN rows)."""
+    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1), the grouped one (T = 3) and the grouped GEMM route
+    (T = 600 of 2 slots over 4 experts and over 64: both token tiles; Q4_K also with arch="sm_89", its mma.sync
+    GEMM), x shared and per slot, ids on the device with two out of range (NaN rows)."""
     from ptxgen.runtime import ops
 
-    for fmt in ("q4_K", "q5_K", "q6_K", "q8_0"):
-        e, m, k, slots = 4, 129, 512, 2
+    for fmt, e in (("q4_K", 4), ("q4_K", 64), ("q5_K", 4), ("q5_K", 64), ("q6_K", 4), ("q8_0", 4), ("q8_0", 64)):
+        m, k, slots = 129, 512, 2  # 64 experts: ~19 pairs each at T = 600, the GEMMs' 32-pair tiles
         raw = random_raw(fmt, e * m, k, rng)
         w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
-        for t in (1, 3, 600):
-            route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m)
+        for t, arch in [(1, None), (3, None), (600, None)] + ([(600, "sm_89")] if fmt == "q4_K" else []):
+            route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch)  # sm_89: Q4_K's mma.sync grouped GEMM
             if only and not set(route) & set(only):
                 continue
             for per_slot in (False, True):
                 ids = rng.integers(0, e, (t, slots)).astype(np.int32)
                 ids[t // 2, 0], ids[t - 1, slots - 1] = -1, e
                 x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
-                y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids)).numpy()
+                y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids), arch=arch)
+                y = y.numpy() if hasattr(y, "numpy") else y  # NumPy back where as_device_array kept x's host origin
                 want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
                 bad = np.isnan(want)
                 err = float(np.linalg.norm((y - want)[~bad]) / max(np.linalg.norm(want[~bad]), 1e-30))
