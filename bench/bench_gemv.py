@@ -142,7 +142,12 @@ def main():
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--formats", default="tq4_1s,q4_K,q8_0", help="comma-separated subset of tq4_1s,q4_K,q8_0")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                    help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
+    from ptxgen import knobs
+
+    knobs.set(**knobs.parse(args.knob))
     fmts = args.formats.split(",")
     if not set(fmts) <= {"tq4_1s", "q4_K", "q8_0"}:
         ap.error(f"--formats: unknown {sorted(set(fmts) - {'tq4_1s', 'q4_K', 'q8_0'})}")

@@ -37,7 +37,10 @@ def main():
     ap.add_argument("--cluster", action="store_true",
                     help="also time the register-A MMQ in clusters of 2 (not dispatched; a protocol error there can "
                          "hang the GPU rather than fail, so run test_wgmma_cluster_multicast_mmq first)")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                    help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
+    knobs.set(**knobs.parse(args.knob))
     tokens = TOKENS if args.tokens is None else [int(v) for v in args.tokens.split(",")]
     import torch
 

@@ -75,7 +75,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=512, help="the prefill's T")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: a small model, written, read, planned")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                    help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
+    from ptxgen import knobs
+
+    knobs.set(**knobs.parse(args.knob))
     scale = 16 if args.dry_run else 1
     tensors = model_tensors(args.format, args.layers, scale)
     with tempfile.TemporaryDirectory() as d:  # the file (GBs for a whole model) goes with the run

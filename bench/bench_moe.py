@@ -116,7 +116,12 @@ def main():
     ap.add_argument("--formats", default="q4_K", help=f"comma-separated subset of {','.join(FORMATS)}")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated T")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: shapes, bytes, planned cells, reference check")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                    help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
+    from ptxgen import knobs
+
+    knobs.set(**knobs.parse(args.knob))
     fmts = args.formats.split(",")
     if not set(fmts) <= set(FORMATS):
         ap.error(f"--formats: unknown {sorted(set(fmts) - set(FORMATS))}")

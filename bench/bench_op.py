@@ -203,7 +203,12 @@ def main():
     ap.add_argument("--host-only", action="store_true", help="only the host time per call")
     ap.add_argument("--rule", action="append", default=[], metavar="NAME=VALUE",
                     help="a dispatch rule of ptxgen/tuning overridden for this run (e.g. codec_mmq_min_tokens=9)")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                    help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
+    from ptxgen import knobs
+
+    knobs.set(**knobs.parse(args.knob))
     from ptxgen import tuning
 
     tuning.set(**{n: int(v) for n, v in (a.split("=", 1) for a in args.rule)})

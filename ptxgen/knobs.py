@@ -1,16 +1,23 @@
-"""Every environment switch ptxgen reads, in one place (the README lists them).
+"""ptxgen's switches, in one place: the user's settings (environment variables, the README lists them) and the
+kernel-choice switches of the benchmarks and tests (not read from the environment).
 
-Each is read from the environment once, at its first use, and kept: an op on the hot path never reads the
-environment. To change one in a running process, `knobs.set(PTXGEN_MMQ_CX="0")` (for good),
-`with knobs.override(PTXGEN_MMQ_CX="0"): ...` (for a block), or `knobs.reload()` after changing os.environ.
-Every change bumps `knobs.generation()`, which the runtime's cached launch plans are keyed by, so a plan made
-under the old value is not reused. The thresholds the `auto` settings compare against are data: ptxgen/tuning.
+A user setting is read from the environment once, at its first use, and kept: an op on the hot path never reads
+the environment. The kernel-choice switches (LOWERING) force one lowering where the tuned dispatch would pick
+another, for A/B measurements: the benchmark programs take them as `--knob NAME=VALUE`, a process sets them with
+`knobs.set(PTXGEN_MMQ_CX="0")` (for good) or `with knobs.override(PTXGEN_MMQ_CX="0"): ...` (for a block). Since
+2026-12-02 they are not read from the environment (one set there is ignored, with a warning): a user's calls run
+the tuned dispatch, whose thresholds are data (ptxgen/tuning). `knobs.reload()` re-reads the environment. Every
+change bumps `knobs.generation()`, which the runtime's cached launch plans are keyed by, so a plan made under the
+old value is not reused.
 
+User settings (environment):
 PTXGEN_CACHE_DIR   where compiled cubins are cached (default ~/.cache/ptxgen)
 PTXGEN_NO_CACHE    1: neither read nor write the disk cache
 PTXGEN_KEEP        a folder: keep ptx, cubin, ptxas log and SASS of every compile there
 PTXGEN_VERBOSE     1: print compiles, cache hits and launches to stderr
 PTXGEN_EMITTED_DIR load kernels from this folder instead of the packaged emitted/
+
+Kernel-choice switches (auto / 1 / 0; benchmarks' --knob, knobs.set / knobs.override):
 PTXGEN_TQ4_MMA     exact TQ4_1S decode on the tensor-core GEMV (sm_90): unset/auto = slices of 5-8 tokens,
                    1 = every slice, 0 = never
 PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto = slices of 2-8 tokens and single
@@ -49,8 +56,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from pathlib import Path
 
+USER = ("PTXGEN_CACHE_DIR", "PTXGEN_NO_CACHE", "PTXGEN_KEEP", "PTXGEN_VERBOSE", "PTXGEN_EMITTED_DIR")
+LOWERING = ("PTXGEN_TQ4_MMA", "PTXGEN_Q4K_MMA", "PTXGEN_Q4K_XR", "PTXGEN_Q4K_T1", "PTXGEN_Q4K_FUSED",
+            "PTXGEN_Q4K_T16H", "PTXGEN_MMQ_SKINNY", "PTXGEN_MMQ_REGA", "PTXGEN_MMQ_CX", "PTXGEN_MMQ_PRE",
+            "PTXGEN_MMQ_X16", "PTXGEN_MMQ_TAIL_SPLIT")
 _VALUES: dict[str, str] = {}  # name → the raw value in force ("" = unset), read once
 _GENERATION = [0]
 _LOCK = threading.Lock()
@@ -59,8 +71,28 @@ _LOCK = threading.Lock()
 def _raw(name: str) -> str:
     v = _VALUES.get(name)
     if v is None:
-        v = _VALUES.setdefault(name, os.environ.get(name, ""))
+        if name in LOWERING:  # not a user setting: never from the environment
+            if os.environ.get(name):
+                warnings.warn(f"{name} is set in the environment and not read: kernel choices are benchmark "
+                              f"arguments (--knob {name}=...) or ptxgen.knobs.set(...) in a process since "
+                              "2026-12-02; the tuned dispatch runs", stacklevel=3)
+            v = _VALUES.setdefault(name, "")
+        else:
+            v = _VALUES.setdefault(name, os.environ.get(name, ""))
     return v
+
+
+def parse(items) -> dict[str, str]:
+    """The benchmarks' `--knob NAME=VALUE` arguments as knobs.set's keywords (NAME with or without PTXGEN_, any
+    case: q4k_mma=0 is PTXGEN_Q4K_MMA=0)."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
+        name = name.strip().upper()
+        out[name if name.startswith("PTXGEN_") else "PTXGEN_" + name] = value.strip()
+    return out
 
 
 def generation() -> int:
@@ -73,8 +105,9 @@ def set(**values) -> None:  # noqa: A001 - knobs.set reads as what it does
     is checked when the knob is next used (an invalid one raises there, as from the environment)."""
     with _LOCK:
         for name, v in values.items():
-            if not name.startswith("PTXGEN_"):
-                raise ValueError(f"knobs.set: {name!r} is not a PTXGEN_ knob")
+            if name not in USER + LOWERING:
+                raise ValueError(f"knobs.set: no knob {name!r} (user settings: {', '.join(USER)}; kernel "
+                                 f"choices: {', '.join(LOWERING)})")
             _VALUES[name] = "" if v is None else str(v)
         _GENERATION[0] += 1
 

@@ -84,13 +84,9 @@ def rel(got, want) -> float:
 
 
 def setknob(mp, name: str, value) -> None:
-    """Set (or with None unset) a PTXGEN_ knob for the rest of a test: the environment through `mp` (a
-    pytest MonkeyPatch), then knobs.reload(), since ptxgen reads each knob once."""
-    if value is None:
-        mp.delenv(name, raising=False)
-    else:
-        mp.setenv(name, value)
-    knobs.reload()
+    """Set (or with None unset) a PTXGEN_ knob for the rest of a test, in process (knobs.set: the kernel choices are
+    not read from the environment); _fresh_knobs forgets it after the test. `mp` (a MonkeyPatch) is unused."""
+    knobs.set(**{name: value})
 
 
 @pytest.fixture(scope="session")

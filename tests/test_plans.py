@@ -158,21 +158,31 @@ def test_graph_plans_keep_the_prep_kernel_eager_plans_fuse_it(gpu):
 
 
 def test_knobs_are_read_once_and_changed_in_process(monkeypatch):
+    """A user setting (PTXGEN_VERBOSE) comes from the environment once; a kernel choice (PTXGEN_MMQ_CX) never does
+    (a warning says so) and changes only in process, each change bumping the plans' generation."""
+    monkeypatch.setenv("PTXGEN_VERBOSE", "1")
     monkeypatch.delenv("PTXGEN_MMQ_CX", raising=False)
     knobs.reload()
     g = knobs.generation()
-    assert knobs.mmq_cx() == "auto"
-    monkeypatch.setenv("PTXGEN_MMQ_CX", "0")
-    assert knobs.mmq_cx() == "auto" and knobs.generation() == g  # read once: the environment is not re-read
+    assert knobs.mmq_cx() == "auto" and knobs.verbose()
+    monkeypatch.setenv("PTXGEN_VERBOSE", "0")
+    assert knobs.verbose() and knobs.generation() == g  # read once: the environment is not re-read
     knobs.set(PTXGEN_MMQ_CX="1")
     assert knobs.mmq_cx() == "on" and knobs.generation() > g
+    monkeypatch.setenv("PTXGEN_MMQ_CX", "0")
     knobs.reload()
-    assert knobs.mmq_cx() == "off"
-    with pytest.raises(ValueError, match="not a PTXGEN_ knob"):
+    assert not knobs.verbose()
+    with pytest.warns(UserWarning, match="PTXGEN_MMQ_CX is set in the environment and not read"):
+        assert knobs.mmq_cx() == "auto"
+    with pytest.raises(ValueError, match="no knob 'MMQ_CX'"):
         knobs.set(MMQ_CX="1")
+    assert knobs.parse(["mmq_cx=0", "PTXGEN_Q4K_MMA = 1"]) == {"PTXGEN_MMQ_CX": "0", "PTXGEN_Q4K_MMA": "1"}
+    with pytest.raises(ValueError, match="expected NAME=VALUE"):
+        knobs.parse(["mmq_cx"])
     knobs.set(PTXGEN_MMQ_CX="sometimes")
     with pytest.raises(ValueError, match="PTXGEN_MMQ_CX"):
         knobs.mmq_cx()
+    knobs.reload()
 
 
 def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):

@@ -1445,15 +1445,16 @@ RA_FRAG_BYTES = layouts.RA_FRAG_BYTES  # the prepared builds: one (M-tile, K-ste
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
-# the grouped n32 build, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80 registers,
-# 128 x 24 + 256 x 104 = 29696 <= 384 x 80
+# the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
+# registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
+PAIRED_MAX_BN = 64
 
 
 def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     """(CTAs an SM, producer registers, consumer registers) of a wgmma build: one CTA with setmaxnreg's 40 / 232,
-    or (the grouped n32 build) two with PAIRED_REGS."""
-    if spec.grouped and spec.bn <= 32:
+    or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS."""
+    if spec.grouped and spec.bn <= PAIRED_MAX_BN:
         return 2, PAIRED_REGS[1], PAIRED_REGS[2]
     return 1, PRODUCER_REGS, CONSUMER_REGS
 CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
@@ -1885,7 +1886,7 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                       tensormaps="tmap_w: u8, dims (row bytes, E·M) over all experts (an item's rows start at "
                                  f"expert·M + m0), box (16, 128), no swizzle; tmap_x: f16, dims (K, pairs) over the "
                                  f"gathered x16, box (64, {BN}), 128B swizzle")
-    if spec.grouped:  # the two-CTA n32 build's consumers fit their 104 registers only where setmaxnreg is honoured
+    if spec.grouped:  # the two-CTA builds' consumers fit their 104 registers only where setmaxnreg is honoured
         b.meta.update(compile="whole-program")
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
