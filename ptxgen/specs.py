@@ -34,7 +34,7 @@ class MmqSpec:
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
         kind = "pre" if self.prepared else "ra" if self.a_regs else ""
-        return f"mmq_q4_k_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx + ("_moe" if self.grouped else "")
+        return f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx + ("_moe" if self.grouped else "")
 
     @classmethod
     def for_path(cls, path: str, bn: int) -> "MmqSpec":

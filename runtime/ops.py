@@ -179,7 +179,7 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
     p = t * slots
     if _moe_gemm(fmt, t, slots, experts, k, m):
         if _moe_wgmma(fmt, arch, sm):
-            return ["moe_group", "convert_f16_perm_gather", _moe_wgmma_spec(p, experts).name,
+            return ["moe_group", "convert_f16_perm_gather", _moe_wgmma_spec(p, experts, fmt).name,
                     CodecKernel("gemv_idg", fmt).name]
         return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name, CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
@@ -192,21 +192,21 @@ def _moe_bn(pairs: int, experts: int) -> int:
 
 
 def _moe_wgmma(fmt: str, arch: str | None, sm: int | None) -> bool:
-    """sm_90's grouped GEMM: Q4_K's register-A wgmma build (x gathered by convert_f16_perm_gather first), where the
-    sm_90a kernels are there and `arch` pins nothing else."""
-    if fmt != "q4_K" or arch not in (None, "sm_90a"):
+    """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by convert_f16_perm_gather first; Q4_K's
+    so far), where the sm_90a kernels are there and `arch` pins nothing else."""
+    if arch not in (None, "sm_90a"):
         return False
     if sm is None:
         sm = driver.current().sm
-    return sm == 90 and "sm_90a" in kernels.available(_moe_wgmma_spec(1, 1).name)
+    return sm == 90 and "sm_90a" in kernels.available(_moe_wgmma_spec(1, 1, fmt).name)
 
 
-def _moe_wgmma_spec(pairs: int, experts: int) -> MmqSpec:
+def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
     """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: from the
     first n64, from the second n128): one tile an expert where it fits, its weights decoded once per tile."""
     n64, n128 = RULES.moe_wgmma_tile_pairs["n64"], RULES.moe_wgmma_tile_pairs["n128"]
     per = pairs / experts
-    return MmqSpec(128 if per >= n128 else 64 if per >= n64 else 32, "wgmma", a_regs=True, grouped=True)
+    return MmqSpec(128 if per >= n128 else 64 if per >= n64 else 32, "wgmma", a_regs=True, grouped=True, fmt=fmt)
 
 
 def _moe_format(fmt: str) -> None:

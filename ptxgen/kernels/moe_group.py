@@ -33,6 +33,31 @@ def _loop(b, start, end, step, body, name):
     b.place(out)
 
 
+UNROLL = 4  # pairs a thread's id loads keep in flight per round of the count and scatter walks
+
+
+def _pairs_loop(b, IDS, P, tid, use, name):
+    """for each pair p = tid + THREADS·i < P: use(p, its id, in-range predicate), UNROLL pairs a round with their id
+    loads issued together (a 4096-pair walk is 4 rounds of one load latency, not 4 latencies in a row); a load past
+    P is predicated off and leaves id 0xFFFFFFFF."""
+    i = b.op("mov.u32", tid)
+    top, out = b.label(name), b.label(name + "_end")
+    b.place(top)
+    b.bra(out, pred=b.op("setp.ge.u32", i, P), uniform=False)
+    got = []
+    for u in range(UNROLL):
+        p = b.op("add.u32", i, Imm(u * THREADS, "u32")) if u else i
+        inb = b.op("setp.lt.u32", p, P)
+        e = b.op("mov.u32", Imm(0xFFFFFFFF, "u32"))
+        b.emit("ld.global.nc.u32", e, Mem(b.op("mad.wide.u32", p, Imm(4, "u32"), IDS)), pred=inb)
+        got.append((p, e, inb))
+    for p, e, inb in got:
+        use(p, e, inb)
+    b.emit("add.u32", i, i, Imm(UNROLL * THREADS, "u32"))
+    b.bra(top, uniform=False)
+    b.place(out)
+
+
 def _warp_scan(b, v, lane):
     """Inclusive prefix sum of u32 `v` over the warp (shfl.up, lanes below the offset add nothing)."""
     for d in (1, 2, 4, 8, 16):
@@ -72,17 +97,16 @@ def build(arch):
     _loop(b, tid, E, THREADS, lambda e: b.emit("st.shared.u32", Mem(at(cb, e)), Imm(0, "u32")), "zero")
     b.emit("bar.sync", Imm(0, "u32"))
 
-    def count(p):
-        e = b.op("ld.global.nc.u32", Mem(gat(IDS, p)))
+    def count(p, e, inb):
         ok = b.op("setp.lt.u32", e, E)  # unsigned: -1 is past E too
         b.emit("atom.shared.add.u32", b.reg("u32"), Mem(at(cb, e)), Imm(1, "u32"), pred=ok)
         skip = b.label("valid")
-        b.bra(skip, pred=ok, uniform=False)
+        b.bra(skip, pred=b.op("or.pred", ok, b.op("not.pred", inb)), uniform=False)
         row = b.op("mul.lo.u32", p, M)
         _loop(b, b.op("mov.u32", Imm(0, "u32")), M, 1, lambda j: b.emit(
             "st.global.f32", Mem(gat(Y, b.op("add.u32", row, j))), Imm(float("nan"), "f32")), "nan_row")
         b.place(skip)
-    _loop(b, tid, P, THREADS, count, "count")
+    _pairs_loop(b, IDS, P, tid, count, "count")
     b.emit("bar.sync", Imm(0, "u32"))
 
     b.comment("exclusive scans of the counts (offsets, cursors) and of their token tiles (work starts): thread e owns "
@@ -129,13 +153,12 @@ def build(arch):
 
     b.comment("each valid pair to its expert's next place in order")
 
-    def scatter(p):
-        e = b.op("ld.global.nc.u32", Mem(gat(IDS, p)))
-        ok = b.op("setp.lt.u32", e, E)
+    def scatter(p, e, inb):
+        ok = b.op("setp.lt.u32", e, E)  # past P: e = 0xFFFFFFFF, not an expert
         slot = b.op("mov.u32", Imm(0, "u32"))  # written for every thread: the store's address reads it
         b.emit("atom.shared.add.u32", slot, Mem(at(kb, e)), Imm(1, "u32"), pred=ok)
         b.emit("st.global.u32", Mem(gat(ORD, slot)), p, pred=ok)
-    _loop(b, tid, P, THREADS, scatter, "scatter")
+    _pairs_loop(b, IDS, P, tid, scatter, "scatter")
     b.emit("ret")
     return b.finish()
 
