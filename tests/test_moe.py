@@ -258,7 +258,7 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate
     plan = ops.mul_mat_id_plan(w, 8, 2)
     assert [ln.pdl for ln in plan.launches[1:3]] == [True, True]
-    for t, bn in ((95, 32), (96, 64), (255, 64), (256, 128)):  # from 24 pairs per expert n64, from 64 n128
+    for t, bn in ((95, 32), (96, 64), (511, 64), (512, 128)):  # from 24 pairs per expert n64, from 128 n128
         assert ops.mul_mat_id_plan(w, t, 2).kernels[2] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
 
 
