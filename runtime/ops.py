@@ -1207,8 +1207,12 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, 
 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:
-    """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto)."""
-    return _Q4K_MMA_MIN(m, k) if fmt == "q4_K" else _TQ4_MMA_MIN(m, k)
+    """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto); the formats
+    that have one: Q4_K, TQ4_1S."""
+    rules = {"q4_K": _Q4K_MMA_MIN, "tq4_1s": _TQ4_MMA_MIN}
+    if fmt not in rules:
+        raise ValueError(f"mma_min_tokens: no tensor-core exact GEMV for {fmt} (have: {', '.join(rules)})")
+    return rules[fmt](m, k)
 
 
 def _Q4K_MMA_MIN(m: int, k: int) -> int:  # noqa: N802 - a rule, named as RULES' entries are

@@ -175,7 +175,7 @@ def build(arch, spec: MmqSpec):
         tlast = b.op("sub.u32", T, Imm(1, "u32"))
         ops = _f16_tma_ops(b, ft, ring, leader, W, X, m0, n0, nsteps, raw0, b16)
     else:
-        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+        row_bytes = _q4k_row_bytes(b, K)
         mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
         # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
         copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
@@ -944,9 +944,15 @@ def _last_sums_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C,
     b.place(whole_item)
 
 
+def _q4k_row_bytes(b, K):
+    """A Q4_K weight row's bytes: K / BLOCK_K super-blocks of BLOCK_BYTES (the codec's geometry)."""
+    assert q4k.BLOCK_K == 256
+    return b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(q4k.BLOCK_BYTES, "u32"))
+
+
 def _k_range(b, K, M, T, zsplit, per):
     """Row stride of W in bytes, split z's K-steps [s_begin, nsteps), and M - 1, T - 1 (load clamps)."""
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    row_bytes = _q4k_row_bytes(b, K)
     s_begin = b.op("mul.lo.u32", zsplit, per)
     nsteps = b.op("min.u32", b.op("add.u32", s_begin, per), b.op("shr.u32", K, Imm(6, "u32")))  # this split's end
     mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
@@ -980,10 +986,10 @@ def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, 
     if sdst is None:
         sdst = b.op("mad.lo.u32", b.op("rem.u32", step, Imm(stages, "u32")), Imm(stage_bytes, "u32"), raw0)
     for ok, part, src_row, dst_off in copies:
-        # source byte offset in the row: 144·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
+        # source byte offset in the row: BLOCK_BYTES·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
         qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
         off = b.op("selp.b32", Imm(0, "b32"), qoff, b.op("setp.eq.u32", part, Imm(0, "u32")))
-        off = b.op("mad.lo.u32", sb, Imm(144, "u32"), off)
+        off = b.op("mad.lo.u32", sb, Imm(q4k.BLOCK_BYTES, "u32"), off)
         src = b.op("add.s64", src_row, b.op("cvt.u64.u32", off))
         go = b.op("and.pred", ok, live)
         b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst_off)), Mem(src), Imm(16, "u32"), pred=go)
@@ -2090,8 +2096,9 @@ def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_
     """TMA (`op`; tmap_w: box 16 x 128, zero-filled past M) of K-step s's raw Q4_K tile of rows m0 .. m0+127 into
     ring stage `stage` (at raw0 + stage·stage_bytes) as three 16-byte columns of RAW_PART bytes — the super-block's
     header, qs bytes 32c .. 32c+15 and 32c+16 .. 32c+31 of sub-block pair c = s % 4 — completing on mbarrier fb."""
-    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(144, "u32"))  # super-block byte offset
-    q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"), b.op("add.u32", x0, Imm(16, "u32")))
+    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(q4k.BLOCK_BYTES, "u32"))  # super-block offset
+    q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"),
+              b.op("add.u32", x0, Imm(q4k.HEADER_BYTES, "u32")))
     rdst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), raw0)
     for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
         b.emit(op, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb), pred=pred)
