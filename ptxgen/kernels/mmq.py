@@ -1451,6 +1451,7 @@ RA_FRAG_BYTES = layouts.RA_FRAG_BYTES  # the prepared builds: one (M-tile, K-ste
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 64512 <= 65536
+CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
 # the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
@@ -1463,7 +1464,6 @@ def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     if spec.grouped and spec.bn <= PAIRED_MAX_BN:
         return 2, PAIRED_REGS[1], PAIRED_REGS[2]
     return 1, PRODUCER_REGS, CONSUMER_REGS
-CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are released once per consumer warp
 
 
 def _wait(b, bar, parity):
@@ -1821,7 +1821,8 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
     """The wgmma MMQ's launch bounds and metadata (the cluster, converting and prepared variants' on top); checks
     the cluster size."""
     BN, ra, CX, PRE = spec.bn, spec.a_regs, spec.convert, spec.prepared
-    # launch bounds (384 threads, 1 CTA/SM) cap registers at entry, which setmaxnreg needs to take effect
+    # launch bounds (384 threads, 1 CTA an SM, 2 for _wg_regs' paired builds) cap registers at entry, which
+    # setmaxnreg needs to take effect
     ctas = _wg_regs(spec)[0]
     b.directives += [f".maxntid {WG_THREADS}, 1, 1", f".minnctapersm {ctas}"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
