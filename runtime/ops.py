@@ -14,6 +14,7 @@ activation past fp16 is recomputed on the device (`mul_mat_fixup_q4_k`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 from typing import NamedTuple
@@ -544,13 +545,17 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     sync = path in ("mma.sync", "mma.sync_x16")
     sms = driver.current().sm_count
     plan, planned = None, None
+    codec_ra = w.fmt != "q4_K" and path.startswith("wgmma_ra")  # another codec's register-A build: its raw blocks
+    if codec_ra and path not in ("wgmma_ra", "wgmma_ra_x16"):
+        raise ValueError(f"mmq_launch: {w.fmt}'s register-A GEMM runs after convert_f16_perm only, not {path!r}")
     if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
         kind = path.split("_")[1]
-        planned = kernels.load(f"mmq_q4_k_wgmma_{kind}_n{bn}", "sm_90a")
+        planned = kernels.load(f"mmq_{w.fmt.lower() if codec_ra else 'q4_k'}_wgmma_{kind}_n{bn}", "sm_90a")
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_{kind}_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
-        path = f"{path}_cx" if cx else f"{path}_x16"
-    name = MmqSpec.for_path(path, bn).name
+        path = f"{path}_cx" if cx and not codec_ra else f"{path}_x16"
+    spec = MmqSpec.for_path(path, bn)
+    name = dataclasses.replace(spec, fmt=w.fmt).name if codec_ra else spec.name
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
     if plan is None or (fn is not planned and fn.resident_per_sm() != planned.resident_per_sm()):
@@ -574,6 +579,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         frags = pb.scratch((tiles_m * ksteps * 64, 256), np.uint8)
         pb.launch(kernels.load(CodecKernel("frags", w.fmt).name, "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
+    elif codec_ra:  # another codec's raw rows, boxes of its RA_BOX_BYTES x 128 (kernels/mmq.py _ra_codec)
+        from ptxgen.formats import get as fmt_of
+
+        tw = _tensor_map(w.ptr, "u8", m, fmt_of(w.fmt).row_bytes(k), 128, int(fn.meta["tma_box"][0]), "none")
     else:  # raw Q4_K rows, box 16 x 128
         tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg or tma else None
     if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's idle producer warps (mmq.CX_NOTE)
@@ -1057,6 +1066,24 @@ def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool
     _slices(c, one)
 
 
+def _mmq_ra(c: _Call) -> None:
+    """The codec's register-A GEMM (its blocks decoded in the K loop: no fragment pass) after convert_f16_perm,
+    then the codec's fixup."""
+    _rec_mmq(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
+    _rec_fixup(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.arch)
+
+
+def _mmq_ra_ok(c: _Call) -> bool:
+    """A codec's register-A GEMM applies: enough tokens (RULES.codec_ra_mmq_min_tokens), whole 64-column steps,
+    the TMA boxes' 16-byte row strides and base, sm_90 with its build there."""
+    from ptxgen.formats import get as fmt_of
+
+    return (c.t >= _per_format(RULES.codec_ra_mmq_min_tokens, c.w.fmt) and c.m >= RULES.mmq_min_rows
+            and c.k % 256 == 0 and fmt_of(c.w.fmt).row_bytes(c.k) % 16 == 0 and c.w.ptr % 16 == 0
+            and mmq_path(c.arch) != "mma.sync"
+            and "sm_90a" in kernels.available(MmqSpec(_rega_tile(c.t), "wgmma", a_regs=True, fmt=c.w.fmt).name))
+
+
 def _mmq_pre(c: _Call) -> None:
     """The codec's fp16 fragments, the prepared register-A GEMM, the codec's fixup; a rotated codec's (TQ4_1S)
     activation rotated once first (its ROTATION kernel, into scratch), which the GEMM and the fixup then read."""
@@ -1083,6 +1110,8 @@ _ROUTES = {
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.t, c.m, c.k, c.arch),  # fp16 x, as the MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
+    # a codec with its own register-A decode (kernels/mmq.py RA_CODECS): its GEMM straight from the raw blocks
+    "mmq_ra": (_mmq_ra_ok, _mmq_ra),
     # any codec with a fragment writer: its fp16 fragments, then the prepared wgmma GEMM (sm_90), then the fixup
     "mmq_pre": (lambda c: (c.t >= _per_format(RULES.codec_mmq_min_tokens, c.w.fmt) and c.m >= RULES.mmq_min_rows
                            and c.k % 64 == 0

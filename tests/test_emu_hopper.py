@@ -494,6 +494,28 @@ def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_
             np.testing.assert_array_equal(out.got, want.got)
 
 
+def test_q8_0_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments():
+    """mmq_q8_0_wgmma_ra_n*: Q8_0's blocks decoded in the K loop (codecs.q8_0.ra_fragments: TMA boxes from 16-byte
+    aligned starts, the step's blocks 4·(s & 3) bytes in, quants by prmt against 0x64, fp16(q·d)). The prepared GEMM
+    mmq_q4_k_wgmma_pre_n256 on dequantize_q8_0_frags' fragments (bit-checked against NumPy) multiplies the same A
+    values in the same wgmma order: y has the same bits — one split and two, K-steps at every box offset, M and T
+    past a tile; n64 within 1e-3 of float64 with three CTAs taking turns."""
+    from ptxgen.emu.harness import mmq_wgmma_case
+
+    pre = KERNELS["mmq_q4_k_wgmma_pre_n256"].for_arch("sm_90a")
+    ra = KERNELS["mmq_q8_0_wgmma_ra_n256"].for_arch("sm_90a").ptx()
+    for shape, splits in (((131, 20, 512), 1), ((259, 9, 1024), 2)):
+        got = check_kernel("mmq_q8_0_wgmma_ra_n256", ra, seed=11, shape=shape, splits=splits, ctas=3)
+        assert got.ok, got.detail
+        want = mmq_wgmma_case(pre.ptx(), dict(pre.meta, name="pre", fmt="q8_0"), np.random.default_rng(11),
+                              shape=shape, splits=splits, ctas=3, seed=11)
+        assert want.ok, want.detail
+        np.testing.assert_array_equal(got.got, want.got)
+    out = check_kernel("mmq_q8_0_wgmma_ra_n64", KERNELS["mmq_q8_0_wgmma_ra_n64"].for_arch("sm_90a").ptx(), seed=12,
+                       shape=(200, 70, 768), ctas=3, interleave=True)
+    assert out.ok, out.detail
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("value,flagged", [(7e4, True), (-np.inf, True), (6e4, False)])
 def test_register_a_mmq_converting_x_itself_flags_fp16_overflow(value, flagged):

@@ -9,7 +9,7 @@ FMT = "q8_0"
 BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 34
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("mmq_pre", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("mmq_ra", "mmq_pre", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:
@@ -60,3 +60,47 @@ def run8(b, row, k0):
             q = b.op("bfe.s32", pair, Imm(8 * j, "u32"), Imm(8, "u32"), type="s32")
             out.append(b.op("mul.rn.f32", b.op("cvt.rn.f32.s32", q), d))
     return out
+
+
+# The register-A wgmma MMQ (kernels/mmq.py, mmq_q8_0_wgmma_ra_n*): a K-step is 64 weights, two blocks, 68 bytes of a
+# row. TMA boxes must start 16-byte aligned in the row, so a step's box starts at 64·s + 16·(s >> 2) (68·s rounded
+# down to 16) and is RA_BOX_BYTES wide; the step's first block sits RA_BOX_BYTES-row offset 4·(s & 3) into it.
+RA_BOX_BYTES = 80  # ≥ 12 + 68, a multiple of 16; 80-byte smem rows put rows g = 0..7 in distinct 16-byte bank groups
+HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + q + 128 − 1152 = q
+
+
+def ra_box_column(b, s):
+    """K-step s's TMA box start in the row, bytes: 68·s rounded down to a multiple of 16."""
+    return b.op("add.u32", b.op("shl.b32", s, Imm(6, "u32")), b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")),
+                                                                   Imm(4, "u32")))
+
+
+def ra_fragments(b, rbase, row_offs, s, t):
+    """One K-step's register-A fragments from its TMA box (rows of RA_BOX_BYTES at rbase + row_offs[rr]): lane
+    (g, t) takes quants 8t .. 8t + 7 of both blocks of its rows g and g + 8 — the positions q4_k's register-A
+    decode gives its nibbles (block sb in the place of sub-block 2c + sb, element e in the place of qs byte e), so
+    the activation keeps layouts.q4k_rega_k_order. A pair of quants (e, e + 2) becomes (1152 + q) halves by one
+    prmt against 0x64 (after the sign bit is flipped), then (h − 1152)·d: q exact, then one rounding, fp16(q·d) —
+    ggml's float32 q·d rounded once, as the prepared fragments hold it. Returns the 4 k16 slices' A registers."""
+    o = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(2, "u32"))  # the step's first block in the box
+    t8 = b.op("shl.b32", t, Imm(3, "u32"))
+    c64, c1152 = b.op("mov.b32", Imm(0x64646464, "b32")), b.op("mov.b32", Imm(HALF_1152, "b32"))
+    frag = {}
+    for rr, roff in enumerate(row_offs):
+        base = b.op("add.u32", b.op("add.u32", rbase, roff), o)  # 4-byte aligned: the first block's d
+        words = [[], []]
+        w0 = [b.op("ld.shared.u32", Mem(b.op("add.u32", base, t8), 4 * i)) for i in range(3)]  # bytes 0..11 past 8t
+        words[0] = [b.op("prmt.b32", w0[i], w0[i + 1], Imm(0x5432, "b32")) for i in range(2)]  # quants at 2 + 8t
+        q1 = b.op("add.u32", base, b.op("add.u32", t8, Imm(36, "u32")))  # the second block's quants, 4-byte aligned
+        words[1] = [b.op("ld.shared.u32", Mem(q1, 4 * i)) for i in range(2)]
+        for sb in range(2):
+            dh = b.reg("b16")
+            b.emit("ld.shared.b16", dh, Mem(base, 34 * sb))
+            dd = b.op("mov.b32", b.vec([dh, dh]), type="b32")
+            for wi, wv in enumerate(words[sb]):
+                u = b.op("xor.b32", wv, Imm(0x80808080, "b32"))  # q + 128 in each byte
+                for sh in range(2):  # bytes (0, 2) or (1, 3): quants 8t + 4wi + sh and + 2
+                    h = b.op("prmt.b32", u, c64, Imm(0x4240 + 0x101 * sh, "b32"))
+                    q = b.op("sub.rn.f16x2", h, c1152, type="b32")
+                    frag[rr, 4 * sb + 2 * wi + sh] = b.op("mul.rn.f16x2", q, dd, type="b32")
+    return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]

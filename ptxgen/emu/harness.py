@@ -840,9 +840,9 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     more (a CTA's TMA thread waits for chunks other CTAs convert); their fp16 copy must be bit for bit
     convert_f16_perm's, the x_ready counters back at zero, and the overflow flag up exactly when some x is not finite
     in fp16 (`poison_x` = (t, k, value) plants one value)."""
-    bn = meta["bn"]
+    bn, fmt = meta["bn"], meta.get("fmt", "q4_K")  # another codec: its raw blocks in boxes of meta["tma_box"]
     m, t, k = shape or (128 + 3, bn + 5, 512)
-    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
@@ -855,12 +855,13 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     cx = "convert" in meta
     xa = mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16)  # cx: NaN until written
     if "prepared" in meta:  # A fragments as dequantize_q4_k_frags writes them (its own test checks it bit for bit)
-        frags = layouts.q4k_prepared_fragments(raw, m, k)
+        frags = layouts.q4k_prepared_fragments(raw, m, k, fmt)
         wa = mem.alloc(frags)
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
     else:
         wa = mem.alloc(raw)
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none")
+        box_cols = meta["tma_box"][0] if fmt != "q4_K" else 16
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, formats.get(fmt).row_bytes(k), 128, box_cols, "none")
     cl = meta.get("cluster", (1, 1, 1))[0]  # clusters: each rank loads bn / cl rows of the activation tile
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn // cl, 64, "128B")
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
@@ -889,7 +890,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
             return Outcome(name, False, f"overflow flag {flag}, expected {int(want_flag)}", got, None)
         if want_flag:
             return Outcome(name, True, "overflow flagged (the caller recomputes)", got, None)
-    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e} ({splits} split(s))", got, want)
@@ -967,6 +968,8 @@ for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
     for _bn in (32, 64):
         HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
+for _bn in (64, 128, 256):
+    HARNESSES[f"mmq_q8_0_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_q8_0_wgmma_ra_n{_bn}")
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)

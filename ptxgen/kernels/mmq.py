@@ -22,13 +22,14 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NamedTuple
 
 from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..codecs import q4_k as q4k
 from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
-from .. import layouts
+from .. import codecs, layouts
 from ..ir import Imm, Mem, Reg, Sym, TensorRef, ldmatrix, mma_sync
 from ..ir import wgmma as ir_wgmma
 from ..specs import MmqSpec
@@ -1742,12 +1743,15 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if PRE and (not spec.a_regs or spec.cluster > 1):
         raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
-    raw_bytes = RA_FRAG_BYTES if PRE else 3 * RAW_PART  # per stage: the step's A fragments, or the raw Q4_K columns
+    if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.convert or spec.cluster > 1 or spec.grouped):
+        raise ValueError(f"{spec.name}: another codec than Q4_K has the plain register-A build only")
+    # per stage: the step's A fragments, the raw Q4_K columns, or another codec's box (RA_CODECS)
+    raw_bytes = RA_FRAG_BYTES if PRE else 3 * RAW_PART if spec.fmt == "q4_K" else BM * _ra_codec(spec).RA_BOX_BYTES
     stage_bytes = b_bytes + raw_bytes
     pipe.check_smem(arch, stage_bytes)
     S = WG_STAGES
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
-    b = KernelBuilder(spec.name, arch, f"Q4_K x fp16 GEMM, wgmma m64n{BN}k16"
+    b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
                       f"{' (A from registers)' if spec.a_regs else ''}, tile {BM}x{BN}x{BK}, {S}-stage TMA ring, "
                       "warp-specialized, persistent", block=(WG_THREADS, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
@@ -1882,6 +1886,12 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                           "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle",
                           "tmap_w: u8, dims (256, ceil(M / 128)·(K / 64)·64) over dequantize_q4_k_frags' output, box "
                           "(256, 64), no swizzle"))
+    if spec.fmt != "q4_K" and not spec.grouped:
+        c = _ra_codec(spec)
+        b.meta.update(fmt=spec.fmt, tensormaps=f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no "
+                      f"swizzle (K-step s's box from 64·s + 16·(s >> 2): its two blocks from byte 4·(s & 3)); tmap_x: "
+                      f"f16, dims (K, T), box (64, {BN}), 128B swizzle", tma_box=(c.RA_BOX_BYTES, BM),
+                      roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.grouped:
         b.meta.update(schedule="grouped", split_k="none", fmt=spec.fmt, ctas_per_sm=ctas, tail_split=False,
                       activations="fp16 in grouped order (row n = the pair at place n of moe_group's order) and the "
@@ -2067,6 +2077,9 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
         frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
+    elif spec.fmt != "q4_K":  # another codec's step: one box of whole blocks (its RA_BOX_BYTES from 16-aligned)
+        rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
+        b.emit(tma, Mem(rdst), TensorRef(tw, (_ra_codec(spec).ra_box_column(b, s), it.m0)), Mem(fb))
     else:
         _tma_raw_tile(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb)
     xk = b.op("shl.b32", s, Imm(6, "u32"))
@@ -2192,7 +2205,8 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", it.s_begin)
     if ra:
-        steps = _prepared_steps if spec.prepared else _rega_steps
+        steps = _prepared_steps if spec.prepared else _rega_steps if spec.fmt == "q4_K" else partial(
+            _codec_rega_steps, _ra_codec(spec))
         steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
               lay.b_bytes, ct, cw, lane, sa.magic, peers)
     else:
@@ -2456,6 +2470,33 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
+RA_CODECS = ("q8_0",)  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES)
+RA_CODEC_TOKEN_TILES = (64, 128, 256)
+
+
+def _ra_codec(spec: MmqSpec):
+    """The codec module whose register-A decode a non-Q4_K wgmma build runs."""
+    if spec.fmt not in RA_CODECS:
+        raise ValueError(f"{spec.name}: no register-A decode for {spec.fmt} (have: q4_K, {', '.join(RA_CODECS)})")
+    return codecs.get(spec.fmt)
+
+
+def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
+                      ct, cw, lane, magic, peers=()):
+    """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
+    consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
+    of layouts.q4k_rega_k_order, into _ra_k_loop."""
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    t = b.op("and.b32", lane, Imm(3, "b32"))
+    row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)
+    row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(codec.RA_BOX_BYTES, "u32"))
+                for rr in range(2)]
+
+    def fragments(stage):
+        return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t)
+    _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
+
+
 def _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments):
     """The register-A K loop both A sources share: unrolled twice (two A register sets by step parity; wait_group
     1 retires the step before), each step waits for its ring stage, takes `fragments(stage)` (the 4 k16 slices' A
@@ -2564,4 +2605,8 @@ def kernel_defs() -> list[KernelDef]:
                    f"q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles of one expert's "
                    f"rows and token pairs (moe_group's work list; x gathered by convert_f16_perm_gather)",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s), archs=("sm_90a",))
-         for bn in GROUPED_WGMMA_TOKEN_TILES]
+         for bn in GROUPED_WGMMA_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f).name,
+                   f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), {BM}x{bn} tile",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f): build(arch, s), archs=("sm_90a",))
+         for f in RA_CODECS for bn in RA_CODEC_TOKEN_TILES]
