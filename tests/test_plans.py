@@ -223,27 +223,30 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
     assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == widest  # M < 128
 
 
-def test_q8_0_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, monkeypatch):
-    """Q8_0's register-A GEMM (its blocks decoded in the K loop, no fragment pass) from RULES.codec_ra_mmq_min_tokens
-    on sm_90: convert_f16_perm, mmq_q8_0_wgmma_ra_n<tile>, the fixup; its weights by a tensor map of the raw rows in
-    80-byte boxes. Off as shipped (not yet timed): the prepared route runs. Weights not 16-byte aligned, or off
-    sm_90, keep the prepared route or the GEMV."""
+@pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])
+def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, monkeypatch, fmt, box, gemv):
+    """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) from
+    RULES.codec_ra_mmq_min_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup; its weights by a
+    tensor map of the raw rows (Q8_0: 80-byte boxes; Q5_K: 16-byte columns). Off as shipped (not yet timed): the
+    prepared route runs. Weights not 16-byte aligned, or off sm_90, keep the prepared route or the GEMV."""
+    from ptxgen import formats
     from ptxgen.runtime import tma
 
     maps, encode = [], tma.tensor_map_2d
     monkeypatch.setattr(tma, "tensor_map_2d", lambda *a, **kw: maps.append(a) or encode(*a, **kw))
     monkeypatch.setattr(ops, "_TMAPS", {})
-    w = fakegpu.weights("q8_0", 4096, 4096)
-    assert ops.mul_mat_plan(w, 512).kernels[0] == "dequantize_q8_0_frags"  # the rule as shipped
+    f = fmt.lower()
+    w = fakegpu.weights(fmt, 4096, 4096)
+    assert ops.mul_mat_plan(w, 512).kernels[0] == f"dequantize_{f}_frags"  # the rule as shipped
     with tuning.override(codec_ra_mmq_min_tokens=13):
         p = ops.mul_mat_plan(w, 512)
-        assert p.kernels == ["convert_f16_perm", "mmq_q8_0_wgmma_ra_n256", "mul_mat_fixup_q8_0"]
-        assert ops.mul_mat_plan(w, 64).kernels[1] == "mmq_q8_0_wgmma_ra_n64"
-        assert ops.mul_mat_plan(w, 12).kernels[0] == "gemv_q8_0_f32_t8"  # below the rule: the codec GEMV
-        assert (w.ptr, "u8", 4096, 4096 // 32 * 34, 128, 80, "none") in maps  # the raw rows, 80-byte boxes
-        assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 4096, at=fakegpu.BASE + 2), 512).kernels[0] == \
-            "dequantize_q8_0_frags"
-        assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == "gemv_q8_0_f32_t8"
+        assert p.kernels == ["convert_f16_perm", f"mmq_{f}_wgmma_ra_n256", f"mul_mat_fixup_{f}"]
+        assert ops.mul_mat_plan(w, 64).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
+        assert ops.mul_mat_plan(w, 12).kernels[0] == gemv  # below the rule: the codec GEMV
+        assert (w.ptr, "u8", 4096, formats.get(fmt).row_bytes(4096), 128, box, "none") in maps  # the raw rows
+        assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 4096, at=fakegpu.BASE + 8), 512).kernels[0] == \
+            f"dequantize_{f}_frags"
+        assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == gemv
 
 
 def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):

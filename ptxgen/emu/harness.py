@@ -969,7 +969,8 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
     for _bn in (32, 64):
         HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
 for _bn in (64, 128, 256):
-    HARNESSES[f"mmq_q8_0_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_q8_0_wgmma_ra_n{_bn}")
+    for _f in ("q8_0", "q5_k"):
+        HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
 for _bn in (32, 64, 128):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)

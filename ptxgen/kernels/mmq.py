@@ -1746,7 +1746,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.convert or spec.cluster > 1 or spec.grouped):
         raise ValueError(f"{spec.name}: another codec than Q4_K has the plain register-A build only")
     # per stage: the step's A fragments, the raw Q4_K columns, or another codec's box (RA_CODECS)
-    raw_bytes = RA_FRAG_BYTES if PRE else 3 * RAW_PART if spec.fmt == "q4_K" else BM * _ra_codec(spec).RA_BOX_BYTES
+    raw_bytes = (RA_FRAG_BYTES if PRE else NIBBLE_PARTS[spec.fmt] * RAW_PART if spec.fmt in NIBBLE_PARTS else
+                 BM * _ra_codec(spec).RA_BOX_BYTES)
     stage_bytes = b_bytes + raw_bytes
     pipe.check_smem(arch, stage_bytes)
     S = WG_STAGES
@@ -1886,7 +1887,10 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                           "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle",
                           "tmap_w: u8, dims (256, ceil(M / 128)·(K / 64)·64) over dequantize_q4_k_frags' output, box "
                           "(256, 64), no swizzle"))
-    if spec.fmt != "q4_K" and not spec.grouped:
+    if spec.fmt == "q5_K":
+        b.meta.update(fmt=spec.fmt, tma_box=(16, BM), tensormaps=b.meta["tensormaps"].replace(
+            "box (16, 128)", "box (16, 128): per step the header, qh bytes 0-15 and 16-31, then the qs columns"))
+    elif spec.fmt != "q4_K" and not spec.grouped:
         c = _ra_codec(spec)
         b.meta.update(fmt=spec.fmt, tensormaps=f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no "
                       f"swizzle (K-step s's box from 64·s + 16·(s >> 2): its two blocks from byte 4·(s & 3)); tmap_x: "
@@ -2077,11 +2081,12 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
         frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
-    elif spec.fmt != "q4_K":  # another codec's step: one box of whole blocks (its RA_BOX_BYTES from 16-aligned)
+    elif spec.fmt not in NIBBLE_PARTS:  # another codec's step: one box of whole blocks (RA_BOX_BYTES, 16-aligned)
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (_ra_codec(spec).ra_box_column(b, s), it.m0)), Mem(fb))
     else:
-        _tma_raw_tile(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb)
+        _tma_raw_tile(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb,
+                      fmt=spec.fmt)
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
@@ -2106,15 +2111,18 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
                Mem(fb))
 
 
-def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_STEP):
+def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_STEP, fmt="q4_K"):
     """TMA (`op`; tmap_w: box 16 x 128, zero-filled past M) of K-step s's raw Q4_K tile of rows m0 .. m0+127 into
     ring stage `stage` (at raw0 + stage·stage_bytes) as three 16-byte columns of RAW_PART bytes — the super-block's
-    header, qs bytes 32c .. 32c+15 and 32c+16 .. 32c+31 of sub-block pair c = s % 4 — completing on mbarrier fb."""
-    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(q4k.BLOCK_BYTES, "u32"))  # super-block offset
+    header, qs bytes 32c .. 32c+15 and 32c+16 .. 32c+31 of sub-block pair c = s % 4 — completing on mbarrier fb.
+    Q5_K (NIBBLE_PARTS 5): the header, its 32 qh bytes (every step's fifth bits) as two columns, then the qs."""
+    codec = codecs.get(fmt)
+    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(codec.BLOCK_BYTES, "u32"))  # super-block offset
     q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"),
-              b.op("add.u32", x0, Imm(q4k.HEADER_BYTES, "u32")))
+              b.op("add.u32", x0, Imm(getattr(codec, "QS_OFFSET", codec.HEADER_BYTES), "u32")))
     rdst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), raw0)
-    for part, xs in enumerate((x0, q0, b.op("add.u32", q0, Imm(16, "u32")))):
+    qh = [b.op("add.u32", x0, Imm(codec.QH_OFFSET + 16 * i, "u32")) for i in range(2)] if fmt == "q5_K" else []
+    for part, xs in enumerate((x0, *qh, q0, b.op("add.u32", q0, Imm(16, "u32")))):
         b.emit(op, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb), pred=pred)
 
 
@@ -2205,8 +2213,8 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", it.s_begin)
     if ra:
-        steps = _prepared_steps if spec.prepared else _rega_steps if spec.fmt == "q4_K" else partial(
-            _codec_rega_steps, _ra_codec(spec))
+        steps = (_prepared_steps if spec.prepared else _rega_steps if spec.fmt == "q4_K" else
+                 partial(_rega_steps, qh=True) if spec.fmt == "q5_K" else partial(_codec_rega_steps, _ra_codec(spec)))
         steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
               lay.b_bytes, ct, cw, lane, sa.magic, peers)
     else:
@@ -2411,7 +2419,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=()):
+                lane, magic, peers=(), qh=False):
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
@@ -2420,7 +2428,10 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
     kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
-    bench/NOTES.md.)"""
+    bench/NOTES.md.) `qh` (Q5_K, mmq_q5_k_wgmma_ra_*): the stage's columns 1 and 2 hold the 32 qh bytes; the lane's
+    qh bytes 8t..8t+7 give each weight its fifth bit (bit 2c of the byte for sub-block 2c, 2c + 1 for the other),
+    moved under the nibble by two instructions per two weights (bit 4 of a low-nibble half: 1024 + q; bit 8 of a
+    high-nibble one: 1024 + 16·q, whose 1/16 is in sc'), so q ≤ 31 and q·sc stay exact."""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
@@ -2435,6 +2446,10 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                                    b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
                      b.op("mul.lo.u32", b.op("add.u32", own_rr, Imm(1, "u32")), Imm(RAW_PART, "u32")))
               for rr in range(2)]
+    qh_off = None
+    if qh:  # the qs columns come after the two qh ones; the lane's qh bytes sit where its qs bytes did
+        qh_off = qs_off
+        qs_off = [b.op("add.u32", o, Imm(2 * RAW_PART, "u32")) for o in qs_off]
     lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
 
     def fragments(stage):
@@ -2455,15 +2470,30 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                 scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
                                   shfl(m_lo, src))
         frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
+        c2 = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")) if qh else None  # qh bit 2c
         for rr in range(2):
             w = b.regs("b32", 2)
             b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_off[rr])))
+            if qh:
+                hw = b.regs("b32", 2)
+                b.emit("ld.shared.v2.b32", b.vec(hw), Mem(b.op("add.u32", rbase, qh_off[rr])))
             for wi in range(2):
                 words = (w[wi], b.op("shr.u32", w[wi], Imm(8, "u32")))  # bytes (0, 2) and (1, 3) of the word
+                if qh:  # each byte's fifth bit of sub-block 2c (sb 0) and 2c + 1 (sb 1), at bit 0 of the byte
+                    fifth = [b.op("and.b32", b.op("shr.u32", hw[wi], b.op("add.u32", c2, Imm(sb, "u32"))),
+                                  Imm(0x01010101, "b32")) for sb in range(2)]
                 for sh in range(2):
                     for sb, mask in ((0, lo_mask), (1, hi_mask)):
+                        top = magic
+                        if qh:  # the bit under the nibble: bit 4 (sb 0) or bit 8 (sb 1) of each half, with 0x6400
+                            shift = {(0, 0): ("shl.b32", 4), (0, 1): ("shr.u32", 4), (1, 0): ("shl.b32", 8)}.get(
+                                (sb, sh))
+                            v = b.op(shift[0], fifth[sb], Imm(shift[1], "u32")) if shift else fifth[sb]
+                            top = b.reg("b32")
+                            b.emit("lop3.b32", top, v, Imm(0x00100010 if sb == 0 else 0x01000100, "b32"), magic,
+                                   Imm(0xEA, "b32"))
                         h = b.reg("b32")
-                        b.emit("lop3.b32", h, words[sh], mask, magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+                        b.emit("lop3.b32", h, words[sh], mask, top, Imm(0xEA, "b32"))  # (v & mask) | 0x6400 (| bit)
                         frag[rr, 4 * sb + 2 * wi + sh] = q4k.dequant_pair3(b, h, scales[rr, sb])
         # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
         return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(BK // 16)]
@@ -2471,6 +2501,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
 
 
 RA_CODECS = ("q8_0",)  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES)
+NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
 
 
@@ -2609,4 +2640,4 @@ def kernel_defs() -> list[KernelDef]:
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f).name,
                    f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f): build(arch, s), archs=("sm_90a",))
-         for f in RA_CODECS for bn in RA_CODEC_TOKEN_TILES]
+         for f in RA_CODECS + ("q5_K",) for bn in RA_CODEC_TOKEN_TILES]
