@@ -549,11 +549,12 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     if codec_ra and path not in ("wgmma_ra", "wgmma_ra_x16"):
         raise ValueError(f"mmq_launch: {w.fmt}'s register-A GEMM runs after convert_f16_perm only, not {path!r}")
     if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
-        kind = path.split("_")[1]
-        planned = kernels.load(f"mmq_{w.fmt.lower() if codec_ra else 'q4_k'}_wgmma_{kind}_n{bn}", "sm_90a")
+        base = MmqSpec(bn, "wgmma", a_regs=True, prepared=path == "wgmma_pre", fmt=w.fmt if codec_ra else "q4_K")
+        planned = kernels.load(base.name, "sm_90a")
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
-        cx = "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_{kind}_n{bn}_cx") and mmq_convert_in_gemm(t, plan.splits)
-        path = f"{path}_cx" if cx and not codec_ra else f"{path}_x16"
+        cx = ("sm_90a" in kernels.available(dataclasses.replace(base, convert=True).name)
+              and mmq_convert_in_gemm(t, plan.splits))
+        path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
     name = dataclasses.replace(spec, fmt=w.fmt).name if codec_ra else spec.name
     wg = path.startswith("wgmma")
