@@ -1745,9 +1745,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
     if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.convert or spec.cluster > 1 or spec.grouped):
         raise ValueError(f"{spec.name}: another codec than Q4_K has the plain register-A build only")
-    # per stage: the step's A fragments, the raw Q4_K columns, or another codec's box (RA_CODECS)
-    raw_bytes = (RA_FRAG_BYTES if PRE else NIBBLE_PARTS[spec.fmt] * RAW_PART if spec.fmt in NIBBLE_PARTS else
-                 BM * _ra_codec(spec).RA_BOX_BYTES)
+    # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights)
+    raw_bytes = RA_FRAG_BYTES if PRE else _wg_weights(spec).raw_bytes
     stage_bytes = b_bytes + raw_bytes
     pipe.check_smem(arch, stage_bytes)
     S = WG_STAGES
@@ -2081,12 +2080,8 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
         frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
-    elif spec.fmt not in NIBBLE_PARTS:  # another codec's step: one box of whole blocks (RA_BOX_BYTES, 16-aligned)
-        rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
-        b.emit(tma, Mem(rdst), TensorRef(tw, (_ra_codec(spec).ra_box_column(b, s), it.m0)), Mem(fb))
     else:
-        _tma_raw_tile(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb,
-                      fmt=spec.fmt)
+        _wg_weights(spec).tma(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb)
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
@@ -2213,8 +2208,7 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", it.s_begin)
     if ra:
-        steps = (_prepared_steps if spec.prepared else _rega_steps if spec.fmt == "q4_K" else
-                 partial(_rega_steps, qh=True) if spec.fmt == "q5_K" else partial(_codec_rega_steps, _ra_codec(spec)))
+        steps = _prepared_steps if spec.prepared else _wg_weights(spec).steps
         steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
               lay.b_bytes, ct, cw, lane, sa.magic, peers)
     else:
@@ -2503,6 +2497,29 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
 RA_CODECS = ("q8_0",)  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES)
 NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
+
+
+class _WgWeights(NamedTuple):
+    """How a codec's weights reach a wgmma build's K loop: the raw bytes of one ring stage, the producer's TMA of a
+    K-step (tma(b, tw, s, row, stage, raw_bytes, raw0, fb)) and the register-A consumer's K loop (_rega_steps'
+    signature)."""
+    raw_bytes: int
+    tma: Callable
+    steps: Callable
+
+
+def _wg_weights(spec: MmqSpec) -> _WgWeights:
+    """Q4_K's 16-byte raw columns and nibble decode (Q5_K: with its qh columns and fifth bits: NIBBLE_PARTS), or a
+    codec's own box of whole blocks and ra_fragments (RA_CODECS)."""
+    if spec.fmt in NIBBLE_PARTS:
+        return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
+                          _rega_steps if spec.fmt == "q4_K" else partial(_rega_steps, qh=True))
+    codec = _ra_codec(spec)
+
+    def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's whole blocks, 16-byte aligned
+        rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (codec.ra_box_column(b, s), row)), Mem(fb))
+    return _WgWeights(BM * codec.RA_BOX_BYTES, tma, partial(_codec_rega_steps, codec))
 
 
 def _ra_codec(spec: MmqSpec):
