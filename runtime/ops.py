@@ -169,7 +169,6 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
 
 
 MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measured yet: one token's slots differ)
-MOE_GEMM_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # kernels/mmq.py GROUPED_FORMATS
 
 
 def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0, arch: str | None = None,
@@ -220,10 +219,11 @@ def _moe_format(fmt: str) -> None:
 def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) -> bool:
     """Whether mul_mat_id takes the grouped GEMM: its format, enough pairs, and the sizes its 32-bit indices hold
     (experts ≤ moe_group.MAX_EXPERTS, token tiles < 2^16 per expert, pair · max(M, K) < 2^32)."""
+    from ptxgen.kernels.mmq import GROUPED_FORMATS
     from ptxgen.kernels.moe_group import MAX_EXPERTS, TILE_SHIFT
 
     p = t * slots
-    return (fmt in MOE_GEMM_FORMATS and p >= _per_format(RULES.moe_gemm_min_pairs, fmt) and experts <= MAX_EXPERTS and k % 256 == 0
+    return (fmt in GROUPED_FORMATS and p >= _per_format(RULES.moe_gemm_min_pairs, fmt) and experts <= MAX_EXPERTS and k % 256 == 0
             and p // 32 < 1 << TILE_SHIFT and p * max(m, k) < 1 << 32)
 
 
@@ -361,7 +361,7 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
         n8 = p * k // 8
         pb.launch(kernels.load("convert_f16_perm_gather", "sm_90a"), (-(-n8 // 256),),
                   (pb.x, x16, gate, n8, order, offsets, e, k // 8, slots, x_per_slot))
-        tw = _tensor_map(w.ptr, "u8", e * m, k // 256 * 144, 128, 16, "none")  # every expert's raw rows
+        tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
         tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
         pb.launch(gemm, (ctas,), (tw, tx, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
     else:
@@ -580,12 +580,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         frags = pb.scratch((tiles_m * ksteps * 64, 256), np.uint8)
         pb.launch(kernels.load(CodecKernel("frags", w.fmt).name, "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
-    elif codec_ra:  # another codec's raw rows, boxes of its RA_BOX_BYTES x 128 (kernels/mmq.py _ra_codec)
-        from ptxgen.formats import get as fmt_of
-
-        tw = _tensor_map(w.ptr, "u8", m, fmt_of(w.fmt).row_bytes(k), 128, int(fn.meta["tma_box"][0]), "none")
-    else:  # raw Q4_K rows, box 16 x 128
-        tw = _tensor_map(w.ptr, "u8", m, k // 256 * 144, 128, 16, "none") if wg or tma else None
+    else:  # the raw rows (Q4_K's 16-byte columns, or another codec's box)
+        tw = _raw_rows_map(w, m, fn) if wg or tma else None
     if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's idle producer warps (mmq.CX_NOTE)
         x16 = pb.scratch((t, k), np.float16)
         nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
@@ -659,6 +655,15 @@ def workspace_state(stream=None) -> np.ndarray:
 
 
 _TMAPS: dict = {}
+
+
+def _raw_rows_map(w: QuantTensor, rows: int, fn):
+    """The tensor map of `rows` raw weight rows of `w` (an expert tensor's E·M) for a TMA-fed GEMM `fn`: boxes of 128
+    rows x its meta's tma_box columns (16 bytes, Q4_K's columns, unless the build says otherwise)."""
+    from ptxgen.formats import get as fmt_of
+
+    box = int(fn.meta.get("tma_box", (16, 128))[0])
+    return _tensor_map(w.ptr, "u8", rows, fmt_of(w.fmt).row_bytes(w.shape[-1]), 128, box, "none")
 
 
 def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle):
