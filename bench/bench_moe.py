@@ -118,10 +118,15 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="no GPU: shapes, bytes, planned cells, reference check")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
+    ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
+                    help="a dispatch rule of ptxgen/tuning overridden for this run (e.g. moe_gemm_min_pairs=16)")
     args = ap.parse_args()
-    from ptxgen import knobs
+    import json
+
+    from ptxgen import knobs, tuning
 
     knobs.set(**knobs.parse(args.knob))
+    tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
     fmts = args.formats.split(",")
     if not set(fmts) <= set(FORMATS):
         ap.error(f"--formats: unknown {sorted(set(fmts) - set(FORMATS))}")

@@ -1080,11 +1080,12 @@ def _mmq_ra(c: _Call) -> None:
 
 
 def _mmq_ra_ok(c: _Call) -> bool:
-    """A codec's register-A GEMM applies: enough tokens (RULES.codec_ra_mmq_min_tokens), whole 64-column steps,
-    the TMA boxes' 16-byte row strides and base, sm_90 with its build there."""
+    """A codec's register-A GEMM applies: T within its rules (codec_ra_mmq_min_tokens to _max_tokens), whole 64-column
+    steps, the TMA boxes' 16-byte row strides and base, sm_90 with its build there."""
     from ptxgen.formats import get as fmt_of
 
-    return (c.t >= _per_format(RULES.codec_ra_mmq_min_tokens, c.w.fmt) and c.m >= RULES.mmq_min_rows
+    return (_per_format(RULES.codec_ra_mmq_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_ra_mmq_max_tokens, c.w.fmt)
+            and c.m >= RULES.mmq_min_rows
             and c.k % 256 == 0 and fmt_of(c.w.fmt).row_bytes(c.k) % 16 == 0 and c.w.ptr % 16 == 0
             and mmq_path(c.arch) != "mma.sync"
             and "sm_90a" in kernels.available(MmqSpec(_rega_tile(c.t), "wgmma", a_regs=True, fmt=c.w.fmt).name))

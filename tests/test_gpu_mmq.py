@@ -590,27 +590,20 @@ def test_mma_sync_mmq_item_raster_on_the_gpu():
     np.testing.assert_array_equal(r.mul_mat(w, x, arch="sm_89").view(np.uint32), got.view(np.uint32))
 
 
-@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0", "tq4_1s"])
-@pytest.mark.parametrize("m,k,t", [(300, 1024, 17), (4096, 4096, 512), (1000, 3584, 1100)])
-def test_prepared_gemm_of_the_other_formats(fmt, m, k, t):
-    """Q5_K, Q6_K and Q8_0 prefill on sm_90: dequantize_<fmt>_frags, the prepared register-A GEMM, the codec's fixup
-    — fp16 operands with fp32 sums, within the fp16 GEMMs' bound of the float64 reference (outputs NaN-poisoned
-    first), bit-identical run to run; a token with a value past fp16 comes back recomputed exactly."""
+def _codec_prefill(fmt, m, k, t, first):
+    """mul_mat on sm_90 whose plan has `first` among its first two launches: within the fp16 GEMMs' bound of the
+    float64 reference (outputs NaN-poisoned first), bit-identical run to run; a token with a value past fp16 comes
+    back recomputed exactly (the codec's fixup)."""
     import torch
 
     import ptxgen.runtime as r
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the prepared GEMM is sm_90a's")
-    from ptxgen.runtime import ops
-
-    t = max(t, ops.RULES.codec_mmq_min_tokens[fmt])  # TQ4_1S's tensor-core GEMV runs below its 40
     rng = np.random.default_rng(m + t)
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))
     x = rng.standard_normal((t, k)).astype(np.float32)
     x[t // 2, k // 3] = 7e4 if fmt != "tq4_1s" else 8e5  # past fp16 (after TQ4_1S's rotation): recomputed in fp32
-    assert f"dequantize_{fmt.lower()}_frags" in r.mul_mat_plan(w, t).kernels[:2]  # TQ4_1S: after rotate_tq4_1s
+    assert first in r.mul_mat_plan(w, t).kernels[:2]  # TQ4_1S: after rotate_tq4_1s
     xt = torch.from_numpy(x).cuda()
     y = torch.full((t, m), float("nan"), device="cuda")
     r.mul_mat(w, xt, out=y)
@@ -623,3 +616,30 @@ def test_prepared_gemm_of_the_other_formats(fmt, m, k, t):
     assert np.linalg.norm(got[t // 2] - want[t // 2]) / np.linalg.norm(want[t // 2]) <= bound
     assert np.array_equal(r.mul_mat(w, xt).cpu().numpy(), y.cpu().numpy())
 
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0", "tq4_1s"])
+@pytest.mark.parametrize("m,k,t", [(300, 1024, 17), (4096, 4096, 512), (1000, 3584, 1100)])
+def test_prepared_gemm_of_the_other_formats(fmt, m, k, t):
+    """Q5_K, Q6_K, Q8_0 and TQ4_1S prefill on sm_90 by the prepared route (Q5_K's and Q8_0's register-A GEMMs ruled
+    out): dequantize_<fmt>_frags, the prepared register-A GEMM, the codec's fixup (_codec_prefill's checks)."""
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the prepared GEMM is sm_90a's")
+    from ptxgen.runtime import ops
+
+    t = max(t, ops.RULES.codec_mmq_min_tokens[fmt])  # TQ4_1S's tensor-core GEMV runs below its 40
+    with tuning.override(codec_ra_mmq_min_tokens=1 << 30):
+        _codec_prefill(fmt, m, k, t, f"dequantize_{fmt.lower()}_frags")
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q8_0"])
+@pytest.mark.parametrize("m,k,t", [(300, 1024, 9), (4096, 4096, 512), (1000, 3584, 1100)])
+def test_codec_register_a_gemm(fmt, m, k, t):
+    """Q5_K and Q8_0 from 9 tokens on sm_90 by their register-A GEMMs (blocks decoded in the K loop from the raw rows
+    by TMA): convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup (_codec_prefill's checks)."""
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the register-A GEMMs are sm_90a's")
+    _codec_prefill(fmt, m, k, t, f"mmq_{fmt.lower()}_wgmma_ra_n{64 if t <= 64 else 256}")

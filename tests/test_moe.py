@@ -356,6 +356,18 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
     _grouped_route((5, 130, 512), ids, False, scale, arch, rng, ["moe_group", *gemm, "gemv_q4_k_f32_idg"])
 
 
+@pytest.mark.parametrize("fmt", ["q5_K", "q8_0"])
+def test_the_codecs_grouped_wgmma_route_in_the_emulator(fmt):
+    """Q5_K's and Q8_0's sm_90 route: their register-A decode in the grouped wgmma build (the dense GEMM's codec,
+    moe_group's work list), x gathered first, the gated GEMV after; within 1e-3 of float64, NaN rows for bad ids."""
+    rng = np.random.default_rng(11)
+    ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
+    ids[5, 0] = 4
+    f = fmt.lower()
+    _grouped_route((4, 130, 512), ids, True, 1.0, "sm_90a", rng,
+                   ["moe_group", "convert_f16_perm_gather", f"mmq_{f}_wgmma_ra_n32_moe", f"gemv_{f}_f32_idg"], fmt=fmt)
+
+
 @pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(e=st.integers(1, 40), m=st.integers(1, 200), kb=st.integers(1, 2), t=st.integers(16, 90),
@@ -382,8 +394,7 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
     with tuning.override(moe_gemm_min_pairs=1):  # the GEMM route whatever the format's threshold
         route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, sm=90 if arch == "sm_90a" else 89)
-    assert (want_route is None or route == want_route) and len(route) == (4 if route[2].startswith("mmq_q4_k_wgmma")
-                                                                           else 3)
+    assert (want_route is None or route == want_route) and len(route) == (4 if "_wgmma_" in route[2] else 3)
     group, *gemms, idg = (get_kernel(n).for_arch(arch) for n in route)
     gemm = gemms[-1]
     p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get(fmt).row_bytes(k)
@@ -398,7 +409,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         n8 = p * k // 8
         _run(gemms[0].ptx(), (-(-n8 // 256),), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot)),
              mem)
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, k // 256 * 144, 128, 16, "none")
+        box = gemm.meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B")
         _run(gemm.ptx(), (2,), (384,), (tw, tx, ya, m, k, oa, fa, ka, qa), mem, dynamic_smem=gemm.meta["dynamic_smem"])
     else:

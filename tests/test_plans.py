@@ -207,28 +207,35 @@ def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
-    """From RULES.codec_mmq_min_tokens tokens on sm_90 (M ≥ 128): the codec's fp16 fragments, the prepared
-    register-A GEMM (converting x itself from mmq_cx_min_tokens with one K split), and the codec's fixup."""
+    """From RULES.codec_mmq_min_tokens tokens on sm_90 (M ≥ 128), where no register-A GEMM of the codec applies
+    (Q6_K has none; Q5_K above codec_ra_mmq_max_tokens): the codec's fp16 fragments, the prepared register-A GEMM
+    (converting x itself from mmq_cx_min_tokens with one K split), and the codec's fixup."""
     w = fakegpu.weights(fmt, 4096, 4096)
     f = fmt.lower()
     first = ops.RULES.codec_mmq_min_tokens[fmt]  # per format (ptxgen/tuning/h200.json)
     widest = f"gemv_{f}_f32_t{16 if fmt == 'q5_K' else 8}"  # the codec GEMV's widest shipped build
-    assert ops.mul_mat_plan(w, first - 1).kernels[0] == widest
-    assert ops.mul_mat_plan(w, first).kernels[0] == f"dequantize_{f}_frags"
-    assert ops.mul_mat_plan(w, 512).kernels == [f"dequantize_{f}_frags", "convert_f16_perm",
-                                                "mmq_q4_k_wgmma_pre_n256", f"mul_mat_fixup_{f}"]
-    assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}_frags", "mmq_q4_k_wgmma_pre_n256_cx",
-                                                 f"mul_mat_fixup_{f}"]
-    assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == widest  # no prepared GEMM off sm_90a
-    assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == widest  # M < 128
+    with tuning.override(codec_ra_mmq_min_tokens=1 << 30):
+        assert ops.mul_mat_plan(w, first - 1).kernels[0] == widest
+        assert ops.mul_mat_plan(w, first).kernels[0] == f"dequantize_{f}_frags"
+        assert ops.mul_mat_plan(w, 512).kernels == [f"dequantize_{f}_frags", "convert_f16_perm",
+                                                    "mmq_q4_k_wgmma_pre_n256", f"mul_mat_fixup_{f}"]
+        assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}_frags", "mmq_q4_k_wgmma_pre_n256_cx",
+                                                     f"mul_mat_fixup_{f}"]
+        assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == widest  # no prepared GEMM off sm_90a
+        assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == widest  # M < 128
+    if fmt == "q6_K":
+        assert ops.mul_mat_plan(w, first).kernels[0] == f"dequantize_{f}_frags"  # as shipped: no register-A GEMM
+    elif fmt == "q5_K":
+        above = ops.RULES.codec_ra_mmq_max_tokens[fmt] + 1
+        assert ops.mul_mat_plan(w, above).kernels[0] == f"dequantize_{f}_frags"
 
 
 @pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])
 def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, monkeypatch, fmt, box, gemv):
-    """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) from
-    RULES.codec_ra_mmq_min_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup; its weights by a
-    tensor map of the raw rows (Q8_0: 80-byte boxes; Q5_K: 16-byte columns). Off as shipped (not yet timed): the
-    prepared route runs. Weights not 16-byte aligned, or off sm_90, keep the prepared route or the GEMV."""
+    """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) for T within
+    RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup; its
+    weights by a tensor map of the raw rows (Q8_0: 80-byte boxes; Q5_K: 16-byte columns). Below, the codec GEMV
+    (exact); above, the prepared route. Weights not 16-byte aligned keep the prepared route; off sm_90, the GEMV."""
     from ptxgen import formats
     from ptxgen.runtime import tma
 
@@ -237,16 +244,22 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
     monkeypatch.setattr(ops, "_TMAPS", {})
     f = fmt.lower()
     w = fakegpu.weights(fmt, 4096, 4096)
-    assert ops.mul_mat_plan(w, 512).kernels[0] == f"dequantize_{f}_frags"  # the rule as shipped
-    with tuning.override(codec_ra_mmq_min_tokens=13):
-        p = ops.mul_mat_plan(w, 512)
-        assert p.kernels == ["convert_f16_perm", f"mmq_{f}_wgmma_ra_n256", f"mul_mat_fixup_{f}"]
-        assert ops.mul_mat_plan(w, 64).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
-        assert ops.mul_mat_plan(w, 12).kernels[0] == gemv  # below the rule: the codec GEMV
-        assert (w.ptr, "u8", 4096, formats.get(fmt).row_bytes(4096), 128, box, "none") in maps  # the raw rows
-        assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 4096, at=fakegpu.BASE + 8), 512).kernels[0] == \
-            f"dequantize_{f}_frags"
-        assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == gemv
+    lo, hi = ops.RULES.codec_ra_mmq_min_tokens[fmt], ops.RULES.codec_ra_mmq_max_tokens[fmt]
+    assert lo == ops.RULES.mmq_min_tokens  # the decode GEMVs' 8 tokens stay exact
+    p = ops.mul_mat_plan(w, 512)
+    assert p.kernels == ["convert_f16_perm", f"mmq_{f}_wgmma_ra_n256", f"mul_mat_fixup_{f}"]
+    assert ops.mul_mat_plan(w, 64).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
+    assert ops.mul_mat_plan(w, lo).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
+    assert ops.mul_mat_plan(w, lo - 1).kernels[0] == gemv.replace("t16", "t8")  # below the rule: the codec GEMV
+    assert ops.mul_mat_plan(w, min(hi, 1 << 14)).kernels[1] == f"mmq_{f}_wgmma_ra_n256"
+    if hi < 1 << 14:
+        assert ops.mul_mat_plan(w, hi + 1).kernels[0] == f"dequantize_{f}_frags"
+    assert (w.ptr, "u8", 4096, formats.get(fmt).row_bytes(4096), 128, box, "none") in maps  # the raw rows
+    assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 4096, at=fakegpu.BASE + 8), 512).kernels[0] == \
+        f"dequantize_{f}_frags"
+    assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == gemv
+    with tuning.override(codec_ra_mmq_min_tokens=1 << 30):
+        assert ops.mul_mat_plan(w, 512).kernels[0] == f"dequantize_{f}_frags"
 
 
 def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
@@ -273,7 +286,7 @@ def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
     its 16-token build, slices of up to 16 (9-16 tokens: that build)."""
     w = fakegpu.weights(fmt, 300, 512)
     assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_f32_t1"]
-    with tuning.override(codec_mmq_min_tokens=1 << 30):
+    with tuning.override(codec_mmq_min_tokens=1 << 30, codec_ra_mmq_min_tokens=1 << 30):
         p = ops.mul_mat_plan(w, 11 if fmt != "q5_K" else 19)
     builds, counts = ((8, 4), [8, 3]) if fmt != "q5_K" else ((16, 4), [16, 3])
     assert p.kernels == [f"gemv_{fmt.lower()}_f32_t{nt}" for nt in builds]

@@ -281,7 +281,8 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         rows = x.reshape(-1, k)[order[:p] if per_slot else order[:p] // slots]
         with np.errstate(over="ignore", invalid="ignore"):
             x16 = rows.astype(np.float16).reshape(p, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(p, k)
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, k // 256 * 144, 128, 16, "none")
+        box = meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, a codec's box of whole blocks
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
         tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B")
         _run(ptx, grid, (384,), (tw, tx, ya, m, k, oa, na, ka, qa), mem, dynamic_smem=meta["dynamic_smem"], seed=seed,
              interleave=interleave)
@@ -972,7 +973,8 @@ for _bn in (64, 128, 256):
     for _f in ("q8_0", "q5_k"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
 for _bn in (32, 64, 128):
-    HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
+    for _f in ("q4_k", "q5_k", "q8_0"):
+        HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 HARNESSES["convert_f16_perm_gather"] = lambda ptx, rng, seed=None, gather=None, **kw: _convert_f16(

@@ -1743,8 +1743,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if PRE and (not spec.a_regs or spec.cluster > 1):
         raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
-    if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.convert or spec.cluster > 1 or spec.grouped):
-        raise ValueError(f"{spec.name}: another codec than Q4_K has the plain register-A build only")
+    if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.convert or spec.cluster > 1):
+        raise ValueError(f"{spec.name}: another codec than Q4_K has the plain and grouped register-A builds only")
     # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights)
     raw_bytes = RA_FRAG_BYTES if PRE else _wg_weights(spec).raw_bytes
     stage_bytes = b_bytes + raw_bytes
@@ -1759,8 +1759,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     y_p = b.param("y", "u64", "ptr:out")
     G = spec.grouped
     if G:  # mul_mat_id: the sizes, moe_group's grouping and the queue (no split-K: no partials or counters)
-        if not spec.a_regs or spec.convert or spec.prepared or spec.cluster > 1 or spec.fmt != "q4_K":
-            raise ValueError(f"{spec.name}: the grouped wgmma build is register-A Q4_K, x gathered before it")
+        if not spec.a_regs or spec.convert or spec.prepared or spec.cluster > 1:
+            raise ValueError(f"{spec.name}: the grouped wgmma build is register-A, x gathered before it")
         m_p, k_p = b.param("m", "u32"), b.param("k", "u32")
         grp_p = [b.param(n, "u64", "ptr:scratch") for n in ("order", "offsets", "work")]
         c_p = b.param("queue", "u64", "ptr:scratch")
@@ -1886,15 +1886,19 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                           "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle",
                           "tmap_w: u8, dims (256, ceil(M / 128)·(K / 64)·64) over dequantize_q4_k_frags' output, box "
                           "(256, 64), no swizzle"))
+    w_map = "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle"  # Q4_K's 16-byte columns
     if spec.fmt == "q5_K":
-        b.meta.update(fmt=spec.fmt, tma_box=(16, BM), tensormaps=b.meta["tensormaps"].replace(
-            "box (16, 128)", "box (16, 128): per step the header, qh bytes 0-15 and 16-31, then the qs columns"))
-    elif spec.fmt != "q4_K" and not spec.grouped:
+        w_map = w_map.replace("box (16, 128)", "box (16, 128): per step the header, qh bytes 0-15 and 16-31, then the "
+                              "qs columns")
+        b.meta.update(fmt=spec.fmt, tma_box=(16, BM))
+    elif spec.fmt != "q4_K":
         c = _ra_codec(spec)
-        b.meta.update(fmt=spec.fmt, tensormaps=f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no "
-                      f"swizzle (K-step s's box from 64·s + 16·(s >> 2): its two blocks from byte 4·(s & 3)); tmap_x: "
-                      f"f16, dims (K, T), box (64, {BN}), 128B swizzle", tma_box=(c.RA_BOX_BYTES, BM),
+        w_map = (f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no swizzle (K-step s's box from "
+                 f"64·s + 16·(s >> 2): its two blocks from byte 4·(s & 3))")
+        b.meta.update(fmt=spec.fmt, tma_box=(c.RA_BOX_BYTES, BM),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
+    if spec.fmt != "q4_K" and not spec.grouped:
+        b.meta.update(tensormaps=f"{w_map}; tmap_x: f16, dims (K, T), box (64, {BN}), 128B swizzle")
     if spec.grouped:
         b.meta.update(schedule="grouped", split_k="none", fmt=spec.fmt, ctas_per_sm=ctas, tail_split=False,
                       activations="fp16 in grouped order (row n = the pair at place n of moe_group's order) and the "
@@ -1903,9 +1907,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                                  "expert's token tiles follow each other; the last CTA to finish resets the queue",
                       grouping="moe_group first: order, offsets, work (its meta); the epilogue stores tile column n "
                                "to y's row order[n], masked to the expert's places and m < M",
-                      tensormaps="tmap_w: u8, dims (row bytes, E·M) over all experts (an item's rows start at "
-                                 f"expert·M + m0), box (16, 128), no swizzle; tmap_x: f16, dims (K, pairs) over the "
-                                 f"gathered x16, box (64, {BN}), 128B swizzle")
+                      tensormaps=w_map.replace("dims (row bytes, M)", "dims (row bytes, E·M) over all experts (an "
+                                               "item's rows start at expert·M + m0)") +
+                      f"; tmap_x: f16, dims (K, pairs) over the gathered x16, box (64, {BN}), 128B swizzle")
     if spec.grouped:  # the two-CTA builds' consumers fit their 104 registers only where setmaxnreg is honoured
         b.meta.update(compile="whole-program")
     if ra and BN > RA_RELOCATABLE_MAX_BN:  # 128 accumulators + 2 A register sets: only with setmaxnreg's 232
@@ -2649,11 +2653,12 @@ def kernel_defs() -> list[KernelDef]:
                    f"(moe_group's work list)", lambda arch, s=MmqSpec(bn, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_89", "sm_90a", "sm_120a"))
          for f in GROUPED_FORMATS for bn in GROUPED_TOKEN_TILES] + \
-        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True).name,
-                   f"q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles of one expert's "
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f).name,
+                   f"{f} MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles of one expert's "
                    f"rows and token pairs (moe_group's work list; x gathered by convert_f16_perm_gather)",
-                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s), archs=("sm_90a",))
-         for bn in GROUPED_WGMMA_TOKEN_TILES] + \
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f): build(arch, s),
+                   archs=("sm_90a",))
+         for f in ("q4_K",) + tuple(NIBBLE_PARTS.keys() - {"q4_K"}) + RA_CODECS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f).name,
                    f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f): build(arch, s), archs=("sm_90a",))
