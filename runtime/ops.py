@@ -168,15 +168,17 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     return _finish(o, ret, xa.host, out is not None, s)
 
 
-MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped GEMV from this T (not measured yet: one token's slots differ)
+MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped routes from this T (one token's slots are distinct experts)
 
 
-def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0, arch: str | None = None,
+def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch: str | None = None,
                        sm: int | None = None) -> list[str]:
     """The kernels mul_mat_id launches, in order, for T = t tokens of `slots` experts each over `experts` experts of
     (M, K) = (m, k) on a GPU of compute capability `sm` (default: this process's GPU; give it and nothing needs a
     GPU: bench_moe's dry run and sanitize.py do; mul_mat_id_plan follows it) with `arch` pinned or not."""
     p = t * slots
+    if t < MOE_GROUPED_MIN_TOKENS or (p <= 65535 and p * m * k <= _per_format(RULES.moe_pair_max_weights, fmt)):
+        return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
     if _moe_gemm(fmt, t, slots, experts, k, m):
         if _moe_wgmma(fmt, arch, sm):
             return ["moe_group", "convert_f16_perm_gather", _moe_wgmma_spec(p, experts, fmt).name,
@@ -240,13 +242,14 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     first, and that upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are
     refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
-    Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches:
-    from RULES.moe_gemm_min_pairs[fmt] pairs (ptxgen/tuning): moe_group (the pairs grouped by expert on the device, a work list of
+    Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches
+    (thresholds: ptxgen/tuning): one token, or while pairs·M·K ≤ RULES.moe_pair_max_weights, gemv_<fmt>_f32_id over
+    (M rows, pairs), each pair reading its expert (fp32, relative error ~1e-6). Else from
+    RULES.moe_gemm_min_pairs[fmt] pairs: moe_group (the pairs grouped by expert on the device, a work list of
     (expert, token tile)), then the grouped tensor-core GEMM (fp16 activations, fp32 sums, as mul_mat's prefill:
     relative error ~4e-4), then gemv_<fmt>_f32_idg gated on the GEMM's overflow flag (it runs, exactly, only when an
-    activation passed fp16's range). Otherwise the fp32 GEMVs (relative error ~1e-6): from 2 tokens
-    gemv_<fmt>_f32_idg over (M rows, E experts) — each expert's CTAs scan the ids for its pairs and read its
-    weights once per 8 of them; for one token gemv_<fmt>_f32_id over (M rows, slots)."""
+    activation passed fp16's range). Below that gemv_<fmt>_f32_idg over (M rows, E experts), fp32: each expert's
+    CTAs scan the ids for its pairs and read its weights once per 8 of them."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
     if len(w.shape) != 3:

@@ -12,6 +12,16 @@ from conftest import rel
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def _grouped_routes_at_few_tokens():
+    """Most of this file's shapes are small, so the pair GEMV (RULES.moe_pair_max_weights) would take most calls of a few
+    tokens: off here, so the grouped routes run; the pair route's own tests turn it back on."""
+    from ptxgen import tuning
+
+    with tuning.override(moe_pair_max_weights=0):
+        yield
+
+
 def _torch():
     return pytest.importorskip("torch")
 
@@ -171,3 +181,23 @@ def test_a_captured_mul_mat_id_on_a_reserved_workspace():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+def test_a_few_tokens_run_the_pair_gemv_exactly(fmt):
+    """From 2 tokens, up to RULES.moe_pair_max_weights weights read, the one-token GEMV over every pair: within 1e-5
+    of float64, the output poisoned first, the same bits run to run."""
+    import ptxgen.runtime as r
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+
+    with tuning.override(moe_pair_max_weights=1 << 26):
+        e, m, k, t, slots = 32, 1792, 2048, 3, 4
+        assert ops.mul_mat_id_kernels(fmt, t, slots, e, k, m) == [f"gemv_{fmt.lower()}_f32_id"]
+        w, raw, x, ids = _case(fmt, e, m, k, t, slots, seed=9, per_slot=fmt == "q8_0")
+        out = r.DeviceArray.empty((t, slots, m), np.float32)
+        out.owner.fill_bytes(0xFF)
+        r.mul_mat_id(w, x, ids, out=out)
+        got = out.numpy()
+        assert np.isfinite(got).all() and rel(got, formats.mul_mat_id_ref(fmt, raw, w.shape, x, ids)) <= 1e-5
+        np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)

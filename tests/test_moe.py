@@ -14,6 +14,16 @@ from ptxgen.runtime import QuantTensor, mul_mat, mul_mat_id
 from ptxgen.runtime.tensors import list_gguf_tensors, read_gguf_tensor, write_gguf
 
 
+@pytest.fixture(autouse=True)
+def _grouped_routes_at_few_tokens():
+    """This file's shapes are small, so the pair GEMV (RULES.moe_pair_max_weights) would take most calls of a few
+    tokens: off here, so the grouped routes run; the pair route's own tests turn it back on."""
+    from ptxgen import tuning
+
+    with tuning.override(moe_pair_max_weights=0):
+        yield
+
+
 def _experts(fmt="q4_K", e=3, m=4, k=256, seed=0):
     return np.random.default_rng(seed).standard_normal((e, m, k)).astype(np.float32)
 
@@ -460,3 +470,26 @@ def test_run32_is_four_run8s_bit_for_bit(fmt):
     _run(b.finish().ptx(), (1,), (32,), (wa, aa, ca), mem)
     got, want = mem.view(aa, np.uint32, (32, 32)), mem.view(ca, np.uint32, (32, 32))
     np.testing.assert_array_equal(got, want)
+
+
+def test_from_two_tokens_the_pair_gemv_runs_up_to_its_weights_rule(monkeypatch):
+    """From 2 tokens mul_mat_id runs the one-token GEMV over every (token, slot) pair (each reads its expert) while
+    pairs x M x K ≤ RULES.moe_pair_max_weights, then the grouped routes; one token always the pair GEMV."""
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+
+    limit = 1 << 26
+    with tuning.override(moe_pair_max_weights=limit):
+        for fmt in ("q4_K", "q8_0"):
+            f = fmt.lower()
+            t = limit // (8 * 768 * 2048)  # 128 experts top-8 768 x 2048: T = 5
+            assert ops.mul_mat_id_kernels(fmt, t, 8, 128, 2048, 768, sm=90) == [f"gemv_{f}_f32_id"]
+            assert ops.mul_mat_id_kernels(fmt, t + 1, 8, 128, 2048, 768, sm=90)[1:3] == [
+                "convert_f16_perm_gather", f"mmq_{f}_wgmma_ra_n32_moe"]
+            assert ops.mul_mat_id_kernels(fmt, 1, 64, 128, 2048, 768, sm=90) == [f"gemv_{f}_f32_id"]
+        assert ops.mul_mat_id_kernels("q6_K", 2, 2, 4, 256, 64, sm=89) == ["gemv_q6_k_f32_id"]
+        rec = _Launches(monkeypatch)
+        w = _fake_experts(e=8, m=300, k=512)
+        x, ids, out = _fake_call(w, 3, 2)
+        (name, grid, args, _), = rec.runs
+        assert name == "gemv_q4_k_f32_id" and grid[1] == 6 and args[5] == 1 and args[8] == ids.ptr
