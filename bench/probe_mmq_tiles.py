@@ -47,7 +47,6 @@ def main():
                         call()
                     torch.cuda.synchronize()
                 tot = defaultdict(float)
-                launches = defaultdict(list)
                 for ev in prof.key_averages():
                     us = getattr(ev, "self_device_time_total", None)
                     us = ev.self_cuda_time_total if us is None else us
