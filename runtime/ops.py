@@ -502,6 +502,18 @@ def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPl
     return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False, cl)
 
 
+def _rega_fill_tile(fmt: str, m: int, k: int, t: int, bn: int, sms: int) -> int:
+    """The register-A MMQ's token tile on shapes of few 128 x bn tiles: the T rule's `bn` (_rega_tile), halved (to
+    n64 at least) while its plan splits K more than RULES.wgmma_ra_max_splits ways, or into fewer than
+    RULES.wgmma_ra_min_split_steps K-steps a split — a smaller tile covers the GPU with fewer, longer splits."""
+    while bn > 64:
+        plan = mmq_plan(kernels.load(MmqSpec(bn, "wgmma", a_regs=True, fmt=fmt).name, "sm_90a"), m, k, t, bn, False, sms)
+        if plan.splits == 1 or (plan.splits <= RULES.wgmma_ra_max_splits and plan.per >= RULES.wgmma_ra_min_split_steps):
+            return bn
+        bn //= 2
+    return bn
+
+
 def mmq_convert_in_gemm(t: int, splits: int) -> bool:
     """Whether the register-A MMQ converts fp32 x itself (PTXGEN_MMQ_CX: auto = from RULES.mmq_cx_min_tokens tokens with
     at most RULES.mmq_cx_max_splits K splits, on = always, off = never: convert_f16_perm first). Its converters walk x's
@@ -536,6 +548,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             path = "mma.sync_x16"
     if path not in MMQ_PATHS:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
+    forced_bn = bn is not None
     if path.startswith("wgmma_pre"):
         bn = bn or PREPARED_TILE
         if bn != PREPARED_TILE:
@@ -551,6 +564,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     codec_ra = w.fmt != "q4_K" and path.startswith("wgmma_ra")  # another codec's register-A build: its raw blocks
     if codec_ra and path not in ("wgmma_ra", "wgmma_ra_x16"):
         raise ValueError(f"mmq_launch: {w.fmt}'s register-A GEMM runs after convert_f16_perm only, not {path!r}")
+    if path == "wgmma_ra" and not forced_bn:
+        bn = _rega_fill_tile(w.fmt if codec_ra else "q4_K", m, k, t, bn, sms)
     if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
         base = MmqSpec(bn, "wgmma", a_regs=True, prepared=path == "wgmma_pre", fmt=w.fmt if codec_ra else "q4_K")
         planned = kernels.load(base.name, "sm_90a")

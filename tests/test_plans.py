@@ -438,3 +438,18 @@ def test_prepared_launch_packs_the_cuda_launch_config(gpu):
     a0, a1 = cfg.attrs[0], cfg.attrs[1]
     assert (a0.id, list(a0.value[:3]), a1.id, a1.value[0]) == (4, [2, 1, 1], 6, 1)
     assert fn.prepare((1,), [ctypes.c_uint32(0)] * len(fn.params))._cfg.numAttrs == 0  # a plain launch
+
+
+def test_the_register_a_tile_shrinks_on_shapes_of_few_tiles(gpu):
+    """The register-A MMQ's token tile halves (n256 → n128 → n64) while its plan would split K more than
+    RULES.wgmma_ra_max_splits ways or into fewer than RULES.wgmma_ra_min_split_steps K-steps: Llama's k / v
+    projections (1024 x 4096) at prefill; the large shapes keep the T rule's tile; a forced tile stays."""
+    def gemm(m, k, t):
+        return next(n for n in ops.mul_mat_plan(fakegpu.weights("q4_K", m, k), t).kernels if "wgmma_ra" in n)
+    assert gemm(1024, 4096, 512) == "mmq_q4_k_wgmma_ra_n128"
+    assert gemm(1024, 4096, 256) == "mmq_q4_k_wgmma_ra_n64"
+    assert gemm(4096, 14336, 256) == gemm(4096, 14336, 512) == gemm(4096, 4096, 512) == "mmq_q4_k_wgmma_ra_n256"
+    assert next(n for n in ops.mul_mat_plan(fakegpu.weights("q8_0", 1024, 4096), 512).kernels
+                if "wgmma_ra" in n) == "mmq_q8_0_wgmma_ra_n128"  # the codecs' builds alike
+    with tuning.override(wgmma_ra_max_splits=64, wgmma_ra_min_split_steps=1):
+        assert gemm(1024, 4096, 512) == "mmq_q4_k_wgmma_ra_n256"
