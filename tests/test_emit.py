@@ -107,6 +107,8 @@ for _k in KERNELS:
                              "SHFL.IDX"]
     if _k.startswith("mmq_q8_0_wgmma_ra"):  # Q8_0's quants decoded in the K loop: prmt into fp16, (h − 1152)·d
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "PRMT", "HMUL2", "HADD2"]
+    if _k.startswith("mmq_q6_k_wgmma_ra"):  # Q6_K's 6-bit quants from 2-byte aligned boxes: prmt, two lop3, HMUL2
+        EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "PRMT", "LOP3", "HMUL2"]
     if _k.startswith("mmq_q5_k_wgmma_ra"):  # Q4_K's nibble decode plus the fifth bits (lop3), by TMA
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HFMA2", "SHFL.IDX", "LOP3"]
     if _k.startswith("mmq_q4_k_wgmma_pre"):  # A fragments loaded from the TMA ring (16-byte LDS), no dequant

@@ -494,22 +494,24 @@ def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_
             np.testing.assert_array_equal(out.got, want.got)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q5_K"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q5_K", "q6_K"])
 def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments(fmt):
     """mmq_<fmt>_wgmma_ra_n*: the codec's blocks decoded in the K loop — Q8_0 by codecs.q8_0.ra_fragments (TMA boxes
     from 16-byte aligned starts, the step's blocks 4·(s & 3) bytes in, quants by prmt against 0x64, fp16(q·d)); Q5_K
     by Q4_K's nibble decode with each weight's fifth bit from the qh columns. The prepared GEMM
     mmq_q4_k_wgmma_pre_n256 on dequantize_<fmt>_frags' fragments (bit-checked against NumPy) multiplies the same A
     values in the same wgmma order for Q8_0 (one rounding of q·d both ways): y has the same bits; Q5_K's decode
-    rounds twice in fp16 (q4_k.dequant_pair3, as Q4_K's register-A GEMM), so y is within 1e-3 of the prepared
-    GEMM's — one split and two, K-steps at every offset, M and T past a tile; n64 within 1e-3 of float64 with three
+    rounds twice in fp16 (q4_k.dequant_pair3, as Q4_K's register-A GEMM), Q6_K's too (codecs.q6_k.ra_fragments: d·sc
+    to fp16, then the product; its 210-byte blocks from 240-byte boxes at every 2-byte offset), so y is within 1e-3
+    of the prepared GEMM's — one split and two, K-steps at every offset, M and T past a tile; n64 within 1e-3 of float64 with three
     CTAs taking turns."""
     from ptxgen.emu.harness import mmq_wgmma_case
 
     f = fmt.lower()
     pre = KERNELS["mmq_q4_k_wgmma_pre_n256"].for_arch("sm_90a")
     ra = KERNELS[f"mmq_{f}_wgmma_ra_n256"].for_arch("sm_90a").ptx()
-    for shape, splits in (((131, 20, 512), 1), ((259, 9, 1024), 2)):
+    kq = 4 if fmt == "q6_K" else 1  # Q6_K's rows are 16-byte multiples (the tensor map's stride) from K = 2048
+    for shape, splits in (((131, 20, 512 * kq), 1), ((259, 9, 1024 * kq // 2 if kq > 1 else 1024), 2)):
         got = check_kernel(f"mmq_{f}_wgmma_ra_n256", ra, seed=11, shape=shape, splits=splits, ctas=3)
         assert got.ok, got.detail
         want = mmq_wgmma_case(pre.ptx(), dict(pre.meta, name="pre", fmt=fmt), np.random.default_rng(11),
@@ -520,7 +522,7 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
         else:
             assert np.linalg.norm(got.got - want.got) <= 1e-3 * np.linalg.norm(want.got)
     out = check_kernel(f"mmq_{f}_wgmma_ra_n64", KERNELS[f"mmq_{f}_wgmma_ra_n64"].for_arch("sm_90a").ptx(), seed=12,
-                       shape=(200, 70, 768), ctas=3, interleave=True)
+                       shape=(200, 70, 768 if kq == 1 else 2048), ctas=3, interleave=True)
     assert out.ok, out.detail
 
 

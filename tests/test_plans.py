@@ -453,3 +453,16 @@ def test_the_register_a_tile_shrinks_on_shapes_of_few_tiles(gpu):
                 if "wgmma_ra" in n) == "mmq_q8_0_wgmma_ra_n128"  # the codecs' builds alike
     with tuning.override(wgmma_ra_max_splits=64, wgmma_ra_min_split_steps=1):
         assert gemm(1024, 4096, 512) == "mmq_q4_k_wgmma_ra_n256"
+
+
+def test_q6_k_register_a_gemm_runs_where_its_rule_and_its_rows_allow(gpu):
+    """Q6_K's register-A GEMM (240-byte TMA boxes over its 210-byte blocks): off as shipped (not timed yet); with
+    RULES.codec_ra_mmq_min_tokens at 9 from there on sm_90 where the raw rows are 16-byte multiples (K a multiple of
+    2048: 4096, 14336), the prepared route where they are not (Qwen's 3584)."""
+    w = fakegpu.weights("q6_K", 4096, 4096)
+    assert ops.mul_mat_plan(w, 512).kernels[0] == "dequantize_q6_k_frags"
+    with tuning.override(codec_ra_mmq_min_tokens=9):
+        assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16_perm", "mmq_q6_k_wgmma_ra_n256", "mul_mat_fixup_q6_k"]
+        assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
+        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
+        assert ops.mul_mat_plan(w, 8).kernels == ["gemv_q6_k_f32_t8"]

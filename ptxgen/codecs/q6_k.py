@@ -11,7 +11,7 @@ FMT = "q6_K"
 BLOCK_K, BLOCK_BYTES, QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = geometry(FMT, "ql", "qh", "scales", "d")
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("mmq_ra", "mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
 weights_error = alignment_error(FMT, LOAD_ALIGN)
 
 
@@ -167,3 +167,74 @@ def run32(b, row, k0):
             q = b.op("sub.s32", b.op("bfe.u32", pair, Imm(8 * j, "u32"), Imm(8, "u32")), Imm(32, "s32"), type="s32")
             out.append(b.op("mul.rn.f32", ds[i // 8], b.op("cvt.rn.f32.s32", q)))
     return out
+
+
+# The register-A wgmma MMQ (kernels/mmq.py, mmq_q6_k_wgmma_ra_n*): K-step s is quarter pair (h, sub) = ((s >> 1) & 1,
+# s & 1) of block j = s >> 2 — weight i of the step is ql[64·h + i] (low nibble for sub 0, high for sub 1) with bits
+# 4·sub + 2·(i ≥ 32) of qh[32·h + i % 32] above it, scale sc[8·h + 4·sub + i / 16]. TMA boxes must start 16-byte
+# aligned in the row and the 210-byte blocks are only 2-byte aligned, so a step's box starts at 210·j + 64·h rounded
+# down to 16 and is RA_BOX_BYTES wide (covers through d at block byte 208 from any start); the step's ql[64·h] sits
+# o = (2·j) & 14 bytes into it.
+RA_BOX_BYTES = 240  # ≥ 14 + 210, a multiple of 16; 60-word smem rows spread rows g = 0..7 over the banks
+RA_BOX_NOTE = "K-step s's box from 210·(s >> 2) + 64·((s >> 1) & 1) rounded down to 16: its bytes from (s >> 1) & 14"
+HALF_1056 = 0x64206420  # (1056, 1056) fp16: 1024 + q − 1056 = q − 32
+
+
+def ra_box_column(b, s):
+    """K-step s's TMA box start in the row, bytes: 210·(s >> 2) + 64·((s >> 1) & 1) rounded down to 16."""
+    start = b.op("mad.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(BLOCK_BYTES, "u32"),
+                 b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32")))
+    return b.op("and.b32", start, Imm(~15 & 0xFFFFFFFF, "b32"))
+
+
+def ra_fragments(b, rbase, row_offs, s, t):
+    """One K-step's register-A fragments from its TMA box (rows of RA_BOX_BYTES at rbase + row_offs[rr]): lane (g, t)
+    takes weights 8t .. 8t + 7 (ql bytes 8t.., qh bits 4·sub + 0, 1) and 32 + 8t .. + 7 (ql bytes 32 + 8t.., qh bits
+    4·sub + 2, 3) of its rows g and g + 8 — the positions q4_k's register-A decode gives its low and high nibbles, so
+    the activation keeps layouts.q4k_rega_k_order. The box's bytes are 2-byte aligned (o): each 8-byte run is three
+    aligned words shifted by one prmt. A pair of weights becomes (1024 + q) halves by two lop3 (nibbles, then the qh
+    bits under 0x6400), then (h − 1056)·(d·sc): q − 32 exact, d·sc rounded to fp16 from float32, then the product
+    (two roundings, as Q5_K's; ggml's float32 d·sc·q rounds once). Returns the 4 k16 slices' A registers."""
+    h = b.op("and.b32", b.op("shr.u32", s, Imm(1, "u32")), Imm(1, "b32"))
+    sub = b.op("and.b32", s, Imm(1, "b32"))
+    o = b.op("and.b32", b.op("shr.u32", s, Imm(1, "u32")), Imm(14, "b32"))  # (2·j) & 14: the step in the box
+    sel = b.op("add.u32", b.op("mul.lo.u32", b.op("and.b32", o, Imm(2, "b32")), Imm(0x1111, "u32")),
+               Imm(0x3210, "u32"))  # bytes 0..3 (o % 4 = 0) or 2..5 (o % 4 = 2) of two words
+    t8 = b.op("shl.b32", t, Imm(3, "u32"))
+    ql_at = b.op("add.u32", b.op("and.b32", o, Imm(12, "b32")), t8)  # word-aligned starts of the runs
+    qh_at = b.op("add.u32", ql_at, b.op("sub.u32", Imm(128, "u32"), b.op("shl.b32", h, Imm(5, "u32"))))
+    sc_at = b.op("add.u32", b.op("add.u32", o, b.op("shl.b32", sub, Imm(2, "u32"))),
+                 b.op("sub.u32", Imm(192, "u32"), b.op("mul.lo.u32", h, Imm(56, "u32"))))
+    sc_at = b.op("add.u32", sc_at, b.op("shr.u32", t, Imm(1, "u32")))  # sc[4·sub + t / 2]; + 2 for the high run
+    d_at = b.op("sub.u32", b.op("add.u32", o, Imm(208, "u32")), b.op("shl.b32", h, Imm(6, "u32")))
+    nib = b.op("shl.b32", sub, Imm(2, "u32"))  # the nibble's shift: 0 or 4
+    hsh = [b.op("shl.b32", sub, Imm(2, "u32")), b.op("add.u32", b.op("shl.b32", sub, Imm(2, "u32")), Imm(2, "u32"))]
+    c1056 = b.op("mov.b32", Imm(HALF_1056, "b32"))
+    frag = {}
+
+    def run(base, at):  # the 8 bytes at `at` (+ the 2-byte offset sel says) as two words
+        w = [b.op("ld.shared.u32", Mem(b.op("add.u32", base, at), 4 * i)) for i in range(3)]
+        return [b.op("prmt.b32", w[i], w[i + 1], sel) for i in range(2)]
+
+    for rr, roff in enumerate(row_offs):
+        base = b.op("add.u32", rbase, roff)
+        qls = [run(base, ql_at), run(base, b.op("add.u32", ql_at, Imm(32, "u32")))]  # low and high columns
+        qhw = run(base, qh_at)
+        dh = b.reg("b16")
+        b.emit("ld.shared.b16", dh, Mem(b.op("add.u32", base, d_at)))
+        d = b.op("cvt.f32.f16", dh)
+        for c in range(2):  # columns 8t.. (c = 0) and 32 + 8t.. (c = 1)
+            sc = b.op("ld.shared.s8", Mem(b.op("add.u32", base, sc_at), 2 * c), type="s32")
+            dsh = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sc)), type="b16")
+            ds = b.op("mov.b32", b.vec([dsh, dsh]), type="b32")
+            for wi in range(2):
+                lo = b.op("shr.b32", qls[c][wi], nib)  # the step's nibble at bits 0-3 of each byte
+                hi_even = b.op("shr.b32", b.op("shl.b32", qhw[wi], Imm(4, "u32")), hsh[c])  # bytes 0, 2: bits to 4, 5
+                hi_odd = b.op("shr.b32", qhw[wi], b.op("add.u32", hsh[c], Imm(4, "u32")))  # bytes 1, 3
+                for sh, hb in enumerate((hi_even, hi_odd)):
+                    top = b.op("lop3.b32", hb, Imm(0x00300030, "b32"), Imm(0x64006400, "b32"), Imm(0xEA, "b32"))
+                    v = b.op("shr.b32", lo, Imm(8, "u32")) if sh else lo
+                    hv = b.op("lop3.b32", v, Imm(0x000F000F, "b32"), top, Imm(0xEA, "b32"))  # (v & m) | top
+                    q = b.op("sub.rn.f16x2", hv, c1056, type="b32")
+                    frag[rr, 4 * c + 2 * wi + sh] = b.op("mul.rn.f16x2", q, ds, type="b32")
+    return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]

@@ -66,6 +66,7 @@ def run8(b, row, k0):
 # row. TMA boxes must start 16-byte aligned in the row, so a step's box starts at 64·s + 16·(s >> 2) (68·s rounded
 # down to 16) and is RA_BOX_BYTES wide; the step's first block sits RA_BOX_BYTES-row offset 4·(s & 3) into it.
 RA_BOX_BYTES = 80  # ≥ 12 + 68, a multiple of 16; 80-byte smem rows put rows g = 0..7 in distinct 16-byte bank groups
+RA_BOX_NOTE = "K-step s's box from 64·s + 16·(s >> 2): its two blocks from byte 4·(s & 3)"
 HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + q + 128 − 1152 = q
 
 

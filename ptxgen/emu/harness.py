@@ -829,6 +829,11 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
                    got, want)
 
 
+def _ra_min_k(fmt: str) -> int:
+    """The smallest K ≥ 512 whose raw rows of `fmt` are 16-byte multiples (a tensor map's row stride): Q6_K's 2048."""
+    return next(k for k in range(512, 1 << 16, 256) if formats.get(fmt).row_bytes(k) % 16 == 0)
+
+
 def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2, interleave=False,
                    run_seed=None, poison_x=None) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
@@ -842,7 +847,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     convert_f16_perm's, the x_ready counters back at zero, and the overflow flag up exactly when some x is not finite
     in fp16 (`poison_x` = (t, k, value) plants one value)."""
     bn, fmt = meta["bn"], meta.get("fmt", "q4_K")  # another codec: its raw blocks in boxes of meta["tma_box"]
-    m, t, k = shape or (128 + 3, bn + 5, 512)
+    m, t, k = shape or (128 + 3, bn + 5, _ra_min_k(meta.get("fmt", "q4_K")))
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     if poison_x is not None:
@@ -970,7 +975,7 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
     for _bn in (32, 64):
         HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
 for _bn in (64, 128, 256):
-    for _f in ("q8_0", "q5_k"):
+    for _f in ("q8_0", "q5_k", "q6_k"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0"):

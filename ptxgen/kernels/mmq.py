@@ -1748,8 +1748,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
     # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights)
     raw_bytes = RA_FRAG_BYTES if PRE else _wg_weights(spec).raw_bytes
     stage_bytes = b_bytes + raw_bytes
+    if WG_STAGES * stage_bytes + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS:  # a wide codec box
+        pipe = Pipeline((arch.max_smem_per_block - 1024) // stage_bytes, copy=pipe.copy)  # (Q6_K's at n256): fewer
     pipe.check_smem(arch, stage_bytes)
-    S = WG_STAGES
+    S = pipe.stages
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
     b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
                       f"{' (A from registers)' if spec.a_regs else ''}, tile {BM}x{BN}x{BK}, {S}-stage TMA ring, "
@@ -1893,8 +1895,7 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         b.meta.update(fmt=spec.fmt, tma_box=(16, BM))
     elif spec.fmt != "q4_K":
         c = _ra_codec(spec)
-        w_map = (f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no swizzle (K-step s's box from "
-                 f"64·s + 16·(s >> 2): its two blocks from byte 4·(s & 3))")
+        w_map = f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no swizzle ({c.RA_BOX_NOTE})"
         b.meta.update(fmt=spec.fmt, tma_box=(c.RA_BOX_BYTES, BM),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.fmt != "q4_K" and not spec.grouped:
@@ -2498,7 +2499,9 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
-RA_CODECS = ("q8_0",)  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES)
+RA_CODECS = ("q8_0", "q6_K")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
+# RA_BOX_NOTE)
+GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0")  # the register-A MoE GEMMs built (Q6_K's dense build not timed yet)
 NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
 
@@ -2658,7 +2661,7 @@ def kernel_defs() -> list[KernelDef]:
                    f"rows and token pairs (moe_group's work list; x gathered by convert_f16_perm_gather)",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_90a",))
-         for f in ("q4_K",) + tuple(NIBBLE_PARTS.keys() - {"q4_K"}) + RA_CODECS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
+         for f in GROUPED_WGMMA_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f).name,
                    f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f): build(arch, s), archs=("sm_90a",))
