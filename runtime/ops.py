@@ -180,7 +180,7 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
     if t < MOE_GROUPED_MIN_TOKENS or (p <= 65535 and p * m * k <= _per_format(RULES.moe_pair_max_weights, fmt)):
         return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
     if _moe_gemm(fmt, t, slots, experts, k, m):
-        if _moe_wgmma(fmt, arch, sm):
+        if _moe_wgmma(fmt, k, arch, sm):
             return ["moe_group", "convert_f16_perm_gather", _moe_wgmma_spec(p, experts, fmt).name,
                     CodecKernel("gemv_idg", fmt).name]
         return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name, CodecKernel("gemv_idg", fmt).name]
@@ -193,10 +193,14 @@ def _moe_bn(pairs: int, experts: int) -> int:
     return 64 if pairs >= 48 * experts else 32  # an expert's share of the pairs fills a 64-pair tile
 
 
-def _moe_wgmma(fmt: str, arch: str | None, sm: int | None) -> bool:
-    """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by convert_f16_perm_gather first; Q4_K's
-    so far), where the sm_90a kernels are there and `arch` pins nothing else."""
-    if arch not in (None, "sm_90a"):
+def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None) -> bool:
+    """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by convert_f16_perm_gather first), for the
+    formats kernels/mmq.py GROUPED_WGMMA_FORMATS dispatches, where the raw rows are 16-byte multiples (the tensor
+    map's stride), the sm_90a kernels are there and `arch` pins nothing else."""
+    from ptxgen.formats import get as fmt_of
+    from ptxgen.kernels.mmq import GROUPED_WGMMA_FORMATS
+
+    if arch not in (None, "sm_90a") or fmt not in GROUPED_WGMMA_FORMATS or fmt_of(fmt).row_bytes(k) % 16:
         return False
     if sm is None:
         sm = driver.current().sm

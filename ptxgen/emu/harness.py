@@ -252,7 +252,8 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     from ptxgen.kernels.moe_group import reference
 
     bn, fmt = meta["bn"], meta["fmt"]
-    e, m, k = shape or (4, 131, 256)  # K = 256: the slow tier runs every build of every target 5 times
+    e, m, k = shape or (4, 131, 256 if "wgmma" not in meta.get("mma", "") else _ra_min_k(fmt, 256))  # K = 256:
+    # the slow tier runs every build of every target 5 times (the wgmma builds' raw rows: 16-byte multiples)
     if ids is None:
         t, slots = bn + 3, 2
         ids = rng.integers(0, e - 1, (t, slots)).astype(np.int32)  # the last expert empty
@@ -829,9 +830,9 @@ def mmq_q8_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, scal
                    got, want)
 
 
-def _ra_min_k(fmt: str) -> int:
-    """The smallest K ≥ 512 whose raw rows of `fmt` are 16-byte multiples (a tensor map's row stride): Q6_K's 2048."""
-    return next(k for k in range(512, 1 << 16, 256) if formats.get(fmt).row_bytes(k) % 16 == 0)
+def _ra_min_k(fmt: str, start: int = 512) -> int:
+    """The smallest K ≥ start whose raw rows of `fmt` are 16-byte multiples (a tensor map's row stride): Q6_K's 2048."""
+    return next(k for k in range(start, 1 << 16, 256) if formats.get(fmt).row_bytes(k) % 16 == 0)
 
 
 def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2, interleave=False,
@@ -978,7 +979,7 @@ for _bn in (64, 128, 256):
     for _f in ("q8_0", "q5_k", "q6_k"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
 for _bn in (32, 64, 128):
-    for _f in ("q4_k", "q5_k", "q8_0"):
+    for _f in ("q4_k", "q5_k", "q8_0", "q6_k"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
