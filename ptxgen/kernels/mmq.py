@@ -127,11 +127,16 @@ def build(arch, spec: MmqSpec):
     if spec.mma == "wgmma":
         return build_wgmma(arch, spec)
     if spec.act == "q8_1":
+        if spec.fmt != "q4_K":
+            raise ValueError(f"{spec.name}: the int8 x Q8_1 GEMM decodes Q4_K only")
         return build_q8(arch, spec)
     if spec.grouped:
         from .mmq_moe import build_grouped
 
         return build_grouped(arch, spec)
+    if spec.fmt != "q4_K":  # the dense fp16 mma.sync GEMM decodes Q4_K's raw ring only
+        raise ValueError(f"{spec.name}: the fp16 mma.sync GEMM is Q4_K's; {spec.fmt} has its grouped build "
+                         "(grouped=True) and, on sm_90a, the register-A wgmma one")
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     tma = pipe.copy == "tma"
     ft = _f16_tile(spec, tma)
