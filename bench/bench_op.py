@@ -89,6 +89,29 @@ def graphed(torch, fn, calls=CALLS, rounds=3):
     return float(np.median(out))
 
 
+def kernel_us(torch, call, reps: int = 20) -> dict:
+    """{kernel name: CUDA µs per call} of `reps` calls of call() under torch.profiler (3 warm-up calls first): each
+    kernel's device time, whatever the host spends (the probes' per-kernel view; the op's time is eager / graphed)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            call()
+        torch.cuda.synchronize()
+    tot = defaultdict(float)
+    for ev in prof.key_averages():
+        us = getattr(ev, "self_device_time_total", None)
+        us = ev.self_cuda_time_total if us is None else us
+        if us > 0 and not ev.key.startswith(("cuda", "aten")):
+            tot[ev.key] += us / reps
+    return dict(tot)
+
+
 def _busy(torch, prof) -> float:
     """µs the GPU spent in kernels during `prof`: the union of the CUDA kernels' [start, end) intervals."""
     spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()

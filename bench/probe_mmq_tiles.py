@@ -5,9 +5,10 @@ for a tile rule by M as well as T. Diagnosis; the op's time is bench_op's.
     python3 bench/probe_mmq_tiles.py [--shapes 1024x4096,4096x4096] [--tokens 256,512] [--tiles 64,128,256] [--fmt q4_K]
 """
 import argparse
-from collections import defaultdict
 
 import numpy as np
+
+from bench_op import kernel_us
 
 
 def main():
@@ -19,7 +20,6 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
@@ -37,28 +37,14 @@ def main():
             flag = r.DeviceArray.empty((1,), np.uint32)
             flag.owner.fill_bytes(0)
             for bn in (int(v) for v in args.tiles.split(",")):
-                def call():
-                    ops.mmq_launch(w, xa, out, t, flag, bn=bn, path="wgmma_ra")
-                for _ in range(3):
-                    call()
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(args.reps):
-                        call()
-                    torch.cuda.synchronize()
-                tot = defaultdict(float)
-                for ev in prof.key_averages():
-                    us = getattr(ev, "self_device_time_total", None)
-                    us = ev.self_cuda_time_total if us is None else us
-                    if us > 0 and not ev.key.startswith(("cuda", "aten")):
-                        tot[ev.key] += us
+                tot = kernel_us(torch, lambda: ops.mmq_launch(w, xa, out, t, flag, bn=bn, path="wgmma_ra"), args.reps)
                 pb = ops.PlanBuilder((t, k), np.float32, (t, m), np.float32)
                 ops._rec_mmq(pb, w, pb.x, pb.y, t, 0, None, bn, "wgmma_ra")
                 plan = pb.finish("probe")
                 gemm = plan.launches[-1]
                 for name, us in sorted(tot.items(), key=lambda kv: -kv[1]):
                     print(f"| {args.fmt} | {shape} | {t} | {bn} | {[a for a in gemm.args if isinstance(a, int)][3:6]} | {gemm.grid[0]} | {name} | "
-                          f"{us / args.reps:.1f} |", flush=True)
+                          f"{us:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

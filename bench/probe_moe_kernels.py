@@ -2,15 +2,15 @@
 for bench_moe's shapes, a few T, the GEMM route forced (tuning.override). Diagnosis for the grouped GEMM's gap
 to its estimate; the op's own time is bench_moe's.
 
-    python3 bench/probe_moe_kernels.py [--formats q4_K,q8_0] [--tokens 1,32,512] [--route gemm|gemv|auto]
+    python3 bench/probe_moe_kernels.py [--formats q4_K,q8_0] [--tokens 1,32,512] [--route gemm|gemv|pair|auto]
         [--rule 'moe_wgmma_tile_pairs={"n64": 0, "n128": 1000}'] ...  (tuning rules, JSON values; each --rule set is one sweep)
 """
 import argparse
-from collections import defaultdict
 
 import numpy as np
 
 from bench_moe import SHAPES, routing
+from bench_op import kernel_us
 
 
 def main():
@@ -24,13 +24,14 @@ def main():
     args = ap.parse_args()
     import json
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import ptxgen.runtime as r
     from ptxgen import tuning
     from ptxgen.testing.strategies import random_raw
 
-    pairs = {"gemm": 1, "gemv": 1 << 30}.get(args.route)
+    forced = {"gemm": {"moe_gemm_min_pairs": 1, "moe_pair_max_weights": 0},  # the route forced (auto: the rules')
+              "gemv": {"moe_gemm_min_pairs": 1 << 30, "moe_pair_max_weights": 0},
+              "pair": {"moe_pair_max_weights": 1 << 40}}.get(args.route, {})
     print("| fmt | shape | T | kernel | µs per call | rules |")
     print("|---|---|---|---|---|---|")
     sweeps = [{}] + [{r.split("=", 1)[0]: json.loads(r.split("=", 1)[1])} for r in args.rule]
@@ -40,23 +41,10 @@ def main():
             for t in (int(v) for v in args.tokens.split(",")):
                 ids = torch.as_tensor(routing(e, top, t), device="cuda")
                 x, y = torch.randn(t, k, device="cuda"), torch.empty(t, top, m, device="cuda")
-                ctx = tuning.override(**rules, **({"moe_gemm_min_pairs": pairs} if pairs else {}))
-                with ctx:
-                    for _ in range(3):
-                        r.mul_mat_id(w, x, ids, out=y)
-                    torch.cuda.synchronize()
-                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                        for _ in range(args.reps):
-                            r.mul_mat_id(w, x, ids, out=y)
-                        torch.cuda.synchronize()
-                tot = defaultdict(float)
-                for ev in prof.key_averages():
-                    us = getattr(ev, "self_device_time_total", None)
-                    us = ev.self_cuda_time_total if us is None else us
-                    if us > 0 and not ev.key.startswith(("cuda", "aten")):
-                        tot[ev.key] += us
+                with tuning.override(**{**forced, **rules}):
+                    tot = kernel_us(torch, lambda: r.mul_mat_id(w, x, ids, out=y), args.reps)
                 for name, us in sorted(tot.items(), key=lambda kv: -kv[1]):
-                    print(f"| {fmt} | {e}x top-{top} {m}x{k} | {t} | {name} | {us / args.reps:.1f} | {rules or ''} |",
+                    print(f"| {fmt} | {e}x top-{top} {m}x{k} | {t} | {name} | {us:.1f} | {rules or ''} |",
                           flush=True)
 
 
