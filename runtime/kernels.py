@@ -18,8 +18,11 @@ class KernelNotFound(ValueError):
 
 def _emitted_root():
     d = knobs.emitted_dir()
-    if d is not None:
-        return d
+    return d if d is not None else _packaged_root()
+
+
+@lru_cache(maxsize=None)
+def _packaged_root():
     import importlib.util
 
     # find the folder without importing the package (no __pycache__ inside emitted/)
@@ -66,8 +69,9 @@ def _built(kernel: str, arch: str) -> tuple[str, dict]:
 
 
 def entry(kernel: str, arch: str) -> dict:
-    """`kernel`'s manifest entry for `arch` (emitted/'s, or its on-demand build's)."""
-    return ptx_source(kernel, arch)[1]
+    """`kernel`'s manifest entry for `arch` (emitted/'s, or its on-demand build's), without reading its PTX."""
+    got = manifest(arch).get(kernel)
+    return got if got is not None else ptx_source(kernel, arch)[1]
 
 
 def candidate_arches(device_sm: int) -> list[str]:

@@ -277,7 +277,9 @@ SLOW_TO_EMULATE = {
     "mmq_q4_k_rega_n32", "gemv_tq4_1s_mma", "mmq_q4_k_wgmma_ra_n256_cx", "mmq_q4_k_wgmma_ra_n256_mc2",
     "mmq_q4_k_wgmma_ra_n256", "mmq_q4_k_wgmma_n256", "mmq_q4_k_wgmma_pre_n256_cx", "mmq_q4_k_wgmma_ra_n192",
     "mmq_q4_k_wgmma_ra_n128_cx", "mmq_q4_k_wgmma_ra_n128_mc2", "mmq_q4_k_wgmma_n128", "mmq_q4_k_wgmma_ra_n128",
-    "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n64_pre", "mmq_q4_k_q8_n32_pre"}
+    "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n64_pre", "mmq_q4_k_q8_n32_pre"} | {
+    f"mmq_{f}_wgmma_ra_n{bn}" for f in ("q5_k", "q8_0", "q6_k") for bn in (128, 256)} | {  # the codecs': n64 fast
+    f"mmq_{f}_wgmma_ra_n{bn}_moe" for f in ("q4_k", "q5_k", "q8_0", "q6_k") for bn in (64, 128)}  # MoE: n32 fast
 FAST_CASES = [(k, KERNELS[k].archs[0]) for k in KERNELS if k not in SLOW_TO_EMULATE]
 
 
