@@ -127,8 +127,8 @@ def run(args, tensors, ws):
         w.to_device()
     w16 = {name: torch.as_tensor(r.dequantize(ws[name]), device="cuda") for name, *_ in tensors}
     res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers, "rows": []}
-    print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen | kernels |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for t in (1, args.tokens):
         xs = {k: torch.randn(t, k, device="cuda") for k in {shape[1] for *_, shape in tensors}}
         ys = {name: torch.empty(t, m, device="cuda") for name, _, _, (m, _) in tensors}
@@ -143,8 +143,11 @@ def run(args, tensors, ws):
             row = {"T": t, "weights": label, "ptxgen_graph_us": ours, "cublas_fp16_graph_us": peer, "bytes": b,
                    "floor_us": floor, "kernels": {n: r.mul_mat_plan(ws[n], t).kernels for n in names[:1]}}
             res["rows"].append(row)
+            plans = "" if label == "all" else "; ".join(dict.fromkeys(  # each format's launches in this kind
+                f"{ws[n].fmt}: {' + '.join(r.mul_mat_plan(ws[n], t).kernels)}" for n in names))
             print(f"| {'decode' if t == 1 else 'prefill'} | {label} ({len(names)}) | {t} | {ours:.1f} | "
-                  f"{100 * b / (ours * 1e-6) / HBM:.0f}% | {floor:.1f} | {peer:.1f} | {peer / ours:.2f}× |", flush=True)
+                  f"{100 * b / (ours * 1e-6) / HBM:.0f}% | {floor:.1f} | {peer:.1f} | {peer / ours:.2f}× | {plans} |",
+                  flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
