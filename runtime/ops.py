@@ -197,10 +197,9 @@ def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None) -> bool:
     """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by convert_f16_perm_gather first), for the
     formats kernels/mmq.py GROUPED_WGMMA_FORMATS dispatches, where the raw rows are 16-byte multiples (the tensor
     map's stride), the sm_90a kernels are there and `arch` pins nothing else."""
-    from ptxgen.formats import get as fmt_of
     from ptxgen.kernels.mmq import GROUPED_WGMMA_FORMATS
 
-    if arch not in (None, "sm_90a") or fmt not in GROUPED_WGMMA_FORMATS or fmt_of(fmt).row_bytes(k) % 16:
+    if arch not in (None, "sm_90a") or fmt not in GROUPED_WGMMA_FORMATS or not _raw_rows_tma_ok(fmt, k):
         return False
     if sm is None:
         sm = driver.current().sm
@@ -679,6 +678,14 @@ def workspace_state(stream=None) -> np.ndarray:
 _TMAPS: dict = {}
 
 
+def _raw_rows_tma_ok(fmt: str, k: int) -> bool:
+    """Whether rows of K weights of `fmt` can be a tensor map's rows (_raw_rows_map): their bytes a multiple of 16
+    (Q6_K's 210-byte blocks: K a multiple of 2048)."""
+    from ptxgen.formats import get as fmt_of
+
+    return fmt_of(fmt).row_bytes(k) % 16 == 0
+
+
 def _raw_rows_map(w: QuantTensor, rows: int, fn):
     """The tensor map of `rows` raw weight rows of `w` (an expert tensor's E·M) for a TMA-fed GEMM `fn`: boxes of 128
     rows x its meta's tma_box columns (16 bytes, Q4_K's columns, unless the build says otherwise)."""
@@ -1104,11 +1111,9 @@ def _mmq_ra(c: _Call) -> None:
 def _mmq_ra_ok(c: _Call) -> bool:
     """A codec's register-A GEMM applies: T within its rules (codec_ra_mmq_min_tokens to _max_tokens), whole 64-column
     steps, the TMA boxes' 16-byte row strides and base, sm_90 with its build there."""
-    from ptxgen.formats import get as fmt_of
-
     return (_per_format(RULES.codec_ra_mmq_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_ra_mmq_max_tokens, c.w.fmt)
             and c.m >= RULES.mmq_min_rows
-            and c.k % 256 == 0 and fmt_of(c.w.fmt).row_bytes(c.k) % 16 == 0 and c.w.ptr % 16 == 0
+            and c.k % 256 == 0 and _raw_rows_tma_ok(c.w.fmt, c.k) and c.w.ptr % 16 == 0
             and mmq_path(c.arch) != "mma.sync"
             and "sm_90a" in kernels.available(MmqSpec(_rega_tile(c.t), "wgmma", a_regs=True, fmt=c.w.fmt).name))
 
