@@ -636,14 +636,14 @@ def test_prepared_gemm_of_the_other_formats(fmt, m, k, t):
 @pytest.mark.parametrize("fmt", ["q5_K", "q8_0", "q6_K"])
 @pytest.mark.parametrize("m,k,t", [(300, 1024, 9), (4096, 4096, 512), (1000, 3584, 1100)])
 def test_codec_register_a_gemm(fmt, m, k, t):
-    """Q5_K and Q8_0 from 9 tokens on sm_90 by their register-A GEMMs (blocks decoded in the K loop from the raw rows
-    by TMA): convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup (_codec_prefill's checks). Q6_K's (not
-    dispatched yet) with its rule at 9, on K whose rows are 16-byte multiples (2048, 14336)."""
+    """Q5_K, Q8_0 and Q6_K from 9 tokens on sm_90 by their register-A GEMMs (blocks decoded in the K loop from the raw
+    rows by TMA): convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup (_codec_prefill's checks); T = 1100 past
+    Q6_K's codec_ra_mmq_max_tokens with that rule lifted. Q6_K on K whose rows are 16-byte multiples (2048, 14336)."""
     import torch
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the register-A GEMMs are sm_90a's")
     if fmt == "q6_K":
         k = {1024: 2048, 3584: 14336}.get(k, k)
-    with tuning.override(codec_ra_mmq_min_tokens=9):
+    with tuning.override(codec_ra_mmq_max_tokens=1 << 30):
         _codec_prefill(fmt, m, k, t, f"mmq_{fmt.lower()}_wgmma_ra_n{64 if t <= 64 else 256}")

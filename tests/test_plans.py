@@ -208,7 +208,7 @@ def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
     """From RULES.codec_mmq_min_tokens tokens on sm_90 (M ≥ 128), where no register-A GEMM of the codec applies
-    (Q6_K has none; Q5_K above codec_ra_mmq_max_tokens): the codec's fp16 fragments, the prepared register-A GEMM
+    (above codec_ra_mmq_max_tokens, or with those rules off): the codec's fp16 fragments, the prepared register-A GEMM
     (converting x itself from mmq_cx_min_tokens with one K split), and the codec's fixup."""
     w = fakegpu.weights(fmt, 4096, 4096)
     f = fmt.lower()
@@ -223,9 +223,7 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
                                                      f"mul_mat_fixup_{f}"]
         assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == widest  # no prepared GEMM off sm_90a
         assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == widest  # M < 128
-    if fmt == "q6_K":
-        assert ops.mul_mat_plan(w, first).kernels[0] == f"dequantize_{f}_frags"  # as shipped: no register-A GEMM
-    elif fmt == "q5_K":
+    if fmt != "q8_0":  # Q8_0's register-A GEMM runs at every T
         above = ops.RULES.codec_ra_mmq_max_tokens[fmt] + 1
         assert ops.mul_mat_plan(w, above).kernels[0] == f"dequantize_{f}_frags"
 
@@ -455,14 +453,14 @@ def test_the_register_a_tile_shrinks_on_shapes_of_few_tiles(gpu):
         assert gemm(1024, 4096, 512) == "mmq_q4_k_wgmma_ra_n256"
 
 
-def test_q6_k_register_a_gemm_runs_where_its_rule_and_its_rows_allow(gpu):
-    """Q6_K's register-A GEMM (240-byte TMA boxes over its 210-byte blocks): off as shipped (not timed yet); with
-    RULES.codec_ra_mmq_min_tokens at 9 from there on sm_90 where the raw rows are 16-byte multiples (K a multiple of
-    2048: 4096, 14336), the prepared route where they are not (Qwen's 3584)."""
+def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
+    """Q6_K's register-A GEMM (240-byte TMA boxes over its 210-byte blocks) from RULES.codec_ra_mmq_min_tokens to
+    RULES.codec_ra_mmq_max_tokens on sm_90 where the raw rows are 16-byte multiples (K a multiple of 2048: 4096,
+    14336), the prepared route where they are not (Qwen's 3584) and above."""
     w = fakegpu.weights("q6_K", 4096, 4096)
-    assert ops.mul_mat_plan(w, 512).kernels[0] == "dequantize_q6_k_frags"
-    with tuning.override(codec_ra_mmq_min_tokens=9):
+    with tuning.override(codec_ra_mmq_min_tokens=9, codec_ra_mmq_max_tokens=1024):
         assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16_perm", "mmq_q6_k_wgmma_ra_n256", "mul_mat_fixup_q6_k"]
         assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
+        assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(w, 8).kernels == ["gemv_q6_k_f32_t8"]

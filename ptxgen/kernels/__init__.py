@@ -63,11 +63,6 @@ NOT_SHIPPED = {
 }
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: Q6_K's measured slower than two "
                     "8-token launches (probe_gemv_codec_shapes_852097d.log), Q8_0's not timed yet" for f in ("q6_k", "q8_0")})
-NOT_SHIPPED.update({f"mmq_q6_k_wgmma_ra_n{bn}": "Q6_K's register-A GEMM (its 210-byte blocks decoded in the K loop from "
-                    "240-byte TMA boxes): emulator-checked, not yet timed against the prepared route on the H200"
-                    for bn in (64, 128, 256)})
-NOT_SHIPPED.update({f"mmq_q6_k_wgmma_ra_n{bn}_moe": "Q6_K's grouped register-A MoE GEMM: emulator-checked, not dispatched "
-                    "until its dense build is timed (kernels/mmq.py GROUPED_WGMMA_FORMATS)" for bn in (32, 64, 128)})
 SHIPPED = {n: d for n, d in KERNELS.items() if n not in NOT_SHIPPED}
 
 

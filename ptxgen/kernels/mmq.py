@@ -2506,8 +2506,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
 
 RA_CODECS = ("q8_0", "q6_K")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
 # RA_BOX_NOTE)
-GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0")  # the register-A MoE GEMMs mul_mat_id dispatches; Q6_K's is built
-# (ptxgen.kernels.NOT_SHIPPED) but not dispatched until its dense build is timed
+GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0", "q6_K")  # the register-A MoE GEMMs mul_mat_id dispatches
 NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
 
@@ -2667,7 +2666,7 @@ def kernel_defs() -> list[KernelDef]:
                    f"rows and token pairs (moe_group's work list; x gathered by convert_f16_perm_gather)",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_90a",))
-         for f in GROUPED_WGMMA_FORMATS + ("q6_K",) for bn in GROUPED_WGMMA_TOKEN_TILES] + \
+         for f in GROUPED_WGMMA_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f).name,
                    f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f): build(arch, s), archs=("sm_90a",))
