@@ -22,7 +22,7 @@ def test_bench_model_dry_run_plans_every_tensor_of_the_q4_k_m_mix():
     lines = [line for line in out.stdout.splitlines() if " T=" in line]
     assert len(lines) == 2 * 8  # 7 tensors of the layer and the output, at T = 1 and T = 512
     assert any("q6_K" in line and "gemv_q6_k_f32_t1" in line for line in lines)  # attn_v / ffn_down / output
-    assert any("dequantize_q6_k_frags" in line for line in lines)  # their prefill
+    assert any("mmq_q6_k_wgmma_ra" in line for line in lines)  # their prefill (register-A GEMM: K a multiple of 2048)
 
 
 def test_bench_moe_dry_run_plans_both_expert_shapes_and_checks_the_reference():
