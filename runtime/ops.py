@@ -1035,6 +1035,27 @@ def _codec_gemv(c: _Call) -> None:
     _slices(c, one, tokens[-1])
 
 
+def _codec_mma_ok(c: _Call) -> bool:
+    """A codec's tensor-core decode GEMV (kernels/gemv_mma_codec.py) for T ≤ RULES.codec_mma_max_tokens where it is
+    built (sm_90a), the weights 16-byte aligned and ending on a 16-byte boundary (M·K/256 blocks a multiple of 8:
+    its bulk copies of 16-byte multiples read no byte past the buffer)."""
+    from ptxgen.kernels import gemv_mma_codec
+
+    return (c.w.fmt in gemv_mma_codec.FORMATS and c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt)
+            and c.w.ptr % 16 == 0 and (c.m * (c.k // 256)) % 8 == 0
+            and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) == "sm_90a")
+
+
+def _codec_mma(c: _Call) -> None:
+    """prep_mma_f16 (x as scaled fp16 hi/lo B tiles; its min fragments unused), then gemv_<fmt>_mma."""
+    tiles, factors, items = _mma_tiles(c.pb, 1, c.k)
+    minfrag = c.pb.scratch((1, c.k // 256, 256), np.uint8)
+    prep = kernels.load(GemvKernel("prep_mma", "q4_K").name, c.arch)
+    c.pb.launch(prep, ((items + 7) // 8,), (c.pb.x.ptr, tiles.ptr, factors.ptr, minfrag.ptr, c.t, c.k))
+    fn = kernels.load(GemvKernel("mma", c.w.fmt).name, c.arch)
+    _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
+
+
 def _t16h(c: _Call) -> None:
     if skinny16_ok(c.m, c.arch):  # t16h's grid would take two rounds
         _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, c=T4.Q4K_HI_TOKENS)
@@ -1136,6 +1157,7 @@ def _mmq_pre(c: _Call) -> None:
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),
+    "codec_mma": (_codec_mma_ok, _codec_mma),
     "t16h": (lambda c: RULES.mmq_min_tokens <= c.t <= T4.Q4K_HI_TOKENS and _t16h_ok(c.arch), _t16h),
     # exact, and faster than the MMQ at T=16
     "mma_n16": (lambda c: (RULES.mmq_min_tokens <= c.t <= 16 and knobs.q4k_mma() != "off"

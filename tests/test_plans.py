@@ -464,3 +464,17 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
         assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(w, 8).kernels == ["gemv_q6_k_f32_t8"]
+
+
+def test_q6_k_tensor_core_gemv_runs_where_its_rule_and_its_weights_allow(gpu):
+    """Q6_K's tensor-core decode GEMV (prep_mma_f16, then gemv_q6_k_mma) up to RULES.codec_mma_max_tokens on sm_90a
+    where the weights end on a 16-byte boundary (M·K/256 blocks a multiple of 8); the fp32 codec GEMV where they do
+    not, above the rule, and off sm_90a."""
+    w = fakegpu.weights("q6_K", 4096, 14336)
+    with tuning.override(codec_mma_max_tokens=8):
+        assert ops.mul_mat_plan(w, 1).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
+        assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
+        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4099, 256), 1).kernels == ["gemv_q6_k_f32_t1"]
+        assert ops.mul_mat_plan(w, 1, arch="sm_89").kernels == ["gemv_q6_k_f32_t1"]
+    with tuning.override(codec_mma_max_tokens=0):
+        assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]

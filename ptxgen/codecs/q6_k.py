@@ -11,7 +11,7 @@ FMT = "q6_K"
 BLOCK_K, BLOCK_BYTES, QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = geometry(FMT, "ql", "qh", "scales", "d")
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("mmq_ra", "mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("mmq_ra", "mmq_pre", "codec_mma", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
 weights_error = alignment_error(FMT, LOAD_ALIGN)
 
 
@@ -238,3 +238,61 @@ def ra_fragments(b, rbase, row_offs, s, t):
                     q = b.op("sub.rn.f16x2", hv, c1056, type="b32")
                     frag[rr, 4 * c + 2 * wi + sh] = b.op("mul.rn.f16x2", q, ds, type="b32")
     return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
+
+
+# --- the tensor-core decode GEMV (kernels/gemv_mma_codec.py) ---------------------------------------------------------
+MMA_BOX_BYTES = 224  # a block's TMA box from its 16-byte aligned start: 210 bytes at an even offset ≤ 14
+
+
+def mma_constants(b) -> dict:
+    """The fp16 / fp32 constants mma_block's decode uses, in registers once per kernel."""
+    c = {"zero": 0, "magic": 0x64006400, "n1056": 0xE420E420, "h16": 0x2C002C00, "n96": 0xD600D600,
+         "c4b": 0x4B000000}
+    return {k: b.op("mov.b32", Imm(v, "b32")) for k, v in c.items()}
+
+
+class mma_block:  # noqa: N801 - a codec hook, named as the others
+    """One row's super-block for the tensor-core GEMV, decoded on demand: `fragment(s)` — the A pairs (elements
+    4t, 4t + 1) and (4t + 2, 4t + 3) of 16-element sub-block s as f16x2 of q − 32 (exact) — `scale(s)`, sc_s as
+    f32, and `d`. `word(off)` / `word(off, lane=True)`: the block's 4 bytes at `off` (plus 4t with lane), `half(off)`
+    its 2 bytes. Sub-block s = 8n + 2k + h is quarter k of half n, elements l = 16h + 4t + e: low (k < 2) or high
+    nibbles of ql[64n + 32·(k & 1) + l] with bits 2k, 2k + 1 of qh[32n + l] — the 6 bits put beside 0x64 in each
+    fp16 half (1024 + q, or 1024 + 16q for the high nibbles) by a prmt and two lop3, then h − 1056 or h/16 − 96."""
+
+    def __init__(self, b, word, half, t, c):
+        self.b, self.word, self.c, self._sc, self._runs = b, word, c, None, {}
+        self.d = b.op("cvt.f32.f16", half(D_OFFSET))
+
+    def _run(self, n, h):  # the (ql, ql + 32, qh) words of half n, l = 16h + 4t .. + 3, spread per byte pair
+        key = (n, h)
+        if key not in self._runs:
+            b, c = self.b, self.c
+            ws = [self.word(QL_OFFSET + 64 * n + 16 * h, True), self.word(QL_OFFSET + 64 * n + 32 + 16 * h, True),
+                  self.word(QH_OFFSET + 32 * n + 16 * h, True)]
+            per = []
+            for sel in (0x4140, 0x4342):  # bytes (0, 1), (2, 3) into the low bytes of the two halves
+                va, vb, u = (b.op("prmt.b32", w, c["zero"], Imm(sel, "b32")) for w in ws)
+                per.append((va, vb, b.op("shl.b32", u, Imm(4, "u32")), b.op("shl.b32", u, Imm(2, "u32"))))
+            self._runs[key] = per
+        return self._runs[key]
+
+    def fragment(self, s):
+        b, c = self.b, self.c
+        n, k, h = s // 8, (s % 8) // 2, s % 2
+        out = []
+        for va, vb, u4, u2 in self._run(n, h):
+            v, u = (va if k % 2 == 0 else vb), (u4 if k % 2 == 0 else u2)  # qh bits 2k, 2k + 1 at 4-5 (k < 2), 8-9
+            hi_mask, lo_mask = (0x00300030, 0x000F000F) if k < 2 else (0x03000300, 0x00F000F0)
+            top, r = b.reg("b32"), b.reg("b32")
+            b.emit("lop3.b32", top, u, Imm(hi_mask, "b32"), c["magic"], Imm(0xEA, "b32"))  # (u & mask) | 0x6400
+            b.emit("lop3.b32", r, v, Imm(lo_mask, "b32"), top, Imm(0xEA, "b32"))
+            out.append(b.op("add.rn.f16x2", r, c["n1056"], type="b32") if k < 2 else
+                       b.op("fma.rn.f16x2", r, c["h16"], c["n96"], type="b32"))
+        return out
+
+    def scale(self, s):
+        b = self.b
+        if self._sc is None:  # the 16 int8 scales, each byte + 128 (xor 0x80) for the 2^23 float trick
+            self._sc = [b.op("xor.b32", self.word(SC_OFFSET + 4 * i), Imm(0x80808080, "b32")) for i in range(4)]
+        f = b.op("prmt.b32", self._sc[s // 4], self.c["c4b"], Imm(0x7440 | (s % 4), "b32"))  # 2^23 + sc + 128
+        return b.op("add.rn.f32", f, Imm(-8388736.0, "f32"), type="f32")

@@ -499,6 +499,46 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
+def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,
+                        raw=None) -> Outcome:
+    """A codec's tensor-core GEMV (kernels/gemv_mma_codec.py): random raw blocks of meta's format (every scale and
+    bit pattern: ptxgen.testing.strategies.random_raw; or `raw`), the prep's tiles and factors from the NumPy model
+    (to_mma_tiles(x, Q4K_GROUP)); against the float64
+    reference, relative error ≤ 1e-5; split-K counters back at zero. `poison_x` = (token, k, value): non-finite
+    outputs exactly where the reference has them."""
+    from ..testing.strategies import random_raw
+
+    fmt, rows = meta["fmt"], meta["rows_per_cta"]
+    m, k = shape or (rows * 2 + 8, 512)  # m·k/256 a multiple of 8: the weights end on a 16-byte boundary
+    n = ntok or int(rng.integers(1, 9))
+    raw = random_raw(fmt, m, k, rng) if raw is None else raw
+    x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    if poison_x is not None:
+        x[poison_x[0], poison_x[1]] = poison_x[2]
+    mem = _memory()
+    wa = mem.alloc(raw)
+    tiles, factors = T4.to_mma_tiles(x, T4.Q4K_GROUP)
+    acts = (mem.alloc(tiles), mem.alloc(factors))
+    ya = mem.alloc(n * m * 4, poison=0xFF)
+    ctas = (m + rows - 1) // rows
+    nsteps = k // 256
+    splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
+    ncnt = ctas * meta["warps"]
+    ca = mem.alloc(np.zeros(ncnt, np.uint32))
+    part = mem.alloc(splits * n * m * 4, poison=0xFF)
+    _run(ptx, (ctas, splits), (32 * meta["warps"],), (wa, *acts, ya, m, k, n, part, ca), mem,
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
+    assert not mem.view(ca, np.uint32, (ncnt,)).any(), "split-K counters were not reset"
+    got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    if poison_x is not None:
+        ok = bool(np.array_equal(np.isfinite(got), np.isfinite(want)))
+        return Outcome(meta["name"], ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    ok = bool(np.isfinite(got).all() and rel <= 1e-5)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
+
+
 def gemv_xr_case(ptx: str, meta: dict, rng, shape=None, rows_per_cta=None, seed=None, poison_x=None) -> Outcome:
     """gemv_q4_k_xr (T = 1, the activation in registers): raw Q4_K and the plain fp32 x, a block of 32·ceil(K /
     2048) threads (idle lanes where K / 64 is not a multiple of 32), rows_per_cta rows per CTA (the last CTA
@@ -940,6 +980,7 @@ HARNESSES["prep_mma_f16"] = _prep_mma_f16
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)
+HARNESSES["gemv_q6_k_mma"] = _with_meta(gemv_codec_mma_case, "gemv_q6_k_mma", 2)
 for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]:
     _sfx = f"t{_nt}{'h' if _h else ''}"
     HARNESSES[f"gemv_q4_k_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_{_sfx}", 2)

@@ -234,8 +234,34 @@ class HopperOps:
         raise self.Error(f"address {addr:#x} is not the address of a kernel parameter (a tensor map must be "
                          "passed as a .param .b8[128] and addressed with mov + cvta.param)")
 
+    def _bulk_copy(self, ins, ex):
+        """`cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size, [mbar]`: `size`
+        bytes (a multiple of 16) from a 16-byte aligned global address to a 16-byte aligned shared one, landing
+        (maybe later) as a TMA box does."""
+        mods = ins.mods
+        if "global" not in mods or not any(m.startswith("shared") for m in mods[3:4]):
+            raise self.Unsupported(f"{ins.opcode}: only global → shared bulk copies are modelled")
+        dst, src, size, bar = ins.operands[:4]
+        daddr, _ = self._addr(dst, ex)
+        saddr, _ = self._addr(src, ex)
+        n = self._val(size, "u32", ex).astype(np.int64)
+        bars = self._mbar_addrs(bar, ex)
+        for i in range(ex.size):
+            d, sa, nb = int(daddr[i]), int(saddr[i]), int(n[i])
+            if d % 16 or sa % 16 or nb % 16 or nb <= 0:
+                raise self.Error(f"{ins.opcode}: addresses {sa:#x} → {d} and size {nb} must be multiples of 16")
+            data = self.memory.load(np.arange(sa, sa + nb, dtype=np.uint64), 1, ins.text)
+            job = (d + np.arange(nb), np.asarray(data, np.uint8).reshape(-1), int(bars[i]), nb, ins.text, int(ex[i]),
+                   self.cta)
+            if self.rng is not None and self.rng.random() < 0.5:
+                self._land_tma(job)
+            else:
+                self.cta.tma_pending.append(job)
+
     def _bulk_tensor(self, ins, ex):
         mods = ins.mods
+        if mods[3] != "tensor":
+            return self._bulk_copy(ins, ex)
         if mods[3] != "tensor" or "tile" not in mods or "global" not in mods or mods[4] != "2d":
             raise self.Unsupported(f"{ins.opcode}: only 2-D tiled global → shared loads are modelled")
         from .parser import split_operands

@@ -36,11 +36,11 @@ def _resident(k: Kernel, arch: Arch) -> Kernel:
 
 
 def _registry() -> dict[str, KernelDef]:
-    from . import (convert_f16, dequantize, dequantize_q4_k, fixup, frags, gemv, gemv_codec, gemv_t1, gemv_xr, mmq,
-                   moe_group, quantize_q8_1)
+    from . import (convert_f16, dequantize, dequantize_q4_k, fixup, frags, gemv, gemv_codec, gemv_mma_codec, gemv_t1,
+                   gemv_xr, mmq, moe_group, quantize_q8_1)
 
     defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, dequantize_q4_k.KERNEL_FRAGS, *frags.KERNELS, convert_f16.KERNEL,
-            convert_f16.KERNEL_PERM, convert_f16.KERNEL_GATHER, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, gemv_xr.KERNEL, *mmq.kernel_defs(), fixup.KERNEL, *fixup.KERNELS,
+            convert_f16.KERNEL_PERM, convert_f16.KERNEL_GATHER, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *mmq.kernel_defs(), fixup.KERNEL, *fixup.KERNELS,
             moe_group.KERNEL]
     return {d.name: d for d in defs}
 
@@ -63,6 +63,7 @@ NOT_SHIPPED = {
 }
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: Q6_K's measured slower than two "
                     "8-token launches (probe_gemv_codec_shapes_852097d.log), Q8_0's not timed yet" for f in ("q6_k", "q8_0")})
+NOT_SHIPPED["gemv_q6_k_mma"] = "Q6_K's tensor-core decode GEMV: emulator-checked, not yet timed on the H200"
 SHIPPED = {n: d for n, d in KERNELS.items() if n not in NOT_SHIPPED}
 
 

@@ -1,0 +1,199 @@
+"""The codecs' tensor-core decode GEMV (`gemv_<fmt>_mma`, T ≤ 8, exact): Q4_K's gemv_q4_k_mma schedule with the
+weights decoded by the codec (`mma_block`), for block formats whose weight is d·sc·q with integer q and an int8
+scale per 16-weight sub-block and no min term (Q6_K).
+
+Why: the fp32 codec GEMV (kernels/gemv_codec.py) spends ~8 SASS instructions per weight (Q6_K at T = 1: 25 µs on
+4096x14336, twice its read floor; T = 8 3.5x T = 1) — an FFMA per weight and token after the decode. Here the
+weights stay integers on the tensor cores: A = q − 32 as fp16 (exact), B = the activation split into fp16 hi + lo
+with one power of two per (token, super-block) (prep_mma_f16's tiles, as for Q4_K), one m16n8k16 MMA per
+sub-block and B part summing Σ q·x over the sub-block's 16 weights (exact products, fp32 accumulation); then in
+fp32 per sub-block S += sc·C and per super-block y += 2^-s·d·S. Every token of the 8 costs the same MMA, so T = 8
+costs about what T = 1 does.
+
+A warp owns 16 rows and walks K one super-block per step; a step's rows come by TMA, one box per row (lane r
+< 16 issues row r's) from the block's 16-byte aligned start (TMA boxes start 16-byte aligned, and a 210-byte
+block is only 2-byte aligned) into 240-byte slots (60 words: rows g = 0..7 in distinct banks), the weights as one
+flat row of bytes (the tensor map's zero fill covers the last block's box past the end). Lane (g, t) decodes rows
+g and g + 8: elements 4t .. 4t + 3 of each 16-element sub-block (the B tiles' K order), each 4-byte run of the
+block read as two aligned words and a prmt (the block sits at an even offset o of its slot). Split-K over gridDim.y
+with the last-warp fixup, as the other GEMVs.
+"""
+from __future__ import annotations
+
+from .. import codecs
+from ..builder import KernelBuilder
+from ..formats import tq4_1s as T4
+from ..ir import Imm, Mem, mma_sync
+from ..specs import GemvKernel
+from . import KernelDef
+from .gemv import (_fill_ring, _fragment_epilogue, _tile_pointer, _wait_step,
+                   _warp_rings, _warp_rows)
+
+FORMATS = ("q6_K",)  # codecs with mma_block
+NW = 4  # warps per CTA, 16 rows each
+ROWS = 16
+SLOT = 240  # smem bytes per row of a stage (≥ the codec's box, 60 words: conflict-free for rows g = 0..7)
+STAGES = 4
+CTAS = 3  # resident CTAs per SM (128 registers spilled)
+AHEAD, SETS = 2, 4  # B tiles loaded this many 32-element blocks ahead into this many rotating register sets
+STEP = 8  # 32-element blocks per step (one super-block)
+BULK = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
+def build(arch, fmt: str):
+    codec = codecs.get(fmt)
+    box, bbytes = codec.MMA_BOX_BYTES, codec.BLOCK_BYTES
+    stage_bytes = ROWS * SLOT
+    name = GemvKernel("mma", fmt).name
+    b = KernelBuilder(name, arch, f"{fmt} GEMV (exact) for up to 8 tokens on mma.sync, the codec's integer weights x "
+                      f"fp16 hi/lo activation, weights by TMA", block=(32 * NW, 1, 1))
+    w_p = b.param("w", "u64", "ptr:in")
+    bt_p, f_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in")
+    y_p = b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {CTAS}"]
+    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
+    ring_sym = b.dynamic_shared(NW * STAGES * stage_bytes + 128)
+    b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=CTAS, tokens=8,
+                  token_groups=1, rows_per_cta=ROWS * NW, rows_per_warp=ROWS, warps=NW, grid="ceil(m / rows_per_cta)",
+                  fmt=fmt, mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
+                  activation="prep_mma_f16(x): tiles + factors (its min fragments unused)", copy="bulk",
+                  box_bytes=box, stages=STAGES, dynamic_smem=b.dynamic_smem, pdl=True,
+                  weights=f"m·row_bytes a multiple of 16 (the last block's {box}-byte copy ends at the buffer's end)")
+    Y, BT, F = b.ptr(y_p), b.ptr(bt_p), b.ptr(f_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, ROWS)
+    g = b.op("shr.u32", lane, Imm(2, "u32"))
+    t = b.op("and.b32", lane, Imm(3, "b32"))
+    leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
+    ring, bars, _ = _warp_rings(b, ring_sym, warp, leader, NW, STAGES, stage_bytes)
+    b.emit("fence.proxy.async.shared::cta")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    nblk = b.op("shr.u32", K, Imm(5, "u32"))  # 32-element blocks (the B tiles' and factors' unit)
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(bbytes, "u32"))
+    mlast = b.op("sub.u32", M, Imm(1, "u32"))
+
+    def row_start(r):  # byte offset of row r's first block (rows past M: row M − 1's, never stored)
+        return b.op("mul.lo.u32", b.op("min.u32", b.op("add.u32", row0, r), mlast), row_bytes)
+
+    # the copy: lane r < 16 copies row r's block of the step from its 16-byte aligned start (a bulk copy)
+    W = b.ptr(w_p)
+    copier = b.op("setp.lt.u32", lane, Imm(ROWS, "u32"))
+    my_row = row_start(lane)
+    my_slot = b.op("mul.lo.u32", lane, Imm(SLOT, "u32"))
+
+    def issue(jb, stage):
+        live = b.op("setp.lt.u32", jb, nblk)
+        if isinstance(stage, int):
+            bar = b.op("add.u32", bars, Imm(8 * stage, "u32"))
+            dst = b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
+        else:
+            bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
+            dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
+        b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(ROWS * box, "u32"),
+               pred=b.op("and.pred", leader, live))
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # the expected bytes before any copy completes
+        col = b.op("and.b32", b.op("mad.lo.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(bbytes, "u32"), my_row),
+                   Imm(~15 & 0xFFFFFFFF, "b32"))
+        b.emit(BULK, Mem(b.op("add.u32", dst, my_slot)), Mem(b.op("add.s64", W, b.op("cvt.u64.u32", col))),
+               Imm(box, "u32"), Mem(bar), pred=b.op("and.pred", copier, live))
+
+    acc = b.regs("f32", 4)  # (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+    for r_ in acc:
+        b.emit("mov.f32", r_, Imm(0.0, "f32"))
+    kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
+    jb, count = _fill_ring(b, arch, issue, kz, stride, STEP, STAGES, True)
+
+    # the lane's rows (g, g + 8): their first block's byte offset and slot; the B tiles' and factors' pointers
+    rows = [row_start(b.op("add.u32", g, Imm(8 * rr, "u32"))) for rr in range(2)]
+    slots = [b.op("mul.lo.u32", b.op("add.u32", g, Imm(8 * rr, "u32")), Imm(SLOT, "u32")) for rr in range(2)]
+    lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
+    p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok)
+    p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), b.op("mul.wide.u32", t, Imm(8, "u32")))
+    s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
+    czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+    consts = codec.mma_constants(b)
+    sets = [b.regs("b32", 8) for _ in range(SETS)]
+
+    def load_b(pb, bl, dst, pred=None):  # block bl's B tiles (hi, lo of both halves) into register set dst
+        for h in range(2):
+            b.emit("ld.global.nc.v4.u32", b.vec(sets[dst][4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE),
+                   pred=pred)
+
+    loop, done = b.label("step"), b.label("steps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
+    for bl in range(AHEAD):
+        load_b(p_b, bl, bl)
+    b.place(loop)
+    fac = b.regs("f32", 2)  # this step's 2^-s of tokens 2t, 2t + 1
+    b.emit("ld.global.nc.v2.f32", b.vec(fac), Mem(p_f))
+    stage = _wait_step(b, bars, count, STAGES)
+    sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
+    jbytes = b.op("mul.lo.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(bbytes, "u32"))
+    blocks = []
+    for rr in range(2):  # the row's block: at an even offset o of its slot; word reads from o & ~3, prmt by o & 2
+        o = b.op("and.b32", b.op("add.u32", rows[rr], jbytes), Imm(15, "b32"))
+        base = b.op("add.u32", b.op("add.u32", sbase, slots[rr]), b.op("and.b32", o, Imm(12, "b32")))
+        sel = b.op("mad.lo.u32", b.op("and.b32", o, Imm(2, "b32")), Imm(0x1111, "u32"), Imm(0x3210, "u32"))
+        blocks.append((base, sel, b.op("add.u32", b.op("add.u32", sbase, slots[rr]), o)))
+
+    lane4 = b.op("shl.b32", t, Imm(2, "u32"))
+    lbases = [b.op("add.u32", base, lane4) for base, _, _ in blocks]
+
+    def word(rr, off, lane_part=False):  # the 4 block bytes at `off` (+ 4t with lane_part) of row rr
+        base, sel, _ = blocks[rr]
+        base = lbases[rr] if lane_part else base
+        lo, hi = b.reg("b32"), b.reg("b32")
+        b.emit("ld.shared.u32", lo, Mem(base, off))
+        b.emit("ld.shared.u32", hi, Mem(base, off + 4))
+        return b.op("prmt.b32", lo, hi, sel)
+
+    def half(rr, off):  # the 2 block bytes at `off`
+        v = b.reg("b16")
+        b.emit("ld.shared.b16", v, Mem(blocks[rr][2], off))
+        return v
+
+    rowdec = [codec.mma_block(b, lambda off, lp=False, rr=rr: word(rr, off, lp), lambda off, rr=rr: half(rr, off), t, consts)
+              for rr in range(2)]
+    nxt_b = b.op("add.s64", p_b, s_b)
+    more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
+    S = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+    a_frag = {}
+    for bl in range(STEP):  # 32-element block bl: register set bl % SETS, loaded AHEAD blocks earlier
+        if bl + AHEAD < STEP:
+            load_b(p_b, bl + AHEAD, (bl + AHEAD) % SETS)
+        else:
+            load_b(nxt_b, bl + AHEAD - STEP, (bl + AHEAD) % SETS, more)
+        for h in range(2):
+            s = 2 * bl + h  # the 16-element sub-block: its A from both rows, its two MMAs (B hi, lo)
+            for rr in range(2):
+                a_frag.update({(rr, bp): v for bp, v in enumerate(rowdec[rr].fragment(s))})
+            A = [a_frag[0, 0], a_frag[1, 0], a_frag[0, 1], a_frag[1, 1]]  # (g, 2t..), (g + 8, ..), (g, 2t + 8..), ..
+            c = b.regs("f32", 4)
+            breg = sets[bl % SETS]
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(A), b.vec(breg[4 * h:4 * h + 2]), b.vec(czero)))
+            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(A), b.vec(breg[4 * h + 2:4 * h + 4]), b.vec(c)))
+            for i in range(4):
+                b.emit("fma.rn.f32", S[i], rowdec[i // 2].scale(s), c[i], S[i])
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
+    issue(b.op("mad.lo.u32", stride, Imm(STAGES, "u32"), jb), stage)
+    for i in range(4):  # y += 2^-s·d·S
+        b.emit("fma.rn.f32", acc[i], b.op("mul.rn.f32", rowdec[i // 2].d, S[i]), fac[i % 2], acc[i])
+    b.emit("add.u32", count, count, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, stride)
+    b.emit("add.s64", p_b, p_b, s_b)
+    b.emit("add.s64", p_f, p_f, s_f)
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
+    b.place(done)
+    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
+    return b.finish()
+
+
+def kernel_defs() -> list[KernelDef]:
+    return [KernelDef(GemvKernel("mma", f).name, f"{f} decode GEMV, T <= 8, exact, mma.sync on the codec's integer "
+                      f"weights x hi/lo activation (prep_mma_f16), weights by bulk copies", lambda arch, f=f: build(arch, f),
+                      archs=("sm_90a",)) for f in FORMATS]
