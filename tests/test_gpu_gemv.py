@@ -374,17 +374,18 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
     x = rng.standard_normal((t, k)).astype(np.float32)
     xt = torch.from_numpy(x).cuda()
     y = torch.full((t, m), float("nan"), device="cuda")
-    r.mul_mat(w, xt, out=y)
-    got = y.cpu().numpy()
-    assert r.mul_mat_plan(w, t).kernels[0].startswith(f"gemv_{fmt.lower()}_f32_t")
-    assert np.isfinite(got).all() and rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-5
-    assert np.array_equal(r.mul_mat(w, xt).cpu().numpy(), got)
+    with tuning.override(codec_mma_max_tokens=0):  # Q6_K's tensor-core GEMV off: test_q6_k_tensor_core_gemv
+        r.mul_mat(w, xt, out=y)
+        got = y.cpu().numpy()
+        assert r.mul_mat_plan(w, t).kernels[0].startswith(f"gemv_{fmt.lower()}_f32_t")
+        assert np.isfinite(got).all() and rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-5
+        assert np.array_equal(r.mul_mat(w, xt).cpu().numpy(), got)
 
 
 
 @pytest.mark.parametrize("m,k,t", [(4096, 4096, 1), (136, 1024, 3), (4096, 14336, 8), (2000, 3584, 5), (8, 768, 2)])
 def test_q6_k_tensor_core_gemv(m, k, t):
-    """Q6_K's tensor-core decode GEMV (prep_mma_f16 + gemv_q6_k_mma, with RULES.codec_mma_max_tokens at 8): within
+    """Q6_K's tensor-core decode GEMV (prep_mma_f16 + gemv_q6_k_mma, T = 1 too with RULES.codec_mma_min_tokens at 1): within
     1e-5 of the float64 reference on ggml-quantized weights and on random blocks (every scale and bit pattern), the
     output poisoned first, bit-identical run to run, x from torch on torch's stream."""
     import torch
@@ -398,7 +399,7 @@ def test_q6_k_tensor_core_gemv(m, k, t):
         x = rng.standard_normal((t, k)).astype(np.float32)
         xt = torch.from_numpy(x).cuda()
         y = torch.full((t, m), float("nan"), device="cuda")
-        with tuning.override(codec_mma_max_tokens=8):
+        with tuning.override(codec_mma_min_tokens=1):
             assert r.mul_mat_plan(w, t).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
             r.mul_mat(w, xt, out=y)
             again = r.mul_mat(w, xt).cpu().numpy()

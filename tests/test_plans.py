@@ -284,7 +284,7 @@ def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
     its 16-token build, slices of up to 16 (9-16 tokens: that build)."""
     w = fakegpu.weights(fmt, 300, 512)
     assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_f32_t1"]
-    with tuning.override(codec_mmq_min_tokens=1 << 30, codec_ra_mmq_min_tokens=1 << 30):
+    with tuning.override(codec_mmq_min_tokens=1 << 30, codec_ra_mmq_min_tokens=1 << 30, codec_mma_max_tokens=0):
         p = ops.mul_mat_plan(w, 11 if fmt != "q5_K" else 19)
     builds, counts = ((8, 4), [8, 3]) if fmt != "q5_K" else ((16, 4), [16, 3])
     assert p.kernels == [f"gemv_{fmt.lower()}_f32_t{nt}" for nt in builds]
@@ -463,18 +463,20 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
         assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
-        assert ops.mul_mat_plan(w, 8).kernels == ["gemv_q6_k_f32_t8"]
+        assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
 
 
 def test_q6_k_tensor_core_gemv_runs_where_its_rule_and_its_weights_allow(gpu):
-    """Q6_K's tensor-core decode GEMV (prep_mma_f16, then gemv_q6_k_mma) up to RULES.codec_mma_max_tokens on sm_90a
-    where the weights end on a 16-byte boundary (M·K/256 blocks a multiple of 8); the fp32 codec GEMV where they do
-    not, above the rule, and off sm_90a."""
+    """Q6_K's tensor-core decode GEMV (prep_mma_f16, then gemv_q6_k_mma) from RULES.codec_mma_min_tokens to
+    RULES.codec_mma_max_tokens on sm_90a where the weights end on a 16-byte boundary (M·K/256 blocks a multiple of
+    8); the fp32 codec GEMV where they do not, outside the rules, and off sm_90a."""
     w = fakegpu.weights("q6_K", 4096, 14336)
-    with tuning.override(codec_mma_max_tokens=8):
+    assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]  # as shipped: T = 2-8
+    assert ops.mul_mat_plan(w, 2).kernels == ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
+    with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=8):
         assert ops.mul_mat_plan(w, 1).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
         assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4099, 256), 1).kernels == ["gemv_q6_k_f32_t1"]
-        assert ops.mul_mat_plan(w, 1, arch="sm_89").kernels == ["gemv_q6_k_f32_t1"]
+        assert ops.mul_mat_plan(w, 2, arch="sm_89").kernels == ["gemv_q6_k_f32_t2"]
     with tuning.override(codec_mma_max_tokens=0):
         assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]
