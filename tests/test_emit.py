@@ -124,6 +124,7 @@ EXPECTED_SASS["gemv_tq4_1s_mma_m16"] = EXPECTED_SASS["gemv_tq4_1s_mma"]
 EXPECTED_SASS["prep_tq4_1s_mma"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["prep_mma_f16"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["gemv_q4_k_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HADD2"]
+EXPECTED_SASS["gemv_q6_k_mma"] = ["HMMA.16816.F32", "UBLKCP.S.G", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "I2F.S8", "CCTL.E.PF1"]
 EXPECTED_SASS["gemv_q4_k_mma_n16"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS"]  # cp.async everywhere
 EXPECTED_SASS["gemv_q4_k_mma", "sm_89"] = EXPECTED_SASS["gemv_q4_k_mma_n16"]  # no TMA there: cp.async
 for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):

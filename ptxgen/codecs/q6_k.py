@@ -292,7 +292,7 @@ class mma_block:  # noqa: N801 - a codec hook, named as the others
 
     def scale(self, s):
         b = self.b
-        if self._sc is None:  # the 16 int8 scales, each byte + 128 (xor 0x80) for the 2^23 float trick
-            self._sc = [b.op("xor.b32", self.word(SC_OFFSET + 4 * i), Imm(0x80808080, "b32")) for i in range(4)]
-        f = b.op("prmt.b32", self._sc[s // 4], self.c["c4b"], Imm(0x7440 | (s % 4), "b32"))  # 2^23 + sc + 128
-        return b.op("add.rn.f32", f, Imm(-8388736.0, "f32"), type="f32")
+        if self._sc is None:  # the 16 int8 scales
+            self._sc = [self.word(SC_OFFSET + 4 * i) for i in range(4)]
+        return b.op("cvt.rn.f32.s32", b.op("bfe.s32", self._sc[s // 4], Imm(8 * (s % 4), "u32"), Imm(8, "u32")),
+                    type="f32")

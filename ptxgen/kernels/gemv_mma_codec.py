@@ -10,13 +10,18 @@ sub-block and B part summing Σ q·x over the sub-block's 16 weights (exact prod
 fp32 per sub-block S += sc·C and per super-block y += 2^-s·d·S. Every token of the 8 costs the same MMA, so T = 8
 costs about what T = 1 does.
 
-A warp owns 16 rows and walks K one super-block per step; a step's rows come by TMA, one box per row (lane r
-< 16 issues row r's) from the block's 16-byte aligned start (TMA boxes start 16-byte aligned, and a 210-byte
-block is only 2-byte aligned) into 240-byte slots (60 words: rows g = 0..7 in distinct banks), the weights as one
-flat row of bytes (the tensor map's zero fill covers the last block's box past the end). Lane (g, t) decodes rows
-g and g + 8: elements 4t .. 4t + 3 of each 16-element sub-block (the B tiles' K order), each 4-byte run of the
-block read as two aligned words and a prmt (the block sits at an even offset o of its slot). Split-K over gridDim.y
-with the last-warp fixup, as the other GEMVs.
+A warp owns 16 rows and walks K one super-block per step; a step's rows come by bulk copies (cp.async.bulk), one
+per row (lane r < 16 copies row r's) of MMA_BOX_BYTES from the block's 16-byte aligned start (a 210-byte block is
+only 2-byte aligned; the copies need 16) into 240-byte slots (60 words: rows g = 0..7 in distinct banks). The
+last block's copy ends exactly at the buffer's end where M·K/256 is a multiple of 8 (mul_mat asks that). Lane
+(g, t) decodes rows g and g + 8: elements 4t .. 4t + 3 of each 16-element sub-block (the B tiles' K order). A
+block sits at an even offset o of its slot: a step where every o is a multiple of 4 (K/256 even, j even) reads
+each word with one load, the others with two and a prmt. The next step's B tiles are prefetched into L1 at each
+step's start. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
+
+H200 (decode loop, 24 distinct 4096x14336 weights, graph-replayed, bench_op_q6k_mma_on.log): 29-30 µs at every T
+from 1 to 8 (the fp32 GEMV: 25.5 / 33.4 / 51.1 / 89.5 at T = 1 / 2 / 4 / 8): 2.3x the read floor, issue ~49% busy
+with 12-16 warps an SM, most stalls on the long scoreboard (ncu_q6k_mma_2026-12-02.txt): mul_mat runs it at T = 2-8.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ NW = 4  # warps per CTA, 16 rows each
 ROWS = 16
 SLOT = 240  # smem bytes per row of a stage (≥ the codec's box, 60 words: conflict-free for rows g = 0..7)
 STAGES = 4
-CTAS = 3  # resident CTAs per SM (128 registers spilled)
+CTAS = 3  # resident CTAs per SM (~167 registers; 4 CTAs at 128 with one B set ahead measured 1-3 µs slower at T = 2-8)
 AHEAD, SETS = 2, 4  # B tiles loaded this many 32-element blocks ahead into this many rotating register sets
 STEP = 8  # 32-element blocks per step (one super-block)
 BULK = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -113,6 +118,14 @@ def build(arch, fmt: str):
     slots = [b.op("mul.lo.u32", b.op("add.u32", g, Imm(8 * rr, "u32")), Imm(SLOT, "u32")) for rr in range(2)]
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
     p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok)
+    # the next step's B tiles into L1 at each step's start (lane l: line l >> 4 (+ 2) of tile l & 15, the lines of
+    # tokens 2·line, 2·line + 1, where a token is live): the loads AHEAD blocks ahead then hit L1
+    pf_lines = [b.op("add.u32", b.op("shr.u32", lane, Imm(4, "u32")), Imm(2 * i, "u32")) for i in range(2)]
+    pf_live = [b.op("setp.lt.u32", b.op("shl.b32", ln, Imm(1, "u32")), ntok) for ln in pf_lines]
+    p_pf = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT),
+                b.op("cvt.u64.u32", b.op("mad.lo.u32", b.op("and.b32", lane, Imm(15, "b32")), Imm(T4.MMA_TILE, "u32"),
+                                         b.op("shl.b32", pf_lines[0], Imm(7, "u32")))))
+    s_pf = b.op("mul.wide.u32", stride, Imm(2 * T4.MMA_TILE, "u32"))
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), b.op("mul.wide.u32", t, Imm(8, "u32")))
     s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
@@ -144,11 +157,46 @@ def build(arch, fmt: str):
     lane4 = b.op("shl.b32", t, Imm(2, "u32"))
     lbases = [b.op("add.u32", base, lane4) for base, _, _ in blocks]
 
+    nxt_b = b.op("add.s64", p_b, s_b)
+    more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
+    b.emit("add.s64", p_pf, p_pf, s_pf)
+    for i in range(2):
+        b.emit("prefetch.global.L1", Mem(p_pf, 256 * i), pred=b.op("and.pred", more, pf_live[i]))
+    # a step whose blocks all start 4-byte aligned in their slots (K / 256 even: every row's offset is 2·j mod 4)
+    # reads each word with one load; the others with two and a prmt
+    even = b.op("setp.eq.u32", b.op("and.b32", K, Imm(256, "b32")), Imm(0, "u32"))
+    aligned = b.op("and.pred", even, b.op("setp.eq.u32", b.op("and.b32", jbytes, Imm(2, "b32")), Imm(0, "u32")))
+    other, joined = b.label("step_unaligned"), b.label("step_joined")
+    b.bra(other, pred=aligned, neg=True)
+    for al in (True, False):
+        if not al:
+            b.place(other)
+        _step_body(b, arch, codec, consts, blocks, lbases, t, al, sets, load_b, p_b, nxt_b, more, czero, acc, fac)
+        if al:
+            b.bra(joined)
+    b.place(joined)
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
+    issue(b.op("mad.lo.u32", stride, Imm(STAGES, "u32"), jb), stage)
+    b.emit("add.u32", count, count, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, stride)
+    b.emit("add.s64", p_b, p_b, s_b)
+    b.emit("add.s64", p_f, p_f, s_f)
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
+    b.place(done)
+    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
+    return b.finish()
+
+
+def _step_body(b, arch, codec, consts, blocks, lbases, t, al, sets, load_b, p_b, nxt_b, more, czero, acc, fac):
+    """A step's decode, MMAs and sums into acc, its blocks' words read aligned (`al`) or as two words and a prmt."""
     def word(rr, off, lane_part=False):  # the 4 block bytes at `off` (+ 4t with lane_part) of row rr
         base, sel, _ = blocks[rr]
         base = lbases[rr] if lane_part else base
-        lo, hi = b.reg("b32"), b.reg("b32")
+        lo = b.reg("b32")
         b.emit("ld.shared.u32", lo, Mem(base, off))
+        if al:
+            return lo
+        hi = b.reg("b32")
         b.emit("ld.shared.u32", hi, Mem(base, off + 4))
         return b.op("prmt.b32", lo, hi, sel)
 
@@ -157,10 +205,8 @@ def build(arch, fmt: str):
         b.emit("ld.shared.b16", v, Mem(blocks[rr][2], off))
         return v
 
-    rowdec = [codec.mma_block(b, lambda off, lp=False, rr=rr: word(rr, off, lp), lambda off, rr=rr: half(rr, off), t, consts)
-              for rr in range(2)]
-    nxt_b = b.op("add.s64", p_b, s_b)
-    more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
+    rowdec = [codec.mma_block(b, lambda off, lp=False, rr=rr: word(rr, off, lp), lambda off, rr=rr: half(rr, off),
+                              t, consts) for rr in range(2)]
     S = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
     a_frag = {}
     for bl in range(STEP):  # 32-element block bl: register set bl % SETS, loaded AHEAD blocks earlier
@@ -179,18 +225,8 @@ def build(arch, fmt: str):
             b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(A), b.vec(breg[4 * h + 2:4 * h + 4]), b.vec(c)))
             for i in range(4):
                 b.emit("fma.rn.f32", S[i], rowdec[i // 2].scale(s), c[i], S[i])
-    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
-    issue(b.op("mad.lo.u32", stride, Imm(STAGES, "u32"), jb), stage)
     for i in range(4):  # y += 2^-s·d·S
         b.emit("fma.rn.f32", acc[i], b.op("mul.rn.f32", rowdec[i // 2].d, S[i]), fac[i % 2], acc[i])
-    b.emit("add.u32", count, count, Imm(1, "u32"))
-    b.emit("add.u32", jb, jb, stride)
-    b.emit("add.s64", p_b, p_b, s_b)
-    b.emit("add.s64", p_f, p_f, s_f)
-    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
-    b.place(done)
-    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
-    return b.finish()
 
 
 def kernel_defs() -> list[KernelDef]:
