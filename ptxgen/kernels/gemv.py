@@ -1188,16 +1188,23 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
                    b.op("setp.lt.u32", b.op("add.u32", b.op("add.u32", jb, stride), Imm(nb, "u32")), nblk))
         block(sbase, bl, bl % MMA_SETS)
         b.place(skip)
-    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
-    issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
-    b.emit("add.u32", gcount, gcount, Imm(1, "u32"))
-    b.emit("add.u32", jb, jb, stride)
-    b.emit("add.s64", p_b, p_b, s_b)
-    b.emit("add.s64", p_f, p_f, s_f)
-    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
+    _next_step(b, issue, stride, S, jb, stage, gcount, ((p_b, s_b), (p_f, s_f)), loop, nblk)
     b.place(done)
     _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p)
     return b.finish()
+
+
+def _next_step(b, issue, stride, S, jb, stage, count, advances, loop, nblk):
+    """The end of a tensor-core GEMV's step: every lane has read the stage (bar.warp.sync), so the copies may
+    refill it with the step S ahead; the step counter, jb and the (pointer, stride) `advances` move on; back to
+    `loop` while blocks remain."""
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
+    issue(b.op("mad.lo.u32", stride, Imm(S, "u32"), jb), stage)
+    b.emit("add.u32", count, count, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, stride)
+    for p_, s_ in advances:
+        b.emit("add.s64", p_, p_, s_)
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
 
 
 

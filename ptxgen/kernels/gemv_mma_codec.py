@@ -31,7 +31,7 @@ from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
 from . import KernelDef
-from .gemv import (_fill_ring, _fragment_epilogue, _tile_pointer, _wait_step,
+from .gemv import (_fill_ring, _fragment_epilogue, _next_step, _tile_pointer, _wait_step,
                    _warp_rings, _warp_rows)
 
 FORMATS = ("q6_K",)  # codecs with mma_block
@@ -175,13 +175,7 @@ def build(arch, fmt: str):
         if al:
             b.bra(joined)
     b.place(joined)
-    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: TMA may refill it
-    issue(b.op("mad.lo.u32", stride, Imm(STAGES, "u32"), jb), stage)
-    b.emit("add.u32", count, count, Imm(1, "u32"))
-    b.emit("add.u32", jb, jb, stride)
-    b.emit("add.s64", p_b, p_b, s_b)
-    b.emit("add.s64", p_f, p_f, s_f)
-    b.bra(loop, pred=b.op("setp.lt.u32", jb, nblk))
+    _next_step(b, issue, stride, STAGES, jb, stage, count, ((p_b, s_b), (p_f, s_f)), loop, nblk)
     b.place(done)
     _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
     return b.finish()
