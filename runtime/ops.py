@@ -1038,13 +1038,17 @@ def _codec_gemv(c: _Call) -> None:
 def _codec_mma_ok(c: _Call) -> bool:
     """A codec's tensor-core decode GEMV (kernels/gemv_mma_codec.py) for RULES.codec_mma_min_tokens ≤ T ≤
     RULES.codec_mma_max_tokens where it is
-    built (sm_90a), the weights 16-byte aligned and ending on a 16-byte boundary (M·K/256 blocks a multiple of 8:
-    its bulk copies of 16-byte multiples read no byte past the buffer)."""
+    built (sm_90a), the weights 16-byte aligned, a row a multiple of 4 bytes (every row's step at the same 2-byte
+    phase) and M rows a multiple of 16 (its bulk copies of 16-byte multiples read no byte past the buffer; Q6_K:
+    K/256 even and M·K/256 a multiple of 8)."""
+    from ptxgen import codecs
     from ptxgen.kernels import gemv_mma_codec
 
-    return (c.w.fmt in gemv_mma_codec.FORMATS
-            and _per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt)
-            and c.w.ptr % 16 == 0 and (c.m * (c.k // 256)) % 8 == 0
+    if c.w.fmt not in gemv_mma_codec.FORMATS:
+        return False
+    row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
+    return (_per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt)
+            and c.w.ptr % 16 == 0 and row % 4 == 0 and (c.m * row) % 16 == 0 and c.k % 256 == 0
             and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) == "sm_90a")
 
 

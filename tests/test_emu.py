@@ -888,24 +888,27 @@ def test_fp16_mmq_flags_activations_that_are_not_finite_in_fp16(kernel, value, s
     assert ("flagged" in out.detail) == (abs(value) > 65504 or not np.isfinite(value)), out.detail
 
 
-@pytest.mark.parametrize("ntok,shape,splits", [(1, (136, 512), 1), (8, (72, 1280), 3)])
-def test_q6_k_tensor_core_gemv(ntok, shape, splits):
-    """gemv_q6_k_mma (Q6_K's integer weights x fp16 hi/lo activation on mma.sync, kernels/gemv_mma_codec.py) on
-    random blocks: within 1e-5 of the float64 reference, at 1 and 8 tokens, 1 and 3 K splits."""
-    ptx = KERNELS["gemv_q6_k_mma"].for_arch("sm_90a").ptx()
-    out = check_kernel("gemv_q6_k_mma", ptx, seed=3, shape=shape, ntok=ntok, splits=splits)
+@pytest.mark.parametrize("fmt", ["q6_k", "q8_0"])
+@pytest.mark.parametrize("ntok,shape,splits", [(1, (136, 512), 1), (8, (72, 1536), 3)])
+def test_codec_tensor_core_gemv(fmt, ntok, shape, splits):
+    """gemv_<fmt>_mma (the codec's integer weights x fp16 hi/lo activation on mma.sync, kernels/gemv_mma_codec.py)
+    on random blocks: within 1e-5 of the float64 reference, at 1 and 8 tokens, 1 and 3 K splits (Q6_K's steps at
+    both 2-byte phases: K/256 even, odd steps at phase 2)."""
+    ptx = KERNELS[f"gemv_{fmt}_mma"].for_arch("sm_90a").ptx()
+    out = check_kernel(f"gemv_{fmt}_mma", ptx, seed=3, shape=shape, ntok=ntok, splits=splits)
     assert out.ok, out.detail
 
 
 @pytest.mark.slow
-def test_q6_k_tensor_core_gemv_odd_rows_and_non_finite():
-    """gemv_q6_k_mma where rows start at either 2-byte phase within a step (K / 256 odd), M not a multiple of the
-    CTA's 64 rows, T = 2-5; an inf or a NaN in x gives non-finite outputs exactly where the reference has them."""
-    ptx = KERNELS["gemv_q6_k_mma"].for_arch("sm_90a").ptx()
-    for n, kw in ((2, dict(shape=(40, 768), splits=2)), (3, dict(shape=(8, 768), splits=1)),
+@pytest.mark.parametrize("fmt", ["q6_k", "q8_0"])
+def test_codec_tensor_core_gemv_shapes_and_non_finite(fmt):
+    """gemv_<fmt>_mma with M not a multiple of the CTA's 64 rows (and below 16), T = 2-5, 1-2 K splits; an inf or a
+    NaN in x gives non-finite outputs exactly where the reference has them."""
+    ptx = KERNELS[f"gemv_{fmt}_mma"].for_arch("sm_90a").ptx()
+    for n, kw in ((2, dict(shape=(40, 1024), splits=2)), (3, dict(shape=(8, 1024), splits=1)),
                   (5, dict(shape=(200, 2048), splits=2))):
-        out = check_kernel("gemv_q6_k_mma", ptx, seed=3, ntok=n, **kw)
+        out = check_kernel(f"gemv_{fmt}_mma", ptx, seed=3, ntok=n, **kw)
         assert out.ok, (n, kw, out.detail)
     for bad in (np.inf, np.nan):
-        out = check_kernel("gemv_q6_k_mma", ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
+        out = check_kernel(f"gemv_{fmt}_mma", ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
         assert out.ok, (bad, out.detail)

@@ -383,26 +383,27 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
 
 
 
-@pytest.mark.parametrize("m,k,t", [(4096, 4096, 1), (136, 1024, 3), (4096, 14336, 8), (2000, 3584, 5), (8, 768, 2)])
-def test_q6_k_tensor_core_gemv(m, k, t):
-    """Q6_K's tensor-core decode GEMV (prep_mma_f16 + gemv_q6_k_mma, T = 1 too with RULES.codec_mma_min_tokens at 1): within
-    1e-5 of the float64 reference on ggml-quantized weights and on random blocks (every scale and bit pattern), the
-    output poisoned first, bit-identical run to run, x from torch on torch's stream."""
+@pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
+@pytest.mark.parametrize("m,k,t", [(4096, 4096, 1), (136, 1024, 3), (4096, 14336, 8), (2000, 3584, 5), (8, 1024, 2)])
+def test_codec_tensor_core_gemv(fmt, m, k, t):
+    """The codecs' tensor-core decode GEMV (prep_mma_f16 + gemv_<fmt>_mma, at every T to 8 with the rules lifted):
+    within 1e-5 of the float64 reference on ggml-quantized weights and on random blocks (every scale and bit
+    pattern), the output poisoned first, bit-identical run to run, x from torch on torch's stream."""
     import torch
 
     import ptxgen.runtime as r
     from ptxgen.testing.strategies import random_raw
 
     rng = np.random.default_rng(m + k + t)
-    for raw in (formats.quantize("q6_K", rng.standard_normal((m, k)).astype(np.float32)), random_raw("q6_K", m, k, rng)):
-        w = r.QuantTensor.from_raw("q6_K", raw, (m, k))
+    for raw in (formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32)), random_raw(fmt, m, k, rng)):
+        w = r.QuantTensor.from_raw(fmt, raw, (m, k))
         x = rng.standard_normal((t, k)).astype(np.float32)
         xt = torch.from_numpy(x).cuda()
         y = torch.full((t, m), float("nan"), device="cuda")
-        with tuning.override(codec_mma_min_tokens=1):
-            assert r.mul_mat_plan(w, t).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
+        with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=8):
+            assert r.mul_mat_plan(w, t).kernels == ["prep_mma_f16", f"gemv_{fmt.lower()}_mma"]
             r.mul_mat(w, xt, out=y)
             again = r.mul_mat(w, xt).cpu().numpy()
         got = y.cpu().numpy()
-        assert np.isfinite(got).all() and rel(got, formats.gemm_ref("q6_K", raw, m, k, x)) <= 1e-5
+        assert np.isfinite(got).all() and rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-5
         assert np.array_equal(again, got)

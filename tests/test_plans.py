@@ -466,10 +466,11 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
         assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
 
 
-def test_q6_k_tensor_core_gemv_runs_where_its_rule_and_its_weights_allow(gpu):
-    """Q6_K's tensor-core decode GEMV (prep_mma_f16, then gemv_q6_k_mma) from RULES.codec_mma_min_tokens to
-    RULES.codec_mma_max_tokens on sm_90a where the weights end on a 16-byte boundary (M·K/256 blocks a multiple of
-    8); the fp32 codec GEMV where they do not, outside the rules, and off sm_90a."""
+def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(gpu):
+    """Q6_K's and Q8_0's tensor-core decode GEMV (prep_mma_f16, then gemv_<fmt>_mma) from
+    RULES.codec_mma_min_tokens to RULES.codec_mma_max_tokens on sm_90a where a row is a multiple of 4 bytes and the
+    weights end on a 16-byte boundary; the fp32 codec GEMV where they do not, outside the rules (Q8_0's off as
+    shipped), and off sm_90a."""
     w = fakegpu.weights("q6_K", 4096, 14336)
     assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]  # as shipped: T = 2-8
     assert ops.mul_mat_plan(w, 2).kernels == ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
@@ -478,5 +479,8 @@ def test_q6_k_tensor_core_gemv_runs_where_its_rule_and_its_weights_allow(gpu):
         assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4099, 256), 1).kernels == ["gemv_q6_k_f32_t1"]
         assert ops.mul_mat_plan(w, 2, arch="sm_89").kernels == ["gemv_q6_k_f32_t2"]
+        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3328), 2).kernels == ["gemv_q6_k_f32_t2"]  # K/256 odd
+        assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 14336), 4).kernels == ["prep_mma_f16", "gemv_q8_0_mma"]
+        assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 4128), 4).kernels == ["gemv_q8_0_f32_t4"]  # K % 256
     with tuning.override(codec_mma_max_tokens=0):
         assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]

@@ -241,7 +241,9 @@ def ra_fragments(b, rbase, row_offs, s, t):
 
 
 # --- the tensor-core decode GEMV (kernels/gemv_mma_codec.py) ---------------------------------------------------------
-MMA_BOX_BYTES = 224  # a block's TMA box from its 16-byte aligned start: 210 bytes at an even offset ≤ 14
+MMA_STEP_BYTES = BLOCK_BYTES  # a step's bytes per row (256 weights)
+MMA_BOX_BYTES = 224  # a block's copy from its 16-byte aligned start: 210 bytes at an even offset ≤ 14
+MMA_SLOT_BYTES = 240  # 60 words a row in shared memory: rows g = 0..7 in distinct banks
 
 
 def mma_constants(b) -> dict:

@@ -6,10 +6,10 @@ from ..ir import Imm, Mem
 from ._common import block_lanes, geometry
 
 FMT = "q8_0"
-BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 34
+BLOCK_K, BLOCK_BYTES, D_OFFSET, QS_OFFSET = geometry(FMT, "d", "qs")  # 32, 34, 0, 2
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("mmq_ra", "mmq_pre", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+ROUTES = {"exact": ("mmq_ra", "mmq_pre", "codec_mma", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:
@@ -105,3 +105,38 @@ def ra_fragments(b, rbase, row_offs, s, t):
                     q = b.op("sub.rn.f16x2", h, c1152, type="b32")
                     frag[rr, 4 * sb + 2 * wi + sh] = b.op("mul.rn.f16x2", q, dd, type="b32")
     return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
+
+
+# --- the tensor-core decode GEMV (kernels/gemv_mma_codec.py) ---------------------------------------------------------
+MMA_STEP_BYTES = 8 * BLOCK_BYTES  # 272 bytes per 256 weights: a 16-byte multiple, so every step starts aligned
+MMA_BOX_BYTES = MMA_STEP_BYTES
+MMA_SLOT_BYTES = 304  # 76 words a row: rows g = 0..7 in distinct banks
+
+
+def mma_constants(b) -> dict:
+    """The constants mma_block's decode uses, in registers once per kernel."""
+    c = {"magic": 0x64006400, "n1152": 0xE480E480}
+    return {k: b.op("mov.b32", Imm(v, "b32")) for k, v in c.items()}
+
+
+class mma_block:  # noqa: N801 - a codec hook, named as the others
+    """One row's 8 blocks (a step of 256 weights) for the tensor-core GEMV, as q6_k.mma_block: `fragment(s)` — the
+    A pairs (elements 4t, 4t + 1), (4t + 2, 4t + 3) of 16-element half s % 2 of block s // 2 as f16x2 of q (exact:
+    each int8 byte + 128 beside 0x64 by a prmt, then h − 1152) — `scale(s)`, that block's d as f32, and `d` = 1."""
+
+    def __init__(self, b, word, half, t, c):
+        self.b, self.word, self.half, self.c, self._d = b, word, half, c, {}
+        self.d = b.op("mov.f32", Imm(1.0, "f32"))
+
+    def fragment(self, s):
+        b, c = self.b, self.c
+        j, h = s // 2, s % 2
+        x = b.op("xor.b32", self.word(j * BLOCK_BYTES + QS_OFFSET + 16 * h, True), Imm(0x80808080, "b32"))
+        return [b.op("add.rn.f16x2", b.op("prmt.b32", x, c["magic"], Imm(sel, "b32")), c["n1152"], type="b32")
+                for sel in (0x5150, 0x5352)]  # bytes (0, 1), (2, 3) beside 0x64
+
+    def scale(self, s):
+        j = s // 2
+        if j not in self._d:
+            self._d[j] = self.b.op("cvt.f32.f16", self.half(j * BLOCK_BYTES + D_OFFSET))
+        return self._d[j]

@@ -980,7 +980,8 @@ HARNESSES["prep_mma_f16"] = _prep_mma_f16
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)
-HARNESSES["gemv_q6_k_mma"] = _with_meta(gemv_codec_mma_case, "gemv_q6_k_mma", 2)
+for _f in ("q6_k", "q8_0"):
+    HARNESSES[f"gemv_{_f}_mma"] = _with_meta(gemv_codec_mma_case, f"gemv_{_f}_mma", 2)
 for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]:
     _sfx = f"t{_nt}{'h' if _h else ''}"
     HARNESSES[f"gemv_q4_k_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_{_sfx}", 2)

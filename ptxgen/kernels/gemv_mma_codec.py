@@ -1,6 +1,6 @@
 """The codecs' tensor-core decode GEMV (`gemv_<fmt>_mma`, T ≤ 8, exact): Q4_K's gemv_q4_k_mma schedule with the
-weights decoded by the codec (`mma_block`), for block formats whose weight is d·sc·q with integer q and an int8
-scale per 16-weight sub-block and no min term (Q6_K).
+weights decoded by the codec (`mma_block`), for block formats whose weight is a scale times an integer q, the
+scale constant over 16 weights, with no min term (Q6_K: d·sc per 16; Q8_0: d per 32).
 
 Why: the fp32 codec GEMV (kernels/gemv_codec.py) spends ~8 SASS instructions per weight (Q6_K at T = 1: 25 µs on
 4096x14336, twice its read floor; T = 8 3.5x T = 1) — an FFMA per weight and token after the decode. Here the
@@ -10,14 +10,15 @@ sub-block and B part summing Σ q·x over the sub-block's 16 weights (exact prod
 fp32 per sub-block S += sc·C and per super-block y += 2^-s·d·S. Every token of the 8 costs the same MMA, so T = 8
 costs about what T = 1 does.
 
-A warp owns 16 rows and walks K one super-block per step; a step's rows come by bulk copies (cp.async.bulk), one
-per row (lane r < 16 copies row r's) of MMA_BOX_BYTES from the block's 16-byte aligned start (a 210-byte block is
-only 2-byte aligned; the copies need 16) into 240-byte slots (60 words: rows g = 0..7 in distinct banks). The
-last block's copy ends exactly at the buffer's end where M·K/256 is a multiple of 8 (mul_mat asks that). Lane
-(g, t) decodes rows g and g + 8: elements 4t .. 4t + 3 of each 16-element sub-block (the B tiles' K order). A
-block sits at an even offset o of its slot: a step where every o is a multiple of 4 (K/256 even, j even) reads
-each word with one load, the others with two and a prmt. The next step's B tiles are prefetched into L1 at each
-step's start. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
+A warp owns 16 rows and walks K 256 weights per step; a step's rows come by bulk copies (cp.async.bulk), one per
+row (lane r < 16 copies row r's) of MMA_BOX_BYTES from the step's 16-byte aligned start (a Q6_K block is only
+2-byte aligned, Q8_0's 8 blocks of 34 bytes are 272: aligned) into MMA_SLOT_BYTES slots (rows g = 0..7 in
+distinct banks). The last copy ends exactly at the buffer's end where M rows are a multiple of 16 bytes (mul_mat
+asks that). Lane (g, t) decodes rows g and g + 8: elements 4t .. 4t + 3 of each 16-element sub-block (the B
+tiles' K order), reading 4-byte words. A row a multiple of 4 bytes (mul_mat asks that too) puts every row's step
+at the same 2-byte phase, so the step body is emitted once per phase (Q6_K: even and odd steps) and each word
+takes one load or, at a 2-byte offset, two and a prmt, known when the PTX is written. The next step's B tiles
+are prefetched into L1 at each step's start. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
 
 H200 (decode loop, 24 distinct 4096x14336 weights, graph-replayed, bench_op_q6k_mma_on.log): 29-30 µs at every T
 from 1 to 8 (the fp32 GEMV: 25.5 / 33.4 / 51.1 / 89.5 at T = 1 / 2 / 4 / 8): 2.3x the read floor, issue ~49% busy
@@ -34,11 +35,11 @@ from . import KernelDef
 from .gemv import (_fill_ring, _fragment_epilogue, _next_step, _tile_pointer, _wait_step,
                    _warp_rings, _warp_rows)
 
-FORMATS = ("q6_K",)  # codecs with mma_block
+FORMATS = ("q6_K", "q8_0")  # codecs with mma_block (MMA_STEP_BYTES per 256 weights, MMA_BOX_BYTES, MMA_SLOT_BYTES)
 NW = 4  # warps per CTA, 16 rows each
 ROWS = 16
-SLOT = 240  # smem bytes per row of a stage (≥ the codec's box, 60 words: conflict-free for rows g = 0..7)
-STAGES = 4
+STAGES = 4  # ring stages a warp, at most (fewer where CTAS would not fit: Q8_0's 304-byte slots take 3)
+SMEM_PER_SM = 227 * 1024
 CTAS = 3  # resident CTAs per SM (~167 registers; 4 CTAs at 128 with one B set ahead measured 1-3 µs slower at T = 2-8)
 AHEAD, SETS = 2, 4  # B tiles loaded this many 32-element blocks ahead into this many rotating register sets
 STEP = 8  # 32-element blocks per step (one super-block)
@@ -47,8 +48,9 @@ BULK = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
 
 def build(arch, fmt: str):
     codec = codecs.get(fmt)
-    box, bbytes = codec.MMA_BOX_BYTES, codec.BLOCK_BYTES
+    box, bbytes, SLOT = codec.MMA_BOX_BYTES, codec.MMA_STEP_BYTES, codec.MMA_SLOT_BYTES
     stage_bytes = ROWS * SLOT
+    STAGES = min(globals()["STAGES"], (SMEM_PER_SM // CTAS - 1024 - 128) // (NW * stage_bytes))
     name = GemvKernel("mma", fmt).name
     b = KernelBuilder(name, arch, f"{fmt} GEMV (exact) for up to 8 tokens on mma.sync, the codec's integer weights x "
                       f"fp16 hi/lo activation, weights by TMA", block=(32 * NW, 1, 1))
@@ -66,7 +68,8 @@ def build(arch, fmt: str):
                   fmt=fmt, mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
                   activation="prep_mma_f16(x): tiles + factors (its min fragments unused)", copy="bulk",
                   box_bytes=box, stages=STAGES, dynamic_smem=b.dynamic_smem, pdl=True,
-                  weights=f"m·row_bytes a multiple of 16 (the last block's {box}-byte copy ends at the buffer's end)")
+                  weights=f"row_bytes a multiple of 4, m·row_bytes of 16 (the last {box}-byte copy ends at the "
+                          f"buffer's end)")
     Y, BT, F = b.ptr(y_p), b.ptr(bt_p), b.ptr(f_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, ROWS)
@@ -147,32 +150,30 @@ def build(arch, fmt: str):
     stage = _wait_step(b, bars, count, STAGES)
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
     jbytes = b.op("mul.lo.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(bbytes, "u32"))
-    blocks = []
-    for rr in range(2):  # the row's block: at an even offset o of its slot; word reads from o & ~3, prmt by o & 2
+    bases = []  # row rr's step bytes start at an offset o of its slot (o % 4 the same for every row: row_bytes % 4
+    # == 0); words are read from the 4-byte aligned o & ~3
+    for rr in range(2):
         o = b.op("and.b32", b.op("add.u32", rows[rr], jbytes), Imm(15, "b32"))
-        base = b.op("add.u32", b.op("add.u32", sbase, slots[rr]), b.op("and.b32", o, Imm(12, "b32")))
-        sel = b.op("mad.lo.u32", b.op("and.b32", o, Imm(2, "b32")), Imm(0x1111, "u32"), Imm(0x3210, "u32"))
-        blocks.append((base, sel, b.op("add.u32", b.op("add.u32", sbase, slots[rr]), o)))
-
+        bases.append(b.op("add.u32", b.op("add.u32", sbase, slots[rr]), b.op("and.b32", o, Imm(12, "b32"))))
     lane4 = b.op("shl.b32", t, Imm(2, "u32"))
-    lbases = [b.op("add.u32", base, lane4) for base, _, _ in blocks]
+    lbases = [b.op("add.u32", base, lane4) for base in bases]
 
     nxt_b = b.op("add.s64", p_b, s_b)
     more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
     b.emit("add.s64", p_pf, p_pf, s_pf)
     for i in range(2):
         b.emit("prefetch.global.L1", Mem(p_pf, 256 * i), pred=b.op("and.pred", more, pf_live[i]))
-    # a step whose blocks all start 4-byte aligned in their slots (K / 256 even: every row's offset is 2·j mod 4)
-    # reads each word with one load; the others with two and a prmt
-    even = b.op("setp.eq.u32", b.op("and.b32", K, Imm(256, "b32")), Imm(0, "u32"))
-    aligned = b.op("and.pred", even, b.op("setp.eq.u32", b.op("and.b32", jbytes, Imm(2, "b32")), Imm(0, "u32")))
-    other, joined = b.label("step_unaligned"), b.label("step_joined")
-    b.bra(other, pred=aligned, neg=True)
-    for al in (True, False):
-        if not al:
+    # the step's phase o % 4 (0 or 2, the same for every row) decides which words take one load and which two and
+    # a prmt: one body per phase the codec's steps can have
+    phases = (0,) if bbytes % 4 == 0 else (0, 2)
+    other, joined = b.label("step_phase2"), b.label("step_joined")
+    if len(phases) == 2:
+        b.bra(other, pred=b.op("setp.ne.u32", b.op("and.b32", jbytes, Imm(2, "b32")), Imm(0, "u32")))
+    for ph in phases:
+        if ph:
             b.place(other)
-        _step_body(b, arch, codec, consts, blocks, lbases, t, al, sets, load_b, p_b, nxt_b, more, czero, acc, fac)
-        if al:
+        _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac)
+        if ph == 0 and len(phases) == 2:
             b.bra(joined)
     b.place(joined)
     _next_step(b, issue, stride, STAGES, jb, stage, count, ((p_b, s_b), (p_f, s_f)), loop, nblk)
@@ -181,22 +182,22 @@ def build(arch, fmt: str):
     return b.finish()
 
 
-def _step_body(b, arch, codec, consts, blocks, lbases, t, al, sets, load_b, p_b, nxt_b, more, czero, acc, fac):
-    """A step's decode, MMAs and sums into acc, its blocks' words read aligned (`al`) or as two words and a prmt."""
-    def word(rr, off, lane_part=False):  # the 4 block bytes at `off` (+ 4t with lane_part) of row rr
-        base, sel, _ = blocks[rr]
-        base = lbases[rr] if lane_part else base
+def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac):
+    """A step's decode, MMAs and sums into acc, its rows' bytes at phase `ph` (o % 4) of their aligned bases."""
+    def word(rr, off, lane_part=False):  # the 4 step bytes at `off` (+ 4t with lane_part) of row rr
+        base = lbases[rr] if lane_part else bases[rr]
+        at = ph + off
         lo = b.reg("b32")
-        b.emit("ld.shared.u32", lo, Mem(base, off))
-        if al:
+        b.emit("ld.shared.u32", lo, Mem(base, at & ~3))
+        if at % 4 == 0:
             return lo
         hi = b.reg("b32")
-        b.emit("ld.shared.u32", hi, Mem(base, off + 4))
-        return b.op("prmt.b32", lo, hi, sel)
+        b.emit("ld.shared.u32", hi, Mem(base, (at & ~3) + 4))
+        return b.op("prmt.b32", lo, hi, Imm(0x5432, "b32"))
 
-    def half(rr, off):  # the 2 block bytes at `off`
+    def half(rr, off):  # the 2 step bytes at `off`
         v = b.reg("b16")
-        b.emit("ld.shared.b16", v, Mem(blocks[rr][2], off))
+        b.emit("ld.shared.b16", v, Mem(bases[rr], ph + off))
         return v
 
     rowdec = [codec.mma_block(b, lambda off, lp=False, rr=rr: word(rr, off, lp), lambda off, rr=rr: half(rr, off),
