@@ -1049,16 +1049,20 @@ def _codec_mma_ok(c: _Call) -> bool:
     row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
     return (_per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt)
             and c.w.ptr % 16 == 0 and row % 4 == 0 and (c.m * row) % 16 == 0 and c.k % 256 == 0
-            and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) == "sm_90a")
+            and kernels.build_for(GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8)).name, c.arch) == "sm_90a")
 
 
 def _codec_mma(c: _Call) -> None:
-    """prep_mma_f16 (x as scaled fp16 hi/lo B tiles; its min fragments unused), then gemv_<fmt>_mma."""
-    tiles, factors, items = _mma_tiles(c.pb, 1, c.k)
-    minfrag = c.pb.scratch((1, c.k // 256, 256), np.uint8)
+    """prep_mma_f16 per group of 8 tokens (x as scaled fp16 hi/lo B tiles, the groups' buffers back to back; its
+    min fragments unused), then gemv_<fmt>_mma (T ≤ 8) or gemv_<fmt>_mma_n16."""
+    groups = -(-c.t // 8)
+    tiles, factors, items = _mma_tiles(c.pb, groups, c.k)
+    minfrag = c.pb.scratch((groups, c.k // 256, 256), np.uint8)
     prep = kernels.load(GemvKernel("prep_mma", "q4_K").name, c.arch)
-    c.pb.launch(prep, ((items + 7) // 8,), (c.pb.x.ptr, tiles.ptr, factors.ptr, minfrag.ptr, c.t, c.k))
-    fn = kernels.load(GemvKernel("mma", c.w.fmt).name, c.arch)
+    for i in range(groups):
+        c.pb.launch(prep, ((items + 7) // 8,), (c.pb.x.ptr + 4 * c.k * 8 * i, tiles.ptr + 32 * c.k * i,
+                                                factors.ptr + c.k * i, minfrag.ptr + c.k * i, min(8, c.t - 8 * i), c.k))
+    fn = kernels.load(GemvKernel("mma", c.w.fmt, 8 * groups).name, c.arch)
     _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
 
 

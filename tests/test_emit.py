@@ -92,7 +92,7 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["PRMT", "LDS", "LDG.E.128.CONSTANT", "FFMA"]
     if _k.startswith("gemv_tq4_1s_fast"):  # int8 codebook by prmt from registers, dp4a, no shared-memory table
         EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LOP3"]
-    if _k.startswith("gemv_q8_0") and not _k.endswith("_mma"):  # one prmt per word realigns the 2-byte-aligned block, dp4a, 16-byte Q8_1 loads
+    if _k.startswith("gemv_q8_0") and "_mma" not in _k:  # one prmt per word realigns the 2-byte-aligned block, dp4a, 16-byte Q8_1 loads
         EXPECTED_SASS[_k] = ["PRMT", "IDP.4A.S8.S8", "LDG.E.128.CONSTANT"]
     if _k in ("gemv_q4_k_t1", "gemv_q4_k_t2"):  # nibble → float by prmt into 2^23, FFMA
         EXPECTED_SASS[_k] = ["PRMT", "FFMA", "FADD", "LDG.E.128.CONSTANT"]
@@ -125,8 +125,9 @@ EXPECTED_SASS["prep_tq4_1s_mma"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["prep_mma_f16"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["gemv_q4_k_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HADD2"]
 for _f in ("q6_k", "q8_0"):  # the codecs' tensor-core GEMV: bulk copies, HMMA, an L1 prefetch of the B tiles
-    EXPECTED_SASS[f"gemv_{_f}_mma"] = ["HMMA.16816.F32", "UBLKCP.S.G", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "CCTL.E.PF1"]
-EXPECTED_SASS["gemv_q6_k_mma"].append("I2F.S8")
+    for _n in (f"gemv_{_f}_mma", f"gemv_{_f}_mma_n16"):
+        EXPECTED_SASS[_n] = ["HMMA.16816.F32", "UBLKCP.S.G", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "CCTL.E.PF1"]
+        EXPECTED_SASS[_n] += ["I2F.S8"] if _f == "q6_k" else []
 EXPECTED_SASS["gemv_q4_k_mma_n16"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS"]  # cp.async everywhere
 EXPECTED_SASS["gemv_q4_k_mma", "sm_89"] = EXPECTED_SASS["gemv_q4_k_mma_n16"]  # no TMA there: cp.async
 for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):

@@ -384,9 +384,11 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
 
 
 @pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
-@pytest.mark.parametrize("m,k,t", [(4096, 4096, 1), (136, 1024, 3), (4096, 14336, 8), (2000, 3584, 5), (8, 1024, 2)])
+@pytest.mark.parametrize("m,k,t", [(4096, 4096, 1), (136, 1024, 3), (4096, 14336, 8), (2000, 3584, 5), (8, 1024, 2),
+                                   (4096, 14336, 16), (136, 1024, 11)])
 def test_codec_tensor_core_gemv(fmt, m, k, t):
-    """The codecs' tensor-core decode GEMV (prep_mma_f16 + gemv_<fmt>_mma, at every T to 8 with the rules lifted):
+    """The codecs' tensor-core decode GEMV (prep_mma_f16 + gemv_<fmt>_mma, at every T to 16 with the rules lifted:
+    9-16 tokens in two groups, gemv_<fmt>_mma_n16):
     within 1e-5 of the float64 reference on ggml-quantized weights and on random blocks (every scale and bit
     pattern), the output poisoned first, bit-identical run to run, x from torch on torch's stream."""
     import torch
@@ -400,8 +402,9 @@ def test_codec_tensor_core_gemv(fmt, m, k, t):
         x = rng.standard_normal((t, k)).astype(np.float32)
         xt = torch.from_numpy(x).cuda()
         y = torch.full((t, m), float("nan"), device="cuda")
-        with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=8):
-            assert r.mul_mat_plan(w, t).kernels == ["prep_mma_f16", f"gemv_{fmt.lower()}_mma"]
+        with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=16):
+            name = f"gemv_{fmt.lower()}_mma" + ("_n16" if t > 8 else "")
+            assert r.mul_mat_plan(w, t).kernels == ["prep_mma_f16"] * -(-t // 8) + [name]
             r.mul_mat(w, xt, out=y)
             again = r.mul_mat(w, xt).cpu().numpy()
         got = y.cpu().numpy()

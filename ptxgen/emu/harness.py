@@ -508,17 +508,17 @@ def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=N
     outputs exactly where the reference has them."""
     from ..testing.strategies import random_raw
 
-    fmt, rows = meta["fmt"], meta["rows_per_cta"]
+    fmt, rows, groups = meta["fmt"], meta["rows_per_cta"], meta["token_groups"]
     m, k = shape or (rows * 2 + 8, 512)  # m·k/256 a multiple of 8: the weights end on a 16-byte boundary
-    n = ntok or int(rng.integers(1, 9))
+    n = ntok or int(rng.integers(8 * groups - 7, 8 * groups + 1))
     raw = random_raw(fmt, m, k, rng) if raw is None else raw
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
     mem = _memory()
     wa = mem.alloc(raw)
-    tiles, factors = T4.to_mma_tiles(x, T4.Q4K_GROUP)
-    acts = (mem.alloc(tiles), mem.alloc(factors))
+    parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) for i in range(groups)]  # one prep per 8 tokens
+    acts = tuple(mem.alloc(np.concatenate([p_[j] for p_ in parts])) for j in range(2))  # tiles, factors
     ya = mem.alloc(n * m * 4, poison=0xFF)
     ctas = (m + rows - 1) // rows
     nsteps = k // 256
@@ -981,7 +981,8 @@ HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)
 for _f in ("q6_k", "q8_0"):
-    HARNESSES[f"gemv_{_f}_mma"] = _with_meta(gemv_codec_mma_case, f"gemv_{_f}_mma", 2)
+    for _n in (f"gemv_{_f}_mma", f"gemv_{_f}_mma_n16"):
+        HARNESSES[_n] = _with_meta(gemv_codec_mma_case, _n, 2)
 for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]:
     _sfx = f"t{_nt}{'h' if _h else ''}"
     HARNESSES[f"gemv_q4_k_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_{_sfx}", 2)

@@ -41,19 +41,24 @@ ROWS = 16
 STAGES = 4  # ring stages a warp, at most (fewer where CTAS would not fit: Q8_0's 304-byte slots take 3)
 SMEM_PER_SM = 227 * 1024
 CTAS = 3  # resident CTAs per SM (~167 registers; 4 CTAs at 128 with one B set ahead measured 1-3 µs slower at T = 2-8)
-AHEAD, SETS = 2, 4  # B tiles loaded this many 32-element blocks ahead into this many rotating register sets
+GROUP_AHEAD = {1: (2, 4), 2: (1, 2)}  # token groups → (32-element blocks the B tiles load ahead, rotating register
+# sets): the 16-token build holds two groups' sets in the registers of 3 CTAs an SM
 STEP = 8  # 32-element blocks per step (one super-block)
 BULK = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
 
 
-def build(arch, fmt: str):
+def build(arch, fmt: str, NT: int = 1):
+    """gemv_<fmt>_mma (NT = 1: up to 8 tokens) or gemv_<fmt>_mma_n16 (NT = 2: two groups of 8, each prepared by its
+    own prep_mma_f16 into consecutive buffers — tiles 32·K bytes, factors K bytes a group — every A fragment
+    feeding both groups' MMAs)."""
     codec = codecs.get(fmt)
+    AHEAD, SETS = GROUP_AHEAD[NT]
     box, bbytes, SLOT = codec.MMA_BOX_BYTES, codec.MMA_STEP_BYTES, codec.MMA_SLOT_BYTES
     stage_bytes = ROWS * SLOT
     STAGES = min(globals()["STAGES"], (SMEM_PER_SM // CTAS - 1024 - 128) // (NW * stage_bytes))
-    name = GemvKernel("mma", fmt).name
-    b = KernelBuilder(name, arch, f"{fmt} GEMV (exact) for up to 8 tokens on mma.sync, the codec's integer weights x "
-                      f"fp16 hi/lo activation, weights by TMA", block=(32 * NW, 1, 1))
+    name = GemvKernel("mma", fmt, 8 * NT).name
+    b = KernelBuilder(name, arch, f"{fmt} GEMV (exact) for up to {8 * NT} tokens on mma.sync, the codec's integer "
+                      f"weights x fp16 hi/lo activation, weights by bulk copies", block=(32 * NW, 1, 1))
     w_p = b.param("w", "u64", "ptr:in")
     bt_p, f_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in")
     y_p = b.param("y", "u64", "ptr:out")
@@ -63,8 +68,8 @@ def build(arch, fmt: str):
     b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     ring_sym = b.dynamic_shared(NW * STAGES * stage_bytes + 128)
     b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
-                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=CTAS, tokens=8,
-                  token_groups=1, rows_per_cta=ROWS * NW, rows_per_warp=ROWS, warps=NW, grid="ceil(m / rows_per_cta)",
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=CTAS, tokens=8 * NT,
+                  token_groups=NT, rows_per_cta=ROWS * NW, rows_per_warp=ROWS, warps=NW, grid="ceil(m / rows_per_cta)",
                   fmt=fmt, mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
                   activation="prep_mma_f16(x): tiles + factors (its min fragments unused)", copy="bulk",
                   box_bytes=box, stages=STAGES, dynamic_smem=b.dynamic_smem, pdl=True,
@@ -109,7 +114,7 @@ def build(arch, fmt: str):
         b.emit(BULK, Mem(b.op("add.u32", dst, my_slot)), Mem(b.op("add.s64", W, b.op("cvt.u64.u32", col))),
                Imm(box, "u32"), Mem(bar), pred=b.op("and.pred", copier, live))
 
-    acc = b.regs("f32", 4)  # (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+    acc = b.regs("f32", 4 * NT)  # group nt: (row g, token 8nt + 2t), (g, .. + 1), (g + 8, .. 2t), (g + 8, .. + 1)
     for r_ in acc:
         b.emit("mov.f32", r_, Imm(0.0, "f32"))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
@@ -120,11 +125,14 @@ def build(arch, fmt: str):
     rows = [row_start(b.op("add.u32", g, Imm(8 * rr, "u32"))) for rr in range(2)]
     slots = [b.op("mul.lo.u32", b.op("add.u32", g, Imm(8 * rr, "u32")), Imm(SLOT, "u32")) for rr in range(2)]
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
-    p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok)
+    p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok if NT == 1 else None)
+    g_b = b.op("mul.wide.u32", K, Imm(32, "u32"))  # a token group's tiles (K/16 x 512 bytes) ...
+    g_f = b.op("cvt.u64.u32", K)  # ... and factors (K bytes)
     # the next step's B tiles into L1 at each step's start (lane l: line l >> 4 (+ 2) of tile l & 15, the lines of
     # tokens 2·line, 2·line + 1, where a token is live): the loads AHEAD blocks ahead then hit L1
     pf_lines = [b.op("add.u32", b.op("shr.u32", lane, Imm(4, "u32")), Imm(2 * i, "u32")) for i in range(2)]
-    pf_live = [b.op("setp.lt.u32", b.op("shl.b32", ln, Imm(1, "u32")), ntok) for ln in pf_lines]
+    pf_live = [b.op("setp.lt.u32", b.op("add.u32", b.op("shl.b32", ln, Imm(1, "u32")), Imm(8 * nt, "u32")), ntok)
+               for nt in range(NT) for ln in pf_lines]
     p_pf = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(2 * T4.MMA_TILE, "u32"), BT),
                 b.op("cvt.u64.u32", b.op("mad.lo.u32", b.op("and.b32", lane, Imm(15, "b32")), Imm(T4.MMA_TILE, "u32"),
                                          b.op("shl.b32", pf_lines[0], Imm(7, "u32")))))
@@ -133,20 +141,25 @@ def build(arch, fmt: str):
     s_f = b.op("mul.wide.u32", stride, Imm(32, "u32"))
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
     consts = codec.mma_constants(b)
-    sets = [b.regs("b32", 8) for _ in range(SETS)]
+    sets = [[b.regs("b32", 8) for _ in range(NT)] for _ in range(SETS)]
 
-    def load_b(pb, bl, dst, pred=None):  # block bl's B tiles (hi, lo of both halves) into register set dst
-        for h in range(2):
-            b.emit("ld.global.nc.v4.u32", b.vec(sets[dst][4 * h:4 * h + 4]), Mem(pb, (2 * bl + h) * T4.MMA_TILE),
-                   pred=pred)
+    def load_b(pb, bl, dst, pred=None):  # block bl's B tiles (hi, lo of both halves) of every group into set dst
+        for nt in range(NT):
+            if nt:
+                pb = b.op("add.s64", pb, g_b)
+            for h in range(2):
+                b.emit("ld.global.nc.v4.u32", b.vec(sets[dst][nt][4 * h:4 * h + 4]),
+                       Mem(pb, (2 * bl + h) * T4.MMA_TILE), pred=pred)
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, nblk))
     for bl in range(AHEAD):
         load_b(p_b, bl, bl)
     b.place(loop)
-    fac = b.regs("f32", 2)  # this step's 2^-s of tokens 2t, 2t + 1
-    b.emit("ld.global.nc.v2.f32", b.vec(fac), Mem(p_f))
+    fac = []  # this step's 2^-s of tokens 8nt + 2t, + 1
+    for nt in range(NT):
+        fac.append(b.regs("f32", 2))
+        b.emit("ld.global.nc.v2.f32", b.vec(fac[nt]), Mem(b.op("add.s64", p_f, g_f) if nt else p_f))
     stage = _wait_step(b, bars, count, STAGES)
     sbase = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
     jbytes = b.op("mul.lo.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(bbytes, "u32"))
@@ -161,8 +174,10 @@ def build(arch, fmt: str):
     nxt_b = b.op("add.s64", p_b, s_b)
     more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
     b.emit("add.s64", p_pf, p_pf, s_pf)
-    for i in range(2):
-        b.emit("prefetch.global.L1", Mem(p_pf, 256 * i), pred=b.op("and.pred", more, pf_live[i]))
+    for nt in range(NT):
+        pf = b.op("add.s64", p_pf, g_b) if nt else p_pf
+        for i in range(2):
+            b.emit("prefetch.global.L1", Mem(pf, 256 * i), pred=b.op("and.pred", more, pf_live[2 * nt + i]))
     # the step's phase o % 4 (0 or 2, the same for every row) decides which words take one load and which two and
     # a prmt: one body per phase the codec's steps can have
     phases = (0,) if bbytes % 4 == 0 else (0, 2)
@@ -172,7 +187,8 @@ def build(arch, fmt: str):
     for ph in phases:
         if ph:
             b.place(other)
-        _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac)
+        _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac,
+                   AHEAD, SETS)
         if ph == 0 and len(phases) == 2:
             b.bra(joined)
     b.place(joined)
@@ -182,7 +198,8 @@ def build(arch, fmt: str):
     return b.finish()
 
 
-def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac):
+def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac,
+               AHEAD, SETS):
     """A step's decode, MMAs and sums into acc, its rows' bytes at phase `ph` (o % 4) of their aligned bases."""
     def word(rr, off, lane_part=False):  # the 4 step bytes at `off` (+ 4t with lane_part) of row rr
         base = lbases[rr] if lane_part else bases[rr]
@@ -202,7 +219,8 @@ def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, 
 
     rowdec = [codec.mma_block(b, lambda off, lp=False, rr=rr: word(rr, off, lp), lambda off, rr=rr: half(rr, off),
                               t, consts) for rr in range(2)]
-    S = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+    NT = len(fac)
+    S = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4 * NT)]
     a_frag = {}
     for bl in range(STEP):  # 32-element block bl: register set bl % SETS, loaded AHEAD blocks earlier
         if bl + AHEAD < STEP:
@@ -214,17 +232,20 @@ def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, 
             for rr in range(2):
                 a_frag.update({(rr, bp): v for bp, v in enumerate(rowdec[rr].fragment(s))})
             A = [a_frag[0, 0], a_frag[1, 0], a_frag[0, 1], a_frag[1, 1]]  # (g, 2t..), (g + 8, ..), (g, 2t + 8..), ..
-            c = b.regs("f32", 4)
-            breg = sets[bl % SETS]
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(A), b.vec(breg[4 * h:4 * h + 2]), b.vec(czero)))
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(A), b.vec(breg[4 * h + 2:4 * h + 4]), b.vec(c)))
-            for i in range(4):
-                b.emit("fma.rn.f32", S[i], rowdec[i // 2].scale(s), c[i], S[i])
-    for i in range(4):  # y += 2^-s·d·S
-        b.emit("fma.rn.f32", acc[i], b.op("mul.rn.f32", rowdec[i // 2].d, S[i]), fac[i % 2], acc[i])
+            for nt in range(NT):
+                c = b.regs("f32", 4)
+                breg = sets[bl % SETS][nt]
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(A), b.vec(breg[4 * h:4 * h + 2]),
+                                b.vec(czero)))
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(A), b.vec(breg[4 * h + 2:4 * h + 4]),
+                                b.vec(c)))
+                for i in range(4):
+                    b.emit("fma.rn.f32", S[4 * nt + i], rowdec[i // 2].scale(s), c[i], S[4 * nt + i])
+    for i in range(4 * NT):  # y += 2^-s·d·S
+        b.emit("fma.rn.f32", acc[i], b.op("mul.rn.f32", rowdec[(i % 4) // 2].d, S[i]), fac[i // 4][i % 2], acc[i])
 
 
 def kernel_defs() -> list[KernelDef]:
-    return [KernelDef(GemvKernel("mma", f).name, f"{f} decode GEMV, T <= 8, exact, mma.sync on the codec's integer "
-                      f"weights x hi/lo activation (prep_mma_f16), weights by bulk copies", lambda arch, f=f: build(arch, f),
-                      archs=("sm_90a",)) for f in FORMATS]
+    return [KernelDef(GemvKernel("mma", f, 8 * nt).name, f"{f} decode GEMV, T <= {8 * nt}, exact, mma.sync on the "
+                      f"codec's integer weights x hi/lo activation (prep_mma_f16 per 8 tokens), weights by bulk copies",
+                      lambda arch, f=f, nt=nt: build(arch, f, nt), archs=("sm_90a",)) for f in FORMATS for nt in (1, 2)]
