@@ -248,7 +248,8 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
     assert p.kernels == ["convert_f16_perm", f"mmq_{f}_wgmma_ra_n256", f"mul_mat_fixup_{f}"]
     assert ops.mul_mat_plan(w, 64).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
     assert ops.mul_mat_plan(w, lo).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
-    assert ops.mul_mat_plan(w, lo - 1).kernels[0] == gemv.replace("t16", "t8")  # below the rule: the codec GEMV
+    with tuning.override(codec_mma_max_tokens=0):  # below the rule: the codec GEMV (Q8_0's tensor-core one aside)
+        assert ops.mul_mat_plan(w, lo - 1).kernels[0] == gemv.replace("t16", "t8")
     assert ops.mul_mat_plan(w, min(hi, 1 << 14)).kernels[1] == f"mmq_{f}_wgmma_ra_n256"
     if hi < 1 << 14:
         assert ops.mul_mat_plan(w, hi + 1).kernels[0] == f"dequantize_{f}_frags"
@@ -469,7 +470,7 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
 def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(gpu):
     """Q6_K's and Q8_0's tensor-core decode GEMV (prep_mma_f16, then gemv_<fmt>_mma) from
     RULES.codec_mma_min_tokens to RULES.codec_mma_max_tokens on sm_90a where a row is a multiple of 4 bytes and the
-    weights end on a 16-byte boundary; the fp32 codec GEMV where they do not, outside the rules (Q8_0's off as
+    weights end on a 16-byte boundary; the fp32 codec GEMV where they do not, outside the rules (T = 1 as
     shipped), and off sm_90a."""
     w = fakegpu.weights("q6_K", 4096, 14336)
     assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]  # as shipped: T = 2-8
