@@ -1040,7 +1040,7 @@ def _codec_mma_ok(c: _Call) -> bool:
     RULES.codec_mma_max_tokens where it is
     built (sm_90a), the weights 16-byte aligned, a row a multiple of 4 bytes (every row's step at the same 2-byte
     phase) and M rows a multiple of 16 (its bulk copies of 16-byte multiples read no byte past the buffer; Q6_K:
-    K/256 even and M·K/256 a multiple of 8)."""
+    K/256 even and M·K/256 a multiple of 8), under 4 GiB (its byte offsets are 32-bit)."""
     from ptxgen import codecs
     from ptxgen.kernels import gemv_mma_codec
 
@@ -1048,7 +1048,8 @@ def _codec_mma_ok(c: _Call) -> bool:
         return False
     row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
     return (_per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt)
-            and c.w.ptr % 16 == 0 and row % 4 == 0 and (c.m * row) % 16 == 0 and c.k % 256 == 0
+            and c.w.ptr % 16 == 0 and row % 4 == 0 and (c.m * row) % 16 == 0 and c.m * row < 1 << 32
+            and c.k % 256 == 0
             and kernels.build_for(GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8)).name, c.arch) == "sm_90a")
 
 

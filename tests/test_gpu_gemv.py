@@ -374,7 +374,7 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
     x = rng.standard_normal((t, k)).astype(np.float32)
     xt = torch.from_numpy(x).cuda()
     y = torch.full((t, m), float("nan"), device="cuda")
-    with tuning.override(codec_mma_max_tokens=0):  # Q6_K's tensor-core GEMV off: test_q6_k_tensor_core_gemv
+    with tuning.override(codec_mma_max_tokens=0):  # the tensor-core GEMVs off: test_codec_tensor_core_gemv
         r.mul_mat(w, xt, out=y)
         got = y.cpu().numpy()
         assert r.mul_mat_plan(w, t).kernels[0].startswith(f"gemv_{fmt.lower()}_f32_t")
@@ -387,7 +387,7 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
 @pytest.mark.parametrize("m,k,t", [(4096, 4096, 1), (136, 1024, 3), (4096, 14336, 8), (2000, 3584, 5), (8, 1024, 2),
                                    (4096, 14336, 16), (136, 1024, 11)])
 def test_codec_tensor_core_gemv(fmt, m, k, t):
-    """The codecs' tensor-core decode GEMV (prep_mma_f16 + gemv_<fmt>_mma, at every T to 16 with the rules lifted:
+    """The codecs' tensor-core decode GEMV (prep_mma_f16 + gemv_<fmt>_mma, T from 1 to 16 with the rules lifted:
     9-16 tokens in two groups, gemv_<fmt>_mma_n16):
     within 1e-5 of the float64 reference on ggml-quantized weights and on random blocks (every scale and bit
     pattern), the output poisoned first, bit-identical run to run, x from torch on torch's stream."""

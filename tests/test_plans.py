@@ -481,6 +481,9 @@ def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4099, 256), 1).kernels == ["gemv_q6_k_f32_t1"]
         assert ops.mul_mat_plan(w, 2, arch="sm_89").kernels == ["gemv_q6_k_f32_t2"]
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3328), 2).kernels == ["gemv_q6_k_f32_t2"]  # K/256 odd
+        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4098, 512), 2).kernels == ["gemv_q6_k_f32_t2"]  # M·row % 16
+        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 14336, at=fakegpu.BASE + 8), 2).kernels == \
+            ["gemv_q6_k_f32_t2"]  # weights 8 bytes off a 16-byte boundary
         assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 14336), 4).kernels == ["prep_mma_f16", "gemv_q8_0_mma"]
         assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 4128), 4).kernels == ["gemv_q8_0_f32_t4"]  # K % 256
     with tuning.override(codec_mma_max_tokens=16):  # 9-16 tokens: two preps, the two-group build, ahead of the GEMMs

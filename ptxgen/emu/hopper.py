@@ -239,8 +239,8 @@ class HopperOps:
         bytes (a multiple of 16) from a 16-byte aligned global address to a 16-byte aligned shared one, landing
         (maybe later) as a TMA box does."""
         mods = ins.mods
-        if "global" not in mods or not any(m.startswith("shared") for m in mods[3:4]):
-            raise self.Unsupported(f"{ins.opcode}: only global → shared bulk copies are modelled")
+        if "global" not in mods or not any(m.startswith("shared") for m in mods[3:4]) or "multicast::cluster" in mods:
+            raise self.Unsupported(f"{ins.opcode}: only global → shared bulk copies to this CTA are modelled")
         dst, src, size, bar = ins.operands[:4]
         daddr, _ = self._addr(dst, ex)
         saddr, _ = self._addr(src, ex)
@@ -262,7 +262,7 @@ class HopperOps:
         mods = ins.mods
         if mods[3] != "tensor":
             return self._bulk_copy(ins, ex)
-        if mods[3] != "tensor" or "tile" not in mods or "global" not in mods or mods[4] != "2d":
+        if "tile" not in mods or "global" not in mods or mods[4] != "2d":
             raise self.Unsupported(f"{ins.opcode}: only 2-D tiled global → shared loads are modelled")
         from .parser import split_operands
 
