@@ -108,7 +108,7 @@ def build(arch, spec: GemvSpec):
     if spec.fmt == "tq4_1s":
         row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(5, "u32")), Imm(20, "u32"))
     else:
-        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(Q4K.BLOCK_BYTES, "u32"))
     last = b.op("sub.u32", M, Imm(1, "u32"))
     rowptr = []
     for r in range(R):
@@ -183,7 +183,7 @@ def build(arch, spec: GemvSpec):
                 b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", word, Imm(4, "u32"), blkp), 4), pred=live)
                 b.emit("ld.global.nc.u32", extra[0], Mem(blkp), pred=live)
             else:
-                sbp = b.op("mad.wide.u32", c, Imm(144, "u32"), rowptr[r])
+                sbp = b.op("mad.wide.u32", c, Imm(Q4K.BLOCK_BYTES, "u32"), rowptr[r])
                 for h in extra + [qw]:
                     b.emit("mov.b32", h, Imm(0, "b32"))
                 b.emit("ld.global.nc.v4.u32", b.vec(extra), Mem(sbp), pred=live)
@@ -1309,7 +1309,7 @@ def _q4k_mma_head(arch, NT):
     if not tma:
         arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
-    R, WORDS, STEP = 16 * MT, 36, 8  # rows per warp, u32 per super-block row, sub-blocks per step
+    R, WORDS, STEP = 16 * MT, Q4K.BLOCK_BYTES // 4, 8  # rows per warp, u32 per super-block row, sub-blocks per step
     row_stride = WORDS * 4
     stage_bytes = R * row_stride
     k = _Q4kMmaShape(NT, tma, pdl, NW, S, MT, R, WORDS, STEP, row_stride, stage_bytes)
@@ -1334,7 +1334,7 @@ def _q4k_mma_head(arch, NT):
                   activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma" if tma else "cp.async",
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     if tma:
-        b.meta.update(tensormaps=f"tmap_w: u32, dims (k*144/1024, m), box ({WORDS}, {R}), no swizzle",
+        b.meta.update(tensormaps=f"tmap_w: u32, dims (k*{Q4K.BLOCK_BYTES}/1024, m), box ({WORDS}, {R}), no swizzle",
                       tma_box=(WORDS, R))
     h = {"part_p": part_p, "cnt_p": cnt_p}
     h["BT"], h["F"], h["SX"], h["Y"] = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
@@ -1832,7 +1832,7 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
     nunits = b.op("shr.u32", K, Imm(6, "u32")) if q4k else nblk
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32")) if q4k else \
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(Q4K.BLOCK_BYTES, "u32")) if q4k else \
         b.op("mul.lo.u32", nblk, Imm(34, "u32"))
     gsize = T4.LANE_GROUP_F32 if exact else T4.LANE_GROUP_Q8
     rowptr, actptr, _ = _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize)
@@ -1869,7 +1869,8 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
                 for reg in regs:
                     b.emit("mov.b32", reg, Imm(0, "b32"))
             if q4k:  # header (16 B), then the pair's 32 qs bytes at 16 + 32·(u % 4)
-                sb = b.op("add.s64", rowptr[r], b.op("mul.wide.u32", b.op("shr.u32", st["u"], Imm(2, "u32")), Imm(144, "u32")))
+                sb = b.op("add.s64", rowptr[r], b.op("mul.wide.u32", b.op("shr.u32", st["u"], Imm(2, "u32")),
+                                                                   Imm(Q4K.BLOCK_BYTES, "u32")))
                 qp = b.op("add.s64", sb, b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", st["u"], Imm(3, "b32")), Imm(5, "u32"))))
                 b.emit("ld.global.nc.v4.u32", b.vec(regs[0:4]), Mem(sb), pred=lp)
                 b.emit("ld.global.nc.v4.u32", b.vec(regs[4:8]), Mem(qp, 16), pred=lp)
