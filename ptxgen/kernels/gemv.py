@@ -1324,15 +1324,10 @@ def _q4k_mma_head(arch, NT):
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     # the cp.async build (sm_89, sm_120a; not measured) at 3 CTAs: at 4, sm_120a's ptxas needs a stack frame
     ctas = (Q4K_MMA_CTAS if tma else 3) if NT == 1 else Q4K_MMA_CTAS_N16
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
-    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
-    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
-    b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
-                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT,
-                  token_groups=NT, rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)",
-                  fmt="q4_K", mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
-                  activation="prep_mma_f16(x): tiles + factors + min fragments", copy="tma" if tma else "cp.async",
-                  stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    ring_sym = _mma_gemv_frame(b, NW, ctas, S, stage_bytes, NT, R, STEP, "q4_K",
+                               activation="prep_mma_f16(x): tiles + factors + min fragments",
+                               copy="tma" if tma else "cp.async")
+    b.meta.update(stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     if tma:
         b.meta.update(tensormaps=f"tmap_w: u32, dims (k*{Q4K.BLOCK_BYTES}/1024, m), box ({WORDS}, {R}), no swizzle",
                       tma_box=(WORDS, R))
@@ -1341,6 +1336,21 @@ def _q4k_mma_head(arch, NT):
     h["M"], h["K"], h["ntok"] = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     h["tid"], h["lane"], h["warp"], h["gwarp"], h["row0"] = _warp_rows(b, NW, R)
     return b, k, h, tw_p, ring_sym
+
+
+def _mma_gemv_frame(b, NW, ctas, S, stage_bytes, NT, R, STEP, fmt, **meta):
+    """A split-K tensor-core GEMV's frame (gemv_q4_k_mma, the codecs' gemv_<fmt>_mma): NW warps of R rows at `ctas`
+    CTAs an SM, its PDL trigger first (the op's last kernel: the next op's first may start; it waits for this one),
+    per-warp rings of S stages in dynamic shared memory, the meta the runtime plans its grid from (then `meta`).
+    Returns the ring's symbol."""
+    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
+    b.pdl_trigger()
+    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
+    b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
+                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8 * NT,
+                  token_groups=NT, rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)",
+                  fmt=fmt, mode="exact", lane_cols=STEP, max_splits=32, layout="mma", **meta)
+    return ring_sym
 
 
 def _q4k_cp_async_issue(b, k, w_p, K, M, lane, row0, ring, nblk):

@@ -32,7 +32,7 @@ from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
 from . import KernelDef
-from .gemv import (_fill_ring, _fragment_epilogue, _next_step, _tile_pointer, _wait_step,
+from .gemv import (_fill_ring, _fragment_epilogue, _mma_gemv_frame, _next_step, _tile_pointer, _wait_step,
                    _warp_rings, _warp_rows)
 
 FORMATS = ("q6_K", "q8_0")  # codecs with mma_block (MMA_STEP_BYTES per 256 weights, MMA_BOX_BYTES, MMA_SLOT_BYTES)
@@ -64,15 +64,10 @@ def build(arch, fmt: str, NT: int = 1):
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
-    b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {CTAS}"]
-    b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
-    ring_sym = b.dynamic_shared(NW * STAGES * stage_bytes + 128)
-    b.meta.update(split_k="gridDim.y splits the K steps (a step: one super-block); part: splits x ntok x m fp32, "
-                          "counters: one u32 per warp (zero, left zero)", ctas_per_sm=CTAS, tokens=8 * NT,
-                  token_groups=NT, rows_per_cta=ROWS * NW, rows_per_warp=ROWS, warps=NW, grid="ceil(m / rows_per_cta)",
-                  fmt=fmt, mode="exact", lane_cols=STEP, max_splits=32, layout="mma",
-                  activation="prep_mma_f16(x): tiles + factors (its min fragments unused)", copy="bulk",
-                  box_bytes=box, stages=STAGES, dynamic_smem=b.dynamic_smem, pdl=True,
+    ring_sym = _mma_gemv_frame(b, NW, CTAS, STAGES, stage_bytes, NT, ROWS, STEP, fmt,
+                               activation="prep_mma_f16(x): tiles + factors (its min fragments unused)", copy="bulk",
+                               box_bytes=box, stages=STAGES)
+    b.meta.update(dynamic_smem=b.dynamic_smem, pdl=True,
                   weights=f"row_bytes a multiple of 4, m·row_bytes of 16 (the last {box}-byte copy ends at the "
                           f"buffer's end)")
     Y, BT, F = b.ptr(y_p), b.ptr(bt_p), b.ptr(f_p)
