@@ -148,6 +148,27 @@ def dequant_pair3(b, h, scale):
     return b.op("add.rn.f16x2", b.op("fma.rn.f16x2", qs, d, nm_hi, type="b32"), nm_lo, type="b32")
 
 
+# The packed 6-bit (scale, min) pairs of a super-block's header words s0, s1, s2 (bytes 4-15) as 4 bytes a word
+# (ggml's get_scale_min_k4): sub-blocks 0-3 are the low 6 bits of s0 / s1, 4-7 the nibbles of s2 with the top bits
+# of s0 / s1's bytes. Each emits its own instructions, so callers keep their order.
+def scales_0_3(b, s0):
+    return b.op("and.b32", s0, Imm(0x3F3F3F3F, "b32"))
+
+
+def scales_4_7(b, s0, s2):
+    return b.op("or.b32", b.op("and.b32", s2, Imm(0x0F0F0F0F, "b32")),
+                b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), Imm(0x30303030, "b32")))
+
+
+def mins_0_3(b, s1):
+    return b.op("and.b32", s1, Imm(0x3F3F3F3F, "b32"))
+
+
+def mins_4_7(b, s1, s2):
+    return b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32")),
+                b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), Imm(0x30303030, "b32")))
+
+
 class RegDecoder:
     """The register decode of the few-token tensor-core kernels (gemv_q4_k_mma_t*, mmq_q4_k_rega_n*): lane (g, t)
     owns qs chunk t of rows g, g + 8 (of each m16 tile) in a ring stage of BLOCK_BYTES-byte rows; its constants
@@ -177,13 +198,8 @@ class RegDecoder:
         dlo, dhi = b.reg("b16"), b.reg("b16")
         b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
         s0, s1, s2 = hw[1:]
-        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
-        sc = b.op("selp.b32", b.op("or.b32", b.op("and.b32", s2, c0f),
-                                   b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)),
-                  b.op("and.b32", s0, c3f), self.t_hi)  # sub-blocks 4-7 : 0-3
-        m = b.op("selp.b32", b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
-                                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)),
-                 b.op("and.b32", s1, c3f), self.t_hi)
+        sc = b.op("selp.b32", scales_4_7(b, s0, s2), scales_0_3(b, s0), self.t_hi)  # sub-blocks 4-7 : 0-3
+        m = b.op("selp.b32", mins_4_7(b, s1, s2), mins_0_3(b, s1), self.t_hi)
         mult_lo = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_lo), magic, type="b32")
         mult_hi = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_hi), magic, type="b32"),
                        self.h16, type="b32")

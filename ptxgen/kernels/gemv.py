@@ -1446,12 +1446,8 @@ def _q4k_header(s, stage_base):
         dlo, dhi = b.reg("b16"), b.reg("b16")
         b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
         s0, s1, s2 = hw[1:]
-        c3f, hi2, c0f = Imm(0x3F3F3F3F, "b32"), Imm(0x30303030, "b32"), Imm(0x0F0F0F0F, "b32")
-        sc = (b.op("and.b32", s0, c3f),  # sub-blocks 0..3
-              b.op("or.b32", b.op("and.b32", s2, c0f), b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), hi2)))
-        m = (b.op("and.b32", s1, c3f),
-             b.op("or.b32", b.op("and.b32", b.op("shr.u32", s2, Imm(4, "u32")), c0f),
-                  b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), hi2)))
+        sc = (Q4K.scales_0_3(b, s0), Q4K.scales_4_7(b, s0, s2))
+        m = (Q4K.mins_0_3(b, s1), Q4K.mins_4_7(b, s1, s2))
         mw = b.op("selp.b32", m[1], m[0], o.t_hi)
         ma = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, o.msel), magic, type="b32")  # (m_2t, m_2t+1) exact
         out.append(dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi),
