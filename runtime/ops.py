@@ -1054,16 +1054,10 @@ def _codec_mma_ok(c: _Call) -> bool:
 
 
 def _codec_mma(c: _Call) -> None:
-    """prep_mma_f16 per group of 8 tokens (x as scaled fp16 hi/lo B tiles, the groups' buffers back to back; its
-    min fragments unused), then gemv_<fmt>_mma (T ≤ 8) or gemv_<fmt>_mma_n16."""
-    groups = -(-c.t // 8)
-    tiles, factors, items = _mma_tiles(c.pb, groups, c.k)
-    minfrag = c.pb.scratch((groups, c.k // 256, 256), np.uint8)
-    prep = kernels.load(GemvKernel("prep_mma", "q4_K").name, c.arch)
-    for i in range(groups):
-        c.pb.launch(prep, ((items + 7) // 8,), (c.pb.x.ptr + 4 * c.k * 8 * i, tiles.ptr + 32 * c.k * i,
-                                                factors.ptr + c.k * i, minfrag.ptr + c.k * i, min(8, c.t - 8 * i), c.k))
-    fn = kernels.load(GemvKernel("mma", c.w.fmt, 8 * groups).name, c.arch)
+    """prep_mma_f16 per group of 8 tokens (_prep_mma_groups; its min fragments unused), then gemv_<fmt>_mma (T ≤ 8)
+    or gemv_<fmt>_mma_n16."""
+    tiles, factors, _ = _prep_mma_groups(c.pb, c.pb.x.ptr, c.t, c.k, c.arch)
+    fn = kernels.load(GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8)).name, c.arch)
     _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
 
 
@@ -1323,18 +1317,26 @@ def _mma_gemv_q4k(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int,
     """n ≤ 16 Q4_K tokens through the tensor-core GEMV: prep_mma_f16 per group of 8 tokens (scaled fp16 hi/lo tiles,
     one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16."""
     groups = -(-n // 8)  # 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
-    tiles, factors, items = _mma_tiles(pb, groups, k)
-    minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
-    prep = kernels.load(GemvKernel("prep_mma", "q4_K").name, arch)
-    for i in range(groups):
-        pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
-                                              minfrag.ptr + k * i, min(8, n - 8 * i), k))
+    tiles, factors, minfrag = _prep_mma_groups(pb, x_ptr, n, k, arch)
     fn = kernels.load(GemvKernel("mma", "q4_K", 8 * groups).name, arch)
     per_sm, smem = fn.resident_per_sm(), None
     if groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
         smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
     _mma_gemv_launch(pb, fn, w, (tiles, factors, minfrag), y_ptr, m, k, n, per_sm, smem)
+
+
+def _prep_mma_groups(pb: PlanBuilder, x_ptr, n: int, k: int, arch):
+    """prep_mma_f16 per group of 8 of the n tokens, the groups' buffers back to back: (tiles (32·K bytes a group),
+    factors (K bytes), min-term fragments (K bytes))."""
+    groups = -(-n // 8)
+    tiles, factors, items = _mma_tiles(pb, groups, k)
+    minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
+    prep = kernels.load(GemvKernel("prep_mma", "q4_K").name, arch)
+    for i in range(groups):
+        pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
+                                              minfrag.ptr + k * i, min(8, n - 8 * i), k))
+    return tiles, factors, minfrag
 
 
 def _mma_gemv_tq4(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
