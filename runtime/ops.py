@@ -1037,8 +1037,7 @@ def _codec_gemv(c: _Call) -> None:
 
 def _codec_mma_ok(c: _Call) -> bool:
     """A codec's tensor-core decode GEMV (kernels/gemv_mma_codec.py) for RULES.codec_mma_min_tokens ≤ T ≤
-    RULES.codec_mma_max_tokens where it is
-    built (sm_90a), the weights 16-byte aligned, a row a multiple of 4 bytes (every row's step at the same 2-byte
+    RULES.codec_mma_max_tokens where it is built (sm_90a), the weights 16-byte aligned, a row a multiple of 4 bytes (every row's step at the same 2-byte
     phase) and M rows a multiple of 16 (its bulk copies of 16-byte multiples read no byte past the buffer; Q6_K:
     K/256 even and M·K/256 a multiple of 8), under 4 GiB (its byte offsets are 32-bit)."""
     from ptxgen import codecs

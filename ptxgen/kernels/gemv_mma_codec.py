@@ -38,7 +38,7 @@ from .gemv import (_fill_ring, _fragment_epilogue, _mma_gemv_frame, _next_step, 
 FORMATS = ("q6_K", "q8_0")  # codecs with mma_block (MMA_STEP_BYTES per 256 weights, MMA_BOX_BYTES, MMA_SLOT_BYTES)
 NW = 4  # warps per CTA, 16 rows each
 ROWS = 16
-STAGES = 4  # ring stages a warp, at most (fewer where CTAS would not fit: Q8_0's 304-byte slots take 3)
+MAX_STAGES = 4  # ring stages a warp, at most (fewer where CTAS would not fit: Q8_0's 304-byte slots take 3)
 SMEM_PER_SM = 227 * 1024
 CTAS = 3  # resident CTAs per SM (~167 registers; 4 CTAs at 128 with one B set ahead measured 1-3 µs slower at T = 2-8)
 GROUP_AHEAD = {1: (2, 4), 2: (1, 2)}  # token groups → (32-element blocks the B tiles load ahead, rotating register
@@ -55,7 +55,7 @@ def build(arch, fmt: str, NT: int = 1):
     AHEAD, SETS = GROUP_AHEAD[NT]
     box, bbytes, SLOT = codec.MMA_BOX_BYTES, codec.MMA_STEP_BYTES, codec.MMA_SLOT_BYTES
     stage_bytes = ROWS * SLOT
-    STAGES = min(globals()["STAGES"], (SMEM_PER_SM // CTAS - 1024 - 128) // (NW * stage_bytes))
+    STAGES = min(MAX_STAGES, (SMEM_PER_SM // CTAS - 1024 - 128) // (NW * stage_bytes))
     name = GemvKernel("mma", fmt, 8 * NT).name
     b = KernelBuilder(name, arch, f"{fmt} GEMV (exact) for up to {8 * NT} tokens on mma.sync, the codec's integer "
                       f"weights x fp16 hi/lo activation, weights by bulk copies", block=(32 * NW, 1, 1))
