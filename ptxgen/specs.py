@@ -79,7 +79,8 @@ class GemvKernel:
     """A kernel of the decode families (ptxgen/kernels/gemv.py, gemv_t1.py) for `fmt` ("q4_K", "tq4_1s", "q8_0").
     `kind`: "gemv" (the lane-per-block or 8-weight-unit GEMV for up to `tokens` tokens; `fast`: int8 x Q8_1 with
     dp4a, Q8_0's only mode and so not in its name; `tma`: weights by TMA; `fused`: the rotation in the prologue),
-    "mma" (the mma.sync GEMV for 8 tokens, 16: two token groups; `small`: one m16 tile per warp), "few" (Q4_K's
+    "mma" (the mma.sync GEMV for 8 tokens, 16: two token groups; `small`: one m16 tile per warp; `tma`: a codec's
+    build fed by one TMA box a step), "few" (Q4_K's
     gemv_q4_k_mma_t<tokens>: (hi, lo) records, or hi parts alone with `hi_only`; `fused`: the records built in
     the launch), "skinny" (Q4_K's GEMM for token groups of `tokens`), and the activation preps: "prep_lanes" (the
     lane layout; `fast`: Q8_1), "prep_mma" (the mma GEMV's tiles), "prep_few" (the few-token records)."""
@@ -99,7 +100,7 @@ class GemvKernel:
         fast = "_fast" if self.fast and f != "q8_0" else ""
         fused, t = "_fused" if self.fused else "", f"t{self.tokens}" + ("h" if self.hi_only else "")
         names = {"gemv": f"gemv_{f}{fast}{'_tma' if self.tma else ''}_t{self.tokens}{fused}",
-                 "mma": f"gemv_{f}_mma" + ("_m16" if self.small else "")
+                 "mma": f"gemv_{f}_mma" + ("_m16" if self.small else "") + ("_tma" if self.tma else "")
                         + (f"_n{self.tokens}" if self.tokens > 8 else ""),
                  "few": f"gemv_{f}_mma_{t}{fused}", "skinny": f"mmq_{f}_rega_n{self.tokens}",
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else

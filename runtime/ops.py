@@ -1035,28 +1035,41 @@ def _codec_gemv(c: _Call) -> None:
     _slices(c, one, tokens[-1])
 
 
+def _codec_mma_kernel(c: _Call) -> str:
+    """The codec tensor-core GEMV for this call: gemv_<fmt>_mma_tma (one TMA box a step) for T ≤ 8 where a row is a
+    multiple of 16 bytes (the tensor map's stride; Q6_K: K/256 a multiple of 8), else the bulk-copy build
+    gemv_<fmt>_mma (_n16: 9-16 tokens)."""
+    from ptxgen import codecs
+
+    row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
+    return GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8), tma=c.t <= 8 and row % 16 == 0).name
+
+
 def _codec_mma_ok(c: _Call) -> bool:
     """A codec's tensor-core decode GEMV (kernels/gemv_mma_codec.py) for RULES.codec_mma_min_tokens ≤ T ≤
-    RULES.codec_mma_max_tokens where it is built (sm_90a), the weights 16-byte aligned, a row a multiple of 4 bytes (every row's step at the same 2-byte
-    phase) and M rows a multiple of 16 (its bulk copies of 16-byte multiples read no byte past the buffer; Q6_K:
-    K/256 even and M·K/256 a multiple of 8), under 4 GiB (its byte offsets are 32-bit)."""
+    RULES.codec_mma_max_tokens where it is built (sm_90a), the weights 16-byte aligned, K a multiple of 256. The
+    TMA build (_codec_mma_kernel) needs nothing more; the bulk-copy build a row a multiple of 4 bytes (every row's
+    step at the same 2-byte phase), M rows a multiple of 16 bytes (its bulk copies of 16-byte multiples read no
+    byte past the buffer; Q6_K: K/256 even and M·K/256 a multiple of 8), and the weights under 4 GiB (its byte
+    offsets are 32-bit)."""
     from ptxgen import codecs
     from ptxgen.kernels import gemv_mma_codec
 
     if c.w.fmt not in gemv_mma_codec.FORMATS:
         return False
     row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
+    name = _codec_mma_kernel(c)
+    bulk_ok = row % 4 == 0 and (c.m * row) % 16 == 0 and c.m * row < 1 << 32
     return (_per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt)
-            and c.w.ptr % 16 == 0 and row % 4 == 0 and (c.m * row) % 16 == 0 and c.m * row < 1 << 32
-            and c.k % 256 == 0
-            and kernels.build_for(GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8)).name, c.arch) == "sm_90a")
+            and c.w.ptr % 16 == 0 and c.k % 256 == 0 and (name.endswith("_tma") or bulk_ok)
+            and kernels.build_for(name, c.arch) == "sm_90a")
 
 
 def _codec_mma(c: _Call) -> None:
-    """prep_mma_f16 per group of 8 tokens (_prep_mma_groups; its min fragments unused), then gemv_<fmt>_mma (T ≤ 8)
-    or gemv_<fmt>_mma_n16."""
+    """prep_mma_f16 per group of 8 tokens (_prep_mma_groups; its min fragments unused), then _codec_mma_kernel:
+    gemv_<fmt>_mma_tma or gemv_<fmt>_mma (T ≤ 8), or gemv_<fmt>_mma_n16."""
     tiles, factors, _ = _prep_mma_groups(c.pb, c.pb.x.ptr, c.t, c.k, c.arch)
-    fn = kernels.load(GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8)).name, c.arch)
+    fn = kernels.load(_codec_mma_kernel(c), c.arch)
     _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
 
 

@@ -124,10 +124,11 @@ EXPECTED_SASS["gemv_tq4_1s_mma_m16"] = EXPECTED_SASS["gemv_tq4_1s_mma"]
 EXPECTED_SASS["prep_tq4_1s_mma"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["prep_mma_f16"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["gemv_q4_k_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HADD2"]
-for _f in ("q6_k", "q8_0"):  # the codecs' tensor-core GEMV: bulk copies, HMMA, an L1 prefetch of the B tiles
+for _f in ("q6_k", "q8_0"):  # the codecs' tensor-core GEMV: bulk copies (_tma: one TMA box), HMMA, an L1 prefetch
     for _n in (f"gemv_{_f}_mma", f"gemv_{_f}_mma_n16"):
         EXPECTED_SASS[_n] = ["HMMA.16816.F32", "UBLKCP.S.G", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "CCTL.E.PF1"]
         EXPECTED_SASS[_n] += ["I2F.S8"] if _f == "q6_k" else []
+    EXPECTED_SASS[f"gemv_{_f}_mma_tma"] = [("UTMALDG.2D" if s == "UBLKCP.S.G" else s) for s in EXPECTED_SASS[_n]]
 EXPECTED_SASS["gemv_q4_k_mma_n16"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS"]  # cp.async everywhere
 EXPECTED_SASS["gemv_q4_k_mma", "sm_89"] = EXPECTED_SASS["gemv_q4_k_mma_n16"]  # no TMA there: cp.async
 for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):

@@ -889,12 +889,16 @@ def test_fp16_mmq_flags_activations_that_are_not_finite_in_fp16(kernel, value, s
 
 
 @pytest.mark.parametrize("fmt", ["q6_k", "q8_0"])
-@pytest.mark.parametrize("ntok,shape,splits", [(1, (136, 512), 1), (8, (72, 1536), 3), (13, (40, 1024), 2)])
-def test_codec_tensor_core_gemv(fmt, ntok, shape, splits):
+@pytest.mark.parametrize("ntok,shape,splits,tma", [(1, (136, 512), 1, False), (8, (72, 1536), 3, False),
+                                                   (13, (40, 1024), 2, False), (1, (72, 2048), 2, True),
+                                                   (5, (40, 4096), 3, True)])
+def test_codec_tensor_core_gemv(fmt, ntok, shape, splits, tma):
     """gemv_<fmt>_mma (the codec's integer weights x fp16 hi/lo activation on mma.sync, kernels/gemv_mma_codec.py)
     on random blocks: within 1e-5 of the float64 reference, at 1, 8 and 13 tokens (the two-group build
-    gemv_<fmt>_mma_n16), 1-3 K splits (Q6_K's steps at both 2-byte phases: K/256 even, odd steps at phase 2)."""
-    name = f"gemv_{fmt}_mma" + ("_n16" if ntok > 8 else "")
+    gemv_<fmt>_mma_n16), 1-3 K splits (Q6_K's steps at both 2-byte phases: K/256 even, odd steps at phase 2);
+    the TMA build (gemv_<fmt>_mma_tma: rows a multiple of 16 bytes, K / 256 a multiple of 8 for Q6_K) with M
+    not a multiple of its 64 rows (the box's rows past M zero-filled) and Q6_K's steps at 16-byte phases 0-14."""
+    name = f"gemv_{fmt}_mma" + ("_n16" if ntok > 8 else "") + ("_tma" if tma else "")
     ptx = KERNELS[name].for_arch("sm_90a").ptx()
     out = check_kernel(name, ptx, seed=3, shape=shape, ntok=ntok, splits=splits)
     assert out.ok, out.detail

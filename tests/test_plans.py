@@ -464,27 +464,30 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
         assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
-        assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
+        assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma_tma"]
 
 
 def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(gpu):
     """Q6_K's and Q8_0's tensor-core decode GEMV (prep_mma_f16, then gemv_<fmt>_mma) from
-    RULES.codec_mma_min_tokens to RULES.codec_mma_max_tokens on sm_90a where a row is a multiple of 4 bytes and the
-    weights end on a 16-byte boundary; the fp32 codec GEMV where they do not, outside the rules (T = 1 as
-    shipped), and off sm_90a."""
+    RULES.codec_mma_min_tokens to RULES.codec_mma_max_tokens on sm_90a: the TMA build where a row is a multiple of
+    16 bytes, the bulk-copy build where it is a multiple of 4 and the weights end on a 16-byte boundary; the fp32
+    codec GEMV where neither holds, outside the rules (T = 1 as shipped), and off sm_90a."""
     w = fakegpu.weights("q6_K", 4096, 14336)
+    tc = ["prep_mma_f16", "gemv_q6_k_mma_tma"]
     assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]  # as shipped: T = 2-8
-    assert ops.mul_mat_plan(w, 2).kernels == ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
+    assert ops.mul_mat_plan(w, 2).kernels == ops.mul_mat_plan(w, 8).kernels == tc
     with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=8):
-        assert ops.mul_mat_plan(w, 1).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
-        assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
+        assert ops.mul_mat_plan(w, 1).kernels == ops.mul_mat_plan(w, 8).kernels == tc
+        # rows of 2940 bytes (K = 3584: 14 super-blocks): 4-byte multiples, not 16 — the bulk-copy build
+        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 3).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4099, 256), 1).kernels == ["gemv_q6_k_f32_t1"]
         assert ops.mul_mat_plan(w, 2, arch="sm_89").kernels == ["gemv_q6_k_f32_t2"]
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3328), 2).kernels == ["gemv_q6_k_f32_t2"]  # K/256 odd
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4098, 512), 2).kernels == ["gemv_q6_k_f32_t2"]  # M·row % 16
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 14336, at=fakegpu.BASE + 8), 2).kernels == \
             ["gemv_q6_k_f32_t2"]  # weights 8 bytes off a 16-byte boundary
-        assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 14336), 4).kernels == ["prep_mma_f16", "gemv_q8_0_mma"]
+        assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 14336), 4).kernels == ["prep_mma_f16",
+                                                                                     "gemv_q8_0_mma_tma"]
         assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 4128), 4).kernels == ["gemv_q8_0_f32_t4"]  # K % 256
     with tuning.override(codec_mma_max_tokens=16):  # 9-16 tokens: two preps, the two-group build, ahead of the GEMMs
         assert ops.mul_mat_plan(w, 16).kernels == ["prep_mma_f16", "prep_mma_f16", "gemv_q6_k_mma_n16"]

@@ -503,13 +503,14 @@ def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=N
                         raw=None) -> Outcome:
     """A codec's tensor-core GEMV (kernels/gemv_mma_codec.py): random raw blocks of meta's format (every scale and
     bit pattern: ptxgen.testing.strategies.random_raw; or `raw`), the prep's tiles and factors from the NumPy model
-    (to_mma_tiles(x, Q4K_GROUP)); against the float64
-    reference, relative error ≤ 1e-5; split-K counters back at zero. `poison_x` = (token, k, value): non-finite
+    (to_mma_tiles(x, Q4K_GROUP)), the weights by a tensor map for the TMA build; against the float64 reference,
+    relative error ≤ 1e-5; split-K counters back at zero. `poison_x` = (token, k, value): non-finite
     outputs exactly where the reference has them."""
     from ..testing.strategies import random_raw
 
     fmt, rows, groups = meta["fmt"], meta["rows_per_cta"], meta["token_groups"]
-    m, k = shape or (rows * 2 + 8, 512)  # m·k/256 a multiple of 8: the weights end on a 16-byte boundary
+    # m·k/256 a multiple of 8: the weights end on a 16-byte boundary (the TMA build: each row does)
+    m, k = shape or (rows * 2 + 8, 2048 if meta.get("copy") == "tma" else 512)
     n = ntok or int(rng.integers(8 * groups - 7, 8 * groups + 1))
     raw = random_raw(fmt, m, k, rng) if raw is None else raw
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
@@ -517,6 +518,9 @@ def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=N
         x[poison_x[0], poison_x[1]] = poison_x[2]
     mem = _memory()
     wa = mem.alloc(raw)
+    if meta.get("copy") == "tma":  # the 16 rows' step by one box (rows a multiple of 16 bytes)
+        wa = BACKEND[-1].tensor_map(mem, wa, "u32", m, formats.get(fmt).row_bytes(k) // 4, meta["tma_box"][1],
+                                    meta["tma_box"][0], "none")
     parts = [T4.to_mma_tiles(x[8 * i:8 * i + 8], T4.Q4K_GROUP) for i in range(groups)]  # one prep per 8 tokens
     acts = tuple(mem.alloc(np.concatenate([p_[j] for p_ in parts])) for j in range(2))  # tiles, factors
     ya = mem.alloc(n * m * 4, poison=0xFF)
@@ -981,7 +985,7 @@ HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)
 for _f in ("q6_k", "q8_0"):
-    for _n in (f"gemv_{_f}_mma", f"gemv_{_f}_mma_n16"):
+    for _n in (f"gemv_{_f}_mma", f"gemv_{_f}_mma_n16", f"gemv_{_f}_mma_tma"):
         HARNESSES[_n] = _with_meta(gemv_codec_mma_case, _n, 2)
 for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]:
     _sfx = f"t{_nt}{'h' if _h else ''}"

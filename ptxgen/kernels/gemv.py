@@ -552,10 +552,12 @@ def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=0):
     return ring, bars, aligned
 
 
-def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, words_per_step=None, step_blocks=None):
+def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, words_per_step=None, step_blocks=None,
+              col=None):
     """Lane 0: one TMA box — the step starting at block jb of the warp's rows (if jb < nblk) — into ring
     stage `stage` (a register or an int), completing on that stage's mbarrier. The box's column is jb·5 u32
-    (TQ4_1S: 20-byte blocks), or (jb / step_blocks)·words_per_step (Q4_K: 8 sub-blocks per 36-word super-block)."""
+    (TQ4_1S: 20-byte blocks), (jb / step_blocks)·words_per_step (Q4_K: 8 sub-blocks per 36-word super-block), or
+    col(jb) (a register: the codecs' GEMV)."""
     go = b.op("and.pred", leader, b.op("setp.lt.u32", jb, nblk))
     if isinstance(stage, int):
         bar, dst = b.op("add.u32", bars, Imm(8 * stage, "u32")), b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
@@ -563,7 +565,7 @@ def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, wor
         bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
         dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(stage_bytes, "u32"), pred=go)
-    col = (b.op("mul.lo.u32", jb, Imm(5, "u32")) if words_per_step is None else
+    col = (col(jb) if col is not None else b.op("mul.lo.u32", jb, Imm(5, "u32")) if words_per_step is None else
            b.op("mul.lo.u32", b.op("div.u32", jb, Imm(step_blocks, "u32")), Imm(words_per_step, "u32")))
     b.emit(TMA_CTA if b.arch.name == "sm_120a" else TMA_STEP, Mem(dst), TensorRef(tw, (col, row0)), Mem(bar), pred=go)
 

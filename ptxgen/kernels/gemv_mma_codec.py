@@ -32,8 +32,8 @@ from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
 from . import KernelDef
-from .gemv import (_fill_ring, _fragment_epilogue, _mma_gemv_frame, _next_step, _tile_pointer, _wait_step,
-                   _warp_rings, _warp_rows)
+from .gemv import (_fill_ring, _fragment_epilogue, _mma_gemv_frame, _next_step, _tile_pointer, _tma_step,
+                   _wait_step, _warp_rings, _warp_rows)
 
 FORMATS = ("q6_K", "q8_0")  # codecs with mma_block (MMA_STEP_BYTES per 256 weights, MMA_BOX_BYTES, MMA_SLOT_BYTES)
 NW = 4  # warps per CTA, 16 rows each
@@ -47,29 +47,36 @@ STEP = 8  # 32-element blocks per step (one super-block)
 BULK = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
 
 
-def build(arch, fmt: str, NT: int = 1):
+def build(arch, fmt: str, NT: int = 1, tma: bool = False):
     """gemv_<fmt>_mma (NT = 1: up to 8 tokens) or gemv_<fmt>_mma_n16 (NT = 2: two groups of 8, each prepared by its
     own prep_mma_f16 into consecutive buffers — tiles 32·K bytes, factors K bytes a group — every A fragment
-    feeding both groups' MMAs)."""
+    feeding both groups' MMAs). `tma` (gemv_<fmt>_mma_tma): a step's 16 rows by one TMA box (MMA_SLOT_BYTES / 4
+    u32 x 16 rows, its rows packed at the slots' pitch) issued by lane 0, for rows a multiple of 16 bytes (every
+    row's step at the same 16-byte phase); the bulk build issues 16 copies a step, which ptxas serialises over
+    the lanes (ELECT / R2UR / UBLKCP loop: ~16% of the stall samples at T = 1, ncu_q6k_mma_source_2026-12-02)."""
     codec = codecs.get(fmt)
     AHEAD, SETS = GROUP_AHEAD[NT]
     box, bbytes, SLOT = codec.MMA_BOX_BYTES, codec.MMA_STEP_BYTES, codec.MMA_SLOT_BYTES
     stage_bytes = ROWS * SLOT
     STAGES = min(MAX_STAGES, (SMEM_PER_SM // CTAS - 1024 - 128) // (NW * stage_bytes))
-    name = GemvKernel("mma", fmt, 8 * NT).name
+    name = GemvKernel("mma", fmt, 8 * NT, tma=tma).name
     b = KernelBuilder(name, arch, f"{fmt} GEMV (exact) for up to {8 * NT} tokens on mma.sync, the codec's integer "
-                      f"weights x fp16 hi/lo activation, weights by bulk copies", block=(32 * NW, 1, 1))
-    w_p = b.param("w", "u64", "ptr:in")
+                      f"weights x fp16 hi/lo activation, weights by {'TMA' if tma else 'bulk copies'}",
+                      block=(32 * NW, 1, 1))
+    w_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64) if tma else b.param("w", "u64", "ptr:in")
     bt_p, f_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in")
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     ring_sym = _mma_gemv_frame(b, NW, CTAS, STAGES, stage_bytes, NT, ROWS, STEP, fmt,
-                               activation="prep_mma_f16(x): tiles + factors (its min fragments unused)", copy="bulk",
-                               box_bytes=box, stages=STAGES)
+                               activation="prep_mma_f16(x): tiles + factors (its min fragments unused)",
+                               copy="tma" if tma else "bulk", box_bytes=SLOT if tma else box, stages=STAGES)
     b.meta.update(dynamic_smem=b.dynamic_smem, pdl=True,
-                  weights=f"row_bytes a multiple of 4, m·row_bytes of 16 (the last {box}-byte copy ends at the "
-                          f"buffer's end)")
+                  weights=f"row_bytes a multiple of 16 (the tensor map's row stride)" if tma else
+                  f"row_bytes a multiple of 4, m·row_bytes of 16 (the last {box}-byte copy ends at the buffer's end)")
+    if tma:
+        b.meta.update(tensormaps=f"tmap_w: u32, dims (row_bytes/4, m), box ({SLOT // 4}, {ROWS}), no swizzle",
+                      tma_box=(SLOT // 4, ROWS))
     Y, BT, F = b.ptr(y_p), b.ptr(bt_p), b.ptr(f_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, ROWS)
@@ -87,27 +94,35 @@ def build(arch, fmt: str, NT: int = 1):
     def row_start(r):  # byte offset of row r's first block (rows past M: row M − 1's, never stored)
         return b.op("mul.lo.u32", b.op("min.u32", b.op("add.u32", row0, r), mlast), row_bytes)
 
-    # the copy: lane r < 16 copies row r's block of the step from its 16-byte aligned start (a bulk copy)
-    W = b.ptr(w_p)
-    copier = b.op("setp.lt.u32", lane, Imm(ROWS, "u32"))
-    my_row = row_start(lane)
-    my_slot = b.op("mul.lo.u32", lane, Imm(SLOT, "u32"))
+    if tma:  # lane 0: the 16 rows' step by one box from column ((jb / 8)·step bytes) & ~15 (rows past M: zeros)
+        tw = b.op("cvta.param.u64", b.op("mov.b64", w_p))
 
-    def issue(jb, stage):
-        live = b.op("setp.lt.u32", jb, nblk)
-        if isinstance(stage, int):
-            bar = b.op("add.u32", bars, Imm(8 * stage, "u32"))
-            dst = b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
-        else:
-            bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
-            dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
-        b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(ROWS * box, "u32"),
-               pred=b.op("and.pred", leader, live))
-        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # the expected bytes before any copy completes
-        col = b.op("and.b32", b.op("mad.lo.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(bbytes, "u32"), my_row),
-                   Imm(~15 & 0xFFFFFFFF, "b32"))
-        b.emit(BULK, Mem(b.op("add.u32", dst, my_slot)), Mem(b.op("add.s64", W, b.op("cvt.u64.u32", col))),
-               Imm(box, "u32"), Mem(bar), pred=b.op("and.pred", copier, live))
+        def issue(jb, stage):
+            _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, col=lambda jb: b.op(
+                "shl.b32", b.op("shr.u32", b.op("mul.lo.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(bbytes, "u32")),
+                                Imm(4, "u32")), Imm(2, "u32")))
+    else:
+        # the copy: lane r < 16 copies row r's block of the step from its 16-byte aligned start (a bulk copy)
+        W = b.ptr(w_p)
+        copier = b.op("setp.lt.u32", lane, Imm(ROWS, "u32"))
+        my_row = row_start(lane)
+        my_slot = b.op("mul.lo.u32", lane, Imm(SLOT, "u32"))
+
+        def issue(jb, stage):
+            live = b.op("setp.lt.u32", jb, nblk)
+            if isinstance(stage, int):
+                bar = b.op("add.u32", bars, Imm(8 * stage, "u32"))
+                dst = b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
+            else:
+                bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
+                dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
+            b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(ROWS * box, "u32"),
+                   pred=b.op("and.pred", leader, live))
+            b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # the expected bytes before any copy completes
+            col = b.op("and.b32", b.op("mad.lo.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(bbytes, "u32"), my_row),
+                       Imm(~15 & 0xFFFFFFFF, "b32"))
+            b.emit(BULK, Mem(b.op("add.u32", dst, my_slot)), Mem(b.op("add.s64", W, b.op("cvt.u64.u32", col))),
+                   Imm(box, "u32"), Mem(bar), pred=b.op("and.pred", copier, live))
 
     acc = b.regs("f32", 4 * NT)  # group nt: (row g, token 8nt + 2t), (g, .. + 1), (g + 8, .. 2t), (g + 8, .. + 1)
     for r_ in acc:
@@ -241,6 +256,8 @@ def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, 
 
 
 def kernel_defs() -> list[KernelDef]:
-    return [KernelDef(GemvKernel("mma", f, 8 * nt).name, f"{f} decode GEMV, T <= {8 * nt}, exact, mma.sync on the "
-                      f"codec's integer weights x hi/lo activation (prep_mma_f16 per 8 tokens), weights by bulk copies",
-                      lambda arch, f=f, nt=nt: build(arch, f, nt), archs=("sm_90a",)) for f in FORMATS for nt in (1, 2)]
+    return [KernelDef(GemvKernel("mma", f, 8 * nt, tma=tma).name, f"{f} decode GEMV, T <= {8 * nt}, exact, mma.sync on "
+                      f"the codec's integer weights x hi/lo activation (prep_mma_f16 per 8 tokens), weights by "
+                      f"{'TMA (rows a multiple of 16 bytes)' if tma else 'bulk copies'}",
+                      lambda arch, f=f, nt=nt, tma=tma: build(arch, f, nt, tma), archs=("sm_90a",))
+            for f in FORMATS for nt, tma in ((1, False), (2, False), (1, True))]
