@@ -77,10 +77,14 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="no GPU: a small model, written, read, planned")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
+    ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
+                    help='a dispatch rule of ptxgen/tuning overridden for this run, e.g. codec_mma_min_tokens=1 or '
+                         'codec_mma_min_tokens=\'{"q6_K": 1, "q8_0": 1}\' (repeatable)')
     args = ap.parse_args()
-    from ptxgen import knobs
+    from ptxgen import knobs, tuning
 
     knobs.set(**knobs.parse(args.knob))
+    tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
     scale = 16 if args.dry_run else 1
     tensors = model_tensors(args.format, args.layers, scale)
     with tempfile.TemporaryDirectory() as d:  # the file (GBs for a whole model) goes with the run

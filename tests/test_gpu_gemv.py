@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ptxgen import formats, tuning
+from ptxgen import codecs, formats, tuning
 from ptxgen.testing import strategies as S
 from conftest import rel, setknob
 
@@ -388,7 +388,8 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
                                    (4096, 14336, 16), (136, 1024, 11)])
 def test_codec_tensor_core_gemv(fmt, m, k, t):
     """The codecs' tensor-core decode GEMV (prep_mma_f16 + gemv_<fmt>_mma, T from 1 to 16 with the rules lifted:
-    9-16 tokens in two groups, gemv_<fmt>_mma_n16):
+    9-16 tokens in two groups, gemv_<fmt>_mma_n16; the TMA build gemv_<fmt>_mma_tma where a row is a multiple of
+    16 bytes, the bulk-copy build elsewhere):
     within 1e-5 of the float64 reference on ggml-quantized weights and on random blocks (every scale and bit
     pattern), the output poisoned first, bit-identical run to run, x from torch on torch's stream."""
     import torch
@@ -403,7 +404,8 @@ def test_codec_tensor_core_gemv(fmt, m, k, t):
         xt = torch.from_numpy(x).cuda()
         y = torch.full((t, m), float("nan"), device="cuda")
         with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=16):
-            name = f"gemv_{fmt.lower()}_mma" + ("_n16" if t > 8 else "")
+            tma = t <= 8 and k // 256 * codecs.get(fmt).MMA_STEP_BYTES % 16 == 0  # rows of 16-byte multiples
+            name = f"gemv_{fmt.lower()}_mma" + ("_n16" if t > 8 else "") + ("_tma" if tma else "")
             assert r.mul_mat_plan(w, t).kernels == ["prep_mma_f16"] * -(-t // 8) + [name]
             r.mul_mat(w, xt, out=y)
             again = r.mul_mat(w, xt).cpu().numpy()
