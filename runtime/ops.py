@@ -1047,7 +1047,7 @@ def _codec_mma_kernel(c: _Call) -> str:
 
 def _codec_mma_ok(c: _Call) -> bool:
     """A codec's tensor-core decode GEMV (kernels/gemv_mma_codec.py) for RULES.codec_mma_min_tokens ≤ T ≤
-    RULES.codec_mma_max_tokens where it is built (sm_90a), the weights 16-byte aligned, K a multiple of 256. The
+    RULES.codec_mma_max_tokens (and T = 1 where M ≥ RULES.codec_mma_t1_min_rows) where it is built (sm_90a), the weights 16-byte aligned, K a multiple of 256. The
     TMA build (_codec_mma_kernel) needs nothing more; the bulk-copy build a row a multiple of 4 bytes (every row's
     step at the same 2-byte phase), M rows a multiple of 16 bytes (its bulk copies of 16-byte multiples read no
     byte past the buffer; Q6_K: K/256 even and M·K/256 a multiple of 8), and the weights under 4 GiB (its byte
@@ -1060,8 +1060,9 @@ def _codec_mma_ok(c: _Call) -> bool:
     row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
     name = _codec_mma_kernel(c)
     bulk_ok = row % 4 == 0 and (c.m * row) % 16 == 0 and c.m * row < 1 << 32
-    return (_per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt)
-            and c.w.ptr % 16 == 0 and c.k % 256 == 0 and (name.endswith("_tma") or bulk_ok)
+    one = c.t == 1 and c.m >= _per_format(RULES.codec_mma_t1_min_rows, c.w.fmt)  # T = 1 where M is large
+    return ((_per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t or one)
+            and c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt) and c.w.ptr % 16 == 0 and c.k % 256 == 0 and (name.endswith("_tma") or bulk_ok)
             and kernels.build_for(name, c.arch) == "sm_90a")
 
 

@@ -471,10 +471,13 @@ def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(
     """Q6_K's and Q8_0's tensor-core decode GEMV (prep_mma_f16, then gemv_<fmt>_mma) from
     RULES.codec_mma_min_tokens to RULES.codec_mma_max_tokens on sm_90a: the TMA build where a row is a multiple of
     16 bytes, the bulk-copy build where it is a multiple of 4 and the weights end on a 16-byte boundary; the fp32
-    codec GEMV where neither holds, outside the rules (T = 1 as shipped), and off sm_90a."""
+    codec GEMV where neither holds, outside the rules (T = 1 below RULES.codec_mma_t1_min_rows rows), off sm_90a."""
     w = fakegpu.weights("q6_K", 4096, 14336)
     tc = ["prep_mma_f16", "gemv_q6_k_mma_tma"]
-    assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]  # as shipped: T = 2-8
+    assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]  # as shipped: T = 2-8, and T = 1 for M large
+    assert ops.mul_mat_plan(fakegpu.weights("q6_K", 128256, 4096), 1).kernels == tc  # RULES.codec_mma_t1_min_rows
+    assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 14336), 1).kernels == ["prep_mma_f16", "gemv_q8_0_mma_tma"]
+    assert ops.mul_mat_plan(fakegpu.weights("q8_0", 1024, 4096), 1).kernels == ["gemv_q8_0_f32_t1"]
     assert ops.mul_mat_plan(w, 2).kernels == ops.mul_mat_plan(w, 8).kernels == tc
     with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=8):
         assert ops.mul_mat_plan(w, 1).kernels == ops.mul_mat_plan(w, 8).kernels == tc
