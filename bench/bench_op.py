@@ -187,24 +187,14 @@ def host_us(torch, fn, calls=1000, burst=50):
     return total / calls * 1e6
 
 
-def read_floor_kernel(torch, views):
-    """fn(i) launching probe_read_floor's streaming kernel (16-byte loads, 4 in flight per thread, 8 CTAs per SM)
-    over views[i % len(views)] on torch's current stream — the bytes-only floor of #36 — or None without cupy."""
-    try:
-        import cupy as cp
+def read_floor_kernels(torch, ws, nbytes):
+    """(plain, PDL) fn(i) launching probe_decode_floor's streaming kernel over the bytes of ws[i % len(ws)] on
+    torch's current stream — #36's floor: with PDL each launch reads while the previous one finishes, as the GEMVs
+    do (H200, 4096x14336 Q4_K's 33 MB: 9.7 µs plain, 7.3 with PDL; probe_decode_floor_2026-12-02.log)."""
+    from probe_decode_floor import floor_fn
 
-        from probe_read_floor import SRC
-    except ImportError:
-        return None
-    kern = cp.RawKernel(SRC, "read16")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    out = cp.zeros(sms * 64, dtype=cp.uint32)
-
-    def run(i):
-        v = views[i % len(views)]
-        kern((sms * 8,), (256,), (cp.uint64(v.data_ptr()), cp.uint64(4 * v.numel() // 16), out),
-             stream=cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
-    return run
+    ptrs = [w.ptr for w in ws]
+    return floor_fn(torch, ptrs, nbytes, False), floor_fn(torch, ptrs, nbytes, True)
 
 
 def three_ways(torch, fn, reps):
@@ -294,16 +284,14 @@ def main():
         raw = random_raw(fmt, m, k, rng)
         ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)).to_device() for _ in range(n)]
         nbytes = m * formats.get(fmt).row_bytes(k)
-        views = [torch.as_tensor(r.DeviceArray(w.ptr, (nbytes // 4,), np.dtype(np.float32), w), device="cuda")
-                 for w in ws]  # the same bytes, for a kernel that only reads them
         w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
         print(f"\ndecode loop: {n} distinct {fmt} {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
               "4.27 TB/s over the weights' bytes")
         print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | % HBM (graph) | read floor (streaming "
-              "kernel; torch sum) graph µs | ptxgen graph / floor | F.linear fp16 eager / graph µs | F.linear graph / "
-              "ptxgen graph | llama.cpp µs | kernels |")
+              "kernel, plain / PDL) graph µs | ptxgen graph / PDL floor | F.linear fp16 eager / graph µs | F.linear "
+              "graph / ptxgen graph | llama.cpp µs | kernels |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        stream_read = read_floor_kernel(torch, views)
+        plain_read, pdl_read = read_floor_kernels(torch, ws, nbytes)
         for t in (1, 2, 4, 8):
             x = torch.randn(t, k, device="cuda")
             ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
@@ -311,23 +299,22 @@ def main():
             loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
             ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n)}
             ours["graph_profiled"], ours["graph_busy"] = graph_busy(torch, loop, calls=4 * n)
-            summed = graphed(torch, lambda i: views[i % n].sum(), calls=4 * n)
-            floor = graphed(torch, stream_read, calls=4 * n) if stream_read else summed
+            plain, floor = (graphed(torch, fn, calls=4 * n) for fn in (plain_read, pdl_read))
             lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
             peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
             row = {"fmt": fmt, "T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor,
-                   "read_sum_graph": summed, "floor_kernel": "read16 (probe_read_floor)" if stream_read else "torch sum",
+                   "read_plain_graph": plain, "floor_kernel": "read16_pdl (probe_decode_floor)",
                    "flinear": peer, "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM,
                    "kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels,
                    "llamacpp": LLAMA_LOOP.get(fmt, {}).get(t)}
             res["decode_loop"].append(row)
             print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | "
                   f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
-                  f"{row['pct_hbm_graph']:.0f}% | {floor:.1f}; {summed:.1f} | "
+                  f"{row['pct_hbm_graph']:.0f}% | {plain:.1f} / {floor:.1f} | "
                   f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
                   f"{peer['graph'] / ours['graph']:.2f}× | {row['llamacpp'] or '—'} | "
                   f"{' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
-        del ws, views, w16
+        del ws, w16
         torch.cuda.empty_cache()
 
     m, k = 4096, 4096

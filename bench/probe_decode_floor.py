@@ -24,12 +24,32 @@ SIZES = (2.36, 9.44, 33.0, 48.2, 431.0)  # k / v, q / o, gate / up / down (Q4_K)
 ENTRIES = ("read16_plain", "read16_pdl", "read16_pdl_wait_first")
 
 
-def main():
-    sizes = [float(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else SIZES
+def load():
+    """{entry: Function} of the three streaming kernels (params p, n16 = bytes / 16, out)."""
     ptx = (Path(__file__).parent / "probe_decode_floor.ptx").read_text()
     mod = driver.Module(compile_ptx(ptx, "sm_90a", name="probe_decode_floor").cubin, "probe_decode_floor")
     params = [{"name": "p", "type": "u64"}, {"name": "n16", "type": "u64"}, {"name": "out", "type": "u64"}]
-    fns = {e: mod.function(e, params, (256, 1, 1)) for e in ENTRIES}
+    return {e: mod.function(e, params, (256, 1, 1)) for e in ENTRIES}
+
+
+def floor_fn(torch, buffers, nbytes: int, pdl: bool, per_sm: int = 4):
+    """fn(i): the streaming kernel over buffers[i % len(buffers)] (device pointers of ≥ nbytes) on torch's current
+    stream, with PDL (read, then wait, then store) or plainly: bench_op's decode-loop floor."""
+    fns = load()
+    fn = fns["read16_pdl" if pdl else "read16_plain"]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = torch.zeros(sms * 64, dtype=torch.int32, device="cuda")
+
+    def run(i):
+        fn.launch((sms * per_sm,), (buffers[i % len(buffers)], nbytes // 16, out.data_ptr()),
+                  stream=torch.cuda.current_stream().cuda_stream, pdl=pdl)
+    run.keep = (fns, out)
+    return run
+
+
+def main():
+    sizes = [float(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else SIZES
+    fns = load()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.zeros(sms * 64, dtype=torch.int32, device="cuda")
     print("| MB | CTAs/SM | plain µs (% of 4.27 TB/s) | PDL, wait before the store | PDL, wait at the head |")

@@ -59,11 +59,12 @@ def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
     """The GEMVs' wider step (kernels/gemv_codec.py): lane L takes block 2·group + L / 16 (valid below `count`;
     past it every load is off: a zero scale, and the GEMV masks x), half h = (L / 8) % 2 and elements l0 .. l0 + 3 (l0 = 4·(L % 8))
     of all 4 quarters: 16 weights from two 4-byte ql words and one qh word (each from two 2-byte loads: the block is
-    2-byte aligned) and the quarters' 4 scales. Four weights' q − 32 at a time: (low nibbles | high bits << 4) ^ 0x20
-    per byte is q − 32 as a 6-bit two's complement; shifted left by 2 each byte is the int8 4·(q − 32), which one
-    I2F.S8 converts (ptxas folds the byte extract into it). Returns factored runs — per quarter (the 4 values
-    4·(q − 32) as f32, the scale d·sc / 4) — so the GEMV sums q·x first and scales once per quarter: the same
-    products as ggml's fp32 weights times x up to fp32 rounding (~1e-7 relative), at 2 instructions a weight. Offsets
+    2-byte aligned) and the quarters' 4 scales. Four weights' q at a time: low nibbles | high bits << 4 per byte;
+    each byte put under the exponent of 2^23 by one PRMT (the float 2^23 + q), less 2^23 + 32 by one FADD: q − 32
+    exactly. (An I2F.S8 a weight did this before, 2026-12-02: a quarter-rate conversion, ~16 µs of the I2F pipe
+    for 4096x14336 on the H200, as long as the whole issue budget.) Returns factored runs — per quarter (the 4
+    values q − 32 as f32, the scale d·sc) — so the GEMV sums q·x first and scales once per quarter: the same
+    products as ggml's fp32 weights times x up to fp32 rounding (~1e-7 relative), at 3 instructions a weight. Offsets
     as dequant_lane's, the first element 256·block + 128·h + l0."""
     if not f32:
         raise ValueError("q6_K dequant_lane_wide gives float32 runs only (the GEMV's form)")
@@ -87,7 +88,7 @@ def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
     dbits = b.reg("b16")
     b.emit("mov.b16", dbits, Imm(0, "b16"))
     b.emit("ld.global.nc.b16", dbits, Mem(block, D_OFFSET), pred=valid)
-    d4 = b.op("mul.rn.f32", b.op("cvt.f32.f16", dbits), Imm(0.25, "f32"))  # exact: a power of two
+    d = b.op("cvt.f32.f16", dbits)
     runs = []
     for k in range(4):  # quarter k: low nibbles of qa (k = 0), qb (1), high of qa (2), qb (3); qh bits 2k, 2k + 1
         sc = b.op("mov.u32", Imm(0, "u32"), type="s32")
@@ -95,11 +96,11 @@ def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
         src = qa if k % 2 == 0 else qb
         lo = b.op("and.b32", src if k < 2 else b.op("shr.u32", src, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
         hi = b.op("and.b32", hw if k == 0 else b.op("shr.u32", hw, Imm(2 * k, "u32")), Imm(0x03030303, "b32"))
-        q4 = b.op("shl.b32", b.op("xor.b32", b.op("or.b32", lo, b.op("shl.b32", hi, Imm(4, "u32"))),
-                                  Imm(0x20202020, "b32")), Imm(2, "u32"))  # bytes: 4·(q − 32) as int8
-        vals = [b.op("cvt.rn.f32.s32", b.op("bfe.s32", q4, Imm(8 * i, "u32"), Imm(8, "u32"), type="s32"))
-                for i in range(4)]
-        runs.append((vals, b.op("mul.rn.f32", d4, b.op("cvt.rn.f32.s32", sc))))
+        q = b.op("or.b32", lo, b.op("shl.b32", hi, Imm(4, "u32")))  # bytes: q (0 .. 63)
+        # q − 32 as f32: byte i under the exponent of 2^23 (one PRMT: 2^23 + q), less 2^23 + 32 (one FADD, exact)
+        vals = [b.op("sub.rn.f32", b.op("prmt.b32", q, Imm(0x4B000000, "b32"), Imm(0x7650 + i, "b32"), type="f32"),
+                     Imm(8388640.0, "f32")) for i in range(4)]
+        runs.append((vals, b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sc))))
 
     def offsets():  # element 256·block + 128·h + 32·k + l0 .. + 3 of quarter k
         return b.op("add.u32", b.op("shl.b32", blk, Imm(8, "u32")), b.op("mad.lo.u32", h, Imm(128, "u32"), l0)), \
