@@ -567,6 +567,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     codec_ra = w.fmt != "q4_K" and path.startswith("wgmma_ra")  # another codec's register-A build: its raw blocks
     if codec_ra and path not in ("wgmma_ra", "wgmma_ra_x16"):
         raise ValueError(f"mmq_launch: {w.fmt}'s register-A GEMM runs after convert_f16_perm only, not {path!r}")
+    codec_sync = w.fmt != "q4_K" and sync  # another codec's fp16 mma.sync build: its run8 decode (mmq.F16_CODECS)
+    if w.fmt != "q4_K" and not (codec_ra or codec_sync or path.startswith("wgmma_pre")):
+        raise ValueError(f"mmq_launch: the {path!r} GEMM decodes Q4_K only; {w.fmt} runs the mma.sync, register-A "
+                         "or prepared builds")
     if path == "wgmma_ra" and not forced_bn:
         bn = _rega_fill_tile(w.fmt if codec_ra else "q4_K", m, k, t, bn, sms)
     if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
@@ -577,7 +581,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
               and mmq_convert_in_gemm(t, plan.splits))
         path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
-    name = dataclasses.replace(spec, fmt=w.fmt).name if codec_ra else spec.name
+    name = dataclasses.replace(spec, fmt=w.fmt).name if codec_ra or codec_sync else spec.name
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
     if plan is None or (fn is not planned and fn.resident_per_sm() != planned.resident_per_sm()):
@@ -1184,6 +1188,12 @@ _ROUTES = {
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.t, c.m, c.k, c.arch),  # fp16 x, as the MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
+    # another codec where the GEMM is mma.sync's (sm_89, sm_120a, or arch pinned there): the fp16 mma.sync MMQ
+    # decoding its weights with the codec's run8 (kernels/mmq.py F16_CODECS), then its fixup
+    "mmq_f16": (lambda c: (c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows and c.k % 256 == 0
+                           and mmq_path(c.arch) == "mma.sync"
+                           and kernels.build_for(MmqSpec(MMQ_TILES[0], fmt=c.w.fmt).name, c.arch) is not None),
+                _mmq),
     # a codec with its own register-A decode (kernels/mmq.py RA_CODECS): its GEMM straight from the raw blocks
     "mmq_ra": (_mmq_ra_ok, _mmq_ra),
     # any codec with a fragment writer: its fp16 fragments, then the prepared wgmma GEMM (sm_90), then the fixup

@@ -177,6 +177,9 @@ for _k in KERNELS:
     elif _k.startswith("mmq_") and _k.endswith("_moe"):  # the other codecs': run8 from global memory, to fp16
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDG.E", "F2FP.F16.F32.PACK"]
         ABSENT_SASS[_k, "sm_90a"] = ["LDGSTS"]
+    elif _k.startswith("mmq_") and "_f16_" in _k and not _k.startswith("mmq_q4_k"):  # the codecs' dense mma.sync
+        # GEMM: run8 from global memory to fp16 (cp.async only for the _x16 builds' fp16 x), on both targets alike
+        EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDG.E", "F2FP.F16.F32.PACK"]
     elif _k.startswith("mmq_q4_k_f16_"):
         EXPECTED_SASS[_k, "sm_120a"] = ["HMMA.16816.F32", "LDSM.16.M88.4", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
                                         "HFMA2", "PRMT"]

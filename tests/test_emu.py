@@ -279,7 +279,9 @@ SLOW_TO_EMULATE = {
     "mmq_q4_k_wgmma_ra_n128_cx", "mmq_q4_k_wgmma_ra_n128_mc2", "mmq_q4_k_wgmma_n128", "mmq_q4_k_wgmma_ra_n128",
     "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n64_pre", "mmq_q4_k_q8_n32_pre"} | {
     f"mmq_{f}_wgmma_ra_n{bn}" for f in ("q5_k", "q8_0", "q6_k") for bn in (128, 256)} | {  # the codecs': n64 fast
-    f"mmq_{f}_wgmma_ra_n{bn}_moe" for f in ("q4_k", "q5_k", "q8_0", "q6_k") for bn in (64, 128)}  # MoE: n32 fast
+    f"mmq_{f}_wgmma_ra_n{bn}_moe" for f in ("q4_k", "q5_k", "q8_0", "q6_k") for bn in (64, 128)} | {  # MoE: n32 fast
+    f"mmq_{f}_f16_n{bn}{x}" for f in ("q5_k", "q6_k", "q8_0") for bn in (32, 64, 128) for x in ("", "_x16")
+    if (bn, x) != (32, "")}  # the codecs' mma.sync GEMMs: n32 fast
 FAST_CASES = [(k, KERNELS[k].archs[0]) for k in KERNELS if k not in SLOW_TO_EMULATE]
 
 
@@ -429,6 +431,21 @@ def test_q8_mmq_with_a_wrong_nibble_mask_fails():
 def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     out = check_kernel("quantize_q8_1_mmq", KERNELS["quantize_q8_1_mmq"].for_arch("sm_89").ptx(), seed=1, big=True)
     assert out.ok, out.detail
+
+
+@pytest.mark.parametrize("fmt", ["q5_k", "q6_k", "q8_0"])
+def test_codec_mma_sync_mmq_split_tail_and_fp16_overflow(fmt):
+    """The fp16 mma.sync MMQ on another codec's blocks (decoded by its run8 straight from global memory;
+    kernels/mmq.py F16_CODECS): two whole tiles then a tail split in three, three CTAs taking turns, within 1e-3
+    of the float64 reference with the counters back at zero; a value past fp16 in x raises the overflow flag (the
+    codec's fixup then recomputes that token)."""
+    name = f"mmq_{fmt}_f16_n32"
+    ptx = KERNELS[name].for_arch("sm_89").ptx()
+    out = check_kernel(name, ptx, seed=4, shape=(129, 40, 1024), whole=2, splits=3, per=6, ctas=3, interleave=True,
+                       run_seed=2)
+    assert out.ok, out.detail
+    out = check_kernel(name, ptx, seed=5, shape=(130, 9, 512), poison_x=(3, 100, 7e4))
+    assert out.ok and "flagged" in out.detail, out.detail
 
 
 @pytest.mark.parametrize("kernel,shape,plan", [

@@ -590,10 +590,10 @@ def test_mma_sync_mmq_item_raster_on_the_gpu():
     np.testing.assert_array_equal(r.mul_mat(w, x, arch="sm_89").view(np.uint32), got.view(np.uint32))
 
 
-def _codec_prefill(fmt, m, k, t, first):
-    """mul_mat on sm_90 whose plan has `first` among its first two launches: within the fp16 GEMMs' bound of the
-    float64 reference (outputs NaN-poisoned first), bit-identical run to run; a token with a value past fp16 comes
-    back recomputed exactly (the codec's fixup)."""
+def _codec_prefill(fmt, m, k, t, first, arch=None):
+    """mul_mat (on the target `arch` pins, else the device's) whose plan has `first` among its first two launches:
+    within the fp16 GEMMs' bound of the float64 reference (outputs NaN-poisoned first), bit-identical run to run; a
+    token with a value past fp16 comes back recomputed exactly (the codec's fixup)."""
     import torch
 
     import ptxgen.runtime as r
@@ -603,10 +603,10 @@ def _codec_prefill(fmt, m, k, t, first):
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))
     x = rng.standard_normal((t, k)).astype(np.float32)
     x[t // 2, k // 3] = 7e4 if fmt != "tq4_1s" else 8e5  # past fp16 (after TQ4_1S's rotation): recomputed in fp32
-    assert first in r.mul_mat_plan(w, t).kernels[:2]  # TQ4_1S: after rotate_tq4_1s
+    assert first in r.mul_mat_plan(w, t, arch=arch).kernels[:2]  # TQ4_1S: after rotate_tq4_1s
     xt = torch.from_numpy(x).cuda()
     y = torch.full((t, m), float("nan"), device="cuda")
-    r.mul_mat(w, xt, out=y)
+    r.mul_mat(w, xt, out=y, arch=arch)
     got = y.cpu().numpy().astype(np.float64)
     want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
     ok = [i for i in range(t) if i != t // 2]
@@ -614,7 +614,18 @@ def _codec_prefill(fmt, m, k, t, first):
     assert np.linalg.norm(got[ok] - want[ok]) / np.linalg.norm(want[ok]) <= 1e-3
     bound = 5e-5 if fmt == "tq4_1s" else 1e-5  # (the rotated outlier's cancellation, as the emulator harness says)
     assert np.linalg.norm(got[t // 2] - want[t // 2]) / np.linalg.norm(want[t // 2]) <= bound
-    assert np.array_equal(r.mul_mat(w, xt).cpu().numpy(), y.cpu().numpy())
+    assert np.array_equal(r.mul_mat(w, xt, arch=arch).cpu().numpy(), y.cpu().numpy())
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("m,k,t", [(300, 1024, 17), (4096, 4096, 512), (1000, 3584, 100), (520, 2048, 1100)])
+def test_codec_mma_sync_gemm(fmt, m, k, t):
+    """Q5_K, Q6_K and Q8_0 prefill on the mma.sync targets (sm_89's PTX here; sm_120a's is the same cp.async build):
+    the fp16 mma.sync MMQ decoding the codec's blocks with its run8 (mmq_<fmt>_f16_n<tile>, after convert_f16 for
+    large products), then the codec's fixup — _codec_prefill's checks."""
+    tile = 32 if t <= 32 else 64 if t <= 64 else 128
+    _codec_prefill(fmt, m, k, t, f"mmq_{fmt.lower()}_f16_n{tile}" + ("_x16" if m * k * t >= 1 << 31 else ""),
+                   arch="sm_89")
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0", "tq4_1s"])

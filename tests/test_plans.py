@@ -221,7 +221,7 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
                                                     "mmq_q4_k_wgmma_pre_n256", f"mul_mat_fixup_{f}"]
         assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}_frags", "mmq_q4_k_wgmma_pre_n256_cx",
                                                      f"mul_mat_fixup_{f}"]
-        assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == widest  # no prepared GEMM off sm_90a
+        assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[1] == f"mmq_{f}_f16_n128_x16"  # mma.sync's GEMM there
         assert ops.mul_mat_plan(fakegpu.weights(fmt, 64, 4096), 512).kernels[0] == widest  # M < 128
     if fmt != "q8_0":  # Q8_0's register-A GEMM runs at every T
         above = ops.RULES.codec_ra_mmq_max_tokens[fmt] + 1
@@ -256,7 +256,7 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
     assert (w.ptr, "u8", 4096, formats.get(fmt).row_bytes(4096), 128, box, "none") in maps  # the raw rows
     assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 4096, at=fakegpu.BASE + 8), 512).kernels[0] == \
         f"dequantize_{f}_frags"
-    assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[0] == gemv
+    assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[1] == f"mmq_{f}_f16_n128_x16"  # mma.sync's GEMM there
     with tuning.override(codec_ra_mmq_min_tokens=1 << 30):
         assert ops.mul_mat_plan(w, 512).kernels[0] == f"dequantize_{f}_frags"
 
@@ -280,7 +280,7 @@ def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
-    """Q5_K, Q6_K (and Q8_0 in mode "exact") below the prepared GEMM's T (and off sm_90) run gemv_<fmt>_f32_t<nt>:
+    """Q5_K, Q6_K (and Q8_0 in mode "exact") below the GEMMs' T run gemv_<fmt>_f32_t<nt>:
     one launch per slice of up to 8 tokens, the slice's token count rounded up to 1, 2, 4 or 8 — Q5_K, which ships
     its 16-token build, slices of up to 16 (9-16 tokens: that build)."""
     w = fakegpu.weights(fmt, 300, 512)
@@ -292,7 +292,8 @@ def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
     rows = [gemv_codec.WARPS * gemv_codec.tuned_shape(fmt, nt)[0] for nt in builds]  # rows per warp as tuned
     assert [ln.fn.meta["rows_per_cta"] for ln in p.launches] == rows
     assert [ln.grid for ln in p.launches] == [(-(-300 // r),) for r in rows] and [ln.args[-1] for ln in p.launches] == counts
-    assert len(ops.mul_mat_plan(w, 512, arch="sm_89").launches) == (32 if fmt == "q5_K" else 64)  # no prepared GEMM
+    with tuning.override(mmq_min_tokens=1 << 30):  # the GEMMs ruled out on sm_89 too: slices all the way
+        assert len(ops.mul_mat_plan(w, 512, arch="sm_89").launches) == (32 if fmt == "q5_K" else 64)
     assert all(ln.fn.meta.get("pdl_head") for ln in p.launches)
 
 
@@ -497,3 +498,19 @@ def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(
         assert ops.mul_mat_plan(w, 17).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
     with tuning.override(codec_mma_max_tokens=0):
         assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]
+
+
+def test_the_codecs_prefill_on_the_mma_sync_targets(gpu):
+    """Q5_K, Q6_K and Q8_0 from RULES.mmq_min_tokens on the mma.sync targets (sm_89, sm_120a, or an sm_90 device with
+    arch pinned there): the fp16 mma.sync MMQ decoding the codec's blocks (its fp32 x converted inside, or
+    convert_f16 first for large products), then the codec's fixup; the decode GEMVs below; K not a multiple of 256
+    (a partial super-block) stays on the GEMV slices."""
+    for fmt in ("q5_K", "q6_K", "q8_0"):
+        w = fakegpu.weights(fmt, 4096, 4096)
+        f = fmt.lower()
+        assert ops.mul_mat_plan(w, 8, arch="sm_89").kernels == [f"gemv_{f}_f32_t8"]
+        assert ops.mul_mat_plan(w, 9, arch="sm_89").kernels == [f"mmq_{f}_f16_n32", f"mul_mat_fixup_{f}"]
+        assert ops.mul_mat_plan(w, 100, arch="sm_89").kernels == [f"mmq_{f}_f16_n128", f"mul_mat_fixup_{f}"]
+        assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels == ["convert_f16", f"mmq_{f}_f16_n128_x16",
+                                                                  f"mul_mat_fixup_{f}"]
+    assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 4160), 64, arch="sm_89").kernels[0] == "gemv_q8_0_f32_t8"

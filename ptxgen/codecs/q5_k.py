@@ -13,7 +13,7 @@ BLOCK_K, BLOCK_BYTES, HEADER_BYTES, QS_OFFSET = geometry(FMT, "qh", "qs")  # 256
 QH_OFFSET = HEADER_BYTES
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 4  # dequant_lane's widest load
-ROUTES = {"exact": ("mmq_ra", "mmq_pre", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
 weights_error = alignment_error(FMT, 8)  # run8's v2 loads (the prepared GEMM's fragment writer)
 
 

@@ -9,7 +9,7 @@ FMT = "q8_0"
 BLOCK_K, BLOCK_BYTES, D_OFFSET, QS_OFFSET = geometry(FMT, "d", "qs")  # 32, 34, 0, 2
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("codec_mma", "mmq_ra", "mmq_pre", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+ROUTES = {"exact": ("codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:

@@ -782,17 +782,18 @@ def _mmq_result(mem, ya, tiles, scratch, t, m, splits):
 
 def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits=1, whole=None, per=None, ctas=3,
              interleave=False, run_seed=None, poison_x=None, spread=None) -> Outcome:
-    """Run the fp16 mma.sync MMQ on random Q4_K weights and fp32 activations (the _x16 builds: converted to fp16
-    first, as convert_f16 does; the sm_120a builds take the weights, and fp16 x, as TMA tensor maps); float64
-    reference. Its queue holds the first `whole` tiles over all of K, then the others in `splits` K ranges of `per`
+    """Run the fp16 mma.sync MMQ on random weights of its format (meta fmt: Q4_K, or a codec the build decodes with
+    its run8) quantized as ggml does, and fp32 activations (the _x16 builds: converted to fp16 first, as convert_f16
+    does; Q4_K's sm_120a builds take the weights, and fp16 x, as TMA tensor maps); float64 reference. Its queue holds the first `whole` tiles over all of K, then the others in `splits` K ranges of `per`
     K-steps (default: every tile split when splits > 1, evenly); the kernel's own fixup must leave y complete and the
     tile counters zero. `ctas` persistent CTAs share the queue (one after another, or taking turns with `interleave`,
     in an order `run_seed` draws). `poison_x` = (t, k, value) plants one value in x: the overflow flag must be up
     exactly when it is not finite in fp16 (the caller then recomputes exactly), and the result within the bar
     otherwise. `spread`: the split fixup (default: the runtime's rule, ops.mmq_spread_fixup, with `ctas` CTAs)."""
     m, t, k = shape or (meta["bm"] + 3, meta["bn"] + 5, 512)
+    fmt = meta.get("fmt", "q4_K")
     w = rng.standard_normal((m, k)).astype(np.float32)
-    raw = formats.quantize("q4_K", w)
+    raw = formats.quantize(fmt, w)
     x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
@@ -825,7 +826,7 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
         return Outcome(meta.get("name", "mmq"), False, f"overflow flag {flag}, expected {int(want_flag)}", None, None)
     if want_flag:
         return Outcome(meta.get("name", "mmq"), True, "overflow flagged (the caller recomputes)", None, None)
-    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)  # the flag was checked above (down: no overflow)
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}, {splits} split(s)",
@@ -972,8 +973,9 @@ for _t in (1, 2, 4, 8):
     for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}", f"gemv_tq4_1s_tma_t{_t}"):
         HARNESSES[_n] = _gemv(_n)
 for _bn in (32, 64, 128):
-    for _n in (f"mmq_q4_k_f16_n{_bn}", f"mmq_q4_k_f16_n{_bn}_x16"):
-        HARNESSES[_n] = _mmq(_n)
+    for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # Q4_K's raw ring, the codecs' run8 (kernels/mmq.py F16_CODECS)
+        for _n in (f"mmq_{_f}_f16_n{_bn}", f"mmq_{_f}_f16_n{_bn}_x16"):
+            HARNESSES[_n] = _mmq(_n)
 for _bn in (16, 32, 64):
     for _n in (f"mmq_q4_k_q8_n{_bn}", f"mmq_q4_k_q8_n{_bn}_pre"):
         HARNESSES[_n] = _with_meta(mmq_q8_case, _n, 3)

@@ -176,6 +176,9 @@ def _codec_rows(b, codec, K, lane):
 
 KERNEL = KernelDef("mul_mat_fixup_q4_k", "after a prefill GEMM: recompute in fp32 the tokens whose activations left "
                    "fp16 / Q8_1 (flag read on the device; returns at once when clear)", build)
-KERNELS = [KernelDef(name(f), f"after the prepared GEMM on {f.upper()} weights: recompute in fp32 the tokens whose "
+# every target where an fp16 GEMM of the codec runs: the register-A / prepared wgmma ones (sm_90a), the mma.sync one
+# (the codecs with route mmq_f16, kernels/mmq.py F16_CODECS: sm_89, sm_120a)
+KERNELS = [KernelDef(name(f), f"after a prefill GEMM on {f.upper()} weights: recompute in fp32 the tokens whose "
                      "activations left fp16 (decided on the device)", lambda arch, f=f: build(arch, f),
-                     archs=("sm_90a",)) for f in FORMATS[1:]]
+                     archs=("sm_89", "sm_90a", "sm_120a") if f in codecs.with_route("mmq_f16") else ("sm_90a",))
+            for f in FORMATS[1:]]

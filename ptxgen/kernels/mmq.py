@@ -45,6 +45,7 @@ PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of paddin
 TOKEN_TILES = (32, 64, 128)
 GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T = 512, top-8 of 128: ~32 pairs)
 GROUPED_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # Q4_K by its raw ring; the others by their codec's run8
+F16_CODECS = codecs.with_route("mmq_f16")  # the dense fp16 mma.sync GEMM's other codecs (sm_89, sm_120a): A by run8
 GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_90a, Q4_K): an expert's pairs per tile
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
@@ -134,23 +135,32 @@ def build(arch, spec: MmqSpec):
         from .mmq_moe import build_grouped
 
         return build_grouped(arch, spec)
-    if spec.fmt != "q4_K":  # the dense fp16 mma.sync GEMM decodes Q4_K's raw ring only
-        raise ValueError(f"{spec.name}: the fp16 mma.sync GEMM is Q4_K's; {spec.fmt} has its grouped build "
-                         "(grouped=True) and, on sm_90a, the register-A wgmma one")
+    codec = None if spec.fmt == "q4_K" else codecs.get(spec.fmt)  # another codec: its A tile by _codec_dequant
+    if codec is not None and spec.fmt not in F16_CODECS:
+        raise ValueError(f"{spec.name}: the fp16 mma.sync GEMM decodes Q4_K's raw ring or a codec with run8 "
+                         f"({', '.join(F16_CODECS)}); not {spec.fmt}")
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
+    if codec is not None:  # no raw ring to fill (the weights are read where they are decoded): cp.async's
+        pipe = Pipeline(STAGES, "cp.async")  # pipelines, with empty commit groups, on every target
     tma = pipe.copy == "tma"
     ft = _f16_tile(spec, tma)
     BN, x16 = ft.BN, ft.x16
     pipe.check_smem(arch, ft.raw_bytes)
-    b = KernelBuilder(spec.name, arch, f"Q4_K x {'fp16' if x16 else 'fp32'} GEMM, fp16 mma.sync, tile "
-                      f"{BM}x{BN}x{BK}, {pipe.stages}-stage {'TMA + mbarrier' if tma else 'cp.async'}",
-                      block=(256, 1, 1))
+    ring = (f"{pipe.stages}-stage {'TMA + mbarrier' if tma else 'cp.async'}" if codec is None
+            else "weights decoded from global memory by the codec's run8")
+    b = KernelBuilder(spec.name, arch, f"{'Q4_K' if codec is None else spec.fmt} x {'fp16' if x16 else 'fp32'} GEMM, "
+                      f"fp16 mma.sync, tile {BM}x{BN}x{BK}, {ring}", block=(256, 1, 1))
     w_p, x_p, y_p = _f16_operands(b, tma, x16)
     f_p = b.param("flag", "u64", "ptr:out")
     m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     wh_p = b.param("whole", "u32")
     fx_p = b.param("spread", "u32")  # 1: every split of a tile sums its share (_spread_sums_fixup), 0: the last all
     smem, work = _f16_smem_and_meta(b, ft, pipe, sched)
+    if codec is not None:  # a run8 decode holds more registers than Q4_K's (as the grouped build: mmq_moe)
+        b.directives = [d for d in b.directives if not d.startswith(".minnctapersm")] + [
+            f".minnctapersm {min(2, F16_CTAS_PER_SM[BN])}"]
+        b.meta.update(fmt=spec.fmt, raw_layout="none: each thread decodes its 32 weights of a step from global "
+                                               "memory (the codec's run8 / run32)")
 
     if tma:  # the tensor maps' generic addresses (x: a pointer where it is fp32)
         W, X = _tmap(b, w_p), _tmap(b, x_p) if x16 else b.ptr(x_p)
@@ -180,6 +190,12 @@ def build(arch, spec: MmqSpec):
     if tma:
         tlast = b.op("sub.u32", T, Imm(1, "u32"))
         ops = _f16_tma_ops(b, ft, ring, leader, W, X, m0, n0, nsteps, raw0, b16)
+    elif codec is not None:
+        row_bytes = b.op("mul.lo.u32", b.op("div.u32", K, Imm(codec.BLOCK_K, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
+        mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
+
+        def issue(step, stage=None):  # nothing to copy ahead: an empty group keeps the pipeline's wait_group counts
+            b.emit("cp.async.commit_group")
     else:
         row_bytes = _q4k_row_bytes(b, K)
         mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
@@ -193,7 +209,8 @@ def build(arch, spec: MmqSpec):
         load_x = copy_x = store_x = None
     else:
         load_x, copy_x, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16)
-    stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16, columns=tma)
+    stage_of, dequant = (_f16_dequant(b, ft, tid, raw0, a16, columns=tma) if codec is None else
+                         _codec_dequant(b, codec, tid, m0, mlast, row_bytes, W, a16))
     wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
 
     # --- the pipeline. Raw bytes: 3-stage ring. fp16 tiles: double-buffered, so the MMA of step s (buffer
@@ -352,6 +369,31 @@ def _f16_dequant(b, ft: _F16Tile, tid, raw0, a16, columns=False):
         dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
             b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(out[4 * i:4 * i + 4]))
+    return stage_of, dequant
+
+
+def _codec_dequant(b, codec, tid, m0, mlast, row_bytes, W, a16):
+    """The fp16 A tile from any codec's run8 (float32 exactly as ggml, then rounded once to fp16, as the prepared
+    fragments): thread (row tid / 2, half tid % 2) decodes weights 64·step + 32·half .. + 31 of its row (rows past
+    M read row M - 1; the epilogue drops them) straight from global memory into its 64 bytes of the A row, the
+    fp16 MMQ's layout (PAD_ROW bytes a row, K in order). Returns (stage_of, dequant) as mmq._f16_dequant's."""
+    drow, dh = b.op("shr.u32", tid, Imm(1, "u32")), b.op("and.b32", tid, Imm(1, "b32"))
+    rowp = b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", m0, drow), mlast), row_bytes, W)
+    a_dst = b.op("add.u32", b.op("mad.lo.u32", drow, Imm(PAD_ROW, "u32"), a16), b.op("shl.b32", dh, Imm(6, "u32")))
+
+    def stage_of(step):  # no raw ring
+        return b.op("mov.u32", Imm(0, "u32"))
+
+    def dequant(step, boff, stage):
+        k0 = b.op("add.u32", b.op("shl.b32", step, Imm(6, "u32")), b.op("shl.b32", dh, Imm(5, "u32")))
+        if hasattr(codec, "run32"):  # one sub-block's header decoded once (Q5_K, Q6_K)
+            vals = codec.run32(b, rowp, k0)
+        else:
+            vals = [v for r in range(4) for v in codec.run8(b, rowp, b.op("add.u32", k0, Imm(8 * r, "u32")))]
+        words = [b.op("cvt.rn.f16x2.f32", vals[2 * j + 1], vals[2 * j], type="b32") for j in range(16)]
+        dst = b.op("add.u32", a_dst, boff)
+        for i in range(4):
+            b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(words[4 * i:4 * i + 4]))
     return stage_of, dequant
 
 
@@ -2629,6 +2671,11 @@ def kernel_defs() -> list[KernelDef]:
                    f"first), {BM}x{bn} tile", lambda arch, s=MmqSpec(bn, fused=False): build(arch, s),
                    archs=("sm_89", "sm_120a"))
          for bn in TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, fused=fu, fmt=f).name, f"{f} prefill GEMM, fp16 mma.sync on "
+                   f"{'fp32 x converted in the load pipeline' if fu else 'fp16 x (convert_f16 first)'}, the weights "
+                   f"decoded by the codec's run8 from global memory, {BM}x{bn} tile",
+                   lambda arch, s=MmqSpec(bn, fused=fu, fmt=f): build(arch, s), archs=("sm_89", "sm_120a"))
+         for f in F16_CODECS for bn in TOKEN_TILES for fu in (True, False)] + \
         [KernelDef(MmqSpec(bn, "wgmma").name, f"Q4_K prefill GEMM, wgmma + TMA, {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma"): build(arch, s), archs=("sm_90a",))
          for bn in WGMMA_TOKEN_TILES] + \

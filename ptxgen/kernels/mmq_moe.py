@@ -21,9 +21,9 @@ from ..builder import KernelBuilder
 from ..dsl import Pipeline
 from ..ir import Imm, Mem
 from ..specs import MmqSpec
-from .mmq import (BM, F16_CTAS_PER_SM, PAD_ROW, STAGES, _claim, _f16_activations, _f16_dequant, _f16_mma, _f16_smem_and_meta,
-                  _f16_tile, _f32_pipeline, _issue_raw, _next_item_or_exit, _raw_copies, _tiles_m, _watch_finite,
-                  describe)
+from .mmq import (BM, F16_CTAS_PER_SM, STAGES, _claim, _codec_dequant, _f16_activations, _f16_dequant, _f16_mma,
+                  _f16_smem_and_meta, _f16_tile, _f32_pipeline, _issue_raw, _next_item_or_exit, _raw_copies, _tiles_m,
+                  _watch_finite, describe)
 from .moe_group import TILE_SHIFT
 
 
@@ -114,31 +114,6 @@ def build_grouped(arch, spec: MmqSpec):
     epilogue.lower_mma_sync(b, acc, lane, m0, wm, 64, n0, wn, BN // 4, M, b.op("add.u32", tlast, Imm(1, "u32")), Y0,
                             col_row=scatter_rows(b, ORD, tlast))
     return _next_item_or_exit(b, next_item, finish, Q, leader, F, lambda: b.op("setp.ne.u32", bad, Imm(0, "u32")))
-
-
-def _codec_dequant(b, codec, tid, m0, mlast, row_bytes, W, a16):
-    """The fp16 A tile from any codec's run8 (float32 exactly as ggml, then rounded once to fp16, as the prepared
-    fragments): thread (row tid / 2, half tid % 2) decodes weights 64·step + 32·half .. + 31 of its row (rows past
-    M read row M - 1; the epilogue drops them) straight from global memory into its 64 bytes of the A row, the
-    fp16 MMQ's layout (PAD_ROW bytes a row, K in order). Returns (stage_of, dequant) as mmq._f16_dequant's."""
-    drow, dh = b.op("shr.u32", tid, Imm(1, "u32")), b.op("and.b32", tid, Imm(1, "b32"))
-    rowp = b.op("mad.wide.u32", b.op("min.u32", b.op("add.u32", m0, drow), mlast), row_bytes, W)
-    a_dst = b.op("add.u32", b.op("mad.lo.u32", drow, Imm(PAD_ROW, "u32"), a16), b.op("shl.b32", dh, Imm(6, "u32")))
-
-    def stage_of(step):  # no raw ring
-        return b.op("mov.u32", Imm(0, "u32"))
-
-    def dequant(step, boff, stage):
-        k0 = b.op("add.u32", b.op("shl.b32", step, Imm(6, "u32")), b.op("shl.b32", dh, Imm(5, "u32")))
-        if hasattr(codec, "run32"):  # one sub-block's header decoded once (Q5_K, Q6_K)
-            vals = codec.run32(b, rowp, k0)
-        else:
-            vals = [v for r in range(4) for v in codec.run8(b, rowp, b.op("add.u32", k0, Imm(8 * r, "u32")))]
-        words = [b.op("cvt.rn.f16x2.f32", vals[2 * j + 1], vals[2 * j], type="b32") for j in range(16)]
-        dst = b.op("add.u32", a_dst, boff)
-        for i in range(4):
-            b.emit("st.shared.v4.b32", Mem(dst, 16 * i), b.vec(words[4 * i:4 * i + 4]))
-    return stage_of, dequant
 
 
 def _pair(b, ORD, n):
