@@ -1188,9 +1188,11 @@ _ROUTES = {
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.t, c.m, c.k, c.arch),  # fp16 x, as the MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
-    # another codec where the GEMM is mma.sync's (sm_89, sm_120a, or arch pinned there): the fp16 mma.sync MMQ
-    # decoding its weights with the codec's run8 (kernels/mmq.py F16_CODECS), then its fixup
-    "mmq_f16": (lambda c: (c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows and c.k % 256 == 0
+    # another codec where the GEMM is mma.sync's (sm_89, sm_120a, or arch pinned there), from
+    # RULES.codec_f16_mmq_min_tokens: the fp16 mma.sync MMQ decoding its weights with the codec's run8
+    # (kernels/mmq.py F16_CODECS), then its fixup
+    "mmq_f16": (lambda c: (c.t >= _per_format(RULES.codec_f16_mmq_min_tokens, c.w.fmt) and c.t >= RULES.mmq_min_tokens
+                           and c.m >= RULES.mmq_min_rows and c.k % 256 == 0
                            and mmq_path(c.arch) == "mma.sync"
                            and kernels.build_for(MmqSpec(MMQ_TILES[0], fmt=c.w.fmt).name, c.arch) is not None),
                 _mmq),

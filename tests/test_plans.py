@@ -501,15 +501,17 @@ def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(
 
 
 def test_the_codecs_prefill_on_the_mma_sync_targets(gpu):
-    """Q5_K, Q6_K and Q8_0 from RULES.mmq_min_tokens on the mma.sync targets (sm_89, sm_120a, or an sm_90 device with
-    arch pinned there): the fp16 mma.sync MMQ decoding the codec's blocks (its fp32 x converted inside, or
-    convert_f16 first for large products), then the codec's fixup; the decode GEMVs below; K not a multiple of 256
-    (a partial super-block) stays on the GEMV slices."""
+    """Q5_K, Q6_K and Q8_0 from RULES.codec_f16_mmq_min_tokens on the mma.sync targets (sm_89, sm_120a, or an sm_90
+    device with arch pinned there): the fp16 mma.sync MMQ decoding the codec's blocks (its fp32 x converted inside,
+    or convert_f16 first for large products), then the codec's fixup; the decode GEMVs below; K not a multiple of
+    256 (a partial super-block) stays on the GEMV slices."""
     for fmt in ("q5_K", "q6_K", "q8_0"):
         w = fakegpu.weights(fmt, 4096, 4096)
         f = fmt.lower()
+        first = ops.RULES.codec_f16_mmq_min_tokens[fmt]
         assert ops.mul_mat_plan(w, 8, arch="sm_89").kernels == [f"gemv_{f}_f32_t8"]
-        assert ops.mul_mat_plan(w, 9, arch="sm_89").kernels == [f"mmq_{f}_f16_n32", f"mul_mat_fixup_{f}"]
+        assert ops.mul_mat_plan(w, first - 1, arch="sm_89").kernels[0].startswith(f"gemv_{f}_f32_t")
+        assert ops.mul_mat_plan(w, max(first, 9), arch="sm_89").kernels == [f"mmq_{f}_f16_n32", f"mul_mat_fixup_{f}"]
         assert ops.mul_mat_plan(w, 100, arch="sm_89").kernels == [f"mmq_{f}_f16_n128", f"mul_mat_fixup_{f}"]
         assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels == ["convert_f16", f"mmq_{f}_f16_n128_x16",
                                                                   f"mul_mat_fixup_{f}"]
