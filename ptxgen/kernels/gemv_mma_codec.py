@@ -20,9 +20,11 @@ at the same 2-byte phase, so the step body is emitted once per phase (Q6_K: even
 takes one load or, at a 2-byte offset, two and a prmt, known when the PTX is written. The next step's B tiles
 are prefetched into L1 at each step's start. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
 
-H200 (decode loop, 24 distinct 4096x14336 weights, graph-replayed, bench_op_q6k_mma_on.log): 29-30 µs at every T
-from 1 to 8 (the fp32 GEMV: 25.5 / 33.4 / 51.1 / 89.5 at T = 1 / 2 / 4 / 8): 2.3x the read floor, issue ~49% busy
-with 12-16 warps an SM, most stalls on the long scoreboard (ncu_q6k_mma_2026-12-02.txt): mul_mat runs it at T = 2-8.
+H200 (decode loop, 24 distinct 4096x14336 weights, graph-replayed): the bulk build 29-31 µs at every T from 1 to 8
+(bench_op_q6k_mma_on.log; the fp32 GEMV: 25.5 / 33.4 / 51.1 / 89.5 at T = 1 / 2 / 4 / 8), the TMA build 27.1 / 27.4
+/ 28.7 / 32.3 (bench_op_loop_tma_2026-12-02.log), 2.5x the PDL read floor (10.7): issue ~49% busy with 12 warps an
+SM, no single stall above 2.2% of the samples (latency-bound). mul_mat runs it at T = 2-8, and at T = 1 for large M
+(codec_mma_t1_min_rows: Q6_K's output layer 128256x4096 166.8 µs against the fp32 GEMV's 201.1).
 """
 from __future__ import annotations
 
