@@ -16,8 +16,8 @@ llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
 
 Weights rotate over copies holding ≥ 4× the 60 MB L2 in all three (they come from HBM). Then a decode loop over
 24 distinct weights of each --loop-formats format (4096×14336; TQ4_1S 18944×3584) at T = 1, 2, 4, 8 (eager and
-graph-replayed) beside the same loop of F.linear on 24 fp16 weights and of kernels that only read the same bytes
-(probe_read_floor's streaming kernel, the floor; torch's sum beside it), and the host time per call at T=1
+graph-replayed) beside the same loop of F.linear on 24 fp16 weights and of a kernel that only reads the same bytes
+(probe_decode_floor's, plain and with PDL: the floor), and the host time per call at T=1
 (4096×4096 Q4_K, out= given; calls in bursts of 50 between synchronizations, so the launch queue never fills)
 beside F.linear's, in the same run (rounds alternating between the two, medians). Prints tables, writes JSON (--out) and a PNG beside it.
 """

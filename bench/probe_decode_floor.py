@@ -1,6 +1,6 @@
 """Probe: the read floor of a decode loop with programmatic dependent launch — what #36's "% of the floor" should
-be measured against. bench_op's decode loop times probe_read_floor's streaming kernel launched plainly in a CUDA
-graph: every kernel's ramp and tail are exposed. The GEMVs launch with PDL and load weights before they wait for
+be measured against. bench_op's decode loop timed a streaming kernel launched plainly in a CUDA graph (until
+2026-12-02): every kernel's ramp and tail exposed. The GEMVs launch with PDL and load weights before they wait for
 their input, so the next op's weight stream overlaps the previous op's tail. This times the same streaming kernel
 (bench/probe_decode_floor.cu; its PTX, made with `nvcc -ptx -arch=sm_90a`, is probe_decode_floor.ptx) three ways
 in a graph-replayed loop over distinct buffers: plain; PDL with the trigger at the head and the wait just before

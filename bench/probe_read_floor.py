@@ -1,38 +1,25 @@
 """Probe: the practical floor for reading N bytes in one kernel on this GPU, launch and ramp included — a plain
-streaming kernel (CuPy RawKernel: 16-byte loads, 4 in flight per thread, grid-stride over the SMs, an xor per
-block written so nothing is dead code) and a torch copy of N bytes (read + write); buffers rotated past the L2,
-bench_gemv's timing: probe_read_floor.py MB,MB,... [reps]. The GEMVs' weight bytes per op set N (Q4_K
+streaming kernel (probe_decode_floor's read16_plain: 16-byte loads, 4 in flight per thread, grid-stride over
+the SMs, an xor per block written so nothing is dead code) and a torch copy of N bytes (read + write); buffers
+rotated past the L2, bench_gemv's timing: probe_read_floor.py MB,MB,... [reps]. The GEMVs' weight bytes per op set N (Q4_K
 4096x14336: 33.0 MB, TQ4_1S 18944x3584: 42.4 MB): "% of roofline" is against 4.27 TB/s; this says what a
 kernel that only streams that many bytes reaches."""
 import math
 import sys
 
-import cupy as cp
 import torch
 
 from bench_gemv import timed
+from probe_decode_floor import load
 
-SRC = r"""
-extern "C" __global__ void read16(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) {
-    unsigned acc = 0;
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n16; i += 4 * stride) {
-        uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-    }
-    for (; i < n16; i += stride) { uint4 a = __ldcs(p + i); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
-    if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
-"""
 
 
 def main():
     sizes = [float(v) for v in sys.argv[1].split(",")]
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
-    kern = cp.RawKernel(SRC, "read16")
+    kern = load()["read16_plain"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    out = cp.zeros(sms * 64, dtype=cp.uint32)
+    out = torch.zeros(sms * 64, dtype=torch.int32, device="cuda")
     for mb in sizes:
         n = int(mb * 1e6) // 16 * 4  # fp32 elements, a multiple of 4
         copies = max(2, math.ceil(4 * 60e6 / (4 * n)))
@@ -42,8 +29,8 @@ def main():
         res = []
         for blocks_per_sm in (4, 8, 16):
             def run(i, bps=blocks_per_sm):
-                kern((sms * bps,), (256,), (cp.uint64(bufs[i % copies].data_ptr()), cp.uint64(nb // 16), out),
-                     stream=cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+                kern.launch((sms * bps,), (bufs[i % copies].data_ptr(), nb // 16, out.data_ptr()),
+                            stream=torch.cuda.current_stream().cuda_stream)
             run(0)
             us = timed(run, reps, torch)
             res.append(f"{blocks_per_sm}/SM {us:.1f} us ({nb / us / 4.27e6:.0%})")
