@@ -193,6 +193,8 @@ def read_floor_kernels(torch, ws, nbytes):
     do (H200, 4096x14336 Q4_K's 33 MB: 9.7 µs plain, 7.3 with PDL; probe_decode_floor_2026-12-02.log)."""
     from probe_decode_floor import floor_fn
 
+    if torch.cuda.get_device_capability()[0] != 9:  # its PTX is sm_90a's (griddepcontrol): no floor elsewhere
+        return None, None
     ptrs = [w.ptr for w in ws]
     return floor_fn(torch, ptrs, nbytes, False), floor_fn(torch, ptrs, nbytes, True)
 
@@ -299,7 +301,7 @@ def main():
             loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
             ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n)}
             ours["graph_profiled"], ours["graph_busy"] = graph_busy(torch, loop, calls=4 * n)
-            plain, floor = (graphed(torch, fn, calls=4 * n) for fn in (plain_read, pdl_read))
+            plain, floor = (graphed(torch, fn, calls=4 * n) if fn else float("nan") for fn in (plain_read, pdl_read))
             lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
             peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
             row = {"fmt": fmt, "T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor,

@@ -8,11 +8,15 @@ import sys
 def main():
     path, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 60
     lines = open(path, errors="replace").read().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith('"') and "Source" in ln)
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"') and "Source" in ln), None)
+    if start is None:
+        sys.exit(f"{path}: no source-page header (run ncu with --page source --print-source sass --csv)")
     rows = list(csv.DictReader(lines[start:]))
     cols = list(rows[0].keys())
     print("columns:", cols)
     total = next((c for c in cols if "Warp Stall Sampling (All" in c), None)
+    if total is None:
+        sys.exit(f"{path}: no warp-stall sampling column (collect the SourceCounters section)")
     stall = [c for c in cols if c.lower().startswith("stall") or "stalled" in c.lower()]
 
     def num(v):

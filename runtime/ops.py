@@ -531,7 +531,8 @@ MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wg
 
 def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
              path: str | None = None) -> None:
-    """Record the Q4_K MMQ (with convert_f16 / quantize_q8_1_mmq first where its path reads their output); split-K
+    """Record the MMQ of w's format (Q4_K on every path; another codec on its register-A, prepared or fp16 mma.sync
+    builds), with convert_f16 / quantize_q8_1_mmq first where its path reads their output; split-K
     partials are summed inside the kernel. The overflow flag is raised, never read here (see mul_mat_fixup_q4_k).
     `bn` overrides the token tile, `path` the kernel: "mma.sync" (fp16, x converted inside the GEMM),
     "mma.sync_x16" (convert_f16 launch, then the fp16 GEMM on fp16 x), "wgmma" (fp16, sm_90a), "wgmma_ra"

@@ -184,6 +184,8 @@ for _k in KERNELS:
         EXPECTED_SASS[_k, "sm_120a"] = ["HMMA.16816.F32", "LDSM.16.M88.4", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
                                         "HFMA2", "PRMT"]
         ABSENT_SASS[_k, "sm_120a"] = ["LDGSTS"]
+for _t in (1, 2, 4):  # Q6_K's wide lanes: q − 32 by a PRMT and an FADD, no quarter-rate I2F a weight
+    ABSENT_SASS[f"gemv_q6_k_f32_t{_t}", "sm_90a"] = ["I2F.S8"]
 
 
 # the fast tier reads the SASS of the sm_90a builds, of the kernels built only for the mma.sync targets on sm_89,

@@ -434,13 +434,15 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
 
 
 @pytest.mark.parametrize("fmt", ["q5_k", "q6_k", "q8_0"])
-def test_codec_mma_sync_mmq_split_tail_and_fp16_overflow(fmt):
-    """The fp16 mma.sync MMQ on another codec's blocks (decoded by its run8 straight from global memory;
-    kernels/mmq.py F16_CODECS): two whole tiles then a tail split in three, three CTAs taking turns, within 1e-3
-    of the float64 reference with the counters back at zero; a value past fp16 in x raises the overflow flag (the
-    codec's fixup then recomputes that token)."""
-    name = f"mmq_{fmt}_f16_n32"
-    ptx = KERNELS[name].for_arch("sm_89").ptx()
+@pytest.mark.parametrize("variant,arch", [("", "sm_89"), ("_x16", "sm_120a")])
+def test_codec_mma_sync_mmq_split_tail_and_fp16_overflow(fmt, variant, arch):
+    """The fp16 mma.sync MMQ on another codec's blocks (decoded by its run8 straight from global memory, no raw
+    ring; kernels/mmq.py F16_CODECS), on fp32 x (sm_89) and on convert_f16's x (sm_120a: the same cp.async
+    build): two whole tiles then a tail split in three, three CTAs taking turns, within 1e-3 of the float64
+    reference with the counters back at zero; a value past fp16 in x raises the overflow flag (the codec's fixup
+    then recomputes that token)."""
+    name = f"mmq_{fmt}_f16_n32{variant}"
+    ptx = KERNELS[name].for_arch(arch).ptx()
     out = check_kernel(name, ptx, seed=4, shape=(129, 40, 1024), whole=2, splits=3, per=6, ctas=3, interleave=True,
                        run_seed=2)
     assert out.ok, out.detail

@@ -385,7 +385,7 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
 
 @pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
 @pytest.mark.parametrize("m,k,t", [(4096, 4096, 1), (136, 1024, 3), (4096, 14336, 8), (2000, 3584, 5), (8, 1024, 2),
-                                   (4096, 14336, 16), (136, 1024, 11)])
+                                   (4096, 14336, 16), (136, 1024, 11), (4100, 2048, 2)])
 def test_codec_tensor_core_gemv(fmt, m, k, t):
     """The codecs' tensor-core decode GEMV (prep_mma_f16 + gemv_<fmt>_mma, T from 1 to 16 with the rules lifted:
     9-16 tokens in two groups, gemv_<fmt>_mma_n16; the TMA build gemv_<fmt>_mma_tma where a row is a multiple of

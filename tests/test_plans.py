@@ -479,6 +479,7 @@ def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(
     assert ops.mul_mat_plan(fakegpu.weights("q6_K", 128256, 4096), 1).kernels == tc  # RULES.codec_mma_t1_min_rows
     assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 14336), 1).kernels == ["prep_mma_f16", "gemv_q8_0_mma_tma"]
     assert ops.mul_mat_plan(fakegpu.weights("q8_0", 1024, 4096), 1).kernels == ["gemv_q8_0_f32_t1"]
+    assert ops.mul_mat_plan(fakegpu.weights("q6_K", 152064, 3584), 1).kernels == ["prep_mma_f16", "gemv_q6_k_mma"]
     assert ops.mul_mat_plan(w, 2).kernels == ops.mul_mat_plan(w, 8).kernels == tc
     with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=8):
         assert ops.mul_mat_plan(w, 1).kernels == ops.mul_mat_plan(w, 8).kernels == tc

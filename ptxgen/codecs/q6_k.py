@@ -68,7 +68,8 @@ def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
     as dequant_lane's, the first element 256·block + 128·h + l0."""
     if not f32:
         raise ValueError("q6_K dequant_lane_wide gives float32 runs only (the GEMV's form)")
-    b.comment("dequant q6_K wide: 4-byte ql / qh words -> 4·(q - 32) as int8 bytes -> f32; scale d·sc / 4 per run")
+    b.comment("dequant q6_K wide: 4-byte ql / qh words -> q bytes -> q - 32 as f32 (prmt under 2^23, sub); scale d·sc "
+              "per run")
     blk = b.op("add.u32", b.op("shl.b32", group, Imm(1, "u32")), b.op("shr.u32", lane, Imm(4, "u32")))
     valid = b.op("setp.lt.u32", blk, count)
     block = b.op("mad.wide.u32", blk, Imm(BLOCK_BYTES, "u32"), w)

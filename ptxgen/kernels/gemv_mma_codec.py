@@ -10,11 +10,12 @@ sub-block and B part summing Σ q·x over the sub-block's 16 weights (exact prod
 fp32 per sub-block S += sc·C and per super-block y += 2^-s·d·S. Every token of the 8 costs the same MMA, so T = 8
 costs about what T = 1 does.
 
-A warp owns 16 rows and walks K 256 weights per step; a step's rows come by bulk copies (cp.async.bulk), one per
-row (lane r < 16 copies row r's) of MMA_BOX_BYTES from the step's 16-byte aligned start (a Q6_K block is only
-2-byte aligned, Q8_0's 8 blocks of 34 bytes are 272: aligned) into MMA_SLOT_BYTES slots (rows g = 0..7 in
-distinct banks). The last copy ends exactly at the buffer's end where M rows are a multiple of 16 bytes (mul_mat
-asks that). Lane (g, t) decodes rows g and g + 8: elements 4t .. 4t + 3 of each 16-element sub-block (the B
+A warp owns 16 rows and walks K 256 weights per step; a step's rows come from the step's 16-byte aligned start (a
+Q6_K block is only 2-byte aligned, Q8_0's 8 blocks of 34 bytes are 272: aligned) into MMA_SLOT_BYTES slots (rows
+g = 0..7 in distinct banks): in the TMA build (rows a multiple of 16 bytes) as one 2D box of 16 rows x the slot,
+issued by lane 0; in the bulk build as one bulk copy (cp.async.bulk) of MMA_BOX_BYTES per row, lane r < 16 copying
+row r's, the last one ending exactly at the buffer's end where M rows are a multiple of 16 bytes (mul_mat asks
+that). Lane (g, t) decodes rows g and g + 8: elements 4t .. 4t + 3 of each 16-element sub-block (the B
 tiles' K order), reading 4-byte words. A row a multiple of 4 bytes (mul_mat asks that too) puts every row's step
 at the same 2-byte phase, so the step body is emitted once per phase (Q6_K: even and odd steps) and each word
 takes one load or, at a 2-byte offset, two and a prmt, known when the PTX is written. The next step's B tiles
@@ -74,7 +75,7 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
                                activation="prep_mma_f16(x): tiles + factors (its min fragments unused)",
                                copy="tma" if tma else "bulk", box_bytes=SLOT if tma else box, stages=STAGES)
     b.meta.update(dynamic_smem=b.dynamic_smem, pdl=True,
-                  weights=f"row_bytes a multiple of 16 (the tensor map's row stride)" if tma else
+                  weights="row_bytes a multiple of 16 (the tensor map's row stride)" if tma else
                   f"row_bytes a multiple of 4, m·row_bytes of 16 (the last {box}-byte copy ends at the buffer's end)")
     if tma:
         b.meta.update(tensormaps=f"tmap_w: u32, dims (row_bytes/4, m), box ({SLOT // 4}, {ROWS}), no swizzle",

@@ -1,4 +1,5 @@
-"""Prefill GEMM ("MMQ") on the mma.sync path: y = x @ W.T, W in Q4_K (GGUF bytes), x fp32 (T × K), y fp32.
+"""Prefill GEMM ("MMQ") on the mma.sync path: y = x @ W.T, W in Q4_K (GGUF bytes; Q5_K, Q6_K, Q8_0: see F16_CODECS),
+x fp32 (T × K), y fp32.
 
 fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is compiled for sm_90):
 - block tile BM=128 weight rows × BN tokens × BK=64 (one pair of Q4_K sub-blocks: 32 bytes of qs per row
@@ -123,7 +124,8 @@ def build(arch, spec: MmqSpec):
     """The MMQ of `spec` for `arch` (wgmma: build_wgmma; Q8_1 activations: build_q8); here the fp16 mma.sync
     lowering: a persistent loop over work items (_claim_whole_or_split), each one tile's K range through the raw
     ring (cp.async on sm_89: _f32_pipeline / _x16_pipeline; TMA + mbarrier on sm_120a: _tma_pipeline) and the
-    double-buffered fp16 tiles, then the split-K fixups and the epilogue."""
+    double-buffered fp16 tiles, then the split-K fixups and the epilogue. Another codec (F16_CODECS): no raw ring,
+    its A tile decoded by _codec_dequant from global memory, the cp.async pipelines on both targets."""
     arch = get_arch(arch)
     if spec.mma == "wgmma":
         return build_wgmma(arch, spec)
@@ -144,6 +146,8 @@ def build(arch, spec: MmqSpec):
         pipe = Pipeline(STAGES, "cp.async")  # pipelines, with empty commit groups, on every target
     tma = pipe.copy == "tma"
     ft = _f16_tile(spec, tma)
+    if codec is not None:  # no raw ring: the fp16 buffers alone (n32 46 KB: two CTAs an SM where an SM has 100 KB)
+        ft = ft._replace(raw_bytes=0)
     BN, x16 = ft.BN, ft.x16
     pipe.check_smem(arch, ft.raw_bytes)
     ring = (f"{pipe.stages}-stage {'TMA + mbarrier' if tma else 'cp.async'}" if codec is None
