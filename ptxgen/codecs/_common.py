@@ -20,6 +20,11 @@ def alignment_error(fmt: str, align: int):
     return weights_error
 
 
+def row_bytes(b, codec, K):
+    """A weight row of K columns in `codec`'s blocks, in bytes: K / BLOCK_K blocks of BLOCK_BYTES (a register)."""
+    return b.op("mul.lo.u32", b.op("div.u32", K, Imm(codec.BLOCK_K, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
+
+
 def block_lanes(b, group, lane, count, group_blocks: int):
     """The 32-weight-block codecs' warp step (Q8_0, TQ4_1S dequant_lane): lane L takes block
     group_blocks·group + L / 4, valid below `count` blocks, and its elements 8·(L % 4) .. + 7. Returns (block,

@@ -6,6 +6,7 @@ exactly as ggml, rounded once to fp16). Q4_K keeps its own kernel (kernels/dequa
 from __future__ import annotations
 
 from .. import codecs
+from ..codecs import _common
 from ..builder import KernelBuilder
 from ..ir import Imm, Mem
 from ..layouts import RA_FRAG_BYTES
@@ -31,7 +32,7 @@ def build(arch, fmt: str):
                   fmt=fmt)
     b.pdl_head()  # the op's first kernel: it waits for whatever came before; the GEMM behind it may launch now
     W, Y, M, K, ct, s, tm, t, row0 = thread(b, w_p, y_p, m_p, k_p)
-    row_bytes = b.op("mul.lo.u32", b.op("div.u32", K, Imm(codec.BLOCK_K, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
+    row_bytes = _common.row_bytes(b, codec, K)
     k_low = b.op("mad.lo.u32", s, Imm(64, "u32"), b.op("shl.b32", t, Imm(3, "u32")))
     k_high = b.op("add.u32", k_low, Imm(32, "u32"))
     last = b.op("sub.u32", M, Imm(1, "u32"))

@@ -31,6 +31,7 @@ from ..builder import KernelBuilder
 from ..codecs import q4_k as q4k
 from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
 from .. import codecs, layouts
+from ..codecs import _common
 from ..ir import Imm, Mem, Reg, Sym, TensorRef, ldmatrix, mma_sync
 from ..ir import wgmma as ir_wgmma
 from ..specs import MmqSpec
@@ -195,7 +196,7 @@ def build(arch, spec: MmqSpec):
         tlast = b.op("sub.u32", T, Imm(1, "u32"))
         ops = _f16_tma_ops(b, ft, ring, leader, W, X, m0, n0, nsteps, raw0, b16)
     elif codec is not None:
-        row_bytes = b.op("mul.lo.u32", b.op("div.u32", K, Imm(codec.BLOCK_K, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
+        row_bytes = _common.row_bytes(b, codec, K)
         mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
 
         def issue(step, stage=None):  # nothing to copy ahead: an empty group keeps the pipeline's wait_group counts

@@ -16,6 +16,7 @@ sets `flag`, as the dense kernel does."""
 from __future__ import annotations
 
 from .. import codecs
+from ..codecs import _common
 from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..dsl import Pipeline
@@ -80,7 +81,7 @@ def build_grouped(arch, spec: MmqSpec):
     tlast = b.op("sub.u32", b.op("ld.global.u32", Mem(offp, 4)), Imm(1, "u32"))  # the expert's last pair in order
     m0 = b.op("mul.lo.u32", mt, Imm(BM, "u32"))
     W = b.op("add.s64", W0, b.op("mul.lo.u64", b.op("cvt.u64.u32", e), EB))
-    row_bytes = b.op("mul.lo.u32", b.op("div.u32", K, Imm(codec.BLOCK_K, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
+    row_bytes = _common.row_bytes(b, codec, K)
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     s_begin, nsteps = b.op("mov.u32", Imm(0, "u32")), b.op("shr.u32", K, Imm(6, "u32"))
     if raw:
