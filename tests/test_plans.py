@@ -517,3 +517,19 @@ def test_the_codecs_prefill_on_the_mma_sync_targets(gpu):
         assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels == ["convert_f16", f"mmq_{f}_f16_n128_x16",
                                                                   f"mul_mat_fixup_{f}"]
     assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 4160), 64, arch="sm_89").kernels[0] == "gemv_q8_0_f32_t8"
+
+
+def test_a_q4_k_only_gemm_path_refuses_another_codec(gpu):
+    """The MMQ paths that decode Q4_K only (wgmma, the int8 Q8_1 ones) refuse another codec's weights with a
+    ValueError naming both, never running Q4_K's kernel on them; its mma.sync, register-A and prepared builds
+    record."""
+    from ptxgen.runtime.plans import PlanBuilder
+
+    w = fakegpu.weights("q6_K", 4096, 4096)
+    for path in ("wgmma", "q8", "q8_pre"):
+        pb = PlanBuilder((64, 4096), np.float32, (64, 4096), np.float32)
+        with pytest.raises(ValueError, match=f"{path!r}.*q6_K|q6_K.*{path!r}"):
+            ops._rec_mmq(pb, w, pb.x, pb.y, 64, pb.flag, None, path=path)
+    pb = PlanBuilder((64, 4096), np.float32, (64, 4096), np.float32)
+    ops._rec_mmq(pb, w, pb.x, pb.y, 64, pb.flag, "sm_89", path="mma.sync")
+    assert [ln.fn.name for ln in pb.launches] == ["mmq_q6_k_f16_n64"]
