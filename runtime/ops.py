@@ -1040,35 +1040,38 @@ def _codec_gemv(c: _Call) -> None:
     _slices(c, one, tokens[-1])
 
 
-def _codec_mma_kernel(c: _Call) -> str:
-    """The codec tensor-core GEMV for this call: gemv_<fmt>_mma_tma (one TMA box a step) for T ≤ 8 where a row is a
-    multiple of 16 bytes (the tensor map's stride; Q6_K: K/256 a multiple of 8), else the bulk-copy build
-    gemv_<fmt>_mma (_n16: 9-16 tokens)."""
-    from ptxgen import codecs
+def _codec_mma_tma(c: _Call) -> bool:
+    """Whether the call runs the codec tensor-core GEMV's TMA build (one box a step): T ≤ 8 and a row a multiple of
+    16 bytes (the tensor map's stride; Q6_K: K/256 a multiple of 8)."""
+    from ptxgen import formats
 
-    row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
-    return GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8), tma=c.t <= 8 and row % 16 == 0).name
+    return c.t <= 8 and formats.get(c.w.fmt).row_bytes(c.k) % 16 == 0
+
+
+def _codec_mma_kernel(c: _Call) -> str:
+    """The codec tensor-core GEMV for this call: gemv_<fmt>_mma_tma where _codec_mma_tma, else the bulk-copy build
+    gemv_<fmt>_mma (_n16: 9-16 tokens)."""
+    return GemvKernel("mma", c.w.fmt, 8 * -(-c.t // 8), tma=_codec_mma_tma(c)).name
 
 
 def _codec_mma_ok(c: _Call) -> bool:
     """A codec's tensor-core decode GEMV (kernels/gemv_mma_codec.py) for RULES.codec_mma_min_tokens ≤ T ≤
-    RULES.codec_mma_max_tokens (and T = 1 where M ≥ RULES.codec_mma_t1_min_rows) where it is built (sm_90a), the weights 16-byte aligned, K a multiple of 256. The
-    TMA build (_codec_mma_kernel) needs nothing more; the bulk-copy build a row a multiple of 4 bytes (every row's
-    step at the same 2-byte phase), M rows a multiple of 16 bytes (its bulk copies of 16-byte multiples read no
-    byte past the buffer; Q6_K: K/256 even and M·K/256 a multiple of 8), and the weights under 4 GiB (its byte
-    offsets are 32-bit)."""
-    from ptxgen import codecs
+    RULES.codec_mma_max_tokens (and T = 1 where M ≥ RULES.codec_mma_t1_min_rows) where it is built (sm_90a), the
+    weights 16-byte aligned, K a multiple of 256. The TMA build (_codec_mma_tma) needs nothing more; the bulk-copy
+    build a row a multiple of 4 bytes (every row's step at the same 2-byte phase), M rows a multiple of 16 bytes
+    (its bulk copies of 16-byte multiples read no byte past the buffer; Q6_K: K/256 even and M·K/256 a multiple of
+    8), and the weights under 4 GiB (its byte offsets are 32-bit)."""
+    from ptxgen import formats
     from ptxgen.kernels import gemv_mma_codec
 
-    if c.w.fmt not in gemv_mma_codec.FORMATS:
+    if c.w.fmt not in gemv_mma_codec.FORMATS or c.k % 256:
         return False
-    row = c.k // 256 * codecs.get(c.w.fmt).MMA_STEP_BYTES
-    name = _codec_mma_kernel(c)
+    row = formats.get(c.w.fmt).row_bytes(c.k)
     bulk_ok = row % 4 == 0 and (c.m * row) % 16 == 0 and c.m * row < 1 << 32
     one = c.t == 1 and c.m >= _per_format(RULES.codec_mma_t1_min_rows, c.w.fmt)  # T = 1 where M is large
     return ((_per_format(RULES.codec_mma_min_tokens, c.w.fmt) <= c.t or one)
-            and c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt) and c.w.ptr % 16 == 0 and c.k % 256 == 0 and (name.endswith("_tma") or bulk_ok)
-            and kernels.build_for(name, c.arch) == "sm_90a")
+            and c.t <= _per_format(RULES.codec_mma_max_tokens, c.w.fmt) and c.w.ptr % 16 == 0
+            and (_codec_mma_tma(c) or bulk_ok) and kernels.build_for(_codec_mma_kernel(c), c.arch) == "sm_90a")
 
 
 def _codec_mma(c: _Call) -> None:
