@@ -3,7 +3,7 @@
 the floor's share of the large weights. For each shape this times, in a graph-replayed loop over 24 distinct
 weights (from HBM): the op as shipped; each of its launches alone (the prep; the GEMV with its PDL launch, and
 without); the op with the GEMV's K splits forced (ops.gemv_splits patched); the streaming floor (plain / PDL).
-Usage (repository root): python3 bench/probe_gemv_small.py [fmt:MxK,...] [T]"""
+Usage (repository root): python3 bench/probe_gemv_small.py [fmt:MxK,...] [T] [rule=value,...] (tuning overrides)"""
 import sys
 from pathlib import Path
 
@@ -27,6 +27,9 @@ def main():
 
     shapes = sys.argv[1] if len(sys.argv) > 1 else SHAPES
     t = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    if len(sys.argv) > 3:
+        from ptxgen import tuning
+        tuning.set(**{kv.split("=")[0]: int(kv.split("=")[1]) for kv in sys.argv[3].split(",")})
     n = 24
     real_splits = ops.gemv_splits
     for spec in shapes.split(","):
