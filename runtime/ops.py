@@ -1282,14 +1282,13 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
         fn = kernels.load(fused_name, arch)
         ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
         pb.counters(4 * ctas * int(fn.meta["warps"]) + 12)
-        pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr), cluster=_split_cluster(fn, splits))
+        pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr))
         return
     prep = kernels.load(GemvKernel("prep_few", "q4_K", nt, hi_only=hi_only).name, arch)
     pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
     fn = kernels.load(GemvKernel("few", "q4_K", nt, hi_only=hi_only).name, arch)
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
-    pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")),
-              cluster=_split_cluster(fn, splits))
+    pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
@@ -1390,7 +1389,7 @@ def _mma_tiles(pb: PlanBuilder, groups: int, k: int):
 def _mma_gemv_launch(pb, fn, w, acts, y_ptr, m, k, n, per_sm, smem) -> None:
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, per_sm)
     pb.launch(fn, (ctas, splits), (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
-              pdl=bool(fn.meta.get("pdl")), cluster=_split_cluster(fn, splits))
+              pdl=bool(fn.meta.get("pdl")))
 
 
 def _fullest_residency(fn, m: int, k: int, choices) -> int:
@@ -1419,14 +1418,6 @@ def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int]:
     ctas = (m + rows - 1) // rows
     return ctas, gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)),
                              int(fn.meta.get("max_splits", 8)), int(fn.meta.get("min_split_steps", 1)))
-
-
-def _split_cluster(fn, splits: int):
-    """A split-K GEMV launch's cluster dims: its K splits as one cluster (1, splits, 1) where the build sums them
-    through distributed shared memory (meta cluster_split: kernels/gemv.py _cluster_split_sum) and the rule
-    gemv_cluster_max_splits allows; else None (the partials through global memory)."""
-    most = min(int(fn.meta.get("cluster_split", 1)), int(RULES.gemv_cluster_max_splits))
-    return (1, splits, 1) if 2 <= splits <= most else None
 
 
 def _gemv_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int, per_sm: int):
@@ -1499,8 +1490,7 @@ def _gemv_launch(pb: PlanBuilder, fn, w, a_ptr, y_ptr, m: int, k: int, n: int) -
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, int(fn.meta["ctas_per_sm"]))
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes
-    pb.launch(fn, (ctas, splits), (wt, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")),
-              cluster=_split_cluster(fn, splits))
+    pb.launch(fn, (ctas, splits), (wt, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
 def _prep_lanes(pb: PlanBuilder, xa, t: int, k: int, prep: str, arch):

@@ -444,23 +444,6 @@ def test_fused_few_token_gemv_with_records_per_cta(kernel, arch, shape, splits):
     assert out.ok, out.detail
 
 
-CLUSTER_SPLIT_CASES = ["gemv_q4_k_mma_t1", "gemv_q4_k_mma_t16h", "gemv_q4_k_t1", "gemv_q8_0_t8", "gemv_tq4_1s_tma_t1",
-                       "gemv_q8_0_mma"]
-
-
-@pytest.mark.parametrize("kernel", CLUSTER_SPLIT_CASES)
-@pytest.mark.parametrize("splits", [2, 3])
-def test_split_k_through_a_cluster_gives_the_global_paths_bits(kernel, splits):
-    """A split-K GEMV launched with its K splits as one cluster (1, splits, 1) sums them through distributed shared
-    memory: y bit for bit what the partials-through-global-memory path gives (the same z order), within the
-    kernel's bar of the float64 reference; CTAs taking turns (a cluster runs interleaved)."""
-    ptx = KERNELS[kernel].for_arch("sm_90a").ptx()
-    assert KERNELS[kernel].for_arch("sm_90a").manifest(ptx)["meta"]["cluster_split"] == 8
-    a, b = (check_kernel(kernel, ptx, seed=5, splits=splits, cluster=c) for c in (True, False))
-    assert a.ok and b.ok, (a.detail, b.detail)
-    assert np.array_equal(np.asarray(a.got).view(np.uint8), np.asarray(b.got).view(np.uint8))
-
-
 @pytest.mark.parametrize("fmt", ["q5_k", "q6_k", "q8_0"])
 @pytest.mark.parametrize("variant,arch", [("", "sm_89"), ("_x16", "sm_120a")])
 def test_codec_mma_sync_mmq_split_tail_and_fp16_overflow(fmt, variant, arch):

@@ -114,22 +114,6 @@ def test_gpu_equals_emulator_sm89_lowering(name):
     assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} (sm_89): the GPU and the emulator differ"
 
 
-@pytest.mark.parametrize("name", ["gemv_q4_k_mma_t1", "gemv_q4_k_mma_t16h", "gemv_q4_k_t1", "gemv_q8_0_t8",
-                                  "gemv_tq4_1s_tma_t1", "gemv_q8_0_mma", "gemv_q6_k_mma_tma", "gemv_tq4_1s_mma"])
-def test_gpu_split_k_through_a_cluster_equals_the_emulator(name):
-    """The split-K GEMVs with their 3 K splits as one cluster (distributed shared memory): the GPU's bytes are the
-    emulator's, and the emulator's are the global-memory path's."""
-    ptx = KERNELS[name].for_arch("sm_90a").ptx()
-    emu = check_kernel(name, ptx, seed=13, splits=3, cluster=True)
-    emu_global = check_kernel(name, ptx, seed=13, splits=3, cluster=False)
-    with use_backend(GpuBackend()):
-        gpu = check_kernel(name, ptx, seed=13, splits=3, cluster=True)
-    assert emu.ok and gpu.ok and emu_global.ok, (emu.detail, gpu.detail, emu_global.detail)
-    a, b, c = (np.ascontiguousarray(np.asarray(o.got)) for o in (gpu, emu, emu_global))
-    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: the GPU and the emulator differ"
-    assert np.array_equal(b.view(np.uint8), c.view(np.uint8)), f"{name}: the cluster and global paths differ"
-
-
 NAN_PTX = """.version 8.7
 .target sm_89
 .address_size 64

@@ -159,19 +159,6 @@ def test_graph_plans_keep_the_prep_kernel_eager_plans_fuse_it(gpu):
         assert ops.mul_mat_plan(w, 3, graph=True).kernels == ["gemv_q4_k_mma_t4_fused_local"]
 
 
-def test_split_k_gemvs_launch_their_splits_as_one_cluster(gpu):
-    """Up to gemv_cluster_max_splits K splits run as one thread-block cluster (1, splits, 1), summed through
-    distributed shared memory; with the rule at 1, or more splits than a cluster holds, the launch has no cluster
-    (the partials through global memory)."""
-    w = fakegpu.weights("q4_K", 4096, 4096)
-    gemv = ops.mul_mat_plan(w, 1, graph=True).launches[-1]
-    assert gemv.fn.name == "gemv_q4_k_mma_t1" and 2 <= gemv.grid[1] <= 8 and gemv.cluster == (1, gemv.grid[1], 1)
-    with tuning.override(gemv_cluster_max_splits=1):
-        assert ops.mul_mat_plan(w, 1, graph=True).launches[-1].cluster is None
-    fn = gemv.fn
-    assert ops._split_cluster(fn, 9) is None and ops._split_cluster(fn, 1) is None
-
-
 def test_knobs_are_read_once_and_changed_in_process(monkeypatch):
     """A user setting (PTXGEN_VERBOSE) comes from the environment once; a kernel choice (PTXGEN_MMQ_CX) never does
     (a warning says so) and changes only in process, each change bumping the plans' generation."""

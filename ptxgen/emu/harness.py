@@ -59,15 +59,6 @@ def _run(ptx, grid, block, args, mem, dynamic_smem=0, seed=None, interleave=Fals
                     cluster=cluster)
 
 
-def _split_cluster(meta: dict, splits: int, rng, cluster=None):
-    """The cluster a split-K GEMV case launches with: (1, splits, 1), its splits summed through distributed shared
-    memory, for a build that can (meta cluster_split) — half the cases, drawn last (`cluster` True / False: always /
-    never) — else None: the partials through global memory."""
-    if not 2 <= splits <= meta.get("cluster_split", 1):
-        return None
-    return (1, splits, 1) if (bool(rng.integers(2)) if cluster is None else cluster) else None
-
-
 @dataclass
 class Outcome:
     kernel: str
@@ -448,8 +439,7 @@ def _prep_q4k_records(nt: int, hi_only: bool = False):
     return run
 
 
-def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,
-                      cluster=None) -> Outcome:
+def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
     """The tensor-core Q4_K GEMV on tiles, factors and min fragments from the NumPy model (to_mma_tiles(x,
     Q4K_GROUP), mma_min_fragments of the unrotated x) — or, for the few-token builds (meta layout
     "q4k_mma_records"), on q4k_mma_records(x, tokens, hi_only): against the float64 reference, relative error
@@ -489,9 +479,8 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
     tail = (mem.alloc(x),) if fused else ()
-    cl = _split_cluster(meta, splits, rng, cluster)
     _run(ptx, (ctas, splits, nz), (32 * meta["warps"],), (tw, *acts, ya, m, k, n, part, ca, *tail), mem,
-         dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=fused, cluster=cl)
+         dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=fused)
     assert not mem.view(ca, np.uint32, (ncnt,)).any(), "split-K / sync counters were not reset"
     if fused:
         gh = mem.view(acts[0], np.uint8, (want_rec.nbytes,)).view(np.float16)
@@ -507,12 +496,11 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
         return Outcome(meta["name"], ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= (1e-3 if meta.get("hi_only") else 1e-5))
-    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits}{' in a cluster' if cl else ''})",
-                   got, want)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
 def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,
-                        raw=None, cluster=None) -> Outcome:
+                        raw=None) -> Outcome:
     """A codec's tensor-core GEMV (kernels/gemv_mma_codec.py): random raw blocks of meta's format (every scale and
     bit pattern: ptxgen.testing.strategies.random_raw; or `raw`), the prep's tiles and factors from the NumPy model
     (to_mma_tiles(x, Q4K_GROUP)), the weights by a tensor map for the TMA build; against the float64 reference,
@@ -542,13 +530,11 @@ def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=N
     ncnt = ctas * meta["warps"]
     ca = mem.alloc(np.zeros(ncnt, np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
-    cl = _split_cluster(meta, splits, rng, cluster)
     _run(ptx, (ctas, splits), (32 * meta["warps"],), (wa, *acts, ya, m, k, n, part, ca), mem,
-         dynamic_smem=meta["dynamic_smem"], seed=seed, cluster=cl)
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(ca, np.uint32, (ncnt,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
-    return _exact_outcome(meta["name"], got, formats.gemm_ref(fmt, raw, m, k, x), poison_x,
-                          f"T={n}, splits {splits}{' in a cluster' if cl else ''}")
+    return _exact_outcome(meta["name"], got, formats.gemm_ref(fmt, raw, m, k, x), poison_x, f"T={n}, splits {splits}")
 
 
 def gemv_xr_case(ptx: str, meta: dict, rng, shape=None, rows_per_cta=None, seed=None, poison_x=None) -> Outcome:
@@ -583,8 +569,7 @@ def _exact_outcome(name, got, want, poison_x, what) -> Outcome:
     return Outcome(name, ok, f"relative error {rel:.2e} ({what})", got, want)
 
 
-def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,
-                  cluster=None) -> Outcome:
+def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None) -> Outcome:
     """The tensor-core TQ4_1S GEMV on activation tiles from the NumPy model (to_mma_tiles): against the
     float64 fused reference, relative error ≤ 1e-5; split-K counters back at zero."""
     rows = meta["rows_per_cta"]
@@ -604,9 +589,8 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     ca = mem.alloc(np.zeros(ctas * meta["warps"], np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
     tw = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, meta["tma_box"][1], meta["tma_box"][0], "none")
-    cl = _split_cluster(meta, splits, rng, cluster)
     _run(ptx, (ctas, splits), (32 * meta["warps"],), (tw, ta, fa, ya, m, k, n, part, ca), mem,
-         dynamic_smem=meta["dynamic_smem"], seed=seed, cluster=cl)
+         dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(ca, np.uint32, (ctas * meta["warps"],)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
     want = formats.gemv_tq4_1s_ref(raw, m, k, x)
@@ -615,8 +599,7 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
         return Outcome("gemv_tq4_1s_mma", ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-5)
-    return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits}"
-                   f"{' in a cluster' if cl else ''})", got, want)
+    return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
 def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gather=None) -> Outcome:
@@ -702,7 +685,7 @@ def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, inte
                    f"{'untouched' if untouched else 'CHANGED'}, flag/done after {state.tolist()}", got, want)
 
 
-def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, cluster=None) -> Outcome:
+def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None) -> Outcome:
     """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
     fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
     tma = meta.get("copy") == "tma"  # weights through a TMA tensor map: K a multiple of 128
@@ -721,7 +704,7 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
     wa, aa = mem.alloc(raw), mem.alloc(a)
     ya = mem.alloc(n * m * 4, poison=0xFF)
     grid = ((m + rows - 1) // rows,)
-    extra, cl = (), None
+    extra = ()
     if "split_k" in meta:  # split K over gridDim.y; the last warp of each row group sums the splits
         splits = int(rng.integers(1, 4)) if splits is None else splits
         grid = (grid[0], splits)
@@ -730,10 +713,8 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
         extra = (mem.alloc(splits * n * m * 4, poison=0xFF), ca)
     if tma:  # u32 elements, a box of 160 x rows_per_warp: one step of a warp's rows
         wa = BACKEND[-1].tensor_map(mem, wa, "u32", m, k * 20 // 128, meta["tma_box"][1], meta["tma_box"][0], "none")
-    if extra:
-        cl = _split_cluster(meta, splits, rng, cluster)
     _run(ptx, grid, (32 * meta.get("warps", 8),), (wa, aa, ya, m, k, n, *extra), mem,
-         dynamic_smem=meta.get("dynamic_smem", 0), seed=seed, cluster=cl)
+         dynamic_smem=meta.get("dynamic_smem", 0), seed=seed)
     if extra:
         assert not mem.view(ca, np.uint32, (nwarps,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)

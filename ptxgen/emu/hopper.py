@@ -119,19 +119,6 @@ class HopperOps:
             out.append((peer, off))
         return out
 
-    def cluster_smem_load(self, addrs, width, what):
-        """ld.shared::cluster: `width` bytes per thread from the shared memory of the CTA its address names (this
-        one or a peer, _cluster_targets); bytes nothing wrote are an error, as in the CTA's own."""
-        out = np.empty((len(addrs), width), np.uint8)
-        for i, (cta, off) in enumerate(self._cluster_targets(addrs, what)):
-            if off % width or off + width > cta.smem.size:
-                raise self.Error(f"{what}: shared::cluster offset {off} misaligned or past CTA rank {cta.rank}'s "
-                                 f"{cta.smem.size} bytes")
-            if not cta.written[off:off + width].all():
-                raise self.Error(f"{what}: reads shared byte {off} of CTA rank {cta.rank} that nothing wrote")
-            out[i] = cta.smem[off:off + width]
-        return out
-
     def _op_mapa(self, ins, ex, grp):
         """mapa.shared::cluster.u32/u64 d, a, rank: the address of a's offset in CTA `rank`'s shared memory."""
         if "shared::cluster" not in ins.mods:

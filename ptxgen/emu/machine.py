@@ -235,9 +235,8 @@ class Emulator(HopperOps):
         """Run the kernel over `grid`. CTAs run one after another, each to its end, unless `interleave`: then
         all CTAs are resident at once and take turns of a few instructions each, in an order drawn from `seed`
         (as on a GPU whose SMs hold the whole grid): protocols between CTAs through global memory — a split-K
-        tile's last arrival, a work queue — meet other orders than the sequential one. `cluster` = (cx, cy, 1):
-        thread-block clusters of cx x cy CTAs (rank x + cx·y, as on the GPU; interleaved): %cluster_ctarank and
-        friends, mapa,
+        tile's last arrival, a work queue — meet other orders than the sequential one. `cluster` = (cx, 1, 1):
+        thread-block clusters of cx consecutive CTAs along x (interleaved): %cluster_ctarank and friends, mapa,
         mbarrier arrivals on a peer's shared memory, barrier.cluster, TMA multicast to the CTAs of a mask; a CTA
         that touches an exited peer's shared memory, or a cluster whose every thread waits, is an error.
         `warp_serial`: inside a CTA, the lowest-numbered warp that can run runs until it waits (a barrier, an
@@ -261,14 +260,14 @@ class Emulator(HopperOps):
         self.max_steps = max_steps
         self.warp_serial = warp_serial
         ids = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
-        cx = cy = 1
+        cx = 1
         if cluster is not None:
             cluster = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
-            cx, cy = cluster[:2]
-            if cluster[2] != 1 or not 1 <= cx * cy <= 8 or grid[0] % cx or grid[1] % cy:
-                raise EmulationError(f"cluster {cluster}: only (cx, cy, 1) with 1 ≤ cx·cy ≤ 8, dividing grid {grid[:2]}")
+            cx = cluster[0]
+            if cluster[1:] != (1, 1) or not 1 <= cx <= 8 or grid[0] % cx:
+                raise EmulationError(f"cluster {cluster}: only (cx, 1, 1) with 1 ≤ cx ≤ 8 dividing grid x {grid[0]}")
             interleave = True
-        self.cluster_x, self.cluster_y = cx, cy
+        self.cluster_x = cx
         if not interleave:
             for ctaid in ids:
                 self._start_cta(ctaid, grid, block, dynamic_smem)
@@ -279,7 +278,7 @@ class Emulator(HopperOps):
         live, clusters = [], {}
         for c in ids:
             self._start_cta(c, grid, block, dynamic_smem)
-            cl = clusters.setdefault((c[0] // cx, c[1] // cy, c[2]), ClusterState([]))  # ids: x fastest, then y
+            cl = clusters.setdefault((c[0] // cx, c[1], c[2]), ClusterState([]))
             self.cta.rank, self.cta.cluster = len(cl.ctas), cl
             cl.ctas.append(self.cta)
             live.append(self.cta.state)
@@ -507,11 +506,11 @@ class Emulator(HopperOps):
         if name == "nctaid":
             return np.full(idx.size, self.cta.nctaid[c], np.uint32)
         if name.startswith(("cluster_", "clusterid", "nclusterid")):
-            dims = (getattr(self, "cluster_x", 1), getattr(self, "cluster_y", 1), 1)
-            rank, d = getattr(self.cta, "rank", 0), dims[c]
-            v = {"cluster_ctarank": rank, "cluster_nctarank": dims[0] * dims[1],
-                 "cluster_ctaid": self.cta.ctaid[c] % d, "cluster_nctaid": d,
-                 "clusterid": self.cta.ctaid[c] // d, "nclusterid": self.cta.nctaid[c] // d}.get(name)
+            cx, rank = getattr(self, "cluster_x", 1), getattr(self.cta, "rank", 0)
+            v = {"cluster_ctarank": rank, "cluster_nctarank": cx, "cluster_ctaid": rank if c == 0 else 0,
+                 "cluster_nctaid": cx if c == 0 else 1,
+                 "clusterid": self.cta.ctaid[c] // cx if c == 0 else self.cta.ctaid[c],
+                 "nclusterid": self.cta.nctaid[c] // cx if c == 0 else self.cta.nctaid[c]}.get(name)
             if v is None:
                 raise Unsupported(f"special register {tok}")
             return np.full(idx.size, v, np.uint32)
@@ -631,8 +630,6 @@ class Emulator(HopperOps):
             data = self.memory.load(base, width * vec, ins.text)
         elif space == "shared":
             data = self.smem_load(base, width * vec, ins.text, ex)
-        elif space == "shared::cluster":
-            data = self.cluster_smem_load(base, width * vec, ins.text)
         else:
             raise Unsupported(f"ld.{space}")
         data = np.ascontiguousarray(data)

@@ -1192,7 +1192,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
         b.place(skip)
     _next_step(b, issue, stride, S, jb, stage, gcount, ((p_b, s_b), (p_f, s_f)), loop, nblk)
     b.place(done)
-    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, xchg=ring)  # the ring is drained
+    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p)
     return b.finish()
 
 
@@ -1618,11 +1618,11 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     jb, gcount = _fill_ring(b, arch, issue, kz, stride, k.STEP, k.S, k.pdl)
     ops = _q4k_mma_operands(b, k, jb, stride, lane, g, t, h["BT"], h["F"], h["SX"], K, ntok)
     _q4k_mma_steps(_Q4kMmaLoop(b, arch, k, issue, ring, bars, nblk, stride, jb, gcount, acc, ops))
-    _fragment_epilogue(b, acc, g, t, h["gwarp"], row0, M, ntok, h["Y"], h["part_p"], h["cnt_p"], k.MT, xchg=ring)
+    _fragment_epilogue(b, acc, g, t, h["gwarp"], row0, M, ntok, h["Y"], h["part_p"], h["cnt_p"], k.MT)
     return b.finish()
 
 
-def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mtiles=None, xchg=None, cluster=True):
+def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mtiles=None):
     """Store m16n8 C fragments per lane — acc[4mt..4mt+3] = (row 16mt + g, token 2t), (.., 2t+1), (16mt + g + 8,
     2t), (.., 2t+1) — to y[token][row0 + row]; with split-K, the split's partial and the last-warp fixup of
     `_lane_epilogue`. With token groups (`mtiles` m16 tiles per group), acc[(nt·mtiles + mt)·4 + i] is token
@@ -1636,7 +1636,7 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mti
         owner.append((ok, b.op("mad.lo.u32", tok, M, row)))
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     _store_or_split(b, [(ok, yoff, acc[i]) for i, (ok, yoff) in enumerate(owner)], b.op("mad.lo.u32", g, Imm(4, "u32"), t),
-                    gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, xchg=xchg, cluster=cluster)
+                    gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
 
 
 def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = False):
@@ -2068,29 +2068,17 @@ def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
                     M, ntok, Y, part_p, cnt_p)
 
 
-CLUSTER_SPLITS = 8  # the most K splits summed through distributed shared memory (a portable cluster size)
-
-
-def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=False, xchg=None,
-                    cluster=True):
+def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=False):
     """items: (pred, y offset, value) this lane owns. One split: store them. Split-K: store this split's
     partials; the warp that arrives last at the row group's counter (index gwarp) sums the splits in z order
     (deterministic) into y and resets the counter. Ends the thread. lean: the sum one split at a time from one
-    base pointer (for many items: fewer registers, more round trips). On targets with clusters (not lean), a
-    launch whose K splits form one cluster (1, nsplit, 1) sums them through distributed shared memory instead
-    (_cluster_split_sum, the same bits); `xchg`: the warp's own shared memory it may overwrite (its ring, drained),
-    else a buffer of its own; `cluster` False: not (a build at its register limit)."""
+    base pointer (for many items: fewer registers, more round trips)."""
     split = b.label("split")
     b.bra(split, pred=b.op("setp.gt.u32", nsplit, Imm(1, "u32")))
     for ok, yoff, v in items:
         b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), v, pred=ok)
     b.emit("ret")
     b.place(split)
-    if b.arch.has("clusters") and cluster and not lean:
-        through_global = b.label("split_global")
-        b.bra(through_global, pred=b.op("setp.ne.u32", b.special("cluster_nctarank"), nsplit))
-        _cluster_split_sum(b, items, lane, kz, nsplit, Y, xchg)
-        b.place(through_global)
     b.comment("split-K: store this split's partials; the warp that arrives last at the row group's counter sums "
               "the splits in z order (deterministic) and resets the counter")
     P, C = b.ptr(part_p), b.ptr(cnt_p)
@@ -2162,64 +2150,6 @@ def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=lead)
     b.place(fin)
     b.emit("ret")
-
-
-def _cluster_split_sum(b, items, lane, kz, nsplit, Y, xchg):
-    """Split-K through distributed shared memory, for a launch whose nsplit CTAs along y are one cluster: every
-    warp puts its partials in shared memory (item i of lane l at 128·i + 4·l of its slot), a cluster barrier, then
-    split 0's warps sum the splits in z order (the global path's order and bits) from the peers' slots (mapa: the
-    same offset in CTA rank z = split z) into y; a second barrier keeps every CTA's shared memory until they have.
-    No partials in global memory, no fence, no counter: the H200's split-K tail was ~20% of the small GEMVs' stall
-    samples in those (bench/NOTES.md, 2026-12-02). Ends the thread."""
-    n = len(items)
-    if xchg is None:
-        nw = b.block[0] * b.block[1] * b.block[2] // 32
-        buf = b.op("mov.u32", b.shared_buffer("split_xchg", nw * n * 128, align=16))
-        warp = b.op("shr.u32", b.special("tid.x"), Imm(5, "u32"))
-        xchg = b.op("mad.lo.u32", warp, Imm(n * 128, "u32"), buf)
-    slot = b.op("mad.lo.u32", lane, Imm(4, "u32"), xchg)
-    for i, (_, _, v) in enumerate(items):
-        b.emit("st.shared.f32", Mem(slot, 128 * i), v)
-    b.emit("barrier.cluster.arrive.release.aligned")
-    b.emit("barrier.cluster.wait.acquire.aligned")
-    b.comment("split 0 sums the splits in z order, U of them a round (their loads in flight together)")
-    end = b.label("cluster_sum_done")
-    b.bra(end, pred=b.op("setp.ne.u32", kz, Imm(0, "u32")))
-    U = max(1, min(CLUSTER_SPLITS, 16 // n))  # 16 loads in flight: the 16-token codec builds spilled at 32
-    tots = [b.reg("f32") for _ in range(n)]
-    z = b.op("mov.u32", Imm(0, "u32"))
-    rnd, fin = b.label("cluster_sum_round"), b.label("cluster_sum_rounds_done")
-    b.place(rnd)
-    vals, lives = [], []
-    for u in range(U):
-        zu = b.op("add.u32", z, Imm(u, "u32"))
-        live = b.op("setp.lt.u32", zu, nsplit)
-        peer = b.reg("u32")
-        b.emit("mapa.shared::cluster.u32", peer, slot, zu, pred=live)
-        row = []
-        for i in range(n):
-            v = b.reg("f32")
-            b.emit("ld.shared::cluster.f32", v, Mem(peer, 128 * i), pred=live)
-            row.append(v)
-        vals.append(row)
-        lives.append(live)
-    first = b.op("setp.eq.u32", z, Imm(0, "u32"))
-    for tot, v in zip(tots, vals[0]):  # split z: the first split's value itself (as the global path's sum)
-        b.emit("add.rn.f32", tot, tot, v, pred=first, neg=True)
-        b.emit("mov.f32", tot, v, pred=first)
-    for u in range(1, U):
-        for tot, v in zip(tots, vals[u]):
-            b.emit("add.rn.f32", tot, tot, v, pred=lives[u])
-    b.emit("add.u32", z, z, Imm(U, "u32"))
-    b.bra(rnd, pred=b.op("setp.lt.u32", z, nsplit))
-    b.place(fin)
-    for (ok, yoff, _), tot in zip(items, tots):
-        b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), tot, pred=ok)
-    b.place(end)
-    b.emit("barrier.cluster.arrive.release.aligned")
-    b.emit("barrier.cluster.wait.acquire.aligned")
-    b.emit("ret")
-    b.meta["cluster_split"] = CLUSTER_SPLITS
 
 
 def _rotate_unit_in_registers(b, act, word, lane, live):

@@ -207,8 +207,7 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
     b.place(joined)
     _next_step(b, issue, stride, STAGES, jb, stage, count, ((p_b, s_b), (p_f, s_f)), loop, nblk)
     b.place(done)
-    # the ring is drained; the 16-token builds (168 registers) spill with the cluster sum's code: not there
-    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1, xchg=ring, cluster=NT == 1)
+    _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
     return b.finish()
 
 

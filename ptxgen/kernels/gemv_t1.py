@@ -447,7 +447,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, local: 
                            b.op("add.u32", t, Imm(4 * n, "u32")) if n else t)
                     ok = b.op("and.pred", rok, b.op("setp.lt.u32", tok, ntok))
                     items.append((ok, b.op("mad.lo.u32", tok, M, row), acc[mt][rr][n][e]))
-    _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, xchg=ring)  # the ring is drained
+    _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
     return b.finish()
 
 
