@@ -272,14 +272,15 @@ def _aligned(b, sym, align):
                 Imm(~(align - 1) & 0xFFFFFFFF, "b32"))
 
 
-def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched):
-    """The fp16 mma.sync MMQ's dynamic shared memory (the raw ring's stages, then two fp16 (A, B) buffers; + 1024
-    where TMA writes B swizzled: aligned up at run time), launch bounds and metadata, and the work-item slot.
-    Returns (dynamic shared memory, work-item slot)."""
+def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched, ring: bool = True):
+    """The fp16 mma.sync MMQ's dynamic shared memory (the raw ring's stages — none without `ring`: a grouped codec
+    build, which decodes from global memory and has no split tail —, then two fp16 (A, B) buffers; + 1024 where TMA
+    writes B swizzled: aligned up at run time), launch bounds and metadata, and the work-item slot. Returns
+    (dynamic shared memory, work-item slot)."""
     BN, x16 = ft.BN, ft.x16
-    ring_and_buffers = pipe.stages * ft.raw_bytes + 2 * ft.pair
+    ring_and_buffers = (pipe.stages * ft.raw_bytes if ring else 0) + 2 * ft.pair
     smem = b.dynamic_shared(ring_and_buffers + (1024 if ft.b_row == 128 else 0))
-    assert 4 * BM * BN <= ring_and_buffers, "the split tail's prefix sum (fp32 tile) lives in the ring + buffers"
+    assert not ring or 4 * BM * BN <= ring_and_buffers, "the split tail's prefix sum (fp32 tile) lives in the ring + buffers"
     # CTAs per SM as shared memory allows on the H200 (ptxas keeps the registers to it: n64 took 138 without)
     b.directives += [".maxntid 256, 1, 1", f".minnctapersm {F16_CTAS_PER_SM[BN]}"]
     b.meta.update(bm=BM, bn=BN, bk=BK, stages=pipe.stages, warps=8, copy=pipe.copy, mma="mma.sync m16n8k16 f16",

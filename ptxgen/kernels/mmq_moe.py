@@ -46,7 +46,7 @@ def build_grouped(arch, spec: MmqSpec):
     eb_p = b.param("expert_bytes", "u64")
     ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
     wrk_p, q_p = b.param("work", "u64", "ptr:scratch"), b.param("queue", "u64", "ptr:scratch")
-    smem, work = _f16_smem_and_meta(b, ft, pipe, sched)
+    smem, work = _f16_smem_and_meta(b, ft, pipe, sched, ring=raw)
     if not raw:  # a run8 decode holds more registers than Q4_K's: 80 (3 CTAs an SM at n32) spilled Q5_K and Q6_K
         b.directives = [d for d in b.directives if not d.startswith(".minnctapersm")] + [
             f".minnctapersm {min(2, F16_CTAS_PER_SM[BN])}"]
@@ -98,7 +98,7 @@ def build_grouped(arch, spec: MmqSpec):
         return b.op("selp.b32", b.op("div.u32", pair, SL), pair, shared_x, type="b32")
 
     raw0 = b.op("mov.u32", smem)
-    a16 = b.op("add.u32", raw0, Imm(STAGES * ft.raw_bytes, "u32"))
+    a16 = b.op("add.u32", raw0, Imm(STAGES * ft.raw_bytes, "u32")) if raw else raw0  # the codecs: no raw ring
     b16 = b.op("add.u32", a16, Imm(ft.a_bytes, "u32"))
     load_x, _, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, row_of=row_of)
     stage_of, dequant = _f16_dequant(b, ft, tid, raw0, a16) if raw else _codec_dequant(b, codec, tid, m0, mlast,
