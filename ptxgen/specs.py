@@ -92,7 +92,6 @@ class GemvKernel:
     fused: bool = False
     hi_only: bool = False
     small: bool = False
-    local: bool = False  # "few", fused: each CTA builds the records of its own K range (no wait on other CTAs)
 
     @property
     def name(self) -> str:
@@ -103,7 +102,7 @@ class GemvKernel:
         names = {"gemv": f"gemv_{f}{fast}{'_tma' if self.tma else ''}_t{self.tokens}{fused}",
                  "mma": f"gemv_{f}_mma" + ("_m16" if self.small else "") + ("_tma" if self.tma else "")
                         + (f"_n{self.tokens}" if self.tokens > 8 else ""),
-                 "few": f"gemv_{f}_mma_{t}{fused}" + ("_local" if self.local else ""), "skinny": f"mmq_{f}_rega_n{self.tokens}",
+                 "few": f"gemv_{f}_mma_{t}{fused}", "skinny": f"mmq_{f}_rega_n{self.tokens}",
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else
                                 "prep_q8_lanes" if self.fast else "prep_f32_lanes"),
                  "prep_mma": "prep_tq4_1s_mma" if rot else "prep_mma_f16", "prep_few": f"prep_q4k_{t}"}

@@ -1274,10 +1274,9 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     rec = pb.scratch((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
     # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
     # the two kernels overlapped by PDL measured ~1 µs faster on the GPU (bench/NOTES.md, 2026-12-01)
-    fk = knobs.q4k_fused()  # "local": the build whose CTAs each make their own K range's records (not shipped)
-    fused_name = GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=True, local=fk == "local").name
-    fused = (kernels.build_for(fused_name, arch) if fk in ("on", "local") or (fk == "auto" and not pb.graph)
-             else None)
+    fk = knobs.q4k_fused()
+    fused_name = GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=True).name
+    fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
         fn = kernels.load(fused_name, arch)
         ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())

@@ -139,9 +139,6 @@ for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):
 for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm_120a's REDG)
     EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}"] + [
         "SHFL.BFLY", "F2FP", "STG.E.U16", "ATOMG.E.ADD", "E.ADD.STRONG.GPU", "NANOSLEEP", "CCTL.IVALL"]
-    # each CTA its own records: the prep's SASS and a CTA barrier, no ticket, no spin on other CTAs
-    EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}_fused_local"] = EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}"] + [
-        "SHFL.BFLY", "F2FP", "STG.E.U16", "BAR.SYNC"]
 EXPECTED_SASS["mmq_q4_k_rega_n32"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "BAR.SYNC"]
 EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
@@ -187,8 +184,6 @@ for _k in KERNELS:
         EXPECTED_SASS[_k, "sm_120a"] = ["HMMA.16816.F32", "LDSM.16.M88.4", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
                                         "HFMA2", "PRMT"]
         ABSENT_SASS[_k, "sm_120a"] = ["LDGSTS"]
-for _nt in (1, 2, 4):
-    ABSENT_SASS[f"gemv_q4_k_mma_t{_nt}_fused_local", "sm_90a"] = ["NANOSLEEP"]  # no spin on other CTAs
 for _t in (1, 2, 4):  # Q6_K's wide lanes: q − 32 by a PRMT and an FADD, no quarter-rate I2F a weight
     ABSENT_SASS[f"gemv_q6_k_f32_t{_t}", "sm_90a"] = ["I2F.S8"]
 

@@ -433,17 +433,6 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     assert out.ok, out.detail
 
 
-@pytest.mark.parametrize("kernel,arch,shape,splits", [("gemv_q4_k_mma_t1_fused_local", "sm_90a", (133, 1536), 3),
-                                                      ("gemv_q4_k_mma_t2_fused_local", "sm_89", (70, 768), 4),
-                                                      ("gemv_q4_k_mma_t4_fused_local", "sm_120a", (70, 512), 1)])
-def test_fused_few_token_gemv_with_records_per_cta(kernel, arch, shape, splits):
-    """gemv_q4_k_mma_t{nt}_fused_local: every CTA builds the records of its own split (no wait on other CTAs; the
-    CTAs of a split write the same bits), CTAs taking turns: the records equal prep_q4k_t{nt}'s bit for bit, y within
-    1e-5 of the float64 reference, the counters zero — 768 columns in 4 splits leaves one split empty."""
-    out = check_kernel(kernel, KERNELS[kernel].for_arch(arch).ptx(), seed=3, shape=shape, splits=splits)
-    assert out.ok, out.detail
-
-
 @pytest.mark.parametrize("fmt", ["q5_k", "q6_k", "q8_0"])
 @pytest.mark.parametrize("variant,arch", [("", "sm_89"), ("_x16", "sm_120a")])
 def test_codec_mma_sync_mmq_split_tail_and_fp16_overflow(fmt, variant, arch):

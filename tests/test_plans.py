@@ -155,8 +155,6 @@ def test_graph_plans_keep_the_prep_kernel_eager_plans_fuse_it(gpu):
         assert ops.mul_mat_plan(w, 1, graph=True).kernels == ["gemv_q4_k_mma_t1_fused"]
     with knobs.override(PTXGEN_Q4K_FUSED="0"):
         assert ops.mul_mat_plan(w, 1).kernels == ["prep_q4k_t1", "gemv_q4_k_mma_t1"]
-    with knobs.override(PTXGEN_Q4K_FUSED="local"):  # each CTA its own records (not shipped: built on demand)
-        assert ops.mul_mat_plan(w, 3, graph=True).kernels == ["gemv_q4_k_mma_t4_fused_local"]
 
 
 def test_knobs_are_read_once_and_changed_in_process(monkeypatch):

@@ -66,8 +66,6 @@ NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one 
 NOT_SHIPPED.update({f"gemv_{f}_mma_n16": "the codecs' tensor-core GEMV for 9-16 tokens: slower than the register-A "
                     "GEMMs at T = 16 (56.0 / 48.9 against 53.1 / 36.5 µs, bench_op_q6k_mma_final.log)"
                     for f in ("q6_k", "q8_0")})
-NOT_SHIPPED.update({f"gemv_q4_k_mma_t{t}_fused_local": "the fused few-token GEMV with records per CTA (no grid-wide "
-                    "wait; ncu: 20% of the fused build's stall samples at that wait): not timed yet" for t in (1, 2, 4)})
 SHIPPED = {n: d for n, d in KERNELS.items() if n not in NOT_SHIPPED}
 
 

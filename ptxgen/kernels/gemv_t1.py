@@ -239,37 +239,11 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp)
     b.emit("bar.sync", Imm(0, "u32"))
 
 
-def _build_local_records(b, *, X, REC, ntok, nsb, nt, hi_only, NW, lane, warp, jb, jend):
-    """The fused builds' activation prep without a wait on other CTAs (`local`): each CTA writes the records of its
-    own split's super-blocks [jb, jend) — prep_q4k_t{nt}'s code, one (token, 32-block) item per warp at a time —
-    then a CTA barrier (its warps' stores before their record copies). The CTAs of one split write the same bits
-    to the same places: whichever write a read meets, it reads the right value, and after its own CTA's writes it
-    can meet no older one. Costs each CTA nt · 8 · (jend − jb) items (4096x14336 at 8 splits: 56 a CTA)."""
-    nb = b.op("shl.b32", nsb, Imm(3, "u32"))  # 32-element blocks of a row
-    nloc = b.op("shl.b32", b.op("sub.u32", b.op("max.u32", jend, jb), jb), Imm(3, "u32"))  # this split's blocks
-    first = b.op("shl.b32", jb, Imm(3, "u32"))
-    items = b.op("mul.lo.u32", nloc, Imm(nt, "u32"))
-    item = b.op("mov.u32", warp)
-    loop, built = b.label("local_record_item"), b.label("local_records_built")
-    b.comment("this split's records: item = token · (its 32-blocks) + block, one per warp at a time")
-    b.place(loop)
-    b.bra(built, pred=b.op("setp.ge.u32", item, items))
-    tok = b.op("div.u32", item, nloc)
-    j = b.op("add.u32", first, b.op("rem.u32", item, nloc))
-    hi, lo, fbits, xs, lead = _scaled_item(b, X, ntok, nb, tok, j, lane, False)
-    _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs)
-    b.emit("add.u32", item, item, Imm(NW, "u32"))
-    b.bra(loop)
-    b.place(built)
-    b.emit("bar.sync", Imm(0, "u32"))  # every warp's record stores before any record copy
-
-
-def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, local: bool = False):
+def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
     (gemv_q4_k_mma_t{nt}_fused): one launch per op — the kernel takes x and builds the records itself
-    (_build_records) between its first weight copies and its first record copies; with `local`
-    (gemv_q4_k_mma_t{nt}_fused_local) each CTA builds those of its own split (_build_local_records)."""
+    (_build_records) between its first weight copies and its first record copies."""
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core Q4_K GEMV"
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
@@ -282,7 +256,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, local: 
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
-    b = KernelBuilder(GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=fused, local=local).name, arch,
+    b = KernelBuilder(GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=fused).name, arch,
                       f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
@@ -304,10 +278,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, local: 
     if fused:
         b.meta.update(activation="x (fp32), the records built in the kernel into `records` (scratch, "
                                  f"{rb} bytes per super-block)",
-                      fused_prep=("every CTA writes the records of its split's super-blocks (the CTAs of a split the "
-                                  "same bits), then reads them; counters: the split-K ones, then 3 u32 (unused, "
-                                  "zero)") if local else
-                                 "the first CTAs to start write the records, every CTA waits for them; counters: "
+                      fused_prep="the first CTAs to start write the records, every CTA waits for them; counters: "
                                  "the split-K ones, then 3 u32 (zero, left zero)",
                       pdl=False)
         if pdl:
@@ -330,13 +301,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, local: 
     records = None
     if fused:
         def records():
-            if local:
-                _build_local_records(b, X=b.ptr(x_p), REC=REC, ntok=ntok, nsb=nsb, nt=nt, hi_only=hi_only, NW=NW,
-                                     lane=lane, warp=warp, jb=jb, jend=jend)
-            else:
-                _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok,
-                               K=b.op("shl.b32", nsb, Imm(8, "u32")), nt=nt, hi_only=hi_only, NW=NW, tid=tid,
-                               lane=lane, warp=warp)
+            _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
+                           nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp)
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records)
     count = b.op("mov.u32", Imm(0, "u32"))
 
@@ -598,10 +564,6 @@ KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, fused=True).name,
                       f"q4_K GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt).name} in one launch: "
                       "the kernel's first CTAs build the activation records from x, every CTA waits for them",
                       lambda arch, nt=nt: build(arch, nt, False, fused=True)) for nt in FUSED_TOKENS]
-KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, fused=True, local=True).name,
-                      f"q4_K GEMV, T ≤ {nt}, exact, in one launch as {GemvKernel('few', 'q4_K', nt, fused=True).name}, "
-                      "each CTA building the records of its own K range (no wait on other CTAs)",
-                      lambda arch, nt=nt: build(arch, nt, False, fused=True, local=True)) for nt in FUSED_TOKENS]
 PREPS = [KernelDef(GemvKernel("prep_few", "q4_K", nt, hi_only=h).name, f"activation of up to {nt} tokens: scaled fp16 "
                    f"{'hi' if h else 'hi/lo'} records and min pairs ({GemvKernel('few', 'q4_K', nt, hi_only=h).name})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
