@@ -178,7 +178,11 @@ def run32(b, row, k0):
 # down to 16 and is RA_BOX_BYTES wide (covers through d at block byte 208 from any start); the step's ql[64·h] sits
 # o = (2·j) & 14 bytes into it.
 RA_BOX_BYTES = 240  # ≥ 14 + 210, a multiple of 16; 60-word smem rows spread rows g = 0..7 over the banks
-RA_BOX_NOTE = "K-step s's box from 210·(s >> 2) + 64·((s >> 1) & 1) rounded down to 16: its bytes from (s >> 1) & 14"
+# The box from the block's own start (h = 0) holds the whole block: its 4 K-steps share it (one TMA a block, in a ring
+# of its own: kernels/mmq.py _WgRing's A slots), step (h, sub) reading it 64·h bytes in. A box a step moved 240 bytes
+# a row from L2 for 52.5 of weights: the GEMM waited on its copies (ncu, bench/NOTES.md 2026-12-02).
+RA_BOX_STEPS = 4
+RA_BOX_NOTE = "block j's box from 210·j rounded down to 16, shared by K-steps 4j .. 4j + 3: its bytes from (2·j) & 14"
 HALF_1056 = 0x64206420  # (1056, 1056) fp16: 1024 + q − 1056 = q − 32
 
 

@@ -1722,6 +1722,18 @@ class _WgRing(NamedTuple):
     raw0: Reg
     bar0: Reg
     slot0: Reg
+    a_slots: int = 0  # a codec whose box serves RA_BOX_STEPS K-steps (Q6_K): its boxes in a ring of their own
+    a_slot_bytes: int = 0  # ... of a_slots slots at raw0 (the stages hold B alone),
+    a_count: Reg | None = None  # ... and the boxes issued (producer) / released (consumers) so far
+
+    def a_full(self, sl):
+        """A slot sl's box has landed (after item_empty: bars 2S + 4 ..)."""
+        return self.b.op("mad.lo.u32", sl, Imm(8, "u32"), self.b.op("add.u32", self.bar0, Imm(16 * self.S + 32, "u32")))
+
+    def a_empty(self, sl):
+        """A slot sl is read by every consumer thread."""
+        return self.b.op("mad.lo.u32", sl, Imm(8, "u32"),
+                         self.b.op("add.u32", self.bar0, Imm(16 * self.S + 32 + 8 * self.a_slots, "u32")))
 
     def full(self, st):
         """Ring stage st's TMA bytes have landed."""
@@ -1798,12 +1810,15 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
     if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.convert or spec.cluster > 1):
         raise ValueError(f"{spec.name}: another codec than Q4_K has the plain and grouped register-A builds only")
-    # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights)
-    raw_bytes = RA_FRAG_BYTES if PRE else _wg_weights(spec).raw_bytes
+    # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights); a codec whose box serves
+    # several K-steps (RA_BOX_STEPS: Q6_K) keeps its boxes in RA_A_SLOTS slots of their own, the stages B alone
+    SA = RA_A_SLOTS if _block_box(spec) else 0
+    a_slot_bytes = _wg_weights(spec).raw_bytes if SA else 0
+    raw_bytes = RA_FRAG_BYTES if PRE else 0 if SA else _wg_weights(spec).raw_bytes
     stage_bytes = b_bytes + raw_bytes
-    if WG_STAGES * stage_bytes + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS:  # a wide codec box
-        pipe = Pipeline((arch.max_smem_per_block - 1024) // stage_bytes, copy=pipe.copy)  # (Q6_K's at n256): fewer
-    pipe.check_smem(arch, stage_bytes)
+    if WG_STAGES * stage_bytes + SA * a_slot_bytes + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS:
+        pipe = Pipeline((arch.max_smem_per_block - 1024 - SA * a_slot_bytes) // stage_bytes, copy=pipe.copy)  # fewer
+    pipe.check_smem(arch, stage_bytes + -(-SA * a_slot_bytes // pipe.stages))  # (the A slots spread over the stages)
     S = pipe.stages
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
     b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
@@ -1830,8 +1845,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
     cx_bytes = 3 * CX_BUFS * CX_ROWS * _cx_row_bytes(XS) if CX else 0  # the converters' staging buffers
-    smem = b.dynamic_shared(S * stage_bytes + a_bytes + cx_bytes + 1024)  # + 1024: aligned up at run time
-    bars = b.shared_buffer("bars", 8 * (2 * S + 4), align=8)  # full[S], empty[S], item_full[2], item_empty[2]
+    smem = b.dynamic_shared(S * stage_bytes + SA * a_slot_bytes + a_bytes + cx_bytes + 1024)  # + 1024: aligned up
+    # full[S], empty[S], item_full[2], item_empty[2] (, a_full[SA], a_empty[SA])
+    bars = b.shared_buffer("bars", 8 * (2 * S + 4 + 2 * SA), align=8)
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
     _wgmma_meta(b, arch, spec, sched, S, XS)
@@ -1859,7 +1875,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
     a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
     raw0 = b.op("add.u32", a_base, Imm(a_bytes, "u32"))  # raw: S x 3 x RAW_PART
     lay = _WgRing(b, S, b_bytes, raw_bytes, stage_bytes, bst, a_base, raw0, b.op("mov.u32", bars),
-                  b.op("mov.u32", slots))
+                  b.op("mov.u32", slots), SA, a_slot_bytes, b.op("mov.u32", Imm(0, "u32")) if SA else None)
+    if SA:
+        b.meta.update(a_ring=f"{SA} slots of {a_slot_bytes} bytes after the B stages: block j's box (one TMA), "
+                             f"read by its K-steps 4j .. 4j + 3 (the item's first and last may be mid-block)")
 
     leader = _wgmma_init_barriers(b, CL, lay, tid)
     cl_exit = b.label("cluster_exit") if CL > 1 else None  # everyone meets here before leaving (peers use our smem)
@@ -2043,6 +2062,10 @@ def _wgmma_init_barriers(b, CL, lay: _WgRing, tid):
     for i in range(2):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + i)), Imm(1, "u32"), pred=leader)
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(256, "u32"), pred=leader)
+    for i in range(lay.a_slots):  # a_full (the producer's expect_tx), a_empty (every consumer thread)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 4 + i)), Imm(1, "u32"), pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 4 + lay.a_slots + i)), Imm(256, "u32"),
+               pred=leader)
     b.emit("fence.proxy.async.shared::cta")
     if CL > 1:  # the peers' barriers are initialised before anyone multicasts into them or arrives on them
         b.emit("fence.mbarrier_init.release.cluster")
@@ -2128,6 +2151,8 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     (the prepared fragments' block, or the raw tile's header and qs columns) and, once the converters have
     written that chunk of x (the converting build), the activation tile (a cluster rank: its share, multicast)."""
     BN, CL, CX, PRE, S = spec.bn, spec.cluster, spec.convert, spec.prepared, lay.S
+    if lay.a_slots:
+        _block_box_tma(b, spec, lay, it, s, tw)
     stage = b.op("rem.u32", g, Imm(S, "u32"))
     sph = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
     _wait(b, lay.empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
@@ -2138,7 +2163,7 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
         frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
-    else:
+    elif not lay.a_slots:  # (else the block's box went to its A slot)
         _wg_weights(spec).tma(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb)
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
@@ -2162,6 +2187,24 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     else:
         b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst)), TensorRef(tx, (xk, it.n0)),
                Mem(fb))
+
+
+def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
+    """The producer's box of block s >> 2 into A slot a_count % a_slots, at the item's first step and every block's
+    first: wait until the consumers released the slot, expect its bytes, one TMA of the block's box."""
+    skip = b.label("a_box_issued")
+    first = b.op("or.pred", b.op("setp.eq.u32", s, it.s_begin),
+                 b.op("setp.eq.u32", b.op("and.b32", s, Imm(RA_BOX_STEPS_MASK(spec), "b32")), Imm(0, "u32")))
+    b.bra(skip, pred=first, neg=True)
+    sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
+    ph = b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32"))
+    _wait(b, lay.a_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
+    fb = lay.a_full(sl)
+    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(lay.a_slot_bytes, "u32"))
+    block0 = b.op("and.b32", s, Imm(~RA_BOX_STEPS_MASK(spec) & 0xFFFFFFFF, "b32"))
+    _wg_weights(spec).tma(b, tw, block0, it.m0 if it.w_row is None else it.w_row, sl, lay.a_slot_bytes, lay.raw0, fb)
+    b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
+    b.place(skip)
 
 
 def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_STEP, fmt="q4_K"):
@@ -2268,7 +2311,7 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     if ra:
         steps = _prepared_steps if spec.prepared else _wg_weights(spec).steps
         steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
-              lay.b_bytes, ct, cw, lane, sa.magic, peers)
+              lay.b_bytes, ct, cw, lane, sa.magic, peers, **({"lay": lay} if lay.a_slots else {}))
     else:
         _smem_a_steps(b, arch, BN, lay, sa, acc, s, it, gc, peers)
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
@@ -2553,7 +2596,18 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
 
 
 RA_CODECS = ("q8_0", "q6_K")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
-# RA_BOX_NOTE)
+# RA_BOX_NOTE; RA_BOX_STEPS where one box serves several K-steps)
+RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB beside the B stages)
+
+
+def _block_box(spec: MmqSpec) -> bool:
+    """Whether the build keeps a codec's boxes in A slots of their own (one box a block, RA_BOX_STEPS K-steps)."""
+    return (spec.fmt in RA_CODECS and spec.a_regs and not spec.prepared
+            and getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 1) > 1)
+
+
+def RA_BOX_STEPS_MASK(spec: MmqSpec) -> int:  # noqa: N802 - a constant of the spec's codec
+    return codecs.get(spec.fmt).RA_BOX_STEPS - 1
 GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0", "q6_K")  # the register-A MoE GEMMs mul_mat_id dispatches
 NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
@@ -2590,10 +2644,12 @@ def _ra_codec(spec: MmqSpec):
 
 
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                      ct, cw, lane, magic, peers=()):
+                      ct, cw, lane, magic, peers=(), lay=None):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
     consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
-    of layouts.q4k_rega_k_order, into _ra_k_loop."""
+    of layouts.q4k_rega_k_order, into _ra_k_loop. With `lay` (a codec whose box holds a block: RA_BOX_STEPS): the
+    box is in A slot a_count % a_slots — waited for at the item's first step and every block's first, step (h,
+    sub) reading it 64·h bytes in, released after the item's last step and every block's last."""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)
@@ -2601,7 +2657,27 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
                 for rr in range(2)]
 
     def fragments(stage):
-        return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t)
+        if lay is None:
+            return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t)
+        mask = codec.RA_BOX_STEPS - 1
+        sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
+        waited = b.label("a_box_ready")
+        first = b.op("or.pred", b.op("setp.eq.u32", s, s_begin),
+                     b.op("setp.eq.u32", b.op("and.b32", s, Imm(mask, "b32")), Imm(0, "u32")))
+        b.bra(waited, pred=first, neg=True)
+        _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32")))
+        b.place(waited)
+        half = b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32"))  # 64·h
+        box = b.op("add.u32", b.op("mad.lo.u32", sl, Imm(lay.a_slot_bytes, "u32"), lay.raw0), half)
+        frags = codec.ra_fragments(b, box, row_offs, s, t)
+        done = b.label("a_box_kept")
+        last = b.op("or.pred", b.op("setp.eq.u32", b.op("add.u32", s, Imm(1, "u32")), s_end),
+                    b.op("setp.eq.u32", b.op("and.b32", s, Imm(mask, "b32")), Imm(mask, "u32")))
+        b.bra(done, pred=last, neg=True)
+        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(sl)))  # after this thread's reads
+        b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
+        b.place(done)
+        return frags
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
