@@ -433,6 +433,27 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("kernel,kw", [("mmq_q5_k_wgmma_ra_n64", dict(shape=(131, 69, 1536), splits=5, ctas=3)),
+                                       ("mmq_q4_k_wgmma_ra_n64", dict(shape=(259, 40, 1536), splits=3, ctas=2)),
+                                       ("mmq_q5_k_wgmma_ra_n32_moe", {})])
+def test_nibble_codecs_block_box_gives_the_step_layouts_bits(monkeypatch, kernel, kw):
+    """mmq.NIBBLE_BLOCK_BOX (not yet the default): Q4_K's / Q5_K's register-A builds with a block's columns in an A
+    slot for its 4 K-steps (split items starting and ending mid-block, CTAs taking turns) give y bit for bit as the
+    shipped builds that load 3 / 5 columns a step."""
+    from ptxgen.kernels import mmq
+
+    kw = dict(kw, interleave=bool(kw))
+    shipped = check_kernel(kernel, KERNELS[kernel].for_arch("sm_90a").ptx(), seed=9, **kw)
+    monkeypatch.setitem(mmq.NIBBLE_BLOCK_BOX, "q4_K", True)
+    monkeypatch.setitem(mmq.NIBBLE_BLOCK_BOX, "q5_K", True)
+    k = KERNELS[kernel].for_arch("sm_90a")
+    ptx = k.ptx()
+    assert "a_ring" in k.manifest(ptx)["meta"]
+    boxed = check_kernel(kernel, ptx, seed=9, **kw)
+    assert shipped.ok and boxed.ok, (shipped.detail, boxed.detail)
+    assert np.array_equal(np.asarray(shipped.got).view(np.uint8), np.asarray(boxed.got).view(np.uint8))
+
+
 @pytest.mark.parametrize("fmt", ["q5_k", "q6_k", "q8_0"])
 @pytest.mark.parametrize("variant,arch", [("", "sm_89"), ("_x16", "sm_120a")])
 def test_codec_mma_sync_mmq_split_tail_and_fp16_overflow(fmt, variant, arch):

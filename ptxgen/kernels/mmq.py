@@ -1726,6 +1726,10 @@ class _WgRing(NamedTuple):
     a_slot_bytes: int = 0  # ... of a_slots slots at raw0 (the stages hold B alone),
     a_count: Reg | None = None  # ... and the boxes issued (producer) / released (consumers) so far
 
+    def a_slot(self, sl):
+        """A slot sl's address."""
+        return self.b.op("mad.lo.u32", sl, Imm(self.a_slot_bytes, "u32"), self.raw0)
+
     def a_full(self, sl):
         """A slot sl's box has landed (after item_empty: bars 2S + 4 ..)."""
         return self.b.op("mad.lo.u32", sl, Imm(8, "u32"), self.b.op("add.u32", self.bar0, Imm(16 * self.S + 32, "u32")))
@@ -2189,6 +2193,16 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
                Mem(fb))
 
 
+def _tma_block_columns(b, tw, s, m0, slot, slot_bytes, raw0, fb, cols, fmt):
+    """The nibble codecs' block box: K-step s's block (s >> 2, s a multiple of 4) as `cols` TMA boxes of 16 bytes x
+    128 rows — header, [qh,] qs — into A slot `slot` (column i at i·RAW_PART), completing on mbarrier fb."""
+    x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(codecs.get(fmt).BLOCK_BYTES, "u32"))
+    rdst = b.op("mad.lo.u32", slot, Imm(slot_bytes, "u32"), raw0)
+    for i in range(cols):
+        b.emit(TMA_STEP, Mem(b.op("add.u32", rdst, Imm(i * RAW_PART, "u32"))),
+               TensorRef(tw, (b.op("add.u32", x0, Imm(16 * i, "u32")), m0)), Mem(fb))
+
+
 def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
     """The producer's box of block s >> 2 into A slot a_count % a_slots, at the item's first step and every block's
     first: wait until the consumers released the slot, expect its bytes, one TMA of the block's box."""
@@ -2514,7 +2528,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), qh=False):
+                lane, magic, peers=(), qh=False, block_box=False, lay=None):
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
@@ -2526,7 +2540,9 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     bench/NOTES.md.) `qh` (Q5_K, mmq_q5_k_wgmma_ra_*): the stage's columns 1 and 2 hold the 32 qh bytes; the lane's
     qh bytes 8t..8t+7 give each weight its fifth bit (bit 2c of the byte for sub-block 2c, 2c + 1 for the other),
     moved under the nibble by two instructions per two weights (bit 4 of a low-nibble half: 1024 + q; bit 8 of a
-    high-nibble one: 1024 + 16·q, whose 1/16 is in sc'), so q ≤ 31 and q·sc stay exact."""
+    high-nibble one: 1024 + 16·q, whose 1/16 is in sc'), so q ≤ 31 and q·sc stay exact.
+    `block_box` (NIBBLE_BLOCK_BOX; `lay` its A slots): the block's columns — header, [qh,] the 8 qs columns — in an A
+    slot for its 4 steps; pair c's qs columns 2c further in."""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
@@ -2548,7 +2564,14 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
 
     def fragments(stage):
-        rbase = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        if block_box:
+            sl = _a_slot_take(b, lay, s, s_begin, 3)
+            frags = decode(lay.a_slot(sl), b.op("mul.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(2 * RAW_PART, "u32")))
+            _a_slot_give(b, lay, s, s_end, 3, sl)
+            return frags
+        return decode(b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0))
+
+    def decode(rbase, qs_shift=None):  # qs_shift: pair c's qs columns past the step layout's (block box: 2c)
         scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, own_hdr)))
@@ -2568,7 +2591,8 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
         c2 = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")) if qh else None  # qh bit 2c
         for rr in range(2):
             w = b.regs("b32", 2)
-            b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_off[rr])))
+            qs_at = qs_off[rr] if qs_shift is None else b.op("add.u32", qs_off[rr], qs_shift)
+            b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_at)))
             if qh:
                 hw = b.regs("b32", 2)
                 b.emit("ld.shared.v2.b32", b.vec(hw), Mem(b.op("add.u32", rbase, qh_off[rr])))
@@ -2600,14 +2624,24 @@ RA_CODECS = ("q8_0", "q6_K")  # codecs with their own register-A decode (ra_box_
 RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB beside the B stages)
 
 
+# Q4_K / Q5_K (NIBBLE_PARTS) with a block's columns — header, [qh,] all 8 qs columns: 9 / 11 x 16 bytes a row —
+# loaded once into an A slot for its 4 K-steps instead of 3 / 5 columns a step (1.33x / 1.8x fewer bytes from L2).
+# Built and checked in the emulator, not yet measured on the GPU: off (bench/NOTES.md, 2026-12-02).
+NIBBLE_BLOCK_BOX = {"q4_K": False, "q5_K": False}
+
+
 def _block_box(spec: MmqSpec) -> bool:
-    """Whether the build keeps a codec's boxes in A slots of their own (one box a block, RA_BOX_STEPS K-steps)."""
-    return (spec.fmt in RA_CODECS and spec.a_regs and not spec.prepared
-            and getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 1) > 1)
+    """Whether the build keeps a codec's boxes in A slots of their own (one box a block, RA_BOX_STEPS K-steps; the
+    nibble codecs where NIBBLE_BLOCK_BOX says)."""
+    if not spec.a_regs or spec.prepared or spec.convert or spec.cluster > 1:
+        return False
+    if spec.fmt in NIBBLE_PARTS:
+        return NIBBLE_BLOCK_BOX.get(spec.fmt, False)
+    return spec.fmt in RA_CODECS and getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 1) > 1
 
 
 def RA_BOX_STEPS_MASK(spec: MmqSpec) -> int:  # noqa: N802 - a constant of the spec's codec
-    return codecs.get(spec.fmt).RA_BOX_STEPS - 1
+    return getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 4) - 1  # (the nibble codecs: 4 pairs a block)
 GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0", "q6_K")  # the register-A MoE GEMMs mul_mat_id dispatches
 NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
@@ -2626,8 +2660,13 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     """Q4_K's 16-byte raw columns and nibble decode (Q5_K: with its qh columns and fifth bits: NIBBLE_PARTS), or a
     codec's own box of whole blocks and ra_fragments (RA_CODECS)."""
     if spec.fmt in NIBBLE_PARTS:
+        qh = spec.fmt != "q4_K"
+        if _block_box(spec):  # the block's 16-byte columns: header, [qh x 2,] qs x 8
+            cols = codecs.get(spec.fmt).BLOCK_BYTES // 16
+            return _WgWeights(cols * RAW_PART, partial(_tma_block_columns, cols=cols, fmt=spec.fmt),
+                              partial(_rega_steps, qh=qh, block_box=True))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
-                          _rega_steps if spec.fmt == "q4_K" else partial(_rega_steps, qh=True))
+                          partial(_rega_steps, qh=True) if qh else _rega_steps)
     codec = _ra_codec(spec)
 
     def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's whole blocks, 16-byte aligned
@@ -2660,25 +2699,36 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
         if lay is None:
             return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t)
         mask = codec.RA_BOX_STEPS - 1
-        sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
-        waited = b.label("a_box_ready")
-        first = b.op("or.pred", b.op("setp.eq.u32", s, s_begin),
-                     b.op("setp.eq.u32", b.op("and.b32", s, Imm(mask, "b32")), Imm(0, "u32")))
-        b.bra(waited, pred=first, neg=True)
-        _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32")))
-        b.place(waited)
+        sl = _a_slot_take(b, lay, s, s_begin, mask)
         half = b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32"))  # 64·h
-        box = b.op("add.u32", b.op("mad.lo.u32", sl, Imm(lay.a_slot_bytes, "u32"), lay.raw0), half)
-        frags = codec.ra_fragments(b, box, row_offs, s, t)
-        done = b.label("a_box_kept")
-        last = b.op("or.pred", b.op("setp.eq.u32", b.op("add.u32", s, Imm(1, "u32")), s_end),
-                    b.op("setp.eq.u32", b.op("and.b32", s, Imm(mask, "b32")), Imm(mask, "u32")))
-        b.bra(done, pred=last, neg=True)
-        b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(sl)))  # after this thread's reads
-        b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
-        b.place(done)
+        frags = codec.ra_fragments(b, b.op("add.u32", lay.a_slot(sl), half), row_offs, s, t)
+        _a_slot_give(b, lay, s, s_end, mask, sl)
         return frags
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
+
+
+def _a_slot_take(b, lay: _WgRing, s, s_begin, mask):
+    """A consumer's A slot for K-step s (slot a_count % a_slots), waited for at the item's first step and at every
+    block's first (s & mask == 0). Returns the slot index."""
+    sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
+    waited = b.label("a_box_ready")
+    first = b.op("or.pred", b.op("setp.eq.u32", s, s_begin),
+                 b.op("setp.eq.u32", b.op("and.b32", s, Imm(mask, "b32")), Imm(0, "u32")))
+    b.bra(waited, pred=first, neg=True)
+    _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32")))
+    b.place(waited)
+    return sl
+
+
+def _a_slot_give(b, lay: _WgRing, s, s_end, mask, sl):
+    """After K-step s's reads of A slot sl: released at the item's last step and every block's last."""
+    done = b.label("a_box_kept")
+    last = b.op("or.pred", b.op("setp.eq.u32", b.op("add.u32", s, Imm(1, "u32")), s_end),
+                b.op("setp.eq.u32", b.op("and.b32", s, Imm(mask, "b32")), Imm(mask, "u32")))
+    b.bra(done, pred=last, neg=True)
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(sl)))  # after this thread's reads
+    b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
+    b.place(done)
 
 
 def _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments):
