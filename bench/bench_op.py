@@ -216,8 +216,9 @@ def main():
     ap.add_argument("--no-decode-loop", action="store_true")
     ap.add_argument("--loop-formats", default="q4_K", help="formats of the decode loop (e.g. q4_K,q5_K,q6_K,q8_0,tq4_1s)")
     ap.add_argument("--host-only", action="store_true", help="only the host time per call")
-    ap.add_argument("--rule", action="append", default=[], metavar="NAME=VALUE",
-                    help="a dispatch rule of ptxgen/tuning overridden for this run (e.g. codec_mmq_min_tokens=9)")
+    ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
+                    help="a dispatch rule of ptxgen/tuning overridden for this run, e.g. mmq_min_tokens=9 or "
+                         "'codec_ra_mmq_max_tokens={\"q5_K\": 2048, \"q6_K\": 4096, \"q8_0\": 1073741824}'")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
@@ -226,7 +227,7 @@ def main():
     knobs.set(**knobs.parse(args.knob))
     from ptxgen import tuning
 
-    tuning.set(**{n: int(v) for n, v in (a.split("=", 1) for a in args.rule)})
+    tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
     import torch
     import torch.nn.functional as F
 
