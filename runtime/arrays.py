@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .driver import DeviceBuffer
+from .driver import DeviceBuffer, is_torch
 
 
 @dataclass
@@ -110,6 +110,28 @@ def _from_dlpack(obj, what: str) -> DeviceArray:
     return DeviceArray(int(t.data) + int(t.byte_offset), shape, dtype, (obj, capsule))
 
 
+_TORCH_NP: dict = {}  # torch dtype → NumPy dtype (filled from the imported torch on first use)
+
+
+def _from_torch(obj, what: str) -> DeviceArray | None:
+    """A CUDA torch tensor as a DeviceArray from its attributes: torch builds `__cuda_array_interface__` anew on
+    every read (microseconds; mul_mat_id read it five times a call). None where this path does not apply (a CPU
+    tensor, a dtype NumPy lacks): the generic paths then say why."""
+    if not _TORCH_NP:
+        import sys
+
+        torch = sys.modules["torch"]
+        _TORCH_NP.update({getattr(torch, n): np.dtype(n) for n in ("float32", "float16", "float64", "int8", "uint8",
+                                                                  "int16", "int32", "int64")})
+    dt = _TORCH_NP.get(obj.dtype)
+    if dt is None or not obj.is_cuda:
+        return None
+    if not obj.is_contiguous() and obj.numel() > 1:
+        raise ValueError(f"{what}: a non-contiguous array (strides {tuple(obj.stride())} for shape "
+                         f"{tuple(obj.shape)}); pass a contiguous one (e.g. .contiguous())")
+    return DeviceArray(obj.data_ptr(), tuple(obj.shape), dt, obj)
+
+
 def as_device_array(obj, what: str = "array", dtype=None, ndim: int | None = None, align: int = 4,
                     stream: int | None = None) -> DeviceArray:
     """Any supported array → DeviceArray, checked (dtype, dimensions, contiguity, alignment) before any
@@ -122,6 +144,8 @@ def as_device_array(obj, what: str = "array", dtype=None, ndim: int | None = Non
         return DeviceArray(buf.ptr, obj.shape, obj.dtype, buf, host=True, stream=stream)
     if isinstance(obj, DeviceArray):
         a = obj
+    elif is_torch(obj) and (a := _from_torch(obj, what)) is not None:
+        pass
     elif hasattr(obj, "__cuda_array_interface__"):
         a = _from_cai(obj, what)
     elif hasattr(obj, "__dlpack_device__"):
@@ -137,7 +161,7 @@ def as_device_array(obj, what: str = "array", dtype=None, ndim: int | None = Non
 
 def shape_of(obj, what: str = "array") -> tuple:
     """The shape of any supported array, without touching the device; TypeError for anything else."""
-    if isinstance(obj, (np.ndarray, DeviceArray)):
+    if isinstance(obj, (np.ndarray, DeviceArray)) or is_torch(obj):
         return tuple(obj.shape)
     if hasattr(obj, "__cuda_array_interface__"):
         return tuple(obj.__cuda_array_interface__["shape"])

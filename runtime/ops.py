@@ -214,11 +214,16 @@ def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
     return MmqSpec(128 if per >= n128 else 64 if per >= n64 else 32, "wgmma", a_regs=True, grouped=True, fmt=fmt)
 
 
-def _moe_format(fmt: str) -> None:
-    from ptxgen import codecs
+_MOE_FORMATS: list = []  # codecs.dequantizable(), read once (a per-call scan of the codecs cost ~2 µs)
 
-    if fmt not in codecs.dequantizable():  # the codecs whose lanes give W itself (the MoE GEMVs' FORMATS)
-        raise ValueError(f"mul_mat_id: no kernel for {fmt} yet (have: {', '.join(codecs.dequantizable())})")
+
+def _moe_format(fmt: str) -> None:
+    if not _MOE_FORMATS:
+        from ptxgen import codecs
+
+        _MOE_FORMATS.append(codecs.dequantizable())  # the codecs whose lanes give W itself (the MoE GEMVs' FORMATS)
+    if fmt not in _MOE_FORMATS[0]:
+        raise ValueError(f"mul_mat_id: no kernel for {fmt} yet (have: {', '.join(_MOE_FORMATS[0])})")
 
 
 def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) -> bool:

@@ -613,3 +613,44 @@ def test_an_op_writing_a_device_array_out_makes_its_numpy_wait_for_that_stream()
     out = DeviceArray(0x1000, (2, 4), np.dtype(np.float32), stream=7)
     o, ret = ops._output(out, (2, 4), np.float32, "out", None, 9)
     assert o is out and ret is out and out.stream == 9
+
+
+def test_torch_cuda_tensors_are_read_from_their_attributes(monkeypatch):
+    """A CUDA torch tensor becomes a DeviceArray from its attributes (data_ptr, shape, dtype), not from
+    __cuda_array_interface__, which torch builds anew on every read; dtype, contiguity and alignment are checked as
+    for any array. (A stand-in class plays the CUDA tensor: no GPU or torch needed.)"""
+    from ptxgen.runtime import arrays, driver
+
+    class FakeCuda:
+        is_cuda = True
+
+        def __init__(self, shape, dtype, contiguous=True, ptr=0x7F0000001000):
+            self.shape, self.dtype, self._c, self._p = shape, dtype, contiguous, ptr
+
+        def is_contiguous(self):
+            return self._c
+
+        def numel(self):
+            return int(np.prod(self.shape))
+
+        def stride(self):
+            return (1, self.shape[0])
+
+        def data_ptr(self):
+            return self._p
+
+        @property
+        def __cuda_array_interface__(self):
+            raise AssertionError("read the CUDA array interface")
+
+    monkeypatch.setattr(driver, "_TORCH", [(FakeCuda, None, None)])
+    monkeypatch.setattr(arrays, "_TORCH_NP", {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)})
+    a = arrays.as_device_array(FakeCuda((2, 3), "f32"), "x", np.float32, ndim=2, align=16)
+    assert (a.ptr, a.shape, a.dtype) == (0x7F0000001000, (2, 3), np.dtype(np.float32))
+    assert arrays.shape_of(FakeCuda((5,), "f16")) == (5,)
+    with pytest.raises(TypeError, match="expected dtype float32, got float16"):
+        arrays.as_device_array(FakeCuda((2, 3), "f16"), "x", np.float32)
+    with pytest.raises(ValueError, match="non-contiguous"):
+        arrays.as_device_array(FakeCuda((2, 3), "f32", contiguous=False), "x")
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        arrays.as_device_array(FakeCuda((2, 3), "f32", ptr=0x7F0000001004), "x", align=16)
