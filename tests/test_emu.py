@@ -433,6 +433,21 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
     assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("kernel,shape,splits", [("mmq_q6_k_wgmma_ra_n64", (131, 69, 2048), 5),
+                                                 ("mmq_q6_k_wgmma_ra_n64", (259, 40, 2048), 3),
+                                                 ("mmq_q6_k_wgmma_ra_n32_moe", None, 1)])
+def test_q6k_block_box_with_items_starting_mid_block(kernel, shape, splits):
+    """Q6_K's register-A builds keep one box a block in A slots for its 4 K-steps (codecs/q6_k.py RA_BOX_STEPS):
+    split-K items that start and end mid-block (32 steps in 5 or 3 splits), CTAs taking turns, and the grouped
+    build stay within the fp16 GEMMs' bar of the float64 reference."""
+    kw = dict(shape=shape, splits=splits, ctas=3, interleave=True) if shape else {}
+    k = KERNELS[kernel].for_arch("sm_90a")
+    ptx = k.ptx()
+    assert "a_ring" in k.manifest(ptx)["meta"]
+    out = check_kernel(kernel, ptx, seed=4, **kw)
+    assert out.ok, out.detail
+
+
 @pytest.mark.parametrize("kernel,kw", [("mmq_q5_k_wgmma_ra_n64", dict(shape=(131, 69, 1536), splits=5, ctas=3)),
                                        ("mmq_q4_k_wgmma_ra_n64", dict(shape=(259, 40, 1536), splits=3, ctas=2)),
                                        ("mmq_q5_k_wgmma_ra_n32_moe", {})])
