@@ -2208,14 +2208,14 @@ def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
     first: wait until the consumers released the slot, expect its bytes, one TMA of the block's box."""
     skip = b.label("a_box_issued")
     first = b.op("or.pred", b.op("setp.eq.u32", s, it.s_begin),
-                 b.op("setp.eq.u32", b.op("and.b32", s, Imm(RA_BOX_STEPS_MASK(spec), "b32")), Imm(0, "u32")))
+                 b.op("setp.eq.u32", b.op("and.b32", s, Imm(_box_step_mask(spec), "b32")), Imm(0, "u32")))
     b.bra(skip, pred=first, neg=True)
     sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
     ph = b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32"))
     _wait(b, lay.a_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     fb = lay.a_full(sl)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(lay.a_slot_bytes, "u32"))
-    block0 = b.op("and.b32", s, Imm(~RA_BOX_STEPS_MASK(spec) & 0xFFFFFFFF, "b32"))
+    block0 = b.op("and.b32", s, Imm(~_box_step_mask(spec) & 0xFFFFFFFF, "b32"))
     _wg_weights(spec).tma(b, tw, block0, it.m0 if it.w_row is None else it.w_row, sl, lay.a_slot_bytes, lay.raw0, fb)
     b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
     b.place(skip)
@@ -2640,8 +2640,9 @@ def _block_box(spec: MmqSpec) -> bool:
     return spec.fmt in RA_CODECS and getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 1) > 1
 
 
-def RA_BOX_STEPS_MASK(spec: MmqSpec) -> int:  # noqa: N802 - a constant of the spec's codec
-    return getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 4) - 1  # (the nibble codecs: 4 pairs a block)
+def _box_step_mask(spec: MmqSpec) -> int:
+    """K-steps a block box serves, less one (the nibble codecs: a block's 4 sub-block pairs)."""
+    return getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 4) - 1
 GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0", "q6_K")  # the register-A MoE GEMMs mul_mat_id dispatches
 NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
