@@ -1724,7 +1724,8 @@ class _WgRing(NamedTuple):
     slot0: Reg
     a_slots: int = 0  # a codec whose box serves RA_BOX_STEPS K-steps (Q6_K): its boxes in a ring of their own
     a_slot_bytes: int = 0  # ... of a_slots slots at raw0 (the stages hold B alone),
-    a_count: Reg | None = None  # ... and the boxes issued (producer) / released (consumers) so far
+    a_count: Reg | None = None  # ... and the boxes issued (producer) / released (consumers) so far,
+    a_mask: int = 0  # ... a box serving K-steps s with the same s & ~a_mask (_box_step_mask: both roles read it here)
 
     def a_slot(self, sl):
         """A slot sl's address."""
@@ -1879,7 +1880,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
     raw0 = b.op("add.u32", a_base, Imm(a_bytes, "u32"))  # raw: S x 3 x RAW_PART
     lay = _WgRing(b, S, b_bytes, raw_bytes, stage_bytes, bst, a_base, raw0, b.op("mov.u32", bars),
-                  b.op("mov.u32", slots), SA, a_slot_bytes, b.op("mov.u32", Imm(0, "u32")) if SA else None)
+                  b.op("mov.u32", slots), SA, a_slot_bytes, b.op("mov.u32", Imm(0, "u32")) if SA else None,
+                  _box_step_mask(spec) if SA else 0)
     if SA:
         b.meta.update(a_ring=f"{SA} slots of {a_slot_bytes} bytes after the B stages: block j's box (one TMA), "
                              f"read by its K-steps 4j .. 4j + 3 (the item's first and last may be mid-block)")
@@ -2208,14 +2210,14 @@ def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
     first: wait until the consumers released the slot, expect its bytes, one TMA of the block's box."""
     skip = b.label("a_box_issued")
     first = b.op("or.pred", b.op("setp.eq.u32", s, it.s_begin),
-                 b.op("setp.eq.u32", b.op("and.b32", s, Imm(_box_step_mask(spec), "b32")), Imm(0, "u32")))
+                 b.op("setp.eq.u32", b.op("and.b32", s, Imm(lay.a_mask, "b32")), Imm(0, "u32")))
     b.bra(skip, pred=first, neg=True)
     sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
     ph = b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32"))
     _wait(b, lay.a_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     fb = lay.a_full(sl)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(lay.a_slot_bytes, "u32"))
-    block0 = b.op("and.b32", s, Imm(~_box_step_mask(spec) & 0xFFFFFFFF, "b32"))
+    block0 = b.op("and.b32", s, Imm(~lay.a_mask & 0xFFFFFFFF, "b32"))
     _wg_weights(spec).tma(b, tw, block0, it.m0 if it.w_row is None else it.w_row, sl, lay.a_slot_bytes, lay.raw0, fb)
     b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
     b.place(skip)
@@ -2528,7 +2530,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), qh=False, block_box=False, lay=None):
+                lane, magic, peers=(), qh=False, lay=None):
     """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
     16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
     pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
@@ -2541,7 +2543,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     qh bytes 8t..8t+7 give each weight its fifth bit (bit 2c of the byte for sub-block 2c, 2c + 1 for the other),
     moved under the nibble by two instructions per two weights (bit 4 of a low-nibble half: 1024 + q; bit 8 of a
     high-nibble one: 1024 + 16·q, whose 1/16 is in sc'), so q ≤ 31 and q·sc stay exact.
-    `block_box` (NIBBLE_BLOCK_BOX; `lay` its A slots): the block's columns — header, [qh,] the 8 qs columns — in an A
+    `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's columns — header, [qh,] the 8 qs columns — in an A
     slot for its 4 steps; pair c's qs columns 2c further in."""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
@@ -2564,10 +2566,11 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
 
     def fragments(stage):
-        if block_box:
-            sl = _a_slot_take(b, lay, s, s_begin, 3)
-            frags = decode(lay.a_slot(sl), b.op("mul.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(2 * RAW_PART, "u32")))
-            _a_slot_give(b, lay, s, s_end, 3, sl)
+        if lay is not None:
+            sl = _a_slot_take(b, lay, s, s_begin)
+            frags = decode(lay.a_slot(sl), b.op("mul.lo.u32", b.op("and.b32", s, Imm(lay.a_mask, "b32")),
+                                                Imm(2 * RAW_PART, "u32")))
+            _a_slot_give(b, lay, s, s_end, sl)
             return frags
         return decode(b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0))
 
@@ -2665,7 +2668,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
         if _block_box(spec):  # the block's 16-byte columns: header, [qh x 2,] qs x 8
             cols = codecs.get(spec.fmt).BLOCK_BYTES // 16
             return _WgWeights(cols * RAW_PART, partial(_tma_block_columns, cols=cols, fmt=spec.fmt),
-                              partial(_rega_steps, qh=qh, block_box=True))
+                              partial(_rega_steps, qh=qh))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
                           partial(_rega_steps, qh=True) if qh else _rega_steps)
     codec = _ra_codec(spec)
@@ -2699,18 +2702,18 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     def fragments(stage):
         if lay is None:
             return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t)
-        mask = codec.RA_BOX_STEPS - 1
-        sl = _a_slot_take(b, lay, s, s_begin, mask)
+        sl = _a_slot_take(b, lay, s, s_begin)
         half = b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32"))  # 64·h
         frags = codec.ra_fragments(b, b.op("add.u32", lay.a_slot(sl), half), row_offs, s, t)
-        _a_slot_give(b, lay, s, s_end, mask, sl)
+        _a_slot_give(b, lay, s, s_end, sl)
         return frags
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
-def _a_slot_take(b, lay: _WgRing, s, s_begin, mask):
+def _a_slot_take(b, lay: _WgRing, s, s_begin):
     """A consumer's A slot for K-step s (slot a_count % a_slots), waited for at the item's first step and at every
-    block's first (s & mask == 0). Returns the slot index."""
+    block's first (s & a_mask == 0). Returns the slot index."""
+    mask = lay.a_mask
     sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
     waited = b.label("a_box_ready")
     first = b.op("or.pred", b.op("setp.eq.u32", s, s_begin),
@@ -2721,8 +2724,9 @@ def _a_slot_take(b, lay: _WgRing, s, s_begin, mask):
     return sl
 
 
-def _a_slot_give(b, lay: _WgRing, s, s_end, mask, sl):
+def _a_slot_give(b, lay: _WgRing, s, s_end, sl):
     """After K-step s's reads of A slot sl: released at the item's last step and every block's last."""
+    mask = lay.a_mask
     done = b.label("a_box_kept")
     last = b.op("or.pred", b.op("setp.eq.u32", b.op("add.u32", s, Imm(1, "u32")), s_end),
                 b.op("setp.eq.u32", b.op("and.b32", s, Imm(mask, "b32")), Imm(mask, "u32")))
