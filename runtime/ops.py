@@ -571,8 +571,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     sms = driver.current().sm_count
     plan, planned = None, None
     codec_ra = w.fmt != "q4_K" and path.startswith("wgmma_ra")  # another codec's register-A build: its raw blocks
-    if codec_ra and path not in ("wgmma_ra", "wgmma_ra_x16"):
-        raise ValueError(f"mmq_launch: {w.fmt}'s register-A GEMM runs after convert_f16_perm only, not {path!r}")
+    if codec_ra and path not in ("wgmma_ra", "wgmma_ra_x16") and not (
+            path == "wgmma_ra_cx" and "sm_90a" in kernels.available(MmqSpec(bn, "wgmma", a_regs=True, convert=True,
+                                                                            fmt=w.fmt).name)):
+        raise ValueError(f"mmq_launch: {w.fmt}'s register-A GEMM has no {path!r} build (token tile {bn})")
     codec_sync = w.fmt != "q4_K" and sync  # another codec's fp16 mma.sync build: its run8 decode (mmq.F16_CODECS)
     if w.fmt != "q4_K" and not (codec_ra or codec_sync or path.startswith("wgmma_pre")):
         raise ValueError(f"mmq_launch: the {path!r} GEMM decodes Q4_K only; {w.fmt} runs the mma.sync, register-A "
@@ -583,8 +585,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         base = MmqSpec(bn, "wgmma", a_regs=True, prepared=path == "wgmma_pre", fmt=w.fmt if codec_ra else "q4_K")
         planned = kernels.load(base.name, "sm_90a")
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
-        cx = ("sm_90a" in kernels.available(dataclasses.replace(base, convert=True).name)
-              and mmq_convert_in_gemm(t, plan.splits))
+        cx_name = dataclasses.replace(base, convert=True).name  # its converters' units: convert_steps K-steps,
+        # never past K
+        cx = ("sm_90a" in kernels.available(cx_name) and mmq_convert_in_gemm(t, plan.splits)
+              and k % (64 * int(kernels.load(cx_name, "sm_90a").meta["convert_steps"])) == 0)
         path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
     name = dataclasses.replace(spec, fmt=w.fmt).name if codec_ra or codec_sync else spec.name

@@ -17,12 +17,12 @@ def paths():
     return ["mma.sync", "wgmma"] if r.current().sm == 90 else ["mma.sync"]
 
 
-def run_mmq(r, raw, m, k, x, bn, path="mma.sync"):
+def run_mmq(r, raw, m, k, x, bn, path="mma.sync", fmt="q4_K"):
     """mmq_launch with token tile `bn` on `path` (NaN-poisoned y): (y, overflow flag); the queue must be back at
     zero."""
     from ptxgen.runtime import ops
 
-    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
     t = x.shape[0]
     out = r.DeviceArray.empty((t, m), np.float32)
     out.owner.fill_bytes(0xFF)  # NaN poison
@@ -654,7 +654,45 @@ def test_codec_register_a_gemm(fmt, m, k, t):
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the register-A GEMMs are sm_90a's")
+    from ptxgen.runtime import ops
+
     if fmt == "q6_K":
         k = {1024: 2048, 3584: 14336}.get(k, k)
     with tuning.override(codec_ra_mmq_max_tokens=1 << 30):
-        _codec_prefill(fmt, m, k, t, f"mmq_{fmt.lower()}_wgmma_ra_n{64 if t <= 64 else 256}")
+        first = f"mmq_{fmt.lower()}_wgmma_ra_n{64 if t <= 64 else 256}"
+        if first + "_cx" in ops.mul_mat_plan(r_weights(fmt, m, k), t).kernels:  # its rule: mmq_cx_min_tokens
+            first += "_cx"
+        _codec_prefill(fmt, m, k, t, first)
+
+
+def r_weights(fmt, m, k):
+    """Zero weights of `fmt` (M, K) on the device: for plan queries."""
+    import ptxgen.runtime as r
+
+    return r.QuantTensor.from_raw(fmt, np.zeros(formats.get(fmt).row_bytes(k) * m, np.uint8), (m, k))
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q8_0"])
+@pytest.mark.parametrize("m,k,t,bn", [(300, 1024, 200, 128), (4096, 4096, 1024, 256), (129, 512, 700, 256)])
+def test_codec_register_a_gemm_converting_x_itself(fmt, m, k, t, bn):
+    """mmq_<fmt>_wgmma_ra_n*_cx (mmq.WGMMA_CX_CODECS; path "wgmma_ra_cx"): the codec's register-A GEMM with the
+    producer warpgroup's idle warps converting fp32 x, no convert_f16_perm: bit for bit the build after
+    convert_f16_perm ("wgmma_ra_x16") on the same inputs (NaN-poisoned y), within 1e-3 of float64, the queue and
+    x-ready counts back at zero, an activation past fp16 flagged; mul_mat takes it at 4096² x 1024 (one K split)."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    if r.current().sm != 90:
+        pytest.skip("the register-A GEMMs are sm_90a's")
+    rng = np.random.default_rng(m + t + k)
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    got, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_cx", fmt)
+    assert flag == 0 and np.isfinite(got).all()
+    assert rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-3
+    after, _ = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_x16", fmt)
+    np.testing.assert_array_equal(got.view(np.uint32), after.view(np.uint32))
+    x[t - 1, k - 1] = -1e6  # overflows fp16
+    assert run_mmq(r, raw, m, k, x, bn, "wgmma_ra_cx", fmt)[1] == 1
+    if m == 4096:
+        assert ops.mul_mat_plan(r_weights(fmt, m, k), t).kernels[0] == f"mmq_{fmt.lower()}_wgmma_ra_n256_cx"

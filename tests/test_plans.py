@@ -231,7 +231,8 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
 @pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])
 def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, monkeypatch, fmt, box, gemv):
     """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) for T within
-    RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup; its
+    RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup (from
+    mmq_cx_min_tokens with one K split the build converting x itself, mmq_<fmt>_wgmma_ra_n<tile>_cx, alone); its
     weights by a tensor map of the raw rows (Q8_0: 80-byte boxes; Q5_K: 16-byte columns). Below, the codec GEMV
     (exact); above, the prepared route. Weights not 16-byte aligned keep the prepared route; off sm_90, the GEMV."""
     from ptxgen import formats
@@ -250,7 +251,10 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
     assert ops.mul_mat_plan(w, lo).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
     with tuning.override(codec_mma_max_tokens=0):  # below the rule: the codec GEMV (Q8_0's tensor-core one aside)
         assert ops.mul_mat_plan(w, lo - 1).kernels[0] == gemv.replace("t16", "t8")
-    assert ops.mul_mat_plan(w, min(hi, 1 << 14)).kernels[1] == f"mmq_{f}_wgmma_ra_n256"
+    # from mmq_cx_min_tokens with one K split: the build converting x itself (no convert_f16_perm)
+    assert ops.mul_mat_plan(w, min(hi, 1 << 14)).kernels[0] == f"mmq_{f}_wgmma_ra_n256_cx"
+    with tuning.override(mmq_cx_min_tokens=1 << 30):
+        assert ops.mul_mat_plan(w, min(hi, 1 << 14)).kernels[1] == f"mmq_{f}_wgmma_ra_n256"
     if hi < 1 << 14:
         assert ops.mul_mat_plan(w, hi + 1).kernels[0] == f"dequantize_{f}_frags"
     assert (w.ptr, "u8", 4096, formats.get(fmt).row_bytes(4096), 128, box, "none") in maps  # the raw rows

@@ -1027,6 +1027,8 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
 for _bn in (64, 128, 256):
     for _f in ("q8_0", "q5_k", "q6_k"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
+        if _f != "q6_k" and _bn >= 128:  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
+            HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cx")
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0", "q6_k"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)

@@ -1813,19 +1813,23 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if PRE and (not spec.a_regs or spec.cluster > 1):
         raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
-    if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.convert or spec.cluster > 1):
-        raise ValueError(f"{spec.name}: another codec than Q4_K has the plain and grouped register-A builds only")
+    if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.cluster > 1
+                               or (spec.convert and spec.fmt not in WGMMA_CX_CODECS)):
+        raise ValueError(f"{spec.name}: another codec than Q4_K has the plain and grouped register-A builds only "
+                         f"(and the converting one for {', '.join(WGMMA_CX_CODECS)})")
     # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights); a codec whose box serves
     # several K-steps (RA_BOX_STEPS: Q6_K) keeps its boxes in RA_A_SLOTS slots of their own, the stages B alone
     SA = RA_A_SLOTS if _block_box(spec) else 0
     a_slot_bytes = _wg_weights(spec).raw_bytes if SA else 0
     raw_bytes = RA_FRAG_BYTES if PRE else 0 if SA else _wg_weights(spec).raw_bytes
     stage_bytes = b_bytes + raw_bytes
-    if WG_STAGES * stage_bytes + SA * a_slot_bytes + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS:
-        pipe = Pipeline((arch.max_smem_per_block - 1024 - SA * a_slot_bytes) // stage_bytes, copy=pipe.copy)  # fewer
-    pipe.check_smem(arch, stage_bytes + -(-SA * a_slot_bytes // pipe.stages))  # (the A slots spread over the stages)
-    S = pipe.stages
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
+    cx_bytes = 3 * CX_BUFS * CX_ROWS * _cx_row_bytes(XS) if spec.convert else 0  # the converters' staging buffers
+    fixed = SA * a_slot_bytes + cx_bytes  # what shares shared memory with the stages
+    if WG_STAGES * stage_bytes + fixed + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS + WGMMA_CX_CODECS:
+        pipe = Pipeline((arch.max_smem_per_block - 1024 - fixed) // stage_bytes, copy=pipe.copy)  # fewer stages
+    pipe.check_smem(arch, stage_bytes + -(-fixed // pipe.stages))  # (what sits beside them spread over the stages)
+    S = pipe.stages
     b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
                       f"{' (A from registers)' if spec.a_regs else ''}, tile {BM}x{BN}x{BK}, {S}-stage TMA ring, "
                       "warp-specialized, persistent", block=(WG_THREADS, 1, 1))
@@ -1849,7 +1853,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
         cx_p = (b.param("x", "u64", "ptr:in"), b.param("x16", "u64", "ptr:out"),
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
-    cx_bytes = 3 * CX_BUFS * CX_ROWS * _cx_row_bytes(XS) if CX else 0  # the converters' staging buffers
     smem = b.dynamic_shared(S * stage_bytes + SA * a_slot_bytes + a_bytes + cx_bytes + 1024)  # + 1024: aligned up
     # full[S], empty[S], item_full[2], item_empty[2] (, a_full[SA], a_empty[SA])
     bars = b.shared_buffer("bars", 8 * (2 * S + 4 + 2 * SA), align=8)
@@ -2098,7 +2101,8 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         producer = b.label("producer")
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
         _convert_x(b, tid, w.K, w.T, w.tiles_n, w.tiles_m, w.splits, w.Q, BN, X, X16, XR, b.ptr(cx_p[3]),
-                   b.op("add.u32", lay.raw0, Imm(S * lay.raw_bytes, "u32")), steps=XS)
+                   b.op("add.u32", lay.raw0, Imm(S * lay.raw_bytes + lay.a_slots * lay.a_slot_bytes, "u32")),
+                   steps=XS)  # the staging buffers: after the raw stages and the A slots
         b.emit("ret")
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
@@ -2797,6 +2801,8 @@ WGMMA_RA_TOKEN_TILES = (64, 128, 192, 256)  # the register-A build: A fragments 
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
 # single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, session 11)
 WGMMA_CX_TOKEN_TILES = (128, 256)  # register-A builds that convert x inside the launch
+WGMMA_CX_CODECS = ("q8_0", "q5_K")  # codecs with converting register-A builds too (their boxes a step, no A slots:
+# Q6_K's block boxes and the staging buffers leave 3 stages, and its large T runs the prepared build)
 RA_RELOCATABLE_MAX_BN = 192  # above, it fits only with setmaxnreg honoured: compiled whole-program (driver JIT)
 
 
@@ -2854,4 +2860,10 @@ def kernel_defs() -> list[KernelDef]:
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f).name,
                    f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f): build(arch, s), archs=("sm_90a",))
-         for f in RA_CODECS + ("q5_K",) for bn in RA_CODEC_TOKEN_TILES]
+         for f in RA_CODECS + ("q5_K",) for bn in RA_CODEC_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, convert=True, fmt=f).name,
+                   f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), fp32 x "
+                   f"converted inside the launch (no convert_f16_perm), {BM}x{bn} tile",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=True, fmt=f): build(arch, s),
+                   archs=("sm_90a",))
+         for f in WGMMA_CX_CODECS for bn in WGMMA_CX_TOKEN_TILES]
