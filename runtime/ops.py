@@ -258,6 +258,11 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     relative error ~4e-4), then gemv_<fmt>_f32_idg gated on the GEMM's overflow flag (it runs, exactly, only when an
     activation passed fp16's range). Below that gemv_<fmt>_f32_idg over (M rows, E experts), fp32: each expert's
     CTAs scan the ids for its pairs and read its weights once per 8 of them."""
+    tt = _TORCH[0] if _TORCH else driver.torch_types()
+    if tt is not None and type(w) is QuantTensor and isinstance(x, tt[0]) and isinstance(ids, tt[0]):
+        done = _mul_mat_id_torch(w, x, ids, out, mode, arch, stream, workspace, tt)  # the hot path, or None
+        if done is not None:
+            return done
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
     if len(w.shape) != 3:
@@ -305,6 +310,46 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         b = plan.bound(workspace_for(plan, s, workspace, cid))
     b.run(xa.ptr, o.ptr, s, ia.ptr)
     return _finish(o, ret, xa.host, out is not None, s)
+
+
+def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, workspace, tt):
+    """mul_mat_id's eager call on CUDA torch tensors whose plan is cached (the common case in a decode loop): x fp32
+    (T, K) or (T, slots, K), ids int32 (T, slots), out fp32 (T, slots, M) or None, all contiguous on ptxgen's GPU,
+    the stream not capturing. Reads each tensor's attributes once and issues the plan's prepared launches; returns
+    None where any of that does not hold — the general path then runs (and names what is wrong)."""
+    import torch
+
+    if len(w.shape) != 3 or w._device is None or workspace is not None:
+        return None
+    e, m, k = w.shape
+    xs, ishape = x.shape, ids.shape
+    if len(ishape) != 2 or ids.dtype is not torch.int32 or not ids.is_cuda or not ids.is_contiguous():
+        return None
+    t, slots = ishape
+    x_per_slot = len(xs) == 3
+    if (not (x.dtype is tt[1] and x.is_cuda and x.is_contiguous()) or t == 0 or slots == 0
+            or tuple(xs) != ((t, slots, k) if x_per_slot else (t, k))):
+        return None
+    x_ptr, dev = x.data_ptr(), x.get_device()
+    if x_ptr & 15 or dev != driver.ORDINAL or ids.get_device() != dev:
+        return None
+    if out is not None and not (isinstance(out, tt[0]) and out.dtype is tt[1] and out.is_cuda and out.is_contiguous()
+                                and tuple(out.shape) == (t, slots, m) and out.get_device() == dev):
+        return None
+    s = stream if type(stream) is int else tt[2](dev) if stream is None else driver.stream_handle(stream)
+    if not getattr(driver._TLS, "bound", False):
+        driver.current()
+    if driver.capture_status(s) != 0:  # capturing: the general path (its plan may load kernels)
+        return None
+    entry = w._plans.get((t, "mul_mat_id", slots, int(x_per_slot), mode, arch, False))  # mul_mat_id_plan's cache
+    if entry is None or entry[0] != knobs._GENERATION[0]:
+        return None
+    if out is None:
+        if stream is not None:
+            return None
+        out = x.new_empty((t, slots, m))
+    eager_bound(entry[1], s).run(x_ptr, out.data_ptr(), s, ids.data_ptr())
+    return out
 
 
 def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, mode: str = "exact",

@@ -62,6 +62,32 @@ def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot
     np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
 
 
+@pytest.mark.parametrize("t,per_slot", [(1, False), (5, True), (64, False)])
+def test_the_torch_hot_path_gives_the_general_paths_bits_and_its_errors(t, per_slot):
+    """Once a shape's plan is cached, a call on CUDA torch tensors reads their attributes and launches
+    (ops._mul_mat_id_torch): the bits of the same call with NumPy operands, with out given or made by torch; any
+    input it does not take (ids int64, out of the wrong shape, a non-contiguous x) still gets the general path's
+    error."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    w, _, x, ids = _case("q4_K", 8, 256, 512, t, 2, seed=t, per_slot=per_slot)
+    want = r.mul_mat_id(w, x, ids)  # NumPy in and out: the general path
+    xt, it = torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()
+    out = torch.full((t, 2, 256), float("nan"), device="cuda")
+    for _ in range(2):  # the first call caches the plan, the second takes the hot path
+        assert r.mul_mat_id(w, xt, it, out=out) is out
+        np.testing.assert_array_equal(out.cpu().numpy(), want)
+        np.testing.assert_array_equal(r.mul_mat_id(w, xt, it).cpu().numpy(), want)
+    with pytest.raises(TypeError, match="int32"):
+        r.mul_mat_id(w, xt, it.long())
+    with pytest.raises(ValueError, match="shape"):
+        r.mul_mat_id(w, xt, it, out=torch.empty((t, 2, 255), device="cuda"))
+    wide = torch.zeros(xt.shape[:-1] + (2 * xt.shape[-1],), device="cuda")
+    with pytest.raises(ValueError, match="contiguous"):
+        r.mul_mat_id(w, wide[..., ::2], it)
+
+
 def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
     torch = _torch()
     import ptxgen.runtime as r
