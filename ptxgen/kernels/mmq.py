@@ -1520,6 +1520,29 @@ def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     return 1, PRODUCER_REGS, CONSUMER_REGS
 
 
+# The dense register-A n64 builds of Q6_K and Q8_0 keep more weight bytes in flight: 8 stages (not 4), and Q6_K 4 A
+# slots (not 2). ncu at T = 16 (4096x14336): a quarter of the consumers' stall samples waited on full stages, DRAM
+# 23-37% busy. H200, eager µs T = 16 / 64: Q6_K 39.4 / 41.2 -> 37.2 / 39.3, Q8_0 35.3 / 37.3 -> 33.8 / 34.3; the
+# same deepening lost on Q5_K n64 (41.7 -> 43.4), the n256 builds (T = 512 +1-4%) and the grouped MoE builds (+5-13%)
+# (bench/NOTES.md, 2026-12-02).
+RA_DEEP_FORMATS = ("q6_K", "q8_0")
+RA_DEEP_MAX_BN = 64
+RA_MAX_STAGES = 8
+RA_MAX_A_SLOTS = 4
+SM_SMEM = 228 * 1024  # an SM's shared memory (sm_90), 1 KB of it reserved per CTA
+
+
+def _deep_ring(arch, spec: MmqSpec, stage_bytes: int, a_slot_bytes: int, slots: int) -> tuple[int, int]:
+    """(A slots, stages) filling the CTA's share of shared memory: A slots first (up to RA_MAX_A_SLOTS), then stages
+    (up to RA_MAX_STAGES), never fewer than RA_A_SLOTS / WG_STAGES."""
+    ctas = _wg_regs(spec)[0]
+    budget = min(arch.max_smem_per_block, SM_SMEM // ctas - 1024) - 1024  # (+ 1024: the base aligned up)
+    if slots:
+        slots = max(slots, min(RA_MAX_A_SLOTS, (budget - WG_STAGES * stage_bytes) // a_slot_bytes))
+    stages = max(WG_STAGES, min(RA_MAX_STAGES, (budget - slots * a_slot_bytes) // stage_bytes))
+    return slots, stages
+
+
 def _wait(b, bar, parity):
     """Spin on mbarrier.try_wait.parity until the phase with `parity` has completed."""
     top = b.label("wait")
@@ -1828,6 +1851,11 @@ def build_wgmma(arch, spec: "MmqSpec"):
     fixed = SA * a_slot_bytes + cx_bytes  # what shares shared memory with the stages
     if WG_STAGES * stage_bytes + fixed + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS + WGMMA_CX_CODECS:
         pipe = Pipeline((arch.max_smem_per_block - 1024 - fixed) // stage_bytes, copy=pipe.copy)  # fewer stages
+    elif spec.fmt in RA_DEEP_FORMATS and spec.bn <= RA_DEEP_MAX_BN and spec.a_regs and not (
+            PRE or spec.convert or spec.cluster > 1 or spec.grouped):
+        SA, S_deep = _deep_ring(arch, spec, stage_bytes, a_slot_bytes, SA)
+        fixed = SA * a_slot_bytes
+        pipe = Pipeline(S_deep, copy=pipe.copy)
     pipe.check_smem(arch, stage_bytes + -(-fixed // pipe.stages))  # (what sits beside them spread over the stages)
     S = pipe.stages
     b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
