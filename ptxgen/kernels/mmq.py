@@ -1527,16 +1527,19 @@ def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
 # (bench/NOTES.md, 2026-12-02).
 RA_DEEP_FORMATS = ("q6_K", "q8_0")
 RA_DEEP_MAX_BN = 64
+RA_DEEP_GROUPED = False  # (the grouped builds measured with 1 CTA an SM then: _deep_ring now keeps their 2)
 RA_MAX_STAGES = 8
 RA_MAX_A_SLOTS = 4
-SM_SMEM = 228 * 1024  # an SM's shared memory (sm_90), 1 KB of it reserved per CTA
+STATIC_SMEM_MARGIN = 512  # the builds' static shared memory (barriers, item slots: ~100-260 bytes)
 
 
 def _deep_ring(arch, spec: MmqSpec, stage_bytes: int, a_slot_bytes: int, slots: int) -> tuple[int, int]:
-    """(A slots, stages) filling the CTA's share of shared memory: A slots first (up to RA_MAX_A_SLOTS), then stages
-    (up to RA_MAX_STAGES), never fewer than RA_A_SLOTS / WG_STAGES."""
+    """(A slots, stages) filling the CTA's share of shared memory (an SM holds the opt-in limit + 1 KB, each CTA 1 KB
+    of it besides its own, as kernels._resident counts): A slots first (up to RA_MAX_A_SLOTS), then stages (up to
+    RA_MAX_STAGES), never fewer than RA_A_SLOTS / WG_STAGES."""
     ctas = _wg_regs(spec)[0]
-    budget = min(arch.max_smem_per_block, SM_SMEM // ctas - 1024) - 1024  # (+ 1024: the base aligned up)
+    share = (arch.max_smem_per_block + 1024) // ctas - 1024
+    budget = min(arch.max_smem_per_block, share) - 1024 - STATIC_SMEM_MARGIN  # (1024: the base aligned up)
     if slots:
         slots = max(slots, min(RA_MAX_A_SLOTS, (budget - WG_STAGES * stage_bytes) // a_slot_bytes))
     stages = max(WG_STAGES, min(RA_MAX_STAGES, (budget - slots * a_slot_bytes) // stage_bytes))
@@ -1852,7 +1855,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if WG_STAGES * stage_bytes + fixed + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS + WGMMA_CX_CODECS:
         pipe = Pipeline((arch.max_smem_per_block - 1024 - fixed) // stage_bytes, copy=pipe.copy)  # fewer stages
     elif spec.fmt in RA_DEEP_FORMATS and spec.bn <= RA_DEEP_MAX_BN and spec.a_regs and not (
-            PRE or spec.convert or spec.cluster > 1 or spec.grouped):
+            PRE or spec.convert or spec.cluster > 1 or (spec.grouped and not RA_DEEP_GROUPED)):
         SA, S_deep = _deep_ring(arch, spec, stage_bytes, a_slot_bytes, SA)
         fixed = SA * a_slot_bytes
         pipe = Pipeline(S_deep, copy=pipe.copy)
