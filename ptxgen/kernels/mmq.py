@@ -1523,8 +1523,8 @@ def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
 # The dense register-A n64 builds of Q6_K and Q8_0 keep more weight bytes in flight: 8 stages (not 4), and Q6_K 4 A
 # slots (not 2). ncu at T = 16 (4096x14336): a quarter of the consumers' stall samples waited on full stages, DRAM
 # 23-37% busy. H200, eager µs T = 16 / 64: Q6_K 39.4 / 41.2 -> 37.2 / 39.3, Q8_0 35.3 / 37.3 -> 33.8 / 34.3; the
-# same deepening lost on Q5_K n64 (41.7 -> 43.4), the n256 builds (T = 512 +1-4%) and the grouped MoE builds (+5-13%)
-# (bench/NOTES.md, 2026-12-02).
+# same deepening lost on Q5_K n64 (41.7 -> 43.4), the n256 builds (T = 512 +1-4%) and the grouped MoE builds
+# (+5-13%, but at one CTA an SM: see RA_DEEP_GROUPED) (bench/NOTES.md, 2026-12-02).
 RA_DEEP_FORMATS = ("q6_K", "q8_0")
 RA_DEEP_MAX_BN = 64
 RA_DEEP_GROUPED = False  # (the grouped builds measured with 1 CTA an SM then: _deep_ring now keeps their 2)
