@@ -1136,6 +1136,23 @@ def _codec_mma(c: _Call) -> None:
     _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
 
 
+def _codec_few_ok(c: _Call) -> bool:
+    """Another K-quant on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS): T up to
+    RULES.codec_few_max_tokens[fmt] (≤ 16), built for the target, K a multiple of 256, the weights 16-byte aligned
+    (the cp.async ring's 16-byte copies of whole rows)."""
+    rule = RULES.codec_few_max_tokens
+    lim = rule.get(c.w.fmt, 0) if isinstance(rule, dict) else rule
+    return (c.t <= min(lim, T4.Q4K_HI_TOKENS) and c.k % 256 == 0 and c.w.ptr % 16 == 0
+            and kernels.build_for(GemvKernel("few", c.w.fmt, T4.Q4K_HI_TOKENS if c.t > 8 else 1,
+                                             hi_only=c.t > 8).name, c.arch) is not None)
+
+
+def _codec_few(c: _Call) -> None:
+    """gemv_<fmt>_mma_t{1,2,4,8} (exact) up to 8 tokens, gemv_<fmt>_mma_t16h (fp16 activations) from 9, on
+    prep_q4k_t*'s records (_few_token_gemv)."""
+    _few_token_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=c.t > 8)
+
+
 def _t16h(c: _Call) -> None:
     if skinny16_ok(c.m, c.arch):  # t16h's grid would take two rounds
         _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, c=T4.Q4K_HI_TOKENS)
@@ -1238,6 +1255,8 @@ def _mmq_pre(c: _Call) -> None:
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),
     "codec_mma": (_codec_mma_ok, _codec_mma),
+    # another K-quant on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS)
+    "codec_few": (_codec_few_ok, _codec_few),
     "t16h": (lambda c: RULES.mmq_min_tokens <= c.t <= T4.Q4K_HI_TOKENS and _t16h_ok(c.arch), _t16h),
     # exact, and faster than the MMQ at T=16
     "mma_n16": (lambda c: (RULES.mmq_min_tokens <= c.t <= 16 and knobs.q4k_mma() != "off"
@@ -1329,8 +1348,9 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
     # the two kernels overlapped by PDL measured ~1 µs faster on the GPU (bench/NOTES.md, 2026-12-01)
     fk = knobs.q4k_fused()
-    fused_name = GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=True).name
-    fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
+    fused_name = GemvKernel("few", w.fmt, nt, hi_only=hi_only, fused=True).name
+    fused = (kernels.build_for(fused_name, arch) if w.fmt == "q4_K" and (fk == "on" or (fk == "auto" and not pb.graph))
+             else None)
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
         fn = kernels.load(fused_name, arch)
         ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
@@ -1339,7 +1359,7 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
         return
     prep = kernels.load(GemvKernel("prep_few", "q4_K", nt, hi_only=hi_only).name, arch)
     pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
-    fn = kernels.load(GemvKernel("few", "q4_K", nt, hi_only=hi_only).name, arch)
+    fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another K-quant: its decoder)
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
     pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 

@@ -134,6 +134,8 @@ EXPECTED_SASS["gemv_q4_k_mma", "sm_89"] = EXPECTED_SASS["gemv_q4_k_mma_n16"]  # 
 for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):
     EXPECTED_SASS[f"prep_q4k_{_sfx}"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
     EXPECTED_SASS[f"gemv_q4_k_mma_{_sfx}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS.128"]
+    if _sfx != "t32h":  # Q5_K's builds: the same, the fifth bits placed by shifts and lop3
+        EXPECTED_SASS[f"gemv_q5_k_mma_{_sfx}"] = EXPECTED_SASS[f"gemv_q4_k_mma_{_sfx}"] + ["LOP3"]
 # one launch: the t1 GEMV's SASS plus the prep's (shuffles, fp16 record stores) and the records' hand-off (the
 # acquire invalidates L1, CCTL.IVALL, before the records are read through it)
 for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm_120a's REDG)

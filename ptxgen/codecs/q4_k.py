@@ -172,7 +172,10 @@ def mins_4_7(b, s1, s2):
 class RegDecoder:
     """The register decode of the few-token tensor-core kernels (gemv_q4_k_mma_t*, mmq_q4_k_rega_n*): lane (g, t)
     owns qs chunk t of rows g, g + 8 (of each m16 tile) in a ring stage of BLOCK_BYTES-byte rows; its constants
-    (emitted on construction, in this order) and header() / dequant()."""
+    (emitted on construction, in this order) and header() / row_words() / dequant(). BLOCK / QS: the block's bytes
+    and its qs offset (a subclass's format: q5_k.RegDecoder)."""
+
+    BLOCK, QS = BLOCK_BYTES, HEADER_BYTES
 
     def __init__(self, b, g, t):
         self.b = b
@@ -186,15 +189,15 @@ class RegDecoder:
         self.sel_lo = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5050, "u32"))  # bytes (sc_2t, 0x64, sc_2t, 0x64)
         self.sel_hi = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5151, "u32"))  # sc_2t+1
         self.msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
-        self.lane_hdr = b.op("mul.lo.u32", g, Imm(BLOCK_BYTES, "u32"))  # row g's header in a stage
-        self.lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", self.lane_hdr, Imm(HEADER_BYTES, "u32")))
+        self.lane_hdr = b.op("mul.lo.u32", g, Imm(self.BLOCK, "u32"))  # row g's header in a stage
+        self.lane_qs = b.op("mad.lo.u32", t, Imm(32, "u32"), b.op("add.u32", self.lane_hdr, Imm(self.QS, "u32")))
 
     def header(self, st, ro):
         """Row ro of the stage: d, −64·dmin (the min pairs carry 2^-6), (mult, add) of sub-blocks 2t (low nibbles:
         mult = sc) and 2t + 1 (high: sc/16), add = −1024·mult, and the min MMA's A pair (m_2t, m_2t+1)."""
         b, magic = self.b, self.magic
         hw = b.regs("b32", 4)
-        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, self.lane_hdr), BLOCK_BYTES * ro))
+        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, self.lane_hdr), self.BLOCK * ro))
         dlo, dhi = b.reg("b16"), b.reg("b16")
         b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
         s0, s1, s2 = hw[1:]
@@ -207,6 +210,15 @@ class RegDecoder:
                     lo=(mult_lo, b.op("mul.rn.f16x2", mult_lo, self.n1024, type="b32")),
                     hi=(mult_hi, b.op("mul.rn.f16x2", mult_hi, self.n1024, type="b32")),
                     ma=b.op("sub.rn.f16x2", b.op("prmt.b32", m, magic, self.msel), magic, type="b32"))
+
+    def row_words(self, st, off):
+        """The lane's 8 words of a row at byte `off` of the stage at `st` (its qs chunk: two 16-byte loads); each is
+        one dequant() argument."""
+        b = self.b
+        words = b.regs("b32", 8)
+        for h in range(2):
+            b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]), Mem(b.op("add.u32", st, self.lane_qs), off + 16 * h))
+        return words
 
     def dequant(self, w, pair):
         """The word's 8 weights as A halves q·sc: (bytes 0, 2), (bytes 1, 3) of the low nibbles and of the high."""

@@ -13,7 +13,7 @@ BLOCK_K, BLOCK_BYTES, HEADER_BYTES, QS_OFFSET = geometry(FMT, "qh", "qs")  # 256
 QH_OFFSET = HEADER_BYTES
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 4  # dequant_lane's widest load
-ROUTES = {"exact": ("mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("codec_few", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")}  # mul_mat's routes (runtime/ops.py)
 weights_error = alignment_error(FMT, 8)  # run8's v2 loads (the prepared GEMM's fragment writer)
 
 
@@ -45,6 +45,51 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
                     b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", p, Imm(2, "u32")))), (0, 32)
     return ([env["w_lo"], env["w_hi"]] if f32 else [env["h_lo"], env["h_hi"]]), offsets, None
 
+
+
+class RegDecoder(q4_k.RegDecoder):
+    """The few-token tensor-core kernels' register decode (kernels/gemv_t1.py, as q4_k.RegDecoder): lane (g, t) owns
+    qs chunk t of rows g, g + 8 — sub-blocks 2t (low nibbles) and 2t + 1 (high) — and reads the rows' 32 qh bytes,
+    whose bits 2t and 2t + 1 are those weights' fifth bits. The header, scales, mins and the min term are Q4_K's."""
+
+    BLOCK, QS = BLOCK_BYTES, QS_OFFSET
+
+    def __init__(self, b, g, t):
+        super().__init__(b, g, t)
+        self.lane_qh = b.op("add.u32", self.lane_hdr, Imm(QH_OFFSET, "u32"))
+        self.t2 = b.op("shl.b32", t, Imm(1, "u32"))
+
+    def row_words(self, st, off):
+        """(qs word, qh word) i = 0..7 of the row at byte `off` of the stage: bytes 4i .. 4i + 3 of the lane's qs
+        chunk and of qh (the same elements)."""
+        b = self.b
+        qs = super().row_words(st, off)
+        qh = b.regs("b32", 8)
+        for h in range(2):
+            b.emit("ld.shared.v4.u32", b.vec(qh[4 * h:4 * h + 4]), Mem(b.op("add.u32", st, self.lane_qh), off + 16 * h))
+        return list(zip(qs, qh))
+
+    def dequant(self, words, pair):
+        """Q4_K's decode with each fp16 lane's fifth bit or-ed in beside 0x6400: 1024 + q + 16·b (low nibbles; bits 2t
+        of qh bytes moved to bits 4 / 20) or 1024 + 16·(q + 16·b) (high; bits 2t + 1 moved to 8 / 24); the fma with
+        (sc, −1024·sc) or (sc/16, −64·sc) leaves q5·sc exactly (≤ 31·63 = 1953)."""
+        b = self.b
+        w, qh = words
+        hq = b.op("shr.b32", qh, self.t2)  # the lane's two bits of byte i at bits 8i, 8i + 1
+        w8 = b.op("shr.u32", w, Imm(8, "u32"))
+        out = {}
+        for nib, mask, five, moves in (("lo", 0x000F000F, 0x00100010, (("shl", 4), ("shr", 4))),
+                                       ("hi", 0x00F000F0, 0x01000100, (("shl", 7), ("shr", 1)))):
+            mult, add = pair[nib]
+            for k2, src in enumerate((w, w8)):
+                how, by = moves[k2]
+                bits = b.op(f"{how}.b32", hq, Imm(by, "u32"))
+                c = b.reg("b32")
+                b.emit("lop3.b32", c, bits, Imm(five, "b32"), self.magic, Imm(0xEA, "b32"))  # (bits & five) | 0x6400
+                h_ = b.reg("b32")
+                b.emit("lop3.b32", h_, src, Imm(mask, "b32"), c, Imm(0xEA, "b32"))  # (src & mask) | c
+                out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+        return out
 
 
 WIDE_BLOCKS = 2  # dequant_lane_wide: a warp step covers 2 blocks, 16 weights a lane

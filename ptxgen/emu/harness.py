@@ -454,7 +454,8 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     n = ntok or int(rng.integers(1, (2 if zgroups else 1) * meta["tokens"] + 1) if records else
                     rng.integers(8 * groups - 7, 8 * groups + 1))
     nz = -(-n // meta["tokens"]) if zgroups else 1
-    raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
+    fmt = meta.get("fmt", "q4_K")  # the few-token builds of another K-quant (gemv_t1.FEW_FORMATS)
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
@@ -489,7 +490,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
         if not same.all():
             return Outcome(meta["name"], False, f"records: {np.count_nonzero(~same)} halves differ", gh, wh)
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
-    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
     if poison_x is not None:  # non-finite exactly where the reference is; an inf gives NaN where the reference
         # has ±inf (d·sc·Σq·x − dmin·m·Σx is inf − inf), as any kernel that factors the min term out
         ok = bool(np.array_equal(np.isfinite(got), np.isfinite(want)))
@@ -991,7 +992,8 @@ for _f in ("q6_k", "q8_0"):
         HARNESSES[_n] = _with_meta(gemv_codec_mma_case, _n, 2)
 for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]:
     _sfx = f"t{_nt}{'h' if _h else ''}"
-    HARNESSES[f"gemv_q4_k_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_{_sfx}", 2)
+    for _f in ("q4_k", "q5_k"):  # (gemv_t1.FEW_FORMATS: the same builds with Q5_K's register decode)
+        HARNESSES[f"gemv_{_f}_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_{_sfx}", 2)
     HARNESSES[f"prep_q4k_{_sfx}"] = _prep_q4k_records(_nt, _h)
 for _nt in (1, 2, 4):
     HARNESSES[f"gemv_q4_k_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_t{_nt}_fused", 2)

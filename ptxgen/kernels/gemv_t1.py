@@ -70,15 +70,17 @@ def _plan_size(arch) -> str:
     return "big" if arch.max_smem_per_block >= 200 * 1024 else "small"
 
 
-def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, w_off=None):
+def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, w_off=None, block=BLOCK_BYTES):
     """The cp.async copy plan of the few-token rings: a warp's R rows of one super-block as chunks c = lane + 32u =
     9·row + column (16 bytes each, so one instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster
     than 16 rows x 32 bytes; rows past M copy row M - 1, never stored) to w_off + 144·row + 16·column of a stage,
     and one record (rb bytes at rec + rb·step) as chunks xi + nthr·u to rec_at of the stage (`cache`: .ca or .cg).
     Returns (issue(jb, st, live, what): step jb into the stage at st, if `live` (the caller commits), w_off). w_off
-    and rec may be callables, emitted where they are first needed (the order the measured builds were emitted in)."""
-    w_chunks = 9 * R
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(BLOCK_BYTES, "u32"))
+    and rec may be callables, emitted where they are first needed (the order the measured builds were emitted in).
+    `block`: the format's super-block bytes (a multiple of 16: Q4_K's 144 = 9 columns, Q5_K's 176 = 11)."""
+    cols = block // 16
+    w_chunks = cols * R
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(block, "u32"))
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
     w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
@@ -86,12 +88,12 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
     wcopy = []
     for u in range(-(-w_chunks // 32)):
         c = b.op("add.u32", lane, Imm(32 * u, "u32"))
-        row = b.op("div.u32", c, Imm(9, "u32"))
-        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
+        row = b.op("div.u32", c, Imm(cols, "u32"))
+        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(cols, "u32")), Imm(4, "u32"))
         rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
         src = b.op("mad.lo.u32", rel, row_bytes, col16)
         dst = col16 if w_off is None else b.op("add.u32", w_off, col16)
-        wcopy.append((src, b.op("mad.lo.u32", row, Imm(BLOCK_BYTES, "u32"), dst)))
+        wcopy.append((src, b.op("mad.lo.u32", row, Imm(block, "u32"), dst)))
     x_src0 = b.op("mad.wide.u32", xi, Imm(16, "u32"), rec() if callable(rec) else rec)
     x_dst0 = b.op("mad.lo.u32", xi, Imm(16, "u32"), Imm(rec_at, "u32"))
     w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
@@ -100,7 +102,7 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
 
     def issue(jb, st, live, what=("w", "x")):
         if "w" in what:
-            off = b.op("mul.lo.u32", jb, Imm(BLOCK_BYTES, "u32"))
+            off = b.op("mul.lo.u32", jb, Imm(block, "u32"))
             for u, (src, dst) in enumerate(wcopy):
                 go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
                 b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
@@ -239,25 +241,31 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp)
     b.emit("bar.sync", Imm(0, "u32"))
 
 
-def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
+def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: str = "q4_K"):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
     (gemv_q4_k_mma_t{nt}_fused): one launch per op — the kernel takes x and builds the records itself
-    (_build_records) between its first weight copies and its first record copies."""
+    (_build_records) between its first weight copies and its first record copies. `fmt`: a K-quant whose codec has
+    a RegDecoder (Q4_K, Q5_K: the same header, scales and min term; Q5_K's fifth bits from its qh bytes) —
+    gemv_<fmt>_mma_t*, on the same records."""
+    from .. import codecs
+
+    codec = codecs.get(fmt)
+    BLOCK = codec.BLOCK_BYTES
     sfx = _suffix(nt, hi_only)
-    what = f"the {nt}-token tensor-core Q4_K GEMV"
+    what = f"the {nt}-token tensor-core {fmt} GEMV"
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     arch.require("cp_async", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     NW = T1_WARPS
     S, ctas, MT = _ring_plan(arch, nt, hi_only)
     R = 16 * MT  # rows per warp
-    W_BYTES = R * BLOCK_BYTES  # a step's weights (the record follows)
+    W_BYTES = R * BLOCK  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
-    b = KernelBuilder(GemvKernel("few", "q4_K", nt, hi_only=hi_only, fused=fused).name, arch,
-                      f"q4_K GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
+    b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused).name, arch,
+                      f"{fmt} GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
                       "cp.async", block=(32 * NW, 1, 1))
@@ -268,7 +276,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     pdl = arch.has("griddepcontrol")
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
-                  rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="q4_K",
+                  rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt=fmt,
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records",
@@ -287,13 +295,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
-    b.comment(f"copy plan: weight chunk c = lane + 32u = 9·row + column (u = 0..{-(-9 * R // 32) - 1}), 16 bytes "
-              "each (an instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster than 16 rows x 32 "
-              "bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u partial where "
-              "the record is not a multiple of 512 bytes")
+    cols = BLOCK // 16
+    b.comment(f"copy plan: weight chunk c = lane + 32u = {cols}·row + column (u = 0..{-(-cols * R // 32) - 1}), 16 bytes "
+              f"each (an instruction copies ~{int(320 / cols) / 10} rows' contiguous {BLOCK} bytes: measured 17% faster than "
+              "16 rows x 32 bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u "
+              "partial where the record is not a multiple of 512 bytes")
     # the records .ca: the CTA's four warps read the same ones
     issue, _ = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, rec=REC, xi=lane, nthr=32, rb=rb,
-                            rec_at=W_BYTES, cache="ca")
+                            rec_at=W_BYTES, cache="ca", block=BLOCK)
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
@@ -306,8 +315,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records)
     count = b.op("mov.u32", Imm(0, "u32"))
 
-    dec = RegDecoder(b, g, t)
-    zero, czero, lane_qs = dec.zero, dec.czero, dec.lane_qs
+    dec = codec.RegDecoder(b, g, t)
+    zero, czero = dec.zero, dec.czero
     # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
     # them re-read the first ones (their columns of C are never used)
     col_lane = b.op("and.b32", lane, Imm(min(32, 4 * ncol) - 1, "b32"))
@@ -333,15 +342,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False):
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
     st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
     hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
-    qs = []
-    for mt in range(MT):
-        qs.append([])
-        for rr in range(2):
-            words = b.regs("b32", 8)
-            for h in range(2):
-                b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]),
-                       Mem(b.op("add.u32", st, lane_qs), BLOCK_BYTES * (16 * mt + 8 * rr) + 16 * h))
-            qs[mt].append(words)
+    qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
     xrec = b.op("add.u32", st, lane_rec)
     # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
     chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
@@ -559,6 +560,12 @@ KERNELS = [KernelDef(GemvKernel("few", "q4_K", nt, hi_only=h).name,
                      f"through a per-warp cp.async ring (activation from "
                      f"{GemvKernel('prep_few', 'q4_K', nt, hi_only=h).name})",
                      lambda arch, nt=nt, h=h: build(arch, nt, h)) for nt, h in _BUILDS]
+FEW_FORMATS = ("q5_K",)  # other K-quants on the same builds (their codec's RegDecoder; Q4_K's records and prep)
+KERNELS += [KernelDef(GemvKernel("few", f, nt, hi_only=h).name,
+                      f"{f} GEMV, T ≤ {nt}, {'fp16 activations' if h else 'exact'}, as "
+                      f"{GemvKernel('few', 'q4_K', nt, hi_only=h).name} with the codec's register decode (the fifth "
+                      f"bits from qh), on {GemvKernel('prep_few', 'q4_K', nt, hi_only=h).name}'s records",
+                      lambda arch, nt=nt, h=h, f=f: build(arch, nt, h, fmt=f)) for f in FEW_FORMATS for nt, h in _BUILDS]
 FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each also in one launch
 KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, fused=True).name,
                       f"q4_K GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt).name} in one launch: "
