@@ -30,7 +30,8 @@ PTXGEN_Q4K_T1      exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} (pr
                    such slice, 0 = never (PTXGEN_Q4K_MMA=1 and PTXGEN_Q4K_XR=1 take precedence)
 PTXGEN_Q4K_FUSED   exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} in one launch (gemv_q4_k_mma_t*_fused build
                    the activation records themselves) instead of prep_q4k_t* + gemv_q4_k_mma_t*: unset/auto = in
-                   eager calls (captured into a CUDA graph the two kernels run faster), 1 = always, 0 = never
+                   eager calls (captured into a CUDA graph the two kernels run faster), 1 = always, 0 = never (Q5_K's
+                   builds alike, where the tuning's codec_few_max_tokens runs them)
 PTXGEN_Q4K_T16H    Q4_K calls of 9-16 tokens in exact mode on gemv_q4_k_mma_t16h (fp16 activations, relative error
                    ~2e-4, the prefill GEMMs' accuracy): unset/auto = yes unless PTXGEN_Q4K_MMA=1, 1 = yes, 0 = never
                    (the exact 16-token GEMV gemv_q4_k_mma_n16, or the MMQ with PTXGEN_Q4K_MMA=0)

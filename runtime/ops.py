@@ -1349,8 +1349,7 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     # the two kernels overlapped by PDL measured ~1 µs faster on the GPU (bench/NOTES.md, 2026-12-01)
     fk = knobs.q4k_fused()
     fused_name = GemvKernel("few", w.fmt, nt, hi_only=hi_only, fused=True).name
-    fused = (kernels.build_for(fused_name, arch) if w.fmt == "q4_K" and (fk == "on" or (fk == "auto" and not pb.graph))
-             else None)
+    fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
         fn = kernels.load(fused_name, arch)
         ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())

@@ -139,8 +139,9 @@ for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):
 # one launch: the t1 GEMV's SASS plus the prep's (shuffles, fp16 record stores) and the records' hand-off (the
 # acquire invalidates L1, CCTL.IVALL, before the records are read through it)
 for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm_120a's REDG)
-    EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}"] + [
-        "SHFL.BFLY", "F2FP", "STG.E.U16", "ATOMG.E.ADD", "E.ADD.STRONG.GPU", "NANOSLEEP", "CCTL.IVALL"]
+    for _f in ("q4_k", "q5_k"):
+        EXPECTED_SASS[f"gemv_{_f}_mma_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_{_f}_mma_t{_nt}"] + [
+            "SHFL.BFLY", "F2FP", "STG.E.U16", "ATOMG.E.ADD", "E.ADD.STRONG.GPU", "NANOSLEEP", "CCTL.IVALL"]
 EXPECTED_SASS["mmq_q4_k_rega_n32"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "BAR.SYNC"]
 EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores

@@ -996,7 +996,8 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
         HARNESSES[f"gemv_{_f}_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_{_sfx}", 2)
     HARNESSES[f"prep_q4k_{_sfx}"] = _prep_q4k_records(_nt, _h)
 for _nt in (1, 2, 4):
-    HARNESSES[f"gemv_q4_k_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_mma_t{_nt}_fused", 2)
+    for _f in ("q4_k", "q5_k"):
+        HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)
 HARNESSES[f"prep_q4k_t{T4.Q4K_SKINNY_COLUMNS}h"] = _prep_q4k_records(T4.Q4K_SKINNY_COLUMNS, True)

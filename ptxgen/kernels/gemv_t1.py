@@ -567,10 +567,11 @@ KERNELS += [KernelDef(GemvKernel("few", f, nt, hi_only=h).name,
                       f"bits from qh), on {GemvKernel('prep_few', 'q4_K', nt, hi_only=h).name}'s records",
                       lambda arch, nt=nt, h=h, f=f: build(arch, nt, h, fmt=f)) for f in FEW_FORMATS for nt, h in _BUILDS]
 FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each also in one launch
-KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, fused=True).name,
-                      f"q4_K GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt).name} in one launch: "
+KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True).name,
+                      f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', f, nt).name} in one launch: "
                       "the kernel's first CTAs build the activation records from x, every CTA waits for them",
-                      lambda arch, nt=nt: build(arch, nt, False, fused=True)) for nt in FUSED_TOKENS]
+                      lambda arch, nt=nt, f=f: build(arch, nt, False, fused=True, fmt=f))
+            for f in ("q4_K",) + FEW_FORMATS for nt in FUSED_TOKENS]
 PREPS = [KernelDef(GemvKernel("prep_few", "q4_K", nt, hi_only=h).name, f"activation of up to {nt} tokens: scaled fp16 "
                    f"{'hi' if h else 'hi/lo'} records and min pairs ({GemvKernel('few', 'q4_K', nt, hi_only=h).name})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
