@@ -176,6 +176,7 @@ class RegDecoder:
     and its qs offset (a subclass's format: q5_k.RegDecoder)."""
 
     BLOCK, QS = BLOCK_BYTES, HEADER_BYTES
+    HI_SCALED = True  # dequant() leaves the high nibbles in place (x16): header()'s high multiplier is sc/16
 
     def __init__(self, b, g, t):
         self.b = b
@@ -204,8 +205,9 @@ class RegDecoder:
         sc = b.op("selp.b32", scales_4_7(b, s0, s2), scales_0_3(b, s0), self.t_hi)  # sub-blocks 4-7 : 0-3
         m = b.op("selp.b32", mins_4_7(b, s1, s2), mins_0_3(b, s1), self.t_hi)
         mult_lo = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_lo), magic, type="b32")
-        mult_hi = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_hi), magic, type="b32"),
-                       self.h16, type="b32")
+        mult_hi = b.op("sub.rn.f16x2", b.op("prmt.b32", sc, magic, self.sel_hi), magic, type="b32")
+        if self.HI_SCALED:  # the high nibbles decode to 1024 + 16q: their multiplier is sc/16
+            mult_hi = b.op("mul.rn.f16x2", mult_hi, self.h16, type="b32")
         return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
                     lo=(mult_lo, b.op("mul.rn.f16x2", mult_lo, self.n1024, type="b32")),
                     hi=(mult_hi, b.op("mul.rn.f16x2", mult_hi, self.n1024, type="b32")),

@@ -50,14 +50,19 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
 class RegDecoder(q4_k.RegDecoder):
     """The few-token tensor-core kernels' register decode (kernels/gemv_t1.py, as q4_k.RegDecoder): lane (g, t) owns
     qs chunk t of rows g, g + 8 — sub-blocks 2t (low nibbles) and 2t + 1 (high) — and reads the rows' 32 qh bytes,
-    whose bits 2t and 2t + 1 are those weights' fifth bits. The header, scales, mins and the min term are Q4_K's."""
+    whose bits 2t and 2t + 1 are those weights' fifth bits. The header, scales, mins and the min term are Q4_K's;
+    both halves decode to 1024 + q5 (so the high multiplier is sc, not sc/16)."""
 
     BLOCK, QS = BLOCK_BYTES, QS_OFFSET
+    HI_SCALED = False
 
     def __init__(self, b, g, t):
         super().__init__(b, g, t)
         self.lane_qh = b.op("add.u32", self.lane_hdr, Imm(QH_OFFSET, "u32"))
-        self.t2 = b.op("shl.b32", t, Imm(1, "u32"))
+        t2 = b.op("shl.b32", t, Imm(1, "u32"))
+        # rotations of a qh word bringing bit 2t (2t + 1) of each byte to bit 4 of that byte: by 2t − 4 (2t − 3) mod 32
+        self.rot_lo = b.op("and.b32", b.op("add.u32", t2, Imm(28, "u32")), Imm(31, "b32"))
+        self.rot_hi = b.op("and.b32", b.op("add.u32", t2, Imm(29, "u32")), Imm(31, "b32"))
 
     def row_words(self, st, off):
         """(qs word, qh word) i = 0..7 of the row at byte `off` of the stage: bytes 4i .. 4i + 3 of the lane's qs
@@ -70,24 +75,22 @@ class RegDecoder(q4_k.RegDecoder):
         return list(zip(qs, qh))
 
     def dequant(self, words, pair):
-        """Q4_K's decode with each fp16 lane's fifth bit or-ed in beside 0x6400: 1024 + q + 16·b (low nibbles; bits 2t
-        of qh bytes moved to bits 4 / 20) or 1024 + 16·(q + 16·b) (high; bits 2t + 1 moved to 8 / 24); the fma with
-        (sc, −1024·sc) or (sc/16, −64·sc) leaves q5·sc exactly (≤ 31·63 = 1953)."""
+        """The word's 8 weights as A halves q5·sc: per byte, its 4 bits of the sub-block's nibble below the fifth bit
+        (bit 4; a rotated qh word's bits through a 0x0F0F0F0F select, 3 junk bits above it), then Q4_K's lop3 with
+        a 5-bit mask beside 0x6400 (1024 + q5, bytes 0 and 2, then 1 and 3) and the fma with (sc, −1024·sc):
+        exactly q5·sc (≤ 31·63 = 1953)."""
         b = self.b
         w, qh = words
-        hq = b.op("shr.b32", qh, self.t2)  # the lane's two bits of byte i at bits 8i, 8i + 1
-        w8 = b.op("shr.u32", w, Imm(8, "u32"))
         out = {}
-        for nib, mask, five, moves in (("lo", 0x000F000F, 0x00100010, (("shl", 4), ("shr", 4))),
-                                       ("hi", 0x00F000F0, 0x01000100, (("shl", 7), ("shr", 1)))):
+        for nib, src, rot in (("lo", w, self.rot_lo), ("hi", b.op("shr.u32", w, Imm(4, "u32")), self.rot_hi)):
+            bits = b.reg("b32")
+            b.emit("shf.r.wrap.b32", bits, qh, qh, rot)
+            q5 = b.reg("b32")
+            b.emit("lop3.b32", q5, src, bits, Imm(0x0F0F0F0F, "b32"), Imm(0xE4, "b32"))  # (src & c) | (bits & ~c)
             mult, add = pair[nib]
-            for k2, src in enumerate((w, w8)):
-                how, by = moves[k2]
-                bits = b.op(f"{how}.b32", hq, Imm(by, "u32"))
-                c = b.reg("b32")
-                b.emit("lop3.b32", c, bits, Imm(five, "b32"), self.magic, Imm(0xEA, "b32"))  # (bits & five) | 0x6400
+            for k2, s in enumerate((q5, b.op("shr.u32", q5, Imm(8, "u32")))):
                 h_ = b.reg("b32")
-                b.emit("lop3.b32", h_, src, Imm(mask, "b32"), c, Imm(0xEA, "b32"))  # (src & mask) | c
+                b.emit("lop3.b32", h_, s, Imm(0x001F001F, "b32"), self.magic, Imm(0xEA, "b32"))  # (s & 0x1F..) | 0x6400
                 out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
         return out
 
