@@ -1136,21 +1136,31 @@ def _codec_mma(c: _Call) -> None:
     _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
 
 
+def _codec_few_kernel(fmt: str, t: int) -> str:
+    """The few-token build of another K-quant for t tokens (kernels/gemv_t1.py): gemv_<fmt>_mma_t1 (and t2, t4, t8)
+    up to 8, gemv_<fmt>_mma_t16h to 16, mmq_<fmt>_rega_n32 above."""
+    if t > T4.Q4K_HI_TOKENS:
+        return GemvKernel("skinny", fmt, T4.Q4K_SKINNY_COLUMNS).name
+    return GemvKernel("few", fmt, T4.Q4K_HI_TOKENS if t > 8 else 1, hi_only=t > 8).name
+
+
 def _codec_few_ok(c: _Call) -> bool:
     """Another K-quant on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS): T up to
-    RULES.codec_few_max_tokens[fmt] (≤ 16), built for the target, K a multiple of 256, the weights 16-byte aligned
+    RULES.codec_few_max_tokens[fmt] (≤ 32), built for the target, K a multiple of 256, the weights 16-byte aligned
     (the cp.async ring's 16-byte copies of whole rows)."""
     rule = RULES.codec_few_max_tokens
     lim = rule.get(c.w.fmt, 0) if isinstance(rule, dict) else rule
-    return (c.t <= min(lim, T4.Q4K_HI_TOKENS) and c.k % 256 == 0 and c.w.ptr % 16 == 0
-            and kernels.build_for(GemvKernel("few", c.w.fmt, T4.Q4K_HI_TOKENS if c.t > 8 else 1,
-                                             hi_only=c.t > 8).name, c.arch) is not None)
+    return (c.t <= min(lim, T4.Q4K_SKINNY_COLUMNS) and c.k % 256 == 0 and c.w.ptr % 16 == 0
+            and kernels.build_for(_codec_few_kernel(c.w.fmt, c.t), c.arch) is not None)
 
 
 def _codec_few(c: _Call) -> None:
-    """gemv_<fmt>_mma_t{1,2,4,8} (exact) up to 8 tokens, gemv_<fmt>_mma_t16h (fp16 activations) from 9, on
-    prep_q4k_t*'s records (_few_token_gemv)."""
-    _few_token_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=c.t > 8)
+    """gemv_<fmt>_mma_t{1,2,4,8} (exact) up to 8 tokens, gemv_<fmt>_mma_t16h (fp16 activations) to 16, on
+    prep_q4k_t*'s records (_few_token_gemv); the skinny GEMM mmq_<fmt>_rega_n32 above (_skinny_gemm)."""
+    if c.t > T4.Q4K_HI_TOKENS:
+        _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)
+    else:
+        _few_token_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=c.t > 8)
 
 
 def _t16h(c: _Call) -> None:
@@ -1379,7 +1389,7 @@ def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
 
 def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, t: int, arch,
                  c: int = T4.Q4K_SKINNY_COLUMNS) -> None:
-    """t tokens through mmq_q4_k_rega_n{c} (c = 32, or 16: T ≤ 16): prep_q4k_t{c}h once per group of c tokens
+    """t tokens through mmq_<fmt>_rega_n{c} (c = 32, or 16: T ≤ 16): prep_q4k_t{c}h once per group of c tokens
     (records back to back), then one launch over (row CTAs, K splits, token groups); splits fill one wave of the
     resident CTAs."""
     groups = -(-t // c)
@@ -1389,7 +1399,7 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, 
     prep = kernels.load(GemvKernel("prep_few", "q4_K", c, hi_only=True).name, arch)
     for gz in range(groups):
         pb.launch(prep, ((c * k // 32 + 7) // 8,), (x_ptr + 4 * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
-    fn = kernels.load(GemvKernel("skinny", "q4_K", c).name, arch)
+    fn = kernels.load(GemvKernel("skinny", w.fmt, c).name, arch)  # (another K-quant: its decoder)
     rows = int(fn.meta["rows_per_cta"])
     ctas = -(-m // rows)
     splits = gemv_splits(ctas * groups, k, fn.resident_per_sm(), driver.current().sm_count, 8, int(fn.meta["max_splits"]))

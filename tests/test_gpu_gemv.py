@@ -359,10 +359,12 @@ def test_q4_k_sixteen_token_fp16_gemv(m, k, t, arch, monkeypatch):
 
 @pytest.mark.parametrize("m,k,t,arch", [(1, 256, 1, None), (129, 768, 2, None), (300, 14336, 5, None),
                                         (2000, 3584, 8, None), (4096, 4096, 9, None), (300, 14336, 16, None),
-                                        (129, 768, 3, "sm_89"), (300, 1024, 12, "sm_89")])
+                                        (129, 768, 3, "sm_89"), (300, 1024, 12, "sm_89"), (300, 14336, 20, None),
+                                        (2000, 3584, 32, None), (129, 768, 25, "sm_89")])
 def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
     """Q5_K on the few-token tensor-core builds (RULES.codec_few_max_tokens raised; off until timed): prep_q4k_t* +
-    gemv_q5_k_mma_t{1,2,4,8} within 1e-5 of float64 (exact), gemv_q5_k_mma_t16h within 1e-3 (fp16 activations),
+    gemv_q5_k_mma_t{1,2,4,8} within 1e-5 of float64 (exact), gemv_q5_k_mma_t16h and from 17 tokens the skinny GEMM
+    mmq_q5_k_rega_n32 within 1e-3 (fp16 activations),
     the sm_89 builds too; outputs NaN-poisoned first, bit-identical run to run, and 1-4 tokens' one-launch builds
     (gemv_q5_k_mma_t*_fused, eager) the bits of prep + GEMV. GPU == emulator for each build is
     test_gpu_emu_crosscheck's."""
@@ -373,9 +375,9 @@ def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
     w = r.QuantTensor.from_raw("q5_K", raw, (m, k))
     x = rng.standard_normal((t, k)).astype(np.float32)
     want = formats.gemm_ref("q5_K", raw, m, k, x)
-    nt = "t16h" if t > 8 else f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
-    with tuning.override(codec_few_max_tokens={"q5_K": 16}):
-        two = [f"prep_q4k_{nt}", f"gemv_q5_k_mma_{nt}"]
+    nt = "t32h" if t > 16 else "t16h" if t > 8 else f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
+    with tuning.override(codec_few_max_tokens={"q5_K": 32}):
+        two = [f"prep_q4k_{nt}", "mmq_q5_k_rega_n32" if t > 16 else f"gemv_q5_k_mma_{nt}"]
         assert r.mul_mat_plan(w, t, arch=arch).kernels == ([f"gemv_q5_k_mma_{nt}_fused"] if t <= 4 else two)
         out = r.DeviceArray.empty((t, m), np.float32)
         out.owner.fill_bytes(0xFF)

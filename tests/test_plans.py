@@ -231,8 +231,8 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
 def test_q5_k_takes_the_few_token_tensor_core_builds_up_to_its_rule(gpu):
     """RULES.codec_few_max_tokens (off for Q5_K until timed): up to it, exact Q5_K calls run gemv_q5_k_mma_t{1,2,4,8}
     on prep_q4k_t*'s records — 1-4 tokens called eagerly in one launch (gemv_q5_k_mma_t*_fused), as Q4_K's —, 9-16
-    tokens gemv_q5_k_mma_t16h; above it, or with weights not 16-byte aligned, the routes after it (the codec GEMV,
-    the register-A GEMM)."""
+    tokens gemv_q5_k_mma_t16h, 17-32 the skinny GEMM mmq_q5_k_rega_n32; above it, or with weights not 16-byte
+    aligned, the routes after it (the codec GEMV, the register-A GEMM)."""
     w = fakegpu.weights("q5_K", 4096, 14336)
     assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q5_k_f32_t1"]  # shipped: off
     with tuning.override(codec_few_max_tokens={"q5_K": 16}):
@@ -242,6 +242,10 @@ def test_q5_k_takes_the_few_token_tensor_core_builds_up_to_its_rule(gpu):
             assert ops.mul_mat_plan(w, t).kernels == ([f"gemv_q5_k_mma_{nt}_fused"] if t <= 4 else want)
         assert ops.mul_mat_plan(w, 17).kernels[1] == "mmq_q5_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 4, arch="sm_89", graph=True).kernels == ["prep_q4k_t4", "gemv_q5_k_mma_t4"]
+    with tuning.override(codec_few_max_tokens={"q5_K": 32}):  # 17-32 tokens: the skinny GEMM, one prep per 32
+        assert ops.mul_mat_plan(w, 17).kernels == ["prep_q4k_t32h", "mmq_q5_k_rega_n32"]
+        assert ops.mul_mat_plan(w, 32).kernels == ["prep_q4k_t32h", "mmq_q5_k_rega_n32"]
+        assert ops.mul_mat_plan(w, 33).kernels[1] == "mmq_q5_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(fakegpu.weights("q5_K", 4096, 14336, at=fakegpu.BASE + 8), 1).kernels == \
             ["gemv_q5_k_f32_t1"]
     with tuning.override(codec_few_max_tokens={"q5_K": 8}):

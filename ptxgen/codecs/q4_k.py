@@ -222,6 +222,10 @@ class RegDecoder:
             b.emit("ld.shared.v4.u32", b.vec(words[4 * h:4 * h + 4]), Mem(b.op("add.u32", st, self.lane_qs), off + 16 * h))
         return words
 
+    def word_at(self, qsp, off):
+        """One dequant() argument: the word at byte `off` from `qsp` (the lane's qs chunk in a stage, + 4i)."""
+        return self.b.op("ld.shared.u32", Mem(qsp, off))
+
     def dequant(self, w, pair):
         """The word's 8 weights as A halves q·sc: (bytes 0, 2), (bytes 1, 3) of the low nibbles and of the high."""
         b = self.b

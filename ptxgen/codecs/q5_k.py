@@ -74,6 +74,14 @@ class RegDecoder(q4_k.RegDecoder):
             b.emit("ld.shared.v4.u32", b.vec(qh[4 * h:4 * h + 4]), Mem(b.op("add.u32", st, self.lane_qh), off + 16 * h))
         return list(zip(qs, qh))
 
+    def word_at(self, qsp, off):
+        """(qs word, qh word) at byte `off` from `qsp` (the lane's qs chunk in a stage, + 4i) and from the row's qh."""
+        b = self.b
+        if not hasattr(self, "qh_from_qs"):
+            self.qh_from_qs = b.op("sub.u32", self.lane_qh, self.lane_qs)
+        return (b.op("ld.shared.u32", Mem(qsp, off)),
+                b.op("ld.shared.u32", Mem(b.op("add.u32", qsp, self.qh_from_qs), off)))
+
     def dequant(self, words, pair):
         """The word's 8 weights as A halves q5·sc: per byte, its 4 bits of the sub-block's nibble below the fifth bit
         (bit 4; a rotated qh word's bits through a 0x0F0F0F0F select, 3 junk bits above it), then Q4_K's lop3 with

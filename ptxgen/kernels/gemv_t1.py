@@ -34,7 +34,7 @@ at T = 2-4 on 4096x14336, vs 22.9-23.3 for gemv_q4_k_mma), except on 18944x3584 
 from __future__ import annotations
 
 from ..builder import KernelBuilder
-from ..codecs.q4_k import BLOCK_BYTES, RegDecoder
+from ..codecs.q4_k import BLOCK_BYTES
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
@@ -426,7 +426,7 @@ SKINNY_PLAN = {("big", 32): (3, 2, 2, 4), ("small", 32): (2, 1, 2, 4), ("big", 1
 SKINNY_UNROLL = 2  # MMA pairs per iteration of the step's inner loop
 
 
-def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None):
+def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None, fmt: str = "q4_K"):
     """mmq_q4_k_rega_n{C} (C = 32, or 16 for up to 16 tokens; `plan` as SKINNY_PLAN's, by default the SM's shared
     memory's and C's): the few-token GEMV's decode for more tokens — a CTA's warps share one ring of records (C
     tokens' fp16 hi parts per super-block, prep_q4k_t{C}h per token group), so a record is copied once per CTA
@@ -437,14 +437,18 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     what = "the register-A mma.sync skinny GEMM"
     arch.require("mma_sync_f16", what, "use mmq_q4_k_f16_n*")
     arch.require("cp_async", what, "use mmq_q4_k_f16_n*")
+    from .. import codecs
+
+    codec = codecs.get(fmt)
+    BLOCK = codec.BLOCK_BYTES
     S, ctas, MT, NW = plan or SKINNY_PLAN[("big" if arch.max_smem_per_block >= 200 * 1024 else "small", C)]
     R = 16 * MT
-    W_BYTES = R * BLOCK_BYTES
+    W_BYTES = R * BLOCK
     moff, foff, rb = T4.q4k_record_layout(C, True)
     rec_at = NW * W_BYTES  # the record's offset in a stage
     stage_bytes = rec_at + rb
-    b = KernelBuilder(GemvKernel("skinny", "q4_K", C).name, arch,
-                      f"q4_K skinny GEMM on mma.sync: token groups of {C} (fp16 "
+    b = KernelBuilder(GemvKernel("skinny", fmt, C).name, arch,
+                      f"{fmt} skinny GEMM on mma.sync: token groups of {C} (fp16 "
                       "activation records shared by the CTA's warps), A = q·sc decoded in registers from the raw "
                       "super-blocks, weights and records by cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas)
@@ -454,7 +458,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per token group and warp (zero, left zero)",
                   ctas_per_sm=ctas, tokens=C, token_groups="gridDim.z", rows_per_cta=R * NW, rows_per_warp=R,
-                  warps=NW, grid="(ceil(m / rows_per_cta), splits, ceil(ntok / tokens))", fmt="q4_K", mode="fp16",
+                  warps=NW, grid="(ceil(m / rows_per_cta), splits, ceil(ntok / tokens))", fmt=fmt, mode="fp16",
                   hi_only=True, lane_cols=8, max_splits=T1_MAX_SPLITS, layout="q4k_mma_records",
                   activation=f"{GemvKernel('prep_few', 'q4_K', C, hi_only=True).name} per group of {C} tokens: one "
                              f"{rb}-byte record per super-block, the "
@@ -462,12 +466,13 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit, gz = b.special("ctaid.y"), b.special("nctaid.y"), b.special("ctaid.z")
     ring = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
-    b.comment("copy plan: each warp its rows' weight chunks c = lane + 32u = 9·row + column (as the few-token GEMV), "
-              "the CTA's threads the group's record, chunk tid + 32·warps·u")
+    b.comment(f"copy plan: each warp its rows' weight chunks c = lane + 32u = {BLOCK // 16}·row + column (as the "
+              "few-token GEMV), the CTA's threads the group's record, chunk tid + 32·warps·u")
     # wst: this warp's weights in a stage; the group's records (both emitted inside _ring_copies)
     issue, wst = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, xi=tid, nthr=32 * NW, rb=rb,
                               rec=lambda: b.op("mad.wide.u32", b.op("mul.lo.u32", gz, nsb), Imm(rb, "u32"), REC),
-                              rec_at=rec_at, cache="cg", w_off=lambda: b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32")))
+                              rec_at=rec_at, cache="cg", w_off=lambda: b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32")),
+                              block=BLOCK)
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)). Prologue: steps 0 .. S - 2 (weights, then "
               "after the prep, griddepcontrol, their records); step s + S - 1 is issued at step s after the barrier "
@@ -475,7 +480,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     jb, jend = _split_range(b, nsb, kz, nsplit)
     _prologue(b, issue, stage_base, jb, jend, S - 1, pdl)
     count = b.op("mov.u32", Imm(0, "u32"))
-    dec = RegDecoder(b, g, t)
+    dec = codec.RegDecoder(b, g, t)
     czero = dec.czero
     lane_b = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(rec_at, "u32"))  # B pairs: column 8·tile + g, k-pair t
     lane_min = b.op("mad.lo.u32", lane, Imm(8, "u32"), Imm(rec_at + moff, "u32"))
@@ -509,8 +514,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     for u in range(SKINNY_UNROLL):
         xbs = _b_tiles(b, xrec, 64 * C * u, NTL)
         for mt in range(MT):
-            a = [dec.dequant(b.op("ld.shared.u32", Mem(qsp, BLOCK_BYTES * (16 * mt + 8 * rr) + 4 * u)), hds[mt][rr])
-                 for rr in range(2)]
+            a = [dec.dequant(dec.word_at(qsp, BLOCK * (16 * mt + 8 * rr) + 4 * u), hds[mt][rr]) for rr in range(2)]
             for c, nib in enumerate(("lo", "hi")):
                 A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]
                 for n in range(NTL):
@@ -584,6 +588,8 @@ KERNELS.append(KernelDef(_SKINNY_HI, f"q4_K skinny GEMM as {_SKINNY} for up to {
 KERNELS.append(KernelDef(_SKINNY, f"q4_K skinny GEMM on mma.sync for token groups of {_C}: A decoded "
                          "in registers from the raw super-blocks, fp16 activation records shared by the CTA's warps "
                          f"({_PREP_C}), cp.async ring, one CTA barrier per step", build_skinny))
+KERNELS += [KernelDef(GemvKernel("skinny", f, _C).name, f"{f} skinny GEMM as {_SKINNY}, with the codec's register "
+                      "decode", lambda arch, f=f: build_skinny(arch, fmt=f)) for f in FEW_FORMATS]
 PREPS.append(KernelDef(_PREP_C, f"activation of a group of up to {_C} tokens: scaled fp16 hi records and "
                        f"min pairs ({_SKINNY})",
                        lambda arch: build_prep_mma(arch, rotate=False, records=_C, hi_only=True)))
