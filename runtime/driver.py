@@ -236,9 +236,9 @@ def stream_handle(stream=None, like=None) -> int:
     per-thread default stream."""
     if stream is None:
         if like is not None:
-            mod = type(like).__module__
-            if mod.startswith("torch") and is_torch(like):
+            if is_torch(like):  # (a subclass of torch.Tensor too, wherever it is defined)
                 return _torch_current_stream(like.device.index)
+            mod = type(like).__module__
             if mod.startswith("cupy"):
                 return sys.modules["cupy"].cuda.get_current_stream().ptr
         return PER_THREAD_STREAM

@@ -336,7 +336,7 @@ def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, work
     if out is not None and not (isinstance(out, tt[0]) and out.dtype is tt[1] and out.is_cuda and out.is_contiguous()
                                 and tuple(out.shape) == (t, slots, m) and out.get_device() == dev):
         return None
-    s = stream if type(stream) is int else tt[2](dev) if stream is None else driver.stream_handle(stream)
+    s = stream if type(stream) is int and stream >= 0 else tt[2](dev) if stream is None else driver.stream_handle(stream)
     if not getattr(driver._TLS, "bound", False):
         driver.current()
     if driver.capture_status(s) != 0:  # capturing: the general path (its plan may load kernels)
@@ -639,6 +639,9 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     name = dataclasses.replace(spec, fmt=w.fmt).name if codec_ra or codec_sync else spec.name
     wg = path.startswith("wgmma")
     fn = kernels.load(name, "sm_90a" if wg else arch)
+    if spec.convert and k % (64 * int(fn.meta["convert_steps"])):  # (a forced path: the rule above checks it)
+        raise ValueError(f"mmq_launch: {name} converts x in units of {64 * int(fn.meta['convert_steps'])} columns; "
+                         f"K = {k} is not a multiple")
     if plan is None or (fn is not planned and fn.resident_per_sm() != planned.resident_per_sm()):
         plan = mmq_plan(fn, m, k, t, bn, sync, sms)  # the converting build: same plan unless its shared memory
         # changes how many CTAs an SM holds
@@ -897,7 +900,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         t, x_ptr, dev = x.shape[0], x.data_ptr(), x.get_device()
         if x_ptr & 15 or dev != driver.ORDINAL:
             _torch_input(x, k)
-        s = stream if type(stream) is int else tt[2](dev) if stream is None else driver.stream_handle(stream)
+        s = (stream if type(stream) is int and stream >= 0 else tt[2](dev) if stream is None
+             else driver.stream_handle(stream))  # (a negative int: stream_handle's error)
     elif type(x) is DeviceArray:
         if len(x.shape) != 2 or x.shape[1] != k:
             raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {tuple(x.shape)}")

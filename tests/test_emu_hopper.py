@@ -494,20 +494,21 @@ def test_register_a_mmq_converting_x_itself_matches_the_build_after_convert_f16_
             np.testing.assert_array_equal(out.got, want.got)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q5_K"])
-def test_codec_register_a_mmq_converting_x_itself_has_the_bits_of_the_build_after_convert_f16_perm(fmt):
-    """mmq_<fmt>_wgmma_ra_n128_cx (the codecs of mmq.WGMMA_CX_CODECS): the producer warpgroup's warps 1-3 convert
-    fp32 x as in Q4_K's converting build while the codec's boxes stream through the same stages: with 3 CTAs taking
-    turns, one split and two, y has the bits of mmq_<fmt>_wgmma_ra_n128 on pre-converted x (the harness checks the
-    fp16 copy against convert_f16_perm and the x_ready counters back at zero)."""
+@pytest.mark.parametrize("fmt,bn", [("q8_0", 128), ("q5_K", 128), ("q8_0", 64)])
+def test_codec_register_a_mmq_converting_x_itself_has_the_bits_of_the_build_after_convert_f16_perm(fmt, bn):
+    """mmq_<fmt>_wgmma_ra_n<bn>_cx (the codecs of mmq.WGMMA_CX_CODECS; Q8_0's n64 with its deep ring beside the
+    staging buffers): the producer warpgroup's warps 1-3 convert fp32 x as in Q4_K's converting build while the
+    codec's boxes stream through the same stages: with 3 CTAs taking turns, one split and two, y has the bits of
+    mmq_<fmt>_wgmma_ra_n<bn> on pre-converted x (the harness checks the fp16 copy against convert_f16_perm and the
+    x_ready counters back at zero)."""
     f = fmt.lower()
-    cx = KERNELS[f"mmq_{f}_wgmma_ra_n128_cx"].for_arch("sm_90a").ptx()
+    cx = KERNELS[f"mmq_{f}_wgmma_ra_n{bn}_cx"].for_arch("sm_90a").ptx()
     assert "ld.acquire.gpu.global.u32" in cx and "fence.proxy.async.global" in cx
-    ref = KERNELS[f"mmq_{f}_wgmma_ra_n128"].for_arch("sm_90a").ptx()
-    for shape, splits in (((131, 133, 512), 1), ((131, 70, 512), 2)):
-        want = check_kernel(f"mmq_{f}_wgmma_ra_n128", ref, seed=5, shape=shape, splits=splits, ctas=3)
+    ref = KERNELS[f"mmq_{f}_wgmma_ra_n{bn}"].for_arch("sm_90a").ptx()
+    for shape, splits in (((131, bn + 5, 512), 1), ((131, 70, 512), 2)):
+        want = check_kernel(f"mmq_{f}_wgmma_ra_n{bn}", ref, seed=5, shape=shape, splits=splits, ctas=3)
         assert want.ok, want.detail
-        out = check_kernel(f"mmq_{f}_wgmma_ra_n128_cx", cx, seed=5, shape=shape, splits=splits, ctas=3, run_seed=6)
+        out = check_kernel(f"mmq_{f}_wgmma_ra_n{bn}_cx", cx, seed=5, shape=shape, splits=splits, ctas=3, run_seed=6)
         assert out.ok, out.detail
         np.testing.assert_array_equal(out.got, want.got)
 

@@ -561,3 +561,27 @@ def test_a_q4_k_only_gemm_path_refuses_another_codec(gpu):
     pb = PlanBuilder((64, 4096), np.float32, (64, 4096), np.float32)
     ops._rec_mmq(pb, w, pb.x, pb.y, 64, pb.flag, "sm_89", path="mma.sync")
     assert [ln.fn.name for ln in pb.launches] == ["mmq_q6_k_f16_n64"]
+
+
+def test_a_forced_converting_gemm_refuses_k_that_is_not_whole_conversion_units(gpu):
+    """The converting builds walk x in units of 64·convert_steps columns (the prepared one: 128): a K past the last
+    whole unit is refused with a clear error where a caller forces the path (mul_mat's own rule never picks it)."""
+    w = fakegpu.weights("q8_0", 256, 320)
+    with pytest.raises(ValueError, match="converts x in units of 128 columns; K = 320"):
+        ops.recorded_plan(w, 2048, lambda pb: ops._rec_mmq(pb, w, pb.x, pb.y, 2048, pb.flag, None, None, "wgmma_pre_cx"))
+    assert "mmq_q4_k_wgmma_pre_n256_cx" not in ops.mul_mat_plan(w, 2048).kernels
+
+
+def test_the_default_stream_of_a_torch_tensor_subclass_is_torchs_current_stream(monkeypatch):
+    """An op's default stream for a torch input is torch's current stream, for a subclass of torch.Tensor defined
+    anywhere too (as the hot paths take it); a negative raw handle is refused."""
+    torch = pytest.importorskip("torch")
+    from ptxgen.runtime import driver
+
+    class MyTensor(torch.Tensor):
+        pass
+
+    monkeypatch.setattr(driver, "_torch_current_stream", lambda index: 77)
+    assert driver.stream_handle(None, torch.zeros(2).as_subclass(MyTensor)) == 77
+    with pytest.raises(ValueError, match="non-negative"):
+        driver.stream_handle(-1)

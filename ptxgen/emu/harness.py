@@ -1009,6 +1009,7 @@ for _bn in (64, 128, 192, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}")
 for _bn in (128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_mc2"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_mc2")
+for _bn in (64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_cx")
 for _bn in (256,):
     for _sfx in ("", "_cx"):
@@ -1032,7 +1033,7 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
 for _bn in (64, 128, 256):
     for _f in ("q8_0", "q5_k", "q6_k"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
-        if _f != "q6_k" and _bn >= 128:  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
+        if _f != "q6_k":  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
             HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cx")
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0", "q6_k"):

@@ -66,6 +66,20 @@ def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int]:
     return T1_PLAN[_plan_size(arch)][_suffix(nt, hi_only)]
 
 
+def _fit(arch, S: int, ctas: int, stage_bytes: int, least: int = 2) -> tuple[int, int]:
+    """(stages, CTAs an SM) of a plan made for Q4_K's 144-byte rows, for a format whose stages are larger (Q5_K's
+    176): fewer stages (down to `least`) until `ctas` CTAs of S·stage_bytes + 128 bytes fit an SM (the opt-in limit
+    + 1 KB, each CTA 1 KB besides its own, as kernels._resident counts), else fewer CTAs — so the launch bounds'
+    .minnctapersm says what the SM holds. Q4_K's plans fit as they are."""
+    def fits(s_, c_):
+        return c_ * (s_ * stage_bytes + 128 + 1024) <= arch.max_smem_per_block + 1024
+    while S > least and not fits(S, ctas):
+        S -= 1
+    while ctas > 1 and not fits(S, ctas):
+        ctas -= 1
+    return S, ctas
+
+
 def _plan_size(arch) -> str:
     return "big" if arch.max_smem_per_block >= 200 * 1024 else "small"
 
@@ -264,6 +278,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
+    S, ctas = _fit(arch, S, ctas, NW * stage_bytes)
     b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused).name, arch,
                       f"{fmt} GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
@@ -447,6 +462,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     moff, foff, rb = T4.q4k_record_layout(C, True)
     rec_at = NW * W_BYTES  # the record's offset in a stage
     stage_bytes = rec_at + rb
+    S, ctas = _fit(arch, S, ctas, stage_bytes)
     b = KernelBuilder(GemvKernel("skinny", fmt, C).name, arch,
                       f"{fmt} skinny GEMM on mma.sync: token groups of {C} (fp16 "
                       "activation records shared by the CTA's warps), A = q·sc decoded in registers from the raw "

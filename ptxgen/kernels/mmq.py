@@ -1533,13 +1533,14 @@ RA_MAX_A_SLOTS = 4
 STATIC_SMEM_MARGIN = 512  # the builds' static shared memory (barriers, item slots: ~100-260 bytes)
 
 
-def _deep_ring(arch, spec: MmqSpec, stage_bytes: int, a_slot_bytes: int, slots: int) -> tuple[int, int]:
+def _deep_ring(arch, spec: MmqSpec, stage_bytes: int, a_slot_bytes: int, slots: int, other: int = 0) -> tuple[int, int]:
     """(A slots, stages) filling the CTA's share of shared memory (an SM holds the opt-in limit + 1 KB, each CTA 1 KB
-    of it besides its own, as kernels._resident counts): A slots first (up to RA_MAX_A_SLOTS), then stages (up to
-    RA_MAX_STAGES), never fewer than RA_A_SLOTS / WG_STAGES."""
+    of it besides its own, as kernels._resident counts) beside `other` bytes (a converting build's staging buffers):
+    A slots first (up to RA_MAX_A_SLOTS), then stages (up to RA_MAX_STAGES), never fewer than RA_A_SLOTS /
+    WG_STAGES."""
     ctas = _wg_regs(spec)[0]
     share = (arch.max_smem_per_block + 1024) // ctas - 1024
-    budget = min(arch.max_smem_per_block, share) - 1024 - STATIC_SMEM_MARGIN  # (1024: the base aligned up)
+    budget = min(arch.max_smem_per_block, share) - 1024 - STATIC_SMEM_MARGIN - other  # (1024: the base aligned up)
     if slots:
         slots = max(slots, min(RA_MAX_A_SLOTS, (budget - WG_STAGES * stage_bytes) // a_slot_bytes))
     stages = max(WG_STAGES, min(RA_MAX_STAGES, (budget - slots * a_slot_bytes) // stage_bytes))
@@ -1855,9 +1856,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if WG_STAGES * stage_bytes + fixed + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS + WGMMA_CX_CODECS:
         pipe = Pipeline((arch.max_smem_per_block - 1024 - fixed) // stage_bytes, copy=pipe.copy)  # fewer stages
     elif spec.fmt in RA_DEEP_FORMATS and spec.bn <= RA_DEEP_MAX_BN and spec.a_regs and not (
-            PRE or spec.convert or spec.cluster > 1 or (spec.grouped and not RA_DEEP_GROUPED)):
-        SA, S_deep = _deep_ring(arch, spec, stage_bytes, a_slot_bytes, SA)
-        fixed = SA * a_slot_bytes
+            PRE or spec.cluster > 1 or (spec.grouped and not RA_DEEP_GROUPED)):
+        SA, S_deep = _deep_ring(arch, spec, stage_bytes, a_slot_bytes, SA, cx_bytes)
+        fixed = SA * a_slot_bytes + cx_bytes
         pipe = Pipeline(S_deep, copy=pipe.copy)
     pipe.check_smem(arch, stage_bytes + -(-fixed // pipe.stages))  # (what sits beside them spread over the stages)
     S = pipe.stages
@@ -2831,7 +2832,8 @@ RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A 
 WGMMA_RA_TOKEN_TILES = (64, 128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
 # single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, session 11)
-WGMMA_CX_TOKEN_TILES = (128, 256)  # register-A builds that convert x inside the launch
+WGMMA_CX_TOKEN_TILES = (64, 128, 256)  # register-A builds that convert x inside the launch (n64: from the rule
+# mmq_cx_min_tokens down to 9 tokens it would save the convert_f16_perm launch of small calls; not yet timed)
 WGMMA_CX_CODECS = ("q8_0", "q5_K")  # codecs with converting register-A builds too (their boxes a step, no A slots:
 # Q6_K's block boxes and the staging buffers leave 3 stages, and its large T runs the prepared build)
 RA_RELOCATABLE_MAX_BN = 192  # above, it fits only with setmaxnreg honoured: compiled whole-program (driver JIT)
