@@ -1233,11 +1233,26 @@ def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool
     _slices(c, one)
 
 
+def _rotated_x(c: _Call):
+    """The activation the codec's GEMMs read: x, or for a rotated codec (TQ4_1S) x rotated once by its ROTATION
+    kernel into scratch (the GEMM and the fixup then read that)."""
+    from ptxgen import codecs
+
+    rotation = getattr(codecs.get(c.w.fmt), "ROTATION", None)
+    if not rotation:
+        return c.pb.x
+    xa = c.pb.scratch((c.t, c.k), np.float32)
+    nb = c.t * c.k // 32
+    c.pb.launch(kernels.load(rotation, c.arch), ((nb + 7) // 8,), (c.pb.x, xa, nb))
+    return xa
+
+
 def _mmq_ra(c: _Call) -> None:
-    """The codec's register-A GEMM (its blocks decoded in the K loop: no fragment pass) after convert_f16_perm,
-    then the codec's fixup."""
-    _rec_mmq(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
-    _rec_fixup(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.arch)
+    """The codec's register-A GEMM (its blocks decoded in the K loop: no fragment pass) after convert_f16_perm (a
+    rotated codec's x rotated first), then the codec's fixup."""
+    xa = _rotated_x(c)
+    _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
+    _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
 
 def _mmq_ra_ok(c: _Call) -> bool:
@@ -1253,14 +1268,7 @@ def _mmq_ra_ok(c: _Call) -> bool:
 def _mmq_pre(c: _Call) -> None:
     """The codec's fp16 fragments, the prepared register-A GEMM, the codec's fixup; a rotated codec's (TQ4_1S)
     activation rotated once first (its ROTATION kernel, into scratch), which the GEMM and the fixup then read."""
-    from ptxgen import codecs
-
-    xa = c.pb.x
-    rotation = getattr(codecs.get(c.w.fmt), "ROTATION", None)
-    if rotation:
-        xa = c.pb.scratch((c.t, c.k), np.float32)
-        nb = c.t * c.k // 32
-        c.pb.launch(kernels.load(rotation, c.arch), ((nb + 7) // 8,), (c.pb.x, xa, nb))
+    xa = _rotated_x(c)
     _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
     _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 

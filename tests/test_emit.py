@@ -109,6 +109,8 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "PRMT", "HMUL2", "HADD2"]
     if _k.startswith("mmq_q6_k_wgmma_ra"):  # Q6_K's 6-bit quants from 2-byte aligned boxes: prmt, two lop3, HMUL2
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "PRMT", "LOP3", "HMUL2"]
+    if _k.startswith("mmq_tq4_1s_wgmma_ra"):  # TQ4_1S's codebook magnitudes by prmt, times ±d (HMUL2), by TMA
+        EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "PRMT", "HMUL2"]
     if _k.startswith("mmq_q5_k_wgmma_ra"):  # Q4_K's nibble decode plus the fifth bits (lop3), by TMA
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HFMA2", "SHFL.IDX", "LOP3"]
     if _k.startswith("mmq_q4_k_wgmma_pre"):  # A fragments loaded from the TMA ring (16-byte LDS), no dequant

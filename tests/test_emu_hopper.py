@@ -513,7 +513,7 @@ def test_codec_register_a_mmq_converting_x_itself_has_the_bits_of_the_build_afte
         np.testing.assert_array_equal(out.got, want.got)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q5_K", "q6_K"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q5_K", "q6_K", "tq4_1s"])
 def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments(fmt):
     """mmq_<fmt>_wgmma_ra_n*: the codec's blocks decoded in the K loop — Q8_0 by codecs.q8_0.ra_fragments (TMA boxes
     from 16-byte aligned starts, the step's blocks 4·(s & 3) bytes in, quants by prmt against 0x64, fp16(q·d)); Q5_K
@@ -521,8 +521,9 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
     mmq_q4_k_wgmma_pre_n256 on dequantize_<fmt>_frags' fragments (bit-checked against NumPy) multiplies the same A
     values in the same wgmma order for Q8_0 (one rounding of q·d both ways): y has the same bits; Q5_K's decode
     rounds twice in fp16 (q4_k.dequant_pair3, as Q4_K's register-A GEMM), Q6_K's too (codecs.q6_k.ra_fragments: d·sc
-    to fp16, then the product; its 210-byte blocks from 240-byte boxes at every 2-byte offset), so y is within 1e-3
-    of the prepared GEMM's — one split and two, K-steps at every offset, M and T past a tile; n64 within 1e-3 of float64 with three
+    to fp16, then the product; its 210-byte blocks from 240-byte boxes at every 2-byte offset), and TQ4_1S's
+    (codecs.tq4_1s.ra_fragments: fp16 codebook magnitudes by prmt, times ±d in fp16; both GEMMs on the rotated x), so
+    y is within 1e-3 of the prepared GEMM's — one split and two, K-steps at every offset, M and T past a tile; n64 within 1e-3 of float64 with three
     CTAs taking turns."""
     from ptxgen.emu.harness import mmq_wgmma_case
 

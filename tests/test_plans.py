@@ -585,3 +585,17 @@ def test_the_default_stream_of_a_torch_tensor_subclass_is_torchs_current_stream(
     assert driver.stream_handle(None, torch.zeros(2).as_subclass(MyTensor)) == 77
     with pytest.raises(ValueError, match="non-negative"):
         driver.stream_handle(-1)
+
+
+def test_tq4_1s_takes_its_register_a_gemm_from_its_rule(gpu):
+    """TQ4_1S's register-A GEMM (off until timed: codec_ra_mmq_min_tokens[tq4_1s] past any T): from the rule, x
+    rotated once, convert_f16_perm, mmq_tq4_1s_wgmma_ra_n<tile>, the fixup — no fragment pass; below it and by
+    default the prepared route."""
+    w = fakegpu.weights("tq4_1s", 18944, 3584)
+    assert ops.mul_mat_plan(w, 512).kernels[:2] == ["rotate_tq4_1s", "dequantize_tq4_1s_frags"]
+    with tuning.override(codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=40)):
+        assert ops.mul_mat_plan(w, 512).kernels == ["rotate_tq4_1s", "convert_f16_perm", "mmq_tq4_1s_wgmma_ra_n256",
+                                                    "mul_mat_fixup_tq4_1s"]
+        assert ops.mul_mat_plan(w, 64).kernels[2] == "mmq_tq4_1s_wgmma_ra_n64"
+        assert ops.mul_mat_plan(w, 39).kernels[0] != "rotate_tq4_1s" or \
+            ops.mul_mat_plan(w, 39).kernels[1] == "dequantize_tq4_1s_frags"

@@ -899,9 +899,11 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     x = rng.standard_normal((t, k)).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
+    xk = formats.rht_forward(x) if fmt == "tq4_1s" else x  # TQ4_1S: the kernel sees the rotated x (mul_mat's
+    # route rotates first); the reference takes x itself
     mem = _memory()
     with np.errstate(over="ignore", invalid="ignore"):
-        x16 = x.astype(np.float16)  # convert_f16 rounds to nearest even too
+        x16 = xk.astype(np.float16)  # convert_f16 rounds to nearest even too
         want_flag = not np.isfinite(x16).all()
     if "q4k_rega_k_order" in meta.get("activations", ""):  # the register-A build's K order (convert_f16_perm)
         x16 = np.ascontiguousarray(x16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k))
@@ -923,7 +925,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     extra = ()
     if cx:
         nready = -(-t // bn) * -(-(k // 64) // meta["convert_steps"])
-        x32a, ready, fa = mem.alloc(x), mem.alloc(4 * nready, poison=0), mem.alloc(4, poison=0)
+        x32a, ready, fa = mem.alloc(xk), mem.alloc(4 * nready, poison=0), mem.alloc(4, poison=0)
         extra = (x32a, xa, ready, fa)
         interleave = interleave or grid > 1
     _run(ptx, (grid,), (384,), (tw, tx, ya, *tail, *extra), mem, dynamic_smem=meta["dynamic_smem"],
@@ -1031,9 +1033,9 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
     for _bn in (32, 64):
         HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
 for _bn in (64, 128, 256):
-    for _f in ("q8_0", "q5_k", "q6_k"):
+    for _f in ("q8_0", "q5_k", "q6_k", "tq4_1s"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
-        if _f != "q6_k":  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
+        if _f in ("q8_0", "q5_k"):  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
             HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cx")
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0", "q6_k"):

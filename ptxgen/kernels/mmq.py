@@ -2658,7 +2658,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
-RA_CODECS = ("q8_0", "q6_K")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
+RA_CODECS = ("q8_0", "q6_K", "tq4_1s")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
 # RA_BOX_NOTE; RA_BOX_STEPS where one box serves several K-steps)
 RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB beside the B stages)
 
