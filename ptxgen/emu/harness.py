@@ -634,7 +634,7 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gathe
         got = got[:-1]
     with np.errstate(over="ignore"):
         want = rows.astype(np.float16).view(np.uint16)
-        want_flag = int(not np.isfinite(x.astype(np.float16)).all())
+        want_flag = int(not np.isfinite(rows.astype(np.float16)).all())  # (gather: only the rows it reads)
     if permuted:
         want = want.reshape(len(rows), k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(len(rows), k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
