@@ -879,8 +879,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     eagerly); Q4_K T = 9-64 the tensor-core skinny GEMMs (fp16 activations); larger T the prefill GEMM (wgmma +
     TMA on sm_90, mma.sync elsewhere or with arch="sm_89"); Q5_K, Q6_K and Q8_0 from 9 tokens the GEMM decoding
     their blocks in its K loop (register-A wgmma on sm_90, mma.sync elsewhere), above RULES.codec_ra_mmq_max_tokens
-    and for TQ4_1S (from 40 tokens, x rotated once) the prepared GEMM on fp16 fragments, below their decode GEMVs. Behind every GEMM a fixup recomputes in fp32, on the device, any token
-    past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
+    and for TQ4_1S (from 40 tokens, x rotated once) the prepared GEMM on fp16 fragments, below their decode GEMVs.
+    Behind every GEMM a fixup recomputes in fp32, on the device, any token past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
     fp16 in the GEMMs (~3.4e-4); `mode="fast"` (Q4_K, TQ4_1S, Q8_0) quantizes x to Q8_1 and runs int8 dp4a / int8
     MMA kernels as llama.cpp does (exact integer dots; relative error ≤ 1e-5 against the product with the
     Q8_1-rounded x; TQ4_1S NMSE ~5e-5). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
