@@ -22,6 +22,17 @@ class KernelDef:
         return _resident(self.build(arch), arch)
 
 
+def smem_fit(arch: Arch, smem: int) -> int:
+    """How many CTAs of `smem` bytes of shared memory an SM of `arch` holds (0 if not one): an SM has the opt-in
+    limit plus 1 KB, and each CTA takes 1 KB of it besides its own."""
+    return (arch.max_smem_per_block + 1024) // (smem + 1024)
+
+
+def smem_share(arch: Arch, ctas: int) -> int:
+    """The shared memory each of `ctas` CTAs on one SM of `arch` may take (smem_fit's inverse)."""
+    return (arch.max_smem_per_block + 1024) // ctas - 1024
+
+
 def _resident(k: Kernel, arch: Arch) -> Kernel:
     """meta `ctas_per_sm` (what the runtime plans grids and splits with) no more than the target's shared memory
     holds: an SM has the opt-in limit plus 1 KB, and each CTA takes 1 KB of it besides its own (sm_89 and sm_120a
@@ -29,7 +40,7 @@ def _resident(k: Kernel, arch: Arch) -> Kernel:
     c = k.meta.get("ctas_per_sm")
     smem = k.static_smem + k.dynamic_smem
     if isinstance(c, int) and smem:
-        fit = max(1, (arch.max_smem_per_block + 1024) // (smem + 1024))
+        fit = max(1, smem_fit(arch, smem))
         if fit < c:
             k.meta["ctas_per_sm"] = fit
     return k

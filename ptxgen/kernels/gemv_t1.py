@@ -38,7 +38,7 @@ from ..codecs.q4_k import BLOCK_BYTES
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
-from . import KernelDef
+from . import KernelDef, smem_fit
 from .gemv import _prep_record_stores, _scaled_item, _store_or_split, _warp_rows, build_prep_mma
 
 T1_WARPS = 4
@@ -72,7 +72,7 @@ def _fit(arch, S: int, ctas: int, stage_bytes: int, least: int = 2) -> tuple[int
     + 1 KB, each CTA 1 KB besides its own, as kernels._resident counts), else fewer CTAs — so the launch bounds'
     .minnctapersm says what the SM holds. Q4_K's plans fit as they are."""
     def fits(s_, c_):
-        return c_ * (s_ * stage_bytes + 128 + 1024) <= arch.max_smem_per_block + 1024
+        return smem_fit(arch, s_ * stage_bytes + 128) >= c_
     while S > least and not fits(S, ctas):
         S -= 1
     while ctas > 1 and not fits(S, ctas):

@@ -36,7 +36,7 @@ from ..ir import Imm, Mem, Reg, Sym, TensorRef, ldmatrix, mma_sync
 from ..ir import wgmma as ir_wgmma
 from ..specs import MmqSpec
 from ..targets import lowering_for
-from . import KernelDef
+from . import KernelDef, smem_share
 from .gemv import TMA_CTA, TMA_STEP, _wait_step
 
 BM, BK, STAGES = 128, q4k.STEP_K, 3
@@ -1539,7 +1539,7 @@ def _deep_ring(arch, spec: MmqSpec, stage_bytes: int, a_slot_bytes: int, slots: 
     A slots first (up to RA_MAX_A_SLOTS), then stages (up to RA_MAX_STAGES), never fewer than RA_A_SLOTS /
     WG_STAGES."""
     ctas = _wg_regs(spec)[0]
-    share = (arch.max_smem_per_block + 1024) // ctas - 1024
+    share = smem_share(arch, ctas)
     budget = min(arch.max_smem_per_block, share) - 1024 - STATIC_SMEM_MARGIN - other  # (1024: the base aligned up)
     if slots:
         slots = max(slots, min(RA_MAX_A_SLOTS, (budget - WG_STAGES * stage_bytes) // a_slot_bytes))
