@@ -60,8 +60,8 @@ class Pipeline:
     copy: str | None = None
 
     def __post_init__(self):
-        if not 1 <= self.stages <= 8:
-            raise SpecError(f"Pipeline.stages must be 1..8, got {self.stages}")
+        if not 1 <= self.stages <= 16:
+            raise SpecError(f"Pipeline.stages must be 1..16, got {self.stages}")
         if self.copy not in (None, "cp.async", "tma", "ld.global"):
             raise SpecError(f"Pipeline.copy must be cp.async, tma or ld.global, got {self.copy!r}")
 

@@ -14,14 +14,14 @@ from .compiler import CompileError, compile_ptx
 from . import driver
 from .driver import CudaError, DeviceBuffer, Timer, current, stream_handle, synchronize
 from .kernels import KernelNotFound, load
-from .ops import dequantize, mul_mat, mul_mat_id, mul_mat_plan, quantize_q8_1, rotate_tq4_1s
+from .ops import dequantize, mul_mat, mul_mat_id, mul_mat_id_plan, mul_mat_plan, quantize_q8_1, rotate_tq4_1s
 from .plans import Workspace, release_capture_workspaces
 from .tensors import GGUFError, QuantTensor, list_gguf_tensors, read_gguf_tensor, write_gguf
 
 __all__ = [
     "CompileError", "CudaError", "DeviceArray", "DeviceBuffer", "GGUFError", "KernelNotFound", "QuantTensor", "Timer",
     "Workspace", "as_device_array", "compile_ptx", "current", "driver", "dequantize", "list_gguf_tensors", "load",
-    "mul_mat", "mul_mat_id", "mul_mat_plan", "quantize_q8_1",
+    "mul_mat", "mul_mat_id", "mul_mat_id_plan", "mul_mat_plan", "quantize_q8_1",
     "read_gguf_tensor", "release_capture_workspaces", "rotate_tq4_1s",
     "stream_handle", "synchronize", "write_gguf",
 ]

@@ -95,13 +95,14 @@ def test_sm120_mma_sync_gemm_takes_tensor_maps(monkeypatch):
 
 
 def test_sliced_calls_reuse_their_scratch(gpu):
-    """TQ4_1S above 8 tokens where no prepared GEMM runs (here: its threshold raised) takes the decode GEMV in slices
+    """TQ4_1S above 8 tokens where no GEMM runs (here: their thresholds raised) takes the decode GEMV in slices
     of 8: every slice reuses the same scratch (each starts with a launch that waits for the previous slice), so the
     workspace does not grow with T."""
     from ptxgen import tuning
 
     w = fakegpu.weights("tq4_1s", 18944, 3584)
-    with tuning.override(codec_mmq_min_tokens=1 << 30):
+    with tuning.override(codec_mmq_min_tokens=1 << 30,
+                         codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=1 << 30)):
         p8, p4096 = ops.mul_mat_plan(w, 8), ops.mul_mat_plan(w, 4096)
     assert len(p4096.launches) == 512 * len(p8.launches)
     assert p4096.scratch_bytes == p8.scratch_bytes
@@ -205,8 +206,22 @@ def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
         ops.mul_mat_plan(fakegpu.weights("tq4_1s", 64, 256, at=fakegpu.BASE + 2), 1)
 
 
+@pytest.fixture
+def codec_gemvs():
+    """Q5_K's few-token tensor-core builds off (RULES.codec_few_max_tokens): the routes behind them."""
+    with tuning.override(codec_few_max_tokens={"q5_K": 0}):
+        yield
+
+
+@pytest.fixture
+def tq4_1s_prepared():
+    """TQ4_1S's register-A GEMM off (RULES.codec_ra_mmq_min_tokens): the prepared route behind it."""
+    with tuning.override(codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=1 << 30)):
+        yield
+
+
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
-def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
+def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, codec_gemvs, fmt):
     """From RULES.codec_mmq_min_tokens tokens on sm_90 (M ≥ 128), where no register-A GEMM of the codec applies
     (above codec_ra_mmq_max_tokens, or with those rules off): the codec's fp16 fragments, the prepared register-A GEMM
     (converting x itself from mmq_cx_min_tokens with one K split), and the codec's fixup."""
@@ -229,12 +244,14 @@ def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, fmt):
 
 
 def test_q5_k_takes_the_few_token_tensor_core_builds_up_to_its_rule(gpu):
-    """RULES.codec_few_max_tokens (off for Q5_K until timed): up to it, exact Q5_K calls run gemv_q5_k_mma_t{1,2,4,8}
+    """RULES.codec_few_max_tokens (Q5_K: 32 on the H200): up to it, exact Q5_K calls run gemv_q5_k_mma_t{1,2,4,8}
     on prep_q4k_t*'s records — 1-4 tokens called eagerly in one launch (gemv_q5_k_mma_t*_fused), as Q4_K's —, 9-16
     tokens gemv_q5_k_mma_t16h, 17-32 the skinny GEMM mmq_q5_k_rega_n32; above it, or with weights not 16-byte
     aligned, the routes after it (the codec GEMV, the register-A GEMM)."""
     w = fakegpu.weights("q5_K", 4096, 14336)
-    assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q5_k_f32_t1"]  # shipped: off
+    assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q5_k_mma_t1_fused"]  # shipped
+    with tuning.override(codec_few_max_tokens={"q5_K": 0}):  # off: the codec GEMV
+        assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q5_k_f32_t1"]
     with tuning.override(codec_few_max_tokens={"q5_K": 16}):
         for t, nt in ((1, "t1"), (2, "t2"), (3, "t4"), (5, "t8"), (8, "t8"), (9, "t16h"), (16, "t16h")):
             want = [f"prep_q4k_{nt}", f"gemv_q5_k_mma_{nt}"]
@@ -253,7 +270,8 @@ def test_q5_k_takes_the_few_token_tensor_core_builds_up_to_its_rule(gpu):
 
 
 @pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])
-def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, monkeypatch, fmt, box, gemv):
+def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, codec_gemvs, monkeypatch, fmt, box,
+                                                                               gemv):
     """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) for T within
     RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup (from
     mmq_cx_min_tokens with one K split the build converting x itself, mmq_<fmt>_wgmma_ra_n<tile>_cx, alone); its
@@ -289,7 +307,7 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
         assert ops.mul_mat_plan(w, 512).kernels[0] == f"dequantize_{f}_frags"
 
 
-def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
+def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu, tq4_1s_prepared):
     """TQ4_1S from codec_mmq_min_tokens on sm_90: rotate_tq4_1s into scratch, whose rotated x the conversion, the
     prepared GEMM (on the rotated-domain fragments) and the fixup read; below that, its decode GEMVs."""
     w = fakegpu.weights("tq4_1s", 18944, 3584)
@@ -307,7 +325,7 @@ def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu):
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
-def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, fmt):
+def test_the_other_codecs_run_the_codec_gemv_in_slices_of_8(gpu, codec_gemvs, fmt):
     """Q5_K, Q6_K (and Q8_0 in mode "exact") below the GEMMs' T run gemv_<fmt>_f32_t<nt>:
     one launch per slice of up to 8 tokens, the slice's token count rounded up to 1, 2, 4 or 8 — Q5_K, which ships
     its 16-token build, slices of up to 16 (9-16 tokens: that build)."""
@@ -529,7 +547,7 @@ def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(
         assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]
 
 
-def test_the_codecs_prefill_on_the_mma_sync_targets(gpu):
+def test_the_codecs_prefill_on_the_mma_sync_targets(gpu, codec_gemvs):
     """Q5_K, Q6_K and Q8_0 from RULES.codec_f16_mmq_min_tokens on the mma.sync targets (sm_89, sm_120a, or an sm_90
     device with arch pinned there): the fp16 mma.sync MMQ decoding the codec's blocks (its fp32 x converted inside,
     or convert_f16 first for large products), then the codec's fixup; the decode GEMVs below; K not a multiple of
@@ -588,11 +606,14 @@ def test_the_default_stream_of_a_torch_tensor_subclass_is_torchs_current_stream(
 
 
 def test_tq4_1s_takes_its_register_a_gemm_from_its_rule(gpu):
-    """TQ4_1S's register-A GEMM (off until timed: codec_ra_mmq_min_tokens[tq4_1s] past any T): from the rule, x
-    rotated once, convert_f16_perm, mmq_tq4_1s_wgmma_ra_n<tile>, the fixup — no fragment pass; below it and by
-    default the prepared route."""
+    """TQ4_1S's register-A GEMM (codec_ra_mmq_min_tokens[tq4_1s], 17 on the H200): from the rule, x rotated once,
+    convert_f16_perm, mmq_tq4_1s_wgmma_ra_n<tile>, the fixup — no fragment pass; with the rule past T the prepared
+    route."""
     w = fakegpu.weights("tq4_1s", 18944, 3584)
-    assert ops.mul_mat_plan(w, 512).kernels[:2] == ["rotate_tq4_1s", "dequantize_tq4_1s_frags"]
+    assert ops.mul_mat_plan(w, 17).kernels[2] == "mmq_tq4_1s_wgmma_ra_n64"  # shipped
+    assert ops.mul_mat_plan(w, 16).kernels[-1] == "gemv_tq4_1s_mma"
+    with tuning.override(codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=1 << 30)):
+        assert ops.mul_mat_plan(w, 512).kernels[:2] == ["rotate_tq4_1s", "dequantize_tq4_1s_frags"]
     with tuning.override(codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=40)):
         assert ops.mul_mat_plan(w, 512).kernels == ["rotate_tq4_1s", "convert_f16_perm", "mmq_tq4_1s_wgmma_ra_n256",
                                                     "mul_mat_fixup_tq4_1s"]
