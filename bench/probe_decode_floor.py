@@ -6,7 +6,10 @@ their input, so the next op's weight stream overlaps the previous op's tail. Thi
 in a graph-replayed loop over distinct buffers: plain; PDL with the trigger at the head and the wait just before
 the store (weights read while the previous kernel finishes: a GEMV's best case); PDL with the wait at the head (a
 kernel that waits before it reads anything). Sizes: the decode weights of bench_model (MB).
-Usage (repository root): python3 bench/probe_decode_floor.py [MB,MB,...]"""
+Usage (repository root): python3 bench/probe_decode_floor.py [MB,MB,...]
+   or: python3 bench/probe_decode_floor.py rows [MxK:splits,...] — the GEMV's access pattern (Q4_K rows: 16 rows x
+one 144-byte super-block a warp step, gemv_q4_k_mma_t1's grid) beside the same bytes repacked tile-contiguous and
+the grid-stride stream, all with PDL: is the gap to the floor the GGUF row layout's access pattern?"""
 import math
 import sys
 from pathlib import Path
@@ -22,14 +25,55 @@ from ptxgen.runtime.compiler import compile_ptx  # noqa: E402
 
 SIZES = (2.36, 9.44, 33.0, 48.2, 431.0)  # k / v, q / o, gate / up / down (Q4_K), down (Q6_K), output (Q6_K)
 ENTRIES = ("read16_plain", "read16_pdl", "read16_pdl_wait_first")
+ROW_ENTRIES = ("rows_pdl", "tiled_pdl")
+ROW_CASES = "4096x14336:8,14336x4096:2,4096x4096:8,1024x4096:8"  # gemv_q4_k_mma_t1's K splits on the H200
 
 
 def load():
-    """{entry: Function} of the three streaming kernels (params p, n16 = bytes / 16, out)."""
+    """{entry: Function} of the three streaming kernels (params p, n16 = bytes / 16, out) and the two row-pattern
+    ones (params w, m, nsb, blk16, out; 128 threads)."""
     ptx = (Path(__file__).parent / "probe_decode_floor.ptx").read_text()
     mod = driver.Module(compile_ptx(ptx, "sm_90a", name="probe_decode_floor").cubin, "probe_decode_floor")
     params = [{"name": "p", "type": "u64"}, {"name": "n16", "type": "u64"}, {"name": "out", "type": "u64"}]
-    return {e: mod.function(e, params, (256, 1, 1)) for e in ENTRIES}
+    fns = {e: mod.function(e, params, (256, 1, 1)) for e in ENTRIES}
+    rp = [{"name": "w", "type": "u64"}, {"name": "m", "type": "u32"}, {"name": "nsb", "type": "u32"},
+          {"name": "blk16", "type": "u32"}, {"name": "out", "type": "u64"}]
+    fns.update({e: mod.function(e, rp, (128, 1, 1)) for e in ROW_ENTRIES})
+    return fns
+
+
+def rows(cases: str):
+    """µs per op of the row-pattern kernels and the grid-stride stream over the same bytes, graph-replayed over
+    24+ distinct weights, with PDL."""
+    fns = load()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+    print("| M x K (Q4_K) | MB | K splits | rows, GGUF layout µs (% HBM) | rows, tile-contiguous | grid-stride stream |")
+    print("|---|---|---|---|---|---|")
+    for case in cases.split(","):
+        shape, splits = case.split(":")
+        m, k = map(int, shape.split("x"))
+        nsb, blk16, splits = k // 256, 9, int(splits)
+        nb = m * nsb * blk16 * 16
+        copies = max(24, math.ceil(240e6 / nb))
+        bufs = [torch.randint(-2**31, 2**31 - 1, (nb // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
+        cells = []
+        for e in ROW_ENTRIES:
+            def run(i, fn=fns[e], bufs=bufs):
+                fn.launch((-(-m // 64), splits), (bufs[i % copies].data_ptr(), m, nsb, blk16, out.data_ptr()),
+                          stream=torch.cuda.current_stream().cuda_stream, pdl=True)
+            run(0)
+            cells.append(graphed(torch, run, calls=4 * copies))
+
+        def stream(i, fn=fns["read16_pdl"], bufs=bufs):
+            fn.launch((sms * 4,), (bufs[i % copies].data_ptr(), nb // 16, out.data_ptr()),
+                      stream=torch.cuda.current_stream().cuda_stream, pdl=True)
+        stream(0)
+        cells.append(graphed(torch, stream, calls=4 * copies))
+        print(f"| {m} x {k} | {nb / 1e6:.1f} | {splits} | " +
+              " | ".join(f"{us:.1f} ({nb / (us * 1e-6) / HBM:.0%})" for us in cells) + " |", flush=True)
+        del bufs
+        torch.cuda.empty_cache()
 
 
 def floor_fn(torch, buffers, nbytes: int, pdl: bool, per_sm: int = 4):
@@ -48,6 +92,8 @@ def floor_fn(torch, buffers, nbytes: int, pdl: bool, per_sm: int = 4):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "rows":
+        return rows(sys.argv[2] if len(sys.argv) > 2 else ROW_CASES)
     sizes = [float(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else SIZES
     fns = load()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
