@@ -33,23 +33,20 @@ __device__ __forceinline__ void rows_body(const uint4* __restrict__ w, unsigned 
         unsigned r = min(row0 + c / blk16, m - 1);
         return w + (size_t)r * nsb * blk16 + (size_t)j * blk16 + c % blk16;
     };
-    unsigned j = jb;
-    for (; j + 3 < je; j += 4) {
+    for (unsigned j = jb; j < je; j += 4) {  // 4 steps' loads issued together (the last group predicated)
         uint4 v[4][6];
 #pragma unroll
         for (int s = 0; s < 4; ++s)
 #pragma unroll
             for (int u = 0; u < 6; ++u) {
                 unsigned c = lane + 32 * u;
-                v[s][u] = (u < (int)nu && c < nchunk) ? __ldcs(at(j + s, c)) : make_uint4(0, 0, 0, 0);
+                v[s][u] = (j + s < je && u < (int)nu && c < nchunk) ? __ldcs(at(j + s, c)) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
         for (int s = 0; s < 4; ++s)
 #pragma unroll
             for (int u = 0; u < 6; ++u) acc ^= v[s][u].x ^ v[s][u].y ^ v[s][u].z ^ v[s][u].w;
     }
-    for (; j < je; ++j)
-        for (unsigned c = lane; c < nchunk; c += 32) { uint4 a = __ldcs(at(j, c)); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }

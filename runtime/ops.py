@@ -1175,9 +1175,12 @@ def _t16h(c: _Call) -> None:
 
 
 def _mmq(c: _Call) -> None:
+    """The MMQ of the call's path (a rotated codec's x rotated once first: TQ4_1S on the mma.sync targets), then the
+    fixup, which recomputes exactly on the device a token past fp16 / Q8_1."""
     q8 = q8_path(c.t, mmq_path(c.arch)) if c.mode == "fast" else None
-    _rec_mmq(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
-    _rec_fixup(c.pb, c.w, c.pb.x, c.pb.y, c.t, c.arch)  # a token past fp16 / Q8_1: recomputed exactly on the device
+    xa = _rotated_x(c)
+    _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
+    _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
 
 def _fast_lanes(c: _Call) -> None:

@@ -617,15 +617,21 @@ def _codec_prefill(fmt, m, k, t, first, arch=None):
     assert np.array_equal(r.mul_mat(w, xt, arch=arch).cpu().numpy(), y.cpu().numpy())
 
 
-@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0", "tq4_1s"])
 @pytest.mark.parametrize("m,k,t", [(300, 1024, 17), (4096, 4096, 512), (1000, 3584, 100), (520, 2048, 1100)])
 def test_codec_mma_sync_gemm(fmt, m, k, t):
-    """Q5_K, Q6_K and Q8_0 prefill on the mma.sync targets (sm_89's PTX here; sm_120a's is the same cp.async build):
-    the fp16 mma.sync MMQ decoding the codec's blocks with its run8 (mmq_<fmt>_f16_n<tile>, after convert_f16 for
-    large products), then the codec's fixup — _codec_prefill's checks."""
+    """Q5_K, Q6_K, Q8_0 and TQ4_1S prefill on the mma.sync targets (sm_89's PTX here; sm_120a's is the same cp.async
+    build): the fp16 mma.sync MMQ decoding the codec's blocks with its run8 (mmq_<fmt>_f16_n<tile>, after
+    convert_f16 for large products; TQ4_1S on its x rotated once first), then the codec's fixup — _codec_prefill's
+    checks."""
     tile = 32 if t <= 32 else 64 if t <= 64 else 128
-    _codec_prefill(fmt, m, k, t, f"mmq_{fmt.lower()}_f16_n{tile}" + ("_x16" if m * k * t >= 1 << 31 else ""),
-                   arch="sm_89")
+    first = f"mmq_{fmt.lower()}_f16_n{tile}" + ("_x16" if m * k * t >= 1 << 31 else "")
+    if fmt == "tq4_1s":
+        from ptxgen.runtime import ops
+
+        assert first in ops.mul_mat_plan(r_weights(fmt, m, k), t, arch="sm_89").kernels
+        first = "rotate_tq4_1s"
+    _codec_prefill(fmt, m, k, t, first, arch="sm_89")
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0", "tq4_1s"])

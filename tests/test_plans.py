@@ -565,6 +565,26 @@ def test_the_codecs_prefill_on_the_mma_sync_targets(gpu, codec_gemvs):
     assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 4160), 64, arch="sm_89").kernels[0] == "gemv_q8_0_f32_t8"
 
 
+def test_tq4_1s_prefills_on_the_mma_sync_targets_on_its_rotated_x(gpu):
+    """TQ4_1S from RULES.codec_f16_mmq_min_tokens on the mma.sync targets: x rotated once (rotate_tq4_1s, into
+    scratch), the fp16 mma.sync MMQ decoding its blocks with the codec's run8 (rotated-domain weights) on that
+    rotated x — convert_f16 first for large products — and the fixup on the same rotated x; the decode GEMV below;
+    K not a multiple of 256 stays on the GEMV slices."""
+    w = fakegpu.weights("tq4_1s", 4096, 4096)
+    first = ops.RULES.codec_f16_mmq_min_tokens["tq4_1s"]
+    assert ops.mul_mat_plan(w, first - 1, arch="sm_89").kernels[-1].startswith("gemv_tq4_1s_t")
+    for arch in ("sm_89", "sm_120a"):
+        p = ops.mul_mat_plan(w, max(first, 9), arch=arch)
+        assert p.kernels == ["rotate_tq4_1s", "mmq_tq4_1s_f16_n32", "mul_mat_fixup_tq4_1s"]
+        rot = p.launches[0].args[1]
+        assert rot != p.launches[0].args[0]
+        assert p.launches[1].args[1] == rot and p.launches[2].args[3] == rot  # the GEMM's x, the fixup's x
+        p = ops.mul_mat_plan(w, 512, arch=arch)
+        assert p.kernels == ["rotate_tq4_1s", "convert_f16", "mmq_tq4_1s_f16_n128_x16", "mul_mat_fixup_tq4_1s"]
+        assert p.launches[1].args[0] == p.launches[0].args[1] == p.launches[3].args[3]
+    assert ops.mul_mat_plan(fakegpu.weights("tq4_1s", 4096, 4160), 64, arch="sm_89").kernels[-1] == "gemv_tq4_1s_t8"
+
+
 def test_a_q4_k_only_gemm_path_refuses_another_codec(gpu):
     """The MMQ paths that decode Q4_K only (wgmma, the int8 Q8_1 ones) refuse another codec's weights with a
     ValueError naming both, never running Q4_K's kernel on them; its mma.sync, register-A and prepared builds

@@ -16,7 +16,7 @@ BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 20
 GROUP_BLOCKS = 8  # a warp step: 8 blocks (256 weights), lane L the 8 elements 8·(L % 4) .. of block L / 4
 LOAD_ALIGN = 4
 ROTATION = "rotate_tq4_1s"  # the kernel that rotates the activation (forward_rht(x)), once, on the prefill route
-ROUTES = {"exact": ("mmq_ra", "mmq_pre", "decode_tq4"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+ROUTES = {"exact": ("mmq_ra", "mmq_pre", "mmq_f16", "decode_tq4"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
 
 
 weights_error = alignment_error(FMT, LOAD_ALIGN)  # every kernel reads the blocks in 4-byte words

@@ -798,12 +798,14 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     x = (rng.standard_normal((t, k)) * scale).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
+    xk = formats.rht_forward(x) if fmt == "tq4_1s" else x  # TQ4_1S: the kernel sees the rotated x (mul_mat's
+    # route rotates first); the reference takes x itself
     with np.errstate(over="ignore"):
-        want_flag = not np.isfinite(x.astype(np.float16)).all()
+        want_flag = not np.isfinite(xk.astype(np.float16)).all()
     mem = _memory()
     x16 = meta.get("x_layout", "").startswith("fp16")  # the _x16 builds read convert_f16's output
     with np.errstate(over="ignore"):
-        wa, xa, fa = mem.alloc(raw), mem.alloc(x.astype(np.float16) if x16 else x), mem.alloc(4, poison=0)
+        wa, xa, fa = mem.alloc(raw), mem.alloc(xk.astype(np.float16) if x16 else xk), mem.alloc(4, poison=0)
     ops = (wa, xa)
     if "tensormaps" in meta:  # sm_120a: the weights (and fp16 x) through TMA, the maps as the runtime encodes them
         ops = (BACKEND[-1].tensor_map(mem, wa, "u8", m, k // 256 * 144, 128, 16, "none"),
@@ -976,7 +978,7 @@ for _t in (1, 2, 4, 8):
     for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}", f"gemv_tq4_1s_tma_t{_t}"):
         HARNESSES[_n] = _gemv(_n)
 for _bn in (32, 64, 128):
-    for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # Q4_K's raw ring, the codecs' run8 (kernels/mmq.py F16_CODECS)
+    for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # Q4_K's raw ring, the codecs' run8 (mmq.F16_CODECS)
         for _n in (f"mmq_{_f}_f16_n{_bn}", f"mmq_{_f}_f16_n{_bn}_x16"):
             HARNESSES[_n] = _mmq(_n)
 for _bn in (16, 32, 64):
