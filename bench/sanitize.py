@@ -47,12 +47,13 @@ def cases():
 
 def moe_cases(r, rng, covered, only, n, worst, wrong):
     """mul_mat_id for each MoE format: the per-pair GEMV (T = 1), the grouped one (T = 3) and the grouped GEMM route
-    (T = 600 of 2 slots over 4 experts and over 64: both token tiles; Q4_K also with arch="sm_89", its mma.sync
+    (T = 600 of 2 slots over 4, 16 and 64 experts: each token tile; Q4_K also with arch="sm_89", its mma.sync
     GEMM), x shared and per slot, ids on the device with two out of range (NaN rows)."""
     from ptxgen.runtime import ops
 
-    for fmt, e in (("q4_K", 4), ("q4_K", 64), ("q5_K", 4), ("q5_K", 64), ("q6_K", 4), ("q8_0", 4), ("q8_0", 64)):
-        m, k, slots = 129, 512, 2  # 64 experts: ~19 pairs each at T = 600, the GEMMs' 32-pair tiles
+    for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64), ("q6_K", 4),
+                   ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64)):
+        m, k, slots = 129, 512, 2  # T = 600: ~300 / 75 / 19 pairs an expert on 4 / 16 / 64: sm_90's 128 / 64 / 32 tiles
         raw = random_raw(fmt, e * m, k, rng)
         w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
         for t, arch in [(1, None), (3, None), (600, None)] + ([(600, "sm_89")] if fmt == "q4_K" else []):

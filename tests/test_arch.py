@@ -43,14 +43,14 @@ def test_device_target():
 
 
 def test_a_gemm_spec_for_a_format_its_lowering_does_not_decode_is_refused():
-    """The int8 x Q8_1 GEMM decodes Q4_K's ring only, the fp16 mma.sync one Q4_K's ring or a codec's run8 (Q5_K, Q6_K,
-    Q8_0: not TQ4_1S, whose weights need a rotated activation); the wgmma build has register-A decodes for Q4_K,
+    """The int8 x Q8_1 GEMM decodes Q4_K's ring only (the fp16 mma.sync one Q4_K's ring or any codec's run8; TQ4_1S
+    there on the rotated activation the runtime passes); the wgmma build has register-A decodes for Q4_K,
     Q5_K, Q6_K, Q8_0 and TQ4_1S, converting builds for Q4_K, Q5_K and Q8_0: a spec naming another format there is a
     ValueError, never Q4_K's code under the other format's name."""
     from ptxgen.kernels import mmq
     from ptxgen.specs import MmqSpec
 
-    for spec in (MmqSpec(64, fmt="tq4_1s"), MmqSpec(32, act="q8_1", fmt="q5_K"),
+    for spec in (MmqSpec(64, act="q8_1", fmt="tq4_1s"), MmqSpec(32, act="q8_1", fmt="q5_K"),
                  MmqSpec(64, "wgmma", fmt="q6_K"), MmqSpec(64, "wgmma", a_regs=True, convert=True, fmt="q6_K"),
                  MmqSpec(64, "wgmma", a_regs=True, convert=True, fmt="tq4_1s")):
         arch = "sm_90a" if spec.mma == "wgmma" else "sm_89"

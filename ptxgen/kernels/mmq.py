@@ -1,4 +1,4 @@
-"""Prefill GEMM ("MMQ") on the mma.sync path: y = x @ W.T, W in Q4_K (GGUF bytes; Q5_K, Q6_K, Q8_0: see F16_CODECS),
+"""Prefill GEMM ("MMQ") on the mma.sync path: y = x @ W.T, W in Q4_K (GGUF bytes; the other codecs: see F16_CODECS),
 x fp32 (T × K), y fp32.
 
 fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is compiled for sm_90):
