@@ -697,7 +697,13 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
                path: str | None = None, stream=None) -> None:
     """Launch the Q4_K MMQ alone (`_rec_mmq`: the path and tile rules, or `path` / `bn` forced) on `stream` (default:
     the per-thread stream), raising `flag` (a device buffer of 4 bytes, never read here) if an activation leaves its
-    format; no fixup behind it. For benchmarks and tests that sweep the lowerings; `mul_mat` is the op."""
+    format; no fixup behind it. For benchmarks and tests that sweep the lowerings; `mul_mat` is the op. A codec whose
+    GEMMs read a rotated activation (TQ4_1S) is refused: x here goes to the GEMM as given."""
+    from ptxgen import codecs
+
+    if getattr(codecs.get(w.fmt), "ROTATION", None):
+        raise ValueError(f"mmq_launch: {w.fmt} weights need the activation rotated first ({codecs.get(w.fmt).ROTATION}); "
+                         "mul_mat does that")
     s = driver.stream_handle(stream)
     xa = as_device_array(xa, "mmq_launch: x", np.float32, ndim=2, align=16, stream=s)
     o = as_device_array(o, "mmq_launch: out", np.float32, ndim=2)
@@ -877,9 +883,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     The kernels: `mul_mat_plan(w, T).kernels` lists them; docs/design.md "Dispatch" tabulates the rule (generated
     from ptxgen/tuning). In short: T ≤ 8 the decode GEMVs (exact Q4_K at 1-4 tokens in one launch when called
     eagerly); Q4_K T = 9-64 the tensor-core skinny GEMMs (fp16 activations); larger T the prefill GEMM (wgmma +
-    TMA on sm_90, mma.sync elsewhere or with arch="sm_89"); Q5_K, Q6_K and Q8_0 from 9 tokens the GEMM decoding
-    their blocks in its K loop (register-A wgmma on sm_90, mma.sync elsewhere), above RULES.codec_ra_mmq_max_tokens
-    and for TQ4_1S (from 40 tokens, x rotated once) the prepared GEMM on fp16 fragments, below their decode GEMVs.
+    TMA on sm_90, mma.sync elsewhere or with arch="sm_89"); Q5_K to 32 tokens the few-token tensor-core builds
+    as Q4_K's; Q5_K, Q6_K and Q8_0 from 9 tokens (33 for Q5_K) and TQ4_1S from 17 (x rotated once; 9 on sm_89) the
+    GEMM decoding their blocks in its K loop (register-A wgmma on sm_90, mma.sync elsewhere), above
+    RULES.codec_ra_mmq_max_tokens the prepared GEMM on fp16 fragments, below their decode GEMVs.
     Behind every GEMM a fixup recomputes in fp32, on the device, any token past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
     fp16 in the GEMMs (~3.4e-4); `mode="fast"` (Q4_K, TQ4_1S, Q8_0) quantizes x to Q8_1 and runs int8 dp4a / int8
     MMA kernels as llama.cpp does (exact integer dots; relative error ≤ 1e-5 against the product with the
@@ -1295,7 +1302,7 @@ _ROUTES = {
     # (kernels/mmq.py F16_CODECS), then its fixup
     "mmq_f16": (lambda c: (c.t >= _per_format(RULES.codec_f16_mmq_min_tokens, c.w.fmt) and c.t >= RULES.mmq_min_tokens
                            and c.m >= RULES.mmq_min_rows and c.k % 256 == 0
-                           and mmq_path(c.arch) == "mma.sync"
+                           and mmq_path(c.arch) == "mma.sync" and not _tc_slices_first(c)
                            and kernels.build_for(MmqSpec(MMQ_TILES[0], fmt=c.w.fmt).name, c.arch) is not None),
                 _mmq),
     # a codec with its own register-A decode (kernels/mmq.py RA_CODECS): its GEMM straight from the raw blocks
@@ -1310,6 +1317,15 @@ _ROUTES = {
     "decode_q4k": (lambda c: True, _decode_q4k),
     "decode_tq4": (lambda c: True, _decode_tq4),
 }
+
+
+def _tc_slices_first(c: _Call) -> bool:
+    """Whether the codec's exact decode runs tensor-core GEMV slices on this target (its GemvKernel("mma") built
+    there: TQ4_1S on sm_120a) and T is within RULES.codec_tc_slices_max_tokens[fmt]: those slices then run ahead of
+    the fp16 mma.sync GEMM."""
+    rule = RULES.codec_tc_slices_max_tokens
+    lim = rule.get(c.w.fmt, 0) if isinstance(rule, dict) else rule
+    return c.t <= lim and c.mode == "exact" and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) is not None
 
 
 def _t16h_ok(arch) -> bool:

@@ -478,7 +478,7 @@ def test_codec_mma_sync_mmq_split_tail_and_fp16_overflow(fmt, variant, arch):
     build): two whole tiles then a tail split in three, three CTAs taking turns, within 1e-3 of the float64
     reference with the counters back at zero; a value past fp16 in x raises the overflow flag (the codec's fixup
     then recomputes that token). TQ4_1S: on the rotated x (its planted value spreads over the block's 32 rotated
-    values, so past fp16 there only from ~8e5)."""
+    values, ÷√32: past fp16 there only from ~3.7e5)."""
     name = f"mmq_{fmt}_f16_n32{variant}"
     ptx = KERNELS[name].for_arch(arch).ptx()
     out = check_kernel(name, ptx, seed=4, shape=(129, 40, 1024), whole=2, splits=3, per=6, ctas=3, interleave=True,

@@ -673,8 +673,8 @@ def test_codec_register_a_gemm(fmt, m, k, t):
 
 @pytest.mark.parametrize("m,k,t", [(300, 3584, 40), (4096, 3584, 512), (1000, 18944, 100), (256, 1024, 1100)])
 def test_tq4_1s_register_a_gemm(m, k, t):
-    """TQ4_1S's register-A GEMM (codecs.tq4_1s.ra_fragments; off until timed, RULES.codec_ra_mmq_min_tokens raised
-    here): x rotated once, convert_f16_perm, mmq_tq4_1s_wgmma_ra_n<tile> decoding the blocks in its K loop, the fixup
+    """TQ4_1S's register-A GEMM (codecs.tq4_1s.ra_fragments; from RULES.codec_ra_mmq_min_tokens, 17 on the H200):
+    x rotated once, convert_f16_perm, mmq_tq4_1s_wgmma_ra_n<tile> decoding the blocks in its K loop, the fixup
     on the rotated x — _codec_prefill's checks (1e-3 of float64, bit-identical run to run, a token past fp16
     recomputed exactly)."""
     import torch
@@ -683,12 +683,10 @@ def test_tq4_1s_register_a_gemm(m, k, t):
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the register-A GEMMs are sm_90a's")
-    rules = dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=40)
-    with tuning.override(codec_ra_mmq_min_tokens=rules):
-        kernels = ops.mul_mat_plan(r_weights("tq4_1s", m, k), t).kernels
-        assert kernels[0] == "rotate_tq4_1s" and kernels[-1] == "mul_mat_fixup_tq4_1s" and any(
-            n.startswith("mmq_tq4_1s_wgmma_ra_n") for n in kernels), kernels
-        _codec_prefill("tq4_1s", m, k, t, "rotate_tq4_1s")
+    kernels = ops.mul_mat_plan(r_weights("tq4_1s", m, k), t).kernels
+    assert kernels[0] == "rotate_tq4_1s" and kernels[-1] == "mul_mat_fixup_tq4_1s" and any(
+        n.startswith("mmq_tq4_1s_wgmma_ra_n") for n in kernels), kernels
+    _codec_prefill("tq4_1s", m, k, t, "rotate_tq4_1s")
 
 
 def r_weights(fmt, m, k):

@@ -566,15 +566,19 @@ def test_the_codecs_prefill_on_the_mma_sync_targets(gpu, codec_gemvs):
 
 
 def test_tq4_1s_prefills_on_the_mma_sync_targets_on_its_rotated_x(gpu):
-    """TQ4_1S from RULES.codec_f16_mmq_min_tokens on the mma.sync targets: x rotated once (rotate_tq4_1s, into
-    scratch), the fp16 mma.sync MMQ decoding its blocks with the codec's run8 (rotated-domain weights) on that
+    """TQ4_1S from RULES.codec_f16_mmq_min_tokens on the mma.sync targets (where its tensor-core GEMV is built,
+    sm_120a, past RULES.codec_tc_slices_max_tokens): x rotated once (rotate_tq4_1s, into scratch), the fp16 mma.sync MMQ decoding its blocks with the codec's run8 (rotated-domain weights) on that
     rotated x — convert_f16 first for large products — and the fixup on the same rotated x; the decode GEMV below;
     K not a multiple of 256 stays on the GEMV slices."""
     w = fakegpu.weights("tq4_1s", 4096, 4096)
     first = ops.RULES.codec_f16_mmq_min_tokens["tq4_1s"]
     assert ops.mul_mat_plan(w, first - 1, arch="sm_89").kernels[-1].startswith("gemv_tq4_1s_t")
+    # sm_120a builds TQ4_1S's tensor-core GEMV: its slices first, to RULES.codec_tc_slices_max_tokens (sm_89 has none)
+    tc = ops.RULES.codec_tc_slices_max_tokens["tq4_1s"]
+    assert ops.mul_mat_plan(w, tc, arch="sm_120a").kernels[-1].startswith("gemv_tq4_1s_mma")
+    assert ops.mul_mat_plan(w, max(first, 9), arch="sm_89").kernels[1] == "mmq_tq4_1s_f16_n32"
     for arch in ("sm_89", "sm_120a"):
-        p = ops.mul_mat_plan(w, max(first, 9), arch=arch)
+        p = ops.mul_mat_plan(w, max(first, 9, tc + 1), arch=arch)
         assert p.kernels == ["rotate_tq4_1s", "mmq_tq4_1s_f16_n32", "mul_mat_fixup_tq4_1s"]
         rot = p.launches[0].args[1]
         assert rot != p.launches[0].args[0]
@@ -583,6 +587,8 @@ def test_tq4_1s_prefills_on_the_mma_sync_targets_on_its_rotated_x(gpu):
         assert p.kernels == ["rotate_tq4_1s", "convert_f16", "mmq_tq4_1s_f16_n128_x16", "mul_mat_fixup_tq4_1s"]
         assert p.launches[1].args[0] == p.launches[0].args[1] == p.launches[3].args[3]
     assert ops.mul_mat_plan(fakegpu.weights("tq4_1s", 4096, 4160), 64, arch="sm_89").kernels[-1] == "gemv_tq4_1s_t8"
+    with pytest.raises(ValueError, match="rotated first"):  # the benchmarks' GEMM-alone launch takes x as given
+        ops.mmq_launch(w, None, None, 64, 0, arch="sm_89")
 
 
 def test_a_q4_k_only_gemm_path_refuses_another_codec(gpu):

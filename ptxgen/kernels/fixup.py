@@ -22,8 +22,9 @@ from ..specs import CodecKernel
 
 THREADS = 256
 WARPS = THREADS // 32
-FORMATS = codecs.with_route("mmq") + codecs.with_route("mmq_pre")  # behind the prefill GEMMs of each (Q4_K: its
-# MMQs; the others: the prepared GEMM; TQ4_1S's x is the rotated activation)
+# behind the prefill GEMMs of each (Q4_K: its MMQs; the others: the prepared, register-A or mma.sync GEMMs; TQ4_1S's
+# x is the rotated activation)
+FORMATS = tuple(dict.fromkeys(f for r in ("mmq", "mmq_pre", "mmq_ra", "mmq_f16") for f in codecs.with_route(r)))
 
 
 def name(fmt: str) -> str:
