@@ -9,7 +9,9 @@ kernel that waits before it reads anything). Sizes: the decode weights of bench_
 Usage (repository root): python3 bench/probe_decode_floor.py [MB,MB,...]
    or: python3 bench/probe_decode_floor.py rows [MxK:splits,...] — the GEMV's access pattern (Q4_K rows: 16 rows x
 one 144-byte super-block a warp step, gemv_q4_k_mma_t1's grid) beside the same bytes repacked tile-contiguous and
-the grid-stride stream, all with PDL: is the gap to the floor the GGUF row layout's access pattern?"""
+the grid-stride stream, all with PDL: is the gap to the floor the GGUF row layout's access pattern?
+   or: python3 bench/probe_decode_floor.py smem [MxK:splits,...] [KB,...] — the row pattern with each CTA holding
+that much unused dynamic shared memory (the GEMV's 4 x 54 KB an SM: does it block the next op's early start?)"""
 import math
 import sys
 from pathlib import Path
@@ -91,9 +93,45 @@ def floor_fn(torch, buffers, nbytes: int, pdl: bool, per_sm: int = 4):
     return run
 
 
+def smem(cases: str, kbs: str):
+    """The row-pattern kernel (GGUF layout) in the same graph-replayed PDL loop, each CTA holding `kb` KB of dynamic
+    shared memory it never touches: does a GEMV's shared-memory footprint (gemv_q4_k_mma_t1: 4 CTAs an SM of 54 KB)
+    cost the overlap of consecutive ops that PDL gives a kernel whose next launch can be resident at once?"""
+    fns = load()
+    fn = fns["rows_pdl"]
+    out = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+    sizes = [int(float(v) * 1024) for v in kbs.split(",")]
+    print("| M x K (Q4_K) | K splits | " + " | ".join(f"{b / 1024:g} KB smem a CTA µs (% HBM)" for b in sizes) + " |")
+    print("|---|---|" + "---|" * len(sizes))
+    for case in cases.split(","):
+        shape, splits = case.split(":")
+        m, k = map(int, shape.split("x"))
+        nsb, blk16, splits = k // 256, 9, int(splits)
+        nb = m * nsb * blk16 * 16
+        copies = max(24, math.ceil(240e6 / nb))
+        bufs = [torch.randint(-2**31, 2**31 - 1, (nb // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
+        cells = []
+        for nbytes in sizes:
+            if nbytes:
+                fn.set_dynamic_smem(nbytes)
+
+            def run(i, bufs=bufs, nbytes=nbytes):
+                fn.launch((-(-m // 64), splits), (bufs[i % copies].data_ptr(), m, nsb, blk16, out.data_ptr()),
+                          smem=nbytes, stream=torch.cuda.current_stream().cuda_stream, pdl=True)
+            run(0)
+            us = graphed(torch, run, calls=4 * copies)
+            cells.append(f"{us:.1f} ({nb / (us * 1e-6) / HBM:.0%})")
+        print(f"| {m} x {k} | {splits} | " + " | ".join(cells) + " |", flush=True)
+        del bufs
+        torch.cuda.empty_cache()
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "rows":
         return rows(sys.argv[2] if len(sys.argv) > 2 else ROW_CASES)
+    if len(sys.argv) > 1 and sys.argv[1] == "smem":
+        return smem(sys.argv[2] if len(sys.argv) > 2 else "4096x14336:8,4096x4096:8",
+                    sys.argv[3] if len(sys.argv) > 3 else "0,13.5,27,41,54")
     sizes = [float(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else SIZES
     fns = load()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
