@@ -44,6 +44,18 @@ def load():
     return fns
 
 
+def _row_case(case: str):
+    """"MxK:splits" → (m, super-blocks a row, 16-byte chunks a block, K splits, bytes, copies, the copies' buffers):
+    Q4_K's 144-byte blocks, enough distinct buffers (≥ 24, ≥ 240 MB) that the loop reads from HBM."""
+    shape, splits = case.split(":")
+    m, k = map(int, shape.split("x"))
+    nsb, blk16 = k // 256, 9
+    nb = m * nsb * blk16 * 16
+    copies = max(24, math.ceil(240e6 / nb))
+    bufs = [torch.randint(-2**31, 2**31 - 1, (nb // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
+    return m, nsb, blk16, int(splits), nb, copies, bufs
+
+
 def rows(cases: str):
     """µs per op of the row-pattern kernels and the grid-stride stream over the same bytes, graph-replayed over
     24+ distinct weights, with PDL."""
@@ -53,12 +65,7 @@ def rows(cases: str):
     print("| M x K (Q4_K) | MB | K splits | rows, GGUF layout µs (% HBM) | rows, tile-contiguous | grid-stride stream |")
     print("|---|---|---|---|---|---|")
     for case in cases.split(","):
-        shape, splits = case.split(":")
-        m, k = map(int, shape.split("x"))
-        nsb, blk16, splits = k // 256, 9, int(splits)
-        nb = m * nsb * blk16 * 16
-        copies = max(24, math.ceil(240e6 / nb))
-        bufs = [torch.randint(-2**31, 2**31 - 1, (nb // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
+        m, nsb, blk16, splits, nb, copies, bufs = _row_case(case)
         cells = []
         for e in ROW_ENTRIES:
             def run(i, fn=fns[e], bufs=bufs):
@@ -72,7 +79,7 @@ def rows(cases: str):
                       stream=torch.cuda.current_stream().cuda_stream, pdl=True)
         stream(0)
         cells.append(graphed(torch, stream, calls=4 * copies))
-        print(f"| {m} x {k} | {nb / 1e6:.1f} | {splits} | " +
+        print(f"| {m} x {nsb * 256} | {nb / 1e6:.1f} | {splits} | " +
               " | ".join(f"{us:.1f} ({nb / (us * 1e-6) / HBM:.0%})" for us in cells) + " |", flush=True)
         del bufs
         torch.cuda.empty_cache()
@@ -104,12 +111,7 @@ def smem(cases: str, kbs: str):
     print("| M x K (Q4_K) | K splits | " + " | ".join(f"{b / 1024:g} KB smem a CTA µs (% HBM)" for b in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
     for case in cases.split(","):
-        shape, splits = case.split(":")
-        m, k = map(int, shape.split("x"))
-        nsb, blk16, splits = k // 256, 9, int(splits)
-        nb = m * nsb * blk16 * 16
-        copies = max(24, math.ceil(240e6 / nb))
-        bufs = [torch.randint(-2**31, 2**31 - 1, (nb // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
+        m, nsb, blk16, splits, nb, copies, bufs = _row_case(case)
         cells = []
         for nbytes in sizes:
             if nbytes:
@@ -121,7 +123,7 @@ def smem(cases: str, kbs: str):
             run(0)
             us = graphed(torch, run, calls=4 * copies)
             cells.append(f"{us:.1f} ({nb / (us * 1e-6) / HBM:.0%})")
-        print(f"| {m} x {k} | {splits} | " + " | ".join(cells) + " |", flush=True)
+        print(f"| {m} x {nsb * 256} | {splits} | " + " | ".join(cells) + " |", flush=True)
         del bufs
         torch.cuda.empty_cache()
 
