@@ -701,9 +701,9 @@ def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn:
     GEMMs read a rotated activation (TQ4_1S) is refused: x here goes to the GEMM as given."""
     from ptxgen import codecs
 
-    if getattr(codecs.get(w.fmt), "ROTATION", None):
-        raise ValueError(f"mmq_launch: {w.fmt} weights need the activation rotated first ({codecs.get(w.fmt).ROTATION}); "
-                         "mul_mat does that")
+    rotation = getattr(codecs.get(w.fmt), "ROTATION", None)
+    if rotation:
+        raise ValueError(f"mmq_launch: {w.fmt} weights need the activation rotated first ({rotation}); mul_mat does that")
     s = driver.stream_handle(stream)
     xa = as_device_array(xa, "mmq_launch: x", np.float32, ndim=2, align=16, stream=s)
     o = as_device_array(o, "mmq_launch: out", np.float32, ndim=2)
@@ -1065,9 +1065,12 @@ class _Call(NamedTuple):
     k: int
 
 
-def _per_format(rule, fmt: str) -> int:
-    """A rule's value for `fmt`: the rule's own where it is one number (an override sets one for every format)."""
-    return rule[fmt] if isinstance(rule, dict) else rule
+def _per_format(rule, fmt: str, default: int | None = None) -> int:
+    """A rule's value for `fmt`: the rule's own where it is one number (an override sets one for every format);
+    `default` for a format the rule does not list (none: every format must be listed)."""
+    if not isinstance(rule, dict):
+        return rule
+    return rule[fmt] if default is None else rule.get(fmt, default)
 
 
 def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation: str, arch: str | None) -> None:
@@ -1159,8 +1162,7 @@ def _codec_few_ok(c: _Call) -> bool:
     """Another K-quant on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS): T up to
     RULES.codec_few_max_tokens[fmt] (≤ 32), built for the target, K a multiple of 256, the weights 16-byte aligned
     (the cp.async ring's 16-byte copies of whole rows)."""
-    rule = RULES.codec_few_max_tokens
-    lim = rule.get(c.w.fmt, 0) if isinstance(rule, dict) else rule
+    lim = _per_format(RULES.codec_few_max_tokens, c.w.fmt, 0)
     return (c.t <= min(lim, T4.Q4K_SKINNY_COLUMNS) and c.k % 256 == 0 and c.w.ptr % 16 == 0
             and kernels.build_for(_codec_few_kernel(c.w.fmt, c.t), c.arch) is not None)
 
@@ -1323,8 +1325,7 @@ def _tc_slices_first(c: _Call) -> bool:
     """Whether the codec's exact decode runs tensor-core GEMV slices on this target (its GemvKernel("mma") built
     there: TQ4_1S on sm_120a) and T is within RULES.codec_tc_slices_max_tokens[fmt]: those slices then run ahead of
     the fp16 mma.sync GEMM."""
-    rule = RULES.codec_tc_slices_max_tokens
-    lim = rule.get(c.w.fmt, 0) if isinstance(rule, dict) else rule
+    lim = _per_format(RULES.codec_tc_slices_max_tokens, c.w.fmt, 0)
     return c.t <= lim and c.mode == "exact" and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) is not None
 
 
