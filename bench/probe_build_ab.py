@@ -9,8 +9,10 @@ column is always the shipped emitted/ builds.
   python3 bench/probe_build_ab.py --kernels '_moe$' --moe 128:8 --shape 768x2048 --tokens 32,512 \\
       --variant 'deep: mmq.RA_DEEP_FORMATS=("q4_K",); mmq.RA_DEEP_MAX_BN=128; mmq.RA_DEEP_GROUPED=True'
 
-A value is a Python literal; the attributes are restored after each variant. Replaces probe_block_box.py (the
-nibble codecs' block box, 2026-12-02: no win; bench/NOTES.md)."""
+A value is a Python literal; the attributes are restored after each variant. `rule.NAME=literal` overrides a
+dispatch rule of ptxgen/tuning while the variant runs (e.g. 'few8: rule.q4k_few_max_tokens=8'); `kernels.ATTR`
+sets an attribute of the package ptxgen.kernels itself. Replaces probe_block_box.py (the nibble codecs' block box,
+2026-12-02: no win; bench/NOTES.md)."""
 import argparse
 import ast
 import importlib
@@ -30,7 +32,11 @@ def parse_variant(text: str):
     for part in filter(None, (p.strip() for p in body.split(";"))):
         target, _, value = part.partition("=")
         mod, _, attr = target.strip().rpartition(".")
-        sets.append((importlib.import_module(f"ptxgen.kernels.{mod}"), attr, ast.literal_eval(value.strip())))
+        if mod == "rule":  # rule.NAME: a dispatch rule of ptxgen/tuning, overridden while the variant runs
+            sets.append(("rule", attr, ast.literal_eval(value.strip())))
+            continue
+        module = "ptxgen.kernels" if mod == "kernels" else f"ptxgen.kernels.{mod}"
+        sets.append((importlib.import_module(module), attr, ast.literal_eval(value.strip())))
     return name.strip(), sets
 
 
@@ -77,6 +83,7 @@ def main():
 
     import ptxgen.runtime as r
     from bench_op import eager, graphed
+    from ptxgen import tuning
     from ptxgen.runtime import kernels
     from ptxgen.testing.strategies import random_raw
 
@@ -110,10 +117,12 @@ def main():
                 plan = lambda: r.mul_mat_plan(ws[0], t).kernels  # noqa: E731
             cells, got = [], []
             for sets in [[]] + [v[1] for v in variants]:
-                old = swap(names, sets) if sets else []
+                mods = [s for s in sets if s[0] != "rule"]
+                old = swap(names, mods) if mods else []
                 for w in ws:
                     w._plans.clear()
-                cells.append(f"{eager(torch, call, calls=4 * n):.1f} / {graphed(torch, call, calls=4 * n):.1f}")
+                with tuning.override(**{a: v for m_, a, v in sets if m_ == "rule"}):
+                    cells.append(f"{eager(torch, call, calls=4 * n):.1f} / {graphed(torch, call, calls=4 * n):.1f}")
                 got.append(ys[0].clone())
                 restore(old)
             same = all(torch.equal(got[0].view(torch.int32), g.view(torch.int32)) for g in got[1:])

@@ -1202,6 +1202,25 @@ def _fast_lanes(c: _Call) -> None:
     _slices(c, one)
 
 
+def _few_ok(n: int, m: int, arch) -> bool:
+    """Whether a Q4_K slice of n tokens and m rows runs the few-token builds: n ≤ RULES.q4k_few_max_tokens, and
+    where that is the 8-token build (5-8 tokens), its row CTAs fit one round of its resident CTAs (_one_round) or
+    PTXGEN_Q4K_T1=on."""
+    if n > RULES.q4k_few_max_tokens:
+        return False
+    return n <= 4 or knobs.q4k_t1() == "on" or _one_round(GemvKernel("few", "q4_K", 8).name, m, arch)
+
+
+def _one_round(name: str, m: int, arch) -> bool:
+    """Whether the row CTAs of the few-token build `name` over m rows (its meta rows_per_cta) fit one round of its
+    resident CTAs (meta ctas_per_sm) on this GPU: past one round the split-K GEMVs lose to the kernels whose CTAs
+    cover more rows (gemv_q4_k_mma, the skinny GEMM)."""
+    from .driver import current
+
+    meta = kernels.manifest(kernels.build_for(name, arch))[name]["meta"]
+    return -(-m // int(meta["rows_per_cta"])) <= int(meta["ctas_per_sm"]) * current().sm_count
+
+
 def _decode_q4k(c: _Call) -> None:
     """Exact Q4_K decode per slice: the activation-in-registers GEMV (opt-in), the few-token tensor-core builds,
     the tensor-core GEMV, else the fp32 lane GEMV."""
@@ -1231,7 +1250,7 @@ def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool
         x_ptr, y_ptr = xa.ptr + 4 * k * t0, pb.y.ptr + 4 * t0 * m
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in)
             return _xr_gemv(pb, w, x_ptr, y_ptr, m, k, c.arch)
-        if few and n <= RULES.q4k_few_max_tokens:  # few tokens on tensor cores, (hi, lo) B columns
+        if few and _few_ok(n, m, c.arch):  # few tokens on tensor cores, (hi, lo) B columns
             return _few_token_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
             return mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
@@ -1348,14 +1367,10 @@ def skinny16_ok(m: int, arch=None) -> bool:
     132 x 128 rows on the H200), unless PTXGEN_MMQ_SKINNY=0. H200, µs, t16h / n16 at T = 16 and 9: 18944x3584
     33.8 / 28.5 and 33.4 / 27.8; where t16h's grid fits (4096², 14336x4096, 4096x14336, 3584x18944) n16 is 10-30%
     slower (bench/results/probe_skinny16*_session18.log)."""
-    from .driver import current
-
     if knobs.mmq_skinny() == "off" or kernels.build_for(GemvKernel("skinny", "q4_K", T4.Q4K_HI_TOKENS).name,
                                                         arch) is None:
         return False
-    t16h = GemvKernel("few", "q4_K", T4.Q4K_HI_TOKENS, hi_only=True).name
-    meta = kernels.manifest(kernels.build_for(t16h, arch))[t16h]["meta"]
-    return -(-m // int(meta["rows_per_cta"])) > int(meta["ctas_per_sm"]) * current().sm_count
+    return not _one_round(GemvKernel("few", "q4_K", T4.Q4K_HI_TOKENS, hi_only=True).name, m, arch)
 
 
 def _xr_ok(k: int) -> bool:

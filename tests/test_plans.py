@@ -22,7 +22,8 @@ def gpu(monkeypatch):
 
 @pytest.mark.parametrize("fmt,m,k,t,mode,kernels", [
     ("q4_K", 4096, 14336, 1, "exact", ["gemv_q4_k_mma_t1_fused"]),
-    ("q4_K", 4096, 14336, 8, "exact", ["prep_mma_f16", "gemv_q4_k_mma"]),
+    ("q4_K", 4096, 14336, 8, "exact", ["prep_q4k_t8", "gemv_q4_k_mma_t8"]),
+    ("q4_K", 18944, 3584, 8, "exact", ["prep_mma_f16", "gemv_q4_k_mma"]),  # t8's row CTAs: past one round
     ("q4_K", 4096, 14336, 16, "exact", ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]),
     ("q4_K", 4096, 14336, 32, "exact", ["prep_q4k_t32h", "mmq_q4_k_rega_n32"]),
     ("q4_K", 4096, 14336, 512, "exact", ["convert_f16_perm", "mmq_q4_k_wgmma_ra_n256", "mul_mat_fixup_q4_k"]),

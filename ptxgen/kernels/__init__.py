@@ -67,8 +67,6 @@ NOT_SHIPPED = {
     "mmq_q4_k_wgmma_n64": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
     "mmq_q4_k_wgmma_n128": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
     "mmq_q4_k_wgmma_n256": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
-    "gemv_q4_k_mma_t8": "the 8-token few-token build measured equal or slower than gemv_q4_k_mma (q4k_few_max_tokens)",
-    "prep_q4k_t8": "the records of gemv_q4_k_mma_t8 (not shipped)",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
 }
