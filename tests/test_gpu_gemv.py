@@ -407,7 +407,9 @@ def test_codec_gemv_of_the_other_formats(fmt, m, k, t):
     x = rng.standard_normal((t, k)).astype(np.float32)
     xt = torch.from_numpy(x).cuda()
     y = torch.full((t, m), float("nan"), device="cuda")
-    with tuning.override(codec_mma_max_tokens=0):  # the tensor-core GEMVs off: test_codec_tensor_core_gemv
+    # the tensor-core GEMVs off (test_codec_tensor_core_gemv), and Q5_K's few-token builds
+    # (test_q5_k_few_token_tensor_core_gemv)
+    with tuning.override(codec_mma_max_tokens=0, codec_few_max_tokens={"q5_K": 0}):
         r.mul_mat(w, xt, out=y)
         got = y.cpu().numpy()
         assert r.mul_mat_plan(w, t).kernels[0].startswith(f"gemv_{fmt.lower()}_f32_t")

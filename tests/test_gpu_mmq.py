@@ -593,7 +593,13 @@ def test_mma_sync_mmq_item_raster_on_the_gpu():
 def _codec_prefill(fmt, m, k, t, first, arch=None):
     """mul_mat (on the target `arch` pins, else the device's) whose plan has `first` among its first two launches:
     within the fp16 GEMMs' bound of the float64 reference (outputs NaN-poisoned first), bit-identical run to run; a
-    token with a value past fp16 comes back recomputed exactly (the codec's fixup)."""
+    token with a value past fp16 comes back recomputed exactly (the codec's fixup). Q5_K's few-token builds, which
+    take its calls to 32 tokens on the H200, are off here (test_gpu_gemv tests them)."""
+    with tuning.override(codec_few_max_tokens={"q5_K": 0}):
+        _codec_prefill_checks(fmt, m, k, t, first, arch)
+
+
+def _codec_prefill_checks(fmt, m, k, t, first, arch):
     import torch
 
     import ptxgen.runtime as r
