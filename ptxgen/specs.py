@@ -28,7 +28,7 @@ class MmqSpec:
     @property
     def name(self) -> str:
         if self.act == "q8_1":
-            return f"mmq_q4_k_q8_n{self.bn}" + ("" if self.fused else "_pre")
+            return f"mmq_{self.fmt.lower()}_q8_n{self.bn}" + ("" if self.fused else "_pre")
         if self.mma == "mma.sync":
             return f"mmq_{self.fmt.lower()}_f16_n{self.bn}" + ("" if self.fused else "_x16") + ("_moe" if self.grouped else "")
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""

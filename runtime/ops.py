@@ -615,20 +615,15 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     sync = path in ("mma.sync", "mma.sync_x16")
     sms = driver.current().sm_count
     plan, planned = None, None
-    codec_ra = w.fmt != "q4_K" and path.startswith("wgmma_ra")  # another codec's register-A build: its raw blocks
-    if codec_ra and path not in ("wgmma_ra", "wgmma_ra_x16") and not (
-            path == "wgmma_ra_cx" and "sm_90a" in kernels.available(MmqSpec(bn, "wgmma", a_regs=True, convert=True,
-                                                                            fmt=w.fmt).name)):
-        raise ValueError(f"mmq_launch: {w.fmt}'s register-A GEMM has no {path!r} build (token tile {bn})")
-    codec_sync = w.fmt != "q4_K" and sync  # another codec's fp16 mma.sync build: its run8 decode (mmq.F16_CODECS)
-    if w.fmt != "q4_K" and not (codec_ra or codec_sync or path.startswith("wgmma_pre")):
-        raise ValueError(f"mmq_launch: the {path!r} GEMM decodes Q4_K only; {w.fmt} runs the mma.sync, register-A "
-                         "or prepared builds")
+    # the builds decode the weights' own codec, except the prepared one (fp16 fragments written by the codec's
+    # dequantize_<fmt>_frags: one build, named for Q4_K, serves every codec); a path without a build for the codec
+    # is refused (_mmq_build)
+    fmt = "q4_K" if path.startswith("wgmma_pre") else w.fmt
     if path == "wgmma_ra" and not forced_bn:
-        bn = _rega_fill_tile(w.fmt if codec_ra else "q4_K", m, k, t, bn, sms)
+        bn = _rega_fill_tile(fmt, m, k, t, bn, sms)
     if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
-        base = MmqSpec(bn, "wgmma", a_regs=True, prepared=path == "wgmma_pre", fmt=w.fmt if codec_ra else "q4_K")
-        planned = kernels.load(base.name, "sm_90a")
+        base = MmqSpec(bn, "wgmma", a_regs=True, prepared=path == "wgmma_pre", fmt=fmt)
+        planned = kernels.load(_mmq_build(base.name, "sm_90a", w.fmt, path), "sm_90a")
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx_name = dataclasses.replace(base, convert=True).name  # its converters' units: convert_steps K-steps,
         # never past K
@@ -636,8 +631,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
               and k % (64 * int(kernels.load(cx_name, "sm_90a").meta["convert_steps"])) == 0)
         path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
-    name = dataclasses.replace(spec, fmt=w.fmt).name if codec_ra or codec_sync else spec.name
     wg = path.startswith("wgmma")
+    name = _mmq_build(dataclasses.replace(spec, fmt=fmt).name, "sm_90a" if wg else arch, w.fmt, path)
     fn = kernels.load(name, "sm_90a" if wg else arch)
     if spec.convert and k % (64 * int(fn.meta["convert_steps"])):  # (a forced path: the rule above checks it)
         raise ValueError(f"mmq_launch: {name} converts x in units of {64 * int(fn.meta['convert_steps'])} columns; "
@@ -691,6 +686,15 @@ def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None)
     fn = kernels.load(CodecKernel("fixup", w.fmt).name, arch)
     grid = max(1, min(t, 4 * driver.current().sm_count))
     pb.launch(fn, (grid,), (pb.flag, pb.done, w.buffer, xa, o, m, k, t), pdl=bool(fn.meta.get("pdl")))
+
+
+def _mmq_build(name: str, arch, fmt: str, path: str) -> str:
+    """`name`, if a GEMM build of that name exists for `arch` (None: the device's); else a ValueError naming the
+    weights' codec and the path (the wgmma-from-shared-memory and int8 Q8_1 builds decode Q4_K only)."""
+    if kernels.build_for(name, arch) is None:
+        raise ValueError(f"mmq_launch: {fmt} has no {path!r} GEMM build ({name} is not built for "
+                         f"{arch or 'this GPU'}); its weights run the builds their codec has (ptxgen.codecs ROUTES)")
+    return name
 
 
 def mmq_launch(w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
