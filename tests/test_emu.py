@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ptxgen.emu import EmulationError, Emulator, Memory, Unsupported
-from ptxgen.emu.harness import HARNESSES, UNCOVERED, check_kernel
+from ptxgen.emu.harness import HARNESSES, UNCOVERED, check_kernel, gemv_codec_case
 from ptxgen.kernels import KERNELS
 
 HEADER = """.version 8.7
@@ -292,6 +292,19 @@ def test_each_kernel_once_in_the_emulator(kernel, arch):
     tier below runs every build on every target, on drawn seeds)."""
     out = check_kernel(kernel, KERNELS[kernel].for_arch(arch).ptx(), seed=1)
     assert out.ok, out.detail
+
+
+@pytest.mark.parametrize("kernel,k", [("gemv_q6_k_f32_t1", 2304), ("gemv_q5_k_f32_t2", 2304), ("gemv_q6_k_f32_t8", 2304),
+                                      ("gemv_q8_0_f32_t1", 1312)])
+def test_codec_gemv_whole_steps_then_the_partial_tail(kernel, k):
+    """The codec GEMV's K walk (kernels/gemv_codec.py PEEL): the steps whose groups lie inside the row run without
+    per-lane predicates, the rest (a partial group: 9 blocks in groups of 2, 41 in groups of 8) predicated as
+    before — within 1e-5 of float64 for every token count the build takes."""
+    meta = dict(KERNELS[kernel].for_arch("sm_90a").meta, name=kernel)
+    ptx = KERNELS[kernel].for_arch("sm_90a").ptx()
+    for n in sorted({1, meta["tokens"]}):
+        out = gemv_codec_case(ptx, meta, np.random.default_rng(n), shape=(21, k), ntok=n, seed=n)
+        assert out.ok, out.detail
 
 
 def test_every_kernel_has_a_harness():

@@ -30,7 +30,7 @@ def block_lanes(b, group, lane, count, group_blocks: int):
     group_blocks·group + L / 4, valid below `count` blocks, and its elements 8·(L % 4) .. + 7. Returns (block,
     valid, offsets) with offsets() the dequant_lane contract's (first element, (0,)): 256·group + 8·L."""
     blk = b.op("mad.lo.u32", group, Imm(group_blocks, "u32"), b.op("shr.u32", lane, Imm(2, "u32")))
-    valid = b.op("setp.lt.u32", blk, count)
+    valid = None if count is None else b.op("setp.lt.u32", blk, count)  # None: the caller knows the group is whole
 
     def offsets():  # element 32·block + 8·(L % 4) = 256·group + 8·L
         return b.op("add.u32", b.op("shl.b32", group, Imm(8, "u32")), b.op("shl.b32", lane, Imm(3, "u32"))), (0,)
@@ -50,8 +50,12 @@ def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs
     from . import q4_k
 
     blk = b.op("add.u32", b.op("shl.b32", group, Imm(1, "u32")), b.op("shr.u32", lane, Imm(4, "u32")))
-    valid = b.op("setp.lt.u32", blk, count)
-    block = b.op("mad.wide.u32", b.op("min.u32", blk, b.op("sub.u32", count, Imm(1, "u32"))), Imm(block_bytes, "u32"), w)
+    if count is None:  # the caller knows both blocks lie inside the row: no predicates, no clamp
+        valid, block = None, b.op("mad.wide.u32", blk, Imm(block_bytes, "u32"), w)
+    else:
+        valid = b.op("setp.lt.u32", blk, count)
+        block = b.op("mad.wide.u32", b.op("min.u32", blk, b.op("sub.u32", count, Imm(1, "u32"))), Imm(block_bytes, "u32"),
+                     w)
     c = b.op("and.b32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(3, "b32"))
     l0 = b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(3, "u32"))
     sub_lo = b.op("shl.b32", c, Imm(1, "u32"))

@@ -71,7 +71,7 @@ def dequant_lane_wide(b, w, group, lane, count, f32: bool = True):
     b.comment("dequant q6_K wide: 4-byte ql / qh words -> q bytes -> q - 32 as f32 (prmt under 2^23, sub); scale d·sc "
               "per run")
     blk = b.op("add.u32", b.op("shl.b32", group, Imm(1, "u32")), b.op("shr.u32", lane, Imm(4, "u32")))
-    valid = b.op("setp.lt.u32", blk, count)
+    valid = None if count is None else b.op("setp.lt.u32", blk, count)  # None: both blocks inside the row
     block = b.op("mad.wide.u32", blk, Imm(BLOCK_BYTES, "u32"), w)
     h = b.op("and.b32", b.op("shr.u32", lane, Imm(3, "u32")), Imm(1, "b32"))
     l0 = b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32"))

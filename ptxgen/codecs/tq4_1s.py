@@ -56,7 +56,8 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
     if not f32:
         raise ValueError("tq4_1s: dequant_lane gives the rotated-domain fp32 weights only")
     blk, valid, offsets = block_lanes(b, group, lane, count, GROUP_BLOCKS)
-    inrow = b.op("min.u32", blk, b.op("sub.u32", count, Imm(1, "u32")))  # a lane past the row reads its last block
+    # a lane past the row reads its last block (count None: the caller knows the group is whole)
+    inrow = blk if count is None else b.op("min.u32", blk, b.op("sub.u32", count, Imm(1, "u32")))
     k0 = b.op("mad.lo.u32", inrow, Imm(BLOCK_K, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(3, "b32")), Imm(3, "u32")))
     vals = run8(b, w, k0)  # (those lanes' values are multiplied by predicated-off zeros)
     return [vals], offsets, valid

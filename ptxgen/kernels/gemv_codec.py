@@ -38,6 +38,9 @@ TUNED = {"q5_K": {1: (2, 2, True), 2: (2, 2, True), 4: (4, 2, True), 8: (4, 1, T
          "q6_K": {1: (1, 2, True), 2: (1, 2, True), 4: (1, 2, True), 8: (2, 4, False)}}  # T = 16: 2:2 narrow spills
 TUNED["q4_K"] = TUNED["q5_K"]
 AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
+# the steps whose groups all lie inside the row run without the per-lane block predicates (and the zero fills of
+# their predicated loads), the rest after them as before: the same products in the same order
+PEEL = True
 FORMATS = codecs.with_route("codec_gemv")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 
@@ -269,7 +272,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     yidx, bads = [Imm(t, "u32") for t in range(nt)], [bad] * nt
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
-    _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes)
+    _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
+            group_blocks)
     b.pdl_trigger()
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     _store_rows(b, acc, lambda r: lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M)),
@@ -341,7 +345,8 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     b.place(next_pass)
     live, xrow, yidx, bads = _pass_pairs(b, list_at, q, total, nt, M, K, X, slots_n, per_slot)
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
-    _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes)
+    _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
+            group_blocks)
     _store_rows(b, acc, lambda r: stored[r], row, M, Y, yidx, bads, live)
     b.emit("add.u32", q, q, Imm(nt, "u32"))
     b.bra(next_pass, pred=b.op("setp.lt.u32", q, total))
@@ -356,35 +361,57 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     return b.finish()
 
 
-def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes):
+def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
+            group_blocks):
     """The GEMV's walk along K: per step `unroll` groups of each row decoded by the codec's `lanes`, then times x
     (one FFMA per weight and token, in K order), the rows' bytes asked of L2 `ahead` steps before."""
     rows, nt = len(rowp), len(xrow)
     g = b.op("mov.u32", Imm(0, "u32"))
     if ahead:  # the first steps' bytes, then each step the bytes `ahead` steps further
         prefetch_rows(b, rowp, row_end, b.op("mov.u32", Imm(0, "u32")), ahead * unroll * group_bytes, lane)
-    loop = b.label("step")
-    b.place(loop)
-    if ahead:
-        prefetch_rows(b, rowp, row_end, b.op("mul.lo.u32", b.op("add.u32", g, Imm(ahead * unroll, "u32")),
-                                             Imm(group_bytes, "u32")), unroll * group_bytes, lane)
-    slots = []  # per group of the step: (its runs per row, offsets, the codec's valid, the group's own predicate)
-    for u in range(unroll):
-        gu, in_row = g, None
-        if u:
-            gu = b.op("add.u32", g, Imm(u, "u32"))
-            in_row = b.op("setp.lt.u32", gu, ngroups)
-            gu = b.op("min.u32", gu, last_group)
-        decoded = [lanes(b, rowp[r], gu, lane, nblk, f32=True) for r in range(rows)]
-        slots.append(([runs for runs, _, _ in decoded], decoded[0][1], decoded[0][2], in_row))
-    for runs, offsets, valid, in_row in slots:
-        first, deltas = offsets()
-        for t in range(nt):
-            pred = _both(b, valid, live[t])
-            dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow[t]), acc[t],
-                     _both(b, pred, in_row), in_row)
-    b.emit("add.u32", g, g, Imm(unroll, "u32"))
-    b.bra(loop, pred=b.op("setp.lt.u32", g, ngroups))
+
+    def step(whole: bool):  # one step of `unroll` groups; whole: every group inside the row (no predicates)
+        if ahead:
+            prefetch_rows(b, rowp, row_end, b.op("mul.lo.u32", b.op("add.u32", g, Imm(ahead * unroll, "u32")),
+                                                 Imm(group_bytes, "u32")), unroll * group_bytes, lane)
+        slots = []  # per group of the step: (its runs per row, offsets, the codec's valid, the group's own predicate)
+        for u in range(unroll):
+            gu, in_row = g, None
+            if u:
+                gu = b.op("add.u32", g, Imm(u, "u32"))
+                if not whole:
+                    in_row = b.op("setp.lt.u32", gu, ngroups)
+                    gu = b.op("min.u32", gu, last_group)
+            decoded = [lanes(b, rowp[r], gu, lane, None if whole else nblk, f32=True) for r in range(rows)]
+            slots.append(([runs for runs, _, _ in decoded], decoded[0][1], decoded[0][2], in_row))
+        for runs, offsets, valid, in_row in slots:
+            first, deltas = offsets()
+            for t in range(nt):
+                pred = _both(b, valid, live[t])
+                dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow[t]), acc[t],
+                         _both(b, pred, in_row), in_row)
+        b.emit("add.u32", g, g, Imm(unroll, "u32"))
+
+    if not PEEL:
+        loop = b.label("step")
+        b.place(loop)
+        step(False)
+        b.bra(loop, pred=b.op("setp.lt.u32", g, ngroups))
+        return
+    # whole steps while their groups lie inside the row (g + unroll ≤ nblk / group_blocks), then the rest as above
+    whole = b.op("div.u32", nblk, Imm(group_blocks, "u32"))
+    main, tail, end = b.label("step_whole"), b.label("step_tail"), b.label("steps_done")
+    b.bra(tail, pred=b.op("setp.gt.u32", b.op("add.u32", g, Imm(unroll, "u32")), whole))
+    b.place(main)
+    step(True)
+    b.bra(main, pred=b.op("setp.le.u32", b.op("add.u32", g, Imm(unroll, "u32")), whole))
+    b.place(tail)
+    b.bra(end, pred=b.op("setp.ge.u32", g, ngroups))
+    rest = b.label("step")
+    b.place(rest)
+    step(False)
+    b.bra(rest, pred=b.op("setp.lt.u32", g, ngroups))
+    b.place(end)
 
 
 KERNELS = [KernelDef(name(f, nt), f"{f.upper()} decode GEMV, exact (fp32 x), up to {nt} token(s), weights by the codec",
