@@ -67,6 +67,7 @@ NOT_SHIPPED = {
     "mmq_q4_k_wgmma_n64": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
     "mmq_q4_k_wgmma_n128": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
     "mmq_q4_k_wgmma_n256": "wgmma with A from shared memory: PTXGEN_MMQ_REGA=0 only; register-A is faster",
+    "gemv_q4_k_xr": "T = 1 with x in registers: PTXGEN_Q4K_XR=1 only; 10-40% slower than the default decode kernels",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
 }

@@ -39,8 +39,10 @@ TUNED = {"q5_K": {1: (2, 2, True), 2: (2, 2, True), 4: (4, 2, True), 8: (4, 1, T
 TUNED["q4_K"] = TUNED["q5_K"]
 AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
 # the steps whose groups all lie inside the row run without the per-lane block predicates (and the zero fills of
-# their predicated loads), the rest after them as before: the same products in the same order
+# their predicated loads), the rest after them as before: the same products in the same order; builds of up to
+# PEEL_MAX_TOKENS tokens (the 16-token builds hold twice the accumulators: Q8_0's spills with the loop peeled)
 PEEL = True
+PEEL_MAX_TOKENS = 8
 FORMATS = codecs.with_route("codec_gemv")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 
@@ -392,7 +394,7 @@ def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_
                          _both(b, pred, in_row), in_row)
         b.emit("add.u32", g, g, Imm(unroll, "u32"))
 
-    if not PEEL:
+    if not (PEEL and nt <= PEEL_MAX_TOKENS):
         loop = b.label("step")
         b.place(loop)
         step(False)
