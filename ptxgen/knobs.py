@@ -24,8 +24,9 @@ PTXGEN_Q4K_MMA     exact Q4_K decode on the tensor-core GEMV (sm_90): unset/auto
                    tokens from 2^25 weights, 1 = every slice and 9-16 tokens on its 16-token build instead of the
                    MMQ, 0 = never
 PTXGEN_Q4K_XR      exact Q4_K decode of single tokens on gemv_q4_k_xr (the activation in registers; K ≤ 24576):
-                   1 = those slices (unless PTXGEN_Q4K_MMA=1); unset/auto/0 = never (it measured slower)
-PTXGEN_Q4K_T1      exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} (prep_q4k_t*, token n's hi and lo as B
+                   1 = those slices (unless PTXGEN_Q4K_MMA=1; not in emitted/: built from the DSL when first
+                   asked for); unset/auto/0 = never (it measured slower)
+PTXGEN_Q4K_T1      exact Q4_K decode of 1-8 tokens on gemv_q4_k_mma_t{1,2,4,8} (prep_q4k_t*, token n's hi and lo as B
                    columns 2n, 2n + 1, weights through a cp.async ring): unset/auto = from 14·2^20 weights, 1 = every
                    such slice, 0 = never (PTXGEN_Q4K_MMA=1 and PTXGEN_Q4K_XR=1 take precedence)
 PTXGEN_Q4K_FUSED   exact Q4_K decode of 1-4 tokens on gemv_q4_k_mma_t{1,2,4} in one launch (gemv_q4_k_mma_t*_fused build
