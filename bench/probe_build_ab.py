@@ -11,8 +11,8 @@ column is always the shipped emitted/ builds.
 
 A value is a Python literal; the attributes are restored after each variant. `rule.NAME=literal` overrides a
 dispatch rule of ptxgen/tuning while the variant runs (e.g. 'few8: rule.q4k_few_max_tokens=8'); `kernels.ATTR`
-sets an attribute of the package ptxgen.kernels itself. Replaces probe_block_box.py (the nibble codecs' block box,
-2026-12-02: no win; bench/NOTES.md)."""
+sets an attribute of the package ptxgen.kernels itself, `codecs.MOD.ATTR` one of ptxgen.codecs.MOD. Replaces
+probe_block_box.py (the nibble codecs' block box, 2026-12-02: no win; bench/NOTES.md)."""
 import argparse
 import ast
 import importlib
@@ -35,7 +35,8 @@ def parse_variant(text: str):
         if mod == "rule":  # rule.NAME: a dispatch rule of ptxgen/tuning, overridden while the variant runs
             sets.append(("rule", attr, ast.literal_eval(value.strip())))
             continue
-        module = "ptxgen.kernels" if mod == "kernels" else f"ptxgen.kernels.{mod}"
+        module = ("ptxgen.kernels" if mod == "kernels" else f"ptxgen.{mod}" if mod.startswith("codecs.")
+                  else f"ptxgen.kernels.{mod}")
         sets.append((importlib.import_module(module), attr, ast.literal_eval(value.strip())))
     return name.strip(), sets
 

@@ -37,6 +37,20 @@ def block_lanes(b, group, lane, count, group_blocks: int):
     return blk, valid, offsets
 
 
+# kquant_lane_wide's values to f32 by one PRMT under the exponent of 2^23 and one FADD (full-rate pipes, as Q6_K's
+# lanes) instead of I2F.U8 (a quarter-rate conversion: 64 a step in the MoE pair GEMV); the same bits. Off until
+# timed on the GPU (bench/NOTES.md, 2026-12-02 night): probe_build_ab --variant 'prmt: codecs._common.PRMT_CONVERT=True'
+PRMT_CONVERT = False
+
+
+def _byte_f32(b, q, i: int):
+    """Byte i of the u32 `q` (a value 0 .. 255) as an exact f32."""
+    if PRMT_CONVERT:  # 0x4B0000qq = 2^23 + q, less 2^23: exact
+        v = b.op("prmt.b32", q, Imm(0x4B000000, "b32"), Imm(0x7650 + i, "b32"), type="f32")
+        return b.op("sub.rn.f32", v, Imm(8388608.0, "f32"))
+    return b.op("cvt.rn.f32.u32", b.op("bfe.u32", q, Imm(8 * i, "u32"), Imm(8, "u32")))
+
+
 def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs_offset: int, qh_offset=None):
     """The GEMVs' wider step for the K-quants with 6-bit (scale, min) pairs, Q4_K and Q5_K (`qh_offset`: Q5_K's
     fifth bits): lane L takes block 2·group + L / 16 (valid below `count`; past it the qs / qh loads are off, the
@@ -76,8 +90,8 @@ def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs
             if qh is not None:  # bit `sub` of each qh byte is the fifth bit
                 q = b.op("or.b32", q, b.op("shl.b32", b.op("and.b32", b.op("shr.u32", qh[wd], sub),
                                                            Imm(0x01010101, "b32")), Imm(4, "u32")))
-            vals += [b.op("sub.rn.f32", b.op("mul.rn.f32", env[scale], b.op("cvt.rn.f32.u32", b.op(
-                "bfe.u32", q, Imm(8 * i, "u32"), Imm(8, "u32")))), env[minimum]) for i in range(4)]
+            vals += [b.op("sub.rn.f32", b.op("mul.rn.f32", env[scale], _byte_f32(b, q, i)), env[minimum])
+                     for i in range(4)]
         runs.append(vals)
 
     def offsets():  # 256·block + 64·c + l0; the high run 32 further

@@ -38,6 +38,12 @@ TUNED = {"q5_K": {1: (2, 2, True), 2: (2, 2, True), 4: (4, 2, True), 8: (4, 1, T
          "q6_K": {1: (1, 2, True), 2: (1, 2, True), 4: (1, 2, True), 8: (2, 4, False)}}  # T = 16: 2:2 narrow spills
 TUNED["q4_K"] = TUNED["q5_K"]
 AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
+# resident CTAs an SM asked of ptxas, by kernel name (none: ptxas's choice). Without launch bounds nvJitLink gives
+# the MoE pair GEMV gemv_q4_k_f32_id 128 registers (2 CTAs of 8 warps an SM: 128 x top-8's 384 CTAs take two
+# rounds) and gemv_q6_k_f32_t1 79 (3 an SM: 4096 rows' 512 CTAs, 1.3 rounds); these builds fit 64 registers (4
+# CTAs) or 80 (3) without spills (nvJitLink, sm_90a, 2026-12-02). Empty until timed on the GPU (bench/NOTES.md,
+# 2026-12-02 night): probe_build_ab --variant 'c4: gemv_codec.RESIDENCY={"gemv_q4_k_f32_id": 4, ...}'
+RESIDENCY: dict[str, int] = {}
 # the steps whose groups all lie inside the row run without the per-lane block predicates (and the zero fills of
 # their predicated loads), the rest after them as before: the same products in the same order; builds of up to
 # PEEL_MAX_TOKENS tokens (the 16-token builds hold twice the accumulators: Q8_0's spills with the loop peeled)
@@ -236,6 +242,10 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     b.directives += [f".maxntid {32 * WARPS}, 1, 1"]
+    ctas = RESIDENCY.get(kname)
+    if ctas:  # launch bounds: the registers ptxas may take so that `ctas` CTAs fit an SM
+        b.directives.append(f".minnctapersm {ctas}")
+        b.meta.update(ctas_per_sm=ctas)
     b.meta.update(tokens=nt, rows_per_cta=WARPS * rows, warps=WARPS, rows_per_warp=rows, unroll=unroll, ahead=ahead,
                   grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
                   activation="fp32 x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K, layout="gguf rows")
