@@ -307,6 +307,24 @@ def test_codec_gemv_whole_steps_then_the_partial_tail(kernel, k):
         assert out.ok, out.detail
 
 
+def test_kquant_wide_lanes_convert_by_prmt_to_the_same_bits(monkeypatch):
+    """codecs._common.PRMT_CONVERT (the 4/5-bit values to f32 by PRMT under 2^23 and one FADD instead of I2F.U8):
+    the GEMV's outputs bit for bit those of the conversion it replaces, within 1e-5 of float64."""
+    from ptxgen.codecs import _common
+
+    got, cvts = [], []
+    for prmt in (False, True):
+        monkeypatch.setattr(_common, "PRMT_CONVERT", prmt)
+        k = KERNELS["gemv_q5_k_f32_t2"].for_arch("sm_90a")
+        cvts.append(k.ptx().count("cvt.rn.f32.u32"))
+        out = gemv_codec_case(k.ptx(), dict(k.meta, name=k.name), np.random.default_rng(7), shape=(21, 2304), ntok=2,
+                              seed=7)
+        assert out.ok, out.detail
+        got.append(out.got)
+    assert cvts[1] < cvts[0]
+    np.testing.assert_array_equal(got[0].view(np.uint64), got[1].view(np.uint64))
+
+
 def test_every_kernel_has_a_harness():
     assert set(KERNELS) <= set(HARNESSES) | set(UNCOVERED)
 
