@@ -361,3 +361,16 @@ def test_ctas_per_sm_never_claims_more_shared_memory_than_the_target_has():
             c, smem = e["meta"].get("ctas_per_sm"), e["static_smem"] + e["dynamic_smem"]
             if isinstance(c, int) and smem:
                 assert c == 1 or c * (smem + 1024) <= a.max_smem_per_block + 1024, (arch, e["kernel"], c, smem)
+
+
+def test_codec_gemv_residency_sets_launch_bounds_without_spills(monkeypatch):
+    """gemv_codec.RESIDENCY (launch bounds by kernel name, empty in emitted/): an entry asks ptxas for that many
+    resident CTAs (.minnctapersm, meta ctas_per_sm), and the MoE pair GEMV fits 4 an SM (64 registers) unspilled."""
+    from ptxgen.kernels import gemv_codec
+
+    monkeypatch.setattr(gemv_codec, "RESIDENCY", {"gemv_q4_k_f32_id": 4})
+    k = KERNELS["gemv_q4_k_f32_id"].for_arch("sm_90a")
+    assert ".minnctapersm 4" in k.ptx() and k.meta["ctas_per_sm"] == 4
+    r = compile_ptx(k.ptx(), "sm_90a", name=k.name).resources[k.entry]
+    assert r["registers"] <= 64 and r["spill_stores"] == r["spill_loads"] == r["lmem"] == 0
+    assert ".minnctapersm" not in KERNELS["gemv_q6_k_f32_t1"].for_arch("sm_90a").ptx()
