@@ -51,6 +51,7 @@ def swap(names, sets):
     old = [(m, a, getattr(m, a)) for m, a, _ in sets]
     for m, a, v in sets:
         setattr(m, a, v)
+    kernels._built.cache_clear()  # the DSL builds are cached per (kernel, arch): each variant builds its own
     for name in names:
         text, entry = kernels.ptx_source(name, "sm_90a", "dsl")
         if entry["meta"].get("compile") == "whole-program":  # as kernels.load: the driver's JIT honours setmaxnreg
@@ -69,6 +70,7 @@ def restore(old):
     for m, a, v in old:
         setattr(m, a, v)
     kernels._BEST.clear()
+    kernels._built.cache_clear()
 
 
 def main():

@@ -364,7 +364,7 @@ def test_ctas_per_sm_never_claims_more_shared_memory_than_the_target_has():
 
 
 def test_codec_gemv_residency_sets_launch_bounds_without_spills(monkeypatch):
-    """gemv_codec.RESIDENCY (launch bounds by kernel name, empty in emitted/): an entry asks ptxas for that many
+    """gemv_codec.RESIDENCY (launch bounds by kernel name): an entry asks ptxas for that many
     resident CTAs (.minnctapersm, meta ctas_per_sm), and the MoE pair GEMV fits 4 an SM (64 registers) unspilled."""
     from ptxgen.kernels import gemv_codec
 
@@ -374,3 +374,16 @@ def test_codec_gemv_residency_sets_launch_bounds_without_spills(monkeypatch):
     r = compile_ptx(k.ptx(), "sm_90a", name=k.name).resources[k.entry]
     assert r["registers"] <= 64 and r["spill_stores"] == r["spill_loads"] == r["lmem"] == 0
     assert ".minnctapersm" not in KERNELS["gemv_q6_k_f32_t1"].for_arch("sm_90a").ptx()
+
+
+def test_codec_gemv_shipped_residency_compiles_unspilled():
+    """The shipped RESIDENCY entries hold: each build asks its CTAs an SM and ptxas fits them without spills."""
+    from ptxgen.kernels import gemv_codec
+
+    assert gemv_codec.RESIDENCY
+    for name, ctas in gemv_codec.RESIDENCY.items():
+        k = KERNELS[name].for_arch("sm_90a")
+        assert f".minnctapersm {ctas}" in k.ptx() and k.meta["ctas_per_sm"] == ctas
+        r = compile_ptx(k.ptx(), "sm_90a", name=k.name).resources[k.entry]
+        assert r["spill_stores"] == r["spill_loads"] == r["lmem"] == 0, (name, r)
+        assert r["registers"] * k.threads * ctas <= 65536, (name, r)
