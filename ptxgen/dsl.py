@@ -223,6 +223,35 @@ class DecodeScaleMin6(DequantOp):
 
 
 @dataclass(frozen=True)
+class DecodeScaleMinPair6(DequantOp):
+    """Q4_K/Q5_K 6-bit (sc, m) of the sub-block pair env[sub], env[sub] + 1 (env[sub] even: the low and high
+    nibbles of one 32-byte chunk), word-parallel: the four scale bytes of the header half the pair lies in are
+    formed at once — j < 4: q[j] & 63 and q[j+4] & 63; j ≥ 4: (q[j+4] & 0xF) | (q[j-4] >> 6) << 4 and
+    (q[j+4] >> 4) | (q[j] >> 6) << 4, byte j & 3 of each word either way — by masks chosen per lane (no
+    divergence), and the pair shifted down to bytes 0 and 1. ~12 operations for both sub-blocks where two
+    DecodeScaleMin6 take ~40. out: (sc of sub, m of sub, sc of sub + 1, m of sub + 1), u32."""
+    words: str
+    first: int
+    sub: str
+    out: tuple
+
+    def lower(self, b, env):
+        s0, s1, s2 = env[self.words][self.first:self.first + 3]
+        j = env[self.sub]
+        low = b.op("setp.lt.u32", j, Imm(4, "u32"))
+        keep = b.op("selp.b32", Imm(0x3F3F3F3F, "b32"), Imm(0x0F0F0F0F, "b32"), low)  # the bits from q[j(+4)]
+        top = b.op("selp.b32", Imm(0, "b32"), Imm(0x30303030, "b32"), low)  # bits 4-5 from q[j(-4)] >> 6
+        shift = b.op("shl.b32", b.op("and.b32", j, Imm(2, "b32")), Imm(3, "u32"))  # byte j & 3 (0 or 2) to byte 0
+        sc = b.op("or.b32", b.op("and.b32", b.op("selp.b32", s0, s2, low), keep),
+                  b.op("and.b32", b.op("shr.u32", s0, Imm(2, "u32")), top))
+        m = b.op("or.b32", b.op("and.b32", b.op("selp.b32", s1, b.op("shr.u32", s2, Imm(4, "u32")), low), keep),
+                 b.op("and.b32", b.op("shr.u32", s1, Imm(2, "u32")), top))
+        sc, m = b.op("shr.u32", sc, shift), b.op("shr.u32", m, shift)
+        for name, word, at in zip(self.out, (sc, m, sc, m), (0, 0, 8, 8)):
+            env[name] = b.op("bfe.u32", word, Imm(at, "u32"), Imm(8, "u32"))
+
+
+@dataclass(frozen=True)
 class ScaleProduct(DequantOp):
     """env[out] = env[scale] · float(env[small_int]) in float32 (ggml forms d·sc and dmin·m first)."""
     scale: str

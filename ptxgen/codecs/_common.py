@@ -38,14 +38,15 @@ def block_lanes(b, group, lane, count, group_blocks: int):
 
 
 # kquant_lane_wide's values to f32 by one PRMT under the exponent of 2^23 and one FADD (full-rate pipes, as Q6_K's
-# lanes) instead of I2F.U8 (a quarter-rate conversion: 64 a step in the MoE pair GEMV); the same bits. Off until
-# timed on the GPU (bench/NOTES.md, 2026-12-02 night): probe_build_ab --variant 'prmt: codecs._common.PRMT_CONVERT=True'
-PRMT_CONVERT = False
+# lanes) instead of I2F.U8 (a quarter-rate conversion: 64 a step in the MoE pair GEMV, its pipe busier than the issue);
+# the same bits. MoE T = 1, 128 x top-8 / 32 x top-4, graph µs on the H200 with the FFMA weights and Q4_K at 3 CTAs an
+# SM (bench/NOTES.md, 2026-12-03): Q4_K 7.1 / 8.7 (I2F) -> 6.4 / 7.7, Q5_K 7.8 / 9.1 -> 7.2 / 8.6. False: I2F.
+PRMT_CONVERT = True
 
 
-def _byte_f32(b, q, i: int):
+def _byte_f32(b, q, i: int, prmt: bool):
     """Byte i of the u32 `q` (a value 0 .. 255) as an exact f32."""
-    if PRMT_CONVERT:  # 0x4B0000qq = 2^23 + q, less 2^23: exact
+    if prmt:  # 0x4B0000qq = 2^23 + q, less 2^23: exact
         v = b.op("prmt.b32", q, Imm(0x4B000000, "b32"), Imm(0x7650 + i, "b32"), type="f32")
         return b.op("sub.rn.f32", v, Imm(8388608.0, "f32"))
     return b.op("cvt.rn.f32.u32", b.op("bfe.u32", q, Imm(8 * i, "u32"), Imm(8, "u32")))
@@ -57,8 +58,9 @@ def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs
     header is the row's last block's, and the GEMV masks x), chunk c = (L / 4) % 4 and bytes l0 .. l0 + 7
     (l0 = 8·(L % 4)) of its 32 qs bytes: 8 weights of sub-block 2c (low nibbles) and 8 of 2c + 1 (high), from one
     8-byte qs load (and one of qh), with one header load and the two sub-blocks' scale decode for 16 weights. The
-    weights are ggml's fp32 w = d·sc·q − dmin·m, each rounded as ggml rounds it (not factored: with the min term a
-    factored sum d·sc·Σqx − dmin·m·Σx can cancel). Offsets as dequant_lane's, the first element 256·block + 64·c
+    weights are ggml's fp32 w = d·sc·q − dmin·m, each rounded as ggml rounds it: d·sc·q is exact in f32, so one FFMA
+    gives ggml's FMUL-then-FADD bits (not factored: with the min term a factored sum d·sc·Σqx − dmin·m·Σx can
+    cancel). Offsets as dequant_lane's, the first element 256·block + 64·c
     + l0, the high run 32 further."""
     from ..dsl import DequantSequence, LoadWords
     from . import q4_k
@@ -84,14 +86,14 @@ def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs
     qh = pair(b.op("add.u32", l0, Imm(qh_offset, "u32"))) if qh_offset is not None else None
     runs = []
     for half, sub, scale, minimum in ((0, sub_lo, "d_lo", "min_lo"), (1, env["sub_hi"], "d_hi", "min_hi")):
-        vals = []
+        vals, prmt = [], PRMT_CONVERT
         for wd in range(2):
             q = b.op("and.b32", qs[wd] if half == 0 else b.op("shr.u32", qs[wd], Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
             if qh is not None:  # bit `sub` of each qh byte is the fifth bit
                 q = b.op("or.b32", q, b.op("shl.b32", b.op("and.b32", b.op("shr.u32", qh[wd], sub),
                                                            Imm(0x01010101, "b32")), Imm(4, "u32")))
-            vals += [b.op("sub.rn.f32", b.op("mul.rn.f32", env[scale], _byte_f32(b, q, i)), env[minimum])
-                     for i in range(4)]
+            neg = b.op("neg.f32", env[minimum])  # d·sc·q is exact in f32 (11 + 6 + 5 bits): one FFMA, ggml's bits
+            vals += [b.op("fma.rn.f32", env[scale], _byte_f32(b, q, i, prmt), neg) for i in range(4)]
         runs.append(vals)
 
     def offsets():  # 256·block + 64·c + l0; the high run 32 further

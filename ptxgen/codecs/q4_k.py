@@ -13,7 +13,7 @@ The decodes, by the kernels that consume them:
 """
 from __future__ import annotations
 
-from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DequantSequence, LoadWords, ScaleProduct,
+from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DecodeScaleMinPair6, DequantSequence, LoadWords, ScaleProduct,
                    SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
 from ._common import alignment_error, geometry, kquant_lane_wide
@@ -31,12 +31,12 @@ weights_error = alignment_error(FMT, 16)  # the GEMVs' and GEMMs' 16-byte loads,
 
 
 def scale_ops() -> tuple:
-    """d·sc and dmin·m (f32) of sub-blocks env["sub_lo"], env["sub_hi"] from the header words env["hdr"]
-    (d|dmin, then the 12 scale bytes): leaves env["d_lo"], env["min_lo"], env["d_hi"], env["min_hi"]."""
+    """d·sc and dmin·m (f32) of sub-blocks env["sub_lo"] (even: a chunk's low nibbles) and env["sub_lo"] + 1 (its
+    high nibbles) from the header words env["hdr"] (d|dmin, then the 12 scale bytes): leaves env["d_lo"],
+    env["min_lo"], env["d_hi"], env["min_hi"]."""
     return (
         SplitHalves("hdr", 0, ("d", "dmin")),
-        DecodeScaleMin6("hdr", 1, "sub_lo", ("sc_lo", "m_lo")),
-        DecodeScaleMin6("hdr", 1, "sub_hi", ("sc_hi", "m_hi")),
+        DecodeScaleMinPair6("hdr", 1, "sub_lo", ("sc_lo", "m_lo", "sc_hi", "m_hi")),
         ScaleProduct("d", "sc_lo", "d_lo"), ScaleProduct("dmin", "m_lo", "min_lo"),
         ScaleProduct("d", "sc_hi", "d_hi"), ScaleProduct("dmin", "m_hi", "min_hi"),
     )

@@ -42,9 +42,11 @@ AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (p
 # the MoE GEMVs gemv_q5_k_f32_id 134 registers (1 CTA of 8 warps an SM) and gemv_q6_k_f32_id / gemv_q8_0_f32_id
 # enough for 2-3; they fit 80 / 64 registers without spills. Timed on the H200 (graph µs, T = 1, 128 x top-8 768x2048
 # / 32 x top-4 1792x2048; bench/NOTES.md 2026-12-03): Q5_K 10.5 / 13.3 -> 8.2 / 10.0, Q6_K 7.7 / 8.9 -> 6.9 / 7.6,
-# Q8_0 7.3 / 9.0 -> 7.2 / 8.8. Not here: gemv_q4_k_f32_id at 4 (7.7 / 9.5 -> 8.3 / 9.1) and 3 (7.6 / 9.5), and the
-# dense gemv_q6_k_f32_t1 at 4 (22.3 -> 23.9 on 4096x14336) or 2 (22.3).
-RESIDENCY: dict[str, int] = {"gemv_q5_k_f32_id": 3, "gemv_q6_k_f32_id": 4, "gemv_q8_0_f32_id": 4}
+# Q8_0 7.3 / 9.0 -> 7.2 / 8.8. Not here: the dense gemv_q6_k_f32_t1 at 4 (22.3 -> 23.9 on 4096x14336) or 2 (22.3).
+# gemv_q4_k_f32_id, with the pair scale decode, FFMA weights and PRMT values (2026-12-03), takes 141 registers
+# unbounded (1 CTA an SM): at 2 it ran those shapes in 7.0 / 8.2 µs, at 3 (80 registers) 6.4 / 7.7.
+RESIDENCY: dict[str, int] = {"gemv_q4_k_f32_id": 3, "gemv_q5_k_f32_id": 3, "gemv_q6_k_f32_id": 4,
+                             "gemv_q8_0_f32_id": 4}
 # the steps whose groups all lie inside the row run without the per-lane block predicates (and the zero fills of
 # their predicated loads), the rest after them as before: the same products in the same order; builds of up to
 # PEEL_MAX_TOKENS tokens (the 16-token builds hold twice the accumulators: Q8_0's spills with the loop peeled)
