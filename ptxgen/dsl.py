@@ -197,19 +197,29 @@ class SplitHalves(DequantOp):
 
 
 @dataclass(frozen=True)
-class DecodeScaleMin6(DequantOp):
-    """Q4_K/Q5_K 6-bit (sc, m) of sub-block env[sub] from the 3 packed scale words env[words][first:first+3].
-    Branchless: both branches of ggml's get_scale_min_k4 are extracted with `bfe` at a run-time bit position
-    and `selp` picks one, so lanes working on different sub-blocks do not diverge."""
+class _ScaleMin6(DequantOp):
+    """The K-quants' 6-bit (sc, m) decodes: the 3 packed scale words env[words][first:first+3], the sub-block index
+    env[sub], the names `out` they leave."""
     words: str
     first: int
     sub: str
     out: tuple
 
-    def lower(self, b, env):
+    def operands(self, b, env):
+        """(s0, s1, s2, j, j < 4)."""
         s0, s1, s2 = env[self.words][self.first:self.first + 3]
         j = env[self.sub]
-        low = b.op("setp.lt.u32", j, Imm(4, "u32"))
+        return s0, s1, s2, j, b.op("setp.lt.u32", j, Imm(4, "u32"))
+
+
+@dataclass(frozen=True)
+class DecodeScaleMin6(_ScaleMin6):
+    """Q4_K/Q5_K 6-bit (sc, m) of sub-block env[sub] from the 3 packed scale words env[words][first:first+3].
+    Branchless: both branches of ggml's get_scale_min_k4 are extracted with `bfe` at a run-time bit position
+    and `selp` picks one, so lanes working on different sub-blocks do not diverge."""
+
+    def lower(self, b, env):
+        s0, s1, s2, j, low = self.operands(b, env)
         pos = b.op("shl.b32", b.op("and.b32", j, Imm(3, "b32")), Imm(3, "u32"))
         a0, a1, a2 = (b.op("bfe.u32", s, pos, Imm(8, "u32")) for s in (s0, s1, s2))
         sc_lo = b.op("and.b32", a0, Imm(63, "b32"))  # j < 4: q[j] & 63
@@ -223,22 +233,16 @@ class DecodeScaleMin6(DequantOp):
 
 
 @dataclass(frozen=True)
-class DecodeScaleMinPair6(DequantOp):
+class DecodeScaleMinPair6(_ScaleMin6):
     """Q4_K/Q5_K 6-bit (sc, m) of the sub-block pair env[sub], env[sub] + 1 (env[sub] even: the low and high
     nibbles of one 32-byte chunk), word-parallel: the four scale bytes of the header half the pair lies in are
     formed at once — j < 4: q[j] & 63 and q[j+4] & 63; j ≥ 4: (q[j+4] & 0xF) | (q[j-4] >> 6) << 4 and
     (q[j+4] >> 4) | (q[j] >> 6) << 4, byte j & 3 of each word either way — by masks chosen per lane (no
     divergence), and the pair shifted down to bytes 0 and 1. ~12 operations for both sub-blocks where two
     DecodeScaleMin6 take ~40. out: (sc of sub, m of sub, sc of sub + 1, m of sub + 1), u32."""
-    words: str
-    first: int
-    sub: str
-    out: tuple
 
     def lower(self, b, env):
-        s0, s1, s2 = env[self.words][self.first:self.first + 3]
-        j = env[self.sub]
-        low = b.op("setp.lt.u32", j, Imm(4, "u32"))
+        s0, s1, s2, j, low = self.operands(b, env)
         keep = b.op("selp.b32", Imm(0x3F3F3F3F, "b32"), Imm(0x0F0F0F0F, "b32"), low)  # the bits from q[j(+4)]
         top = b.op("selp.b32", Imm(0, "b32"), Imm(0x30303030, "b32"), low)  # bits 4-5 from q[j(-4)] >> 6
         shift = b.op("shl.b32", b.op("and.b32", j, Imm(2, "b32")), Imm(3, "u32"))  # byte j & 3 (0 or 2) to byte 0
