@@ -325,6 +325,24 @@ def test_kquant_wide_lanes_convert_by_prmt_to_the_same_bits(monkeypatch):
     np.testing.assert_array_equal(got[0].view(np.uint64), got[1].view(np.uint64))
 
 
+def test_q8_0_lanes_convert_by_i2f_or_prmt_to_the_same_bits(monkeypatch):
+    """codecs.q8_0.F32_I2F (how many of a lane's 8 int8 values convert by I2F.S8; the rest by PRMT under 2^23 and one
+    FADD): every split gives the same q, so the GEMV's outputs bit for bit, within 1e-5 of float64."""
+    from ptxgen.codecs import q8_0
+
+    got = []
+    for n in (0, 3, 8):
+        monkeypatch.setattr(q8_0, "F32_I2F", n)
+        k = KERNELS["gemv_q8_0_f32_t2"].for_arch("sm_90a")
+        assert k.ptx().count("cvt.rn.f32.s32") >= n and ("prmt.b32" in k.ptx()) == (n < 8)
+        out = gemv_codec_case(k.ptx(), dict(k.meta, name=k.name), np.random.default_rng(3), shape=(21, 544), ntok=2,
+                              seed=3)
+        assert out.ok, out.detail
+        got.append(out.got)
+    for g in got[1:]:
+        np.testing.assert_array_equal(got[0].view(np.uint64), g.view(np.uint64))
+
+
 def test_every_kernel_has_a_harness():
     assert set(KERNELS) <= set(HARNESSES) | set(UNCOVERED)
 

@@ -8,6 +8,11 @@ from ._common import block_lanes, geometry
 FMT = "q8_0"
 BLOCK_K, BLOCK_BYTES, D_OFFSET, QS_OFFSET = geometry(FMT, "d", "qs")  # 32, 34, 0, 2
 GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
+# of a lane's 8 values in the fp32 GEMVs, how many convert by I2F.S8 (one instruction, on the quarter-rate pipe);
+# the rest by PRMT + FADD (two, full rate). Before 2026-12-03 all 8 took I2F and an FMUL by d (the pipe over the
+# issue). H200, graph µs, T = 1: the MoE GEMV 128 x top-8 7.2 -> 7.1 at 4 (7.7 at 8, 7.0 at 0); the dense
+# gemv_q8_0_f32_t1 on 4096x14336 26.8 at 4, 30.5 at 8 (bench/NOTES.md, 2026-12-03).
+F32_I2F = 4
 LOAD_ALIGN = 2
 ROUTES = {"exact": ("codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
 
@@ -23,7 +28,9 @@ def weights_error(mode: str, k: int, ptr: int) -> str | None:
 def dequant_lane(b, w, group, lane, count, f32: bool = False):
     """dequantize_q8_0's step: lane L takes block 8·group + L / 4 (valid below `count` blocks) and its quants
     8·(L % 4) .. + 7 (four 2-byte loads: the block is 2-byte aligned); w = q·d in float32 as ggml, then fp16: one
-    run of 4 f16x2 words (f32: of 8 f32 values). As q4_k.dequant_lane."""
+    run of 4 f16x2 words. As q4_k.dequant_lane. f32 (the fp32 GEMVs, the fixup): one factored run (the 8 q as
+    exact f32, d) — the GEMV sums q·x and scales once, the products of ggml's w = q·d (exact in f32: 11 + 8 bits) up
+    to the sum's rounding; F32_I2F of the 8 values by I2F.S8, the rest by PRMT under 2^23 and one FADD."""
     b.comment("dequant q8_0: int8 pairs -> q·d -> fp16")
     blk, valid, offsets = block_lanes(b, group, lane, count, GROUP_BLOCKS)
     block = b.op("mad.wide.u32", blk, Imm(BLOCK_BYTES, "u32"), w)
@@ -33,17 +40,24 @@ def dequant_lane(b, w, group, lane, count, f32: bool = False):
     b.emit("mov.b16", dbits, Imm(0, "b16"))
     b.emit("ld.global.nc.b16", dbits, Mem(block), pred=valid)
     d = b.op("cvt.f32.f16", dbits)
-    words = []
+    words, vals = [], []
     for i in range(4):
         pair = b.op("mov.u32", Imm(0, "u32"))
         b.emit("ld.global.nc.u16", pair, Mem(qs, 2 + 2 * i), pred=valid)
+        if f32:  # a factored run: q exactly as f32, d once per run
+            u = b.op("xor.b32", pair, Imm(0x8080, "b32")) if 2 * i + 1 >= F32_I2F else None  # q + 128 a byte
+            for j in range(2):
+                if 2 * i + j < F32_I2F:
+                    vals.append(b.op("cvt.rn.f32.s32", b.op("bfe.s32", pair, Imm(8 * j, "u32"), Imm(8, "u32"),
+                                                                 type="s32")))
+                else:  # 0x4B0000uu = 2^23 + q + 128, less 2^23 + 128: exact
+                    v = b.op("prmt.b32", u, Imm(0x4B000000, "b32"), Imm(0x7650 + j, "b32"), type="f32")
+                    vals.append(b.op("sub.rn.f32", v, Imm(8388736.0, "f32")))
+            continue
         q = [b.op("bfe.s32", pair, Imm(8 * j, "u32"), Imm(8, "u32"), type="s32") for j in range(2)]
         v = [b.op("mul.rn.f32", b.op("cvt.rn.f32.s32", qj), d) for qj in q]
-        if f32:
-            words += v
-        else:
-            words.append(b.op("cvt.rn.f16x2.f32", v[1], v[0], type="b32"))
-    return [words], offsets, valid
+        words.append(b.op("cvt.rn.f16x2.f32", v[1], v[0], type="b32"))
+    return ([(vals, d)] if f32 else [words]), offsets, valid
 
 
 def run8(b, row, k0):
