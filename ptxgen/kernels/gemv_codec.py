@@ -13,8 +13,9 @@ against the float64 reference). The generic baseline that makes every codec's fo
 hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
 
 A codec with `dequant_lane_wide` (Q4_K, Q5_K, Q6_K) gives each lane 16 weights of a block, so one header load and
-one scale decode serve twice the weights: the K-quants' as ggml's fp32 weights (Q5_K at T = 1: 11 SASS
-instructions a weight in the main loop, the 8-weight lanes 22; `ptxgen check --loops`), Q6_K's as factored runs
+one scale decode serve twice the weights: the K-quants' as ggml's fp32 weights (Q5_K at T = 1: 8.2 SASS
+instructions a weight in the main loop since the pair scale decode, FFMA weights and PRMT values of 2026-12-03, 11
+before, the 8-weight lanes 22; `ptxgen check --loops`), Q6_K's as factored runs
 (q − 32 as f32 by a PRMT and an FADD, d·sc per run of 4: the warp sums q·x and scales once, no min term to cancel;
 8.8 where they took 14). Measured against the 8-weight lanes by bench/probe_gemv_codec.py (W = 0 / 1). Q8_0's
 8-weight lanes give one factored run too (q exact, d once: no FMUL a weight; q8_0.F32_I2F of the 8 values on the
