@@ -44,9 +44,9 @@ def block_lanes(b, group, lane, count, group_blocks: int):
 PRMT_CONVERT = True
 
 
-def _byte_f32(b, q, i: int, prmt: bool):
+def _byte_f32(b, q, i: int):
     """Byte i of the u32 `q` (a value 0 .. 255) as an exact f32."""
-    if prmt:  # 0x4B0000qq = 2^23 + q, less 2^23: exact
+    if PRMT_CONVERT:  # 0x4B0000qq = 2^23 + q, less 2^23: exact
         v = b.op("prmt.b32", q, Imm(0x4B000000, "b32"), Imm(0x7650 + i, "b32"), type="f32")
         return b.op("sub.rn.f32", v, Imm(8388608.0, "f32"))
     return b.op("cvt.rn.f32.u32", b.op("bfe.u32", q, Imm(8 * i, "u32"), Imm(8, "u32")))
@@ -86,14 +86,14 @@ def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs
     qh = pair(b.op("add.u32", l0, Imm(qh_offset, "u32"))) if qh_offset is not None else None
     runs = []
     for half, sub, scale, minimum in ((0, sub_lo, "d_lo", "min_lo"), (1, env["sub_hi"], "d_hi", "min_hi")):
-        vals, prmt = [], PRMT_CONVERT
+        vals = []
+        neg = b.op("neg.f32", env[minimum])  # d·sc·q is exact in f32 (11 + 6 + 5 bits): one FFMA, ggml's bits
         for wd in range(2):
             q = b.op("and.b32", qs[wd] if half == 0 else b.op("shr.u32", qs[wd], Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
             if qh is not None:  # bit `sub` of each qh byte is the fifth bit
                 q = b.op("or.b32", q, b.op("shl.b32", b.op("and.b32", b.op("shr.u32", qh[wd], sub),
                                                            Imm(0x01010101, "b32")), Imm(4, "u32")))
-            neg = b.op("neg.f32", env[minimum])  # d·sc·q is exact in f32 (11 + 6 + 5 bits): one FFMA, ggml's bits
-            vals += [b.op("fma.rn.f32", env[scale], _byte_f32(b, q, i, prmt), neg) for i in range(4)]
+            vals += [b.op("fma.rn.f32", env[scale], _byte_f32(b, q, i), neg) for i in range(4)]
         runs.append(vals)
 
     def offsets():  # 256·block + 64·c + l0; the high run 32 further
