@@ -623,11 +623,13 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gathe
         valid = len(order) - 1  # the last place: a bad id's (order holds garbage there), left untouched
         order[valid] = 0xFFFFFF
         rows = x[order[:valid] // slots if not per_slot else order[:valid]]
-        extra = (mem.alloc(order), mem.alloc(np.array([0, valid], np.uint32)), 1, k // 32, slots, int(per_slot))
+        extra = (mem.alloc(order), mem.alloc(np.array([0, valid], np.uint32)), 1, k // 8, slots, int(per_slot))
     n8 = rows.size // 8 + (k // 8 if gather else 0)
-    n = n8 // 4 if gather else n8  # the gather's thread converts a quad of 32 values
     ya = mem.alloc(n8 * 16, poison=0xFF)
-    _run(ptx, ((n + 255) // 256,), (256,), (xa, ya, fa, n, *extra), mem, seed=seed)
+    if gather:  # grid (rows, column chunks of 256 groups)
+        _run(ptx, (n8 * 8 // k, (k // 8 + 255) // 256), (256,), (xa, ya, fa, *extra), mem, seed=seed)
+    else:
+        _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
     got = mem.view(ya, np.uint16, (n8 * 8 // k, k))
     if gather:
         if not (got[-1] == 0xFFFF).all():
