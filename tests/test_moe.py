@@ -262,8 +262,8 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     assert names == ["moe_group", "convert_f16_perm_gather", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
     (_, _, c0, _), (_, g1, c1, _), (_, g2, c2, _), (_, _, c3, _) = rec.runs
     order, offsets, work, gate = c0[4], c0[5], c0[6], c0[9]
-    assert c1[0] == x.ptr and c1[2] == gate and c1[3:9] == [order, offsets, 8, 64, 2, 0]
-    assert g1 == (16, 1, 1)
+    assert c1[0] == x.ptr and c1[2] == gate and c1[3] == 16 * 512 // 8 and c1[4:10] == [order, offsets, 8, 64, 2, 0]
+    assert g1 == (-(-16 * 512 // 8 // 256), 1, 1)
     assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate
     plan = ops.mul_mat_id_plan(w, 8, 2)
@@ -416,7 +416,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     _run(group.ptx(), (1,), (1024,), (ia, p, e, bn, oa, fa, ka, ya, m, ga), mem)
     if len(gemms) == 2:  # sm_90: x gathered into fp16 by convert_f16_perm_gather, the wgmma build on tensor maps
         x16 = mem.alloc(p * k * 2, poison=0xFF)
-        _run(gemms[0].ptx(), (p, -(-(k // 8) // 256)), (256,), (xa, x16, ga, oa, fa, e, k // 8, slots, int(per_slot)),
+        n8 = p * k // 8
+        _run(gemms[0].ptx(), (-(-n8 // 256),), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot)),
              mem)
         box = gemm.meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")

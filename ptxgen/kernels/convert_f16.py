@@ -23,22 +23,21 @@ def build(arch, permuted: bool = False, gather: bool = False):
     4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows).
     gather (convert_f16_perm_gather, mul_mat_id's grouped wgmma GEMM; permuted too): output row n (k8 groups of 8)
     is input row order[n] / slots where the slots share x (per_slot 0), else order[n] — x in moe_group's grouped
-    order. Grid (rows, column chunks), a thread a group (_gather_group: 16-byte loads and stores); rows from offsets[experts] on
-    (the pairs with a bad id, which order does not hold) are left as they are: only columns the GEMM's epilogue
-    masks read them. The flag word is the route's gate."""
+    order. Its thread reads one group of 8 input columns with two 16-byte loads (the scattered 4-byte loads of
+    convert_f16_perm cost 8 L1 wavefronts each) and stores one 4-byte word into each of 4 output groups; rows from offsets[experts] on (the pairs with a bad id, which order does not hold) are left as they
+    are: only columns the GEMM's epilogue masks read them. The flag word is the route's gate."""
     assert permuted or not gather
     name = "convert_f16_perm_gather" if gather else "convert_f16_perm" if permuted else "convert_f16"
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "") + (
         ", rows gathered in moe_group's order" if gather else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
     x_p, y_p, f_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"), b.param("flag", "u64", "ptr:out")
-    n_p = None if gather else b.param("n8", "u32")  # number of 8-value groups
+    n_p = b.param("n8", "u32")  # number of 8-value groups
     if gather:
         o_p, off_p = b.param("order", "u64", "ptr:in"), b.param("offsets", "u64", "ptr:in")
         e_p, k8_p = b.param("experts", "u32"), b.param("k8", "u32")  # groups of 8 per row
         sl_p, ps_p = b.param("slots", "u32"), b.param("per_slot", "u32")
-    b.meta.update(values_per_thread=PER_THREAD,
-                  grid=f"(rows, ceil(k8 / {THREADS}))" if gather else f"ceil(n8 / {THREADS})")
+    b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
     if permuted:
         b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
     if gather:
@@ -46,17 +45,37 @@ def build(arch, permuted: bool = False, gather: bool = False):
                            "order[n] (per slot); rows past it untouched")
     b.pdl_head()  # the wgmma MMQ after it may launch now (it waits before its first TMA of x)
     X, Y, F = b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
-    v = b.regs("f32", 8)
-    if gather:  # one CTA row of groups per output row: no division, 16-byte stores
-        _gather_group(b, X, Y, F, k8_p, e_p, off_p, o_p, sl_p, ps_p, v, b.shared_buffer("quads", 16 * THREADS, align=16))
-        b.emit("ret")
-        return b.finish()
     n8 = b.ld_param(n_p, "u32")
     i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(THREADS, "u32"), b.special("tid.x"))
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
+    v = b.regs("f32", 8)
     h = None
-    if permuted:
+    if gather:  # group i = row n, group r of it: read x's row order[n] (/ slots), group r, as two 16-byte loads
+        k8 = b.ld_param(k8_p, "u32")
+        n = b.op("div.u32", i, k8)
+        valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"),
+                                                  b.ptr(off_p))))
+        b.bra(done, pred=b.op("setp.ge.u32", n, valid), uniform=False)
+        pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
+        shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
+        row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
+        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))),
+                   Imm(32, "u32"), X)
+        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
+        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
+        # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
+        # columns b' and b' + 2 of the group, b' = (q' & 1) + 4·(q' >> 1) (layouts.q4k_rega_k_order, checked below)
+        h = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
+             for q in range(4)]
+        order = q4k_rega_k_order()
+        assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
+                   for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
+        dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
+                   b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
+        for q in range(4):
+            b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
+    elif permuted:
         q = b.op("and.b32", i, Imm(7, "b32"))
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
                     b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
@@ -88,57 +107,6 @@ def build(arch, permuted: bool = False, gather: bool = False):
     b.place(done)
     b.emit("ret")
     return b.finish()
-
-
-def _gather_group(b, X, Y, F, k8_p, e_p, off_p, o_p, sl_p, ps_p, v, stage):
-    """convert_f16_perm_gather's thread: group gi = ctaid.y·THREADS + tid of output row n = ctaid.x, from x's row
-    order[n] (/ slots). It reads input group gi (8 columns: two 16-byte loads, the warp's 1 KB contiguous) and
-    writes output group gi (one 16-byte store, contiguous too). Input group 4u + j holds word j of output groups
-    4u + q (q = 0..3): the halves of its columns b' and b' + 2, b' = (q & 1) + 4·(q >> 1) (layouts.q4k_rega_k_order,
-    checked below), so the 4 lanes of a quad trade their words through shared memory (4 stores, one 16-byte load).
-    Lanes past the row's k8 groups load and store nothing but take part in the warp's exchange. The overflow watch:
-    a half's exponent field plus 0x400 carries into its sign bit exactly when the field is all ones (inf or NaN)."""
-    tid = b.special("tid.x")
-    n = b.special("ctaid.x")
-    k8 = b.ld_param(k8_p, "u32")
-    gi = b.op("mad.lo.u32", b.special("ctaid.y"), Imm(THREADS, "u32"), tid)
-    valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"), b.ptr(off_p))))
-    done = b.label("row_done")
-    b.bra(done, pred=b.op("setp.ge.u32", n, valid))  # the whole CTA: rows past offsets[E] are left as they are
-    inside = b.op("setp.lt.u32", gi, k8)
-    pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
-    shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
-    row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
-    src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, gi), Imm(32, "u32"), X)
-    for r in v:
-        b.emit("mov.f32", r, Imm(0.0, "f32"))
-    b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src), pred=inside)
-    b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16), pred=inside)
-    order = q4k_rega_k_order()
-    assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
-               for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
-    words = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
-             for q in range(4)]
-    # lane (u, j) → word j of output groups 4u + q: the stage holds the warp's 32 output groups in order
-    mine = b.op("add.u32", b.op("mov.u32", stage), b.op("shl.b32", tid, Imm(4, "u32")))
-    quad0 = b.op("add.u32", b.op("mov.u32", stage), b.op("shl.b32", b.op("and.b32", tid, Imm(~3 & 0xFFFFFFFF, "b32")),
-                                                        Imm(4, "u32")))
-    col = b.op("add.u32", quad0, b.op("shl.b32", b.op("and.b32", tid, Imm(3, "b32")), Imm(2, "u32")))
-    for q, w in enumerate(words):
-        b.emit("st.shared.b32", Mem(col, 16 * q), w)
-    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-    out = b.regs("b32", 4)
-    b.emit("ld.shared.v4.b32", b.vec(out), Mem(mine))
-    b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", n, k8, gi), Imm(16, "u32"), Y)), b.vec(out),
-           pred=inside)
-    carry = None
-    for w in words:
-        t = b.op("add.u32", b.op("and.b32", w, Imm(0x7C007C00, "b32")), Imm(0x04000400, "u32"))
-        carry = t if carry is None else b.op("or.b32", carry, t)
-    over = b.op("and.pred", inside, b.op("setp.ne.u32", b.op("and.b32", carry, Imm(0x80008000, "b32")),
-                                         Imm(0, "u32")))
-    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
-    b.place(done)
 
 
 KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
