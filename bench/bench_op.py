@@ -6,13 +6,19 @@ llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
   time, as the earlier benchmarks of record measured it; the GPU idles between calls, so it runs cooler and may
   clock higher than under back-to-back work);
 - eager: CUDA events around 100 back-to-back Python calls (no synchronization between them), per call;
-- graph: the same 100 calls captured once with torch.cuda.graph, events around a replay, per call;
-- busy (diagnostic): in one more eager loop and one more replay, run under CUPTI (torch.profiler), the time the GPU
-  spent in any kernel of the loop — the union of the kernels' intervals, so kernels that overlap (programmatic
-  dependent launch) count once — per call: eager ÷ busy and graph ÷ busy compare the op with its kernels under
-  the same back-to-back load (a loop of 0.8 ms GEMMs holds the GPU at its power limit, an isolated kernel behind
-  a sleep runs cooler). The ratios divide the unprofiled eager / graph times: CUPTI's tracing itself adds ~2-3 µs
-  per kernel to a replay of small ops (the profiled times are in the JSON).
+- graph: the same 100 calls captured once with torch.cuda.graph, events around a replay, per call; the replay
+  starts behind a 1 ms torch.cuda._sleep (LEAD_CYCLES), so the start event does not time the host submitting the
+  graph (cuGraphLaunch of a graph of 100-300 kernels, host time the GPU waits out when idle: once a replay, not
+  once an op, and in a model it overlaps the previous replay's kernels). Before 2026-12-03 the replay started on
+  an idle GPU (the JSON's graph_nolead);
+- busy (kernel-only under the op's own load): in one more eager loop and one more replay, run under CUPTI
+  (torch.profiler), the time the GPU spent in any kernel of the loop — the union of the kernels' intervals, so
+  kernels that overlap (programmatic dependent launch) count once — per call. A loop of 0.8 ms GEMMs holds the GPU
+  at its 700 W limit and its clocks drop, an isolated kernel behind a sleep runs cooler: cuBLAS's own T = 4096
+  GEMM reads ~15% slower in a loop than isolated, so "kernel isolated" cannot be the yardstick there. Printed:
+  eager ÷ busy and graph ÷ busy (the unprofiled loops over the profiled ones' busy: two loops, so the GPU's power
+  state may differ by a few %), and graph ÷ kernels within one profiled replay (its events over its own busy:
+  the time the op adds to its kernels, nothing else differing; behind lead(), CUPTI adds nothing measurable).
 
 Weights rotate over copies holding ≥ 4× the 60 MB L2 in all three (they come from HBM). Then a decode loop over
 24 distinct weights of each --loop-formats format (4096×14336; TQ4_1S 18944×3584) at T = 1, 2, 4, 8 (eager and
@@ -58,8 +64,17 @@ def kernel_only(torch, fn, reps):
     return timed(fn, reps, torch)
 
 
+LEAD_CYCLES = 2_000_000  # ~1 ms of torch.cuda._sleep ahead of a timed loop (see the module's docstring)
+
+
+def lead(torch) -> None:
+    """Keep the GPU busy for ~1 ms, so a loop enqueued behind it runs back to back from its first call."""
+    torch.cuda._sleep(LEAD_CYCLES)
+
+
 def eager(torch, fn, calls=CALLS, rounds=3):
-    """µs per call over `calls` back-to-back calls (median of `rounds`), the GPU idle at the start of each."""
+    """µs per call over `calls` back-to-back calls (median of `rounds`), the GPU idle at the start of each (no
+    lead(): the host's time per call must show where it exceeds the kernels')."""
     best = []
     for _ in range(rounds):
         torch.cuda.synchronize()
@@ -73,13 +88,16 @@ def eager(torch, fn, calls=CALLS, rounds=3):
     return float(np.median(best))
 
 
-def graphed(torch, fn, calls=CALLS, rounds=3):
-    """µs per call of `calls` calls captured once into a CUDA graph (median of `rounds` replays)."""
+def graphed(torch, fn, calls=CALLS, rounds=3, lead_first=True):
+    """µs per call of `calls` calls captured once into a CUDA graph (median of `rounds` replays, each behind
+    lead())."""
     g = _capture(torch, fn, calls)
     out = []
     for _ in range(rounds):
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if lead_first:
+            lead(torch)
         a.record()
         g.replay()
         b.record()
@@ -115,7 +133,7 @@ def kernel_us(torch, call, reps: int = 20) -> dict:
 def _busy(torch, prof) -> float:
     """µs the GPU spent in kernels during `prof`: the union of the CUDA kernels' [start, end) intervals."""
     spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
-                   if ev.device_type == torch.autograd.DeviceType.CUDA)
+                   if ev.device_type == torch.autograd.DeviceType.CUDA and "spin_kernel" not in ev.name)  # not lead()
     total, cur_s, cur_e = 0.0, None, None
     for a, b in spans:
         if cur_e is None or a > cur_e:
@@ -163,6 +181,7 @@ def graph_busy(torch, fn, calls=CALLS):
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        lead(torch)
         a.record()
         g.replay()
         b.record()
@@ -200,7 +219,8 @@ def read_floor_kernels(torch, ws, nbytes):
 
 
 def three_ways(torch, fn, reps):
-    out = {"kernel": kernel_only(torch, fn, reps), "eager": eager(torch, fn), "graph": graphed(torch, fn)}
+    out = {"kernel": kernel_only(torch, fn, reps), "eager": eager(torch, fn), "graph": graphed(torch, fn),
+           "graph_nolead": graphed(torch, fn, lead_first=False)}
     out["eager_profiled"], out["eager_busy"] = eager_busy(torch, fn)
     out["graph_profiled"], out["graph_busy"] = graph_busy(torch, fn)
     return out
@@ -239,9 +259,9 @@ def main():
     rng = np.random.default_rng(0)
     res = {"device": torch.cuda.get_device_name(), "op": [], "decode_loop": [], "host": {}}
     print("| fmt | M×K | T | ptxgen kernel isolated µs | eager / graph µs | eager ÷ busy (busy µs) | graph ÷ busy "
-          "(busy µs) | cuBLAS fp16 isolated / eager / graph µs | llama.cpp µs | cuBLAS graph / ptxgen graph "
-          "| kernels |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "(busy µs) | graph ÷ kernels, one replay | cuBLAS fp16 isolated / eager / graph µs | llama.cpp µs "
+          "| cuBLAS graph / ptxgen graph | kernels |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt in ([] if args.host_only else args.formats.split(",")):
         for m, k in ([tuple(int(v) for v in args.shape.split("x"))] if args.shape else SHAPES[fmt]):
             raw = random_raw(fmt, m, k, rng)
@@ -274,6 +294,7 @@ def main():
                       f"{ours['eager']:.1f} / {ours['graph']:.1f} | "
                       f"{ours['eager'] / ours['eager_busy']:.2f} ({ours['eager_busy']:.1f}) | "
                       f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
+                      f"{ours['graph_profiled'] / ours['graph_busy']:.3f} | "
                       f"{peer['kernel']:.1f} / {peer['eager']:.1f} / {peer['graph']:.1f} | "
                       f"{row['llamacpp'] or '—'} | {peer['graph'] / ours['graph']:.2f}× | "
                       f"{' + '.join(dict.fromkeys(row['kernels']))}"
@@ -290,17 +311,18 @@ def main():
         w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
         print(f"\ndecode loop: {n} distinct {fmt} {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
               "4.27 TB/s over the weights' bytes")
-        print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | % HBM (graph) | read floor (streaming "
-              "kernel, plain / PDL) graph µs | ptxgen graph / PDL floor | F.linear fp16 eager / graph µs | F.linear "
-              "graph / ptxgen graph | llama.cpp µs | kernels |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | graph ÷ kernels, one replay | "
+              "% HBM (graph) | read floor (streaming kernel, plain / PDL) graph µs | ptxgen graph / PDL floor | "
+              "F.linear fp16 eager / graph µs | F.linear graph / ptxgen graph | llama.cpp µs | kernels |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         plain_read, pdl_read = read_floor_kernels(torch, ws, nbytes)
         for t in (1, 2, 4, 8):
             x = torch.randn(t, k, device="cuda")
             ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
             xh = x.half()
             loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
-            ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n)}
+            ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n),
+                    "graph_nolead": graphed(torch, loop, calls=4 * n, lead_first=False)}
             ours["graph_profiled"], ours["graph_busy"] = graph_busy(torch, loop, calls=4 * n)
             plain, floor = (graphed(torch, fn, calls=4 * n) if fn else float("nan") for fn in (plain_read, pdl_read))
             lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
@@ -313,6 +335,7 @@ def main():
             res["decode_loop"].append(row)
             print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | "
                   f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
+                  f"{ours['graph_profiled'] / ours['graph_busy']:.3f} | "
                   f"{row['pct_hbm_graph']:.0f}% | {plain:.1f} / {floor:.1f} | "
                   f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
                   f"{peer['graph'] / ours['graph']:.2f}× | {row['llamacpp'] or '—'} | "

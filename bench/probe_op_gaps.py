@@ -1,0 +1,89 @@
+"""Where a loop of back-to-back mul_mat calls spends the time its kernels do not (needs a GPU and torch): one
+replay of `--calls` captured calls (and one eager loop) under CUPTI, then per op the kernels' start / end offsets
+and the idle gaps between consecutive kernels, and the totals: events µs per call, the kernels' union (busy), the
+summed gaps by kind (kernel a -> kernel b). #32's graph ÷ kernel-only at T = 4096 is this gap over the kernel time.
+
+usage: python bench/probe_op_gaps.py --fmt q4_K --shape 4096x4096 --tokens 4096 [--calls 50] [--show 2]
+"""
+import argparse
+from collections import defaultdict
+
+import numpy as np
+
+
+def timeline(torch, prof):
+    evs = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                 if ev.device_type == torch.autograd.DeviceType.CUDA)
+    return evs
+
+
+def report(label, evs, calls, elapsed_us, show):
+    gaps, busy, cur_e = defaultdict(list), 0.0, None
+    prev = None
+    for s, e, n in evs:
+        if prev is not None:
+            gaps[(prev[2], n)].append(s - prev[1])
+        if cur_e is None or s > cur_e:
+            busy += e - s
+            cur_e = e
+        elif e > cur_e:
+            busy += e - cur_e
+            cur_e = e
+        prev = (s, e, n)
+    print(f"\n{label}: {elapsed_us / calls:.1f} µs per call (events), busy {busy / calls:.1f}, "
+          f"{len(evs) / calls:.2f} kernels a call")
+    for (a, b), g in sorted(gaps.items(), key=lambda kv: -sum(kv[1])):
+        g = np.array(g)
+        print(f"  {a[:40]:40s} -> {b[:40]:40s} n={len(g):4d} gap µs median {np.median(g):7.2f} "
+              f"min {g.min():7.2f} max {g.max():7.2f} (per call {g.sum() / calls:.2f})")
+    t0 = evs[len(evs) // 2][0]
+    mid = len(evs) // 2
+    for s, e, n in evs[mid:mid + show]:
+        print(f"    {s - t0:10.1f} .. {e - t0:10.1f}  ({e - s:8.1f})  {n[:70]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fmt", default="q4_K")
+    ap.add_argument("--shape", default="4096x4096")
+    ap.add_argument("--tokens", default="4096")
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--show", type=int, default=6, help="kernels of the timeline printed (from the middle)")
+    args = ap.parse_args()
+    import torch
+
+    import ptxgen.runtime as r
+    from ptxgen.testing.strategies import random_raw
+
+    from bench_op import _capture
+
+    m, k = (int(v) for v in args.shape.split("x"))
+    rng = np.random.default_rng(0)
+    raw = random_raw(args.fmt, m, k, rng)
+    ws = [r.QuantTensor.from_raw(args.fmt, raw, (m, k)).to_device() for _ in range(4)]
+    for t in (int(v) for v in args.tokens.split(",")):
+        x = torch.randn(t, k, device="cuda")
+        y = torch.empty(t, m, device="cuda")
+        fn = lambda i: r.mul_mat(ws[i % len(ws)], x, out=y)  # noqa: E731
+        for i in range(3):
+            fn(i)
+        g = _capture(torch, fn, args.calls)
+        for label in ("graph", "eager"):
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                a.record()
+                if label == "graph":
+                    g.replay()
+                else:
+                    for i in range(args.calls):
+                        fn(i)
+                b.record()
+                torch.cuda.synchronize()
+            report(f"{args.fmt} {m}x{k} T={t} {label}", timeline(torch, prof), args.calls,
+                   a.elapsed_time(b) * 1e3, args.show)
+        del g
+
+
+if __name__ == "__main__":
+    main()
