@@ -113,11 +113,11 @@ def main():
 
             us = (skinny if skinny is not None and knobs.q4k_t16h() != "off" else
                   n16 if n16 is not None and knobs.q4k_mma() != "off" else
-                  rega[None] if rega[None] is not None and skinny_ok(t, m, k) else us_mmq)
+                  rega[None] if rega[None] is not None and skinny_ok("q4_K", t, m, k) else us_mmq)
             # the mma.sync targets' path (mul_mat(arch="sm_89"), the sm_89 PTX on this GPU): 9-16 tokens the t16h
             # skinny GEMM's sm_89 build, 17-64 the register-A skinny GEMM's, the fp16 mma.sync MMQ above
             us89 = (skinny89 if skinny89 is not None and knobs.q4k_t16h() != "off" else
-                    rega["sm_89"] if rega["sm_89"] is not None and skinny_ok(t, m, k, "sm_89") else us_sync_auto)
+                    rega["sm_89"] if rega["sm_89"] is not None and skinny_ok("q4_K", t, m, k, "sm_89") else us_sync_auto)
             flops = 2 * m * k * t
             floor = max(wbytes / HBM, flops / PEAK_FP16) * 1e6
             ll = LLAMA.get((m, k), {}).get(t)

@@ -566,7 +566,7 @@ class Function:
     def smem_for_residency(self, n: int) -> int:
         """The least dynamic shared memory (≥ this kernel's own) at which at most `n` of its CTAs fit one SM
         (the occupancy calculator, bisected); the function's limit is raised to allow it. Launching with it
-        trades occupancy for a grid that fills the GPU better (ops._mma_gemv_q4k). Cached."""
+        trades occupancy for a grid that fills the GPU better (ops._mma_gemv). Cached."""
         cache = self.__dict__.setdefault("_residency_smem", {})
         if n not in cache:
             drv = _drv()

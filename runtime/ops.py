@@ -454,6 +454,9 @@ WGMMA_RA_TILES = (64, 128, 192, 256)  # the register-A wgmma MMQ (n256: loaded t
 
 
 PREPARED_TILE = 256
+# the format every GEMM path has a build of (MmqSpec's default: Q4_K): mmq_path probes those builds, and the
+# prepared GEMM, which reads fp16 fragments whatever the codec, has that build only
+PATH_FMT = MmqSpec(PREPARED_TILE).fmt
 
 
 def mmq_prepared(t: int) -> bool:
@@ -461,7 +464,7 @@ def mmq_prepared(t: int) -> bool:
     RULES.mmq_pre_min_tokens, on = wherever it runs the n256 tile, off = never) and its kernels are emitted."""
     v = knobs.mmq_pre()
     want = v == "on" and _rega_tile(t) == PREPARED_TILE or v == "auto" and t >= RULES.mmq_pre_min_tokens
-    return want and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_pre_n{PREPARED_TILE}")
+    return want and "sm_90a" in kernels.available(MmqSpec(PREPARED_TILE, "wgmma", a_regs=True, prepared=True).name)
 
 
 def _rega_tile(t: int) -> int:
@@ -490,10 +493,10 @@ def mmq_path(arch: str | None = None, t: int | None = None) -> str:
 
     if arch not in (None, "sm_90a"):
         return "mma.sync"
-    if current().sm == 90 and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_n{WGMMA_TILES[-1]}"):
+    if current().sm == 90 and "sm_90a" in kernels.available(MmqSpec(WGMMA_TILES[-1], "wgmma").name):
         rega = knobs.mmq_rega()
         if (t is not None and rega != "off" and (t >= RULES.wgmma_ra_min_tokens or rega == "on")
-                and "sm_90a" in kernels.available(f"mmq_q4_k_wgmma_ra_n{_rega_tile(t)}")):
+                and "sm_90a" in kernels.available(MmqSpec(_rega_tile(t), "wgmma", a_regs=True).name)):
             return "wgmma_pre" if mmq_prepared(t) else "wgmma_ra"
         return "wgmma"
     if arch == "sm_90a":
@@ -507,7 +510,7 @@ def mma_sync_x16(m: int, k: int, t: int, arch: str | None = None) -> bool:
     v = knobs.mmq_x16()
     if v == "off" or (v == "auto" and m * k * t < RULES.mmq_x16_min_work):
         return False
-    return kernels.build_for("mmq_q4_k_f16_n128_x16", arch) is not None
+    return kernels.build_for(MmqSpec.for_path("mma.sync_x16", 128).name, arch) is not None
 
 
 class MmqPlan(NamedTuple):
@@ -618,7 +621,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     # the builds decode the weights' own codec, except the prepared one (fp16 fragments written by the codec's
     # dequantize_<fmt>_frags: one build, named for Q4_K, serves every codec); a path without a build for the codec
     # is refused (_mmq_build)
-    fmt = "q4_K" if path.startswith("wgmma_pre") else w.fmt
+    fmt = PATH_FMT if path.startswith("wgmma_pre") else w.fmt
     if path == "wgmma_ra" and not forced_bn:
         bn = _rega_fill_tile(fmt, m, k, t, bn, sms)
     if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
@@ -1149,7 +1152,7 @@ def _codec_mma_ok(c: _Call) -> bool:
 def _codec_mma(c: _Call) -> None:
     """prep_mma_f16 per group of 8 tokens (_prep_mma_groups; its min fragments unused), then _codec_mma_kernel:
     gemv_<fmt>_mma_tma or gemv_<fmt>_mma (T ≤ 8), or gemv_<fmt>_mma_n16."""
-    tiles, factors, _ = _prep_mma_groups(c.pb, c.pb.x.ptr, c.t, c.k, c.arch)
+    tiles, factors, _ = _prep_mma_groups(c.pb, c.w.fmt, c.pb.x.ptr, c.t, c.k, c.arch)
     fn = kernels.load(_codec_mma_kernel(c), c.arch)
     _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
 
@@ -1181,7 +1184,7 @@ def _codec_few(c: _Call) -> None:
 
 
 def _t16h(c: _Call) -> None:
-    if skinny16_ok(c.m, c.arch):  # t16h's grid would take two rounds
+    if skinny16_ok(c.w.fmt, c.m, c.arch):  # t16h's grid would take two rounds
         _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, c=T4.Q4K_HI_TOKENS)
     else:  # fp16 activations, as the GEMMs
         _few_token_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=True)
@@ -1206,13 +1209,13 @@ def _fast_lanes(c: _Call) -> None:
     _slices(c, one)
 
 
-def _few_ok(n: int, m: int, arch) -> bool:
-    """Whether a Q4_K slice of n tokens and m rows runs the few-token builds: n ≤ RULES.q4k_few_max_tokens, and
-    where that is the 8-token build (5-8 tokens), its row CTAs fit one round of its resident CTAs (_one_round) or
-    PTXGEN_Q4K_T1=on."""
+def _few_ok(fmt: str, n: int, m: int, arch) -> bool:
+    """Whether a slice of n tokens and m rows runs the format's few-token builds (Q4_K's): n ≤
+    RULES.q4k_few_max_tokens, and where that is the 8-token build (5-8 tokens), its row CTAs fit one round of its
+    resident CTAs (_one_round) or PTXGEN_Q4K_T1=on."""
     if n > RULES.q4k_few_max_tokens:
         return False
-    return n <= 4 or knobs.q4k_t1() == "on" or _one_round(GemvKernel("few", "q4_K", 8).name, m, arch)
+    return n <= 4 or knobs.q4k_t1() == "on" or _one_round(GemvKernel("few", fmt, 8).name, m, arch)
 
 
 def _one_round(name: str, m: int, arch) -> bool:
@@ -1225,44 +1228,39 @@ def _one_round(name: str, m: int, arch) -> bool:
     return -(-m // int(meta["rows_per_cta"])) <= int(meta["ctas_per_sm"]) * current().sm_count
 
 
-def _decode_q4k(c: _Call) -> None:
-    """Exact Q4_K decode per slice: the activation-in-registers GEMV (opt-in), the few-token tensor-core builds,
-    the tensor-core GEMV, else the fp32 lane GEMV."""
-    tc = knobs.q4k_mma() if _q4k_mma_build(c.arch, GemvKernel("mma", "q4_K").name) else "off"
-    few = (tc != "on" and kernels.build_for(GemvKernel("few", "q4_K", 1).name, c.arch) is not None
-           and (knobs.q4k_t1() == "on" or (knobs.q4k_t1() == "auto" and c.m * c.k >= RULES.q4k_t1_min_weights)))
-    _decode(c, tc, _Q4K_MMA_MIN(c.m, c.k), _mma_gemv_q4k, few=few, xr=_xr_ok(c.k), tma=False, fused=False,
-            lane_prep=GemvKernel("prep_lanes", "q4_K").name)
+def _decode(c: _Call) -> None:
+    """The exact decode per slice of up to 8 tokens, as the codec's DECODE describes it (Q4_K, TQ4_1S): the
+    activation-in-registers GEMV (opt-in, one token), the few-token tensor-core builds, the tensor-core GEMV (its
+    knob; on auto from _mma_min tokens), else the fp32 lane GEMV — TMA-fed where it may be, a rotated codec's
+    rotation fused into it for T ≤ FUSED_MAX_TOKENS with rotation="fused" (wider calls rotate once up front)."""
+    from ptxgen import codecs
 
-
-def _decode_tq4(c: _Call) -> None:
-    """Exact TQ4_1S decode per slice: the tensor-core GEMV, else the lane GEMV (TMA-fed where it may be, the
-    rotation fused into it for T ≤ FUSED_MAX_TOKENS with rotation="fused")."""
-    fused = c.rotation == "fused" and c.t <= FUSED_MAX_TOKENS  # wider calls rotate once up front
-    tma = not fused and _tma_gemv_ok(c.w, c.arch)
-    tc = knobs.tq4_mma() if tma else "off"
-    _decode(c, tc, _TQ4_MMA_MIN(c.m, c.k), _mma_gemv_tq4, few=False, xr=False, tma=tma, fused=fused,
-            lane_prep=GemvKernel("prep_lanes", "tq4_1s").name)
-
-
-def _decode(c: _Call, tc: str, min_tokens: int, mma_gemv, *, few: bool, xr: bool, tma: bool, fused: bool,
-            lane_prep: str):
-    pb, w, m, k, xa = c.pb, c.w, c.m, c.k, c.pb.x
+    codec = codecs.get(c.w.fmt)
+    d, fmt, pb, w, m, k, xa = codec.DECODE, c.w.fmt, c.pb, c.w, c.m, c.k, c.pb.x
+    fused = hasattr(codec, "ROTATION") and c.rotation == "fused" and c.t <= FUSED_MAX_TOKENS
+    tma = not fused and _tma_ok(w, c.arch, GemvKernel("gemv", fmt, tma=True).name)
+    mma_ok = tma if d.get("mma_needs_tma") else _mma_build(c.arch, GemvKernel("mma", fmt).name) is not None
+    tc = getattr(knobs, d["mma_knob"])() if mma_ok else "off"
+    few = ("few_knob" in d and tc != "on" and kernels.build_for(GemvKernel("few", fmt, 1).name, c.arch) is not None
+           and (getattr(knobs, d["few_knob"])() == "on" or (getattr(knobs, d["few_knob"])() == "auto"
+                                                           and m * k >= getattr(RULES, d["few_min_weights"]))))
+    xr = "xr" in d and _xr_ok(k)
+    min_tokens = _mma_min(fmt, m, k)
     lanes = []  # the activation in the lane layout, prepared once if a lane kernel needs it
 
     def one(n, t0):
         x_ptr, y_ptr = xa.ptr + 4 * k * t0, pb.y.ptr + 4 * t0 * m
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in)
-            return _xr_gemv(pb, w, x_ptr, y_ptr, m, k, c.arch)
-        if few and _few_ok(n, m, c.arch):  # few tokens on tensor cores, (hi, lo) B columns
+            return _xr_gemv(pb, w, d["xr"], x_ptr, y_ptr, m, k, c.arch)
+        if few and _few_ok(fmt, n, m, c.arch):  # few tokens on tensor cores, (hi, lo) B columns
             return _few_token_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
-            return mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
+            return _mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         fn = kernels.load(_gemv_kernel(w, n, fused, tma and n <= RULES.tma_gemv_max_tokens), c.arch)
         a, row = xa, 4 * k
         if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
             if not lanes:
-                lanes.append(_prep_lanes(pb, xa, c.t, k, lane_prep, c.arch))
+                lanes.append(_prep_lanes(pb, xa, c.t, k, GemvKernel("prep_lanes", fmt).name, c.arch))
             a, row = lanes[0]
         _gemv_launch(pb, fn, w, a.ptr + row * t0, y_ptr, m, k, n)
     _slices(c, one)
@@ -1314,12 +1312,12 @@ _ROUTES = {
     "codec_mma": (_codec_mma_ok, _codec_mma),
     # another K-quant on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS)
     "codec_few": (_codec_few_ok, _codec_few),
-    "t16h": (lambda c: RULES.mmq_min_tokens <= c.t <= T4.Q4K_HI_TOKENS and _t16h_ok(c.arch), _t16h),
+    "t16h": (lambda c: RULES.mmq_min_tokens <= c.t <= T4.Q4K_HI_TOKENS and _t16h_ok(c.w.fmt, c.arch), _t16h),
     # exact, and faster than the MMQ at T=16
     "mma_n16": (lambda c: (RULES.mmq_min_tokens <= c.t <= 16 and knobs.q4k_mma() != "off"
-                           and _q4k_mma_build(c.arch, GemvKernel("mma", "q4_K", 16).name) is not None),
-                lambda c: _mma_gemv_q4k(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
-    "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.t, c.m, c.k, c.arch),  # fp16 x, as the MMQs
+                           and _mma_build(c.arch, GemvKernel("mma", c.w.fmt, 16).name) is not None),
+                lambda c: _mma_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
+    "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.w.fmt, c.t, c.m, c.k, c.arch),  # fp16 x, as MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
     # another codec where the GEMM is mma.sync's (sm_89, sm_120a, or arch pinned there), from
@@ -1339,8 +1337,7 @@ _ROUTES = {
                            and "sm_90a" in kernels.available(CodecKernel("frags", c.w.fmt).name)),
                 _mmq_pre),
     "fast_lanes": (lambda c: True, _fast_lanes),
-    "decode_q4k": (lambda c: True, _decode_q4k),
-    "decode_tq4": (lambda c: True, _decode_tq4),
+    "decode": (lambda c: True, _decode),  # the codec's DECODE (Q4_K, TQ4_1S)
 }
 
 
@@ -1352,8 +1349,8 @@ def _tc_slices_first(c: _Call) -> bool:
     return c.t <= lim and c.mode == "exact" and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) is not None
 
 
-def _t16h_ok(arch) -> bool:
-    """Exact-mode Q4_K calls of 9-16 tokens run gemv_q4_k_mma_t16h wherever it is built (PTXGEN_Q4K_T16H; on auto
+def _t16h_ok(fmt: str, arch) -> bool:
+    """Exact-mode calls of a format with few-token builds (Q4_K's routes) of 9-16 tokens run gemv_q4_k_mma_t16h wherever it is built (PTXGEN_Q4K_T16H; on auto
     PTXGEN_Q4K_MMA=1 keeps them on the exact gemv_q4_k_mma_n16). H200, T=16, µs, t16h / n16 (exact) / the wgmma
     MMQ (bench_mmq, session 11): 4096x4096 13.8 / 19.3 / 21.0, 14336x4096 22.4 / 34.2 / 40.1, 4096x14336 24.0 /
     33.6 / 38.8, 18944x3584 33.8 / 37.9, 3584x18944 28.3 / 37.8; 9-16 tokens on 256x2048 to 4608x3584 9.1-14.5 /
@@ -1361,20 +1358,20 @@ def _t16h_ok(arch) -> bool:
     v = knobs.q4k_t16h()
     if v == "off" or (v == "auto" and knobs.q4k_mma() == "on"):
         return False
-    return kernels.build_for(GemvKernel("few", "q4_K", T4.Q4K_HI_TOKENS, hi_only=True).name, arch) is not None
+    return kernels.build_for(GemvKernel("few", fmt, T4.Q4K_HI_TOKENS, hi_only=True).name, arch) is not None
 
 
-def skinny16_ok(m: int, arch=None) -> bool:
+def skinny16_ok(fmt: str, m: int, arch=None) -> bool:
     """Whether a 9-16-token call that would run gemv_q4_k_mma_t16h (_t16h_ok) runs mmq_q4_k_rega_n16 instead (the
     same prep_q4k_t16h records, shared by the CTA's warps: 3 CTAs per SM to t16h's 1): where it is built (sm_90a)
     and t16h's row CTAs exceed one round of its resident CTAs (its build's meta ctas_per_sm, one on sm_90a: M >
     132 x 128 rows on the H200), unless PTXGEN_MMQ_SKINNY=0. H200, µs, t16h / n16 at T = 16 and 9: 18944x3584
     33.8 / 28.5 and 33.4 / 27.8; where t16h's grid fits (4096², 14336x4096, 4096x14336, 3584x18944) n16 is 10-30%
     slower (bench/results/probe_skinny16*_session18.log)."""
-    if knobs.mmq_skinny() == "off" or kernels.build_for(GemvKernel("skinny", "q4_K", T4.Q4K_HI_TOKENS).name,
+    if knobs.mmq_skinny() == "off" or kernels.build_for(GemvKernel("skinny", fmt, T4.Q4K_HI_TOKENS).name,
                                                         arch) is None:
         return False
-    return not _one_round(GemvKernel("few", "q4_K", T4.Q4K_HI_TOKENS, hi_only=True).name, m, arch)
+    return not _one_round(GemvKernel("few", fmt, T4.Q4K_HI_TOKENS, hi_only=True).name, m, arch)
 
 
 def _xr_ok(k: int) -> bool:
@@ -1387,10 +1384,10 @@ def _xr_ok(k: int) -> bool:
     return k <= XR_MAX_K
 
 
-def _xr_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, arch) -> None:
-    """One token through gemv_q4_k_xr: 32·ceil(K/2048) threads per CTA, rows per CTA so that the grid makes one
-    round of the resident CTAs (at most 64; at least 1)."""
-    fn = kernels.load("gemv_q4_k_xr", arch)
+def _xr_gemv(pb: PlanBuilder, w: QuantTensor, name: str, x_ptr, y_ptr, m: int, k: int, arch) -> None:
+    """One token through `name` (the codec's DECODE["xr"]: gemv_q4_k_xr): 32·ceil(K/2048) threads per CTA, rows
+    per CTA so that the grid makes one round of the resident CTAs (at most 64; at least 1)."""
+    fn = kernels.load(name, arch)
     threads = 32 * -(-(k // 64) // 32)
     smem = fn.meta["stages"] * 48 * threads  # the ring for the threads launched
     slots = fn.resident_per_sm(threads, smem) * driver.current().sm_count
@@ -1417,15 +1414,15 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
         pb.counters(4 * ctas * int(fn.meta["warps"]) + 12)
         pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr))
         return
-    prep = kernels.load(GemvKernel("prep_few", "q4_K", nt, hi_only=hi_only).name, arch)
+    prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
     pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
     fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another K-quant: its decoder)
     ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
     pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
 
 
-def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
-    """Whether mul_mat runs exact-mode Q4_K with t tokens on the skinny GEMM mmq_q4_k_rega_n32 (PTXGEN_MMQ_SKINNY:
+def skinny_ok(fmt: str, t: int, m: int, k: int, arch=None) -> bool:
+    """Whether mul_mat runs exact-mode `fmt` (Q4_K's routes) with t tokens on the skinny GEMM mmq_<fmt>_rega_n32 (PTXGEN_MMQ_SKINNY:
     auto = 17 ≤ t ≤ RULES.skinny_max_tokens of the MMQ path it replaces — the wgmma one from
     RULES.skinny_wgmma_min_weights weights —, on = 17-128 tokens, off = never)."""
     v = knobs.mmq_skinny()
@@ -1435,7 +1432,7 @@ def skinny_ok(t: int, m: int, k: int, arch=None) -> bool:
         path = mmq_path(arch, t).split("_")[0]
         if t > RULES.skinny_max_tokens[path] or (path == "wgmma" and m * k < RULES.skinny_wgmma_min_weights):
             return False
-    return kernels.build_for(GemvKernel("skinny", "q4_K", T4.Q4K_SKINNY_COLUMNS).name, arch) is not None
+    return kernels.build_for(GemvKernel("skinny", fmt, T4.Q4K_SKINNY_COLUMNS).name, arch) is not None
 
 
 def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, t: int, arch,
@@ -1447,7 +1444,7 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, 
     nsb = k // 256
     rb = T4.q4k_record_bytes(c, True)
     rec = pb.scratch((groups * nsb * rb,), np.uint8)
-    prep = kernels.load(GemvKernel("prep_few", "q4_K", c, hi_only=True).name, arch)
+    prep = kernels.load(GemvKernel("prep_few", w.fmt, c, hi_only=True).name, arch)
     for gz in range(groups):
         pb.launch(prep, ((c * k // 32 + 7) // 8,), (x_ptr + 4 * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
     fn = kernels.load(GemvKernel("skinny", w.fmt, c).name, arch)  # (another K-quant: its decoder)
@@ -1461,27 +1458,41 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, 
 
 def mma_min_tokens(fmt: str, m: int, k: int) -> int:
     """The fewest tokens in a slice for which mul_mat runs the tensor-core exact GEMV (knob on auto); the formats
-    that have one: Q4_K, TQ4_1S."""
-    rules = {"q4_K": _Q4K_MMA_MIN, "tq4_1s": _TQ4_MMA_MIN}
-    if fmt not in rules:
-        raise ValueError(f"mma_min_tokens: no tensor-core exact GEMV for {fmt} (have: {', '.join(rules)})")
-    return rules[fmt](m, k)
+    whose exact decode route is the codec's DECODE (Q4_K, TQ4_1S)."""
+    from ptxgen import codecs
+
+    have = [f for f, c in codecs.CODECS.items() if hasattr(c, "DECODE")]
+    if fmt not in have:
+        raise ValueError(f"mma_min_tokens: no tensor-core exact GEMV for {fmt} (have: {', '.join(have)})")
+    return _mma_min(fmt, m, k)
 
 
-def _Q4K_MMA_MIN(m: int, k: int) -> int:  # noqa: N802 - a rule, named as RULES' entries are
-    return 1 if m * k >= RULES.q4k_mma_t1_min_weights else RULES.q4k_mma_gemv_min_tokens
+def _mma_min(fmt: str, m: int, k: int) -> int:
+    """The codec's DECODE["mma_min"] = (rule A, n, rule B): n tokens from RULES.A weights, else RULES.B."""
+    from ptxgen import codecs
+
+    big, n, small = codecs.get(fmt).DECODE["mma_min"]
+    return n if m * k >= getattr(RULES, big) else getattr(RULES, small)
 
 
-def _TQ4_MMA_MIN(m: int, k: int) -> int:  # noqa: N802
-    return 3 if m * k >= RULES.mma_gemv_t3_min_weights else RULES.mma_gemv_min_tokens
+def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
+    """n tokens through the codec's tensor-core GEMV (the decode route's; Q4_K, TQ4_1S). A rotated codec (TQ4_1S,
+    n ≤ 8): prep_<fmt>_mma (rotation, scaled fp16 hi/lo tiles), then gemv_<fmt>_mma or, below
+    RULES.mma_gemv_m32_min_weights, gemv_<fmt>_mma_m16. Else (Q4_K, n ≤ 16): prep_mma_f16 per group of 8 tokens
+    (scaled fp16 hi/lo tiles, one scale per super-block, and the min-term fragments), then gemv_<fmt>_mma (n ≤ 8)
+    or gemv_<fmt>_mma_n16."""
+    from ptxgen import codecs
 
-
-def _mma_gemv_q4k(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
-    """n ≤ 16 Q4_K tokens through the tensor-core GEMV: prep_mma_f16 per group of 8 tokens (scaled fp16 hi/lo tiles,
-    one scale per super-block, and the min-term fragments), then gemv_q4_k_mma (n ≤ 8) or gemv_q4_k_mma_n16."""
-    groups = -(-n // 8)  # 9-16 tokens run gemv_q4_k_mma_n16, two groups of 8 prepared one after the other
-    tiles, factors, minfrag = _prep_mma_groups(pb, x_ptr, n, k, arch)
-    fn = kernels.load(GemvKernel("mma", "q4_K", 8 * groups).name, arch)
+    if hasattr(codecs.get(w.fmt), "ROTATION"):
+        tiles, factors, items = _mma_tiles(pb, 1, k)
+        prep = kernels.load(GemvKernel("prep_mma", w.fmt).name, arch)
+        pb.launch(prep, ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
+        fn = kernels.load(GemvKernel("mma", w.fmt, small=m * k < RULES.mma_gemv_m32_min_weights).name, arch)
+        _mma_gemv_launch(pb, fn, w, (tiles, factors), y_ptr, m, k, n, fn.resident_per_sm(), None)
+        return
+    groups = -(-n // 8)  # 9-16 tokens run gemv_<fmt>_mma_n16, two groups of 8 prepared one after the other
+    tiles, factors, minfrag = _prep_mma_groups(pb, w.fmt, x_ptr, n, k, arch)
+    fn = kernels.load(GemvKernel("mma", w.fmt, 8 * groups).name, arch)
     per_sm, smem = fn.resident_per_sm(), None
     if groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
         per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
@@ -1489,27 +1500,17 @@ def _mma_gemv_q4k(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int,
     _mma_gemv_launch(pb, fn, w, (tiles, factors, minfrag), y_ptr, m, k, n, per_sm, smem)
 
 
-def _prep_mma_groups(pb: PlanBuilder, x_ptr, n: int, k: int, arch):
-    """prep_mma_f16 per group of 8 of the n tokens, the groups' buffers back to back: (tiles (32·K bytes a group),
-    factors (K bytes), min-term fragments (K bytes))."""
+def _prep_mma_groups(pb: PlanBuilder, fmt: str, x_ptr, n: int, k: int, arch):
+    """prep_mma_f16 (GemvKernel("prep_mma", fmt) of an unrotated codec) per group of 8 of the n tokens, the groups'
+    buffers back to back: (tiles (32·K bytes a group), factors (K bytes), min-term fragments (K bytes))."""
     groups = -(-n // 8)
     tiles, factors, items = _mma_tiles(pb, groups, k)
     minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
-    prep = kernels.load(GemvKernel("prep_mma", "q4_K").name, arch)
+    prep = kernels.load(GemvKernel("prep_mma", fmt).name, arch)
     for i in range(groups):
         pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
                                               minfrag.ptr + k * i, min(8, n - 8 * i), k))
     return tiles, factors, minfrag
-
-
-def _mma_gemv_tq4(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
-    """n ≤ 8 TQ4_1S tokens through the tensor-core GEMV: prep_tq4_1s_mma (rotation, scaled fp16 hi/lo tiles), then
-    gemv_tq4_1s_mma or, below RULES.mma_gemv_m32_min_weights, gemv_tq4_1s_mma_m16."""
-    tiles, factors, items = _mma_tiles(pb, 1, k)
-    prep = kernels.load(GemvKernel("prep_mma", "tq4_1s").name, arch)
-    pb.launch(prep, ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
-    fn = kernels.load(GemvKernel("mma", "tq4_1s", small=m * k < RULES.mma_gemv_m32_min_weights).name, arch)
-    _mma_gemv_launch(pb, fn, w, (tiles, factors), y_ptr, m, k, n, fn.resident_per_sm(), None)
 
 
 def _mma_tiles(pb: PlanBuilder, groups: int, k: int):
@@ -1588,19 +1589,13 @@ def _tma_ok(w: QuantTensor, arch: str | None, kernel: str) -> bool:
             and formats.get(w.fmt).row_bytes(k) % 16 == 0 and w.ptr % 16 == 0)
 
 
-def _q4k_mma_build(arch: str | None, kernel: str) -> str | None:
-    """The target whose build of the Q4_K tensor-core GEMV `kernel` mul_mat would run here (kernels.build_for:
-    sm_90a's TMA-fed build on sm_90, the cp.async one for sm_89 / sm_120a), or None where there is none.
-    mul_mat has checked the weights' 16-byte alignment, and a Q4_K row (144·K/256 bytes) is always a multiple
-    of 16 bytes: both copies' rules hold."""
+def _mma_build(arch: str | None, kernel: str) -> str | None:
+    """The target whose build of the decode route's tensor-core GEMV `kernel` (an unrotated codec's: Q4_K)
+    mul_mat would run here (kernels.build_for: sm_90a's TMA-fed build on sm_90, the cp.async one for sm_89 /
+    sm_120a), or None where there is none. mul_mat has checked the weights' 16-byte alignment, and a Q4_K row
+    (144·K/256 bytes) is always a multiple of 16 bytes: both copies' rules hold. (A rotated codec's — TQ4_1S —
+    runs where its TMA-fed lane GEMVs may: _tma_ok of gemv_<fmt>_tma_t1, for TQ4_1S K a multiple of 128.)"""
     return kernels.build_for(kernel, arch)
-
-
-def _tma_gemv_ok(w: QuantTensor, arch: str | None) -> bool:
-    """Whether the exact TQ4_1S GEMV may run the TMA-fed kernels (gemv_tq4_1s_tma_t*, for slices of at most
-    RULES.tma_gemv_max_tokens tokens, and the tensor-core GEMV): `_tma_ok` — for TQ4_1S, K a multiple of 128;
-    otherwise the ld.global lane kernel (same results)."""
-    return _tma_ok(w, arch, GemvKernel("gemv", "tq4_1s", tma=True).name)
 
 
 def gemv_splits(ctas: int, k: int, ctas_per_sm: int, sms: int, lane_cols: int = 32, max_splits: int = 8,
@@ -1630,8 +1625,10 @@ def _prep_lanes(pb: PlanBuilder, xa, t: int, k: int, prep: str, arch):
     """The activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
     prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1), prep_q8_lanes (Q8_1) or prep_f32_lanes. Returns the
     buffer and its bytes per token."""
-    f32 = (GemvKernel("prep_lanes", "tq4_1s").name, GemvKernel("prep_lanes", "q4_K").name)
-    row = T4.lane_groups(k) * (T4.LANE_GROUP_F32 if prep in f32 else T4.LANE_GROUP_Q8)
+    from ptxgen import codecs
+
+    q8 = prep in {GemvKernel("prep_lanes", f, fast=True).name for f in codecs.CODECS}  # prep_q8_lanes, *_q8
+    row = T4.lane_groups(k) * (T4.LANE_GROUP_Q8 if q8 else T4.LANE_GROUP_F32)
     buf = pb.scratch((t, row), np.uint8, once=True)
     nb = t * k // 32
     pb.launch(kernels.load(prep, arch), ((nb + 7) // 8,), (xa, buf, nb, k))

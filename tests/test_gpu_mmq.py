@@ -71,8 +71,8 @@ def test_mul_mat_q4_k_all_shapes(m, t, arch):
     want = formats.gemm_ref("q4_K", raw, m, k, x)
     # exact (fp32 activations) in the GEMVs: T <= 8, M < 128 past 16 tokens; 9-16 tokens run the fp16 skinny GEMM
     # gemv_q4_k_mma_t16h where it is built (else the exact gemv_q4_k_mma_n16)
-    t16h = 9 <= t <= 16 and ops._t16h_ok(arch)
-    exact = not t16h and (t <= 8 or m < 128 or (t <= 16 and ops._q4k_mma_build(arch, "gemv_q4_k_mma_n16")))
+    t16h = 9 <= t <= 16 and ops._t16h_ok("q4_K", arch)
+    exact = not t16h and (t <= 8 or m < 128 or (t <= 16 and ops._mma_build(arch, "gemv_q4_k_mma_n16")))
     assert rel(got, want) <= (1e-5 if exact else 1e-3)
 
 

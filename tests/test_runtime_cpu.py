@@ -370,13 +370,13 @@ def test_sixteen_token_skinny_gemm_rule(monkeypatch):
 
     monkeypatch.setattr(driver, "current", lambda: SimpleNamespace(sm_count=132))
     setknob(monkeypatch, "PTXGEN_MMQ_SKINNY", None)
-    assert not ops.skinny16_ok(16896, "sm_90a") and ops.skinny16_ok(16897, "sm_90a")
-    assert ops.skinny16_ok(18944, "sm_90a")
-    assert not ops.skinny16_ok(18944, "sm_89") and not ops.skinny16_ok(18944, "sm_120a")
+    assert not ops.skinny16_ok("q4_K", 16896, "sm_90a") and ops.skinny16_ok("q4_K", 16897, "sm_90a")
+    assert ops.skinny16_ok("q4_K", 18944, "sm_90a")
+    assert not ops.skinny16_ok("q4_K", 18944, "sm_89") and not ops.skinny16_ok("q4_K", 18944, "sm_120a")
     monkeypatch.setattr(driver, "current", lambda: SimpleNamespace(sm_count=170))  # more SMs: a later switch
-    assert not ops.skinny16_ok(18944, "sm_90a") and ops.skinny16_ok(170 * 128 + 1, "sm_90a")
+    assert not ops.skinny16_ok("q4_K", 18944, "sm_90a") and ops.skinny16_ok("q4_K", 170 * 128 + 1, "sm_90a")
     setknob(monkeypatch, "PTXGEN_MMQ_SKINNY", "0")
-    assert not ops.skinny16_ok(20000, "sm_90a")
+    assert not ops.skinny16_ok("q4_K", 20000, "sm_90a")
 
 
 def test_tensor_core_gemv_token_rule():
@@ -393,11 +393,11 @@ def test_q4k_tensor_core_gemv_builds_per_target():
     """Which build of the Q4_K tensor-core GEMVs mul_mat runs for a pinned target: sm_90a's TMA one, the cp.async
     one for the mma.sync targets (sm_89, sm_120a) — the 8-token GEMV and the 16-token one (T = 9-16) alike."""
     from ptxgen.runtime import kernels
-    from ptxgen.runtime.ops import _q4k_mma_build
+    from ptxgen.runtime.ops import _mma_build
 
-    assert [_q4k_mma_build(a, "gemv_q4_k_mma") for a in ("sm_89", "sm_90a", "sm_120a")] == ["sm_89", "sm_90a", "sm_120a"]
-    assert [_q4k_mma_build(a, "gemv_q4_k_mma_n16") for a in ("sm_89", "sm_90a", "sm_120a")] == ["sm_89", "sm_90a", "sm_120a"]
-    assert _q4k_mma_build("sm_89", "no_such_kernel") is None
+    assert [_mma_build(a, "gemv_q4_k_mma") for a in ("sm_89", "sm_90a", "sm_120a")] == ["sm_89", "sm_90a", "sm_120a"]
+    assert [_mma_build(a, "gemv_q4_k_mma_n16") for a in ("sm_89", "sm_90a", "sm_120a")] == ["sm_89", "sm_90a", "sm_120a"]
+    assert _mma_build("sm_89", "no_such_kernel") is None
     copies = {name: [kernels.manifest(a)[name]["meta"]["copy"] for a in ("sm_89", "sm_90a", "sm_120a")]
               for name in ("gemv_q4_k_mma", "gemv_q4_k_mma_n16")}
     # TMA for the 8-token build where the target has it (sm_90a, sm_120a): the 16-token one measured faster with

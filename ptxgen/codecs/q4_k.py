@@ -26,7 +26,13 @@ STEP_ROW_BYTES = HEADER_BYTES + 32  # the header and the pair's 32 qs bytes per 
 GROUP_BLOCKS = 1  # blocks a warp dequantizes at once (dequant_lane): one super-block
 LOAD_ALIGN = 4  # dequant_lane's widest load
 # mul_mat's routes (runtime/ops.py), in the order they are tried, per mode
-ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode_q4k"), "fast": ("mmq", "fast_lanes")}
+ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode"), "fast": ("mmq", "fast_lanes")}
+# the exact decode route's choices per slice (runtime/ops.py _decode): the knob that turns the tensor-core GEMV on or
+# off; from how many tokens it runs on auto (1 from q4k_mma_t1_min_weights weights, else q4k_mma_gemv_min_tokens:
+# ptxgen/tuning rules); the few-token builds' knob and their rule on auto; the opt-in one-token kernel with x in
+# registers (PTXGEN_Q4K_XR)
+DECODE = {"mma_knob": "q4k_mma", "mma_min": ("q4k_mma_t1_min_weights", 1, "q4k_mma_gemv_min_tokens"),
+          "few_knob": "q4k_t1", "few_min_weights": "q4k_t1_min_weights", "xr": "gemv_q4_k_xr"}
 weights_error = alignment_error(FMT, 16)  # the GEMVs' and GEMMs' 16-byte loads, the TMA maps
 
 

@@ -16,7 +16,12 @@ BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 20
 GROUP_BLOCKS = 8  # a warp step: 8 blocks (256 weights), lane L the 8 elements 8·(L % 4) .. of block L / 4
 LOAD_ALIGN = 4
 ROTATION = "rotate_tq4_1s"  # the kernel that rotates the activation (forward_rht(x)), once, on the prefill route
-ROUTES = {"exact": ("mmq_ra", "mmq_pre", "mmq_f16", "decode_tq4"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+ROUTES = {"exact": ("mmq_ra", "mmq_pre", "mmq_f16", "decode"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+# the exact decode route's choices (runtime/ops.py _decode, as Q4_K's DECODE): the tensor-core GEMV only where the
+# TMA-fed GEMVs may run (its weights come by TMA), from 3 tokens at mma_gemv_t3_min_weights weights, else from
+# mma_gemv_min_tokens; no few-token builds
+DECODE = {"mma_knob": "tq4_mma", "mma_min": ("mma_gemv_t3_min_weights", 3, "mma_gemv_min_tokens"),
+          "mma_needs_tma": True}
 
 
 weights_error = alignment_error(FMT, LOAD_ALIGN)  # every kernel reads the blocks in 4-byte words
