@@ -6,7 +6,8 @@ becomes ±inf / NaN in fp16 (|x| ≥ 65520, or a non-finite input) or a Q8_1 sca
 every such GEMM: it reads `flag` and, when it is clear (the usual case), every CTA returns at once. When it is set,
 CTA c takes tokens c, c + gridDim.x, ...: its threads test the token's fp32 row the same way (any value whose fp16
 rounding has an all-ones exponent), and for a token that fails they recompute its whole output row in fp32 from the
-Q4_K bytes (weights as ggml's float32 dequant, fp32 sums: the exact GEMV's accuracy), overwriting the GEMM's. The
+weights' bytes (the codec's dequant_lane: ggml's float32 dequant, fp32 sums, the exact GEMV's accuracy), overwriting
+the GEMM's. One build per codec with a prefill GEMM (mul_mat_fixup_<fmt>). The
 last CTA to finish (an arrival count in `done`) clears `flag` and `done` for the next op of the stream.
 A non-finite input gives non-finite outputs in that token's row, as the float64 reference does.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from .. import codecs
 from ..builder import KernelBuilder
-from ..codecs.q4_k import dequant_word as dequant_q4_k_word
 from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
@@ -32,8 +32,8 @@ def name(fmt: str) -> str:
 
 
 def build(arch, fmt: str = "q4_K"):
-    """The fixup behind a prefill GEMM on `fmt` weights: the rows recomputed from the codec's fp32 decode (Q4_K: its
-    own per-lane word decode; the others: the codec's dequant_lane, as the codec GEMV)."""
+    """The fixup behind a prefill GEMM on `fmt` weights: the rows recomputed from the codec's fp32 decode (its
+    dequant_lane, as the codec GEMV)."""
     doc = __doc__.splitlines()[0].replace("q4_k", fmt.lower())
     b = KernelBuilder(name(fmt), arch, doc, block=(THREADS, 1, 1))
     f_p, d_p = b.param("flag", "u64", "ptr:scratch"), b.param("done", "u64", "ptr:scratch")
@@ -55,7 +55,7 @@ def build(arch, fmt: str = "q4_K"):
     tid, cta, ncta = b.special("tid.x"), b.special("ctaid.x"), b.special("nctaid.x")
     lane, warp = b.op("and.b32", tid, Imm(31, "b32")), b.op("shr.u32", tid, Imm(5, "u32"))
     k4 = b.op("shr.u32", K, Imm(2, "u32"))
-    nsb, row_bytes, step = (_q4k_rows if fmt == "q4_K" else _codec_rows)(b, codecs.get(fmt), K, lane)
+    nsb, row_bytes, step = _codec_rows(b, codecs.get(fmt), K, lane)
 
     anyp = b.op("mov.u32", any_sym)
     b.emit("st.shared.u32", Mem(anyp), Imm(0, "u32"), pred=b.op("setp.eq.u32", tid, Imm(0, "u32")))
@@ -135,31 +135,6 @@ def build(arch, fmt: str = "q4_K"):
     return b.finish()
 
 
-def _q4k_rows(b, codec, K, lane):
-    """Q4_K's row walk: (super-blocks, row bytes, step(row, super-block, x row, acc)); lane L decodes qs word L."""
-    nsb = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(codec.BLOCK_BYTES, "u32"))
-    chunk = b.op("shr.u32", lane, Imm(3, "u32"))
-    sub_lo = b.op("shl.b32", chunk, Imm(1, "u32"))
-    sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
-    # this lane's columns within a super-block: the low-nibble run 64·c + 4·(lane % 8) + 0..3, the high one + 32
-    col = b.op("mad.lo.u32", chunk, Imm(64, "u32"), b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32")))
-
-    def step(wrow, sb, xrow, acc):
-        block = b.op("mad.wide.u32", sb, Imm(codec.BLOCK_BYTES, "u32"), wrow)
-        env = {"block": block, "sub_lo": sub_lo, "sub_hi": sub_hi,
-               "qword": b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), block),
-                                                     codec.HEADER_BYTES))}
-        dequant_q4_k_word().lower(b, env)
-        xa = b.op("mad.wide.u32", b.op("mad.lo.u32", sb, Imm(codec.BLOCK_K, "u32"), col), Imm(4, "u32"), xrow)
-        xl, xh = b.regs("f32", 4), b.regs("f32", 4)
-        b.emit("ld.global.nc.v4.f32", b.vec(xl), Mem(xa))
-        b.emit("ld.global.nc.v4.f32", b.vec(xh), Mem(xa, 128))
-        for wv, xv in zip(env["w_lo"] + env["w_hi"], xl + xh):
-            b.emit("fma.rn.f32", acc, wv, xv, acc)
-    return nsb, row_bytes, step
-
-
 def _codec_rows(b, codec, K, lane):
     """Any codec's row walk: 256 weights per step through its dequant_lane (float32 as ggml), as the codec GEMV."""
     nblk = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
@@ -175,11 +150,11 @@ def _codec_rows(b, codec, K, lane):
     return steps, row_bytes, step
 
 
-KERNEL = KernelDef("mul_mat_fixup_q4_k", "after a prefill GEMM: recompute in fp32 the tokens whose activations left "
-                   "fp16 / Q8_1 (flag read on the device; returns at once when clear)", build)
-# every target where an fp16 GEMM of the codec runs: the register-A / prepared wgmma ones (sm_90a), the mma.sync one
-# (the codecs with route mmq_f16, kernels/mmq.py F16_CODECS: sm_89, sm_120a)
+# every target where an fp16 GEMM of the codec runs: Q4_K's MMQs and the mma.sync GEMMs of the codecs with route
+# mmq_f16 (kernels/mmq.py F16_CODECS) on sm_89, sm_90a and sm_120a; the register-A / prepared wgmma ones on sm_90a
 KERNELS = [KernelDef(name(f), f"after a prefill GEMM on {f.upper()} weights: recompute in fp32 the tokens whose "
-                     "activations left fp16 (decided on the device)", lambda arch, f=f: build(arch, f),
-                     archs=("sm_89", "sm_90a", "sm_120a") if f in codecs.with_route("mmq_f16") else ("sm_90a",))
-            for f in FORMATS[1:]]
+                     "activations left fp16 / Q8_1 (flag read on the device; returns at once when clear)",
+                     lambda arch, f=f: build(arch, f),
+                     archs=(("sm_89", "sm_90a", "sm_120a") if f in codecs.with_route("mmq_f16") + codecs.with_route("mmq")
+                            else ("sm_90a",)))
+           for f in FORMATS]
