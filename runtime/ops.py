@@ -415,8 +415,7 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
     if wg:
         x16 = pb.scratch((p, k), np.float16)
         n8 = p * k // 8
-        gather = kernels.load("convert_f16_perm_gather", "sm_90a")
-        pb.launch(gather, (gather_grid(n8, gather.resident_per_sm() * driver.current().sm_count),),
+        pb.launch(kernels.load("convert_f16_perm_gather", "sm_90a"), (-(-n8 // 256),),
                   (pb.x, x16, gate, n8, order, offsets, e, k // 8, slots, x_per_slot))
         tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
         tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
@@ -425,14 +424,6 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
         pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, gate, m, k, slots, x_per_slot, expert_bytes, order, offsets,
                                   work, pb.queue))
     return gate
-
-
-def gather_grid(n8: int, slots: int) -> int:
-    """convert_f16_perm_gather's grid for n8 groups of 8 values: a group a thread while that fits one round of the
-    resident CTAs (`slots`), else up to GATHER_GROUPS a thread (at least ceil(n8 / (256·GATHER_GROUPS)) CTAs)."""
-    from ptxgen.kernels.convert_f16 import GATHER_GROUPS, THREADS
-
-    return max(-(-n8 // (THREADS * GATHER_GROUPS)), min(-(-n8 // THREADS), slots), 1)
 
 
 def _remember(w: QuantTensor, key, entry) -> None:

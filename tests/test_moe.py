@@ -417,8 +417,7 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     if len(gemms) == 2:  # sm_90: x gathered into fp16 by convert_f16_perm_gather, the wgmma build on tensor maps
         x16 = mem.alloc(p * k * 2, poison=0xFF)
         n8 = p * k // 8
-        # a grid of a quarter of the groups' threads (+ 1 CTA): threads take up to 4 groups (ops.gather_grid at T = 512)
-        _run(gemms[0].ptx(), (-(-n8 // 1024) + 1,), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot)),
+        _run(gemms[0].ptx(), (-(-n8 // 256),), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot)),
              mem)
         box = gemm.meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")

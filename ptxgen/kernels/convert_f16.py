@@ -14,7 +14,6 @@ from . import KernelDef
 
 THREADS = 256
 PER_THREAD = 8
-GATHER_GROUPS = 4  # convert_f16_perm_gather: groups of 8 a thread at most, S = gridDim.x·THREADS apart
 
 
 def build(arch, permuted: bool = False, gather: bool = False):
@@ -24,14 +23,9 @@ def build(arch, permuted: bool = False, gather: bool = False):
     4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows).
     gather (convert_f16_perm_gather, mul_mat_id's grouped wgmma GEMM; permuted too): output row n (k8 groups of 8)
     is input row order[n] / slots where the slots share x (per_slot 0), else order[n] — x in moe_group's grouped
-    order. A thread takes groups i, i + S, ... (S = gridDim.x·THREADS, at most GATHER_GROUPS of them: the host sizes
-    the grid, ops.gather_grid), issuing every group's order load, then every group's x loads, before it converts
-    any: each group is two dependent L2 round trips (order, then x), so a thread with one group a wave waited them
-    out once per wave (4096 CTAs at T = 512 on 128 experts top-8: ~8 waves, 13.6 µs for 16.8 MB written). Per
-    group it reads 8 input columns with two 16-byte loads (the scattered 4-byte loads of convert_f16_perm cost 8 L1
-    wavefronts each) and stores one 4-byte word into each of 4 output groups; rows from offsets[experts] on (the
-    pairs with a bad id, which order does not hold) are left as they are: only columns the GEMM's epilogue masks
-    read them. The flag word is the route's gate."""
+    order. Its thread reads one group of 8 input columns with two 16-byte loads (the scattered 4-byte loads of
+    convert_f16_perm cost 8 L1 wavefronts each) and stores one 4-byte word into each of 4 output groups; rows from offsets[experts] on (the pairs with a bad id, which order does not hold) are left as they
+    are: only columns the GEMM's epilogue masks read them. The flag word is the route's gate."""
     assert permuted or not gather
     name = "convert_f16_perm_gather" if gather else "convert_f16_perm" if permuted else "convert_f16"
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "") + (
@@ -47,9 +41,7 @@ def build(arch, permuted: bool = False, gather: bool = False):
     if permuted:
         b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
     if gather:
-        b.meta.update(groups_per_thread=GATHER_GROUPS, grid=f"at least ceil(n8 / ({THREADS}·{GATHER_GROUPS})) "
-                      "(ops.gather_grid): thread i takes groups i, i + gridDim.x·THREADS, ...",
-                      rows="output row n < offsets[experts] = x row order[n] / slots (x shared by the slots) or "
+        b.meta.update(rows="output row n < offsets[experts] = x row order[n] / slots (x shared by the slots) or "
                            "order[n] (per slot); rows past it untouched")
     b.pdl_head()  # the wgmma MMQ after it may launch now (it waits before its first TMA of x)
     X, Y, F = b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
@@ -57,14 +49,33 @@ def build(arch, permuted: bool = False, gather: bool = False):
     i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(THREADS, "u32"), b.special("tid.x"))
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
-    if gather:
-        _gather(b, i, n8, X, Y, F, o_p, off_p, e_p, k8_p, sl_p, ps_p)
-        b.place(done)
-        b.emit("ret")
-        return b.finish()
     v = b.regs("f32", 8)
     h = None
-    if permuted:
+    if gather:  # group i = row n, group r of it: read x's row order[n] (/ slots), group r, as two 16-byte loads
+        k8 = b.ld_param(k8_p, "u32")
+        n = b.op("div.u32", i, k8)
+        valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"),
+                                                  b.ptr(off_p))))
+        b.bra(done, pred=b.op("setp.ge.u32", n, valid), uniform=False)
+        pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
+        shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
+        row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
+        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))),
+                   Imm(32, "u32"), X)
+        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
+        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
+        # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
+        # columns b' and b' + 2 of the group, b' = (q' & 1) + 4·(q' >> 1) (layouts.q4k_rega_k_order, checked below)
+        h = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
+             for q in range(4)]
+        order = q4k_rega_k_order()
+        assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
+                   for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
+        dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
+                   b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
+        for q in range(4):
+            b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
+    elif permuted:
         q = b.op("and.b32", i, Imm(7, "b32"))
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
                     b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
@@ -96,60 +107,6 @@ def build(arch, permuted: bool = False, gather: bool = False):
     b.place(done)
     b.emit("ret")
     return b.finish()
-
-
-def _gather(b, i, n8, X, Y, F, o_p, off_p, e_p, k8_p, sl_p, ps_p) -> None:
-    """convert_f16_perm_gather's body: groups i + j·S (j < GATHER_GROUPS, S = gridDim.x·THREADS) of output row n =
-    group / k8 read x's row order[n] (/ slots) — every order load first, then every x load, then the stores."""
-    k8 = b.ld_param(k8_p, "u32")
-    valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"), b.ptr(off_p))))
-    shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
-    slots = b.ld_param(sl_p, "u32")
-    stride = b.op("mul.lo.u32", b.special("nctaid.x"), Imm(THREADS, "u32"))
-    # no load is predicated (ptxas keeps a predicated load behind the ones before it): a group past n8 reads row
-    # 0's order entry (n clamped to the last row), a row past offsets[experts] (order holds no pair there) reads x's
-    # row 0; only their stores are predicated off
-    last = b.op("sub.u32", b.op("div.u32", n8, k8), Imm(1, "u32"))
-    live, grp, pairs = [], [], []
-    for j in range(GATHER_GROUPS):  # the group, its row n, and order[n]
-        g = i if j == 0 else b.op("mad.lo.u32", stride, Imm(j, "u32"), i)
-        n = b.op("div.u32", g, k8)
-        ok = b.op("and.pred", b.op("setp.lt.u32", g, n8), b.op("setp.lt.u32", n, valid))
-        pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.op("min.u32", n, last), Imm(4, "u32"),
-                                                 b.ptr(o_p))))
-        live.append(ok)
-        grp.append((g, n))
-        pairs.append(pair)
-    vals = []
-    for j in range(GATHER_GROUPS):  # two 16-byte loads of x's row, group r of it
-        g, n = grp[j]
-        pair = b.op("selp.b32", pairs[j], Imm(0, "b32"), live[j], type="b32")
-        row = b.op("selp.b32", b.op("div.u32", pair, slots), pair, shared, type="b32")
-        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, b.op("rem.u32", g, k8)), Imm(32, "u32"), X)
-        v = b.regs("f32", 8)
-        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
-        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
-        vals.append(v)
-    # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
-    # columns b' and b' + 2 of the group, b' = (q' & 1) + 4·(q' >> 1) (layouts.q4k_rega_k_order, checked here)
-    order = q4k_rega_k_order()
-    assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
-               for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
-    over = None
-    for j in range(GATHER_GROUPS):
-        g, v = grp[j][0], vals[j]
-        h = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
-             for q in range(4)]
-        dst = b.op("mad.wide.u32", b.op("and.b32", g, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
-                   b.op("mad.wide.u32", b.op("and.b32", g, Imm(3, "b32")), Imm(4, "u32"), Y))
-        for q in range(4):
-            b.emit("st.global.b32", Mem(dst, 16 * q), h[q], pred=live[j])
-        for w in h:  # a half whose exponent bits are all ones is inf or NaN
-            for mask in (0x7C00, 0x7C000000):
-                p = b.op("and.pred", live[j], b.op("setp.eq.u32", b.op("and.b32", w, Imm(mask, "b32")),
-                                                   Imm(mask, "u32")))
-                over = p if over is None else b.op("or.pred", over, p)
-    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
 
 
 KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
