@@ -81,6 +81,8 @@ def main():
     ap.add_argument("--shape", default="4096x14336", help="M x K (an expert's, with --moe)")
     ap.add_argument("--tokens", default="16,64,512")
     ap.add_argument("--moe", default=None, metavar="E:TOP", help="time mul_mat_id over E experts, TOP a token")
+    ap.add_argument("--weights", type=int, default=8, help="distinct weights the loop rotates over (enough that they "
+                    "exceed the 60 MB L2 for decode shapes: 32 for 1024x4096 Q4_K)")
     args = ap.parse_args()
     import torch
 
@@ -96,7 +98,7 @@ def main():
         raise SystemExit(f"no emitted sm_90a kernel matches {args.kernels!r}")
     m, k = map(int, args.shape.split("x"))
     e, top = map(int, args.moe.split(":")) if args.moe else (1, 1)
-    n = 8
+    n = args.weights
     heads = " | ".join(f"{v[0]} eager / graph" for v in variants)
     print(f"{'mul_mat_id ' + str(e) + ' experts top-' + str(top) + ', ' if args.moe else ''}{m}x{k}, µs per op over "
           f"{n} weights; rebuilt: {', '.join(names)}")
