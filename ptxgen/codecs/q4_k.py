@@ -290,3 +290,50 @@ def run8_head(b, row, k0, fmt: str = FMT, block_bytes: int = BLOCK_BYTES):
                           DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")), ScaleProduct("d", "sc", "d1"),
                           ScaleProduct("dmin", "m", "m1"))).lower(b, env)
     return kin, c, hi, env
+
+
+class UnitLane:
+    """Q4_K in kernels/gemv.py's 8-weight-unit GEMV (gemv_q4_k_t4, _t8): lane L of a warp step's 256 columns takes
+    qs word L of the super-block — columns 64·c + 4·(L % 8) + 0..3 (low nibbles, sub-block 2c) and + 32 (high
+    nibbles, 2c + 1), c = L / 8 — with the header's 4 words for its two (sc, m) pairs. Values 0..15 (the table),
+    the min term from the activations' per-half sums."""
+    LUT = tuple(range(16))  # the GEMV's 16-entry value table: the nibble itself
+    ACT_SECOND = 128  # bytes from the unit's first 4 activations to its other 4 (columns 32 + p)
+    MIN_TERM = True
+
+    @staticmethod
+    def row_bytes(b, K):
+        return b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"))
+
+    def __init__(self, b, lane, K):
+        chunk_c = b.op("shr.u32", lane, Imm(3, "u32"))  # 64-column group c: sub-blocks 2c, 2c+1
+        p4 = b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32"))
+        self.col_in_chunk = b.op("mad.lo.u32", chunk_c, Imm(64, "u32"), p4)
+        self.sub_lo = b.op("shl.b32", chunk_c, Imm(1, "u32"))
+        self.sub_hi = b.op("add.u32", self.sub_lo, Imm(1, "u32"))
+        self.nunits = b.op("shr.u32", K, Imm(3, "u32"))
+        self.lane = lane
+
+    @staticmethod
+    def regs(b):
+        """A row's load registers: (the qs word, the header's 4 words)."""
+        return b.reg("b32"), b.regs("b32", 4)
+
+    def load(self, b, c, rowptr, regs, live):
+        """Chunk c's loads of one row (zero where the lane is past the row)."""
+        qw, extra = regs
+        sbp = b.op("mad.wide.u32", c, Imm(BLOCK_BYTES, "u32"), rowptr)
+        for h in extra + [qw]:
+            b.emit("mov.b32", h, Imm(0, "b32"))
+        b.emit("ld.global.nc.v4.u32", b.vec(extra), Mem(sbp), pred=live)
+        b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", self.lane, Imm(4, "u32"), sbp), 16), pred=live)
+
+    @staticmethod
+    def element(e):
+        """Unit element e: (low or high nibbles, byte): e < 4 the low nibbles of bytes 0..3, e ≥ 4 the high ones."""
+        return ("lo" if e < 4 else "hi"), e % 4
+
+    def groups(self, b, regs):
+        """[(elements, scale, min)]: elements 0-3 by sub-block 2c's d·sc and dmin·m, 4-7 by 2c + 1's."""
+        d1, dm1, d2, dm2 = lane_scales(b, regs[1], self.sub_lo, self.sub_hi)
+        return [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]

@@ -131,3 +131,49 @@ def ra_fragments(b, rbase, row_offs, s, t):
                     b.emit("lop3.b32", ds, dd, sg2, Imm(0x80008000, "b32"), Imm(0x78, "b32"))  # a ^ (b & c)
                     frag[rr, 4 * sb + 2 * wi + sh] = b.op("mul.rn.f16x2", v, ds, type="b32")
     return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
+
+
+class UnitLane:
+    """TQ4_1S in kernels/gemv.py's 8-weight-unit GEMV (gemv_tq4_1s_t{1,2,4}_fused): lane L of a warp step's 256
+    columns takes word L % 4 (elements 8·(L % 4) .. + 7) of block L / 4 — the codebook values (the table), one
+    fp16 scale (d0 for words 0-1, d1 for 2-3), no min term."""
+    LUT = tuple(float(v) for v in CODEBOOK)
+    ACT_SECOND = 16
+    MIN_TERM = False
+
+    @staticmethod
+    def row_bytes(b, K):
+        return b.op("mul.lo.u32", b.op("shr.u32", K, Imm(5, "u32")), Imm(BLOCK_BYTES, "u32"))
+
+    def __init__(self, b, lane, K):
+        self.word = b.op("and.b32", lane, Imm(3, "b32"))
+        self.blk_in_chunk = b.op("shr.u32", lane, Imm(2, "u32"))
+        # scale half: words 0,1 (elements 0..15) use d0, words 2,3 use d1
+        self.dshift = b.op("shl.b32", b.op("shr.u32", self.word, Imm(1, "u32")), Imm(4, "u32"))
+        self.col_in_chunk = b.op("mad.lo.u32", self.blk_in_chunk, Imm(32, "u32"),
+                                 b.op("shl.b32", self.word, Imm(3, "u32")))
+        self.nunits = b.op("shr.u32", K, Imm(3, "u32"))  # total 8-weight units in a row
+
+    @staticmethod
+    def regs(b):
+        """A row's load registers: (the qs word, [the block's scale word])."""
+        return b.reg("b32"), [b.reg("b32")]
+
+    def load(self, b, c, rowptr, regs, live):
+        """Chunk c's loads of one row (index 8 = value 0 and scale 0 where the lane is past the row)."""
+        qw, extra = regs
+        blkp = b.op("mad.wide.u32", b.op("mad.lo.u32", c, Imm(8, "u32"), self.blk_in_chunk), Imm(BLOCK_BYTES, "u32"),
+                    rowptr)
+        b.emit("mov.b32", qw, Imm(0x88888888, "b32"))
+        b.emit("mov.b32", extra[0], Imm(0, "b32"))
+        b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", self.word, Imm(4, "u32"), blkp), 4), pred=live)
+        b.emit("ld.global.nc.u32", extra[0], Mem(blkp), pred=live)
+
+    @staticmethod
+    def element(e):
+        """Unit element e: byte e / 2, its low nibble when e is even."""
+        return ("lo" if e % 2 == 0 else "hi"), e // 2
+
+    def groups(self, b, regs):
+        half = b.op("cvt.u16.u32", b.op("shr.u32", regs[1][0], self.dshift))
+        return [(range(8), b.op("cvt.f32.f16", half), None)]

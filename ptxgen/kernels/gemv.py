@@ -62,11 +62,13 @@ class GemvSpec:
         return GemvKernel("gemv", self.fmt, self.tokens, fast=self.mode == "fast", fused=self.fused_rotation).name
 
 
-def _lut_values(fmt: str) -> np.ndarray:
-    return T4.CODEBOOK if fmt == "tq4_1s" else np.arange(16, dtype=np.float32)
-
-
 def build(arch, spec: GemvSpec):
+    """The 8-weight-unit GEMV (gemv_q4_k_t4 / _t8, gemv_tq4_1s_t{1,2,4}_fused): lane L of a warp's 256-column step
+    decodes 8 weights of each of the CTA's R rows through a 16-entry value table in shared memory; where the unit
+    lies, how it loads, which element is which nibble and its scales (and min term) are the codec's UnitLane."""
+    from .. import codecs
+
+    unit = codecs.get(spec.fmt).UnitLane
     Tn, R = spec.tokens, spec.rows
     doc = (f"{spec.fmt} GEMV, {Tn} token(s), {R} rows per CTA"
            + (", activation rotated in the prologue" if spec.fused_rotation else ""))
@@ -84,7 +86,7 @@ def build(arch, spec: GemvSpec):
                   activation="fp32")
     lut_sym = b.shared_buffer("lut", 256, align=256)
     red_sym = b.shared_buffer("red", 4 * WARPS * R * Tn, align=16)
-    table = b.const_table("lut_init", _lut_values(spec.fmt).tobytes())
+    table = b.const_table("lut_init", np.asarray(unit.LUT, np.float32).tobytes())
     b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
 
     W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
@@ -105,10 +107,7 @@ def build(arch, spec: GemvSpec):
     b.emit("bar.sync", Imm(0, "u32"))
 
     # per-row byte strides and clamped row pointers (rows past M compute on row M-1 and are not stored)
-    if spec.fmt == "tq4_1s":
-        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(5, "u32")), Imm(20, "u32"))
-    else:
-        row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(Q4K.BLOCK_BYTES, "u32"))
+    row_bytes = unit.row_bytes(b, K)
     last = b.op("sub.u32", M, Imm(1, "u32"))
     rowptr = []
     for r in range(R):
@@ -124,32 +123,15 @@ def build(arch, spec: GemvSpec):
         for r in row:
             b.emit("mov.f32", r, Imm(0.0, "f32"))
 
-    # lane geometry inside a 256-column chunk
-    if spec.fmt == "tq4_1s":
-        word = b.op("and.b32", lane, Imm(3, "b32"))
-        blk_in_chunk = b.op("shr.u32", lane, Imm(2, "u32"))
-        # scale half: words 0,1 (elements 0..15) use d0, words 2,3 use d1
-        dshift = b.op("shl.b32", b.op("shr.u32", word, Imm(1, "u32")), Imm(4, "u32"))
-        col_in_chunk = b.op("mad.lo.u32", blk_in_chunk, Imm(32, "u32"), b.op("shl.b32", word, Imm(3, "u32")))
-        nunits = b.op("shr.u32", K, Imm(3, "u32"))  # total 8-weight units in a row
-    else:
-        chunk_c = b.op("shr.u32", lane, Imm(3, "u32"))  # 64-column group c: sub-blocks 2c, 2c+1
-        p4 = b.op("shl.b32", b.op("and.b32", lane, Imm(7, "b32")), Imm(2, "u32"))
-        col_in_chunk = b.op("mad.lo.u32", chunk_c, Imm(64, "u32"), p4)
-        sub_lo = b.op("shl.b32", chunk_c, Imm(1, "u32"))
-        sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
-        # byte positions of (sc, m) of sub-blocks 2c and 2c+1 inside the 12 scale bytes, for bfe
-        nunits = b.op("shr.u32", K, Imm(3, "u32"))
+    lanes = unit(b, lane, K)  # the lane's unit inside a 256-column chunk
+    col_in_chunk, nunits = lanes.col_in_chunk, lanes.nunits
 
     nchunks = b.op("shr.u32", b.op("add.u32", K, Imm(CHUNK - 1, "u32")), Imm(8, "u32"))
     prefetch_act = Tn <= 2  # activations double-buffered too where registers allow
 
     def alloc_state():
         """The registers one chunk's loads land in (two sets: the loop is a ping-pong)."""
-        if spec.fmt == "tq4_1s":
-            w = [(b.reg("b32"), [b.reg("b32")]) for _ in range(R)]
-        else:
-            w = [(b.reg("b32"), b.regs("b32", 4)) for _ in range(R)]
+        w = [unit.regs(b) for _ in range(R)]
         act = [new_act() for _ in range(Tn)] if prefetch_act else None
         return {"c": b.reg("u32"), "live": b.reg("pred"), "w": w, "act": act}
 
@@ -160,7 +142,7 @@ def build(arch, spec: GemvSpec):
     def load_acts(st, act):
         """This lane's unit activations for all tokens (two 16-byte loads each; Q4_K: p..p+3, 32+p..p+3)."""
         col = b.op("mad.lo.u32", st["c"], Imm(CHUNK, "u32"), col_in_chunk)
-        second = 16 if spec.fmt == "tq4_1s" else 128
+        second = unit.ACT_SECOND
         for t in range(Tn):
             base = b.op("mad.wide.u32", col, Imm(4, "u32"), actptr[t])
             for e in range(8):
@@ -173,21 +155,8 @@ def build(arch, spec: GemvSpec):
         b.emit("mov.u32", st["c"], c_src)
         # is this lane's unit inside the row? (K need not be a multiple of 256 for TQ4_1S)
         b.emit("setp.lt.u32", st["live"], b.op("mad.lo.u32", st["c"], Imm(32, "u32"), lane), nunits)
-        c, live = st["c"], st["live"]
         for r in range(R):
-            qw, extra = st["w"][r]
-            if spec.fmt == "tq4_1s":
-                blkp = b.op("mad.wide.u32", b.op("mad.lo.u32", c, Imm(8, "u32"), blk_in_chunk), Imm(20, "u32"), rowptr[r])
-                b.emit("mov.b32", qw, Imm(0x88888888, "b32"))
-                b.emit("mov.b32", extra[0], Imm(0, "b32"))
-                b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", word, Imm(4, "u32"), blkp), 4), pred=live)
-                b.emit("ld.global.nc.u32", extra[0], Mem(blkp), pred=live)
-            else:
-                sbp = b.op("mad.wide.u32", c, Imm(Q4K.BLOCK_BYTES, "u32"), rowptr[r])
-                for h in extra + [qw]:
-                    b.emit("mov.b32", h, Imm(0, "b32"))
-                b.emit("ld.global.nc.v4.u32", b.vec(extra), Mem(sbp), pred=live)
-                b.emit("ld.global.nc.u32", qw, Mem(b.op("mad.wide.u32", lane, Imm(4, "u32"), sbp), 16), pred=live)
+            lanes.load(b, st["c"], rowptr[r], st["w"][r], st["live"])
         if prefetch_act:
             load_acts(st, st["act"])
 
@@ -198,8 +167,8 @@ def build(arch, spec: GemvSpec):
             load_acts(st, act)
         act = [list(row) for row in act]
         if spec.fused_rotation:
-            _rotate_unit_in_registers(b, act, word, lane, None)
-        if spec.fmt == "q4_K":  # Σa per half for the min term, once per chunk
+            _rotate_unit_in_registers(b, act, lanes.word, lane, None)
+        if unit.MIN_TERM:  # Σa per half for the min term, once per chunk
             asum = [[None, None] for _ in range(Tn)]
             for t in range(Tn):
                 for h in range(2):
@@ -213,19 +182,11 @@ def build(arch, spec: GemvSpec):
             lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
             hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
             vals = []
-            for e in range(8):
-                if spec.fmt == "tq4_1s":  # element e of the unit: byte e/2, low nibble if e even
-                    src, byte = (lo4 if e % 2 == 0 else hi4), e // 2
-                else:  # Q4_K unit: e < 4 low nibbles of bytes 0..3, e >= 4 high nibbles
-                    src, byte = (lo4 if e < 4 else hi4), e % 4
-                addr = b.op("prmt.b32", src, lut, Imm(0x7650 | byte, "b32"))
+            for e in range(8):  # the codec's element e: a byte's low or high nibble
+                nib, byte = unit.element(e)
+                addr = b.op("prmt.b32", lo4 if nib == "lo" else hi4, lut, Imm(0x7650 | byte, "b32"))
                 vals.append(b.op("ld.shared.f32", Mem(addr)))
-            if spec.fmt == "tq4_1s":
-                half = b.op("cvt.u16.u32", b.op("shr.u32", extra[0], dshift))
-                groups = [(range(8), b.op("cvt.f32.f16", half), None)]
-            else:
-                d1, dm1, d2, dm2 = Q4K.lane_scales(b, extra, sub_lo, sub_hi)
-                groups = [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]
+            groups = lanes.groups(b, (qw, extra))
             for gi, (elems, scale, minimum) in enumerate(groups):
                 for t in range(Tn):
                     part = None
