@@ -337,3 +337,122 @@ class UnitLane:
         """[(elements, scale, min)]: elements 0-3 by sub-block 2c's d·sc and dmin·m, 4-7 by 2c + 1's."""
         d1, dm1, d2, dm2 = lane_scales(b, regs[1], self.sub_lo, self.sub_hi)
         return [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]
+
+
+class GgmlLane:
+    """Q4_K in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q4_k_t1 / _t2 exact on fp32
+    activations, gemv_q4_k_fast_t* on Q8_1 with dp4a): a lane owns a pair of sub-blocks (64 weights: the 32 qs
+    bytes they share, two 16-byte loads) and its super-block header (one 16-byte load); low nibbles are
+    sub-block 2j, high nibbles 2j + 1. dp4a: y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block; exact:
+    ggml's w = (d·sc)·q − dmin·m per element in fp32 (q as float by prmt into 0x4B000000 and one exact
+    subtraction of 2^23), an FFMA per weight and token."""
+    ROWS = 1  # rows per warp: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
+    WORDS = 12
+    K_MULTIPLE, LANE_COLS = 256, 64
+    EXACT = True  # has the fp32-activation build
+
+    @staticmethod
+    def sizes(b, K, nblk):
+        """(units a row: sub-block pairs, row bytes)."""
+        nunits = b.op("shr.u32", K, Imm(6, "u32"))
+        return nunits, b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"))
+
+    def __init__(self, b, lane):
+        # this lane's activation blocks 2P, 2P+1 sit in group (2·jb + 2·lane) / 32 at columns 2·lane % 32, +1
+        self.col = b.op("and.b32", b.op("shl.b32", lane, Imm(1, "u32")), Imm(31, "b32"))
+        self.sub_lo = b.reg("u32")
+        self.sub_hi = b.reg("u32")
+
+    def load(self, b, u, rowptr, regs, pred):
+        """Unit u of a row: the header (16 B), then the pair's 32 qs bytes at 16 + 32·(u % 4)."""
+        sb = b.op("add.s64", rowptr, b.op("mul.wide.u32", b.op("shr.u32", u, Imm(2, "u32")), Imm(BLOCK_BYTES, "u32")))
+        qp = b.op("add.s64", sb, b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", u, Imm(3, "b32")), Imm(5, "u32"))))
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[0:4]), Mem(sb), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[4:8]), Mem(qp, 16), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[8:12]), Mem(qp, 32), pred=pred)
+
+    def act(self, b, u, actptr, gsize, pred, tail):
+        """A token's Q8_1 activation of unit u: its two blocks' qs words (8 each) and their d."""
+        g = b.op("shr.u32", u, Imm(4, "u32"))  # group of block 2P: 2P / 32
+        base = b.op("add.s64", actptr, b.op("mul.wide.u32", g, Imm(gsize, "u32")))
+        cb = b.op("add.s64", base, b.op("mul.wide.u32", self.col, Imm(16, "u32")))
+        words = []
+        for row_off in (0, 512):  # words 0..3 of both blocks, then 4..7
+            wv = b.regs("b32", 8)
+            if tail:
+                for reg in wv:
+                    b.emit("mov.b32", reg, Imm(0, "b32"))
+            b.emit("ld.global.nc.v4.u32", b.vec(wv[0:4]), Mem(cb, row_off), pred=pred)
+            b.emit("ld.global.nc.v4.u32", b.vec(wv[4:8]), Mem(cb, row_off + 16), pred=pred)
+            words.append(wv)
+        blk = [words[0][0:4] + words[1][0:4], words[0][4:8] + words[1][4:8]]
+        dv = b.regs("f32", 2)
+        if tail:
+            for reg in dv:
+                b.emit("mov.f32", reg, Imm(0.0, "f32"))
+        b.emit("ld.global.nc.v2.f32", b.vec(dv), Mem(b.op("add.s64", base, b.op("mul.wide.u32", self.col, Imm(4, "u32"))),
+                                                      1024), pred=pred)
+        return blk, dv
+
+    def _subs(self, b, u):
+        b.emit("shl.b32", self.sub_lo, b.op("and.b32", u, Imm(3, "b32")), Imm(1, "u32"))
+        b.emit("add.u32", self.sub_hi, self.sub_lo, Imm(1, "u32"))
+
+    def compute(self, b, u, ws, acts, acc, ones):
+        """dp4a over the step's unit of each row `ws[r]` and token (acts[t] = act()), into acc[r][t]."""
+        self._subs(b, u)
+        asum = [[None, None] for _ in acts]
+        for t in range(len(acts)):
+            for h in range(2):
+                s_ = Imm(0, "s32")
+                for wv in acts[t][0][h]:
+                    s_ = b.op("dp4a.s32.s32", ones, wv, s_, type="s32")
+                asum[t][h] = b.op("cvt.rn.f32.s32", s_)
+        for r, regs in enumerate(ws):
+            dlo, mlo, dhi, mhi = lane_scales(b, regs[0:4], self.sub_lo, self.sub_hi)
+            qs = regs[4:12]
+            for h, (scale, mn) in enumerate(((dlo, mlo), (dhi, mhi))):
+                nib = [b.op("and.b32", q if h == 0 else b.op("shr.u32", q, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
+                       for q in qs]
+                for t in range(len(acts)):
+                    wv, dv = acts[t][0][h], acts[t][1][h]
+                    s_ = Imm(0, "s32")
+                    for i in range(8):
+                        s_ = b.op("dp4a.u32.s32", nib[i], wv[i], s_, type="s32")
+                    # d·sc·d_a·Σ q·q_a − dmin·m·d_a·Σ q_a
+                    t1 = b.op("mul.rn.f32", b.op("mul.rn.f32", scale, dv), b.op("cvt.rn.f32.s32", s_))
+                    t2 = b.op("mul.rn.f32", b.op("mul.rn.f32", mn, dv), asum[t][h])
+                    b.emit("add.rn.f32", acc[r][t], acc[r][t], b.op("sub.rn.f32", t1, t2))
+
+    def compute_exact(self, b, u, ws, actptr, gsize, acc, magic, pred, tail):
+        """fp32 activations: chunk c (0..7) of the lane layout holds elements 4c..4c+3 of blocks 2P (sub-block
+        lo: low nibbles of qs word c) and 2P+1 (sub-block hi: its high nibbles), 32 contiguous bytes."""
+        R, Tn = len(ws), len(actptr)
+        self._subs(b, u)
+        g = b.op("shr.u32", u, Imm(4, "u32"))
+        cbs = [b.op("add.s64", b.op("add.s64", actptr[t], b.op("mul.wide.u32", g, Imm(gsize, "u32"))),
+                    b.op("mul.wide.u32", self.col, Imm(16, "u32"))) for t in range(Tn)]
+        scales = [lane_scales(b, ws[r][0:4], self.sub_lo, self.sub_hi) for r in range(R)]
+        two23 = Imm(8388608.0, "f32")
+        for c in range(8):
+            nibs = []
+            for r in range(R):
+                qw = ws[r][4 + c]
+                nibs.append((b.op("and.b32", qw, Imm(0x0F0F0F0F, "b32")),
+                             b.op("and.b32", b.op("shr.u32", qw, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))))
+            for half in range(2):  # sub-block lo (block 2P) then hi (2P+1): 4 floats per token live at a time
+                xs = []
+                for t in range(Tn):
+                    v = [b.reg("f32") for _ in range(4)]
+                    if tail:
+                        for r_ in v:
+                            b.emit("mov.f32", r_, Imm(0.0, "f32"))
+                    b.emit("ld.global.nc.v4.f32", b.vec(v), Mem(cbs[t], 512 * c + 16 * half), pred=pred)
+                    xs.append(v)
+                for r in range(R):
+                    dsc, dm = (scales[r][0], scales[r][1]) if half == 0 else (scales[r][2], scales[r][3])
+                    for i in range(4):
+                        f = b.op("prmt.b32", nibs[r][half], magic, Imm(0x7540 | i, "b32"), type="f32")
+                        wv = b.op("fma.rn.f32", dsc, b.op("sub.rn.f32", f, two23), b.op("neg.f32", dm))
+                        for t in range(Tn):
+                            b.emit("fma.rn.f32", acc[r][t], wv, xs[t][i], acc[r][t])

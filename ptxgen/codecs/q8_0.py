@@ -154,3 +154,62 @@ class mma_block:  # noqa: N801 - a codec hook, named as the others
         if j not in self._d:
             self._d[j] = self.b.op("cvt.f32.f16", self.half(j * BLOCK_BYTES + D_OFFSET))
         return self._d[j]
+
+
+class GgmlLane:
+    """Q8_0 in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q8_0_t*, int8 x Q8_1 with dp4a, as
+    llama.cpp's MMVQ): a lane owns one 34-byte block (2-byte aligned): it loads the 9 words covering it from the
+    4-byte boundary below (K a multiple of 64 keeps them inside the row) and one prmt per word realigns the 32
+    int8 values whichever parity the block has."""
+    ROWS = 2
+    WORDS = 9
+    K_MULTIPLE, LANE_COLS = 64, 32
+    EXACT = False  # int8 x Q8_1 only (its exact decode is the codec GEMV's)
+
+    @staticmethod
+    def sizes(b, K, nblk):
+        """(units a row: blocks, row bytes)."""
+        return nblk, b.op("mul.lo.u32", nblk, Imm(BLOCK_BYTES, "u32"))
+
+    def __init__(self, b, lane):
+        self.lane = lane
+        odd = b.op("and.b32", lane, Imm(1, "b32"))  # block parity = lane parity (jb is a multiple of 32)
+        # qs word i = bytes 2..5 of the window (even block) or word i+1 (odd block): prmt(w_i, w_i+1, sel)
+        self.wsel = b.op("selp.b32", Imm(0x7654, "b32"), Imm(0x5432, "b32"), b.op("setp.ne.u32", odd, Imm(0, "u32")))
+        self.dsel = b.op("selp.b32", Imm(0x32, "b32"), Imm(0x10, "b32"), b.op("setp.ne.u32", odd, Imm(0, "u32")))
+
+    def load(self, b, u, rowptr, regs, pred):
+        """Block u of a row: the 9 words from the 4-byte boundary at or below its start."""
+        off = b.op("and.b32", b.op("mul.lo.u32", u, Imm(BLOCK_BYTES, "u32")), Imm(~3 & 0xFFFFFFFF, "b32"))
+        p = b.op("add.s64", rowptr, b.op("cvt.u64.u32", off))
+        for i, reg in enumerate(regs):
+            b.emit("ld.global.nc.u32", reg, Mem(p, 4 * i), pred=pred)
+
+    def act(self, b, u, actptr, gsize, pred, tail):
+        """A token's Q8_1 activation of block u: its qs words (8) and d."""
+        g = b.op("mul.wide.u32", b.op("shr.u32", u, Imm(5, "u32")), Imm(gsize, "u32"))
+        base = b.op("add.s64", b.op("add.s64", actptr, g), b.op("mul.wide.u32", self.lane, Imm(16, "u32")))
+        wv = b.regs("b32", 8)
+        if tail:
+            for reg in wv:
+                b.emit("mov.b32", reg, Imm(0, "b32"))
+        b.emit("ld.global.nc.v4.u32", b.vec(wv[0:4]), Mem(base), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(wv[4:8]), Mem(base, 512), pred=pred)
+        dv = b.reg("f32")
+        if tail:
+            b.emit("mov.f32", dv, Imm(0.0, "f32"))
+        b.emit("ld.global.nc.f32", dv, Mem(b.op("sub.s64", base, b.op("mul.wide.u32", self.lane, Imm(12, "u32"))), 1024),
+               pred=pred)
+        return [wv], [dv]
+
+    def compute(self, b, u, ws, acts, acc, ones):
+        """dp4a over block u of each row `ws[r]` and token (acts[t] = act()), into acc[r][t]."""
+        for r, regs in enumerate(ws):
+            d = b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("prmt.b32", regs[0], Imm(0, "b32"), self.dsel)))
+            qw = [b.op("prmt.b32", regs[i], regs[i + 1], self.wsel) for i in range(8)]
+            for t in range(len(acts)):
+                wv, dv = acts[t][0][0], acts[t][1][0]
+                s_ = Imm(0, "s32")
+                for i in range(8):
+                    s_ = b.op("dp4a.s32.s32", qw[i], wv[i], s_, type="s32")
+                b.emit("fma.rn.f32", acc[r][t], b.op("mul.rn.f32", d, dv), b.op("cvt.rn.f32.s32", s_), acc[r][t])

@@ -1778,31 +1778,25 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
 
 def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     """Q8_0 and Q4_K decode GEMVs on the lane machinery, int8 × Q8_1 activations (`prep_q8_lanes`) with
-    dp4a, as llama.cpp's MMVQ computes them (checked against gemm_q8_1_ref: exact integer dots, fp32 scales).
+    dp4a, as llama.cpp's MMVQ computes them (checked against gemm_q8_1_ref: exact integer dots, fp32 scales);
+    `exact` (Q4_K): fp32 activations (`prep_f32_lanes`) and ggml's fp32 weights. What a lane owns, loads and
+    computes is the codec's GgmlLane (codecs/q4_k.py, codecs/q8_0.py); the steps, split-K and the lanes'
+    reduction are the lane GEMVs' (_lane_head, _lane_steps, _lane_epilogue)."""
+    from .. import codecs
 
-    Q8_0: a lane owns one 34-byte block (2-byte aligned): it loads the 9 words covering it from the 4-byte
-    boundary below (K a multiple of 64 keeps them inside the row) and one prmt per word realigns the 32
-    int8 values whichever parity the block has. Q4_K: a lane owns a pair of sub-blocks (64 weights: the
-    32 qs bytes they share, two 16-byte loads) and its super-block header (one 16-byte load): low nibbles
-    are sub-block 2j, high nibbles 2j+1; y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block.
-
-    `exact` (Q4_K): fp32 activations (`prep_f32_lanes`) and ggml's weight w = (d·sc)·q − dmin·m per element
-    in fp32 (q as float by prmt into 0x4B000000 and one exact subtraction of 2^23), FFMA per weight and token."""
-    q4k = fmt == "q4_K"
-    if exact and not q4k:
+    unit = codecs.get(fmt).GgmlLane
+    if exact and not unit.EXACT:
         raise ValueError("the exact lane GEMV is Q4_K's (Q8_0 runs int8 x Q8_1)")
-    R = 1 if q4k else 2  # Q4_K: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
+    R = unit.ROWS
     name = GemvKernel("gemv", fmt, Tn, fast=not exact).name
     doc = f"{fmt} GEMV ({'fp32 activations' if exact else 'int8 x Q8_1, dp4a'}), {Tn} token(s), {R} rows per warp"
     b, h = _lane_head(name, arch, doc, Tn, R, MIN_CTAS_OVERRIDE.get((name, arch.name), GGML_MIN_CTAS[Tn]),
                       fmt=fmt, mode="exact" if exact else "fast",
                       activation=f"{GemvKernel('prep_lanes', fmt, fast=not exact).name}(x) (lane layout)",
-                      k_multiple=256 if q4k else 64, lane_cols=64 if q4k else 32)
+                      k_multiple=unit.K_MULTIPLE, lane_cols=unit.LANE_COLS)
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
-    nunits = b.op("shr.u32", K, Imm(6, "u32")) if q4k else nblk
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(Q4K.BLOCK_BYTES, "u32")) if q4k else \
-        b.op("mul.lo.u32", nblk, Imm(34, "u32"))
+    nunits, row_bytes = unit.sizes(b, K, nblk)
     gsize = T4.LANE_GROUP_F32 if exact else T4.LANE_GROUP_Q8
     rowptr, actptr, _ = _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize)
     ones = b.op("mov.b32", Imm(0x01010101, "b32"))
@@ -1811,20 +1805,11 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     for row in acc:
         for r_ in row:
             b.emit("mov.f32", r_, Imm(0.0, "f32"))
-    if q4k:
-        # this lane's activation blocks 2P, 2P+1 sit in group (2·jb + 2·lane) / 32 at columns 2·lane % 32, +1
-        col = b.op("and.b32", b.op("shl.b32", lane, Imm(1, "u32")), Imm(31, "b32"))
-        sub_lo = b.reg("u32")
-        sub_hi = b.reg("u32")
-    else:
-        odd = b.op("and.b32", lane, Imm(1, "b32"))  # block parity = lane parity (jb is a multiple of 32)
-        # qs word i = bytes 2..5 of the window (even block) or word i+1 (odd block): prmt(w_i, w_i+1, sel)
-        wsel = b.op("selp.b32", Imm(0x7654, "b32"), Imm(0x5432, "b32"), b.op("setp.ne.u32", odd, Imm(0, "u32")))
-        dsel = b.op("selp.b32", Imm(0x32, "b32"), Imm(0x10, "b32"), b.op("setp.ne.u32", odd, Imm(0, "u32")))
+    lanes = unit(b, lane)
 
     def alloc_state():
-        nw = 12 if q4k else 9
-        return {"u": b.reg("u32"), "live": b.reg("pred"), "w": [b.regs("b32", nw) for _ in range(R)], "tail": False}
+        return {"u": b.reg("u32"), "live": b.reg("pred"), "w": [b.regs("b32", unit.WORDS) for _ in range(R)],
+                "tail": False}
 
     def issue(st, jb, pred=None, tail=False):
         st["tail"] = tail
@@ -1837,132 +1822,14 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
             if tail:
                 for reg in regs:
                     b.emit("mov.b32", reg, Imm(0, "b32"))
-            if q4k:  # header (16 B), then the pair's 32 qs bytes at 16 + 32·(u % 4)
-                sb = b.op("add.s64", rowptr[r], b.op("mul.wide.u32", b.op("shr.u32", st["u"], Imm(2, "u32")),
-                                                                   Imm(Q4K.BLOCK_BYTES, "u32")))
-                qp = b.op("add.s64", sb, b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", st["u"], Imm(3, "b32")), Imm(5, "u32"))))
-                b.emit("ld.global.nc.v4.u32", b.vec(regs[0:4]), Mem(sb), pred=lp)
-                b.emit("ld.global.nc.v4.u32", b.vec(regs[4:8]), Mem(qp, 16), pred=lp)
-                b.emit("ld.global.nc.v4.u32", b.vec(regs[8:12]), Mem(qp, 32), pred=lp)
-            else:  # the 9 words from the 4-byte boundary at or below the block's start
-                off = b.op("and.b32", b.op("mul.lo.u32", st["u"], Imm(34, "u32")), Imm(~3 & 0xFFFFFFFF, "b32"))
-                p = b.op("add.s64", rowptr[r], b.op("cvt.u64.u32", off))
-                for i, reg in enumerate(regs):
-                    b.emit("ld.global.nc.u32", reg, Mem(p, 4 * i), pred=lp)
-
-    def act_blocks(st, t):
-        """Token t's Q8_1 activation of this lane's unit: qs words (8 per block) and d per block."""
-        pred = st["live"] if st["tail"] else None
-        if q4k:
-            g = b.op("shr.u32", st["u"], Imm(4, "u32"))  # group of block 2P: 2P / 32
-            base = b.op("add.s64", actptr[t], b.op("mul.wide.u32", g, Imm(gsize, "u32")))
-            cb = b.op("add.s64", base, b.op("mul.wide.u32", col, Imm(16, "u32")))
-            words = []
-            for row_off in (0, 512):  # words 0..3 of both blocks, then 4..7
-                wv = b.regs("b32", 8)
-                if st["tail"]:
-                    for reg in wv:
-                        b.emit("mov.b32", reg, Imm(0, "b32"))
-                b.emit("ld.global.nc.v4.u32", b.vec(wv[0:4]), Mem(cb, row_off), pred=pred)
-                b.emit("ld.global.nc.v4.u32", b.vec(wv[4:8]), Mem(cb, row_off + 16), pred=pred)
-                words.append(wv)
-            blk = [words[0][0:4] + words[1][0:4], words[0][4:8] + words[1][4:8]]
-            dv = b.regs("f32", 2)
-            if st["tail"]:
-                for reg in dv:
-                    b.emit("mov.f32", reg, Imm(0.0, "f32"))
-            b.emit("ld.global.nc.v2.f32", b.vec(dv), Mem(b.op("add.s64", base, b.op("mul.wide.u32", col, Imm(4, "u32"))), 1024),
-                   pred=pred)
-            return blk, dv
-        g = b.op("mul.wide.u32", b.op("shr.u32", st["u"], Imm(5, "u32")), Imm(gsize, "u32"))
-        base = b.op("add.s64", b.op("add.s64", actptr[t], g), b.op("mul.wide.u32", lane, Imm(16, "u32")))
-        wv = b.regs("b32", 8)
-        if st["tail"]:
-            for reg in wv:
-                b.emit("mov.b32", reg, Imm(0, "b32"))
-        b.emit("ld.global.nc.v4.u32", b.vec(wv[0:4]), Mem(base), pred=pred)
-        b.emit("ld.global.nc.v4.u32", b.vec(wv[4:8]), Mem(base, 512), pred=pred)
-        dv = b.reg("f32")
-        if st["tail"]:
-            b.emit("mov.f32", dv, Imm(0.0, "f32"))
-        b.emit("ld.global.nc.f32", dv, Mem(b.op("sub.s64", base, b.op("mul.wide.u32", lane, Imm(12, "u32"))), 1024),
-               pred=pred)
-        return [wv], [dv]
-
-    def compute_exact(st):
-        """fp32 activations: chunk c (0..7) of the lane layout holds elements 4c..4c+3 of blocks 2P (sub-block
-        lo: low nibbles of qs word c) and 2P+1 (sub-block hi: its high nibbles), 32 contiguous bytes."""
-        pred = st["live"] if st["tail"] else None
-        b.emit("shl.b32", sub_lo, b.op("and.b32", st["u"], Imm(3, "b32")), Imm(1, "u32"))
-        b.emit("add.u32", sub_hi, sub_lo, Imm(1, "u32"))
-        g = b.op("shr.u32", st["u"], Imm(4, "u32"))
-        cbs = [b.op("add.s64", b.op("add.s64", actptr[t], b.op("mul.wide.u32", g, Imm(gsize, "u32"))),
-                    b.op("mul.wide.u32", col, Imm(16, "u32"))) for t in range(Tn)]
-        scales = [Q4K.lane_scales(b, st["w"][r][0:4], sub_lo, sub_hi) for r in range(R)]
-        two23 = Imm(8388608.0, "f32")
-        for c in range(8):
-            nibs = []
-            for r in range(R):
-                qw = st["w"][r][4 + c]
-                nibs.append((b.op("and.b32", qw, Imm(0x0F0F0F0F, "b32")),
-                             b.op("and.b32", b.op("shr.u32", qw, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))))
-            for half in range(2):  # sub-block lo (block 2P) then hi (2P+1): 4 floats per token live at a time
-                xs = []
-                for t in range(Tn):
-                    v = [b.reg("f32") for _ in range(4)]
-                    if st["tail"]:
-                        for r_ in v:
-                            b.emit("mov.f32", r_, Imm(0.0, "f32"))
-                    b.emit("ld.global.nc.v4.f32", b.vec(v), Mem(cbs[t], 512 * c + 16 * half), pred=pred)
-                    xs.append(v)
-                for r in range(R):
-                    dsc, dm = (scales[r][0], scales[r][1]) if half == 0 else (scales[r][2], scales[r][3])
-                    for i in range(4):
-                        f = b.op("prmt.b32", nibs[r][half], magic, Imm(0x7540 | i, "b32"), type="f32")
-                        wv = b.op("fma.rn.f32", dsc, b.op("sub.rn.f32", f, two23), b.op("neg.f32", dm))
-                        for t in range(Tn):
-                            b.emit("fma.rn.f32", acc[r][t], wv, xs[t][i], acc[r][t])
+            lanes.load(b, st["u"], rowptr[r], regs, lp)
 
     def compute(st):
+        pred = st["live"] if st["tail"] else None
         if exact:
-            return compute_exact(st)
-        acts = [act_blocks(st, t) for t in range(Tn)]
-        if q4k:
-            b.emit("shl.b32", sub_lo, b.op("and.b32", st["u"], Imm(3, "b32")), Imm(1, "u32"))
-            b.emit("add.u32", sub_hi, sub_lo, Imm(1, "u32"))
-            asum = [[None, None] for _ in range(Tn)]
-            for t in range(Tn):
-                for h in range(2):
-                    s_ = Imm(0, "s32")
-                    for wv in acts[t][0][h]:
-                        s_ = b.op("dp4a.s32.s32", ones, wv, s_, type="s32")
-                    asum[t][h] = b.op("cvt.rn.f32.s32", s_)
-        for r in range(R):
-            regs = st["w"][r]
-            if q4k:
-                dlo, mlo, dhi, mhi = Q4K.lane_scales(b, regs[0:4], sub_lo, sub_hi)
-                qs = regs[4:12]
-                for h, (scale, mn) in enumerate(((dlo, mlo), (dhi, mhi))):
-                    nib = [b.op("and.b32", q if h == 0 else b.op("shr.u32", q, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
-                           for q in qs]
-                    for t in range(Tn):
-                        wv, dv = acts[t][0][h], acts[t][1][h]
-                        s_ = Imm(0, "s32")
-                        for i in range(8):
-                            s_ = b.op("dp4a.u32.s32", nib[i], wv[i], s_, type="s32")
-                        # d·sc·d_a·Σ q·q_a − dmin·m·d_a·Σ q_a
-                        t1 = b.op("mul.rn.f32", b.op("mul.rn.f32", scale, dv), b.op("cvt.rn.f32.s32", s_))
-                        t2 = b.op("mul.rn.f32", b.op("mul.rn.f32", mn, dv), asum[t][h])
-                        b.emit("add.rn.f32", acc[r][t], acc[r][t], b.op("sub.rn.f32", t1, t2))
-            else:
-                d = b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("prmt.b32", regs[0], Imm(0, "b32"), dsel)))
-                qw = [b.op("prmt.b32", regs[i], regs[i + 1], wsel) for i in range(8)]
-                for t in range(Tn):
-                    wv, dv = acts[t][0][0], acts[t][1][0]
-                    s_ = Imm(0, "s32")
-                    for i in range(8):
-                        s_ = b.op("dp4a.s32.s32", qw[i], wv[i], s_, type="s32")
-                    b.emit("fma.rn.f32", acc[r][t], b.op("mul.rn.f32", d, dv), b.op("cvt.rn.f32.s32", s_), acc[r][t])
+            return lanes.compute_exact(b, st["u"], st["w"], actptr, gsize, acc, magic, pred, st["tail"])
+        acts = [lanes.act(b, st["u"], actptr[t], gsize, pred, st["tail"]) for t in range(Tn)]
+        lanes.compute(b, st["u"], st["w"], acts, acc, ones)
 
     S0, S1 = alloc_state(), alloc_state()
     _lane_steps(b, nunits, S0, S1, issue, compute)
