@@ -34,6 +34,15 @@ ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode"), "fast": ("mmq
 DECODE = {"mma_knob": "q4k_mma", "mma_min": ("q4k_mma_t1_min_weights", 1, "q4k_mma_gemv_min_tokens"),
           "few_knob": "q4k_t1", "few_min_weights": "q4k_t1_min_weights", "xr": "gemv_q4_k_xr"}
 weights_error = alignment_error(FMT, 16)  # the GEMVs' and GEMMs' 16-byte loads, the TMA maps
+# what the MMQs of kernels/mmq.py do with it: the fp16 mma.sync ones (and the grouped MoE one) stream its raw 16-byte
+# columns through a cp.async / TMA ring and dequantize there (the other codecs decode from global memory by run8);
+# the int8 x Q8_1 MMQ decodes it; every wgmma lowering does (A from shared memory, prepared, clusters; the other
+# codecs have the register-A ones); the register-A builds take NIBBLE_COLUMNS 16-byte columns a K-step (the header,
+# the pair's qs bytes 0-15 and 16-31)
+RAW_RING = True
+Q8_MMQ = True
+WGMMA_ALL = True
+NIBBLE_COLUMNS = 3
 
 
 def scale_ops() -> tuple:

@@ -131,14 +131,15 @@ def build(arch, spec: MmqSpec):
     if spec.mma == "wgmma":
         return build_wgmma(arch, spec)
     if spec.act == "q8_1":
-        if spec.fmt != "q4_K":
+        if not getattr(codecs.get(spec.fmt), "Q8_MMQ", False):
             raise ValueError(f"{spec.name}: the int8 x Q8_1 GEMM decodes Q4_K only")
         return build_q8(arch, spec)
     if spec.grouped:
         from .mmq_moe import build_grouped
 
         return build_grouped(arch, spec)
-    codec = None if spec.fmt == "q4_K" else codecs.get(spec.fmt)  # another codec: its A tile by _codec_dequant
+    codec = codecs.get(spec.fmt)  # a codec without the raw ring (RAW_RING: Q4_K): its A tile by _codec_dequant
+    codec = None if getattr(codec, "RAW_RING", False) else codec
     if codec is not None and spec.fmt not in F16_CODECS:
         raise ValueError(f"{spec.name}: the fp16 mma.sync GEMM decodes Q4_K's raw ring or a codec with run8 "
                          f"({', '.join(F16_CODECS)}); not {spec.fmt}")
@@ -1840,7 +1841,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if PRE and (not spec.a_regs or spec.cluster > 1):
         raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
-    if spec.fmt != "q4_K" and (not spec.a_regs or PRE or spec.cluster > 1
+    if not getattr(codecs.get(spec.fmt), "WGMMA_ALL", False) and (not spec.a_regs or PRE or spec.cluster > 1
                                or (spec.convert and spec.fmt not in WGMMA_CX_CODECS)):
         raise ValueError(f"{spec.name}: another codec than Q4_K has the plain and grouped register-A builds only "
                          f"(and the converting one for {', '.join(WGMMA_CX_CODECS)})")
@@ -2002,16 +2003,17 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                           "tmap_w: u8, dims (256, ceil(M / 128)·(K / 64)·64) over dequantize_q4_k_frags' output, box "
                           "(256, 64), no swizzle"))
     w_map = "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle"  # Q4_K's 16-byte columns
-    if spec.fmt == "q5_K":
-        w_map = w_map.replace("box (16, 128)", "box (16, 128): per step the header, qh bytes 0-15 and 16-31, then the "
-                              "qs columns")
+    codec = codecs.get(spec.fmt)
+    every = getattr(codec, "WGMMA_ALL", False)
+    if hasattr(codec, "RA_MAP_NOTE"):  # another nibble codec's columns (Q5_K)
+        w_map = w_map.replace("box (16, 128)", f"box (16, 128): {codec.RA_MAP_NOTE}")
         b.meta.update(fmt=spec.fmt, tma_box=(16, BM))
-    elif spec.fmt != "q4_K":
+    elif not every:
         c = _ra_codec(spec)
         w_map = f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no swizzle ({c.RA_BOX_NOTE})"
         b.meta.update(fmt=spec.fmt, tma_box=(c.RA_BOX_BYTES, BM),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
-    if spec.fmt != "q4_K" and not spec.grouped:
+    if not every and not spec.grouped:
         b.meta.update(tensormaps=f"{w_map}; tmap_x: f16, dims (K, T), box (64, {BN}), 128B swizzle")
     if spec.grouped:
         b.meta.update(schedule="grouped", split_k="none", fmt=spec.fmt, ctas_per_sm=ctas, tail_split=False,
@@ -2269,7 +2271,8 @@ def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_
     q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"),
               b.op("add.u32", x0, Imm(getattr(codec, "QS_OFFSET", codec.HEADER_BYTES), "u32")))
     rdst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), raw0)
-    qh = [b.op("add.u32", x0, Imm(codec.QH_OFFSET + 16 * i, "u32")) for i in range(2)] if fmt == "q5_K" else []
+    qh = ([b.op("add.u32", x0, Imm(codec.QH_OFFSET + 16 * i, "u32")) for i in range(2)] if NIBBLE_PARTS[fmt] > 3
+          else [])
     for part, xs in enumerate((x0, *qh, q0, b.op("add.u32", q0, Imm(16, "u32")))):
         b.emit(op, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb), pred=pred)
 
@@ -2683,7 +2686,8 @@ def _box_step_mask(spec: MmqSpec) -> int:
     """K-steps a block box serves, less one (the nibble codecs: a block's 4 sub-block pairs)."""
     return getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 4) - 1
 GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0", "q6_K")  # the register-A MoE GEMMs mul_mat_id dispatches
-NIBBLE_PARTS = {"q4_K": 3, "q5_K": 5}  # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi)
+# _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi), the codecs' NIBBLE_COLUMNS
+NIBBLE_PARTS = {f: c.NIBBLE_COLUMNS for f, c in codecs.CODECS.items() if hasattr(c, "NIBBLE_COLUMNS")}
 RA_CODEC_TOKEN_TILES = (64, 128, 256)
 
 
@@ -2700,7 +2704,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     """Q4_K's 16-byte raw columns and nibble decode (Q5_K: with its qh columns and fifth bits: NIBBLE_PARTS), or a
     codec's own box of whole blocks and ra_fragments (RA_CODECS)."""
     if spec.fmt in NIBBLE_PARTS:
-        qh = spec.fmt != "q4_K"
+        qh = NIBBLE_PARTS[spec.fmt] > 3  # the qh columns (Q5_K)
         if _block_box(spec):  # the block's 16-byte columns: header, [qh x 2,] qs x 8
             cols = codecs.get(spec.fmt).BLOCK_BYTES // 16
             return _WgWeights(cols * RAW_PART, partial(_tma_block_columns, cols=cols, fmt=spec.fmt),

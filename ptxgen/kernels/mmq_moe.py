@@ -36,7 +36,8 @@ def build_grouped(arch, spec: MmqSpec):
     BN = ft.BN
     pipe.check_smem(arch, ft.raw_bytes)
     codec = codecs.get(spec.fmt)
-    raw = spec.fmt == "q4_K"  # Q4_K: its raw ring (cp.async) and dequant; the others: their codec's run8, direct loads
+    raw = getattr(codec, "RAW_RING", False)  # Q4_K: its raw ring (cp.async) and dequant; the others: their codec's
+    # run8, direct loads
     b = KernelBuilder(spec.name, arch, f"{spec.fmt} MoE GEMM (mul_mat_id), fp32 x gathered by pair, fp16 mma.sync, "
                       f"tile {BM}x{BN}, {'a 3-stage cp.async raw ring' if raw else 'weights decoded from global memory'}"
                       f", items from moe_group's work list", block=(256, 1, 1))
