@@ -465,3 +465,88 @@ class GgmlLane:
                         wv = b.op("fma.rn.f32", dsc, b.op("sub.rn.f32", f, two23), b.op("neg.f32", dm))
                         for t in range(Tn):
                             b.emit("fma.rn.f32", acc[r][t], wv, xs[t][i], acc[r][t])
+
+
+class RegA:
+    """The nibble codecs' register-A decode for the wgmma MMQs (kernels/mmq.py _rega_steps; Q4_K, and Q5_K with
+    `qh`): lane (g, t) of consumer warp cw decodes rows 16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low
+    nibbles sub-block 2c, high 2c + 1 of the step's pair) of a K-step's raw columns — the header, [the two qh
+    columns,] the pair's qs bytes 0-15 and 16-31, `part` bytes each — straight into wgmma's A fragments, in the K
+    order of layouts.q4k_rega_k_order, three instructions per two weights (dequant_pair3). The 4 lanes of a row
+    pair decode one (row, sub-block) scale each (scale_ints) and share them by shfl. `qh` (Q5_K): the lane's qh
+    bytes 8t..8t+7 give each weight its fifth bit (bit 2c of the byte for sub-block 2c, 2c + 1 for the other),
+    moved under the nibble by two instructions per two weights (bit 4 of a low-nibble half: 1024 + q; bit 8 of a
+    high-nibble one: 1024 + 16·q, whose 1/16 is in sc'), so q ≤ 31 and q·sc stay exact. The constructor emits the
+    lane's offsets (once, ahead of the K loop); fragments() a step's decode."""
+
+    def __init__(self, b, lane, cw, s, part: int, qh: bool = False):
+        self.s, self.qh = s, qh
+        g = b.op("shr.u32", lane, Imm(2, "u32"))
+        t = b.op("and.b32", lane, Imm(3, "b32"))
+        row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
+        own_rr = b.op("shr.u32", t, Imm(1, "u32"))  # the (row, sub-block) scale this lane decodes: row0 + 8·(t >> 1),
+        self.own_sb = b.op("and.b32", t, Imm(1, "b32"))  # sub-block 2c + (t & 1)
+        self.own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
+        self.own_scale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"),
+                              b.op("setp.ne.u32", self.own_sb, Imm(0, "u32")))
+        self.quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
+        self.neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
+        # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
+        qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
+                                       b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
+                         b.op("mul.lo.u32", b.op("add.u32", own_rr, Imm(1, "u32")), Imm(part, "u32")))
+                  for rr in range(2)]
+        self.qh_off = None
+        if qh:  # the qs columns come after the two qh ones; the lane's qh bytes sit where its qs bytes did
+            self.qh_off = qs_off
+            qs_off = [b.op("add.u32", o, Imm(2 * part, "u32")) for o in qs_off]
+        self.qs_off = qs_off
+
+    def fragments(self, b, rbase, magic, qs_shift=None):
+        """The step's A registers from the raw columns at `rbase` (qs_shift: pair c's qs columns past the step
+        layout's, the block box: 2c): slice kk's registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)."""
+        s, qh, quad, neg1024 = self.s, self.qh, self.quad, self.neg1024
+        lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
+        scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, self.own_hdr)))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), self.own_sb)
+        sc_m, m_hi, m_lo, d_m = scale_ints(b, hdr, sub, self.own_scale)
+
+        def shfl(v, src):
+            return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
+        for rr in range(2):
+            d = shfl(d_m, b.op("or.b32", quad, Imm(2 * rr, "b32")))  # row row0 + 8·rr's d: from lane 4g + 2rr
+            for sb in range(2):  # from lane 4g + 2rr + sb
+                src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
+                sc = shfl(sc_m, src)
+                scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
+                                  shfl(m_lo, src))
+        frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
+        c2 = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")) if qh else None  # qh bit 2c
+        for rr in range(2):
+            w = b.regs("b32", 2)
+            qs_at = self.qs_off[rr] if qs_shift is None else b.op("add.u32", self.qs_off[rr], qs_shift)
+            b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_at)))
+            if qh:
+                hw = b.regs("b32", 2)
+                b.emit("ld.shared.v2.b32", b.vec(hw), Mem(b.op("add.u32", rbase, self.qh_off[rr])))
+            for wi in range(2):
+                words = (w[wi], b.op("shr.u32", w[wi], Imm(8, "u32")))  # bytes (0, 2) and (1, 3) of the word
+                if qh:  # each byte's fifth bit of sub-block 2c (sb 0) and 2c + 1 (sb 1), at bit 0 of the byte
+                    fifth = [b.op("and.b32", b.op("shr.u32", hw[wi], b.op("add.u32", c2, Imm(sb, "u32"))),
+                                  Imm(0x01010101, "b32")) for sb in range(2)]
+                for sh in range(2):
+                    for sb, mask in ((0, lo_mask), (1, hi_mask)):
+                        top = magic
+                        if qh:  # the bit under the nibble: bit 4 (sb 0) or bit 8 (sb 1) of each half, with 0x6400
+                            shift = {(0, 0): ("shl.b32", 4), (0, 1): ("shr.u32", 4), (1, 0): ("shl.b32", 8)}.get(
+                                (sb, sh))
+                            v = b.op(shift[0], fifth[sb], Imm(shift[1], "u32")) if shift else fifth[sb]
+                            top = b.reg("b32")
+                            b.emit("lop3.b32", top, v, Imm(0x00100010 if sb == 0 else 0x01000100, "b32"), magic,
+                                   Imm(0xEA, "b32"))
+                        h = b.reg("b32")
+                        b.emit("lop3.b32", h, words[sh], mask, top, Imm(0xEA, "b32"))  # (v & mask) | 0x6400 (| bit)
+                        frag[rr, 4 * sb + 2 * wi + sh] = dequant_pair3(b, h, scales[rr, sb])
+        return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]

@@ -2570,94 +2570,25 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
                 lane, magic, peers=(), qh=False, lay=None):
-    """The register-A consumer's K loop (mmq_q4_k_wgmma_ra_*): lane (g, t) of consumer warp cw dequantizes rows
-    16·cw + g and + 8, qs bytes 8t..8t+7 (16 weights each: low nibbles sub-block 2c, high 2c + 1 of the step's
-    pair) straight into wgmma's A fragments, in the K order of layouts.q4k_rega_k_order (the activation comes in
-    that order from convert_f16_perm), three instructions per two weights (q4k.dequant_pair3). The 4 lanes of a
-    row pair decode one (row, sub-block) scale each (q4k.scale_ints) and share them by shfl. No A tile, no
+    """The register-A consumer's K loop of the nibble codecs (mmq_q4_k_wgmma_ra_*, mmq_q5_k_wgmma_ra_*): lane (g, t)
+    of consumer warp cw decodes rows 16·cw + g and + 8 of the stage's raw 16-byte columns (RAW_PART bytes each)
+    straight into wgmma's A fragments by the codec's RegA (codecs/q4_k.py; `qh`: Q5_K's fifth bits), in the K order
+    of layouts.q4k_rega_k_order (the activation comes in that order from convert_f16_perm). No A tile, no
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
     kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
-    bench/NOTES.md.) `qh` (Q5_K, mmq_q5_k_wgmma_ra_*): the stage's columns 1 and 2 hold the 32 qh bytes; the lane's
-    qh bytes 8t..8t+7 give each weight its fifth bit (bit 2c of the byte for sub-block 2c, 2c + 1 for the other),
-    moved under the nibble by two instructions per two weights (bit 4 of a low-nibble half: 1024 + q; bit 8 of a
-    high-nibble one: 1024 + 16·q, whose 1/16 is in sc'), so q ≤ 31 and q·sc stay exact.
-    `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's columns — header, [qh,] the 8 qs columns — in an A
-    slot for its 4 steps; pair c's qs columns 2c further in."""
-    g = b.op("shr.u32", lane, Imm(2, "u32"))
-    t = b.op("and.b32", lane, Imm(3, "b32"))
-    row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
-    own_rr = b.op("shr.u32", t, Imm(1, "u32"))  # the (row, sub-block) scale this lane decodes: row0 + 8·(t >> 1),
-    own_sb = b.op("and.b32", t, Imm(1, "b32"))  # sub-block 2c + (t & 1)
-    own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
-    own_scale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", own_sb, Imm(0, "u32")))
-    quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
-    neg1024 = b.op("mov.b32", Imm(q4k.NEG_1024_F16X2, "b32"))
-    # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
-    qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
-                                   b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
-                     b.op("mul.lo.u32", b.op("add.u32", own_rr, Imm(1, "u32")), Imm(RAW_PART, "u32")))
-              for rr in range(2)]
-    qh_off = None
-    if qh:  # the qs columns come after the two qh ones; the lane's qh bytes sit where its qs bytes did
-        qh_off = qs_off
-        qs_off = [b.op("add.u32", o, Imm(2 * RAW_PART, "u32")) for o in qs_off]
-    lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
+    bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's columns — header, [qh,] the 8 qs
+    columns — in an A slot for its 4 steps; pair c's qs columns 2c further in."""
+    dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh)
 
     def fragments(stage):
         if lay is not None:
             sl = _a_slot_take(b, lay, s, s_begin)
-            frags = decode(lay.a_slot(sl), b.op("mul.lo.u32", b.op("and.b32", s, Imm(lay.a_mask, "b32")),
-                                                Imm(2 * RAW_PART, "u32")))
+            frags = dec.fragments(b, lay.a_slot(sl), magic, b.op("mul.lo.u32", b.op("and.b32", s, Imm(lay.a_mask, "b32")),
+                                                                   Imm(2 * RAW_PART, "u32")))
             _a_slot_give(b, lay, s, s_end, sl)
             return frags
-        return decode(b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0))
-
-    def decode(rbase, qs_shift=None):  # qs_shift: pair c's qs columns past the step layout's (block box: 2c)
-        scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
-        hdr = b.regs("b32", 4)
-        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, own_hdr)))
-        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), own_sb)
-        sc_m, m_hi, m_lo, d_m = q4k.scale_ints(b, hdr, sub, own_scale)
-
-        def shfl(v, src):
-            return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
-        for rr in range(2):
-            d = shfl(d_m, b.op("or.b32", quad, Imm(2 * rr, "b32")))  # row row0 + 8·rr's d: from lane 4g + 2rr
-            for sb in range(2):  # from lane 4g + 2rr + sb
-                src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
-                sc = shfl(sc_m, src)
-                scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
-                                  shfl(m_lo, src))
-        frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
-        c2 = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")) if qh else None  # qh bit 2c
-        for rr in range(2):
-            w = b.regs("b32", 2)
-            qs_at = qs_off[rr] if qs_shift is None else b.op("add.u32", qs_off[rr], qs_shift)
-            b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_at)))
-            if qh:
-                hw = b.regs("b32", 2)
-                b.emit("ld.shared.v2.b32", b.vec(hw), Mem(b.op("add.u32", rbase, qh_off[rr])))
-            for wi in range(2):
-                words = (w[wi], b.op("shr.u32", w[wi], Imm(8, "u32")))  # bytes (0, 2) and (1, 3) of the word
-                if qh:  # each byte's fifth bit of sub-block 2c (sb 0) and 2c + 1 (sb 1), at bit 0 of the byte
-                    fifth = [b.op("and.b32", b.op("shr.u32", hw[wi], b.op("add.u32", c2, Imm(sb, "u32"))),
-                                  Imm(0x01010101, "b32")) for sb in range(2)]
-                for sh in range(2):
-                    for sb, mask in ((0, lo_mask), (1, hi_mask)):
-                        top = magic
-                        if qh:  # the bit under the nibble: bit 4 (sb 0) or bit 8 (sb 1) of each half, with 0x6400
-                            shift = {(0, 0): ("shl.b32", 4), (0, 1): ("shr.u32", 4), (1, 0): ("shl.b32", 8)}.get(
-                                (sb, sh))
-                            v = b.op(shift[0], fifth[sb], Imm(shift[1], "u32")) if shift else fifth[sb]
-                            top = b.reg("b32")
-                            b.emit("lop3.b32", top, v, Imm(0x00100010 if sb == 0 else 0x01000100, "b32"), magic,
-                                   Imm(0xEA, "b32"))
-                        h = b.reg("b32")
-                        b.emit("lop3.b32", h, words[sh], mask, top, Imm(0xEA, "b32"))  # (v & mask) | 0x6400 (| bit)
-                        frag[rr, 4 * sb + 2 * wi + sh] = q4k.dequant_pair3(b, h, scales[rr, sb])
-        # slice kk: registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)
-        return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(BK // 16)]
+        return dec.fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), magic)
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
