@@ -4,6 +4,9 @@ and the idle gaps between consecutive kernels, and the totals: events µs per ca
 summed gaps by kind (kernel a -> kernel b). #32's graph ÷ kernel-only at T = 4096 is this gap over the kernel time.
 
 usage: python bench/probe_op_gaps.py --fmt q4_K --shape 4096x4096 --tokens 4096 [--calls 50] [--show 2]
+       python bench/probe_op_gaps.py --fmt q4_K --shape 4096x4096 --tokens 1 --weights 16   (a decode loop from HBM)
+       python bench/probe_op_gaps.py --fmt q4_K --moe 128:8 --shape 768x2048 --tokens 32,512   (mul_mat_id: M x K
+       an expert's; ids drawn per token without repeats)
 """
 import argparse
 from collections import defaultdict
@@ -49,6 +52,9 @@ def main():
     ap.add_argument("--tokens", default="4096")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--show", type=int, default=6, help="kernels of the timeline printed (from the middle)")
+    ap.add_argument("--weights", type=int, default=4, help="distinct weights the loop rotates over (more than the 60 MB "
+                    "L2 holds, for decode shapes: 16 for 4096x4096 Q4_K)")
+    ap.add_argument("--moe", default=None, metavar="E:TOP", help="time mul_mat_id over E experts, TOP a token")
     args = ap.parse_args()
     import torch
 
@@ -58,13 +64,21 @@ def main():
     from bench_op import _capture
 
     m, k = (int(v) for v in args.shape.split("x"))
+    e, top = map(int, args.moe.split(":")) if args.moe else (1, 1)
     rng = np.random.default_rng(0)
-    raw = random_raw(args.fmt, m, k, rng)
-    ws = [r.QuantTensor.from_raw(args.fmt, raw, (m, k)).to_device() for _ in range(4)]
+    raw = random_raw(args.fmt, e * m, k, rng)
+    ws = [r.QuantTensor.from_raw(args.fmt, raw, (e, m, k) if args.moe else (m, k)).to_device()
+          for _ in range(args.weights)]
     for t in (int(v) for v in args.tokens.split(",")):
         x = torch.randn(t, k, device="cuda")
-        y = torch.empty(t, m, device="cuda")
-        fn = lambda i: r.mul_mat(ws[i % len(ws)], x, out=y)  # noqa: E731
+        if args.moe:
+            ids = torch.as_tensor(np.stack([rng.choice(e, top, replace=False) for _ in range(t)]).astype(np.int32),
+                                  device="cuda")
+            y = torch.empty(t, top, m, device="cuda")
+            fn = lambda i: r.mul_mat_id(ws[i % len(ws)], x, ids, out=y)  # noqa: E731
+        else:
+            y = torch.empty(t, m, device="cuda")
+            fn = lambda i: r.mul_mat(ws[i % len(ws)], x, out=y)  # noqa: E731
         for i in range(3):
             fn(i)
         g = _capture(torch, fn, args.calls)
@@ -80,7 +94,8 @@ def main():
                         fn(i)
                 b.record()
                 torch.cuda.synchronize()
-            report(f"{args.fmt} {m}x{k} T={t} {label}", timeline(torch, prof), args.calls,
+            what = f"mul_mat_id {e}x{top} " if args.moe else ""
+            report(f"{what}{args.fmt} {m}x{k} T={t} {label}", timeline(torch, prof), args.calls,
                    a.elapsed_time(b) * 1e3, args.show)
         del g
 
