@@ -250,7 +250,7 @@ def tc_us(r, ws, copies, x, y, m, k, t, reps, torch, arch=None):
     fmt = ws[0].fmt
     knob = {"tq4_1s": "PTXGEN_TQ4_MMA", "q4_K": "PTXGEN_Q4K_MMA"}[fmt]
     if not (ops._tma_ok(ws[0], arch, "gemv_tq4_1s_mma") if fmt == "tq4_1s"
-            else ops._q4k_mma_build(arch, "gemv_q4_k_mma")):
+            else ops._mma_build(arch, "gemv_q4_k_mma")):
         return None
     with knobs.override(**{knob: "1"}):
         xs = x[:1].cpu().numpy()

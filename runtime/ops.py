@@ -1209,13 +1209,13 @@ def _fast_lanes(c: _Call) -> None:
     _slices(c, one)
 
 
-def _few_ok(fmt: str, n: int, m: int, arch) -> bool:
-    """Whether a slice of n tokens and m rows runs the format's few-token builds (Q4_K's): n ≤
+def _few_ok(fmt: str, n: int, m: int, arch, knob: str) -> bool:
+    """Whether a slice of n tokens and m rows runs the format's few-token builds (the decode route's; Q4_K's): n ≤
     RULES.q4k_few_max_tokens, and where that is the 8-token build (5-8 tokens), its row CTAs fit one round of its
-    resident CTAs (_one_round) or PTXGEN_Q4K_T1=on."""
+    resident CTAs (_one_round) or the codec's few-token knob (DECODE["few_knob"]: PTXGEN_Q4K_T1) is on."""
     if n > RULES.q4k_few_max_tokens:
         return False
-    return n <= 4 or knobs.q4k_t1() == "on" or _one_round(GemvKernel("few", fmt, 8).name, m, arch)
+    return n <= 4 or getattr(knobs, knob)() == "on" or _one_round(GemvKernel("few", fmt, 8).name, m, arch)
 
 
 def _one_round(name: str, m: int, arch) -> bool:
@@ -1238,7 +1238,7 @@ def _decode(c: _Call) -> None:
     codec = codecs.get(c.w.fmt)
     d, fmt, pb, w, m, k, xa = codec.DECODE, c.w.fmt, c.pb, c.w, c.m, c.k, c.pb.x
     fused = hasattr(codec, "ROTATION") and c.rotation == "fused" and c.t <= FUSED_MAX_TOKENS
-    tma = not fused and _tma_ok(w, c.arch, GemvKernel("gemv", fmt, tma=True).name)
+    tma = d.get("lane_tma", False) and not fused and _tma_ok(w, c.arch, GemvKernel("gemv", fmt, tma=True).name)
     mma_ok = tma if d.get("mma_needs_tma") else _mma_build(c.arch, GemvKernel("mma", fmt).name) is not None
     tc = getattr(knobs, d["mma_knob"])() if mma_ok else "off"
     few = ("few_knob" in d and tc != "on" and kernels.build_for(GemvKernel("few", fmt, 1).name, c.arch) is not None
@@ -1252,7 +1252,7 @@ def _decode(c: _Call) -> None:
         x_ptr, y_ptr = xa.ptr + 4 * k * t0, pb.y.ptr + 4 * t0 * m
         if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in)
             return _xr_gemv(pb, w, d["xr"], x_ptr, y_ptr, m, k, c.arch)
-        if few and _few_ok(fmt, n, m, c.arch):  # few tokens on tensor cores, (hi, lo) B columns
+        if few and _few_ok(fmt, n, m, c.arch, d["few_knob"]):  # few tokens on tensor cores, (hi, lo) B columns
             return _few_token_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
             return _mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
@@ -1350,7 +1350,8 @@ def _tc_slices_first(c: _Call) -> bool:
 
 
 def _t16h_ok(fmt: str, arch) -> bool:
-    """Exact-mode calls of a format with few-token builds (Q4_K's routes) of 9-16 tokens run gemv_q4_k_mma_t16h wherever it is built (PTXGEN_Q4K_T16H; on auto
+    """Exact-mode calls of 9-16 tokens of a format with few-token builds (Q4_K's routes) run gemv_<fmt>_mma_t16h
+    wherever it is built (PTXGEN_Q4K_T16H; on auto
     PTXGEN_Q4K_MMA=1 keeps them on the exact gemv_q4_k_mma_n16). H200, T=16, µs, t16h / n16 (exact) / the wgmma
     MMQ (bench_mmq, session 11): 4096x4096 13.8 / 19.3 / 21.0, 14336x4096 22.4 / 34.2 / 40.1, 4096x14336 24.0 /
     33.6 / 38.8, 18944x3584 33.8 / 37.9, 3584x18944 28.3 / 37.8; 9-16 tokens on 256x2048 to 4608x3584 9.1-14.5 /
@@ -1375,8 +1376,9 @@ def skinny16_ok(fmt: str, m: int, arch=None) -> bool:
 
 
 def _xr_ok(k: int) -> bool:
-    """gemv_q4_k_xr serves exact Q4_K slices of one token when PTXGEN_Q4K_XR=1 and K ≤ its 24576 (one CTA
-    covers K). Opt-in: on the H200 it measured 10-40% slower than the default kernels (bench/NOTES.md)."""
+    """gemv_q4_k_xr (the only DECODE["xr"] kernel, Q4_K's) serves exact slices of one token when PTXGEN_Q4K_XR=1
+    and K ≤ its 24576 (one CTA covers K). Opt-in: on the H200 it measured 10-40% slower than the default kernels
+    (bench/NOTES.md)."""
     if knobs.q4k_xr() != "on":
         return False
     from ptxgen.kernels.gemv_xr import XR_MAX_K  # only when asked for: the runtime needs no kernel builders
@@ -1422,8 +1424,8 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
 
 
 def skinny_ok(fmt: str, t: int, m: int, k: int, arch=None) -> bool:
-    """Whether mul_mat runs exact-mode `fmt` (Q4_K's routes) with t tokens on the skinny GEMM mmq_<fmt>_rega_n32 (PTXGEN_MMQ_SKINNY:
-    auto = 17 ≤ t ≤ RULES.skinny_max_tokens of the MMQ path it replaces — the wgmma one from
+    """Whether mul_mat runs exact-mode `fmt` (Q4_K's routes) with t tokens on the skinny GEMM mmq_<fmt>_rega_n32
+    (PTXGEN_MMQ_SKINNY: auto = 17 ≤ t ≤ RULES.skinny_max_tokens of the MMQ path it replaces — the wgmma one from
     RULES.skinny_wgmma_min_weights weights —, on = 17-128 tokens, off = never)."""
     v = knobs.mmq_skinny()
     if v == "off" or t <= T4.Q4K_HI_TOKENS or t > 128:

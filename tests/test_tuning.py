@@ -62,3 +62,26 @@ def test_an_override_reaches_the_plans_and_ends_with_the_block(monkeypatch):
     assert ops.mul_mat_plan(w, 3).kernels == ["prep_mma_f16", "gemv_q4_k_mma"]
     tuning.reset()
     assert ops.mul_mat_plan(w, 3).kernels == ["gemv_q4_k_mma_t4_fused"]
+
+
+def test_the_codecs_capability_data_names_what_exists():
+    """The data the shared builders and the runtime read from a codec by name (absent means "no"): DECODE's keys are
+    the ones ops._decode reads, its knobs and kernels exist, and the capability flags have their types — a
+    misspelt key or flag would otherwise read as absent."""
+    from ptxgen import codecs
+    from ptxgen.kernels import KERNELS
+
+    keys = {"mma_knob", "mma_min", "few_knob", "few_min_weights", "xr", "mma_needs_tma", "lane_tma"}
+    rules = set(tuning.load("h200").names())
+    for fmt, c in codecs.CODECS.items():
+        d = getattr(c, "DECODE", None)
+        if d is not None:
+            assert set(d) <= keys, (fmt, set(d) - keys)
+            assert all(callable(getattr(knobs, d[key])) for key in ("mma_knob", "few_knob") if key in d)
+            big, n, small = d["mma_min"]
+            assert {big, small} <= rules and isinstance(n, int)
+            assert d.get("few_min_weights", big) in rules and d.get("xr", "gemv_q4_k_xr") in KERNELS
+            assert "decode" in c.ROUTES["exact"]
+        for flag in ("RAW_RING", "Q8_MMQ", "WGMMA_ALL"):
+            assert isinstance(getattr(c, flag, False), bool), (fmt, flag)
+        assert getattr(c, "NIBBLE_COLUMNS", 3) in (3, 5), fmt

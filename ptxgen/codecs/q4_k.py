@@ -9,7 +9,11 @@ The decodes, by the kernels that consume them:
   recompute, the fp32 decode GEMVs);
 - `f16_words` (and `scale_pairs`, `dequant_pair`, `scale_ints`, `dequant_pair3`): fp16 operands in the canonical K
   order for the tensor-core GEMMs;
-- `RegDecoder`: the few-token tensor-core kernels' register decode (A = q·sc as fp16, the min term by its own MMA).
+- `RegDecoder`: the few-token tensor-core kernels' register decode (A = q·sc as fp16, the min term by its own MMA);
+- `RegA`: the register-A wgmma MMQs' decode straight into A fragments (Q5_K's too, with its fifth bits);
+- `UnitLane`, `GgmlLane`: the 8-weight-unit GEMV's and the MMVQ-style lane GEMV's lane (loads, elements, scales).
+What the shared builders ask of it beyond its decodes is data: DECODE (the runtime's decode route), RAW_RING,
+Q8_MMQ, WGMMA_ALL, NIBBLE_COLUMNS (kernels/mmq.py).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode"), "fast": ("mmq
 # the exact decode route's choices per slice (runtime/ops.py _decode): the knob that turns the tensor-core GEMV on or
 # off; from how many tokens it runs on auto (1 from q4k_mma_t1_min_weights weights, else q4k_mma_gemv_min_tokens:
 # ptxgen/tuning rules); the few-token builds' knob and their rule on auto; the opt-in one-token kernel with x in
-# registers (PTXGEN_Q4K_XR)
+# registers (PTXGEN_Q4K_XR); the lane GEMVs are not TMA-fed (no "lane_tma")
 DECODE = {"mma_knob": "q4k_mma", "mma_min": ("q4k_mma_t1_min_weights", 1, "q4k_mma_gemv_min_tokens"),
           "few_knob": "q4k_t1", "few_min_weights": "q4k_t1_min_weights", "xr": "gemv_q4_k_xr"}
 weights_error = alignment_error(FMT, 16)  # the GEMVs' and GEMMs' 16-byte loads, the TMA maps

@@ -1,8 +1,9 @@
 """The TQ4_1S weight codec (TurboQuant's 4-bit format, ptxgen/formats/tq4_1s.py): 20 bytes per 32 weights — d0, d1
 (fp16: elements 0-15, 16-31), 16 bytes of codebook indices (element j: the low nibble of byte j / 2 when j is even)
 — whose values C[idx]·d are the weights in the rotated domain: y = Σ_b <C[idx]·d, forward_rht(x_b)>, so every
-kernel over it multiplies a rotated activation (ROTATION). Its decode GEMVs keep their own decodes
-(kernels/gemv.py); `run8` / `dequant_lane` give the prepared prefill (fragments, fixup) the same fp32 values."""
+kernel over it multiplies a rotated activation (ROTATION). Its lane and tensor-core decode GEMVs keep their own decodes
+(kernels/gemv.py), the fused-rotation unit GEMV reads `UnitLane`; `run8` / `dequant_lane` give the prepared
+prefill (fragments, fixup) the same fp32 values."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,9 +20,9 @@ ROTATION = "rotate_tq4_1s"  # the kernel that rotates the activation (forward_rh
 ROUTES = {"exact": ("mmq_ra", "mmq_pre", "mmq_f16", "decode"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
 # the exact decode route's choices (runtime/ops.py _decode, as Q4_K's DECODE): the tensor-core GEMV only where the
 # TMA-fed GEMVs may run (its weights come by TMA), from 3 tokens at mma_gemv_t3_min_weights weights, else from
-# mma_gemv_min_tokens; no few-token builds
+# mma_gemv_min_tokens; the lane GEMVs TMA-fed (gemv_tq4_1s_tma_t*) where they may be; no few-token builds
 DECODE = {"mma_knob": "tq4_mma", "mma_min": ("mma_gemv_t3_min_weights", 3, "mma_gemv_min_tokens"),
-          "mma_needs_tma": True}
+          "mma_needs_tma": True, "lane_tma": True}
 
 
 weights_error = alignment_error(FMT, LOAD_ALIGN)  # every kernel reads the blocks in 4-byte words

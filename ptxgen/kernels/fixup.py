@@ -7,9 +7,8 @@ every such GEMM: it reads `flag` and, when it is clear (the usual case), every C
 CTA c takes tokens c, c + gridDim.x, ...: its threads test the token's fp32 row the same way (any value whose fp16
 rounding has an all-ones exponent), and for a token that fails they recompute its whole output row in fp32 from the
 weights' bytes (the codec's dequant_lane: ggml's float32 dequant, fp32 sums, the exact GEMV's accuracy), overwriting
-the GEMM's. One build per codec with a prefill GEMM (mul_mat_fixup_<fmt>). The
-last CTA to finish (an arrival count in `done`) clears `flag` and `done` for the next op of the stream.
-A non-finite input gives non-finite outputs in that token's row, as the float64 reference does.
+the GEMM's; one build per codec with a prefill GEMM (mul_mat_fixup_<fmt>). The last CTA to finish (an arrival count
+in `done`) clears `flag` and `done` for the next op of the stream. A non-finite input gives non-finite outputs in that token's row, as the float64 reference does.
 """
 from __future__ import annotations
 
@@ -153,7 +152,8 @@ def _codec_rows(b, codec, K, lane):
 # every target where an fp16 GEMM of the codec runs: Q4_K's MMQs and the mma.sync GEMMs of the codecs with route
 # mmq_f16 (kernels/mmq.py F16_CODECS) on sm_89, sm_90a and sm_120a; the register-A / prepared wgmma ones on sm_90a
 KERNELS = [KernelDef(name(f), f"after a prefill GEMM on {f.upper()} weights: recompute in fp32 the tokens whose "
-                     "activations left fp16 / Q8_1 (flag read on the device; returns at once when clear)",
+                     f"activations left {'fp16 / Q8_1' if getattr(codecs.get(f), 'Q8_MMQ', False) else 'fp16'} (flag "
+                     "read on the device; returns at once when clear)",
                      lambda arch, f=f: build(arch, f),
                      archs=(("sm_89", "sm_90a", "sm_120a") if f in codecs.with_route("mmq_f16") + codecs.with_route("mmq")
                             else ("sm_90a",)))

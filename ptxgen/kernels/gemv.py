@@ -68,7 +68,7 @@ def build(arch, spec: GemvSpec):
     lies, how it loads, which element is which nibble and its scales (and min term) are the codec's UnitLane."""
     from .. import codecs
 
-    unit = codecs.get(spec.fmt).UnitLane
+    lane_cls = codecs.get(spec.fmt).UnitLane
     Tn, R = spec.tokens, spec.rows
     doc = (f"{spec.fmt} GEMV, {Tn} token(s), {R} rows per CTA"
            + (", activation rotated in the prologue" if spec.fused_rotation else ""))
@@ -86,7 +86,7 @@ def build(arch, spec: GemvSpec):
                   activation="fp32")
     lut_sym = b.shared_buffer("lut", 256, align=256)
     red_sym = b.shared_buffer("red", 4 * WARPS * R * Tn, align=16)
-    table = b.const_table("lut_init", np.asarray(unit.LUT, np.float32).tobytes())
+    table = b.const_table("lut_init", np.asarray(lane_cls.LUT, np.float32).tobytes())
     b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
 
     W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
@@ -107,7 +107,7 @@ def build(arch, spec: GemvSpec):
     b.emit("bar.sync", Imm(0, "u32"))
 
     # per-row byte strides and clamped row pointers (rows past M compute on row M-1 and are not stored)
-    row_bytes = unit.row_bytes(b, K)
+    row_bytes = lane_cls.row_bytes(b, K)
     last = b.op("sub.u32", M, Imm(1, "u32"))
     rowptr = []
     for r in range(R):
@@ -123,15 +123,15 @@ def build(arch, spec: GemvSpec):
         for r in row:
             b.emit("mov.f32", r, Imm(0.0, "f32"))
 
-    lanes = unit(b, lane, K)  # the lane's unit inside a 256-column chunk
-    col_in_chunk, nunits = lanes.col_in_chunk, lanes.nunits
+    lane_dec = lane_cls(b, lane, K)  # the lane's unit inside a 256-column chunk
+    col_in_chunk, nunits = lane_dec.col_in_chunk, lane_dec.nunits
 
     nchunks = b.op("shr.u32", b.op("add.u32", K, Imm(CHUNK - 1, "u32")), Imm(8, "u32"))
     prefetch_act = Tn <= 2  # activations double-buffered too where registers allow
 
     def alloc_state():
         """The registers one chunk's loads land in (two sets: the loop is a ping-pong)."""
-        w = [unit.regs(b) for _ in range(R)]
+        w = [lane_cls.regs(b) for _ in range(R)]
         act = [new_act() for _ in range(Tn)] if prefetch_act else None
         return {"c": b.reg("u32"), "live": b.reg("pred"), "w": w, "act": act}
 
@@ -142,7 +142,7 @@ def build(arch, spec: GemvSpec):
     def load_acts(st, act):
         """This lane's unit activations for all tokens (two 16-byte loads each; Q4_K: p..p+3, 32+p..p+3)."""
         col = b.op("mad.lo.u32", st["c"], Imm(CHUNK, "u32"), col_in_chunk)
-        second = unit.ACT_SECOND
+        second = lane_cls.ACT_SECOND
         for t in range(Tn):
             base = b.op("mad.wide.u32", col, Imm(4, "u32"), actptr[t])
             for e in range(8):
@@ -156,7 +156,7 @@ def build(arch, spec: GemvSpec):
         # is this lane's unit inside the row? (K need not be a multiple of 256 for TQ4_1S)
         b.emit("setp.lt.u32", st["live"], b.op("mad.lo.u32", st["c"], Imm(32, "u32"), lane), nunits)
         for r in range(R):
-            lanes.load(b, st["c"], rowptr[r], st["w"][r], st["live"])
+            lane_dec.load(b, st["c"], rowptr[r], st["w"][r], st["live"])
         if prefetch_act:
             load_acts(st, st["act"])
 
@@ -167,8 +167,8 @@ def build(arch, spec: GemvSpec):
             load_acts(st, act)
         act = [list(row) for row in act]
         if spec.fused_rotation:
-            _rotate_unit_in_registers(b, act, lanes.word, lane, None)
-        if unit.MIN_TERM:  # Σa per half for the min term, once per chunk
+            _rotate_unit_in_registers(b, act, lane_dec.word, lane, None)  # a rotated codec's UnitLane has `word`
+        if lane_cls.MIN_TERM:  # Σa per half for the min term, once per chunk
             asum = [[None, None] for _ in range(Tn)]
             for t in range(Tn):
                 for h in range(2):
@@ -183,10 +183,10 @@ def build(arch, spec: GemvSpec):
             hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
             vals = []
             for e in range(8):  # the codec's element e: a byte's low or high nibble
-                nib, byte = unit.element(e)
+                nib, byte = lane_cls.element(e)
                 addr = b.op("prmt.b32", lo4 if nib == "lo" else hi4, lut, Imm(0x7650 | byte, "b32"))
                 vals.append(b.op("ld.shared.f32", Mem(addr)))
-            groups = lanes.groups(b, (qw, extra))
+            groups = lane_dec.groups(b, (qw, extra))
             for gi, (elems, scale, minimum) in enumerate(groups):
                 for t in range(Tn):
                     part = None
@@ -1784,19 +1784,19 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     reduction are the lane GEMVs' (_lane_head, _lane_steps, _lane_epilogue)."""
     from .. import codecs
 
-    unit = codecs.get(fmt).GgmlLane
-    if exact and not unit.EXACT:
+    lane_cls = codecs.get(fmt).GgmlLane
+    if exact and not lane_cls.EXACT:
         raise ValueError("the exact lane GEMV is Q4_K's (Q8_0 runs int8 x Q8_1)")
-    R = unit.ROWS
+    R = lane_cls.ROWS
     name = GemvKernel("gemv", fmt, Tn, fast=not exact).name
     doc = f"{fmt} GEMV ({'fp32 activations' if exact else 'int8 x Q8_1, dp4a'}), {Tn} token(s), {R} rows per warp"
     b, h = _lane_head(name, arch, doc, Tn, R, MIN_CTAS_OVERRIDE.get((name, arch.name), GGML_MIN_CTAS[Tn]),
                       fmt=fmt, mode="exact" if exact else "fast",
                       activation=f"{GemvKernel('prep_lanes', fmt, fast=not exact).name}(x) (lane layout)",
-                      k_multiple=unit.K_MULTIPLE, lane_cols=unit.LANE_COLS)
+                      k_multiple=lane_cls.K_MULTIPLE, lane_cols=lane_cls.LANE_COLS)
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
-    nunits, row_bytes = unit.sizes(b, K, nblk)
+    nunits, row_bytes = lane_cls.sizes(b, K, nblk)
     gsize = T4.LANE_GROUP_F32 if exact else T4.LANE_GROUP_Q8
     rowptr, actptr, _ = _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize)
     ones = b.op("mov.b32", Imm(0x01010101, "b32"))
@@ -1805,10 +1805,10 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     for row in acc:
         for r_ in row:
             b.emit("mov.f32", r_, Imm(0.0, "f32"))
-    lanes = unit(b, lane)
+    lane_dec = lane_cls(b, lane)
 
     def alloc_state():
-        return {"u": b.reg("u32"), "live": b.reg("pred"), "w": [b.regs("b32", unit.WORDS) for _ in range(R)],
+        return {"u": b.reg("u32"), "live": b.reg("pred"), "w": [b.regs("b32", lane_cls.WORDS) for _ in range(R)],
                 "tail": False}
 
     def issue(st, jb, pred=None, tail=False):
@@ -1822,14 +1822,14 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
             if tail:
                 for reg in regs:
                     b.emit("mov.b32", reg, Imm(0, "b32"))
-            lanes.load(b, st["u"], rowptr[r], regs, lp)
+            lane_dec.load(b, st["u"], rowptr[r], regs, lp)
 
     def compute(st):
         pred = st["live"] if st["tail"] else None
         if exact:
-            return lanes.compute_exact(b, st["u"], st["w"], actptr, gsize, acc, magic, pred, st["tail"])
-        acts = [lanes.act(b, st["u"], actptr[t], gsize, pred, st["tail"]) for t in range(Tn)]
-        lanes.compute(b, st["u"], st["w"], acts, acc, ones)
+            return lane_dec.compute_exact(b, st["u"], st["w"], actptr, gsize, acc, magic, pred, st["tail"])
+        acts = [lane_dec.act(b, st["u"], actptr[t], gsize, pred, st["tail"]) for t in range(Tn)]
+        lane_dec.compute(b, st["u"], st["w"], acts, acc, ones)
 
     S0, S1 = alloc_state(), alloc_state()
     _lane_steps(b, nunits, S0, S1, issue, compute)

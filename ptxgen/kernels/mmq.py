@@ -132,7 +132,8 @@ def build(arch, spec: MmqSpec):
         return build_wgmma(arch, spec)
     if spec.act == "q8_1":
         if not getattr(codecs.get(spec.fmt), "Q8_MMQ", False):
-            raise ValueError(f"{spec.name}: the int8 x Q8_1 GEMM decodes Q4_K only")
+            have = [f for f, c in codecs.CODECS.items() if getattr(c, "Q8_MMQ", False)]
+            raise ValueError(f"{spec.name}: the int8 x Q8_1 GEMM decodes {', '.join(have)} only")
         return build_q8(arch, spec)
     if spec.grouped:
         from .mmq_moe import build_grouped
@@ -1843,8 +1844,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
     if not getattr(codecs.get(spec.fmt), "WGMMA_ALL", False) and (not spec.a_regs or PRE or spec.cluster > 1
                                or (spec.convert and spec.fmt not in WGMMA_CX_CODECS)):
-        raise ValueError(f"{spec.name}: another codec than Q4_K has the plain and grouped register-A builds only "
-                         f"(and the converting one for {', '.join(WGMMA_CX_CODECS)})")
+        every = [f for f, c in codecs.CODECS.items() if getattr(c, "WGMMA_ALL", False)]
+        raise ValueError(f"{spec.name}: {spec.fmt} has the plain and grouped register-A wgmma builds only (and the "
+                         f"converting one for {', '.join(WGMMA_CX_CODECS)}); every wgmma lowering: {', '.join(every)}")
     # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights); a codec whose box serves
     # several K-steps (RA_BOX_STEPS: Q6_K) keeps its boxes in RA_A_SLOTS slots of their own, the stages B alone
     SA = RA_A_SLOTS if _block_box(spec) else 0
@@ -2271,7 +2273,7 @@ def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_
     q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"),
               b.op("add.u32", x0, Imm(getattr(codec, "QS_OFFSET", codec.HEADER_BYTES), "u32")))
     rdst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), raw0)
-    qh = ([b.op("add.u32", x0, Imm(codec.QH_OFFSET + 16 * i, "u32")) for i in range(2)] if NIBBLE_PARTS[fmt] > 3
+    qh = ([b.op("add.u32", x0, Imm(codec.QH_OFFSET + 16 * i, "u32")) for i in range(2)] if hasattr(codec, "QH_OFFSET")
           else [])
     for part, xs in enumerate((x0, *qh, q0, b.op("add.u32", q0, Imm(16, "u32")))):
         b.emit(op, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb), pred=pred)
@@ -2635,7 +2637,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     """Q4_K's 16-byte raw columns and nibble decode (Q5_K: with its qh columns and fifth bits: NIBBLE_PARTS), or a
     codec's own box of whole blocks and ra_fragments (RA_CODECS)."""
     if spec.fmt in NIBBLE_PARTS:
-        qh = NIBBLE_PARTS[spec.fmt] > 3  # the qh columns (Q5_K)
+        qh = hasattr(codecs.get(spec.fmt), "QH_OFFSET")  # a nibble codec with qh columns (Q5_K)
         if _block_box(spec):  # the block's 16-byte columns: header, [qh x 2,] qs x 8
             cols = codecs.get(spec.fmt).BLOCK_BYTES // 16
             return _WgWeights(cols * RAW_PART, partial(_tma_block_columns, cols=cols, fmt=spec.fmt),
