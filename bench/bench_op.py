@@ -9,8 +9,9 @@ llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
 - graph: the same 100 calls captured once with torch.cuda.graph, events around a replay, per call; the replay
   starts behind a 1 ms torch.cuda._sleep (LEAD_CYCLES), so the start event does not time the host submitting the
   graph (cuGraphLaunch of a graph of 100-300 kernels, host time the GPU waits out when idle: once a replay, not
-  once an op, and in a model it overlaps the previous replay's kernels). Before 2026-12-03 the replay started on
-  an idle GPU (the JSON's graph_nolead);
+  once an op; a warning is printed where it approaches the lead). Where the host waits for each replay's result
+  (a decode loop sampling on the host) that submission is on the critical path: the decode-loop table prints the
+  replay without the lead beside it (graph_nolead; before 2026-12-03 every replay was timed that way);
 - busy (kernel-only under the op's own load): in one more eager loop and one more replay, run under CUPTI
   (torch.profiler), the time the GPU spent in any kernel of the loop — the union of the kernels' intervals, so
   kernels that overlap (programmatic dependent launch) count once — per call. A loop of 0.8 ms GEMMs holds the GPU
@@ -65,6 +66,7 @@ def kernel_only(torch, fn, reps):
 
 
 LEAD_CYCLES = 2_000_000  # ~1 ms of torch.cuda._sleep ahead of a timed loop (see the module's docstring)
+LEAD_WARN_S = 0.7e-3  # a replay's host submission past this: warned (the lead may not have covered it)
 
 
 def lead(torch) -> None:
@@ -99,7 +101,12 @@ def graphed(torch, fn, calls=CALLS, rounds=3, lead_first=True):
         if lead_first:
             lead(torch)
         a.record()
+        t0 = time.perf_counter()
         g.replay()
+        submit = time.perf_counter() - t0
+        if lead_first and submit > LEAD_WARN_S:  # the GPU may have waited for the host after all
+            print(f"warning: submitting the replay took {submit * 1e6:.0f} µs of host time, near the "
+                  f"{LEAD_CYCLES / 2e3:.0f} µs lead: the graph time may include some of it", flush=True)
         b.record()
         torch.cuda.synchronize()
         out.append(a.elapsed_time(b) * 1e3 / calls)
@@ -311,7 +318,8 @@ def main():
         w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
         print(f"\ndecode loop: {n} distinct {fmt} {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
               "4.27 TB/s over the weights' bytes")
-        print(f"| T | ptxgen {fmt} eager / graph µs | graph ÷ busy (busy µs) | graph ÷ kernels, one replay | "
+        print(f"| T | ptxgen {fmt} eager / graph µs (graph, no lead) | graph ÷ busy (busy µs) | graph ÷ kernels, "
+              "one replay | "
               "% HBM (graph) | read floor (streaming kernel, plain / PDL) graph µs | ptxgen graph / PDL floor | "
               "F.linear fp16 eager / graph µs | F.linear graph / ptxgen graph | llama.cpp µs | kernels |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -333,7 +341,7 @@ def main():
                    "kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels,
                    "llamacpp": LLAMA_LOOP.get(fmt, {}).get(t)}
             res["decode_loop"].append(row)
-            print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} | "
+            print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} ({ours['graph_nolead']:.1f}) | "
                   f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
                   f"{ours['graph_profiled'] / ours['graph_busy']:.3f} | "
                   f"{row['pct_hbm_graph']:.0f}% | {plain:.1f} / {floor:.1f} | "

@@ -15,12 +15,17 @@ import numpy as np
 
 
 def timeline(torch, prof):
-    evs = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
-                 if ev.device_type == torch.autograd.DeviceType.CUDA)
-    return evs
+    """The profiled kernels as (start µs, end µs, name), in start order (bench_op's lead sleep left out)."""
+    return sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                  if ev.device_type == torch.autograd.DeviceType.CUDA and "spin_kernel" not in ev.name)
 
 
 def report(label, evs, calls, elapsed_us, show):
+    """Per call: events µs, the kernels' union (busy), the gaps between consecutive kernels by kind; then `show`
+    kernels of the timeline from its middle."""
+    if not evs:
+        print(f"\n{label}: no kernels recorded")
+        return
     gaps, busy, cur_e = defaultdict(list), 0.0, None
     prev = None
     for s, e, n in evs:
@@ -52,8 +57,8 @@ def main():
     ap.add_argument("--tokens", default="4096")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--show", type=int, default=6, help="kernels of the timeline printed (from the middle)")
-    ap.add_argument("--weights", type=int, default=4, help="distinct weights the loop rotates over (more than the 60 MB "
-                    "L2 holds, for decode shapes: 16 for 4096x4096 Q4_K)")
+    ap.add_argument("--weights", type=int, default=4, help="distinct weights the loop rotates over (more than the "
+                    "60 MB L2 holds, for decode shapes: 16 for 4096x4096 Q4_K)")
     ap.add_argument("--moe", default=None, metavar="E:TOP", help="time mul_mat_id over E experts, TOP a token")
     args = ap.parse_args()
     import torch
@@ -61,7 +66,7 @@ def main():
     import ptxgen.runtime as r
     from ptxgen.testing.strategies import random_raw
 
-    from bench_op import _capture
+    from bench_op import _capture, lead
 
     m, k = (int(v) for v in args.shape.split("x"))
     e, top = map(int, args.moe.split(":")) if args.moe else (1, 1)
@@ -86,6 +91,8 @@ def main():
             torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                if label == "graph":  # behind bench_op's lead: the host's submission of the graph not timed
+                    lead(torch)
                 a.record()
                 if label == "graph":
                     g.replay()
