@@ -554,3 +554,29 @@ class RegA:
                         b.emit("lop3.b32", h, words[sh], mask, top, Imm(0xEA, "b32"))  # (v & mask) | 0x6400 (| bit)
                         frag[rr, 4 * sb + 2 * wi + sh] = dequant_pair3(b, h, scales[rr, sb])
         return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
+
+
+def mma_header(b, hw, magic, t_hi, msel) -> dict:
+    """A row's header words `hw` (4, as loaded) for gemv_q4_k_mma (kernels/gemv.py): d and −64·dmin in fp32 (the
+    min fragments carry 2^-6), the packed 6-bit sc bytes of sub-blocks 0-3 and 4-7, and the min MMA's A pair
+    (m_2t, m_2t+1) as exact fp16 (`t_hi`: the lane's t ≥ 2, its mins from sub-blocks 4-7; `msel`: the prmt that
+    places them under `magic` = 0x64006400)."""
+    dlo, dhi = b.reg("b16"), b.reg("b16")
+    b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
+    s0, s1, s2 = hw[1:]
+    sc = (scales_0_3(b, s0), scales_4_7(b, s0, s2))
+    m = (mins_0_3(b, s1), mins_4_7(b, s1, s2))
+    mw = b.op("selp.b32", m[1], m[0], t_hi)
+    ma = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, msel), magic, type="b32")  # (m_2t, m_2t+1) exact
+    return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
+                sc=sc, ma=ma)
+
+
+def mma_scale_pair(b, hd, j, magic, h16, n1024):
+    """(mult, add) fp16x2 of sub-block j of a mma_header: A = h·mult + add = q·sc_j exactly, for h = 1024 + q (even
+    j, low nibbles: mult = sc) or 1024 + 16q (odd j, high nibbles: mult = sc / 16, `h16` = 1/16); add = −1024·mult
+    (`n1024` = −1024)."""
+    sel = Imm((5 << 12) | ((j & 3) << 8) | (5 << 4) | (j & 3), "b32")  # bytes (sc_j, 0x64, sc_j, 0x64)
+    sc2 = b.op("sub.rn.f16x2", b.op("prmt.b32", hd["sc"][j // 4], magic, sel), magic, type="b32")  # (sc, sc)
+    mult = b.op("mul.rn.f16x2", sc2, h16, type="b32") if j % 2 else sc2
+    return mult, b.op("mul.rn.f16x2", mult, n1024, type="b32")

@@ -1406,26 +1406,15 @@ def _q4k_header(s, stage_base):
     for rr in range(2 * s.k.MT):
         hw = b.regs("b32", 4)
         b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", stage_base, o.lane_hdr), 8 * s.k.row_stride * rr))
-        dlo, dhi = b.reg("b16"), b.reg("b16")
-        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
-        s0, s1, s2 = hw[1:]
-        sc = (Q4K.scales_0_3(b, s0), Q4K.scales_4_7(b, s0, s2))
-        m = (Q4K.mins_0_3(b, s1), Q4K.mins_4_7(b, s1, s2))
-        mw = b.op("selp.b32", m[1], m[0], o.t_hi)
-        ma = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, o.msel), magic, type="b32")  # (m_2t, m_2t+1) exact
-        out.append(dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi),
-                                                                 Imm(-64.0, "f32")), sc=sc, ma=ma))
+        out.append(Q4K.mma_header(b, hw, magic, o.t_hi, o.msel))
     return out
 
 
 def _q4k_scale_pair(s, hd, j):
     """(mult, add) fp16x2 of sub-block j: A = h·mult + add = q·sc_j exactly, for h = 1024 + q (even j, low
     nibbles: mult = sc) or 1024 + 16q (odd j, high nibbles: mult = sc / 16); add = −1024·mult."""
-    b, o = s.b, s.ops
-    sel = Imm((5 << 12) | ((j & 3) << 8) | (5 << 4) | (j & 3), "b32")  # bytes (sc_j, 0x64, sc_j, 0x64)
-    sc2 = b.op("sub.rn.f16x2", b.op("prmt.b32", hd["sc"][j // 4], o.magic, sel), o.magic, type="b32")  # (sc, sc)
-    mult = b.op("mul.rn.f16x2", sc2, o.h16, type="b32") if j % 2 else sc2
-    return mult, b.op("mul.rn.f16x2", mult, o.n1024, type="b32")
+    o = s.ops
+    return Q4K.mma_scale_pair(s.b, hd, j, o.magic, o.h16, o.n1024)
 
 
 def _q4k_chunk(s, stage_base, c, hds, cur, chains):
