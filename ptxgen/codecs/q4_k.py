@@ -580,3 +580,14 @@ def mma_scale_pair(b, hd, j, magic, h16, n1024):
     sc2 = b.op("sub.rn.f16x2", b.op("prmt.b32", hd["sc"][j // 4], magic, sel), magic, type="b32")  # (sc, sc)
     mult = b.op("mul.rn.f16x2", sc2, h16, type="b32") if j % 2 else sc2
     return mult, b.op("mul.rn.f16x2", mult, n1024, type="b32")
+
+
+def scale_min_f32(b, hdr, sub, dscale):
+    """Sub-block `sub` of the header words `hdr` → (d·sc·dscale, −dmin·m) in fp32, as ggml forms them (the Q8_1
+    MMQ's scale table, kernels/mmq.py _q8_scales; dscale 1/16 where the high nibbles enter as 16·q: exact)."""
+    env = {"hdr": hdr, "sub": sub}
+    SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
+    DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
+    dsc = b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"]))
+    dsc = b.op("mul.rn.f32", dsc, dscale)
+    return dsc, b.op("neg.f32", b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"])))

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple
 from ..arch import get_arch
 from ..builder import KernelBuilder
 from ..codecs import q4_k as q4k
-from ..dsl import DecodeScaleMin6, Epilogue, Mma, Pipeline, Schedule, SplitHalves, Tile
+from ..dsl import Epilogue, Mma, Pipeline, Schedule, Tile
 from .. import codecs, layouts
 from ..codecs import _common
 from ..ir import Imm, Mem, Reg, Sym, TensorRef, ldmatrix, mma_sync
@@ -1350,13 +1350,8 @@ def _q8_scales(b, qt: _Q8Tile, tid, raw_of, boff_of, store_x):
     def decode_scales(step, boff):
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", raw_of(step), s_src)))
-        env = {"hdr": hdr,
-               "sub": b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), sh)}
-        SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
-        DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
-        dsc = b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"]))
-        dsc = b.op("mul.rn.f32", dsc, sh16)  # odd sub-blocks (high nibbles) enter the MMA as 16·q: exact 1/16
-        ndm = b.op("neg.f32", b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"])))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), sh)
+        dsc, ndm = q4k.scale_min_f32(b, hdr, sub, sh16)  # odd sub-blocks (high nibbles) enter the MMA as 16·q
         b.emit("st.shared.v2.f32", Mem(b.op("add.u32", s_dst, boff)), b.vec([dsc, ndm]))
 
     def prep(step):
