@@ -139,9 +139,14 @@ def kernel_us(torch, call, reps: int = 20) -> dict:
 
 def _busy(torch, prof) -> float:
     """µs the GPU spent in kernels during `prof`: the union of the CUDA kernels' [start, end) intervals."""
-    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
-                   if ev.device_type == torch.autograd.DeviceType.CUDA and "spin_kernel" not in ev.name)  # not lead()
+    return span_union((ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                      if ev.device_type == torch.autograd.DeviceType.CUDA and "spin_kernel" not in ev.name)  # not lead()
+
+
+def span_union(spans) -> float:
+    """The length of the union of [start, end) intervals."""
     total, cur_s, cur_e = 0.0, None, None
+    spans = sorted(spans)
     for a, b in spans:
         if cur_e is None or a > cur_e:
             if cur_e is not None:

@@ -26,18 +26,14 @@ def report(label, evs, calls, elapsed_us, show):
     if not evs:
         print(f"\n{label}: no kernels recorded")
         return
-    gaps, busy, cur_e = defaultdict(list), 0.0, None
-    prev = None
+    from bench_op import span_union
+
+    gaps, prev = defaultdict(list), None
     for s, e, n in evs:
         if prev is not None:
             gaps[(prev[2], n)].append(s - prev[1])
-        if cur_e is None or s > cur_e:
-            busy += e - s
-            cur_e = e
-        elif e > cur_e:
-            busy += e - cur_e
-            cur_e = e
         prev = (s, e, n)
+    busy = span_union((s, e) for s, e, _ in evs)
     print(f"\n{label}: {elapsed_us / calls:.1f} µs per call (events), busy {busy / calls:.1f}, "
           f"{len(evs) / calls:.2f} kernels a call")
     for (a, b), g in sorted(gaps.items(), key=lambda kv: -sum(kv[1])):
