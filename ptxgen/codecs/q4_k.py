@@ -13,7 +13,8 @@ The decodes, by the kernels that consume them:
 - `RegA`: the register-A wgmma MMQs' decode straight into A fragments (Q5_K's too, with its fifth bits);
 - `UnitLane`, `GgmlLane`: the 8-weight-unit GEMV's and the MMVQ-style lane GEMV's lane (loads, elements, scales).
 What the shared builders ask of it beyond its decodes is data: DECODE (the runtime's decode route), RAW_RING,
-Q8_MMQ, WGMMA_ALL, NIBBLE_COLUMNS (kernels/mmq.py).
+Q8_MMQ, WGMMA_ALL, NIBBLE_COLUMNS (kernels/mmq.py); the raw ring's geometry is here too (`row_bytes`, `raw_copies`,
+`raw_offsets`: which bytes of a row a cp.async ring stage holds, and where).
 """
 from __future__ import annotations
 
@@ -47,6 +48,47 @@ RAW_RING = True
 Q8_MMQ = True
 WGMMA_ALL = True
 NIBBLE_COLUMNS = 3
+
+
+def row_bytes(b, K):
+    """A weight row of K columns in bytes: K / BLOCK_K super-blocks of BLOCK_BYTES, by a shift (the MMQs' form;
+    _common.row_bytes divides)."""
+    assert BLOCK_K == 256
+    return b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"))
+
+
+def raw_copies(b, tid, m0, mlast, stride, w, rows: int, threads: int) -> list:
+    """A thread's share of the raw ring's cp.async copies (kernels/mmq.py _issue_raw): a stage holds `rows` weight
+    rows from m0 in rows of STEP_ROW_BYTES, NIBBLE_COLUMNS 16-byte chunks each (the header, the pair's qs bytes 0-15
+    and 16-31); thread tid takes chunks tid, tid + threads, ... Rows past M read row mlast (the epilogue drops them).
+    Returns per chunk (valid, column, the weight row's address, its offset in the stage); raw_offsets gives the
+    column's bytes in the row per step. `stride`: row_bytes(K), `w`: the weights."""
+    copies = []
+    for r in range(-(-rows * NIBBLE_COLUMNS // threads)):
+        i = b.op("add.u32", tid, Imm(threads * r, "u32"))
+        ok = b.op("setp.lt.u32", i, Imm(rows * NIBBLE_COLUMNS, "u32"))
+        row = b.op("div.u32", i, Imm(NIBBLE_COLUMNS, "u32"))
+        column = b.op("rem.u32", i, Imm(NIBBLE_COLUMNS, "u32"))
+        grow = b.op("min.u32", b.op("add.u32", m0, row), mlast)
+        src_row = b.op("mad.wide.u32", grow, stride, w)
+        dst_off = b.op("mad.lo.u32", row, Imm(STEP_ROW_BYTES, "u32"), b.op("shl.b32", column, Imm(4, "u32")))
+        copies.append((ok, column, src_row, dst_off))
+    return copies
+
+
+def raw_offsets(b, step):
+    """Where K-step `step`'s chunks lie in a weight row: super-block sb = step / 4 and its pair c = step % 4, emitted
+    here once a step. Returns offset(column): the byte offset of raw_copies' `column` (a register) in the row,
+    BLOCK_BYTES·sb + (column == 0 ? 0 : HEADER_BYTES + 32c + 16·(column − 1))."""
+    assert HEADER_BYTES == 16  # so the qs chunks sit at 32c + 16·column
+    sb = b.op("shr.u32", step, Imm(2, "u32"))
+    c = b.op("and.b32", step, Imm(3, "b32"))
+
+    def offset(column):
+        qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", column, Imm(4, "u32")))
+        off = b.op("selp.b32", Imm(0, "b32"), qoff, b.op("setp.eq.u32", column, Imm(0, "u32")))
+        return b.op("mad.lo.u32", sb, Imm(BLOCK_BYTES, "u32"), off)
+    return offset
 
 
 def scale_ops() -> tuple:

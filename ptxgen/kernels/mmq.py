@@ -204,10 +204,10 @@ def build(arch, spec: MmqSpec):
         def issue(step, stage=None):  # nothing to copy ahead: an empty group keeps the pipeline's wait_group counts
             b.emit("cp.async.commit_group")
     else:
-        row_bytes = _q4k_row_bytes(b, K)
+        row_bytes = q4k.row_bytes(b, K)
         mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
         # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
-        copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
+        copies = q4k.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
 
         def issue(step, stage=None):
             _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
@@ -1000,53 +1000,25 @@ def _last_sums_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C,
     b.place(whole_item)
 
 
-def _q4k_row_bytes(b, K):
-    """A Q4_K weight row's bytes: K / BLOCK_K super-blocks of BLOCK_BYTES (the codec's geometry)."""
-    assert q4k.BLOCK_K == 256
-    return b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(q4k.BLOCK_BYTES, "u32"))
-
-
 def _k_range(b, K, M, T, zsplit, per):
     """Row stride of W in bytes, split z's K-steps [s_begin, nsteps), and M - 1, T - 1 (load clamps)."""
-    row_bytes = _q4k_row_bytes(b, K)
+    row_bytes = q4k.row_bytes(b, K)
     s_begin = b.op("mul.lo.u32", zsplit, per)
     nsteps = b.op("min.u32", b.op("add.u32", s_begin, per), b.op("shr.u32", K, Imm(6, "u32")))  # this split's end
     mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
     return row_bytes, s_begin, nsteps, mlast, tlast
 
 
-def _raw_copies(b, tid, m0, mlast, row_bytes, W):
-    """The cp.async producer's per-thread copies: 128 rows x 3 chunks of 16 B (header, qs lo, qs hi) per
-    step; thread i copies chunks i and i + 256."""
-    copies = []
-    for r in range(2):
-        i = b.op("add.u32", tid, Imm(256 * r, "u32"))
-        ok = b.op("setp.lt.u32", i, Imm(BM * 3, "u32"))
-        row = b.op("div.u32", i, Imm(3, "u32"))
-        part = b.op("rem.u32", i, Imm(3, "u32"))
-        grow = b.op("min.u32", b.op("add.u32", m0, row), mlast)
-        src_row = b.op("mad.wide.u32", grow, row_bytes, W)
-        # part 0: header (bytes 0..15 of the super-block); parts 1, 2: qs bytes 32c .. 32c+31
-        dst_off = b.op("mad.lo.u32", row, Imm(RAW_ROW, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
-        copies.append((ok, part, src_row, dst_off))
-    return copies
-
-
 def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, extra=None, sdst=None):
     """cp.async the raw tile of K-step `step` into stage step % stages (nothing past the end), then commit;
-    `extra(step, stage address, live)` adds copies of the same group (the Q8_1 MMQ's activations); `sdst`: that
-    stage's address where the caller has it."""
+    `copies`: the thread's, q4k.raw_copies; `extra(step, stage address, live)` adds copies of the same group (the
+    Q8_1 MMQ's activations); `sdst`: that stage's address where the caller has it."""
     live = b.op("setp.lt.u32", step, nsteps)
-    sb = b.op("shr.u32", step, Imm(2, "u32"))
-    c = b.op("and.b32", step, Imm(3, "b32"))
+    offset = q4k.raw_offsets(b, step)
     if sdst is None:
         sdst = b.op("mad.lo.u32", b.op("rem.u32", step, Imm(stages, "u32")), Imm(stage_bytes, "u32"), raw0)
-    for ok, part, src_row, dst_off in copies:
-        # source byte offset in the row: BLOCK_BYTES·sb + (part == 0 ? 0 : 16 + 32c + 16·(part − 1))
-        qoff = b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("shl.b32", part, Imm(4, "u32")))
-        off = b.op("selp.b32", Imm(0, "b32"), qoff, b.op("setp.eq.u32", part, Imm(0, "u32")))
-        off = b.op("mad.lo.u32", sb, Imm(q4k.BLOCK_BYTES, "u32"), off)
-        src = b.op("add.s64", src_row, b.op("cvt.u64.u32", off))
+    for ok, column, src_row, dst_off in copies:
+        src = b.op("add.s64", src_row, b.op("cvt.u64.u32", offset(column)))
         go = b.op("and.pred", ok, live)
         b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", sdst, dst_off)), Mem(src), Imm(16, "u32"), pred=go)
     if extra is not None:
@@ -1215,7 +1187,7 @@ def build_q8(arch, spec: "MmqSpec"):
     raw0 = b.op("mov.u32", smem)
     buf0 = b.op("add.u32", raw0, Imm(S * qt.stage_bytes, "u32"))
     row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
-    copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
+    copies = q4k.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
 
     def boff_of(stp):
         return b.op("mad.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(qt.buf, "u32"), buf0)

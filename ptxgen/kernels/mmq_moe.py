@@ -23,8 +23,8 @@ from ..dsl import Pipeline
 from ..ir import Imm, Mem
 from ..specs import MmqSpec
 from .mmq import (BM, F16_CTAS_PER_SM, STAGES, _claim, _codec_dequant, _f16_activations, _f16_dequant, _f16_mma,
-                  _f16_smem_and_meta, _f16_tile, _f32_pipeline, _issue_raw, _next_item_or_exit, _raw_copies, _tiles_m,
-                  _watch_finite, describe)
+                  _f16_smem_and_meta, _f16_tile, _f32_pipeline, _issue_raw, _next_item_or_exit, _tiles_m, _watch_finite,
+                  describe)
 from .moe_group import TILE_SHIFT
 
 
@@ -86,7 +86,7 @@ def build_grouped(arch, spec: MmqSpec):
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     s_begin, nsteps = b.op("mov.u32", Imm(0, "u32")), b.op("shr.u32", K, Imm(6, "u32"))
     if raw:
-        copies = _raw_copies(b, tid, m0, mlast, row_bytes, W)
+        copies = codec.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
 
     def issue(step, stage=None):
         if raw:
