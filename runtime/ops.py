@@ -1411,15 +1411,46 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
         fn = kernels.load(fused_name, arch)
-        ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
-        pb.counters(4 * ctas * int(fn.meta["warps"]) + 12)
-        pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr))
+        grid, part, cnt, kp = _few_split_plan(pb, fn, m, k, n)
+        pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
+        pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp)
         return
     prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
     pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
     fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another K-quant: its decoder)
-    ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
-    pb.launch(fn, (ctas, splits), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    grid, part, cnt, kp = _few_split_plan(pb, fn, m, k, n)
+    pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")))
+
+
+def few_k_parts(warps: int, rows_per_warp: int, m: int, k: int, slots: int) -> int:
+    """The warps of a row tile of the few-token builds (their kparts parameter, gemv_t1.T1_PLAN): the most, a power
+    of two up to the CTA's warps and at most one per super-block, whose grid of row CTAs fits one round of the
+    GPU's resident CTAs (`slots`) — so K is split inside the CTAs first, the grid's K splits (gemv_splits) only
+    fill what is left. 1 where even that grid takes more than one round."""
+    tiles, nsb = -(-m // rows_per_warp), k // 256
+    kp = warps
+    while kp > 1 and (-(-tiles * kp // warps) > slots or kp > nsb):
+        kp //= 2
+    return kp
+
+
+def _few_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int):
+    """A few-token build's launch: (grid (row CTAs, K splits), partials, counters, (kparts,) or () for a build
+    without the parameter)."""
+    from .driver import current
+
+    per_sm = fn.resident_per_sm()
+    if "k_parts" not in fn.meta:
+        ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, per_sm)
+        return (ctas, splits), part, cnt, ()
+    sms, warps, rpw = current().sm_count, int(fn.meta["warps"]), int(fn.meta["rows_per_warp"])
+    kp = few_k_parts(warps, rpw, m, k, sms * per_sm)
+    ctas = -(-m // (rpw * warps // kp))
+    splits = gemv_splits(ctas, k, per_sm, sms, int(fn.meta["lane_cols"]) * kp, int(fn.meta["max_splits"]),
+                         int(fn.meta["min_split_steps"]))
+    cnt = pb.counters(4 * ctas * warps)
+    part = pb.scratch((splits, n, m), np.float32) if splits > 1 else cnt
+    return (ctas, splits), part, cnt, (kp,)
 
 
 def skinny_ok(fmt: str, t: int, m: int, k: int, arch=None) -> bool:

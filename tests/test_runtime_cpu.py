@@ -280,6 +280,31 @@ def test_gemv_splits_keep_the_builds_min_split_steps(ctas, k, min_steps):
     assert s == min(gemv_splits(ctas, k, 2, 132, 8, 32), max(1, -(-steps // min_steps)))
 
 
+@given(warps=st.sampled_from([4, 8]), rpw=st.sampled_from([16, 32]), m=st.integers(1, 40000),
+       k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]), slots=st.sampled_from([132, 264, 528]))
+def test_few_k_parts_fill_one_round_before_the_grid_splits_k(warps, rpw, m, k, slots):
+    """The few-token builds' warps a row tile: a power of two ≤ the CTA's warps and ≤ the super-blocks, the most
+    whose row CTAs fit one round of the resident CTAs; 1 when even one warp a tile takes more than a round."""
+    from ptxgen.runtime.ops import few_k_parts
+
+    kp = few_k_parts(warps, rpw, m, k, slots)
+    tiles = -(-m // rpw)
+    assert kp >= 1 and kp & (kp - 1) == 0 and kp <= warps and (kp == 1 or kp <= k // 256)
+    ctas = lambda p: -(-tiles * p // warps)  # noqa: E731
+    assert kp == 1 or ctas(kp) <= slots
+    if 2 * kp <= min(warps, k // 256):
+        assert ctas(2 * kp) > slots  # the next power would not fit
+
+
+def test_few_k_parts_on_the_decode_shapes():
+    """The H200's shapes (264 slots of 8-warp CTAs, 16 rows a warp): K split in the CTA 8 ways on 4096 rows, 2 on
+    14336, not at all on 18944 (148 CTAs of 128 rows already fill 56% of the warps: a second round would lose)."""
+    from ptxgen.runtime.ops import few_k_parts
+
+    assert [few_k_parts(8, 16, m, k, 264) for m, k in ((4096, 14336), (4096, 4096), (14336, 4096), (18944, 3584),
+                                                        (3584, 18944), (64, 512))] == [8, 8, 2, 1, 8, 2]
+
+
 def test_small_t16h_build_splits_k_in_runs_of_eight_super_blocks():
     """The sm_89 / sm_120a t16h build (2 CTAs per SM on the H200) measured faster with splits of ≥ 8 super-blocks
     (4096² at T=16: 2 splits 14.2 µs, 4 splits 15.0); the sm_90a build has no such floor (4 splits there 13.9 vs

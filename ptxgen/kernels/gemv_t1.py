@@ -22,8 +22,10 @@ scales of its two rows, B tiles in register sets). These builds are for few toke
 - Weights and activation records come through a per-warp ring in shared memory (cp.async, S stages of 16 rows x
   144 bytes + the record, 1072 / 2128 / 4240 bytes): bytes in flight without registers held, no barrier but the
   warp's own. A copy instruction takes 32 consecutive 16-byte chunks of the step's rows (~3.5 rows' 144
-  contiguous bytes); the CTA's four warps read the same records (.ca). Split-K over gridDim.y in contiguous runs
-  of super-blocks, with the last-warp fixup of the other GEMVs (deterministic).
+  contiguous bytes); warps on the same K part read the same records (.ca). K is split twice: the `kparts` warps of
+  a row tile take contiguous parts of its run and sum them through shared memory at the end (no grid split where
+  the row tiles x kparts fit one round: 4096x14336 runs 256 CTAs of 8 warps on one tile each), then over gridDim.y
+  in contiguous runs with the last-warp fixup of the other GEMVs (deterministic both).
 
 Measured on the H200 (bench/NOTES.md, session 12): the ring alone (no arithmetic) takes 17 µs of the 20 µs op on
 4096x14336 — the copies bound it, not the 293 SASS per step; 16 rows x 32 bytes per copy instruction was 5 µs
@@ -41,13 +43,16 @@ from ..specs import GemvKernel
 from . import KernelDef, smem_fit
 from .gemv import _prep_record_stores, _scaled_item, _store_or_split, _warp_rows, build_prep_mma
 
-T1_WARPS = 4
 T1_MAX_SPLITS = 32
-# (ring stages, resident CTAs per SM, m16 tiles per warp) by build and the SM's shared memory ("big": sm_90a's 227
-# KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x 144 bytes +
-# one record
-T1_PLAN = {"big": {"t1": (4, 4, 1), "t2": (3, 4, 1), "t4": (2, 4, 1), "t8": (2, 2, 1), "t16h": (3, 1, 2)},
-           "small": {"t1": (3, 2, 1), "t2": (2, 2, 1), "t4": (2, 1, 1), "t8": (2, 1, 1), "t16h": (2, 1, 1)}}
+# (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
+# sm_90a's 227 KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x
+# 144 bytes + one record. The warps of a CTA split into row tiles of `kparts` warps each (the launch's parameter, a
+# power of two ≤ warps): a tile's warps take contiguous parts of its K range and sum them in the CTA (ops.
+# few_k_parts picks kparts so that the grid fits one round without grid K splits where it can: their tail — the
+# partials' stores, a fence, the counter, the last warp's reloads — cost 1-2 µs an op; bench/NOTES.md, 2026-12-03)
+T1_PLAN = {"big": {"t1": (4, 2, 1, 8), "t2": (3, 2, 1, 8), "t4": (2, 2, 1, 8), "t8": (2, 2, 1, 4), "t16h": (3, 1, 2, 4)},
+           "small": {"t1": (3, 2, 1, 4), "t2": (2, 2, 1, 4), "t4": (2, 1, 1, 4), "t8": (2, 1, 1, 4),
+                     "t16h": (2, 1, 1, 4)}}
 
 
 # K-steps (super-blocks) per split at least, where measured to matter: the "small" t16h build (2 stages, 2 CTAs per
@@ -61,8 +66,8 @@ def _suffix(nt: int, hi_only: bool) -> str:
     return f"t{nt}h" if hi_only else f"t{nt}"
 
 
-def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int]:
-    """(stages, resident CTAs per SM, m16 tiles per warp) of the build on `arch` (T1_PLAN)."""
+def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int, int]:
+    """(stages, resident CTAs per SM, m16 tiles per warp, warps) of the build on `arch` (T1_PLAN)."""
     return T1_PLAN[_plan_size(arch)][_suffix(nt, hi_only)]
 
 
@@ -147,24 +152,38 @@ def _split_range(b, nsb, kz, nsplit):
     return jb, b.op("min.u32", b.op("add.u32", jb, per), nsb)
 
 
-def _params(b, NW, ctas, fused: bool = False):
-    """The few-token kernels' parameters (w, records, y, m, k, ntok, part, counters) and launch bounds (`fused`: the
-    kernel writes the records itself, scratch rather than an input)."""
+def _params(b, NW, ctas, fused: bool = False, kparts: bool = False):
+    """The few-token kernels' parameters (w, records, y, m, k, ntok, part, counters[, x][, kparts]) and launch bounds
+    (`fused`: the kernel writes the records itself from x, scratch rather than an input; `kparts`: the warps of a
+    row tile, last)."""
     ps = (b.param("w", "u64", "ptr:in"), b.param("records", "u64", "ptr:scratch" if fused else "ptr:in"),
           b.param("y", "u64", "ptr:out"),
           b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32"))
     ps += (b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch"))
+    if fused:
+        ps += (b.param("x", "u64", "ptr:in"),)
+    if kparts:
+        ps += (b.param("kparts", "u32"),)
     b.directives += [f".maxntid {32 * NW}, 1, 1", f".minnctapersm {ctas}"]
     b.pdl_trigger()  # the op's last kernel: the next op's first may start (it waits for this one)
     return ps
 
 
-def _entry(b, ps, NW, R):
+def _entry(b, ps, NW, R, KP=None):
     """The parameters loaded, the warp's rows (_warp_rows) and the lane's (g, t): (W, REC, Y, M, ntok, K / 256,
-    (tid, lane, warp, gwarp, row0), g, t)."""
+    (tid, lane, warp, gwarp, row0), g, t). KP (a register: the kparts parameter): KP consecutive warps share a row
+    tile (gwarp: the tile's index in the grid)."""
     W, REC, Y = (b.ptr(p_) for p_ in ps[:3])
     M, K, ntok = (b.ld_param(p_, "u32") for p_ in ps[3:6])
-    rows = _warp_rows(b, NW, R)
+    if KP is None:
+        rows = _warp_rows(b, NW, R)
+    else:
+        tid = b.special("tid.x")
+        lane = b.op("and.b32", tid, Imm(31, "b32"))
+        warp = b.op("shr.u32", tid, Imm(5, "u32"))
+        tiles = b.op("div.u32", Imm(NW, "u32"), KP)
+        gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), tiles, b.op("div.u32", warp, KP))
+        rows = (tid, lane, warp, gwarp, b.op("mul.lo.u32", gwarp, Imm(R, "u32")))
     g = b.op("shr.u32", rows[1], Imm(2, "u32"))
     t = b.op("and.b32", rows[1], Imm(3, "b32"))
     return W, REC, Y, M, ntok, b.op("shr.u32", K, Imm(8, "u32")), rows, g, t
@@ -255,6 +274,31 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp)
     b.emit("bar.sync", Imm(0, "u32"))
 
 
+def _sum_k_parts(b, vals, ring, ring_bytes, lane, kpart, KP):
+    """The K parts of a row tile summed in the CTA (KP, a register, > 1; the same in every warp, so the barrier is
+    the whole CTA's): warps of part p > 0 store their lane's `vals` at the start of their own ring (every copy
+    landed; rings ring_bytes apart, a tile's warps consecutive), then after the CTA's barrier part 0 adds parts 1 ..
+    KP - 1 in order (deterministic) and goes on; the others end."""
+    skip = b.label("k_parts_summed")
+    b.bra(skip, pred=b.op("setp.eq.u32", KP, Imm(1, "u32")), uniform=True)
+    b.emit("cp.async.wait_all")
+    slot = b.op("mad.lo.u32", lane, Imm(4 * len(vals), "u32"), ring)
+    first = b.op("setp.eq.u32", kpart, Imm(0, "u32"))
+    for i, v in enumerate(vals):
+        b.emit("st.shared.f32", Mem(slot, 4 * i), v, pred=first, neg=True)
+    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("ret", pred=first, neg=True)
+    p_ = b.op("mov.u32", Imm(1, "u32"))
+    more = b.label("k_part")
+    b.place(more)
+    b.emit("add.u32", slot, slot, Imm(ring_bytes, "u32"))
+    for i, v in enumerate(vals):
+        b.emit("add.rn.f32", v, v, b.op("ld.shared.f32", Mem(slot, 4 * i)))
+    b.emit("add.u32", p_, p_, Imm(1, "u32"))
+    b.bra(more, pred=b.op("setp.lt.u32", p_, KP), uniform=True)
+    b.place(skip)
+
+
 def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: str = "q4_K"):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
@@ -270,8 +314,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     what = f"the {nt}-token tensor-core {fmt} GEMV"
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     arch.require("cp_async", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
-    NW = T1_WARPS
-    S, ctas, MT = _ring_plan(arch, nt, hi_only)
+    S, ctas, MT, NW = _ring_plan(arch, nt, hi_only)
     R = 16 * MT  # rows per warp
     W_BYTES = R * BLOCK  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
@@ -284,14 +327,15 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
                       "cp.async", block=(32 * NW, 1, 1))
-    ps = _params(b, NW, ctas, fused)
-    part_p, cnt_p = ps[6:]
-    x_p = b.param("x", "u64", "ptr:in") if fused else None
+    ps = _params(b, NW, ctas, fused, kparts=True)
+    part_p, cnt_p = ps[6:8]
+    x_p = ps[8] if fused else None
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     pdl = arch.has("griddepcontrol")
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
-                  rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt=fmt,
+                  rows_per_cta=R * NW, rows_per_warp=R, warps=NW,
+                  grid="ceil(m / (rows_per_cta / kparts))", k_parts="kparts: warps a row tile (1, 2, .. warps)", fmt=fmt,
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records",
@@ -306,8 +350,10 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                       pdl=False)
         if pdl:
             b.meta["pdl_head"] = "weights"  # before griddepcontrol.wait it only copies weights
-    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
+    KP = b.ld_param(ps[-1], "u32")
+    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R, KP)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
+    kpart = b.op("rem.u32", warp, KP)
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
     cols = BLOCK // 16
@@ -315,13 +361,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
               f"each (an instruction copies ~{int(320 / cols) / 10} rows' contiguous {BLOCK} bytes: measured 17% faster than "
               "16 rows x 32 bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u "
               "partial where the record is not a multiple of 512 bytes")
-    # the records .ca: the CTA's four warps read the same ones
+    # the records .ca: the warps on the same K part read the same ones
     issue, _ = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, rec=REC, xi=lane, nthr=32, rb=rb,
                             rec_at=W_BYTES, cache="ca", block=BLOCK)
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
-    jb, jend = _split_range(b, nsb, kz, nsplit)
+    # grid split kz, the warp's part p of its tile: run kz·KP + p of nsplit·KP
+    jb, jend = _split_range(b, nsb, b.op("mad.lo.u32", kz, KP, kpart), b.op("mul.lo.u32", nsplit, KP))
     records = None
     if fused:
         def records():
@@ -418,6 +465,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
+    _sum_k_parts(b, [v for a_mt in acc for a_rr in a_mt for a_n in a_rr for v in a_n], ring, S * stage_bytes, lane,
+                 kpart, KP)
     items = []  # lane (g, t): its tokens of rows 16·mt + g + 8·rr
     for mt in range(MT):
         for rr in range(2):
