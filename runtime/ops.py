@@ -1411,46 +1411,17 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
         fn = kernels.load(fused_name, arch)
-        grid, part, cnt, kp = _few_split_plan(pb, fn, m, k, n)
+        grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
         pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp)
         return
     prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
     pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
     fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another K-quant: its decoder)
-    grid, part, cnt, kp = _few_split_plan(pb, fn, m, k, n)
+    grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
     pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")))
 
 
-def few_k_parts(warps: int, rows_per_warp: int, m: int, k: int, slots: int) -> int:
-    """The warps of a row tile of the few-token builds (their kparts parameter, gemv_t1.T1_PLAN): the most, a power
-    of two up to the CTA's warps and at most one per super-block, whose grid of row CTAs fits one round of the
-    GPU's resident CTAs (`slots`) — so K is split inside the CTAs first, the grid's K splits (gemv_splits) only
-    fill what is left. 1 where even that grid takes more than one round."""
-    tiles, nsb = -(-m // rows_per_warp), k // 256
-    kp = warps
-    while kp > 1 and (-(-tiles * kp // warps) > slots or kp > nsb):
-        kp //= 2
-    return kp
-
-
-def _few_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int):
-    """A few-token build's launch: (grid (row CTAs, K splits), partials, counters, (kparts,) or () for a build
-    without the parameter)."""
-    from .driver import current
-
-    per_sm = fn.resident_per_sm()
-    if "k_parts" not in fn.meta:
-        ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, per_sm)
-        return (ctas, splits), part, cnt, ()
-    sms, warps, rpw = current().sm_count, int(fn.meta["warps"]), int(fn.meta["rows_per_warp"])
-    kp = few_k_parts(warps, rpw, m, k, sms * per_sm)
-    ctas = -(-m // (rpw * warps // kp))
-    splits = gemv_splits(ctas, k, per_sm, sms, int(fn.meta["lane_cols"]) * kp, int(fn.meta["max_splits"]),
-                         int(fn.meta["min_split_steps"]))
-    cnt = pb.counters(4 * ctas * warps)
-    part = pb.scratch((splits, n, m), np.float32) if splits > 1 else cnt
-    return (ctas, splits), part, cnt, (kp,)
 
 
 def skinny_ok(fmt: str, t: int, m: int, k: int, arch=None) -> bool:
@@ -1553,8 +1524,8 @@ def _mma_tiles(pb: PlanBuilder, groups: int, k: int):
 
 
 def _mma_gemv_launch(pb, fn, w, acts, y_ptr, m, k, n, per_sm, smem) -> None:
-    ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, per_sm)
-    pb.launch(fn, (ctas, splits), (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt), smem=smem,
+    grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, per_sm)
+    pb.launch(fn, grid, (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt) + kp, smem=smem,
               pdl=bool(fn.meta.get("pdl")))
 
 
@@ -1566,7 +1537,7 @@ def _fullest_residency(fn, m: int, k: int, choices) -> int:
     from .driver import current
 
     def fill(per_sm):  # the share of the slots busy over the rounds the grid takes (more CTAs than slots: 2+ rounds)
-        ctas, splits = _split_grid(fn, m, k, per_sm)
+        ctas, splits, _ = _split_grid(fn, m, k, per_sm)
         slots = per_sm * current().sm_count
         return ctas * splits / (-(-ctas * splits // slots) * slots)
     best = choices[0]
@@ -1576,22 +1547,51 @@ def _fullest_residency(fn, m: int, k: int, choices) -> int:
     return best
 
 
-def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int]:
-    """A split-K GEMV's grid at `per_sm` resident CTAs per SM: (CTAs over the rows, K splits (gemv_splits))."""
+def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int, int]:
+    """A split-K GEMV's grid at `per_sm` resident CTAs per SM: (CTAs over the rows, K splits (gemv_splits), warps a
+    row tile — gemv_k_parts for a build with the kparts parameter (meta k_parts), else 1)."""
     from .driver import current
 
-    rows = int(fn.meta["rows_per_cta"])
+    sms, meta = current().sm_count, fn.meta
+    lane_cols, max_splits, min_steps = (int(meta.get("lane_cols", 32)), int(meta.get("max_splits", 8)),
+                                        int(meta.get("min_split_steps", 1)))
+    if "k_parts" in meta:
+        return gemv_k_parts(int(meta["warps"]), int(meta["rows_per_warp"]), m, k, per_sm, sms, lane_cols,
+                            max_splits, min_steps)
+    rows = int(meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
-    return ctas, gemv_splits(ctas, k, per_sm, current().sm_count, int(fn.meta.get("lane_cols", 32)),
-                             int(fn.meta.get("max_splits", 8)), int(fn.meta.get("min_split_steps", 1)))
+    return ctas, gemv_splits(ctas, k, per_sm, sms, lane_cols, max_splits, min_steps), 1
+
+
+def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sms: int, lane_cols: int,
+                 max_splits: int, min_steps: int = 1) -> tuple[int, int, int]:
+    """(row CTAs, grid K splits, kparts) of a GEMV whose CTA's warps split into row tiles of kparts warps, each on
+    a part of the tile's K range summed in the CTA (gemv_t1.T1_PLAN, gemv_mma_codec): of kparts = 1, 2, 4, .. up to
+    the CTA's warps and the K steps, whose grid fits one round (kparts 1 always qualifies), the one that gives the
+    most warps work (tiles x kparts x gemv_splits); on a tie, the most kparts — fewer grid splits, whose tail (the
+    partials' stores, a fence, the counter, the last warp's reloads) costs 1-2 µs an op where the CTA's own sum
+    costs one barrier (bench/NOTES.md, 2026-12-03)."""
+    tiles, slots, steps = -(-m // rows_per_warp), sms * per_sm, -(-(k // lane_cols) // 32)
+    best, kp = None, 1
+    while kp <= warps and (kp == 1 or kp <= steps):
+        ctas = -(-tiles * kp // warps)
+        if kp > 1 and ctas > slots:
+            break
+        splits = gemv_splits(ctas, k, per_sm, sms, lane_cols * kp, max_splits, min_steps)
+        busy = min(tiles * kp * splits, slots * warps)
+        if best is None or busy >= best[0]:
+            best = (busy, ctas, splits, kp)
+        kp *= 2
+    return best[1:]
 
 
 def _gemv_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int, per_sm: int):
-    """A split-K GEMV's grid and scratch: (CTAs over the rows, K splits (gemv_splits), partials, counters)."""
-    ctas, splits = _split_grid(fn, m, k, per_sm)
+    """A split-K GEMV's launch: (grid (row CTAs, K splits), partials, counters, the arguments after them: (kparts,)
+    for a build with that parameter, else ())."""
+    ctas, splits, kp = _split_grid(fn, m, k, per_sm)
     cnt = pb.counters(4 * ctas * int(fn.meta["warps"]))
     part = pb.scratch((splits, n, m), np.float32) if splits > 1 else cnt
-    return ctas, splits, part, cnt
+    return (ctas, splits), part, cnt, ((kp,) if "k_parts" in fn.meta else ())
 
 
 def _weight_arg(fn, w: QuantTensor):
@@ -1647,10 +1647,10 @@ def _gemv_launch(pb: PlanBuilder, fn, w, a_ptr, y_ptr, m: int, k: int, n: int) -
         pb.launch(fn, ((m + rows - 1) // rows,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
     wt = _weight_arg(fn, w)
-    ctas, splits, part, cnt = _gemv_split_plan(pb, fn, m, k, n, int(fn.meta["ctas_per_sm"]))
+    grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, int(fn.meta["ctas_per_sm"]))
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes
-    pb.launch(fn, (ctas, splits), (wt, a_ptr, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+    pb.launch(fn, grid, (wt, a_ptr, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")))
 
 
 def _prep_lanes(pb: PlanBuilder, xa, t: int, k: int, prep: str, arch):

@@ -921,6 +921,18 @@ def test_q4_k_few_token_gemv_sums_a_row_tiles_k_parts_in_the_cta():
         assert out.ok, (kp, shape, splits, out.detail)
 
 
+@pytest.mark.parametrize("name", ["gemv_q6_k_mma_tma", "gemv_q8_0_mma"])
+def test_codec_tensor_core_gemv_sums_a_row_tiles_k_parts_in_the_cta(name):
+    """The codecs' tensor-core GEMV with kparts 1-4 (interleaved K steps per part, summed in the CTA), with and
+    without grid K splits, more parts than steps: within 1e-5 of float64, counters back at zero."""
+    k = KERNELS[name].for_arch("sm_90a")
+    assert "k_parts" in k.meta
+    for i, (kp, shape, splits) in enumerate(((1, (40, 2048), 2), (2, (24, 4096), 2), (4, (33, 2048), 1),
+                                             (4, (16, 2048 * 3), 3))):
+        out = check_kernel(name, k.ptx(), seed=60 + i, shape=shape, splits=splits, kparts=kp)
+        assert out.ok, (kp, shape, splits, out.detail)
+
+
 @pytest.mark.parametrize("mutation", ["no_lo_column", "no_min_pairs", "no_factor"])
 def test_q4_k_one_token_gemv_mutations_fail(monkeypatch, mutation):
     """The one-token GEMV's harness is not blind: records without the lo halves (x in fp16 only), without the

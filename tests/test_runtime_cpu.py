@@ -281,28 +281,42 @@ def test_gemv_splits_keep_the_builds_min_split_steps(ctas, k, min_steps):
 
 
 @given(warps=st.sampled_from([4, 8]), rpw=st.sampled_from([16, 32]), m=st.integers(1, 40000),
-       k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]), slots=st.sampled_from([132, 264, 528]))
-def test_few_k_parts_fill_one_round_before_the_grid_splits_k(warps, rpw, m, k, slots):
-    """The few-token builds' warps a row tile: a power of two ≤ the CTA's warps and ≤ the super-blocks, the most
-    whose row CTAs fit one round of the resident CTAs; 1 when even one warp a tile takes more than a round."""
-    from ptxgen.runtime.ops import few_k_parts
+       k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]), per_sm=st.sampled_from([1, 2, 3, 4]),
+       sms=st.sampled_from([84, 132]))
+def test_gemv_k_parts_split_k_in_the_cta_before_the_grid(warps, rpw, m, k, per_sm, sms):
+    """The GEMVs with the kparts parameter: kparts a power of two ≤ the CTA's warps and ≤ the K steps; a grid of
+    more than one round only at kparts 1; no other kparts would give more warps work, and a larger one that gives
+    as many would not fit one round."""
+    from ptxgen.runtime.ops import gemv_k_parts, gemv_splits
 
-    kp = few_k_parts(warps, rpw, m, k, slots)
-    tiles = -(-m // rpw)
-    assert kp >= 1 and kp & (kp - 1) == 0 and kp <= warps and (kp == 1 or kp <= k // 256)
-    ctas = lambda p: -(-tiles * p // warps)  # noqa: E731
-    assert kp == 1 or ctas(kp) <= slots
-    if 2 * kp <= min(warps, k // 256):
-        assert ctas(2 * kp) > slots  # the next power would not fit
+    ctas, splits, kp = gemv_k_parts(warps, rpw, m, k, per_sm, sms, 8, 32)
+    tiles, slots, steps = -(-m // rpw), sms * per_sm, k // 256
+    assert kp & (kp - 1) == 0 and kp <= warps and (kp == 1 or kp <= steps)
+    assert ctas == -(-tiles * kp // warps) and (kp == 1 or ctas <= slots)
+    assert splits == gemv_splits(ctas, k, per_sm, sms, 8 * kp, 32)
+
+    def busy(p):
+        c = -(-tiles * p // warps)
+        return None if p > 1 and (c > slots or p > steps) else min(tiles * p * gemv_splits(c, k, per_sm, sms, 8 * p, 32),
+                                                                   slots * warps)
+    mine = busy(kp)
+    for p in (1, 2, 4, 8):
+        if p <= warps and busy(p) is not None:
+            assert busy(p) <= mine and (p <= kp or busy(p) < mine)
 
 
-def test_few_k_parts_on_the_decode_shapes():
-    """The H200's shapes (264 slots of 8-warp CTAs, 16 rows a warp): K split in the CTA 8 ways on 4096 rows, 2 on
-    14336, not at all on 18944 (148 CTAs of 128 rows already fill 56% of the warps: a second round would lose)."""
-    from ptxgen.runtime.ops import few_k_parts
+def test_gemv_k_parts_on_the_decode_shapes():
+    """The H200's shapes for the few-token build (2 CTAs of 8 warps an SM, 16 rows a warp): 4096 rows split K 8
+    ways in the CTA and not over the grid, 14336 rows 2 ways, 18944 rows not at all (148 CTAs of 128 rows: twice
+    as many would take two rounds); the codecs' tensor-core GEMV (3 CTAs of 4 warps) on 4096x14336: 2 parts x 3
+    grid splits, as many warps busy as 6 grid splits."""
+    from ptxgen.runtime.ops import gemv_k_parts
 
-    assert [few_k_parts(8, 16, m, k, 264) for m, k in ((4096, 14336), (4096, 4096), (14336, 4096), (18944, 3584),
-                                                        (3584, 18944), (64, 512))] == [8, 8, 2, 1, 8, 2]
+    few = [gemv_k_parts(8, 16, m, k, 2, 132, 8, 32) for m, k in ((4096, 14336), (4096, 4096), (14336, 4096),
+                                                                  (18944, 3584), (1024, 4096))]
+    assert few == [(256, 1, 8), (256, 1, 8), (224, 1, 2), (148, 1, 1), (64, 2, 8)]
+    assert gemv_k_parts(4, 16, 4096, 14336, 3, 132, 8, 32) == (128, 3, 2)
+    assert gemv_k_parts(4, 16, 128256, 4096, 3, 132, 8, 32) == (2004, 1, 1)
 
 
 def test_small_t16h_build_splits_k_in_runs_of_eight_super_blocks():

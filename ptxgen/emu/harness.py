@@ -508,12 +508,13 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
 
 
 def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,
-                        raw=None) -> Outcome:
+                        raw=None, kparts=None) -> Outcome:
     """A codec's tensor-core GEMV (kernels/gemv_mma_codec.py): random raw blocks of meta's format (every scale and
     bit pattern: ptxgen.testing.strategies.random_raw; or `raw`), the prep's tiles and factors from the NumPy model
     (to_mma_tiles(x, Q4K_GROUP)), the weights by a tensor map for the TMA build; against the float64 reference,
     relative error ≤ 1e-5; split-K counters back at zero. `poison_x` = (token, k, value): non-finite
-    outputs exactly where the reference has them."""
+    outputs exactly where the reference has them. `kparts`: the warps of a row tile (drawn from 1, 2, .. warps if
+    not given)."""
     from ..testing.strategies import random_raw
 
     fmt, rows, groups = meta["fmt"], meta["rows_per_cta"], meta["token_groups"]
@@ -535,14 +536,19 @@ def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=N
     ctas = (m + rows - 1) // rows
     nsteps = k // 256
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
+    kp = ()
+    if "k_parts" in meta:
+        kp = (kparts or 2 ** int(rng.integers(0, int(meta["warps"]).bit_length())),)
+        ctas = -(-m // (rows // kp[0]))
     ncnt = ctas * meta["warps"]
     ca = mem.alloc(np.zeros(ncnt, np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
-    _run(ptx, (ctas, splits), (32 * meta["warps"],), (wa, *acts, ya, m, k, n, part, ca), mem,
+    _run(ptx, (ctas, splits), (32 * meta["warps"],), (wa, *acts, ya, m, k, n, part, ca, *kp), mem,
          dynamic_smem=meta["dynamic_smem"], seed=seed)
     assert not mem.view(ca, np.uint32, (ncnt,)).any(), "split-K counters were not reset"
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
-    return _exact_outcome(meta["name"], got, formats.gemm_ref(fmt, raw, m, k, x), poison_x, f"T={n}, splits {splits}")
+    return _exact_outcome(meta["name"], got, formats.gemm_ref(fmt, raw, m, k, x), poison_x,
+                          f"T={n}, splits {splits}, kparts {kp}")
 
 
 def gemv_xr_case(ptx: str, meta: dict, rng, shape=None, rows_per_cta=None, seed=None, poison_x=None) -> Outcome:

@@ -497,6 +497,43 @@ def _warp_rows(b, NW, R):
     return tid, lane, warp, gwarp, b.op("mul.lo.u32", gwarp, Imm(R, "u32"))
 
 
+def _tile_rows(b, NW, R, KP):
+    """_warp_rows for a CTA of row tiles of KP warps each (KP: a register, the launch's kparts, a power of two ≤
+    NW): (tid, lane, warp, the tile's index in the grid (its split-K counter), its first row, the warp's part of
+    the tile's K range)."""
+    tid = b.special("tid.x")
+    lane = b.op("and.b32", tid, Imm(31, "b32"))
+    warp = b.op("shr.u32", tid, Imm(5, "u32"))
+    tiles = b.op("div.u32", Imm(NW, "u32"), KP)
+    gtile = b.op("mad.lo.u32", b.special("ctaid.x"), tiles, b.op("div.u32", warp, KP))
+    return tid, lane, warp, gtile, b.op("mul.lo.u32", gtile, Imm(R, "u32")), b.op("rem.u32", warp, KP)
+
+
+def _sum_k_parts(b, vals, ring, ring_bytes, lane, kpart, KP):
+    """The K parts of a row tile summed in the CTA (KP, a register, > 1; the same in every warp, so the barrier is
+    the whole CTA's): warps of part p > 0 store their lane's `vals` at the start of their own ring (every copy
+    landed; rings ring_bytes apart, a tile's warps consecutive), then after the CTA's barrier part 0 adds parts 1 ..
+    KP - 1 in order (deterministic) and goes on; the others end."""
+    skip = b.label("k_parts_summed")
+    b.bra(skip, pred=b.op("setp.eq.u32", KP, Imm(1, "u32")), uniform=True)
+    b.emit("cp.async.wait_all")
+    slot = b.op("mad.lo.u32", lane, Imm(4 * len(vals), "u32"), ring)
+    first = b.op("setp.eq.u32", kpart, Imm(0, "u32"))
+    for i, v in enumerate(vals):
+        b.emit("st.shared.f32", Mem(slot, 4 * i), v, pred=first, neg=True)
+    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("ret", pred=first, neg=True)
+    p_ = b.op("mov.u32", Imm(1, "u32"))
+    more = b.label("k_part")
+    b.place(more)
+    b.emit("add.u32", slot, slot, Imm(ring_bytes, "u32"))
+    for i, v in enumerate(vals):
+        b.emit("add.rn.f32", v, v, b.op("ld.shared.f32", Mem(slot, 4 * i)))
+    b.emit("add.u32", p_, p_, Imm(1, "u32"))
+    b.bra(more, pred=b.op("setp.lt.u32", p_, KP), uniform=True)
+    b.place(skip)
+
+
 def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=0):
     """This warp's ring of S stages in dynamic shared memory (aligned up to 128 bytes for TMA; the rings start
     `skip` bytes past that) and its S mbarriers, initialised by lane 0 (the caller's CTA barrier publishes

@@ -19,7 +19,8 @@ that). Lane (g, t) decodes rows g and g + 8: elements 4t .. 4t + 3 of each 16-el
 tiles' K order), reading 4-byte words. A row a multiple of 4 bytes (mul_mat asks that too) puts every row's step
 at the same 2-byte phase, so the step body is emitted once per phase (Q6_K: even and odd steps) and each word
 takes one load or, at a 2-byte offset, two and a prmt, known when the PTX is written. The next step's B tiles
-are prefetched into L1 at each step's start. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
+are prefetched into L1 at each step's start. K is split as the few-token GEMVs' (gemv_t1): over the `kparts` warps
+of a row tile, summed in the CTA, then over gridDim.y with the last-warp fixup, as the other GEMVs.
 
 H200 (decode loop, 24 distinct 4096x14336 weights, graph-replayed): the bulk build 29-31 µs at every T from 1 to 8
 (bench_op_q6k_mma_on.log; the fp32 GEMV: 25.5 / 33.4 / 51.1 / 89.5 at T = 1 / 2 / 4 / 8), the TMA build 27.1 / 27.4
@@ -35,8 +36,8 @@ from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
 from . import KernelDef
-from .gemv import (_fill_ring, _fragment_epilogue, _mma_gemv_frame, _next_step, _tile_pointer, _tma_step,
-                   _wait_step, _warp_rings, _warp_rows)
+from .gemv import (_fill_ring, _fragment_epilogue, _mma_gemv_frame, _next_step, _sum_k_parts, _tile_pointer,
+                   _tile_rows, _tma_step, _wait_step, _warp_rings, _warp_rows)
 
 FORMATS = ("q6_K", "q8_0")  # codecs with mma_block (MMA_STEP_BYTES per 256 weights, MMA_BOX_BYTES, MMA_SLOT_BYTES)
 NW = 4  # warps per CTA, 16 rows each
@@ -71,9 +72,13 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
     y_p = b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    # kparts (the T ≤ 8 builds; the 16-token one, at 168 registers, would spill with it)
+    kp_p = b.param("kparts", "u32") if NT == 1 else None
     ring_sym = _mma_gemv_frame(b, NW, CTAS, STAGES, stage_bytes, NT, ROWS, STEP, fmt,
                                activation="prep_mma_f16(x): tiles + factors (its min fragments unused)",
                                copy="tma" if tma else "bulk", box_bytes=SLOT if tma else box, stages=STAGES)
+    if kp_p is not None:
+        b.meta.update(k_parts="kparts: warps a row tile (1, 2, .. warps)", grid="ceil(m / (rows_per_cta / kparts))")
     b.meta.update(dynamic_smem=b.dynamic_smem, pdl=True,
                   weights="row_bytes a multiple of 16 (the tensor map's row stride)" if tma else
                   f"row_bytes a multiple of 4, m·row_bytes of 16 (the last {box}-byte copy ends at the buffer's end)")
@@ -82,7 +87,11 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
                       tma_box=(SLOT // 4, ROWS))
     Y, BT, F = b.ptr(y_p), b.ptr(bt_p), b.ptr(f_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
-    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, ROWS)
+    if kp_p is not None:
+        KP = b.ld_param(kp_p, "u32")
+        tid, lane, warp, gwarp, row0, kpart = _tile_rows(b, NW, ROWS, KP)
+    else:
+        tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, ROWS)
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
@@ -130,9 +139,14 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
     acc = b.regs("f32", 4 * NT)  # group nt: (row g, token 8nt + 2t), (g, .. + 1), (g + 8, .. 2t), (g + 8, .. + 1)
     for r_ in acc:
         b.emit("mov.f32", r_, Imm(0.0, "f32"))
+    # the warp's steps: those of split kz·KP + kpart of nsplit·KP (interleaved, as the grid's splits)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
-    stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
-    jb, count = _fill_ring(b, arch, issue, kz, stride, STEP, STAGES, True)
+    if kp_p is not None:
+        stride = b.op("mul.lo.u32", b.op("mul.lo.u32", nsplit, KP), Imm(STEP, "u32"))
+        jb, count = _fill_ring(b, arch, issue, b.op("mad.lo.u32", kz, KP, kpart), stride, STEP, STAGES, True)
+    else:
+        stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
+        jb, count = _fill_ring(b, arch, issue, kz, stride, STEP, STAGES, True)
 
     # the lane's rows (g, g + 8): their first block's byte offset and slot; the B tiles' and factors' pointers
     rows = [row_start(b.op("add.u32", g, Imm(8 * rr, "u32"))) for rr in range(2)]
@@ -207,6 +221,8 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
     b.place(joined)
     _next_step(b, issue, stride, STAGES, jb, stage, count, ((p_b, s_b), (p_f, s_f)), loop, nblk)
     b.place(done)
+    if kp_p is not None:
+        _sum_k_parts(b, acc, ring, STAGES * stage_bytes, lane, kpart, KP)
     _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, 1)
     return b.finish()
 

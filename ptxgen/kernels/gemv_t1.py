@@ -41,7 +41,8 @@ from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
 from . import KernelDef, smem_fit
-from .gemv import _prep_record_stores, _scaled_item, _store_or_split, _warp_rows, build_prep_mma
+from .gemv import (_prep_record_stores, _scaled_item, _store_or_split, _sum_k_parts, _tile_rows, _warp_rows,
+                   build_prep_mma)
 
 T1_MAX_SPLITS = 32
 # (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
@@ -172,18 +173,10 @@ def _params(b, NW, ctas, fused: bool = False, kparts: bool = False):
 def _entry(b, ps, NW, R, KP=None):
     """The parameters loaded, the warp's rows (_warp_rows) and the lane's (g, t): (W, REC, Y, M, ntok, K / 256,
     (tid, lane, warp, gwarp, row0), g, t). KP (a register: the kparts parameter): KP consecutive warps share a row
-    tile (gwarp: the tile's index in the grid)."""
+    tile (_tile_rows: gwarp is the tile's index in the grid, and the rows end with the warp's K part)."""
     W, REC, Y = (b.ptr(p_) for p_ in ps[:3])
     M, K, ntok = (b.ld_param(p_, "u32") for p_ in ps[3:6])
-    if KP is None:
-        rows = _warp_rows(b, NW, R)
-    else:
-        tid = b.special("tid.x")
-        lane = b.op("and.b32", tid, Imm(31, "b32"))
-        warp = b.op("shr.u32", tid, Imm(5, "u32"))
-        tiles = b.op("div.u32", Imm(NW, "u32"), KP)
-        gwarp = b.op("mad.lo.u32", b.special("ctaid.x"), tiles, b.op("div.u32", warp, KP))
-        rows = (tid, lane, warp, gwarp, b.op("mul.lo.u32", gwarp, Imm(R, "u32")))
+    rows = _warp_rows(b, NW, R) if KP is None else _tile_rows(b, NW, R, KP)  # (+ the warp's K part)
     g = b.op("shr.u32", rows[1], Imm(2, "u32"))
     t = b.op("and.b32", rows[1], Imm(3, "b32"))
     return W, REC, Y, M, ntok, b.op("shr.u32", K, Imm(8, "u32")), rows, g, t
@@ -274,31 +267,6 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp)
     b.emit("bar.sync", Imm(0, "u32"))
 
 
-def _sum_k_parts(b, vals, ring, ring_bytes, lane, kpart, KP):
-    """The K parts of a row tile summed in the CTA (KP, a register, > 1; the same in every warp, so the barrier is
-    the whole CTA's): warps of part p > 0 store their lane's `vals` at the start of their own ring (every copy
-    landed; rings ring_bytes apart, a tile's warps consecutive), then after the CTA's barrier part 0 adds parts 1 ..
-    KP - 1 in order (deterministic) and goes on; the others end."""
-    skip = b.label("k_parts_summed")
-    b.bra(skip, pred=b.op("setp.eq.u32", KP, Imm(1, "u32")), uniform=True)
-    b.emit("cp.async.wait_all")
-    slot = b.op("mad.lo.u32", lane, Imm(4 * len(vals), "u32"), ring)
-    first = b.op("setp.eq.u32", kpart, Imm(0, "u32"))
-    for i, v in enumerate(vals):
-        b.emit("st.shared.f32", Mem(slot, 4 * i), v, pred=first, neg=True)
-    b.emit("bar.sync", Imm(0, "u32"))
-    b.emit("ret", pred=first, neg=True)
-    p_ = b.op("mov.u32", Imm(1, "u32"))
-    more = b.label("k_part")
-    b.place(more)
-    b.emit("add.u32", slot, slot, Imm(ring_bytes, "u32"))
-    for i, v in enumerate(vals):
-        b.emit("add.rn.f32", v, v, b.op("ld.shared.f32", Mem(slot, 4 * i)))
-    b.emit("add.u32", p_, p_, Imm(1, "u32"))
-    b.bra(more, pred=b.op("setp.lt.u32", p_, KP), uniform=True)
-    b.place(skip)
-
-
 def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: str = "q4_K"):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
@@ -351,9 +319,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         if pdl:
             b.meta["pdl_head"] = "weights"  # before griddepcontrol.wait it only copies weights
     KP = b.ld_param(ps[-1], "u32")
-    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R, KP)
+    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0, kpart), g, t = _entry(b, ps, NW, R, KP)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
-    kpart = b.op("rem.u32", warp, KP)
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
     cols = BLOCK // 16
