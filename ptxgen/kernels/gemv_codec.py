@@ -17,7 +17,7 @@ one scale decode serve twice the weights: the K-quants' as ggml's fp32 weights (
 instructions a weight in the main loop since the pair scale decode, FFMA weights and PRMT values of 2026-12-03, 11
 before, the 8-weight lanes 22; `ptxgen check --loops`), Q6_K's as factored runs
 (q − 32 as f32 by a PRMT and an FADD, d·sc per run of 4: the warp sums q·x and scales once, no min term to cancel;
-8.8 where they took 14). Measured against the 8-weight lanes by bench/probe_gemv_codec.py (W = 0 / 1). Q8_0's
+8.8 where they took 14). Timed against the 8-weight lanes on the H200 (bench/NOTES.md, 2026-12-01, night). Q8_0's
 8-weight lanes give one factored run too (q exact, d once: no FMUL a weight; q8_0.F32_I2F of the 8 values on the
 I2F pipe, the rest by PRMT + FADD).
 """
@@ -34,7 +34,7 @@ WARPS = 8
 TOKENS = (1, 2, 4, 8, 16)  # 16: Q5_K's 9-16-token calls; Q6_K's and Q8_0's not shipped (ptxgen.kernels.NOT_SHIPPED)
 SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2), 16: (2, 2)}  # tokens: (rows per warp, groups per step), 8-weight lanes
 # (rows per warp, groups decoded per step, wide lanes) per format and token build, where measured: the fastest of the
-# variants bench/probe_gemv_codec.py timed on the H200 (4096x14336, back to back over 24 weights from HBM;
+# variants timed on the H200 (4096x14336, back to back over 24 weights from HBM; bench/NOTES.md, 2026-12-01, night;
 # bench/results/probe_gemv_codec_shapes_852097d.log). A wide group is WIDE_BLOCKS blocks. Q4_K (its codec GEMV runs
 # the MoE decode) takes Q5_K's: the same lane code less the fifth bit. The rest: SHAPE with 8-weight lanes.
 TUNED = {"q5_K": {1: (2, 2, True), 2: (2, 2, True), 4: (4, 2, True), 8: (4, 1, True), 16: (4, 1, True)},
@@ -224,12 +224,13 @@ def tuned_shape(fmt: str, nt: int, moe: str | None = None) -> tuple[int, int, bo
 def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: str | None = None,
           wide: bool | None = None):
     """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of the tuned ones (tuned_shape)
-    and AHEAD: for probes (bench/probe_gemv_codec.py). `moe`: mul_mat_id's decode GEMVs — "pair": gemv_<fmt>_f32_id, one token
-    per (token, slot) pair, grid.y the pairs; "grouped": gemv_<fmt>_f32_idg, grid.y the experts, each CTA's warps
-    take the pairs routed to their expert nt at a time, so an expert's weights are read once per nt of its pairs.
-    An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its place). `wide`
-    (default: the tuned choice) takes the codec's dequant_lane_wide: 16 weights a lane, its blocks per step
-    WIDE_BLOCKS (fewer instructions per weight: the scales and addresses of a lane serve twice the weights)."""
+    and AHEAD, for an A/B built in-process (the shipped values' timings: bench/NOTES.md, 2026-12-01, evening and
+    night; bench/probe_build_ab.py varies TUNED / SHAPE / AHEAD instead). `moe`: mul_mat_id's decode GEMVs — "pair":
+    gemv_<fmt>_f32_id, one token per (token, slot) pair, grid.y the pairs; "grouped": gemv_<fmt>_f32_idg, grid.y the
+    experts, each CTA's warps take the pairs routed to their expert nt at a time, so an expert's weights are read once
+    per nt of its pairs. An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its
+    place). `wide` (default: the tuned choice) takes the codec's dequant_lane_wide: 16 weights a lane, its blocks per
+    step WIDE_BLOCKS (fewer instructions per weight: the scales and addresses of a lane serve twice the weights)."""
     codec = codecs.get(fmt)
     rows, unroll, tuned_wide = tuned_shape(fmt, nt, moe)
     wide = tuned_wide if wide is None else wide
