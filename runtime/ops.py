@@ -1556,24 +1556,29 @@ def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int, int]:
     lane_cols, max_splits, min_steps = (int(meta.get("lane_cols", 32)), int(meta.get("max_splits", 8)),
                                         int(meta.get("min_split_steps", 1)))
     if "k_parts" in meta:
+        most = int(meta["warps"])
+        if meta.get("layout") == "q4k_mma_records":  # the few-token builds: parts read records of their own
+            cap = RULES.few_max_k_parts
+            most = min(most, int(cap.get(str(meta["tokens"]), most) if isinstance(cap, dict) else cap))
         return gemv_k_parts(int(meta["warps"]), int(meta["rows_per_warp"]), m, k, per_sm, sms, lane_cols,
-                            max_splits, min_steps)
+                            max_splits, min_steps, most)
     rows = int(meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
     return ctas, gemv_splits(ctas, k, per_sm, sms, lane_cols, max_splits, min_steps), 1
 
 
 def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sms: int, lane_cols: int,
-                 max_splits: int, min_steps: int = 1) -> tuple[int, int, int]:
+                 max_splits: int, min_steps: int = 1, most: int | None = None) -> tuple[int, int, int]:
     """(row CTAs, grid K splits, kparts) of a GEMV whose CTA's warps split into row tiles of kparts warps, each on
     a part of the tile's K range summed in the CTA (gemv_t1.T1_PLAN, gemv_mma_codec): of kparts = 1, 2, 4, .. up to
     the CTA's warps and the K steps, whose grid fits one round (kparts 1 always qualifies), the one that gives the
     most warps work (tiles x kparts x gemv_splits); on a tie, the most kparts — fewer grid splits, whose tail (the
     partials' stores, a fence, the counter, the last warp's reloads) costs 1-2 µs an op where the CTA's own sum
-    costs one barrier (bench/NOTES.md, 2026-12-03)."""
+    costs one barrier (bench/NOTES.md, 2026-12-03). `most`: kparts at most this (the few-token builds' rule
+    few_max_k_parts: each part reads its own activation records, which outweigh the weights from 4 tokens)."""
     tiles, slots, steps = -(-m // rows_per_warp), sms * per_sm, -(-(k // lane_cols) // 32)
     best, kp = None, 1
-    while kp <= warps and (kp == 1 or kp <= steps):
+    while kp <= min(warps, most or warps) and (kp == 1 or kp <= steps):
         ctas = -(-tiles * kp // warps)
         if kp > 1 and ctas > slots:
             break

@@ -317,6 +317,8 @@ def test_gemv_k_parts_on_the_decode_shapes():
     assert few == [(256, 1, 8), (256, 1, 8), (224, 1, 2), (148, 1, 1), (64, 2, 8)]
     assert gemv_k_parts(4, 16, 4096, 14336, 3, 132, 8, 32) == (128, 3, 2)
     assert gemv_k_parts(4, 16, 128256, 4096, 3, 132, 8, 32) == (2004, 1, 1)
+    # a cap (the few-token builds' rule few_max_k_parts): 2 parts, the grid splits fill the rest
+    assert gemv_k_parts(8, 16, 4096, 14336, 2, 132, 8, 32, most=2) == (64, 4, 2)
 
 
 def test_small_t16h_build_splits_k_in_runs_of_eight_super_blocks():
