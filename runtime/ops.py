@@ -1411,15 +1411,15 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
         fn = kernels.load(fused_name, arch)
-        grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
+        grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
         pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
-        pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp)
+        pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
     prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
     pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
     fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another K-quant: its decoder)
-    grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
-    pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")))
+    grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
+    pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")), **launch)
 
 
 
@@ -1524,7 +1524,7 @@ def _mma_tiles(pb: PlanBuilder, groups: int, k: int):
 
 
 def _mma_gemv_launch(pb, fn, w, acts, y_ptr, m, k, n, per_sm, smem) -> None:
-    grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, per_sm)
+    grid, part, cnt, kp, _ = _gemv_split_plan(pb, fn, m, k, n, per_sm)
     pb.launch(fn, grid, (_weight_arg(fn, w), *acts, y_ptr, m, k, n, part, cnt) + kp, smem=smem,
               pdl=bool(fn.meta.get("pdl")))
 
@@ -1547,21 +1547,23 @@ def _fullest_residency(fn, m: int, k: int, choices) -> int:
     return best
 
 
-def _split_grid(fn, m: int, k: int, per_sm: int) -> tuple[int, int, int]:
+def _split_grid(fn, m: int, k: int, per_sm: int, warps: int | None = None) -> tuple[int, int, int]:
     """A split-K GEMV's grid at `per_sm` resident CTAs per SM: (CTAs over the rows, K splits (gemv_splits), warps a
-    row tile — gemv_k_parts for a build with the kparts parameter (meta k_parts), else 1)."""
+    row tile — gemv_k_parts for a build with the kparts parameter (meta k_parts), else 1). `warps`: the CTA's, where
+    the launch picks them (_block_plan)."""
     from .driver import current
 
     sms, meta = current().sm_count, fn.meta
     lane_cols, max_splits, min_steps = (int(meta.get("lane_cols", 32)), int(meta.get("max_splits", 8)),
                                         int(meta.get("min_split_steps", 1)))
     if "k_parts" in meta:
-        most = int(meta["warps"])
+        warps = warps or int(meta["warps"])
+        most = warps
         if meta.get("layout") == "q4k_mma_records":  # the few-token builds: parts read records of their own
             cap = RULES.few_max_k_parts
             most = min(most, int(cap.get(str(meta["tokens"]), most) if isinstance(cap, dict) else cap))
-        return gemv_k_parts(int(meta["warps"]), int(meta["rows_per_warp"]), m, k, per_sm, sms, lane_cols,
-                            max_splits, min_steps, most)
+        return gemv_k_parts(warps, int(meta["rows_per_warp"]), m, k, per_sm, sms, lane_cols, max_splits, min_steps,
+                            most)
     rows = int(meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
     return ctas, gemv_splits(ctas, k, per_sm, sms, lane_cols, max_splits, min_steps), 1
@@ -1590,13 +1592,39 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
     return best[1:]
 
 
+def _block_plan(fn, m: int, k: int) -> tuple[int, int, int, int]:
+    """(row CTAs, K splits, kparts, warps a CTA) of a build that takes its CTA size at launch (meta block_warps: the
+    few-token builds of 8 warps also run as 4, with shared memory for as many rings): each size's _split_grid plan
+    at the residency the occupancy calculator gives it; the one that gives the most warps work, then the fewest
+    grid splits, then the fewest warps on the busiest SM (148 CTAs of 8 warps on 132 SMs put 16 warps on 16 of
+    them, 296 of 4 at most 12), then the smaller CTAs."""
+    from .driver import current
+
+    sms, meta = current().sm_count, fn.meta
+    best = None
+    for nw in meta["block_warps"]:
+        per = fn.resident_per_sm(32 * nw, nw * int(meta["ring_bytes_per_warp"]) + 128)
+        ctas, splits, kp = _split_grid(fn, m, k, per, nw)
+        busy = min(-(-m // int(meta["rows_per_warp"])) * kp * splits, sms * per * nw)
+        key = (busy, -splits, -(-(-ctas * splits // sms) * nw), -nw)
+        if best is None or key > best[0]:
+            best = (key, (ctas, splits, kp, nw))
+    return best[1]
+
+
 def _gemv_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int, per_sm: int):
     """A split-K GEMV's launch: (grid (row CTAs, K splits), partials, counters, the arguments after them: (kparts,)
-    for a build with that parameter, else ())."""
-    ctas, splits, kp = _split_grid(fn, m, k, per_sm)
+    for a build with that parameter, else (); the launch's block and shared memory where _block_plan picks them)."""
+    launch = {}
+    if "block_warps" in fn.meta:
+        ctas, splits, kp, nw = _block_plan(fn, m, k)
+        if nw != int(fn.meta["warps"]):
+            launch = dict(block=(32 * nw, 1, 1), smem=nw * int(fn.meta["ring_bytes_per_warp"]) + 128)
+    else:
+        ctas, splits, kp = _split_grid(fn, m, k, per_sm)
     cnt = pb.counters(4 * ctas * int(fn.meta["warps"]))
     part = pb.scratch((splits, n, m), np.float32) if splits > 1 else cnt
-    return (ctas, splits), part, cnt, ((kp,) if "k_parts" in fn.meta else ())
+    return (ctas, splits), part, cnt, ((kp,) if "k_parts" in fn.meta else ()), launch
 
 
 def _weight_arg(fn, w: QuantTensor):
@@ -1652,7 +1680,7 @@ def _gemv_launch(pb: PlanBuilder, fn, w, a_ptr, y_ptr, m: int, k: int, n: int) -
         pb.launch(fn, ((m + rows - 1) // rows,), (w.buffer, a_ptr, y_ptr, m, k, n))
         return
     wt = _weight_arg(fn, w)
-    grid, part, cnt, kp = _gemv_split_plan(pb, fn, m, k, n, int(fn.meta["ctas_per_sm"]))
+    grid, part, cnt, kp, _ = _gemv_split_plan(pb, fn, m, k, n, int(fn.meta["ctas_per_sm"]))
     # pdl: the sm_90+ builds wait (griddepcontrol) for the activation prep that precedes them, so they may
     # start early and have their first weights in flight when it finishes
     pb.launch(fn, grid, (wt, a_ptr, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")))

@@ -911,14 +911,17 @@ def test_register_a_skinny_gemm(c, arch):
 
 def test_q4_k_few_token_gemv_sums_a_row_tiles_k_parts_in_the_cta():
     """gemv_q4_k_mma_t1's kparts (the warps of a row tile, each a contiguous part of its K range, summed in the CTA
-    in warp order): every kparts from 1 to the CTA's warps, with and without grid K splits, more parts than
-    super-blocks (empty parts), M not a multiple of the tile — within 1e-5 of float64, counters back at zero."""
+    in warp order): every kparts from 1 to the CTA's warps, CTAs of 8 and of 4 warps (the launch's choice), with and
+    without grid K splits, more parts than super-blocks (empty parts), M not a multiple of the tile — within 1e-5
+    of float64, counters back at zero."""
     k = KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a")
-    assert "k_parts" in k.meta and k.meta["warps"] == 8
-    for i, (kp, shape, splits) in enumerate(((1, (40, 768), 1), (2, (70, 2304), 2), (4, (33, 1024), 1),
-                                             (8, (21, 1280), 2), (8, (9, 512), 1))):
-        out = check_kernel("gemv_q4_k_mma_t1", k.ptx(), seed=40 + i, shape=shape, splits=splits, ntok=1, kparts=kp)
-        assert out.ok, (kp, shape, splits, out.detail)
+    assert "k_parts" in k.meta and k.meta["warps"] == 8 and k.meta["block_warps"] == [4, 8]
+    for i, (kp, nw, shape, splits) in enumerate(((1, 8, (40, 768), 1), (2, 8, (70, 2304), 2), (4, 4, (33, 1024), 1),
+                                                 (8, 8, (21, 1280), 2), (8, 8, (9, 512), 1), (1, 4, (70, 512), 2),
+                                                 (2, 4, (150, 1024), 1))):
+        out = check_kernel("gemv_q4_k_mma_t1", k.ptx(), seed=40 + i, shape=shape, splits=splits, ntok=1, kparts=kp,
+                           warps=nw)
+        assert out.ok, (kp, nw, shape, splits, out.detail)
 
 
 @pytest.mark.parametrize("name", ["gemv_q6_k_mma_tma", "gemv_q8_0_mma"])

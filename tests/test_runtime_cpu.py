@@ -695,3 +695,24 @@ def test_torch_cuda_tensors_are_read_from_their_attributes(monkeypatch):
         arrays.as_device_array(FakeCuda((2, 3), "f32", contiguous=False), "x")
     with pytest.raises(ValueError, match="not 16-byte aligned"):
         arrays.as_device_array(FakeCuda((2, 3), "f32", ptr=0x7F0000001004), "x", align=16)
+
+
+def test_few_token_gemv_launches_pick_the_ctas_warps_and_k_parts(monkeypatch):
+    """On the (fake) H200 the few-token Q4_K GEMV runs 8-warp CTAs with 8 K parts on 4096 rows (no grid split),
+    4-warp CTAs where the rows alone fill the GPU (18944x3584: 296 CTAs, as many warps as 148 of 8 but at most 12
+    on an SM instead of 16) or where 4-warp CTAs take the same parts with finer CTAs (14336x4096), and at most 2
+    parts at T = 4 (few_max_k_parts: the 4-token records outweigh the weights)."""
+    from ptxgen.runtime import ops
+    from ptxgen.testing import fakegpu
+
+    fakegpu.install(monkeypatch)
+
+    def plan(t, m, k):
+        ln = ops.choose("q4_K", "exact", None, t, m, k).launches[-1]
+        assert ln.fn.name.startswith("gemv_q4_k_mma_t")
+        return ln.grid, (ln.block or ln.fn.block)[0] // 32, ln.args[-1]
+    assert plan(1, 4096, 14336) == ((256, 1), 8, 8)
+    assert plan(1, 18944, 3584) == ((296, 1), 4, 1)
+    assert plan(1, 14336, 4096) == ((448, 1), 4, 2)
+    grid, warps, kp = plan(4, 4096, 14336)
+    assert kp <= 2

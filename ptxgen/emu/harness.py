@@ -440,7 +440,7 @@ def _prep_q4k_records(nt: int, hi_only: bool = False):
 
 
 def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,
-                      kparts=None) -> Outcome:
+                      kparts=None, warps=None) -> Outcome:
     """The tensor-core Q4_K GEMV on tiles, factors and min fragments from the NumPy model (to_mma_tiles(x,
     Q4K_GROUP), mma_min_fragments of the unrotated x) — or, for the few-token builds (meta layout
     "q4k_mma_records"), on q4k_mma_records(x, tokens, hi_only): against the float64 reference, relative error
@@ -448,7 +448,8 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     zero. The fused builds (meta fused_prep) take x and build the records themselves, CTAs taking turns: the
     records must equal q4k_mma_records bit for bit, and their three sync counters be back at zero too. Builds with
     the kparts parameter (meta k_parts) run with `kparts` warps a row tile (drawn from 1, 2, .. warps if not
-    given; more parts than super-blocks leave some parts empty)."""
+    given; more parts than super-blocks leave some parts empty), and those with meta block_warps CTAs of `warps`
+    warps (drawn from it if not given) with shared memory for as many rings."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
     records = meta["layout"] == "q4k_mma_records"
     fused = bool(meta.get("fused_prep"))
@@ -477,18 +478,21 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     ctas = (m + rows - 1) // rows
     nsteps = k // 256
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
-    kp = ()
+    kp, nw, smem = (), meta["warps"], meta["dynamic_smem"]
+    if "block_warps" in meta:
+        nw = warps or int(rng.choice(meta["block_warps"]))
+        smem = nw * meta["ring_bytes_per_warp"] + 128
     if "k_parts" in meta:
-        kp = (kparts or 2 ** int(rng.integers(0, int(meta["warps"]).bit_length())),)
-        ctas = -(-m // (rows // kp[0]))
+        kp = (kparts or 2 ** int(rng.integers(0, nw.bit_length())),)
+        ctas = -(-m // (meta["rows_per_warp"] * nw // kp[0]))
     ncnt = ctas * meta["warps"] * nz + (3 if fused else 0)
     ca = mem.alloc(np.zeros(ncnt, np.uint32))
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
     tail = (mem.alloc(x),) if fused else ()
-    _run(ptx, (ctas, splits, nz), (32 * meta["warps"],), (tw, *acts, ya, m, k, n, part, ca, *tail, *kp), mem,
-         dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=fused)
+    _run(ptx, (ctas, splits, nz), (32 * nw,), (tw, *acts, ya, m, k, n, part, ca, *tail, *kp), mem,
+         dynamic_smem=smem, seed=seed, interleave=fused)
     assert not mem.view(ca, np.uint32, (ncnt,)).any(), "split-K / sync counters were not reset"
     if fused:
         gh = mem.view(acts[0], np.uint8, (want_rec.nbytes,)).view(np.float16)
@@ -504,7 +508,8 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
         return Outcome(meta["name"], ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= (1e-3 if meta.get("hi_only") else 1e-5))
-    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits}, kparts {kp})", got, want)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits}, kparts {kp}, warps {nw})",
+                   got, want)
 
 
 def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,

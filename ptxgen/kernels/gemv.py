@@ -499,12 +499,12 @@ def _warp_rows(b, NW, R):
 
 def _tile_rows(b, NW, R, KP):
     """_warp_rows for a CTA of row tiles of KP warps each (KP: a register, the launch's kparts, a power of two ≤
-    NW): (tid, lane, warp, the tile's index in the grid (its split-K counter), its first row, the warp's part of
-    the tile's K range)."""
+    NW; NW: the CTA's warps, an int or a register): (tid, lane, warp, the tile's index in the grid (its split-K
+    counter), its first row, the warp's part of the tile's K range)."""
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    tiles = b.op("div.u32", Imm(NW, "u32"), KP)
+    tiles = b.op("div.u32", Imm(NW, "u32") if isinstance(NW, int) else NW, KP)
     gtile = b.op("mad.lo.u32", b.special("ctaid.x"), tiles, b.op("div.u32", warp, KP))
     return tid, lane, warp, gtile, b.op("mul.lo.u32", gtile, Imm(R, "u32")), b.op("rem.u32", warp, KP)
 

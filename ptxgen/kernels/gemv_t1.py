@@ -170,13 +170,14 @@ def _params(b, NW, ctas, fused: bool = False, kparts: bool = False):
     return ps
 
 
-def _entry(b, ps, NW, R, KP=None):
+def _entry(b, ps, NW, R, KP=None, nw=None):
     """The parameters loaded, the warp's rows (_warp_rows) and the lane's (g, t): (W, REC, Y, M, ntok, K / 256,
     (tid, lane, warp, gwarp, row0), g, t). KP (a register: the kparts parameter): KP consecutive warps share a row
-    tile (_tile_rows: gwarp is the tile's index in the grid, and the rows end with the warp's K part)."""
+    tile (_tile_rows: gwarp is the tile's index in the grid, and the rows end with the warp's K part); nw: the
+    CTA's warps where the launch picks them (a register), else NW."""
     W, REC, Y = (b.ptr(p_) for p_ in ps[:3])
     M, K, ntok = (b.ld_param(p_, "u32") for p_ in ps[3:6])
-    rows = _warp_rows(b, NW, R) if KP is None else _tile_rows(b, NW, R, KP)  # (+ the warp's K part)
+    rows = _warp_rows(b, NW, R) if KP is None else _tile_rows(b, nw or NW, R, KP)  # (+ the warp's K part)
     g = b.op("shr.u32", rows[1], Imm(2, "u32"))
     t = b.op("and.b32", rows[1], Imm(3, "b32"))
     return W, REC, Y, M, ntok, b.op("shr.u32", K, Imm(8, "u32")), rows, g, t
@@ -211,17 +212,21 @@ def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None):
         b.emit("cp.async.commit_group")
 
 
-def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp):
+def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp, nw=None):
     """The fused builds' activation prep: the CTAs that start first (by a ticket, so they are running: no
     co-residency needed, any grid size) write the records prep_q4k_t{nt} would (the same code, bit for bit),
     one (token, 32-block) item per warp at a time; then every CTA waits until all of them have. Three u32 after
     the split-K counters (at counters + 16·gridDim.x: tickets, producers done, CTAs past the wait), each back to
-    zero when the kernel ends: the last ticket resets the tickets, the last CTA past the wait the other two."""
+    zero when the kernel ends: the last ticket resets the tickets, the last CTA past the wait the other two. nw
+    (a register): the CTA's warps where the launch picks them (NW, the most, places the sync words)."""
     G = b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y"))
     nb = b.op("shr.u32", K, Imm(5, "u32"))
     items = b.op("mul.lo.u32", nb, Imm(nt, "u32"))
     assert NW & (NW - 1) == 0
-    P = b.op("min.u32", G, b.op("shr.u32", b.op("add.u32", items, Imm(NW - 1, "u32")), Imm(NW.bit_length() - 1, "u32")))
+    if nw is None:
+        P = b.op("min.u32", G, b.op("shr.u32", b.op("add.u32", items, Imm(NW - 1, "u32")), Imm(NW.bit_length() - 1, "u32")))
+    else:
+        P = b.op("min.u32", G, b.op("div.u32", b.op("add.u32", items, b.op("sub.u32", nw, Imm(1, "u32"))), nw))
     sync = b.op("mad.wide.u32", b.special("nctaid.x"), Imm(4 * NW, "u32"), CNT)
     t0 = b.op("setp.eq.u32", tid, Imm(0, "u32"))
     tsym = b.shared_buffer("ticket", 4, align=4)
@@ -235,8 +240,8 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp)
     b.emit("ld.shared.u32", tk, Mem(tsym))
     wait = b.label("records_wait")
     b.bra(wait, pred=b.op("setp.ge.u32", tk, P))
-    item = b.op("mad.lo.u32", tk, Imm(NW, "u32"), warp)
-    stride = b.op("mul.lo.u32", P, Imm(NW, "u32"))
+    item = b.op("mad.lo.u32", tk, Imm(NW, "u32") if nw is None else nw, warp)
+    stride = b.op("mul.lo.u32", P, Imm(NW, "u32") if nw is None else nw)
     loop, built = b.label("record_item"), b.label("records_built")
     b.place(loop)
     b.bra(built, pred=b.op("setp.ge.u32", item, items))
@@ -310,6 +315,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                   activation=f"{GemvKernel('prep_few', 'q4_K', nt, hi_only=hi_only).name}(x): one {rb}-byte record "
                              "per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    if NW > 4:
+        b.meta.update(block_warps=[4, NW], ring_bytes_per_warp=S * stage_bytes)
     if fused:
         b.meta.update(activation="x (fp32), the records built in the kernel into `records` (scratch, "
                                  f"{rb} bytes per super-block)",
@@ -319,7 +326,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         if pdl:
             b.meta["pdl_head"] = "weights"  # before griddepcontrol.wait it only copies weights
     KP = b.ld_param(ps[-1], "u32")
-    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0, kpart), g, t = _entry(b, ps, NW, R, KP)
+    # the launch may run fewer warps a CTA than NW (meta block_warps), with the rings' shared memory to match
+    nwr = b.op("shr.u32", b.special("ntid.x"), Imm(5, "u32")) if NW > 4 else None
+    W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0, kpart), g, t = _entry(b, ps, NW, R, KP, nwr)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
@@ -340,7 +349,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     if fused:
         def records():
             _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
-                           nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp)
+                           nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr)
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records)
     count = b.op("mov.u32", Imm(0, "u32"))
 

@@ -15,8 +15,9 @@ BASE = 0x7F0000000000
 
 
 class FakeFunction(Function):
-    """A kernel as its manifest describes it; the occupancy calculator answers from its meta (ctas_per_sm, else 1),
-    capped by the shared memory of the context's SM (its opt-in limit + 1 KB, 1 KB reserved per CTA)."""
+    """A kernel as its manifest describes it; the occupancy calculator answers from its meta (ctas_per_sm, else 1;
+    times the build's block over a smaller one's), capped by the shared memory of the context's SM (its opt-in
+    limit + 1 KB, 1 KB reserved per CTA)."""
 
     def __init__(self, entry: dict, arch: str, ctx: Context = H200):
         self.module, self.handle, self.name = None, 0, entry["kernel"]
@@ -30,7 +31,10 @@ class FakeFunction(Function):
 
     def resident_per_sm(self, threads=None, smem=None) -> int:
         per_cta = (self.dynamic_smem if smem is None else smem) + self.static_smem + 1024
-        return max(1, min(int(self.meta.get("ctas_per_sm", 1)), (self.ctx.max_smem_optin + 1024) // per_cta))
+        # a smaller block than the build's holds proportionally more CTAs (its registers and threads allow them)
+        full = self.block[0] * self.block[1] * self.block[2]
+        most = int(self.meta.get("ctas_per_sm", 1)) * max(1, full // (threads or full))
+        return max(1, min(most, (self.ctx.max_smem_optin + 1024) // per_cta))
 
     def resident_clusters(self, size: int) -> int:
         return self.ctx.sm_count // size
