@@ -1352,7 +1352,7 @@ def _tc_slices_first(c: _Call) -> bool:
 def _t16h_ok(fmt: str, arch) -> bool:
     """Exact-mode calls of 9-16 tokens of a format with few-token builds (Q4_K's routes) run gemv_<fmt>_mma_t16h
     wherever it is built (PTXGEN_Q4K_T16H; on auto PTXGEN_Q4K_MMA=1 keeps them on the exact gemv_q4_k_mma_n16).
-    H200, T=16, µs, t16h / n16 (exact) / the wgmma MMQ (bench_mmq, session 11): 4096x4096 13.8 / 19.3 / 21.0,
+    H200, T=16, µs, t16h / n16 (exact) / the wgmma MMQ (bench_mmq, 2026-11-30): 4096x4096 13.8 / 19.3 / 21.0,
     14336x4096 22.4 / 34.2 / 40.1, 4096x14336 24.0 / 33.6 / 38.8, 18944x3584 33.8 / 37.9, 3584x18944 28.3 / 37.8;
     9-16 tokens on 256x2048 to 4608x3584 9.1-14.5 / 12.4-20.0 (bench/results/probe_q4k_few*_session13.log)."""
     v = knobs.q4k_t16h()
