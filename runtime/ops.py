@@ -1559,8 +1559,8 @@ def _split_grid(fn, m: int, k: int, per_sm: int, warps: int | None = None) -> tu
     if "k_parts" in meta:
         warps = warps or int(meta["warps"])
         most = warps
-        if meta.get("layout") == "q4k_mma_records":  # the few-token builds: parts read records of their own
-            cap = RULES.few_max_k_parts
+        if "k_parts_rule" in meta:  # a rule caps kparts by the build's tokens (few_max_k_parts)
+            cap = getattr(RULES, meta["k_parts_rule"])
             most = min(most, int(cap.get(str(meta["tokens"]), most) if isinstance(cap, dict) else cap))
         return gemv_k_parts(warps, int(meta["rows_per_warp"]), m, k, per_sm, sms, lane_cols, max_splits, min_steps,
                             most)
@@ -1585,11 +1585,17 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
         if kp > 1 and ctas > slots:
             break
         splits = gemv_splits(ctas, k, per_sm, sms, lane_cols * kp, max_splits, min_steps)
-        busy = min(tiles * kp * splits, slots * warps)
+        busy = _busy_warps(tiles, kp, splits, slots, warps)
         if best is None or busy >= best[0]:
             best = (busy, ctas, splits, kp)
         kp *= 2
     return best[1:]
+
+
+def _busy_warps(tiles: int, kparts: int, splits: int, slots: int, warps: int) -> int:
+    """Warps with work in a GEMV grid of `tiles` row tiles x kparts x splits, at most the resident warps (`slots`
+    CTAs of `warps`)."""
+    return min(tiles * kparts * splits, slots * warps)
 
 
 def _block_plan(fn, m: int, k: int) -> tuple[int, int, int, int]:
@@ -1605,7 +1611,7 @@ def _block_plan(fn, m: int, k: int) -> tuple[int, int, int, int]:
     for nw in meta["block_warps"]:
         per = fn.resident_per_sm(32 * nw, nw * int(meta["ring_bytes_per_warp"]) + 128)
         ctas, splits, kp = _split_grid(fn, m, k, per, nw)
-        busy = min(-(-m // int(meta["rows_per_warp"])) * kp * splits, sms * per * nw)
+        busy = _busy_warps(-(-m // int(meta["rows_per_warp"])), kp, splits, sms * per, nw)
         key = (busy, -splits, -(-(-ctas * splits // sms) * nw), -nw)
         if best is None or key > best[0]:
             best = (key, (ctas, splits, kp, nw))

@@ -308,7 +308,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW,
-                  grid="ceil(m / (rows_per_cta / kparts))", k_parts="kparts: warps a row tile (1, 2, .. warps)", fmt=fmt,
+                  grid="ceil(m / (rows_per_cta / kparts))", k_parts="kparts: warps a row tile (1, 2, .. warps)",
+                  k_parts_rule="few_max_k_parts", fmt=fmt,
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records",
