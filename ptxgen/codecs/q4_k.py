@@ -181,6 +181,9 @@ def dequant_pair(b, h, scale, magic):
 
 
 NEG_1024_F16X2 = 0xE400E400  # −1024 in both halves
+# RegA decodes a lane's scales once a super-block (4 K-steps) into registers and picks each step's from them, not
+# from the header every step (the same values: bits unchanged). False: the per-step decode (for A/B probes).
+RA_BLOCK_SCALES = True
 
 
 def scale_ints(b, hdr, sub, dscale):
@@ -525,16 +528,17 @@ class RegA:
     high-nibble one: 1024 + 16·q, whose 1/16 is in sc'), so q ≤ 31 and q·sc stay exact. The constructor emits the
     lane's offsets (once, ahead of the K loop); fragments() a step's decode."""
 
-    def __init__(self, b, lane, cw, s, part: int, qh: bool = False):
+    def __init__(self, b, lane, cw, s, part: int, qh: bool = False, s_begin=None, block_scales: bool = True):
         self.s, self.qh = s, qh
+        self.block_scales = RA_BLOCK_SCALES and block_scales
         g = b.op("shr.u32", lane, Imm(2, "u32"))
         t = b.op("and.b32", lane, Imm(3, "b32"))
         row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)  # this lane's rows in the 128-row tile: row0, row0 + 8
         own_rr = b.op("shr.u32", t, Imm(1, "u32"))  # the (row, sub-block) scale this lane decodes: row0 + 8·(t >> 1),
         self.own_sb = b.op("and.b32", t, Imm(1, "b32"))  # sub-block 2c + (t & 1)
         self.own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
-        self.own_scale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"),
-                              b.op("setp.ne.u32", self.own_sb, Imm(0, "u32")))
+        self.own_scale = None if self.block_scales else b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"),
+                                                           b.op("setp.ne.u32", self.own_sb, Imm(0, "u32")))
         self.quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
         self.neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
         # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
@@ -547,6 +551,41 @@ class RegA:
             self.qh_off = qs_off
             qs_off = [b.op("add.u32", o, Imm(2 * part, "u32")) for o in qs_off]
         self.qs_off = qs_off
+        self.s_begin = s_begin
+        if self.block_scales:  # the lane's block registers (set at each block's first step; zero until then)
+            self.blk = [b.op("mov.b32", Imm(0, "b32")) for _ in range(8)]  # sc' 0-1, 2-3, −m hi, lo, d rows 0, 1
+
+    def _block_scales(self, b, rbase, magic):
+        """At a block's first step (or the item's): the lane's (row, parity p) header → sc'·(1 or 1/16) of its
+        sub-blocks p, p + 2, p + 4, p + 6 as two f16x2 pairs, −dmin·m split into fp16 hi and lo pairs the same way
+        (mul then fma: each rounds the exact product once, as scale_ints' fp32 forms do), and d of both rows
+        (from the quad's lanes 0 and 2) as broadcasts, into self.blk. ~30 instructions a block, not a step."""
+        kept = b.label("ra_block_kept")
+        first = b.op("or.pred", b.op("setp.eq.u32", self.s, self.s_begin),
+                     b.op("setp.eq.u32", b.op("and.b32", self.s, Imm(3, "b32")), Imm(0, "u32")))
+        b.bra(kept, pred=first, neg=True)
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, self.own_hdr)))
+        p = self.own_sb  # sub-blocks p, p + 2, p + 4, p + 6: bytes p, p + 2 of the 0-3 word and of the 4-7 one
+        pick = b.op("mad.lo.u32", p, Imm(0x1111, "u32"), Imm(0x6420, "u32"))
+        sixteenth = b.op("setp.ne.u32", p, Imm(0, "u32"))
+        dsc = b.op("selp.b32", Imm(0x2C002C00, "b32"), Imm(0x3C003C00, "b32"), sixteenth)  # 1/16 or 1
+        ndsc = b.op("selp.b32", Imm(0xD400D400, "b32"), Imm(NEG_1024_F16X2, "b32"), sixteenth)  # −1024·dsc
+        scw = b.op("prmt.b32", scales_0_3(b, hdr[1]), scales_4_7(b, hdr[1], hdr[3]), pick)
+        mw = b.op("prmt.b32", mins_0_3(b, hdr[2]), mins_4_7(b, hdr[2], hdr[3]), pick)
+        ndmin = b.op("xor.b32", b.op("prmt.b32", hdr[0], hdr[0], Imm(0x3232, "b32")), Imm(0x80008000, "b32"))
+        sc01, sc23, mh01, mh23, ml01, ml23, d0, d1 = self.blk
+        for lo, (sc_out, mh_out, ml_out) in ((True, (sc01, mh01, ml01)), (False, (sc23, mh23, ml23))):
+            sel = Imm(0x7150 if lo else 0x7352, "b32")  # bytes (0, 1) or (2, 3) under 0x64: 1024 + v halves
+            b.emit("fma.rn.f16x2", sc_out, b.op("prmt.b32", scw, magic, sel), dsc, ndsc)
+            m = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, sel), magic, type="b32")  # m exact
+            b.emit("mul.rn.f16x2", mh_out, m, ndmin)
+            b.emit("fma.rn.f16x2", ml_out, m, ndmin, b.op("xor.b32", mh_out, Imm(0x80008000, "b32")))
+        dd = b.op("prmt.b32", hdr[0], hdr[0], Imm(0x1010, "b32"))  # (d, d) of this lane's row
+        for rr, dst in ((0, d0), (1, d1)):
+            b.emit("shfl.sync.idx.b32", dst, dd, b.op("or.b32", self.quad, Imm(2 * rr, "b32")), Imm(0x1F, "b32"),
+                   Imm(0xFFFFFFFF, "b32"))
+        b.place(kept)
 
     def fragments(self, b, rbase, magic, qs_shift=None):
         """The step's A registers from the raw columns at `rbase` (qs_shift: pair c's qs columns past the step
@@ -554,15 +593,24 @@ class RegA:
         s, qh, quad, neg1024 = self.s, self.qh, self.quad, self.neg1024
         lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
         scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
-        hdr = b.regs("b32", 4)
-        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, self.own_hdr)))
-        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), self.own_sb)
-        sc_m, m_hi, m_lo, d_m = scale_ints(b, hdr, sub, self.own_scale)
 
         def shfl(v, src):
             return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
+        if self.block_scales:  # this step's values: half c = s & 3 of the block registers, broadcast
+            self._block_scales(b, rbase, magic)
+            sel = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(0x2222, "u32"), Imm(0x1010, "u32"))
+            sc01, sc23, mh01, mh23, ml01, ml23, d0, d1 = self.blk
+            sc_m, m_hi, m_lo = (b.op("prmt.b32", x, y, sel) for x, y in ((sc01, sc23), (mh01, mh23), (ml01, ml23)))
+            ds = (d0, d1)
+        else:
+            hdr = b.regs("b32", 4)
+            b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, self.own_hdr)))
+            sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), self.own_sb)
+            sc_m, m_hi, m_lo, d_m = scale_ints(b, hdr, sub, self.own_scale)
+            ds = None
         for rr in range(2):
-            d = shfl(d_m, b.op("or.b32", quad, Imm(2 * rr, "b32")))  # row row0 + 8·rr's d: from lane 4g + 2rr
+            # row row0 + 8·rr's d: from lane 4g + 2rr
+            d = ds[rr] if ds else shfl(d_m, b.op("or.b32", quad, Imm(2 * rr, "b32")))
             for sb in range(2):  # from lane 4g + 2rr + sb
                 src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
                 sc = shfl(sc_m, src)

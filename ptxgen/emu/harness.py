@@ -644,7 +644,10 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gathe
         extra = (mem.alloc(order), mem.alloc(np.array([0, valid], np.uint32)), 1, k // 8, slots, int(per_slot))
     n8 = rows.size // 8 + (k // 8 if gather else 0)
     ya = mem.alloc(n8 * 16, poison=0xFF)
-    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
+    from ..kernels.convert_f16 import GATHER_WARPS
+
+    grid = -(-(n8 // (k // 8)) // GATHER_WARPS) if gather else (n8 + 255) // 256  # a warp a row, or a thread a group
+    _run(ptx, (grid,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
     got = mem.view(ya, np.uint16, (n8 * 8 // k, k))
     if gather:
         if not (got[-1] == 0xFFFF).all():
@@ -1063,7 +1066,7 @@ for _bn in (32, 64, 128):
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 HARNESSES["convert_f16_perm_gather"] = lambda ptx, rng, seed=None, gather=None, **kw: _convert_f16(
-    ptx, rng, seed=seed, permuted=True, gather=gather or (3, bool(rng.integers(2))), shape=(6, 256), **kw)
+    ptx, rng, seed=seed, permuted=True, gather=gather or (3, bool(rng.integers(2))), **{"shape": (6, 1280), **kw})
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)
 UNCOVERED: dict[str, str] = {}

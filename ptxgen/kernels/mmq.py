@@ -2538,7 +2538,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), qh=False, lay=None):
+                lane, magic, peers=(), qh=False, lay=None, block_scales=True):
     """The register-A consumer's K loop of the nibble codecs (mmq_q4_k_wgmma_ra_*, mmq_q5_k_wgmma_ra_*): lane (g, t)
     of consumer warp cw decodes rows 16·cw + g and + 8 of the stage's raw 16-byte columns (RAW_PART bytes each)
     straight into wgmma's A fragments by the codec's RegA (codecs/q4_k.py; `qh`: Q5_K's fifth bits), in the K order
@@ -2548,7 +2548,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
     bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's columns — header, [qh,] the 8 qs
     columns — in an A slot for its 4 steps; pair c's qs columns 2c further in."""
-    dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh)
+    dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales)
 
     def fragments(stage):
         if lay is not None:
@@ -2610,13 +2610,20 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
             return _WgWeights(cols * RAW_PART, partial(_tma_block_columns, cols=cols, fmt=spec.fmt),
                               partial(_rega_steps, qh=qh))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
-                          partial(_rega_steps, qh=True) if qh else _rega_steps)
+                          partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh)))
     codec = _ra_codec(spec)
 
     def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's whole blocks, 16-byte aligned
         rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
         b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (codec.ra_box_column(b, s), row)), Mem(fb))
     return _WgWeights(BM * codec.RA_BOX_BYTES, tma, partial(_codec_rega_steps, codec))
+
+
+def _block_scales_fit(spec: MmqSpec, qh: bool) -> bool:
+    """Whether the lane's 8 block-scale registers (codecs.q4_k.RA_BLOCK_SCALES) fit beside the build's own: not in
+    Q5_K's paired builds (80 registers a thread with its qh words) nor n192 (168 under the relocatable compile,
+    RA_RELOCATABLE_MAX_BN); both spilled."""
+    return not ((qh and _wg_regs(spec)[0] == 2) or 128 < spec.bn <= RA_RELOCATABLE_MAX_BN)
 
 
 def _ra_codec(spec: MmqSpec):
