@@ -415,8 +415,7 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
     if wg:
         x16 = pb.scratch((p, k), np.float16)
         n8 = p * k // 8
-        gather = kernels.load("convert_f16_perm_gather", "sm_90a")
-        pb.launch(gather, (-(-p // int(gather.meta["rows_per_cta"])),),
+        pb.launch(kernels.load("convert_f16_perm_gather", "sm_90a"), (-(-n8 // 256),),
                   (pb.x, x16, gate, n8, order, offsets, e, k // 8, slots, x_per_slot))
         tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
         tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")

@@ -263,7 +263,7 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     (_, _, c0, _), (_, g1, c1, _), (_, g2, c2, _), (_, _, c3, _) = rec.runs
     order, offsets, work, gate = c0[4], c0[5], c0[6], c0[9]
     assert c1[0] == x.ptr and c1[2] == gate and c1[3] == 16 * 512 // 8 and c1[4:10] == [order, offsets, 8, 64, 2, 0]
-    assert g1 == (-(-16 // 8), 1, 1)  # a warp a pair's row, 8 a CTA
+    assert g1 == (-(-16 * 512 // 8 // 256), 1, 1)
     assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate
     plan = ops.mul_mat_id_plan(w, 8, 2)

@@ -644,10 +644,7 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gathe
         extra = (mem.alloc(order), mem.alloc(np.array([0, valid], np.uint32)), 1, k // 8, slots, int(per_slot))
     n8 = rows.size // 8 + (k // 8 if gather else 0)
     ya = mem.alloc(n8 * 16, poison=0xFF)
-    from ..kernels.convert_f16 import GATHER_WARPS
-
-    grid = -(-(n8 // (k // 8)) // GATHER_WARPS) if gather else (n8 + 255) // 256  # a warp a row, or a thread a group
-    _run(ptx, (grid,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
+    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
     got = mem.view(ya, np.uint16, (n8 * 8 // k, k))
     if gather:
         if not (got[-1] == 0xFFFF).all():
