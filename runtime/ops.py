@@ -1579,6 +1579,8 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
     costs one barrier (bench/NOTES.md, 2026-12-03). `most`: kparts at most this (the few-token builds' rule
     few_max_k_parts: each part reads its own activation records, which outweigh the weights from 4 tokens)."""
     tiles, slots, steps = -(-m // rows_per_warp), sms * per_sm, -(-(k // lane_cols) // 32)
+    if -(-tiles // warps) > slots:  # more than one round at kparts 1: multi_round_kparts
+        return _multi_round_kparts(tiles, warps, slots, steps, min(most or warps, int(RULES.multi_round_k_parts)))
     best, kp = None, 1
     while kp <= min(warps, most or warps) and (kp == 1 or kp <= steps):
         ctas = -(-tiles * kp // warps)
@@ -1590,6 +1592,21 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
             best = (busy, ctas, splits, kp)
         kp *= 2
     return best[1:]
+
+
+def _multi_round_kparts(tiles: int, warps: int, slots: int, steps: int, most: int) -> tuple[int, int, int]:
+    """(row CTAs, 1 split, kparts) of a grid over more than one round of `slots`: of kparts = 1, 2, 4, .. up to
+    `most` (the rule multi_round_k_parts) and the K steps, the one whose rounds are the fullest (CTAs / (rounds ·
+    slots)), more than 1% fuller than kparts 1; the last round of 2004 CTAs on 396 slots runs 12 of them."""
+    def fill(kp):
+        ctas = -(-tiles * kp // warps)
+        return ctas / (-(-ctas // slots) * slots)
+    best, kp = 1, 2
+    while kp <= min(warps, most) and kp <= steps:
+        if fill(kp) > fill(best) + 0.01:
+            best = kp
+        kp *= 2
+    return -(-tiles * best // warps), 1, best
 
 
 def _busy_warps(tiles: int, kparts: int, splits: int, slots: int, warps: int) -> int:

@@ -321,6 +321,24 @@ def test_gemv_k_parts_on_the_decode_shapes():
     assert gemv_k_parts(8, 16, 4096, 14336, 2, 132, 8, 32, most=2) == (64, 4, 2)
 
 
+def test_multi_round_grids_take_kparts_for_fuller_rounds_up_to_the_rule():
+    """A GEMV grid over more than one round of resident CTAs (Q6_K's output layer at T = 1: 2004 CTAs of 64 rows on
+    396 slots) takes the kparts, up to the rule multi_round_k_parts, whose rounds are the fullest (4 parts: 8016
+    CTAs in 21 rounds, 96% full, against 84% in 6); one-round grids keep their plans."""
+    from ptxgen import tuning
+    from ptxgen.runtime.ops import gemv_k_parts
+
+    args = (4, 16, 128256, 4096, 3, 132, 8, 32)
+    with tuning.override(multi_round_k_parts=1):
+        assert gemv_k_parts(*args) == (2004, 1, 1)
+    with tuning.override(multi_round_k_parts=2):
+        assert gemv_k_parts(*args) == (4008, 1, 2)
+    with tuning.override(multi_round_k_parts=4):
+        assert gemv_k_parts(*args) == (8016, 1, 4)
+        assert gemv_k_parts(*args, most=2) == (4008, 1, 2)
+        assert gemv_k_parts(4, 16, 4096, 14336, 3, 132, 8, 32) == (128, 3, 2)
+
+
 def test_small_t16h_build_splits_k_in_runs_of_eight_super_blocks():
     """The sm_89 / sm_120a t16h build (2 CTAs per SM on the H200) measured faster with splits of ≥ 8 super-blocks
     (4096² at T=16: 2 splits 14.2 µs, 4 splits 15.0); the sm_90a build has no such floor (4 splits there 13.9 vs
