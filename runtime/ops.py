@@ -1547,10 +1547,12 @@ def _fullest_residency(fn, m: int, k: int, choices) -> int:
     return best
 
 
-def _split_grid(fn, m: int, k: int, per_sm: int, warps: int | None = None) -> tuple[int, int, int]:
+def _split_grid(fn, m: int, k: int, per_sm: int, warps: int | None = None, tokens: int | None = None
+                ) -> tuple[int, int, int]:
     """A split-K GEMV's grid at `per_sm` resident CTAs per SM: (CTAs over the rows, K splits (gemv_splits), warps a
     row tile — gemv_k_parts for a build with the kparts parameter (meta k_parts), else 1). `warps`: the CTA's, where
-    the launch picks them (_block_plan)."""
+    the launch picks them (_block_plan); `tokens`: the call's T (else the build's tokens), for the rule
+    multi_round_k_parts."""
     from .driver import current
 
     sms, meta = current().sm_count, fn.meta
@@ -1563,24 +1565,34 @@ def _split_grid(fn, m: int, k: int, per_sm: int, warps: int | None = None) -> tu
             cap = getattr(RULES, meta["k_parts_rule"])
             most = min(most, int(cap.get(str(meta["tokens"]), most) if isinstance(cap, dict) else cap))
         return gemv_k_parts(warps, int(meta["rows_per_warp"]), m, k, per_sm, sms, lane_cols, max_splits, min_steps,
-                            most)
+                            most, _by_tokens(RULES.multi_round_k_parts, tokens or int(meta.get("tokens", 1))))
     rows = int(meta["rows_per_cta"])
     ctas = (m + rows - 1) // rows
     return ctas, gemv_splits(ctas, k, per_sm, sms, lane_cols, max_splits, min_steps), 1
 
 
+def _by_tokens(rule, tokens: int) -> int:
+    """A rule's value for T = tokens: an int, or a dict by T whose entry of the largest key ≤ T applies."""
+    if not isinstance(rule, dict):
+        return int(rule)
+    return int(rule[str(max((int(t) for t in rule if int(t) <= tokens), default=min(map(int, rule))))])
+
+
 def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sms: int, lane_cols: int,
-                 max_splits: int, min_steps: int = 1, most: int | None = None) -> tuple[int, int, int]:
+                 max_splits: int, min_steps: int = 1, most: int | None = None, round_most: int = 1
+                 ) -> tuple[int, int, int]:
     """(row CTAs, grid K splits, kparts) of a GEMV whose CTA's warps split into row tiles of kparts warps, each on
     a part of the tile's K range summed in the CTA (gemv_t1.T1_PLAN, gemv_mma_codec): of kparts = 1, 2, 4, .. up to
     the CTA's warps and the K steps, whose grid fits one round (kparts 1 always qualifies), the one that gives the
     most warps work (tiles x kparts x gemv_splits); on a tie, the most kparts — fewer grid splits, whose tail (the
     partials' stores, a fence, the counter, the last warp's reloads) costs 1-2 µs an op where the CTA's own sum
     costs one barrier (bench/NOTES.md, 2026-12-03). `most`: kparts at most this (the few-token builds' rule
-    few_max_k_parts: each part reads its own activation records, which outweigh the weights from 4 tokens)."""
+    few_max_k_parts: each part reads its own activation records, which outweigh the weights from 4 tokens).
+    A grid over more than one round even at kparts 1 takes _multi_round_kparts' plan, kparts ≤ `round_most` too
+    (the rule multi_round_k_parts)."""
     tiles, slots, steps = -(-m // rows_per_warp), sms * per_sm, -(-(k // lane_cols) // 32)
-    if -(-tiles // warps) > slots:  # more than one round at kparts 1: multi_round_kparts
-        return _multi_round_kparts(tiles, warps, slots, steps, min(most or warps, int(RULES.multi_round_k_parts)))
+    if -(-tiles // warps) > slots:  # more than one round at kparts 1
+        return _multi_round_kparts(tiles, warps, slots, steps, min(most or warps, round_most))
     best, kp = None, 1
     while kp <= min(warps, most or warps) and (kp == 1 or kp <= steps):
         ctas = -(-tiles * kp // warps)
@@ -1644,7 +1656,7 @@ def _gemv_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int, per_sm: int):
         if nw != int(fn.meta["warps"]):
             launch = dict(block=(32 * nw, 1, 1), smem=nw * int(fn.meta["ring_bytes_per_warp"]) + 128)
     else:
-        ctas, splits, kp = _split_grid(fn, m, k, per_sm)
+        ctas, splits, kp = _split_grid(fn, m, k, per_sm, tokens=n)
     cnt = pb.counters(4 * ctas * int(fn.meta["warps"]))
     part = pb.scratch((splits, n, m), np.float32) if splits > 1 else cnt
     return (ctas, splits), part, cnt, ((kp,) if "k_parts" in fn.meta else ()), launch

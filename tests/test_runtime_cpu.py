@@ -322,21 +322,35 @@ def test_gemv_k_parts_on_the_decode_shapes():
 
 
 def test_multi_round_grids_take_kparts_for_fuller_rounds_up_to_the_rule():
-    """A GEMV grid over more than one round of resident CTAs (Q6_K's output layer at T = 1: 2004 CTAs of 64 rows on
-    396 slots) takes the kparts, up to the rule multi_round_k_parts, whose rounds are the fullest (4 parts: 8016
-    CTAs in 21 rounds, 96% full, against 84% in 6); one-round grids keep their plans."""
-    from ptxgen import tuning
-    from ptxgen.runtime.ops import gemv_k_parts
+    """A GEMV grid over more than one round of resident CTAs (Q6_K's output layer: 2004 CTAs of 64 rows on 396
+    slots) takes the kparts, up to the rule multi_round_k_parts for the call's T, whose rounds are the fullest (4
+    parts: 8016 CTAs in 21 rounds, 96% full, against 84% in 6); one-round grids keep their plans."""
+    from ptxgen.runtime.ops import _by_tokens, gemv_k_parts
 
     args = (4, 16, 128256, 4096, 3, 132, 8, 32)
-    with tuning.override(multi_round_k_parts=1):
-        assert gemv_k_parts(*args) == (2004, 1, 1)
-    with tuning.override(multi_round_k_parts=2):
-        assert gemv_k_parts(*args) == (4008, 1, 2)
-    with tuning.override(multi_round_k_parts=4):
-        assert gemv_k_parts(*args) == (8016, 1, 4)
-        assert gemv_k_parts(*args, most=2) == (4008, 1, 2)
-        assert gemv_k_parts(4, 16, 4096, 14336, 3, 132, 8, 32) == (128, 3, 2)
+    assert gemv_k_parts(*args) == (2004, 1, 1)
+    assert gemv_k_parts(*args, round_most=2) == (4008, 1, 2)
+    assert gemv_k_parts(*args, round_most=4) == (8016, 1, 4)
+    assert gemv_k_parts(*args, most=2, round_most=4) == (4008, 1, 2)
+    assert gemv_k_parts(4, 16, 4096, 14336, 3, 132, 8, 32, round_most=4) == (128, 3, 2)
+    assert [_by_tokens({"1": 4, "2": 2, "8": 1}, t) for t in (1, 2, 4, 8, 16)] == [4, 2, 2, 1, 1]
+    assert _by_tokens(3, 5) == 3
+
+
+def test_the_output_layer_gemv_takes_the_multi_round_kparts_of_its_tokens(monkeypatch):
+    """mul_mat's plan for Q6_K's 128256x4096 output layer (the codecs' tensor-core GEMV, 3 CTAs of 4 warps an SM on
+    the H200): kparts from RULES.multi_round_k_parts by T — the launch's last argument and its grid."""
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+    from ptxgen.testing import fakegpu
+
+    fakegpu.install(monkeypatch)
+    w = fakegpu.weights("q6_K", 128256, 4096)
+    for t in (1, 4):
+        with tuning.override(multi_round_k_parts={"1": 4, "2": 2, "8": 1}):
+            gemv = ops.mul_mat_plan(w, t).launches[-1]
+        kp = 4 if t == 1 else 2
+        assert gemv.fn.name.startswith("gemv_q6_k_mma") and gemv.args[-1] == kp and gemv.grid[0] == 2004 * kp, gemv
 
 
 def test_small_t16h_build_splits_k_in_runs_of_eight_super_blocks():
