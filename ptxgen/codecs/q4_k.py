@@ -11,6 +11,8 @@ The decodes, by the kernels that consume them:
   order for the tensor-core GEMMs;
 - `RegDecoder`: the few-token tensor-core kernels' register decode (A = q·sc as fp16, the min term by its own MMA);
 - `RegA`: the register-A wgmma MMQs' decode straight into A fragments (Q5_K's too, with its fifth bits);
+- `MmaGemvDecoder` (with `mma_header`, `mma_scale_pair`): the tensor-core decode GEMV's (gemv_q4_k_mma) A fragments,
+  the min MMA's A and the super-block's fp32 value, on a ring of MMA_ROW_BYTES rows;
 - `UnitLane`, `GgmlLane`: the 8-weight-unit GEMV's and the MMVQ-style lane GEMV's lane (loads, elements, scales).
 What the shared builders ask of it beyond its decodes is data: DECODE (the runtime's decode route), RAW_RING,
 Q8_MMQ, WGMMA_ALL, NIBBLE_COLUMNS (kernels/mmq.py); the raw ring's geometry is here too (`row_bytes`, `raw_copies`,
@@ -646,6 +648,24 @@ class RegA:
         return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
 
 
+# --- the tensor-core decode GEMV (kernels/gemv.py build_q4k_mma_gemv: gemv_q4_k_mma, gemv_q4_k_mma_n16) ---------------
+MMA_ROW_BYTES = BLOCK_BYTES  # a ring row: one super-block, 36 words (rows g = 0..7 in banks 4g + t: conflict-free)
+MMA_STEP_SUBS = BLOCK_K // SUB_K  # a K step: the 8 sub-blocks of one super-block
+
+
+def mma_step_offset(b, sub):
+    """The byte offset in a weight row of the step (super-block) holding sub-block `sub`, as u64."""
+    assert MMA_STEP_SUBS == 8
+    return b.op("mul.wide.u32", b.op("shr.u32", sub, Imm(3, "u32")), Imm(MMA_ROW_BYTES, "u32"))
+
+
+def mma_lane_offsets(b, g, t) -> tuple:
+    """Lane (g, t)'s offsets in a ring stage of MMA_ROW_BYTES rows: row g's header, and its qs word t (of each
+    16 bytes; MmaGemvDecoder.qs_base). Apart from the decoder: the kernel emits its own lane terms in between."""
+    hdr = b.op("mul.lo.u32", g, Imm(MMA_ROW_BYTES, "u32"))
+    return hdr, b.op("mad.lo.u32", t, Imm(4, "u32"), hdr)
+
+
 def mma_header(b, hw, magic, t_hi, msel) -> dict:
     """A row's header words `hw` (4, as loaded) for gemv_q4_k_mma (kernels/gemv.py): d and −64·dmin in fp32 (the
     min fragments carry 2^-6), the packed 6-bit sc bytes of sub-blocks 0-3 and 4-7, and the min MMA's A pair
@@ -670,6 +690,76 @@ def mma_scale_pair(b, hd, j, magic, h16, n1024):
     sc2 = b.op("sub.rn.f16x2", b.op("prmt.b32", hd["sc"][j // 4], magic, sel), magic, type="b32")  # (sc, sc)
     mult = b.op("mul.rn.f16x2", sc2, h16, type="b32") if j % 2 else sc2
     return mult, b.op("mul.rn.f16x2", mult, n1024, type="b32")
+
+
+class MmaGemvDecoder:
+    """Q4_K for the tensor-core GEMV (kernels/gemv.py build_q4k_mma_gemv): lane (g, t) of a warp decodes rows
+    16·mt + g and + 8 of each m16 tile straight into mma.sync m16n8k16 A fragments, A = q·sc_j as exact fp16 — the
+    nibble under the 0x6400 exponent by prmt + lop3 (1024 + q, or 1024 + 16q for the high nibbles), then one fused
+    h·mult − 1024·mult (mma_scale_pair) — and the min term's A (m_2t, m_2t+1) from the row headers (mma_header).
+    K order: lane (g, t) reads qs word 8c + 4h + t of chunk c (64 weights: sub-block 2c low, 2c + 1 high nibbles),
+    elements 16h + 4t .. + 3 of both: bytes 0, 1 are A's k 2t, 2t + 1, bytes 2, 3 its k 2t + 8, 2t + 9, the order of
+    the B tiles prep_mma_f16 writes. The constructor emits the constants (once, ahead of the K loop, in this
+    order); `offsets` = mma_lane_offsets(b, g, t)."""
+
+    def __init__(self, b, t, offsets):
+        self.b = b
+        self.lane_hdr, self.lane_q = offsets
+        self.magic = b.op("mov.b32", Imm(0x64006400, "b32"))  # (1024, 1024) fp16
+        self.zero = b.op("mov.b32", Imm(0, "b32"))
+        self.h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
+        self.n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
+        # the min MMA's A: row r's mins m_2t, m_2t+1 (bytes 2t % 4, + 1 of its m word t / 2) into 0x64 halves
+        self.t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))  # t ≥ 2: from the m word of sub-blocks 4-7
+        tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4
+        self.msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # bytes (tb, 0x64, tb + 1, 0x64)
+
+    def headers(self, stage_base, mtiles) -> list:
+        """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)) of the stage at `stage_base`: its mma_header
+        (d, −64·dmin, the sc words, the min MMA's A pair)."""
+        b = self.b
+        out = []
+        for rr in range(2 * mtiles):
+            hw = b.regs("b32", 4)
+            at = b.op("add.u32", stage_base, self.lane_hdr)
+            b.emit("ld.shared.v4.u32", b.vec(hw), Mem(at, 8 * MMA_ROW_BYTES * rr))
+            out.append(mma_header(b, hw, self.magic, self.t_hi, self.msel))
+        return out
+
+    def qs_base(self, stage_base):
+        """The lane's qs word in the stage at `stage_base` (row g, word t of each 16 bytes): fragments()' base."""
+        return self.b.op("add.u32", stage_base, self.lane_q)
+
+    def fragments(self, qb, c, mt, hds) -> dict:
+        """Chunk c (sub-blocks 2c, 2c + 1) of m16 tile mt from qs_base `qb`, `hds` = the tile's two headers: per
+        (sub-block 2c + sb, half h) the A fragment [(g, k 2t..), (g + 8, ..), (g, k 2t + 8..), (g + 8, ..)]."""
+        b, magic = self.b, self.magic
+        pairs = {(rr, sb): mma_scale_pair(b, hds[rr], 2 * c + sb, magic, self.h16, self.n1024)
+                 for rr in range(2) for sb in range(2)}
+        a = {}
+        for rr in range(2):
+            for h in range(2):
+                w = b.op("ld.shared.u32", Mem(qb, HEADER_BYTES + 32 * c + 16 * h + MMA_ROW_BYTES * (16 * mt + 8 * rr)))
+                for sb, mask in ((0, 0x000F000F), (1, 0x00F000F0)):
+                    mult, add = pairs[rr, sb]
+                    for bp, sel in enumerate((0x4140, 0x4342)):  # bytes (0, 1), (2, 3) of the word
+                        v = b.op("prmt.b32", w, self.zero, Imm(sel, "b32"))
+                        h_ = b.reg("b32")
+                        b.emit("lop3.b32", h_, v, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
+                        a[rr, h, sb, bp] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+        return {(sb, h): [a[0, h, sb, 0], a[1, h, sb, 0], a[0, h, sb, 1], a[1, h, sb, 1]]
+                for sb in range(2) for h in range(2)}
+
+    @staticmethod
+    def min_fragment(hds) -> list:
+        """The min MMA's A of an m16 tile from its two headers: (m_2t, m_2t+1) of rows g and g + 8, twice."""
+        return [hds[0]["ma"], hds[1]["ma"], hds[0]["ma"], hds[1]["ma"]]
+
+    def block_value(self, hd, cs, ms):
+        """A (row, token)'s super-block in fp32: d·C − 64·dmin·MS, C = the sum of its q·sc MMAs, MS its min MMA's
+        (the min fragments carry 2^-6): w = d·sc·q − dmin·m summed over the block."""
+        b = self.b
+        return b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], ms))
 
 
 def scale_min_f32(b, hdr, sub, dscale):

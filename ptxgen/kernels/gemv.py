@@ -1223,7 +1223,7 @@ def _tile_pointer(b, jb, stride, BT, lane16, g, ntok):
 
 
 Q4K_MMA_MTILES = 1  # Q4_K tensor-core GEMV: m16 tiles per warp (2: 228 registers, 2 CTAs per SM)
-Q4K_MMA_STAGES = 3  # ring stages of one super-block (36 u32 per row: a 144-byte stride, 4·g + t banks: conflict-free)
+Q4K_MMA_STAGES = 3  # ring stages of one super-block (rows of Q4K.MMA_ROW_BYTES)
 # resident CTAs per SM and how many sub-blocks ahead the B tiles load (8-token build). v1 (per-sub-block fp32
 # epilogue), H200, µs at T=8 (4096x14336 / 18944x3584 / 3584x3584): 4 CTAs (128 registers; ptxas sank half the
 # loads to 20-110 SASS before their MMA) 27.7 / 35.4 / 14.3; 3 CTAs (168) 26.7 / 29.0 / 12.9; 3 CTAs one ahead
@@ -1252,17 +1252,10 @@ class _Q4kMmaShape(NamedTuple):
 
 
 class _Q4kOperands(NamedTuple):
-    """The Q4_K tensor-core GEMV's per-lane operands: stage offsets, fp16 constants of the A fragments, the B-tile
+    """The Q4_K tensor-core GEMV's per-lane operands: the codec's decoder of the A fragments, the B-tile
     register sets and the tiles' / factors' / min fragments' pointers (advanced in place) and per-step strides."""
-    lane_hdr: Reg  # row g's header in a stage
-    lane_q: Reg  # + qs word t
     czero: list  # C of each chain's first MMA
-    magic: Reg  # (1024, 1024) fp16: 0x6400 halves
-    zero: Reg
-    h16: Reg  # (1/16, 1/16) fp16
-    n1024: Reg  # (-1024, -1024) fp16
-    t_hi: Reg  # t ≥ 2: the min MMA's A from the m word of sub-blocks 4-7
-    msel: Reg  # bytes (2t % 4, 0x64, 2t % 4 + 1, 0x64)
+    dec: Q4K.MmaGemvDecoder  # the lane's decode: stage offsets, fp16 constants, headers, A fragments
     D: int  # sub-blocks the B tiles load ahead
     NS: int  # rotating B-tile register sets
     sets: list  # [set][token group]: 8 b32
@@ -1309,7 +1302,7 @@ def _q4k_mma_head(arch, NT):
     if not tma:
         arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
-    R, WORDS, STEP = 16 * MT, Q4K.BLOCK_BYTES // 4, 8  # rows per warp, u32 per super-block row, sub-blocks per step
+    R, WORDS, STEP = 16 * MT, Q4K.MMA_ROW_BYTES // 4, Q4K.MMA_STEP_SUBS  # rows per warp, u32 a row, sub-blocks a step
     row_stride = WORDS * 4
     stage_bytes = R * row_stride
     k = _Q4kMmaShape(NT, tma, pdl, NW, S, MT, R, WORDS, STEP, row_stride, stage_bytes)
@@ -1354,27 +1347,28 @@ def _mma_gemv_frame(b, NW, ctas, S, stage_bytes, NT, R, STEP, fmt, **meta):
 
 
 def _q4k_cp_async_issue(b, k, w_p, K, M, lane, row0, ring, nblk):
-    """The cp.async build's issue(jb, stage): a step is R rows x 9 chunks of 16 bytes; lane l copies chunks l,
-    l + 32, ... (rows past M: row M - 1's bytes, never stored), then commits one group per step (an empty one
-    past the end). Emits the chunks' addresses; returns issue."""
-    R, WORDS, row_stride, stage_bytes = k.R, k.WORDS, k.row_stride, k.stage_bytes
+    """The cp.async build's issue(jb, stage): a step is R rows of 16-byte chunks (9: one super-block); lane l
+    copies chunks l, l + 32, ... (rows past M: row M - 1's bytes, never stored), then commits one group per step
+    (an empty one past the end). Emits the chunks' addresses; returns issue."""
+    R, row_stride, stage_bytes = k.R, k.row_stride, k.stage_bytes
+    C = row_stride // 16  # 16-byte chunks a row
     W = b.ptr(w_p)
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(WORDS * 4, "u32"))
+    row_bytes = Q4K.row_bytes(b, K)
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     chunks = []
-    for c0 in range(0, R * 9, 32):
+    for c0 in range(0, R * C, 32):
         c = b.op("add.u32", lane, Imm(c0, "u32"))
-        row = b.op("div.u32", c, Imm(9, "u32"))
-        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(9, "u32")), Imm(4, "u32"))
+        row = b.op("div.u32", c, Imm(C, "u32"))
+        col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(C, "u32")), Imm(4, "u32"))
         grow = b.op("min.u32", b.op("add.u32", row0, row), mlast)
         src = b.op("add.s64", b.op("mad.wide.u32", grow, row_bytes, W), b.op("cvt.u64.u32", col16))
         dst = b.op("mad.lo.u32", row, Imm(row_stride, "u32"), col16)
-        ok = b.op("setp.lt.u32", c, Imm(R * 9, "u32")) if c0 + 32 > R * 9 else None
+        ok = b.op("setp.lt.u32", c, Imm(R * C, "u32")) if c0 + 32 > R * C else None
         chunks.append((ok, src, dst))
 
     def issue(jb, stage):
         live = b.op("setp.lt.u32", jb, nblk)
-        soff = b.op("mul.wide.u32", b.op("shr.u32", jb, Imm(3, "u32")), Imm(WORDS * 4, "u32"))  # super-block jb/8
+        soff = Q4K.mma_step_offset(b, jb)
         sdst = (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
                 b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
         for ok, src, dst in chunks:
@@ -1387,23 +1381,15 @@ def _q4k_cp_async_issue(b, k, w_p, K, M, lane, row0, ring, nblk):
 
 
 def _q4k_mma_operands(b, k, jb, stride, lane, g, t, BT, F, SX, K, ntok):
-    """The lane's stage offsets, the A fragments' fp16 constants, the B-tile register sets and the pointers of
-    the tiles (from sub-block jb), factors and min fragments."""
-    NT, row_stride = k.NT, k.row_stride
-    lane_hdr = b.op("mul.lo.u32", g, Imm(row_stride, "u32"))  # row g's header in a stage
-    lane_q = b.op("mad.lo.u32", t, Imm(4, "u32"), lane_hdr)  # + qs word t
+    """The lane's decoder (stage offsets, the A fragments' fp16 constants), the B-tile register sets and the
+    pointers of the tiles (from sub-block jb), factors and min fragments."""
+    NT = k.NT
+    assert k.row_stride == Q4K.MMA_ROW_BYTES
+    offsets = Q4K.mma_lane_offsets(b, g, t)
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
     t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
-    magic = b.op("mov.b32", Imm(0x64006400, "b32"))
-    zero = b.op("mov.b32", Imm(0, "b32"))
-
-    h16 = b.op("mov.b32", Imm(0x2C002C00, "b32"))  # (1/16, 1/16) fp16
-    n1024 = b.op("mov.b32", Imm(0xE400E400, "b32"))  # (-1024, -1024) fp16
-    # the min MMA's A: row r's mins m_2t, m_2t+1 (bytes 2t % 4, + 1 of its m word t / 2) into 0x64 halves
-    t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
-    tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4
-    msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # bytes (tb, 0x64, tb + 1, 0x64)
+    dec = Q4K.MmaGemvDecoder(b, t, offsets)
 
     # B tiles of one sub-block (hi and lo of its two halves), D sub-blocks ahead into NS rotating register sets;
     # the step's factors and min fragments at its start (needed at its end)
@@ -1419,8 +1405,7 @@ def _q4k_mma_operands(b, k, jb, stride, lane, g, t, BT, F, SX, K, ntok):
     if NT > 1:
         g_b = b.op("mul.wide.u32", K, Imm(32, "u32"))  # one token group's tiles (K/16 x 512 bytes) ...
         g_f = b.op("cvt.u64.u32", K)  # ... and its factors or min fragments (K bytes)
-    return _Q4kOperands(lane_hdr, lane_q, czero, magic, zero, h16, n1024, t_hi, msel, D, NS, sets,
-                        p_b, s_b, p_f, p_s, s_f, g_b, g_f)
+    return _Q4kOperands(czero, dec, D, NS, sets, p_b, s_b, p_f, p_s, s_f, g_b, g_f)
 
 
 def _q4k_load_b(s, pb, bl, dst, pred=None):
@@ -1434,50 +1419,19 @@ def _q4k_load_b(s, pb, bl, dst, pred=None):
                    pred=pred)
 
 
-def _q4k_header(s, stage_base):
-    """Per row rr of the lane (row 16·(rr // 2) + g + 8·(rr % 2)): d, −64·dmin (the min fragments carry
-    2^-6), the packed 6-bit sc bytes of sub-blocks 0-3 and 4-7, and the min MMA's A pair (m_2t, m_2t+1)."""
-    b, o = s.b, s.ops
-    magic = o.magic
-    out = []
-    for rr in range(2 * s.k.MT):
-        hw = b.regs("b32", 4)
-        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", stage_base, o.lane_hdr), 8 * s.k.row_stride * rr))
-        out.append(Q4K.mma_header(b, hw, magic, o.t_hi, o.msel))
-    return out
-
-
-def _q4k_scale_pair(s, hd, j):
-    """(mult, add) fp16x2 of sub-block j: A = h·mult + add = q·sc_j exactly, for h = 1024 + q (even j, low
-    nibbles: mult = sc) or 1024 + 16q (odd j, high nibbles: mult = sc / 16); add = −1024·mult."""
-    o = s.ops
-    return Q4K.mma_scale_pair(s.b, hd, j, o.magic, o.h16, o.n1024)
-
-
 def _q4k_chunk(s, stage_base, c, hds, cur, chains):
-    """Chunk c (sub-blocks 2c, 2c + 1): per m16 tile, the A fragments q·sc and 2 halves x (hi, lo) MMAs per
-    sub-block into the step's chains."""
+    """Chunk c (sub-blocks 2c, 2c + 1): per m16 tile, the codec's A fragments q·sc and 2 halves x (hi, lo) MMAs
+    per sub-block into the step's chains."""
     b, k, o = s.b, s.k, s.ops
-    magic, czero = o.magic, o.czero
-    qb = b.op("add.u32", stage_base, o.lane_q)
+    czero = o.czero
+    qb = o.dec.qs_base(stage_base)
     for mt in range(k.MT):
-        pairs = {(rr, sb): _q4k_scale_pair(s, hds[2 * mt + rr], 2 * c + sb) for rr in range(2) for sb in range(2)}
-        a = {}
-        for rr in range(2):
-            for h in range(2):
-                w = b.op("ld.shared.u32", Mem(qb, 16 + 32 * c + 16 * h + k.row_stride * (16 * mt + 8 * rr)))
-                for sb, mask in ((0, 0x000F000F), (1, 0x00F000F0)):
-                    mult, add = pairs[rr, sb]
-                    for bp, sel in enumerate((0x4140, 0x4342)):  # bytes (0, 1), (2, 3) of the word
-                        v = b.op("prmt.b32", w, o.zero, Imm(sel, "b32"))
-                        h_ = b.reg("b32")
-                        b.emit("lop3.b32", h_, v, Imm(mask, "b32"), magic, Imm(0xEA, "b32"))  # (v & mask) | 0x6400
-                        a[rr, h, sb, bp] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
+        a = o.dec.fragments(qb, c, mt, hds[2 * mt:2 * mt + 2])
         for sb in range(2):
             for nt in range(k.NT):
                 bregs = o.sets[cur[sb]][nt]
                 for h in range(2):
-                    A = [a[0, h, sb, 0], a[1, h, sb, 0], a[0, h, sb, 1], a[1, h, sb, 1]]  # (g, 2t..), (g+8, ..), ..
+                    A = a[sb, h]
                     for hl, breg in enumerate((bregs[4 * h:4 * h + 2], bregs[4 * h + 2:4 * h + 4])):  # hi, lo
                         ch = chains[nt][mt][2 * h + hl]
                         first = c == 0 and sb == 0
@@ -1487,19 +1441,18 @@ def _q4k_chunk(s, stage_base, c, hds, cur, chains):
 
 def _q4k_step_sums(s, hds, fac, mfr, chains):
     """The step's fp32 work, per super-block: y += 2^-s·(d·C − 64·dmin·Σ_j m_j·S_j·2^-6) per output, C = the four
-    chains' sum, the min term by one MMA."""
+    chains' sum, the min term by one MMA (the codec's min_fragment and block_value)."""
     b, k, o = s.b, s.k, s.ops
     for nt in range(k.NT):
         for mt in range(k.MT):
             hd = hds[2 * mt:2 * mt + 2]
             ms = b.regs("f32", 4)
-            ma = b.vec([hd[0]["ma"], hd[1]["ma"], hd[0]["ma"], hd[1]["ma"]])
+            ma = b.vec(o.dec.min_fragment(hd))
             b.emit(mma_sync(s.arch, "m16n8k16", "f16", b.vec(ms), ma, b.vec(mfr[nt]), b.vec(o.czero)))
             ch = chains[nt][mt]
             for i in range(4):  # c0, c1: row g (tokens 2t, 2t + 1); c2, c3: row g + 8
                 cs = b.op("add.rn.f32", b.op("add.rn.f32", ch[0][i], ch[1][i]), b.op("add.rn.f32", ch[2][i], ch[3][i]))
-                r_ = hd[i // 2]
-                v = b.op("fma.rn.f32", r_["d"], cs, b.op("mul.rn.f32", r_["nd64"], ms[i]))
+                v = o.dec.block_value(hd[i // 2], cs, ms[i])
                 o_ = (nt * k.MT + mt) * 4 + i
                 b.emit("fma.rn.f32", s.acc[o_], v, fac[nt][i % 2], s.acc[o_])
 
@@ -1533,7 +1486,7 @@ def _q4k_mma_steps(s):
         b.emit("cp.async.wait_group", Imm(S - 1, "u32"))
         b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
     sbase = b.op("mad.lo.u32", stage, Imm(k.stage_bytes, "u32"), s.ring)
-    hds = _q4k_header(s, sbase)
+    hds = o.dec.headers(sbase, k.MT)
     nxt_b = b.op("add.s64", p_b, s_b)
     more = b.op("setp.lt.u32", b.op("add.u32", jb, stride), nblk)
     for bl in range(STEP):  # sub-block bl: register set bl % NS; its loads were issued D sub-blocks earlier
@@ -1560,16 +1513,14 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     on the H200, not yet the default).
 
     Why: the exact Q4_K GEMVs do an FFMA per weight and token (T=1: 31% of HBM, T=8: 8%). Here the weights
-    stay integers: A = q·sc_j as fp16, exact (≤ 945): the nibble into the 0x6400 exponent by prmt + lop3 (1024 + q,
-    or 1024 + 16q for the high nibbles) and one fused h·mult − 1024·mult (mult = sc or sc/16); B = the activation
+    stay integers: A = q·sc_j as fp16, exact (≤ 945), decoded by the codec (q4_k.MmaGemvDecoder); B = the activation
     with one 2^s per (token, super-block), split into fp16 hi + lo by `prep_mma_f16`, so the MMAs sum
     Σ_j sc_j·Σ q·x over the whole super-block (four independent accumulator chains: halves x hi/lo). The mins
     take one more MMA per super-block: A = the row's m_j (exact fp16), B = the block sums S_j of the scaled
     activation (hi + lo, times 2^-6). Then per row r, token n: y += 2^-s·(d·C − 64·dmin·MS) in fp32 — the
     fp32 work is per super-block, not per sub-block. A warp owns 16·Q4K_MMA_MTILES rows and walks K one
-    super-block (a TMA box of 36 u32 per row) at a time; lane (g, t) reads qs word 8c + 4h + t of chunk c (64
-    weights: low nibbles are sub-block 2c, high 2c + 1), whose 4 bytes are elements 16h + 4t .. + 3 of both
-    sub-blocks: the k order of the B tiles. Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
+    super-block (a TMA box of 36 u32 per row) at a time, its A fragments in the codec's K order, the B tiles'.
+    Split-K over gridDim.y with the last-warp fixup, as the other GEMVs.
 
     NT = 2 (gemv_q4_k_mma_n16, 9-16 tokens: the small-T prefill llama.cpp serves with its MMQ): two groups of 8
     tokens, each prepared by its own prep_mma_f16 launch into consecutive buffers (tiles 32·K bytes, factors
