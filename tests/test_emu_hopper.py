@@ -548,6 +548,26 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
         assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("name,kw", [
+    ("mmq_q4_k_wgmma_ra_n128", dict(shape=(131, 40, 1792), splits=3, ctas=3)),  # splits from mid-block steps
+    ("mmq_q5_k_wgmma_ra_n64", dict(shape=(70, 20, 1280), splits=3, ctas=2)),
+    ("mmq_q4_k_wgmma_ra_n64_moe", dict())])
+def test_register_a_scales_decoded_once_a_block_give_the_per_step_decodes_bits(name, kw, monkeypatch):
+    """codecs.q4_k.RegA decodes a lane's scales once a super-block (at its first step, or the item's when a split
+    starts mid-block) and picks each step's from registers; the per-step decode (RA_BLOCK_SCALES off) forms the
+    same fp16 values (−dmin·m's hi / lo by fp16 mul and fma round the exact product once, as the fp32 forms): y
+    bit for bit, dense with three splits and grouped."""
+    from ptxgen.codecs import q4_k
+
+    block = KERNELS[name].for_arch("sm_90a").ptx()
+    monkeypatch.setattr(q4_k, "RA_BLOCK_SCALES", False)
+    step = KERNELS[name].for_arch("sm_90a").ptx()
+    assert "ra_block_kept" in block and "ra_block_kept" not in step
+    outs = [check_kernel(name, ptx, seed=9, **kw) for ptx in (block, step)]
+    assert all(o.ok for o in outs), [o.detail for o in outs]
+    np.testing.assert_array_equal(np.asarray(outs[0].got).view(np.uint32), np.asarray(outs[1].got).view(np.uint32))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("value,flagged", [(7e4, True), (-np.inf, True), (6e4, False)])
 def test_register_a_mmq_converting_x_itself_flags_fp16_overflow(value, flagged):
