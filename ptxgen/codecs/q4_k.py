@@ -13,7 +13,9 @@ The decodes, by the kernels that consume them:
 - `RegA`: the register-A wgmma MMQs' decode straight into A fragments (Q5_K's too, with its fifth bits);
 - `MmaGemvDecoder` (with `mma_header`, `mma_scale_pair`): the tensor-core decode GEMV's (gemv_q4_k_mma) A fragments,
   the min MMA's A and the super-block's fp32 value, on a ring of MMA_ROW_BYTES rows;
-- `UnitLane`, `GgmlLane`: the 8-weight-unit GEMV's and the MMVQ-style lane GEMV's lane (loads, elements, scales).
+- `UnitLane`, `GgmlLane`: the 8-weight-unit GEMV's and the MMVQ-style lane GEMV's lane (loads, elements, scales);
+- `Q8Decoder`, `Q8Scales` (with `q8_lane_offset`, `scale_min_f32`): the int8 x Q8_1 MMQ's (mmq_q4_k_q8_n*) A
+  fragments straight from the raw ring, the min term's accumulation and its per-step (d·sc, −dmin·m) table.
 What the shared builders ask of it beyond its decodes is data: DECODE (the runtime's decode route), RAW_RING,
 Q8_MMQ, WGMMA_ALL, NIBBLE_COLUMNS (kernels/mmq.py); the raw ring's geometry is here too (`row_bytes`, `raw_copies`,
 `raw_offsets`: which bytes of a row a cp.async ring stage holds, and where).
@@ -764,10 +766,75 @@ class MmaGemvDecoder:
 
 def scale_min_f32(b, hdr, sub, dscale):
     """Sub-block `sub` of the header words `hdr` → (d·sc·dscale, −dmin·m) in fp32, as ggml forms them (the Q8_1
-    MMQ's scale table, kernels/mmq.py _q8_scales; dscale 1/16 where the high nibbles enter as 16·q: exact)."""
+    MMQ's scale table, Q8Scales; dscale 1/16 where the high nibbles enter as 16·q: exact)."""
     env = {"hdr": hdr, "sub": sub}
     SplitHalves("hdr", 0, ("d", "dmin")).lower(b, env)
     DecodeScaleMin6("hdr", 1, "sub", ("sc", "m")).lower(b, env)
     dsc = b.op("mul.rn.f32", env["d"], b.op("cvt.rn.f32.u32", env["sc"]))
     dsc = b.op("mul.rn.f32", dsc, dscale)
     return dsc, b.op("neg.f32", b.op("mul.rn.f32", env["dmin"], b.op("cvt.rn.f32.u32", env["m"])))
+
+
+# --- the int8 x Q8_1 MMQ (kernels/mmq.py build_q8: mmq_q4_k_q8_n*, *_pre) ---------------------------------------------
+# Moved out of kernels/mmq.py _q8_scales / _q8_mma on 2026-12-03 (after e09befa): the builder keeps the tiles, the
+# ring, the K loop and the epilogue. Its raw ring stages hold rows of STEP_ROW_BYTES (raw_copies): header, qs 0-31.
+Q8_TILE_BYTES = 16 * STEP_ROW_BYTES  # one m16 tile's rows in a ring stage
+Q8_SCALE_BYTES = 8  # an entry of the builder's weight-scale table: Q8Scales.values' (d·sc, −dmin·m) in fp32
+
+
+class Q8Scales:
+    """The Q8_1 MMQ's weight scales: a thread's (row, sub-block 2c + `parity`) of K-step s (pair c = s % 4) as
+    (d·sc, −dmin·m) in fp32, as ggml forms them (scale_min_f32), from the row's header in the step's ring stage, once
+    a step. The constructor emits the thread's terms (its row's header offset, its 1/16 or 1)."""
+
+    def __init__(self, b, row, parity):
+        self.b, self.parity = b, parity
+        # odd sub-blocks (high nibbles) enter the MMA as 16·q (Q8Decoder.fragment): their d·sc carries the 1/16
+        self.dscale = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"),
+                           b.op("setp.ne.u32", parity, Imm(0, "u32")))
+        self.hdr_off = b.op("mul.lo.u32", row, Imm(STEP_ROW_BYTES, "u32"))
+
+    def values(self, step, stage_of):
+        """K-step `step`'s (d·sc, −dmin·m); stage_of(step): its ring stage's address, emitted after the header's
+        registers are taken (the order the kernel has always had)."""
+        assert BLOCK_K // STEP_K == 4  # pair c = step & 3
+        b = self.b
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", stage_of(step), self.hdr_off)))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), self.parity)
+        return scale_min_f32(b, hdr, sub, self.dscale)
+
+
+def q8_lane_offset(b, row, matrix):
+    """A lane's ldmatrix.x4 address in a ring stage: the builder's `row` (its m16 tile row, + 8·(matrix % 2)), and
+    qs bytes 16·(matrix / 2) .. + 15 of it (A's k 0-15 or 16-31). Apart from Q8Decoder: the kernel emits its B lane
+    terms after it."""
+    return b.op("mad.lo.u32", row, Imm(STEP_ROW_BYTES, "u32"),
+                b.op("add.u32", b.op("shl.b32", b.op("shr.u32", matrix, Imm(1, "u32")), Imm(4, "u32")),
+                     Imm(HEADER_BYTES, "u32")))
+
+
+class Q8Decoder:
+    """Q4_K as the Q8_1 MMQ's A operand (u8 x s8 mma.sync m16n8k32), read from the raw ring as it landed, no dequant
+    pass. K order: k = byte i of the pair's 32 qs bytes, whose low nibble is sub-block 2c's element i and high
+    nibble 2c + 1's, the order of Q8_1's 32-value blocks; so one ldmatrix.x4 of 16 rows (at q8_lane_offset) holds
+    the A fragments of both sub-blocks, and `fragment` picks one by its nibble mask: q (low), 16·q (high, kept in
+    place: still a u8; Q8Scales' d·sc has the 1/16). The constructor emits the two masks."""
+
+    SUBS = 2  # sub-blocks a K-step: fragment(raw, h) and the scale table's h for h < SUBS
+
+    def __init__(self, b):
+        self.b = b
+        self.masks = (b.op("mov.b32", Imm(0x0F0F0F0F, "b32")), b.op("mov.b32", Imm(0xF0F0F0F0, "b32")))
+
+    def fragment(self, raw, h):
+        """Sub-block 2c + h's A fragment from the 4 ldmatrix registers `raw` of an m16 tile."""
+        return [self.b.op("and.b32", r, self.masks[h]) for r in raw]
+
+    def accumulate(self, r, scale, x, isum):
+        """acc `r` += d·sc·d_x·Σ q·q_x − dmin·m·d_x·Σ q_x (w = d·sc·q − dmin·m against x = d_x·q_x): `scale` the row's
+        (d·sc, −dmin·m), `x` the token's Q8_1 (d_x, d_x·Σ q_x), `isum` the m16n8k32 integer dot."""
+        b = self.b
+        (dsc, ndm), (dx, dxs) = scale, x
+        b.emit("fma.rn.f32", r, b.op("mul.rn.f32", dsc, dx), b.op("cvt.rn.f32.s32", isum), r)
+        b.emit("fma.rn.f32", r, ndm, dxs, r)

@@ -1134,7 +1134,7 @@ def _q8_tile(spec: MmqSpec) -> _Q8Tile:
     BN, fused = spec.bn, spec.fused
     WM, WN = Q8_WARPS[BN]
     raw_bytes = BM * RAW_ROW
-    act_bytes, stab_bytes = BN * ACT_ROW, 2 * BM * 8
+    act_bytes, stab_bytes = BN * ACT_ROW, q4k.Q8Decoder.SUBS * BM * q4k.Q8_SCALE_BYTES
     stage_bytes = raw_bytes if fused else raw_bytes + act_bytes + BN * 16
     buf = act_bytes + stab_bytes + 2 * BN * 8 if fused else stab_bytes
     return _Q8Tile(BN, Q8_STAGES, fused, WM, WN, BM // WM // 16, BN // WN // 8, raw_bytes, act_bytes, stab_bytes,
@@ -1149,7 +1149,8 @@ def build_q8(arch, spec: "MmqSpec"):
     `& 0x0F`; high: 2c+1, `& 0xF0`, i.e. 16·q with the 1/16 folded into its d·sc), no dequant pass. Per sub-block
     one m16n8k32 gives the exact integer dot Σ q_w·q_x, and the fp32 accumulator takes d·sc·d_x·Σ q_w·q_x −
     dmin·m·d_x·Σ q_x (4 instructions per accumulator). (d·sc, −dmin·m) per (row, sub-block) are decoded once per
-    step into a double-buffered shared table, a step ahead of the MMA (one barrier per step).
+    step into a double-buffered shared table, a step ahead of the MMA (one barrier per step). The Q4_K side of all
+    this is the codec's (codecs/q4_k.py q8_lane_offset, Q8Decoder, Q8Scales); here the tiles, ring and K loop.
 
     Activations, two variants: fused (`mmq_q4_k_q8_n*`): fp32 x loaded a step ahead into registers and
     quantized on the way into a double-buffered int8 tile (amax and Σq over 8 lanes by shfl, exactly
@@ -1309,21 +1310,18 @@ def _q8_quantize_x(b, qt: _Q8Tile, tid, lane, n0, tlast, K, X, ovf):
 
 
 def _q8_scales(b, qt: _Q8Tile, tid, raw_of, boff_of, store_x):
-    """The Q8_1 MMQ's weight scales: thread -> (row tid/2, sub-block 2c + tid%2): (d·sc, −dmin·m) in fp32, as ggml
-    forms them. Returns prep(step): the step's scale table (and, fused, its quantized activations) into buffer
-    step % 2."""
+    """The Q8_1 MMQ's weight scales: thread -> (row tid/2, sub-block 2c + tid%2), decoded by the codec's Q8Scales into
+    the table [sub][row] of (d·sc, −dmin·m). Returns prep(step): the step's scale table (and, fused, its quantized
+    activations) into buffer step % 2."""
+    assert q4k.Q8Decoder.SUBS == 2 and q4k.Q8_SCALE_BYTES == 8  # the thread map and the table's shifts
     srow = b.op("shr.u32", tid, Imm(1, "u32"))
     sh = b.op("and.b32", tid, Imm(1, "b32"))
-    sh16 = b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"), b.op("setp.ne.u32", sh, Imm(0, "u32")))
-    s_src = b.op("mul.lo.u32", srow, Imm(RAW_ROW, "u32"))
+    scales = q4k.Q8Scales(b, srow, sh)
     s_dst = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", sh, Imm(BM, "u32"), srow), Imm(3, "u32")),
                  Imm(qt.stab_off, "u32"))
 
     def decode_scales(step, boff):
-        hdr = b.regs("b32", 4)
-        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", raw_of(step), s_src)))
-        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), sh)
-        dsc, ndm = q4k.scale_min_f32(b, hdr, sub, sh16)  # odd sub-blocks (high nibbles) enter the MMA as 16·q
+        dsc, ndm = scales.values(step, raw_of)
         b.emit("st.shared.v2.f32", Mem(b.op("add.u32", s_dst, boff)), b.vec([dsc, ndm]))
 
     def prep(step):
@@ -1345,11 +1343,10 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
     l8 = b.op("and.b32", lane, Imm(7, "b32"))
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     tig = b.op("and.b32", lane, Imm(3, "b32"))
-    # A (raw qs): matrix q of x4 -> rows +8·(q%2), qs bytes +16·(q/2)
+    # A (the raw ring's qs, q4k.q8_lane_offset): matrix q of x4 -> rows +8·(q%2), k +16·(q/2)
     a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), l8),
                  b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
-    a_lane = b.op("mad.lo.u32", a_row, Imm(RAW_ROW, "u32"),
-                  b.op("add.u32", b.op("shl.b32", b.op("shr.u32", q, Imm(1, "u32")), Imm(4, "u32")), Imm(16, "u32")))
+    a_lane = q4k.q8_lane_offset(b, a_row, q)
     # B (int8 tile): matrix q -> tokens +8·(q/2) (x4: two n8 tiles), bytes +16·(q%2)
     b_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), l8)
     if NT >= 2:
@@ -1362,8 +1359,7 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
     x_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), b.op("shl.b32", tig, Imm(1, "u32")))
     acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(MT)]
     zero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
-    mask = b.op("mov.b32", Imm(0x0F0F0F0F, "b32"))
-    mask_hi = b.op("mov.b32", Imm(0xF0F0F0F0, "b32"))
+    dec = q4k.Q8Decoder(b)
 
     def x_scales(atp, h, j):
         """(d_x, d_x·Σq) of tokens 2·tig and 2·tig + 1 of n8 tile j, sub-block h: [d0, s0, d1, s1]."""
@@ -1382,7 +1378,7 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
         araw = []
         for i in range(MT):
             regs = b.regs("b32", 4)
-            b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(rawp, i * 16 * RAW_ROW)))
+            b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(rawp, i * q4k.Q8_TILE_BYTES)))
             araw.append(regs)
         if fused:
             bl = b.op("add.u32", b_lane, boff)
@@ -1392,7 +1388,7 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
             atp = b.op("add.u32", b.op("shl.b32", x_tok, Imm(4, "u32")),
                        b.op("add.u32", stage, Imm(raw_bytes + act_bytes, "u32")))
         stp = b.op("add.u32", st_lane, boff)
-        for h in range(2):
+        for h in range(dec.SUBS):
             bfr = []
             for j in range(0, NT, 2):
                 if NT >= 2:
@@ -1405,20 +1401,16 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
                     bfr.append(regs)
             xs = [x_scales(atp, h, j) for j in range(NT)]
             for i in range(MT):  # one m16 tile at a time: its A fragment and its rows' scales
-                # low nibbles: q; high nibbles kept in place: 16·q (still a u8), the 1/16 is in their d·sc
-                afr = [b.op("and.b32", r, mask if h == 0 else mask_hi) for r in araw[i]]
+                afr = dec.fragment(araw[i], h)
                 ws = [b.regs("f32", 2) for _ in range(2)]  # [hi] -> (d·sc, −dmin·m) of rows g, g + 8
                 for hi in range(2):
-                    b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, 8 * (h * BM + 16 * i + 8 * hi)))
+                    b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, q4k.Q8_SCALE_BYTES * (h * BM + 16 * i + 8 * hi)))
                 for j in range(NT):
                     isum = b.regs("s32", 4)
                     b.emit(mma_sync(arch, "m16n8k32", "u8", b.vec(isum), b.vec(afr), b.vec(bfr[j]), b.vec(zero),
                                     b_type="s8"))
                     for e in range(4):
-                        (dsc, ndm), (dx, dxs) = ws[e // 2], xs[j][2 * (e % 2):2 * (e % 2) + 2]
-                        r = acc[i][j][e]
-                        b.emit("fma.rn.f32", r, b.op("mul.rn.f32", dsc, dx), b.op("cvt.rn.f32.s32", isum[e]), r)
-                        b.emit("fma.rn.f32", r, ndm, dxs, r)
+                        dec.accumulate(acc[i][j][e], ws[e // 2], xs[j][2 * (e % 2):2 * (e % 2) + 2], isum[e])
     return wm, wn, acc, mma_step
 
 
