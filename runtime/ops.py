@@ -1498,7 +1498,7 @@ def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: 
     fn = kernels.load(GemvKernel("mma", w.fmt, 8 * groups).name, arch)
     per_sm, smem = fn.resident_per_sm(), None
     if groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
-        per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1))
+        per_sm = _fullest_residency(fn, m, k, (per_sm, per_sm - 1), n)
         smem = fn.smem_for_residency(per_sm) if per_sm < fn.resident_per_sm() else None
     _mma_gemv_launch(pb, fn, w, (tiles, factors, minfrag), y_ptr, m, k, n, per_sm, smem)
 
@@ -1529,7 +1529,7 @@ def _mma_gemv_launch(pb, fn, w, acts, y_ptr, m, k, n, per_sm, smem) -> None:
               pdl=bool(fn.meta.get("pdl")))
 
 
-def _fullest_residency(fn, m: int, k: int, choices) -> int:
+def _fullest_residency(fn, m: int, k: int, choices, tokens: int | None = None) -> int:
     """Of `choices` (resident CTAs per SM), the one whose split plan (row CTAs x gemv_splits) fills the largest
     share of the slots over the rounds it takes; the first unless another fills more than 1% more. H200, Q4_K tensor-core GEMV at T=8 (µs, 4 / 3 CTAs per SM):
     14336x4096 (224 row CTAs: 448 of 528 slots / 224 of 396) 23.8 / 27.0; 18944x3584 (296 of 528 / 296 of 396)
@@ -1537,7 +1537,7 @@ def _fullest_residency(fn, m: int, k: int, choices) -> int:
     from .driver import current
 
     def fill(per_sm):  # the share of the slots busy over the rounds the grid takes (more CTAs than slots: 2+ rounds)
-        ctas, splits, _ = _split_grid(fn, m, k, per_sm)
+        ctas, splits, _ = _split_grid(fn, m, k, per_sm, tokens=tokens)
         slots = per_sm * current().sm_count
         return ctas * splits / (-(-ctas * splits // slots) * slots)
     best = choices[0]
@@ -1562,8 +1562,7 @@ def _split_grid(fn, m: int, k: int, per_sm: int, warps: int | None = None, token
         warps = warps or int(meta["warps"])
         most = warps
         if "k_parts_rule" in meta:  # a rule caps kparts by the build's tokens (few_max_k_parts)
-            cap = getattr(RULES, meta["k_parts_rule"])
-            most = min(most, int(cap.get(str(meta["tokens"]), most) if isinstance(cap, dict) else cap))
+            most = min(most, _by_tokens(getattr(RULES, meta["k_parts_rule"]), int(meta["tokens"])))
         return gemv_k_parts(warps, int(meta["rows_per_warp"]), m, k, per_sm, sms, lane_cols, max_splits, min_steps,
                             most, _by_tokens(RULES.multi_round_k_parts, tokens or int(meta.get("tokens", 1))))
     rows = int(meta["rows_per_cta"])
@@ -1609,7 +1608,7 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
 def _multi_round_kparts(tiles: int, warps: int, slots: int, steps: int, most: int) -> tuple[int, int, int]:
     """(row CTAs, 1 split, kparts) of a grid over more than one round of `slots`: of kparts = 1, 2, 4, .. up to
     `most` (the rule multi_round_k_parts) and the K steps, the one whose rounds are the fullest (CTAs / (rounds ·
-    slots)), more than 1% fuller than kparts 1; the last round of 2004 CTAs on 396 slots runs 12 of them."""
+    slots)), each more than 1% fuller than the best before it; the last round of 2004 CTAs on 396 slots runs 12."""
     def fill(kp):
         ctas = -(-tiles * kp // warps)
         return ctas / (-(-ctas // slots) * slots)
@@ -1627,7 +1626,7 @@ def _busy_warps(tiles: int, kparts: int, splits: int, slots: int, warps: int) ->
     return min(tiles * kparts * splits, slots * warps)
 
 
-def _block_plan(fn, m: int, k: int) -> tuple[int, int, int, int]:
+def _block_plan(fn, m: int, k: int, tokens: int) -> tuple[int, int, int, int]:
     """(row CTAs, K splits, kparts, warps a CTA) of a build that takes its CTA size at launch (meta block_warps: the
     few-token builds of 8 warps also run as 4, with shared memory for as many rings): each size's _split_grid plan
     at the residency the occupancy calculator gives it; the one that gives the most warps work, then the fewest
@@ -1639,7 +1638,7 @@ def _block_plan(fn, m: int, k: int) -> tuple[int, int, int, int]:
     best = None
     for nw in meta["block_warps"]:
         per = fn.resident_per_sm(32 * nw, nw * int(meta["ring_bytes_per_warp"]) + 128)
-        ctas, splits, kp = _split_grid(fn, m, k, per, nw)
+        ctas, splits, kp = _split_grid(fn, m, k, per, nw, tokens)
         busy = _busy_warps(-(-m // int(meta["rows_per_warp"])), kp, splits, sms * per, nw)
         key = (busy, -splits, -(-(-ctas * splits // sms) * nw), -nw)
         if best is None or key > best[0]:
@@ -1652,7 +1651,7 @@ def _gemv_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int, per_sm: int):
     for a build with that parameter, else (); the launch's block and shared memory where _block_plan picks them)."""
     launch = {}
     if "block_warps" in fn.meta:
-        ctas, splits, kp, nw = _block_plan(fn, m, k)
+        ctas, splits, kp, nw = _block_plan(fn, m, k, n)
         if nw != int(fn.meta["warps"]):
             launch = dict(block=(32 * nw, 1, 1), smem=nw * int(fn.meta["ring_bytes_per_warp"]) + 128)
     else:

@@ -25,15 +25,15 @@ def _decode_rules() -> set:
     """The rules the codecs' DECODE data names (runtime/ops.py _decode reads them through it) and the rules kernel
     builds name in their meta (k_parts_rule: runtime/ops.py _split_grid reads it)."""
     from ptxgen import codecs
-    from ptxgen.kernels import KERNELS
+    from ptxgen.runtime import kernels
 
     out = set()
     for c in codecs.CODECS.values():
         d = getattr(c, "DECODE", {})
         out |= {d["mma_min"][0], d["mma_min"][2]} if "mma_min" in d else set()
         out |= {d["few_min_weights"]} if "few_min_weights" in d else set()
-    for name in ("gemv_q4_k_mma_t1", "gemv_q4_k_mma_t8"):
-        out |= {KERNELS[name].for_arch("sm_90a").meta["k_parts_rule"]}
+    for arch in ("sm_89", "sm_90a", "sm_120a"):  # every shipped build's meta, as the runtime loads it
+        out |= {k["meta"]["k_parts_rule"] for k in kernels.manifest(arch).values() if "k_parts_rule" in k["meta"]}
     return out
 
 

@@ -2600,7 +2600,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
         if _block_box(spec):  # the block's 16-byte columns: header, [qh x 2,] qs x 8
             cols = codecs.get(spec.fmt).BLOCK_BYTES // 16
             return _WgWeights(cols * RAW_PART, partial(_tma_block_columns, cols=cols, fmt=spec.fmt),
-                              partial(_rega_steps, qh=qh))
+                              partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh)))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
                           partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh)))
     codec = _ra_codec(spec)
