@@ -32,6 +32,7 @@ import numpy as np
 from ..arch import Arch
 from ..builder import KernelBuilder
 from ..codecs import q4_k as Q4K
+from ..codecs import tq4_1s as TQ
 from ..dsl import warp_per_item, warp_sum
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, Reg, TensorRef, mma_sync
@@ -42,11 +43,6 @@ WARPS = 8
 CHUNK = 256  # columns per warp step: 32 lanes × 8 weights
 TOKENS = (1, 2, 4, 8)
 ROWS = {1: 8, 2: 8, 4: 8, 8: 4}  # rows per CTA by T: R·T accumulators + 8·T activations per lane
-
-
-# TQ4_1S "fast" mode, as the TurboQuant fork's dp4a kernel: int8 codebook round(C·127/2.733), Q8_1 rotated
-# activation, integer dot products, one float rescale by 2.733/127 at the end
-CODEBOOK_S8, FAST_RESCALE = T4.CODEBOOK_S8, T4.FAST_RESCALE
 
 
 @dataclass(frozen=True)
@@ -302,16 +298,9 @@ def _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize, with_lane16=False):
     return rowptr, actptr, lane16
 
 
-def _lookup_fma(b, part, lo4, hi4, lut, e, acts):
-    """Element e of a qs word (byte e/2, the low nibble when e is even; lo4/hi4 hold the word's low/high
-    nibbles ·4): its codebook value from the 256-aligned shared table (prmt drops nibble·4 into the address's
-    low byte), times each token's activation, into that token's even or odd partial chain part[t][e % 2]."""
-    addr = b.op("prmt.b32", lo4 if e % 2 == 0 else hi4, lut, Imm(0x7650 | (e // 2), "b32"))
-    _pair_fma(b, part, b.op("ld.shared.f32", Mem(addr)), e, acts)
-
-
 def _pair_fma(b, part, val, e, acts):
-    """Element e's codebook value `val` times each token's activation, into chain part[t][e % 2] (as _lookup_fma)."""
+    """Element e's codebook value `val` times each token's activation, into that token's even or odd partial chain
+    part[t][e % 2] (two chains: the FFMA chain waits on the lookups)."""
     for t, a_ in enumerate(acts):
         p_ = part[t][e % 2]
         part[t][e % 2] = b.op("mul.rn.f32", val, a_) if p_ is None else b.op("fma.rn.f32", val, a_, p_)
@@ -336,7 +325,8 @@ def build_lanes(arch, spec: GemvSpec):
     each load touches 32 cache lines: measured 1.5-2x slower at T=1, 10x at T=8). Warps never meet: the 32
     lanes' sums are reduced by shfl and the lane that owns (row, token) stores it. Deterministic.
     Exact mode: nibble·4 → `prmt` into the low byte of a 256-aligned 16-entry fp32 table's address → LDS,
-    FFMA per weight and token; fast mode: int8 codebook by prmt from registers, dp4a with the Q8_1 block."""
+    FFMA per weight and token; fast mode: int8 codebook by prmt from registers, dp4a with the Q8_1 block. The
+    block's loads, scales and codebook lookups are the codec's (codecs/tq4_1s.py); this keeps the schedule."""
     if spec.fused_rotation:
         raise ValueError("the lane-per-block GEMV reads the prepared activation; fused rotation is build()'s")
     Tn = spec.tokens
@@ -352,28 +342,15 @@ def build_lanes(arch, spec: GemvSpec):
     tid = h["tid"]
 
     if fast:
-        # the int8 codebook in four ordinary registers, loaded at an address ptxas cannot prove uniform
-        # (%tid.y is 0 in this 1-D block): as immediates it keeps them in uniform registers and copies them
-        # into a register before every prmt
-        tab = b.const_table("cb_s8", CODEBOOK_S8.tobytes(), align=16)
-        tl0, tl1, th0, th1 = b.regs("b32", 4)
-        b.emit("ld.global.nc.v4.u32", b.vec([tl0, tl1, th0, th1]),
-               Mem(b.op("mad.wide.u32", b.special("tid.y"), Imm(16, "u32"), b.op("mov.u64", tab))))
-        sel_lo = b.op("mov.b32", Imm(0xD9C8, "b32"))  # sign-replicating selectors: bit 3 of a nibble → 0x00/0xFF
-        sel_hi = b.op("mov.b32", Imm(0xFBEA, "b32"))
+        s8 = TQ.FastCodebook(b)
     else:
-        lut_sym = b.shared_buffer("lut", 256, align=256)
-        table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
+        lut_sym = b.shared_buffer("lut", TQ.LUT_BYTES, align=TQ.LUT_BYTES)
         b.comment("16-entry float32 codebook in shared memory (256-aligned: prmt writes nibble*4 into the low byte)")
-        small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
-        tv = b.reg("f32")
-        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))), pred=small)
-        lut = b.op("mov.u32", lut_sym)
-        b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+        lut = TQ.lut_fill(b, tid, lut_sym)
         b.emit("bar.sync", Imm(0, "u32"))
 
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
-    row_bytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
+    row_bytes = TQ.blocks_bytes(b, nblk)
     gsize = T4.LANE_GROUP_Q8 if fast else T4.LANE_GROUP_F32
     rowptr, actptr, lane16 = _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize, with_lane16=True)
     acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
@@ -382,7 +359,7 @@ def build_lanes(arch, spec: GemvSpec):
             b.emit("mov.f32", r_, Imm(0.0, "f32"))
 
     def alloc_state():
-        return {"blk": b.reg("u32"), "live": b.reg("pred"), "w": [b.regs("b32", 5) for _ in range(R)],
+        return {"blk": b.reg("u32"), "live": b.reg("pred"), "w": [TQ.block_regs(b) for _ in range(R)],
                 "tail": False}
 
     def issue(st, jb, pred=None, tail=False):
@@ -393,13 +370,10 @@ def build_lanes(arch, spec: GemvSpec):
         b.emit("add.u32", st["blk"], jb, lane)
         if tail:
             b.emit("setp.lt.u32", st["live"], st["blk"], nblk)
-        off = b.op("mul.lo.u32", st["blk"], Imm(20, "u32"))
+        off = TQ.blocks_bytes(b, st["blk"])
         for r in range(R):
             p = b.op("add.s64", rowptr[r], b.op("cvt.u64.u32", off))
-            for i, reg in enumerate(st["w"][r]):
-                if tail:
-                    b.emit("mov.b32", reg, Imm(0, "b32"))
-                b.emit("ld.global.nc.u32", reg, Mem(p, 4 * i), pred=st["live"] if tail else pred)
+            TQ.load_block(b, st["w"][r], p, pred=st["live"] if tail else pred, zero=tail)
 
     def act_base(st, t):
         """This lane's 16-byte column of token t's group jb/32 in the lane layout."""
@@ -415,9 +389,7 @@ def build_lanes(arch, spec: GemvSpec):
         return regs
 
     def compute(st):
-        scales = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", st["w"][r][0])),
-                   b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", st["w"][r][0], Imm(16, "u32"))))]
-                  for r in range(R)]
+        scales = [TQ.block_scales(b, st["w"][r]) for r in range(R)]
         bases = [act_base(st, t) for t in range(Tn)]
         if fast:
             da = []
@@ -433,17 +405,7 @@ def build_lanes(arch, spec: GemvSpec):
                 for r in range(R):
                     isum = [None] * Tn
                     for i in range(2):
-                        qw = st["w"][r][1 + 2 * h + i]
-                        t4 = b.op("shl.b32", qw, Imm(4, "u32"))
-                        w8 = []
-                        for src, sel in ((qw, sel_lo), (b.op("shr.u32", qw, Imm(16, "u32")), sel_hi)):
-                            idx = b.op("and.b32", src, Imm(0x7777, "b32"))
-                            lo = b.op("prmt.b32", tl0, tl1, idx)
-                            hi = b.op("prmt.b32", th0, th1, idx)
-                            pick = b.op("prmt.b32", t4, qw, sel)
-                            v8 = b.reg("b32")
-                            b.emit("lop3.b32", v8, lo, hi, pick, Imm(0xD8, "b32"))
-                            w8.append(v8)
+                        w8 = s8.values(TQ.qs_word(st["w"][r], 2 * h + i))
                         for t in range(Tn):
                             qa, qb = acts[t][2 * i], acts[t][2 * i + 1]
                             s_ = b.op("dp4a.s32.s32", w8[0], qa, isum[t] if isum[t] is not None else Imm(0, "s32"), type="s32")
@@ -457,18 +419,15 @@ def build_lanes(arch, spec: GemvSpec):
             part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
             for i in range(2):
                 wi = 2 * h + i  # elements 8·wi .. 8·wi+7: lane-layout rows 2·wi, 2·wi+1 (512 bytes apart)
-                nib = []
-                for r in range(R):
-                    qw = st["w"][r][1 + wi]
-                    nib.append((b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32")),
-                                b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))))
+                nib = [TQ.lut_nibbles(b, TQ.qs_word(st["w"][r], wi)) for r in range(R)]
                 for q in range(2):  # 4 elements at a time: 4·T activation registers live, not 8·T
                     acts = [act_load(st, bases[t], 1024 * wi + 512 * q, [b.reg("f32") for _ in range(4)])
                             for t in range(Tn)]
                     for r in range(R):
                         lo4, hi4 = nib[r]
                         for e in range(4 * q, 4 * q + 4):  # element 8·wi + e
-                            _lookup_fma(b, part[r], lo4, hi4, lut, e, [acts[t][e - 4 * q] for t in range(Tn)])
+                            _pair_fma(b, part[r], TQ.lut_value(b, lo4, hi4, lut, e), e,
+                                      [acts[t][e - 4 * q] for t in range(Tn)])
             _close_half(b, part, acc, scales, h)
 
     S0, S1 = alloc_state(), alloc_state()
@@ -476,7 +435,7 @@ def build_lanes(arch, spec: GemvSpec):
     sums = {}
     for r in range(R):
         for t in range(Tn):
-            sums[r, t] = acc[r][t] if not fast else b.op("mul.rn.f32", acc[r][t], Imm(float(FAST_RESCALE), "f32"))
+            sums[r, t] = acc[r][t] if not fast else b.op("mul.rn.f32", acc[r][t], Imm(float(T4.FAST_RESCALE), "f32"))
     _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p)
     return b.finish()
 
@@ -553,9 +512,9 @@ def _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes, skip=0):
 def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, words_per_step=None, step_blocks=None,
               col=None):
     """Lane 0: one TMA box — the step starting at block jb of the warp's rows (if jb < nblk) — into ring
-    stage `stage` (a register or an int), completing on that stage's mbarrier. The box's column is jb·5 u32
-    (TQ4_1S: 20-byte blocks), (jb / step_blocks)·words_per_step (Q4_K: 8 sub-blocks per 36-word super-block), or
-    col(jb) (a register: the codecs' GEMV)."""
+    stage `stage` (a register or an int), completing on that stage's mbarrier. The box's column (u32) is col(jb)
+    (a register: TQ4_1S's codecs.tq4_1s.box_column, the codecs' GEMV) or (jb / step_blocks)·words_per_step (Q4_K: 8
+    sub-blocks per 36-word super-block)."""
     go = b.op("and.pred", leader, b.op("setp.lt.u32", jb, nblk))
     if isinstance(stage, int):
         bar, dst = b.op("add.u32", bars, Imm(8 * stage, "u32")), b.op("add.u32", ring, Imm(stage * stage_bytes, "u32"))
@@ -563,7 +522,7 @@ def _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, wor
         bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars)
         dst = b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(stage_bytes, "u32"), pred=go)
-    col = (col(jb) if col is not None else b.op("mul.lo.u32", jb, Imm(5, "u32")) if words_per_step is None else
+    col = (col(jb) if col is not None else
            b.op("mul.lo.u32", b.op("div.u32", jb, Imm(step_blocks, "u32")), Imm(words_per_step, "u32")))
     b.emit(TMA_CTA if b.arch.name == "sm_120a" else TMA_STEP, Mem(dst), TensorRef(tw, (col, row0)), Mem(bar), pred=go)
 
@@ -608,28 +567,6 @@ TMA_MIN_CTAS = {1: 4, 2: 4, 4: 3, 8: 2}
 # two L1 wavefronts (session 5), so the lookups cost the same wavefronts per weight as before; the gain is issue:
 # per 128 weights of a step 550 → 390 SASS (prmt + lea + LDS.64 per byte, an FFMA per weight)
 TMA_PAIRS = {1: (16, 4, 2, 4), 2: (16, 4, 2, 4)}
-
-
-def _pair_table(b, table, tid, lane, copies, nthreads):
-    """Fill the lane GEMV's pair table at `table`: entry (byte v, copy c) at v·(8·copies) + 8·c holds (C[v & 15],
-    C[v >> 4]) in fp32. Thread (row r = tid / copies, copy c = tid % copies) writes v = r + rows·i, rows = nthreads
-    / copies (8 or 16): C[v >> 4] = C[rows·i >> 4] is an immediate, C[v & 15] one of two (or one) loaded values
-    (session 17: a copy of 256 loaded pairs, as _pair_table_copy, measured 24.8 vs 23.6-24.0 µs at T=1 on
-    18944x3584 in one run — within this shape's spread, but the version with more runs was kept)."""
-    rows = nthreads // copies
-    assert rows in (8, 16), (copies, nthreads)
-    r = b.op("shr.u32", tid, Imm(copies.bit_length() - 1, "u32"))
-    cb = b.op("mov.u64", b.const_table("codebook", T4.CODEBOOK.tobytes()))
-    lo = {}
-    for i in range(256 // rows):
-        o = rows * i & 15
-        if o not in lo:
-            lo[o] = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("add.u32", r, Imm(o, "u32")), Imm(4, "u32"), cb)))
-    c8 = b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3, "u32"))
-    dst = b.op("add.u32", b.op("mad.lo.u32", r, Imm(8 * copies, "u32"), table), c8)
-    for i in range(256 // rows):
-        hi = b.op("mov.f32", Imm(float(T4.CODEBOOK[rows * i >> 4]), "f32"))
-        b.emit("st.shared.v2.f32", Mem(dst, 8 * copies * rows * i), b.vec([lo[rows * i & 15], hi]))
 
 
 class _TmaLanesShape(NamedTuple):
@@ -678,11 +615,11 @@ def _tma_lanes_shape(arch, Tn, pairs):
     R = TMA_ROWS[Tn]
     if pairs:
         copies, NW, S, min_ctas = pairs
-        table_bytes = 256 * copies * 8
+        table_bytes = TQ.pair_table_bytes(copies)
     else:
         copies, NW, min_ctas, table_bytes = None, TMA_WARPS, TMA_MIN_CTAS[Tn], 0
         S = TMA_STAGES if arch.max_smem_per_block >= 200 * 1024 else 2
-    return _TmaLanesShape(Tn, R, NW, S, copies, table_bytes, R * 640, min_ctas)
+    return _TmaLanesShape(Tn, R, NW, S, copies, table_bytes, R * TQ.STEP_ROW_BYTES, min_ctas)
 
 
 def _tma_lanes_head(arch, k):
@@ -691,6 +628,7 @@ def _tma_lanes_head(arch, k):
     parameter, the dynamic shared memory)."""
     Tn, R, NW, S, copies, table_bytes, stage_bytes, min_ctas = k
     name = GemvKernel("gemv", "tq4_1s", Tn, tma=True).name
+    box = TQ.STEP_ROW_BYTES // 4  # u32 a row: one step's 32 blocks
     b = KernelBuilder(name, arch, f"tq4_1s GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA"
                       + (", codebook pairs by byte" if copies else ""), block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u32 [M][K·20/128], box 160 x R, no swizzle
@@ -706,8 +644,9 @@ def _tma_lanes_head(arch, k):
                   tokens=Tn, rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)",
                   layout="lanes", pdl=arch.has("griddepcontrol"), fmt="tq4_1s", mode="exact", lane_cols=32,
                   fused_rotation=False, activation="prep_tq4_1s(x) (lane layout)", copy="tma",
-                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({160}, {R}), no swizzle; needs k % 128 == 0",
-                  tma_box=(160, R),
+                  tensormaps=f"tmap_w: u32, dims (k*{TQ.BLOCK_BYTES}/128, m), box ({box}, {R}), no swizzle; needs "
+                             "k % 128 == 0",
+                  tma_box=(box, R),
                   stages=S, dynamic_smem=b.dynamic_smem)
     if copies:
         b.meta.update(lookup=f"one ld.shared.v2.f32 per qs byte: (C[lo nibble], C[hi nibble]) from a "
@@ -725,24 +664,19 @@ def _tma_lanes_tables(b, k, h, ring_sym, leader):
     """The warp's ring and stage barriers, and the codebook: the pair table (every thread) or the 16-entry table
     (threads 0-15), behind one CTA barrier. Returns (ring, bars, lut, the pair table, the lane's pair offset)."""
     tid, lane = h["tid"], h["lane"]
-    lut_sym = None if k.copies else b.shared_buffer("lut", 256, align=256)
+    lut_sym = None if k.copies else b.shared_buffer("lut", TQ.LUT_BYTES, align=TQ.LUT_BYTES)
     ring, bars, ptab = _warp_rings(b, ring_sym, h["warp"], leader, k.NW, k.S, k.stage_bytes,
                                    skip=k.table_bytes)  # table at ptab
     lut = lanec = None
     if k.copies:
-        lanec = _pair_lane_term(b, lane, k.copies)
+        lanec = TQ.pair_lane_term(b, lane, k.copies)
         b.comment(f"the pair table ({k.table_bytes // 1024} KB, every thread); one CTA barrier for it and the stage "
                   "barriers")
-        _pair_table(b, ptab, tid, lane, k.copies, 32 * k.NW)
+        TQ.fill_pair_table(b, ptab, tid, lane, k.copies, 32 * k.NW)
     else:
         lut = b.op("mov.u32", lut_sym)
         b.comment("the 16-entry codebook (threads 0-15); one CTA barrier for it and the stage barriers")
-        table = b.const_table("lut_init", T4.CODEBOOK.tobytes())
-        small = b.op("setp.lt.u32", tid, Imm(16, "u32"))
-        tv = b.reg("f32")
-        b.emit("ld.global.nc.f32", tv, Mem(b.op("mad.wide.u32", tid, Imm(4, "u32"), b.op("mov.u64", table))),
-               pred=small)
-        b.emit("st.shared.f32", Mem(b.op("mad.lo.u32", tid, Imm(4, "u32"), lut)), tv, pred=small)
+        TQ.lut_fill(b, tid, lut)
     b.emit("fence.proxy.async.shared::cta")
     b.emit("bar.sync", Imm(0, "u32"))
     return ring, bars, lut, ptab, lanec
@@ -754,7 +688,7 @@ def _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lane
     Tn, R, S = k.Tn, k.R, k.S
     lane, row0 = h["lane"], h["row0"]
     nblk = b.op("shr.u32", h["K"], Imm(5, "u32"))
-    row_bytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
+    row_bytes = TQ.blocks_bytes(b, nblk)
     _, actptr, lane16 = _lane_pointers(b, {**h, "W": b.op("mov.u64", Imm(0, "u64"))}, 0, Tn, nblk, row_bytes,
                                        T4.LANE_GROUP_F32, with_lane16=True)
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
@@ -766,7 +700,7 @@ def _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lane
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
     nfull = b.op("and.b32", nblk, Imm(~31 & 0xFFFFFFFF, "b32"))
-    issue = partial(_tma_step, b, tw, leader, nblk, bars, ring, k.stage_bytes, row0)
+    issue = partial(_tma_step, b, tw, leader, nblk, bars, ring, k.stage_bytes, row0, col=partial(TQ.box_column, b))
 
     jb = b.op("shl.b32", kz, Imm(5, "u32"))
     b.comment(f"fill the ring: this split's steps 0 .. {S - 1}")
@@ -775,7 +709,7 @@ def _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lane
     if arch.has("griddepcontrol"):  # launched early behind prep_tq4_1s: weights in flight, now wait for it
         b.emit("griddepcontrol.wait")
     g = b.op("mov.u32", Imm(0, "u32"))  # steps consumed by this warp (ring position and phase)
-    w = [b.regs("b32", 5) for _ in range(R)]
+    w = [TQ.block_regs(b) for _ in range(R)]
     blk, live = b.reg("u32"), b.reg("pred")
     return _TmaLanesLoop(b, k, lane, issue, ring, bars, lut, ptab, lanec, nblk, nfull, stride, jb, g, w, blk, live,
                          actptr, lane16, acc, early=Tn <= 2)
@@ -786,10 +720,10 @@ def _tma_lanes_take(s, tail):
     jb + S·stride."""
     b, k = s.b, s.k
     stage = _wait_step(b, s.bars, s.count, k.S)
-    src = b.op("mad.lo.u32", s.lane, Imm(20, "u32"), b.op("mad.lo.u32", stage, Imm(k.stage_bytes, "u32"), s.ring))
+    src = b.op("mad.lo.u32", s.lane, Imm(TQ.BLOCK_BYTES, "u32"), b.op("mad.lo.u32", stage, Imm(k.stage_bytes, "u32"),
+                                                                      s.ring))
     for r in range(k.R):
-        for j in range(5):
-            b.emit("ld.shared.u32", s.w[r][j], Mem(src, 640 * r + 4 * j))
+        TQ.load_block(b, s.w[r], src, TQ.STEP_ROW_BYTES * r, shared=True)
     if not tail:  # every lane has read its words before lane 0 lets TMA overwrite the stage
         b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
         s.issue(b.op("mad.lo.u32", s.stride, Imm(k.S, "u32"), s.jb), stage)
@@ -825,9 +759,7 @@ def _tma_lanes_compute(s, acts, tail):
     chains, closed into acc by the half's scale (without `early`, the activations load 8·T at a time here)."""
     b, Tn, R, copies = s.b, s.k.Tn, s.k.R, s.k.copies
     w = s.w
-    scales = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", w[r][0])),
-               b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", w[r][0], Imm(16, "u32"))))]
-              for r in range(R)]
+    scales = [TQ.block_scales(b, w[r]) for r in range(R)]
     for hh in range(2):
         part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
         for i in range(2):
@@ -835,19 +767,17 @@ def _tma_lanes_compute(s, acts, tail):
             if not s.early:  # 8·T registers at a time
                 acts = _tma_lanes_acts(s, tail, range(2 * wi, 2 * wi + 2))
             for r in range(R):
-                qw = w[r][1 + wi]
+                qw = TQ.qs_word(w[r], wi)
                 if copies:  # byte j: elements 2j (low nibble) and 2j + 1, the same FMA order as below
                     for j in range(4):
-                        vals = [b.reg("f32"), b.reg("f32")]
-                        b.emit("ld.shared.v2.f32", b.vec(vals),
-                               Mem(b.op("add.u32", _pair_offset(b, qw, j, s.lanec, copies), s.ptab)))
+                        vals = TQ.pair_lookup(b, qw, j, s.lanec, copies, s.ptab)
                         for e in (2 * j, 2 * j + 1):
                             _pair_fma(b, part[r], vals[e % 2], e, [acts[t, 8 * wi + e] for t in range(Tn)])
                     continue
-                lo4 = b.op("and.b32", b.op("shl.b32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
-                hi4 = b.op("and.b32", b.op("shr.u32", qw, Imm(2, "u32")), Imm(0x3C3C3C3C, "b32"))
+                lo4, hi4 = TQ.lut_nibbles(b, qw)
                 for e in range(8):  # element 8·wi + e
-                    _lookup_fma(b, part[r], lo4, hi4, s.lut, e, [acts[t, 8 * wi + e] for t in range(Tn)])
+                    _pair_fma(b, part[r], TQ.lut_value(b, lo4, hi4, s.lut, e), e,
+                              [acts[t, 8 * wi + e] for t in range(Tn)])
         _close_half(b, part, s.acc, scales, hh)
 
 
@@ -983,33 +913,6 @@ MMA_PAIRS = (16, 8, 2, 2)
 # where the matrix is small (T=8: 18.8 / 18.9 vs 21.3 / 20.8 us on 3584x3584 / 4608x3584: more CTAs)
 MMA_M16_STEP, MMA_M16_ROW_WORDS = 8, 44
 
-def _pair_table_copy(b, tbl, tid, lane, copies, nthreads, table_bytes):
-    """Replicate a 256-entry table of 8-byte pairs (`table_bytes`, global) into shared memory at `tbl`: entry
-    (byte v, copy c) at v·(8·copies) + 8·c. Thread (r = tid / copies, c = tid % copies) copies v = r + rows·i,
-    rows = nthreads / copies."""
-    rows = nthreads // copies
-    r = b.op("shr.u32", tid, Imm(copies.bit_length() - 1, "u32"))
-    src = b.op("mad.wide.u32", r, Imm(8, "u32"), b.op("mov.u64", b.const_table("pair_init", table_bytes, align=16)))
-    dst = b.op("add.u32", b.op("mad.lo.u32", r, Imm(8 * copies, "u32"), tbl),
-               b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3, "u32")))
-    for i in range(256 // rows):
-        v = b.regs("b32", 2)
-        b.emit("ld.global.nc.v2.u32", b.vec(v), Mem(src, 8 * rows * i))
-        b.emit("st.shared.v2.u32", Mem(dst, 8 * copies * rows * i), b.vec(v))
-
-
-def _pair_lane_term(b, lane, copies):
-    """The lane's part of a pair-table offset as _pair_offset wants it: (lane % copies) << 3 for 32 copies, << 4 for
-    16 (prmt drops the byte into bits 8-15 beside it; the sum is halved)."""
-    return b.op("shl.b32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(3 if copies == 32 else 4, "u32"))
-
-
-def _pair_offset(b, w, j, lanec, copies):
-    """Byte j of `w` as an offset into a pair table: v·(8·copies) + 8·(lane % copies). prmt puts v in bits 8-15 beside
-    lanec = (lane % copies) << 3 (32 copies) or << 4 (16 copies: the sum is halved)."""
-    off = b.op("prmt.b32", w, lanec, Imm(0x5504 | (j << 4), "b32"))  # (v << 8) | lanec
-    return off if copies == 32 else b.op("shr.u32", off, Imm(1, "u32"))
-
 
 def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 3-8
@@ -1023,14 +926,14 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     elements' (hi, hi) and (lo, lo) words; pairs=None: one lookup per element of a (hi, lo) word and two prmt per
     byte, MMA_WARPS / MMA_STAGES / MMA_CTAS), B = the 8 tokens' rotated activation, scaled per (token, block) by 2^s and split the same way
     by `prep_tq4_1s_mma` (ptxgen.formats.tq4_1s.to_mma_tiles); the dropped lo·lo term is ~2^-22 relative.
-    Each C fragment is scaled by the row's d_h (FFMA) and, per block, by the token's 2^-s. Lane (g, t) reads
-    qs word 2h + t/2 of rows g and g + 8 and uses its bytes 2(t&1), 2(t&1)+1: k-pairs t and t + 4 of the MMA,
-    matched by the tile layout. Weights come by TMA as in `build_tma_lanes` (box: 16 rows x MMA_ROW_WORDS u32 per
+    Each C fragment is scaled by the row's d_h (FFMA) and, per block, by the token's 2^-s. The A fragments, the
+    scales and their K order (matched by the tile layout) are the codec's (codecs/tq4_1s.py MmaGemvDecoder, the
+    tables mma_table_fill). Weights come by TMA as in `build_tma_lanes` (box: 16 rows x MMA_ROW_WORDS u32 per
     m16 tile, MMA_STAGES stages); B tiles and factors load MMA_AHEAD blocks ahead. Lane
     (g, t) ends with rows g, g + 8 x tokens 2t, 2t + 1: no cross-lane reduction. Split-K over gridDim.y with
     the lane kernels' last-warp fixup."""
     arch.require("cp_async_bulk_tensor", "the tensor-core TQ4_1S GEMV", "use gemv_tq4_1s_t8")
-    NW, S, ctas = MMA_WARPS, MMA_STAGES, MMA_CTAS
+    NW, S, ctas, copies = MMA_WARPS, MMA_STAGES, MMA_CTAS, None  # copies None: the per-element table
     if pairs:
         copies, NW, S, ctas = pairs
     MT, STEP, ROW_WORDS = (1, MMA_M16_STEP, MMA_M16_ROW_WORDS) if small else (MMA_MTILES, MMA_STEP, MMA_ROW_WORDS)
@@ -1052,7 +955,8 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
                           "one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8, rows_per_cta=R * NW,
                   rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
                   lane_cols=STEP, max_splits=32, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
-                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({ROW_WORDS}, {R}), no swizzle; k % 128 == 0",
+                  tensormaps=f"tmap_w: u32, dims (k*{TQ.BLOCK_BYTES}/128, m), box ({ROW_WORDS}, {R}), no swizzle; "
+                             "k % 128 == 0",
                   tma_box=(ROW_WORDS, R),
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
     BT, F, Y = b.ptr(bt_p), b.ptr(f_p), b.ptr(y_p)
@@ -1066,20 +970,10 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
-    table_sym = b.shared_buffer("codebook", 256 * 8 * copies if pairs else 2048, align=16)
+    table_sym = b.shared_buffer("codebook", TQ.mma_table_bytes(copies), align=16)
     ring, bars, _ = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
     tbl = b.op("mov.u32", table_sym)
-    if pairs:
-        b.comment(f"the pair table (A words (hi, lo) of both elements per qs byte, {copies} copies); one CTA barrier for it and the stage barriers")
-        _pair_table_copy(b, tbl, tid, lane, copies, 32 * NW, T4.mma_pair_table().tobytes())
-        lanec = _pair_lane_term(b, lane, copies)
-    else:
-        b.comment("the 2 KB codebook table ((hi, lo) fp16 per index, one copy per lane); one CTA barrier for it and the stage barriers")
-        pt = b.op("mov.u64", b.const_table("codebook_init", T4.mma_element_table().tobytes(), align=16))
-        v4 = b.regs("b32", 4)
-        first = b.op("setp.lt.u32", tid, Imm(128, "u32")) if NW > 4 else None  # threads 0-127: 16 bytes each
-        b.emit("ld.global.nc.v4.u32", b.vec(v4), Mem(b.op("mad.wide.u32", tid, Imm(16, "u32"), pt)), pred=first)
-        b.emit("st.shared.v4.u32", Mem(b.op("mad.lo.u32", tid, Imm(16, "u32"), tbl)), b.vec(v4), pred=first)
+    lanec = TQ.mma_table_fill(b, tbl, tid, lane, copies, 32 * NW)
     b.emit("fence.proxy.async.shared::cta")
     b.emit("bar.sync", Imm(0, "u32"))
 
@@ -1092,40 +986,20 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
 
     def issue(jb, stage):
-        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage)
+        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, col=partial(TQ.box_column, b))
 
     jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S)
-    # per lane: byte offsets of (row g, word 1 + t/2) in a stage, the qs byte pair 2(t&1) (prmt selectors),
-    # this lane's 16 bytes in a B tile and the factor pair of tokens 2t, 2t + 1
-    lane_row = b.op("mad.lo.u32", g, Imm(row_stride, "u32"), b.op("shl.b32", t, Imm(1, "u32")))  # + its 2 qs bytes 2(t&1)..
-    lane4 = b.op("shl.b32", lane, Imm(2, "u32"))
+    # per lane: the codec's decoder (its offsets in a stage), this lane's 16 bytes in a B tile and the factor pair
+    # of tokens 2t, 2t + 1
+    dec = TQ.MmaGemvDecoder(b, g, t, lane, tbl, lanec, copies, row_stride)
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
     t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]  # C of each half block's first MMA
 
-    def lookups(w):
-        """The A registers of the two qs bytes in `w` (bits 0..15): [(hi, lo) fp16x2 of each byte's two elements]
-        — one conflict-free 4-byte lookup per element (word 32·index + lane) and two prmt per byte; with `pairs`
-        one 8-byte lookup per byte."""
-        if pairs:
-            out = []
-            for j in range(2):
-                hl = b.regs("b32", 2)
-                b.emit("ld.shared.v2.u32", b.vec(hl), Mem(b.op("add.u32", _pair_offset(b, w, j, lanec, copies), tbl)))
-                out.append(tuple(hl))
-            return out
-        e = []
-        for sh in (7, 3, -1, -5):  # nibble n of w (bits 4n..4n+3) to bits 7..10: the table row
-            x = b.op("shl.b32", w, Imm(sh, "u32")) if sh > 0 else b.op("shr.u32", w, Imm(-sh, "u32"))
-            a = b.op("or.b32", b.op("and.b32", x, Imm(0x780, "b32")), lane4)
-            e.append(b.op("ld.shared.u32", Mem(b.op("add.u32", a, tbl))))
-        return [(b.op("prmt.b32", e[2 * i], e[2 * i + 1], Imm(0x5410, "b32")),
-                 b.op("prmt.b32", e[2 * i], e[2 * i + 1], Imm(0x7632, "b32"))) for i in range(2)]
-
     # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
     # waited on these loads: long_scoreboard 5 per issue); the step's pointers, blocks at immediate offsets
     D = MMA_AHEAD
-    assert STEP % MMA_SETS == 0 and MMA_SETS > D and ROW_WORDS >= 5 * STEP and ROW_WORDS % 8 == 4
+    assert STEP % MMA_SETS == 0 and MMA_SETS > D and ROW_WORDS >= TQ.BLOCK_WORDS * STEP and ROW_WORDS % 8 == 4
     sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(MMA_SETS)]
     p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
@@ -1142,25 +1016,19 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     def block(stage_base, bl, cur):
         """Block bl of the step (B tiles and factors in register set cur): 2 halves x 3 MMAs, row scales, token
         factors into acc."""
-        sm = b.op("add.u32", stage_base, Imm(bl * 20, "u32"))
-        dw = [b.op("ld.shared.u32", Mem(b.op("mad.lo.u32", g, Imm(row_stride, "u32"), sm), 8 * row_stride * rr))
-              for rr in range(2 * MT)]  # rows g + 8rr
-        ds = [[b.op("cvt.f32.f16", b.op("cvt.u16.u32", dw[rr])),
-               b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("shr.u32", dw[rr], Imm(16, "u32"))))] for rr in range(2 * MT)]
-        qbase = b.op("add.u32", sm, lane_row)
+        sm = dec.block_base(stage_base, bl)
+        ds = dec.row_scales(sm, MT)  # rows g + 8rr
+        qbase = dec.qs_base(sm)
         bregs, (fa, fb) = sets[cur]
         blk = [None] * (4 * MT)
         for h in range(2):
             bh0, bh1, bl0, bl1 = bregs[4 * h:4 * h + 4]
             for mt in range(MT):
-                words = [b.op("ld.shared.u16", Mem(qbase, 4 + 8 * h + 8 * row_stride * (2 * mt + rr)), type="u32")
-                         for rr in range(2)]
-                (a0h, a0l), (a2h, a2l) = lookups(words[0])  # row 16mt + g: k-pairs t, t + 4
-                (a1h, a1l), (a3h, a3l) = lookups(words[1])  # row 16mt + g + 8
+                ahi, alo = dec.fragments(qbase, h, mt)
                 c = b.regs("f32", 4)
-                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bh0, bh1]), b.vec(czero)))
-                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0h, a1h, a2h, a3h]), b.vec([bl0, bl1]), b.vec(c)))
-                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec([a0l, a1l, a2l, a3l]), b.vec([bh0, bh1]), b.vec(c)))
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(ahi), b.vec([bh0, bh1]), b.vec(czero)))
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(ahi), b.vec([bl0, bl1]), b.vec(c)))
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(c), b.vec(alo), b.vec([bh0, bh1]), b.vec(c)))
                 for i in range(4):  # c0, c1: row 16mt + g; c2, c3: row 16mt + g + 8
                     d_, o = ds[2 * mt + i // 2][h], 4 * mt + i
                     blk[o] = b.op("mul.rn.f32", c[i], d_) if h == 0 else b.op("fma.rn.f32", c[i], d_, blk[o])
