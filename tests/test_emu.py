@@ -574,7 +574,7 @@ def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     """A split tile's last CTA counts in before the others may have stored and published their partials; it
     then polls the counter until they have. Sixteen CTAs taking turns in run_seed 2's order meet that case (the
     poll runs more than once per tile; which seeds do depends on the kernel's instruction count: 8 did before
-    session 20's dequant change); the result is correct and bit-identical to one CTA's, whose last arrivals find
+    the 2026-12-01 dequant change); the result is correct and bit-identical to one CTA's, whose last arrivals find
     every partial published at the first poll."""
     from ptxgen.emu import machine
 

@@ -429,7 +429,7 @@ def test_fullest_residency_picks_the_grid_that_fills_more_slots(monkeypatch):
     assert ops._fullest_residency(fn, 18944, 3584, (4, 3)) == 3
     assert ops._fullest_residency(fn, 4096, 14336, (4, 3)) == 4  # 512 / 528 vs 384 / 396: a tie within 0.1%
     # the cp.async build (3 per SM, or 2): 296 CTAs on 264 slots would take two rounds (half of the second idle);
-    # counting them as 112% full put 18944x3584 at 34.7 us on the H200 (session 8)
+    # counting them as 112% full put 18944x3584 at 34.7 us on the H200 (2026-11-30)
     assert ops._fullest_residency(fn, 18944, 3584, (3, 2)) == 3
 
 

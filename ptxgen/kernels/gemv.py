@@ -564,7 +564,7 @@ TMA_MIN_CTAS = {1: 4, 2: 4, 4: 3, 8: 2}
 # 22.1 / 21.2 / 11.9 / 12.3; (32, 8, 2, 2) 24.4 / 23.9 / 20.2 / 20.4 / 11.2 / 13.0; (16, 8, 3, 2) 25.3 / 25.2 / 21.3 /
 # 22.6 / 11.7 / 14.1; (16, 4, 3, 3) 25.4 / 29.7 / 23.9 / 21.4 / 9.9 / 12.1; **(16, 4, 2, 4)** 23.7 / 24.2 / 20.4 / 19.6 /
 # 11.3 / 11.4 (T=2: 30.9 / 28.7 / 23.5 / 24.5 / 12.4 / 12.7 vs 29.5 / 31.3 / 26.0 / 24.5 / 13.1 / 13.7). An LDS.64 is
-# two L1 wavefronts (session 5), so the lookups cost the same wavefronts per weight as before; the gain is issue:
+# two L1 wavefronts (2026-11-29), so the lookups cost the same wavefronts per weight as before; the gain is issue:
 # per 128 weights of a step 550 → 390 SASS (prmt + lea + LDS.64 per byte, an FFMA per weight)
 TMA_PAIRS = {1: (16, 4, 2, 4), 2: (16, 4, 2, 4)}
 
@@ -890,7 +890,7 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
 MMA_WARPS = 4  # tensor-core TQ4_1S GEMV: 4 warps of 16·MMA_MTILES rows
 MMA_STEP = 4  # blocks per TMA box (32 rows x 20 u32: an 80-byte smem row stride, conflict-free), a multiple of 4
 # so that each box starts 16-byte aligned in the row (6-block boxes, 120 bytes apart, stopped the H200 with an
-# illegal instruction; the emulator checks it). History (bench/NOTES.md, session 6): 16-block steps had 9 warps
+# illegal instruction; the emulator checks it). History (bench/NOTES.md, 2026-11-29): 16-block steps had 9 warps
 # per SM and stalled on the B-tile loads (63 us at any T); 12-block steps in 2 stages were slower than 8 in 3
 MMA_STAGES = 3
 MMA_ROW_WORDS = 20  # ≥ 5·MMA_STEP, a multiple of 4 (16-byte TMA rows), 4 mod 8 words (rows g = 0..7 in distinct banks)
@@ -916,7 +916,7 @@ MMA_M16_STEP, MMA_M16_ROW_WORDS = 8, 44
 
 def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 3-8
-    tokens on sm_90, 5-8 on small matrices; bench/NOTES.md "session 6" and "session 17" have every version
+    tokens on sm_90, 5-8 on small matrices; bench/NOTES.md (2026-11-29 and 2026-11-30) has every version
     measured on the H200).
 
     Why: the FFMA lane kernels pay one FFMA per weight and token (T = 8: 3.1x the time of T = 1 on the H200;

@@ -27,7 +27,7 @@ scales of its two rows, B tiles in register sets). These builds are for few toke
   the row tiles x kparts fit one round: 4096x14336 runs 256 CTAs of 8 warps on one tile each), then over gridDim.y
   in contiguous runs with the last-warp fixup of the other GEMVs (deterministic both).
 
-Measured on the H200 (bench/NOTES.md, session 12): the ring alone (no arithmetic) takes 17 µs of the 20 µs op on
+Measured on the H200 (bench/NOTES.md, 2026-11-30): the ring alone (no arithmetic) takes 17 µs of the 20 µs op on
 4096x14336 — the copies bound it, not the 293 SASS per step; 16 rows x 32 bytes per copy instruction was 5 µs
 slower, TMA boxes (36 words x 16 rows, as gemv_q4_k_mma) 3 µs slower, and reading the records from lanes 0-7
 only, 3 stages at 5 CTAs or 2 at 6 within ±3%. The 2- and 4-token builds cost what the 1-token one does (19.5-20.4 µs

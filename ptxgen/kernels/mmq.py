@@ -51,7 +51,7 @@ F16_CODECS = codecs.with_route("mmq_f16")  # the dense fp16 mma.sync GEMM's othe
 GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_90a, Q4_K): an expert's pairs per tile
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
-# three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, session 20)
+# three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, 2026-12-01)
 TAIL_SPLIT_NOTE = ("items: the first `whole` tiles over all of K, then the other tiles split into `splits` K ranges of "
                    "steps_per_split K-steps (z-major: every tile's split 0 first); a split writes its partial in "
                    "fragment order to part (splits x (tiles - whole) x 128·BN fp32) unless it is the last to count "
@@ -2537,7 +2537,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     of layouts.q4k_rega_k_order (the activation comes in that order from convert_f16_perm). No A tile, no
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
-    kept, session 20: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
+    kept, 2026-12-01: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
     bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's columns — header, [qh,] the 8 qs
     columns — in an A slot for its 4 steps; pair c's qs columns 2c further in."""
     dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales)
@@ -2717,7 +2717,7 @@ def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw
 
 
 PREPARED_CX_STEPS = 2  # the prepared converting build's conversion units: 2 K-steps, so 4 ring stages of 48 KB fit
-# beside the staging buffers (3 stages with 4-step units measured 11-19% slower at T = 1024-4096, session 21)
+# beside the staging buffers (3 stages with 4-step units measured 11-19% slower at T = 1024-4096, 2026-12-01)
 PREPARED_NOTE = ("A is dequantized before the GEMM by dequantize_q4_k_frags (float32 as ggml, rounded once to fp16) "
                  "into the register-A fragments in K-step blocks (ptxgen.layouts.q4k_rega_fragments); each ring stage "
                  "takes one 16 KB block by TMA and every consumer thread loads its 16 registers with 4 16-byte loads: "
@@ -2734,7 +2734,7 @@ PAIR_CHUNK = {(True, 256): 16, (True, 192): 8, (True, 128): 8, (False, 256): 4, 
 RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
 WGMMA_RA_TOKEN_TILES = (64, 128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
-# single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, session 11)
+# single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, 2026-11-30)
 WGMMA_CX_TOKEN_TILES = (64, 128, 256)  # register-A builds that convert x inside the launch (n64: from the rule
 # mmq_cx_min_tokens down to 9 tokens it would save the convert_f16_perm launch of small calls; not yet timed)
 WGMMA_CX_CODECS = ("q8_0", "q5_K")  # codecs with converting register-A builds too (their boxes a step, no A slots:
