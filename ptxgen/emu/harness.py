@@ -621,11 +621,13 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
-def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gather=None) -> Outcome:
+def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gather=None, sums=False) -> Outcome:
     """convert_f16 (or convert_f16_perm: each 64-column chunk in layouts.q4k_rega_k_order): bit for bit numpy's
     fp16 rounding, and the overflow flag exactly when some value leaves fp16's range. `gather` = (slots,
     per_slot) (convert_f16_perm_gather): output row n is x's row order[n] (/ slots where per_slot is 0), order a
-    drawn permutation of the T·slots pairs."""
+    drawn permutation of the T·slots pairs. `sums` (convert_f16_perm_gather_sums): also each row's sub-block sums
+    of the fp16 x, hi and lo, bit for bit (a thread's 8 in column order, then its quad's as (a0 + a1) + (a2 + a3)),
+    the flag raised by a hi past fp16 too."""
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
     big = bool(rng.integers(0, 2))
@@ -644,6 +646,9 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gathe
         extra = (mem.alloc(order), mem.alloc(np.array([0, valid], np.uint32)), 1, k // 8, slots, int(per_slot))
     n8 = rows.size // 8 + (k // 8 if gather else 0)
     ya = mem.alloc(n8 * 16, poison=0xFF)
+    if sums:
+        xsa = mem.alloc(n8, poison=0xFF)  # K / 16 halves (2 bytes) a row: n8 bytes
+        extra += (xsa,)
     _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
     got = mem.view(ya, np.uint16, (n8 * 8 // k, k))
     if gather:
@@ -656,8 +661,27 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gathe
     if permuted:
         want = want.reshape(len(rows), k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(len(rows), k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
-    ok = np.array_equal(got, want) and flag == want_flag
-    name = "convert_f16_perm_gather" if gather else "convert_f16_perm" if permuted else "convert_f16"
+    ok = np.array_equal(got, want)
+    if sums:
+        xs = mem.view(xsa, np.uint16, (n8 * 8 // k, k // 16))
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = rows.astype(np.float16).astype(np.float32).reshape(len(rows), k // 32, 4, 8)
+            acc = a[..., 0]
+            for c in range(1, 8):  # a thread's 8 in column order
+                acc = (acc + a[..., c]).astype(np.float32)
+            tot = ((acc[..., 0] + acc[..., 1]).astype(np.float32) + (acc[..., 2] + acc[..., 3])).astype(np.float32)
+            hi = tot.astype(np.float16)
+            lo = (tot - hi.astype(np.float32)).astype(np.float32).astype(np.float16)
+            want_xs = np.concatenate([hi.reshape(len(rows), k // 256, 8), lo.reshape(len(rows), k // 256, 8)],
+                                     axis=2).reshape(len(rows), k // 16).view(np.uint16)
+            want_flag |= int(not np.isfinite(hi).all())
+        if not (xs[-1] == 0xFFFF).all():
+            return Outcome("convert_f16_perm_gather_sums", False, "the sums' row past offsets[E] was written", xs, None)
+        fin = np.isfinite(want_xs.view(np.float16))  # (where the flag is up the route recomputes: NaN bits vary)
+        ok = ok and np.array_equal(xs[:-1][fin], want_xs[fin])
+    ok = ok and flag == want_flag
+    name = ("convert_f16_perm_gather_sums" if sums else "convert_f16_perm_gather" if gather else "convert_f16_perm"
+            if permuted else "convert_f16")
     return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ, flag {flag} "
                    f"(want {want_flag})", got, want)
 
@@ -1062,6 +1086,9 @@ for _bn in (32, 64, 128):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
+HARNESSES["convert_f16_perm_gather_sums"] = lambda ptx, rng, seed=None, gather=None, **kw: _convert_f16(
+    ptx, rng, seed=seed, permuted=True, gather=gather or (3, bool(rng.integers(2))), sums=True,
+    **{"shape": (6, 1280), **kw})
 HARNESSES["convert_f16_perm_gather"] = lambda ptx, rng, seed=None, gather=None, **kw: _convert_f16(
     ptx, rng, seed=seed, permuted=True, gather=gather or (3, bool(rng.integers(2))), **{"shape": (6, 1280), **kw})
 

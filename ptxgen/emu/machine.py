@@ -1026,15 +1026,21 @@ class Emulator(HopperOps):
         if "|" in d:
             raise Unsupported("shfl with a predicate destination")
         a, b, c, mask = ins.operands[1:5]
-        membermask = int(mask, 0)
         lanes = ex % 32
         warps = ex // 32
+        if mask.startswith("%"):  # a register membermask: each thread's own (its lane in it; all named lanes here)
+            masks = self._val(mask, "u32", ex).astype(np.int64)
+        else:
+            masks = np.full(len(ex), int(mask, 0), np.int64)
         for w in np.unique(warps):
             have = set((lanes[warps == w]).tolist())
-            need = {i for i in range(32) if membermask >> i & 1}
-            if not need <= have:
-                raise EmulationError(f"{ins.text}: lanes {sorted(need - have)[:6]} of warp {w} are not here "
-                                     "(divergent shfl.sync)")
+            for mm in np.unique(masks[warps == w]):
+                need = {i for i in range(32) if int(mm) >> i & 1}
+                if not need <= have:
+                    raise EmulationError(f"{ins.text}: lanes {sorted(need - have)[:6]} of warp {w} are not here "
+                                         "(divergent shfl.sync)")
+        if ((masks >> lanes) & 1 == 0).any():
+            raise EmulationError(f"{ins.text}: a thread outside its own membermask")
         src = self._reg(a, np.arange(self.cta.n))
         bv = self._val(b, "u32", ex).astype(np.int64)
         cv = self._val(c, "u32", ex).astype(np.int64)
@@ -1056,6 +1062,8 @@ class Emulator(HopperOps):
         else:
             raise Unsupported(f"shfl mode {mode}")
         j = np.where(ok, j, lanes)
+        if ((masks >> j) & 1 == 0).any():
+            raise EmulationError(f"{ins.text}: reads a lane outside the membermask")
         self._set(d, ex, src[warps * 32 + j], "u64")
 
     def _op_red(self, ins, ex, grp):

@@ -51,7 +51,7 @@ def _registry() -> dict[str, KernelDef]:
                    gemv_xr, mmq, moe_group, quantize_q8_1)
 
     defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, dequantize_q4_k.KERNEL_FRAGS, *frags.KERNELS, convert_f16.KERNEL,
-            convert_f16.KERNEL_PERM, convert_f16.KERNEL_GATHER, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *mmq.kernel_defs(), *fixup.KERNELS,
+            convert_f16.KERNEL_PERM, convert_f16.KERNEL_GATHER, convert_f16.KERNEL_GATHER_SUMS, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *mmq.kernel_defs(), *fixup.KERNELS,
             moe_group.KERNEL]
     return {d.name: d for d in defs}
 
@@ -70,6 +70,8 @@ NOT_SHIPPED = {
     "gemv_q4_k_xr": "T = 1 with x in registers: PTXGEN_Q4K_XR=1 only; 10-40% slower than the default decode kernels",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
+    "convert_f16_perm_gather_sums": "the activation of a grouped GEMM with integer Q4_K weights (bench/NOTES.md, "
+                                    "2026-12-03, afternoon): that GEMM is not written yet",
 }
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: Q6_K's measured slower than two "
                     "8-token launches (probe_gemv_codec_shapes_852097d.log), Q8_0's not timed yet" for f in ("q6_k", "q8_0")})

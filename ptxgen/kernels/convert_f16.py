@@ -16,7 +16,7 @@ THREADS = 256
 PER_THREAD = 8
 
 
-def build(arch, permuted: bool = False, gather: bool = False):
+def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False):
     """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
     holds input column layouts.q4k_rega_k_order()[L] — for output group q = L / 8 (8 values, one 16-byte store)
     the inputs are base(q) plus 8 offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) +
@@ -25,9 +25,16 @@ def build(arch, permuted: bool = False, gather: bool = False):
     is input row order[n] / slots where the slots share x (per_slot 0), else order[n] — x in moe_group's grouped
     order. Its thread reads one group of 8 input columns with two 16-byte loads (the scattered 4-byte loads of
     convert_f16_perm cost 8 L1 wavefronts each) and stores one 4-byte word into each of 4 output groups; rows from offsets[experts] on (the pairs with a bad id, which order does not hold) are left as they
-    are: only columns the GEMM's epilogue masks read them. The flag word is the route's gate."""
+    are: only columns the GEMM's epilogue masks read them. The flag word is the route's gate.
+    sums (convert_f16_perm_gather_sums, for a grouped GEMM that keeps Q4_K's weights integer: the min term as a k16
+    slice of its own): also each row's sub-block sums Σx of the fp16 values over the 32 input columns of every
+    sub-block, in fp32 — a thread's 8 in order, then its quad's four by shfl.bfly 1 and 2 — split into fp16 hi and
+    lo (lo = the rest, rounded): xs[n][16j + i] = hi, xs[n][16j + 8 + i] = lo of sub-block i of super-block j
+    (K / 16 halves a row); a hi past fp16's range raises the flag too."""
     assert permuted or not gather
-    name = "convert_f16_perm_gather" if gather else "convert_f16_perm" if permuted else "convert_f16"
+    assert gather or not sums
+    name = ("convert_f16_perm_gather_sums" if sums else "convert_f16_perm_gather" if gather else "convert_f16_perm"
+            if permuted else "convert_f16")
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "") + (
         ", rows gathered in moe_group's order" if gather else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
@@ -37,6 +44,7 @@ def build(arch, permuted: bool = False, gather: bool = False):
         o_p, off_p = b.param("order", "u64", "ptr:in"), b.param("offsets", "u64", "ptr:in")
         e_p, k8_p = b.param("experts", "u32"), b.param("k8", "u32")  # groups of 8 per row
         sl_p, ps_p = b.param("slots", "u32"), b.param("per_slot", "u32")
+    xs_p = b.param("xs", "u64", "ptr:out") if sums else None
     b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
     if permuted:
         b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
@@ -75,6 +83,8 @@ def build(arch, permuted: bool = False, gather: bool = False):
                    b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
         for q in range(4):
             b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
+        if sums:
+            xs_over = _sub_block_sums(b, h, i, k8, n, b.ptr(xs_p))
     elif permuted:
         q = b.op("and.b32", i, Imm(7, "b32"))
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
@@ -103,10 +113,44 @@ def build(arch, permuted: bool = False, gather: bool = False):
         for mask in (0x7C00, 0x7C000000):
             p = b.op("setp.eq.u32", b.op("and.b32", w, Imm(mask, "b32")), Imm(mask, "u32"))
             over = p if over is None else b.op("or.pred", over, p)
+    if sums:
+        over = b.op("or.pred", over, xs_over)
     b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
     b.place(done)
     b.emit("ret")
     return b.finish()
+
+
+def _sub_block_sums(b, h, i, k8, n, XS):
+    """convert_f16_perm_gather_sums' Σx: this thread's 8 fp16 values (the halves of `h`, as stored) summed in fp32 in
+    input column order, then over its quad (input groups 4s .. 4s + 3: sub-block s of the row) by shfl.bfly 1 and
+    2; the quad's first thread stores hi and lo. Returns the predicate of a hi past fp16's range."""
+    halves = []
+    for q in range(4):  # h[q] = (column b', column b' + 2), b' = (q & 1) + 4·(q >> 1)
+        lo, hi = b.reg("b16"), b.reg("b16")
+        b.emit("mov.b32", b.vec([lo, hi]), h[q])
+        halves += [((q & 1) + 4 * (q >> 1), lo), ((q & 1) + 4 * (q >> 1) + 2, hi)]
+    acc = None
+    for _, v in sorted(halves, key=lambda t: t[0]):
+        f = b.op("cvt.f32.f16", v)
+        acc = f if acc is None else b.op("add.rn.f32", acc, f)
+    # the quad's lanes only: rows past offsets[experts] have left (a quad is one row's, n8 a multiple of 4)
+    quad = b.op("shl.b32", Imm(0xF, "b32"), b.op("and.b32", b.special("tid.x"), Imm(0x1C, "b32")))
+    for d in (1, 2):
+        acc = b.op("add.rn.f32", acc, b.op("shfl.sync.bfly.b32", acc, Imm(d, "u32"), Imm(0x1F, "b32"), quad,
+                                            type="f32"))
+    hi = b.op("cvt.rn.f16.f32", acc)
+    lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", acc, b.op("cvt.f32.f16", hi)))
+    r = b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))  # the input group in the row; sub-block r / 4
+    s = b.op("shr.u32", r, Imm(2, "u32"))
+    col = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", s, Imm(3, "u32")), Imm(4, "u32")),
+               b.op("and.b32", s, Imm(7, "b32")))  # 16·(s / 8) + s % 8
+    at = b.op("mad.wide.u32", b.op("mad.lo.u32", n, b.op("shr.u32", k8, Imm(1, "u32")), col), Imm(2, "u32"), XS)
+    first = b.op("setp.eq.u32", b.op("and.b32", r, Imm(3, "b32")), Imm(0, "u32"))
+    b.emit("st.global.b16", Mem(at), hi, pred=first)
+    b.emit("st.global.b16", Mem(at, 16), lo, pred=first)
+    bits = b.op("mov.b32", b.vec([hi, hi]), type="b32")
+    return b.op("setp.eq.u32", b.op("and.b32", bits, Imm(0x7C00, "b32")), Imm(0x7C00, "u32"))
 
 
 KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
@@ -115,3 +159,6 @@ KERNEL_PERM = KernelDef("convert_f16_perm", "fp32 → fp16 activations in the re
 KERNEL_GATHER = KernelDef("convert_f16_perm_gather", "fp32 → fp16 activations in the register-A wgmma MMQ's K order, "
                           "rows gathered in moe_group's order (mul_mat_id), with an overflow flag",
                           lambda arch: build(arch, permuted=True, gather=True), archs=("sm_90a",))
+KERNEL_GATHER_SUMS = KernelDef("convert_f16_perm_gather_sums", "convert_f16_perm_gather and each row's sub-block sums "
+                               "of x (fp16 hi / lo) for a grouped GEMM with integer weights",
+                               lambda arch: build(arch, permuted=True, gather=True, sums=True), archs=("sm_90a",))
