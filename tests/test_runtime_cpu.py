@@ -339,18 +339,20 @@ def test_multi_round_grids_take_kparts_for_fuller_rounds_up_to_the_rule():
 
 def test_the_output_layer_gemv_takes_the_multi_round_kparts_of_its_tokens(monkeypatch):
     """mul_mat's plan for Q6_K's 128256x4096 output layer (the codecs' tensor-core GEMV, 3 CTAs of 4 warps an SM on
-    the H200): kparts from RULES.multi_round_k_parts by T — the launch's last argument and its grid."""
+    the H200): kparts from RULES.multi_round_k_parts by T (4 at T = 1, 2 at T = 2-4, 1 from 8, as measured) — the
+    launch's last argument and its grid; an override of the rule reaches the plan."""
     from ptxgen import tuning
     from ptxgen.runtime import ops
     from ptxgen.testing import fakegpu
 
     fakegpu.install(monkeypatch)
     w = fakegpu.weights("q6_K", 128256, 4096)
-    for t in (1, 4):
-        with tuning.override(multi_round_k_parts={"1": 4, "2": 2, "8": 1}):
-            gemv = ops.mul_mat_plan(w, t).launches[-1]
-        kp = 4 if t == 1 else 2
+    for t, kp in ((1, 4), (4, 2), (8, 1)):  # the shipped rule (h200.json), then an override
+        gemv = ops.mul_mat_plan(w, t).launches[-1]
         assert gemv.fn.name.startswith("gemv_q6_k_mma") and gemv.args[-1] == kp and gemv.grid[0] == 2004 * kp, gemv
+    w._plans.clear()
+    with tuning.override(multi_round_k_parts=2):
+        assert ops.mul_mat_plan(w, 1).launches[-1].args[-1] == 2
 
 
 def test_small_t16h_build_splits_k_in_runs_of_eight_super_blocks():
