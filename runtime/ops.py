@@ -1536,10 +1536,9 @@ def _fullest_residency(fn, m: int, k: int, choices, tokens: int | None = None) -
     29.9 / 25.3; 4096x14336 and 3584x3584 (97% / 97-99%) 23.3 / 23.7 and 12.8 / 12.1."""
     from .driver import current
 
-    def fill(per_sm):  # the share of the slots busy over the rounds the grid takes (more CTAs than slots: 2+ rounds)
+    def fill(per_sm):
         ctas, splits, _ = _split_grid(fn, m, k, per_sm, tokens=tokens)
-        slots = per_sm * current().sm_count
-        return ctas * splits / (-(-ctas * splits // slots) * slots)
+        return _round_fill(ctas * splits, per_sm * current().sm_count)
     best = choices[0]
     for c in choices[1:]:
         if c >= 1 and fill(c) > fill(best) + 0.01:
@@ -1610,14 +1609,18 @@ def _multi_round_kparts(tiles: int, warps: int, slots: int, steps: int, most: in
     `most` (the rule multi_round_k_parts) and the K steps, the one whose rounds are the fullest (CTAs / (rounds ·
     slots)), each more than 1% fuller than the best before it; the last round of 2004 CTAs on 396 slots runs 12."""
     def fill(kp):
-        ctas = -(-tiles * kp // warps)
-        return ctas / (-(-ctas // slots) * slots)
+        return _round_fill(-(-tiles * kp // warps), slots)
     best, kp = 1, 2
     while kp <= min(warps, most) and kp <= steps:
         if fill(kp) > fill(best) + 0.01:
             best = kp
         kp *= 2
     return -(-tiles * best // warps), 1, best
+
+
+def _round_fill(ctas: int, slots: int) -> float:
+    """The share of `slots` resident CTA slots busy over the rounds `ctas` CTAs take (2+ rounds past one)."""
+    return ctas / (-(-ctas // slots) * slots)
 
 
 def _busy_warps(tiles: int, kparts: int, splits: int, slots: int, warps: int) -> int:

@@ -571,6 +571,8 @@ class RegA:
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, self.own_hdr)))
         p = self.own_sb  # sub-blocks p, p + 2, p + 4, p + 6: bytes p, p + 2 of the 0-3 word and of the 4-7 one
+        # (pick, dsc, ndsc are lane constants formed again each block: kept in registers they spilled the n64 MoE
+        # build at its 80)
         pick = b.op("mad.lo.u32", p, Imm(0x1111, "u32"), Imm(0x6420, "u32"))
         sixteenth = b.op("setp.ne.u32", p, Imm(0, "u32"))
         dsc = b.op("selp.b32", Imm(0x2C002C00, "b32"), Imm(0x3C003C00, "b32"), sixteenth)  # 1/16 or 1

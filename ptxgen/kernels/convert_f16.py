@@ -58,7 +58,7 @@ def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
     v = b.regs("f32", 8)
-    h = None
+    h = watch = None
     if gather:  # group i = row n, group r of it: read x's row order[n] (/ slots), group r, as two 16-byte loads
         k8 = b.ld_param(k8_p, "u32")
         n = b.op("div.u32", i, k8)
@@ -68,8 +68,8 @@ def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False
         pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
         shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
         row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
-        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))),
-                   Imm(32, "u32"), X)
+        r = b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))  # the input group in the row
+        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, r), Imm(32, "u32"), X)
         b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
         b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
         # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
@@ -83,8 +83,8 @@ def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False
                    b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
         for q in range(4):
             b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
-        if sums:
-            xs_over = _sub_block_sums(b, h, i, k8, n, b.ptr(xs_p))
+        if sums:  # the sums' hi joins the overflow watch below
+            watch = h + [_sub_block_sums(b, h, r, k8, n, b.ptr(xs_p))]
     elif permuted:
         q = b.op("and.b32", i, Imm(7, "b32"))
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
@@ -109,22 +109,21 @@ def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False
         b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
     # overflow watch: a half whose exponent bits are all ones is inf or NaN
     over = None
-    for w in h:
+    for w in watch or h:
         for mask in (0x7C00, 0x7C000000):
             p = b.op("setp.eq.u32", b.op("and.b32", w, Imm(mask, "b32")), Imm(mask, "u32"))
             over = p if over is None else b.op("or.pred", over, p)
-    if sums:
-        over = b.op("or.pred", over, xs_over)
     b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
     b.place(done)
     b.emit("ret")
     return b.finish()
 
 
-def _sub_block_sums(b, h, i, k8, n, XS):
+def _sub_block_sums(b, h, r, k8, n, XS):
     """convert_f16_perm_gather_sums' Σx: this thread's 8 fp16 values (the halves of `h`, as stored) summed in fp32 in
     input column order, then over its quad (input groups 4s .. 4s + 3: sub-block s of the row) by shfl.bfly 1 and
-    2; the quad's first thread stores hi and lo. Returns the predicate of a hi past fp16's range."""
+    2; the quad's first thread (input group r of row n, r % 4 = 0) stores hi and lo. Returns (hi, hi) as a word, for
+    the overflow watch."""
     halves = []
     for q in range(4):  # h[q] = (column b', column b' + 2), b' = (q & 1) + 4·(q >> 1)
         lo, hi = b.reg("b16"), b.reg("b16")
@@ -141,16 +140,14 @@ def _sub_block_sums(b, h, i, k8, n, XS):
                                             type="f32"))
     hi = b.op("cvt.rn.f16.f32", acc)
     lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", acc, b.op("cvt.f32.f16", hi)))
-    r = b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))  # the input group in the row; sub-block r / 4
-    s = b.op("shr.u32", r, Imm(2, "u32"))
+    s = b.op("shr.u32", r, Imm(2, "u32"))  # sub-block r / 4 of the row
     col = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", s, Imm(3, "u32")), Imm(4, "u32")),
                b.op("and.b32", s, Imm(7, "b32")))  # 16·(s / 8) + s % 8
     at = b.op("mad.wide.u32", b.op("mad.lo.u32", n, b.op("shr.u32", k8, Imm(1, "u32")), col), Imm(2, "u32"), XS)
     first = b.op("setp.eq.u32", b.op("and.b32", r, Imm(3, "b32")), Imm(0, "u32"))
     b.emit("st.global.b16", Mem(at), hi, pred=first)
     b.emit("st.global.b16", Mem(at, 16), lo, pred=first)
-    bits = b.op("mov.b32", b.vec([hi, hi]), type="b32")
-    return b.op("setp.eq.u32", b.op("and.b32", bits, Imm(0x7C00, "b32")), Imm(0x7C00, "u32"))
+    return b.op("mov.b32", b.vec([hi, hi]), type="b32")
 
 
 KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
