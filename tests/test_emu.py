@@ -512,23 +512,26 @@ def test_q6k_block_box_with_items_starting_mid_block(kernel, shape, splits):
 
 @pytest.mark.parametrize("kernel,kw", [("mmq_q5_k_wgmma_ra_n64", dict(shape=(131, 69, 1536), splits=5, ctas=3)),
                                        ("mmq_q4_k_wgmma_ra_n64", dict(shape=(259, 40, 1536), splits=3, ctas=2)),
-                                       ("mmq_q5_k_wgmma_ra_n32_moe", {})])
+                                       ("mmq_q5_k_wgmma_ra_n32_moe", {}), ("mmq_q4_k_wgmma_ra_n64_moe", {})])
 def test_nibble_codecs_block_box_gives_the_step_layouts_bits(monkeypatch, kernel, kw):
-    """mmq.NIBBLE_BLOCK_BOX (not yet the default): Q4_K's / Q5_K's register-A builds with a block's columns in an A
-    slot for its 4 K-steps (split items starting and ending mid-block, CTAs taking turns) give y bit for bit as the
-    shipped builds that load 3 / 5 columns a step."""
+    """mmq.NIBBLE_BLOCK_BOX: Q4_K's / Q5_K's register-A builds with a block's rows in an A slot (one TMA box, rows
+    ROW_BOX_PITCH bytes apart; Q4_K's box reads 16 bytes of the next block, zero past the row end) for its 4 K-steps
+    (split items starting and ending mid-block, CTAs taking turns) give y bit for bit as the builds that load 3 / 5
+    16-byte columns a step."""
     from ptxgen.kernels import mmq
 
     kw = dict(kw, interleave=bool(kw))
-    shipped = check_kernel(kernel, KERNELS[kernel].for_arch("sm_90a").ptx(), seed=9, **kw)
-    monkeypatch.setitem(mmq.NIBBLE_BLOCK_BOX, "q4_K", True)
-    monkeypatch.setitem(mmq.NIBBLE_BLOCK_BOX, "q5_K", True)
-    k = KERNELS[kernel].for_arch("sm_90a")
-    ptx = k.ptx()
-    assert "a_ring" in k.manifest(ptx)["meta"]
-    boxed = check_kernel(kernel, ptx, seed=9, **kw)
-    assert shipped.ok and boxed.ok, (shipped.detail, boxed.detail)
-    assert np.array_equal(np.asarray(shipped.got).view(np.uint8), np.asarray(boxed.got).view(np.uint8))
+    got = {}
+    for boxed in (False, True):
+        for fmt in ("q4_K", "q5_K"):
+            monkeypatch.setitem(mmq.NIBBLE_BLOCK_BOX, fmt, ("dense", "grouped") if boxed else ())
+        k = KERNELS[kernel].for_arch("sm_90a")
+        ptx = k.ptx()
+        assert ("a_ring" in k.manifest(ptx)["meta"]) == boxed
+        out = check_kernel(kernel, ptx, seed=9, **kw)
+        assert out.ok, out.detail
+        got[boxed] = np.asarray(out.got)
+    assert np.array_equal(got[False].view(np.uint8), got[True].view(np.uint8))
 
 
 @pytest.mark.parametrize("fmt", ["q5_k", "q6_k", "q8_0", "tq4_1s"])

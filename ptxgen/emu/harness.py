@@ -959,7 +959,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
     else:
         wa = mem.alloc(raw)
-        box_cols = meta["tma_box"][0] if fmt != "q4_K" else 16
+        box_cols = meta.get("tma_box", (16, 128))[0]  # Q4_K's 16-byte columns unless the build says otherwise
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, formats.get(fmt).row_bytes(k), 128, box_cols, "none")
     cl = meta.get("cluster", (1, 1, 1))[0]  # clusters: each rank loads bn / cl rows of the activation tile
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn // cl, 64, "128B")

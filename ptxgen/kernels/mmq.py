@@ -1974,6 +1974,15 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         w_map = f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no swizzle ({c.RA_BOX_NOTE})"
         b.meta.update(fmt=spec.fmt, tma_box=(c.RA_BOX_BYTES, BM),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
+    if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
+        pitch = ROW_BOX_PITCH[spec.fmt]
+        pad = pitch - codec.BLOCK_BYTES
+        w_map = (f"tmap_w: u8, dims (row bytes, M), box ({pitch}, 128), no swizzle (a block's rows"
+                 + (f" and the next block's first {pad} bytes)" if pad else ")"))
+        b.meta.update(fmt=spec.fmt, tma_box=(pitch, BM))
+        if every and not spec.grouped:
+            b.meta.update(tensormaps=b.meta["tensormaps"].replace(
+                "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle", w_map))
     if not every and not spec.grouped:
         b.meta.update(tensormaps=f"{w_map}; tmap_x: f16, dims (K, T), box (64, {BN}), 128B swizzle")
     if spec.grouped:
@@ -2194,14 +2203,14 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
                Mem(fb))
 
 
-def _tma_block_columns(b, tw, s, m0, slot, slot_bytes, raw0, fb, cols, fmt):
-    """The nibble codecs' block box: K-step s's block (s >> 2, s a multiple of 4) as `cols` TMA boxes of 16 bytes x
-    128 rows — header, [qh,] qs — into A slot `slot` (column i at i·RAW_PART), completing on mbarrier fb."""
+def _tma_block_row(b, tw, s, m0, slot, slot_bytes, raw0, fb, fmt):
+    """The nibble codecs' block box: K-step s's block (s >> 2) as one TMA box of 128 rows x ROW_BOX_PITCH bytes (the
+    block's, Q4_K's then the next block's first 16: zero-filled past the row end) into A slot `slot`, completing on
+    mbarrier fb. One box a block, not 16-byte columns a step: each 16-byte row of a column box is a request of its
+    own to L2, which held the register-A MoE GEMM at 77% of L2 throughput at T = 32 (bench/NOTES.md, 2026-12-03)."""
     x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(codecs.get(fmt).BLOCK_BYTES, "u32"))
     rdst = b.op("mad.lo.u32", slot, Imm(slot_bytes, "u32"), raw0)
-    for i in range(cols):
-        b.emit(TMA_STEP, Mem(b.op("add.u32", rdst, Imm(i * RAW_PART, "u32"))),
-               TensorRef(tw, (b.op("add.u32", x0, Imm(16 * i, "u32")), m0)), Mem(fb))
+    b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (x0, m0)), Mem(fb))
 
 
 def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
@@ -2335,6 +2344,9 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.bra(c_item, pred=b.op("setp.ge.u32", it.tm, w.tiles_m))
     if w.groups is not None:  # mul_mat_id: tile column n → y's row order[n] (the pair), masked to the expert's
         from .mmq_moe import scatter_rows
+
+        it = _wgmma_decode(b, spec, w, item)  # decoded again (L1 hits): its rows and places stay out of the K loop's
+        # registers (the block-box builds' slot bookkeeping spilled two of them at the paired builds' 104)
 
         epilogue.lower_mma_sync(b, [[acc[4 * q:4 * q + 4] for q in range(BN // 8)]], lane, it.m0, cw, 16, it.n0,
                                 b.op("mov.u32", Imm(0, "u32")), BN, w.M, b.op("add.u32", it.tlast, Imm(1, "u32")),
@@ -2530,7 +2542,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), qh=False, lay=None, block_scales=True):
+                lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None):
     """The register-A consumer's K loop of the nibble codecs (mmq_q4_k_wgmma_ra_*, mmq_q5_k_wgmma_ra_*): lane (g, t)
     of consumer warp cw decodes rows 16·cw + g and + 8 of the stage's raw 16-byte columns (RAW_PART bytes each)
     straight into wgmma's A fragments by the codec's RegA (codecs/q4_k.py; `qh`: Q5_K's fifth bits), in the K order
@@ -2538,15 +2550,15 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     fence.proxy.async, no named barrier: each warp's A is its own. A registers must outlive their wgmma
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
     kept, 2026-12-01: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
-    bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's columns — header, [qh,] the 8 qs
-    columns — in an A slot for its 4 steps; pair c's qs columns 2c further in."""
-    dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales)
+    bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's rows, `row_box` = (pitch, qs
+    offset, qh offset), in an A slot for its 4 steps; pair c's qs bytes 32c further in."""
+    dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box)
 
     def fragments(stage):
         if lay is not None:
             sl = _a_slot_take(b, lay, s, s_begin)
-            frags = dec.fragments(b, lay.a_slot(sl), magic, b.op("mul.lo.u32", b.op("and.b32", s, Imm(lay.a_mask, "b32")),
-                                                                   Imm(2 * RAW_PART, "u32")))
+            frags = dec.fragments(b, lay.a_slot(sl), magic, b.op("shl.b32", b.op("and.b32", s, Imm(lay.a_mask, "b32")),
+                                                                   Imm(5, "u32")))
             _a_slot_give(b, lay, s, s_end, sl)
             return frags
         return dec.fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), magic)
@@ -2558,10 +2570,16 @@ RA_CODECS = ("q8_0", "q6_K", "tq4_1s")  # codecs with their own register-A decod
 RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB beside the B stages)
 
 
-# Q4_K / Q5_K (NIBBLE_PARTS) with a block's columns — header, [qh,] all 8 qs columns: 9 / 11 x 16 bytes a row —
-# loaded once into an A slot for its 4 K-steps instead of 3 / 5 columns a step (1.33x / 1.8x fewer bytes from L2).
-# Built and checked in the emulator, not yet measured on the GPU: off (bench/NOTES.md, 2026-12-02).
-NIBBLE_BLOCK_BOX = {"q4_K": False, "q5_K": False}
+# Q4_K / Q5_K (NIBBLE_PARTS) with a block's rows loaded by one TMA box into an A slot for its 4 K-steps instead of 3 /
+# 5 16-byte column boxes a step (_tma_block_row), by format, for the schedules named. H200, graph µs, column boxes
+# -> block box (bench/NOTES.md, 2026-12-03): MoE 128 x top-8 T = 32 / 128 / 512 Q4_K 67.6 / 80.1 / 101.9 -> 62.5 /
+# 77.7 / 99.0, Q5_K 104.9 / 114.0 / 133.0 -> 93.5 / 106.5 / 123.0; 32 x top-4 Q4_K within 0.6 at T = 32-128, 81.0
+# -> 78.9 at 512, Q5_K 72.8 / 74.5 / 116.8 -> 66.7 / 67.6 / 92.1; dense 4096x14336 Q5_K T = 64 / 512 40.3 / 114.1
+# -> 38.2 / 112.4, but Q4_K 34.8 / 105.1 -> 35.2 / 108.2 (its n256 build spills the A slots' bookkeeping).
+# The box's row pitch: Q4_K's 144-byte block + 16 bytes, so that the lanes' 8-byte qs loads of rows g = 0..3 fall
+# in distinct banks (Q5_K's 176 bytes do as they are).
+NIBBLE_BLOCK_BOX = {"q4_K": ("grouped",), "q5_K": ("dense", "grouped")}
+ROW_BOX_PITCH = {"q4_K": 160, "q5_K": 176}
 
 
 def _block_box(spec: MmqSpec) -> bool:
@@ -2570,7 +2588,7 @@ def _block_box(spec: MmqSpec) -> bool:
     if not spec.a_regs or spec.prepared or spec.convert or spec.cluster > 1:
         return False
     if spec.fmt in NIBBLE_PARTS:
-        return NIBBLE_BLOCK_BOX.get(spec.fmt, False)
+        return ("grouped" if spec.grouped else "dense") in NIBBLE_BLOCK_BOX.get(spec.fmt, ())
     return spec.fmt in RA_CODECS and getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 1) > 1
 
 
@@ -2597,10 +2615,12 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     codec's own box of whole blocks and ra_fragments (RA_CODECS)."""
     if spec.fmt in NIBBLE_PARTS:
         qh = hasattr(codecs.get(spec.fmt), "QH_OFFSET")  # a nibble codec with qh columns (Q5_K)
-        if _block_box(spec):  # the block's 16-byte columns: header, [qh x 2,] qs x 8
-            cols = codecs.get(spec.fmt).BLOCK_BYTES // 16
-            return _WgWeights(cols * RAW_PART, partial(_tma_block_columns, cols=cols, fmt=spec.fmt),
-                              partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh)))
+        if _block_box(spec):  # the block's rows: one box of ROW_BOX_PITCH bytes x 128 rows
+            c, pitch = codecs.get(spec.fmt), ROW_BOX_PITCH[spec.fmt]
+            qs_at = getattr(c, "QS_OFFSET", c.HEADER_BYTES)
+            return _WgWeights(BM * pitch, partial(_tma_block_row, fmt=spec.fmt),
+                              partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh),
+                                      row_box=(pitch, qs_at, getattr(c, "QH_OFFSET", 0))))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
                           partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh)))
     codec = _ra_codec(spec)
