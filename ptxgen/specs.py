@@ -24,6 +24,8 @@ class MmqSpec:
     # y rows scattered by pair; x rows gathered by pair (fp16 mma.sync, kernels/mmq_moe.py) or by
     # convert_f16_perm_gather before the register-A wgmma build
     fmt: str = "q4_K"  # the weights' codec: Q4_K's raw ring and dequant, or (grouped only) any codec's run8
+    int_weights: bool = False  # grouped register-A wgmma, Q4_K: A = q·sc' exact, a block accumulator scaled by d in
+    # fp32, the min term as k16 MMAs against the gathered x's sub-block sums (kernels/mmq.py _iw_steps)
 
     @property
     def name(self) -> str:
@@ -33,7 +35,7 @@ class MmqSpec:
             return f"mmq_{self.fmt.lower()}_f16_n{self.bn}" + ("" if self.fused else "_x16") + ("_moe" if self.grouped else "")
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
-        kind = "pre" if self.prepared else "ra" if self.a_regs else ""
+        kind = "pre" if self.prepared else "iw" if self.int_weights else "ra" if self.a_regs else ""
         return f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx + ("_moe" if self.grouped else "")
 
     @classmethod

@@ -181,8 +181,9 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
         return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
     if _moe_gemm(fmt, t, slots, experts, k, m):
         if _moe_wgmma(fmt, k, arch, sm):
-            return ["moe_group", "convert_f16_perm_gather", _moe_wgmma_spec(p, experts, fmt).name,
-                    CodecKernel("gemv_idg", fmt).name]
+            spec = _moe_wgmma_spec(p, experts, fmt)
+            return ["moe_group", "convert_f16_perm_gather_sums" if spec.int_weights else "convert_f16_perm_gather",
+                    spec.name, CodecKernel("gemv_idg", fmt).name]
         return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name, CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
@@ -211,6 +212,8 @@ def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
     first n64, from the second n128): one tile an expert where it fits, its weights decoded once per tile."""
     n64, n128 = RULES.moe_wgmma_tile_pairs["n64"], RULES.moe_wgmma_tile_pairs["n128"]
     per = pairs / experts
+    if per <= _per_format(RULES.moe_int_weights_max_pairs, fmt, 0):  # the integer-weight build (n16)
+        return MmqSpec(16, "wgmma", a_regs=True, grouped=True, fmt=fmt, int_weights=True)
     return MmqSpec(128 if per >= n128 else 64 if per >= n64 else 32, "wgmma", a_regs=True, grouped=True, fmt=fmt)
 
 
@@ -415,11 +418,14 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
     if wg:
         x16 = pb.scratch((p, k), np.float16)
         n8 = p * k // 8
-        pb.launch(kernels.load("convert_f16_perm_gather", "sm_90a"), (-(-n8 // 256),),
-                  (pb.x, x16, gate, n8, order, offsets, e, k // 8, slots, x_per_slot))
+        iw = "int_weights" in gemm.meta  # the integer-weight build: x's sub-block sums too (Σx hi / lo)
+        xs = pb.scratch((p, k // 16), np.float16) if iw else None
+        pb.launch(kernels.load(route[0], "sm_90a"), (-(-n8 // 256),),
+                  (pb.x, x16, gate, n8, order, offsets, e, k // 8, slots, x_per_slot) + ((xs,) if iw else ()))
         tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
         tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
-        pb.launch(gemm, (ctas,), (tw, tx, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
+        ts = (_tensor_map(xs.ptr, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
+        pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
     else:
         pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, gate, m, k, slots, x_per_slot, expert_bytes, order, offsets,
                                   work, pb.queue))

@@ -177,9 +177,10 @@ ABSENT_SASS = {}
 for _k in KERNELS:
     if _k.startswith("mmq_q4_k_f16_") and _k.endswith("_moe"):  # the grouped MoE GEMM: cp.async on every target
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "HFMA2", "PRMT"]
-    elif "_wgmma_ra_" in _k and _k.endswith("_moe"):  # sm_90's: the codec's register-A wgmma K loop (its dense
-        # build's SASS), y scattered by pair (4-byte stores), no cp.async
-        EXPECTED_SASS[_k] = EXPECTED_SASS[_k] + ["STG.E"]
+    elif ("_wgmma_ra_" in _k or "_wgmma_iw_" in _k) and _k.endswith("_moe"):  # sm_90's: the codec's register-A
+        # wgmma K loop (its dense build's SASS; integer weights: y += d·acc in fp32), y scattered by pair (4-byte
+        # stores), no cp.async
+        EXPECTED_SASS[_k] = EXPECTED_SASS[_k] + ["STG.E"] + (["FFMA"] if "_iw_" in _k else [])
         ABSENT_SASS[_k, "sm_90a"] = ["LDGSTS", "STG.E.128"]
     elif _k.startswith("mmq_") and _k.endswith("_moe"):  # the other codecs': run8 from global memory, to fp16
         EXPECTED_SASS[_k] = ["HMMA.16816.F32", "LDSM.16.M88.4", "LDG.E", "F2FP.F16.F32.PACK"]

@@ -272,6 +272,24 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         assert ops.mul_mat_id_plan(w, t, 2).kernels[2] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
 
 
+def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypatch):
+    """With rule moe_int_weights_max_pairs set (off as shipped), Q4_K's sm_90 route gathers x with its sub-block sums
+    into a scratch of pairs x K / 16 halves and hands the n16 integer-weight build a third tensor map."""
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+
+    rec = _Launches(monkeypatch)
+    w = _fake_experts(e=8, m=300, k=512)
+    with tuning.override(moe_int_weights_max_pairs=16):
+        x, ids, out = _fake_call(w, 8, 2)
+        assert ops.mul_mat_id_plan(w, 8, 2).kernels[1:3] == ["convert_f16_perm_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe"]
+        assert ops.mul_mat_id_plan(w, 80, 2).kernels[2] == "mmq_q4_k_wgmma_ra_n32_moe"  # 20 pairs an expert
+    names = [r[0] for r in rec.runs]
+    assert names == ["moe_group", "convert_f16_perm_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"]
+    (_, _, c1, _), (_, _, c2, _) = rec.runs[1:3]
+    assert len(c1) == 11 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
+
+
 def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(monkeypatch):
     """The first call of a shape prepares the launch and publishes it; a second thread finding it must not make the
     first launch with its pointers: patch and run happen as one step for every call, the first included."""
@@ -393,6 +411,22 @@ def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, a
     _grouped_route((e, m, 256 * kb), ids, per_slot, 1.0, arch, rng, fmt=fmt)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e5])
+def test_the_integer_weight_grouped_route_in_the_emulator(scale):
+    """Q4_K's integer-weight route (rule moe_int_weights_max_pairs; off as shipped): moe_group,
+    convert_f16_perm_gather_sums (x and its sub-block sums Σx hi / lo), mmq_q4_k_wgmma_iw_n16_moe (A = q·sc', d and
+    the min term outside the K-step MMAs), the gated GEMV; K over 3 super-blocks, experts past one tile of pairs:
+    within 1e-3 of float64, NaN rows for bad ids; x past fp16's range raises the gate and the GEMV recomputes."""
+    from ptxgen import tuning
+
+    rng = np.random.default_rng(13)
+    ids = rng.integers(0, 3, (24, 2)).astype(np.int32)
+    ids[2, 1] = -1
+    with tuning.override(moe_int_weights_max_pairs=64):
+        _grouped_route((4, 130, 768), ids, False, scale, "sm_90a", rng,
+                       ["moe_group", "convert_f16_perm_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"])
+
+
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
     from ptxgen import tuning
     from ptxgen.emu.harness import BACKEND, _memory, _run
@@ -417,12 +451,16 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     if len(gemms) == 2:  # sm_90: x gathered into fp16 by convert_f16_perm_gather, the wgmma build on tensor maps
         x16 = mem.alloc(p * k * 2, poison=0xFF)
         n8 = p * k // 8
-        _run(gemms[0].ptx(), (-(-n8 // 256),), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot)),
-             mem)
+        iw = "int_weights" in gemm.meta  # the integer-weight build: the gather writes the sub-block sums too
+        xs = mem.alloc(p * k // 16 * 2, poison=0xFF) if iw else None
+        _run(gemms[0].ptx(), (-(-n8 // 256),), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot))
+             + ((xs,) if iw else ()), mem)
         box = gemm.meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B")
-        _run(gemm.ptx(), (2,), (384,), (tw, tx, ya, m, k, oa, fa, ka, qa), mem, dynamic_smem=gemm.meta["dynamic_smem"])
+        ts = (BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
+        _run(gemm.ptx(), (2,), (384,), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa), mem,
+             dynamic_smem=gemm.meta["dynamic_smem"])
     else:
         _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,
              dynamic_smem=gemm.meta["dynamic_smem"])

@@ -533,8 +533,9 @@ class RegA:
     lane's offsets (once, ahead of the K loop); fragments() a step's decode."""
 
     def __init__(self, b, lane, cw, s, part: int, qh: bool = False, s_begin=None, block_scales: bool = True,
-                 row_box: tuple | None = None):
+                 row_box: tuple | None = None, integer: bool = False):
         self.s, self.qh = s, qh
+        self.integer = integer  # A = q·sc' alone (IntA: d and the min term applied outside the MMA)
         self.block_scales = RA_BLOCK_SCALES and block_scales
         g = b.op("shr.u32", lane, Imm(2, "u32"))
         t = b.op("and.b32", lane, Imm(3, "b32"))
@@ -574,6 +575,9 @@ class RegA:
                                                            b.op("setp.ne.u32", self.own_sb, Imm(0, "u32")))
         self.quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
         self.neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
+        self.t = t
+        self.row_hdr = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
+                        for rr in range(2)] if self.integer else None
         rows = [b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"),
                      b.op("shl.b32", t, Imm(3, "u32"))) for rr in range(2)]
         self.qs_off = [b.op("add.u32", r, Imm(qs_at, "u32")) for r in rows]
@@ -607,6 +611,8 @@ class RegA:
         for lo, (sc_out, mh_out, ml_out) in ((True, (sc01, mh01, ml01)), (False, (sc23, mh23, ml23))):
             sel = Imm(0x7150 if lo else 0x7352, "b32")  # bytes (0, 1) or (2, 3) under 0x64: 1024 + v halves
             b.emit("fma.rn.f16x2", sc_out, b.op("prmt.b32", scw, magic, sel), dsc, ndsc)
+            if self.integer:  # (the min term is IntA's own MMA: min_fragments)
+                continue
             m = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, sel), magic, type="b32")  # m exact
             b.emit("mul.rn.f16x2", mh_out, m, ndmin)
             b.emit("fma.rn.f16x2", ml_out, m, ndmin, b.op("xor.b32", mh_out, Imm(0x80008000, "b32")))
@@ -616,12 +622,38 @@ class RegA:
                    Imm(0xFFFFFFFF, "b32"))
         b.place(kept)
 
+    def min_fragments(self, b, rbase, magic):
+        """IntA's min-term A operands of the block at `rbase` (a row box): lane (g, t)'s −dmin·m of sub-blocks 2t,
+        2t + 1 of rows row0 and row0 + 8 as fp16 hi and lo pairs (mul, then fma: each rounds the exact product
+        once), as two k16 slices for B = [Σx hi of sub-blocks 0-7 | Σx lo]: [hi, hi] and [lo, 0] (k 2t, 2t + 1
+        and 2t + 8, 2t + 9 of rows g, g + 8). Also returns both rows' d as fp32."""
+        t = self.t
+        tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))  # byte 2t % 4 of the m word
+        msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # bytes (tb, 0x64, tb + 1, 0x64)
+        t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+        hi, lo, d = [], [], []
+        for rr in range(2):
+            hw = b.regs("b32", 4)
+            b.emit("ld.shared.v4.b32", b.vec(hw), Mem(b.op("add.u32", rbase, self.row_hdr[rr])))
+            mw = b.op("selp.b32", mins_4_7(b, hw[2], hw[3]), mins_0_3(b, hw[2]), t_hi)
+            m = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, msel), magic, type="b32")  # (m_2t, m_2t+1) exact
+            ndmin = b.op("xor.b32", b.op("prmt.b32", hw[0], hw[0], Imm(0x3232, "b32")), Imm(0x80008000, "b32"))
+            h = b.op("mul.rn.f16x2", m, ndmin, type="b32")
+            hi.append(h)
+            lo.append(b.op("fma.rn.f16x2", m, ndmin, b.op("xor.b32", h, Imm(0x80008000, "b32")), type="b32"))
+            dh = b.reg("b16")
+            b.emit("mov.b32", b.vec([dh, b.reg("b16")]), hw[0])
+            d.append(b.op("cvt.f32.f16", dh))
+        zero = b.op("mov.b32", Imm(0, "b32"))
+        return [[hi[0], hi[1], hi[0], hi[1]], [lo[0], lo[1], zero, zero]], d
+
     def fragments(self, b, rbase, magic, qs_shift=None):
         """The step's A registers from the raw columns at `rbase` (qs_shift: pair c's qs columns past the step
         layout's, the block box: 2c): slice kk's registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)."""
         s, qh, quad, neg1024 = self.s, self.qh, self.quad, self.neg1024
         lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
         scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
+        # (integer: (sc', −1024·sc') alone)
 
         def shfl(v, src):
             return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
@@ -643,6 +675,9 @@ class RegA:
             for sb in range(2):  # from lane 4g + 2rr + sb
                 src = b.op("or.b32", quad, Imm(2 * rr + sb, "b32"))
                 sc = shfl(sc_m, src)
+                if self.integer:
+                    scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"))
+                    continue
                 scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
                                   shfl(m_lo, src))
         frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
@@ -671,7 +706,8 @@ class RegA:
                                    Imm(0xEA, "b32"))
                         h = b.reg("b32")
                         b.emit("lop3.b32", h, words[sh], mask, top, Imm(0xEA, "b32"))  # (v & mask) | 0x6400 (| bit)
-                        frag[rr, 4 * sb + 2 * wi + sh] = dequant_pair3(b, h, scales[rr, sb])
+                        frag[rr, 4 * sb + 2 * wi + sh] = (b.op("fma.rn.f16x2", h, *scales[rr, sb], type="b32")
+                                                          if self.integer else dequant_pair3(b, h, scales[rr, sb]))
         return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
 
 

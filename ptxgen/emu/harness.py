@@ -285,8 +285,12 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         box = meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, a codec's box of whole blocks
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
         tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B")
-        _run(ptx, grid, (384,), (tw, tx, ya, m, k, oa, na, ka, qa), mem, dynamic_smem=meta["dynamic_smem"], seed=seed,
-             interleave=interleave)
+        ts = ()
+        if "int_weights" in meta:  # the integer-weight build: the rows' sub-block sums too, as the gather writes them
+            xs = gather_sub_block_sums(rows)
+            ts = (BACKEND[-1].tensor_map(mem, mem.alloc(xs), "f16", p, k // 16, bn, 8, "none"),)
+        _run(ptx, grid, (384,), (tw, tx, *ts, ya, m, k, oa, na, ka, qa), mem, dynamic_smem=meta["dynamic_smem"],
+             seed=seed, interleave=interleave)
     else:
         _run(ptx, grid, (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na, ka, qa), mem,
              dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)
@@ -925,6 +929,26 @@ def _ra_min_k(fmt: str, start: int = 512) -> int:
     return next(k for k in range(start, 1 << 16, 256) if formats.get(fmt).row_bytes(k) % 16 == 0)
 
 
+def gather_sub_block_sums(rows: np.ndarray) -> np.ndarray:
+    """convert_f16_perm_gather_sums' Σx of fp32 rows (P x K) as the kernel forms them: each group of 8 input columns'
+    fp16 values summed in fp32 in column order, a sub-block's 4 groups as (g0 + g1) + (g2 + g3) (shfl.bfly 1, 2), split
+    into fp16 hi and lo: [P][K / 16] halves, super-block j's sub-block i at 16j + i (hi) and 16j + 8 + i (lo)."""
+    p, k = rows.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = rows.astype(np.float16).astype(np.float32).reshape(p, k // 8, 8)
+        g = v[..., 0]
+        for c in range(1, 8):
+            g = (g + v[..., c]).astype(np.float32)
+        g = g.reshape(p, k // 32, 4)
+        tot = ((g[..., 0] + g[..., 1]).astype(np.float32) + (g[..., 2] + g[..., 3]).astype(np.float32)).astype(np.float32)
+        hi = tot.astype(np.float16)
+        lo = (tot - hi.astype(np.float32)).astype(np.float16)
+    out = np.zeros((p, k // 256, 16), np.float16)
+    out[:, :, :8] = hi.reshape(p, k // 256, 8)
+    out[:, :, 8:] = lo.reshape(p, k // 256, 8)
+    return out.reshape(p, k // 16)
+
+
 def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2, interleave=False,
                    run_seed=None, poison_x=None) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
@@ -1100,3 +1124,5 @@ def check_kernel(name: str, ptx: str, seed: int = 0, **kw) -> Outcome:
     if name not in HARNESSES:
         raise KeyError(f"no emulator harness for {name}; have: {', '.join(HARNESSES)}")
     return HARNESSES[name](ptx, np.random.default_rng(seed), seed=seed, **kw)
+for _bn in (16,):  # the integer-weight grouped build (not shipped: mmq.GROUPED_IW_TOKEN_TILES)
+    HARNESSES[f"mmq_q4_k_wgmma_iw_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_iw_n{_bn}_moe", 3)

@@ -1714,6 +1714,12 @@ class _WgRing(NamedTuple):
     a_slot_bytes: int = 0  # ... of a_slots slots at raw0 (the stages hold B alone),
     a_count: Reg | None = None  # ... and the boxes issued (producer) / released (consumers) so far,
     a_mask: int = 0  # ... a box serving K-steps s with the same s & ~a_mask (_box_step_mask: both roles read it here)
+    sums0: Reg | None = None  # IntA (int_weights): S slots of a block's Σx tile (s_bytes each), filled with the
+    s_bytes: int = 0  # ... stage of the block's last K-step
+
+    def sums(self, st):
+        """Ring stage st's Σx slot (IntA)."""
+        return self.b.op("mad.lo.u32", st, Imm(self.s_bytes, "u32"), self.sums0)
 
     def a_slot(self, sl):
         """A slot sl's address."""
@@ -1829,6 +1835,11 @@ def build_wgmma(arch, spec: "MmqSpec"):
                       "warp-specialized, persistent", block=(WG_THREADS, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
+    IW = spec.int_weights
+    if IW and not (spec.grouped and spec.a_regs and spec.fmt == "q4_K" and _block_box(spec)):
+        raise ValueError(f"{spec.name}: integer weights are the grouped register-A Q4_K build's (with block boxes)")
+    ts_p = b.param("tmap_s", "b8", "tensormap", array=128, align=64) if IW else None  # f16 Σx [pairs][K / 16]
+    s_bytes = BN * 32 if IW else 0  # a block's Σx tile: BN rows x (8 hi + 8 lo) halves
     y_p = b.param("y", "u64", "ptr:out")
     G = spec.grouped
     if G:  # mul_mat_id: the sizes, moe_group's grouping and the queue (no split-K: no partials or counters)
@@ -1847,12 +1858,18 @@ def build_wgmma(arch, spec: "MmqSpec"):
         cx_p = (b.param("x", "u64", "ptr:in"), b.param("x16", "u64", "ptr:out"),
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
     a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
-    smem = b.dynamic_shared(S * stage_bytes + SA * a_slot_bytes + a_bytes + cx_bytes + 1024)  # + 1024: aligned up
+    smem = b.dynamic_shared(S * stage_bytes + SA * a_slot_bytes + a_bytes + cx_bytes + S * s_bytes + 1024)  # + 1024:
+    # the base aligned up
     # full[S], empty[S], item_full[2], item_empty[2] (, a_full[SA], a_empty[SA])
     bars = b.shared_buffer("bars", 8 * (2 * S + 4 + 2 * SA), align=8)
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
     _wgmma_meta(b, arch, spec, sched, S, XS)
+    if IW:
+        b.meta.update(int_weights=IW_NOTE, activations=b.meta["activations"].replace(
+            "convert_f16_perm_gather", "convert_f16_perm_gather_sums (with each row's sub-block sums Σx)"),
+            tensormaps=b.meta["tensormaps"] + f"; tmap_s: f16, dims (K / 16, pairs) over the Σx rows, box (8, {BN}), "
+            "no swizzle")
 
     CL = spec.cluster
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
@@ -1878,7 +1895,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     raw0 = b.op("add.u32", a_base, Imm(a_bytes, "u32"))  # raw: S x 3 x RAW_PART
     lay = _WgRing(b, S, b_bytes, raw_bytes, stage_bytes, bst, a_base, raw0, b.op("mov.u32", bars),
                   b.op("mov.u32", slots), SA, a_slot_bytes, b.op("mov.u32", Imm(0, "u32")) if SA else None,
-                  _box_step_mask(spec) if SA else 0)
+                  _box_step_mask(spec) if SA else 0,
+                  b.op("add.u32", raw0, Imm(S * raw_bytes + SA * a_slot_bytes, "u32")) if IW else None, s_bytes)
     if SA:
         b.meta.update(a_ring=f"{SA} slots of {a_slot_bytes} bytes after the B stages: block j's box (one TMA), "
                              f"read by its K-steps 4j .. 4j + 3 (the item's first and last may be mid-block)")
@@ -1887,7 +1905,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     cl_exit = b.label("cluster_exit") if CL > 1 else None  # everyone meets here before leaving (peers use our smem)
     consumer = b.label("consumer")
     b.bra(consumer, pred=b.op("setp.ge.u32", tid, Imm(128, "u32")))
-    _wgmma_producer(b, spec, lay, w, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit)
+    _wgmma_producer(b, spec, lay, w, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit, ts_p)
     b.place(consumer)
     _wgmma_consumer(b, arch, spec, lay, w, tid, epilogue, fix_slot)
     if CL > 1:
@@ -2089,7 +2107,8 @@ def _wgmma_init_barriers(b, CL, lay: _WgRing, tid):
     return leader
 
 
-def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit):
+def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit,
+                    ts_p=None):
     """Warpgroup 0, its registers handed to the consumers: in the converting build warps 1-3 convert x
     (_convert_x); thread 0 claims items (the atomic queue, or statically per cluster), hands each to the consumers
     through the 2-slot item ring and TMAs its K-steps into the stage ring (_wgmma_tma_step); the last CTA out
@@ -2117,6 +2136,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         b.emit("mov.b16", mask, Imm((1 << CL) - 1, "b16"))
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
     tx = b.op("cvta.param.u64", b.op("mov.b64", tx_p))
+    ts = b.op("cvta.param.u64", b.op("mov.b64", ts_p)) if ts_p is not None else None
     # launched early behind convert_f16 (programmatic dependent launch): the set-up above overlapped its tail; the
     # activation it writes is read only by this thread's TMA, so the wait goes here
     b.emit("griddepcontrol.wait")
@@ -2145,7 +2165,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
                                     Imm(CX_ROWS - 1, "u32")), Imm(CX_ROWS.bit_length() - 1, "u32"))
     p_step = b.label("p_step")
     b.place(p_step)
-    _wgmma_tma_step(b, spec, lay, w, it, g, s, need, tw, tx, mask, XR, XS)
+    _wgmma_tma_step(b, spec, lay, w, it, g, s, need, tw, tx, mask, XR, XS, ts)
     b.emit("add.u32", g, g, Imm(1, "u32"))
     b.emit("add.u32", s, s, Imm(1, "u32"))
     b.bra(p_step, pred=b.op("setp.lt.u32", s, it.s_end))
@@ -2160,7 +2180,8 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         b.emit("ret")
 
 
-def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, s, need, tw, tx, mask, XR, XS):
+def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, s, need, tw, tx, mask, XR, XS,
+                    ts=None):
     """The producer's K-step s (ring position g): wait until the stage is free, expect its bytes, TMA the A part
     (the prepared fragments' block, or the raw tile's header and qs columns) and, once the converters have
     written that chunk of x (the converting build), the activation tile (a cluster rank: its share, multicast)."""
@@ -2171,8 +2192,18 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     sph = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
     _wait(b, lay.empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
     fb = lay.full(stage)
+    last = None
+    if ts is not None:  # IntA: the block's last step brings its Σx tile too (expected before the arrival)
+        last = b.op("setp.eq.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(3, "u32"))
+        b.emit("mbarrier.expect_tx.shared::cta.b64", Mem(fb), Imm(lay.s_bytes, "u32"), pred=last)
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(lay.stage_bytes, "u32"))
     tma = TMA_STEP
+    if ts is not None:  # Σx hi (columns 16j .. +7) and lo (16j + 8 ..) of block j = s >> 2: BN x 16 bytes each
+        sdst = lay.sums(stage)
+        col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32"))
+        for h in range(2):
+            b.emit(tma, Mem(b.op("add.u32", sdst, Imm(h * spec.bn * 16, "u32"))),
+                   TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb), pred=last)
     if PRE:  # block (tm, s) of the prepared fragments: 64 rows of 256 bytes
         frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
@@ -2330,10 +2361,18 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     b.bra(c_end, pred=b.op("setp.ge.u32", item, w.items))
     it = _wgmma_decode(b, spec, w, item)
     split_k = None if w.groups is not None else b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
-    for a in acc:
+    out, ym = acc, None
+    if spec.int_weights:  # y (fp32 sums of the blocks scaled by d) and the min term's MMA accumulator ym apart from
+        # the block accumulator: ptxas serializes every wgmma where other instructions write an accumulator
+        out, ym = ([b.reg("f32") for _ in range(BN // 2)] for _ in range(2))
+    for a in out + (ym or []):
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", it.s_begin)
-    if ra:
+    if spec.int_weights:
+        _iw_steps(b, arch, BN, lay, acc, out, ym, s, it.s_begin, it.s_end, gc, cw, lane, sa.magic, peers)
+        for v, m in zip(out, ym):
+            b.emit("add.rn.f32", v, v, m)
+    elif ra:
         steps = _prepared_steps if spec.prepared else _wg_weights(spec).steps
         steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
               lay.b_bytes, ct, cw, lane, sa.magic, peers, **({"lay": lay} if lay.a_slots else {}))
@@ -2348,7 +2387,7 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         it = _wgmma_decode(b, spec, w, item)  # decoded again (L1 hits): its rows and places stay out of the K loop's
         # registers (the block-box builds' slot bookkeeping spilled two of them at the paired builds' 104)
 
-        epilogue.lower_mma_sync(b, [[acc[4 * q:4 * q + 4] for q in range(BN // 8)]], lane, it.m0, cw, 16, it.n0,
+        epilogue.lower_mma_sync(b, [[out[4 * q:4 * q + 4] for q in range(BN // 8)]], lane, it.m0, cw, 16, it.n0,
                                 b.op("mov.u32", Imm(0, "u32")), BN, w.M, b.op("add.u32", it.tlast, Imm(1, "u32")),
                                 w.Y0, col_row=scatter_rows(b, w.groups.ORD, it.tlast))
         b.bra(c_item)
@@ -2565,6 +2604,11 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
+IW_NOTE = ("A = q·sc' exact in fp16 (one fma a weight pair); a super-block's MMAs into a block accumulator, y += "
+           "d·acc in fp32 after its last step; the min term as two k16 MMAs into y: A = [−dmin·m hi | hi] and [lo | 0] "
+           "of the lane's sub-blocks, B = the block's Σx tile [hi | lo] (_iw_steps)")
+GROUPED_IW_TOKEN_TILES = (16,)  # the integer-weight grouped build: y, the min term's and the block's accumulators
+# and two A sets fit the paired builds' 104 registers at n16 (n32 spilled 96 bytes)
 RA_CODECS = ("q8_0", "q6_K", "tq4_1s")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
 # RA_BOX_NOTE; RA_BOX_STEPS where one box serves several K-steps)
 RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB beside the B stages)
@@ -2667,6 +2711,54 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
         _a_slot_give(b, lay, s, s_end, sl)
         return frags
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
+
+
+def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, lane, magic, peers):
+    """IntA, the integer-weight K loop of the grouped Q4_K build (mmq_q4_k_wgmma_iw_*): a super-block (4 K-steps,
+    static in the loop body; items start at block 0, K a multiple of 256) at a time. A = q·sc' exact in fp16 (one
+    fma a weight pair: codecs.q4_k.RegA integer), the block's 16 k16 MMAs into `acc` (the first with scale-d 0);
+    after its last: wait_group 0, y += d·acc in fp32 (d of rows g, g + 8), then two k16 MMAs into y for the min
+    term — A = [−dmin·m hi | hi] and [lo | 0] of sub-blocks 2t, 2t + 1 (RegA.min_fragments, from the header still
+    in the A slot), B = the block's Σx tile [hi of sub-blocks 0-7 | lo] (convert_f16_perm_gather_sums; the stage's
+    Σx slot, no swizzle: LBO BN·16, SBO 128) — committed as their own group: the next step's wait_group 1 retires
+    them before their stage is released."""
+    S = lay.S
+    c, pitch = codecs.get("q4_K"), ROW_BOX_PITCH["q4_K"]
+    dec = q4k.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, (pitch, c.HEADER_BYTES, 0), integer=True)
+    sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
+    top = b.label("iw_block")
+    b.place(top)
+    for st in range(4):
+        stage = b.op("rem.u32", gc, Imm(S, "u32"))
+        _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32")))
+        sl = _a_slot_take(b, lay, s, s_begin)
+        slot = lay.a_slot(sl)
+        a = dec.fragments(b, slot, magic, b.op("mov.u32", Imm(32 * st, "u32")))
+        if st == 3:  # (from the header, before the slot goes back)
+            mins, d = dec.min_fragments(b, slot, magic)
+        _a_slot_give(b, lay, s, s_end, sl)
+        dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
+        b.emit("wgmma.fence.sync.aligned")
+        for kk in range(BK // 16):
+            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk], scale_d=0 if st == kk == 0 else 1))
+        if st < 3:
+            _wgmma_step_done(b, S, gc, s, s_begin, lay.empty, peers)
+            continue
+        b.emit("wgmma.commit_group.sync.aligned")
+        b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))  # the block's MMAs (and the last min MMAs) done
+        _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32")), peers)
+        for i, v in enumerate(acc):  # fragment i: row g (i % 4 < 2) or g + 8
+            b.emit("fma.rn.f32", y[i], v, d[(i % 4) // 2], y[i])
+        sd = b.op("or.b32", b.op("shr.u32", lay.sums(stage), Imm(4, "u32")), Imm(sums_desc & 0xFFFFFFFF, "b32"))
+        desc = b.op("mov.b64", b.vec([sd, b.op("mov.b32", Imm(sums_desc >> 32, "b32"))]), type="b64")
+        b.emit("wgmma.fence.sync.aligned")
+        for m in mins:
+            b.emit(ir_wgmma(arch, BN, "f16", b.vec(ym), b.vec(m), desc))
+        b.emit("wgmma.commit_group.sync.aligned")
+        b.emit("add.u32", gc, gc, Imm(1, "u32"))
+        b.emit("add.u32", s, s, Imm(1, "u32"))
+    b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
+    _wgmma_drain(b, S, gc, lay.empty, peers)
 
 
 def _a_slot_take(b, lay: _WgRing, s, s_begin):
@@ -2813,6 +2905,13 @@ def kernel_defs() -> list[KernelDef]:
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_90a",))
          for f in GROUPED_WGMMA_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True).name,
+                   f"Q4_K MoE GEMM (mul_mat_id), wgmma with A = q·sc' from registers (integer weights: d and the min "
+                   f"term outside the K-step MMAs), {BM}x{bn} tiles (x and its sub-block sums gathered by "
+                   f"convert_f16_perm_gather_sums)",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True): build(arch, s),
+                   archs=("sm_90a",))
+         for bn in GROUPED_IW_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f).name,
                    f"{f} prefill GEMM, wgmma with A from registers decoded from the raw blocks (TMA), {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f): build(arch, s), archs=("sm_90a",))
