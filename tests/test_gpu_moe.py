@@ -62,6 +62,24 @@ def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot
     np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
 
 
+@pytest.mark.parametrize("e,m,k,t,slots,skew,per_slot", [(32, 1792, 2048, 5, 4, False, True),
+                                                         (4, 300, 512, 10, 2, True, False),
+                                                         (128, 768, 2048, 32, 8, False, False)])
+def test_the_integer_weight_grouped_gemm_matches_the_reference(e, m, k, t, slots, skew, per_slot):
+    """Q4_K's integer-weight grouped route (rule moe_int_weights_max_pairs, off as shipped: turned on here):
+    convert_f16_perm_gather_sums and mmq_q4_k_wgmma_iw_n16_moe within 1e-3 of float64, graph and eager alike."""
+    import ptxgen.runtime as r
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+
+    with tuning.override(moe_int_weights_max_pairs=64):
+        assert "mmq_q4_k_wgmma_iw_n16_moe" in ops.mul_mat_id_kernels("q4_K", t, slots, e, k, m)
+        w, raw, x, ids = _case("q4_K", e, m, k, t, slots, seed=e + t, skew=skew, per_slot=per_slot)
+        got = r.mul_mat_id(w, x, ids)
+    want = formats.mul_mat_id_ref(w.fmt, raw, w.shape, x, ids)
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-3
+
+
 @pytest.mark.parametrize("t,per_slot", [(1, False), (5, True), (64, False)])
 def test_the_torch_hot_path_gives_the_general_paths_bits_and_its_errors(t, per_slot):
     """Once a shape's plan is cached, a call on CUDA torch tensors reads their attributes and launches
