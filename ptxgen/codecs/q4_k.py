@@ -544,37 +544,35 @@ class RegA:
         self.own_sb = b.op("and.b32", t, Imm(1, "b32"))  # sub-block 2c + (t & 1)
         self.row_box = row_box
         if row_box is not None:  # (pitch, qs offset, qh offset): the block's rows, `pitch` bytes apart (one TMA box)
-            self._row_box_offsets(b, lane, t, row0, own_rr, qh, s_begin)
-            return
-        self.own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
+            self.own_hdr = b.op("mul.lo.u32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(row_box[0], "u32"))
+        else:
+            self.own_hdr = b.op("shl.b32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(4, "u32"))
         self.own_scale = None if self.block_scales else b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"),
                                                            b.op("setp.ne.u32", self.own_sb, Imm(0, "u32")))
         self.quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
         self.neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
-        # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
-        qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
-                                       b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
-                         b.op("mul.lo.u32", b.op("add.u32", own_rr, Imm(1, "u32")), Imm(part, "u32")))
-                  for rr in range(2)]
-        self.qh_off = None
-        if qh:  # the qs columns come after the two qh ones; the lane's qh bytes sit where its qs bytes did
-            self.qh_off = qs_off
-            qs_off = [b.op("add.u32", o, Imm(2 * part, "u32")) for o in qs_off]
-        self.qs_off = qs_off
+        if row_box is not None:
+            self._row_box_offsets(b, t, row0, qh)
+        else:
+            # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
+            qs_off = [b.op("add.u32", b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
+                                           b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(3, "u32"))),
+                             b.op("mul.lo.u32", b.op("add.u32", own_rr, Imm(1, "u32")), Imm(part, "u32")))
+                      for rr in range(2)]
+            self.qh_off = None
+            if qh:  # the qs columns come after the two qh ones; the lane's qh bytes sit where its qs bytes did
+                self.qh_off = qs_off
+                qs_off = [b.op("add.u32", o, Imm(2 * part, "u32")) for o in qs_off]
+            self.qs_off = qs_off
         self.s_begin = s_begin
         if self.block_scales:  # the lane's block registers (set at each block's first step; zero until then)
             self.blk = [b.op("mov.b32", Imm(0, "b32")) for _ in range(8)]  # sc' 0-1, 2-3, −m hi, lo, d rows 0, 1
 
-    def _row_box_offsets(self, b, lane, t, row0, own_rr, qh, s_begin):
-        """The lane's offsets in a row-major block box (row_box = (pitch, qs offset, qh offset)): its scale row's
-        header, and qs bytes 8t..8t+7 of sub-block pair 0 (pair c: 32·c further: fragments' qs_shift) and the qh
-        bytes 8t..8t+7 (every pair's fifth bits) of rows row0 and row0 + 8."""
+    def _row_box_offsets(self, b, t, row0, qh):
+        """The lane's offsets in a row-major block box (row_box = (pitch, qs offset, qh offset)): qs bytes 8t..8t+7
+        of sub-block pair 0 (pair c: 32·c further: fragments' qs_shift) and the qh bytes 8t..8t+7 (every pair's
+        fifth bits) of rows row0 and row0 + 8; IntA also the two rows' headers (min_fragments)."""
         pitch, qs_at, qh_at = self.row_box
-        self.own_hdr = b.op("mul.lo.u32", b.op("mad.lo.u32", own_rr, Imm(8, "u32"), row0), Imm(pitch, "u32"))
-        self.own_scale = None if self.block_scales else b.op("selp.f32", Imm(1.0 / 16, "f32"), Imm(1.0, "f32"),
-                                                           b.op("setp.ne.u32", self.own_sb, Imm(0, "u32")))
-        self.quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
-        self.neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
         self.t = t
         self.row_hdr = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
                         for rr in range(2)] if self.integer else None
@@ -582,9 +580,6 @@ class RegA:
                      b.op("shl.b32", t, Imm(3, "u32"))) for rr in range(2)]
         self.qs_off = [b.op("add.u32", r, Imm(qs_at, "u32")) for r in rows]
         self.qh_off = [b.op("add.u32", r, Imm(qh_at, "u32")) for r in rows] if qh else None
-        self.s_begin = s_begin
-        if self.block_scales:
-            self.blk = [b.op("mov.b32", Imm(0, "b32")) for _ in range(8)]
 
     def _block_scales(self, b, rbase, magic):
         """At a block's first step (or the item's): the lane's (row, parity p) header → sc'·(1 or 1/16) of its

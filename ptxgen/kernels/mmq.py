@@ -2660,11 +2660,9 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     if spec.fmt in NIBBLE_PARTS:
         qh = hasattr(codecs.get(spec.fmt), "QH_OFFSET")  # a nibble codec with qh columns (Q5_K)
         if _block_box(spec):  # the block's rows: one box of ROW_BOX_PITCH bytes x 128 rows
-            c, pitch = codecs.get(spec.fmt), ROW_BOX_PITCH[spec.fmt]
-            qs_at = getattr(c, "QS_OFFSET", c.HEADER_BYTES)
-            return _WgWeights(BM * pitch, partial(_tma_block_row, fmt=spec.fmt),
-                              partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh),
-                                      row_box=(pitch, qs_at, getattr(c, "QH_OFFSET", 0))))
+            box = _row_box(spec.fmt)
+            return _WgWeights(BM * box[0], partial(_tma_block_row, fmt=spec.fmt),
+                              partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh), row_box=box))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
                           partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh)))
     codec = _ra_codec(spec)
@@ -2673,6 +2671,12 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
         rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
         b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (codec.ra_box_column(b, s), row)), Mem(fb))
     return _WgWeights(BM * codec.RA_BOX_BYTES, tma, partial(_codec_rega_steps, codec))
+
+
+def _row_box(fmt: str) -> tuple:
+    """A nibble codec's block-box geometry for RegA: (row pitch, qs offset, qh offset) in bytes."""
+    c = codecs.get(fmt)
+    return ROW_BOX_PITCH[fmt], getattr(c, "QS_OFFSET", c.HEADER_BYTES), getattr(c, "QH_OFFSET", 0)
 
 
 def _block_scales_fit(spec: MmqSpec, qh: bool) -> bool:
@@ -2723,8 +2727,7 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
     Σx slot, no swizzle: LBO BN·16, SBO 128) — committed as their own group: the next step's wait_group 1 retires
     them before their stage is released."""
     S = lay.S
-    c, pitch = codecs.get("q4_K"), ROW_BOX_PITCH["q4_K"]
-    dec = q4k.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, (pitch, c.HEADER_BYTES, 0), integer=True)
+    dec = q4k.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, _row_box("q4_K"), integer=True)
     sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
     top = b.label("iw_block")
     b.place(top)
