@@ -252,12 +252,16 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     """On an H200 (no arch pinned) Q4_K's grouped route is moe_group, convert_f16_perm_gather (x → fp16 in moe_group's
     order and the wgmma build's K order, into scratch; the gate is its overflow flag), the register-A wgmma build
     reading the weights of all experts and the gathered x by tensor map (one CTA an SM, PDL behind the conversion),
-    then the gated exact GEMV. Its token tile follows the pairs per expert (RULES.moe_wgmma_tile_pairs)."""
+    then the gated exact GEMV. Its token tile follows the pairs per expert (RULES.moe_wgmma_tile_pairs). The rule
+    moe_int_weights_max_pairs (the integer-weight build at few pairs an expert) is pinned off here."""
+    from ptxgen import tuning
     from ptxgen.runtime import ops
 
     rec = _Launches(monkeypatch)
     w = _fake_experts(e=8, m=300, k=512)
-    x, ids, out = _fake_call(w, 8, 2)
+    with tuning.override(moe_int_weights_max_pairs=0):
+        x, ids, out = _fake_call(w, 8, 2)
+        plan = ops.mul_mat_id_plan(w, 8, 2)
     names = [r[0] for r in rec.runs]
     assert names == ["moe_group", "convert_f16_perm_gather", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
     (_, _, c0, _), (_, g1, c1, _), (_, g2, c2, _), (_, _, c3, _) = rec.runs
@@ -266,20 +270,22 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     assert g1 == (-(-16 * 512 // 8 // 256), 1, 1)
     assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate
-    plan = ops.mul_mat_id_plan(w, 8, 2)
     assert [ln.pdl for ln in plan.launches[1:3]] == [True, True]
     for t, bn in ((95, 32), (96, 64), (511, 64), (512, 128)):  # from 24 pairs per expert n64, from 128 n128
         assert ops.mul_mat_id_plan(w, t, 2).kernels[2] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
 
 
 def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypatch):
-    """With rule moe_int_weights_max_pairs set (off as shipped), Q4_K's sm_90 route gathers x with its sub-block sums
+    """With rule moe_int_weights_max_pairs set, Q4_K's sm_90 route gathers x with its sub-block sums
     into a scratch of pairs x K / 16 halves and hands the n16 integer-weight build a third tensor map."""
     from ptxgen import tuning
     from ptxgen.runtime import ops
 
     rec = _Launches(monkeypatch)
     w = _fake_experts(e=8, m=300, k=512)
+    shipped = ops.RULES.moe_int_weights_max_pairs["q4_K"]  # pairs an expert: the build up to this, n32 above
+    assert ops.mul_mat_id_plan(w, 4 * shipped, 2).kernels[2] == "mmq_q4_k_wgmma_iw_n16_moe"
+    assert ops.mul_mat_id_plan(w, 4 * shipped + 4, 2).kernels[2] == "mmq_q4_k_wgmma_ra_n32_moe"
     with tuning.override(moe_int_weights_max_pairs=16):
         x, ids, out = _fake_call(w, 8, 2)
         assert ops.mul_mat_id_plan(w, 8, 2).kernels[1:3] == ["convert_f16_perm_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe"]
@@ -375,13 +381,17 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
     """mul_mat_id's Q4_K route as ops records it (moe_group, the grouped GEMM — on sm_90 x gathered into fp16 first
     and the register-A wgmma build —, the gated grouped GEMV), run in one emulated memory: within 1e-3 of float64
     (fp16 activations), NaN rows for the bad ids; with activations past fp16's range (scale 1e5) the GEMM or the
-    conversion raises the gate and the GEMV recomputes every pair exactly (1e-5)."""
+    conversion raises the gate and the GEMV recomputes every pair exactly (1e-5). Its 8 pairs an expert take the
+    fp16-weight build here (rule moe_int_weights_max_pairs pinned off; the integer-weight route has its own test)."""
+    from ptxgen import tuning
+
     rng = np.random.default_rng(7)
     ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
     ids[3, 1], ids[11, 0] = -1, 5
     gemm = (["convert_f16_perm_gather", "mmq_q4_k_wgmma_ra_n32_moe"] if arch == "sm_90a" else
             ["mmq_q4_k_f16_n32_moe"])
-    _grouped_route((5, 130, 512), ids, False, scale, arch, rng, ["moe_group", *gemm, "gemv_q4_k_f32_idg"])
+    with tuning.override(moe_int_weights_max_pairs=0):
+        _grouped_route((5, 130, 512), ids, False, scale, arch, rng, ["moe_group", *gemm, "gemv_q4_k_f32_idg"])
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q8_0"])
@@ -413,7 +423,7 @@ def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, a
 
 @pytest.mark.parametrize("scale", [1.0, 1e5])
 def test_the_integer_weight_grouped_route_in_the_emulator(scale):
-    """Q4_K's integer-weight route (rule moe_int_weights_max_pairs; off as shipped): moe_group,
+    """Q4_K's integer-weight route (rule moe_int_weights_max_pairs): moe_group,
     convert_f16_perm_gather_sums (x and its sub-block sums Σx hi / lo), mmq_q4_k_wgmma_iw_n16_moe (A = q·sc', d and
     the min term outside the K-step MMAs), the gated GEMV; K over 3 super-blocks, experts past one tile of pairs:
     within 1e-3 of float64, NaN rows for bad ids; x past fp16's range raises the gate and the GEMV recomputes."""
@@ -522,8 +532,8 @@ def test_from_two_tokens_the_pair_gemv_runs_up_to_its_weights_rule(monkeypatch):
             f = fmt.lower()
             t = limit // (8 * 768 * 2048)  # 128 experts top-8 768 x 2048: T = 5
             assert ops.mul_mat_id_kernels(fmt, t, 8, 128, 2048, 768, sm=90) == [f"gemv_{f}_f32_id"]
-            assert ops.mul_mat_id_kernels(fmt, t + 1, 8, 128, 2048, 768, sm=90)[1:3] == [
-                "convert_f16_perm_gather", f"mmq_{f}_wgmma_ra_n32_moe"]
+            assert ops.mul_mat_id_kernels(fmt, t + 1, 8, 128, 2048, 768, sm=90)[2] in (  # Q4_K: integer weights
+                f"mmq_{f}_wgmma_ra_n32_moe", f"mmq_{f}_wgmma_iw_n16_moe")
             assert ops.mul_mat_id_kernels(fmt, 1, 64, 128, 2048, 768, sm=90) == [f"gemv_{f}_f32_id"]
         assert ops.mul_mat_id_kernels("q6_K", 2, 2, 4, 256, 64, sm=89) == ["gemv_q6_k_f32_id"]
         rec = _Launches(monkeypatch)

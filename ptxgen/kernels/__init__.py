@@ -70,9 +70,6 @@ NOT_SHIPPED = {
     "gemv_q4_k_xr": "T = 1 with x in registers: PTXGEN_Q4K_XR=1 only; 10-40% slower than the default decode kernels",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
-    "mmq_q4_k_wgmma_iw_n16_moe": "the grouped GEMM with integer Q4_K weights (rule moe_int_weights_max_pairs, off): "
-                                 "checked in the emulator, not yet timed (bench/NOTES.md, 2026-12-03)",
-    "convert_f16_perm_gather_sums": "the activation of the grouped GEMM with integer Q4_K weights (not yet timed)",
 }
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: Q6_K's measured slower than two "
                     "8-token launches (probe_gemv_codec_shapes_852097d.log), Q8_0's not timed yet" for f in ("q6_k", "q8_0")})
