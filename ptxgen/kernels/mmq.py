@@ -1489,6 +1489,11 @@ def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
 RA_DEEP_FORMATS = ("q6_K", "q8_0")
 RA_DEEP_MAX_BN = 64
 RA_DEEP_GROUPED = False  # (the grouped builds measured with 1 CTA an SM then: _deep_ring now keeps their 2)
+# ... the grouped integer-weight build (n16: 2.5 KB stages with its Σx tile) does take the deep ring at 2 CTAs an SM:
+# 8 stages, 4 A slots. H200 graph µs, MoE 128 x top-8 768x2048 T = 32 / 128 57.2 / 67.7 -> 54.5 / 64.8, 32 x top-4
+# T = 32 45.1 -> 44.2; 12 stages lost 1-1.5 of that; the fp16-weight grouped builds lost 1-6 (probe_deep_ring_59b6360.log; with
+# the static A-slot steps of _iw_steps 57.3 / 67.6 / 45.0 -> 53.2 / 63.4 / 43.1, probe_iw_static_deep_59b6360.log)
+IW_DEEP = True
 RA_MAX_STAGES = 8
 RA_MAX_A_SLOTS = 4
 STATIC_SMEM_MARGIN = 512  # the builds' static shared memory (barriers, item slots: ~100-260 bytes)
@@ -1815,6 +1820,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     # per stage: the step's A fragments, or the codec's raw bytes of the step (_wg_weights); a codec whose box serves
     # several K-steps (RA_BOX_STEPS: Q6_K) keeps its boxes in RA_A_SLOTS slots of their own, the stages B alone
     SA = RA_A_SLOTS if _block_box(spec) else 0
+    IW = spec.int_weights
+    s_bytes = BN * 32 if IW else 0  # the integer-weight build's Σx tile a stage: BN rows x (8 hi + 8 lo) halves
     a_slot_bytes = _wg_weights(spec).raw_bytes if SA else 0
     raw_bytes = RA_FRAG_BYTES if PRE else 0 if SA else _wg_weights(spec).raw_bytes
     stage_bytes = b_bytes + raw_bytes
@@ -1823,9 +1830,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     fixed = SA * a_slot_bytes + cx_bytes  # what shares shared memory with the stages
     if WG_STAGES * stage_bytes + fixed + 1024 > arch.max_smem_per_block and spec.fmt in RA_CODECS + WGMMA_CX_CODECS:
         pipe = Pipeline((arch.max_smem_per_block - 1024 - fixed) // stage_bytes, copy=pipe.copy)  # fewer stages
-    elif spec.fmt in RA_DEEP_FORMATS and spec.bn <= RA_DEEP_MAX_BN and spec.a_regs and not (
-            PRE or spec.cluster > 1 or (spec.grouped and not RA_DEEP_GROUPED)):
-        SA, S_deep = _deep_ring(arch, spec, stage_bytes, a_slot_bytes, SA, cx_bytes)
+    elif (IW and IW_DEEP) or (spec.fmt in RA_DEEP_FORMATS and spec.bn <= RA_DEEP_MAX_BN and spec.a_regs and not (
+            PRE or spec.cluster > 1 or (spec.grouped and not RA_DEEP_GROUPED))):
+        SA, S_deep = _deep_ring(arch, spec, stage_bytes + s_bytes, a_slot_bytes, SA, cx_bytes)
         fixed = SA * a_slot_bytes + cx_bytes
         pipe = Pipeline(S_deep, copy=pipe.copy)
     pipe.check_smem(arch, stage_bytes + -(-fixed // pipe.stages))  # (what sits beside them spread over the stages)
@@ -1835,11 +1842,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
                       "warp-specialized, persistent", block=(WG_THREADS, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
-    IW = spec.int_weights
     if IW and not (spec.grouped and spec.a_regs and spec.fmt == "q4_K" and _block_box(spec)):
         raise ValueError(f"{spec.name}: integer weights are the grouped register-A Q4_K build's (with block boxes)")
     ts_p = b.param("tmap_s", "b8", "tensormap", array=128, align=64) if IW else None  # f16 Σx [pairs][K / 16]
-    s_bytes = BN * 32 if IW else 0  # a block's Σx tile: BN rows x (8 hi + 8 lo) halves
     y_p = b.param("y", "u64", "ptr:out")
     G = spec.grouped
     if G:  # mul_mat_id: the sizes, moe_group's grouping and the queue (no split-K: no partials or counters)
@@ -2543,12 +2548,13 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
     b.place(done)
 
 
-def _wgmma_step_done(b, S, gc, s, s_begin, empty, peers=()):
+def _wgmma_step_done(b, S, gc, s, s_begin, empty, peers=(), first=True):
     """After a consumer step's wgmmas: commit them, wait until the previous step's group retired and release its
-    ring stage (not on the item's first step), advance the ring position gc and the K-step s."""
+    ring stage (not on the item's first step; `first` False: the step is known not to be), advance the ring
+    position gc and the K-step s."""
     b.emit("wgmma.commit_group.sync.aligned")
     b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
-    not_first = b.op("setp.gt.u32", s, s_begin)
+    not_first = b.op("setp.gt.u32", s, s_begin) if first else None
     prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
     _release(b, empty, prev, peers, not_first)
     b.emit("add.u32", gc, gc, Imm(1, "u32"))
@@ -2731,21 +2737,26 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
     sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
     top = b.label("iw_block")
     b.place(top)
+    # the block's A slot: taken at its first step, given back after its last (static here: s & 3 is the step)
+    sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
+    slot = lay.a_slot(sl)
     for st in range(4):
         stage = b.op("rem.u32", gc, Imm(S, "u32"))
         _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32")))
-        sl = _a_slot_take(b, lay, s, s_begin)
-        slot = lay.a_slot(sl)
+        if st == 0:
+            _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")),
+                                           Imm(1, "b32")))
         a = dec.fragments(b, slot, magic, b.op("mov.u32", Imm(32 * st, "u32")))
         if st == 3:  # (from the header, before the slot goes back)
             mins, d = dec.min_fragments(b, slot, magic)
-        _a_slot_give(b, lay, s, s_end, sl)
+            b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(sl)))  # after this thread's reads
+            b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
         dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16):
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk], scale_d=0 if st == kk == 0 else 1))
         if st < 3:
-            _wgmma_step_done(b, S, gc, s, s_begin, lay.empty, peers)
+            _wgmma_step_done(b, S, gc, s, s_begin, lay.empty, peers, first=st == 0)
             continue
         b.emit("wgmma.commit_group.sync.aligned")
         b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))  # the block's MMAs (and the last min MMAs) done
