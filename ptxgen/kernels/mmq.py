@@ -1491,8 +1491,9 @@ RA_DEEP_MAX_BN = 64
 RA_DEEP_GROUPED = False  # (the grouped builds measured with 1 CTA an SM then: _deep_ring now keeps their 2)
 # ... the grouped integer-weight build (n16: 2.5 KB stages with its Σx tile) does take the deep ring at 2 CTAs an SM:
 # 8 stages, 4 A slots. H200 graph µs, MoE 128 x top-8 768x2048 T = 32 / 128 57.2 / 67.7 -> 54.5 / 64.8, 32 x top-4
-# T = 32 45.1 -> 44.2; 12 stages lost 1-1.5 of that; the fp16-weight grouped builds lost 1-6 (probe_deep_ring_59b6360.log; with
-# the static A-slot steps of _iw_steps 57.3 / 67.6 / 45.0 -> 53.2 / 63.4 / 43.1, probe_iw_static_deep_59b6360.log)
+# T = 32 45.1 -> 44.2; 12 stages lost 1-1.5 of that; the fp16-weight grouped builds lost 1-6
+# (probe_deep_ring_59b6360.log). With the static A-slot steps of _iw_steps: 57.3 / 67.6 / 45.0 -> 53.2 / 63.4 / 43.1
+# (probe_iw_static_deep_59b6360.log).
 IW_DEEP = True
 RA_MAX_STAGES = 8
 RA_MAX_A_SLOTS = 4
