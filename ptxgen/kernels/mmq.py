@@ -1495,6 +1495,11 @@ RA_DEEP_GROUPED = False  # (the grouped builds measured with 1 CTA an SM then: _
 # (probe_deep_ring_59b6360.log). With the static A-slot steps of _iw_steps: 57.3 / 67.6 / 45.0 -> 53.2 / 63.4 / 43.1
 # (probe_iw_static_deep_59b6360.log).
 IW_DEEP = True
+# ... and a ring stage holds a block's 4 B tiles and its Σx tile: one full wait and one release a block, not a step
+# (_block_stage_tma; 6 stages, 3 A slots at n16). Same bits; H200 graph µs, step / block stages, MoE 128 x top-8
+# 768x2048 T = 32 / 64 / 128 53.5 / 61.2 / 62.9 -> 44.4 / 53.1 / 54.9, 32 x top-4 1792x2048 T = 32 / 64 43.0 / 44.3
+# -> 38.1 / 39.1 (probe_iw_block_stages_9d3955d.log; 4 A slots and 3 stages: the same)
+IW_BLOCK_STAGES = True
 RA_MAX_STAGES = 8
 RA_MAX_A_SLOTS = 4
 STATIC_SMEM_MARGIN = 512  # the builds' static shared memory (barriers, item slots: ~100-260 bytes)
@@ -1722,6 +1727,7 @@ class _WgRing(NamedTuple):
     a_mask: int = 0  # ... a box serving K-steps s with the same s & ~a_mask (_box_step_mask: both roles read it here)
     sums0: Reg | None = None  # IntA (int_weights): S slots of a block's Σx tile (s_bytes each), filled with the
     s_bytes: int = 0  # ... stage of the block's last K-step
+    bs: int = 1  # K-steps a ring stage holds (IntA's block stages: 4, one full / empty barrier a block)
 
     def sums(self, st):
         """Ring stage st's Σx slot (IntA)."""
@@ -1825,7 +1831,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     s_bytes = BN * 32 if IW else 0  # the integer-weight build's Σx tile a stage: BN rows x (8 hi + 8 lo) halves
     a_slot_bytes = _wg_weights(spec).raw_bytes if SA else 0
     raw_bytes = RA_FRAG_BYTES if PRE else 0 if SA else _wg_weights(spec).raw_bytes
-    stage_bytes = b_bytes + raw_bytes
+    BSTEPS = 4 if IW and IW_BLOCK_STAGES else 1  # K-steps a stage (the integer-weight build's block stages)
+    stage_bytes = BSTEPS * b_bytes + raw_bytes
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
     cx_bytes = 3 * CX_BUFS * CX_ROWS * _cx_row_bytes(XS) if spec.convert else 0  # the converters' staging buffers
     fixed = SA * a_slot_bytes + cx_bytes  # what shares shared memory with the stages
@@ -1897,12 +1904,13 @@ def build_wgmma(arch, spec: "MmqSpec"):
         w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks)
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
     bst = base  # B stages: S x b_bytes, each 1024-aligned
-    a_base = b.op("add.u32", base, Imm(S * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
+    a_base = b.op("add.u32", base, Imm(S * BSTEPS * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
     raw0 = b.op("add.u32", a_base, Imm(a_bytes, "u32"))  # raw: S x 3 x RAW_PART
     lay = _WgRing(b, S, b_bytes, raw_bytes, stage_bytes, bst, a_base, raw0, b.op("mov.u32", bars),
                   b.op("mov.u32", slots), SA, a_slot_bytes, b.op("mov.u32", Imm(0, "u32")) if SA else None,
                   _box_step_mask(spec) if SA else 0,
-                  b.op("add.u32", raw0, Imm(S * raw_bytes + SA * a_slot_bytes, "u32")) if IW else None, s_bytes)
+                  b.op("add.u32", raw0, Imm(S * raw_bytes + SA * a_slot_bytes, "u32")) if IW else None, s_bytes,
+                  BSTEPS)
     if SA:
         b.meta.update(a_ring=f"{SA} slots of {a_slot_bytes} bytes after the B stages: block j's box (one TMA), "
                              f"read by its K-steps 4j .. 4j + 3 (the item's first and last may be mid-block)")
@@ -2194,6 +2202,9 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     BN, CL, CX, PRE, S = spec.bn, spec.cluster, spec.convert, spec.prepared, lay.S
     if lay.a_slots:
         _block_box_tma(b, spec, lay, it, s, tw)
+    if lay.bs > 1:
+        _block_stage_tma(b, spec, lay, it, g, s, tx, ts)
+        return
     stage = b.op("rem.u32", g, Imm(S, "u32"))
     sph = b.op("and.b32", b.op("div.u32", g, Imm(S, "u32")), Imm(1, "b32"))
     _wait(b, lay.empty(stage), b.op("xor.b32", sph, Imm(1, "b32")))
@@ -2238,6 +2249,30 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     else:
         b.emit(tma, Mem(b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst)), TensorRef(tx, (xk, it.n0)),
                Mem(fb))
+
+
+def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
+    """IntA's block stages (lay.bs = 4 K-steps a stage; items whole blocks): at a block's first step wait until
+    its stage is free and expect the block's 4 B tiles and its Σx tile (hi, lo: BN x 16 bytes each), then each
+    step's B tile into the stage's tile g & 3."""
+    S, BN = lay.S, spec.bn
+    blk = b.op("shr.u32", g, Imm(2, "u32"))
+    stage = b.op("rem.u32", blk, Imm(S, "u32"))
+    fb = lay.full(stage)
+    issued = b.label("stage_expected")
+    b.bra(issued, pred=b.op("setp.ne.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(0, "u32")))
+    _wait(b, lay.empty(stage), b.op("xor.b32", b.op("and.b32", b.op("div.u32", blk, Imm(S, "u32")), Imm(1, "b32")),
+                                    Imm(1, "b32")))
+    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb),
+           Imm(lay.stage_bytes + lay.s_bytes, "u32"))
+    col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32"))  # Σx columns of block s >> 2
+    for h in range(2):
+        b.emit(TMA_STEP, Mem(b.op("add.u32", lay.sums(stage), Imm(h * BN * 16, "u32"))),
+               TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
+    b.place(issued)
+    tile = b.op("mad.lo.u32", stage, Imm(4, "u32"), b.op("and.b32", g, Imm(3, "b32")))
+    b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
+           TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
 
 
 def _tma_block_row(b, tw, s, m0, slot, slot_bytes, raw0, fb, fmt):
@@ -2732,7 +2767,8 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
     term — A = [−dmin·m hi | hi] and [lo | 0] of sub-blocks 2t, 2t + 1 (RegA.min_fragments, from the header still
     in the A slot), B = the block's Σx tile [hi of sub-blocks 0-7 | lo] (convert_f16_perm_gather_sums; the stage's
     Σx slot, no swizzle: LBO BN·16, SBO 128) — committed as their own group: the next step's wait_group 1 retires
-    them before their stage is released."""
+    them before their stage is released. With block stages (lay.bs = 4, IW_BLOCK_STAGES) a stage holds the block's
+    4 B tiles and its Σx: waited for at its step 0, released at the next block's step 0 (or the item's end)."""
     S = lay.S
     dec = q4k.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, _row_box("q4_K"), integer=True)
     sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
@@ -2741,9 +2777,12 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
     # the block's A slot: taken at its first step, given back after its last (static here: s & 3 is the step)
     sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
     slot = lay.a_slot(sl)
+    BS = lay.bs  # 4: the block's B tiles in one stage (one wait, one release a block)
     for st in range(4):
-        stage = b.op("rem.u32", gc, Imm(S, "u32"))
-        _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32")))
+        if BS == 1 or st == 0:
+            pos = gc if BS == 1 else b.op("shr.u32", gc, Imm(2, "u32"))
+            stage = b.op("rem.u32", pos, Imm(S, "u32"))
+            _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", pos, Imm(S, "u32")), Imm(1, "b32")))
         if st == 0:
             _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")),
                                            Imm(1, "b32")))
@@ -2752,16 +2791,27 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
             mins, d = dec.min_fragments(b, slot, magic)
             b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(sl)))  # after this thread's reads
             b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
-        dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
+        tile = stage if BS == 1 else b.op("add.u32", b.op("shl.b32", stage, Imm(2, "u32")), Imm(st, "u32"))
+        dbs = _desc_steps(b, b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16):
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk], scale_d=0 if st == kk == 0 else 1))
-        if st < 3:
+        if st < 3 and BS == 1:
             _wgmma_step_done(b, S, gc, s, s_begin, lay.empty, peers, first=st == 0)
+            continue
+        if st < 3:  # block stages: the previous block's stage goes back at step 0 (its min MMAs retired)
+            b.emit("wgmma.commit_group.sync.aligned")
+            b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))
+            if st == 0:
+                _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", stage, Imm(S - 1, "u32")), Imm(S, "u32")),
+                         peers, b.op("setp.gt.u32", s, s_begin))
+            b.emit("add.u32", gc, gc, Imm(1, "u32"))
+            b.emit("add.u32", s, s, Imm(1, "u32"))
             continue
         b.emit("wgmma.commit_group.sync.aligned")
         b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))  # the block's MMAs (and the last min MMAs) done
-        _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32")), peers)
+        if BS == 1:
+            _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32")), peers)
         for i, v in enumerate(acc):  # fragment i: row g (i % 4 < 2) or g + 8
             b.emit("fma.rn.f32", y[i], v, d[(i % 4) // 2], y[i])
         sd = b.op("or.b32", b.op("shr.u32", lay.sums(stage), Imm(4, "u32")), Imm(sums_desc & 0xFFFFFFFF, "b32"))
@@ -2773,7 +2823,12 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
         b.emit("add.u32", gc, gc, Imm(1, "u32"))
         b.emit("add.u32", s, s, Imm(1, "u32"))
     b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
-    _wgmma_drain(b, S, gc, lay.empty, peers)
+    if BS == 1:
+        _wgmma_drain(b, S, gc, lay.empty, peers)
+        return
+    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))  # the last block's min MMAs: its stage goes back
+    last = b.op("rem.u32", b.op("add.u32", b.op("shr.u32", gc, Imm(2, "u32")), Imm(S - 1, "u32")), Imm(S, "u32"))
+    _release(b, lay.empty, last, peers)
 
 
 def _a_slot_take(b, lay: _WgRing, s, s_begin):
