@@ -1500,6 +1500,11 @@ IW_DEEP = True
 # 768x2048 T = 32 / 64 / 128 53.5 / 61.2 / 62.9 -> 44.4 / 53.1 / 54.9, 32 x top-4 1792x2048 T = 32 / 64 43.0 / 44.3
 # -> 38.1 / 39.1 (probe_iw_block_stages_9d3955d.log; 4 A slots and 3 stages: the same)
 IW_BLOCK_STAGES = True
+# The grouped fp16-weight nibble builds (Q4_K, Q5_K n32 / n64) take block stages too (_ra_block_loop; n64: 2 stages
+# at 2 CTAs an SM). Same bits; H200 graph µs, step / block stages (probe_ra_block_stages_2e8da66.log): 128 x top-8
+# Q4_K T = 512 98.8 -> 93.8, Q5_K T = 64 / 256 / 512 104.0 / 104.1 / 121.5 -> 84.3 / 89.6 / 115.0; 32 x top-4 Q4_K
+# T = 256 / 512 61.2 / 89.7 -> 58.5 / 84.8, Q5_K T = 64 / 256 / 512 67.4 / 74.5 / 108.9 -> 66.3 / 69.6 / 99.8.
+RA_BLOCK_STAGES = True
 RA_MAX_STAGES = 8
 RA_MAX_A_SLOTS = 4
 STATIC_SMEM_MARGIN = 512  # the builds' static shared memory (barriers, item slots: ~100-260 bytes)
@@ -1831,7 +1836,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     s_bytes = BN * 32 if IW else 0  # the integer-weight build's Σx tile a stage: BN rows x (8 hi + 8 lo) halves
     a_slot_bytes = _wg_weights(spec).raw_bytes if SA else 0
     raw_bytes = RA_FRAG_BYTES if PRE else 0 if SA else _wg_weights(spec).raw_bytes
-    BSTEPS = 4 if IW and IW_BLOCK_STAGES else 1  # K-steps a stage (the integer-weight build's block stages)
+    BSTEPS = 4 if (IW and IW_BLOCK_STAGES) or (spec.grouped and SA and spec.fmt in NIBBLE_PARTS and RA_BLOCK_STAGES
+                                               and spec.bn <= PAIRED_MAX_BN
+                   ) else 1  # K-steps a stage: block stages (the grouped nibble builds': items are whole blocks)
     stage_bytes = BSTEPS * b_bytes + raw_bytes
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
     cx_bytes = 3 * CX_BUFS * CX_ROWS * _cx_row_bytes(XS) if spec.convert else 0  # the converters' staging buffers
@@ -1843,6 +1850,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
         SA, S_deep = _deep_ring(arch, spec, stage_bytes + s_bytes, a_slot_bytes, SA, cx_bytes)
         fixed = SA * a_slot_bytes + cx_bytes
         pipe = Pipeline(S_deep, copy=pipe.copy)
+    elif BSTEPS > 1:  # block stages: as many as the CTA's share holds (n64 at 2 CTAs an SM: 2), at most WG_STAGES
+        budget = min(arch.max_smem_per_block, smem_share(arch, _wg_regs(spec)[0])) - 1024 - STATIC_SMEM_MARGIN
+        pipe = Pipeline(max(2, min(WG_STAGES, (budget - fixed) // stage_bytes)), copy=pipe.copy)
     pipe.check_smem(arch, stage_bytes + -(-fixed // pipe.stages))  # (what sits beside them spread over the stages)
     S = pipe.stages
     b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
@@ -2252,8 +2262,8 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
 
 
 def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
-    """IntA's block stages (lay.bs = 4 K-steps a stage; items whole blocks): at a block's first step wait until
-    its stage is free and expect the block's 4 B tiles and its Σx tile (hi, lo: BN x 16 bytes each), then each
+    """Block stages (lay.bs = 4 K-steps a stage; items whole blocks): at a block's first step wait until its stage
+    is free and expect the block's 4 B tiles (IntA: and its Σx tile, hi and lo, BN x 16 bytes each), then each
     step's B tile into the stage's tile g & 3."""
     S, BN = lay.S, spec.bn
     blk = b.op("shr.u32", g, Imm(2, "u32"))
@@ -2265,8 +2275,8 @@ def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
                                     Imm(1, "b32")))
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb),
            Imm(lay.stage_bytes + lay.s_bytes, "u32"))
-    col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32"))  # Σx columns of block s >> 2
-    for h in range(2):
+    col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32")) if ts is not None else None
+    for h in range(2 if ts is not None else 0):  # IntA: Σx columns 16j .. of block j = s >> 2
         b.emit(TMA_STEP, Mem(b.op("add.u32", lay.sums(stage), Imm(h * BN * 16, "u32"))),
                TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
     b.place(issued)
@@ -2634,6 +2644,22 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's rows, `row_box` = (pitch, qs
     offset, qh offset), in an A slot for its 4 steps; pair c's qs bytes 32c further in."""
     dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box)
+    if lay is not None and lay.bs > 1:  # block stages: the block's A slot taken at its step 0, given after step 3
+        slot = []
+
+        def block_fragments(stage, st):
+            if st == 0:
+                sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
+                _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")),
+                                              Imm(1, "b32")))
+                slot[:] = [sl, lay.a_slot(sl)]
+            frags = dec.fragments(b, slot[1], magic, b.op("mov.u32", Imm(32 * st, "u32")))
+            if st == 3:
+                b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(slot[0])))
+                b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
+            return frags
+        _ra_block_loop(b, arch, BN, lay, acc, s, s_begin, s_end, gc, peers, block_fragments)
+        return
 
     def fragments(stage):
         if lay is not None:
@@ -2880,6 +2906,36 @@ def _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_b
             b.bra(c_step, pred=more)
     b.place(c_done)
     _wgmma_drain(b, S, gc, empty, peers)
+
+
+def _ra_block_loop(b, arch, BN, lay: _WgRing, acc, s, s_begin, s_end, gc, peers, fragments):
+    """_ra_k_loop over block stages (lay.bs = 4; items whole blocks): a block's 4 steps are the loop body, its
+    stage waited for at step 0 and the previous block's released there (once wait_group 1 retired that block's last
+    step), `fragments(stage, st)` each step's A registers, the last block's stage released after the item."""
+    S = lay.S
+    top = b.label("c_block")
+    b.place(top)
+    blk = b.op("shr.u32", gc, Imm(2, "u32"))
+    stage = b.op("rem.u32", blk, Imm(S, "u32"))
+    _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", blk, Imm(S, "u32")), Imm(1, "b32")))
+    for st in range(4):
+        a = fragments(stage, st)
+        tile = b.op("add.u32", b.op("shl.b32", stage, Imm(2, "u32")), Imm(st, "u32"))
+        dbs = _desc_steps(b, b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
+        b.emit("wgmma.fence.sync.aligned")
+        for kk in range(BK // 16):
+            b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk]))
+        b.emit("wgmma.commit_group.sync.aligned")
+        b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))
+        if st == 0:
+            _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", stage, Imm(S - 1, "u32")), Imm(S, "u32")), peers,
+                     b.op("setp.gt.u32", s, s_begin))
+        b.emit("add.u32", gc, gc, Imm(1, "u32"))
+        b.emit("add.u32", s, s, Imm(1, "u32"))
+    b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
+    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
+    last = b.op("rem.u32", b.op("add.u32", b.op("shr.u32", gc, Imm(2, "u32")), Imm(S - 1, "u32")), Imm(S, "u32"))
+    _release(b, lay.empty, last, peers)
 
 
 def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
