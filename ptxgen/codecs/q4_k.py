@@ -52,6 +52,8 @@ RAW_RING = True
 Q8_MMQ = True
 WGMMA_ALL = True
 NIBBLE_COLUMNS = 3
+BLOCK_BOX = ("grouped",)  # mmq's schedules with a block's rows in one TMA box (NIBBLE_BLOCK_BOX): dense n256 spills
+ROW_BOX_PITCH = 160  # the block box's row pitch: 144 + 16, so rows g = 0..3's 8-byte qs loads fall in distinct banks
 
 
 def row_bytes(b, K):

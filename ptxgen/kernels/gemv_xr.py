@@ -20,6 +20,7 @@ memory across warps, summed in warp order (deterministic). Idle lanes (K / 64 no
 """
 from __future__ import annotations
 
+from .. import codecs
 from ..builder import KernelBuilder
 from ..dsl import warp_sum
 from ..ir import Imm, Mem
@@ -48,6 +49,7 @@ def build(arch):
     red = b.shared_buffer("red", XR_MAX_ROWS * XR_WARP_STRIDE * 4)
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, RPC = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(r_p, "u32")
+    block = Imm(codecs.get("q4_K").BLOCK_BYTES, "u32")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
@@ -55,12 +57,12 @@ def build(arch):
     live = b.op("setp.lt.u32", tid, units)
     unit = b.op("selp.b32", tid, Imm(0, "b32"), live)  # idle lanes read unit 0 (valid bytes) and add zero
     grp = b.op("and.b32", unit, Imm(3, "b32"))
-    hdr_off = b.op("mul.lo.u32", b.op("shr.u32", unit, Imm(2, "u32")), Imm(144, "u32"))
+    hdr_off = b.op("mul.lo.u32", b.op("shr.u32", unit, Imm(2, "u32")), block)
     qs_off = b.op("add.u32", hdr_off, b.op("mad.lo.u32", grp, Imm(32, "u32"), Imm(16, "u32")))
     sub_lo = b.op("shl.b32", grp, Imm(1, "u32"))
     sub_hi = b.op("add.u32", sub_lo, Imm(1, "u32"))
 
-    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(144, "u32"))
+    row_bytes = b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), block)
     r0 = b.op("mul.lo.u32", b.special("ctaid.x"), RPC)
     rend = b.op("min.u32", b.op("add.u32", r0, RPC), M)
     nw = b.op("shr.u32", b.op("add.u32", units, Imm(31, "u32")), Imm(5, "u32"))

@@ -204,10 +204,11 @@ def build(arch, spec: MmqSpec):
         def issue(step, stage=None):  # nothing to copy ahead: an empty group keeps the pipeline's wait_group counts
             b.emit("cp.async.commit_group")
     else:
-        row_bytes = q4k.row_bytes(b, K)
+        raw = codecs.get(spec.fmt)  # the raw ring's codec (RAW_RING)
+        row_bytes = raw.row_bytes(b, K)
         mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
         # --- cp.async producer: 128 rows × 3 chunks of 16 B per step; thread i copies chunks i, i+256
-        copies = q4k.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
+        copies = raw.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
 
         def issue(step, stage=None):
             _issue_raw(b, copies, step, nsteps, raw0, STAGES, sdst=stage)
@@ -1131,10 +1132,11 @@ class _Q8Tile(NamedTuple):
 
 def _q8_tile(spec: MmqSpec) -> _Q8Tile:
     """The _Q8Tile of a Q8_1 spec."""
+    codec = codecs.get(spec.fmt)
     BN, fused = spec.bn, spec.fused
     WM, WN = Q8_WARPS[BN]
     raw_bytes = BM * RAW_ROW
-    act_bytes, stab_bytes = BN * ACT_ROW, q4k.Q8Decoder.SUBS * BM * q4k.Q8_SCALE_BYTES
+    act_bytes, stab_bytes = BN * ACT_ROW, codec.Q8Decoder.SUBS * BM * codec.Q8_SCALE_BYTES
     stage_bytes = raw_bytes if fused else raw_bytes + act_bytes + BN * 16
     buf = act_bytes + stab_bytes + 2 * BN * 8 if fused else stab_bytes
     return _Q8Tile(BN, Q8_STAGES, fused, WM, WN, BM // WM // 16, BN // WN // 8, raw_bytes, act_bytes, stab_bytes,
@@ -1157,6 +1159,7 @@ def build_q8(arch, spec: "MmqSpec"):
     `quantize_q8_1`'s arithmetic; every weight-row tile re-quantizes its tokens). `_pre`: `quantize_q8_1_mmq`
     wrote int8 rows and (d, d·Σq) once; they travel with the weights in the cp.async ring (16-byte chunks).
     NaN in x gives a NaN d_x, so NaN reaches that token's outputs."""
+    codec = codecs.get(spec.fmt)
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     qt = _q8_tile(spec)
     BN, S, fused = qt.BN, qt.S, qt.fused
@@ -1188,7 +1191,7 @@ def build_q8(arch, spec: "MmqSpec"):
     raw0 = b.op("mov.u32", smem)
     buf0 = b.op("add.u32", raw0, Imm(S * qt.stage_bytes, "u32"))
     row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
-    copies = q4k.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
+    copies = codec.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
 
     def boff_of(stp):
         return b.op("mad.lo.u32", b.op("and.b32", stp, Imm(1, "b32")), Imm(qt.buf, "u32"), buf0)
@@ -2017,7 +2020,7 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         b.meta.update(fmt=spec.fmt, tma_box=(c.RA_BOX_BYTES, BM),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
-        pitch = ROW_BOX_PITCH[spec.fmt]
+        pitch = codec.ROW_BOX_PITCH
         pad = pitch - codec.BLOCK_BYTES
         w_map = (f"tmap_w: u8, dims (row bytes, M), box ({pitch}, 128), no swizzle (a block's rows"
                  + (f" and the next block's first {pad} bytes)" if pad else ")"))
@@ -2688,10 +2691,8 @@ RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB beside the B
 # 77.7 / 99.0, Q5_K 104.9 / 114.0 / 133.0 -> 93.5 / 106.5 / 123.0; 32 x top-4 Q4_K within 0.6 at T = 32-128, 81.0
 # -> 78.9 at 512, Q5_K 72.8 / 74.5 / 116.8 -> 66.7 / 67.6 / 92.1; dense 4096x14336 Q5_K T = 64 / 512 40.3 / 114.1
 # -> 38.2 / 112.4, but Q4_K 34.8 / 105.1 -> 35.2 / 108.2 (its n256 build spills the A slots' bookkeeping).
-# The box's row pitch: Q4_K's 144-byte block + 16 bytes, so that the lanes' 8-byte qs loads of rows g = 0..3 fall
-# in distinct banks (Q5_K's 176 bytes do as they are).
-NIBBLE_BLOCK_BOX = {"q4_K": ("grouped",), "q5_K": ("dense", "grouped")}
-ROW_BOX_PITCH = {"q4_K": 160, "q5_K": 176}
+# The schedules are the codecs' BLOCK_BOX, the box's row pitch their ROW_BOX_PITCH; a dict here for the tests to patch.
+NIBBLE_BLOCK_BOX = {f: c.BLOCK_BOX for f, c in codecs.CODECS.items() if hasattr(c, "BLOCK_BOX")}
 
 
 def _block_box(spec: MmqSpec) -> bool:
@@ -2744,7 +2745,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
 def _row_box(fmt: str) -> tuple:
     """A nibble codec's block-box geometry for RegA: (row pitch, qs offset, qh offset) in bytes."""
     c = codecs.get(fmt)
-    return ROW_BOX_PITCH[fmt], getattr(c, "QS_OFFSET", c.HEADER_BYTES), getattr(c, "QH_OFFSET", 0)
+    return c.ROW_BOX_PITCH, getattr(c, "QS_OFFSET", c.HEADER_BYTES), getattr(c, "QH_OFFSET", 0)
 
 
 def _block_scales_fit(spec: MmqSpec, qh: bool) -> bool:
