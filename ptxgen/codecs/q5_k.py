@@ -16,6 +16,7 @@ LOAD_ALIGN = 4  # dequant_lane's widest load
 # the register-A wgmma builds (kernels/mmq.py _rega_steps, as Q4_K's) take 5 16-byte columns a K-step: the header,
 # qh bytes 0-15 and 16-31 (every step's fifth bits), the pair's qs bytes
 NIBBLE_COLUMNS = 5
+RegA = q4_k.RegA  # Q4_K's register-A nibble decode, with the fifth bits (qh)
 BLOCK_BOX = ("dense", "grouped")  # mmq's schedules with a block's rows in one TMA box (kernels/mmq.py NIBBLE_BLOCK_BOX)
 ROW_BOX_PITCH = 176  # the block box's row pitch: the block, whose rows g = 0..3's qs loads fall in distinct banks
 RA_MAP_NOTE = "per step the header, qh bytes 0-15 and 16-31, then the qs columns"

@@ -2636,7 +2636,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None):
+                lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None, codec=q4k):
     """The register-A consumer's K loop of the nibble codecs (mmq_q4_k_wgmma_ra_*, mmq_q5_k_wgmma_ra_*): lane (g, t)
     of consumer warp cw decodes rows 16·cw + g and + 8 of the stage's raw 16-byte columns (RAW_PART bytes each)
     straight into wgmma's A fragments by the codec's RegA (codecs/q4_k.py; `qh`: Q5_K's fifth bits), in the K order
@@ -2646,7 +2646,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     kept, 2026-12-01: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
     bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's rows, `row_box` = (pitch, qs
     offset, qh offset), in an A slot for its 4 steps; pair c's qs bytes 32c further in."""
-    dec = q4k.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box)
+    dec = codec.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box)
     if lay is not None and lay.bs > 1:  # block stages: the block's A slot taken at its step 0, given after step 3
         slot = []
 
@@ -2731,9 +2731,11 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
         if _block_box(spec):  # the block's rows: one box of ROW_BOX_PITCH bytes x 128 rows
             box = _row_box(spec.fmt)
             return _WgWeights(BM * box[0], partial(_tma_block_row, fmt=spec.fmt),
-                              partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh), row_box=box))
+                              partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh), row_box=box,
+                                      codec=codecs.get(spec.fmt)))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
-                          partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh)))
+                          partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh),
+                                  codec=codecs.get(spec.fmt)))
     codec = _ra_codec(spec)
 
     def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's whole blocks, 16-byte aligned
