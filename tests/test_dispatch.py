@@ -1,5 +1,5 @@
-"""mul_mat's kernel choice, pinned: the plans over a grid of device × format × mode × arch × shape × T (planned
-without a GPU) equal tests/data/dispatch.json. A deliberate change of the rule regenerates that file
+"""mul_mat's and mul_mat_id's kernel choice, pinned: the plans over a grid of device × format × mode × arch × shape × T
+(planned without a GPU) equal tests/data/dispatch.json. A deliberate change of the rule regenerates that file
 (`python -m ptxgen.testing.dispatch > tests/data/dispatch.json`) and shows up in its diff, one case per line."""
 import json
 import os

@@ -1,5 +1,6 @@
 """mul_mat's kernel choice over a grid of device × format × mode × arch × shape × T, planned without a GPU
-(ptxgen.testing.fakegpu), as runs: for each case, the T from which a kernel sequence starts. The golden copy in
+(ptxgen.testing.fakegpu), as runs: for each case, the T from which a kernel sequence starts; mul_mat_id's likewise
+over bench_moe's two expert shapes. The golden copy in
 tests/data/dispatch.json pins today's choices, so a refactor of the dispatch that changes one is seen.
 
     python -m ptxgen.testing.dispatch > tests/data/dispatch.json     (after a deliberate change of the rule)
@@ -19,6 +20,8 @@ DEVICES = {"sm_90 H200": Context(0, None, "fake H200", 90, 132, 227 * 1024, 60 <
 SHAPES = [(64, 4096), (127, 512), (128, 256), (3584, 3584), (4096, 4096), (4096, 14336), (14336, 4096), (18944, 3584)]
 TOKENS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48, 64, 65, 128, 129, 256, 512, 1024, 4096, 8192]
 FORMATS = tuple((fmt, tuple(c.ROUTES)) for fmt, c in CODECS.items())  # every format, in each mode it has
+MOE_SHAPES = [(128, 8, 768, 2048), (32, 4, 1792, 2048)]  # (experts, slots a token, M, K): bench_moe's
+MOE_TOKENS = [1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096]
 SLICED_MAX_T = 64  # the docs table: past this T a plan made of slices of 8 tokens repeats its pattern
 SLICE = "slices of 8 tokens, each as above (the last as its own T)"
 
@@ -44,8 +47,23 @@ def _runs(fmt: str, mode: str, arch, m: int, k: int, tokens, *, label_slices: bo
     return runs
 
 
+def _moe_runs(fmt: str, arch, e: int, slots: int, m: int, k: int) -> list:
+    """mul_mat_id's [[T, kernels], ...] where its sequence changes."""
+    from ptxgen.runtime import ops
+
+    runs, last = [], None
+    for t in MOE_TOKENS:
+        seq = " + ".join(ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch))
+        if seq != last:
+            runs.append([t, seq])
+            last = seq
+    return runs
+
+
 def table(monkeypatch) -> dict:
-    """{"device|fmt|mode|arch|MxK": [[T, "kernel + kernel"], ...]} with a row wherever the sequence changes."""
+    """{"device|fmt|mode|arch|MxK": [[T, "kernel + kernel"], ...]} with a row wherever the sequence changes; the
+    mul_mat_id cases as "device|fmt|mul_mat_id E x top-S|arch|MxK"."""
+    from ptxgen import codecs
     from ptxgen.testing import fakegpu
 
     out = {}
@@ -57,6 +75,11 @@ def table(monkeypatch) -> dict:
                     for arch in ((None, "sm_89") if ctx.sm == 90 else (None,)):
                         out[f"{dname}|{fmt}|{mode}|{arch or 'auto'}|{m}x{k}"] = _runs(
                             fmt, mode, arch, m, k, TOKENS, label_slices=False)
+        for fmt in codecs.dequantizable():
+            for e, slots, m, k in MOE_SHAPES:
+                for arch in ((None, "sm_89") if ctx.sm == 90 else (None,)):
+                    out[f"{dname}|{fmt}|mul_mat_id {e} x top-{slots}|{arch or 'auto'}|{m}x{k}"] = _moe_runs(
+                        fmt, arch, e, slots, m, k)
         monkeypatch.undo()
     return out
 
