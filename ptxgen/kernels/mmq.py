@@ -1501,8 +1501,8 @@ IW_DEEP = True
 # ... and a ring stage holds a block's 4 B tiles and its Σx tile: one full wait and one release a block, not a step
 # (_block_stage_tma; 6 stages, 3 A slots at n16). Same bits; H200 graph µs, step / block stages, MoE 128 x top-8
 # 768x2048 T = 32 / 64 / 128 53.5 / 61.2 / 62.9 -> 44.4 / 53.1 / 54.9, 32 x top-4 1792x2048 T = 32 / 64 43.0 / 44.3
-# -> 38.1 / 39.1 (probe_iw_block_stages_9d3955d.log; 4 A slots and 3 stages: the same)
-IW_BLOCK_STAGES = True
+# -> 38.1 / 39.1 (probe_iw_block_stages_9d3955d.log; 4 A slots and 3 stages: the same). Always: _iw_steps has no
+# step-stage form.
 # The grouped fp16-weight nibble builds (Q4_K, Q5_K n32 / n64) take block stages too (_ra_block_loop; n64: 2 stages
 # at 2 CTAs an SM). Same bits; H200 graph µs, step / block stages (probe_ra_block_stages_2e8da66.log): 128 x top-8
 # Q4_K T = 512 98.8 -> 93.8, Q5_K T = 64 / 256 / 512 104.0 / 104.1 / 121.5 -> 84.3 / 89.6 / 115.0; 32 x top-4 Q4_K
@@ -1839,7 +1839,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     s_bytes = BN * 32 if IW else 0  # the integer-weight build's Σx tile a stage: BN rows x (8 hi + 8 lo) halves
     a_slot_bytes = _wg_weights(spec).raw_bytes if SA else 0
     raw_bytes = RA_FRAG_BYTES if PRE else 0 if SA else _wg_weights(spec).raw_bytes
-    BSTEPS = 4 if (IW and IW_BLOCK_STAGES) or (spec.grouped and SA and spec.fmt in NIBBLE_PARTS and RA_BLOCK_STAGES
+    BSTEPS = 4 if IW or (spec.grouped and SA and spec.fmt in NIBBLE_PARTS and RA_BLOCK_STAGES
                                                and spec.bn <= PAIRED_MAX_BN
                    ) else 1  # K-steps a stage: block stages (the grouped nibble builds': items are whole blocks)
     stage_bytes = BSTEPS * b_bytes + raw_bytes
@@ -2652,14 +2652,12 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
 
         def block_fragments(stage, st):
             if st == 0:
-                sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
-                _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")),
-                                              Imm(1, "b32")))
+                sl = _block_slot(b, lay)
+                _block_slot_wait(b, lay, sl)
                 slot[:] = [sl, lay.a_slot(sl)]
             frags = dec.fragments(b, slot[1], magic, b.op("mov.u32", Imm(32 * st, "u32")))
             if st == 3:
-                b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(slot[0])))
-                b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
+                _block_slot_give(b, lay, slot[0])
             return frags
         _ra_block_loop(b, arch, BN, lay, acc, s, s_begin, s_end, gc, peers, block_fragments)
         return
@@ -2796,51 +2794,32 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
     term — A = [−dmin·m hi | hi] and [lo | 0] of sub-blocks 2t, 2t + 1 (RegA.min_fragments, from the header still
     in the A slot), B = the block's Σx tile [hi of sub-blocks 0-7 | lo] (convert_f16_perm_gather_sums; the stage's
     Σx slot, no swizzle: LBO BN·16, SBO 128) — committed as their own group: the next step's wait_group 1 retires
-    them before their stage is released. With block stages (lay.bs = 4, IW_BLOCK_STAGES) a stage holds the block's
+    them before their stage is released. Its stages are block stages (lay.bs = 4): a stage holds the block's
     4 B tiles and its Σx: waited for at its step 0, released at the next block's step 0 (or the item's end)."""
-    S = lay.S
     dec = q4k.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, _row_box("q4_K"), integer=True)
     sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
     top = b.label("iw_block")
     b.place(top)
-    # the block's A slot: taken at its first step, given back after its last (static here: s & 3 is the step)
-    sl = b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
+    sl = _block_slot(b, lay)
     slot = lay.a_slot(sl)
-    BS = lay.bs  # 4: the block's B tiles in one stage (one wait, one release a block)
+    stage = None
     for st in range(4):
-        if BS == 1 or st == 0:
-            pos = gc if BS == 1 else b.op("shr.u32", gc, Imm(2, "u32"))
-            stage = b.op("rem.u32", pos, Imm(S, "u32"))
-            _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", pos, Imm(S, "u32")), Imm(1, "b32")))
         if st == 0:
-            _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")),
-                                           Imm(1, "b32")))
+            stage = _block_stage_wait(b, lay, gc)
+            _block_slot_wait(b, lay, sl)
         a = dec.fragments(b, slot, magic, b.op("mov.u32", Imm(32 * st, "u32")))
         if st == 3:  # (from the header, before the slot goes back)
             mins, d = dec.min_fragments(b, slot, magic)
-            b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(sl)))  # after this thread's reads
-            b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
-        tile = stage if BS == 1 else b.op("add.u32", b.op("shl.b32", stage, Imm(2, "u32")), Imm(st, "u32"))
-        dbs = _desc_steps(b, b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
+            _block_slot_give(b, lay, sl)
+        dbs = _block_descs(b, lay, stage, st)
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16):
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk], scale_d=0 if st == kk == 0 else 1))
-        if st < 3 and BS == 1:
-            _wgmma_step_done(b, S, gc, s, s_begin, lay.empty, peers, first=st == 0)
-            continue
-        if st < 3:  # block stages: the previous block's stage goes back at step 0 (its min MMAs retired)
-            b.emit("wgmma.commit_group.sync.aligned")
-            b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))
-            if st == 0:
-                _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", stage, Imm(S - 1, "u32")), Imm(S, "u32")),
-                         peers, b.op("setp.gt.u32", s, s_begin))
-            b.emit("add.u32", gc, gc, Imm(1, "u32"))
-            b.emit("add.u32", s, s, Imm(1, "u32"))
+        if st < 3:  # the previous block's stage goes back at step 0 (its min MMAs retired)
+            _block_step_done(b, lay, stage, st, gc, s, s_begin, peers)
             continue
         b.emit("wgmma.commit_group.sync.aligned")
         b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))  # the block's MMAs (and the last min MMAs) done
-        if BS == 1:
-            _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32")), peers)
         for i, v in enumerate(acc):  # fragment i: row g (i % 4 < 2) or g + 8
             b.emit("fma.rn.f32", y[i], v, d[(i % 4) // 2], y[i])
         sd = b.op("or.b32", b.op("shr.u32", lay.sums(stage), Imm(4, "u32")), Imm(sums_desc & 0xFFFFFFFF, "b32"))
@@ -2852,12 +2831,59 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
         b.emit("add.u32", gc, gc, Imm(1, "u32"))
         b.emit("add.u32", s, s, Imm(1, "u32"))
     b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
-    if BS == 1:
-        _wgmma_drain(b, S, gc, lay.empty, peers)
-        return
-    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))  # the last block's min MMAs: its stage goes back
+    _block_drain(b, lay, gc, peers)
+
+
+# The block-stage protocol (lay.bs = 4; the grouped builds, whose items are whole blocks) both K loops share.
+def _block_stage_wait(b, lay: _WgRing, gc):
+    """At a block's step 0: its stage ((gc >> 2) % S), waited for until full. Returns the stage."""
+    blk = b.op("shr.u32", gc, Imm(2, "u32"))
+    stage = b.op("rem.u32", blk, Imm(lay.S, "u32"))
+    _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", blk, Imm(lay.S, "u32")), Imm(1, "b32")))
+    return stage
+
+
+def _block_descs(b, lay: _WgRing, stage, st):
+    """Step st's B tile of the stage: its k16 slices' descriptors."""
+    tile = b.op("add.u32", b.op("shl.b32", stage, Imm(2, "u32")), Imm(st, "u32"))
+    return _desc_steps(b, b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
+
+
+def _block_step_done(b, lay: _WgRing, stage, st, gc, s, s_begin, peers):
+    """After step st's wgmmas: commit, retire the step before; at step 0 the previous block's stage goes back (not
+    at the item's first block); advance gc and s."""
+    b.emit("wgmma.commit_group.sync.aligned")
+    b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))
+    if st == 0:
+        S = lay.S
+        _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", stage, Imm(S - 1, "u32")), Imm(S, "u32")), peers,
+                 b.op("setp.gt.u32", s, s_begin))
+    b.emit("add.u32", gc, gc, Imm(1, "u32"))
+    b.emit("add.u32", s, s, Imm(1, "u32"))
+
+
+def _block_drain(b, lay: _WgRing, gc, peers):
+    """After an item's last block: its wgmmas done, its stage back."""
+    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
+    S = lay.S
     last = b.op("rem.u32", b.op("add.u32", b.op("shr.u32", gc, Imm(2, "u32")), Imm(S - 1, "u32")), Imm(S, "u32"))
     _release(b, lay.empty, last, peers)
+
+
+def _block_slot(b, lay: _WgRing):
+    """The block's A slot: a_count % a_slots."""
+    return b.op("rem.u32", lay.a_count, Imm(lay.a_slots, "u32"))
+
+
+def _block_slot_wait(b, lay: _WgRing, sl):
+    """At the block's step 0: until its box has landed in A slot sl."""
+    _wait(b, lay.a_full(sl), b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32")))
+
+
+def _block_slot_give(b, lay: _WgRing, sl):
+    """After the block's last reads of A slot sl (this thread's): the slot goes back."""
+    b.emit("mbarrier.arrive.shared::cta.b64", b.reg("b64"), Mem(lay.a_empty(sl)))
+    b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
 
 
 def _a_slot_take(b, lay: _WgRing, s, s_begin):
@@ -2915,30 +2941,18 @@ def _ra_block_loop(b, arch, BN, lay: _WgRing, acc, s, s_begin, s_end, gc, peers,
     """_ra_k_loop over block stages (lay.bs = 4; items whole blocks): a block's 4 steps are the loop body, its
     stage waited for at step 0 and the previous block's released there (once wait_group 1 retired that block's last
     step), `fragments(stage, st)` each step's A registers, the last block's stage released after the item."""
-    S = lay.S
     top = b.label("c_block")
     b.place(top)
-    blk = b.op("shr.u32", gc, Imm(2, "u32"))
-    stage = b.op("rem.u32", blk, Imm(S, "u32"))
-    _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", blk, Imm(S, "u32")), Imm(1, "b32")))
+    stage = _block_stage_wait(b, lay, gc)
     for st in range(4):
         a = fragments(stage, st)
-        tile = b.op("add.u32", b.op("shl.b32", stage, Imm(2, "u32")), Imm(st, "u32"))
-        dbs = _desc_steps(b, b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
+        dbs = _block_descs(b, lay, stage, st)
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16):
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk]))
-        b.emit("wgmma.commit_group.sync.aligned")
-        b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))
-        if st == 0:
-            _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", stage, Imm(S - 1, "u32")), Imm(S, "u32")), peers,
-                     b.op("setp.gt.u32", s, s_begin))
-        b.emit("add.u32", gc, gc, Imm(1, "u32"))
-        b.emit("add.u32", s, s, Imm(1, "u32"))
+        _block_step_done(b, lay, stage, st, gc, s, s_begin, peers)
     b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
-    b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
-    last = b.op("rem.u32", b.op("add.u32", b.op("shr.u32", gc, Imm(2, "u32")), Imm(S - 1, "u32")), Imm(S, "u32"))
-    _release(b, lay.empty, last, peers)
+    _block_drain(b, lay, gc, peers)
 
 
 def _prepared_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
