@@ -2597,13 +2597,12 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
     b.place(done)
 
 
-def _wgmma_step_done(b, S, gc, s, s_begin, empty, peers=(), first=True):
+def _wgmma_step_done(b, S, gc, s, s_begin, empty, peers=()):
     """After a consumer step's wgmmas: commit them, wait until the previous step's group retired and release its
-    ring stage (not on the item's first step; `first` False: the step is known not to be), advance the ring
-    position gc and the K-step s."""
+    ring stage (not on the item's first step), advance the ring position gc and the K-step s."""
     b.emit("wgmma.commit_group.sync.aligned")
     b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))  # step gc - 1 is done: release its stage
-    not_first = b.op("setp.gt.u32", s, s_begin) if first else None
+    not_first = b.op("setp.gt.u32", s, s_begin)
     prev = b.op("rem.u32", b.op("add.u32", gc, Imm(S - 1, "u32")), Imm(S, "u32"))
     _release(b, empty, prev, peers, not_first)
     b.emit("add.u32", gc, gc, Imm(1, "u32"))
