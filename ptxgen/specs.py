@@ -22,7 +22,7 @@ class MmqSpec:
     # TMA (no dequant in the K loop; kernels/mmq.py PREPARED_NOTE)
     grouped: bool = False  # mul_mat_id's schedule — items (M tile, expert's token tile) from moe_group's work list,
     # y rows scattered by pair; x rows gathered by pair (fp16 mma.sync, kernels/mmq_moe.py) or by
-    # convert_f16_perm_gather before the register-A wgmma build
+    # moe_gather before the register-A wgmma build
     fmt: str = "q4_K"  # the weights' codec: Q4_K's raw ring and dequant, or (grouped only) any codec's run8
     int_weights: bool = False  # grouped register-A wgmma, Q4_K: A = q·sc' exact, a block accumulator scaled by d in
     # fp32, the min term as k16 MMAs against the gathered x's sub-block sums (kernels/mmq.py _iw_steps)

@@ -182,8 +182,8 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
     if _moe_gemm(fmt, t, slots, experts, k, m):
         if _moe_wgmma(fmt, k, arch, sm):
             spec = _moe_wgmma_spec(p, experts, fmt)
-            return ["moe_group", "convert_f16_perm_gather_sums" if spec.int_weights else "convert_f16_perm_gather",
-                    spec.name, CodecKernel("gemv_idg", fmt).name]
+            group = "moe_gather_sums" if spec.int_weights else "moe_gather"  # the grouping and x gathered, one kernel
+            return [group, spec.name, CodecKernel("gemv_idg", fmt).name]
         return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name, CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
@@ -195,7 +195,7 @@ def _moe_bn(pairs: int, experts: int) -> int:
 
 
 def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None) -> bool:
-    """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by convert_f16_perm_gather first), for the
+    """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by moe_gather first), for the
     formats kernels/mmq.py GROUPED_WGMMA_FORMATS dispatches, where the raw rows are 16-byte multiples (the tensor
     map's stride), the sm_90a kernels are there and `arch` pins nothing else."""
     from ptxgen.kernels.mmq import GROUPED_WGMMA_FORMATS
@@ -381,14 +381,14 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
     rows = -(-m // int(fn.meta["rows_per_cta"]))
     if len(route) > 1:
-        gate = _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[1:-1], arch)
+        gate = _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[:-1], arch)
         # exact, only where the GEMM's activations overflowed; few CTAs (each loops over experts): a closed gate
         # costs their exits only
         from ptxgen.kernels.gemv_codec import GATED_EXPERT_CTAS
 
-        pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (gate,))
+        pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (gate, pb.done))
     elif route[0].endswith("_idg"):
-        pb.launch(fn, (rows, e), idg_args + (0,))
+        pb.launch(fn, (rows, e), idg_args + (0, 0))
     else:
         if p > 65535:  # grid.y
             raise ValueError(f"mul_mat_id: {p} (token, slot) pairs of one token: at most 65535")
@@ -399,37 +399,43 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
 
 
 def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: int, route: list, arch) -> SymArray:
-    """moe_group, then the grouped GEMM over its work list (persistent CTAs, at most one per item) — on sm_90 first
-    convert_f16_perm_gather (x in fp16, grouped order, the wgmma build's K order) and the register-A wgmma build
-    reading both by tensor map. Returns the gate word: zeroed by moe_group, raised by the GEMM or the conversion
-    where an activation overflowed fp16."""
+    """The grouped GEMM over its work list (persistent CTAs, at most one per item) behind the grouping: on sm_90
+    moe_gather (the grouping, and x in fp16, grouped order, the wgmma build's K order, in one kernel) and the
+    register-A wgmma build reading both by tensor map; elsewhere moe_group and the mma.sync build on fp32 x. Returns
+    the gate: the workspace's zero-kept flag, raised by the GEMM or the conversion where an activation overflowed
+    fp16 (the gated GEMV behind them lowers it)."""
     from ptxgen.kernels.mmq import BM
+    from ptxgen.kernels.moe_group import GATHER_ROWS
 
     e, m, k = w.shape
     p = t * slots
-    wg = len(route) == 2
+    wg = route[0] != "moe_group"  # (route: the grouping kernel, the GEMM)
     gemm = kernels.load(route[-1], "sm_90a" if wg else arch)
     bn = int(gemm.meta["bn"])
     order, offsets = pb.scratch((p,), np.uint32), pb.scratch((e + 1,), np.uint32)
-    work, gate = pb.scratch((1 + p // bn + e,), np.uint32), pb.scratch((1,), np.uint32)
-    pb.launch(kernels.load("moe_group", arch), (1,), (pb.ids, p, e, bn, order, offsets, work, pb.y, m, gate))
+    work = pb.scratch((1 + p // bn + e,), np.uint32)
+    grouping = (pb.ids, p, e, bn, order, offsets, work, pb.y, m)
     items = -(-m // BM) * (p // bn + e)
-    ctas = max(1, min(items, gemm.resident_per_sm() * driver.current().sm_count))
-    if wg:
-        x16 = pb.scratch((p, k), np.float16)
-        n8 = p * k // 8
-        iw = "int_weights" in gemm.meta  # the integer-weight build: x's sub-block sums too (Σx hi / lo)
-        xs = pb.scratch((p, k // 16), np.float16) if iw else None
-        pb.launch(kernels.load(route[0], "sm_90a"), (-(-n8 // 256),),
-                  (pb.x, x16, gate, n8, order, offsets, e, k // 8, slots, x_per_slot) + ((xs,) if iw else ()))
-        tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
-        tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
-        ts = (_tensor_map(xs.ptr, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
-        pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
-    else:
-        pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, gate, m, k, slots, x_per_slot, expert_bytes, order, offsets,
+    sms = driver.current().sm_count
+    ctas = max(1, min(items, gemm.resident_per_sm() * sms))
+    if not wg:
+        pb.launch(kernels.load(route[0], arch), (1,), grouping)
+        pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, pb.flag, m, k, slots, x_per_slot, expert_bytes, order, offsets,
                                   work, pb.queue))
-    return gate
+        return pb.flag
+    x16 = pb.scratch((p, k), np.float16)
+    iw = "int_weights" in gemm.meta  # the integer-weight build: x's sub-block sums too (Σx hi / lo)
+    xs = (pb.scratch((p, k // 16), np.float16),) if iw else ()
+    # a CTA an SM at most (1024 threads each), each ~a thousand groups of 8 values a round, at most GATHER_ROWS pairs
+    k8 = k // 8
+    rows = min(-(-p // max(1, min(sms, -(-p * k8 // 1024)))), GATHER_ROWS)
+    pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
+              grouping + (pb.x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
+    tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
+    tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
+    ts = (_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
+    pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
+    return pb.flag
 
 
 def _remember(w: QuantTensor, key, entry) -> None:

@@ -343,18 +343,6 @@ def test_q8_0_lanes_convert_by_i2f_or_prmt_to_the_same_bits(monkeypatch):
         np.testing.assert_array_equal(got[0].view(np.uint64), g.view(np.uint64))
 
 
-@pytest.mark.parametrize("gather", [(3, True), (3, False), (8, False)])
-def test_gather_with_sub_block_sums_is_bit_exact(gather):
-    """convert_f16_perm_gather_sums (not shipped: the activation of a grouped GEMM with integer Q4_K weights): the
-    gathered fp16 rows of convert_f16_perm_gather and each row's sub-block sums of them in fp32 — a thread's 8 in
-    column order, its quad's four by shfl.bfly under the quad's own membermask — as fp16 hi / lo, bit for bit with
-    NumPy where finite; the flag up for an fp16 overflow of x or of a sum; the bad id's row untouched."""
-    ptx = KERNELS["convert_f16_perm_gather_sums"].for_arch("sm_90a").ptx()
-    for seed, shape in ((1, (6, 256)), (2, (6, 1280)), (3, (8, 2048))):
-        out = check_kernel("convert_f16_perm_gather_sums", ptx, seed=seed, gather=gather, shape=shape)
-        assert out.ok, out.detail
-
-
 def test_every_kernel_has_a_harness():
     assert set(KERNELS) <= set(HARNESSES) | set(UNCOVERED)
 

@@ -227,9 +227,10 @@ def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(mon
 
 def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
     """Q4_K from the tuning's moe_gemm_min_pairs pairs (sm_89's lowering: arch pinned): moe_group (one CTA) writes
-    order / offsets / work and zeroes the gate; the grouped GEMM (persistent CTAs, at most one per possible item)
-    reads them; the exact grouped GEMV after it is gated on that word. All three take this call's ids, x and y; the
-    scratch is the workspace's."""
+    order / offsets / work; the grouped GEMM (persistent CTAs, at most one per possible item) reads them and raises
+    the workspace's zero-kept flag on an fp16 overflow; the exact grouped GEMV after it is gated on that word (and
+    lowers it, counting its CTAs in `done`). All three take this call's ids, x and y; the scratch is the
+    workspace's."""
     from ptxgen.runtime import ops
 
     rec = _Launches(monkeypatch)
@@ -240,17 +241,19 @@ def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
     assert names == ["moe_group", "mmq_q4_k_f16_n32_moe", "gemv_q4_k_f32_idg"]
     (_, g0, c0, _), (_, g1, c1, _), (_, g2, c2, _) = rec.runs
     assert g0 == (1, 1, 1) and c0[0] == ids.ptr and c0[1:4] == [16, 8, 32] and c0[7] == out.ptr
-    order, offsets, work, gate = c0[4], c0[5], c0[6], c0[9]
-    assert c1[:4] == [w.ptr, x.ptr, out.ptr, gate] and c1[9:12] == [order, offsets, work]
+    order, offsets, work, gate = c0[4], c0[5], c0[6], c1[3]
+    assert len(c0) == 9 and c1[:3] == [w.ptr, x.ptr, out.ptr] and c1[9:12] == [order, offsets, work]
     assert g1 == (min(3 * (16 // 32 + 8), g1[0]), 1, 1) and g1[0] <= 3 * 8
     assert c2[1:3] == [x.ptr, out.ptr] and c2[8] == ids.ptr and c2[11] == gate and g2[1] == 4  # GATED_EXPERT_CTAS
+    assert c2[12] == gate + 4  # the workspace's flag, then its arrival count
     assert ops.mul_mat_id_plan(w, 200, 2, arch="sm_89").launches[1].fn.name == "mmq_q4_k_f16_n64_moe"  # 400 pairs ≥ 48
     # per expert
 
 
 def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
-    """On an H200 (no arch pinned) Q4_K's grouped route is moe_group, convert_f16_perm_gather (x → fp16 in moe_group's
-    order and the wgmma build's K order, into scratch; the gate is its overflow flag), the register-A wgmma build
+    """On an H200 (no arch pinned) Q4_K's grouped route is moe_gather (moe_group's grouping and x → fp16 in its
+    order and the wgmma build's K order, into scratch, one kernel; the gate is its overflow flag, the workspace's
+    zero-kept word: a CTA an SM, 1024 groups of 8 a CTA at least), the register-A wgmma build
     reading the weights of all experts and the gathered x by tensor map (one CTA an SM, PDL behind the conversion),
     then the gated exact GEMV. Its token tile follows the pairs per expert (RULES.moe_wgmma_tile_pairs). The rule
     moe_int_weights_max_pairs (the integer-weight build at few pairs an expert) is pinned off here."""
@@ -263,16 +266,19 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         x, ids, out = _fake_call(w, 8, 2)
         plan = ops.mul_mat_id_plan(w, 8, 2)
     names = [r[0] for r in rec.runs]
-    assert names == ["moe_group", "convert_f16_perm_gather", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
-    (_, _, c0, _), (_, g1, c1, _), (_, g2, c2, _), (_, _, c3, _) = rec.runs
-    order, offsets, work, gate = c0[4], c0[5], c0[6], c0[9]
-    assert c1[0] == x.ptr and c1[2] == gate and c1[3] == 16 * 512 // 8 and c1[4:10] == [order, offsets, 8, 64, 2, 0]
-    assert g1 == (-(-16 * 512 // 8 // 256), 1, 1)
+    assert names == ["moe_gather", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
+    (_, g1, c1, _), (_, g2, c2, _), (_, _, c3, _) = rec.runs
+    order, offsets, work, gate = c1[4], c1[5], c1[6], c1[11]
+    assert c1[0] == ids.ptr and c1[1:4] == [16, 8, 32] and c1[7:10] == [out.ptr, 300, x.ptr]
+    assert c1[12:16] == [512 // 8, 2, 0, 16] and g1 == (1, 1, 1)  # 16 pairs x 64 groups of 8: one CTA's round
     assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
-    assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate
-    assert [ln.pdl for ln in plan.launches[1:3]] == [True, True]
+    assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate and c3[12] == gate + 4
+    assert [ln.pdl for ln in plan.launches[:2]] == [True, True]  # moe_gather waits (pdl_head) before it reads
     for t, bn in ((95, 32), (96, 64), (511, 64), (512, 128)):  # from 24 pairs per expert n64, from 128 n128
-        assert ops.mul_mat_id_plan(w, t, 2).kernels[2] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
+        plan = ops.mul_mat_id_plan(w, t, 2)
+        assert plan.kernels[1] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
+        (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, whole rows, ~1024 groups a CTA a round
+        assert c[15] == -(-p // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
 
 
 def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypatch):
@@ -284,16 +290,16 @@ def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypat
     rec = _Launches(monkeypatch)
     w = _fake_experts(e=8, m=300, k=512)
     shipped = ops.RULES.moe_int_weights_max_pairs["q4_K"]  # pairs an expert: the build up to this, n32 above
-    assert ops.mul_mat_id_plan(w, 4 * shipped, 2).kernels[2] == "mmq_q4_k_wgmma_iw_n16_moe"
-    assert ops.mul_mat_id_plan(w, 4 * shipped + 4, 2).kernels[2] == "mmq_q4_k_wgmma_ra_n32_moe"
+    assert ops.mul_mat_id_plan(w, 4 * shipped, 2).kernels[1] == "mmq_q4_k_wgmma_iw_n16_moe"
+    assert ops.mul_mat_id_plan(w, 4 * shipped + 4, 2).kernels[1] == "mmq_q4_k_wgmma_ra_n32_moe"
     with tuning.override(moe_int_weights_max_pairs=16):
         x, ids, out = _fake_call(w, 8, 2)
-        assert ops.mul_mat_id_plan(w, 8, 2).kernels[1:3] == ["convert_f16_perm_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe"]
-        assert ops.mul_mat_id_plan(w, 80, 2).kernels[2] == "mmq_q4_k_wgmma_ra_n32_moe"  # 20 pairs an expert
+        assert ops.mul_mat_id_plan(w, 8, 2).kernels[:2] == ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe"]
+        assert ops.mul_mat_id_plan(w, 80, 2).kernels[1] == "mmq_q4_k_wgmma_ra_n32_moe"  # 20 pairs an expert
     names = [r[0] for r in rec.runs]
-    assert names == ["moe_group", "convert_f16_perm_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"]
-    (_, _, c1, _), (_, _, c2, _) = rec.runs[1:3]
-    assert len(c1) == 11 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
+    assert names == ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"]
+    (_, _, c1, _), (_, _, c2, _) = rec.runs[0:2]
+    assert len(c1) == 17 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
 
 
 def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(monkeypatch):
@@ -334,6 +340,25 @@ def test_moe_group_sorts_the_pairs_by_expert_and_lists_the_token_tiles(arch):
         dict(ids=np.full((3, 2), -1, np.int32), shape=(4, 3, 2, 3))]
     for kw in cases:
         out = check_kernel("moe_group", ptx, **kw)
+        assert out.ok, out.detail
+
+
+@pytest.mark.parametrize("name", ["moe_gather", "moe_gather_sums"])
+def test_moe_gather_groups_the_pairs_and_gathers_x_bit_for_bit(name):
+    """kernels/moe_group.py's moe_gather (_sums) in the emulator: moe_group's grouping (offsets and the work list
+    exactly, each expert's slice of order a permutation of its pairs) written by CTAs that each place their own
+    pairs, x16 rows bit for bit (and the sub-block sums), NaN rows for bad ids, the flag exactly on an fp16 overflow —
+    drawn routes and CTA splits, x shared and per slot, 128 experts over 3 super-blocks of K, every pair on one expert
+    and no valid pair at all."""
+    from ptxgen.emu.harness import check_kernel
+
+    ptx = get_kernel(name).for_arch("sm_90a").ptx()
+    cases = [dict(seed=s) for s in range(3)] + [
+        dict(shape=(128, 40, 8, 768), rows=37, tile=16, per_slot=False),
+        dict(ids=np.full((40, 2), 3, np.int32), shape=(4, 40, 2, 256), rows=80, per_slot=True),
+        dict(ids=np.full((3, 2), -1, np.int32), shape=(4, 3, 2, 256), rows=2)]
+    for kw in cases:
+        out = check_kernel(name, ptx, **kw)
         assert out.ok, out.detail
 
 
@@ -378,8 +403,9 @@ def test_grouped_moe_gemm_skewed_empty_and_overflowing():
 
 @pytest.mark.parametrize("scale,arch", [(1.0, "sm_89"), (1e5, "sm_89"), (1.0, "sm_90a"), (1e5, "sm_90a")])
 def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
-    """mul_mat_id's Q4_K route as ops records it (moe_group, the grouped GEMM — on sm_90 x gathered into fp16 first
-    and the register-A wgmma build —, the gated grouped GEMV), run in one emulated memory: within 1e-3 of float64
+    """mul_mat_id's Q4_K route as ops records it (moe_group and the grouped GEMM — on sm_90 moe_gather, grouping and
+    x gathered into fp16, and the register-A wgmma build —, the gated grouped GEMV), run in one emulated memory:
+    within 1e-3 of float64
     (fp16 activations), NaN rows for the bad ids; with activations past fp16's range (scale 1e5) the GEMM or the
     conversion raises the gate and the GEMV recomputes every pair exactly (1e-5). Its 8 pairs an expert take the
     fp16-weight build here (rule moe_int_weights_max_pairs pinned off; the integer-weight route has its own test)."""
@@ -388,10 +414,9 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
     rng = np.random.default_rng(7)
     ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
     ids[3, 1], ids[11, 0] = -1, 5
-    gemm = (["convert_f16_perm_gather", "mmq_q4_k_wgmma_ra_n32_moe"] if arch == "sm_90a" else
-            ["mmq_q4_k_f16_n32_moe"])
+    route = (["moe_gather", "mmq_q4_k_wgmma_ra_n32_moe"] if arch == "sm_90a" else ["moe_group", "mmq_q4_k_f16_n32_moe"])
     with tuning.override(moe_int_weights_max_pairs=0):
-        _grouped_route((5, 130, 512), ids, False, scale, arch, rng, ["moe_group", *gemm, "gemv_q4_k_f32_idg"])
+        _grouped_route((5, 130, 512), ids, False, scale, arch, rng, [*route, "gemv_q4_k_f32_idg"])
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q8_0"])
@@ -403,7 +428,7 @@ def test_the_codecs_grouped_wgmma_route_in_the_emulator(fmt):
     ids[5, 0] = 4
     f = fmt.lower()
     _grouped_route((4, 130, 512), ids, True, 1.0, "sm_90a", rng,
-                   ["moe_group", "convert_f16_perm_gather", f"mmq_{f}_wgmma_ra_n32_moe", f"gemv_{f}_f32_idg"], fmt=fmt)
+                   ["moe_gather", f"mmq_{f}_wgmma_ra_n32_moe", f"gemv_{f}_f32_idg"], fmt=fmt)
 
 
 @pytest.mark.slow
@@ -423,8 +448,8 @@ def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, a
 
 @pytest.mark.parametrize("scale", [1.0, 1e5])
 def test_the_integer_weight_grouped_route_in_the_emulator(scale):
-    """Q4_K's integer-weight route (rule moe_int_weights_max_pairs): moe_group,
-    convert_f16_perm_gather_sums (x and its sub-block sums Σx hi / lo), mmq_q4_k_wgmma_iw_n16_moe (A = q·sc', d and
+    """Q4_K's integer-weight route (rule moe_int_weights_max_pairs): moe_gather_sums (the grouping, x and its
+    sub-block sums Σx hi / lo), mmq_q4_k_wgmma_iw_n16_moe (A = q·sc', d and
     the min term outside the K-step MMAs), the gated GEMV; K over 3 super-blocks, experts past one tile of pairs:
     within 1e-3 of float64, NaN rows for bad ids; x past fp16's range raises the gate and the GEMV recomputes."""
     from ptxgen import tuning
@@ -434,7 +459,7 @@ def test_the_integer_weight_grouped_route_in_the_emulator(scale):
     ids[2, 1] = -1
     with tuning.override(moe_int_weights_max_pairs=64):
         _grouped_route((4, 130, 768), ids, False, scale, "sm_90a", rng,
-                       ["moe_group", "convert_f16_perm_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"])
+                       ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"])
 
 
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
@@ -448,22 +473,21 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
     with tuning.override(moe_gemm_min_pairs=1):  # the GEMM route whatever the format's threshold
         route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, sm=90 if arch == "sm_90a" else 89)
-    assert (want_route is None or route == want_route) and len(route) == (4 if "_wgmma_" in route[2] else 3)
-    group, *gemms, idg = (get_kernel(n).for_arch(arch) for n in route)
-    gemm = gemms[-1]
+    assert (want_route is None or route == want_route) and len(route) == 3
+    group, gemm, idg = (get_kernel(n).for_arch(arch) for n in route)
     p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get(fmt).row_bytes(k)
     mem = _memory()
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
     ya, qa = mem.alloc(p * m * 4, poison=0x11), mem.alloc(8, poison=0)
     oa, fa, ka = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // bn + e))
-    ga = mem.alloc(4, poison=0xFF)
-    _run(group.ptx(), (1,), (1024,), (ia, p, e, bn, oa, fa, ka, ya, m, ga), mem)
-    if len(gemms) == 2:  # sm_90: x gathered into fp16 by convert_f16_perm_gather, the wgmma build on tensor maps
+    ga = mem.alloc(8, poison=0)  # the workspace's flag and its arrival count: zero-kept
+    grouping = (ia, p, e, bn, oa, fa, ka, ya, m)
+    if route[0].startswith("moe_gather"):  # sm_90: grouping and x into fp16 in one kernel, the wgmma build on maps
         x16 = mem.alloc(p * k * 2, poison=0xFF)
-        n8 = p * k // 8
         iw = "int_weights" in gemm.meta  # the integer-weight build: the gather writes the sub-block sums too
         xs = mem.alloc(p * k // 16 * 2, poison=0xFF) if iw else None
-        _run(gemms[0].ptx(), (-(-n8 // 256),), (256,), (xa, x16, ga, n8, oa, fa, e, k // 8, slots, int(per_slot))
+        rows = max(1, p // 3)  # 3 or 4 CTAs
+        _run(group.ptx(), (-(-p // rows),), (1024,), grouping + (xa, x16, ga, k // 8, slots, int(per_slot), rows)
              + ((xs,) if iw else ()), mem)
         box = gemm.meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
@@ -472,16 +496,19 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         _run(gemm.ptx(), (2,), (384,), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa), mem,
              dynamic_smem=gemm.meta["dynamic_smem"])
     else:
+        _run(group.ptx(), (1,), (1024,), grouping, mem)
         _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,
              dynamic_smem=gemm.meta["dynamic_smem"])
-    _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), min(e, 4)), (32 * idg.meta["warps"],),
-         (wa, xa, ya, m, k, p, e, eb, ia, slots, int(per_slot), ga), mem)  # as ops launches it: GATED_EXPERT_CTAS
+    raised = int(mem.view(ga, np.uint32, (2,))[0])
+    gates = min(e, 4)  # as ops launches it: GATED_EXPERT_CTAS
+    _run(idg.ptx(), (-(-m // idg.meta["rows_per_cta"]), gates), (32 * idg.meta["warps"],),
+         (wa, xa, ya, m, k, p, e, eb, ia, slots, int(per_slot), ga, ga + 4), mem)
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
     want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want)
     assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
     assert rel(got[~bad], want[~bad]) <= (1e-5 if scale > 1 else 1e-3)
-    assert int(mem.view(ga, np.uint32, (1,))[0]) == int(scale > 1)
+    assert raised == int(scale > 1) and not mem.view(ga, np.uint32, (2,)).any()  # raised, then lowered
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K"])
@@ -532,7 +559,7 @@ def test_from_two_tokens_the_pair_gemv_runs_up_to_its_weights_rule(monkeypatch):
             f = fmt.lower()
             t = limit // (8 * 768 * 2048)  # 128 experts top-8 768 x 2048: T = 5
             assert ops.mul_mat_id_kernels(fmt, t, 8, 128, 2048, 768, sm=90) == [f"gemv_{f}_f32_id"]
-            assert ops.mul_mat_id_kernels(fmt, t + 1, 8, 128, 2048, 768, sm=90)[2] in (  # Q4_K: integer weights
+            assert ops.mul_mat_id_kernels(fmt, t + 1, 8, 128, 2048, 768, sm=90)[1] in (  # Q4_K: integer weights
                 f"mmq_{f}_wgmma_ra_n32_moe", f"mmq_{f}_wgmma_iw_n16_moe")
             assert ops.mul_mat_id_kernels(fmt, 1, 64, 128, 2048, 768, sm=90) == [f"gemv_{f}_f32_id"]
         assert ops.mul_mat_id_kernels("q6_K", 2, 2, 4, 256, 64, sm=89) == ["gemv_q6_k_f32_id"]

@@ -166,7 +166,8 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     with repeats (several pairs on one expert; the grouped build gets more than 8 on one) and, unless `ids` is
     given, one id out of range (−1 or E); x (T, K) or, with `x_per_slot`, (T, slots, K); y NaN-poisoned first.
     Against formats.mul_mat_id_ref: within 1e-5 relative where the id is valid, NaN exactly where it is not. `gate`
-    (the grouped build): the value of the u32 its gate points at — 0: nothing may be written. `experts_grid`: the
+    (the grouped build): the value of the u32 its gate points at — 0: nothing may be written; raised: the last CTA
+    lowers it and zeroes the arrival count beside it. `experts_grid`: the
     grouped build's grid.y (default E; fewer: each CTA loops over the experts ctaid.y + nctaid.y·i)."""
     fmt, grouped = meta["fmt"], "window" in meta
     e, m, k = shape or (3, 21, 544 if fmt == "q8_0" else 512)
@@ -183,12 +184,16 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
     ya = mem.alloc(t * slots * m * 4, poison=0x11)  # finite (1e-28): a row never written fails, NaN rows included
     expert_bytes = m * formats.get(fmt).row_bytes(k)
+    ga = None if gate is None else mem.alloc(np.array([gate], np.uint32))
+    da = None if gate is None else mem.alloc(np.zeros(1, np.uint32))
     _run(ptx, (-(-m // meta["rows_per_cta"]), (experts_grid or e) if grouped else t * slots), (32 * meta["warps"],),
          (wa, xa, ya, m, k, t * slots if grouped else 1, e, expert_bytes, ia, slots, int(per_slot))
-         + ((0 if gate is None else mem.alloc(np.array([gate], np.uint32)),) if grouped else ()), mem, seed=seed)
+         + ((ga or 0, da or 0) if grouped else ()), mem, seed=seed)
     if gate == 0:
         untouched = bool((mem.view(ya, np.uint32, (t, slots, m)) == 0x11111111).all())
         return Outcome(meta["name"], untouched, f"gate 0: y {'untouched' if untouched else 'WRITTEN'}", None, None)
+    if gate is not None and (mem.view(ga, np.uint32, (1,))[0] or mem.view(da, np.uint32, (1,))[0]):
+        return Outcome(meta["name"], False, "the raised gate (or its arrival count) not lowered", None, None)
     got = mem.view(ya, np.float32, (t, slots, m)).astype(np.float64)
     want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want)
@@ -215,16 +220,14 @@ def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, see
     mem = _memory()
     ia, oa = mem.alloc(ids), mem.alloc(4 * max(p, 1), poison=0xFF)
     fa, wa = mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // tile + e), poison=0xFF)
-    ya, ga = mem.alloc(np.zeros((p, m), np.float32)), mem.alloc(4, poison=0xFF)
-    _run(ptx, (1,), (1024,), (ia, p, e, tile, oa, fa, wa, ya, m, ga), mem, seed=seed)
+    ya = mem.alloc(np.zeros((p, m), np.float32))
+    _run(ptx, (1,), (1024,), (ia, p, e, tile, oa, fa, wa, ya, m), mem, seed=seed)
     got_off = mem.view(fa, np.uint32, (e + 1,))
     wl = mem.view(wa, np.uint32, (1 + p // tile + e,))
     L = int(wl[0])
     got_work = wl[1:1 + L]
     order = mem.view(oa, np.uint32, (max(p, 1),))
     why = []
-    if mem.view(ga, np.uint32, (1,))[0]:
-        why.append("gate not zeroed")
     if not np.array_equal(got_off, offsets):
         why.append(f"offsets {got_off} != {offsets}")
     if not np.array_equal(got_work, work):
@@ -277,7 +280,7 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     items = -(-m // meta["bm"]) * len(work)
     grid = (max(1, min(items, ctas)),)
     if "wgmma" in meta.get("mma", ""):  # sm_90a's register-A build: x gathered in grouped order and K-permuted (as
-        # convert_f16_perm_gather writes it; its own test checks that bit for bit), both operands by tensor map
+        # moe_gather writes it; its own test checks that bit for bit), both operands by tensor map
         p = max(ids.size, 1)
         rows = x.reshape(-1, k)[order[:p] if per_slot else order[:p] // slots]
         with np.errstate(over="ignore", invalid="ignore"):
@@ -625,69 +628,117 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
-def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, gather=None, sums=False) -> Outcome:
+def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Outcome:
     """convert_f16 (or convert_f16_perm: each 64-column chunk in layouts.q4k_rega_k_order): bit for bit numpy's
-    fp16 rounding, and the overflow flag exactly when some value leaves fp16's range. `gather` = (slots,
-    per_slot) (convert_f16_perm_gather): output row n is x's row order[n] (/ slots where per_slot is 0), order a
-    drawn permutation of the T·slots pairs. `sums` (convert_f16_perm_gather_sums): also each row's sub-block sums
-    of the fp16 x, hi and lo, bit for bit (a thread's 8 in column order, then its quad's as (a0 + a1) + (a2 + a3)),
-    the flag raised by a hi past fp16 too."""
+    fp16 rounding, and the overflow flag exactly when some value leaves fp16's range."""
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
-    big = bool(rng.integers(0, 2))
-    if big:  # one value past fp16's range must raise the flag
+    if rng.integers(0, 2):  # one value past fp16's range must raise the flag
         x[rng.integers(0, t), rng.integers(0, k)] = np.float32(7e4)
     mem = _memory()
     xa, fa = mem.alloc(x), mem.alloc(np.zeros(1, np.uint32))
-    rows, extra = x, ()
-    if gather is not None:
-        slots, per_slot = gather
-        p = t // slots if per_slot else t * slots  # per slot: x holds (T, slots, K) as T·slots rows
-        order = rng.permutation(t if per_slot else p).astype(np.uint32)
-        valid = len(order) - 1  # the last place: a bad id's (order holds garbage there), left untouched
-        order[valid] = 0xFFFFFF
-        rows = x[order[:valid] // slots if not per_slot else order[:valid]]
-        extra = (mem.alloc(order), mem.alloc(np.array([0, valid], np.uint32)), 1, k // 8, slots, int(per_slot))
-    n8 = rows.size // 8 + (k // 8 if gather else 0)
+    n8 = x.size // 8
     ya = mem.alloc(n8 * 16, poison=0xFF)
-    if sums:
-        xsa = mem.alloc(n8, poison=0xFF)  # K / 16 halves (2 bytes) a row: n8 bytes
-        extra += (xsa,)
-    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8, *extra), mem, seed=seed)
-    got = mem.view(ya, np.uint16, (n8 * 8 // k, k))
-    if gather:
-        if not (got[-1] == 0xFFFF).all():
-            return Outcome("convert_f16_perm_gather", False, "the row past offsets[E] was written", got, None)
-        got = got[:-1]
+    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, fa, n8), mem, seed=seed)
+    got = mem.view(ya, np.uint16, (t, k))
     with np.errstate(over="ignore"):
-        want = rows.astype(np.float16).view(np.uint16)
-        want_flag = int(not np.isfinite(rows.astype(np.float16)).all())  # (gather: only the rows it reads)
+        want = x.astype(np.float16).view(np.uint16)
+        want_flag = int(not np.isfinite(x.astype(np.float16)).all())
     if permuted:
-        want = want.reshape(len(rows), k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(len(rows), k)
+        want = want.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
-    ok = np.array_equal(got, want)
-    if sums:
-        xs = mem.view(xsa, np.uint16, (n8 * 8 // k, k // 16))
-        with np.errstate(over="ignore", invalid="ignore"):
-            a = rows.astype(np.float16).astype(np.float32).reshape(len(rows), k // 32, 4, 8)
-            acc = a[..., 0]
-            for c in range(1, 8):  # a thread's 8 in column order
-                acc = (acc + a[..., c]).astype(np.float32)
-            tot = ((acc[..., 0] + acc[..., 1]).astype(np.float32) + (acc[..., 2] + acc[..., 3])).astype(np.float32)
-            hi = tot.astype(np.float16)
-            lo = (tot - hi.astype(np.float32)).astype(np.float32).astype(np.float16)
-            want_xs = np.concatenate([hi.reshape(len(rows), k // 256, 8), lo.reshape(len(rows), k // 256, 8)],
-                                     axis=2).reshape(len(rows), k // 16).view(np.uint16)
-            want_flag |= int(not np.isfinite(hi).all())
-        if not (xs[-1] == 0xFFFF).all():
-            return Outcome("convert_f16_perm_gather_sums", False, "the sums' row past offsets[E] was written", xs, None)
-        fin = np.isfinite(want_xs.view(np.float16))  # (where the flag is up the route recomputes: NaN bits vary)
-        ok = ok and np.array_equal(xs[:-1][fin], want_xs[fin])
-    ok = ok and flag == want_flag
-    name = ("convert_f16_perm_gather_sums" if sums else "convert_f16_perm_gather" if gather else "convert_f16_perm"
-            if permuted else "convert_f16")
+    ok = np.array_equal(got, want) and flag == want_flag
+    name = "convert_f16_perm" if permuted else "convert_f16"
     return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ, flag {flag} "
                    f"(want {want_flag})", got, want)
+
+
+def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=None, rows=None, tile=32, seed=None,
+                    sums=False) -> Outcome:
+    """moe_gather (_sums): E experts, (T, slots) ids drawn with repeats, empty experts and one out of range (unless
+    `ids` is given), x (T, K) or per slot (T, slots, K) with a value past fp16 half the time; `rows` pairs a CTA
+    (default drawn, so CTAs split the pairs unevenly). The grouping as moe_group's (offsets and the work list exactly
+    as kernels.moe_group.reference, each expert's slice of order a permutation of its pairs); x16 row n bit for bit
+    the fp16 of pair order[n]'s x row in the register-A K order, rows past offsets[E] untouched; with `sums` each
+    row's sub-block sums as gather_sub_block_sums where finite; NaN rows of y for the bad pairs (others untouched);
+    the flag raised exactly when a gathered value (or a sum's hi) leaves fp16."""
+    from ptxgen.kernels.moe_group import reference
+
+    e, t, slots, k = shape or (9, 13, 3, 512)
+    m = 5
+    if ids is None:
+        ids = rng.integers(0, e - 2, (t, slots)).astype(np.int32)  # the last two experts empty
+        ids.flat[int(rng.integers(ids.size))] = rng.choice([-1, e])
+    ids = np.asarray(ids, np.int32)
+    p, k8 = ids.size, k // 8
+    per_slot = bool(rng.integers(2)) if per_slot is None else per_slot
+    rows = int(rows or rng.integers(1, max(2, p // 2)))
+    x = (rng.standard_normal((p if per_slot else t, k)) * rng.choice([1e-3, 1.0, 3e3])).astype(np.float32)
+    if rng.integers(0, 2):
+        x[rng.integers(0, len(x)), rng.integers(0, k)] = np.float32(7e4)
+    offsets, groups, work = reference(ids, e, tile)
+    mem = _memory()
+    ia, xa, fa = mem.alloc(ids), mem.alloc(x), mem.alloc(np.zeros(1, np.uint32))
+    oa, offa = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF)
+    wa, ya = mem.alloc(4 * (1 + p // tile + e), poison=0xFF), mem.alloc(np.zeros((p, m), np.float32))
+    x16a = mem.alloc(2 * p * k, poison=0xFF)
+    xsa = (mem.alloc(p * k // 8, poison=0xFF),) if sums else ()
+    _run(ptx, (-(-p // rows),), (1024,), (ia, p, e, tile, oa, offa, wa, ya, m, xa, x16a, fa, k8, slots, int(per_slot),
+                                          rows) + xsa, mem, seed=seed)
+    why = []
+    got_off = mem.view(offa, np.uint32, (e + 1,))
+    wl = mem.view(wa, np.uint32, (1 + p // tile + e,))
+    L = int(wl[0])
+    if not np.array_equal(got_off, offsets):
+        why.append(f"offsets {got_off} != {offsets}")
+    if not np.array_equal(wl[1:1 + L], work):
+        why.append(f"work {wl[1:1 + L]} != {work}")
+    order = mem.view(oa, np.uint32, (p,))
+    for ex, pairs in groups.items():
+        if not np.array_equal(np.sort(order[offsets[ex]:offsets[ex + 1]]), pairs):
+            why.append(f"expert {ex}'s pairs")
+    valid = int(offsets[e])
+    src = order[:valid] if per_slot else order[:valid] // slots
+    if why:  # a wrong grouping: the rows' check below would index past x
+        return Outcome(meta["name"], False, "; ".join(why), None, None)
+    rows_f = x[src]
+    x16 = mem.view(x16a, np.uint16, (p, k))
+    with np.errstate(over="ignore"):
+        want = rows_f.astype(np.float16).view(np.uint16)
+        want_flag = int(not np.isfinite(rows_f.astype(np.float16)).all())
+    want = want.reshape(valid, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(valid, k)
+    if not np.array_equal(x16[:valid], want):
+        why.append(f"{np.count_nonzero(x16[:valid] != want)} x16 halves differ")
+    if not (x16[valid:] == 0xFFFF).all():
+        why.append("x16 rows past offsets[E] written")
+    got_parts = [got_off, wl[:1 + L]]
+    if sums:
+        xs = mem.view(xsa[0], np.uint16, (p, k // 16))
+        want_xs = gather_sub_block_sums(rows_f).view(np.uint16)
+        with np.errstate(over="ignore", invalid="ignore"):
+            want_flag |= int(not np.isfinite(want_xs.view(np.float16)[:, [16 * j + i for j in range(k // 256)
+                                                                          for i in range(8)]]).all())
+        fin = np.isfinite(want_xs.view(np.float16))  # (where the flag is up the route recomputes: NaN bits vary)
+        if not np.array_equal(xs[:valid][fin], want_xs[fin]):
+            why.append("sub-block sums differ")
+        if not (xs[valid:] == 0xFFFF).all():
+            why.append("sums rows past offsets[E] written")
+    flag = int(mem.view(fa, np.uint32, (1,))[0])
+    if flag != want_flag:
+        why.append(f"flag {flag}, want {want_flag}")
+    y = mem.view(ya, np.float32, (p, m))
+    bad = (ids.reshape(-1) < 0) | (ids.reshape(-1) >= e)
+    if not (np.isnan(y[bad]).all() and (y[~bad] == 0).all()):
+        why.append("NaN rows")
+    # what a GPU run must match byte for byte: the places inside an expert follow the atomics, so the rows by pair
+    by_pair = np.argsort(order[:valid], kind="stable")
+    got_parts += [np.sort(order[:valid]), x16[:valid][by_pair].reshape(-1).view(np.uint32) if valid else
+                  np.zeros(0, np.uint32), y.view(np.uint32).reshape(-1), np.array([flag], np.uint32)]
+    if sums and valid:
+        got_parts.append(xs[:valid][by_pair][fin[by_pair]].astype(np.uint32))
+    got = np.concatenate([np.asarray(g, np.uint32).reshape(-1) for g in got_parts])
+    return Outcome(meta["name"], not why, "; ".join(why) or f"{len(groups)} experts with pairs, {valid} rows, "
+                   f"{-(-p // rows)} CTAs of {rows} pairs", got, None)
 
 
 def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, interleave=False, fmt="q4_K") -> Outcome:
@@ -930,7 +981,7 @@ def _ra_min_k(fmt: str, start: int = 512) -> int:
 
 
 def gather_sub_block_sums(rows: np.ndarray) -> np.ndarray:
-    """convert_f16_perm_gather_sums' Σx of fp32 rows (P x K) as the kernel forms them: each group of 8 input columns'
+    """moe_gather_sums' Σx of fp32 rows (P x K) as the kernel forms them: each group of 8 input columns'
     fp16 values summed in fp32 in column order, a sub-block's 4 groups as (g0 + g1) + (g2 + g3) (shfl.bfly 1, 2), split
     into fp16 hi and lo: [P][K / 16] halves, super-block j's sub-block i at 16j + i (hi) and 16j + 8 + i (lo)."""
     p, k = rows.shape
@@ -1110,11 +1161,10 @@ for _bn in (32, 64, 128):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
-HARNESSES["convert_f16_perm_gather_sums"] = lambda ptx, rng, seed=None, gather=None, **kw: _convert_f16(
-    ptx, rng, seed=seed, permuted=True, gather=gather or (3, bool(rng.integers(2))), sums=True,
-    **{"shape": (6, 1280), **kw})
-HARNESSES["convert_f16_perm_gather"] = lambda ptx, rng, seed=None, gather=None, **kw: _convert_f16(
-    ptx, rng, seed=seed, permuted=True, gather=gather or (3, bool(rng.integers(2))), **{"shape": (6, 1280), **kw})
+HARNESSES["moe_gather"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(ptx, {"name": "moe_gather"}, rng,
+                                                                            seed=seed, **kw)
+HARNESSES["moe_gather_sums"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(
+    ptx, {"name": "moe_gather_sums"}, rng, seed=seed, sums=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)
 UNCOVERED: dict[str, str] = {}

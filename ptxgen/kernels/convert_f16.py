@@ -16,41 +16,20 @@ THREADS = 256
 PER_THREAD = 8
 
 
-def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False):
+def build(arch, permuted: bool = False):
     """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
     holds input column layouts.q4k_rega_k_order()[L] — for output group q = L / 8 (8 values, one 16-byte store)
     the inputs are base(q) plus 8 offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) +
     4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows).
-    gather (convert_f16_perm_gather, mul_mat_id's grouped wgmma GEMM; permuted too): output row n (k8 groups of 8)
-    is input row order[n] / slots where the slots share x (per_slot 0), else order[n] — x in moe_group's grouped
-    order. Its thread reads one group of 8 input columns with two 16-byte loads (the scattered 4-byte loads of
-    convert_f16_perm cost 8 L1 wavefronts each) and stores one 4-byte word into each of 4 output groups; rows from offsets[experts] on (the pairs with a bad id, which order does not hold) are left as they
-    are: only columns the GEMM's epilogue masks read them. The flag word is the route's gate.
-    sums (convert_f16_perm_gather_sums, for a grouped GEMM that keeps Q4_K's weights integer: the min term as a k16
-    slice of its own): also each row's sub-block sums Σx of the fp16 values over the 32 input columns of every
-    sub-block, in fp32 — a thread's 8 in order, then its quad's four by shfl.bfly 1 and 2 — split into fp16 hi and
-    lo (lo = the rest, rounded): xs[n][16j + i] = hi, xs[n][16j + 8 + i] = lo of sub-block i of super-block j
-    (K / 16 halves a row); a hi past fp16's range raises the flag too."""
-    assert permuted or not gather
-    assert gather or not sums
-    name = ("convert_f16_perm_gather_sums" if sums else "convert_f16_perm_gather" if gather else "convert_f16_perm"
-            if permuted else "convert_f16")
-    doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "") + (
-        ", rows gathered in moe_group's order" if gather else "")
+    (mul_mat_id's gathered form of it is moe_group.py's moe_gather, on gather_store below.)"""
+    name = "convert_f16_perm" if permuted else "convert_f16"
+    doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
     x_p, y_p, f_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"), b.param("flag", "u64", "ptr:out")
     n_p = b.param("n8", "u32")  # number of 8-value groups
-    if gather:
-        o_p, off_p = b.param("order", "u64", "ptr:in"), b.param("offsets", "u64", "ptr:in")
-        e_p, k8_p = b.param("experts", "u32"), b.param("k8", "u32")  # groups of 8 per row
-        sl_p, ps_p = b.param("slots", "u32"), b.param("per_slot", "u32")
-    xs_p = b.param("xs", "u64", "ptr:out") if sums else None
     b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
     if permuted:
         b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
-    if gather:
-        b.meta.update(rows="output row n < offsets[experts] = x row order[n] / slots (x shared by the slots) or "
-                           "order[n] (per slot); rows past it untouched")
     b.pdl_head()  # the wgmma MMQ after it may launch now (it waits before its first TMA of x)
     X, Y, F = b.ptr(x_p), b.ptr(y_p), b.ptr(f_p)
     n8 = b.ld_param(n_p, "u32")
@@ -58,34 +37,7 @@ def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
     v = b.regs("f32", 8)
-    h = watch = None
-    if gather:  # group i = row n, group r of it: read x's row order[n] (/ slots), group r, as two 16-byte loads
-        k8 = b.ld_param(k8_p, "u32")
-        n = b.op("div.u32", i, k8)
-        valid = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", b.ld_param(e_p, "u32"), Imm(4, "u32"),
-                                                  b.ptr(off_p))))
-        b.bra(done, pred=b.op("setp.ge.u32", n, valid), uniform=False)
-        pair = b.op("ld.global.nc.u32", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), b.ptr(o_p))))
-        shared = b.op("setp.eq.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
-        row = b.op("selp.b32", b.op("div.u32", pair, b.ld_param(sl_p, "u32")), pair, shared, type="b32")
-        r = b.op("sub.u32", i, b.op("mul.lo.u32", n, k8))  # the input group in the row
-        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, k8, r), Imm(32, "u32"), X)
-        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
-        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
-        # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
-        # columns b' and b' + 2 of the group, b' = (q' & 1) + 4·(q' >> 1) (layouts.q4k_rega_k_order, checked below)
-        h = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
-             for q in range(4)]
-        order = q4k_rega_k_order()
-        assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
-                   for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
-        dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
-                   b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
-        for q in range(4):
-            b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
-        if sums:  # the sums' hi joins the overflow watch below
-            watch = h + [_sub_block_sums(b, h, r, k8, n, b.ptr(xs_p))]
-    elif permuted:
+    if permuted:
         q = b.op("and.b32", i, Imm(7, "b32"))
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
                     b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
@@ -104,23 +56,51 @@ def build(arch, permuted: bool = False, gather: bool = False, sums: bool = False
         src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
         b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
         b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
-    if h is None:
-        h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
-        b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
-    # overflow watch: a half whose exponent bits are all ones is inf or NaN
-    over = None
-    for w in watch or h:
-        for mask in (0x7C00, 0x7C000000):
-            p = b.op("setp.eq.u32", b.op("and.b32", w, Imm(mask, "b32")), Imm(mask, "u32"))
-            over = p if over is None else b.op("or.pred", over, p)
-    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=over)
+    h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
+    b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=overflowed(b, h))
     b.place(done)
     b.emit("ret")
     return b.finish()
 
 
+def gather_store(b, v, i, r, k8, n, Y, XS=None):
+    """The register-A K order's stores of one input group: the 8 fp32 values `v` of input group r (of K / 8 = k8 a
+    row) as fp16 into output row n, whose flat group index is i = n·k8 + r — one 4-byte word into each of 4 output
+    groups (a thread reads one group with two 16-byte loads: the scattered 4-byte loads of convert_f16_perm cost 8 L1
+    wavefronts each) — and with `XS` the row's sub-block sums, for a grouped GEMM that keeps Q4_K's weights integer
+    (the min term as a k16 slice of its own): Σx of the fp16 values over the 32 input columns of every sub-block, in
+    fp32 — a thread's 8 in order, then its quad's four by shfl.bfly 1 and 2 — split into fp16 hi and lo (lo = the
+    rest, rounded): xs[n][16j + i] = hi, xs[n][16j + 8 + i] = lo of sub-block i of super-block j (K / 16 halves a
+    row). Returns the words the overflow watch reads (a sum's hi among them)."""
+    # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
+    # columns b' and b' + 2 of the group, b' = (q' & 1) + 4·(q' >> 1) (layouts.q4k_rega_k_order, checked below)
+    h = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
+         for q in range(4)]
+    order = q4k_rega_k_order()
+    assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
+               for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
+    dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
+               b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
+    for q in range(4):
+        b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
+    if XS is not None:  # the sums' hi joins the overflow watch
+        return h + [_sub_block_sums(b, h, r, k8, n, XS)]
+    return h
+
+
+def overflowed(b, words):
+    """Whether a half of the fp16x2 `words` is inf or NaN (its exponent bits all ones): a predicate."""
+    over = None
+    for w in words:
+        for mask in (0x7C00, 0x7C000000):
+            p = b.op("setp.eq.u32", b.op("and.b32", w, Imm(mask, "b32")), Imm(mask, "u32"))
+            over = p if over is None else b.op("or.pred", over, p)
+    return over
+
+
 def _sub_block_sums(b, h, r, k8, n, XS):
-    """convert_f16_perm_gather_sums' Σx: this thread's 8 fp16 values (the halves of `h`, as stored) summed in fp32 in
+    """gather_store's Σx: this thread's 8 fp16 values (the halves of `h`, as stored) summed in fp32 in
     input column order, then over its quad (input groups 4s .. 4s + 3: sub-block s of the row) by shfl.bfly 1 and
     2; the quad's first thread (input group r of row n, r % 4 = 0) stores hi and lo. Returns (hi, hi) as a word, for
     the overflow watch."""
@@ -133,7 +113,7 @@ def _sub_block_sums(b, h, r, k8, n, XS):
     for _, v in sorted(halves, key=lambda t: t[0]):
         f = b.op("cvt.f32.f16", v)
         acc = f if acc is None else b.op("add.rn.f32", acc, f)
-    # the quad's lanes only: rows past offsets[experts] have left (a quad is one row's, n8 a multiple of 4)
+    # the quad's lanes only: a row without a place has left (a quad is one row's, K / 8 a multiple of 4)
     quad = b.op("shl.b32", Imm(0xF, "b32"), b.op("and.b32", b.special("tid.x"), Imm(0x1C, "b32")))
     for d in (1, 2):
         acc = b.op("add.rn.f32", acc, b.op("shfl.sync.bfly.b32", acc, Imm(d, "u32"), Imm(0x1F, "b32"), quad,
@@ -153,9 +133,3 @@ def _sub_block_sums(b, h, r, k8, n, XS):
 KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
 KERNEL_PERM = KernelDef("convert_f16_perm", "fp32 → fp16 activations in the register-A wgmma MMQ's K order, with "
                         "an overflow flag", lambda arch: build(arch, permuted=True), archs=("sm_90a",))
-KERNEL_GATHER = KernelDef("convert_f16_perm_gather", "fp32 → fp16 activations in the register-A wgmma MMQ's K order, "
-                          "rows gathered in moe_group's order (mul_mat_id), with an overflow flag",
-                          lambda arch: build(arch, permuted=True, gather=True), archs=("sm_90a",))
-KERNEL_GATHER_SUMS = KernelDef("convert_f16_perm_gather_sums", "convert_f16_perm_gather and each row's sub-block sums "
-                               "of x (fp16 hi / lo) for a grouped GEMM with integer weights",
-                               lambda arch: build(arch, permuted=True, gather=True, sums=True), archs=("sm_90a",))

@@ -324,9 +324,12 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     e_p, eb_p, ids_p = b.param("experts", "u32"), b.param("expert_bytes", "u64"), b.param("ids", "u64", "ptr:in")
     s_p, xs_p = b.param("slots", "u32"), b.param("x_per_slot", "u32")
     gate = b.ld_param(b.param("gate", "u64"), "u64")  # 0, or a u32 the kernel must find non-zero to run at all:
-    # mul_mat_id's exact recompute behind the grouped GEMM, which raises it when an activation overflowed fp16
-    gated = b.label("gated")
-    b.bra(gated, pred=b.op("setp.eq.u64", gate, Imm(0, "u64")))
+    # mul_mat_id's exact recompute behind the grouped GEMM, which raises it (the workspace's zero-kept flag) when an
+    # activation overflowed fp16; then the last CTA out (an arrival count in `done`) lowers it and `done` again
+    done_p = b.param("done", "u64")
+    gated, open_ = b.label("gated"), b.reg("pred")
+    b.emit("setp.ne.u64", open_, gate, Imm(0, "u64"))
+    b.bra(gated, pred=b.op("not.pred", open_))
     b.emit("ret", pred=b.op("setp.eq.u32", b.op("ld.global.u32", Mem(b.op("cvta.to.global.u64", gate))), Imm(0, "u32")))
     b.place(gated)
     list_at = b.op("mov.u32", b.shared_buffer("pairs", 4 * WINDOW), type="u32")
@@ -376,8 +379,26 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     b.emit("add.u32", e, e, b.special("nctaid.y"))
     b.bra(expert)
     b.place(done)
+    _lower_gate(b, open_, gate, b.ld_param(done_p, "u64"), tid)
     b.emit("ret")
     return b.finish()
+
+
+def _lower_gate(b, gated, gate, done, tid) -> None:
+    """The gated launch's last CTA out lowers the gate and zeroes the arrival count `done` (every CTA read the gate
+    before its thread 0 arrives, behind the barrier), so the next op of the stream finds both zero."""
+    out = b.label("gate_kept")
+    b.bra(out, pred=b.op("not.pred", gated))
+    b.emit("bar.sync", Imm(0, "u32"))
+    b.bra(out, pred=b.op("setp.ne.u32", tid, Imm(0, "u32")), uniform=False)
+    b.emit("membar.gl")
+    D = b.op("cvta.to.global.u64", done)
+    ctas = b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y"))
+    arrived = b.op("atom.global.add.u32", Mem(D), Imm(1, "u32"))
+    b.bra(out, pred=b.op("setp.ne.u32", arrived, b.op("sub.u32", ctas, Imm(1, "u32"))), uniform=False)
+    b.emit("st.global.u32", Mem(b.op("cvta.to.global.u64", gate)), Imm(0, "u32"))
+    b.emit("st.global.u32", Mem(D), Imm(0, "u32"))
+    b.place(out)
 
 
 def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,

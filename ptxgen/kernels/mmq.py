@@ -1893,7 +1893,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     _wgmma_meta(b, arch, spec, sched, S, XS)
     if IW:
         b.meta.update(int_weights=IW_NOTE, activations=b.meta["activations"].replace(
-            "convert_f16_perm_gather", "convert_f16_perm_gather_sums (with each row's sub-block sums Σx)"),
+            "by moe_gather", "by moe_gather_sums (with each row's sub-block sums Σx)"),
             tensormaps=b.meta["tensormaps"] + f"; tmap_s: f16, dims (K / 16, pairs) over the Σx rows, box (8, {BN}), "
             "no swizzle")
 
@@ -2033,10 +2033,10 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
     if spec.grouped:
         b.meta.update(schedule="grouped", split_k="none", fmt=spec.fmt, ctas_per_sm=ctas, tail_split=False,
                       activations="fp16 in grouped order (row n = the pair at place n of moe_group's order) and the "
-                                  "K order of layouts.q4k_rega_k_order, by convert_f16_perm_gather before the GEMM",
+                                  "K order of layouts.q4k_rega_k_order, by moe_gather before the GEMM",
                       work_queue="item = atom.add(queue[0], 1) -> (M tile, work-list entry), the entry fastest: an "
                                  "expert's token tiles follow each other; the last CTA to finish resets the queue",
-                      grouping="moe_group first: order, offsets, work (its meta); the epilogue stores tile column n "
+                      grouping="moe_gather first: order, offsets, work (its meta); the epilogue stores tile column n "
                                "to y's row order[n], masked to the expert's places and m < M",
                       tensormaps=w_map.replace("dims (row bytes, M)", "dims (row bytes, E·M) over all experts (an "
                                                "item's rows start at expert·M + m0)") +
@@ -2077,7 +2077,7 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p) -> _WgWork:
     work[0], which moe_group wrote before this launch in stream order). No splits, no partials."""
     M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
     ORD, OFF, WRK = (b.ptr(p) for p in grp_p)
-    # launched early behind convert_f16_perm_gather (PDL), which ran after moe_group: every thread waits for them
+    # launched early behind moe_gather (PDL), which writes the grouping and x: every thread waits for it
     # before reading the grouping (the producer's wait before its first TMA is then already satisfied)
     b.emit("griddepcontrol.wait")
     L = b.op("ld.global.u32", Mem(WRK))
@@ -2791,7 +2791,7 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
     fma a weight pair: codecs.q4_k.RegA integer), the block's 16 k16 MMAs into `acc` (the first with scale-d 0);
     after its last: wait_group 0, y += d·acc in fp32 (d of rows g, g + 8), then two k16 MMAs into y for the min
     term — A = [−dmin·m hi | hi] and [lo | 0] of sub-blocks 2t, 2t + 1 (RegA.min_fragments, from the header still
-    in the A slot), B = the block's Σx tile [hi of sub-blocks 0-7 | lo] (convert_f16_perm_gather_sums; the stage's
+    in the A slot), B = the block's Σx tile [hi of sub-blocks 0-7 | lo] (moe_gather_sums; the stage's
     Σx slot, no swizzle: LBO BN·16, SBO 128) — committed as their own group: the next step's wait_group 1 retires
     them before their stage is released. Its stages are block stages (lay.bs = 4): a stage holds the block's
     4 B tiles and its Σx: waited for at its step 0, released at the next block's step 0 (or the item's end)."""
@@ -3043,14 +3043,14 @@ def kernel_defs() -> list[KernelDef]:
          for f in GROUPED_FORMATS for bn in GROUPED_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f).name,
                    f"{f} MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles of one expert's "
-                   f"rows and token pairs (moe_group's work list; x gathered by convert_f16_perm_gather)",
+                   f"rows and token pairs (moe_gather's work list and gathered x)",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_90a",))
          for f in GROUPED_WGMMA_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True).name,
                    f"Q4_K MoE GEMM (mul_mat_id), wgmma with A = q·sc' from registers (integer weights: d and the min "
                    f"term outside the K-step MMAs), {BM}x{bn} tiles (x and its sub-block sums gathered by "
-                   f"convert_f16_perm_gather_sums)",
+                   f"moe_gather_sums)",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True): build(arch, s),
                    archs=("sm_90a",))
          for bn in GROUPED_IW_TOKEN_TILES] + \

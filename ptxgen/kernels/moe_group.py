@@ -7,8 +7,7 @@ One CTA of 1024 threads reads the (token, slot) pairs' expert ids once and write
   expert: each pair's output row is computed alone, so the result does not depend on it);
 - `work`: work[0] = L, then L entries e | tile << 16, one per token tile of BN pairs of each expert with pairs
   (expert-major, its tiles in order) — the GEMM's items are (M tile, entry);
-- y's row of a pair whose id is outside [0, E): NaN (the GEMM never sees the pair);
-- `gate` = 0 (the grouped GEMM sets it where an activation overflowed fp16; the exact GEMV behind it runs then).
+- y's row of a pair whose id is outside [0, E): NaN (the GEMM never sees the pair).
 E ≤ MAX_EXPERTS = THREADS (thread e scans expert e); the pairs are walked 1024 at a time (any count)."""
 from __future__ import annotations
 
@@ -66,49 +65,21 @@ def _warp_scan(b, v, lane):
     return v
 
 
-def build(arch):
-    b = KernelBuilder("moe_group", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
-    ids_p, n_p, e_p = b.param("ids", "u64", "ptr:in"), b.param("npairs", "u32"), b.param("experts", "u32")
-    bn_p = b.param("tile", "u32")
-    ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
-    wrk_p, y_p, m_p = b.param("work", "u64", "ptr:scratch"), b.param("y", "u64", "ptr:out"), b.param("m", "u32")
-    g_p = b.param("gate", "u64", "ptr:scratch")  # zeroed here: the grouped GEMM raises it, the exact recompute reads it
-    b.directives += [f".maxntid {THREADS}, 1, 1"]
-    b.meta.update(grid="1", max_experts=MAX_EXPERTS, work="work[0] = L; work[1 + i] = expert | token tile << 16",
-                  order="u32 per valid pair, grouped by expert", offsets="u32 × (experts + 1)")
-    counts = b.shared_buffer("counts", 4 * MAX_EXPERTS)
-    cursor = b.shared_buffer("cursor", 4 * MAX_EXPERTS)
-    tstart = b.shared_buffer("tile_start", 4 * MAX_EXPERTS)
-    wsums = b.shared_buffer("warp_sums", 4 * 64)  # per warp: its count total, then its tile total
-    b.pdl_head()  # it reads ids, which the op before may have written
-    IDS, ORD, OFF, WRK, Y = (b.ptr(p) for p in (ids_p, ord_p, off_p, wrk_p, y_p))
-    P, E, BN, M = (b.ld_param(p, "u32") for p in (n_p, e_p, bn_p, m_p))
-    tid = b.special("tid.x")
-    b.emit("st.global.u32", Mem(b.ptr(g_p)), Imm(0, "u32"), pred=b.op("setp.eq.u32", tid, Imm(0, "u32")))
-    cb, kb, sb, wb = (b.op("mov.u32", s) for s in (counts, cursor, tstart, wsums))
+def _at(b):
+    return lambda base, i: b.op("mad.lo.u32", i, Imm(4, "u32"), base)  # a u32 array's element i in shared memory
 
-    def at(base, i):
-        return b.op("mad.lo.u32", i, Imm(4, "u32"), base)
 
-    def gat(base, i):
-        return b.op("mad.wide.u32", i, Imm(4, "u32"), base)
+def _gat(b):
+    return lambda base, i: b.op("mad.wide.u32", i, Imm(4, "u32"), base)  # ... in global memory
 
-    b.comment("per-expert counts: zeroed, then one shared atomic per valid pair; a bad id's row of y is NaN")
-    _loop(b, tid, E, THREADS, lambda e: b.emit("st.shared.u32", Mem(at(cb, e)), Imm(0, "u32")), "zero")
-    b.emit("bar.sync", Imm(0, "u32"))
 
-    def count(p, e, inb):
-        ok = b.op("setp.lt.u32", e, E)  # unsigned: -1 is past E too
-        b.emit("atom.shared.add.u32", b.reg("u32"), Mem(at(cb, e)), Imm(1, "u32"), pred=ok)
-        skip = b.label("valid")
-        b.bra(skip, pred=b.op("or.pred", ok, b.op("not.pred", inb)), uniform=False)
-        row = b.op("mul.lo.u32", p, M)
-        _loop(b, b.op("mov.u32", Imm(0, "u32")), M, 1, lambda j: b.emit(
-            "st.global.f32", Mem(gat(Y, b.op("add.u32", row, j))), Imm(float("nan"), "f32")), "nan_row")
-        b.place(skip)
-    _pairs_loop(b, IDS, P, tid, count, "count")
-    b.emit("bar.sync", Imm(0, "u32"))
-
+def _scan_and_list(b, bufs, tid, E, BN, OFF, WRK, writer=None):
+    """The per-expert counts (shared `counts`) scanned: each expert's place (shared `cursor` and global `offsets`,
+    offsets[E] the total) and its first token tile (shared `tile_start`), then the work list (work[0] = L, the
+    entries e | tile << 16). `writer`: the predicate of the CTA that writes offsets and the work list (None: every
+    CTA, moe_group's one)."""
+    cb, kb, sb, wb = bufs
+    at, gat = _at(b), _gat(b)
     b.comment("exclusive scans of the counts (offsets, cursors) and of their token tiles (work starts): thread e owns "
               "expert e; warp scans by shuffles, then the 32 warps' totals scanned by warp 0")
     bm1 = b.op("sub.u32", BN, Imm(1, "u32"))
@@ -133,8 +104,8 @@ def build(arch):
     tile0 = b.op("add.u32", b.op("sub.u32", it, n), b.op("ld.shared.u32", Mem(at(wb, b.op("add.u32", warp, Imm(32, "u32"))))))
     b.emit("st.shared.u32", Mem(at(kb, tid)), off, pred=mine)
     b.emit("st.shared.u32", Mem(at(sb, tid)), tile0, pred=mine)
-    b.emit("st.global.u32", Mem(gat(OFF, tid)), off, pred=mine)
-    end = b.op("setp.eq.u32", tid, b.op("sub.u32", E, Imm(1, "u32")))  # the last expert's thread: the totals
+    b.emit("st.global.u32", Mem(gat(OFF, tid)), off, pred=_and(b, mine, writer))
+    end = _and(b, b.op("setp.eq.u32", tid, b.op("sub.u32", E, Imm(1, "u32"))), writer)  # the last expert's: the totals
     b.emit("st.global.u32", Mem(gat(OFF, E)), b.op("add.u32", off, c), pred=end)
     b.emit("st.global.u32", Mem(WRK), b.op("add.u32", tile0, n), pred=end)
     b.emit("bar.sync", Imm(0, "u32"))
@@ -149,7 +120,61 @@ def build(arch):
         _loop(b, b.op("mov.u32", Imm(0, "u32")), n, 1, lambda j: b.emit(
             "st.global.u32", Mem(b.op("mad.wide.u32", j, Imm(4, "u32"), dst)),
             b.op("or.b32", e, b.op("shl.b32", j, Imm(TILE_SHIFT, "u32")))), "tile")
+    if writer is None:
+        _loop(b, tid, E, THREADS, entries, "entries")
+        return
+    skip = b.label("entries_skip")
+    b.bra(skip, pred=b.op("not.pred", writer))
     _loop(b, tid, E, THREADS, entries, "entries")
+    b.place(skip)
+
+
+def _and(b, p, q):
+    return p if q is None else b.op("and.pred", p, q)
+
+
+def _nan_row(b, Y, p, M, skip):
+    """y's row of pair p (M floats) NaN, unless `skip` (the pair's id is valid, or the pair is not this thread's)."""
+    over = b.label("valid")
+    b.bra(over, pred=skip, uniform=False)
+    row = b.op("mul.lo.u32", p, M)
+    _loop(b, b.op("mov.u32", Imm(0, "u32")), M, 1, lambda j: b.emit(
+        "st.global.f32", Mem(_gat(b)(Y, b.op("add.u32", row, j))), Imm(float("nan"), "f32")), "nan_row")
+    b.place(over)
+
+
+def build(arch):
+    b = KernelBuilder("moe_group", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
+    ids_p, n_p, e_p = b.param("ids", "u64", "ptr:in"), b.param("npairs", "u32"), b.param("experts", "u32")
+    bn_p = b.param("tile", "u32")
+    ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
+    wrk_p, y_p, m_p = b.param("work", "u64", "ptr:scratch"), b.param("y", "u64", "ptr:out"), b.param("m", "u32")
+    b.directives += [f".maxntid {THREADS}, 1, 1"]
+    b.meta.update(grid="1", max_experts=MAX_EXPERTS, work="work[0] = L; work[1 + i] = expert | token tile << 16",
+                  order="u32 per valid pair, grouped by expert", offsets="u32 × (experts + 1)")
+    counts = b.shared_buffer("counts", 4 * MAX_EXPERTS)
+    cursor = b.shared_buffer("cursor", 4 * MAX_EXPERTS)
+    tstart = b.shared_buffer("tile_start", 4 * MAX_EXPERTS)
+    wsums = b.shared_buffer("warp_sums", 4 * 64)  # per warp: its count total, then its tile total
+    b.pdl_head()  # it reads ids, which the op before may have written
+    IDS, ORD, OFF, WRK, Y = (b.ptr(p) for p in (ids_p, ord_p, off_p, wrk_p, y_p))
+    P, E, BN, M = (b.ld_param(p, "u32") for p in (n_p, e_p, bn_p, m_p))
+    tid = b.special("tid.x")
+    cb, kb, sb, wb = (b.op("mov.u32", s) for s in (counts, cursor, tstart, wsums))
+
+    at, gat = _at(b), _gat(b)
+    b.comment("per-expert counts: zeroed, then one shared atomic per valid pair; a bad id's row of y is NaN")
+    _loop(b, tid, E, THREADS, lambda e: b.emit("st.shared.u32", Mem(at(cb, e)), Imm(0, "u32")), "zero")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    def count(p, e, inb):
+        ok = b.op("setp.lt.u32", e, E)  # unsigned: -1 is past E too
+        b.emit("atom.shared.add.u32", b.reg("u32"), Mem(at(cb, e)), Imm(1, "u32"), pred=ok)
+        _nan_row(b, Y, p, M, b.op("or.pred", ok, b.op("not.pred", inb)))
+    _pairs_loop(b, IDS, P, tid, count, "count")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    _scan_and_list(b, (cb, kb, sb, wb), tid, E, BN, OFF, WRK)
 
     b.comment("each valid pair to its expert's next place in order")
 
@@ -159,6 +184,124 @@ def build(arch):
         b.emit("atom.shared.add.u32", slot, Mem(at(kb, e)), Imm(1, "u32"), pred=ok)
         b.emit("st.global.u32", Mem(gat(ORD, slot)), p, pred=ok)
     _pairs_loop(b, IDS, P, tid, scatter, "scatter")
+    b.emit("ret")
+    return b.finish()
+
+
+
+GATHER_ROWS = 2048  # pairs one moe_gather CTA gathers at most (its shared lists: each pair's expert, then its place)
+
+
+def build_gather(arch, sums: bool = False):
+    """moe_gather (sm_90's grouped wgmma route; moe_gather_sums for the integer-weight build): moe_group and
+    convert_f16_perm_gather as one kernel, without the round trip between them. CTA c gathers the pairs
+    [c·rows, (c + 1)·rows): every CTA counts all P ids itself (counts, and per expert the pairs before its own), scans
+    them as moe_group does (CTA 0 writes offsets and the work list), places its pairs (expert e's pairs of this CTA at
+    offsets[e] + the pairs of e before it + a rank from a shared atomic: every CTA's pairs of e get a slice of their
+    own, in any order inside it, as moe_group's), writes their order entries and converts their rows of x into
+    their places (convert_f16.gather_store: fp16 in the register-A K order, and with `sums` the sub-block sums). Its
+    first group of x is loaded before the ids are counted: the x reads do not wait for the grouping. An fp16
+    overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it)."""
+    from .convert_f16 import gather_store, overflowed
+
+    name = "moe_gather_sums" if sums else "moe_gather"
+    doc = "mul_mat_id's expert grouping and x gathered into fp16 in grouped order" + (", with sub-block sums" if sums
+                                                                                      else "")
+    b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
+    ids_p, n_p, e_p = b.param("ids", "u64", "ptr:in"), b.param("npairs", "u32"), b.param("experts", "u32")
+    bn_p = b.param("tile", "u32")
+    ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
+    wrk_p, y_p, m_p = b.param("work", "u64", "ptr:scratch"), b.param("y", "u64", "ptr:out"), b.param("m", "u32")
+    x_p, x16_p = b.param("x", "u64", "ptr:in"), b.param("x16", "u64", "ptr:scratch")
+    f_p = b.param("flag", "u64", "ptr:scratch")  # the workspace's zero-kept flag: the route's gate
+    k8_p, sl_p, ps_p = b.param("k8", "u32"), b.param("slots", "u32"), b.param("per_slot", "u32")
+    r_p = b.param("rows", "u32")
+    xs_p = b.param("xs", "u64", "ptr:scratch") if sums else None
+    b.directives += [f".maxntid {THREADS}, 1, 1"]
+    b.meta.update(grid="ceil(npairs / rows)", max_experts=MAX_EXPERTS, max_rows=GATHER_ROWS,
+                  work="work[0] = L; work[1 + i] = expert | token tile << 16",
+                  order="u32 per valid pair, grouped by expert", offsets="u32 × (experts + 1)",
+                  rows="x16 row n < offsets[experts] = x row order[n] / slots (x shared by the slots) or order[n] (per "
+                       "slot), in layouts.q4k_rega_k_order within each 64-column chunk; rows past it untouched")
+    bufs = [b.shared_buffer(n, 4 * MAX_EXPERTS) for n in ("counts", "cursor", "tile_start", "before", "mine")]
+    wsums = b.shared_buffer("warp_sums", 4 * 64)
+    lexp, lpos = b.shared_buffer("pair_expert", 4 * GATHER_ROWS), b.shared_buffer("pair_place", 4 * GATHER_ROWS)
+    b.pdl_head()  # it reads ids and x, which the op before may have written; the GEMM behind it may launch now
+    IDS, ORD, OFF, WRK, Y, X, X16 = (b.ptr(p) for p in (ids_p, ord_p, off_p, wrk_p, y_p, x_p, x16_p))
+    P, E, BN, M, K8, SL, R = (b.ld_param(p, "u32") for p in (n_p, e_p, bn_p, m_p, k8_p, sl_p, r_p))
+    per_slot = b.op("setp.ne.u32", b.ld_param(ps_p, "u32"), Imm(0, "u32"))
+    tid = b.special("tid.x")
+    cb, kb, sb, bb, mb, wb, eb, pb = (b.op("mov.u32", s) for s in (*bufs, wsums, lexp, lpos))
+    at, gat = _at(b), _gat(b)
+    p0 = b.op("mul.lo.u32", b.special("ctaid.x"), R)
+    p1 = b.op("max.u32", p0, b.op("min.u32", b.op("add.u32", p0, R), P))
+    gend = b.op("mul.lo.u32", p1, K8)
+
+    b.comment("this thread's first group of x in flight while the pairs are grouped")
+    g, n, r = b.op("mad.lo.u32", p0, K8, tid), b.reg("u32"), b.reg("u32")
+    v = b.regs("f32", 8)
+
+    def load():  # group g of the CTA's rows: pair n, its input group r, x's row n / slots or n, as two 16-byte loads
+        b.emit("div.u32", n, g, K8)
+        b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
+        row = b.op("selp.b32", n, b.op("div.u32", n, SL), per_slot, type="b32")
+        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, K8, r), Imm(32, "u32"), X)
+        live = b.op("setp.lt.u32", g, gend)
+        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src), pred=live)
+        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16), pred=live)
+    load()
+
+    b.comment("per expert: all pairs, the pairs before this CTA's, and a rank for each of this CTA's own pairs")
+    _loop(b, tid, E, THREADS, lambda e: [b.emit("st.shared.u32", Mem(at(x, e)), Imm(0, "u32")) for x in (cb, bb, mb)],
+          "zero")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    def count(p, e, inb):
+        ok = b.op("setp.lt.u32", e, E)  # unsigned: -1 is past E too
+        b.emit("atom.shared.add.u32", b.reg("u32"), Mem(at(cb, e)), Imm(1, "u32"), pred=ok)
+        b.emit("atom.shared.add.u32", b.reg("u32"), Mem(at(bb, e)), Imm(1, "u32"),
+               pred=b.op("and.pred", ok, b.op("setp.lt.u32", p, p0)))
+        own = b.op("and.pred", b.op("setp.ge.u32", p, p0), b.op("setp.lt.u32", p, p1))
+        rank = b.op("mov.u32", Imm(0, "u32"))
+        b.emit("atom.shared.add.u32", rank, Mem(at(mb, e)), Imm(1, "u32"), pred=b.op("and.pred", ok, own))
+        j = b.op("sub.u32", p, p0)
+        b.emit("st.shared.u32", Mem(at(eb, j)), e, pred=own)
+        b.emit("st.shared.u32", Mem(at(pb, j)), rank, pred=own)
+        _nan_row(b, Y, p, M, b.op("or.pred", ok, b.op("not.pred", own)))
+    _pairs_loop(b, IDS, P, tid, count, "count")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    _scan_and_list(b, (cb, kb, sb, wb), tid, E, BN, OFF, WRK, writer=b.op("setp.eq.u32", b.special("ctaid.x"),
+                                                                         Imm(0, "u32")))
+
+    b.comment("this CTA's pairs to their places: offsets[e] + e's pairs before this CTA + the rank; order[place] = p")
+
+    def place(j):
+        e = b.op("ld.shared.u32", Mem(at(eb, j)))
+        ok = b.op("setp.lt.u32", e, E)
+        ee = b.op("min.u32", e, b.op("sub.u32", E, Imm(1, "u32")))  # (a bad id reads expert E - 1, then drops it)
+        pos = b.op("add.u32", b.op("add.u32", b.op("ld.shared.u32", Mem(at(kb, ee))),
+                                   b.op("ld.shared.u32", Mem(at(bb, ee)))), b.op("ld.shared.u32", Mem(at(pb, j))))
+        b.emit("st.global.u32", Mem(gat(ORD, pos)), b.op("add.u32", p0, j), pred=ok)
+        b.emit("st.shared.u32", Mem(at(pb, j)), b.op("selp.b32", pos, Imm(0xFFFFFFFF, "b32"), ok, type="b32"))
+    _loop(b, tid, b.op("sub.u32", p1, p0), THREADS, place, "place")
+    b.emit("bar.sync", Imm(0, "u32"))
+
+    b.comment("the CTA's groups of x, THREADS at a time, each into its pair's place (a bad id's pair: none)")
+    over = b.op("setp.ne.u32", tid, tid)  # false
+    top, out, skip = b.label("group"), b.label("groups_done"), b.label("unplaced")
+    b.place(top)
+    b.bra(out, pred=b.op("setp.ge.u32", g, gend), uniform=False)
+    pos = b.op("ld.shared.u32", Mem(at(pb, b.op("sub.u32", n, p0))))
+    b.bra(skip, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
+    words = gather_store(b, v, b.op("mad.lo.u32", pos, K8, r), r, K8, pos, X16, b.ptr(xs_p) if sums else None)
+    b.emit("or.pred", over, over, overflowed(b, words))
+    b.place(skip)
+    b.emit("add.u32", g, g, Imm(THREADS, "u32"))
+    load()
+    b.bra(top, uniform=False)
+    b.place(out)
+    b.emit("st.global.u32", Mem(b.ptr(f_p)), Imm(1, "u32"), pred=over)
     b.emit("ret")
     return b.finish()
 
@@ -179,3 +322,8 @@ def reference(ids, experts: int, tile: int):
 
 KERNEL = KernelDef("moe_group", "mul_mat_id's expert grouping: per-expert offsets, pairs by expert, the grouped "
                    "GEMM's work list", build)
+KERNEL_GATHER = KernelDef("moe_gather", "mul_mat_id's expert grouping and x gathered into fp16 in grouped order "
+                          "(sm_90's grouped wgmma GEMM)", build_gather, archs=("sm_90a",))
+KERNEL_GATHER_SUMS = KernelDef("moe_gather_sums", "moe_gather and each row's sub-block sums of x (fp16 hi / lo) for a "
+                               "grouped GEMM with integer weights", lambda arch: build_gather(arch, sums=True),
+                               archs=("sm_90a",))
