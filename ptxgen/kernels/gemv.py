@@ -31,8 +31,8 @@ import numpy as np
 
 from ..arch import Arch
 from ..builder import KernelBuilder
-from ..codecs import q4_k as Q4K
 from ..codecs import tq4_1s as TQ
+from .. import codecs
 from ..dsl import warp_per_item, warp_sum
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, Reg, TensorRef, mma_sync
@@ -62,7 +62,6 @@ def build(arch, spec: GemvSpec):
     """The 8-weight-unit GEMV (gemv_q4_k_t4 / _t8, gemv_tq4_1s_t{1,2,4}_fused): lane L of a warp's 256-column step
     decodes 8 weights of each of the CTA's R rows through a 16-entry value table in shared memory; where the unit
     lies, how it loads, which element is which nibble and its scales (and min term) are the codec's UnitLane."""
-    from .. import codecs
 
     lane_cls = codecs.get(spec.fmt).UnitLane
     Tn, R = spec.tokens, spec.rows
@@ -1091,7 +1090,7 @@ def _tile_pointer(b, jb, stride, BT, lane16, g, ntok):
 
 
 Q4K_MMA_MTILES = 1  # Q4_K tensor-core GEMV: m16 tiles per warp (2: 228 registers, 2 CTAs per SM)
-Q4K_MMA_STAGES = 3  # ring stages of one super-block (rows of Q4K.MMA_ROW_BYTES)
+Q4K_MMA_STAGES = 3  # ring stages of one super-block (rows of the codec's MMA_ROW_BYTES)
 # resident CTAs per SM and how many sub-blocks ahead the B tiles load (8-token build). v1 (per-sub-block fp32
 # epilogue), H200, µs at T=8 (4096x14336 / 18944x3584 / 3584x3584): 4 CTAs (128 registers; ptxas sank half the
 # loads to 20-110 SASS before their MMA) 27.7 / 35.4 / 14.3; 3 CTAs (168) 26.7 / 29.0 / 12.9; 3 CTAs one ahead
@@ -1117,13 +1116,14 @@ class _Q4kMmaShape(NamedTuple):
     STEP: int
     row_stride: int
     stage_bytes: int
+    codec: object  # the weights' codec (Q4_K): MMA_ROW_BYTES, mma_step_offset, mma_lane_offsets, MmaGemvDecoder
 
 
 class _Q4kOperands(NamedTuple):
     """The Q4_K tensor-core GEMV's per-lane operands: the codec's decoder of the A fragments, the B-tile
     register sets and the tiles' / factors' / min fragments' pointers (advanced in place) and per-step strides."""
     czero: list  # C of each chain's first MMA
-    dec: Q4K.MmaGemvDecoder  # the lane's decode: stage offsets, fp16 constants, headers, A fragments
+    dec: object  # the codec's MmaGemvDecoder: the lane's decode: stage offsets, fp16 constants, headers, A fragments
     D: int  # sub-blocks the B tiles load ahead
     NS: int  # rotating B-tile register sets
     sets: list  # [set][token group]: 8 b32
@@ -1154,7 +1154,7 @@ class _Q4kMmaLoop:
     ops: _Q4kOperands
 
 
-def _q4k_mma_head(arch, NT):
+def _q4k_mma_head(arch, NT, fmt):
     """build_q4k_mma_gemv's shape, ABI (tmap_w or w, tiles, factors, minfrag, y, m, k, ntok, part, counters), launch
     bounds, dynamic shared memory and meta, then the parameters' loads and the warp's rows: (b, shape, head dict,
     the weights' parameter, the dynamic shared memory)."""
@@ -1170,12 +1170,13 @@ def _q4k_mma_head(arch, NT):
     if not tma:
         arch.require("cp_async", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
     NW, S, MT = MMA_WARPS, Q4K_MMA_STAGES, Q4K_MMA_MTILES
-    R, WORDS, STEP = 16 * MT, Q4K.MMA_ROW_BYTES // 4, Q4K.MMA_STEP_SUBS  # rows per warp, u32 a row, sub-blocks a step
+    codec = codecs.get(fmt)
+    R, WORDS, STEP = 16 * MT, codec.MMA_ROW_BYTES // 4, codec.MMA_STEP_SUBS  # rows a warp, u32 a row, sub-blocks a step
     row_stride = WORDS * 4
     stage_bytes = R * row_stride
-    k = _Q4kMmaShape(NT, tma, pdl, NW, S, MT, R, WORDS, STEP, row_stride, stage_bytes)
-    name = GemvKernel("mma", "q4_K", 8 * NT).name
-    b = KernelBuilder(name, arch, f"q4_K GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by "
+    k = _Q4kMmaShape(NT, tma, pdl, NW, S, MT, R, WORDS, STEP, row_stride, stage_bytes, codec)
+    name = GemvKernel("mma", fmt, 8 * NT).name
+    b = KernelBuilder(name, arch, f"{fmt} GEMV (exact) for up to {8 * NT} tokens on mma.sync, weights by "
                       f"{'TMA' if tma else 'cp.async'}", block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64) if tma else b.param("w", "u64", "ptr:in")
     bt_p, f_p = b.param("tiles", "u64", "ptr:in"), b.param("factors", "u64", "ptr:in")
@@ -1185,12 +1186,12 @@ def _q4k_mma_head(arch, NT):
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     # the cp.async build (sm_89, sm_120a; not measured) at 3 CTAs: at 4, sm_120a's ptxas needs a stack frame
     ctas = (Q4K_MMA_CTAS if tma else 3) if NT == 1 else Q4K_MMA_CTAS_N16
-    ring_sym = _mma_gemv_frame(b, NW, ctas, S, stage_bytes, NT, R, STEP, "q4_K",
+    ring_sym = _mma_gemv_frame(b, NW, ctas, S, stage_bytes, NT, R, STEP, fmt,
                                activation="prep_mma_f16(x): tiles + factors + min fragments",
                                copy="tma" if tma else "cp.async")
     b.meta.update(stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     if tma:
-        b.meta.update(tensormaps=f"tmap_w: u32, dims (k*{Q4K.BLOCK_BYTES}/1024, m), box ({WORDS}, {R}), no swizzle",
+        b.meta.update(tensormaps=f"tmap_w: u32, dims (k*{codec.BLOCK_BYTES}/1024, m), box ({WORDS}, {R}), no swizzle",
                       tma_box=(WORDS, R))
     h = {"part_p": part_p, "cnt_p": cnt_p}
     h["BT"], h["F"], h["SX"], h["Y"] = b.ptr(bt_p), b.ptr(f_p), b.ptr(s_p), b.ptr(y_p)
@@ -1221,7 +1222,7 @@ def _q4k_cp_async_issue(b, k, w_p, K, M, lane, row0, ring, nblk):
     R, row_stride, stage_bytes = k.R, k.row_stride, k.stage_bytes
     C = row_stride // 16  # 16-byte chunks a row
     W = b.ptr(w_p)
-    row_bytes = Q4K.row_bytes(b, K)
+    row_bytes = k.codec.row_bytes(b, K)
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     chunks = []
     for c0 in range(0, R * C, 32):
@@ -1236,7 +1237,7 @@ def _q4k_cp_async_issue(b, k, w_p, K, M, lane, row0, ring, nblk):
 
     def issue(jb, stage):
         live = b.op("setp.lt.u32", jb, nblk)
-        soff = Q4K.mma_step_offset(b, jb)
+        soff = k.codec.mma_step_offset(b, jb)
         sdst = (b.op("add.u32", ring, Imm(stage * stage_bytes, "u32")) if isinstance(stage, int) else
                 b.op("mad.lo.u32", stage, Imm(stage_bytes, "u32"), ring))
         for ok, src, dst in chunks:
@@ -1252,12 +1253,12 @@ def _q4k_mma_operands(b, k, jb, stride, lane, g, t, BT, F, SX, K, ntok):
     """The lane's decoder (stage offsets, the A fragments' fp16 constants), the B-tile register sets and the
     pointers of the tiles (from sub-block jb), factors and min fragments."""
     NT = k.NT
-    assert k.row_stride == Q4K.MMA_ROW_BYTES
-    offsets = Q4K.mma_lane_offsets(b, g, t)
+    assert k.row_stride == k.codec.MMA_ROW_BYTES
+    offsets = k.codec.mma_lane_offsets(b, g, t)
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
     t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
-    dec = Q4K.MmaGemvDecoder(b, t, offsets)
+    dec = k.codec.MmaGemvDecoder(b, t, offsets)
 
     # B tiles of one sub-block (hi and lo of its two halves), D sub-blocks ahead into NS rotating register sets;
     # the step's factors and min fragments at its start (needed at its end)
@@ -1375,7 +1376,7 @@ def _q4k_mma_steps(s):
     b.place(done)
 
 
-def build_q4k_mma_gemv(arch, NT: int = 1):
+def build_q4k_mma_gemv(arch, NT: int = 1, fmt: str = "q4_K"):
     """Q4_K GEMV for up to 8·NT tokens on tensor cores, fp32-exact (mul_mat on sm_90: slices of 2-8 tokens, single
     tokens from 2^25 weights; the 16-token build with PTXGEN_Q4K_MMA=1: 10-19% faster than the wgmma MMQ at T=16
     on the H200, not yet the default).
@@ -1394,7 +1395,7 @@ def build_q4k_mma_gemv(arch, NT: int = 1):
     tokens, each prepared by its own prep_mma_f16 launch into consecutive buffers (tiles 32·K bytes, factors
     and min fragments K bytes per group); every A fragment feeds both groups' MMAs."""
     arch.require("mma_sync_f16", "the tensor-core Q4_K GEMV", "use gemv_q4_k_t*")
-    b, k, h, w_p, ring_sym = _q4k_mma_head(arch, NT)
+    b, k, h, w_p, ring_sym = _q4k_mma_head(arch, NT, fmt)
     lane, row0, M, K, ntok = h["lane"], h["row0"], h["M"], h["K"], h["ntok"]
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
@@ -1627,8 +1628,6 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     `exact` (Q4_K): fp32 activations (`prep_f32_lanes`) and ggml's fp32 weights. What a lane owns, loads and
     computes is the codec's GgmlLane (codecs/q4_k.py, codecs/q8_0.py); the steps, split-K and the lanes'
     reduction are the lane GEMVs' (_lane_head, _lane_steps, _lane_epilogue)."""
-    from .. import codecs
-
     lane_cls = codecs.get(fmt).GgmlLane
     if exact and not lane_cls.EXACT:
         raise ValueError("the exact lane GEMV is Q4_K's (Q8_0 runs int8 x Q8_1)")

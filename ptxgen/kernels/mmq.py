@@ -10,7 +10,7 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
   the _x16 builds' fp16 activations by TMA too, 128B-swizzled (the B ldmatrix addresses swizzled to match);
 - each step, threads dequantize the landed raw tile to fp16 in shared memory: nibbles become fp16 by
   `prmt` + `lop3` with the 0x6400 exponent (1024 + q), then q·sc by one exact fma.f16x2 and w = (q·sc)·d −
-  dmin·m in two more (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo: `q4k.f16_words`);
+  dmin·m in two more (dmin·m formed in fp32, as ggml does, split into fp16 hi + lo: `codecs/q4_k.py` f16_words);
 - activations are loaded fp32 one step ahead into registers and converted to fp16 into shared memory
   (fused: no separate conversion pass over DRAM); an activation that overflows fp16 makes its item's sums
   non-finite, which raises a flag (checked once per item on the accumulators), and `mul_mat` then recomputes
@@ -28,7 +28,6 @@ from typing import Callable, NamedTuple
 
 from ..arch import get_arch
 from ..builder import KernelBuilder
-from ..codecs import q4_k as q4k
 from ..dsl import Epilogue, Mma, Pipeline, Schedule, Tile
 from .. import codecs, layouts
 from ..codecs import _common
@@ -39,10 +38,13 @@ from ..targets import lowering_for
 from . import KernelDef, smem_share
 from .gemv import TMA_CTA, TMA_STEP, _wait_step
 
-BM, BK, STAGES = 128, q4k.STEP_K, 3
+# the raw ring (cp.async / TMA copies of a codec's raw rows, decoded from shared memory): the codec that declares
+# RAW_RING (Q4_K) gives its geometry; the GEMMs' K step is one pair of its sub-blocks
+RAW_CODEC = next(c for c in codecs.CODECS.values() if getattr(c, "RAW_RING", False))
+BM, BK, STAGES = 128, RAW_CODEC.STEP_K, 3
 MMQ_RASTER = True  # the mma.sync MMQs' item raster (_claim_item; False: the order before it, for A/B probes)
 RASTER_BYTES = 24 << 20  # fp32 activations per band of token tiles
-RAW_ROW = q4k.STEP_ROW_BYTES  # bytes per row per stage: 16 header + 32 qs
+RAW_ROW = RAW_CODEC.STEP_ROW_BYTES  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
 GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T = 512, top-8 of 128: ~32 pairs)
@@ -217,7 +219,7 @@ def build(arch, spec: MmqSpec):
         load_x = copy_x = store_x = None
     else:
         load_x, copy_x, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16)
-    stage_of, dequant = (_f16_dequant(b, ft, tid, raw0, a16, columns=tma) if codec is None else
+    stage_of, dequant = (_f16_dequant(b, codecs.get(spec.fmt), ft, tid, raw0, a16, columns=tma) if codec is None else
                          _codec_dequant(b, codec, tid, m0, mlast, row_bytes, W, a16))
     wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
 
@@ -348,8 +350,8 @@ def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, row_of
     return load_x, copy_x, store_x
 
 
-def _f16_dequant(b, ft: _F16Tile, tid, raw0, a16, columns=False):
-    """The fp16 MMQ's dequant lanes: thread → (row = tid/2, half = tid%2), 32 weights of sub-block 2c + half, from a
+def _f16_dequant(b, raw, ft: _F16Tile, tid, raw0, a16, columns=False):
+    """The fp16 MMQ's dequant lanes (`raw`: the raw ring's codec, its f16_words): thread → (row = tid/2, half = tid%2), 32 weights of sub-block 2c + half, from a
     raw stage in rows of RAW_ROW bytes (cp.async) or in `columns` of RAW_PART (TMA: _tma_raw_tile). Returns
     (stage_of(step): the raw ring stage's address (cp.async), dequant(step, boff, stage): the raw tile at `stage` to
     fp16 into A buffer boff)."""
@@ -373,7 +375,7 @@ def _f16_dequant(b, ft: _F16Tile, tid, raw0, a16, columns=False):
         b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, part))
         b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * part))
         sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", step, Imm(3, "b32")), Imm(1, "u32")), dh)
-        out = q4k.f16_words(b, hdr, qs, sub, dscale, nibmask, magic,
+        out = raw.f16_words(b, hdr, qs, sub, dscale, nibmask, magic,
                             three=(ft.BN, ft.x16) not in F16_FOUR_OP_TILES)
         dst = b.op("add.u32", a_dst, boff)
         for i in range(4):
@@ -1001,9 +1003,10 @@ def _last_sums_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C,
     b.place(whole_item)
 
 
-def _k_range(b, K, M, T, zsplit, per):
-    """Row stride of W in bytes, split z's K-steps [s_begin, nsteps), and M - 1, T - 1 (load clamps)."""
-    row_bytes = q4k.row_bytes(b, K)
+def _k_range(b, codec, K, M, T, zsplit, per):
+    """Row stride of W (the codec's rows) in bytes, split z's K-steps [s_begin, nsteps), and M - 1, T - 1 (load
+    clamps)."""
+    row_bytes = codec.row_bytes(b, K)
     s_begin = b.op("mul.lo.u32", zsplit, per)
     nsteps = b.op("min.u32", b.op("add.u32", s_begin, per), b.op("shr.u32", K, Imm(6, "u32")))  # this split's end
     mlast, tlast = b.op("sub.u32", M, Imm(1, "u32")), b.op("sub.u32", T, Imm(1, "u32"))
@@ -1012,10 +1015,10 @@ def _k_range(b, K, M, T, zsplit, per):
 
 def _issue_raw(b, copies, step, nsteps, raw0, stages, stage_bytes=BM * RAW_ROW, extra=None, sdst=None):
     """cp.async the raw tile of K-step `step` into stage step % stages (nothing past the end), then commit;
-    `copies`: the thread's, q4k.raw_copies; `extra(step, stage address, live)` adds copies of the same group (the
-    Q8_1 MMQ's activations); `sdst`: that stage's address where the caller has it."""
+    `copies`: the thread's, the raw ring codec's raw_copies; `extra(step, stage address, live)` adds copies of the
+    same group (the Q8_1 MMQ's activations); `sdst`: that stage's address where the caller has it."""
     live = b.op("setp.lt.u32", step, nsteps)
-    offset = q4k.raw_offsets(b, step)
+    offset = RAW_CODEC.raw_offsets(b, step)
     if sdst is None:
         sdst = b.op("mad.lo.u32", b.op("rem.u32", step, Imm(stages, "u32")), Imm(stage_bytes, "u32"), raw0)
     for ok, column, src_row, dst_off in copies:
@@ -1190,7 +1193,7 @@ def build_q8(arch, spec: "MmqSpec"):
     Y = b.op("selp.b64", Yz, Y0, split_k)  # one split: straight into y
     raw0 = b.op("mov.u32", smem)
     buf0 = b.op("add.u32", raw0, Imm(S * qt.stage_bytes, "u32"))
-    row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, K, M, T, zsplit, per)
+    row_bytes, s_begin, nsteps, mlast, tlast = _k_range(b, codec, K, M, T, zsplit, per)
     copies = codec.raw_copies(b, tid, m0, mlast, row_bytes, W, BM, 256)
 
     def boff_of(stp):
@@ -1206,8 +1209,8 @@ def build_q8(arch, spec: "MmqSpec"):
         _issue_raw(b, copies, step, nsteps, raw0, S, qt.stage_bytes, copy_act)
 
     load_x, store_x = _q8_quantize_x(b, qt, tid, lane, n0, tlast, K, X, ovf)
-    prep = _q8_scales(b, qt, tid, raw_of, boff_of, store_x)
-    wm, wn, acc, mma_step = _q8_mma(b, arch, qt, warp, lane, raw_of, boff_of)
+    prep = _q8_scales(b, codec, qt, tid, raw_of, boff_of, store_x)
+    wm, wn, acc, mma_step = _q8_mma(b, codec, arch, qt, warp, lane, raw_of, boff_of)
     _q8_pipeline(b, qt, acc, issue, load_x, prep, mma_step, s_begin, nsteps)
 
     b.comment("epilogue: y[t][m] = acc, masked to t < T, m < M")
@@ -1312,14 +1315,14 @@ def _q8_quantize_x(b, qt: _Q8Tile, tid, lane, n0, tlast, K, X, ovf):
     return load_x, store_x
 
 
-def _q8_scales(b, qt: _Q8Tile, tid, raw_of, boff_of, store_x):
+def _q8_scales(b, codec, qt: _Q8Tile, tid, raw_of, boff_of, store_x):
     """The Q8_1 MMQ's weight scales: thread -> (row tid/2, sub-block 2c + tid%2), decoded by the codec's Q8Scales into
     the table [sub][row] of (d·sc, −dmin·m). Returns prep(step): the step's scale table (and, fused, its quantized
     activations) into buffer step % 2."""
-    assert q4k.Q8Decoder.SUBS == 2 and q4k.Q8_SCALE_BYTES == 8  # the thread map and the table's shifts
+    assert codec.Q8Decoder.SUBS == 2 and codec.Q8_SCALE_BYTES == 8  # the thread map and the table's shifts
     srow = b.op("shr.u32", tid, Imm(1, "u32"))
     sh = b.op("and.b32", tid, Imm(1, "b32"))
-    scales = q4k.Q8Scales(b, srow, sh)
+    scales = codec.Q8Scales(b, srow, sh)
     s_dst = b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", sh, Imm(BM, "u32"), srow), Imm(3, "u32")),
                  Imm(qt.stab_off, "u32"))
 
@@ -1335,7 +1338,7 @@ def _q8_scales(b, qt: _Q8Tile, tid, raw_of, boff_of, store_x):
     return prep
 
 
-def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
+def _q8_mma(b, codec, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
     """The Q8_1 MMQ's MMA lanes: warp (wm, wn) = (warp / WN, warp % WN), warp tile 16·MT x 8·NT. Returns (wm, wn,
     acc, mma_step(step): the step's m16n8k32 integer dots scaled into the fp32 accumulators)."""
     BN, fused, MT, NT, WN = qt.BN, qt.fused, qt.MT, qt.NT, qt.WN
@@ -1346,10 +1349,10 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
     l8 = b.op("and.b32", lane, Imm(7, "b32"))
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     tig = b.op("and.b32", lane, Imm(3, "b32"))
-    # A (the raw ring's qs, q4k.q8_lane_offset): matrix q of x4 -> rows +8·(q%2), k +16·(q/2)
+    # A (the raw ring's qs, codec.q8_lane_offset): matrix q of x4 -> rows +8·(q%2), k +16·(q/2)
     a_row = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(16 * MT, "u32"), l8),
                  b.op("shl.b32", b.op("and.b32", q, Imm(1, "b32")), Imm(3, "u32")))
-    a_lane = q4k.q8_lane_offset(b, a_row, q)
+    a_lane = codec.q8_lane_offset(b, a_row, q)
     # B (int8 tile): matrix q -> tokens +8·(q/2) (x4: two n8 tiles), bytes +16·(q%2)
     b_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), l8)
     if NT >= 2:
@@ -1362,7 +1365,7 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
     x_tok = b.op("mad.lo.u32", wn, Imm(8 * NT, "u32"), b.op("shl.b32", tig, Imm(1, "u32")))
     acc = [[[b.reg("f32") for _ in range(4)] for _ in range(NT)] for _ in range(MT)]
     zero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
-    dec = q4k.Q8Decoder(b)
+    dec = codec.Q8Decoder(b)
 
     def x_scales(atp, h, j):
         """(d_x, d_x·Σq) of tokens 2·tig and 2·tig + 1 of n8 tile j, sub-block h: [d0, s0, d1, s1]."""
@@ -1381,7 +1384,7 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
         araw = []
         for i in range(MT):
             regs = b.regs("b32", 4)
-            b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(rawp, i * q4k.Q8_TILE_BYTES)))
+            b.emit(ldmatrix(arch, 4, b.vec(regs), Mem(rawp, i * codec.Q8_TILE_BYTES)))
             araw.append(regs)
         if fused:
             bl = b.op("add.u32", b_lane, boff)
@@ -1407,7 +1410,7 @@ def _q8_mma(b, arch, qt: _Q8Tile, warp, lane, raw_of, boff_of):
                 afr = dec.fragment(araw[i], h)
                 ws = [b.regs("f32", 2) for _ in range(2)]  # [hi] -> (d·sc, −dmin·m) of rows g, g + 8
                 for hi in range(2):
-                    b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, q4k.Q8_SCALE_BYTES * (h * BM + 16 * i + 8 * hi)))
+                    b.emit("ld.shared.v2.f32", b.vec(ws[hi]), Mem(stp, codec.Q8_SCALE_BYTES * (h * BM + 16 * i + 8 * hi)))
                 for j in range(NT):
                     isum = b.regs("s32", 4)
                     b.emit(mma_sync(arch, "m16n8k32", "u8", b.vec(isum), b.vec(afr), b.vec(bfr[j]), b.vec(zero),
@@ -2423,7 +2426,8 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.emit("mov.f32", a, Imm(0.0, "f32"))
     s = b.op("mov.u32", it.s_begin)
     if spec.int_weights:
-        _iw_steps(b, arch, BN, lay, acc, out, ym, s, it.s_begin, it.s_end, gc, cw, lane, sa.magic, peers)
+        _iw_steps(b, codecs.get(spec.fmt), arch, BN, lay, acc, out, ym, s, it.s_begin, it.s_end, gc, cw, lane, sa.magic,
+                  peers)
         for v, m in zip(out, ym):
             b.emit("add.rn.f32", v, v, m)
     elif ra:
@@ -2472,7 +2476,7 @@ def _smem_a_steps(b, arch, BN, lay: _WgRing, sa: _SmemA, acc, s, it: _WgItem, gc
     b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
     b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
     sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), sa.dh)
-    out = q4k.f16_words(b, hdr, qs, sub, sa.dscale, sa.nibmask, sa.magic)
+    out = RAW_CODEC.f16_words(b, hdr, qs, sub, sa.dscale, sa.nibmask, sa.magic)  # the raw ring's decode
     abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), sa.a_mine)
     arow = b.op("add.u32", abuf, sa.row_off)
     for i in range(4):
@@ -2635,7 +2639,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None, codec=q4k):
+                lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None, codec=RAW_CODEC):
     """The register-A consumer's K loop of the nibble codecs (mmq_q4_k_wgmma_ra_*, mmq_q5_k_wgmma_ra_*): lane (g, t)
     of consumer warp cw decodes rows 16·cw + g and + 8 of the stage's raw 16-byte columns (RAW_PART bytes each)
     straight into wgmma's A fragments by the codec's RegA (codecs/q4_k.py; `qh`: Q5_K's fifth bits), in the K order
@@ -2785,7 +2789,7 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
 
 
-def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, lane, magic, peers):
+def _iw_steps(b, codec, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, lane, magic, peers):
     """IntA, the integer-weight K loop of the grouped Q4_K build (mmq_q4_k_wgmma_iw_*): a super-block (4 K-steps,
     static in the loop body; items start at block 0, K a multiple of 256) at a time. A = q·sc' exact in fp16 (one
     fma a weight pair: codecs.q4_k.RegA integer), the block's 16 k16 MMAs into `acc` (the first with scale-d 0);
@@ -2795,7 +2799,7 @@ def _iw_steps(b, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, gc, cw, 
     Σx slot, no swizzle: LBO BN·16, SBO 128) — committed as their own group: the next step's wait_group 1 retires
     them before their stage is released. Its stages are block stages (lay.bs = 4): a stage holds the block's
     4 B tiles and its Σx: waited for at its step 0, released at the next block's step 0 (or the item's end)."""
-    dec = q4k.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, _row_box("q4_K"), integer=True)
+    dec = codec.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, _row_box(codec.FMT), integer=True)
     sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
     top = b.label("iw_block")
     b.place(top)
