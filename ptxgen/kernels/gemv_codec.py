@@ -41,6 +41,12 @@ TUNED = {"q5_K": {1: (2, 2, True), 2: (2, 2, True), 4: (4, 2, True), 8: (4, 1, T
          "q6_K": {1: (1, 2, True), 2: (1, 2, True), 4: (1, 2, True), 8: (2, 4, False)}}  # T = 16: 2:2 narrow spills
 TUNED["q4_K"] = TUNED["q5_K"]
 AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
+# ... but not the MoE pair GEMVs (gemv_<fmt>_f32_id): a warp's rows there are one expert's few blocks (K = 2048: 8),
+# so the prefetches are extra requests ahead of loads about to be made anyway. H200 graph µs at T = 1, AHEAD 2 -> 0,
+# 128 x top-8 768x2048 / 32 x top-4 1792x2048: Q4_K 6.3 -> 5.7-5.9 / 7.6-7.7 -> 7.3, Q5_K 7.0 -> 6.5 / 8.5 -> 8.5,
+# Q6_K 6.7 / 7.4 unchanged, Q8_0 6.8 -> 6.6 / 8.2 -> 7.8; same bits (probe_id_ahead_*_068ae8a.log; AHEAD 1: 7.3 /
+# 5.9; 4 rows or 1 group a step lost)
+AHEAD_PAIR = 0
 # resident CTAs an SM asked of ptxas, by kernel name (none: ptxas's choice). Without launch bounds nvJitLink gives
 # the MoE GEMVs gemv_q5_k_f32_id 134 registers (1 CTA of 8 warps an SM) and gemv_q6_k_f32_id / gemv_q8_0_f32_id
 # enough for 2-3; they fit 80 / 64 registers without spills. Timed on the H200 (graph µs, T = 1, 128 x top-8 768x2048
@@ -236,7 +242,7 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     wide = tuned_wide if wide is None else wide
     if shape:
         rows, unroll = shape
-    ahead = AHEAD if ahead is None else ahead
+    ahead = (AHEAD_PAIR if moe == "pair" else AHEAD) if ahead is None else ahead
     lanes = codec.dequant_lane_wide if wide else codec.dequant_lane
     group_blocks = codec.WIDE_BLOCKS if wide else codec.GROUP_BLOCKS
     group_bytes = group_blocks * codec.BLOCK_BYTES
