@@ -19,6 +19,12 @@ def test_ci_runs_the_readme_commands():
         assert c in ci, f".ci/run does not run the README command {c!r}"
 
 
+def test_the_readme_stays_a_readme():
+    """The README is for users (what it is, set-up, quick start, API, support matrix, one performance table): under
+    15,000 characters; the architecture is docs/design.md's, the measurements bench/NOTES.md's."""
+    assert len((REPO / "README.md").read_text()) < 15000
+
+
 def quick_start_blocks():
     """The README's quick start: (shell lines, the CPU Python block, the GPU Python block)."""
     text = (REPO / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
