@@ -23,7 +23,7 @@ import numpy as np
 
 from ptxgen import knobs
 from ptxgen.formats import tq4_1s as T4
-from ptxgen.specs import CodecKernel, GemvKernel, MmqSpec
+from ptxgen.specs import ActKernel, CodecKernel, GemvKernel, MmqSpec
 
 from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
@@ -108,7 +108,7 @@ def quantize_q8_1(x, *, out=None, arch: str | None = None, stream=None):
     nblocks = int(np.prod(xa.shape, dtype=np.int64)) // 32
     o, ret = _output(out, (*xa.shape[:-1], xa.shape[-1] // 32 * 36), np.uint8, "quantize_q8_1: out", x, s, align=1)
     if nblocks:
-        fn = kernels.load("quantize_q8_1", arch)
+        fn = kernels.load(ActKernel("quantize_q8_1").name, arch)
         per = _blocks_per_cta(fn, "blocks_per_cta")
         fn.launch(((nblocks + per - 1) // per,), (xa, o, nblocks), stream=s)
     return _finish(o, ret, xa.host, out is not None, s)
@@ -120,7 +120,7 @@ def _rec_quantize_q8_1_mmq(pb: PlanBuilder, xa, flag, arch: str | None) -> SymAr
     quantize_q8_1. Sets flag[0] = 1 if a block's d overflows fp16 (amax > 65504·127, finite)."""
     nblocks = int(np.prod(xa.shape, dtype=np.int64)) // 32
     o = pb.scratch((nblocks * 40,), np.uint8)
-    fn = kernels.load("quantize_q8_1_mmq", arch)
+    fn = kernels.load(ActKernel("quantize_q8_1", mmq=True).name, arch)
     per = _blocks_per_cta(fn, "blocks_per_cta")
     pb.launch(fn, ((nblocks + per - 1) // per,), (xa, o, nblocks, flag))
     return o
@@ -163,7 +163,7 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     o, ret = _output(out, shape, np.float32, "rotate_tq4_1s: out", x, s)
     nb = int(np.prod(shape, dtype=np.int64)) // 32
     if nb:
-        fn = kernels.load("rotate_tq4_1s", arch)
+        fn = kernels.load(ActKernel("rotate").name, arch)
         fn.launch(((nb + 7) // 8,), (xa, o, nb), stream=s)
     return _finish(o, ret, xa.host, out is not None, s)
 
@@ -182,9 +182,10 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
     if _moe_gemm(fmt, t, slots, experts, k, m):
         if _moe_wgmma(fmt, k, arch, sm):
             spec = _moe_wgmma_spec(p, experts, fmt)
-            group = "moe_gather_sums" if spec.int_weights else "moe_gather"  # the grouping and x gathered, one kernel
-            return [group, spec.name, CodecKernel("gemv_idg", fmt).name]
-        return ["moe_group", MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name, CodecKernel("gemv_idg", fmt).name]
+            group = ActKernel("group", gather=True, sums=spec.int_weights)  # the grouping and x gathered, one kernel
+            return [group.name, spec.name, CodecKernel("gemv_idg", fmt).name]
+        return [ActKernel("group").name, MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name,
+                CodecKernel("gemv_idg", fmt).name]
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
     return [CodecKernel("gemv_id", fmt).name]
@@ -409,7 +410,7 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
 
     e, m, k = w.shape
     p = t * slots
-    wg = route[0] != "moe_group"  # (route: the grouping kernel, the GEMM)
+    wg = route[0] != ActKernel("group").name  # (route: the grouping kernel, the GEMM)
     gemm = kernels.load(route[-1], "sm_90a" if wg else arch)
     bn = int(gemm.meta["bn"])
     order, offsets = pb.scratch((p,), np.uint32), pb.scratch((e + 1,), np.uint32)
@@ -808,7 +809,7 @@ def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str =
     if k_order == "rega" and xa.shape[-1] % 64:
         raise ValueError(f"convert_f16: k_order='rega' needs K a multiple of 64, got {xa.shape[-1]}")
     o = pb.scratch(xa.shape, np.float16) if out is None else out
-    fn = kernels.load("convert_f16" if k_order == "natural" else "convert_f16_perm", arch)
+    fn = kernels.load(ActKernel("convert_f16", rega=k_order != "natural").name, arch)
     pb.launch(fn, ((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
     return o
 

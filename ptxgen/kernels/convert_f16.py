@@ -11,6 +11,7 @@ from ..builder import KernelBuilder
 from ..ir import Imm, Mem
 from ..layouts import q4k_rega_k_order
 from . import KernelDef
+from ..specs import ActKernel
 
 THREADS = 256
 PER_THREAD = 8
@@ -22,7 +23,7 @@ def build(arch, permuted: bool = False):
     the inputs are base(q) plus 8 offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) +
     4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows).
     (mul_mat_id's gathered form of it is moe_group.py's moe_gather, on gather_store below.)"""
-    name = "convert_f16_perm" if permuted else "convert_f16"
+    name = ActKernel("convert_f16", rega=permuted).name
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
     x_p, y_p, f_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out"), b.param("flag", "u64", "ptr:out")
@@ -130,6 +131,7 @@ def _sub_block_sums(b, h, r, k8, n, XS):
     return b.op("mov.b32", b.vec([hi, hi]), type="b32")
 
 
-KERNEL = KernelDef("convert_f16", "fp32 → fp16 activations with an overflow flag", build)
-KERNEL_PERM = KernelDef("convert_f16_perm", "fp32 → fp16 activations in the register-A wgmma MMQ's K order, with "
-                        "an overflow flag", lambda arch: build(arch, permuted=True), archs=("sm_90a",))
+KERNEL = KernelDef(ActKernel("convert_f16").name, "fp32 → fp16 activations with an overflow flag", build)
+KERNEL_PERM = KernelDef(ActKernel("convert_f16", rega=True).name, "fp32 → fp16 activations in the register-A wgmma "
+                        "MMQ's K order, with an overflow flag", lambda arch: build(arch, permuted=True),
+                        archs=("sm_90a",))

@@ -36,7 +36,7 @@ from .. import codecs
 from ..dsl import warp_per_item, warp_sum
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, Reg, TensorRef, mma_sync
-from ..specs import GemvKernel
+from ..specs import ActKernel, GemvKernel
 from . import KernelDef
 
 WARPS = 8
@@ -1871,7 +1871,7 @@ def _rotate_lane_value(b, x, lane, blk):
 
 def build_rotate(arch):
     """rotate_tq4_1s: the activation's forward RHT, one warp per 32-element block, lane = element."""
-    b = KernelBuilder("rotate_tq4_1s", arch, "forward RHT of fp32 activations per 32-element block (TQ4_1S)",
+    b = KernelBuilder(ActKernel("rotate").name, arch, "forward RHT of fp32 activations per 32-element block (TQ4_1S)",
                       block=(32 * WARPS, 1, 1))
     x_p = b.param("x", "u64", "ptr:in")
     y_p = b.param("y", "u64", "ptr:out")
@@ -1940,7 +1940,7 @@ def build_prep(arch, fast: bool, rotate: bool = True):
 
 def kernel_defs() -> list[KernelDef]:
     G = GemvKernel
-    defs = [KernelDef("rotate_tq4_1s", "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate),
+    defs = [KernelDef(ActKernel("rotate").name, "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate),
             KernelDef(G("prep_lanes", "tq4_1s").name, "TQ4_1S activation: forward RHT into the GEMV's lane layout",
                       lambda arch: build_prep(arch, False)),
             KernelDef(G("prep_lanes", "tq4_1s", fast=True).name,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..builder import KernelBuilder
 from ..ir import Imm, Mem
 from . import KernelDef
+from ..specs import ActKernel
 
 THREADS = 1024
 MAX_EXPERTS = THREADS  # thread e scans expert e
@@ -144,7 +145,7 @@ def _nan_row(b, Y, p, M, skip):
 
 
 def build(arch):
-    b = KernelBuilder("moe_group", arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
+    b = KernelBuilder(ActKernel("group").name, arch, __doc__.splitlines()[0], block=(THREADS, 1, 1))
     ids_p, n_p, e_p = b.param("ids", "u64", "ptr:in"), b.param("npairs", "u32"), b.param("experts", "u32")
     bn_p = b.param("tile", "u32")
     ord_p, off_p = b.param("order", "u64", "ptr:scratch"), b.param("offsets", "u64", "ptr:scratch")
@@ -204,7 +205,7 @@ def build_gather(arch, sums: bool = False):
     overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it)."""
     from .convert_f16 import gather_store, overflowed
 
-    name = "moe_gather_sums" if sums else "moe_gather"
+    name = ActKernel("group", gather=True, sums=sums).name
     doc = "mul_mat_id's expert grouping and x gathered into fp16 in grouped order" + (", with sub-block sums" if sums
                                                                                       else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
@@ -320,10 +321,10 @@ def reference(ids, experts: int, tile: int):
     return offsets, groups, np.array(work, np.uint32)
 
 
-KERNEL = KernelDef("moe_group", "mul_mat_id's expert grouping: per-expert offsets, pairs by expert, the grouped "
-                   "GEMM's work list", build)
-KERNEL_GATHER = KernelDef("moe_gather", "mul_mat_id's expert grouping and x gathered into fp16 in grouped order "
-                          "(sm_90's grouped wgmma GEMM)", build_gather, archs=("sm_90a",))
-KERNEL_GATHER_SUMS = KernelDef("moe_gather_sums", "moe_gather and each row's sub-block sums of x (fp16 hi / lo) for a "
-                               "grouped GEMM with integer weights", lambda arch: build_gather(arch, sums=True),
-                               archs=("sm_90a",))
+KERNEL = KernelDef(ActKernel("group").name, "mul_mat_id's expert grouping: per-expert offsets, pairs by expert, "
+                   "the grouped GEMM's work list", build)
+KERNEL_GATHER = KernelDef(ActKernel("group", gather=True).name, "mul_mat_id's expert grouping and x gathered into "
+                          "fp16 in grouped order (sm_90's grouped wgmma GEMM)", build_gather, archs=("sm_90a",))
+KERNEL_GATHER_SUMS = KernelDef(ActKernel("group", gather=True, sums=True).name, "moe_gather and each row's sub-block "
+                               "sums of x (fp16 hi / lo) for a grouped GEMM with integer weights",
+                               lambda arch: build_gather(arch, sums=True), archs=("sm_90a",))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..dsl import elementwise_head, warp_per_item
 from ..ir import Imm, Mem
 from . import KernelDef
+from ..specs import ActKernel
 
 WARPS = 8
 
@@ -32,8 +33,8 @@ def q8_1_math(b, v, with_amax: bool = False):
 
 
 def build(arch):
-    b, x, y, nblocks = elementwise_head("quantize_q8_1", arch, __doc__.splitlines()[0], "x", "y", "nblocks", WARPS,
-                                        "blocks_per_cta")
+    b, x, y, nblocks = elementwise_head(ActKernel("quantize_q8_1").name, arch, __doc__.splitlines()[0], "x", "y",
+                                        "nblocks", WARPS, "blocks_per_cta")
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
@@ -57,7 +58,7 @@ def build(arch):
     return b.finish()
 
 
-KERNEL = KernelDef("quantize_q8_1", "fp32 → Q8_1 blocks (s = Σx), one warp per 32 values", build)
+KERNEL = KernelDef(ActKernel("quantize_q8_1").name, "fp32 → Q8_1 blocks (s = Σx), one warp per 32 values", build)
 
 
 def build_mmq(arch):
@@ -65,8 +66,8 @@ def build_mmq(arch):
     as quantize_q8_1): int8 q at y[32·i + lane] (a token's K values contiguous, so the GEMM copies 16-byte
     chunks), then after all nblocks·32 bytes one float2 per block: (d, d·Σq) — Σq over the int8 values,
     the min term's exact integer sum. flag[0] = 1 if a finite block's d overflows fp16 (amax > 65504·127)."""
-    b, x, y, nblocks = elementwise_head("quantize_q8_1_mmq", arch, build_mmq.__doc__.splitlines()[0], "x", "y",
-                                        "nblocks", WARPS, "blocks_per_cta")
+    b, x, y, nblocks = elementwise_head(ActKernel("quantize_q8_1", mmq=True).name, arch,
+                                        build_mmq.__doc__.splitlines()[0], "x", "y", "nblocks", WARPS, "blocks_per_cta")
     flag = b.ptr(b.param("flag", "u64", "ptr:out"))
     b.meta.update(layout="int8 q (nblocks x 32 B), then float2 (d, d·Σq) per block")
     lane, blk, done = warp_per_item(b, nblocks, WARPS)
@@ -92,5 +93,5 @@ def build_mmq(arch):
     return b.finish()
 
 
-KERNEL_MMQ = KernelDef("quantize_q8_1_mmq", "fp32 → Q8_1 in the int8 MMQ's layout (int8 rows, then (d, d·Σq))",
-                       build_mmq)
+KERNEL_MMQ = KernelDef(ActKernel("quantize_q8_1", mmq=True).name, "fp32 → Q8_1 in the int8 MMQ's layout (int8 rows, "
+                       "then (d, d·Σq))", build_mmq)
