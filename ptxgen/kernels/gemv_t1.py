@@ -36,7 +36,6 @@ at T = 2-4 on 4096x14336, vs 22.9-23.3 for gemv_q4_k_mma), except on 18944x3584 
 from __future__ import annotations
 
 from ..builder import KernelBuilder
-from ..codecs.q4_k import BLOCK_BYTES
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, mma_sync
 from ..specs import GemvKernel
@@ -90,7 +89,7 @@ def _plan_size(arch) -> str:
     return "big" if arch.max_smem_per_block >= 200 * 1024 else "small"
 
 
-def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, w_off=None, block=BLOCK_BYTES):
+def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, block, w_off=None):
     """The cp.async copy plan of the few-token rings: a warp's R rows of one super-block as chunks c = lane + 32u =
     9·row + column (16 bytes each, so one instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster
     than 16 rows x 32 bytes; rows past M copy row M - 1, never stored) to w_off + 144·row + 16·column of a stage,
