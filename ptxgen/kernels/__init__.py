@@ -76,6 +76,25 @@ NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one 
 NOT_SHIPPED.update({f"gemv_{f}_mma_n16": "the codecs' tensor-core GEMV for 9-16 tokens: slower than the register-A "
                     "GEMMs at T = 16 (56.0 / 48.9 against 53.1 / 36.5 µs, bench_op_q6k_mma_final.log)"
                     for f in ("q6_k", "q8_0")})
+# ... and those only a knob or a pinned path reaches (no default rule over a sweep of device x format x mode x arch
+# x M x K x T, 2026-12-03: 3 devices, 13 M from 16 to 200000, 9-13 K, T = 1-130 and 15 larger; mul_mat_id over 5
+# expert shapes), each with the knob:
+_KNOB_ONLY = {
+    "gemv_q4_k_mma_n16": "the exact 9-16-token tensor-core GEMV: PTXGEN_Q4K_MMA=on or PTXGEN_Q4K_T16H=off only (the "
+                         "t16h builds run those tokens)",
+    "gemv_q8_0_mma": "Q8_0's bulk-copy tensor-core GEMV: where its route runs (K a multiple of 256) Q8_0's rows are "
+                     "16-byte multiples, so the TMA build gemv_q8_0_mma_tma runs",
+    "mmq_q4_k_f16_n32": "the 32-token fp16 mma.sync tile: the skinny GEMM (mmq_<fmt>_rega_n32) runs T ≤ 32 unless "
+                        "PTXGEN_MMQ_SKINNY=off",
+}
+_KNOB_ONLY.update({f"gemv_q4_k_t{t}": "Q4_K's fp32 lane GEMV for 2-8 tokens: the few-token and tensor-core GEMVs run "
+                   "them unless PTXGEN_Q4K_MMA=off" for t in (2, 4, 8)})
+_KNOB_ONLY.update({n: _KNOB_ONLY["mmq_q4_k_f16_n32"] for n in ("mmq_q4_k_f16_n32_x16", "mmq_q5_k_f16_n32",
+                                                                "mmq_q5_k_f16_n32_x16")})
+_KNOB_ONLY.update({n: "an int8 x Q8_1 tile mode=\"fast\" never picks (the fused n16, then quantize_q8_1_mmq + n32_pre, "
+                   "then the fp16 GEMMs): a pinned path only (ops.mmq_launch path=\"q8\" / \"q8_pre\")"
+                   for n in ("mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n16_pre", "mmq_q4_k_q8_n64_pre")})
+NOT_SHIPPED.update(_KNOB_ONLY)
 SHIPPED = {n: d for n, d in KERNELS.items() if n not in NOT_SHIPPED}
 
 
