@@ -1237,7 +1237,7 @@ def _one_round(name: str, m: int, arch) -> bool:
     cover more rows (gemv_q4_k_mma, the skinny GEMM)."""
     from .driver import current
 
-    meta = kernels.manifest(kernels.build_for(name, arch))[name]["meta"]
+    meta = kernels.entry(name, kernels.build_for(name, arch))["meta"]
     return -(-m // int(meta["rows_per_cta"])) <= int(meta["ctas_per_sm"]) * current().sm_count
 
 
