@@ -31,7 +31,6 @@ import numpy as np
 
 from ..arch import Arch
 from ..builder import KernelBuilder
-from ..codecs import tq4_1s as TQ
 from .. import codecs
 from ..dsl import warp_per_item, warp_sum
 from ..formats import tq4_1s as T4
@@ -331,25 +330,26 @@ def build_lanes(arch, spec: GemvSpec):
     Tn = spec.tokens
     R = spec.rows
     fast = spec.mode == "fast"
-    doc = f"tq4_1s GEMV{' (fast: int8 codebook x Q8_1, dp4a)' if fast else ''}, {Tn} token(s), {R} rows per warp"
+    tq = codecs.get(spec.fmt)  # the codec's block loads, scales and codebook (TQ4_1S's)
+    doc = f"{spec.fmt} GEMV{' (fast: int8 codebook x Q8_1, dp4a)' if fast else ''}, {Tn} token(s), {R} rows per warp"
     # occupancy was the limit (ncu: 80 registers → 6 CTAs/SM, 0.8 eligible warps per scheduler): ask ptxas
     # for as many resident CTAs as each T fits without spilling
-    b, h = _lane_head(spec.name, arch, doc, Tn, R, LANE_MIN_CTAS[Tn], fmt="tq4_1s", mode=spec.mode, lane_cols=32,
+    b, h = _lane_head(spec.name, arch, doc, Tn, R, LANE_MIN_CTAS[Tn], fmt=spec.fmt, mode=spec.mode, lane_cols=32,
                       fused_rotation=False,
                       activation=f"{GemvKernel('prep_lanes', 'tq4_1s', fast=fast).name}(x) (lane layout)")
     W, A, Y, M, K, ntok, lane, gwarp, row0, part_p, cnt_p = (h[k] for k in _HEAD)
     tid = h["tid"]
 
     if fast:
-        s8 = TQ.FastCodebook(b)
+        s8 = tq.FastCodebook(b)
     else:
-        lut_sym = b.shared_buffer("lut", TQ.LUT_BYTES, align=TQ.LUT_BYTES)
+        lut_sym = b.shared_buffer("lut", tq.LUT_BYTES, align=tq.LUT_BYTES)
         b.comment("16-entry float32 codebook in shared memory (256-aligned: prmt writes nibble*4 into the low byte)")
-        lut = TQ.lut_fill(b, tid, lut_sym)
+        lut = tq.lut_fill(b, tid, lut_sym)
         b.emit("bar.sync", Imm(0, "u32"))
 
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
-    row_bytes = TQ.blocks_bytes(b, nblk)
+    row_bytes = tq.blocks_bytes(b, nblk)
     gsize = T4.LANE_GROUP_Q8 if fast else T4.LANE_GROUP_F32
     rowptr, actptr, lane16 = _lane_pointers(b, h, R, Tn, nblk, row_bytes, gsize, with_lane16=True)
     acc = [[b.reg("f32") for _ in range(Tn)] for _ in range(R)]
@@ -358,7 +358,7 @@ def build_lanes(arch, spec: GemvSpec):
             b.emit("mov.f32", r_, Imm(0.0, "f32"))
 
     def alloc_state():
-        return {"blk": b.reg("u32"), "live": b.reg("pred"), "w": [TQ.block_regs(b) for _ in range(R)],
+        return {"blk": b.reg("u32"), "live": b.reg("pred"), "w": [tq.block_regs(b) for _ in range(R)],
                 "tail": False}
 
     def issue(st, jb, pred=None, tail=False):
@@ -369,10 +369,10 @@ def build_lanes(arch, spec: GemvSpec):
         b.emit("add.u32", st["blk"], jb, lane)
         if tail:
             b.emit("setp.lt.u32", st["live"], st["blk"], nblk)
-        off = TQ.blocks_bytes(b, st["blk"])
+        off = tq.blocks_bytes(b, st["blk"])
         for r in range(R):
             p = b.op("add.s64", rowptr[r], b.op("cvt.u64.u32", off))
-            TQ.load_block(b, st["w"][r], p, pred=st["live"] if tail else pred, zero=tail)
+            tq.load_block(b, st["w"][r], p, pred=st["live"] if tail else pred, zero=tail)
 
     def act_base(st, t):
         """This lane's 16-byte column of token t's group jb/32 in the lane layout."""
@@ -388,7 +388,7 @@ def build_lanes(arch, spec: GemvSpec):
         return regs
 
     def compute(st):
-        scales = [TQ.block_scales(b, st["w"][r]) for r in range(R)]
+        scales = [tq.block_scales(b, st["w"][r]) for r in range(R)]
         bases = [act_base(st, t) for t in range(Tn)]
         if fast:
             da = []
@@ -404,7 +404,7 @@ def build_lanes(arch, spec: GemvSpec):
                 for r in range(R):
                     isum = [None] * Tn
                     for i in range(2):
-                        w8 = s8.values(TQ.qs_word(st["w"][r], 2 * h + i))
+                        w8 = s8.values(tq.qs_word(st["w"][r], 2 * h + i))
                         for t in range(Tn):
                             qa, qb = acts[t][2 * i], acts[t][2 * i + 1]
                             s_ = b.op("dp4a.s32.s32", w8[0], qa, isum[t] if isum[t] is not None else Imm(0, "s32"), type="s32")
@@ -418,14 +418,14 @@ def build_lanes(arch, spec: GemvSpec):
             part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
             for i in range(2):
                 wi = 2 * h + i  # elements 8·wi .. 8·wi+7: lane-layout rows 2·wi, 2·wi+1 (512 bytes apart)
-                nib = [TQ.lut_nibbles(b, TQ.qs_word(st["w"][r], wi)) for r in range(R)]
+                nib = [tq.lut_nibbles(b, tq.qs_word(st["w"][r], wi)) for r in range(R)]
                 for q in range(2):  # 4 elements at a time: 4·T activation registers live, not 8·T
                     acts = [act_load(st, bases[t], 1024 * wi + 512 * q, [b.reg("f32") for _ in range(4)])
                             for t in range(Tn)]
                     for r in range(R):
                         lo4, hi4 = nib[r]
                         for e in range(4 * q, 4 * q + 4):  # element 8·wi + e
-                            _pair_fma(b, part[r], TQ.lut_value(b, lo4, hi4, lut, e), e,
+                            _pair_fma(b, part[r], tq.lut_value(b, lo4, hi4, lut, e), e,
                                       [acts[t][e - 4 * q] for t in range(Tn)])
             _close_half(b, part, acc, scales, h)
 
@@ -579,6 +579,8 @@ class _TmaLanesShape(NamedTuple):
     table_bytes: int
     stage_bytes: int
     min_ctas: int
+    codec: object  # the weights' codec (TQ4_1S): its block loads, codebook tables, box columns
+    fmt: str
 
 
 @dataclass
@@ -608,27 +610,27 @@ class _TmaLanesLoop:
     bases: dict = field(default_factory=dict)  # token → the step's activation pointer (set by element 0's load)
 
 
-def _tma_lanes_shape(arch, Tn, pairs):
+def _tma_lanes_shape(arch, Tn, pairs, fmt):
     """build_tma_lanes' shape: from `pairs` (copies, warps, stages, CTAs per SM), else TMA_WARPS / TMA_STAGES /
     TMA_MIN_CTAS."""
-    R = TMA_ROWS[Tn]
+    R, tq = TMA_ROWS[Tn], codecs.get(fmt)
     if pairs:
         copies, NW, S, min_ctas = pairs
-        table_bytes = TQ.pair_table_bytes(copies)
+        table_bytes = tq.pair_table_bytes(copies)
     else:
         copies, NW, min_ctas, table_bytes = None, TMA_WARPS, TMA_MIN_CTAS[Tn], 0
         S = TMA_STAGES if arch.max_smem_per_block >= 200 * 1024 else 2
-    return _TmaLanesShape(Tn, R, NW, S, copies, table_bytes, R * TQ.STEP_ROW_BYTES, min_ctas)
+    return _TmaLanesShape(Tn, R, NW, S, copies, table_bytes, R * tq.STEP_ROW_BYTES, min_ctas, tq, fmt)
 
 
 def _tma_lanes_head(arch, k):
     """build_tma_lanes' ABI (tmap_w, a, y, m, k, ntok, part, counters), launch bounds, dynamic shared memory and
     meta, then the parameters' loads and the warp's rows: (b, the head dict as `_lane_head`'s, the tensor map
     parameter, the dynamic shared memory)."""
-    Tn, R, NW, S, copies, table_bytes, stage_bytes, min_ctas = k
-    name = GemvKernel("gemv", "tq4_1s", Tn, tma=True).name
-    box = TQ.STEP_ROW_BYTES // 4  # u32 a row: one step's 32 blocks
-    b = KernelBuilder(name, arch, f"tq4_1s GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA"
+    Tn, R, NW, S, copies, table_bytes, stage_bytes, min_ctas, tq, fmt = k
+    name = GemvKernel("gemv", fmt, Tn, tma=True).name
+    box = tq.STEP_ROW_BYTES // 4  # u32 a row: one step's 32 blocks
+    b = KernelBuilder(name, arch, f"{fmt} GEMV (exact), {Tn} token(s), {R} rows per warp, weights by TMA"
                       + (", codebook pairs by byte" if copies else ""), block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u32 [M][K·20/128], box 160 x R, no swizzle
     a_p, y_p = b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
@@ -641,9 +643,9 @@ def _tma_lanes_head(arch, k):
     b.meta.update(split_k="gridDim.y splits the K steps (a step: 32 lanes x 32 columns); part: splits x ntok x m "
                           "fp32, counters: one u32 per warp (zero, left zero)", ctas_per_sm=min_ctas,
                   tokens=Tn, rows_per_cta=R * NW, rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)",
-                  layout="lanes", pdl=arch.has("griddepcontrol"), fmt="tq4_1s", mode="exact", lane_cols=32,
+                  layout="lanes", pdl=arch.has("griddepcontrol"), fmt=fmt, mode="exact", lane_cols=32,
                   fused_rotation=False, activation="prep_tq4_1s(x) (lane layout)", copy="tma",
-                  tensormaps=f"tmap_w: u32, dims (k*{TQ.BLOCK_BYTES}/128, m), box ({box}, {R}), no swizzle; needs "
+                  tensormaps=f"tmap_w: u32, dims (k*{tq.BLOCK_BYTES}/128, m), box ({box}, {R}), no swizzle; needs "
                              "k % 128 == 0",
                   tma_box=(box, R),
                   stages=S, dynamic_smem=b.dynamic_smem)
@@ -663,19 +665,19 @@ def _tma_lanes_tables(b, k, h, ring_sym, leader):
     """The warp's ring and stage barriers, and the codebook: the pair table (every thread) or the 16-entry table
     (threads 0-15), behind one CTA barrier. Returns (ring, bars, lut, the pair table, the lane's pair offset)."""
     tid, lane = h["tid"], h["lane"]
-    lut_sym = None if k.copies else b.shared_buffer("lut", TQ.LUT_BYTES, align=TQ.LUT_BYTES)
+    lut_sym = None if k.copies else b.shared_buffer("lut", k.codec.LUT_BYTES, align=k.codec.LUT_BYTES)
     ring, bars, ptab = _warp_rings(b, ring_sym, h["warp"], leader, k.NW, k.S, k.stage_bytes,
                                    skip=k.table_bytes)  # table at ptab
     lut = lanec = None
     if k.copies:
-        lanec = TQ.pair_lane_term(b, lane, k.copies)
+        lanec = k.codec.pair_lane_term(b, lane, k.copies)
         b.comment(f"the pair table ({k.table_bytes // 1024} KB, every thread); one CTA barrier for it and the stage "
                   "barriers")
-        TQ.fill_pair_table(b, ptab, tid, lane, k.copies, 32 * k.NW)
+        k.codec.fill_pair_table(b, ptab, tid, lane, k.copies, 32 * k.NW)
     else:
         lut = b.op("mov.u32", lut_sym)
         b.comment("the 16-entry codebook (threads 0-15); one CTA barrier for it and the stage barriers")
-        TQ.lut_fill(b, tid, lut)
+        k.codec.lut_fill(b, tid, lut)
     b.emit("fence.proxy.async.shared::cta")
     b.emit("bar.sync", Imm(0, "u32"))
     return ring, bars, lut, ptab, lanec
@@ -687,7 +689,7 @@ def _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lane
     Tn, R, S = k.Tn, k.R, k.S
     lane, row0 = h["lane"], h["row0"]
     nblk = b.op("shr.u32", h["K"], Imm(5, "u32"))
-    row_bytes = TQ.blocks_bytes(b, nblk)
+    row_bytes = k.codec.blocks_bytes(b, nblk)
     _, actptr, lane16 = _lane_pointers(b, {**h, "W": b.op("mov.u64", Imm(0, "u64"))}, 0, Tn, nblk, row_bytes,
                                        T4.LANE_GROUP_F32, with_lane16=True)
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
@@ -699,7 +701,7 @@ def _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lane
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     stride = b.op("shl.b32", nsplit, Imm(5, "u32"))
     nfull = b.op("and.b32", nblk, Imm(~31 & 0xFFFFFFFF, "b32"))
-    issue = partial(_tma_step, b, tw, leader, nblk, bars, ring, k.stage_bytes, row0, col=partial(TQ.box_column, b))
+    issue = partial(_tma_step, b, tw, leader, nblk, bars, ring, k.stage_bytes, row0, col=partial(k.codec.box_column, b))
 
     jb = b.op("shl.b32", kz, Imm(5, "u32"))
     b.comment(f"fill the ring: this split's steps 0 .. {S - 1}")
@@ -708,7 +710,7 @@ def _tma_lanes_prologue(arch, b, k, h, tw_p, leader, ring, bars, lut, ptab, lane
     if arch.has("griddepcontrol"):  # launched early behind prep_tq4_1s: weights in flight, now wait for it
         b.emit("griddepcontrol.wait")
     g = b.op("mov.u32", Imm(0, "u32"))  # steps consumed by this warp (ring position and phase)
-    w = [TQ.block_regs(b) for _ in range(R)]
+    w = [k.codec.block_regs(b) for _ in range(R)]
     blk, live = b.reg("u32"), b.reg("pred")
     return _TmaLanesLoop(b, k, lane, issue, ring, bars, lut, ptab, lanec, nblk, nfull, stride, jb, g, w, blk, live,
                          actptr, lane16, acc, early=Tn <= 2)
@@ -719,10 +721,10 @@ def _tma_lanes_take(s, tail):
     jb + S·stride."""
     b, k = s.b, s.k
     stage = _wait_step(b, s.bars, s.count, k.S)
-    src = b.op("mad.lo.u32", s.lane, Imm(TQ.BLOCK_BYTES, "u32"), b.op("mad.lo.u32", stage, Imm(k.stage_bytes, "u32"),
+    src = b.op("mad.lo.u32", s.lane, Imm(s.k.codec.BLOCK_BYTES, "u32"), b.op("mad.lo.u32", stage, Imm(k.stage_bytes, "u32"),
                                                                       s.ring))
     for r in range(k.R):
-        TQ.load_block(b, s.w[r], src, TQ.STEP_ROW_BYTES * r, shared=True)
+        s.k.codec.load_block(b, s.w[r], src, s.k.codec.STEP_ROW_BYTES * r, shared=True)
     if not tail:  # every lane has read its words before lane 0 lets TMA overwrite the stage
         b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
         s.issue(b.op("mad.lo.u32", s.stride, Imm(k.S, "u32"), s.jb), stage)
@@ -758,7 +760,7 @@ def _tma_lanes_compute(s, acts, tail):
     chains, closed into acc by the half's scale (without `early`, the activations load 8·T at a time here)."""
     b, Tn, R, copies = s.b, s.k.Tn, s.k.R, s.k.copies
     w = s.w
-    scales = [TQ.block_scales(b, w[r]) for r in range(R)]
+    scales = [s.k.codec.block_scales(b, w[r]) for r in range(R)]
     for hh in range(2):
         part = [[[None, None] for _ in range(Tn)] for _ in range(R)]
         for i in range(2):
@@ -766,16 +768,16 @@ def _tma_lanes_compute(s, acts, tail):
             if not s.early:  # 8·T registers at a time
                 acts = _tma_lanes_acts(s, tail, range(2 * wi, 2 * wi + 2))
             for r in range(R):
-                qw = TQ.qs_word(w[r], wi)
+                qw = s.k.codec.qs_word(w[r], wi)
                 if copies:  # byte j: elements 2j (low nibble) and 2j + 1, the same FMA order as below
                     for j in range(4):
-                        vals = TQ.pair_lookup(b, qw, j, s.lanec, copies, s.ptab)
+                        vals = s.k.codec.pair_lookup(b, qw, j, s.lanec, copies, s.ptab)
                         for e in (2 * j, 2 * j + 1):
                             _pair_fma(b, part[r], vals[e % 2], e, [acts[t, 8 * wi + e] for t in range(Tn)])
                     continue
-                lo4, hi4 = TQ.lut_nibbles(b, qw)
+                lo4, hi4 = s.k.codec.lut_nibbles(b, qw)
                 for e in range(8):  # element 8·wi + e
-                    _pair_fma(b, part[r], TQ.lut_value(b, lo4, hi4, s.lut, e), e,
+                    _pair_fma(b, part[r], s.k.codec.lut_value(b, lo4, hi4, s.lut, e), e,
                               [acts[t, 8 * wi + e] for t in range(Tn)])
         _close_half(b, part, s.acc, scales, hh)
 
@@ -854,7 +856,7 @@ def _tma_lanes_steps(s, loop, tail_l, done):
     _tma_lanes_compute(s, acts, True)
 
 
-def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
+def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None, fmt: str = "tq4_1s"):
     """Exact TQ4_1S GEMV with the weights brought in by TMA (sm_90a; K a multiple of 128).
 
     The lane-per-block schedule of `build_lanes` (lane l owns block jb + l of each of the warp's R rows), with
@@ -870,7 +872,7 @@ def build_tma_lanes(arch, Tn: int, pairs: tuple | None = None):
     builds): the codebook values come two at a time, one LDS.64 per qs byte from the pair table, in the same
     FFMA order (same bits); its (copies, warps, stages, CTAs per SM) replace TMA_WARPS / TMA_STAGES / TMA_MIN_CTAS."""
     arch.require("cp_async_bulk_tensor", "the TMA-fed TQ4_1S GEMV", "use gemv_tq4_1s_t* (ld.global)")
-    k = _tma_lanes_shape(arch, Tn, pairs)
+    k = _tma_lanes_shape(arch, Tn, pairs, fmt)
     b, h, tw_p, ring_sym = _tma_lanes_head(arch, k)
     leader = b.op("setp.eq.u32", h["lane"], Imm(0, "u32"))
     ring, bars, lut, ptab, lanec = _tma_lanes_tables(b, k, h, ring_sym, leader)
@@ -913,7 +915,7 @@ MMA_PAIRS = (16, 8, 2, 2)
 MMA_M16_STEP, MMA_M16_ROW_WORDS = 8, 44
 
 
-def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
+def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS, fmt: str = "tq4_1s"):
     """Exact TQ4_1S GEMV for up to 8 tokens on tensor cores (mul_mat's exact TQ4_1S path for slices of 3-8
     tokens on sm_90, 5-8 on small matrices; bench/NOTES.md (2026-11-29 and 2026-11-30) has every version
     measured on the H200).
@@ -932,6 +934,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     (g, t) ends with rows g, g + 8 x tokens 2t, 2t + 1: no cross-lane reduction. Split-K over gridDim.y with
     the lane kernels' last-warp fixup."""
     arch.require("cp_async_bulk_tensor", "the tensor-core TQ4_1S GEMV", "use gemv_tq4_1s_t8")
+    tq = codecs.get(fmt)  # the codec's box columns, codebook tables and A-fragment decoder (TQ4_1S's)
     NW, S, ctas, copies = MMA_WARPS, MMA_STAGES, MMA_CTAS, None  # copies None: the per-element table
     if pairs:
         copies, NW, S, ctas = pairs
@@ -940,7 +943,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     R = 16 * MT  # rows per warp
     row_stride = ROW_WORDS * 4
     stage_bytes = R * row_stride
-    b = KernelBuilder(GemvKernel("mma", "tq4_1s", small=small).name, arch,
+    b = KernelBuilder(GemvKernel("mma", fmt, small=small).name, arch,
                       f"tq4_1s GEMV (exact) for up to 8 tokens on mma.sync, {R} rows per warp, weights by TMA",
                       block=(32 * NW, 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)
@@ -952,9 +955,9 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
     b.meta.update(split_k=f"gridDim.y splits the K steps (a step: {STEP} blocks); part: splits x ntok x m fp32, counters: "
                           "one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=8, rows_per_cta=R * NW,
-                  rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt="tq4_1s", mode="exact",
+                  rows_per_warp=R, warps=NW, grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
                   lane_cols=STEP, max_splits=32, layout="mma", activation="prep_tq4_1s_mma(x): tiles + factors", copy="tma",
-                  tensormaps=f"tmap_w: u32, dims (k*{TQ.BLOCK_BYTES}/128, m), box ({ROW_WORDS}, {R}), no swizzle; "
+                  tensormaps=f"tmap_w: u32, dims (k*{tq.BLOCK_BYTES}/128, m), box ({ROW_WORDS}, {R}), no swizzle; "
                              "k % 128 == 0",
                   tma_box=(ROW_WORDS, R),
                   stages=S, dynamic_smem=b.dynamic_smem, pdl=arch.has("griddepcontrol"))
@@ -969,10 +972,10 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     t = b.op("and.b32", lane, Imm(3, "b32"))
     leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
 
-    table_sym = b.shared_buffer("codebook", TQ.mma_table_bytes(copies), align=16)
+    table_sym = b.shared_buffer("codebook", tq.mma_table_bytes(copies), align=16)
     ring, bars, _ = _warp_rings(b, ring_sym, warp, leader, NW, S, stage_bytes)
     tbl = b.op("mov.u32", table_sym)
-    lanec = TQ.mma_table_fill(b, tbl, tid, lane, copies, 32 * NW)
+    lanec = tq.mma_table_fill(b, tbl, tid, lane, copies, 32 * NW)
     b.emit("fence.proxy.async.shared::cta")
     b.emit("bar.sync", Imm(0, "u32"))
 
@@ -985,12 +988,12 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     stride = b.op("mul.lo.u32", nsplit, Imm(STEP, "u32"))
 
     def issue(jb, stage):
-        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, col=partial(TQ.box_column, b))
+        _tma_step(b, tw, leader, nblk, bars, ring, stage_bytes, row0, jb, stage, col=partial(tq.box_column, b))
 
     jb, gcount = _fill_ring(b, arch, issue, kz, stride, STEP, S)
     # per lane: the codec's decoder (its offsets in a stage), this lane's 16 bytes in a B tile and the factor pair
     # of tokens 2t, 2t + 1
-    dec = TQ.MmaGemvDecoder(b, g, t, lane, tbl, lanec, copies, row_stride)
+    dec = tq.MmaGemvDecoder(b, g, t, lane, tbl, lanec, copies, row_stride)
     lane16 = b.op("mul.wide.u32", lane, Imm(16, "u32"))
     t8 = b.op("mul.wide.u32", t, Imm(8, "u32"))
     czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]  # C of each half block's first MMA
@@ -998,7 +1001,7 @@ def build_mma_gemv(arch, small: bool = False, pairs: tuple | None = MMA_PAIRS):
     # B tiles and factors of one block, loaded a block ahead into one of two register sets (the first run
     # waited on these loads: long_scoreboard 5 per issue); the step's pointers, blocks at immediate offsets
     D = MMA_AHEAD
-    assert STEP % MMA_SETS == 0 and MMA_SETS > D and ROW_WORDS >= TQ.BLOCK_WORDS * STEP and ROW_WORDS % 8 == 4
+    assert STEP % MMA_SETS == 0 and MMA_SETS > D and ROW_WORDS >= tq.BLOCK_WORDS * STEP and ROW_WORDS % 8 == 4
     sets = [(b.regs("b32", 8), b.regs("f32", 2)) for _ in range(MMA_SETS)]
     p_b, s_b = _tile_pointer(b, jb, stride, BT, lane16, g, ntok)
     p_f = b.op("add.s64", b.op("mad.wide.u32", jb, Imm(32, "u32"), F), t8)
