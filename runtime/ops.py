@@ -382,12 +382,12 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
     rows = -(-m // int(fn.meta["rows_per_cta"]))
     if len(route) > 1:
-        gate = _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[:-1], arch)
-        # exact, only where the GEMM's activations overflowed; few CTAs (each loops over experts): a closed gate
-        # costs their exits only
+        _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[:-1], arch)
+        # exact, only where the GEMM's activations overflowed (its gate: the workspace's flag, lowered by its last
+        # CTA out, counted in `done`); few CTAs (each loops over experts): a closed gate costs their exits only
         from ptxgen.kernels.gemv_codec import GATED_EXPERT_CTAS
 
-        pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (gate, pb.done))
+        pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (pb.flag, pb.done))
     elif route[0].endswith("_idg"):
         pb.launch(fn, (rows, e), idg_args + (0, 0))
     else:
@@ -399,12 +399,12 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     return plan
 
 
-def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: int, route: list, arch) -> SymArray:
+def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: int, route: list, arch) -> None:
     """The grouped GEMM over its work list (persistent CTAs, at most one per item) behind the grouping: on sm_90
     moe_gather (the grouping, and x in fp16, grouped order, the wgmma build's K order, in one kernel) and the
-    register-A wgmma build reading both by tensor map; elsewhere moe_group and the mma.sync build on fp32 x. Returns
-    the gate: the workspace's zero-kept flag, raised by the GEMM or the conversion where an activation overflowed
-    fp16 (the gated GEMV behind them lowers it)."""
+    register-A wgmma build reading both by tensor map; elsewhere moe_group and the mma.sync build on fp32 x. The GEMM
+    or the conversion raises the workspace's zero-kept flag where an activation overflowed fp16 (the gated GEMV
+    behind them reads it and lowers it)."""
     from ptxgen.kernels.mmq import BM
     from ptxgen.kernels.moe_group import GATHER_ROWS
 
@@ -423,7 +423,7 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
         pb.launch(kernels.load(route[0], arch), (1,), grouping)
         pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, pb.flag, m, k, slots, x_per_slot, expert_bytes, order, offsets,
                                   work, pb.queue))
-        return pb.flag
+        return
     x16 = pb.scratch((p, k), np.float16)
     iw = "int_weights" in gemm.meta  # the integer-weight build: x's sub-block sums too (Σx hi / lo)
     xs = (pb.scratch((p, k // 16), np.float16),) if iw else ()
@@ -436,7 +436,6 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
     tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
     ts = (_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
     pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
-    return pb.flag
 
 
 def _remember(w: QuantTensor, key, entry) -> None:
