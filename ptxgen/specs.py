@@ -69,10 +69,7 @@ class CodecKernel:
         names = {"gemv": f"gemv_{f}_f32_t{self.tokens}", "gemv_id": f"gemv_{f}_f32_id",
                  "gemv_idg": f"gemv_{f}_f32_idg", "dequantize": f"dequantize_{f}", "frags": f"dequantize_{f}_frags",
                  "fixup": f"mul_mat_fixup_{f}"}
-        try:
-            return names[self.kind]
-        except KeyError:
-            raise ValueError(f"no codec kernel kind {self.kind!r} (have: {', '.join(names)})") from None
+        return _named(names, self.kind, "codec kernel")
 
 
 
@@ -108,10 +105,7 @@ class GemvKernel:
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else
                                 "prep_q8_lanes" if self.fast else "prep_f32_lanes"),
                  "prep_mma": "prep_tq4_1s_mma" if rot else "prep_mma_f16", "prep_few": f"prep_q4k_{t}"}
-        try:
-            return names[self.kind]
-        except KeyError:
-            raise ValueError(f"no decode kernel kind {self.kind!r} (have: {', '.join(names)})") from None
+        return _named(names, self.kind, "decode kernel")
 
 
 @dataclass(frozen=True)
@@ -132,7 +126,12 @@ class ActKernel:
         names = {"convert_f16": "convert_f16" + ("_perm" if self.rega else ""),
                  "quantize_q8_1": "quantize_q8_1" + ("_mmq" if self.mmq else ""), "rotate": "rotate_tq4_1s",
                  "group": ("moe_gather" + ("_sums" if self.sums else "")) if self.gather else "moe_group"}
-        try:
-            return names[self.kind]
-        except KeyError:
-            raise ValueError(f"no activation kernel kind {self.kind!r} (have: {', '.join(names)})") from None
+        return _named(names, self.kind, "activation kernel")
+
+
+def _named(names: dict, kind: str, what: str) -> str:
+    """names[kind]: a spec's kernel name by its kind, or a ValueError listing the kinds there are."""
+    try:
+        return names[kind]
+    except KeyError:
+        raise ValueError(f"no {what} kind {kind!r} (have: {', '.join(names)})") from None
