@@ -10,6 +10,7 @@ rule keeps for large matrices forced on, and the mma.sync lowering (arch="sm_89"
 is checked against the float64 reference (a sanitizer run must also compute the right thing). Prints the kernels
 covered and the dispatchable kernels that were not.
 """
+import contextlib
 import sys
 
 import numpy as np
@@ -46,25 +47,30 @@ def cases():
 
 
 def moe_cases(r, rng, covered, only, n, worst, wrong):
-    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1), the grouped one (T = 3) and the grouped GEMM route
-    (T = 600 of 2 slots over 4, 16 and 64 experts: each token tile; Q4_K also with arch="sm_89", its mma.sync
-    GEMM), x shared and per slot, ids on the device with two out of range (NaN rows)."""
+    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1, and T = 3 at these sizes) and the grouped GEMM route
+    (T = 600 of 2 slots over 4, 16, 64 and 128 experts: each token tile, Q4_K's integer-weight build at 128; the pair-GEMV rule set to 0 so these small
+    experts take it; Q4_K also with arch="sm_89", its mma.sync GEMM; sm_90: moe_gather, the register-A wgmma
+    GEMM and the gated GEMV's arrival), x shared and per slot, ids on the device with two out of range (NaN rows)."""
+    from ptxgen import tuning
     from ptxgen.runtime import ops
 
-    for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64), ("q6_K", 4),
+    for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q4_K", 128), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64), ("q6_K", 4),
                    ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64)):
         m, k, slots = 129, 512, 2  # T = 600: ~300 / 75 / 19 pairs an expert on 4 / 16 / 64: sm_90's 128 / 64 / 32 tiles
         raw = random_raw(fmt, e * m, k, rng)
         w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
         for t, arch in [(1, None), (3, None), (600, None)] + ([(600, "sm_89")] if fmt == "q4_K" else []):
-            route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch)  # sm_89: Q4_K's mma.sync grouped GEMM
+            grouped = (lambda: tuning.override(moe_pair_max_weights=0)) if t == 600 else contextlib.nullcontext
+            with grouped():
+                route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch)  # sm_89: Q4_K's mma.sync grouped GEMM
             if only and not set(route) & set(only):
                 continue
             for per_slot in (False, True):
                 ids = rng.integers(0, e, (t, slots)).astype(np.int32)
                 ids[t // 2, 0], ids[t - 1, slots - 1] = -1, e
                 x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
-                y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids), arch=arch)
+                with grouped():
+                    y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids), arch=arch)
                 y = y.numpy() if hasattr(y, "numpy") else y  # NumPy back where as_device_array kept x's host origin
                 want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
                 bad = np.isnan(want)

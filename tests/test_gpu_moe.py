@@ -67,7 +67,7 @@ def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot
                                                          (128, 768, 2048, 32, 8, False, False)])
 def test_the_integer_weight_grouped_gemm_matches_the_reference(e, m, k, t, slots, skew, per_slot):
     """Q4_K's integer-weight grouped route (rule moe_int_weights_max_pairs; the rule pinned on here):
-    convert_f16_perm_gather_sums and mmq_q4_k_wgmma_iw_n16_moe within 1e-3 of float64, graph and eager alike."""
+    moe_gather_sums and mmq_q4_k_wgmma_iw_n16_moe within 1e-3 of float64, graph and eager alike."""
     import ptxgen.runtime as r
     from ptxgen import tuning
     from ptxgen.runtime import ops
