@@ -356,6 +356,24 @@ def run8_head(b, row, k0, fmt: str = FMT, block_bytes: int = BLOCK_BYTES):
     return kin, c, hi, env
 
 
+def run8_pair(b, row, k0):
+    """run8 at k0 and at k0 + 32 (k0 % 64 < 32): the low and the high nibbles of the same 8 qs bytes, sub-blocks 2c
+    and 2c + 1, from one header decode and one 8-byte load (dequantize_<fmt>_frags: a thread's two runs)."""
+    kin = b.op("and.b32", k0, Imm(BLOCK_K - 1, "b32"))
+    c = b.op("shr.u32", kin, Imm(6, "u32"))
+    block = b.op("mad.wide.u32", b.op("shr.u32", k0, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"), row)
+    qw = b.regs("b32", 2)
+    b.emit("ld.global.nc.v2.u32", b.vec(qw), Mem(b.op("add.s64", block, b.op("cvt.u64.u32", b.op(
+        "add.u32", b.op("shl.b32", c, Imm(5, "u32")), b.op("and.b32", kin, Imm(31, "b32"))))), HEADER_BYTES))
+    sub_lo = b.op("shl.b32", c, Imm(1, "u32"))
+    env = {"block": block, "sub_lo": sub_lo, "sub_hi": b.op("add.u32", sub_lo, Imm(1, "u32")), "qword": qw[0],
+           "qword2": qw[1]}
+    dequant_word().lower(b, env)  # bytes 0-3: w_lo (k0 + 0..3), w_hi (k0 + 32 + 0..3)
+    DequantSequence(FMT, (UnpackNibbles("qword2", ("q_lo2", "q_hi2")), ApplyScaleMin("q_lo2", "d_lo", "min_lo", "w_lo2"),
+                          ApplyScaleMin("q_hi2", "d_hi", "min_hi", "w_hi2"))).lower(b, env)
+    return env["w_lo"] + env["w_lo2"], env["w_hi"] + env["w_hi2"]
+
+
 class UnitLane:
     """Q4_K in kernels/gemv.py's 8-weight-unit GEMV (gemv_q4_k_t4, _t8): lane L of a warp step's 256 columns takes
     qs word L of the super-block — columns 64·c + 4·(L % 8) + 0..3 (low nibbles, sub-block 2c) and + 32 (high

@@ -47,10 +47,10 @@ def _resident(k: Kernel, arch: Arch) -> Kernel:
 
 
 def _registry() -> dict[str, KernelDef]:
-    from . import (convert_f16, dequantize, dequantize_q4_k, fixup, frags, gemv, gemv_codec, gemv_mma_codec, gemv_t1,
+    from . import (convert_f16, dequantize, fixup, frags, gemv, gemv_codec, gemv_mma_codec, gemv_t1,
                    gemv_xr, mmq, moe_group, quantize_q8_1)
 
-    defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, dequantize_q4_k.KERNEL_FRAGS, *frags.KERNELS, convert_f16.KERNEL,
+    defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, *frags.KERNELS, convert_f16.KERNEL,
             convert_f16.KERNEL_PERM, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *mmq.kernel_defs(), *fixup.KERNELS,
             moe_group.KERNEL, moe_group.KERNEL_GATHER, moe_group.KERNEL_GATHER_SUMS]
     return {d.name: d for d in defs}

@@ -1,8 +1,8 @@
 """dequantize_<fmt>_frags: any codec's rows → the register-A wgmma MMQ's fp16 A fragments (layouts.q4k_rega_fragments,
 in its K order), the input of the prepared GEMM (mmq_q4_k_wgmma_pre_*: it reads only these fp16 fragments, whatever
-the format was). Thread ct writes what dequantize_q4_k_frags' thread ct writes — rows 16·(ct / 32) + g and + 8 of
+the format was). Thread ct writes what consumer thread ct of the register-A GEMM decodes a step — rows 16·(ct / 32) + g and + 8 of
 the (M-tile, K-step) block, columns 8t .. 8t + 7 and 32 + 8t .. + 7 of the step — from the codec's `run8` (float32
-exactly as ggml, rounded once to fp16). Q4_K keeps its own kernel (kernels/dequantize_q4_k.py, the same bits)."""
+exactly as ggml, rounded once to fp16)."""
 from __future__ import annotations
 
 from .. import codecs
@@ -14,7 +14,9 @@ from . import KernelDef
 from ..specs import CodecKernel
 
 FRAG_THREADS = 256
-FORMATS = codecs.with_route("mmq_pre")  # (TQ4_1S: its rotated-domain weights, for a rotated activation)
+# the codecs whose prefill takes the prepared GEMM: route "mmq_pre", and Q4_K's "mmq" (its wgmma_pre path past
+# mmq_pre_min_tokens). TQ4_1S: its rotated-domain weights, for a rotated activation.
+FORMATS = tuple(dict.fromkeys(codecs.with_route("mmq") + codecs.with_route("mmq_pre")))
 PAIRS = ((0, 2), (1, 3), (4, 6), (5, 7))  # f16x2 number n % 4 of a thread's 8 columns (layouts.q4k_rega_k_order)
 
 
@@ -41,7 +43,9 @@ def build(arch, fmt: str):
         row = b.op("add.u32", row0, Imm(8 * rr, "u32"))
         valid = b.op("setp.lt.u32", row, M)
         rowp = b.op("mad.wide.u32", b.op("min.u32", row, last), row_bytes, W)
-        place(b, frag, rr, codec.run8(b, rowp, k_low), codec.run8(b, rowp, k_high), valid)
+        pair = getattr(codec, "run8_pair", None)  # both runs from one decode where the codec has it (Q4_K)
+        low, high = pair(b, rowp, k_low) if pair else (codec.run8(b, rowp, k_low), codec.run8(b, rowp, k_high))
+        place(b, frag, rr, low, high, valid)
     store(b, frag, tm, K, s, ct, Y)
     b.emit("ret")
     return b.finish()
