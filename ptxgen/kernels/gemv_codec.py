@@ -40,6 +40,11 @@ SHAPE = {1: (2, 2), 2: (2, 2), 4: (2, 2), 8: (4, 2), 16: (2, 2)}  # tokens: (row
 TUNED = {"q5_K": {1: (2, 2, True), 2: (2, 2, True), 4: (4, 2, True), 8: (4, 1, True), 16: (4, 1, True)},
          "q6_K": {1: (1, 2, True), 2: (1, 2, True), 4: (1, 2, True), 8: (2, 4, False)}}  # T = 16: 2:2 narrow spills
 TUNED["q4_K"] = TUNED["q5_K"]
+# ... and the MoE pair GEMVs' own (gemv_<fmt>_f32_id at T = 1): a warp's two rows are one expert's 8 blocks at K =
+# 2048, so all 4 wide groups of a row in one step, every load of the warp in flight at once. H200 graph µs, 128 x
+# top-8 768x2048 / 32 x top-4 1792x2048, (2, 2) -> (2, 4): Q4_K 5.7 -> 5.3 / 7.2 -> 6.9, Q5_K 6.5 -> 6.3 / 8.4 -> 8.0,
+# same bits (probe_id_unroll_ffe0ba7.log; (1, 4) lost: 6.8 / 8.3)
+TUNED_PAIR = {"q4_K": {1: (2, 4, True)}, "q5_K": {1: (2, 4, True)}}
 AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (prefetch.global.L2, 32 B a lane)
 # ... but not the MoE pair GEMVs (gemv_<fmt>_f32_id): a warp's rows there are one expert's few blocks (K = 2048: 8),
 # so the prefetches are extra requests ahead of loads about to be made anyway. H200 graph µs at T = 1, AHEAD 2 -> 0,
@@ -216,10 +221,13 @@ def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
 
 
 def tuned_shape(fmt: str, nt: int, moe: str | None = None) -> tuple[int, int, bool]:
-    """(rows per warp, groups per step, wide lanes) of a build: TUNED where measured, else SHAPE (GROUPED_SHAPE for
+    """(rows per warp, groups per step, wide lanes) of a build: TUNED_PAIR / TUNED where measured, else SHAPE (GROUPED_SHAPE for
     the grouped MoE GEMV) with the codec's wide lanes where it has them, as many bytes per step in half the groups."""
     codec = codecs.get(fmt)
     has_wide = hasattr(codec, "dequant_lane_wide")
+    if moe == "pair" and nt in TUNED_PAIR.get(fmt, {}):
+        rows, unroll, wide = TUNED_PAIR[fmt][nt]
+        return rows, unroll, wide and has_wide
     if moe != "grouped" and nt in TUNED.get(fmt, {}):
         rows, unroll, wide = TUNED[fmt][nt]
         return rows, unroll, wide and has_wide
