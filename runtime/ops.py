@@ -209,13 +209,19 @@ def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None) -> bool:
 
 
 def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
-    """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: from the
-    first n64, from the second n128): one tile an expert where it fits, its weights decoded once per tile."""
-    n64, n128 = RULES.moe_wgmma_tile_pairs["n64"], RULES.moe_wgmma_tile_pairs["n128"]
+    """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: "n<bn>" →
+    the pairs per expert from which tile bn runs; the largest tile reached, else n32): one tile an expert where it
+    fits, its weights decoded once per tile. Q4_K's trial tiles (n48, n96: kernels/mmq.py
+    GROUPED_WGMMA_TRIAL_TILES) only where the rule names them."""
     per = pairs / experts
     if per <= _per_format(RULES.moe_int_weights_max_pairs, fmt, 0):  # the integer-weight build (n16)
         return MmqSpec(16, "wgmma", a_regs=True, grouped=True, fmt=fmt, int_weights=True)
-    return MmqSpec(128 if per >= n128 else 64 if per >= n64 else 32, "wgmma", a_regs=True, grouped=True, fmt=fmt)
+    def spec(bn):
+        return MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=fmt)
+    tiles = sorted({32} | {int(n[1:]) for n in RULES.moe_wgmma_tile_pairs})
+    want = max((int(n[1:]) for n, v in RULES.moe_wgmma_tile_pairs.items() if per >= v), default=32)
+    built = [bn for bn in tiles if bn >= want and "sm_90a" in kernels.available(spec(bn).name)]
+    return spec(built[0] if built else tiles[-1])  # (a tile the format lacks: the next one up)
 
 
 _MOE_FORMATS: list = []  # codecs.dequantizable(), read once (a per-call scan of the codecs cost ~2 µs)

@@ -462,6 +462,23 @@ def test_the_integer_weight_grouped_route_in_the_emulator(scale):
                        ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"])
 
 
+@pytest.mark.parametrize("bn", [48, 96])
+def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
+    """Q4_K's grouped wgmma build at the token tiles between the shipped ones (kernels/mmq.py
+    GROUPED_WGMMA_TRIAL_TILES; n96's ring stages hold half a block), reached by naming them in rule
+    moe_wgmma_tile_pairs: the route end to end, one expert past a tile of pairs, K over 3 super-blocks, M past a
+    tile; within 1e-3 of float64, NaN rows for bad ids."""
+    from ptxgen import tuning
+
+    rng = np.random.default_rng(bn)
+    ids = rng.integers(0, 3, (70, 2)).astype(np.int32)
+    ids[:55, 0] = 1  # expert 1: past one tile of pairs
+    ids[4, 1] = -1
+    with tuning.override(moe_int_weights_max_pairs=0, moe_wgmma_tile_pairs={f"n{bn}": 1}):
+        _grouped_route((3, 130, 768), ids, False, 1.0, "sm_90a", rng,
+                       ["moe_gather", f"mmq_q4_k_wgmma_ra_n{bn}_moe", "gemv_q4_k_f32_idg"])
+
+
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
     from ptxgen import tuning
     from ptxgen.emu.harness import BACKEND, _memory, _run

@@ -51,6 +51,11 @@ GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T 
 GROUPED_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # Q4_K by its raw ring; the others by their codec's run8
 F16_CODECS = codecs.with_route("mmq_f16")  # the dense fp16 mma.sync GEMM's other codecs (sm_89, sm_120a): A by run8
 GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_90a, Q4_K): an expert's pairs per tile
+# ... and tiles between them, not timed yet (so not shipped: rule moe_wgmma_tile_pairs reaches them with an "n48" /
+# "n96" entry): an expert's ~32 or ~64 pairs (bench_moe's T = 512) in one tile where n32 / n64 take a second for the
+# ~half of experts above the mean (the grouped GEMM's cost is per item: the tile's weights decoded once), at 2 CTAs
+# an SM (n96: half-block stages)
+GROUPED_WGMMA_TRIAL_TILES = (48, 96)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
 # three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, 2026-12-01)
@@ -1476,7 +1481,9 @@ CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are 
 # the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
-PAIRED_MAX_BN = 64
+PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_TRIAL_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
+HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stage holds 2 K-steps (half a block), so
+# that two CTAs' stages and A slots fit an SM (n96: 2 x 24 KB of stages + 2 x 20 KB A slots a CTA)
 
 
 def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
@@ -1845,6 +1852,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     BSTEPS = 4 if IW or (spec.grouped and SA and spec.fmt in NIBBLE_PARTS and RA_BLOCK_STAGES
                                                and spec.bn <= PAIRED_MAX_BN
                    ) else 1  # K-steps a stage: block stages (the grouped nibble builds': items are whole blocks)
+    if BSTEPS == 4 and not IW and spec.bn >= HALF_BLOCK_MIN_BN:
+        BSTEPS = 2
     stage_bytes = BSTEPS * b_bytes + raw_bytes
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
     cx_bytes = 3 * CX_BUFS * CX_ROWS * _cx_row_bytes(XS) if spec.convert else 0  # the converters' staging buffers
@@ -2271,12 +2280,12 @@ def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
     """Block stages (lay.bs = 4 K-steps a stage; items whole blocks): at a block's first step wait until its stage
     is free and expect the block's 4 B tiles (IntA: and its Σx tile, hi and lo, BN x 16 bytes each), then each
     step's B tile into the stage's tile g & 3."""
-    S, BN = lay.S, spec.bn
-    blk = b.op("shr.u32", g, Imm(2, "u32"))
+    S, BN, bs = lay.S, spec.bn, lay.bs
+    blk = b.op("shr.u32", g, Imm(bs.bit_length() - 1, "u32"))
     stage = b.op("rem.u32", blk, Imm(S, "u32"))
     fb = lay.full(stage)
     issued = b.label("stage_expected")
-    b.bra(issued, pred=b.op("setp.ne.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(0, "u32")))
+    b.bra(issued, pred=b.op("setp.ne.u32", b.op("and.b32", s, Imm(bs - 1, "b32")), Imm(0, "u32")))
     _wait(b, lay.empty(stage), b.op("xor.b32", b.op("and.b32", b.op("div.u32", blk, Imm(S, "u32")), Imm(1, "b32")),
                                     Imm(1, "b32")))
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb),
@@ -2286,7 +2295,7 @@ def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
         b.emit(TMA_STEP, Mem(b.op("add.u32", lay.sums(stage), Imm(h * BN * 16, "u32"))),
                TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
     b.place(issued)
-    tile = b.op("mad.lo.u32", stage, Imm(4, "u32"), b.op("and.b32", g, Imm(3, "b32")))
+    tile = b.op("mad.lo.u32", stage, Imm(bs, "u32"), b.op("and.b32", g, Imm(bs - 1, "b32")))
     b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
            TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
 
@@ -2806,6 +2815,7 @@ def _iw_steps(b, codec, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, g
     sl = _block_slot(b, lay)
     slot = lay.a_slot(sl)
     stage = None
+    assert lay.bs == 4  # (its Σx slot is a block's)
     for st in range(4):
         if st == 0:
             stage = _block_stage_wait(b, lay, gc)
@@ -2837,10 +2847,11 @@ def _iw_steps(b, codec, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, g
     _block_drain(b, lay, gc, peers)
 
 
-# The block-stage protocol (lay.bs = 4; the grouped builds, whose items are whole blocks) both K loops share.
+# The block-stage protocol (lay.bs = 4, or 2: half a block; the grouped builds, whose items are whole blocks) both
+# K loops share.
 def _block_stage_wait(b, lay: _WgRing, gc):
-    """At a block's step 0: its stage ((gc >> 2) % S), waited for until full. Returns the stage."""
-    blk = b.op("shr.u32", gc, Imm(2, "u32"))
+    """At a stage's first step (st % bs == 0): its stage ((gc / bs) % S), waited for until full. Returns it."""
+    blk = b.op("shr.u32", gc, Imm(lay.bs.bit_length() - 1, "u32"))
     stage = b.op("rem.u32", blk, Imm(lay.S, "u32"))
     _wait(b, lay.full(stage), b.op("and.b32", b.op("div.u32", blk, Imm(lay.S, "u32")), Imm(1, "b32")))
     return stage
@@ -2848,16 +2859,16 @@ def _block_stage_wait(b, lay: _WgRing, gc):
 
 def _block_descs(b, lay: _WgRing, stage, st):
     """Step st's B tile of the stage: its k16 slices' descriptors."""
-    tile = b.op("add.u32", b.op("shl.b32", stage, Imm(2, "u32")), Imm(st, "u32"))
+    tile = b.op("add.u32", b.op("shl.b32", stage, Imm(lay.bs.bit_length() - 1, "u32")), Imm(st % lay.bs, "u32"))
     return _desc_steps(b, b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
 
 
 def _block_step_done(b, lay: _WgRing, stage, st, gc, s, s_begin, peers):
-    """After step st's wgmmas: commit, retire the step before; at step 0 the previous block's stage goes back (not
-    at the item's first block); advance gc and s."""
+    """After step st's wgmmas: commit, retire the step before; at a stage's first step the previous stage goes back
+    (not at the item's first); advance gc and s."""
     b.emit("wgmma.commit_group.sync.aligned")
     b.emit("wgmma.wait_group.sync.aligned", Imm(1, "u32"))
-    if st == 0:
+    if st % lay.bs == 0:
         S = lay.S
         _release(b, lay.empty, b.op("rem.u32", b.op("add.u32", stage, Imm(S - 1, "u32")), Imm(S, "u32")), peers,
                  b.op("setp.gt.u32", s, s_begin))
@@ -2869,7 +2880,8 @@ def _block_drain(b, lay: _WgRing, gc, peers):
     """After an item's last block: its wgmmas done, its stage back."""
     b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))
     S = lay.S
-    last = b.op("rem.u32", b.op("add.u32", b.op("shr.u32", gc, Imm(2, "u32")), Imm(S - 1, "u32")), Imm(S, "u32"))
+    last = b.op("rem.u32", b.op("add.u32", b.op("shr.u32", gc, Imm(lay.bs.bit_length() - 1, "u32")), Imm(S - 1, "u32")),
+                Imm(S, "u32"))
     _release(b, lay.empty, last, peers)
 
 
@@ -2946,8 +2958,10 @@ def _ra_block_loop(b, arch, BN, lay: _WgRing, acc, s, s_begin, s_end, gc, peers,
     step), `fragments(stage, st)` each step's A registers, the last block's stage released after the item."""
     top = b.label("c_block")
     b.place(top)
-    stage = _block_stage_wait(b, lay, gc)
+    stage = None
     for st in range(4):
+        if st % lay.bs == 0:
+            stage = _block_stage_wait(b, lay, gc)
         a = fragments(stage, st)
         dbs = _block_descs(b, lay, stage, st)
         b.emit("wgmma.fence.sync.aligned")
@@ -3051,6 +3065,11 @@ def kernel_defs() -> list[KernelDef]:
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f): build(arch, s),
                    archs=("sm_90a",))
          for f in GROUPED_WGMMA_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True).name,
+                   f"Q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles (a trial tile: "
+                   f"GROUPED_WGMMA_TRIAL_TILES)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s),
+                   archs=("sm_90a",))
+         for bn in GROUPED_WGMMA_TRIAL_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True).name,
                    f"Q4_K MoE GEMM (mul_mat_id), wgmma with A = q·sc' from registers (integer weights: d and the min "
                    f"term outside the K-step MMAs), {BM}x{bn} tiles (x and its sub-block sums gathered by "
