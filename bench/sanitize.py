@@ -48,13 +48,15 @@ def cases():
 
 def moe_cases(r, rng, covered, only, n, worst, wrong):
     """mul_mat_id for each MoE format: the per-pair GEMV (T = 1, and T = 3 at these sizes) and the grouped GEMM route
-    (T = 600 of 2 slots over 4, 16, 64 and 128 experts: each token tile, Q4_K's integer-weight build at 128; the pair-GEMV rule set to 0 so these small
-    experts take it; Q4_K also with arch="sm_89", its mma.sync GEMM; sm_90: moe_gather, the register-A wgmma
-    GEMM and the gated GEMV's arrival), x shared and per slot, ids on the device with two out of range (NaN rows)."""
+    (T = 600 of 2 slots over 4, 16, 64 and 128 experts: each token tile, Q4_K's integer-weight build at 128; the
+    pair-GEMV rule set to 0 so these small experts take it; Q4_K also with arch="sm_89", its mma.sync GEMM; sm_90:
+    moe_gather, the register-A wgmma GEMM and the gated GEMV's arrival), x shared and per slot, ids on the device
+    with two out of range (NaN rows)."""
     from ptxgen import tuning
     from ptxgen.runtime import ops
 
-    for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q4_K", 128), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64), ("q6_K", 4),
+    for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q4_K", 128), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64),
+                   ("q6_K", 4),
                    ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64)):
         m, k, slots = 129, 512, 2  # T = 600: ~300 / 75 / 19 pairs an expert on 4 / 16 / 64: sm_90's 128 / 64 / 32 tiles
         raw = random_raw(fmt, e * m, k, rng)
