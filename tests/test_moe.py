@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from ptxgen import formats
 from conftest import rel
 from ptxgen.arch import get_arch
-from ptxgen.emu.harness import gemv_id_case
+from ptxgen.emu.harness import check_kernel, gemv_id_case
 from ptxgen.kernels import get_kernel
 from ptxgen.runtime import QuantTensor, mul_mat, mul_mat_id
 from ptxgen.runtime.tensors import list_gguf_tensors, read_gguf_tensor, write_gguf
@@ -332,7 +332,6 @@ def test_moe_group_sorts_the_pairs_by_expert_and_lists_the_token_tiles(arch):
     """kernels/moe_group.py in the emulator: offsets and the work list exactly as its NumPy model, each expert's
     pairs (a permutation), NaN rows for bad ids — drawn routes, 128 experts with 700 x 8 pairs (tiles of 32),
     every pair on one expert, and no valid pair at all."""
-    from ptxgen.emu.harness import check_kernel
 
     ptx = get_kernel("moe_group").for_arch(arch).ptx()
     cases = [dict(seed=s) for s in range(2)] + [
@@ -350,7 +349,6 @@ def test_moe_gather_groups_the_pairs_and_gathers_x_bit_for_bit(name):
     pairs, x16 rows bit for bit (and the sub-block sums), NaN rows for bad ids, the flag exactly on an fp16 overflow —
     drawn routes and CTA splits, x shared and per slot, 128 experts over 3 super-blocks of K, every pair on one expert
     and no valid pair at all."""
-    from ptxgen.emu.harness import check_kernel
 
     ptx = get_kernel(name).for_arch("sm_90a").ptx()
     cases = [dict(seed=s) for s in range(3)] + [
@@ -379,7 +377,6 @@ def test_grouped_moe_gemm_matches_the_reference(name, seed, per_slot):
     an expert with more than a tile of pairs, an empty one, a bad id (its row untouched), x shared and per slot,
     three persistent CTAs taking turns; within 1e-3 of float64; the queue left zero. (sm_89's build here; the slow
     tier runs every target's on drawn seeds, with warps one at a time.)"""
-    from ptxgen.emu.harness import check_kernel
 
     out = check_kernel(name, get_kernel(name).for_arch("sm_89").ptx(), seed=seed, x_per_slot=per_slot,
                        interleave=seed % 2 == 0)
@@ -389,7 +386,6 @@ def test_grouped_moe_gemm_matches_the_reference(name, seed, per_slot):
 def test_grouped_moe_gemm_skewed_empty_and_overflowing():
     """Every pair on one expert (several token tiles), no valid pair at all (no items: the CTAs go home and the
     queue is reset), and an activation past fp16's range: the flag rises (mul_mat_id's gated GEMV recomputes)."""
-    from ptxgen.emu.harness import check_kernel
 
     name = "mmq_q4_k_f16_n32_moe"
     ptx = get_kernel(name).for_arch("sm_89").ptx()
@@ -477,6 +473,24 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
     with tuning.override(moe_int_weights_max_pairs=0, moe_wgmma_tile_pairs={f"n{bn}": 1}):
         _grouped_route((3, 130, 768), ids, False, 1.0, "sm_90a", rng,
                        ["moe_gather", f"mmq_q4_k_wgmma_ra_n{bn}_moe", "gemv_q4_k_f32_idg"])
+
+
+@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n64_moe", "mmq_q4_k_wgmma_ra_n96_moe"])
+def test_the_static_block_steps_give_the_run_time_tests_bits(name, monkeypatch):
+    """codecs.q4_k.RA_STATIC_STEPS (not shipped until timed): the grouped builds' register-A decode with the block's
+    scales decoded at its step 0 without the run-time test, each step's pick by a constant — the same y bit for bit,
+    with fewer instructions."""
+    from ptxgen.codecs import q4_k
+
+    outs = []
+    for static in (False, True):
+        monkeypatch.setattr(q4_k, "RA_STATIC_STEPS", static)
+        ptx = get_kernel(name).for_arch("sm_90a").ptx()
+        assert ("ra_block_kept" in ptx) != static
+        out = check_kernel(name, ptx, seed=3)
+        assert out.ok, out.detail
+        outs.append(np.asarray(out.got).view(np.uint32))
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):

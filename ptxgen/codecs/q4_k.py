@@ -190,6 +190,10 @@ NEG_1024_F16X2 = 0xE400E400  # −1024 in both halves
 # RegA decodes a lane's scales once a super-block (4 K-steps) into registers and picks each step's from them, not
 # from the header every step (the same values: bits unchanged). False: the per-step decode (for A/B probes).
 RA_BLOCK_SCALES = True
+# ... and where the caller names the step of the block (fragments' `step`: the grouped builds, whose items are whole
+# blocks), at step 0 without the run-time test and its branch, each step's pick by a constant selector. Not timed yet
+# (False: the run-time test at every step, as shipped; bench/NOTES.md 2026-12-04).
+RA_STATIC_STEPS = False
 
 
 def scale_ints(b, hdr, sub, dscale):
@@ -601,15 +605,16 @@ class RegA:
         self.qs_off = [b.op("add.u32", r, Imm(qs_at, "u32")) for r in rows]
         self.qh_off = [b.op("add.u32", r, Imm(qh_at, "u32")) for r in rows] if qh else None
 
-    def _block_scales(self, b, rbase, magic):
+    def _block_scales(self, b, rbase, magic, static: bool = False):
         """At a block's first step (or the item's): the lane's (row, parity p) header → sc'·(1 or 1/16) of its
         sub-blocks p, p + 2, p + 4, p + 6 as two f16x2 pairs, −dmin·m split into fp16 hi and lo pairs the same way
         (mul then fma: each rounds the exact product once, as scale_ints' fp32 forms do), and d of both rows
         (from the quad's lanes 0 and 2) as broadcasts, into self.blk. ~30 instructions a block, not a step."""
-        kept = b.label("ra_block_kept")
-        first = b.op("or.pred", b.op("setp.eq.u32", self.s, self.s_begin),
-                     b.op("setp.eq.u32", b.op("and.b32", self.s, Imm(3, "b32")), Imm(0, "u32")))
-        b.bra(kept, pred=first, neg=True)
+        kept = None if static else b.label("ra_block_kept")  # static: the caller emits this at the block's step 0
+        if kept is not None:
+            first = b.op("or.pred", b.op("setp.eq.u32", self.s, self.s_begin),
+                         b.op("setp.eq.u32", b.op("and.b32", self.s, Imm(3, "b32")), Imm(0, "u32")))
+            b.bra(kept, pred=first, neg=True)
         hdr = b.regs("b32", 4)
         b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(b.op("add.u32", rbase, self.own_hdr)))
         p = self.own_sb  # sub-blocks p, p + 2, p + 4, p + 6: bytes p, p + 2 of the 0-3 word and of the 4-7 one
@@ -635,7 +640,8 @@ class RegA:
         for rr, dst in ((0, d0), (1, d1)):
             b.emit("shfl.sync.idx.b32", dst, dd, b.op("or.b32", self.quad, Imm(2 * rr, "b32")), Imm(0x1F, "b32"),
                    Imm(0xFFFFFFFF, "b32"))
-        b.place(kept)
+        if kept is not None:
+            b.place(kept)
 
     def min_fragments(self, b, rbase, magic):
         """IntA's min-term A operands of the block at `rbase` (a row box): lane (g, t)'s −dmin·m of sub-blocks 2t,
@@ -662,9 +668,10 @@ class RegA:
         zero = b.op("mov.b32", Imm(0, "b32"))
         return [[hi[0], hi[1], hi[0], hi[1]], [lo[0], lo[1], zero, zero]], d
 
-    def fragments(self, b, rbase, magic, qs_shift=None):
+    def fragments(self, b, rbase, magic, qs_shift=None, step: int | None = None):
         """The step's A registers from the raw columns at `rbase` (qs_shift: pair c's qs columns past the step
-        layout's, the block box: 2c): slice kk's registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1)."""
+        layout's, the block box: 2c): slice kk's registers (row g, pair 0), (g + 8, 0), (g, 1), (g + 8, 1).
+        `step`: the step's place in its block where the caller knows it (items of whole blocks; RA_STATIC_STEPS)."""
         s, qh, quad, neg1024 = self.s, self.qh, self.quad, self.neg1024
         lo_mask, hi_mask = Imm(0x000F000F, "b32"), Imm(0x00F000F0, "b32")
         scales = {}  # (rr, sb) → (sc', −1024·sc', d, −m_hi, −m_lo) of row row0 + 8·rr, sub-block sb of the pair
@@ -673,8 +680,11 @@ class RegA:
         def shfl(v, src):
             return b.op("shfl.sync.idx.b32", v, src, Imm(0x1F, "b32"), Imm(0xFFFFFFFF, "b32"))
         if self.block_scales:  # this step's values: half c = s & 3 of the block registers, broadcast
-            self._block_scales(b, rbase, magic)
-            sel = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(0x2222, "u32"), Imm(0x1010, "u32"))
+            static = RA_STATIC_STEPS and step is not None
+            if not static or step == 0:
+                self._block_scales(b, rbase, magic, static)
+            sel = (Imm(0x2222 * step + 0x1010, "b32") if static else
+                   b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(0x2222, "u32"), Imm(0x1010, "u32")))
             sc01, sc23, mh01, mh23, ml01, ml23, d0, d1 = self.blk
             sc_m, m_hi, m_lo = (b.op("prmt.b32", x, y, sel) for x, y in ((sc01, sc23), (mh01, mh23), (ml01, ml23)))
             ds = (d0, d1)

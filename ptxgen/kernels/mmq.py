@@ -2667,7 +2667,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                 sl = _block_slot(b, lay)
                 _block_slot_wait(b, lay, sl)
                 slot[:] = [sl, lay.a_slot(sl)]
-            frags = dec.fragments(b, slot[1], magic, b.op("mov.u32", Imm(32 * st, "u32")))
+            frags = dec.fragments(b, slot[1], magic, b.op("mov.u32", Imm(32 * st, "u32")), step=st)
             if st == 3:
                 _block_slot_give(b, lay, slot[0])
             return frags
