@@ -56,7 +56,7 @@ def moe_cases(r, rng, covered, only, n, worst, wrong):
     from ptxgen.runtime import ops
 
     for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q4_K", 128), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64),
-                   ("q6_K", 4), ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64)):
+                   ("q6_K", 4), ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64), ("tq4_1s", 4), ("tq4_1s", 16)):
         m, k, slots = 129, 512, 2  # T = 600: ~300 / 75 / 19 pairs an expert on 4 / 16 / 64: sm_90's 128 / 64 / 32 tiles
         raw = random_raw(fmt, e * m, k, rng)
         w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))

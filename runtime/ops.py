@@ -175,7 +175,15 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
                        sm: int | None = None) -> list[str]:
     """The kernels mul_mat_id launches, in order, for T = t tokens of `slots` experts each over `experts` experts of
     (M, K) = (m, k) on a GPU of compute capability `sm` (default: this process's GPU; give it and nothing needs a
-    GPU: bench_moe's dry run and sanitize.py do; mul_mat_id_plan follows it) with `arch` pinned or not."""
+    GPU: bench_moe's dry run and sanitize.py do; mul_mat_id_plan follows it) with `arch` pinned or not. A rotated
+    codec's (TQ4_1S) route starts with its ROTATION kernel: x rotated once, which every kernel after reads."""
+    from ptxgen import codecs
+
+    rotation = getattr(codecs.get(fmt), "ROTATION", None)
+    return ([rotation] if rotation else []) + _moe_route(fmt, t, slots, experts, k, m, arch, sm)
+
+
+def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch: str | None, sm: int | None) -> list[str]:
     p = t * slots
     if t < MOE_GROUPED_MIN_TOKENS or (p <= 65535 and p * m * k <= _per_format(RULES.moe_pair_max_weights, fmt)):
         return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
@@ -224,14 +232,14 @@ def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
     return spec(built[0] if built else tiles[-1])  # (a tile the format lacks: the next one up)
 
 
-_MOE_FORMATS: list = []  # codecs.dequantizable(), read once (a per-call scan of the codecs cost ~2 µs)
+_MOE_FORMATS: list = []  # codecs.moe(), read once (a per-call scan of the codecs cost ~2 µs)
 
 
 def _moe_format(fmt: str) -> None:
     if not _MOE_FORMATS:
         from ptxgen import codecs
 
-        _MOE_FORMATS.append(codecs.dequantizable())  # the codecs whose lanes give W itself (the MoE GEMVs' FORMATS)
+        _MOE_FORMATS.append(codecs.moe())  # the codecs with lanes (the MoE GEMVs' FORMATS)
     if fmt not in _MOE_FORMATS[0]:
         raise ValueError(f"mul_mat_id: no kernel for {fmt} yet (have: {', '.join(_MOE_FORMATS[0])})")
 
@@ -260,7 +268,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     first, and that upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are
     refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
-    Formats Q4_K, Q5_K, Q6_K, Q8_0, mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches
+    Formats Q4_K, Q5_K, Q6_K, Q8_0, TQ4_1S (x rotated once first, rotate_tq4_1s), mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches
     (thresholds: ptxgen/tuning): one token, or while pairs·M·K ≤ RULES.moe_pair_max_weights, gemv_<fmt>_f32_id over
     (M rows, pairs), each pair reading its expert (fp32, relative error ~1e-6). Else from
     RULES.moe_gemm_min_pairs[fmt] pairs: moe_group (the pairs grouped by expert on the device, a work list of
@@ -383,12 +391,20 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
                      graph=bool(graph), ids_shape=(t, slots))
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
-    idg_args = (w.buffer, pb.x, pb.y, m, k, p, e, expert_bytes, pb.ids, slots, int(x_per_slot))
     route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch)
+    xr = pb.x
+    rotation = getattr(codecs.get(w.fmt), "ROTATION", None)
+    if rotation:  # TQ4_1S: x rotated once into scratch; every kernel below reads that
+        xrows = t * (slots if x_per_slot else 1)
+        xr = pb.scratch((xrows, k), np.float32)
+        nb = xrows * k // 32
+        pb.launch(kernels.load(rotation, arch), ((nb + 7) // 8,), (pb.x, xr, nb))
+        route = route[1:]
+    idg_args = (w.buffer, xr, pb.y, m, k, p, e, expert_bytes, pb.ids, slots, int(x_per_slot))
     fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
     rows = -(-m // int(fn.meta["rows_per_cta"]))
     if len(route) > 1:
-        _record_moe_gemm(pb, w, t, slots, int(x_per_slot), expert_bytes, route[:-1], arch)
+        _record_moe_gemm(pb, w, xr, t, slots, int(x_per_slot), expert_bytes, route[:-1], arch)
         # exact, only where the GEMM's activations overflowed (its gate: the workspace's flag, lowered by its last
         # CTA out, counted in `done`); few CTAs (each loops over experts): a closed gate costs their exits only
         from ptxgen.kernels.gemv_codec import GATED_EXPERT_CTAS
@@ -399,13 +415,13 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     else:
         if p > 65535:  # grid.y
             raise ValueError(f"mul_mat_id: {p} (token, slot) pairs of one token: at most 65535")
-        pb.launch(fn, (rows, p), (w.buffer, pb.x, pb.y, m, k, 1, e, expert_bytes, pb.ids, slots, int(x_per_slot)))
+        pb.launch(fn, (rows, p), (w.buffer, xr, pb.y, m, k, 1, e, expert_bytes, pb.ids, slots, int(x_per_slot)))
     plan = pb.finish(f"mul_mat_id {w.fmt} {e}x{m}x{k} T={t} slots={slots}")
     _remember(w, key, (gen, plan))
     return plan
 
 
-def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: int, route: list, arch) -> None:
+def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes: int, route: list, arch) -> None:
     """The grouped GEMM over its work list (persistent CTAs, at most one per item) behind the grouping: on sm_90
     moe_gather (the grouping, and x in fp16, grouped order, the wgmma build's K order, in one kernel) and the
     register-A wgmma build reading both by tensor map; elsewhere moe_group and the mma.sync build on fp32 x. The GEMM
@@ -427,7 +443,7 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
     ctas = max(1, min(items, gemm.resident_per_sm() * sms))
     if not wg:
         pb.launch(kernels.load(route[0], arch), (1,), grouping)
-        pb.launch(gemm, (ctas,), (w.buffer, pb.x, pb.y, pb.flag, m, k, slots, x_per_slot, expert_bytes, order, offsets,
+        pb.launch(gemm, (ctas,), (w.buffer, x, pb.y, pb.flag, m, k, slots, x_per_slot, expert_bytes, order, offsets,
                                   work, pb.queue))
         return
     x16 = pb.scratch((p, k), np.float16)
@@ -437,7 +453,7 @@ def _record_moe_gemm(pb, w, t: int, slots: int, x_per_slot: int, expert_bytes: i
     k8 = k // 8
     rows = min(-(-p // max(1, min(sms, -(-p * k8 // 1024)))), GATHER_ROWS)
     pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
-              grouping + (pb.x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
+              grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
     tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
     ts = (_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none"),) if iw else ()

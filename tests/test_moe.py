@@ -83,8 +83,8 @@ def test_mul_mat_id_checks_its_arguments_before_any_device_work():
         mul_mat_id(QuantTensor.from_numpy(_experts()[0], "q4_K"), x, ids)
     with pytest.raises(ValueError, match="mode must be 'exact'"):
         mul_mat_id(w, x, ids, mode="fast")
-    with pytest.raises(ValueError, match="no kernel for tq4_1s"):
-        mul_mat_id(QuantTensor.from_numpy(_experts(), "tq4_1s"), x, ids)
+    with pytest.raises(ValueError, match="no kernel for q8_1"):  # (an activation format, no weight codec)
+        mul_mat_id(QuantTensor.from_numpy(_experts(), "q8_1"), x, ids)
     with pytest.raises(ValueError, match=r"ids must have shape \(T, slots\)"):
         mul_mat_id(w, x, ids[0])
     with pytest.raises(ValueError, match=r"x must have shape \(2, 256\) or \(2, 2, 256\)"):
@@ -108,7 +108,7 @@ LOADS = {"one expert takes every token": [[2, 2], [2, 2], [2, 2]],
          "64 pairs, all on one expert": [[2] * 8] * 8}
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
 @pytest.mark.parametrize("load,kind", [(load, kind) for load in LOADS for kind in ("id", "idg")
                                        if kind == "idg" or not load.startswith("64")])  # 64: the grouped build's
 def test_moe_gemv_in_the_emulator(fmt, load, kind):
@@ -135,7 +135,7 @@ def test_grouped_moe_gemv_across_id_windows(fmt, per_slots):
 
 
 @settings(max_examples=8, deadline=None)
-@given(fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0"]), e=st.integers(1, 5), m=st.integers(1, 40),
+@given(fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"]), e=st.integers(1, 5), m=st.integers(1, 40),
        kb=st.integers(1, 3), t=st.integers(1, 6), slots=st.integers(1, 3), seed=st.integers(0, 2**31 - 1),
        arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]), kind=st.sampled_from(["id", "idg"]))
 def test_moe_gemv_drawn_shapes_and_routes(fmt, e, m, kb, t, slots, seed, arch, kind):
@@ -281,6 +281,22 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         assert c[15] == -(-p // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
 
 
+@pytest.mark.parametrize("t,per_slot", [(1, False), (8, False), (8, True)])
+def test_tq4_1s_rotates_x_once_and_every_kernel_reads_the_rotation(monkeypatch, t, per_slot):
+    """TQ4_1S's experts hold rotated-domain weights: mul_mat_id launches rotate_tq4_1s first (x → scratch, every
+    32-element block of every row: T or T x slots rows), then the pair GEMV or the grouped route on that scratch —
+    no later kernel reads x."""
+    rec = _Launches(monkeypatch)
+    w = _fake_experts("tq4_1s", e=8, m=300, k=512)
+    x, ids, out = _fake_call(w, t, 2, per_slot=per_slot)
+    (n0, g0, c0, _), *rest = rec.runs
+    rows = t * (2 if per_slot else 1)
+    assert n0 == "rotate_tq4_1s" and c0[0] == x.ptr and c0[2] == rows * 512 // 32 and g0[0] == -(-c0[2] // 8)
+    assert [r[0] for r in rest][-1] == ("gemv_tq4_1s_f32_id" if t == 1 else "gemv_tq4_1s_f32_idg")
+    for name, _, cells, _ in rest:
+        assert x.ptr not in cells and (c0[1] in cells or name.startswith("mmq_")), name  # the GEMM: x16 by map
+
+
 def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypatch):
     """With rule moe_int_weights_max_pairs set, Q4_K's sm_90 route gathers x with its sub-block sums
     into a scratch of pairs x K / 16 halves and hands the n16 integer-weight build a third tensor map."""
@@ -415,10 +431,11 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
         _grouped_route((5, 130, 512), ids, False, scale, arch, rng, [*route, "gemv_q4_k_f32_idg"])
 
 
-@pytest.mark.parametrize("fmt", ["q5_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q5_K", "q8_0", "tq4_1s"])
 def test_the_codecs_grouped_wgmma_route_in_the_emulator(fmt):
-    """Q5_K's and Q8_0's sm_90 route: their register-A decode in the grouped wgmma build (the dense GEMM's codec,
-    moe_group's work list), x gathered first, the gated GEMV after; within 1e-3 of float64, NaN rows for bad ids."""
+    """Q5_K's, Q8_0's and TQ4_1S's sm_90 route: their register-A decode in the grouped wgmma build (the dense GEMM's
+    codec, moe_group's work list), x gathered first (TQ4_1S: x rotated before, as rotate_tq4_1s does), the gated
+    GEMV after; within 1e-3 of float64, NaN rows for bad ids."""
     rng = np.random.default_rng(11)
     ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
     ids[5, 0] = 4
@@ -431,7 +448,8 @@ def test_the_codecs_grouped_wgmma_route_in_the_emulator(fmt):
 @settings(max_examples=6, deadline=None)
 @given(e=st.integers(1, 40), m=st.integers(1, 200), kb=st.integers(1, 2), t=st.integers(16, 90),
        slots=st.integers(1, 4), per_slot=st.booleans(), seed=st.integers(0, 2**31 - 1),
-       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]), fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0"]))
+       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]),
+       fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"]))
 def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, arch, fmt):
     """The route end to end on drawn (format, E, M, K, T, slots), x shared or per slot, routes drawn with repeats
     and one bad id: M below a tile and past it, one expert or many, both token tiles (BN 64 where pairs ≥ 48 per
@@ -504,11 +522,14 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * scale).astype(np.float32)
     with tuning.override(moe_gemm_min_pairs=1):  # the GEMM route whatever the format's threshold
         route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, sm=90 if arch == "sm_90a" else 89)
+    if fmt == "tq4_1s":  # its rotation first: the kernels below read x rotated (formats.rht_forward, bit for bit)
+        assert route[0] == "rotate_tq4_1s"
+        route = route[1:]
     assert (want_route is None or route == want_route) and len(route) == 3
     group, gemm, idg = (get_kernel(n).for_arch(arch) for n in route)
     p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get(fmt).row_bytes(k)
     mem = _memory()
-    wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
+    wa, xa, ia = mem.alloc(raw), mem.alloc(formats.rht_forward(x) if fmt == "tq4_1s" else x), mem.alloc(ids)
     ya, qa = mem.alloc(p * m * 4, poison=0x11), mem.alloc(8, poison=0)
     oa, fa, ka = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // bn + e))
     ga = mem.alloc(8, poison=0)  # the workspace's flag and its arrival count: zero-kept

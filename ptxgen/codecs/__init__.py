@@ -21,6 +21,11 @@ def dequantizable() -> tuple[str, ...]:
     return tuple(f for f, c in CODECS.items() if hasattr(c, "dequant_lane") and not hasattr(c, "ROTATION"))
 
 
+def moe() -> tuple[str, ...]:
+    """The formats mul_mat_id runs: every codec with lanes (a rotated-domain one, TQ4_1S, on its ROTATION's x)."""
+    return tuple(f for f, c in CODECS.items() if hasattr(c, "dequant_lane"))
+
+
 def get(fmt: str):
     try:
         return CODECS[fmt]

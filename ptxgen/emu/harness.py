@@ -181,7 +181,7 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     mem = _memory()
-    wa, xa, ia = mem.alloc(raw), mem.alloc(x), mem.alloc(ids)
+    wa, xa, ia = mem.alloc(raw), mem.alloc(_moe_x(fmt, x)), mem.alloc(ids)
     ya = mem.alloc(t * slots * m * 4, poison=0x11)  # finite (1e-28): a row never written fails, NaN rows included
     expert_bytes = m * formats.get(fmt).row_bytes(k)
     ga = None if gate is None else mem.alloc(np.array([gate], np.uint32))
@@ -245,6 +245,12 @@ def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, see
     return Outcome("moe_group", not why, "; ".join(why) or f"{len(groups)} experts with pairs, L = {L}", got, None)
 
 
+def _moe_x(fmt: str, x):
+    """The x mul_mat_id's kernels read: x, or for a rotated codec (TQ4_1S) x rotated as its ROTATION kernel does
+    (mul_mat_id launches it first)."""
+    return formats.rht_forward(x) if fmt == "tq4_1s" else x
+
+
 def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, ctas=3,
                  interleave=False, scale=1.0) -> Outcome:
     """mmq_<fmt>_f16_n<BN>_moe: E experts of ggml-quantized (M, K) weights (M past one tile), (T, slots) ids with
@@ -272,7 +278,8 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     for ex, pairs in groups.items():
         order[offsets[ex]:offsets[ex + 1]] = rng.permutation(pairs)  # moe_group's order inside an expert: any
     mem = _memory()
-    wa, xa = mem.alloc(raw), mem.alloc(x)
+    xk = _moe_x(fmt, x)
+    wa, xa = mem.alloc(raw), mem.alloc(xk)
     ya, fa, qa = mem.alloc(t * slots * m * 4, poison=0x11), mem.alloc(4, poison=0), mem.alloc(8, poison=0)
     oa, na = mem.alloc(order), mem.alloc(offsets)
     ka = mem.alloc(np.concatenate([[len(work)], work]).astype(np.uint32))
@@ -282,7 +289,7 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     if "wgmma" in meta.get("mma", ""):  # sm_90a's register-A build: x gathered in grouped order and K-permuted (as
         # moe_gather writes it; its own test checks that bit for bit), both operands by tensor map
         p = max(ids.size, 1)
-        rows = x.reshape(-1, k)[order[:p] if per_slot else order[:p] // slots]
+        rows = xk.reshape(-1, k)[order[:p] if per_slot else order[:p] // slots]
         with np.errstate(over="ignore", invalid="ignore"):
             x16 = rows.astype(np.float16).reshape(p, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(p, k)
         box = meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, a codec's box of whole blocks
@@ -1145,10 +1152,10 @@ for _f in ("q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}_frags"] = _frags(_f)
     for _t in (1, 2, 4, 8, 16):
         HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
-for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
+for _f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)
-for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):
     for _bn in (32, 64):
         HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
 for _bn in (64, 128, 256):
@@ -1157,7 +1164,7 @@ for _bn in (64, 128, 256):
         if _f in ("q8_0", "q5_k"):  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
             HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cx")
 for _bn in (32, 64, 128):
-    for _f in ("q4_k", "q5_k", "q8_0", "q6_k"):
+    for _f in ("q4_k", "q5_k", "q8_0", "q6_k", "tq4_1s"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
 for _bn in (48, 96):  # Q4_K's trial tiles (mmq.GROUPED_WGMMA_TRIAL_TILES; n96: half-block stages)
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)

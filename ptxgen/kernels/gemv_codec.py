@@ -470,7 +470,7 @@ def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_
 
 KERNELS = [KernelDef(name(f, nt), f"{f.upper()} decode GEMV, exact (fp32 x), up to {nt} token(s), weights by the codec",
                      lambda arch, f=f, nt=nt: build(arch, f, nt)) for f in FORMATS for nt in TOKENS]
-MOE_FORMATS = codecs.dequantizable()  # the codecs whose lanes give W itself (TQ4_1S's give the rotated domain's)
+MOE_FORMATS = codecs.moe()  # (TQ4_1S's lanes give the rotated domain's W: mul_mat_id rotates x first)
 KERNELS += [KernelDef(name_id(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, one (token, slot) pair per "
                       "grid row, weights by the codec", lambda arch, f=f: build(arch, f, 1, moe="pair"))
             for f in MOE_FORMATS]

@@ -48,7 +48,7 @@ RAW_ROW = RAW_CODEC.STEP_ROW_BYTES  # bytes per row per stage: 16 header + 32 qs
 PAD_ROW = 144  # bytes per row of the fp16 tiles: 64 halves + 16 bytes of padding
 TOKEN_TILES = (32, 64, 128)
 GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T = 512, top-8 of 128: ~32 pairs)
-GROUPED_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # Q4_K by its raw ring; the others by their codec's run8
+GROUPED_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")  # Q4_K by its raw ring; the others by their codec's run8
 F16_CODECS = codecs.with_route("mmq_f16")  # the dense fp16 mma.sync GEMM's other codecs (sm_89, sm_120a): A by run8
 GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_90a, Q4_K): an expert's pairs per tile
 # ... and tiles between them, not timed yet (so not shipped: rule moe_wgmma_tile_pairs reaches them with an "n48" /
@@ -2718,7 +2718,7 @@ def _block_box(spec: MmqSpec) -> bool:
 def _box_step_mask(spec: MmqSpec) -> int:
     """K-steps a block box serves, less one (the nibble codecs: a block's 4 sub-block pairs)."""
     return getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 4) - 1
-GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0", "q6_K")  # the register-A MoE GEMMs mul_mat_id dispatches
+GROUPED_WGMMA_FORMATS = ("q4_K", "q5_K", "q8_0", "q6_K", "tq4_1s")  # the register-A MoE GEMMs mul_mat_id dispatches
 # _rega_steps' codecs: 16-byte columns a step (header, [qh lo, qh hi,] qs lo, hi), the codecs' NIBBLE_COLUMNS
 NIBBLE_PARTS = {f: c.NIBBLE_COLUMNS for f, c in codecs.CODECS.items() if hasattr(c, "NIBBLE_COLUMNS")}
 RA_CODEC_TOKEN_TILES = (64, 128, 256)

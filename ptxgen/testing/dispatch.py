@@ -75,7 +75,7 @@ def table(monkeypatch) -> dict:
                     for arch in ((None, "sm_89") if ctx.sm == 90 else (None,)):
                         out[f"{dname}|{fmt}|{mode}|{arch or 'auto'}|{m}x{k}"] = _runs(
                             fmt, mode, arch, m, k, TOKENS, label_slices=False)
-        for fmt in codecs.dequantizable():
+        for fmt in codecs.moe():
             for e, slots, m, k in MOE_SHAPES:
                 for arch in ((None, "sm_89") if ctx.sm == 90 else (None,)):
                     out[f"{dname}|{fmt}|mul_mat_id {e} x top-{slots}|{arch or 'auto'}|{m}x{k}"] = _moe_runs(
