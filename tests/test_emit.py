@@ -161,7 +161,7 @@ for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one F
             ["LDG.E.U16.CONSTANT", "PRMT"] if _f == "q6_k" else [])  # Q6_K's wide lanes: 2-byte loads paired
 EXPECTED_SASS["gemv_q6_k_f32_t8"] = ["FFMA", "SHFL.BFLY", "LDG.E.64.CONSTANT", "LDG.E.U16.CONSTANT", "I2FP.F32.S32"]  # 8-weight
 # lanes there (gemv_codec.TUNED): runs of 2, x by 8-byte loads
-for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # mul_mat_id's GEMV: the codec's decode, a shuffle sum, NaN for a bad id
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # mul_mat_id's GEMV: the codec's decode, a shuffle sum, NaN for a bad id
     EXPECTED_SASS[f"gemv_{_f}_f32_id"] = ["FFMA", "SHFL.BFLY", "FSEL"]
     EXPECTED_SASS[f"gemv_{_f}_f32_idg"] = ["FFMA", "SHFL.BFLY", "SHFL.UP", "STS", "LDS", "FSEL"]  # the expert's pairs
 for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the prepared GEMM's fragments from any codec: 16-byte stores
