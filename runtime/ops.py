@@ -392,13 +392,8 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
     route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch)
-    xr = pb.x
-    rotation = getattr(codecs.get(w.fmt), "ROTATION", None)
-    if rotation:  # TQ4_1S: x rotated once into scratch; every kernel below reads that
-        xrows = t * (slots if x_per_slot else 1)
-        xr = pb.scratch((xrows, k), np.float32)
-        nb = xrows * k // 32
-        pb.launch(kernels.load(rotation, arch), ((nb + 7) // 8,), (pb.x, xr, nb))
+    xr = _rotate_x(pb, w.fmt, t * (slots if x_per_slot else 1), k, arch)  # TQ4_1S: every kernel below reads it
+    if xr is not pb.x:
         route = route[1:]
     idg_args = (w.buffer, xr, pb.y, m, k, p, e, expert_bytes, pb.ids, slots, int(x_per_slot))
     fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
@@ -1303,14 +1298,20 @@ def _decode(c: _Call) -> None:
 def _rotated_x(c: _Call):
     """The activation the codec's GEMMs read: x, or for a rotated codec (TQ4_1S) x rotated once by its ROTATION
     kernel into scratch (the GEMM and the fixup then read that)."""
+    return _rotate_x(c.pb, c.w.fmt, c.t, c.k, c.arch)
+
+
+def _rotate_x(pb: PlanBuilder, fmt: str, rows: int, k: int, arch):
+    """pb.x, or for a rotated codec (TQ4_1S) its `rows` x K rows rotated once by the codec's ROTATION kernel into
+    scratch, which the kernels recorded after it read (mul_mat and mul_mat_id alike)."""
     from ptxgen import codecs
 
-    rotation = getattr(codecs.get(c.w.fmt), "ROTATION", None)
+    rotation = getattr(codecs.get(fmt), "ROTATION", None)
     if not rotation:
-        return c.pb.x
-    xa = c.pb.scratch((c.t, c.k), np.float32)
-    nb = c.t * c.k // 32
-    c.pb.launch(kernels.load(rotation, c.arch), ((nb + 7) // 8,), (c.pb.x, xa, nb))
+        return pb.x
+    xa = pb.scratch((rows, k), np.float32)
+    nb = rows * k // 32
+    pb.launch(kernels.load(rotation, arch), ((nb + 7) // 8,), (pb.x, xa, nb))
     return xa
 
 

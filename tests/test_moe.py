@@ -513,7 +513,7 @@ def test_the_static_block_steps_give_the_run_time_tests_bits(name, monkeypatch):
 
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
     from ptxgen import tuning
-    from ptxgen.emu.harness import BACKEND, _memory, _run
+    from ptxgen.emu.harness import BACKEND, _memory, _moe_x, _run
     from ptxgen.runtime import ops
 
     e, m, k = shape
@@ -529,7 +529,7 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     group, gemm, idg = (get_kernel(n).for_arch(arch) for n in route)
     p, bn, eb = t * slots, gemm.meta["bn"], m * formats.get(fmt).row_bytes(k)
     mem = _memory()
-    wa, xa, ia = mem.alloc(raw), mem.alloc(formats.rht_forward(x) if fmt == "tq4_1s" else x), mem.alloc(ids)
+    wa, xa, ia = mem.alloc(raw), mem.alloc(_moe_x(fmt, x)), mem.alloc(ids)
     ya, qa = mem.alloc(p * m * 4, poison=0x11), mem.alloc(8, poison=0)
     oa, fa, ka = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF), mem.alloc(4 * (1 + p // bn + e))
     ga = mem.alloc(8, poison=0)  # the workspace's flag and its arrival count: zero-kept
