@@ -234,7 +234,11 @@ def run_shape(torch, args, fmt, shape, tokens):
     raw = random_raw(fmt, e * m, k, np.random.default_rng(0))
     ws = [r.QuantTensor.from_raw(fmt, raw, (e, m, k)).to_device()
           for _ in range(max(copies_for(used[t] * eb) for t in tokens))]
-    base16 = torch.as_tensor(r.dequantize(ws[0]), device="cuda")
+    from ptxgen import codecs, formats
+    if fmt in codecs.dequantizable():
+        base16 = torch.as_tensor(r.dequantize(ws[0]), device="cuda")
+    else:  # no GPU dequant kernel (TQ4_1S): the host reference, original domain, rounded to fp16
+        base16 = torch.as_tensor(formats.dequantize(fmt, raw, (e * m, k)).reshape(e, m, k), device="cuda").half()
     w16s = [base16] + [base16.clone() for _ in range(max(copies_for(2 * used[t] * m * k) for t in tokens) - 1)]
     return [run_cell(torch, args, fmt, shape, t, routes[t], ws[:copies_for(used[t] * eb)],
                      w16s[:copies_for(2 * used[t] * m * k)]) for t in tokens]
