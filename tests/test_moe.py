@@ -495,9 +495,9 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
 
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n64_moe", "mmq_q4_k_wgmma_ra_n96_moe"])
 def test_the_static_block_steps_give_the_run_time_tests_bits(name, monkeypatch):
-    """codecs.q4_k.RA_STATIC_STEPS (not shipped until timed): the grouped builds' register-A decode with the block's
-    scales decoded at its step 0 without the run-time test, each step's pick by a constant — the same y bit for bit,
-    with fewer instructions."""
+    """codecs.q4_k.RA_STATIC_STEPS (shipped; False for A/B probes): the grouped builds' register-A decode with the
+    block's scales decoded at its step 0 without the run-time test, each step's pick by a constant — the same y bit
+    for bit, with fewer instructions."""
     from ptxgen.codecs import q4_k
 
     outs = []

@@ -191,9 +191,10 @@ NEG_1024_F16X2 = 0xE400E400  # −1024 in both halves
 # from the header every step (the same values: bits unchanged). False: the per-step decode (for A/B probes).
 RA_BLOCK_SCALES = True
 # ... and where the caller names the step of the block (fragments' `step`: the grouped builds, whose items are whole
-# blocks), at step 0 without the run-time test and its branch, each step's pick by a constant selector. Not timed yet
-# (False: the run-time test at every step, as shipped; bench/NOTES.md 2026-12-04).
-RA_STATIC_STEPS = False
+# blocks), at step 0 without the run-time test and its branch, each step's pick by a constant selector: same bits,
+# mmq_q4_k_wgmma_ra_n64_moe 1496 -> 1328 SASS, 128 x top-8 T = 512 87.9 -> 86.1 µs graph on the H200
+# (probe_moe_static_steps_0f26630.log). False: the run-time test at every step (for A/B probes).
+RA_STATIC_STEPS = True
 
 
 def scale_ints(b, hdr, sub, dscale):
