@@ -1,6 +1,9 @@
 """mul_mat_id (MoE) without a GPU: expert tensors (E, M, K) in QuantTensor and GGUF, the op's argument checks
 before any device work, and its decode GEMV gemv_<fmt>_f32_id in the emulator against formats.mul_mat_id_ref over
 skewed, empty, duplicate and out-of-range expert loads."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -491,6 +494,29 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
     with tuning.override(moe_int_weights_max_pairs=0, moe_wgmma_tile_pairs={f"n{bn}": 1}):
         _grouped_route((3, 130, 768), ids, False, 1.0, "sm_90a", rng,
                        ["moe_gather", f"mmq_q4_k_wgmma_ra_n{bn}_moe", "gemv_q4_k_f32_idg"])
+
+
+@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_iw_n16_moe", "mmq_q4_k_wgmma_ra_n32_moe"])
+def test_the_trace_build_records_every_item_once(name, monkeypatch):
+    """kernels/mmq.py GROUPED_TRACE (bench/probe_moe_trace.py's diagnostic build, never shipped): each work item's
+    record (CTA, SM, start, end) at y + 16·item, read back by the probe's own parser — every item once, each CTA's
+    items in the order it ran them, every end after its start; the shipped build has no trace."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from probe_moe_trace import records, summarize
+    from ptxgen.kernels import mmq
+
+    assert "globaltimer" not in get_kernel(name).for_arch("sm_90a").ptx()
+    monkeypatch.setattr(mmq, "GROUPED_TRACE", True)
+    out = check_kernel(name, get_kernel(name).for_arch("sm_90a").ptx(), seed=5, ctas=3)
+    items = int(out.detail.split(" entries, ")[1].split(" items")[0])
+    words = np.asarray(out.got, np.float64).astype(np.float32).ravel().view(np.uint32)
+    rec = records(words[:4 * items])  # (past them: the harness's poison; the probe zeroes y first)
+    assert sorted(rec[:, 0]) == list(range(items)) and (rec[:, 4] > rec[:, 3]).all()
+    assert set(rec[:, 1]) <= {0, 1, 2} and (rec[:, 2] == rec[:, 1]).all()  # the emulator: a CTA an SM
+    for c in set(rec[:, 1]):
+        mine = rec[rec[:, 1] == c]
+        assert (np.diff(mine[np.argsort(mine[:, 3]), 4]) > 0).all()
+    assert summarize(rec, 4)[0].startswith(f"{items} items")
 
 
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n64_moe", "mmq_q4_k_wgmma_ra_n96_moe"])

@@ -518,6 +518,11 @@ class Emulator(HopperOps):
             return (idx % 32).astype(np.uint32)
         if name == "warpid":
             return (idx // 32).astype(np.uint32)
+        if name == "smid":  # one emulated CTA an SM
+            return np.full(idx.size, self.cta.ctaid[0], np.uint32)
+        if name == "globaltimer_lo":  # a clock that only moves forward (trace builds: bench/probe_moe_trace.py)
+            self._ticks = getattr(self, "_ticks", 0) + 1
+            return np.full(idx.size, self._ticks, np.uint32)
         raise Unsupported(f"special register {tok}")
 
     def _val(self, tok: str, t: str, idx) -> np.ndarray:
@@ -527,7 +532,7 @@ class Emulator(HopperOps):
                 return typed(self._reg(tok, idx), t)
             if tok.split(".")[0][1:] in ("tid", "ntid", "ctaid", "nctaid", "laneid", "warpid", "cluster_ctarank",
                                          "cluster_nctarank", "cluster_ctaid", "cluster_nctaid", "clusterid",
-                                         "nclusterid"):
+                                         "nclusterid", "smid", "globaltimer_lo"):
                 return self._special(tok, idx).astype(_NP[t]) if t != "pred" else self._special(tok, idx) != 0
             return typed(self._reg(tok, idx), t)
         if tok in self.mod.shared:

@@ -1482,6 +1482,9 @@ CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are 
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
 PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_TRIAL_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
+GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
+# writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
+# at y + 16·item instead of the item's y rows
 HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stage holds 2 K-steps (half a block), so
 # that two CTAs' stages and A slots fit an SM (n96: 2 x 24 KB of stages + 2 x 20 KB A slots a CTA)
 
@@ -2426,6 +2429,7 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     b.emit("add.u32", jc, jc, Imm(1, "u32"))
     b.bra(c_end, pred=b.op("setp.ge.u32", item, w.items))
     it = _wgmma_decode(b, spec, w, item)
+    t0 = b.special("globaltimer_lo") if w.groups is not None and GROUPED_TRACE else None
     split_k = None if w.groups is not None else b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
     out, ym = acc, None
     if spec.int_weights:  # y (fp32 sums of the blocks scaled by d) and the min term's MMA accumulator ym apart from
@@ -2448,6 +2452,14 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
     if CL > 1:  # an odd last group's second M-tile lies past M: it only took part in the multicast ring
         b.bra(c_item, pred=b.op("setp.ge.u32", it.tm, w.tiles_m))
+    if t0 is not None:  # the trace build: the item's record, not its y rows
+        rec = b.op("mad.wide.u32", item, Imm(16, "u32"), w.Y0)
+        b.emit("st.global.v4.u32", Mem(rec), b.vec([b.special("ctaid.x"), b.special("smid"), t0,
+                                                    b.special("globaltimer_lo")]),
+               pred=b.op("setp.eq.u32", ct, Imm(0, "u32")))
+        b.bra(c_item)
+        b.place(c_end)
+        return
     if w.groups is not None:  # mul_mat_id: tile column n → y's row order[n] (the pair), masked to the expert's
         from .mmq_moe import scatter_rows
 
