@@ -518,8 +518,8 @@ class Emulator(HopperOps):
             return (idx % 32).astype(np.uint32)
         if name == "warpid":
             return (idx // 32).astype(np.uint32)
-        if name == "smid":  # one emulated CTA an SM
-            return np.full(idx.size, self.cta.ctaid[0], np.uint32)
+        if name == "smid":  # two emulated CTAs an SM (as the paired grouped builds run): CTAs 2s and 2s + 1 on SM s
+            return np.full(idx.size, self.cta.ctaid[0] // 2, np.uint32)
         if name == "globaltimer_lo":  # a clock that only moves forward (trace builds: bench/probe_moe_trace.py)
             self._ticks = getattr(self, "_ticks", 0) + 1
             return np.full(idx.size, self._ticks, np.uint32)
