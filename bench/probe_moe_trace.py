@@ -6,6 +6,7 @@ timing of record). Prints per T the kernel's span, the items' durations, how the
 spread over the SMs and the CTAs, and the tail: what ran after most SMs were done.
 
 usage: python3 bench/probe_moe_trace.py --moe 128:8 --shape 768x2048 --tokens 32,512 [--format q4_K] [--dump F]
+       [--variant 'quota: mmq.GROUPED_SM_QUOTA=True']   (build attributes set beside the trace, as probe_build_ab's)
 """
 import argparse
 import sys
@@ -68,12 +69,13 @@ def main():
     ap.add_argument("--tokens", default="32,512")
     ap.add_argument("--format", default="q4_K")
     ap.add_argument("--dump", default=None, help="write every T's records (item, cta, sm, start, end) to this .npz")
+    ap.add_argument("--variant", default=None, help="'name: mod.ATTR=literal; ...' set beside the trace")
     args = ap.parse_args()
     import torch
 
     import ptxgen.runtime as r
     from bench_moe import routing
-    from probe_build_ab import restore, swap
+    from probe_build_ab import parse_variant, restore, swap
     from ptxgen.kernels import mmq
     from ptxgen.runtime import driver
     from ptxgen.testing.strategies import random_raw
@@ -84,6 +86,9 @@ def main():
     w = r.QuantTensor.from_raw(fmt, random_raw(fmt, e * m, k, np.random.default_rng(0)), (e, m, k)).to_device()
     sms = driver.current().sm_count
     dumps = {}
+    extra = parse_variant(args.variant)[1] if args.variant else []
+    if any(m_ == "rule" for m_, _, _ in extra):
+        raise SystemExit("--variant: build attributes only (no rule.NAME)")
     for t in map(int, args.tokens.split(",")):
         ids = torch.as_tensor(routing(e, top, t), device="cuda")
         x = torch.randn(t, k, device="cuda")
@@ -94,7 +99,7 @@ def main():
         if not gemm:
             print("no grouped GEMM on this route")
             continue
-        old = swap(gemm, [(mmq, "GROUPED_TRACE", True)])
+        old = swap(gemm, [(mmq, "GROUPED_TRACE", True)] + extra)
         try:
             w._plans.clear()
             for _ in range(3):
