@@ -518,6 +518,22 @@ def test_the_per_sm_claim_quota_keeps_the_bits(name, monkeypatch):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_the_integer_weight_build_at_one_cta_an_sm_keeps_the_bits(monkeypatch):
+    """kernels/mmq.py IW_CTAS = 1 (not shipped until timed): the integer-weight build at one CTA an SM, setmaxnreg's
+    232 consumer registers and the deep ring the SM's shared memory holds — y bit for bit the shipped build's."""
+    from ptxgen.kernels import mmq
+
+    name, outs = "mmq_q4_k_wgmma_iw_n16_moe", []
+    for ctas in (2, 1):
+        monkeypatch.setattr(mmq, "IW_CTAS", ctas)
+        k = get_kernel(name).for_arch("sm_90a")
+        assert k.meta["ctas_per_sm"] == ctas and (k.meta["stages"] > 6) == (ctas == 1)
+        out = check_kernel(name, k.ptx(), seed=8, ctas=3, interleave=True, shape=(4, 300, 768))
+        assert out.ok, out.detail
+        outs.append(np.asarray(out.got, np.float64).astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_iw_n16_moe", "mmq_q4_k_wgmma_ra_n32_moe"])
 def test_the_trace_build_records_every_item_once(name, monkeypatch):
     """kernels/mmq.py GROUPED_TRACE (bench/probe_moe_trace.py's diagnostic build, never shipped): each work item's

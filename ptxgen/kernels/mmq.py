@@ -1481,6 +1481,10 @@ CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are 
 # the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
+# the integer-weight build's CTAs an SM: 2 (shipped), or 1 (its ring as deep as _deep_ring allows; not timed). Traced
+# at T = 32 (bench/NOTES.md 2026-12-04) its items ran 6 µs alone on an SM and 11-12 two at once, so the SM is the
+# unit; one CTA an SM would let the queue balance SMs. Three lost (2026-12-04: 68 KB rings, 72 registers).
+IW_CTAS = 2
 PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_TRIAL_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
 GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
 # writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
@@ -1499,6 +1503,8 @@ HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stag
 def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     """(CTAs an SM, producer registers, consumer registers) of a wgmma build: one CTA with setmaxnreg's 40 / 232,
     or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS."""
+    if spec.int_weights and IW_CTAS == 1:
+        return 1, PRODUCER_REGS, CONSUMER_REGS
     if spec.grouped and spec.bn <= PAIRED_MAX_BN:
         return 2, PAIRED_REGS[1], PAIRED_REGS[2]
     return 1, PRODUCER_REGS, CONSUMER_REGS
