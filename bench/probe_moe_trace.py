@@ -6,7 +6,7 @@ timing of record). Prints per T the kernel's span, the items' durations, how the
 spread over the SMs and the CTAs, and the tail: what ran after most SMs were done.
 
 usage: python3 bench/probe_moe_trace.py --moe 128:8 --shape 768x2048 --tokens 32,512 [--format q4_K] [--dump F]
-       [--variant 'quota: mmq.GROUPED_SM_QUOTA=True']   (build attributes set beside the trace, as probe_build_ab's)
+       [--variant 'name: mod.ATTR=literal; ...']   (build attributes set beside the trace, as probe_build_ab's)
 """
 import argparse
 import sys

@@ -452,11 +452,7 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
     tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
     ts = (_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
-    from ptxgen.kernels.mmq import SM_TABLE
-
-    # a build with mmq.GROUPED_SM_QUOTA (not shipped) takes its per-SM claim counts too (zero-kept)
-    quota = (pb.counters(4 * SM_TABLE),) if gemm.params[-1]["name"] == "sm_items" else ()
-    pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue, *quota), pdl=True)
+    pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
 
 
 def _remember(w: QuantTensor, key, entry) -> None:

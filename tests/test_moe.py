@@ -496,44 +496,6 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
                        ["moe_gather", f"mmq_q4_k_wgmma_ra_n{bn}_moe", "gemv_q4_k_f32_idg"])
 
 
-@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_iw_n16_moe", "mmq_q4_k_wgmma_ra_n64_moe", "mmq_q8_0_wgmma_ra_n32_moe",
-                                  "mmq_q6_k_wgmma_ra_n32_moe"])
-def test_the_per_sm_claim_quota_keeps_the_bits(name, monkeypatch):
-    """kernels/mmq.py GROUPED_SM_QUOTA (not shipped until timed): producers past their SM's share of the items wait
-    for their ring to drain before the next claim. In the emulator 3 CTAs share 2 SMs (%smid = %ctaid / 2): SM 0's
-    two CTAs go past its half of the items, so the waits happen. y is the shipped build's bit for bit (an item's
-    sums do not depend on the CTA that runs it), the queue and the per-SM counts end at zero (the harness checks
-    both), block stages, step stages (Q8_0) and box slots (Q6_K) alike."""
-    from ptxgen.kernels import mmq
-
-    outs = []
-    for quota in (False, True):
-        monkeypatch.setattr(mmq, "GROUPED_SM_QUOTA", quota)  # (the emulator's %smid: two CTAs an SM)
-        ptx = get_kernel(name).for_arch("sm_90a").ptx()
-        assert ("%smid" in ptx) == quota
-        out = check_kernel(name, ptx, seed=7, ctas=3, interleave=True,
-                           shape=(4, 300, 2048 if "q6_k" in name else 512 if "q8_0" in name else 768))
-        assert out.ok, out.detail
-        outs.append(np.asarray(out.got, np.float64).astype(np.float32).view(np.uint32))
-    np.testing.assert_array_equal(outs[0], outs[1])
-
-
-def test_the_integer_weight_build_at_one_cta_an_sm_keeps_the_bits(monkeypatch):
-    """kernels/mmq.py IW_CTAS = 1 (not shipped until timed): the integer-weight build at one CTA an SM, setmaxnreg's
-    232 consumer registers and the deep ring the SM's shared memory holds — y bit for bit the shipped build's."""
-    from ptxgen.kernels import mmq
-
-    name, outs = "mmq_q4_k_wgmma_iw_n16_moe", []
-    for ctas in (2, 1):
-        monkeypatch.setattr(mmq, "IW_CTAS", ctas)
-        k = get_kernel(name).for_arch("sm_90a")
-        assert k.meta["ctas_per_sm"] == ctas and (k.meta["stages"] > 6) == (ctas == 1)
-        out = check_kernel(name, k.ptx(), seed=8, ctas=3, interleave=True, shape=(4, 300, 768))
-        assert out.ok, out.detail
-        outs.append(np.asarray(out.got, np.float64).astype(np.float32).view(np.uint32))
-    np.testing.assert_array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_iw_n16_moe", "mmq_q4_k_wgmma_ra_n32_moe"])
 def test_the_trace_build_records_every_item_once(name, monkeypatch):
     """kernels/mmq.py GROUPED_TRACE (bench/probe_moe_trace.py's diagnostic build, never shipped): each work item's
@@ -550,7 +512,7 @@ def test_the_trace_build_records_every_item_once(name, monkeypatch):
     words = np.asarray(out.got, np.float64).astype(np.float32).ravel().view(np.uint32)
     rec = records(words[:4 * items])  # (past them: the harness's poison; the probe zeroes y first)
     assert sorted(rec[:, 0]) == list(range(items)) and (rec[:, 4] > rec[:, 3]).all()
-    assert set(rec[:, 1]) <= {0, 1, 2} and (rec[:, 2] == rec[:, 1] // 2).all()  # the emulator: two CTAs an SM
+    assert set(rec[:, 1]) <= {0, 1, 2} and (rec[:, 2] == rec[:, 1]).all()  # the emulator: a CTA an SM
     for c in set(rec[:, 1]):
         mine = rec[rec[:, 1] == c]
         assert (np.diff(mine[np.argsort(mine[:, 3]), 4]) > 0).all()
@@ -609,13 +571,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B")
         ts = (BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
-        from ptxgen.kernels.mmq import SM_TABLE
-
-        sm = mem.alloc(4 * SM_TABLE, poison=0)  # (a mmq.GROUPED_SM_QUOTA build's per-SM claim counts)
-        quota = (sm,) if "sm_items" in gemm.ptx() else ()
-        _run(gemm.ptx(), (2,), (384,), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa, *quota), mem,
+        _run(gemm.ptx(), (2,), (384,), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa), mem,
              dynamic_smem=gemm.meta["dynamic_smem"])
-        assert not mem.view(sm, np.uint32, (SM_TABLE,)).any()  # every CTA took its per-SM counts back
     else:
         _run(group.ptx(), (1,), (1024,), grouping, mem)
         _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,

@@ -299,13 +299,8 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         if "int_weights" in meta:  # the integer-weight build: the rows' sub-block sums too, as the gather writes them
             xs = gather_sub_block_sums(rows)
             ts = (BACKEND[-1].tensor_map(mem, mem.alloc(xs), "f16", p, k // 16, bn, 8, "none"),)
-        from ptxgen.kernels.mmq import SM_TABLE
-
-        sm = mem.alloc(4 * SM_TABLE, poison=0)  # the per-SM claim counts of a mmq.GROUPED_SM_QUOTA build
-        quota = (sm,) if "sm_items" in ptx else ()
-        _run(ptx, grid, (384,), (tw, tx, *ts, ya, m, k, oa, na, ka, qa, *quota), mem,
-             dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)
-        assert not mem.view(sm, np.uint32, (SM_TABLE,)).any(), "the per-SM claim counts were not taken back"
+        _run(ptx, grid, (384,), (tw, tx, *ts, ya, m, k, oa, na, ka, qa), mem, dynamic_smem=meta["dynamic_smem"],
+             seed=seed, interleave=interleave)
     else:
         _run(ptx, grid, (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na, ka, qa), mem,
              dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)

@@ -1481,21 +1481,10 @@ CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are 
 # the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
-# the integer-weight build's CTAs an SM: 2 (shipped), or 1 (its ring as deep as _deep_ring allows; not timed). Traced
-# at T = 32 (bench/NOTES.md 2026-12-04) its items ran 6 µs alone on an SM and 11-12 two at once, so the SM is the
-# unit; one CTA an SM would let the queue balance SMs. Three lost (2026-12-04: 68 KB rings, 72 registers).
-IW_CTAS = 2
 PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_TRIAL_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
 GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
 # writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
 # at y + 16·item instead of the item's y rows
-GROUPED_SM_QUOTA = False  # not shipped until timed (bench/NOTES.md 2026-12-04, the trace): the grouped builds'
-# producers count their SM's claims in sm_items[%smid] (SM_TABLE entries; an SM id past them: no count) and, past
-# ceil(items / SMs) there, claim the next item only once the ring has drained (their consumers are at the current
-# item's end), so that the items past the mean go to the SMs below it first rather than to both CTAs of one SM. A
-# soft limit: every CTA claims until the queue is dry (an SM without a CTA never holds work back), and each CTA
-# takes its counts back as it leaves (the table is zero after every launch).
-SM_TABLE = 512
 HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stage holds 2 K-steps (half a block), so
 # that two CTAs' stages and A slots fit an SM (n96: 2 x 24 KB of stages + 2 x 20 KB A slots a CTA)
 
@@ -1503,8 +1492,6 @@ HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stag
 def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     """(CTAs an SM, producer registers, consumer registers) of a wgmma build: one CTA with setmaxnreg's 40 / 232,
     or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS."""
-    if spec.int_weights and IW_CTAS == 1:
-        return 1, PRODUCER_REGS, CONSUMER_REGS
     if spec.grouped and spec.bn <= PAIRED_MAX_BN:
         return 2, PAIRED_REGS[1], PAIRED_REGS[2]
     return 1, PRODUCER_REGS, CONSUMER_REGS
@@ -1826,7 +1813,6 @@ class _WgGroups(NamedTuple):
     OFF: Reg
     WRK: Reg
     L1: Reg
-    sm_p: object = None  # the sm_items parameter (GROUPED_SM_QUOTA)
 
 
 class _WgItem(NamedTuple):
@@ -1903,9 +1889,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
         m_p, k_p = b.param("m", "u32"), b.param("k", "u32")
         grp_p = [b.param(n, "u64", "ptr:scratch") for n in ("order", "offsets", "work")]
         c_p = b.param("queue", "u64", "ptr:scratch")
-        # GROUPED_SM_QUOTA's table (zero-kept), a parameter of the quota builds only (the runtime passes it where
-        # the kernel has it)
-        sm_p = b.param("sm_items", "u64", "ptr:scratch") if GROUPED_SM_QUOTA else None
     else:
         m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     ra, CX = spec.a_regs, spec.convert
@@ -1932,7 +1915,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     CL = spec.cluster
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
     if G:
-        w = _grouped_work(b, Y0, Q, m_p, k_p, grp_p, sm_p)
+        w = _grouped_work(b, Y0, Q, m_p, k_p, grp_p)
     else:
         P, C = b.ptr(pt_p), b.ptr(ct_p)
         M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
@@ -2104,7 +2087,7 @@ def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     return _WgItem(tm, z, tn, s_begin, s_end, m0, n0)
 
 
-def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, sm_p=None) -> _WgWork:
+def _grouped_work(b, Y0, Q, m_p, k_p, grp_p) -> _WgWork:
     """The grouped build's _WgWork: M, K, moe_group's grouping and items = M tiles x work-list entries (read from
     work[0], which moe_group wrote before this launch in stream order). No splits, no partials."""
     M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
@@ -2114,7 +2097,7 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, sm_p=None) -> _WgWork:
     b.emit("griddepcontrol.wait")
     L = b.op("ld.global.u32", Mem(WRK))
     tiles_m = _tiles_m(b, M)
-    groups = _WgGroups(ORD, OFF, WRK, b.op("max.u32", L, Imm(1, "u32")), sm_p)
+    groups = _WgGroups(ORD, OFF, WRK, b.op("max.u32", L, Imm(1, "u32")))
     return _WgWork(Y0, Q, None, None, M, K, None, None, None, None, tiles_m, b.op("mul.lo.u32", tiles_m, L),
                    b.op("shr.u32", K, Imm(6, "u32")), None, [], groups)
 
@@ -2201,14 +2184,11 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     b.emit("griddepcontrol.wait")
     g = b.op("mov.u32", Imm(0, "u32"))  # K-steps issued so far (ring position)
     j = b.op("mov.u32", Imm(0, "u32"))  # items claimed so far
-    quota = _sm_quota_setup(b, spec, w)
     p_item, p_end = b.label("p_item"), b.label("p_queue_empty")
     b.place(p_item)
     sl = b.op("and.b32", j, Imm(1, "b32"))
     ph = b.op("and.b32", b.op("shr.u32", j, Imm(1, "u32")), Imm(1, "b32"))
     _wait(b, lay.item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
-    if quota is not None:
-        _sm_quota_claim(b, lay, quota, g)
     item = b.reg("u32")
     if CL > 1:  # static: both CTAs of a cluster walk the same items
         b.emit("mad.lo.u32", item, j, ncl, cid)
@@ -2233,8 +2213,6 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     b.bra(p_step, pred=b.op("setp.lt.u32", s, it.s_end))
     b.bra(p_item)
     b.place(p_end)
-    if quota is not None:  # this CTA's counts back: the table is zero once every CTA has left
-        b.emit("red.global.add.u32", Mem(quota[1]), b.op("sub.u32", Imm(0, "u32"), quota[3]), pred=quota[0])
     if CL == 1:  # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
         _wgmma_queue_reset(b, spec, w, XR, XS)
     b.place(pdone)
@@ -2242,36 +2220,6 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         b.bra(cl_exit)
     else:
         b.emit("ret")
-
-
-def _sm_quota_setup(b, spec: MmqSpec, w: _WgWork):
-    """GROUPED_SM_QUOTA's producer state: (inside the table?, this SM's entry, the quota, this CTA's counts)."""
-    if not (spec.grouped and GROUPED_SM_QUOTA):
-        return None
-    smid = b.special("smid")
-    inside = b.op("setp.lt.u32", smid, Imm(SM_TABLE, "u32"))
-    entry = b.op("mad.wide.u32", smid, Imm(4, "u32"), b.ptr(w.groups.sm_p))
-    per = _wg_regs(spec)[0]  # CTAs an SM
-    sms = b.op("div.u32", b.op("add.u32", b.special("nctaid.x"), Imm(per - 1, "u32")), Imm(per, "u32"))
-    quota = b.op("div.u32", b.op("add.u32", w.items, b.op("sub.u32", sms, Imm(1, "u32"))), sms)
-    return inside, entry, quota, b.op("mov.u32", Imm(0, "u32"))
-
-
-def _sm_quota_claim(b, lay: _WgRing, quota, g):
-    """Before a claim: count it at this SM; past the quota (and with K-steps issued) wait until the consumers
-    released the last issued stage — the current item's K loop is done — then claim as before."""
-    inside, entry, q, mine = quota
-    old = b.op("mov.u32", Imm(0, "u32"))
-    b.emit("atom.global.add.u32", old, Mem(entry), Imm(1, "u32"), pred=inside)
-    b.emit("add.u32", mine, mine, Imm(1, "u32"), pred=inside)
-    claim = b.label("sm_quota_ok")
-    over = b.op("and.pred", b.op("and.pred", inside, b.op("setp.ge.u32", old, q)),
-                b.op("setp.gt.u32", g, Imm(0, "u32")))
-    b.bra(claim, pred=over, neg=True, uniform=False)
-    blk = b.op("shr.u32", b.op("sub.u32", g, Imm(1, "u32")), Imm(lay.bs.bit_length() - 1, "u32"))
-    _wait(b, lay.empty(b.op("rem.u32", blk, Imm(lay.S, "u32"))),
-          b.op("and.b32", b.op("div.u32", blk, Imm(lay.S, "u32")), Imm(1, "b32")))
-    b.place(claim)
 
 
 def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, s, need, tw, tx, mask, XR, XS,
