@@ -277,7 +277,8 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate and c3[12] == gate + 4
     assert [ln.pdl for ln in plan.launches[:2]] == [True, True]  # moe_gather waits (pdl_head) before it reads
-    for t, bn in ((95, 32), (96, 64), (511, 64), (512, 128)):  # from 24 pairs per expert n64, from 128 n128
+    for t, bn in ((95, 32), (96, 48), (143, 48), (144, 64), (511, 64), (512, 128)):  # from 24 pairs per expert n48,
+        # from 36 n64, from 128 n128
         plan = ops.mul_mat_id_plan(w, t, 2)
         assert plan.kernels[1] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
         (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, whole rows, ~1024 groups a CTA a round

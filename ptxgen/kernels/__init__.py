@@ -71,9 +71,9 @@ NOT_SHIPPED = {
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
 }
-NOT_SHIPPED.update({f"mmq_q4_k_wgmma_ra_n{bn}_moe": "a MoE token tile between the shipped ones, not timed yet: rule "
-                    f"moe_wgmma_tile_pairs with an \"n{bn}\" entry reaches it (kernels/mmq.py GROUPED_WGMMA_TRIAL_TILES)"
-                    for bn in (48, 96)})
+NOT_SHIPPED["mmq_q4_k_wgmma_ra_n96_moe"] = ("a MoE token tile between n64 and n128: slower than n64 at 32 x top-4 "
+                                            "T = 512 (69.7 -> 72.8 graph µs, bench/NOTES.md 2026-12-04); rule "
+                                            "moe_wgmma_tile_pairs with an \"n96\" entry reaches it")
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: Q6_K's measured slower than two "
                     "8-token launches (probe_gemv_codec_shapes_852097d.log), Q8_0's not timed yet" for f in ("q6_k", "q8_0")})
 NOT_SHIPPED.update({f"gemv_{f}_mma_n16": "the codecs' tensor-core GEMV for 9-16 tokens: slower than the register-A "

@@ -51,10 +51,10 @@ GROUPED_TOKEN_TILES = (32, 64)  # the MoE GEMM's pairs per tile (an expert at T 
 GROUPED_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")  # Q4_K by its raw ring; the others by their codec's run8
 F16_CODECS = codecs.with_route("mmq_f16")  # the dense fp16 mma.sync GEMM's other codecs (sm_89, sm_120a): A by run8
 GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_90a, Q4_K): an expert's pairs per tile
-# ... and tiles between them, not timed yet (so not shipped: rule moe_wgmma_tile_pairs reaches them with an "n48" /
-# "n96" entry): an expert's ~32 or ~64 pairs (bench_moe's T = 512) in one tile where n32 / n64 take a second for the
-# ~half of experts above the mean (the grouped GEMM's cost is per item: the tile's weights decoded once), at 2 CTAs
-# an SM (n96: half-block stages)
+# ... and Q4_K's tiles between them: an expert's ~32 or ~64 pairs (bench_moe's T = 512) in one tile with less MMA and
+# B traffic than the next tile up (the grouped GEMM's cost is per item: the tile's weights decoded once), at 2 CTAs
+# an SM (n96: half-block stages). n48 ships (rule moe_wgmma_tile_pairs: 24-35 pairs an expert, 3-5% faster than n64
+# there, probe_n48_*_3e5a4f9.log); n96 measured slower than n64 (bench/NOTES.md, 2026-12-04) and is not shipped.
 GROUPED_WGMMA_TRIAL_TILES = (48, 96)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
@@ -3078,8 +3078,8 @@ def kernel_defs() -> list[KernelDef]:
                    archs=("sm_90a",))
          for f in GROUPED_WGMMA_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True).name,
-                   f"Q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles (a trial tile: "
-                   f"GROUPED_WGMMA_TRIAL_TILES)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s),
+                   f"Q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles (between the "
+                   f"formats' tiles: GROUPED_WGMMA_TRIAL_TILES)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s),
                    archs=("sm_90a",))
          for bn in GROUPED_WGMMA_TRIAL_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True).name,
