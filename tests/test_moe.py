@@ -497,6 +497,24 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
                        ["moe_gather", f"mmq_q4_k_wgmma_ra_n{bn}_moe", "gemv_q4_k_f32_idg"])
 
 
+@pytest.mark.parametrize("variant", ["nodecode", "skeleton", "skeleton_noa_nob"])
+def test_the_skeleton_builds_drop_only_what_they_name(variant, monkeypatch):
+    """kernels/mmq.py GROUPED_SKELETON (a timing-only diagnostic, never shipped): the n48 build without its decode,
+    its MMAs or its loads still assembles and keeps the ring's barriers; "skeleton" has no K-step MMA left (the min
+    term's and the epilogue's aside), "noa" / "nob" fewer TMA copies; off, the build is emitted/'s."""
+    from ptxgen.kernels import mmq
+    from ptxgen.runtime.compiler import compile_ptx
+
+    name = "mmq_q4_k_wgmma_ra_n48_moe"
+    base = get_kernel(name).for_arch("sm_90a").ptx()
+    monkeypatch.setattr(mmq, "GROUPED_SKELETON", variant)
+    ptx = get_kernel(name).for_arch("sm_90a").ptx()
+    assert ptx != base and ptx.count("mbarrier.try_wait") == base.count("mbarrier.try_wait")
+    assert (ptx.count("wgmma.mma_async") < base.count("wgmma.mma_async")) == variant.startswith("skeleton")
+    assert (ptx.count("cp.async.bulk.tensor") < base.count("cp.async.bulk.tensor")) == ("no" in variant[1:])
+    compile_ptx(ptx, "sm_90a", name=name)
+
+
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_iw_n16_moe", "mmq_q4_k_wgmma_ra_n32_moe"])
 def test_the_trace_build_records_every_item_once(name, monkeypatch):
     """kernels/mmq.py GROUPED_TRACE (bench/probe_moe_trace.py's diagnostic build, never shipped): each work item's

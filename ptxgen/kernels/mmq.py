@@ -1511,6 +1511,10 @@ RA_DEEP_GROUPED = False  # (the grouped builds measured with 1 CTA an SM then: _
 # (probe_deep_ring_59b6360.log). With the static A-slot steps of _iw_steps: 57.3 / 67.6 / 45.0 -> 53.2 / 63.4 / 43.1
 # (probe_iw_static_deep_59b6360.log).
 IW_DEEP = True
+GROUPED_SKELETON = ""  # a diagnostic build (bench/probe_build_ab.py --variant), never shipped, wrong y: the grouped
+# fp16-weight builds' K loop without parts of its work, to time what each part costs — "nodecode" (A = 1.0 halves,
+# the A slots still waited for and given back), "skeleton" (neither decode nor MMAs), and with "noa" / "nob" in the
+# name no weights' / activations' TMA either (their barriers expect no bytes). bench/NOTES.md 2026-12-04, evening.
 # ... and a ring stage holds a block's 4 B tiles and its Σx tile: one full wait and one release a block, not a step
 # (_block_stage_tma; 6 stages, 3 A slots at n16). Same bits; H200 graph µs, step / block stages, MoE 128 x top-8
 # 768x2048 T = 32 / 64 / 128 53.5 / 61.2 / 62.9 -> 44.4 / 53.1 / 54.9, 32 x top-4 1792x2048 T = 32 / 64 43.0 / 44.3
@@ -2292,15 +2296,16 @@ def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
     _wait(b, lay.empty(stage), b.op("xor.b32", b.op("and.b32", b.op("div.u32", blk, Imm(S, "u32")), Imm(1, "b32")),
                                     Imm(1, "b32")))
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb),
-           Imm(lay.stage_bytes + lay.s_bytes, "u32"))
+           Imm((0 if "nob" in GROUPED_SKELETON else lay.stage_bytes) + lay.s_bytes, "u32"))
     col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32")) if ts is not None else None
     for h in range(2 if ts is not None else 0):  # IntA: Σx columns 16j .. of block j = s >> 2
         b.emit(TMA_STEP, Mem(b.op("add.u32", lay.sums(stage), Imm(h * BN * 16, "u32"))),
                TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
     b.place(issued)
     tile = b.op("mad.lo.u32", stage, Imm(bs, "u32"), b.op("and.b32", g, Imm(bs - 1, "b32")))
-    b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
-           TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
+    if "nob" not in GROUPED_SKELETON:
+        b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
+               TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
 
 
 def _tma_block_row(b, tw, s, m0, slot, slot_bytes, raw0, fb, fmt):
@@ -2324,9 +2329,12 @@ def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
     ph = b.op("and.b32", b.op("div.u32", lay.a_count, Imm(lay.a_slots, "u32")), Imm(1, "b32"))
     _wait(b, lay.a_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     fb = lay.a_full(sl)
-    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(lay.a_slot_bytes, "u32"))
+    noa = "noa" in GROUPED_SKELETON
+    b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb), Imm(0 if noa else lay.a_slot_bytes, "u32"))
     block0 = b.op("and.b32", s, Imm(~lay.a_mask & 0xFFFFFFFF, "b32"))
-    _wg_weights(spec).tma(b, tw, block0, it.m0 if it.w_row is None else it.w_row, sl, lay.a_slot_bytes, lay.raw0, fb)
+    if not noa:
+        _wg_weights(spec).tma(b, tw, block0, it.m0 if it.w_row is None else it.w_row, sl, lay.a_slot_bytes, lay.raw0,
+                              fb)
     b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
     b.place(skip)
 
@@ -2679,7 +2687,10 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
                 sl = _block_slot(b, lay)
                 _block_slot_wait(b, lay, sl)
                 slot[:] = [sl, lay.a_slot(sl)]
-            frags = dec.fragments(b, slot[1], magic, b.op("mov.u32", Imm(32 * st, "u32")), step=st)
+            if GROUPED_SKELETON:  # (diagnostic: no decode, A = 1.0 halves)
+                frags = [[b.op("mov.b32", Imm(0x3C003C00, "b32")) for _ in range(4)] for _ in range(BK // 16)]
+            else:
+                frags = dec.fragments(b, slot[1], magic, b.op("mov.u32", Imm(32 * st, "u32")), step=st)
             if st == 3:
                 _block_slot_give(b, lay, slot[0])
             return frags
@@ -2977,7 +2988,7 @@ def _ra_block_loop(b, arch, BN, lay: _WgRing, acc, s, s_begin, s_end, gc, peers,
         a = fragments(stage, st)
         dbs = _block_descs(b, lay, stage, st)
         b.emit("wgmma.fence.sync.aligned")
-        for kk in range(BK // 16):
+        for kk in range(BK // 16 if not GROUPED_SKELETON.startswith("skeleton") else 0):
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk]))
         _block_step_done(b, lay, stage, st, gc, s, s_begin, peers)
     b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
