@@ -483,7 +483,7 @@ def test_the_integer_weight_grouped_route_in_the_emulator(scale):
 @pytest.mark.parametrize("bn", [48, 96])
 def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
     """Q4_K's grouped wgmma build at the token tiles between the shipped ones (kernels/mmq.py
-    GROUPED_WGMMA_TRIAL_TILES; n96's ring stages hold half a block), reached by naming them in rule
+    GROUPED_WGMMA_Q4K_TILES; n96's ring stages hold half a block), reached by naming them in rule
     moe_wgmma_tile_pairs: the route end to end, one expert past a tile of pairs, K over 3 super-blocks, M past a
     tile; within 1e-3 of float64, NaN rows for bad ids."""
     from ptxgen import tuning

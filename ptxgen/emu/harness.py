@@ -1166,7 +1166,7 @@ for _bn in (64, 128, 256):
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0", "q6_k", "tq4_1s"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
-for _bn in (48, 96):  # Q4_K's trial tiles (mmq.GROUPED_WGMMA_TRIAL_TILES; n96: half-block stages)
+for _bn in (48, 96):  # Q4_K's in-between tiles (mmq.GROUPED_WGMMA_Q4K_TILES; n96: half-block stages)
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)

@@ -55,7 +55,7 @@ GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_9
 # B traffic than the next tile up (the grouped GEMM's cost is per item: the tile's weights decoded once), at 2 CTAs
 # an SM (n96: half-block stages). n48 ships (rule moe_wgmma_tile_pairs: 24-35 pairs an expert, 3-5% faster than n64
 # there, probe_n48_*_3e5a4f9.log); n96 measured slower than n64 (bench/NOTES.md, 2026-12-04) and is not shipped.
-GROUPED_WGMMA_TRIAL_TILES = (48, 96)
+GROUPED_WGMMA_Q4K_TILES = (48, 96)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
 # three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, 2026-12-01)
@@ -1481,7 +1481,7 @@ CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are 
 # the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
-PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_TRIAL_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
+PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_Q4K_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
 GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
 # writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
 # at y + 16·item instead of the item's y rows
@@ -3090,9 +3090,9 @@ def kernel_defs() -> list[KernelDef]:
          for f in GROUPED_WGMMA_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True).name,
                    f"Q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {BM}x{bn} tiles (between the "
-                   f"formats' tiles: GROUPED_WGMMA_TRIAL_TILES)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s),
+                   f"formats' tiles: GROUPED_WGMMA_Q4K_TILES)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s),
                    archs=("sm_90a",))
-         for bn in GROUPED_WGMMA_TRIAL_TILES] + \
+         for bn in GROUPED_WGMMA_Q4K_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True).name,
                    f"Q4_K MoE GEMM (mul_mat_id), wgmma with A = q·sc' from registers (integer weights: d and the min "
                    f"term outside the K-step MMAs), {BM}x{bn} tiles (x and its sub-block sums gathered by "
