@@ -497,7 +497,7 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
                        ["moe_gather", f"mmq_q4_k_wgmma_ra_n{bn}_moe", "gemv_q4_k_f32_idg"])
 
 
-@pytest.mark.parametrize("variant", ["nodecode", "skeleton", "skeleton_noa_nob"])
+@pytest.mark.parametrize("variant", ["nodecode", "skeleton", "skeleton_noa_nob", "halfb"])
 def test_the_skeleton_builds_drop_only_what_they_name(variant, monkeypatch):
     """kernels/mmq.py GROUPED_SKELETON (a timing-only diagnostic, never shipped): the n48 build without its decode,
     its MMAs or its loads still assembles and keeps the ring's barriers; "skeleton" has no K-step MMA left (the min

@@ -1514,7 +1514,8 @@ IW_DEEP = True
 GROUPED_SKELETON = ""  # a diagnostic build (bench/probe_build_ab.py --variant), never shipped, wrong y: the grouped
 # fp16-weight builds' K loop without parts of its work, to time what each part costs — "nodecode" (A = 1.0 halves,
 # the A slots still waited for and given back), "skeleton" (neither decode nor MMAs), and with "noa" / "nob" in the
-# name no weights' / activations' TMA either (their barriers expect no bytes). bench/NOTES.md 2026-12-04, evening.
+# name no weights' / activations' TMA either (their barriers expect no bytes); "halfb": a block stage's first half of
+# B tiles only (the rest of the stage stale). bench/NOTES.md 2026-12-04, evening, and 2026-12-04, night.
 # ... and a ring stage holds a block's 4 B tiles and its Σx tile: one full wait and one release a block, not a step
 # (_block_stage_tma; 6 stages, 3 A slots at n16). Same bits; H200 graph µs, step / block stages, MoE 128 x top-8
 # 768x2048 T = 32 / 64 / 128 53.5 / 61.2 / 62.9 -> 44.4 / 53.1 / 54.9, 32 x top-4 1792x2048 T = 32 / 64 43.0 / 44.3
@@ -1812,11 +1813,10 @@ class _WgWork(NamedTuple):
 
 class _WgGroups(NamedTuple):
     """The grouped (MoE) build's grouping, moe_group's output: order (pair at each place), offsets (an expert's
-    first place), the work list (entry count, then expert | token tile << TILE_SHIFT) and max(entries, 1)."""
+    first place) and the work list (entry count, then expert | token tile << TILE_SHIFT)."""
     ORD: Reg
     OFF: Reg
     WRK: Reg
-    L1: Reg
 
 
 class _WgItem(NamedTuple):
@@ -2053,8 +2053,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         b.meta.update(schedule="grouped", split_k="none", fmt=spec.fmt, ctas_per_sm=ctas, tail_split=False,
                       activations="fp16 in grouped order (row n = the pair at place n of moe_group's order) and the "
                                   "K order of layouts.q4k_rega_k_order, by moe_gather before the GEMM",
-                      work_queue="item = atom.add(queue[0], 1) -> (M tile, work-list entry), the entry fastest: an "
-                                 "expert's token tiles follow each other; the last CTA to finish resets the queue",
+                      work_queue="item = atom.add(queue[0], 1) -> (M tile, work-list entry), the M tile fastest: "
+                                 "an entry's token tile is read by its M tiles back to back; the last CTA to finish "
+                                 "resets the queue",
                       grouping="moe_gather first: order, offsets, work (its meta); the epilogue stores tile column n "
                                "to y's row order[n], masked to the expert's places and m < M",
                       tensormaps=w_map.replace("dims (row bytes, M)", "dims (row bytes, E·M) over all experts (an "
@@ -2101,20 +2102,24 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p) -> _WgWork:
     b.emit("griddepcontrol.wait")
     L = b.op("ld.global.u32", Mem(WRK))
     tiles_m = _tiles_m(b, M)
-    groups = _WgGroups(ORD, OFF, WRK, b.op("max.u32", L, Imm(1, "u32")))
+    groups = _WgGroups(ORD, OFF, WRK)
     return _WgWork(Y0, Q, None, None, M, K, None, None, None, None, tiles_m, b.op("mul.lo.u32", tiles_m, L),
                    b.op("shr.u32", K, Imm(6, "u32")), None, [], groups)
 
 
 def _grouped_item(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
-    """A grouped work item → (M tile, entry) with the entry fastest (an expert's token tiles follow each other in
-    the work list, so its weight tile is read from L2 after the first): expert e = entry & 0xFFFF, token tile
+    """A grouped work item → (M tile, entry) with the M tile fastest: an entry's token tile is read by its M tiles
+    back to back (from L2 after the first), and an expert's next token tile (the next entry) reads each weight tile
+    tiles_m items after the last one did. (Entry fastest spread an entry's M tiles a work list apart, where at
+    T ≥ 768 the token tiles had left L2: H200 graph µs, entry / M fastest, 128 x top-8 768x2048 T = 512 / 1024 /
+    2048 81.8 / 80.8, 136.9 / 123.9, 247.7 / 223.2; 32 x top-4 1792x2048 69.8 / 68.9, 121.6 / 122.3, 217.6 / 207.8;
+    the integer-weight build's T ≤ 256 within ±0.6 (probe_mfast_*_92ad9dd.log).) Expert e = entry & 0xFFFF, token tile
     entry >> TILE_SHIFT; its places offsets[e] + tile·BN .. (the gathered x16's rows), the expert's last place
     offsets[e + 1] − 1, all of K, the weights from row e·M + m0 of tmap_w (E·M rows)."""
     from .moe_group import TILE_SHIFT
 
     g = w.groups
-    tm, li = b.op("div.u32", item, g.L1), b.op("rem.u32", item, g.L1)
+    tm, li = b.op("rem.u32", item, w.tiles_m), b.op("div.u32", item, w.tiles_m)
     entry = b.op("ld.global.u32", Mem(b.op("mad.wide.u32", li, Imm(4, "u32"), g.WRK), 4))
     e = b.op("and.b32", entry, Imm((1 << TILE_SHIFT) - 1, "b32"))
     offp = b.op("mad.wide.u32", e, Imm(4, "u32"), g.OFF)
@@ -2296,14 +2301,21 @@ def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
     _wait(b, lay.empty(stage), b.op("xor.b32", b.op("and.b32", b.op("div.u32", blk, Imm(S, "u32")), Imm(1, "b32")),
                                     Imm(1, "b32")))
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb),
-           Imm((0 if "nob" in GROUPED_SKELETON else lay.stage_bytes) + lay.s_bytes, "u32"))
+           Imm((0 if "nob" in GROUPED_SKELETON else lay.stage_bytes // 2 if "halfb" in GROUPED_SKELETON
+                else lay.stage_bytes) + lay.s_bytes, "u32"))
     col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32")) if ts is not None else None
     for h in range(2 if ts is not None else 0):  # IntA: Σx columns 16j .. of block j = s >> 2
         b.emit(TMA_STEP, Mem(b.op("add.u32", lay.sums(stage), Imm(h * BN * 16, "u32"))),
                TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
     b.place(issued)
     tile = b.op("mad.lo.u32", stage, Imm(bs, "u32"), b.op("and.b32", g, Imm(bs - 1, "b32")))
-    if "nob" not in GROUPED_SKELETON:
+    if "halfb" in GROUPED_SKELETON:  # half the B tiles: the stage's first bs / 2
+        half = b.label("halfb_skip")
+        b.bra(half, pred=b.op("setp.ge.u32", b.op("and.b32", g, Imm(bs - 1, "b32")), Imm(bs // 2, "u32")))
+        b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
+               TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
+        b.place(half)
+    elif "nob" not in GROUPED_SKELETON:
         b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
                TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
 
