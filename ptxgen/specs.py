@@ -26,6 +26,8 @@ class MmqSpec:
     fmt: str = "q4_K"  # the weights' codec: Q4_K's raw ring and dequant, or (grouped only) any codec's run8
     int_weights: bool = False  # grouped register-A wgmma, Q4_K: A = q·sc' exact, a block accumulator scaled by d in
     # fp32, the min term as k16 MMAs against the gathered x's sub-block sums (kernels/mmq.py _iw_steps)
+    bm: int = 128  # wgmma: the CTA's M tile; 256 (grouped register-A nibble builds) = four consumer warpgroups of 64
+    # rows sharing each activation tile, one CTA an SM
 
     @property
     def name(self) -> str:
@@ -36,7 +38,9 @@ class MmqSpec:
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
         kind = "pre" if self.prepared else "iw" if self.int_weights else "ra" if self.a_regs else ""
-        return f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + mc + cx + ("_moe" if self.grouped else "")
+        wide = f"_m{self.bm}" if self.bm != 128 else ""
+        return (f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + wide + mc + cx
+                + ("_moe" if self.grouped else ""))
 
     @classmethod
     def for_path(cls, path: str, bn: int) -> "MmqSpec":

@@ -217,18 +217,22 @@ def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None) -> bool:
 
 
 def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
-    """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: "n<bn>" →
-    the pairs per expert from which tile bn runs; the largest tile reached, else n32): one tile an expert where it
-    fits, its weights decoded once per tile. Q4_K's tiles between the formats' (n48, shipped; n96, not: kernels/mmq.py
-    GROUPED_WGMMA_Q4K_TILES) only where the rule names them."""
+    """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: "n<bn>" or
+    "n<bn>_m<bm>" (a bm-row M tile) → the pairs per expert from which that tile runs; the largest tile reached, else
+    n32): one tile an expert where it fits, its weights decoded once per tile. Q4_K's tiles between the formats'
+    (n48, shipped; n96, not: kernels/mmq.py GROUPED_WGMMA_Q4K_TILES) and its 256-row ones (GROUPED_WIDE_TILES, not
+    shipped) only where the rule names them."""
     per = pairs / experts
     if per <= _per_format(RULES.moe_int_weights_max_pairs, fmt, 0):  # the integer-weight build (n16)
         return MmqSpec(16, "wgmma", a_regs=True, grouped=True, fmt=fmt, int_weights=True)
-    def spec(bn):
-        return MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=fmt)
-    tiles = sorted({32} | {int(n[1:]) for n in RULES.moe_wgmma_tile_pairs})
-    want = max((int(n[1:]) for n, v in RULES.moe_wgmma_tile_pairs.items() if per >= v), default=32)
-    built = [bn for bn in tiles if bn >= want and "sm_90a" in kernels.available(spec(bn).name)]
+
+    def spec(tile):
+        bn, _, bm = tile[1:].partition("_m")
+        return MmqSpec(int(bn), "wgmma", a_regs=True, grouped=True, fmt=fmt, bm=int(bm or 128))
+    rule = RULES.moe_wgmma_tile_pairs
+    tiles = sorted({"n32"} | set(rule), key=lambda n: spec(n).bn)
+    want = max((n for n, v in rule.items() if per >= v), key=lambda n: spec(n).bn, default="n32")
+    built = [n for n in tiles[tiles.index(want):] if "sm_90a" in kernels.available(spec(n).name)]
     return spec(built[0] if built else tiles[-1])  # (a tile the format lacks: the next one up)
 
 
@@ -433,7 +437,7 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     order, offsets = pb.scratch((p,), np.uint32), pb.scratch((e + 1,), np.uint32)
     work = pb.scratch((1 + p // bn + e,), np.uint32)
     grouping = (pb.ids, p, e, bn, order, offsets, work, pb.y, m)
-    items = -(-m // BM) * (p // bn + e)
+    items = -(-m // int(gemm.meta.get("bm", BM))) * (p // bn + e)
     sms = driver.current().sm_count
     ctas = max(1, min(items, gemm.resident_per_sm() * sms))
     if not wg:
@@ -791,12 +795,12 @@ def _raw_rows_tma_ok(fmt: str, k: int) -> bool:
 
 
 def _raw_rows_map(w: QuantTensor, rows: int, fn):
-    """The tensor map of `rows` raw weight rows of `w` (an expert tensor's E·M) for a TMA-fed GEMM `fn`: boxes of 128
-    rows x its meta's tma_box columns (16 bytes, Q4_K's columns, unless the build says otherwise)."""
+    """The tensor map of `rows` raw weight rows of `w` (an expert tensor's E·M) for a TMA-fed GEMM `fn`: boxes of its
+    meta's tma_box (columns, rows): 16 bytes (Q4_K's columns) x 128 rows unless the build says otherwise."""
     from ptxgen.formats import get as fmt_of
 
-    box = int(fn.meta.get("tma_box", (16, 128))[0])
-    return _tensor_map(w.ptr, "u8", rows, fmt_of(w.fmt).row_bytes(w.shape[-1]), 128, box, "none")
+    cols, box_rows = (int(v) for v in fn.meta.get("tma_box", (16, 128)))
+    return _tensor_map(w.ptr, "u8", rows, fmt_of(w.fmt).row_bytes(w.shape[-1]), box_rows, cols, "none")
 
 
 def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle):

@@ -277,10 +277,10 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate and c3[12] == gate + 4
     assert [ln.pdl for ln in plan.launches[:2]] == [True, True]  # moe_gather waits (pdl_head) before it reads
-    for t, bn in ((95, 32), (96, 48), (143, 48), (144, 64), (511, 64), (512, 128)):  # from 24 pairs per expert n48,
-        # from 36 n64, from 128 n128
+    for t, tile in ((95, "n32"), (96, "n48_m256"), (143, "n48_m256"), (144, "n64"), (511, "n64"), (512, "n128")):
+        # from 24 pairs per expert n48 (with 256-row M tiles), from 36 n64, from 128 n128
         plan = ops.mul_mat_id_plan(w, t, 2)
-        assert plan.kernels[1] == f"mmq_q4_k_wgmma_ra_n{bn}_moe"
+        assert plan.kernels[1] == f"mmq_q4_k_wgmma_ra_{tile}_moe"
         (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, whole rows, ~1024 groups a CTA a round
         assert c[15] == -(-p // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
 
@@ -480,21 +480,22 @@ def test_the_integer_weight_grouped_route_in_the_emulator(scale):
                        ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"])
 
 
-@pytest.mark.parametrize("bn", [48, 96])
-def test_the_trial_token_tiles_grouped_route_in_the_emulator(bn):
+@pytest.mark.parametrize("tile", ["n48", "n96", "n48_m256"])
+def test_the_trial_token_tiles_grouped_route_in_the_emulator(tile):
     """Q4_K's grouped wgmma build at the token tiles between the shipped ones (kernels/mmq.py
-    GROUPED_WGMMA_Q4K_TILES; n96's ring stages hold half a block), reached by naming them in rule
-    moe_wgmma_tile_pairs: the route end to end, one expert past a tile of pairs, K over 3 super-blocks, M past a
-    tile; within 1e-3 of float64, NaN rows for bad ids."""
+    GROUPED_WGMMA_Q4K_TILES; n96's ring stages hold half a block) and with 256-row M tiles (GROUPED_WIDE_TILES: four
+    consumer warpgroups), reached by naming them in rule moe_wgmma_tile_pairs: the route end to end, one expert past
+    a tile of pairs, K over 3 super-blocks, M past a tile; within 1e-3 of float64, NaN rows for bad ids."""
     from ptxgen import tuning
 
-    rng = np.random.default_rng(bn)
+    rng = np.random.default_rng(int(tile[1:3]))
     ids = rng.integers(0, 3, (70, 2)).astype(np.int32)
     ids[:55, 0] = 1  # expert 1: past one tile of pairs
     ids[4, 1] = -1
-    with tuning.override(moe_int_weights_max_pairs=0, moe_wgmma_tile_pairs={f"n{bn}": 1}):
-        _grouped_route((3, 130, 768), ids, False, 1.0, "sm_90a", rng,
-                       ["moe_gather", f"mmq_q4_k_wgmma_ra_n{bn}_moe", "gemv_q4_k_f32_idg"])
+    m = 300 if "_m" in tile else 130  # (past one 256-row tile)
+    with tuning.override(moe_int_weights_max_pairs=0, moe_wgmma_tile_pairs={tile: 1}):
+        _grouped_route((3, m, 768), ids, False, 1.0, "sm_90a", rng,
+                       ["moe_gather", f"mmq_q4_k_wgmma_ra_{tile}_moe", "gemv_q4_k_f32_idg"])
 
 
 @pytest.mark.parametrize("variant", ["nodecode", "skeleton", "skeleton_noa_nob", "halfb"])
@@ -587,10 +588,11 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         _run(group.ptx(), (-(-p // rows),), (1024,), grouping + (xa, x16, ga, k // 8, slots, int(per_slot), rows)
              + ((xs,) if iw else ()), mem)
         box = gemm.meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), gemm.meta["bm"], box,
+                                    "none")
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B")
         ts = (BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
-        _run(gemm.ptx(), (2,), (384,), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa), mem,
+        _run(gemm.ptx(), (2,), (32 * gemm.meta["warps"],), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa), mem,
              dynamic_smem=gemm.meta["dynamic_smem"])
     else:
         _run(group.ptx(), (1,), (1024,), grouping, mem)

@@ -293,14 +293,15 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         with np.errstate(over="ignore", invalid="ignore"):
             x16 = rows.astype(np.float16).reshape(p, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(p, k)
         box = meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, a codec's box of whole blocks
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), 128, box, "none")
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), meta.get("bm", 128), box,
+                                    "none")  # (boxes of the M tile's rows)
         tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B")
         ts = ()
         if "int_weights" in meta:  # the integer-weight build: the rows' sub-block sums too, as the gather writes them
             xs = gather_sub_block_sums(rows)
             ts = (BACKEND[-1].tensor_map(mem, mem.alloc(xs), "f16", p, k // 16, bn, 8, "none"),)
-        _run(ptx, grid, (384,), (tw, tx, *ts, ya, m, k, oa, na, ka, qa), mem, dynamic_smem=meta["dynamic_smem"],
-             seed=seed, interleave=interleave)
+        _run(ptx, grid, (32 * meta["warps"],), (tw, tx, *ts, ya, m, k, oa, na, ka, qa), mem,
+             dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)
     else:
         _run(ptx, grid, (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na, ka, qa), mem,
              dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)
@@ -1168,6 +1169,8 @@ for _bn in (32, 64, 128):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
 for _bn in (48, 96):  # Q4_K's in-between tiles (mmq.GROUPED_WGMMA_Q4K_TILES; n96: half-block stages)
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
+for _bn in (48,):  # Q4_K's 256-row tiles (mmq.GROUPED_WIDE_TILES: four consumer warpgroups)
+    HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_m256_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_m256_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 HARNESSES["moe_gather"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(ptx, {"name": "moe_gather"}, rng,

@@ -56,6 +56,12 @@ GROUPED_WGMMA_TOKEN_TILES = (32, 64, 128)  # the register-A wgmma MoE GEMM (sm_9
 # an SM (n96: half-block stages). n48 ships (rule moe_wgmma_tile_pairs: 24-35 pairs an expert, 3-5% faster than n64
 # there, probe_n48_*_3e5a4f9.log); n96 measured slower than n64 (bench/NOTES.md, 2026-12-04) and is not shipped.
 GROUPED_WGMMA_Q4K_TILES = (48, 96)
+# ... and with a 256-row M tile (MmqSpec.bm: four consumer warpgroups, one CTA an SM), so that an SM takes in each
+# activation tile once per 256 weight rows, not per 128: halving those bytes (mmq.GROUPED_SKELETON "halfb") took
+# 128 x top-8 T = 512 from 81 to 64 graph µs. n48's ships in place of n48 (rule moe_wgmma_tile_pairs "n48_m256":
+# 3-5 µs faster at T = 256-512); an n64 one lost (32 x top-4 T = 512 67.8 -> 78.1: its B ring 2 stages at 214 KB,
+# 12 bytes spilled under the relocatable compile) and is not built (bench/NOTES.md, 2026-12-04, night).
+GROUPED_WIDE_TILES = (48,)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
 # three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, 2026-12-01)
@@ -553,9 +559,9 @@ def _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p):
     return M, K, T, per, tiles_n, splits
 
 
-def _tiles_m(b, M):
-    """ceil(M / BM): the weight-row tiles."""
-    return b.op("shr.u32", b.op("add.u32", M, Imm(BM - 1, "u32")), Imm(7, "u32"))
+def _tiles_m(b, M, bm=BM):
+    """ceil(M / bm): the weight-row tiles."""
+    return b.op("shr.u32", b.op("add.u32", M, Imm(bm - 1, "u32")), Imm(bm.bit_length() - 1, "u32"))
 
 
 def _zero_acc(b, acc):
@@ -1472,7 +1478,6 @@ def _q8_pipeline(b, qt: _Q8Tile, acc, issue, load_x, prep, mma_step, s_begin, ns
 # sm_90a lowering of the same description: TMA + mbarrier ring, warp-specialized producer, wgmma
 
 WG_STAGES = 4
-WG_THREADS = 384  # warpgroup 0: producer (one thread issues TMA); warpgroups 1, 2: consumers, 64 rows each
 RA_FRAG_BYTES = layouts.RA_FRAG_BYTES  # the prepared builds: one (M-tile, K-step) block of A fragments
 RAW_PART = BM * 16  # one 16-byte column of the 128-row raw tile (header, qs bytes 0-15, qs bytes 16-31)
 A_TILE = 64 * 128  # one consumer's dequantized 64 x 64 fp16 tile: 128-byte rows, 128B swizzle
@@ -1491,10 +1496,18 @@ HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stag
 
 def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     """(CTAs an SM, producer registers, consumer registers) of a wgmma build: one CTA with setmaxnreg's 40 / 232,
-    or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS."""
+    or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS, or (a 256-row M tile: 640 threads launched at
+    96) one with PAIRED_REGS' 24 / 104."""
+    if spec.bm > BM:  # four consumer warpgroups: one CTA an SM, each consumer at the paired builds' 104
+        return 1, PAIRED_REGS[1], PAIRED_REGS[2]
     if spec.grouped and spec.bn <= PAIRED_MAX_BN:
         return 2, PAIRED_REGS[1], PAIRED_REGS[2]
     return 1, PRODUCER_REGS, CONSUMER_REGS
+
+
+def _wg_threads(spec: MmqSpec) -> int:
+    """The wgmma build's threads: the producer warpgroup and a consumer warpgroup per 64 rows of the M tile."""
+    return 128 * (1 + spec.bm // 64)
 
 
 # The dense register-A n64 builds of Q6_K and Q8_0 keep more weight bytes in flight: 8 stages (not 4), and Q6_K 4 A
@@ -1754,6 +1767,7 @@ class _WgRing(NamedTuple):
     sums0: Reg | None = None  # IntA (int_weights): S slots of a block's Σx tile (s_bytes each), filled with the
     s_bytes: int = 0  # ... stage of the block's last K-step
     bs: int = 1  # K-steps a ring stage holds (IntA's block stages: 4, one full / empty barrier a block)
+    consumers: int = 256  # consumer threads (each arrives on empty, item_empty and a_empty): 2 per row of the M tile
 
     def sums(self, st):
         """Ring stage st's Σx slot (IntA)."""
@@ -1841,6 +1855,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
     tile, pipe, mma, sched, epilogue = describe(arch, spec)
     BN = spec.bn
     PRE = spec.prepared
+    if spec.bm != BM and not (spec.bm == 2 * BM and spec.grouped and spec.a_regs and not spec.int_weights
+                              and spec.fmt == "q4_K" and spec.bn <= PAIRED_MAX_BN):
+        raise ValueError(f"{spec.name}: a {spec.bm}-row M tile is the grouped register-A Q4_K builds' (up to n"
+                         f"{PAIRED_MAX_BN})")
     if PRE and (not spec.a_regs or spec.cluster > 1):
         raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
@@ -1878,8 +1896,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     pipe.check_smem(arch, stage_bytes + -(-fixed // pipe.stages))  # (what sits beside them spread over the stages)
     S = pipe.stages
     b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
-                      f"{' (A from registers)' if spec.a_regs else ''}, tile {BM}x{BN}x{BK}, {S}-stage TMA ring, "
-                      "warp-specialized, persistent", block=(WG_THREADS, 1, 1))
+                      f"{' (A from registers)' if spec.a_regs else ''}, tile {spec.bm}x{BN}x{BK}, {S}-stage TMA ring, "
+                      "warp-specialized, persistent", block=(_wg_threads(spec), 1, 1))
     tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u8 [M][row bytes], box 16 x 128
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
     if IW and not (spec.grouped and spec.a_regs and spec.fmt == "q4_K" and _block_box(spec)):
@@ -1919,7 +1937,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     CL = spec.cluster
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
     if G:
-        w = _grouped_work(b, Y0, Q, m_p, k_p, grp_p)
+        w = _grouped_work(b, Y0, Q, m_p, k_p, grp_p, spec.bm)
     else:
         P, C = b.ptr(pt_p), b.ptr(ct_p)
         M, K, T, per, tiles_n, splits = _ld_sizes(b, m_p, k_p, t_p, s_p, tn_p, sp_p)
@@ -1942,7 +1960,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
                   b.op("mov.u32", slots), SA, a_slot_bytes, b.op("mov.u32", Imm(0, "u32")) if SA else None,
                   _box_step_mask(spec) if SA else 0,
                   b.op("add.u32", raw0, Imm(S * raw_bytes + SA * a_slot_bytes, "u32")) if IW else None, s_bytes,
-                  BSTEPS)
+                  BSTEPS, 2 * spec.bm)
     if SA:
         b.meta.update(a_ring=f"{SA} slots of {a_slot_bytes} bytes after the B stages: block j's box (one TMA), "
                              f"read by its K-steps 4j .. 4j + 3 (the item's first and last may be mid-block)")
@@ -1969,8 +1987,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
     # launch bounds (384 threads, 1 CTA an SM, 2 for _wg_regs' paired builds) cap registers at entry, which
     # setmaxnreg needs to take effect
     ctas = _wg_regs(spec)[0]
-    b.directives += [f".maxntid {WG_THREADS}, 1, 1", f".minnctapersm {ctas}"]
-    b.meta.update(bm=BM, bn=BN, bk=BK, stages=S, warps=WG_THREADS // 32, copy="tma (cp.async.bulk.tensor.2d)",
+    b.directives += [f".maxntid {_wg_threads(spec)}, 1, 1", f".minnctapersm {ctas}"]
+    b.meta.update(bm=spec.bm, bn=BN, bk=BK, stages=S, warps=_wg_threads(spec) // 32,
+                  copy="tma (cp.async.bulk.tensor.2d)",
                   mma=(f"wgmma m64n{BN}k16 f16 (A from registers, B from 128B-swizzled shared memory)" if ra else
                        f"wgmma m64n{BN}k16 f16 (A and B from 128B-swizzled shared memory)"), schedule=sched.kind,
                   dynamic_smem=b.dynamic_smem, pdl=True,
@@ -2041,9 +2060,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
     if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
         pitch = codec.ROW_BOX_PITCH
         pad = pitch - codec.BLOCK_BYTES
-        w_map = (f"tmap_w: u8, dims (row bytes, M), box ({pitch}, 128), no swizzle (a block's rows"
+        w_map = (f"tmap_w: u8, dims (row bytes, M), box ({pitch}, {spec.bm}), no swizzle (a block's rows"
                  + (f" and the next block's first {pad} bytes)" if pad else ")"))
-        b.meta.update(fmt=spec.fmt, tma_box=(pitch, BM))
+        b.meta.update(fmt=spec.fmt, tma_box=(pitch, spec.bm))
         if every and not spec.grouped:
             b.meta.update(tensormaps=b.meta["tensormaps"].replace(
                 "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle", w_map))
@@ -2092,7 +2111,7 @@ def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     return _WgItem(tm, z, tn, s_begin, s_end, m0, n0)
 
 
-def _grouped_work(b, Y0, Q, m_p, k_p, grp_p) -> _WgWork:
+def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, bm=BM) -> _WgWork:
     """The grouped build's _WgWork: M, K, moe_group's grouping and items = M tiles x work-list entries (read from
     work[0], which moe_group wrote before this launch in stream order). No splits, no partials."""
     M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
@@ -2101,7 +2120,7 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p) -> _WgWork:
     # before reading the grouping (the producer's wait before its first TMA is then already satisfied)
     b.emit("griddepcontrol.wait")
     L = b.op("ld.global.u32", Mem(WRK))
-    tiles_m = _tiles_m(b, M)
+    tiles_m = _tiles_m(b, M, bm)
     groups = _WgGroups(ORD, OFF, WRK)
     return _WgWork(Y0, Q, None, None, M, K, None, None, None, None, tiles_m, b.op("mul.lo.u32", tiles_m, L),
                    b.op("shr.u32", K, Imm(6, "u32")), None, [], groups)
@@ -2126,7 +2145,7 @@ def _grouped_item(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     n0 = b.op("mad.lo.u32", b.op("shr.u32", entry, Imm(TILE_SHIFT, "u32")), Imm(spec.bn, "u32"),
               b.op("ld.global.u32", Mem(offp)))
     tlast = b.op("sub.u32", b.op("ld.global.u32", Mem(offp, 4)), Imm(1, "u32"))
-    m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
+    m0 = b.op("mul.lo.u32", tm, Imm(spec.bm, "u32"))
     zero = b.op("mov.u32", Imm(0, "u32"))
     return _WgItem(tm, zero, li, zero, w.ksteps, m0, n0, b.op("mad.lo.u32", e, w.M, m0), tlast)
 
@@ -2139,15 +2158,16 @@ def _wgmma_init_barriers(b, CL, lay: _WgRing, tid):
     leader = b.op("setp.eq.u32", tid, Imm(0, "u32"))
     for i in range(S):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * i), Imm(1, "u32"), pred=leader)
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)), Imm(256 + CONSUMER_WARPS * (CL - 1), "u32"),
-               pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (S + i)),
+               Imm(lay.consumers + CONSUMER_WARPS * (CL - 1), "u32"), pred=leader)
     for i in range(2):
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + i)), Imm(1, "u32"), pred=leader)
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(256, "u32"), pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 2 + i)), Imm(lay.consumers, "u32"),
+               pred=leader)
     for i in range(lay.a_slots):  # a_full (the producer's expect_tx), a_empty (every consumer thread)
         b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 4 + i)), Imm(1, "u32"), pred=leader)
-        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 4 + lay.a_slots + i)), Imm(256, "u32"),
-               pred=leader)
+        b.emit("mbarrier.init.shared::cta.b64", Mem(bar0, 8 * (2 * S + 4 + lay.a_slots + i)),
+               Imm(lay.consumers, "u32"), pred=leader)
     b.emit("fence.proxy.async.shared::cta")
     if CL > 1:  # the peers' barriers are initialised before anyone multicasts into them or arrives on them
         b.emit("fence.mbarrier_init.release.cluster")
@@ -2775,7 +2795,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
         qh = hasattr(codecs.get(spec.fmt), "QH_OFFSET")  # a nibble codec with qh columns (Q5_K)
         if _block_box(spec):  # the block's rows: one box of ROW_BOX_PITCH bytes x 128 rows
             box = _row_box(spec.fmt)
-            return _WgWeights(BM * box[0], partial(_tma_block_row, fmt=spec.fmt),
+            return _WgWeights(spec.bm * box[0], partial(_tma_block_row, fmt=spec.fmt),
                               partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh), row_box=box,
                                       codec=codecs.get(spec.fmt)))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
@@ -3105,6 +3125,12 @@ def kernel_defs() -> list[KernelDef]:
                    f"formats' tiles: GROUPED_WGMMA_Q4K_TILES)", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True): build(arch, s),
                    archs=("sm_90a",))
          for bn in GROUPED_WGMMA_Q4K_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, bm=2 * BM).name,
+                   f"Q4_K MoE GEMM (mul_mat_id), wgmma with A from registers + TMA, {2 * BM}x{bn} tiles: four consumer "
+                   f"warpgroups share each activation tile (GROUPED_WIDE_TILES)",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, bm=2 * BM): build(arch, s),
+                   archs=("sm_90a",))
+         for bn in GROUPED_WIDE_TILES] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, int_weights=True).name,
                    f"Q4_K MoE GEMM (mul_mat_id), wgmma with A = q·sc' from registers (integer weights: d and the min "
                    f"term outside the K-step MMAs), {BM}x{bn} tiles (x and its sub-block sums gathered by "
