@@ -2329,15 +2329,14 @@ def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
                TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
     b.place(issued)
     tile = b.op("mad.lo.u32", stage, Imm(bs, "u32"), b.op("and.b32", g, Imm(bs - 1, "b32")))
-    if "halfb" in GROUPED_SKELETON:  # half the B tiles: the stage's first bs / 2
-        half = b.label("halfb_skip")
-        b.bra(half, pred=b.op("setp.ge.u32", b.op("and.b32", g, Imm(bs - 1, "b32")), Imm(bs // 2, "u32")))
+    if "nob" not in GROUPED_SKELETON:
+        half = b.label("halfb_skip") if "halfb" in GROUPED_SKELETON else None  # (the stage's first bs / 2 tiles)
+        if half:
+            b.bra(half, pred=b.op("setp.ge.u32", b.op("and.b32", g, Imm(bs - 1, "b32")), Imm(bs // 2, "u32")))
         b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
                TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
-        b.place(half)
-    elif "nob" not in GROUPED_SKELETON:
-        b.emit(TMA_STEP, Mem(b.op("mad.lo.u32", tile, Imm(lay.b_bytes, "u32"), lay.bst)),
-               TensorRef(tx, (b.op("shl.b32", s, Imm(6, "u32")), it.n0)), Mem(fb))
+        if half:
+            b.place(half)
 
 
 def _tma_block_row(b, tw, s, m0, slot, slot_bytes, raw0, fb, fmt):
