@@ -26,7 +26,7 @@ class MmqSpec:
     fmt: str = "q4_K"  # the weights' codec: Q4_K's raw ring and dequant, or (grouped only) any codec's run8
     int_weights: bool = False  # grouped register-A wgmma, Q4_K: A = q·sc' exact, a block accumulator scaled by d in
     # fp32, the min term as k16 MMAs against the gathered x's sub-block sums (kernels/mmq.py _iw_steps)
-    bm: int = 128  # wgmma: the CTA's M tile; 256 (grouped register-A nibble builds) = four consumer warpgroups of 64
+    bm: int = 128  # wgmma: the CTA's M tile; 256 (grouped register-A Q4_K builds) = four consumer warpgroups of 64
     # rows sharing each activation tile, one CTA an SM
 
     @property

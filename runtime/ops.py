@@ -220,8 +220,8 @@ def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
     """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: "n<bn>" or
     "n<bn>_m<bm>" (a bm-row M tile) → the pairs per expert from which that tile runs; the largest tile reached, else
     n32): one tile an expert where it fits, its weights decoded once per tile. Q4_K's tiles between the formats'
-    (n48, shipped; n96, not: kernels/mmq.py GROUPED_WGMMA_Q4K_TILES) and its 256-row ones (GROUPED_WIDE_TILES, not
-    shipped) only where the rule names them."""
+    (n48; n96, not shipped: kernels/mmq.py GROUPED_WGMMA_Q4K_TILES) and its 256-row n48 (GROUPED_WIDE_TILES, shipped
+    as "n48_m256") only where the rule names them."""
     per = pairs / experts
     if per <= _per_format(RULES.moe_int_weights_max_pairs, fmt, 0):  # the integer-weight build (n16)
         return MmqSpec(16, "wgmma", a_regs=True, grouped=True, fmt=fmt, int_weights=True)

@@ -292,9 +292,9 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         rows = xk.reshape(-1, k)[order[:p] if per_slot else order[:p] // slots]
         with np.errstate(over="ignore", invalid="ignore"):
             x16 = rows.astype(np.float16).reshape(p, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(p, k)
-        box = meta.get("tma_box", (16, 128))[0]  # Q4_K's and Q5_K's 16-byte columns, a codec's box of whole blocks
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), meta.get("bm", 128), box,
-                                    "none")  # (boxes of the M tile's rows)
+        # the build's box (columns, rows): Q4_K's / Q5_K's 16-byte columns or a codec's whole blocks, the M tile's rows
+        box, box_rows = meta.get("tma_box", (16, 128))
+        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), box_rows, box, "none")
         tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B")
         ts = ()
         if "int_weights" in meta:  # the integer-weight build: the rows' sub-block sums too, as the gather writes them
