@@ -454,8 +454,8 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
               grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
-    tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B")
-    ts = (_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
+    tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B", int(gemm.meta.get("x_box_chunks", 0)))
+    ts = (_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none", int(gemm.meta.get("s_box_chunks", 0))),) if iw else ()
     pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
 
 
@@ -803,19 +803,19 @@ def _raw_rows_map(w: QuantTensor, rows: int, fn):
     return _tensor_map(w.ptr, "u8", rows, fmt_of(w.fmt).row_bytes(w.shape[-1]), box_rows, cols, "none")
 
 
-def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle):
+def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks=0):
     """cuTensorMapEncodeTiled, memoised (the same buffer and tiling reuse one encoded map); over a symbolic buffer
-    (scratch, while recording a plan) a TMap, encoded when the plan is bound."""
+    (scratch, while recording a plan) a TMap, encoded when the plan is bound. `chunks`: tma.tensor_map_2d's."""
     if isinstance(ptr, Sym):
-        return TMap(ptr, dtype, rows, cols, box_rows, box_cols, swizzle)
+        return TMap(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks)
     from .tma import tensor_map_2d
 
-    key = (ptr, dtype, rows, cols, box_rows, box_cols, swizzle)
+    key = (ptr, dtype, rows, cols, box_rows, box_cols, swizzle, None, chunks)
     tm = _TMAPS.get(key)
     if tm is None:
         if len(_TMAPS) > 256:
             _TMAPS.clear()
-        tm = _TMAPS[key] = tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle)
+        tm = _TMAPS[key] = tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks=chunks)
     return tm
 
 

@@ -80,6 +80,7 @@ class TMap(NamedTuple):
     box_rows: int
     box_cols: int
     swizzle: str
+    chunks: int = 0  # > 0: boxes of that many column chunks (tma.tensor_map_2d)
 
 
 class Launch(NamedTuple):
@@ -383,7 +384,7 @@ class Bound:
                 elif isinstance(a, TMap):
                     key = (resolve(a.ptr),) + tuple(a[1:])
                     if key not in tmaps:
-                        tmaps[key] = tensor_map_2d(*key)
+                        tmaps[key] = tensor_map_2d(*key[:-1], None, key[-1])
                     vals.append(tmaps[key])
                 else:
                     vals.append(a)

@@ -3,7 +3,7 @@
 `tensor_map_2d` checks the arguments against the driver's rules first (so a bad box or stride is a
 ValueError naming the rule, not CUDA_ERROR_INVALID_VALUE), then encodes the 128-byte map, which
 `Function.launch` passes by value for a `.param .align 64 .b8 name[128]` parameter.
-Status: the checks are tested on the CPU; the encode call has not yet run on a GPU (no kernel uses TMA yet).
+The checks are tested on the CPU; the GPU tier encodes them for the TMA kernels.
 """
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ _SWIZZLE = {"none": (0, "CU_TENSOR_MAP_SWIZZLE_NONE"), "32B": (32, "CU_TENSOR_MA
 
 
 def check_tensor_map_2d(ptr: int, dtype: str, rows: int, cols: int, box_rows: int, box_cols: int,
-                        swizzle: str = "128B", row_stride_bytes: int | None = None) -> int:
-    """Validate a 2-D tiled tensor map; returns the row stride in bytes."""
+                        swizzle: str = "128B", row_stride_bytes: int | None = None, chunks: int = 0) -> int:
+    """Validate a 2-D tiled tensor map (`chunks`: tensor_map_2d's); returns the row stride in bytes."""
+    if chunks and (cols % box_cols or not 1 <= chunks <= 256):
+        raise ValueError(f"tensor map chunks={chunks}: columns ({cols}) a multiple of box_cols ({box_cols}), 1..256 "
+                         "chunks a box")
     if dtype not in _DTYPES:
         raise ValueError(f"tensor map dtype {dtype!r}; supported: {', '.join(_DTYPES)}")
     if swizzle not in _SWIZZLE:
@@ -45,15 +48,22 @@ def check_tensor_map_2d(ptr: int, dtype: str, rows: int, cols: int, box_rows: in
 
 
 def tensor_map_2d(ptr: int, dtype: str, rows: int, cols: int, box_rows: int, box_cols: int,
-                  swizzle: str = "128B", row_stride_bytes: int | None = None) -> bytes:
-    """Encode a 2-D tiled CUtensorMap (row-major `rows × cols`, boxes of `box_rows × box_cols`)."""
-    stride = check_tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, row_stride_bytes)
+                  swizzle: str = "128B", row_stride_bytes: int | None = None, chunks: int = 0) -> bytes:
+    """Encode a 2-D tiled CUtensorMap (row-major `rows × cols`, boxes of `box_rows × box_cols`). `chunks` > 0: the
+    same matrix seen as 3-D — (column within a chunk of box_cols, row, chunk), strides (row, box_cols elements) —
+    with boxes of `chunks` consecutive column chunks, each box_rows × box_cols, one after another in shared memory
+    (coordinates: 0, the first row, the first chunk)."""
+    stride = check_tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, row_stride_bytes, chunks)
     current()
     drv = _drv()
+    dims, strides = [cols, rows], [stride]
+    box = [box_cols, box_rows]
+    if chunks:
+        dims, strides, box = [box_cols, rows, cols // box_cols], [stride, box_cols * _SIZES[dtype]], box + [chunks]
     tmap = check(drv.cuTensorMapEncodeTiled(
-        getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[dtype]}"), 2, ptr,
-        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)], [drv.cuuint64_t(stride)],
-        [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[dtype]}"), len(dims), ptr,
+        [drv.cuuint64_t(v) for v in dims], [drv.cuuint64_t(v) for v in strides],
+        [drv.cuuint32_t(v) for v in box], [drv.cuuint32_t(1)] * len(dims),
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(drv.CUtensorMapSwizzle, _SWIZZLE[swizzle][1]),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,

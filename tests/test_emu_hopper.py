@@ -191,6 +191,33 @@ def test_tma_box_lands_swizzled_with_zero_fill(seed):
             np.testing.assert_array_equal(smem[r, j ^ (r % 8)], want[r, j], err_msg=f"row {r} chunk {j}")
 
 
+@pytest.mark.parametrize("seed", [None, 1])
+def test_tma_3d_box_of_column_chunks_lands_chunk_after_chunk(seed):
+    """A column-chunked map (tensor_map_2d chunks=2: the 5 x 192 fp16 tensor seen as (64-column chunk, row,
+    chunk)): the 3-D box at (0, row 1, chunk 1) is chunks 1 and 2's 8 x 64 tiles one after another in shared memory,
+    each 128B-swizzled as a 2-D box, rows past the tensor zero; chunk 3 is past it (zero too)."""
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal((5, 192)).astype(np.float16)
+    out = np.concatenate([g.view(np.uint8).reshape(-1), np.zeros(4096 - g.nbytes + 2 * 64 * 16, np.uint8)])
+
+    def tmap(mem):
+        return tensor_map_2d(mem.bases[0], "f16", 5, 192, 8, 64, "128B", None, 2)
+
+    body = tma_body(2048).replace("tensor.2d", "tensor.3d").replace("{%r2, %r3}", "{%r10, %r3, %r3}")
+    body = "mov.u32 %r10, 0;\n" + body
+    mem, o = run(body, 128, out, tmap, seed)
+    smem = mem.view(o, np.uint8, (4096 + 2048,))[4096:].reshape(2, 8, 8, 16)  # [chunk, row, 16-byte part, byte]
+    for c in range(2):
+        want_box = np.zeros((8, 64), np.float16)
+        want_box[:4] = g[1:5, 64 * (c + 1):64 * (c + 2)]
+        want = want_box.view(np.uint8).reshape(8, 8, 16)
+        for r in range(8):
+            for j in range(8):
+                np.testing.assert_array_equal(smem[c, r, j ^ (r % 8)], want[r, j], err_msg=f"chunk {c} row {r}")
+    with pytest.raises(EmulationError, match="3-D copy through a tensor map with chunks=0"):
+        run(body, 128, out, lambda mem: tensor_map_2d(mem.bases[0], "f16", 5, 192, 8, 64, "128B"))
+
+
 def test_tma_expect_tx_short_of_the_box_deadlocks_or_overflows():
     """expect_tx of fewer bytes than the box: the phase completes early (tx goes negative) — the
     emulator must not complete it; it waits for the count to return to zero, so this deadlocks."""

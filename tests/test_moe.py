@@ -589,8 +589,9 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
              + ((xs,) if iw else ()), mem)
         box, box_rows = gemm.meta.get("tma_box", (16, 128))  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), box_rows, box, "none")
-        tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B")
-        ts = (BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none"),) if iw else ()
+        tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B", None, gemm.meta.get("x_box_chunks", 0))
+        ts = ((BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none", None,
+                                      gemm.meta.get("s_box_chunks", 0)),) if iw else ())
         _run(gemm.ptx(), (2,), (32 * gemm.meta["warps"],), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa), mem,
              dynamic_smem=gemm.meta["dynamic_smem"])
     else:

@@ -209,6 +209,9 @@ def test_tensor_map_arguments_are_checked_before_the_driver():
         check_tensor_map_2d(0, "f16", 64, 256, 64, 128)
     with pytest.raises(ValueError, match="a box dimension is 1..256"):
         check_tensor_map_2d(0, "f16", 1024, 64, 512, 64)
+    assert check_tensor_map_2d(0, "f16", 64, 256, 64, 64, "128B", None, 4) == 512  # (4 column chunks a box)
+    with pytest.raises(ValueError, match="a multiple of box_cols"):
+        check_tensor_map_2d(0, "f16", 64, 200, 64, 64, "128B", None, 2)
 
 
 @settings(max_examples=200, deadline=None)

@@ -295,11 +295,13 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         # the build's box (columns, rows): Q4_K's / Q5_K's 16-byte columns or a codec's whole blocks, the M tile's rows
         box, box_rows = meta.get("tma_box", (16, 128))
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), box_rows, box, "none")
-        tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B")
+        tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B", None,
+                                    meta.get("x_box_chunks", 0))
         ts = ()
         if "int_weights" in meta:  # the integer-weight build: the rows' sub-block sums too, as the gather writes them
             xs = gather_sub_block_sums(rows)
-            ts = (BACKEND[-1].tensor_map(mem, mem.alloc(xs), "f16", p, k // 16, bn, 8, "none"),)
+            ts = (BACKEND[-1].tensor_map(mem, mem.alloc(xs), "f16", p, k // 16, bn, 8, "none", None,
+                                        meta.get("s_box_chunks", 0)),)
         _run(ptx, grid, (32 * meta["warps"],), (tw, tx, *ts, ya, m, k, oa, na, ka, qa), mem,
              dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)
     else:

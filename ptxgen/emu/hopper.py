@@ -32,23 +32,27 @@ _SWZ = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
 
 
 def tensor_map_2d(addr: int, dtype: str, rows: int, cols: int, box_rows: int, box_cols: int,
-                  swizzle: str = "128B", row_stride_bytes: int | None = None) -> bytes:
-    """A 2-D tiled tensor map for the emulator (the arguments of runtime.tma.tensor_map_2d)."""
+                  swizzle: str = "128B", row_stride_bytes: int | None = None, chunks: int = 0) -> bytes:
+    """A 2-D tiled tensor map for the emulator (the arguments of runtime.tma.tensor_map_2d; `chunks` > 0: the 3-D
+    view of column chunks, loaded by cp.async.bulk.tensor.3d at (0, row, chunk))."""
     es = _ESIZE[dtype]
     stride = cols * es if row_stride_bytes is None else row_stride_bytes
     if not (1 <= box_rows <= 256 and 1 <= box_cols <= 256) or (box_cols * es) % 16 or stride % 16 or addr % 16:
         raise ValueError("tensor map: box dimensions 1..256, inner box, row stride and base multiples of 16 B")
     if _SWZ[swizzle] and box_cols * es > _SWZ[swizzle]:
         raise ValueError(f"tensor map: inner box {box_cols * es} B exceeds the {swizzle} swizzle span")
-    return MAGIC + struct.pack("<8Q", addr, es, cols, rows, stride, box_cols, box_rows, _SWZ[swizzle]) + bytes(48)
+    if chunks and (cols % box_cols or not 1 <= chunks <= 256):
+        raise ValueError("tensor map: chunks need columns a multiple of box_cols, 1..256 chunks a box")
+    return (MAGIC + struct.pack("<9Q", addr, es, cols, rows, stride, box_cols, box_rows, _SWZ[swizzle], chunks)
+            + bytes(40))
 
 
 def decode_tensor_map(raw: bytes) -> dict:
     if raw[:16] != MAGIC:
         raise ValueError("the tensor map parameter was not made by ptxgen.emu.hopper.tensor_map_2d "
                          "(a driver-encoded CUtensorMap is opaque to the emulator)")
-    keys = ("addr", "es", "cols", "rows", "stride", "box_cols", "box_rows", "swizzle")
-    return dict(zip(keys, struct.unpack("<8Q", raw[16:80])))
+    keys = ("addr", "es", "cols", "rows", "stride", "box_cols", "box_rows", "swizzle", "chunks")
+    return dict(zip(keys, struct.unpack("<9Q", raw[16:88])))
 
 
 @dataclass
@@ -262,8 +266,10 @@ class HopperOps:
         mods = ins.mods
         if mods[3] != "tensor":
             return self._bulk_copy(ins, ex)
-        if "tile" not in mods or "global" not in mods or mods[4] != "2d":
-            raise self.Unsupported(f"{ins.opcode}: only 2-D tiled global → shared loads are modelled")
+        if "tile" not in mods or "global" not in mods or mods[4] not in ("2d", "3d"):
+            raise self.Unsupported(f"{ins.opcode}: only 2-D (and column-chunked 3-D) tiled global → shared loads "
+                                   "are modelled")
+        rank = int(mods[4][0])
         from .parser import split_operands
 
         dst, src, bar = ins.operands[:3]
@@ -275,6 +281,9 @@ class HopperOps:
         tmaps = self._val(tmap_tok, "u64", ex)
         c0 = self._val(coords[0], "s32", ex).astype(np.int64)
         c1 = self._val(coords[1], "s32", ex).astype(np.int64)
+        if len(coords) != rank:
+            raise self.Error(f"{ins.opcode}: {len(coords)} coordinates for a {rank}-D copy")
+        c2 = self._val(coords[2], "s32", ex).astype(np.int64) if rank == 3 else None
         bars = self._mbar_addrs(bar, ex)
         for i in range(ex.size):
             try:
@@ -288,8 +297,18 @@ class HopperOps:
             if (int(c0[i]) * es) % 16:  # the H200 stops with an illegal instruction (6-block boxes of 20-byte blocks did)
                 raise self.Error(f"TMA box starts at column {int(c0[i])}: {int(c0[i]) * es} bytes into the row, not a "
                                  "multiple of 16 (the innermost coordinate must be 16-byte aligned)")
-            rr, cc = np.meshgrid(np.arange(br) + c1[i], np.arange(bc) + c0[i], indexing="ij")
-            inb = (rr >= 0) & (rr < tm["rows"]) & (cc >= 0) & (cc < tm["cols"])
+            if (rank == 3) != bool(tm["chunks"]):
+                raise self.Error(f"{ins.opcode}: a {rank}-D copy through a tensor map with chunks={tm['chunks']}")
+            if rank == 3:  # (column in the chunk, row, chunk): the box's chunks one after another, each br x bc
+                nch = tm["chunks"]
+                ch, rr, cj = np.meshgrid(np.arange(nch) + c2[i], np.arange(br) + c1[i], np.arange(bc) + c0[i],
+                                         indexing="ij")
+                inb = ((cj >= 0) & (cj < bc) & (ch >= 0) & (ch < tm["cols"] // bc) & (rr >= 0) & (rr < tm["rows"]))
+                rr, cc = rr.reshape(nch * br, bc), (ch * bc + cj).reshape(nch * br, bc)
+                inb, br = inb.reshape(nch * br, bc), nch * br
+            else:
+                rr, cc = np.meshgrid(np.arange(br) + c1[i], np.arange(bc) + c0[i], indexing="ij")
+                inb = (rr >= 0) & (rr < tm["rows"]) & (cc >= 0) & (cc < tm["cols"])
             data = np.zeros((br, bc, es), np.uint8)
             if inb.any():
                 g = tm["addr"] + rr[inb].astype(np.uint64) * np.uint64(tm["stride"]) + cc[inb].astype(np.uint64) * np.uint64(es)

@@ -1524,6 +1524,21 @@ RA_DEEP_GROUPED = False  # (the grouped builds measured with 1 CTA an SM then: _
 # (probe_deep_ring_59b6360.log). With the static A-slot steps of _iw_steps: 57.3 / 67.6 / 45.0 -> 53.2 / 63.4 / 43.1
 # (probe_iw_static_deep_59b6360.log).
 IW_DEEP = True
+# The grouped block-stage builds load a stage's activation tiles as one TMA, a 3-D box of the stage's 64-column
+# chunks (tensor map: column in the chunk, pair, chunk; meta x_box_chunks), not one a K-step, and the integer-weight
+# build its Σx hi and lo tiles as one (s_box_chunks). Same bits; H200 graph µs, per step -> one a stage
+# (probe_b3d_9c0e620.log), MoE Q4_K 128 x top-8 768x2048 T = 32 / 128 / 256 / 512 / 1024 44.7 / 53.4 / 74.3 / 77.3
+# / 124.9 -> 43.5 / 52.8 / 72.9 / 77.1 / 123.4; 32 x top-4 1792x2048 37.9 / 44.5 / 50.7 / 69.0 / 123.1 -> 36.9 /
+# 44.3 / 50.5 / 67.0 / 123.0. (Boxes of 8 or 16 pairs up to the expert's last place instead — fewer bytes, more
+# TMAs — lost 1-20 µs: probe_b_rows_9c0e620.log.)
+GROUPED_B_3D = True
+TMA_3D = TMA_STEP.replace(".2d.", ".3d.")
+
+
+def _b3d() -> bool:
+    return GROUPED_B_3D and not GROUPED_SKELETON  # (the skeleton diagnostics drop a stage's tiles one by one)
+
+
 GROUPED_SKELETON = ""  # a diagnostic build (bench/probe_build_ab.py --variant), never shipped, wrong y: the grouped
 # fp16-weight builds' K loop without parts of its work, to time what each part costs — "nodecode" (A = 1.0 halves,
 # the A slots still waited for and given back), "skeleton" (neither decode nor MMAs), and with "noa" / "nob" in the
@@ -1961,6 +1976,16 @@ def build_wgmma(arch, spec: "MmqSpec"):
                   _box_step_mask(spec) if SA else 0,
                   b.op("add.u32", raw0, Imm(S * raw_bytes + SA * a_slot_bytes, "u32")) if IW else None, s_bytes,
                   BSTEPS, 2 * spec.bm)
+    if G and BSTEPS > 1 and _b3d():  # (_block_stage_tma: a stage's B tiles, and Σx tiles, as one 3-D box each)
+        assert stage_bytes == BSTEPS * b_bytes, (stage_bytes, b_bytes)
+        b.meta.update(x_box_chunks=BSTEPS, tensormaps=b.meta["tensormaps"].replace(
+            f"tmap_x: f16, dims (K, pairs) over the gathered x16, box (64, {BN}), 128B swizzle",
+            f"tmap_x: f16, dims (64, pairs, K / 64) over the gathered x16 (its 64-column chunks), box (64, {BN}, "
+            f"{BSTEPS}), 128B swizzle").replace(
+            f"tmap_s: f16, dims (K / 16, pairs) over the Σx rows, box (8, {BN}), no swizzle",
+            f"tmap_s: f16, dims (8, pairs, K / 128) over the Σx rows, box (8, {BN}, 2), no swizzle"))
+        if IW:
+            b.meta.update(s_box_chunks=2)
     if SA:
         b.meta.update(a_ring=f"{SA} slots of {a_slot_bytes} bytes after the B stages: block j's box (one TMA), "
                              f"read by its K-steps 4j .. 4j + 3 (the item's first and last may be mid-block)")
@@ -2323,11 +2348,21 @@ def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
     b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(fb),
            Imm((0 if "nob" in GROUPED_SKELETON else lay.stage_bytes // 2 if "halfb" in GROUPED_SKELETON
                 else lay.stage_bytes) + lay.s_bytes, "u32"))
-    col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32")) if ts is not None else None
-    for h in range(2 if ts is not None else 0):  # IntA: Σx columns 16j .. of block j = s >> 2
-        b.emit(TMA_STEP, Mem(b.op("add.u32", lay.sums(stage), Imm(h * BN * 16, "u32"))),
-               TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
+    b3d = _b3d()
+    if ts is not None and b3d:  # IntA: block j = s >> 2's Σx hi and lo tiles (8-column chunks 2j, 2j + 1), one box
+        b.emit(TMA_3D, Mem(lay.sums(stage)), TensorRef(ts, (b.op("mov.u32", Imm(0, "u32")), it.n0,
+                                                             b.op("shr.u32", s, Imm(1, "u32")))), Mem(fb))
+    elif ts is not None:  # ... as two boxes: Σx columns 16j .. and 16j + 8 ..
+        col = b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")), Imm(4, "u32"))
+        for h in range(2):
+            b.emit(TMA_STEP, Mem(b.op("add.u32", lay.sums(stage), Imm(h * BN * 16, "u32"))),
+                   TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb))
+    if b3d:  # the stage's bs B tiles as one box: 64-column chunks s .. s + bs - 1, BN rows from n0
+        b.emit(TMA_3D, Mem(b.op("mad.lo.u32", stage, Imm(bs * lay.b_bytes, "u32"), lay.bst)),
+               TensorRef(tx, (b.op("mov.u32", Imm(0, "u32")), it.n0, s)), Mem(fb))
     b.place(issued)
+    if b3d:
+        return
     tile = b.op("mad.lo.u32", stage, Imm(bs, "u32"), b.op("and.b32", g, Imm(bs - 1, "b32")))
     if "nob" not in GROUPED_SKELETON:
         half = b.label("halfb_skip") if "halfb" in GROUPED_SKELETON else None  # (the stage's first bs / 2 tiles)

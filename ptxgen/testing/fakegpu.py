@@ -60,8 +60,8 @@ def install(monkeypatch, ctx: Context = H200) -> list:
     monkeypatch.setattr(kernels, "load", load)
     monkeypatch.setattr(driver, "capture_id", lambda stream: None)
 
-    def fake_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle="128B", row_stride_bytes=None):
-        tma.check_tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, row_stride_bytes)
+    def fake_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle="128B", row_stride_bytes=None, chunks=0):
+        tma.check_tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, row_stride_bytes, chunks)
         return bytes(128)
 
     monkeypatch.setattr(tma, "tensor_map_2d", fake_map)
