@@ -796,11 +796,14 @@ def _raw_rows_tma_ok(fmt: str, k: int) -> bool:
 
 def _raw_rows_map(w: QuantTensor, rows: int, fn):
     """The tensor map of `rows` raw weight rows of `w` (an expert tensor's E·M) for a TMA-fed GEMM `fn`: boxes of its
-    meta's tma_box (columns, rows): 16 bytes (Q4_K's columns) x 128 rows unless the build says otherwise."""
+    meta's tma_box (columns, rows): 16 bytes (Q4_K's columns) x 128 rows unless the build says otherwise, the columns
+    u32 words where its tma_dtype says so."""
     from ptxgen.formats import get as fmt_of
 
     cols, box_rows = (int(v) for v in fn.meta.get("tma_box", (16, 128)))
-    return _tensor_map(w.ptr, "u8", rows, fmt_of(w.fmt).row_bytes(w.shape[-1]), box_rows, cols, "none")
+    dtype = fn.meta.get("tma_dtype", "u8")  # (a box wider than 256 bytes counts u32 words)
+    return _tensor_map(w.ptr, dtype, rows, fmt_of(w.fmt).row_bytes(w.shape[-1]) // (4 if dtype == "u32" else 1),
+                       box_rows, cols, "none")
 
 
 def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks=0):

@@ -485,11 +485,15 @@ def test_quantize_q8_1_mmq_flags_a_scale_overflow():
 
 @pytest.mark.parametrize("kernel,shape,splits", [("mmq_q6_k_wgmma_ra_n64", (131, 69, 2048), 5),
                                                  ("mmq_q6_k_wgmma_ra_n64", (259, 40, 2048), 3),
-                                                 ("mmq_q6_k_wgmma_ra_n32_moe", None, 1)])
-def test_q6k_block_box_with_items_starting_mid_block(kernel, shape, splits):
-    """Q6_K's register-A builds keep one box a block in A slots for its 4 K-steps (codecs/q6_k.py RA_BOX_STEPS):
-    split-K items that start and end mid-block (32 steps in 5 or 3 splits), CTAs taking turns, and the grouped
-    build stay within the fp16 GEMMs' bar of the float64 reference."""
+                                                 ("mmq_q6_k_wgmma_ra_n32_moe", None, 1),
+                                                 ("mmq_q8_0_wgmma_ra_n64", (131, 69, 2048), 5),
+                                                 ("mmq_q8_0_wgmma_ra_n64", (259, 40, 2048), 3),
+                                                 ("mmq_q8_0_wgmma_ra_n32_moe", None, 1)])
+def test_codec_block_box_with_items_starting_mid_block(kernel, shape, splits):
+    """Q6_K's and Q8_0's register-A builds keep one box a block in A slots for its 4 K-steps (the codecs'
+    RA_BOX_STEPS; Q8_0's 272-byte box through a u32 map): split-K items that start and end mid-block (32 steps in 5
+    or 3 splits), CTAs taking turns, and the grouped build stay within the fp16 GEMMs' bar of the float64
+    reference."""
     kw = dict(shape=shape, splits=splits, ctas=3, interleave=True) if shape else {}
     k = KERNELS[kernel].for_arch("sm_90a")
     ptx = k.ptx()

@@ -559,7 +559,7 @@ def test_the_static_block_steps_give_the_run_time_tests_bits(name, monkeypatch):
 
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
     from ptxgen import tuning
-    from ptxgen.emu.harness import BACKEND, _memory, _moe_x, _run
+    from ptxgen.emu.harness import BACKEND, _memory, _moe_x, _run, weight_rows_map
     from ptxgen.runtime import ops
 
     e, m, k = shape
@@ -587,8 +587,7 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         rows = max(1, p // 3)  # 3 or 4 CTAs
         _run(group.ptx(), (-(-p // rows),), (1024,), grouping + (xa, x16, ga, k // 8, slots, int(per_slot), rows)
              + ((xs,) if iw else ()), mem)
-        box, box_rows = gemm.meta.get("tma_box", (16, 128))  # Q4_K's and Q5_K's 16-byte columns, Q8_0's 80-byte boxes
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), box_rows, box, "none")
+        tw = weight_rows_map(mem, wa, gemm.meta, e * m, formats.get(fmt).row_bytes(k))  # the build's boxes
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B", None, gemm.meta.get("x_box_chunks", 0))
         ts = ((BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none", None,
                                       gemm.meta.get("s_box_chunks", 0)),) if iw else ())

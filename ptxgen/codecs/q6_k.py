@@ -186,6 +186,11 @@ RA_BOX_NOTE = "block j's box from 210·j rounded down to 16, shared by K-steps 4
 HALF_1056 = 0x64206420  # (1056, 1056) fp16: 1024 + q − 1056 = q − 32
 
 
+def ra_step_offset(b, s):
+    """Where K-step s = (h, sub) reads its block's box (ra_fragments' rbase), bytes: 64·h."""
+    return b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32"))
+
+
 def ra_box_column(b, s):
     """K-step s's TMA box start in the row, bytes: 210·(s >> 2) + 64·((s >> 1) & 1) rounded down to 16."""
     start = b.op("mad.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(BLOCK_BYTES, "u32"),

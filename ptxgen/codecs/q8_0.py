@@ -81,6 +81,17 @@ def run8(b, row, k0):
 # down to 16) and is RA_BOX_BYTES wide; the step's first block sits RA_BOX_BYTES-row offset 4·(s & 3) into it.
 RA_BOX_BYTES = 80  # ≥ 12 + 68, a multiple of 16; 80-byte smem rows put rows g = 0..7 in distinct 16-byte bank groups
 RA_BOX_NOTE = "K-step s's box from 64·s + 16·(s >> 2): its two blocks from byte 4·(s & 3)"
+# ... or (RA_BOX_STEPS = 4) one box a 4-step block where the build keeps A slots (kernels/mmq.py _block_box): its 8
+# blocks' RA_BLOCK_BOX_BYTES from 272·j (16-byte aligned; ra_box_column of the block's first step; a u32 map, as a box
+# is at most 256 elements), step s reading it from its own box start, 64·(s & 3) in (ra_step_offset). One TMA of 272
+# bytes a row a block instead of four of 80. Same bits; H200 graph µs, a box a step -> a block
+# (probe_q8_0_block_box_4335826.log): 4096x14336 T = 16 / 64 33.3 / 32.8 -> 32.6 / 32.5, 14336x4096 T = 16 36.7 ->
+# 34.2; MoE 128 x top-8 768x2048 T = 32 / 512 73.0 / 96.5 -> 67.3 / 91.4; but the dense n256 tile at T = 512 101.3 ->
+# 102.0 and 97.8 -> 99.0: so the tiles up to RA_BLOCK_BOX_MAX_BN, where it was timed (n128, dense and grouped, not
+# yet; the converting builds keep a box a step).
+RA_BOX_STEPS = 4
+RA_BLOCK_BOX_BYTES = 8 * BLOCK_BYTES  # 272: 68-word smem rows, rows g = 0..7 in distinct 16-byte bank groups
+RA_BLOCK_BOX_MAX_BN = 64
 HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + q + 128 − 1152 = q
 
 
@@ -88,6 +99,11 @@ def ra_box_column(b, s):
     """K-step s's TMA box start in the row, bytes: 68·s rounded down to a multiple of 16."""
     return b.op("add.u32", b.op("shl.b32", s, Imm(6, "u32")), b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")),
                                                                    Imm(4, "u32")))
+
+
+def ra_step_offset(b, s):
+    """With a box a block: where K-step s's own box start (ra_fragments' rbase) sits in it, bytes: 64·(s & 3)."""
+    return b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(6, "u32"))
 
 
 def ra_fragments(b, rbase, row_offs, s, t):

@@ -49,6 +49,15 @@ class use_backend:
         BACKEND.pop()
 
 
+def weight_rows_map(mem, wa, meta, rows, row_bytes):
+    """The raw weight rows' tensor map of a TMA-fed GEMM, as runtime.ops._raw_rows_map makes it: boxes of the meta's
+    tma_box (Q4_K's 16-byte columns x 128 rows unless the build says otherwise), in u32 words where tma_dtype says."""
+    box, box_rows = meta.get("tma_box", (16, 128))
+    dtype = meta.get("tma_dtype", "u8")
+    return BACKEND[-1].tensor_map(mem, wa, dtype, rows, row_bytes // (4 if dtype == "u32" else 1), box_rows, box,
+                                  "none")
+
+
 def _memory():
     return BACKEND[-1].memory()
 
@@ -293,8 +302,7 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         with np.errstate(over="ignore", invalid="ignore"):
             x16 = rows.astype(np.float16).reshape(p, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(p, k)
         # the build's box (columns, rows): Q4_K's / Q5_K's 16-byte columns or a codec's whole blocks, the M tile's rows
-        box, box_rows = meta.get("tma_box", (16, 128))
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", e * m, formats.get(fmt).row_bytes(k), box_rows, box, "none")
+        tw = weight_rows_map(mem, wa, meta, e * m, formats.get(fmt).row_bytes(k))
         tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B", None,
                                     meta.get("x_box_chunks", 0))
         ts = ()
@@ -1044,8 +1052,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
     else:
         wa = mem.alloc(raw)
-        box_cols = meta.get("tma_box", (16, 128))[0]  # Q4_K's 16-byte columns unless the build says otherwise
-        tw = BACKEND[-1].tensor_map(mem, wa, "u8", m, formats.get(fmt).row_bytes(k), 128, box_cols, "none")
+        tw = weight_rows_map(mem, wa, meta, m, formats.get(fmt).row_bytes(k))
     cl = meta.get("cluster", (1, 1, 1))[0]  # clusters: each rank loads bn / cl rows of the activation tile
     tx = BACKEND[-1].tensor_map(mem, xa, "f16", t, k, bn // cl, 64, "128B")
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)

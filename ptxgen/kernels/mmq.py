@@ -2079,8 +2079,11 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         b.meta.update(fmt=spec.fmt, tma_box=(16, BM))
     elif not every:
         c = _ra_codec(spec)
-        w_map = f"tmap_w: u8, dims (row bytes, M), box ({c.RA_BOX_BYTES}, 128), no swizzle ({c.RA_BOX_NOTE})"
-        b.meta.update(fmt=spec.fmt, tma_box=(c.RA_BOX_BYTES, BM),
+        wide = _ra_box_bytes(spec) > 256  # (a box dimension is at most 256 elements: such a box counts u32 words)
+        unit, es = ("u32", 4) if wide else ("u8", 1)
+        w_map = (f"tmap_w: {unit}, dims (row {'words' if wide else 'bytes'}, M), box ({_ra_box_bytes(spec) // es}, "
+                 f"128), no swizzle ({c.RA_BOX_NOTE})")
+        b.meta.update(fmt=spec.fmt, tma_box=(_ra_box_bytes(spec) // es, BM), **({"tma_dtype": "u32"} if wide else {}),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
         pitch = codec.ROW_BOX_PITCH
@@ -2781,7 +2784,7 @@ GROUPED_IW_TOKEN_TILES = (16,)  # the integer-weight grouped build: y, the min t
 # and two A sets fit the paired builds' 104 registers at n16 (n32 spilled 96 bytes)
 RA_CODECS = ("q8_0", "q6_K", "tq4_1s")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
 # RA_BOX_NOTE; RA_BOX_STEPS where one box serves several K-steps)
-RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB beside the B stages)
+RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB (Q6_K) / 34 KB (Q8_0) beside the B stages)
 
 
 # Q4_K / Q5_K (NIBBLE_PARTS) with a block's rows loaded by one TMA box into an A slot for its 4 K-steps instead of 3 /
@@ -2801,7 +2804,9 @@ def _block_box(spec: MmqSpec) -> bool:
         return False
     if spec.fmt in NIBBLE_PARTS:
         return ("grouped" if spec.grouped else "dense") in NIBBLE_BLOCK_BOX.get(spec.fmt, ())
-    return spec.fmt in RA_CODECS and getattr(codecs.get(spec.fmt), "RA_BOX_STEPS", 1) > 1
+    c = codecs.get(spec.fmt)
+    return (spec.fmt in RA_CODECS and getattr(c, "RA_BOX_STEPS", 1) > 1
+            and spec.bn <= getattr(c, "RA_BLOCK_BOX_MAX_BN", 256))
 
 
 def _box_step_mask(spec: MmqSpec) -> int:
@@ -2837,10 +2842,22 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
                                   codec=codecs.get(spec.fmt)))
     codec = _ra_codec(spec)
 
+    pitch = _ra_box_bytes(spec)
+
     def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's whole blocks, 16-byte aligned
         rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
-        b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (codec.ra_box_column(b, s), row)), Mem(fb))
-    return _WgWeights(BM * codec.RA_BOX_BYTES, tma, partial(_codec_rega_steps, codec))
+        col = codec.ra_box_column(b, s)
+        if pitch > 256:  # a u32 map (the box's 256-element limit): the column in words
+            col = b.op("shr.u32", col, Imm(2, "u32"))
+        b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (col, row)), Mem(fb))
+    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch))
+
+
+def _ra_box_bytes(spec: MmqSpec) -> int:
+    """A register-A codec's box width (and its rows' pitch in shared memory): a K-step's, or with block boxes
+    (_block_box) a block's where the codec has one of its own (RA_BLOCK_BOX_BYTES: Q8_0's 272)."""
+    codec = _ra_codec(spec)
+    return getattr(codec, "RA_BLOCK_BOX_BYTES", codec.RA_BOX_BYTES) if _block_box(spec) else codec.RA_BOX_BYTES
 
 
 def _row_box(fmt: str) -> tuple:
@@ -2864,24 +2881,24 @@ def _ra_codec(spec: MmqSpec):
 
 
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                      ct, cw, lane, magic, peers=(), lay=None):
+                      ct, cw, lane, magic, peers=(), lay=None, pitch=None):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
     consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
     of layouts.q4k_rega_k_order, into _ra_k_loop. With `lay` (a codec whose box holds a block: RA_BOX_STEPS): the
-    box is in A slot a_count % a_slots — waited for at the item's first step and every block's first, step (h,
-    sub) reading it 64·h bytes in, released after the item's last step and every block's last."""
+    box is in A slot a_count % a_slots — waited for at the item's first step and every block's first, step s reading
+    it codec.ra_step_offset bytes in, released after the item's last step and every block's last."""
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)
-    row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(codec.RA_BOX_BYTES, "u32"))
+    row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch or codec.RA_BOX_BYTES, "u32"))
                 for rr in range(2)]
 
     def fragments(stage):
         if lay is None:
             return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t)
         sl = _a_slot_take(b, lay, s, s_begin)
-        half = b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32"))  # 64·h
-        frags = codec.ra_fragments(b, b.op("add.u32", lay.a_slot(sl), half), row_offs, s, t)
+        off = codec.ra_step_offset(b, s)
+        frags = codec.ra_fragments(b, b.op("add.u32", lay.a_slot(sl), off), row_offs, s, t)
         _a_slot_give(b, lay, s, s_end, sl)
         return frags
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
