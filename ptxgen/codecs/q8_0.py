@@ -87,8 +87,9 @@ RA_BOX_NOTE = "K-step s's box from 64·s + 16·(s >> 2): its two blocks from byt
 # bytes a row a block instead of four of 80. Same bits; H200 graph µs, a box a step -> a block
 # (probe_q8_0_block_box_4335826.log): 4096x14336 T = 16 / 64 33.3 / 32.8 -> 32.6 / 32.5, 14336x4096 T = 16 36.7 ->
 # 34.2; MoE 128 x top-8 768x2048 T = 32 / 512 73.0 / 96.5 -> 67.3 / 91.4; but the dense n256 tile at T = 512 101.3 ->
-# 102.0 and 97.8 -> 99.0: so the tiles up to RA_BLOCK_BOX_MAX_BN, where it was timed (n128, dense and grouped, not
-# yet; the converting builds keep a box a step).
+# 102.0 and 97.8 -> 99.0, n128 at T = 96 / 128 40.5 / 42.1 -> 44.0 / 45.0, n256 at T = 256 60.8 -> 62.7, the grouped
+# n128 at T = 2048 213.3 -> 215.5 (probe_q8_0_block_box_n128_3d39399.log; their 2 A slots hold 8 K-steps where the
+# deep n64 build's 4 hold 16): so the tiles up to RA_BLOCK_BOX_MAX_BN (the converting builds keep a box a step).
 RA_BOX_STEPS = 4
 RA_BLOCK_BOX_BYTES = 8 * BLOCK_BYTES  # 272: 68-word smem rows, rows g = 0..7 in distinct 16-byte bank groups
 RA_BLOCK_BOX_MAX_BN = 64
