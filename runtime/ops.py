@@ -455,7 +455,8 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
               grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
     tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B", int(gemm.meta.get("x_box_chunks", 0)))
-    ts = (_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none", int(gemm.meta.get("s_box_chunks", 0))),) if iw else ()
+    ts = ((_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none", int(gemm.meta.get("s_box_chunks", 0))),) if iw
+          else ())
     pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
 
 
@@ -802,8 +803,10 @@ def _raw_rows_map(w: QuantTensor, rows: int, fn):
 
     cols, box_rows = (int(v) for v in fn.meta.get("tma_box", (16, 128)))
     dtype = fn.meta.get("tma_dtype", "u8")  # (a box wider than 256 bytes counts u32 words)
-    return _tensor_map(w.ptr, dtype, rows, fmt_of(w.fmt).row_bytes(w.shape[-1]) // (4 if dtype == "u32" else 1),
-                       box_rows, cols, "none")
+    row_bytes, es = fmt_of(w.fmt).row_bytes(w.shape[-1]), 4 if dtype == "u32" else 1
+    if row_bytes % es:
+        raise ValueError(f"{fn.name}: {w.fmt} rows of {row_bytes} bytes are not whole {dtype} words")
+    return _tensor_map(w.ptr, dtype, rows, row_bytes // es, box_rows, cols, "none")
 
 
 def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks=0):

@@ -384,7 +384,7 @@ class Bound:
                 elif isinstance(a, TMap):
                     key = (resolve(a.ptr),) + tuple(a[1:])
                     if key not in tmaps:
-                        tmaps[key] = tensor_map_2d(*key[:-1], None, key[-1])
+                        tmaps[key] = tensor_map_2d(*key[:-1], chunks=key[-1])
                     vals.append(tmaps[key])
                 else:
                     vals.append(a)

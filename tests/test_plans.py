@@ -276,7 +276,8 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
     """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) for T within
     RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup (from
     mmq_cx_min_tokens with one K split the build converting x itself, mmq_<fmt>_wgmma_ra_n<tile>_cx, alone); its
-    weights by a tensor map of the raw rows (Q8_0: 80-byte boxes; Q5_K: 16-byte columns). Below, the codec GEMV
+    weights by a tensor map of the raw rows (Q8_0: 80-byte boxes a step, n64's 68-word boxes a block; Q5_K: 16-byte
+    columns). Below, the codec GEMV
     (exact); above, the prepared route. Weights not 16-byte aligned keep the prepared route; off sm_90, the GEMV."""
     from ptxgen import formats
     from ptxgen.runtime import tma
@@ -301,6 +302,8 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
     if hi < 1 << 14:
         assert ops.mul_mat_plan(w, hi + 1).kernels[0] == f"dequantize_{f}_frags"
     assert (w.ptr, "u8", 4096, formats.get(fmt).row_bytes(4096), 128, box, "none") in maps  # the raw rows
+    if fmt == "q8_0":  # n64: a box a block, 68 u32 words (codecs/q8_0.py RA_BLOCK_BOX_MAX_BN)
+        assert (w.ptr, "u32", 4096, formats.get(fmt).row_bytes(4096) // 4, 128, 68, "none") in maps
     assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 4096, at=fakegpu.BASE + 8), 512).kernels[0] == \
         f"dequantize_{f}_frags"
     assert ops.mul_mat_plan(w, 512, arch="sm_89").kernels[1] == f"mmq_{f}_f16_n128_x16"  # mma.sync's GEMM there

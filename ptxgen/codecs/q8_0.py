@@ -92,6 +92,7 @@ RA_BOX_NOTE = "K-step s's box from 64·s + 16·(s >> 2): its two blocks from byt
 # deep n64 build's 4 hold 16): so the tiles up to RA_BLOCK_BOX_MAX_BN (the converting builds keep a box a step).
 RA_BOX_STEPS = 4
 RA_BLOCK_BOX_BYTES = 8 * BLOCK_BYTES  # 272: 68-word smem rows, rows g = 0..7 in distinct 16-byte bank groups
+RA_BLOCK_BOX_NOTE = "block j's 8 blocks, 68 words from word 68·j, shared by K-steps 4j .. 4j + 3: step s's from byte 68·(s & 3)"
 RA_BLOCK_BOX_MAX_BN = 64
 HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + q + 128 − 1152 = q
 
@@ -108,7 +109,8 @@ def ra_step_offset(b, s):
 
 
 def ra_fragments(b, rbase, row_offs, s, t):
-    """One K-step's register-A fragments from its TMA box (rows of RA_BOX_BYTES at rbase + row_offs[rr]): lane
+    """One K-step's register-A fragments from its TMA box (rows at rbase + row_offs[rr], the build's pitch: a step's
+    RA_BOX_BYTES or a block's RA_BLOCK_BOX_BYTES, rbase then at the step's ra_step_offset in it): lane
     (g, t) takes quants 8t .. 8t + 7 of both blocks of its rows g and g + 8 — the positions q4_k's register-A
     decode gives its nibbles (block sb in the place of sub-block 2c + sb, element e in the place of qs byte e), so
     the activation keeps layouts.q4k_rega_k_order. A pair of quants (e, e + 2) becomes (1152 + q) halves by one

@@ -54,8 +54,9 @@ def weight_rows_map(mem, wa, meta, rows, row_bytes):
     tma_box (Q4_K's 16-byte columns x 128 rows unless the build says otherwise), in u32 words where tma_dtype says."""
     box, box_rows = meta.get("tma_box", (16, 128))
     dtype = meta.get("tma_dtype", "u8")
-    return BACKEND[-1].tensor_map(mem, wa, dtype, rows, row_bytes // (4 if dtype == "u32" else 1), box_rows, box,
-                                  "none")
+    es = 4 if dtype == "u32" else 1
+    assert row_bytes % es == 0, (row_bytes, dtype)
+    return BACKEND[-1].tensor_map(mem, wa, dtype, rows, row_bytes // es, box_rows, box, "none")
 
 
 def _memory():

@@ -23,6 +23,8 @@ fp16 path, one description for sm_89 and sm_120a (on an H200 the sm_89 PTX is co
 """
 from __future__ import annotations
 
+import re
+
 from functools import partial
 from typing import Callable, NamedTuple
 
@@ -2081,8 +2083,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         c = _ra_codec(spec)
         wide = _ra_box_bytes(spec) > 256  # (a box dimension is at most 256 elements: such a box counts u32 words)
         unit, es = ("u32", 4) if wide else ("u8", 1)
+        note = getattr(c, "RA_BLOCK_BOX_NOTE", c.RA_BOX_NOTE) if _block_box(spec) else c.RA_BOX_NOTE
         w_map = (f"tmap_w: {unit}, dims (row {'words' if wide else 'bytes'}, M), box ({_ra_box_bytes(spec) // es}, "
-                 f"128), no swizzle ({c.RA_BOX_NOTE})")
+                 f"128), no swizzle ({note})")
         b.meta.update(fmt=spec.fmt, tma_box=(_ra_box_bytes(spec) // es, BM), **({"tma_dtype": "u32"} if wide else {}),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
@@ -2105,8 +2108,8 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                                  "resets the queue",
                       grouping="moe_gather first: order, offsets, work (its meta); the epilogue stores tile column n "
                                "to y's row order[n], masked to the expert's places and m < M",
-                      tensormaps=w_map.replace("dims (row bytes, M)", "dims (row bytes, E·M) over all experts (an "
-                                               "item's rows start at expert·M + m0)") +
+                      tensormaps=re.sub(r"dims \(row (bytes|words), M\)", r"dims (row \1, E·M) over all experts (an "
+                                        "item's rows start at expert·M + m0)", w_map) +
                       f"; tmap_x: f16, dims (K, pairs) over the gathered x16, box (64, {BN}), 128B swizzle")
     if spec.grouped:  # the two-CTA builds' consumers fit their 104 registers only where setmaxnreg is honoured
         b.meta.update(compile="whole-program")
@@ -2337,9 +2340,10 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
 
 
 def _block_stage_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, g, s, tx, ts):
-    """Block stages (lay.bs = 4 K-steps a stage; items whole blocks): at a block's first step wait until its stage
-    is free and expect the block's 4 B tiles (IntA: and its Σx tile, hi and lo, BN x 16 bytes each), then each
-    step's B tile into the stage's tile g & 3."""
+    """Block stages (lay.bs = 4 K-steps a stage, or 2: half a block; items whole blocks): at a stage's first step
+    wait until it is free, expect its bs B tiles (IntA: and its Σx tile, hi and lo, BN x 16 bytes each) and load
+    them as one 3-D box (GROUPED_B_3D; IntA's Σx tiles as another), or (the skeleton diagnostics) each step's B tile
+    into the stage's tile g % bs."""
     S, BN, bs = lay.S, spec.bn, lay.bs
     blk = b.op("shr.u32", g, Imm(bs.bit_length() - 1, "u32"))
     stage = b.op("rem.u32", blk, Imm(S, "u32"))
@@ -2783,7 +2787,8 @@ IW_NOTE = ("A = q·sc' exact in fp16 (one fma a weight pair); a super-block's MM
 GROUPED_IW_TOKEN_TILES = (16,)  # the integer-weight grouped build: y, the min term's and the block's accumulators
 # and two A sets fit the paired builds' 104 registers at n16 (n32 spilled 96 bytes)
 RA_CODECS = ("q8_0", "q6_K", "tq4_1s")  # codecs with their own register-A decode (ra_box_column, ra_fragments, RA_BOX_BYTES,
-# RA_BOX_NOTE; RA_BOX_STEPS where one box serves several K-steps)
+# RA_BOX_NOTE; RA_BOX_STEPS where one box serves several K-steps, with ra_step_offset, and RA_BLOCK_BOX_BYTES /
+# RA_BLOCK_BOX_NOTE / RA_BLOCK_BOX_MAX_BN where that box differs from a step's)
 RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB (Q6_K) / 34 KB (Q8_0) beside the B stages)
 
 
@@ -2844,7 +2849,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
 
     pitch = _ra_box_bytes(spec)
 
-    def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's whole blocks, 16-byte aligned
+    def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's (or the block's) whole blocks
         rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
         col = codec.ra_box_column(b, s)
         if pitch > 256:  # a u32 map (the box's 256-element limit): the column in words
