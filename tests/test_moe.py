@@ -322,6 +322,26 @@ def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypat
     assert len(c1) == 17 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
 
 
+def test_the_grouped_gemms_take_a_stages_activation_tiles_by_one_3d_box(monkeypatch):
+    """The grouped wgmma builds' activation map is the gathered x16 seen as (64 columns, pairs, 64-column chunks):
+    a box of BN pairs x the stage's chunks (meta x_box_chunks), one TMA a stage; the integer-weight build's Σx map
+    likewise (8-column chunks hi and lo, s_box_chunks 2). Both are TMaps over scratch, encoded when bound."""
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+    from ptxgen.runtime.plans import TMap
+
+    _Launches(monkeypatch)
+    w = _fake_experts(e=8, m=300, k=512)
+    with tuning.override(moe_int_weights_max_pairs=16):
+        for t, name, maps in ((80, "mmq_q4_k_wgmma_ra_n32_moe", 1), (8, "mmq_q4_k_wgmma_iw_n16_moe", 2)):
+            gemm = ops.mul_mat_id_plan(w, t, 2).launches[1]
+            assert gemm.fn.name == name
+            tx, *ts = gemm.args[1:1 + maps]
+            assert isinstance(tx, TMap) and (tx.rows, tx.cols, tx.box_cols) == (2 * t, 512, 64)
+            assert tx.chunks == gemm.fn.meta["x_box_chunks"] == 4 and tx.box_rows == gemm.fn.meta["bn"]
+            assert [(m.cols, m.box_cols, m.chunks) for m in ts] == ([(32, 8, 2)] if ts else [])
+
+
 def test_mul_mat_id_first_calls_in_two_threads_each_launch_their_own_pointers(monkeypatch):
     """The first call of a shape prepares the launch and publishes it; a second thread finding it must not make the
     first launch with its pointers: patch and run happen as one step for every call, the first included."""
