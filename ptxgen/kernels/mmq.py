@@ -2886,7 +2886,7 @@ def _ra_codec(spec: MmqSpec):
 
 
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                      ct, cw, lane, magic, peers=(), lay=None, pitch=None):
+                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
     consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
     of layouts.q4k_rega_k_order, into _ra_k_loop. With `lay` (a codec whose box holds a block: RA_BOX_STEPS): the
@@ -2895,7 +2895,7 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     g = b.op("shr.u32", lane, Imm(2, "u32"))
     t = b.op("and.b32", lane, Imm(3, "b32"))
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)
-    row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch or codec.RA_BOX_BYTES, "u32"))
+    row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
                 for rr in range(2)]
 
     def fragments(stage):
