@@ -218,6 +218,28 @@ def test_tma_3d_box_of_column_chunks_lands_chunk_after_chunk(seed):
         run(body, 128, out, lambda mem: tensor_map_2d(mem.bases[0], "f16", 5, 192, 8, 64, "128B"))
 
 
+def test_tma_prefetch_to_l2_moves_nothing_and_checks_its_box():
+    """cp.async.bulk.prefetch.tensor.2d.L2 (the grouped MoE GEMMs' weights while the grouping runs): no bytes move,
+    no barrier is involved, rows past the tensor are allowed; the box must start 16-byte aligned in the row."""
+    g = np.arange(5 * 80, dtype=np.float16).reshape(5, 80)
+    out = np.concatenate([g.view(np.uint8).reshape(-1), np.zeros(4096 - g.nbytes + 1024, np.uint8)])
+    body = """
+mov.b64 %rd1, tmap;
+cvta.param.u64 %rd2, %rd1;
+mov.u32 %r2, COL;
+mov.u32 %r3, 7;
+cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%rd2, {%r2, %r3}];
+"""
+
+    def tmap(mem):
+        return tensor_map_2d(mem.bases[0], "f16", 5, 80, 8, 64, "128B")
+
+    mem, o = run(body.replace("COL", "8"), 32, out, tmap)
+    np.testing.assert_array_equal(mem.view(o, np.uint8, (out.size,)), out)
+    with pytest.raises(EmulationError, match="not 16-byte aligned"):
+        run(body.replace("COL", "4"), 32, out, tmap)
+
+
 def test_tma_expect_tx_short_of_the_box_deadlocks_or_overflows():
     """expect_tx of fewer bytes than the box: the phase completes early (tx goes negative) — the
     emulator must not complete it; it waits for the count to return to zero, so this deadlocks."""

@@ -262,8 +262,31 @@ class HopperOps:
             else:
                 self.cta.tma_pending.append(job)
 
+    def _bulk_prefetch(self, ins, ex):
+        """`cp.async.bulk.prefetch.tensor.2d.L2.global.tile [tmap, {c0, c1}]`: no data moves here; the map must
+        decode and the box start 16-byte aligned in the row, as for a load (rows past the map are the GPU's to drop)."""
+        from .parser import split_operands
+
+        if ins.mods[4:] != ["tensor", "2d", "L2", "global", "tile"]:
+            raise self.Unsupported(f"{ins.opcode}: only 2-D tiled prefetches to L2 are modelled")
+        tmap_tok, coords_tok = split_operands(ins.operands[0].strip()[1:-1])
+        coords = self._vec(coords_tok)
+        if len(coords) != 2:
+            raise self.Error(f"{ins.opcode}: {len(coords)} coordinates for a 2-D prefetch")
+        tmaps = self._val(tmap_tok, "u64", ex)
+        c0 = self._val(coords[0], "s32", ex).astype(np.int64)
+        for i in range(ex.size):
+            try:
+                tm = decode_tensor_map(self._param_bytes(int(tmaps[i])))
+            except ValueError as e:
+                raise self.Error(str(e)) from None
+            if (int(c0[i]) * tm["es"]) % 16:
+                raise self.Error(f"TMA prefetch box starts at column {int(c0[i])}: not 16-byte aligned in the row")
+
     def _bulk_tensor(self, ins, ex):
         mods = ins.mods
+        if mods[3] == "prefetch":
+            return self._bulk_prefetch(ins, ex)
         if mods[3] != "tensor":
             return self._bulk_copy(ins, ex)
         if "tile" not in mods or "global" not in mods or mods[4] not in ("2d", "3d"):

@@ -1954,6 +1954,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     CL = spec.cluster
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
     if G:
+        _grouped_l2_prefetch(b, spec, tw_p, m_p, k_p)
         w = _grouped_work(b, Y0, Q, m_p, k_p, grp_p, spec.bm)
     else:
         P, C = b.ptr(pt_p), b.ptr(ct_p)
@@ -2155,6 +2156,45 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, bm=BM) -> _WgWork:
     groups = _WgGroups(ORD, OFF, WRK)
     return _WgWork(Y0, Q, None, None, M, K, None, None, None, None, tiles_m, b.op("mul.lo.u32", tiles_m, L),
                    b.op("shr.u32", K, Imm(6, "u32")), None, [], groups)
+
+
+# The grouped nibble builds' L2 prefetch while moe_gather runs (their CTAs wait for it, HBM idle): a CTA's likely first
+# item's first GROUPED_L2_PREFETCH_BLOCKS 256-column blocks (0: none), ~10 MB over the GPU's 264 CTAs (n16). H200,
+# graph µs, none / 2 blocks (probe_grouped_l2_prefetch_blocks*_16b204c.log): Q4_K 128 x top-8 T = 16 / 32 / 64 / 128
+# 36.6 / 43.6-43.8 / 50.7 / 52.9 -> 36.0 / 42.2-43.3 / 50.1 / 51.8, 512 75.9 -> 75.6; 32 x top-4 T = 16 / 32 / 64 /
+# 128 31.7 / 36.7-37.3 / 37.4 / 44.4 -> 30.5 / 35.9-36.7 / 36.8 / 44.0. The whole first item (8 blocks) or two
+# items lost 1-10 µs (≥ 40 MB: more than the window streams, evicted or fetched twice;
+# probe_grouped_l2_prefetch_16b204c.log). In bench_moe's loop (one weight) the gain is within its noise: T = 32 43.1
+# graph µs before and after (bench_moe_q4k_l2_prefetch.log).
+GROUPED_L2_PREFETCH_BLOCKS = 2
+
+
+def _grouped_l2_prefetch(b, spec: MmqSpec, tw_p, m_p, k_p):
+    """Before griddepcontrol.wait (moe_gather still running): lanes 0 .. GROUPED_L2_PREFETCH_BLOCKS - 1 of warp 0
+    prefetch into L2 (cp.async.bulk.prefetch.tensor, the weight map's box) one block each of the item this CTA would
+    claim first if every expert held one work entry: item ctaid, expert ctaid / M-tiles, M tile ctaid % M-tiles. A
+    guess (an expert without pairs, or with several token tiles, shifts the list); a wrong one costs bandwidth in a
+    window where HBM is idle. The nibble codecs' block-box builds (their box is a block's rows)."""
+    nbl = GROUPED_L2_PREFETCH_BLOCKS
+    if not nbl or spec.fmt not in NIBBLE_PARTS or not _block_box(spec):
+        return
+    assert nbl <= 32, nbl
+    codec = codecs.get(spec.fmt)
+    lane = b.special("tid.x")
+    M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
+    skip = b.label("l2_prefetch_done")
+    nb = b.op("min.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(nbl, "u32"))  # (K: whole 256-column blocks)
+    b.bra(skip, pred=b.op("setp.ge.u32", lane, nb), uniform=False)
+    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
+    tiles_m = _tiles_m(b, M, spec.bm)
+    cta = b.special("ctaid.x")
+    row = b.op("mad.lo.u32", b.op("div.u32", cta, tiles_m), M,
+               b.op("mul.lo.u32", b.op("rem.u32", cta, tiles_m), Imm(spec.bm, "u32")))
+    b.emit("cp.async.bulk.prefetch.tensor.2d.L2.global.tile",
+           TensorRef(tw, (b.op("mul.lo.u32", lane, Imm(codec.BLOCK_BYTES, "u32")), row)))
+    b.place(skip)
+    b.meta.update(l2_prefetch=f"before the grouping (griddepcontrol.wait): the first {nbl} blocks of item ctaid's "
+                              "weights into L2, a guess (expert ctaid / M-tiles, one work entry an expert)")
 
 
 def _grouped_item(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
