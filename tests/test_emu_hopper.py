@@ -238,6 +238,9 @@ cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%rd2, {%r2, %r3}];
     np.testing.assert_array_equal(mem.view(o, np.uint8, (out.size,)), out)
     with pytest.raises(EmulationError, match="not 16-byte aligned"):
         run(body.replace("COL", "4"), 32, out, tmap)
+    with pytest.raises(EmulationError, match="2-D prefetch through a tensor map with chunks=2"):
+        run(body.replace("COL", "8"), 32, out, lambda mem: tensor_map_2d(mem.bases[0], "f16", 5, 192, 8, 64, "128B",
+                                                                         None, 2))
 
 
 def test_tma_expect_tx_short_of_the_box_deadlocks_or_overflows():

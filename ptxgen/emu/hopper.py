@@ -275,11 +275,14 @@ class HopperOps:
             raise self.Error(f"{ins.opcode}: {len(coords)} coordinates for a 2-D prefetch")
         tmaps = self._val(tmap_tok, "u64", ex)
         c0 = self._val(coords[0], "s32", ex).astype(np.int64)
+        self._val(coords[1], "s32", ex)  # (read, as a load reads it: an unwritten row register is an error)
         for i in range(ex.size):
             try:
                 tm = decode_tensor_map(self._param_bytes(int(tmaps[i])))
             except ValueError as e:
                 raise self.Error(str(e)) from None
+            if tm["chunks"]:
+                raise self.Error(f"{ins.opcode}: a 2-D prefetch through a tensor map with chunks={tm['chunks']}")
             if (int(c0[i]) * tm["es"]) % 16:
                 raise self.Error(f"TMA prefetch box starts at column {int(c0[i])}: not 16-byte aligned in the row")
 

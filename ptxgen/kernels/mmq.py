@@ -2162,19 +2162,20 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, bm=BM) -> _WgWork:
 # item's first GROUPED_L2_PREFETCH_BLOCKS 256-column blocks (0: none), ~10 MB over the GPU's 264 CTAs (n16). H200,
 # graph µs, none / 2 blocks (probe_grouped_l2_prefetch_blocks*_16b204c.log): Q4_K 128 x top-8 T = 16 / 32 / 64 / 128
 # 36.6 / 43.6-43.8 / 50.7 / 52.9 -> 36.0 / 42.2-43.3 / 50.1 / 51.8, 512 75.9 -> 75.6; 32 x top-4 T = 16 / 32 / 64 /
-# 128 31.7 / 36.7-37.3 / 37.4 / 44.4 -> 30.5 / 35.9-36.7 / 36.8 / 44.0. The whole first item (8 blocks) or two
-# items lost 1-10 µs (≥ 40 MB: more than the window streams, evicted or fetched twice;
-# probe_grouped_l2_prefetch_16b204c.log). In bench_moe's loop (one weight) the gain is within its noise: T = 32 43.1
+# 128 31.7 / 36.7-37.3 / 37.4 / 44.4 -> 30.5 / 35.9-36.7 / 36.8 / 44.0. One whole item a CTA (K = 2048: 8 blocks,
+# ~43 MB at n16) lost 0.7-4 µs, two 9-34, four 80-240 (more than the window streams: evicted or fetched twice;
+# probe_grouped_l2_prefetch_16b204c.log); two items of 1-2 blocks up to 8. In bench_moe's loop (one weight) the gain is within its noise: T = 32 43.1
 # graph µs before and after (bench_moe_q4k_l2_prefetch.log).
 GROUPED_L2_PREFETCH_BLOCKS = 2
 
 
 def _grouped_l2_prefetch(b, spec: MmqSpec, tw_p, m_p, k_p):
-    """Before griddepcontrol.wait (moe_gather still running): lanes 0 .. GROUPED_L2_PREFETCH_BLOCKS - 1 of warp 0
-    prefetch into L2 (cp.async.bulk.prefetch.tensor, the weight map's box) one block each of the item this CTA would
-    claim first if every expert held one work entry: item ctaid, expert ctaid / M-tiles, M tile ctaid % M-tiles. A
-    guess (an expert without pairs, or with several token tiles, shifts the list); a wrong one costs bandwidth in a
-    window where HBM is idle. The nibble codecs' block-box builds (their box is a block's rows)."""
+    """Before griddepcontrol.wait (moe_gather still running): threads 0 .. min(K / 256, GROUPED_L2_PREFETCH_BLOCKS) - 1
+    (in warp 0) prefetch into L2 (cp.async.bulk.prefetch.tensor, the weight map's box) one block each of item ctaid
+    as if every expert held one work entry: expert ctaid / M-tiles, M tile ctaid % M-tiles. A guess twice over
+    (items go to CTAs in queue order, not by ctaid; an expert without pairs, or with several token tiles, shifts the
+    list); a wrong one costs bandwidth in a window where HBM is idle. The nibble codecs' block-box builds (their box
+    is a block's rows)."""
     nbl = GROUPED_L2_PREFETCH_BLOCKS
     if not nbl or spec.fmt not in NIBBLE_PARTS or not _block_box(spec):
         return
