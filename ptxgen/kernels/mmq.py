@@ -2164,8 +2164,8 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, bm=BM) -> _WgWork:
 # 36.6 / 43.6-43.8 / 50.7 / 52.9 -> 36.0 / 42.2-43.3 / 50.1 / 51.8, 512 75.9 -> 75.6; 32 x top-4 T = 16 / 32 / 64 /
 # 128 31.7 / 36.7-37.3 / 37.4 / 44.4 -> 30.5 / 35.9-36.7 / 36.8 / 44.0. One whole item a CTA (K = 2048: 8 blocks,
 # ~43 MB at n16) lost 0.7-4 µs, two 9-34, four 80-240 (more than the window streams: evicted or fetched twice;
-# probe_grouped_l2_prefetch_16b204c.log); two items of 1-2 blocks up to 8. In bench_moe's loop (one weight) the gain is within its noise: T = 32 43.1
-# graph µs before and after (bench_moe_q4k_l2_prefetch.log).
+# probe_grouped_l2_prefetch_16b204c.log); two items of 1-2 blocks up to 8. In bench_moe's loop (one weight) the
+# gain is within its noise: T = 32 43.1 graph µs before and after (bench_moe_q4k_l2_prefetch.log).
 GROUPED_L2_PREFETCH_BLOCKS = 2
 
 
