@@ -1743,15 +1743,18 @@ def _lane_epilogue(b, sums, lane, gwarp, row0, M, ntok, Y, part_p, cnt_p):
                     M, ntok, Y, part_p, cnt_p)
 
 
-def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=False):
+def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=False, after_store=None):
     """items: (pred, y offset, value) this lane owns. One split: store them. Split-K: store this split's
     partials; the warp that arrives last at the row group's counter (index gwarp) sums the splits in z order
     (deterministic) into y and resets the counter. Ends the thread. lean: the sum one split at a time from one
-    base pointer (for many items: fewer registers, more round trips)."""
+    base pointer (for many items: fewer registers, more round trips). after_store: emitted after one split's
+    stores (a trace build's record)."""
     split = b.label("split")
     b.bra(split, pred=b.op("setp.gt.u32", nsplit, Imm(1, "u32")))
     for ok, yoff, v in items:
         b.emit("st.global.f32", Mem(b.op("mad.wide.u32", yoff, Imm(4, "u32"), Y)), v, pred=ok)
+    if after_store is not None:
+        after_store()
     b.emit("ret")
     b.place(split)
     b.comment("split-K: store this split's partials; the warp that arrives last at the row group's counter sums "

@@ -37,13 +37,24 @@ from __future__ import annotations
 
 from ..builder import KernelBuilder
 from ..formats import tq4_1s as T4
-from ..ir import Imm, Mem, mma_sync
+from ..ir import Imm, Mem, Sym, mma_sync
 from ..specs import GemvKernel
 from . import KernelDef, smem_fit
 from .gemv import (_prep_record_stores, _scaled_item, _store_or_split, _sum_k_parts, _tile_rows, _warp_rows,
                    build_prep_mma)
 
 T1_MAX_SPLITS = 32
+TRACE = False  # a diagnostic build (bench/probe_decode_trace.py), never shipped: without grid K splits, lane 0 of a
+# CTA's first warp overwrites y[row0 .. row0 + 5] (its tile's first rows, after its own stores) with (%smid,
+# %globaltimer_lo at entry, after griddepcontrol.wait (and the fused builds' records), when its first step's copies
+# had landed, after its K loop, after the stores)
+# ring stages whose weights a token build leaves until after griddepcontrol.wait (with their records; the others are
+# copied before it, while the prep kernel waits for the op before). Weights in flight when the wait ends delay the
+# prep kernel: the previous GEMV's last end to this one's release took 4.8 µs with all 4 stages in flight, 3.0 with
+# 2 (bench/probe_decode_trace.py). H200 graph µs over 24 weights, stages held 0 / 1 / 2 / 3: Q4_K 4096x14336 14.7 /
+# 14.0 / 13.9 / 14.9, 14336x4096 13.2 / 12.5 / 13.7 / 14.8; held 0 / 1: Q5_K 15.7 / 15.2, 16.5 / 15.5; same bits
+# (bench/NOTES.md, 2026-12-04, night). The TMA-ring GEMVs behind their preps (Q8_0's, TQ4_1S's) did not gain.
+T1_HOLD = {1: 1}
 # (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
 # sm_90a's 227 KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x
 # 144 bytes + one record. The warps of a CTA split into row tiles of `kparts` warps each (the launch's parameter, a
@@ -193,21 +204,23 @@ def _b_tiles(b, xrec, off, ntl):
     return xbs
 
 
-def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None):
-    """The first n steps into stages 0 .. n - 1: their weights, then (after the prep kernel: griddepcontrol.wait
-    where `pdl`; then `records()` where given, the records built in the kernel) their records; one cp.async group
-    per step."""
+def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0):
+    """The first n steps into stages 0 .. n - 1: the weights of the first n - hold, then (after the prep kernel:
+    griddepcontrol.wait where `pdl`; then `records()` where given, the records built in the kernel) the other
+    weights and every step's records; one cp.async group per step."""
     firsts = []
+    pre = max(0, n - hold)
     for s_ in range(n):
         js = b.op("add.u32", jb, Imm(s_, "u32"))
         firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
-        issue(*firsts[-1], what=("w",))
+        if s_ < pre:
+            issue(*firsts[-1], what=("w",))
     if pdl:
         b.emit("griddepcontrol.wait")
     if records is not None:
         records()
-    for first in firsts:
-        issue(*first, what=("x",))
+    for s_, first in enumerate(firsts):
+        issue(*first, what=("x",) if s_ < pre else ("w", "x"))
         b.emit("cp.async.commit_group")
 
 
@@ -300,6 +313,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                       "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
                       "cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas, fused, kparts=True)
+    t_entry = b.special("globaltimer_lo") if TRACE else None
     part_p, cnt_p = ps[6:8]
     x_p = ps[8] if fused else None
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
@@ -350,7 +364,10 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         def records():
             _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
                            nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr)
-    _prologue(b, issue, stage_base, jb, jend, S, pdl, records)
+    _prologue(b, issue, stage_base, jb, jend, S, pdl, records,
+              hold=T1_HOLD.get(nt, 0) if pdl and not (fused or hi_only) else 0)
+    t_wait = b.special("globaltimer_lo") if TRACE else None
+    t_first = b.op("mov.u32", t_wait) if TRACE else None
     count = b.op("mov.u32", Imm(0, "u32"))
 
     dec = codec.RegDecoder(b, g, t)
@@ -378,6 +395,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.place(loop)
     b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    if TRACE:
+        b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=b.op("setp.eq.u32", count, Imm(0, "u32")))
     st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
     hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
     qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
@@ -441,6 +460,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
+    t_loop = b.special("globaltimer_lo") if TRACE else None
     _sum_k_parts(b, [v for a_mt in acc for a_rr in a_mt for a_n in a_rr for v in a_n], ring, S * stage_bytes, lane,
                  kpart, KP)
     items = []  # lane (g, t): its tokens of rows 16·mt + g + 8·rr
@@ -454,7 +474,17 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                            b.op("add.u32", t, Imm(4 * n, "u32")) if n else t)
                     ok = b.op("and.pred", rok, b.op("setp.lt.u32", tok, ntok))
                     items.append((ok, b.op("mad.lo.u32", tok, M, row), acc[mt][rr][n][e]))
-    _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
+    def trace():
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+        first = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+        rec = b.regs("b32", 6)
+        for r_, v in zip(rec, (b.special("smid"), t_entry, t_wait, t_first, t_loop, b.special("globaltimer_lo"))):
+            b.emit("mov.b32", r_, v)
+        at = b.op("mad.wide.u32", row0, Imm(4, "u32"), Y)
+        b.emit("st.global.v4.b32", Mem(at), b.vec(rec[:4]), pred=first)
+        b.emit("st.global.v2.b32", Mem(at, 16), b.vec(rec[4:]), pred=first)
+    _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p,
+                    after_store=trace if TRACE else None)
     return b.finish()
 
 
