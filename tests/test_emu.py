@@ -933,23 +933,25 @@ def test_q4_k_few_token_gemv_sums_a_row_tiles_k_parts_in_the_cta():
         assert out.ok, (kp, nw, shape, splits, out.detail)
 
 
-def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatch):
-    """gemv_t1.T1_HOLD (shipped {1: 1}): the one-token GEMV copies the weights of all but its last ring stage before
-    griddepcontrol.wait, the last stage's with the records after it — the same y bit for bit as with every stage
-    before the wait, with kparts and grid K splits."""
+@pytest.mark.parametrize("name, attr", [("gemv_q4_k_mma_t1", "T1_HOLD"), ("gemv_q4_k_mma_t1_fused", "FUSED_HOLD")])
+def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatch, name, attr):
+    """gemv_t1.T1_HOLD (shipped {1: 1}; FUSED_HOLD, the fused build's, empty until its GPU tests run with it): the
+    one-token GEMV copies the weights of all but its last ring stage before griddepcontrol.wait, the last stage's
+    with the records after it — the same y bit for bit as with every stage before the wait, with kparts and grid
+    K splits."""
     from ptxgen.kernels import gemv_t1
 
-    S = KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").meta["stages"]
+    S = KERNELS[name].for_arch("sm_90a").meta["stages"]
     outs = []
     for hold in (0, 1):
-        monkeypatch.setattr(gemv_t1, "T1_HOLD", {1: hold})
-        ptx = KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").ptx()
+        monkeypatch.setattr(gemv_t1, attr, {1: hold})
+        ptx = KERNELS[name].for_arch("sm_90a").ptx()
         head = ptx.split("griddepcontrol.wait")[0]
         per_step = -(-(144 // 16) * 16 // 32)  # 16 rows x 144 bytes in 16-byte chunks, 32 a copy instruction
         assert head.count("cp.async.cg.shared.global") == per_step * (S - hold) and "cp.async.ca" not in head
         got = []
         for i, (kp, shape, splits) in enumerate(((2, (70, 2304), 2), (8, (40, 1536), 1))):
-            out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=80 + i, shape=shape, splits=splits, ntok=1, kparts=kp)
+            out = check_kernel(name, ptx, seed=80 + i, shape=shape, splits=splits, ntok=1, kparts=kp)
             assert out.ok, (hold, kp, out.detail)
             got.append(np.asarray(out.got).view(np.uint32))
         outs.append(got)

@@ -48,6 +48,7 @@ TRACE = False  # a diagnostic build (bench/probe_decode_trace.py), never shipped
 # CTA's first warp overwrites y[row0 .. row0 + 5] (its tile's first rows, after its own stores) with (%smid,
 # %globaltimer_lo at entry, after griddepcontrol.wait (and the fused builds' records), when its first step's copies
 # had landed, after its K loop, after the stores)
+
 # ring stages whose weights a token build leaves until after griddepcontrol.wait (with their records; the others are
 # copied before it, while the prep kernel waits for the op before). Weights in flight when the wait ends delay the
 # prep kernel: the previous GEMV's last end to this one's release took 4.8 µs with all 4 stages in flight, 3.0 with
@@ -55,6 +56,10 @@ TRACE = False  # a diagnostic build (bench/probe_decode_trace.py), never shipped
 # 14.0 / 13.9 / 14.9, 14336x4096 13.2 / 12.5 / 13.7 / 14.8; held 0 / 1: Q5_K 15.7 / 15.2, 16.5 / 15.5; same bits
 # (bench/NOTES.md, 2026-12-04, night). The TMA-ring GEMVs behind their preps (Q8_0's, TQ4_1S's) did not gain.
 T1_HOLD = {1: 1}
+# ... and the fused builds' (the eager calls' one-launch builds). Forced into the graph loop, the t1 fused build held
+# 0 -> 1 ran 15.6 -> 14.5 µs (probe_decode_trace_fused_hold_0ed53fd.log); not shipped until its GPU tests run with it
+FUSED_HOLD: dict[int, int] = {}
+
 # (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
 # sm_90a's 227 KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x
 # 144 bytes + one record. The warps of a CTA split into row tiles of `kparts` warps each (the launch's parameter, a
@@ -365,7 +370,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
             _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
                            nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr)
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records,
-              hold=T1_HOLD.get(nt, 0) if pdl and not (fused or hi_only) else 0)
+              hold=0 if not pdl or hi_only else (FUSED_HOLD if fused else T1_HOLD).get(nt, 0))
     t_wait = b.special("globaltimer_lo") if TRACE else None
     t_first = b.op("mov.u32", t_wait) if TRACE else None
     count = b.op("mov.u32", Imm(0, "u32"))
