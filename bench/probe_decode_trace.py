@@ -46,7 +46,7 @@ def main():
         KERNEL += "_fused"
 
     import ptxgen.runtime as r
-    from bench_op import graphed
+    from bench_op import _capture, graphed
     from probe_build_ab import parse_variant, restore, swap
     from ptxgen.kernels import gemv_t1
     from ptxgen.testing.strategies import random_raw
@@ -77,17 +77,8 @@ def main():
     traced = graphed(torch, call, calls=4 * n)
     print(f"graph µs per op: shipped {base:.2f}" + (f", variant {base_v:.2f}" if extra else "") +
           f", trace build {traced:.2f}")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            call(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            call(i)
-    for _ in range(3):
+    g = _capture(torch, call, n)  # (replayed once)
+    for _ in range(2):
         g.replay()
     torch.cuda.synchronize()
     recs = [op_records(y.view(torch.int32).cpu().numpy().view(np.uint32).ravel()) for y in ys]
