@@ -1,7 +1,7 @@
 """Probe: a timeline of the Q4_K decode GEMV in a graph-replayed decode loop. gemv_q4_k_mma_t1 is rebuilt from the
 DSL with kernels/gemv_t1.py TRACE (lane 0 of each CTA's first warp overwrites its tile's first 6 y words with
-(%smid, %globaltimer_lo at entry, after griddepcontrol.wait, when its first step's copies landed, after its K loop,
-after its y stores)) and swapped in; `--weights`
+(%smid, %globaltimer_lo at entry, after its prologue (griddepcontrol.wait and the copies issued after it), when its
+first step's copies landed, after the first warp's K loop, after its y stores)) and swapped in; `--weights`
 mul_mat calls over distinct weights (from HBM) are captured into one CUDA graph, each with its own y, as bench_op's
 decode loop. Prints, per op, when its CTAs entered, passed the wait (the prep kernel's records ready) and ended,
 relative to the loop's first entry, and the loop's mean gaps: the previous GEMV's last end to this one's first wait
@@ -18,13 +18,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 
 KERNEL = "gemv_q4_k_mma_t1"
+STAMPS = ("entry", "wait", "first", "loop", "end")  # a record's words 1-5 (word 0: %smid)
 
 
 def op_records(words: np.ndarray, rows_mod: int = 16) -> np.ndarray:
-    """(CTA, 6) u32 records of one op's y (rows: the trace's, at multiples of 16 with an SM id < 1024 and an end
-    within 1 ms of the entry) → int64 (smid, entry, wait, first step, loop end, end) in ns."""
+    """(CTA, 6) u32 records of one op's y (rows: the trace's, at multiples of 16 with an SM id < 1024, an end within
+    1 ms of the entry and after it) → int64 (smid, entry, wait, first step, loop end, end), raw %globaltimer_lo."""
     w = words[: len(words) // rows_mod * rows_mod].reshape(-1, rows_mod)[:, :6].astype(np.int64)
-    ok = (w[:, 0] < 1024) & (((w[:, 5] - w[:, 1]) % 2**32) < 10**6)
+    span = (w[:, 5] - w[:, 1]) % 2**32
+    ok = (w[:, 0] < 1024) & (span > 0) & (span < 10**6)
     return w[ok]
 
 
@@ -35,15 +37,18 @@ def main():
     ap.add_argument("--variant", default=None, help="'name: mod.ATTR=literal; ...' set beside the trace")
     ap.add_argument("--fused", action="store_true", help="trace gemv_q4_k_mma_t1_fused (PTXGEN_Q4K_FUSED=on: the "
                     "records built inside the GEMV; its 'wait released' is after them)")
-    ap.add_argument("--dump", default=None, help="write the records (op, smid, entry, wait, end ns) as .npy")
+    ap.add_argument("--dump", default=None, help="write the records as .npy: (op, smid, entry, wait, first step, "
+                    "loop end, end), the times raw %%globaltimer_lo u32")
     args = ap.parse_args()
-    global KERNEL
+    if args.weights < 3:
+        raise SystemExit("--weights: at least 3 (the gaps are taken between an op's neighbours)")
     import torch
 
+    kernel = KERNEL
     if args.fused:
         from ptxgen import knobs
         knobs.set(PTXGEN_Q4K_FUSED="on")
-        KERNEL += "_fused"
+        kernel += "_fused"
 
     import ptxgen.runtime as r
     from bench_op import _capture, graphed
@@ -62,16 +67,16 @@ def main():
     call = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
     plan = r.mul_mat_plan(ws[0], 1, graph=True).kernels
     print(f"Q4_K {m}x{k}, T = 1, {n} weights; graph kernels: {' + '.join(plan)}")
-    if KERNEL not in plan:
-        raise SystemExit(f"{KERNEL} is not in the graph plan")
+    if kernel not in plan:
+        raise SystemExit(f"{kernel} is not in the graph plan")
     base = graphed(torch, call, calls=4 * n)
     if extra:
-        old = swap([KERNEL], extra)
+        old = swap([kernel], extra)
         for w in ws:
             w._plans.clear()
         base_v = graphed(torch, call, calls=4 * n)
         restore(old)
-    old = swap([KERNEL], [(gemv_t1, "TRACE", True)] + extra)
+    old = swap([kernel], [(gemv_t1, "TRACE", True)] + extra)
     for w in ws:
         w._plans.clear()
     traced = graphed(torch, call, calls=4 * n)
@@ -83,34 +88,37 @@ def main():
     torch.cuda.synchronize()
     recs = [op_records(y.view(torch.int32).cpu().numpy().view(np.uint32).ravel()) for y in ys]
     restore(old)
-    ref = min(int(rr[:, 1].min()) for rr in recs if len(rr))
+    if not all(len(rr) for rr in recs):
+        raise SystemExit("an op wrote no trace records: the plan splits K over the grid (the trace needs one split)")
+    ref = min(int(rr[:, 1].min()) for rr in recs)
     unwrap = lambda v: ((v - ref + 2**31) % 2**32) - 2**31  # noqa: E731
-    rows = []
+    ops = []  # per op: the CTAs' stamps in µs by name, in the record's order
     print("| op | CTAs | SMs | entry first / median / last µs | wait released first / median / last | end first / "
           "median / last |")
     print("|---|---|---|---|---|---|")
+    q = lambda v: " / ".join(f"{a:.2f}" for a in np.percentile(v, [0, 50, 100]))  # noqa: E731
     for i, rr in enumerate(recs):
-        e, wt, en, fs, le = (unwrap(rr[:, c]) / 1e3 for c in (1, 2, 5, 3, 4))
-        rows.append((e, wt, en, fs, le))
-        q = lambda v: " / ".join(f"{a:.2f}" for a in np.percentile(v, [0, 50, 100]))  # noqa: E731
-        print(f"| {i} | {len(rr)} | {len(np.unique(rr[:, 0]))} | {q(e)} | {q(wt)} | {q(en)} |")
+        o = {name: unwrap(rr[:, c]) / 1e3 for c, name in enumerate(STAMPS, start=1)}
+        ops.append(o)
+        print(f"| {i} | {len(rr)} | {len(np.unique(rr[:, 0]))} | {q(o['entry'])} | {q(o['wait'])} | {q(o['end'])} |")
     if args.dump:
         np.save(args.dump, np.concatenate([np.column_stack([np.full(len(rr), i), rr]) for i, rr in enumerate(recs)]))
-    per = [(rows[i + 1][1].min() - rows[i][2].max(), rows[i][2].max() - rows[i][1].min(),
-            rows[i + 1][0].min() - rows[i][0].min(), rows[i][1].min() - rows[i][0].min(),
-            np.median(rows[i][2]) - rows[i][1].min(), rows[i][2].max() - np.median(rows[i][2]),
-            np.median(rows[i][3] - rows[i][1]), np.median(rows[i][4] - rows[i][3]), np.median(rows[i][2] - rows[i][4]))
-           for i in range(1, n - 1)]
-    names = ("last end -> next op's first wait release (prep + dependencies)",
-             "first wait release -> last end (streaming after the records)",
-             "first entry -> next op's first entry (the period)",
-             "first entry -> first wait release (weights only, before the records)",
-             "first wait release -> median end", "median end -> last end (the tail)",
-             "a CTA's wait release -> its first step's copies landed (median)",
-             "a CTA's first step -> its K loop's end (median)", "a CTA's K loop's end -> its stores done (median)")
-    for j, nm in enumerate(names):
-        v = np.array([p[j] for p in per])
-        print(f"- {nm}: mean {v.mean():.2f} µs (min {v.min():.2f}, max {v.max():.2f})")
+    gaps = {  # name: f(this op, the next op) in µs
+        "last end -> next op's first wait release (prep + dependencies)": lambda o, p: p["wait"].min() - o["end"].max(),
+        "first wait release -> last end (streaming after the records)": lambda o, p: o["end"].max() - o["wait"].min(),
+        "first entry -> next op's first entry (the period)": lambda o, p: p["entry"].min() - o["entry"].min(),
+        "first entry -> first wait release (weights only, before the records)":
+            lambda o, p: o["wait"].min() - o["entry"].min(),
+        "first wait release -> median end": lambda o, p: np.median(o["end"]) - o["wait"].min(),
+        "median end -> last end (the tail)": lambda o, p: o["end"].max() - np.median(o["end"]),
+        "a CTA's wait release -> its first step's copies landed (median)":
+            lambda o, p: np.median(o["first"] - o["wait"]),
+        "a CTA's first step -> its first warp's K loop's end (median)": lambda o, p: np.median(o["loop"] - o["first"]),
+        "a CTA's first warp's K loop's end -> its stores done (the K parts' sum; median)":
+            lambda o, p: np.median(o["end"] - o["loop"])}
+    for name, f in gaps.items():
+        v = np.array([f(ops[i], ops[i + 1]) for i in range(1, n - 1)])  # (op 0 starts the loop: left out)
+        print(f"- {name}: mean {v.mean():.2f} µs (min {v.min():.2f}, max {v.max():.2f})")
 
 
 if __name__ == "__main__":

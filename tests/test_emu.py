@@ -2,7 +2,6 @@
 reporting, and every emitted kernel × arch run through it against the NumPy references (the CI tier that
 checks kernel numerics without a GPU)."""
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -933,7 +932,8 @@ def test_q4_k_few_token_gemv_sums_a_row_tiles_k_parts_in_the_cta():
         assert out.ok, (kp, nw, shape, splits, out.detail)
 
 
-@pytest.mark.parametrize("name, attr", [("gemv_q4_k_mma_t1", "T1_HOLD"), ("gemv_q4_k_mma_t1_fused", "FUSED_HOLD")])
+@pytest.mark.parametrize("name, attr", [("gemv_q4_k_mma_t1", "T1_HOLD"), ("gemv_q5_k_mma_t1", "T1_HOLD"),
+                                        ("gemv_q4_k_mma_t1_fused", "FUSED_HOLD")])
 def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatch, name, attr):
     """gemv_t1.T1_HOLD (shipped {1: 1}; FUSED_HOLD, the fused build's, empty until its GPU tests run with it): the
     one-token GEMV copies the weights of all but its last ring stage before griddepcontrol.wait, the last stage's
@@ -947,7 +947,8 @@ def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatc
         monkeypatch.setattr(gemv_t1, attr, {1: hold})
         ptx = KERNELS[name].for_arch("sm_90a").ptx()
         head = ptx.split("griddepcontrol.wait")[0]
-        per_step = -(-(144 // 16) * 16 // 32)  # 16 rows x 144 bytes in 16-byte chunks, 32 a copy instruction
+        block = 176 if "q5_k" in name else 144  # a super-block's bytes
+        per_step = -(-16 * (block // 16) // 32)  # copy instructions a step: 16 rows' 16-byte chunks, 32 an instruction
         assert head.count("cp.async.cg.shared.global") == per_step * (S - hold) and "cp.async.ca" not in head
         got = []
         for i, (kp, shape, splits) in enumerate(((2, (70, 2304), 2), (8, (40, 1536), 1))):
@@ -961,20 +962,22 @@ def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatc
 
 def test_q4_k_one_token_gemv_trace_build_records_every_cta(monkeypatch):
     """gemv_t1.TRACE (bench/probe_decode_trace.py's diagnostic build, never shipped): lane 0 of each CTA's first
-    warp overwrites its tile's first 6 y words with (SM, entry, wait released, first step landed, K loop done,
-    stores done), read back by the probe's own parser — one record a CTA, its times in that order; the shipped
-    build has no trace."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    warp overwrites its tile's first 6 y words with (SM, entry, prologue done, first step landed, K loop done,
+    stores done), read back by the probe's own parser — one record a CTA whose tile has 6 rows in y, its times in
+    that order, nothing out of bounds; the shipped build has no trace."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
     from probe_decode_trace import op_records
     from ptxgen.kernels import gemv_t1
 
     assert "globaltimer" not in KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").ptx()
     monkeypatch.setattr(gemv_t1, "TRACE", True)
     ptx = KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").ptx()
-    out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=7, shape=(64, 2048), splits=1, ntok=1, kparts=8, warps=8)
-    rec = op_records(np.asarray(out.got, np.float64).astype(np.float32).ravel().view(np.uint32))
-    assert len(rec) == 4  # 16 rows a CTA (8 warps, kparts 8)
-    assert (np.diff(rec[:, 1:], axis=1) >= 0).all() and (rec[:, 5] > rec[:, 1]).all()
+    for m, ctas in ((64, 4), (68, 4)):  # 16 rows a CTA (8 warps, kparts 8); a last tile of < 6 rows writes none
+        out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=7, shape=(m, 2048), splits=1, ntok=1, kparts=8, warps=8)
+        assert "out-of-bounds" not in out.detail, out.detail
+        rec = op_records(np.asarray(out.got, np.float64).astype(np.float32).ravel().view(np.uint32))
+        assert len(rec) == ctas
+        assert (np.diff(rec[:, 1:], axis=1) >= 0).all() and (rec[:, 5] > rec[:, 1]).all()
 
 
 @pytest.mark.parametrize("name", ["gemv_q6_k_mma_tma", "gemv_q8_0_mma"])

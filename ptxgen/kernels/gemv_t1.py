@@ -44,10 +44,11 @@ from .gemv import (_prep_record_stores, _scaled_item, _store_or_split, _sum_k_pa
                    build_prep_mma)
 
 T1_MAX_SPLITS = 32
-TRACE = False  # a diagnostic build (bench/probe_decode_trace.py), never shipped: without grid K splits, lane 0 of a
-# CTA's first warp overwrites y[row0 .. row0 + 5] (its tile's first rows, after its own stores) with (%smid,
-# %globaltimer_lo at entry, after griddepcontrol.wait (and the fused builds' records), when its first step's copies
-# had landed, after its K loop, after the stores)
+# a diagnostic build (bench/probe_decode_trace.py), never shipped: without grid K splits, lane 0 of a CTA's first warp
+# overwrites y[row0 .. row0 + 5] (its tile's first rows, after its own stores; tiles of ≥ 6 rows in y) with (%smid,
+# %globaltimer_lo at entry, after the prologue (griddepcontrol.wait, the copies after it, the fused builds' records),
+# when its first step's copies had landed, after its own K loop, after the stores (the K parts' sum before them))
+TRACE = False
 
 # ring stages whose weights a token build leaves until after griddepcontrol.wait (with their records; the others are
 # copied before it, while the prep kernel waits for the op before). Weights in flight when the wait ends delay the
@@ -55,6 +56,7 @@ TRACE = False  # a diagnostic build (bench/probe_decode_trace.py), never shipped
 # 2 (bench/probe_decode_trace.py). H200 graph µs over 24 weights, stages held 0 / 1 / 2 / 3: Q4_K 4096x14336 14.7 /
 # 14.0 / 13.9 / 14.9, 14336x4096 13.2 / 12.5 / 13.7 / 14.8; held 0 / 1: Q5_K 15.7 / 15.2, 16.5 / 15.5; same bits
 # (bench/NOTES.md, 2026-12-04, night). The TMA-ring GEMVs behind their preps (Q8_0's, TQ4_1S's) did not gain.
+# The "big" plans only (sm_90a: measured there; sm_120a's 3-stage plan untimed).
 T1_HOLD = {1: 1}
 # ... and the fused builds' (the eager calls' one-launch builds). Forced into the graph loop, the t1 fused build held
 # 0 -> 1 ran 15.6 -> 14.5 µs (probe_decode_trace_fused_hold_0ed53fd.log); not shipped until its GPU tests run with it
@@ -370,7 +372,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
             _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
                            nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr)
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records,
-              hold=0 if not pdl or hi_only else (FUSED_HOLD if fused else T1_HOLD).get(nt, 0))
+              hold=0 if not pdl or hi_only or _plan_size(arch) != "big" else
+              (FUSED_HOLD if fused else T1_HOLD).get(nt, 0))
     t_wait = b.special("globaltimer_lo") if TRACE else None
     t_first = b.op("mov.u32", t_wait) if TRACE else None
     count = b.op("mov.u32", Imm(0, "u32"))
@@ -400,7 +403,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.place(loop)
     b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-    if TRACE:
+    if TRACE:  # (a predicated mov into the register set before the loop: b.special makes a new one)
         b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=b.op("setp.eq.u32", count, Imm(0, "u32")))
     st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
     hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
@@ -481,7 +484,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                     items.append((ok, b.op("mad.lo.u32", tok, M, row), acc[mt][rr][n][e]))
     def trace():
         b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-        first = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+        first = b.op("and.pred", b.op("setp.eq.u32", tid, Imm(0, "u32")),
+                     b.op("setp.le.u32", b.op("add.u32", row0, Imm(6, "u32")), M))  # a tile of ≥ 6 rows in y
         rec = b.regs("b32", 6)
         for r_, v in zip(rec, (b.special("smid"), t_entry, t_wait, t_first, t_loop, b.special("globaltimer_lo"))):
             b.emit("mov.b32", r_, v)
