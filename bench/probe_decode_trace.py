@@ -1,7 +1,9 @@
 """Probe: a timeline of the Q4_K decode GEMV in a graph-replayed decode loop. gemv_q4_k_mma_t1 is rebuilt from the
 DSL with kernels/gemv_t1.py TRACE (lane 0 of each CTA's first warp overwrites its tile's first 6 y words with
 (%smid, %globaltimer_lo at entry, after its prologue (griddepcontrol.wait and the copies issued after it), when its
-first step's copies landed, after the first warp's K loop, after its y stores)) and swapped in; `--weights`
+first step's copies landed, after the first warp's K loop, after its y stores), then the prep's stamps) and swapped
+in, with prep_q4k_t1 rebuilt with kernels/gemv.py PREP_TRACE (its CTAs' entry, wait release and stores' end in their
+records' padding, which the GEMV copies); `--weights`
 mul_mat calls over distinct weights (from HBM) are captured into one CUDA graph, each with its own y, as bench_op's
 decode loop. Prints, per op, when its CTAs entered, passed the wait (the prep kernel's records ready) and ended,
 relative to the loop's first entry, and the loop's mean gaps: the previous GEMV's last end to this one's first wait
@@ -18,13 +20,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 
 KERNEL = "gemv_q4_k_mma_t1"
-STAMPS = ("entry", "wait", "first", "loop", "end")  # a record's words 1-5 (word 0: %smid)
+STAMPS = ("entry", "wait", "first", "loop", "end", "prep_entry", "prep_wait", "prep_end")  # words 1-8 (0: %smid)
+PREP = "prep_q4k_t1"
 
 
 def op_records(words: np.ndarray, rows_mod: int = 16) -> np.ndarray:
-    """(CTA, 6) u32 records of one op's y (rows: the trace's, at multiples of 16 with an SM id < 1024, an end within
-    1 ms of the entry and after it) → int64 (smid, entry, wait, first step, loop end, end), raw %globaltimer_lo."""
-    w = words[: len(words) // rows_mod * rows_mod].reshape(-1, rows_mod)[:, :6].astype(np.int64)
+    """(CTA, 9) u32 records of one op's y (rows: the trace's, at multiples of 16 with an SM id < 1024, an end within
+    1 ms of the entry and after it) → int64 (smid, *STAMPS), raw %globaltimer_lo (the prep's 0 where untraced)."""
+    w = words[: len(words) // rows_mod * rows_mod].reshape(-1, rows_mod)[:, :9].astype(np.int64)
     span = (w[:, 5] - w[:, 1]) % 2**32
     ok = (w[:, 0] < 1024) & (span > 0) & (span < 10**6)
     return w[ok]
@@ -53,7 +56,7 @@ def main():
     import ptxgen.runtime as r
     from bench_op import _capture, graphed
     from probe_build_ab import parse_variant, restore, swap
-    from ptxgen.kernels import gemv_t1
+    from ptxgen.kernels import gemv, gemv_t1
     from ptxgen.testing.strategies import random_raw
 
     extra = parse_variant(args.variant)[1] if args.variant else []
@@ -76,7 +79,8 @@ def main():
             w._plans.clear()
         base_v = graphed(torch, call, calls=4 * n)
         restore(old)
-    old = swap([kernel], [(gemv_t1, "TRACE", True)] + extra)
+    traced_names = [kernel] if args.fused else [kernel, PREP]  # the fused build has no prep kernel
+    old = swap(traced_names, [(gemv_t1, "TRACE", True), (gemv, "PREP_TRACE", True)] + extra)
     for w in ws:
         w._plans.clear()
     traced = graphed(torch, call, calls=4 * n)
@@ -99,6 +103,7 @@ def main():
     q = lambda v: " / ".join(f"{a:.2f}" for a in np.percentile(v, [0, 50, 100]))  # noqa: E731
     for i, rr in enumerate(recs):
         o = {name: unwrap(rr[:, c]) / 1e3 for c, name in enumerate(STAMPS, start=1)}
+        o["prep"] = bool(rr[:, 6:].any())
         ops.append(o)
         print(f"| {i} | {len(rr)} | {len(np.unique(rr[:, 0]))} | {q(o['entry'])} | {q(o['wait'])} | {q(o['end'])} |")
     if args.dump:
@@ -116,6 +121,16 @@ def main():
         "a CTA's first step -> its first warp's K loop's end (median)": lambda o, p: np.median(o["loop"] - o["first"]),
         "a CTA's first warp's K loop's end -> its stores done (the K parts' sum; median)":
             lambda o, p: np.median(o["end"] - o["loop"])}
+    if all(o["prep"] for o in ops):  # the prep's CTA 0 (its super-block's record): the chain in three
+        gaps.update({
+            "the next op's prep CTA 0: entry -> this op's last end (resident before it)":
+                lambda o, p: o["end"].max() - np.median(p["prep_entry"]),
+            "this op's last end -> the next prep's wait release":
+                lambda o, p: np.median(p["prep_wait"]) - o["end"].max(),
+            "the next prep's wait release -> its stores issued":
+                lambda o, p: np.median(p["prep_end"] - p["prep_wait"]),
+            "the next prep's stores -> the next GEMV's first release":
+                lambda o, p: p["wait"].min() - np.median(p["prep_end"])})
     for name, f in gaps.items():
         v = np.array([f(ops[i], ops[i + 1]) for i in range(1, n - 1)])  # (op 0 starts the loop: left out)
         print(f"- {name}: mean {v.mean():.2f} µs (min {v.min():.2f}, max {v.max():.2f})")

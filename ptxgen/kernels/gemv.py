@@ -39,6 +39,10 @@ from ..specs import ActKernel, GemvKernel
 from . import KernelDef
 
 WARPS = 8
+# a diagnostic build (bench/probe_decode_trace.py), never shipped: prep_q4k_t1's CTAs write (%globaltimer_lo at
+# entry, after griddepcontrol.wait, after their first warp's stores) into their super-block's record padding (which
+# warp 1 zeroes otherwise; no GEMV reads it) — gemv_t1.TRACE's GEMV reports super-block 0's beside its own
+PREP_TRACE = False
 CHUNK = 256  # columns per warp step: 32 lanes × 8 weights
 TOKENS = (1, 2, 4, 8)
 ROWS = {1: 8, 2: 8, 4: 8, 8: 4}  # rows per CTA by T: R·T accumulators + 8·T activations per lane
@@ -1482,7 +1486,10 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
         b.meta.update(layout="to_mma_tiles")
     n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid=f"ceil({nt} * k / 32 / 8)")
+    trace = PREP_TRACE and records == 1 and not hi_only
+    t_entry = b.special("globaltimer_lo") if trace else None
     b.pdl_head()  # the GEMV that reads this may launch now and load its weights meanwhile
+    trace = (t_entry, b.special("globaltimer_lo")) if trace else None
     x, BT = b.ptr(x_p), b.ptr(bt_p)
     ntok, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
     nb = b.op("shr.u32", K, Imm(5, "u32"))
@@ -1491,7 +1498,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     j = b.op("rem.u32", item, nb)
     hi, lo, fbits, xs, lead = _scaled_item(b, x, ntok, nb, tok, j, lane, rotate)
     if records:
-        _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs)
+        _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace)
         b.place(done)
         b.emit("ret")
         return b.finish()
@@ -1579,7 +1586,7 @@ def _min_pair(b, xs):
     return shi, b.op("selp.b16", slo, Imm(0, "b16"), sfin)
 
 
-def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs):
+def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace=None):
     """prep_q4k_t{nt}'s stores (formats.tq4_1s.q4k_mma_records; offsets q4k_record_layout), C =
     q4k_record_columns columns: token n, block j = 8·sb + 2t + nib, element e = lane = 4i + p → hi at byte
     record·sb + 64·C·i + 16·(4c + t) + 8·nib + 4·(p & 1) + 2·(p >> 1) with c = 2n (lo: c = 2n + 1, 64 bytes on)
@@ -1617,7 +1624,11 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
     pf = b.op("add.s64", rec, b.op("cvt.u64.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(foff, "u32"))))
     b.emit("st.global.b32", Mem(pf), fbits, pred=first)
     pad = range(foff + 4 * nt, rb, 4)
-    if pad:
+    if trace is not None:  # (PREP_TRACE) the entry and wait stamps, then the stores' end, in the padding
+        assert len(pad) >= 3
+        for o, v in zip(pad, (*trace, b.special("globaltimer_lo"))):
+            b.emit("st.global.b32", Mem(rec, o), v, pred=first)
+    elif pad:
         zero = b.op("mov.b32", Imm(0, "b32"))
         tail = b.op("and.pred", b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(1, "u32"))),
                     b.op("setp.eq.u32", tok, Imm(0, "u32")))

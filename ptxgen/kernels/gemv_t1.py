@@ -45,9 +45,10 @@ from .gemv import (_prep_record_stores, _scaled_item, _store_or_split, _sum_k_pa
 
 T1_MAX_SPLITS = 32
 # a diagnostic build (bench/probe_decode_trace.py), never shipped: without grid K splits, lane 0 of a CTA's first warp
-# overwrites y[row0 .. row0 + 5] (its tile's first rows, after its own stores; tiles of ≥ 6 rows in y) with (%smid,
+# overwrites y[row0 .. row0 + 8] (its tile's first rows, after its own stores; tiles of ≥ 9 rows in y) with (%smid,
 # %globaltimer_lo at entry, after the prologue (griddepcontrol.wait, the copies after it, the fused builds' records),
-# when its first step's copies had landed, after its own K loop, after the stores (the K parts' sum before them))
+# when its first step's copies had landed, after its own K loop, after the stores (the K parts' sum before them)),
+# then the 3 words of its first record's padding (gemv.PREP_TRACE's prep stamps, else zeros)
 TRACE = False
 
 # ring stages whose weights a token build leaves until after griddepcontrol.wait (with their records; the others are
@@ -376,6 +377,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
               (FUSED_HOLD if fused else T1_HOLD).get(nt, 0))
     t_wait = b.special("globaltimer_lo") if TRACE else None
     t_first = b.op("mov.u32", t_wait) if TRACE else None
+    t_prep = [b.op("mov.u32", Imm(0, "u32")) for _ in range(3 if TRACE else 0)]
     count = b.op("mov.u32", Imm(0, "u32"))
 
     dec = codec.RegDecoder(b, g, t)
@@ -403,9 +405,12 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.place(loop)
     b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-    if TRACE:  # (a predicated mov into the register set before the loop: b.special makes a new one)
-        b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=b.op("setp.eq.u32", count, Imm(0, "u32")))
     st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
+    if TRACE:  # (predicated movs into registers set before the loop: b.special makes a new one)
+        step0 = b.op("setp.eq.u32", count, Imm(0, "u32"))
+        b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=step0)
+        for i_, r_ in enumerate(t_prep):  # the first record's padding: gemv.PREP_TRACE's stamps (else zeros)
+            b.emit("ld.shared.b32", r_, Mem(st, W_BYTES + foff + 4 * nt + 4 * i_), pred=step0)
     hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
     qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
     xrec = b.op("add.u32", st, lane_rec)
@@ -485,13 +490,15 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     def trace():
         b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
         first = b.op("and.pred", b.op("setp.eq.u32", tid, Imm(0, "u32")),
-                     b.op("setp.le.u32", b.op("add.u32", row0, Imm(6, "u32")), M))  # a tile of ≥ 6 rows in y
-        rec = b.regs("b32", 6)
-        for r_, v in zip(rec, (b.special("smid"), t_entry, t_wait, t_first, t_loop, b.special("globaltimer_lo"))):
+                     b.op("setp.le.u32", b.op("add.u32", row0, Imm(9, "u32")), M))  # a tile of ≥ 9 rows in y
+        rec = b.regs("b32", 8)
+        for r_, v in zip(rec, (b.special("smid"), t_entry, t_wait, t_first, t_loop, b.special("globaltimer_lo"),
+                               *t_prep[:2])):
             b.emit("mov.b32", r_, v)
         at = b.op("mad.wide.u32", row0, Imm(4, "u32"), Y)
         b.emit("st.global.v4.b32", Mem(at), b.vec(rec[:4]), pred=first)
-        b.emit("st.global.v2.b32", Mem(at, 16), b.vec(rec[4:]), pred=first)
+        b.emit("st.global.v4.b32", Mem(at, 16), b.vec(rec[4:]), pred=first)
+        b.emit("st.global.b32", Mem(at, 32), t_prep[2], pred=first)
     _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p,
                     after_store=trace if TRACE else None)
     return b.finish()
