@@ -487,7 +487,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                            b.op("add.u32", t, Imm(4 * n, "u32")) if n else t)
                     ok = b.op("and.pred", rok, b.op("setp.lt.u32", tok, ntok))
                     items.append((ok, b.op("mad.lo.u32", tok, M, row), acc[mt][rr][n][e]))
-    def trace():
+
+    def trace():  # (TRACE) lane 0's record, after its stores
         b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
         first = b.op("and.pred", b.op("setp.eq.u32", tid, Imm(0, "u32")),
                      b.op("setp.le.u32", b.op("add.u32", row0, Imm(9, "u32")), M))  # a tile of ≥ 9 rows in y
