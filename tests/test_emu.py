@@ -939,6 +939,7 @@ def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatc
     one-token GEMV copies the weights of all but its last ring stage before griddepcontrol.wait, the last stage's
     with the records after it — the same y bit for bit as with every stage before the wait, with kparts and grid
     K splits."""
+    from ptxgen import codecs
     from ptxgen.kernels import gemv_t1
 
     S = KERNELS[name].for_arch("sm_90a").meta["stages"]
@@ -947,7 +948,7 @@ def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatc
         monkeypatch.setattr(gemv_t1, attr, {1: hold})
         ptx = KERNELS[name].for_arch("sm_90a").ptx()
         head = ptx.split("griddepcontrol.wait")[0]
-        block = 176 if "q5_k" in name else 144  # a super-block's bytes
+        block = codecs.get(KERNELS[name].for_arch("sm_90a").meta["fmt"]).BLOCK_BYTES  # a super-block's bytes
         per_step = -(-16 * (block // 16) // 32)  # copy instructions a step: 16 rows' 16-byte chunks, 32 an instruction
         assert head.count("cp.async.cg.shared.global") == per_step * (S - hold) and "cp.async.ca" not in head
         got = []
