@@ -108,7 +108,10 @@ class GemvKernel:
                  "few": f"gemv_{f}_mma_{t}{fused}", "skinny": f"mmq_{f}_rega_n{self.tokens}",
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else
                                 "prep_q8_lanes" if self.fast else "prep_f32_lanes"),
-                 "prep_mma": "prep_tq4_1s_mma" if rot else "prep_mma_f16", "prep_few": f"prep_q4k_{t}"}
+                 "prep_mma": "prep_tq4_1s_mma" if rot else "prep_mma_f16",
+                 # the few-token records: Q4_K's K order for the K-quants with a min (Q4_K, Q5_K), the codecs'
+                 # 16-element sub-block order for the others (Q6_K, Q8_0: formats.tq4_1s.q4k_mma_records' order)
+                 "prep_few": f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_sub16_{t}"}
         return _named(names, self.kind, "decode kernel")
 
 

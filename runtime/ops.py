@@ -1205,17 +1205,25 @@ def _codec_few_kernel(fmt: str, t: int) -> str:
 
 
 def _codec_few_ok(c: _Call) -> bool:
-    """Another K-quant on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS): T up to
-    RULES.codec_few_max_tokens[fmt] (≤ 32), built for the target, K a multiple of 256, the weights 16-byte aligned
-    (the cp.async ring's 16-byte copies of whole rows)."""
+    """Another codec on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS, CODEC_FORMATS): T up to
+    RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8), built for the
+    target, K a multiple of 256, the weights 16-byte aligned (the cp.async ring's 16-byte copies). A step of a row
+    not a multiple of 16 bytes (Q6_K's 210) is copied from the 16 bytes below its start: its rows a multiple of 4
+    bytes (every row's step at the same 2-byte phase: K a multiple of 512) and M rows a multiple of 16 bytes (the
+    last copy ends at the buffer's end)."""
+    from ptxgen import formats
+
     lim = _per_format(RULES.codec_few_max_tokens, c.w.fmt, 0)
-    return (c.t <= min(lim, T4.Q4K_SKINNY_COLUMNS) and c.k % 256 == 0 and c.w.ptr % 16 == 0
+    row = formats.get(c.w.fmt).row_bytes(c.k) if c.k % 256 == 0 else 0
+    return (c.t <= min(lim, T4.Q4K_SKINNY_COLUMNS) and row and c.w.ptr % 16 == 0
+            and (row % 16 == 0 or (row % 4 == 0 and (c.m * row) % 16 == 0))
             and kernels.build_for(_codec_few_kernel(c.w.fmt, c.t), c.arch) is not None)
 
 
 def _codec_few(c: _Call) -> None:
     """gemv_<fmt>_mma_t{1,2,4,8} (exact) up to 8 tokens, gemv_<fmt>_mma_t16h (fp16 activations) to 16, on
-    prep_q4k_t*'s records (_few_token_gemv); the skinny GEMM mmq_<fmt>_rega_n32 above (_skinny_gemm)."""
+    prep_q4k_t*'s records (prep_sub16_t*'s for Q6_K and Q8_0; _few_token_gemv); the skinny GEMM mmq_<fmt>_rega_n32
+    above (_skinny_gemm)."""
     if c.t > T4.Q4K_HI_TOKENS:
         _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)
     else:
@@ -1355,7 +1363,7 @@ def _mmq_pre(c: _Call) -> None:
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),
     "codec_mma": (_codec_mma_ok, _codec_mma),
-    # another K-quant on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS)
+    # another codec on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS, CODEC_FORMATS)
     "codec_few": (_codec_few_ok, _codec_few),
     "t16h": (lambda c: RULES.mmq_min_tokens <= c.t <= T4.Q4K_HI_TOKENS and _t16h_ok(c.w.fmt, c.arch), _t16h),
     # exact, and faster than the MMQ at T=16

@@ -138,6 +138,12 @@ for _sfx in ("t1", "t2", "t4", "t8", "t16h", "t32h"):
     EXPECTED_SASS[f"gemv_q4_k_mma_{_sfx}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "LDS.128"]
     if _sfx != "t32h":  # Q5_K's builds: the same, the fifth bits placed by shifts and lop3
         EXPECTED_SASS[f"gemv_q5_k_mma_{_sfx}"] = EXPECTED_SASS[f"gemv_q4_k_mma_{_sfx}"] + ["LOP3"]
+for _nt in (1, 2, 4, 8):  # Q6_K's and Q8_0's: the codec's integers (prmt, hadd2), one HMMA a sub-block, FFMA its scale;
+    # Q6_K's 210-byte steps copied from 16 bytes below them (4-byte shared loads at both phases)
+    EXPECTED_SASS[f"prep_sub16_t{_nt}"] = EXPECTED_SASS[f"prep_q4k_t{_nt}"]
+    for _f in ("q6_k", "q8_0"):
+        EXPECTED_SASS[f"gemv_{_f}_mma_t{_nt}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "PRMT", "HADD2", "FFMA",
+                                                  "LDS.128"]
 # one launch: the t1 GEMV's SASS plus the prep's (shuffles, fp16 record stores) and the records' hand-off (the
 # acquire invalidates L1, CCTL.IVALL, before the records are read through it)
 for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm_120a's REDG)

@@ -390,6 +390,31 @@ def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
+@pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
+@pytest.mark.parametrize("m,k,t,arch", [(4, 512, 1, None), (132, 1536, 2, None), (300, 14336, 5, None),
+                                        (2000, 3584, 8, None), (4096, 4096, 1, None), (132, 1536, 3, "sm_89")])
+def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch):
+    """Q6_K and Q8_0 on the few-token builds (RULES.codec_few_max_tokens raised; off until timed): prep_sub16_t* +
+    gemv_<fmt>_mma_t{1,2,4,8} within 1e-5 of float64 (exact), the sm_89 builds too; outputs NaN-poisoned first,
+    bit-identical run to run. GPU == emulator for each build is test_gpu_emu_crosscheck's."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(m + k + t)
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    nt = f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
+    with tuning.override(codec_few_max_tokens={fmt: 8}):
+        assert r.mul_mat_plan(w, t, arch=arch).kernels == [f"prep_sub16_{nt}", f"gemv_{fmt.lower()}_mma_{nt}"]
+        out = r.DeviceArray.empty((t, m), np.float32)
+        out.owner.fill_bytes(0xFF)
+        r.mul_mat(w, x, out=out, arch=arch)
+        got = out.numpy()
+        assert np.isfinite(got).all() and rel(got, want) <= 1e-5
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
+
+
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 @pytest.mark.parametrize("m,k,t", [(1, 256, 1), (300, 1024, 3), (4096, 4096, 8), (100, 14336, 16), (129, 3584, 2),
                                    (64, 2048, 19)])  # (M < 128: T = 16, 19 stay on the GEMV, in 2 and 3 slices)

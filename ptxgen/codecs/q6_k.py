@@ -11,7 +11,7 @@ FMT = "q6_K"
 BLOCK_K, BLOCK_BYTES, QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = geometry(FMT, "ql", "qh", "scales", "d")
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
+ROUTES = {"exact": ("codec_few", "codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
 weights_error = alignment_error(FMT, LOAD_ALIGN)
 
 

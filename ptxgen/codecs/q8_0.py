@@ -14,7 +14,7 @@ GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 # gemv_q8_0_f32_t1 on 4096x14336 26.8 at 4, 30.5 at 8 (bench/NOTES.md, 2026-12-03).
 F32_I2F = 4
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+ROUTES = {"exact": ("codec_few", "codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:
@@ -144,6 +144,7 @@ def ra_fragments(b, rbase, row_offs, s, t):
 MMA_STEP_BYTES = 8 * BLOCK_BYTES  # 272 bytes per 256 weights: a 16-byte multiple, so every step starts aligned
 MMA_BOX_BYTES = MMA_STEP_BYTES
 MMA_SLOT_BYTES = 304  # 76 words a row: rows g = 0..7 in distinct banks
+MMA_SCALE_SUBBLOCKS = 2  # mma_block's 16-element sub-blocks that share a scale (a block's d): their MMAs chain
 
 
 def mma_constants(b) -> dict:

@@ -437,12 +437,12 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
                    np.concatenate(got), np.concatenate(want))
 
 
-def _prep_q4k_records(nt: int, hi_only: bool = False):
-    name = f"prep_q4k_t{nt}{'h' if hi_only else ''}"
+def _prep_q4k_records(nt: int, hi_only: bool = False, order: str = "q4k"):
+    name = f"prep_{'q4k' if order == 'q4k' else order}_t{nt}{'h' if hi_only else ''}"
 
     def run(ptx: str, rng, shape=None, seed=None) -> Outcome:
-        """prep_q4k_t{nt}(h): up to nt tokens → q4k_mma_records(x, nt, hi_only) bit for bit (a zero, a tiny and a huge block,
-        a quiet super-block, an inf; fewer tokens than nt: the rest zeros)."""
+        """prep_q4k_t{nt}(h) / prep_sub16_t{nt}: up to nt tokens → q4k_mma_records(x, nt, hi_only, order) bit for bit
+        (a zero, a tiny and a huge block, a quiet super-block, an inf; fewer tokens than nt: the rest zeros)."""
         t, k = shape or (nt, 768)
         x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
         if k >= 512:
@@ -452,7 +452,7 @@ def _prep_q4k_records(nt: int, hi_only: bool = False):
             x[-1, 256:512] *= np.float32(1e-3)
         if k >= 768:
             x[0, 600] = np.inf
-        want = T4.q4k_mma_records(x, nt, hi_only)
+        want = T4.q4k_mma_records(x, nt, hi_only, order)
         mem = _memory()
         xa, ra = mem.alloc(x), mem.alloc(want.nbytes, poison=0xFF)
         items = nt * (k // 32)
@@ -478,14 +478,20 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     warps (drawn from it if not given) with shared memory for as many rings."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
     records = meta["layout"] == "q4k_mma_records"
+    order = meta.get("record_order", "q4k")  # "sub16": an mma_block codec's build (Q6_K, Q8_0)
     fused = bool(meta.get("fused_prep"))
     zgroups = groups == "gridDim.z"  # mmq_q4_k_rega_n*: token groups of meta tokens over gridDim.z
-    m, k = shape or (rows * 2 + 5, 512)
+    # (an mma_block codec's: m·row_bytes a multiple of 16, Q6_K's rows a multiple of 4 bytes — mul_mat asks that)
+    m, k = shape or ((rows * 2 + 5, 512) if order == "q4k" else (rows * 2 + 8, 512))
     n = ntok or int(rng.integers(1, (2 if zgroups else 1) * meta["tokens"] + 1) if records else
                     rng.integers(8 * groups - 7, 8 * groups + 1))
     nz = -(-n // meta["tokens"]) if zgroups else 1
-    fmt = meta.get("fmt", "q4_K")  # the few-token builds of another K-quant (gemv_t1.FEW_FORMATS)
-    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    fmt = meta.get("fmt", "q4_K")  # the few-token builds of another codec (gemv_t1.FEW_FORMATS, CODEC_FORMATS)
+    if order == "q4k":
+        raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    else:  # every scale and bit pattern
+        from ..testing.strategies import random_raw
+        raw = random_raw(fmt, m, k, rng)
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
@@ -493,7 +499,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     wa = mem.alloc(raw)
     if records:
         c_ = meta["tokens"]
-        want_rec = np.concatenate([T4.q4k_mma_records(x[c_ * i:c_ * i + c_], c_, bool(meta.get("hi_only")))
+        want_rec = np.concatenate([T4.q4k_mma_records(x[c_ * i:c_ * i + c_], c_, bool(meta.get("hi_only")), order)
                                    for i in range(nz)])
         acts = (mem.alloc(want_rec.nbytes, poison=0xFF) if fused else mem.alloc(want_rec),)
     else:  # one prep per group of 8 tokens, the groups' buffers back to back
@@ -1134,6 +1140,10 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
     for _f in ("q4_k", "q5_k"):  # (gemv_t1.FEW_FORMATS: the same builds with Q5_K's register decode)
         HARNESSES[f"gemv_{_f}_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_{_sfx}", 2)
     HARNESSES[f"prep_q4k_{_sfx}"] = _prep_q4k_records(_nt, _h)
+    if not _h:  # the mma_block codecs' builds (gemv_t1.CODEC_FORMATS) on their records
+        for _f in ("q6_k", "q8_0"):
+            HARNESSES[f"gemv_{_f}_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_{_sfx}", 2)
+        HARNESSES[f"prep_sub16_{_sfx}"] = _prep_q4k_records(_nt, False, "sub16")
 for _nt in (1, 2, 4):
     for _f in ("q4_k", "q5_k"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)

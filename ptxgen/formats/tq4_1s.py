@@ -287,7 +287,10 @@ def q4k_record_bytes(nt: int, hi_only: bool = False) -> int:
     return q4k_record_layout(nt, hi_only)[2]
 
 
-def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False) -> np.ndarray:
+RECORD_ORDERS = ("q4k", "sub16")  # the K orders of the few-token records (q4k_mma_records' `order`)
+
+
+def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: str = "q4k") -> np.ndarray:
     """The activation of the few-token Q4_K tensor-core GEMVs gemv_q4_k_mma_t{nt} (prep_q4k_t{nt}) and, with
     hi_only, gemv_q4_k_mma_t16h (prep_q4k_t16h): x (T ≤ nt, K) fp32 → one q4k_record_bytes(nt, hi_only)-byte
     record per super-block (offsets: q4k_record_layout). Token n's x·2^s (one s per super-block, as
@@ -301,8 +304,15 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False) -> np.nda
     lo in column c's 4 bytes at 4·(4c + t); with hi_only the sums are of the hi parts (the values the main
     product uses: the min term then cancels against the same rounded x, which halves the error) and each lane
     slot holds the hi pair then the lo pair (8 bytes at 8·(4c + t)). Then token n's factor 2^-s (fp32); zeros
-    after."""
+    after.
+
+    order="sub16" (prep_sub16_t{nt}, for the codecs' few-token GEMVs gemv_<fmt>_mma_t{nt} of Q6_K and Q8_0, whose
+    MMAs each take one 16-element sub-block, lane t its elements 4t .. 4t + 3 — the codec's mma_block order): the
+    same record, B pair i holding 32-element block i of the super-block, bytes 64·C·i + 16·(4c + t) + 8·h + 2·q
+    element 16h + 4t + q of it (exact records only)."""
     a = f32(a)
+    if order not in RECORD_ORDERS or (hi_only and order != "q4k"):
+        raise ValueError(f"q4k_mma_records: order one of {RECORD_ORDERS} (hi_only: q4k), got {order!r}")
     tokens = (Q4K_HI_TOKENS, Q4K_SKINNY_COLUMNS) if hi_only else Q4K_RECORD_TOKENS
     if nt not in tokens or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
         raise ValueError(f"q4k_mma_records: 1 to {nt} tokens (nt one of {tokens}), got shape {a.shape}")
@@ -321,9 +331,11 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False) -> np.nda
         sv = (sums * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)  # (nt, nb)
     shi, slo = _f16_hi_lo(sv)
     ncol = q4k_record_columns(nt, hi_only)
-    # [column c, sb, t, nib, i, p >> 1, p & 1] → [sb, i, c, t, nib, p & 1, p >> 1]
-    cols = (hi if hi_only else np.stack([hi, lo], axis=1)).reshape(ncol, nsb, 4, 2, 8, 2, 2)
-    main = cols.transpose(1, 4, 0, 2, 3, 6, 5)
+    cols = hi if hi_only else np.stack([hi, lo], axis=1)
+    if order == "q4k":  # [column c, sb, t, nib, i, p >> 1, p & 1] → [sb, i, c, t, nib, p & 1, p >> 1]
+        main = cols.reshape(ncol, nsb, 4, 2, 8, 2, 2).transpose(1, 4, 0, 2, 3, 6, 5)
+    else:  # [c, sb, i, h, t, q] → [sb, i, c, t, h, q]
+        main = cols.reshape(ncol, nsb, 8, 2, 4, 4).transpose(1, 2, 0, 4, 3, 5)
     if hi_only:  # [c, sb, t, pair] x (hi, lo) → [sb, c, t, (hi pair, lo pair)]
         mins = np.stack([shi.reshape(ncol, nsb, 4, 2), slo.reshape(ncol, nsb, 4, 2)], axis=3).transpose(1, 0, 2, 3, 4)
     else:  # [sb, c, j = 2t + pair]

@@ -1453,7 +1453,7 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mti
                     gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
 
 
-def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = False):
+def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = False, order: str = "q4k"):
     """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
     One warp per (token, block) for all 8 tokens: tokens past T write zeros.
@@ -1465,14 +1465,16 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
 
     records=nt (prep_q4k_t{nt}, for gemv_q4_k_mma_t{nt}; rotate=False): up to nt tokens, the same values written
     as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors); with
-    hi_only (prep_q4k_t16h, prep_q4k_t32h) the hi parts alone, one B column per token."""
-    assert not (records and rotate) and (records or not hi_only)
+    hi_only (prep_q4k_t16h, prep_q4k_t32h) the hi parts alone, one B column per token; order="sub16"
+    (prep_sub16_t{nt}, the Q6_K / Q8_0 few-token GEMVs' records): the elements in the codecs' sub-block order."""
+    assert not (records and rotate) and (records or not hi_only) and (order == "q4k" or (records and not hi_only))
     nt = records or T4.MMA_TOKENS
-    name = (GemvKernel("prep_few", "q4_K", records, hi_only=hi_only) if records else
+    name = (GemvKernel("prep_few", "q4_K" if order == "q4k" else "q6_K", records, hi_only=hi_only) if records else
             GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K")).name
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
                                    f"activation of up to {records} tokens: scaled fp16 {'hi' if hi_only else 'hi/lo'} "
-                                   f"records ({GemvKernel('few', 'q4_K', records, hi_only=hi_only).name})"
+                                   f"records{'' if order == 'q4k' else ' in 16-element sub-block order'} "
+                                   f"({GemvKernel('few', 'q4_K' if order == 'q4k' else 'q6_K', records, hi_only=hi_only).name})"
                                    if records else
                                    "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
@@ -1480,6 +1482,8 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     if records:
         bt_p = b.param("records", "u64", "ptr:out")
         b.meta.update(layout="q4k_mma_records", tokens=records, hi_only=hi_only)
+        if order != "q4k":
+            b.meta["record_order"] = order
     else:
         bt_p, f_p = b.param("tiles", "u64", "ptr:out"), b.param("factors", "u64", "ptr:out")
         s_p = None if rotate else b.param("minfrag", "u64", "ptr:out")
@@ -1498,7 +1502,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     j = b.op("rem.u32", item, nb)
     hi, lo, fbits, xs, lead = _scaled_item(b, x, ntok, nb, tok, j, lane, rotate)
     if records:
-        _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace)
+        _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace, order)
         b.place(done)
         b.emit("ret")
         return b.finish()
@@ -1586,11 +1590,12 @@ def _min_pair(b, xs):
     return shi, b.op("selp.b16", slo, Imm(0, "b16"), sfin)
 
 
-def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace=None):
+def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace=None, order="q4k"):
     """prep_q4k_t{nt}'s stores (formats.tq4_1s.q4k_mma_records; offsets q4k_record_layout), C =
     q4k_record_columns columns: token n, block j = 8·sb + 2t + nib, element e = lane = 4i + p → hi at byte
     record·sb + 64·C·i + 16·(4c + t) + 8·nib + 4·(p & 1) + 2·(p >> 1) with c = 2n (lo: c = 2n + 1, 64 bytes on)
-    or, hi_only, c = n; lane 0: the min pair halves at min + 4·(4c + t) + 2·nib (hi_only: the sum of the hi parts,
+    or, hi_only, c = n (order "sub16", prep_sub16_t{nt}: block j = 8·sb + i, e = 16h + 4t + q → record·sb +
+    64·C·i + 16·(4c + t) + 8·h + 2·q); lane 0: the min pair halves at min + 4·(4c + t) + 2·nib (hi_only: the sum of the hi parts,
     min + 8·(4c + t) + 2·nib, lo 4 bytes on), block 0 of the super-block the factor at fac + 4·n; token 0's block
     1 the zeros after the factors."""
     ncol = T4.q4k_record_columns(nt, hi_only)
@@ -1599,11 +1604,17 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
     jj = b.op("and.b32", j, Imm(7, "b32"))  # 2t + nib
     rec = b.op("mad.wide.u32", sb, Imm(rb, "u32"), REC)
     p = b.op("and.b32", lane, Imm(3, "b32"))
-    e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(64 * ncol, "u32")),  # 64·C·i
-                 b.op("add.u32", b.op("shl.b32", b.op("and.b32", p, Imm(1, "b32")), Imm(2, "u32")),
-                      b.op("shl.b32", b.op("shr.u32", p, Imm(1, "u32")), Imm(1, "u32"))))
     per_tok = 64 if hi_only else 128  # 16·4c for c = n or 2n
-    off = b.op("mad.lo.u32", tok, Imm(per_tok, "u32"), b.op("mad.lo.u32", jj, Imm(8, "u32"), e_off))  # + 16·t + 8·nib
+    if order == "q4k":
+        e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(64 * ncol, "u32")),  # 64·C·i
+                     b.op("add.u32", b.op("shl.b32", b.op("and.b32", p, Imm(1, "b32")), Imm(2, "u32")),
+                          b.op("shl.b32", b.op("shr.u32", p, Imm(1, "u32")), Imm(1, "u32"))))
+        off = b.op("mad.lo.u32", tok, Imm(per_tok, "u32"), b.op("mad.lo.u32", jj, Imm(8, "u32"), e_off))  # + 16·t + 8·nib
+    else:  # 64·C·i + 16·t + 8·h + 2·q, i = jj
+        e_off = b.op("add.u32", b.op("shl.b32", b.op("and.b32", lane, Imm(0xC, "b32")), Imm(2, "u32")),  # 16·t
+                     b.op("add.u32", b.op("shl.b32", b.op("shr.u32", lane, Imm(4, "u32")), Imm(3, "u32")),  # 8·h
+                          b.op("shl.b32", p, Imm(1, "u32"))))
+        off = b.op("mad.lo.u32", tok, Imm(per_tok, "u32"), b.op("mad.lo.u32", jj, Imm(64 * ncol, "u32"), e_off))
     pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
     b.emit("st.global.b16", Mem(pe), hi)
     if hi_only:  # the min term from the same rounded values the main product sees

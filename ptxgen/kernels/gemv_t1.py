@@ -1,7 +1,9 @@
 """The few-token Q4_K tensor-core kernels on mma.sync, streaming raw super-blocks through a cp.async ring and
 decoding A = q·sc in registers: gemv_q4_k_mma_t{1,2,4,8} (exact decode GEMVs), gemv_q4_k_mma_t16h (9-16
 tokens, fp16 activations) and mmq_q4_k_rega_n32 (the skinny GEMM for token groups of 32, records shared by a
-CTA's warps).
+CTA's warps). The same builds run Q5_K (its codec's RegDecoder) and, exact up to 8 tokens, the codecs whose
+weights are a scale times an integer with no min (Q6_K, Q8_0: their mma_block, one MMA per 16-element sub-block
+and its scale in fp32 after it, _CodecStep, on prep_sub16_t*'s records).
 
 `gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
 weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
@@ -35,6 +37,7 @@ at T = 2-4 on 4096x14336, vs 22.9-23.3 for gemv_q4_k_mma), except on 18944x3584 
 """
 from __future__ import annotations
 
+from ..arch import TARGETS, get_arch
 from ..builder import KernelBuilder
 from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, Sym, mma_sync
@@ -108,20 +111,32 @@ def _plan_size(arch) -> str:
     return "big" if arch.max_smem_per_block >= 200 * 1024 else "small"
 
 
-def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, block, w_off=None):
+def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, block, w_off=None, box=None,
+                 slot=None):
     """The cp.async copy plan of the few-token rings: a warp's R rows of one super-block as chunks c = lane + 32u =
     9·row + column (16 bytes each, so one instruction copies ~3.5 rows' contiguous 144 bytes: measured 17% faster
     than 16 rows x 32 bytes; rows past M copy row M - 1, never stored) to w_off + 144·row + 16·column of a stage,
     and one record (rb bytes at rec + rb·step) as chunks xi + nthr·u to rec_at of the stage (`cache`: .ca or .cg).
     Returns (issue(jb, st, live, what): step jb into the stage at st, if `live` (the caller commits), w_off). w_off
     and rec may be callables, emitted where they are first needed (the order the measured builds were emitted in).
-    `block`: the format's super-block bytes (a multiple of 16: Q4_K's 144 = 9 columns, Q5_K's 176 = 11)."""
-    cols = block // 16
+    `block`: a step's bytes a row (Q4_K's 144 = 9 columns, Q5_K's 176 = 11, Q8_0's 272 = 17). Where it is not a
+    multiple of 16 (Q6_K's 210, 2-byte aligned) each row's step is copied as `box` bytes (a multiple of 16) from its
+    16-byte aligned start, and lands at (_row_phase) 0-14 bytes into its slot; `slot`: a row's bytes in the stage
+    (≥ box, default box)."""
+    box = box or block
+    slot = slot or box
+    aligned = block % 16 == 0
+    assert box % 16 == 0 and slot >= box and (aligned or box >= block + 14)
+    cols = box // 16
     w_chunks = cols * R
     row_bytes = b.op("mul.lo.u32", nsb, Imm(block, "u32"))
     mlast = b.op("sub.u32", M, Imm(1, "u32"))
     rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
     w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
+    delta = None
+    if not aligned:  # from the 16-byte boundary at or below the warp's first row (W is 16-byte aligned)
+        delta = b.op("and.b32", b.op("mul.lo.u32", rbase, row_bytes), Imm(15, "b32"))
+        w_warp = b.op("sub.s64", w_warp, b.op("cvt.u64.u32", delta))
     w_off = w_off() if callable(w_off) else w_off
     wcopy = []
     for u in range(-(-w_chunks // 32)):
@@ -129,9 +144,9 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
         row = b.op("div.u32", c, Imm(cols, "u32"))
         col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(cols, "u32")), Imm(4, "u32"))
         rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
-        src = b.op("mad.lo.u32", rel, row_bytes, col16)
+        src = b.op("mad.lo.u32", rel, row_bytes, col16 if aligned else delta)  # unaligned: the row's start
         dst = col16 if w_off is None else b.op("add.u32", w_off, col16)
-        wcopy.append((src, b.op("mad.lo.u32", row, Imm(block, "u32"), dst)))
+        wcopy.append((src, b.op("mad.lo.u32", row, Imm(slot, "u32"), dst), col16))
     x_src0 = b.op("mad.wide.u32", xi, Imm(16, "u32"), rec() if callable(rec) else rec)
     x_dst0 = b.op("mad.lo.u32", xi, Imm(16, "u32"), Imm(rec_at, "u32"))
     w_tail = b.op("setp.lt.u32", lane, Imm(w_chunks % 32, "u32")) if w_chunks % 32 else None
@@ -141,11 +156,13 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
     def issue(jb, st, live, what=("w", "x")):
         if "w" in what:
             off = b.op("mul.lo.u32", jb, Imm(block, "u32"))
-            for u, (src, dst) in enumerate(wcopy):
+            for u, (src, dst, col16) in enumerate(wcopy):
                 go = live if 32 * (u + 1) <= w_chunks else b.op("and.pred", live, w_tail)
-                b.emit("cp.async.cg.shared.global", Mem(b.op("add.u32", st, dst)),
-                       Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", b.op("add.u32", src, off)))), Imm(16, "u32"),
-                       pred=go)
+                to = Mem(b.op("add.u32", st, dst))
+                at = (b.op("add.u32", src, off) if aligned else  # the step's 16-byte aligned start + the column
+                      b.op("add.u32", b.op("and.b32", b.op("add.u32", src, off), Imm(~15 & 0xFFFFFFFF, "b32")), col16))
+                b.emit("cp.async.cg.shared.global", to, Mem(b.op("add.s64", w_warp, b.op("cvt.u64.u32", at))),
+                       Imm(16, "u32"), pred=go)
         if "x" in what:
             src = b.op("mad.wide.u32", jb, Imm(rb, "u32"), x_src0)
             dst = b.op("add.u32", st, x_dst0)
@@ -154,6 +171,142 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
                 b.emit(f"cp.async.{cache}.shared.global", Mem(dst, 16 * nthr * u), Mem(src, 16 * nthr * u),
                        Imm(16, "u32"), pred=go)
     return issue, w_off
+
+
+def _row_geometry(codec) -> tuple[int, int, int]:
+    """(a step's bytes a row (256 weights), the bytes copied a row, a row's bytes in a stage) of a codec on the
+    few-token builds: a K-quant's super-block, or an mma_block codec's MMA_STEP_BYTES (Q6_K's 210, copied as 224
+    from 16 bytes below its start); the slot as _slot."""
+    block = codec.BLOCK_BYTES if hasattr(codec, "RegDecoder") else codec.MMA_STEP_BYTES
+    box = block if block % 16 == 0 else codec.MMA_BOX_BYTES
+    return block, box, _slot(box)
+
+
+def _built_for(fmt: str, nt: int) -> tuple[str, ...]:
+    """The targets whose plan for `fmt`'s nt-token build fits a CTA's shared memory at its fewest (2) stages (Q8_0's
+    8-token build does not fit sm_89's / sm_120a's 99 KB)."""
+    from .. import codecs
+
+    slot = _row_geometry(codecs.get(fmt))[2]
+    out = []
+    for a in TARGETS:
+        arch = get_arch(a)
+        _, _, mt, nw = _ring_plan(arch, nt)
+        if 2 * nw * (16 * mt * slot + T4.q4k_record_bytes(nt)) + 128 <= arch.max_smem_per_block:
+            out.append(a)
+    return tuple(out)
+
+
+def _slot(box: int) -> int:
+    """A row's bytes in a ring stage: `box` rounded up to an odd number of 16-byte chunks, so that rows g = 0..7 of
+    an m16 tile start 4·odd banks apart and the 32 lanes (g, t) reading word t of their rows hit 32 banks (Q4_K's
+    144, Q5_K's 176 and Q8_0's 272 as they are; Q6_K's 224-byte box in 240)."""
+    c = -(-box // 16)
+    return 16 * (c + 1 - c % 2)
+
+
+class _CodecStep:
+    """A step of the few-token GEMVs on a codec's mma_block (Q6_K, Q8_0: a scale times an integer, the scale
+    constant over 16 weights, no min): per m16 tile and 16-element sub-block s, A = the integers of rows g, g + 8
+    (fragment(s), exact in fp16) and one MMA per n8 tile of the record's (hi, lo) columns — chained over the
+    sub-blocks that share a scale (the codec's MMA_SCALE_SUBBLOCKS: Q8_0's 2) — then S += sc·C in fp32; per step
+    y += 2^-s·d·(S_hi + S_lo) (finish). A Q6_K step (210 bytes a row, copied from 16 bytes below its start:
+    _ring_copies) lands 0-14 bytes into its row's slot, at a 2-byte phase that alternates by step and is the same
+    for every row (row_bytes a multiple of 4): the body is emitted once per phase, each word one load or, at phase
+    2, two and a prmt (as gemv_mma_codec's)."""
+
+    def __init__(self, b, arch, codec, MT, NTL, g, t, row0, M, nsb, block, slot):
+        self.b, self.arch, self.codec, self.MT, self.NTL, self.block, self.t = b, arch, codec, MT, NTL, block, t
+        self.consts = codec.mma_constants(b)
+        self.czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+        self.t4 = b.op("shl.b32", t, Imm(2, "u32"))
+        self.share = getattr(codec, "MMA_SCALE_SUBBLOCKS", 1)
+        rows = [[b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")) for rr in range(2)] for mt in range(MT)]
+        self.slots = [[b.op("mul.lo.u32", r, Imm(slot, "u32")) for r in rs] for rs in rows]
+        self.starts = None
+        if block % 16:  # each row's first step from the warp's aligned base, as _ring_copies copies it
+            row_bytes = b.op("mul.lo.u32", nsb, Imm(block, "u32"))
+            mlast = b.op("sub.u32", M, Imm(1, "u32"))
+            rbase = b.op("min.u32", row0, mlast)
+            delta = b.op("and.b32", b.op("mul.lo.u32", rbase, row_bytes), Imm(15, "b32"))
+            self.starts = [[b.op("mad.lo.u32", b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, r), mlast), rbase),
+                                 row_bytes, delta) for r in rs] for rs in rows]
+        self.S = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]  # the step's sums, C's order
+        self.d = [[b.reg("f32") for _ in range(2)] for _ in range(MT)]  # rows g, g + 8: the step's d
+
+    def body(self, st, jb, xrec, ncol):
+        """The step in the stage at st (step jb of the row), its B pairs at xrec (the lane's record slot)."""
+        b = self.b
+        if self.starts is None:
+            self._phase([[b.op("add.u32", st, sl) for sl in ss] for ss in self.slots], 0, xrec, ncol)
+            return
+        jbytes = b.op("mul.lo.u32", jb, Imm(self.block, "u32"))
+        offs = [[b.op("and.b32", b.op("add.u32", r, jbytes), Imm(15, "b32")) for r in rs] for rs in self.starts]
+        bases = [[b.op("add.u32", b.op("add.u32", st, sl), b.op("and.b32", o, Imm(12, "b32"))) for sl, o in zip(ss, os_)]
+                 for ss, os_ in zip(self.slots, offs)]
+        other, joined = b.label("step_phase2"), b.label("step_joined")
+        b.bra(other, pred=b.op("setp.ne.u32", b.op("and.b32", offs[0][0], Imm(2, "b32")), Imm(0, "u32")))
+        self._phase(bases, 0, xrec, ncol)
+        b.bra(joined)
+        b.place(other)
+        self._phase(bases, 2, xrec, ncol)
+        b.place(joined)
+
+    def _phase(self, bases, ph, xrec, ncol):
+        b, codec = self.b, self.codec
+
+        def reader(base):
+            lbase = b.op("add.u32", base, self.t4)
+
+            def word(off, lane=False):  # the step's 4 bytes at `off` (+ 4t with lane)
+                at, src = ph + off, lbase if lane else base
+                lo = b.reg("b32")
+                b.emit("ld.shared.u32", lo, Mem(src, at & ~3))
+                if at % 4 == 0:
+                    return lo
+                hi = b.reg("b32")
+                b.emit("ld.shared.u32", hi, Mem(src, (at & ~3) + 4))
+                return b.op("prmt.b32", lo, hi, Imm(0x5432, "b32"))
+
+            def half(off):  # the step's 2 bytes at `off`
+                v = b.reg("b16")
+                b.emit("ld.shared.b16", v, Mem(base, ph + off))
+                return v
+            return word, half
+
+        dec = [[codec.mma_block(b, *reader(base), self.t, self.consts) for base in bs] for bs in bases]
+        for i in range(8):  # 32-element block i: its B pairs (sub-blocks 2i, 2i + 1) per n8 tile
+            xbs = _b_tiles(b, xrec, 64 * ncol * i, self.NTL)
+            for mt in range(self.MT):
+                for s0 in range(2 * i, 2 * i + 2, self.share):
+                    cs = [b.regs("f32", 4) for _ in range(self.NTL)]
+                    for s in range(s0, s0 + self.share):
+                        fr = [dec[mt][rr].fragment(s) for rr in range(2)]
+                        A = [fr[0][0], fr[1][0], fr[0][1], fr[1][1]]  # (g, k 2t..), (g + 8, ..), (g, k 2t + 8..), ..
+                        for n in range(self.NTL):
+                            b.emit(mma_sync(self.arch, "m16n8k16", "f16", b.vec(cs[n]), b.vec(A),
+                                            b.vec(xbs[n][2 * (s % 2):2 * (s % 2) + 2]),
+                                            b.vec(self.czero if s == s0 else cs[n])))
+                    sc = [dec[mt][rr].scale(s0) for rr in range(2)]
+                    for n in range(self.NTL):
+                        for e, S in enumerate(self.S[mt][n]):  # (g, hi), (g, lo), (g + 8, hi), (g + 8, lo)
+                            if s0 == 0:
+                                b.emit("mul.rn.f32", S, sc[e // 2], cs[n][e])
+                            else:
+                                b.emit("fma.rn.f32", S, sc[e // 2], cs[n][e], S)
+        for mt in range(self.MT):
+            for rr in range(2):
+                b.emit("mov.f32", self.d[mt][rr], dec[mt][rr].d)
+
+    def finish(self, acc, facs):
+        """y += 2^-s·d·(S_hi + S_lo) per row and tile (acc[mt][rr][tile][0]; facs[tile][0]: the lane's token's 2^-s)."""
+        b = self.b
+        for mt in range(self.MT):
+            for rr in range(2):
+                for n in range(self.NTL):
+                    S = self.S[mt][n]
+                    v = b.op("mul.rn.f32", self.d[mt][rr], b.op("add.rn.f32", S[2 * rr], S[2 * rr + 1]))
+                    b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
 
 
 def _stage_base(b, ring, stage_bytes):
@@ -298,18 +451,22 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     (gemv_q4_k_mma_t{nt}_fused): one launch per op — the kernel takes x and builds the records itself
     (_build_records) between its first weight copies and its first record copies. `fmt`: a K-quant whose codec has
     a RegDecoder (Q4_K, Q5_K: the same header, scales and min term; Q5_K's fifth bits from its qh bytes) —
-    gemv_<fmt>_mma_t*, on the same records."""
+    gemv_<fmt>_mma_t*, on the same records — or (exact, not fused) a codec with an mma_block (Q6_K, Q8_0: a scale
+    times an integer, the scale constant over 16 weights, no min): _codec_step's MMA per 16-element sub-block on
+    prep_sub16_t{nt}'s records (the same bytes in the codecs' K order)."""
     from .. import codecs
 
     codec = codecs.get(fmt)
-    BLOCK = codec.BLOCK_BYTES
+    kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
+    assert kq or (hasattr(codec, "mma_block") and not hi_only and not fused), fmt
+    BLOCK, BOX, SLOT = _row_geometry(codec)
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core {fmt} GEMV"
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     arch.require("cp_async", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     S, ctas, MT, NW = _ring_plan(arch, nt, hi_only)
     R = 16 * MT  # rows per warp
-    W_BYTES = R * BLOCK  # a step's weights (the record follows)
+    W_BYTES = R * SLOT  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
@@ -318,8 +475,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused).name, arch,
                       f"{fmt} GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
-                      "token, a lane owns one qs chunk of two rows per m16 tile, weights and activation records by "
-                      "cp.async", block=(32 * NW, 1, 1))
+                      "token, " + ("a lane owns one qs chunk of two rows per m16 tile" if kq else
+                                   "one MMA per 16-element sub-block, its scale in fp32 after it") +
+                      ", weights and activation records by cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas, fused, kparts=True)
     t_entry = b.special("globaltimer_lo") if TRACE else None
     part_p, cnt_p = ps[6:8]
@@ -334,9 +492,13 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records",
-                  activation=f"{GemvKernel('prep_few', 'q4_K', nt, hi_only=hi_only).name}(x): one {rb}-byte record "
+                  activation=f"{GemvKernel('prep_few', fmt, nt, hi_only=hi_only).name}(x): one {rb}-byte record "
                              "per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    if not kq:
+        b.meta.update(record_order="sub16", weights="row_bytes a multiple of 16" if BLOCK % 16 == 0 else
+                      f"row_bytes a multiple of 4, m·row_bytes of 16 (a step's {BOX}-byte copy from 16 bytes below "
+                      "its start reads no byte past the buffer)")
     if NW > 4:
         b.meta.update(block_warps=[4, NW], ring_bytes_per_warp=S * stage_bytes)
     if fused:
@@ -354,14 +516,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
-    cols = BLOCK // 16
+    cols = BOX // 16
     b.comment(f"copy plan: weight chunk c = lane + 32u = {cols}·row + column (u = 0..{-(-cols * R // 32) - 1}), 16 bytes "
-              f"each (an instruction copies ~{int(320 / cols) / 10} rows' contiguous {BLOCK} bytes: measured 17% faster than "
+              f"each (an instruction copies ~{int(320 / cols) / 10} rows' contiguous {BOX} bytes: measured 17% faster than "
               "16 rows x 32 bytes), rows past M copy row M - 1 (never stored); record chunks lane + 32u, the last u "
               "partial where the record is not a multiple of 512 bytes")
     # the records .ca: the warps on the same K part read the same ones
     issue, _ = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, rec=REC, xi=lane, nthr=32, rb=rb,
-                            rec_at=W_BYTES, cache="ca", block=BLOCK)
+                            rec_at=W_BYTES, cache="ca", block=BLOCK, box=BOX, slot=SLOT)
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)), per = ceil(nsb / nsplit). Prologue: the "
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
@@ -380,14 +542,17 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     t_prep = [b.op("mov.u32", Imm(0, "u32")) for _ in range(3 if TRACE else 0)]
     count = b.op("mov.u32", Imm(0, "u32"))
 
-    dec = codec.RegDecoder(b, g, t)
-    zero, czero = dec.zero, dec.czero
+    if kq:
+        dec = codec.RegDecoder(b, g, t)
+        zero, czero = dec.zero, dec.czero
+    else:
+        cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT)
     # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
     # them re-read the first ones (their columns of C are never used)
     col_lane = b.op("and.b32", lane, Imm(min(32, 4 * ncol) - 1, "b32"))
     lane_rec = b.op("mad.lo.u32", col_lane, Imm(16, "u32"), Imm(W_BYTES, "u32"))
     mslot = 8 if hi_only else 4  # a lane's min pair: hi (and lo, hi_only) halves
-    lane_min = b.op("mad.lo.u32", col_lane, Imm(mslot, "u32"), Imm(W_BYTES + moff, "u32"))
+    lane_min = b.op("mad.lo.u32", col_lane, Imm(mslot, "u32"), Imm(W_BYTES + moff, "u32")) if kq else None
     if hi_only:  # lane (g, t), tile n: tokens 8n + 2t, 8n + 2t + 1 (columns 2t, 2t + 1)
         lane_fac = b.op("mad.lo.u32", t, Imm(8, "u32"), Imm(W_BYTES + foff, "u32"))
     else:  # tile n: token 4n + t (columns 2t hi, 2t + 1 lo); fewer than 4 tokens: t % nt
@@ -398,7 +563,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(cols_per_lane)] for _ in range(NTL)]
             for _ in range(2)] for _ in range(MT)]
 
-    header, dequant = dec.header, dec.dequant
+    header, dequant = (dec.header, dec.dequant) if kq else (None, None)
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
@@ -411,29 +576,32 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=step0)
         for i_, r_ in enumerate(t_prep):  # the first record's padding: gemv.PREP_TRACE's stamps (else zeros)
             b.emit("ld.shared.b32", r_, Mem(st, W_BYTES + foff + 4 * nt + 4 * i_), pred=step0)
-    hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
-    qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
-    xrec = b.op("add.u32", st, lane_rec)
-    # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
-    chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
-    for i in range(8):
-        xbs = _b_tiles(b, xrec, 64 * ncol * i, NTL)
-        for mt in range(MT):
-            a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
-            for c, nib in enumerate(("lo", "hi")):
-                A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
-                for n in range(NTL):
-                    ch = chains[mt][n][c]
-                    b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
-                                    b.vec(czero if i == 0 else ch)))
-    mws = []  # the min MMA's B registers per tile: (hi pair, 0) or, hi_only, (hi pair, lo pair) at k, k + 8
-    for n in range(NTL):
-        if hi_only:
-            mw = b.regs("b32", 2)
-            b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 32 * mslot * n))
-        else:
-            mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 32 * mslot * n)), zero]
-        mws.append(mw)
+    if kq:
+        hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
+        qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
+        xrec = b.op("add.u32", st, lane_rec)
+        # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
+        chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
+        for i in range(8):
+            xbs = _b_tiles(b, xrec, 64 * ncol * i, NTL)
+            for mt in range(MT):
+                a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
+                for c, nib in enumerate(("lo", "hi")):
+                    A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
+                    for n in range(NTL):
+                        ch = chains[mt][n][c]
+                        b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
+                                        b.vec(czero if i == 0 else ch)))
+        mws = []  # the min MMA's B registers per tile: (hi pair, 0) or, hi_only, (hi pair, lo pair) at k, k + 8
+        for n in range(NTL):
+            if hi_only:
+                mw = b.regs("b32", 2)
+                b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 32 * mslot * n))
+            else:
+                mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 32 * mslot * n)), zero]
+            mws.append(mw)
+    else:
+        cstep.body(st, jb, b.op("add.u32", st, lane_rec), ncol)
     facs = []  # facs[tile][e]: the lane's tokens' 2^-s
     for n in range(NTL):
         fa = b.op("add.u32", st, lane_fac)
@@ -443,32 +611,36 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
             facs.append(f2)
         else:
             facs.append([b.op("ld.shared.f32", Mem(fa, 16 * n))])
-    ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
-    for mt in range(MT):
-        for n in range(NTL):
-            ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]  # hi_only: the mins again at k + 8 for the lo pairs
-            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms[mt][n]), b.vec(ma + (ma if hi_only else [zero, zero])),
-                            b.vec(mws[n]), b.vec(czero)))
+    if kq:
+        ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
+        for mt in range(MT):
+            for n in range(NTL):
+                ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]  # hi_only: the mins again at k + 8 for the lo pairs
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms[mt][n]), b.vec(ma + (ma if hi_only else [zero, zero])),
+                                b.vec(mws[n]), b.vec(czero)))
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: refill it
     nxt = b.op("add.u32", jb, Imm(S, "u32"))
     issue(nxt, st, b.op("setp.lt.u32", nxt, jend))
     b.emit("cp.async.commit_group")
-    for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
-        for rr in range(2):
-            hd = hds[mt][rr]
-            for n in range(NTL):
-                lo_c, hi_c, mm = chains[mt][n][0], chains[mt][n][1], ms[mt][n]
-                if hi_only:  # columns 2t, 2t + 1: two tokens
-                    for e in range(2):
-                        cs = b.op("add.rn.f32", lo_c[2 * rr + e], hi_c[2 * rr + e])
-                        v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mm[2 * rr + e]))
-                        b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e])
-                else:  # columns 2t (hi), 2t + 1 (lo) of one token
-                    cs = b.op("add.rn.f32", b.op("add.rn.f32", lo_c[2 * rr], hi_c[2 * rr]),
-                              b.op("add.rn.f32", lo_c[2 * rr + 1], hi_c[2 * rr + 1]))
-                    mins = b.op("add.rn.f32", mm[2 * rr], mm[2 * rr + 1])
-                    v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mins))
-                    b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
+    if not kq:
+        cstep.finish(acc, facs)
+    else:
+        for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
+            for rr in range(2):
+                hd = hds[mt][rr]
+                for n in range(NTL):
+                    lo_c, hi_c, mm = chains[mt][n][0], chains[mt][n][1], ms[mt][n]
+                    if hi_only:  # columns 2t, 2t + 1: two tokens
+                        for e in range(2):
+                            cs = b.op("add.rn.f32", lo_c[2 * rr + e], hi_c[2 * rr + e])
+                            v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mm[2 * rr + e]))
+                            b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e])
+                    else:  # columns 2t (hi), 2t + 1 (lo) of one token
+                        cs = b.op("add.rn.f32", b.op("add.rn.f32", lo_c[2 * rr], hi_c[2 * rr]),
+                                  b.op("add.rn.f32", lo_c[2 * rr + 1], hi_c[2 * rr + 1]))
+                        mins = b.op("add.rn.f32", mm[2 * rr], mm[2 * rr + 1])
+                        v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mins))
+                        b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
     b.emit("add.u32", count, count, Imm(1, "u32"))
     b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
@@ -658,6 +830,13 @@ KERNELS += [KernelDef(GemvKernel("few", f, nt, hi_only=h).name,
                       f"{GemvKernel('few', 'q4_K', nt, hi_only=h).name} with the codec's register decode (the fifth "
                       f"bits from qh), on {GemvKernel('prep_few', 'q4_K', nt, hi_only=h).name}'s records",
                       lambda arch, nt=nt, h=h, f=f: build(arch, nt, h, fmt=f)) for f in FEW_FORMATS for nt, h in _BUILDS]
+CODEC_FORMATS = ("q6_K", "q8_0")  # codecs with an mma_block on the exact builds (_CodecStep; prep_sub16_t* records)
+KERNELS += [KernelDef(GemvKernel("few", f, nt).name,
+                      f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt).name} with the codec's integer "
+                      f"weights: one MMA per 16-element sub-block, its scale in fp32 after it, on "
+                      f"{GemvKernel('prep_few', f, nt).name}'s records",
+                      lambda arch, nt=nt, f=f: build(arch, nt, fmt=f), archs=_built_for(f, nt))
+            for f in CODEC_FORMATS for nt in T4.Q4K_RECORD_TOKENS]
 FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each also in one launch
 KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True).name,
                       f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', f, nt).name} in one launch: "
@@ -668,6 +847,10 @@ PREPS = [KernelDef(GemvKernel("prep_few", "q4_K", nt, hi_only=h).name, f"activat
                    f"{'hi' if h else 'hi/lo'} records and min pairs ({GemvKernel('few', 'q4_K', nt, hi_only=h).name})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
          for nt, h in _BUILDS]
+PREPS += [KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], nt).name, f"activation of up to {nt} tokens: scaled fp16 "
+                    f"hi/lo records in the codecs' 16-element sub-block order ({', '.join(GemvKernel('few', f, nt).name for f in CODEC_FORMATS)})",
+                    lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="sub16"))
+          for nt in T4.Q4K_RECORD_TOKENS]
 _C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
 _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
 _PREP_C, _PREP_HI = (GemvKernel("prep_few", "q4_K", c, hi_only=True).name for c in (_C, _HI))
