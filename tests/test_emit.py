@@ -147,7 +147,7 @@ for _nt in (1, 2, 4, 8):  # Q6_K's and Q8_0's: the codec's integers (prmt, hadd2
 # one launch: the t1 GEMV's SASS plus the prep's (shuffles, fp16 record stores) and the records' hand-off (the
 # acquire invalidates L1, CCTL.IVALL, before the records are read through it)
 for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm_120a's REDG)
-    for _f in ("q4_k", "q5_k"):
+    for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         EXPECTED_SASS[f"gemv_{_f}_mma_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_{_f}_mma_t{_nt}"] + [
             "SHFL.BFLY", "F2FP", "STG.E.U16", "ATOMG.E.ADD", "E.ADD.STRONG.GPU", "NANOSLEEP", "CCTL.IVALL"]
 EXPECTED_SASS["mmq_q4_k_rega_n32"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "BAR.SYNC"]

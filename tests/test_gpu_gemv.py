@@ -393,10 +393,11 @@ def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
 @pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
 @pytest.mark.parametrize("m,k,t,arch", [(4, 512, 1, None), (132, 1536, 2, None), (300, 14336, 5, None),
                                         (2000, 3584, 8, None), (4096, 4096, 1, None), (132, 1536, 3, "sm_89")])
-def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch):
+def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
     """Q6_K and Q8_0 on the few-token builds (RULES.codec_few_max_tokens raised; off until timed): prep_sub16_t* +
     gemv_<fmt>_mma_t{1,2,4,8} within 1e-5 of float64 (exact), the sm_89 builds too; outputs NaN-poisoned first,
-    bit-identical run to run. GPU == emulator for each build is test_gpu_emu_crosscheck's."""
+    bit-identical run to run, and 1-4 tokens' one-launch builds (gemv_<fmt>_mma_t*_fused, eager) the bits of prep +
+    GEMV. GPU == emulator for each build is test_gpu_emu_crosscheck's."""
     import ptxgen.runtime as r
 
     rng = np.random.default_rng(m + k + t)
@@ -406,12 +407,16 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch):
     want = formats.gemm_ref(fmt, raw, m, k, x)
     nt = f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
     with tuning.override(codec_few_max_tokens={fmt: 8}):
-        assert r.mul_mat_plan(w, t, arch=arch).kernels == [f"prep_sub16_{nt}", f"gemv_{fmt.lower()}_mma_{nt}"]
+        two = [f"prep_sub16_{nt}", f"gemv_{fmt.lower()}_mma_{nt}"]
+        assert r.mul_mat_plan(w, t, arch=arch).kernels == ([f"gemv_{fmt.lower()}_mma_{nt}_fused"] if t <= 4 else two)
         out = r.DeviceArray.empty((t, m), np.float32)
         out.owner.fill_bytes(0xFF)
         r.mul_mat(w, x, out=out, arch=arch)
         got = out.numpy()
         assert np.isfinite(got).all() and rel(got, want) <= 1e-5
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
+        setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # (the knob names Q4_K; it picks every few-token build's launch)
+        assert r.mul_mat_plan(w, t, arch=arch).kernels == two
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 

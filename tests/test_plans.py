@@ -273,9 +273,9 @@ def test_q5_k_takes_the_few_token_tensor_core_builds_up_to_its_rule(gpu):
 
 @pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
 def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(gpu, fmt):
-    """Q6_K and Q8_0 on the few-token builds (gemv_<fmt>_mma_t{1,2,4,8}, on prep_sub16_t*'s records, no fused build):
-    off unless RULES.codec_few_max_tokens names the format (not yet timed on the H200: the route before them runs);
-    with it, up to 8 tokens, graph-captured and eager alike. Q6_K's 210-byte steps ask rows a multiple of 4 bytes
+    """Q6_K and Q8_0 on the few-token builds (gemv_<fmt>_mma_t{1,2,4,8}, on prep_sub16_t*'s records): off unless
+    RULES.codec_few_max_tokens names the format (not yet timed on the H200: the route before them runs); with it, up
+    to 8 tokens, 1-4 called eagerly in one launch (gemv_<fmt>_mma_t*_fused), as Q4_K's. Q6_K's 210-byte steps ask rows a multiple of 4 bytes
     (K a multiple of 512) and M rows a multiple of 16 bytes; weights not 16-byte aligned keep the route after."""
     f = fmt.lower()
     w = fakegpu.weights(fmt, 4096, 14336)
@@ -285,14 +285,15 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
         for t, nt in ((1, "t1"), (2, "t2"), (3, "t4"), (5, "t8"), (8, "t8")):
             want = [f"prep_sub16_{nt}", f"gemv_{f}_mma_{nt}"]
             assert ops.mul_mat_plan(w, t, graph=True).kernels == want
-            assert ops.mul_mat_plan(w, t).kernels == want
+            assert ops.mul_mat_plan(w, t).kernels == ([f"gemv_{f}_mma_{nt}_fused"] if t <= 4 else want)
         assert ops.mul_mat_plan(w, 9).kernels != ops.mul_mat_plan(w, 8).kernels  # past the builds: the route after
-        assert ops.mul_mat_plan(w, 2, arch="sm_89").kernels == ["prep_sub16_t2", f"gemv_{f}_mma_t2"]
-        assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 14336, at=fakegpu.BASE + 8), 1).kernels[0] != "prep_sub16_t1"
+        assert ops.mul_mat_plan(w, 2, arch="sm_89", graph=True).kernels == ["prep_sub16_t2", f"gemv_{f}_mma_t2"]
+        assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 14336, at=fakegpu.BASE + 8), 1, graph=True).kernels[0] != \
+            "prep_sub16_t1"
         if fmt == "q6_K":  # K/256 odd: rows at alternating 2-byte phases; M·row not a multiple of 16
-            assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 14080), 1).kernels[0] != "prep_sub16_t1"
-            assert ops.mul_mat_plan(fakegpu.weights(fmt, 4098, 4608), 1).kernels[0] != "prep_sub16_t1"  # rows of 3780
-            assert ops.mul_mat_plan(fakegpu.weights(fmt, 4100, 4608), 1).kernels[0] == "prep_sub16_t1"
+            plan = lambda m, k: ops.mul_mat_plan(fakegpu.weights(fmt, m, k), 1, graph=True).kernels[0]  # noqa: E731
+            assert plan(4096, 14080) != "prep_sub16_t1"
+            assert plan(4098, 4608) != "prep_sub16_t1" and plan(4100, 4608) == "prep_sub16_t1"  # rows of 3780 bytes
 
 
 @pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])

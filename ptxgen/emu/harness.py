@@ -1145,7 +1145,7 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
             HARNESSES[f"gemv_{_f}_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_{_sfx}", 2)
         HARNESSES[f"prep_sub16_{_sfx}"] = _prep_q4k_records(_nt, False, "sub16")
 for _nt in (1, 2, 4):
-    for _f in ("q4_k", "q5_k"):
+    for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)

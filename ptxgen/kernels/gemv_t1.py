@@ -385,13 +385,14 @@ def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0):
         b.emit("cp.async.commit_group")
 
 
-def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp, nw=None):
+def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp, nw=None, order="q4k"):
     """The fused builds' activation prep: the CTAs that start first (by a ticket, so they are running: no
     co-residency needed, any grid size) write the records prep_q4k_t{nt} would (the same code, bit for bit),
     one (token, 32-block) item per warp at a time; then every CTA waits until all of them have. Three u32 after
     the split-K counters (at counters + 16·gridDim.x: tickets, producers done, CTAs past the wait), each back to
     zero when the kernel ends: the last ticket resets the tickets, the last CTA past the wait the other two. nw
-    (a register): the CTA's warps where the launch picks them (NW, the most, places the sync words)."""
+    (a register): the CTA's warps where the launch picks them (NW, the most, places the sync words); `order`: the
+    records' K order (prep_sub16_t{nt}'s for "sub16")."""
     G = b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y"))
     nb = b.op("shr.u32", K, Imm(5, "u32"))
     items = b.op("mul.lo.u32", nb, Imm(nt, "u32"))
@@ -420,7 +421,7 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp,
     b.bra(built, pred=b.op("setp.ge.u32", item, items))
     tok, j = b.op("div.u32", item, nb), b.op("rem.u32", item, nb)
     hi, lo, fbits, xs, lead = _scaled_item(b, X, ntok, nb, tok, j, lane, False)
-    _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs)
+    _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, order=order)
     b.emit("add.u32", item, item, stride)
     b.bra(loop)
     b.place(built)
@@ -451,14 +452,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     (gemv_q4_k_mma_t{nt}_fused): one launch per op — the kernel takes x and builds the records itself
     (_build_records) between its first weight copies and its first record copies. `fmt`: a K-quant whose codec has
     a RegDecoder (Q4_K, Q5_K: the same header, scales and min term; Q5_K's fifth bits from its qh bytes) —
-    gemv_<fmt>_mma_t*, on the same records — or (exact, not fused) a codec with an mma_block (Q6_K, Q8_0: a scale
+    gemv_<fmt>_mma_t*, on the same records — or (exact) a codec with an mma_block (Q6_K, Q8_0: a scale
     times an integer, the scale constant over 16 weights, no min): _codec_step's MMA per 16-element sub-block on
     prep_sub16_t{nt}'s records (the same bytes in the codecs' K order)."""
     from .. import codecs
 
     codec = codecs.get(fmt)
     kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
-    assert kq or (hasattr(codec, "mma_block") and not hi_only and not fused), fmt
+    assert kq or (hasattr(codec, "mma_block") and not hi_only), fmt
     BLOCK, BOX, SLOT = _row_geometry(codec)
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core {fmt} GEMV"
@@ -533,7 +534,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     if fused:
         def records():
             _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
-                           nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr)
+                           nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr,
+                           order="q4k" if kq else "sub16")
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records,
               hold=0 if not pdl or hi_only or _plan_size(arch) != "big" else
               (FUSED_HOLD if fused else T1_HOLD).get(nt, 0))
@@ -841,8 +843,9 @@ FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each al
 KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True).name,
                       f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', f, nt).name} in one launch: "
                       "the kernel's first CTAs build the activation records from x, every CTA waits for them",
-                      lambda arch, nt=nt, f=f: build(arch, nt, False, fused=True, fmt=f))
-            for f in ("q4_K",) + FEW_FORMATS for nt in FUSED_TOKENS]
+                      lambda arch, nt=nt, f=f: build(arch, nt, False, fused=True, fmt=f),
+                      archs=_built_for(f, nt) if f in CODEC_FORMATS else TARGETS)
+            for f in ("q4_K",) + FEW_FORMATS + CODEC_FORMATS for nt in FUSED_TOKENS]
 PREPS = [KernelDef(GemvKernel("prep_few", "q4_K", nt, hi_only=h).name, f"activation of up to {nt} tokens: scaled fp16 "
                    f"{'hi' if h else 'hi/lo'} records and min pairs ({GemvKernel('few', 'q4_K', nt, hi_only=h).name})",
                    lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
