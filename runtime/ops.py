@@ -1197,17 +1197,20 @@ def _codec_mma(c: _Call) -> None:
 
 
 def _codec_few_kernel(fmt: str, t: int) -> str:
-    """The few-token build of another K-quant for t tokens (kernels/gemv_t1.py): gemv_<fmt>_mma_t1 (and t2, t4, t8)
-    up to 8, gemv_<fmt>_mma_t16h to 16, mmq_<fmt>_rega_n32 above."""
+    """The few-token build of another codec for t tokens (kernels/gemv_t1.py): gemv_<fmt>_mma_t{1,2,4,8} up to 8
+    (the smallest that holds t: Q8_0's t8 is not built where its ring does not fit, sm_89 / sm_120a), then the
+    K-quants' gemv_<fmt>_mma_t16h to 16 and mmq_<fmt>_rega_n32 above."""
     if t > T4.Q4K_HI_TOKENS:
         return GemvKernel("skinny", fmt, T4.Q4K_SKINNY_COLUMNS).name
-    return GemvKernel("few", fmt, T4.Q4K_HI_TOKENS if t > 8 else 1, hi_only=t > 8).name
+    if t > 8:
+        return GemvKernel("few", fmt, T4.Q4K_HI_TOKENS, hi_only=True).name
+    return GemvKernel("few", fmt, next(v for v in T4.Q4K_RECORD_TOKENS if v >= t)).name
 
 
 def _codec_few_ok(c: _Call) -> bool:
     """Another codec on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS, CODEC_FORMATS): T up to
-    RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8), built for the
-    target, K a multiple of 256, the weights 16-byte aligned (the cp.async ring's 16-byte copies). A step of a row
+    RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8), the build for
+    T there on the target, K a multiple of 256, the weights 16-byte aligned (the cp.async ring's 16-byte copies). A step of a row
     not a multiple of 16 bytes (Q6_K's 210) is copied from the 16 bytes below its start: its rows a multiple of 4
     bytes (every row's step at the same 2-byte phase: K a multiple of 512) and M rows a multiple of 16 bytes (the
     last copy ends at the buffer's end)."""

@@ -288,6 +288,8 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
             assert ops.mul_mat_plan(w, t).kernels == ([f"gemv_{f}_mma_{nt}_fused"] if t <= 4 else want)
         assert ops.mul_mat_plan(w, 9).kernels != ops.mul_mat_plan(w, 8).kernels  # past the builds: the route after
         assert ops.mul_mat_plan(w, 2, arch="sm_89", graph=True).kernels == ["prep_sub16_t2", f"gemv_{f}_mma_t2"]
+        t8 = ops.mul_mat_plan(w, 5, arch="sm_89", graph=True).kernels  # Q8_0's 8-token ring does not fit there
+        assert (t8[0] == "prep_sub16_t8") == (fmt == "q6_K"), t8
         assert ops.mul_mat_plan(fakegpu.weights(fmt, 4096, 14336, at=fakegpu.BASE + 8), 1, graph=True).kernels[0] != \
             "prep_sub16_t1"
         if fmt == "q6_K":  # K/256 odd: rows at alternating 2-byte phases; M·row not a multiple of 16
