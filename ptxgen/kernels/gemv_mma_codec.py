@@ -227,27 +227,31 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
     return b.finish()
 
 
-def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac,
-               AHEAD, SETS):
-    """A step's decode, MMAs and sums into acc, its rows' bytes at phase `ph` (o % 4) of their aligned bases."""
-    def word(rr, off, lane_part=False):  # the 4 step bytes at `off` (+ 4t with lane_part) of row rr
-        base = lbases[rr] if lane_part else bases[rr]
-        at = ph + off
+def phase_readers(b, base, lbase, ph):
+    """(word, half): the readers an mma_block takes for a row whose step starts at phase `ph` (0 or 2: o % 4) past
+    the 4-byte aligned `base` in shared memory (`lbase` = base + 4t): word(off, lane=False) the step's 4 bytes at
+    `off` (+ 4t with lane) — one load, or at phase 2 two and a prmt —, half(off) its 2 bytes at `off`."""
+    def word(off, lane=False):
+        at, src = ph + off, lbase if lane else base
         lo = b.reg("b32")
-        b.emit("ld.shared.u32", lo, Mem(base, at & ~3))
+        b.emit("ld.shared.u32", lo, Mem(src, at & ~3))
         if at % 4 == 0:
             return lo
         hi = b.reg("b32")
-        b.emit("ld.shared.u32", hi, Mem(base, (at & ~3) + 4))
+        b.emit("ld.shared.u32", hi, Mem(src, (at & ~3) + 4))
         return b.op("prmt.b32", lo, hi, Imm(0x5432, "b32"))
 
-    def half(rr, off):  # the 2 step bytes at `off`
+    def half(off):
         v = b.reg("b16")
-        b.emit("ld.shared.b16", v, Mem(bases[rr], ph + off))
+        b.emit("ld.shared.b16", v, Mem(base, ph + off))
         return v
+    return word, half
 
-    rowdec = [codec.mma_block(b, lambda off, lp=False, rr=rr: word(rr, off, lp), lambda off, rr=rr: half(rr, off),
-                              t, consts) for rr in range(2)]
+
+def _step_body(b, arch, codec, consts, bases, lbases, t, ph, sets, load_b, p_b, nxt_b, more, czero, acc, fac,
+               AHEAD, SETS):
+    """A step's decode, MMAs and sums into acc, its rows' bytes at phase `ph` (o % 4) of their aligned bases."""
+    rowdec = [codec.mma_block(b, *phase_readers(b, bases[rr], lbases[rr], ph), t, consts) for rr in range(2)]
     NT = len(fac)
     S = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4 * NT)]
     a_frag = {}

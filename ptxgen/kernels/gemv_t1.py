@@ -45,6 +45,7 @@ from ..specs import GemvKernel
 from . import KernelDef, smem_fit
 from .gemv import (_prep_record_stores, _scaled_item, _store_or_split, _sum_k_parts, _tile_rows, _warp_rows,
                    build_prep_mma)
+from .gemv_mma_codec import phase_readers
 
 T1_MAX_SPLITS = 32
 # a diagnostic build (bench/probe_decode_trace.py), never shipped: without grid K splits, lane 0 of a CTA's first warp
@@ -254,27 +255,8 @@ class _CodecStep:
 
     def _phase(self, bases, ph, xrec, ncol):
         b, codec = self.b, self.codec
-
-        def reader(base):
-            lbase = b.op("add.u32", base, self.t4)
-
-            def word(off, lane=False):  # the step's 4 bytes at `off` (+ 4t with lane)
-                at, src = ph + off, lbase if lane else base
-                lo = b.reg("b32")
-                b.emit("ld.shared.u32", lo, Mem(src, at & ~3))
-                if at % 4 == 0:
-                    return lo
-                hi = b.reg("b32")
-                b.emit("ld.shared.u32", hi, Mem(src, (at & ~3) + 4))
-                return b.op("prmt.b32", lo, hi, Imm(0x5432, "b32"))
-
-            def half(off):  # the step's 2 bytes at `off`
-                v = b.reg("b16")
-                b.emit("ld.shared.b16", v, Mem(base, ph + off))
-                return v
-            return word, half
-
-        dec = [[codec.mma_block(b, *reader(base), self.t, self.consts) for base in bs] for bs in bases]
+        dec = [[codec.mma_block(b, *phase_readers(b, base, b.op("add.u32", base, self.t4), ph), self.t, self.consts)
+                for base in bs] for bs in bases]
         for i in range(8):  # 32-element block i: its B pairs (sub-blocks 2i, 2i + 1) per n8 tile
             xbs = _b_tiles(b, xrec, 64 * ncol * i, self.NTL)
             for mt in range(self.MT):
