@@ -1061,8 +1061,8 @@ def test_q4_k_one_token_gemv_mutations_fail(monkeypatch, mutation):
 
     real = harness.T4.q4k_mma_records
 
-    def mutated(a, nt, hi_only=False):
-        rec = real(a, nt, hi_only).reshape(-1, harness.T4.q4k_record_bytes(1)).copy()
+    def mutated(a, nt, hi_only=False, order="q4k"):
+        rec = real(a, nt, hi_only, order).reshape(-1, harness.T4.q4k_record_bytes(1)).copy()
         if mutation == "no_lo_column":  # bytes 128·i + 64 .. 128·i + 127: lanes 4-7 (column 1)
             rec[:, :1024].reshape(-1, 8, 2, 64)[:, :, 1] = 0
         elif mutation == "no_min_pairs":
