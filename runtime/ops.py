@@ -1472,10 +1472,16 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
     prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
-    pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
-    fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another K-quant: its decoder)
+    fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another codec: its decoder)
     grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
-    pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")), **launch)
+    # builds that hand the records over by a count (gemv_t1.T1_FLAG, a probe's): both or neither
+    flag = bool(fn.meta.get("ready_flag"))
+    if flag != bool(prep.meta.get("ready_flag")):
+        raise RuntimeError(f"{prep.name} and {fn.name}: one counts the records ready (ready_flag) and the other not")
+    ready = (pb.ready(8),) if flag else ()
+    pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k) + ready)
+    pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt) + kp + ready, pdl=bool(fn.meta.get("pdl")),
+              **launch)
 
 
 

@@ -298,6 +298,27 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
             assert plan(4098, 4608) != "prep_sub16_t1" and plan(4100, 4608) == "prep_sub16_t1"  # rows of 3780 bytes
 
 
+def test_builds_that_count_the_records_ready_get_the_zero_kept_word_both(gpu, monkeypatch):
+    """A few-token prep + GEMV pair built with gemv_t1.T1_FLAG (meta ready_flag; a probe's builds, swapped in for the
+    emitted ones): the plan passes both the same zero-kept `ready` words, last; a pair where only one counts is a
+    clear error, not a GEMV that waits forever or reads records early."""
+    from ptxgen.runtime import kernels
+
+    real = kernels.entry
+    flagged = {"prep_q4k_t1", "gemv_q4_k_mma_t1"}
+
+    def entry(name, arch):
+        e = real(name, arch)
+        return dict(e, meta=dict(e["meta"], ready_flag="(test)")) if name in flagged else e
+    monkeypatch.setattr(kernels, "entry", entry)
+    w = fakegpu.weights("q4_K", 4096, 14336)
+    prep, gemv = ops.mul_mat_plan(w, 1, graph=True).launches
+    assert [(a.base, a.off) for a in (prep.args[-1], gemv.args[-1])] == [("ready", 0)] * 2 and len(prep.args) == 5
+    flagged.discard("prep_q4k_t1")
+    with pytest.raises(RuntimeError, match="one counts the records ready"):
+        ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 14336), 1, graph=True)
+
+
 @pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])
 def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, codec_gemvs, monkeypatch, fmt, box,
                                                                                gemv):

@@ -2,6 +2,7 @@
 with the NumPy reference. The same launch geometry the runtime uses (from the manifest's meta)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -456,11 +457,17 @@ def _prep_q4k_records(nt: int, hi_only: bool = False, order: str = "q4k"):
         mem = _memory()
         xa, ra = mem.alloc(x), mem.alloc(want.nbytes, poison=0xFF)
         items = nt * (k // 32)
-        _run(ptx, ((items + 7) // 8,), (256,), (xa, ra, t, k), mem, seed=seed)
+        ctas = (items + 7) // 8
+        ready = re.search(r"\.param \.u64 ready\b", ptx) is not None  # gemv_t1.T1_FLAG's build: a count of CTAs done
+        rd = (mem.alloc(np.zeros(1, np.uint32)),) if ready else ()
+        _run(ptx, (ctas,), (256,), (xa, ra, t, k, *rd), mem, seed=seed)
         got = mem.view(ra, np.uint8, (want.nbytes,))
         gh, wh = got.view(np.float16), want.view(np.float16)
         same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
         ok = bool(same.all())
+        if ready and int(mem.view(rd[0], np.uint32, (1,))[0]) != ctas:
+            return Outcome(name, False, f"ready count {int(mem.view(rd[0], np.uint32, (1,))[0])}, not {ctas}", got,
+                           want)
         return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(~same)} halves differ", got, want)
     return run
 
@@ -523,9 +530,12 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
     tail = (mem.alloc(x),) if fused else ()
-    _run(ptx, (ctas, splits, nz), (32 * nw,), (tw, *acts, ya, m, k, n, part, ca, *tail, *kp), mem,
-         dynamic_smem=smem, seed=seed, interleave=fused)
+    # gemv_t1.T1_FLAG's builds: the prep's count of CTAs done (k/256 x tokens), as if it ran; reset by the kernel
+    rd = (mem.alloc(np.array([k // 256 * meta["tokens"], 0], np.uint32)),) if meta.get("ready_flag") else ()
+    _run(ptx, (ctas, splits, nz), (32 * nw,), (tw, *acts, ya, m, k, n, part, ca, *tail, *kp, *rd), mem,
+         dynamic_smem=smem, seed=seed, interleave=fused or bool(rd))
     assert not mem.view(ca, np.uint32, (ncnt,)).any(), "split-K / sync counters were not reset"
+    assert not rd or not mem.view(rd[0], np.uint32, (2,)).any(), "the ready count was not reset"
     if fused:
         gh = mem.view(acts[0], np.uint8, (want_rec.nbytes,)).view(np.float16)
         wh = want_rec.view(np.float16)
@@ -864,8 +874,6 @@ def _with_meta(case, name, shape_len=None):
     """A harness that runs `case` with the kernel's manifest meta as built for the PTX's `.target` (meta may
     differ by arch, and a kernel may exist for one arch only: the TMA-fed TQ4_1S GEMV is sm_90a's)."""
     def run(ptx, rng, seed=None, **kw):
-        import re
-
         from ..arch import get_arch
         from ..kernels import get_kernel
 

@@ -1453,7 +1453,8 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mti
                     gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p)
 
 
-def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = False, order: str = "q4k"):
+def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = False, order: str = "q4k",
+                   ready: bool = False):
     """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
     One warp per (token, block) for all 8 tokens: tokens past T write zeros.
@@ -1466,7 +1467,10 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     records=nt (prep_q4k_t{nt}, for gemv_q4_k_mma_t{nt}; rotate=False): up to nt tokens, the same values written
     as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors); with
     hi_only (prep_q4k_t16h, prep_q4k_t32h) the hi parts alone, one B column per token; order="sub16"
-    (prep_sub16_t{nt}, the Q6_K / Q8_0 few-token GEMVs' records): the elements in the codecs' sub-block order."""
+    (prep_sub16_t{nt}, the Q6_K / Q8_0 few-token GEMVs' records): the elements in the codecs' sub-block order.
+    `ready` (records; gemv_t1.T1_FLAG's builds, not shipped): a last parameter, a zero-kept u32 each CTA adds 1 to
+    (red.release, after a CTA barrier) once its records are stored; the GEMV behind waits for ceil(items / 8) of
+    them instead of for this grid's completion."""
     assert not (records and rotate) and (records or not hi_only) and (order == "q4k" or (records and not hi_only))
     nt = records or T4.MMA_TOKENS
     name = (GemvKernel("prep_few", "q4_K" if order == "q4k" else "q6_K", records, hi_only=hi_only) if records else
@@ -1489,6 +1493,9 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
         s_p = None if rotate else b.param("minfrag", "u64", "ptr:out")
         b.meta.update(layout="to_mma_tiles")
     n_p, k_p = b.param("ntok", "u32"), b.param("k", "u32")
+    ready_p = b.param("ready", "u64", "ptr:scratch") if ready else None
+    if ready:
+        b.meta.update(ready_flag="ready: a zero-kept u32, +1 a CTA once its records are stored (the GEMV resets it)")
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid=f"ceil({nt} * k / 32 / 8)")
     trace = PREP_TRACE and records == 1 and not hi_only
     t_entry = b.special("globaltimer_lo") if trace else None
@@ -1504,6 +1511,10 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     if records:
         _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace, order)
         b.place(done)
+        if ready:  # the CTA's record stores, then thread 0's release (cumulative over them)
+            b.emit("bar.sync", Imm(0, "u32"))
+            b.emit("red.release.gpu.global.add.u32", Mem(b.ptr(ready_p)), Imm(1, "u32"),
+                   pred=b.op("setp.eq.u32", b.special("tid.x"), Imm(0, "u32")))
         b.emit("ret")
         return b.finish()
     F = b.ptr(f_p)

@@ -66,6 +66,12 @@ T1_HOLD = {1: 1}
 # ... and the fused builds' (the eager calls' one-launch builds). Forced into the graph loop, the t1 fused build held
 # 0 -> 1 ran 15.6 -> 14.5 µs (probe_decode_trace_fused_hold_0ed53fd.log); not shipped until its GPU tests run with it
 FUSED_HOLD: dict[int, int] = {}
+# the exact token builds without griddepcontrol.wait (a probe's build, not shipped): their prep (build_prep_mma's
+# `ready`) counts its CTAs done in a zero-kept word (the `ready` parameter, last), and the GEMV's warp 0 spins until
+# all have (acquire), so the records are read once they are stored rather than after the prep grid's completion
+# reaches the GEMV (the second grid dependency of the chain between two ops; bench/NOTES.md, 2026-12-04). The prep
+# only counts after its own griddepcontrol.wait, so the op before has completed when the GEMV sees the count
+T1_FLAG = False
 
 # (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
 # sm_90a's 227 KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x
@@ -347,10 +353,10 @@ def _b_tiles(b, xrec, off, ntl):
     return xbs
 
 
-def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0):
+def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0, wait=None):
     """The first n steps into stages 0 .. n - 1: the weights of the first n - hold, then (after the prep kernel:
-    griddepcontrol.wait where `pdl`; then `records()` where given, the records built in the kernel) the other
-    weights and every step's records; one cp.async group per step."""
+    griddepcontrol.wait where `pdl`, or `wait()` where given; then `records()` where given, the records built in
+    the kernel) the other weights and every step's records; one cp.async group per step."""
     firsts = []
     pre = max(0, n - hold)
     for s_ in range(n):
@@ -358,7 +364,9 @@ def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0):
         firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
         if s_ < pre:
             issue(*firsts[-1], what=("w",))
-    if pdl:
+    if wait is not None:
+        wait()
+    elif pdl:
         b.emit("griddepcontrol.wait")
     if records is not None:
         records()
@@ -412,18 +420,25 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp,
     b.place(wait)
     b.comment("warp 0 waits until the P producers are done (every lane loads the same word: the loop stays "
               "converged), then thread 0 counts the CTA past the wait; the last CTA past it zeroes both counts")
+    _await_count(b, sync, 4, 8, P, G, t0, warp)
+
+
+def _await_count(b, at, o_count, o_past, P, G, t0, warp):
+    """Warp 0 spins until the u32 at `at` + o_count reaches P (ld.acquire.gpu; every lane loads the same word, so
+    the loop stays converged), then thread 0 (t0) counts the CTA past at `at` + o_past and the last of the G CTAs
+    zeroes both words; then a CTA barrier."""
     past = b.label("records_ready")
     b.bra(past, pred=b.op("setp.ne.u32", warp, Imm(0, "u32")))
     spin = b.label("records_spin")
     b.place(spin)
-    ready = b.op("setp.ge.u32", b.op("ld.acquire.gpu.global.u32", Mem(sync, 4)), P)
+    ready = b.op("setp.ge.u32", b.op("ld.acquire.gpu.global.u32", Mem(at, o_count)), P)
     b.emit("nanosleep.u32", Imm(64, "u32"), pred=ready, neg=True)
     b.bra(spin, pred=ready, neg=True, uniform=False)
     old = b.op("mov.u32", Imm(0, "u32"))
-    b.emit("atom.global.add.u32", old, Mem(sync, 8), Imm(1, "u32"), pred=t0)
+    b.emit("atom.global.add.u32", old, Mem(at, o_past), Imm(1, "u32"), pred=t0)
     gone = b.op("and.pred", t0, b.op("setp.eq.u32", old, b.op("sub.u32", G, Imm(1, "u32"))))
-    for o_ in (4, 8):
-        b.emit("st.global.u32", Mem(sync, o_), Imm(0, "u32"), pred=gone)
+    for o_ in (o_count, o_past):
+        b.emit("st.global.u32", Mem(at, o_), Imm(0, "u32"), pred=gone)
     b.place(past)
     b.emit("bar.sync", Imm(0, "u32"))
 
@@ -462,11 +477,13 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                                    "one MMA per 16-element sub-block, its scale in fp32 after it") +
                       ", weights and activation records by cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas, fused, kparts=True)
+    pdl = arch.has("griddepcontrol")
+    flag = T1_FLAG and pdl and not fused and not hi_only
+    ready_p = b.param("ready", "u64", "ptr:scratch") if flag else None
     t_entry = b.special("globaltimer_lo") if TRACE else None
     part_p, cnt_p = ps[6:8]
     x_p = ps[8] if fused else None
     ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
-    pdl = arch.has("griddepcontrol")
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW,
@@ -478,6 +495,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                   activation=f"{GemvKernel('prep_few', fmt, nt, hi_only=hi_only).name}(x): one {rb}-byte record "
                              "per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    if flag:
+        b.meta.update(ready_flag="ready (last): 2 zero-kept u32 — the prep's CTAs done (this kernel waits for "
+                                  "k/256 x tokens of them instead of griddepcontrol.wait), the CTAs past the wait")
     if not kq:
         b.meta.update(record_order="sub16", weights="row_bytes a multiple of 16" if BLOCK % 16 == 0 else
                       f"row_bytes a multiple of 4, m·row_bytes of 16 (a step's {BOX}-byte copy from 16 bytes below "
@@ -518,9 +538,13 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
             _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
                            nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr,
                            order="q4k" if kq else "sub16")
+    def ready_wait():  # (T1_FLAG) the prep's k/256 x nt CTAs counted done (one a super-block and token)
+        _await_count(b, b.ptr(ready_p), 0, 4, b.op("mul.lo.u32", nsb, Imm(nt, "u32")),
+                     b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y")),
+                     b.op("setp.eq.u32", tid, Imm(0, "u32")), warp)
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records,
               hold=0 if not pdl or hi_only or _plan_size(arch) != "big" else
-              (FUSED_HOLD if fused else T1_HOLD).get(nt, 0))
+              (FUSED_HOLD if fused else T1_HOLD).get(nt, 0), wait=ready_wait if flag else None)
     t_wait = b.special("globaltimer_lo") if TRACE else None
     t_first = b.op("mov.u32", t_wait) if TRACE else None
     t_prep = [b.op("mov.u32", Imm(0, "u32")) for _ in range(3 if TRACE else 0)]
@@ -830,11 +854,12 @@ KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True).name,
             for f in ("q4_K",) + FEW_FORMATS + CODEC_FORMATS for nt in FUSED_TOKENS]
 PREPS = [KernelDef(GemvKernel("prep_few", "q4_K", nt, hi_only=h).name, f"activation of up to {nt} tokens: scaled fp16 "
                    f"{'hi' if h else 'hi/lo'} records and min pairs ({GemvKernel('few', 'q4_K', nt, hi_only=h).name})",
-                   lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h))
+                   lambda arch, nt=nt, h=h: build_prep_mma(arch, rotate=False, records=nt, hi_only=h,
+                                                           ready=T1_FLAG and not h))
          for nt, h in _BUILDS]
 PREPS += [KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], nt).name, f"activation of up to {nt} tokens: scaled fp16 "
                     f"hi/lo records in the codecs' 16-element sub-block order ({', '.join(GemvKernel('few', f, nt).name for f in CODEC_FORMATS)})",
-                    lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="sub16"))
+                    lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="sub16", ready=T1_FLAG))
           for nt in T4.Q4K_RECORD_TOKENS]
 _C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
 _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
