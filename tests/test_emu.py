@@ -1004,9 +1004,10 @@ def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatc
 @pytest.mark.parametrize("gemv,prep", [("gemv_q4_k_mma_t1", "prep_q4k_t1"), ("gemv_q8_0_mma_t2", "prep_sub16_t2")])
 def test_few_token_builds_hand_the_records_over_by_a_count(monkeypatch, gemv, prep):
     """gemv_t1.T1_FLAG (a probe's build, never shipped): the prep adds 1 per CTA to a zero-kept word once its
-    records are stored (red.release after a CTA barrier) — the harness checks the count equals its CTAs —, and the
-    GEMV, without griddepcontrol.wait, spins until k/256 x tokens of them (acquire), then its last CTA past the
-    wait zeroes both words; the same bits as the shipped build, both words back at zero."""
+    records are stored (red.release after a CTA barrier) — the harness checks the count equals its CTAs —, and
+    triggers its dependents only after its own wait; the GEMV, without griddepcontrol.wait, spins until k/256 x
+    tokens of them (acquire), then its last CTA past the wait zeroes both words; the same bits as the shipped
+    build, both words back at zero."""
     from ptxgen.kernels import gemv_t1
 
     shipped = check_kernel(gemv, KERNELS[gemv].for_arch("sm_90a").ptx(), seed=5, shape=(72, 1536), splits=2)
@@ -1017,7 +1018,9 @@ def test_few_token_builds_hand_the_records_over_by_a_count(monkeypatch, gemv, pr
     assert shipped.ok and flagged.ok, (shipped.detail, flagged.detail)
     assert np.array_equal(shipped.got.view(np.uint64), flagged.got.view(np.uint64))
     p = KERNELS[prep].for_arch("sm_90a")
-    assert "ready_flag" in p.meta
+    # the word is every op's: the prep lets the GEMV behind it launch (and spin) only once the op before completed
+    assert "ready_flag" in p.meta and p.ptx().index("griddepcontrol.wait") < p.ptx().index("launch_dependents")
+    assert "ready_flag" not in KERNELS[prep].for_arch("sm_89").meta  # no PDL there: the GEMV's wait is its launch
     for shape in ((1, 768), (int(prep[-1]), 1536)):
         out = check_kernel(prep, p.ptx(), seed=2, shape=shape)
         assert out.ok, (shape, out.detail)

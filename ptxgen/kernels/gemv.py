@@ -1468,9 +1468,12 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors); with
     hi_only (prep_q4k_t16h, prep_q4k_t32h) the hi parts alone, one B column per token; order="sub16"
     (prep_sub16_t{nt}, the Q6_K / Q8_0 few-token GEMVs' records): the elements in the codecs' sub-block order.
-    `ready` (records; gemv_t1.T1_FLAG's builds, not shipped): a last parameter, a zero-kept u32 each CTA adds 1 to
-    (red.release, after a CTA barrier) once its records are stored; the GEMV behind waits for ceil(items / 8) of
-    them instead of for this grid's completion."""
+    `ready` (records, where the target has griddepcontrol; gemv_t1.T1_FLAG's builds, not shipped): a last
+    parameter, a zero-kept u32 each CTA adds 1 to (red.release, after a CTA barrier) once its records are stored;
+    the GEMV behind waits for ceil(items / 8) of them instead of for this grid's completion. The word is every op's:
+    such a prep triggers its dependents only after its own griddepcontrol.wait, so the GEMV behind it is not
+    resident (spinning on the word) before the op before has completed — and its GEMV zeroed the word."""
+    ready = ready and arch.has("griddepcontrol")
     assert not (records and rotate) and (records or not hi_only) and (order == "q4k" or (records and not hi_only))
     nt = records or T4.MMA_TOKENS
     name = (GemvKernel("prep_few", "q4_K" if order == "q4k" else "q6_K", records, hi_only=hi_only) if records else
@@ -1499,7 +1502,9 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid=f"ceil({nt} * k / 32 / 8)")
     trace = PREP_TRACE and records == 1 and not hi_only
     t_entry = b.special("globaltimer_lo") if trace else None
-    b.pdl_head()  # the GEMV that reads this may launch now and load its weights meanwhile
+    b.pdl_head(trigger=not ready)  # the GEMV that reads this may launch now and load its weights meanwhile ...
+    if ready:  # ... or, counting, once the op before has completed (the word's count is this op's alone)
+        b.pdl_trigger()
     trace = (t_entry, b.special("globaltimer_lo")) if trace else None
     x, BT = b.ptr(x_p), b.ptr(bt_p)
     ntok, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")

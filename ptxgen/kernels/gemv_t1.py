@@ -70,7 +70,9 @@ FUSED_HOLD: dict[int, int] = {}
 # `ready`) counts its CTAs done in a zero-kept word (the `ready` parameter, last), and the GEMV's warp 0 spins until
 # all have (acquire), so the records are read once they are stored rather than after the prep grid's completion
 # reaches the GEMV (the second grid dependency of the chain between two ops; bench/NOTES.md, 2026-12-04). The prep
-# only counts after its own griddepcontrol.wait, so the op before has completed when the GEMV sees the count
+# counts, and lets this GEMV launch, only after its own griddepcontrol.wait: the op before has completed — and its
+# GEMV zeroed the word, which every op shares — before this GEMV spins on it (a review found the race of the first
+# version, whose prep triggered at its head: this GEMV resident early, passing on the op before's count)
 T1_FLAG = False
 
 # (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
