@@ -317,3 +317,81 @@ def test_a_device_array_out_written_on_another_stream_reads_back_after_that_op()
     busy(side, 10.0)
     r.mul_mat(w, x, out=out, stream=side)
     np.testing.assert_array_equal(out.numpy(), want)
+
+
+@pytest.fixture
+def counted_records(monkeypatch):
+    """The few-token preps and GEMVs of Q4_K and Q8_0 at 1-2 tokens built with gemv_t1.T1_FLAG (the records handed
+    over by a count, not by griddepcontrol.wait: a probe's builds, not in emitted/) and loaded in place of the
+    emitted ones for the test; the DSL caches cleared on both sides."""
+    from ptxgen.kernels import gemv_t1
+    from ptxgen.runtime import kernels
+
+    names = {f"{k}_t{n}" for k in ("prep_q4k", "gemv_q4_k_mma", "prep_sub16", "gemv_q8_0_mma") for n in (1, 2)}
+    real = kernels.load
+
+    def load(kernel, arch=None, source="emitted"):
+        return real(kernel, arch, "dsl" if kernel in names else source)
+
+    def clear():
+        kernels._BEST.clear()
+        kernels._built.cache_clear()
+    clear()
+    monkeypatch.setattr(gemv_t1, "T1_FLAG", True)
+    monkeypatch.setattr(kernels, "load", load)
+    yield names
+    monkeypatch.undo()
+    clear()
+
+
+def test_counted_record_hand_over_in_a_graph_of_distinct_ops(counted_records, monkeypatch):
+    """gemv_t1.T1_FLAG's builds under real concurrency (the emulator runs one op at a time): a CUDA graph of 12
+    consecutive decode ops — Q4_K and Q8_0, 1 and 2 tokens, K of 4096 and 14336 (so consecutive ops' counts differ
+    and either may be the larger), each with its own x — sharing one workspace and so one ready word, replayed
+    with new inputs, then eagerly with the two-kernel launch: every y bit for bit what the same op gives alone on
+    a quiet stream (no op passing on another's count, none hanging; the flagged builds' bits equal the shipped
+    ones' in the emulator, test_emu)."""
+    torch = _torch()
+    import ptxgen.runtime as r
+    from ptxgen import tuning
+    from conftest import setknob
+
+    shapes = [("q4_K", 1024, 4096, 1), ("q4_K", 4096, 14336, 2), ("q8_0", 2048, 4096, 1), ("q4_K", 4096, 4096, 1),
+              ("q8_0", 4096, 14336, 2), ("q4_K", 14336, 4096, 1)] * 2
+    ws = [weights(seed=40 + i, fmt=f, shape=(m, k))[0] for i, (f, m, k, _) in enumerate(shapes)]
+    xs = [torch.randn(t, k, device="cuda") for _, _, k, t in shapes]
+    ys = [torch.empty(t, m, device="cuda") for _, m, _, t in shapes]
+    with tuning.override(codec_few_max_tokens={"q5_K": 32, "q8_0": 8}):
+        setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # eager calls run the pair too
+        for w, x in zip(ws, xs):
+            plan = r.mul_mat_plan(w, x.shape[0], graph=True)
+            assert any(ln.fn.meta.get("ready_flag") for ln in plan.launches), plan.kernels
+
+        def want():  # each op alone, quiet: the count has nothing to race
+            return [reference(w, x) for w, x in zip(ws, xs)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for w, x, y in zip(ws, xs, ys):
+                r.mul_mat(w, x, out=y)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for w, x, y in zip(ws, xs, ys):
+                r.mul_mat(w, x, out=y)
+        for trial in range(4):
+            for x in xs:
+                x.copy_(torch.randn_like(x))
+            for y in ys:
+                y.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            for i, (got, exp) in enumerate(zip(ys, want())):
+                assert torch.equal(got, exp), (trial, i, shapes[i])
+        for y in ys:  # eager, back to back on one stream
+            y.fill_(float("nan"))
+        for w, x, y in zip(ws, xs, ys):
+            r.mul_mat(w, x, out=y)
+        torch.cuda.synchronize()
+        for i, (got, exp) in enumerate(zip(ys, want())):
+            assert torch.equal(got, exp), ("eager", i, shapes[i])
