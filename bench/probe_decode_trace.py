@@ -1,4 +1,5 @@
-"""Probe: a timeline of the Q4_K decode GEMV in a graph-replayed decode loop. gemv_q4_k_mma_t1 is rebuilt from the
+"""Probe: a timeline of a one-token decode GEMV in a graph-replayed decode loop. gemv_q4_k_mma_t1 (or, --format,
+another codec's gemv_<fmt>_mma_t1: Q5_K's, or Q6_K's / Q8_0's on prep_sub16_t1, their rule turned on) is rebuilt from the
 DSL with kernels/gemv_t1.py TRACE (lane 0 of each CTA's first warp overwrites its tile's first 6 y words with
 (%smid, %globaltimer_lo at entry, after its prologue (griddepcontrol.wait and the copies issued after it), when its
 first step's copies landed, after the first warp's K loop, after its y stores), then the prep's stamps) and swapped
@@ -10,7 +11,8 @@ relative to the loop's first entry, and the loop's mean gaps: the previous GEMV'
 release (the prep kernel and two grid dependencies), this GEMV's first release to its last end (its streaming).
 A schedule probe, not a timing of record (the trace adds a store a CTA; the graph µs of both builds are printed).
 
-usage: python3 bench/probe_decode_trace.py --shape 4096x14336 [--weights 24] [--variant 'name: mod.ATTR=literal']
+usage: python3 bench/probe_decode_trace.py --shape 4096x14336 [--format q8_0] [--weights 24]
+       [--variant 'name: mod.ATTR=literal']
 """
 import argparse
 import sys
@@ -19,9 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 
-KERNEL = "gemv_q4_k_mma_t1"
 STAMPS = ("entry", "wait", "first", "loop", "end", "prep_entry", "prep_wait", "prep_end")  # words 1-8 (0: %smid)
-PREP = "prep_q4k_t1"
 
 
 def op_records(words: np.ndarray, rows_mod: int = 16) -> np.ndarray:
@@ -37,6 +37,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4096x14336", help="M x K")
     ap.add_argument("--weights", type=int, default=24)
+    ap.add_argument("--format", default="q4_K", choices=("q4_K", "q5_K", "q6_K", "q8_0"),
+                    help="the codec whose one-token build is traced")
     ap.add_argument("--variant", default=None, help="'name: mod.ATTR=literal; ...' set beside the trace")
     ap.add_argument("--fused", action="store_true", help="trace gemv_q4_k_mma_t1_fused (PTXGEN_Q4K_FUSED=on: the "
                     "records built inside the GEMV; its 'wait released' is after them)")
@@ -47,7 +49,12 @@ def main():
         raise SystemExit("--weights: at least 3 (the gaps are taken between an op's neighbours)")
     import torch
 
-    kernel = KERNEL
+    from ptxgen import tuning
+    from ptxgen.specs import GemvKernel
+
+    fmt = args.format
+    kernel, prep = GemvKernel("few", fmt, 1).name, GemvKernel("prep_few", fmt, 1).name
+    tuning.set(codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8})  # (Q6_K's / Q8_0's builds: off as shipped)
     if args.fused:
         from ptxgen import knobs
         knobs.set(PTXGEN_Q4K_FUSED="on")
@@ -63,13 +70,13 @@ def main():
     m, k = map(int, args.shape.split("x"))
     n = args.weights
     rng = np.random.default_rng(0)
-    raw = random_raw("q4_K", m, k, rng)
-    ws = [r.QuantTensor.from_raw("q4_K", raw, (m, k)).to_device() for _ in range(n)]
+    raw = random_raw(fmt, m, k, rng)
+    ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)).to_device() for _ in range(n)]
     x = torch.randn(1, k, device="cuda")
     ys = [torch.empty(1, m, device="cuda") for _ in range(n)]
     call = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
     plan = r.mul_mat_plan(ws[0], 1, graph=True).kernels
-    print(f"Q4_K {m}x{k}, T = 1, {n} weights; graph kernels: {' + '.join(plan)}")
+    print(f"{fmt} {m}x{k}, T = 1, {n} weights; graph kernels: {' + '.join(plan)}")
     if kernel not in plan:
         raise SystemExit(f"{kernel} is not in the graph plan")
     base = graphed(torch, call, calls=4 * n)
@@ -79,7 +86,7 @@ def main():
             w._plans.clear()
         base_v = graphed(torch, call, calls=4 * n)
         restore(old)
-    traced_names = [kernel] if args.fused else [kernel, PREP]  # the fused build has no prep kernel
+    traced_names = [kernel] if args.fused else [kernel, prep]  # the fused build has no prep kernel
     old = swap(traced_names, [(gemv_t1, "TRACE", True), (gemv, "PREP_TRACE", True)] + extra)
     for w in ws:
         w._plans.clear()

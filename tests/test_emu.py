@@ -1026,20 +1026,22 @@ def test_few_token_builds_hand_the_records_over_by_a_count(monkeypatch, gemv, pr
         assert out.ok, (shape, out.detail)
 
 
-def test_q4_k_one_token_gemv_trace_build_records_every_cta(monkeypatch):
+@pytest.mark.parametrize("name", ["gemv_q4_k_mma_t1", "gemv_q8_0_mma_t1"])
+def test_one_token_gemv_trace_build_records_every_cta(monkeypatch, name):
     """gemv_t1.TRACE (bench/probe_decode_trace.py's diagnostic build, never shipped): lane 0 of each CTA's first
     warp overwrites its tile's first 9 y words with (SM, entry, prologue done, first step landed, K loop done,
     stores done, its first record's 3 padding words), read back by the probe's own parser — one record a CTA whose
-    tile has 9 rows in y, its times in that order, nothing out of bounds; the shipped build has no trace."""
+    tile has 9 rows in y, its times in that order, nothing out of bounds; the shipped build has no trace. The
+    K-quants' step and the mma_block codecs' (_CodecStep) alike."""
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
     from probe_decode_trace import op_records
     from ptxgen.kernels import gemv_t1
 
-    assert "globaltimer" not in KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").ptx()
+    assert "globaltimer" not in KERNELS[name].for_arch("sm_90a").ptx()
     monkeypatch.setattr(gemv_t1, "TRACE", True)
-    ptx = KERNELS["gemv_q4_k_mma_t1"].for_arch("sm_90a").ptx()
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
     for m, ctas in ((64, 4), (72, 4)):  # 16 rows a CTA (8 warps, kparts 8); a last tile of < 9 rows writes none
-        out = check_kernel("gemv_q4_k_mma_t1", ptx, seed=7, shape=(m, 2048), splits=1, ntok=1, kparts=8, warps=8)
+        out = check_kernel(name, ptx, seed=7, shape=(m, 2048), splits=1, ntok=1, kparts=8, warps=8)
         assert "out-of-bounds" not in out.detail, out.detail
         rec = op_records(np.asarray(out.got, np.float64).astype(np.float32).ravel().view(np.uint32))
         assert len(rec) == ctas
@@ -1047,17 +1049,19 @@ def test_q4_k_one_token_gemv_trace_build_records_every_cta(monkeypatch):
         assert not rec[:, 6:].any()  # the harness's records: zero padding (no prep trace)
 
 
-def test_q4_k_prep_trace_build_stamps_the_record_padding(monkeypatch):
-    """gemv.PREP_TRACE (never shipped): prep_q4k_t1 writes (entry, wait released, stores issued) of each CTA into
-    its super-block's record padding, in that order, and every other record byte as the shipped build."""
+@pytest.mark.parametrize("name", ["prep_q4k_t1", "prep_sub16_t1"])
+def test_prep_trace_build_stamps_the_record_padding(monkeypatch, name):
+    """gemv.PREP_TRACE (never shipped): prep_q4k_t1 (and prep_sub16_t1) writes (entry, wait released, stores
+    issued) of each CTA into its super-block's record padding, in that order, and every other record byte as the
+    shipped build."""
     from ptxgen.kernels import gemv
 
     outs = []
     for trace in (False, True):
         monkeypatch.setattr(gemv, "PREP_TRACE", trace)
-        ptx = KERNELS["prep_q4k_t1"].for_arch("sm_90a").ptx()
+        ptx = KERNELS[name].for_arch("sm_90a").ptx()
         assert ("globaltimer" in ptx) == trace
-        out = check_kernel("prep_q4k_t1", ptx, seed=3)
+        out = check_kernel(name, ptx, seed=3)
         assert out.ok or trace, out.detail
         outs.append(np.asarray(out.got, np.uint8).reshape(-1, 1072))
     np.testing.assert_array_equal(outs[0][:, :1060], outs[1][:, :1060])
