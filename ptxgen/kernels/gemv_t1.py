@@ -120,6 +120,24 @@ def _plan_size(arch) -> str:
     return "big" if arch.max_smem_per_block >= 200 * 1024 else "small"
 
 
+def _warp_row_base(b, row0, M, nsb, block):
+    """(a row's bytes, M - 1, the warp's first row): a warp wholly past M starts at row M - 1, and every row past M
+    reads row M - 1 (_row_rel), so the copies stay inside the weights."""
+    row_bytes = b.op("mul.lo.u32", nsb, Imm(block, "u32"))
+    mlast = b.op("sub.u32", M, Imm(1, "u32"))
+    return row_bytes, mlast, b.op("min.u32", row0, mlast)
+
+
+def _warp_delta(b, rbase, row_bytes):
+    """The warp's first row's start past the 16-byte boundary below it (a block not a multiple of 16 bytes)."""
+    return b.op("and.b32", b.op("mul.lo.u32", rbase, row_bytes), Imm(15, "b32"))
+
+
+def _row_rel(b, row0, row, mlast, rbase):
+    """Row `row` of the warp (clamped to M - 1), counted from the warp's first row."""
+    return b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
+
+
 def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cache, block, w_off=None, box=None,
                  slot=None):
     """The cp.async copy plan of the few-token rings: a warp's R rows of one super-block as chunks c = lane + 32u =
@@ -138,13 +156,11 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
     assert box % 16 == 0 and slot >= box and (aligned or box >= block + 14)
     cols = box // 16
     w_chunks = cols * R
-    row_bytes = b.op("mul.lo.u32", nsb, Imm(block, "u32"))
-    mlast = b.op("sub.u32", M, Imm(1, "u32"))
-    rbase = b.op("min.u32", row0, mlast)  # this warp's first row (a warp wholly past M: row M - 1)
+    row_bytes, mlast, rbase = _warp_row_base(b, row0, M, nsb, block)
     w_warp = b.op("mad.wide.u32", rbase, row_bytes, W)  # (the offsets below stay 32-bit)
     delta = None
     if not aligned:  # from the 16-byte boundary at or below the warp's first row (W is 16-byte aligned)
-        delta = b.op("and.b32", b.op("mul.lo.u32", rbase, row_bytes), Imm(15, "b32"))
+        delta = _warp_delta(b, rbase, row_bytes)
         w_warp = b.op("sub.s64", w_warp, b.op("cvt.u64.u32", delta))
     w_off = w_off() if callable(w_off) else w_off
     wcopy = []
@@ -152,7 +168,7 @@ def _ring_copies(b, *, R, lane, row0, M, nsb, W, rec, xi, nthr, rb, rec_at, cach
         c = b.op("add.u32", lane, Imm(32 * u, "u32"))
         row = b.op("div.u32", c, Imm(cols, "u32"))
         col16 = b.op("shl.b32", b.op("rem.u32", c, Imm(cols, "u32")), Imm(4, "u32"))
-        rel = b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, row), mlast), rbase)
+        rel = _row_rel(b, row0, row, mlast, rbase)
         src = b.op("mad.lo.u32", rel, row_bytes, col16 if aligned else delta)  # unaligned: the row's start
         dst = col16 if w_off is None else b.op("add.u32", w_off, col16)
         wcopy.append((src, b.op("mad.lo.u32", row, Imm(slot, "u32"), dst), col16))
@@ -234,12 +250,10 @@ class _CodecStep:
         self.slots = [[b.op("mul.lo.u32", r, Imm(slot, "u32")) for r in rs] for rs in rows]
         self.starts = None
         if block % 16:  # each row's first step from the warp's aligned base, as _ring_copies copies it
-            row_bytes = b.op("mul.lo.u32", nsb, Imm(block, "u32"))
-            mlast = b.op("sub.u32", M, Imm(1, "u32"))
-            rbase = b.op("min.u32", row0, mlast)
-            delta = b.op("and.b32", b.op("mul.lo.u32", rbase, row_bytes), Imm(15, "b32"))
-            self.starts = [[b.op("mad.lo.u32", b.op("sub.u32", b.op("min.u32", b.op("add.u32", row0, r), mlast), rbase),
-                                 row_bytes, delta) for r in rs] for rs in rows]
+            row_bytes, mlast, rbase = _warp_row_base(b, row0, M, nsb, block)
+            delta = _warp_delta(b, rbase, row_bytes)
+            self.starts = [[b.op("mad.lo.u32", _row_rel(b, row0, r, mlast, rbase), row_bytes, delta) for r in rs]
+                           for rs in rows]
         self.S = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]  # the step's sums, C's order
         self.d = [[b.reg("f32") for _ in range(2)] for _ in range(MT)]  # rows g, g + 8: the step's d
 
