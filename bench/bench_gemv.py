@@ -1,12 +1,22 @@
-"""Decode GEMV benchmark (needs a GPU and torch): TQ4_1S (exact, separate vs fused rotation; fast), Q4_K
-(exact fp32; fast = int8 x Q8_1) and Q8_0 (int8 x Q8_1) at T = 1, 2, 4, 8 on Qwen2.5-7B and Llama shapes,
-against cuBLAS fp16 on dequantized weights, tinygemm, and llama.cpp's / the TurboQuant fork's figures from
-shared/PERF.md (fixed columns, measured elsewhere on the same H200 model). The ratio columns are peer time
-over ptxgen time (> 1: ptxgen faster) for ptxgen's exact and fast modes.
+"""Decode GEMVs in a graph-replayed decode loop (#36; needs a GPU and torch, except --dry-run): per format (Q4_K,
+Q5_K, Q6_K, Q8_0, TQ4_1S), shape, mode and T = 1, 2, 4, 8, mul_mat over ≥ 24 distinct weights (from HBM, as in a
+model) eager and graph-replayed, beside the same loop of a kernel that only reads the weights' bytes (the floor:
+probe_decode_floor's, with PDL), of cuBLAS fp16 F.linear, and llama.cpp's figure (shared/PERF.md; TQ4_1S: the
+TurboQuant fork's). Modes: exact, and fast where the format has a fast kernel — its codec routes the mode
+(ptxgen.codecs ROUTES) and mul_mat plans other kernels than exact's for it (decode_loop.skip_reason); a cell
+without one is printed as skipped, with the reason. Columns: µs per op eager and graph (no lead: the replay's host
+submission inside), % of the 4.27 TB/s copy bandwidth, the floor's graph µs and ptxgen's throughput as % of the
+floor's (floor ÷ graph), cuBLAS's graph µs and cuBLAS / ptxgen (> 1: ptxgen faster), llama.cpp's µs, the loop's
+GPU-busy time under CUPTI (kernels only, for diagnosis) and the kernels. One table per format and shape; the
+loop's code is decode_loop.py, which bench_op's decode loop runs too. --isolated adds one call at a time behind a
+0.5 ms sleep (timed below: device time, the GPU idle between calls). Writes JSON (--out) and a PNG beside it.
+--dry-run (no GPU, no torch): the header, each loop's caption and the cells it would run, with the kernels
+mul_mat would launch on an H200 (captured) and llama.cpp's figure.
 
-Timing: each call is bracketed by CUDA events behind a 0.5 ms torch.cuda._sleep, so the GPU never waits
-for Python to enqueue (device time only; the host cost of a call is in bench_runtime); weights rotate through enough copies to exceed 4× the 60 MB L2, so they come from HBM;
-median of --reps calls. Weight bytes / time gives GB/s; % is of the measured 4.27 TB/s copy bandwidth.
+    python3 bench/bench_gemv.py --out bench/results/bench_gemv.json
+    python3 bench/bench_gemv.py --formats q4_K,tq4_1s --tokens 1,8 --modes exact --dry-run
+
+The rest of this module is the probes' shared setup (probe_argv, probe_cases, ptx_function, timed, ...).
 """
 import argparse
 import json
@@ -17,17 +27,8 @@ import numpy as np
 from ptxgen.testing.strategies import random_raw  # noqa: F401 - bench_mmq and the probes take it from here
 
 HBM = 4.27e12  # the H200's measured copy bandwidth, B/s (../shared/PERF.md): every benchmark's floor
-SHAPES = [(3584, 3584), (4608, 3584), (18944, 3584), (3584, 18944), (4096, 14336), (14336, 4096)]
-TOKENS = (1, 2, 4, 8)
-# shared/PERF.md: the TurboQuant fork's tq4_1s (GGML_TQ_NATIVE=1) and llama.cpp MMVQ q4_K, µs per op
-FORK_TQ4_1S = {((18944, 3584), 1): 21.9, ((18944, 3584), 8): 71.2, ((3584, 18944), 1): 23.6,
-               ((3584, 18944), 8): 79.2, ((4608, 3584), 1): 10.7, ((3584, 3584), 1): 9.7}
-LLAMA_Q8_0 = {((18944, 3584), 1): 40.1, ((18944, 3584), 8): 59.6, ((3584, 18944), 1): 29.5,
-              ((3584, 18944), 8): 62.4, ((4608, 3584), 1): 15.1, ((3584, 3584), 1): 13.3,
-              ((4096, 14336), 1): 23.0, ((4096, 14336), 8): 46.1}
-LLAMA_Q4_K = {((18944, 3584), 1): 26.9, ((18944, 3584), 8): 96.0, ((3584, 18944), 1): 23.6,
-              ((3584, 18944), 8): 89.6, ((4608, 3584), 1): 11.1, ((3584, 3584), 1): 10.0,
-              ((4096, 14336), 1): 16.3, ((4096, 14336), 8): 67.1}
+SHAPES = [(3584, 3584), (4608, 3584), (18944, 3584), (3584, 18944), (4096, 14336), (14336, 4096)]  # --shapes all
+FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")
 
 
 def probe_argv(default_reps, lead=1):
@@ -136,140 +137,128 @@ def timed(fn, reps, torch):
     return float(np.median([s.elapsed_time(e) * 1e3 for s, e in out]))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def parse(argv=None):
+    """The command line → its namespace, lists parsed: formats, shapes ([(M, K)], or None: each format's default,
+    decode_loop.SHAPES), tokens, modes."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     ap.add_argument("--out", default=None)
-    ap.add_argument("--reps", type=int, default=60)
-    ap.add_argument("--shapes", default="all")
-    ap.add_argument("--formats", default="tq4_1s,q4_K,q8_0", help="comma-separated subset of tq4_1s,q4_K,q8_0")
+    ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
+    ap.add_argument("--shapes", default=None, help="MxK,MxK,... for every format (default: each format's, "
+                    "decode_loop.SHAPES); 'all': " + ",".join(f"{m}x{k}" for m, k in SHAPES))
+    ap.add_argument("--tokens", default="1,2,4,8", help="comma-separated T")
+    ap.add_argument("--modes", default="exact,fast",
+                    help="comma-separated; each format runs those it has kernels for (decode_loop.skip_reason)")
+    ap.add_argument("--isolated", action="store_true",
+                    help="also time one call at a time behind a 0.5 ms sleep (bench_op.kernel_only)")
+    ap.add_argument("--reps", type=int, default=30, help="--isolated: samples per cell")
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: the header and the cells that would run")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
-    args = ap.parse_args()
-    from ptxgen import knobs
+    ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
+                    help="a dispatch rule of ptxgen/tuning overridden for this run, e.g. q4k_mma_t1_min_weights=0")
+    args = ap.parse_args(argv)
+    args.formats = args.formats.split(",")
+    if not set(args.formats) <= set(FORMATS):
+        ap.error(f"--formats: unknown {sorted(set(args.formats) - set(FORMATS))}")
+    args.modes = args.modes.split(",")
+    if not set(args.modes) <= {"exact", "fast"}:
+        ap.error(f"--modes: unknown {sorted(set(args.modes) - {'exact', 'fast'})}")
+    try:
+        args.tokens = [int(v) for v in args.tokens.split(",")]
+        args.shapes = (None if args.shapes is None else SHAPES if args.shapes == "all"
+                       else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")])
+    except ValueError as e:
+        ap.error(f"--tokens / --shapes: {e}")
+    if min(args.tokens) < 1 or any(len(s) != 2 for s in args.shapes or ()):
+        ap.error("--tokens: T ≥ 1; --shapes: MxK,MxK,...")
+    return args
+
+
+def cases(args) -> list:
+    """(fmt, M, K) of each loop, in order: per format, --shapes or its default shapes."""
+    from decode_loop import SHAPES as DEFAULT
+
+    return [(fmt, m, k) for fmt in args.formats for m, k in (args.shapes or DEFAULT[fmt])]
+
+
+def main(argv=None):
+    args = parse(argv)
+    from ptxgen import knobs, tuning
 
     knobs.set(**knobs.parse(args.knob))
-    fmts = args.formats.split(",")
-    if not set(fmts) <= {"tq4_1s", "q4_K", "q8_0"}:
-        ap.error(f"--formats: unknown {sorted(set(fmts) - {'tq4_1s', 'q4_K', 'q8_0'})}")
+    tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
+    if args.dry_run:
+        return dry_run(args)
     import torch
 
-    import ptxgen.runtime as r
-    from ptxgen import formats, knobs
+    import decode_loop
 
-    rng = np.random.default_rng(0)
-    results = []
-    shapes = SHAPES if args.shapes == "all" else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    for (m, k) in shapes:
-        for fmt in fmts:
-            f = formats.get(fmt)
-            wbytes = m * f.row_bytes(k)
-            raw = random_raw(fmt, m, k, rng)
-            ws = weight_copies(r, fmt, raw, m, k)
-            copies = len(ws)
-            # correctness spot check of this very shape before timing it
-            xs = rng.standard_normal((2, k)).astype(np.float32)
-            if fmt == "q8_0":  # int8 x Q8_1 only: against the product with the Q8_1-rounded activation
-                ref, got = formats.gemm_q8_1_ref(fmt, raw, m, k, xs), r.mul_mat(ws[0], xs, mode="fast")
-            else:
-                ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
-                got = r.mul_mat(ws[0], xs)
-            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-            w16 = None
-            for t in TOKENS:
-                x = torch.randn(t, k, device="cuda", dtype=torch.float32)
-                y = torch.empty(t, m, device="cuda", dtype=torch.float32)
-                row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": wbytes, "rel_err_T2": err}
-                modes = {"separate": "separate", "fused": "fused"} if fmt == "tq4_1s" else {"gemv": "separate"}
-                mode = "fast" if fmt == "q8_0" else "exact"  # q8_0: int8 x Q8_1 only
-                for label, rot in modes.items():
-                    us = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, rotation=rot, mode=mode), args.reps, torch)
-                    row[f"us_{label}"] = us
-                best = min(row[f"us_{k_}"] for k_ in modes)
-                row["us"] = best
-                row["GBps"] = wbytes / best / 1e3
-                row["pct_hbm"] = 100 * wbytes / (best * 1e-6) / HBM
-                if fmt == "tq4_1s":
-                    row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
-                    row["us_tc"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
-                    if w16 is None:
-                        deq = formats.dequantize(fmt, raw, (m, k)).astype(np.float16)
-                        w16 = [torch.from_numpy(deq).cuda() for _ in range(max(2, math.ceil(4 * 60e6 / deq.nbytes)))]
-                    xh = x.half()
-                    row["us_cublas_fp16"] = timed(lambda i: torch.matmul(xh, w16[i % len(w16)].t()), args.reps, torch)
-                    row["us_fork_tq4_1s"] = FORK_TQ4_1S.get(((m, k), t))
-                elif fmt == "q8_0":
-                    row["us_llamacpp_q8_0"] = LLAMA_Q8_0.get(((m, k), t))
-                elif fmt == "q4_K":
-                    row["us_fast"] = fast_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
-                    row["us_tc"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch)
-                    # the mma.sync targets' build (cp.async instead of TMA), run here as sm_89 PTX, and the lane
-                    # kernel mul_mat(arch="sm_89") would otherwise run (both tensor-core knobs off)
-                    row["us_tc_sm89"] = tc_us(r, ws, copies, x, y, m, k, t, args.reps, torch, arch="sm_89")
-                    with knobs.override(PTXGEN_Q4K_MMA="0", PTXGEN_Q4K_T1="0"):
-                        row["us_lane_sm89"] = timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch="sm_89"),
-                                                    args.reps, torch)
-                    row["us_llamacpp_q4_K"] = LLAMA_Q4_K.get(((m, k), t))
-                    row["us_tinygemm"] = tinygemm_us(torch, m, k, t, args.reps)
-                results.append(row)
-                print_row(row)
+    rows = decode_loop.run(torch, cases(args), args.tokens, args.modes,
+                           isolated_reps=args.reps if args.isolated else 0)
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump(results, fh, indent=1)
-        plot(results, args.out.replace(".json", ".png"))
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
+        plot(rows, args.out.replace(".json", ".png"))
 
 
-_HEADER = False
+def dry_run(args):
+    """The header, then per loop its caption and a line per cell: the kernels mul_mat would launch when captured on
+    an H200 (ptxgen.testing.fakegpu), or why the run would skip the cell (decode_loop.skip_reason), and llama.cpp's
+    figure."""
+    import pytest
 
-
-def print_row(row):
-    global _HEADER
-    if not _HEADER:
-        print("| fmt | M×K | T | ptxgen µs | GB/s | % of 4.27 TB/s | sep / fused rot. µs | fast (dp4a) µs "
-              "| tensor-core exact µs (forced, any T) | cuBLAS fp16 µs | tinygemm µs | llama.cpp/fork µs (PERF.md) "
-              "| peer/ptxgen | peer/fast | sm_89 build: tensor-core / lane µs |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        _HEADER = True
-    peer = row.get("us_fork_tq4_1s") or row.get("us_llamacpp_q4_K") or row.get("us_llamacpp_q8_0")
-    f = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
-    rot = f"{row['us_separate']:.1f} / {row['us_fused']:.1f}" if "us_fused" in row else "-"
-    ratio = "n/a" if peer is None else f"{peer / row['us']:.2f}"
-    fratio = "n/a" if peer is None or row.get("us_fast") is None else f"{peer / row['us_fast']:.2f}"
-    print(f"| {row['fmt']} | {row['m']}×{row['k']} | {row['T']} | {row['us']:.1f} | {row['GBps']:.0f} | "
-          f"{row['pct_hbm']:.0f}% | {rot} | {f(row.get('us_fast'))} | {f(row.get('us_tc'))} | {f(row.get('us_cublas_fp16'))} | "
-          f"{f(row.get('us_tinygemm'))} | {f(peer)} | {ratio} | {fratio} | "
-          f"{f(row.get('us_tc_sm89'))} / {f(row.get('us_lane_sm89'))} |", flush=True)
-
-
-def tc_us(r, ws, copies, x, y, m, k, t, reps, torch, arch=None):
-    """The tensor-core exact GEMV forced at every T ≤ 8 — TQ4_1S (PTXGEN_TQ4_MMA=1; sm_90), Q4_K
-    (PTXGEN_Q4K_MMA=1; sm_90's TMA build, or with arch="sm_89" the cp.async build of the mma.sync targets) —
-    checked against the float64 reference on this shape first; None where it does not run."""
-    from ptxgen import formats, knobs
+    from decode_loop import caption, header, llama_us, routed_modes, skip_reason
     from ptxgen.runtime import ops
+    from ptxgen.testing import fakegpu
 
-    fmt = ws[0].fmt
-    knob = {"tq4_1s": "PTXGEN_TQ4_MMA", "q4_K": "PTXGEN_Q4K_MMA"}[fmt]
-    if not (ops._tma_ok(ws[0], arch, "gemv_tq4_1s_mma") if fmt == "tq4_1s"
-            else ops._mma_build(arch, "gemv_q4_k_mma")):
-        return None
-    with knobs.override(**{knob: "1"}):
-        xs = x[:1].cpu().numpy()
-        raw = ws[0].raw().reshape(m, -1)
-        ref = formats.gemv_tq4_1s_ref(raw, m, k, xs) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, xs)
-        err = np.linalg.norm(r.mul_mat(ws[0], xs, arch=arch) - ref) / np.linalg.norm(ref)
-        if err > 1e-5:
-            raise AssertionError(f"{fmt} tensor-core GEMV {m}x{k} ({arch or 'default'} build): relative error {err:.2e}")
-        return timed(lambda i: r.mul_mat(ws[i % copies], x, out=y, arch=arch), reps, torch)
+    print(header(args.isolated))
+    with pytest.MonkeyPatch.context() as mp:
+        fakegpu.install(mp)
+        for fmt, m, k in cases(args):
+            print(f"\n{caption(fmt, m, k, args.modes)}")
+            for mode in routed_modes(fmt, args.modes):
+                for t in args.tokens:
+                    kernels_of = lambda md: ops.choose(fmt, md, None, t, m, k, graph=True).kernels  # noqa: E731
+                    reason = skip_reason(kernels_of, fmt, t, mode)
+                    plan = (f"skipped: {reason}" if reason
+                            else "kernels " + " + ".join(dict.fromkeys(kernels_of(mode))))
+                    llama = llama_us(fmt, m, k, t)
+                    llama = "—" if llama is None else f"{llama} µs"
+                    print(f"  {fmt} {m}×{k} {mode} T={t}: {plan}; llama.cpp {llama}")
 
 
-def fast_us(r, ws, copies, x, y, m, k, t, reps, torch):
-    """Fast mode, whole op as users call it: mul_mat(mode="fast") = (rotate +) Q8_1 prep, dp4a GEMV."""
-    try:
-        xa, ya = r.as_device_array(x), r.as_device_array(y)
-        return timed(lambda i: r.mul_mat(ws[i % copies], xa, out=ya, mode="fast"), reps, torch)
-    except Exception as e:  # noqa: BLE001 - a benchmark column, not a test
-        print(f"fast mode unavailable: {type(e).__name__}: {str(e)[:120]}")
-        return None
+def plot(rows, path):
+    """A panel per format and shape: µs per op against T, ptxgen graph-replayed per mode beside the floor, cuBLAS
+    fp16 and llama.cpp."""
+    plt = pyplot()
+    if plt is None:
+        print("matplotlib missing: no plot")
+        return
+    from bench_op import log_axes, save_figure
+
+    rows = [row for row in rows if "skipped" not in row]
+    panels = list(dict.fromkeys((row["fmt"], row["m"], row["k"]) for row in rows))
+    if not panels:
+        return
+    ncols = min(4, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 4 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, panel in zip(axes.flat, panels):
+        mine = [row for row in rows if (row["fmt"], row["m"], row["k"]) == panel]
+        for mode in dict.fromkeys(row["mode"] for row in mine):
+            pts = [(row["T"], row["ptxgen"]["graph"]) for row in mine if row["mode"] == mode]
+            ax.plot(*zip(*pts), "-o", label=f"ptxgen {mode} graph")
+        first = [row for row in mine if row["mode"] == mine[0]["mode"]]  # the peers: once a T
+        for key, style, label in (("floor_graph", "k--", "floor (read only, PDL)"),
+                                  ("cublas_fp16", "g:s", "cuBLAS fp16 graph"), ("llamacpp", "r-.x", "llama.cpp")):
+            pts = [(row["T"], row[key]["graph"] if key == "cublas_fp16" else row[key]) for row in first
+                   if row[key] is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, label=label)
+        log_axes(ax, "{} {}×{}".format(*panel))
+    save_figure(fig, axes, path)
 
 
 def tinygemm_us(torch, m, k, t, reps):
@@ -296,28 +285,6 @@ def pyplot():
     except ImportError:
         return None
     return plt
-
-
-def plot(results, path):
-    plt = pyplot()
-    if plt is None:
-        return
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-    for ax, fmt in zip(axes, ("tq4_1s", "q4_K", "q8_0")):
-        for (m, k) in sorted({(r_["m"], r_["k"]) for r_ in results if r_["fmt"] == fmt}):
-            rows = [r_ for r_ in results if r_["fmt"] == fmt and (r_["m"], r_["k"]) == (m, k)]
-            line = ax.plot([r_["T"] for r_ in rows], [r_["GBps"] for r_ in rows], "o-", label=f"{m}×{k}")[0]
-            if rows[0].get("us_fast"):
-                ax.plot([r_["T"] for r_ in rows], [r_["weight_bytes"] / r_["us_fast"] / 1e3 for r_ in rows], "x--",
-                        color=line.get_color(), label=f"{m}×{k} fast")
-        ax.axhline(HBM / 1e9, color="k", ls="--", label="HBM copy 4.27 TB/s")
-        ax.set_title(f"{fmt} decode GEMV on H200 (weight GB/s)")
-        ax.set_xlabel("tokens T")
-        ax.set_ylabel("GB/s")
-        ax.set_xscale("log", base=2)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ llama.cpp's figure (shared/PERF.md, op-level on the same H200 model):
   the time the op adds to its kernels, nothing else differing; behind lead(), CUPTI adds nothing measurable).
 
 Weights rotate over copies holding ≥ 4× the 60 MB L2 in all three (they come from HBM). Then a decode loop over
-24 distinct weights of each --loop-formats format (4096×14336; TQ4_1S 18944×3584) at T = 1, 2, 4, 8 (eager and
-graph-replayed) beside the same loop of F.linear on 24 fp16 weights and of a kernel that only reads the same bytes
-(probe_decode_floor's, plain and with PDL: the floor), and the host time per call at T=1
+24 distinct weights of each --loop-formats format (4096×14336; TQ4_1S 18944×3584) at T = 1, 2, 4, 8, exact mode
+(eager and graph-replayed) beside the same loop of F.linear on 24 fp16 weights and of a kernel that only reads the
+same bytes (probe_decode_floor's, plain and with PDL: the floor) — decode_loop.py's loop and table, which
+bench_gemv.py runs over every shape, mode and format — and the host time per call at T=1
 (4096×4096 Q4_K, out= given; calls in bursts of 50 between synchronizations, so the launch queue never fills)
 beside F.linear's, in the same run (rounds alternating between the two, medians). Prints tables, writes JSON (--out) and a PNG beside it.
 """
@@ -51,11 +52,6 @@ LLAMA_OTHER = {  # the same table's other formats, M=4096, K=14336: {fmt: {T: µ
     "q6_K": {1: 28.4, 8: 62.4, 16: 56.6, 64: 91.8, 512: 436.2, 4096: 3350.2},
     "q8_0": {1: 23.0, 8: 46.1, 16: 49.2, 64: 75.0, 512: 323.0, 4096: 2465.4}}
 CALLS = 100
-LOOP_SHAPES = {"tq4_1s": (18944, 3584)}  # the decode loop's shape per format (else 4096x14336)
-# llama.cpp at the decode loop's shapes, µs per op (shared/PERF.md: test-backend-ops, weights from HBM; TQ4_1S: the
-# TurboQuant fork's kernel), T = 1 and 8
-LLAMA_LOOP = {"q4_K": {1: 16.3, 8: 67.1}, "q5_K": {1: 18.7, 8: 70.2}, "q6_K": {1: 28.4, 8: 62.4},
-              "q8_0": {1: 23.0, 8: 46.1}, "tq4_1s": {1: 21.9, 8: 71.2}}
 
 
 def kernel_only(torch, fn, reps):
@@ -218,18 +214,6 @@ def host_us(torch, fn, calls=1000, burst=50):
     return total / calls * 1e6
 
 
-def read_floor_kernels(torch, ws, nbytes):
-    """(plain, PDL) fn(i) launching probe_decode_floor's streaming kernel over the bytes of ws[i % len(ws)] on
-    torch's current stream — #36's floor: with PDL each launch reads while the previous one finishes, as the GEMVs
-    do (H200, 4096x14336 Q4_K's 33 MB: 9.7 µs plain, 7.3 with PDL; probe_decode_floor_2026-12-02.log)."""
-    from probe_decode_floor import floor_fn
-
-    if torch.cuda.get_device_capability()[0] != 9:  # its PTX is sm_90a's (griddepcontrol): no floor elsewhere
-        return None, None
-    ptrs = [w.ptr for w in ws]
-    return floor_fn(torch, ptrs, nbytes, False), floor_fn(torch, ptrs, nbytes, True)
-
-
 def three_ways(torch, fn, reps):
     out = {"kernel": kernel_only(torch, fn, reps), "eager": eager(torch, fn), "graph": graphed(torch, fn),
            "graph_nolead": graphed(torch, fn, lead_first=False)}
@@ -254,6 +238,11 @@ def main():
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
+    loop_formats = args.loop_formats.split(",")
+    from decode_loop import SHAPES as LOOP_SHAPES
+
+    if not set(loop_formats) <= set(LOOP_SHAPES):
+        ap.error(f"--loop-formats: unknown {sorted(set(loop_formats) - set(LOOP_SHAPES))}")
     from ptxgen import knobs
 
     knobs.set(**knobs.parse(args.knob))
@@ -312,49 +301,14 @@ def main():
                       f"{' + '.join(dict.fromkeys(row['kernels']))}"
                       + (f" (graph: {' + '.join(dict.fromkeys(row['graph_kernels']))})"
                          if row["graph_kernels"] != row["kernels"] else "") + " |", flush=True)
-            del ws, w16
+            ws = w16 = None  # the copies freed before the next shape's
             torch.cuda.empty_cache()
 
-    for fmt in ([] if (args.no_decode_loop or args.host_only) else args.loop_formats.split(",")):
-        m, k, n = LOOP_SHAPES.get(fmt, (4096, 14336)) + (24,)
-        raw = random_raw(fmt, m, k, rng)
-        ws = [r.QuantTensor.from_raw(fmt, raw, (m, k)).to_device() for _ in range(n)]
-        nbytes = m * formats.get(fmt).row_bytes(k)
-        w16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(n)]
-        print(f"\ndecode loop: {n} distinct {fmt} {m}×{k} weights, one op per weight; µs per op (eager / graph), % of "
-              "4.27 TB/s over the weights' bytes")
-        print(f"| T | ptxgen {fmt} eager / graph µs (graph, no lead) | graph ÷ busy (busy µs) | graph ÷ kernels, "
-              "one replay | "
-              "% HBM (graph) | read floor (streaming kernel, plain / PDL) graph µs | ptxgen graph / PDL floor | "
-              "F.linear fp16 eager / graph µs | F.linear graph / ptxgen graph | llama.cpp µs | kernels |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        plain_read, pdl_read = read_floor_kernels(torch, ws, nbytes)
-        for t in (1, 2, 4, 8):
-            x = torch.randn(t, k, device="cuda")
-            ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
-            xh = x.half()
-            loop = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
-            ours = {"eager": eager(torch, loop, calls=4 * n), "graph": graphed(torch, loop, calls=4 * n),
-                    "graph_nolead": graphed(torch, loop, calls=4 * n, lead_first=False)}
-            ours["graph_profiled"], ours["graph_busy"] = graph_busy(torch, loop, calls=4 * n)
-            plain, floor = (graphed(torch, fn, calls=4 * n) if fn else float("nan") for fn in (plain_read, pdl_read))
-            lin = lambda i: F.linear(xh, w16[i % n])  # noqa: E731
-            peer = {"eager": eager(torch, lin, calls=4 * n), "graph": graphed(torch, lin, calls=4 * n)}
-            row = {"fmt": fmt, "T": t, "m": m, "k": k, "weights": n, "ptxgen": ours, "read_floor_graph": floor,
-                   "read_plain_graph": plain, "floor_kernel": "read16_pdl (probe_decode_floor)",
-                   "flinear": peer, "pct_hbm_graph": 100 * nbytes / (ours["graph"] * 1e-6) / HBM,
-                   "kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels,
-                   "llamacpp": LLAMA_LOOP.get(fmt, {}).get(t)}
-            res["decode_loop"].append(row)
-            print(f"| {t} | {ours['eager']:.1f} / {ours['graph']:.1f} ({ours['graph_nolead']:.1f}) | "
-                  f"{ours['graph'] / ours['graph_busy']:.2f} ({ours['graph_busy']:.1f}) | "
-                  f"{ours['graph_profiled'] / ours['graph_busy']:.3f} | "
-                  f"{row['pct_hbm_graph']:.0f}% | {plain:.1f} / {floor:.1f} | "
-                  f"{ours['graph'] / floor:.2f} | {peer['eager']:.1f} / {peer['graph']:.1f} | "
-                  f"{peer['graph'] / ours['graph']:.2f}× | {row['llamacpp'] or '—'} | "
-                  f"{' + '.join(dict.fromkeys(row['kernels']))} |", flush=True)
-        del ws, w16
-        torch.cuda.empty_cache()
+    if not (args.no_decode_loop or args.host_only):
+        import decode_loop
+
+        res["decode_loop"] = decode_loop.run(torch, [(f, *decode_loop.SHAPES[f][0]) for f in loop_formats],
+                                             modes=("exact",), rng=rng)
 
     m, k = 4096, 4096
     w = r.QuantTensor.from_raw("q4_K", random_raw("q4_K", m, k, rng), (m, k)).to_device()
