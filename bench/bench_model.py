@@ -31,6 +31,9 @@ SHAPES = {  # per layer (M, K), and the output projection
 }
 
 
+FORMATS = ("q4_K_M", "q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")  # --format: the Q4_K_M mix, or every tensor in one
+
+
 def use_more_bits(i: int, n: int) -> bool:
     """llama.cpp's rule (llama-quant.cpp) for the layers whose attn_v / ffn_down get more bits in the _M mixes."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
@@ -68,10 +71,19 @@ def write_model(path: str, tensors, seed: int = 0) -> None:
                     {"general.name": "ptxgen bench_model"})
 
 
+def format_arg(name: str) -> str:
+    """--format as the library spells it, whatever the case (Q5_K, q5_k: q5_K); an unknown one lists the choices."""
+    spelled = {f.lower(): f for f in FORMATS}
+    if name.lower() not in spelled:
+        raise argparse.ArgumentTypeError(f"unknown format {name!r} (choose from {', '.join(FORMATS)})")
+    return spelled[name.lower()]
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--format", default="q4_K_M", help="q4_K_M (the mix), or one of q4_K, q5_K, q6_K, q8_0, tq4_1s")
+    ap.add_argument("--format", type=format_arg, default="q4_K_M",
+                    help=f"{FORMATS[0]} (the mix), or one of {', '.join(FORMATS[1:])} (any case)")
     ap.add_argument("--tokens", type=int, default=512, help="the prefill's T")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: a small model, written, read, planned")

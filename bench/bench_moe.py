@@ -1,7 +1,7 @@
 """MoE matmul as users call it (needs a GPU and torch; #35): `mul_mat_id(w, x, ids, out=y)` with torch tensors in
 (x fp32 (T, K), ids int32 (T, top) on the GPU, so the op reads no ids back), per expert shape and T, beside a torch
 baseline, llama.cpp's MUL_MAT_ID figure (q4_K, same H200 model) and the goals of #35. Two shapes: 128 experts,
-top-8, M×K = 768×2048, and 32 experts, top-4, 1792×2048 (--formats: Q4_K, Q5_K, Q6_K, Q8_0); T = 1 ... 512.
+top-8, M×K = 768×2048, and 32 experts, top-4, 1792×2048 (--formats: Q4_K, Q5_K, Q6_K, Q8_0, TQ4_1S); T = 1 ... 512.
 
 - routing: per token `top` distinct experts (rng.choice without replacement), seeded per (experts, top, T), one
   routing per cell (the dry run shows the same ones);
@@ -109,11 +109,22 @@ def header():
             "goal (graph) | rel. err |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+def formats_arg(names: str) -> list:
+    """--formats as the library spells them, whatever the case (Q5_K, q5_k: q5_K); an unknown one lists the choices."""
+    spelled = {f.lower(): f for f in FORMATS}
+    unknown = [f for f in names.split(",") if f.strip().lower() not in spelled]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown format(s) {', '.join(map(repr, unknown))} "
+                                         f"(choose from {', '.join(FORMATS)})")
+    return [spelled[f.strip().lower()] for f in names.split(",")]
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=30, help="kernel-only samples per cell")
-    ap.add_argument("--formats", default="q4_K", help=f"comma-separated subset of {','.join(FORMATS)}")
+    ap.add_argument("--formats", type=formats_arg, default="q4_K",
+                    help=f"comma-separated subset of {','.join(FORMATS)} (any case)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated T")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: shapes, bytes, planned cells, reference check")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
@@ -127,9 +138,7 @@ def main():
 
     knobs.set(**knobs.parse(args.knob))
     tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
-    fmts = args.formats.split(",")
-    if not set(fmts) <= set(FORMATS):
-        ap.error(f"--formats: unknown {sorted(set(fmts) - set(FORMATS))}")
+    fmts = args.formats
     tokens = [int(v) for v in args.tokens.split(",")]
     if args.dry_run:
         dry_run(fmts, tokens)

@@ -1,0 +1,67 @@
+"""bench_model's and bench_moe's command lines: `--help` describes the program in its docstring's whole first
+paragraph (not its first line, cut mid-sentence), and the formats are taken in any case (`--format Q5_K`, as issues
+spell them, runs q5_K) while an unknown one is an error that lists the choices."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=BENCH, capture_output=True, text=True, timeout=timeout)
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def bench_modules(monkeypatch):
+    """(bench_model, bench_moe), imported from bench/ as the scripts import each other."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_model
+    import bench_moe
+
+    return bench_model, bench_moe
+
+
+@pytest.mark.parametrize("script", ["bench_model.py", "bench_moe.py"])
+def test_help_shows_the_docstrings_first_paragraph(script, bench_modules):
+    module = bench_modules[0] if script == "bench_model.py" else bench_modules[1]
+    paragraph = words(module.__doc__.split("\n\n")[0])
+    assert paragraph.endswith(".") and len(paragraph) > len(module.__doc__.splitlines()[0])
+    out = run(script, "--help", timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert paragraph in words(out.stdout)  # wrapped to the terminal, whole
+
+
+def test_bench_model_takes_formats_in_any_case(bench_modules):
+    bench_model, _ = bench_modules
+    for given, canonical in [("Q5_K", "q5_K"), ("q5_k", "q5_K"), ("TQ4_1S", "tq4_1s"), ("Q4_K_M", "q4_K_M"),
+                             ("q8_0", "q8_0"), ("Q6_K", "q6_K"), ("q4_k", "q4_K")]:
+        assert bench_model.format_arg(given) == canonical
+    out = run("bench_model.py", "--format", "Q5_K", "--dry-run", "--layers", "1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if " T=" in line]
+    assert len(lines) == 2 * 8 and all(" q5_K " in line for line in lines)  # every tensor, planned as q5_K
+
+
+def test_bench_model_rejects_an_unknown_format_with_the_choices():
+    out = run("bench_model.py", "--format", "Q7_K", "--dry-run", timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "unknown format 'Q7_K'" in out.stderr
+    assert "q4_K_M, q4_K, q5_K, q6_K, q8_0, tq4_1s" in out.stderr
+
+
+def test_bench_moe_takes_formats_in_any_case_and_rejects_unknown_ones(bench_modules):
+    _, bench_moe = bench_modules
+    assert bench_moe.formats_arg("Q4_K,q8_0,TQ4_1S,q5_k") == ["q4_K", "q8_0", "tq4_1s", "q5_K"]
+    out = run("bench_moe.py", "--formats", "Q8_0", "--tokens", "1,8", "--dry-run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "q8_0 128 experts top-8 768×2048" in out.stdout and "q8_0 x (T, K)" in out.stdout
+    out = run("bench_moe.py", "--formats", "q4_K,Q9", "--dry-run", timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "'Q9'" in out.stderr and "q4_K, q5_K, q6_K, q8_0, tq4_1s" in out.stderr
