@@ -1243,10 +1243,27 @@ def _t16h(c: _Call) -> None:
 def _mmq(c: _Call) -> None:
     """The MMQ of the call's path (a rotated codec's x rotated once first: TQ4_1S on the mma.sync targets), then the
     fixup, which recomputes exactly on the device a token past fp16 / Q8_1."""
-    q8 = q8_path(c.t, mmq_path(c.arch)) if c.mode == "fast" else None
+    from ptxgen import codecs
+
+    int8 = c.mode == "fast" and hasattr(codecs.get(c.w.fmt), "Q8Decoder")  # the int8 x Q8_1 MMQ: Q4_K's
+    q8 = q8_path(c.t, mmq_path(c.arch)) if int8 else None
     xa = _rotated_x(c)
     _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
     _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
+
+
+def _fast_lanes_ok(c: _Call) -> bool:
+    """mode="fast" for up to 8 tokens: the int8 x Q8_1 lane GEMV, where the format has one built here and the
+    weights suit its loads (the codec's GgmlLane: K a multiple of K_MULTIPLE, the pointer ALIGN-aligned). Wider
+    calls, and weights it cannot take, run the format's exact routes after it: more accurate than llama.cpp's
+    int8 path, and faster than slices of the GEMV."""
+    from ptxgen import codecs
+
+    lane = getattr(codecs.get(c.w.fmt), "GgmlLane", None)
+    if lane is not None and (c.k % lane.K_MULTIPLE or c.w.ptr % lane.ALIGN):
+        return False
+    return (c.t <= GEMV_TOKENS[-1]
+            and kernels.build_for(GemvKernel("gemv", c.w.fmt, 1, fast=True).name, c.arch) is not None)
 
 
 def _fast_lanes(c: _Call) -> None:
@@ -1376,6 +1393,9 @@ _ROUTES = {
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.w.fmt, c.t, c.m, c.k, c.arch),  # fp16 x, as MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
+    # mode="fast": the int8 x Q8_1 MMQ (Q4_K's) where q8_path runs it; above, the exact routes
+    "mmq_q8": (lambda c: (c.mode == "fast" and c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows
+                          and q8_path(c.t, mmq_path(c.arch)) is not None), _mmq),
     # another codec where the GEMM is mma.sync's (sm_89, sm_120a, or arch pinned there), from
     # RULES.codec_f16_mmq_min_tokens: the fp16 mma.sync MMQ decoding its weights with the codec's run8
     # (kernels/mmq.py F16_CODECS), then its fixup
@@ -1392,7 +1412,7 @@ _ROUTES = {
                            and mmq_path(c.arch) != "mma.sync"
                            and "sm_90a" in kernels.available(CodecKernel("frags", c.w.fmt).name)),
                 _mmq_pre),
-    "fast_lanes": (lambda c: True, _fast_lanes),
+    "fast_lanes": (_fast_lanes_ok, _fast_lanes),
     "decode": (lambda c: True, _decode),  # the codec's DECODE (Q4_K, TQ4_1S)
 }
 
@@ -1402,7 +1422,7 @@ def _tc_slices_first(c: _Call) -> bool:
     there: TQ4_1S on sm_120a) and T is within RULES.codec_tc_slices_max_tokens[fmt]: those slices then run ahead of
     the fp16 mma.sync GEMM."""
     lim = _per_format(RULES.codec_tc_slices_max_tokens, c.w.fmt, 0)
-    return c.t <= lim and c.mode == "exact" and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) is not None
+    return c.t <= lim and kernels.build_for(GemvKernel("mma", c.w.fmt).name, c.arch) is not None
 
 
 def _t16h_ok(fmt: str, arch) -> bool:

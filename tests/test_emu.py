@@ -938,6 +938,24 @@ def test_mma_block_codec_few_token_gemv(fmt, nt, arch):
         assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("fmt,nt,arch", [("q5_K", 1, "sm_90a"), ("q6_K", 1, "sm_90a"),
+                                         pytest.param("q5_K", 8, "sm_89", marks=pytest.mark.slow),
+                                         pytest.param("q6_K", 8, "sm_120a", marks=pytest.mark.slow),
+                                         pytest.param("q6_K", 4, "sm_90a", marks=pytest.mark.slow)])
+def test_int8_lane_gemv_of_q5_k_and_q6_k(fmt, nt, arch):
+    """gemv_q5_k_fast_t* / gemv_q6_k_fast_t* (mode="fast": the codec's GgmlLane on Q8_1 activations, dp4a): full
+    steps of 32 units and a tail (36 / 40 units a row), rows past the last CTA's, 1-3 K splits, 1 to nt tokens;
+    Q6_K's rows of 5 and 2 even numbers of 210-byte blocks (both 2-byte phases of a block, the last block's d read
+    from inside it). Within 1e-5 of the float64 product with the Q8_1-rounded activations (outputs NaN-poisoned)."""
+    name = f"gemv_{fmt.lower()}_fast_t{nt}"
+    ptx = KERNELS[name].for_arch(arch).ptx()
+    k = 2304 if fmt == "q5_K" else 2560
+    for i, kw in enumerate((dict(shape=(37, k), splits=2), dict(shape=(9, 1024), splits=3),
+                            dict(shape=(70, 512), splits=1))):
+        out = check_kernel(name, ptx, seed=11 + i, ntok=max(1, nt - i), **kw)
+        assert out.ok, (kw, out.detail)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("c,arch", [(32, "sm_90a"), (32, "sm_89"), (16, "sm_90a")])
 def test_register_a_skinny_gemm(c, arch):

@@ -10,7 +10,8 @@ import pytest
 from ptxgen.testing import fakegpu
 from ptxgen import knobs, tuning
 from ptxgen.kernels import gemv_codec
-from ptxgen.runtime import driver, ops, plans
+from ptxgen.specs import GemvKernel
+from ptxgen.runtime import driver, kernels, ops, plans
 from ptxgen.runtime.driver import PER_THREAD_STREAM, stream_handle
 
 
@@ -41,6 +42,44 @@ def test_mul_mat_plans_the_kernels_of_the_dispatch_rule(gpu, fmt, m, k, t, mode,
     assert p.kernels == kernels
     # an op's first kernel overlaps the previous op's last one only if it waits before touching memory
     assert p.launches[0].pdl is bool(p.launches[0].fn.meta.get("pdl_head"))
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
+@pytest.mark.parametrize("arch", [None, "sm_89", "sm_120a"])
+def test_fast_mode_runs_every_format_at_every_t(gpu, fmt, arch):
+    """mode="fast" for every format: the int8 x Q8_1 kernels where the format has them (up to 8 tokens: the lane
+    GEMV; Q4_K's int8 MMQ above), and above them the format's exact routes — the same plan as mode="exact" (no
+    slices of the 8-token GEMV: T = 512 is one GEMM)."""
+    from ptxgen import codecs
+
+    w = fakegpu.weights(fmt, 4096, 4096)
+    for t in (1, 8, 9, 40, 512):
+        fast, exact = ops.mul_mat_plan(w, t, mode="fast", arch=arch), ops.mul_mat_plan(w, t, arch=arch)
+        lane = kernels.build_for(GemvKernel("gemv", fmt, 1, fast=True).name, arch) is not None
+        if t <= 8 and lane:
+            assert fast.kernels[-1] == GemvKernel("gemv", fmt, t, fast=True).name, (t, fast.kernels)
+        elif not (fmt == "q4_K" and ops.q8_path(t, ops.mmq_path(arch))):
+            assert fast.kernels == exact.kernels, (t, fast.kernels, exact.kernels)
+    assert "fast_lanes" in codecs.get(fmt).ROUTES["fast"]
+
+
+def test_fast_mode_runs_the_exact_kernels_on_weights_the_int8_gemv_cannot_take(gpu):
+    """Q8_0's int8 GEMV reads 4-byte words over pairs of blocks (K a multiple of 64, the pointer 4-byte aligned):
+    other Q8_0 weights run the exact kernels in mode="fast" instead of failing."""
+    for w in (fakegpu.weights("q8_0", 256, 96), fakegpu.weights("q8_0", 256, 256, at=fakegpu.BASE + 2)):
+        assert ops.mul_mat_plan(w, 2, mode="fast").kernels == ops.mul_mat_plan(w, 2).kernels
+
+
+def test_fast_mode_lane_gemvs_take_the_weights_their_loads_suit(gpu):
+    """Q5_K's and Q6_K's int8 lane GEMVs (mode="fast", T ≤ 8): Q5_K's 16-byte loads want 16-byte aligned weights,
+    Q6_K's word runs K a multiple of 512 (rows 4-byte aligned); other weights run the exact kernels."""
+    assert ops.mul_mat_plan(fakegpu.weights("q5_K", 256, 512), 1, mode="fast").kernels == ["prep_q8_lanes",
+                                                                                          "gemv_q5_k_fast_t1"]
+    assert ops.mul_mat_plan(fakegpu.weights("q6_K", 256, 1024), 3, mode="fast").kernels == ["prep_q8_lanes",
+                                                                                           "gemv_q6_k_fast_t4"]
+    for w in (fakegpu.weights("q5_K", 256, 512, at=fakegpu.BASE + 8), fakegpu.weights("q6_K", 256, 768),
+              fakegpu.weights("q6_K", 256, 1024, at=fakegpu.BASE + 2)):
+        assert ops.mul_mat_plan(w, 1, mode="fast").kernels == ops.mul_mat_plan(w, 1).kernels
 
 
 def test_pdl_head_kernels_wait_before_touching_memory():
@@ -198,8 +237,6 @@ def test_bad_arguments_are_refused_when_the_plan_is_made(gpu):
         ops.mul_mat_plan(w, 0)
     with pytest.raises(ValueError, match="16-byte aligned"):
         ops.mul_mat_plan(fakegpu.weights("q4_K", 64, 256, at=fakegpu.BASE + 8), 1)
-    with pytest.raises(ValueError, match="mode='fast' .* no kernel for q6_K yet: use mode='exact'"):
-        ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256), 1, mode="fast")
     with pytest.raises(ValueError, match="q6_K weights must start 2-byte aligned"):
         ops.mul_mat_plan(fakegpu.weights("q6_K", 64, 256, at=fakegpu.BASE + 1), 1)
     with pytest.raises(ValueError, match="q5_K weights must start 8-byte aligned"):  # run8's 8-byte loads

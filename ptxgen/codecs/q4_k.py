@@ -35,7 +35,9 @@ STEP_ROW_BYTES = HEADER_BYTES + 32  # the header and the pair's 32 qs bytes per 
 GROUP_BLOCKS = 1  # blocks a warp dequantizes at once (dequant_lane): one super-block
 LOAD_ALIGN = 4  # dequant_lane's widest load
 # mul_mat's routes (runtime/ops.py), in the order they are tried, per mode
-ROUTES = {"exact": ("t16h", "mma_n16", "skinny", "mmq", "decode"), "fast": ("mmq", "fast_lanes")}
+EXACT_ROUTES = ("t16h", "mma_n16", "skinny", "mmq", "decode")
+# fast: the int8 MMQ (to RULES.q8_max_tokens) and the int8 lane GEMV (to 8 tokens), else the exact routes
+ROUTES = {"exact": EXACT_ROUTES, "fast": ("mmq_q8", "fast_lanes") + EXACT_ROUTES}
 # the exact decode route's choices per slice (runtime/ops.py _decode): the knob that turns the tensor-core GEMV on or
 # off; from how many tokens it runs on auto (1 from q4k_mma_t1_min_weights weights, else q4k_mma_gemv_min_tokens:
 # ptxgen/tuning rules); the few-token builds' knob and their rule on auto; the opt-in one-token kernel with x in
@@ -436,6 +438,7 @@ class GgmlLane:
     ROWS = 1  # rows per warp: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
     WORDS = 12
     K_MULTIPLE, LANE_COLS = 256, 64
+    ALIGN = 16
     EXACT = True  # has the fp32-activation build
 
     @staticmethod
@@ -485,8 +488,14 @@ class GgmlLane:
         b.emit("shl.b32", self.sub_lo, b.op("and.b32", u, Imm(3, "b32")), Imm(1, "u32"))
         b.emit("add.u32", self.sub_hi, self.sub_lo, Imm(1, "u32"))
 
+    def quants(self, b, regs, h):
+        """The 8 words of four q = 0..15 each of sub-block 2j + h (h = 0: the low nibbles, 1: the high ones)."""
+        return [b.op("and.b32", q if h == 0 else b.op("shr.u32", q, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
+                for q in regs[4:12]]
+
     def compute(self, b, u, ws, acts, acc, ones):
-        """dp4a over the step's unit of each row `ws[r]` and token (acts[t] = act()), into acc[r][t]."""
+        """dp4a over the step's unit of each row `ws[r]` and token (acts[t] = act()), into acc[r][t]: y +=
+        d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block, its q from `quants`."""
         self._subs(b, u)
         asum = [[None, None] for _ in acts]
         for t in range(len(acts)):
@@ -497,10 +506,8 @@ class GgmlLane:
                 asum[t][h] = b.op("cvt.rn.f32.s32", s_)
         for r, regs in enumerate(ws):
             dlo, mlo, dhi, mhi = lane_scales(b, regs[0:4], self.sub_lo, self.sub_hi)
-            qs = regs[4:12]
             for h, (scale, mn) in enumerate(((dlo, mlo), (dhi, mhi))):
-                nib = [b.op("and.b32", q if h == 0 else b.op("shr.u32", q, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32"))
-                       for q in qs]
+                nib = self.quants(b, regs, h)
                 for t in range(len(acts)):
                     wv, dv = acts[t][0][h], acts[t][1][h]
                     s_ = Imm(0, "s32")

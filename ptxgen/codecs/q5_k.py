@@ -20,7 +20,8 @@ RegA = q4_k.RegA  # Q4_K's register-A nibble decode, with the fifth bits (qh)
 BLOCK_BOX = ("dense", "grouped")  # mmq's schedules with a block's rows in one TMA box (kernels/mmq.py NIBBLE_BLOCK_BOX)
 ROW_BOX_PITCH = 176  # the block box's row pitch: the block, whose rows g = 0..3's qs loads fall in distinct banks
 RA_MAP_NOTE = "per step the header, qh bytes 0-15 and 16-31, then the qs columns"
-ROUTES = {"exact": ("codec_few", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")}  # mul_mat's routes (runtime/ops.py)
+EXACT_ROUTES = ("codec_few", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")
+ROUTES = {"exact": EXACT_ROUTES, "fast": ("fast_lanes",) + EXACT_ROUTES}  # mul_mat's routes (runtime/ops.py)
 weights_error = alignment_error(FMT, 8)  # run8's v2 loads (the prepared GEMM's fragment writer)
 
 
@@ -155,3 +156,36 @@ def run32(b, row, k0):
     env["q"] = [b.op("bfe.u32", words[j // 4], Imm(8 * (j % 4), "u32"), Imm(8, "u32")) for j in range(32)]
     ApplyScaleMin("q", "d1", "m1", "w").lower(b, env)
     return env["w"]
+
+
+class GgmlLane(q4_k.GgmlLane):
+    """Q5_K in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q5_k_fast_t*, int8 x Q8_1 with dp4a,
+    as llama.cpp's vec_dot_q5_K_q8_1): Q4_K's lane (a pair of sub-blocks 2j, 2j + 1: the 32 qs bytes they share,
+    the header, the Q8_1 blocks 2P, 2P + 1), plus the 32 qh bytes, whose bits 2j and 2j + 1 become the fifth bit of
+    the low and high nibbles. y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block, q = 0..31."""
+    WORDS = 20  # the header (4), qh (8), the pair's qs (8)
+    MIN_CTAS = {1: 6, 2: 5, 4: 3, 8: 2}  # CTAs an SM by launch bounds: at 8 (64 registers) the 1-token build spills
+    EXACT = False  # int8 x Q8_1 only (its exact decode is the codec GEMVs' and the few-token builds')
+
+    @staticmethod
+    def sizes(b, K, nblk):
+        """(units a row: sub-block pairs, row bytes)."""
+        return b.op("shr.u32", K, Imm(6, "u32")), b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")),
+                                                          Imm(BLOCK_BYTES, "u32"))
+
+    def load(self, b, u, rowptr, regs, pred):
+        """Unit u of a row: the header (16 B), qh (32 B), then the pair's 32 qs bytes at 48 + 32·(u % 4)."""
+        sb = b.op("add.s64", rowptr, b.op("mul.wide.u32", b.op("shr.u32", u, Imm(2, "u32")), Imm(BLOCK_BYTES, "u32")))
+        qp = b.op("add.s64", sb, b.op("cvt.u64.u32", b.op("shl.b32", b.op("and.b32", u, Imm(3, "b32")), Imm(5, "u32"))))
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[0:4]), Mem(sb), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[4:8]), Mem(sb, QH_OFFSET), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[8:12]), Mem(sb, QH_OFFSET + 16), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[12:16]), Mem(qp, QS_OFFSET), pred=pred)
+        b.emit("ld.global.nc.v4.u32", b.vec(regs[16:20]), Mem(qp, QS_OFFSET + 16), pred=pred)
+
+    def quants(self, b, regs, h):
+        """The 8 words of four q = 0..31 each of sub-block 2j + h: the nibble, and bit 2j + h of qh[l] as bit 4."""
+        sub = self.sub_hi if h else self.sub_lo
+        return [b.op("or.b32", b.op("and.b32", q if h == 0 else b.op("shr.u32", q, Imm(4, "u32")), Imm(0x0F0F0F0F, "b32")),
+                     b.op("and.b32", b.op("shl.b32", b.op("shr.u32", hw, sub), Imm(4, "u32")), Imm(0x10101010, "b32")))
+                for q, hw in zip(regs[12:20], regs[4:12])]

@@ -11,7 +11,8 @@ FMT = "q6_K"
 BLOCK_K, BLOCK_BYTES, QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = geometry(FMT, "ql", "qh", "scales", "d")
 GROUP_BLOCKS = 1
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("codec_few", "codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")}  # mul_mat's routes (runtime/ops.py) per mode
+EXACT_ROUTES = ("codec_few", "codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")
+ROUTES = {"exact": EXACT_ROUTES, "fast": ("fast_lanes",) + EXACT_ROUTES}  # mul_mat's routes (runtime/ops.py) per mode
 weights_error = alignment_error(FMT, LOAD_ALIGN)
 
 
@@ -309,3 +310,98 @@ class mma_block:  # noqa: N801 - a codec hook, named as the others
             self._sc = [self.word(SC_OFFSET + 4 * i) for i in range(4)]
         return b.op("cvt.rn.f32.s32", b.op("bfe.s32", self._sc[s // 4], Imm(8 * (s % 4), "u32"), Imm(8, "u32")),
                     type="f32")
+
+
+class GgmlLane:
+    """Q6_K in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q6_k_fast_t*, int8 x Q8_1 with dp4a,
+    as llama.cpp's vec_dot_q6_K_q8_1): unit u of a row is 64 weights of super-block u / 4 — half n = (u / 2) % 2,
+    elements 16s .. 16s + 15 (s = u % 2) of each of its four quarters: ql[64n + 16s ..] and ql[64n + 32 + 16s ..]
+    (low nibbles: quarters 0, 1; high: 2, 3), qh[32n + 16s ..] (bits 2k, 2k + 1 for quarter k), the quarters'
+    scales (bytes s, s + 2, s + 4, s + 6 of scales[8n ..]) and d: every bit loaded is used. The blocks are 2-byte
+    aligned: with K a multiple of 512 (an even number of 210-byte blocks a row: rows 4-byte aligned) and the
+    weights 4-byte aligned, block b starts 2·(b % 2) bytes past a word; each 16-byte run is loaded as 5 words from
+    the word at or below it and one prmt a word realigns them. Quarter k's activation is Q8_1 block 4n + k, words
+    4s .. 4s + 3: y += d·sc·d_a·Σ(q − 32)·q_a per 16 weights, q − 32 as int8 by ((q + 0x60) ^ 0x80) bytewise."""
+    ROWS = 1
+    WORDS = 19  # 5 + 5 (ql) + 5 (qh) + 3 (the 8 scale bytes) + 1 (d)
+    K_MULTIPLE, LANE_COLS = 512, 64
+    ALIGN = 4  # (the weights' pointer: mul_mat runs the exact routes for others)
+    MIN_CTAS = {1: 6, 2: 5, 4: 3, 8: 2}  # CTAs an SM by launch bounds: at 8 (64 registers) the 1-token build spills
+    EXACT = False  # int8 x Q8_1 only (its exact decode is the codec GEMVs' and the few-token builds')
+
+    @staticmethod
+    def sizes(b, K, nblk):
+        """(units a row: 64 weights each, row bytes)."""
+        return b.op("shr.u32", K, Imm(6, "u32")), b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")),
+                                                          Imm(BLOCK_BYTES, "u32"))
+
+    def __init__(self, b, lane):
+        pass
+
+    @staticmethod
+    def _odd(b, u):
+        """Whether unit u's block starts 2 bytes past a word (an odd block of the row)."""
+        return b.op("setp.ne.u32", b.op("and.b32", u, Imm(4, "b32")), Imm(0, "u32"))
+
+    def load(self, b, u, rowptr, regs, pred):
+        """Unit u of a row: its ql, qh, scale runs and d as words from the word at or below each."""
+        n16 = b.op("and.b32", b.op("shl.b32", u, Imm(3, "u32")), Imm(16, "b32"))  # 16·n
+        s16 = b.op("shl.b32", b.op("and.b32", u, Imm(1, "b32")), Imm(4, "u32"))  # 16·s
+        blk = b.op("sub.u32", b.op("mul.lo.u32", b.op("shr.u32", u, Imm(2, "u32")), Imm(BLOCK_BYTES, "u32")),
+                   b.op("selp.u32", Imm(2, "u32"), Imm(0, "u32"), self._odd(b, u)))  # the word at or below
+        base = b.op("add.s64", rowptr, b.op("cvt.u64.u32", blk))
+        ql = b.op("add.s64", base, b.op("cvt.u64.u32", b.op("add.u32", b.op("shl.b32", n16, Imm(2, "u32")), s16)))
+        qh = b.op("add.s64", base, b.op("cvt.u64.u32", b.op("add.u32", b.op("shl.b32", n16, Imm(1, "u32")), s16)))
+        sc = b.op("add.s64", base, b.op("cvt.u64.u32", b.op("shr.u32", n16, Imm(1, "u32"))))
+        runs = [(ql, QL_OFFSET, 5), (ql, QL_OFFSET + 32, 5), (qh, QH_OFFSET, 5), (sc, SC_OFFSET, 3), (base, D_OFFSET, 1)]
+        i = 0
+        for p, off, words in runs:
+            for w in range(words):
+                b.emit("ld.global.nc.u32", regs[i], Mem(p, off + 4 * w), pred=pred)
+                i += 1
+
+    def act(self, b, u, actptr, gsize, pred, tail):
+        """A token's Q8_1 activation of unit u: words 4s .. 4s + 3 of blocks 4n .. 4n + 3 of its super-block (64
+        contiguous bytes of the lane layout) and their d."""
+        base = b.op("add.s64", actptr, b.op("mul.wide.u32", b.op("shr.u32", u, Imm(4, "u32")), Imm(gsize, "u32")))
+        col = b.op("and.b32", b.op("shr.u32", u, Imm(1, "u32")), Imm(7, "b32"))  # blocks 4·col .. 4·col + 3
+        cb = b.op("add.s64", base, b.op("cvt.u64.u32", b.op("add.u32", b.op("shl.b32", col, Imm(6, "u32")),
+                                                           b.op("shl.b32", b.op("and.b32", u, Imm(1, "b32")), Imm(9, "u32")))))
+        wv = [b.regs("b32", 4) for _ in range(4)]
+        dv = b.regs("f32", 4)
+        if tail:
+            for reg in [r for q in wv for r in q] + dv:
+                b.emit("mov.b32", reg, Imm(0, "b32"))
+        for k in range(4):
+            b.emit("ld.global.nc.v4.u32", b.vec(wv[k]), Mem(cb, 16 * k), pred=pred)
+        b.emit("ld.global.nc.v4.f32", b.vec(dv), Mem(b.op("add.s64", base, b.op("cvt.u64.u32", b.op("shl.b32", col, Imm(4, "u32")))),
+                                                     1024), pred=pred)
+        return wv, dv
+
+    def compute(self, b, u, ws, acts, acc, ones):
+        """dp4a over the step's unit of each row `ws[r]` and token (acts[t] = act()), into acc[r][t]."""
+        odd = self._odd(b, u)
+        sel = b.op("selp.b32", Imm(0x5432, "b32"), Imm(0x3210, "b32"), odd)
+        dsel = b.op("selp.b32", Imm(0x32, "b32"), Imm(0x10, "b32"), odd)
+        spos = b.op("shl.b32", b.op("and.b32", u, Imm(1, "b32")), Imm(3, "u32"))  # 8·s: scale byte s of a word
+        for r, w in enumerate(ws):
+            run = [[b.op("prmt.b32", w[5 * k + i], w[5 * k + i + 1], sel) for i in range(4)] for k in range(3)]
+            qla, qlb, qh = run
+            scw = [b.op("prmt.b32", w[15 + i], w[16 + i], sel) for i in range(2)]
+            d = b.op("cvt.f32.f16", b.op("cvt.u16.u32", b.op("prmt.b32", w[18], Imm(0, "b32"), dsel)))
+            for k in range(4):
+                src = qla if k % 2 == 0 else qlb
+                hsh = 4 - 2 * k  # qh bits 2k, 2k + 1 to bits 4, 5
+                q = [b.op("or.b32",
+                          b.op("and.b32", src[i] if k < 2 else b.op("shr.u32", src[i], Imm(4, "u32")), Imm(0x0F0F0F0F, "b32")),
+                          b.op("and.b32", b.op("shl.b32", qh[i], Imm(hsh, "u32")) if hsh > 0 else
+                               b.op("shr.u32", qh[i], Imm(-hsh, "u32")) if hsh < 0 else qh[i], Imm(0x30303030, "b32")))
+                     for i in range(4)]
+                q = [b.op("xor.b32", b.op("add.u32", v, Imm(0x60606060, "u32")), Imm(0x80808080, "b32")) for v in q]
+                sc = b.op("bfe.s32", scw[k // 2], b.op("add.u32", spos, Imm(16 * (k % 2), "u32")), Imm(8, "u32"))
+                for t in range(len(acts)):
+                    s_ = Imm(0, "s32")
+                    for i in range(4):
+                        s_ = b.op("dp4a.s32.s32", q[i], acts[t][0][k][i], s_, type="s32")
+                    f = b.op("cvt.rn.f32.s32", b.op("mul.lo.s32", s_, sc))
+                    b.emit("fma.rn.f32", acc[r][t], b.op("mul.rn.f32", d, acts[t][1][k]), f, acc[r][t])

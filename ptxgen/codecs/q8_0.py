@@ -14,14 +14,14 @@ GROUP_BLOCKS = 8  # a warp dequantizes 8 blocks (256 weights) at once
 # gemv_q8_0_f32_t1 on 4096x14336 26.8 at 4, 30.5 at 8 (bench/NOTES.md, 2026-12-03).
 F32_I2F = 4
 LOAD_ALIGN = 2
-ROUTES = {"exact": ("codec_few", "codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+EXACT_ROUTES = ("codec_few", "codec_mma", "mmq_ra", "mmq_pre", "mmq_f16", "codec_gemv")
+ROUTES = {"exact": EXACT_ROUTES, "fast": ("fast_lanes",) + EXACT_ROUTES}  # mul_mat's routes (runtime/ops.py)
 
 
 def weights_error(mode: str, k: int, ptr: int) -> str | None:
-    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None: the int8 GEMV reads 4-byte
-    words over pairs of blocks."""
-    if mode == "fast" and (k % 64 or ptr % 4):
-        return f"q8_0 in mode='fast' needs K a multiple of 64 and 4-byte aligned weights (K={k}, pointer {ptr:#x})"
+    """Why mul_mat cannot take weights at device address `ptr` (K columns), or None. (mode="fast"'s int8 GEMV
+    reads 4-byte words over pairs of blocks — GgmlLane's K_MULTIPLE, ALIGN —; weights it cannot take run the
+    exact routes.)"""
     return f"q8_0 weights must start 2-byte aligned, pointer is {ptr:#x}" if ptr % 2 else None
 
 
@@ -184,6 +184,7 @@ class GgmlLane:
     ROWS = 2
     WORDS = 9
     K_MULTIPLE, LANE_COLS = 64, 32
+    ALIGN = 4  # (the weights' pointer: mul_mat runs the exact routes for others)
     EXACT = False  # int8 x Q8_1 only (its exact decode is the codec GEMV's)
 
     @staticmethod

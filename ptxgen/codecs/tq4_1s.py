@@ -26,7 +26,8 @@ BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 20
 GROUP_BLOCKS = 8  # a warp step: 8 blocks (256 weights), lane L the 8 elements 8·(L % 4) .. of block L / 4
 LOAD_ALIGN = 4
 ROTATION = "rotate_tq4_1s"  # the kernel that rotates the activation (forward_rht(x)), once, on the prefill route
-ROUTES = {"exact": ("mmq_ra", "mmq_pre", "mmq_f16", "decode"), "fast": ("fast_lanes",)}  # mul_mat's routes (runtime/ops.py)
+EXACT_ROUTES = ("mmq_ra", "mmq_pre", "mmq_f16", "decode")
+ROUTES = {"exact": EXACT_ROUTES, "fast": ("fast_lanes",) + EXACT_ROUTES}  # mul_mat's routes (runtime/ops.py)
 # the exact decode route's choices (runtime/ops.py _decode, as Q4_K's DECODE): the tensor-core GEMV only where the
 # TMA-fed GEMVs may run (its weights come by TMA), from 3 tokens at mma_gemv_t3_min_weights weights, else from
 # mma_gemv_min_tokens; the lane GEMVs TMA-fed (gemv_tq4_1s_tma_t*) where they may be; no few-token builds

@@ -822,7 +822,7 @@ def gemv_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, split
     """Run a GEMV kernel on random weights in its format; compare with the float64 reference."""
     fmt, tokens, rows = meta["fmt"], meta["tokens"], meta["rows_per_cta"]
     tma = meta.get("copy") == "tma"  # weights through a TMA tensor map: K a multiple of 128
-    m, k = shape or ((rows * 3 - 1, 512) if fmt in ("q4_K", "q8_0") else (rows * 3 - 1, 640 if tma else 480))
+    m, k = shape or ((rows * 3 - 1, 512) if fmt in ("q4_K", "q5_K", "q6_K", "q8_0") else (rows * 3 - 1, 640 if tma else 480))
     n = ntok or tokens
     w = rng.standard_normal((m, k)).astype(np.float32)
     raw = formats.quantize(fmt, w)
@@ -1124,7 +1124,8 @@ for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8)
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
 for _t in (1, 2, 4, 8):
-    for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q8_0_t{_t}", f"gemv_tq4_1s_tma_t{_t}"):
+    for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q5_k_fast_t{_t}", f"gemv_q6_k_fast_t{_t}", f"gemv_q8_0_t{_t}",
+               f"gemv_tq4_1s_tma_t{_t}"):
         HARNESSES[_n] = _gemv(_n)
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # Q4_K's raw ring, the codecs' run8 (mmq.F16_CODECS)

@@ -251,6 +251,8 @@ LANE_MIN_CTAS = {1: 8, 2: 7, 4: 4, 8: 2}  # resident CTAs per SM asked of ptxas 
 LANE_ROWS = {1: 2, 2: 2, 4: 2, 8: 2}  # rows per warp by T (2 rows: the ping-pong loads fit 64 registers)
 LANE_ROWS_FAST = {1: 2, 2: 2, 4: 2, 8: 1}
 GGML_MIN_CTAS = {1: 8, 2: 5, 4: 3, 8: 2}  # Q8_0 / Q4_K lane GEMVs: 64, 102, 170, 255 registers without spills
+# the formats with an int8 x Q8_1 lane GEMV (build_lanes_ggml: their codec's GgmlLane), mode="fast"'s decode
+FAST_LANE_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")
 # (kernel, arch) → resident CTAs where one nvJitLink release needs more registers than another: the H200 image's
 # nvJitLink spills gemv_q4_k_t2 for sm_120a at 96 registers (13.5.37 does not); 4 CTAs leave it 128
 MIN_CTAS_OVERRIDE = {(GemvKernel("gemv", "q4_K", 2).name, "sm_120a"): 4}
@@ -1675,7 +1677,8 @@ def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):
     R = lane_cls.ROWS
     name = GemvKernel("gemv", fmt, Tn, fast=not exact).name
     doc = f"{fmt} GEMV ({'fp32 activations' if exact else 'int8 x Q8_1, dp4a'}), {Tn} token(s), {R} rows per warp"
-    b, h = _lane_head(name, arch, doc, Tn, R, MIN_CTAS_OVERRIDE.get((name, arch.name), GGML_MIN_CTAS[Tn]),
+    min_ctas = MIN_CTAS_OVERRIDE.get((name, arch.name), getattr(lane_cls, "MIN_CTAS", GGML_MIN_CTAS)[Tn])
+    b, h = _lane_head(name, arch, doc, Tn, R, min_ctas,
                       fmt=fmt, mode="exact" if exact else "fast",
                       activation=f"{GemvKernel('prep_lanes', fmt, fast=not exact).name}(x) (lane layout)",
                       k_multiple=lane_cls.K_MULTIPLE, lane_cols=lane_cls.LANE_COLS)
@@ -2031,7 +2034,7 @@ def kernel_defs() -> list[KernelDef]:
             spec = GemvSpec("tq4_1s", t, ROWS[t], True)
             defs.append(KernelDef(spec.name, f"tq4_1s decode GEMV, T={t}, fused rotation",
                                   lambda arch, spec=spec: build(arch, spec)))
-        for fmt in ("q4_K", "q8_0"):
+        for fmt in FAST_LANE_FORMATS:
             defs.append(KernelDef(G("gemv", fmt, t, fast=True).name,
                                   f"{fmt} decode GEMV, T={t}, int8 x Q8_1 (prep_q8_lanes), dp4a",
                                   lambda arch, fmt=fmt, t=t: build_lanes_ggml(arch, fmt, t)))
