@@ -1,6 +1,8 @@
 """mul_mat's kernel choice over a grid of device × format × mode × arch × shape × T, planned without a GPU
 (ptxgen.testing.fakegpu), as runs: for each case, the T from which a kernel sequence starts; mul_mat_id's likewise
-over bench_moe's two expert shapes. The golden copy in
+over bench_moe's two expert shapes. The grid's T are samples: where two neighbours plan different routes, the T
+between them are bisected (a plan is a pure function of T here), so each route's first T is exact, not the grid
+point after it (a run of GEMV slices, whose kernels vary with T mod 8, is shown at the grid's T). The golden copy in
 tests/data/dispatch.json pins today's choices, so a refactor of the dispatch that changes one is seen.
 
     python -m ptxgen.testing.dispatch > tests/data/dispatch.json     (after a deliberate change of the rule)
@@ -9,6 +11,7 @@ tests/data/dispatch.json pins today's choices, so a refactor of the dispatch tha
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from ptxgen.codecs import CODECS
@@ -26,43 +29,101 @@ SLICED_MAX_T = 64  # the docs table: past this T a plan made of slices of 8 toke
 SLICE = "slices of 8 tokens, each as above (the last as its own T)"
 
 
+def _changes(at, lo: int, hi: int) -> list:
+    """Every T in (lo, hi] where at(T) differs from at(T - 1), for a pure `at`: while an interval's ends differ, it is
+    halved, down to adjacent T; a half whose ends agree is taken as one run (a change and its undoing inside it
+    would not be seen: the grid's T must be dense enough for that)."""
+    if at(lo) == at(hi):
+        return []
+    if hi - lo == 1:
+        return [hi]
+    mid = (lo + hi) // 2
+    return _changes(at, lo, mid) + _changes(at, mid, hi)
+
+
+def _exact_runs(tokens, route, shown, stop=None) -> list:
+    """[[T, shown(T)], ...] with a row wherever shown(T) changes: between adjacent grid T whose route(T) differs, the
+    exact T of each change of route (bisected: `_changes`), and the grid's T where only `shown` differs (a run of
+    GEMV slices, whose kernels follow T mod 8). route and shown are pure functions of T; the rows stop after the
+    first grid T with stop(T)."""
+    runs, prev = [], None
+
+    def add(t):
+        if not runs or shown(t) != runs[-1][1]:
+            runs.append([t, shown(t)])
+
+    for t in tokens:
+        if prev is not None:
+            for c in _changes(route, prev, t):
+                add(c)
+        add(t)
+        if stop is not None and stop(t):
+            break
+        prev = t
+    return runs
+
+
 def _runs(fmt: str, mode: str, arch, m: int, k: int, tokens, *, label_slices: bool) -> list:
-    """[[T, kernels], ...] where the sequence changes. A plan for T > 8 made only of kernels the T ≤ 8 plans use
-    is the decode GEMVs in slices of 8: with `label_slices` it reads as SLICE and the runs stop at the first such T
-    past SLICED_MAX_T."""
+    """[[T, kernels], ...] where the sequence changes, each route's first T exact (`_exact_runs`). A plan for T > 8
+    made only of GEMVs (and their activation preps), launched more than once or only kernels the T ≤ 8 plans use,
+    runs a decode GEMV in slices (one route, however T mod 8 mixes its kernels): with `label_slices` it reads as
+    SLICE where the T ≤ 8 plans hold all its kernels, else as `_slices_label`, and the rows stop at the first grid T
+    past SLICED_MAX_T that runs slices."""
     from ptxgen.runtime import ops
 
-    runs, last, small = [], None, set()
-    for t in tokens:
-        names = ops.choose(fmt, mode, arch, t, m, k).kernels
+    plans: dict = {}
+
+    def plan(t: int) -> tuple:
+        if t not in plans:
+            names = ops.choose(fmt, mode, arch, t, m, k).kernels
+            plans[t] = (names, " + ".join(dict.fromkeys(names)))
+        return plans[t]
+
+    small = set().union(*(plan(t)[0] for t in range(1, 9)))
+
+    def slices(t: int) -> str | None:
+        """SLICE, _slices_label's, or None where T's plan is not GEMV slices."""
+        names = plan(t)[0]
         if t <= 8:
-            small.update(names)
-        sliced = t > 8 and small.issuperset(names)
-        if sliced and label_slices and t > SLICED_MAX_T:
-            break
-        seq = SLICE if sliced and label_slices else " + ".join(dict.fromkeys(names))
-        if seq != last:
-            runs.append([t, seq])
-            last = seq
-    return runs
+            return None
+        if small.issuperset(names):
+            return SLICE
+        gemvs = [n for n in names if n.startswith("gemv_")]
+        if len(gemvs) > 1 and all(n.startswith(("gemv_", "prep_")) for n in names):
+            return _slices_label(names)
+        return None
+
+    def route(t: int) -> str:
+        return slices(t) or plan(t)[1]
+
+    return _exact_runs(tokens, route, route if label_slices else (lambda t: plan(t)[1]),
+                       stop=(lambda t: t > SLICED_MAX_T and slices(t) is not None) if label_slices else None)
+
+
+def _slices_label(names: list) -> str:
+    """A run of GEMV slices whose kernels the T ≤ 8 plans do not all use (another route's GEMV: Q6_K's fp32 GEMV
+    past its tensor-core one's 8 tokens, Q5_K's 16-token slices, the exact GEMV a mode="fast" call falls back to),
+    named by its first slice: the launches up to the first GEMV, whose _t<n> suffix is the slice's tokens (8 if
+    none). The same for every T of the run (each slice but the last is the first's)."""
+    first = names[:next(i for i, n in enumerate(names) if n.startswith("gemv_")) + 1]
+    size = re.search(r"_t(\d+)$", first[-1])
+    return (f"slices of {size.group(1) if size else 8} tokens, each {' + '.join(first)} (a shorter last slice: "
+            "its own size's GEMV)")
 
 
 def _moe_runs(fmt: str, arch, e: int, slots: int, m: int, k: int) -> list:
-    """mul_mat_id's [[T, kernels], ...] where its sequence changes."""
+    """mul_mat_id's [[T, kernels], ...] where its sequence changes, each change's T exact (`_exact_runs`)."""
+    from functools import cache
+
     from ptxgen.runtime import ops
 
-    runs, last = [], None
-    for t in MOE_TOKENS:
-        seq = " + ".join(ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch))
-        if seq != last:
-            runs.append([t, seq])
-            last = seq
-    return runs
+    seq = cache(lambda t: " + ".join(ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch)))
+    return _exact_runs(MOE_TOKENS, seq, seq)
 
 
 def table(monkeypatch) -> dict:
-    """{"device|fmt|mode|arch|MxK": [[T, "kernel + kernel"], ...]} with a row wherever the sequence changes; the
-    mul_mat_id cases as "device|fmt|mul_mat_id E x top-S|arch|MxK"."""
+    """{"device|fmt|mode|arch|MxK": [[T, "kernel + kernel"], ...]} with a row wherever the sequence changes (at the
+    exact T where the route changes, `_runs`); the mul_mat_id cases as "device|fmt|mul_mat_id E x top-S|arch|MxK"."""
     from ptxgen import codecs
     from ptxgen.testing import fakegpu
 
