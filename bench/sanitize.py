@@ -3,14 +3,18 @@
     compute-sanitizer --tool memcheck  python3 bench/sanitize.py   (also racecheck, synccheck, initcheck)
     compute-sanitizer --tool racecheck python3 bench/sanitize.py --only gemv_q4_k_mma_t1_fused   (calls running it)
     bash bench/sanitize.sh                                          (all four tools, one log: $OUT/sanitize.log)
+    python3 bench/sanitize.py --plan                                (no GPU: the kernels the sweep reaches on an H200)
 
 Cases: each format and mode, T at the dispatch rule's edges (1, 2, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 129), M at
 tile edges (1, 127, 128, 129, 300) and K of one or a few blocks, with the knobs that pick the paths the default
-rule keeps for large matrices forced on, and the mma.sync lowering (arch="sm_89") beside the wgmma one. Each call
-is checked against the float64 reference (a sanitizer run must also compute the right thing). Prints the kernels
-covered and the dispatchable kernels that were not.
+rule keeps for large matrices forced on, and the mma.sync lowering (arch="sm_89") beside the wgmma one; then
+TARGETED, the smallest calls that reach the builds those shapes cannot (Q6_K's routes on rows of 16-byte
+multiples, the register-A GEMMs that convert x themselves and each register-A tile at a small shape, the codecs'
+builds behind a knob or an untimed rule); mul_mat_id likewise (MOE_TARGETED: Q6_K's register-A grouped GEMM, Q4_K's
+n48 tiles, the other formats' mma.sync grouped GEMMs). Each call is checked against the float64 reference (a
+sanitizer run must also compute the right thing). Prints the kernels covered and the dispatchable kernels that were
+not; `--plan` prints the same lists from the plans alone, made on a stand-in H200 (ptxgen.testing.fakegpu).
 """
-import contextlib
 import sys
 
 import numpy as np
@@ -32,71 +36,177 @@ NOT_DISPATCHED = {"gemv_q4_k_mma_t8", "prep_q4k_t8", "gemv_tq4_1s_tma_t4", "gemv
                   "mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n64_pre"}
 
 
+# the register-A GEMM keeps the T rule's token tile at any shape (ops._rega_fill_tile halves it where the plan splits K
+# many ways, as it does on shapes of few 128-row tiles): its n128 and n256 builds at small M and K
+RA_TILES = {"wgmma_ra_max_splits": 1 << 10, "wgmma_ra_min_split_steps": 0}
+# (fmt, mode, M, K, tokens, arch, knobs, rules): calls that reach builds the sweep's shapes do not (ops.mul_mat_plan on
+# the stand-in H200 names them: `--plan`)
+TARGETED = [
+    # Q6_K on rows of 16-byte multiples (K a multiple of 2048): gemv_q6_k_mma_tma, mmq_q6_k_wgmma_ra_n64 / n128 / n256
+    ("q6_K", "exact", 129, 2048, (2, 9, 65, 129), None, {}, RA_TILES),
+    # the register-A GEMMs converting x themselves, each tile (by default from T = 1024 on one K split)
+    *[(fmt, "exact", 129, 512, (33, 65, 129), None, {"PTXGEN_MMQ_CX": "1"}, RA_TILES)
+      for fmt in ("q4_K", "q5_K", "q8_0")],
+    # the codecs' mma.sync GEMMs on x converted first (by default from RULES.mmq_x16_min_work multiply-adds)
+    *[(fmt, "exact", 129, 512, (17, 33, 65), "sm_89", {"PTXGEN_MMQ_X16": "1"}, {}) for fmt in ("q5_K", "q6_K", "q8_0")],
+    # Q6_K's and Q8_0's few-token builds (off until timed: RULES.codec_few_max_tokens), in one launch and in two
+    *[(fmt, "exact", 128, 512, (1, 2, 3, 5), None, forced, {"codec_few_max_tokens": {fmt: 8}})
+      for fmt in ("q6_K", "q8_0") for forced in ({}, {"PTXGEN_Q4K_FUSED": "0"})],
+    # Q5_K's codec GEMVs under 9 tokens (its few-token builds off) and its few-token builds in two launches
+    ("q5_K", "exact", 129, 512, (2, 3, 5), None, {}, {"codec_few_max_tokens": {"q5_K": 0}}),
+    ("q5_K", "exact", 129, 512, (1, 2, 3), None, {"PTXGEN_Q4K_FUSED": "0"}, {}),
+    # the prepared route of the formats whose register-A GEMM takes every T by default
+    *[(fmt, "exact", 129, 512, (40,), None, {}, {"codec_ra_mmq_min_tokens": 1 << 30})
+      for fmt in ("q5_K", "q8_0", "tq4_1s")],
+]
+
+
 def cases():
-    for fmt, mode in (("q4_K", "exact"), ("q4_K", "fast"), ("tq4_1s", "exact"), ("tq4_1s", "fast"), ("q8_0", "fast"),
-                      ("q8_0", "exact"), ("q5_K", "exact"), ("q6_K", "exact")):
-        extra = (WIDE,) if (fmt, mode) == ("q4_K", "exact") else (BIG,) if (fmt, mode) == ("tq4_1s", "exact") else ()
-        for m, k in SHAPES + extra:
-            if (fmt, mode) == ("q8_0", "fast") and k % 64:
-                continue
-            for t in (TOKENS if (m, k) in SHAPES else (9, 16) if (m, k) == WIDE else (3, 8)):
-                for arch in (None, "sm_89"):
-                    for forced in (FORCED if fmt in ("q4_K", "tq4_1s") else [{}]):  # the knobs pick their paths
-                        for rotation in (("separate", "fused") if fmt == "tq4_1s" and mode == "exact" else ("separate",)):
-                            yield fmt, mode, rotation, m, k, t, arch, forced
+    """(fmt, mode, rotation, M, K, T, arch, knobs, rules) of every mul_mat call of the sweep, then TARGETED's. Every
+    format in each mode its codec routes (ptxgen.codecs ROUTES), at the shapes it takes in that mode."""
+    from ptxgen import codecs
+
+    for fmt, codec in codecs.CODECS.items():
+        for mode in codec.ROUTES:
+            extra = {("q4_K", "exact"): (WIDE,), ("tq4_1s", "exact"): (BIG,)}.get((fmt, mode), ())
+            for m, k in SHAPES + extra:
+                if codec.weights_error(mode, k, 1 << 44):  # a K the format refuses in this mode (Q8_0 fast: K % 64)
+                    continue
+                for t in (TOKENS if (m, k) in SHAPES else (9, 16) if (m, k) == WIDE else (3, 8)):
+                    for arch in (None, "sm_89"):
+                        for forced in (FORCED if fmt in ("q4_K", "tq4_1s") else [{}]):  # the knobs pick their paths
+                            rotations = ("separate", "fused") if (fmt, mode) == ("tq4_1s", "exact") else ("separate",)
+                            for rotation in rotations:
+                                yield fmt, mode, rotation, m, k, t, arch, forced, {}
+    for fmt, mode, m, k, tokens, arch, forced, rules in TARGETED:
+        for t in tokens:
+            yield fmt, mode, "separate", m, k, t, arch, forced, rules
 
 
-def moe_cases(r, rng, covered, only, n, worst, wrong):
-    """mul_mat_id for each MoE format: the per-pair GEMV (T = 1, and T = 3 at these sizes) and the grouped GEMM route
-    (T = 600 of 2 slots over 4, 16, 64 and 128 experts: each token tile, Q4_K's integer-weight build at 128; the
-    pair-GEMV rule set to 0 so these small experts take it; Q4_K also with arch="sm_89", its mma.sync GEMM; sm_90:
-    moe_gather, the register-A wgmma GEMM and the gated GEMV's arrival), x shared and per slot, ids on the device
-    with two out of range (NaN rows)."""
+GROUPED = {"moe_pair_max_weights": 0}  # the grouped routes: at these small sizes the pair GEMV's rule takes the calls
+# (fmt, E, M, K, slots, T, arch, rules) of mul_mat_id calls the sweep's experts do not reach (mul_mat_id_kernels)
+MOE_TARGETED = [
+    # Q6_K's sm_90 grouped GEMM (register-A wgmma: rows of 16-byte multiples, K a multiple of 2048), each token tile by
+    # the pairs an expert (RULES.moe_wgmma_tile_pairs): n32 (12), n64 (32), n128 (128); TQ4_1S's n32 likewise
+    ("q6_K", 8, 129, 2048, 2, 48, None, GROUPED), ("q6_K", 4, 129, 2048, 2, 64, None, GROUPED),
+    ("q6_K", 2, 129, 2048, 2, 128, None, GROUPED), ("tq4_1s", 8, 129, 512, 2, 48, None, GROUPED),
+    # Q4_K's n48 tiles at 28 pairs an expert: the 256-row one (the rule's), the 128-row one where the rule names it
+    ("q4_K", 4, 129, 512, 2, 56, None, GROUPED),
+    ("q4_K", 4, 129, 512, 2, 56, None, {**GROUPED, "moe_wgmma_tile_pairs": {"n48": 24, "n64": 36, "n128": 128}}),
+    # the other formats' mma.sync grouped GEMMs (arch="sm_89"): n32, and n64 from 48 pairs an expert
+    *[(fmt, 4, 129, 512, 2, t, "sm_89", GROUPED) for fmt in ("q5_K", "q6_K", "q8_0", "tq4_1s") for t in (48, 100)],
+]
+
+
+def moe_calls():
+    """(fmt, E, M, K, slots, T, arch, rules) of every mul_mat_id call: each MoE format's per-pair GEMV (T = 1, and T = 3
+    at these sizes) and its grouped GEMM route (T = 600 of 2 slots over 4, 16, 64 and 128 experts: each token tile,
+    Q4_K's integer-weight build at 128; the pair-GEMV rule set to 0 so these small experts take it; Q4_K also with
+    arch="sm_89", its mma.sync GEMM), then MOE_TARGETED's."""
+    for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q4_K", 128), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64),
+                   ("q6_K", 4), ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64), ("tq4_1s", 4), ("tq4_1s", 16)):
+        # T = 600: ~300 / 75 / 19 pairs an expert on 4 / 16 / 64: sm_90's 128 / 64 / 32 tiles
+        for t, arch in [(1, None), (3, None), (600, None)] + ([(600, "sm_89")] if fmt == "q4_K" else []):
+            yield fmt, e, 129, 512, 2, t, arch, GROUPED if t == 600 else {}
+    yield from MOE_TARGETED
+
+
+def dispatchable() -> set:
+    """The emitted kernels a sweep should reach: every sm_90a and sm_89 build but quantize_q8_1, the plain dequantize
+    kernels and the builds the rule never picks (_mc2, _n192, NOT_DISPATCHED)."""
+    from ptxgen.runtime import kernels
+
+    return {name for name in kernels.manifest("sm_90a") | kernels.manifest("sm_89")
+            if name != "quantize_q8_1" and not (name.startswith("dequantize_") and not name.endswith("_frags"))
+            and not name.endswith(("_mc2", "_n192"))} - NOT_DISPATCHED
+
+
+def plan_only():
+    """--plan: the sweep's plans on a stand-in H200 (nothing launches, no GPU needed); prints what main would cover
+    and how many calls it would run, in full and with --quick (a call whose kernels are all covered is left out)."""
+    import pytest
+
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+    from ptxgen.testing import fakegpu
+
+    fakegpu.install(pytest.MonkeyPatch())
+    quick, seen, weights, calls = set(), set(), {}, [0, 0]  # quick: the kernels covered so far
+    for fmt, mode, rotation, m, k, t, arch, forced, rules in cases():
+        with knobs.override(**forced), tuning.override(**rules):
+            w = weights.setdefault((fmt, m, k), fakegpu.weights(fmt, m, k, at=fakegpu.BASE + (len(weights) << 32)))
+            plan = ops.mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
+        sig = (tuple(plan.kernels), fmt, mode, arch)
+        if sig not in seen:  # main's calls: one per kernel sequence; --quick: only those that add a kernel
+            seen.add(sig)
+            calls[0] += 1
+            calls[1] += not set(plan.kernels) <= quick
+            quick |= set(plan.kernels)
+    dense = list(calls)
+    for fmt, e, m, k, slots, t, arch, rules in moe_calls():
+        with tuning.override(**rules):
+            route = set(ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch))
+        calls[0] += 2  # x shared, x per slot
+        calls[1] += 2 * (not route <= quick)
+        quick |= route
+    print(f"{calls[0]} calls ({calls[1]} with --quick; mul_mat {dense[0]} ({dense[1]})) planned on the stand-in H200, "
+          f"{len(quick)} kernels covered")
+    print("covered:", " ".join(sorted(quick)))
+    print("not reached:", " ".join(sorted(dispatchable() - quick)) or "none",
+          f"(never dispatched by the rule, not swept: {' '.join(sorted(NOT_DISPATCHED))})")
+
+
+def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
+    """mul_mat_id's calls (moe_calls), x shared and per slot, ids on the device with two out of range (NaN rows);
+    sm_90: moe_gather, the register-A wgmma GEMM and the gated GEMV's arrival."""
     from ptxgen import tuning
     from ptxgen.runtime import ops
 
-    for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q4_K", 128), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64),
-                   ("q6_K", 4), ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64), ("tq4_1s", 4), ("tq4_1s", 16)):
-        m, k, slots = 129, 512, 2  # T = 600: ~300 / 75 / 19 pairs an expert on 4 / 16 / 64: sm_90's 128 / 64 / 32 tiles
-        raw = random_raw(fmt, e * m, k, rng)
-        w = r.QuantTensor.from_raw(fmt, raw, (e, m, k))
-        for t, arch in [(1, None), (3, None), (600, None)] + ([(600, "sm_89")] if fmt == "q4_K" else []):
-            grouped = (lambda: tuning.override(moe_pair_max_weights=0)) if t == 600 else contextlib.nullcontext
-            with grouped():
-                route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch)  # sm_89: Q4_K's mma.sync grouped GEMM
-            if only and not set(route) & set(only):
-                continue
-            for per_slot in (False, True):
-                ids = rng.integers(0, e, (t, slots)).astype(np.int32)
-                ids[t // 2, 0], ids[t - 1, slots - 1] = -1, e
-                x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
-                with grouped():
-                    y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids), arch=arch)
-                y = y.numpy() if hasattr(y, "numpy") else y  # NumPy back where as_device_array kept x's host origin
-                want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
-                bad = np.isnan(want)
-                err = float(np.linalg.norm((y - want)[~bad]) / max(np.linalg.norm(want[~bad]), 1e-30))
-                bound = 1e-3 if len(route) > 1 else 1e-5  # the grouped GEMM: fp16 activations
-                if not (np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all() and err <= bound):
-                    print(f"WRONG: mul_mat_id {fmt} {e}x{m}x{k} T={t} per_slot={per_slot}: relative error {err:.2e}")
-                    wrong += 1
-                worst = max(worst, err)
-                covered.update(route)
-                n += 1
+    experts = {}
+    for fmt, e, m, k, slots, t, arch, rules in moe_calls():
+        if (fmt, e, m, k) not in experts:
+            raw = random_raw(fmt, e * m, k, rng)
+            experts[fmt, e, m, k] = (r.QuantTensor.from_raw(fmt, raw, (e, m, k)), raw)
+        w, raw = experts[fmt, e, m, k]
+        with tuning.override(**rules):
+            route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch)  # sm_89: the mma.sync grouped GEMMs
+        if (only and not set(route) & set(only)) or (quick and set(route) <= covered):
+            continue
+        for per_slot in (False, True):
+            ids = rng.integers(0, e, (t, slots)).astype(np.int32)
+            ids[t // 2, 0], ids[t - 1, slots - 1] = -1, e
+            x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
+            with tuning.override(**rules):
+                y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids), arch=arch)
+            y = y.numpy() if hasattr(y, "numpy") else y  # NumPy back where as_device_array kept x's host origin
+            want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
+            bad = np.isnan(want)
+            err = float(np.linalg.norm((y - want)[~bad]) / max(np.linalg.norm(want[~bad]), 1e-30))
+            bound = 1e-3 if len(route) > 1 else 1e-5  # the grouped GEMM: fp16 activations
+            if not (np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all() and err <= bound):
+                print(f"WRONG: mul_mat_id {fmt} {e}x{m}x{k} T={t} arch={arch} per_slot={per_slot}: relative error "
+                      f"{err:.2e}")
+                wrong += 1
+            worst = max(worst, err)
+            covered.update(route)
+            n += 1
     return n, worst, wrong
 
 
 def main():
+    if "--plan" in sys.argv:
+        return plan_only()
     import ptxgen.runtime as r
-    from ptxgen.runtime import kernels, ops
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
 
     quick = "--quick" in sys.argv
     only = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
     rng = np.random.default_rng(0)
     covered, seen, n, worst, wrong = set(), set(), 0, 0.0, 0
     weights = {}
-    for fmt, mode, rotation, m, k, t, arch, forced in cases():
-        with knobs.override(**forced):
+    for fmt, mode, rotation, m, k, t, arch, forced, rules in cases():
+        with knobs.override(**forced), tuning.override(**rules):
             key = (fmt, m, k)
             if key not in weights:
                 raw = random_raw(fmt, m, k, rng)
@@ -119,21 +229,19 @@ def main():
                 want, bound = formats.gemm_ref(fmt, raw, m, k, x), 1e-3
             err = float(np.linalg.norm(y - want) / max(np.linalg.norm(want), 1e-30))
             if not np.isfinite(y).all() or err > bound:
-                print(f"WRONG: {fmt} {mode} {m}x{k} T={t} arch={arch} {forced}: relative error {err:.2e} > {bound:.0e}")
+                print(f"WRONG: {fmt} {mode} {m}x{k} T={t} arch={arch} {forced} {rules}: relative error {err:.2e} > "
+                      f"{bound:.0e}")
                 wrong += 1
             worst = max(worst, err if not q8 and fmt != "tq4_1s" else 0.0)
             covered |= set(plan.kernels)
             n += 1
-    n, worst, wrong = moe_cases(r, rng, covered, only, n, worst, wrong)
+    n, worst, wrong = moe_cases(r, rng, covered, only, quick, n, worst, wrong)
     r.synchronize()
-    dispatchable = {name for name in kernels.manifest("sm_90a") | kernels.manifest("sm_89")
-                    if name != "quantize_q8_1" and not (name.startswith("dequantize_") and not name.endswith("_frags"))
-                    and not name.endswith(("_mc2", "_n192"))}
     print(f"{n} calls, {len(covered)} kernels covered; worst relative error of the fp32 / fp16 paths {worst:.1e}"
           + (f"; {wrong} WRONG" if wrong else ""))
     print("covered:", " ".join(sorted(covered)))
     if not only:
-        print("not reached:", " ".join(sorted(dispatchable - covered - NOT_DISPATCHED)) or "none",
+        print("not reached:", " ".join(sorted(dispatchable() - covered)) or "none",
               f"(never dispatched by the rule, not swept: {' '.join(sorted(NOT_DISPATCHED))})")
     sys.exit(1 if wrong else 0)
 

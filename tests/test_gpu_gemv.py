@@ -10,10 +10,14 @@ from conftest import rel, setknob
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("fmt", ["tq4_1s", "q4_K"])
+@pytest.mark.parametrize("fmt", ["tq4_1s", "q4_K", "q5_K", "q6_K", "q8_0"])
 @settings(max_examples=25)
 @given(data=st.data())
 def test_mul_mat_gemv_matches_reference(fmt, data):
+    """mul_mat(mode="exact") at decode T (1-8) and the skinny T past it (9, 17) on quantized weights or drawn raw
+    blocks (any bytes; scales up to strategies.fp16_weight_scale, the largest whose weights all fit fp16, as the
+    GEMMs some of these calls run hold them): within 1e-5 of float64 through the exact GEMVs, 1e-3 where the plan
+    ran an fp16 GEMM; outputs NaN-poisoned first."""
     import ptxgen.runtime as r
 
     m = data.draw(st.sampled_from([1, 7, 127, 128, 129, 300]))
@@ -22,7 +26,7 @@ def test_mul_mat_gemv_matches_reference(fmt, data):
     rotation = data.draw(st.sampled_from(["separate", "fused"]))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     if data.draw(st.booleans()):
-        raw = data.draw(S.raw_matrix(fmt, m, k, max_abs_scale=4.0))  # any bytes, tame scales
+        raw = data.draw(S.raw_matrix(fmt, m, k, max_abs_scale=S.fp16_weight_scale(fmt)))  # any bytes
     else:
         raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
@@ -69,9 +73,9 @@ def test_mul_mat_errors():
         r.mul_mat(w, np.ones((2, 256), np.float16))
     with pytest.raises(ValueError, match="rotation must be"):
         r.mul_mat(w, np.ones((2, 256), np.float32), rotation="none")
-    w8 = r.QuantTensor.from_numpy(np.ones((4, 96), np.float32), "q8_0")
-    with pytest.raises(ValueError, match="q8_0 in mode='fast' needs K a multiple of 64"):
-        r.mul_mat(w8, np.ones((2, 96), np.float32), mode="fast")
+    w8 = r.QuantTensor.from_numpy(np.ones((4, 96), np.float32), "q8_0")  # K = 96: not the int8 GEMV's, so exact
+    np.testing.assert_array_equal(r.mul_mat(w8, np.ones((2, 96), np.float32), mode="fast"),
+                                  r.mul_mat(w8, np.ones((2, 96), np.float32)))
     with pytest.raises(ValueError, match="mode must be"):
         r.mul_mat(w, np.ones((2, 256), np.float32), mode="quick")
 
@@ -97,18 +101,19 @@ def test_fast_tq4_1s_gemv_kernel(t):
     assert np.linalg.norm(got - exact) ** 2 / np.linalg.norm(exact) ** 2 <= 5e-4
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
 @settings(max_examples=20)
 @given(data=st.data())
 def test_int8_gemv_matches_q8_1_reference(fmt, data):
-    """Q4_K (T <= 8) and Q8_0 with mode="fast": x quantized to Q8_1, int8 dp4a GEMV; within 1e-5 of the
-    float64 product with the Q8_1-rounded activation (integer dots are exact). Shapes include split-K
-    (small M, long K) and tails (K/32 not a multiple of 32); outputs poisoned; deterministic."""
+    """mode="fast" up to 8 tokens: x quantized to Q8_1, the int8 dp4a lane GEMV; within 1e-5 of the float64
+    product with the Q8_1-rounded activation (integer dots are exact). Shapes include split-K (small M, long K) and
+    tails (K/32 not a multiple of 32; Q6_K: K a multiple of 512, its lane's); outputs poisoned; deterministic."""
     import ptxgen.runtime as r
 
     m = data.draw(st.sampled_from([1, 7, 127, 129, 300, 2048]))
-    k = data.draw(st.sampled_from([256, 512, 2304, 4096] + ([1088, 14336] if fmt == "q8_0" else [14336])))
-    t = data.draw(st.sampled_from([1, 2, 3, 5, 8] + ([9, 17] if fmt == "q8_0" else [])))
+    k = data.draw(st.sampled_from({"q8_0": [256, 512, 1088, 2304, 4096, 14336], "q6_K": [512, 2560, 4096, 14336]}
+                                  .get(fmt, [256, 512, 2304, 4096, 14336])))
+    t = data.draw(st.sampled_from([1, 2, 3, 5, 8]))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
@@ -120,6 +125,24 @@ def test_int8_gemv_matches_q8_1_reference(fmt, data):
     assert np.isfinite(got).all()
     assert rel(got, formats.gemm_q8_1_ref(fmt, raw, m, k, x)) <= 1e-5
     np.testing.assert_array_equal(r.mul_mat(w, x, mode="fast").view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
+@pytest.mark.parametrize("t", [9, 40])
+def test_fast_mode_past_8_tokens_runs_the_exact_kernels(fmt, t):
+    """mode="fast" above the int8 kernels' T (Q4_K's int8 MMQ runs to q8_max_tokens): the exact routes, the same
+    kernels and the same bits as mode="exact"."""
+    import ptxgen.runtime as r
+    from ptxgen.runtime.ops import mmq_path, q8_path
+
+    if fmt == "q4_K" and q8_path(t, mmq_path()):
+        pytest.skip("Q4_K runs its int8 MMQ at this T")
+    rng = np.random.default_rng(t)
+    m, k = 300, 2048
+    w = r.QuantTensor.from_raw(fmt, formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32)), (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    assert r.mul_mat_plan(w, t, mode="fast").kernels == r.mul_mat_plan(w, t).kernels
+    np.testing.assert_array_equal(r.mul_mat(w, x, mode="fast").view(np.uint32), r.mul_mat(w, x).view(np.uint32))
 
 
 @pytest.mark.parametrize("fmt,t", [("tq4_1s", t) for t in (1, 3, 8, 11)] + [("q4_K", t) for t in (1, 3, 5, 8, 9, 16)])

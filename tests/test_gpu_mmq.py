@@ -56,6 +56,80 @@ def test_mmq_kernel_matches_reference(data):
     assert rel(got, want) <= 1e-3
 
 
+def _codec_weights(fmt, m, k, data, rng):
+    """Drawn raw blocks (any bytes; scales up to strategies.fp16_weight_scale, the largest whose weights all fit the
+    GEMMs' fp16) or, as often, quantized weights (a quantized block of up to 128 rows repeated: the quantizer takes
+    seconds a million weights)."""
+    if data.draw(st.booleans()):
+        return data.draw(S.raw_matrix(fmt, m, k, max_abs_scale=S.fp16_weight_scale(fmt)))
+    rows = min(m, 128)
+    raw = formats.quantize(fmt, rng.standard_normal((rows, k)).astype(np.float32))
+    return np.tile(raw, (-(-m // rows), 1))[:m]
+
+
+CODEC_TILES = {"mma.sync": (32, 64, 128), "wgmma_ra": (64, 128, 256), "wgmma_pre": (256,)}
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
+@settings(max_examples=20)
+@given(data=st.data())
+def test_codec_mmq_kernels_match_reference_on_raw_blocks(fmt, data):
+    """Q5_K's, Q6_K's and Q8_0's GEMMs as test_mmq_kernel_matches_reference runs Q4_K's (mmq_launch, no fixup): the
+    fp16 mma.sync build (sm_89's PTX) and, on sm_90, the register-A build (Q6_K: K a multiple of 2048, its raw rows
+    by TMA) and the prepared one (dequantize_<fmt>_frags first), each token tile, on drawn raw blocks or quantized
+    weights (_codec_weights): within 1e-3 of float64, the overflow flag down, outputs NaN-poisoned first."""
+    import ptxgen.runtime as r
+
+    path = data.draw(st.sampled_from(["mma.sync"] + (["wgmma_ra", "wgmma_pre"] if r.current().sm == 90 else [])))
+    m = data.draw(st.sampled_from([127, 128, 129, 300, 1024]))
+    t = data.draw(st.sampled_from([16, 63, 64, 65, 200, 512]))
+    k = data.draw(st.sampled_from([2048, 4096] if (fmt, path) == ("q6_K", "wgmma_ra") else [256, 512, 4096]))
+    bn = data.draw(st.sampled_from(CODEC_TILES[path]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    raw = _codec_weights(fmt, m, k, data, rng)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    got, flag = run_mmq(r, raw, m, k, x, bn, path, fmt)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    assert flag == 0 and np.isfinite(got).all()
+    if np.linalg.norm(want) > 0:
+        assert rel(got, want) <= 1e-3
+
+
+@pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
+@settings(max_examples=20)
+@given(data=st.data())
+def test_codec_mul_mat_past_decode_matches_reference_on_raw_blocks(fmt, data):
+    """mul_mat(mode="exact") of Q5_K, Q6_K and Q8_0 at skinny and prefill T (9-512) on drawn raw blocks or quantized
+    weights (_codec_weights), by the route the rule picks (sm_90: Q5_K's 16-token and skinny builds, the register-A
+    GEMM, the prepared one where the rule takes it), the prepared route ruled in (codec_ra_mmq_min_tokens past T),
+    or the mma.sync GEMM (arch="sm_89"), each with the codec's fixup behind it: within 1e-3 of float64 where the plan
+    ran an fp16 GEMM, 1e-5 where only exact GEMVs did (M under a tile), outputs NaN-poisoned first, the same bits
+    run to run."""
+    import ptxgen.runtime as r
+
+    route = data.draw(st.sampled_from(["rule", "prepared", "sm_89"]))
+    m = data.draw(st.sampled_from([1, 127, 128, 129, 300, 1024]))
+    t = data.draw(st.sampled_from([9, 16, 17, 33, 64, 65, 200, 512]))
+    k = data.draw(st.sampled_from([256, 512, 2048, 4096]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    raw = _codec_weights(fmt, m, k, data, rng)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    arch = "sm_89" if route == "sm_89" else None
+    rules = {"codec_ra_mmq_min_tokens": 1 << 30} if route == "prepared" else {}
+    with tuning.override(**rules):
+        out = r.DeviceArray.empty((t, m), np.float32)
+        out.owner.fill_bytes(0xFF)  # NaN poison
+        r.mul_mat(w, x, out=out, arch=arch)
+        got = out.numpy()
+        fp16 = any(n.startswith("mmq_") or "t16h" in n for n in r.mul_mat_plan(w, t, arch=arch).kernels)
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    assert np.isfinite(got).all()
+    if np.linalg.norm(want) > 0:
+        assert rel(got, want) <= (1e-3 if fp16 else 1e-5)
+
+
 @pytest.mark.parametrize("arch", [None, "sm_89"])  # None: what mul_mat picks (wgmma on sm_90); sm_89: mma.sync
 @pytest.mark.parametrize("m", [1, 127, 128, 129, 4096])
 @pytest.mark.parametrize("t", [1, 7, 16, 63, 64, 65, 200, 512])

@@ -1,7 +1,7 @@
 """L3: mul_mat_id (MoE) on the GPU against the float64 reference (formats.mul_mat_id_ref): every format with an MoE
-GEMV, x shared by a token's slots or one row per slot, skewed routes; device ids out of range give NaN rows without
-a synchronization; host ids out of range are refused; on the caller's torch stream and inside a CUDA graph, the
-same bits as eager; GPU == emulator for the MoE kernels is test_gpu_emu_crosscheck's."""
+GEMV (TQ4_1S on its rotated x), x shared by a token's slots or one row per slot, skewed routes; device ids out of
+range give NaN rows without a synchronization; host ids out of range are refused; on the caller's torch stream and
+inside a CUDA graph, the same bits as eager; GPU == emulator for the MoE kernels is test_gpu_emu_crosscheck's."""
 import numpy as np
 import pytest
 
@@ -37,28 +37,30 @@ def _case(fmt, e, m, k, t, slots, seed, skew=False, per_slot=False):
     return w, raw, x, ids
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
 @pytest.mark.parametrize("e,m,k,t,slots,skew,per_slot", [(8, 768, 2048, 1, 8, False, False),  # a pair per row
                                                          (32, 1792, 2048, 3, 4, False, True),  # grouped
                                                          (4, 300, 512, 5, 2, True, False),  # grouped, 10 on one
                                                          (6, 64, 4096, 16, 1, False, True),
                                                          (16, 256, 1024, 600, 2, False, False)])  # 2 id windows
 def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot):
-    """Within 1e-5 of float64 (fp32 products of ggml's weights) through the MoE GEMVs, 1e-3 through Q4_K's grouped
-    tensor-core GEMM (fp16 activations; ops.mul_mat_id_kernels says which runs), NumPy in and out, the output
-    poisoned first."""
+    """Within 1e-5 of float64 (fp32 products of ggml's weights) through the MoE GEMVs, 1e-3 through the grouped
+    tensor-core GEMMs (fp16 activations; ops.mul_mat_id_kernels says which runs), NumPy in and out, the output
+    poisoned first. TQ4_1S: x rotated once first (rotate_tq4_1s, the route's first kernel), the reference on x and
+    the weights' own W as formats.dequantize gives it."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
     route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m)
-    assert route[-1].endswith("_idg" if t >= 2 else "_id")
+    assert route[-1].endswith("_idg" if t >= 2 else "_id") and (route[0] == "rotate_tq4_1s") == (fmt == "tq4_1s")
     w, raw, x, ids = _case(fmt, e, m, k, t, slots, seed=e + m + t, skew=skew, per_slot=per_slot)
     out = r.DeviceArray.empty((t, slots, m), np.float32)
     out.owner.fill_bytes(0xFF)
     r.mul_mat_id(w, x, ids, out=out)
     got = out.numpy()
     want = formats.mul_mat_id_ref(w.fmt, raw, w.shape, x, ids)
-    assert np.isfinite(got).all() and rel(got, want) <= (1e-3 if len(route) > 1 else 1e-5)
+    grouped = any(n.startswith("mmq_") for n in route)  # (TQ4_1S's rotation is a launch of its exact routes too)
+    assert np.isfinite(got).all() and rel(got, want) <= (1e-3 if grouped else 1e-5)
     np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
 
 
@@ -227,17 +229,18 @@ def test_a_captured_mul_mat_id_on_a_reserved_workspace():
     assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
 def test_a_few_tokens_run_the_pair_gemv_exactly(fmt):
-    """From 2 tokens, up to RULES.moe_pair_max_weights weights read, the one-token GEMV over every pair: within 1e-5
-    of float64, the output poisoned first, the same bits run to run."""
+    """From 2 tokens, up to RULES.moe_pair_max_weights weights read, the one-token GEMV over every pair (TQ4_1S's
+    after its rotation of x): within 1e-5 of float64, the output poisoned first, the same bits run to run."""
     import ptxgen.runtime as r
     from ptxgen import tuning
     from ptxgen.runtime import ops
 
     with tuning.override(moe_pair_max_weights=1 << 26):
         e, m, k, t, slots = 32, 1792, 2048, 3, 4
-        assert ops.mul_mat_id_kernels(fmt, t, slots, e, k, m) == [f"gemv_{fmt.lower()}_f32_id"]
+        rotation = ["rotate_tq4_1s"] if fmt == "tq4_1s" else []
+        assert ops.mul_mat_id_kernels(fmt, t, slots, e, k, m) == rotation + [f"gemv_{fmt.lower()}_f32_id"]
         w, raw, x, ids = _case(fmt, e, m, k, t, slots, seed=9, per_slot=fmt == "q8_0")
         out = r.DeviceArray.empty((t, slots, m), np.float32)
         out.owner.fill_bytes(0xFF)
