@@ -22,33 +22,35 @@ from .runtime.tensors import QuantTensor
 _VIEWS: dict = {}  # (data_ptr, bytes, fmt, M, K, E) → QuantTensor over that memory (plans depend on these only)
 
 
-def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int, experts: int = 0) -> QuantTensor:
+def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int, experts: int = 0, max_scale: float = -1.0) -> QuantTensor:
     """A QuantTensor over the GGUF bytes in CUDA uint8 tensor `w` (no copy), shape (M, K) or with `experts`
     (E, M, K); cached, so its launch plans are reused. `w` is checked on every call (a later view at the same
-    address may be shorter, or another dtype)."""
+    address may be shorter, or another dtype). `max_scale`: QuantTensor's (< 0: not known)."""
     if w.dtype != torch.uint8 or not w.is_cuda or not w.is_contiguous():
         raise TypeError(f"ptxgen: weights must be a contiguous CUDA uint8 tensor, got {w.dtype} on {w.device}")
     driver.check_device(w, "ptxgen: the weights tensor")
-    key = (w.data_ptr(), w.numel(), fmt, m, k, experts)
+    key = (w.data_ptr(), w.numel(), fmt, m, k, experts, max_scale)
     qt = _VIEWS.get(key)
     if qt is None:
         if len(_VIEWS) > 4096:
             _VIEWS.clear()
         # no reference to `w`: the caller (a module's buffer) owns the memory; the view only names it
         shape = (experts, m, k) if experts else (m, k)
-        qt = _VIEWS[key] = QuantTensor(fmt, shape, device=DeviceBuffer.wrap(w.data_ptr(), w.numel()))
+        qt = _VIEWS[key] = QuantTensor(fmt, shape, device=DeviceBuffer.wrap(w.data_ptr(), w.numel()),
+                                       max_scale=max_scale if max_scale >= 0 else None)
     return qt
 
 
 @torch.library.custom_op("ptxgen::mul_mat", mutates_args=())
 def mul_mat_op(w: torch.Tensor, x: torch.Tensor, fmt: str, m: int, k: int, mode: str = "exact",
-               rotation: str = "separate") -> torch.Tensor:
-    """y = x @ W.T (ptxgen.runtime.mul_mat) with W given as its GGUF bytes `w` (uint8) in format `fmt`, M × K."""
-    return ops.mul_mat(quant_tensor(w, fmt, m, k), x.contiguous(), mode=mode, rotation=rotation)
+               rotation: str = "separate", max_scale: float = -1.0) -> torch.Tensor:
+    """y = x @ W.T (ptxgen.runtime.mul_mat) with W given as its GGUF bytes `w` (uint8) in format `fmt`, M × K;
+    `max_scale`: the blocks' largest |fp16 scale field| where known (QuantTensor.max_scale; < 0: not known)."""
+    return ops.mul_mat(quant_tensor(w, fmt, m, k, max_scale=max_scale), x.contiguous(), mode=mode, rotation=rotation)
 
 
 @mul_mat_op.register_fake
-def _(w, x, fmt, m, k, mode="exact", rotation="separate"):
+def _(w, x, fmt, m, k, mode="exact", rotation="separate", max_scale=-1.0):
     return x.new_empty((x.shape[0], m))
 
 
@@ -67,23 +69,25 @@ def _(w, fmt, m, k):
 
 @torch.library.custom_op("ptxgen::mul_mat_id", mutates_args=())
 def mul_mat_id_op(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, fmt: str, experts: int, m: int,
-                  k: int) -> torch.Tensor:
+                  k: int, max_scale: float = -1.0) -> torch.Tensor:
     """MoE: y[t, j] = x[t(, j)] @ W[ids[t, j]].T (ptxgen.runtime.mul_mat_id) with the E experts' GGUF bytes `w`
-    (uint8, E·M rows of K) in format `fmt`; ids (T, slots) int32; x (T, K) or (T, slots, K) → (T, slots, M)."""
-    return ops.mul_mat_id(quant_tensor(w, fmt, m, k, experts), x.contiguous(), ids.contiguous())
+    (uint8, E·M rows of K) in format `fmt`; ids (T, slots) int32; x (T, K) or (T, slots, K) → (T, slots, M);
+    `max_scale` as mul_mat_op's."""
+    return ops.mul_mat_id(quant_tensor(w, fmt, m, k, experts, max_scale), x.contiguous(), ids.contiguous())
 
 
 @mul_mat_id_op.register_fake
-def _(w, x, ids, fmt, experts, m, k):
+def _(w, x, ids, fmt, experts, m, k, max_scale=-1.0):
     return x.new_empty((ids.shape[0], ids.shape[1], m))
 
 
 class QuantLinear(torch.nn.Module):
     """A linear layer with quantized weights (no bias): forward(x) = x @ W.T through ptxgen. The weights are the
-    buffer `qweight` (GGUF bytes, uint8); `fmt`, `out_features` (M), `in_features` (K) describe them."""
+    buffer `qweight` (GGUF bytes, uint8); `fmt`, `out_features` (M), `in_features` (K) describe them. `max_scale`
+    (QuantTensor's) is read from `qweight` when it is given on the CPU."""
 
     def __init__(self, qweight: torch.Tensor, fmt: str, out_features: int, in_features: int, *, mode: str = "exact",
-                 rotation: str = "separate"):
+                 rotation: str = "separate", max_scale: float | None = None):
         super().__init__()
         self.fmt, self.out_features, self.in_features = fmt, int(out_features), int(in_features)
         self.mode, self.rotation = mode, rotation
@@ -92,10 +96,13 @@ class QuantLinear(torch.nn.Module):
             raise ValueError(f"QuantLinear: {fmt} {out_features}x{in_features} needs {want} uint8 bytes, got "
                              f"{qweight.numel()} {qweight.dtype}")
         self.register_buffer("qweight", qweight.reshape(-1).contiguous())
+        if max_scale is None and not qweight.is_cuda:
+            max_scale = formats.max_scale(fmt, self.qweight.numpy(), (self.out_features, self.in_features))
+        self.max_scale = -1.0 if max_scale is None else float(max_scale)
 
     @classmethod
     def from_quant_tensor(cls, qt: QuantTensor, **kw) -> "QuantLinear":
-        return cls(torch.from_numpy(qt.raw()), qt.fmt, qt.shape[0], qt.shape[1], **kw)
+        return cls(torch.from_numpy(qt.raw()), qt.fmt, qt.shape[0], qt.shape[1], **{"max_scale": qt.max_scale, **kw})
 
     @classmethod
     def from_gguf(cls, path, tensor_name: str, **kw) -> "QuantLinear":
@@ -104,7 +111,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         y = torch.ops.ptxgen.mul_mat(self.qweight, x.reshape(-1, self.in_features), self.fmt, self.out_features,
-                                     self.in_features, self.mode, self.rotation)
+                                     self.in_features, self.mode, self.rotation, self.max_scale)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

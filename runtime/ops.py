@@ -172,22 +172,24 @@ MOE_GROUPED_MIN_TOKENS = 2  # mul_mat_id's grouped routes from this T (one token
 
 
 def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch: str | None = None,
-                       sm: int | None = None) -> list[str]:
+                       sm: int | None = None, fp16_weights: bool = True) -> list[str]:
     """The kernels mul_mat_id launches, in order, for T = t tokens of `slots` experts each over `experts` experts of
     (M, K) = (m, k) on a GPU of compute capability `sm` (default: this process's GPU; give it and nothing needs a
     GPU: bench_moe's dry run and sanitize.py do; mul_mat_id_plan follows it) with `arch` pinned or not. A rotated
-    codec's (TQ4_1S) route starts with its ROTATION kernel: x rotated once, which every kernel after reads."""
+    codec's (TQ4_1S) route starts with its ROTATION kernel: x rotated once, which every kernel after reads.
+    `fp16_weights` false (QuantTensor.fp16_weights): no grouped GEMM (it holds the weights in fp16)."""
     from ptxgen import codecs
 
     rotation = getattr(codecs.get(fmt), "ROTATION", None)
-    return ([rotation] if rotation else []) + _moe_route(fmt, t, slots, experts, k, m, arch, sm)
+    return ([rotation] if rotation else []) + _moe_route(fmt, t, slots, experts, k, m, arch, sm, fp16_weights)
 
 
-def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch: str | None, sm: int | None) -> list[str]:
+def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch: str | None, sm: int | None,
+               fp16_weights: bool = True) -> list[str]:
     p = t * slots
     if t < MOE_GROUPED_MIN_TOKENS or (p <= 65535 and p * m * k <= _per_format(RULES.moe_pair_max_weights, fmt)):
         return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
-    if _moe_gemm(fmt, t, slots, experts, k, m):
+    if fp16_weights and _moe_gemm(fmt, t, slots, experts, k, m):
         if _moe_wgmma(fmt, k, arch, sm):
             spec = _moe_wgmma_spec(p, experts, fmt)
             group = ActKernel("group", gather=True, sums=spec.int_weights)  # the grouping and x gathered, one kernel
@@ -395,7 +397,7 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
                      graph=bool(graph), ids_shape=(t, slots))
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
-    route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch)
+    route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch, fp16_weights=w.fp16_weights)
     xr = _rotate_x(pb, w.fmt, t * (slots if x_per_slot else 1), k, arch)  # TQ4_1S: every kernel below reads it
     if xr is not pb.x:
         route = route[1:]
@@ -1125,9 +1127,10 @@ def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation
     from ptxgen import codecs
 
     c = _Call(pb, w, t, mode, rotation, arch, *w.shape)
+    fp16 = w.fp16_weights
     for name in codecs.get(w.fmt).ROUTES[mode]:
         when, record = _ROUTES[name]
-        if when(c):
+        if (fp16 or name not in FP16_WEIGHT_ROUTES) and when(c):
             record(c)
             return
     raise AssertionError(f"mul_mat: no route of {w.fmt} took T={t}")  # every codec's last route always holds
@@ -1415,6 +1418,11 @@ _ROUTES = {
     "fast_lanes": (_fast_lanes_ok, _fast_lanes),
     "decode": (lambda c: True, _decode),  # the codec's DECODE (Q4_K, TQ4_1S)
 }
+
+
+# the routes whose GEMMs hold each weight in fp16 (the others keep scales and sums in fp32): skipped for tensors
+# whose blocks can express a weight past fp16's range (QuantTensor.fp16_weights), which run the fp32 kernels
+FP16_WEIGHT_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
 
 
 def _tc_slices_first(c: _Call) -> bool:

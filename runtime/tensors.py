@@ -30,12 +30,17 @@ class QuantTensor:
 
     The bytes stay on the host until the first GPU op uses the tensor (or `to_device()`), which uploads them once
     and drops the host copy. Do that before capturing a CUDA graph: an upload is not allowed while capturing.
+
+    `max_scale`: the largest |fp16 scale field| of its blocks, read from the host bytes when the tensor is made
+    (None for bytes wrapped on the GPU, unless given); past `formats.fp16_weight_scale(fmt)` some weight the
+    blocks can express leaves fp16's range, and mul_mat / mul_mat_id skip the kernels that hold weights in fp16
+    (the GEMMs) for the fp32 ones (`fp16_weights`).
     """
 
-    __slots__ = ("fmt", "shape", "_host", "_device", "_owner", "_plans", "__weakref__")
+    __slots__ = ("fmt", "shape", "_host", "_device", "_owner", "_plans", "max_scale", "__weakref__")
 
     def __init__(self, fmt: str, shape, *, host: np.ndarray | None = None, device: DeviceBuffer | None = None,
-                 owner=None):
+                 owner=None, max_scale: float | None = None):
         self.fmt, self.shape = fmt, _shape(fmt, shape)
         want = self.nbytes
         if (host is None) == (device is None):
@@ -46,6 +51,15 @@ class QuantTensor:
             raise ValueError(f"{fmt} {self.shape}: the device buffer holds {device.nbytes} B, needs {want}")
         self._host, self._device, self._owner = host, device, owner
         self._plans: dict = {}  # launch plans of the ops on this tensor (runtime.plans), dropped with it
+        if max_scale is None and host is not None:
+            max_scale = formats.max_scale(fmt, host, (self.rows, self.shape[-1]))
+        self.max_scale = max_scale
+
+    @property
+    def fp16_weights(self) -> bool:
+        """Whether every weight its blocks can express fits in fp16, so the kernels that hold weights in fp16 (the
+        GEMMs) may run on it: `max_scale` within formats.fp16_weight_scale (true where it is not known)."""
+        return self.max_scale is None or self.max_scale <= formats.fp16_weight_scale(self.fmt)
 
     def __repr__(self) -> str:
         where = "host" if self._device is None else f"device {self._device.ptr:#x}"
@@ -114,14 +128,16 @@ class QuantTensor:
         return cls(fmt, shape, host=raw)
 
     @classmethod
-    def from_device(cls, fmt: str, array, shape) -> "QuantTensor":
+    def from_device(cls, fmt: str, array, shape, *, max_scale: float | None = None) -> "QuantTensor":
         """Wrap GGUF bytes already on the GPU (a torch / cupy uint8 tensor, anything with __cuda_array_interface__ or
-        DLPack), without a copy; the tensor keeps `array` alive."""
+        DLPack), without a copy; the tensor keeps `array` alive. The bytes are not read: `max_scale` (the largest
+        |fp16 scale field| of the blocks, e.g. formats.max_scale of a host copy) is what the GEMM routes check;
+        left None, every weight is taken to fit fp16 (true of any real model's weights)."""
         from .arrays import as_device_array
 
         a = as_device_array(array, "QuantTensor.from_device", np.uint8, align=16)
         buf = DeviceBuffer.wrap(a.ptr, a.nbytes, owner=array)
-        return cls(fmt, shape, device=buf, owner=array)
+        return cls(fmt, shape, device=buf, owner=array, max_scale=max_scale)
 
     def expert(self, e: int) -> "QuantTensor":
         """Expert `e` of an (E, M, K) tensor as an (M, K) QuantTensor over the same bytes (no copy on the GPU; on
@@ -135,7 +151,7 @@ class QuantTensor:
         if self._device is None:
             return QuantTensor(self.fmt, (m, k), host=self._host[int(e) * size:(int(e) + 1) * size].copy())
         view = DeviceBuffer.wrap(self._device.ptr + int(e) * size, size, owner=self)
-        return QuantTensor(self.fmt, (m, k), device=view, owner=self)
+        return QuantTensor(self.fmt, (m, k), device=view, owner=self, max_scale=self.max_scale)  # (≥ the expert's)
 
     def raw(self) -> np.ndarray:
         """The GGUF bytes on the host (a copy)."""

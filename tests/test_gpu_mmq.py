@@ -802,3 +802,31 @@ def test_codec_register_a_gemm_converting_x_itself(fmt, m, k, t, bn):
     assert run_mmq(r, raw, m, k, x, bn, "wgmma_ra_cx", fmt)[1] == 1
     if t >= 1024:
         assert ops.mul_mat_plan(r_weights(fmt, m, k), t).kernels[0] == f"mmq_{fmt.lower()}_wgmma_ra_n256_cx"
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q6_K", "q8_0"])
+def test_weights_past_fp16_are_computed_in_fp32(fmt):
+    """Blocks whose scale fields let a weight leave fp16's range (one scale at twice formats.fp16_weight_scale):
+    mul_mat at a prefill T runs the fp32 kernels (the GEMMs hold weights in fp16, where those weights are inf) and
+    matches float64 within 1e-5; mul_mat_id likewise, without its grouped GEMM."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(7)
+    m, k, t = 300, 2048, 64
+    f = formats.get(fmt)
+    blocks = f.fields(formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32)), (m, k))
+    blocks["d"][3] = np.float16(2 * formats.fp16_weight_scale(fmt))
+    raw = blocks.view(np.uint8).reshape(-1).copy()
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    assert not w.fp16_weights
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    got = r.mul_mat(w, x)
+    assert not any(n.startswith("mmq_") for n in r.mul_mat_plan(w, t).kernels)
+    assert np.isfinite(got).all() and rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-5
+    e, tm = 4, 1024  # the same rows as 4 experts of 75; 2048 pairs: past the pair GEMV's rule (the grouped route's)
+    we = r.QuantTensor.from_raw(fmt, raw, (e, m // e, k))
+    ids = rng.integers(0, e, (tm, 2)).astype(np.int32)
+    assert any(n.startswith("mmq_") for n in r.ops.mul_mat_id_kernels(fmt, tm, 2, e, k, m // e))
+    xm = rng.standard_normal((tm, k)).astype(np.float32)
+    y = r.mul_mat_id(we, xm, ids)
+    assert np.isfinite(y).all() and rel(y, formats.mul_mat_id_ref(fmt, raw, we.shape, xm, ids)) <= 1e-5

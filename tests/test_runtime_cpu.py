@@ -754,3 +754,25 @@ def test_few_token_gemv_launches_pick_the_ctas_warps_and_k_parts(monkeypatch):
     assert plan(1, 14336, 4096) == ((448, 1), 4, 2)
     grid, warps, kp = plan(4, 4096, 14336)
     assert kp <= 2
+
+
+def test_quant_tensor_reads_its_blocks_largest_scale():
+    """QuantTensor.max_scale: the largest |fp16 scale field| of the blocks, from the host bytes (None for bytes
+    wrapped on the GPU, unless given); fp16_weights: within formats.fp16_weight_scale, the largest scale at which
+    every weight the format can express fits in fp16."""
+    rng = np.random.default_rng(5)
+    for fmt, field in (("q4_K", "dmin"), ("q5_K", "d"), ("q6_K", "d"), ("q8_0", "d"), ("tq4_1s", "d1")):
+        raw = formats.quantize(fmt, rng.standard_normal((3, 512)).astype(np.float32))
+        f = formats.get(fmt)
+        blocks = f.fields(raw, (3, 512))
+        want = max(float(np.abs(blocks[n].astype(np.float32)).max()) for n in f.dtype.names if f.dtype[n] == "<f2")
+        qt = QuantTensor.from_raw(fmt, raw, (3, 512))
+        assert qt.max_scale == want and qt.fp16_weights
+        edge = formats.fp16_weight_scale(fmt)
+        assert edge * formats.WEIGHT_PER_SCALE[fmt] <= 65504 < float(np.nextafter(np.float16(edge), np.float16(np.inf))) * formats.WEIGHT_PER_SCALE[fmt]
+        blocks[field][4] = np.float16(-2 * edge)  # one block's field past the bound
+        big = QuantTensor.from_raw(fmt, blocks.view(np.uint8).reshape(-1), (3, 512))
+        assert big.max_scale == 2 * np.float32(np.float16(edge)) and not big.fp16_weights
+        assert big.expert(0).max_scale == big.max_scale if len(big.shape) == 3 else True
+        blocks[field][4] = np.float16(np.nan)
+        assert QuantTensor.from_raw(fmt, blocks.view(np.uint8).reshape(-1), (3, 512)).max_scale == np.inf

@@ -73,12 +73,13 @@ def install(monkeypatch, ctx: Context = H200) -> list:
     return loaded
 
 
-def weights(fmt: str, m: int, k: int, at: int = BASE) -> QuantTensor:
-    """A QuantTensor 'on the device' at a made-up address (nothing is read from it)."""
+def weights(fmt: str, m: int, k: int, at: int = BASE, max_scale: float | None = None) -> QuantTensor:
+    """A QuantTensor 'on the device' at a made-up address (nothing is read from it); `max_scale` as
+    QuantTensor's."""
     from ptxgen import formats
 
     n = m * formats.get(fmt).row_bytes(k)
-    return QuantTensor(fmt, (m, k), device=DeviceBuffer.wrap(at, n))
+    return QuantTensor(fmt, (m, k), device=DeviceBuffer.wrap(at, n), max_scale=max_scale)
 
 
 class FakeWorkspace:

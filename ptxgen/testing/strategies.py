@@ -24,20 +24,9 @@ _ALL_HALF_BITS = np.arange(1 << 16, dtype=np.uint16)
 FINITE_HALF_BITS = _ALL_HALF_BITS[np.isfinite(_ALL_HALF_BITS.view(np.float16))]
 
 
-# the most |w| a block can hold per unit of its fp16 scale fields (each at most 1 in magnitude): Q4_K
-# d·sc·q − dmin·m (sc, m 6-bit, q 4-bit; Q5_K's q 5-bit), Q6_K d·sc·(q − 32) (sc int8, q 6-bit), Q8_0 d·q
-# (q int8), TQ4_1S d·C[q] (C its codebook; the rotated-domain weights its kernels hold)
-WEIGHT_PER_SCALE = {"q4_K": 63 * 15 + 63, "q5_K": 63 * 31 + 63, "q6_K": 128 * 32, "q8_0": 128,
-                    "tq4_1s": float(np.abs(formats.tq4_1s.CODEBOOK).max())}
-
-
-def fp16_weight_scale(fmt: str) -> float:
-    """The largest fp16 value whose magnitude bounds every scale field of `fmt` so that every weight the block can
-    express fits in fp16 (|w| ≤ 65504): Q4_K 64.94, Q5_K 32.47, Q6_K 15.99, Q8_0 511.75, TQ4_1S 23968. The bound
-    for raw blocks (`max_abs_scale=`) fed to kernels that hold the weights in fp16 (the GEMMs): past it such a
-    kernel's weight is inf where float64's is finite."""
-    halves = FINITE_HALF_BITS.view(np.float16).astype(np.float64)
-    return float(halves[halves * WEIGHT_PER_SCALE[fmt] <= 65504].max())
+# raw blocks fed to kernels that hold the weights in fp16 (the GEMMs) take scales up to this (`max_abs_scale=`):
+# past it such a kernel's weight is inf where float64's is finite (mul_mat routes such tensors elsewhere)
+fp16_weight_scale = formats.fp16_weight_scale
 
 
 def half_bits(finite: bool = True, max_abs: float | None = None) -> st.SearchStrategy[int]:
