@@ -2,8 +2,9 @@
 shapes in the Q4_K_M mix as llama.cpp's quantizer assigns it (Q6_K for `output` and for `attn_v` / `ffn_down` in
 the layers its use_more_bits rule picks, Q4_K elsewhere; --format puts every tensor in one format, TQ4_1S with
 Qwen2.5-7B's shapes), loads it with QuantTensor.from_gguf, and times one decode step's matmuls (T = 1) and a
-prefill's (T = --tokens, 512), each captured into a CUDA graph and replayed: the whole step, and per kind of weight
-(all layers' q, k, ... in one graph). Beside them cuBLAS fp16 (`F.linear` on the dequantized weights, the same
+prefill's (T = --tokens, 512), each captured into a CUDA graph and replayed: the whole step, layer by layer (a
+layer's seven matmuls in one graph; the output layer alone), and per kind of weight (all layers' q, k, ... in one
+graph). Beside them cuBLAS fp16 (`F.linear` on the dequantized weights, the same
 graphs) and the byte floor (weight bytes / 4.27 TB/s). Weights are random valid blocks (speed, not accuracy: the
 tests check accuracy). `--dry-run` (no GPU): a small model, written, read back, and the kernels mul_mat would run
 per tensor on an H200, planned without one.
@@ -60,6 +61,13 @@ def model_tensors(fmt: str, layers: int, scale: int = 1):
     m, k = arch["output"]
     out.append(("output.weight", "output", q4_k_m("output", 0, 1) if fmt == "q4_K_M" else fmt, (m // scale, k)))
     return out
+
+
+def groups(tensors, kinds):
+    """[(label, tensor names)] timed as one graph each: the whole step, each layer ("blk.<i>"), then each kind."""
+    layers = list(dict.fromkeys(n.rsplit(".", 2)[0] for n, *_ in tensors if n.startswith("blk.")))
+    return ([("all", [n for n, *_ in tensors])] + [(ly, [n for n, *_ in tensors if n.startswith(ly + ".")]) for ly in layers]
+            + [(kd, [n for n, k_, *_ in tensors if k_ == kd]) for kd in kinds])
 
 
 def write_model(path: str, tensors, seed: int = 0) -> None:
@@ -149,8 +157,7 @@ def run(args, tensors, ws):
         xs = {k: torch.randn(t, k, device="cuda") for k in {shape[1] for *_, shape in tensors}}
         ys = {name: torch.empty(t, m, device="cuda") for name, _, _, (m, _) in tensors}
         xh = {k: v.half() for k, v in xs.items()}
-        for label, names in [("all", [n for n, *_ in tensors])] + [(kd, [n for n, k_, *_ in tensors if k_ == kd])
-                                                                    for kd in kinds]:
+        for label, names in groups(tensors, kinds):
             ops_ = [(ws[n], xs[ws[n].shape[1]], ys[n]) for n in names]
             ours = graphed(torch, lambda i: [r.mul_mat(w, x, out=y) for w, x, y in ops_], calls=1)  # µs per step
             peer = graphed(torch, lambda i: [F.linear(xh[ws[n].shape[1]], w16[n]) for n in names], calls=1)

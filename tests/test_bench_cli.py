@@ -65,3 +65,17 @@ def test_bench_moe_takes_formats_in_any_case_and_rejects_unknown_ones(bench_modu
     out = run("bench_moe.py", "--formats", "q4_K,Q9", "--dry-run", timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "'Q9'" in out.stderr and "q4_K, q5_K, q6_K, q8_0, tq4_1s" in out.stderr
+
+
+def test_bench_model_times_the_step_layer_by_layer_and_by_kind():
+    """bench_model's graphs: the whole step, each layer's seven matmuls, each kind over the layers (the output
+    layer's own kind): every tensor once in the step, once in its layer (but output.weight), once in its kind."""
+    import bench_model
+
+    tensors = bench_model.model_tensors("q4_K_M", 3, 16)
+    kinds = list(dict.fromkeys(k for _, k, *_ in tensors))
+    got = dict(bench_model.groups(tensors, kinds))
+    names = [n for n, *_ in tensors]
+    assert got["all"] == names and [k for k in got if k.startswith("blk.")] == ["blk.0", "blk.1", "blk.2"]
+    assert sorted(sum((got[f"blk.{i}"] for i in range(3)), [])) == sorted(n for n in names if n != "output.weight")
+    assert sorted(sum((got[k] for k in kinds), [])) == sorted(names) and got["output"] == ["output.weight"]
