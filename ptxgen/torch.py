@@ -96,9 +96,18 @@ class QuantLinear(torch.nn.Module):
             raise ValueError(f"QuantLinear: {fmt} {out_features}x{in_features} needs {want} uint8 bytes, got "
                              f"{qweight.numel()} {qweight.dtype}")
         self.register_buffer("qweight", qweight.reshape(-1).contiguous())
-        if max_scale is None and not qweight.is_cuda:
-            max_scale = formats.max_scale(fmt, self.qweight.numpy(), (self.out_features, self.in_features))
         self.max_scale = -1.0 if max_scale is None else float(max_scale)
+        if max_scale is None:
+            self._read_max_scale()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._read_max_scale())
+
+    def _read_max_scale(self) -> None:
+        """max_scale from `qweight` where its bytes are plain CPU memory (not meta, fake or on the GPU: unknown, -1);
+        again after load_state_dict, which may replace them."""
+        q = self.qweight
+        readable = type(q) is torch.Tensor and q.device.type == "cpu"
+        self.max_scale = (formats.max_scale(self.fmt, q.numpy(), (self.out_features, self.in_features)) if readable
+                          else -1.0)
 
     @classmethod
     def from_quant_tensor(cls, qt: QuantTensor, **kw) -> "QuantLinear":

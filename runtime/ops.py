@@ -936,9 +936,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     GEMM decoding their blocks in its K loop (register-A wgmma on sm_90, mma.sync elsewhere), above
     RULES.codec_ra_mmq_max_tokens the prepared GEMM on fp16 fragments, below their decode GEMVs.
     Behind every GEMM a fixup recomputes in fp32, on the device, any token past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
-    fp16 in the GEMMs (~3.4e-4); `mode="fast"` (Q4_K, TQ4_1S, Q8_0) quantizes x to Q8_1 and runs int8 dp4a / int8
-    MMA kernels as llama.cpp does (exact integer dots; relative error ≤ 1e-5 against the product with the
-    Q8_1-rounded x; TQ4_1S NMSE ~5e-5). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
+    fp16 in the GEMMs (~3.4e-4); `mode="fast"` quantizes x to Q8_1 and runs int8 dp4a kernels as llama.cpp does
+    up to 8 tokens (Q4_K: its int8 MMA GEMM to RULES.q8_max_tokens) — exact integer dots; relative error ≤ 1e-5
+    against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5 —, and the exact kernels above them (or where
+    the weights do not suit the int8 kernels' loads). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
     `"fused"`: inside the GEMV for T ≤ 4, the same bits). Non-finite activations give non-finite outputs in
     their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
@@ -1420,9 +1421,10 @@ _ROUTES = {
 }
 
 
-# the routes whose GEMMs hold each weight in fp16 (the others keep scales and sums in fp32): skipped for tensors
-# whose blocks can express a weight past fp16's range (QuantTensor.fp16_weights), which run the fp32 kernels
-FP16_WEIGHT_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
+# the routes whose GEMMs hold each weight in fp16 (the others keep the integer q, exact in fp16 or int8, with the
+# scales in fp32 — the int8 MMQ of mmq_q8 too): skipped for tensors whose blocks can express a weight past fp16's
+# range (QuantTensor.fp16_weights), which run those others
+FP16_WEIGHT_ROUTES = frozenset({"mmq", "mmq_f16", "mmq_ra", "mmq_pre"})
 
 
 def _tc_slices_first(c: _Call) -> bool:
