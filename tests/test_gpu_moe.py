@@ -42,7 +42,8 @@ def _case(fmt, e, m, k, t, slots, seed, skew=False, per_slot=False):
                                                          (32, 1792, 2048, 3, 4, False, True),  # grouped
                                                          (4, 300, 512, 5, 2, True, False),  # grouped, 10 on one
                                                          (6, 64, 4096, 16, 1, False, True),
-                                                         (16, 256, 1024, 600, 2, False, False)])  # 2 id windows
+                                                         (16, 256, 1024, 600, 2, False, False),  # 2 id windows
+                                                         (32, 300, 1024, 448, 2, False, False)])  # Q4_K: n48_m256
 def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot):
     """Within 1e-5 of float64 (fp32 products of ggml's weights) through the MoE GEMVs, 1e-3 through the grouped
     tensor-core GEMMs (fp16 activations; ops.mul_mat_id_kernels says which runs), NumPy in and out, the output

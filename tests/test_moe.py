@@ -137,13 +137,32 @@ def test_grouped_moe_gemv_across_id_windows(fmt, per_slots):
         assert out.ok, out.detail
 
 
+# how drawn routes load the experts: uniformly, every pair on one expert, on a few (the others empty), or skewed
+# (expert j drawn with weight 1 / (j + 1)^2: most pairs on the first, a long tail of near-empty ones)
+EXPERT_LOADS = ("uniform", "one", "few", "skewed")
+
+
+def _drawn_ids(rng, e: int, t: int, slots: int, load: str) -> np.ndarray:
+    """(T, slots) int32 expert ids under `load` (EXPERT_LOADS); a token's slots may repeat an expert."""
+    if load == "one":
+        return np.full((t, slots), int(rng.integers(e)), np.int32)
+    if load == "few":
+        pool = rng.choice(e, size=min(e, 2), replace=False)
+        return pool[rng.integers(len(pool), size=(t, slots))].astype(np.int32)
+    p = 1.0 / np.arange(1, e + 1) ** 2 if load == "skewed" else np.ones(e)
+    return rng.choice(e, size=(t, slots), p=p / p.sum()).astype(np.int32)
+
+
 @settings(max_examples=8, deadline=None)
 @given(fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"]), e=st.integers(1, 5), m=st.integers(1, 40),
        kb=st.integers(1, 3), t=st.integers(1, 6), slots=st.integers(1, 3), seed=st.integers(0, 2**31 - 1),
-       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]), kind=st.sampled_from(["id", "idg"]))
-def test_moe_gemv_drawn_shapes_and_routes(fmt, e, m, kb, t, slots, seed, arch, kind):
+       arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]), kind=st.sampled_from(["id", "idg"]),
+       load=st.sampled_from(EXPERT_LOADS))
+def test_moe_gemv_drawn_shapes_and_routes(fmt, e, m, kb, t, slots, seed, arch, kind, load):
+    """Both MoE GEMVs on drawn formats, shapes, targets and routes (uniform, all on one expert, a few experts with
+    the rest empty, skewed), x shared or per slot."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, e, (t, slots)).astype(np.int32)
+    ids = _drawn_ids(rng, e, t, slots, load)
     out = _case(fmt, arch, kind, shape=(e, m, 256 * kb), ids=ids, x_per_slot=bool(seed & 1), seed=seed)
     assert out.ok, out.detail
 
@@ -473,13 +492,13 @@ def test_the_codecs_grouped_wgmma_route_in_the_emulator(fmt):
 @given(e=st.integers(1, 40), m=st.integers(1, 200), kb=st.integers(1, 2), t=st.integers(16, 90),
        slots=st.integers(1, 4), per_slot=st.booleans(), seed=st.integers(0, 2**31 - 1),
        arch=st.sampled_from(["sm_89", "sm_90a", "sm_120a"]),
-       fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"]))
-def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, arch, fmt):
+       fmt=st.sampled_from(["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"]), load=st.sampled_from(EXPERT_LOADS))
+def test_the_grouped_route_on_drawn_shapes(e, m, kb, t, slots, per_slot, seed, arch, fmt, load):
     """The route end to end on drawn (format, E, M, K, T, slots), x shared or per slot, routes drawn with repeats
-    and one bad id: M below a tile and past it, one expert or many, both token tiles (BN 64 where pairs ≥ 48 per
-    expert)."""
+    (uniform, all on one expert, a few with the rest empty, skewed) and one bad id: M below a tile and past it, one
+    expert or many, both token tiles (BN 64 where pairs ≥ 48 per expert)."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, e, (t, slots)).astype(np.int32)
+    ids = _drawn_ids(rng, e, t, slots, load)
     ids.flat[int(rng.integers(ids.size))] = -1
     _grouped_route((e, m, 256 * kb), ids, per_slot, 1.0, arch, rng, fmt=fmt)
 
