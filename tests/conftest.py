@@ -64,6 +64,20 @@ def pytest_collection_modifyitems(config, items):
         _NOT_RUN.append((len(dropped["gpu"]), f"gpu tier: {gpu_reason}"))
 
 
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker hands its tally of the tiers left out to the controller (each worker collects every
+    test, so one worker's tally is the run's)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["ptxgen_not_run"] = list(_NOT_RUN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pytest-xdist, in the controller
+    if not _NOT_RUN:
+        _NOT_RUN.extend(tuple(x) for x in getattr(node, "workeroutput", {}).get("ptxgen_not_run", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     for n, why in _NOT_RUN:
         terminalreporter.write_line(f"not run: {n} tests of the {why}")
