@@ -194,6 +194,10 @@ def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
 
 
 def main():
+    if {"-h", "--help"} & set(sys.argv):
+        print(__doc__.rstrip() + "\n\n    --quick: skip the calls whose kernels earlier ones covered; --only K1,K2: only the "
+              "calls running those kernels")
+        return None
     if "--plan" in sys.argv:
         return plan_only()
     import ptxgen.runtime as r
