@@ -43,6 +43,8 @@ CASES = [
     ("decode GEMV", "q6_K", "gemv_q6_k_f32_t1", ANY),
     ("decode GEMV", "q8_0", "gemv_q8_0_f32_t1", ANY),
     ("decode GEMV", "tq4_1s", "gemv_tq4_1s_t1", ANY),
+    *[("int8 lane GEMV (mode fast)", f, n, ANY) for f, n in (("q4_K", "gemv_q4_k_fast_t1"), ("q5_K", "gemv_q5_k_fast_t2"),
+                                                            ("q6_K", "gemv_q6_k_fast_t1"), ("q8_0", "gemv_q8_0_t4"))],
     ("tensor-core decode GEMV", "q4_K", "gemv_q4_k_mma", ANY),
     ("tensor-core decode GEMV", "q6_K", "gemv_q6_k_mma_tma", ANY),
     ("tensor-core decode GEMV", "q8_0", "gemv_q8_0_mma_tma", ANY),
