@@ -428,6 +428,11 @@ class UnitLane:
         return [(range(0, 4), d1, dm1), (range(4, 8), d2, dm2)]
 
 
+# launch bounds (CTAs an SM by T) of the K-quant lanes that hold 19-20 words of weights (Q5_K's, Q6_K's): at
+# GGML_MIN_CTAS' 8 (64 registers) their one-token builds spill
+WIDE_LANE_MIN_CTAS = {1: 6, 2: 5, 4: 3, 8: 2}
+
+
 class GgmlLane:
     """Q4_K in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q4_k_t1 / _t2 exact on fp32
     activations, gemv_q4_k_fast_t* on Q8_1 with dp4a): a lane owns a pair of sub-blocks (64 weights: the 32 qs
@@ -440,12 +445,14 @@ class GgmlLane:
     K_MULTIPLE, LANE_COLS = 256, 64
     ALIGN = 16
     EXACT = True  # has the fp32-activation build
+    BLOCK_BYTES = BLOCK_BYTES  # a super-block's (the K-quant lanes after it: theirs)
 
-    @staticmethod
-    def sizes(b, K, nblk):
-        """(units a row: sub-block pairs, row bytes)."""
+    @classmethod
+    def sizes(cls, b, K, nblk):
+        """(units a row: 64 weights each, row bytes)."""
         nunits = b.op("shr.u32", K, Imm(6, "u32"))
-        return nunits, b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(BLOCK_BYTES, "u32"))
+        return nunits, b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")), Imm(cls.BLOCK_BYTES, "u32"))
+
 
     def __init__(self, b, lane):
         # this lane's activation blocks 2P, 2P+1 sit in group (2·jb + 2·lane) / 32 at columns 2·lane % 32, +1

@@ -164,14 +164,9 @@ class GgmlLane(q4_k.GgmlLane):
     the header, the Q8_1 blocks 2P, 2P + 1), plus the 32 qh bytes, whose bits 2j and 2j + 1 become the fifth bit of
     the low and high nibbles. y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block, q = 0..31."""
     WORDS = 20  # the header (4), qh (8), the pair's qs (8)
-    MIN_CTAS = {1: 6, 2: 5, 4: 3, 8: 2}  # CTAs an SM by launch bounds: at 8 (64 registers) the 1-token build spills
+    MIN_CTAS = q4_k.WIDE_LANE_MIN_CTAS
     EXACT = False  # int8 x Q8_1 only (its exact decode is the codec GEMVs' and the few-token builds')
-
-    @staticmethod
-    def sizes(b, K, nblk):
-        """(units a row: sub-block pairs, row bytes)."""
-        return b.op("shr.u32", K, Imm(6, "u32")), b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")),
-                                                          Imm(BLOCK_BYTES, "u32"))
+    BLOCK_BYTES = BLOCK_BYTES
 
     def load(self, b, u, rowptr, regs, pred):
         """Unit u of a row: the header (16 B), qh (32 B), then the pair's 32 qs bytes at 48 + 32·(u % 4)."""

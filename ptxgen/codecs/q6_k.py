@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..ir import Imm, Mem
 from ._common import alignment_error, geometry
+from . import q4_k
 
 FMT = "q6_K"
 BLOCK_K, BLOCK_BYTES, QL_OFFSET, QH_OFFSET, SC_OFFSET, D_OFFSET = geometry(FMT, "ql", "qh", "scales", "d")
@@ -312,7 +313,7 @@ class mma_block:  # noqa: N801 - a codec hook, named as the others
                     type="f32")
 
 
-class GgmlLane:
+class GgmlLane(q4_k.GgmlLane):
     """Q6_K in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q6_k_fast_t*, int8 x Q8_1 with dp4a,
     as llama.cpp's vec_dot_q6_K_q8_1): unit u of a row is 64 weights of super-block u / 4 — half n = (u / 2) % 2,
     elements 16s .. 16s + 15 (s = u % 2) of each of its four quarters: ql[64n + 16s ..] and ql[64n + 32 + 16s ..]
@@ -322,18 +323,12 @@ class GgmlLane:
     weights 4-byte aligned, block b starts 2·(b % 2) bytes past a word; each 16-byte run is loaded as 5 words from
     the word at or below it and one prmt a word realigns them. Quarter k's activation is Q8_1 block 4n + k, words
     4s .. 4s + 3: y += d·sc·d_a·Σ(q − 32)·q_a per 16 weights, q − 32 as int8 by ((q + 0x60) ^ 0x80) bytewise."""
-    ROWS = 1
     WORDS = 19  # 5 + 5 (ql) + 5 (qh) + 3 (the 8 scale bytes) + 1 (d)
-    K_MULTIPLE, LANE_COLS = 512, 64
+    K_MULTIPLE = 512
     ALIGN = 4  # (the weights' pointer: mul_mat runs the exact routes for others)
-    MIN_CTAS = {1: 6, 2: 5, 4: 3, 8: 2}  # CTAs an SM by launch bounds: at 8 (64 registers) the 1-token build spills
+    MIN_CTAS = q4_k.WIDE_LANE_MIN_CTAS
     EXACT = False  # int8 x Q8_1 only (its exact decode is the codec GEMVs' and the few-token builds')
-
-    @staticmethod
-    def sizes(b, K, nblk):
-        """(units a row: 64 weights each, row bytes)."""
-        return b.op("shr.u32", K, Imm(6, "u32")), b.op("mul.lo.u32", b.op("shr.u32", K, Imm(8, "u32")),
-                                                          Imm(BLOCK_BYTES, "u32"))
+    BLOCK_BYTES = BLOCK_BYTES  # (Q4_K's lane's units and sizes; its loads, activations and dots are this one's)
 
     def __init__(self, b, lane):
         pass
