@@ -148,7 +148,7 @@ def plan_only():
             route = set(ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch))
         calls[0] += 2  # x shared, x per slot
         calls[1] += 2 * (not route <= quick)
-        quick |= route
+        quick |= route | {"moe_check_ids"}  # (each call counts its bad ids: errors=)
     print(f"{calls[0]} calls ({calls[1]} with --quick; mul_mat {dense[0]} ({dense[1]})) planned on the stand-in H200, "
           f"{len(quick)} kernels covered")
     print("covered:", " ".join(sorted(quick)))
@@ -157,8 +157,8 @@ def plan_only():
 
 
 def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
-    """mul_mat_id's calls (moe_calls), x shared and per slot, ids on the device with two out of range (NaN rows);
-    sm_90: moe_gather, the register-A wgmma GEMM and the gated GEMV's arrival."""
+    """mul_mat_id's calls (moe_calls), x shared and per slot, ids on the device with two out of range (NaN rows,
+    counted by errors=); sm_90: moe_gather, the register-A wgmma GEMM and the gated GEMV's arrival."""
     from ptxgen import tuning
     from ptxgen.runtime import ops
 
@@ -176,19 +176,22 @@ def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
             ids = rng.integers(0, e, (t, slots)).astype(np.int32)
             ids[t // 2, 0], ids[t - 1, slots - 1] = -1, e
             x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
+            errors = r.DeviceArray.empty((1,), np.uint32)
+            errors.owner.fill_bytes(0)
             with tuning.override(**rules):
-                y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids), arch=arch)
+                y = r.mul_mat_id(w, r.as_device_array(x), r.as_device_array(ids), arch=arch, errors=errors)
             y = y.numpy() if hasattr(y, "numpy") else y  # NumPy back where as_device_array kept x's host origin
             want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
             bad = np.isnan(want)
             err = float(np.linalg.norm((y - want)[~bad]) / max(np.linalg.norm(want[~bad]), 1e-30))
             bound = 1e-3 if len(route) > 1 else 1e-5  # the grouped GEMM: fp16 activations
-            if not (np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all() and err <= bound):
+            counted = int(errors.numpy()[0]) == int(((ids < 0) | (ids >= e)).sum())
+            if not (np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all() and err <= bound and counted):
                 print(f"WRONG: mul_mat_id {fmt} {e}x{m}x{k} T={t} arch={arch} per_slot={per_slot}: relative error "
                       f"{err:.2e}")
                 wrong += 1
             worst = max(worst, err)
-            covered.update(route)
+            covered.update(route + ["moe_check_ids"])
             n += 1
     return n, worst, wrong
 

@@ -14,6 +14,7 @@ activation past fp16 is recomputed on the device (`mul_mat_fixup_q4_k`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import heapq
@@ -262,7 +263,7 @@ def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) ->
 
 
 def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None,
-               workspace: Workspace | None = None):
+               workspace: Workspace | None = None, errors=None):
     """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
     `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 (T, K), one
     row per token shared by its slots, or (T, slots, K), one row per slot (the down projection). Returns fp32
@@ -270,7 +271,9 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
 
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already
     on the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its
-    row only. Streams, outputs, workspaces and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded
+    row only, and with `errors` (a device int32 / uint32 array, ≥ 1 element) the call also adds the number of such
+    ids to errors[0] on its stream (one more small kernel, moe_check_ids): zero it once, read it whenever the
+    caller synchronizes anyway — after a step, a graph replay — and a nonzero count is the error. Streams, outputs, workspaces and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded
     first, and that upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are
     refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
@@ -283,7 +286,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     activation passed fp16's range). Below that gemv_<fmt>_f32_idg over (M rows, E experts), fp32: each expert's
     CTAs scan the ids for its pairs and read its weights once per 8 of them."""
     tt = _TORCH[0] if _TORCH else driver.torch_types()
-    if tt is not None and type(w) is QuantTensor and isinstance(x, tt[0]) and isinstance(ids, tt[0]):
+    if tt is not None and errors is None and type(w) is QuantTensor and isinstance(x, tt[0]) and isinstance(ids, tt[0]):
         done = _mul_mat_id_torch(w, x, ids, out, mode, arch, stream, workspace, tt)  # the hot path, or None
         if done is not None:
             return done
@@ -310,6 +313,8 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
             i = np.unravel_index(bad[0], ishape)
             raise ValueError(f"mul_mat_id: ids[{i[0]}, {i[1]}] = {ids[i]} is not an expert of w (0 ≤ id < {e}); "
                              f"{bad.size} out of range")
+    if isinstance(errors, np.ndarray):
+        raise TypeError("mul_mat_id: errors must be a device array (the count is added on the GPU), got a NumPy array")
     host_x, host_ids = isinstance(x, np.ndarray), isinstance(ids, np.ndarray)
     s = driver.stream_handle(stream, ids if host_x and not host_ids else x)  # the device operand's library
     for a, what in ((x, "x"), (ids, "ids"), (out, "out")):
@@ -319,6 +324,12 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         what = "w is not on the GPU yet" if w._device is None else "x or ids is a NumPy array (an upload waits)"
         raise RuntimeError(f"mul_mat_id: {what} and stream {s:#x} is capturing a CUDA graph: pass device arrays "
                            "(and call w.to_device(), or run the op once) before capturing")
+    if errors is not None:
+        driver.check_device(errors, "mul_mat_id: errors")
+        ea = as_device_array(errors, "mul_mat_id: errors")
+        if ea.dtype not in (np.int32, np.uint32) or ea.nbytes < 4:
+            raise ValueError(f"mul_mat_id: errors must be an int32 or uint32 array of at least one element, got "
+                             f"{ea.dtype} of shape {tuple(ea.shape)}")
     xa = as_device_array(x, "mul_mat_id: x", np.float32, align=16, stream=s)  # checked before w is uploaded
     ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
     o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
@@ -333,6 +344,10 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     else:
         b = plan.bound(workspace_for(plan, s, workspace, cid))
     b.run(xa.ptr, o.ptr, s, ia.ptr)
+    if errors is not None:  # the count behind the op, on its stream (captured with it into a graph)
+        with driver.relaxed_capture() if cid is not None else contextlib.nullcontext():
+            check = kernels.load("moe_check_ids", arch)
+        check.launch((-(-(t * slots) // 256),), (ia.ptr, t * slots, e, ea.ptr), stream=s)
     return _finish(o, ret, xa.host, out is not None, s)
 
 

@@ -157,6 +157,7 @@ EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
 EXPECTED_SASS["mmq_q5_k_rega_n32"] = EXPECTED_SASS["mmq_q4_k_rega_n32"] + ["LOP3"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["moe_group"] = ["ATOMS.", "BAR.SYNC", "STG.E"]  # shared-memory atomics count and place the pairs
+EXPECTED_SASS["moe_check_ids"] = ["LDG.E.CONSTANT", "REDG.E.ADD"]  # one id a thread; ptxas aggregates a warp's reductions
 EXPECTED_SASS["mul_mat_fixup_q4_k"] = ["ATOMG.E.ADD", "LDG.E.128.CONSTANT", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 # the other codecs' dequantize: 2-byte loads where blocks are only 2-byte aligned (Q6_K, Q8_0), 16-byte stores for
 # Q8_0's runs of 8

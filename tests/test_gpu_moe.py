@@ -128,6 +128,38 @@ def test_device_ids_out_of_range_give_nan_rows_and_host_ids_are_refused():
         r.mul_mat_id(w, x, ids)  # host ids: refused before anything runs
 
 
+def test_errors_counts_device_ids_out_of_range_eagerly_and_in_a_graph():
+    """mul_mat_id(errors=): the count of out-of-range device ids added to errors[0] on the call's stream — eager,
+    then each replay of a captured call adding its count again — with the same NaN rows and the same other bits
+    as without it; ids all in range add nothing."""
+    torch = _torch()
+    import ptxgen.runtime as r
+
+    for t in (3, 600):
+        w, raw, x, ids = _case("q4_K", 4, 256, 1024, t, 2, seed=6)
+        ids[t // 2, 0], ids[t - 1, 1], ids[0, 1] = -1, 4, 1 << 30
+        xd, idd = torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda()
+        errors = torch.zeros(2, dtype=torch.int32, device="cuda")
+        got = r.mul_mat_id(w, xd, idd, errors=errors)
+        assert errors.tolist() == [3, 0]
+        torch.testing.assert_close(got, r.mul_mat_id(w, xd, idd), rtol=0, atol=0, equal_nan=True)
+        good = torch.from_numpy(np.abs(ids) % 4).int().cuda()
+        r.mul_mat_id(w, xd, good, errors=errors)
+        assert errors.tolist() == [3, 0]
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            r.mul_mat_id(w, xd, idd, errors=errors)  # warm-up on the capturing stream
+            with torch.cuda.graph(g, stream=s):
+                r.mul_mat_id(w, xd, idd, errors=errors)
+        torch.cuda.synchronize()
+        assert errors.tolist() == [6, 0]
+        for _ in range(2):
+            g.replay()
+        torch.cuda.synchronize()
+        assert errors.tolist() == [12, 0]
+
+
 @pytest.mark.parametrize("fmt,t", [("q6_K", 3), ("q4_K", 64), ("q6_K", 64)])  # the grouped GEMV; the grouped GEMM
 def test_on_a_busy_side_stream_and_in_a_cuda_graph_the_eager_bits(fmt, t):
     """x and ids made on a side stream behind 2 ms of work, the op on that stream (torch's current), then the same

@@ -96,6 +96,20 @@ def test_mul_mat_id_checks_its_arguments_before_any_device_work():
         mul_mat_id(w, x, ids.astype(np.int64))
     with pytest.raises(ValueError, match=r"ids\[1, 0\] = 3 is not an expert of w \(0 ≤ id < 3\); 2 out of range"):
         mul_mat_id(w, x, np.array([[0, 2], [3, -1]], np.int32))
+    with pytest.raises(TypeError, match="errors must be a device array"):
+        mul_mat_id(w, x, ids, errors=np.zeros(1, np.int32))
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90a"])
+def test_moe_check_ids_counts_the_ids_outside_the_experts(arch):
+    """mul_mat_id(errors=)'s kernel: errors[0] += the ids < 0 or ≥ E (on top of what it held: a count across a
+    caller's steps), nothing else written; ids all in range add nothing; more ids than one CTA's."""
+    ptx = get_kernel("moe_check_ids").for_arch(get_arch(arch)).ptx()
+    for seed in range(3):
+        out = check_kernel("moe_check_ids", ptx, seed=seed)
+        assert out.ok, out.detail
+    out = check_kernel("moe_check_ids", ptx, seed=4, ids=np.arange(600, dtype=np.int32).reshape(300, 2) % 7)
+    assert out.ok and out.got[0] == 5, out.detail
 
 
 def _case(fmt, arch, kind="id", **kw):

@@ -215,6 +215,23 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
                    f"(T={t}, slots={slots}, x per slot: {per_slot})", got, want)
 
 
+def moe_check_ids_case(ptx: str, rng, ids=None, experts: int = 7, start: int = 5, seed=None) -> Outcome:
+    """moe_check_ids: (T, slots) ids with some below 0 and some ≥ E (unless `ids` is given), a count already in
+    errors[0] (the kernel adds to it, as across a caller's steps), errors[1] untouched."""
+    if ids is None:
+        ids = rng.integers(-3, experts + 3, (int(rng.integers(1, 40)), int(rng.integers(1, 9)))).astype(np.int32)
+    ids = np.asarray(ids, np.int32)
+    mem = _memory()
+    ia = mem.alloc(ids)
+    ea = mem.alloc(np.array([start, 0xDEADBEEF], np.uint32))
+    n = ids.size
+    _run(ptx, (-(-n // 256),), (256,), (ia, n, experts, ea), mem, seed=seed)
+    got = mem.view(ea, np.uint32, (2,)).copy()
+    want = np.array([start + int(((ids < 0) | (ids >= experts)).sum()), 0xDEADBEEF], np.uint32)
+    ok = bool((got == want).all())
+    return Outcome("moe_check_ids", ok, f"errors {got.tolist()}, expected {want.tolist()}", got, want)
+
+
 def moe_group_case(ptx: str, meta: dict, rng, shape=None, ids=None, tile=64, seed=None) -> Outcome:
     """moe_group: E experts, (T, slots) ids drawn with repeats, empty experts and one out of range (unless `ids` is
     given); offsets and the work list as kernels.moe_group.reference says, each expert's slice of order a
@@ -1204,6 +1221,7 @@ for _bn in (48, 96):  # Q4_K's in-between tiles (mmq.GROUPED_WGMMA_Q4K_TILES; n9
 for _bn in (48,):  # Q4_K's 256-row tiles (mmq.GROUPED_WIDE_TILES: four consumer warpgroups)
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_m256_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_m256_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
+HARNESSES["moe_check_ids"] = lambda ptx, rng, seed=None, **kw: moe_check_ids_case(ptx, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 HARNESSES["moe_gather"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(ptx, {"name": "moe_gather"}, rng,
                                                                             seed=seed, **kw)

@@ -307,6 +307,30 @@ def build_gather(arch, sums: bool = False):
     return b.finish()
 
 
+CHECK_THREADS = 256
+
+
+def build_check(arch):
+    """moe_check_ids: errors[0] += the number of ids outside [0, experts) (as u32, so negative ids count), one id a
+    thread, one red.global.add per bad id — mul_mat_id(errors=) launches it behind the op, on the op's stream: a
+    count the caller reads when it synchronizes anyway."""
+    b = KernelBuilder("moe_check_ids", arch, build_check.__doc__.splitlines()[0], block=(CHECK_THREADS, 1, 1))
+    ids_p, n_p = b.param("ids", "u64", "ptr:in"), b.param("n", "u32")
+    e_p, err_p = b.param("experts", "u32"), b.param("errors", "u64", "ptr:out")
+    b.meta.update(grid=f"ceil(n / {CHECK_THREADS})")
+    n = b.ld_param(n_p, "u32")
+    i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(CHECK_THREADS, "u32"), b.special("tid.x"))
+    done = b.label("done")
+    b.bra(done, pred=b.op("setp.ge.u32", i, n), uniform=False)
+    eid = b.reg("u32")
+    b.emit("ld.global.nc.u32", eid, Mem(b.op("mad.wide.u32", i, Imm(4, "u32"), b.ptr(ids_p))))
+    bad = b.op("setp.ge.u32", eid, b.ld_param(e_p, "u32"))
+    b.emit("red.global.add.u32", Mem(b.ptr(err_p)), Imm(1, "u32"), pred=bad)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
 def reference(ids, experts: int, tile: int):
     """NumPy model: (offsets, {expert: sorted pair indices}, work entries) — what moe_group writes, the order inside
     an expert aside."""
@@ -325,6 +349,8 @@ KERNEL = KernelDef(ActKernel("group").name, "mul_mat_id's expert grouping: per-e
                    "the grouped GEMM's work list", build)
 KERNEL_GATHER = KernelDef(ActKernel("group", gather=True).name, "mul_mat_id's expert grouping and x gathered into "
                           "fp16 in grouped order (sm_90's grouped wgmma GEMM)", build_gather, archs=("sm_90a",))
+KERNEL_CHECK = KernelDef("moe_check_ids", "mul_mat_id(errors=): counts the ids outside [0, E) into errors[0]",
+                         build_check)
 KERNEL_GATHER_SUMS = KernelDef(ActKernel("group", gather=True, sums=True).name, "moe_gather and each row's sub-block "
                                "sums of x (fp16 hi / lo) for a grouped GEMM with integer weights",
                                lambda arch: build_gather(arch, sums=True), archs=("sm_90a",))
