@@ -269,13 +269,14 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     row per token shared by its slots, or (T, slots, K), one row per slot (the down projection). Returns fp32
     (T, slots, M): y[t, j] = x[t(, j)] @ w[ids[t, j]].T.
 
-    Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already
-    on the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its
-    row only, and with `errors` (a device int32 / uint32 array, ≥ 1 element) the call also adds the number of such
-    ids to errors[0] on its stream (one more small kernel, moe_check_ids): zero it once, read it whenever the
-    caller synchronizes anyway — after a step, a graph replay — and a nonzero count is the error. Streams, outputs, workspaces and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded
-    first, and that upload waits for the stream (pass device arrays for an asynchronous call; NumPy operands are
-    refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
+    Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already on
+    the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its row
+    only, and with `errors` (a device int32 / uint32 array, ≥ 1 element) the call also adds the number of such ids
+    to errors[0] on its stream (one more small kernel, moe_check_ids): zero it once, read it whenever the caller
+    synchronizes anyway — after a step, a graph replay — and a nonzero count is the error. Streams, outputs,
+    workspaces and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded first, and that upload waits for
+    the stream (pass device arrays for an asynchronous call; NumPy operands are refused while the stream captures a
+    CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
     Formats Q4_K, Q5_K, Q6_K, Q8_0, TQ4_1S (x rotated once first, rotate_tq4_1s), mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches
     (thresholds: ptxgen/tuning): one token, or while pairs·M·K ≤ RULES.moe_pair_max_weights, gemv_<fmt>_f32_id over
@@ -286,7 +287,8 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     activation passed fp16's range). Below that gemv_<fmt>_f32_idg over (M rows, E experts), fp32: each expert's
     CTAs scan the ids for its pairs and read its weights once per 8 of them."""
     tt = _TORCH[0] if _TORCH else driver.torch_types()
-    if tt is not None and errors is None and type(w) is QuantTensor and isinstance(x, tt[0]) and isinstance(ids, tt[0]):
+    if (tt is not None and errors is None and type(w) is QuantTensor and isinstance(x, tt[0])
+            and isinstance(ids, tt[0])):
         done = _mul_mat_id_torch(w, x, ids, out, mode, arch, stream, workspace, tt)  # the hot path, or None
         if done is not None:
             return done
