@@ -80,10 +80,10 @@ def test_mul_mat_errors():
         r.mul_mat(w, np.ones((2, 256), np.float32), mode="quick")
 
 
-@pytest.mark.parametrize("t", [1, 3, 8, 11])
+@pytest.mark.parametrize("t", [1, 3, 8])  # (above 8 tokens fast runs the exact kernels: test_fast_mode_past_8_tokens)
 def test_fast_tq4_1s_gemv_kernel(t):
-    """mul_mat(mode="fast"): rotate, Q8_1, dp4a GEMV with the int8 codebook. Within 1e-5 of the int8 NumPy
-    model (the kernel's own arithmetic), NMSE against the exact result within the fork's 5e-4."""
+    """mul_mat(mode="fast") up to 8 tokens: rotate, Q8_1, dp4a GEMV with the int8 codebook. Within 1e-5 of the int8
+    NumPy model (the kernel's own arithmetic), NMSE against the exact result within the fork's 5e-4."""
     import ptxgen.runtime as r
 
     rng = np.random.default_rng(t)
