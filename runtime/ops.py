@@ -1274,16 +1274,17 @@ def _mmq(c: _Call) -> None:
 
 
 def _fast_lanes_ok(c: _Call) -> bool:
-    """mode="fast" for up to 8 tokens: the int8 x Q8_1 lane GEMV, where the format has one built here and the
-    weights suit its loads (the codec's GgmlLane: K a multiple of K_MULTIPLE, the pointer ALIGN-aligned). Wider
-    calls, and weights it cannot take, run the format's exact routes after it: more accurate than llama.cpp's
-    int8 path, and faster than slices of the GEMV."""
+    """mode="fast" up to RULES.fast_lanes_max_tokens (per format, at most 8; 0: never): the int8 x Q8_1 lane GEMV,
+    where the format has one built here and the weights suit its loads (the codec's GgmlLane: K a multiple of
+    K_MULTIPLE, the pointer ALIGN-aligned). Wider calls, and weights it cannot take, run the format's exact routes
+    after it: the lanes re-read their tokens' activations for every row, so past the rule the exact tensor-core
+    GEMVs are faster, and they are more accurate than llama.cpp's int8 path."""
     from ptxgen import codecs
 
     lane = getattr(codecs.get(c.w.fmt), "GgmlLane", None)
     if lane is not None and (c.k % lane.K_MULTIPLE or c.w.ptr % lane.ALIGN):
         return False
-    return (c.t <= GEMV_TOKENS[-1]
+    return (c.t <= min(GEMV_TOKENS[-1], _per_format(RULES.fast_lanes_max_tokens, c.w.fmt, GEMV_TOKENS[-1]))
             and kernels.build_for(GemvKernel("gemv", c.w.fmt, 1, fast=True).name, c.arch) is not None)
 
 

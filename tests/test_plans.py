@@ -44,22 +44,33 @@ def test_mul_mat_plans_the_kernels_of_the_dispatch_rule(gpu, fmt, m, k, t, mode,
     assert p.launches[0].pdl is bool(p.launches[0].fn.meta.get("pdl_head"))
 
 
+def _build_t(t: int) -> int:
+    """The GEMV build a slice of t tokens runs (1, 2, 4, 8)."""
+    return next(v for v in ops.GEMV_TOKENS if v >= t)
+
+
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
 @pytest.mark.parametrize("arch", [None, "sm_89", "sm_120a"])
 def test_fast_mode_runs_every_format_at_every_t(gpu, fmt, arch):
-    """mode="fast" for every format: the int8 x Q8_1 kernels where the format has them (up to 8 tokens: the lane
-    GEMV; Q4_K's int8 MMQ above), and above them the format's exact routes — the same plan as mode="exact" (no
-    slices of the 8-token GEMV: T = 512 is one GEMM)."""
-    from ptxgen import codecs
+    """mode="fast" for every format: the int8 x Q8_1 kernels where the format has them and they measured faster
+    (the lane GEMV up to the rule fast_lanes_max_tokens; Q4_K's int8 MMQ above 8 tokens), otherwise the format's
+    exact routes — the same plan as mode="exact" (no slices of the 8-token GEMV: T = 512 is one GEMM)."""
+    from ptxgen import codecs, tuning
 
     w = fakegpu.weights(fmt, 4096, 4096)
-    for t in (1, 8, 9, 40, 512):
+    lanes_to = tuning.for_sm(90).fast_lanes_max_tokens[fmt]
+    for t in (1, 2, 4, 5, 8, 9, 40, 512):
         fast, exact = ops.mul_mat_plan(w, t, mode="fast", arch=arch), ops.mul_mat_plan(w, t, arch=arch)
         lane = kernels.build_for(GemvKernel("gemv", fmt, 1, fast=True).name, arch) is not None
-        if t <= 8 and lane:
-            assert fast.kernels[-1] == GemvKernel("gemv", fmt, t, fast=True).name, (t, fast.kernels)
+        if t <= lanes_to and lane:
+            assert fast.kernels[-1] == GemvKernel("gemv", fmt, _build_t(t), fast=True).name, (t, fast.kernels)
         elif not (fmt == "q4_K" and ops.q8_path(t, ops.mmq_path(arch))):
             assert fast.kernels == exact.kernels, (t, fast.kernels, exact.kernels)
+    with tuning.override(fast_lanes_max_tokens=8):  # every lane GEMV to 8 tokens (the GPU tests' setting)
+        for t in (1, 5, 8):
+            fast = ops.mul_mat_plan(w, t, mode="fast", arch=arch)
+            if kernels.build_for(GemvKernel("gemv", fmt, 1, fast=True).name, arch) is not None:
+                assert fast.kernels[-1] == GemvKernel("gemv", fmt, _build_t(t), fast=True).name, (t, fast.kernels)
     assert "fast_lanes" in codecs.get(fmt).ROUTES["fast"]
 
 
@@ -70,7 +81,17 @@ def test_fast_mode_runs_the_exact_kernels_on_weights_the_int8_gemv_cannot_take(g
         assert ops.mul_mat_plan(w, 2, mode="fast").kernels == ops.mul_mat_plan(w, 2).kernels
 
 
-def test_fast_mode_lane_gemvs_take_the_weights_their_loads_suit(gpu):
+@pytest.fixture
+def all_lanes():
+    """Every format's lane GEMV to 8 tokens in mode="fast" (the rule fast_lanes_max_tokens runs Q5_K's and Q6_K's
+    nowhere on the H200: slower than their exact GEMVs there)."""
+    from ptxgen import tuning
+
+    with tuning.override(fast_lanes_max_tokens=8):
+        yield
+
+
+def test_fast_mode_lane_gemvs_take_the_weights_their_loads_suit(gpu, all_lanes):
     """Q5_K's and Q6_K's int8 lane GEMVs (mode="fast", T ≤ 8): Q5_K's 16-byte loads want 16-byte aligned weights,
     Q6_K's word runs K a multiple of 512 (rows 4-byte aligned); other weights run the exact kernels."""
     assert ops.mul_mat_plan(fakegpu.weights("q5_K", 256, 512), 1, mode="fast").kernels == ["prep_q8_lanes",

@@ -36,7 +36,7 @@ GROUP_BLOCKS = 1  # blocks a warp dequantizes at once (dequant_lane): one super-
 LOAD_ALIGN = 4  # dequant_lane's widest load
 # mul_mat's routes (runtime/ops.py), in the order they are tried, per mode
 EXACT_ROUTES = ("t16h", "mma_n16", "skinny", "mmq", "decode")
-# fast: the int8 MMQ (to RULES.q8_max_tokens) and the int8 lane GEMV (to 8 tokens), else the exact routes
+# fast: the int8 MMQ (to RULES.q8_max_tokens) and the int8 lane GEMV (to RULES.fast_lanes_max_tokens), else the exact routes
 ROUTES = {"exact": EXACT_ROUTES, "fast": ("mmq_q8", "fast_lanes") + EXACT_ROUTES}
 # the exact decode route's choices per slice (runtime/ops.py _decode): the knob that turns the tensor-core GEMV on or
 # off; from how many tokens it runs on auto (1 from q4k_mma_t1_min_weights weights, else q4k_mma_gemv_min_tokens:
