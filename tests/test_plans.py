@@ -634,12 +634,34 @@ def test_the_register_a_tile_shrinks_on_shapes_of_few_tiles(gpu):
         assert gemm(1024, 4096, 512) == "mmq_q4_k_wgmma_ra_n256"
 
 
+NO_CODEC_FEW = {"q5_K": 32}  # codec_few_max_tokens without Q6_K's and Q8_0's few-token builds (the routes after them)
+
+
+def test_q6_k_and_q8_0_decode_runs_the_few_token_builds_where_the_rules_say(gpu):
+    """Q6_K and Q8_0 up to RULES.codec_few_max_tokens (8) run the one-warp-ring few-token builds on prep_sub16_t*'s
+    records (eager calls to 4 tokens: the fused build, records and GEMV in one launch); one-token calls below
+    RULES.codec_few_t1_min_weights keep the fp32 codec GEMV; the 2-byte-aligned Q6_K rows of a K not a multiple
+    of 512 run the routes after them."""
+    for fmt in ("q6_K", "q8_0"):
+        w = fakegpu.weights(fmt, 4096, 14336)
+        assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_mma_t1_fused"]
+        for t, n in ((2, 2), (3, 4), (8, 8)):
+            assert ops.mul_mat_plan(w, t).kernels[-1].removesuffix("_fused") == f"gemv_{fmt.lower()}_mma_t{n}", t
+        small = fakegpu.weights(fmt, 1024, 4096)
+        assert ops.mul_mat_plan(small, 1).kernels == [f"gemv_{fmt.lower()}_f32_t1"]
+        assert ops.mul_mat_plan(small, 2).kernels[-1].removesuffix("_fused") == f"gemv_{fmt.lower()}_mma_t2"
+        with tuning.override(codec_few_t1_min_weights=0):
+            assert ops.mul_mat_plan(small, 1).kernels == [f"gemv_{fmt.lower()}_mma_t1_fused"]
+    assert ops.mul_mat_plan(fakegpu.weights("q6_K", 128256, 4096), 1).kernels == ["gemv_q6_k_mma_t1_fused"]
+    assert "gemv_q6_k_mma_t2" not in ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 2).kernels
+
+
 def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
     """Q6_K's register-A GEMM (240-byte TMA boxes over its 210-byte blocks) from RULES.codec_ra_mmq_min_tokens to
     RULES.codec_ra_mmq_max_tokens on sm_90 where the raw rows are 16-byte multiples (K a multiple of 2048: 4096,
     14336), the prepared route where they are not (Qwen's 3584) and above."""
     w = fakegpu.weights("q6_K", 4096, 4096)
-    with tuning.override(codec_ra_mmq_min_tokens=9, codec_ra_mmq_max_tokens=1024):
+    with tuning.override(codec_ra_mmq_min_tokens=9, codec_ra_mmq_max_tokens=1024, codec_few_max_tokens=NO_CODEC_FEW):
         assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16_perm", "mmq_q6_k_wgmma_ra_n256", "mul_mat_fixup_q6_k"]
         assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
@@ -647,11 +669,18 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
         assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma_tma"]
 
 
-def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(gpu):
+@pytest.fixture
+def no_codec_few():
+    with tuning.override(codec_few_max_tokens=NO_CODEC_FEW):
+        yield
+
+
+def test_the_codecs_tensor_core_gemv_runs_where_its_rules_and_the_weights_allow(gpu, no_codec_few):
     """Q6_K's and Q8_0's tensor-core decode GEMV (prep_mma_f16, then gemv_<fmt>_mma) from
     RULES.codec_mma_min_tokens to RULES.codec_mma_max_tokens on sm_90a: the TMA build where a row is a multiple of
     16 bytes, the bulk-copy build where it is a multiple of 4 and the weights end on a 16-byte boundary; the fp32
-    codec GEMV where neither holds, outside the rules (T = 1 below RULES.codec_mma_t1_min_rows rows), off sm_90a."""
+    codec GEMV where neither holds, outside the rules (T = 1 below RULES.codec_mma_t1_min_rows rows), off sm_90a.
+    (Where the few-token builds run Q6_K and Q8_0, RULES.codec_few_max_tokens, they come first: off here.)"""
     w = fakegpu.weights("q6_K", 4096, 14336)
     tc = ["prep_mma_f16", "gemv_q6_k_mma_tma"]
     assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q6_k_f32_t1"]  # as shipped: T = 2-8, and T = 1 for M large
