@@ -63,6 +63,30 @@ def model_tensors(fmt: str, layers: int, scale: int = 1):
     return out
 
 
+FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # --fuse: the projections of one activation
+
+
+def fuse(tensors):
+    """--fuse: each layer's projections of one activation (q / k / v, gate / up) that share a format as one tensor
+    (QuantTensor.cat, as engines fuse qkv and gate_up; Q4_K_M's Q6_K attn_v stays apart): [(name, kind, fmt,
+    shape, members)], the fused entry where its first member was."""
+    out, done = [], set()
+    for name, kind, f, (m, k) in tensors:
+        if name in done:
+            continue
+        layer = name.rsplit(".", 2)[0]
+        peers = next((g for g in FUSED if kind in g), ())
+        same = [(n, kd, mm) for n, kd, ff, (mm, kk) in tensors
+                if n.startswith(layer + ".") and kd in peers and ff == f and kk == k]
+        if len(same) < 2:
+            out.append((name, kind, f, (m, k), [name]))
+            continue
+        done.update(n for n, *_ in same)
+        kinds = "+".join(kd for _, kd, _ in same)
+        out.append((f"{layer}.{kinds}.weight", kinds, f, (sum(mm for *_, mm in same), k), [n for n, *_ in same]))
+    return out
+
+
 def groups(tensors, kinds):
     """[(label, tensor names)] timed as one graph each: the whole step, each layer ("blk.<i>"), then each kind."""
     layers = list(dict.fromkeys(n.rsplit(".", 2)[0] for n, *_ in tensors if n.startswith("blk.")))
@@ -95,6 +119,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=512, help="the prefill's T")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: a small model, written, read, planned")
+    ap.add_argument("--fuse", action="store_true",
+                    help="each layer's q / k / v and gate / up of one format as one tensor (QuantTensor.cat), cuBLAS too")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
@@ -121,6 +147,12 @@ def load_and_run(args, tensors, path):
 
     ws = {name: r.QuantTensor.from_gguf(path, name) for name, *_ in tensors}
     assert all(ws[name].fmt == f and ws[name].shape == shape for name, _, f, shape in tensors)
+    if getattr(args, "fuse", False):  # the file stays as written (separate tensors); the fused ones are made here
+        fused = fuse(tensors)
+        ws = {name: ws[mem[0]] if len(mem) == 1 else r.QuantTensor.cat([ws[n] for n in mem])
+              for name, _, _, _, mem in fused}
+        tensors = [(name, kind, f, shape) for name, kind, f, shape, _ in fused]
+        print(f"--fuse: {sum(len(mem) > 1 for *_, mem in fused)} fused tensors, {len(tensors)} ops a step", flush=True)
     if args.dry_run:
         import pytest
 
@@ -150,7 +182,8 @@ def run(args, tensors, ws):
     for w in ws.values():
         w.to_device()
     w16 = {name: torch.as_tensor(r.dequantize(ws[name]), device="cuda") for name, *_ in tensors}
-    res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers, "rows": []}
+    res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers,
+           "fuse": bool(args.fuse), "rows": []}
     print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen | kernels |")
     print("|---|---|---|---|---|---|---|---|---|")
     for t in (1, args.tokens):
@@ -164,10 +197,10 @@ def run(args, tensors, ws):
             b = sum(nbytes[n] for n in names)
             floor = b / HBM * 1e6
             row = {"T": t, "weights": label, "ptxgen_graph_us": ours, "cublas_fp16_graph_us": peer, "bytes": b,
-                   "floor_us": floor, "kernels": {n: r.mul_mat_plan(ws[n], t).kernels for n in names[:1]}}
+                   "floor_us": floor, "kernels": {n: r.mul_mat_plan(ws[n], t, graph=True).kernels for n in names[:1]}}
             res["rows"].append(row)
             plans = "" if label == "all" else "; ".join(dict.fromkeys(  # each format's launches in this kind
-                f"{ws[n].fmt}: {' + '.join(r.mul_mat_plan(ws[n], t).kernels)}" for n in names))
+                f"{ws[n].fmt}: {' + '.join(r.mul_mat_plan(ws[n], t, graph=True).kernels)}" for n in names))
             print(f"| {'decode' if t == 1 else 'prefill'} | {label} ({len(names)}) | {t} | {ours:.1f} | "
                   f"{100 * b / (ours * 1e-6) / HBM:.0f}% | {floor:.1f} | {peer:.1f} | {peer / ours:.2f}× | {plans} |",
                   flush=True)

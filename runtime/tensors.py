@@ -139,6 +139,31 @@ class QuantTensor:
         buf = DeviceBuffer.wrap(a.ptr, a.nbytes, owner=array)
         return cls(fmt, shape, device=buf, owner=array, max_scale=max_scale)
 
+    @classmethod
+    def cat(cls, tensors) -> "QuantTensor":
+        """The rows of several (M_i, K) tensors of one format and K as one (ΣM_i, K) tensor, in order: one op instead
+        of several on the same activation, as inference engines fuse a layer's q / k / v or gate / up projections.
+        `mul_mat(QuantTensor.cat([wq, wk]), x)` is x @ [Wq; Wk].T, q and k its column ranges: one activation prep,
+        one launch whose grid covers the GPU better than the small projections' alone (`torch.split(y, [M_q, M_k],
+        dim=-1)` gives views). GGUF rows are independent, so the bytes are the inputs' bytes one after another;
+        the result lives on the host until its first GPU use (inputs already on the GPU are read back first, a
+        load-time copy) and its max_scale is read from those bytes."""
+        tensors = list(tensors)
+        if not tensors:
+            raise ValueError("QuantTensor.cat: no tensors given")
+        for i, t in enumerate(tensors):
+            if not isinstance(t, QuantTensor):
+                raise TypeError(f"QuantTensor.cat: item {i} is a {type(t).__name__}, not a QuantTensor")
+            if len(t.shape) != 2:
+                raise ValueError(f"QuantTensor.cat: item {i} {t!r} holds experts: cat takes (M, K) tensors")
+        first = tensors[0]
+        for i, t in enumerate(tensors[1:], 1):
+            if t.fmt != first.fmt or t.shape[1] != first.shape[1]:
+                raise ValueError(f"QuantTensor.cat: item {i} is {t.fmt} with K = {t.shape[1]}, item 0 {first.fmt} with "
+                                 f"K = {first.shape[1]}: the rows of one format and K only")
+        raw = np.concatenate([t._host if t._device is None else t.raw() for t in tensors])
+        return cls(first.fmt, (sum(t.shape[0] for t in tensors), first.shape[1]), host=raw)  # max_scale: the bytes
+
     def expert(self, e: int) -> "QuantTensor":
         """Expert `e` of an (E, M, K) tensor as an (M, K) QuantTensor over the same bytes (no copy on the GPU; on
         the host, a copy of its rows): what mul_mat runs for one expert, e.g. a reference or a dense fallback."""

@@ -79,3 +79,21 @@ def test_bench_model_times_the_step_layer_by_layer_and_by_kind():
     assert got["all"] == names and [k for k in got if k.startswith("blk.")] == ["blk.0", "blk.1", "blk.2"]
     assert sorted(sum((got[f"blk.{i}"] for i in range(3)), [])) == sorted(n for n in names if n != "output.weight")
     assert sorted(sum((got[k] for k in kinds), [])) == sorted(names) and got["output"] == ["output.weight"]
+
+
+def test_bench_model_fuse_joins_the_projections_of_one_activation_and_format(bench_modules):
+    """--fuse: q / k (/ v where its format is theirs) and gate / up as one tensor each, in layer order; Q4_K_M's
+    Q6_K attn_v (a more-bits layer) stays apart."""
+    bench_model, _ = bench_modules
+    fused = bench_model.fuse(bench_model.model_tensors("q4_K_M", 2))
+    names = [name for name, *_ in fused]
+    assert names[:5] == ["blk.0.attn_q+attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
+                         "blk.0.ffn_gate+ffn_up.weight", "blk.0.ffn_down.weight"]
+    assert fused[0][3] == (5120, 4096) and fused[0][4] == ["blk.0.attn_q.weight", "blk.0.attn_k.weight"]
+    assert fused[3][3] == (28672, 4096)
+    one = bench_model.fuse(bench_model.model_tensors("q8_0", 1))
+    assert [name for name, *_ in one][:2] == ["blk.0.attn_q+attn_k+attn_v.weight", "blk.0.attn_output.weight"]
+    assert one[0][3] == (6144, 4096) and names[-1] == "output.weight"
+    out = run("bench_model.py", "--fuse", "--dry-run", "--layers", "1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--fuse: 2 fused tensors, 6 ops a step" in out.stdout

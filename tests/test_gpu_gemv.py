@@ -507,3 +507,24 @@ def test_codec_tensor_core_gemv(fmt, m, k, t):
         got = y.cpu().numpy()
         assert np.isfinite(got).all() and rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-5
         assert np.array_equal(again, got)
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("t", [1, 3, 40, 512])
+def test_a_cat_of_projections_is_their_products_side_by_side(fmt, t):
+    """mul_mat(QuantTensor.cat([a, b]), x) = [x @ A.T | x @ B.T]: each column range within the bound of the kernels
+    its T runs (exact GEMVs 1e-5 of the float64 product, fp16 GEMMs 1e-3), as torch.split views too."""
+    import ptxgen.runtime as r
+
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(t)
+    k, ms = 2048, (384, 128, 256)
+    raws = [formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32)) for m in ms]
+    w = r.QuantTensor.cat([r.QuantTensor.from_raw(fmt, raw, (m, k)) for raw, m in zip(raws, ms)])
+    x = torch.randn(t, k, device="cuda")
+    y = r.mul_mat(w, x)
+    assert y.shape == (t, sum(ms))
+    xd = x.double().cpu().numpy()
+    for part, raw, m in zip(torch.split(y, list(ms), dim=1), raws, ms):
+        want = xd @ formats.dequantize(fmt, raw, (m, k)).astype(np.float64).T
+        assert rel(part.cpu().numpy(), want) <= (1e-5 if t <= 8 else 1e-3), m

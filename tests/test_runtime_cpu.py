@@ -777,3 +777,42 @@ def test_quant_tensor_reads_its_blocks_largest_scale():
         assert big.expert(0).max_scale == big.max_scale if len(big.shape) == 3 else True
         blocks[field][4] = np.float16(np.nan)
         assert QuantTensor.from_raw(fmt, blocks.view(np.uint8).reshape(-1), (3, 512)).max_scale == np.inf
+
+
+def test_cat_joins_the_rows_of_one_format_and_k():
+    """QuantTensor.cat: the inputs' GGUF bytes one after another, shape (ΣM, K), max_scale the largest (read from
+    the bytes, also where an input's was not known); mixed formats or K, experts, nothing, or a non-tensor are
+    clear errors."""
+    rng = np.random.default_rng(0)
+    a, b = (QuantTensor.from_numpy(rng.standard_normal((m, 512)).astype(np.float32), "q4_K") for m in (3, 5))
+    c = QuantTensor.cat([a, b])
+    assert c.fmt == "q4_K" and c.shape == (8, 512) and not c.on_device
+    np.testing.assert_array_equal(c.raw(), np.concatenate([a.raw(), b.raw()]))
+    assert c.max_scale == max(a.max_scale, b.max_scale)
+    assert QuantTensor.cat([a]).shape == a.shape
+    wrapped = QuantTensor("q4_K", (5, 512), host=b.raw())
+    wrapped.max_scale = None  # (as for bytes wrapped on the GPU)
+    assert QuantTensor.cat([a, wrapped]).max_scale == c.max_scale
+    with pytest.raises(ValueError, match="item 1 is q6_K with K = 512, item 0 q4_K"):
+        QuantTensor.cat([a, QuantTensor.from_numpy(np.ones((2, 512), np.float32), "q6_K")])
+    with pytest.raises(ValueError, match="item 1 is q4_K with K = 256"):
+        QuantTensor.cat([a, QuantTensor.from_numpy(np.ones((2, 256), np.float32), "q4_K")])
+    with pytest.raises(ValueError, match="holds experts"):
+        QuantTensor.cat([a, QuantTensor.from_numpy(np.ones((2, 2, 512), np.float32), "q4_K")])
+    with pytest.raises(ValueError, match="no tensors"):
+        QuantTensor.cat([])
+    with pytest.raises(TypeError, match="item 1 is a ndarray"):
+        QuantTensor.cat([a, np.ones((2, 512))])
+
+
+def test_a_cat_of_small_projections_plans_one_op(monkeypatch):
+    """Llama's q and k (4096 + 1024 rows) as one (5120, 4096) tensor: one plan (one activation prep or conversion,
+    one GEMV or GEMM, its fixup) where the two separate ops launch two of each."""
+    from ptxgen.runtime import ops
+    from ptxgen.testing import fakegpu
+
+    fakegpu.install(monkeypatch)
+    q, k, qk = (fakegpu.weights("q4_K", m, 4096) for m in (4096, 1024, 5120))
+    for t in (1, 512):
+        both = len(ops.mul_mat_plan(q, t, graph=True).kernels) + len(ops.mul_mat_plan(k, t, graph=True).kernels)
+        assert len(ops.mul_mat_plan(qk, t, graph=True).kernels) == both // 2
