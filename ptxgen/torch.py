@@ -114,8 +114,12 @@ class QuantLinear(torch.nn.Module):
         return cls(torch.from_numpy(qt.raw()), qt.fmt, qt.shape[0], qt.shape[1], **{"max_scale": qt.max_scale, **kw})
 
     @classmethod
-    def from_gguf(cls, path, tensor_name: str, **kw) -> "QuantLinear":
-        return cls.from_quant_tensor(QuantTensor.from_gguf(path, tensor_name), **kw)
+    def from_gguf(cls, path, tensor_name, **kw) -> "QuantLinear":
+        """One tensor of a GGUF file, or several of one format and K (a list of names: their rows as one layer,
+        QuantTensor.cat — a fused q / k / v or gate / up projection; torch.split its output)."""
+        if isinstance(tensor_name, str):
+            return cls.from_quant_tensor(QuantTensor.from_gguf(path, tensor_name), **kw)
+        return cls.from_quant_tensor(QuantTensor.cat([QuantTensor.from_gguf(path, n) for n in tensor_name]), **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]

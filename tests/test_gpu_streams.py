@@ -246,6 +246,26 @@ def test_torch_operator_under_torch_compile_and_cuda_graphs():
         assert torch.equal(got, want), t
 
 
+def test_quant_linear_of_several_gguf_tensors_is_their_layers_side_by_side(tmp_path):
+    """QuantLinear.from_gguf(path, [names]): the tensors' rows as one layer (QuantTensor.cat); its output split by
+    the tensors' rows is each tensor's own layer's output (within 1e-5: the splits may differ with M)."""
+    torch = _torch()
+    import ptxgen.runtime as r
+    from ptxgen.torch import QuantLinear
+
+    rng = np.random.default_rng(5)
+    names = {"blk.0.attn_q.weight": 512, "blk.0.attn_k.weight": 128}
+    r.write_gguf(tmp_path / "m.gguf", {n: r.QuantTensor.from_raw("q4_K", random_raw("q4_K", m, 1024, rng), (m, 1024))
+                                       for n, m in names.items()})
+    fused = QuantLinear.from_gguf(tmp_path / "m.gguf", list(names)).cuda()
+    assert (fused.out_features, fused.in_features) == (640, 1024)
+    x = torch.randn(3, 1024, device="cuda")
+    q, k = torch.split(fused(x), list(names.values()), dim=1)
+    for part, n in zip((q, k), names):
+        want = QuantLinear.from_gguf(tmp_path / "m.gguf", n).cuda()(x)
+        assert (part - want).norm() <= 1e-5 * want.norm()
+
+
 def test_weights_still_on_the_host_are_refused_while_capturing():
     """An upload is not allowed while a stream captures: mul_mat says what to do instead of breaking the capture
     with a synchronous copy; the same weights work once uploaded."""
