@@ -1437,6 +1437,10 @@ _ROUTES = {
                            and "sm_90a" in kernels.available(CodecKernel("frags", c.w.fmt).name)),
                 _mmq_pre),
     "fast_lanes": (_fast_lanes_ok, _fast_lanes),
+    # one token on small weights: the codec GEMV, one launch without an activation prep (Q4_K's)
+    "small_gemv": (lambda c: (c.t == 1 and c.m * c.k < _per_format(RULES.codec_gemv_t1_max_weights, c.w.fmt, 0)
+                              and kernels.build_for(CodecKernel("gemv", c.w.fmt, 1).name, c.arch) is not None),
+                   _codec_gemv),
     "decode": (lambda c: True, _decode),  # the codec's DECODE (Q4_K, TQ4_1S)
 }
 

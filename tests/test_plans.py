@@ -808,3 +808,16 @@ def test_tq4_1s_takes_its_register_a_gemm_from_its_rule(gpu):
         assert ops.mul_mat_plan(w, 64).kernels[2] == "mmq_tq4_1s_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 39).kernels[0] != "rotate_tq4_1s" or \
             ops.mul_mat_plan(w, 39).kernels[1] == "dequantize_tq4_1s_frags"
+
+
+def test_small_one_token_q4_k_calls_run_the_codec_gemv_where_the_rule_says(gpu):
+    """The route small_gemv: one-token calls on fewer than RULES.codec_gemv_t1_max_weights weights run
+    gemv_<fmt>_f32_t1 (fp32 x, one launch, no prep), ahead of the decode route; more tokens or weights do not."""
+    small, big = fakegpu.weights("q4_K", 1024, 4096), fakegpu.weights("q4_K", 4096, 14336)
+    with tuning.override(codec_gemv_t1_max_weights={"q4_K": 1 << 24}):
+        assert ops.mul_mat_plan(small, 1).kernels == ops.mul_mat_plan(small, 1, graph=True).kernels == [
+            "gemv_q4_k_f32_t1"]
+        assert "gemv_q4_k_f32_t1" not in ops.mul_mat_plan(small, 2).kernels
+        assert "gemv_q4_k_f32_t1" not in ops.mul_mat_plan(big, 1).kernels
+    with tuning.override(codec_gemv_t1_max_weights={"q4_K": 0}):
+        assert "gemv_q4_k_f32_t1" not in ops.mul_mat_plan(small, 1).kernels

@@ -35,7 +35,7 @@ STEP_ROW_BYTES = HEADER_BYTES + 32  # the header and the pair's 32 qs bytes per 
 GROUP_BLOCKS = 1  # blocks a warp dequantizes at once (dequant_lane): one super-block
 LOAD_ALIGN = 4  # dequant_lane's widest load
 # mul_mat's routes (runtime/ops.py), in the order they are tried, per mode
-EXACT_ROUTES = ("t16h", "mma_n16", "skinny", "mmq", "decode")
+EXACT_ROUTES = ("t16h", "mma_n16", "skinny", "mmq", "small_gemv", "decode")
 # fast: the int8 MMQ (to RULES.q8_max_tokens) and the int8 lane GEMV (to RULES.fast_lanes_max_tokens), else the exact routes
 ROUTES = {"exact": EXACT_ROUTES, "fast": ("mmq_q8", "fast_lanes") + EXACT_ROUTES}
 # the exact decode route's choices per slice (runtime/ops.py _decode): the knob that turns the tensor-core GEMV on or

@@ -1202,6 +1202,7 @@ for _f in ("q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}_frags"] = _frags(_f)
     for _t in (1, 2, 4, 8, 16):
         HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
+HARNESSES["gemv_q4_k_f32_t1"] = _with_meta(gemv_codec_case, "gemv_q4_k_f32_t1", 2)  # (route small_gemv)
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)

@@ -470,6 +470,11 @@ def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_
 
 KERNELS = [KernelDef(name(f, nt), f"{f.upper()} decode GEMV, exact (fp32 x), up to {nt} token(s), weights by the codec",
                      lambda arch, f=f, nt=nt: build(arch, f, nt)) for f in FORMATS for nt in TOKENS]
+# one-token calls on small weights (the route small_gemv, RULES.codec_gemv_t1_max_weights): a format whose decode
+# otherwise needs an activation prep and a grid dependency (Q4_K's few-token builds) runs its codec GEMV there
+KERNELS += [KernelDef(name(f, 1), f"{f.upper()} decode GEMV, exact (fp32 x), one token, weights by the codec (small "
+                      "weights: one launch, no activation prep)", lambda arch, f=f: build(arch, f, 1))
+            for f in codecs.with_route("small_gemv") if f not in FORMATS]
 MOE_FORMATS = codecs.moe()  # (TQ4_1S's lanes give the rotated domain's W: mul_mat_id rotates x first)
 KERNELS += [KernelDef(name_id(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, one (token, slot) pair per "
                       "grid row, weights by the codec", lambda arch, f=f: build(arch, f, 1, moe="pair"))
