@@ -1231,15 +1231,16 @@ def _codec_few_kernel(fmt: str, t: int) -> str:
 def _codec_few_ok(c: _Call) -> bool:
     """Another codec on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS, CODEC_FORMATS): T up to
     RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8; T = 1 from
-    RULES.codec_few_t1_min_weights[fmt] weights), the build for T there on the target, K a multiple of 256, the
+    RULES.codec_few_t1_min_weights[fmt] weights where the codec GEMV would run it instead), the build for T there on
+    the target, K a multiple of 256, the
     weights 16-byte aligned (the cp.async ring's 16-byte copies). A step of a row not a multiple of 16 bytes (Q6_K's
     210) is copied from the 16 bytes below its start: its rows a multiple of 4 bytes (every row's step at the same
     2-byte phase: K a multiple of 512) and M rows a multiple of 16 bytes (the last copy ends at the buffer's end)."""
     from ptxgen import formats
 
     lim = _per_format(RULES.codec_few_max_tokens, c.w.fmt, 0)
-    if c.t == 1 and c.m * c.k < _per_format(RULES.codec_few_t1_min_weights, c.w.fmt, 0):
-        return False  # a small one-token call: the format's single-launch GEMV after this route is faster
+    if c.t == 1 and c.m * c.k < _per_format(RULES.codec_few_t1_min_weights, c.w.fmt, 0) and not _codec_mma_ok(c):
+        return False  # a small one-token call: the format's single-launch codec GEMV (the route left) is faster
     row = formats.get(c.w.fmt).row_bytes(c.k) if c.k % 256 == 0 else 0
     return (c.t <= min(lim, T4.Q4K_SKINNY_COLUMNS) and row and c.w.ptr % 16 == 0
             and (row % 16 == 0 or (row % 4 == 0 and (c.m * row) % 16 == 0))

@@ -161,7 +161,7 @@ class QuantTensor:
             if t.fmt != first.fmt or t.shape[1] != first.shape[1]:
                 raise ValueError(f"QuantTensor.cat: item {i} is {t.fmt} with K = {t.shape[1]}, item 0 {first.fmt} with "
                                  f"K = {first.shape[1]}: the rows of one format and K only")
-        raw = np.concatenate([t._host if t._device is None else t.raw() for t in tensors])
+        raw = np.concatenate([t._host.reshape(-1).view(np.uint8) if t._device is None else t.raw() for t in tensors])
         return cls(first.fmt, (sum(t.shape[0] for t in tensors), first.shape[1]), host=raw)  # max_scale: the bytes
 
     def expert(self, e: int) -> "QuantTensor":

@@ -436,7 +436,7 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
     x = rng.standard_normal((t, k)).astype(np.float32)
     want = formats.gemm_ref(fmt, raw, m, k, x)
     nt = f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
-    with tuning.override(codec_few_max_tokens={fmt: 8}):
+    with tuning.override(codec_few_max_tokens={fmt: 8}, codec_few_t1_min_weights=0):
         two = [f"prep_sub16_{nt}", f"gemv_{fmt.lower()}_mma_{nt}"]
         assert r.mul_mat_plan(w, t, arch=arch).kernels == ([f"gemv_{fmt.lower()}_mma_{nt}_fused"] if t <= 4 else two)
         out = r.DeviceArray.empty((t, m), np.float32)
@@ -498,7 +498,8 @@ def test_codec_tensor_core_gemv(fmt, m, k, t):
         x = rng.standard_normal((t, k)).astype(np.float32)
         xt = torch.from_numpy(x).cuda()
         y = torch.full((t, m), float("nan"), device="cuda")
-        with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=16):
+        with tuning.override(codec_mma_min_tokens=1, codec_mma_max_tokens=16,
+                             codec_few_max_tokens={"q5_K": 32}):  # (not the few-token builds ahead of it)
             tma = t <= 8 and k // 256 * codecs.get(fmt).MMA_STEP_BYTES % 16 == 0  # rows of 16-byte multiples
             name = f"gemv_{fmt.lower()}_mma" + ("_n16" if t > 8 else "") + ("_tma" if tma else "")
             assert r.mul_mat_plan(w, t).kernels == ["prep_mma_f16"] * -(-t // 8) + [name]

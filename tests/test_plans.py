@@ -640,8 +640,8 @@ NO_CODEC_FEW = {"q5_K": 32}  # codec_few_max_tokens without Q6_K's and Q8_0's fe
 def test_q6_k_and_q8_0_decode_runs_the_few_token_builds_where_the_rules_say(gpu):
     """Q6_K and Q8_0 up to RULES.codec_few_max_tokens (8) run the one-warp-ring few-token builds on prep_sub16_t*'s
     records (eager calls to 4 tokens: the fused build, records and GEMV in one launch); one-token calls below
-    RULES.codec_few_t1_min_weights keep the fp32 codec GEMV; the 2-byte-aligned Q6_K rows of a K not a multiple
-    of 512 run the routes after them."""
+    RULES.codec_few_t1_min_weights that the fp32 codec GEMV would run keep it; Q6_K rows at a 2-byte phase (K/256
+    odd) run the routes after them."""
     for fmt in ("q6_K", "q8_0"):
         w = fakegpu.weights(fmt, 4096, 14336)
         assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_mma_t1_fused"]
@@ -653,7 +653,11 @@ def test_q6_k_and_q8_0_decode_runs_the_few_token_builds_where_the_rules_say(gpu)
         with tuning.override(codec_few_t1_min_weights=0):
             assert ops.mul_mat_plan(small, 1).kernels == [f"gemv_{fmt.lower()}_mma_t1_fused"]
     assert ops.mul_mat_plan(fakegpu.weights("q6_K", 128256, 4096), 1).kernels == ["gemv_q6_k_mma_t1_fused"]
-    assert "gemv_q6_k_mma_t2" not in ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 2).kernels
+    # rows of 2-byte phase (K/256 odd: 3328) run the routes after them; K = 3584 (rows of 4-byte multiples) does not
+    assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3328), 2).kernels == ["gemv_q6_k_f32_t2"]
+    assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 2, graph=True).kernels[-1] == "gemv_q6_k_mma_t2"
+    # a small one-token call the codecs' tensor-core GEMV would run (M ≥ codec_mma_t1_min_rows) takes the few build
+    assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 3584), 1).kernels == ["gemv_q8_0_mma_t1_fused"]
 
 
 def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
