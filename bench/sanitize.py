@@ -49,9 +49,17 @@ TARGETED = [
       for fmt in ("q4_K", "q5_K", "q8_0")],
     # the codecs' mma.sync GEMMs on x converted first (by default from RULES.mmq_x16_min_work multiply-adds)
     *[(fmt, "exact", 129, 512, (17, 33, 65), "sm_89", {"PTXGEN_MMQ_X16": "1"}, {}) for fmt in ("q5_K", "q6_K", "q8_0")],
-    # Q6_K's and Q8_0's few-token builds (off until timed: RULES.codec_few_max_tokens), in one launch and in two
-    *[(fmt, "exact", 128, 512, (1, 2, 3, 5), None, forced, {"codec_few_max_tokens": {fmt: 8}})
+    # Q6_K's and Q8_0's few-token builds, in one launch and in two (one token: from RULES.codec_few_t1_min_weights)
+    *[(fmt, "exact", 128, 512, (1, 2, 3, 5), None, forced, {"codec_few_t1_min_weights": 0})
       for fmt in ("q6_K", "q8_0") for forced in ({}, {"PTXGEN_Q4K_FUSED": "0"})],
+    # ... and the routes behind them up to 8 tokens: the codecs' tensor-core GEMVs (TMA and bulk-copy builds) and
+    # the fp32 codec GEMVs
+    *[(fmt, "exact", m, k, (1, 2, 3, 5), None, {}, {"codec_few_max_tokens": {"q5_K": 32}, "codec_mma_t1_min_rows": 1})
+      for fmt in ("q6_K", "q8_0") for m, k in ((129, 2048), (128, 512), (1, 256))],
+    ("q8_0", "exact", 129, 288, (2, 3), None, {}, {}),  # K not a multiple of 256: the fp32 codec GEMV at 2-4 tokens
+    # mode="fast"'s int8 lane GEMVs at every T they are built for (RULES.fast_lanes_max_tokens runs some nowhere)
+    *[(fmt, "fast", 129, 512, (1, 2, 3, 5), None, {}, {"fast_lanes_max_tokens": 8})
+      for fmt in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")],
     # Q5_K's codec GEMVs under 9 tokens (its few-token builds off) and its few-token builds in two launches
     ("q5_K", "exact", 129, 512, (2, 3, 5), None, {}, {"codec_few_max_tokens": {"q5_K": 0}}),
     ("q5_K", "exact", 129, 512, (1, 2, 3), None, {"PTXGEN_Q4K_FUSED": "0"}, {}),
