@@ -954,8 +954,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     RULES.codec_ra_mmq_max_tokens the prepared GEMM on fp16 fragments, below their decode GEMVs.
     Behind every GEMM a fixup recomputes in fp32, on the device, any token past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
     fp16 in the GEMMs (~3.4e-4); `mode="fast"` quantizes x to Q8_1 and runs int8 dp4a kernels as llama.cpp does
-    up to 8 tokens (Q4_K: its int8 MMA GEMM to RULES.q8_max_tokens) — exact integer dots; relative error ≤ 1e-5
-    against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5 —, and the exact kernels above them (or where
+    where they measured faster than the exact ones (RULES.fast_lanes_max_tokens per format, at most 8 tokens;
+    Q4_K's int8 MMA GEMM from 9 tokens to RULES.q8_max_tokens) — exact integer dots; relative error ≤ 1e-5
+    against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5 —, and the exact kernels elsewhere (and where
     the weights do not suit the int8 kernels' loads). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
     `"fused"`: inside the GEMV for T ≤ 4, the same bits). Non-finite activations give non-finite outputs in
     their token's row."""
