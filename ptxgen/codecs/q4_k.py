@@ -25,6 +25,7 @@ from __future__ import annotations
 from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DecodeScaleMinPair6, DequantSequence, LoadWords, ScaleProduct,
                    SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
+from ..formats.tq4_1s import LANE_SUMS
 from ._common import alignment_error, geometry, kquant_lane_wide
 
 FMT = "q4_K"
@@ -437,7 +438,8 @@ class GgmlLane:
     """Q4_K in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q4_k_t1 / _t2 exact on fp32
     activations, gemv_q4_k_fast_t* on Q8_1 with dp4a): a lane owns a pair of sub-blocks (64 weights: the 32 qs
     bytes they share, two 16-byte loads) and its super-block header (one 16-byte load); low nibbles are
-    sub-block 2j, high nibbles 2j + 1. dp4a: y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block; exact:
+    sub-block 2j, high nibbles 2j + 1. dp4a: y += d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block, Σq_a the
+    block sums prep_q8_lanes stores beside the d (exact integers: a third of the dp4a per token less); exact:
     ggml's w = (d·sc)·q − dmin·m per element in fp32 (q as float by prmt into 0x4B000000 and one exact
     subtraction of 2^23), an FFMA per weight and token."""
     ROWS = 1  # rows per warp: 12 words of weights per row and step (x2 in flight) fit 64 registers at one row
@@ -483,13 +485,14 @@ class GgmlLane:
             b.emit("ld.global.nc.v4.u32", b.vec(wv[4:8]), Mem(cb, row_off + 16), pred=pred)
             words.append(wv)
         blk = [words[0][0:4] + words[1][0:4], words[0][4:8] + words[1][4:8]]
-        dv = b.regs("f32", 2)
+        dv, sv = b.regs("f32", 2), b.regs("f32", 2)
         if tail:
-            for reg in dv:
+            for reg in dv + sv:
                 b.emit("mov.f32", reg, Imm(0.0, "f32"))
-        b.emit("ld.global.nc.v2.f32", b.vec(dv), Mem(b.op("add.s64", base, b.op("mul.wide.u32", self.col, Imm(4, "u32"))),
-                                                      1024), pred=pred)
-        return blk, dv
+        cp = b.op("add.s64", base, b.op("mul.wide.u32", self.col, Imm(4, "u32")))
+        b.emit("ld.global.nc.v2.f32", b.vec(dv), Mem(cp, 1024), pred=pred)
+        b.emit("ld.global.nc.v2.f32", b.vec(sv), Mem(cp, LANE_SUMS), pred=pred)  # the blocks' Σq_a (prep_q8_lanes)
+        return blk, dv, sv
 
     def _subs(self, b, u):
         b.emit("shl.b32", self.sub_lo, b.op("and.b32", u, Imm(3, "b32")), Imm(1, "u32"))
@@ -504,13 +507,7 @@ class GgmlLane:
         """dp4a over the step's unit of each row `ws[r]` and token (acts[t] = act()), into acc[r][t]: y +=
         d·sc·d_a·Σq·q_a − dmin·m·d_a·Σq_a per sub-block, its q from `quants`."""
         self._subs(b, u)
-        asum = [[None, None] for _ in acts]
-        for t in range(len(acts)):
-            for h in range(2):
-                s_ = Imm(0, "s32")
-                for wv in acts[t][0][h]:
-                    s_ = b.op("dp4a.s32.s32", ones, wv, s_, type="s32")
-                asum[t][h] = b.op("cvt.rn.f32.s32", s_)
+        asum = [acts[t][2] for t in range(len(acts))]  # Σq_a per block, from the prep (exact integers in fp32)
         for r, regs in enumerate(ws):
             dlo, mlo, dhi, mhi = lane_scales(b, regs[0:4], self.sub_lo, self.sub_hi)
             for h, (scale, mn) in enumerate(((dlo, mlo), (dhi, mhi))):

@@ -134,11 +134,13 @@ FORMAT = QuantFormat("tq4_1s", QK_TQ4_1S, 20, TQ4_1S_DTYPE, 2, dequantize_blocks
 # --- the decode GEMV's activation layouts ("lanes"): lane l of a warp owns block 32g + l of every row, so
 # the rotated activation is stored per group of 32 blocks with element e of block 32g + l at
 # [g][e // 4][l][e % 4] (fp32: 4096 bytes per group), or, quantized to Q8_1, the 8 qs words w of block
-# 32g + l at [g][w // 4][l][w % 4] followed by the 32 blocks' d as fp32 (1152 bytes per group, d is the
-# Q8_1 fp16 d widened). A warp's 16-byte loads are then contiguous across lanes.
+# 32g + l at [g][w // 4][l][w % 4] followed by the 32 blocks' d as fp32 (d is the Q8_1 fp16 d widened), then
+# their Σq as fp32 (exact integers: the min terms of the K-quant lanes; 1280 bytes per group). A warp's
+# 16-byte loads are then contiguous across lanes.
 
 LANE_GROUP_F32 = 4096
-LANE_GROUP_Q8 = 1152
+LANE_GROUP_Q8 = 1280
+LANE_SUMS = 1152  # the byte of a quantized group where its blocks' Σq start
 
 
 def lane_groups(k: int) -> int:
@@ -156,7 +158,7 @@ def to_lanes_f32(a: np.ndarray) -> np.ndarray:
 
 
 def to_lanes_q8(q8_1: np.ndarray, k: int) -> np.ndarray:
-    """Q8_1 blocks (T, K/32·36) → the quantized lane layout, (T, groups·1152) bytes."""
+    """Q8_1 blocks (T, K/32·36) → the quantized lane layout, (T, groups·LANE_GROUP_Q8) bytes."""
     q = np.asarray(q8_1, np.uint8)
     t = q.shape[0]
     nb, g = k // 32, lane_groups(k)
@@ -164,9 +166,11 @@ def to_lanes_q8(q8_1: np.ndarray, k: int) -> np.ndarray:
     blk[:, :nb] = q.reshape(t, nb, 36)
     words = blk[:, :, 4:].copy().view(np.uint32).reshape(t, g, 32, 2, 4)  # [t, g, lane, w // 4, w % 4]
     d = blk[:, :, 0:2].copy().view("<f2").astype(F32).reshape(t, g, 32)
+    sums = blk[:, :, 4:].view(np.int8).astype(np.int32).sum(axis=2).astype(F32).reshape(t, g, 32)
     out = np.empty((t, g, LANE_GROUP_Q8), np.uint8)
     out[:, :, :1024] = words.transpose(0, 1, 3, 2, 4).copy().view(np.uint8).reshape(t, g, 1024)
-    out[:, :, 1024:] = d.view(np.uint8).reshape(t, g, 128)
+    out[:, :, 1024:LANE_SUMS] = d.view(np.uint8).reshape(t, g, 128)
+    out[:, :, LANE_SUMS:] = sums.view(np.uint8).reshape(t, g, 128)
     return out.reshape(t, g * LANE_GROUP_Q8)
 
 

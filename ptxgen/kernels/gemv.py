@@ -1980,6 +1980,10 @@ def build_prep(arch, fast: bool, rotate: bool = True):
         lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
         dp = b.op("add.s64", base, b.op("cvt.u64.u32", b.op("mad.lo.u32", l, Imm(4, "u32"), Imm(1024, "u32"), type="u32")))
         b.emit("st.global.f32", Mem(dp), b.op("cvt.f32.f16", dh), pred=lead)
+        # the block's Σq (an exact integer as fp32) at byte LANE_SUMS + 4·l: the K-quant lanes' min terms
+        # (|q| ≤ 127: every partial sum is an integer below 2^12, exact in fp32 in any order)
+        qsum = warp_sum(b, b.op("cvt.rn.f32.s32", q))
+        b.emit("st.global.f32", Mem(dp, T4.LANE_SUMS - 1024), qsum, pred=lead)
     b.place(done)
     b.emit("ret")
     return b.finish()
