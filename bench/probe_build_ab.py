@@ -1,8 +1,8 @@
 """Probe: a build-time parameter of the DSL against the shipped kernels, in one process. Each variant sets module
 attributes of ptxgen's kernel builders (e.g. `mmq.RA_MAX_STAGES=12`), rebuilds the kernels whose names match
---kernels from the DSL and swaps them in for the emitted ones; the op (mul_mat, or mul_mat_id with --moe) is timed
-eager and graph-replayed over 8 distinct weights, and y compared bit for bit with the shipped build's. The first
-column is always the shipped emitted/ builds.
+--kernels (emitted, or not shipped) from the DSL and swaps them in for the emitted ones; the op (mul_mat, or
+mul_mat_id with --moe) is timed eager and graph-replayed over --weights distinct weights, and y compared bit for bit
+with the shipped build's. The first column is always the shipped emitted/ builds.
 
   python3 bench/probe_build_ab.py --kernels 'mmq_q8_0_wgmma_ra_n64$' --formats q8_0 --tokens 16,64 \\
       --variant 'deep12: mmq.RA_MAX_STAGES=12' --variant 'deep6: mmq.RA_MAX_STAGES=6'
@@ -93,9 +93,13 @@ def main():
     from ptxgen.testing.strategies import random_raw
 
     variants = [parse_variant(v) for v in args.variant]
+    from ptxgen.kernels import KERNELS, NOT_SHIPPED
+
+    # the emitted builds and those not shipped (the runtime builds them on demand: rebuilt here per variant too)
     names = [n for n in kernels.manifest("sm_90a") if re.search(args.kernels, n)]
+    names += [n for n in NOT_SHIPPED if re.search(args.kernels, n) and "sm_90a" in KERNELS[n].archs]
     if not names:
-        raise SystemExit(f"no emitted sm_90a kernel matches {args.kernels!r}")
+        raise SystemExit(f"no sm_90a kernel matches {args.kernels!r}")
     m, k = map(int, args.shape.split("x"))
     e, top = map(int, args.moe.split(":")) if args.moe else (1, 1)
     n = args.weights

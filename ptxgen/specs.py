@@ -110,8 +110,10 @@ class GemvKernel:
                                 "prep_q8_lanes" if self.fast else "prep_f32_lanes"),
                  "prep_mma": "prep_tq4_1s_mma" if rot else "prep_mma_f16",
                  # the few-token records: Q4_K's K order for the K-quants with a min (Q4_K, Q5_K), the codecs'
-                 # 16-element sub-block order for the others (Q6_K, Q8_0: formats.tq4_1s.q4k_mma_records' order)
-                 "prep_few": f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_sub16_{t}"}
+                 # 16-element sub-block order for the others (Q6_K, Q8_0: formats.tq4_1s.q4k_mma_records' order),
+                 # TQ4_1S's of the rotated activation
+                 "prep_few": (f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_rot16_{t}" if f == "tq4_1s" else
+                              f"prep_sub16_{t}")}
         return _named(names, self.kind, "decode kernel")
 
 

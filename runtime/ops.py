@@ -1233,13 +1233,16 @@ def _codec_few_ok(c: _Call) -> bool:
     """Another codec on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS, CODEC_FORMATS): T up to
     RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8; T = 1 from
     RULES.codec_few_t1_min_weights[fmt] weights where the codec GEMV would run it instead), the build for T there on
-    the target, K a multiple of 256, the weights 16-byte aligned (the cp.async ring's 16-byte copies). A step of a
+    the target, K a multiple of 256, the weights 16-byte aligned (the cp.async ring's 16-byte copies); TQ4_1S's
+    (its records of the rotated x from prep_rot16_t*) not where rotation="fused" asks for one launch. A step of a
     row not a multiple of 16 bytes (Q6_K's 210) is copied from the 16 bytes below its start: its rows a multiple of
     4 bytes (every row's step at the same 2-byte phase: K a multiple of 512) and M rows a multiple of 16 bytes (the
     last copy ends at the buffer's end)."""
-    from ptxgen import formats
+    from ptxgen import codecs, formats
 
     lim = _per_format(RULES.codec_few_max_tokens, c.w.fmt, 0)
+    if getattr(codecs.get(c.w.fmt), "ROTATION", None) and c.rotation == "fused" and c.t <= FUSED_MAX_TOKENS:
+        return False  # rotation="fused" asks for the rotation inside the GEMV (the decode route's): no prep kernel
     if c.t == 1 and c.m * c.k < _per_format(RULES.codec_few_t1_min_weights, c.w.fmt, 0) and not _codec_mma_ok(c):
         return False  # a small one-token call: the format's single-launch codec GEMV (the route left) is faster
     row = formats.get(c.w.fmt).row_bytes(c.k) if c.k % 256 == 0 else 0

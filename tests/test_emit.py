@@ -146,6 +146,10 @@ for _nt in (1, 2, 4, 8):  # Q6_K's and Q8_0's: the codec's integers (prmt, hadd2
     for _f in ("q6_k", "q8_0"):
         EXPECTED_SASS[f"gemv_{_f}_mma_t{_nt}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "PRMT", "HADD2", "FFMA",
                                                   "LDS.128"]
+    # TQ4_1S's: the rotation's shuffles in the prep; the codebook's hi / lo pairs by one LDS.64 a qs byte
+    EXPECTED_SASS[f"prep_rot16_t{_nt}"] = EXPECTED_SASS[f"prep_q4k_t{_nt}"]
+    EXPECTED_SASS[f"gemv_tq4_1s_mma_t{_nt}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "PRMT", "LDS.64", "FFMA",
+                                                "BAR.SYNC"]
 # one launch: the t1 GEMV's SASS plus the prep's (shuffles, fp16 record stores) and the records' hand-off (the
 # acquire invalidates L1, CCTL.IVALL, before the records are read through it)
 for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm_120a's REDG)

@@ -898,28 +898,32 @@ def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
         assert out.ok, (bad, out.detail)
 
 
+@pytest.mark.parametrize("order", ["sub16", "rot16"])
 @pytest.mark.parametrize("nt", [1, 2, 4, 8])
-def test_prep_sub16_records_are_bit_exact_to_the_numpy_model(nt):
+def test_prep_sub16_records_are_bit_exact_to_the_numpy_model(nt, order):
     """prep_sub16_t{1,2,4,8} (the Q6_K / Q8_0 few-token GEMVs' activation: prep_q4k_t*'s record in the codecs'
-    16-element sub-block order): bit for bit against q4k_mma_records(·, order="sub16"), with a zero, a tiny, a huge
-    and a quiet block and an inf, and with fewer tokens than the build holds."""
-    ptx = KERNELS[f"prep_sub16_t{nt}"].for_arch("sm_89").ptx()
+    16-element sub-block order) and prep_rot16_t* (TQ4_1S's: the same of the rotated x, scaled from the unrotated
+    super-block's max): bit for bit against q4k_mma_records(·, order=...), with a zero, a tiny, a huge and a quiet
+    block and an inf, and with fewer tokens than the build holds."""
+    name = f"prep_{order}_t{nt}"
+    ptx = KERNELS[name].for_arch("sm_89").ptx()
     for shape in ((nt, 768), (max(1, nt - 1), 256)):
-        out = check_kernel(f"prep_sub16_t{nt}", ptx, seed=2, shape=shape)
+        out = check_kernel(name, ptx, seed=2, shape=shape)
         assert out.ok, (shape, out.detail)
 
 
 # (format, tokens, arch): the one-token builds in the default tier, the others (and sm_89's lowering) slow
-_CODEC_FEW = ([pytest.param(f, 1, "sm_90a") for f in ("q6_K", "q8_0")] +
-              [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q6_K", "q8_0") for nt, a in
+_CODEC_FEW = ([pytest.param(f, 1, "sm_90a") for f in ("q6_K", "q8_0", "tq4_1s")] +
+              [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q6_K", "q8_0", "tq4_1s") for nt, a in
                ((2, "sm_90a"), (4, "sm_90a"), (8, "sm_90a"), (1, "sm_89"), (4, "sm_120a"))])
 
 
 @pytest.mark.parametrize("fmt,nt,arch", _CODEC_FEW)
 def test_mma_block_codec_few_token_gemv(fmt, nt, arch):
     """gemv_q6_k_mma_t* / gemv_q8_0_mma_t* (gemv_t1's builds on the codec's mma_block: one MMA per 16-element
-    sub-block — Q8_0's two of a block chained —, the scale in fp32 after it, on prep_sub16_t*'s records): random raw
-    blocks of every bit pattern; Q6_K's 210-byte steps copied from the 16 bytes below them (rows of 420, 840, 1260
+    sub-block — Q8_0's two of a block chained —, the scale in fp32 after it, on prep_sub16_t*'s records) and
+    gemv_tq4_1s_mma_t* (the codebook's hi and lo parts as the MMA's two row halves, from a pair table in shared
+    memory filled by the first 4 warps, on prep_rot16_t*'s records): random raw blocks of every bit pattern; Q6_K's 210-byte steps copied from the 16 bytes below them (rows of 420, 840, 1260
     and 1680 bytes: every 4-byte phase of a row's start, both 2-byte phases of its steps); 1-3 K splits, a random
     kparts and CTA width, 1 to nt tokens; within 1e-5 of the float64 reference (outputs NaN-poisoned first), and
     an inf or a NaN in x gives non-finite outputs exactly where the reference has them."""
@@ -932,7 +936,8 @@ def test_mma_block_codec_few_token_gemv(fmt, nt, arch):
     for bad in (np.inf, np.nan):
         out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, bad))
         assert out.ok, (bad, out.detail)
-    if nt <= 4:  # the one-launch build: its CTAs write prep_sub16's records bit for bit, then the same GEMV
+    if nt <= 4 and fmt != "tq4_1s":  # the one-launch build (none for TQ4_1S): its CTAs write prep_sub16's records
+        # bit for bit, then the same GEMV
         fused = f"{name}_fused"
         out = check_kernel(fused, KERNELS[fused].for_arch(arch).ptx(), seed=9, shape=(72, 1536), ntok=nt, splits=2)
         assert out.ok, out.detail

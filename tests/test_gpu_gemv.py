@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ptxgen import codecs, formats, tuning
+from ptxgen.specs import GemvKernel
 from ptxgen.testing import strategies as S
 from conftest import rel, setknob
 
@@ -420,14 +421,16 @@ def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
-@pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q6_K", "q8_0", "tq4_1s"])
 @pytest.mark.parametrize("m,k,t,arch", [(4, 512, 1, None), (132, 1536, 2, None), (300, 14336, 5, None),
                                         (2000, 3584, 8, None), (4096, 4096, 1, None), (132, 1536, 3, "sm_89")])
 def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
-    """Q6_K and Q8_0 on the few-token builds (RULES.codec_few_max_tokens raised; off until timed): prep_sub16_t* +
-    gemv_<fmt>_mma_t{1,2,4,8} within 1e-5 of float64 (exact), the sm_89 builds too; outputs NaN-poisoned first,
-    bit-identical run to run, and 1-4 tokens' one-launch builds (gemv_<fmt>_mma_t*_fused, eager) the bits of prep +
-    GEMV. GPU == emulator for each build is test_gpu_emu_crosscheck's."""
+    """Q6_K, Q8_0 and TQ4_1S on the few-token builds (RULES.codec_few_max_tokens raised: Q6_K's and Q8_0's past
+    codec_few_t1_min_weights, TQ4_1S's off until timed): prep_sub16_t* (TQ4_1S: prep_rot16_t*, of the rotated x) +
+    gemv_<fmt>_mma_t{1,2,4,8} within 1e-5 of float64 (exact), the sm_89 builds too, the CTA widths the launch picks
+    (TQ4_1S's one-token build: 16 warps a CTA on the H200); outputs NaN-poisoned first, bit-identical run to run,
+    and 1-4 tokens' one-launch builds (gemv_<fmt>_mma_t*_fused, eager; none for TQ4_1S) the bits of prep + GEMV.
+    GPU == emulator for each build is test_gpu_emu_crosscheck's."""
     import ptxgen.runtime as r
 
     rng = np.random.default_rng(m + k + t)
@@ -435,10 +438,12 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))
     x = rng.standard_normal((t, k)).astype(np.float32)
     want = formats.gemm_ref(fmt, raw, m, k, x)
-    nt = f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
+    nt = next(v for v in (1, 2, 4, 8) if v >= t)
+    fused = t <= 4 and fmt != "tq4_1s"
     with tuning.override(codec_few_max_tokens={fmt: 8}, codec_few_t1_min_weights=0):
-        two = [f"prep_sub16_{nt}", f"gemv_{fmt.lower()}_mma_{nt}"]
-        assert r.mul_mat_plan(w, t, arch=arch).kernels == ([f"gemv_{fmt.lower()}_mma_{nt}_fused"] if t <= 4 else two)
+        two = [GemvKernel("prep_few", fmt, nt).name, GemvKernel("few", fmt, nt).name]
+        assert r.mul_mat_plan(w, t, arch=arch).kernels == ([GemvKernel("few", fmt, nt, fused=True).name] if fused
+                                                           else two)
         out = r.DeviceArray.empty((t, m), np.float32)
         out.owner.fill_bytes(0xFF)
         r.mul_mat(w, x, out=out, arch=arch)

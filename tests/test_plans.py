@@ -378,6 +378,28 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
             assert plan(4098, 4608) != "prep_sub16_t1" and plan(4100, 4608) == "prep_sub16_t1"  # rows of 3780 bytes
 
 
+def test_tq4_1s_takes_the_few_token_builds_where_its_rule_allows(gpu):
+    """TQ4_1S on the few-token builds (gemv_tq4_1s_mma_t{1,2,4,8} on prep_rot16_t*'s records of the rotated x): off
+    as shipped (codec_few_max_tokens 0: not timed); with the rule, up to its T, prep + GEMV eager and captured (no
+    one-launch build), the 4-token build for 3 tokens; not with rotation="fused" up to FUSED_MAX_TOKENS (the caller
+    asked for the rotation inside the GEMV), nor for weights off 16 bytes; the sm_89 builds to 4 tokens (the
+    8-token ring does not fit there beside the codebook table)."""
+    w = fakegpu.weights("tq4_1s", 18944, 3584)
+    assert not any(k.startswith(("prep_rot16", "gemv_tq4_1s_mma_t")) for t in range(1, 9)
+                   for k in ops.mul_mat_plan(w, t).kernels)  # shipped: off
+    with tuning.override(codec_few_max_tokens={"tq4_1s": 8}):
+        for t, nt in ((1, "t1"), (2, "t2"), (3, "t4"), (4, "t4"), (5, "t8"), (8, "t8")):
+            want = [f"prep_rot16_{nt}", f"gemv_tq4_1s_mma_{nt}"]
+            assert ops.mul_mat_plan(w, t).kernels == ops.mul_mat_plan(w, t, graph=True).kernels == want
+        assert ops.mul_mat_plan(w, 9).kernels[:2] != ["prep_rot16_t8", "gemv_tq4_1s_mma_t8"]  # past the builds
+        assert ops.mul_mat_plan(w, 1, rotation="fused").kernels == ["gemv_tq4_1s_t1_fused"]
+        assert ops.mul_mat_plan(w, 8, rotation="fused").kernels == ["prep_rot16_t8", "gemv_tq4_1s_mma_t8"]
+        assert ops.mul_mat_plan(w, 4, arch="sm_89").kernels == ["prep_rot16_t4", "gemv_tq4_1s_mma_t4"]
+        assert "gemv_tq4_1s_mma_t8" not in ops.mul_mat_plan(w, 8, arch="sm_89").kernels
+        assert ops.mul_mat_plan(fakegpu.weights("tq4_1s", 18944, 3584, at=fakegpu.BASE + 4), 1).kernels[0] != \
+            "prep_rot16_t1"
+
+
 def test_builds_that_count_the_records_ready_get_the_zero_kept_word_both(gpu, monkeypatch):
     """A few-token prep + GEMV pair built with gemv_t1.T1_FLAG (meta ready_flag; a probe's builds, swapped in for the
     emitted ones): the plan passes both the same zero-kept `ready` words, last; a pair where only one counts is a

@@ -99,3 +99,12 @@ def kquant_lane_wide(b, w, group, lane, count, *, fmt: str, block_bytes: int, qs
     def offsets():  # 256·block + 64·c + l0; the high run 32 further
         return b.op("add.u32", b.op("shl.b32", blk, Imm(8, "u32")), b.op("mad.lo.u32", c, Imm(64, "u32"), l0)), (0, 32)
     return runs, offsets, valid
+
+
+class UnitScaleBlock:
+    """The base of the mma_block hooks (kernels/gemv_t1.py _CodecStep) of the codecs whose 256-weight step has no
+    super-block scale (Q8_0, TQ4_1S): the readers and constants kept, `d` = 1, `_d` the scales decoded so far."""
+
+    def __init__(self, b, word, half, t, c):
+        self.b, self.word, self.half, self.c, self._d = b, word, half, c, {}
+        self.d = b.op("mov.f32", Imm(1.0, "f32"))

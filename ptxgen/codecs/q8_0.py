@@ -3,7 +3,7 @@ aligned), w = q·d."""
 from __future__ import annotations
 
 from ..ir import Imm, Mem
-from ._common import block_lanes, geometry
+from ._common import UnitScaleBlock, block_lanes, geometry
 
 FMT = "q8_0"
 BLOCK_K, BLOCK_BYTES, D_OFFSET, QS_OFFSET = geometry(FMT, "d", "qs")  # 32, 34, 0, 2
@@ -153,14 +153,10 @@ def mma_constants(b) -> dict:
     return {k: b.op("mov.b32", Imm(v, "b32")) for k, v in c.items()}
 
 
-class mma_block:  # noqa: N801 - a codec hook, named as the others
+class mma_block(UnitScaleBlock):  # noqa: N801 - a codec hook, named as the others
     """One row's 8 blocks (a step of 256 weights) for the tensor-core GEMV, as q6_k.mma_block: `fragment(s)` — the
     A pairs (elements 4t, 4t + 1), (4t + 2, 4t + 3) of 16-element half s % 2 of block s // 2 as f16x2 of q (exact:
     each int8 byte + 128 beside 0x64 by a prmt, then h − 1152) — `scale(s)`, that block's d as f32, and `d` = 1."""
-
-    def __init__(self, b, word, half, t, c):
-        self.b, self.word, self.half, self.c, self._d = b, word, half, c, {}
-        self.d = b.op("mov.f32", Imm(1.0, "f32"))
 
     def fragment(self, s):
         b, c = self.b, self.c

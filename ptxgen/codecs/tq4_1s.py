@@ -19,14 +19,14 @@ import numpy as np
 
 from ..formats.tq4_1s import CODEBOOK, CODEBOOK_S8, mma_element_table, mma_pair_table
 from ..ir import Imm, Mem, Reg
-from ._common import alignment_error, block_lanes, geometry
+from ._common import UnitScaleBlock, alignment_error, block_lanes, geometry
 
 FMT = "tq4_1s"
 BLOCK_K, BLOCK_BYTES = geometry(FMT)  # 32, 20
 GROUP_BLOCKS = 8  # a warp step: 8 blocks (256 weights), lane L the 8 elements 8·(L % 4) .. of block L / 4
 LOAD_ALIGN = 4
 ROTATION = "rotate_tq4_1s"  # the kernel that rotates the activation (forward_rht(x)), once, on the prefill route
-EXACT_ROUTES = ("mmq_ra", "mmq_pre", "mmq_f16", "decode")
+EXACT_ROUTES = ("mmq_ra", "mmq_pre", "mmq_f16", "codec_few", "decode")
 ROUTES = {"exact": EXACT_ROUTES, "fast": ("fast_lanes",) + EXACT_ROUTES}  # mul_mat's routes (runtime/ops.py)
 # the exact decode route's choices (runtime/ops.py _decode, as Q4_K's DECODE): the tensor-core GEMV only where the
 # TMA-fed GEMVs may run (its weights come by TMA), from 3 tokens at mma_gemv_t3_min_weights weights, else from
@@ -446,3 +446,62 @@ class MmaGemvDecoder:
         (a0h, a0l), (a2h, a2l) = self.lookups(words[0])  # row 16mt + g: k-pairs t, t + 4
         (a1h, a1l), (a3h, a3l) = self.lookups(words[1])  # row 16mt + g + 8
         return [a0h, a1h, a2h, a3h], [a0l, a1l, a2l, a3l]
+
+
+# --- the few-token tensor-core GEMVs (kernels/gemv_t1.py _CodecStep: gemv_tq4_1s_mma_t{1,2,4,8}, on prep_rot16_t*'s
+# records of the rotated activation): a step of 256 weights is 8 blocks, 160 bytes a row (rows a multiple of 16
+# bytes: every step starts aligned). A 16-element half h of block j takes one MMA per A part — fp16 hi and lo of
+# C[idx], from the pair table (mma_pair_table, MMA_TABLE_COPIES copies) —, both chained into one C, then S += d_h·C
+MMA_STEP_BYTES = GROUP_BLOCKS * BLOCK_BYTES  # 160
+FEW_RECORD_ORDER = "rot16"  # the records' order (formats.tq4_1s.q4k_mma_records): the rotated activation's
+MMA_A_PARTS = 2  # (hi, lo): the codebook is not exact in fp16
+MMA_TABLE_COPIES = 16  # a 64-bit lookup is served per half-warp: 16 copies keep its 16 lanes on distinct banks
+MMA_TABLE_BYTES = 256 * 8 * MMA_TABLE_COPIES  # 32 KB of shared memory a CTA
+
+
+def mma_lane_offset(b, t):
+    """The lane's word of a block half's qs bytes (mma_block's word(off, lane=True)): 4·(t >> 1) — its bytes 2t,
+    2t + 1 lie in the word lanes t and t ^ 1 share."""
+    return b.op("shl.b32", b.op("and.b32", t, Imm(2, "b32")), Imm(1, "u32"))
+
+
+def mma_constants(b, table) -> dict:
+    """The pair table filled into shared memory (table = (its address, tid, lane, threads filling it); the caller's
+    barrier publishes it) and what mma_block's lookups take: the table address plus the lane's copy (tc), and the
+    prmt selectors that put the lane's qs byte 2(t & 1) + j of its word into bits 0-7, zeros above (sel0, sel1)."""
+    tbl, tid, lane, nthreads = table
+    odd2 = b.op("shl.b32", b.op("and.b32", lane, Imm(1, "b32")), Imm(1, "u32"))  # 2(t & 1)
+    out = {"tc": b.op("mad.lo.u32", b.op("and.b32", lane, Imm(MMA_TABLE_COPIES - 1, "b32")), Imm(8, "u32"), tbl),
+           "sel": [b.op("or.b32", b.op("add.u32", odd2, Imm(j, "u32")), Imm(0x4440, "b32")) for j in range(2)]}
+    filled = b.label("pair_table_filled")  # the first `nthreads` threads (a CTA may run more)
+    b.bra(filled, pred=b.op("setp.ge.u32", tid, Imm(nthreads, "u32")))
+    copy_pair_table(b, tbl, tid, lane, MMA_TABLE_COPIES, nthreads, mma_pair_table().tobytes())
+    b.place(filled)
+    return out
+
+
+class mma_block(UnitScaleBlock):  # noqa: N801 - a codec hook, named as the others
+    """One row's 8 blocks (a step of 256 weights) for the few-token tensor-core GEMVs, in two A parts
+    (MMA_A_PARTS: gemv_t1._CodecStep._parts_step): `fragment(s)` — the A registers of half s % 2 of block s // 2
+    with the row's hi(C[idx]) as the MMA's rows g and lo(C[idx]) as its rows g + 8: [hi, lo] of elements (4t,
+    4t + 1), then [hi, lo] of (4t + 2, 4t + 3) — qs bytes 8h + 2t and 8h + 2t + 1, each one LDS.64 of the pair table
+    (its two elements' hi pair, then their lo pair, the low nibble's in the low half), straight into the MMA's
+    register pairs —, `scale(s)`, that half's d as f32, and `d` = 1."""
+
+    def fragment(self, s):
+        b, c = self.b, self.c
+        j, h = s // 2, s % 2
+        w = self.word(j * BLOCK_BYTES + 4 + 8 * h, True)  # qs bytes 8h + 4(t >> 1) ..
+        out = []
+        for sel in c["sel"]:  # byte 2(t & 1) + j of the word: entry v at v·8·copies + 8·(lane % copies)
+            v = b.op("prmt.b32", w, Imm(0, "b32"), sel)
+            hl = b.regs("b32", 2)  # (hi pair, lo pair)
+            b.emit("ld.shared.v2.u32", b.vec(hl), Mem(b.op("mad.lo.u32", v, Imm(8 * MMA_TABLE_COPIES, "u32"), c["tc"])))
+            out += hl
+        return out
+
+    def scale(self, s):
+        j = s // 2
+        if j not in self._d:  # the block's scale word, once: (d0, d1)
+            self._d[j] = scales(self.b, self.word(j * BLOCK_BYTES))
+        return self._d[j][s % 2]

@@ -502,7 +502,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     warps (drawn from it if not given) with shared memory for as many rings."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
     records = meta["layout"] == "q4k_mma_records"
-    order = meta.get("record_order", "q4k")  # "sub16": an mma_block codec's build (Q6_K, Q8_0)
+    order = meta.get("record_order", "q4k")  # "sub16" / "rot16": an mma_block codec's build (Q6_K, Q8_0 / TQ4_1S)
     fused = bool(meta.get("fused_prep"))
     zgroups = groups == "gridDim.z"  # mmq_q4_k_rega_n*: token groups of meta tokens over gridDim.z
     # (an mma_block codec's: m·row_bytes a multiple of 16, Q6_K's rows a multiple of 4 bytes — mul_mat asks that)
@@ -1173,6 +1173,8 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
         for _f in ("q6_k", "q8_0"):
             HARNESSES[f"gemv_{_f}_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_{_sfx}", 2)
         HARNESSES[f"prep_sub16_{_sfx}"] = _prep_q4k_records(_nt, False, "sub16")
+        HARNESSES[f"gemv_tq4_1s_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_tq4_1s_mma_{_sfx}", 2)
+        HARNESSES[f"prep_rot16_{_sfx}"] = _prep_q4k_records(_nt, False, "rot16")
 for _nt in (1, 2, 4):
     for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)

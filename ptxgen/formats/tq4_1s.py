@@ -186,29 +186,36 @@ MMA_TOKENS = 8
 MMA_TILE = 512
 
 
-def mma_scale_exponent(a: np.ndarray, group: int = 1) -> np.ndarray:
-    """s per (token, block) of a (T, K) rotated activation: 14 − floor(log2 max|x|) from the fp32 exponent
-    bits (a zero or subnormal max counts as exponent 0; NaN above all), clamped to [-100, 100]. `group` > 1: the
-    max over each run of `group` blocks (Q4_K: 8, a super-block), the same s for all of them."""
+# the rotated records' scale (order "rot16"): from the unrotated super-block's max|x| less this many bits — a rotated
+# value is at most √32·max|x| (each is a ±1/√32 combination of 32 elements) < 2^3·max|x|, so its hi part stays
+# below 2^15, and the scale needs no rotated value (a warp rotates its own block only)
+ROT_HEADROOM = 3
+
+
+def mma_scale_exponent(a: np.ndarray, group: int = 1, headroom: int = 0) -> np.ndarray:
+    """s per (token, block) of a (T, K) rotated activation: 14 − floor(log2 max|x|) − headroom from the fp32
+    exponent bits (a zero or subnormal max counts as exponent 0; NaN above all), clamped to [-100, 100]. `group` >
+    1: the max over each run of `group` blocks (Q4_K: 8, a super-block), the same s for all of them."""
     a = f32(a)
     t, k = a.shape
     bits = (a.view(np.uint32) & np.uint32(0x7FFFFFFF)).reshape(t, k // 32 // group, 32 * group).max(axis=2)
     e = np.repeat(((bits >> 23) & 0xFF).astype(np.int64), group, axis=1)
-    return np.clip(141 - e, -100, 100)
+    return np.clip(141 - headroom - e, -100, 100)
 
 
-def _mma_scaled(a: np.ndarray, group: int = 1, tokens: int = MMA_TOKENS) -> tuple[np.ndarray, np.ndarray]:
+def _mma_scaled(a: np.ndarray, group: int = 1, tokens: int = MMA_TOKENS,
+                rotate: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(x·2^s as (tokens, K/32, 32) fp32, s as (tokens, K/32)) for up to `tokens` tokens; tokens past T are zeros
-    (s = 100)."""
+    (s = 100). `rotate`: rht_forward(x)·2^s, s from the unrotated x less ROT_HEADROOM."""
     a = f32(a)
     t, k = a.shape
     if t > tokens:
         raise ValueError(f"to_mma_tiles: at most {tokens} tokens, got {t}")
     nb = k // 32
     full = np.zeros((tokens, k), F32)
-    full[:t] = a
+    full[:t] = rht_forward(a) if rotate else a
     s = np.full((tokens, nb), 100, np.int64)
-    s[:t] = mma_scale_exponent(a, group)
+    s[:t] = mma_scale_exponent(a, group, ROT_HEADROOM if rotate else 0)
     scale = ((s + 127) << 23).astype(np.uint32).view(F32)
     with np.errstate(invalid="ignore", over="ignore"):
         return (full.reshape(tokens, nb, 32) * scale[:, :, None]).astype(F32), s
@@ -235,10 +242,10 @@ def to_mma_tiles(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]
     return tiles.reshape(nb * 2 * MMA_TILE // 2).view(np.uint8).copy(), factors
 
 
-def mma_block_sums(a: np.ndarray, group: int = 1, tokens: int = MMA_TOKENS) -> np.ndarray:
-    """Σ of each scaled 32-block of `to_mma_tiles(a, group)`' input, (K/32, tokens) fp32, in the order of a warp
-    butterfly (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; lane 0's sum)."""
-    v, _ = _mma_scaled(a, group, tokens)
+def mma_block_sums(a: np.ndarray, group: int = 1, tokens: int = MMA_TOKENS, rotate: bool = False) -> np.ndarray:
+    """Σ of each scaled 32-block of `to_mma_tiles(a, group)`' input (`rotate`: _mma_scaled's rotated values), (K/32,
+    tokens) fp32, in the order of a warp butterfly (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; lane 0's sum)."""
+    v, _ = _mma_scaled(a, group, tokens, rotate)
     lane = np.arange(32)
     with np.errstate(invalid="ignore", over="ignore"):
         for o in (16, 8, 4, 2, 1):
@@ -291,7 +298,8 @@ def q4k_record_bytes(nt: int, hi_only: bool = False) -> int:
     return q4k_record_layout(nt, hi_only)[2]
 
 
-RECORD_ORDERS = ("q4k", "sub16")  # the K orders of the few-token records (q4k_mma_records' `order`)
+# the K orders of the few-token records (q4k_mma_records' `order`); "rot16": "sub16" of the rotated activation
+RECORD_ORDERS = ("q4k", "sub16", "rot16")
 
 
 def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: str = "q4k") -> np.ndarray:
@@ -313,14 +321,16 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: st
     order="sub16" (prep_sub16_t{nt}, for the codecs' few-token GEMVs gemv_<fmt>_mma_t{nt} of Q6_K and Q8_0, whose
     MMAs each take one 16-element sub-block, lane t its elements 4t .. 4t + 3 — the codec's mma_block order): the
     same record, B pair i holding 32-element block i of the super-block, bytes 64·C·i + 16·(4c + t) + 8·h + 2·q
-    element 16h + 4t + q of it (exact records only)."""
+    element 16h + 4t + q of it (exact records only). order="rot16" (prep_rot16_t{nt}, TQ4_1S's few-token GEMVs):
+    "sub16" of rht_forward(x), s from the unrotated super-block less ROT_HEADROOM (its min pairs unused)."""
     a = f32(a)
     if order not in RECORD_ORDERS or (hi_only and order != "q4k"):
         raise ValueError(f"q4k_mma_records: order one of {RECORD_ORDERS} (hi_only: q4k), got {order!r}")
     tokens = (Q4K_HI_TOKENS, Q4K_SKINNY_COLUMNS) if hi_only else Q4K_RECORD_TOKENS
     if nt not in tokens or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
         raise ValueError(f"q4k_mma_records: 1 to {nt} tokens (nt one of {tokens}), got shape {a.shape}")
-    xs, s = _mma_scaled(a, Q4K_GROUP, max(nt, MMA_TOKENS))
+    rot = order == "rot16"
+    xs, s = _mma_scaled(a, Q4K_GROUP, max(nt, MMA_TOKENS), rot)
     nb = xs.shape[1]
     nsb = nb // 8
     hi, lo = _f16_hi_lo(xs[:nt])
@@ -331,7 +341,7 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: st
                 v = (v + v[:, :, np.arange(32) ^ o]).astype(F32)
             sums = v[:, :, 0]
         else:
-            sums = mma_block_sums(a, Q4K_GROUP, max(nt, MMA_TOKENS))[:, :nt].T
+            sums = mma_block_sums(a, Q4K_GROUP, max(nt, MMA_TOKENS), rot)[:, :nt].T
         sv = (sums * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32)  # (nt, nb)
     shi, slo = _f16_hi_lo(sv)
     ncol = q4k_record_columns(nt, hi_only)

@@ -1469,21 +1469,27 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     records=nt (prep_q4k_t{nt}, for gemv_q4_k_mma_t{nt}; rotate=False): up to nt tokens, the same values written
     as formats.tq4_1s.q4k_mma_records(x, nt) (one record per super-block: B pairs, min pairs, factors); with
     hi_only (prep_q4k_t16h, prep_q4k_t32h) the hi parts alone, one B column per token; order="sub16"
-    (prep_sub16_t{nt}, the Q6_K / Q8_0 few-token GEMVs' records): the elements in the codecs' sub-block order.
+    (prep_sub16_t{nt}, the Q6_K / Q8_0 few-token GEMVs' records): the elements in the codecs' sub-block order;
+    order="rot16" with rotate (prep_rot16_t{nt}, TQ4_1S's): those of the rotated x (the scale from the unrotated
+    super-block, _scaled_item's sb_max).
     `ready` (records, where the target has griddepcontrol; gemv_t1.T1_FLAG's builds, not shipped): a last
     parameter, a zero-kept u32 each CTA adds 1 to (red.release, after a CTA barrier) once its records are stored;
     the GEMV behind waits for ceil(items / 8) of them instead of for this grid's completion. The word is every op's:
     such a prep triggers its dependents only after its own griddepcontrol.wait, so the GEMV behind it is not
     resident (spinning on the word) before the op before has completed — and its GEMV zeroed the word."""
     ready = ready and arch.has("griddepcontrol")
-    assert not (records and rotate) and (records or not hi_only) and (order == "q4k" or (records and not hi_only))
+    assert (not records or rotate == (order == "rot16")) and (records or not hi_only)
+    assert order == "q4k" or (records and not hi_only)
     nt = records or T4.MMA_TOKENS
-    name = (GemvKernel("prep_few", "q4_K" if order == "q4k" else "q6_K", records, hi_only=hi_only) if records else
+    ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s"}[order]  # a format whose GEMV reads the records
+    name = (GemvKernel("prep_few", ofmt, records, hi_only=hi_only) if records else
             GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K")).name
-    b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate else
-                                   f"activation of up to {records} tokens: scaled fp16 {'hi' if hi_only else 'hi/lo'} "
+    b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate
+                                   and not records else
+                                   f"activation of up to {records} tokens{': forward RHT,' if rotate else ':'} scaled "
+                                   f"fp16 {'hi' if hi_only else 'hi/lo'} "
                                    f"records{'' if order == 'q4k' else ' in 16-element sub-block order'} "
-                                   f"({GemvKernel('few', 'q4_K' if order == 'q4k' else 'q6_K', records, hi_only=hi_only).name})"
+                                   f"({GemvKernel('few', ofmt, records, hi_only=hi_only).name})"
                                    if records else
                                    "activation: scaled fp16 hi/lo mma.sync B tiles and block sums (Q4_K tensor-core GEMV)"),
                       block=(32 * WARPS, 1, 1))
@@ -1514,7 +1520,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     lane, item, done = warp_per_item(b, b.op("mul.lo.u32", nb, Imm(nt, "u32")), WARPS)
     tok = b.op("div.u32", item, nb)
     j = b.op("rem.u32", item, nb)
-    hi, lo, fbits, xs, lead = _scaled_item(b, x, ntok, nb, tok, j, lane, rotate)
+    hi, lo, fbits, xs, lead = _scaled_item(b, x, ntok, nb, tok, j, lane, rotate, sb_max=bool(records) or None)
     if records:
         _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace, order)
         b.place(done)
@@ -1552,12 +1558,14 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     return b.finish()
 
 
-def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool):
+def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool, sb_max: bool | None = None):
     """One warp's item of the mma preps: token `tok`'s 32-element block j, lane = element (zeros past ntok);
-    rotate: the forward RHT first; else the scale comes from the max over the block's super-block (this lane's
-    element of each of its 8 blocks). The power-of-two scale 2^s puts the largest |value| in [2^14, 2^15) (s
-    clamped to ±100); hi = fp16(x·2^s), lo = fp16(x·2^s − hi) (0 where hi is not finite). Returns (hi, lo, the
-    factor 2^-s's bits, x·2^s, lane == 0)."""
+    rotate: the forward RHT first. The power-of-two scale 2^s puts the largest |value| in [2^14, 2^15) (s
+    clamped to ±100) — `sb_max` (default: not rotate) the max over the block's super-block (this lane's unrotated
+    element of each of its 8 blocks), rotated values then with formats.tq4_1s.ROT_HEADROOM bits more room (the
+    records of order "rot16"); hi = fp16(x·2^s), lo = fp16(x·2^s − hi) (0 where hi is not finite). Returns (hi,
+    lo, the factor 2^-s's bits, x·2^s, lane == 0)."""
+    sb_max = not rotate if sb_max is None else sb_max
     live = b.op("setp.lt.u32", tok, ntok)
     v = b.reg("f32")
     b.emit("mov.f32", v, Imm(0.0, "f32"))
@@ -1570,8 +1578,9 @@ def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool):
         rv = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
     b.emit("mov.f32", v, rv)
     b.place(skip)
-    mbits = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"), type="b32")
-    if not rotate:  # the super-block's max: this lane's element of each of its 8 blocks (tokens past T: zeros)
+    # (rotated values scaled by the unrotated super-block's max: from its elements only)
+    mbits = b.op("mov.b32", Imm(0, "b32")) if rotate and sb_max else b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"), type="b32")
+    if sb_max:  # the super-block's max: this lane's element of each of its 8 blocks (tokens past T: zeros)
         first = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, b.op("and.b32", j, Imm(~7 & 0xFFFFFFFF, "b32"))),
                      Imm(32, "u32"), lane)
         p0 = b.op("mad.wide.u32", first, Imm(4, "u32"), x)
@@ -1584,7 +1593,8 @@ def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool):
         o = b.op("shfl.sync.bfly.b32", mbits, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
         mbits = b.op("max.u32", mbits, o)
     e = b.op("and.b32", b.op("shr.u32", mbits, Imm(23, "u32")), Imm(0xFF, "b32"))
-    sexp = b.op("max.s32", b.op("min.s32", b.op("sub.s32", Imm(141, "s32"), e, type="s32"), Imm(100, "s32")), Imm(-100, "s32"))
+    top = 141 - (T4.ROT_HEADROOM if rotate and sb_max else 0)
+    sexp = b.op("max.s32", b.op("min.s32", b.op("sub.s32", Imm(top, "s32"), e, type="s32"), Imm(100, "s32")), Imm(-100, "s32"))
     scale = b.op("shl.b32", b.op("add.s32", sexp, Imm(127, "s32")), Imm(23, "u32"), type="b32")
     xs = b.op("mul.rn.f32", v, scale)
     hi = b.op("cvt.rn.f16.f32", xs, type="b16")

@@ -3,7 +3,9 @@ decoding A = q·sc in registers: gemv_q4_k_mma_t{1,2,4,8} (exact decode GEMVs), 
 tokens, fp16 activations) and mmq_q4_k_rega_n32 (the skinny GEMM for token groups of 32, records shared by a
 CTA's warps). The same builds run Q5_K (its codec's RegDecoder) and, exact up to 8 tokens, the codecs whose
 weights are a scale times an integer with no min (Q6_K, Q8_0: their mma_block, one MMA per 16-element sub-block
-and its scale in fp32 after it, _CodecStep, on prep_sub16_t*'s records).
+and its scale in fp32 after it, _CodecStep, on prep_sub16_t*'s records), and TQ4_1S (not shipped until timed: its
+codebook's fp16 hi and lo parts as the two row halves of one MMA, looked up in a pair table in shared memory, on
+prep_rot16_t*'s records of the rotated x; ~500 SASS a warp-step of 16 rows x 256 weights at T = 1, Q4_K's 293).
 
 `gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
 weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
@@ -97,18 +99,27 @@ def _suffix(nt: int, hi_only: bool) -> str:
     return f"t{nt}h" if hi_only else f"t{nt}"
 
 
-def _ring_plan(arch, nt: int, hi_only: bool = False) -> tuple[int, int, int, int]:
-    """(stages, resident CTAs per SM, m16 tiles per warp, warps) of the build on `arch` (T1_PLAN)."""
-    return T1_PLAN[_plan_size(arch)][_suffix(nt, hi_only)]
+# a format's own plans where its CTAs carry more than the rings (TQ4_1S: a 32 KB codebook table each): one CTA an SM
+# with more warps rather than two with a table each (the defaults would leave t4 / t8 at 8 / 4 warps an SM); not
+# timed yet (bench/NOTES.md, 2026-12-05, from 86f548c)
+T1_PLAN_FMT = {"tq4_1s": {"big": {"t1": (3, 1, 1, 16), "t2": (2, 1, 1, 16), "t4": (3, 1, 1, 8), "t8": (2, 1, 1, 8)},
+                          "small": {"t1": (2, 1, 1, 8), "t2": (2, 1, 1, 4), "t4": (2, 1, 1, 4)}}}
 
 
-def _fit(arch, S: int, ctas: int, stage_bytes: int, least: int = 2) -> tuple[int, int]:
+def _ring_plan(arch, nt: int, hi_only: bool = False, fmt: str = "q4_K") -> tuple[int, int, int, int]:
+    """(stages, resident CTAs per SM, m16 tiles per warp, warps) of the build on `arch` (T1_PLAN, or the format's
+    T1_PLAN_FMT)."""
+    size, sfx = _plan_size(arch), _suffix(nt, hi_only)
+    return T1_PLAN_FMT.get(fmt, {}).get(size, {}).get(sfx) or T1_PLAN[size][sfx]
+
+
+def _fit(arch, S: int, ctas: int, stage_bytes: int, least: int = 2, extra: int = 0) -> tuple[int, int]:
     """(stages, CTAs an SM) of a plan made for Q4_K's 144-byte rows, for a format whose stages are larger (Q5_K's
-    176): fewer stages (down to `least`) until `ctas` CTAs of S·stage_bytes + 128 bytes fit an SM (the opt-in limit
-    + 1 KB, each CTA 1 KB besides its own, as kernels._resident counts), else fewer CTAs — so the launch bounds'
-    .minnctapersm says what the SM holds. Q4_K's plans fit as they are."""
+    176): fewer stages (down to `least`) until `ctas` CTAs of S·stage_bytes + 128 bytes (+ `extra`: a codec's table)
+    fit an SM (the opt-in limit + 1 KB, each CTA 1 KB besides its own, as kernels._resident counts), else fewer
+    CTAs — so the launch bounds' .minnctapersm says what the SM holds. Q4_K's plans fit as they are."""
     def fits(s_, c_):
-        return smem_fit(arch, s_ * stage_bytes + 128) >= c_
+        return smem_fit(arch, s_ * stage_bytes + 128 + extra) >= c_
     while S > least and not fits(S, ctas):
         S -= 1
     while ctas > 1 and not fits(S, ctas):
@@ -216,8 +227,9 @@ def _built_for(fmt: str, nt: int) -> tuple[str, ...]:
     out = []
     for a in TARGETS:
         arch = get_arch(a)
-        _, _, mt, nw = _ring_plan(arch, nt)
-        if 2 * nw * (16 * mt * slot + T4.q4k_record_bytes(nt)) + 128 <= arch.max_smem_per_block:
+        _, _, mt, nw = _ring_plan(arch, nt, fmt=fmt)
+        table = getattr(codecs.get(fmt), "MMA_TABLE_BYTES", 0)
+        if 2 * nw * (16 * mt * slot + T4.q4k_record_bytes(nt)) + 128 + table <= arch.max_smem_per_block:
             out.append(a)
     return tuple(out)
 
@@ -240,12 +252,20 @@ class _CodecStep:
     for every row (row_bytes a multiple of 4): the body is emitted once per phase, each word one load or, at phase
     2, two and a prmt (as gemv_mma_codec's)."""
 
-    def __init__(self, b, arch, codec, MT, NTL, g, t, row0, M, nsb, block, slot):
+    def __init__(self, b, arch, codec, MT, NTL, g, t, row0, M, nsb, block, slot, tid=None, lane=None):
         self.b, self.arch, self.codec, self.MT, self.NTL, self.block, self.t = b, arch, codec, MT, NTL, block, t
-        self.consts = codec.mma_constants(b)
+        if hasattr(codec, "MMA_TABLE_BYTES"):  # a table in shared memory (TQ4_1S's codebook), filled by the first
+            # 4 warps (the fewest a launch runs), published by a CTA barrier
+            tbl = b.op("mov.u32", b.shared_buffer("mma_table", codec.MMA_TABLE_BYTES, align=16))
+            self.consts = codec.mma_constants(b, (tbl, tid, lane, 128))
+            b.emit("bar.sync", Imm(0, "u32"))
+        else:
+            self.consts = codec.mma_constants(b)
         self.czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
-        self.t4 = b.op("shl.b32", t, Imm(2, "u32"))
+        # the lane's offset of word(off, lane=True): 4t (its elements 4t .. 4t + 3 of a 16-byte run), or the codec's
+        self.t4 = codec.mma_lane_offset(b, t) if hasattr(codec, "mma_lane_offset") else b.op("shl.b32", t, Imm(2, "u32"))
         self.share = getattr(codec, "MMA_SCALE_SUBBLOCKS", 1)
+        self.parts = getattr(codec, "MMA_A_PARTS", 1)  # A parts a sub-block (TQ4_1S: fp16 hi and lo; _parts_step)
         rows = [[b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")) for rr in range(2)] for mt in range(MT)]
         self.slots = [[b.op("mul.lo.u32", r, Imm(slot, "u32")) for r in rs] for rs in rows]
         self.starts = None
@@ -283,6 +303,9 @@ class _CodecStep:
             xbs = _b_tiles(b, xrec, 64 * ncol * i, self.NTL)
             for mt in range(self.MT):
                 for s0 in range(2 * i, 2 * i + 2, self.share):
+                    if self.parts > 1:
+                        self._parts_step(dec[mt], s0, xbs, self.S[mt])
+                        continue
                     cs = [b.regs("f32", 4) for _ in range(self.NTL)]
                     for s in range(s0, s0 + self.share):
                         fr = [dec[mt][rr].fragment(s) for rr in range(2)]
@@ -301,6 +324,26 @@ class _CodecStep:
         for mt in range(self.MT):
             for rr in range(2):
                 b.emit("mov.f32", self.d[mt][rr], dec[mt][rr].d)
+
+    def _parts_step(self, dec, s, xbs, S):
+        """Sub-block s of a codec whose A comes in two parts (MMA_A_PARTS: TQ4_1S's fp16 hi and lo of the codebook):
+        one MMA per weight row group rr (rows g + 8·rr of the m16 tile) and n8 tile, its A the row's fragment(s) —
+        part 0 as the MMA's rows g, part 1 as its rows g + 8, both weight row g + 8·rr (so each pair of A registers
+        is one table lookup, no moves) —, then S[n][2rr + c] += sc·(C part 0 + C part 1) for B column c (x hi, lo)."""
+        b = self.b
+        for rr in range(2):
+            A = dec[rr].fragment(s)
+            sc = dec[rr].scale(s)
+            for n in range(self.NTL):
+                c = b.regs("f32", 4)  # (part 0, x hi), (part 0, x lo), (part 1, x hi), (part 1, x lo)
+                b.emit(mma_sync(self.arch, "m16n8k16", "f16", b.vec(c), b.vec(A),
+                                b.vec(xbs[n][2 * (s % 2):2 * (s % 2) + 2]), b.vec(self.czero)))
+                for col in range(2):
+                    v = b.op("add.rn.f32", c[col], c[2 + col])
+                    if s == 0:
+                        b.emit("mul.rn.f32", S[n][2 * rr + col], sc, v)
+                    else:
+                        b.emit("fma.rn.f32", S[n][2 * rr + col], sc, v, S[n][2 * rr + col])
 
     def finish(self, acc, facs):
         """y += 2^-s·d·(S_hi + S_lo) per row and tile (acc[mt][rr][tile][0]; facs[tile][0]: the lane's token's 2^-s)."""
@@ -478,14 +521,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     what = f"the {nt}-token tensor-core {fmt} GEMV"
     arch.require("mma_sync_f16", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
     arch.require("cp_async", what, "use gemv_q4_k_t1 / gemv_q4_k_mma")
-    S, ctas, MT, NW = _ring_plan(arch, nt, hi_only)
+    S, ctas, MT, NW = _ring_plan(arch, nt, hi_only, fmt)
     R = 16 * MT  # rows per warp
     W_BYTES = R * SLOT  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
-    S, ctas = _fit(arch, S, ctas, NW * stage_bytes)
+    S, ctas = _fit(arch, S, ctas, NW * stage_bytes, extra=getattr(codec, "MMA_TABLE_BYTES", 0))
     b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused).name, arch,
                       f"{fmt} GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
@@ -515,7 +558,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         b.meta.update(ready_flag="ready (last): 2 zero-kept u32 — the prep's CTAs done (this kernel waits for "
                                   "k/256 x tokens of them instead of griddepcontrol.wait), the CTAs past the wait")
     if not kq:
-        b.meta.update(record_order="sub16", weights="row_bytes a multiple of 16" if BLOCK % 16 == 0 else
+        b.meta.update(record_order=getattr(codec, "FEW_RECORD_ORDER", "sub16"), weights="row_bytes a multiple of 16" if BLOCK % 16 == 0 else
                       f"row_bytes a multiple of 4, m·row_bytes of 16 (a step's {BOX}-byte copy from 16 bytes below "
                       "its start reads no byte past the buffer)")
     if NW > 4:
@@ -570,7 +613,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         dec = codec.RegDecoder(b, g, t)
         zero, czero = dec.zero, dec.czero
     else:
-        cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT)
+        cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane)
     # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
     # them re-read the first ones (their columns of C are never used)
     col_lane = b.op("and.b32", lane, Imm(min(32, 4 * ncol) - 1, "b32"))
@@ -855,12 +898,20 @@ KERNELS += [KernelDef(GemvKernel("few", f, nt, hi_only=h).name,
                       f"bits from qh), on {GemvKernel('prep_few', 'q4_K', nt, hi_only=h).name}'s records",
                       lambda arch, nt=nt, h=h, f=f: build(arch, nt, h, fmt=f)) for f in FEW_FORMATS for nt, h in _BUILDS]
 CODEC_FORMATS = ("q6_K", "q8_0")  # codecs with an mma_block on the exact builds (_CodecStep; prep_sub16_t* records)
-KERNELS += [KernelDef(GemvKernel("few", f, nt).name,
-                      f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt).name} with the codec's integer "
-                      f"weights: one MMA per 16-element sub-block, its scale in fp32 after it, on "
-                      f"{GemvKernel('prep_few', f, nt).name}'s records",
-                      lambda arch, nt=nt, f=f: build(arch, nt, fmt=f), archs=_built_for(f, nt))
-            for f in CODEC_FORMATS for nt in T4.Q4K_RECORD_TOKENS]
+# TQ4_1S on the same builds: its mma_block takes A in two parts (hi, lo) from a pair table in shared memory, on the
+# records of the rotated activation (prep_rot16_t*); no one-launch build (its records would need the rotation)
+ROT_FORMATS = ("tq4_1s",)
+
+
+def _codec_doc(f: str, nt: int) -> str:
+    weights = ("codebook in fp16 hi and lo parts, the two row halves of one MMA per 16-element half (a pair table "
+               "in shared memory)" if f in ROT_FORMATS else "integer weights: one MMA per 16-element sub-block")
+    return (f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt).name} with the codec's {weights}, its "
+            f"scale in fp32 after it, on {GemvKernel('prep_few', f, nt).name}'s records")
+
+
+KERNELS += [KernelDef(GemvKernel("few", f, nt).name, _codec_doc(f, nt), lambda arch, nt=nt, f=f: build(arch, nt, fmt=f),
+                      archs=_built_for(f, nt)) for f in CODEC_FORMATS + ROT_FORMATS for nt in T4.Q4K_RECORD_TOKENS]
 FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each also in one launch
 KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True).name,
                       f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', f, nt).name} in one launch: "
@@ -876,6 +927,10 @@ PREPS = [KernelDef(GemvKernel("prep_few", "q4_K", nt, hi_only=h).name, f"activat
 PREPS += [KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], nt).name, f"activation of up to {nt} tokens: scaled fp16 "
                     f"hi/lo records in the codecs' 16-element sub-block order ({', '.join(GemvKernel('few', f, nt).name for f in CODEC_FORMATS)})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="sub16", ready=T1_FLAG))
+          for nt in T4.Q4K_RECORD_TOKENS]
+PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of up to {nt} tokens: forward RHT, scaled "
+                    f"fp16 hi/lo records in the codecs' 16-element sub-block order ({GemvKernel('few', 'tq4_1s', nt).name})",
+                    lambda arch, nt=nt: build_prep_mma(arch, rotate=True, records=nt, order="rot16"))
           for nt in T4.Q4K_RECORD_TOKENS]
 _C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
 _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
