@@ -10,7 +10,8 @@ with the shipped build's. The first column is always the shipped emitted/ builds
       --variant 'deep: mmq.RA_DEEP_FORMATS=("q4_K",); mmq.RA_DEEP_MAX_BN=128; mmq.RA_DEEP_GROUPED=True'
 
 A value is a Python literal; the attributes are restored after each variant. `rule.NAME=literal` overrides a
-dispatch rule of ptxgen/tuning while the variant runs (e.g. 'few8: rule.q4k_few_max_tokens=8'); `kernels.ATTR`
+dispatch rule of ptxgen/tuning while the variant runs (e.g. 'few8: rule.q4k_few_max_tokens=8'), `knob.NAME=value` a
+kernel-choice knob of ptxgen.knobs (e.g. 'one: knob.PTXGEN_Q4K_FUSED=1'); `kernels.ATTR`
 sets an attribute of the package ptxgen.kernels itself, `codecs.MOD.ATTR` one of ptxgen.codecs.MOD. Replaces
 probe_block_box.py (the nibble codecs' block box, 2026-12-02: no win; bench/NOTES.md)."""
 import argparse
@@ -32,8 +33,8 @@ def parse_variant(text: str):
     for part in filter(None, (p.strip() for p in body.split(";"))):
         target, _, value = part.partition("=")
         mod, _, attr = target.strip().rpartition(".")
-        if mod == "rule":  # rule.NAME: a dispatch rule of ptxgen/tuning, overridden while the variant runs
-            sets.append(("rule", attr, ast.literal_eval(value.strip())))
+        if mod in ("rule", "knob"):  # a dispatch rule of ptxgen/tuning, or a kernel-choice knob, while it runs
+            sets.append((mod, attr, ast.literal_eval(value.strip()) if mod == "rule" else value.strip()))
             continue
         module = ("ptxgen.kernels" if mod == "kernels" else f"ptxgen.{mod}" if mod.startswith("codecs.")
                   else f"ptxgen.kernels.{mod}")
@@ -88,7 +89,7 @@ def main():
 
     import ptxgen.runtime as r
     from bench_op import eager, graphed
-    from ptxgen import tuning
+    from ptxgen import knobs, tuning
     from ptxgen.runtime import kernels
     from ptxgen.testing.strategies import random_raw
 
@@ -126,11 +127,12 @@ def main():
                 plan = lambda: r.mul_mat_plan(ws[0], t).kernels  # noqa: E731
             cells, got = [], []
             for sets in [[]] + [v[1] for v in variants]:
-                mods = [s for s in sets if s[0] != "rule"]
+                mods = [s for s in sets if s[0] not in ("rule", "knob")]
                 old = swap(names, mods) if mods else []
                 for w in ws:
                     w._plans.clear()
-                with tuning.override(**{a: v for m_, a, v in sets if m_ == "rule"}):
+                with tuning.override(**{a: v for m_, a, v in sets if m_ == "rule"}), \
+                        knobs.override(**{a: v for m_, a, v in sets if m_ == "knob"}):
                     cells.append(f"{eager(torch, call, calls=4 * n):.1f} / {graphed(torch, call, calls=4 * n):.1f}")
                 got.append(ys[0].clone())
                 restore(old)
