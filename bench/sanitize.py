@@ -57,6 +57,9 @@ TARGETED = [
     *[(fmt, "exact", m, k, (1, 2, 3, 5), None, {}, {"codec_few_max_tokens": {"q5_K": 32}, "codec_mma_t1_min_rows": 1})
       for fmt in ("q6_K", "q8_0") for m, k in ((129, 2048), (128, 512), (1, 256))],
     ("q8_0", "exact", 129, 288, (2, 3), None, {}, {}),  # K not a multiple of 256: the fp32 codec GEMV at 2-4 tokens
+    # the stream-K register-A GEMMs (not shipped: RULES.mmq_stream_k_min_gain 0 until timed), n256 and n128
+    ("q4_K", "exact", 5120, 4096, (512,), None, {}, {"mmq_stream_k_min_gain": 0.01}),
+    ("q4_K", "exact", 9000, 4096, (128,), None, {}, {"mmq_stream_k_min_gain": 0.01}),
     # TQ4_1S's few-token builds (not shipped: RULES.codec_few_max_tokens has no tq4_1s entry above 0 until timed)
     ("tq4_1s", "exact", 128, 512, (1, 2, 3, 5), None, {}, {"codec_few_max_tokens": {"tq4_1s": 8}}),
     # mode="fast"'s int8 lane GEMVs at every T they are built for (RULES.fast_lanes_max_tokens runs some nowhere)

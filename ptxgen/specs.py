@@ -28,6 +28,8 @@ class MmqSpec:
     # fp32, the min term as k16 MMAs against the gathered x's sub-block sums (kernels/mmq.py _iw_steps)
     bm: int = 128  # wgmma: the CTA's M tile; 256 (grouped register-A Q4_K builds) = four consumer warpgroups of 64
     # rows sharing each activation tile, one CTA an SM
+    stream: bool = False  # register-A wgmma (dense, x converted first): stream-K — CTA c takes K-steps [c·L, (c+1)·L)
+    # of the tiles' K ranges laid end to end (kernels/mmq.py STREAM_NOTE), not whole items from the queue
 
     @property
     def name(self) -> str:
@@ -40,7 +42,7 @@ class MmqSpec:
         kind = "pre" if self.prepared else "iw" if self.int_weights else "ra" if self.a_regs else ""
         wide = f"_m{self.bm}" if self.bm != 128 else ""
         return (f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + wide + mc + cx
-                + ("_moe" if self.grouped else ""))
+                + ("_sk" if self.stream else "") + ("_moe" if self.grouped else ""))
 
     @classmethod
     def for_path(cls, path: str, bn: int) -> "MmqSpec":
@@ -51,6 +53,7 @@ class MmqSpec:
                  "wgmma_pre_x16": cls(bn, "wgmma", a_regs=True, prepared=True),
                  "wgmma_pre_cx": cls(bn, "wgmma", a_regs=True, convert=True, prepared=True),
                  "wgmma_ra_mc": cls(bn, "wgmma", a_regs=True, cluster=2),
+                 "wgmma_ra_sk": cls(bn, "wgmma", a_regs=True, stream=True),
                  "q8": cls(bn, act="q8_1"), "q8_pre": cls(bn, act="q8_1", fused=False)}
         try:
             return specs[path]

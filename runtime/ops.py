@@ -611,6 +611,37 @@ def mmq_plan(fn, m: int, k: int, t: int, bn: int, sync: bool, sms: int) -> MmqPl
     return MmqPlan(tiles_n, tiles, 0, splits, per, items, min(items, slots), False, cl)
 
 
+class StreamPlan(NamedTuple):
+    """The stream-K register-A GEMM's launch (kernels/mmq.py STREAM_NOTE): tiles, token tiles, L (K-steps a CTA) and
+    CTAs (ceil(tiles·K/64 / L))."""
+    tiles: int
+    tiles_n: int
+    per: int
+    ctas: int
+
+
+def stream_plan(fn, m: int, k: int, t: int, bn: int, sms: int, uniform: MmqPlan) -> StreamPlan | None:
+    """The stream-K plan of the register-A GEMM `fn` (its uniform plan `uniform`), where RULES.mmq_stream_k_min_gain
+    (0: never) allows it: every resident CTA takes L = ceil(U / slots) of the tiles' U K-steps laid end to end, against
+    the uniform plan's rounds of whole items. In K-steps, with split_item_cost a segment and split_fixup_cost a split:
+    uniform = ceil(items / slots)·(per + item) + fixup if split; stream = L + (ceil(L / K-steps) + 1)·item + fixup.
+    Stream-K where it is at least the rule's fraction faster (14336x4096 at T = 512: 224 n256 tiles on 132 CTAs,
+    uniform 132, stream 117)."""
+    gain = RULES.mmq_stream_k_min_gain
+    if not gain:
+        return None
+    slots = fn.resident_per_sm() * sms
+    ksteps = k // 64
+    units = uniform.tiles * ksteps
+    per = -(-units // slots)
+    item, fix = RULES.split_item_cost, RULES.split_fixup_cost
+    before = -(-uniform.items // slots) * (uniform.per + item) + (fix if uniform.splits > 1 else 0)
+    after = per + (-(-per // ksteps) + 1) * item + (fix if units % per or per % ksteps else 0)
+    if after > (1 - gain) * before:
+        return None
+    return StreamPlan(uniform.tiles, uniform.tiles_n, per, -(-units // per))
+
+
 def _rega_fill_tile(fmt: str, m: int, k: int, t: int, bn: int, sms: int) -> int:
     """The register-A MMQ's token tile on shapes of few 128 x bn tiles: the T rule's `bn` (_rega_tile), halved (to
     n64 at least) while its plan splits K more than RULES.wgmma_ra_max_splits ways, or into fewer than
@@ -631,7 +662,7 @@ def mmq_convert_in_gemm(t: int, splits: int) -> bool:
     return v == "on" or (v == "auto" and t >= RULES.mmq_cx_min_tokens and splits <= RULES.mmq_cx_max_splits)
 
 
-MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc",
+MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc", "wgmma_ra_sk",
              "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16", "q8", "q8_pre")
 
 
@@ -685,7 +716,12 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         # never past K
         cx = ("sm_90a" in kernels.available(cx_name) and mmq_convert_in_gemm(t, plan.splits)
               and k % (64 * int(kernels.load(cx_name, "sm_90a").meta["convert_steps"])) == 0)
-        path = f"{path}_cx" if cx else f"{path}_x16"
+        sk = dataclasses.replace(base, stream=True).name
+        if path == "wgmma_ra" and not cx and kernels.build_for(sk, "sm_90a") == "sm_90a" and \
+                stream_plan(planned, m, k, t, bn, sms, plan) is not None:
+            path = "wgmma_ra_sk"  # stream-K: the tiles fill the CTAs' rounds unevenly
+        else:
+            path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
     wg = path.startswith("wgmma")
     name = _mmq_build(dataclasses.replace(spec, fmt=fmt).name, "sm_90a" if wg else arch, w.fmt, path)
@@ -697,6 +733,17 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         plan = mmq_plan(fn, m, k, t, bn, sync, sms)  # the converting build: same plan unless its shared memory
         # changes how many CTAs an SM holds
     tiles, whole, splits = plan.tiles, plan.whole, plan.splits
+    if spec.stream:  # chunks of L K-steps (StreamPlan), two partial planes a CTA
+        sp = stream_plan(fn, m, k, t, bn, sms, plan) or StreamPlan(tiles, plan.tiles_n, -(-tiles * (k // 64) // (
+            fn.resident_per_sm() * sms)), 0)  # (a forced path: stream-K whatever the rule says)
+        grid = (-(-tiles * (k // 64) // sp.per),)
+        part = pb.scratch((2 * grid[0] * 128 * bn,), np.float32)
+        cnt = pb.counters(4 * tiles)
+        x16 = _rec_convert_f16(pb, xa, flag, "sm_90a", "rega")
+        tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
+        pb.launch(fn, grid, (_raw_rows_map(w, m, fn), tx, o, m, k, t, sp.per, pb.queue, sp.tiles_n, 0, part, cnt),
+                  pdl=bool(fn.meta.get("pdl")))
+        return
     tma = sync and fn.meta.get("copy") == "tma"  # the fp16 mma.sync build's TMA ring (sm_120a): weights by tensor map
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
     # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)

@@ -509,6 +509,22 @@ def test_wgmma_mmq_split_k_fixup_with_ctas_taking_turns():
         np.testing.assert_array_equal(out.got, outs[0].got)
 
 
+@pytest.mark.parametrize("name,shape,ctas", [("mmq_q4_k_wgmma_ra_n128_sk", (389, 137, 512), 5),
+                                             ("mmq_q4_k_wgmma_ra_n128_sk", (128, 128, 1024), 3),
+                                             pytest.param("mmq_q6_k_wgmma_ra_n256_sk", (261, 300, 2048), 7,
+                                                          marks=pytest.mark.slow)])
+def test_stream_k_register_a_mmq(name, shape, ctas):
+    """The register-A MMQ's stream-K build (mmq.STREAM_NOTE): `ctas` CTAs each take ceil(U / ctas) K-steps of the
+    tiles laid end to end (chunk boundaries mid-tile, mid-block for Q6_K's 4-step boxes; a tile cut into 2 or 3
+    pieces: the two-split path and the z-order sum), taking turns in seed-drawn orders: correct, the counters and
+    the queue back at zero (the harness checks), the same bits for every order."""
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    outs = [check_kernel(name, ptx, seed=5, shape=shape, ctas=ctas, interleave=True, run_seed=rs) for rs in (5, 6)]
+    for out in outs:
+        assert out.ok, out.detail
+    np.testing.assert_array_equal(outs[1].got, outs[0].got)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_n32", "mmq_q4_k_wgmma_ra_n128"])
 def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):

@@ -580,6 +580,36 @@ def test_wgmma_split_k_fixup_is_correct_and_deterministic(path, bn):
         np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, path)[0].view(np.uint32), a.view(np.uint32))
 
 
+@pytest.mark.parametrize("fmt,m,k,t", [("q4_K", 5120, 4096, 512), ("q4_K", 14336, 4096, 512), ("q4_K", 9000, 4096, 128),
+                                      ("q6_K", 3000, 2048, 512), ("q8_0", 9000, 3584, 512), ("q5_K", 9000, 2048, 512),
+                                      ("tq4_1s", 18944, 3584, 512)])
+def test_stream_k_register_a_gemm(fmt, m, k, t):
+    """The register-A GEMM's stream-K builds (mmq_<fmt>_wgmma_ra_n{128,256}_sk; RULES.mmq_stream_k_min_gain raised,
+    off until timed): every resident CTA the same K-steps of the tiles laid end to end, a tile cut by a CTA's
+    boundary split-K over 2-3 CTAs (the last to count in sums the pieces in z order) — _codec_prefill's checks
+    (within 1e-3 of float64, bit-identical run to run whichever CTA comes last, a token past fp16 recomputed), the
+    counters and the queue left at zero; and through mmq_launch's forced path against the uniform build."""
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the register-A GEMMs are sm_90a's")
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    with tuning.override(mmq_stream_k_min_gain=0.01, codec_ra_mmq_max_tokens=1 << 30):
+        names = ops.mul_mat_plan(r_weights(fmt, m, k), t).kernels
+        sk = next(n for n in names if n.endswith("_sk"))
+        _codec_prefill(fmt, m, k, t, sk)
+        assert not ops.workspace_state().any()
+    if fmt == "q4_K":  # the forced path, whatever the rule: the uniform build's result within the GEMMs' bound
+        rng = np.random.default_rng(3)
+        raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+        x = rng.standard_normal((t, k)).astype(np.float32)
+        a, fa = run_mmq(r, raw, m, k, x, 256, "wgmma_ra_sk")
+        u, fu = run_mmq(r, raw, m, k, x, 256, "wgmma_ra")
+        assert fa == fu == 0 and rel(a, u) <= 1e-5 and rel(a, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-3
+
+
 @pytest.mark.parametrize("bn", [128, 256])
 def test_wgmma_cluster_multicast_mmq(bn):
     """mmq_launch path "wgmma_ra_mc": the register-A MMQ in clusters of 2 CTAs multicasting each activation tile

@@ -378,6 +378,26 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
             assert plan(4098, 4608) != "prep_sub16_t1" and plan(4100, 4608) == "prep_sub16_t1"  # rows of 3780 bytes
 
 
+def test_stream_k_runs_where_the_tiles_fill_the_rounds_unevenly(gpu):
+    """The register-A GEMM's stream-K builds (mmq_<fmt>_wgmma_ra_n{128,256}_sk): off as shipped
+    (mmq_stream_k_min_gain 0: not timed); with the rule, where the cost model says so: 14336x4096 at T = 512 (224
+    n256 tiles on 132 CTAs) takes 132 CTAs of L = ceil(224·64 / 132) = 109 K-steps, two partial planes a CTA, a
+    counter a tile; 4096x4096 (64 tiles split in two) and the converting build's large T keep their plans; the
+    forced path ("wgmma_ra_sk") runs it whatever the rule."""
+    w = fakegpu.weights("q4_K", 14336, 4096)
+    assert not any(k.endswith("_sk") for k in ops.mul_mat_plan(w, 512).kernels)  # shipped: off
+    with tuning.override(mmq_stream_k_min_gain=0.05):
+        plan = ops.mul_mat_plan(w, 512)
+        assert plan.kernels == ["convert_f16_perm", "mmq_q4_k_wgmma_ra_n256_sk", "mul_mat_fixup_q4_k"]
+        ln = plan.launches[1]
+        assert ln.grid == (132,) and ln.args[3:7] == (14336, 4096, 512, 109) and ln.args[8:10] == (2, 0)
+        assert plan.scratch_bytes >= 2 * 132 * 128 * 256 * 4 and plan.counter_bytes >= 4 * 224
+        assert ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 4096), 512).kernels[1] == "mmq_q4_k_wgmma_ra_n256"
+        assert ops.mul_mat_plan(w, 4096).kernels[0] == "mmq_q4_k_wgmma_ra_n256_cx"
+        assert ops.mul_mat_plan(fakegpu.weights("q4_K", 9000, 4096), 128).kernels[1] == "mmq_q4_k_wgmma_ra_n128_sk"
+        assert ops.mul_mat_plan(fakegpu.weights("q8_0", 9000, 3584), 512).kernels[1] == "mmq_q8_0_wgmma_ra_n256_sk"
+
+
 def test_tq4_1s_takes_the_few_token_builds_where_its_rule_allows(gpu):
     """TQ4_1S on the few-token builds (gemv_tq4_1s_mma_t{1,2,4,8} on prep_rot16_t*'s records of the rotated x): off
     as shipped (codec_few_max_tokens 0: not timed); with the rule, up to its T, prep + GEMV eager and captured (no

@@ -1093,6 +1093,13 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
     # whole clusters (the kernel walks items per cluster); cl = 1: one CTA per item at most
     grid = cl * max(1, min(-(-tiles // cl) * splits, ctas // cl))
+    if "stream" in meta:  # stream-K: `ctas` chunks of L = ceil(U / ctas) K-steps, two partial planes a chunk
+        units = tiles * (k // 64)
+        per = -(-units // ctas)
+        grid = -(-units // per)
+        pa = mem.alloc(2 * grid * 128 * bn * 4, poison=0xFF)
+        tail = tail[:3] + (per,) + tail[4:6] + (0, pa) + tail[8:]
+        scratch = (scratch[0], pa, scratch[2])
     extra = ()
     if cx:
         nready = -(-t // bn) * -(-(k // 64) // meta["convert_steps"])
@@ -1119,7 +1126,8 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     want = formats.gemm_ref(fmt, raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)
-    return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e} ({splits} split(s))", got, want)
+    how = f"{grid} stream-K chunks of {tail[3]} K-steps" if "stream" in meta else f"{splits} split(s)"
+    return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e} ({how})", got, want)
 
 
 def _mmq_wgmma(name):
@@ -1191,6 +1199,9 @@ for _bn in (128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_mc2"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_mc2")
 for _bn in (64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_q4_k_wgmma_ra_n{_bn}_cx")
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # (kernels/mmq.py STREAM_FORMATS, STREAM_TOKEN_TILES)
+    for _bn in (128, 256):
+        HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_sk"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_sk")
 for _bn in (256,):
     for _sfx in ("", "_cx"):
         HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")

@@ -1840,6 +1840,7 @@ class _WgWork(NamedTuple):
     rank: Reg | None
     peer_ranks: list
     groups: "_WgGroups | None" = None
+    stream: bool = False  # stream-K (MmqSpec.stream): per = L, the K-steps a CTA takes; items unbounded
 
 
 class _WgGroups(NamedTuple):
@@ -1862,6 +1863,10 @@ class _WgItem(NamedTuple):
     n0: Reg
     w_row: Reg | None = None
     tlast: Reg | None = None
+    tile: Reg | None = None  # stream-K: the tile (M tile · token tiles + token tile), its pieces (K ranges of
+    pieces: Reg | None = None  # different CTAs: split-K where > 1), whether the segment exists, and the partial
+    valid: Reg | None = None  # plane of piece z of the tile (a register in, a register out)
+    plane: object = None
 
 
 def build_wgmma(arch, spec: "MmqSpec"):
@@ -1878,6 +1883,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
                          f"{PAIRED_MAX_BN})")
     if PRE and (not spec.a_regs or spec.cluster > 1):
         raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
+    if spec.stream and (not spec.a_regs or spec.grouped or spec.convert or spec.cluster > 1 or spec.int_weights):
+        raise ValueError(f"{spec.name}: stream-K is the dense register-A build's on x converted first, one CTA a "
+                         "cluster")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
     if not getattr(codecs.get(spec.fmt), "WGMMA_ALL", False) and (not spec.a_regs or PRE or spec.cluster > 1
                                or (spec.convert and spec.fmt not in WGMMA_CX_CODECS)):
@@ -1965,11 +1973,14 @@ def build_wgmma(arch, spec: "MmqSpec"):
         groups_m = tiles_m if CL == 1 else b.op("div.u32", b.op("add.u32", tiles_m, Imm(CL - 1, "u32")),
                                                 Imm(CL, "u32"))
         items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
+        if spec.stream:  # (the producer hands on an item past every chunk's segments as 0xFFFFFFFF)
+            items = b.op("mov.u32", Imm(0xFFFFFFFF, "u32"))
         ksteps = b.op("shr.u32", K, Imm(6, "u32"))
         rank = b.special("cluster_ctarank") if CL > 1 else None
         # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
         peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
-        w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks)
+        w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks,
+                    stream=spec.stream)
     base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", smem), Imm(1023, "u32")), Imm(~1023 & 0xFFFFFFFF, "b32"))
     bst = base  # B stages: S x b_bytes, each 1024-aligned
     a_base = b.op("add.u32", base, Imm(S * BSTEPS * b_bytes, "u32"))  # A: [consumer][buffer] x A_TILE
@@ -2040,6 +2051,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
+    if spec.stream:
+        b.meta.update(stream=STREAM_NOTE, grid="ceil(U / L) CTAs, U = tiles x K/64, L = steps_per_split (at most the "
+                      "resident CTAs)", work_queue="static (stream-K): the queue counts CTAs out only; splits unused")
     CL = spec.cluster
     if CL not in (1, 2):
         raise ValueError(f"{spec.name}: clusters of 1 or 2 CTAs, not {CL}")
@@ -2124,6 +2138,8 @@ def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     CL = spec.cluster
     if w.groups is not None:
         return _grouped_item(b, spec, w, item)
+    if w.stream:
+        return _stream_item(b, spec, w, item)
     if spec.convert:  # m fastest: a round of CTAs needs few token tiles of x, which the converters do first (CX_NOTE)
         tm = b.op("rem.u32", item, w.tiles_m)
         rest = b.op("div.u32", item, w.tiles_m)
@@ -2141,6 +2157,43 @@ def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     m0 = b.op("mul.lo.u32", tm, Imm(BM, "u32"))
     n0 = b.op("mul.lo.u32", tn, Imm(spec.bn, "u32"))
     return _WgItem(tm, z, tn, s_begin, s_end, m0, n0)
+
+
+STREAM_NOTE = ("stream-K: the tiles' K ranges laid end to end (tile = M tile · token tiles + token tile, K-steps "
+               "0 .. K/64 − 1 each: U units) are cut into chunks of L = steps_per_split K-steps; CTA c takes chunk c "
+               "([c·L, min((c + 1)·L, U)), grid ceil(U / L)) as its segments in order, one a tile it touches (item "
+               "j·gridDim.x + c: segment j; no queue), so every CTA has the same work up to one K-step. A tile cut "
+               "by a chunk boundary is split-K over the chunks that touch it, piece z from chunk first + z (first = "
+               "tile·K/64 / L): each piece stores its partial in plane 2·c + (its segment > 0 in its chunk) "
+               "(part: 2·grid x 128·BN floats) and the last to count in sums them in z order, as the split builds")
+
+
+def _stream_item(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
+    """A stream-K item (STREAM_NOTE) → segment j = item / gridDim.x of chunk c = item % gridDim.x: its tile, K-steps,
+    piece z and the tile's pieces, whether it exists (the chunk reaches that tile), and the plane of a piece."""
+    G = b.special("nctaid.x")
+    c, j = b.op("rem.u32", item, G), b.op("div.u32", item, G)
+    L, ks = w.per, w.ksteps
+    units = b.op("mul.lo.u32", b.op("mul.lo.u32", w.tiles_m, w.tiles_n), ks)
+    u0 = b.op("mul.lo.u32", c, L)
+    u1 = b.op("min.u32", b.op("add.u32", u0, L), units)
+    tile = b.op("add.u32", b.op("div.u32", u0, ks), j)
+    tb = b.op("mul.lo.u32", tile, ks)  # the tile's first unit
+    valid = b.op("setp.lt.u32", tb, u1)
+    s_begin = b.op("sub.u32", b.op("max.u32", u0, tb), tb)
+    s_end = b.op("sub.u32", b.op("min.u32", u1, b.op("add.u32", tb, ks)), tb)
+    first = b.op("div.u32", tb, L)
+    last = b.op("div.u32", b.op("sub.u32", b.op("add.u32", tb, ks), Imm(1, "u32")), L)
+    tn, tm = b.op("rem.u32", tile, w.tiles_n), b.op("div.u32", tile, w.tiles_n)
+
+    def plane(z):  # piece z: chunk first + z, its segment tile − (its first tile) > 0 → the second plane
+        cz = b.op("add.u32", first, z)
+        later = b.op("setp.gt.u32", tile, b.op("div.u32", b.op("mul.lo.u32", cz, L), ks))
+        return b.op("add.u32", b.op("shl.b32", cz, Imm(1, "u32")), b.op("selp.u32", Imm(1, "u32"), Imm(0, "u32"), later))
+
+    return _WgItem(tm, b.op("sub.u32", c, first), tn, s_begin, s_end, b.op("mul.lo.u32", tm, Imm(BM, "u32")),
+                   b.op("mul.lo.u32", tn, Imm(spec.bn, "u32")), tile=tile,
+                   pieces=b.op("add.u32", b.op("sub.u32", last, first), Imm(1, "u32")), valid=valid, plane=plane)
 
 
 def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, bm=BM) -> _WgWork:
@@ -2291,8 +2344,13 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     ph = b.op("and.b32", b.op("shr.u32", j, Imm(1, "u32")), Imm(1, "b32"))
     _wait(b, lay.item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     item = b.reg("u32")
+    it = None
     if CL > 1:  # static: both CTAs of a cluster walk the same items
         b.emit("mad.lo.u32", item, j, ncl, cid)
+    elif w.stream:  # static: segment j of chunk ctaid, or past its chunk's last (0xFFFFFFFF, ≥ items)
+        cand = b.op("mad.lo.u32", j, b.special("nctaid.x"), b.special("ctaid.x"))
+        it = _wgmma_decode(b, spec, w, cand)
+        b.emit("selp.b32", item, cand, Imm(0xFFFFFFFF, "b32"), it.valid)
     else:
         b.emit("atom.global.add.u32", item, Mem(w.Q), Imm(1, "u32"))
     b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), lay.slot0)), item)
@@ -2300,7 +2358,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     b.emit("mbarrier.arrive.shared::cta.b64", st64, Mem(lay.item_full(sl)))
     b.emit("add.u32", j, j, Imm(1, "u32"))
     b.bra(p_end, pred=b.op("setp.ge.u32", item, w.items))
-    it = _wgmma_decode(b, spec, w, item)
+    it = it or _wgmma_decode(b, spec, w, item)
     s = b.op("mov.u32", it.s_begin)
     need = None
     if CX:  # x_ready[kc][tn] counts the converted 8-row groups of chunk kc of token tile tn
@@ -2552,7 +2610,7 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     b.bra(c_end, pred=b.op("setp.ge.u32", item, w.items))
     it = _wgmma_decode(b, spec, w, item)
     t0 = b.special("globaltimer_lo") if w.groups is not None and GROUPED_TRACE else None
-    split_k = None if w.groups is not None else b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
+    split_k = None if w.groups is not None or w.stream else b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
     out, ym = acc, None
     if spec.int_weights:  # y (fp32 sums of the blocks scaled by d) and the min term's MMA accumulator ym apart from
         # the block accumulator: ptxas serializes every wgmma where other instructions write an accumulator
@@ -2594,9 +2652,13 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.bra(c_item)
         b.place(c_end)
         return
+    if w.stream:  # decoded again (integer work after the K loop): the pieces and planes stay out of its registers
+        it = _wgmma_decode(b, spec, w, item)  # (Q5_K's n256 spilled 8 bytes with them live)
+        split_k = b.op("setp.gt.u32", it.pieces, Imm(1, "u32"))
     _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, it.m0, it.n0, b.op("mad.lo.u32", it.tm, w.tiles_n, it.tn),
-                    b.op("mul.lo.u32", w.tiles_m, w.tiles_n), it.z, w.splits, split_k, b.op("mov.u32", fix_slot), w.C,
-                    w.P, w.Y0, w.M, w.T, pair_chunk=PAIR_CHUNK.get((ra, BN), 0))
+                    b.op("mul.lo.u32", w.tiles_m, w.tiles_n), it.z, it.pieces if w.stream else w.splits, split_k,
+                    b.op("mov.u32", fix_slot), w.C, w.P, w.Y0, w.M, w.T, pair_chunk=PAIR_CHUNK.get((ra, BN), 0),
+                    plane=it.plane)
     b.bra(c_item)
     b.place(c_end)
 
@@ -2641,7 +2703,7 @@ def _smem_a_steps(b, arch, BN, lay: _WgRing, sa: _SmemA, acc, s, it: _WgItem, gc
 
 
 def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, slot, C, P, Y0, M, T, leader, barrier,
-                      done, chunk):
+                      done, chunk, plane=None):
     """Split-K with two splits (the T=512 shapes of M=4096): the first CTA of the tile to count in stores its
     partial (fragment order, as below), fences and raises the counter's ready bit (4); the second (count 1 or 5)
     neither stores nor re-reads its own: it waits for the ready bit, adds the other partial into its
@@ -2650,9 +2712,9 @@ def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, 
     nq = len(frags)
     cnt, second = _arrive(b, tile, C, leader, slot, barrier,
                           lambda old: b.op("setp.eq.u32", b.op("and.b32", old, Imm(3, "b32")), Imm(1, "u32")))
-    def partial(split):  # this thread's first fragment of `split`'s partial tile
-        return b.op("mad.wide.u32", b.op("mad.lo.u32", b.op("mad.lo.u32", split, tiles, tile), Imm(nq * 256, "u32"), ct),
-                    Imm(16, "u32"), P)
+    def partial(split):  # this thread's first fragment of `split`'s partial tile (plane z·tiles + tile, or `plane`'s)
+        at = plane(split) if plane is not None else b.op("mad.lo.u32", split, tiles, tile)
+        return b.op("mad.wide.u32", b.op("mad.lo.u32", at, Imm(nq * 256, "u32"), ct), Imm(16, "u32"), P)
 
     mine = partial(z)
     reduce = b.label("pair_reduce")
@@ -2685,7 +2747,7 @@ def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, 
 
 
 def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, splits, split_k, slot, C, P, Y0, M, T,
-                    pair_chunk=0):
+                    pair_chunk=0, plane=None):
     """The wgmma MMQs' epilogue. One split: the accumulators straight into y. Split-K: every CTA stores its partial
     tile in fragment order (part + ((z·tiles + tile)·BN/8 + q)·4096 + 16·ct: one 16-byte store per m16n8 fragment
     q, coalesced) and counts itself in at the tile's counter; the last CTA of the tile sums the partials in z order
@@ -2693,7 +2755,8 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
     launch, the partials are read once, by one CTA, 64 values per thread and split at a time. (Its own partial
     comes back from L2 too: adding it from the accumulators keeps them live beside the sums, and the n256 builds
     spill at 168 registers.) With two splits and `pair_chunk` > 0 `_wgmma_two_splits` runs instead: one addition
-    per value needs no z order, so the second CTA adds the first's partial straight into its accumulators."""
+    per value needs no z order, so the second CTA adds the first's partial straight into its accumulators.
+    `plane` (stream-K): piece z's partial plane (a register → a register) in place of z·tiles + tile."""
     frags = [acc[4 * q:4 * q + 4] for q in range(BN // 8)]
     zero = b.op("mov.u32", Imm(0, "u32"))
     direct, done = b.label("epi_direct"), b.label("epi_done")
@@ -2705,17 +2768,19 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
         general = b.label("epi_splits")
         b.bra(general, pred=b.op("setp.eq.u32", splits, Imm(2, "u32")), neg=True)
         _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, slot, C, P, Y0, M, T, leader,
-                          barrier, done, pair_chunk)
+                          barrier, done, pair_chunk, plane)
         b.place(general)
-    mine = b.op("mad.wide.u32", b.op("mad.lo.u32", b.op("mad.lo.u32", z, tiles, tile), Imm(nq * 256, "u32"), ct),
-                Imm(16, "u32"), P)
+    def at_plane(pl):  # this thread's first fragment of the partial in plane pl
+        return b.op("mad.wide.u32", b.op("mad.lo.u32", pl, Imm(nq * 256, "u32"), ct), Imm(16, "u32"), P)
+
+    mine = at_plane(plane(z) if plane is not None else b.op("mad.lo.u32", z, tiles, tile))
     for q, f in enumerate(frags):
         b.emit("st.global.v4.f32", Mem(mine, q * 4096), b.vec(f))
     b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
     b.emit("bar.sync", *barrier)
     cnt = _count_in(b, tile, C, leader, slot, splits, barrier, done)
-    plane = b.op("mul.wide.u32", tiles, Imm(nq * 4096, "u32"))  # bytes from split z to z + 1
-    first = b.op("mad.wide.u32", b.op("mad.lo.u32", tile, Imm(nq * 256, "u32"), ct), Imm(16, "u32"), P)  # split 0
+    stride = b.op("mul.wide.u32", tiles, Imm(nq * 4096, "u32"))  # bytes from split z to z + 1
+    first = at_plane(tile)  # split 0
     CHUNK = 16  # fragments summed together: 16 16-byte loads in flight per thread and split
     for c0 in range(0, nq, CHUNK):
         chunk = frags[c0:c0 + CHUNK]
@@ -2724,6 +2789,8 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
         zz = b.op("mov.u32", Imm(0, "u32"))
         zl = b.label("fix_z")
         b.place(zl)
+        if plane is not None:  # stream-K: piece zz's plane
+            b.emit("add.u64", pz, at_plane(plane(zz)), Imm(c0 * 4096, "u64"))
         loaded = []
         for i in range(len(chunk)):
             v = b.regs("f32", 4)
@@ -2732,7 +2799,8 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
         for i, v in enumerate(loaded):
             for e in range(4):
                 b.emit("add.rn.f32", tots[i][e], tots[i][e], v[e])  # z = 0 first: 0 + p0 = p0
-        b.emit("add.s64", pz, pz, plane)
+        if plane is None:
+            b.emit("add.s64", pz, pz, stride)
         b.emit("add.u32", zz, zz, Imm(1, "u32"))
         b.bra(zl, pred=b.op("setp.lt.u32", zz, splits))
         epilogue.lower_mma_sync(b, [tots], lane, m0, cw, 16, b.op("add.u32", n0, Imm(8 * c0, "u32")), zero,
@@ -3156,6 +3224,10 @@ WGMMA_TOKEN_TILES = (32, 64, 128, 256)
 PAIR_CHUNK = {(True, 256): 16, (True, 192): 8, (True, 128): 8, (False, 256): 4, (False, 128): 8, (False, 64): 8,
               (False, 32): 8}
 RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A under the previous step's wgmma)
+# stream-K builds (STREAM_NOTE; not shipped until timed): the register-A GEMMs where the tiles fill the CTAs' rounds
+# unevenly (14336x4096 at T = 512: 224 n256 tiles on 132 CTAs, 1.7 rounds)
+STREAM_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")
+STREAM_TOKEN_TILES = (128, 256)
 WGMMA_RA_TOKEN_TILES = (64, 128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
 # single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, 2026-11-30)
@@ -3244,4 +3316,10 @@ def kernel_defs() -> list[KernelDef]:
                    f"converted inside the launch (no convert_f16_perm), {BM}x{bn} tile",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=True, fmt=f): build(arch, s),
                    archs=("sm_90a",))
-         for f in WGMMA_CX_CODECS for bn in WGMMA_CX_TOKEN_TILES]
+         for f in WGMMA_CX_CODECS for bn in WGMMA_CX_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f, stream=True).name,
+                   f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, stream-K: every CTA the "
+                   f"same K-steps of the tiles laid end to end, a tile cut by a CTA's boundary split-K over them",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, stream=True): build(arch, s),
+                   archs=("sm_90a",))
+         for f in STREAM_FORMATS for bn in STREAM_TOKEN_TILES]
