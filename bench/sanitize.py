@@ -32,8 +32,8 @@ SHAPES = ((1, 256), (127, 512), (128, 256), (129, 768), (300, 1024))
 WIDE = (17000, 256)  # 9-16 tokens past one round of t16h's CTAs on the H200: the 16-token register-A GEMM
 BIG = (8192, 4096)  # 2^25 weights: TQ4_1S's 32-row tensor-core GEMV (3-8 tokens)
 # emitted kernels mul_mat's rule never dispatches (measured slower, kept for benchmarks): not expected in the sweep
-NOT_DISPATCHED = {"gemv_q4_k_mma_t8", "prep_q4k_t8", "gemv_tq4_1s_tma_t4", "gemv_tq4_1s_tma_t8", "mmq_q4_k_q8_n16_pre",
-                  "mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n64_pre"}
+NOT_DISPATCHED = {"gemv_tq4_1s_tma_t4", "gemv_tq4_1s_tma_t8", "mmq_q4_k_q8_n16_pre", "mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64",
+                  "mmq_q4_k_q8_n64_pre"}
 
 
 # the register-A GEMM keeps the T rule's token tile at any shape (ops._rega_fill_tile halves it where the plan splits K
@@ -57,6 +57,8 @@ TARGETED = [
     *[(fmt, "exact", m, k, (1, 2, 3, 5), None, {}, {"codec_few_max_tokens": {"q5_K": 32}, "codec_mma_t1_min_rows": 1})
       for fmt in ("q6_K", "q8_0") for m, k in ((129, 2048), (128, 512), (1, 256))],
     ("q8_0", "exact", 129, 288, (2, 3), None, {}, {}),  # K not a multiple of 256: the fp32 codec GEMV at 2-4 tokens
+    # Q4_K's 8-token few build (5-8 tokens from q4k_t1_min_weights, where its CTAs fit one round)
+    ("q4_K", "exact", 1024, 4096, (5, 8), None, {}, {}),
     # the stream-K register-A GEMMs (not shipped: RULES.mmq_stream_k_min_gain 0 until timed), n256 and n128
     ("q4_K", "exact", 5120, 4096, (512,), None, {}, {"mmq_stream_k_min_gain": 0.01}),
     ("q4_K", "exact", 9000, 4096, (128,), None, {}, {"mmq_stream_k_min_gain": 0.01}),

@@ -1797,6 +1797,12 @@ def _busy_warps(tiles: int, kparts: int, splits: int, slots: int, warps: int) ->
     return min(tiles * kparts * splits, slots * warps)
 
 
+def _block_smem(fn, nw: int) -> int:
+    """The dynamic shared memory of a launch of `nw` warps a CTA (meta block_warps): nw rings, 128 bytes of
+    alignment, and what sits before the rings (meta smem_besides_rings: TQ4_1S's wide codebook table)."""
+    return nw * int(fn.meta["ring_bytes_per_warp"]) + int(fn.meta.get("smem_besides_rings", 128))
+
+
 def _block_plan(fn, m: int, k: int, tokens: int) -> tuple[int, int, int, int]:
     """(row CTAs, K splits, kparts, warps a CTA) of a build that takes its CTA size at launch (meta block_warps: the
     few-token builds of 8 warps also run as 4, with shared memory for as many rings): each size's _split_grid plan
@@ -1808,7 +1814,7 @@ def _block_plan(fn, m: int, k: int, tokens: int) -> tuple[int, int, int, int]:
     sms, meta = current().sm_count, fn.meta
     best = None
     for nw in meta["block_warps"]:
-        per = fn.resident_per_sm(32 * nw, nw * int(meta["ring_bytes_per_warp"]) + 128)
+        per = fn.resident_per_sm(32 * nw, _block_smem(fn, nw))
         ctas, splits, kp = _split_grid(fn, m, k, per, nw, tokens)
         busy = _busy_warps(-(-m // int(meta["rows_per_warp"])), kp, splits, sms * per, nw)
         key = (busy, -splits, -(-(-ctas * splits // sms) * nw), -nw)
@@ -1824,7 +1830,7 @@ def _gemv_split_plan(pb: PlanBuilder, fn, m: int, k: int, n: int, per_sm: int):
     if "block_warps" in fn.meta:
         ctas, splits, kp, nw = _block_plan(fn, m, k, n)
         if nw != int(fn.meta["warps"]):
-            launch = dict(block=(32 * nw, 1, 1), smem=nw * int(fn.meta["ring_bytes_per_warp"]) + 128)
+            launch = dict(block=(32 * nw, 1, 1), smem=_block_smem(fn, nw))
     else:
         ctas, splits, kp = _split_grid(fn, m, k, per_sm, tokens=n)
     cnt = pb.counters(4 * ctas * int(fn.meta["warps"]))

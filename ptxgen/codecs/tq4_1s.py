@@ -455,8 +455,18 @@ class MmaGemvDecoder:
 MMA_STEP_BYTES = GROUP_BLOCKS * BLOCK_BYTES  # 160
 FEW_RECORD_ORDER = "rot16"  # the records' order (formats.tq4_1s.q4k_mma_records): the rotated activation's
 MMA_A_PARTS = 2  # (hi, lo): the codebook is not exact in fp16
-MMA_TABLE_COPIES = 16  # a 64-bit lookup is served per half-warp: 16 copies keep its 16 lanes on distinct banks
-MMA_TABLE_BYTES = 256 * 8 * MMA_TABLE_COPIES  # 32 KB of shared memory a CTA
+# the pair table, wide (MMA_TABLE_WIDE, where the build's rings leave room for it): 32 copies, 64 KB at the start of the
+# dynamic shared memory, an entry at v·256 + 8·lane — the prmt that picks the byte builds the whole offset and ptxas
+# folds the table's base into the LDS: prmt + LDS.64 a qs byte, 438 SASS a warp-step at T = 1; else 16 copies (a
+# 64-bit lookup is served per half-warp: its 16 lanes on distinct banks), 32 KB of static shared memory, an entry at
+# v·128 + 8·(lane % 16): prmt, LEA, LDS.64, 502 SASS. Neither timed yet.
+MMA_TABLE_WIDE = True
+
+
+def few_table(wide: bool) -> tuple[int, int]:
+    """(copies, bytes) of the few-token builds' pair table, wide or not."""
+    copies = 32 if wide else 16
+    return copies, 256 * 8 * copies
 
 
 def mma_lane_offset(b, t):
@@ -466,16 +476,23 @@ def mma_lane_offset(b, t):
 
 
 def mma_constants(b, table) -> dict:
-    """The pair table filled into shared memory (table = (its address, tid, lane, threads filling it); the caller's
-    barrier publishes it) and what mma_block's lookups take: the table address plus the lane's copy (tc), and the
-    prmt selectors that put the lane's qs byte 2(t & 1) + j of its word into bits 0-7, zeros above (sel0, sel1)."""
-    tbl, tid, lane, nthreads = table
+    """The pair table filled into shared memory (table = (its address, tid, lane, threads filling it, wide?); the
+    caller's barrier publishes it) and what mma_block's lookups take: the prmt selectors that put the lane's qs byte
+    2(t & 1) + j of its word into bits 0-7 (zeros above: the narrow table, then the lane's copy tc) or into bits
+    8-15 beside 8·lane (the wide table, then its base)."""
+    tbl, tid, lane, nthreads, wide = table
+    copies = few_table(wide)[0]
     odd2 = b.op("shl.b32", b.op("and.b32", lane, Imm(1, "b32")), Imm(1, "u32"))  # 2(t & 1)
-    out = {"tc": b.op("mad.lo.u32", b.op("and.b32", lane, Imm(MMA_TABLE_COPIES - 1, "b32")), Imm(8, "u32"), tbl),
-           "sel": [b.op("or.b32", b.op("add.u32", odd2, Imm(j, "u32")), Imm(0x4440, "b32")) for j in range(2)]}
+    if wide:  # byte 2(t & 1) + j into bits 8-15 beside 8·lane (bits 0-7): the entry's offset
+        out = {"lane8": b.op("shl.b32", lane, Imm(3, "u32")), "tbl": tbl,
+               "sel": [b.op("or.b32", b.op("shl.b32", b.op("add.u32", odd2, Imm(j, "u32")), Imm(4, "u32")),
+                            Imm(0x5504, "b32")) for j in range(2)]}
+    else:  # byte 2(t & 1) + j into bits 0-7, zeros above
+        out = {"tc": b.op("mad.lo.u32", b.op("and.b32", lane, Imm(copies - 1, "b32")), Imm(8, "u32"), tbl),
+               "sel": [b.op("or.b32", b.op("add.u32", odd2, Imm(j, "u32")), Imm(0x4440, "b32")) for j in range(2)]}
     filled = b.label("pair_table_filled")  # the first `nthreads` threads (a CTA may run more)
     b.bra(filled, pred=b.op("setp.ge.u32", tid, Imm(nthreads, "u32")))
-    copy_pair_table(b, tbl, tid, lane, MMA_TABLE_COPIES, nthreads, mma_pair_table().tobytes())
+    copy_pair_table(b, tbl, tid, lane, copies, nthreads, mma_pair_table().tobytes())
     b.place(filled)
     return out
 
@@ -494,9 +511,12 @@ class mma_block(UnitScaleBlock):  # noqa: N801 - a codec hook, named as the othe
         w = self.word(j * BLOCK_BYTES + 4 + 8 * h, True)  # qs bytes 8h + 4(t >> 1) ..
         out = []
         for sel in c["sel"]:  # byte 2(t & 1) + j of the word: entry v at v·8·copies + 8·(lane % copies)
-            v = b.op("prmt.b32", w, Imm(0, "b32"), sel)
             hl = b.regs("b32", 2)  # (hi pair, lo pair)
-            b.emit("ld.shared.v2.u32", b.vec(hl), Mem(b.op("mad.lo.u32", v, Imm(8 * MMA_TABLE_COPIES, "u32"), c["tc"])))
+            if "lane8" in c:  # MMA_TABLE_WIDE: v·256 + 8·lane by the prmt, plus the table's (constant) base
+                at = b.op("add.u32", b.op("prmt.b32", w, c["lane8"], sel), c["tbl"])
+            else:
+                at = b.op("mad.lo.u32", b.op("prmt.b32", w, Imm(0, "b32"), sel), Imm(8 * 16, "u32"), c["tc"])
+            b.emit("ld.shared.v2.u32", b.vec(hl), Mem(at))
             out += hl
         return out
 

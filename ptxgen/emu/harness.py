@@ -537,7 +537,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     kp, nw, smem = (), meta["warps"], meta["dynamic_smem"]
     if "block_warps" in meta:
         nw = warps or int(rng.choice(meta["block_warps"]))
-        smem = nw * meta["ring_bytes_per_warp"] + 128
+        smem = nw * meta["ring_bytes_per_warp"] + meta.get("smem_besides_rings", 128)
     if "k_parts" in meta:
         kp = (kparts or 2 ** int(rng.integers(0, nw.bit_length())),)
         ctas = -(-m // (meta["rows_per_warp"] * nw // kp[0]))

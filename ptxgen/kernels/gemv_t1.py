@@ -5,7 +5,7 @@ CTA's warps). The same builds run Q5_K (its codec's RegDecoder) and, exact up to
 weights are a scale times an integer with no min (Q6_K, Q8_0: their mma_block, one MMA per 16-element sub-block
 and its scale in fp32 after it, _CodecStep, on prep_sub16_t*'s records), and TQ4_1S (not shipped until timed: its
 codebook's fp16 hi and lo parts as the two row halves of one MMA, looked up in a pair table in shared memory, on
-prep_rot16_t*'s records of the rotated x; ~500 SASS a warp-step of 16 rows x 256 weights at T = 1, Q4_K's 293).
+prep_rot16_t*'s records of the rotated x; 438 SASS a warp-step of 16 rows x 256 weights at T = 1, Q4_K's 293).
 
 `gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
 weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
@@ -228,7 +228,7 @@ def _built_for(fmt: str, nt: int) -> tuple[str, ...]:
     for a in TARGETS:
         arch = get_arch(a)
         _, _, mt, nw = _ring_plan(arch, nt, fmt=fmt)
-        table = getattr(codecs.get(fmt), "MMA_TABLE_BYTES", 0)
+        table = codecs.get(fmt).few_table(False)[1] if hasattr(codecs.get(fmt), "few_table") else 0  # (the narrow)
         if 2 * nw * (16 * mt * slot + T4.q4k_record_bytes(nt)) + 128 + table <= arch.max_smem_per_block:
             out.append(a)
     return tuple(out)
@@ -252,12 +252,14 @@ class _CodecStep:
     for every row (row_bytes a multiple of 4): the body is emitted once per phase, each word one load or, at phase
     2, two and a prmt (as gemv_mma_codec's)."""
 
-    def __init__(self, b, arch, codec, MT, NTL, g, t, row0, M, nsb, block, slot, tid=None, lane=None):
+    def __init__(self, b, arch, codec, MT, NTL, g, t, row0, M, nsb, block, slot, tid=None, lane=None, dyn=None):
         self.b, self.arch, self.codec, self.MT, self.NTL, self.block, self.t = b, arch, codec, MT, NTL, block, t
-        if hasattr(codec, "MMA_TABLE_BYTES"):  # a table in shared memory (TQ4_1S's codebook), filled by the first
-            # 4 warps (the fewest a launch runs), published by a CTA barrier
-            tbl = b.op("mov.u32", b.shared_buffer("mma_table", codec.MMA_TABLE_BYTES, align=16))
-            self.consts = codec.mma_constants(b, (tbl, tid, lane, 128))
+        if hasattr(codec, "few_table"):  # a table in shared memory (TQ4_1S's codebook), filled by the first 4 warps
+            # (the fewest a launch runs), published by a CTA barrier; the wide one at the dynamic memory's start
+            # (`dyn`: the build left room for it), else static
+            tbl = b.op("mov.u32", dyn if dyn is not None else
+                       b.shared_buffer("mma_table", codec.few_table(False)[1], align=16))
+            self.consts = codec.mma_constants(b, (tbl, tid, lane, 128, dyn is not None))
             b.emit("bar.sync", Imm(0, "u32"))
         else:
             self.consts = codec.mma_constants(b)
@@ -528,7 +530,16 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     NTL = max(1, ncol // 8)  # n8 tiles of B
     moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
-    S, ctas = _fit(arch, S, ctas, NW * stage_bytes, extra=getattr(codec, "MMA_TABLE_BYTES", 0))
+    dyn_table = 0  # a codec's table in the dynamic shared memory, before the rings: TQ4_1S's wide one where it fits
+    if hasattr(codec, "few_table"):
+        wide = codec.few_table(True)[1]
+        if codec.MMA_TABLE_WIDE and smem_fit(arch, 2 * NW * stage_bytes + 128 + wide) >= 1:
+            S, ctas = _fit(arch, S, ctas, NW * stage_bytes, extra=wide)
+            dyn_table = wide
+        else:
+            S, ctas = _fit(arch, S, ctas, NW * stage_bytes, extra=codec.few_table(False)[1])
+    else:
+        S, ctas = _fit(arch, S, ctas, NW * stage_bytes)
     b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused).name, arch,
                       f"{fmt} GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
@@ -542,7 +553,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     t_entry = b.special("globaltimer_lo") if TRACE else None
     part_p, cnt_p = ps[6:8]
     x_p = ps[8] if fused else None
-    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128)
+    ring_sym = b.dynamic_shared(NW * S * stage_bytes + 128 + dyn_table)
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW,
@@ -563,6 +574,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                       "its start reads no byte past the buffer)")
     if NW > 4:
         b.meta.update(block_warps=[4, NW], ring_bytes_per_warp=S * stage_bytes)
+        if dyn_table:  # the dynamic shared memory a launch of nw warps asks: nw rings + this (the table, alignment)
+            b.meta.update(smem_besides_rings=128 + dyn_table)
     if fused:
         b.meta.update(activation="x (fp32), the records built in the kernel into `records` (scratch, "
                                  f"{rb} bytes per super-block)",
@@ -576,7 +589,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     nwr = b.op("shr.u32", b.special("ntid.x"), Imm(5, "u32")) if NW > 4 else None
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0, kpart), g, t = _entry(b, ps, NW, R, KP, nwr)
     kz, nsplit = b.special("ctaid.y"), b.special("nctaid.y")
-    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
+    base = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127 + dyn_table, "u32")),
+                Imm(~127 & 0xFFFFFFFF, "b32"))
     ring = b.op("mad.lo.u32", warp, Imm(S * stage_bytes, "u32"), base)
     cols = BOX // 16
     b.comment(f"copy plan: weight chunk c = lane + 32u = {cols}·row + column (u = 0..{-(-cols * R // 32) - 1}), 16 bytes "
@@ -613,7 +627,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         dec = codec.RegDecoder(b, g, t)
         zero, czero = dec.zero, dec.czero
     else:
-        cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane)
+        cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane,
+                           ring_sym if dyn_table else None)
     # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
     # them re-read the first ones (their columns of C are never used)
     col_lane = b.op("and.b32", lane, Imm(min(32, 4 * ncol) - 1, "b32"))
