@@ -59,6 +59,9 @@ TARGETED = [
     ("q8_0", "exact", 129, 288, (2, 3), None, {}, {}),  # K not a multiple of 256: the fp32 codec GEMV at 2-4 tokens
     # Q4_K's 8-token few build (5-8 tokens from q4k_t1_min_weights, where its CTAs fit one round)
     ("q4_K", "exact", 1024, 4096, (5, 8), None, {}, {}),
+    # the few-token builds with records shared by the CTA's warps (not shipped: RULES.few_shared_min_tokens 0)
+    *[(fmt, "exact", 1024, 4096, (3, 5), None, {"PTXGEN_Q4K_FUSED": "0"}, {"few_shared_min_tokens": {fmt: 1}})
+      for fmt in ("q4_K", "q5_K")],
     # the stream-K register-A GEMMs (not shipped: RULES.mmq_stream_k_min_gain 0 until timed), n256 and n128
     ("q4_K", "exact", 5120, 4096, (512,), None, {}, {"mmq_stream_k_min_gain": 0.01}),
     ("q4_K", "exact", 9000, 4096, (128,), None, {}, {"mmq_stream_k_min_gain": 0.01}),

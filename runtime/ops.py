@@ -1563,7 +1563,8 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     """n ≤ 8 tokens through prep_q4k_t{nt} (x → one record per super-block: scaled fp16 hi/lo B pairs, min pairs,
     factors; nt = 1, 2, 4 or 8, the smallest ≥ n) and gemv_q4_k_mma_t{nt} behind it (programmatic dependent
     launch where the build has it), split-K by gemv_splits; hi_only: n ≤ 16 tokens, fp16 activations (hi parts
-    only), prep_q4k_t16h + gemv_q4_k_mma_t16h."""
+    only), prep_q4k_t16h + gemv_q4_k_mma_t16h. From RULES.few_shared_min_tokens (per format; 0: never) the
+    4- and 8-token builds whose records a CTA's warps share (gemv_<fmt>_mma_t{4,8}s), split-K over gridDim.y."""
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     rec = pb.scratch((k // 256 * T4.q4k_record_bytes(nt, hi_only),), np.uint8)
     # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
@@ -1578,6 +1579,17 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
     prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
+    shared = GemvKernel("few", w.fmt, nt, shared=True).name  # the records shared by a CTA's warps (SHARED_NOTE)
+    if (not hi_only and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
+            and kernels.build_for(shared, arch) is not None):
+        fn = kernels.load(shared, arch)
+        ctas = -(-m // int(fn.meta["rows_per_cta"]))
+        splits = gemv_splits(ctas, k, fn.resident_per_sm(), driver.current().sm_count, 8, int(fn.meta["max_splits"]))
+        cnt = pb.counters(4 * ctas * int(fn.meta["warps"]))
+        part = pb.scratch((splits, n, m), np.float32) if splits > 1 else cnt
+        pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
+        pb.launch(fn, (ctas, splits, 1), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
+        return
     fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another codec: its decoder)
     grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
     # builds that hand the records over by a count (gemv_t1.T1_FLAG, a probe's): both or neither

@@ -158,6 +158,9 @@ for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm
             "SHFL.BFLY", "F2FP", "STG.E.U16", "ATOMG.E.ADD", "E.ADD.STRONG.GPU", "NANOSLEEP", "CCTL.IVALL"]
 EXPECTED_SASS["mmq_q4_k_rega_n32"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "HFMA2", "BAR.SYNC"]
 EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
+for _nt in (4, 8):  # the exact builds with the records shared by the CTA's warps: the skinny GEMM's ring
+    EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}s"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
+    EXPECTED_SASS[f"gemv_q5_k_mma_t{_nt}s"] = EXPECTED_SASS["mmq_q4_k_rega_n32"] + ["LOP3"]
 EXPECTED_SASS["mmq_q5_k_rega_n32"] = EXPECTED_SASS["mmq_q4_k_rega_n32"] + ["LOP3"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["moe_group"] = ["ATOMS.", "BAR.SYNC", "STG.E"]  # shared-memory atomics count and place the pairs

@@ -455,6 +455,36 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K"])
+@pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 8, None), (14336, 4096, 5, None), (300, 1024, 4, None),
+                                        (129, 2048, 3, None), (1000, 3584, 8, "sm_89")])
+def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monkeypatch):
+    """gemv_<fmt>_mma_t{4,8}s (RULES.few_shared_min_tokens raised; off until timed): the records of prep_q4k_t* in
+    one ring a CTA, its row tiles on the same K-steps, split-K over gridDim.y — within 1e-5 of float64 (exact),
+    outputs NaN-poisoned first, bit-identical run to run, within 1e-6 of the per-warp build's result; the sm_89
+    build too. GPU == emulator for each build is test_gpu_emu_crosscheck's."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(m + k + t)
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    nt = 4 if t <= 4 else 8
+    setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # (eager calls of 1-4 tokens would run the one-launch builds)
+    with tuning.override(codec_few_max_tokens={"q5_K": 32}):
+        per_warp = r.mul_mat(w, x, arch=arch)
+        with tuning.override(few_shared_min_tokens={fmt: 1}):
+            plan = r.mul_mat_plan(w, t, arch=arch).kernels
+            assert plan == [f"prep_q4k_t{nt}", f"gemv_{fmt.lower()}_mma_t{nt}s"], plan
+            out = r.DeviceArray.empty((t, m), np.float32)
+            out.owner.fill_bytes(0xFF)
+            r.mul_mat(w, x, out=out, arch=arch)
+            got = out.numpy()
+            assert np.isfinite(got).all() and rel(got, want) <= 1e-5 and rel(got, per_warp) <= 1e-6
+            np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
+
+
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 @pytest.mark.parametrize("m,k,t", [(1, 256, 1), (300, 1024, 3), (4096, 4096, 8), (100, 14336, 16), (129, 3584, 2),
                                    (64, 2048, 19)])  # (M < 128: T = 16, 19 stay on the GEMV, in 2 and 3 slices)

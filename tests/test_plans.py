@@ -398,6 +398,23 @@ def test_stream_k_runs_where_the_tiles_fill_the_rounds_unevenly(gpu):
         assert ops.mul_mat_plan(fakegpu.weights("q8_0", 9000, 3584), 512).kernels[1] == "mmq_q8_0_wgmma_ra_n256_sk"
 
 
+def test_shared_record_builds_run_where_their_rule_allows(gpu):
+    """The few-token builds whose records a CTA's warps share (gemv_<fmt>_mma_t{4,8}s): off as shipped
+    (few_shared_min_tokens 0: not timed); with the rule, from its T, prep_q4k_t* then the shared build over (row
+    CTAs, K splits, 1) in graphs and eager calls alike (the one-launch fused builds keep 1-4 tokens eagerly)."""
+    w = fakegpu.weights("q4_K", 4096, 14336)
+    assert not any(k.endswith("s") and "_mma_t" in k for t in range(1, 9) for k in ops.mul_mat_plan(w, t).kernels)
+    with tuning.override(few_shared_min_tokens={"q4_K": 5, "q5_K": 3}):
+        for t in (5, 8):
+            plan = ops.mul_mat_plan(w, t, graph=True)
+            assert plan.kernels == ["prep_q4k_t8", "gemv_q4_k_mma_t8s"] == ops.mul_mat_plan(w, t).kernels
+            assert plan.launches[1].grid == (32, 8, 1)  # 128 rows a CTA; 8 splits of 7 super-blocks fill 264 slots
+        assert ops.mul_mat_plan(w, 4, graph=True).kernels == ["prep_q4k_t4", "gemv_q4_k_mma_t4"]  # below the rule
+        w5 = fakegpu.weights("q5_K", 4096, 14336)
+        assert ops.mul_mat_plan(w5, 3, graph=True).kernels == ["prep_q4k_t4", "gemv_q5_k_mma_t4s"]
+        assert ops.mul_mat_plan(w5, 3).kernels == ["gemv_q5_k_mma_t4_fused"]
+
+
 def test_tq4_1s_takes_the_few_token_builds_where_its_rule_allows(gpu):
     """TQ4_1S on the few-token builds (gemv_tq4_1s_mma_t{1,2,4,8} on prep_rot16_t*'s records of the rotated x): off
     as shipped (codec_few_max_tokens 0: not timed); with the rule, up to its T, prep + GEMV eager and captured (no

@@ -763,18 +763,29 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
 # C; a stage is every warp's 16·MT rows x 144 bytes + one C-token record (17536 / 8768 bytes). n16 (sm_90a only):
 # 2 stages x 3 CTAs measured best on 18944x3584 at T = 9-16 (28.2-28.7 µs vs 33.2-33.4 at 3 x 2), where it runs
 # (ops.skinny16_ok); slowest of the plans on 4096² (bench/results/probe_skinny16_session18.log)
-SKINNY_PLAN = {("big", 32): (3, 2, 2, 4), ("small", 32): (2, 1, 2, 4), ("big", 16): (2, 3, 2, 4)}
+SKINNY_PLAN = {("big", 32): (3, 2, 2, 4), ("small", 32): (2, 1, 2, 4), ("big", 16): (2, 3, 2, 4),
+               # the exact shared-record builds (SHARED_NOTE): a stage is 8 warps' 16 rows + one (hi, lo) record
+               ("big", "t8s"): (4, 2, 1, 8), ("small", "t8s"): (3, 1, 1, 8),
+               ("big", "t4s"): (4, 2, 1, 8), ("small", "t4s"): (3, 1, 1, 8)}
+SHARED_NOTE = ("the exact few-token GEMV with its records shared by the CTA's warps (build_skinny's ring: the row "
+               "tiles of a CTA on the same K-steps, one CTA barrier a step): at 8 tokens a record is 8480 bytes a "
+               "step against a warp's 2304 of weights, copied once a CTA instead of once a warp. Not timed yet")
 SKINNY_UNROLL = 2  # MMA pairs per iteration of the step's inner loop
 
 
-def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None, fmt: str = "q4_K"):
+def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None, fmt: str = "q4_K", exact: int = 0):
     """mmq_q4_k_rega_n{C} (C = 32, or 16 for up to 16 tokens; `plan` as SKINNY_PLAN's, by default the SM's shared
     memory's and C's): the few-token GEMV's decode for more tokens — a CTA's warps share one ring of records (C
     tokens' fp16 hi parts per super-block, prep_q4k_t{C}h per token group), so a record is copied once per CTA
     and not once per warp; one CTA barrier per step (cp.async groups, S stages, the stage consumed last step
     refilled after the barrier). Token groups of C over gridDim.z, split-K over gridDim.y with the GEMVs'
-    deterministic last-warp fixup (counters per group and warp)."""
-    NTL = C // 8
+    deterministic last-warp fixup (counters per group and warp).
+
+    exact = nt (gemv_<fmt>_mma_t{nt}s, nt = 4 or 8; SHARED_NOTE): the exact few-token GEMV on prep_q4k_t{nt}'s
+    (hi, lo) records — the per-warp build's math (gemv_t1.build) with the records shared by the CTA's warps: one
+    token group, the row tiles of a CTA on the same K range, split-K over gridDim.y."""
+    COLS = 2 * exact if exact else C  # B columns of a record
+    NTL = max(1, COLS // 8)
     what = "the register-A mma.sync skinny GEMM"
     arch.require("mma_sync_f16", what, "use mmq_q4_k_f16_n*")
     arch.require("cp_async", what, "use mmq_q4_k_f16_n*")
@@ -782,17 +793,20 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
 
     codec = codecs.get(fmt)
     BLOCK = codec.BLOCK_BYTES
-    S, ctas, MT, NW = plan or SKINNY_PLAN[("big" if arch.max_smem_per_block >= 200 * 1024 else "small", C)]
+    S, ctas, MT, NW = plan or SKINNY_PLAN[("big" if arch.max_smem_per_block >= 200 * 1024 else "small",
+                                           f"t{exact}s" if exact else C)]
     R = 16 * MT
     W_BYTES = R * BLOCK
-    moff, foff, rb = T4.q4k_record_layout(C, True)
+    moff, foff, rb = T4.q4k_record_layout(exact, False) if exact else T4.q4k_record_layout(C, True)
     rec_at = NW * W_BYTES  # the record's offset in a stage
     stage_bytes = rec_at + rb
     S, ctas = _fit(arch, S, ctas, stage_bytes)
-    b = KernelBuilder(GemvKernel("skinny", fmt, C).name, arch,
-                      f"{fmt} skinny GEMM on mma.sync: token groups of {C} (fp16 "
-                      "activation records shared by the CTA's warps), A = q·sc decoded in registers from the raw "
-                      "super-blocks, weights and records by cp.async", block=(32 * NW, 1, 1))
+    b = KernelBuilder(GemvKernel("few", fmt, exact, shared=True).name if exact else GemvKernel("skinny", fmt, C).name,
+                      arch, (f"{fmt} GEMV (exact) for up to {exact} tokens on mma.sync: (hi, lo) B columns per token, "
+                             "activation records shared by the CTA's warps" if exact else
+                             f"{fmt} skinny GEMM on mma.sync: token groups of {C} (fp16 activation records shared by "
+                             "the CTA's warps)") + ", A = q·sc decoded in registers from the raw super-blocks, weights "
+                      "and records by cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas)
     part_p, cnt_p = ps[6:]
     ring_sym = b.dynamic_shared(S * stage_bytes + 128)
@@ -805,6 +819,11 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
                   activation=f"{GemvKernel('prep_few', 'q4_K', C, hi_only=True).name} per group of {C} tokens: one "
                              f"{rb}-byte record per super-block, the "
                              "groups back to back", copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
+    if exact:
+        b.meta.update(tokens=exact, token_groups=1, mode="exact", hi_only=False, shared_records=SHARED_NOTE,
+                      grid="(ceil(m / rows_per_cta), splits, 1)",
+                      activation=f"{GemvKernel('prep_few', 'q4_K', exact).name}(x): one {rb}-byte record per "
+                                 "super-block")
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit, gz = b.special("ctaid.y"), b.special("nctaid.y"), b.special("ctaid.z")
     ring = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
@@ -825,11 +844,18 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     dec = codec.RegDecoder(b, g, t)
     czero = dec.czero
     lane_b = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(rec_at, "u32"))  # B pairs: column 8·tile + g, k-pair t
-    lane_min = b.op("mad.lo.u32", lane, Imm(8, "u32"), Imm(rec_at + moff, "u32"))
-    lane_fac = b.op("mad.lo.u32", t, Imm(8, "u32"), Imm(rec_at + foff, "u32"))  # tokens 8·tile + 2t, + 1
-    # acc[mt][rr][tile][e]: row 16·mt + g + 8·rr of the warp, token 8·tile + 2t + e of the group
-    acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(NTL)] for _ in range(2)]
-           for _ in range(MT)]
+    if exact:  # the min pair's half (hi: column 2n, lo: 2n + 1) at 4·(4c + t); token 4·tile + t's factor
+        assert 4 * COLS >= 32, exact  # (every lane's column exists: 4 tokens or more)
+        lane_min = b.op("mad.lo.u32", lane, Imm(4, "u32"), Imm(rec_at + moff, "u32"))
+        lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(min(exact, 4) - 1, "b32")), Imm(4, "u32"),
+                        Imm(rec_at + foff, "u32"))
+    else:
+        lane_min = b.op("mad.lo.u32", lane, Imm(8, "u32"), Imm(rec_at + moff, "u32"))
+        lane_fac = b.op("mad.lo.u32", t, Imm(8, "u32"), Imm(rec_at + foff, "u32"))  # tokens 8·tile + 2t, + 1
+    # acc[mt][rr][tile][e]: row 16·mt + g + 8·rr of the warp, token 8·tile + 2t + e of the group (exact: token
+    # 4·tile + t, e = 0)
+    acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(1 if exact else 2)] for _ in range(NTL)]
+            for _ in range(2)] for _ in range(MT)]
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
     b.place(loop)
@@ -854,7 +880,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     pairs = b.label("pairs")
     b.place(pairs)
     for u in range(SKINNY_UNROLL):
-        xbs = _b_tiles(b, xrec, 64 * C * u, NTL)
+        xbs = _b_tiles(b, xrec, 64 * COLS * u, NTL)
         for mt in range(MT):
             a = [dec.dequant(dec.word_at(qsp, BLOCK * (16 * mt + 8 * rr) + 4 * u), hds[mt][rr]) for rr in range(2)]
             for c, nib in enumerate(("lo", "hi")):
@@ -863,10 +889,25 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
                     ch = chains[mt][n]
                     b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
                                     b.vec(ch)))
-    b.emit("add.u32", xrec, xrec, Imm(64 * C * SKINNY_UNROLL, "u32"))
+    b.emit("add.u32", xrec, xrec, Imm(64 * COLS * SKINNY_UNROLL, "u32"))
     b.emit("add.u32", qsp, qsp, Imm(4 * SKINNY_UNROLL, "u32"))
     b.bra(pairs, pred=b.op("setp.lt.u32", qsp, iend))
     for n in range(NTL):
+        if exact:  # as gemv_t1.build: the min MMA on (hi or lo half, 0), y += 2^-s·(d·(C hi + C lo) − 64·dmin·MS)
+            mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 128 * n)), dec.zero]
+            fac = b.op("ld.shared.f32", Mem(b.op("add.u32", st, lane_fac), 16 * n))
+            for mt in range(MT):
+                ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]
+                ms = b.regs("f32", 4)
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec(ma + [dec.zero, dec.zero]), b.vec(mw),
+                                b.vec(czero)))
+                for rr in range(2):
+                    hd, ch = hds[mt][rr], chains[mt][n]
+                    cs = b.op("add.rn.f32", ch[2 * rr], ch[2 * rr + 1])
+                    v = b.op("fma.rn.f32", hd["d"], cs,
+                             b.op("mul.rn.f32", hd["nd64"], b.op("add.rn.f32", ms[2 * rr], ms[2 * rr + 1])))
+                    b.emit("fma.rn.f32", acc[mt][rr][n][0], v, fac, acc[mt][rr][n][0])
+            continue
         mw, fac = b.regs("b32", 2), b.regs("f32", 2)
         b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 256 * n))
         b.emit("ld.shared.v2.f32", b.vec(fac), Mem(b.op("add.u32", st, lane_fac), 32 * n))
@@ -883,15 +924,15 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
-    tok0 = b.op("mad.lo.u32", gz, Imm(C, "u32"), b.op("shl.b32", t, Imm(1, "u32")))  # group's token 2t
+    tok0 = t if exact else b.op("mad.lo.u32", gz, Imm(C, "u32"), b.op("shl.b32", t, Imm(1, "u32")))  # token 2t
     items = []
     for mt in range(MT):
         for rr in range(2):
             row = b.op("add.u32", row0, b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")))
             rok = b.op("setp.lt.u32", row, M)
             for n in range(NTL):
-                for e in range(2):
-                    tok = b.op("add.u32", tok0, Imm(8 * n + e, "u32"))
+                for e in range(1 if exact else 2):
+                    tok = b.op("add.u32", tok0, Imm(4 * n if exact else 8 * n + e, "u32"))
                     ok = b.op("and.pred", rok, b.op("setp.lt.u32", tok, ntok))
                     items.append((ok, b.op("mad.lo.u32", tok, M, row), acc[mt][rr][n][e]))
     gcnt = b.op("mad.lo.u32", b.op("mul.lo.u32", gz, b.special("nctaid.x")), Imm(NW, "u32"), gwarp)  # group's counters
@@ -952,6 +993,11 @@ _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny"
 _PREP_C, _PREP_HI = (GemvKernel("prep_few", "q4_K", c, hi_only=True).name for c in (_C, _HI))
 KERNELS.append(KernelDef(_SKINNY_HI, f"q4_K skinny GEMM as {_SKINNY} for up to {_HI} tokens ({_PREP_HI} records "
                          "shared by the CTA's warps)", lambda arch: build_skinny(arch, _HI), archs=("sm_90a",)))
+KERNELS += [KernelDef(GemvKernel("few", f, nt, shared=True).name, f"{f} GEMV, T ≤ {nt}, exact, as "
+                      f"{GemvKernel('few', f, nt).name} with the activation records shared by the CTA's warps (one ring "
+                      f"a CTA, its row tiles on the same K-steps), on {GemvKernel('prep_few', f, nt).name}'s records",
+                      lambda arch, nt=nt, f=f: build_skinny(arch, fmt=f, exact=nt)) for f in ("q4_K",) + FEW_FORMATS
+            for nt in (4, 8)]
 KERNELS.append(KernelDef(_SKINNY, f"q4_K skinny GEMM on mma.sync for token groups of {_C}: A decoded "
                          "in registers from the raw super-blocks, fp16 activation records shared by the CTA's warps "
                          f"({_PREP_C}), cp.async ring, one CTA barrier per step", build_skinny))
