@@ -636,7 +636,7 @@ def stream_plan(fn, m: int, k: int, t: int, bn: int, sms: int, uniform: MmqPlan)
     per = -(-units // slots)
     item, fix = RULES.split_item_cost, RULES.split_fixup_cost
     before = -(-uniform.items // slots) * (uniform.per + item) + (fix if uniform.splits > 1 else 0)
-    after = per + (-(-per // ksteps) + 1) * item + (fix if units % per or per % ksteps else 0)
+    after = per + (-(-per // ksteps) + 1) * item + (fix if per % ksteps else 0)  # (chunks of whole tiles: no split)
     if after > (1 - gain) * before:
         return None
     return StreamPlan(uniform.tiles, uniform.tiles_n, per, -(-units // per))

@@ -187,9 +187,10 @@ MMA_TILE = 512
 
 
 # the rotated records' scale (order "rot16"): from the unrotated super-block's max|x| less this many bits — a rotated
-# value is at most √32·max|x| (each is a ±1/√32 combination of 32 elements) < 2^3·max|x|, so its hi part stays
-# below 2^15, and the scale needs no rotated value (a warp rotates its own block only)
-ROT_HEADROOM = 3
+# value is at most √32·max|x| (each is a ±1/√32 combination of 32 elements), and max|x|·2^s < 2^13 with s = 14 − 2
+# − floor(log2 max|x|), so its hi part stays below √32·2^13 ≈ 46341 < 65504; the scale needs no rotated value (a warp
+# rotates its own block only). (s clamps at −100: a super-block past 2^111 would overflow, as any record past 2^115.)
+ROT_HEADROOM = 2
 
 
 def mma_scale_exponent(a: np.ndarray, group: int = 1, headroom: int = 0) -> np.ndarray:

@@ -99,10 +99,11 @@ def _suffix(nt: int, hi_only: bool) -> str:
     return f"t{nt}h" if hi_only else f"t{nt}"
 
 
-# a format's own plans where its CTAs carry more than the rings (TQ4_1S: a 32 KB codebook table each): one CTA an SM
-# with more warps rather than two with a table each (the defaults would leave t4 / t8 at 8 / 4 warps an SM); not
-# timed yet (bench/NOTES.md, 2026-12-05, from 86f548c)
-T1_PLAN_FMT = {"tq4_1s": {"big": {"t1": (3, 1, 1, 16), "t2": (2, 1, 1, 16), "t4": (3, 1, 1, 8), "t8": (2, 1, 1, 8)},
+# a format's own plans where its CTAs carry more than the rings (TQ4_1S: a 32 or 64 KB codebook table each): one CTA
+# an SM with more warps rather than two with a table each (the defaults would leave t4 / t8 at 8 / 4 warps an SM), 2
+# stages where the wide table then fits beside them (t1, t2, t4 on sm_90a; 3 with the narrow one); not timed yet
+# (bench/NOTES.md, 2026-12-05, from 86f548c)
+T1_PLAN_FMT = {"tq4_1s": {"big": {"t1": (2, 1, 1, 16), "t2": (2, 1, 1, 16), "t4": (2, 1, 1, 8), "t8": (2, 1, 1, 8)},
                           "small": {"t1": (2, 1, 1, 8), "t2": (2, 1, 1, 4), "t4": (2, 1, 1, 4)}}}
 
 
@@ -533,7 +534,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     dyn_table = 0  # a codec's table in the dynamic shared memory, before the rings: TQ4_1S's wide one where it fits
     if hasattr(codec, "few_table"):
         wide = codec.few_table(True)[1]
-        if codec.MMA_TABLE_WIDE and smem_fit(arch, 2 * NW * stage_bytes + 128 + wide) >= 1:
+        if codec.MMA_TABLE_WIDE and smem_fit(arch, S * NW * stage_bytes + 128 + wide) >= ctas:  # at the plan's
+            # stages and CTAs (never fewer for it: the narrow table then)
             S, ctas = _fit(arch, S, ctas, NW * stage_bytes, extra=wide)
             dyn_table = wide
         else:
@@ -986,7 +988,7 @@ PREPS += [KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], nt).name, f"activat
           for nt in T4.Q4K_RECORD_TOKENS]
 PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of up to {nt} tokens: forward RHT, scaled "
                     f"fp16 hi/lo records in the codecs' 16-element sub-block order ({GemvKernel('few', 'tq4_1s', nt).name})",
-                    lambda arch, nt=nt: build_prep_mma(arch, rotate=True, records=nt, order="rot16"))
+                    lambda arch, nt=nt: build_prep_mma(arch, rotate=True, records=nt, order="rot16", ready=T1_FLAG))
           for nt in T4.Q4K_RECORD_TOKENS]
 _C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
 _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
