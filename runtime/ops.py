@@ -1581,7 +1581,8 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
     shared = GemvKernel("few", w.fmt, nt, shared=True).name  # the records shared by a CTA's warps (SHARED_NOTE)
     if (not hi_only and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
-            and kernels.build_for(shared, arch) is not None):
+            and kernels.build_for(shared, arch) is not None and not prep.meta.get("ready_flag")):  # (T1_FLAG's prep:
+        # its count is the per-warp builds')
         fn = kernels.load(shared, arch)
         ctas = -(-m // int(fn.meta["rows_per_cta"]))
         splits = gemv_splits(ctas, k, fn.resident_per_sm(), driver.current().sm_count, 8, int(fn.meta["max_splits"]))

@@ -607,12 +607,12 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
               "first S steps' weights, then (after the prep, griddepcontrol) their records")
     # grid split kz, the warp's part p of its tile: run kz·KP + p of nsplit·KP
     jb, jend = _split_range(b, nsb, b.op("mad.lo.u32", kz, KP, kpart), b.op("mul.lo.u32", nsplit, KP))
-    records = None
-    if fused:
-        def records():
-            _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
-                           nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr,
-                           order="q4k" if kq else "sub16")
+    def build_records():  # (the fused builds) the records, between the first weight copies and the first record ones
+        _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
+                       nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr,
+                       order="q4k" if kq else "sub16")
+    records = build_records if fused else None
+
     def ready_wait():  # (T1_FLAG) the prep's k/256 x nt CTAs counted done (one a super-block and token)
         _await_count(b, b.ptr(ready_p), 0, 4, b.op("mul.lo.u32", nsb, Imm(nt, "u32")),
                      b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y")),
