@@ -461,7 +461,8 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
 def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monkeypatch):
     """gemv_<fmt>_mma_t{4,8}s (RULES.few_shared_min_tokens raised; off until timed): the records of prep_q4k_t* in
     one ring a CTA, its row tiles on the same K-steps, split-K over gridDim.y — within 1e-5 of float64 (exact),
-    outputs NaN-poisoned first, bit-identical run to run, within 1e-6 of the per-warp build's result; the sm_89
+    outputs NaN-poisoned first, bit-identical run to run, within 3e-6 of the per-warp build's result (its two nibble
+    chains summed as one: ~2x the rounding, ~7e-7 of float64 in the emulator); the sm_89
     build too. GPU == emulator for each build is test_gpu_emu_crosscheck's."""
     import ptxgen.runtime as r
 
@@ -481,7 +482,7 @@ def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monke
             out.owner.fill_bytes(0xFF)
             r.mul_mat(w, x, out=out, arch=arch)
             got = out.numpy()
-            assert np.isfinite(got).all() and rel(got, want) <= 1e-5 and rel(got, per_warp) <= 1e-6
+            assert np.isfinite(got).all() and rel(got, want) <= 1e-5 and rel(got, per_warp) <= 3e-6
             np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
