@@ -60,8 +60,10 @@ TARGETED = [
     # Q4_K's 8-token few build (5-8 tokens from q4k_t1_min_weights, where its CTAs fit one round)
     ("q4_K", "exact", 1024, 4096, (5, 8), None, {}, {}),
     # the few-token builds with records shared by the CTA's warps (not shipped: RULES.few_shared_min_tokens 0)
-    *[(fmt, "exact", 1024, 4096, (3, 5), None, {"PTXGEN_Q4K_FUSED": "0"}, {"few_shared_min_tokens": {fmt: 1}})
-      for fmt in ("q4_K", "q5_K")],
+    *[(fmt, "exact", 1024, 4096, (3, 5), None, {"PTXGEN_Q4K_FUSED": "0", "PTXGEN_Q4K_T1": "1"},
+       {"few_shared_min_tokens": {fmt: 1}, "codec_few_max_tokens": {"q5_K": 32, "q6_K": 8, "q8_0": 8, "tq4_1s": 8},
+        "codec_few_t1_min_weights": 0})
+      for fmt in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")],
     # the stream-K register-A GEMMs (not shipped: RULES.mmq_stream_k_min_gain 0 until timed), n256 and n128
     ("q4_K", "exact", 5120, 4096, (512,), None, {}, {"mmq_stream_k_min_gain": 0.01}),
     ("q4_K", "exact", 9000, 4096, (128,), None, {}, {"mmq_stream_k_min_gain": 0.01}),

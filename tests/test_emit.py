@@ -161,6 +161,11 @@ EXPECTED_SASS["mmq_q4_k_rega_n16"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
 for _nt in (4, 8):  # the exact builds with the records shared by the CTA's warps: the skinny GEMM's ring
     EXPECTED_SASS[f"gemv_q4_k_mma_t{_nt}s"] = EXPECTED_SASS["mmq_q4_k_rega_n32"]
     EXPECTED_SASS[f"gemv_q5_k_mma_t{_nt}s"] = EXPECTED_SASS["mmq_q4_k_rega_n32"] + ["LOP3"]
+    for _f in ("q6_k", "q8_0"):  # the codecs' integers (prmt, hadd2), their scales in fp32, the ring's CTA barrier
+        EXPECTED_SASS[f"gemv_{_f}_mma_t{_nt}s"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "PRMT", "HADD2", "FFMA",
+                                                   "BAR.SYNC"]
+    EXPECTED_SASS[f"gemv_tq4_1s_mma_t{_nt}s"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "PRMT", "LDS.64", "FFMA",
+                                                 "BAR.SYNC"]
 EXPECTED_SASS["mmq_q5_k_rega_n32"] = EXPECTED_SASS["mmq_q4_k_rega_n32"] + ["LOP3"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["moe_group"] = ["ATOMS.", "BAR.SYNC", "STG.E"]  # shared-memory atomics count and place the pairs

@@ -455,17 +455,20 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q5_K"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
 @pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 8, None), (14336, 4096, 5, None), (300, 1024, 4, None),
-                                        (129, 2048, 3, None), (1000, 3584, 8, "sm_89")])
+                                        (136, 2048, 3, None), (1000, 3584, 8, "sm_89")])
 def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monkeypatch):
-    """gemv_<fmt>_mma_t{4,8}s (RULES.few_shared_min_tokens raised; off until timed): the records of prep_q4k_t* in
-    one ring a CTA, its row tiles on the same K-steps, split-K over gridDim.y — within 1e-5 of float64 (exact),
+    """gemv_<fmt>_mma_t{4,8}s (RULES.few_shared_min_tokens raised; off until timed): the records of the format's
+    prep (prep_q4k_t*, prep_sub16_t*, prep_rot16_t*) in one ring a CTA, its row tiles on the same K-steps, split-K
+    over gridDim.y — within 1e-5 of float64 (exact),
     outputs NaN-poisoned first, bit-identical run to run, within 3e-6 of the per-warp build's result (its two nibble
     chains summed as one: ~2x the rounding, ~7e-7 of float64 in the emulator); the sm_89
     build too. GPU == emulator for each build is test_gpu_emu_crosscheck's."""
     import ptxgen.runtime as r
 
+    if arch == "sm_89" and fmt in ("q8_0", "tq4_1s"):
+        arch = None  # (their per-warp 8-token builds, which the route checks first, are sm_90a's only)
     rng = np.random.default_rng(m + k + t)
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))
@@ -473,11 +476,13 @@ def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monke
     want = formats.gemm_ref(fmt, raw, m, k, x)
     nt = 4 if t <= 4 else 8
     setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # (eager calls of 1-4 tokens would run the one-launch builds)
-    with tuning.override(codec_few_max_tokens={"q5_K": 32}):
+    setknob(monkeypatch, "PTXGEN_Q4K_T1", "1")  # (Q4_K's few-token builds at any size: by default from 14·2^20 weights)
+    with tuning.override(codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8, "tq4_1s": 8},
+                         codec_few_t1_min_weights=0):
         per_warp = r.mul_mat(w, x, arch=arch)
         with tuning.override(few_shared_min_tokens={fmt: 1}):
             plan = r.mul_mat_plan(w, t, arch=arch).kernels
-            assert plan == [f"prep_q4k_t{nt}", f"gemv_{fmt.lower()}_mma_t{nt}s"], plan
+            assert plan == [GemvKernel("prep_few", fmt, nt).name, GemvKernel("few", fmt, nt, shared=True).name], plan
             out = r.DeviceArray.empty((t, m), np.float32)
             out.owner.fill_bytes(0xFF)
             r.mul_mat(w, x, out=out, arch=arch)

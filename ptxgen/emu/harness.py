@@ -1188,7 +1188,8 @@ for _nt in (1, 2, 4):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)
-for _f in ("q4_k", "q5_k"):  # the exact builds with records shared by the CTA's warps (gemv_t1.SHARED_NOTE)
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # the exact builds with records shared by the CTA's warps
+    # (gemv_t1.SHARED_FORMATS, SHARED_NOTE)
     for _nt in (4, 8):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}s"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}s", 2)
 HARNESSES[f"mmq_q5_k_rega_n{T4.Q4K_SKINNY_COLUMNS}"] = _with_meta(gemv_q4k_mma_case,

@@ -82,7 +82,7 @@ NOT_SHIPPED.update({n: "TQ4_1S on the few-token tensor-core builds (and their ro
                     "rule codec_few_max_tokens has no tq4_1s entry above 0"
                     for nt in (1, 2, 4, 8) for n in (f"gemv_tq4_1s_mma_t{nt}", f"prep_rot16_t{nt}")})
 NOT_SHIPPED.update({f"gemv_{f}_mma_t{nt}s": "the few-token GEMV with records shared by the CTA's warps: not timed yet "
-                    "(rule few_shared_min_tokens 0)" for f in ("q4_k", "q5_k") for nt in (4, 8)})
+                    "(rule few_shared_min_tokens 0)" for f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s") for nt in (4, 8)})
 NOT_SHIPPED.update({f"mmq_{f.lower()}_wgmma_ra_n{bn}_sk": "stream-K register-A GEMM: not timed yet (rule "
                     "mmq_stream_k off)" for f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s") for bn in (128, 256)})
 NOT_SHIPPED.update({f"gemv_{f}_mma_n16": "the codecs' tensor-core GEMV for 9-16 tokens: slower than the register-A "

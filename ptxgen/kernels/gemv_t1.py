@@ -794,21 +794,25 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     from .. import codecs
 
     codec = codecs.get(fmt)
-    BLOCK = codec.BLOCK_BYTES
+    kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode; else (exact only) the codec's mma_block
+    assert kq or exact, fmt
+    BLOCK, BOX, SLOT = _row_geometry(codec) if not kq else (codec.BLOCK_BYTES,) * 3
     S, ctas, MT, NW = plan or SKINNY_PLAN[("big" if arch.max_smem_per_block >= 200 * 1024 else "small",
                                            f"t{exact}s" if exact else C)]
     R = 16 * MT
-    W_BYTES = R * BLOCK
+    W_BYTES = R * SLOT
     moff, foff, rb = T4.q4k_record_layout(exact, False) if exact else T4.q4k_record_layout(C, True)
     rec_at = NW * W_BYTES  # the record's offset in a stage
     stage_bytes = rec_at + rb
-    S, ctas = _fit(arch, S, ctas, stage_bytes)
+    table = codec.few_table(False)[1] if hasattr(codec, "few_table") else 0  # (TQ4_1S: the narrow, static table)
+    S, ctas = _fit(arch, S, ctas, stage_bytes, extra=table)
     b = KernelBuilder(GemvKernel("few", fmt, exact, shared=True).name if exact else GemvKernel("skinny", fmt, C).name,
                       arch, (f"{fmt} GEMV (exact) for up to {exact} tokens on mma.sync: (hi, lo) B columns per token, "
                              "activation records shared by the CTA's warps" if exact else
                              f"{fmt} skinny GEMM on mma.sync: token groups of {C} (fp16 activation records shared by "
-                             "the CTA's warps)") + ", A = q·sc decoded in registers from the raw super-blocks, weights "
-                      "and records by cp.async", block=(32 * NW, 1, 1))
+                             "the CTA's warps)") + (", A = q·sc decoded in registers from the raw super-blocks" if kq
+                                                    else ", one MMA per 16-element sub-block, its scale in fp32 after it")
+                      + ", weights and records by cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas)
     part_p, cnt_p = ps[6:]
     ring_sym = b.dynamic_shared(S * stage_bytes + 128)
@@ -824,18 +828,20 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     if exact:
         b.meta.update(tokens=exact, token_groups=1, mode="exact", hi_only=False, shared_records=SHARED_NOTE,
                       grid="(ceil(m / rows_per_cta), splits, 1)",
-                      activation=f"{GemvKernel('prep_few', 'q4_K', exact).name}(x): one {rb}-byte record per "
+                      activation=f"{GemvKernel('prep_few', fmt, exact).name}(x): one {rb}-byte record per "
                                  "super-block")
+        if not kq:
+            b.meta.update(record_order=getattr(codec, "FEW_RECORD_ORDER", "sub16"))
     W, REC, Y, M, ntok, nsb, (tid, lane, warp, gwarp, row0), g, t = _entry(b, ps, NW, R)
     kz, nsplit, gz = b.special("ctaid.y"), b.special("nctaid.y"), b.special("ctaid.z")
     ring = b.op("and.b32", b.op("add.u32", b.op("mov.u32", ring_sym), Imm(127, "u32")), Imm(~127 & 0xFFFFFFFF, "b32"))
-    b.comment(f"copy plan: each warp its rows' weight chunks c = lane + 32u = {BLOCK // 16}·row + column (as the "
+    b.comment(f"copy plan: each warp its rows' weight chunks c = lane + 32u = {BOX // 16}·row + column (as the "
               "few-token GEMV), the CTA's threads the group's record, chunk tid + 32·warps·u")
     # wst: this warp's weights in a stage; the group's records (both emitted inside _ring_copies)
     issue, wst = _ring_copies(b, R=R, lane=lane, row0=row0, M=M, nsb=nsb, W=W, xi=tid, nthr=32 * NW, rb=rb,
                               rec=lambda: b.op("mad.wide.u32", b.op("mul.lo.u32", gz, nsb), Imm(rb, "u32"), REC),
                               rec_at=rec_at, cache="cg", w_off=lambda: b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32")),
-                              block=BLOCK)
+                              block=BLOCK, box=BOX, slot=SLOT)
     stage_base = _stage_base(b, ring, stage_bytes)
     b.comment("split kz: super-blocks [kz·per, min((kz + 1)·per, nsb)). Prologue: steps 0 .. S - 2 (weights, then "
               "after the prep, griddepcontrol, their records); step s + S - 1 is issued at step s after the barrier "
@@ -843,6 +849,10 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     jb, jend = _split_range(b, nsb, kz, nsplit)
     _prologue(b, issue, stage_base, jb, jend, S - 1, pdl)
     count = b.op("mov.u32", Imm(0, "u32"))
+    if not kq:
+        return _skinny_codec_tail(b, arch, codec, exact, MT, NTL, NW, S, R, COLS, rec_at, foff, W_BYTES, stage_bytes,
+                                  BLOCK, SLOT, issue, stage_base, jb, jend, count, tid, lane, warp, gwarp, row0, g, t,
+                                  M, ntok, nsb, Y, kz, nsplit, part_p, cnt_p)
     dec = codec.RegDecoder(b, g, t)
     czero = dec.czero
     lane_b = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(rec_at, "u32"))  # B pairs: column 8·tile + g, k-pair t
@@ -858,16 +868,7 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     # 4·tile + t, e = 0)
     acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(1 if exact else 2)] for _ in range(NTL)]
             for _ in range(2)] for _ in range(MT)]
-    loop, done = b.label("step"), b.label("steps_done")
-    b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
-    b.place(loop)
-    b.emit("cp.async.wait_group", Imm(S - 2, "u32"))  # this thread's copies of step jb
-    b.emit("bar.sync", Imm(0, "u32"))  # everyone's; and every warp is done with the stage of step jb - 1
-    nxt = b.op("add.u32", jb, Imm(S - 1, "u32"))
-    issue(nxt, stage_base(b.op("rem.u32", b.op("add.u32", count, Imm(S - 1, "u32")), Imm(S, "u32"))),
-          b.op("setp.lt.u32", nxt, jend))
-    b.emit("cp.async.commit_group")
-    st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
+    loop, done, st = _shared_ring_step(b, S, issue, stage_base, jb, jend, count)
     stw = b.op("add.u32", st, wst)
     hds = [[dec.header(stw, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
     # the 8 MMA pairs i as a loop (unrolled by SKINNY_UNROLL): unrolled whole, ptxas hoisted every pair's B loads and
@@ -941,6 +942,53 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
     _store_or_split(b, items, lane, gcnt, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=True)
     return b.finish()
 
+def _shared_ring_step(b, S, issue, stage_base, jb, jend, count):
+    """The head of a step on a ring a CTA's warps share (build_skinny): past the run to `done`; this thread's copies
+    of step jb, the CTA barrier (everyone's; every warp done with the stage of step jb - 1), step jb + S - 1 issued
+    into that stage. Returns (the loop's label, done, the step's stage)."""
+    loop, done = b.label("step"), b.label("steps_done")
+    b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
+    b.place(loop)
+    b.emit("cp.async.wait_group", Imm(S - 2, "u32"))  # this thread's copies of step jb
+    b.emit("bar.sync", Imm(0, "u32"))  # everyone's; and every warp is done with the stage of step jb - 1
+    nxt = b.op("add.u32", jb, Imm(S - 1, "u32"))
+    issue(nxt, stage_base(b.op("rem.u32", b.op("add.u32", count, Imm(S - 1, "u32")), Imm(S, "u32"))),
+          b.op("setp.lt.u32", nxt, jend))
+    b.emit("cp.async.commit_group")
+    return loop, done, stage_base(b.op("rem.u32", count, Imm(S, "u32")))
+
+
+def _skinny_codec_tail(b, arch, codec, nt, MT, NTL, NW, S, R, COLS, rec_at, foff, W_BYTES, stage_bytes, BLOCK, SLOT,
+                       issue, stage_base, jb, jend, count, tid, lane, warp, gwarp, row0, g, t, M, ntok, nsb, Y, kz, nsplit,
+                       part_p, cnt_p):
+    """build_skinny(exact=nt)'s K loop and stores for a codec with an mma_block (Q6_K, Q8_0, TQ4_1S): each warp's
+    rows through _CodecStep (its stage rows at warp·W_BYTES, the CTA's record after them), as gemv_t1.build's."""
+    cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane)
+    col_lane = b.op("and.b32", lane, Imm(min(32, 4 * COLS) - 1, "b32"))
+    lane_rec = b.op("mad.lo.u32", col_lane, Imm(16, "u32"), Imm(rec_at, "u32"))
+    lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(min(nt, 4) - 1, "b32")), Imm(4, "u32"), Imm(rec_at + foff, "u32"))
+    acc = [[[[b.op("mov.f32", Imm(0.0, "f32"))] for _ in range(NTL)] for _ in range(2)] for _ in range(MT)]
+    wst = b.op("mul.lo.u32", warp, Imm(W_BYTES, "u32"))
+    loop, done, st = _shared_ring_step(b, S, issue, stage_base, jb, jend, count)
+    cstep.body(b.op("add.u32", st, wst), jb, b.op("add.u32", st, lane_rec), COLS)
+    facs = [[b.op("ld.shared.f32", Mem(b.op("add.u32", st, lane_fac), 16 * n))] for n in range(NTL)]
+    cstep.finish(acc, facs)
+    b.emit("add.u32", count, count, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, Imm(1, "u32"))
+    b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
+    b.place(done)
+    items = []  # lane (g, t): token t + 4·tile of rows 16·mt + g + 8·rr
+    for mt in range(MT):
+        for rr in range(2):
+            row = b.op("add.u32", row0, b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")))
+            rok = b.op("setp.lt.u32", row, M)
+            for n in range(NTL):
+                tok = b.op("add.u32", t, Imm(4 * n, "u32"))
+                items.append((b.op("and.pred", rok, b.op("setp.lt.u32", tok, ntok)), b.op("mad.lo.u32", tok, M, row),
+                              acc[mt][rr][n][0]))
+    _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p, lean=True)
+    return b.finish()
+
 
 _BUILDS = [(nt, False) for nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKENS, True)]
 KERNELS = [KernelDef(GemvKernel("few", "q4_K", nt, hi_only=h).name,
@@ -995,10 +1043,11 @@ _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny"
 _PREP_C, _PREP_HI = (GemvKernel("prep_few", "q4_K", c, hi_only=True).name for c in (_C, _HI))
 KERNELS.append(KernelDef(_SKINNY_HI, f"q4_K skinny GEMM as {_SKINNY} for up to {_HI} tokens ({_PREP_HI} records "
                          "shared by the CTA's warps)", lambda arch: build_skinny(arch, _HI), archs=("sm_90a",)))
+SHARED_FORMATS = ("q4_K",) + FEW_FORMATS + CODEC_FORMATS + ROT_FORMATS  # the builds with shared records (t4s, t8s)
 KERNELS += [KernelDef(GemvKernel("few", f, nt, shared=True).name, f"{f} GEMV, T ≤ {nt}, exact, as "
                       f"{GemvKernel('few', f, nt).name} with the activation records shared by the CTA's warps (one ring "
                       f"a CTA, its row tiles on the same K-steps), on {GemvKernel('prep_few', f, nt).name}'s records",
-                      lambda arch, nt=nt, f=f: build_skinny(arch, fmt=f, exact=nt)) for f in ("q4_K",) + FEW_FORMATS
+                      lambda arch, nt=nt, f=f: build_skinny(arch, fmt=f, exact=nt)) for f in SHARED_FORMATS
             for nt in (4, 8)]
 KERNELS.append(KernelDef(_SKINNY, f"q4_K skinny GEMM on mma.sync for token groups of {_C}: A decoded "
                          "in registers from the raw super-blocks, fp16 activation records shared by the CTA's warps "
