@@ -243,6 +243,15 @@ def _slot(box: int) -> int:
     return 16 * (c + 1 - c % 2)
 
 
+def _codec_table(b, codec, tid, lane, dyn=None):
+    """A codec's table in shared memory (TQ4_1S's codebook: codec.few_table), filled by the first 4 warps (the
+    fewest a launch runs) — emitted in the prologue before griddepcontrol.wait (its data is the module's own), so
+    the fill overlaps the kernel before; _CodecStep's CTA barrier publishes it. The wide table at the dynamic
+    memory's start (`dyn`: the build left room for it), else static. Returns mma_block's constants."""
+    tbl = b.op("mov.u32", dyn if dyn is not None else b.shared_buffer("mma_table", codec.few_table(False)[1], align=16))
+    return codec.mma_constants(b, (tbl, tid, lane, 128, dyn is not None))
+
+
 class _CodecStep:
     """A step of the few-token GEMVs on a codec's mma_block (Q6_K, Q8_0: a scale times an integer, the scale
     constant over 16 weights, no min): per m16 tile and 16-element sub-block s, A = the integers of rows g, g + 8
@@ -253,14 +262,11 @@ class _CodecStep:
     for every row (row_bytes a multiple of 4): the body is emitted once per phase, each word one load or, at phase
     2, two and a prmt (as gemv_mma_codec's)."""
 
-    def __init__(self, b, arch, codec, MT, NTL, g, t, row0, M, nsb, block, slot, tid=None, lane=None, dyn=None):
+    def __init__(self, b, arch, codec, MT, NTL, g, t, row0, M, nsb, block, slot, tid=None, lane=None, consts=None):
         self.b, self.arch, self.codec, self.MT, self.NTL, self.block, self.t = b, arch, codec, MT, NTL, block, t
-        if hasattr(codec, "few_table"):  # a table in shared memory (TQ4_1S's codebook), filled by the first 4 warps
-            # (the fewest a launch runs), published by a CTA barrier; the wide one at the dynamic memory's start
-            # (`dyn`: the build left room for it), else static
-            tbl = b.op("mov.u32", dyn if dyn is not None else
-                       b.shared_buffer("mma_table", codec.few_table(False)[1], align=16))
-            self.consts = codec.mma_constants(b, (tbl, tid, lane, 128, dyn is not None))
+        if hasattr(codec, "few_table"):  # the table _codec_table filled (before the wait), published here
+            assert consts is not None, codec
+            self.consts = consts
             b.emit("bar.sync", Imm(0, "u32"))
         else:
             self.consts = codec.mma_constants(b)
@@ -415,10 +421,11 @@ def _b_tiles(b, xrec, off, ntl):
     return xbs
 
 
-def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0, wait=None):
-    """The first n steps into stages 0 .. n - 1: the weights of the first n - hold, then (after the prep kernel:
-    griddepcontrol.wait where `pdl`, or `wait()` where given; then `records()` where given, the records built in
-    the kernel) the other weights and every step's records; one cp.async group per step."""
+def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0, wait=None, early=None):
+    """The first n steps into stages 0 .. n - 1: the weights of the first n - hold, then `early()` where given (work
+    that reads nothing another kernel writes: a codec's table), then (after the prep kernel: griddepcontrol.wait
+    where `pdl`, or `wait()` where given; then `records()` where given, the records built in the kernel) the other
+    weights and every step's records; one cp.async group per step."""
     firsts = []
     pre = max(0, n - hold)
     for s_ in range(n):
@@ -426,6 +433,8 @@ def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0, wait
         firsts.append((js, stage_base(s_), b.op("setp.lt.u32", js, jend)))
         if s_ < pre:
             issue(*firsts[-1], what=("w",))
+    if early is not None:
+        early()
     if wait is not None:
         wait()
     elif pdl:
@@ -617,9 +626,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         _await_count(b, b.ptr(ready_p), 0, 4, b.op("mul.lo.u32", nsb, Imm(nt, "u32")),
                      b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y")),
                      b.op("setp.eq.u32", tid, Imm(0, "u32")), warp)
+    table = {}
+
+    def fill_table():  # (a codec's table: filled before the wait)
+        table["consts"] = _codec_table(b, codec, tid, lane, ring_sym if dyn_table else None)
+    early = fill_table if not kq and hasattr(codec, "few_table") else None
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records,
               hold=0 if not pdl or hi_only or _plan_size(arch) != "big" else
-              (FUSED_HOLD if fused else T1_HOLD).get(nt, 0), wait=ready_wait if flag else None)
+              (FUSED_HOLD if fused else T1_HOLD).get(nt, 0), wait=ready_wait if flag else None, early=early)
     t_wait = b.special("globaltimer_lo") if TRACE else None
     t_first = b.op("mov.u32", t_wait) if TRACE else None
     t_prep = [b.op("mov.u32", Imm(0, "u32")) for _ in range(3 if TRACE else 0)]
@@ -629,8 +643,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         dec = codec.RegDecoder(b, g, t)
         zero, czero = dec.zero, dec.czero
     else:
-        cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane,
-                           ring_sym if dyn_table else None)
+        cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane, table.get("consts"))
     # B column 8·tile + lane / 4 comes from lane (column·4 + t)'s record slot; with fewer than 8 columns, lanes past
     # them re-read the first ones (their columns of C are never used)
     col_lane = b.op("and.b32", lane, Imm(min(32, 4 * ncol) - 1, "b32"))
@@ -847,12 +860,16 @@ def build_skinny(arch, C: int = T4.Q4K_SKINNY_COLUMNS, plan: tuple | None = None
               "after the prep, griddepcontrol, their records); step s + S - 1 is issued at step s after the barrier "
               "into the stage step s - 1 used")
     jb, jend = _split_range(b, nsb, kz, nsplit)
-    _prologue(b, issue, stage_base, jb, jend, S - 1, pdl)
+    table = {}
+
+    def early():  # (a codec's table: filled before the wait)
+        table["consts"] = _codec_table(b, codec, tid, lane)
+    _prologue(b, issue, stage_base, jb, jend, S - 1, pdl, early=early if hasattr(codec, "few_table") else None)
     count = b.op("mov.u32", Imm(0, "u32"))
     if not kq:
         return _skinny_codec_tail(b, arch, codec, exact, MT, NTL, NW, S, R, COLS, rec_at, foff, W_BYTES, stage_bytes,
                                   BLOCK, SLOT, issue, stage_base, jb, jend, count, tid, lane, warp, gwarp, row0, g, t,
-                                  M, ntok, nsb, Y, kz, nsplit, part_p, cnt_p)
+                                  M, ntok, nsb, Y, kz, nsplit, part_p, cnt_p, table.get("consts"))
     dec = codec.RegDecoder(b, g, t)
     czero = dec.czero
     lane_b = b.op("mad.lo.u32", lane, Imm(16, "u32"), Imm(rec_at, "u32"))  # B pairs: column 8·tile + g, k-pair t
@@ -960,10 +977,10 @@ def _shared_ring_step(b, S, issue, stage_base, jb, jend, count):
 
 def _skinny_codec_tail(b, arch, codec, nt, MT, NTL, NW, S, R, COLS, rec_at, foff, W_BYTES, stage_bytes, BLOCK, SLOT,
                        issue, stage_base, jb, jend, count, tid, lane, warp, gwarp, row0, g, t, M, ntok, nsb, Y, kz, nsplit,
-                       part_p, cnt_p):
+                       part_p, cnt_p, consts=None):
     """build_skinny(exact=nt)'s K loop and stores for a codec with an mma_block (Q6_K, Q8_0, TQ4_1S): each warp's
     rows through _CodecStep (its stage rows at warp·W_BYTES, the CTA's record after them), as gemv_t1.build's."""
-    cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane)
+    cstep = _CodecStep(b, arch, codec, MT, NTL, g, t, row0, M, nsb, BLOCK, SLOT, tid, lane, consts)
     col_lane = b.op("and.b32", lane, Imm(min(32, 4 * COLS) - 1, "b32"))
     lane_rec = b.op("mad.lo.u32", col_lane, Imm(16, "u32"), Imm(rec_at, "u32"))
     lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(min(nt, 4) - 1, "b32")), Imm(4, "u32"), Imm(rec_at + foff, "u32"))
