@@ -1093,9 +1093,12 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
     # whole clusters (the kernel walks items per cluster); cl = 1: one CTA per item at most
     grid = cl * max(1, min(-(-tiles // cl) * splits, ctas // cl))
-    if "stream" in meta:  # stream-K: `ctas` chunks of L = ceil(U / ctas) K-steps, two partial planes a chunk
+    if "stream" in meta:  # stream-K: `ctas` chunks of L = ceil(U / ctas) K-steps, two partial planes a chunk (one
+        # more chunk where `ctas` would cut only at tile boundaries: the default case cuts tiles too)
         units = tiles * (k // 64)
         per = -(-units // ctas)
+        if per % (k // 64) == 0:
+            per = -(-units // (ctas + 1))
         grid = -(-units // per)
         pa = mem.alloc(2 * grid * 128 * bn * 4, poison=0xFF)
         tail = tail[:3] + (per,) + tail[4:6] + (0, pa) + tail[8:]
