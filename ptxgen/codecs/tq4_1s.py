@@ -450,8 +450,8 @@ class MmaGemvDecoder:
 
 # --- the few-token tensor-core GEMVs (kernels/gemv_t1.py _CodecStep: gemv_tq4_1s_mma_t{1,2,4,8}, on prep_rot16_t*'s
 # records of the rotated activation): a step of 256 weights is 8 blocks, 160 bytes a row (rows a multiple of 16
-# bytes: every step starts aligned). A 16-element half h of block j takes one MMA per A part — fp16 hi and lo of
-# C[idx], from the pair table (mma_pair_table, MMA_TABLE_COPIES copies) —, both chained into one C, then S += d_h·C
+# bytes: every step starts aligned). A 16-element half h of block j takes one MMA: fp16 hi(C[idx]) as its rows g, lo
+# as its rows g + 8 (the same weight row, from the pair table below: mma_pair_table), then S += d_h·(C hi + C lo)
 MMA_STEP_BYTES = GROUP_BLOCKS * BLOCK_BYTES  # 160
 FEW_RECORD_ORDER = "rot16"  # the records' order (formats.tq4_1s.q4k_mma_records): the rotated activation's
 MMA_A_PARTS = 2  # (hi, lo): the codebook is not exact in fp16
