@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The pending device measurements, as named steps, so that a device call runs them without composing commands:
+#   bash bench/queue.sh tier sk          (device tool; each step's logs land in $OUT as <step>_*.log)
+# Steps, in the order bench/NOTES.md's latest "Next" list gives them (a 10-minute call fits "tier sk" or
+# "model tq4few", roughly):
+#   tier     the GPU tier (~5 min)
+#   sk       stream-K register-A GEMMs against the uniform plans (rule mmq_stream_k_min_gain)
+#   model    bench_model default and --fuse, each with and without the stream-K rule
+#   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
+#   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
+#   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
+#   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
+#   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
+# QUEUE_LIMIT (seconds, default 560) stops starting steps once that much of the call has passed.
+set -uo pipefail
+OUT=${OUT:-/tmp/ptxgen-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PTXGEN_CACHE_DIR=${PTXGEN_CACHE_DIR:-/tmp/ptxgen-cache} HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+start=$SECONDS
+limit=${QUEUE_LIMIT:-560}
+ab() { python3 bench/probe_build_ab.py "$@"; }
+
+# run NAME SECONDS CMD...: one measurement under its own time limit, its output in $OUT/NAME.log (tail shown)
+run() {
+  local name=$1 secs=$2; shift 2
+  local left=$((limit - (SECONDS - start)))
+  if [ "$left" -le 20 ]; then echo "== $name: skipped (the call's time is spent)"; return; fi
+  [ "$secs" -gt "$left" ] && secs=$left
+  echo "== $name (limit ${secs}s)"
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  tail -n 30 "$OUT/$name.log"; echo "== $name rc=$rc at $((SECONDS - start))s"
+}
+
+few_rule='rule.codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8, "tq4_1s": 8}'
+mt2='gemv_t1.T1_PLAN={"big": {"t1": (4, 2, 1, 8), "t2": (3, 2, 1, 8), "t4": (2, 2, 1, 8), "t8": (2, 2, 2, 4), "t16h": (3, 1, 2, 4)}, "small": {"t1": (3, 2, 1, 4), "t2": (2, 2, 1, 4), "t4": (2, 1, 1, 4), "t8": (2, 1, 1, 4), "t16h": (2, 1, 1, 4)}}'
+
+for step in "${@:-tier}"; do
+  case $step in
+  tier)
+    run gpu_tier 540 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load ;;
+  sk)
+    run sk_14336x4096 120 ab --kernels 'mmq_q4_k_wgmma_ra_n256_sk$' --formats q4_K --shape 14336x4096 --tokens 512,1024 \
+      --variant 'sk: rule.mmq_stream_k_min_gain=0.01'
+    for s in 5120x4096 28672x4096; do
+      run "sk_$s" 90 ab --kernels 'mmq_q4_k_wgmma_ra_n256_sk$' --formats q4_K --shape "$s" --tokens 512 \
+        --variant 'sk: rule.mmq_stream_k_min_gain=0.01'
+    done
+    run sk_tq4_1s 90 ab --kernels 'mmq_tq4_1s_wgmma_ra_n256_sk$' --formats tq4_1s --shape 18944x3584 --tokens 512 \
+      --variant 'sk: rule.mmq_stream_k_min_gain=0.01' ;;
+  model)
+    run model 150 python3 bench/bench_model.py
+    run model_sk 150 python3 bench/bench_model.py --rule mmq_stream_k_min_gain=0.05
+    run model_fuse 150 python3 bench/bench_model.py --fuse
+    run model_fuse_sk 150 python3 bench/bench_model.py --fuse --rule mmq_stream_k_min_gain=0.05 ;;
+  tq4few)
+    for s in 18944x3584 3584x18944; do
+      run "tq4few_$s" 150 ab --kernels 'gemv_tq4_1s_mma_t' --formats tq4_1s --shape "$s" --tokens 1,2,3,4,8 --weights 24 \
+        --variant "few: $few_rule" --variant "few_default_plans: $few_rule; gemv_t1.T1_PLAN_FMT={}"
+    done ;;
+  t8)
+    for s in 4096x14336 14336x4096; do
+      run "t8_$s" 150 ab --kernels 'gemv_q[45]_k_mma_t[48]s?$' --formats q4_K,q5_K --shape "$s" --tokens 4,5,8 --weights 24 \
+        --variant 'shared: rule.few_shared_min_tokens={"q4_K": 4, "q5_K": 4}' --variant "mt2: $mt2"
+    done
+    run t8_codecs 150 ab --kernels 'gemv_(q6_k|q8_0|tq4_1s)_mma_t[48]s?$' --formats q6_K,q8_0,tq4_1s --shape 4096x14336 \
+      --tokens 4,8 --weights 24 --variant "shared: $few_rule; rule.few_shared_min_tokens={\"q6_K\": 4, \"q8_0\": 4, \"tq4_1s\": 4}" ;;
+  small)
+    for s in 1024x4096 4096x4096; do
+      run "small_$s" 120 ab --kernels 'prep_q4k_t1$|gemv_q4_k_f32_t1$' --formats q4_K --shape "$s" --tokens 1 --weights 64 \
+        --variant 'one: knob.PTXGEN_Q4K_FUSED=1' --variant 'f32: rule.codec_gemv_t1_max_weights={"q4_K": 67108864}'
+    done ;;
+  rest)
+    run gemv_fast 200 python3 bench/bench_gemv.py --formats q4_K,q5_K --modes fast --rule 'fast_lanes_max_tokens=8'
+    run mmq_pre 90 ab --kernels 'mmq_q4_k_wgmma_pre_n256$' --formats q4_K --shape 1024x4096 --tokens 512 \
+      --variant 'pre: rule.mmq_pre_min_tokens=256'
+    run mmq_cx 90 ab --kernels 'mmq_q4_k_wgmma_ra_n256_cx$' --formats q4_K --shape 4096x4096 --tokens 512 \
+      --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
+  sanitize)
+    run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 small rest sanitize)"; exit 2 ;;
+  esac
+done
