@@ -12,7 +12,11 @@ They run on torch's current stream, like any torch op.
 """
 from __future__ import annotations
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as e:  # the one module of ptxgen that needs torch: say which extra brings it
+    raise ModuleNotFoundError(f"ptxgen.torch needs torch ({e}): pip install torch, or the [torch] extra "
+                              "(pip install -e \".[torch]\")", name=e.name) from e
 
 from . import formats
 from .runtime import driver, ops

@@ -5,6 +5,8 @@ GGUF files are read by `ptxgen.gguf` (NumPy only; every count and offset checked
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ptxgen import formats
@@ -13,9 +15,21 @@ from ptxgen.gguf import GGML_IDS, TQ4_1S_IDS, GGUFError, list_gguf_tensors, read
 from .driver import DeviceBuffer
 
 
+def _fmt(fmt) -> str:
+    """ggml's spelling of weight format `fmt` (any letter case); an activation format (q8_1) is refused."""
+    f = formats.get(fmt)
+    if f.activation:
+        weights = ", ".join(n for n, g in formats.FORMATS.items() if not g.activation)
+        raise ValueError(f"{f.name} is an activation format; weight tensors are {weights}")
+    return f.name
+
+
 def _shape(fmt: str, shape) -> tuple[int, ...]:
     """(M, K) or (E, M, K) as ints, checked: positive, K whole blocks of `fmt`."""
-    shape = tuple(int(s) for s in shape)
+    try:
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"{fmt}: shape must be a tuple of ints, (M, K) or (E, M, K); got {shape!r}") from None
     if len(shape) not in (2, 3):
         raise ValueError(f"{fmt}: a weight tensor is (M, K), or (E, M, K) for an MoE layer's experts; got {shape}")
     if min(shape[:-1]) <= 0:
@@ -41,6 +55,7 @@ class QuantTensor:
 
     def __init__(self, fmt: str, shape, *, host: np.ndarray | None = None, device: DeviceBuffer | None = None,
                  owner=None, max_scale: float | None = None):
+        fmt = _fmt(fmt)
         self.fmt, self.shape = fmt, _shape(fmt, shape)
         want = self.nbytes
         if (host is None) == (device is None):
@@ -107,6 +122,7 @@ class QuantTensor:
     def from_raw(cls, fmt: str, raw, shape) -> "QuantTensor":
         """Raw GGUF bytes (uint8, whole rows of blocks) of logical shape (M, K) or (E, M, K), kept on the host until
         first use."""
+        fmt = _fmt(fmt)
         shape = _shape(fmt, shape)
         blocks = formats.get(fmt).blocks(raw, (int(np.prod(shape[:-1])), shape[-1]))  # checks dtype and size
         return cls(fmt, shape, host=np.array(blocks.reshape(-1), copy=True))
@@ -115,9 +131,12 @@ class QuantTensor:
     def from_numpy(cls, w, fmt: str, *, allow_nonfinite: bool = False) -> "QuantTensor":
         """Quantize float32 weights (M, K) or (E, M, K) on the CPU with ptxgen.formats (NaN / inf refused unless
         `allow_nonfinite`). Needs no GPU."""
+        if isinstance(w, str):
+            raise TypeError(f"from_numpy(w, fmt): the weights come first, then the format; got the string {w!r} first")
+        fmt = _fmt(fmt)
         w = np.asarray(w)
-        if w.ndim not in (2, 3):
-            raise ValueError(f"from_numpy: weights must be (M, K) or (E, M, K), got shape {w.shape}")
+        if w.ndim not in (2, 3) or 0 in w.shape:
+            raise ValueError(f"from_numpy: weights must be (M, K) or (E, M, K) with no empty dimension, got shape {w.shape}")
         flat = w.reshape(-1, w.shape[-1])
         return cls.from_raw(fmt, formats.quantize(fmt, flat, allow_nonfinite=allow_nonfinite), w.shape)
 

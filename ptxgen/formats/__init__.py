@@ -15,14 +15,18 @@ from .tq4_1s import rht_forward, rht_inverse
 
 FORMATS: dict[str, QuantFormat] = {**ggml.FORMATS, "tq4_1s": tq4_1s.FORMAT}
 NAMES = tuple(FORMATS)
+_BY_LOWER = {n.lower(): n for n in NAMES}
 
 
 def get(name: str) -> QuantFormat:
-    """The format called `name` (ggml's spelling, e.g. "q4_K")."""
+    """The format called `name` (ggml's spelling, e.g. "q4_K"; any letter case is taken)."""
     try:
         return FORMATS[name]
-    except KeyError:
-        raise ValueError(f"unknown format {name!r}; known: {', '.join(NAMES)}") from None
+    except (KeyError, TypeError):
+        pass
+    if isinstance(name, str) and name.lower() in _BY_LOWER:  # "Q4_K", "q4_k": as README and GGUF tools write them
+        return FORMATS[_BY_LOWER[name.lower()]]
+    raise ValueError(f"unknown format {name!r}; known: {', '.join(NAMES)}")
 
 
 def dequantize(name: str, raw, shape) -> np.ndarray:

@@ -76,7 +76,30 @@ class QuantFormat:
             check_finite(x, f"{self.name}: quantize")
         blocks = np.ascontiguousarray(x).reshape(-1, self.block_size)
         out = self._quantize(blocks, **options)
+        if not (self.activation or allow_nonfinite):
+            self._check_scales(out, x)
         return out.reshape(*x.shape[:-1], x.shape[-1] // self.block_size * self.block_bytes)
+
+    def _check_scales(self, out: np.ndarray, x: np.ndarray) -> None:
+        """ValueError where finite weights left a block's fp16 scale field inf or NaN: values that large are past
+        what the format's fp16 scales reach, and ggml's quantizer writes such blocks anyway, every weight of them
+        then decoding to inf / NaN — silently wrong, as the non-finite inputs check_finite refuses."""
+        rec = np.ascontiguousarray(out).reshape(-1, self.block_bytes).view(self.dtype).reshape(-1)
+        bad = np.zeros(rec.shape[0], bool)
+        for f in (n for n in self.dtype.names if self.dtype[n] == np.dtype("<f2")):
+            bad |= ~np.isfinite(rec[f].astype(np.float32))
+        if not bad.any():
+            return
+        i = int(np.argmax(bad))
+        per_row = x.shape[-1] // self.block_size
+        row, c0 = divmod(i, per_row)
+        c0 *= self.block_size
+        peak = float(np.abs(x.reshape(-1, x.shape[-1])[row, c0:c0 + self.block_size]).max())
+        where = f"row {row}" if x.ndim == 2 else f"row {row} of the flattened (-1, K) weights"
+        raise ValueError(f"{self.name}: quantize: {int(bad.sum())} block(s) whose fp16 scales overflow, the first at "
+                         f"{where}, columns {c0}-{c0 + self.block_size - 1} (largest |value| {peak:.4g}); scale the "
+                         "weights down (and the outputs up by the same factor), or pass allow_nonfinite=True for "
+                         "ggml's blocks (their weights decode to inf / NaN)")
 
     def fields(self, raw, shape) -> np.ndarray:
         """The blocks as a structured array (one record per block)."""
