@@ -13,37 +13,83 @@ from pathlib import Path
 
 from .arch import ARCHES, TARGETS, ArchError, get_arch
 
-REPO_EMITTED = Path(__file__).resolve().parent.parent / "emitted"
+
+def source_checkout() -> Path | None:
+    """The source checkout ptxgen runs from (pyproject.toml beside the package), or None for an installed package:
+    that one's kernels are in ptxgen/emitted/ (the package data the runtime loads) and it has no bench/."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
 
 
-def _fail(msg: str) -> "None":
-    print(f"ptxgen: {msg}", file=sys.stderr)
+def default_output() -> Path:
+    """Where `ptxgen emit` writes without -o: the checkout's emitted/ (what the tests diff), else ./emitted, never
+    into site-packages."""
+    root = source_checkout()
+    return root / "emitted" if root else Path("emitted")
+
+
+def _fail(msg: str, cmd: str = "") -> "None":
+    print(f"ptxgen{' ' + cmd if cmd else ''}: {msg}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def _archs(names) -> list:
-    """The targets named (default: all of TARGETS). An arch ptxgen knows but builds no kernels for (sm_80) is
-    refused rather than answered with an empty manifest."""
-    try:
-        archs = [get_arch(a) for a in (names or TARGETS)]
-    except ArchError as e:
-        _fail(str(e))
-    unbuilt = [a.name for a in archs if a.name not in TARGETS]
-    if unbuilt:
-        _fail(f"no kernels are built for {', '.join(unbuilt)} (their GPUs are not supported); "
-              f"targets: {', '.join(TARGETS)}")
+def target_archs(names) -> list:
+    """The targets named (default: all of TARGETS), or an ArchError that names only TARGETS: an arch ptxgen knows
+    but builds no kernels for (sm_80, kept for the runtime's DSL builds) is refused rather than answered with an
+    empty manifest. The emulator's command checks its --arch here too."""
+    archs = []
+    for n in dict.fromkeys(names or TARGETS):
+        if n not in TARGETS and n in ARCHES:
+            raise ArchError(f"no kernels are built for {n} (its GPUs are not supported); targets: {', '.join(TARGETS)}")
+        if n not in TARGETS:
+            raise ArchError(f"unknown arch {n!r}; valid: {', '.join(TARGETS)}")
+        archs.append(get_arch(n))
     return archs
 
 
+def _archs(names) -> list:
+    try:
+        return target_archs(names)
+    except ArchError as e:
+        _fail(str(e))
+
+
 def _kernel_defs(names):
-    from .kernels import KERNELS, SHIPPED
+    from .kernels import KERNELS, SHIPPED, unknown_kernel
 
     if not names:
         return list(SHIPPED.values())  # the unshipped ones only when named (ptxgen.kernels.NOT_SHIPPED)
-    bad = [n for n in names if n not in KERNELS]
-    if bad:
-        _fail(f"unknown kernel {', '.join(bad)}; valid: {', '.join(KERNELS)}")
+    names = list(dict.fromkeys(names))  # `--kernel X --kernel X`: one file, one manifest entry
+    for n in names:
+        if n not in KERNELS:
+            _fail(unknown_kernel(n))
     return [KERNELS[n] for n in names]
+
+
+def _unwritable(path: Path, e: OSError) -> str:
+    """Why `path` cannot be written, naming the part of it that is a file where a folder must be."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return f"{p} is not a folder" if not p.is_dir() else (e.strerror or str(e))
+    return e.strerror or str(e)
+
+
+def _mkdir(path: Path, cmd: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _fail(f"cannot write to {path}: {_unwritable(path, e)}", cmd)
+
+
+def _write(path: Path, text: str, cmd: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        _fail(f"cannot write to {path}: {_unwritable(path, e)}", cmd)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _not_built(defs, archs, explicit_archs: bool) -> list:
@@ -86,25 +132,46 @@ class Progress:
             print(file=sys.stderr)
 
 
+def _manifest_of(path: Path, arch) -> list | None:
+    """The entries of the manifest already at `path` (None if there is none). A folder holds one arch's kernels:
+    one whose manifest is another arch's is refused, not merged into (its entries would be listed as `arch`'s)."""
+    try:
+        old = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _fail(f"cannot read {path}: {e.strerror or e}", "emit")
+    except ValueError:
+        old = None
+    if not isinstance(old, dict) or not isinstance(old.get("kernels"), list) or "arch" not in old:
+        _fail(f"{path} is not a ptxgen manifest; emit into another folder", "emit")
+    if old["arch"] != arch.name:
+        _fail(f"{path.parent} holds {old['arch']}'s kernels (its manifest.json); emit {arch.name} into another "
+              f"folder (with several --arch, -o gets one sub-folder per arch)", "emit")
+    return old["kernels"]
+
+
 def emit_arch(arch, defs, out: Path, progress: Progress | None = None, merge: bool = False) -> list[dict]:
     """Write each kernel of `defs` built for `arch` (.ptx) and the manifest into `out`; returns the entries emitted.
     `merge`: the manifest keeps the entries of kernels not in `defs` (emitting a subset)."""
-    out.mkdir(parents=True, exist_ok=True)
+    path = out / "manifest.json"
+    _mkdir(out, "emit")
+    old = _manifest_of(path, arch)  # before any file is written: a folder of another arch is left as it was
     manifest = []
     for d in defs:
         if arch.name not in d.archs:
             continue
         k = d.for_arch(arch)
         text = k.ptx()
-        (out / f"{k.name}.ptx").write_text(text)
+        _write(out / f"{k.name}.ptx", text, "emit")
         manifest.append(k.manifest(text))
         if progress:
             progress.step(f"{arch.name}/{k.name}")
-    path, entries = out / "manifest.json", manifest
-    if merge and path.exists():  # the other kernels' entries stay, the emitted ones replace theirs
+    entries = manifest
+    if merge and old is not None:  # the other kernels' entries stay, the emitted ones replace theirs
         fresh = {e["kernel"]: e for e in manifest}
-        entries = [fresh.pop(e["kernel"], e) for e in json.loads(path.read_text())["kernels"]] + list(fresh.values())
-    path.write_text(json.dumps({"arch": arch.name, "kernels": entries}, indent=1) + "\n")
+        entries = [fresh.pop(e["kernel"], e) for e in old] + list(fresh.values())
+    _write(path, json.dumps({"arch": arch.name, "kernels": entries}, indent=1) + "\n", "emit")
     return manifest
 
 
@@ -118,11 +185,11 @@ def cmd_emit(args) -> int:
         if args.kernel and not any(arch.name in d.archs for d in defs):
             continue  # (named above) nothing of the selection is built for this arch
         out = Path(args.output) if args.output and len(archs) == 1 else \
-            (Path(args.output) / arch.name if args.output else REPO_EMITTED / arch.name)
+            (Path(args.output) / arch.name if args.output else default_output() / arch.name)
         manifest = emit_arch(arch, defs, out, prog, merge=bool(args.kernel))
         if not args.quiet:
             prog.close()
-            print(f"{arch.name}: {len(manifest)} kernels → {out}")
+            print(f"{arch.name}: {_count(len(manifest), 'kernel')} → {out}")
     prog.close()
     return 0
 
@@ -145,8 +212,11 @@ def cmd_check(args) -> int:
     defs = _kernel_defs(args.kernel)
     if args.kernel:
         _not_built(defs, archs, bool(args.arch))
+    if args.sass:  # before any compile: an unwritable folder is bad input, found at once
+        _mkdir(Path(args.sass), "check")
     failed = 0
-    print(f"{'kernel':<20} {'arch':<8} {'regs':>4} {'smem':>7} {'stack':>5} {'spill':>5}  status")
+    w = max([len("kernel")] + [len(d.name) for d in defs if any(a.name in d.archs for a in archs)])
+    print(f"{'kernel':<{w}} {'arch':<8} {'regs':>4} {'smem':>7} {'stack':>5} {'spill':>5}  status")
     for arch in archs:
         for d in defs:
             if arch.name not in d.archs:
@@ -158,41 +228,43 @@ def cmd_check(args) -> int:
                 res = compile_ptx(ptx, arch.name, name=k.name, whole_program=whole)
             except CompileError as e:
                 failed += 1
-                print(f"{k.name:<20} {arch.name:<8} {'-':>4} {'-':>7} {'-':>5} {'-':>5}  FAILED\n{e}")
+                print(f"{k.name:<{w}} {arch.name:<8} {'-':>4} {'-':>7} {'-':>5} {'-':>5}  FAILED\n{e}")
                 continue
             except FileNotFoundError as e:  # no ptxas binary for a whole-program kernel: not checked here
-                print(f"{k.name:<20} {arch.name:<8} {'-':>4} {'-':>7} {'-':>5} {'-':>5}  skipped ({e})")
+                print(f"{k.name:<{w}} {arch.name:<8} {'-':>4} {'-':>7} {'-':>5} {'-':>5}  skipped ({e})")
                 continue
             r = res.resources.get(k.entry, {})
             spills = r.get("spill_stores", 0) + r.get("spill_loads", 0) + r.get("lmem", 0)
             status = "ok" if spills == 0 and r.get("stack", 0) <= arch.allowed_stack(ptx) else "SPILLS"
             failed += status != "ok"
-            print(f"{k.name:<20} {arch.name:<8} {r.get('registers', 0):>4} {r.get('smem', 0) + k.dynamic_smem:>7} "
+            print(f"{k.name:<{w}} {arch.name:<8} {r.get('registers', 0):>4} {r.get('smem', 0) + k.dynamic_smem:>7} "
                   f"{r.get('stack', 0):>5} {spills:>5}  {status}")
             if args.sass or args.loops:
                 text = sass(res.cubin)
             if args.sass:
-                out = Path(args.sass)
-                out.mkdir(parents=True, exist_ok=True)
-                (out / f"{k.name}.{arch.name}.sass").write_text(text)
+                _write(Path(args.sass) / f"{k.name}.{arch.name}.sass", text, "check")
             if args.loops:
                 loop = hot_loop(text)
                 if loop is None:
-                    print(f"{'':<29} main loop: none (no loop holds {', '.join(HOT_OPS)})")
+                    print(f"{'':<{w + 9}} main loop: none (no loop holds {', '.join(HOT_OPS)})")
                 else:
                     mix = ", ".join(f"{op} {n}" for op, n in list(loop["ops"].items())[:8])
-                    print(f"{'':<29} main loop ({loop['marker']}): {loop['instructions']} SASS per iteration per "
-                          f"thread; {mix}")
+                    print(f"{'':<{w + 9}} main loop ({loop['marker']}): {loop['instructions']} SASS per iteration "
+                          f"per thread; {mix}")
     return 1 if failed else 0
 
 
 def cmd_bench(args) -> int:
     import runpy
 
-    script = Path(__file__).resolve().parent.parent / "bench" / f"bench_{args.what}.py"
+    root = source_checkout()
+    if root is None or not (root / "bench").is_dir():  # bench/ is not package data: a wheel has no benchmarks
+        _fail("the benchmarks (bench/bench_*.py) come with a source checkout of ptxgen, not an installed package; "
+              "run `ptxgen bench` from a clone (pip install -e .)", "bench")
+    script = root / "bench" / f"bench_{args.what}.py"
     if not script.exists():
         _fail(f"no benchmark {args.what!r} (looked for {script}); available: "
-              + ", ".join(p.stem[6:] for p in script.parent.glob("bench_*.py")))
+              + ", ".join(sorted(p.stem[6:] for p in script.parent.glob("bench_*.py"))), "bench")
     sys.argv = [str(script), *args.rest]
     sys.path.insert(0, str(script.parent))  # the benchmarks share helpers (bench_gemv.timed)
     runpy.run_path(str(script), run_name="__main__")
@@ -217,17 +289,19 @@ def _main(argv=None) -> int:
     p.add_argument("--version", action="version", version=f"ptxgen {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("emit", help="write one .ptx per kernel and a manifest.json (default: emitted/<arch>/)")
-    e.add_argument("--arch", action="append", help=f"one of {', '.join(ARCHES)}; repeatable; default: {', '.join(TARGETS)}")
-    e.add_argument("--kernel", action="append", help="kernel name; repeatable; default: all")
-    e.add_argument("-o", "--output", help="output folder (with several arches: one sub-folder per arch)")
+    e.add_argument("--arch", action="append", help=f"one of {', '.join(TARGETS)}; repeatable; default: all of them")
+    e.add_argument("--kernel", action="append", help="kernel name (`ptxgen list`); repeatable; default: all shipped")
+    e.add_argument("-o", "--output", help="output folder, one arch's kernels per folder (with several arches: one "
+                                          "sub-folder per arch); default: emitted/<arch>/ of the source checkout, "
+                                          "or ./emitted/<arch>/ when ptxgen is an installed package")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(fn=cmd_emit)
     ls = sub.add_parser("list", help="kernels and their configurations")
     ls.add_argument("-v", "--verbose", action="store_true")
     ls.set_defaults(fn=cmd_list)
     c = sub.add_parser("check", help="compile every kernel with nvJitLink; registers, smem, spills (no GPU needed)")
-    c.add_argument("--arch", action="append")
-    c.add_argument("--kernel", action="append")
+    c.add_argument("--arch", action="append", help=f"one of {', '.join(TARGETS)}; repeatable; default: all of them")
+    c.add_argument("--kernel", action="append", help="kernel name (`ptxgen list`); repeatable; default: all shipped")
     c.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS into DIR")
     c.add_argument("--loops", action="store_true",
                    help="also count the SASS instructions of each kernel's main loop (one iteration, one thread)")

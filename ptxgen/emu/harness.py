@@ -126,7 +126,7 @@ def _deq(fmt: str):
     """dequantize_<fmt>: drawn GGUF bytes (random quants, finite scales; Q4_K's from its quantizer) → fp16 equal to
     formats.dequantize(...).astype(float16) bit for bit (NaNs as NaNs); the output is poisoned first. Q8_0 takes a
     block count that is not a multiple of its 8-block groups (the last group's idle lanes must not write)."""
-    from ptxgen.testing.strategies import random_raw
+    from ptxgen.testing.blocks import random_raw
 
     def run(ptx: str, rng, shape=None, seed=None) -> Outcome:
         m, k = shape or ((5, 512) if fmt != "q8_0" else (5, 96))
@@ -349,7 +349,7 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
 def _frags(fmt: str):
     """dequantize_<fmt>_frags (kernels/frags.py): drawn GGUF bytes → layouts.q4k_prepared_fragments(raw, fmt) bit for
     bit (NaN as NaN), rows past M zero; the output poisoned first."""
-    from ptxgen.testing.strategies import random_raw
+    from ptxgen.testing.blocks import random_raw
 
     def run(ptx: str, rng, shape=(133, 512), seed=None) -> Outcome:
         m, k = shape
@@ -514,7 +514,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     if order == "q4k":
         raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     else:  # every scale and bit pattern
-        from ..testing.strategies import random_raw
+        from ..testing.blocks import random_raw
         raw = random_raw(fmt, m, k, rng)
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
@@ -574,12 +574,12 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
 def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, splits=None, poison_x=None,
                         raw=None, kparts=None) -> Outcome:
     """A codec's tensor-core GEMV (kernels/gemv_mma_codec.py): random raw blocks of meta's format (every scale and
-    bit pattern: ptxgen.testing.strategies.random_raw; or `raw`), the prep's tiles and factors from the NumPy model
+    bit pattern: ptxgen.testing.blocks.random_raw; or `raw`), the prep's tiles and factors from the NumPy model
     (to_mma_tiles(x, Q4K_GROUP)), the weights by a tensor map for the TMA build; against the float64 reference,
     relative error ≤ 1e-5; split-K counters back at zero. `poison_x` = (token, k, value): non-finite
     outputs exactly where the reference has them. `kparts`: the warps of a row tile (drawn from 1, 2, .. warps if
     not given)."""
-    from ..testing.strategies import random_raw
+    from ..testing.blocks import random_raw
 
     fmt, rows, groups = meta["fmt"], meta["rows_per_cta"], meta["token_groups"]
     # m·k/256 a multiple of 8: the weights end on a 16-byte boundary (the TMA build: each row does)

@@ -16,6 +16,8 @@ class KernelDef:
     archs: tuple = TARGETS
 
     def for_arch(self, arch) -> Kernel:
+        """This kernel built for `arch`. sm_80 is let through (it lowers as sm_89) for the runtime's source="dsl"
+        builds, whose candidates on an Ampere device are sm_80; the CLIs refuse it (ptxgen.cli.target_archs)."""
         arch = get_arch(arch)
         if arch.name not in self.archs and arch.name != "sm_80":
             raise ValueError(f"kernel {self.name} is not built for {arch.name}; it is built for {', '.join(self.archs)}")
@@ -110,8 +112,17 @@ NOT_SHIPPED.update(_KNOB_ONLY)
 SHIPPED = {n: d for n, d in KERNELS.items() if n not in NOT_SHIPPED}
 
 
+def unknown_kernel(name: str, names=None) -> str:
+    """The error for a kernel name not in `names` (default: KERNELS): the few closest names, not hundreds."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names if names is not None else KERNELS), n=5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return f"unknown kernel {name!r}; {hint}`ptxgen list` names the shipped kernels"
+
+
 def get_kernel(name: str) -> KernelDef:
     try:
         return KERNELS[name]
     except KeyError:
-        raise ValueError(f"unknown kernel {name!r}; valid: {', '.join(KERNELS)}") from None
+        raise ValueError(unknown_kernel(name)) from None

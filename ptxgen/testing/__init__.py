@@ -1,2 +1,2 @@
 """Test support shared by ptxgen's own tests and by kernel tests downstream: hypothesis strategies and
-profiles. Needs hypothesis (the `test` extra)."""
+profiles (hypothesis: the `test` extra), and NumPy-only random blocks (blocks.py)."""

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from ptxgen import formats
 
+from .blocks import random_raw  # noqa: F401 (NumPy only: the emulator's harnesses draw with it, no hypothesis)
+
 # where each format keeps its fp16 scale fields (byte offsets inside a block)
 HALF_FIELDS = {
     "q4_K": (0, 2),
@@ -103,16 +105,3 @@ def float_blocks(draw, block_size: int, max_blocks: int = 6):
     elif kind == "ints":
         x = rng.integers(-8, 8, (n, block_size)).astype(np.float32)
     return x
-
-
-def random_raw(fmt: str, m: int, k: int, rng: np.random.Generator, scale=(1e-3, 1e-2)) -> np.ndarray:
-    """Random valid weights of any size, fast (no quantizer): every byte drawn uniformly, then each block's fp16
-    scale fields set to finite values in `scale` (so products stay far from fp16's range). uint8 (m, row bytes)."""
-    f = formats.get(fmt)
-    nb = m * (k // f.block_size)
-    raw = rng.integers(0, 256, (nb, f.block_bytes), dtype=np.uint8)
-    rec = raw.view(f.dtype).reshape(nb)
-    for name in f.dtype.names:
-        if f.dtype[name] == np.dtype("<f2"):
-            rec[name] = rng.uniform(*scale, nb).astype(np.float16)
-    return raw.reshape(m, k // f.block_size * f.block_bytes)
