@@ -13,8 +13,11 @@ padding (another fork's type under the same id gives another size).
 """
 from __future__ import annotations
 
+import difflib
+import math
 import mmap
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +28,45 @@ GGML_IDS = {12: "q4_K", 13: "q5_K", 14: "q6_K", 8: "q8_0", 9: "q8_1"}  # the ggm
 TQ4_1S_IDS = (46, 48)  # TheTom/llama-cpp-turboquant HEAD, and the fork that moved it past TURBO*_TCQ
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NESTING = 4  # arrays of arrays in metadata values
+# ggml's type ids (ggml.h's enum ggml_type): name, weights per block, bytes per block; ids ggml retired are left out.
+# Q8_1 is 36 bytes (two fp16, as ggml-common.h has it; the `gguf` package's table still says 40)
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+}
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
 
 class GGUFError(ValueError):
     """A GGUF file ptxgen cannot read; the message names the file (and the tensor, where one is involved)."""
+
+
+class GGUFTensorNotFound(GGUFError, KeyError):
+    """No tensor of that name in the file: a GGUFError like every other reading failure, and a KeyError for the
+    callers that catch a failed lookup as one."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0])
+
+
+def type_name(type_id: int) -> str:
+    """ggml's name for a type id with the id in parentheses, "Q4_K (12)"; TQ4_1S under its forks' ids."""
+    if type_id in TQ4_1S_IDS:
+        return f"TQ4_1S ({type_id})"
+    return f"{GGML_TYPES[type_id][0]} ({type_id})" if type_id in GGML_TYPES else f"unknown ({type_id})"
+
+
+def _reads() -> str:
+    """The types ptxgen reads, by name, for the messages that refuse another."""
+    return (", ".join(type_name(i) for i in sorted(GGML_IDS)) + " and TQ4_1S ("
+            + " or ".join(map(str, TQ4_1S_IDS)) + ")")
 
 
 def format_of(type_id: int) -> str | None:
@@ -57,6 +93,11 @@ class TensorInfo:
         return format_of(self.type_id)
 
     @property
+    def type_name(self) -> str:
+        """ggml's name for the type with its id, "Q4_K (12)" (for listings: the id alone says little)."""
+        return type_name(self.type_id)
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """(M, K): K the innermost dimension, M the next; a 3-D tensor (an MoE layer's experts, GGUF dims
         (K, M, E)) is (E, M, K); dimensions past the third multiply into E."""
@@ -71,10 +112,15 @@ class TensorInfo:
 
 class GGUFFile:
     """An open GGUF file: `metadata` (key → value), `tensors` (name → TensorInfo), `raw(name)` (the bytes).
-    Use it as a context manager, or call `close()`."""
+    Use it as a context manager, or call `close()`. `tensor`: the one tensor the caller is after, named in an
+    error about the file itself (a truncated header) so that it says what the caller asked for.
 
-    def __init__(self, path):
+    The header and the tensor table must be whole; a tensor whose data lies past the end of the file (a truncated
+    file) is still listed, and only reading that tensor fails."""
+
+    def __init__(self, path, *, tensor: str | None = None):
         self.path = Path(path)
+        self._wanted = tensor
         try:
             self._file = open(self.path, "rb")
         except OSError as e:
@@ -103,8 +149,11 @@ class GGUFFile:
         self._file.close()
 
     def _error(self, msg: str, tensor: str | None = None) -> GGUFError:
-        where = f"{self.path}: tensor {tensor!r}: " if tensor else f"{self.path}: "
-        return GGUFError(where + msg)
+        if tensor is not None:
+            where = f"tensor {tensor!r}: "
+        else:  # about the file itself: say which tensor the caller was after
+            where = f"reading tensor {self._wanted!r}: " if self._wanted is not None else ""
+        return GGUFError(f"{self.path}: {where}{msg}")
 
     # --- parsing, every read bounded by the file --------------------------------------------------------
     def _take(self, fmt: str):
@@ -176,33 +225,35 @@ class GGUFFile:
             name = self._string("tensor name")
             nd = self._take("<I")
             if not 1 <= nd <= MAX_DIMS:
-                raise self._error(f"{nd} dimensions (1 to {MAX_DIMS} are valid)", name)
+                raise self._error(f"the tensor table's entry {name!r} has {nd} dimensions (1 to {MAX_DIMS} are valid)")
             dims = tuple(self._take("<Q") for _ in range(nd))
             if any(d == 0 for d in dims):
-                raise self._error(f"a zero dimension in {dims}", name)
+                raise self._error(f"the tensor table's entry {name!r} has a zero dimension in {dims}")
             entries.append((name, self._take("<I"), dims, self._take("<Q")))
         start = -(-self._pos // alignment) * alignment
         size = len(self._map)
-        if entries and start > size:
-            raise self._error(f"truncated: the tensor data would start at {start}, the file has {size} bytes")
         ends = sorted({start + e[3] for e in entries} | {size})
         self.tensors: dict[str, TensorInfo] = {}
         for name, type_id, dims, offset in entries:
             if name in self.tensors:
-                raise self._error("named twice in the tensor table", name)
+                raise self._error(f"the tensor table names {name!r} twice")
             at = start + offset
-            if at > size:
-                raise self._error(f"data offset {offset} (file offset {at}) is past the end ({size} bytes)", name)
-            end = next(e for e in ends if e > at) if at < size else size
+            end = next(e for e in ends if e > at) if at < size else at  # data past the end: none of it is there
             self.tensors[name] = TensorInfo(name, type_id, dims, at, end)
 
     # --- tensors ----------------------------------------------------------------------------------------
     def info(self, name: str) -> TensorInfo:
         t = self.tensors.get(name)
         if t is None:
-            some = ", ".join(list(self.tensors)[:10])
-            more = f" and {len(self.tensors) - 10} more" if len(self.tensors) > 10 else ""
-            raise KeyError(f"{self.path}: no tensor {name!r}; it has {len(self.tensors)}: {some}{more}")
+            n = len(self.tensors)
+            close = difflib.get_close_matches(str(name), list(self.tensors), n=5, cutoff=0.6)
+            if close:
+                hint = f"; the closest: {', '.join(map(repr, close))}"
+            elif n:
+                hint = f"; the first: {', '.join(map(repr, list(self.tensors)[:5]))}"
+            else:
+                hint = ""
+            raise GGUFTensorNotFound(f"{self.path}: no tensor {name!r}; the file has {n} tensor{'s' * (n != 1)}{hint}")
         return t
 
     def raw(self, name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
@@ -212,9 +263,10 @@ class GGUFFile:
         t = self.info(name)
         fmt = t.fmt
         if fmt is None:
-            known = ", ".join(f"{i} ({f})" for i, f in GGML_IDS.items())
-            raise self._error(f"GGML type id {t.type_id} is not one ptxgen reads (ids: {known}; TQ4_1S: "
-                              f"{', '.join(map(str, TQ4_1S_IDS))})", name)
+            what = (f"that is {t.type_name}" if t.type_id in GGML_TYPES
+                    else f"ggml names no type {t.type_id} (another fork's type?)")
+            raise self._error(f"GGML type id {t.type_id} is not one ptxgen reads: {what}; ptxgen reads {_reads()}",
+                              name)
         *lead, k = t.shape
         m = int(np.prod(lead))
         shown = "x".join(map(str, t.shape))
@@ -223,9 +275,15 @@ class GGUFFile:
         except ValueError as e:
             raise self._error(f"type {fmt} with dimensions {t.dims}: {e}", name) from None
         if t.offset + nbytes > t.end:
-            what = "the next tensor's data" if t.end < len(self._map) else "the end of the file"
+            size = len(self._map)
+            if t.offset >= size:
+                raise self._error(f"its data at file offset {t.offset} lies past the end of the file ({size} bytes): "
+                                  f"the file is truncated (or the offset corrupt)", name)
+            if t.end >= size:
+                raise self._error(f"{fmt} {shown} needs {nbytes} bytes at file offset {t.offset}, but the end of the "
+                                  f"file comes {size - t.offset} bytes after it: the file is truncated", name)
             raise self._error(f"{fmt} {shown} needs {nbytes} bytes at file offset {t.offset}, but "
-                              f"{what} starts {t.end - t.offset} bytes after it", name)
+                              f"the next tensor's data starts {t.end - t.offset} bytes after it", name)
         if t.type_id in TQ4_1S_IDS and t.end - t.offset - nbytes >= self.alignment:
             raise self._error(f"type id {t.type_id} read as TQ4_1S needs {nbytes} bytes for {shown}, but its data "
                               f"spans {t.end - t.offset}: another fork's type under this id?", name)
@@ -234,7 +292,7 @@ class GGUFFile:
 
 def read_gguf_tensor(path, tensor_name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
     """(format, (M, K) — (E, M, K) for an MoE layer's experts — raw uint8 bytes) of one tensor of a .gguf file."""
-    with GGUFFile(path) as f:
+    with GGUFFile(path, tensor=tensor_name) as f:
         return f.raw(tensor_name)
 
 
@@ -247,11 +305,68 @@ def list_gguf_tensors(path) -> list[TensorInfo]:
 TYPE_IDS = {fmt: i for i, fmt in GGML_IDS.items()} | {"tq4_1s": TQ4_1S_IDS[0]}  # what write_gguf writes per format
 
 
+def _described(v) -> str:
+    """What a caller passed, for a message: its type, and a NumPy array's dtype and shape."""
+    if isinstance(v, np.ndarray):
+        return f"a {v.dtype} array of shape {v.shape}"
+    r = repr(v)
+    return f"{r} ({type(v).__name__})" if len(r) <= 60 else f"a {type(v).__name__}"
+
+
+def _tensor_entry(name, t) -> tuple[int, tuple[int, ...], np.ndarray]:
+    """One of write_gguf's tensors as (type id, shape, raw uint8), checked: a wrong kind of value, a type id or
+    shape the file cannot hold, or a byte count that is not the type's for the shape gives one TypeError /
+    ValueError naming the tensor, before anything is written (the reader would refuse the file later)."""
+    if not isinstance(name, str):
+        raise TypeError(f"write_gguf: tensor names must be str, got {_described(name)}")
+    where = f"write_gguf: tensor {name!r}"
+    if hasattr(t, "fmt") and hasattr(t, "raw"):  # a QuantTensor
+        if t.fmt not in TYPE_IDS:
+            raise ValueError(f"{where}: format {t.fmt!r} has no GGUF type id here (have: {', '.join(TYPE_IDS)})")
+        t = (TYPE_IDS[t.fmt], t.shape, t.raw())
+    if not isinstance(t, (tuple, list)) or len(t) != 3:
+        hint = " (quantize a float array first: QuantTensor.from_numpy(w, 'q4_K'))" if isinstance(t, np.ndarray) else ""
+        raise TypeError(f"{where}: expected a QuantTensor or a (type_id, (M, K) or (E, M, K), raw uint8) tuple, "
+                        f"got {_described(t)}{hint}")
+    type_id, shape, raw = t
+    if isinstance(type_id, bool) or not isinstance(type_id, (int, np.integer)) or not 0 <= type_id < 1 << 32:
+        raise ValueError(f"{where}: the type id must be a GGML type id, a u32 int (12 for Q4_K), "
+                         f"got {_described(type_id)}")
+    type_id = int(type_id)
+    if (not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= MAX_DIMS
+            or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 < d < 1 << 64 for d in shape)):
+        raise ValueError(f"{where}: the shape must be 1 to {MAX_DIMS} positive ints, (M, K) or (E, M, K), "
+                         f"got {_described(shape)}")
+    shape = tuple(int(d) for d in shape)
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = np.frombuffer(raw, np.uint8)
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8:
+        raise TypeError(f"{where}: raw must be the tensor's bytes, uint8 (an F32 array: a.view(np.uint8)), "
+                        f"got {_described(raw)}")
+    raw = raw.reshape(-1)
+    if type_id in GGML_TYPES:  # a size ggml fixes; TQ4_1S's ids and other forks' types are sized by the fork
+        _, block, size = GGML_TYPES[type_id]
+        *lead, k = shape
+        rows = math.prod(lead)
+        if k % block:
+            raise ValueError(f"{where}: {type_name(type_id)} stores K in blocks of {block} weights; K={k} (shape "
+                             f"{shape}) is not a multiple of {block}")
+        want = rows * (k // block) * size
+        if raw.size != want:
+            raise ValueError(f"{where}: {type_name(type_id)} of shape {shape} needs {want} bytes ({rows} rows of "
+                             f"{k // block} blocks of {size} B), got {raw.size}")
+    return type_id, shape, raw
+
+
 def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
     """Write a minimal GGUF v3 file: tensors {name: QuantTensor, or (type_id, (M, K) or (E, M, K), raw uint8)}, metadata
     {key: str | int} (strings and unsigned 32-bit integers). TQ4_1S gets type id 46 (TheTom's fork). Used by tests
-    and examples (the `gguf` package's writer does not know TQ4_1S's type ids)."""
-    tensors = {name: (TYPE_IDS[t.fmt], t.shape, t.raw()) if hasattr(t, "fmt") else t for name, t in tensors.items()}
+    and examples (the `gguf` package's writer does not know TQ4_1S's type ids). Every tensor and key is checked
+    before the file is opened: a bad call leaves no file behind."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"write_gguf: tensors must be a dict {{name: QuantTensor or (type_id, shape, raw)}}, "
+                        f"got {_described(tensors)}")
+    tensors = [_tensor_entry(name, t) + (name,) for name, t in tensors.items()]
     out = bytearray(MAGIC)
     metadata = metadata or {}
     align = metadata.get("general.alignment", 32)  # the readers align the data (and each tensor) to it
@@ -259,6 +374,8 @@ def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
         raise ValueError(f"write_gguf: general.alignment must be a power of two up to 1 MiB, got {align!r}")
     out += struct.pack("<IQQ", 3, len(tensors), len(metadata))
     for key, v in metadata.items():
+        if not isinstance(key, str):
+            raise TypeError(f"write_gguf: metadata keys must be str, got {_described(key)}")
         kb = key.encode()
         out += struct.pack("<Q", len(kb)) + kb
         if isinstance(v, str):
@@ -270,12 +387,11 @@ def write_gguf(path, tensors: dict, metadata: dict | None = None) -> None:
             raise TypeError(f"write_gguf: metadata {key!r} must be a str or a u32 int, got {v!r}")
     offset = 0
     blobs = []
-    for name, (type_id, shape, raw) in tensors.items():
+    for type_id, shape, raw, name in tensors:
         nb = name.encode()
         dims = tuple(reversed(shape))  # innermost first: (K, M) or (K, M, E)
         out += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
         out += struct.pack("<IQ", type_id, offset)
-        raw = np.asarray(raw, np.uint8).reshape(-1)
         pad = (-raw.size) % align
         blobs.append(raw.tobytes() + bytes(pad))
         offset += raw.size + pad

@@ -3,7 +3,8 @@
 The cache key covers everything that changes the binary: the PTX text, the target, the options, the
 nvJitLink version and ptxgen's version. Disk entries carry a header with the payload's length and sha256;
 a truncated or corrupted entry is detected, deleted and rebuilt, never loaded. Writes are atomic (temp
-file, then os.replace).
+file, then os.replace). A failed compile leaves its PTX in the temp directory for the error's reproduce command,
+one file per distinct failure (ptxgen-failed-<target>-<hash>.ptx): repeating a failure overwrites it.
 """
 from __future__ import annotations
 
@@ -125,12 +126,21 @@ def _ptxas(ptx: str, target: str, options: tuple) -> tuple[bytes, str]:
         return out.read_bytes(), run.stderr
 
 
+def failed_ptx_path(ptx: str, target: str, options: tuple = ()) -> Path:
+    """Where a failed compile's PTX is kept for the user: the temp directory, named by a hash of what was
+    compiled, so that the same failure again overwrites its file instead of adding one per attempt."""
+    h = hashlib.sha256("\0".join((ptx, target, *options)).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"ptxgen-failed-{target}-{h}.ptx"
+
+
 def _failure_message(ptx: str, target: str, options: tuple, log: str) -> str:
-    fd, path = tempfile.mkstemp(prefix="ptxgen-failed-", suffix=".ptx")
-    with os.fdopen(fd, "w") as f:
-        f.write(ptx)
-    return (f"nvJitLink failed for {target}:\n{log.strip()}\n"
-            f"reproduce: ptxas -arch={target} {' '.join(options)} -v {path} -o /dev/null")
+    path = failed_ptx_path(ptx, target, options)
+    try:
+        _write_atomic(path, ptx.encode(), prefix=".ptxgen-failed-")  # test workers may fail on the same PTX at once
+        where = f"reproduce: ptxas -arch={target} {' '.join(options)} -v {path} -o /dev/null"
+    except OSError as e:
+        where = f"(the PTX could not be saved to {path}: {e.strerror})"
+    return f"nvJitLink failed for {target}:\n{log.strip()}\n{where}"
 
 
 def _read_disk(path: Path) -> bytes | None:
@@ -154,8 +164,12 @@ def _read_disk(path: Path) -> bytes | None:
 
 def _write_disk(path: Path, payload: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    blob = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    _write_atomic(path, _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
+
+
+def _write_atomic(path: Path, blob: bytes, prefix: str = ".tmp-") -> None:
+    """`blob` to `path` through a temp file and os.replace: a reader sees the old file or the new one, never part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
