@@ -195,9 +195,13 @@ def cmd_emit(args) -> int:
 
 
 def cmd_list(args) -> int:
-    defs = _kernel_defs(None)
+    from .kernels import KERNELS, NOT_SHIPPED
+
+    defs = list(KERNELS.values()) if args.all else _kernel_defs(None)
+    w = max(len(d.name) for d in defs)
     for d in defs:
-        print(f"{d.name:<20} {', '.join(d.archs):<28} {d.doc}")
+        why = f" [not shipped: {NOT_SHIPPED[d.name]}]" if d.name in NOT_SHIPPED else ""
+        print(f"{d.name:<{w}} {', '.join(d.archs):<28} {d.doc}{why}")
         if args.verbose:
             for a in d.archs:
                 k = d.for_arch(a)
@@ -297,7 +301,9 @@ def _main(argv=None) -> int:
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(fn=cmd_emit)
     ls = sub.add_parser("list", help="kernels and their configurations")
-    ls.add_argument("-v", "--verbose", action="store_true")
+    ls.add_argument("-v", "--verbose", action="store_true", help="also each arch's block, shared memory and meta")
+    ls.add_argument("--all", action="store_true", help="also the kernels built but not shipped (probes, knob-only "
+                                                      "builds, those not timed yet), with why")
     ls.set_defaults(fn=cmd_list)
     c = sub.add_parser("check", help="compile every kernel with nvJitLink; registers, smem, spills (no GPU needed)")
     c.add_argument("--arch", action="append", help=f"one of {', '.join(TARGETS)}; repeatable; default: all of them")

@@ -164,10 +164,10 @@ def test_emulator_refuses_another_kernels_ptx(capsys):
 
 def test_unknown_kernel_names_the_closest_few(capsys):
     err = _exit2(capsys, ["emit", "--kernel", "gemv_q4k_t1"])
-    assert "unknown kernel 'gemv_q4k_t1'; did you mean gemv_q4_k_t1," in err and "`ptxgen list`" in err
+    assert "unknown kernel 'gemv_q4k_t1'; did you mean gemv_q4_k_t1," in err and "`ptxgen list --all`" in err
     assert len(err) < 300
     err = _exit2(capsys, ["check", "--kernel", "zzz"])
-    assert "unknown kernel 'zzz'; `ptxgen list`" in err
+    assert "unknown kernel 'zzz'; `ptxgen list --all`" in err
     err = _emu2(capsys, "gemv_q4k_t1")
     assert "no emulator harness for 'gemv_q4k_t1'; did you mean gemv_q4_k_t1," in err and len(err) < 300
 
@@ -221,3 +221,13 @@ def test_check_table_columns_fit_the_longest_name(capsys):
     col = head.index("arch")
     assert [r[:col].rstrip() for r in rows] == [long, "quantize_q8_1"]
     assert all(r[col:].startswith("sm_89 ") for r in rows)
+
+
+def test_list_all_adds_the_unshipped_kernels_with_why(capsys):
+    assert main(["list"]) == 0
+    shipped = capsys.readouterr().out.splitlines()
+    assert main(["list", "--all"]) == 0
+    every = capsys.readouterr().out.splitlines()
+    extra = [line for line in every if "[not shipped: " in line]
+    assert extra and len(every) == len(shipped) + len(extra)
+    assert len({line.index(" sm_") for line in every}) == 1  # one column for every name

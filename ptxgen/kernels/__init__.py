@@ -118,7 +118,7 @@ def unknown_kernel(name: str, names=None) -> str:
 
     close = difflib.get_close_matches(name, list(names if names is not None else KERNELS), n=5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return f"unknown kernel {name!r}; {hint}`ptxgen list` names the shipped kernels"
+    return f"unknown kernel {name!r}; {hint}`ptxgen list --all` names them all"
 
 
 def get_kernel(name: str) -> KernelDef:
