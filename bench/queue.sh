@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1 PTXGEN_CACHE_DIR=${PTXGEN_CACHE_DIR:-/tmp/ptxgen-cache
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 start=$SECONDS
 limit=${QUEUE_LIMIT:-560}
-ab() { python3 bench/probe_build_ab.py "$@"; }
+AB=(python3 bench/probe_build_ab.py)  # (timeout runs programs, not shell functions)
 
 # run NAME SECONDS CMD...: one measurement under its own time limit, its output in $OUT/NAME.log (tail shown)
 run() {
@@ -39,13 +39,13 @@ for step in "${@:-tier}"; do
   tier)
     run gpu_tier 540 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load ;;
   sk)
-    run sk_14336x4096 120 ab --kernels 'mmq_q4_k_wgmma_ra_n256_sk$' --formats q4_K --shape 14336x4096 --tokens 512,1024 \
+    run sk_14336x4096 120 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n256_sk$' --formats q4_K --shape 14336x4096 --tokens 512,1024 \
       --variant 'sk: rule.mmq_stream_k_min_gain=0.01'
     for s in 5120x4096 28672x4096; do
-      run "sk_$s" 90 ab --kernels 'mmq_q4_k_wgmma_ra_n256_sk$' --formats q4_K --shape "$s" --tokens 512 \
+      run "sk_$s" 90 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n256_sk$' --formats q4_K --shape "$s" --tokens 512 \
         --variant 'sk: rule.mmq_stream_k_min_gain=0.01'
     done
-    run sk_tq4_1s 90 ab --kernels 'mmq_tq4_1s_wgmma_ra_n256_sk$' --formats tq4_1s --shape 18944x3584 --tokens 512 \
+    run sk_tq4_1s 90 "${AB[@]}" --kernels 'mmq_tq4_1s_wgmma_ra_n256_sk$' --formats tq4_1s --shape 18944x3584 --tokens 512 \
       --variant 'sk: rule.mmq_stream_k_min_gain=0.01' ;;
   model)
     run model 150 python3 bench/bench_model.py
@@ -54,26 +54,26 @@ for step in "${@:-tier}"; do
     run model_fuse_sk 150 python3 bench/bench_model.py --fuse --rule mmq_stream_k_min_gain=0.05 ;;
   tq4few)
     for s in 18944x3584 3584x18944; do
-      run "tq4few_$s" 150 ab --kernels 'gemv_tq4_1s_mma_t' --formats tq4_1s --shape "$s" --tokens 1,2,3,4,8 --weights 24 \
+      run "tq4few_$s" 150 "${AB[@]}" --kernels 'gemv_tq4_1s_mma_t' --formats tq4_1s --shape "$s" --tokens 1,2,3,4,8 --weights 24 \
         --variant "few: $few_rule" --variant "few_default_plans: $few_rule; gemv_t1.T1_PLAN_FMT={}"
     done ;;
   t8)
     for s in 4096x14336 14336x4096; do
-      run "t8_$s" 150 ab --kernels 'gemv_q[45]_k_mma_t[48]s?$' --formats q4_K,q5_K --shape "$s" --tokens 4,5,8 --weights 24 \
+      run "t8_$s" 150 "${AB[@]}" --kernels 'gemv_q[45]_k_mma_t[48]s?$' --formats q4_K,q5_K --shape "$s" --tokens 4,5,8 --weights 24 \
         --variant 'shared: rule.few_shared_min_tokens={"q4_K": 4, "q5_K": 4}' --variant "mt2: $mt2"
     done
-    run t8_codecs 150 ab --kernels 'gemv_(q6_k|q8_0|tq4_1s)_mma_t[48]s?$' --formats q6_K,q8_0,tq4_1s --shape 4096x14336 \
+    run t8_codecs 150 "${AB[@]}" --kernels 'gemv_(q6_k|q8_0|tq4_1s)_mma_t[48]s?$' --formats q6_K,q8_0,tq4_1s --shape 4096x14336 \
       --tokens 4,8 --weights 24 --variant "shared: $few_rule; rule.few_shared_min_tokens={\"q6_K\": 4, \"q8_0\": 4, \"tq4_1s\": 4}" ;;
   small)
     for s in 1024x4096 4096x4096; do
-      run "small_$s" 120 ab --kernels 'prep_q4k_t1$|gemv_q4_k_f32_t1$' --formats q4_K --shape "$s" --tokens 1 --weights 64 \
+      run "small_$s" 120 "${AB[@]}" --kernels 'prep_q4k_t1$|gemv_q4_k_f32_t1$' --formats q4_K --shape "$s" --tokens 1 --weights 64 \
         --variant 'one: knob.PTXGEN_Q4K_FUSED=1' --variant 'f32: rule.codec_gemv_t1_max_weights={"q4_K": 67108864}'
     done ;;
   rest)
     run gemv_fast 200 python3 bench/bench_gemv.py --formats q4_K,q5_K --modes fast --rule 'fast_lanes_max_tokens=8'
-    run mmq_pre 90 ab --kernels 'mmq_q4_k_wgmma_pre_n256$' --formats q4_K --shape 1024x4096 --tokens 512 \
+    run mmq_pre 90 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_pre_n256$' --formats q4_K --shape 1024x4096 --tokens 512 \
       --variant 'pre: rule.mmq_pre_min_tokens=256'
-    run mmq_cx 90 ab --kernels 'mmq_q4_k_wgmma_ra_n256_cx$' --formats q4_K --shape 4096x4096 --tokens 512 \
+    run mmq_cx 90 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n256_cx$' --formats q4_K --shape 4096x4096 --tokens 512 \
       --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
