@@ -8,6 +8,7 @@
 #   model    bench_model default and --fuse, each with and without the stream-K rule
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
+#   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
@@ -64,6 +65,11 @@ for step in "${@:-tier}"; do
     done
     run t8_codecs 150 "${AB[@]}" --kernels 'gemv_(q6_k|q8_0|tq4_1s)_mma_t[48]s?$' --formats q6_K,q8_0,tq4_1s --shape 4096x14336 \
       --tokens 4,8 --weights 24 --variant "shared: $few_rule; rule.few_shared_min_tokens={\"q6_K\": 4, \"q8_0\": 4, \"tq4_1s\": 4}" ;;
+  tq4shared)
+    for s in 18944x3584 3584x18944 4096x14336; do
+      run "tq4shared_$s" 120 "${AB[@]}" --kernels 'gemv_tq4_1s_mma_t[48]s$' --formats tq4_1s --shape "$s" --tokens 4,6,8 \
+        --weights 24 --variant "shared: $few_rule; rule.few_shared_min_tokens={\"tq4_1s\": 4}"
+    done ;;
   small)
     for s in 1024x4096 4096x4096; do
       run "small_$s" 120 "${AB[@]}" --kernels 'prep_q4k_t1$|gemv_q4_k_f32_t1$' --formats q4_K --shape "$s" --tokens 1 --weights 64 \
@@ -77,6 +83,6 @@ for step in "${@:-tier}"; do
       --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 small rest sanitize)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared small rest sanitize)"; exit 2 ;;
   esac
 done

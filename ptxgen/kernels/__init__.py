@@ -80,13 +80,13 @@ NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one 
                     "8-token launches (probe_gemv_codec_shapes_852097d.log), Q8_0's not timed yet" for f in ("q6_k", "q8_0")})
 NOT_SHIPPED["gemv_q4_k_f32_t1"] = ("Q4_K's codec GEMV for one token on small weights (route small_gemv): not timed "
                                    "yet, so the rule codec_gemv_t1_max_weights names no format")
-NOT_SHIPPED.update({n: "TQ4_1S on the few-token tensor-core builds (and their rotated records): not timed yet, so the "
-                    "rule codec_few_max_tokens has no tq4_1s entry above 0"
+NOT_SHIPPED.update({n: "TQ4_1S on the few-token tensor-core builds (and their rotated records): slower than the TMA "
+                    "lane and tensor-core GEMVs at T = 1, 2 and 8 (H100, 2026-12-05; rule codec_few_max_tokens tq4_1s 0)"
                     for nt in (1, 2, 4, 8) for n in (f"gemv_tq4_1s_mma_t{nt}", f"prep_rot16_t{nt}")})
-NOT_SHIPPED.update({f"gemv_{f}_mma_t{nt}s": "the few-token GEMV with records shared by the CTA's warps: not timed yet "
-                    "(rule few_shared_min_tokens 0)" for f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s") for nt in (4, 8)})
-NOT_SHIPPED.update({f"mmq_{f.lower()}_wgmma_ra_n{bn}_sk": "stream-K register-A GEMM: not timed yet (rule "
-                    "mmq_stream_k off)" for f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s") for bn in (128, 256)})
+NOT_SHIPPED.update({f"gemv_{f}_mma_t{nt}s": "the few-token GEMV with records shared by the CTA's warps: slower than the "
+                    "per-warp builds for the K-quants (H100, 2026-12-05; rule few_shared_min_tokens 0)" for f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s") for nt in (4, 8)})
+NOT_SHIPPED.update({f"mmq_{f.lower()}_wgmma_ra_n{bn}_sk": "stream-K register-A GEMM: -7% to +4% against the uniform "
+                    "plans (H100, 2026-12-05; rule mmq_stream_k_min_gain 0)" for f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s") for bn in (128, 256)})
 NOT_SHIPPED.update({f"gemv_{f}_mma_n16": "the codecs' tensor-core GEMV for 9-16 tokens: slower than the register-A "
                     "GEMMs at T = 16 (56.0 / 48.9 against 53.1 / 36.5 µs, bench_op_q6k_mma_final.log)"
                     for f in ("q6_k", "q8_0")})
