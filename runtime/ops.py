@@ -1491,6 +1491,7 @@ _ROUTES = {
     "fast_lanes": (_fast_lanes_ok, _fast_lanes),
     # one token on small weights: the codec GEMV, one launch without an activation prep (Q4_K's)
     "small_gemv": (lambda c: (c.t == 1 and c.m * c.k < _per_format(RULES.codec_gemv_t1_max_weights, c.w.fmt, 0)
+                              and not _decode_pinned(c.w.fmt)
                               and kernels.build_for(CodecKernel("gemv", c.w.fmt, 1).name, c.arch) is not None),
                    _codec_gemv),
     "decode": (lambda c: True, _decode),  # the codec's DECODE (Q4_K, TQ4_1S)
@@ -1534,6 +1535,16 @@ def skinny16_ok(fmt: str, m: int, arch=None) -> bool:
                                                         arch) is None:
         return False
     return not _one_round(GemvKernel("few", fmt, T4.Q4K_HI_TOKENS, hi_only=True).name, m, arch)
+
+
+def _decode_pinned(fmt: str) -> bool:
+    """Whether a knob pins one of the codec's decode kernels (Q4_K: PTXGEN_Q4K_XR, _T1 or _MMA on): the route
+    small_gemv then leaves the call to _decode, so that a pinned kernel runs at every size, as its knob says."""
+    from ptxgen import codecs
+
+    d = getattr(codecs.get(fmt), "DECODE", None) or {}
+    pinned = [getattr(knobs, d[key])() for key in ("mma_knob", "few_knob") if key in d]
+    return "on" in pinned or ("xr" in d and knobs.q4k_xr() == "on")
 
 
 def _xr_ok(k: int) -> bool:

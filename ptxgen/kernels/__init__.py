@@ -78,8 +78,6 @@ NOT_SHIPPED["mmq_q4_k_wgmma_ra_n96_moe"] = ("a MoE token tile between n64 and n1
                                             "moe_wgmma_tile_pairs with an \"n96\" entry reaches it")
 NOT_SHIPPED.update({f"gemv_{f}_f32_t16": "the codec GEMV for 9-16 tokens in one launch: Q6_K's measured slower than two "
                     "8-token launches (probe_gemv_codec_shapes_852097d.log), Q8_0's not timed yet" for f in ("q6_k", "q8_0")})
-NOT_SHIPPED["gemv_q4_k_f32_t1"] = ("Q4_K's codec GEMV for one token on small weights (route small_gemv): not timed "
-                                   "yet, so the rule codec_gemv_t1_max_weights names no format")
 NOT_SHIPPED.update({n: "TQ4_1S on the few-token tensor-core builds (and their rotated records): slower than the TMA "
                     "lane and tensor-core GEMVs at T = 1, 2 and 8 (H100, 2026-12-05; rule codec_few_max_tokens tq4_1s 0)"
                     for nt in (1, 2, 4, 8) for n in (f"gemv_tq4_1s_mma_t{nt}", f"prep_rot16_t{nt}")})
