@@ -26,7 +26,35 @@ import numpy as np
 
 from ptxgen.testing.strategies import random_raw  # noqa: F401 - bench_mmq and the probes take it from here
 
-HBM = 4.27e12  # the H200's measured copy bandwidth, B/s (../shared/PERF.md): every benchmark's floor
+H200_HBM = 4.27e12  # the H200's measured copy bandwidth, B/s (../shared/PERF.md)
+H200_PEAK = 2 * 3.201e9 * 6144 / 8  # its DRAM peak from the driver's memory clock and bus width (4.92 TB/s)
+
+
+def device_hbm() -> tuple[float, str]:
+    """The copy bandwidth every benchmark's floor divides by, and a line saying where it comes from: the H200's
+    measured 4.27 TB/s; on another GPU its DRAM peak (the driver's memory clock x bus width) times the H200's
+    measured / peak ratio, an estimate (an H100 SXM: ~2.9 TB/s); without a GPU (--dry-run), the H200's."""
+    try:
+        from cuda.bindings import driver as drv
+
+        from ptxgen.runtime import driver
+
+        ctx = driver.current()
+        if "H200" in ctx.name:
+            return H200_HBM, f"{ctx.name}: floors at 4.27 TB/s (measured copy bandwidth)"
+        attr = lambda a: driver.check(drv.cuDeviceGetAttribute(a, ctx.device), "cuDeviceGetAttribute")  # noqa: E731
+        peak = 2 * attr(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE) * 1e3 \
+            * attr(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) / 8
+        if peak > 0:
+            bw = peak * H200_HBM / H200_PEAK
+            return bw, (f"{ctx.name}: floors at {bw / 1e12:.2f} TB/s (an estimate: its DRAM peak {peak / 1e12:.2f} "
+                        f"TB/s x the H200's measured / peak)")
+    except Exception:  # no GPU, or a driver without these attributes: the H200's figure, said so
+        pass
+    return H200_HBM, "floors at the H200's 4.27 TB/s (this GPU's bandwidth not known)"
+
+
+HBM, HBM_NOTE = device_hbm()  # every benchmark's floor (bench_mmq, bench_model, bench_moe import it)
 SHAPES = [(3584, 3584), (4608, 3584), (18944, 3584), (3584, 18944), (4096, 14336), (14336, 4096)]  # --shapes all
 FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")
 
@@ -183,6 +211,7 @@ def cases(args) -> list:
 
 def main(argv=None):
     args = parse(argv)
+    print(HBM_NOTE)
     from ptxgen import knobs, tuning
 
     knobs.set(**knobs.parse(args.knob))

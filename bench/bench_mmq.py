@@ -17,7 +17,7 @@ import numpy as np
 
 from ptxgen import knobs
 
-from bench_gemv import HBM, pyplot, random_raw, timed, tinygemm_us as tinygemm, weight_copies
+from bench_gemv import HBM, HBM_NOTE, pyplot, random_raw, timed, tinygemm_us as tinygemm, weight_copies
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -49,6 +49,7 @@ def main():
 
     rng = np.random.default_rng(0)
     results = []
+    print(HBM_NOTE)
     print("| M×K | T | ptxgen µs | TFLOP/s | % fp16 peak | floor µs | cuBLAS fp16 µs | dequant+cuBLAS µs | tinygemm µs "
           "| llama.cpp µs (PERF.md) | vs llama.cpp | vs cuBLAS | vs dequant+cuBLAS | mma.sync µs (x converted in the GEMM) "
           "| mma.sync x16 µs (convert_f16, then the GEMM on fp16 x) | wgmma µs "

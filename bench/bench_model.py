@@ -5,7 +5,7 @@ Qwen2.5-7B's shapes), loads it with QuantTensor.from_gguf, and times one decode 
 prefill's (T = --tokens, 512), each captured into a CUDA graph and replayed: the whole step, layer by layer (a
 layer's seven matmuls in one graph; the output layer alone), and per kind of weight (all layers' q, k, ... in one
 graph). Beside them cuBLAS fp16 (`F.linear` on the dequantized weights, the same
-graphs) and the byte floor (weight bytes / 4.27 TB/s). Weights are random valid blocks (speed, not accuracy: the
+graphs) and the byte floor (weight bytes / 4.27 TB/s on an H200: bench_gemv.device_hbm). Weights are random valid blocks (speed, not accuracy: the
 tests check accuracy). `--dry-run` (no GPU): a small model, written, read back, and the kernels mul_mat would run
 per tensor on an H200, planned without one.
 
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from bench_gemv import HBM
+from bench_gemv import HBM, HBM_NOTE
 
 SHAPES = {  # per layer (M, K), and the output projection
     "llama3-8b": {"attn_q": (4096, 4096), "attn_k": (1024, 4096), "attn_v": (1024, 4096), "attn_output": (4096, 4096),
@@ -184,6 +184,7 @@ def run(args, tensors, ws):
     w16 = {name: torch.as_tensor(r.dequantize(ws[name]), device="cuda") for name, *_ in tensors}
     res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers,
            "fuse": bool(args.fuse), "rows": []}
+    print(HBM_NOTE)
     print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen | kernels |")
     print("|---|---|---|---|---|---|---|---|---|")
     for t in (1, args.tokens):

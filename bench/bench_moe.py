@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from bench_gemv import HBM
+from bench_gemv import HBM, HBM_NOTE
 
 L2 = 60e6
 CALLS = 100
@@ -132,6 +132,7 @@ def main():
     ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
                     help="a dispatch rule of ptxgen/tuning overridden for this run (e.g. moe_gemm_min_pairs=16)")
     args = ap.parse_args()
+    print(HBM_NOTE)
     import json
 
     from ptxgen import knobs, tuning

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from bench_gemv import HBM
+from bench_gemv import HBM, HBM_NOTE
 
 L2 = 60e6
 SHAPES = {"q4_K": [(4096, 4096), (14336, 4096), (4096, 14336)], "tq4_1s": [(18944, 3584)],
@@ -238,6 +238,7 @@ def main():
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
+    print(HBM_NOTE)
     loop_formats = args.loop_formats.split(",")
     from decode_loop import SHAPES as LOOP_SHAPES
 

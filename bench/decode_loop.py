@@ -38,7 +38,7 @@ LLAMA = {"q4_K": {(4096, 14336): {1: 16.3, 8: 67.1}, (18944, 3584): {1: 26.9, 8:
 # the result check's bound on the relative error against the float64 product: exact's as bench_op's op table; fast
 # rounds x to Q8_1 (~0.5% at random x; TQ4_1S's int8 codebook adds its own)
 ERROR_BOUND = {"exact": 2e-3, "fast": 2e-2}
-COLUMNS = ("fmt", "M×K", "mode", "T", "ptxgen eager µs", "ptxgen graph µs (no lead)", "% of 4.27 TB/s (graph)",
+COLUMNS = ("fmt", "M×K", "mode", "T", "ptxgen eager µs", "ptxgen graph µs (no lead)", f"% of {HBM / 1e12:.2f} TB/s (graph)",
            "floor graph µs (PDL; plain)", "% of floor (floor ÷ graph)", "cuBLAS fp16 graph µs", "cuBLAS / ptxgen",
            "llama.cpp µs", "busy µs (graph ÷ busy)", "kernels (graph; eager where they differ)")
 ISOLATED = "isolated µs"  # with isolated timing: before the kernels
@@ -88,7 +88,7 @@ def caption(fmt: str, m: int, k: int, wanted=MODES) -> str:
     modes = routed_modes(fmt, wanted)
     missing = [mode for mode in wanted if mode not in modes]
     return (f"decode loop: {n} distinct {fmt} {m}×{k} weights ({nbytes / 1e6:.1f} MB each, {nbytes / HBM * 1e6:.1f} "
-            f"µs at 4.27 TB/s), {4 * n} calls a loop, µs per op; modes: {', '.join(modes) or 'none'}"
+            f"µs at {HBM / 1e12:.2f} TB/s), {4 * n} calls a loop, µs per op; modes: {', '.join(modes) or 'none'}"
             + (f" (no {', '.join(missing)} route for {fmt})" if missing else ""))
 
 
