@@ -1278,7 +1278,8 @@ def _codec_few_kernel(fmt: str, t: int) -> str:
 
 def _codec_few_ok(c: _Call) -> bool:
     """Another codec on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS, CODEC_FORMATS): T up to
-    RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8; T = 1 from
+    RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8) from
+    RULES.codec_few_min_tokens[fmt] (default 1; T = 1 from
     RULES.codec_few_t1_min_weights[fmt] weights where the codec GEMV would run it instead), the build for T there on
     the target, K a multiple of 256, the weights 16-byte aligned (the cp.async ring's 16-byte copies); TQ4_1S's
     (its records of the rotated x from prep_rot16_t*) not where rotation="fused" asks for one launch. A step of a
@@ -1288,6 +1289,8 @@ def _codec_few_ok(c: _Call) -> bool:
     from ptxgen import codecs, formats
 
     lim = _per_format(RULES.codec_few_max_tokens, c.w.fmt, 0)
+    if c.t < _per_format(RULES.codec_few_min_tokens, c.w.fmt, 1):
+        return False  # fewer tokens than the builds win from (the format's other decode kernels run them)
     if getattr(codecs.get(c.w.fmt), "ROTATION", None) and c.rotation == "fused" and c.t <= FUSED_MAX_TOKENS:
         return False  # rotation="fused" asks for the rotation inside the GEMV (the decode route's): no prep kernel
     if c.t == 1 and c.m * c.k < _per_format(RULES.codec_few_t1_min_weights, c.w.fmt, 0) and not _codec_mma_ok(c):

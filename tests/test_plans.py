@@ -415,6 +415,21 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
         assert ops.mul_mat_plan(w5, 3).kernels == ["gemv_q5_k_mma_t4_fused"]
 
 
+def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):
+    """codec_few_min_tokens: below it a format's calls keep the routes they had (TQ4_1S's lane and tensor-core
+    GEMVs), from it the few-token builds take them — with few_shared_min_tokens, the shared-record ones."""
+    w = fakegpu.weights("tq4_1s", 18944, 3584)
+    before = {t: ops.mul_mat_plan(w, t, graph=True).kernels for t in range(1, 9)}
+    with tuning.override(codec_few_max_tokens={"tq4_1s": 8}, codec_few_min_tokens={"tq4_1s": 4},
+                         few_shared_min_tokens={"tq4_1s": 4}):
+        for t in range(1, 9):
+            plan = ops.mul_mat_plan(w, t, graph=True).kernels
+            if t < 4:
+                assert plan == before[t]
+            else:
+                assert plan[-1] == ("gemv_tq4_1s_mma_t4s" if t == 4 else "gemv_tq4_1s_mma_t8s"), plan
+
+
 def test_tq4_1s_takes_the_few_token_builds_where_its_rule_allows(gpu):
     """TQ4_1S on the few-token builds (gemv_tq4_1s_mma_t{1,2,4,8} on prep_rot16_t*'s records of the rotated x): off
     as shipped (codec_few_max_tokens 0: not timed); with the rule, up to its T, prep + GEMV eager and captured (no
