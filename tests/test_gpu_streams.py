@@ -381,7 +381,8 @@ def test_counted_record_hand_over_in_a_graph_of_distinct_ops(counted_records, mo
     ws = [weights(seed=40 + i, fmt=f, shape=(m, k))[0] for i, (f, m, k, _) in enumerate(shapes)]
     xs = [torch.randn(t, k, device="cuda") for _, _, k, t in shapes]
     ys = [torch.empty(t, m, device="cuda") for _, m, _, t in shapes]
-    with tuning.override(codec_few_max_tokens={"q5_K": 32, "q8_0": 8}, codec_few_t1_min_weights=0):
+    with tuning.override(codec_few_max_tokens={"q5_K": 32, "q8_0": 8}, codec_few_t1_min_weights=0,
+                         codec_gemv_t1_max_weights={"q4_K": 0}):  # Q4_K 1024x4096: the few build, not small_gemv
         setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # eager calls run the pair too
         for w, x in zip(ws, xs):
             plan = r.mul_mat_plan(w, x.shape[0], graph=True)
