@@ -111,6 +111,20 @@ def get_arch(name: "str | Arch") -> Arch:
         raise ArchError(f"unknown arch {name!r}; valid: {', '.join(ARCHES)}") from None
 
 
+def target_archs(names) -> list:
+    """The targets named (default: all of TARGETS), or an ArchError that names only TARGETS: an arch ptxgen knows
+    but builds no kernels for (sm_80, kept for the runtime's DSL builds) is refused rather than answered with an
+    empty manifest. Every command that takes --arch checks it here (ptxgen emit / check, python -m ptxgen.emu)."""
+    archs = []
+    for n in dict.fromkeys(names or TARGETS):
+        if n not in TARGETS and n in ARCHES:
+            raise ArchError(f"no kernels are built for {n} (its GPUs are not supported); targets: {', '.join(TARGETS)}")
+        if n not in TARGETS:
+            raise ArchError(f"unknown arch {n!r}; valid: {', '.join(TARGETS)}")
+        archs.append(get_arch(n))
+    return archs
+
+
 def device_target(arch: Arch, device_sm: int) -> str:
     """The `-arch=` nvJitLink should compile `arch`'s PTX for on a device of compute capability `device_sm`.
 

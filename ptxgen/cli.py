@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .arch import ARCHES, TARGETS, ArchError, get_arch
+from .arch import TARGETS, ArchError, target_archs
 
 
 def source_checkout() -> Path | None:
@@ -31,20 +31,6 @@ def default_output() -> Path:
 def _fail(msg: str, cmd: str = "") -> "None":
     print(f"ptxgen{' ' + cmd if cmd else ''}: {msg}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def target_archs(names) -> list:
-    """The targets named (default: all of TARGETS), or an ArchError that names only TARGETS: an arch ptxgen knows
-    but builds no kernels for (sm_80, kept for the runtime's DSL builds) is refused rather than answered with an
-    empty manifest. The emulator's command checks its --arch here too."""
-    archs = []
-    for n in dict.fromkeys(names or TARGETS):
-        if n not in TARGETS and n in ARCHES:
-            raise ArchError(f"no kernels are built for {n} (its GPUs are not supported); targets: {', '.join(TARGETS)}")
-        if n not in TARGETS:
-            raise ArchError(f"unknown arch {n!r}; valid: {', '.join(TARGETS)}")
-        archs.append(get_arch(n))
-    return archs
 
 
 def _archs(names) -> list:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     from ptxgen.arch import ArchError
-    from ptxgen.cli import target_archs
+    from ptxgen.arch import target_archs
     from ptxgen.kernels import unknown_kernel
 
     from .harness import HARNESSES, check_kernel

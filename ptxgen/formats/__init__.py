@@ -61,10 +61,9 @@ def max_scale(name: str, raw, shape) -> float:
     """The largest |fp16 scale field| (d, dmin, ...) over the blocks of `raw` (shape (..., K)); inf if one is inf
     or NaN. One pass over the blocks' headers."""
     fmt = get(name)
-    fields = fmt.fields(raw, shape)
     top = 0.0
-    for f in (n for n in fmt.dtype.names if fmt.dtype[n] == np.dtype("<f2")):
-        v = np.abs(fields[f].astype(np.float32))
+    for v in fmt.scale_fields(fmt.fields(raw, shape)):
+        v = np.abs(v)
         if v.size:
             top = max(top, float(np.inf if np.isnan(v).any() else v.max()))
     return top

@@ -86,8 +86,8 @@ class QuantFormat:
         then decoding to inf / NaN — silently wrong, as the non-finite inputs check_finite refuses."""
         rec = np.ascontiguousarray(out).reshape(-1, self.block_bytes).view(self.dtype).reshape(-1)
         bad = np.zeros(rec.shape[0], bool)
-        for f in (n for n in self.dtype.names if self.dtype[n] == np.dtype("<f2")):
-            bad |= ~np.isfinite(rec[f].astype(np.float32))
+        for v in self.scale_fields(rec):
+            bad |= ~np.isfinite(v)
         if not bad.any():
             return
         i = int(np.argmax(bad))
@@ -100,6 +100,10 @@ class QuantFormat:
                          f"{where}, columns {c0}-{c0 + self.block_size - 1} (largest |value| {peak:.4g}); scale the "
                          "weights down (and the outputs up by the same factor), or pass allow_nonfinite=True for "
                          "ggml's blocks (their weights decode to inf / NaN)")
+
+    def scale_fields(self, rec: np.ndarray):
+        """Each fp16 scale field (d, dmin, ...) of structured blocks `rec` as float32, one array per field."""
+        return [rec[n].astype(np.float32) for n in self.dtype.names if self.dtype[n] == np.dtype("<f2")]
 
     def fields(self, raw, shape) -> np.ndarray:
         """The blocks as a structured array (one record per block)."""

@@ -17,7 +17,7 @@ class KernelDef:
 
     def for_arch(self, arch) -> Kernel:
         """This kernel built for `arch`. sm_80 is let through (it lowers as sm_89) for the runtime's source="dsl"
-        builds, whose candidates on an Ampere device are sm_80; the CLIs refuse it (ptxgen.cli.target_archs)."""
+        builds, whose candidates on an Ampere device are sm_80; the CLIs refuse it (ptxgen.arch.target_archs)."""
         arch = get_arch(arch)
         if arch.name not in self.archs and arch.name != "sm_80":
             raise ValueError(f"kernel {self.name} is not built for {arch.name}; it is built for {', '.join(self.archs)}")
