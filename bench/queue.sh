@@ -9,6 +9,7 @@
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
+#   i8       the int8 few-token Q4_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
@@ -70,6 +71,12 @@ for step in "${@:-tier}"; do
       run "tq4shared_$s" 120 "${AB[@]}" --kernels 'gemv_tq4_1s_mma_t[48]s$' --formats tq4_1s --shape "$s" --tokens 4,6,8 \
         --weights 24 --variant "shared: $few_rule; rule.few_shared_min_tokens={\"tq4_1s\": 4}"
     done ;;
+  i8)
+    for s in 4096x14336 14336x4096 1024x4096; do
+      run "i8_$s" 110 "${AB[@]}" --kernels 'gemv_q4_k_i8_t|prep_q4k_i8_t' --formats q4_K --shape "$s" --tokens 1,2,4,8 --weights 24 \
+        --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8}'
+    done
+    run i8_gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py tests/test_gpu_gemv.py -k 'i8 or int8' ;;
   small)
     for s in 1024x4096 4096x4096; do
       run "small_$s" 120 "${AB[@]}" --kernels 'prep_q4k_t1$|gemv_q4_k_f32_t1$' --formats q4_K --shape "$s" --tokens 1 --weights 64 \
@@ -83,6 +90,6 @@ for step in "${@:-tier}"; do
       --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared small rest sanitize)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 small rest sanitize)"; exit 2 ;;
   esac
 done

@@ -99,6 +99,7 @@ class GemvKernel:
     hi_only: bool = False
     small: bool = False
     shared: bool = False  # "few": the records shared by the CTA's warps (gemv_<fmt>_mma_t<tokens>s)
+    i8: bool = False  # "few", "prep_few": int8 MMAs on the activation's digit planes (gemv_<fmt>_i8_t<tokens>)
 
     @property
     def name(self) -> str:
@@ -109,14 +110,15 @@ class GemvKernel:
         names = {"gemv": f"gemv_{f}{fast}{'_tma' if self.tma else ''}_t{self.tokens}{fused}",
                  "mma": f"gemv_{f}_mma" + ("_m16" if self.small else "") + ("_tma" if self.tma else "")
                         + (f"_n{self.tokens}" if self.tokens > 8 else ""),
-                 "few": f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}", "skinny": f"mmq_{f}_rega_n{self.tokens}",
+                 "few": (f"gemv_{f}_i8_{t}" if self.i8 else f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}"),
+                 "skinny": f"mmq_{f}_rega_n{self.tokens}",
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else
                                 "prep_q8_lanes" if self.fast else "prep_f32_lanes"),
                  "prep_mma": "prep_tq4_1s_mma" if rot else "prep_mma_f16",
                  # the few-token records: Q4_K's K order for the K-quants with a min (Q4_K, Q5_K), the codecs'
                  # 16-element sub-block order for the others (Q6_K, Q8_0: formats.tq4_1s.q4k_mma_records' order),
                  # TQ4_1S's of the rotated activation
-                 "prep_few": (f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_rot16_{t}" if f == "tq4_1s" else
+                 "prep_few": (f"prep_q4k_i8_{t}" if self.i8 else f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_rot16_{t}" if f == "tq4_1s" else
                               f"prep_sub16_{t}")}
         return _named(names, self.kind, "decode kernel")
 

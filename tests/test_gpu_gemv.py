@@ -493,6 +493,54 @@ def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monke
             np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
+@pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 1, None), (14336, 4096, 2, None), (300, 1024, 4, None),
+                                        (136, 2048, 8, None), (1000, 3584, 3, "sm_89"), (1, 256, 1, None)])
+def test_int8_few_token_gemv(m, k, t, arch, monkeypatch):
+    """gemv_q4_k_i8_t{nt} on prep_q4k_i8_t{nt}'s digit planes (RULES.few_i8_max_tokens raised; off until timed), eager
+    and in a CUDA graph: within 1e-5 of float64 (exact), outputs NaN-poisoned first, bit-identical run to run, within
+    2e-6 of the fp16 few-token build's result; the sm_89 build too. GPU == emulator is test_gpu_emu_crosscheck's."""
+    import ptxgen.runtime as r
+
+    from ptxgen.testing.strategies import random_raw
+
+    rng = np.random.default_rng(m + k + t)
+    raw = random_raw("q4_K", m, k, rng)
+    w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    want = formats.gemm_ref("q4_K", raw, m, k, x)
+    nt = next(v for v in (1, 2, 4, 8) if v >= t)
+    setknob(monkeypatch, "PTXGEN_Q4K_T1", "1")  # (the few-token builds at any size)
+    with tuning.override(codec_gemv_t1_max_weights={"q4_K": 0}):  # (not route small_gemv)
+        fp16 = r.mul_mat(w, x, arch=arch)
+        with tuning.override(few_i8_max_tokens={"q4_K": 8}):
+            plan = r.mul_mat_plan(w, t, arch=arch).kernels
+            assert plan == [GemvKernel("prep_few", "q4_K", nt, i8=True).name,
+                            GemvKernel("few", "q4_K", nt, i8=True).name], plan
+            out = r.DeviceArray.empty((t, m), np.float32)
+            out.owner.fill_bytes(0xFF)
+            r.mul_mat(w, x, out=out, arch=arch)
+            got = out.numpy()
+            assert np.isfinite(got).all() and rel(got, want) <= 1e-5 and rel(got, fp16) <= 2e-6, (rel(got, want),
+                                                                                                  rel(got, fp16))
+            np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
+            if arch is None:  # captured into a graph on torch's stream
+                import torch
+
+                xt, yt = torch.from_numpy(x).cuda(), torch.empty((t, m), device="cuda")
+                s_ = torch.cuda.Stream()  # warm up (plans, kernels) on a side stream, as torch recommends
+                s_.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s_):
+                    r.mul_mat(w, xt, out=yt)
+                torch.cuda.current_stream().wait_stream(s_)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    r.mul_mat(w, xt, out=yt)
+                yt.fill_(float("nan"))
+                g.replay()
+                torch.cuda.synchronize()
+                np.testing.assert_array_equal(yt.cpu().numpy(), got)
+
+
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
 @pytest.mark.parametrize("m,k,t", [(1, 256, 1), (300, 1024, 3), (4096, 4096, 8), (100, 14336, 16), (129, 3584, 2),
                                    (64, 2048, 19)])  # (M < 128: T = 16, 19 stay on the GEMV, in 2 and 3 slices)

@@ -415,6 +415,25 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
         assert ops.mul_mat_plan(w5, 3).kernels == ["gemv_q5_k_mma_t4_fused"]
 
 
+def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
+    """The int8 few-token Q4_K GEMVs (prep_q4k_i8_t* + gemv_q4_k_i8_t*): off as shipped (few_i8_max_tokens 0: not
+    timed); with the rule, up to its T, in graphs and eager calls alike (no one-launch build), the records sized for
+    the int8 layout; Q5_K keeps its builds (no int8 one)."""
+    w = fakegpu.weights("q4_K", 4096, 14336)
+    assert not any("i8" in k for t in range(1, 9) for k in ops.mul_mat_plan(w, t, graph=True).kernels)
+    with tuning.override(few_i8_max_tokens={"q4_K": 4}, codec_few_max_tokens={"q5_K": 32}):
+        for t in range(1, 9):
+            nt = next(v for v in (1, 2, 4, 8) if v >= t)
+            for graph in (True, False):
+                plan = ops.mul_mat_plan(w, t, graph=graph)
+                if t <= 4:
+                    assert plan.kernels == [f"prep_q4k_i8_t{nt}", f"gemv_q4_k_i8_t{nt}"], (t, plan.kernels)
+                else:
+                    assert not any("i8" in k for k in plan.kernels), (t, plan.kernels)
+        w5 = fakegpu.weights("q5_K", 4096, 14336)
+        assert not any("i8" in k for k in ops.mul_mat_plan(w5, 2, graph=True).kernels)
+
+
 def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):
     """codec_few_min_tokens: below it a format's calls keep the routes they had (TQ4_1S's lane and tensor-core
     GEMVs), from it the few-token builds take them — with few_shared_min_tokens, the shared-record ones."""

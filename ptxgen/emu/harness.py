@@ -456,7 +456,7 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
 
 
 def _prep_q4k_records(nt: int, hi_only: bool = False, order: str = "q4k"):
-    name = f"prep_{'q4k' if order == 'q4k' else order}_t{nt}{'h' if hi_only else ''}"
+    name = f"prep_{'q4k' if order == 'q4k' else 'q4k_i8' if order == 'i8' else order}_t{nt}{'h' if hi_only else ''}"
 
     def run(ptx: str, rng, shape=None, seed=None) -> Outcome:
         """prep_q4k_t{nt}(h) / prep_sub16_t{nt}: up to nt tokens → q4k_mma_records(x, nt, hi_only, order) bit for bit
@@ -1186,6 +1186,8 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
         HARNESSES[f"prep_sub16_{_sfx}"] = _prep_q4k_records(_nt, False, "sub16")
         HARNESSES[f"gemv_tq4_1s_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_tq4_1s_mma_{_sfx}", 2)
         HARNESSES[f"prep_rot16_{_sfx}"] = _prep_q4k_records(_nt, False, "rot16")
+        HARNESSES[f"gemv_q4_k_i8_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_i8_{_sfx}", 2)
+        HARNESSES[f"prep_q4k_i8_{_sfx}"] = _prep_q4k_records(_nt, False, "i8")
 for _nt in (1, 2, 4):
     for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)

@@ -299,8 +299,74 @@ def q4k_record_bytes(nt: int, hi_only: bool = False) -> int:
     return q4k_record_layout(nt, hi_only)[2]
 
 
+# the int8 few-token records (q4k_i8_records): x·2^s·2^I8_SHIFT rounded to an integer (|value| < 2^22 where the
+# super-block's max is in [2^14, 2^15) after 2^s) and written as three signed base-256 digits, B columns 3n + p
+I8_SHIFT = 7
+I8_PLANES = 3
+
+
+def q4k_i8_record_layout(nt: int) -> tuple[int, int, int]:
+    """(min pairs' offset, factors' offset, bytes) of a q4k_i8_records(·, nt) record: 256·C bytes of digit planes
+    (C = 3·nt columns), then the min pairs of q4k_mma_records' exact record (32·nt bytes), 4·nt of factors, zeros up
+    to a multiple of 16 (816, 1632, 3216, 6432 bytes)."""
+    moff = 256 * I8_PLANES * nt
+    foff = moff + 32 * nt
+    return moff, foff, -(-(foff + 4 * nt) // 16) * 16
+
+
+def q4k_i8_record_bytes(nt: int) -> int:
+    return q4k_i8_record_layout(nt)[2]
+
+
+def _wrap32(v: np.ndarray) -> np.ndarray:
+    return ((v + 2 ** 31) % 2 ** 32) - 2 ** 31
+
+
+def i8_digits(xs: np.ndarray) -> np.ndarray:
+    """The three signed base-256 digits (as bytes, (3,) + xs.shape, least significant first) of
+    cvt.rni.s32.f32(xs·2^I8_SHIFT) (NaN → 0, ±inf saturated, as PTX): byte 0 = v & 255, then v ← (v + 128) >> 8
+    (arithmetic, in 32 bits): v = d0 + 256·d1 + 65536·d2 with each digit in [-128, 128) for |v| < 2^22."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = xs.astype(np.float64) * 2.0 ** I8_SHIFT
+        v = np.where(np.isnan(v), 0, np.clip(np.rint(v), -2 ** 31, 2 ** 31 - 1)).astype(np.int64)
+    out = []
+    for _ in range(I8_PLANES):
+        out.append((v & 0xFF).astype(np.uint8))
+        v = _wrap32(v + 128) >> 8
+    return np.stack(out)
+
+
+def q4k_i8_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
+    """The activation of the int8 few-token Q4_K GEMVs gemv_q4_k_i8_t{nt} (prep_q4k_i8_t{nt}): x (T ≤ nt, K) fp32 →
+    one q4k_i8_record_bytes(nt)-byte record per super-block (offsets q4k_i8_record_layout). Token n's x·2^s (s per
+    super-block, as q4k_mma_records) times 2^I8_SHIFT, rounded to an integer (relative error ≤ 2^-22 of the
+    super-block's max; s is clamped to ±100 as there, so a super-block whose max is below ~2^-86 keeps fewer bits),
+    as three digit planes (i8_digits): plane p in B column c = 3n + p of the m16n8k32 u8 x s8 MMAs. Each MMA takes
+    one 32-element sub-block; sub-blocks 2q (the low nibbles of qs bytes 32q .. 32q + 31) and 2q + 1 (the high
+    ones) of element k = 16h + 4t + b: byte 64·C·q + 64·c + 16·t + 8·(sub-block & 1) + 4·h + b — lane (g, t)'s B
+    registers of both sub-blocks in one 16-byte load. Then the min pairs and factors of the exact
+    q4k_mma_records(x, nt) record (the block sums of x·2^s in fp16 hi and lo, 2^-s); zeros after."""
+    a = f32(a)
+    if nt not in Q4K_RECORD_TOKENS or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
+        raise ValueError(f"q4k_i8_records: 1 to {nt} tokens (nt one of {Q4K_RECORD_TOKENS}), got shape {a.shape}")
+    xs, s = _mma_scaled(a, Q4K_GROUP, max(nt, MMA_TOKENS))
+    nb = xs.shape[1]
+    nsb = nb // 8
+    ncol = I8_PLANES * nt
+    digits = i8_digits(xs[:nt])  # (plane, token, nb, 32) → column c = 3n + p
+    cols = digits.transpose(1, 0, 2, 3).reshape(ncol, nsb, 4, 2, 2, 4, 4)  # [c, sb, q, nib, h, t, b]
+    main = cols.transpose(1, 2, 0, 5, 3, 4, 6)  # [sb, q, c, t, nib, h, b]
+    exact = q4k_mma_records(a, nt).reshape(nsb, -1)
+    emoff, efoff, erb = q4k_record_layout(nt)
+    moff, foff, rb = q4k_i8_record_layout(nt)
+    rec = np.zeros((nsb, rb), np.uint8)
+    rec[:, :moff] = np.ascontiguousarray(main).reshape(nsb, -1)
+    rec[:, moff:foff + 4 * nt] = exact[:, emoff:efoff + 4 * nt]
+    return rec.reshape(-1)
+
+
 # the K orders of the few-token records (q4k_mma_records' `order`); "rot16": "sub16" of the rotated activation
-RECORD_ORDERS = ("q4k", "sub16", "rot16")
+RECORD_ORDERS = ("q4k", "sub16", "rot16", "i8")
 
 
 def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: str = "q4k") -> np.ndarray:
@@ -323,7 +389,12 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: st
     MMAs each take one 16-element sub-block, lane t its elements 4t .. 4t + 3 — the codec's mma_block order): the
     same record, B pair i holding 32-element block i of the super-block, bytes 64·C·i + 16·(4c + t) + 8·h + 2·q
     element 16h + 4t + q of it (exact records only). order="rot16" (prep_rot16_t{nt}, TQ4_1S's few-token GEMVs):
-    "sub16" of rht_forward(x), s from the unrotated super-block less ROT_HEADROOM (its min pairs unused)."""
+    "sub16" of rht_forward(x), s from the unrotated super-block less ROT_HEADROOM (its min pairs unused).
+    order="i8": q4k_i8_records(a, nt) (the int8 builds' digit planes)."""
+    if order == "i8":
+        if hi_only:
+            raise ValueError("q4k_mma_records: the int8 records (order i8) are exact only")
+        return q4k_i8_records(a, nt)
     a = f32(a)
     if order not in RECORD_ORDERS or (hi_only and order != "q4k"):
         raise ValueError(f"q4k_mma_records: order one of {RECORD_ORDERS} (hi_only: q4k), got {order!r}")

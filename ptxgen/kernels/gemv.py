@@ -1481,11 +1481,14 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     assert (not records or rotate == (order == "rot16")) and (records or not hi_only)
     assert order == "q4k" or (records and not hi_only)
     nt = records or T4.MMA_TOKENS
-    ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s"}[order]  # a format whose GEMV reads the records
-    name = (GemvKernel("prep_few", ofmt, records, hi_only=hi_only) if records else
+    ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s", "i8": "q4_K"}[order]  # a format whose GEMV reads them
+    i8 = order == "i8"
+    name = (GemvKernel("prep_few", ofmt, records, hi_only=hi_only, i8=i8) if records else
             GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K")).name
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate
                                    and not records else
+                                   f"activation of up to {records} tokens: scaled int8 digit-plane records and "
+                                   f"fp16 min pairs ({GemvKernel('few', ofmt, records, i8=True).name})" if i8 else
                                    f"activation of up to {records} tokens{': forward RHT,' if rotate else ':'} scaled "
                                    f"fp16 {'hi' if hi_only else 'hi/lo'} "
                                    f"records{'' if order == 'q4k' else ' in 16-element sub-block order'} "
@@ -1627,13 +1630,25 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
     min + 8·(4c + t) + 2·nib, lo 4 bytes on), block 0 of the super-block the factor at fac + 4·n; token 0's block
     1 the zeros after the factors."""
     ncol = T4.q4k_record_columns(nt, hi_only)
-    moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
+    moff, foff, rb = T4.q4k_i8_record_layout(nt) if order == "i8" else T4.q4k_record_layout(nt, hi_only)
     sb = b.op("shr.u32", j, Imm(3, "u32"))
     jj = b.op("and.b32", j, Imm(7, "b32"))  # 2t + nib
     rec = b.op("mad.wide.u32", sb, Imm(rb, "u32"), REC)
     p = b.op("and.b32", lane, Imm(3, "b32"))
     per_tok = 64 if hi_only else 128  # 16·4c for c = n or 2n
-    if order == "q4k":
+    if order == "i8":  # digit plane q of v = rni(x·2^s·2^I8_SHIFT) at 64·C·(jj / 2) + 64·(3·tok + q) + 16·t + 8·(jj & 1) + 4·h + b
+        v = b.op("cvt.rni.s32.f32", b.op("mul.rn.f32", xs, Imm(2.0 ** T4.I8_SHIFT, "f32")), type="s32")
+        e_off = b.op("add.u32", b.op("shl.b32", b.op("and.b32", lane, Imm(0xC, "b32")), Imm(2, "u32")),  # 16·t
+                     b.op("add.u32", b.op("shl.b32", b.op("shr.u32", lane, Imm(4, "u32")), Imm(2, "u32")), p))  # 4·h + b
+        e_off = b.op("add.u32", e_off, b.op("shl.b32", b.op("and.b32", jj, Imm(1, "b32")), Imm(3, "u32")))  # 8·nib
+        off = b.op("mad.lo.u32", b.op("shr.u32", jj, Imm(1, "u32")), Imm(64 * T4.I8_PLANES * nt, "u32"),
+                   b.op("mad.lo.u32", tok, Imm(64 * T4.I8_PLANES, "u32"), e_off))
+        pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
+        for q in range(T4.I8_PLANES):  # the byte v & 255, then v = (v + 128) >> 8
+            b.emit("st.global.b8", Mem(pe, 64 * q), v)
+            if q + 1 < T4.I8_PLANES:
+                v = b.op("shr.s32", b.op("add.s32", v, Imm(128, "s32"), type="s32"), Imm(8, "u32"), type="s32")
+    elif order == "q4k":
         e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(64 * ncol, "u32")),  # 64·C·i
                      b.op("add.u32", b.op("shl.b32", b.op("and.b32", p, Imm(1, "b32")), Imm(2, "u32")),
                           b.op("shl.b32", b.op("shr.u32", p, Imm(1, "u32")), Imm(1, "u32"))))
@@ -1643,8 +1658,9 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
                      b.op("add.u32", b.op("shl.b32", b.op("shr.u32", lane, Imm(4, "u32")), Imm(3, "u32")),  # 8·h
                           b.op("shl.b32", p, Imm(1, "u32"))))
         off = b.op("mad.lo.u32", tok, Imm(per_tok, "u32"), b.op("mad.lo.u32", jj, Imm(64 * ncol, "u32"), e_off))
-    pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
-    b.emit("st.global.b16", Mem(pe), hi)
+    if order != "i8":
+        pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
+        b.emit("st.global.b16", Mem(pe), hi)
     if hi_only:  # the min term from the same rounded values the main product sees
         shi, slo = _min_pair(b, b.op("cvt.f32.f16", hi))
         mo = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", jj, Imm(1, "u32")), Imm(3, "u32")),
@@ -1652,7 +1668,8 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
         moff_ = b.op("mad.lo.u32", tok, Imm(32, "u32"), b.op("add.u32", mo, Imm(moff, "u32")))
         lo_at = 4
     else:
-        b.emit("st.global.b16", Mem(pe, 64), lo)
+        if order != "i8":
+            b.emit("st.global.b16", Mem(pe, 64), lo)
         shi, slo = _min_pair(b, xs)
         moff_ = b.op("mad.lo.u32", tok, Imm(32, "u32"), b.op("mad.lo.u32", jj, Imm(2, "u32"), Imm(moff, "u32")))
         lo_at = 16

@@ -42,7 +42,7 @@ from __future__ import annotations
 from ..arch import TARGETS, get_arch
 from ..builder import KernelBuilder
 from ..formats import tq4_1s as T4
-from ..ir import Imm, Mem, Sym, mma_sync
+from ..ir import Imm, Mem, Sym, ldmatrix, mma_sync
 from ..specs import GemvKernel
 from . import KernelDef, smem_fit
 from .gemv import (_prep_record_stores, _scaled_item, _store_or_split, _sum_k_parts, _tile_rows, _warp_rows,
@@ -250,6 +250,154 @@ def _codec_table(b, codec, tid, lane, dyn=None):
     memory's start (`dyn`: the build left room for it), else static. Returns mma_block's constants."""
     tbl = b.op("mov.u32", dyn if dyn is not None else b.shared_buffer("mma_table", codec.few_table(False)[1], align=16))
     return codec.mma_constants(b, (tbl, tid, lane, 128, dyn is not None))
+
+
+class _I8Step:
+    """A step of the int8 few-token Q4_K GEMVs (gemv_q4_k_i8_t{nt}, on prep_q4k_i8_t{nt}'s records: x·2^s·2^7 as three
+    signed base-256 digit planes, B column 3n + p). Per m16 tile and 64-weight group q of the super-block: one
+    ldmatrix.x4 of rows g, g + 8's 32 qs bytes (A of m16n8k32 with k = the byte), A_lo = a & 0x0F0F0F0F (sub-block
+    2q: q) and A_hi = a & 0xF0F0F0F0 (sub-block 2q + 1: 16q); per n8 tile of planes one 16-byte load of both
+    sub-blocks' B and two u8 x s8 MMAs from zero (exact: |D| ≤ 32·240·128), then the integer sums take the 6-bit
+    scales, S_lo += sc_2q·D_lo and S_hi += sc_2q+1·D_hi (mad.lo.s32; |16·S_lo + S_hi| < 2^29). Per step and column:
+    P += float(16·S_lo + S_hi)·d·2^-s (column 3n + p of token n; fp32), and the min term as gemv_q4_k_mma_t{nt}'s
+    (one f16 MMA of the mins on the record's min pairs): Mn += −64·dmin·MS·2^-s. After the K loop (combine): token
+    n's y = Σ_p 2^(8p − 11)·P(3n + p) + Mn, the planes gathered through the warp's ring. 4 LOPs and 8 IMADs an MMA of
+    512 weights where the fp16 build spends 18 decode instructions a 256."""
+
+    def __init__(self, b, arch, MT, nt, g, t, lane, W_BYTES, SLOT):
+        from ..codecs.q4_k import HEADER_BYTES
+        self.b, self.arch, self.MT, self.nt, self.t, self.W, self.SLOT = b, arch, MT, nt, t, W_BYTES, SLOT
+        self.C = T4.I8_PLANES * nt
+        self.NTP = -(-self.C // 8)  # n8 tiles of digit planes
+        self.NTM = max(1, 2 * nt // 8)  # n8 tiles of min pairs (the exact record's hi, lo columns)
+        self.moff, self.foff, _ = T4.q4k_i8_record_layout(nt)
+        self.izero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
+        self.czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+        self.zero = self.izero[0]
+        self.magic = b.op("mov.b32", Imm(0x64006400, "b32"))
+        self.t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+        tb = b.op("shl.b32", b.op("and.b32", t, Imm(1, "b32")), Imm(1, "u32"))
+        self.msel = b.op("mad.lo.u32", tb, Imm(0x101, "u32"), Imm(0x5150, "u32"))  # (m_2t, 0x64, m_2t+1, 0x64)
+        self.hdr = b.op("mul.lo.u32", g, Imm(SLOT, "u32"))  # row g's header in a stage
+        # ldmatrix: lane l gives row (l % 8) + 8·((l / 8) % 2) of the tile, bytes 16·(l / 16) of the group
+        lrow = b.op("add.u32", b.op("and.b32", lane, Imm(7, "b32")), b.op("and.b32", lane, Imm(8, "b32")))
+        self.lm = b.op("mad.lo.u32", lrow, Imm(SLOT, "u32"),
+                       b.op("add.u32", b.op("and.b32", lane, Imm(16, "b32")), Imm(HEADER_BYTES, "u32")))
+        # B: lane (g, t) of tile n reads column min(8n + g, C − 1) (columns past C: any, never used)
+        self.boff = [b.op("mad.lo.u32", b.op("min.u32", b.op("add.u32", g, Imm(8 * n, "u32")), Imm(self.C - 1, "u32")),
+                          Imm(64, "u32"), b.op("mad.lo.u32", t, Imm(16, "u32"), Imm(W_BYTES, "u32")))
+                     for n in range(self.NTP)]
+        # the factor of column 8n + 2t + e: token (8n + 2t + e) / 3 (clamped), and its plane's 2^(8p − 11)
+        self.foffs, self.pscale = [], []
+        for n in range(self.NTP):
+            fo, ps = [], []
+            for e in range(2):
+                c = b.op("mad.lo.u32", t, Imm(2, "u32"), Imm(8 * n + e, "u32"))
+                tok = b.op("min.u32", b.op("div.u32", c, Imm(3, "u32")), Imm(nt - 1, "u32"))
+                fo.append(b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(W_BYTES + self.foff, "u32")))
+                pl = b.op("rem.u32", c, Imm(3, "u32"))  # 2^(8p − 11) as float bits: (116 + 8p) << 23
+                ps.append(b.op("shl.b32", b.op("mad.lo.u32", pl, Imm(8, "u32"), Imm(116, "u32")), Imm(23, "u32")))
+            self.foffs.append(fo)
+            self.pscale.append(ps)
+        col_lane = b.op("and.b32", lane, Imm(min(32, 8 * nt) - 1, "b32"))  # the min pairs' lane slot, as the fp16 build
+        self.lane_min = b.op("mad.lo.u32", col_lane, Imm(4, "u32"), Imm(W_BYTES + self.moff, "u32"))
+        self.lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(min(nt, 4) - 1, "b32")), Imm(4, "u32"),
+                             Imm(W_BYTES + self.foff, "u32"))
+        # P[mt][rr][n][e]: the planes' fp32 sums; M[mt][rr][n]: the min term of token 4n + t
+        self.P = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(self.NTP)] for _ in range(2)]
+                  for _ in range(MT)]
+        self.M = [[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(self.NTM)] for _ in range(2)] for _ in range(MT)]
+
+    def _header(self, st, ro):
+        """Row ro of the stage: d, −64·dmin, the 8 scales as two words of bytes, the min MMA's A pair."""
+        from ..codecs.q4_k import mins_0_3, mins_4_7, scales_0_3, scales_4_7
+        b = self.b
+        hw = b.regs("b32", 4)
+        b.emit("ld.shared.v4.u32", b.vec(hw), Mem(b.op("add.u32", st, self.hdr), self.SLOT * ro))
+        dlo, dhi = b.reg("b16"), b.reg("b16")
+        b.emit("mov.b32", b.vec([dlo, dhi]), hw[0])
+        s0, s1, s2 = hw[1:]
+        m = b.op("selp.b32", mins_4_7(b, s1, s2), mins_0_3(b, s1), self.t_hi)
+        return dict(d=b.op("cvt.f32.f16", dlo), nd64=b.op("mul.rn.f32", b.op("cvt.f32.f16", dhi), Imm(-64.0, "f32")),
+                    sc=(scales_0_3(b, s0), scales_4_7(b, s0, s2)),
+                    ma=b.op("sub.rn.f16x2", b.op("prmt.b32", m, self.magic, self.msel), self.magic, type="b32"))
+
+    def body(self, st):
+        b, arch = self.b, self.arch
+        facs = [[b.op("ld.shared.f32", Mem(b.op("add.u32", st, fo))) for fo in fos] for fos in self.foffs]
+        for mt in range(self.MT):
+            hds = [self._header(st, 16 * mt + 8 * rr) for rr in range(2)]
+            sl = [[None] * 4 for _ in range(self.NTP)]  # the step's integer sums (low, high sub-blocks) per tile
+            sh = [[None] * 4 for _ in range(self.NTP)]
+            for q in range(4):
+                a = b.regs("b32", 4)
+                b.emit(ldmatrix(arch, 4, b.vec(a), Mem(b.op("add.u32", st, self.lm), 16 * mt * self.SLOT + 32 * q)))
+                alo = [b.op("and.b32", r, Imm(0x0F0F0F0F, "b32")) for r in a]
+                ahi = [b.op("and.b32", r, Imm(0xF0F0F0F0, "b32")) for r in a]
+                # sub-blocks 2q, 2q + 1 of rows g, g + 8: scale bytes (2q) % 4, (2q + 1) % 4 of word q / 2
+                scs = [[b.op("prmt.b32", hds[rr]["sc"][q // 2], self.zero, Imm(0x4440 + (2 * q + h) % 4, "b32"))
+                        for h in range(2)] for rr in range(2)]
+                for n in range(self.NTP):
+                    xb = b.regs("b32", 4)
+                    b.emit("ld.shared.v4.u32", b.vec(xb), Mem(b.op("add.u32", st, self.boff[n]), 64 * self.C * q))
+                    for h, (av, acc) in enumerate(((alo, sl[n]), (ahi, sh[n]))):
+                        dv = b.regs("b32", 4)
+                        b.emit(mma_sync(arch, "m16n8k32", "u8", b.vec(dv), b.vec(av), b.vec(xb[2 * h:2 * h + 2]),
+                                        b.vec(self.izero), b_type="s8"))
+                        for i in range(4):  # D: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+                            sc = scs[i // 2][h]
+                            acc[i] = (b.op("mul.lo.s32", dv[i], sc, type="s32") if acc[i] is None else
+                                      b.op("mad.lo.s32", dv[i], sc, acc[i], type="s32"))
+            for n in range(self.NTP):
+                for i in range(4):
+                    rr, e = divmod(i, 2)
+                    tot = b.op("mad.lo.s32", sl[n][i], Imm(16, "s32"), sh[n][i], type="s32")
+                    f = b.op("cvt.rn.f32.s32", tot)
+                    pe = self.P[mt][rr][n][e]
+                    b.emit("fma.rn.f32", pe, f, b.op("mul.rn.f32", hds[rr]["d"], facs[n][e]), pe)
+            for n in range(self.NTM):
+                mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, self.lane_min), 128 * n)), self.zero]
+                ms = b.regs("f32", 4)
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms), b.vec([hds[0]["ma"], hds[1]["ma"], self.zero,
+                                                                         self.zero]),
+                                b.vec(mw), b.vec(self.czero)))
+                fm = b.op("ld.shared.f32", Mem(b.op("add.u32", st, self.lane_fac), 16 * n))
+                for rr in range(2):
+                    mn = self.M[mt][rr][n]
+                    v = b.op("mul.rn.f32", hds[rr]["nd64"], b.op("add.rn.f32", ms[2 * rr], ms[2 * rr + 1]))
+                    b.emit("fma.rn.f32", mn, v, fm, mn)
+
+    def combine(self, ring, g, t):
+        """After the K loop: acc[mt][rr][n][0] = y of row 16·mt + g + 8·rr, token 4n + t (the fp16 build's
+        order): the planes' sums, scaled by 2^(8p − 11), through the warp's ring (row-major, 8·NTP columns)."""
+        b = self.b
+        b.emit("cp.async.wait_all")
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+        w = 8 * self.NTP
+        for mt in range(self.MT):
+            for rr in range(2):
+                row = b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32"))
+                at = b.op("mad.lo.u32", row, Imm(4 * w, "u32"), b.op("mad.lo.u32", t, Imm(8, "u32"), ring))
+                for n in range(self.NTP):
+                    for e in range(2):
+                        b.emit("st.shared.f32", Mem(at, 32 * n + 4 * e),
+                               b.op("mul.rn.f32", self.P[mt][rr][n][e], self.pscale[n][e]))
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+        acc = []
+        for mt in range(self.MT):
+            acc.append([])
+            for rr in range(2):
+                row = b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32"))
+                acc[-1].append([])
+                for n in range(self.NTM):
+                    tok = b.op("min.u32", b.op("add.u32", t, Imm(4 * n, "u32")), Imm(self.nt - 1, "u32"))
+                    at = b.op("mad.lo.u32", row, Imm(4 * w, "u32"), b.op("mad.lo.u32", tok, Imm(12, "u32"), ring))
+                    v = self.M[mt][rr][n]
+                    for p in range(T4.I8_PLANES):
+                        v = b.op("add.rn.f32", v, b.op("ld.shared.f32", Mem(at, 4 * p)))
+                    acc[-1][-1].append([v])
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # (the ring's next use: the K parts' sums)
+        return acc
 
 
 class _CodecStep:
@@ -514,7 +662,7 @@ def _await_count(b, at, o_count, o_past, P, G, t0, warp):
     b.emit("bar.sync", Imm(0, "u32"))
 
 
-def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: str = "q4_K"):
+def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: str = "q4_K", i8: bool = False):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
     (gemv_q4_k_mma_t{nt}_fused): one launch per op — the kernel takes x and builds the records itself
@@ -522,12 +670,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     a RegDecoder (Q4_K, Q5_K: the same header, scales and min term; Q5_K's fifth bits from its qh bytes) —
     gemv_<fmt>_mma_t*, on the same records — or (exact) a codec with an mma_block (Q6_K, Q8_0: a scale
     times an integer, the scale constant over 16 weights, no min): _codec_step's MMA per 16-element sub-block on
-    prep_sub16_t{nt}'s records (the same bytes in the codecs' K order)."""
+    prep_sub16_t{nt}'s records (the same bytes in the codecs' K order). i8 (gemv_q4_k_i8_t{nt}, Q4_K, exact): the
+    weights' nibbles as the A of u8 x s8 MMAs on prep_q4k_i8_t{nt}'s digit planes (_I8Step)."""
     from .. import codecs
 
     codec = codecs.get(fmt)
     kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
     assert kq or (hasattr(codec, "mma_block") and not hi_only), fmt
+    assert not i8 or (fmt == "q4_K" and not hi_only and not fused), (fmt, hi_only, fused)
     BLOCK, BOX, SLOT = _row_geometry(codec)
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core {fmt} GEMV"
@@ -538,7 +688,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     W_BYTES = R * SLOT  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
     NTL = max(1, ncol // 8)  # n8 tiles of B
-    moff, foff, rb = T4.q4k_record_layout(nt, hi_only)
+    moff, foff, rb = T4.q4k_i8_record_layout(nt) if i8 else T4.q4k_record_layout(nt, hi_only)
     stage_bytes = W_BYTES + rb
     dyn_table = 0  # a codec's table in the dynamic shared memory, before the rings: TQ4_1S's wide one where it fits
     if hasattr(codec, "few_table"):
@@ -551,7 +701,10 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
             S, ctas = _fit(arch, S, ctas, NW * stage_bytes, extra=codec.few_table(False)[1])
     else:
         S, ctas = _fit(arch, S, ctas, NW * stage_bytes)
-    b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused).name, arch,
+    b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused, i8=i8).name, arch,
+                      f"{fmt} GEMV (exact) for up to {nt} tokens on u8 x s8 mma.sync: the nibbles as A, the activation "
+                      "as three int8 digit planes, the scales on the integer sums; weights and records by cp.async"
+                      if i8 else
                       f"{fmt} GEMV ({'fp16 activations' if hi_only else 'exact'}) for "
                       f"up to {nt} tokens on mma.sync: B = {'one hi column' if hi_only else '(hi, lo) columns'} per "
                       "token, " + ("a lane owns one qs chunk of two rows per m16 tile" if kq else
@@ -573,12 +726,14 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
                   layout="q4k_mma_records",
-                  activation=f"{GemvKernel('prep_few', fmt, nt, hi_only=hi_only).name}(x): one {rb}-byte record "
-                             "per super-block",
+                  activation=f"{GemvKernel('prep_few', fmt, nt, hi_only=hi_only, i8=i8).name}(x): one {rb}-byte "
+                             "record per super-block",
                   copy="cp.async", stages=S, dynamic_smem=b.dynamic_smem, pdl=pdl)
     if flag:
         b.meta.update(ready_flag="ready (last): 2 zero-kept u32 — the prep's CTAs done (this kernel waits for "
                                   "k/256 x tokens of them instead of griddepcontrol.wait), the CTAs past the wait")
+    if i8:
+        b.meta.update(record_order="i8")
     if not kq:
         b.meta.update(record_order=getattr(codec, "FEW_RECORD_ORDER", "sub16"), weights="row_bytes a multiple of 16" if BLOCK % 16 == 0 else
                       f"row_bytes a multiple of 4, m·row_bytes of 16 (a step's {BOX}-byte copy from 16 bytes below "
@@ -639,7 +794,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     t_prep = [b.op("mov.u32", Imm(0, "u32")) for _ in range(3 if TRACE else 0)]
     count = b.op("mov.u32", Imm(0, "u32"))
 
-    if kq:
+    if i8:
+        istep = _I8Step(b, arch, MT, nt, g, t, lane, W_BYTES, SLOT)
+    elif kq:
         dec = codec.RegDecoder(b, g, t)
         zero, czero = dec.zero, dec.czero
     else:
@@ -660,7 +817,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     acc = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(cols_per_lane)] for _ in range(NTL)]
             for _ in range(2)] for _ in range(MT)]
 
-    header, dequant = (dec.header, dec.dequant) if kq else (None, None)
+    header, dequant = (dec.header, dec.dequant) if kq and not i8 else (None, None)
 
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
@@ -673,7 +830,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=step0)
         for i_, r_ in enumerate(t_prep):  # the first record's padding: gemv.PREP_TRACE's stamps (else zeros)
             b.emit("ld.shared.b32", r_, Mem(st, W_BYTES + foff + 4 * nt + 4 * i_), pred=step0)
-    if kq:
+    if i8:
+        istep.body(st)
+    elif kq:
         hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
         qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
         xrec = b.op("add.u32", st, lane_rec)
@@ -700,7 +859,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     else:
         cstep.body(st, jb, b.op("add.u32", st, lane_rec), ncol)
     facs = []  # facs[tile][e]: the lane's tokens' 2^-s
-    for n in range(NTL):
+    for n in range(0 if i8 else NTL):
         fa = b.op("add.u32", st, lane_fac)
         if hi_only:
             f2 = b.regs("f32", 2)
@@ -708,7 +867,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
             facs.append(f2)
         else:
             facs.append([b.op("ld.shared.f32", Mem(fa, 16 * n))])
-    if kq:
+    if kq and not i8:
         ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
         for mt in range(MT):
             for n in range(NTL):
@@ -719,7 +878,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     nxt = b.op("add.u32", jb, Imm(S, "u32"))
     issue(nxt, st, b.op("setp.lt.u32", nxt, jend))
     b.emit("cp.async.commit_group")
-    if not kq:
+    if i8:
+        pass  # (the step's sums are in istep; combined after the loop)
+    elif not kq:
         cstep.finish(acc, facs)
     else:
         for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
@@ -743,6 +904,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
     t_loop = b.special("globaltimer_lo") if TRACE else None
+    if i8:
+        acc = istep.combine(ring, g, t)
     _sum_k_parts(b, [v for a_mt in acc for a_rr in a_mt for a_n in a_rr for v in a_n], ring, S * stage_bytes, lane,
                  kpart, KP)
     items = []  # lane (g, t): its tokens of rows 16·mt + g + 8·rr
@@ -1054,6 +1217,17 @@ PREPS += [KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], nt).name, f"activat
 PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of up to {nt} tokens: forward RHT, scaled "
                     f"fp16 hi/lo records in the codecs' 16-element sub-block order ({GemvKernel('few', 'tq4_1s', nt).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=True, records=nt, order="rot16", ready=T1_FLAG))
+          for nt in T4.Q4K_RECORD_TOKENS]
+# the int8 builds (_I8Step): Q4_K's nibbles on the activation's digit planes, 4 + 8 integer instructions an MMA of 512
+# weights where the fp16 build decodes 256 in 18 (not shipped until timed; rule few_i8_max_tokens)
+KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, i8=True).name,
+                      f"q4_K GEMV, T ≤ {nt}, exact, u8 x s8 mma.sync: the nibbles as A (one ldmatrix and two masks a "
+                      "64-weight group), x as three int8 digit planes, the scales on the integer sums, through a "
+                      f"per-warp cp.async ring (activation from {GemvKernel('prep_few', 'q4_K', nt, i8=True).name})",
+                      lambda arch, nt=nt: build(arch, nt, i8=True)) for nt in T4.Q4K_RECORD_TOKENS]
+PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", nt, i8=True).name, f"activation of up to {nt} tokens: int8 digit "
+                    f"planes of x·2^s, fp16 min pairs ({GemvKernel('few', 'q4_K', nt, i8=True).name})",
+                    lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8"))
           for nt in T4.Q4K_RECORD_TOKENS]
 _C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
 _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
