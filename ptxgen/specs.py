@@ -110,7 +110,7 @@ class GemvKernel:
         names = {"gemv": f"gemv_{f}{fast}{'_tma' if self.tma else ''}_t{self.tokens}{fused}",
                  "mma": f"gemv_{f}_mma" + ("_m16" if self.small else "") + ("_tma" if self.tma else "")
                         + (f"_n{self.tokens}" if self.tokens > 8 else ""),
-                 "few": (f"gemv_{f}_i8_{t}" if self.i8 else f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}"),
+                 "few": (f"gemv_{f}_i8_{t}{fused}" if self.i8 else f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}"),
                  "skinny": f"mmq_{f}_rega_n{self.tokens}",
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else
                                 "prep_q8_lanes" if self.fast else "prep_f32_lanes"),

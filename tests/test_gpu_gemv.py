@@ -498,7 +498,8 @@ def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monke
 def test_int8_few_token_gemv(m, k, t, arch, monkeypatch):
     """gemv_q4_k_i8_t{nt} on prep_q4k_i8_t{nt}'s digit planes (RULES.few_i8_max_tokens raised; off until timed), eager
     and in a CUDA graph: within 1e-5 of float64 (exact), outputs NaN-poisoned first, bit-identical run to run, within
-    2e-6 of the fp16 few-token build's result; the sm_89 build too. GPU == emulator is test_gpu_emu_crosscheck's."""
+    2e-6 of the fp16 few-token build's result; the one-launch build (eager, 1-4 tokens) bit-identical to the two
+    launches; the sm_89 build too. GPU == emulator is test_gpu_emu_crosscheck's."""
     import ptxgen.runtime as r
 
     from ptxgen.testing.strategies import random_raw
@@ -513,6 +514,8 @@ def test_int8_few_token_gemv(m, k, t, arch, monkeypatch):
     with tuning.override(codec_gemv_t1_max_weights={"q4_K": 0}):  # (not route small_gemv)
         fp16 = r.mul_mat(w, x, arch=arch)
         with tuning.override(few_i8_max_tokens={"q4_K": 8}):
+            one = r.mul_mat(w, x, arch=arch)  # (eager, 1-4 tokens: the one-launch build)
+            setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")
             plan = r.mul_mat_plan(w, t, arch=arch).kernels
             assert plan == [GemvKernel("prep_few", "q4_K", nt, i8=True).name,
                             GemvKernel("few", "q4_K", nt, i8=True).name], plan
@@ -523,6 +526,7 @@ def test_int8_few_token_gemv(m, k, t, arch, monkeypatch):
             assert np.isfinite(got).all() and rel(got, want) <= 1e-5 and rel(got, fp16) <= 2e-6, (rel(got, want),
                                                                                                   rel(got, fp16))
             np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
+            np.testing.assert_array_equal(one, got)
             if arch is None:  # captured into a graph on torch's stream
                 import torch
 

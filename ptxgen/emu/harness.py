@@ -1191,6 +1191,7 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
 for _nt in (1, 2, 4):
     for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)
+    HARNESSES[f"gemv_q4_k_i8_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_q4_k_i8_t{_nt}_fused", 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # the exact builds with records shared by the CTA's warps

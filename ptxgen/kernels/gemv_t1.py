@@ -677,7 +677,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     codec = codecs.get(fmt)
     kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
     assert kq or (hasattr(codec, "mma_block") and not hi_only), fmt
-    assert not i8 or (fmt == "q4_K" and not hi_only and not fused), (fmt, hi_only, fused)
+    assert not i8 or (fmt == "q4_K" and not hi_only), (fmt, hi_only)
     BLOCK, BOX, SLOT = _row_geometry(codec)
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core {fmt} GEMV"
@@ -774,7 +774,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     def build_records():  # (the fused builds) the records, between the first weight copies and the first record ones
         _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
                        nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr,
-                       order="q4k" if kq else "sub16")
+                       order="i8" if i8 else "q4k" if kq else "sub16")
     records = build_records if fused else None
 
     def ready_wait():  # (T1_FLAG) the prep's k/256 x nt CTAs counted done (one a super-block and token)
@@ -1225,6 +1225,10 @@ KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, i8=True).name,
                       "64-weight group), x as three int8 digit planes, the scales on the integer sums, through a "
                       f"per-warp cp.async ring (activation from {GemvKernel('prep_few', 'q4_K', nt, i8=True).name})",
                       lambda arch, nt=nt: build(arch, nt, i8=True)) for nt in T4.Q4K_RECORD_TOKENS]
+KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, fused=True, i8=True).name,
+                      f"q4_K GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt, i8=True).name} in one launch: "
+                      "the kernel's first CTAs build the digit-plane records from x, every CTA waits for them",
+                      lambda arch, nt=nt: build(arch, nt, fused=True, i8=True)) for nt in FUSED_TOKENS]
 PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", nt, i8=True).name, f"activation of up to {nt} tokens: int8 digit "
                     f"planes of x·2^s, fp16 min pairs ({GemvKernel('few', 'q4_K', nt, i8=True).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8"))
