@@ -308,38 +308,42 @@ def _same_bits_and_per_token_non_finite(w, x, got, arch):
                                              (4096, 4096, 3, None, None), (4096, 4096, 2, None, None),
                                              (300, 14336, 8, None, "1"), (129, 768, 5, None, "1"),
                                              (2000, 3584, 7, "sm_89", "1")])
-def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, monkeypatch):
+@pytest.mark.parametrize("i8", [False, True], ids=["fp16", "int8"])
+def test_q4_k_few_token_tensor_core_gemv(m, k, t, arch, knob, i8, monkeypatch):
     """Exact Q4_K slices of 1-8 tokens on prep_q4k_t{1,2,4,8} + gemv_q4_k_mma_t{1,2,4,8} — by default from
     Q4K_T1_MIN_WEIGHTS (4096 x 4096) up to Q4K_FEW_MAX_TOKENS tokens, with PTXGEN_Q4K_T1=1 at any size (5-8 tokens:
     with the limit raised to 8), also the sm_89 builds (fewer ring stages) compiled for this GPU: within 1e-5 of
     the float64 reference with outputs NaN-poisoned first, bit-identical run to run; an inf or a NaN in one token's
     x makes that token's outputs non-finite, as the reference's are, and leaves the others finite. Below the
     threshold the default takes the other kernels, and PTXGEN_Q4K_T1=0 does everywhere, with results within the
-    same bar."""
+    same bar. The same for the int8 builds prep_q4k_i8_t* + gemv_q4_k_i8_t* (rule few_i8_max_tokens raised to 8;
+    "fp16": 0)."""
     import ptxgen.runtime as r
     from ptxgen.runtime import ops
 
     if t > ops.RULES.q4k_few_max_tokens:
         tuning.set(q4k_few_max_tokens=8)
+    tuning.set(few_i8_max_tokens={"q4_K": 8 if i8 else 0})
+    kind, prep = ("i8", "prep_q4k_i8") if i8 else ("mma", "prep_q4k")
     ran, w, x, got, want = _q4k_mul_mat(monkeypatch, m, k, t, arch, {"PTXGEN_Q4K_T1": knob} if knob else {})
     assert np.isfinite(got).all() and rel(got, want) <= 1e-5
     if not knob and m * k < ops.RULES.q4k_t1_min_weights:
-        assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran)
+        assert not any(name.startswith(("gemv_q4_k_mma_t", "gemv_q4_k_i8_t")) for name in ran)
         return
     nt = next(v for v in (1, 2, 4, 8) if v >= t)
     if nt < 8:  # one launch: the fused build makes the records itself, the same bits as the prep kernel's
-        assert ran == [f"gemv_q4_k_mma_t{nt}_fused"]
+        assert ran == [f"gemv_q4_k_{kind}_t{nt}_fused"]
         setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")
         ran.clear()
-        assert np.array_equal(r.mul_mat(w, x, arch=arch), got) and ran == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"]
+        assert np.array_equal(r.mul_mat(w, x, arch=arch), got) and ran == [f"{prep}_t{nt}", f"gemv_q4_k_{kind}_t{nt}"]
         setknob(monkeypatch, "PTXGEN_Q4K_FUSED", None)
     else:
-        assert ran == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"]
+        assert ran == [f"{prep}_t{nt}", f"gemv_q4_k_{kind}_t{nt}"]
     _same_bits_and_per_token_non_finite(w, x, got, arch)
     setknob(monkeypatch, "PTXGEN_Q4K_T1", "0")
     ran.clear()
     other = r.mul_mat(w, x, arch=arch)
-    assert not any(name.startswith("gemv_q4_k_mma_t") for name in ran) and rel(other, want) <= 1e-5
+    assert not any(name.startswith(("gemv_q4_k_mma_t", "gemv_q4_k_i8_t")) for name in ran) and rel(other, want) <= 1e-5
 
 
 @pytest.mark.parametrize("m,k,t", [(16897, 512, 16), (20000, 768, 9), (16896, 512, 12)])

@@ -382,7 +382,8 @@ def test_counted_record_hand_over_in_a_graph_of_distinct_ops(counted_records, mo
     xs = [torch.randn(t, k, device="cuda") for _, _, k, t in shapes]
     ys = [torch.empty(t, m, device="cuda") for _, m, _, t in shapes]
     with tuning.override(codec_few_max_tokens={"q5_K": 32, "q8_0": 8}, codec_few_t1_min_weights=0,
-                         codec_gemv_t1_max_weights={"q4_K": 0}):  # Q4_K 1024x4096: the few build, not small_gemv
+                         codec_gemv_t1_max_weights={"q4_K": 0},  # Q4_K 1024x4096: the few build, not small_gemv
+                         few_i8_max_tokens={"q4_K": 0}):  # (the fp16 builds: the int8 ones have no T1_FLAG build)
         setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # eager calls run the pair too
         for w, x in zip(ws, xs):
             plan = r.mul_mat_plan(w, x.shape[0], graph=True)

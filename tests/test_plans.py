@@ -23,7 +23,8 @@ def gpu(monkeypatch):
 # --- which kernels ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt,m,k,t,mode,kernels", [
-    ("q4_K", 4096, 14336, 1, "exact", ["gemv_q4_k_mma_t1_fused"]),
+    ("q4_K", 4096, 14336, 1, "exact", ["gemv_q4_k_i8_t1_fused"]),
+    ("q4_K", 4096, 14336, 3, "exact", ["gemv_q4_k_mma_t4_fused"]),
     ("q4_K", 4096, 14336, 8, "exact", ["prep_q4k_t8", "gemv_q4_k_mma_t8"]),
     ("q4_K", 18944, 3584, 8, "exact", ["prep_mma_f16", "gemv_q4_k_mma"]),  # t8's row CTAs: past one round
     ("q4_K", 4096, 14336, 16, "exact", ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]),
@@ -200,7 +201,7 @@ def test_plans_are_cached_per_weights_tokens_and_knobs(gpu, monkeypatch):
     w = fakegpu.weights("q4_K", 4096, 14336)
     a = ops.mul_mat_plan(w, 1)
     assert ops.mul_mat_plan(w, 1) is a  # the same call: the cached plan
-    assert ops.mul_mat_plan(w, 2) is not a and ops.mul_mat_plan(w, 2).kernels[-1] == "gemv_q4_k_mma_t2_fused"
+    assert ops.mul_mat_plan(w, 2) is not a and ops.mul_mat_plan(w, 2).kernels[-1] == "gemv_q4_k_i8_t2_fused"
     assert ops.mul_mat_plan(w, 1, mode="fast") is not a  # mode is part of the key
     other = fakegpu.weights("q4_K", 4096, 14336, at=fakegpu.BASE + (1 << 30))
     b = ops.mul_mat_plan(other, 1)
@@ -229,17 +230,20 @@ def test_a_weights_plan_cache_is_bounded_and_keeps_its_decode_plans(gpu, monkeyp
 
 def test_graph_plans_keep_the_prep_kernel_eager_plans_fuse_it(gpu):
     """Exact Q4_K at 1-4 tokens: eager calls run one kernel (the host issues every launch), captured calls the prep
-    and the GEMV (faster on the GPU, overlapped by PDL; the same bits): two plans, cached apart."""
+    and the GEMV (faster on the GPU, overlapped by PDL; the same bits): two plans, cached apart — the int8 builds
+    (1-2 tokens, rule few_i8_max_tokens) and the fp16 ones alike."""
     w = fakegpu.weights("q4_K", 4096, 14336)
-    for t, nt in ((1, 1), (2, 2), (3, 4)):
+    for t, nt, kind, prep in ((1, 1, "i8", "prep_q4k_i8"), (2, 2, "i8", "prep_q4k_i8"), (3, 4, "mma", "prep_q4k")):
         eager, graph = ops.mul_mat_plan(w, t), ops.mul_mat_plan(w, t, graph=True)
-        assert eager.kernels == [f"gemv_q4_k_mma_t{nt}_fused"]
-        assert graph.kernels == [f"prep_q4k_t{nt}", f"gemv_q4_k_mma_t{nt}"] and graph is not eager
+        assert eager.kernels == [f"gemv_q4_k_{kind}_t{nt}_fused"]
+        assert graph.kernels == [f"{prep}_t{nt}", f"gemv_q4_k_{kind}_t{nt}"] and graph is not eager
         assert ops.mul_mat_plan(w, t, graph=True) is graph
     with knobs.override(PTXGEN_Q4K_FUSED="1"):
-        assert ops.mul_mat_plan(w, 1, graph=True).kernels == ["gemv_q4_k_mma_t1_fused"]
+        assert ops.mul_mat_plan(w, 1, graph=True).kernels == ["gemv_q4_k_i8_t1_fused"]
     with knobs.override(PTXGEN_Q4K_FUSED="0"):
-        assert ops.mul_mat_plan(w, 1).kernels == ["prep_q4k_t1", "gemv_q4_k_mma_t1"]
+        assert ops.mul_mat_plan(w, 1).kernels == ["prep_q4k_i8_t1", "gemv_q4_k_i8_t1"]
+        with tuning.override(few_i8_max_tokens={"q4_K": 0}):
+            assert ops.mul_mat_plan(w, 1).kernels == ["prep_q4k_t1", "gemv_q4_k_mma_t1"]
 
 
 def test_knobs_are_read_once_and_changed_in_process(monkeypatch):
@@ -417,10 +421,11 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
 
 def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
     """The int8 few-token Q4_K GEMVs (prep_q4k_i8_t* + gemv_q4_k_i8_t*): off as shipped (few_i8_max_tokens 0: not
-    timed); with the rule, up to its T, prep + GEMV in graphs, the one-launch build in eager calls of 1-4 tokens (as
-    the fp16 builds); Q5_K keeps its builds (no int8 one)."""
+    timed past 2 tokens); with the rule, up to its T, prep + GEMV in graphs, the one-launch build in eager calls of 1-4
+    tokens (as the fp16 builds); Q5_K keeps its builds (no int8 one)."""
     w = fakegpu.weights("q4_K", 4096, 14336)
-    assert not any("i8" in k for t in range(1, 9) for k in ops.mul_mat_plan(w, t, graph=True).kernels)
+    assert [ops.mul_mat_plan(w, t, graph=True).kernels[-1] for t in range(1, 5)] == [
+        "gemv_q4_k_i8_t1", "gemv_q4_k_i8_t2", "gemv_q4_k_mma_t4", "gemv_q4_k_mma_t4"]
     with tuning.override(few_i8_max_tokens={"q4_K": 4}, codec_few_max_tokens={"q5_K": 32}):
         for t in range(1, 9):
             nt = next(v for v in (1, 2, 4, 8) if v >= t)
@@ -486,11 +491,12 @@ def test_builds_that_count_the_records_ready_get_the_zero_kept_word_both(gpu, mo
         return dict(e, meta=dict(e["meta"], ready_flag="(test)")) if name in flagged else e
     monkeypatch.setattr(kernels, "entry", entry)
     w = fakegpu.weights("q4_K", 4096, 14336)
-    prep, gemv = ops.mul_mat_plan(w, 1, graph=True).launches
-    assert [(a.base, a.off) for a in (prep.args[-1], gemv.args[-1])] == [("ready", 0)] * 2 and len(prep.args) == 5
-    flagged.discard("prep_q4k_t1")
-    with pytest.raises(RuntimeError, match="one counts the records ready"):
-        ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 14336), 1, graph=True)
+    with tuning.override(few_i8_max_tokens={"q4_K": 0}):  # (the fp16 builds: the int8 ones have no T1_FLAG build)
+        prep, gemv = ops.mul_mat_plan(w, 1, graph=True).launches
+        assert [(a.base, a.off) for a in (prep.args[-1], gemv.args[-1])] == [("ready", 0)] * 2 and len(prep.args) == 5
+        flagged.discard("prep_q4k_t1")
+        with pytest.raises(RuntimeError, match="one counts the records ready"):
+            ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 14336), 1, graph=True)
 
 
 @pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])

@@ -748,7 +748,7 @@ def test_few_token_gemv_launches_pick_the_ctas_warps_and_k_parts(monkeypatch):
 
     def plan(t, m, k):
         ln = ops.choose("q4_K", "exact", None, t, m, k).launches[-1]
-        assert ln.fn.name.startswith("gemv_q4_k_mma_t")
+        assert ln.fn.name.startswith(("gemv_q4_k_mma_t", "gemv_q4_k_i8_t"))  # (1-2 tokens: the int8 builds, same plans)
         return ln.grid, (ln.block or ln.fn.block)[0] // 32, ln.args[-1]
     assert plan(1, 4096, 14336) == ((256, 1), 8, 8)
     assert plan(1, 18944, 3584) == ((296, 1), 4, 1)

@@ -61,7 +61,7 @@ def test_an_override_reaches_the_plans_and_ends_with_the_block(monkeypatch):
         assert knobs.generation() != gen
         assert ops.RULES.q4k_t1_min_weights == 1 << 40
         assert ops.mul_mat_plan(w, 1).kernels != before
-    assert ops.mul_mat_plan(w, 1).kernels == before == ["gemv_q4_k_mma_t1_fused"]
+    assert ops.mul_mat_plan(w, 1).kernels == before == ["gemv_q4_k_i8_t1_fused"]
     tuning.set(q4k_few_max_tokens=2)
     assert ops.mul_mat_plan(w, 3).kernels == ["prep_mma_f16", "gemv_q4_k_mma"]
     tuning.reset()

@@ -88,8 +88,9 @@ NOT_SHIPPED.update({f"mmq_{f.lower()}_wgmma_ra_n{bn}_sk": "stream-K register-A G
 NOT_SHIPPED.update({f"gemv_{f}_mma_n16": "the codecs' tensor-core GEMV for 9-16 tokens: slower than the register-A "
                     "GEMMs at T = 16 (56.0 / 48.9 against 53.1 / 36.5 µs, bench_op_q6k_mma_final.log)"
                     for f in ("q6_k", "q8_0")})
-NOT_SHIPPED.update({n: "the int8 few-token Q4_K GEMV (digit-plane records): emulator-exact, not yet timed (rule "
-                    "few_i8_max_tokens q4_K 0)" for nt in (1, 2, 4, 8) for n in (f"gemv_q4_k_i8_t{nt}", f"prep_q4k_i8_t{nt}", f"gemv_q4_k_i8_t{nt}_fused")
+NOT_SHIPPED.update({n: "the int8 few-token Q4_K GEMV (digit-plane records) for 3-8 tokens: slower than the fp16 builds "
+                    "at T = 4 on 4096x14336 and at T = 8 (H200, 2026-12-05; rule few_i8_max_tokens q4_K 2)"
+                    for nt in (4, 8) for n in (f"gemv_q4_k_i8_t{nt}", f"prep_q4k_i8_t{nt}", f"gemv_q4_k_i8_t{nt}_fused")
                     if not n.endswith("t8_fused")})
 # ... and those only a knob or a pinned path reaches (no default rule over a sweep of device x format x mode x arch
 # x M x K x T, 2026-12-03: 3 devices, 13 M from 16 to 200000, 9-13 K, T = 1-130 and 15 larger; mul_mat_id over 5
