@@ -10,6 +10,7 @@
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
 #   i8       the int8 few-token Q4_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
+#   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1(_fused) on 4096x14336
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
@@ -78,6 +79,13 @@ for step in "${@:-tier}"; do
         --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8}'
     done
     run i8_gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py tests/test_gpu_gemv.py -k 'i8 or int8' ;;
+  ncu_i8)  # where the int8 one-token GEMV's issue goes (the eager call: its one-launch build, the same step)
+    run ncu_i8_src 150 ncu --kernel-name regex:gemv_q4_k_i8_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
+      --section SourceCounters --section SpeedOfLight --section Occupancy --page source --print-source sass --csv \
+      python3 bench/profile_gemv.py q4_K 4096 14336 1 exact
+    python3 bench/ncu_source_top.py "$OUT/ncu_i8_src.log" 45 > "$OUT/ncu_i8_top.log" 2>&1; tail -n 50 "$OUT/ncu_i8_top.log"
+    run ncu_i8_details 90 ncu --kernel-name regex:gemv_q4_k_i8_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
+      --section SpeedOfLight --section Occupancy --section LaunchStats python3 bench/profile_gemv.py q4_K 4096 14336 1 exact ;;
   pre)
     for s in 1024x4096 4096x4096; do
       run "pre_$s" 80 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_pre_n256$|dequantize_q4_k_frags' --formats q4_K --shape "$s" --tokens 256,512 \
@@ -96,6 +104,6 @@ for step in "${@:-tier}"; do
       --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 pre small rest sanitize)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre small rest sanitize)"; exit 2 ;;
   esac
 done
