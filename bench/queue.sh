@@ -75,8 +75,8 @@ for step in "${@:-tier}"; do
     done ;;
   i8)
     for s in 4096x14336 14336x4096 1024x4096; do
-      run "i8_$s" 110 "${AB[@]}" --kernels 'gemv_q4_k_i8_t|prep_q4k_i8_t' --formats q4_K --shape "$s" --tokens 1,2,4,8 --weights 24 \
-        --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8}'
+      run "i8_$s" 110 "${AB[@]}" --kernels 'gemv_q[45]_k_i8_t|prep_q4k_i8_t' --formats q4_K,q5_K --shape "$s" --tokens 1,2,4,8 \
+        --weights 24 --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8, "q5_K": 8}'
     done
     run i8_gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py tests/test_gpu_gemv.py -k 'i8 or int8' ;;
   ncu_i8)  # where the int8 one-token GEMV's issue goes (the eager call: its one-launch build, the same step)

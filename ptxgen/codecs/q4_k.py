@@ -318,6 +318,28 @@ class RegDecoder:
         return out
 
 
+class I8A:
+    """The int8 few-token GEMVs' A operands (kernels/gemv_t1.py _I8Step): one ldmatrix.x4 of an m16 tile's 32 qs bytes
+    of 64-weight group q (QS + 32q of each row; register i = (row g, k 4t ..), (g + 8, ..), (g, 16 + 4t ..), (g + 8,
+    ..): the m16n8k32 A fragment with k = the byte) gives sub-block 2q in the low nibbles, 2q + 1 in the high: A_lo
+    = a & 0x0F0F0F0F (q), A_hi = a & 0xF0F0F0F0 (16q, HI16: the caller scales the low sums by 16 instead)."""
+
+    QS = HEADER_BYTES
+    HI16 = True
+
+    def __init__(self, b, arch, lm):
+        self.b, self.arch, self.lm = b, arch, lm  # lm: the lane's ldmatrix row address of the qs bytes in a stage
+
+    def tile(self, st, mt_off):
+        """Per step and m16 tile (the stage at st, the tile's rows at mt_off from the lane's ldmatrix row): nothing."""
+        return None
+
+    def group(self, a, q, ctx):
+        b = self.b
+        return ([b.op("and.b32", r, Imm(0x0F0F0F0F, "b32")) for r in a],
+                [b.op("and.b32", r, Imm(0xF0F0F0F0, "b32")) for r in a])
+
+
 def dequant_lane(b, w, group, lane, count, f32: bool = False):
     """A warp's step over 256 weights (kernels/dequantize.py, kernels/gemv_codec.py): super-block `group` of the
     weights at `w`; lane L owns qs word L — 4 low nibbles of sub-block 2c and 4 high nibbles of 2c + 1 (c = L / 8)

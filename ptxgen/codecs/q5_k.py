@@ -4,7 +4,7 @@ qh[32] (the fifth bit: sub-block j takes bit j of qh[l] for its element l), qs[1
 from __future__ import annotations
 
 from ..dsl import ApplyScaleMin, ConvertHalf, DequantSequence, LoadWords, UnpackNibbles
-from ..ir import Imm, Mem
+from ..ir import Imm, Mem, ldmatrix
 from ._common import alignment_error, geometry, kquant_lane_wide
 from . import q4_k
 
@@ -109,6 +109,45 @@ class RegDecoder(q4_k.RegDecoder):
                 b.emit("lop3.b32", h_, s, Imm(0x001F001F, "b32"), self.magic, Imm(0xEA, "b32"))  # (s & 0x1F..) | 0x6400
                 out[nib, k2] = b.op("fma.rn.f16x2", h_, mult, add, type="b32")
         return out
+
+
+class I8A(q4_k.I8A):
+    """Q4_K's int8 A operands (q4_k.I8A) with the fifth bits: one more ldmatrix.x4 a step and tile, of the rows'
+    qh bytes (the same k layout as qs), whose bit j of byte k is element k's of sub-block j. Sub-block 2q: (a &
+    0x0F0F0F0F) | (bit 2q at bit 4 of each byte); 2q + 1: ((a >> 4) & 0x0F0F0F0F) | (bit 2q + 1 at bit 4) — both
+    plain q5 (≤ 31: no 16x on the high nibbles)."""
+
+    QS = QS_OFFSET
+    HI16 = False
+
+    def __init__(self, b, arch, lm):
+        super().__init__(b, arch, lm)
+        self.qh_from_qs = QH_OFFSET - QS_OFFSET  # (lm addresses the qs bytes)
+
+    def tile(self, st, mt_off):
+        b = self.b
+        h = b.regs("b32", 4)
+        off = mt_off + self.qh_from_qs  # (a negative offset as a register: PTX's addresses take + imm only)
+        at = b.op("add.u32", st, self.lm)
+        addr = Mem(at, off) if off >= 0 else Mem(b.op("sub.u32", at, Imm(-off, "u32")))
+        b.emit(ldmatrix(self.arch, 4, b.vec(h), addr))
+        return h
+
+    def _bit4(self, h, j):
+        """Bit j of each byte of h at bit 4 (the other bits zero)."""
+        b = self.b
+        sh = b.op("shl.b32", h, Imm(4 - j, "u32")) if j < 4 else b.op("shr.u32", h, Imm(j - 4, "u32")) if j > 4 else h
+        return b.op("and.b32", sh, Imm(0x10101010, "b32"))
+
+    def group(self, a, q, h):
+        b = self.b
+        lo, hi = [], []
+        for r, hr in zip(a, h):
+            for out, src, j in ((lo, r, 2 * q), (hi, b.op("shr.u32", r, Imm(4, "u32")), 2 * q + 1)):
+                v = b.reg("b32")
+                b.emit("lop3.b32", v, src, Imm(0x0F0F0F0F, "b32"), self._bit4(hr, j), Imm(0xEA, "b32"))  # (src & c) | bit
+                out.append(v)
+        return lo, hi
 
 
 WIDE_BLOCKS = 2  # dequant_lane_wide: a warp step covers 2 blocks, 16 weights a lane

@@ -264,8 +264,7 @@ class _I8Step:
     n's y = Σ_p 2^(8p − 11)·P(3n + p) + Mn, the planes gathered through the warp's ring. 4 LOPs and 8 IMADs an MMA of
     512 weights where the fp16 build spends 18 decode instructions a 256."""
 
-    def __init__(self, b, arch, MT, nt, g, t, lane, W_BYTES, SLOT):
-        from ..codecs.q4_k import HEADER_BYTES
+    def __init__(self, b, arch, codec, MT, nt, g, t, lane, W_BYTES, SLOT):
         self.b, self.arch, self.MT, self.nt, self.t, self.W, self.SLOT = b, arch, MT, nt, t, W_BYTES, SLOT
         self.C = T4.I8_PLANES * nt
         self.NTP = -(-self.C // 8)  # n8 tiles of digit planes
@@ -281,22 +280,25 @@ class _I8Step:
         self.hdr = b.op("mul.lo.u32", g, Imm(SLOT, "u32"))  # row g's header in a stage
         # ldmatrix: lane l gives row (l % 8) + 8·((l / 8) % 2) of the tile, bytes 16·(l / 16) of the group
         lrow = b.op("add.u32", b.op("and.b32", lane, Imm(7, "b32")), b.op("and.b32", lane, Imm(8, "b32")))
-        self.lm = b.op("mad.lo.u32", lrow, Imm(SLOT, "u32"),
-                       b.op("add.u32", b.op("and.b32", lane, Imm(16, "b32")), Imm(HEADER_BYTES, "u32")))
+        lm = b.op("mad.lo.u32", lrow, Imm(SLOT, "u32"), b.op("add.u32", b.op("and.b32", lane, Imm(16, "b32")),
+                                                             Imm(codec.I8A.QS, "u32")))
+        self.dec = codec.I8A(b, arch, lm)  # the codec's A operands (q4_k.I8A; q5_k.I8A with the fifth bits)
         # B: lane (g, t) of tile n reads column min(8n + g, C − 1) (columns past C: any, never used)
         self.boff = [b.op("mad.lo.u32", b.op("min.u32", b.op("add.u32", g, Imm(8 * n, "u32")), Imm(self.C - 1, "u32")),
                           Imm(64, "u32"), b.op("mad.lo.u32", t, Imm(16, "u32"), Imm(W_BYTES, "u32")))
                      for n in range(self.NTP)]
-        # the factor of column 8n + 2t + e: token (8n + 2t + e) / 3 (clamped), and its plane's 2^(8p − 11)
+        # the factor of column 8n + 2t + e: token (8n + 2t + e) / 3 (clamped), and its plane's 2^(8p − 7) (Q4_K's
+        # sums carry 16 more: 2^(8p − 11))
         self.foffs, self.pscale = [], []
+        e0 = 127 - T4.I8_SHIFT - (4 if self.dec.HI16 else 0)
         for n in range(self.NTP):
             fo, ps = [], []
             for e in range(2):
                 c = b.op("mad.lo.u32", t, Imm(2, "u32"), Imm(8 * n + e, "u32"))
                 tok = b.op("min.u32", b.op("div.u32", c, Imm(3, "u32")), Imm(nt - 1, "u32"))
                 fo.append(b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(W_BYTES + self.foff, "u32")))
-                pl = b.op("rem.u32", c, Imm(3, "u32"))  # 2^(8p − 11) as float bits: (116 + 8p) << 23
-                ps.append(b.op("shl.b32", b.op("mad.lo.u32", pl, Imm(8, "u32"), Imm(116, "u32")), Imm(23, "u32")))
+                pl = b.op("rem.u32", c, Imm(3, "u32"))  # as float bits: (e0 + 8p) << 23
+                ps.append(b.op("shl.b32", b.op("mad.lo.u32", pl, Imm(8, "u32"), Imm(e0, "u32")), Imm(23, "u32")))
             self.foffs.append(fo)
             self.pscale.append(ps)
         col_lane = b.op("and.b32", lane, Imm(min(32, 8 * nt) - 1, "b32"))  # the min pairs' lane slot, as the fp16 build
@@ -329,11 +331,11 @@ class _I8Step:
             hds = [self._header(st, 16 * mt + 8 * rr) for rr in range(2)]
             sl = [[None] * 4 for _ in range(self.NTP)]  # the step's integer sums (low, high sub-blocks) per tile
             sh = [[None] * 4 for _ in range(self.NTP)]
+            ctx = self.dec.tile(st, 16 * mt * self.SLOT)
             for q in range(4):
                 a = b.regs("b32", 4)
-                b.emit(ldmatrix(arch, 4, b.vec(a), Mem(b.op("add.u32", st, self.lm), 16 * mt * self.SLOT + 32 * q)))
-                alo = [b.op("and.b32", r, Imm(0x0F0F0F0F, "b32")) for r in a]
-                ahi = [b.op("and.b32", r, Imm(0xF0F0F0F0, "b32")) for r in a]
+                b.emit(ldmatrix(arch, 4, b.vec(a), Mem(b.op("add.u32", st, self.dec.lm), 16 * mt * self.SLOT + 32 * q)))
+                alo, ahi = self.dec.group(a, q, ctx)
                 # sub-blocks 2q, 2q + 1 of rows g, g + 8: scale bytes (2q) % 4, (2q + 1) % 4 of word q / 2
                 scs = [[b.op("prmt.b32", hds[rr]["sc"][q // 2], self.zero, Imm(0x4440 + (2 * q + h) % 4, "b32"))
                         for h in range(2)] for rr in range(2)]
@@ -351,7 +353,8 @@ class _I8Step:
             for n in range(self.NTP):
                 for i in range(4):
                     rr, e = divmod(i, 2)
-                    tot = b.op("mad.lo.s32", sl[n][i], Imm(16, "s32"), sh[n][i], type="s32")
+                    tot = (b.op("mad.lo.s32", sl[n][i], Imm(16, "s32"), sh[n][i], type="s32") if self.dec.HI16 else
+                           b.op("add.s32", sl[n][i], sh[n][i], type="s32"))
                     f = b.op("cvt.rn.f32.s32", tot)
                     pe = self.P[mt][rr][n][e]
                     b.emit("fma.rn.f32", pe, f, b.op("mul.rn.f32", hds[rr]["d"], facs[n][e]), pe)
@@ -677,7 +680,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     codec = codecs.get(fmt)
     kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
     assert kq or (hasattr(codec, "mma_block") and not hi_only), fmt
-    assert not i8 or (fmt == "q4_K" and not hi_only), (fmt, hi_only)
+    assert not i8 or (hasattr(codec, "I8A") and not hi_only), (fmt, hi_only)
     BLOCK, BOX, SLOT = _row_geometry(codec)
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core {fmt} GEMV"
@@ -795,7 +798,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     count = b.op("mov.u32", Imm(0, "u32"))
 
     if i8:
-        istep = _I8Step(b, arch, MT, nt, g, t, lane, W_BYTES, SLOT)
+        istep = _I8Step(b, arch, codec, MT, nt, g, t, lane, W_BYTES, SLOT)
     elif kq:
         dec = codec.RegDecoder(b, g, t)
         zero, czero = dec.zero, dec.czero
@@ -1220,15 +1223,19 @@ PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of u
           for nt in T4.Q4K_RECORD_TOKENS]
 # the int8 builds (_I8Step): Q4_K's nibbles on the activation's digit planes, 4 + 8 integer instructions an MMA of 512
 # weights where the fp16 build decodes 256 in 18 (not shipped until timed; rule few_i8_max_tokens)
-KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, i8=True).name,
-                      f"q4_K GEMV, T ≤ {nt}, exact, u8 x s8 mma.sync: the nibbles as A (one ldmatrix and two masks a "
-                      "64-weight group), x as three int8 digit planes, the scales on the integer sums, through a "
-                      f"per-warp cp.async ring (activation from {GemvKernel('prep_few', 'q4_K', nt, i8=True).name})",
-                      lambda arch, nt=nt: build(arch, nt, i8=True)) for nt in T4.Q4K_RECORD_TOKENS]
-KERNELS += [KernelDef(GemvKernel("few", "q4_K", nt, fused=True, i8=True).name,
-                      f"q4_K GEMV, T ≤ {nt}, exact, as {GemvKernel('few', 'q4_K', nt, i8=True).name} in one launch: "
+I8_FORMATS = ("q4_K", "q5_K")  # the codecs with int8 A operands (their I8A)
+KERNELS += [KernelDef(GemvKernel("few", f, nt, i8=True).name,
+                      f"{f} GEMV, T ≤ {nt}, exact, u8 x s8 mma.sync: the {'5-bit' if f == 'q5_K' else '4-bit'} "
+                      "weights as A (ldmatrix and masks a 64-weight group), x as three int8 digit planes, the scales on "
+                      "the integer sums, through a per-warp cp.async ring (activation from "
+                      f"{GemvKernel('prep_few', 'q4_K', nt, i8=True).name})",
+                      lambda arch, nt=nt, f=f: build(arch, nt, i8=True, fmt=f)) for f in I8_FORMATS
+            for nt in T4.Q4K_RECORD_TOKENS]
+KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True, i8=True).name,
+                      f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', f, nt, i8=True).name} in one launch: "
                       "the kernel's first CTAs build the digit-plane records from x, every CTA waits for them",
-                      lambda arch, nt=nt: build(arch, nt, fused=True, i8=True)) for nt in FUSED_TOKENS]
+                      lambda arch, nt=nt, f=f: build(arch, nt, fused=True, i8=True, fmt=f)) for f in I8_FORMATS
+            for nt in FUSED_TOKENS]
 PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", nt, i8=True).name, f"activation of up to {nt} tokens: int8 digit "
                     f"planes of x·2^s, fp16 min pairs ({GemvKernel('few', 'q4_K', nt, i8=True).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8"))
