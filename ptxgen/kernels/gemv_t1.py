@@ -6,6 +6,8 @@ weights are a scale times an integer with no min (Q6_K, Q8_0: their mma_block, o
 and its scale in fp32 after it, _CodecStep, on prep_sub16_t*'s records), and TQ4_1S (not shipped until timed: its
 codebook's fp16 hi and lo parts as the two row halves of one MMA, looked up in a pair table in shared memory, on
 prep_rot16_t*'s records of the rotated x; 438 SASS a warp-step of 16 rows x 256 weights at T = 1, Q4_K's 293).
+The int8 builds gemv_<fmt>_i8_t* (_I8Step, a codec's I8A: Q4_K, Q5_K) take the weights as the A of u8 x s8 MMAs on
+prep_q4k_i8_t*'s digit planes of x (213 SASS a step at T = 1 for Q4_K; shipped at 1-2 tokens).
 
 `gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
 weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
