@@ -913,6 +913,53 @@ def test_prep_sub16_records_are_bit_exact_to_the_numpy_model(nt, order):
         assert out.ok, (shape, out.detail)
 
 
+@pytest.mark.parametrize("nt", [1, 2, 4, 8])
+def test_prep_int8_records_are_bit_exact_to_the_numpy_model(nt):
+    """prep_q4k_i8_t{1,2,4,8} (the int8 few-token GEMVs' activation: three int8 digit planes of x·2^s·2^7, the exact
+    record's min pairs and factors): the planes byte for byte, the rest bit for bit, against q4k_i8_records — a
+    zero, a tiny, a huge and a quiet block, a block past 2^115 (its min pairs +inf: digits cannot hold it) and an
+    inf, fewer tokens than the build holds."""
+    name = f"prep_q4k_i8_t{nt}"
+    ptx = KERNELS[name].for_arch("sm_89").ptx()
+    for shape in ((nt, 768), (max(1, nt - 1), 256)):
+        out = check_kernel(name, ptx, seed=2, shape=shape)
+        assert out.ok, (shape, out.detail)
+
+
+_I8 = ([pytest.param(f, 1, "sm_90a") for f in ("q4_K", "q5_K")] +
+       [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q4_K", "q5_K") for nt, a in
+        ((2, "sm_90a"), (4, "sm_90a"), (8, "sm_90a"), (1, "sm_89"), (2, "sm_120a"))])
+
+
+@pytest.mark.parametrize("fmt,nt,arch", _I8)
+def test_int8_few_token_gemv(fmt, nt, arch):
+    """gemv_q4_k_i8_t* / gemv_q5_k_i8_t* (the weights as the A of u8 x s8 MMAs, the activation's digit planes as B,
+    the scales on the integer sums): random raw blocks of every bit pattern, several super-blocks, 1-3 K splits, a
+    random kparts and CTA width, 1 to nt tokens, within 1e-5 of float64 (outputs NaN-poisoned first); an inf or a
+    NaN in the last token's x gives non-finite outputs exactly where the reference has them, and so does a value
+    past 2^115 (which the digits cannot hold: the fp16 builds give inf there too) while the other tokens stay
+    finite; the one-launch build (1-4 tokens) writes prep_q4k_i8's records bit for bit."""
+    import numpy as np
+
+    name = f"gemv_{fmt.lower()}_i8_t{nt}"
+    ptx = KERNELS[name].for_arch(arch).ptx()
+    for i, kw in enumerate((dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
+                            dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
+                            dict(shape=(5, 256), splits=1))):
+        out = check_kernel(name, ptx, seed=3 + i, ntok=max(1, nt - i % 2), **kw)
+        assert out.ok, (kw, out.detail)
+    for bad in (np.inf, np.nan):
+        out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, bad))
+        assert out.ok, (bad, out.detail)
+    out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, 1e35))
+    got = np.asarray(out.got)
+    assert not np.isfinite(got[nt - 1]).any() and np.isfinite(got[:nt - 1]).all()
+    if nt <= 4:
+        fused = f"{name}_fused"
+        out = check_kernel(fused, KERNELS[fused].for_arch(arch).ptx(), seed=9, shape=(72, 1536), ntok=nt, splits=2)
+        assert out.ok, out.detail
+
+
 # (format, tokens, arch): the one-token builds in the default tier, the others (and sm_89's lowering) slow
 _CODEC_FEW = ([pytest.param(f, 1, "sm_90a") for f in ("q6_K", "q8_0", "tq4_1s")] +
               [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q6_K", "q8_0", "tq4_1s") for nt, a in

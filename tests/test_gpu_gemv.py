@@ -521,6 +521,9 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
                          few_i8_max_tokens={"q4_K": 0, "q5_K": 0}):
         fp16 = r.mul_mat(w, x, arch=arch)
         with tuning.override(few_i8_max_tokens={fmt: 8}):
+            eager = r.mul_mat_plan(w, t, arch=arch).kernels
+            assert eager == ([GemvKernel("few", fmt, nt, i8=True, fused=True).name] if nt <= 4 else
+                             [GemvKernel("prep_few", fmt, nt, i8=True).name, GemvKernel("few", fmt, nt, i8=True).name]), eager
             one = r.mul_mat(w, x, arch=arch)  # (eager, 1-4 tokens: the one-launch build)
             setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")
             plan = r.mul_mat_plan(w, t, arch=arch).kernels

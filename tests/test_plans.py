@@ -420,9 +420,10 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
 
 
 def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
-    """The int8 few-token Q4_K GEMVs (prep_q4k_i8_t* + gemv_q4_k_i8_t*): off as shipped (few_i8_max_tokens 0: not
-    timed past 2 tokens); with the rule, up to its T, prep + GEMV in graphs, the one-launch build in eager calls of 1-4
-    tokens (as the fp16 builds); Q5_K keeps its builds (no int8 one)."""
+    """The int8 few-token GEMVs (prep_q4k_i8_t* + gemv_<fmt>_i8_t*): as shipped, Q4_K's at 1-2 tokens
+    (few_i8_max_tokens q4_K 2) and Q5_K's never (not timed); with the rule, up to its T, prep + GEMV in graphs, the
+    one-launch build in eager calls of 1-4 tokens (as the fp16 builds); a format the rule does not list keeps its
+    fp16 builds."""
     w = fakegpu.weights("q4_K", 4096, 14336)
     assert [ops.mul_mat_plan(w, t, graph=True).kernels[-1] for t in range(1, 5)] == [
         "gemv_q4_k_i8_t1", "gemv_q4_k_i8_t2", "gemv_q4_k_mma_t4", "gemv_q4_k_mma_t4"]
@@ -437,7 +438,11 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
                 else:
                     assert not any("i8" in k for k in plan.kernels), (t, plan.kernels)
         w5 = fakegpu.weights("q5_K", 4096, 14336)
-        assert not any("i8" in k for k in ops.mul_mat_plan(w5, 2, graph=True).kernels)
+        assert not any("i8" in k for k in ops.mul_mat_plan(w5, 2, graph=True).kernels)  # (not listed: 0)
+    w5 = fakegpu.weights("q5_K", 4096, 14336)
+    assert not any("i8" in k for t in (1, 2) for k in ops.mul_mat_plan(w5, t, graph=True).kernels)
+    with tuning.override(few_i8_max_tokens={"q4_K": 2, "q5_K": 2}):
+        assert ops.mul_mat_plan(w5, 2, graph=True).kernels == ["prep_q4k_i8_t2", "gemv_q5_k_i8_t2"]
 
 
 def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):

@@ -246,7 +246,11 @@ def to_mma_tiles(a: np.ndarray, group: int = 1) -> tuple[np.ndarray, np.ndarray]
 def mma_block_sums(a: np.ndarray, group: int = 1, tokens: int = MMA_TOKENS, rotate: bool = False) -> np.ndarray:
     """Σ of each scaled 32-block of `to_mma_tiles(a, group)`' input (`rotate`: _mma_scaled's rotated values), (K/32,
     tokens) fp32, in the order of a warp butterfly (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; lane 0's sum)."""
-    v, _ = _mma_scaled(a, group, tokens, rotate)
+    return _butterfly_sums(_mma_scaled(a, group, tokens, rotate)[0])
+
+
+def _butterfly_sums(v: np.ndarray) -> np.ndarray:
+    """(tokens, blocks, 32) fp32 → each block's sum in a warp butterfly's order, (blocks, tokens)."""
     lane = np.arange(32)
     with np.errstate(invalid="ignore", over="ignore"):
         for o in (16, 8, 4, 2, 1):
@@ -345,7 +349,10 @@ def q4k_i8_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
     one 32-element sub-block; sub-blocks 2q (the low nibbles of qs bytes 32q .. 32q + 31) and 2q + 1 (the high
     ones) of element k = 16h + 4t + b: byte 64·C·q + 64·c + 16·t + 8·(sub-block & 1) + 4·h + b — lane (g, t)'s B
     registers of both sub-blocks in one 16-byte load. Then the min pairs and factors of the exact
-    q4k_mma_records(x, nt) record (the block sums of x·2^s in fp16 hi and lo, 2^-s); zeros after."""
+    q4k_mma_records(x, nt) record (the block sums of x·2^s in fp16 hi and lo, 2^-s) — except that a value the
+    digits cannot hold (|x·2^s| ≥ 2^15: a super-block whose max is ≥ ~2^115, where the clamped s cannot scale it
+    down) counts as +inf in its block's sum, so the outputs of that token are non-finite rather than wrong (as the
+    fp16 builds', whose fp16 activation overflows there); zeros after."""
     a = f32(a)
     if nt not in Q4K_RECORD_TOKENS or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
         raise ValueError(f"q4k_i8_records: 1 to {nt} tokens (nt one of {Q4K_RECORD_TOKENS}), got shape {a.shape}")
@@ -356,12 +363,19 @@ def q4k_i8_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
     digits = i8_digits(xs[:nt])  # (plane, token, nb, 32) → column c = 3n + p
     cols = digits.transpose(1, 0, 2, 3).reshape(ncol, nsb, 4, 2, 2, 4, 4)  # [c, sb, q, nib, h, t, b]
     main = cols.transpose(1, 2, 0, 5, 3, 4, 6)  # [sb, q, c, t, nib, h, b]
+    with np.errstate(invalid="ignore"):
+        held = np.where(np.abs(xs) >= F32(2.0 ** (22 - I8_SHIFT)), F32(np.inf), xs)  # (NaN stays NaN)
+    sums = _butterfly_sums(held)[:, :nt].T
+    with np.errstate(invalid="ignore", over="ignore"):
+        shi, slo = _f16_hi_lo((sums * F32(2.0 ** MIN_FRAG_SHIFT)).astype(F32))
+    mins = np.stack([shi, slo], axis=1).reshape(2 * nt, nsb, 8).transpose(1, 0, 2)  # q4k_mma_records' [sb, c, 2t + pair]
     exact = q4k_mma_records(a, nt).reshape(nsb, -1)
     emoff, efoff, erb = q4k_record_layout(nt)
     moff, foff, rb = q4k_i8_record_layout(nt)
     rec = np.zeros((nsb, rb), np.uint8)
     rec[:, :moff] = np.ascontiguousarray(main).reshape(nsb, -1)
-    rec[:, moff:foff + 4 * nt] = exact[:, emoff:efoff + 4 * nt]
+    rec[:, moff:foff] = np.ascontiguousarray(mins).reshape(nsb, -1).view(np.uint8)
+    rec[:, foff:foff + 4 * nt] = exact[:, efoff:efoff + 4 * nt]
     return rec.reshape(-1)
 
 

@@ -1648,6 +1648,10 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
             b.emit("st.global.b8", Mem(pe, 64 * q), v)
             if q + 1 < T4.I8_PLANES:
                 v = b.op("shr.s32", b.op("add.s32", v, Imm(128, "s32"), type="s32"), Imm(8, "u32"), type="s32")
+        # a value the digits cannot hold (|x·2^s| ≥ 2^15: s clamped at -100) counts as +inf in the block's sum, so
+        # the token's outputs are non-finite (formats.tq4_1s.q4k_i8_records)
+        big = b.op("setp.ge.f32", b.op("abs.f32", xs), Imm(2.0 ** (22 - T4.I8_SHIFT), "f32"))
+        xs = b.op("selp.f32", Imm(float("inf"), "f32"), xs, big)
     elif order == "q4k":
         e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(64 * ncol, "u32")),  # 64·C·i
                      b.op("add.u32", b.op("shl.b32", b.op("and.b32", p, Imm(1, "b32")), Imm(2, "u32")),

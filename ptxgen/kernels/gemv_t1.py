@@ -717,7 +717,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                       ", weights and activation records by cp.async", block=(32 * NW, 1, 1))
     ps = _params(b, NW, ctas, fused, kparts=True)
     pdl = arch.has("griddepcontrol")
-    flag = T1_FLAG and pdl and not fused and not hi_only
+    flag = T1_FLAG and pdl and not fused and not hi_only and not i8  # (no int8 prep counts its records)
     ready_p = b.param("ready", "u64", "ptr:scratch") if flag else None
     t_entry = b.special("globaltimer_lo") if TRACE else None
     part_p, cnt_p = ps[6:8]
