@@ -887,7 +887,12 @@ def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
     token's x gives non-finite outputs exactly where the reference has them (that token's only). sm_89 / sm_120a:
     fewer ring stages."""
     nt = int(sfx[1:].rstrip("h"))
-    name = f"gemv_q4_k_mma_{sfx}"
+    _few_token_cases(f"gemv_q4_k_mma_{sfx}", arch, nt)
+
+
+def _few_token_cases(name, arch, nt):
+    """A few-token GEMV build's emulator cases (its PTX for `arch`): one to several super-blocks, 1-3 K-splits, M
+    not a multiple of the CTA's rows, 1 to nt tokens; an inf and a NaN in the last token. Returns the PTX."""
     ptx = KERNELS[name].for_arch(arch).ptx()
     for i, kw in enumerate((dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
                             dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
@@ -897,6 +902,7 @@ def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
     for bad in (np.inf, np.nan):
         out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, bad))
         assert out.ok, (bad, out.detail)
+    return ptx
 
 
 @pytest.mark.parametrize("order", ["sub16", "rot16"])
@@ -939,18 +945,8 @@ def test_int8_few_token_gemv(fmt, nt, arch):
     NaN in the last token's x gives non-finite outputs exactly where the reference has them, and so does a value
     past 2^115 (which the digits cannot hold: the fp16 builds give inf there too) while the other tokens stay
     finite; the one-launch build (1-4 tokens) writes prep_q4k_i8's records bit for bit."""
-    import numpy as np
-
     name = f"gemv_{fmt.lower()}_i8_t{nt}"
-    ptx = KERNELS[name].for_arch(arch).ptx()
-    for i, kw in enumerate((dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
-                            dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
-                            dict(shape=(5, 256), splits=1))):
-        out = check_kernel(name, ptx, seed=3 + i, ntok=max(1, nt - i % 2), **kw)
-        assert out.ok, (kw, out.detail)
-    for bad in (np.inf, np.nan):
-        out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, bad))
-        assert out.ok, (bad, out.detail)
+    ptx = _few_token_cases(name, arch, nt)
     out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, 1e35))
     got = np.asarray(out.got)
     assert not np.isfinite(got[nt - 1]).any() and np.isfinite(got[:nt - 1]).all()
