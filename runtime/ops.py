@@ -1598,16 +1598,9 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
         pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
-    if i8:
-        prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, i8=True).name, arch)
-        fn = kernels.load(GemvKernel("few", w.fmt, nt, i8=True).name, arch)
-        grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
-        pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
-        pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")), **launch)
-        return
-    prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only).name, arch)
+    prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8).name, arch)
     shared = GemvKernel("few", w.fmt, nt, shared=True).name  # the records shared by a CTA's warps (SHARED_NOTE)
-    if (not hi_only and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
+    if (not hi_only and not i8 and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
             and kernels.build_for(shared, arch) is not None and not prep.meta.get("ready_flag")):  # (T1_FLAG's prep:
         # its count is the per-warp builds')
         fn = kernels.load(shared, arch)
@@ -1618,7 +1611,7 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
         pb.launch(prep, ((nt * k // 32 + 7) // 8,), (x_ptr, rec, n, k))
         pb.launch(fn, (ctas, splits, 1), (w.buffer, rec, y_ptr, m, k, n, part, cnt), pdl=bool(fn.meta.get("pdl")))
         return
-    fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only).name, arch)  # (another codec: its decoder)
+    fn = kernels.load(GemvKernel("few", w.fmt, nt, hi_only=hi_only, i8=i8).name, arch)  # (another codec: its decoder)
     grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
     # builds that hand the records over by a count (gemv_t1.T1_FLAG, a probe's): both or neither
     flag = bool(fn.meta.get("ready_flag"))
