@@ -117,6 +117,7 @@ def main():
     ap.add_argument("--format", type=format_arg, default="q4_K_M",
                     help=f"{FORMATS[0]} (the mix), or one of {', '.join(FORMATS[1:])} (any case)")
     ap.add_argument("--tokens", type=int, default=512, help="the prefill's T")
+    ap.add_argument("--prefill-only", action="store_true", help="time the prefill step only (no decode rows)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: a small model, written, read, planned")
     ap.add_argument("--fuse", action="store_true",
@@ -187,7 +188,7 @@ def run(args, tensors, ws):
     print(HBM_NOTE)
     print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen | kernels |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for t in (1, args.tokens):
+    for t in (args.tokens,) if args.prefill_only else (1, args.tokens):
         xs = {k: torch.randn(t, k, device="cuda") for k in {shape[1] for *_, shape in tensors}}
         ys = {name: torch.empty(t, m, device="cuda") for name, _, _, (m, _) in tensors}
         xh = {k: v.half() for k, v in xs.items()}

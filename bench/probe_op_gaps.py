@@ -36,6 +36,12 @@ def report(label, evs, calls, elapsed_us, show):
     busy = span_union((s, e) for s, e, _ in evs)
     print(f"\n{label}: {elapsed_us / calls:.1f} µs per call (events), busy {busy / calls:.1f}, "
           f"{len(evs) / calls:.2f} kernels a call")
+    durs = defaultdict(list)
+    for s, e, n in evs:
+        durs[n].append(e - s)
+    for n, d in sorted(durs.items(), key=lambda kv: -sum(kv[1])):
+        d = np.array(d)
+        print(f"  kernel {n[:60]:60s} n={len(d):4d} µs median {np.median(d):7.2f} (per call {d.sum() / calls:.2f})")
     for (a, b), g in sorted(gaps.items(), key=lambda kv: -sum(kv[1])):
         g = np.array(g)
         print(f"  {a[:40]:40s} -> {b[:40]:40s} n={len(g):4d} gap µs median {np.median(g):7.2f} "

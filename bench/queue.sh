@@ -12,6 +12,8 @@
 #   i8       the int8 few-token Q4_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1(_fused) on 4096x14336
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
+#   prefill  bench_model's prefill alone, as is and under candidate rules (the converting GEMM at 512, stream-K)
+#   gaps     kernels and launch gaps of the prefill ops of bench_model (T = 512; probe_op_gaps)
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
@@ -91,6 +93,15 @@ for step in "${@:-tier}"; do
       run "pre_$s" 80 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_pre_n256$|dequantize_q4_k_frags' --formats q4_K --shape "$s" --tokens 256,512 \
         --variant 'pre: rule.mmq_pre_min_tokens=256'
     done ;;
+  prefill)  # bench_model's prefill step under the candidate rules for #34's last row (1.29x cuBLAS, goal 1.25x)
+    run prefill_base 100 python3 bench/bench_model.py --prefill-only
+    run prefill_cx512 100 python3 bench/bench_model.py --prefill-only --rule mmq_cx_min_tokens=512
+    run prefill_sk 100 python3 bench/bench_model.py --prefill-only --rule mmq_stream_k_min_gain=0.05
+    run prefill_fuse 100 python3 bench/bench_model.py --prefill-only --fuse ;;
+  gaps)  # where a prefill op's graph time goes (kernels, gaps) on bench_model's shapes at T = 512
+    for fs in q4_K:1024x4096 q6_K:1024x4096 q4_K:4096x4096 q6_K:4096x14336 q4_K:14336x4096; do
+      run "gaps_${fs/:/_}" 60 python3 bench/probe_op_gaps.py --fmt "${fs%%:*}" --shape "${fs#*:}" --tokens 512 --calls 20 --show 8
+    done ;;
   small)
     for s in 1024x4096 4096x4096; do
       run "small_$s" 120 "${AB[@]}" --kernels 'prep_q4k_t1$|gemv_q4_k_f32_t1$' --formats q4_K --shape "$s" --tokens 1 --weights 64 \
@@ -104,6 +115,6 @@ for step in "${@:-tier}"; do
       --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre small rest sanitize)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill gaps small rest sanitize)"; exit 2 ;;
   esac
 done
