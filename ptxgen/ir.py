@@ -167,6 +167,8 @@ MMA_SHAPES = {
     # (shape, a/b type) → (accumulator type, #A regs, #B regs, #C regs, feature)
     ("m16n8k16", "f16"): ("f32", 4, 2, 4, "mma_sync_f16"),
     ("m16n8k16", "bf16"): ("f32", 4, 2, 4, "mma_sync_f16"),
+    ("m16n8k16", "s8"): ("s32", 2, 1, 4, "mma_sync_s8"),
+    ("m16n8k16", "u8"): ("s32", 2, 1, 4, "mma_sync_s8"),
     ("m16n8k32", "s8"): ("s32", 4, 2, 4, "mma_sync_s8"),
     ("m16n8k32", "u8"): ("s32", 4, 2, 4, "mma_sync_s8"),
 }
@@ -174,7 +176,7 @@ MMA_SHAPES = {
 
 def mma_sync(arch: Arch, shape: str, ab_type: str, d: Vec, a: Vec, b: Vec, c: Vec, b_type: str | None = None) -> Instr:
     """`mma.sync.aligned.<shape>.row.col.<acc>.<a>.<b>.<acc>`, checked against the legal table and the arch.
-    `b_type` differs from `ab_type` only for the mixed-sign integer forms (u8 x s8, s8 x u8: m16n8k32)."""
+    `b_type` differs from `ab_type` only for the mixed-sign integer forms (u8 x s8, s8 x u8)."""
     b_type = b_type or ab_type
     key = (shape, ab_type)
     if key not in MMA_SHAPES or (shape, b_type) not in MMA_SHAPES:

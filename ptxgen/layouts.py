@@ -13,22 +13,31 @@ GROUP = LANES // 4  # "groupID" in the PTX ISA
 TIG = LANES % 4  # "threadID_in_group"
 
 
-def mma_a_layout(shape: str) -> np.ndarray:
+def _per(shape: str, bits: int) -> tuple[int, int]:
+    """(elements per 32-bit register, K) of an mma.sync shape whose A / B elements are `bits` wide."""
+    k = {"m16n8k16": 16, "m16n8k32": 32}[shape]
+    if (shape, bits) not in (("m16n8k16", 16), ("m16n8k16", 8), ("m16n8k32", 8)):
+        raise ValueError(f"mma.sync {shape} has no {bits}-bit form here")
+    return 32 // bits, k
+
+
+def mma_a_layout(shape: str, bits: int | None = None) -> np.ndarray:
     """A fragment of mma.sync (row-major A): array [lane, element] → (row, col) of the M×K tile.
 
-    m16n8k16 f16: 8 halves per lane (4 regs × 2); m16n8k32 s8: 16 bytes per lane (4 regs × 4)."""
-    per = {"m16n8k16": 2, "m16n8k32": 4}[shape]  # elements per 32-bit register
-    n = 4 * per
+    m16n8k16 f16: 8 halves per lane (4 regs × 2); m16n8k16 s8 / u8 (`bits` 8): 8 bytes (2 regs × 4: rows g, g + 8);
+    m16n8k32 s8: 16 bytes per lane (4 regs × 4). `bits` defaults to the shape's usual width (16, or 8 for k32)."""
+    per, k = _per(shape, bits or (16 if shape == "m16n8k16" else 8))
+    n = k // 2  # 16 rows x K over 32 lanes
     i = np.arange(n)
     row = GROUP[:, None] + 8 * ((i[None, :] // per) % 2)
     col = TIG[:, None] * per + (i[None, :] % per) + 4 * per * (i[None, :] // (2 * per))
     return np.stack([row, col], axis=-1)
 
 
-def mma_b_layout(shape: str) -> np.ndarray:
-    """B fragment (column-major K×N tile): [lane, element] → (k, n)."""
-    per = {"m16n8k16": 2, "m16n8k32": 4}[shape]
-    n = 2 * per
+def mma_b_layout(shape: str, bits: int | None = None) -> np.ndarray:
+    """B fragment (column-major K×N tile): [lane, element] → (k, n) (`bits` as mma_a_layout's)."""
+    per, k = _per(shape, bits or (16 if shape == "m16n8k16" else 8))
+    n = k // 4  # K x 8 columns over 32 lanes
     i = np.arange(n)
     k = TIG[:, None] * per + (i[None, :] % per) + 4 * per * (i[None, :] // per)
     col = np.broadcast_to(GROUP[:, None], k.shape)
@@ -43,10 +52,11 @@ def mma_c_layout() -> np.ndarray:
     return np.stack([row, col], axis=-1)
 
 
-def mma_reference(shape: str, a_frag: np.ndarray, b_frag: np.ndarray, c_frag: np.ndarray) -> np.ndarray:
+def mma_reference(shape: str, a_frag: np.ndarray, b_frag: np.ndarray, c_frag: np.ndarray,
+                  bits: int | None = None) -> np.ndarray:
     """Execute one mma.sync on fragments (lane-major arrays) through the layouts: D = A·B + C."""
     m, n, k = 16, 8, {"m16n8k16": 16, "m16n8k32": 32}[shape]
-    la, lb, lc = mma_a_layout(shape), mma_b_layout(shape), mma_c_layout()
+    la, lb, lc = mma_a_layout(shape, bits), mma_b_layout(shape, bits), mma_c_layout()
     acc_t = np.int64 if np.issubdtype(a_frag.dtype, np.integer) else np.float64
     A = np.zeros((m, k), acc_t)
     B = np.zeros((k, n), acc_t)

@@ -35,8 +35,13 @@ def test_mma_operand_checks():
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in render_instr(i)
     with pytest.raises(IRError, match="B takes 2 registers, got 4"):
         ir.mma_sync(SM89, "m16n8k16", "f16", c, a, a, c)
-    with pytest.raises(IRError, match="legal: m16n8k16 f16, m16n8k16 bf16, m16n8k32 s8"):
+    with pytest.raises(IRError, match="legal: m16n8k16 f16, m16n8k16 bf16, m16n8k16 s8, m16n8k16 u8, m16n8k32 s8"):
         ir.mma_sync(SM89, "m16n8k8", "f16", c, a, b2, c)
+    s = regs("s32", 4, "%s")  # the 8-bit k16 form: 2 A registers, 1 B
+    i = ir.mma_sync(SM89, "m16n8k16", "u8", s, regs("b32", 2), regs("b32", 1), s, b_type="s8")
+    assert "mma.sync.aligned.m16n8k16.row.col.satfinite.s32.u8.s8.s32" in render_instr(i)
+    with pytest.raises(IRError, match="A takes 2 registers, got 4"):
+        ir.mma_sync(SM89, "m16n8k16", "s8", s, a, regs("b32", 1), s)
     with pytest.raises(IRError, match="N=12 is not legal"):
         ir.wgmma(SM90A, 12, "f16", regs("f32", 6, "%f"), Reg("%rd0", "b64"), Reg("%rd1", "b64"))
 

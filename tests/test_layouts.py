@@ -29,6 +29,19 @@ def test_mma_m16n8k32_s8_fragments():
     assert len({tuple(x) for x in c.reshape(-1, 2)}) == 16 * 8
 
 
+def test_mma_m16n8k16_8bit_fragments():
+    """m16n8k16 .s8 / .u8 (ISA: a0..a3 row g, k 4·tig + i; a4..a7 row g + 8; b0..b3 k 4·tig + i, n = g)."""
+    a = L.mma_a_layout("m16n8k16", 8)
+    assert a.shape == (32, 8, 2)
+    assert tuple(a[6, 0]) == (1, 8) and tuple(a[6, 3]) == (1, 11) and tuple(a[6, 4]) == (9, 8)
+    assert len({tuple(x) for x in a.reshape(-1, 2)}) == 16 * 16
+    b = L.mma_b_layout("m16n8k16", 8)
+    assert b.shape == (32, 4, 2) and tuple(b[6, 0]) == (8, 1) and tuple(b[6, 3]) == (11, 1)
+    assert len({tuple(x) for x in b.reshape(-1, 2)}) == 16 * 8
+    with pytest.raises(ValueError):
+        L.mma_a_layout("m16n8k32", 16)
+
+
 def test_mma_reference_computes_a_times_b():
     rng = np.random.default_rng(0)
     A = rng.integers(-128, 128, (16, 32))

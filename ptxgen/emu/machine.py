@@ -899,6 +899,11 @@ class Emulator(HopperOps):
         b = self._val(ins.operands[2], t, ex)
         f = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
              "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
+        if cmp in ("nan", "num") and t.startswith("f"):  # either operand NaN / neither
+            a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            r = np.isnan(a) | np.isnan(b)
+            self._set(ins.operands[0], ex, r if cmp == "nan" else ~r, "pred")
+            return
         if cmp not in f:
             raise Unsupported(f"setp.{cmp}")
         with np.errstate(invalid="ignore"):
@@ -1224,7 +1229,7 @@ class Emulator(HopperOps):
                     self._set(r, sel, out[:, i], "f32")
             else:
                 C = np.stack([typed(self._reg(r, sel), "s32") for r in c], axis=1).astype(np.int64)
-                out = layouts.mma_reference(shape, A.astype(np.int64), B.astype(np.int64), C)
+                out = layouts.mma_reference(shape, A.astype(np.int64), B.astype(np.int64), C, bits=8)
                 out = np.clip(out, -2**31, 2**31 - 1) if "satfinite" in ins.mods else (out + 2**31) % 2**32 - 2**31
                 for i, r in enumerate(d):
                     self._set(r, sel, out[:, i], "s32")
