@@ -9,7 +9,7 @@
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
-#   i8       the int8 few-token Q4_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
+#   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1(_fused) on 4096x14336
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is and under candidate rules (the converting GEMM at 512, stream-K)
@@ -77,8 +77,8 @@ for step in "${@:-tier}"; do
     done ;;
   i8)
     for s in 4096x14336 14336x4096 1024x4096; do
-      run "i8_$s" 110 "${AB[@]}" --kernels 'gemv_q[45]_k_i8_t|prep_q4k_i8_t' --formats q4_K,q5_K --shape "$s" --tokens 1,2,4,8 \
-        --weights 24 --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8, "q5_K": 8}'
+      run "i8_$s" 150 "${AB[@]}" --kernels 'gemv_q[456]_k_i8_t|prep_q[46]k_i8_t' --formats q4_K,q5_K,q6_K --shape "$s" \
+        --tokens 1,2,4,8 --weights 24 --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8, "q5_K": 8, "q6_K": 8}'
     done
     run i8_gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py tests/test_gpu_gemv.py -k 'i8 or int8' ;;
   ncu_i8)  # where the int8 one-token GEMV's issue goes (the eager call: its one-launch build, the same step)

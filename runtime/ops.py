@@ -1579,14 +1579,15 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     launch where the build has it), split-K by gemv_splits; hi_only: n ≤ 16 tokens, fp16 activations (hi parts
     only), prep_q4k_t16h + gemv_q4_k_mma_t16h. From RULES.few_shared_min_tokens (per format; 0: never) the
     4- and 8-token builds whose records a CTA's warps share (gemv_<fmt>_mma_t{4,8}s), split-K over gridDim.y; up to
-    RULES.few_i8_max_tokens (per format; 0: never) the int8 builds prep_q4k_i8_t{nt} + gemv_<fmt>_i8_t{nt} (eager:
+    RULES.few_i8_max_tokens (per format; 0: never) the int8 builds prep_q{4,6}k_i8_t{nt} + gemv_<fmt>_i8_t{nt} (eager:
     gemv_<fmt>_i8_t{nt}_fused where built, as the fp16 ones)."""
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     # the int8 builds (rule few_i8_max_tokens; gemv_t1._I8Step): their own records, else as the fp16 ones
     i8 = (not hi_only and n <= _per_format(RULES.few_i8_max_tokens, w.fmt, 0)
           and kernels.build_for(GemvKernel("few", w.fmt, nt, i8=True).name, arch) is not None)
-    rec = pb.scratch((k // 256 * (T4.q4k_i8_record_bytes(nt) if i8 else T4.q4k_record_bytes(nt, hi_only)),),
-                     np.uint8)
+    rb = ((T4.q6k_i8_record_bytes(nt) if w.fmt == "q6_K" else T4.q4k_i8_record_bytes(nt)) if i8 else
+          T4.q4k_record_bytes(nt, hi_only))
+    rec = pb.scratch((k // 256 * rb,), np.uint8)
     # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
     # the two kernels overlapped by PDL measured ~1 µs faster on the GPU (bench/NOTES.md, 2026-12-01)
     fk = knobs.q4k_fused()

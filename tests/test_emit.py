@@ -175,6 +175,11 @@ for _nt in (1, 2, 4, 8):  # the int8 builds: nibbles by ldmatrix into u8 x s8 MM
     EXPECTED_SASS[f"gemv_q4_k_i8_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_q4_k_i8_t{_nt}"] + ["STG.E.U8", "ATOMG"]
     EXPECTED_SASS[f"gemv_q5_k_i8_t{_nt}"] = EXPECTED_SASS[f"gemv_q4_k_i8_t{_nt}"] + ["LOP3"]  # (+ the fifth bits)
     EXPECTED_SASS[f"gemv_q5_k_i8_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_q4_k_i8_t{_nt}_fused"]
+    # Q6_K's: a bit select a sub-block into m16n8k16 u8 x s8, its scales sign-extended by PRMT, the −32 by an HMMA
+    EXPECTED_SASS[f"gemv_q6_k_i8_t{_nt}"] = ["IMMA.16816.U8.S8", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32", "HMMA.16816.F32",
+                                             "PRMT", "LOP3"]
+    EXPECTED_SASS[f"prep_q6k_i8_t{_nt}"] = EXPECTED_SASS[f"prep_q4k_i8_t{_nt}"]
+    EXPECTED_SASS[f"gemv_q6_k_i8_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_q6_k_i8_t{_nt}"] + ["STG.E.U8", "ATOMG"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["moe_group"] = ["ATOMS.", "BAR.SYNC", "STG.E"]  # shared-memory atomics count and place the pairs
 EXPECTED_SASS["moe_check_ids"] = ["LDG.E.CONSTANT", "REDG.E.ADD"]  # one id a thread; ptxas aggregates a warp's reductions

@@ -890,13 +890,20 @@ def test_q4_k_few_token_tensor_core_gemv(sfx, arch):
     _few_token_cases(f"gemv_q4_k_mma_{sfx}", arch, nt)
 
 
-def _few_token_cases(name, arch, nt):
+# Q6_K's few-token builds: rows a multiple of 4 bytes (an even number of 210-byte super-blocks), m·row_bytes of 16
+# — rows of 420, 840, 1260 and 1680 bytes: every 4-byte phase of a row's start, both 2-byte phases of its steps
+_Q6_FEW_CASES = (dict(shape=(72, 1536), splits=1), dict(shape=(36, 1024), splits=3), dict(shape=(129, 2048), splits=2),
+                 dict(shape=(8, 512), splits=1))
+
+
+def _few_token_cases(name, arch, nt, cases=None):
     """A few-token GEMV build's emulator cases (its PTX for `arch`): one to several super-blocks, 1-3 K-splits, M
-    not a multiple of the CTA's rows, 1 to nt tokens; an inf and a NaN in the last token. Returns the PTX."""
+    not a multiple of the CTA's rows, 1 to nt tokens (or `cases`); an inf and a NaN in the last token. Returns the
+    PTX."""
     ptx = KERNELS[name].for_arch(arch).ptx()
-    for i, kw in enumerate((dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
-                            dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
-                            dict(shape=(5, 256), splits=1))):
+    for i, kw in enumerate(cases or (dict(shape=(70, 256 * 5), splits=1), dict(shape=(70, 256 * 5), splits=3),
+                                     dict(shape=(33, 1024), splits=2), dict(shape=(129, 2048), splits=2),
+                                     dict(shape=(5, 256), splits=1))):
         out = check_kernel(name, ptx, seed=3 + i, ntok=max(1, nt - i % 2), **kw)
         assert out.ok, (kw, out.detail)
     for bad in (np.inf, np.nan):
@@ -919,34 +926,37 @@ def test_prep_sub16_records_are_bit_exact_to_the_numpy_model(nt, order):
         assert out.ok, (shape, out.detail)
 
 
+@pytest.mark.parametrize("fmt", ["q4k", "q6k"])
 @pytest.mark.parametrize("nt", [1, 2, 4, 8])
-def test_prep_int8_records_are_bit_exact_to_the_numpy_model(nt):
+def test_prep_int8_records_are_bit_exact_to_the_numpy_model(nt, fmt):
     """prep_q4k_i8_t{1,2,4,8} (the int8 few-token GEMVs' activation: three int8 digit planes of x·2^s·2^7, the exact
-    record's min pairs and factors): the planes byte for byte, the rest bit for bit, against q4k_i8_records — a
-    zero, a tiny, a huge and a quiet block, a block past 2^115 (its min pairs +inf: digits cannot hold it) and an
-    inf, fewer tokens than the build holds."""
-    name = f"prep_q4k_i8_t{nt}"
+    record's min pairs and factors) and prep_q6k_i8_t* (the same planes, then each sub-block's digit sums): the
+    planes byte for byte, the rest bit for bit, against q4k_i8_records / q6k_i8_records — a zero, a tiny, a huge and
+    a quiet block, a block past 2^115 (its min pairs / sums +inf: digits cannot hold it) and an inf, fewer tokens
+    than the build holds."""
+    name = f"prep_{fmt}_i8_t{nt}"
     ptx = KERNELS[name].for_arch("sm_89").ptx()
     for shape in ((nt, 768), (max(1, nt - 1), 256)):
         out = check_kernel(name, ptx, seed=2, shape=shape)
         assert out.ok, (shape, out.detail)
 
 
-_I8 = ([pytest.param(f, 1, "sm_90a") for f in ("q4_K", "q5_K")] +
-       [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q4_K", "q5_K") for nt, a in
+_I8 = ([pytest.param(f, 1, "sm_90a") for f in ("q4_K", "q5_K", "q6_K")] +
+       [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q4_K", "q5_K", "q6_K") for nt, a in
         ((2, "sm_90a"), (4, "sm_90a"), (8, "sm_90a"), (1, "sm_89"), (2, "sm_120a"))])
 
 
 @pytest.mark.parametrize("fmt,nt,arch", _I8)
 def test_int8_few_token_gemv(fmt, nt, arch):
-    """gemv_q4_k_i8_t* / gemv_q5_k_i8_t* (the weights as the A of u8 x s8 MMAs, the activation's digit planes as B,
-    the scales on the integer sums): random raw blocks of every bit pattern, several super-blocks, 1-3 K splits, a
+    """gemv_q4_k_i8_t* / gemv_q5_k_i8_t* / gemv_q6_k_i8_t* (the weights as the A of u8 x s8 MMAs, the activation's
+    digit planes as B, the scales on the integer sums; Q6_K's −32 as an MMA of its scales on the sub-block digit sums,
+    its 210-byte steps at both 2-byte phases): random raw blocks of every bit pattern, several super-blocks, 1-3 K splits, a
     random kparts and CTA width, 1 to nt tokens, within 1e-5 of float64 (outputs NaN-poisoned first); an inf or a
     NaN in the last token's x gives non-finite outputs exactly where the reference has them, and so does a value
     past 2^115 (which the digits cannot hold: the fp16 builds give inf there too) while the other tokens stay
-    finite; the one-launch build (1-4 tokens) writes prep_q4k_i8's records bit for bit."""
+    finite; the one-launch build (1-4 tokens) writes its prep's records bit for bit."""
     name = f"gemv_{fmt.lower()}_i8_t{nt}"
-    ptx = _few_token_cases(name, arch, nt)
+    ptx = _few_token_cases(name, arch, nt, _Q6_FEW_CASES if fmt == "q6_K" else None)
     out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, 1e35))
     got = np.asarray(out.got)
     assert not np.isfinite(got[nt - 1]).any() and np.isfinite(got[:nt - 1]).all()
@@ -972,14 +982,7 @@ def test_mma_block_codec_few_token_gemv(fmt, nt, arch):
     kparts and CTA width, 1 to nt tokens; within 1e-5 of the float64 reference (outputs NaN-poisoned first), and
     an inf or a NaN in x gives non-finite outputs exactly where the reference has them."""
     name = f"gemv_{fmt.lower()}_mma_t{nt}"
-    ptx = KERNELS[name].for_arch(arch).ptx()
-    for i, kw in enumerate((dict(shape=(72, 1536), splits=1), dict(shape=(36, 1024), splits=3),
-                            dict(shape=(129, 2048), splits=2), dict(shape=(8, 512), splits=1))):
-        out = check_kernel(name, ptx, seed=3 + i, ntok=max(1, nt - i % 2), **kw)
-        assert out.ok, (kw, out.detail)
-    for bad in (np.inf, np.nan):
-        out = check_kernel(name, ptx, seed=4, shape=(40, 512), ntok=nt, splits=1, poison_x=(nt - 1, 77, bad))
-        assert out.ok, (bad, out.detail)
+    _few_token_cases(name, arch, nt, _Q6_FEW_CASES)
     if nt <= 4 and fmt != "tq4_1s":  # the one-launch build (none for TQ4_1S): its CTAs write prep_sub16's records
         # bit for bit, then the same GEMV
         fused = f"{name}_fused"

@@ -497,11 +497,11 @@ def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monke
             np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q5_K"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K"])
 @pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 1, None), (14336, 4096, 2, None), (300, 1024, 4, None),
                                         (136, 2048, 8, None), (1000, 3584, 3, "sm_89"), (1, 256, 1, None)])
 def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
-    """gemv_<fmt>_i8_t{nt} on prep_q4k_i8_t{nt}'s digit planes (RULES.few_i8_max_tokens raised to 8), eager
+    """gemv_<fmt>_i8_t{nt} on prep_q{4,6}k_i8_t{nt}'s digit planes (RULES.few_i8_max_tokens raised to 8), eager
     and in a CUDA graph: within 1e-5 of float64 (exact), outputs NaN-poisoned first, bit-identical run to run, within
     2e-6 of the fp16 few-token build's result; the one-launch build (eager, 1-4 tokens) bit-identical to the two
     launches; the sm_89 build too. GPU == emulator is test_gpu_emu_crosscheck's."""
@@ -509,6 +509,8 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
 
     from ptxgen.testing.strategies import random_raw
 
+    if fmt == "q6_K" and m * k // 256 * 210 % 16:  # (Q6_K's few-token builds: m·row_bytes a multiple of 16)
+        m = 8
     rng = np.random.default_rng(m + k + t)
     raw = random_raw(fmt, m, k, rng)
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))
@@ -518,7 +520,7 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
     setknob(monkeypatch, "PTXGEN_Q4K_T1", "1")  # (the few-token builds at any size)
     # (not route small_gemv; Q5_K's few-token builds at any size)
     with tuning.override(codec_gemv_t1_max_weights={"q4_K": 0}, codec_few_t1_min_weights=0,
-                         few_i8_max_tokens={"q4_K": 0, "q5_K": 0}):
+                         few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0}):
         fp16 = r.mul_mat(w, x, arch=arch)
         with tuning.override(few_i8_max_tokens={fmt: 8}):
             eager = r.mul_mat_plan(w, t, arch=arch).kernels

@@ -421,7 +421,7 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
 
 def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
     """The int8 few-token GEMVs (prep_q4k_i8_t* + gemv_<fmt>_i8_t*): as shipped, Q4_K's at 1-2 tokens
-    (few_i8_max_tokens q4_K 2) and Q5_K's never (not timed); with the rule, up to its T, prep + GEMV in graphs, the
+    (few_i8_max_tokens q4_K 2), Q5_K's and Q6_K's never (not timed); with the rule, up to its T, prep + GEMV in graphs, the
     one-launch build in eager calls of 1-4 tokens (as the fp16 builds); a format the rule does not list keeps its
     fp16 builds."""
     w = fakegpu.weights("q4_K", 4096, 14336)
@@ -443,6 +443,11 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
     assert not any("i8" in k for t in (1, 2) for k in ops.mul_mat_plan(w5, t, graph=True).kernels)
     with tuning.override(few_i8_max_tokens={"q4_K": 2, "q5_K": 2}):
         assert ops.mul_mat_plan(w5, 2, graph=True).kernels == ["prep_q4k_i8_t2", "gemv_q5_k_i8_t2"]
+    w6 = fakegpu.weights("q6_K", 4096, 14336)  # Q6_K's on its own records (prep_q6k_i8: the sub-block digit sums)
+    assert not any("i8" in k for t in (1, 2) for k in ops.mul_mat_plan(w6, t, graph=True).kernels)
+    with tuning.override(few_i8_max_tokens={"q6_K": 4}):
+        assert ops.mul_mat_plan(w6, 2, graph=True).kernels == ["prep_q6k_i8_t2", "gemv_q6_k_i8_t2"]
+        assert ops.mul_mat_plan(w6, 3).kernels == ["gemv_q6_k_i8_t4_fused"]
 
 
 def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):

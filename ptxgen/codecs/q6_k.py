@@ -313,6 +313,70 @@ class mma_block:  # noqa: N801 - a codec hook, named as the others
                     type="f32")
 
 
+class I8Block:
+    """One row's super-block for the int8 few-token GEMVs (gemv_t1._I8Q6Step), decoded on demand: `a(s)` — lane t's
+    elements 4t .. 4t + 3 of 16-element sub-block s as u8 q (0 .. 63, without the −32: the GEMV takes it as
+    Σ_s sc_s·X_s), the A register of m16n8k16 u8 x s8 for this row —, `scale(s)`, sc_s sign-extended (one prmt),
+    `scale_pairs(...)`, the A registers of the −32 MMA (sc_2t, sc_2t + 1) and (sc_2t + 8, sc_2t + 9) as f16x2, and
+    `d` (f32). `word(off)` / `word(off, lane=True)` / `half(off)` as mma_block's. Sub-block s = 8n + 2k + h: the low
+    (k < 2) or high nibbles of ql[64n + 32·(k & 1) + l] beside bits 2k, 2k + 1 of qh[32n + l] (l = 16h + 4t ..):
+    qh & 0x33333333 holds quarters 0 and 2 of each byte at bits 0-1 and 4-5, (qh >> 2) & 0x33333333 quarters 1 and
+    3, so each A is one bit select (lop3) of a nibble word and a qh word, after at most a shift of each."""
+
+    def __init__(self, b, word, half, t, sels):
+        self.b, self.word, self.sels = b, word, sels
+        self.d = b.op("cvt.f32.f16", half(D_OFFSET))
+        self._runs, self._sc = {}, None
+
+    @staticmethod
+    def constants(b):
+        """The prmt selectors of scale(s) in registers, once a kernel: byte j, then its sign in the others (an
+        immediate selector with the sign bits set is refused by ir.Instr as a likely __byte_perm mistake)."""
+        from ..layouts import prmt_selector
+        return [b.op("mov.b32", Imm(prmt_selector(j, j, j, j, sign=(1, 2, 3)), "b32")) for j in range(4)]
+
+    def _run(self, n, h):
+        if (n, h) not in self._runs:
+            b, word = self.b, self.word
+            ql0, ql1 = word(QL_OFFSET + 64 * n + 16 * h, True), word(QL_OFFSET + 64 * n + 32 + 16 * h, True)
+            qh = word(QH_OFFSET + 32 * n + 16 * h, True)
+            m = Imm(0x33333333, "b32")
+            qa, qb = b.op("and.b32", qh, m), b.op("and.b32", b.op("shr.u32", qh, Imm(2, "u32")), m)
+
+            def pick(lo, hi):  # (lo & 0x0F0F0F0F) | (hi & 0xF0F0F0F0)
+                r = b.reg("b32")
+                b.emit("lop3.b32", r, lo, Imm(0x0F0F0F0F, "b32"), hi, Imm(0xE2, "b32"))
+                return r
+            self._runs[n, h] = (pick(ql0, b.op("shl.b32", qa, Imm(4, "u32"))),
+                                pick(ql1, b.op("shl.b32", qb, Imm(4, "u32"))),
+                                pick(b.op("shr.u32", ql0, Imm(4, "u32")), qa),
+                                pick(b.op("shr.u32", ql1, Imm(4, "u32")), qb))
+        return self._runs[n, h]
+
+    def a(self, s):
+        return self._run(s // 8, s % 2)[(s % 8) // 2]
+
+    def _words(self):
+        if self._sc is None:  # the 16 int8 scales
+            self._sc = [self.word(SC_OFFSET + 4 * i) for i in range(4)]
+        return self._sc
+
+    def scale(self, s):
+        w = self._words()[s // 4]
+        return self.b.op("prmt.b32", w, w, self.sels[s % 4])
+
+    def scale_pairs(self, t_hi, sel, magic, bias):
+        """(sc_2t, sc_2t + 1), (sc_2t + 8, sc_2t + 9) as f16x2 (the −32 MMA's A of this row): word t / 2 (and 2 +
+        t / 2) by `t_hi` (t ≥ 2), its bytes 2·(t % 2), + 1 beside 0x64 by the prmt selector `sel` after flipping
+        their signs (1024 + sc + 128 as fp16), minus `bias` (1152, 1152)."""
+        b, w = self.b, self._words()
+        out = []
+        for lo, hi in ((w[0], w[1]), (w[2], w[3])):
+            v = b.op("xor.b32", b.op("selp.b32", hi, lo, t_hi), Imm(0x80808080, "b32"))
+            out.append(b.op("sub.rn.f16x2", b.op("prmt.b32", v, magic, sel), bias, type="b32"))
+        return out
+
+
 class GgmlLane(q4_k.GgmlLane):
     """Q6_K in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q6_k_fast_t*, int8 x Q8_1 with dp4a,
     as llama.cpp's vec_dot_q6_K_q8_1): unit u of a row is 64 weights of super-block u / 4 — half n = (u / 2) % 2,

@@ -456,7 +456,8 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
 
 
 def _prep_q4k_records(nt: int, hi_only: bool = False, order: str = "q4k"):
-    name = f"prep_{'q4k' if order == 'q4k' else 'q4k_i8' if order == 'i8' else order}_t{nt}{'h' if hi_only else ''}"
+    name = (f"prep_{'q4k' if order == 'q4k' else 'q4k_i8' if order == 'i8' else 'q6k_i8' if order == 'i8q6' else order}"
+            f"_t{nt}{'h' if hi_only else ''}")
 
     def run(ptx: str, rng, shape=None, seed=None) -> Outcome:
         """prep_q4k_t{nt}(h) / prep_sub16_t{nt}: up to nt tokens → q4k_mma_records(x, nt, hi_only, order) bit for bit
@@ -494,8 +495,8 @@ def _same_records(got: np.ndarray, want: np.ndarray, nt: int, order: str) -> np.
     int8 records' digit planes byte for byte (a NaN half there is two digits)."""
     gh, wh = got.view(np.float16), want.view(np.float16)
     same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
-    if order == "i8":
-        moff, _, rb = T4.q4k_i8_record_layout(nt)
+    if order in ("i8", "i8q6"):
+        moff, _, rb = T4.q4k_i8_record_layout(nt) if order == "i8" else T4.q6k_i8_record_layout(nt)
         planes = (got != want).reshape(-1, rb)[:, :moff].reshape(-1, moff // 2, 2).any(axis=2)
         same.reshape(-1, rb // 2)[:, :moff // 2] &= ~planes
     return same
@@ -1197,13 +1198,14 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
         HARNESSES[f"prep_sub16_{_sfx}"] = _prep_q4k_records(_nt, False, "sub16")
         HARNESSES[f"gemv_tq4_1s_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_tq4_1s_mma_{_sfx}", 2)
         HARNESSES[f"prep_rot16_{_sfx}"] = _prep_q4k_records(_nt, False, "rot16")
-        for _f in ("q4_k", "q5_k"):
+        for _f in ("q4_k", "q5_k", "q6_k"):
             HARNESSES[f"gemv_{_f}_i8_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_i8_{_sfx}", 2)
         HARNESSES[f"prep_q4k_i8_{_sfx}"] = _prep_q4k_records(_nt, False, "i8")
+        HARNESSES[f"prep_q6k_i8_{_sfx}"] = _prep_q4k_records(_nt, False, "i8q6")
 for _nt in (1, 2, 4):
     for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)
-    for _f in ("q4_k", "q5_k"):
+    for _f in ("q4_k", "q5_k", "q6_k"):
         HARNESSES[f"gemv_{_f}_i8_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_i8_t{_nt}_fused", 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)

@@ -379,8 +379,55 @@ def q4k_i8_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
     return rec.reshape(-1)
 
 
+def q6k_i8_record_layout(nt: int) -> tuple[int, int, int]:
+    """(sub-block sums' offset, factors' offset, bytes) of a q6k_i8_records(·, nt) record: 256·C bytes of digit
+    planes (C = 3·nt columns; q4k_i8_records' bytes), then each column's 16 sub-block sums as fp16 (32·C bytes),
+    4·nt of factors, zeros up to a multiple of 16 (880, 1744, 3472, 6944 bytes)."""
+    xoff = 256 * I8_PLANES * nt
+    foff = xoff + 32 * I8_PLANES * nt
+    return xoff, foff, -(-(foff + 4 * nt) // 16) * 16
+
+
+def q6k_i8_record_bytes(nt: int) -> int:
+    return q6k_i8_record_layout(nt)[2]
+
+
+I8_SUM_NAN, I8_SUM_INF = 0x7E00, 0x7C00  # a sub-block sum's fp16 bits where its values hold a NaN / one too large
+
+
+def q6k_i8_records(a: np.ndarray, nt: int = 1) -> np.ndarray:
+    """The activation of the int8 few-token Q6_K GEMVs gemv_q6_k_i8_t{nt} (prep_q6k_i8_t{nt}): q4k_i8_records'
+    digit planes (byte 64·C·q + 64·c + 16·t + 4·i + b: element 4t + b of 16-element sub-block 4q + i — lane (g,
+    t)'s B registers of m16n8k16 for four sub-blocks in one 16-byte load), then X[c][s], the sum of column c's 16
+    digits of sub-block s as fp16 (exact: |X| ≤ 2048) at 32·c + 2·s past the planes — the B of the MMA that takes
+    the −32 of Q6_K's q − 32 as Σ_s sc_s·X_s —, then the factors 2^-s. A sub-block holding a NaN (of x·2^s) has X
+    = NaN, else one holding a value the digits cannot hold (|x·2^s| ≥ 2^15: an inf, or past ~2^115) X = +inf, in
+    every plane: that token's outputs are non-finite (as the fp16 builds' and q4k_i8_records' min sums)."""
+    a = f32(a)
+    if nt not in Q4K_RECORD_TOKENS or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
+        raise ValueError(f"q6k_i8_records: 1 to {nt} tokens (nt one of {Q4K_RECORD_TOKENS}), got shape {a.shape}")
+    base = q4k_i8_records(a, nt).reshape(-1, q4k_i8_record_bytes(nt))
+    nsb = base.shape[0]
+    xs, _ = _mma_scaled(a, Q4K_GROUP, max(nt, MMA_TOKENS))
+    xs = xs[:nt].reshape(nt, nsb, 16, 16)  # [token, sb, s, element]
+    digits = i8_digits(xs).view(np.int8).astype(np.int64)  # [plane, token, sb, s, element]
+    sums = digits.sum(axis=-1).astype(np.float16).view(np.uint16)
+    with np.errstate(invalid="ignore"):
+        nan = np.isnan(xs).any(axis=-1)
+        big = (np.abs(xs) >= F32(2.0 ** (22 - I8_SHIFT))).any(axis=-1)
+    sums = np.where(nan, np.uint16(I8_SUM_NAN), np.where(big, np.uint16(I8_SUM_INF), sums))
+    cols = sums.transpose(2, 1, 0, 3).reshape(nsb, I8_PLANES * nt, 16)  # [sb, c = 3n + p, s]
+    moff, mfoff, _ = q4k_i8_record_layout(nt)
+    xoff, foff, rb = q6k_i8_record_layout(nt)
+    rec = np.zeros((nsb, rb), np.uint8)
+    rec[:, :xoff] = base[:, :moff]
+    rec[:, xoff:foff] = np.ascontiguousarray(cols.astype("<u2")).reshape(nsb, -1).view(np.uint8)
+    rec[:, foff:foff + 4 * nt] = base[:, mfoff:mfoff + 4 * nt]
+    return rec.reshape(-1)
+
+
 # the K orders of the few-token records (q4k_mma_records' `order`); "rot16": "sub16" of the rotated activation
-RECORD_ORDERS = ("q4k", "sub16", "rot16", "i8")
+RECORD_ORDERS = ("q4k", "sub16", "rot16", "i8", "i8q6")
 
 
 def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: str = "q4k") -> np.ndarray:
@@ -404,11 +451,11 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: st
     same record, B pair i holding 32-element block i of the super-block, bytes 64·C·i + 16·(4c + t) + 8·h + 2·q
     element 16h + 4t + q of it (exact records only). order="rot16" (prep_rot16_t{nt}, TQ4_1S's few-token GEMVs):
     "sub16" of rht_forward(x), s from the unrotated super-block less ROT_HEADROOM (its min pairs unused).
-    order="i8": q4k_i8_records(a, nt) (the int8 builds' digit planes)."""
-    if order == "i8":
+    order="i8": q4k_i8_records(a, nt) (the int8 builds' digit planes); "i8q6": q6k_i8_records(a, nt) (Q6_K's)."""
+    if order in ("i8", "i8q6"):
         if hi_only:
-            raise ValueError("q4k_mma_records: the int8 records (order i8) are exact only")
-        return q4k_i8_records(a, nt)
+            raise ValueError(f"q4k_mma_records: the int8 records (order {order}) are exact only")
+        return q4k_i8_records(a, nt) if order == "i8" else q6k_i8_records(a, nt)
     a = f32(a)
     if order not in RECORD_ORDERS or (hi_only and order != "q4k"):
         raise ValueError(f"q4k_mma_records: order one of {RECORD_ORDERS} (hi_only: q4k), got {order!r}")

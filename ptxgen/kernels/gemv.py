@@ -1481,14 +1481,16 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     assert (not records or rotate == (order == "rot16")) and (records or not hi_only)
     assert order == "q4k" or (records and not hi_only)
     nt = records or T4.MMA_TOKENS
-    ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s", "i8": "q4_K"}[order]  # a format whose GEMV reads them
-    i8 = order == "i8"
+    ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s", "i8": "q4_K", "i8q6": "q6_K"}[order]  # a format
+    # whose GEMV reads them
+    i8 = order in ("i8", "i8q6")
     name = (GemvKernel("prep_few", ofmt, records, hi_only=hi_only, i8=i8) if records else
             GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K")).name
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate
                                    and not records else
                                    f"activation of up to {records} tokens: scaled int8 digit-plane records and "
-                                   f"fp16 min pairs ({GemvKernel('few', ofmt, records, i8=True).name})" if i8 else
+                                   f"fp16 {'sub-block digit sums' if order == 'i8q6' else 'min pairs'} "
+                                   f"({GemvKernel('few', ofmt, records, i8=True).name})" if i8 else
                                    f"activation of up to {records} tokens{': forward RHT,' if rotate else ':'} scaled "
                                    f"fp16 {'hi' if hi_only else 'hi/lo'} "
                                    f"records{'' if order == 'q4k' else ' in 16-element sub-block order'} "
@@ -1630,13 +1632,15 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
     min + 8·(4c + t) + 2·nib, lo 4 bytes on), block 0 of the super-block the factor at fac + 4·n; token 0's block
     1 the zeros after the factors."""
     ncol = T4.q4k_record_columns(nt, hi_only)
-    moff, foff, rb = T4.q4k_i8_record_layout(nt) if order == "i8" else T4.q4k_record_layout(nt, hi_only)
+    moff, foff, rb = (T4.q4k_i8_record_layout(nt) if order == "i8" else T4.q6k_i8_record_layout(nt) if order == "i8q6"
+                      else T4.q4k_record_layout(nt, hi_only))
     sb = b.op("shr.u32", j, Imm(3, "u32"))
     jj = b.op("and.b32", j, Imm(7, "b32"))  # 2t + nib
     rec = b.op("mad.wide.u32", sb, Imm(rb, "u32"), REC)
     p = b.op("and.b32", lane, Imm(3, "b32"))
     per_tok = 64 if hi_only else 128  # 16·4c for c = n or 2n
-    if order == "i8":  # digit plane q of v = rni(x·2^s·2^I8_SHIFT) at 64·C·(jj / 2) + 64·(3·tok + q) + 16·t + 8·(jj & 1) + 4·h + b
+    if order in ("i8", "i8q6"):  # digit plane q of v = rni(x·2^s·2^I8_SHIFT) at 64·C·(jj / 2) + 64·(3·tok + q) + 16·t +
+        # 8·(jj & 1) + 4·h + b
         v = b.op("cvt.rni.s32.f32", b.op("mul.rn.f32", xs, Imm(2.0 ** T4.I8_SHIFT, "f32")), type="s32")
         e_off = b.op("add.u32", b.op("shl.b32", b.op("and.b32", lane, Imm(0xC, "b32")), Imm(2, "u32")),  # 16·t
                      b.op("add.u32", b.op("shl.b32", b.op("shr.u32", lane, Imm(4, "u32")), Imm(2, "u32")), p))  # 4·h + b
@@ -1644,13 +1648,17 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
         off = b.op("mad.lo.u32", b.op("shr.u32", jj, Imm(1, "u32")), Imm(64 * T4.I8_PLANES * nt, "u32"),
                    b.op("mad.lo.u32", tok, Imm(64 * T4.I8_PLANES, "u32"), e_off))
         pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
+        digits = []
         for q in range(T4.I8_PLANES):  # the byte v & 255, then v = (v + 128) >> 8
             b.emit("st.global.b8", Mem(pe, 64 * q), v)
+            digits.append(v)
             if q + 1 < T4.I8_PLANES:
                 v = b.op("shr.s32", b.op("add.s32", v, Imm(128, "s32"), type="s32"), Imm(8, "u32"), type="s32")
         # a value the digits cannot hold (|x·2^s| ≥ 2^15: s clamped at -100) counts as +inf in the block's sum, so
         # the token's outputs are non-finite (formats.tq4_1s.q4k_i8_records)
         big = b.op("setp.ge.f32", b.op("abs.f32", xs), Imm(2.0 ** (22 - T4.I8_SHIFT), "f32"))
+        if order == "i8q6":
+            _i8_sub_block_sums(b, rec, moff, nt, tok, jj, lane, digits, big, xs)
         xs = b.op("selp.f32", Imm(float("inf"), "f32"), xs, big)
     elif order == "q4k":
         e_off = b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", lane, Imm(2, "u32")), Imm(64 * ncol, "u32")),  # 64·C·i
@@ -1662,10 +1670,12 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
                      b.op("add.u32", b.op("shl.b32", b.op("shr.u32", lane, Imm(4, "u32")), Imm(3, "u32")),  # 8·h
                           b.op("shl.b32", p, Imm(1, "u32"))))
         off = b.op("mad.lo.u32", tok, Imm(per_tok, "u32"), b.op("mad.lo.u32", jj, Imm(64 * ncol, "u32"), e_off))
-    if order != "i8":
+    if order not in ("i8", "i8q6"):
         pe = b.op("add.s64", rec, b.op("cvt.u64.u32", off))
         b.emit("st.global.b16", Mem(pe), hi)
-    if hi_only:  # the min term from the same rounded values the main product sees
+    if order == "i8q6":  # (no min term: the sub-block sums above)
+        pass
+    elif hi_only:  # the min term from the same rounded values the main product sees
         shi, slo = _min_pair(b, b.op("cvt.f32.f16", hi))
         mo = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", jj, Imm(1, "u32")), Imm(3, "u32")),
                   b.op("shl.b32", b.op("and.b32", jj, Imm(1, "b32")), Imm(1, "u32")))  # 8·t + 2·nib
@@ -1677,9 +1687,10 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
         shi, slo = _min_pair(b, xs)
         moff_ = b.op("mad.lo.u32", tok, Imm(32, "u32"), b.op("mad.lo.u32", jj, Imm(2, "u32"), Imm(moff, "u32")))
         lo_at = 16
-    pm = b.op("add.s64", rec, b.op("cvt.u64.u32", moff_))
-    b.emit("st.global.b16", Mem(pm), shi, pred=lead)
-    b.emit("st.global.b16", Mem(pm, lo_at), slo, pred=lead)
+    if order != "i8q6":
+        pm = b.op("add.s64", rec, b.op("cvt.u64.u32", moff_))
+        b.emit("st.global.b16", Mem(pm), shi, pred=lead)
+        b.emit("st.global.b16", Mem(pm, lo_at), slo, pred=lead)
     first = b.op("and.pred", lead, b.op("setp.eq.u32", jj, Imm(0, "u32")))
     pf = b.op("add.s64", rec, b.op("cvt.u64.u32", b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(foff, "u32"))))
     b.emit("st.global.b32", Mem(pf), fbits, pred=first)
@@ -1694,6 +1705,42 @@ def _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, 
                     b.op("setp.eq.u32", tok, Imm(0, "u32")))
         for o in pad:
             b.emit("st.global.b32", Mem(rec, o), zero, pred=tail)
+
+
+def _i8_sub_block_sums(b, rec, xoff, nt, tok, jj, lane, digits, big, xs):
+    """prep_q6k_i8_t{nt}'s sub-block sums (formats.tq4_1s.q6k_i8_records): the digits of each 16-lane half of the
+    warp's block jj (sub-block s = 2·jj + h) summed per plane by a butterfly — planes 0 and 1 biased by 128 in one
+    word's halves, plane 2 biased in another's low half beside the counts of NaNs (bits 16-20) and of values the
+    digits cannot hold (`big`, bits 21-25) —, as fp16 at xoff + 32·(3·tok + p) + 2·s from lanes 0 and 16: NaN where
+    the half holds a NaN of x·2^s, else +inf where it holds a big one."""
+    full = Imm(0xFFFFFFFF, "b32")
+    sext = [b.op("bfe.s32", d, Imm(0, "u32"), Imm(8, "u32"), type="s32") for d in digits]  # (the byte each stored)
+    pk = b.op("add.u32", b.op("add.u32", sext[0], Imm(128, "u32")),
+              b.op("shl.b32", b.op("add.u32", sext[1], Imm(128, "u32")), Imm(16, "u32")))
+    nan = b.op("setp.nan.f32", xs, xs)
+    flags = b.op("add.u32", b.op("selp.u32", Imm(1 << 16, "u32"), Imm(0, "u32"), nan),
+                 b.op("selp.u32", Imm(1 << 21, "u32"), Imm(0, "u32"), big))
+    p2 = b.op("add.u32", b.op("add.u32", sext[2], Imm(128, "u32")), flags)
+    for o in (8, 4, 2, 1):  # within each 16-lane half
+        pk = b.op("add.u32", pk, b.op("shfl.sync.bfly.b32", pk, Imm(o, "u32"), Imm(31, "u32"), full, type="u32"))
+        p2 = b.op("add.u32", p2, b.op("shfl.sync.bfly.b32", p2, Imm(o, "u32"), Imm(31, "u32"), full, type="u32"))
+    bias = Imm(16 * 128, "s32")
+    sums = [b.op("sub.s32", b.op("and.b32", pk, Imm(0xFFFF, "b32")), bias, type="s32"),
+            b.op("sub.s32", b.op("shr.u32", pk, Imm(16, "u32")), bias, type="s32"),
+            b.op("sub.s32", b.op("and.b32", p2, Imm(0xFFFF, "b32")), bias, type="s32")]
+    any_nan = b.op("setp.ne.u32", b.op("and.b32", p2, Imm(31 << 16, "b32")), Imm(0, "u32"))
+    any_big = b.op("setp.ne.u32", b.op("shr.u32", p2, Imm(21, "u32")), Imm(0, "u32"))
+    half = b.op("shr.u32", lane, Imm(4, "u32"))
+    lead16 = b.op("setp.eq.u32", b.op("and.b32", lane, Imm(15, "b32")), Imm(0, "u32"))
+    at = b.op("mad.lo.u32", tok, Imm(32 * T4.I8_PLANES, "u32"),
+              b.op("add.u32", b.op("shl.b32", b.op("mad.lo.u32", jj, Imm(2, "u32"), half), Imm(1, "u32")),
+                   Imm(xoff, "u32")))
+    px = b.op("add.s64", rec, b.op("cvt.u64.u32", at))
+    for p_, sm in enumerate(sums):
+        h = b.op("cvt.rn.f16.s32", sm, type="b16")
+        h = b.op("selp.b16", Imm(T4.I8_SUM_INF, "b16"), h, any_big)
+        h = b.op("selp.b16", Imm(T4.I8_SUM_NAN, "b16"), h, any_nan)
+        b.emit("st.global.b16", Mem(px, 32 * p_), h, pred=lead16)
 
 
 def build_lanes_ggml(arch, fmt: str, Tn: int, exact: bool = False):

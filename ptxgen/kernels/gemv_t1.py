@@ -405,6 +405,117 @@ class _I8Step:
         return acc
 
 
+class _I8Q6Step(_I8Step):
+    """A step of the int8 few-token Q6_K GEMVs (gemv_q6_k_i8_t{nt}, on prep_q6k_i8_t{nt}'s records: q4k_i8_records'
+    digit planes, then each column's 16 sub-block digit sums X as fp16, then the factors). Per m16 tile and
+    16-element sub-block s: A = the rows' u8 q (codec.I8Block: one bit select a register), one m16n8k16 u8 x s8 MMA a
+    tile of planes (its B one register of the 16-byte load that holds four sub-blocks), S += sc_s·D (the int8 scale
+    sign-extended by a prmt; |S| < 2^29). The −32 of q − 32 is one f16 MMA a step and tile: A = the rows' 16 scales
+    as f16 (exact), B = X, F = Σ_s sc_s·X_s exact in fp32 (< 2^23); then P += (S − 32·F)·d·2^-s per column (fp32:
+    non-finite where X marks a NaN or an out-of-range value). The step's rows sit at a 2-byte phase that alternates by
+    step (210-byte blocks, as _CodecStep's): the body is emitted once per phase. combine: _I8Step's, no min term."""
+
+    def __init__(self, b, arch, codec, MT, nt, g, t, W_BYTES, SLOT, row0, M, nsb, block):
+        self.b, self.arch, self.codec, self.MT, self.nt, self.t, self.W, self.block = (b, arch, codec, MT, nt, t,
+                                                                                        W_BYTES, block)
+        self.C = T4.I8_PLANES * nt
+        self.NTP = -(-self.C // 8)
+        self.NTM = max(1, 2 * nt // 8)
+        xoff, foff, _ = T4.q6k_i8_record_layout(nt)
+        self.izero = [b.op("mov.b32", Imm(0, "b32")) for _ in range(4)]
+        self.czero = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(4)]
+        self.t4 = b.op("shl.b32", t, Imm(2, "u32"))
+        self.t_hi = b.op("setp.ge.u32", t, Imm(2, "u32"))
+        self.sel = b.op("mad.lo.u32", b.op("and.b32", t, Imm(1, "b32")), Imm(0x0202, "u32"), Imm(0x4140, "u32"))
+        self.magic = b.op("mov.b32", Imm(0x64646464, "b32"))
+        self.bias = b.op("mov.b32", Imm(0x64806480, "b32"))  # 1152 = 1024 + 128 in both halves
+        self.sels = codec.I8Block.constants(b)
+        cols = [b.op("min.u32", b.op("add.u32", g, Imm(8 * n, "u32")), Imm(self.C - 1, "u32")) for n in range(self.NTP)]
+        # lane (g, t) of tile n: column min(8n + g, C − 1)'s planes (16 bytes at 16t: four sub-blocks) and sums
+        self.boff = [b.op("mad.lo.u32", c, Imm(64, "u32"), b.op("add.u32", b.op("shl.b32", t, Imm(4, "u32")),
+                                                                 Imm(W_BYTES, "u32"))) for c in cols]
+        self.xoffs = [b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("add.u32", self.t4, Imm(W_BYTES + xoff, "u32")))
+                      for c in cols]
+        self.foffs, self.pscale = [], []
+        for n in range(self.NTP):  # the factor of column 8n + 2t + e and its plane's 2^(8p − 7)
+            fo, ps = [], []
+            for e in range(2):
+                c = b.op("mad.lo.u32", t, Imm(2, "u32"), Imm(8 * n + e, "u32"))
+                tok = b.op("min.u32", b.op("div.u32", c, Imm(3, "u32")), Imm(nt - 1, "u32"))
+                fo.append(b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(W_BYTES + foff, "u32")))
+                pl = b.op("rem.u32", c, Imm(3, "u32"))
+                ps.append(b.op("shl.b32", b.op("mad.lo.u32", pl, Imm(8, "u32"), Imm(127 - T4.I8_SHIFT, "u32")),
+                               Imm(23, "u32")))
+            self.foffs.append(fo)
+            self.pscale.append(ps)
+        self.P = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(self.NTP)] for _ in range(2)]
+                  for _ in range(MT)]
+        self.M = [[[self.czero[0]] * self.NTM for _ in range(2)] for _ in range(MT)]  # (no min term)
+        rows = [[b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")) for rr in range(2)] for mt in range(MT)]
+        self.slots = [[b.op("mul.lo.u32", r, Imm(SLOT, "u32")) for r in rs] for rs in rows]
+        self.starts = None
+        if block % 16:  # each row's first step from the warp's aligned base, as _ring_copies copies it
+            row_bytes, mlast, rbase = _warp_row_base(b, row0, M, nsb, block)
+            delta = _warp_delta(b, rbase, row_bytes)
+            self.starts = [[b.op("mad.lo.u32", _row_rel(b, row0, r, mlast, rbase), row_bytes, delta) for r in rs]
+                           for rs in rows]
+
+    def body(self, st, jb=None):
+        b = self.b
+        if self.starts is None:
+            self._phase(st, [[b.op("add.u32", st, sl) for sl in ss] for ss in self.slots], 0)
+            return
+        jbytes = b.op("mul.lo.u32", jb, Imm(self.block, "u32"))
+        offs = [[b.op("and.b32", b.op("add.u32", r, jbytes), Imm(15, "b32")) for r in rs] for rs in self.starts]
+        bases = [[b.op("add.u32", b.op("add.u32", st, sl), b.op("and.b32", o, Imm(12, "b32"))) for sl, o in zip(ss, os_)]
+                 for ss, os_ in zip(self.slots, offs)]
+        other, joined = b.label("i8_phase2"), b.label("i8_joined")
+        b.bra(other, pred=b.op("setp.ne.u32", b.op("and.b32", offs[0][0], Imm(2, "b32")), Imm(0, "u32")))
+        self._phase(st, bases, 0)
+        b.bra(joined)
+        b.place(other)
+        self._phase(st, bases, 2)
+        b.place(joined)
+
+    def _phase(self, st, bases, ph):
+        from .gemv_mma_codec import phase_readers
+        b, arch = self.b, self.arch
+        facs = [[b.op("ld.shared.f32", Mem(b.op("add.u32", st, fo))) for fo in fos] for fos in self.foffs]
+        for mt in range(self.MT):
+            blks = [self.codec.I8Block(b, *phase_readers(b, base, b.op("add.u32", base, self.t4), ph), self.t,
+                                        self.sels)
+                    for base in bases[mt]]
+            S = [[None] * 4 for _ in range(self.NTP)]  # the step's integer sums (g, 2t), (g, 2t + 1), (g + 8, ..)
+            for q in range(4):
+                xbs = []
+                for n in range(self.NTP):
+                    xb = b.regs("b32", 4)
+                    b.emit("ld.shared.v4.u32", b.vec(xb), Mem(b.op("add.u32", st, self.boff[n]), 64 * self.C * q))
+                    xbs.append(xb)
+                for i in range(4):
+                    s = 4 * q + i
+                    A = [blks[0].a(s), blks[1].a(s)]
+                    scs = [blk.scale(s) for blk in blks]
+                    for n in range(self.NTP):
+                        dv = b.regs("b32", 4)
+                        b.emit(mma_sync(arch, "m16n8k16", "u8", b.vec(dv), b.vec(A), b.vec([xbs[n][i]]),
+                                        b.vec(self.izero), b_type="s8"))
+                        for e in range(4):
+                            S[n][e] = (b.op("mul.lo.s32", dv[e], scs[e // 2], type="s32") if S[n][e] is None else
+                                       b.op("mad.lo.s32", dv[e], scs[e // 2], S[n][e], type="s32"))
+            pairs = [blk.scale_pairs(self.t_hi, self.sel, self.magic, self.bias) for blk in blks]
+            af = [pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]]  # (g, k 2t..), (g + 8, ..), (g, k 2t + 8..), ..
+            for n in range(self.NTP):
+                xw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, self.xoffs[n]), 16 * h)) for h in range(2)]
+                F = b.regs("f32", 4)
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(F), b.vec(af), b.vec(xw), b.vec(self.czero)))
+                for e in range(4):
+                    rr, c = divmod(e, 2)
+                    v = b.op("fma.rn.f32", F[e], Imm(-32.0, "f32"), b.op("cvt.rn.f32.s32", S[n][e]))
+                    pe = self.P[mt][rr][n][c]
+                    b.emit("fma.rn.f32", pe, v, b.op("mul.rn.f32", blks[rr].d, facs[n][c]), pe)
+
+
 class _CodecStep:
     """A step of the few-token GEMVs on a codec's mma_block (Q6_K, Q8_0: a scale times an integer, the scale
     constant over 16 weights, no min): per m16 tile and 16-element sub-block s, A = the integers of rows g, g + 8
@@ -682,7 +793,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     codec = codecs.get(fmt)
     kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
     assert kq or (hasattr(codec, "mma_block") and not hi_only), fmt
-    assert not i8 or (hasattr(codec, "I8A") and not hi_only), (fmt, hi_only)
+    assert not i8 or ((hasattr(codec, "I8A") or hasattr(codec, "I8Block")) and not hi_only), (fmt, hi_only)
+    i8q6 = i8 and hasattr(codec, "I8Block")  # Q6_K's int8 step (_I8Q6Step) on its own records
     BLOCK, BOX, SLOT = _row_geometry(codec)
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core {fmt} GEMV"
@@ -693,7 +805,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     W_BYTES = R * SLOT  # a step's weights (the record follows)
     ncol = T4.q4k_record_columns(nt, hi_only)
     NTL = max(1, ncol // 8)  # n8 tiles of B
-    moff, foff, rb = T4.q4k_i8_record_layout(nt) if i8 else T4.q4k_record_layout(nt, hi_only)
+    moff, foff, rb = (T4.q6k_i8_record_layout(nt) if i8q6 else T4.q4k_i8_record_layout(nt) if i8 else
+                      T4.q4k_record_layout(nt, hi_only))
     stage_bytes = W_BYTES + rb
     dyn_table = 0  # a codec's table in the dynamic shared memory, before the rings: TQ4_1S's wide one where it fits
     if hasattr(codec, "few_table"):
@@ -737,12 +850,12 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     if flag:
         b.meta.update(ready_flag="ready (last): 2 zero-kept u32 — the prep's CTAs done (this kernel waits for "
                                   "k/256 x tokens of them instead of griddepcontrol.wait), the CTAs past the wait")
-    if i8:
-        b.meta.update(record_order="i8")
     if not kq:
         b.meta.update(record_order=getattr(codec, "FEW_RECORD_ORDER", "sub16"), weights="row_bytes a multiple of 16" if BLOCK % 16 == 0 else
                       f"row_bytes a multiple of 4, m·row_bytes of 16 (a step's {BOX}-byte copy from 16 bytes below "
                       "its start reads no byte past the buffer)")
+    if i8:
+        b.meta.update(record_order="i8q6" if i8q6 else "i8")
     if NW > 4:
         b.meta.update(block_warps=[4, NW], ring_bytes_per_warp=S * stage_bytes)
         if dyn_table:  # the dynamic shared memory a launch of nw warps asks: nw rings + this (the table, alignment)
@@ -779,7 +892,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     def build_records():  # (the fused builds) the records, between the first weight copies and the first record ones
         _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
                        nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr,
-                       order="i8" if i8 else "q4k" if kq else "sub16")
+                       order="i8q6" if i8q6 else "i8" if i8 else "q4k" if kq else "sub16")
     records = build_records if fused else None
 
     def ready_wait():  # (T1_FLAG) the prep's k/256 x nt CTAs counted done (one a super-block and token)
@@ -799,7 +912,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     t_prep = [b.op("mov.u32", Imm(0, "u32")) for _ in range(3 if TRACE else 0)]
     count = b.op("mov.u32", Imm(0, "u32"))
 
-    if i8:
+    if i8q6:
+        istep = _I8Q6Step(b, arch, codec, MT, nt, g, t, W_BYTES, SLOT, row0, M, nsb, BLOCK)
+    elif i8:
         istep = _I8Step(b, arch, codec, MT, nt, g, t, lane, W_BYTES, SLOT)
     elif kq:
         dec = codec.RegDecoder(b, g, t)
@@ -836,7 +951,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         for i_, r_ in enumerate(t_prep):  # the first record's padding: gemv.PREP_TRACE's stamps (else zeros)
             b.emit("ld.shared.b32", r_, Mem(st, W_BYTES + foff + 4 * nt + 4 * i_), pred=step0)
     if i8:
-        istep.body(st)
+        istep.body(st, jb) if i8q6 else istep.body(st)
     elif kq:
         hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
         qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
@@ -1225,12 +1340,15 @@ PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of u
           for nt in T4.Q4K_RECORD_TOKENS]
 # the int8 builds (_I8Step): Q4_K's nibbles on the activation's digit planes, 4 + 8 integer instructions an MMA of 512
 # weights where the fp16 build decodes 256 in 18 (not shipped until timed; rule few_i8_max_tokens)
-I8_FORMATS = ("q4_K", "q5_K")  # the codecs with int8 A operands (their I8A)
+I8_FORMATS = ("q4_K", "q5_K", "q6_K")  # the codecs with int8 A operands (their I8A, Q6_K's I8Block)
+_I8_A = {"q4_K": "the 4-bit weights as A (ldmatrix and masks a 64-weight group)",
+         "q5_K": "the 5-bit weights as A (ldmatrix and masks a 64-weight group)",
+         "q6_K": "the 6-bit weights as A (a bit select a 16-element sub-block), the −32 as one MMA of the scales on "
+                 "the sub-block digit sums a step"}
 KERNELS += [KernelDef(GemvKernel("few", f, nt, i8=True).name,
-                      f"{f} GEMV, T ≤ {nt}, exact, u8 x s8 mma.sync: the {'5-bit' if f == 'q5_K' else '4-bit'} "
-                      "weights as A (ldmatrix and masks a 64-weight group), x as three int8 digit planes, the scales on "
-                      "the integer sums, through a per-warp cp.async ring (activation from "
-                      f"{GemvKernel('prep_few', 'q4_K', nt, i8=True).name})",
+                      f"{f} GEMV, T ≤ {nt}, exact, u8 x s8 mma.sync: {_I8_A[f]}, x as three int8 digit planes, the "
+                      "scales on the integer sums, through a per-warp cp.async ring (activation from "
+                      f"{GemvKernel('prep_few', f, nt, i8=True).name})",
                       lambda arch, nt=nt, f=f: build(arch, nt, i8=True, fmt=f)) for f in I8_FORMATS
             for nt in T4.Q4K_RECORD_TOKENS]
 KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True, i8=True).name,
@@ -1241,6 +1359,10 @@ KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True, i8=True).name,
 PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", nt, i8=True).name, f"activation of up to {nt} tokens: int8 digit "
                     f"planes of x·2^s, fp16 min pairs ({GemvKernel('few', 'q4_K', nt, i8=True).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8"))
+          for nt in T4.Q4K_RECORD_TOKENS]
+PREPS += [KernelDef(GemvKernel("prep_few", "q6_K", nt, i8=True).name, f"activation of up to {nt} tokens: int8 digit "
+                    f"planes of x·2^s, fp16 sub-block digit sums ({GemvKernel('few', 'q6_K', nt, i8=True).name})",
+                    lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8q6"))
           for nt in T4.Q4K_RECORD_TOKENS]
 _C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
 _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
