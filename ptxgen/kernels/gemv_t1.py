@@ -254,6 +254,40 @@ def _codec_table(b, codec, tid, lane, dyn=None):
     return codec.mma_constants(b, (tbl, tid, lane, 128, dyn is not None))
 
 
+def _phased_rows(b, g, MT, slot, row0, M, nsb, block):
+    """(slots, starts) of the few-token steps' rows 16·mt + g + 8·rr: each row's slot in a stage and, for a step not
+    a multiple of 16 bytes (Q6_K's 210), its first step's offset from the warp's aligned base, as _ring_copies
+    copies it (None otherwise)."""
+    rows = [[b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")) for rr in range(2)] for mt in range(MT)]
+    slots = [[b.op("mul.lo.u32", r, Imm(slot, "u32")) for r in rs] for rs in rows]
+    if block % 16 == 0:
+        return slots, None
+    row_bytes, mlast, rbase = _warp_row_base(b, row0, M, nsb, block)
+    delta = _warp_delta(b, rbase, row_bytes)
+    return slots, [[b.op("mad.lo.u32", _row_rel(b, row0, r, mlast, rbase), row_bytes, delta) for r in rs]
+                   for rs in rows]
+
+
+def _phased_body(b, st, jb, block, slots, starts, emit, tag):
+    """A step's body over its rows' 4-byte aligned bases in the stage at st: emit(bases, 0), or where the steps land
+    at a 2-byte phase that alternates by step (the same for every row: row_bytes a multiple of 4) both bodies behind
+    a branch on it (labels `tag`_phase2, `tag`_joined)."""
+    if starts is None:
+        emit([[b.op("add.u32", st, sl) for sl in ss] for ss in slots], 0)
+        return
+    jbytes = b.op("mul.lo.u32", jb, Imm(block, "u32"))
+    offs = [[b.op("and.b32", b.op("add.u32", r, jbytes), Imm(15, "b32")) for r in rs] for rs in starts]
+    bases = [[b.op("add.u32", b.op("add.u32", st, sl), b.op("and.b32", o, Imm(12, "b32"))) for sl, o in zip(ss, os_)]
+             for ss, os_ in zip(slots, offs)]
+    other, joined = b.label(f"{tag}_phase2"), b.label(f"{tag}_joined")
+    b.bra(other, pred=b.op("setp.ne.u32", b.op("and.b32", offs[0][0], Imm(2, "b32")), Imm(0, "u32")))
+    emit(bases, 0)
+    b.bra(joined)
+    b.place(other)
+    emit(bases, 2)
+    b.place(joined)
+
+
 class _I8Step:
     """A step of the int8 few-token Q4_K GEMVs (gemv_q4_k_i8_t{nt}, on prep_q4k_i8_t{nt}'s records: x·2^s·2^7 as three
     signed base-256 digit planes, B column 3n + p). Per m16 tile and 64-weight group q of the super-block: one
@@ -451,31 +485,11 @@ class _I8Q6Step(_I8Step):
         self.P = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(self.NTP)] for _ in range(2)]
                   for _ in range(MT)]
         self.M = [[[self.czero[0]] * self.NTM for _ in range(2)] for _ in range(MT)]  # (no min term)
-        rows = [[b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")) for rr in range(2)] for mt in range(MT)]
-        self.slots = [[b.op("mul.lo.u32", r, Imm(SLOT, "u32")) for r in rs] for rs in rows]
-        self.starts = None
-        if block % 16:  # each row's first step from the warp's aligned base, as _ring_copies copies it
-            row_bytes, mlast, rbase = _warp_row_base(b, row0, M, nsb, block)
-            delta = _warp_delta(b, rbase, row_bytes)
-            self.starts = [[b.op("mad.lo.u32", _row_rel(b, row0, r, mlast, rbase), row_bytes, delta) for r in rs]
-                           for rs in rows]
+        self.slots, self.starts = _phased_rows(b, g, MT, SLOT, row0, M, nsb, block)
 
     def body(self, st, jb=None):
-        b = self.b
-        if self.starts is None:
-            self._phase(st, [[b.op("add.u32", st, sl) for sl in ss] for ss in self.slots], 0)
-            return
-        jbytes = b.op("mul.lo.u32", jb, Imm(self.block, "u32"))
-        offs = [[b.op("and.b32", b.op("add.u32", r, jbytes), Imm(15, "b32")) for r in rs] for rs in self.starts]
-        bases = [[b.op("add.u32", b.op("add.u32", st, sl), b.op("and.b32", o, Imm(12, "b32"))) for sl, o in zip(ss, os_)]
-                 for ss, os_ in zip(self.slots, offs)]
-        other, joined = b.label("i8_phase2"), b.label("i8_joined")
-        b.bra(other, pred=b.op("setp.ne.u32", b.op("and.b32", offs[0][0], Imm(2, "b32")), Imm(0, "u32")))
-        self._phase(st, bases, 0)
-        b.bra(joined)
-        b.place(other)
-        self._phase(st, bases, 2)
-        b.place(joined)
+        _phased_body(self.b, st, jb, self.block, self.slots, self.starts,
+                     lambda bases, ph: self._phase(st, bases, ph), "i8")
 
     def _phase(self, st, bases, ph):
         from .gemv_mma_codec import phase_readers
@@ -539,34 +553,14 @@ class _CodecStep:
         self.t4 = codec.mma_lane_offset(b, t) if hasattr(codec, "mma_lane_offset") else b.op("shl.b32", t, Imm(2, "u32"))
         self.share = getattr(codec, "MMA_SCALE_SUBBLOCKS", 1)
         self.parts = getattr(codec, "MMA_A_PARTS", 1)  # A parts a sub-block (TQ4_1S: fp16 hi and lo; _parts_step)
-        rows = [[b.op("add.u32", g, Imm(16 * mt + 8 * rr, "u32")) for rr in range(2)] for mt in range(MT)]
-        self.slots = [[b.op("mul.lo.u32", r, Imm(slot, "u32")) for r in rs] for rs in rows]
-        self.starts = None
-        if block % 16:  # each row's first step from the warp's aligned base, as _ring_copies copies it
-            row_bytes, mlast, rbase = _warp_row_base(b, row0, M, nsb, block)
-            delta = _warp_delta(b, rbase, row_bytes)
-            self.starts = [[b.op("mad.lo.u32", _row_rel(b, row0, r, mlast, rbase), row_bytes, delta) for r in rs]
-                           for rs in rows]
+        self.slots, self.starts = _phased_rows(b, g, MT, slot, row0, M, nsb, block)
         self.S = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]  # the step's sums, C's order
         self.d = [[b.reg("f32") for _ in range(2)] for _ in range(MT)]  # rows g, g + 8: the step's d
 
     def body(self, st, jb, xrec, ncol):
         """The step in the stage at st (step jb of the row), its B pairs at xrec (the lane's record slot)."""
-        b = self.b
-        if self.starts is None:
-            self._phase([[b.op("add.u32", st, sl) for sl in ss] for ss in self.slots], 0, xrec, ncol)
-            return
-        jbytes = b.op("mul.lo.u32", jb, Imm(self.block, "u32"))
-        offs = [[b.op("and.b32", b.op("add.u32", r, jbytes), Imm(15, "b32")) for r in rs] for rs in self.starts]
-        bases = [[b.op("add.u32", b.op("add.u32", st, sl), b.op("and.b32", o, Imm(12, "b32"))) for sl, o in zip(ss, os_)]
-                 for ss, os_ in zip(self.slots, offs)]
-        other, joined = b.label("step_phase2"), b.label("step_joined")
-        b.bra(other, pred=b.op("setp.ne.u32", b.op("and.b32", offs[0][0], Imm(2, "b32")), Imm(0, "u32")))
-        self._phase(bases, 0, xrec, ncol)
-        b.bra(joined)
-        b.place(other)
-        self._phase(bases, 2, xrec, ncol)
-        b.place(joined)
+        _phased_body(self.b, st, jb, self.block, self.slots, self.starts,
+                     lambda bases, ph: self._phase(bases, ph, xrec, ncol), "step")
 
     def _phase(self, bases, ph, xrec, ncol):
         b, codec = self.b, self.codec
