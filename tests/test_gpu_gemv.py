@@ -411,7 +411,7 @@ def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
     x = rng.standard_normal((t, k)).astype(np.float32)
     want = formats.gemm_ref("q5_K", raw, m, k, x)
     nt = "t32h" if t > 16 else "t16h" if t > 8 else f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
-    with tuning.override(codec_few_max_tokens={"q5_K": 32}):
+    with tuning.override(codec_few_max_tokens={"q5_K": 32}, few_i8_max_tokens={"q5_K": 0}):  # (the fp16 builds)
         two = [f"prep_q4k_{nt}", "mmq_q5_k_rega_n32" if t > 16 else f"gemv_q5_k_mma_{nt}"]
         assert r.mul_mat_plan(w, t, arch=arch).kernels == ([f"gemv_q5_k_mma_{nt}_fused"] if t <= 4 else two)
         out = r.DeviceArray.empty((t, m), np.float32)
@@ -444,7 +444,8 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
     want = formats.gemm_ref(fmt, raw, m, k, x)
     nt = next(v for v in (1, 2, 4, 8) if v >= t)
     fused = t <= 4 and fmt != "tq4_1s"
-    with tuning.override(codec_few_max_tokens={fmt: 8}, codec_few_t1_min_weights=0):
+    with tuning.override(codec_few_max_tokens={fmt: 8}, codec_few_t1_min_weights=0,
+                         few_i8_max_tokens={fmt: 0}):  # (the fp16 builds; Q6_K's int8 ones: test_int8_few_token_gemv)
         two = [GemvKernel("prep_few", fmt, nt).name, GemvKernel("few", fmt, nt).name]
         assert r.mul_mat_plan(w, t, arch=arch).kernels == ([GemvKernel("few", fmt, nt, fused=True).name] if fused
                                                            else two)
@@ -484,7 +485,7 @@ def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monke
     setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # (eager calls of 1-4 tokens would run the one-launch builds)
     setknob(monkeypatch, "PTXGEN_Q4K_T1", "1")  # (Q4_K's few-token builds at any size: by default from 14·2^20 weights)
     with tuning.override(codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8, "tq4_1s": 8},
-                         codec_few_t1_min_weights=0):
+                         codec_few_t1_min_weights=0, few_i8_max_tokens={}):  # (the fp16 per-warp builds)
         per_warp = r.mul_mat(w, x, arch=arch)
         with tuning.override(few_shared_min_tokens={fmt: 1}):
             plan = r.mul_mat_plan(w, t, arch=arch).kernels
@@ -509,8 +510,8 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
 
     from ptxgen.testing.strategies import random_raw
 
-    if fmt == "q6_K" and m * k // 256 * 210 % 16:  # (Q6_K's few-token builds: m·row_bytes a multiple of 16)
-        m = 8
+    if fmt == "q6_K" and k == 256:  # (Q6_K's few-token builds: rows of an even number of super-blocks, m·row_bytes
+        m, k = 8, 512  # a multiple of 16)
     rng = np.random.default_rng(m + k + t)
     raw = random_raw(fmt, m, k, rng)
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))

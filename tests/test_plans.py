@@ -335,9 +335,10 @@ def test_q5_k_takes_the_few_token_tensor_core_builds_up_to_its_rule(gpu):
     tokens gemv_q5_k_mma_t16h, 17-32 the skinny GEMM mmq_q5_k_rega_n32; above it, or with weights not 16-byte
     aligned, the routes after it (the codec GEMV, the register-A GEMM)."""
     w = fakegpu.weights("q5_K", 4096, 14336)
-    assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q5_k_mma_t1_fused"]  # shipped
+    assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q5_k_i8_t1_fused"]  # shipped (the int8 build at 1-4 tokens)
     with tuning.override(codec_few_max_tokens={"q5_K": 0}):  # off: the codec GEMV
         assert ops.mul_mat_plan(w, 1).kernels == ["gemv_q5_k_f32_t1"]
+    tuning.set(few_i8_max_tokens={"q5_K": 0})  # (the fp16 builds below; the fixture resets the rules)
     with tuning.override(codec_few_max_tokens={"q5_K": 16}):
         for t, nt in ((1, "t1"), (2, "t2"), (3, "t4"), (5, "t8"), (8, "t8"), (9, "t16h"), (16, "t16h")):
             want = [f"prep_q4k_{nt}", f"gemv_q5_k_mma_{nt}"]
@@ -361,6 +362,7 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
     RULES.codec_few_max_tokens names the format (not yet timed on the H200: the route before them runs); with it, up
     to 8 tokens, 1-4 called eagerly in one launch (gemv_<fmt>_mma_t*_fused), as Q4_K's. Q6_K's 210-byte steps ask rows a multiple of 4 bytes
     (K a multiple of 512) and M rows a multiple of 16 bytes; weights not 16-byte aligned keep the route after."""
+    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: Q5_K's and Q6_K's int8 ones off)
     f = fmt.lower()
     w = fakegpu.weights(fmt, 4096, 14336)
     before = ops.mul_mat_plan(w, 1).kernels
@@ -406,6 +408,7 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
     """The few-token builds whose records a CTA's warps share (gemv_<fmt>_mma_t{4,8}s): off as shipped
     (few_shared_min_tokens 0: not timed); with the rule, from its T, prep_q4k_t* then the shared build over (row
     CTAs, K splits, 1) in graphs and eager calls alike (the one-launch fused builds keep 1-4 tokens eagerly)."""
+    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: Q5_K's and Q6_K's int8 ones off)
     w = fakegpu.weights("q4_K", 4096, 14336)
     assert not any(k.endswith("s") and "_mma_t" in k for t in range(1, 9) for k in ops.mul_mat_plan(w, t).kernels)
     with tuning.override(few_shared_min_tokens={"q4_K": 5, "q5_K": 3}):
@@ -420,13 +423,20 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
 
 
 def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
-    """The int8 few-token GEMVs (prep_q4k_i8_t* + gemv_<fmt>_i8_t*): as shipped, Q4_K's at 1-2 tokens
-    (few_i8_max_tokens q4_K 2), Q5_K's and Q6_K's never (not timed); with the rule, up to its T, prep + GEMV in graphs, the
-    one-launch build in eager calls of 1-4 tokens (as the fp16 builds); a format the rule does not list keeps its
-    fp16 builds."""
+    """The int8 few-token GEMVs (prep_q{4,6}k_i8_t* + gemv_<fmt>_i8_t*): as shipped, Q4_K's at 1-2 tokens, Q5_K's at
+    1-4 and Q6_K's at 1-8 (few_i8_max_tokens); with the rule, up to its T, prep + GEMV in graphs, the one-launch
+    build in eager calls of 1-4 tokens (as the fp16 builds); a format the rule leaves at 0 keeps its fp16 builds."""
     w = fakegpu.weights("q4_K", 4096, 14336)
     assert [ops.mul_mat_plan(w, t, graph=True).kernels[-1] for t in range(1, 5)] == [
         "gemv_q4_k_i8_t1", "gemv_q4_k_i8_t2", "gemv_q4_k_mma_t4", "gemv_q4_k_mma_t4"]
+    w5, w6 = fakegpu.weights("q5_K", 4096, 14336), fakegpu.weights("q6_K", 4096, 14336)
+    with tuning.override(codec_few_max_tokens={"q5_K": 32, "q6_K": 8}):
+        assert [ops.mul_mat_plan(w5, t, graph=True).kernels[-1] for t in (1, 2, 3, 4, 5)] == [
+            "gemv_q5_k_i8_t1", "gemv_q5_k_i8_t2", "gemv_q5_k_i8_t4", "gemv_q5_k_i8_t4", "gemv_q5_k_mma_t8"]
+        # Q6_K's on its own records (prep_q6k_i8: the sub-block digit sums)
+        assert ops.mul_mat_plan(w6, 2, graph=True).kernels == ["prep_q6k_i8_t2", "gemv_q6_k_i8_t2"]
+        assert ops.mul_mat_plan(w6, 3).kernels == ["gemv_q6_k_i8_t4_fused"]
+        assert ops.mul_mat_plan(w6, 8).kernels == ["prep_q6k_i8_t8", "gemv_q6_k_i8_t8"]
     with tuning.override(few_i8_max_tokens={"q4_K": 4}, codec_few_max_tokens={"q5_K": 32}):
         for t in range(1, 9):
             nt = next(v for v in (1, 2, 4, 8) if v >= t)
@@ -437,17 +447,8 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
                     assert plan.kernels == want, (t, plan.kernels)
                 else:
                     assert not any("i8" in k for k in plan.kernels), (t, plan.kernels)
-        w5 = fakegpu.weights("q5_K", 4096, 14336)
         assert not any("i8" in k for k in ops.mul_mat_plan(w5, 2, graph=True).kernels)  # (not listed: 0)
-    w5 = fakegpu.weights("q5_K", 4096, 14336)
-    assert not any("i8" in k for t in (1, 2) for k in ops.mul_mat_plan(w5, t, graph=True).kernels)
-    with tuning.override(few_i8_max_tokens={"q4_K": 2, "q5_K": 2}):
-        assert ops.mul_mat_plan(w5, 2, graph=True).kernels == ["prep_q4k_i8_t2", "gemv_q5_k_i8_t2"]
-    w6 = fakegpu.weights("q6_K", 4096, 14336)  # Q6_K's on its own records (prep_q6k_i8: the sub-block digit sums)
-    assert not any("i8" in k for t in (1, 2) for k in ops.mul_mat_plan(w6, t, graph=True).kernels)
-    with tuning.override(few_i8_max_tokens={"q6_K": 4}):
-        assert ops.mul_mat_plan(w6, 2, graph=True).kernels == ["prep_q6k_i8_t2", "gemv_q6_k_i8_t2"]
-        assert ops.mul_mat_plan(w6, 3).kernels == ["gemv_q6_k_i8_t4_fused"]
+        assert not any("i8" in k for k in ops.mul_mat_plan(w6, 1, graph=True).kernels)
 
 
 def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):
@@ -752,6 +753,7 @@ def test_q6_k_and_q8_0_decode_runs_the_few_token_builds_where_the_rules_say(gpu)
     records (eager calls to 4 tokens: the fused build, records and GEMV in one launch); one-token calls below
     RULES.codec_few_t1_min_weights that the fp32 codec GEMV would run keep it; Q6_K rows at a 2-byte phase (K/256
     odd) run the routes after them."""
+    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: Q5_K's and Q6_K's int8 ones off)
     for fmt in ("q6_K", "q8_0"):
         w = fakegpu.weights(fmt, 4096, 14336)
         assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_mma_t1_fused"]

@@ -90,17 +90,11 @@ NOT_SHIPPED.update({f"gemv_{f}_mma_n16": "the codecs' tensor-core GEMV for 9-16 
                     for f in ("q6_k", "q8_0")})
 NOT_SHIPPED.update({n: "the int8 few-token Q4_K GEMV (digit-plane records) for 3-8 tokens: slower than the fp16 builds "
                     "at T = 4 on 4096x14336 and at T = 8 (H200, 2026-12-05; rule few_i8_max_tokens q4_K 2)"
-                    for nt in (4, 8) for n in (f"gemv_q4_k_i8_t{nt}", f"prep_q4k_i8_t{nt}", f"gemv_q4_k_i8_t{nt}_fused")
+                    for nt in (4, 8) for n in (f"gemv_q4_k_i8_t{nt}", f"gemv_q4_k_i8_t{nt}_fused")
                     if not n.endswith("t8_fused")})
-NOT_SHIPPED.update({n: "Q6_K's int8 few-token GEMV (q6_k.I8Block: u8 q a 16-element sub-block, the −32 as an MMA of "
-                    "the scales on the records' sub-block digit sums): emulator-exact, not yet timed (rule "
-                    "few_i8_max_tokens q6_K absent: 0)"
-                    for nt in (1, 2, 4, 8) for n in (f"gemv_q6_k_i8_t{nt}", f"prep_q6k_i8_t{nt}", f"gemv_q6_k_i8_t{nt}_fused")
-                    if not n.endswith("t8_fused")})
-NOT_SHIPPED.update({n: "Q5_K's int8 few-token GEMV (q5_k.I8A: the fifth bits from a second ldmatrix): emulator-exact, "
-                    "not yet timed (rule few_i8_max_tokens q5_K absent: 0)"
-                    for nt in (1, 2, 4, 8) for n in (f"gemv_q5_k_i8_t{nt}", f"gemv_q5_k_i8_t{nt}_fused")
-                    if not n.endswith("t8_fused")})
+NOT_SHIPPED.update({n: "the int8 few-token builds at 8 tokens for Q4_K / Q5_K: three planes a token take three n8 "
+                    "tiles, slower than the fp16 t8 builds (H200 / H100, 2026-12-05; rule few_i8_max_tokens)"
+                    for n in ("prep_q4k_i8_t8", "gemv_q5_k_i8_t8")})
 # ... and those only a knob or a pinned path reaches (no default rule over a sweep of device x format x mode x arch
 # x M x K x T, 2026-12-03: 3 devices, 13 M from 16 to 200000, 9-13 K, T = 1-130 and 15 larger; mul_mat_id over 5
 # expert shapes), each with the knob:
