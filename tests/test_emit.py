@@ -205,6 +205,8 @@ for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the codec fixups: the flag, an 
     EXPECTED_SASS[f"mul_mat_fixup_{_f}"] = ["ATOMG.E.ADD", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
+EXPECTED_SASS["permute_f16"] = ["LDG.E.128.CONSTANT", "PRMT", "STG.E"]  # (fp16 x: one load, 4 word stores)
+EXPECTED_SASS["convert_f32"] = ["LDG.E.128.CONSTANT", "HADD2.F32", "STG.E.128"]
 EXPECTED_SASS["moe_gather"] = ["ATOMS.", "BAR.SYNC", "F2FP", "LDG.E.128.CONSTANT"]  # grouping, 2 16-byte loads a group
 EXPECTED_SASS["moe_gather_sums"] = ["ATOMS.", "F2FP", "LDG.E.128.CONSTANT", "SHFL.BFLY", "STG.E.U16"]  # + Σx
 # sm_120a's fp16 mma.sync MMQ: the weights (and the x16 builds' fp16 x) by TMA into an mbarrier ring, no cp.async

@@ -717,6 +717,31 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Ou
                    f"(want {want_flag})", got, want)
 
 
+def _from_f16(ptx: str, rng, shape=(3, 256), seed=None, widen=False) -> Outcome:
+    """permute_f16 (fp16 x into each 64-column chunk's layouts.q4k_rega_k_order) or convert_f32 (fp16 → fp32):
+    bit for bit, on fp16 values of every scale with an inf and a NaN among them."""
+    t, k = shape
+    with np.errstate(over="ignore"):
+        x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float16)
+    x.reshape(-1)[rng.integers(0, x.size, 2)] = [np.inf, np.nan]
+    mem = _memory()
+    xa = mem.alloc(x)
+    n8 = x.size // 8
+    ya = mem.alloc(n8 * (32 if widen else 16), poison=0xFF)
+    _run(ptx, ((n8 + 255) // 256,), (256,), (xa, ya, n8), mem, seed=seed)
+    if widen:
+        got = mem.view(ya, np.uint32, (t, k))
+        want = x.astype(np.float32).view(np.uint32)
+        same = (got == want) | (np.isnan(got.view(np.float32)) & np.isnan(want.view(np.float32)))
+    else:
+        got = mem.view(ya, np.uint16, (t, k))
+        want = x.view(np.uint16).reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
+        same = got == want
+    ok = bool(same.all())
+    name = "convert_f32" if widen else "permute_f16"
+    return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(~same)} differ", got, want)
+
+
 def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=None, rows=None, tile=32, seed=None,
                     sums=False) -> Outcome:
     """moe_gather (_sums): E experts, (T, slots) ids drawn with repeats, empty experts and one out of range (unless
@@ -1262,6 +1287,8 @@ for _bn in (48,):  # Q4_K's 256-row tiles (mmq.GROUPED_WIDE_TILES: four consumer
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["moe_check_ids"] = lambda ptx, rng, seed=None, **kw: moe_check_ids_case(ptx, rng, seed=seed, **kw)
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
+HARNESSES["permute_f16"] = lambda ptx, rng, seed=None, **kw: _from_f16(ptx, rng, seed=seed, **kw)
+HARNESSES["convert_f32"] = lambda ptx, rng, seed=None, **kw: _from_f16(ptx, rng, seed=seed, widen=True, **kw)
 HARNESSES["moe_gather"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(ptx, {"name": "moe_gather"}, rng,
                                                                             seed=seed, **kw)
 HARNESSES["moe_gather_sums"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(

@@ -81,13 +81,58 @@ def gather_store(b, v, i, r, k8, n, Y, XS=None):
     order = q4k_rega_k_order()
     assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
                for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
+    _rega_stores(b, h, i, Y)
+    if XS is not None:  # the sums' hi joins the overflow watch
+        return h + [_sub_block_sums(b, h, r, k8, n, XS)]
+    return h
+
+
+def _rega_stores(b, h, i, Y):
+    """Input group i's four words h[q] (the halves of its columns b', b' + 2, b' = (q & 1) + 4·(q >> 1)) to word
+    i % 4 of output groups 4·(i / 4) + q: the register-A K order (layouts.q4k_rega_k_order)."""
     dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
                b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
     for q in range(4):
         b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
-    if XS is not None:  # the sums' hi joins the overflow watch
-        return h + [_sub_block_sums(b, h, r, k8, n, XS)]
-    return h
+
+
+def build_from_f16(arch, widen: bool = False):
+    """fp16 activations (a torch user's) for the kernels that read another form: permute_f16 — into the register-A
+    wgmma MMQ's K order (as convert_f16_perm, nothing to round, no flag: every value is an fp16 already), one 16-byte
+    load a thread of 8 consecutive columns and a word into each of 4 output groups (_rega_stores) — or, widen,
+    convert_f32 — fp16 → fp32 exactly, for the routes that read fp32 x. 8 values a thread."""
+    kind = "convert_f32" if widen else "permute_f16"
+    b = KernelBuilder(ActKernel(kind).name, arch, "fp16 activations → fp32 (exact)" if widen else
+                      "fp16 activations into the register-A wgmma MMQ's K order", block=(THREADS, 1, 1))
+    x_p, y_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    n_p = b.param("n8", "u32")  # number of 8-value groups
+    b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
+    if not widen:
+        b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
+    b.pdl_head()  # the kernel after it may launch now (it waits before reading what this writes)
+    X, Y = b.ptr(x_p), b.ptr(y_p)
+    n8 = b.ld_param(n_p, "u32")
+    i = b.op("mad.lo.u32", b.special("ctaid.x"), Imm(THREADS, "u32"), b.special("tid.x"))
+    done = b.label("done")
+    b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
+    w = b.regs("b32", 4)  # columns (0, 1), (2, 3), (4, 5), (6, 7) of the group
+    b.emit("ld.global.nc.v4.b32", b.vec(w), Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), X)))
+    if widen:
+        v = []
+        for word in w:
+            lo, hi = b.reg("b16"), b.reg("b16")
+            b.emit("mov.b32", b.vec([lo, hi]), word)
+            v += [b.op("cvt.f32.f16", lo), b.op("cvt.f32.f16", hi)]
+        dst = b.op("mad.wide.u32", i, Imm(32, "u32"), Y)
+        b.emit("st.global.v4.f32", Mem(dst), b.vec(v[:4]))
+        b.emit("st.global.v4.f32", Mem(dst, 16), b.vec(v[4:]))
+    else:  # (b', b' + 2) for b' = 0, 1, 4, 5: the low or the high halves of words (0, 1) and (2, 3)
+        h = [b.op("prmt.b32", w[2 * (q >> 1)], w[2 * (q >> 1) + 1], Imm(0x7632 if q & 1 else 0x5410, "b32"))
+             for q in range(4)]
+        _rega_stores(b, h, i, Y)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
 
 
 def overflowed(b, words):
@@ -132,6 +177,10 @@ def _sub_block_sums(b, h, r, k8, n, XS):
 
 
 KERNEL = KernelDef(ActKernel("convert_f16").name, "fp32 → fp16 activations with an overflow flag", build)
+KERNEL_PERMUTE = KernelDef(ActKernel("permute_f16").name, "fp16 activations in the register-A wgmma MMQ's K order",
+                           build_from_f16, archs=("sm_90a",))
+KERNEL_WIDEN = KernelDef(ActKernel("convert_f32").name, "fp16 activations → fp32 (exact)",
+                         lambda arch: build_from_f16(arch, widen=True))
 KERNEL_PERM = KernelDef(ActKernel("convert_f16", rega=True).name, "fp32 → fp16 activations in the register-A wgmma "
                         "MMQ's K order, with an overflow flag", lambda arch: build(arch, permuted=True),
                         archs=("sm_90a",))
