@@ -118,6 +118,8 @@ def main():
                     help=f"{FORMATS[0]} (the mix), or one of {', '.join(FORMATS[1:])} (any case)")
     ap.add_argument("--tokens", type=int, default=512, help="the prefill's T")
     ap.add_argument("--prefill-only", action="store_true", help="time the prefill step only (no decode rows)")
+    ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16"),
+                    help="the activations mul_mat is given (cuBLAS always gets float16)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: a small model, written, read, planned")
     ap.add_argument("--fuse", action="store_true",
@@ -186,6 +188,7 @@ def run(args, tensors, ws):
     res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers,
            "fuse": bool(args.fuse), "rows": []}
     print(HBM_NOTE)
+    print(f"mul_mat's x: {args.x_dtype} (cuBLAS: float16)")
     print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen | kernels |")
     print("|---|---|---|---|---|---|---|---|---|")
     for t in (args.tokens,) if args.prefill_only else (1, args.tokens):
@@ -193,16 +196,19 @@ def run(args, tensors, ws):
         ys = {name: torch.empty(t, m, device="cuda") for name, _, _, (m, _) in tensors}
         xh = {k: v.half() for k, v in xs.items()}
         for label, names in groups(tensors, kinds):
-            ops_ = [(ws[n], xs[ws[n].shape[1]], ys[n]) for n in names]
+            xin = xh if args.x_dtype == "float16" else xs
+            ops_ = [(ws[n], xin[ws[n].shape[1]], ys[n]) for n in names]
             ours = graphed(torch, lambda i: [r.mul_mat(w, x, out=y) for w, x, y in ops_], calls=1)  # µs per step
             peer = graphed(torch, lambda i: [F.linear(xh[ws[n].shape[1]], w16[n]) for n in names], calls=1)
             b = sum(nbytes[n] for n in names)
             floor = b / HBM * 1e6
             row = {"T": t, "weights": label, "ptxgen_graph_us": ours, "cublas_fp16_graph_us": peer, "bytes": b,
-                   "floor_us": floor, "kernels": {n: r.mul_mat_plan(ws[n], t, graph=True).kernels for n in names[:1]}}
+                   "floor_us": floor, "x_dtype": args.x_dtype,
+                   "kernels": {n: r.mul_mat_plan(ws[n], t, graph=True, x_dtype=args.x_dtype).kernels for n in names[:1]}}
             res["rows"].append(row)
             plans = "" if label == "all" else "; ".join(dict.fromkeys(  # each format's launches in this kind
-                f"{ws[n].fmt}: {' + '.join(r.mul_mat_plan(ws[n], t, graph=True).kernels)}" for n in names))
+                f"{ws[n].fmt}: {' + '.join(r.mul_mat_plan(ws[n], t, graph=True, x_dtype=args.x_dtype).kernels)}"
+                for n in names))
             print(f"| {'decode' if t == 1 else 'prefill'} | {label} ({len(names)}) | {t} | {ours:.1f} | "
                   f"{100 * b / (ours * 1e-6) / HBM:.0f}% | {floor:.1f} | {peer:.1f} | {peer / ours:.2f}× | {plans} |",
                   flush=True)

@@ -12,7 +12,7 @@
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1(_fused) on 4096x14336
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
-#   prefill  bench_model's prefill alone, as is and under candidate rules (the converting GEMM at 512, stream-K)
+#   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
 #   gaps     kernels and launch gaps of the prefill ops of bench_model (T = 512; probe_op_gaps)
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
@@ -95,6 +95,7 @@ for step in "${@:-tier}"; do
     done ;;
   prefill)  # bench_model's prefill step under the candidate rules for #34's last row (1.29x cuBLAS, goal 1.25x)
     run prefill_base 100 python3 bench/bench_model.py --prefill-only
+    run prefill_x16 100 python3 bench/bench_model.py --prefill-only --x-dtype float16
     run prefill_cx512 100 python3 bench/bench_model.py --prefill-only --rule mmq_cx_min_tokens=512
     run prefill_sk 100 python3 bench/bench_model.py --prefill-only --rule mmq_stream_k_min_gain=0.05
     run prefill_fuse 100 python3 bench/bench_model.py --prefill-only --fuse ;;

@@ -667,7 +667,7 @@ MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wg
 
 
 def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
-             path: str | None = None) -> None:
+             path: str | None = None):
     """Record the MMQ of w's format (Q4_K on every path; another codec on its register-A, prepared or fp16 mma.sync
     builds), with convert_f16 / quantize_q8_1_mmq first where its path reads their output; split-K
     partials are summed inside the kernel. The overflow flag is raised, never read here (see mul_mat_fixup_q4_k).
@@ -681,7 +681,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     instead of dequantizing: mmq_q4_k_wgmma_pre_n256, converting x itself where mmq_convert_in_gemm says so) with
     "wgmma_pre_cx" / "wgmma_pre_x16" to pin that choice, "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs
     that multicast each activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized
-    to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them."""
+    to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them.
+    An fp16 x (mul_mat's, a float16 activation) goes to the wgmma builds as it is (permute_f16 for the register-A K
+    order; never the converting builds) and nothing can leave fp16: returns None, no fixup to record behind; the
+    other paths read it widened to fp32 (convert_f32). Returns the fp32 x the fixup behind the GEMM reads."""
     m, k = w.shape
     if path is None:
         path = mmq_path(arch, t)
@@ -689,6 +692,11 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             path = "mma.sync_x16"
     if path not in MMQ_PATHS:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
+    # the register-A / prepared wgmma GEMMs read an fp16 x permuted (permute_f16, into scratch: their tensor maps
+    # are encoded once a workspace, over scratch, never over the call's x)
+    half_in = xa.dtype == np.float16 and path.startswith(("wgmma_ra", "wgmma_pre"))
+    if xa.dtype == np.float16 and not half_in:
+        xa = _rec_widen(pb, xa, arch)
     forced_bn = bn is not None
     if path.startswith("wgmma_pre"):
         bn = bn or PREPARED_TILE
@@ -714,7 +722,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx_name = dataclasses.replace(base, convert=True).name  # its converters' units: convert_steps K-steps,
         # never past K
-        cx = ("sm_90a" in kernels.available(cx_name) and mmq_convert_in_gemm(t, plan.splits)
+        cx = (not half_in and "sm_90a" in kernels.available(cx_name) and mmq_convert_in_gemm(t, plan.splits)
               and k % (64 * int(kernels.load(cx_name, "sm_90a").meta["convert_steps"])) == 0)
         sk = dataclasses.replace(base, stream=True).name
         if path == "wgmma_ra" and not cx and kernels.build_for(sk, "sm_90a") == "sm_90a" and \
@@ -743,7 +751,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         pb.launch(fn, grid, (_raw_rows_map(w, m, fn), tx, o, m, k, t, sp.per, pb.queue, sp.tiles_n, 0, part, cnt),
                   pdl=bool(fn.meta.get("pdl")))
-        return
+        return None if half_in else xa
     tma = sync and fn.meta.get("copy") == "tma"  # the fp16 mma.sync build's TMA ring (sm_120a): weights by tensor map
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
     # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)
@@ -780,6 +788,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         if tma and path == "mma.sync_x16":  # sm_120a: fp16 x by TMA too, box 64 x bn, 128B-swizzled
             xin = _tensor_map(xin.ptr, "f16", t, k, bn, 64, "128B")
         pb.launch(fn, grid, (tw if tma else w.buffer, xin, o, flag, *tail))
+    return None if half_in else xa
 
 
 def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None) -> None:
@@ -900,9 +909,25 @@ def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str =
         raise ValueError(f"convert_f16: the element count must be a multiple of 8, got {n}")
     if k_order == "rega" and xa.shape[-1] % 64:
         raise ValueError(f"convert_f16: k_order='rega' needs K a multiple of 64, got {xa.shape[-1]}")
+    if xa.dtype == np.float16:  # fp16 x already: permuted into scratch (permute_f16)
+        if k_order == "natural" or out is not None:
+            raise ValueError("convert_f16: an fp16 x is only permuted (k_order='rega'), into scratch")
+        o = pb.scratch(xa.shape, np.float16)
+        pb.launch(kernels.load(ActKernel("permute_f16").name, arch), ((n // 8 + 255) // 256,), (xa, o, n // 8))
+        return o
     o = pb.scratch(xa.shape, np.float16) if out is None else out
     fn = kernels.load(ActKernel("convert_f16", rega=k_order != "natural").name, arch)
     pb.launch(fn, ((n // 8 + 255) // 256,), (xa, o, flag, n // 8))
+    return o
+
+
+def _rec_widen(pb: PlanBuilder, xa, arch: str | None, *, once: bool = False) -> SymArray:
+    """fp16 x → fp32 into scratch (convert_f32, exact), for the kernels that read fp32 x; fp32 x as it is."""
+    if xa.dtype != np.float16:
+        return xa
+    n = int(np.prod(xa.shape, dtype=np.int64))
+    o = pb.scratch(xa.shape, np.float32, once=once)
+    pb.launch(kernels.load(ActKernel("convert_f32").name, arch), ((n // 8 + 255) // 256,), (xa, o, n // 8))
     return o
 
 
@@ -985,7 +1010,10 @@ def splitk_plan_one_round(tiles: int, steps: int, slots: int) -> tuple[int, int]
 
 def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: str = "exact",
             arch: str | None = None, stream=None, workspace: Workspace | None = None):
-    """y = x @ W.T for x (T, K) fp32 → (T, M) fp32, like torch.nn.functional.linear(x, W), queued on `stream`.
+    """y = x @ W.T for x (T, K) fp32 or fp16 → (T, M) fp32, like torch.nn.functional.linear(x, W), queued on
+    `stream`. An fp16 x (a torch model's activations) goes to the prefill GEMMs as it is (no conversion pass, no
+    overflow fixup: it reads half the bytes) and is widened to fp32 once for the kernels that read fp32; either way
+    the result has the bits of the call on the same values in fp32.
 
     `stream`: see the module's docstring (default: torch's current stream for a torch x, cupy's for a cupy x,
     else the per-thread default stream); the call returns without waiting for the GPU unless x is a NumPy array.
@@ -1012,12 +1040,12 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     if len(w.shape) != 2:
         raise ValueError(f"mul_mat: w holds {w.shape[0]} experts {w.shape}: route tokens to them with mul_mat_id")
     m, k = w.shape
-    host = torch_x = False
+    host = torch_x = x16 = False
     tt = _TORCH[0] if _TORCH else driver.torch_types()
     if tt is not None and isinstance(x, tt[0]):  # the hot path: a CUDA float32 torch tensor
         torch_x = True
         if not (x.dtype is tt[1] and x.is_cuda and x.dim() == 2 and x.is_contiguous() and x.shape[1] == k):
-            _torch_input(x, k)  # raises the precise error
+            x16 = _torch_input(x, k)[2]  # raises the precise error; or an fp16 x
         t, x_ptr, dev = x.shape[0], x.data_ptr(), x.get_device()
         if x_ptr & 15 or dev != driver.ORDINAL:
             _torch_input(x, k)
@@ -1026,17 +1054,21 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     elif type(x) is DeviceArray:
         if len(x.shape) != 2 or x.shape[1] != k:
             raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {tuple(x.shape)}")
-        if x.dtype != np.float32:
-            raise TypeError(f"mul_mat: x: expected dtype float32, got {x.dtype}")
+        if x.dtype not in (np.float32, np.float16):
+            raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {x.dtype}")
         if x.ptr % 16:
             raise ValueError(f"mul_mat: x: device pointer {x.ptr:#x} is not 16-byte aligned")
-        t, x_ptr = x.shape[0], x.ptr
+        t, x_ptr, x16 = x.shape[0], x.ptr, x.dtype == np.float16
         s = driver.stream_handle(stream, x)
     else:
         shape = shape_of(x, "mul_mat: x")
         if len(shape) != 2 or shape[1] != k:
             raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {shape}")
         t, x_ptr, host = shape[0], None, isinstance(x, np.ndarray)
+        xd = getattr(x, "dtype", None)  # (a NumPy / CUDA-array-interface x: float32, or float16)
+        x16 = xd is not None and str(xd) == "float16"
+        if xd is not None and str(xd) not in ("float32", "float16") and isinstance(x, np.ndarray):
+            raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {xd}")
         s = driver.stream_handle(stream, x)
     if t == 0:
         raise ValueError("mul_mat: x has no tokens (T = 0)")
@@ -1046,20 +1078,22 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     if w._device is None and cid is not None:
         raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: call "
                            "w.to_device() (or run the op once) before capturing")
-    entry = w._plans.get((t, mode, rotation, arch, cid is not None))  # mul_mat_plan's cache, looked up inline
+    key = (t, mode, rotation, arch, cid is not None)
+    entry = w._plans.get(key + ("float16",) if x16 else key)  # mul_mat_plan's cache, looked up inline
+    xdt = "float16" if x16 else "float32"
     if entry is not None and entry[0] == knobs._GENERATION[0]:
         plan = entry[1]
     elif cid is None:
-        plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
+        plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=xdt)
     else:  # the first captured call of this T: its plan may load kernels the eager calls did not need
         with driver.relaxed_capture():
-            plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=True)
+            plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=True, x_dtype=xdt)
     if x_ptr is None:
-        xa = as_device_array(x, "mul_mat: x", np.float32, ndim=2, align=16, stream=s)
+        xa = as_device_array(x, "mul_mat: x", np.float16 if x16 else np.float32, ndim=2, align=16, stream=s)
         x_ptr = xa.ptr
     if out is None:
         if torch_x and stream is None:  # on torch's current stream: torch's allocator, as x.new_empty does
-            o = ret = x.new_empty((t, m))
+            o = ret = x.new_empty((t, m), dtype=tt[1]) if x16 else x.new_empty((t, m))  # (float32 y for an fp16 x)
             y_ptr = ret.data_ptr()
         else:
             o, ret = _output(None, (t, m), np.float32, "mul_mat: out", x, s)
@@ -1080,12 +1114,13 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     return _finish(o, ret, host, out is not None, s)
 
 
-def _torch_input(x, k: int) -> tuple[int, int]:
-    """(T, pointer) of a torch x, checked: CUDA, float32, (T, K), contiguous, 16-byte aligned, on ptxgen's GPU."""
+def _torch_input(x, k: int, half: bool = True) -> tuple[int, int, bool]:
+    """(T, pointer, whether fp16) of a torch x, checked: CUDA, float32 (or float16 with `half`), (T, K), contiguous,
+    16-byte aligned, on ptxgen's GPU."""
     import torch
 
-    if x.dtype is not torch.float32:
-        raise TypeError(f"mul_mat: x: expected dtype float32, got {x.dtype}")
+    if x.dtype is not torch.float32 and not (half and x.dtype is torch.float16):
+        raise TypeError(f"mul_mat: x: expected dtype float32{' or float16' if half else ''}, got {x.dtype}")
     if not x.is_cuda:
         raise TypeError("mul_mat: x is a CPU torch tensor: pass x.cuda() (or x.numpy() for a synchronous call)")
     if x.dim() != 2 or x.shape[1] != k:
@@ -1096,7 +1131,7 @@ def _torch_input(x, k: int) -> tuple[int, int]:
     if ptr % 16:
         raise ValueError(f"mul_mat: x: device pointer {ptr:#x} is not 16-byte aligned (a view at an odd offset?)")
     driver.check_device(x, "mul_mat: x")
-    return x.shape[0], ptr
+    return x.shape[0], ptr, x.dtype is torch.float16
 
 
 def _torch_output(out, t: int, m: int) -> int:
@@ -1112,16 +1147,21 @@ def _torch_output(out, t: int, m: int) -> int:
 
 
 def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str = "separate",
-                 arch: str | None = None, graph: bool = False) -> Plan:
+                 arch: str | None = None, graph: bool = False, x_dtype="float32") -> Plan:
     """The launch plan mul_mat(w, x) runs for T = t tokens (cached on `w` per (T, mode, rotation, arch, graph) and
     the knobs' generation): `.kernels` names its launches, `.scratch_bytes` / `.counter_bytes` its workspace needs.
     `graph`: the plan of a call captured into a CUDA graph, where launches cost the host nothing at replay — it may
     prefer more, faster kernels (exact Q4_K at 1-4 tokens: the activation prep as a kernel of its own, overlapped
     by PDL, instead of inside the GEMV; the same bits). Loads the kernels it names; checks the arguments (a
-    ValueError names a bad one)."""
+    ValueError names a bad one). `x_dtype`: float32 or float16, the activation's (an fp16 x goes to the GEMMs that
+    read fp16 as it is — no conversion of its values, no overflow fixup behind them — and is widened to fp32 once for
+    the kernels that read fp32)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
-    key = (t, mode, rotation, arch, bool(graph))
+    xdt = np.dtype(x_dtype)
+    if xdt not in (np.float32, np.float16):
+        raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {xdt}")
+    key = (t, mode, rotation, arch, bool(graph)) + (() if xdt == np.float32 else ("float16",))
     gen = knobs.generation()
     entry = w._plans.get(key)
     if entry is not None and entry[0] == gen:
@@ -1147,9 +1187,9 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     err = codec.weights_error(mode, k, w.ptr)
     if err:
         raise ValueError(f"mul_mat: {err}")
-    pb = PlanBuilder((t, k), np.float32, (t, m), np.float32, graph=bool(graph))
+    pb = PlanBuilder((t, k), xdt, (t, m), np.float32, graph=bool(graph))
     _record_mul_mat(pb, w, int(t), mode, rotation, arch)
-    plan = pb.finish(f"mul_mat {w.fmt} {m}x{k} T={t} mode={mode}")
+    plan = pb.finish(f"mul_mat {w.fmt} {m}x{k} T={t} mode={mode}" + ("" if xdt == np.float32 else " x float16"))
     _remember(w, key, (gen, plan))
     return plan
 
@@ -1197,6 +1237,9 @@ def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation
     for name in codecs.get(w.fmt).ROUTES[mode]:
         when, record = _ROUTES[name]
         if (fp16 or name not in FP16_WEIGHT_ROUTES) and when(c):
+            if pb.x.dtype == np.float16 and name not in X16_ROUTES:  # an fp16 x: widened once for the kernels
+                # that read fp32 (the GEMM routes take it as it is where their GEMM reads fp16: _rec_mmq)
+                pb.x = _rec_widen(pb, pb.x, arch, once=True)
             record(c)
             return
     raise AssertionError(f"mul_mat: no route of {w.fmt} took T={t}")  # every codec's last route always holds
@@ -1325,9 +1368,9 @@ def _mmq(c: _Call) -> None:
 
     int8 = c.mode == "fast" and hasattr(codecs.get(c.w.fmt), "Q8Decoder")  # the int8 x Q8_1 MMQ: Q4_K's
     q8 = q8_path(c.t, mmq_path(c.arch)) if int8 else None
-    xa = _rotated_x(c)
-    _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
-    _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
+    xa = _rec_mmq(c.pb, c.w, _rotated_x(c), c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
+    if xa is not None:  # (an fp16 x on the wgmma builds: nothing to fix)
+        _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
 
 def _fast_lanes_ok(c: _Call) -> bool:
@@ -1424,6 +1467,8 @@ def _rotate_x(pb: PlanBuilder, fmt: str, rows: int, k: int, arch):
     from ptxgen import codecs
 
     rotation = getattr(codecs.get(fmt), "ROTATION", None)
+    if rotation and pb.x.dtype == np.float16:  # (the rotation reads fp32)
+        pb.x = _rec_widen(pb, pb.x, arch, once=True)
     if not rotation:
         return pb.x
     xa = pb.scratch((rows, k), np.float32)
@@ -1435,9 +1480,9 @@ def _rotate_x(pb: PlanBuilder, fmt: str, rows: int, k: int, arch):
 def _mmq_ra(c: _Call) -> None:
     """The codec's register-A GEMM (its blocks decoded in the K loop: no fragment pass) after convert_f16_perm (a
     rotated codec's x rotated first), then the codec's fixup."""
-    xa = _rotated_x(c)
-    _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
-    _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
+    xa = _rec_mmq(c.pb, c.w, _rotated_x(c), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
+    if xa is not None:
+        _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
 
 def _mmq_ra_ok(c: _Call) -> bool:
@@ -1453,11 +1498,13 @@ def _mmq_ra_ok(c: _Call) -> bool:
 def _mmq_pre(c: _Call) -> None:
     """The codec's fp16 fragments, the prepared register-A GEMM, the codec's fixup; a rotated codec's (TQ4_1S)
     activation rotated once first (its ROTATION kernel, into scratch), which the GEMM and the fixup then read."""
-    xa = _rotated_x(c)
-    _rec_mmq(c.pb, c.w, xa, c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
-    _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
+    xa = _rec_mmq(c.pb, c.w, _rotated_x(c), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
+    if xa is not None:
+        _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
 
+# the routes that take an fp16 x themselves (their GEMM through _rec_mmq; a rotated codec's x widened first)
+X16_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),

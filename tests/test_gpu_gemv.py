@@ -70,8 +70,8 @@ def test_mul_mat_errors():
     w = r.QuantTensor.from_numpy(np.ones((4, 256), np.float32), "q4_K")
     with pytest.raises(ValueError, match=r"x must have shape \(T, 256\)"):
         r.mul_mat(w, np.ones((2, 512), np.float32))
-    with pytest.raises(TypeError, match="expected dtype float32, got float16"):
-        r.mul_mat(w, np.ones((2, 256), np.float16))
+    with pytest.raises(TypeError, match="expected dtype float32 or float16, got float64"):
+        r.mul_mat(w, np.ones((2, 256), np.float64))
     with pytest.raises(ValueError, match="rotation must be"):
         r.mul_mat(w, np.ones((2, 256), np.float32), rotation="none")
     w8 = r.QuantTensor.from_numpy(np.ones((4, 96), np.float32), "q8_0")  # K = 96: not the int8 GEMV's, so exact
@@ -543,19 +543,29 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
             if arch is None:  # captured into a graph on torch's stream
                 import torch
 
-                xt, yt = torch.from_numpy(x).cuda(), torch.empty((t, m), device="cuda")
-                s_ = torch.cuda.Stream()  # warm up (plans, kernels) on a side stream, as torch recommends
-                s_.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s_):
-                    r.mul_mat(w, xt, out=yt)
-                torch.cuda.current_stream().wait_stream(s_)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    r.mul_mat(w, xt, out=yt)
-                yt.fill_(float("nan"))
-                g.replay()
-                torch.cuda.synchronize()
-                np.testing.assert_array_equal(yt.cpu().numpy(), got)
+                np.testing.assert_array_equal(_graph_replayed(w, torch.from_numpy(x).cuda()), got)
+
+
+def _graph_replayed(w, xt):
+    """mul_mat(w, xt) captured into a CUDA graph on torch's stream (warmed up on a side stream, as torch
+    recommends), its output NaN-filled, then replayed: the output as NumPy."""
+    import torch
+
+    import ptxgen.runtime as r
+
+    yt = torch.empty((xt.shape[0], w.shape[0]), device="cuda")
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        r.mul_mat(w, xt, out=yt)
+    torch.cuda.current_stream().wait_stream(s_)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        r.mul_mat(w, xt, out=yt)
+    yt.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return yt.cpu().numpy()
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
@@ -637,3 +647,29 @@ def test_a_cat_of_projections_is_their_products_side_by_side(fmt, t):
     for part, raw, m in zip(torch.split(y, list(ms), dim=1), raws, ms):
         want = xd @ formats.dequantize(fmt, raw, (m, k)).astype(np.float64).T
         assert rel(part.cpu().numpy(), want) <= (1e-5 if t <= 8 else 1e-3), m
+
+
+@pytest.mark.parametrize("fmt,m,k", [("q4_K", 4096, 4096), ("q6_K", 1024, 4096), ("q8_0", 300, 2048),
+                                     ("q5_K", 520, 1024), ("tq4_1s", 256, 3584)])
+@pytest.mark.parametrize("t", [1, 3, 16, 40, 512])
+def test_fp16_activations_give_the_bits_of_their_fp32_widening(fmt, m, k, t):
+    """mul_mat on a float16 x (NumPy, torch on torch's stream, eager and captured into a graph) gives the bits of
+    mul_mat on the same values as float32, on every route: the wgmma GEMMs read them permuted (permute_f16, no
+    conversion, no fixup), the others widened (convert_f32) — the same fp16 the float32 plan's convert_f16 makes, or
+    the same fp32. An inf in x gives non-finite outputs in its token's row, as with float32."""
+    import torch
+
+    import ptxgen.runtime as r
+    from ptxgen.testing.strategies import random_raw
+
+    rng = np.random.default_rng(m + k + t)
+    w = r.QuantTensor.from_raw(fmt, random_raw(fmt, m, k, rng), (m, k))
+    x16 = (rng.standard_normal((t, k)) * 3).astype(np.float16)
+    want = r.mul_mat(w, x16.astype(np.float32))
+    np.testing.assert_array_equal(r.mul_mat(w, x16), want)
+    xt = torch.from_numpy(x16).cuda()
+    np.testing.assert_array_equal(r.mul_mat(w, xt).cpu().numpy(), want)
+    np.testing.assert_array_equal(_graph_replayed(w, xt), want)
+    x16[t - 1, 5] = np.inf
+    got = r.mul_mat(w, x16)
+    assert not np.isfinite(got[t - 1]).all() and np.isfinite(got[:t - 1]).all()

@@ -451,6 +451,32 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
         assert not any("i8" in k for k in ops.mul_mat_plan(w6, 1, graph=True).kernels)
 
 
+def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):
+    """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16),
+    never a converting build, and record no fixup (nothing can leave fp16); every other route reads x widened once
+    (convert_f32) and then runs the float32 plan's kernels (sm_89's GEMM, a rotated codec, the decode GEMVs); each
+    dtype has its own cached plan and the float32 ones are unchanged."""
+    for fmt, m, k in (("q4_K", 4096, 14336), ("q6_K", 4096, 14336), ("q8_0", 4096, 4096), ("q5_K", 1024, 4096)):
+        w = fakegpu.weights(fmt, m, k)
+        for t in (40, 512, 4096):
+            f32 = ops.mul_mat_plan(w, t, graph=True).kernels
+            f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
+            assert f32[-1].startswith("mul_mat_fixup") and "permute_f16" in f16 and not any(
+                n.startswith(("mul_mat_fixup", "convert_f16", "convert_f32")) or n.endswith("_cx") for n in f16), (
+                fmt, t, f32, f16)
+            assert [n for n in f16 if n != "permute_f16"] == [n.replace("_cx", "") for n in f32
+                                                              if not n.startswith(("mul_mat_fixup", "convert_f16"))]
+            assert ops.mul_mat_plan(w, t, graph=True).kernels == f32  # (cached apart)
+        for t in (1, 3, 8):
+            assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, t).kernels
+        f16 = ops.mul_mat_plan(w, 512, arch="sm_89", x_dtype="float16").kernels
+        assert f16 == ["convert_f32"] + ops.mul_mat_plan(w, 512, arch="sm_89").kernels, f16
+    w = fakegpu.weights("tq4_1s", 18944, 3584)  # the rotation reads fp32
+    assert ops.mul_mat_plan(w, 512, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, 512).kernels
+    with pytest.raises(TypeError, match="expected dtype float32 or float16, got float64"):
+        ops.mul_mat_plan(w, 512, x_dtype="float64")
+
+
 def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):
     """codec_few_min_tokens: below it a format's calls keep the routes they had (TQ4_1S's lane and tensor-core
     GEMVs), from it the few-token builds take them — with few_shared_min_tokens, the shared-record ones."""
