@@ -55,7 +55,7 @@ def mul_mat_op(w: torch.Tensor, x: torch.Tensor, fmt: str, m: int, k: int, mode:
 
 @mul_mat_op.register_fake
 def _(w, x, fmt, m, k, mode="exact", rotation="separate", max_scale=-1.0):
-    return x.new_empty((x.shape[0], m))
+    return x.new_empty((x.shape[0], m), dtype=torch.float32)  # (float32 y for an fp16 x too)
 
 
 @torch.library.custom_op("ptxgen::dequantize", mutates_args=())

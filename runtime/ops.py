@@ -694,7 +694,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
     # the register-A / prepared wgmma GEMMs read an fp16 x permuted (permute_f16, into scratch: their tensor maps
     # are encoded once a workspace, over scratch, never over the call's x)
-    half_in = xa.dtype == np.float16 and path.startswith(("wgmma_ra", "wgmma_pre"))
+    half_in = xa.dtype == np.float16 and path.startswith(("wgmma_ra", "wgmma_pre")) and not path.endswith("_cx")
     if xa.dtype == np.float16 and not half_in:
         xa = _rec_widen(pb, xa, arch)
     forced_bn = bn is not None
@@ -722,10 +722,11 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx_name = dataclasses.replace(base, convert=True).name  # its converters' units: convert_steps K-steps,
         # never past K
-        cx = (not half_in and "sm_90a" in kernels.available(cx_name) and mmq_convert_in_gemm(t, plan.splits)
-              and k % (64 * int(kernels.load(cx_name, "sm_90a").meta["convert_steps"])) == 0)
+        cx_rule = ("sm_90a" in kernels.available(cx_name) and mmq_convert_in_gemm(t, plan.splits)
+                   and k % (64 * int(kernels.load(cx_name, "sm_90a").meta["convert_steps"])) == 0)
+        cx = cx_rule and not half_in  # (an fp16 x: the _x16 build where fp32 would convert inside, as its bits)
         sk = dataclasses.replace(base, stream=True).name
-        if path == "wgmma_ra" and not cx and kernels.build_for(sk, "sm_90a") == "sm_90a" and \
+        if path == "wgmma_ra" and not cx_rule and kernels.build_for(sk, "sm_90a") == "sm_90a" and \
                 stream_plan(planned, m, k, t, bn, sms, plan) is not None:
             path = "wgmma_ra_sk"  # stream-K: the tiles fill the CTAs' rounds unevenly
         else:
@@ -1065,11 +1066,15 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
         if len(shape) != 2 or shape[1] != k:
             raise ValueError(f"mul_mat: x must have shape (T, {k}) for W of shape {w.shape}, got {shape}")
         t, x_ptr, host = shape[0], None, isinstance(x, np.ndarray)
-        xd = getattr(x, "dtype", None)  # (a NumPy / CUDA-array-interface x: float32, or float16)
-        x16 = xd is not None and str(xd) == "float16"
-        if xd is not None and str(xd) not in ("float32", "float16") and isinstance(x, np.ndarray):
-            raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {xd}")
         s = driver.stream_handle(stream, x)
+        if host:  # (copied to the device below, once its plan is known)
+            xd = x.dtype
+        else:  # a CUDA-array-interface / DLPack array: its dtype from the interface
+            xa = as_device_array(x, "mul_mat: x", None, ndim=2, align=16, stream=s)
+            xd, x_ptr = xa.dtype, xa.ptr
+        if str(xd) not in ("float32", "float16"):
+            raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {xd}")
+        x16 = str(xd) == "float16"
     if t == 0:
         raise ValueError("mul_mat: x has no tokens (T = 0)")
     if not getattr(driver._TLS, "bound", False):
@@ -1158,9 +1163,9 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     the kernels that read fp32)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
-    xdt = np.dtype(x_dtype)
-    if xdt not in (np.float32, np.float16):
-        raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {xdt}")
+    xdt = np.dtype(x_dtype) if str(x_dtype) in ("float32", "float16") else None
+    if xdt is None:
+        raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {x_dtype}")
     key = (t, mode, rotation, arch, bool(graph)) + (() if xdt == np.float32 else ("float16",))
     gen = knobs.generation()
     entry = w._plans.get(key)

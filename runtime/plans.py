@@ -257,8 +257,8 @@ class Workspace:
 
     def reserve(self, w, tokens, *, mode: str = "exact", rotation: str = "separate", arch: str | None = None,
                 slots: int | None = None) -> "Workspace":
-        """Grow (in place) to hold mul_mat(w, x) for each T in `tokens` (an int or a list) — or, for expert weights
-        (E, M, K), mul_mat_id(w, x, ids) with ids of shape (T, `slots`). Returns self."""
+        """Grow (in place) to hold mul_mat(w, x) for each T in `tokens` (an int or a list), x float32 or float16 —
+        or, for expert weights (E, M, K), mul_mat_id(w, x, ids) with ids of shape (T, `slots`). Returns self."""
         from .ops import mul_mat_id_plan, mul_mat_plan
 
         ts = [tokens] if isinstance(tokens, int) else list(tokens)
@@ -268,7 +268,8 @@ class Workspace:
             plans = [mul_mat_id_plan(w, t, slots, x_per_slot=p, mode=mode, arch=arch, graph=g)
                      for t in ts for p in (0, 1) for g in (False, True)]
         else:
-            plans = [mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=g) for t in ts for g in (False, True)]
+            plans = [mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=g, x_dtype=d)
+                     for t in ts for g in (False, True) for d in ("float32", "float16")]
         c = max([self.counter_bytes] + [p.counter_bytes for p in plans])
         r = max([self.ready_bytes] + [p.ready_bytes for p in plans])
         s = max([self.scratch_bytes] + [p.scratch_bytes for p in plans])

@@ -471,10 +471,17 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
             assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, t).kernels
         f16 = ops.mul_mat_plan(w, 512, arch="sm_89", x_dtype="float16").kernels
         assert f16 == ["convert_f32"] + ops.mul_mat_plan(w, 512, arch="sm_89").kernels, f16
+    w = fakegpu.weights("q4_K", 14336, 4096)  # where fp32 converts inside the GEMM, fp16 takes its _x16 build (the
+    # same arithmetic), not stream-K's split sums, whatever mmq_stream_k_min_gain says
+    with tuning.override(mmq_stream_k_min_gain=0.05):
+        for t in (1024, 3000):
+            assert ops.mul_mat_plan(w, t).kernels[0] == "mmq_q4_k_wgmma_ra_n256_cx"
+            assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["permute_f16", "mmq_q4_k_wgmma_ra_n256"]
     w = fakegpu.weights("tq4_1s", 18944, 3584)  # the rotation reads fp32
     assert ops.mul_mat_plan(w, 512, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, 512).kernels
-    with pytest.raises(TypeError, match="expected dtype float32 or float16, got float64"):
-        ops.mul_mat_plan(w, 512, x_dtype="float64")
+    for bad in ("float64", "bfloat16"):
+        with pytest.raises(TypeError, match=f"expected dtype float32 or float16, got {bad}"):
+            ops.mul_mat_plan(w, 512, x_dtype=bad)
 
 
 def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):
