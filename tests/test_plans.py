@@ -454,7 +454,8 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
 def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):
     """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16),
     never a converting build, and record no fixup (nothing can leave fp16); every other route reads x widened once
-    (convert_f32) and then runs the float32 plan's kernels (sm_89's GEMM, a rotated codec, the decode GEMVs); each
+    (convert_f32) and then runs the float32 plan's kernels (a rotated codec, the decode GEMVs), except the fp16
+    mma.sync GEMM where it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is; each
     dtype has its own cached plan and the float32 ones are unchanged."""
     for fmt, m, k in (("q4_K", 4096, 14336), ("q6_K", 4096, 14336), ("q8_0", 4096, 4096), ("q5_K", 1024, 4096)):
         w = fakegpu.weights(fmt, m, k)
@@ -469,8 +470,12 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
             assert ops.mul_mat_plan(w, t, graph=True).kernels == f32  # (cached apart)
         for t in (1, 3, 8):
             assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, t).kernels
-        f16 = ops.mul_mat_plan(w, 512, arch="sm_89", x_dtype="float16").kernels
-        assert f16 == ["convert_f32"] + ops.mul_mat_plan(w, 512, arch="sm_89").kernels, f16
+        for arch in ("sm_89", "sm_120a"):  # the fp16 mma.sync GEMM reads it as it is where it copies x by cp.async
+            f32 = ops.mul_mat_plan(w, 512, arch=arch).kernels
+            f16 = ops.mul_mat_plan(w, 512, arch=arch, x_dtype="float16").kernels
+            direct = [n for n in f32 if not n.startswith(("convert_f16", "mul_mat_fixup"))]
+            assert f16 in (["convert_f32"] + f32, direct), (arch, f32, f16)
+            assert (f16 == direct) == (arch == "sm_89" or fmt != "q4_K"), (arch, f16)  # (sm_120a's Q4_K: by TMA)
     w = fakegpu.weights("q4_K", 14336, 4096)  # where fp32 converts inside the GEMM, fp16 takes its _x16 build (the
     # same arithmetic), not stream-K's split sums, whatever mmq_stream_k_min_gain says
     with tuning.override(mmq_stream_k_min_gain=0.05):
