@@ -3,7 +3,7 @@ graphs (`mode="reduce-overhead"`). Needs torch (the `[torch]` extra); nothing el
 
     from ptxgen.torch import QuantLinear
     layer = QuantLinear.from_gguf("model.gguf", "blk.0.ffn_up.weight").cuda()   # an nn.Module
-    y = layer(x)                                  # x: (T, K) float32 CUDA tensor → (T, M)
+    y = layer(x)                                  # x: (T, K) float32 / float16 CUDA tensor → (T, M) float32
     fast = torch.compile(layer, fullgraph=True, mode="reduce-overhead")
 
 The operators take the weights as a torch uint8 tensor of their GGUF bytes plus (fmt, M, K), so that a module can
