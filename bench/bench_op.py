@@ -232,6 +232,8 @@ def main():
     ap.add_argument("--no-decode-loop", action="store_true")
     ap.add_argument("--loop-formats", default="q4_K", help="formats of the decode loop (e.g. q4_K,q5_K,q6_K,q8_0,tq4_1s)")
     ap.add_argument("--host-only", action="store_true", help="only the host time per call")
+    ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16"),
+                    help="the activations mul_mat is given in the op table (cuBLAS always gets float16)")
     ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
                     help="a dispatch rule of ptxgen/tuning overridden for this run, e.g. mmq_min_tokens=9 or "
                          "'codec_ra_mmq_max_tokens={\"q5_K\": 2048, \"q6_K\": 4096, \"q8_0\": 1073741824}'")
@@ -274,7 +276,7 @@ def main():
                    for _ in range(max(2, math.ceil(4 * L2 / (2 * m * k))))]
             tokens = [int(v) for v in args.tokens.split(",")] if args.tokens else TOKENS.get(fmt, (1, 16, 512, 4096))
             for t in tokens:
-                x = torch.randn(t, k, device="cuda")
+                x = torch.randn(t, k, device="cuda", dtype=getattr(torch, args.x_dtype))
                 y = torch.empty(t, m, device="cuda")
                 r.mul_mat(ws[0], x, out=y)
                 if fmt != "tq4_1s":  # a sanity check of what is timed (the tests check the bounds)
@@ -288,8 +290,8 @@ def main():
                 row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": nbytes, "ptxgen": ours, "cublas_fp16": peer,
                        "llamacpp": (LLAMA.get(((m, k), t)) if fmt == "q4_K"
                                     else LLAMA_OTHER.get(fmt, {}).get(t) if (m, k) == (4096, 14336) else None),
-                       "kernels": ops.mul_mat_plan(ws[0], t).kernels,
-                       "graph_kernels": ops.mul_mat_plan(ws[0], t, graph=True).kernels,
+                       "kernels": ops.mul_mat_plan(ws[0], t, x_dtype=args.x_dtype).kernels, "x_dtype": args.x_dtype,
+                       "graph_kernels": ops.mul_mat_plan(ws[0], t, graph=True, x_dtype=args.x_dtype).kernels,
                        "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
                 res["op"].append(row)
                 print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} | "

@@ -13,6 +13,7 @@
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1(_fused) on 4096x14336
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
+#   x16      bench_op on fp16 activations against fp32 ones (decode's widening, prefill's permute)
 #   gaps     kernels and launch gaps of the prefill ops of bench_model (T = 512; probe_op_gaps)
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
@@ -99,6 +100,11 @@ for step in "${@:-tier}"; do
     run prefill_cx512 100 python3 bench/bench_model.py --prefill-only --rule mmq_cx_min_tokens=512
     run prefill_sk 100 python3 bench/bench_model.py --prefill-only --rule mmq_stream_k_min_gain=0.05
     run prefill_fuse 100 python3 bench/bench_model.py --prefill-only --fuse ;;
+  x16)  # the op as called on fp16 activations against fp32 ones (bench_op's table, one process each)
+    for d in float32 float16; do
+      run "x16_op_$d" 150 python3 bench/bench_op.py --formats q4_K,q6_K --shape 4096x14336 --tokens 1,4,512 \
+        --no-decode-loop --x-dtype "$d"
+    done ;;
   gaps)  # where a prefill op's graph time goes (kernels, gaps) on bench_model's shapes at T = 512
     for fs in q4_K:1024x4096 q6_K:1024x4096 q4_K:4096x4096 q6_K:4096x14336 q4_K:14336x4096; do
       run "gaps_${fs/:/_}" 60 python3 bench/probe_op_gaps.py --fmt "${fs%%:*}" --shape "${fs#*:}" --tokens 512 --calls 20 --show 8
@@ -116,6 +122,6 @@ for step in "${@:-tier}"; do
       --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill gaps small rest sanitize)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 gaps small rest sanitize)"; exit 2 ;;
   esac
 done
