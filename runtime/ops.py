@@ -1644,7 +1644,10 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     # the int8 builds (rule few_i8_max_tokens; gemv_t1._I8Step): their own records, else as the fp16 ones
     i8 = (not hi_only and n <= _per_format(RULES.few_i8_max_tokens, w.fmt, 0)
           and kernels.build_for(GemvKernel("few", w.fmt, nt, i8=True).name, arch) is not None)
-    rb = ((T4.q6k_i8_record_bytes(nt) if w.fmt == "q6_K" else T4.q4k_i8_record_bytes(nt)) if i8 else
+    from ptxgen import codecs
+
+    q6 = hasattr(codecs.get(w.fmt), "I8Block")  # (its int8 builds' own records, as gemv_t1.build decides)
+    rb = ((T4.q6k_i8_record_bytes(nt) if q6 else T4.q4k_i8_record_bytes(nt)) if i8 else
           T4.q4k_record_bytes(nt, hi_only))
     rec = pb.scratch((k // 256 * rb,), np.uint8)
     # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
