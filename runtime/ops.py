@@ -265,8 +265,9 @@ def _moe_gemm(fmt: str, t: int, slots: int, experts: int, k: int, m: int = 0) ->
 def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: str | None = None, stream=None,
                workspace: Workspace | None = None, errors=None):
     """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
-    `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 (T, K), one
-    row per token shared by its slots, or (T, slots, K), one row per slot (the down projection). Returns fp32
+    `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 or fp16 (T,
+    K), one row per token shared by its slots, or (T, slots, K), one row per slot (the down projection; fp16: widened
+    to fp32 once, convert_f32, then the same kernels: the bits of the same values as fp32). Returns fp32
     (T, slots, M): y[t, j] = x[t(, j)] @ w[ids[t, j]].T.
 
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already on
@@ -332,15 +333,19 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         if ea.dtype not in (np.int32, np.uint32) or ea.nbytes < 4:
             raise ValueError(f"mul_mat_id: errors must be an int32 or uint32 array of at least one element, got "
                              f"{ea.dtype} of shape {tuple(ea.shape)}")
-    xa = as_device_array(x, "mul_mat_id: x", np.float32, align=16, stream=s)  # checked before w is uploaded
+    xa = as_device_array(x, "mul_mat_id: x", None, align=16, stream=s)  # checked before w is uploaded
+    if xa.dtype not in (np.float32, np.float16):
+        raise TypeError(f"mul_mat_id: x: expected dtype float32 or float16, got {xa.dtype}")
+    xdt = str(xa.dtype)
     ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
     o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
     x_per_slot = int(len(xshape) == 3)
     if cid is None:
-        plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch)
+        plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, x_dtype=xdt)
     else:  # the first captured call of this shape: its plan may load kernels the eager calls did not need
         with driver.relaxed_capture():
-            plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, graph=True)
+            plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, graph=True,
+                                   x_dtype=xdt)
     if cid is None and workspace is None:
         b = eager_bound(plan, s)
     else:
@@ -394,12 +399,17 @@ def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, work
 
 
 def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, mode: str = "exact",
-                    arch: str | None = None, graph: bool = False) -> Plan:
+                    arch: str | None = None, graph: bool = False, x_dtype="float32") -> Plan:
     """The launch plan of mul_mat_id(w, x, ids) for T = t tokens of `slots` experts each (x (T, K), or with
-    `x_per_slot` (T, slots, K)); cached on `w` as mul_mat_plan's. `.kernels` names its launches."""
+    `x_per_slot` (T, slots, K)); cached on `w` as mul_mat_plan's. `.kernels` names its launches. `x_dtype`:
+    float32, or float16 (widened to fp32 once by convert_f32, then the float32 plan's kernels: the same bits)."""
     from ptxgen import codecs, formats
 
-    key = (t, "mul_mat_id", slots, int(x_per_slot), mode, arch, bool(graph))  # T first: _remember evicts by it
+    if str(x_dtype) not in ("float32", "float16"):
+        raise TypeError(f"mul_mat_id: x: expected dtype float32 or float16, got {x_dtype}")
+    x16 = str(x_dtype) == "float16"
+    key = (t, "mul_mat_id", slots, int(x_per_slot), mode, arch, bool(graph)) + (("float16",) if x16 else ())
+    # (T first: _remember evicts by it)
     gen = knobs.generation()
     entry = w._plans.get(key)
     if entry is not None and entry[0] == gen:
@@ -410,8 +420,9 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     err = codecs.get(w.fmt).weights_error(mode, k, w.ptr)
     if err:
         raise ValueError(f"mul_mat_id: {err}")
-    pb = PlanBuilder((t, slots, k) if x_per_slot else (t, k), np.float32, (t, slots, m), np.float32,
-                     graph=bool(graph), ids_shape=(t, slots))
+    pb = PlanBuilder((t, slots, k) if x_per_slot else (t, k), np.float16 if x16 else np.float32, (t, slots, m),
+                     np.float32, graph=bool(graph), ids_shape=(t, slots))
+    pb.x = _rec_widen(pb, pb.x, arch, once=True)  # (an fp16 x: fp32 for every kernel below)
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
     route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch, fp16_weights=w.fp16_weights)

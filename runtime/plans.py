@@ -265,8 +265,8 @@ class Workspace:
         if len(w.shape) == 3:
             if not slots:
                 raise ValueError(f"Workspace.reserve: w holds {w.shape[0]} experts: pass slots= (the experts per token)")
-            plans = [mul_mat_id_plan(w, t, slots, x_per_slot=p, mode=mode, arch=arch, graph=g)
-                     for t in ts for p in (0, 1) for g in (False, True)]
+            plans = [mul_mat_id_plan(w, t, slots, x_per_slot=p, mode=mode, arch=arch, graph=g, x_dtype=d)
+                     for t in ts for p in (0, 1) for g in (False, True) for d in ("float32", "float16")]
         else:
             plans = [mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=g, x_dtype=d)
                      for t in ts for g in (False, True) for d in ("float32", "float16")]

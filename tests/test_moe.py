@@ -261,6 +261,24 @@ def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(mon
     assert name == "gemv_q8_0_f32_idg" and grid == (1, 1025, 1) and cells[5] == 80000 and cells[11] == 0
 
 
+def test_mul_mat_id_widens_an_fp16_x_once(monkeypatch):
+    """mul_mat_id_plan(x_dtype="float16"): convert_f32 first (the whole x, or x per slot), then the float32 plan's
+    kernels (the grouped GEMM, the GEMVs, TQ4_1S's rotation) — the bits of the same values as fp32; cached apart."""
+    from ptxgen.runtime import ops
+    from ptxgen.testing import fakegpu
+
+    fakegpu.install(monkeypatch)
+    for fmt in ("q4_K", "tq4_1s"):
+        w = _fake_experts(fmt, e=8, m=300, k=512)
+        for t, p in ((1, 0), (8, 0), (8, 1), (200, 1)):
+            f32 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p).kernels
+            f16 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, x_dtype="float16")
+            assert f16.kernels == ["convert_f32"] + f32, (fmt, t, p, f16.kernels, f32)
+            assert ops.mul_mat_id_plan(w, t, 2, x_per_slot=p).kernels == f32
+    with pytest.raises(TypeError, match="expected dtype float32 or float16, got float64"):
+        ops.mul_mat_id_plan(w, 8, 2, x_dtype="float64")
+
+
 def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
     """Q4_K from the tuning's moe_gemm_min_pairs pairs (sm_89's lowering: arch pinned): moe_group (one CTA) writes
     order / offsets / work; the grouped GEMM (persistent CTAs, at most one per possible item) reads them and raises
