@@ -325,18 +325,7 @@ class _I8Step:
                      for n in range(self.NTP)]
         # the factor of column 8n + 2t + e: token (8n + 2t + e) / 3 (clamped), and its plane's 2^(8p − 7) (Q4_K's
         # sums carry 16 more: 2^(8p − 11))
-        self.foffs, self.pscale = [], []
-        e0 = 127 - T4.I8_SHIFT - (4 if self.dec.HI16 else 0)
-        for n in range(self.NTP):
-            fo, ps = [], []
-            for e in range(2):
-                c = b.op("mad.lo.u32", t, Imm(2, "u32"), Imm(8 * n + e, "u32"))
-                tok = b.op("min.u32", b.op("div.u32", c, Imm(3, "u32")), Imm(nt - 1, "u32"))
-                fo.append(b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(W_BYTES + self.foff, "u32")))
-                pl = b.op("rem.u32", c, Imm(3, "u32"))  # as float bits: (e0 + 8p) << 23
-                ps.append(b.op("shl.b32", b.op("mad.lo.u32", pl, Imm(8, "u32"), Imm(e0, "u32")), Imm(23, "u32")))
-            self.foffs.append(fo)
-            self.pscale.append(ps)
+        self._plane_factors(t, W_BYTES + self.foff, 127 - T4.I8_SHIFT - (4 if self.dec.HI16 else 0))
         col_lane = b.op("and.b32", lane, Imm(min(32, 8 * nt) - 1, "b32"))  # the min pairs' lane slot, as the fp16 build
         self.lane_min = b.op("mad.lo.u32", col_lane, Imm(4, "u32"), Imm(W_BYTES + self.moff, "u32"))
         self.lane_fac = b.op("mad.lo.u32", b.op("and.b32", t, Imm(min(nt, 4) - 1, "b32")), Imm(4, "u32"),
@@ -345,6 +334,22 @@ class _I8Step:
         self.P = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(self.NTP)] for _ in range(2)]
                   for _ in range(MT)]
         self.M = [[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(self.NTM)] for _ in range(2)] for _ in range(MT)]
+
+    def _plane_factors(self, t, fac_at, e0):
+        """foffs[n][e]: where the factor 2^-s of lane column 8n + 2t + e's token (column / 3, clamped) lies in a
+        stage (its factors at fac_at); pscale[n][e]: its plane p's scale 2^(e0 − 127 + 8p) as float bits."""
+        b = self.b
+        self.foffs, self.pscale = [], []
+        for n in range(self.NTP):
+            fo, ps = [], []
+            for e in range(2):
+                c = b.op("mad.lo.u32", t, Imm(2, "u32"), Imm(8 * n + e, "u32"))
+                tok = b.op("min.u32", b.op("div.u32", c, Imm(3, "u32")), Imm(self.nt - 1, "u32"))
+                fo.append(b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(fac_at, "u32")))
+                pl = b.op("rem.u32", c, Imm(3, "u32"))  # as float bits: (e0 + 8p) << 23
+                ps.append(b.op("shl.b32", b.op("mad.lo.u32", pl, Imm(8, "u32"), Imm(e0, "u32")), Imm(23, "u32")))
+            self.foffs.append(fo)
+            self.pscale.append(ps)
 
     def _header(self, st, ro):
         """Row ro of the stage: d, −64·dmin, the 8 scales as two words of bytes, the min MMA's A pair."""
@@ -470,18 +475,7 @@ class _I8Q6Step(_I8Step):
                                                                  Imm(W_BYTES, "u32"))) for c in cols]
         self.xoffs = [b.op("mad.lo.u32", c, Imm(32, "u32"), b.op("add.u32", self.t4, Imm(W_BYTES + xoff, "u32")))
                       for c in cols]
-        self.foffs, self.pscale = [], []
-        for n in range(self.NTP):  # the factor of column 8n + 2t + e and its plane's 2^(8p − 7)
-            fo, ps = [], []
-            for e in range(2):
-                c = b.op("mad.lo.u32", t, Imm(2, "u32"), Imm(8 * n + e, "u32"))
-                tok = b.op("min.u32", b.op("div.u32", c, Imm(3, "u32")), Imm(nt - 1, "u32"))
-                fo.append(b.op("mad.lo.u32", tok, Imm(4, "u32"), Imm(W_BYTES + foff, "u32")))
-                pl = b.op("rem.u32", c, Imm(3, "u32"))
-                ps.append(b.op("shl.b32", b.op("mad.lo.u32", pl, Imm(8, "u32"), Imm(127 - T4.I8_SHIFT, "u32")),
-                               Imm(23, "u32")))
-            self.foffs.append(fo)
-            self.pscale.append(ps)
+        self._plane_factors(t, W_BYTES + foff, 127 - T4.I8_SHIFT)  # (planes of plain q: 2^(8p − 7))
         self.P = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(self.NTP)] for _ in range(2)]
                   for _ in range(MT)]
         self.M = [[[self.czero[0]] * self.NTM for _ in range(2)] for _ in range(MT)]  # (no min term)
