@@ -39,8 +39,9 @@ NOT_DISPATCHED = {"gemv_tq4_1s_tma_t4", "gemv_tq4_1s_tma_t8", "mmq_q4_k_q8_n16_p
 # the register-A GEMM keeps the T rule's token tile at any shape (ops._rega_fill_tile halves it where the plan splits K
 # many ways, as it does on shapes of few 128-row tiles): its n128 and n256 builds at small M and K
 RA_TILES = {"wgmma_ra_max_splits": 1 << 10, "wgmma_ra_min_split_steps": 0}
-# (fmt, mode, M, K, tokens, arch, knobs, rules): calls that reach builds the sweep's shapes do not (ops.mul_mat_plan on
-# the stand-in H200 names them: `--plan`)
+# (fmt, mode, M, K, tokens, arch, knobs, rules[, x dtype]): calls that reach builds the sweep's shapes do not
+# (ops.mul_mat_plan on the stand-in H200 names them: `--plan`); x float32 unless named
+NO_I8 = {"few_i8_max_tokens": {"q4_K": 0, "q5_K": 0, "q6_K": 0}}
 TARGETED = [
     # Q6_K on rows of 16-byte multiples (K a multiple of 2048): gemv_q6_k_mma_tma, mmq_q6_k_wgmma_ra_n64 / n128 / n256
     ("q6_K", "exact", 129, 2048, (2, 9, 65, 129), None, {}, RA_TILES),
@@ -78,6 +79,13 @@ TARGETED = [
     # the prepared route of the formats whose register-A GEMM takes every T by default
     *[(fmt, "exact", 129, 512, (40,), None, {}, {"codec_ra_mmq_min_tokens": 1 << 30})
       for fmt in ("q5_K", "q8_0", "tq4_1s")],
+    # the fp16 few-token builds where the int8 ones take their T by default (RULES.few_i8_max_tokens), fused and not
+    *[("q4_K", "exact", 2048, 4096, (1, 2), None, forced, NO_I8) for forced in ({}, {"PTXGEN_Q4K_FUSED": "0"})],
+    *[(fmt, "exact", 128, 512, (1, 2, 3, 5), None, forced, {**NO_I8, "codec_few_t1_min_weights": 0})
+      for fmt in ("q5_K", "q6_K") for forced in ({}, {"PTXGEN_Q4K_FUSED": "0"})],
+    # fp16 activations: widened once for the fp32 kernels (convert_f32), permuted for the register-A GEMMs
+    *[(fmt, "exact", 129, 512, (1, 4, 40, 129), arch, {}, {}, "float16")
+      for fmt in ("q4_K", "q6_K", "q8_0") for arch in (None, "sm_89")],
 ]
 
 
@@ -97,10 +105,10 @@ def cases():
                         for forced in (FORCED if fmt in ("q4_K", "tq4_1s") else [{}]):  # the knobs pick their paths
                             rotations = ("separate", "fused") if (fmt, mode) == ("tq4_1s", "exact") else ("separate",)
                             for rotation in rotations:
-                                yield fmt, mode, rotation, m, k, t, arch, forced, {}
-    for fmt, mode, m, k, tokens, arch, forced, rules in TARGETED:
+                                yield fmt, mode, rotation, m, k, t, arch, forced, {}, "float32"
+    for fmt, mode, m, k, tokens, arch, forced, rules, *x_dtype in TARGETED:
         for t in tokens:
-            yield fmt, mode, "separate", m, k, t, arch, forced, rules
+            yield fmt, mode, "separate", m, k, t, arch, forced, rules, (x_dtype or ["float32"])[0]
 
 
 GROUPED = {"moe_pair_max_weights": 0}  # the grouped routes: at these small sizes the pair GEMV's rule takes the calls
@@ -152,11 +160,11 @@ def plan_only():
 
     fakegpu.install(pytest.MonkeyPatch())
     quick, seen, weights, calls = set(), set(), {}, [0, 0]  # quick: the kernels covered so far
-    for fmt, mode, rotation, m, k, t, arch, forced, rules in cases():
+    for fmt, mode, rotation, m, k, t, arch, forced, rules, x_dtype in cases():
         with knobs.override(**forced), tuning.override(**rules):
             w = weights.setdefault((fmt, m, k), fakegpu.weights(fmt, m, k, at=fakegpu.BASE + (len(weights) << 32)))
-            plan = ops.mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
-        sig = (tuple(plan.kernels), fmt, mode, arch)
+            plan = ops.mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=x_dtype)
+        sig = (tuple(plan.kernels), fmt, mode, arch, x_dtype)
         if sig not in seen:  # main's calls: one per kernel sequence; --quick: only those that add a kernel
             seen.add(sig)
             calls[0] += 1
@@ -216,6 +224,12 @@ def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
     return n, worst, wrong
 
 
+def reads_q8_1(names) -> bool:
+    """Whether a plan's kernels compute on x rounded to Q8_1: after one of its quantizing preps, or the int8 MMQ
+    (mmq_<fmt>_q8_n*, the n16 build quantizing inside). Format names are no sign: q8_0's exact kernels read fp32 x."""
+    return any(n in ("prep_q8_lanes", "prep_tq4_1s_q8", "quantize_q8_1_mmq") or "_q8_n" in n for n in names)
+
+
 def main():
     if {"-h", "--help"} & set(sys.argv):
         print(__doc__.rstrip() + "\n\n    --quick: skip the calls whose kernels earlier ones covered; --only K1,K2: only the "
@@ -232,31 +246,31 @@ def main():
     rng = np.random.default_rng(0)
     covered, seen, n, worst, wrong = set(), set(), 0, 0.0, 0
     weights = {}
-    for fmt, mode, rotation, m, k, t, arch, forced, rules in cases():
+    for fmt, mode, rotation, m, k, t, arch, forced, rules, x_dtype in cases():
         with knobs.override(**forced), tuning.override(**rules):
             key = (fmt, m, k)
             if key not in weights:
                 raw = random_raw(fmt, m, k, rng)
                 weights[key] = (r.QuantTensor.from_raw(fmt, raw, (m, k)), raw)
             w, raw = weights[key]
-            plan = ops.mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch)
-            sig = (tuple(plan.kernels), fmt, mode, arch)
+            plan = ops.mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=x_dtype)
+            sig = (tuple(plan.kernels), fmt, mode, arch, x_dtype)
             if sig in seen or (quick and set(plan.kernels) <= covered) or (only and not only & set(plan.kernels)):
                 continue
             seen.add(sig)
-            x = rng.standard_normal((t, k)).astype(np.float32)
+            x = rng.standard_normal((t, k)).astype(x_dtype)  # the references widen it exactly
             y = r.mul_mat(w, x, mode=mode, rotation=rotation, arch=arch)
-            q8 = any("q8" in name or "fast" in name for name in plan.kernels)  # int8 x Q8_1 kernels ran
-            if fmt == "tq4_1s":  # exact: fp32 rotated x (its GEMMs: fp16); fast: its own reference (Q8_1 rotated x)
-                want = (formats.gemv_tq4_1s_ref if mode == "exact" else formats.gemv_tq4_1s_fast_ref)(raw, m, k, x)
-                bound = 1e-3 if mode == "exact" and any(name.startswith("mmq_") for name in plan.kernels) else 1e-5
+            q8 = reads_q8_1(plan.kernels)  # int8 x Q8_1 kernels ran (mode="fast" runs exact ones past its cut-offs)
+            if fmt == "tq4_1s":  # fp32 rotated x (its GEMMs: fp16); Q8_1: its own reference (Q8_1 rotated x)
+                want = (formats.gemv_tq4_1s_fast_ref if q8 else formats.gemv_tq4_1s_ref)(raw, m, k, x)
+                bound = 1e-3 if any(name.startswith("mmq_") for name in plan.kernels) else 1e-5
             elif q8:  # exact integer dots against the product with the Q8_1-rounded x
                 want, bound = formats.gemm_q8_1_ref(fmt, raw, m, k, x), 1e-5
             else:  # fp32 GEMVs ~1e-6, fp16 skinny / prefill GEMMs ~3e-4
                 want, bound = formats.gemm_ref(fmt, raw, m, k, x), 1e-3
             err = float(np.linalg.norm(y - want) / max(np.linalg.norm(want), 1e-30))
             if not np.isfinite(y).all() or err > bound:
-                print(f"WRONG: {fmt} {mode} {m}x{k} T={t} arch={arch} {forced} {rules}: relative error {err:.2e} > "
+                print(f"WRONG: {fmt} {mode} {m}x{k} T={t} x {x_dtype} arch={arch} {forced} {rules}: relative error {err:.2e} > "
                       f"{bound:.0e}")
                 wrong += 1
             worst = max(worst, err if not q8 and fmt != "tq4_1s" else 0.0)
