@@ -14,10 +14,12 @@
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
 #   x16      bench_op on fp16 activations against fp32 ones (decode's widening, prefill's permute)
+#   x16model bench_model on fp16 activations (prefill alone, plain and --fuse; then the decode step)
 #   gaps     kernels and launch gaps of the prefill ops of bench_model (T = 512; probe_op_gaps)
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
+#   sweep    bench/sanitize.py without a sanitizer: every dispatchable kernel against float64
 # QUEUE_LIMIT (seconds, default 560) stops starting steps once that much of the call has passed.
 set -uo pipefail
 OUT=${OUT:-/tmp/ptxgen-out}; mkdir -p "$OUT"
@@ -120,8 +122,14 @@ for step in "${@:-tier}"; do
       --variant 'pre: rule.mmq_pre_min_tokens=256'
     run mmq_cx 90 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n256_cx$' --formats q4_K --shape 4096x4096 --tokens 512 \
       --variant 'cx: rule.mmq_cx_min_tokens=512' ;;
+  x16model)
+    run model_x16_prefill 100 python3 bench/bench_model.py --prefill-only --x-dtype float16
+    run model_x16_prefill_fuse 100 python3 bench/bench_model.py --prefill-only --x-dtype float16 --fuse
+    run model_x16 150 python3 bench/bench_model.py --x-dtype float16 ;;
+  sweep)
+    run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 gaps small rest sanitize)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps small rest sanitize sweep)"; exit 2 ;;
   esac
 done
