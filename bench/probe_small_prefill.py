@@ -39,6 +39,8 @@ def main():
         for m, k, raw, ws in probe_weights(r, fmt, shapes):
             dense = torch.from_numpy(formats.dequantize(fmt, raw, (m, k)).astype(np.float16)).cuda()
             dws = [dense.clone() for _ in range(max(2, len(ws) // 3))]
+            for w in ws:
+                w.to_device()
             for t in (int(v) for v in args.tokens.split(",")):
                 x = torch.randn(t, k, device="cuda").to(getattr(torch, args.x_dtype))
                 y = torch.empty(t, m, device="cuda")

@@ -591,7 +591,7 @@ def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     op_ld = machine.Emulator._op_ld
 
     def counting_ld(self, ins, ex, grp):
-        polls.append(ins.opcode.startswith("ld.relaxed"))
+        polls.append(ins.opcode.startswith("ld.acquire.gpu"))  # the split counter's poll
         return op_ld(self, ins, ex, grp)
 
     monkeypatch.setattr(machine.Emulator, "_op_ld", counting_ld)
@@ -623,7 +623,7 @@ def test_mmq_spread_fixup_sums_each_splits_rows_with_the_last_ctas_bits(kernel, 
     op_ld = machine.Emulator._op_ld
 
     def counting_ld(self, ins, ex, grp):
-        polls.append(ins.opcode.startswith("ld.relaxed"))
+        polls.append(ins.opcode.startswith("ld.acquire.gpu"))  # the split counter's poll
         return op_ld(self, ins, ex, grp)
 
     ptx = KERNELS[kernel].for_arch(arch).ptx()

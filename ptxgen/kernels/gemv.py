@@ -1883,17 +1883,18 @@ def _store_or_split(b, items, lane, gwarp, kz, nsplit, M, ntok, Y, part_p, cnt_p
     plane = b.op("mul.lo.u32", ntok, M)
     for ok, yoff, v in items:
         b.emit("st.global.f32", Mem(b.op("mad.wide.u32", b.op("add.u32", zoff, yoff), Imm(4, "u32"), P)), v, pred=ok)
-    b.emit("membar.gl")
+    # the warp's stores, a warp barrier (memory ordering among its lanes), then lane 0's acq_rel count: a release
+    # cumulative over the lanes' stores and an acquire of the other splits' (no per-lane fence.sc: membar.gl is one)
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
     cnt = b.op("mad.wide.u32", gwarp, Imm(4, "u32"), C)
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     old = b.reg("u32")
     b.emit("mov.u32", old, Imm(0, "u32"))
-    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=lead)
+    b.emit("atom.acq_rel.gpu.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=lead)
     old = b.op("shfl.sync.idx.b32", old, Imm(0, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")
     fin = b.label("not_last")
     b.bra(fin, pred=b.op("setp.ne.u32", old, b.op("sub.u32", nsplit, Imm(1, "u32"))))
-    b.emit("membar.gl")
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane's loads after lane 0's acquire
     # the sum in z order, its loads 4 splits at a time (one L2 round trip per 4 splits, not one per split and
     # item: with 11 splits and 4 items that chain was ~44 round trips on the kernel's critical path)
     # (lean: one split at a time from one base pointer, the items' addresses recomputed per load — for 32 items,

@@ -893,16 +893,14 @@ def _spread_sums_fixup(b, acc, owned, spread_item, tid, leader, z, ti, r, splits
     for i, row in enumerate(acc):
         for j, frag in enumerate(row):
             b.emit("st.global.cg.v4.f32", Mem(own, (i * NT + j) * fbytes), b.vec(frag), pred=owned[i], neg=True)
-    b.emit("membar.gl")  # this thread's partial is visible before the CTA counts in
-    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("bar.sync", Imm(0, "u32"))  # the CTA's partial stores, then the leader's release (cumulative over them)
     cnt = b.op("mad.wide.u32", ti, Imm(4, "u32"), C)
-    b.emit("red.global.add.u32", Mem(cnt), Imm(1, "u32"), pred=leader)
+    b.emit("red.release.gpu.global.add.u32", Mem(cnt), Imm(1, "u32"), pred=leader)
     wait = b.label("spread_wait")
-    b.place(wait)  # every split of the tile has counted in (its partial stored)
+    b.place(wait)  # every split of the tile has counted in (its partial stored); each thread acquires it itself
     seen = b.reg("u32")
-    b.emit("ld.relaxed.gpu.global.u32", seen, Mem(cnt))
+    b.emit("ld.acquire.gpu.global.u32", seen, Mem(cnt))
     b.bra(wait, pred=b.op("setp.ne.u32", b.op("and.b32", seen, Imm(0xFFFF, "b32")), splits), uniform=False)
-    b.emit("membar.gl")
     b.emit("bar.sync", Imm(0, "u32"))  # every thread of this CTA is past the wait before it counts out
     out = b.reg("u32")
     b.emit("atom.global.add.u32", out, Mem(cnt), Imm(0x10000, "u32"), pred=leader)
@@ -955,17 +953,15 @@ def _last_sums_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C,
     own = b.op("mad.wide.u32", b.op("mad.lo.u32", z, r, ti), Imm(4 * tile_floats, "u32"), thr)
     for f, frag in enumerate(frags):
         b.emit("st.global.cg.v4.f32", Mem(own, f * fbytes), b.vec(frag))
-    b.emit("membar.gl")  # this thread's partial is visible before the CTA publishes it
-    b.emit("bar.sync", Imm(0, "u32"))
-    b.emit("red.global.add.u32", Mem(cnt), Imm(0x10000, "u32"), pred=leader)
+    b.emit("bar.sync", Imm(0, "u32"))  # the CTA's partial stores, then the leader's release (cumulative over them)
+    b.emit("red.release.gpu.global.add.u32", Mem(cnt), Imm(0x10000, "u32"), pred=leader)
     b.bra(skip)
     b.place(last)
     wait = b.label("split_wait")
     b.place(wait)  # every other split has published: the high half of the count is splits - 1
     seen = b.reg("u32")
-    b.emit("ld.relaxed.gpu.global.u32", seen, Mem(cnt))
+    b.emit("ld.acquire.gpu.global.u32", seen, Mem(cnt))  # each thread acquires the others' partials itself
     b.bra(wait, pred=b.op("setp.ne.u32", b.op("shr.u32", seen, Imm(16, "u32")), nm1), uniform=False)
-    b.emit("membar.gl")
     plane = b.op("mul.wide.u32", r, Imm(4 * tile_floats, "u32"))  # partial j + 1 of a tile is this far on
     pz = b.op("mad.wide.u32", ti, Imm(4 * tile_floats, "u32"), thr)  # partial 0 of the tile, this thread's part
     mine = b.op("add.u32", scratch, b.op("shl.b32", tid, Imm(4, "u32")))  # this thread's prefix slots
@@ -1052,8 +1048,7 @@ def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles
     b.comment("split-K fixup: the last CTA of a tile sums the partials in z order into y")
     done = b.label("fixup_done")
     b.bra(done, pred=split_k, neg=True)
-    b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
-    b.emit("bar.sync", *barrier)
+    b.emit("bar.sync", *barrier)  # the CTA's partial stores before the leader's count (_count_in: acq_rel)
     tile = b.op("mad.lo.u32", b.op("shr.u32", m0, Imm(7, "u32")), tiles_n, b.op("div.u32", n0, Imm(BN, "u32")))
     cnt = _count_in(b, tile, C, leader, slot, splits, barrier, done)
     row = b.op("and.b32", tid, Imm(127, "b32"))
@@ -1091,12 +1086,14 @@ def _splitk_fixup(b, tid, leader, slot, split_k, splits, C, P, Y0, m0, n0, tiles
     b.place(done)
 
 
-def _arrive(b, tile, C, leader, slot, barrier, decide):
+def _arrive(b, tile, C, leader, slot, barrier, decide, order=""):
     """The leader counts the CTA in at the tile's counter (atom.add 1) and shares the old count through `slot`;
-    every thread applies `decide` to it before the slot is free again. Returns (counter address, decision)."""
+    every thread applies `decide` to it before the slot is free again. Returns (counter address, decision).
+    `order` "acq_rel": the count releases the CTA's stores before the caller's barrier (cumulative over every
+    thread's) and acquires the other CTAs' — the barriers after it carry the acquire to every thread."""
     cnt = b.op("mad.wide.u32", tile, Imm(4, "u32"), C)
     old = b.reg("u32")
-    b.emit("atom.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
+    b.emit(f"atom{'.acq_rel.gpu' if order else ''}.global.add.u32", old, Mem(cnt), Imm(1, "u32"), pred=leader)
     b.emit("st.shared.u32", Mem(slot, 4), old, pred=leader)
     b.emit("bar.sync", *barrier)
     decision = decide(b.op("ld.shared.u32", Mem(slot, 4)))
@@ -1105,13 +1102,14 @@ def _arrive(b, tile, C, leader, slot, barrier, decide):
 
 
 def _count_in(b, tile, C, leader, slot, splits, barrier, done):
-    """Split-K arrival, after the CTA's partial stores (membar.gl'd) and a barrier: the leader counts the CTA in
-    at the tile's counter and shares the old count through `slot`; every CTA but the tile's last branches to
-    `done`; the last fences (membar.gl) before it reads the others' partials. Returns the counter's address."""
+    """Split-K arrival, after the CTA's partial stores and a barrier: the leader counts the CTA in at the tile's
+    counter (acq_rel: a release of the CTA's stores, an acquire of the other splits') and shares the old count
+    through `slot`; every CTA but the tile's last branches to `done`. The last reads the others' partials behind
+    _arrive's barriers (no fence per thread: membar.gl is a fence.sc, MEMBAR.SC + ERRBAR in every warp). Returns
+    the counter's address."""
     cnt, last = _arrive(b, tile, C, leader, slot, barrier,
-                        lambda old: b.op("setp.eq.u32", old, b.op("sub.u32", splits, Imm(1, "u32"))))
+                        lambda old: b.op("setp.eq.u32", old, b.op("sub.u32", splits, Imm(1, "u32"))), order="acq_rel")
     b.bra(done, pred=last, neg=True)
-    b.emit("membar.gl")
     return cnt
 
 
@@ -2721,8 +2719,7 @@ def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, 
     b.bra(reduce, pred=second)
     for q, f in enumerate(frags):
         b.emit("st.global.v4.f32", Mem(mine, q * 4096), b.vec(f))
-    b.emit("membar.gl")  # this thread's partial stores are visible before the ready bit
-    b.emit("bar.sync", *barrier)
+    b.emit("bar.sync", *barrier)  # the CTA's partial stores, then the leader's release (cumulative over them)
     b.emit("red.release.gpu.global.add.u32", Mem(cnt), Imm(4, "u32"), pred=leader)
     b.bra(done)
     b.place(reduce)
@@ -2776,8 +2773,7 @@ def _wgmma_epilogue(b, epilogue, acc, BN, ct, lane, cw, m0, n0, tile, tiles, z, 
     mine = at_plane(plane(z) if plane is not None else b.op("mad.lo.u32", z, tiles, tile))
     for q, f in enumerate(frags):
         b.emit("st.global.v4.f32", Mem(mine, q * 4096), b.vec(f))
-    b.emit("membar.gl")  # this thread's partial stores are visible before the CTA is counted in
-    b.emit("bar.sync", *barrier)
+    b.emit("bar.sync", *barrier)  # the CTA's partial stores before the leader's count (_count_in: acq_rel)
     cnt = _count_in(b, tile, C, leader, slot, splits, barrier, done)
     stride = b.op("mul.wide.u32", tiles, Imm(nq * 4096, "u32"))  # bytes from split z to z + 1
     first = at_plane(tile)  # split 0
