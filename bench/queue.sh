@@ -20,6 +20,9 @@
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
 #   sweep    bench/sanitize.py without a sanitizer: every dispatchable kernel against float64
+#   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
+#            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
+#            device call carry=["abold"] (ignored by git, so only carry takes it there)
 # QUEUE_LIMIT (seconds, default 560) stops starting steps once that much of the call has passed.
 set -uo pipefail
 OUT=${OUT:-/tmp/ptxgen-out}; mkdir -p "$OUT"
@@ -126,10 +129,16 @@ for step in "${@:-tier}"; do
     run model_x16_prefill 100 python3 bench/bench_model.py --prefill-only --x-dtype float16
     run model_x16_prefill_fuse 100 python3 bench/bench_model.py --prefill-only --x-dtype float16 --fuse
     run model_x16 150 python3 bench/bench_model.py --x-dtype float16 ;;
+  abemit)
+    [ -d abold/emitted ] || { echo "queue.sh abemit: no abold/emitted (see the header)"; exit 2; }
+    for i in 1 2; do
+      run "abemit_old$i" 100 env PTXGEN_EMITTED_DIR="$PWD/abold/emitted" python3 bench/bench_model.py --x-dtype float16
+      run "abemit_new$i" 100 python3 bench/bench_model.py --x-dtype float16
+    done ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps small rest sanitize sweep)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps small rest sanitize sweep abemit)"; exit 2 ;;
   esac
 done
