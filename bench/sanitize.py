@@ -86,6 +86,11 @@ TARGETED = [
     # fp16 activations: widened once for the fp32 kernels (convert_f32), permuted for the register-A GEMMs
     *[(fmt, "exact", 129, 512, (1, 4, 40, 129), arch, {}, {}, "float16")
       for fmt in ("q4_K", "q6_K", "q8_0") for arch in (None, "sm_89")],
+    # ... into the few-token preps' _x16 builds (the two-launch path, as graph plans run it)
+    *[(fmt, "exact", 2048, 4096, (1, 2, 3, 8), None, {"PTXGEN_Q4K_FUSED": "0"}, {"codec_few_t1_min_weights": 0},
+       "float16") for fmt in ("q4_K", "q5_K", "q6_K", "q8_0")],
+    ("q4_K", "exact", 2048, 4096, (1, 2), None, {"PTXGEN_Q4K_FUSED": "0"}, NO_I8, "float16"),
+    ("q4_K", "exact", 2048, 4096, (8,), None, {"PTXGEN_Q4K_FUSED": "0"}, {"few_i8_max_tokens": {"q4_K": 8}}, "float16"),
 ]
 
 

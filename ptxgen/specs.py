@@ -100,6 +100,7 @@ class GemvKernel:
     small: bool = False
     shared: bool = False  # "few": the records shared by the CTA's warps (gemv_<fmt>_mma_t<tokens>s)
     i8: bool = False  # "few", "prep_few": int8 MMAs on the activation's digit planes (gemv_<fmt>_i8_t<tokens>)
+    x16: bool = False  # "prep_few": reads fp16 x (a torch model's activations; no convert_f32 launch before it)
 
     @property
     def name(self) -> str:
@@ -119,7 +120,7 @@ class GemvKernel:
                  # 16-element sub-block order for the others (Q6_K, Q8_0: formats.tq4_1s.q4k_mma_records' order),
                  # TQ4_1S's of the rotated activation
                  "prep_few": (f"prep_q{'6' if f == 'q6_k' else '4'}k_i8_{t}" if self.i8 else f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_rot16_{t}" if f == "tq4_1s" else
-                              f"prep_sub16_{t}")}
+                              f"prep_sub16_{t}") + ("_x16" if self.x16 else "")}
         return _named(names, self.kind, "decode kernel")
 
 

@@ -940,6 +940,14 @@ def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str =
     return o
 
 
+def _fp32_x(pb: PlanBuilder, arch: str | None) -> SymArray:
+    """The call's x as fp32 for the kernels that read fp32: an fp16 x widened once (convert_f32, into scratch kept
+    for the whole call), which the rest of the call then reads; an fp32 x as it is."""
+    if pb.x.dtype == np.float16:
+        pb.x = _rec_widen(pb, pb.x, arch, once=True)
+    return pb.x
+
+
 def _rec_widen(pb: PlanBuilder, xa, arch: str | None, *, once: bool = False) -> SymArray:
     """fp16 x → fp32 into scratch (convert_f32, exact), for the kernels that read fp32 x; fp32 x as it is."""
     if xa.dtype != np.float16:
@@ -1260,8 +1268,9 @@ def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation
     for name in codecs.get(w.fmt).ROUTES[mode]:
         when, record = _ROUTES[name]
         if (fp16 or name not in FP16_WEIGHT_ROUTES) and when(c):
-            if pb.x.dtype == np.float16 and name not in X16_ROUTES:  # an fp16 x: widened once for the kernels
-                # that read fp32 (the GEMM routes take it as it is where their GEMM reads fp16: _rec_mmq)
+            if pb.x.dtype == np.float16 and name not in X16_ROUTES | X16_SELF_ROUTES:  # an fp16 x: widened once
+                # for the kernels that read fp32 (the GEMM routes take it as it is where their GEMM reads fp16:
+                # _rec_mmq; the decode routes widen it where their kernels need it: _fp32_x)
                 pb.x = _rec_widen(pb, pb.x, arch, once=True)
             record(c)
             return
@@ -1372,16 +1381,16 @@ def _codec_few(c: _Call) -> None:
     prep_q4k_t*'s records (prep_sub16_t*'s for Q6_K and Q8_0; _few_token_gemv); the skinny GEMM mmq_<fmt>_rega_n32
     above (_skinny_gemm)."""
     if c.t > T4.Q4K_HI_TOKENS:
-        _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)
+        _skinny_gemm(c.pb, c.w, _fp32_x(c.pb, c.arch).ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)
     else:
-        _few_token_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=c.t > 8)
+        _few_token_gemv(c.pb, c.w, 0, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=c.t > 8)
 
 
 def _t16h(c: _Call) -> None:
     if skinny16_ok(c.w.fmt, c.m, c.arch):  # t16h's grid would take two rounds
         _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, c=T4.Q4K_HI_TOKENS)
     else:  # fp16 activations, as the GEMMs
-        _few_token_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=True)
+        _few_token_gemv(c.pb, c.w, 0, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=True)
 
 
 def _mmq(c: _Call) -> None:
@@ -1448,7 +1457,7 @@ def _decode(c: _Call) -> None:
     from ptxgen import codecs
 
     codec = codecs.get(c.w.fmt)
-    d, fmt, pb, w, m, k, xa = codec.DECODE, c.w.fmt, c.pb, c.w, c.m, c.k, c.pb.x
+    d, fmt, pb, w, m, k = codec.DECODE, c.w.fmt, c.pb, c.w, c.m, c.k
     fused = hasattr(codec, "ROTATION") and c.rotation == "fused" and c.t <= FUSED_MAX_TOKENS
     tma = d.get("lane_tma", False) and not fused and _tma_ok(w, c.arch, GemvKernel("gemv", fmt, tma=True).name)
     mma_ok = tma if d.get("mma_needs_tma") else _mma_build(c.arch, GemvKernel("mma", fmt).name) is not None
@@ -1461,11 +1470,14 @@ def _decode(c: _Call) -> None:
     lanes = []  # the activation in the lane layout, prepared once if a lane kernel needs it
 
     def one(n, t0):
-        x_ptr, y_ptr = xa.ptr + 4 * k * t0, pb.y.ptr + 4 * t0 * m
-        if xr and n == 1 and tc != "on":  # one token, the activation in registers, no prep (opt-in)
+        y_ptr = pb.y.ptr + 4 * t0 * m
+        xr_one = xr and n == 1 and tc != "on"
+        if not xr_one and few and _few_ok(fmt, n, m, c.arch, d["few_knob"]):  # few tokens on tensor cores, (hi, lo)
+            return _few_token_gemv(pb, w, t0, y_ptr, m, k, n, c.arch)  # B columns (an fp16 x: its _x16 prep)
+        xa = _fp32_x(pb, c.arch)  # the kernels below read fp32
+        x_ptr = xa.ptr + 4 * k * t0
+        if xr_one:  # one token, the activation in registers, no prep (opt-in)
             return _xr_gemv(pb, w, d["xr"], x_ptr, y_ptr, m, k, c.arch)
-        if few and _few_ok(fmt, n, m, c.arch, d["few_knob"]):  # few tokens on tensor cores, (hi, lo) B columns
-            return _few_token_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
             return _mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
         fn = kernels.load(_gemv_kernel(w, n, fused, tma and n <= RULES.tma_gemv_max_tokens), c.arch)
@@ -1528,6 +1540,9 @@ def _mmq_pre(c: _Call) -> None:
 
 # the routes that take an fp16 x themselves (their GEMM through _rec_mmq; a rotated codec's x widened first)
 X16_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
+# the decode routes that take an fp16 x into their few-token preps' _x16 builds and widen it (_fp32_x) only for
+# the kernels that read fp32
+X16_SELF_ROUTES = frozenset({"decode", "codec_few"})
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),
@@ -1642,7 +1657,7 @@ def _xr_gemv(pb: PlanBuilder, w: QuantTensor, name: str, x_ptr, y_ptr, m: int, k
     pb.launch(fn, (-(-m // rows),), (w.buffer, x_ptr, y_ptr, m, k, rows), block=(threads, 1, 1), smem=smem)
 
 
-def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch,
+def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, t0: int, y_ptr, m: int, k: int, n: int, arch,
                     hi_only: bool = False) -> None:
     """n ≤ 8 tokens through prep_q4k_t{nt} (x → one record per super-block: scaled fp16 hi/lo B pairs, min pairs,
     factors; nt = 1, 2, 4 or 8, the smallest ≥ n) and gemv_q4_k_mma_t{nt} behind it (programmatic dependent
@@ -1650,7 +1665,9 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     only), prep_q4k_t16h + gemv_q4_k_mma_t16h. From RULES.few_shared_min_tokens (per format; 0: never) the
     4- and 8-token builds whose records a CTA's warps share (gemv_<fmt>_mma_t{4,8}s), split-K over gridDim.y; up to
     RULES.few_i8_max_tokens (per format; 0: never) the int8 builds prep_q{4,6}k_i8_t{nt} + gemv_<fmt>_i8_t{nt} (eager:
-    gemv_<fmt>_i8_t{nt}_fused where built, as the fp16 ones)."""
+    gemv_<fmt>_i8_t{nt}_fused where built, as the fp16 ones). The slice's x is pb.x's tokens from t0: an fp16 x goes
+    to the prep's _x16 build where there is one (the records of the same values: no convert_f32 launch before it),
+    else is widened once for the kernels that read fp32 (_fp32_x)."""
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     # the int8 builds (rule few_i8_max_tokens; gemv_t1._I8Step): their own records, else as the fp16 ones
     i8 = (not hi_only and n <= _per_format(RULES.few_i8_max_tokens, w.fmt, 0)
@@ -1667,12 +1684,19 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: in
     fused_name = GemvKernel("few", w.fmt, nt, hi_only=hi_only, fused=True, i8=i8).name
     fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
     if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
+        x_ptr = _fp32_x(pb, arch).ptr + 4 * k * t0
         fn = kernels.load(fused_name, arch)
         grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
         pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
     prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8).name, arch)
+    x16 = GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8, x16=True).name
+    if (pb.x.dtype == np.float16 and not prep.meta.get("ready_flag")  # (T1_FLAG's preps count: no _x16 builds)
+            and kernels.build_for(x16, arch) is not None):
+        prep, x_ptr = kernels.load(x16, arch), pb.x.ptr + 2 * k * t0
+    else:
+        x_ptr = _fp32_x(pb, arch).ptr + 4 * k * t0
     shared = GemvKernel("few", w.fmt, nt, shared=True).name  # the records shared by a CTA's warps (SHARED_NOTE)
     if (not hi_only and not i8 and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
             and kernels.build_for(shared, arch) is not None and not prep.meta.get("ready_flag")):  # (T1_FLAG's prep:

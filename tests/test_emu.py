@@ -952,6 +952,24 @@ def test_prep_int8_records_are_bit_exact_to_the_numpy_model(nt, fmt):
         assert out.ok, (shape, out.detail)
 
 
+_X16_PREPS = ([pytest.param(p, 1, "sm_90a") for p in ("q4k", "sub16", "q4k_i8", "q6k_i8")] +
+              [pytest.param(p, nt, a, marks=pytest.mark.slow) for p in ("q4k", "sub16", "q4k_i8", "q6k_i8")
+               for nt, a in ((2, "sm_89"), (4, "sm_120a"), (8, "sm_90a"))])
+
+
+@pytest.mark.parametrize("prep,nt,arch", _X16_PREPS)
+def test_prep_records_from_fp16_x_are_the_fp32_builds_bits(prep, nt, arch):
+    """prep_<...>_x16 (the few-token records read from fp16 x, each value widened as it is loaded: no convert_f32
+    launch before them): bit for bit the records of the same values in fp32 — zeros, fp16 subnormals, infs where fp16
+    overflows, fewer tokens than the build holds."""
+    name = f"prep_{prep}_t{nt}_x16"
+    ptx = KERNELS[name].for_arch(arch).ptx()
+    assert "ld.global.nc.b16" in ptx and "ld.global.nc.f32" not in ptx
+    for shape in ((nt, 768), (max(1, nt - 1), 256)):
+        out = check_kernel(name, ptx, seed=3, shape=shape)
+        assert out.ok, (shape, out.detail)
+
+
 _I8 = ([pytest.param(f, 1, "sm_90a") for f in ("q4_K", "q5_K", "q6_K")] +
        [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q4_K", "q5_K", "q6_K") for nt, a in
         ((2, "sm_90a"), (4, "sm_90a"), (8, "sm_90a"), (1, "sm_89"), (2, "sm_120a"))])

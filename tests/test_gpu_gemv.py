@@ -649,6 +649,28 @@ def test_a_cat_of_projections_is_their_products_side_by_side(fmt, t):
         assert rel(part.cpu().numpy(), want) <= (1e-5 if t <= 8 else 1e-3), m
 
 
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("t", [1, 2, 3, 8])
+def test_fp16_x_in_a_graph_goes_to_the_x16_preps_with_the_fp32_bits(fmt, t):
+    """A graph-captured decode call on a float16 x runs the few-token prep's _x16 build (no convert_f32 launch)
+    and gives the bits of the same values as float32 — the int8 builds' records (Q4_K, Q5_K, Q6_K at 1-2 / 1-4 /
+    1-8 tokens), Q4_K's fp16 ones (3-8) and Q8_0's sub-block ones."""
+    import torch
+
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+    from ptxgen.testing.strategies import random_raw
+
+    m, k = 4096, 4096
+    rng = np.random.default_rng(t + len(fmt))
+    w = r.QuantTensor.from_raw(fmt, random_raw(fmt, m, k, rng), (m, k))
+    x16 = (rng.standard_normal((t, k)) * 3).astype(np.float16)
+    plan = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
+    assert plan[0].startswith("prep_") and plan[0].endswith("_x16"), plan
+    want = r.mul_mat(w, x16.astype(np.float32))
+    np.testing.assert_array_equal(_graph_replayed(w, torch.from_numpy(x16).cuda()), want)
+
+
 @pytest.mark.parametrize("fmt,m,k", [("q4_K", 4096, 4096), ("q6_K", 1024, 4096), ("q8_0", 300, 2048),
                                      ("q5_K", 520, 1024), ("tq4_1s", 256, 3584)])
 @pytest.mark.parametrize("t", [1, 3, 16, 40, 512])

@@ -468,8 +468,9 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
             assert [n for n in f16 if n != "permute_f16"] == [n.replace("_cx", "") for n in f32
                                                               if not n.startswith(("mul_mat_fixup", "convert_f16"))]
             assert ops.mul_mat_plan(w, t, graph=True).kernels == f32  # (cached apart)
-        for t in (1, 3, 8):
-            assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, t).kernels
+        for t in (1, 3, 8):  # the decode routes: their few-token preps' _x16 builds, else widened once
+            f32, f16 = ops.mul_mat_plan(w, t).kernels, ops.mul_mat_plan(w, t, x_dtype="float16").kernels
+            assert f16 in (["convert_f32"] + f32, [n + "_x16" if n.startswith("prep_") else n for n in f32]), (t, f16)
         for arch in ("sm_89", "sm_120a"):  # the fp16 mma.sync GEMM reads it as it is where it copies x by cp.async
             f32 = ops.mul_mat_plan(w, 512, arch=arch).kernels
             f16 = ops.mul_mat_plan(w, 512, arch=arch, x_dtype="float16").kernels
@@ -487,6 +488,35 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
     for bad in ("float64", "bfloat16"):
         with pytest.raises(TypeError, match=f"expected dtype float32 or float16, got {bad}"):
             ops.mul_mat_plan(w, 512, x_dtype=bad)
+
+
+def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
+    """An fp16 x in the decode routes: where the plan runs a few-token prep (graph plans at 1-8 tokens, eager ones
+    where the format has no one-launch build: T = 5-8), it is the prep's _x16 build on x as given — no convert_f32
+    launch, the float32 plan's kernels otherwise; the one-launch builds (eager), the hi-only preps (9-16 tokens),
+    the fp32 codec GEMVs of small weights and a rotated codec's preps read x widened once."""
+    cases = (("q4_K", 4096, 14336), ("q5_K", 4096, 14336), ("q6_K", 14336, 4096), ("q8_0", 4096, 14336))
+    for fmt, m, k in cases:
+        w = fakegpu.weights(fmt, m, k)
+        for t in range(1, 9):
+            f32 = ops.mul_mat_plan(w, t, graph=True).kernels
+            f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
+            assert f32[0].startswith("prep_") and f16 == [f32[0] + "_x16"] + f32[1:], (fmt, t, f32, f16)
+            eager = ops.mul_mat_plan(w, t, x_dtype="float16").kernels
+            assert eager == (["convert_f32"] + ops.mul_mat_plan(w, t).kernels if eager[0] == "convert_f32"
+                             else f16), (fmt, t, eager)
+            assert (eager[0] == "convert_f32") == eager[-1].endswith("_fused"), eager
+        for t in (9, 16):
+            f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
+            assert not any(n.endswith("_x16") and n.startswith("prep_") for n in f16), (fmt, t, f16)
+    w = fakegpu.weights("q4_K", 1024, 4096)  # small: the fp32 codec GEMV at one token
+    assert ops.mul_mat_plan(w, 1, graph=True, x_dtype="float16").kernels == ["convert_f32", "gemv_q4_k_f32_t1"]
+    w = fakegpu.weights("tq4_1s", 4096, 14336)  # (the rotated codec's preps read fp32)
+    for t in (1, 4):
+        assert ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels[0] == "convert_f32"
+    with tuning.override(few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0}):  # the fp16 builds' preps too
+        w = fakegpu.weights("q6_K", 4096, 14336)
+        assert ops.mul_mat_plan(w, 2, graph=True, x_dtype="float16").kernels == ["prep_sub16_t2_x16", "gemv_q6_k_mma_t2"]
 
 
 def test_codec_few_min_tokens_leaves_fewer_tokens_to_the_other_decode_kernels(gpu):

@@ -455,13 +455,15 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
                    np.concatenate(got), np.concatenate(want))
 
 
-def _prep_q4k_records(nt: int, hi_only: bool = False, order: str = "q4k"):
+def _prep_q4k_records(nt: int, hi_only: bool = False, order: str = "q4k", x16: bool = False):
     name = (f"prep_{'q4k' if order == 'q4k' else 'q4k_i8' if order == 'i8' else 'q6k_i8' if order == 'i8q6' else order}"
-            f"_t{nt}{'h' if hi_only else ''}")
+            f"_t{nt}{'h' if hi_only else ''}{'_x16' if x16 else ''}")
 
     def run(ptx: str, rng, shape=None, seed=None) -> Outcome:
         """prep_q4k_t{nt}(h) / prep_sub16_t{nt}: up to nt tokens → q4k_mma_records(x, nt, hi_only, order) bit for bit
-        (a zero, a tiny and a huge block, a quiet super-block, an inf; fewer tokens than nt: the rest zeros)."""
+        (a zero, a tiny and a huge block, a quiet super-block, an inf; fewer tokens than nt: the rest zeros). The
+        _x16 builds: x in fp16 (those values rounded there: subnormals, zeros, infs), against the records of the
+        same values in fp32."""
         t, k = shape or (nt, 768)
         x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
         if k >= 512:
@@ -472,9 +474,15 @@ def _prep_q4k_records(nt: int, hi_only: bool = False, order: str = "q4k"):
         if k >= 768:
             x[0, 600] = np.inf
             x[-1, 160:192] *= np.float32(1e35)  # past 2^115: the clamped scale leaves |x·2^s| ≥ 2^15
+        if x16:
+            with np.errstate(over="ignore"):  # (the huge blocks become ±inf in fp16)
+                x16v = x.astype(np.float16)
+            if k >= 512:
+                x16v[-1, 32:64] = (rng.standard_normal(32) * 2.0 ** -20).astype(np.float16)  # fp16 subnormals
+            x = x16v.astype(np.float32)
         want = T4.q4k_mma_records(x, nt, hi_only, order)
         mem = _memory()
-        xa, ra = mem.alloc(x), mem.alloc(want.nbytes, poison=0xFF)
+        xa, ra = mem.alloc(x16v if x16 else x), mem.alloc(want.nbytes, poison=0xFF)
         items = nt * (k // 32)
         ctas = (items + 7) // 8
         ready = re.search(r"\.param \.u64 ready\b", ptx) is not None  # gemv_t1.T1_FLAG's build: a count of CTAs done
@@ -1227,6 +1235,8 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
             HARNESSES[f"gemv_{_f}_i8_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_i8_{_sfx}", 2)
         HARNESSES[f"prep_q4k_i8_{_sfx}"] = _prep_q4k_records(_nt, False, "i8")
         HARNESSES[f"prep_q6k_i8_{_sfx}"] = _prep_q4k_records(_nt, False, "i8q6")
+        for _o, _p in (("q4k", "q4k"), ("sub16", "sub16"), ("i8", "q4k_i8"), ("i8q6", "q6k_i8")):  # on fp16 x
+            HARNESSES[f"prep_{_p}_{_sfx}_x16"] = _prep_q4k_records(_nt, False, _o, x16=True)
 for _nt in (1, 2, 4):
     for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)

@@ -1456,7 +1456,7 @@ def _fragment_epilogue(b, acc, g, t, gwarp, row0, M, ntok, Y, part_p, cnt_p, mti
 
 
 def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = False, order: str = "q4k",
-                   ready: bool = False):
+                   ready: bool = False, x16: bool = False):
     """prep_tq4_1s_mma: x (T ≤ 8, K) fp32 → forward RHT, per (token, block) power-of-two scale, fp16 hi + lo, in
     the tensor-core GEMV's B-fragment tiles (ptxgen.formats.tq4_1s.to_mma_tiles, bit-exact) + the factors 2^-s.
     One warp per (token, block) for all 8 tokens: tokens past T write zeros.
@@ -1476,15 +1476,18 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     parameter, a zero-kept u32 each CTA adds 1 to (red.release, after a CTA barrier) once its records are stored;
     the GEMV behind waits for ceil(items / 8) of them instead of for this grid's completion. The word is every op's:
     such a prep triggers its dependents only after its own griddepcontrol.wait, so the GEMV behind it is not
-    resident (spinning on the word) before the op before has completed — and its GEMV zeroed the word."""
+    resident (spinning on the word) before the op before has completed — and its GEMV zeroed the word.
+    `x16` (records, unrotated: prep_<...>_x16): x is fp16, widened exactly as it is loaded — the records of
+    x.astype(float32) bit for bit, without convert_f32's launch (and its grid dependency) ahead of the prep."""
     ready = ready and arch.has("griddepcontrol")
     assert (not records or rotate == (order == "rot16")) and (records or not hi_only)
+    assert not x16 or (records and not rotate and not ready)
     assert order == "q4k" or (records and not hi_only)
     nt = records or T4.MMA_TOKENS
     ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s", "i8": "q4_K", "i8q6": "q6_K"}[order]  # a format
     # whose GEMV reads them
     i8 = order in ("i8", "i8q6")
-    name = (GemvKernel("prep_few", ofmt, records, hi_only=hi_only, i8=i8) if records else
+    name = (GemvKernel("prep_few", ofmt, records, hi_only=hi_only, i8=i8, x16=x16) if records else
             GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K")).name
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate
                                    and not records else
@@ -1525,7 +1528,8 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     lane, item, done = warp_per_item(b, b.op("mul.lo.u32", nb, Imm(nt, "u32")), WARPS)
     tok = b.op("div.u32", item, nb)
     j = b.op("rem.u32", item, nb)
-    hi, lo, fbits, xs, lead = _scaled_item(b, x, ntok, nb, tok, j, lane, rotate, sb_max=bool(records) or None)
+    hi, lo, fbits, xs, lead = _scaled_item(b, x, ntok, nb, tok, j, lane, rotate, sb_max=bool(records) or None,
+                                           x16=x16)
     if records:
         _prep_record_stores(b, BT, records, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, trace, order)
         b.place(done)
@@ -1563,14 +1567,20 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     return b.finish()
 
 
-def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool, sb_max: bool | None = None):
+def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool, sb_max: bool | None = None, x16: bool = False):
     """One warp's item of the mma preps: token `tok`'s 32-element block j, lane = element (zeros past ntok);
     rotate: the forward RHT first. The power-of-two scale 2^s puts the largest |value| in [2^14, 2^15) (s
     clamped to ±100) — `sb_max` (default: not rotate) the max over the block's super-block (this lane's unrotated
     element of each of its 8 blocks), rotated values then with formats.tq4_1s.ROT_HEADROOM bits more room (the
     records of order "rot16"); hi = fp16(x·2^s), lo = fp16(x·2^s − hi) (0 where hi is not finite). Returns (hi,
-    lo, the factor 2^-s's bits, x·2^s, lane == 0)."""
+    lo, the factor 2^-s's bits, x·2^s, lane == 0). `x16`: x is fp16 (not with rotate), each value widened exactly
+    as it is loaded."""
+    assert not (x16 and rotate)
     sb_max = not rotate if sb_max is None else sb_max
+    ebytes = 2 if x16 else 4
+
+    def widened(h):  # an fp16 value's bits → the f32 of the same value
+        return b.op("cvt.f32.f16", h)
     live = b.op("setp.lt.u32", tok, ntok)
     v = b.reg("f32")
     b.emit("mov.f32", v, Imm(0.0, "f32"))
@@ -1580,7 +1590,8 @@ def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool, sb_max: bool | None
         _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
     else:
         off = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, j), Imm(32, "u32"), lane)
-        rv = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
+        at = Mem(b.op("mad.wide.u32", off, Imm(ebytes, "u32"), x))
+        rv = widened(b.op("ld.global.nc.b16", at)) if x16 else b.op("ld.global.nc.f32", at)
     b.emit("mov.f32", v, rv)
     b.place(skip)
     # (rotated values scaled by the unrotated super-block's max: from its elements only)
@@ -1588,11 +1599,17 @@ def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool, sb_max: bool | None
     if sb_max:  # the super-block's max: this lane's element of each of its 8 blocks (tokens past T: zeros)
         first = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, b.op("and.b32", j, Imm(~7 & 0xFFFFFFFF, "b32"))),
                      Imm(32, "u32"), lane)
-        p0 = b.op("mad.wide.u32", first, Imm(4, "u32"), x)
+        p0 = b.op("mad.wide.u32", first, Imm(ebytes, "u32"), x)
         for i in range(T4.Q4K_GROUP):
             o_ = b.reg("b32")
             b.emit("mov.b32", o_, Imm(0, "b32"))
-            b.emit("ld.global.nc.b32", o_, Mem(p0, 128 * i), pred=live)
+            if x16:  # (zero bits widen to +0: the same as the fp32 build's zeros past T)
+                h_ = b.reg("b16")
+                b.emit("mov.b16", h_, Imm(0, "b16"))
+                b.emit("ld.global.nc.b16", h_, Mem(p0, 32 * ebytes * i), pred=live)
+                b.emit("mov.b32", o_, widened(h_))
+            else:
+                b.emit("ld.global.nc.b32", o_, Mem(p0, 32 * ebytes * i), pred=live)
             mbits = b.op("max.u32", mbits, b.op("and.b32", o_, Imm(0x7FFFFFFF, "b32")))
     for off in (16, 8, 4, 2, 1):  # |x| as integers: the same order as the floats (NaN above all)
         o = b.op("shfl.sync.bfly.b32", mbits, Imm(off, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="u32")

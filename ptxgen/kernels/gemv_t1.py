@@ -1352,6 +1352,16 @@ PREPS += [KernelDef(GemvKernel("prep_few", "q6_K", nt, i8=True).name, f"activati
                     f"planes of x·2^s, fp16 sub-block digit sums ({GemvKernel('few', 'q6_K', nt, i8=True).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8q6"))
           for nt in T4.Q4K_RECORD_TOKENS]
+# the same preps on fp16 x (a torch model's activations), widened as loaded: the records of x.astype(float32) bit for
+# bit, with no convert_f32 launch (and grid dependency) ahead of them — the graph-replayed decode's preps
+X16_PREPS = [(fmt, nt, i8) for fmt, i8 in (("q4_K", False), (CODEC_FORMATS[0], False), ("q4_K", True), ("q6_K", True))
+             for nt in T4.Q4K_RECORD_TOKENS]
+PREPS += [KernelDef(GemvKernel("prep_few", fmt, nt, i8=i8, x16=True).name,
+                    f"{GemvKernel('prep_few', fmt, nt, i8=i8).name} on fp16 x (each value widened as it is loaded)",
+                    lambda arch, nt=nt, fmt=fmt, i8=i8: build_prep_mma(
+                        arch, rotate=False, records=nt, x16=True,
+                        order=("i8q6" if fmt == "q6_K" else "i8") if i8 else "q4k" if fmt == "q4_K" else "sub16"))
+          for fmt, nt, i8 in X16_PREPS]
 _C, _HI = T4.Q4K_SKINNY_COLUMNS, T4.Q4K_HI_TOKENS
 _SKINNY, _SKINNY_HI = GemvKernel("skinny", "q4_K", _C).name, GemvKernel("skinny", "q4_K", _HI).name
 _PREP_C, _PREP_HI = (GemvKernel("prep_few", "q4_K", c, hi_only=True).name for c in (_C, _HI))
