@@ -1381,14 +1381,14 @@ def _codec_few(c: _Call) -> None:
     prep_q4k_t*'s records (prep_sub16_t*'s for Q6_K and Q8_0; _few_token_gemv); the skinny GEMM mmq_<fmt>_rega_n32
     above (_skinny_gemm)."""
     if c.t > T4.Q4K_HI_TOKENS:
-        _skinny_gemm(c.pb, c.w, _fp32_x(c.pb, c.arch).ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)
+        _skinny_gemm(c.pb, c.w, c.pb.y.ptr, c.m, c.k, c.t, c.arch)
     else:
         _few_token_gemv(c.pb, c.w, 0, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=c.t > 8)
 
 
 def _t16h(c: _Call) -> None:
     if skinny16_ok(c.w.fmt, c.m, c.arch):  # t16h's grid would take two rounds
-        _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch, c=T4.Q4K_HI_TOKENS)
+        _skinny_gemm(c.pb, c.w, c.pb.y.ptr, c.m, c.k, c.t, c.arch, c=T4.Q4K_HI_TOKENS)
     else:  # fp16 activations, as the GEMMs
         _few_token_gemv(c.pb, c.w, 0, c.pb.y.ptr, c.m, c.k, c.t, c.arch, hi_only=True)
 
@@ -1542,7 +1542,7 @@ def _mmq_pre(c: _Call) -> None:
 X16_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
 # the decode routes that take an fp16 x into their few-token preps' _x16 builds and widen it (_fp32_x) only for
 # the kernels that read fp32
-X16_SELF_ROUTES = frozenset({"decode", "codec_few"})
+X16_SELF_ROUTES = frozenset({"decode", "codec_few", "t16h", "skinny"})
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),
@@ -1555,7 +1555,7 @@ _ROUTES = {
                            and _mma_build(c.arch, GemvKernel("mma", c.w.fmt, 16).name) is not None),
                 lambda c: _mma_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.w.fmt, c.t, c.m, c.k, c.arch),  # fp16 x, as MMQs
-               lambda c: _skinny_gemm(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
+               lambda c: _skinny_gemm(c.pb, c.w, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
     # mode="fast": the int8 x Q8_1 MMQ (Q4_K's) where q8_path runs it; above, the exact routes
     "mmq_q8": (lambda c: (c.mode == "fast" and c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows
@@ -1737,18 +1737,22 @@ def skinny_ok(fmt: str, t: int, m: int, k: int, arch=None) -> bool:
     return kernels.build_for(GemvKernel("skinny", fmt, T4.Q4K_SKINNY_COLUMNS).name, arch) is not None
 
 
-def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, t: int, arch,
+def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, y_ptr, m: int, k: int, t: int, arch,
                  c: int = T4.Q4K_SKINNY_COLUMNS) -> None:
     """t tokens through mmq_<fmt>_rega_n{c} (c = 32, or 16: T ≤ 16): prep_q4k_t{c}h once per group of c tokens
     (records back to back), then one launch over (row CTAs, K splits, token groups); splits fill one wave of the
-    resident CTAs."""
+    resident CTAs. An fp16 x goes to the prep's _x16 build where there is one (else widened once: _fp32_x)."""
     groups = -(-t // c)
     nsb = k // 256
     rb = T4.q4k_record_bytes(c, True)
     rec = pb.scratch((groups * nsb * rb,), np.uint8)
-    prep = kernels.load(GemvKernel("prep_few", w.fmt, c, hi_only=True).name, arch)
+    x16 = GemvKernel("prep_few", w.fmt, c, hi_only=True, x16=True).name
+    if pb.x.dtype == np.float16 and kernels.build_for(x16, arch) is not None:
+        prep, xa, eb = kernels.load(x16, arch), pb.x, 2
+    else:
+        prep, xa, eb = kernels.load(GemvKernel("prep_few", w.fmt, c, hi_only=True).name, arch), _fp32_x(pb, arch), 4
     for gz in range(groups):
-        pb.launch(prep, ((c * k // 32 + 7) // 8,), (x_ptr + 4 * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
+        pb.launch(prep, ((c * k // 32 + 7) // 8,), (xa.ptr + eb * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
     fn = kernels.load(GemvKernel("skinny", w.fmt, c).name, arch)  # (another K-quant: its decoder)
     rows = int(fn.meta["rows_per_cta"])
     ctas = -(-m // rows)

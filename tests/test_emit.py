@@ -183,6 +183,8 @@ for _nt in (1, 2, 4, 8):  # the int8 builds: nibbles by ldmatrix into u8 x s8 MM
 for _nt in (1, 2, 4, 8):  # the preps on fp16 x: each value by a 2-byte load, widened (the fp32 builds' SASS besides)
     for _p in ("q4k", "sub16", "q4k_i8", "q6k_i8"):
         EXPECTED_SASS[f"prep_{_p}_t{_nt}_x16"] = EXPECTED_SASS[f"prep_{_p}_t{_nt}"] + ["LDG.E.U16.CONSTANT"]
+for _sfx in ("t16h", "t32h"):
+    EXPECTED_SASS[f"prep_q4k_{_sfx}_x16"] = EXPECTED_SASS[f"prep_q4k_{_sfx}"] + ["LDG.E.U16.CONSTANT"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["moe_group"] = ["ATOMS.", "BAR.SYNC", "STG.E"]  # shared-memory atomics count and place the pairs
 EXPECTED_SASS["moe_check_ids"] = ["LDG.E.CONSTANT", "REDG.E.ADD"]  # one id a thread; ptxas aggregates a warp's reductions

@@ -954,15 +954,18 @@ def test_prep_int8_records_are_bit_exact_to_the_numpy_model(nt, fmt):
 
 _X16_PREPS = ([pytest.param(p, 1, "sm_90a") for p in ("q4k", "sub16", "q4k_i8", "q6k_i8")] +
               [pytest.param(p, nt, a, marks=pytest.mark.slow) for p in ("q4k", "sub16", "q4k_i8", "q6k_i8")
-               for nt, a in ((2, "sm_89"), (4, "sm_120a"), (8, "sm_90a"))])
+               for nt, a in ((2, "sm_89"), (4, "sm_120a"), (8, "sm_90a"))] +
+              [pytest.param("q4k_hi", 16, "sm_90a"), pytest.param("q4k_hi", 32, "sm_89", marks=pytest.mark.slow)])
 
 
 @pytest.mark.parametrize("prep,nt,arch", _X16_PREPS)
 def test_prep_records_from_fp16_x_are_the_fp32_builds_bits(prep, nt, arch):
     """prep_<...>_x16 (the few-token records read from fp16 x, each value widened as it is loaded: no convert_f32
-    launch before them): bit for bit the records of the same values in fp32 — zeros, fp16 subnormals, infs where fp16
-    overflows, fewer tokens than the build holds."""
+    launch before them; the hi-only ones of 16 and 32 tokens too): bit for bit the records of the same values in fp32
+    — zeros, fp16 subnormals, infs where fp16 overflows, fewer tokens than the build holds."""
     name = f"prep_{prep}_t{nt}_x16"
+    if prep == "q4k_hi":  # the hi-only ones (9-16 tokens, the skinny GEMMs' groups of 32)
+        name = f"prep_q4k_t{nt}h_x16"
     ptx = KERNELS[name].for_arch(arch).ptx()
     assert "ld.global.nc.b16" in ptx and "ld.global.nc.f32" not in ptx
     for shape in ((nt, 768), (max(1, nt - 1), 256)):

@@ -492,9 +492,9 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
 
 def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
     """An fp16 x in the decode routes: where the plan runs a few-token prep (graph plans at 1-8 tokens, eager ones
-    where the format has no one-launch build: T = 5-8), it is the prep's _x16 build on x as given — no convert_f32
-    launch, the float32 plan's kernels otherwise; the one-launch builds (eager), the hi-only preps (9-16 tokens),
-    the fp32 codec GEMVs of small weights and a rotated codec's preps read x widened once."""
+    where the format has no one-launch build: T = 5-8; the hi-only preps of 9-32 tokens), it is the prep's _x16
+    build on x as given — no convert_f32 launch, the float32 plan's kernels otherwise; the one-launch builds
+    (eager), the fp32 codec GEMVs of small weights and a rotated codec's preps read x widened once."""
     cases = (("q4_K", 4096, 14336), ("q5_K", 4096, 14336), ("q6_K", 14336, 4096), ("q8_0", 4096, 14336))
     for fmt, m, k in cases:
         w = fakegpu.weights(fmt, m, k)
@@ -506,9 +506,13 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
             assert eager == (["convert_f32"] + ops.mul_mat_plan(w, t).kernels if eager[0] == "convert_f32"
                              else f16), (fmt, t, eager)
             assert (eager[0] == "convert_f32") == eager[-1].endswith("_fused"), eager
-        for t in (9, 16):
+        for t in (9, 16, 17, 32):  # the hi-only preps (t16h GEMV, skinny GEMM) likewise; the others' GEMMs
+            f32 = ops.mul_mat_plan(w, t, graph=True).kernels
             f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
-            assert not any(n.endswith("_x16") and n.startswith("prep_") for n in f16), (fmt, t, f16)
+            if f32[0].startswith("prep_"):
+                assert f16 == [f32[0] + "_x16"] + f32[1:], (fmt, t, f32, f16)
+            else:
+                assert f16[0] == "permute_f16", (fmt, t, f16)
     w = fakegpu.weights("q4_K", 1024, 4096)  # small: the fp32 codec GEMV at one token
     assert ops.mul_mat_plan(w, 1, graph=True, x_dtype="float16").kernels == ["convert_f32", "gemv_q4_k_f32_t1"]
     w = fakegpu.weights("tq4_1s", 4096, 14336)  # (the rotated codec's preps read fp32)

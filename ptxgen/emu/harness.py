@@ -1251,6 +1251,8 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # the exact builds with r
 HARNESSES[f"mmq_q5_k_rega_n{T4.Q4K_SKINNY_COLUMNS}"] = _with_meta(gemv_q4k_mma_case,
                                                                   f"mmq_q5_k_rega_n{T4.Q4K_SKINNY_COLUMNS}", 2)
 HARNESSES[f"prep_q4k_t{T4.Q4K_SKINNY_COLUMNS}h"] = _prep_q4k_records(T4.Q4K_SKINNY_COLUMNS, True)
+for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):  # the hi-only preps on fp16 x
+    HARNESSES[f"prep_q4k_t{_c}h_x16"] = _prep_q4k_records(_c, True, x16=True)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 for _bn in (64, 128, 192, 256):

@@ -1381,3 +1381,8 @@ KERNELS += [KernelDef(GemvKernel("skinny", f, _C).name, f"{f} skinny GEMM as {_S
 PREPS.append(KernelDef(_PREP_C, f"activation of a group of up to {_C} tokens: scaled fp16 hi records and "
                        f"min pairs ({_SKINNY})",
                        lambda arch: build_prep_mma(arch, rotate=False, records=_C, hi_only=True)))
+# ... and the hi-only preps (9-32 tokens: the t16h GEMV, the skinny GEMMs) on fp16 x likewise
+PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", c, hi_only=True, x16=True).name,
+                    f"{GemvKernel('prep_few', 'q4_K', c, hi_only=True).name} on fp16 x (each value widened as it is "
+                    "loaded)", lambda arch, c=c: build_prep_mma(arch, rotate=False, records=c, hi_only=True, x16=True))
+          for c in (_HI, _C)]
