@@ -92,6 +92,7 @@ TARGETED = [
     ("q4_K", "exact", 2048, 4096, (1, 2), None, {"PTXGEN_Q4K_FUSED": "0"}, NO_I8, "float16"),
     ("q4_K", "exact", 2048, 4096, (8,), None, {"PTXGEN_Q4K_FUSED": "0"}, {"few_i8_max_tokens": {"q4_K": 8}}, "float16"),
     ("q4_K", "exact", 2048, 4096, (9, 16, 24), None, {}, {}, "float16"),  # the hi-only ones (t16h, skinny)
+    ("q4_K", "exact", 1024, 4096, (24,), None, {}, {}, "float16"),  # the plain wgmma GEMM's copy (copy_f16)
 ]
 
 

@@ -128,7 +128,8 @@ class GemvKernel:
 class ActKernel:
     """A kernel that prepares the activations (or, for mul_mat_id, their grouping) ahead of a GEMM or GEMV, whatever
     the weights' codec. `kind`: "convert_f16" (fp32 → fp16; `rega`: in the register-A wgmma build's K order),
-    "permute_f16" (fp16 x into that K order), "convert_f32" (fp16 → fp32, for the kernels that read fp32 x),
+    "permute_f16" (fp16 x into that K order), "copy_f16" (fp16 x as it is, into scratch: the natural-order
+    fp16 GEMMs' tensor maps are over scratch), "convert_f32" (fp16 → fp32, for the kernels that read fp32 x),
     "quantize_q8_1" (`mmq`: in the int8 MMQ's layout, else ggml's block_q8_1), "rotate" (TQ4_1S's rotation,
     fp32 → fp32), "group" (mul_mat_id's expert grouping; `gather`: and x gathered into fp16 in that order, `sums`:
     with each row's sub-block sums)."""
@@ -140,7 +141,7 @@ class ActKernel:
 
     @property
     def name(self) -> str:
-        names = {"convert_f16": "convert_f16" + ("_perm" if self.rega else ""), "permute_f16": "permute_f16",
+        names = {"convert_f16": "convert_f16" + ("_perm" if self.rega else ""), "permute_f16": "permute_f16", "copy_f16": "copy_f16",
                  "convert_f32": "convert_f32",
                  "quantize_q8_1": "quantize_q8_1" + ("_mmq" if self.mmq else ""), "rotate": "rotate_tq4_1s",
                  "group": ("moe_gather" + ("_sums" if self.sums else "")) if self.gather else "moe_group"}

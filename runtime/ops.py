@@ -694,9 +694,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     that multicast each activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized
     to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them.
     An fp16 x (mul_mat's, a float16 activation) goes to the wgmma builds as it is (permute_f16 for the register-A K
-    order; never the converting builds), and so does the fp16 mma.sync build that copies x by cp.async (sm_89's):
-    nothing can leave fp16, returns None, no fixup to record behind; the other paths read it widened to fp32
-    (convert_f32). Returns the fp32 x the fixup behind the GEMM reads."""
+    order, copy_f16 for the plain one; never the converting builds), and so does it to the fp16 mma.sync build
+    (as given where it copies x by cp.async, sm_89's; copy_f16 where by TMA, sm_120a's): nothing can leave fp16,
+    returns None, no fixup to record behind; the other paths (the int8 ones) read it widened to fp32 (convert_f32).
+    Returns the fp32 x the fixup behind the GEMM reads."""
     m, k = w.shape
     if path is None:
         path = mmq_path(arch, t)
@@ -705,10 +706,11 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     if path not in MMQ_PATHS:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
     # the register-A / prepared wgmma GEMMs read an fp16 x permuted (permute_f16, into scratch: their tensor maps
-    # are encoded once a workspace, over scratch, never over the call's x)
-    half_in = xa.dtype == np.float16 and path.startswith(("wgmma_ra", "wgmma_pre")) and not path.endswith("_cx")
-    # (the fp16 mma.sync build reads an fp16 x as it is where it copies x by cp.async, sm_89's: decided with its
-    # build below; by TMA, sm_120a's, the tensor map would be over the call's x: widened)
+    # are encoded once a workspace, over scratch, never over the call's x), the plain wgmma one copied (copy_f16)
+    half_in = xa.dtype == np.float16 and (path.startswith(("wgmma_ra", "wgmma_pre")) and not path.endswith("_cx")
+                                          or path == "wgmma")
+    # (the fp16 mma.sync build reads an fp16 x as it is where it copies x by cp.async, sm_89's, and copied into
+    # scratch (copy_f16) by TMA, sm_120a's: decided with its build below)
     if xa.dtype == np.float16 and not half_in and path != "mma.sync_x16":
         xa = _rec_widen(pb, xa, arch)
     forced_bn = bn is not None
@@ -769,9 +771,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         return None if half_in else xa
     tma = sync and fn.meta.get("copy") == "tma"  # the fp16 mma.sync build's TMA ring (sm_120a): weights by tensor map
     if path == "mma.sync_x16" and xa.dtype == np.float16:
-        half_in = not tma
-        if tma:
-            xa = _rec_widen(pb, xa, arch)
+        half_in = True  # (by TMA: copied into scratch below)
     # split-K: partials in scratch, summed in z order by the last CTA of each tile (no reduction launch): in
     # fragment order (the wgmma builds, and the fp16 mma.sync ones for their split tail) or in y's layout (Q8_1)
     if splits == 1:
@@ -802,7 +802,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         pb.launch(fn, grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=(cl, 1, 1) if cl > 1 else None)
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout, mma.sync_x16 fp16 x
-        xin = (_rec_quantize_q8_1_mmq(pb, xa, flag, arch) if path == "q8_pre" else xa if half_in else
+        xin = (_rec_quantize_q8_1_mmq(pb, xa, flag, arch) if path == "q8_pre" else xa if half_in and not tma else
                _rec_convert_f16(pb, xa, flag, arch) if path == "mma.sync_x16" else xa)
         if tma and path == "mma.sync_x16":  # sm_120a: fp16 x by TMA too, box 64 x bn, 128B-swizzled
             xin = _tensor_map(xin.ptr, "f16", t, k, bn, 64, "128B")
@@ -928,11 +928,13 @@ def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str =
         raise ValueError(f"convert_f16: the element count must be a multiple of 8, got {n}")
     if k_order == "rega" and xa.shape[-1] % 64:
         raise ValueError(f"convert_f16: k_order='rega' needs K a multiple of 64, got {xa.shape[-1]}")
-    if xa.dtype == np.float16:  # fp16 x already: permuted into scratch (permute_f16)
-        if k_order == "natural" or out is not None:
-            raise ValueError("convert_f16: an fp16 x is only permuted (k_order='rega'), into scratch")
+    if xa.dtype == np.float16:  # fp16 x already: permuted (permute_f16) or copied (copy_f16) into scratch, where
+        # the GEMM's tensor map points
+        if out is not None:
+            raise ValueError("convert_f16: an fp16 x is only permuted or copied, into scratch")
         o = pb.scratch(xa.shape, np.float16)
-        pb.launch(kernels.load(ActKernel("permute_f16").name, arch), ((n // 8 + 255) // 256,), (xa, o, n // 8))
+        kind = "copy_f16" if k_order == "natural" else "permute_f16"
+        pb.launch(kernels.load(ActKernel(kind).name, arch), ((n // 8 + 255) // 256,), (xa, o, n // 8))
         return o
     o = pb.scratch(xa.shape, np.float16) if out is None else out
     fn = kernels.load(ActKernel("convert_f16", rega=k_order != "natural").name, arch)

@@ -212,6 +212,7 @@ EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
 EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
 EXPECTED_SASS["permute_f16"] = ["LDG.E.128.CONSTANT", "PRMT", "STG.E"]  # (fp16 x: one load, 4 word stores)
 EXPECTED_SASS["convert_f32"] = ["LDG.E.128.CONSTANT", "HADD2.F32", "STG.E.128"]
+EXPECTED_SASS["copy_f16"] = ["LDG.E.128.CONSTANT", "STG.E.128"]  # (one 16-byte load and store a thread)
 EXPECTED_SASS["moe_gather"] = ["ATOMS.", "BAR.SYNC", "F2FP", "LDG.E.128.CONSTANT"]  # grouping, 2 16-byte loads a group
 EXPECTED_SASS["moe_gather_sums"] = ["ATOMS.", "F2FP", "LDG.E.128.CONSTANT", "SHFL.BFLY", "STG.E.U16"]  # + Σx
 # sm_120a's fp16 mma.sync MMQ: the weights (and the x16 builds' fp16 x) by TMA into an mbarrier ring, no cp.async

@@ -912,10 +912,12 @@ def _few_token_cases(name, arch, nt, cases=None):
     return ptx
 
 
-@pytest.mark.parametrize("name,arch", [("permute_f16", "sm_90a"), ("convert_f32", "sm_89"), ("convert_f32", "sm_90a")])
+@pytest.mark.parametrize("name,arch", [("permute_f16", "sm_90a"), ("convert_f32", "sm_89"), ("convert_f32", "sm_90a"),
+                                       ("copy_f16", "sm_90a"), ("copy_f16", "sm_120a")])
 def test_fp16_activation_kernels_are_bit_exact(name, arch):
     """permute_f16 (an fp16 x into the register-A wgmma GEMM's K order: the bytes convert_f16_perm writes for the
-    same values) and convert_f32 (fp16 → fp32 for the kernels that read fp32 x): bit for bit, with an inf and a NaN
+    same values), copy_f16 (as it is, where a natural-order fp16 GEMM's tensor map points) and convert_f32 (fp16 →
+    fp32 for the kernels that read fp32 x): bit for bit, with an inf and a NaN
     among values of every scale, one to several 64-column chunks and rows."""
     ptx = KERNELS[name].for_arch(arch).ptx()
     for i, shape in enumerate(((1, 64), (3, 256), (5, 512))):

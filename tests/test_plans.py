@@ -454,9 +454,10 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
 def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):
     """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16),
     never a converting build, and record no fixup (nothing can leave fp16); every other route reads x widened once
-    (convert_f32) and then runs the float32 plan's kernels (a rotated codec, the decode GEMVs), except the fp16
-    mma.sync GEMM where it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is; each
-    dtype has its own cached plan and the float32 ones are unchanged."""
+    (convert_f32) and then runs the float32 plan's kernels (a rotated codec), except the fp16 mma.sync GEMM where
+    it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is, and the GEMMs whose x comes
+    by TMA from scratch (the plain wgmma one, sm_120a's Q4_K), which read it copied there (copy_f16, no fixup);
+    each dtype has its own cached plan and the float32 ones are unchanged."""
     for fmt, m, k in (("q4_K", 4096, 14336), ("q6_K", 4096, 14336), ("q8_0", 4096, 4096), ("q5_K", 1024, 4096)):
         w = fakegpu.weights(fmt, m, k)
         for t in (40, 512, 4096):
@@ -475,8 +476,13 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
             f32 = ops.mul_mat_plan(w, 512, arch=arch).kernels
             f16 = ops.mul_mat_plan(w, 512, arch=arch, x_dtype="float16").kernels
             direct = [n for n in f32 if not n.startswith(("convert_f16", "mul_mat_fixup"))]
-            assert f16 in (["convert_f32"] + f32, direct), (arch, f32, f16)
-            assert (f16 == direct) == (arch == "sm_89" or fmt != "q4_K"), (arch, f16)  # (sm_120a's Q4_K: by TMA)
+            by_tma = arch == "sm_120a" and fmt == "q4_K"  # (sm_120a's Q4_K: x by TMA, copied into scratch first)
+            assert f16 == (["copy_f16"] + direct if by_tma else direct), (arch, f32, f16)
+    w = fakegpu.weights("q4_K", 1024, 4096)  # the plain wgmma GEMM (small weights, 17-32 tokens): copied, no fixup
+    for t in (17, 32):
+        f32 = ops.mul_mat_plan(w, t, graph=True).kernels
+        assert f32[0] == "convert_f16" and f32[1].startswith("mmq_q4_k_wgmma_n"), f32
+        assert ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels == ["copy_f16", f32[1]]
     w = fakegpu.weights("q4_K", 14336, 4096)  # where fp32 converts inside the GEMM, fp16 takes its _x16 build (the
     # same arithmetic), not stream-K's split sums, whatever mmq_stream_k_min_gain says
     with tuning.override(mmq_stream_k_min_gain=0.05):

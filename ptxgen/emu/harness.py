@@ -725,9 +725,9 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Ou
                    f"(want {want_flag})", got, want)
 
 
-def _from_f16(ptx: str, rng, shape=(3, 256), seed=None, widen=False) -> Outcome:
-    """permute_f16 (fp16 x into each 64-column chunk's layouts.q4k_rega_k_order) or convert_f32 (fp16 → fp32):
-    bit for bit, on fp16 values of every scale with an inf and a NaN among them."""
+def _from_f16(ptx: str, rng, shape=(3, 256), seed=None, widen=False, copy=False) -> Outcome:
+    """permute_f16 (fp16 x into each 64-column chunk's layouts.q4k_rega_k_order), copy_f16 (as it is) or convert_f32
+    (fp16 → fp32): bit for bit, on fp16 values of every scale with an inf and a NaN among them."""
     t, k = shape
     with np.errstate(over="ignore"):
         x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float16)
@@ -743,10 +743,12 @@ def _from_f16(ptx: str, rng, shape=(3, 256), seed=None, widen=False) -> Outcome:
         same = (got == want) | (np.isnan(got.view(np.float32)) & np.isnan(want.view(np.float32)))
     else:
         got = mem.view(ya, np.uint16, (t, k))
-        want = x.view(np.uint16).reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
+        want = x.view(np.uint16)
+        if not copy:
+            want = want.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
         same = got == want
     ok = bool(same.all())
-    name = "convert_f32" if widen else "permute_f16"
+    name = "convert_f32" if widen else "copy_f16" if copy else "permute_f16"
     return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(~same)} differ", got, want)
 
 
@@ -1301,6 +1303,7 @@ HARNESSES["moe_check_ids"] = lambda ptx, rng, seed=None, **kw: moe_check_ids_cas
 HARNESSES["convert_f16_perm"] = lambda ptx, rng, seed=None, **kw: _convert_f16(ptx, rng, seed=seed, permuted=True, **kw)
 HARNESSES["permute_f16"] = lambda ptx, rng, seed=None, **kw: _from_f16(ptx, rng, seed=seed, **kw)
 HARNESSES["convert_f32"] = lambda ptx, rng, seed=None, **kw: _from_f16(ptx, rng, seed=seed, widen=True, **kw)
+HARNESSES["copy_f16"] = lambda ptx, rng, seed=None, **kw: _from_f16(ptx, rng, seed=seed, copy=True, **kw)
 HARNESSES["moe_gather"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(ptx, {"name": "moe_gather"}, rng,
                                                                             seed=seed, **kw)
 HARNESSES["moe_gather_sums"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(

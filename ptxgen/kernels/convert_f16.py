@@ -96,18 +96,21 @@ def _rega_stores(b, h, i, Y):
         b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
 
 
-def build_from_f16(arch, widen: bool = False):
+def build_from_f16(arch, widen: bool = False, copy: bool = False):
     """fp16 activations (a torch user's) for the kernels that read another form: permute_f16 — into the register-A
     wgmma MMQ's K order (as convert_f16_perm, nothing to round, no flag: every value is an fp16 already), one 16-byte
     load a thread of 8 consecutive columns and a word into each of 4 output groups (_rega_stores) — or, widen,
-    convert_f32 — fp16 → fp32 exactly, for the routes that read fp32 x. 8 values a thread."""
-    kind = "convert_f32" if widen else "permute_f16"
+    convert_f32 — fp16 → fp32 exactly, for the routes that read fp32 x —, or, copy, copy_f16 — as they are, into
+    scratch, where a natural-order fp16 GEMM's tensor map points (convert_f16's output for an fp32 x). 8 values a
+    thread."""
+    kind = "convert_f32" if widen else "copy_f16" if copy else "permute_f16"
     b = KernelBuilder(ActKernel(kind).name, arch, "fp16 activations → fp32 (exact)" if widen else
+                      "fp16 activations copied as they are" if copy else
                       "fp16 activations into the register-A wgmma MMQ's K order", block=(THREADS, 1, 1))
     x_p, y_p = b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     n_p = b.param("n8", "u32")  # number of 8-value groups
     b.meta.update(values_per_thread=PER_THREAD, grid=f"ceil(n8 / {THREADS})")
-    if not widen:
+    if not widen and not copy:
         b.meta.update(k_order="layouts.q4k_rega_k_order() within each 64-column chunk")
     b.pdl_head()  # the kernel after it may launch now (it waits before reading what this writes)
     X, Y = b.ptr(x_p), b.ptr(y_p)
@@ -126,6 +129,8 @@ def build_from_f16(arch, widen: bool = False):
         dst = b.op("mad.wide.u32", i, Imm(32, "u32"), Y)
         b.emit("st.global.v4.f32", Mem(dst), b.vec(v[:4]))
         b.emit("st.global.v4.f32", Mem(dst, 16), b.vec(v[4:]))
+    elif copy:
+        b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(w))
     else:  # (b', b' + 2) for b' = 0, 1, 4, 5: the low or the high halves of words (0, 1) and (2, 3)
         h = [b.op("prmt.b32", w[2 * (q >> 1)], w[2 * (q >> 1) + 1], Imm(0x7632 if q & 1 else 0x5410, "b32"))
              for q in range(4)]
@@ -179,6 +184,9 @@ def _sub_block_sums(b, h, r, k8, n, XS):
 KERNEL = KernelDef(ActKernel("convert_f16").name, "fp32 → fp16 activations with an overflow flag", build)
 KERNEL_PERMUTE = KernelDef(ActKernel("permute_f16").name, "fp16 activations in the register-A wgmma MMQ's K order",
                            build_from_f16, archs=("sm_90a",))
+KERNEL_COPY = KernelDef(ActKernel("copy_f16").name, "fp16 activations copied as they are (into scratch: the "
+                        "natural-order fp16 GEMMs' tensor maps point there)", lambda arch: build_from_f16(arch, copy=True),
+                        archs=("sm_90a", "sm_120a"))
 KERNEL_WIDEN = KernelDef(ActKernel("convert_f32").name, "fp16 activations → fp32 (exact)",
                          lambda arch: build_from_f16(arch, widen=True))
 KERNEL_PERM = KernelDef(ActKernel("convert_f16", rega=True).name, "fp32 → fp16 activations in the register-A wgmma "
