@@ -93,6 +93,7 @@ TARGETED = [
     ("q4_K", "exact", 2048, 4096, (8,), None, {"PTXGEN_Q4K_FUSED": "0"}, {"few_i8_max_tokens": {"q4_K": 8}}, "float16"),
     ("q4_K", "exact", 2048, 4096, (9, 16, 24), None, {}, {}, "float16"),  # the hi-only ones (t16h, skinny)
     ("q4_K", "exact", 1024, 4096, (24,), None, {}, {}, "float16"),  # the plain wgmma GEMM's copy (copy_f16)
+    ("q5_K", "exact", 129, 512, (1,), None, {}, {"codec_few_max_tokens": {"q5_K": 0}}, "float16"),  # its codec GEMV
 ]
 
 

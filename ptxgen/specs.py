@@ -64,16 +64,18 @@ class MmqSpec:
 @dataclass(frozen=True)
 class CodecKernel:
     """A kernel of the codec-driven families (ptxgen/codecs): one per codec whose routes need it. `kind`:
-    "gemv" (the exact decode GEMV for up to `tokens` tokens), "gemv_id" / "gemv_idg" (mul_mat_id's per-pair and
-    expert-grouped GEMVs), "dequantize", "frags" (the prepared GEMM's fp16 fragments), "fixup"."""
+    "gemv" (the exact decode GEMV for up to `tokens` tokens; `x16`: on fp16 x, each value widened as it is
+    loaded), "gemv_id" / "gemv_idg" (mul_mat_id's per-pair and expert-grouped GEMVs), "dequantize", "frags" (the
+    prepared GEMM's fp16 fragments), "fixup"."""
     kind: str
     fmt: str
     tokens: int = 1
+    x16: bool = False
 
     @property
     def name(self) -> str:
         f = self.fmt.lower()
-        names = {"gemv": f"gemv_{f}_f32_t{self.tokens}", "gemv_id": f"gemv_{f}_f32_id",
+        names = {"gemv": f"gemv_{f}_f32_t{self.tokens}" + ("_x16" if self.x16 else ""), "gemv_id": f"gemv_{f}_f32_id",
                  "gemv_idg": f"gemv_{f}_f32_idg", "dequantize": f"dequantize_{f}", "frags": f"dequantize_{f}_frags",
                  "fixup": f"mul_mat_fixup_{f}"}
         return _named(names, self.kind, "codec kernel")

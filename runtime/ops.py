@@ -1288,15 +1288,21 @@ def _slices(c: _Call, one, size: int = 8) -> None:
 
 def _codec_gemv(c: _Call) -> None:
     """The codec-generic exact GEMV (kernels/gemv_codec.py) in slices of up to 8 tokens, or of up to 16 where the
-    format ships its 16-token build (9-16 tokens in one launch: Q5_K)."""
+    format ships its 16-token build (9-16 tokens in one launch: Q5_K); a one-token slice of an fp16 x on its _x16
+    build (x as given), the others on x widened once (_fp32_x)."""
     from ptxgen.kernels import NOT_SHIPPED
 
     tokens = GEMV_TOKENS + ((16,) if CodecKernel("gemv", c.w.fmt, 16).name not in NOT_SHIPPED else ())
+    x16 = CodecKernel("gemv", c.w.fmt, 1, x16=True).name
 
     def one(n, t0):
-        fn = kernels.load(CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)).name, c.arch)
+        if n == 1 and c.pb.x.dtype == np.float16 and kernels.build_for(x16, c.arch) is not None:  # fp16 x as given
+            fn, xp = kernels.load(x16, c.arch), c.pb.x.ptr + 2 * c.k * t0
+        else:
+            fn = kernels.load(CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)).name, c.arch)
+            xp = _fp32_x(c.pb, c.arch).ptr + 4 * c.k * t0
         c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
-                    (c.w.buffer, c.pb.x.ptr + 4 * c.k * t0, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
+                    (c.w.buffer, xp, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
     _slices(c, one, tokens[-1])
 
 
@@ -1544,7 +1550,7 @@ def _mmq_pre(c: _Call) -> None:
 X16_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
 # the decode routes that take an fp16 x into their few-token preps' _x16 builds and widen it (_fp32_x) only for
 # the kernels that read fp32
-X16_SELF_ROUTES = frozenset({"decode", "codec_few", "t16h", "skinny"})
+X16_SELF_ROUTES = frozenset({"decode", "codec_few", "t16h", "skinny", "codec_gemv", "small_gemv"})
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),

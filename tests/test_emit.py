@@ -199,6 +199,9 @@ for _f in ("q5_k", "q6_k", "q8_0"):  # the codec GEMV: the codec's decode, one F
         EXPECTED_SASS[f"gemv_{_f}_f32_t{_t}"] = ["FFMA", "SHFL.BFLY", "LDG.E.128.CONSTANT"] + (
             ["LDG.E.U16.CONSTANT", "PRMT"] if _f == "q6_k" else [])  # Q6_K's wide lanes: 2-byte loads paired
 EXPECTED_SASS["gemv_q4_k_f32_t1"] = EXPECTED_SASS["gemv_q5_k_f32_t1"]  # (route small_gemv: the same lanes less qh)
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # on fp16 x: 8-byte loads of 4 values, each widened (HADD2.F32)
+    EXPECTED_SASS[f"gemv_{_f}_f32_t1_x16"] = [s for s in EXPECTED_SASS[f"gemv_{_f}_f32_t1"]
+                                              if s != "LDG.E.128.CONSTANT"] + ["LDG.E.64.CONSTANT", "HADD2.F32"]
 EXPECTED_SASS["gemv_q6_k_f32_t8"] = ["FFMA", "SHFL.BFLY", "LDG.E.64.CONSTANT", "LDG.E.U16.CONSTANT", "I2FP.F32.S32"]  # 8-weight
 # lanes there (gemv_codec.TUNED): runs of 2, x by 8-byte loads
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # mul_mat_id's GEMV: the codec's decode, a shuffle sum, NaN for a bad id

@@ -975,6 +975,19 @@ def test_prep_records_from_fp16_x_are_the_fp32_builds_bits(prep, nt, arch):
         assert out.ok, (shape, out.detail)
 
 
+@pytest.mark.parametrize("fmt,arch", [("q4_k", "sm_90a"), ("q5_k", "sm_89"), ("q6_k", "sm_90a"), ("q8_0", "sm_120a")])
+def test_one_token_codec_gemv_on_fp16_x(fmt, arch):
+    """gemv_<fmt>_f32_t1_x16 (the one-token codec GEMV of small weights on fp16 x, each value widened as it is
+    loaded: no convert_f32 launch before it): within 1e-5 of float64 on the fp16 values, a partial last CTA and (Q8_0)
+    a partial last step included."""
+    name = f"gemv_{fmt}_f32_t1_x16"
+    ptx = KERNELS[name].for_arch(arch).ptx()
+    assert "b16" in ptx and "ld.global.nc.v4.f32" not in ptx
+    for seed in (3, 4):
+        out = check_kernel(name, ptx, seed=seed)
+        assert out.ok, out.detail
+
+
 _I8 = ([pytest.param(f, 1, "sm_90a") for f in ("q4_K", "q5_K", "q6_K")] +
        [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q4_K", "q5_K", "q6_K") for nt, a in
         ((2, "sm_90a"), (4, "sm_90a"), (8, "sm_90a"), (1, "sm_89"), (2, "sm_120a"))])

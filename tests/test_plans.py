@@ -469,9 +469,9 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
             assert [n for n in f16 if n != "permute_f16"] == [n.replace("_cx", "") for n in f32
                                                               if not n.startswith(("mul_mat_fixup", "convert_f16"))]
             assert ops.mul_mat_plan(w, t, graph=True).kernels == f32  # (cached apart)
-        for t in (1, 3, 8):  # the decode routes: their few-token preps' _x16 builds, else widened once
+        for t in (1, 3, 8):  # the decode routes: their preps' / one-token codec GEMVs' _x16 builds, else widened once
             f32, f16 = ops.mul_mat_plan(w, t).kernels, ops.mul_mat_plan(w, t, x_dtype="float16").kernels
-            assert f16 in (["convert_f32"] + f32, [n + "_x16" if n.startswith("prep_") else n for n in f32]), (t, f16)
+            assert f16 == ["convert_f32"] + f32 or [n.removesuffix("_x16") for n in f16] == f32, (t, f16)
         for arch in ("sm_89", "sm_120a"):  # the fp16 mma.sync GEMM reads it as it is where it copies x by cp.async
             f32 = ops.mul_mat_plan(w, 512, arch=arch).kernels
             f16 = ops.mul_mat_plan(w, 512, arch=arch, x_dtype="float16").kernels
@@ -499,8 +499,9 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
 def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
     """An fp16 x in the decode routes: where the plan runs a few-token prep (graph plans at 1-8 tokens, eager ones
     where the format has no one-launch build: T = 5-8; the hi-only preps of 9-32 tokens), it is the prep's _x16
-    build on x as given — no convert_f32 launch, the float32 plan's kernels otherwise; the one-launch builds
-    (eager), the fp32 codec GEMVs of small weights and a rotated codec's preps read x widened once."""
+    build on x as given — no convert_f32 launch, the float32 plan's kernels otherwise; so is a one-token codec GEMV
+    (small weights); the one-launch builds (eager), codec GEMV slices of several tokens and a rotated codec's preps
+    read x widened once."""
     cases = (("q4_K", 4096, 14336), ("q5_K", 4096, 14336), ("q6_K", 14336, 4096), ("q8_0", 4096, 14336))
     for fmt, m, k in cases:
         w = fakegpu.weights(fmt, m, k)
@@ -519,8 +520,12 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
                 assert f16 == [f32[0] + "_x16"] + f32[1:], (fmt, t, f32, f16)
             else:
                 assert f16[0] == "permute_f16", (fmt, t, f16)
-    w = fakegpu.weights("q4_K", 1024, 4096)  # small: the fp32 codec GEMV at one token
-    assert ops.mul_mat_plan(w, 1, graph=True, x_dtype="float16").kernels == ["convert_f32", "gemv_q4_k_f32_t1"]
+    for fmt in ("q4_K", "q6_K", "q8_0"):  # small: the codec GEMV at one token, its _x16 build
+        w = fakegpu.weights(fmt, 1024, 4096)
+        assert ops.mul_mat_plan(w, 1, graph=True, x_dtype="float16").kernels == [f"gemv_{fmt.lower()}_f32_t1_x16"]
+    w = fakegpu.weights("q5_K", 1024, 2048)  # (a codec GEMV slice of several tokens: widened)
+    with tuning.override(codec_few_max_tokens={"q5_K": 0}, few_i8_max_tokens={"q5_K": 0}):
+        assert ops.mul_mat_plan(w, 3, graph=True, x_dtype="float16").kernels == ["convert_f32", "gemv_q5_k_f32_t4"]
     w = fakegpu.weights("tq4_1s", 4096, 14336)  # (the rotated codec's preps read fp32)
     for t in (1, 4):
         assert ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels[0] == "convert_f32"

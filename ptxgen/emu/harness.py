@@ -160,6 +160,9 @@ def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None)
     n = ntok or int(rng.integers(1, meta["tokens"] + 1))
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    x16 = meta["activation"].startswith("fp16")  # the _x16 builds: fp16 x, against the same values' product
+    if x16:
+        x = x.astype(np.float16)
     mem = _memory()
     wa, xa, ya = mem.alloc(raw), mem.alloc(x), mem.alloc(n * m * 4, poison=0xFF)
     _run(ptx, (-(-m // meta["rows_per_cta"]),), (32 * meta["warps"],), (wa, xa, ya, m, k, n), mem, seed=seed)
@@ -1280,6 +1283,8 @@ for _f in ("q5_K", "q6_K", "q8_0"):
     for _t in (1, 2, 4, 8, 16):
         HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
 HARNESSES["gemv_q4_k_f32_t1"] = _with_meta(gemv_codec_case, "gemv_q4_k_f32_t1", 2)  # (route small_gemv)
+for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # the one-token builds on fp16 x
+    HARNESSES[f"gemv_{_f}_f32_t1_x16"] = _with_meta(gemv_codec_case, f"gemv_{_f}_f32_t1_x16", 2)
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)

@@ -70,12 +70,12 @@ FORMATS = codecs.with_route("codec_gemv")
 _LOAD = {2: "ld.global.nc.v2.f32", 4: "ld.global.nc.v4.f32"}
 
 
-def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None) -> None:
+def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None, xb: int = 4) -> None:
     """accs[r] += the codec's fp32 weights of row r (`runs[r]`, at element `deltas` from `base`, an fp32 row of x)
     times x, one FFMA each in order; x by 16-byte loads (8-byte for runs of 2), zero where `pred` is false; the
     FFMAs only where `fma_pred` is (None: always). A factored run — a wide codec's (values, scale) or (values,
     scale, −min) — sums values·x (and x, once for all rows) first, then adds scale·Σvx (and −min·Σx) where `pred`
-    holds."""
+    holds. `xb` 2: x is fp16 (8-byte loads of 4 values, each widened exactly; zeros where `pred` is false)."""
     for i, delta in enumerate(deltas):
         factored = isinstance(runs[0][i], tuple)
         width = len(runs[0][i][0] if factored else runs[0][i])
@@ -83,8 +83,13 @@ def dot_runs(b, runs, deltas, base, accs, pred=None, fma_pred=None) -> None:
         xsum = b.op("mov.f32", Imm(0.0, "f32")) if factored and len(runs[0][i]) == 3 else None
         for c0 in range(0, width, 4):
             n = min(4, width - c0)
-            xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
-            b.emit(_LOAD[n], b.vec(xs), Mem(base, 4 * (delta + c0)), pred=pred)
+            if xb == 2:
+                hs = [b.op("mov.b16", Imm(0, "b16")) for _ in range(n)]
+                b.emit(f"ld.global.nc.v{n}.b16", b.vec(hs), Mem(base, 2 * (delta + c0)), pred=pred)
+                xs = [b.op("cvt.f32.f16", h) for h in hs]
+            else:
+                xs = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(n)]
+                b.emit(_LOAD[n], b.vec(xs), Mem(base, 4 * (delta + c0)), pred=pred)
             for row_runs, acc in zip(runs, part):
                 vals = row_runs[i][0] if factored else row_runs[i]
                 for wv, xv in zip(vals[c0:c0 + n], xs):
@@ -236,7 +241,7 @@ def tuned_shape(fmt: str, nt: int, moe: str | None = None) -> tuple[int, int, bo
 
 
 def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None = None, moe: str | None = None,
-          wide: bool | None = None):
+          wide: bool | None = None, x16: bool = False):
     """`shape` (rows per warp, groups per step) and `ahead` (steps; 0: no prefetch) instead of the tuned ones (tuned_shape)
     and AHEAD, for an A/B built in-process (the shipped values' timings: bench/NOTES.md, 2026-12-01, evening and
     night; bench/probe_build_ab.py varies TUNED / SHAPE / AHEAD instead). `moe`: mul_mat_id's decode GEMVs — "pair":
@@ -244,7 +249,10 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     experts, each CTA's warps take the pairs routed to their expert nt at a time, so an expert's weights are read once
     per nt of its pairs. An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its
     place). `wide` (default: the tuned choice) takes the codec's dequant_lane_wide: 16 weights a lane, its blocks per
-    step WIDE_BLOCKS (fewer instructions per weight: the scales and addresses of a lane serve twice the weights)."""
+    step WIDE_BLOCKS (fewer instructions per weight: the scales and addresses of a lane serve twice the weights).
+    `x16` (not moe): x is fp16, each value widened exactly as it is loaded — gemv_<fmt>_f32_t<nt>_x16, the bits of the
+    fp32 build on the same values, without convert_f32's launch ahead of it."""
+    assert not (x16 and moe)
     codec = codecs.get(fmt)
     rows, unroll, tuned_wide = tuned_shape(fmt, nt, moe)
     wide = tuned_wide if wide is None else wide
@@ -257,7 +265,9 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     what = {None: f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s)",
             "pair": f"{fmt} MoE GEMV (exact, fp32 x), one token per (token, slot) pair against its expert",
             "grouped": f"{fmt} MoE GEMV (exact, fp32 x), per expert its pairs {nt} at a time"}[moe]
-    kname = {None: name(fmt, nt), "pair": name_id(fmt), "grouped": name_idg(fmt)}[moe]
+    kname = {None: CodecKernel("gemv", fmt, nt, x16=x16).name, "pair": name_id(fmt), "grouped": name_idg(fmt)}[moe]
+    if x16:
+        what = what.replace("fp32 x", "fp16 x")
     b = KernelBuilder(kname, arch, f"{what}, {rows} row(s) per warp, "
                       f"{unroll} group(s) per step, weights decoded by the codec as ggml's", block=(32 * WARPS, 1, 1))
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
@@ -269,7 +279,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
         b.meta.update(ctas_per_sm=ctas)
     b.meta.update(tokens=nt, rows_per_cta=WARPS * rows, warps=WARPS, rows_per_warp=rows, unroll=unroll, ahead=ahead,
                   grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
-                  activation="fp32 x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K, layout="gguf rows")
+                  activation=f"{'fp16' if x16 else 'fp32'} x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K,
+                  layout="gguf rows")
     if moe:
         b.meta.update(grid=f"(ceil(m / rows_per_cta), {'pairs' if moe == 'pair' else 'experts'})",
                       activation="fp32 x (T, K) or (T, slots, K), 16-byte aligned rows; ids (T, slots) int32",
@@ -301,12 +312,13 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(group_blocks - 1, "u32")), Imm(group_blocks, "u32"))
     last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
     live = [b.op("setp.gt.u32", ntok, Imm(t, "u32")) if t else None for t in range(nt)]  # token 0 always exists
-    xrow = [b.op("mad.wide.u32", K, Imm(4 * t, "u32"), X) for t in range(nt)]
+    xb = 2 if x16 else 4
+    xrow = [b.op("mad.wide.u32", K, Imm(xb * t, "u32"), X) for t in range(nt)]
     yidx, bads = [Imm(t, "u32") for t in range(nt)], [bad] * nt
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
     _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
-            group_blocks)
+            group_blocks, xb)
     b.pdl_trigger()
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     _store_rows(b, acc, lambda r: lead if r == 0 else b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M)),
@@ -416,7 +428,7 @@ def _lower_gate(b, gated, gate, done, tid) -> None:
 
 
 def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
-            group_blocks):
+            group_blocks, xb: int = 4):
     """The GEMV's walk along K: per step `unroll` groups of each row decoded by the codec's `lanes`, then times x
     (one FFMA per weight and token, in K order), the rows' bytes asked of L2 `ahead` steps before."""
     rows, nt = len(rowp), len(xrow)
@@ -442,8 +454,8 @@ def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_
             first, deltas = offsets()
             for t in range(nt):
                 pred = _both(b, valid, live[t])
-                dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(4, "u32"), xrow[t]), acc[t],
-                         _both(b, pred, in_row), in_row)
+                dot_runs(b, runs, deltas, b.op("mad.wide.u32", first, Imm(xb, "u32"), xrow[t]), acc[t],
+                         _both(b, pred, in_row), in_row, xb)
         b.emit("add.u32", g, g, Imm(unroll, "u32"))
 
     if not (PEEL and nt <= PEEL_MAX_TOKENS):
@@ -475,6 +487,12 @@ KERNELS = [KernelDef(name(f, nt), f"{f.upper()} decode GEMV, exact (fp32 x), up 
 KERNELS += [KernelDef(name(f, 1), f"{f.upper()} decode GEMV, exact (fp32 x), one token, weights by the codec (small "
                       "weights: one launch, no activation prep)", lambda arch, f=f: build(arch, f, 1))
             for f in codecs.with_route("small_gemv") if f not in FORMATS]
+# the one-token builds on fp16 x (a torch model's activations: no convert_f32 launch ahead of them), where the
+# format's activation is x itself (not TQ4_1S's rotated x)
+X16_FORMATS = tuple(f for f in FORMATS + tuple(g for g in codecs.with_route("small_gemv") if g not in FORMATS)
+                    if not hasattr(codecs.get(f), "ROTATION"))
+KERNELS += [KernelDef(CodecKernel("gemv", f, 1, x16=True).name, f"{name(f, 1)} on fp16 x (each value widened as it "
+                      "is loaded)", lambda arch, f=f: build(arch, f, 1, x16=True)) for f in X16_FORMATS]
 MOE_FORMATS = codecs.moe()  # (TQ4_1S's lanes give the rotated domain's W: mul_mat_id rotates x first)
 KERNELS += [KernelDef(name_id(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, one (token, slot) pair per "
                       "grid row, weights by the codec", lambda arch, f=f: build(arch, f, 1, moe="pair"))

@@ -1008,6 +1008,8 @@ def _last_sums_fixup(b, frags, tid, leader, slot, split, z, ti, r, splits, P, C,
     b.emit("add.u32", j, j, Imm(1, "u32"))
     b.bra(sl)
     b.place(sdone)
+    b.emit("bar.sync", Imm(0, "u32"))  # every thread is past its poll before the reset (a warp still polling
+    # could read the 0 and spin forever; a review's find, 2026-12-05)
     b.emit("st.global.u32", Mem(cnt), Imm(0, "u32"), pred=leader)
     b.place(whole_item)
 
