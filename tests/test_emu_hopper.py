@@ -617,6 +617,26 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
 
 
 @pytest.mark.parametrize("name,kw", [
+    ("mmq_q6_k_wgmma_ra_n64", dict(shape=(131, 20, 2048), splits=2, ctas=3)),
+    pytest.param("mmq_q6_k_wgmma_ra_n256", dict(shape=(131, 9, 2048), ctas=2), marks=pytest.mark.slow),
+    pytest.param("mmq_q6_k_wgmma_ra_n64_moe", dict(), marks=pytest.mark.slow)])
+def test_q6k_register_a_scales_in_fp16_give_the_float32_forms_bits(name, kw, monkeypatch):
+    """codecs.q6_k.RA_HALF_SCALES (shipped): a step's two d·sc of a row as one HMUL2 of (sc0, sc1) — built from the
+    int8 bytes by a pack, a lop3 and an HSUB2 — and (d, d): the exact product rounded once to fp16, as the float32
+    form's cvt.rn.f16.f32(d·sc): y bit for bit (dense with splits, the n256 tile, the grouped build), with no I2F /
+    F2F left in the decode."""
+    from ptxgen.codecs import q6_k
+
+    half = KERNELS[name].for_arch("sm_90a").ptx()
+    monkeypatch.setattr(q6_k, "RA_HALF_SCALES", False)
+    f32 = KERNELS[name].for_arch("sm_90a").ptx()
+    assert "ld.shared.s8" in f32 and "ld.shared.s8" not in half
+    outs = [check_kernel(name, ptx, seed=7, **kw) for ptx in (half, f32)]
+    assert all(o.ok for o in outs), [o.detail for o in outs]
+    np.testing.assert_array_equal(np.asarray(outs[0].got).view(np.uint32), np.asarray(outs[1].got).view(np.uint32))
+
+
+@pytest.mark.parametrize("name,kw", [
     ("mmq_q4_k_wgmma_ra_n128", dict(shape=(131, 40, 1792), splits=3, ctas=3)),
     ("mmq_q5_k_wgmma_ra_n64", dict(shape=(70, 20, 1280), splits=3, ctas=2)),
     pytest.param("mmq_q6_k_wgmma_ra_n64", dict(shape=(131, 9, 2048), splits=2, ctas=3), marks=pytest.mark.slow),

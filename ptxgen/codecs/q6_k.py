@@ -186,6 +186,12 @@ RA_BOX_BYTES = 240  # ≥ 14 + 210, a multiple of 16; 60-word smem rows spread r
 RA_BOX_STEPS = 4
 RA_BOX_NOTE = "block j's box from 210·j rounded down to 16, shared by K-steps 4j .. 4j + 3: its bytes from (2·j) & 14"
 HALF_1056 = 0x64206420  # (1056, 1056) fp16: 1024 + q − 1056 = q − 32
+HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + (sc ^ 0x80) − 1152 = sc, an int8 scale exact in fp16
+# the register-A decode's d·sc in fp16 arithmetic: the two scales of a step's row as halves (a byte pack, one lop3 and
+# an HSUB2), times (d, d) by one HMUL2 — the exact product rounded once, as cvt.rn.f16.f32(d·sc) rounds float32's
+# exact one: the same bits without the I2F / FMUL / F2F of each scale and the d widening (20 conversions an
+# iteration of the n256 build's loop). False: the float32 form (A/B, and the bit-identity test)
+RA_HALF_SCALES = True
 
 
 def ra_step_offset(b, s):
@@ -223,6 +229,7 @@ def ra_fragments(b, rbase, row_offs, s, t):
     nib = b.op("shl.b32", sub, Imm(2, "u32"))  # the nibble's shift: 0 or 4
     hsh = [b.op("shl.b32", sub, Imm(2, "u32")), b.op("add.u32", b.op("shl.b32", sub, Imm(2, "u32")), Imm(2, "u32"))]
     c1056 = b.op("mov.b32", Imm(HALF_1056, "b32"))
+    c1152 = b.op("mov.b32", Imm(HALF_1152, "b32")) if RA_HALF_SCALES else None
     frag = {}
 
     def run(base, at):  # the 8 bytes at `at` (+ the 2-byte offset sel says) as two words
@@ -235,11 +242,22 @@ def ra_fragments(b, rbase, row_offs, s, t):
         qhw = run(base, qh_at)
         dh = b.reg("b16")
         b.emit("ld.shared.b16", dh, Mem(b.op("add.u32", base, d_at)))
-        d = b.op("cvt.f32.f16", dh)
+        if RA_HALF_SCALES:  # (sc0, sc1) as halves, times (d, d): both columns' d·sc in one HMUL2
+            s0, s1 = (b.op("ld.shared.u8", Mem(b.op("add.u32", base, sc_at), 2 * c), type="u32") for c in range(2))
+            packed = b.op("prmt.b32", s0, s1, Imm(0x1410, "b32"))  # bytes (s0, 0, s1, 0)
+            biased = b.op("lop3.b32", packed, Imm(0x00800080, "b32"), Imm(0x64006400, "b32"), Imm(0xBE, "b32"))
+            scs = b.op("sub.rn.f16x2", biased, c1152, type="b32")  # (x ^ 0x80) | 0x64: 1024 + 128 + sc
+            dsv = b.op("mul.rn.f16x2", scs, b.op("mov.b32", b.vec([dh, dh]), type="b32"), type="b32")
+            dss = [b.op("prmt.b32", dsv, dsv, Imm(sel, "b32")) for sel in (0x1010, 0x3232)]
+        else:
+            d = b.op("cvt.f32.f16", dh)
         for c in range(2):  # columns 8t.. (c = 0) and 32 + 8t.. (c = 1)
-            sc = b.op("ld.shared.s8", Mem(b.op("add.u32", base, sc_at), 2 * c), type="s32")
-            dsh = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sc)), type="b16")
-            ds = b.op("mov.b32", b.vec([dsh, dsh]), type="b32")
+            if RA_HALF_SCALES:
+                ds = dss[c]
+            else:
+                sc = b.op("ld.shared.s8", Mem(b.op("add.u32", base, sc_at), 2 * c), type="s32")
+                dsh = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sc)), type="b16")
+                ds = b.op("mov.b32", b.vec([dsh, dsh]), type="b32")
             for wi in range(2):
                 lo = b.op("shr.b32", qls[c][wi], nib)  # the step's nibble at bits 0-3 of each byte
                 hi_even = b.op("shr.b32", b.op("shl.b32", qhw[wi], Imm(4, "u32")), hsh[c])  # bytes 0, 2: bits to 4, 5
