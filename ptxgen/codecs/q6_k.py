@@ -227,7 +227,6 @@ def ra_fragments(b, rbase, row_offs, s, t):
     sc_at = b.op("add.u32", sc_at, b.op("shr.u32", t, Imm(1, "u32")))  # sc[4·sub + t / 2]; + 2 for the high run
     d_at = b.op("sub.u32", b.op("add.u32", o, Imm(208, "u32")), b.op("shl.b32", h, Imm(6, "u32")))
     nib = b.op("shl.b32", sub, Imm(2, "u32"))  # the nibble's shift: 0 or 4
-    hsh = [b.op("shl.b32", sub, Imm(2, "u32")), b.op("add.u32", b.op("shl.b32", sub, Imm(2, "u32")), Imm(2, "u32"))]
     c1056 = b.op("mov.b32", Imm(HALF_1056, "b32"))
     c1152 = b.op("mov.b32", Imm(HALF_1152, "b32")) if RA_HALF_SCALES else None
     frag = {}
@@ -251,6 +250,7 @@ def ra_fragments(b, rbase, row_offs, s, t):
             dss = [b.op("prmt.b32", dsv, dsv, Imm(sel, "b32")) for sel in (0x1010, 0x3232)]
         else:
             d = b.op("cvt.f32.f16", dh)
+        qs = [b.op("shr.b32", w_, nib) for w_ in qhw]  # the step's qh bits from bit 0 of each byte
         for c in range(2):  # columns 8t.. (c = 0) and 32 + 8t.. (c = 1)
             if RA_HALF_SCALES:
                 ds = dss[c]
@@ -260,8 +260,10 @@ def ra_fragments(b, rbase, row_offs, s, t):
                 ds = b.op("mov.b32", b.vec([dsh, dsh]), type="b32")
             for wi in range(2):
                 lo = b.op("shr.b32", qls[c][wi], nib)  # the step's nibble at bits 0-3 of each byte
-                hi_even = b.op("shr.b32", b.op("shl.b32", qhw[wi], Imm(4, "u32")), hsh[c])  # bytes 0, 2: bits to 4, 5
-                hi_odd = b.op("shr.b32", qhw[wi], b.op("add.u32", hsh[c], Imm(4, "u32")))  # bytes 1, 3
+                # qh bits 4·sub + 2c, + 1 of each byte (qs = qh >> 4·sub, once a word): bytes 0, 2 to bits 4, 5 by
+                # a constant left shift, bytes 1, 3 by a constant right one
+                hi_even = b.op("shl.b32", qs[wi], Imm(4 - 2 * c, "u32"))
+                hi_odd = b.op("shr.b32", qs[wi], Imm(4 + 2 * c, "u32"))
                 for sh, hb in enumerate((hi_even, hi_odd)):
                     top = b.op("lop3.b32", hb, Imm(0x00300030, "b32"), Imm(0x64006400, "b32"), Imm(0xEA, "b32"))
                     v = b.op("shr.b32", lo, Imm(8, "u32")) if sh else lo
