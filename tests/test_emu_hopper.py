@@ -616,6 +616,13 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
         assert out.ok, out.detail
 
 
+def _same_bits(name, ptxs, seed, **kw):
+    """Two builds of one kernel (a build flag's two settings) on the emulator: both right, and y bit for bit."""
+    outs = [check_kernel(name, ptx, seed=seed, **kw) for ptx in ptxs]
+    assert all(o.ok for o in outs), [o.detail for o in outs]
+    np.testing.assert_array_equal(np.asarray(outs[0].got).view(np.uint32), np.asarray(outs[1].got).view(np.uint32))
+
+
 @pytest.mark.parametrize("name,kw", [
     ("mmq_q6_k_wgmma_ra_n64", dict(shape=(131, 20, 2048), splits=2, ctas=3)),
     pytest.param("mmq_q6_k_wgmma_ra_n256", dict(shape=(131, 9, 2048), ctas=2), marks=pytest.mark.slow),
@@ -631,9 +638,7 @@ def test_q6k_register_a_scales_in_fp16_give_the_float32_forms_bits(name, kw, mon
     monkeypatch.setattr(q6_k, "RA_HALF_SCALES", False)
     f32 = KERNELS[name].for_arch("sm_90a").ptx()
     assert "ld.shared.s8" in f32 and "ld.shared.s8" not in half
-    outs = [check_kernel(name, ptx, seed=7, **kw) for ptx in (half, f32)]
-    assert all(o.ok for o in outs), [o.detail for o in outs]
-    np.testing.assert_array_equal(np.asarray(outs[0].got).view(np.uint32), np.asarray(outs[1].got).view(np.uint32))
+    _same_bits(name, (half, f32), seed=7, **kw)
 
 
 @pytest.mark.parametrize("name,kw", [
@@ -654,9 +659,7 @@ def test_dense_l2_prefetch_before_the_wait_leaves_the_bits(name, kw, monkeypatch
     assert "prefetch.tensor" not in plain
     at = pre.index("cp.async.bulk.prefetch.tensor.2d.L2")
     assert at < pre.index("griddepcontrol.wait")
-    outs = [check_kernel(name, ptx, seed=5, **kw) for ptx in (plain, pre)]
-    assert all(o.ok for o in outs), [o.detail for o in outs]
-    np.testing.assert_array_equal(np.asarray(outs[0].got).view(np.uint32), np.asarray(outs[1].got).view(np.uint32))
+    _same_bits(name, (plain, pre), seed=5, **kw)
 
 
 @pytest.mark.parametrize("name,kw", [
@@ -675,9 +678,7 @@ def test_register_a_scales_decoded_once_a_block_give_the_per_step_decodes_bits(n
     monkeypatch.setattr(q4_k, "RA_BLOCK_SCALES", False)
     step = KERNELS[name].for_arch("sm_90a").ptx()
     assert "ra_block_kept" in block and "ra_block_kept" not in step
-    outs = [check_kernel(name, ptx, seed=9, **kw) for ptx in (block, step)]
-    assert all(o.ok for o in outs), [o.detail for o in outs]
-    np.testing.assert_array_equal(np.asarray(outs[0].got).view(np.uint32), np.asarray(outs[1].got).view(np.uint32))
+    _same_bits(name, (block, step), seed=9, **kw)
 
 
 @pytest.mark.slow
