@@ -950,6 +950,14 @@ def _fp32_x(pb: PlanBuilder, arch: str | None) -> SymArray:
     return pb.x
 
 
+def _x_reader(pb: PlanBuilder, name: str, arch: str | None, k: int, t0: int, x16_ok: bool = True):
+    """(kernel, the address of x's token t0) for a kernel `name` that has an fp16-x twin (name + "_x16"): an fp16 x
+    as given where that build exists here (and `x16_ok`), else `name` on x widened once (_fp32_x)."""
+    if x16_ok and pb.x.dtype == np.float16 and kernels.build_for(name + "_x16", arch) is not None:
+        return kernels.load(name + "_x16", arch), pb.x.ptr + 2 * k * t0
+    return kernels.load(name, arch), _fp32_x(pb, arch).ptr + 4 * k * t0
+
+
 def _rec_widen(pb: PlanBuilder, xa, arch: str | None, *, once: bool = False) -> SymArray:
     """fp16 x → fp32 into scratch (convert_f32, exact), for the kernels that read fp32 x; fp32 x as it is."""
     if xa.dtype != np.float16:
@@ -1293,14 +1301,9 @@ def _codec_gemv(c: _Call) -> None:
     from ptxgen.kernels import NOT_SHIPPED
 
     tokens = GEMV_TOKENS + ((16,) if CodecKernel("gemv", c.w.fmt, 16).name not in NOT_SHIPPED else ())
-    x16 = CodecKernel("gemv", c.w.fmt, 1, x16=True).name
-
-    def one(n, t0):
-        if n == 1 and c.pb.x.dtype == np.float16 and kernels.build_for(x16, c.arch) is not None:  # fp16 x as given
-            fn, xp = kernels.load(x16, c.arch), c.pb.x.ptr + 2 * c.k * t0
-        else:
-            fn = kernels.load(CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)).name, c.arch)
-            xp = _fp32_x(c.pb, c.arch).ptr + 4 * c.k * t0
+    def one(n, t0):  # (the one-token build has an fp16-x twin)
+        fn, xp = _x_reader(c.pb, CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)).name, c.arch, c.k,
+                           t0, x16_ok=n == 1)
         c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
                     (c.w.buffer, xp, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
     _slices(c, one, tokens[-1])
@@ -1698,13 +1701,9 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, t0: int, y_ptr, m: int, k: 
         pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
-    prep = kernels.load(GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8).name, arch)
-    x16 = GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8, x16=True).name
-    if (pb.x.dtype == np.float16 and not prep.meta.get("ready_flag")  # (T1_FLAG's preps count: no _x16 builds)
-            and kernels.build_for(x16, arch) is not None):
-        prep, x_ptr = kernels.load(x16, arch), pb.x.ptr + 2 * k * t0
-    else:
-        x_ptr = _fp32_x(pb, arch).ptr + 4 * k * t0
+    prep_name = GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8).name
+    prep, x_ptr = _x_reader(pb, prep_name, arch, k, t0,  # (T1_FLAG's preps count their CTAs: no _x16 builds)
+                            x16_ok=not kernels.load(prep_name, arch).meta.get("ready_flag"))
     shared = GemvKernel("few", w.fmt, nt, shared=True).name  # the records shared by a CTA's warps (SHARED_NOTE)
     if (not hi_only and not i8 and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
             and kernels.build_for(shared, arch) is not None and not prep.meta.get("ready_flag")):  # (T1_FLAG's prep:
@@ -1754,13 +1753,9 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, y_ptr, m: int, k: int, t: int,
     nsb = k // 256
     rb = T4.q4k_record_bytes(c, True)
     rec = pb.scratch((groups * nsb * rb,), np.uint8)
-    x16 = GemvKernel("prep_few", w.fmt, c, hi_only=True, x16=True).name
-    if pb.x.dtype == np.float16 and kernels.build_for(x16, arch) is not None:
-        prep, xa, eb = kernels.load(x16, arch), pb.x, 2
-    else:
-        prep, xa, eb = kernels.load(GemvKernel("prep_few", w.fmt, c, hi_only=True).name, arch), _fp32_x(pb, arch), 4
     for gz in range(groups):
-        pb.launch(prep, ((c * k // 32 + 7) // 8,), (xa.ptr + eb * k * c * gz, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
+        prep, x_ptr = _x_reader(pb, GemvKernel("prep_few", w.fmt, c, hi_only=True).name, arch, k, c * gz)
+        pb.launch(prep, ((c * k // 32 + 7) // 8,), (x_ptr, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
     fn = kernels.load(GemvKernel("skinny", w.fmt, c).name, arch)  # (another K-quant: its decoder)
     rows = int(fn.meta["rows_per_cta"])
     ctas = -(-m // rows)
