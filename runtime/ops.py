@@ -950,12 +950,14 @@ def _fp32_x(pb: PlanBuilder, arch: str | None) -> SymArray:
     return pb.x
 
 
-def _x_reader(pb: PlanBuilder, name: str, arch: str | None, k: int, t0: int, x16_ok: bool = True):
-    """(kernel, the address of x's token t0) for a kernel `name` that has an fp16-x twin (name + "_x16"): an fp16 x
-    as given where that build exists here (and `x16_ok`), else `name` on x widened once (_fp32_x)."""
-    if x16_ok and pb.x.dtype == np.float16 and kernels.build_for(name + "_x16", arch) is not None:
-        return kernels.load(name + "_x16", arch), pb.x.ptr + 2 * k * t0
-    return kernels.load(name, arch), _fp32_x(pb, arch).ptr + 4 * k * t0
+def _x_reader(pb: PlanBuilder, spec, arch: str | None, k: int, t0: int, x16_ok: bool = True):
+    """(kernel, the address of x's token t0) for the kernel of `spec` (a GemvKernel or CodecKernel, whose x16 twin
+    reads fp16 x): an fp16 x as given where that twin is built here (and `x16_ok`), else the spec's kernel on x
+    widened once (_fp32_x)."""
+    twin = dataclasses.replace(spec, x16=True).name
+    if x16_ok and pb.x.dtype == np.float16 and kernels.build_for(twin, arch) is not None:
+        return kernels.load(twin, arch), pb.x.ptr + 2 * k * t0
+    return kernels.load(spec.name, arch), _fp32_x(pb, arch).ptr + 4 * k * t0
 
 
 def _rec_widen(pb: PlanBuilder, xa, arch: str | None, *, once: bool = False) -> SymArray:
@@ -1302,7 +1304,7 @@ def _codec_gemv(c: _Call) -> None:
 
     tokens = GEMV_TOKENS + ((16,) if CodecKernel("gemv", c.w.fmt, 16).name not in NOT_SHIPPED else ())
     def one(n, t0):  # (the one-token build has an fp16-x twin)
-        fn, xp = _x_reader(c.pb, CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)).name, c.arch, c.k,
+        fn, xp = _x_reader(c.pb, CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)), c.arch, c.k,
                            t0, x16_ok=n == 1)
         c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
                     (c.w.buffer, xp, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
@@ -1701,9 +1703,9 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, t0: int, y_ptr, m: int, k: 
         pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
-    prep_name = GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8).name
-    prep, x_ptr = _x_reader(pb, prep_name, arch, k, t0,  # (T1_FLAG's preps count their CTAs: no _x16 builds)
-                            x16_ok=not kernels.load(prep_name, arch).meta.get("ready_flag"))
+    prep_spec = GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8)
+    prep, x_ptr = _x_reader(pb, prep_spec, arch, k, t0,  # (T1_FLAG's preps count their CTAs: no _x16 builds)
+                            x16_ok=not kernels.load(prep_spec.name, arch).meta.get("ready_flag"))
     shared = GemvKernel("few", w.fmt, nt, shared=True).name  # the records shared by a CTA's warps (SHARED_NOTE)
     if (not hi_only and not i8 and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
             and kernels.build_for(shared, arch) is not None and not prep.meta.get("ready_flag")):  # (T1_FLAG's prep:
@@ -1754,7 +1756,7 @@ def _skinny_gemm(pb: PlanBuilder, w: QuantTensor, y_ptr, m: int, k: int, t: int,
     rb = T4.q4k_record_bytes(c, True)
     rec = pb.scratch((groups * nsb * rb,), np.uint8)
     for gz in range(groups):
-        prep, x_ptr = _x_reader(pb, GemvKernel("prep_few", w.fmt, c, hi_only=True).name, arch, k, c * gz)
+        prep, x_ptr = _x_reader(pb, GemvKernel("prep_few", w.fmt, c, hi_only=True), arch, k, c * gz)
         pb.launch(prep, ((c * k // 32 + 7) // 8,), (x_ptr, rec.ptr + nsb * rb * gz, min(c, t - c * gz), k))
     fn = kernels.load(GemvKernel("skinny", w.fmt, c).name, arch)  # (another K-quant: its decoder)
     rows = int(fn.meta["rows_per_cta"])
