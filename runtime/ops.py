@@ -1704,8 +1704,9 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, t0: int, y_ptr, m: int, k: 
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)
         return
     prep_spec = GemvKernel("prep_few", w.fmt, nt, hi_only=hi_only, i8=i8)
-    prep, x_ptr = _x_reader(pb, prep_spec, arch, k, t0,  # (T1_FLAG's preps count their CTAs: no _x16 builds)
-                            x16_ok=not kernels.load(prep_spec.name, arch).meta.get("ready_flag"))
+    flagged = kernels.entry(prep_spec.name, kernels.build_for(prep_spec.name, arch))["meta"].get("ready_flag")
+    prep, x_ptr = _x_reader(pb, prep_spec, arch, k, t0, x16_ok=not flagged)  # (T1_FLAG's preps count their CTAs:
+    # no _x16 builds; the manifest's meta, not a load, so that a plan loads each kernel once)
     shared = GemvKernel("few", w.fmt, nt, shared=True).name  # the records shared by a CTA's warps (SHARED_NOTE)
     if (not hi_only and not i8 and 0 < _per_format(RULES.few_shared_min_tokens, w.fmt, 0) <= n
             and kernels.build_for(shared, arch) is not None and not prep.meta.get("ready_flag")):  # (T1_FLAG's prep:

@@ -662,7 +662,7 @@ def test_register_a_skinny_gemm(m, k, t, arch):
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
 
-    plan = ops.recorded_plan(w, t, lambda pb: ops._skinny_gemm(pb, w, pb.x.ptr, pb.y.ptr, m, k, t, arch))
+    plan = ops.recorded_plan(w, t, lambda pb: ops._skinny_gemm(pb, w, pb.y.ptr, m, k, t, arch))
 
     def run(xv):
         xa = r.as_device_array(xv, "x", np.float32, ndim=2)
