@@ -20,8 +20,6 @@
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
 #   sweep    bench/sanitize.py without a sanitizer: every dispatchable kernel against float64
-#   pf       the dense register-A GEMMs' L2 prefetch before griddepcontrol.wait (mmq.DENSE_L2_PREFETCH_STEPS), T = 512
-#   q6s      Q6_K's register-A d·sc in fp16 (codecs.q6_k.RA_HALF_SCALES, shipped) against the float32 form, T = 512
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
 #            device call carry=["abold"] (ignored by git, so only carry takes it there)
@@ -137,21 +135,10 @@ for step in "${@:-tier}"; do
       run "abemit_old$i" 100 env PTXGEN_EMITTED_DIR="$PWD/abold/emitted" python3 bench/bench_model.py --x-dtype float16
       run "abemit_new$i" 100 python3 bench/bench_model.py --x-dtype float16
     done ;;
-  pf)
-    for fs in q4_K:1024x4096 q4_K:4096x4096 q4_K:14336x4096 q6_K:1024x4096 q6_K:4096x14336; do
-      f=${fs%%:*}; s=${fs#*:}; fl=$(echo "$f" | tr 'A-Z' 'a-z')
-      run "pf_${f}_$s" 90 "${AB[@]}" --kernels "mmq_${fl}_wgmma_ra_n(128|256)\$" --formats "$f" --shape "$s" --tokens 512 \
-        --variant 'pf4: mmq.DENSE_L2_PREFETCH_STEPS=4' --variant 'pf8: mmq.DENSE_L2_PREFETCH_STEPS=8'
-    done ;;
-  q6s)
-    for s in 4096x14336 1024x4096 128256x4096; do
-      run "q6s_$s" 100 "${AB[@]}" --kernels 'mmq_q6_k_wgmma_ra_n(128|256)$' --formats q6_K --shape "$s" --tokens 512 \
-        --variant 'f32: codecs.q6_k.RA_HALF_SCALES=False'
-    done ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps small rest sanitize sweep abemit pf q6s)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps small rest sanitize sweep abemit)"; exit 2 ;;
   esac
 done

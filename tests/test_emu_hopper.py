@@ -642,27 +642,6 @@ def test_q6k_register_a_scales_in_fp16_give_the_float32_forms_bits(name, kw, mon
 
 
 @pytest.mark.parametrize("name,kw", [
-    ("mmq_q4_k_wgmma_ra_n128", dict(shape=(131, 40, 1792), splits=3, ctas=3)),
-    ("mmq_q5_k_wgmma_ra_n64", dict(shape=(70, 20, 1280), splits=3, ctas=2)),
-    pytest.param("mmq_q6_k_wgmma_ra_n64", dict(shape=(131, 9, 2048), splits=2, ctas=3), marks=pytest.mark.slow),
-    pytest.param("mmq_q8_0_wgmma_ra_n64", dict(shape=(131, 20, 512), splits=2, ctas=3), marks=pytest.mark.slow)])
-def test_dense_l2_prefetch_before_the_wait_leaves_the_bits(name, kw, monkeypatch):
-    """mmq.DENSE_L2_PREFETCH_STEPS (not shipped: 0): warp 0's lanes prefetch the weight boxes of item ctaid's first
-    K-steps into L2 before the producer's griddepcontrol.wait — every box the producer's TMA would read for those
-    steps (the map decodes, the coordinates in range: the emulator checks both), and y bit for bit the build's
-    without it, with splits (items past the first round's guesses)."""
-    from ptxgen.kernels import mmq
-
-    plain = KERNELS[name].for_arch("sm_90a").ptx()
-    monkeypatch.setattr(mmq, "DENSE_L2_PREFETCH_STEPS", 8)
-    pre = KERNELS[name].for_arch("sm_90a").ptx()
-    assert "prefetch.tensor" not in plain
-    at = pre.index("cp.async.bulk.prefetch.tensor.2d.L2")
-    assert at < pre.index("griddepcontrol.wait")
-    _same_bits(name, (plain, pre), seed=5, **kw)
-
-
-@pytest.mark.parametrize("name,kw", [
     ("mmq_q4_k_wgmma_ra_n128", dict(shape=(131, 40, 1792), splits=3, ctas=3)),  # splits from mid-block steps
     ("mmq_q5_k_wgmma_ra_n64", dict(shape=(70, 20, 1280), splits=3, ctas=2)),
     ("mmq_q4_k_wgmma_ra_n64_moe", dict())])

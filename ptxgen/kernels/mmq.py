@@ -2251,55 +2251,6 @@ def _grouped_l2_prefetch(b, spec: MmqSpec, tw_p, m_p, k_p):
                               "weights into L2, a guess (expert ctaid / M-tiles, one work entry an expert)")
 
 
-# The dense register-A builds' L2 prefetch while the kernel before them runs (convert_f16_perm / permute_f16: this
-# GEMM launched early by PDL, its producer held at griddepcontrol.wait): the weight boxes of the first
-# DENSE_L2_PREFETCH_STEPS K-steps of item ctaid (0: none), the item a CTA of the first round is likely to claim.
-# Not shipped until timed (bench/NOTES.md, 2026-12-05 evening: the small prefill GEMMs wait ~11% of ncu's samples
-# on their first stages).
-DENSE_L2_PREFETCH_STEPS = 0
-
-
-def _dense_l2_prefetch(b, spec: MmqSpec, tw_p, w: "_WgWork", tid):
-    """Before the producer's griddepcontrol.wait: lane i < DENSE_L2_PREFETCH_STEPS of warp 0 prefetches into L2
-    (cp.async.bulk.prefetch.tensor: no bytes land in the CTA) the weight boxes of K-step s_begin + i of item ctaid
-    (dense register-A builds, one CTA a cluster, x converted before them). A guess: items go to CTAs in queue order;
-    a wrong one costs bandwidth while the kernel before runs."""
-    n = DENSE_L2_PREFETCH_STEPS
-    if not n or spec.grouped or spec.stream or spec.convert or spec.cluster > 1 or spec.prepared or not spec.a_regs:
-        return
-    assert n <= 32, n
-    skip = b.label("l2_prefetch_done")
-    b.bra(skip, pred=b.op("setp.ge.u32", tid, Imm(n, "u32")), uniform=False)
-    it = _wgmma_decode(b, spec, w, b.special("ctaid.x"))
-    s = b.op("add.u32", it.s_begin, tid)
-    b.bra(skip, pred=b.op("or.pred", b.op("setp.ge.u32", s, it.s_end),
-                          b.op("setp.ge.u32", b.special("ctaid.x"), w.items)), uniform=False)
-    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
-    for col in _weight_box_columns(b, spec, s):
-        b.emit("cp.async.bulk.prefetch.tensor.2d.L2.global.tile", TensorRef(tw, (col, it.m0)))
-    b.place(skip)
-    b.meta.update(l2_prefetch=f"before griddepcontrol.wait: the weight boxes of the first {n} K-steps of item "
-                              "ctaid into L2, a guess (the first round's likely item)")
-
-
-def _weight_box_columns(b, spec: MmqSpec, s) -> list:
-    """The tensor-map columns of the weight boxes the producer's TMA reads for K-step s (_wg_weights' tma): Q4_K's /
-    Q5_K's 16-byte columns (header, qh, qs), a nibble codec's block box, or a register-A codec's step (or block)
-    box (in words where its map is a u32 one)."""
-    codec = codecs.get(spec.fmt)
-    if spec.fmt in NIBBLE_PARTS:
-        x0 = b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(codec.BLOCK_BYTES, "u32"))
-        if _block_box(spec):
-            return [x0]
-        q0 = b.op("mad.lo.u32", b.op("and.b32", s, Imm(3, "b32")), Imm(32, "u32"),
-                  b.op("add.u32", x0, Imm(getattr(codec, "QS_OFFSET", codec.HEADER_BYTES), "u32")))
-        qh = ([b.op("add.u32", x0, Imm(codec.QH_OFFSET + 16 * i, "u32")) for i in range(2)]
-              if hasattr(codec, "QH_OFFSET") else [])
-        return [x0, *qh, q0, b.op("add.u32", q0, Imm(16, "u32"))]
-    col = _ra_codec(spec).ra_box_column(b, s)
-    return [b.op("shr.u32", col, Imm(2, "u32")) if _ra_box_bytes(spec) > 256 else col]
-
-
 def _grouped_item(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     """A grouped work item → (M tile, entry) with the M tile fastest: an entry's token tile is read by its M tiles
     back to back (from L2 after the first), and an expert's next token tile (the next entry) reads each weight tile
@@ -2373,7 +2324,6 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
                    steps=XS)  # the staging buffers: after the raw stages and the A slots
         b.emit("ret")
         b.place(producer)
-    _dense_l2_prefetch(b, spec, tw_p, w, tid)  # (warp 0's lanes, while the kernel before runs)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
     mask = None
     if CL > 1:
