@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--weights", type=int, default=4, help="distinct weights the loop rotates over (more than the "
                     "60 MB L2 holds, for decode shapes: 16 for 4096x4096 Q4_K)")
     ap.add_argument("--moe", default=None, metavar="E:TOP", help="time mul_mat_id over E experts, TOP a token")
+    ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16"), help="the activations' dtype")
     args = ap.parse_args()
     import torch
 
@@ -77,7 +78,7 @@ def main():
     ws = [r.QuantTensor.from_raw(args.fmt, raw, (e, m, k) if args.moe else (m, k)).to_device()
           for _ in range(args.weights)]
     for t in (int(v) for v in args.tokens.split(",")):
-        x = torch.randn(t, k, device="cuda")
+        x = torch.randn(t, k, device="cuda", dtype=getattr(torch, args.x_dtype))
         if args.moe:
             ids = torch.as_tensor(np.stack([rng.choice(e, top, replace=False) for _ in range(t)]).astype(np.int32),
                                   device="cuda")
@@ -104,7 +105,7 @@ def main():
                 b.record()
                 torch.cuda.synchronize()
             what = f"mul_mat_id {e}x{top} " if args.moe else ""
-            report(f"{what}{args.fmt} {m}x{k} T={t} {label}", timeline(torch, prof), args.calls,
+            report(f"{what}{args.fmt} {m}x{k} T={t} x {args.x_dtype} {label}", timeline(torch, prof), args.calls,
                    a.elapsed_time(b) * 1e3, args.show)
         del g
 

@@ -16,6 +16,7 @@
 #   x16      bench_op on fp16 activations against fp32 ones (decode's widening, prefill's permute)
 #   x16model bench_model on fp16 activations (prefill alone, plain and --fuse; then the decode step)
 #   gaps     kernels and launch gaps of the prefill ops of bench_model (T = 512; probe_op_gaps)
+#   gaps16   the same on fp16 x (what permute_f16 costs an op)
 #   small    small one-token ops: the one-launch fused build, the fp32 codec GEMV (rule codec_gemv_t1_max_weights)
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
@@ -114,6 +115,11 @@ for step in "${@:-tier}"; do
     for fs in q4_K:1024x4096 q6_K:1024x4096 q4_K:4096x4096 q6_K:4096x14336 q4_K:14336x4096; do
       run "gaps_${fs/:/_}" 60 python3 bench/probe_op_gaps.py --fmt "${fs%%:*}" --shape "${fs#*:}" --tokens 512 --calls 20 --show 8
     done ;;
+  gaps16)
+    for fs in q4_K:1024x4096 q6_K:1024x4096 q4_K:4096x4096 q6_K:4096x14336 q4_K:14336x4096; do
+      run "gaps16_${fs/:/_}" 60 python3 bench/probe_op_gaps.py --fmt "${fs%%:*}" --shape "${fs#*:}" --tokens 512 --calls 20 \
+        --show 6 --x-dtype float16
+    done ;;
   small)
     for s in 1024x4096 4096x4096; do
       run "small_$s" 120 "${AB[@]}" --kernels 'prep_q4k_t1$|gemv_q4_k_f32_t1$' --formats q4_K --shape "$s" --tokens 1 --weights 64 \
@@ -139,6 +145,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps small rest sanitize sweep abemit)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit)"; exit 2 ;;
   esac
 done

@@ -693,8 +693,9 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     "wgmma_pre_cx" / "wgmma_pre_x16" to pin that choice, "wgmma_ra_mc" (the register-A build in clusters of 2 CTAs
     that multicast each activation tile to both; not dispatched by mul_mat yet), "q8" (int8 mma.sync, x quantized
     to Q8_1 inside the GEMM) or "q8_pre" (quantize_q8_1_mmq launch, then the int8 GEMM); benchmarks sweep them.
-    An fp16 x (mul_mat's, a float16 activation) goes to the wgmma builds as it is (permute_f16 for the register-A K
-    order, copy_f16 for the plain one; never the converting builds), and so does it to the fp16 mma.sync build
+    An fp16 x (mul_mat's, a float16 activation) goes to the wgmma builds as it is (by a tensor map over the caller's
+    x where the build reads x in its natural K order, meta x_order: _gemm_x16; else permute_f16 into the register-A
+    K order; never the converting builds), and so does it to the fp16 mma.sync build
     (as given where it copies x by cp.async, sm_89's; copy_f16 where by TMA, sm_120a's): nothing can leave fp16,
     returns None, no fixup to record behind; the other paths (the int8 ones) read it widened to fp32 (convert_f32).
     Returns the fp32 x the fixup behind the GEMM reads."""
@@ -705,8 +706,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             path = "mma.sync_x16"
     if path not in MMQ_PATHS:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
-    # the register-A / prepared wgmma GEMMs read an fp16 x permuted (permute_f16, into scratch: their tensor maps
-    # are encoded once a workspace, over scratch, never over the call's x), the plain wgmma one copied (copy_f16)
+    # the wgmma GEMMs read an fp16 x as it is where they take x's natural K order (_gemm_x16: a tensor map over the
+    # call's x, encoded per call), else permuted into scratch (permute_f16)
     half_in = xa.dtype == np.float16 and (path.startswith(("wgmma_ra", "wgmma_pre")) and not path.endswith("_cx")
                                           or path == "wgmma")
     # (the fp16 mma.sync build reads an fp16 x as it is where it copies x by cp.async, sm_89's, and copied into
@@ -764,7 +765,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         grid = (-(-tiles * (k // 64) // sp.per),)
         part = pb.scratch((2 * grid[0] * 128 * bn,), np.float32)
         cnt = pb.counters(4 * tiles)
-        x16 = _rec_convert_f16(pb, xa, flag, "sm_90a", "rega")
+        x16 = _gemm_x16(pb, fn, xa, flag, path)
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         pb.launch(fn, grid, (_raw_rows_map(w, m, fn), tx, o, m, k, t, sp.per, pb.queue, sp.tiles_n, 0, part, cnt),
                   pdl=bool(fn.meta.get("pdl")))
@@ -797,7 +798,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         tx = _tensor_map(x16.ptr, "f16", t, k, bn, 64, "128B")
         pb.launch(fn, grid, (tw, tx, o, *tail, xa, x16, ready, flag), pdl=bool(fn.meta.get("pdl")))  # pre: behind the frags
     elif wg:
-        x16 = _rec_convert_f16(pb, xa, flag, "sm_90a", "natural" if path == "wgmma" else "rega")
+        x16 = _gemm_x16(pb, fn, xa, flag, path)
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
         pb.launch(fn, grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=(cl, 1, 1) if cl > 1 else None)
@@ -808,6 +809,17 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             xin = _tensor_map(xin.ptr, "f16", t, k, bn, 64, "128B")
         pb.launch(fn, grid, (tw if tma else w.buffer, xin, o, flag, *tail))
     return None if half_in else xa
+
+
+def _gemm_x16(pb: PlanBuilder, fn, xa, flag, path: str):
+    """The fp16 x a TMA-fed wgmma GEMM reads: the call's own fp16 x where the build takes x in its natural K order
+    (meta x_order; the plain wgmma build, the register-A ones of mmq.RA_NATURAL_FORMATS) — its tensor map is encoded
+    per call over the caller's buffer (plans.Bound), no launch —, else x converted (fp32) or permuted / copied
+    (fp16) into scratch by one launch."""
+    order = "natural" if path == "wgmma" else fn.meta.get("x_order", "rega")
+    if xa.dtype == np.float16 and order == "natural" and isinstance(xa.ptr, Sym) and xa.ptr.base == "x":
+        return xa
+    return _rec_convert_f16(pb, xa, flag, "sm_90a", order)
 
 
 def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None) -> None:

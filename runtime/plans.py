@@ -19,6 +19,7 @@ never share state (see `workspace_for`).
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 from typing import NamedTuple
@@ -356,7 +357,7 @@ def release_capture_workspaces() -> int:
 class Bound:
     """A plan's launches packed against one workspace; `run` patches the x / y addresses and issues them."""
 
-    __slots__ = ("launches", "x_cells", "y_cells", "ids_cells", "lock", "epoch", "__weakref__")
+    __slots__ = ("launches", "x_cells", "y_cells", "ids_cells", "x_maps", "_maps", "lock", "epoch", "__weakref__")
 
     def __init__(self, plan: Plan, ws: Workspace):
         from .tma import tensor_map_2d
@@ -370,9 +371,11 @@ class Bound:
         self.epoch = ws.epoch
         self.launches, self.x_cells, self.y_cells, self.ids_cells = [], [], [], []  # (cell, offset) to patch per call
         per_call = {"x": self.x_cells, "y": self.y_cells, "ids": self.ids_cells}
+        self.x_maps, self._maps = [], {}  # tensor maps over the call's x: (cell, offset, the map's other fields),
+        # encoded per x address (memoised: a loop over one buffer, or a graph, encodes once)
         tmaps: dict = {}
         for ln in plan.launches:
-            vals, later = [], []
+            vals, later, later_maps = [], [], []
             for i, a in enumerate(ln.args):
                 if isinstance(a, SymArray):
                     a = a.ptr
@@ -382,6 +385,9 @@ class Bound:
                         vals.append(0)
                     else:
                         vals.append(resolve(a))
+                elif isinstance(a, TMap) and a.ptr.base == "x":  # the caller's x itself (an fp16 x read by TMA)
+                    later_maps.append((i, a.ptr.off, tuple(a[1:])))
+                    vals.append(bytes(128))
                 elif isinstance(a, TMap):
                     key = (resolve(a.ptr),) + tuple(a[1:])
                     if key not in tmaps:
@@ -392,9 +398,23 @@ class Bound:
             cells = ln.fn.cells(vals)
             for i, base, off in later:
                 per_call[base].append((cells[i], off))
+            self.x_maps += [(cells[i], off, rest) for i, off, rest in later_maps]
             self.launches.append(ln.fn.prepare(ln.grid, cells, block=ln.block, smem=ln.smem, cluster=ln.cluster,
                                                pdl=ln.pdl))
         self.lock = threading.Lock()
+
+    def _x_map(self, ptr: int, rest: tuple) -> bytes:
+        """The tensor map over the call's x at `ptr` (TMap's fields past ptr), encoded once per address: a few
+        entries, as a decode loop alternates between a few activation buffers."""
+        key = (ptr, rest)
+        tm = self._maps.get(key)
+        if tm is None:
+            from .tma import tensor_map_2d
+
+            if len(self._maps) >= 16:
+                self._maps.clear()
+            tm = self._maps[key] = tensor_map_2d(ptr, *rest[:-1], chunks=rest[-1])
+        return tm
 
     def run(self, x_ptr: int, y_ptr: int, stream: int, ids_ptr: int = 0) -> None:
         with self.lock:  # two threads on one stream share this Bound: patch and launch as one step
@@ -404,5 +424,7 @@ class Bound:
                 cell.value = y_ptr + off
             for cell, off in self.ids_cells:
                 cell.value = ids_ptr + off
+            for cell, off, rest in self.x_maps:
+                ctypes.memmove(ctypes.addressof(cell), self._x_map(x_ptr + off, rest), 128)
             for ln in self.launches:
                 ln.run(stream)

@@ -616,6 +616,24 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
         assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n64", "mmq_q5_k_wgmma_ra_n64", "mmq_q4_k_wgmma_ra_n64_cx"])
+def test_register_a_builds_take_x_in_its_natural_k_order(name, monkeypatch):
+    """mmq.RA_NATURAL_FORMATS (shipped: Q4_K, Q5_K): the dense register-A builds' lanes load their weights in x's own K
+    order (four ld.shared.u16 and two prmt a row and K-step), so x needs no permute (meta x_order "natural"; the
+    converting build's converters write x16 in that order): right against float64 with natural x, as the build in
+    layouts.q4k_rega_k_order is with permuted x (the harness feeds each the order its meta names)."""
+    from ptxgen.kernels import mmq
+
+    for order in ("natural", "rega"):  # (the harness reads the build's meta under the same setting)
+        if order == "rega":
+            monkeypatch.setattr(mmq, "RA_NATURAL_FORMATS", ())
+        k = KERNELS[name].for_arch("sm_90a")
+        ptx = k.ptx()
+        assert k.meta["x_order"] == order and ("ld.shared.u16" in ptx) == (order == "natural")
+        out = check_kernel(name, ptx, seed=4, shape=(131, 20, 1024), ctas=3)
+        assert out.ok, out.detail
+
+
 def _same_bits(name, ptxs, seed, **kw):
     """Two builds of one kernel (a build flag's two settings) on the emulator: both right, and y bit for bit."""
     outs = [check_kernel(name, ptx, seed=seed, **kw) for ptx in ptxs]

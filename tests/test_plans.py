@@ -9,7 +9,7 @@ import pytest
 
 from ptxgen.testing import fakegpu
 from ptxgen import knobs, tuning
-from ptxgen.kernels import gemv_codec
+from ptxgen.kernels import gemv_codec, mmq
 from ptxgen.specs import GemvKernel
 from ptxgen.runtime import driver, kernels, ops, plans
 from ptxgen.runtime.driver import PER_THREAD_STREAM, stream_handle
@@ -29,7 +29,7 @@ def gpu(monkeypatch):
     ("q4_K", 18944, 3584, 8, "exact", ["prep_mma_f16", "gemv_q4_k_mma"]),  # t8's row CTAs: past one round
     ("q4_K", 4096, 14336, 16, "exact", ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]),
     ("q4_K", 4096, 14336, 32, "exact", ["prep_q4k_t32h", "mmq_q4_k_rega_n32"]),
-    ("q4_K", 4096, 14336, 512, "exact", ["convert_f16_perm", "mmq_q4_k_wgmma_ra_n256", "mul_mat_fixup_q4_k"]),
+    ("q4_K", 4096, 14336, 512, "exact", ["convert_f16", "mmq_q4_k_wgmma_ra_n256", "mul_mat_fixup_q4_k"]),
     ("q4_K", 4096, 14336, 4096, "exact", ["mmq_q4_k_wgmma_ra_n256_cx", "mul_mat_fixup_q4_k"]),
     ("q4_K", 4096, 4096, 16, "fast", ["mmq_q4_k_q8_n16", "mul_mat_fixup_q4_k"]),
     ("tq4_1s", 18944, 3584, 1, "exact", ["prep_tq4_1s", "gemv_tq4_1s_tma_t1"]),
@@ -394,7 +394,7 @@ def test_stream_k_runs_where_the_tiles_fill_the_rounds_unevenly(gpu):
     assert not any(k.endswith("_sk") for k in ops.mul_mat_plan(w, 512).kernels)  # shipped: off
     with tuning.override(mmq_stream_k_min_gain=0.05):
         plan = ops.mul_mat_plan(w, 512)
-        assert plan.kernels == ["convert_f16_perm", "mmq_q4_k_wgmma_ra_n256_sk", "mul_mat_fixup_q4_k"]
+        assert plan.kernels == ["convert_f16", "mmq_q4_k_wgmma_ra_n256_sk", "mul_mat_fixup_q4_k"]
         ln = plan.launches[1]
         assert ln.grid == (132,) and ln.args[3:7] == (14336, 4096, 512, 109) and ln.args[8:10] == (2, 0)
         assert plan.scratch_bytes >= 2 * 132 * 128 * 256 * 4 and plan.counter_bytes >= 4 * 224
@@ -452,18 +452,21 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
 
 
 def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):
-    """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16),
-    never a converting build, and record no fixup (nothing can leave fp16); every other route reads x widened once
+    """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16)
+    or, where the build reads x in its natural K order (mmq.RA_NATURAL_FORMATS: Q4_K, Q5_K), as it is (no launch
+    before the GEMM), never a converting build, and record no fixup (nothing can leave fp16); every other route reads x widened once
     (convert_f32) and then runs the float32 plan's kernels (a rotated codec), except the fp16 mma.sync GEMM where
-    it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is, and the GEMMs whose x comes
-    by TMA from scratch (the plain wgmma one, sm_120a's Q4_K), which read it copied there (copy_f16, no fixup);
+    it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is, the plain wgmma one (x by a
+    tensor map over the caller's x), and sm_120a's Q4_K, whose x comes by TMA from scratch (copy_f16, no fixup);
     each dtype has its own cached plan and the float32 ones are unchanged."""
     for fmt, m, k in (("q4_K", 4096, 14336), ("q6_K", 4096, 14336), ("q8_0", 4096, 4096), ("q5_K", 1024, 4096)):
         w = fakegpu.weights(fmt, m, k)
         for t in (40, 512, 4096):
             f32 = ops.mul_mat_plan(w, t, graph=True).kernels
             f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
-            assert f32[-1].startswith("mul_mat_fixup") and "permute_f16" in f16 and not any(
+            gemm = next(n for n in f16 if n.startswith("mmq_"))
+            natural = kernels.entry(gemm, "sm_90a")["meta"].get("x_order") == "natural"
+            assert f32[-1].startswith("mul_mat_fixup") and ("permute_f16" in f16) != natural and not any(
                 n.startswith(("mul_mat_fixup", "convert_f16", "convert_f32")) or n.endswith("_cx") for n in f16), (
                 fmt, t, f32, f16)
             assert [n for n in f16 if n != "permute_f16"] == [n.replace("_cx", "") for n in f32
@@ -478,17 +481,18 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
             direct = [n for n in f32 if not n.startswith(("convert_f16", "mul_mat_fixup"))]
             by_tma = arch == "sm_120a" and fmt == "q4_K"  # (sm_120a's Q4_K: x by TMA, copied into scratch first)
             assert f16 == (["copy_f16"] + direct if by_tma else direct), (arch, f32, f16)
-    w = fakegpu.weights("q4_K", 1024, 4096)  # the plain wgmma GEMM (small weights, 17-32 tokens): copied, no fixup
+    w = fakegpu.weights("q4_K", 1024, 4096)  # the plain wgmma GEMM (small weights, 17-32 tokens): x as it is (its
+    # natural K order, by a tensor map over the caller's x), no fixup
     for t in (17, 32):
         f32 = ops.mul_mat_plan(w, t, graph=True).kernels
         assert f32[0] == "convert_f16" and f32[1].startswith("mmq_q4_k_wgmma_n"), f32
-        assert ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels == ["copy_f16", f32[1]]
+        assert ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels == [f32[1]]
     w = fakegpu.weights("q4_K", 14336, 4096)  # where fp32 converts inside the GEMM, fp16 takes its _x16 build (the
     # same arithmetic), not stream-K's split sums, whatever mmq_stream_k_min_gain says
     with tuning.override(mmq_stream_k_min_gain=0.05):
         for t in (1024, 3000):
             assert ops.mul_mat_plan(w, t).kernels[0] == "mmq_q4_k_wgmma_ra_n256_cx"
-            assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["permute_f16", "mmq_q4_k_wgmma_ra_n256"]
+            assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["mmq_q4_k_wgmma_ra_n256"]
     w = fakegpu.weights("tq4_1s", 18944, 3584)  # the rotation reads fp32
     assert ops.mul_mat_plan(w, 512, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, 512).kernels
     for bad in ("float64", "bfloat16"):
@@ -519,7 +523,8 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
             if f32[0].startswith("prep_"):
                 assert f16 == [f32[0] + "_x16"] + f32[1:], (fmt, t, f32, f16)
             else:
-                assert f16[0] == "permute_f16", (fmt, t, f16)
+                assert f16[0] == "permute_f16" or fmt in mmq.RA_NATURAL_FORMATS and f16[0].startswith("mmq_"), (
+                    fmt, t, f16)
     for fmt in ("q4_K", "q6_K", "q8_0"):  # small: the codec GEMV at one token, its _x16 build
         w = fakegpu.weights(fmt, 1024, 4096)
         assert ops.mul_mat_plan(w, 1, graph=True, x_dtype="float16").kernels == [f"gemv_{fmt.lower()}_f32_t1_x16"]
@@ -597,7 +602,8 @@ def test_builds_that_count_the_records_ready_get_the_zero_kept_word_both(gpu, mo
 def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, codec_gemvs, monkeypatch, fmt, box,
                                                                                gemv):
     """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) for T within
-    RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm, mmq_<fmt>_wgmma_ra_n<tile>, the fixup (from
+    RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm (convert_f16 where the build reads x in its natural
+    K order: Q5_K), mmq_<fmt>_wgmma_ra_n<tile>, the fixup (from
     mmq_cx_min_tokens with one K split the build converting x itself, mmq_<fmt>_wgmma_ra_n<tile>_cx, alone); its
     weights by a tensor map of the raw rows (Q8_0: 80-byte boxes a step, n64's 68-word boxes a block; Q5_K: 16-byte
     columns). Below, the codec GEMV
@@ -613,7 +619,8 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
     lo, hi = ops.RULES.codec_ra_mmq_min_tokens[fmt], ops.RULES.codec_ra_mmq_max_tokens[fmt]
     assert lo == ops.RULES.mmq_min_tokens  # the decode GEMVs' 8 tokens stay exact
     p = ops.mul_mat_plan(w, 512)
-    assert p.kernels == ["convert_f16_perm", f"mmq_{f}_wgmma_ra_n256", f"mul_mat_fixup_{f}"]
+    conv = "convert_f16" if fmt in mmq.RA_NATURAL_FORMATS else "convert_f16_perm"
+    assert p.kernels == [conv, f"mmq_{f}_wgmma_ra_n256", f"mul_mat_fixup_{f}"]
     assert ops.mul_mat_plan(w, 64).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
     assert ops.mul_mat_plan(w, lo).kernels[1] == f"mmq_{f}_wgmma_ra_n64"
     with tuning.override(codec_mma_max_tokens=0):  # below the rule: the codec GEMV (Q8_0's tensor-core one aside)
@@ -713,6 +720,34 @@ def test_tensor_maps_over_scratch_are_encoded_when_bound(gpu):
     assert isinstance(gemm.args[1], plans.TMap) and isinstance(gemm.args[0], bytes)
     b = p.bound(fakegpu.FakeWorkspace(p))
     assert bytes(b.launches[1].cells[1]) == bytes(128)
+
+
+def test_tensor_maps_over_the_callers_fp16_x_are_encoded_per_call(gpu, monkeypatch):
+    """Where the GEMM reads an fp16 x as it is (a register-A build in x's natural K order), its activation map is over
+    the call's x: a TMap on x in the plan, encoded in Bound.run for each x address (the first call at an address,
+    then memoised) and written into the launch's parameter; the scratch-free plan launches the GEMM alone."""
+    from ptxgen.runtime import tma
+
+    enc = []
+
+    def fake_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle="128B", row_stride_bytes=None, chunks=0):
+        tma.check_tensor_map_2d(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, row_stride_bytes, chunks)
+        enc.append((ptr, rows, cols, box_rows))
+        return ptr.to_bytes(8, "little") + bytes(120)
+    monkeypatch.setattr(tma, "tensor_map_2d", fake_map)
+    p = ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 4096), 512, x_dtype="float16")
+    assert p.kernels == ["mmq_q4_k_wgmma_ra_n256"]
+    tx = p.launches[0].args[1]
+    assert isinstance(tx, plans.TMap) and tx.ptr.base == "x" and (tx.rows, tx.cols, tx.box_rows) == (512, 4096, 256)
+    b = p.bound(fakegpu.FakeWorkspace(p))
+    monkeypatch.setattr(type(b.launches[0]), "run", lambda self, stream: None, raising=False)
+    cell = b.launches[0].cells[1]
+    for x_ptr in (0x7000_0000, 0x7100_0000, 0x7000_0000):
+        b.run(x_ptr, 0x9000_0000, 0)
+        assert bytes(cell)[:8] == x_ptr.to_bytes(8, "little")
+    assert [e[0] for e in enc if e[1:] == (512, 4096, 256)] == [0x7000_0000, 0x7100_0000]  # the third: memoised
+    with pytest.raises(ValueError):  # TMA's 16-byte rule, checked before the driver
+        b.run(0x7000_0008, 0x9000_0000, 0)
 
 
 def test_workspace_for_picks_per_stream_per_capture_or_the_given_one(gpu, monkeypatch):

@@ -591,8 +591,9 @@ class RegA:
     lane's offsets (once, ahead of the K loop); fragments() a step's decode."""
 
     def __init__(self, b, lane, cw, s, part: int, qh: bool = False, s_begin=None, block_scales: bool = True,
-                 row_box: tuple | None = None, integer: bool = False):
+                 row_box: tuple | None = None, integer: bool = False, natural: bool = False):
         self.s, self.qh = s, qh
+        self.natural, self.part = natural, part  # natural: x in its own K order (_natural_words)
         self.integer = integer  # A = q·sc' alone (IntA: d and the min term applied outside the MMA)
         self.block_scales = RA_BLOCK_SCALES and block_scales
         g = b.op("shr.u32", lane, Imm(2, "u32"))
@@ -609,7 +610,9 @@ class RegA:
                                                            b.op("setp.ne.u32", self.own_sb, Imm(0, "u32")))
         self.quad = b.op("and.b32", lane, Imm(~3 & 0xFFFFFFFF, "b32"))
         self.neg1024 = b.op("mov.b32", Imm(NEG_1024_F16X2, "b32"))
-        if row_box is not None:
+        if natural:
+            self._natural_offsets(b, t, row0, qh)
+        elif row_box is not None:
             self._row_box_offsets(b, t, row0, qh)
         else:
             # qs bytes 8t..8t+7 of row r: part 1 (bytes 0-15) or 2 (16-31) of the raw stage, 16 bytes per row
@@ -638,6 +641,37 @@ class RegA:
                      b.op("shl.b32", t, Imm(3, "u32"))) for rr in range(2)]
         self.qs_off = [b.op("add.u32", r, Imm(qs_at, "u32")) for r in rows]
         self.qh_off = [b.op("add.u32", r, Imm(qh_at, "u32")) for r in rows] if qh else None
+
+    def _natural_offsets(self, b, t, row0, qh):
+        """The natural K order's lane offsets: byte 2t of the step's first 16 qs bytes of rows row0 and row0 + 8
+        (and of their qh bytes): _natural_words reads 2 bytes there, 8 further, and the same in the next 16."""
+        self.t = t
+        if self.row_box is not None:
+            pitch, qs_at, qh_at = self.row_box
+            self.row_hdr = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
+                            for rr in range(2)] if self.integer else None
+            rows = [b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"),
+                         b.op("shl.b32", t, Imm(1, "u32"))) for rr in range(2)]
+            self.nat_next = 16  # the second 16 qs bytes: the next 16 of the row
+        else:  # the step's 16-byte columns: [header,] [qh lo, qh hi,] qs lo, qs hi — row r's 16 bytes of each
+            rows = [b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(16, "u32"),
+                         b.op("shl.b32", t, Imm(1, "u32"))) for rr in range(2)]
+            qs_at, qh_at = (3 if qh else 1) * self.part, self.part
+            self.nat_next = self.part  # the next column
+        self.qs_off = [b.op("add.u32", r, Imm(qs_at, "u32")) for r in rows]
+        self.qh_off = [b.op("add.u32", r, Imm(qh_at, "u32")) for r in rows] if qh else None
+
+    def _natural_words(self, b, at):
+        """The two words the decode takes from a row's qs (or qh) bytes at `at` (this lane's byte 2t) in x's natural
+        K order: word wi = bytes (2t, 2t + 8, 2t + 1, 2t + 9) of the row's 16 bytes wi — so the lop3 pairs (0, 2)
+        and (1, 3) are columns (2t, 2t + 1) and (8 + 2t, 9 + 2t) of k16 slice wi (low nibbles; slice 2 + wi the
+        high ones), which is where wgmma's A fragment wants them. Four 2-byte loads and two prmt where the permuted
+        order (q4k_rega_k_order) takes one 8-byte load."""
+        words = []
+        for wi in range(2):
+            lo, hi = (b.op("ld.shared.u16", Mem(at, self.nat_next * wi + 8 * h), type="u32") for h in range(2))
+            words.append(b.op("prmt.b32", lo, hi, Imm(0x5140, "b32")))
+        return words
 
     def _block_scales(self, b, rbase, magic, static: bool = False):
         """At a block's first step (or the item's): the lane's (row, parity p) header → sc'·(1 or 1/16) of its
@@ -742,10 +776,14 @@ class RegA:
         frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
         c2 = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")) if qh else None  # qh bit 2c
         for rr in range(2):
-            w = b.regs("b32", 2)
+            w = None if self.natural else b.regs("b32", 2)
             qs_at = self.qs_off[rr] if qs_shift is None else b.op("add.u32", self.qs_off[rr], qs_shift)
-            b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_at)))
-            if qh:
+            if self.natural:
+                w = self._natural_words(b, b.op("add.u32", rbase, qs_at))
+                hw = self._natural_words(b, b.op("add.u32", rbase, self.qh_off[rr])) if qh else None
+            else:
+                b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_at)))
+            if qh and not self.natural:
                 hw = b.regs("b32", 2)
                 b.emit("ld.shared.v2.b32", b.vec(hw), Mem(b.op("add.u32", rbase, self.qh_off[rr])))
             for wi in range(2):

@@ -1628,14 +1628,16 @@ def _cx_row_bytes(steps: int) -> int:
     return 64 * steps * 4 + 32
 
 
-def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, stage, steps=CX_STEPS):
+def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, stage, steps=CX_STEPS,
+               natural: bool = False):
     """The converting build's warps 1-3 (CX_NOTE): fp32 x (T x K) → fp16 x16 in each 64-column chunk's
     layouts.q4k_rega_k_order (output group q of 8 values, one 16-byte store, holds inputs base(q) + the 8 offsets
     convert_f16_perm uses). A unit's 8 rows x 256·steps bytes arrive by 4·steps cp.async per lane into staging
     buffer i % 2 of the warp (at shared address `stage`) while unit i - 1 converts from the other; lane (r4, q) =
     (lane / 8, lane % 8) converts group q of rows r4 and 4 + r4 from shared memory. Rows past T copy row T - 1 and
     store nothing. K is a multiple of 256 (Q4_K), so a unit never passes K. `steps`: K-steps per unit and x_ready chunk
-    (CX_STEPS, or 2 in the prepared build, whose 4-stage ring leaves room for half the staging buffers)."""
+    (CX_STEPS, or 2 in the prepared build, whose 4-stage ring leaves room for half the staging buffers). `natural`
+    (_natural_k's builds): x16 in x's own K order, group q holding columns 8q..8q + 7."""
     b.emit("griddepcontrol.wait")  # x may come from the kernel before this one (programmatic dependent launch)
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     wl = b.op("sub.u32", b.op("shr.u32", tid, Imm(5, "u32")), Imm(1, "u32"))  # converter warp 0..2 of the CTA
@@ -1643,13 +1645,16 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
     nconv = b.op("mul.lo.u32", b.special("nctaid.x"), Imm(3, "u32"))
     r4 = b.op("shr.u32", lane, Imm(3, "u32"))
     q = b.op("and.b32", lane, Imm(7, "b32"))
-    order = layouts.q4k_rega_k_order()
+    order = list(range(64)) if natural else list(layouts.q4k_rega_k_order())
     offs = [int(o - order[0]) for o in order[:8]]
-    assert all(list(order[8 * j:8 * j + 8] - order[8 * j]) == offs for j in range(8))
-    assert [int(order[8 * j]) for j in range(8)] == [(j & 1) + 4 * (j >> 1 & 1) + 32 * (j >> 2) for j in range(8)]
-    base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # base(q) = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
-                b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
-                     b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
+    assert all([int(o - order[8 * j]) for o in order[8 * j:8 * j + 8]] == offs for j in range(8))
+    if natural:  # base(q) = 8q
+        base = b.op("shl.b32", q, Imm(3, "u32"))
+    else:
+        assert [int(order[8 * j]) for j in range(8)] == [(j & 1) + 4 * (j >> 1 & 1) + 32 * (j >> 2) for j in range(8)]
+        base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # base(q) = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
+                    b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
+                         b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
     rg_n = BN // CX_ROWS
     assert steps in (2, 4) and CX_ROWS == 8 and CX_BUFS == 2
     row_bytes = _cx_row_bytes(steps)
@@ -2051,6 +2056,11 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
+    if ra:
+        b.meta["x_order"] = "natural" if _natural_k(spec) else "rega"
+        if _natural_k(spec):
+            b.meta["activations"] = ("fp16 in its natural K order: the caller's fp16 x by tensor map, or an fp32 x "
+                                     "by convert_f16, before the GEMM")
     if spec.stream:
         b.meta.update(stream=STREAM_NOTE, grid="ceil(U / L) CTAs, U = tiles x K/64, L = steps_per_split (at most the "
                       "resident CTAs)", work_queue="static (stream-K): the queue counts CTAs out only; splits unused")
@@ -2069,8 +2079,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                                 f"(empty barriers count 256 local arrivals, one per consumer thread, and "
                                 f"{CONSUMER_WARPS} per peer, one per consumer warp of each peer)")
     if CX:
-        b.meta.update(activations="fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside the "
-                                  "launch",
+        b.meta.update(activations=("fp32, converted to fp16 in its natural K order inside the launch" if _natural_k(spec)
+                                   else "fp32, converted to fp16 in the K order of layouts.q4k_rega_k_order inside "
+                                        "the launch"),
                       convert=CX_NOTE.format(bn=BN, rows=CX_ROWS, steps=XS, cols=64 * XS), pdl=False,
                       convert_steps=XS, convert_rows=CX_ROWS,
                       work_queue=b.meta["work_queue"].replace("(m tile, split z, token tile n), n fastest",
@@ -2321,7 +2332,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         b.bra(producer, pred=b.op("setp.lt.u32", tid, Imm(32, "u32")))
         _convert_x(b, tid, w.K, w.T, w.tiles_n, w.tiles_m, w.splits, w.Q, BN, X, X16, XR, b.ptr(cx_p[3]),
                    b.op("add.u32", lay.raw0, Imm(S * lay.raw_bytes + lay.a_slots * lay.a_slot_bytes, "u32")),
-                   steps=XS)  # the staging buffers: after the raw stages and the A slots
+                   steps=XS, natural=_natural_k(spec))  # the staging buffers: after the raw stages and the A slots
         b.emit("ret")
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
@@ -2848,7 +2859,8 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
-                lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None, codec=RAW_CODEC):
+                lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None, codec=RAW_CODEC,
+                natural=False):
     """The register-A consumer's K loop of the nibble codecs (mmq_q4_k_wgmma_ra_*, mmq_q5_k_wgmma_ra_*): lane (g, t)
     of consumer warp cw decodes rows 16·cw + g and + 8 of the stage's raw 16-byte columns (RAW_PART bytes each)
     straight into wgmma's A fragments by the codec's RegA (codecs/q4_k.py; `qh`: Q5_K's fifth bits), in the K order
@@ -2857,8 +2869,9 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     (wait_group 1 retires the step before), so the loop is unrolled twice: two register sets. (Measured and not
     kept, 2026-12-01: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
     bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's rows, `row_box` = (pitch, qs
-    offset, qh offset), in an A slot for its 4 steps; pair c's qs bytes 32c further in."""
-    dec = codec.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box)
+    offset, qh offset), in an A slot for its 4 steps; pair c's qs bytes 32c further in. `natural` (_natural_k): x in
+    its own K order instead (RegA's natural loads)."""
+    dec = codec.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box, natural=natural)
     if lay is not None and lay.bs > 1:  # block stages: the block's A slot taken at its step 0, given after step 3
         slot = []
 
@@ -2909,6 +2922,21 @@ RA_A_SLOTS = 2  # block boxes in flight for such a codec (2 x 30 KB (Q6_K) / 34 
 NIBBLE_BLOCK_BOX = {f: c.BLOCK_BOX for f, c in codecs.CODECS.items() if hasattr(c, "BLOCK_BOX")}
 
 
+# The register-A builds whose A fragments take x in its natural K order (codecs.q4_k.RegA natural): the dense ones
+# of these formats (the converting builds' converters write that order too), not the prepared or grouped builds
+# (dequantize_<fmt>_frags and moe_gather keep layouts.q4k_rega_k_order).
+# mul_mat then hands them an fp16 x as it is (a tensor map over the caller's x: no permute_f16 launch), an fp32 one
+# through convert_f16. The price: four 2-byte shared loads and two prmt a row and K-step where the permuted order
+# takes one 8-byte load (bench/NOTES.md, 2026-12-05 night: permute_f16 costs 1.6-7.4 µs an op at T = 512).
+RA_NATURAL_FORMATS: tuple = ("q4_K", "q5_K")
+
+
+def _natural_k(spec: MmqSpec) -> bool:
+    """Whether the build's register-A decode reads x in its natural K order (RA_NATURAL_FORMATS)."""
+    return (spec.a_regs and spec.fmt in RA_NATURAL_FORMATS and spec.fmt in NIBBLE_PARTS and not spec.grouped
+            and not spec.prepared and not spec.int_weights)
+
+
 def _block_box(spec: MmqSpec) -> bool:
     """Whether the build keeps a codec's boxes in A slots of their own (one box a block, RA_BOX_STEPS K-steps; the
     nibble codecs where NIBBLE_BLOCK_BOX says)."""
@@ -2948,10 +2976,10 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
             box = _row_box(spec.fmt)
             return _WgWeights(spec.bm * box[0], partial(_tma_block_row, fmt=spec.fmt),
                               partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh), row_box=box,
-                                      codec=codecs.get(spec.fmt)))
+                                      codec=codecs.get(spec.fmt), natural=_natural_k(spec)))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
                           partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh),
-                                  codec=codecs.get(spec.fmt)))
+                                  codec=codecs.get(spec.fmt), natural=_natural_k(spec)))
     codec = _ra_codec(spec)
 
     pitch = _ra_box_bytes(spec)
