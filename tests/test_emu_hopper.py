@@ -616,10 +616,11 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
         assert out.ok, out.detail
 
 
-@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n64", "mmq_q5_k_wgmma_ra_n64", "mmq_q4_k_wgmma_ra_n64_cx"])
+@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n64", "mmq_q5_k_wgmma_ra_n64", "mmq_q4_k_wgmma_ra_n64_cx",
+                                  "mmq_q6_k_wgmma_ra_n64", "mmq_q8_0_wgmma_ra_n64", "mmq_q8_0_wgmma_ra_n64_cx"])
 def test_register_a_builds_take_x_in_its_natural_k_order(name, monkeypatch):
-    """mmq.RA_NATURAL_FORMATS (shipped: Q4_K, Q5_K): the dense register-A builds' lanes load their weights in x's own K
-    order (four ld.shared.u16 and two prmt a row and K-step), so x needs no permute (meta x_order "natural"; the
+    """mmq.RA_NATURAL_FORMATS (shipped: every codec but TQ4_1S): the dense register-A builds' lanes load their weights
+    in x's own K order (two 2-byte loads and a prmt a word), so x needs no permute (meta x_order "natural"; the
     converting build's converters write x16 in that order): right against float64 with natural x, as the build in
     layouts.q4k_rega_k_order is with permuted x (the harness feeds each the order its meta names)."""
     from ptxgen.kernels import mmq
@@ -630,7 +631,7 @@ def test_register_a_builds_take_x_in_its_natural_k_order(name, monkeypatch):
         k = KERNELS[name].for_arch("sm_90a")
         ptx = k.ptx()
         assert k.meta["x_order"] == order and ("ld.shared.u16" in ptx) == (order == "natural")
-        out = check_kernel(name, ptx, seed=4, shape=(131, 20, 1024), ctas=3)
+        out = check_kernel(name, ptx, seed=4, shape=(131, 20, 2048), ctas=3)  # (Q6_K rows: K = 2048)
         assert out.ok, out.detail
 
 

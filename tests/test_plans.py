@@ -453,8 +453,9 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
 
 def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):
     """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16)
-    or, where the build reads x in its natural K order (mmq.RA_NATURAL_FORMATS: Q4_K, Q5_K), as it is (no launch
-    before the GEMM), never a converting build, and record no fixup (nothing can leave fp16); every other route reads x widened once
+    or, where the build reads x in its natural K order (mmq.RA_NATURAL_FORMATS: all but TQ4_1S), as it is (no
+    launch before the GEMM), never a converting build, and record no fixup (nothing can leave fp16); every other
+    route reads x widened once
     (convert_f32) and then runs the float32 plan's kernels (a rotated codec), except the fp16 mma.sync GEMM where
     it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is, the plain wgmma one (x by a
     tensor map over the caller's x), and sm_120a's Q4_K, whose x comes by TMA from scratch (copy_f16, no fixup);
@@ -896,7 +897,7 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
     14336), the prepared route where they are not (Qwen's 3584) and above."""
     w = fakegpu.weights("q6_K", 4096, 4096)
     with tuning.override(codec_ra_mmq_min_tokens=9, codec_ra_mmq_max_tokens=1024, codec_few_max_tokens=NO_CODEC_FEW):
-        assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16_perm", "mmq_q6_k_wgmma_ra_n256", "mul_mat_fixup_q6_k"]
+        assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16", "mmq_q6_k_wgmma_ra_n256", "mul_mat_fixup_q6_k"]
         assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"

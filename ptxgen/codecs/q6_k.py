@@ -206,25 +206,32 @@ def ra_box_column(b, s):
     return b.op("and.b32", start, Imm(~15 & 0xFFFFFFFF, "b32"))
 
 
-def ra_fragments(b, rbase, row_offs, s, t):
+def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
     """One K-step's register-A fragments from its TMA box (rows of RA_BOX_BYTES at rbase + row_offs[rr]): lane (g, t)
     takes weights 8t .. 8t + 7 (ql bytes 8t.., qh bits 4·sub + 0, 1) and 32 + 8t .. + 7 (ql bytes 32 + 8t.., qh bits
     4·sub + 2, 3) of its rows g and g + 8 — the positions q4_k's register-A decode gives its low and high nibbles, so
     the activation keeps layouts.q4k_rega_k_order. The box's bytes are 2-byte aligned (o): each 8-byte run is three
     aligned words shifted by one prmt. A pair of weights becomes (1024 + q) halves by two lop3 (nibbles, then the qh
     bits under 0x6400), then (h − 1056)·(d·sc): q − 32 exact, d·sc rounded to fp16 from float32, then the product
-    (two roundings, as Q5_K's; ggml's float32 d·sc·q rounds once). Returns the 4 k16 slices' A registers."""
+    (two roundings, as Q5_K's; ggml's float32 d·sc·q rounds once). Returns the 4 k16 slices' A registers.
+    `natural` (x in its own K order, kernels/mmq.py RA_NATURAL_FORMATS): the lane's weights are 2t, 2t + 1 of each
+    8 of a quarter instead — ql and qh bytes as q4_k.RegA's natural words (two 2-byte loads and a prmt a word), the
+    decode after them the same."""
     h = b.op("and.b32", b.op("shr.u32", s, Imm(1, "u32")), Imm(1, "b32"))
     sub = b.op("and.b32", s, Imm(1, "b32"))
     o = b.op("and.b32", b.op("shr.u32", s, Imm(1, "u32")), Imm(14, "b32"))  # (2·j) & 14: the step in the box
-    sel = b.op("add.u32", b.op("mul.lo.u32", b.op("and.b32", o, Imm(2, "b32")), Imm(0x1111, "u32")),
-               Imm(0x3210, "u32"))  # bytes 0..3 (o % 4 = 0) or 2..5 (o % 4 = 2) of two words
-    t8 = b.op("shl.b32", t, Imm(3, "u32"))
-    ql_at = b.op("add.u32", b.op("and.b32", o, Imm(12, "b32")), t8)  # word-aligned starts of the runs
+    if natural:  # byte 2t of the step's quarter-0 ql run (2-byte aligned: o is even), and of its qh bytes
+        ql_at = b.op("add.u32", o, b.op("shl.b32", t, Imm(1, "u32")))
+    else:
+        sel = b.op("add.u32", b.op("mul.lo.u32", b.op("and.b32", o, Imm(2, "b32")), Imm(0x1111, "u32")),
+                   Imm(0x3210, "u32"))  # bytes 0..3 (o % 4 = 0) or 2..5 (o % 4 = 2) of two words
+        t8 = b.op("shl.b32", t, Imm(3, "u32"))
+        ql_at = b.op("add.u32", b.op("and.b32", o, Imm(12, "b32")), t8)  # word-aligned starts of the runs
     qh_at = b.op("add.u32", ql_at, b.op("sub.u32", Imm(128, "u32"), b.op("shl.b32", h, Imm(5, "u32"))))
     sc_at = b.op("add.u32", b.op("add.u32", o, b.op("shl.b32", sub, Imm(2, "u32"))),
                  b.op("sub.u32", Imm(192, "u32"), b.op("mul.lo.u32", h, Imm(56, "u32"))))
-    sc_at = b.op("add.u32", sc_at, b.op("shr.u32", t, Imm(1, "u32")))  # sc[4·sub + t / 2]; + 2 for the high run
+    if not natural:  # (natural: the lane's weights of quarter c span both its 16-weight groups: sc[4·sub + 2c + wi])
+        sc_at = b.op("add.u32", sc_at, b.op("shr.u32", t, Imm(1, "u32")))  # sc[4·sub + t / 2]; + 2 for the high run
     d_at = b.op("sub.u32", b.op("add.u32", o, Imm(208, "u32")), b.op("shl.b32", h, Imm(6, "u32")))
     nib = b.op("shl.b32", sub, Imm(2, "u32"))  # the nibble's shift: 0 or 4
     c1056 = b.op("mov.b32", Imm(HALF_1056, "b32"))
@@ -232,6 +239,10 @@ def ra_fragments(b, rbase, row_offs, s, t):
     frag = {}
 
     def run(base, at):  # the 8 bytes at `at` (+ the 2-byte offset sel says) as two words
+        if natural:  # bytes (2t, 2t + 8, 2t + 1, 2t + 9) of each 16 from `at` (byte 2t)
+            a = b.op("add.u32", base, at)
+            return [b.op("prmt.b32", *(b.op("ld.shared.u16", Mem(a, 16 * wi + 8 * e), type="u32") for e in range(2)),
+                         Imm(0x5140, "b32")) for wi in range(2)]
         w = [b.op("ld.shared.u32", Mem(b.op("add.u32", base, at), 4 * i)) for i in range(3)]
         return [b.op("prmt.b32", w[i], w[i + 1], sel) for i in range(2)]
 
@@ -241,7 +252,16 @@ def ra_fragments(b, rbase, row_offs, s, t):
         qhw = run(base, qh_at)
         dh = b.reg("b16")
         b.emit("ld.shared.b16", dh, Mem(b.op("add.u32", base, d_at)))
-        if RA_HALF_SCALES:  # (sc0, sc1) as halves, times (d, d): both columns' d·sc in one HMUL2
+        if RA_HALF_SCALES and natural:  # (sc[2c], sc[2c + 1]) of each quarter c as halves, times (d, d)
+            dd = b.op("mov.b32", b.vec([dh, dh]), type="b32")
+            dss = []
+            for c in range(2):
+                pair = b.op("ld.shared.u16", Mem(b.op("add.u32", base, sc_at), 2 * c), type="u32")
+                packed = b.op("prmt.b32", pair, pair, Imm(0x2120, "b32"))  # bytes (sc, 0, sc', 0)
+                biased = b.op("lop3.b32", packed, Imm(0x00800080, "b32"), Imm(0x64006400, "b32"), Imm(0xBE, "b32"))
+                dsv = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", biased, c1152, type="b32"), dd, type="b32")
+                dss.append([b.op("prmt.b32", dsv, dsv, Imm(sel, "b32")) for sel in (0x1010, 0x3232)])
+        elif RA_HALF_SCALES:  # (sc0, sc1) as halves, times (d, d): both columns' d·sc in one HMUL2
             s0, s1 = (b.op("ld.shared.u8", Mem(b.op("add.u32", base, sc_at), 2 * c), type="u32") for c in range(2))
             packed = b.op("prmt.b32", s0, s1, Imm(0x1410, "b32"))  # bytes (s0, 0, s1, 0)
             biased = b.op("lop3.b32", packed, Imm(0x00800080, "b32"), Imm(0x64006400, "b32"), Imm(0xBE, "b32"))
@@ -251,14 +271,21 @@ def ra_fragments(b, rbase, row_offs, s, t):
         else:
             d = b.op("cvt.f32.f16", dh)
         qs = [b.op("shr.b32", w_, nib) for w_ in qhw]  # the step's qh bits from bit 0 of each byte
+
+        def f32_scale(at):  # d·sc as (fp16, fp16), sc the int8 at `at`
+            sc = b.op("ld.shared.s8", Mem(b.op("add.u32", base, sc_at), at), type="s32")
+            dsh = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sc)), type="b16")
+            return b.op("mov.b32", b.vec([dsh, dsh]), type="b32")
         for c in range(2):  # columns 8t.. (c = 0) and 32 + 8t.. (c = 1)
-            if RA_HALF_SCALES:
+            if natural:  # (a scale per 16-weight group wi of the quarter)
+                ds_w = dss[c] if RA_HALF_SCALES else [f32_scale(2 * c + wi) for wi in range(2)]
+            elif RA_HALF_SCALES:
                 ds = dss[c]
             else:
-                sc = b.op("ld.shared.s8", Mem(b.op("add.u32", base, sc_at), 2 * c), type="s32")
-                dsh = b.op("cvt.rn.f16.f32", b.op("mul.rn.f32", d, b.op("cvt.rn.f32.s32", sc)), type="b16")
-                ds = b.op("mov.b32", b.vec([dsh, dsh]), type="b32")
+                ds = f32_scale(2 * c)
             for wi in range(2):
+                if natural:
+                    ds = ds_w[wi]
                 lo = b.op("shr.b32", qls[c][wi], nib)  # the step's nibble at bits 0-3 of each byte
                 # qh bits 4·sub + 2c, + 1 of each byte (qs = qh >> 4·sub, once a word): bytes 0, 2 to bits 4, 5 by
                 # a constant left shift, bytes 1, 3 by a constant right one

@@ -108,25 +108,33 @@ def ra_step_offset(b, s):
     return b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(6, "u32"))
 
 
-def ra_fragments(b, rbase, row_offs, s, t):
+def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
     """One K-step's register-A fragments from its TMA box (rows at rbase + row_offs[rr], the build's pitch: a step's
     RA_BOX_BYTES or a block's RA_BLOCK_BOX_BYTES, rbase then at the step's ra_step_offset in it): lane
     (g, t) takes quants 8t .. 8t + 7 of both blocks of its rows g and g + 8 — the positions q4_k's register-A
     decode gives its nibbles (block sb in the place of sub-block 2c + sb, element e in the place of qs byte e), so
     the activation keeps layouts.q4k_rega_k_order. A pair of quants (e, e + 2) becomes (1152 + q) halves by one
     prmt against 0x64 (after the sign bit is flipped), then (h − 1152)·d: q exact, then one rounding, fp16(q·d) —
-    ggml's float32 q·d rounded once, as the prepared fragments hold it. Returns the 4 k16 slices' A registers."""
+    ggml's float32 q·d rounded once, as the prepared fragments hold it. Returns the 4 k16 slices' A registers.
+    `natural` (x in its own K order, kernels/mmq.py RA_NATURAL_FORMATS): quants 2t, 2t + 1 of each 8 of a block
+    instead — as q4_k.RegA's natural words (two 2-byte loads and a prmt a word), the decode after them the same."""
     o = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(2, "u32"))  # the step's first block in the box
-    t8 = b.op("shl.b32", t, Imm(3, "u32"))
+    t8 = b.op("shl.b32", t, Imm(1 if natural else 3, "u32"))  # (natural: 2t)
     c64, c1152 = b.op("mov.b32", Imm(0x64646464, "b32")), b.op("mov.b32", Imm(HALF_1152, "b32"))
     frag = {}
     for rr, roff in enumerate(row_offs):
         base = b.op("add.u32", b.op("add.u32", rbase, roff), o)  # 4-byte aligned: the first block's d
         words = [[], []]
-        w0 = [b.op("ld.shared.u32", Mem(b.op("add.u32", base, t8), 4 * i)) for i in range(3)]  # bytes 0..11 past 8t
-        words[0] = [b.op("prmt.b32", w0[i], w0[i + 1], Imm(0x5432, "b32")) for i in range(2)]  # quants at 2 + 8t
-        q1 = b.op("add.u32", base, b.op("add.u32", t8, Imm(36, "u32")))  # the second block's quants, 4-byte aligned
-        words[1] = [b.op("ld.shared.u32", Mem(q1, 4 * i)) for i in range(2)]
+        if natural:  # block sb's quants from base + 34·sb + 2: bytes (2t, 2t + 8, 2t + 1, 2t + 9) of each 16
+            q = b.op("add.u32", base, t8)
+            words = [[b.op("prmt.b32", *(b.op("ld.shared.u16", Mem(q, 34 * sb + 2 + 16 * wi + 8 * e), type="u32")
+                                         for e in range(2)), Imm(0x5140, "b32")) for wi in range(2)]
+                     for sb in range(2)]
+        else:
+            w0 = [b.op("ld.shared.u32", Mem(b.op("add.u32", base, t8), 4 * i)) for i in range(3)]  # bytes 0..11 past 8t
+            words[0] = [b.op("prmt.b32", w0[i], w0[i + 1], Imm(0x5432, "b32")) for i in range(2)]  # quants at 2 + 8t
+            q1 = b.op("add.u32", base, b.op("add.u32", t8, Imm(36, "u32")))  # the second block's quants, 4-aligned
+            words[1] = [b.op("ld.shared.u32", Mem(q1, 4 * i)) for i in range(2)]
         for sb in range(2):
             dh = b.reg("b16")
             b.emit("ld.shared.b16", dh, Mem(base, 34 * sb))

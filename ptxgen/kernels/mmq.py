@@ -2928,13 +2928,13 @@ NIBBLE_BLOCK_BOX = {f: c.BLOCK_BOX for f, c in codecs.CODECS.items() if hasattr(
 # mul_mat then hands them an fp16 x as it is (a tensor map over the caller's x: no permute_f16 launch), an fp32 one
 # through convert_f16. The price: four 2-byte shared loads and two prmt a row and K-step where the permuted order
 # takes one 8-byte load (bench/NOTES.md, 2026-12-05 night: permute_f16 costs 1.6-7.4 µs an op at T = 512).
-RA_NATURAL_FORMATS: tuple = ("q4_K", "q5_K")
+RA_NATURAL_FORMATS: tuple = ("q4_K", "q5_K", "q6_K", "q8_0")
 
 
 def _natural_k(spec: MmqSpec) -> bool:
     """Whether the build's register-A decode reads x in its natural K order (RA_NATURAL_FORMATS)."""
-    return (spec.a_regs and spec.fmt in RA_NATURAL_FORMATS and spec.fmt in NIBBLE_PARTS and not spec.grouped
-            and not spec.prepared and not spec.int_weights)
+    return (spec.a_regs and spec.fmt in RA_NATURAL_FORMATS and not spec.grouped and not spec.prepared
+            and not spec.int_weights)
 
 
 def _block_box(spec: MmqSpec) -> bool:
@@ -2990,7 +2990,7 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
         if pitch > 256:  # a u32 map (the box's 256-element limit): the column in words
             col = b.op("shr.u32", col, Imm(2, "u32"))
         b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (col, row)), Mem(fb))
-    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch))
+    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch, natural=_natural_k(spec)))
 
 
 def _ra_box_bytes(spec: MmqSpec) -> int:
@@ -3021,7 +3021,7 @@ def _ra_codec(spec: MmqSpec):
 
 
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int):
+                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
     consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
     of layouts.q4k_rega_k_order, into _ra_k_loop. With `lay` (a codec whose box holds a block: RA_BOX_STEPS): the
@@ -3032,13 +3032,15 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     row0 = b.op("mad.lo.u32", cw, Imm(16, "u32"), g)
     row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
                 for rr in range(2)]
+    nat = {"natural": True} if natural else {}  # (TQ4_1S's ra_fragments has no natural form)
 
     def fragments(stage):
         if lay is None:
-            return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t)
+            return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t,
+                                      **nat)
         sl = _a_slot_take(b, lay, s, s_begin)
         off = codec.ra_step_offset(b, s)
-        frags = codec.ra_fragments(b, b.op("add.u32", lay.a_slot(sl), off), row_offs, s, t)
+        frags = codec.ra_fragments(b, b.op("add.u32", lay.a_slot(sl), off), row_offs, s, t, **nat)
         _a_slot_give(b, lay, s, s_end, sl)
         return frags
     _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_bytes, peers, fragments)
