@@ -582,7 +582,7 @@ def test_codec_register_a_mmq_converting_x_itself_has_the_bits_of_the_build_afte
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q5_K", "q6_K", "tq4_1s"])
-def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments(fmt):
+def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments(fmt, monkeypatch):
     """mmq_<fmt>_wgmma_ra_n*: the codec's blocks decoded in the K loop — Q8_0 by codecs.q8_0.ra_fragments (TMA boxes
     from 16-byte aligned starts, the step's blocks 4·(s & 3) bytes in, quants by prmt against 0x64, fp16(q·d)); Q5_K
     by Q4_K's nibble decode with each weight's fifth bit from the qh columns. The prepared GEMM
@@ -592,8 +592,12 @@ def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments
     to fp16, then the product; its 210-byte blocks from 240-byte boxes at every 2-byte offset), and TQ4_1S's
     (codecs.tq4_1s.ra_fragments: fp16 codebook magnitudes by prmt, times ±d in fp16; both GEMMs on the rotated x), so
     y is within 1e-3 of the prepared GEMM's — one split and two, K-steps at every offset, M and T past a tile; n64 within 1e-3 of float64 with three
-    CTAs taking turns."""
+    CTAs taking turns. (The builds in layouts.q4k_rega_k_order, the prepared fragments' order: the shipped ones read x
+    in its natural order, mmq.RA_NATURAL_FORMATS, checked by test_register_a_builds_take_x_in_its_natural_k_order.)"""
     from ptxgen.emu.harness import mmq_wgmma_case
+    from ptxgen.kernels import mmq
+
+    monkeypatch.setattr(mmq, "RA_NATURAL_FORMATS", ())
 
     f = fmt.lower()
     pre = KERNELS["mmq_q4_k_wgmma_pre_n256"].for_arch("sm_90a")
