@@ -803,9 +803,11 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         pb.launch(fn, grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=(cl, 1, 1) if cl > 1 else None)
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout, mma.sync_x16 fp16 x
-        xin = (_rec_quantize_q8_1_mmq(pb, xa, flag, arch) if path == "q8_pre" else xa if half_in and not tma else
+        xin = (_rec_quantize_q8_1_mmq(pb, xa, flag, arch) if path == "q8_pre" else
+               xa if half_in and (not tma or _call_x(xa)) else
                _rec_convert_f16(pb, xa, flag, arch) if path == "mma.sync_x16" else xa)
-        if tma and path == "mma.sync_x16":  # sm_120a: fp16 x by TMA too, box 64 x bn, 128B-swizzled
+        if tma and path == "mma.sync_x16":  # sm_120a: fp16 x by TMA too, box 64 x bn, 128B-swizzled (the call's
+            # fp16 x itself: a map encoded per call, plans.Bound)
             xin = _tensor_map(xin.ptr, "f16", t, k, bn, 64, "128B")
         pb.launch(fn, grid, (tw if tma else w.buffer, xin, o, flag, *tail))
     return None if half_in else xa
@@ -817,9 +819,15 @@ def _gemm_x16(pb: PlanBuilder, fn, xa, flag, path: str):
     per call over the caller's buffer (plans.Bound), no launch —, else x converted (fp32) or permuted / copied
     (fp16) into scratch by one launch."""
     order = "natural" if path == "wgmma" else fn.meta.get("x_order", "rega")
-    if xa.dtype == np.float16 and order == "natural" and isinstance(xa.ptr, Sym) and xa.ptr.base == "x":
+    if xa.dtype == np.float16 and order == "natural" and _call_x(xa):
         return xa
     return _rec_convert_f16(pb, xa, flag, "sm_90a", order)
+
+
+def _call_x(xa) -> bool:
+    """Whether `xa` is (a row offset into) the call's own x, whose address each call patches (a tensor map over it
+    is encoded per call: plans.Bound.x_maps)."""
+    return isinstance(xa.ptr, Sym) and xa.ptr.base == "x"
 
 
 def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None) -> None:

@@ -177,6 +177,9 @@ def test_sm120_mma_sync_gemm_takes_tensor_maps(monkeypatch):
         assert isinstance(gemm.args[0], bytes) and isinstance(gemm.args[1], plans.TMap) == x16
         b = p.bound(fakegpu.FakeWorkspace(p))
         assert bytes(b.launches[p.launches.index(gemm)].cells[1]) == (bytes(128) if x16 else bytes(8))
+    with tuning.override(mmq_x16_min_work=4096 * 4096 * 256):  # an fp16 x: the map is over the call's x itself
+        p = ops.mul_mat_plan(w, 512, x_dtype="float16")
+    assert p.kernels == ["mmq_q4_k_f16_n128_x16"] and p.launches[0].args[1].ptr.base == "x"
 
 
 def test_sliced_calls_reuse_their_scratch(gpu):
@@ -457,8 +460,8 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
     launch before the GEMM), never a converting build, and record no fixup (nothing can leave fp16); every other
     route reads x widened once
     (convert_f32) and then runs the float32 plan's kernels (a rotated codec), except the fp16 mma.sync GEMM where
-    it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is, the plain wgmma one (x by a
-    tensor map over the caller's x), and sm_120a's Q4_K, whose x comes by TMA from scratch (copy_f16, no fixup);
+    it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is, and the plain wgmma one and
+    sm_120a's Q4_K, which take it by TMA (a tensor map over the caller's x, no fixup);
     each dtype has its own cached plan and the float32 ones are unchanged."""
     for fmt, m, k in (("q4_K", 4096, 14336), ("q6_K", 4096, 14336), ("q8_0", 4096, 4096), ("q5_K", 1024, 4096)):
         w = fakegpu.weights(fmt, m, k)
@@ -480,8 +483,7 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
             f32 = ops.mul_mat_plan(w, 512, arch=arch).kernels
             f16 = ops.mul_mat_plan(w, 512, arch=arch, x_dtype="float16").kernels
             direct = [n for n in f32 if not n.startswith(("convert_f16", "mul_mat_fixup"))]
-            by_tma = arch == "sm_120a" and fmt == "q4_K"  # (sm_120a's Q4_K: x by TMA, copied into scratch first)
-            assert f16 == (["copy_f16"] + direct if by_tma else direct), (arch, f32, f16)
+            assert f16 == direct, (arch, f32, f16)  # (sm_120a's Q4_K: x by TMA, a map over the call's x)
     w = fakegpu.weights("q4_K", 1024, 4096)  # the plain wgmma GEMM (small weights, 17-32 tokens): x as it is (its
     # natural K order, by a tensor map over the caller's x), no fixup
     for t in (17, 32):
