@@ -84,6 +84,7 @@ def main():
     ap.add_argument("--moe", default=None, metavar="E:TOP", help="time mul_mat_id over E experts, TOP a token")
     ap.add_argument("--weights", type=int, default=8, help="distinct weights the loop rotates over (enough that they "
                     "exceed the 60 MB L2 for decode shapes: 32 for 1024x4096 Q4_K)")
+    ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16"), help="the activations' dtype")
     args = ap.parse_args()
     import torch
 
@@ -114,7 +115,7 @@ def main():
         raw = random_raw(fmt, e * m, k, rng)
         ws = [r.QuantTensor.from_raw(fmt, raw, (e, m, k) if args.moe else (m, k)).to_device() for _ in range(n)]
         for t in map(int, args.tokens.split(",")):
-            x = torch.randn(t, k, device="cuda")
+            x = torch.randn(t, k, device="cuda", dtype=getattr(torch, args.x_dtype))
             if args.moe:
                 ids = torch.as_tensor(np.stack([rng.choice(e, top, replace=False) for _ in range(t)]).astype(np.int32),
                                       device="cuda")
@@ -124,7 +125,7 @@ def main():
             else:
                 ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
                 call = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
-                plan = lambda: r.mul_mat_plan(ws[0], t).kernels  # noqa: E731
+                plan = lambda: r.mul_mat_plan(ws[0], t, x_dtype=args.x_dtype).kernels  # noqa: E731
             cells, got = [], []
             for sets in [[]] + [v[1] for v in variants]:
                 mods = [s for s in sets if s[0] not in ("rule", "knob")]

@@ -21,6 +21,8 @@
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
 #   sweep    bench/sanitize.py without a sanitizer: every dispatchable kernel against float64
+#   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
+#            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
 #            device call carry=["abold"] (ignored by git, so only carry takes it there)
@@ -141,10 +143,17 @@ for step in "${@:-tier}"; do
       run "abemit_old$i" 100 env PTXGEN_EMITTED_DIR="$PWD/abold/emitted" python3 bench/bench_model.py --x-dtype float16
       run "abemit_new$i" 100 python3 bench/bench_model.py --x-dtype float16
     done ;;
+  q6nat)
+    for s in 128256x4096 4096x14336 1024x4096; do
+      for d in float16 float32; do
+        run "q6nat_${s}_$d" 100 "${AB[@]}" --kernels 'mmq_q6_k_wgmma_ra_n(64|128|256)(_cx)?$' --formats q6_K --shape "$s" \
+          --tokens 512 --weights 2 --x-dtype "$d" --variant 'perm: mmq.RA_NATURAL_FORMATS=("q4_K", "q5_K", "q8_0")'
+      done
+    done ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done
