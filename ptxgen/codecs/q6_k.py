@@ -206,6 +206,15 @@ def ra_box_column(b, s):
     return b.op("and.b32", start, Imm(~15 & 0xFFFFFFFF, "b32"))
 
 
+def _broadcast_halves(b, v) -> list:
+    """(lo, lo) and (hi, hi) of the f16x2 `v`, by moves of its halves: ptxas folds them into the HMUL2s that read
+    them as operand selects (.H0_H0 / .H1_H1), where a prmt a broadcast stays an instruction (16 an iteration of
+    mmq_q6_k_wgmma_ra_n256)."""
+    halves = [b.reg("b16"), b.reg("b16")]
+    b.emit("mov.b32", b.vec(halves), v)
+    return [b.op("mov.b32", b.vec([h, h]), type="b32") for h in halves]
+
+
 def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
     """One K-step's register-A fragments from its TMA box (rows of RA_BOX_BYTES at rbase + row_offs[rr]): lane (g, t)
     takes weights 8t .. 8t + 7 (ql bytes 8t.., qh bits 4·sub + 0, 1) and 32 + 8t .. + 7 (ql bytes 32 + 8t.., qh bits
@@ -260,14 +269,14 @@ def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
                 packed = b.op("prmt.b32", pair, pair, Imm(0x2120, "b32"))  # bytes (sc, 0, sc', 0)
                 biased = b.op("lop3.b32", packed, Imm(0x00800080, "b32"), Imm(0x64006400, "b32"), Imm(0xBE, "b32"))
                 dsv = b.op("mul.rn.f16x2", b.op("sub.rn.f16x2", biased, c1152, type="b32"), dd, type="b32")
-                dss.append([b.op("prmt.b32", dsv, dsv, Imm(sel, "b32")) for sel in (0x1010, 0x3232)])
+                dss.append(_broadcast_halves(b, dsv))
         elif RA_HALF_SCALES:  # (sc0, sc1) as halves, times (d, d): both columns' d·sc in one HMUL2
             s0, s1 = (b.op("ld.shared.u8", Mem(b.op("add.u32", base, sc_at), 2 * c), type="u32") for c in range(2))
             packed = b.op("prmt.b32", s0, s1, Imm(0x1410, "b32"))  # bytes (s0, 0, s1, 0)
             biased = b.op("lop3.b32", packed, Imm(0x00800080, "b32"), Imm(0x64006400, "b32"), Imm(0xBE, "b32"))
             scs = b.op("sub.rn.f16x2", biased, c1152, type="b32")  # (x ^ 0x80) | 0x64: 1024 + 128 + sc
             dsv = b.op("mul.rn.f16x2", scs, b.op("mov.b32", b.vec([dh, dh]), type="b32"), type="b32")
-            dss = [b.op("prmt.b32", dsv, dsv, Imm(sel, "b32")) for sel in (0x1010, 0x3232)]
+            dss = _broadcast_halves(b, dsv)
         else:
             d = b.op("cvt.f32.f16", dh)
         qs = [b.op("shr.b32", w_, nib) for w_ in qhw]  # the step's qh bits from bit 0 of each byte
