@@ -187,7 +187,8 @@ for _sfx in ("t16h", "t32h"):
     EXPECTED_SASS[f"prep_q4k_{_sfx}_x16"] = EXPECTED_SASS[f"prep_q4k_{_sfx}"] + ["LDG.E.U16.CONSTANT"]
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["moe_group"] = ["ATOMS.", "BAR.SYNC", "STG.E"]  # shared-memory atomics count and place the pairs
-EXPECTED_SASS["moe_check_ids"] = ["LDG.E.CONSTANT", "REDG.E.ADD"]  # one id a thread; ptxas aggregates a warp's reductions
+EXPECTED_SASS["moe_check_ids"] = ["LDG.E.CONSTANT", "E.ADD.STRONG.GPU"]  # one id a thread; ptxas aggregates a warp's
+# reductions (RED.E.ADD on sm_89, REDG.E.ADD from sm_90)
 EXPECTED_SASS["mul_mat_fixup_q4_k"] = ["ATOMG.E.ADD", "LDG.E.128.CONSTANT", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 # the other codecs' dequantize: 2-byte loads where blocks are only 2-byte aligned (Q6_K, Q8_0), 16-byte stores for
 # Q8_0's runs of 8

@@ -29,7 +29,7 @@ from ptxgen import formats
 from ptxgen.arch import get_arch
 from ptxgen.emu import harness
 from ptxgen.kernels import KERNELS
-from ptxgen.testing import strategies as S
+from ptxgen.testing import blocks, strategies as S
 
 ANY, FP16 = "any finite scale", "fp16 weights"  # the scales a family takes (module docstring)
 WEIGHT_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")
@@ -113,7 +113,8 @@ def drawn_weights(fmt: str, draw):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(harness, "formats", weights)
-        mp.setattr(S, "random_raw", random_raw)  # (the runners import it when they run)
+        mp.setattr(S, "random_raw", random_raw)
+        mp.setattr(blocks, "random_raw", random_raw)  # (the runners import it from here when they run)
         yield weights
 
 
