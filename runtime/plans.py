@@ -405,7 +405,7 @@ class Bound:
 
     def _x_map(self, ptr: int, rest: tuple) -> bytes:
         """The tensor map over the call's x at `ptr` (TMap's fields past ptr), encoded once per address: a few
-        entries, as a decode loop alternates between a few activation buffers."""
+        entries, as a loop alternates between a few activation buffers."""
         key = (ptr, rest)
         tm = self._maps.get(key)
         if tm is None:
