@@ -108,3 +108,12 @@ class UnitScaleBlock:
     def __init__(self, b, word, half, t, c):
         self.b, self.word, self.half, self.c, self._d = b, word, half, c, {}
         self.d = b.op("mov.f32", Imm(1.0, "f32"))
+
+
+def natural_words(b, at, offset: int = 0, stride: int = 16) -> list:
+    """The two A words of a row's quant bytes in x's natural K order (the register-A GEMMs' RA_NATURAL_FORMATS
+    builds): `at` the lane's byte 2t; word wi = bytes (2t, 2t + 8, 2t + 1, 2t + 9) of the 16 at offset + stride·wi,
+    so the decode's byte pairs (0, 2) and (1, 3) are columns (2t, 2t + 1) and (2t + 8, 2t + 9) — where wgmma's A
+    fragment wants them. Two 2-byte loads and a prmt a word."""
+    return [b.op("prmt.b32", *(b.op("ld.shared.u16", Mem(at, offset + stride * wi + 8 * e), type="u32")
+                               for e in range(2)), Imm(0x5140, "b32")) for wi in range(2)]

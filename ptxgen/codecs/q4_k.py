@@ -26,7 +26,7 @@ from ..dsl import (ApplyScaleMin, ConvertHalf, DecodeScaleMin6, DecodeScaleMinPa
                    SplitHalves, UnpackNibbles)
 from ..ir import Imm, Mem
 from ..formats.tq4_1s import LANE_SUMS
-from ._common import alignment_error, geometry, kquant_lane_wide
+from ._common import alignment_error, geometry, kquant_lane_wide, natural_words
 
 FMT = "q4_K"
 BLOCK_K, BLOCK_BYTES, HEADER_BYTES = geometry(FMT, "qs")  # 256, 144, 16 (d, dmin, scales[12], then qs)
@@ -593,7 +593,7 @@ class RegA:
     def __init__(self, b, lane, cw, s, part: int, qh: bool = False, s_begin=None, block_scales: bool = True,
                  row_box: tuple | None = None, integer: bool = False, natural: bool = False):
         self.s, self.qh = s, qh
-        self.natural, self.part = natural, part  # natural: x in its own K order (_natural_words)
+        self.natural, self.part = natural, part  # natural: x in its own K order (_common.natural_words)
         self.integer = integer  # A = q·sc' alone (IntA: d and the min term applied outside the MMA)
         self.block_scales = RA_BLOCK_SCALES and block_scales
         g = b.op("shr.u32", lane, Imm(2, "u32"))
@@ -644,7 +644,7 @@ class RegA:
 
     def _natural_offsets(self, b, t, row0, qh):
         """The natural K order's lane offsets: byte 2t of the step's first 16 qs bytes of rows row0 and row0 + 8
-        (and of their qh bytes): _natural_words reads 2 bytes there, 8 further, and the same in the next 16."""
+        (and of their qh bytes): _common.natural_words reads 2 bytes there, 8 further, and the same in the next 16."""
         self.t = t
         if self.row_box is not None:
             pitch, qs_at, qh_at = self.row_box
@@ -660,18 +660,6 @@ class RegA:
             self.nat_next = self.part  # the next column
         self.qs_off = [b.op("add.u32", r, Imm(qs_at, "u32")) for r in rows]
         self.qh_off = [b.op("add.u32", r, Imm(qh_at, "u32")) for r in rows] if qh else None
-
-    def _natural_words(self, b, at):
-        """The two words the decode takes from a row's qs (or qh) bytes at `at` (this lane's byte 2t) in x's natural
-        K order: word wi = bytes (2t, 2t + 8, 2t + 1, 2t + 9) of the row's 16 bytes wi — so the lop3 pairs (0, 2)
-        and (1, 3) are columns (2t, 2t + 1) and (8 + 2t, 9 + 2t) of k16 slice wi (low nibbles; slice 2 + wi the
-        high ones), which is where wgmma's A fragment wants them. Four 2-byte loads and two prmt where the permuted
-        order (q4k_rega_k_order) takes one 8-byte load."""
-        words = []
-        for wi in range(2):
-            lo, hi = (b.op("ld.shared.u16", Mem(at, self.nat_next * wi + 8 * h), type="u32") for h in range(2))
-            words.append(b.op("prmt.b32", lo, hi, Imm(0x5140, "b32")))
-        return words
 
     def _block_scales(self, b, rbase, magic, static: bool = False):
         """At a block's first step (or the item's): the lane's (row, parity p) header → sc'·(1 or 1/16) of its
@@ -779,8 +767,8 @@ class RegA:
             w = None if self.natural else b.regs("b32", 2)
             qs_at = self.qs_off[rr] if qs_shift is None else b.op("add.u32", self.qs_off[rr], qs_shift)
             if self.natural:
-                w = self._natural_words(b, b.op("add.u32", rbase, qs_at))
-                hw = self._natural_words(b, b.op("add.u32", rbase, self.qh_off[rr])) if qh else None
+                w = natural_words(b, b.op("add.u32", rbase, qs_at), stride=self.nat_next)
+                hw = natural_words(b, b.op("add.u32", rbase, self.qh_off[rr]), stride=self.nat_next) if qh else None
             else:
                 b.emit("ld.shared.v2.b32", b.vec(w), Mem(b.op("add.u32", rbase, qs_at)))
             if qh and not self.natural:

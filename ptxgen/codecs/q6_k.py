@@ -5,7 +5,7 @@ ql[l + 32·(k & 1)] (low nibble for k < 2, high for k ≥ 2) with bits 2k, 2k + 
 from __future__ import annotations
 
 from ..ir import Imm, Mem
-from ._common import alignment_error, geometry
+from ._common import alignment_error, geometry, natural_words
 from . import q4_k
 
 FMT = "q6_K"
@@ -249,9 +249,7 @@ def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
 
     def run(base, at):  # the 8 bytes at `at` (+ the 2-byte offset sel says) as two words
         if natural:  # bytes (2t, 2t + 8, 2t + 1, 2t + 9) of each 16 from `at` (byte 2t)
-            a = b.op("add.u32", base, at)
-            return [b.op("prmt.b32", *(b.op("ld.shared.u16", Mem(a, 16 * wi + 8 * e), type="u32") for e in range(2)),
-                         Imm(0x5140, "b32")) for wi in range(2)]
+            return natural_words(b, b.op("add.u32", base, at))
         w = [b.op("ld.shared.u32", Mem(b.op("add.u32", base, at), 4 * i)) for i in range(3)]
         return [b.op("prmt.b32", w[i], w[i + 1], sel) for i in range(2)]
 

@@ -3,7 +3,7 @@ aligned), w = q·d."""
 from __future__ import annotations
 
 from ..ir import Imm, Mem
-from ._common import UnitScaleBlock, block_lanes, geometry
+from ._common import UnitScaleBlock, block_lanes, geometry, natural_words
 
 FMT = "q8_0"
 BLOCK_K, BLOCK_BYTES, D_OFFSET, QS_OFFSET = geometry(FMT, "d", "qs")  # 32, 34, 0, 2
@@ -127,9 +127,7 @@ def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
         words = [[], []]
         if natural:  # block sb's quants from base + 34·sb + 2: bytes (2t, 2t + 8, 2t + 1, 2t + 9) of each 16
             q = b.op("add.u32", base, t8)
-            words = [[b.op("prmt.b32", *(b.op("ld.shared.u16", Mem(q, 34 * sb + 2 + 16 * wi + 8 * e), type="u32")
-                                         for e in range(2)), Imm(0x5140, "b32")) for wi in range(2)]
-                     for sb in range(2)]
+            words = [natural_words(b, q, 34 * sb + 2) for sb in range(2)]
         else:
             w0 = [b.op("ld.shared.u32", Mem(b.op("add.u32", base, t8), 4 * i)) for i in range(3)]  # bytes 0..11 past 8t
             words[0] = [b.op("prmt.b32", w0[i], w0[i + 1], Imm(0x5432, "b32")) for i in range(2)]  # quants at 2 + 8t
