@@ -371,7 +371,7 @@ class Bound:
         self.epoch = ws.epoch
         self.launches, self.x_cells, self.y_cells, self.ids_cells = [], [], [], []  # (cell, offset) to patch per call
         per_call = {"x": self.x_cells, "y": self.y_cells, "ids": self.ids_cells}
-        self.x_maps, self._maps = [], {}  # tensor maps over the call's x: (cell, offset, the map's other fields),
+        self.x_maps, self._maps = [], {}  # tensor maps over the call's x: [cell, offset, the map's other fields, x],
         # encoded per x address (memoised: a loop over one buffer, or a graph, encodes once)
         tmaps: dict = {}
         for ln in plan.launches:
@@ -398,7 +398,7 @@ class Bound:
             cells = ln.fn.cells(vals)
             for i, base, off in later:
                 per_call[base].append((cells[i], off))
-            self.x_maps += [(cells[i], off, rest) for i, off, rest in later_maps]
+            self.x_maps += [[cells[i], off, rest, None] for i, off, rest in later_maps]  # (+ the address it holds)
             self.launches.append(ln.fn.prepare(ln.grid, cells, block=ln.block, smem=ln.smem, cluster=ln.cluster,
                                                pdl=ln.pdl))
         self.lock = threading.Lock()
@@ -424,7 +424,10 @@ class Bound:
                 cell.value = y_ptr + off
             for cell, off in self.ids_cells:
                 cell.value = ids_ptr + off
-            for cell, off, rest in self.x_maps:
-                ctypes.memmove(ctypes.addressof(cell), self._x_map(x_ptr + off, rest), 128)
+            for xm in self.x_maps:  # re-encoded (memoised) and written only when x moved since the last call
+                cell, off, rest, held = xm
+                if x_ptr + off != held:
+                    ctypes.memmove(ctypes.addressof(cell), self._x_map(x_ptr + off, rest), 128)
+                    xm[3] = x_ptr + off
             for ln in self.launches:
                 ln.run(stream)
