@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from ptxgen import formats, knobs, tuning
 from ptxgen.testing import strategies as S
-from conftest import rel
+from conftest import rel, rel_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -124,10 +124,8 @@ def test_codec_mul_mat_past_decode_matches_reference_on_raw_blocks(fmt, data):
         got = out.numpy()
         fp16 = any(n.startswith("mmq_") or "t16h" in n for n in r.mul_mat_plan(w, t, arch=arch).kernels)
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), got.view(np.uint32))
-    want = formats.gemm_ref(fmt, raw, m, k, x)
     assert np.isfinite(got).all()
-    if np.linalg.norm(want) > 0:
-        assert rel(got, want) <= (1e-3 if fp16 else 1e-5)
+    assert rel_ref(got, fmt, raw, m, k, x) <= (1e-3 if fp16 else 1e-5)  # (M = 1: the products' scale, accuracy.py)
 
 
 @pytest.mark.parametrize("arch", [None, "sm_89"])  # None: what mul_mat picks (wgmma on sm_90); sm_89: mma.sync
@@ -162,7 +160,7 @@ def test_split_k_path_is_correct_and_deterministic(arch):
     x = rng.standard_normal((t, k)).astype(np.float32)
     w = r.QuantTensor.from_raw("q4_K", raw, (m, k))
     a = r.mul_mat(w, x, arch=arch)
-    assert rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert rel_ref(a, "q4_K", raw, m, k, x) <= 1e-3
     for _ in range(3):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch).view(np.uint32), a.view(np.uint32))
 
@@ -186,7 +184,7 @@ def test_mma_sync_mmq_whole_tiles_then_split_tail(bn, m, k, t, path):
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, flag = run_mmq(r, raw, m, k, x, bn, path)
-    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert flag == 0 and rel_ref(a, "q4_K", raw, m, k, x) <= 1e-3
     assert not ops.workspace_state().any(), "split counters left raised"
     for _ in range(2):
         b, _ = run_mmq(r, raw, m, k, x, bn, path)
@@ -208,7 +206,7 @@ def test_mma_sync_mmq_spread_fixup_gives_the_last_ctas_bits(path, monkeypatch):
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, flag = run_mmq(r, raw, m, k, x, 128, path)
-    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert flag == 0 and rel_ref(a, "q4_K", raw, m, k, x) <= 1e-3
     assert not ops.workspace_state().any(), "split counters left raised"
     b, _ = run_mmq(r, raw, m, k, x, 128, path)
     tuning.set(mmq_spread_max_splits=0)
@@ -267,7 +265,7 @@ def test_mul_mat_on_the_mma_sync_targets_converts_x_first_for_large_products():
     got = r.mul_mat(w, x, arch="sm_89")
     launched = ops.mul_mat_plan(w, t, arch="sm_89").kernels  # the plan the call ran
     assert "mmq_q4_k_f16_n128_x16" in launched, launched
-    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert rel_ref(got, "q4_K", raw, m, k, x) <= 1e-3
     direct, flag = run_mmq(r, raw, m, k, x, 128, "mma.sync_x16")
     assert flag == 0
     np.testing.assert_array_equal(direct.view(np.uint32), got.view(np.uint32))
@@ -292,7 +290,7 @@ def test_register_a_wgmma_mmq_matches_reference_and_is_deterministic(data):
     x = rng.standard_normal((t, k)).astype(np.float32)
     got, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra")
     assert flag == 0 and np.isfinite(got).all()
-    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert rel_ref(got, "q4_K", raw, m, k, x) <= 1e-3
     again, _ = run_mmq(r, raw, m, k, x, bn, "wgmma_ra")
     np.testing.assert_array_equal(again.view(np.uint32), got.view(np.uint32))
     x[t // 2, k // 3] = 1e6  # overflows fp16: the flag tells mul_mat to recompute
@@ -320,7 +318,7 @@ def test_register_a_mmq_converting_x_itself_gives_the_bits_of_the_build_after_co
     x = rng.standard_normal((t, k)).astype(np.float32)
     got, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_cx")
     assert flag == 0 and np.isfinite(got).all()
-    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert rel_ref(got, "q4_K", raw, m, k, x) <= 1e-3
     after, _ = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_x16")
     np.testing.assert_array_equal(got.view(np.uint32), after.view(np.uint32))
     x[t - 1, k - 1] = -1e6  # overflows fp16
@@ -401,7 +399,7 @@ def test_prepared_mmq_matches_reference_and_its_fragments_are_the_numpy_models(d
     x = rng.standard_normal((t, k)).astype(np.float32)
     got, flag = run_mmq(r, raw, m, k, x, 256, "wgmma_pre_x16")
     assert flag == 0 and np.isfinite(got).all()
-    assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert rel_ref(got, "q4_K", raw, m, k, x) <= 1e-3
     again, _ = run_mmq(r, raw, m, k, x, 256, "wgmma_pre_x16")
     np.testing.assert_array_equal(again.view(np.uint32), got.view(np.uint32))
     cx, flag = run_mmq(r, raw, m, k, x, 256, "wgmma_pre_cx")
@@ -553,7 +551,7 @@ def test_mul_mat_fast_q4_k_prefill(t):
     if q8_path(t, mmq_path()):
         assert rel(got, formats.gemm_q8_1_ref("q4_K", raw, m, k, x)) <= 1e-5
     else:
-        assert rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+        assert rel_ref(got, "q4_K", raw, m, k, x) <= 1e-3
 
 
 @pytest.mark.parametrize("path,bn", [("wgmma", 32), ("wgmma", 256), ("wgmma_ra", 128), ("wgmma_ra", 256),
@@ -574,7 +572,7 @@ def test_wgmma_split_k_fixup_is_correct_and_deterministic(path, bn):
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, flag = run_mmq(r, raw, m, k, x, bn, path)
-    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert flag == 0 and rel_ref(a, "q4_K", raw, m, k, x) <= 1e-3
     assert not ops.workspace_state().any(), "the split-K tile counters were not reset"
     for _ in range(3):
         np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, path)[0].view(np.uint32), a.view(np.uint32))
@@ -621,7 +619,7 @@ def test_stream_k_register_a_gemm(fmt, m, k, t):
         x[t // 2, k // 3] = 1.0
         a, fa = run_mmq(r, raw, m, k, x, 256, "wgmma_ra_sk")
         u, fu = run_mmq(r, raw, m, k, x, 256, "wgmma_ra")
-        assert fa == fu == 0 and rel(a, u) <= 3e-5 and rel(a, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-3
+        assert fa == fu == 0 and rel(a, u) <= 3e-5 and rel_ref(a, fmt, raw, m, k, x) <= 1e-3
 
 
 @pytest.mark.parametrize("bn", [128, 256])
@@ -640,7 +638,7 @@ def test_wgmma_cluster_multicast_mmq(bn):
     raw = formats.quantize("q4_K", rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     a, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_mc")
-    assert flag == 0 and rel(a, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert flag == 0 and rel_ref(a, "q4_K", raw, m, k, x) <= 1e-3
     assert not ops.workspace_state().any(), "the split-K tile counters were not reset"
     for _ in range(3):
         np.testing.assert_array_equal(run_mmq(r, raw, m, k, x, bn, "wgmma_ra_mc")[0].view(np.uint32), a.view(np.uint32))
@@ -704,7 +702,7 @@ def test_mma_sync_mmq_item_raster_on_the_gpu():
     out.owner.fill_bytes(0xFF)
     r.mul_mat(w, x, out=out, arch="sm_89")
     got = out.numpy()
-    assert np.isfinite(got).all() and rel(got, formats.gemm_ref("q4_K", raw, m, k, x)) <= 1e-3
+    assert np.isfinite(got).all() and rel_ref(got, "q4_K", raw, m, k, x) <= 1e-3
     np.testing.assert_array_equal(r.mul_mat(w, x, arch="sm_89").view(np.uint32), got.view(np.uint32))
 
 
@@ -839,7 +837,7 @@ def test_codec_register_a_gemm_converting_x_itself(fmt, m, k, t, bn):
     x = rng.standard_normal((t, k)).astype(np.float32)
     got, flag = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_cx", fmt)
     assert flag == 0 and np.isfinite(got).all()
-    assert rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-3
+    assert rel_ref(got, fmt, raw, m, k, x) <= 1e-3
     after, _ = run_mmq(r, raw, m, k, x, bn, "wgmma_ra_x16", fmt)
     np.testing.assert_array_equal(got.view(np.uint32), after.view(np.uint32))
     x[t - 1, k - 1] = -1e6  # overflows fp16
@@ -866,7 +864,7 @@ def test_weights_past_fp16_are_computed_in_fp32(fmt):
     x = rng.standard_normal((t, k)).astype(np.float32)
     got = r.mul_mat(w, x)
     assert not any(n.startswith("mmq_") for n in r.mul_mat_plan(w, t).kernels)
-    assert np.isfinite(got).all() and rel(got, formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-5
+    assert np.isfinite(got).all() and rel_ref(got, fmt, raw, m, k, x) <= 1e-5
     e, tm = 4, 1024  # the same rows as 4 experts of 75; 2048 pairs: past the pair GEMV's rule (the grouped route's)
     we = r.QuantTensor.from_raw(fmt, raw, (e, m // e, k))
     ids = rng.integers(0, e, (tm, 2)).astype(np.int32)

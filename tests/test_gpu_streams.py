@@ -7,7 +7,7 @@ import pytest
 
 from ptxgen import formats
 from ptxgen.testing.strategies import random_raw
-from conftest import rel
+from conftest import rel, rel_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +62,7 @@ def test_input_made_on_a_busy_side_stream(t):
     w, raw = weights()
     src = torch.randn(t, SHAPE[1], device="cuda")
     want = reference(w, src)
-    assert rel(want.cpu(), formats.gemm_ref("q4_K", raw, *SHAPE, src.cpu().numpy())) < 1e-3
+    assert rel_ref(want.cpu(), "q4_K", raw, *SHAPE, src.cpu().numpy()) < 1e-3
     s = torch.cuda.Stream()
     bad = 0
     for _ in range(100):
@@ -287,7 +287,7 @@ def test_weights_still_on_the_host_are_refused_while_capturing():
     w.to_device()
     r.mul_mat(w, x, out=y, stream=stream)
     drv.cuStreamSynchronize(stream)
-    assert rel(y.cpu().numpy(), formats.gemm_ref("q4_K", raw, 256, 512, x.cpu().numpy())) < 1e-5
+    assert rel_ref(y.cpu().numpy(), "q4_K", raw, 256, 512, x.cpu().numpy()) < 1e-5
     drv.cuGraphDestroy(graph)
     drv.cuStreamDestroy(stream)
 
@@ -301,7 +301,7 @@ def test_a_numpy_x_with_a_torch_out_returns_that_out():
     x = np.random.default_rng(5).standard_normal((2, SHAPE[1])).astype(np.float32)
     out = torch.full((2, SHAPE[0]), float("nan"), device="cuda")
     assert r.mul_mat(w, x, out=out) is out
-    assert rel(out.cpu().numpy(), formats.gemm_ref("q4_K", raw, *SHAPE, x)) < 1e-5
+    assert rel_ref(out.cpu().numpy(), "q4_K", raw, *SHAPE, x) < 1e-5
 
 
 def test_a_reserved_workspace_moves_and_the_plans_bound_to_it_follow():

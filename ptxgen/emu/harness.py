@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import formats, layouts
 from ..formats import tq4_1s as T4
+from ..testing.accuracy import mul_mat_id_scale, product_scale, rel_error
 from .machine import Memory, run_kernel
 
 
@@ -342,7 +343,7 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     want = formats.mul_mat_id_ref(fmt, raw, (e, m, k), x, ids)
     bad = np.isnan(want[..., 0])
     untouched = bool((mem.view(ya, np.uint32, (t, slots, m))[bad] == 0x11111111).all())
-    rel = np.linalg.norm(got[~bad] - want[~bad]) / max(np.linalg.norm(want[~bad]), 1e-300)
+    rel = rel_error(got[~bad], want[~bad], mul_mat_id_scale(fmt, raw, (e, m, k), x, ids)[~bad])  # (fp16 x: scaled)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
     ok = untouched and flag == 0 and bool(np.isfinite(got[~bad]).all() and rel <= 1e-3)
     return Outcome(meta["name"], ok, f"relative error {rel:.2e}, bad rows untouched: {untouched}, flag {flag} "
@@ -588,7 +589,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
         # has ±inf (d·sc·Σq·x − dmin·m·Σx is inf − inf), as any kernel that factors the min term out
         ok = bool(np.array_equal(np.isfinite(got), np.isfinite(want)))
         return Outcome(meta["name"], ok, "non-finite outputs match" if ok else "non-finite outputs differ", got, want)
-    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    rel = rel_error(got, want, product_scale(fmt, raw, m, k, x))  # (the products' scale: a few outputs may cancel)
     ok = bool(np.isfinite(got).all() and rel <= (1e-3 if meta.get("hi_only") else 1e-5))
     return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}, splits {splits}, kparts {kp}, warps {nw})",
                    got, want)
@@ -1030,7 +1031,7 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     if want_flag:
         return Outcome(meta.get("name", "mmq"), True, "overflow flagged (the caller recomputes)", None, None)
     want = formats.gemm_ref(fmt, raw, m, k, x)
-    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    rel = rel_error(got, want, product_scale(fmt, raw, m, k, x))  # fp16 x: scaled by the products (testing.accuracy)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)  # the flag was checked above (down: no overflow)
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e}, overflow flag {flag}, {splits} split(s)",
                    got, want)
@@ -1177,7 +1178,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         if want_flag:
             return Outcome(name, True, "overflow flagged (the caller recomputes)", got, None)
     want = formats.gemm_ref(fmt, raw, m, k, x)
-    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    rel = rel_error(got, want, product_scale(fmt, raw, m, k, x))  # fp16 x: scaled by the products (testing.accuracy)
     ok = bool(np.isfinite(got).all() and rel <= 1e-3)
     how = f"{grid} stream-K chunks of {tail[3]} K-steps" if "stream" in meta else f"{splits} split(s)"
     return Outcome(meta.get("name", "mmq"), ok, f"relative error {rel:.2e} ({how})", got, want)
