@@ -5,7 +5,9 @@
 # "model tq4few", roughly):
 #   tier     the GPU tier (~5 min)
 #   sk       stream-K register-A GEMMs against the uniform plans (rule mmq_stream_k_min_gain)
-#   model    bench_model default and --fuse, each with and without the stream-K rule
+#   model    bench_model on fp32 x, then on fp16 x (#34's decode and prefill rows; run it on an H200)
+#   tq4rot   TQ4_1S's prefill with its rotation writing the GEMM's fp16 copy (rotate_tq4_1s_f16) against the
+#            launches before it (knob PTXGEN_ROTATE_F16=0), fp32 and fp16 x, on 18944x3584
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
@@ -64,9 +66,12 @@ for step in "${@:-tier}"; do
       --variant 'sk: rule.mmq_stream_k_min_gain=0.01' ;;
   model)
     run model 150 python3 bench/bench_model.py
-    run model_sk 150 python3 bench/bench_model.py --rule mmq_stream_k_min_gain=0.05
-    run model_fuse 150 python3 bench/bench_model.py --fuse
-    run model_fuse_sk 150 python3 bench/bench_model.py --fuse --rule mmq_stream_k_min_gain=0.05 ;;
+    run model_x16 150 python3 bench/bench_model.py --x-dtype float16 ;;
+  tq4rot)
+    for d in float32 float16; do
+      run "tq4rot_$d" 120 "${AB[@]}" --kernels 'rotate_tq4_1s_f16$' --formats tq4_1s --shape 18944x3584 \
+        --tokens 17,64,512 --weights 8 --x-dtype "$d" --variant 'old: knob.PTXGEN_ROTATE_F16=0'
+    done ;;
   tq4few)
     for s in 18944x3584 3584x18944; do
       run "tq4few_$s" 150 "${AB[@]}" --kernels 'gemv_tq4_1s_mma_t' --formats tq4_1s --shape "$s" --tokens 1,2,3,4,8 --weights 24 \
@@ -154,6 +159,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model tq4rot tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done

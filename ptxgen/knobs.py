@@ -49,6 +49,9 @@ PTXGEN_MMQ_CX      the sm_90 register-A prefill GEMM converts fp32 x to fp16 its
 PTXGEN_MMQ_PRE     the sm_90 register-A prefill GEMM on prepared A fragments (dequantize_q4_k_frags first, then
                    mmq_q4_k_wgmma_pre_n256{,_cx}: no dequant in the K loop): unset/auto = from the tuning's
                    mmq_pre_min_tokens tokens, 1 = wherever the register-A path runs its n256 tile, 0 = never
+PTXGEN_ROTATE_F16  TQ4_1S's prefill GEMMs on x rotated by rotate_tq4_1s_f16 (fp32 or fp16 x → the rotated fp32 the
+                   fixup reads and the fp16 copy the GEMM reads, one launch): unset/auto/1 = yes, 0 = the launches
+                   before it (convert_f32 for an fp16 x, rotate_tq4_1s, convert_f16 / convert_f16_perm), for A/B
 PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's
                    tiles split in K (runtime.ops.splitk_plan_tail), 0 = every tile split alike when the tiles fit
                    one round of resident CTAs, none otherwise (the plan before it, for A/B measurements)
@@ -64,7 +67,7 @@ from pathlib import Path
 USER = ("PTXGEN_CACHE_DIR", "PTXGEN_NO_CACHE", "PTXGEN_KEEP", "PTXGEN_VERBOSE", "PTXGEN_EMITTED_DIR")
 LOWERING = ("PTXGEN_TQ4_MMA", "PTXGEN_Q4K_MMA", "PTXGEN_Q4K_XR", "PTXGEN_Q4K_T1", "PTXGEN_Q4K_FUSED",
             "PTXGEN_Q4K_T16H", "PTXGEN_MMQ_SKINNY", "PTXGEN_MMQ_REGA", "PTXGEN_MMQ_CX", "PTXGEN_MMQ_PRE",
-            "PTXGEN_MMQ_X16", "PTXGEN_MMQ_TAIL_SPLIT")
+            "PTXGEN_MMQ_X16", "PTXGEN_MMQ_TAIL_SPLIT", "PTXGEN_ROTATE_F16")
 _VALUES: dict[str, str] = {}  # name → the raw value in force ("" = unset), read once
 _GENERATION = [0]
 _LOCK = threading.Lock()
@@ -215,6 +218,11 @@ def mmq_x16() -> str:
 
 def mmq_cx() -> str:
     return _auto_on_off("PTXGEN_MMQ_CX")
+
+
+def rotate_f16() -> bool:
+    """PTXGEN_ROTATE_F16: whether TQ4_1S's prefill rotation writes the GEMM's fp16 copy itself (auto: yes)."""
+    return _auto_on_off("PTXGEN_ROTATE_F16") != "off"
 
 
 def mmq_pre() -> str:

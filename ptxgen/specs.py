@@ -133,19 +133,20 @@ class ActKernel:
     "permute_f16" (fp16 x into that K order), "copy_f16" (fp16 x as it is, into scratch: the natural-order
     fp16 GEMMs' tensor maps are over scratch), "convert_f32" (fp16 → fp32, for the kernels that read fp32 x),
     "quantize_q8_1" (`mmq`: in the int8 MMQ's layout, else ggml's block_q8_1), "rotate" (TQ4_1S's rotation,
-    fp32 → fp32), "group" (mul_mat_id's expert grouping; `gather`: and x gathered into fp16 in that order, `sums`:
+    fp32 → fp32; `f16`: fp32 or fp16 → fp32 and, for the fp16 GEMMs, fp16 with an overflow flag), "group" (mul_mat_id's expert grouping; `gather`: and x gathered into fp16 in that order, `sums`:
     with each row's sub-block sums)."""
     kind: str
     rega: bool = False
     mmq: bool = False
     gather: bool = False
     sums: bool = False
+    f16: bool = False
 
     @property
     def name(self) -> str:
         names = {"convert_f16": "convert_f16" + ("_perm" if self.rega else ""), "permute_f16": "permute_f16", "copy_f16": "copy_f16",
                  "convert_f32": "convert_f32",
-                 "quantize_q8_1": "quantize_q8_1" + ("_mmq" if self.mmq else ""), "rotate": "rotate_tq4_1s",
+                 "quantize_q8_1": "quantize_q8_1" + ("_mmq" if self.mmq else ""), "rotate": "rotate_tq4_1s" + ("_f16" if self.f16 else ""),
                  "group": ("moe_gather" + ("_sums" if self.sums else "")) if self.gather else "moe_group"}
         return _named(names, self.kind, "activation kernel")
 

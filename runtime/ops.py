@@ -948,6 +948,10 @@ def _rec_convert_f16(pb: PlanBuilder, xa, flag, arch: str | None, k_order: str =
         raise ValueError(f"convert_f16: the element count must be a multiple of 8, got {n}")
     if k_order == "rega" and xa.shape[-1] % 64:
         raise ValueError(f"convert_f16: k_order='rega' needs K a multiple of 64, got {xa.shape[-1]}")
+    made = pb.f16_made.pop(id(xa), None)  # written with xa by the kernel that made it (rotate_tq4_1s_f16), its
+    # flag raised into the same pb.flag
+    if made is not None and made[0] is xa and made[1] == k_order and out is None:
+        return made[2]
     if xa.dtype == np.float16:  # fp16 x already: permuted (permute_f16) or copied (copy_f16) into scratch, where
         # the GEMM's tensor map points
         if out is not None:
@@ -1433,7 +1437,9 @@ def _mmq(c: _Call) -> None:
 
     int8 = c.mode == "fast" and hasattr(codecs.get(c.w.fmt), "Q8Decoder")  # the int8 x Q8_1 MMQ: Q4_K's
     q8 = q8_path(c.t, mmq_path(c.arch)) if int8 else None
-    xa = _rec_mmq(c.pb, c.w, _rotated_x(c), c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
+    # a rotated codec on the fp16 mma.sync GEMM reading convert_f16's copy: the rotation writes it (_rotate_x)
+    f16 = "natural" if q8 is None and mmq_path(c.arch) == "mma.sync" and mma_sync_x16(c.m, c.k, c.t, c.arch) else None
+    xa = _rec_mmq(c.pb, c.w, _rotated_x(c, f16), c.pb.y, c.t, c.pb.flag, c.arch, path=q8)
     if xa is not None:  # (an fp16 x on the wgmma builds: nothing to fix)
         _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
@@ -1523,32 +1529,51 @@ def _decode(c: _Call) -> None:
     _slices(c, one)
 
 
-def _rotated_x(c: _Call):
+def _rotated_x(c: _Call, f16: str | None = None):
     """The activation the codec's GEMMs read: x, or for a rotated codec (TQ4_1S) x rotated once by its ROTATION
-    kernel into scratch (the GEMM and the fixup then read that)."""
-    return _rotate_x(c.pb, c.w.fmt, c.t, c.k, c.arch)
+    kernel into scratch (the GEMM and the fixup then read that); `f16`: the K order ("natural", "rega") of the fp16
+    copy the GEMM after it converts that to, made by the same launch (_rotate_x)."""
+    return _rotate_x(c.pb, c.w.fmt, c.t, c.k, c.arch, f16)
 
 
-def _rotate_x(pb: PlanBuilder, fmt: str, rows: int, k: int, arch):
-    """pb.x, or for a rotated codec (TQ4_1S) its `rows` x K rows rotated once by the codec's ROTATION kernel into
-    scratch, which the kernels recorded after it read (mul_mat and mul_mat_id alike)."""
+def _rotate_x(pb: PlanBuilder, fmt: str, rows: int, k: int, arch, f16: str | None = None):
+    """pb.x, or for a rotated codec (TQ4_1S) its `rows` x K rows rotated once into fp32 scratch, which the kernels
+    recorded after it read (mul_mat and mul_mat_id alike): by the codec's ROTATION kernel, or where x is fp16 or
+    `f16` names the K order of the fp16 copy an fp16 GEMM reads next (convert_f16's or convert_f16_perm's, with its
+    overflow flag), by rotate_tq4_1s_f16 — x of either dtype, both outputs, one launch; _rec_convert_f16 then
+    takes that copy (PlanBuilder.f16_made) instead of converting."""
     from ptxgen import codecs
+    from ptxgen.kernels.gemv import ROT_NO_F16, ROT_REGA, ROT_X16
 
     rotation = getattr(codecs.get(fmt), "ROTATION", None)
-    if rotation and pb.x.dtype == np.float16:  # (the rotation reads fp32)
-        pb.x = _rec_widen(pb, pb.x, arch, once=True)
     if not rotation:
         return pb.x
+    fused = ActKernel("rotate", f16=True).name
+    half = pb.x.dtype == np.float16
+    if f16 is not None and (f16 not in ("natural", "rega") or f16 == "rega" and k % 64):
+        raise ValueError(f"rotate: no fp16 copy in K order {f16!r} for K = {k}")
+    if (half or f16) and (kernels.build_for(fused, arch) is None or not knobs.rotate_f16()):
+        if half:  # (no fused build for this arch: the plain rotation reads fp32)
+            pb.x = _rec_widen(pb, pb.x, arch, once=True)
+            half = False
+        f16 = None
     xa = pb.scratch((rows, k), np.float32)
     nb = rows * k // 32
-    pb.launch(kernels.load(rotation, arch), ((nb + 7) // 8,), (pb.x, xa, nb))
+    if not (half or f16):
+        pb.launch(kernels.load(rotation, arch), ((nb + 7) // 8,), (pb.x, xa, nb))
+        return xa
+    x16 = pb.scratch((rows, k), np.float16) if f16 else None
+    mode = (ROT_X16 if half else 0) | (ROT_REGA if f16 == "rega" else 0) | (0 if f16 else ROT_NO_F16)
+    pb.launch(kernels.load(fused, arch), ((nb + 7) // 8,), (pb.x, xa, x16 if f16 else xa, pb.flag, nb, mode))
+    if f16:
+        pb.f16_made[id(xa)] = (xa, f16, x16)
     return xa
 
 
 def _mmq_ra(c: _Call) -> None:
     """The codec's register-A GEMM (its blocks decoded in the K loop: no fragment pass) after convert_f16_perm (a
     rotated codec's x rotated first), then the codec's fixup."""
-    xa = _rec_mmq(c.pb, c.w, _rotated_x(c), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
+    xa = _rec_mmq(c.pb, c.w, _rotated_x(c, "rega"), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
     if xa is not None:
         _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
@@ -1566,7 +1591,7 @@ def _mmq_ra_ok(c: _Call) -> bool:
 def _mmq_pre(c: _Call) -> None:
     """The codec's fp16 fragments, the prepared register-A GEMM, the codec's fixup; a rotated codec's (TQ4_1S)
     activation rotated once first (its ROTATION kernel, into scratch), which the GEMM and the fixup then read."""
-    xa = _rec_mmq(c.pb, c.w, _rotated_x(c), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
+    xa = _rec_mmq(c.pb, c.w, _rotated_x(c, "rega"), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
     if xa is not None:
         _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 

@@ -153,6 +153,9 @@ class PlanBuilder:
         self._counters = 0
         self._ready = 0
         self._slice: list | None = None  # in a slice: [position, regions of the slices so far by position]
+        # fp16 copies a kernel already wrote beside an fp32 activation it produced (TQ4_1S's rotate_tq4_1s_f16):
+        # id(fp32 array) → (that array, K order, the fp16 array); ops._rec_convert_f16 takes one instead of a launch
+        self.f16_made: dict[int, tuple] = {}
 
     def scratch(self, shape, dtype, *, once: bool = False) -> SymArray:
         """A scratch region of its own for this op. Inside `begin_slice()` the n-th region a slice asks for is the

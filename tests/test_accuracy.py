@@ -43,7 +43,7 @@ def test_a_wrong_weight_still_fails():
 
 def test_scales_match_the_references_shapes_and_nan_rows():
     rng = np.random.default_rng(5)
-    e, m, k, t, slots = 4, 8, 256, 3, 2
+    e, m, k, t = 4, 8, 256, 3
     raw = formats.quantize("q4_K", rng.standard_normal((e * m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     ids = np.array([[0, 3], [-1, 2], [1, 4]], np.int32)

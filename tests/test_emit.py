@@ -83,7 +83,7 @@ def test_compiles_without_spills(kernel, arch):
 
 
 EXPECTED_SASS = {"quantize_q8_1": ["SHFL.BFLY", "F2FP"], "dequantize_q4_k": ["F2FP", "LDG.E"],
-                 "rotate_tq4_1s": ["SHFL.BFLY"], "prep_tq4_1s": ["SHFL.BFLY", "STG.E"],
+                 "rotate_tq4_1s": ["SHFL.BFLY"], "rotate_tq4_1s_f16": ["SHFL.BFLY", "F2FP"], "prep_tq4_1s": ["SHFL.BFLY", "STG.E"],
                  "prep_tq4_1s_q8": ["SHFL.BFLY", "F2I", "STG.E.U8"],
                  "prep_q8_lanes": ["SHFL.BFLY", "F2I", "STG.E.U8"], "prep_f32_lanes": ["LDG.E", "STG.E"],
                  "quantize_q8_1_mmq": ["SHFL.BFLY", "F2I", "STG.E.U8", "STG.E.64"]}

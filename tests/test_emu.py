@@ -1313,3 +1313,16 @@ def test_codec_tensor_core_gemv_shapes_and_non_finite(fmt):
     for bad in (np.inf, np.nan):
         out = check_kernel(f"gemv_{fmt}_mma", ptx, seed=4, shape=(40, 512), ntok=3, splits=1, poison_x=(1, 77, bad))
         assert out.ok, (bad, out.detail)
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90a", "sm_120a"])
+@pytest.mark.parametrize("mode", range(8))
+def test_rotate_f16_is_rotate_then_convert_in_one_launch(arch, mode):
+    """rotate_tq4_1s_f16 (mul_mat's TQ4_1S prefill: in place of convert_f32, rotate_tq4_1s and convert_f16(_perm)):
+    for every mode (fp16 or fp32 x; the fp16 copy in x's or the register-A K order, or none) the fp32 output is
+    rotate_tq4_1s's bits, the fp16 copy convert_f16's / convert_f16_perm's, and the flag rises exactly where a
+    rotated value leaves fp16 (a block whose rotation is 7e4 at one place, from an x that fits fp16)."""
+    ptx = KERNELS["rotate_tq4_1s_f16"].for_arch(arch).ptx()
+    for overflow in (False, True):
+        out = check_kernel("rotate_tq4_1s_f16", ptx, seed=mode, mode=mode, overflow=overflow, shape=(5, 256))
+        assert out.ok, (overflow, out)

@@ -751,8 +751,10 @@ def test_codec_mma_sync_gemm(fmt, m, k, t):
     if fmt == "tq4_1s":
         from ptxgen.runtime import ops
 
-        assert first in ops.mul_mat_plan(r_weights(fmt, m, k), t, arch="sm_89").kernels
-        first = "rotate_tq4_1s"
+        kernels = ops.mul_mat_plan(r_weights(fmt, m, k), t, arch="sm_89").kernels
+        assert first in kernels
+        first = kernels[0]  # rotate_tq4_1s, or rotate_tq4_1s_f16 where the GEMM reads convert_f16's copy
+        assert first == "rotate_tq4_1s" + ("_f16" if first.endswith("_x16") or kernels[1].endswith("_x16") else "")
     _codec_prefill(fmt, m, k, t, first, arch="sm_89")
 
 
@@ -806,9 +808,43 @@ def test_tq4_1s_register_a_gemm(m, k, t):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the register-A GEMMs are sm_90a's")
     kernels = ops.mul_mat_plan(r_weights("tq4_1s", m, k), t).kernels
-    assert kernels[0] == "rotate_tq4_1s" and kernels[-1] == "mul_mat_fixup_tq4_1s" and any(
+    assert kernels[0] == "rotate_tq4_1s_f16" and kernels[-1] == "mul_mat_fixup_tq4_1s" and any(
         n.startswith("mmq_tq4_1s_wgmma_ra_n") for n in kernels), kernels
-    _codec_prefill("tq4_1s", m, k, t, "rotate_tq4_1s")
+    _codec_prefill("tq4_1s", m, k, t, "rotate_tq4_1s_f16")
+
+
+@pytest.mark.parametrize("arch", [None, "sm_89"])
+@pytest.mark.parametrize("t", [40, 512])
+def test_tq4_1s_rotation_writes_the_gemms_fp16_copy(t, arch):
+    """rotate_tq4_1s_f16 (TQ4_1S's prefill: x of either dtype rotated into fp32 for the fixup and into the fp16 copy
+    the GEMM reads, one launch) gives the bits of the launches it replaced (PTXGEN_ROTATE_F16=0: convert_f32 for an
+    fp16 x, rotate_tq4_1s, convert_f16_perm / convert_f16) on the register-A and prepared routes (sm_90) and the
+    fp16 mma.sync GEMM (sm_89's PTX), fp32 and fp16 x, a token past fp16 after the rotation among them."""
+    import torch
+
+    import ptxgen.runtime as r
+
+    if arch is None and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the register-A and prepared GEMMs are sm_90a's")
+    rng = np.random.default_rng(t)
+    m, k = 1000, 3584
+    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    x[t // 3, 100] = 6e4  # fits fp16; rotated, its block spreads it: ~1e4 a value
+    e = np.zeros((1, 32), np.float32)
+    e[0, 5] = 7e4  # a block whose rotation is 7e4 at one place (x ±12374, fp16 either way): the fixup's token
+    x[t // 2, 64:96] = formats.rht_inverse(e)[0]
+    routes = [{}, {"codec_ra_mmq_min_tokens": 1 << 30}] if arch is None else [{"mmq_x16_min_work": 0}]
+    for rules in routes:
+        with tuning.override(**rules):
+            for xt in (torch.from_numpy(x).cuda(), torch.from_numpy(x).cuda().half()):
+                assert r.mul_mat_plan(w, t, arch=arch, x_dtype=str(xt.dtype).split(".")[1]).kernels[0] == \
+                    "rotate_tq4_1s_f16", rules
+                new = r.mul_mat(w, xt, arch=arch).cpu().numpy()
+                with knobs.override(PTXGEN_ROTATE_F16="0"):
+                    old = r.mul_mat(w, xt, arch=arch).cpu().numpy()
+                np.testing.assert_array_equal(new.view(np.uint32), old.view(np.uint32))
 
 
 def r_weights(fmt, m, k):

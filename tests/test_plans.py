@@ -10,6 +10,7 @@ import pytest
 from ptxgen.testing import fakegpu
 from ptxgen import knobs, tuning
 from ptxgen.kernels import gemv_codec, mmq
+from ptxgen.kernels.gemv import ROT_REGA, ROT_X16
 from ptxgen.specs import GemvKernel
 from ptxgen.runtime import driver, kernels, ops, plans
 from ptxgen.runtime.driver import PER_THREAD_STREAM, stream_handle
@@ -496,8 +497,10 @@ def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads
         for t in (1024, 3000):
             assert ops.mul_mat_plan(w, t).kernels[0] == "mmq_q4_k_wgmma_ra_n256_cx"
             assert ops.mul_mat_plan(w, t, x_dtype="float16").kernels == ["mmq_q4_k_wgmma_ra_n256"]
-    w = fakegpu.weights("tq4_1s", 18944, 3584)  # the rotation reads fp32
-    assert ops.mul_mat_plan(w, 512, x_dtype="float16").kernels == ["convert_f32"] + ops.mul_mat_plan(w, 512).kernels
+    w = fakegpu.weights("tq4_1s", 18944, 3584)  # the rotation reads either dtype (rotate_tq4_1s_f16's ROT_X16)
+    f32, f16 = ops.mul_mat_plan(w, 512), ops.mul_mat_plan(w, 512, x_dtype="float16")
+    assert f16.kernels == f32.kernels and f32.kernels[0] == "rotate_tq4_1s_f16"
+    assert f16.launches[0].args[-1] == f32.launches[0].args[-1] | ROT_X16
     for bad in ("float64", "bfloat16"):
         with pytest.raises(TypeError, match=f"expected dtype float32 or float16, got {bad}"):
             ops.mul_mat_plan(w, 512, x_dtype=bad)
@@ -645,20 +648,21 @@ def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gp
 
 
 def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu, tq4_1s_prepared):
-    """TQ4_1S from codec_mmq_min_tokens on sm_90: rotate_tq4_1s into scratch, whose rotated x the conversion, the
-    prepared GEMM (on the rotated-domain fragments) and the fixup read; below that, its decode GEMVs."""
+    """TQ4_1S from codec_mmq_min_tokens on sm_90: rotate_tq4_1s_f16 rotates x once into fp32 scratch (the fixup's x)
+    and, in the same launch, into the fp16 copy in the register-A K order the prepared GEMM (on the rotated-domain
+    fragments) reads (no convert_f16_perm); below that, its decode GEMVs."""
     w = fakegpu.weights("tq4_1s", 18944, 3584)
     p = ops.mul_mat_plan(w, 512)
-    assert p.kernels == ["rotate_tq4_1s", "dequantize_tq4_1s_frags", "convert_f16_perm", "mmq_q4_k_wgmma_pre_n256",
+    assert p.kernels == ["rotate_tq4_1s_f16", "dequantize_tq4_1s_frags", "mmq_q4_k_wgmma_pre_n256",
                          "mul_mat_fixup_tq4_1s"]
-    rot = p.launches[0].args[1]  # rotate_tq4_1s's output
-    assert rot != p.launches[0].args[0]
-    assert p.launches[2].args[0] == rot and p.launches[4].args[3] == rot  # convert_f16_perm's x, the fixup's x
+    x, rot, rot16, flag, _, mode = p.launches[0].args
+    assert x != rot and mode == ROT_REGA and flag == p.launches[3].args[0]  # the flag the fixup reads
+    assert p.launches[3].args[3] == rot and p.launches[2].args[1].ptr == rot16.ptr  # the fixup's x, the GEMM's map
     first = ops.RULES.codec_mmq_min_tokens["tq4_1s"]
     assert ops.mul_mat_plan(w, 16).kernels[0] == ops.mul_mat_plan(w, first - 1).kernels[0] == "prep_tq4_1s_mma"
-    assert ops.mul_mat_plan(w, first).kernels[0] == "rotate_tq4_1s"
+    assert ops.mul_mat_plan(w, first).kernels[0] == "rotate_tq4_1s_f16"
     with tuning.override(codec_mmq_min_tokens=17):  # one number for every format
-        assert ops.mul_mat_plan(w, 17).kernels[0] == "rotate_tq4_1s"
+        assert ops.mul_mat_plan(w, 17).kernels[0] == "rotate_tq4_1s_f16"
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
@@ -982,9 +986,11 @@ def test_tq4_1s_prefills_on_the_mma_sync_targets_on_its_rotated_x(gpu):
         rot = p.launches[0].args[1]
         assert rot != p.launches[0].args[0]
         assert p.launches[1].args[1] == rot and p.launches[2].args[3] == rot  # the GEMM's x, the fixup's x
-        p = ops.mul_mat_plan(w, 512, arch=arch)
-        assert p.kernels == ["rotate_tq4_1s", "convert_f16", "mmq_tq4_1s_f16_n128_x16", "mul_mat_fixup_tq4_1s"]
-        assert p.launches[1].args[0] == p.launches[0].args[1] == p.launches[3].args[3]
+        p = ops.mul_mat_plan(w, 512, arch=arch)  # the fp16 copy (x's order) by the rotation's launch
+        assert p.kernels == ["rotate_tq4_1s_f16", "mmq_tq4_1s_f16_n128_x16", "mul_mat_fixup_tq4_1s"]
+        x, rot, rot16, _, _, mode = p.launches[0].args
+        assert mode == 0 and p.launches[2].args[3] == rot
+        assert p.launches[1].args[1].ptr == rot16.ptr  # (sm_120a: a tensor map over it)
     assert ops.mul_mat_plan(fakegpu.weights("tq4_1s", 4096, 4160), 64, arch="sm_89").kernels[-1] == "gemv_tq4_1s_t8"
     with pytest.raises(ValueError, match="rotated first"):  # the benchmarks' GEMM-alone launch takes x as given
         ops.mmq_launch(w, None, None, 64, 0, arch="sm_89")
@@ -1031,18 +1037,23 @@ def test_the_default_stream_of_a_torch_tensor_subclass_is_torchs_current_stream(
 
 
 def test_tq4_1s_takes_its_register_a_gemm_from_its_rule(gpu):
-    """TQ4_1S's register-A GEMM (codec_ra_mmq_min_tokens[tq4_1s], 17 on the H200): from the rule, x rotated once,
-    convert_f16_perm, mmq_tq4_1s_wgmma_ra_n<tile>, the fixup — no fragment pass; with the rule past T the prepared
+    """TQ4_1S's register-A GEMM (codec_ra_mmq_min_tokens[tq4_1s], 17 on the H200): from the rule, x rotated once
+    (with its fp16 copy, rotate_tq4_1s_f16), mmq_tq4_1s_wgmma_ra_n<tile>, the fixup — no fragment pass; with the rule past T the prepared
     route."""
     w = fakegpu.weights("tq4_1s", 18944, 3584)
-    assert ops.mul_mat_plan(w, 17).kernels[2] == "mmq_tq4_1s_wgmma_ra_n64"  # shipped
+    assert ops.mul_mat_plan(w, 17).kernels[1] == "mmq_tq4_1s_wgmma_ra_n64"  # shipped
     assert ops.mul_mat_plan(w, 16).kernels[-1] == "gemv_tq4_1s_mma"
     with tuning.override(codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=1 << 30)):
-        assert ops.mul_mat_plan(w, 512).kernels[:2] == ["rotate_tq4_1s", "dequantize_tq4_1s_frags"]
+        assert ops.mul_mat_plan(w, 512).kernels[:2] == ["rotate_tq4_1s_f16", "dequantize_tq4_1s_frags"]
     with tuning.override(codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=40)):
-        assert ops.mul_mat_plan(w, 512).kernels == ["rotate_tq4_1s", "convert_f16_perm", "mmq_tq4_1s_wgmma_ra_n256",
+        assert ops.mul_mat_plan(w, 512).kernels == ["rotate_tq4_1s_f16", "mmq_tq4_1s_wgmma_ra_n256",
                                                     "mul_mat_fixup_tq4_1s"]
-        assert ops.mul_mat_plan(w, 64).kernels[2] == "mmq_tq4_1s_wgmma_ra_n64"
+        assert ops.mul_mat_plan(w, 64).kernels[1] == "mmq_tq4_1s_wgmma_ra_n64"
+        new = ops.mul_mat_plan(w, 512).kernels
+        with knobs.override(PTXGEN_ROTATE_F16="0"):  # the launches before rotate_tq4_1s_f16, for A/B
+            assert ops.mul_mat_plan(w, 512).kernels == ["rotate_tq4_1s", "convert_f16_perm"] + new[1:]
+            assert ops.mul_mat_plan(w, 512, x_dtype="float16").kernels == ["convert_f32", "rotate_tq4_1s",
+                                                                           "convert_f16_perm"] + new[1:]
         assert ops.mul_mat_plan(w, 39).kernels[0] != "rotate_tq4_1s" or \
             ops.mul_mat_plan(w, 39).kernels[1] == "dequantize_tq4_1s_frags"
 

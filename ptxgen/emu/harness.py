@@ -384,6 +384,44 @@ def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     return Outcome("rotate_tq4_1s", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ", got, want)
 
 
+def _rotate_f16(ptx: str, rng, shape=(3, 128), seed=None, mode: int = 2, overflow: bool = False) -> Outcome:
+    """rotate_tq4_1s_f16 (kernels/gemv.py ROT_*): y32 bit for bit rht_forward of x (fp32, or fp16 widened), y16 bit
+    for bit its fp16 rounding in x's or the register-A K order (untouched under ROT_NO_F16), the flag raised exactly
+    where a rotated value leaves fp16 (`overflow`: one block scaled past it)."""
+    from ..kernels.gemv import ROT_NO_F16, ROT_REGA, ROT_X16
+
+    t, k = shape
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    if overflow:
+        e0 = np.zeros((1, 32), np.float32)
+        e0[0, 5] = 7e4  # the block whose rotation is 7e4 at one place: its x (±12374) fits fp16, that value not
+        x[t - 1, 32:64] = formats.rht_inverse(e0)[0]
+    xin = x.astype(np.float16) if mode & ROT_X16 else x
+    mem = _memory()
+    xa = mem.alloc(xin)
+    ya, ha, fa = mem.alloc(x.nbytes, poison=0xFF), mem.alloc(t * k * 2, poison=0xAB), mem.alloc(4, poison=0)
+    nb = t * k // 32
+    _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, ha, fa, nb, mode), mem, seed=seed)
+    want = formats.rht_forward(xin.astype(np.float32))
+    got = mem.view(ya, np.float32, (t, k))
+    name = "rotate_tq4_1s_f16"
+    if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+        return Outcome(name, False, f"y32: {np.count_nonzero(got != want)} values differ", got, want)
+    g16 = mem.view(ha, np.uint16, (t, k))
+    if mode & ROT_NO_F16:
+        ok = bool((g16 == 0xABAB).all()) and int(mem.view(fa, np.uint32, (1,))[0]) == 0
+        return Outcome(name, ok, "y16 untouched" if ok else "y16 or the flag written under ROT_NO_F16", g16, None)
+    with np.errstate(over="ignore"):
+        w16 = want.astype(np.float16)
+    if mode & ROT_REGA:
+        w16 = w16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
+    flag, want_flag = int(mem.view(fa, np.uint32, (1,))[0]), not np.isfinite(w16).all()
+    same = np.array_equal(g16, w16.view(np.uint16))
+    ok = same and flag == int(want_flag)
+    return Outcome(name, ok, f"y16 {'bit-exact' if same else 'differs'}, flag {flag} (expected {int(want_flag)})",
+                   g16, w16)
+
+
 def _prep(fast, rotate=True):
     def run(ptx: str, rng, shape=(3, 32 * 45), seed=None) -> Outcome:
         """prep_tq4_1s{_q8}: x → forward_rht(x) (→ Q8_1) in the lane layout, bit for bit; padding untouched."""
@@ -1200,6 +1238,7 @@ def _mmq(name):
 
 HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _q8_1_mmq,
                                   "dequantize_q4_k_frags": _frags("q4_K"), "rotate_tq4_1s": _rotate,
+                                  "rotate_tq4_1s_f16": _rotate_f16,
                                   "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
                                   "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")

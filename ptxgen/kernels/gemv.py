@@ -37,6 +37,7 @@ from ..formats import tq4_1s as T4
 from ..ir import Imm, Mem, Reg, TensorRef, mma_sync
 from ..specs import ActKernel, GemvKernel
 from . import KernelDef
+from .convert_f16 import overflowed
 
 WARPS = 8
 # a diagnostic build (bench/probe_decode_trace.py), never shipped: prep_q4k_t1's CTAs write (%globaltimer_lo at
@@ -2002,6 +2003,12 @@ def _rotate_lane_value(b, x, lane, blk):
     """Lane = element of block blk: load, forward RHT by shfl butterflies (bit-identical to rht_forward)."""
     off = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
     v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
+    return off, _rotate_lane(b, v, lane)
+
+
+def _rotate_lane(b, v, lane):
+    """The forward RHT of a 32-element block held one element a lane (`v`, fp32): sign flips, five shfl butterflies,
+    1/√32 (bit-identical to rht_forward)."""
     neg = b.op("shl.b32", b.op("and.b32", b.op("shr.u32", Imm(T4.SIGN_MASK, "u32"), lane, type="u32"), Imm(1, "b32")),
                Imm(31, "u32"))
     v = b.op("xor.b32", v, neg, type="f32")
@@ -2009,7 +2016,7 @@ def _rotate_lane_value(b, x, lane, blk):
         o = b.op("shfl.sync.bfly.b32", v, Imm(h, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
         upper = b.op("setp.ne.u32", b.op("and.b32", lane, Imm(h, "b32")), Imm(0, "u32"))
         v = b.op("selp.f32", b.op("sub.rn.f32", o, v), b.op("add.rn.f32", v, o), upper)
-    return off, b.op("mul.rn.f32", v, Imm(float(T4.INV_SQRT32), "f32"))
+    return b.op("mul.rn.f32", v, Imm(float(T4.INV_SQRT32), "f32"))
 
 
 def build_rotate(arch):
@@ -2025,6 +2032,60 @@ def build_rotate(arch):
     lane, blk, done = warp_per_item(b, n, WARPS)
     off, v = _rotate_lane_value(b, x, lane, blk)
     b.emit("st.global.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), y)), v)
+    b.place(done)
+    b.emit("ret")
+    return b.finish()
+
+
+# rotate_tq4_1s_f16's `mode` bits
+ROT_X16, ROT_REGA, ROT_NO_F16 = 1, 2, 4
+
+
+def build_rotate_f16(arch):
+    """rotate_tq4_1s_f16: the rotation ahead of TQ4_1S's fp16 GEMMs in one pass — x (fp32, or fp16 where mode has
+    ROT_X16) rotated as rotate_tq4_1s does (the same fp32 bits, into y32: the fixup behind the GEMM reads them) and,
+    unless ROT_NO_F16, rounded to fp16 into y16 as convert_f16 would write it (ROT_REGA: convert_f16_perm's register-A
+    K order; K a multiple of 64), raising `flag` where a value leaves fp16. One warp a 32-element block as
+    rotate_tq4_1s; a lane pairs its value with its partner's (lane ^ 1 in x's order, lane ^ 2 in the register-A
+    order, where columns c and c + 2 are adjacent halves) by one shfl and half the lanes store a word. In place of
+    convert_f32 → rotate_tq4_1s → convert_f16(_perm): one launch, x read once."""
+    b = KernelBuilder(ActKernel("rotate", f16=True).name, arch,
+                      "forward RHT of fp32 / fp16 activations (TQ4_1S) into fp32 and fp16 (x's or the register-A K "
+                      "order), with an overflow flag", block=(32 * WARPS, 1, 1))
+    x_p, y_p, h_p = b.param("x", "u64", "ptr:in"), b.param("y32", "u64", "ptr:out"), b.param("y16", "u64", "ptr:out")
+    f_p, n_p, m_p = b.param("flag", "u64", "ptr:out"), b.param("nblocks", "u32"), b.param("mode", "u32")
+    b.meta.update(warps=WARPS, blocks_per_cta=WARPS, grid="ceil(nblocks / 8)",
+                  mode=f"bits: {ROT_X16} x is fp16, {ROT_REGA} y16 in the register-A K order, {ROT_NO_F16} no y16")
+    b.pdl_head()  # the GEMM after it may launch now (it waits before its first TMA of x)
+    x, y, Y16, F = b.ptr(x_p), b.ptr(y_p), b.ptr(h_p), b.ptr(f_p)
+    n, mode = b.ld_param(n_p, "u32"), b.ld_param(m_p, "u32")
+    lane, blk, done = warp_per_item(b, n, WARPS)
+    off = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
+    half = b.op("setp.ne.u32", b.op("and.b32", mode, Imm(ROT_X16, "b32")), Imm(0, "u32"))
+    v, h = b.reg("f32"), b.reg("b16")
+    b.emit("ld.global.nc.f32", v, Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)), pred=half, neg=True)
+    b.emit("ld.global.nc.b16", h, Mem(b.op("mad.wide.u32", off, Imm(2, "u32"), x)), pred=half)
+    b.emit("cvt.f32.f16", v, h, pred=half)
+    v = _rotate_lane(b, v, lane)
+    b.emit("st.global.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), y)), v)
+    b.bra(done, pred=b.op("setp.ne.u32", b.op("and.b32", mode, Imm(ROT_NO_F16, "b32")), Imm(0, "u32")))
+    rega = b.op("setp.ne.u32", b.op("and.b32", mode, Imm(ROT_REGA, "b32")), Imm(0, "u32"))
+    dist = b.op("selp.u32", Imm(2, "u32"), Imm(1, "u32"), rega)
+    o = b.op("shfl.sync.bfly.b32", v, dist, Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+    word = b.op("cvt.rn.f16x2.f32", o, v, type="b32")  # (own, partner): the lower column's lane stores
+    # where: x's order, the element's own halfword (its column is even); the register-A order, within the 64-column
+    # chunk (block 2c + hh is its half hh), group q = (l & 1) + 2·(l >> 2 & 1) + 4·hh, word j = l >> 3: byte 16q + 4j
+    # (layouts.q4k_rega_k_order: columns l and l + 2 of the half are that word's halves)
+    q = b.op("add.u32", b.op("and.b32", lane, Imm(1, "b32")),
+             b.op("add.u32", b.op("shr.u32", b.op("and.b32", lane, Imm(4, "b32")), Imm(1, "u32")),
+                  b.op("shl.b32", b.op("and.b32", blk, Imm(1, "b32")), Imm(2, "u32"))))
+    inchunk = b.op("mad.lo.u32", q, Imm(16, "u32"), b.op("shl.b32", b.op("shr.u32", lane, Imm(3, "u32")), Imm(2, "u32")))
+    el = b.op("selp.u32", b.op("and.b32", off, Imm(~63 & 0xFFFFFFFF, "b32")), off, rega)  # the chunk's, or its own
+    at = b.op("add.s64", b.op("mad.wide.u32", el, Imm(2, "u32"), Y16),
+              b.op("cvt.u64.u32", b.op("selp.u32", inchunk, Imm(0, "u32"), rega)))
+    stores = b.op("setp.eq.u32", b.op("and.b32", lane, dist), Imm(0, "u32"))
+    b.emit("st.global.b32", Mem(at), word, pred=stores)
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("and.pred", stores, overflowed(b, [word])))
     b.place(done)
     b.emit("ret")
     return b.finish()
@@ -2088,6 +2149,8 @@ def build_prep(arch, fast: bool, rotate: bool = True):
 def kernel_defs() -> list[KernelDef]:
     G = GemvKernel
     defs = [KernelDef(ActKernel("rotate").name, "TQ4_1S activation rotation (forward RHT), fp32 → fp32", build_rotate),
+            KernelDef(ActKernel("rotate", f16=True).name, "TQ4_1S activation rotation, fp32 / fp16 → fp32 and fp16 "
+                      "(x's or the register-A K order) with an overflow flag", build_rotate_f16),
             KernelDef(G("prep_lanes", "tq4_1s").name, "TQ4_1S activation: forward RHT into the GEMV's lane layout",
                       lambda arch: build_prep(arch, False)),
             KernelDef(G("prep_lanes", "tq4_1s", fast=True).name,
