@@ -237,6 +237,9 @@ def main():
     ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
                     help="a dispatch rule of ptxgen/tuning overridden for this run, e.g. mmq_min_tokens=9 or "
                          "'codec_ra_mmq_max_tokens={\"q5_K\": 2048, \"q6_K\": 4096, \"q8_0\": 1073741824}'")
+    ap.add_argument("--x-buffers", type=int, default=1, metavar="N",
+                    help="the calls rotate over N activation buffers (distinct addresses: an fp16 x read by a tensor "
+                         "map over it costs a host encode per new address, plans.Bound memoises 16)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     args = ap.parse_args()
@@ -276,7 +279,9 @@ def main():
                    for _ in range(max(2, math.ceil(4 * L2 / (2 * m * k))))]
             tokens = [int(v) for v in args.tokens.split(",")] if args.tokens else TOKENS.get(fmt, (1, 16, 512, 4096))
             for t in tokens:
-                x = torch.randn(t, k, device="cuda", dtype=getattr(torch, args.x_dtype))
+                xs = [torch.randn(t, k, device="cuda", dtype=getattr(torch, args.x_dtype))
+                      for _ in range(max(1, args.x_buffers))]
+                x = xs[0]
                 y = torch.empty(t, m, device="cuda")
                 r.mul_mat(ws[0], x, out=y)
                 if fmt != "tq4_1s":  # a sanity check of what is timed (the tests check the bounds)
@@ -284,13 +289,14 @@ def main():
                     err = float(((y.double() - x.double() @ wd.T).norm() / (x.double() @ wd.T).norm()).item())
                     assert err < 2e-3, f"{fmt} {m}x{k} T={t}: relative error {err:.2e}"
                     del wd
-                ours = three_ways(torch, lambda i: r.mul_mat(ws[i % len(ws)], x, out=y), args.reps)
-                xh = x.half()
-                peer = three_ways(torch, lambda i: F.linear(xh, w16[i % len(w16)]), args.reps)
+                ours = three_ways(torch, lambda i: r.mul_mat(ws[i % len(ws)], xs[i % len(xs)], out=y), args.reps)
+                xhs = [v.half() for v in xs]
+                peer = three_ways(torch, lambda i: F.linear(xhs[i % len(xhs)], w16[i % len(w16)]), args.reps)
                 row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": nbytes, "ptxgen": ours, "cublas_fp16": peer,
                        "llamacpp": (LLAMA.get(((m, k), t)) if fmt == "q4_K"
                                     else LLAMA_OTHER.get(fmt, {}).get(t) if (m, k) == (4096, 14336) else None),
                        "kernels": ops.mul_mat_plan(ws[0], t, x_dtype=args.x_dtype).kernels, "x_dtype": args.x_dtype,
+                       "x_buffers": len(xs),
                        "graph_kernels": ops.mul_mat_plan(ws[0], t, graph=True, x_dtype=args.x_dtype).kernels,
                        "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
                 res["op"].append(row)
