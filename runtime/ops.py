@@ -267,7 +267,8 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
     `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 or fp16 (T,
     K), one row per token shared by its slots, or (T, slots, K), one row per slot (the down projection; fp16: widened
-    to fp32 once, convert_f32, then the same kernels: the bits of the same values as fp32). Returns fp32
+    to fp32 once, convert_f32, then the same kernels — TQ4_1S's rotation reads it as it is —: the bits of the same
+    values as fp32). Returns fp32
     (T, slots, M): y[t, j] = x[t(, j)] @ w[ids[t, j]].T.
 
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already on
@@ -402,7 +403,8 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
                     arch: str | None = None, graph: bool = False, x_dtype="float32") -> Plan:
     """The launch plan of mul_mat_id(w, x, ids) for T = t tokens of `slots` experts each (x (T, K), or with
     `x_per_slot` (T, slots, K)); cached on `w` as mul_mat_plan's. `.kernels` names its launches. `x_dtype`:
-    float32, or float16 (widened to fp32 once by convert_f32, then the float32 plan's kernels: the same bits)."""
+    float32, or float16 (widened to fp32 once by convert_f32, then the float32 plan's kernels: the same bits; TQ4_1S
+    rotates it as it is, rotate_tq4_1s_f16, into the same fp32 its float32 plan reads)."""
     from ptxgen import codecs, formats
 
     if str(x_dtype) not in ("float32", "float16"):
@@ -422,7 +424,8 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
         raise ValueError(f"mul_mat_id: {err}")
     pb = PlanBuilder((t, slots, k) if x_per_slot else (t, k), np.float16 if x16 else np.float32, (t, slots, m),
                      np.float32, graph=bool(graph), ids_shape=(t, slots))
-    pb.x = _rec_widen(pb, pb.x, arch, once=True)  # (an fp16 x: fp32 for every kernel below)
+    if not getattr(codecs.get(w.fmt), "ROTATION", None):  # (an fp16 x: fp32 for every kernel below; a rotated
+        pb.x = _rec_widen(pb, pb.x, arch, once=True)       # codec's rotation reads it as it is, _rotate_x)
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
     route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch, fp16_weights=w.fp16_weights)

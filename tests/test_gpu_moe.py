@@ -67,8 +67,8 @@ def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot
 
 @pytest.mark.parametrize("fmt,t,per_slot", [("q4_K", 1, False), ("q4_K", 300, True), ("tq4_1s", 40, False)])
 def test_an_fp16_x_gives_the_bits_of_its_fp32_widening(fmt, t, per_slot):
-    """mul_mat_id on a float16 x (widened once by convert_f32, then the same kernels) gives the bits of the call on
-    the same values as float32."""
+    """mul_mat_id on a float16 x (widened once by convert_f32, then the same kernels; TQ4_1S rotated from it as it
+    is, rotate_tq4_1s_f16) gives the bits of the call on the same values as float32."""
     import ptxgen.runtime as r
 
     w, _, x, ids = _case(fmt, 8, 300, 512, t, 2, seed=t, skew=False, per_slot=per_slot)

@@ -263,7 +263,9 @@ def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(mon
 
 def test_mul_mat_id_widens_an_fp16_x_once(monkeypatch):
     """mul_mat_id_plan(x_dtype="float16"): convert_f32 first (the whole x, or x per slot), then the float32 plan's
-    kernels (the grouped GEMM, the GEMVs, TQ4_1S's rotation) — the bits of the same values as fp32; cached apart."""
+    kernels (the grouped GEMM, the GEMVs) — the bits of the same values as fp32; cached apart. TQ4_1S: its rotation
+    reads the fp16 x itself (rotate_tq4_1s_f16, ROT_X16 | ROT_NO_F16) into the fp32 its float32 plan's kernels read."""
+    from ptxgen.kernels.gemv import ROT_NO_F16, ROT_X16
     from ptxgen.runtime import ops
     from ptxgen.testing import fakegpu
 
@@ -273,7 +275,11 @@ def test_mul_mat_id_widens_an_fp16_x_once(monkeypatch):
         for t, p in ((1, 0), (8, 0), (8, 1), (200, 1)):
             f32 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p).kernels
             f16 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, x_dtype="float16")
-            assert f16.kernels == ["convert_f32"] + f32, (fmt, t, p, f16.kernels, f32)
+            if fmt == "tq4_1s":
+                assert f32[0] == "rotate_tq4_1s" and f16.kernels == ["rotate_tq4_1s_f16"] + f32[1:], f16.kernels
+                assert f16.launches[0].args[-1] == ROT_X16 | ROT_NO_F16
+            else:
+                assert f16.kernels == ["convert_f32"] + f32, (fmt, t, p, f16.kernels, f32)
             assert ops.mul_mat_id_plan(w, t, 2, x_per_slot=p).kernels == f32
     with pytest.raises(TypeError, match="expected dtype float32 or float16, got float64"):
         ops.mul_mat_id_plan(w, 8, 2, x_dtype="float64")
