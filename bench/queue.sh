@@ -13,6 +13,7 @@
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
+#   ncu_t8   ncu source counters and stall reasons of gemv_q4_k_mma_t8 (T = 8) and gemv_tq4_1s_tma_t1 (#36)
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1(_fused) on 4096x14336
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
@@ -109,6 +110,16 @@ for step in "${@:-tier}"; do
     python3 bench/ncu_source_top.py "$OUT/ncu_i8_src.log" 45 > "$OUT/ncu_i8_top.log" 2>&1; tail -n 50 "$OUT/ncu_i8_top.log"
     run ncu_i8_details 90 ncu --kernel-name regex:gemv_q4_k_i8_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
       --section SpeedOfLight --section Occupancy --section LaunchStats python3 bench/profile_gemv.py q4_K 4096 14336 1 exact ;;
+  ncu_t8)  # #36: where Q4_K's T = 8 GEMV (19.6 µs, 1.59x T = 1; 375 SASS a step at 8 warps an SM) and TQ4_1S's
+    # T = 1 lane GEMV (20.1 µs against 14.2) spend their issue slots: source counters, stall reasons, occupancy
+    for spec in "gemv_q4_k_mma_t8 q4_K 4096 14336 8" "gemv_tq4_1s_tma_t1 tq4_1s 18944 3584 1"; do
+      read -r kn fm mm kk tt <<< "$spec"
+      run "ncu_${kn}_src" 150 ncu --kernel-name "regex:$kn\$" --launch-skip 3 --launch-count 1 --section WarpStateStats \
+        --section SourceCounters --section SpeedOfLight --section Occupancy --page source --print-source sass --csv \
+        python3 bench/profile_gemv.py "$fm" "$mm" "$kk" "$tt" exact
+      python3 bench/ncu_source_top.py "$OUT/ncu_${kn}_src.log" 45 > "$OUT/ncu_${kn}_top.log" 2>&1
+      tail -n 50 "$OUT/ncu_${kn}_top.log"
+    done ;;
   pre)
     for s in 1024x4096 4096x4096; do
       run "pre_$s" 80 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_pre_n256$|dequantize_q4_k_frags' --formats q4_K --shape "$s" --tokens 256,512 \
@@ -166,6 +177,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model xrot tq4rot tq4few t8 tq4shared i8 ncu_i8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model xrot tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done
