@@ -7,6 +7,7 @@
 #   sk       stream-K register-A GEMMs against the uniform plans (rule mmq_stream_k_min_gain)
 #   model    bench_model on fp32 x, then on fp16 x (#34's decode and prefill rows; run it on an H200)
 #   xrot     bench_op eager / graph on fp16 x rotating over 1, 8, 40 x buffers (a tensor-map encode per new address)
+#   fixup    bench_model's prefill on fp32 x with the fixup at 4 CTAs an SM (shipped) and at 1 (rule fixup_ctas_per_sm)
 #   tq4rot   TQ4_1S's prefill with its rotation writing the GEMM's fp16 copy (rotate_tq4_1s_f16) against the
 #            launches before it (knob PTXGEN_ROTATE_F16=0), fp32 and fp16 x, on 18944x3584
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
@@ -74,6 +75,11 @@ for step in "${@:-tier}"; do
     for n in 1 8 40; do
       run "xrot_$n" 150 python3 bench/bench_op.py --formats q4_K,q6_K --shape 4096x14336 --tokens 64,512 \
         --x-dtype float16 --x-buffers "$n" --no-decode-loop --reps 10
+    done ;;
+  fixup)  # the no-op fixup behind each fp32-x prefill GEMM: 4 CTAs an SM (shipped) against one wave, alternating
+    for i in 1 2; do
+      run "fixup_4_$i" 100 python3 bench/bench_model.py --prefill-only
+      run "fixup_1_$i" 100 python3 bench/bench_model.py --prefill-only --rule fixup_ctas_per_sm=1
     done ;;
   tq4rot)
     for d in float32 float16; do
@@ -177,6 +183,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model xrot tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done

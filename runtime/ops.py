@@ -838,7 +838,7 @@ def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None)
     device and recomputes the tokens that left the format (at once a no-op when the flag is clear)."""
     m, k = w.shape
     fn = kernels.load(CodecKernel("fixup", w.fmt).name, arch)
-    grid = max(1, min(t, 4 * driver.current().sm_count))
+    grid = max(1, min(t, RULES.fixup_ctas_per_sm * driver.current().sm_count))
     pb.launch(fn, (grid,), (pb.flag, pb.done, w.buffer, xa, o, m, k, t), pdl=bool(fn.meta.get("pdl")))
 
 

@@ -46,6 +46,19 @@ def test_mul_mat_plans_the_kernels_of_the_dispatch_rule(gpu, fmt, m, k, t, mode,
     assert p.launches[0].pdl is bool(p.launches[0].fn.meta.get("pdl_head"))
 
 
+def test_the_fixup_launches_its_rules_ctas_per_sm(gpu):
+    """mul_mat_fixup_<fmt> behind a prefill GEMM: min(T, fixup_ctas_per_sm x SMs) CTAs (the rule; one wave at 1)."""
+    from ptxgen import tuning
+
+    w = fakegpu.weights("q4_K", 4096, 4096)
+    sms = driver.current().sm_count
+    for per, t in ((4, 512), (1, 512), (1, 64), (4, 100)):
+        with tuning.override(fixup_ctas_per_sm=per):
+            p = ops.mul_mat_plan(w, t)
+            assert p.kernels[-1] == "mul_mat_fixup_q4_k", p.kernels
+            assert p.launches[-1].grid == (min(t, per * sms),), (per, t, p.launches[-1].grid)
+
+
 def _build_t(t: int) -> int:
     """The GEMV build a slice of t tokens runs (1, 2, 4, 8)."""
     return next(v for v in ops.GEMV_TOKENS if v >= t)

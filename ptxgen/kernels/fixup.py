@@ -38,7 +38,8 @@ def build(arch, fmt: str = "q4_K"):
     f_p, d_p = b.param("flag", "u64", "ptr:scratch"), b.param("done", "u64", "ptr:scratch")
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, t_p = b.param("M", "u32"), b.param("K", "u32"), b.param("T", "u32")
-    b.meta.update(grid="min(T, 4 x SMs) CTAs: CTA c recomputes tokens c, c + gridDim.x, ... when flag is set",
+    b.meta.update(grid="min(T, fixup_ctas_per_sm x SMs) CTAs (ptxgen/tuning): CTA c recomputes tokens c, c + gridDim.x, "
+                  "... when flag is set",
                   warps=WARPS, pdl=arch.has("griddepcontrol"))
     b.pdl_trigger()  # the op's last kernel: the next op's first may start now
     if arch.has("griddepcontrol"):  # launched with PDL behind the GEMM: wait for it (and its flag) to complete
