@@ -280,7 +280,8 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     the stream (pass device arrays for an asynchronous call; NumPy operands are refused while the stream captures a
     CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
 
-    Formats Q4_K, Q5_K, Q6_K, Q8_0, TQ4_1S (x rotated once first, rotate_tq4_1s), mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches
+    Formats Q4_K, Q5_K, Q6_K, Q8_0, TQ4_1S (x rotated once first, rotate_tq4_1s; an fp16 x by rotate_tq4_1s_f16),
+    mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches
     (thresholds: ptxgen/tuning): one token, or while pairs·M·K ≤ RULES.moe_pair_max_weights, gemv_<fmt>_f32_id over
     (M rows, pairs), each pair reading its expert (fp32, relative error ~1e-6). Else from
     RULES.moe_gemm_min_pairs[fmt] pairs: moe_group (the pairs grouped by expert on the device, a work list of
@@ -744,7 +745,9 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         # never past K
         cx_rule = ("sm_90a" in kernels.available(cx_name) and mmq_convert_in_gemm(t, plan.splits)
                    and k % (64 * int(kernels.load(cx_name, "sm_90a").meta["convert_steps"])) == 0)
-        cx = cx_rule and not half_in  # (an fp16 x: the _x16 build where fp32 would convert inside, as its bits)
+        # (an fp16 x, or an fp16 copy of x already written — TQ4_1S's rotate_tq4_1s_f16, PlanBuilder.f16_made —:
+        # the _x16 build where fp32 would convert inside, as its bits)
+        cx = cx_rule and not half_in and id(xa) not in pb.f16_made
         sk = dataclasses.replace(base, stream=True).name
         if path == "wgmma_ra" and not cx_rule and kernels.build_for(sk, "sm_90a") == "sm_90a" and \
                 stream_plan(planned, m, k, t, bn, sms, plan) is not None:
@@ -1533,9 +1536,9 @@ def _decode(c: _Call) -> None:
 
 
 def _rotated_x(c: _Call, f16: str | None = None):
-    """The activation the codec's GEMMs read: x, or for a rotated codec (TQ4_1S) x rotated once by its ROTATION
-    kernel into scratch (the GEMM and the fixup then read that); `f16`: the K order ("natural", "rega") of the fp16
-    copy the GEMM after it converts that to, made by the same launch (_rotate_x)."""
+    """The activation the codec's GEMMs read: x, or for a rotated codec (TQ4_1S) x rotated once into scratch (the
+    GEMM and the fixup then read that; _rotate_x); `f16`: the K order ("natural", "rega") of the fp16 copy the GEMM
+    after it converts that to, made by the same launch."""
     return _rotate_x(c.pb, c.w.fmt, c.t, c.k, c.arch, f16)
 
 
@@ -1575,7 +1578,7 @@ def _rotate_x(pb: PlanBuilder, fmt: str, rows: int, k: int, arch, f16: str | Non
 
 def _mmq_ra(c: _Call) -> None:
     """The codec's register-A GEMM (its blocks decoded in the K loop: no fragment pass) after convert_f16_perm (a
-    rotated codec's x rotated first), then the codec's fixup."""
+    rotated codec's x rotated and converted by one launch, rotate_tq4_1s_f16: _rotate_x), then the codec's fixup."""
     xa = _rec_mmq(c.pb, c.w, _rotated_x(c, "rega"), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_ra")
     if xa is not None:
         _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
@@ -1593,7 +1596,8 @@ def _mmq_ra_ok(c: _Call) -> bool:
 
 def _mmq_pre(c: _Call) -> None:
     """The codec's fp16 fragments, the prepared register-A GEMM, the codec's fixup; a rotated codec's (TQ4_1S)
-    activation rotated once first (its ROTATION kernel, into scratch), which the GEMM and the fixup then read."""
+    activation rotated once first, into fp32 scratch the fixup reads and the fp16 copy the GEMM reads
+    (rotate_tq4_1s_f16: _rotate_x)."""
     xa = _rec_mmq(c.pb, c.w, _rotated_x(c, "rega"), c.pb.y, c.t, c.pb.flag, c.arch, path="wgmma_pre")
     if xa is not None:
         _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)

@@ -671,6 +671,10 @@ def test_tq4_1s_prefill_rotates_once_then_runs_the_prepared_gemm(gpu, tq4_1s_pre
     x, rot, rot16, flag, _, mode = p.launches[0].args
     assert x != rot and mode == ROT_REGA and flag == p.launches[3].args[0]  # the flag the fixup reads
     assert p.launches[3].args[3] == rot and p.launches[2].args[1].ptr == rot16.ptr  # the fixup's x, the GEMM's map
+    # where fp32 x would be converted inside the GEMM (_cx), the copy the rotation wrote is read instead
+    assert ops.mul_mat_plan(w, 4096).kernels[2] == "mmq_q4_k_wgmma_pre_n256"
+    with knobs.override(PTXGEN_ROTATE_F16="0"):
+        assert ops.mul_mat_plan(w, 4096).kernels[2] == "mmq_q4_k_wgmma_pre_n256_cx"
     first = ops.RULES.codec_mmq_min_tokens["tq4_1s"]
     assert ops.mul_mat_plan(w, 16).kernels[0] == ops.mul_mat_plan(w, first - 1).kernels[0] == "prep_tq4_1s_mma"
     assert ops.mul_mat_plan(w, first).kernels[0] == "rotate_tq4_1s_f16"
@@ -1067,7 +1071,7 @@ def test_tq4_1s_takes_its_register_a_gemm_from_its_rule(gpu):
             assert ops.mul_mat_plan(w, 512).kernels == ["rotate_tq4_1s", "convert_f16_perm"] + new[1:]
             assert ops.mul_mat_plan(w, 512, x_dtype="float16").kernels == ["convert_f32", "rotate_tq4_1s",
                                                                            "convert_f16_perm"] + new[1:]
-        assert ops.mul_mat_plan(w, 39).kernels[0] != "rotate_tq4_1s" or \
+        assert ops.mul_mat_plan(w, 39).kernels[0] != "rotate_tq4_1s_f16" or \
             ops.mul_mat_plan(w, 39).kernels[1] == "dequantize_tq4_1s_frags"
 
 
