@@ -102,7 +102,7 @@ class GemvKernel:
     small: bool = False
     shared: bool = False  # "few": the records shared by the CTA's warps (gemv_<fmt>_mma_t<tokens>s)
     i8: bool = False  # "few", "prep_few": int8 MMAs on the activation's digit planes (gemv_<fmt>_i8_t<tokens>)
-    x16: bool = False  # "prep_few": reads fp16 x (a torch model's activations; no convert_f32 launch before it)
+    x16: bool = False  # the preps: read fp16 x (a torch model's activations; no convert_f32 launch before them)
 
     @property
     def name(self) -> str:
@@ -116,8 +116,8 @@ class GemvKernel:
                  "few": (f"gemv_{f}_i8_{t}{fused}" if self.i8 else f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}"),
                  "skinny": f"mmq_{f}_rega_n{self.tokens}",
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else
-                                "prep_q8_lanes" if self.fast else "prep_f32_lanes"),
-                 "prep_mma": "prep_tq4_1s_mma" if rot else "prep_mma_f16",
+                                "prep_q8_lanes" if self.fast else "prep_f32_lanes") + ("_x16" if self.x16 else ""),
+                 "prep_mma": ("prep_tq4_1s_mma" if rot else "prep_mma_f16") + ("_x16" if self.x16 else ""),
                  # the few-token records: Q4_K's K order for the K-quants with a min (Q4_K, Q5_K), the codecs'
                  # 16-element sub-block order for the others (Q6_K, Q8_0: formats.tq4_1s.q4k_mma_records' order),
                  # TQ4_1S's of the rotated activation

@@ -1378,7 +1378,7 @@ def _codec_mma_ok(c: _Call) -> bool:
 def _codec_mma(c: _Call) -> None:
     """prep_mma_f16 per group of 8 tokens (_prep_mma_groups; its min fragments unused), then _codec_mma_kernel:
     gemv_<fmt>_mma_tma or gemv_<fmt>_mma (T ≤ 8), or gemv_<fmt>_mma_n16."""
-    tiles, factors, _ = _prep_mma_groups(c.pb, c.w.fmt, c.pb.x.ptr, c.t, c.k, c.arch)
+    tiles, factors, _ = _prep_mma_groups(c.pb, c.w.fmt, 0, c.t, c.k, c.arch)
     fn = kernels.load(_codec_mma_kernel(c), c.arch)
     _mma_gemv_launch(c.pb, fn, c.w, (tiles, factors), c.pb.y.ptr, c.m, c.k, c.t, fn.resident_per_sm(), None)
 
@@ -1467,7 +1467,7 @@ def _fast_lanes_ok(c: _Call) -> bool:
 
 def _fast_lanes(c: _Call) -> None:
     """mode "fast": x quantized to Q8_1 in the lane layout once, then the int8 GEMV per slice of 8 tokens."""
-    q, row = _prep_lanes(c.pb, c.pb.x, c.t, c.k, GemvKernel("prep_lanes", c.w.fmt, fast=True).name, c.arch)
+    q, row = _prep_lanes(c.pb, c.t, c.k, GemvKernel("prep_lanes", c.w.fmt, fast=True), c.arch)
 
     def one(n, t0):
         fn = kernels.load(GemvKernel("gemv", c.w.fmt, next(v for v in GEMV_TOKENS if v >= n), fast=True).name, c.arch)
@@ -1519,18 +1519,17 @@ def _decode(c: _Call) -> None:
         xr_one = xr and n == 1 and tc != "on"
         if not xr_one and few and _few_ok(fmt, n, m, c.arch, d["few_knob"]):  # few tokens on tensor cores, (hi, lo)
             return _few_token_gemv(pb, w, t0, y_ptr, m, k, n, c.arch)  # B columns (an fp16 x: its _x16 prep)
-        xa = _fp32_x(pb, c.arch)  # the kernels below read fp32
-        x_ptr = xa.ptr + 4 * k * t0
         if xr_one:  # one token, the activation in registers, no prep (opt-in)
-            return _xr_gemv(pb, w, d["xr"], x_ptr, y_ptr, m, k, c.arch)
-        if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs
-            return _mma_gemv(pb, w, x_ptr, y_ptr, m, k, n, c.arch)
+            return _xr_gemv(pb, w, d["xr"], _fp32_x(pb, c.arch).ptr + 4 * k * t0, y_ptr, m, k, c.arch)
+        if tc == "on" or (tc == "auto" and n >= min_tokens):  # tensor-core GEMVs (an fp16 x: the preps' _x16 twins)
+            return _mma_gemv(pb, w, t0, y_ptr, m, k, n, c.arch)
         fn = kernels.load(_gemv_kernel(w, n, fused, tma and n <= RULES.tma_gemv_max_tokens), c.arch)
-        a, row = xa, 4 * k
         if fn.meta.get("layout") == "lanes":  # TQ4_1S rotated once / Q4_K (T <= 2) as fp32, in the lane layout
-            if not lanes:
-                lanes.append(_prep_lanes(pb, xa, c.t, k, GemvKernel("prep_lanes", fmt).name, c.arch))
+            if not lanes:  # (prepared once, from an fp16 x by the prep's _x16 twin)
+                lanes.append(_prep_lanes(pb, c.t, k, GemvKernel("prep_lanes", fmt), c.arch))
             a, row = lanes[0]
+        else:  # the kernel reads x itself, fp32
+            a, row = _fp32_x(pb, c.arch), 4 * k
         _gemv_launch(pb, fn, w, a.ptr + row * t0, y_ptr, m, k, n)
     _slices(c, one)
 
@@ -1607,7 +1606,8 @@ def _mmq_pre(c: _Call) -> None:
 X16_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
 # the decode routes that take an fp16 x into their few-token preps' _x16 builds and widen it (_fp32_x) only for
 # the kernels that read fp32
-X16_SELF_ROUTES = frozenset({"decode", "codec_few", "t16h", "skinny", "codec_gemv", "small_gemv"})
+X16_SELF_ROUTES = frozenset({"decode", "codec_few", "t16h", "skinny", "codec_gemv", "small_gemv", "codec_mma",
+                             "mma_n16", "fast_lanes"})
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
 _ROUTES = {
     "codec_gemv": (lambda c: True, _codec_gemv),
@@ -1618,7 +1618,7 @@ _ROUTES = {
     # exact, and faster than the MMQ at T=16
     "mma_n16": (lambda c: (RULES.mmq_min_tokens <= c.t <= 16 and knobs.q4k_mma() != "off"
                            and _mma_build(c.arch, GemvKernel("mma", c.w.fmt, 16).name) is not None),
-                lambda c: _mma_gemv(c.pb, c.w, c.pb.x.ptr, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
+                lambda c: _mma_gemv(c.pb, c.w, 0, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "skinny": (lambda c: c.m >= RULES.mmq_min_rows and skinny_ok(c.w.fmt, c.t, c.m, c.k, c.arch),  # fp16 x, as MMQs
                lambda c: _skinny_gemm(c.pb, c.w, c.pb.y.ptr, c.m, c.k, c.t, c.arch)),
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
@@ -1839,23 +1839,23 @@ def _mma_min(fmt: str, m: int, k: int) -> int:
     return n if m * k >= getattr(RULES, big) else getattr(RULES, small)
 
 
-def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: int, arch) -> None:
-    """n tokens through the codec's tensor-core GEMV (the decode route's; Q4_K, TQ4_1S). A rotated codec (TQ4_1S,
-    n ≤ 8): prep_<fmt>_mma (rotation, scaled fp16 hi/lo tiles), then gemv_<fmt>_mma or, below
-    RULES.mma_gemv_m32_min_weights, gemv_<fmt>_mma_m16. Else (Q4_K, n ≤ 16): prep_mma_f16 per group of 8 tokens
-    (scaled fp16 hi/lo tiles, one scale per super-block, and the min-term fragments), then gemv_<fmt>_mma (n ≤ 8)
-    or gemv_<fmt>_mma_n16."""
+def _mma_gemv(pb: PlanBuilder, w: QuantTensor, t0: int, y_ptr, m: int, k: int, n: int, arch) -> None:
+    """n tokens of the call's x from token t0 through the codec's tensor-core GEMV (the decode route's; Q4_K,
+    TQ4_1S). A rotated codec (TQ4_1S, n ≤ 8): prep_<fmt>_mma (rotation, scaled fp16 hi/lo tiles), then
+    gemv_<fmt>_mma or, below RULES.mma_gemv_m32_min_weights, gemv_<fmt>_mma_m16. Else (Q4_K, n ≤ 16): prep_mma_f16
+    per group of 8 tokens (scaled fp16 hi/lo tiles, one scale per super-block, and the min-term fragments), then
+    gemv_<fmt>_mma (n ≤ 8) or gemv_<fmt>_mma_n16. An fp16 x: the preps' _x16 twins (_x_reader)."""
     from ptxgen import codecs
 
     if hasattr(codecs.get(w.fmt), "ROTATION"):
         tiles, factors, items = _mma_tiles(pb, 1, k)
-        prep = kernels.load(GemvKernel("prep_mma", w.fmt).name, arch)
+        prep, x_ptr = _x_reader(pb, GemvKernel("prep_mma", w.fmt), arch, k, t0)
         pb.launch(prep, ((items + 7) // 8,), (x_ptr, tiles, factors, n, k))
         fn = kernels.load(GemvKernel("mma", w.fmt, small=m * k < RULES.mma_gemv_m32_min_weights).name, arch)
         _mma_gemv_launch(pb, fn, w, (tiles, factors), y_ptr, m, k, n, fn.resident_per_sm(), None)
         return
     groups = -(-n // 8)  # 9-16 tokens run gemv_<fmt>_mma_n16, two groups of 8 prepared one after the other
-    tiles, factors, minfrag = _prep_mma_groups(pb, w.fmt, x_ptr, n, k, arch)
+    tiles, factors, minfrag = _prep_mma_groups(pb, w.fmt, t0, n, k, arch)
     fn = kernels.load(GemvKernel("mma", w.fmt, 8 * groups).name, arch)
     per_sm, smem = fn.resident_per_sm(), None
     if groups == 1:  # the residency (4 or 3 CTAs per SM) whose grid fills more of the GPU's CTA slots
@@ -1864,15 +1864,16 @@ def _mma_gemv(pb: PlanBuilder, w: QuantTensor, x_ptr, y_ptr, m: int, k: int, n: 
     _mma_gemv_launch(pb, fn, w, (tiles, factors, minfrag), y_ptr, m, k, n, per_sm, smem)
 
 
-def _prep_mma_groups(pb: PlanBuilder, fmt: str, x_ptr, n: int, k: int, arch):
-    """prep_mma_f16 (GemvKernel("prep_mma", fmt) of an unrotated codec) per group of 8 of the n tokens, the groups'
-    buffers back to back: (tiles (32·K bytes a group), factors (K bytes), min-term fragments (K bytes))."""
+def _prep_mma_groups(pb: PlanBuilder, fmt: str, t0: int, n: int, k: int, arch):
+    """prep_mma_f16 (GemvKernel("prep_mma", fmt) of an unrotated codec; on an fp16 x its _x16 twin) per group of 8
+    of the call's n tokens from token t0, the groups' buffers back to back: (tiles (32·K bytes a group), factors (K
+    bytes), min-term fragments (K bytes))."""
     groups = -(-n // 8)
     tiles, factors, items = _mma_tiles(pb, groups, k)
     minfrag = pb.scratch((groups, k // 256, 256), np.uint8)  # the min-term fragments, K bytes per group
-    prep = kernels.load(GemvKernel("prep_mma", fmt).name, arch)
     for i in range(groups):
-        pb.launch(prep, ((items + 7) // 8,), (x_ptr + 4 * k * 8 * i, tiles.ptr + 32 * k * i, factors.ptr + k * i,
+        prep, x_ptr = _x_reader(pb, GemvKernel("prep_mma", fmt), arch, k, t0 + 8 * i)
+        pb.launch(prep, ((items + 7) // 8,), (x_ptr, tiles.ptr + 32 * k * i, factors.ptr + k * i,
                                               minfrag.ptr + k * i, min(8, n - 8 * i), k))
     return tiles, factors, minfrag
 
@@ -2090,15 +2091,13 @@ def _gemv_launch(pb: PlanBuilder, fn, w, a_ptr, y_ptr, m: int, k: int, n: int) -
     pb.launch(fn, grid, (wt, a_ptr, y_ptr, m, k, n, part, cnt) + kp, pdl=bool(fn.meta.get("pdl")))
 
 
-def _prep_lanes(pb: PlanBuilder, xa, t: int, k: int, prep: str, arch):
-    """The activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
-    prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1), prep_q8_lanes (Q8_1) or prep_f32_lanes. Returns the
-    buffer and its bytes per token."""
-    from ptxgen import codecs
-
-    q8 = prep in {GemvKernel("prep_lanes", f, fast=True).name for f in codecs.CODECS}  # prep_q8_lanes, *_q8
-    row = T4.lane_groups(k) * (T4.LANE_GROUP_Q8 if q8 else T4.LANE_GROUP_F32)
+def _prep_lanes(pb: PlanBuilder, t: int, k: int, prep: GemvKernel, arch):
+    """The call's activation in the lane GEMVs' layout (ptxgen.formats.tq4_1s.to_lanes_*), one launch of `prep`:
+    prep_tq4_1s (forward RHT, fp32), prep_tq4_1s_q8 (RHT + Q8_1), prep_q8_lanes (Q8_1) or prep_f32_lanes — on an
+    fp16 x its _x16 twin (_x_reader). Returns the buffer and its bytes per token."""
+    row = T4.lane_groups(k) * (T4.LANE_GROUP_Q8 if prep.fast else T4.LANE_GROUP_F32)
     buf = pb.scratch((t, row), np.uint8, once=True)
     nb = t * k // 32
-    pb.launch(kernels.load(prep, arch), ((nb + 7) // 8,), (xa, buf, nb, k))
+    fn, x_ptr = _x_reader(pb, prep, arch, k, 0)
+    pb.launch(fn, ((nb + 7) // 8,), (x_ptr, buf, nb, k))
     return buf, row

@@ -127,6 +127,8 @@ EXPECTED_SASS["gemv_tq4_1s_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASE
 EXPECTED_SASS["gemv_tq4_1s_mma_m16"] = EXPECTED_SASS["gemv_tq4_1s_mma"]
 EXPECTED_SASS["prep_tq4_1s_mma"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
 EXPECTED_SASS["prep_mma_f16"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]
+for _p in ("prep_tq4_1s", "prep_tq4_1s_q8", "prep_q8_lanes", "prep_f32_lanes", "prep_tq4_1s_mma", "prep_mma_f16"):
+    EXPECTED_SASS[_p + "_x16"] = EXPECTED_SASS[_p] + ["LDG.E.U16.CONSTANT"]  # the _x16 twins: 2-byte loads of fp16 x
 EXPECTED_SASS["gemv_q4_k_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HADD2"]
 for _f in ("q6_k", "q8_0"):  # the codecs' tensor-core GEMV: bulk copies (_tma: one TMA box), HMMA, an L1 prefetch
     for _n in (f"gemv_{_f}_mma", f"gemv_{_f}_mma_n16"):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ptxgen import codecs, formats, tuning
+from ptxgen import codecs, formats, knobs, tuning
 from ptxgen.specs import GemvKernel
 from ptxgen.testing import strategies as S
 from ptxgen.testing.accuracy import product_scale
@@ -695,6 +695,11 @@ def test_fp16_activations_give_the_bits_of_their_fp32_widening(fmt, m, k, t):
     np.testing.assert_array_equal(_graph_replayed(w, xt), want)
     if t >= 40:  # sm_89's GEMMs (the fp16 mma.sync one reads it as it is)
         np.testing.assert_array_equal(r.mul_mat(w, x16, arch="sm_89"), r.mul_mat(w, x16.astype(np.float32), arch="sm_89"))
+    if t <= 16:  # mode="fast" (the int8 lanes' Q8_1 prep on fp16 x: prep_q8_lanes_x16, prep_tq4_1s_q8_x16) and the
+        # tensor-core GEMVs forced (their preps' _x16 twins: prep_mma_f16_x16, prep_tq4_1s_mma_x16)
+        np.testing.assert_array_equal(r.mul_mat(w, x16, mode="fast"), r.mul_mat(w, x16.astype(np.float32), mode="fast"))
+        with knobs.override(PTXGEN_Q4K_MMA="1", PTXGEN_TQ4_MMA="1"):
+            np.testing.assert_array_equal(r.mul_mat(w, x16), r.mul_mat(w, x16.astype(np.float32)))
     x16[t - 1, 5] = np.inf
     got = r.mul_mat(w, x16)
     assert not np.isfinite(got[t - 1]).all() and np.isfinite(got[:t - 1]).all()

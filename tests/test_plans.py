@@ -523,8 +523,8 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
     """An fp16 x in the decode routes: where the plan runs a few-token prep (graph plans at 1-8 tokens, eager ones
     where the format has no one-launch build: T = 5-8; the hi-only preps of 9-32 tokens), it is the prep's _x16
     build on x as given — no convert_f32 launch, the float32 plan's kernels otherwise; so is a one-token codec GEMV
-    (small weights); the one-launch builds (eager), codec GEMV slices of several tokens and a rotated codec's preps
-    read x widened once."""
+    (small weights), and so are the lane and tensor-core GEMVs' preps (TQ4_1S's, Q4_K's tensor-core GEMV, the int8
+    lanes'); the one-launch builds (eager) and codec GEMV slices of several tokens read x widened once."""
     cases = (("q4_K", 4096, 14336), ("q5_K", 4096, 14336), ("q6_K", 14336, 4096), ("q8_0", 4096, 14336))
     for fmt, m, k in cases:
         w = fakegpu.weights(fmt, m, k)
@@ -550,9 +550,16 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
     w = fakegpu.weights("q5_K", 1024, 2048)  # (a codec GEMV slice of several tokens: widened)
     with tuning.override(codec_few_max_tokens={"q5_K": 0}, few_i8_max_tokens={"q5_K": 0}):
         assert ops.mul_mat_plan(w, 3, graph=True, x_dtype="float16").kernels == ["convert_f32", "gemv_q5_k_f32_t4"]
-    w = fakegpu.weights("tq4_1s", 4096, 14336)  # (the rotated codec's preps read fp32)
-    for t in (1, 4):
-        assert ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels[0] == "convert_f32"
+    w = fakegpu.weights("tq4_1s", 4096, 14336)  # the rotated codec's lane and tensor-core preps: their _x16 twins
+    for t in (1, 4, 9, 16):
+        f32 = ops.mul_mat_plan(w, t, graph=True).kernels
+        f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
+        assert f16 == [n + "_x16" if n.startswith("prep_") else n for n in f32], (t, f32, f16)
+    for fmt, m, t, mode in (("q4_K", 128256, 5, "exact"), ("q8_0", 1024, 2, "fast"), ("q4_K", 1024, 1, "fast")):
+        w = fakegpu.weights(fmt, m, 4096)  # Q4_K's tensor-core GEMV prep, the int8 lanes' Q8_1 prep
+        f32 = ops.mul_mat_plan(w, t, graph=True, mode=mode).kernels
+        f16 = ops.mul_mat_plan(w, t, graph=True, mode=mode, x_dtype="float16").kernels
+        assert f32[0] in ("prep_mma_f16", "prep_q8_lanes") and f16 == [f32[0] + "_x16"] + f32[1:], (fmt, f32, f16)
     with tuning.override(few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0}):  # the fp16 builds' preps too
         w = fakegpu.weights("q6_K", 4096, 14336)
         assert ops.mul_mat_plan(w, 2, graph=True, x_dtype="float16").kernels == ["prep_sub16_t2_x16", "gemv_q6_k_mma_t2"]

@@ -2,6 +2,7 @@
 with the NumPy reference. The same launch geometry the runtime uses (from the manifest's meta)."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -422,40 +423,46 @@ def _rotate_f16(ptx: str, rng, shape=(3, 128), seed=None, mode: int = 2, overflo
                    g16, w16)
 
 
-def _prep(fast, rotate=True):
+def _prep(fast, rotate=True, x16=False):
     def run(ptx: str, rng, shape=(3, 32 * 45), seed=None) -> Outcome:
-        """prep_tq4_1s{_q8}: x → forward_rht(x) (→ Q8_1) in the lane layout, bit for bit; padding untouched."""
+        """prep_tq4_1s{_q8}: x → forward_rht(x) (→ Q8_1) in the lane layout, bit for bit; padding untouched.
+        `x16` (the _x16 twins): x is fp16, the output that of its fp32 widening."""
         t, k = shape
         x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+        if x16:
+            x = x.astype(np.float16).astype(np.float32)
         want = formats.rht_forward(x) if rotate else x
         want = T4.to_lanes_q8(formats.quantize("q8_1", want), k) if fast else T4.to_lanes_f32(want)
         mem = _memory()
-        xa = mem.alloc(x)
+        xa = mem.alloc(x.astype(np.float16) if x16 else x)
         ya = mem.alloc(want.nbytes, poison=0)
         nb = t * k // 32
         _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, k), mem, seed=seed)
         got = mem.view(ya, np.uint8, (want.nbytes,))
         ok = np.array_equal(got, want.view(np.uint8).reshape(-1))
-        name = ("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else ("prep_q8_lanes" if fast else "prep_f32_lanes")
+        name = (("prep_tq4_1s_q8" if fast else "prep_tq4_1s") if rotate else ("prep_q8_lanes" if fast else "prep_f32_lanes")) \
+            + ("_x16" if x16 else "")
         return Outcome(name, ok, "bit-exact" if ok else f"{np.count_nonzero(got != want.view(np.uint8).reshape(-1))} bytes differ",
                        got, want)
     return run
 
 
-def _prep_mma(ptx: str, rng, shape=(3, 32 * 9), seed=None, special=True) -> Outcome:
+def _prep_mma(ptx: str, rng, shape=(3, 32 * 9), seed=None, special=True, x16=False) -> Outcome:
     """prep_tq4_1s_mma: x → forward RHT → per (token, block) 2^s, fp16 hi + lo B tiles and factors, bit for
     bit against ptxgen.formats.tq4_1s.to_mma_tiles; tokens past T zero. `special`: a zero block, a tiny
-    block, a huge one and an inf."""
+    block, a huge one and an inf. `x16` (prep_tq4_1s_mma_x16): x is fp16 (tiny and huge within fp16's range)."""
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if special and k >= 128:
         x[0, 0:32] = 0
-        x[-1, 32:64] *= np.float32(1e-30)
-        x[0, 64:96] *= np.float32(1e30)
+        x[-1, 32:64] *= np.float32(1e-4 if x16 else 1e-30)
+        x[0, 64:96] *= np.float32(100.0 if x16 else 1e30)
         x[-1, 100] = np.inf
+    if x16:
+        x = x.astype(np.float16).astype(np.float32)
     tiles, factors = T4.to_mma_tiles(formats.rht_forward(x))
     mem = _memory()
-    xa = mem.alloc(x)
+    xa = mem.alloc(x.astype(np.float16) if x16 else x)
     ta, fa = mem.alloc(tiles.nbytes, poison=0xFF), mem.alloc(factors.nbytes, poison=0xFF)
     nitems = 8 * (k // 32)
     _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, t, k), mem, seed=seed)
@@ -465,26 +472,29 @@ def _prep_mma(ptx: str, rng, shape=(3, 32 * 9), seed=None, special=True) -> Outc
     gh, wh = got_t.view(np.float16), tiles.view(np.float16)
     same = (gh.view(np.uint16) == wh.view(np.uint16)) | (np.isnan(gh) & np.isnan(wh))
     ok = bool(same.all() and np.array_equal(got_f, want_f))
-    return Outcome("prep_tq4_1s_mma", ok, "bit-exact" if ok else
+    return Outcome("prep_tq4_1s_mma" + ("_x16" if x16 else ""), ok, "bit-exact" if ok else
                    f"{np.count_nonzero(~same)} halves, {np.count_nonzero(got_f != want_f)} factors differ",
                    got_t, tiles)
 
 
-def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
+def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None, x16=False) -> Outcome:
     """prep_mma_f16: x → per (token, super-block) 2^s, fp16 hi + lo B tiles, factors and the min-term fragments
-    (no rotation), bit for bit against to_mma_tiles(x, Q4K_GROUP) and mma_min_fragments; tokens past T zero."""
+    (no rotation), bit for bit against to_mma_tiles(x, Q4K_GROUP) and mma_min_fragments; tokens past T zero.
+    `x16` (prep_mma_f16_x16): x is fp16 (tiny and huge within fp16's range)."""
     t, k = shape
     x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if k >= 96:
         x[0, 0:32] = 0
-        x[-1, 32:64] *= np.float32(1e-30)
-        x[0, 64:96] *= np.float32(1e30)
+        x[-1, 32:64] *= np.float32(1e-4 if x16 else 1e-30)
+        x[0, 64:96] *= np.float32(100.0 if x16 else 1e30)
     if k >= 512:  # a super-block whose largest value is an order of magnitude below the next one's
         x[-1, 256:512] *= np.float32(1e-3)
+    if x16:
+        x = x.astype(np.float16).astype(np.float32)
     tiles, factors = T4.to_mma_tiles(x, T4.Q4K_GROUP)
     sums = T4.mma_min_fragments(x)
     mem = _memory()
-    xa = mem.alloc(x)
+    xa = mem.alloc(x.astype(np.float16) if x16 else x)
     ta, fa, sa = (mem.alloc(a.nbytes, poison=0xFF) for a in (tiles, factors, sums))
     nitems = 8 * (k // 32)
     _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, sa, t, k), mem, seed=seed)
@@ -493,7 +503,7 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None) -> Outcome:
     want = [want.view(np.uint8).reshape(-1) for *_, want in outs]
     bad = [name for (name, *_), g, w in zip(outs, got, want) if not np.array_equal(g, w)]
     # got/want: the three outputs' bytes end to end (the GPU crosscheck compares them with the emulator's)
-    return Outcome("prep_mma_f16", not bad, "bit-exact" if not bad else f"{', '.join(bad)} differ",
+    return Outcome("prep_mma_f16" + ("_x16" if x16 else ""), not bad, "bit-exact" if not bad else f"{', '.join(bad)} differ",
                    np.concatenate(got), np.concatenate(want))
 
 
@@ -1240,7 +1250,10 @@ HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _
                                   "dequantize_q4_k_frags": _frags("q4_K"), "rotate_tq4_1s": _rotate,
                                   "rotate_tq4_1s_f16": _rotate_f16,
                                   "convert_f16": _convert_f16, "prep_tq4_1s": _prep(False), "prep_tq4_1s_q8": _prep(True),
-                                  "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False)}
+                                  "prep_q8_lanes": _prep(True, rotate=False), "prep_f32_lanes": _prep(False, rotate=False),
+                                  "prep_tq4_1s_x16": _prep(False, x16=True), "prep_tq4_1s_q8_x16": _prep(True, x16=True),
+                                  "prep_q8_lanes_x16": _prep(True, rotate=False, x16=True),
+                                  "prep_f32_lanes_x16": _prep(False, rotate=False, x16=True)}
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
@@ -1256,9 +1269,11 @@ for _bn in (16, 32, 64):
     for _n in (f"mmq_q4_k_q8_n{_bn}", f"mmq_q4_k_q8_n{_bn}_pre"):
         HARNESSES[_n] = _with_meta(mmq_q8_case, _n, 3)
 HARNESSES["prep_tq4_1s_mma"] = _prep_mma
+HARNESSES["prep_tq4_1s_mma_x16"] = functools.partial(_prep_mma, x16=True)
 HARNESSES["gemv_tq4_1s_mma"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma", 2)
 HARNESSES["gemv_tq4_1s_mma_m16"] = _with_meta(gemv_mma_case, "gemv_tq4_1s_mma_m16", 2)
 HARNESSES["prep_mma_f16"] = _prep_mma_f16
+HARNESSES["prep_mma_f16_x16"] = functools.partial(_prep_mma_f16, x16=True)
 HARNESSES["gemv_q4_k_mma"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma", 2)
 HARNESSES["gemv_q4_k_mma_n16"] = _with_meta(gemv_q4k_mma_case, "gemv_q4_k_mma_n16", 2)
 HARNESSES["gemv_q4_k_xr"] = _with_meta(gemv_xr_case, "gemv_q4_k_xr", 2)

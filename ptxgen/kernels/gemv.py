@@ -1478,18 +1478,18 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     the GEMV behind waits for ceil(items / 8) of them instead of for this grid's completion. The word is every op's:
     such a prep triggers its dependents only after its own griddepcontrol.wait, so the GEMV behind it is not
     resident (spinning on the word) before the op before has completed — and its GEMV zeroed the word.
-    `x16` (records, unrotated: prep_<...>_x16): x is fp16, widened exactly as it is loaded — the records of
-    x.astype(float32) bit for bit, without convert_f32's launch (and its grid dependency) ahead of the prep."""
+    `x16` (prep_<...>_x16): x is fp16, widened exactly as it is loaded — the output for x.astype(float32) bit for
+    bit, without convert_f32's launch (and its grid dependency) ahead of the prep."""
     ready = ready and arch.has("griddepcontrol")
     assert (not records or rotate == (order == "rot16")) and (records or not hi_only)
-    assert not x16 or (records and not rotate and not ready)
+    assert not x16 or not ready
     assert order == "q4k" or (records and not hi_only)
     nt = records or T4.MMA_TOKENS
     ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s", "i8": "q4_K", "i8q6": "q6_K"}[order]  # a format
     # whose GEMV reads them
     i8 = order in ("i8", "i8q6")
     name = (GemvKernel("prep_few", ofmt, records, hi_only=hi_only, i8=i8, x16=x16) if records else
-            GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K")).name
+            GemvKernel("prep_mma", "tq4_1s" if rotate else "q4_K", x16=x16)).name
     b = KernelBuilder(name, arch, ("TQ4_1S activation: forward RHT, scaled fp16 hi/lo mma.sync B tiles" if rotate
                                    and not records else
                                    f"activation of up to {records} tokens: scaled int8 digit-plane records and "
@@ -1574,9 +1574,7 @@ def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool, sb_max: bool | None
     clamped to ±100) — `sb_max` (default: not rotate) the max over the block's super-block (this lane's unrotated
     element of each of its 8 blocks), rotated values then with formats.tq4_1s.ROT_HEADROOM bits more room (the
     records of order "rot16"); hi = fp16(x·2^s), lo = fp16(x·2^s − hi) (0 where hi is not finite). Returns (hi,
-    lo, the factor 2^-s's bits, x·2^s, lane == 0). `x16`: x is fp16 (not with rotate), each value widened exactly
-    as it is loaded."""
-    assert not (x16 and rotate)
+    lo, the factor 2^-s's bits, x·2^s, lane == 0). `x16`: x is fp16, each value widened exactly as it is loaded."""
     sb_max = not rotate if sb_max is None else sb_max
     ebytes = 2 if x16 else 4
 
@@ -1588,7 +1586,7 @@ def _scaled_item(b, x, ntok, nb, tok, j, lane, rotate: bool, sb_max: bool | None
     skip = b.label("no_token")
     b.bra(skip, pred=live, neg=True)
     if rotate:
-        _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j))
+        _, rv = _rotate_lane_value(b, x, lane, b.op("mad.lo.u32", tok, nb, j), x16)
     else:
         off = b.op("mad.lo.u32", b.op("mad.lo.u32", tok, nb, j), Imm(32, "u32"), lane)
         at = Mem(b.op("mad.wide.u32", off, Imm(ebytes, "u32"), x))
@@ -1999,11 +1997,18 @@ def _rotate_unit_in_registers(b, act, word, lane, live):
         act[t] = v
 
 
-def _rotate_lane_value(b, x, lane, blk):
-    """Lane = element of block blk: load, forward RHT by shfl butterflies (bit-identical to rht_forward)."""
+def _rotate_lane_value(b, x, lane, blk, x16: bool = False):
+    """Lane = element of block blk: load (`x16`: an fp16 x, widened exactly), forward RHT by shfl butterflies
+    (bit-identical to rht_forward of the fp32 values)."""
     off = b.op("mad.lo.u32", blk, Imm(32, "u32"), lane)
-    v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
-    return off, _rotate_lane(b, v, lane)
+    return off, _rotate_lane(b, _lane_value(b, x, off, x16), lane)
+
+
+def _lane_value(b, x, off, x16: bool = False):
+    """Element `off` of the activation x as fp32: an fp32 load, or (`x16`) an fp16 one widened exactly."""
+    if x16:
+        return b.op("cvt.f32.f16", b.op("ld.global.nc.b16", Mem(b.op("mad.wide.u32", off, Imm(2, "u32"), x))))
+    return b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", off, Imm(4, "u32"), x)))
 
 
 def _rotate_lane(b, v, lane):
@@ -2091,11 +2096,12 @@ def build_rotate_f16(arch):
     return b.finish()
 
 
-def build_prep(arch, fast: bool, rotate: bool = True):
+def build_prep(arch, fast: bool, rotate: bool = True, x16: bool = False):
     """prep_tq4_1s{_q8}: x (T, K) fp32 → forward_rht(x) in the GEMV's lane layout (ptxgen.formats.tq4_1s
     `to_lanes_f32`), or quantized to Q8_1 (the quantize_q8_1 kernel's math) in the quantized lane layout
-    (`to_lanes_q8`): one pass over x, one launch, for the lane-per-block GEMVs."""
-    name = GemvKernel("prep_lanes", "tq4_1s" if rotate else "q4_K", fast=fast).name
+    (`to_lanes_q8`): one pass over x, one launch, for the lane-per-block GEMVs. `x16` (the _x16 twins): x is fp16,
+    each value widened exactly as it is loaded — the output of x.astype(float32), without a convert_f32 launch."""
+    name = GemvKernel("prep_lanes", "tq4_1s" if rotate else "q4_K", fast=fast, x16=x16).name
     doc = ("TQ4_1S activation: forward RHT" + (" + Q8_1" if fast else "") if rotate else
            "activation: " + ("Q8_1" if fast else "fp32")) + " into the GEMV's lane layout"
     b = KernelBuilder(name, arch, doc, block=(32 * WARPS, 1, 1))
@@ -2108,9 +2114,9 @@ def build_prep(arch, fast: bool, rotate: bool = True):
     n, K = b.ld_param(n_p, "u32"), b.ld_param(k_p, "u32")
     lane, blk, done = warp_per_item(b, n, WARPS)
     if rotate:
-        _, v = _rotate_lane_value(b, x, lane, blk)
+        _, v = _rotate_lane_value(b, x, lane, blk, x16)
     else:
-        v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", blk, Imm(32, "u32"), lane), Imm(4, "u32"), x)))
+        v = _lane_value(b, x, b.op("mad.lo.u32", blk, Imm(32, "u32"), lane), x16)
     nb = b.op("shr.u32", K, Imm(5, "u32"))
     groups = b.op("shr.u32", b.op("add.u32", nb, Imm(31, "u32")), Imm(5, "u32"))
     t = b.op("div.u32", blk, nb)
@@ -2172,6 +2178,15 @@ def kernel_defs() -> list[KernelDef]:
             KernelDef(G("prep_mma", "q4_K").name,
                       "activation: scaled fp16 hi/lo B tiles + min-term fragments (Q4_K tensor-core GEMV)",
                       lambda arch: build_prep_mma(arch, rotate=False)),
+            *[KernelDef(G("prep_lanes", f, fast=fast, x16=True).name, f"{G('prep_lanes', f, fast=fast).name} on fp16 x "
+                        "(each value widened as it is loaded: no convert_f32 launch)",
+                        lambda arch, f=f, fast=fast: build_prep(arch, fast, rotate=f == "tq4_1s", x16=True))
+              for f, fast in (("tq4_1s", False), ("tq4_1s", True), ("q8_0", True), ("q4_K", False))],
+            *[KernelDef(G("prep_mma", f, x16=True).name, f"{G('prep_mma', f).name} on fp16 x (each value widened as it "
+                        "is loaded: no convert_f32 launch)",
+                        lambda arch, f=f: build_prep_mma(arch, rotate=f == "tq4_1s", x16=True),
+                        **({"archs": TMA_ARCHS} if f == "tq4_1s" else {}))
+              for f in ("tq4_1s", "q4_K")],
             KernelDef(G("mma", "q4_K").name, "q4_K decode GEMV, T <= 8, exact, mma.sync on integer nibbles x hi/lo "
                       "activation, weights by TMA (sm_90a) or cp.async (sm_89, sm_120a)", build_q4k_mma_gemv),
             KernelDef(G("mma", "q4_K", 16).name, "q4_K skinny GEMM, T = 9-16, exact, as gemv_q4_k_mma with two "
