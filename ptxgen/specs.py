@@ -102,7 +102,8 @@ class GemvKernel:
     small: bool = False
     shared: bool = False  # "few": the records shared by the CTA's warps (gemv_<fmt>_mma_t<tokens>s)
     i8: bool = False  # "few", "prep_few": int8 MMAs on the activation's digit planes (gemv_<fmt>_i8_t<tokens>)
-    x16: bool = False  # the preps: read fp16 x (a torch model's activations; no convert_f32 launch before them)
+    x16: bool = False  # the preps and the one-launch ("few", fused) builds: read fp16 x (a torch model's
+    # activations; no convert_f32 launch before them)
 
     @property
     def name(self) -> str:
@@ -113,7 +114,8 @@ class GemvKernel:
         names = {"gemv": f"gemv_{f}{fast}{'_tma' if self.tma else ''}_t{self.tokens}{fused}",
                  "mma": f"gemv_{f}_mma" + ("_m16" if self.small else "") + ("_tma" if self.tma else "")
                         + (f"_n{self.tokens}" if self.tokens > 8 else ""),
-                 "few": (f"gemv_{f}_i8_{t}{fused}" if self.i8 else f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}"),
+                 "few": (f"gemv_{f}_i8_{t}{fused}" if self.i8 else f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}")
+                        + ("_x16" if self.x16 else ""),
                  "skinny": f"mmq_{f}_rega_n{self.tokens}",
                  "prep_lanes": ("prep_tq4_1s" + ("_q8" if self.fast else "") if rot else
                                 "prep_q8_lanes" if self.fast else "prep_f32_lanes") + ("_x16" if self.x16 else ""),

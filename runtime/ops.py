@@ -1746,11 +1746,10 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, t0: int, y_ptr, m: int, k: 
     # one launch where the host issues every call (eager): 4-6 µs of host time less per call; captured into a graph
     # the two kernels overlapped by PDL measured ~1 µs faster on the GPU (bench/NOTES.md, 2026-12-01)
     fk = knobs.q4k_fused()
-    fused_name = GemvKernel("few", w.fmt, nt, hi_only=hi_only, fused=True, i8=i8).name
-    fused = kernels.build_for(fused_name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
-    if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters)
-        x_ptr = _fp32_x(pb, arch).ptr + 4 * k * t0
-        fn = kernels.load(fused_name, arch)
+    fused_spec = GemvKernel("few", w.fmt, nt, hi_only=hi_only, fused=True, i8=i8)
+    fused = kernels.build_for(fused_spec.name, arch) if fk == "on" or (fk == "auto" and not pb.graph) else None
+    if fused is not None:  # one launch: the kernel builds the records itself (3 sync words after the counters);
+        fn, x_ptr = _x_reader(pb, fused_spec, arch, k, t0)  # an fp16 x: its _x16 twin, from x as given
         grid, part, cnt, kp, launch = _gemv_split_plan(pb, fn, m, k, n, fn.resident_per_sm())
         pb.counters(4 * grid[0] * int(fn.meta["warps"]) + 12)
         pb.launch(fn, grid, (w.buffer, rec, y_ptr, m, k, n, part, cnt, x_ptr) + kp, **launch)

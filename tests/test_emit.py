@@ -187,6 +187,8 @@ for _nt in (1, 2, 4, 8):  # the preps on fp16 x: each value by a 2-byte load, wi
         EXPECTED_SASS[f"prep_{_p}_t{_nt}_x16"] = EXPECTED_SASS[f"prep_{_p}_t{_nt}"] + ["LDG.E.U16.CONSTANT"]
 for _sfx in ("t16h", "t32h"):
     EXPECTED_SASS[f"prep_q4k_{_sfx}_x16"] = EXPECTED_SASS[f"prep_q4k_{_sfx}"] + ["LDG.E.U16.CONSTANT"]
+for _n in [n for n in list(EXPECTED_SASS) if isinstance(n, str) and n.endswith("_fused") and n + "_x16" in KERNELS]:
+    EXPECTED_SASS[_n + "_x16"] = EXPECTED_SASS[_n] + ["LDG.E.U16.CONSTANT"]  # the one-launch builds' fp16-x twins
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
 EXPECTED_SASS["moe_group"] = ["ATOMS.", "BAR.SYNC", "STG.E"]  # shared-memory atomics count and place the pairs
 EXPECTED_SASS["moe_check_ids"] = ["LDG.E.CONSTANT", "E.ADD.STRONG.GPU"]  # one id a thread; ptxas aggregates a warp's

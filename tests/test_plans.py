@@ -524,7 +524,8 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
     where the format has no one-launch build: T = 5-8; the hi-only preps of 9-32 tokens), it is the prep's _x16
     build on x as given — no convert_f32 launch, the float32 plan's kernels otherwise; so is a one-token codec GEMV
     (small weights), and so are the lane and tensor-core GEMVs' preps (TQ4_1S's, Q4_K's tensor-core GEMV, the int8
-    lanes'); the one-launch builds (eager) and codec GEMV slices of several tokens read x widened once."""
+    lanes') and the one-launch builds of eager calls (their _fused_x16 twins); codec GEMV slices of several tokens
+    read x widened once."""
     cases = (("q4_K", 4096, 14336), ("q5_K", 4096, 14336), ("q6_K", 14336, 4096), ("q8_0", 4096, 14336))
     for fmt, m, k in cases:
         w = fakegpu.weights(fmt, m, k)
@@ -532,10 +533,11 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
             f32 = ops.mul_mat_plan(w, t, graph=True).kernels
             f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
             assert f32[0].startswith("prep_") and f16 == [f32[0] + "_x16"] + f32[1:], (fmt, t, f32, f16)
-            eager = ops.mul_mat_plan(w, t, x_dtype="float16").kernels
-            assert eager == (["convert_f32"] + ops.mul_mat_plan(w, t).kernels if eager[0] == "convert_f32"
-                             else f16), (fmt, t, eager)
-            assert (eager[0] == "convert_f32") == eager[-1].endswith("_fused"), eager
+            eager, eager32 = ops.mul_mat_plan(w, t, x_dtype="float16").kernels, ops.mul_mat_plan(w, t).kernels
+            if eager32[-1].endswith("_fused"):  # the one-launch build's fp16-x twin: still one launch
+                assert eager == [eager32[-1] + "_x16"] and len(eager32) == 1, (fmt, t, eager)
+            else:
+                assert eager == f16, (fmt, t, eager)
         for t in (9, 16, 17, 32):  # the hi-only preps (t16h GEMV, skinny GEMM) likewise; the others' GEMMs
             f32 = ops.mul_mat_plan(w, t, graph=True).kernels
             f16 = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels

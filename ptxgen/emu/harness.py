@@ -592,6 +592,10 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     x = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
+    x16 = bool(meta.get("x16"))  # (a fused build's _x16 twin: x is fp16; the references on its widening)
+    if x16:
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float16).astype(np.float32)
     mem = _memory()
     wa = mem.alloc(raw)
     if records:
@@ -619,7 +623,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
-    tail = (mem.alloc(x),) if fused else ()
+    tail = (mem.alloc(x.astype(np.float16) if x16 else x),) if fused else ()
     # gemv_t1.T1_FLAG's builds: the prep's count of CTAs done (k/256 x tokens), as if it ran; reset by the kernel
     rd = (mem.alloc(np.array([k // 256 * meta["tokens"], 0], np.uint32)),) if meta.get("ready_flag") else ()
     _run(ptx, (ctas, splits, nz), (32 * nw,), (tw, *acts, ya, m, k, n, part, ca, *tail, *kp, *rd), mem,
@@ -1302,6 +1306,9 @@ for _nt in (1, 2, 4):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)
     for _f in ("q4_k", "q5_k", "q6_k"):
         HARNESSES[f"gemv_{_f}_i8_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_i8_t{_nt}_fused", 2)
+    for _n in [f"gemv_{_f}_mma_t{_nt}_fused_x16" for _f in ("q4_k", "q5_k", "q6_k", "q8_0")] + [
+            f"gemv_{_f}_i8_t{_nt}_fused_x16" for _f in ("q4_k", "q5_k", "q6_k")]:  # the twins on fp16 x
+        HARNESSES[_n] = _with_meta(gemv_q4k_mma_case, _n, 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # the exact builds with records shared by the CTA's warps

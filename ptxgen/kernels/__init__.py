@@ -114,6 +114,9 @@ _KNOB_ONLY.update({n: "an int8 x Q8_1 tile mode=\"fast\" never picks (the fused 
                    "then the fp16 GEMMs): a pinned path only (ops.mmq_launch path=\"q8\" / \"q8_pre\")"
                    for n in ("mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n16_pre", "mmq_q4_k_q8_n64_pre")})
 NOT_SHIPPED.update(_KNOB_ONLY)
+# a build's twin on fp16 x (_x16) is shipped where the build is
+NOT_SHIPPED.update({n + "_x16": f"the fp16-x twin of {n}, which is not shipped: " + why for n, why in list(NOT_SHIPPED.items())
+                    if n + "_x16" in KERNELS and n + "_x16" not in NOT_SHIPPED})
 SHIPPED = {n: d for n, d in KERNELS.items() if n not in NOT_SHIPPED}
 
 

@@ -698,14 +698,16 @@ def _prologue(b, issue, stage_base, jb, jend, n, pdl, records=None, hold=0, wait
         b.emit("cp.async.commit_group")
 
 
-def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp, nw=None, order="q4k"):
+def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp, nw=None, order="q4k",
+                   x16: bool = False):
     """The fused builds' activation prep: the CTAs that start first (by a ticket, so they are running: no
     co-residency needed, any grid size) write the records prep_q4k_t{nt} would (the same code, bit for bit),
     one (token, 32-block) item per warp at a time; then every CTA waits until all of them have. Three u32 after
     the split-K counters (at counters + 16·gridDim.x: tickets, producers done, CTAs past the wait), each back to
     zero when the kernel ends: the last ticket resets the tickets, the last CTA past the wait the other two. nw
     (a register): the CTA's warps where the launch picks them (NW, the most, places the sync words); `order`: the
-    records' K order (prep_sub16_t{nt}'s for "sub16")."""
+    records' K order (prep_sub16_t{nt}'s for "sub16"); `x16`: x is fp16, each value widened as it is loaded (the
+    records of its fp32 widening, bit for bit)."""
     G = b.op("mul.lo.u32", b.special("nctaid.x"), b.special("nctaid.y"))
     nb = b.op("shr.u32", K, Imm(5, "u32"))
     items = b.op("mul.lo.u32", nb, Imm(nt, "u32"))
@@ -733,7 +735,7 @@ def _build_records(b, *, X, REC, CNT, ntok, K, nt, hi_only, NW, tid, lane, warp,
     b.place(loop)
     b.bra(built, pred=b.op("setp.ge.u32", item, items))
     tok, j = b.op("div.u32", item, nb), b.op("rem.u32", item, nb)
-    hi, lo, fbits, xs, lead = _scaled_item(b, X, ntok, nb, tok, j, lane, False)
+    hi, lo, fbits, xs, lead = _scaled_item(b, X, ntok, nb, tok, j, lane, False, x16=x16)
     _prep_record_stores(b, REC, nt, hi_only, tok, j, lane, lead, hi, lo, fbits, xs, order=order)
     b.emit("add.u32", item, item, stride)
     b.bra(loop)
@@ -766,7 +768,8 @@ def _await_count(b, at, o_count, o_past, P, G, t0, warp):
     b.emit("bar.sync", Imm(0, "u32"))
 
 
-def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: str = "q4_K", i8: bool = False):
+def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: str = "q4_K", i8: bool = False,
+          x16: bool = False):
     """gemv_q4_k_mma_t{nt}: up to nt tokens (1, 2, 4 or 8); token n's hi and lo in B columns 2n and 2n + 1. With
     hi_only (gemv_q4_k_mma_t16h, nt = 16): token n's fp16 hi part alone in column n. fused
     (gemv_q4_k_mma_t{nt}_fused): one launch per op — the kernel takes x and builds the records itself
@@ -775,9 +778,11 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     gemv_<fmt>_mma_t*, on the same records — or (exact) a codec with an mma_block (Q6_K, Q8_0: a scale
     times an integer, the scale constant over 16 weights, no min): _codec_step's MMA per 16-element sub-block on
     prep_sub16_t{nt}'s records (the same bytes in the codecs' K order). i8 (gemv_q4_k_i8_t{nt}, Q4_K, exact): the
-    weights' nibbles as the A of u8 x s8 MMAs on prep_q4k_i8_t{nt}'s digit planes (_I8Step)."""
+    weights' nibbles as the A of u8 x s8 MMAs on prep_q4k_i8_t{nt}'s digit planes (_I8Step). x16 (fused builds'
+    _x16 twins): x is fp16, widened as the records are built — one launch for a torch model's fp16 activations."""
     from .. import codecs
 
+    assert not x16 or fused
     codec = codecs.get(fmt)
     kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
     assert kq or (hasattr(codec, "mma_block") and not hi_only), fmt
@@ -807,7 +812,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
             S, ctas = _fit(arch, S, ctas, NW * stage_bytes, extra=codec.few_table(False)[1])
     else:
         S, ctas = _fit(arch, S, ctas, NW * stage_bytes)
-    b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused, i8=i8).name, arch,
+    b = KernelBuilder(GemvKernel("few", fmt, nt, hi_only=hi_only, fused=fused, i8=i8, x16=x16).name, arch,
                       f"{fmt} GEMV (exact) for up to {nt} tokens on u8 x s8 mma.sync: the nibbles as A, the activation "
                       "as three int8 digit planes, the scales on the integer sums; weights and records by cp.async"
                       if i8 else
@@ -816,6 +821,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
                       "token, " + ("a lane owns one qs chunk of two rows per m16 tile" if kq else
                                    "one MMA per 16-element sub-block, its scale in fp32 after it") +
                       ", weights and activation records by cp.async", block=(32 * NW, 1, 1))
+    if x16:
+        b.meta["x16"] = True  # x is fp16 (the fused build's twin)
     ps = _params(b, NW, ctas, fused, kparts=True)
     pdl = arch.has("griddepcontrol")
     flag = T1_FLAG and pdl and not fused and not hi_only and not i8  # (no int8 prep counts its records)
@@ -880,7 +887,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     def build_records():  # (the fused builds) the records, between the first weight copies and the first record ones
         _build_records(b, X=b.ptr(x_p), REC=REC, CNT=b.ptr(cnt_p), ntok=ntok, K=b.op("shl.b32", nsb, Imm(8, "u32")),
                        nt=nt, hi_only=hi_only, NW=NW, tid=tid, lane=lane, warp=warp, nw=nwr,
-                       order="i8q6" if i8q6 else "i8" if i8 else "q4k" if kq else "sub16")
+                       order="i8q6" if i8q6 else "i8" if i8 else "q4k" if kq else "sub16", x16=x16)
     records = build_records if fused else None
 
     def ready_wait():  # (T1_FLAG) the prep's k/256 x nt CTAs counted done (one a super-block and token)
@@ -1344,6 +1351,17 @@ KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True, i8=True).name,
                       "the kernel's first CTAs build the digit-plane records from x, every CTA waits for them",
                       lambda arch, nt=nt, f=f: build(arch, nt, fused=True, i8=True, fmt=f)) for f in I8_FORMATS
             for nt in FUSED_TOKENS]
+# every one-launch build's twin on fp16 x (an eager call on a torch model's fp16 activations: one launch, no
+# convert_f32 before it; the records of the fp32 widening, bit for bit)
+_X16_DOC = " on fp16 x (each value widened as the records are built: no convert_f32 launch before it)"
+KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True, x16=True).name, GemvKernel("few", f, nt, fused=True).name
+                      + _X16_DOC, lambda arch, nt=nt, f=f: build(arch, nt, False, fused=True, fmt=f, x16=True),
+                      archs=_built_for(f, nt) if f in CODEC_FORMATS else TARGETS)
+            for f in ("q4_K",) + FEW_FORMATS + CODEC_FORMATS for nt in FUSED_TOKENS]
+KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True, i8=True, x16=True).name,
+                      GemvKernel("few", f, nt, fused=True, i8=True).name + _X16_DOC,
+                      lambda arch, nt=nt, f=f: build(arch, nt, fused=True, i8=True, fmt=f, x16=True))
+            for f in I8_FORMATS for nt in FUSED_TOKENS]
 PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", nt, i8=True).name, f"activation of up to {nt} tokens: int8 digit "
                     f"planes of x·2^s, fp16 min pairs ({GemvKernel('few', 'q4_K', nt, i8=True).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8"))
