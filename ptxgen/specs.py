@@ -65,7 +65,7 @@ class MmqSpec:
 class CodecKernel:
     """A kernel of the codec-driven families (ptxgen/codecs): one per codec whose routes need it. `kind`:
     "gemv" (the exact decode GEMV for up to `tokens` tokens; `x16`: on fp16 x, each value widened as it is
-    loaded), "gemv_id" / "gemv_idg" (mul_mat_id's per-pair and expert-grouped GEMVs), "dequantize", "frags" (the
+    loaded), "gemv_id" / "gemv_idg" (mul_mat_id's per-pair and expert-grouped GEMVs; `x16` likewise), "dequantize", "frags" (the
     prepared GEMM's fp16 fragments), "fixup"."""
     kind: str
     fmt: str
@@ -75,8 +75,9 @@ class CodecKernel:
     @property
     def name(self) -> str:
         f = self.fmt.lower()
-        names = {"gemv": f"gemv_{f}_f32_t{self.tokens}" + ("_x16" if self.x16 else ""), "gemv_id": f"gemv_{f}_f32_id",
-                 "gemv_idg": f"gemv_{f}_f32_idg", "dequantize": f"dequantize_{f}", "frags": f"dequantize_{f}_frags",
+        x16 = "_x16" if self.x16 else ""
+        names = {"gemv": f"gemv_{f}_f32_t{self.tokens}{x16}", "gemv_id": f"gemv_{f}_f32_id{x16}",
+                 "gemv_idg": f"gemv_{f}_f32_idg{x16}", "dequantize": f"dequantize_{f}", "frags": f"dequantize_{f}_frags",
                  "fixup": f"mul_mat_fixup_{f}"}
         return _named(names, self.kind, "codec kernel")
 
@@ -143,13 +144,15 @@ class ActKernel:
     gather: bool = False
     sums: bool = False
     f16: bool = False
+    x16: bool = False  # "group" with gather: x is fp16 (moe_gather(_sums)_x16)
 
     @property
     def name(self) -> str:
         names = {"convert_f16": "convert_f16" + ("_perm" if self.rega else ""), "permute_f16": "permute_f16", "copy_f16": "copy_f16",
                  "convert_f32": "convert_f32",
                  "quantize_q8_1": "quantize_q8_1" + ("_mmq" if self.mmq else ""), "rotate": "rotate_tq4_1s" + ("_f16" if self.f16 else ""),
-                 "group": ("moe_gather" + ("_sums" if self.sums else "")) if self.gather else "moe_group"}
+                 "group": ("moe_gather" + ("_sums" if self.sums else "") + ("_x16" if self.x16 else "")) if self.gather
+                          else "moe_group"}
         return _named(names, self.kind, "activation kernel")
 
 

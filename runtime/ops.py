@@ -266,9 +266,9 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
                workspace: Workspace | None = None, errors=None):
     """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
     `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 or fp16 (T,
-    K), one row per token shared by its slots, or (T, slots, K), one row per slot (the down projection; fp16: widened
-    to fp32 once, convert_f32, then the same kernels — TQ4_1S's rotation reads it as it is —: the bits of the same
-    values as fp32). Returns fp32
+    K), one row per token shared by its slots, or (T, slots, K), one row per slot (the down projection; fp16: the
+    same kernels' _x16 twins where they read x, each value widened as it is loaded — sm_89's grouped route widens x
+    once first, convert_f32; TQ4_1S's rotation reads it as it is —: the bits of the same values as fp32). Returns fp32
     (T, slots, M): y[t, j] = x[t(, j)] @ w[ids[t, j]].T.
 
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already on
@@ -404,8 +404,9 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
                     arch: str | None = None, graph: bool = False, x_dtype="float32") -> Plan:
     """The launch plan of mul_mat_id(w, x, ids) for T = t tokens of `slots` experts each (x (T, K), or with
     `x_per_slot` (T, slots, K)); cached on `w` as mul_mat_plan's. `.kernels` names its launches. `x_dtype`:
-    float32, or float16 (widened to fp32 once by convert_f32, then the float32 plan's kernels: the same bits; TQ4_1S
-    rotates it as it is, rotate_tq4_1s_f16, into the same fp32 its float32 plan reads)."""
+    float32, or float16 (the float32 plan's kernels with their _x16 twins where they read x, or x widened once by
+    convert_f32 first where one has none: the same bits; TQ4_1S rotates it as it is, rotate_tq4_1s_f16, into the
+    same fp32 its float32 plan reads)."""
     from ptxgen import codecs, formats
 
     if str(x_dtype) not in ("float32", "float16"):
@@ -425,14 +426,19 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
         raise ValueError(f"mul_mat_id: {err}")
     pb = PlanBuilder((t, slots, k) if x_per_slot else (t, k), np.float16 if x16 else np.float32, (t, slots, m),
                      np.float32, graph=bool(graph), ids_shape=(t, slots))
-    if not getattr(codecs.get(w.fmt), "ROTATION", None):  # (an fp16 x: fp32 for every kernel below; a rotated
-        pb.x = _rec_widen(pb, pb.x, arch, once=True)       # codec's rotation reads it as it is, _rotate_x)
     expert_bytes = m * formats.get(w.fmt).row_bytes(k)
     p = t * slots
     route = mul_mat_id_kernels(w.fmt, t, slots, e, k, m, arch, fp16_weights=w.fp16_weights)
     xr = _rotate_x(pb, w.fmt, t * (slots if x_per_slot else 1), k, arch)  # TQ4_1S: every kernel below reads it
-    if xr is not pb.x:
+    if xr is not pb.x:  # (a rotated codec's rotation reads an fp16 x as it is: rotate_tq4_1s_f16)
         route = route[1:]
+    if xr.dtype == np.float16:  # the kernels that read x take their _x16 twins where all of them have one (sm_90's
+        # routes: the pair / grouped GEMVs, moe_gather(_sums)); else x widened once (sm_89's grouped mma.sync GEMM)
+        twins = [n if n == ActKernel("group").name or "_wgmma_" in n else n + "_x16" for n in route]
+        if all(kernels.build_for(n, "sm_90a" if n.startswith("moe_gather") else arch) is not None for n in twins):
+            route = twins
+        else:
+            xr = pb.x = _rec_widen(pb, pb.x, arch, once=True)
     idg_args = (w.buffer, xr, pb.y, m, k, p, e, expert_bytes, pb.ids, slots, int(x_per_slot))
     fn = kernels.load(route[-1], arch)  # the GEMV: alone, or the exact recompute behind the grouped GEMM
     rows = -(-m // int(fn.meta["rows_per_cta"]))

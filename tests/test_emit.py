@@ -223,6 +223,11 @@ EXPECTED_SASS["convert_f32"] = ["LDG.E.128.CONSTANT", "HADD2.F32", "STG.E.128"]
 EXPECTED_SASS["copy_f16"] = ["LDG.E.128.CONSTANT", "STG.E.128"]  # (one 16-byte load and store a thread)
 EXPECTED_SASS["moe_gather"] = ["ATOMS.", "BAR.SYNC", "F2FP", "LDG.E.128.CONSTANT"]  # grouping, 2 16-byte loads a group
 EXPECTED_SASS["moe_gather_sums"] = ["ATOMS.", "F2FP", "LDG.E.128.CONSTANT", "SHFL.BFLY", "STG.E.U16"]  # + Σx
+for _n in ("moe_gather", "moe_gather_sums"):  # on fp16 x: a group by one 16-byte load, widened, rounded back
+    EXPECTED_SASS[_n + "_x16"] = EXPECTED_SASS[_n]
+for _n in [n for n in list(EXPECTED_SASS) if isinstance(n, str) and n.endswith(("_f32_id", "_f32_idg"))
+           and n + "_x16" in KERNELS]:  # the MoE GEMVs on fp16 x: 2-byte values widened as they are loaded
+    EXPECTED_SASS[_n + "_x16"] = EXPECTED_SASS[_n] + ["HADD2.F32"]
 # sm_120a's fp16 mma.sync MMQ: the weights (and the x16 builds' fp16 x) by TMA into an mbarrier ring, no cp.async
 ABSENT_SASS = {}
 for _k in KERNELS:

@@ -65,15 +65,23 @@ def test_mul_mat_id_matches_the_reference(fmt, e, m, k, t, slots, skew, per_slot
     np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
 
 
-@pytest.mark.parametrize("fmt,t,per_slot", [("q4_K", 1, False), ("q4_K", 300, True), ("tq4_1s", 40, False)])
+@pytest.mark.parametrize("fmt,t,per_slot", [("q4_K", 1, False), ("q4_K", 300, True), ("tq4_1s", 40, False),
+                                            ("q6_K", 40, False), ("q8_0", 6, True), ("q4_K", 32, False)])
 def test_an_fp16_x_gives_the_bits_of_its_fp32_widening(fmt, t, per_slot):
-    """mul_mat_id on a float16 x (widened once by convert_f32, then the same kernels; TQ4_1S rotated from it as it
-    is, rotate_tq4_1s_f16) gives the bits of the call on the same values as float32."""
+    """mul_mat_id on a float16 x (the kernels' _x16 twins where they read x: the pair / grouped GEMVs, moe_gather(_sums);
+    sm_89's grouped route widened once by convert_f32; TQ4_1S rotated from it as it is, rotate_tq4_1s_f16) gives the
+    bits of the call on the same values as float32 — with an inf in one token too (the grouped routes' gated exact
+    GEMV then runs on it: its twin)."""
     import ptxgen.runtime as r
 
     w, _, x, ids = _case(fmt, 8, 300, 512, t, 2, seed=t, skew=False, per_slot=per_slot)
     x16 = x.astype(np.float16)
     np.testing.assert_array_equal(r.mul_mat_id(w, x16, ids), r.mul_mat_id(w, x16.astype(np.float32), ids))
+    np.testing.assert_array_equal(r.mul_mat_id(w, x16, ids, arch="sm_89"),
+                                  r.mul_mat_id(w, x16.astype(np.float32), ids, arch="sm_89"))
+    x16[t // 2, ..., 7] = np.inf
+    np.testing.assert_array_equal(r.mul_mat_id(w, x16, ids).view(np.uint32),
+                                  r.mul_mat_id(w, x16.astype(np.float32), ids).view(np.uint32))
 
 
 @pytest.mark.parametrize("e,m,k,t,slots,skew,per_slot", [(32, 1792, 2048, 5, 4, False, True),

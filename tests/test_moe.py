@@ -261,26 +261,37 @@ def test_mul_mat_id_past_the_grouped_gemms_limits_is_one_grouped_gemv_launch(mon
     assert name == "gemv_q8_0_f32_idg" and grid == (1, 1025, 1) and cells[5] == 80000 and cells[11] == 0
 
 
-def test_mul_mat_id_widens_an_fp16_x_once(monkeypatch):
-    """mul_mat_id_plan(x_dtype="float16"): convert_f32 first (the whole x, or x per slot), then the float32 plan's
-    kernels (the grouped GEMM, the GEMVs) — the bits of the same values as fp32; cached apart. TQ4_1S: its rotation
-    reads the fp16 x itself (rotate_tq4_1s_f16, ROT_X16 | ROT_NO_F16) into the fp32 its float32 plan's kernels read."""
+def test_mul_mat_id_reads_an_fp16_x_through_twins_or_widens_it_once(monkeypatch):
+    """mul_mat_id_plan(x_dtype="float16"): sm_90's routes run the float32 plan's kernels with their _x16 twins where
+    they read x (the pair and grouped GEMVs, moe_gather(_sums): each value widened as it is loaded — the bits of the
+    same values as fp32), the same launches otherwise (grids, the grouped GEMM); sm_89's grouped route (its mma.sync
+    GEMM reads fp32 x) widens x once first (convert_f32). TQ4_1S's rotation reads it as it is (rotate_tq4_1s_f16,
+    ROT_X16 | ROT_NO_F16). Cached apart from the float32 plans."""
     from ptxgen.kernels.gemv import ROT_NO_F16, ROT_X16
     from ptxgen.runtime import ops
     from ptxgen.testing import fakegpu
 
     fakegpu.install(monkeypatch)
-    for fmt in ("q4_K", "tq4_1s"):
+    for fmt in ("q4_K", "q6_K", "tq4_1s"):
         w = _fake_experts(fmt, e=8, m=300, k=512)
-        for t, p in ((1, 0), (8, 0), (8, 1), (200, 1)):
-            f32 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p).kernels
-            f16 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, x_dtype="float16")
-            if fmt == "tq4_1s":
-                assert f32[0] == "rotate_tq4_1s" and f16.kernels == ["rotate_tq4_1s_f16"] + f32[1:], f16.kernels
-                assert f16.launches[0].args[-1] == ROT_X16 | ROT_NO_F16
-            else:
-                assert f16.kernels == ["convert_f32"] + f32, (fmt, t, p, f16.kernels, f32)
-            assert ops.mul_mat_id_plan(w, t, 2, x_per_slot=p).kernels == f32
+        for t, p in ((1, 0), (8, 0), (8, 1), (200, 1), (200, 0)):
+            for arch in (None, "sm_89"):
+                f32 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, arch=arch)
+                f16 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, x_dtype="float16", arch=arch)
+                if fmt == "tq4_1s":
+                    assert f32.kernels[0] == "rotate_tq4_1s", f32.kernels
+                    assert f16.kernels == ["rotate_tq4_1s_f16"] + f32.kernels[1:], f16.kernels
+                    assert f16.launches[0].args[-1] == ROT_X16 | ROT_NO_F16
+                elif "moe_group" in f32.kernels:  # (the mma.sync grouped GEMM, sm_89 or where sm_90a has none)
+                    assert f16.kernels == ["convert_f32"] + f32.kernels, (fmt, t, p, f16.kernels)
+                else:
+                    assert f16.kernels == [n if "_wgmma_" in n else n + "_x16" for n in f32.kernels], f16.kernels
+                    for a, b in zip(f32.launches, f16.launches):
+                        assert a.grid == b.grid and len(a.args) == len(b.args)
+                    for name, ln in zip(f16.kernels, f16.launches):  # the twins read the call's own x
+                        reads_x = any(getattr(getattr(v, "ptr", None), "base", None) == "x" for v in ln.args)
+                        assert reads_x == name.endswith("_x16"), (name, ln.args)
+                assert ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, arch=arch).kernels == f32.kernels
     with pytest.raises(TypeError, match="expected dtype float32 or float16, got float64"):
         ops.mul_mat_id_plan(w, 8, 2, x_dtype="float64")
 

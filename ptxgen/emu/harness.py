@@ -196,8 +196,11 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     per_slot = bool(rng.integers(2)) if x_per_slot is None else x_per_slot
     raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
+    x16 = bool(meta.get("x16"))  # (the _x16 twins: x is fp16; the reference on its widening)
+    if x16:
+        x = x.astype(np.float16).astype(np.float32)
     mem = _memory()
-    wa, xa, ia = mem.alloc(raw), mem.alloc(_moe_x(fmt, x)), mem.alloc(ids)
+    wa, xa, ia = mem.alloc(raw), mem.alloc(x.astype(np.float16) if x16 else _moe_x(fmt, x)), mem.alloc(ids)
     ya = mem.alloc(t * slots * m * 4, poison=0x11)  # finite (1e-28): a row never written fails, NaN rows included
     expert_bytes = m * formats.get(fmt).row_bytes(k)
     ga = None if gate is None else mem.alloc(np.array([gate], np.uint32))
@@ -809,14 +812,15 @@ def _from_f16(ptx: str, rng, shape=(3, 256), seed=None, widen=False, copy=False)
 
 
 def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=None, rows=None, tile=32, seed=None,
-                    sums=False) -> Outcome:
+                    sums=False, x16=False) -> Outcome:
     """moe_gather (_sums): E experts, (T, slots) ids drawn with repeats, empty experts and one out of range (unless
     `ids` is given), x (T, K) or per slot (T, slots, K) with a value past fp16 half the time; `rows` pairs a CTA
     (default drawn, so CTAs split the pairs unevenly). The grouping as moe_group's (offsets and the work list exactly
     as kernels.moe_group.reference, each expert's slice of order a permutation of its pairs); x16 row n bit for bit
     the fp16 of pair order[n]'s x row in the register-A K order, rows past offsets[E] untouched; with `sums` each
     row's sub-block sums as gather_sub_block_sums where finite; NaN rows of y for the bad pairs (others untouched);
-    the flag raised exactly when a gathered value (or a sum's hi) leaves fp16."""
+    the flag raised exactly when a gathered value (or a sum's hi) leaves fp16. `x16` (moe_gather(_sums)_x16): x is
+    fp16 (its value past fp16 an inf), the expectations those of its widening."""
     from ptxgen.kernels.moe_group import reference
 
     e, t, slots, k = shape or (9, 13, 3, 512)
@@ -831,9 +835,12 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
     x = (rng.standard_normal((p if per_slot else t, k)) * rng.choice([1e-3, 1.0, 3e3])).astype(np.float32)
     if rng.integers(0, 2):
         x[rng.integers(0, len(x)), rng.integers(0, k)] = np.float32(7e4)
+    if x16:
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float16).astype(np.float32)
     offsets, groups, work = reference(ids, e, tile)
     mem = _memory()
-    ia, xa, fa = mem.alloc(ids), mem.alloc(x), mem.alloc(np.zeros(1, np.uint32))
+    ia, xa, fa = mem.alloc(ids), mem.alloc(x.astype(np.float16) if x16 else x), mem.alloc(np.zeros(1, np.uint32))
     oa, offa = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF)
     wa, ya = mem.alloc(4 * (1 + p // tile + e), poison=0xFF), mem.alloc(np.zeros((p, m), np.float32))
     x16a = mem.alloc(2 * p * k, poison=0xFF)
@@ -1350,6 +1357,9 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # the one-token builds on fp16 x
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)
+    if _f != "tq4_1s":  # their twins on fp16 x
+        for _s in ("id", "idg"):
+            HARNESSES[f"gemv_{_f.lower()}_f32_{_s}_x16"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_{_s}_x16", 3)
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):
     for _bn in (32, 64):
         HARNESSES[f"mmq_{_f}_f16_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_f16_n{_bn}_moe", 3)
@@ -1375,6 +1385,10 @@ HARNESSES["moe_gather"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(ptx,
                                                                             seed=seed, **kw)
 HARNESSES["moe_gather_sums"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(
     ptx, {"name": "moe_gather_sums"}, rng, seed=seed, sums=True, **kw)
+HARNESSES["moe_gather_x16"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(
+    ptx, {"name": "moe_gather_x16"}, rng, seed=seed, x16=True, **kw)
+HARNESSES["moe_gather_sums_x16"] = lambda ptx, rng, seed=None, **kw: moe_gather_case(
+    ptx, {"name": "moe_gather_sums_x16"}, rng, seed=seed, sums=True, x16=True, **kw)
 
 # kernels the emulator cannot run yet, with the reason (the test tier lists them as skipped, not passed)
 UNCOVERED: dict[str, str] = {}

@@ -54,7 +54,8 @@ def _registry() -> dict[str, KernelDef]:
 
     defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, *frags.KERNELS, convert_f16.KERNEL,
             convert_f16.KERNEL_PERM, convert_f16.KERNEL_PERMUTE, convert_f16.KERNEL_COPY, convert_f16.KERNEL_WIDEN, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *mmq.kernel_defs(), *fixup.KERNELS,
-            moe_group.KERNEL, moe_group.KERNEL_GATHER, moe_group.KERNEL_GATHER_SUMS, moe_group.KERNEL_CHECK]
+            moe_group.KERNEL, moe_group.KERNEL_GATHER, moe_group.KERNEL_GATHER_SUMS, *moe_group.KERNELS_GATHER_X16,
+            moe_group.KERNEL_CHECK]
     return {d.name: d for d in defs}
 
 

@@ -108,12 +108,12 @@ def name(fmt: str, nt: int) -> str:
     return CodecKernel("gemv", fmt, nt).name
 
 
-def name_id(fmt: str) -> str:
-    return CodecKernel("gemv_id", fmt).name
+def name_id(fmt: str, x16: bool = False) -> str:
+    return CodecKernel("gemv_id", fmt, x16=x16).name
 
 
-def name_idg(fmt: str) -> str:
-    return CodecKernel("gemv_idg", fmt).name
+def name_idg(fmt: str, x16: bool = False) -> str:
+    return CodecKernel("gemv_idg", fmt, x16=x16).name
 
 
 def _both(b, p, q):
@@ -139,10 +139,11 @@ def prefetch_rows(b, rowp, row_end, byte0, span: int, lane) -> None:
             b.emit("prefetch.global.L2", Mem(at), pred=ok)
 
 
-def _route_to_expert(b, W, X, Y, M, K):
+def _route_to_expert(b, W, X, Y, M, K, xb: int = 4):
     """The MoE build's pair p = ctaid.y (token p / slots, slot p % slots): W moved to expert ids[p]'s matrix (expert
     0's where the id is out of range, so every load stays inside w), X to its activation row (the token's, or the
-    pair's with x_per_slot), Y to output row p. Returns (W, X, Y, the predicate "ids[p] is out of range")."""
+    pair's with x_per_slot; `xb` bytes a value), Y to output row p. Returns (W, X, Y, the predicate "ids[p] is out of
+    range")."""
     e_p, eb_p, ids_p = b.param("experts", "u32"), b.param("expert_bytes", "u64"), b.param("ids", "u64", "ptr:in")
     s_p, xs_p = b.param("slots", "u32"), b.param("x_per_slot", "u32")
     pair = b.special("ctaid.y")
@@ -152,7 +153,7 @@ def _route_to_expert(b, W, X, Y, M, K):
     W = b.op("mad.lo.u64", b.op("cvt.u64.u32", e), b.ld_param(eb_p, "u64"), W)
     tok = b.op("div.u32", pair, b.ld_param(s_p, "u32"))
     xr = b.op("selp.b32", pair, tok, b.op("setp.ne.u32", b.ld_param(xs_p, "u32"), Imm(0, "u32")))
-    X = b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(4, "u32"), X)
+    X = b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(xb, "u32"), X)
     Y = b.op("mad.wide.u32", b.op("mul.lo.u32", pair, M), Imm(4, "u32"), Y)
     return W, X, Y, bad
 
@@ -205,10 +206,10 @@ def _window_scan(b, e, E, ntok, ids, win0, lane, wid, list_at, counts_at):
     return total
 
 
-def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
+def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot, xb: int = 4):
     """One pass of the grouped MoE build over up to `nt` of the window's matched pairs (the CTA's shared list at
-    `mine`), from match q: per pair its live predicate, activation row address, output row index and
-    out-of-range flag."""
+    `mine`), from match q: per pair its live predicate, activation row address (`xb` bytes a value), output row
+    index and out-of-range flag."""
     cnt = b.op("min.u32", b.op("sub.u32", total, q), Imm(nt, "u32"))
     live, xrow, yidx, bad = [], [], [], []
     for t in range(nt):
@@ -219,7 +220,7 @@ def _pass_pairs(b, mine, q, total, nt, M, K, X, slots_n, per_slot):
         p = b.op("and.b32", v, Imm(0x7FFFFFFF, "b32"))
         xr = b.op("selp.b32", p, b.op("div.u32", p, slots_n), per_slot)
         live.append(lv if t else None)  # the pass runs only with a first pair
-        xrow.append(b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(4, "u32"), X))
+        xrow.append(b.op("mad.wide.u32", b.op("mul.lo.u32", xr, K), Imm(xb, "u32"), X))
         yidx.append(p)
         bad.append(b.op("setp.ne.u32", b.op("and.b32", v, Imm(0x80000000, "b32")), Imm(0, "u32")))
     return live, xrow, yidx, bad
@@ -250,9 +251,9 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     per nt of its pairs. An out-of-range expert id writes NaN over its pair's row (expert 0's weights are read in its
     place). `wide` (default: the tuned choice) takes the codec's dequant_lane_wide: 16 weights a lane, its blocks per
     step WIDE_BLOCKS (fewer instructions per weight: the scales and addresses of a lane serve twice the weights).
-    `x16` (not moe): x is fp16, each value widened exactly as it is loaded — gemv_<fmt>_f32_t<nt>_x16, the bits of the
-    fp32 build on the same values, without convert_f32's launch ahead of it."""
-    assert not (x16 and moe)
+    `x16`: x is fp16, each value widened exactly as it is loaded — gemv_<fmt>_f32_t<nt>_x16 (and the MoE GEMVs'
+    gemv_<fmt>_f32_id(g)_x16), the bits of the fp32 build on the same values, without convert_f32's launch ahead of
+    it."""
     codec = codecs.get(fmt)
     rows, unroll, tuned_wide = tuned_shape(fmt, nt, moe)
     wide = tuned_wide if wide is None else wide
@@ -265,7 +266,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     what = {None: f"{fmt} GEMV (exact, fp32 x), up to {nt} token(s)",
             "pair": f"{fmt} MoE GEMV (exact, fp32 x), one token per (token, slot) pair against its expert",
             "grouped": f"{fmt} MoE GEMV (exact, fp32 x), per expert its pairs {nt} at a time"}[moe]
-    kname = {None: CodecKernel("gemv", fmt, nt, x16=x16).name, "pair": name_id(fmt), "grouped": name_idg(fmt)}[moe]
+    kname = {None: CodecKernel("gemv", fmt, nt, x16=x16).name, "pair": name_id(fmt, x16),
+             "grouped": name_idg(fmt, x16)}[moe]
     if x16:
         what = what.replace("fp32 x", "fp16 x")
     b = KernelBuilder(kname, arch, f"{what}, {rows} row(s) per warp, "
@@ -283,7 +285,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
                   layout="gguf rows")
     if moe:
         b.meta.update(grid=f"(ceil(m / rows_per_cta), {'pairs' if moe == 'pair' else 'experts'})",
-                      activation="fp32 x (T, K) or (T, slots, K), 16-byte aligned rows; ids (T, slots) int32",
+                      activation=f"{'fp16' if x16 else 'fp32'} x (T, K) or (T, slots, K), 16-byte aligned rows; ids "
+                                 "(T, slots) int32",
                       experts="w holds `experts` matrices of m rows, expert_bytes apart")
     if moe == "grouped":
         b.meta.update(window=WINDOW, ntok="the number of (token, slot) pairs")
@@ -292,11 +295,15 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     b.pdl_head(trigger=moe == "grouped")
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    if x16:
+        b.meta["x16"] = True
+    xb = 2 if x16 else 4
     if moe == "grouped":
-        return _grouped(b, codec, lanes, (W, X, Y, M, K, ntok), rows, unroll, ahead, group_blocks, group_bytes, nt)
+        return _grouped(b, codec, lanes, (W, X, Y, M, K, ntok), rows, unroll, ahead, group_blocks, group_bytes, nt,
+                        xb)
     bad = None
     if moe == "pair":
-        W, X, Y, bad = _route_to_expert(b, W, X, Y, M, K)
+        W, X, Y, bad = _route_to_expert(b, W, X, Y, M, K, xb)
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"), b.op("shr.u32", tid, Imm(5, "u32"))),
@@ -312,7 +319,6 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     ngroups = b.op("div.u32", b.op("add.u32", nblk, Imm(group_blocks - 1, "u32")), Imm(group_blocks, "u32"))
     last_group = b.op("sub.u32", ngroups, Imm(1, "u32"))
     live = [b.op("setp.gt.u32", ntok, Imm(t, "u32")) if t else None for t in range(nt)]  # token 0 always exists
-    xb = 2 if x16 else 4
     xrow = [b.op("mad.wide.u32", K, Imm(xb * t, "u32"), X) for t in range(nt)]
     yidx, bads = [Imm(t, "u32") for t in range(nt)], [bad] * nt
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
@@ -341,7 +347,7 @@ def _store_rows(b, acc, stored, row, M, Y, yidx, bads, live) -> None:
                                               Y)), s, pred=_both(b, ok, live[t]))
 
 
-def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_bytes, nt):
+def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_bytes, nt, xb: int = 4):
     """gemv_<fmt>_f32_idg's body: grid.y the experts; the CTA scans the ids a window at a time (_window_scan) for
     the pairs routed to its expert e and runs the nt-token GEMV over them nt at a time (expert e's weights, read
     once per nt of its pairs in the window). Every warp takes part in the scans (CTA barriers): a warp past M reads
@@ -391,10 +397,10 @@ def _grouped(b, codec, lanes, args, rows, unroll, ahead, group_blocks, group_byt
     q = b.op("mov.u32", Imm(0, "u32"))
     next_pass = b.label("pass")
     b.place(next_pass)
-    live, xrow, yidx, bads = _pass_pairs(b, list_at, q, total, nt, M, K, X, slots_n, per_slot)
+    live, xrow, yidx, bads = _pass_pairs(b, list_at, q, total, nt, M, K, X, slots_n, per_slot, xb)
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
-            group_blocks)
+            group_blocks, xb)
     _store_rows(b, acc, lambda r: stored[r], row, M, Y, yidx, bads, live)
     b.emit("add.u32", q, q, Imm(nt, "u32"))
     b.bra(next_pass, pred=b.op("setp.lt.u32", q, total))
@@ -500,3 +506,11 @@ KERNELS += [KernelDef(name_id(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), ex
 KERNELS += [KernelDef(name_idg(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, per expert its pairs 8 at a "
                       "time (each expert's weights read once per 8 of its pairs)",
                       lambda arch, f=f: build(arch, f, 8, moe="grouped")) for f in MOE_FORMATS]
+# their twins on fp16 x (mul_mat_id on a torch model's fp16 activations: no convert_f32 launch; TQ4_1S's read its
+# rotation's fp32 output and have none)
+KERNELS += [KernelDef(name_id(f, True), f"{name_id(f)} on fp16 x (each value widened as it is loaded)",
+                      lambda arch, f=f: build(arch, f, 1, moe="pair", x16=True))
+            for f in MOE_FORMATS if not hasattr(codecs.get(f), "ROTATION")]
+KERNELS += [KernelDef(name_idg(f, True), f"{name_idg(f)} on fp16 x (each value widened as it is loaded)",
+                      lambda arch, f=f: build(arch, f, 8, moe="grouped", x16=True))
+            for f in MOE_FORMATS if not hasattr(codecs.get(f), "ROTATION")]

@@ -193,7 +193,7 @@ def build(arch):
 GATHER_ROWS = 2048  # pairs one moe_gather CTA gathers at most (its shared lists: each pair's expert, then its place)
 
 
-def build_gather(arch, sums: bool = False):
+def build_gather(arch, sums: bool = False, x16: bool = False):
     """moe_gather (sm_90's grouped wgmma route; moe_gather_sums for the integer-weight build): moe_group and
     convert_f16_perm_gather as one kernel, without the round trip between them. CTA c gathers the pairs
     [c·rows, (c + 1)·rows): every CTA counts all P ids itself (counts, and per expert the pairs before its own), scans
@@ -202,10 +202,12 @@ def build_gather(arch, sums: bool = False):
     own, in any order inside it, as moe_group's), writes their order entries and converts their rows of x into
     their places (convert_f16.gather_store: fp16 in the register-A K order, and with `sums` the sub-block sums). Its
     first group of x is loaded before the ids are counted: the x reads do not wait for the grouping. An fp16
-    overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it)."""
+    overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it). `x16`
+    (moe_gather(_sums)_x16): x is fp16, a group of 8 by one 16-byte load, widened — the same stores, sums and flag
+    as for its fp32 widening (an inf or NaN of x raises it)."""
     from .convert_f16 import gather_store, overflowed
 
-    name = ActKernel("group", gather=True, sums=sums).name
+    name = ActKernel("group", gather=True, sums=sums, x16=x16).name
     doc = "mul_mat_id's expert grouping and x gathered into fp16 in grouped order" + (", with sub-block sums" if sums
                                                                                       else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
@@ -241,13 +243,25 @@ def build_gather(arch, sums: bool = False):
     b.comment("this thread's first group of x in flight while the pairs are grouped")
     g, n, r = b.op("mad.lo.u32", p0, K8, tid), b.reg("u32"), b.reg("u32")
     v = b.regs("f32", 8)
+    hw = b.regs("b32", 4) if x16 else None
 
     def load():  # group g of the CTA's rows: pair n, its input group r, x's row n / slots or n, as two 16-byte loads
+        # (x16: one, its 8 halves widened)
         b.emit("div.u32", n, g, K8)
         b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
         row = b.op("selp.b32", n, b.op("div.u32", n, SL), per_slot, type="b32")
-        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, K8, r), Imm(32, "u32"), X)
+        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, K8, r), Imm(16 if x16 else 32, "u32"), X)
         live = b.op("setp.lt.u32", g, gend)
+        if x16:
+            for i in range(4):
+                b.emit("mov.b32", hw[i], Imm(0, "b32"))
+            b.emit("ld.global.nc.v4.b32", b.vec(hw), Mem(src), pred=live)
+            for i in range(4):
+                lo, hi = b.reg("b16"), b.reg("b16")
+                b.emit("mov.b32", b.vec([lo, hi]), hw[i])
+                b.emit("cvt.f32.f16", v[2 * i], lo)
+                b.emit("cvt.f32.f16", v[2 * i + 1], hi)
+            return
         b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src), pred=live)
         b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16), pred=live)
     load()
@@ -354,3 +368,8 @@ KERNEL_CHECK = KernelDef("moe_check_ids", "mul_mat_id(errors=): counts the ids o
 KERNEL_GATHER_SUMS = KernelDef(ActKernel("group", gather=True, sums=True).name, "moe_gather and each row's sub-block "
                                "sums of x (fp16 hi / lo) for a grouped GEMM with integer weights",
                                lambda arch: build_gather(arch, sums=True), archs=("sm_90a",))
+KERNELS_GATHER_X16 = [KernelDef(ActKernel("group", gather=True, sums=sm, x16=True).name,
+                                f"{ActKernel('group', gather=True, sums=sm).name} on fp16 x (a group of 8 by one 16-byte "
+                                "load, widened: no convert_f32 launch)",
+                                lambda arch, sm=sm: build_gather(arch, sums=sm, x16=True), archs=("sm_90a",))
+                      for sm in (False, True)]
