@@ -1456,6 +1456,14 @@ def _mmq(c: _Call) -> None:
         _rec_fixup(c.pb, c.w, xa, c.pb.y, c.t, c.arch)
 
 
+def _q8_built(c: _Call) -> bool:
+    """Whether the int8 MMQ q8_path picks for the call has a build for its arch (mma.sync's: sm_89 / sm_120a, which
+    an sm_90 device runs where no arch is pinned; arch="sm_90a" pinned has none: the exact routes run instead)."""
+    path = q8_path(c.t, mmq_path(c.arch))
+    bn = next((n for n in Q8_TILES if c.t <= n), Q8_TILES[-1])
+    return kernels.build_for(MmqSpec.for_path(path, bn).name, c.arch) is not None
+
+
 def _fast_lanes_ok(c: _Call) -> bool:
     """mode="fast" up to RULES.fast_lanes_max_tokens (per format, at most 8; 0: never): the int8 x Q8_1 lane GEMV,
     where the format has one built here and the weights suit its loads (the codec's GgmlLane: K a multiple of
@@ -1610,8 +1618,8 @@ def _mmq_pre(c: _Call) -> None:
 
 # the routes that take an fp16 x themselves (their GEMM through _rec_mmq; a rotated codec's x widened first)
 X16_ROUTES = frozenset({"mmq", "mmq_q8", "mmq_f16", "mmq_ra", "mmq_pre"})
-# the decode routes that take an fp16 x into their few-token preps' _x16 builds and widen it (_fp32_x) only for
-# the kernels that read fp32
+# the routes that take an fp16 x into their kernels' _x16 twins (_x_reader: the decode preps, the one-launch builds,
+# the codec GEMVs) and widen it (_fp32_x) only for the kernels that have none
 X16_SELF_ROUTES = frozenset({"decode", "codec_few", "t16h", "skinny", "codec_gemv", "small_gemv", "codec_mma",
                              "mma_n16", "fast_lanes"})
 # mul_mat's routes by name (the codecs list theirs, in order, per mode): (condition, recorder)
@@ -1630,7 +1638,7 @@ _ROUTES = {
     "mmq": (lambda c: c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows, _mmq),
     # mode="fast": the int8 x Q8_1 MMQ (Q4_K's) where q8_path runs it; above, the exact routes
     "mmq_q8": (lambda c: (c.mode == "fast" and c.t >= RULES.mmq_min_tokens and c.m >= RULES.mmq_min_rows
-                          and q8_path(c.t, mmq_path(c.arch)) is not None), _mmq),
+                          and q8_path(c.t, mmq_path(c.arch)) is not None and _q8_built(c)), _mmq),
     # another codec where the GEMM is mma.sync's (sm_89, sm_120a, or arch pinned there), from
     # RULES.codec_f16_mmq_min_tokens: the fp16 mma.sync MMQ decoding its weights with the codec's run8
     # (kernels/mmq.py F16_CODECS), then its fixup
@@ -1737,8 +1745,8 @@ def _few_token_gemv(pb: PlanBuilder, w: QuantTensor, t0: int, y_ptr, m: int, k: 
     4- and 8-token builds whose records a CTA's warps share (gemv_<fmt>_mma_t{4,8}s), split-K over gridDim.y; up to
     RULES.few_i8_max_tokens (per format; 0: never) the int8 builds prep_q{4,6}k_i8_t{nt} + gemv_<fmt>_i8_t{nt} (eager:
     gemv_<fmt>_i8_t{nt}_fused where built, as the fp16 ones). The slice's x is pb.x's tokens from t0: an fp16 x goes
-    to the prep's _x16 build where there is one (the records of the same values: no convert_f32 launch before it),
-    else is widened once for the kernels that read fp32 (_fp32_x)."""
+    to the prep's or the one-launch build's _x16 twin where there is one (the records of the same values: no
+    convert_f32 launch before it), else is widened once for the kernels that read fp32 (_fp32_x)."""
     nt = T4.Q4K_HI_TOKENS if hi_only else next(v for v in T4.Q4K_RECORD_TOKENS if v >= n)
     # the int8 builds (rule few_i8_max_tokens; gemv_t1._I8Step): their own records, else as the fp16 ones
     i8 = (not hi_only and n <= _per_format(RULES.few_i8_max_tokens, w.fmt, 0)

@@ -46,6 +46,16 @@ def test_mul_mat_plans_the_kernels_of_the_dispatch_rule(gpu, fmt, m, k, t, mode,
     assert p.launches[0].pdl is bool(p.launches[0].fn.meta.get("pdl_head"))
 
 
+def test_fast_mode_pinned_to_sm90a_skips_the_int8_mmq_it_has_no_build_for(gpu):
+    """mode="fast" at 9-16 tokens runs Q4_K's int8 MMQ (mmq_q4_k_q8_n16: mma.sync, built for sm_89 / sm_120a, which
+    an H200 runs where no arch is pinned); with arch="sm_90a" pinned there is no such build, so the call takes the
+    exact routes (it raised "no 'q8' GEMM build" before 2026-12-05)."""
+    w = fakegpu.weights("q4_K", 4096, 4096)
+    for t in (9, 16):
+        assert ops.mul_mat_plan(w, t, mode="fast").kernels[0] == "mmq_q4_k_q8_n16"
+        assert ops.mul_mat_plan(w, t, mode="fast", arch="sm_90a").kernels == ops.mul_mat_plan(w, t, arch="sm_90a").kernels
+
+
 def test_the_fixup_launches_its_rules_ctas_per_sm(gpu):
     """mul_mat_fixup_<fmt> behind a prefill GEMM: min(T, fixup_ctas_per_sm x SMs) CTAs (the rule; one wave at 1)."""
     from ptxgen import tuning
@@ -471,9 +481,8 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
 def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):
     """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16)
     or, where the build reads x in its natural K order (mmq.RA_NATURAL_FORMATS: all but TQ4_1S), as it is (no
-    launch before the GEMM), never a converting build, and record no fixup (nothing can leave fp16); every other
-    route reads x widened once
-    (convert_f32) and then runs the float32 plan's kernels (a rotated codec), except the fp16 mma.sync GEMM where
+    launch before the GEMM), never a converting build, and record no fixup (nothing can leave fp16); a rotated codec
+    (TQ4_1S) runs the float32 plan's kernels, its rotation reading x as it is (rotate_tq4_1s_f16); the fp16 mma.sync GEMM where
     it copies x by cp.async (sm_89's; sm_120a's codec builds), which reads it as it is, and the plain wgmma one and
     sm_120a's Q4_K, which take it by TMA (a tensor map over the caller's x, no fixup);
     each dtype has its own cached plan and the float32 ones are unchanged."""

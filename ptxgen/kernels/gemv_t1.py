@@ -856,7 +856,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         if dyn_table:  # the dynamic shared memory a launch of nw warps asks: nw rings + this (the table, alignment)
             b.meta.update(smem_besides_rings=128 + dyn_table)
     if fused:
-        b.meta.update(activation="x (fp32), the records built in the kernel into `records` (scratch, "
+        b.meta.update(activation=f"x ({'fp16' if x16 else 'fp32'}), the records built in the kernel into `records` (scratch, "
                                  f"{rb} bytes per super-block)",
                       fused_prep="the first CTAs to start write the records, every CTA waits for them; counters: "
                                  "the split-K ones, then 3 u32 (zero, left zero)",
