@@ -267,8 +267,9 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     """Mixture-of-experts matmul, ggml's MUL_MAT_ID: `w` a QuantTensor of E experts, shape (E, M, K) (as GGUF stores
     `ffn_{gate,up,down}_exps`); `ids` (T, slots) int32, the experts each token is routed to; `x` fp32 or fp16 (T,
     K), one row per token shared by its slots, or (T, slots, K), one row per slot (the down projection; fp16: the
-    same kernels' _x16 twins where they read x, each value widened as it is loaded — sm_89's grouped route widens x
-    once first, convert_f32; TQ4_1S's rotation reads it as it is —: the bits of the same values as fp32). Returns fp32
+    same kernels' _x16 twins where they read x, each value widened as it is loaded — the grouped mma.sync GEMM's
+    routes widen x once first, convert_f32; TQ4_1S's rotation reads it as it is —: the bits of the same values as
+    fp32). Returns fp32
     (T, slots, M): y[t, j] = x[t(, j)] @ w[ids[t, j]].T.
 
     Ids on the host are checked before anything runs (ValueError naming the first out-of-range one); ids already on
@@ -432,8 +433,9 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     xr = _rotate_x(pb, w.fmt, t * (slots if x_per_slot else 1), k, arch)  # TQ4_1S: every kernel below reads it
     if xr is not pb.x:  # (a rotated codec's rotation reads an fp16 x as it is: rotate_tq4_1s_f16)
         route = route[1:]
-    if xr.dtype == np.float16:  # the kernels that read x take their _x16 twins where all of them have one (sm_90's
-        # routes: the pair / grouped GEMVs, moe_gather(_sums)); else x widened once (sm_89's grouped mma.sync GEMM)
+    if xr.dtype == np.float16:  # the kernels that read x take their _x16 twins where all of them have one (the pair /
+        # grouped GEMVs on every arch, moe_gather(_sums)); else x widened once (the grouped mma.sync GEMM's routes:
+        # sm_89, sm_120a, and sm_90 where the wgmma GEMM is not taken)
         twins = [n if n == ActKernel("group").name or "_wgmma_" in n else n + "_x16" for n in route]
         if all(kernels.build_for(n, "sm_90a" if n.startswith("moe_gather") else arch) is not None for n in twins):
             route = twins
@@ -449,7 +451,7 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
         from ptxgen.kernels.gemv_codec import GATED_EXPERT_CTAS
 
         pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (pb.flag, pb.done))
-    elif route[0].endswith("_idg"):
+    elif route[0].endswith(("_idg", "_idg_x16")):
         pb.launch(fn, (rows, e), idg_args + (0, 0))
     else:
         if p > 65535:  # grid.y

@@ -272,9 +272,13 @@ def test_mul_mat_id_reads_an_fp16_x_through_twins_or_widens_it_once(monkeypatch)
     from ptxgen.testing import fakegpu
 
     fakegpu.install(monkeypatch)
-    for fmt in ("q4_K", "q6_K", "tq4_1s"):
-        w = _fake_experts(fmt, e=8, m=300, k=512)
-        for t, p in ((1, 0), (8, 0), (8, 1), (200, 1), (200, 0)):
+    cases = [(fmt, _fake_experts(fmt, e=8, m=300, k=512), ((1, 0), (8, 0), (8, 1), (200, 1), (200, 0)))
+             for fmt in ("q4_K", "q6_K", "tq4_1s")]
+    # the grouped GEMV alone (pairs past moe_pair_max_weights, fewer than the GEMM's): 8 experts of 14336 x 4096,
+    # T = 2-7 (its launch: grid.y the experts, the gate arguments)
+    cases.append(("q4_K", _fake_experts("q4_K", e=8, m=14336, k=4096), ((3, 0), (7, 1))))
+    for fmt, w, shapes in cases:
+        for t, p in shapes:
             for arch in (None, "sm_89"):
                 f32 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, arch=arch)
                 f16 = ops.mul_mat_id_plan(w, t, 2, x_per_slot=p, x_dtype="float16", arch=arch)
@@ -287,7 +291,8 @@ def test_mul_mat_id_reads_an_fp16_x_through_twins_or_widens_it_once(monkeypatch)
                 else:
                     assert f16.kernels == [n if "_wgmma_" in n else n + "_x16" for n in f32.kernels], f16.kernels
                     for a, b in zip(f32.launches, f16.launches):
-                        assert a.grid == b.grid and len(a.args) == len(b.args)
+                        assert a.grid == b.grid and len(a.args) == len(b.args), (f16.kernels, a.grid, b.grid)
+                    f16.bound(fakegpu.FakeWorkspace(f16))  # (its launches' arguments fit the kernels')
                     for name, ln in zip(f16.kernels, f16.launches):  # the twins read the call's own x
                         reads_x = any(getattr(getattr(v, "ptr", None), "base", None) == "x" for v in ln.args)
                         assert reads_x == name.endswith("_x16"), (name, ln.args)
