@@ -363,7 +363,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
 
 def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, workspace, tt):
     """mul_mat_id's eager call on CUDA torch tensors whose plan is cached (the common case in a decode loop): x fp32
-    (T, K) or (T, slots, K), ids int32 (T, slots), out fp32 (T, slots, M) or None, all contiguous on ptxgen's GPU,
+    or fp16 (T, K) or (T, slots, K), ids int32 (T, slots), out fp32 (T, slots, M) or None, all contiguous on ptxgen's GPU,
     the stream not capturing. Reads each tensor's attributes once and issues the plan's prepared launches; returns
     None where any of that does not hold — the general path then runs (and names what is wrong)."""
     import torch
@@ -376,7 +376,8 @@ def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, work
         return None
     t, slots = ishape
     x_per_slot = len(xs) == 3
-    if (not (x.dtype is tt[1] and x.is_cuda and x.is_contiguous()) or t == 0 or slots == 0
+    half = x.dtype is torch.float16
+    if (not ((half or x.dtype is tt[1]) and x.is_cuda and x.is_contiguous()) or t == 0 or slots == 0
             or tuple(xs) != ((t, slots, k) if x_per_slot else (t, k))):
         return None
     x_ptr, dev = x.data_ptr(), x.get_device()
@@ -390,13 +391,14 @@ def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, work
         driver.current()
     if driver.capture_status(s) != 0:  # capturing: the general path (its plan may load kernels)
         return None
-    entry = w._plans.get((t, "mul_mat_id", slots, int(x_per_slot), mode, arch, False))  # mul_mat_id_plan's cache
+    entry = w._plans.get((t, "mul_mat_id", slots, int(x_per_slot), mode, arch, False)
+                         + (("float16",) if half else ()))  # mul_mat_id_plan's cache
     if entry is None or entry[0] != knobs._GENERATION[0]:
         return None
     if out is None:
         if stream is not None:
             return None
-        out = x.new_empty((t, slots, m))
+        out = x.new_empty((t, slots, m), dtype=tt[1])  # (float32 y for an fp16 x)
     eager_bound(entry[1], s).run(x_ptr, out.data_ptr(), s, ids.data_ptr())
     return out
 

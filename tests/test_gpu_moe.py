@@ -79,6 +79,14 @@ def test_an_fp16_x_gives_the_bits_of_its_fp32_widening(fmt, t, per_slot):
     np.testing.assert_array_equal(r.mul_mat_id(w, x16, ids), r.mul_mat_id(w, x16.astype(np.float32), ids))
     np.testing.assert_array_equal(r.mul_mat_id(w, x16, ids, arch="sm_89"),
                                   r.mul_mat_id(w, x16.astype(np.float32), ids, arch="sm_89"))
+    import torch  # torch tensors: the first call plans, the second takes the hot path (_mul_mat_id_torch), fp16 too
+
+    xt, it = torch.from_numpy(x16).cuda(), torch.from_numpy(ids).cuda()
+    want = r.mul_mat_id(w, x16.astype(np.float32), ids)
+    for _ in range(2):
+        got = r.mul_mat_id(w, xt, it)
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
     x16[t // 2, ..., 7] = np.inf
     np.testing.assert_array_equal(r.mul_mat_id(w, x16, ids).view(np.uint32),
                                   r.mul_mat_id(w, x16.astype(np.float32), ids).view(np.uint32))
