@@ -127,6 +127,8 @@ def main():
                     help=f"comma-separated subset of {','.join(FORMATS)} (any case)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated T")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: shapes, bytes, planned cells, reference check")
+    ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16"),
+                    help="the activations' dtype mul_mat_id gets (the torch baseline always runs fp16)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
     ap.add_argument("--rule", action="append", default=[], metavar="NAME=JSON",
@@ -265,7 +267,7 @@ def run_cell(torch, args, fmt, shape, t, ids_h, ws, w16s):
     e, top, m, k = shape
     used, eb = len(np.unique(ids_h)), expert_bytes(fmt, m, k)
     ids = torch.as_tensor(ids_h, device="cuda")
-    x = torch.randn(t, k, device="cuda")
+    x = torch.randn(t, k, device="cuda", dtype=getattr(torch, args.x_dtype))
     y = torch.empty(t, top, m, device="cuda")
     xh = x.half()
     y16 = torch.empty(t, top, m, device="cuda", dtype=torch.float16)
@@ -289,7 +291,8 @@ def run_cell(torch, args, fmt, shape, t, ids_h, ws, w16s):
     g, met = goal(fmt, e, top, t, ours["graph"])
     row = {"fmt": fmt, "experts": e, "top": top, "m": m, "k": k, "T": t, "experts_used": used,
            "used_bytes": used * eb, "tensor_bytes": e * eb, "copies": len(ws), "fp16_copies": len(w16s),
-           "kernels": ops.mul_mat_id_kernels(fmt, t, top, e, k, m), "rel_err": err, "ptxgen": ours, "torch_fp16": peer,
+           "kernels": ops.mul_mat_id_plan(ws[0], t, top, x_dtype=args.x_dtype).kernels, "x_dtype": args.x_dtype,
+           "rel_err": err, "ptxgen": ours, "torch_fp16": peer,
            "llamacpp": llama, "floor_us": floor, "flop_floor_us": 2 * t * top * m * k / 989e12 * 1e6,
            "goal": g, "goal_met": met}
     pg = f"{peer['graph']:.1f}" if peer["graph"] is not None else "—"

@@ -19,6 +19,7 @@
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
 #   x16      bench_op on fp16 activations against fp32 ones (decode's widening, prefill's permute)
+#   x16moe   bench_moe on fp16 x against fp32 x (mul_mat_id's _x16 twins), T = 1 / 32 / 512
 #   x16tq    bench_op TQ4_1S 18944x3584 on fp16 x against fp32 x (its _x16 preps, the fused rotation), T = 1-512
 #   x16model bench_model on fp16 activations (prefill alone, plain and --fuse; then the decode step)
 #   gaps     kernels and launch gaps of the prefill ops of bench_model (T = 512; probe_op_gaps)
@@ -143,6 +144,10 @@ for step in "${@:-tier}"; do
       run "x16_op_$d" 150 python3 bench/bench_op.py --formats q4_K,q6_K --shape 4096x14336 --tokens 1,4,512 \
         --no-decode-loop --x-dtype "$d"
     done ;;
+  x16moe)  # mul_mat_id on fp16 x (the MoE twins) against fp32 x, Q4_K, both shapes, T = 1 / 32 / 512
+    for d in float32 float16; do
+      run "x16moe_$d" 200 python3 bench/bench_moe.py --tokens 1,32,512 --x-dtype "$d" --reps 10
+    done ;;
   x16tq)  # TQ4_1S's decode and prefill on fp16 x (the _x16 preps, rotate_tq4_1s_f16) against fp32 x, eager and graph
     for d in float32 float16; do
       run "x16tq_op_$d" 150 python3 bench/bench_op.py --formats tq4_1s --shape 18944x3584 --tokens 1,4,8,512 \
@@ -189,6 +194,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done
