@@ -1338,14 +1338,13 @@ def _slices(c: _Call, one, size: int = 8) -> None:
 
 def _codec_gemv(c: _Call) -> None:
     """The codec-generic exact GEMV (kernels/gemv_codec.py) in slices of up to 8 tokens, or of up to 16 where the
-    format ships its 16-token build (9-16 tokens in one launch: Q5_K); a one-token slice of an fp16 x on its _x16
-    build (x as given), the others on x widened once (_fp32_x)."""
+    format ships its 16-token build (9-16 tokens in one launch: Q5_K); an fp16 x on the builds' _x16 twins (x as
+    given), where a twin is not built on x widened once (_fp32_x)."""
     from ptxgen.kernels import NOT_SHIPPED
 
     tokens = GEMV_TOKENS + ((16,) if CodecKernel("gemv", c.w.fmt, 16).name not in NOT_SHIPPED else ())
-    def one(n, t0):  # (the one-token build has an fp16-x twin)
-        fn, xp = _x_reader(c.pb, CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)), c.arch, c.k,
-                           t0, x16_ok=n == 1)
+    def one(n, t0):
+        fn, xp = _x_reader(c.pb, CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)), c.arch, c.k, t0)
         c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
                     (c.w.buffer, xp, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
     _slices(c, one, tokens[-1])

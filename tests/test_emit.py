@@ -209,6 +209,11 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # on fp16 x: 8-byte loads of 4 valu
                                               if s != "LDG.E.128.CONSTANT"] + ["LDG.E.64.CONSTANT", "HADD2.F32"]
 EXPECTED_SASS["gemv_q6_k_f32_t8"] = ["FFMA", "SHFL.BFLY", "LDG.E.64.CONSTANT", "LDG.E.U16.CONSTANT", "I2FP.F32.S32"]  # 8-weight
 # lanes there (gemv_codec.TUNED): runs of 2, x by 8-byte loads
+for _f in ("q5_k", "q6_k", "q8_0"):  # the multi-token builds on fp16 x: each value widened (HADD2.F32)
+    for _t in (2, 4, 8, 16):
+        if f"gemv_{_f}_f32_t{_t}_x16" in KERNELS:
+            EXPECTED_SASS[f"gemv_{_f}_f32_t{_t}_x16"] = [s for s in EXPECTED_SASS[f"gemv_{_f}_f32_t{_t}"]
+                                                         if not s.startswith("LDG.E.")] + ["HADD2.F32"]
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # mul_mat_id's GEMV: the codec's decode, a shuffle sum, NaN for a bad id
     EXPECTED_SASS[f"gemv_{_f}_f32_id"] = ["FFMA", "SHFL.BFLY", "FSEL"]
     EXPECTED_SASS[f"gemv_{_f}_f32_idg"] = ["FFMA", "SHFL.BFLY", "SHFL.UP", "STS", "LDS", "FSEL"]  # the expert's pairs

@@ -533,8 +533,7 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
     where the format has no one-launch build: T = 5-8; the hi-only preps of 9-32 tokens), it is the prep's _x16
     build on x as given — no convert_f32 launch, the float32 plan's kernels otherwise; so is a one-token codec GEMV
     (small weights), and so are the lane and tensor-core GEMVs' preps (TQ4_1S's, Q4_K's tensor-core GEMV, the int8
-    lanes') and the one-launch builds of eager calls (their _fused_x16 twins); codec GEMV slices of several tokens
-    read x widened once."""
+    lanes'), the one-launch builds of eager calls (their _fused_x16 twins) and the codec GEMVs of several tokens."""
     cases = (("q4_K", 4096, 14336), ("q5_K", 4096, 14336), ("q6_K", 14336, 4096), ("q8_0", 4096, 14336))
     for fmt, m, k in cases:
         w = fakegpu.weights(fmt, m, k)
@@ -558,9 +557,9 @@ def test_fp16_activations_go_to_the_few_token_preps_x16_builds(gpu):
     for fmt in ("q4_K", "q6_K", "q8_0"):  # small: the codec GEMV at one token, its _x16 build
         w = fakegpu.weights(fmt, 1024, 4096)
         assert ops.mul_mat_plan(w, 1, graph=True, x_dtype="float16").kernels == [f"gemv_{fmt.lower()}_f32_t1_x16"]
-    w = fakegpu.weights("q5_K", 1024, 2048)  # (a codec GEMV slice of several tokens: widened)
+    w = fakegpu.weights("q5_K", 1024, 2048)  # (a codec GEMV slice of several tokens: its _x16 twin too)
     with tuning.override(codec_few_max_tokens={"q5_K": 0}, few_i8_max_tokens={"q5_K": 0}):
-        assert ops.mul_mat_plan(w, 3, graph=True, x_dtype="float16").kernels == ["convert_f32", "gemv_q5_k_f32_t4"]
+        assert ops.mul_mat_plan(w, 3, graph=True, x_dtype="float16").kernels == ["gemv_q5_k_f32_t4_x16"]
     w = fakegpu.weights("tq4_1s", 4096, 14336)  # the rotated codec's lane and tensor-core preps: their _x16 twins
     for t in (1, 4, 9, 16):
         f32 = ops.mul_mat_plan(w, t, graph=True).kernels

@@ -1353,7 +1353,8 @@ for _f in ("q5_K", "q6_K", "q8_0"):
         HARNESSES[f"gemv_{_f.lower()}_f32_t{_t}"] = _with_meta(gemv_codec_case, f"gemv_{_f.lower()}_f32_t{_t}", 2)
 HARNESSES["gemv_q4_k_f32_t1"] = _with_meta(gemv_codec_case, "gemv_q4_k_f32_t1", 2)  # (route small_gemv)
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):  # the one-token builds on fp16 x
-    HARNESSES[f"gemv_{_f}_f32_t1_x16"] = _with_meta(gemv_codec_case, f"gemv_{_f}_f32_t1_x16", 2)
+    for _t in ((1, 2, 4, 8, 16) if _f != "q4_k" else (1,)):
+        HARNESSES[f"gemv_{_f}_f32_t{_t}_x16"] = _with_meta(gemv_codec_case, f"gemv_{_f}_f32_t{_t}_x16", 2)
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"gemv_{_f.lower()}_f32_id"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_id", 3)
     HARNESSES[f"gemv_{_f.lower()}_f32_idg"] = _with_meta(gemv_id_case, f"gemv_{_f.lower()}_f32_idg", 3)

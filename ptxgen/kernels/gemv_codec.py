@@ -493,12 +493,13 @@ KERNELS = [KernelDef(name(f, nt), f"{f.upper()} decode GEMV, exact (fp32 x), up 
 KERNELS += [KernelDef(name(f, 1), f"{f.upper()} decode GEMV, exact (fp32 x), one token, weights by the codec (small "
                       "weights: one launch, no activation prep)", lambda arch, f=f: build(arch, f, 1))
             for f in codecs.with_route("small_gemv") if f not in FORMATS]
-# the one-token builds on fp16 x (a torch model's activations: no convert_f32 launch ahead of them), where the
-# format's activation is x itself (not TQ4_1S's rotated x)
+# the builds on fp16 x (a torch model's activations: no convert_f32 launch ahead of them), where the format's
+# activation is x itself (not TQ4_1S's rotated x)
 X16_FORMATS = tuple(f for f in FORMATS + tuple(g for g in codecs.with_route("small_gemv") if g not in FORMATS)
                     if not hasattr(codecs.get(f), "ROTATION"))
-KERNELS += [KernelDef(CodecKernel("gemv", f, 1, x16=True).name, f"{name(f, 1)} on fp16 x (each value widened as it "
-                      "is loaded)", lambda arch, f=f: build(arch, f, 1, x16=True)) for f in X16_FORMATS]
+KERNELS += [KernelDef(CodecKernel("gemv", f, nt, x16=True).name, f"{name(f, nt)} on fp16 x (each value widened as "
+                      "it is loaded)", lambda arch, f=f, nt=nt: build(arch, f, nt, x16=True))
+            for f in X16_FORMATS for nt in (TOKENS if f in FORMATS else (1,))]
 MOE_FORMATS = codecs.moe()  # (TQ4_1S's lanes give the rotated domain's W: mul_mat_id rotates x first)
 KERNELS += [KernelDef(name_id(f), f"{f.upper()} MoE decode GEMV (mul_mat_id), exact, one (token, slot) pair per "
                       "grid row, weights by the codec", lambda arch, f=f: build(arch, f, 1, moe="pair"))
