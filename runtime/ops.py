@@ -716,8 +716,9 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     m, k = w.shape
     if path is None:
         path = mmq_path(arch, t)
-        if path == "mma.sync" and mma_sync_x16(m, k, t, arch):
-            path = "mma.sync_x16"
+        if path == "mma.sync" and (mma_sync_x16(m, k, t, arch) or xa.dtype == np.float16 and _x16_shipped(w, t, arch)):
+            path = "mma.sync_x16"  # (an fp16 x: the build that reads it as it is, whatever the size — the bits of the
+            # converting build on the same values)
     if path not in MMQ_PATHS:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
     # the wgmma GEMMs read an fp16 x as it is where they take x's natural K order (_gemm_x16: a tensor map over the
@@ -827,6 +828,16 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             xin = _tensor_map(xin.ptr, "f16", t, k, bn, 64, "128B")
         pb.launch(fn, grid, (tw if tma else w.buffer, xin, o, flag, *tail))
     return None if half_in else xa
+
+
+def _x16_shipped(w: QuantTensor, t: int, arch) -> bool:
+    """Whether the fp16 mma.sync GEMM's build on fp16 x (mma.sync_x16) for w's format and t's tile ships for `arch`
+    (one built on demand from the DSL, NOT_SHIPPED, is not taken by default)."""
+    from ptxgen.kernels import NOT_SHIPPED
+
+    bn = next((n for n in MMQ_TILES if t <= n), MMQ_TILES[-1])
+    name = dataclasses.replace(MmqSpec.for_path("mma.sync_x16", bn), fmt=w.fmt).name
+    return name not in NOT_SHIPPED and kernels.build_for(name, arch) is not None
 
 
 def _gemm_x16(pb: PlanBuilder, fn, xa, flag, path: str):

@@ -1326,3 +1326,19 @@ def test_rotate_f16_is_rotate_then_convert_in_one_launch(arch, mode):
     for overflow in (False, True):
         out = check_kernel("rotate_tq4_1s_f16", ptx, seed=mode, mode=mode, overflow=overflow, shape=(5, 256))
         assert out.ok, (overflow, out)
+
+
+@pytest.mark.parametrize("name,splits", [("mmq_q6_k_f16_n32", 1), ("mmq_q8_0_f16_n64", 2), ("mmq_q5_k_f16_n32", 2),
+                                         ("mmq_q4_k_f16_n64", 1)])
+def test_the_fp16_mma_sync_gemm_on_fp16_x_gives_the_converting_builds_bits(name, splits):
+    """mul_mat hands an fp16 x to the fp16 mma.sync GEMM's _x16 build at every size (ops._x16_shipped), and an fp32
+    x to the build converting x inside below mmq_x16_min_work: on the same fp16 values (the harness draws the same
+    x; the converting build rounds it, the _x16 build is handed its fp16) both give the same bits, split or not."""
+    import numpy as np
+
+    ptx_a, ptx_b = (KERNELS[n].for_arch("sm_89").ptx() for n in (name, name + "_x16"))
+    a = check_kernel(name, ptx_a, seed=3, shape=(200, 40, 512), splits=splits)
+    b = check_kernel(name + "_x16", ptx_b, seed=3, shape=(200, 40, 512), splits=splits)
+    assert a.ok and b.ok, (a.detail, b.detail)
+    np.testing.assert_array_equal(np.asarray(a.got, np.float32).view(np.uint32),
+                                  np.asarray(b.got, np.float32).view(np.uint32))

@@ -46,6 +46,22 @@ def test_mul_mat_plans_the_kernels_of_the_dispatch_rule(gpu, fmt, m, k, t, mode,
     assert p.launches[0].pdl is bool(p.launches[0].fn.meta.get("pdl_head"))
 
 
+def test_fp16_x_on_the_mma_sync_gemm_takes_its_x16_build_at_every_size(gpu):
+    """The fp16 mma.sync GEMM (sm_89 / sm_120a, or arch pinned there): for an fp32 x its converting build below
+    mmq_x16_min_work and convert_f16 + its _x16 build above; for an fp16 x the _x16 build at every size (x as it is:
+    no launch before it, no fixup; the emulator gives the converting build's bits on the same fp16 values) where
+    that build ships."""
+    for fmt in ("q6_K", "q8_0", "q5_K"):
+        w = fakegpu.weights(fmt, 1024, 4096)
+        for t in (40, 64, 100):
+            f32 = ops.mul_mat_plan(w, t, arch="sm_89").kernels
+            if not any(n.startswith(f"mmq_{fmt.lower()}_f16_n") for n in f32):
+                continue
+            gemm = next(n for n in f32 if n.startswith("mmq_"))
+            f16 = ops.mul_mat_plan(w, t, arch="sm_89", x_dtype="float16").kernels
+            assert f16 == [gemm if gemm.endswith("_x16") else gemm + "_x16"], (fmt, t, f32, f16)
+
+
 def test_fast_mode_pinned_to_sm90a_skips_the_int8_mmq_it_has_no_build_for(gpu):
     """mode="fast" at 9-16 tokens runs Q4_K's int8 MMQ (mmq_q4_k_q8_n16: mma.sync, built for sm_89 / sm_120a, which
     an H200 runs where no arch is pinned); with arch="sm_90a" pinned there is no such build, so the call takes the
