@@ -197,10 +197,9 @@ def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     raw = formats.quantize(fmt, rng.standard_normal((e * m, k)).astype(np.float32))
     x = (rng.standard_normal((t, slots, k) if per_slot else (t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
     x16 = bool(meta.get("x16"))  # (the _x16 twins: x is fp16; the reference on its widening)
-    if x16:
-        x = x.astype(np.float16).astype(np.float32)
+    x, xm = _widened(x, x16)
     mem = _memory()
-    wa, xa, ia = mem.alloc(raw), mem.alloc(x.astype(np.float16) if x16 else _moe_x(fmt, x)), mem.alloc(ids)
+    wa, xa, ia = mem.alloc(raw), mem.alloc(xm if x16 else _moe_x(fmt, x)), mem.alloc(ids)
     ya = mem.alloc(t * slots * m * 4, poison=0x11)  # finite (1e-28): a row never written fails, NaN rows included
     expert_bytes = m * formats.get(fmt).row_bytes(k)
     ga = None if gate is None else mem.alloc(np.array([gate], np.uint32))
@@ -285,6 +284,16 @@ def _moe_x(fmt: str, x):
     """The x mul_mat_id's kernels read: x, or for a rotated codec (TQ4_1S) x rotated as its ROTATION kernel does
     (mul_mat_id launches it first)."""
     return formats.rht_forward(x) if fmt == "tq4_1s" else x
+
+
+def _widened(x, x16: bool):
+    """For the harness of an _x16 twin (`x16`): (x rounded to fp16 and widened — the values the twin reads, its
+    reference's x —, the fp16 array to put in its memory); else (x, x)."""
+    if not x16:
+        return x, x
+    with np.errstate(over="ignore"):
+        h = x.astype(np.float16)
+    return h.astype(np.float32), h
 
 
 def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, ctas=3,
@@ -432,12 +441,11 @@ def _prep(fast, rotate=True, x16=False):
         `x16` (the _x16 twins): x is fp16, the output that of its fp32 widening."""
         t, k = shape
         x = (rng.standard_normal((t, k)) * rng.choice([1e-3, 1.0, 40.0])).astype(np.float32)
-        if x16:
-            x = x.astype(np.float16).astype(np.float32)
+        x, xm = _widened(x, x16)
         want = formats.rht_forward(x) if rotate else x
         want = T4.to_lanes_q8(formats.quantize("q8_1", want), k) if fast else T4.to_lanes_f32(want)
         mem = _memory()
-        xa = mem.alloc(x.astype(np.float16) if x16 else x)
+        xa = mem.alloc(xm)
         ya = mem.alloc(want.nbytes, poison=0)
         nb = t * k // 32
         _run(ptx, ((nb + 7) // 8,), (256,), (xa, ya, nb, k), mem, seed=seed)
@@ -461,11 +469,10 @@ def _prep_mma(ptx: str, rng, shape=(3, 32 * 9), seed=None, special=True, x16=Fal
         x[-1, 32:64] *= np.float32(1e-4 if x16 else 1e-30)
         x[0, 64:96] *= np.float32(100.0 if x16 else 1e30)
         x[-1, 100] = np.inf
-    if x16:
-        x = x.astype(np.float16).astype(np.float32)
+    x, xm = _widened(x, x16)
     tiles, factors = T4.to_mma_tiles(formats.rht_forward(x))
     mem = _memory()
-    xa = mem.alloc(x.astype(np.float16) if x16 else x)
+    xa = mem.alloc(xm)
     ta, fa = mem.alloc(tiles.nbytes, poison=0xFF), mem.alloc(factors.nbytes, poison=0xFF)
     nitems = 8 * (k // 32)
     _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, t, k), mem, seed=seed)
@@ -492,12 +499,11 @@ def _prep_mma_f16(ptx: str, rng, shape=(3, 512), seed=None, x16=False) -> Outcom
         x[0, 64:96] *= np.float32(100.0 if x16 else 1e30)
     if k >= 512:  # a super-block whose largest value is an order of magnitude below the next one's
         x[-1, 256:512] *= np.float32(1e-3)
-    if x16:
-        x = x.astype(np.float16).astype(np.float32)
+    x, xm = _widened(x, x16)
     tiles, factors = T4.to_mma_tiles(x, T4.Q4K_GROUP)
     sums = T4.mma_min_fragments(x)
     mem = _memory()
-    xa = mem.alloc(x.astype(np.float16) if x16 else x)
+    xa = mem.alloc(xm)
     ta, fa, sa = (mem.alloc(a.nbytes, poison=0xFF) for a in (tiles, factors, sums))
     nitems = 8 * (k // 32)
     _run(ptx, ((nitems + 7) // 8,), (256,), (xa, ta, fa, sa, t, k), mem, seed=seed)
@@ -596,9 +602,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
     x16 = bool(meta.get("x16"))  # (a fused build's _x16 twin: x is fp16; the references on its widening)
-    if x16:
-        with np.errstate(over="ignore"):
-            x = x.astype(np.float16).astype(np.float32)
+    x, xm = _widened(x, x16)
     mem = _memory()
     wa = mem.alloc(raw)
     if records:
@@ -626,7 +630,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     part = mem.alloc(splits * n * m * 4, poison=0xFF)
     tw = (BACKEND[-1].tensor_map(mem, wa, "u32", m, k // 256 * 36, meta["tma_box"][1], meta["tma_box"][0], "none")
           if meta["copy"] == "tma" else wa)  # the cp.async build takes the weight pointer
-    tail = (mem.alloc(x.astype(np.float16) if x16 else x),) if fused else ()
+    tail = (mem.alloc(xm),) if fused else ()
     # gemv_t1.T1_FLAG's builds: the prep's count of CTAs done (k/256 x tokens), as if it ran; reset by the kernel
     rd = (mem.alloc(np.array([k // 256 * meta["tokens"], 0], np.uint32)),) if meta.get("ready_flag") else ()
     _run(ptx, (ctas, splits, nz), (32 * nw,), (tw, *acts, ya, m, k, n, part, ca, *tail, *kp, *rd), mem,
@@ -835,12 +839,10 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
     x = (rng.standard_normal((p if per_slot else t, k)) * rng.choice([1e-3, 1.0, 3e3])).astype(np.float32)
     if rng.integers(0, 2):
         x[rng.integers(0, len(x)), rng.integers(0, k)] = np.float32(7e4)
-    if x16:
-        with np.errstate(over="ignore"):
-            x = x.astype(np.float16).astype(np.float32)
+    x, xm = _widened(x, x16)
     offsets, groups, work = reference(ids, e, tile)
     mem = _memory()
-    ia, xa, fa = mem.alloc(ids), mem.alloc(x.astype(np.float16) if x16 else x), mem.alloc(np.zeros(1, np.uint32))
+    ia, xa, fa = mem.alloc(ids), mem.alloc(xm), mem.alloc(np.zeros(1, np.uint32))
     oa, offa = mem.alloc(4 * p, poison=0xFF), mem.alloc(4 * (e + 1), poison=0xFF)
     wa, ya = mem.alloc(4 * (1 + p // tile + e), poison=0xFF), mem.alloc(np.zeros((p, m), np.float32))
     x16a = mem.alloc(2 * p * k, poison=0xFF)
