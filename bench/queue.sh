@@ -6,6 +6,8 @@
 #   tier     the GPU tier (~5 min)
 #   sk       stream-K register-A GEMMs against the uniform plans (rule mmq_stream_k_min_gain)
 #   model    bench_model on fp32 x, then on fp16 x (#34's decode and prefill rows; run it on an H200)
+#   i34      #34's per-format rows at HEAD: bench_op Q5_K / Q6_K / Q8_0 4096x14336 at T = 16 / 512 / 4096, Q4_K
+#            and TQ4_1S 18944x3584 at T = 512, bench_gemv's graph-replayed T = 1 loop of Q5_K / Q6_K / Q8_0
 #   xrot     bench_op eager / graph on fp16 x rotating over 1, 8, 40 x buffers (a tensor-map encode per new address)
 #   fixup    bench_model's prefill on fp32 x with the fixup at 4 CTAs an SM (shipped) and at 1 (rule fixup_ctas_per_sm)
 #   tq4rot   TQ4_1S's prefill with its rotation writing the GEMM's fp16 copy (rotate_tq4_1s_f16) against the
@@ -72,6 +74,11 @@ for step in "${@:-tier}"; do
   model)
     run model 150 python3 bench/bench_model.py
     run model_x16 150 python3 bench/bench_model.py --x-dtype float16 ;;
+  i34)  # every per-format row of #34's table at HEAD (the op as called: eager, graph, kernel; llama.cpp beside)
+    run i34_op 240 python3 bench/bench_op.py --formats q5_K,q6_K,q8_0 --shape 4096x14336 --tokens 16,512,4096 \
+      --no-decode-loop --reps 10
+    run i34_tq 90 python3 bench/bench_op.py --formats q4_K,tq4_1s --shape 18944x3584 --tokens 512 --no-decode-loop --reps 10
+    run i34_gemv 150 python3 bench/bench_gemv.py --formats q5_K,q6_K,q8_0 --shapes 4096x14336 --tokens 1 --modes exact ;;
   xrot)  # the op as called, eager, on fp16 x through the natural-order GEMMs: one x buffer, 8 (the per-address
     # tensor maps memoised), 40 (every call encodes one on the host); Q4_K and Q6_K 4096x14336, T = 64 / 512
     for n in 1 8 40; do
@@ -194,6 +201,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done
