@@ -13,6 +13,7 @@
 #   tq4rot   TQ4_1S's prefill with its rotation writing the GEMM's fp16 copy (rotate_tq4_1s_f16) against the
 #            launches before it (knob PTXGEN_ROTATE_F16=0), fp32 and fp16 x, on 18944x3584
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
+#   xt       TQ4_1S T = 1 on the product-table GEMV (rule xtab_max_tokens) against the lane GEMVs, and its GPU tests
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
@@ -94,6 +95,14 @@ for step in "${@:-tier}"; do
     for d in float32 float16; do
       run "tq4rot_$d" 120 "${AB[@]}" --kernels 'rotate_tq4_1s_f16$' --formats tq4_1s --shape 18944x3584 \
         --tokens 17,64,512 --weights 8 --x-dtype "$d" --variant 'old: knob.PTXGEN_ROTATE_F16=0'
+    done ;;
+  xt)  # #36's TQ4_1S T = 1 (20.1 µs, goal 14.2): gemv_tq4_1s_xt_t1 (one launch, x's products by qs byte) against
+    # prep_tq4_1s + gemv_tq4_1s_tma_t1, graph-replayed over 24 weights; then its GPU tests and GPU == emulator
+    run xt_gpu_tests 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_gemv.py \
+      tests/test_gpu_emu_crosscheck.py -k 'product_table or xt_t1'
+    for s in 18944x3584 3584x18944 4096x14336; do
+      run "xt_$s" 100 "${AB[@]}" --kernels 'gemv_tq4_1s_xt_t1$' --formats tq4_1s --shape "$s" --tokens 1 --weights 24 \
+        --variant 'xt: rule.xtab_max_tokens={"tq4_1s": 1}'
     done ;;
   tq4few)
     for s in 18944x3584 3584x18944; do
@@ -201,6 +210,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done

@@ -105,6 +105,8 @@ class GemvKernel:
     i8: bool = False  # "few", "prep_few": int8 MMAs on the activation's digit planes (gemv_<fmt>_i8_t<tokens>)
     x16: bool = False  # the preps and the one-launch ("few", fused) builds: read fp16 x (a torch model's
     # activations; no convert_f32 launch before them)
+    xtab: bool = False  # "gemv" (TQ4_1S, one token): codebook products of x looked up per qs byte from tables
+    # built from x by the CTA (gemv_tq4_1s_xt_t1; kernels/gemv_xt.py)
 
     @property
     def name(self) -> str:
@@ -112,7 +114,7 @@ class GemvKernel:
         rot = f == "tq4_1s"
         fast = "_fast" if self.fast and f != "q8_0" else ""
         fused, t = "_fused" if self.fused else "", f"t{self.tokens}" + ("h" if self.hi_only else "")
-        names = {"gemv": f"gemv_{f}{fast}{'_tma' if self.tma else ''}_t{self.tokens}{fused}",
+        names = {"gemv": f"gemv_{f}{fast}{'_tma' if self.tma else ''}{'_xt' if self.xtab else ''}_t{self.tokens}{fused}",
                  "mma": f"gemv_{f}_mma" + ("_m16" if self.small else "") + ("_tma" if self.tma else "")
                         + (f"_n{self.tokens}" if self.tokens > 8 else ""),
                  "few": (f"gemv_{f}_i8_{t}{fused}" if self.i8 else f"gemv_{f}_mma_{t}{'s' if self.shared else ''}{fused}")

@@ -1523,8 +1523,9 @@ def _one_round(name: str, m: int, arch) -> bool:
 
 
 def _decode(c: _Call) -> None:
-    """The exact decode per slice of up to 8 tokens, as the codec's DECODE describes it (Q4_K, TQ4_1S): the
-    activation-in-registers GEMV (opt-in, one token), the few-token tensor-core builds, the tensor-core GEMV (its
+    """The exact decode per slice of up to 8 tokens, as the codec's DECODE describes it (Q4_K, TQ4_1S): one token
+    on the GEMV on tables of x's products where RULES.xtab_max_tokens names the format (TQ4_1S; off until timed),
+    the activation-in-registers GEMV (opt-in, one token), the few-token tensor-core builds, the tensor-core GEMV (its
     knob; on auto from _mma_min tokens), else the fp32 lane GEMV — TMA-fed where it may be, a rotated codec's
     rotation fused into it for T ≤ FUSED_MAX_TOKENS with rotation="fused" (wider calls rotate once up front)."""
     from ptxgen import codecs
@@ -1542,8 +1543,13 @@ def _decode(c: _Call) -> None:
     min_tokens = _mma_min(fmt, m, k)
     lanes = []  # the activation in the lane layout, prepared once if a lane kernel needs it
 
+    xtab = GemvKernel("gemv", fmt, 1, xtab=True).name
+    xtab = xtab if _per_format(RULES.xtab_max_tokens, fmt, 0) >= 1 and kernels.build_for(xtab, c.arch) else None
+
     def one(n, t0):
         y_ptr = pb.y.ptr + 4 * t0 * m
+        if xtab and n == 1:  # one token on tables of x's products (reads x unrotated, fp32: one launch)
+            return _gemv_launch(pb, kernels.load(xtab, c.arch), w, _fp32_x(pb, c.arch).ptr + 4 * k * t0, y_ptr, m, k, 1)
         xr_one = xr and n == 1 and tc != "on"
         if not xr_one and few and _few_ok(fmt, n, m, c.arch, d["few_knob"]):  # few tokens on tensor cores, (hi, lo)
             return _few_token_gemv(pb, w, t0, y_ptr, m, k, n, c.arch)  # B columns (an fp16 x: its _x16 prep)

@@ -703,3 +703,32 @@ def test_fp16_activations_give_the_bits_of_their_fp32_widening(fmt, m, k, t):
     x16[t - 1, 5] = np.inf
     got = r.mul_mat(w, x16)
     assert not np.isfinite(got[t - 1]).all() and np.isfinite(got[:t - 1]).all()
+
+
+@pytest.mark.parametrize("m,k", [(18944, 3584), (3584, 18944), (2100, 1184), (1000, 96), (1, 32), (4096, 4096)])
+def test_tq4_1s_product_table_gemv(m, k):
+    """gemv_tq4_1s_xt_t1 (RULES.xtab_max_tokens raised; off until timed): one launch on x unrotated, within 1e-5 of
+    float64 with the lane GEMV's bar, outputs NaN-poisoned first, bit-identical run to run and from an fp16 x as
+    from its fp32 widening; an inf in x makes every output non-finite, as on the lane GEMV (every row reads every
+    block). GPU == emulator is test_gpu_emu_crosscheck's."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(m + k)
+    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    want = formats.gemv_tq4_1s_ref(raw, m, k, x)
+    with tuning.override(xtab_max_tokens={"tq4_1s": 1}):
+        assert r.mul_mat_plan(w, 1).kernels == ["gemv_tq4_1s_xt_t1"]
+        out = r.DeviceArray.empty((1, m), np.float32)
+        out.owner.fill_bytes(0xFF)
+        r.mul_mat(w, x, out=out)
+        got = out.numpy()
+        assert np.isfinite(got).all() and rel(got, want) <= 1e-5, rel(got, want)
+        np.testing.assert_array_equal(r.mul_mat(w, x), got)
+        h = x.astype(np.float16)
+        np.testing.assert_array_equal(r.mul_mat(w, h), r.mul_mat(w, h.astype(np.float32)))
+        bad = x.copy()
+        bad[0, k // 2] = np.inf
+        assert not np.isfinite(r.mul_mat(w, bad)).any()
+    assert not np.isfinite(r.mul_mat(w, bad)).any()  # (the lane GEMV's)

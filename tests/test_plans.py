@@ -1119,3 +1119,26 @@ def test_small_one_token_q4_k_calls_run_the_codec_gemv_where_the_rule_says(gpu):
         assert "gemv_q4_k_f32_t1" not in ops.mul_mat_plan(big, 1).kernels
     with tuning.override(codec_gemv_t1_max_weights={"q4_K": 0}):
         assert "gemv_q4_k_f32_t1" not in ops.mul_mat_plan(small, 1).kernels
+
+
+def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
+    """RULES.xtab_max_tokens (off until timed) sends a one-token TQ4_1S call to gemv_tq4_1s_xt_t1 alone (it reads x
+    unrotated: no prep), over ceil(M / 1024) row CTAs and K splits that fill the GPU; wider calls, sm_89 (no build)
+    and the default rule keep the lane GEMVs. The launch binds, waits at its head (PDL) and takes fp16 x through
+    the one conversion the fp32-x kernels get."""
+    sms = driver.current().sm_count
+    for m, k in ((18944, 3584), (3584, 18944), (4096, 4096), (100, 96)):
+        w = fakegpu.weights("tq4_1s", m, k)
+        assert ops.mul_mat_plan(w, 1).kernels[-1] != "gemv_tq4_1s_xt_t1"
+        with tuning.override(xtab_max_tokens={"tq4_1s": 1}):
+            p = ops.mul_mat_plan(w, 1)
+            assert p.kernels == ["gemv_tq4_1s_xt_t1"], (m, k, p.kernels)
+            ctas, splits = p.launches[0].grid
+            assert ctas == -(-m // 1024) and 1 <= splits and ctas * splits <= sms, (m, k, p.launches[0].grid)
+            assert p.launches[0].pdl and p.launches[0].fn.meta["pdl_head"]
+            p.bound(fakegpu.FakeWorkspace(p))
+            assert ops.mul_mat_plan(w, 2).kernels[-1] != "gemv_tq4_1s_xt_t1"
+            assert ops.mul_mat_plan(w, 1, arch="sm_89").kernels[-1] != "gemv_tq4_1s_xt_t1"
+            h = ops.mul_mat_plan(w, 1, x_dtype="float16")
+            assert h.kernels[-1] == "gemv_tq4_1s_xt_t1" and len(h.kernels) == 2, h.kernels
+            h.bound(fakegpu.FakeWorkspace(h))

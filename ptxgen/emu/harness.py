@@ -1270,6 +1270,7 @@ HARNESSES: dict[str, Callable] = {"quantize_q8_1": _q8_1, "quantize_q8_1_mmq": _
 for _n in [f"gemv_{f}_t{t}{s}" for f in ("tq4_1s", "q4_k") for t in (1, 2, 4, 8) for s in ("", "_fused")
            if not ((f == "q4_k" or t == 8) and s)]:
     HARNESSES[_n] = _gemv(_n)
+HARNESSES["gemv_tq4_1s_xt_t1"] = _gemv("gemv_tq4_1s_xt_t1")
 for _t in (1, 2, 4, 8):
     for _n in (f"gemv_tq4_1s_fast_t{_t}", f"gemv_q4_k_fast_t{_t}", f"gemv_q5_k_fast_t{_t}", f"gemv_q6_k_fast_t{_t}", f"gemv_q8_0_t{_t}",
                f"gemv_tq4_1s_tma_t{_t}"):

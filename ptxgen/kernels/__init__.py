@@ -50,10 +50,10 @@ def _resident(k: Kernel, arch: Arch) -> Kernel:
 
 def _registry() -> dict[str, KernelDef]:
     from . import (convert_f16, dequantize, fixup, frags, gemv, gemv_codec, gemv_mma_codec, gemv_t1,
-                   gemv_xr, mmq, moe_group, quantize_q8_1)
+                   gemv_xr, gemv_xt, mmq, moe_group, quantize_q8_1)
 
     defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, *frags.KERNELS, convert_f16.KERNEL,
-            convert_f16.KERNEL_PERM, convert_f16.KERNEL_PERMUTE, convert_f16.KERNEL_COPY, convert_f16.KERNEL_WIDEN, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *mmq.kernel_defs(), *fixup.KERNELS,
+            convert_f16.KERNEL_PERM, convert_f16.KERNEL_PERMUTE, convert_f16.KERNEL_COPY, convert_f16.KERNEL_WIDEN, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *gemv_xt.KERNELS, *mmq.kernel_defs(), *fixup.KERNELS,
             moe_group.KERNEL, moe_group.KERNEL_GATHER, moe_group.KERNEL_GATHER_SUMS, *moe_group.KERNELS_GATHER_X16,
             moe_group.KERNEL_CHECK]
     return {d.name: d for d in defs}
@@ -73,6 +73,7 @@ NOT_SHIPPED = {
     "gemv_q4_k_xr": "T = 1 with x in registers: PTXGEN_Q4K_XR=1 only; 10-40% slower than the default decode kernels",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
+    "gemv_tq4_1s_xt_t1": "TQ4_1S's one-token GEMV on tables of x's products: not timed yet (bench/NOTES.md, 2026-12-06)",
 }
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n96_moe"] = ("a MoE token tile between n64 and n128: slower than n64 at 32 x top-4 "
                                             "T = 512 (69.7 -> 72.8 graph µs, bench/NOTES.md 2026-12-04); rule "

@@ -1,0 +1,227 @@
+"""TQ4_1S's one-token exact GEMV on tables of x's products (gemv_tq4_1s_xt_t1, sm_90a; not shipped until timed).
+
+Why: the lane GEMVs look each weight's codebook value up (8 bytes a qs byte: (C[lo], C[hi]) as fp32, one LDS.64),
+so a warp-step of 4096 weights spends ~128 shared-memory wavefronts on lookups and ~200 in all — 12.7 µs of the
+H200's L1 on 18944x3584 with the pipe never idle, where #36 asks 14.2 µs of the op (bench/NOTES.md, 2026-12-06).
+Here a table holds the *products*: for a chunk of 8 blocks (256 columns, 128 qs bytes), T[v][p] = C[v & 15]·x[2p] +
+C[v >> 4]·x[2p + 1] for every byte value v and byte position p (x rotated: the RHT of each block by shfl
+butterflies, bit-identical to rht_forward), built once by the CTA and read by all its rows: one 4-byte lookup per
+qs byte, its two weights' products already summed — half the lookup bytes, no FFMA per weight.
+
+- A CTA of 16 warps owns 64·16 = 1024 consecutive rows and a contiguous run of K's blocks (gridDim.y splits K into
+  runs that differ by at most one block; the last warp of a row group to arrive sums the splits in z order, as the
+  other split-K GEMVs). Per chunk: warps 0-7 rotate its blocks into shared memory, then every thread builds 64
+  entries of the 128 KB table (position p = 4·lane + warp % 4, values v in the warp's quarter warp / 4), then each
+  warp walks its 64 rows: lane l loads qs word l % 4 of block l / 4 (byte positions 4l .. 4l + 3) and that
+  half-block's scale d, looks the four bytes up and adds d·(T0 + T1 + T2 + T3) into the row's accumulator.
+- The table is laid out T[v][i][l] (entry (v·128 + 32·i + l)·4 for byte i of lane l's word): the 32 lanes of a
+  lookup hit 32 banks whatever their bytes; the builders' stores likewise.
+- The weights of the next 8 rows are in flight while a group computes (two register sets), and the first group of
+  the next chunk while the CTA rotates and builds. The op's only kernel: launched behind the op before (PDL), it
+  waits for it before touching memory (pdl_head).
+- At the end a lane holds 64 partial sums; a halving butterfly (five shfl rounds, 32 + 16 + 8 + 4 + 2 exchanges)
+  leaves rows 2l and 2l + 1 of the warp's 64 on lane l.
+Numerics: fp32 throughout (the entry's two products and their sum, the four entries' sum, d times it), x rotated
+as rotate_tq4_1s does: relative error ~1e-7 of float64, like the lane GEMVs (a different order, not their bits).
+"""
+from __future__ import annotations
+
+from ..builder import KernelBuilder
+from ..codecs.tq4_1s import _codebook
+from ..formats import tq4_1s as T4
+from ..ir import Imm, Mem
+from ..specs import GemvKernel
+from . import KernelDef
+from .gemv import _rotate_lane, _store_or_split, _warp_rows
+
+XT_WARPS = 16
+XT_ROWS = 64  # rows a warp (accumulators a lane)
+XT_GROUP = 8  # rows whose weights are loaded together (two register sets: one group in flight while one computes)
+XT_CHUNK = 8  # blocks a chunk: 128 qs byte positions, the table's
+TABLE_BYTES = 256 * 4 * XT_CHUNK * 16  # 256 byte values x 128 positions x fp32
+ARCHS = ("sm_90a",)  # 129 KB of shared memory a CTA: not on sm_89 / sm_120a (~100 KB)
+
+
+def _rotate_chunk(b, warp, lane, A, cb, b1, xr):
+    """Warps 0-7: block cb + warp of x, rotated, into xr (zeros past the run's end, so that the table reads
+    nothing unwritten)."""
+    skip, zero, done = b.label("no_rotate"), b.label("rot_zero"), b.label("rot_done")
+    b.bra(skip, pred=b.op("setp.ge.u32", warp, Imm(XT_CHUNK, "u32")))
+    blk = b.op("add.u32", cb, warp)
+    dst = b.op("mad.lo.u32", b.op("mad.lo.u32", warp, Imm(32, "u32"), lane), Imm(4, "u32"), xr)
+    b.bra(zero, pred=b.op("setp.ge.u32", blk, b1))
+    v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", blk, Imm(32, "u32"), lane), Imm(4, "u32"), A)))
+    b.emit("st.shared.f32", Mem(dst), _rotate_lane(b, v, lane))
+    b.bra(done)
+    b.place(zero)
+    b.emit("st.shared.f32", Mem(dst), Imm(0.0, "f32"))
+    b.place(done)
+    b.place(skip)
+
+
+def _build_table(b, xrb, bst, chi):
+    """This thread's 64 entries: position p (x[2p], x[2p + 1] at xrb), values v = 64·(warp / 4) + 16·h + lo."""
+    x01 = b.regs("f32", 2)
+    b.emit("ld.shared.v2.f32", b.vec(x01), Mem(xrb))
+    for lo, c in enumerate(T4.CODEBOOK):
+        p0 = b.op("mul.rn.f32", x01[0], Imm(float(c), "f32"))
+        for h in range(4):
+            e = b.op("fma.rn.f32", chi[h], x01[1], p0)
+            b.emit("st.shared.f32", Mem(bst, (16 * h + lo) * 4 * XT_CHUNK * 16), e)
+
+
+def _load_group(b, js, ok_lane, left, rowbytes, wq, wd, regs):
+    """The qs word and scale half of this lane in rows row0 + j, j in `js` (the loads predicated on the row being
+    below M — j < left — and the lane's block in the run; a skipped scale reads 0, a skipped word keeps whatever it
+    held: such a lane's position has x = 0 in the chunk's table, so its entries are 0 whatever the byte): [(q, dh)].
+    The two 64-bit pointers step by a row (wq, wd: row row0 + js[0]'s; left past the group's last row). `regs`:
+    the register set [(q, dh)] the group loads into (two sets, alternating)."""
+    out = []
+    for (q, dh), (i, j) in zip(regs, enumerate(js)):
+        if i:
+            b.emit("add.s64", wq, wq, rowbytes)
+            b.emit("add.s64", wd, wd, rowbytes)
+        ok = b.op("and.pred", ok_lane, b.op("setp.lt.s32", Imm(j, "s32"), left))
+        b.emit("mov.b16", dh, Imm(0, "b16"))
+        b.emit("ld.global.nc.b32", q, Mem(wq), pred=ok)
+        b.emit("ld.global.nc.b16", dh, Mem(wd), pred=ok)
+        out.append((q, dh))
+    b.emit("add.s64", wq, wq, rowbytes)
+    b.emit("add.s64", wd, wd, rowbytes)
+    return out
+
+
+def _lookup_group(b, loaded, acc, tabl, zero):
+    """acc[j] += d·(T[byte 0] + .. + T[byte 3]) for each loaded row (a skipped lane adds 0·0)."""
+    for (q, dh), a in zip(loaded, acc):
+        ent = []
+        for i in range(4):
+            v = b.op("prmt.b32", q, zero, Imm(0x4440 | i, "b32"))
+            ent.append(b.op("ld.shared.f32", Mem(b.op("mad.lo.u32", v, Imm(4 * XT_CHUNK * 16, "u32"), tabl), 128 * i)))
+        s = b.op("add.rn.f32", b.op("add.rn.f32", ent[0], ent[1]), b.op("add.rn.f32", ent[2], ent[3]))
+        b.emit("fma.rn.f32", a, b.op("cvt.f32.f16", dh), s, a)
+
+
+def _reduce_scatter(b, lane, vals):
+    """The warp's sums of each of len(vals) rows (a power of two, 2·32 here), lane l left with rows
+    (len / 32)·l ... : per round h = 16 .. 1 a lane keeps the half its bit h picks and adds its partner's."""
+    for h in (16, 8, 4, 2, 1):
+        n = len(vals) // 2
+        upper = b.op("setp.ne.u32", b.op("and.b32", lane, Imm(h, "b32")), Imm(0, "u32"))
+        new = []
+        for j in range(n):
+            send = b.op("selp.f32", vals[j], vals[j + n], upper)
+            keep = b.op("selp.f32", vals[j + n], vals[j], upper)
+            o = b.op("shfl.sync.bfly.b32", send, Imm(h, "u32"), Imm(31, "u32"), Imm(0xFFFFFFFF, "b32"), type="f32")
+            new.append(b.op("add.rn.f32", keep, o))
+        vals = new
+    return vals
+
+
+def build_xtab(arch):
+    """gemv_tq4_1s_xt_t1: the module docstring's kernel (ABI of the lane GEMVs: w, a = x unrotated fp32, y, m, k,
+    ntok = 1, part, counters)."""
+    NW, RW, G = XT_WARPS, XT_ROWS, XT_GROUP
+    name = GemvKernel("gemv", "tq4_1s", 1, xtab=True).name
+    b = KernelBuilder(name, arch, "TQ4_1S GEMV (exact), one token, codebook products of x by qs byte from a "
+                      "table the CTA builds per 256 columns", block=(32 * NW, 1, 1))
+    w_p, a_p, y_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+    m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
+    part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
+    b.directives += [f".maxntid {32 * NW}, 1, 1", ".minnctapersm 1"]
+    b.pdl_head()  # an op's only kernel: it may start behind the op before, touching nothing until that has completed
+    xr_sym = b.shared_buffer("xr", 4 * 32 * XT_CHUNK, align=16)
+    tab_sym = b.dynamic_shared(TABLE_BYTES)
+    b.meta.update(split_k="gridDim.y splits K's blocks into contiguous runs (within one block of each other); part: "
+                          "splits x ntok x m fp32, counters: one u32 per warp (zero, left zero)",
+                  ctas_per_sm=1, tokens=1, rows_per_cta=RW * NW, rows_per_warp=RW, warps=NW,
+                  grid="ceil(m / rows_per_cta)", pdl=arch.has("griddepcontrol"), fmt="tq4_1s", mode="exact",
+                  # gemv_splits: a "step" of 32 lanes x lane_cols columns is a block here, 4 at least a split (half a
+                  # chunk: the table's build is a chunk's whatever its blocks)
+                  lane_cols=1, min_split_steps=XT_CHUNK // 2, max_splits=64, fused_rotation=True,
+                  activation="x (fp32)", dynamic_smem=b.dynamic_smem,
+                  lookup=f"one ld.shared.f32 per qs byte: C[lo]·x[2p] + C[hi]·x[2p + 1] from a {TABLE_BYTES // 1024} KB "
+                         "table of the chunk's products (256 values x 128 positions)")
+    W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
+    M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
+    tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, RW)
+    kz, nz = b.special("ctaid.y"), b.special("nctaid.y")
+    nblk = b.op("shr.u32", K, Imm(5, "u32"))
+    b0 = b.op("div.u32", b.op("mul.lo.u32", kz, nblk), nz)
+    b1 = b.op("div.u32", b.op("mul.lo.u32", b.op("add.u32", kz, Imm(1, "u32")), nblk), nz)
+    rowbytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
+    lblk = b.op("shr.u32", lane, Imm(2, "u32"))
+    lw = b.op("and.b32", lane, Imm(3, "b32"))
+    qoff = b.op("mad.lo.u32", lblk, Imm(20, "u32"), b.op("mad.lo.u32", lw, Imm(4, "u32"), Imm(4, "u32")))
+    doff = b.op("mad.lo.u32", lblk, Imm(20, "u32"), b.op("shl.b32", b.op("shr.u32", lw, Imm(1, "u32")), Imm(1, "u32")))
+    tab = b.op("mov.u32", tab_sym)
+    xr = b.op("mov.u32", xr_sym)
+    tabl = b.op("mad.lo.u32", lane, Imm(4, "u32"), tab)  # + v·512 + 128·i: byte i of lane's word, value v
+    quarter = b.op("and.b32", warp, Imm(3, "b32"))
+    vq = b.op("shr.u32", warp, Imm(2, "u32"))
+    # the builder's position p = 4·lane + quarter: x[2p], x[2p + 1]; its entries from v = 64·vq
+    xrb = b.op("mad.lo.u32", b.op("mad.lo.u32", lane, Imm(8, "u32"), b.op("shl.b32", quarter, Imm(1, "u32"))),
+               Imm(4, "u32"), xr)
+    bst = b.op("add.u32", b.op("mad.lo.u32", vq, Imm(64 * 4 * XT_CHUNK * 16, "u32"), tabl),
+               b.op("mul.lo.u32", quarter, Imm(128, "u32")))
+    cbp = _codebook(b)
+    chi = [b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", vq, Imm(4, "u32"), Imm(h, "u32")),
+                                             Imm(4, "u32"), cbp))) for h in range(4)]
+    zero = b.op("mov.b32", Imm(0, "b32"))
+    acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(RW)]
+    left = b.op("sub.s32", M, row0)  # rows of the warp below M (≤ 0: none)
+    rowbytes64 = b.op("cvt.u64.u32", rowbytes)
+    roff = b.op("mul.wide.u32", row0, rowbytes)  # the warp's first row, bytes
+
+    def chunk_ptrs(cb, wq, wd):
+        """The lane's block in the run (a predicate), and row row0's pointers to its qs word and scale in chunk cb."""
+        wc = b.op("add.s64", b.op("mad.wide.u32", cb, Imm(20, "u32"), W), roff)
+        ok = b.op("setp.lt.u32", b.op("add.u32", cb, lblk), b1)
+        b.emit("add.s64", wq, wc, b.op("cvt.u64.u32", qoff))
+        b.emit("add.s64", wd, wc, b.op("cvt.u64.u32", doff))
+        return ok
+
+    cb = b.op("mov.u32", b0)
+    wq, wd = b.reg("u64"), b.reg("u64")
+    ok_lane = chunk_ptrs(cb, wq, wd)
+    b.comment("the first group's weights in flight, then wait for the op before (x)")
+    sets = [[(b.reg("b32"), b.reg("b16")) for _ in range(G)] for _ in range(2)]
+    for q, _ in sets[0] + sets[1]:  # (a skipped load leaves its word as it was: defined)
+        b.emit("mov.b32", q, Imm(0, "b32"))
+    first = _load_group(b, range(G), ok_lane, left, rowbytes64, wq, wd, sets[0])
+    if arch.has("griddepcontrol"):
+        b.emit("griddepcontrol.wait")
+    loop, done = b.label("chunk"), b.label("chunks_done")
+    b.bra(done, pred=b.op("setp.ge.u32", cb, b1))
+    b.place(loop)
+    b.emit("bar.sync", Imm(0, "u32"))  # the previous chunk's lookups are done with xr and the table
+    _rotate_chunk(b, warp, lane, A, cb, b1, xr)
+    b.emit("bar.sync", Imm(0, "u32"))
+    _build_table(b, xrb, bst, chi)
+    b.emit("bar.sync", Imm(0, "u32"))
+    b.emit("add.u32", cb, cb, Imm(XT_CHUNK, "u32"))
+    loaded = first
+    for g in range(RW // G):
+        if g + 1 < RW // G:
+            nxt = _load_group(b, range((g + 1) * G, (g + 2) * G), ok_lane, left, rowbytes64, wq, wd, sets[(g + 1) % 2])
+        else:  # the next chunk's first group (nothing past the run)
+            b.emit("mov.pred", ok_lane, chunk_ptrs(cb, wq, wd))
+            nxt = _load_group(b, range(G), ok_lane, left, rowbytes64, wq, wd, sets[(g + 1) % 2])
+        _lookup_group(b, loaded, acc[g * G:(g + 1) * G], tabl, zero)
+        loaded = nxt
+    assert (RW // G) % 2 == 0  # the next chunk's first group landed in set 0, where the loop expects it
+    b.bra(loop, pred=b.op("setp.lt.u32", cb, b1))
+    b.place(done)
+    b.comment("rows 2·lane, 2·lane + 1 of the warp's 64: a halving butterfly over the lanes' partial sums")
+    tot = _reduce_scatter(b, lane, acc)
+    items = []
+    for e in range(RW // 32):
+        row = b.op("add.u32", row0, b.op("mad.lo.u32", lane, Imm(RW // 32, "u32"), Imm(e, "u32")))
+        items.append((b.op("setp.lt.u32", row, M), row, tot[e]))
+    _store_or_split(b, items, lane, gwarp, kz, nz, M, ntok, Y, part_p, cnt_p)
+    return b.finish()
+
+
+KERNELS = [KernelDef(GemvKernel("gemv", "tq4_1s", 1, xtab=True).name,
+                     "TQ4_1S exact GEMV, one token: the products of x's rotated values by qs byte from a table the CTA "
+                     "builds per 256 columns (one 4-byte lookup per two weights)", build_xtab, archs=ARCHS)]
