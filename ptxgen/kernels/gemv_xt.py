@@ -14,8 +14,9 @@ qs byte, its two weights' products already summed — half the lookup bytes, no 
   entries of the 128 KB table (position p = 4·lane + warp % 4, values v in the warp's quarter warp / 4), then each
   warp walks its 64 rows: lane l loads qs word l % 4 of block l / 4 (byte positions 4l .. 4l + 3) and that
   half-block's scale d, looks the four bytes up and adds d·(T0 + T1 + T2 + T3) into the row's accumulator.
-- The table is laid out T[v][i][l] (entry (v·128 + 32·i + l)·4 for byte i of lane l's word): the 32 lanes of a
-  lookup hit 32 banks whatever their bytes; the builders' stores likewise.
+- The table is two halves of 64 KB (bytes 0-1, 2-3 of a lane's word), entry v·256 + 4·l + 128·(i % 2) for byte i of
+  lane l: one prmt makes the offset (the byte beside the lane's), the 32 lanes of a lookup hit 32 banks whatever
+  their bytes; the builders' stores likewise.
 - The weights of the next 8 rows are in flight while a group computes (two register sets), and the first group of
   the next chunk while the CTA rotates and builds. The op's only kernel: launched behind the op before (PDL), it
   waits for it before touching memory (pdl_head).
@@ -67,7 +68,7 @@ def _build_table(b, xrb, bst, chi):
         p0 = b.op("mul.rn.f32", x01[0], Imm(float(c), "f32"))
         for h in range(4):
             e = b.op("fma.rn.f32", chi[h], x01[1], p0)
-            b.emit("st.shared.f32", Mem(bst, (16 * h + lo) * 4 * XT_CHUNK * 16), e)
+            b.emit("st.shared.f32", Mem(bst, (16 * h + lo) * 256), e)
 
 
 def _load_group(b, js, ok_lane, left, rowbytes, wq, wd, regs):
@@ -91,13 +92,14 @@ def _load_group(b, js, ok_lane, left, rowbytes, wq, wd, regs):
     return out
 
 
-def _lookup_group(b, loaded, acc, tabl, zero):
-    """acc[j] += d·(T[byte 0] + .. + T[byte 3]) for each loaded row (a skipped lane adds 0·0)."""
+def _lookup_group(b, loaded, acc, tabs, lbs):
+    """acc[j] += d·(T[byte 0] + .. + T[byte 3]) for each loaded row (a skipped lane adds 0·0). Byte i's entry: half
+    table tabs[i / 2], offset v·256 + lbs[i % 2] — one prmt puts the byte v beside the lane's byte lbs."""
     for (q, dh), a in zip(loaded, acc):
         ent = []
         for i in range(4):
-            v = b.op("prmt.b32", q, zero, Imm(0x4440 | i, "b32"))
-            ent.append(b.op("ld.shared.f32", Mem(b.op("mad.lo.u32", v, Imm(4 * XT_CHUNK * 16, "u32"), tabl), 128 * i)))
+            off = b.op("prmt.b32", q, lbs[i % 2], Imm(0x5504 | (i << 4), "b32"))  # (v << 8) | lane's byte
+            ent.append(b.op("ld.shared.f32", Mem(b.op("add.u32", off, tabs[i // 2]))))
         s = b.op("add.rn.f32", b.op("add.rn.f32", ent[0], ent[1]), b.op("add.rn.f32", ent[2], ent[3]))
         b.emit("fma.rn.f32", a, b.op("cvt.f32.f16", dh), s, a)
 
@@ -156,18 +158,20 @@ def build_xtab(arch):
     doff = b.op("mad.lo.u32", lblk, Imm(20, "u32"), b.op("shl.b32", b.op("shr.u32", lw, Imm(1, "u32")), Imm(1, "u32")))
     tab = b.op("mov.u32", tab_sym)
     xr = b.op("mov.u32", xr_sym)
-    tabl = b.op("mad.lo.u32", lane, Imm(4, "u32"), tab)  # + v·512 + 128·i: byte i of lane's word, value v
+    # byte i of lane l's word, value v: half table i / 2 (64 KB each), entry v·256 + 4·l + 128·(i % 2)
+    tabs = [tab, b.op("add.u32", tab, Imm(1 << 16, "u32"))]
+    lbs = [b.op("shl.b32", lane, Imm(2, "u32")), b.op("mad.lo.u32", lane, Imm(4, "u32"), Imm(128, "u32"))]
     quarter = b.op("and.b32", warp, Imm(3, "b32"))
     vq = b.op("shr.u32", warp, Imm(2, "u32"))
     # the builder's position p = 4·lane + quarter: x[2p], x[2p + 1]; its entries from v = 64·vq
     xrb = b.op("mad.lo.u32", b.op("mad.lo.u32", lane, Imm(8, "u32"), b.op("shl.b32", quarter, Imm(1, "u32"))),
                Imm(4, "u32"), xr)
-    bst = b.op("add.u32", b.op("mad.lo.u32", vq, Imm(64 * 4 * XT_CHUNK * 16, "u32"), tabl),
-               b.op("mul.lo.u32", quarter, Imm(128, "u32")))
+    bst = b.op("add.u32", b.op("mad.lo.u32", vq, Imm(64 * 256, "u32"), b.op("mad.lo.u32", lane, Imm(4, "u32"), tab)),
+               b.op("add.u32", b.op("shl.b32", b.op("shr.u32", quarter, Imm(1, "u32")), Imm(16, "u32")),
+                    b.op("shl.b32", b.op("and.b32", quarter, Imm(1, "b32")), Imm(7, "u32"))))
     cbp = _codebook(b)
     chi = [b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", vq, Imm(4, "u32"), Imm(h, "u32")),
                                              Imm(4, "u32"), cbp))) for h in range(4)]
-    zero = b.op("mov.b32", Imm(0, "b32"))
     acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(RW)]
     left = b.op("sub.s32", M, row0)  # rows of the warp below M (≤ 0: none)
     rowbytes64 = b.op("cvt.u64.u32", rowbytes)
@@ -207,7 +211,7 @@ def build_xtab(arch):
         else:  # the next chunk's first group (nothing past the run)
             b.emit("mov.pred", ok_lane, chunk_ptrs(cb, wq, wd))
             nxt = _load_group(b, range(G), ok_lane, left, rowbytes64, wq, wd, sets[(g + 1) % 2])
-        _lookup_group(b, loaded, acc[g * G:(g + 1) * G], tabl, zero)
+        _lookup_group(b, loaded, acc[g * G:(g + 1) * G], tabs, lbs)
         loaded = nxt
     assert (RW // G) % 2 == 0  # the next chunk's first group landed in set 0, where the loop expects it
     b.bra(loop, pred=b.op("setp.lt.u32", cb, b1))
