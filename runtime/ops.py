@@ -1544,7 +1544,7 @@ def _decode(c: _Call) -> None:
     lanes = []  # the activation in the lane layout, prepared once if a lane kernel needs it
 
     xtab = GemvKernel("gemv", fmt, 1, xtab=True).name
-    xtab = xtab if _per_format(RULES.xtab_max_tokens, fmt, 0) >= 1 and kernels.build_for(xtab, c.arch) else None
+    xtab = xtab if _per_format(RULES.xtab_max_tokens, fmt, 0) >= 1 and _tma_ok(w, c.arch, xtab) else None
 
     def one(n, t0):
         y_ptr = pb.y.ptr + 4 * t0 * m

@@ -123,8 +123,10 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "PRMT", "LDS", "FFMA"]
 for _t in (1, 2):  # the pair-table builds: one LDS.64 per qs byte (both of its weights' codebook values)
     EXPECTED_SASS[f"gemv_tq4_1s_tma_t{_t}"] = EXPECTED_SASS[f"gemv_tq4_1s_tma_t{_t}"] + ["LDS.64"]
-# the product-table GEMV: the RHT by shfl butterflies, the table's stores, a prmt-addressed LDS per qs byte
-EXPECTED_SASS["gemv_tq4_1s_xt_t1"] = ["SHFL.BFLY", "STS", "PRMT", "LDS", "LDG.E.U16.CONSTANT", "FFMA", "BAR.SYNC"]
+# the product-table GEMV: the RHT by shfl butterflies, the table's stores, a prmt-addressed LDS per qs byte, the
+# weights by TMA into an mbarrier ring
+EXPECTED_SASS["gemv_tq4_1s_xt_t1"] = ["SHFL.BFLY", "STS", "PRMT", "LDS", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
+                                      "FFMA", "BAR.SYNC"]
 EXPECTED_SASS["gemv_tq4_1s_mma"] = ["HMMA.16816.F32", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "LDS"]
 EXPECTED_SASS["gemv_tq4_1s_mma_m16"] = EXPECTED_SASS["gemv_tq4_1s_mma"]
 EXPECTED_SASS["prep_tq4_1s_mma"] = ["SHFL.BFLY", "F2FP", "STG.E.U16"]

@@ -1123,11 +1123,13 @@ def test_small_one_token_q4_k_calls_run_the_codec_gemv_where_the_rule_says(gpu):
 
 def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
     """RULES.xtab_max_tokens (off until timed) sends a one-token TQ4_1S call to gemv_tq4_1s_xt_t1 alone (it reads x
-    unrotated: no prep), over ceil(M / 1024) row CTAs and K splits that fill the GPU; wider calls, sm_89 (no build)
-    and the default rule keep the lane GEMVs. The launch binds, waits at its head (PDL) and takes fp16 x through
+    unrotated: no prep), over ceil(M / 1024) row CTAs and K splits that fill the GPU; wider calls, sm_89 (no build),
+    K not a multiple of 128 (its tensor map) and the default rule keep the lane GEMVs. The launch binds, waits at its head (PDL) and takes fp16 x through
     the one conversion the fp32-x kernels get."""
     sms = driver.current().sm_count
-    for m, k in ((18944, 3584), (3584, 18944), (4096, 4096), (100, 96)):
+    with tuning.override(xtab_max_tokens={"tq4_1s": 1}):
+        assert ops.mul_mat_plan(fakegpu.weights("tq4_1s", 100, 96), 1).kernels[-1] == "gemv_tq4_1s_t1"
+    for m, k in ((18944, 3584), (3584, 18944), (4096, 4096), (100, 128)):
         w = fakegpu.weights("tq4_1s", m, k)
         assert ops.mul_mat_plan(w, 1).kernels[-1] != "gemv_tq4_1s_xt_t1"
         with tuning.override(xtab_max_tokens={"tq4_1s": 1}):

@@ -9,7 +9,7 @@ butterflies, bit-identical to rht_forward), built once by the CTA and read by al
 qs byte, its two weights' products already summed — half the lookup bytes, no FFMA per weight.
 
 - A CTA of 16 warps owns 64·16 = 1024 consecutive rows and a contiguous run of K's blocks (gridDim.y splits K into
-  runs that differ by at most one block; the last warp of a row group to arrive sums the splits in z order, as the
+  runs of whole quads of blocks that differ by at most one quad; the last warp of a row group to arrive sums the splits in z order, as the
   other split-K GEMVs). Per chunk: warps 0-7 rotate its blocks into shared memory, then every thread builds 64
   entries of the 128 KB table (position p = 4·lane + warp % 4, values v in the warp's quarter warp / 4), then each
   warp walks its 64 rows: lane l loads qs word l % 4 of block l / 4 (byte positions 4l .. 4l + 3) and that
@@ -17,9 +17,10 @@ qs byte, its two weights' products already summed — half the lookup bytes, no 
 - The table is two halves of 64 KB (bytes 0-1, 2-3 of a lane's word), entry v·256 + 4·l + 128·(i % 2) for byte i of
   lane l: one prmt makes the offset (the byte beside the lane's), the 32 lanes of a lookup hit 32 banks whatever
   their bytes; the builders' stores likewise.
-- The weights of the next 8 rows are in flight while a group computes (two register sets), and the first group of
-  the next chunk while the CTA rotates and builds. The op's only kernel: launched behind the op before (PDL), it
-  waits for it before touching memory (pdl_head).
+- The weights come by TMA into a ring a warp (4 stages of 8 rows x the chunk's 160 bytes, one box each, zero-filled
+  past M; 32 rows in flight a warp, 80 KB an SM beside the table), across chunk boundaries: the next chunk's rows
+  land while the CTA rotates and builds. K % 128 == 0 (the tensor map's row stride). The op's only kernel:
+  launched behind the op before (PDL), it waits for it before touching memory (pdl_head).
 - At the end a lane holds 64 partial sums; a halving butterfly (five shfl rounds, 32 + 16 + 8 + 4 + 2 exchanges)
   leaves rows 2l and 2l + 1 of the warp's 64 on lane l.
 Numerics: fp32 throughout (the entry's two products and their sum, the four entries' sum, d times it), x rotated
@@ -30,15 +31,17 @@ from __future__ import annotations
 from ..builder import KernelBuilder
 from ..codecs.tq4_1s import _codebook
 from ..formats import tq4_1s as T4
-from ..ir import Imm, Mem
+from ..ir import Imm, Mem, TensorRef
 from ..specs import GemvKernel
 from . import KernelDef
-from .gemv import _rotate_lane, _store_or_split, _warp_rows
+from .gemv import TMA_STEP, _rotate_lane, _store_or_split, _wait_step, _warp_rings, _warp_rows
 
 XT_WARPS = 16
 XT_ROWS = 64  # rows a warp (accumulators a lane)
 XT_GROUP = 8  # rows whose weights are loaded together (two register sets: one group in flight while one computes)
 XT_CHUNK = 8  # blocks a chunk: 128 qs byte positions, the table's
+XT_STAGES = 4  # the warp's TMA ring: stages of G rows x a chunk's 160 bytes (4 x 8 rows in flight a warp)
+STAGE_BYTES = 20 * XT_CHUNK * XT_GROUP
 TABLE_BYTES = 256 * 4 * XT_CHUNK * 16  # 256 byte values x 128 positions x fp32
 ARCHS = ("sm_90a",)  # 129 KB of shared memory a CTA: not on sm_89 / sm_120a (~100 KB)
 
@@ -71,37 +74,17 @@ def _build_table(b, xrb, bst, chi):
             b.emit("st.shared.f32", Mem(bst, (16 * h + lo) * 256), e)
 
 
-def _load_group(b, js, ok_lane, left, rowbytes, wq, wd, regs):
-    """The qs word and scale half of this lane in rows row0 + j, j in `js` (the loads predicated on the row being
-    below M — j < left — and the lane's block in the run; a skipped scale reads 0, a skipped word keeps whatever it
-    held: such a lane's position has x = 0 in the chunk's table, so its entries are 0 whatever the byte): [(q, dh)].
-    The two 64-bit pointers step by a row (wq, wd: row row0 + js[0]'s; left past the group's last row). `regs`:
-    the register set [(q, dh)] the group loads into (two sets, alternating)."""
-    out = []
-    for (q, dh), (i, j) in zip(regs, enumerate(js)):
-        if i:
-            b.emit("add.s64", wq, wq, rowbytes)
-            b.emit("add.s64", wd, wd, rowbytes)
-        ok = b.op("and.pred", ok_lane, b.op("setp.lt.s32", Imm(j, "s32"), left))
-        b.emit("mov.b16", dh, Imm(0, "b16"))
-        b.emit("ld.global.nc.b32", q, Mem(wq), pred=ok)
-        b.emit("ld.global.nc.b16", dh, Mem(wd), pred=ok)
-        out.append((q, dh))
-    b.emit("add.s64", wq, wq, rowbytes)
-    b.emit("add.s64", wd, wd, rowbytes)
-    return out
-
-
-def _lookup_group(b, loaded, acc, tabs, lbs):
-    """acc[j] += d·(T[byte 0] + .. + T[byte 3]) for each loaded row (a skipped lane adds 0·0). Byte i's entry: half
-    table tabs[i / 2], offset v·256 + lbs[i % 2] — one prmt puts the byte v beside the lane's byte lbs."""
-    for (q, dh), a in zip(loaded, acc):
+def _lookup_group(b, words, acc, tabs, lbs, ok_lane):
+    """acc[j] += d·(T[byte 0] + .. + T[byte 3]) for each row's (qs word, scale half) in `words`, where the lane's block
+    is in the run (`ok_lane`). Byte i's entry: half table tabs[i / 2], offset v·256 + lbs[i % 2] — one prmt puts the
+    byte v beside the lane's byte lbs."""
+    for (q, dh), a in zip(words, acc):
         ent = []
         for i in range(4):
             off = b.op("prmt.b32", q, lbs[i % 2], Imm(0x5504 | (i << 4), "b32"))  # (v << 8) | lane's byte
             ent.append(b.op("ld.shared.f32", Mem(b.op("add.u32", off, tabs[i // 2]))))
         s = b.op("add.rn.f32", b.op("add.rn.f32", ent[0], ent[1]), b.op("add.rn.f32", ent[2], ent[3]))
-        b.emit("fma.rn.f32", a, b.op("cvt.f32.f16", dh), s, a)
+        b.emit("fma.rn.f32", a, b.op("cvt.f32.f16", dh), s, a, pred=ok_lane)
 
 
 def _reduce_scatter(b, lane, vals):
@@ -121,42 +104,53 @@ def _reduce_scatter(b, lane, vals):
 
 
 def build_xtab(arch):
-    """gemv_tq4_1s_xt_t1: the module docstring's kernel (ABI of the lane GEMVs: w, a = x unrotated fp32, y, m, k,
-    ntok = 1, part, counters)."""
-    NW, RW, G = XT_WARPS, XT_ROWS, XT_GROUP
+    """gemv_tq4_1s_xt_t1: the module docstring's kernel (ABI of the TMA lane GEMVs: tmap_w, a = x unrotated fp32, y,
+    m, k, ntok = 1, part, counters)."""
+    NW, RW, G, S = XT_WARPS, XT_ROWS, XT_GROUP, XT_STAGES
+    NG = RW // G
     name = GemvKernel("gemv", "tq4_1s", 1, xtab=True).name
     b = KernelBuilder(name, arch, "TQ4_1S GEMV (exact), one token, codebook products of x by qs byte from a "
-                      "table the CTA builds per 256 columns", block=(32 * NW, 1, 1))
-    w_p, a_p, y_p = b.param("w", "u64", "ptr:in"), b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
+                      "table the CTA builds per 256 columns, weights by TMA", block=(32 * NW, 1, 1))
+    tw_p = b.param("tmap_w", "b8", "tensormap", array=128, align=64)  # u32 [M][K·20/128], box 40 x G, no swizzle
+    a_p, y_p = b.param("a", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     part_p, cnt_p = b.param("part", "u64", "ptr:scratch"), b.param("counters", "u64", "ptr:scratch")
     b.directives += [f".maxntid {32 * NW}, 1, 1", ".minnctapersm 1"]
     b.pdl_head()  # an op's only kernel: it may start behind the op before, touching nothing until that has completed
     xr_sym = b.shared_buffer("xr", 4 * 32 * XT_CHUNK, align=16)
-    tab_sym = b.dynamic_shared(TABLE_BYTES)
-    b.meta.update(split_k="gridDim.y splits K's blocks into contiguous runs (within one block of each other); part: "
+    dyn = b.dynamic_shared(TABLE_BYTES + NW * S * STAGE_BYTES + 128)  # (+ 128: aligned up at run time for TMA)
+    b.meta.update(split_k="gridDim.y splits K's blocks into contiguous runs of whole quads (within a quad of each "
+                          "other); part: "
                           "splits x ntok x m fp32, counters: one u32 per warp (zero, left zero)",
                   ctas_per_sm=1, tokens=1, rows_per_cta=RW * NW, rows_per_warp=RW, warps=NW,
                   grid="ceil(m / rows_per_cta)", pdl=arch.has("griddepcontrol"), fmt="tq4_1s", mode="exact",
                   # gemv_splits: a "step" of 32 lanes x lane_cols columns is a block here, 4 at least a split (half a
                   # chunk: the table's build is a chunk's whatever its blocks)
                   lane_cols=1, min_split_steps=XT_CHUNK // 2, max_splits=64, fused_rotation=True,
-                  activation="x (fp32)", dynamic_smem=b.dynamic_smem,
+                  activation="x (fp32)", copy="tma", tma_box=(5 * XT_CHUNK, G), stages=S,
+                  tensormaps=f"tmap_w: u32, dims (k*20/128, m), box ({5 * XT_CHUNK}, {G}), no swizzle; needs "
+                             "k % 128 == 0",
+                  dynamic_smem=b.dynamic_smem,
                   lookup=f"one ld.shared.f32 per qs byte: C[lo]·x[2p] + C[hi]·x[2p + 1] from a {TABLE_BYTES // 1024} KB "
                          "table of the chunk's products (256 values x 128 positions)")
-    W, A, Y = b.ptr(w_p), b.ptr(a_p), b.ptr(y_p)
+    A, Y = b.ptr(a_p), b.ptr(y_p)
     M, K, ntok = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(n_p, "u32")
     tid, lane, warp, gwarp, row0 = _warp_rows(b, NW, RW)
+    leader = b.op("setp.eq.u32", lane, Imm(0, "u32"))
     kz, nz = b.special("ctaid.y"), b.special("nctaid.y")
     nblk = b.op("shr.u32", K, Imm(5, "u32"))
-    b0 = b.op("div.u32", b.op("mul.lo.u32", kz, nblk), nz)
-    b1 = b.op("div.u32", b.op("mul.lo.u32", b.op("add.u32", kz, Imm(1, "u32")), nblk), nz)
-    rowbytes = b.op("mul.lo.u32", nblk, Imm(20, "u32"))
+    # runs of whole quads of blocks (80 bytes: a TMA box starts 16-byte aligned; K % 128 == 0 makes nblk one's multiple)
+    nq = b.op("shr.u32", nblk, Imm(2, "u32"))
+    b0 = b.op("shl.b32", b.op("div.u32", b.op("mul.lo.u32", kz, nq), nz), Imm(2, "u32"))
+    b1 = b.op("shl.b32", b.op("div.u32", b.op("mul.lo.u32", b.op("add.u32", kz, Imm(1, "u32")), nq), nz), Imm(2, "u32"))
+    nsteps = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", b.op("sub.u32", b1, b0), Imm(XT_CHUNK - 1, "u32")),
+                                     Imm(3, "u32")), Imm(NG, "u32"))  # (chunk, row group) steps of the run
     lblk = b.op("shr.u32", lane, Imm(2, "u32"))
     lw = b.op("and.b32", lane, Imm(3, "b32"))
+    # the lane's qs word and scale half in a row of a stage (160 bytes: the chunk's 8 blocks)
     qoff = b.op("mad.lo.u32", lblk, Imm(20, "u32"), b.op("mad.lo.u32", lw, Imm(4, "u32"), Imm(4, "u32")))
     doff = b.op("mad.lo.u32", lblk, Imm(20, "u32"), b.op("shl.b32", b.op("shr.u32", lw, Imm(1, "u32")), Imm(1, "u32")))
-    tab = b.op("mov.u32", tab_sym)
+    ring, bars, tab = _warp_rings(b, dyn, warp, leader, NW, S, STAGE_BYTES, skip=TABLE_BYTES)  # the table at tab
     xr = b.op("mov.u32", xr_sym)
     # byte i of lane l's word, value v: half table i / 2 (64 KB each), entry v·256 + 4·l + 128·(i % 2)
     tabs = [tab, b.op("add.u32", tab, Imm(1 << 16, "u32"))]
@@ -172,29 +166,28 @@ def build_xtab(arch):
     cbp = _codebook(b)
     chi = [b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", vq, Imm(4, "u32"), Imm(h, "u32")),
                                              Imm(4, "u32"), cbp))) for h in range(4)]
+    b.emit("fence.proxy.async.shared::cta")
+    b.emit("bar.sync", Imm(0, "u32"))  # the stage barriers initialised (lane 0 of each warp) before TMA uses them
+    tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
+
+    def issue(step, stage):
+        """Lane 0: step `step` of the run (chunk step / NG, row group step % NG) — 40 words x G rows — into `stage`."""
+        go = b.op("and.pred", leader, b.op("setp.lt.u32", step, nsteps))
+        cbs = b.op("add.u32", b0, b.op("shl.b32", b.op("shr.u32", step, Imm(3, "u32")), Imm(3, "u32")))
+        rowg = b.op("mad.lo.u32", b.op("and.b32", step, Imm(NG - 1, "b32")), Imm(G, "u32"), row0)
+        bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars) if not isinstance(stage, int) else \
+            b.op("add.u32", bars, Imm(8 * stage, "u32"))
+        dst = b.op("mad.lo.u32", stage, Imm(STAGE_BYTES, "u32"), ring) if not isinstance(stage, int) else \
+            b.op("add.u32", ring, Imm(stage * STAGE_BYTES, "u32"))
+        b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(STAGE_BYTES, "u32"), pred=go)
+        b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (b.op("mul.lo.u32", cbs, Imm(5, "u32")), rowg)), Mem(bar), pred=go)
+
+    assert NG == 8 and (NG & (NG - 1)) == 0
+    for s_ in range(S):
+        issue(b.op("mov.u32", Imm(s_, "u32")), s_)
+    count = b.op("mov.u32", Imm(0, "u32"))  # steps consumed (ring position and phase)
     acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(RW)]
-    left = b.op("sub.s32", M, row0)  # rows of the warp below M (≤ 0: none)
-    rowbytes64 = b.op("cvt.u64.u32", rowbytes)
-    roff = b.op("mul.wide.u32", row0, rowbytes)  # the warp's first row, bytes
-
-    def chunk_ptrs(cb, wq, wd):
-        """The lane's block in the run (a predicate), and row row0's pointers to its qs word and scale in chunk cb."""
-        wc = b.op("add.s64", b.op("mad.wide.u32", cb, Imm(20, "u32"), W), roff)
-        ok = b.op("setp.lt.u32", b.op("add.u32", cb, lblk), b1)
-        b.emit("add.s64", wq, wc, b.op("cvt.u64.u32", qoff))
-        b.emit("add.s64", wd, wc, b.op("cvt.u64.u32", doff))
-        return ok
-
     cb = b.op("mov.u32", b0)
-    wq, wd = b.reg("u64"), b.reg("u64")
-    ok_lane = chunk_ptrs(cb, wq, wd)
-    b.comment("the first group's weights in flight, then wait for the op before (x)")
-    sets = [[(b.reg("b32"), b.reg("b16")) for _ in range(G)] for _ in range(2)]
-    for q, _ in sets[0] + sets[1]:  # (a skipped load leaves its word as it was: defined)
-        b.emit("mov.b32", q, Imm(0, "b32"))
-    first = _load_group(b, range(G), ok_lane, left, rowbytes64, wq, wd, sets[0])
-    if arch.has("griddepcontrol"):
-        b.emit("griddepcontrol.wait")
     loop, done = b.label("chunk"), b.label("chunks_done")
     b.bra(done, pred=b.op("setp.ge.u32", cb, b1))
     b.place(loop)
@@ -203,17 +196,17 @@ def build_xtab(arch):
     b.emit("bar.sync", Imm(0, "u32"))
     _build_table(b, xrb, bst, chi)
     b.emit("bar.sync", Imm(0, "u32"))
+    ok_lane = b.op("setp.lt.u32", b.op("add.u32", cb, lblk), b1)  # the lane's block in the run
+    for g in range(NG):
+        stage = _wait_step(b, bars, count, S)
+        src = b.op("mad.lo.u32", stage, Imm(STAGE_BYTES, "u32"), ring)
+        sq, sd = b.op("add.u32", src, qoff), b.op("add.u32", src, doff)
+        words = [(b.op("ld.shared.b32", Mem(sq, 160 * j)), b.op("ld.shared.b16", Mem(sd, 160 * j))) for j in range(G)]
+        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage before TMA refills it
+        issue(b.op("add.u32", count, Imm(S, "u32")), stage)
+        b.emit("add.u32", count, count, Imm(1, "u32"))
+        _lookup_group(b, words, acc[g * G:(g + 1) * G], tabs, lbs, ok_lane)
     b.emit("add.u32", cb, cb, Imm(XT_CHUNK, "u32"))
-    loaded = first
-    for g in range(RW // G):
-        if g + 1 < RW // G:
-            nxt = _load_group(b, range((g + 1) * G, (g + 2) * G), ok_lane, left, rowbytes64, wq, wd, sets[(g + 1) % 2])
-        else:  # the next chunk's first group (nothing past the run)
-            b.emit("mov.pred", ok_lane, chunk_ptrs(cb, wq, wd))
-            nxt = _load_group(b, range(G), ok_lane, left, rowbytes64, wq, wd, sets[(g + 1) % 2])
-        _lookup_group(b, loaded, acc[g * G:(g + 1) * G], tabs, lbs)
-        loaded = nxt
-    assert (RW // G) % 2 == 0  # the next chunk's first group landed in set 0, where the loop expects it
     b.bra(loop, pred=b.op("setp.lt.u32", cb, b1))
     b.place(done)
     b.comment("rows 2·lane, 2·lane + 1 of the warp's 64: a halving butterfly over the lanes' partial sums")
