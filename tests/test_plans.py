@@ -1123,7 +1123,7 @@ def test_small_one_token_q4_k_calls_run_the_codec_gemv_where_the_rule_says(gpu):
 
 def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
     """RULES.xtab_max_tokens (off until timed) sends a one-token TQ4_1S call to gemv_tq4_1s_xt_t1 alone (it reads x
-    unrotated: no prep), over ceil(M / 1024) row CTAs and K splits that fill the GPU; wider calls, sm_89 (no build),
+    unrotated: no prep), over ceil(M / rows_per_cta) row CTAs and K splits that fill the GPU; wider calls, sm_89 (no build),
     K not a multiple of 128 (its tensor map) and the default rule keep the lane GEMVs. The launch binds, waits at its head (PDL) and takes fp16 x through
     the one conversion the fp32-x kernels get."""
     sms = driver.current().sm_count
@@ -1136,7 +1136,7 @@ def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
             p = ops.mul_mat_plan(w, 1)
             assert p.kernels == ["gemv_tq4_1s_xt_t1"], (m, k, p.kernels)
             ctas, splits = p.launches[0].grid
-            assert ctas == -(-m // 1024) and 1 <= splits and ctas * splits <= sms, (m, k, p.launches[0].grid)
+            assert ctas == -(-m // p.launches[0].fn.meta["rows_per_cta"]) and 1 <= splits and ctas * splits <= sms, (m, k, p.launches[0].grid)
             assert p.launches[0].pdl and p.launches[0].fn.meta["pdl_head"]
             p.bound(fakegpu.FakeWorkspace(p))
             assert ops.mul_mat_plan(w, 2).kernels[-1] != "gemv_tq4_1s_xt_t1"

@@ -8,11 +8,11 @@ C[v >> 4]·x[2p + 1] for every byte value v and byte position p (x rotated: the 
 butterflies, bit-identical to rht_forward), built once by the CTA and read by all its rows: one 4-byte lookup per
 qs byte, its two weights' products already summed — half the lookup bytes, no FFMA per weight.
 
-- A CTA of 16 warps owns 64·16 = 1024 consecutive rows and a contiguous run of K's blocks (gridDim.y splits K into
+- A CTA of 16 warps owns 48·16 = 768 consecutive rows and a contiguous run of K's blocks (gridDim.y splits K into
   runs of whole quads of blocks that differ by at most one quad; the last warp of a row group to arrive sums the splits in z order, as the
   other split-K GEMVs). Per chunk: warps 0-7 rotate its blocks into shared memory, then every thread builds 64
   entries of the 128 KB table (position p = 4·lane + warp % 4, values v in the warp's quarter warp / 4), then each
-  warp walks its 64 rows: lane l loads qs word l % 4 of block l / 4 (byte positions 4l .. 4l + 3) and that
+  warp walks its 48 rows: lane l loads qs word l % 4 of block l / 4 (byte positions 4l .. 4l + 3) and that
   half-block's scale d, looks the four bytes up and adds d·(T0 + T1 + T2 + T3) into the row's accumulator.
 - The table is two halves of 64 KB (bytes 0-1, 2-3 of a lane's word), entry v·256 + 4·l + 128·(i % 2) for byte i of
   lane l: one prmt makes the offset (the byte beside the lane's), the 32 lanes of a lookup hit 32 banks whatever
@@ -21,8 +21,8 @@ qs byte, its two weights' products already summed — half the lookup bytes, no 
   past M; 32 rows in flight a warp, 80 KB an SM beside the table), across chunk boundaries: the next chunk's rows
   land while the CTA rotates and builds. K % 128 == 0 (the tensor map's row stride). The op's only kernel:
   launched behind the op before (PDL), it waits for it before touching memory (pdl_head).
-- At the end a lane holds 64 partial sums; a halving butterfly (five shfl rounds, 32 + 16 + 8 + 4 + 2 exchanges)
-  leaves rows 2l and 2l + 1 of the warp's 64 on lane l.
+- At the end a lane holds 48 partial sums; a halving butterfly (padded to 64; five shfl rounds, 32 + 16 + 8 + 4 + 2
+  exchanges) leaves rows 2l and 2l + 1 of the warp's 48 on lane l < 24.
 Numerics: fp32 throughout (the entry's two products and their sum, the four entries' sum, d times it), x rotated
 as rotate_tq4_1s does: relative error ~1e-7 of float64, like the lane GEMVs (a different order, not their bits).
 """
@@ -37,7 +37,8 @@ from . import KernelDef
 from .gemv import TMA_STEP, _rotate_lane, _store_or_split, _wait_step, _warp_rings, _warp_rows
 
 XT_WARPS = 16
-XT_ROWS = 64  # rows a warp (accumulators a lane)
+XT_ROWS = 48  # rows a warp (accumulators a lane): 768-row CTAs fill the H200 in fewer chunk rounds than 1024-row ones on
+# 18944x3584 / 3584x18944 (25 x 5 / 5 x 26 CTAs of 3 chunks against 19 x 6 / 4 x 33 of 3: ~22% less a CTA)
 XT_GROUP = 8  # rows whose weights are loaded together (two register sets: one group in flight while one computes)
 XT_CHUNK = 8  # blocks a chunk: 128 qs byte positions, the table's
 XT_STAGES = 4  # the warp's TMA ring: stages of G rows x a chunk's 160 bytes (4 x 8 rows in flight a warp)
@@ -143,8 +144,8 @@ def build_xtab(arch):
     nq = b.op("shr.u32", nblk, Imm(2, "u32"))
     b0 = b.op("shl.b32", b.op("div.u32", b.op("mul.lo.u32", kz, nq), nz), Imm(2, "u32"))
     b1 = b.op("shl.b32", b.op("div.u32", b.op("mul.lo.u32", b.op("add.u32", kz, Imm(1, "u32")), nq), nz), Imm(2, "u32"))
-    nsteps = b.op("mul.lo.u32", b.op("shr.u32", b.op("add.u32", b.op("sub.u32", b1, b0), Imm(XT_CHUNK - 1, "u32")),
-                                     Imm(3, "u32")), Imm(NG, "u32"))  # (chunk, row group) steps of the run
+    nsteps = b.op("mul.lo.u32", b.op("div.u32", b.op("add.u32", b.op("sub.u32", b1, b0), Imm(XT_CHUNK - 1, "u32")),
+                                     Imm(XT_CHUNK, "u32")), Imm(NG, "u32"))  # (chunk, row group) steps of the run
     lblk = b.op("shr.u32", lane, Imm(2, "u32"))
     lw = b.op("and.b32", lane, Imm(3, "b32"))
     # the lane's qs word and scale half in a row of a stage (160 bytes: the chunk's 8 blocks)
@@ -173,8 +174,8 @@ def build_xtab(arch):
     def issue(step, stage):
         """Lane 0: step `step` of the run (chunk step / NG, row group step % NG) — 40 words x G rows — into `stage`."""
         go = b.op("and.pred", leader, b.op("setp.lt.u32", step, nsteps))
-        cbs = b.op("add.u32", b0, b.op("shl.b32", b.op("shr.u32", step, Imm(3, "u32")), Imm(3, "u32")))
-        rowg = b.op("mad.lo.u32", b.op("and.b32", step, Imm(NG - 1, "b32")), Imm(G, "u32"), row0)
+        cbs = b.op("mad.lo.u32", b.op("div.u32", step, Imm(NG, "u32")), Imm(XT_CHUNK, "u32"), b0)
+        rowg = b.op("mad.lo.u32", b.op("rem.u32", step, Imm(NG, "u32")), Imm(G, "u32"), row0)
         bar = b.op("mad.lo.u32", stage, Imm(8, "u32"), bars) if not isinstance(stage, int) else \
             b.op("add.u32", bars, Imm(8 * stage, "u32"))
         dst = b.op("mad.lo.u32", stage, Imm(STAGE_BYTES, "u32"), ring) if not isinstance(stage, int) else \
@@ -182,7 +183,7 @@ def build_xtab(arch):
         b.emit("mbarrier.arrive.expect_tx.shared::cta.b64", b.reg("b64"), Mem(bar), Imm(STAGE_BYTES, "u32"), pred=go)
         b.emit(TMA_STEP, Mem(dst), TensorRef(tw, (b.op("mul.lo.u32", cbs, Imm(5, "u32")), rowg)), Mem(bar), pred=go)
 
-    assert NG == 8 and (NG & (NG - 1)) == 0
+    assert RW % G == 0 and RW <= 64
     for s_ in range(S):
         issue(b.op("mov.u32", Imm(s_, "u32")), s_)
     count = b.op("mov.u32", Imm(0, "u32"))  # steps consumed (ring position and phase)
@@ -209,12 +210,16 @@ def build_xtab(arch):
     b.emit("add.u32", cb, cb, Imm(XT_CHUNK, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", cb, b1))
     b.place(done)
-    b.comment("rows 2·lane, 2·lane + 1 of the warp's 64: a halving butterfly over the lanes' partial sums")
-    tot = _reduce_scatter(b, lane, acc)
+    b.comment(f"rows 2·lane, 2·lane + 1 of the warp's {RW} (lanes below {RW // 2}): a halving butterfly over the "
+              "lanes' partial sums, padded to 64 with zeros")
+    zero = b.op("mov.f32", Imm(0.0, "f32"))
+    tot = _reduce_scatter(b, lane, acc + [zero] * (64 - RW))
     items = []
-    for e in range(RW // 32):
-        row = b.op("add.u32", row0, b.op("mad.lo.u32", lane, Imm(RW // 32, "u32"), Imm(e, "u32")))
-        items.append((b.op("setp.lt.u32", row, M), row, tot[e]))
+    for e in range(2):
+        r = b.op("mad.lo.u32", lane, Imm(2, "u32"), Imm(e, "u32"))
+        row = b.op("add.u32", row0, r)
+        items.append((b.op("and.pred", b.op("setp.lt.u32", r, Imm(RW, "u32")), b.op("setp.lt.u32", row, M)), row,
+                      tot[e]))
     _store_or_split(b, items, lane, gwarp, kz, nz, M, ntok, Y, part_p, cnt_p)
     return b.finish()
 
