@@ -192,7 +192,8 @@ def build_xtab(arch):
     loop, done = b.label("chunk"), b.label("chunks_done")
     b.bra(done, pred=b.op("setp.ge.u32", cb, b1))
     b.place(loop)
-    b.emit("bar.sync", Imm(0, "u32"))  # the previous chunk's lookups are done with xr and the table
+    # two CTA barriers a chunk: after the rotation (every warp's lookups of the chunk before are done, so the table may
+    # be rebuilt; xr is written), after the build (the table is whole; xr was read, so the next rotation may write it)
     _rotate_chunk(b, warp, lane, A, cb, b1, xr)
     b.emit("bar.sync", Imm(0, "u32"))
     _build_table(b, xrb, bst, chi)
