@@ -1,15 +1,21 @@
-"""Run one decode GEMV op a few times (for ncu) and print its time: profile_gemv.py FMT M K T MODE
-(default tq4_1s 18944 3584 1 exact; FMT tq4_1s, q4_K or q8_0, MODE exact or fast). Weights are random bytes
+"""Run one decode GEMV op a few times (for ncu) and print its time: profile_gemv.py FMT M K T MODE [RULES]
+(default tq4_1s 18944 3584 1 exact; FMT tq4_1s, q4_K or q8_0, MODE exact or fast; RULES a JSON object of dispatch
+rules to override, e.g. '{"xtab_max_tokens": {"tq4_1s": 1}}'). Weights are random bytes
 with small finite scales. Each op is 2 launches (prep, GEMV): `ncu -k regex:gemv --launch-skip 3 --launch-count 1`."""
 import sys
 
 import numpy as np
 
 import ptxgen.runtime as r
+from ptxgen import tuning
 
 fmt = sys.argv[1] if len(sys.argv) > 1 else "tq4_1s"
 m, k, t = (int(v) for v in (sys.argv[2:5] if len(sys.argv) >= 5 else (18944, 3584, 1)))
 mode = sys.argv[5] if len(sys.argv) > 5 else "exact"
+if len(sys.argv) > 6:
+    import json
+
+    tuning.set(**json.loads(sys.argv[6]))
 rng = np.random.default_rng(0)
 bpb = {"tq4_1s": (32, 20), "q4_K": (256, 144), "q8_0": (32, 34)}[fmt]  # (weights, bytes) per block
 raw = rng.integers(0, 256, (m, k // bpb[0], bpb[1]), dtype=np.uint8)

@@ -14,6 +14,7 @@
 #            launches before it (knob PTXGEN_ROTATE_F16=0), fp32 and fp16 x, on 18944x3584
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
 #   xt       TQ4_1S T = 1 on the product-table GEMV (rule xtab_max_tokens) against the lane GEMVs, and its GPU tests
+#   ncu_xt   ncu source counters and stall reasons of gemv_tq4_1s_xt_t1 on 18944x3584
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
@@ -104,6 +105,11 @@ for step in "${@:-tier}"; do
       run "xt_$s" 100 "${AB[@]}" --kernels 'gemv_tq4_1s_xt_t1$' --formats tq4_1s --shape "$s" --tokens 1 --weights 24 \
         --variant 'xt: rule.xtab_max_tokens={"tq4_1s": 1}'
     done ;;
+  ncu_xt)
+    run ncu_xt_src 150 ncu --kernel-name regex:gemv_tq4_1s_xt_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
+      --section SourceCounters --section SpeedOfLight --section Occupancy --page source --print-source sass --csv \
+      python3 bench/profile_gemv.py tq4_1s 18944 3584 1 exact '{"xtab_max_tokens": {"tq4_1s": 1}}'
+    python3 bench/ncu_source_top.py "$OUT/ncu_xt_src.log" 45 > "$OUT/ncu_xt_top.log" 2>&1; tail -n 50 "$OUT/ncu_xt_top.log" ;;
   tq4few)
     for s in 18944x3584 3584x18944; do
       run "tq4few_$s" 150 "${AB[@]}" --kernels 'gemv_tq4_1s_mma_t' --formats tq4_1s --shape "$s" --tokens 1,2,3,4,8 --weights 24 \
@@ -210,6 +216,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done
