@@ -712,9 +712,10 @@ def test_tq4_1s_product_table_gemv(m, k):
     from its fp32 widening; an inf in x makes every output non-finite, as on the lane GEMV (every row reads every
     block). GPU == emulator is test_gpu_emu_crosscheck's."""
     import ptxgen.runtime as r
+    from ptxgen.testing.strategies import random_raw
 
     rng = np.random.default_rng(m + k)
-    raw = formats.quantize("tq4_1s", rng.standard_normal((m, k)).astype(np.float32))
+    raw = random_raw("tq4_1s", m, k, rng)  # (valid blocks of every bit pattern, finite scales; no quantizer)
     w = r.QuantTensor.from_raw("tq4_1s", raw, (m, k))
     x = rng.standard_normal((1, k)).astype(np.float32)
     want = formats.gemv_tq4_1s_ref(raw, m, k, x)
