@@ -39,10 +39,10 @@ from .gemv import TMA_STEP, _rotate_lane, _store_or_split, _wait_step, _warp_rin
 XT_WARPS = 16
 XT_ROWS = 48  # rows a warp (accumulators a lane): 768-row CTAs fill the H200 in fewer chunk rounds than 1024-row ones on
 # 18944x3584 / 3584x18944 (25 x 5 / 5 x 26 CTAs of 3 chunks against 19 x 6 / 4 x 33 of 3: ~22% less a CTA)
-XT_GROUP = 8  # rows whose weights are loaded together (two register sets: one group in flight while one computes)
+XT_GROUP = 8  # rows a TMA box brings (one ring stage; a step's lookups)
 XT_CHUNK = 8  # blocks a chunk: 128 qs byte positions, the table's
 XT_STAGES = 4  # the warp's TMA ring: stages of G rows x a chunk's 160 bytes (4 x 8 rows in flight a warp)
-STAGE_BYTES = 20 * XT_CHUNK * XT_GROUP
+# (module attributes a probe may vary: probe_build_ab.py --variant 'g16: gemv_xt.XT_GROUP=16; gemv_xt.XT_STAGES=2')
 TABLE_BYTES = 256 * 4 * XT_CHUNK * 16  # 256 byte values x 128 positions x fp32
 ARCHS = ("sm_90a",)  # 129 KB of shared memory a CTA: not on sm_89 / sm_120a (~100 KB)
 
@@ -108,6 +108,7 @@ def build_xtab(arch):
     """gemv_tq4_1s_xt_t1: the module docstring's kernel (ABI of the TMA lane GEMVs: tmap_w, a = x unrotated fp32, y,
     m, k, ntok = 1, part, counters)."""
     NW, RW, G, S = XT_WARPS, XT_ROWS, XT_GROUP, XT_STAGES
+    STAGE_BYTES = 20 * XT_CHUNK * G
     NG = RW // G
     name = GemvKernel("gemv", "tq4_1s", 1, xtab=True).name
     b = KernelBuilder(name, arch, "TQ4_1S GEMV (exact), one token, codebook products of x by qs byte from a "
