@@ -47,20 +47,23 @@ TABLE_BYTES = 256 * 4 * XT_CHUNK * 16  # 256 byte values x 128 positions x fp32
 ARCHS = ("sm_90a",)  # 129 KB of shared memory a CTA: not on sm_89 / sm_120a (~100 KB)
 
 
-def _rotate_chunk(b, warp, lane, A, cb, b1, xr):
-    """Warps 0-7: block cb + warp of x, rotated, into xr (zeros past the run's end, so that the table reads
-    nothing unwritten)."""
-    skip, zero, done = b.label("no_rotate"), b.label("rot_zero"), b.label("rot_done")
-    b.bra(skip, pred=b.op("setp.ge.u32", warp, Imm(XT_CHUNK, "u32")))
+def _load_x(b, warp, lane, A, cb, b1, xv):
+    """Warps 0-7: element `lane` of block cb + warp of x into xv (zero past the run's end), issued a chunk ahead so
+    that its latency hides behind the chunk before's lookups."""
     blk = b.op("add.u32", cb, warp)
+    ok = b.op("and.pred", b.op("setp.lt.u32", warp, Imm(XT_CHUNK, "u32")), b.op("setp.lt.u32", blk, b1))
+    addr = b.op("mad.wide.u32", b.op("mad.lo.u32", blk, Imm(32, "u32"), lane), Imm(4, "u32"), A)
+    b.emit("mov.f32", xv, Imm(0.0, "f32"))
+    b.emit("ld.global.nc.f32", xv, Mem(addr), pred=ok)
+
+
+def _rotate_chunk(b, warp, lane, xv, xr):
+    """Warps 0-7: their block of x (xv, loaded by _load_x), rotated, into xr (zero past the run's end, so that the
+    table reads nothing unwritten)."""
+    skip = b.label("no_rotate")
+    b.bra(skip, pred=b.op("setp.ge.u32", warp, Imm(XT_CHUNK, "u32")))
     dst = b.op("mad.lo.u32", b.op("mad.lo.u32", warp, Imm(32, "u32"), lane), Imm(4, "u32"), xr)
-    b.bra(zero, pred=b.op("setp.ge.u32", blk, b1))
-    v = b.op("ld.global.nc.f32", Mem(b.op("mad.wide.u32", b.op("mad.lo.u32", blk, Imm(32, "u32"), lane), Imm(4, "u32"), A)))
-    b.emit("st.shared.f32", Mem(dst), _rotate_lane(b, v, lane))
-    b.bra(done)
-    b.place(zero)
-    b.emit("st.shared.f32", Mem(dst), Imm(0.0, "f32"))
-    b.place(done)
+    b.emit("st.shared.f32", Mem(dst), _rotate_lane(b, xv, lane))
     b.place(skip)
 
 
@@ -191,11 +194,14 @@ def build_xtab(arch):
     acc = [b.op("mov.f32", Imm(0.0, "f32")) for _ in range(RW)]
     cb = b.op("mov.u32", b0)
     loop, done = b.label("chunk"), b.label("chunks_done")
+    xv = b.reg("f32")
+    _load_x(b, warp, lane, A, cb, b1, xv)
     b.bra(done, pred=b.op("setp.ge.u32", cb, b1))
     b.place(loop)
     # two CTA barriers a chunk: after the rotation (every warp's lookups of the chunk before are done, so the table may
     # be rebuilt; xr is written), after the build (the table is whole; xr was read, so the next rotation may write it)
-    _rotate_chunk(b, warp, lane, A, cb, b1, xr)
+    _rotate_chunk(b, warp, lane, xv, xr)
+    _load_x(b, warp, lane, A, b.op("add.u32", cb, Imm(XT_CHUNK, "u32")), b1, xv)  # the next chunk's, in flight meanwhile
     b.emit("bar.sync", Imm(0, "u32"))
     _build_table(b, xrb, bst, chi)
     b.emit("bar.sync", Imm(0, "u32"))
