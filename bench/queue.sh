@@ -104,7 +104,7 @@ for step in "${@:-tier}"; do
     for s in 18944x3584 3584x18944; do
       run "xt_$s" 110 "${AB[@]}" --kernels 'gemv_tq4_1s_xt_t1$' --formats tq4_1s --shape "$s" --tokens 1 --weights 24 \
         --variant 'xt: rule.xtab_max_tokens={"tq4_1s": 1}' \
-        --variant 'g16: rule.xtab_max_tokens={"tq4_1s": 1}; gemv_xt.XT_GROUP=16; gemv_xt.XT_STAGES=2'
+        --variant 'nopf: rule.xtab_max_tokens={"tq4_1s": 1}; gemv_xt.XT_PREFETCH=False'
     done ;;
   ncu_xt)
     run ncu_xt_src 150 ncu --kernel-name regex:gemv_tq4_1s_xt_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \

@@ -41,6 +41,7 @@ XT_ROWS = 48  # rows a warp (accumulators a lane): 768-row CTAs fill the H200 in
 # 18944x3584 / 3584x18944 (25 x 5 / 5 x 26 CTAs of 3 chunks against 19 x 6 / 4 x 33 of 3: ~22% less a CTA)
 XT_GROUP = 8  # rows a TMA box brings (one ring stage; a step's lookups)
 XT_CHUNK = 8  # blocks a chunk: 128 qs byte positions, the table's
+XT_PREFETCH = True  # x's loads a chunk ahead of its rotation (False: at the rotation, as first timed)
 XT_STAGES = 4  # the warp's TMA ring: stages of G rows x a chunk's 160 bytes (4 x 8 rows in flight a warp)
 # (module attributes a probe may vary: probe_build_ab.py --variant 'g16: gemv_xt.XT_GROUP=16; gemv_xt.XT_STAGES=2')
 TABLE_BYTES = 256 * 4 * XT_CHUNK * 16  # 256 byte values x 128 positions x fp32
@@ -195,13 +196,17 @@ def build_xtab(arch):
     cb = b.op("mov.u32", b0)
     loop, done = b.label("chunk"), b.label("chunks_done")
     xv = b.reg("f32")
-    _load_x(b, warp, lane, A, cb, b1, xv)
+    if XT_PREFETCH:
+        _load_x(b, warp, lane, A, cb, b1, xv)
     b.bra(done, pred=b.op("setp.ge.u32", cb, b1))
     b.place(loop)
     # two CTA barriers a chunk: after the rotation (every warp's lookups of the chunk before are done, so the table may
     # be rebuilt; xr is written), after the build (the table is whole; xr was read, so the next rotation may write it)
+    if not XT_PREFETCH:
+        _load_x(b, warp, lane, A, cb, b1, xv)
     _rotate_chunk(b, warp, lane, xv, xr)
-    _load_x(b, warp, lane, A, b.op("add.u32", cb, Imm(XT_CHUNK, "u32")), b1, xv)  # the next chunk's, in flight meanwhile
+    if XT_PREFETCH:
+        _load_x(b, warp, lane, A, b.op("add.u32", cb, Imm(XT_CHUNK, "u32")), b1, xv)  # the next chunk's, in flight meanwhile
     b.emit("bar.sync", Imm(0, "u32"))
     _build_table(b, xrb, bst, chi)
     b.emit("bar.sync", Imm(0, "u32"))
