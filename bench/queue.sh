@@ -106,6 +106,11 @@ for step in "${@:-tier}"; do
         --variant 'xt: rule.xtab_max_tokens={"tq4_1s": 1}' \
         --variant 'nopf: rule.xtab_max_tokens={"tq4_1s": 1}; gemv_xt.XT_PREFETCH=False'
     done ;;
+  t16c)  # #34's Q6_K / Q8_0 T = 16 cells (39.4 / 33.1 eager on the GEMM; goals 37.7 / 32.8): the codecs' t16h builds
+    for s in 4096x14336 14336x4096 1024x4096; do
+      run "t16c_$s" 100 "${AB[@]}" --kernels 'gemv_(q6_k|q8_0)_mma_t16h$|prep_sub16_t16h$' --formats q6_K,q8_0 --shape "$s" \
+        --tokens 9,16 --weights 24 --variant 't16h: rule.codec_few_max_tokens={"q5_K": 32, "q6_K": 16, "q8_0": 16, "tq4_1s": 0}'
+    done ;;
   ncu_xt)
     run ncu_xt_src 150 ncu --kernel-name regex:gemv_tq4_1s_xt_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
       --section SourceCounters --section SpeedOfLight --section Occupancy --page source --print-source sass --csv \
@@ -217,6 +222,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done

@@ -1330,6 +1330,10 @@ HARNESSES[f"mmq_q5_k_rega_n{T4.Q4K_SKINNY_COLUMNS}"] = _with_meta(gemv_q4k_mma_c
 HARNESSES[f"prep_q4k_t{T4.Q4K_SKINNY_COLUMNS}h"] = _prep_q4k_records(T4.Q4K_SKINNY_COLUMNS, True)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):  # the hi-only preps on fp16 x
     HARNESSES[f"prep_q4k_t{_c}h_x16"] = _prep_q4k_records(_c, True, x16=True)
+for _f in ("q6_k", "q8_0"):  # the mma_block codecs' 9-16-token builds (fp16 activations) on prep_sub16_t16h's records
+    HARNESSES[f"gemv_{_f}_mma_t{T4.Q4K_HI_TOKENS}h"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{T4.Q4K_HI_TOKENS}h", 2)
+HARNESSES[f"prep_sub16_t{T4.Q4K_HI_TOKENS}h"] = _prep_q4k_records(T4.Q4K_HI_TOKENS, True, "sub16")
+HARNESSES[f"prep_sub16_t{T4.Q4K_HI_TOKENS}h_x16"] = _prep_q4k_records(T4.Q4K_HI_TOKENS, True, "sub16", x16=True)
 for _bn in (32, 64, 128, 256):
     HARNESSES[f"mmq_q4_k_wgmma_n{_bn}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_n{_bn}")
 for _bn in (64, 128, 192, 256):

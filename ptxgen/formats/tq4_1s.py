@@ -449,7 +449,7 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: st
     order="sub16" (prep_sub16_t{nt}, for the codecs' few-token GEMVs gemv_<fmt>_mma_t{nt} of Q6_K and Q8_0, whose
     MMAs each take one 16-element sub-block, lane t its elements 4t .. 4t + 3 — the codec's mma_block order): the
     same record, B pair i holding 32-element block i of the super-block, bytes 64·C·i + 16·(4c + t) + 8·h + 2·q
-    element 16h + 4t + q of it (exact records only). order="rot16" (prep_rot16_t{nt}, TQ4_1S's few-token GEMVs):
+    element 16h + 4t + q of it (with hi_only, prep_sub16_t16h: column c = n, as above). order="rot16" (prep_rot16_t{nt}, TQ4_1S's few-token GEMVs):
     "sub16" of rht_forward(x), s from the unrotated super-block less ROT_HEADROOM (its min pairs unused).
     order="i8": q4k_i8_records(a, nt) (the int8 builds' digit planes); "i8q6": q6k_i8_records(a, nt) (Q6_K's)."""
     if order in ("i8", "i8q6"):
@@ -457,8 +457,8 @@ def q4k_mma_records(a: np.ndarray, nt: int = 1, hi_only: bool = False, order: st
             raise ValueError(f"q4k_mma_records: the int8 records (order {order}) are exact only")
         return q4k_i8_records(a, nt) if order == "i8" else q6k_i8_records(a, nt)
     a = f32(a)
-    if order not in RECORD_ORDERS or (hi_only and order != "q4k"):
-        raise ValueError(f"q4k_mma_records: order one of {RECORD_ORDERS} (hi_only: q4k), got {order!r}")
+    if order not in RECORD_ORDERS or (hi_only and order not in ("q4k", "sub16")):
+        raise ValueError(f"q4k_mma_records: order one of {RECORD_ORDERS} (hi_only: q4k or sub16), got {order!r}")
     tokens = (Q4K_HI_TOKENS, Q4K_SKINNY_COLUMNS) if hi_only else Q4K_RECORD_TOKENS
     if nt not in tokens or a.ndim != 2 or not 1 <= a.shape[0] <= nt:
         raise ValueError(f"q4k_mma_records: 1 to {nt} tokens (nt one of {tokens}), got shape {a.shape}")

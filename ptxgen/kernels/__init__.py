@@ -73,8 +73,13 @@ NOT_SHIPPED = {
     "gemv_q4_k_xr": "T = 1 with x in registers: PTXGEN_Q4K_XR=1 only; 10-40% slower than the default decode kernels",
     "gemv_tq4_1s_tma_t4": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
     "gemv_tq4_1s_tma_t8": "TQ4_1S at 3-8 tokens runs the tensor-core GEMV; the TMA lanes only with PTXGEN_TQ4_MMA=0",
-    "gemv_tq4_1s_xt_t1": "TQ4_1S's one-token GEMV on tables of x's products: not timed yet (bench/NOTES.md, 2026-12-06)",
+    "gemv_tq4_1s_xt_t1": "TQ4_1S's one-token GEMV on tables of x's products: slower than prep_tq4_1s + the TMA lane GEMV "
+                         "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
+                         "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
+NOT_SHIPPED.update({n: "the mma_block codecs' 9-16-token GEMV on fp16 activations: not timed yet (rule "
+                    "codec_few_max_tokens q6_K / q8_0 8; bench/NOTES.md, 2026-12-06)"
+                    for n in ("gemv_q6_k_mma_t16h", "gemv_q8_0_mma_t16h", "prep_sub16_t16h")})
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n96_moe"] = ("a MoE token tile between n64 and n128: slower than n64 at 32 x top-4 "
                                             "T = 512 (69.7 -> 72.8 graph µs, bench/NOTES.md 2026-12-04); rule "
                                             "moe_wgmma_tile_pairs with an \"n96\" entry reaches it")

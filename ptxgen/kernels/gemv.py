@@ -1483,7 +1483,8 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     ready = ready and arch.has("griddepcontrol")
     assert (not records or rotate == (order == "rot16")) and (records or not hi_only)
     assert not x16 or not ready
-    assert order == "q4k" or (records and not hi_only)
+    assert order in ("q4k", "sub16") or (records and not hi_only)
+    assert order == "q4k" or records
     nt = records or T4.MMA_TOKENS
     ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s", "i8": "q4_K", "i8q6": "q6_K"}[order]  # a format
     # whose GEMV reads them

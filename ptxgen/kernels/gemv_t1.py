@@ -221,7 +221,7 @@ def _row_geometry(codec) -> tuple[int, int, int]:
     return block, box, _slot(box)
 
 
-def _built_for(fmt: str, nt: int) -> tuple[str, ...]:
+def _built_for(fmt: str, nt: int, hi_only: bool = False) -> tuple[str, ...]:
     """The targets whose plan for `fmt`'s nt-token build fits a CTA's shared memory at its fewest (2) stages (Q8_0's
     8-token build does not fit sm_89's / sm_120a's 99 KB)."""
     from .. import codecs
@@ -230,9 +230,9 @@ def _built_for(fmt: str, nt: int) -> tuple[str, ...]:
     out = []
     for a in TARGETS:
         arch = get_arch(a)
-        _, _, mt, nw = _ring_plan(arch, nt, fmt=fmt)
+        _, _, mt, nw = _ring_plan(arch, nt, hi_only, fmt=fmt)
         table = codecs.get(fmt).few_table(False)[1] if hasattr(codecs.get(fmt), "few_table") else 0  # (the narrow)
-        if 2 * nw * (16 * mt * slot + T4.q4k_record_bytes(nt)) + 128 + table <= arch.max_smem_per_block:
+        if 2 * nw * (16 * mt * slot + T4.q4k_record_bytes(nt, hi_only)) + 128 + table <= arch.max_smem_per_block:
             out.append(a)
     return tuple(out)
 
@@ -606,13 +606,20 @@ class _CodecStep:
                     else:
                         b.emit("fma.rn.f32", S[n][2 * rr + col], sc, v, S[n][2 * rr + col])
 
-    def finish(self, acc, facs):
-        """y += 2^-s·d·(S_hi + S_lo) per row and tile (acc[mt][rr][tile][0]; facs[tile][0]: the lane's token's 2^-s)."""
+    def finish(self, acc, facs, hi_only=False):
+        """y += 2^-s·d·(S_hi + S_lo) per row and tile (acc[mt][rr][tile][0]; facs[tile][0]: the lane's token's 2^-s);
+        hi_only (gemv_<fmt>_mma_t16h): C's columns 2t, 2t + 1 are two tokens, y += 2^-s·d·S for each
+        (acc[mt][rr][tile][e], facs[tile][e])."""
         b = self.b
         for mt in range(self.MT):
             for rr in range(2):
                 for n in range(self.NTL):
                     S = self.S[mt][n]
+                    if hi_only:
+                        for e in range(2):
+                            v = b.op("mul.rn.f32", self.d[mt][rr], S[2 * rr + e])
+                            b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e])
+                        continue
                     v = b.op("mul.rn.f32", self.d[mt][rr], b.op("add.rn.f32", S[2 * rr], S[2 * rr + 1]))
                     b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
 
@@ -785,7 +792,8 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     assert not x16 or fused
     codec = codecs.get(fmt)
     kq = hasattr(codec, "RegDecoder")  # a K-quant's register decode, else the codec's mma_block (_CodecStep)
-    assert kq or (hasattr(codec, "mma_block") and not hi_only), fmt
+    # (hi_only on a codec's mma_block: Q6_K's, Q8_0's; TQ4_1S's two-part A takes the (hi, lo) columns)
+    assert kq or (hasattr(codec, "mma_block") and not (hi_only and getattr(codec, "MMA_A_PARTS", 1) > 1)), fmt
     assert not i8 or ((hasattr(codec, "I8A") or hasattr(codec, "I8Block")) and not hi_only), (fmt, hi_only)
     i8q6 = i8 and hasattr(codec, "I8Block")  # Q6_K's int8 step (_I8Q6Step) on its own records
     BLOCK, BOX, SLOT = _row_geometry(codec)
@@ -996,7 +1004,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     if i8:
         pass  # (the step's sums are in istep; combined after the loop)
     elif not kq:
-        cstep.finish(acc, facs)
+        cstep.finish(acc, facs, hi_only)
     else:
         for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
             for rr in range(2):
@@ -1313,6 +1321,14 @@ def _codec_doc(f: str, nt: int) -> str:
 
 KERNELS += [KernelDef(GemvKernel("few", f, nt).name, _codec_doc(f, nt), lambda arch, nt=nt, f=f: build(arch, nt, fmt=f),
                       archs=_built_for(f, nt)) for f in CODEC_FORMATS + ROT_FORMATS for nt in T4.Q4K_RECORD_TOKENS]
+# ... and for 9-16 tokens on fp16 activations (one hi column a token, prep_sub16_t16h), as Q4_K's / Q5_K's t16h
+KERNELS += [KernelDef(GemvKernel("few", f, T4.Q4K_HI_TOKENS, hi_only=True).name,
+                      f"{f} GEMV, T ≤ {T4.Q4K_HI_TOKENS}, fp16 activations, as "
+                      f"{GemvKernel('few', 'q4_K', T4.Q4K_HI_TOKENS, hi_only=True).name} with the codec's integer weights "
+                      f"(one MMA per 16-element sub-block, its scale in fp32 after it), on "
+                      f"{GemvKernel('prep_few', f, T4.Q4K_HI_TOKENS, hi_only=True).name}'s records",
+                      lambda arch, f=f: build(arch, T4.Q4K_HI_TOKENS, True, fmt=f),
+                      archs=_built_for(f, T4.Q4K_HI_TOKENS, True)) for f in CODEC_FORMATS]
 FUSED_TOKENS = (1, 2, 4)  # the decode builds dispatched for 1-4 tokens, each also in one launch
 KERNELS += [KernelDef(GemvKernel("few", f, nt, fused=True).name,
                       f"{f} GEMV, T ≤ {nt}, exact, as {GemvKernel('few', f, nt).name} in one launch: "
@@ -1329,6 +1345,11 @@ PREPS += [KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], nt).name, f"activat
                     f"hi/lo records in the codecs' 16-element sub-block order ({', '.join(GemvKernel('few', f, nt).name for f in CODEC_FORMATS)})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="sub16", ready=T1_FLAG))
           for nt in T4.Q4K_RECORD_TOKENS]
+PREPS.append(KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], T4.Q4K_HI_TOKENS, hi_only=True).name,
+                       f"activation of up to {T4.Q4K_HI_TOKENS} tokens: scaled fp16 hi records in the codecs' 16-element "
+                       f"sub-block order ({', '.join(GemvKernel('few', f, T4.Q4K_HI_TOKENS, hi_only=True).name for f in CODEC_FORMATS)})",
+                       lambda arch: build_prep_mma(arch, rotate=False, records=T4.Q4K_HI_TOKENS, hi_only=True,
+                                                   order="sub16")))
 PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of up to {nt} tokens: forward RHT, scaled "
                     f"fp16 hi/lo records in the codecs' 16-element sub-block order ({GemvKernel('few', 'tq4_1s', nt).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=True, records=nt, order="rot16", ready=T1_FLAG))
@@ -1404,3 +1425,8 @@ PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", c, hi_only=True, x16=True).na
                     f"{GemvKernel('prep_few', 'q4_K', c, hi_only=True).name} on fp16 x (each value widened as it is "
                     "loaded)", lambda arch, c=c: build_prep_mma(arch, rotate=False, records=c, hi_only=True, x16=True))
           for c in (_HI, _C)]
+PREPS.append(KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], _HI, hi_only=True, x16=True).name,
+                       f"{GemvKernel('prep_few', CODEC_FORMATS[0], _HI, hi_only=True).name} on fp16 x (each value "
+                       "widened as it is loaded)",
+                       lambda arch: build_prep_mma(arch, rotate=False, records=_HI, hi_only=True, order="sub16",
+                                                   x16=True)))
