@@ -925,14 +925,15 @@ def test_fp16_activation_kernels_are_bit_exact(name, arch):
         assert out.ok, (shape, out.detail)
 
 
-@pytest.mark.parametrize("order", ["sub16", "rot16"])
-@pytest.mark.parametrize("nt", [1, 2, 4, 8])
+@pytest.mark.parametrize("order,nt", [(o, nt) for o in ("sub16", "rot16") for nt in (1, 2, 4, 8)] + [("sub16", "16h")])
 def test_prep_sub16_records_are_bit_exact_to_the_numpy_model(nt, order):
     """prep_sub16_t{1,2,4,8} (the Q6_K / Q8_0 few-token GEMVs' activation: prep_q4k_t*'s record in the codecs'
-    16-element sub-block order) and prep_rot16_t* (TQ4_1S's: the same of the rotated x, scaled from the unrotated
-    super-block's max): bit for bit against q4k_mma_records(·, order=...), with a zero, a tiny, a huge and a quiet
-    block and an inf, and with fewer tokens than the build holds."""
+    16-element sub-block order), prep_sub16_t16h (their 9-16-token builds': the hi parts alone, one column a token)
+    and prep_rot16_t* (TQ4_1S's: the same of the rotated x, scaled from the unrotated super-block's max): bit for
+    bit against q4k_mma_records(·, order=...), with a zero, a tiny, a huge and a quiet block and an inf, and with
+    fewer tokens than the build holds."""
     name = f"prep_{order}_t{nt}"
+    nt = int(str(nt).rstrip("h"))
     ptx = KERNELS[name].for_arch("sm_89").ptx()
     for shape in ((nt, 768), (max(1, nt - 1), 256)):
         out = check_kernel(name, ptx, seed=2, shape=shape)
@@ -957,7 +958,8 @@ def test_prep_int8_records_are_bit_exact_to_the_numpy_model(nt, fmt):
 _X16_PREPS = ([pytest.param(p, 1, "sm_90a") for p in ("q4k", "sub16", "q4k_i8", "q6k_i8")] +
               [pytest.param(p, nt, a, marks=pytest.mark.slow) for p in ("q4k", "sub16", "q4k_i8", "q6k_i8")
                for nt, a in ((2, "sm_89"), (4, "sm_120a"), (8, "sm_90a"))] +
-              [pytest.param("q4k_hi", 16, "sm_90a"), pytest.param("q4k_hi", 32, "sm_89", marks=pytest.mark.slow)])
+              [pytest.param("q4k_hi", 16, "sm_90a"), pytest.param("q4k_hi", 32, "sm_89", marks=pytest.mark.slow),
+               pytest.param("sub16_hi", 16, "sm_120a")])
 
 
 @pytest.mark.parametrize("prep,nt,arch", _X16_PREPS)
@@ -966,8 +968,8 @@ def test_prep_records_from_fp16_x_are_the_fp32_builds_bits(prep, nt, arch):
     launch before them; the hi-only ones of 16 and 32 tokens too): bit for bit the records of the same values in fp32
     — zeros, fp16 subnormals, infs where fp16 overflows, fewer tokens than the build holds."""
     name = f"prep_{prep}_t{nt}_x16"
-    if prep == "q4k_hi":  # the hi-only ones (9-16 tokens, the skinny GEMMs' groups of 32)
-        name = f"prep_q4k_t{nt}h_x16"
+    if prep.endswith("_hi"):  # the hi-only ones (9-16 tokens, the skinny GEMMs' groups of 32)
+        name = f"prep_{prep[:-3]}_t{nt}h_x16"
     ptx = KERNELS[name].for_arch(arch).ptx()
     assert "ld.global.nc.b16" in ptx and "ld.global.nc.f32" not in ptx
     for shape in ((nt, 768), (max(1, nt - 1), 256)):
@@ -1035,6 +1037,18 @@ def test_mma_block_codec_few_token_gemv(fmt, nt, arch):
         fused = f"{name}_fused"
         out = check_kernel(fused, KERNELS[fused].for_arch(arch).ptx(), seed=9, shape=(72, 1536), ntok=nt, splits=2)
         assert out.ok, out.detail
+
+
+@pytest.mark.parametrize("fmt,arch", [("q6_K", "sm_90a"), ("q8_0", "sm_90a"),
+                                      pytest.param("q6_K", "sm_89", marks=pytest.mark.slow),
+                                      pytest.param("q6_K", "sm_120a", marks=pytest.mark.slow)])
+def test_mma_block_codec_sixteen_token_gemv(fmt, arch):
+    """gemv_q6_k_mma_t16h / gemv_q8_0_mma_t16h (9-16 tokens on fp16 activations, as gemv_q4_k_mma_t16h: token n's hi
+    part alone in B column n, on prep_sub16_t16h's records; the codec's one MMA per 16-element sub-block, its scale
+    in fp32): random raw blocks, Q6_K's steps at both 2-byte phases, 1-3 K splits, 15 and 16 tokens; within 1e-3 of
+    the float64 reference (the fp16-activation bar; outputs NaN-poisoned first), an inf or a NaN in the last token's x
+    non-finite exactly where the reference is."""
+    _few_token_cases(f"gemv_{fmt.lower()}_mma_t16h", arch, 16, _Q6_FEW_CASES)
 
 
 @pytest.mark.parametrize("fmt,nt,arch", [("q5_K", 1, "sm_90a"), ("q6_K", 1, "sm_90a"),

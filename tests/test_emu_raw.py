@@ -57,6 +57,8 @@ CASES = [
     ("few-token GEMV", "q8_0", "gemv_q8_0_mma_t2", ANY),
     ("16-token GEMV", "q4_K", "gemv_q4_k_mma_t16h", ANY),
     ("16-token GEMV", "q5_K", "gemv_q5_k_mma_t16h", ANY),
+    ("16-token GEMV", "q6_K", "gemv_q6_k_mma_t16h", ANY),
+    ("16-token GEMV", "q8_0", "gemv_q8_0_mma_t16h", ANY),
     ("skinny GEMM", "q4_K", "mmq_q4_k_rega_n32", ANY),
     ("skinny GEMM", "q5_K", "mmq_q5_k_rega_n32", ANY),
     *[("register-A GEMM", f, f"mmq_{f.lower()}_wgmma_ra_n64", FP16) for f in WEIGHT_FORMATS],

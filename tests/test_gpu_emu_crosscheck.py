@@ -101,7 +101,7 @@ def test_gpu_equals_emulator(name):
 SM89_LOWERINGS = ["gemv_q4_k_mma", "gemv_q4_k_mma_n16",  # gemv_q4_k_mma_t*: fewer ring stages and CTAs
                   "gemv_q4_k_mma_t1", "gemv_q4_k_mma_t2", "gemv_q4_k_mma_t4", "gemv_q4_k_mma_t8",
                   "gemv_q4_k_mma_t16h", "mmq_q4_k_rega_n32", "gemv_q6_k_mma_t1", "gemv_q8_0_mma_t1", "gemv_tq4_1s_mma_t1",
-                  "gemv_q4_k_mma_t8s"]
+                  "gemv_q4_k_mma_t8s", "gemv_q6_k_mma_t16h"]
 
 
 @pytest.mark.parametrize("name", SM89_LOWERINGS)

@@ -460,6 +460,35 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
+@pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
+@pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 16, None), (300, 1024, 9, None), (2000, 3584, 12, None),
+                                        (136, 2048, 16, "sm_89")])
+def test_mma_block_codec_sixteen_token_gemv(fmt, m, k, t, arch):
+    """Q6_K and Q8_0 at 9-16 tokens on prep_sub16_t16h + gemv_<fmt>_mma_t16h (RULES.codec_few_max_tokens raised to
+    16; not shipped until timed): within 1e-3 of float64 (fp16 activations, as the other t16h builds and the
+    GEMMs), outputs NaN-poisoned first, bit-identical run to run, fp16 x the bits of its fp32 widening; Q6_K's sm_89
+    build too (Q8_0's ring does not fit there: the route after runs). GPU == emulator for each build is
+    test_gpu_emu_crosscheck's."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(m + k + t)
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    x16 = x.astype(np.float16)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    with tuning.override(codec_few_max_tokens={fmt: 16}):
+        plan = r.mul_mat_plan(w, t, arch=arch).kernels
+        assert (plan == ["prep_sub16_t16h", f"gemv_{fmt.lower()}_mma_t16h"]) == (fmt == "q6_K" or arch is None), plan
+        out = r.DeviceArray.empty((t, m), np.float32)
+        out.owner.fill_bytes(0xFF)
+        r.mul_mat(w, x, out=out, arch=arch)
+        got = out.numpy()
+        assert np.isfinite(got).all() and rel(got, want) <= 1e-3
+        np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
+        np.testing.assert_array_equal(r.mul_mat(w, x16, arch=arch), r.mul_mat(w, x16.astype(np.float32), arch=arch))
+
+
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
 @pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 8, None), (14336, 4096, 5, None), (300, 1024, 4, None),
                                         (136, 2048, 3, None), (1000, 3584, 8, "sm_89")])

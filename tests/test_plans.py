@@ -427,6 +427,25 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
             assert plan(4098, 4608) != "prep_sub16_t1" and plan(4100, 4608) == "prep_sub16_t1"  # rows of 3780 bytes
 
 
+@pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
+def test_the_mma_block_codecs_take_the_sixteen_token_build_under_their_rule(gpu, fmt):
+    """9-16 tokens of Q6_K / Q8_0: gemv_<fmt>_mma_t16h on prep_sub16_t16h's records (fp16 activations, as Q4_K's and
+    Q5_K's t16h) where RULES.codec_few_max_tokens[fmt] reaches the call's tokens — shipped at 8 (not timed yet: the
+    register-A GEMM runs them); eager and graph alike (no one-launch build), fp16 x into the prep's _x16 twin;
+    17 tokens, and Q8_0 on sm_89 (its ring does not fit there), keep the routes after."""
+    f = fmt.lower()
+    w = fakegpu.weights(fmt, 4096, 14336)
+    assert f"gemv_{f}_mma_t16h" not in ops.mul_mat_plan(w, 16).kernels
+    with tuning.override(codec_few_max_tokens={fmt: 16}):
+        want = ["prep_sub16_t16h", f"gemv_{f}_mma_t16h"]
+        for t in (9, 12, 16):
+            assert ops.mul_mat_plan(w, t).kernels == want
+            assert ops.mul_mat_plan(w, t, graph=True).kernels == want
+        assert ops.mul_mat_plan(w, 16, graph=True, x_dtype="float16").kernels == ["prep_sub16_t16h_x16", want[1]]
+        assert want[1] not in ops.mul_mat_plan(w, 17).kernels
+        assert (ops.mul_mat_plan(w, 16, arch="sm_89").kernels == ["prep_sub16_t16h", want[1]]) == (fmt == "q6_K")
+
+
 def test_stream_k_runs_where_the_tiles_fill_the_rounds_unevenly(gpu):
     """The register-A GEMM's stream-K builds (mmq_<fmt>_wgmma_ra_n{128,256}_sk): off as shipped
     (mmq_stream_k_min_gain 0: not timed); with the rule, where the cost model says so: 14336x4096 at T = 512 (224
