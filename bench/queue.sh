@@ -8,12 +8,14 @@
 #   model    bench_model on fp32 x, then on fp16 x (#34's decode and prefill rows; run it on an H200)
 #   i34      #34's per-format rows at HEAD: bench_op Q5_K / Q6_K / Q8_0 4096x14336 at T = 16 / 512 / 4096, Q4_K
 #            and TQ4_1S 18944x3584 at T = 512, bench_gemv's graph-replayed T = 1 loop of Q5_K / Q6_K / Q8_0
+#   t16c     #34's Q6_K / Q8_0 T = 16 cells: the codecs' t16h builds (rule codec_few_max_tokens 16) against the GEMM
 #   xrot     bench_op eager / graph on fp16 x rotating over 1, 8, 40 x buffers (a tensor-map encode per new address)
 #   fixup    bench_model's prefill on fp32 x with the fixup at 4 CTAs an SM (shipped) and at 1 (rule fixup_ctas_per_sm)
 #   tq4rot   TQ4_1S's prefill with its rotation writing the GEMM's fp16 copy (rotate_tq4_1s_f16) against the
 #            launches before it (knob PTXGEN_ROTATE_F16=0), fp32 and fp16 x, on 18944x3584
 #   tq4few   TQ4_1S on the few-token tensor-core builds (rule codec_few_max_tokens[tq4_1s])
-#   xt       TQ4_1S T = 1 on the product-table GEMV (rule xtab_max_tokens) against the lane GEMVs, and its GPU tests
+#   xt       TQ4_1S T = 1 on the product-table GEMV (rule xtab_max_tokens; x loaded early or not) against the lane
+#            GEMVs, and its GPU tests (a loss on both cards, 2026-12-06)
 #   ncu_xt   ncu source counters and stall reasons of gemv_tq4_1s_xt_t1 on 18944x3584
 #   t8       T = 8: records shared by the CTA (rule few_shared_min_tokens) and the two-tile per-warp plan
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares

@@ -156,6 +156,9 @@ for _nt in (1, 2, 4, 8):  # Q6_K's and Q8_0's: the codec's integers (prmt, hadd2
     EXPECTED_SASS[f"prep_rot16_t{_nt}"] = EXPECTED_SASS[f"prep_q4k_t{_nt}"]
     EXPECTED_SASS[f"gemv_tq4_1s_mma_t{_nt}"] = ["HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "PRMT", "LDS.64", "FFMA",
                                                 "BAR.SYNC"]
+EXPECTED_SASS["prep_sub16_t16h"] = EXPECTED_SASS["prep_q4k_t16h"]  # the codecs' 9-16-token builds: as the t8 ones
+for _f in ("q6_k", "q8_0"):
+    EXPECTED_SASS[f"gemv_{_f}_mma_t16h"] = EXPECTED_SASS[f"gemv_{_f}_mma_t8"]
 # one launch: the t1 GEMV's SASS plus the prep's (shuffles, fp16 record stores) and the records' hand-off (the
 # acquire invalidates L1, CCTL.IVALL, before the records are read through it)
 for _nt in (1, 2, 4):  # (sm_89's ptxas names the reduction RED, sm_90a's and sm_120a's REDG)
@@ -191,6 +194,7 @@ for _nt in (1, 2, 4, 8):  # the preps on fp16 x: each value by a 2-byte load, wi
         EXPECTED_SASS[f"prep_{_p}_t{_nt}_x16"] = EXPECTED_SASS[f"prep_{_p}_t{_nt}"] + ["LDG.E.U16.CONSTANT"]
 for _sfx in ("t16h", "t32h"):
     EXPECTED_SASS[f"prep_q4k_{_sfx}_x16"] = EXPECTED_SASS[f"prep_q4k_{_sfx}"] + ["LDG.E.U16.CONSTANT"]
+EXPECTED_SASS["prep_sub16_t16h_x16"] = EXPECTED_SASS["prep_sub16_t16h"] + ["LDG.E.U16.CONSTANT"]
 for _n in [n for n in list(EXPECTED_SASS) if isinstance(n, str) and n.endswith("_fused") and n + "_x16" in KERNELS]:
     EXPECTED_SASS[_n + "_x16"] = EXPECTED_SASS[_n] + ["LDG.E.U16.CONSTANT"]  # the one-launch builds' fp16-x twins
 EXPECTED_SASS["dequantize_q4_k_frags"] = ["F2FP", "LDG.E.64.CONSTANT", "STG.E.128"]  # fragment-ordered 16-byte stores
