@@ -1485,6 +1485,7 @@ def build_prep_mma(arch, rotate: bool = True, records: int = 0, hi_only: bool = 
     assert not x16 or not ready
     assert order in ("q4k", "sub16") or (records and not hi_only)
     assert order == "q4k" or records
+    assert not hi_only or records in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS)  # (the record model's hi-only sizes)
     nt = records or T4.MMA_TOKENS
     ofmt = {"q4k": "q4_K", "sub16": "q6_K", "rot16": "tq4_1s", "i8": "q4_K", "i8q6": "q6_K"}[order]  # a format
     # whose GEMV reads them

@@ -1,4 +1,4 @@
-"""TQ4_1S's one-token exact GEMV on tables of x's products (gemv_tq4_1s_xt_t1, sm_90a; not shipped until timed).
+"""TQ4_1S's one-token exact GEMV on tables of x's products (gemv_tq4_1s_xt_t1, sm_90a; not shipped: measured slower).
 
 Why: the lane GEMVs look each weight's codebook value up (8 bytes a qs byte: (C[lo], C[hi]) as fp32, one LDS.64),
 so a warp-step of 4096 weights spends ~128 shared-memory wavefronts on lookups and ~200 in all — 12.7 µs of the
@@ -23,6 +23,11 @@ qs byte, its two weights' products already summed — half the lookup bytes, no 
   launched behind the op before (PDL), it waits for it before touching memory (pdl_head).
 - At the end a lane holds 48 partial sums; a halving butterfly (padded to 64; five shfl rounds, 32 + 16 + 8 + 4 + 2
   exchanges) leaves rows 2l and 2l + 1 of the warp's 48 on lane l < 24.
+Measured (H200, graph µs over 24 weights; bench/NOTES.md 2026-12-06): 19.9 / 20.9 on 18944x3584 / 3584x18944 against
+the shipped prep + TMA lane GEMV's 19.6 / 19.5. ncu: the lookups run the shared-memory pipe ~85% busy (7 wavefronts a
+row-chunk: 4 lookups, 2 for the qs words — the raw 20-byte blocks put the 32 lanes' words on 2-way conflicting banks —
+and 1 for the scales), and the rotation, the build and the prologue / epilogue (~47% of the samples) do not overlap
+them; by that count the design tops out near 15 µs, above #36's 14.2. XT_PREFETCH (x a chunk ahead) won ~0.9 µs.
 Numerics: fp32 throughout (the entry's two products and their sum, the four entries' sum, d times it), x rotated
 as rotate_tq4_1s does: relative error ~1e-7 of float64, like the lane GEMVs (a different order, not their bits).
 """
