@@ -284,6 +284,14 @@ def _q4k_mul_mat(monkeypatch, m, k, t, arch, env):
     return ran, w, x, out.numpy(), formats.gemm_ref("q4_K", raw, m, k, x)
 
 
+def _into_poisoned(r, w, x, **kw):
+    """mul_mat(w, x, **kw) into an output filled with NaN bytes (0xFF) first: what the call wrote, as NumPy."""
+    out = r.DeviceArray.empty((x.shape[0], w.shape[0]), np.float32)
+    out.owner.fill_bytes(0xFF)
+    r.mul_mat(w, x, out=out, **kw)
+    return out.numpy()
+
+
 def _same_bits_and_per_token_non_finite(w, x, got, arch):
     """mul_mat again gives the same bits; an inf or a NaN in the last token's x makes that token's outputs
     non-finite and leaves the others finite."""
@@ -414,10 +422,7 @@ def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
     with tuning.override(codec_few_max_tokens={"q5_K": 32}, few_i8_max_tokens={"q5_K": 0}):  # (the fp16 builds)
         two = [f"prep_q4k_{nt}", "mmq_q5_k_rega_n32" if t > 16 else f"gemv_q5_k_mma_{nt}"]
         assert r.mul_mat_plan(w, t, arch=arch).kernels == ([f"gemv_q5_k_mma_{nt}_fused"] if t <= 4 else two)
-        out = r.DeviceArray.empty((t, m), np.float32)
-        out.owner.fill_bytes(0xFF)
-        r.mul_mat(w, x, out=out, arch=arch)
-        got = out.numpy()
+        got = _into_poisoned(r, w, x, arch=arch)
         assert np.isfinite(got).all() and rel(got, want) <= (1e-3 if t > 8 else 1e-5)
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
         setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # (the knob names Q4_K; it picks every few-token build's launch)
@@ -449,10 +454,7 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
         two = [GemvKernel("prep_few", fmt, nt).name, GemvKernel("few", fmt, nt).name]
         assert r.mul_mat_plan(w, t, arch=arch).kernels == ([GemvKernel("few", fmt, nt, fused=True).name] if fused
                                                            else two)
-        out = r.DeviceArray.empty((t, m), np.float32)
-        out.owner.fill_bytes(0xFF)
-        r.mul_mat(w, x, out=out, arch=arch)
-        got = out.numpy()
+        got = _into_poisoned(r, w, x, arch=arch)
         assert np.isfinite(got).all() and rel(got, want) <= 1e-5
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
         setknob(monkeypatch, "PTXGEN_Q4K_FUSED", "0")  # (the knob names Q4_K; it picks every few-token build's launch)
@@ -480,10 +482,7 @@ def test_mma_block_codec_sixteen_token_gemv(fmt, m, k, t, arch):
     with tuning.override(codec_few_max_tokens={fmt: 16}):
         plan = r.mul_mat_plan(w, t, arch=arch).kernels
         assert (plan == ["prep_sub16_t16h", f"gemv_{fmt.lower()}_mma_t16h"]) == (fmt == "q6_K" or arch is None), plan
-        out = r.DeviceArray.empty((t, m), np.float32)
-        out.owner.fill_bytes(0xFF)
-        r.mul_mat(w, x, out=out, arch=arch)
-        got = out.numpy()
+        got = _into_poisoned(r, w, x, arch=arch)
         assert np.isfinite(got).all() and rel(got, want) <= 1e-3
         np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
         np.testing.assert_array_equal(r.mul_mat(w, x16, arch=arch), r.mul_mat(w, x16.astype(np.float32), arch=arch))
