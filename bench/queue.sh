@@ -9,6 +9,7 @@
 #   i34      #34's per-format rows at HEAD: bench_op Q5_K / Q6_K / Q8_0 4096x14336 at T = 16 / 512 / 4096, Q4_K
 #            and TQ4_1S 18944x3584 at T = 512, bench_gemv's graph-replayed T = 1 loop of Q5_K / Q6_K / Q8_0
 #   t16c     #34's Q6_K / Q8_0 T = 16 cells: the codecs' t16h builds (rule codec_few_max_tokens 16) against the GEMM
+#   i8q8     #36's Q8_0 decode: the int8 s8 x s8 few-token builds (rule few_i8_max_tokens q8_0) against the fp16 ones
 #   xrot     bench_op eager / graph on fp16 x rotating over 1, 8, 40 x buffers (a tensor-map encode per new address)
 #   fixup    bench_model's prefill on fp32 x with the fixup at 4 CTAs an SM (shipped) and at 1 (rule fixup_ctas_per_sm)
 #   tq4rot   TQ4_1S's prefill with its rotation writing the GEMM's fp16 copy (rotate_tq4_1s_f16) against the
@@ -113,6 +114,13 @@ for step in "${@:-tier}"; do
       run "t16c_$s" 100 "${AB[@]}" --kernels 'gemv_(q6_k|q8_0)_mma_t16h$|prep_sub16_t16h$' --formats q6_K,q8_0 --shape "$s" \
         --tokens 9,16 --weights 24 --variant 't16h: rule.codec_few_max_tokens={"q5_K": 32, "q6_K": 16, "q8_0": 16, "tq4_1s": 0}'
     done ;;
+  i8q8)  # #36's Q8_0 T = 1 (21.6 µs graph, 63% of the floor): the int8 s8 x s8 builds against the fp16 ones, then their GPU tests
+    for s in 4096x14336 14336x4096 1024x4096; do
+      run "i8q8_$s" 100 "${AB[@]}" --kernels 'gemv_q8_0_i8_t|prep_q6k_i8_t' --formats q8_0 --shape "$s" --tokens 1,2,4,8 \
+        --weights 24 --variant 'i8: rule.few_i8_max_tokens={"q4_K": 2, "q5_K": 4, "q6_K": 8, "q8_0": 8}'
+    done
+    run i8q8_gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_gemv.py \
+      tests/test_gpu_emu_crosscheck.py -k 'q8_0 and (int8 or i8)' ;;
   ncu_xt)
     run ncu_xt_src 150 ncu --kernel-name regex:gemv_tq4_1s_xt_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
       --section SourceCounters --section SpeedOfLight --section Occupancy --page source --print-source sass --csv \
@@ -224,6 +232,6 @@ for step in "${@:-tier}"; do
     run sweep 200 python3 bench/sanitize.py ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep abemit q6nat)"; exit 2 ;;
   esac
 done

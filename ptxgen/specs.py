@@ -126,7 +126,7 @@ class GemvKernel:
                  # the few-token records: Q4_K's K order for the K-quants with a min (Q4_K, Q5_K), the codecs'
                  # 16-element sub-block order for the others (Q6_K, Q8_0: formats.tq4_1s.q4k_mma_records' order),
                  # TQ4_1S's of the rotated activation
-                 "prep_few": (f"prep_q{'6' if f == 'q6_k' else '4'}k_i8_{t}" if self.i8 else f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_rot16_{t}" if f == "tq4_1s" else
+                 "prep_few": (f"prep_q{'6' if f in ('q6_k', 'q8_0') else '4'}k_i8_{t}" if self.i8 else f"prep_q4k_{t}" if f in ("q4_k", "q5_k") else f"prep_rot16_{t}" if f == "tq4_1s" else
                               f"prep_sub16_{t}") + ("_x16" if self.x16 else "")}
         return _named(names, self.kind, "decode kernel")
 

@@ -188,6 +188,10 @@ for _nt in (1, 2, 4, 8):  # the int8 builds: nibbles by ldmatrix into u8 x s8 MM
     EXPECTED_SASS[f"gemv_q6_k_i8_t{_nt}"] = ["IMMA.16816.U8.S8", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32", "HMMA.16816.F32",
                                              "PRMT", "LOP3"]
     EXPECTED_SASS[f"prep_q6k_i8_t{_nt}"] = EXPECTED_SASS[f"prep_q4k_i8_t{_nt}"]
+    # Q8_0's: its int8 quants as they lie into m16n8k16 s8 x s8, its block scales by FFMA, the non-finite check's HMMA
+    EXPECTED_SASS[f"gemv_q8_0_i8_t{_nt}"] = ["IMMA.16816.S8.S8", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32",
+                                             "HMMA.16816.F32", "FFMA"]
+    EXPECTED_SASS[f"gemv_q8_0_i8_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_q8_0_i8_t{_nt}"] + ["STG.E.U8", "ATOMG"]
     EXPECTED_SASS[f"gemv_q6_k_i8_t{_nt}_fused"] = EXPECTED_SASS[f"gemv_q6_k_i8_t{_nt}"] + ["STG.E.U8", "ATOMG"]
 for _nt in (1, 2, 4, 8):  # the preps on fp16 x: each value by a 2-byte load, widened (the fp32 builds' SASS besides)
     for _p in ("q4k", "sub16", "q4k_i8", "q6k_i8"):

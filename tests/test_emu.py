@@ -990,15 +990,16 @@ def test_one_token_codec_gemv_on_fp16_x(fmt, arch):
         assert out.ok, out.detail
 
 
-_I8 = ([pytest.param(f, 1, "sm_90a") for f in ("q4_K", "q5_K", "q6_K")] +
-       [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q4_K", "q5_K", "q6_K") for nt, a in
+_I8 = ([pytest.param(f, 1, "sm_90a") for f in ("q4_K", "q5_K", "q6_K", "q8_0")] +
+       [pytest.param(f, nt, a, marks=pytest.mark.slow) for f in ("q4_K", "q5_K", "q6_K", "q8_0") for nt, a in
         ((2, "sm_90a"), (4, "sm_90a"), (8, "sm_90a"), (1, "sm_89"), (2, "sm_120a"))])
 
 
 @pytest.mark.parametrize("fmt,nt,arch", _I8)
 def test_int8_few_token_gemv(fmt, nt, arch):
-    """gemv_q4_k_i8_t* / gemv_q5_k_i8_t* / gemv_q6_k_i8_t* (the weights as the A of u8 x s8 MMAs, the activation's
-    digit planes as B, the scales on the integer sums; Q6_K's −32 as an MMA of its scales on the sub-block digit sums,
+    """gemv_q4_k_i8_t* / gemv_q5_k_i8_t* / gemv_q6_k_i8_t* / gemv_q8_0_i8_t* (the weights as the A of u8 x s8 MMAs —
+    Q8_0's int8 quants of s8 x s8 ones as they lie —, the activation's digit planes as B, the scales on the integer
+    sums — Q8_0's fp16 block scales in fp32 a block —; Q6_K's −32 as an MMA of its scales on the sub-block digit sums,
     its 210-byte steps at both 2-byte phases): random raw blocks of every bit pattern, several super-blocks, 1-3 K splits, a
     random kparts and CTA width, 1 to nt tokens, within 1e-5 of float64 (outputs NaN-poisoned first); an inf or a
     NaN in the last token's x gives non-finite outputs exactly where the reference has them, and so does a value

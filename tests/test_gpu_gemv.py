@@ -526,7 +526,7 @@ def test_few_token_gemv_with_records_shared_by_the_cta(fmt, m, k, t, arch, monke
             np.testing.assert_array_equal(r.mul_mat(w, x, arch=arch), got)
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
 @pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 1, None), (14336, 4096, 2, None), (300, 1024, 4, None),
                                         (136, 2048, 8, None), (1000, 3584, 3, "sm_89"), (1, 256, 1, None)])
 def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
@@ -549,7 +549,7 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
     setknob(monkeypatch, "PTXGEN_Q4K_T1", "1")  # (the few-token builds at any size)
     # (not route small_gemv; Q5_K's few-token builds at any size)
     with tuning.override(codec_gemv_t1_max_weights={"q4_K": 0}, codec_few_t1_min_weights=0,
-                         few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0}):
+                         few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0, "q8_0": 0}):
         fp16 = r.mul_mat(w, x, arch=arch)
         with tuning.override(few_i8_max_tokens={fmt: 8}):
             eager = r.mul_mat_plan(w, t, arch=arch).kernels

@@ -511,6 +511,14 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
                     assert not any("i8" in k for k in plan.kernels), (t, plan.kernels)
         assert not any("i8" in k for k in ops.mul_mat_plan(w5, 2, graph=True).kernels)  # (not listed: 0)
         assert not any("i8" in k for k in ops.mul_mat_plan(w6, 1, graph=True).kernels)
+    # Q8_0's (not shipped until timed: the rule has no q8_0) on Q6_K's records (the digit planes in the natural order)
+    w8 = fakegpu.weights("q8_0", 4096, 14336)
+    assert not any("i8" in k for k in ops.mul_mat_plan(w8, 1, graph=True).kernels)
+    with tuning.override(few_i8_max_tokens={"q8_0": 8}):
+        assert ops.mul_mat_plan(w8, 1, graph=True).kernels == ["prep_q6k_i8_t1", "gemv_q8_0_i8_t1"]
+        assert ops.mul_mat_plan(w8, 2).kernels == ["gemv_q8_0_i8_t2_fused"]
+        assert ops.mul_mat_plan(w8, 2, x_dtype="float16").kernels == ["gemv_q8_0_i8_t2_fused_x16"]
+        assert ops.mul_mat_plan(w8, 6).kernels == ["prep_q6k_i8_t8", "gemv_q8_0_i8_t8"]
 
 
 def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):

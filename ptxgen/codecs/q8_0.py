@@ -178,6 +178,27 @@ class mma_block(UnitScaleBlock):  # noqa: N801 - a codec hook, named as the othe
         return self._d[j]
 
 
+class I8Block(UnitScaleBlock):
+    """One row's 8 blocks (a step of 256 weights) for the int8 few-token GEMVs (gemv_t1._I8Q8Step, on prep_q6k_i8's
+    digit planes in the natural K order): `a(s)` — lane t's int8 elements 4t .. 4t + 3 of 16-element half s % 2 of
+    block s // 2 as they lie, the A register of m16n8k16 s8 x s8 for this row (no decode at all) — and `scale(s)`,
+    that block's d as f32."""
+    PER_BLOCK_SCALE = True  # (gemv_t1: the fp16 scale a block applied in fp32 after each block's MMAs)
+
+    @staticmethod
+    def constants(b):
+        return None
+
+    def a(self, s):
+        return self.word((s // 2) * BLOCK_BYTES + QS_OFFSET + 16 * (s % 2), True)
+
+    def scale(self, s):
+        j = s // 2
+        if j not in self._d:
+            self._d[j] = self.b.op("cvt.f32.f16", self.half(j * BLOCK_BYTES + D_OFFSET))
+        return self._d[j]
+
+
 class GgmlLane:
     """Q8_0 in kernels/gemv.py's MMVQ-style lane GEMV (build_lanes_ggml: gemv_q8_0_t*, int8 x Q8_1 with dp4a, as
     llama.cpp's MMVQ): a lane owns one 34-byte block (2-byte aligned): it loads the 9 words covering it from the

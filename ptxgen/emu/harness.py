@@ -1305,7 +1305,7 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
         HARNESSES[f"prep_sub16_{_sfx}"] = _prep_q4k_records(_nt, False, "sub16")
         HARNESSES[f"gemv_tq4_1s_mma_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_tq4_1s_mma_{_sfx}", 2)
         HARNESSES[f"prep_rot16_{_sfx}"] = _prep_q4k_records(_nt, False, "rot16")
-        for _f in ("q4_k", "q5_k", "q6_k"):
+        for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
             HARNESSES[f"gemv_{_f}_i8_{_sfx}"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_i8_{_sfx}", 2)
         HARNESSES[f"prep_q4k_i8_{_sfx}"] = _prep_q4k_records(_nt, False, "i8")
         HARNESSES[f"prep_q6k_i8_{_sfx}"] = _prep_q4k_records(_nt, False, "i8q6")
@@ -1314,10 +1314,10 @@ for _nt, _h in [(_nt, False) for _nt in T4.Q4K_RECORD_TOKENS] + [(T4.Q4K_HI_TOKE
 for _nt in (1, 2, 4):
     for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_mma_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_mma_t{_nt}_fused", 2)
-    for _f in ("q4_k", "q5_k", "q6_k"):
+    for _f in ("q4_k", "q5_k", "q6_k", "q8_0"):
         HARNESSES[f"gemv_{_f}_i8_t{_nt}_fused"] = _with_meta(gemv_q4k_mma_case, f"gemv_{_f}_i8_t{_nt}_fused", 2)
     for _n in [f"gemv_{_f}_mma_t{_nt}_fused_x16" for _f in ("q4_k", "q5_k", "q6_k", "q8_0")] + [
-            f"gemv_{_f}_i8_t{_nt}_fused_x16" for _f in ("q4_k", "q5_k", "q6_k")]:  # the twins on fp16 x
+            f"gemv_{_f}_i8_t{_nt}_fused_x16" for _f in ("q4_k", "q5_k", "q6_k", "q8_0")]:  # the twins on fp16 x
         HARNESSES[_n] = _with_meta(gemv_q4k_mma_case, _n, 2)
 for _c in (T4.Q4K_HI_TOKENS, T4.Q4K_SKINNY_COLUMNS):
     HARNESSES[f"mmq_q4_k_rega_n{_c}"] = _with_meta(gemv_q4k_mma_case, f"mmq_q4_k_rega_n{_c}", 2)

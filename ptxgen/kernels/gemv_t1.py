@@ -524,6 +524,56 @@ class _I8Q6Step(_I8Step):
                     b.emit("fma.rn.f32", pe, v, b.op("mul.rn.f32", blks[rr].d, facs[n][c]), pe)
 
 
+class _I8Q8Step(_I8Q6Step):
+    """A step of the int8 few-token Q8_0 GEMVs (gemv_q8_0_i8_t{nt}, on prep_q6k_i8_t{nt}'s records: the digit planes
+    in the natural K order; their sub-block sums unused). Per m16 tile and 32-element block j: A = the rows' int8
+    quants as they lie (codec.I8Block: one word a half-block, no decode), two m16n8k16 s8 x s8 MMAs a tile of planes
+    chained in s32 (exact: |D| ≤ 32·128·128), then S += float(D)·d_j per column (fp32; the block's fp16 scale);
+    per step P += S·2^-s. The digits cannot carry an inf or a NaN of x: the records' sub-block sums X mark them, so
+    per step and tile one f16 MMA of ones on X (F = Σ_s X_s per column) adds 0·F — nothing, or NaN for that token.
+    combine: _I8Step's, no min term."""
+
+    def _phase(self, st, bases, ph):
+        from .gemv_mma_codec import phase_readers
+        b, arch = self.b, self.arch
+        facs = [[b.op("ld.shared.f32", Mem(b.op("add.u32", st, fo))) for fo in fos] for fos in self.foffs]
+        for mt in range(self.MT):
+            blks = [self.codec.I8Block(b, *phase_readers(b, base, b.op("add.u32", base, self.t4), ph), self.t, None)
+                    for base in bases[mt]]
+            S = [[None] * 4 for _ in range(self.NTP)]  # the step's fp32 sums (g, 2t), (g, 2t + 1), (g + 8, ..)
+            for q in range(4):  # blocks 2q, 2q + 1: sub-blocks 4q .. 4q + 3, one 16-byte load of B a tile
+                xbs = []
+                for n in range(self.NTP):
+                    xb = b.regs("b32", 4)
+                    b.emit("ld.shared.v4.u32", b.vec(xb), Mem(b.op("add.u32", st, self.boff[n]), 64 * self.C * q))
+                    xbs.append(xb)
+                for jj in range(2):
+                    s0 = 4 * q + 2 * jj
+                    ds = [blk.scale(s0) for blk in blks]
+                    for n in range(self.NTP):
+                        dv = self.izero
+                        for h in range(2):
+                            nv = b.regs("b32", 4)
+                            A = [blks[0].a(s0 + h), blks[1].a(s0 + h)]  # rows g, g + 8: k 4t .. 4t + 3 of the half
+                            b.emit(mma_sync(arch, "m16n8k16", "s8", b.vec(nv), b.vec(A), b.vec([xbs[n][2 * jj + h]]),
+                                            b.vec(dv)))
+                            dv = nv
+                        for e in range(4):
+                            f = b.op("cvt.rn.f32.s32", dv[e])
+                            S[n][e] = (b.op("mul.rn.f32", f, ds[e // 2]) if S[n][e] is None else
+                                       b.op("fma.rn.f32", f, ds[e // 2], S[n][e]))
+            ones = b.op("mov.b32", Imm(0x3C003C00, "b32"))
+            for n in range(self.NTP):
+                xw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, self.xoffs[n]), 16 * h)) for h in range(2)]
+                F = b.regs("f32", 4)
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(F), b.vec([ones] * 4), b.vec(xw), b.vec(self.czero)))
+                for e in range(4):
+                    rr, c = divmod(e, 2)
+                    pe = self.P[mt][rr][n][c]
+                    v = b.op("fma.rn.f32", F[e], Imm(0.0, "f32"), S[n][e])  # (non-finite X: NaN)
+                    b.emit("fma.rn.f32", pe, v, facs[n][c], pe)
+
+
 class _CodecStep:
     """A step of the few-token GEMVs on a codec's mma_block (Q6_K, Q8_0: a scale times an integer, the scale
     constant over 16 weights, no min): per m16 tile and 16-element sub-block s, A = the integers of rows g, g + 8
@@ -795,7 +845,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     # (hi_only on a codec's mma_block: Q6_K's, Q8_0's; TQ4_1S's two-part A takes the (hi, lo) columns)
     assert kq or (hasattr(codec, "mma_block") and not (hi_only and getattr(codec, "MMA_A_PARTS", 1) > 1)), fmt
     assert not i8 or ((hasattr(codec, "I8A") or hasattr(codec, "I8Block")) and not hi_only), (fmt, hi_only)
-    i8q6 = i8 and hasattr(codec, "I8Block")  # Q6_K's int8 step (_I8Q6Step) on its own records
+    i8q6 = i8 and hasattr(codec, "I8Block")  # Q6_K's int8 step (_I8Q6Step) on its own records (Q8_0's on them too)
     BLOCK, BOX, SLOT = _row_geometry(codec)
     sfx = _suffix(nt, hi_only)
     what = f"the {nt}-token tensor-core {fmt} GEMV"
@@ -915,8 +965,9 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     t_prep = [b.op("mov.u32", Imm(0, "u32")) for _ in range(3 if TRACE else 0)]
     count = b.op("mov.u32", Imm(0, "u32"))
 
-    if i8q6:
-        istep = _I8Q6Step(b, arch, codec, MT, nt, g, t, W_BYTES, SLOT, row0, M, nsb, BLOCK)
+    if i8q6:  # (Q8_0's: a fp16 scale a block, _I8Q8Step)
+        istep = (_I8Q8Step if getattr(codec.I8Block, "PER_BLOCK_SCALE", False) else _I8Q6Step)(
+            b, arch, codec, MT, nt, g, t, W_BYTES, SLOT, row0, M, nsb, BLOCK)
     elif i8:
         istep = _I8Step(b, arch, codec, MT, nt, g, t, lane, W_BYTES, SLOT)
     elif kq:
@@ -1347,7 +1398,8 @@ PREPS += [KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], nt).name, f"activat
           for nt in T4.Q4K_RECORD_TOKENS]
 PREPS.append(KernelDef(GemvKernel("prep_few", CODEC_FORMATS[0], T4.Q4K_HI_TOKENS, hi_only=True).name,
                        f"activation of up to {T4.Q4K_HI_TOKENS} tokens: scaled fp16 hi records in the codecs' 16-element "
-                       f"sub-block order ({', '.join(GemvKernel('few', f, T4.Q4K_HI_TOKENS, hi_only=True).name for f in CODEC_FORMATS)})",
+                       "sub-block order (" + ", ".join(GemvKernel("few", f, T4.Q4K_HI_TOKENS, hi_only=True).name
+                                                       for f in CODEC_FORMATS) + ")",
                        lambda arch: build_prep_mma(arch, rotate=False, records=T4.Q4K_HI_TOKENS, hi_only=True,
                                                    order="sub16")))
 PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of up to {nt} tokens: forward RHT, scaled "
@@ -1356,11 +1408,12 @@ PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of u
           for nt in T4.Q4K_RECORD_TOKENS]
 # the int8 builds (_I8Step): Q4_K's nibbles on the activation's digit planes, 4 + 8 integer instructions an MMA of 512
 # weights where the fp16 build decodes 256 in 18 (not shipped until timed; rule few_i8_max_tokens)
-I8_FORMATS = ("q4_K", "q5_K", "q6_K")  # the codecs with int8 A operands (their I8A, Q6_K's I8Block)
+I8_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # the codecs with int8 A operands (their I8A, Q6_K's and Q8_0's I8Block)
 _I8_A = {"q4_K": "the 4-bit weights as A (ldmatrix and masks a 64-weight group)",
          "q5_K": "the 5-bit weights as A (ldmatrix and masks a 64-weight group)",
          "q6_K": "the 6-bit weights as A (a bit select a 16-element sub-block), the −32 as one MMA of the scales on "
-                 "the sub-block digit sums a step"}
+                 "the sub-block digit sums a step",
+         "q8_0": "the int8 quants as A as they lie (s8 x s8), each block's fp16 scale in fp32 after its two MMAs"}
 KERNELS += [KernelDef(GemvKernel("few", f, nt, i8=True).name,
                       f"{f} GEMV, T ≤ {nt}, exact, u8 x s8 mma.sync: {_I8_A[f]}, x as three int8 digit planes, the "
                       "scales on the integer sums, through a per-warp cp.async ring (activation from "
