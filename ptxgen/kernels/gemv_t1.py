@@ -485,21 +485,30 @@ class _I8Q6Step(_I8Step):
         _phased_body(self.b, st, jb, self.block, self.slots, self.starts,
                      lambda bases, ph: self._phase(st, bases, ph), "i8")
 
-    def _phase(self, st, bases, ph):
+    def _blocks(self, bases, ph, consts):
+        """The codec's I8Block of rows g, g + 8 of an m16 tile (their bases at 2-byte phase ph)."""
         from .gemv_mma_codec import phase_readers
+        b = self.b
+        return [self.codec.I8Block(b, *phase_readers(b, base, b.op("add.u32", base, self.t4), ph), self.t, consts)
+                for base in bases]
+
+    def _planes(self, st, q):
+        """Per n8 tile of planes, the lane's B registers of sub-blocks 4q .. 4q + 3 (one 16-byte load)."""
+        b, out = self.b, []
+        for n in range(self.NTP):
+            xb = b.regs("b32", 4)
+            b.emit("ld.shared.v4.u32", b.vec(xb), Mem(b.op("add.u32", st, self.boff[n]), 64 * self.C * q))
+            out.append(xb)
+        return out
+
+    def _phase(self, st, bases, ph):
         b, arch = self.b, self.arch
         facs = [[b.op("ld.shared.f32", Mem(b.op("add.u32", st, fo))) for fo in fos] for fos in self.foffs]
         for mt in range(self.MT):
-            blks = [self.codec.I8Block(b, *phase_readers(b, base, b.op("add.u32", base, self.t4), ph), self.t,
-                                        self.sels)
-                    for base in bases[mt]]
+            blks = self._blocks(bases[mt], ph, self.sels)
             S = [[None] * 4 for _ in range(self.NTP)]  # the step's integer sums (g, 2t), (g, 2t + 1), (g + 8, ..)
             for q in range(4):
-                xbs = []
-                for n in range(self.NTP):
-                    xb = b.regs("b32", 4)
-                    b.emit("ld.shared.v4.u32", b.vec(xb), Mem(b.op("add.u32", st, self.boff[n]), 64 * self.C * q))
-                    xbs.append(xb)
+                xbs = self._planes(st, q)
                 for i in range(4):
                     s = 4 * q + i
                     A = [blks[0].a(s), blks[1].a(s)]
@@ -534,19 +543,13 @@ class _I8Q8Step(_I8Q6Step):
     combine: _I8Step's, no min term."""
 
     def _phase(self, st, bases, ph):
-        from .gemv_mma_codec import phase_readers
         b, arch = self.b, self.arch
         facs = [[b.op("ld.shared.f32", Mem(b.op("add.u32", st, fo))) for fo in fos] for fos in self.foffs]
         for mt in range(self.MT):
-            blks = [self.codec.I8Block(b, *phase_readers(b, base, b.op("add.u32", base, self.t4), ph), self.t, None)
-                    for base in bases[mt]]
+            blks = self._blocks(bases[mt], ph, None)
             S = [[None] * 4 for _ in range(self.NTP)]  # the step's fp32 sums (g, 2t), (g, 2t + 1), (g + 8, ..)
-            for q in range(4):  # blocks 2q, 2q + 1: sub-blocks 4q .. 4q + 3, one 16-byte load of B a tile
-                xbs = []
-                for n in range(self.NTP):
-                    xb = b.regs("b32", 4)
-                    b.emit("ld.shared.v4.u32", b.vec(xb), Mem(b.op("add.u32", st, self.boff[n]), 64 * self.C * q))
-                    xbs.append(xb)
+            for q in range(4):  # blocks 2q, 2q + 1: sub-blocks 4q .. 4q + 3
+                xbs = self._planes(st, q)
                 for jj in range(2):
                     s0 = 4 * q + 2 * jj
                     ds = [blk.scale(s0) for blk in blks]
