@@ -574,6 +574,29 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
                 np.testing.assert_array_equal(_graph_replayed(w, torch.from_numpy(x).cuda()), got)
 
 
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+def test_int8_few_token_gemv_with_outlier_activation_channels(fmt):
+    """The int8 builds hold x to 2^-22 of its super-block's max, not of each value (formats.tq4_1s.q4k_i8_records):
+    an LLM's outlier channels (here 6 of them at 10^3 and 10^4 x the rest) on the shipped int8 builds and Q8_0's
+    (RULES.few_i8_max_tokens raised) stay within exact mode's 1e-5 of float64, as test_accuracy finds for the record
+    model; outputs NaN-poisoned first."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(11)
+    m, k = 2048, 4096
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    cols = rng.choice(k, 6, replace=False)
+    x[:, cols[:3]] *= np.float32(1e3)
+    x[:, cols[3:]] *= np.float32(1e4)
+    with tuning.override(few_i8_max_tokens={fmt: 8}, codec_few_max_tokens={fmt: 8}, codec_few_t1_min_weights=0):
+        for t in (1, 2):
+            assert any("_i8_" in n for n in r.mul_mat_plan(w, t).kernels), r.mul_mat_plan(w, t).kernels
+            got = _into_poisoned(r, w, x[:t])
+            assert np.isfinite(got).all() and rel_ref(got, fmt, raw, m, k, x[:t]) <= 1e-5
+
+
 def _graph_replayed(w, xt):
     """mul_mat(w, xt) captured into a CUDA graph on torch's stream (warmed up on a side stream, as torch
     recommends), its output NaN-filled, then replayed: the output as NumPy."""
