@@ -542,6 +542,10 @@ class _I8Q8Step(_I8Q6Step):
     per step and tile one f16 MMA of ones on X (F = Σ_s X_s per column) adds 0·F — nothing, or NaN for that token.
     combine: _I8Step's, no min term."""
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.ones = self.b.op("mov.b32", Imm(0x3C003C00, "b32"))  # (f16 1.0, 1.0: the non-finite check's A)
+
     def _phase(self, st, bases, ph):
         b, arch = self.b, self.arch
         facs = [[b.op("ld.shared.f32", Mem(b.op("add.u32", st, fo))) for fo in fos] for fos in self.foffs]
@@ -565,11 +569,11 @@ class _I8Q8Step(_I8Q6Step):
                             f = b.op("cvt.rn.f32.s32", dv[e])
                             S[n][e] = (b.op("mul.rn.f32", f, ds[e // 2]) if S[n][e] is None else
                                        b.op("fma.rn.f32", f, ds[e // 2], S[n][e]))
-            ones = b.op("mov.b32", Imm(0x3C003C00, "b32"))
             for n in range(self.NTP):
                 xw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, self.xoffs[n]), 16 * h)) for h in range(2)]
                 F = b.regs("f32", 4)
-                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(F), b.vec([ones] * 4), b.vec(xw), b.vec(self.czero)))
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(F), b.vec([self.ones] * 4), b.vec(xw),
+                                b.vec(self.czero)))
                 for e in range(4):
                     rr, c = divmod(e, 2)
                     pe = self.P[mt][rr][n][c]
