@@ -430,20 +430,22 @@ def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(
 @pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
 def test_the_mma_block_codecs_take_the_sixteen_token_build_under_their_rule(gpu, fmt):
     """9-16 tokens of Q6_K / Q8_0: gemv_<fmt>_mma_t16h on prep_sub16_t16h's records (fp16 activations, as Q4_K's and
-    Q5_K's t16h) where RULES.codec_few_max_tokens[fmt] reaches the call's tokens — shipped at 8 (not timed yet: the
-    register-A GEMM runs them); eager and graph alike (no one-launch build), fp16 x into the prep's _x16 twin;
-    17 tokens, and Q8_0 on sm_89 (its ring does not fit there), keep the routes after."""
+    Q5_K's t16h) where RULES.codec_few_max_tokens[fmt] reaches the call's tokens — shipped at 16 (H100, 2026-12-06:
+    faster than the register-A GEMM at T = 9 and 16 on every shape timed); eager and graph alike (no one-launch
+    build), fp16 x into the prep's _x16 twin; 17 tokens, and Q8_0 on sm_89 (its ring does not fit there), keep the
+    routes after; at 8 the rule leaves 9-16 tokens to the GEMM."""
     f = fmt.lower()
     w = fakegpu.weights(fmt, 4096, 14336)
-    assert f"gemv_{f}_mma_t16h" not in ops.mul_mat_plan(w, 16).kernels
-    with tuning.override(codec_few_max_tokens={fmt: 16}):
-        want = ["prep_sub16_t16h", f"gemv_{f}_mma_t16h"]
-        for t in (9, 12, 16):
-            assert ops.mul_mat_plan(w, t).kernels == want
-            assert ops.mul_mat_plan(w, t, graph=True).kernels == want
-        assert ops.mul_mat_plan(w, 16, graph=True, x_dtype="float16").kernels == ["prep_sub16_t16h_x16", want[1]]
-        assert want[1] not in ops.mul_mat_plan(w, 17).kernels
-        assert (ops.mul_mat_plan(w, 16, arch="sm_89").kernels == ["prep_sub16_t16h", want[1]]) == (fmt == "q6_K")
+    with tuning.override(codec_few_max_tokens={fmt: 8}):
+        assert f"gemv_{f}_mma_t16h" not in ops.mul_mat_plan(w, 16).kernels
+        assert f"gemv_{f}_mma_t16h" not in ops.mul_mat_plan(w, 9, graph=True).kernels
+    want = ["prep_sub16_t16h", f"gemv_{f}_mma_t16h"]
+    for t in (9, 12, 16):
+        assert ops.mul_mat_plan(w, t).kernels == want
+        assert ops.mul_mat_plan(w, t, graph=True).kernels == want
+    assert ops.mul_mat_plan(w, 16, graph=True, x_dtype="float16").kernels == ["prep_sub16_t16h_x16", want[1]]
+    assert want[1] not in ops.mul_mat_plan(w, 17).kernels
+    assert (ops.mul_mat_plan(w, 16, arch="sm_89").kernels == ["prep_sub16_t16h", want[1]]) == (fmt == "q6_K")
 
 
 def test_stream_k_runs_where_the_tiles_fill_the_rounds_unevenly(gpu):
@@ -511,14 +513,15 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
                     assert not any("i8" in k for k in plan.kernels), (t, plan.kernels)
         assert not any("i8" in k for k in ops.mul_mat_plan(w5, 2, graph=True).kernels)  # (not listed: 0)
         assert not any("i8" in k for k in ops.mul_mat_plan(w6, 1, graph=True).kernels)
-    # Q8_0's (not shipped until timed: the rule has no q8_0) on Q6_K's records (the digit planes in the natural order)
+    # Q8_0's on Q6_K's records (the digit planes in the natural order): shipped at 1-8 tokens (H100, 2026-12-06); off
+    # (0), the fp16 builds
     w8 = fakegpu.weights("q8_0", 4096, 14336)
-    assert not any("i8" in k for k in ops.mul_mat_plan(w8, 1, graph=True).kernels)
-    with tuning.override(few_i8_max_tokens={"q8_0": 8}):
-        assert ops.mul_mat_plan(w8, 1, graph=True).kernels == ["prep_q6k_i8_t1", "gemv_q8_0_i8_t1"]
-        assert ops.mul_mat_plan(w8, 2).kernels == ["gemv_q8_0_i8_t2_fused"]
-        assert ops.mul_mat_plan(w8, 2, x_dtype="float16").kernels == ["gemv_q8_0_i8_t2_fused_x16"]
-        assert ops.mul_mat_plan(w8, 6).kernels == ["prep_q6k_i8_t8", "gemv_q8_0_i8_t8"]
+    with tuning.override(few_i8_max_tokens={"q8_0": 0}):
+        assert not any("i8" in k for k in ops.mul_mat_plan(w8, 1, graph=True).kernels)
+    assert ops.mul_mat_plan(w8, 1, graph=True).kernels == ["prep_q6k_i8_t1", "gemv_q8_0_i8_t1"]
+    assert ops.mul_mat_plan(w8, 2).kernels == ["gemv_q8_0_i8_t2_fused"]
+    assert ops.mul_mat_plan(w8, 2, x_dtype="float16").kernels == ["gemv_q8_0_i8_t2_fused_x16"]
+    assert ops.mul_mat_plan(w8, 6).kernels == ["prep_q6k_i8_t8", "gemv_q8_0_i8_t8"]
 
 
 def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):

@@ -77,13 +77,6 @@ NOT_SHIPPED = {
                          "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
                          "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
-NOT_SHIPPED.update({n: "the int8 few-token Q8_0 GEMV (s8 x s8 on the digit planes): not timed yet (rule "
-                    "few_i8_max_tokens has no q8_0; bench/NOTES.md, 2026-12-06)"
-                    for nt in (1, 2, 4, 8) for n in (f"gemv_q8_0_i8_t{nt}", f"gemv_q8_0_i8_t{nt}_fused",
-                                                       f"gemv_q8_0_i8_t{nt}_fused_x16") if n in KERNELS})
-NOT_SHIPPED.update({n: "the mma_block codecs' 9-16-token GEMV on fp16 activations: not timed yet (rule "
-                    "codec_few_max_tokens q6_K / q8_0 8; bench/NOTES.md, 2026-12-06)"
-                    for n in ("gemv_q6_k_mma_t16h", "gemv_q8_0_mma_t16h", "prep_sub16_t16h")})
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n96_moe"] = ("a MoE token tile between n64 and n128: slower than n64 at 32 x top-4 "
                                             "T = 512 (69.7 -> 72.8 graph µs, bench/NOTES.md 2026-12-04); rule "
                                             "moe_wgmma_tile_pairs with an \"n96\" entry reaches it")
