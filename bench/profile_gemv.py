@@ -1,6 +1,7 @@
-"""Run one decode GEMV op a few times (for ncu) and print its time: profile_gemv.py FMT M K T MODE [RULES]
+"""Run one decode GEMV op a few times (for ncu) and print its time: profile_gemv.py FMT M K T MODE [RULES [KNOBS]]
 (default tq4_1s 18944 3584 1 exact; FMT tq4_1s, q4_K or q8_0, MODE exact or fast; RULES a JSON object of dispatch
-rules to override, e.g. '{"xtab_max_tokens": {"tq4_1s": 1}}'). Weights are random bytes
+rules to override, e.g. '{"xtab_max_tokens": {"tq4_1s": 1}}'; KNOBS kernel-choice knobs, NAME=VALUE[,NAME=VALUE],
+e.g. PTXGEN_Q4K_FUSED=0: the prep + GEMV a graph runs rather than the eager one-launch build). Weights are random bytes
 with small finite scales. Each op is 2 launches (prep, GEMV): `ncu -k regex:gemv --launch-skip 3 --launch-count 1`."""
 import sys
 
@@ -16,6 +17,10 @@ if len(sys.argv) > 6:
     import json
 
     tuning.set(**json.loads(sys.argv[6]))
+if len(sys.argv) > 7:
+    from ptxgen import knobs
+
+    knobs.set(**knobs.parse(sys.argv[7].split(",")))
 rng = np.random.default_rng(0)
 bpb = {"tq4_1s": (32, 20), "q4_K": (256, 144), "q8_0": (32, 34)}[fmt]  # (weights, bytes) per block
 raw = rng.integers(0, 256, (m, k // bpb[0], bpb[1]), dtype=np.uint8)

@@ -149,13 +149,15 @@ for step in "${@:-tier}"; do
         --tokens 1,2,4,8 --weights 24 --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8, "q5_K": 8, "q6_K": 8}'
     done
     run i8_gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py tests/test_gpu_gemv.py -k 'i8 or int8' ;;
-  ncu_i8)  # where the int8 one-token GEMV's issue goes (the eager call: its one-launch build, the same step)
-    run ncu_i8_src 150 ncu --kernel-name regex:gemv_q4_k_i8_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
+  ncu_i8)  # where the int8 one-token GEMV's issue goes: the graph loop's build (prep_q4k_i8_t1 + gemv_q4_k_i8_t1, knob
+    # PTXGEN_Q4K_FUSED=0; the eager one-launch build's profile, 2026-12-06, spent 31% of its samples at its spin)
+    run ncu_i8_src 150 ncu --kernel-name 'regex:gemv_q4_k_i8_t1$' --launch-skip 3 --launch-count 1 --section WarpStateStats \
       --section SourceCounters --section SpeedOfLight --section Occupancy --page source --print-source sass --csv \
-      python3 bench/profile_gemv.py q4_K 4096 14336 1 exact
+      python3 bench/profile_gemv.py q4_K 4096 14336 1 exact '{}' PTXGEN_Q4K_FUSED=0
     python3 bench/ncu_source_top.py "$OUT/ncu_i8_src.log" 45 > "$OUT/ncu_i8_top.log" 2>&1; tail -n 50 "$OUT/ncu_i8_top.log"
-    run ncu_i8_details 90 ncu --kernel-name regex:gemv_q4_k_i8_t1 --launch-skip 3 --launch-count 1 --section WarpStateStats \
-      --section SpeedOfLight --section Occupancy --section LaunchStats python3 bench/profile_gemv.py q4_K 4096 14336 1 exact ;;
+    run ncu_i8_details 90 ncu --kernel-name 'regex:gemv_q4_k_i8_t1$' --launch-skip 3 --launch-count 1 --section WarpStateStats \
+      --section SpeedOfLight --section Occupancy --section LaunchStats python3 bench/profile_gemv.py q4_K 4096 14336 1 exact \
+      '{}' PTXGEN_Q4K_FUSED=0 ;;
   ncu_t8)  # #36: where Q4_K's T = 8 GEMV (19.6 µs, 1.59x T = 1; 375 SASS a step at 8 warps an SM) and TQ4_1S's
     # T = 1 lane GEMV (20.1 µs against 14.2) spend their issue slots: source counters, stall reasons, occupancy
     for spec in "gemv_q4_k_mma_t8 q4_K 4096 14336 8" "gemv_tq4_1s_tma_t1 tq4_1s 18944 3584 1"; do
