@@ -22,7 +22,8 @@
 #   tq4shared TQ4_1S at 4-8 tokens on the few-token builds whose records the CTA shares
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_t8   ncu source counters and stall reasons of gemv_q4_k_mma_t8 (T = 8) and gemv_tq4_1s_tma_t1 (#36)
-#   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1(_fused) on 4096x14336
+#   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1 (the graph loop's build) on 4096x14336
+#   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
 #   x16      bench_op on fp16 activations against fp32 ones (decode's widening, prefill's permute)
@@ -149,6 +150,12 @@ for step in "${@:-tier}"; do
         --tokens 1,2,4,8 --weights 24 --variant 'i8: rule.few_i8_max_tokens={"q4_K": 8, "q5_K": 8, "q6_K": 8}'
     done
     run i8_gpu_tests 120 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py tests/test_gpu_gemv.py -k 'i8 or int8' ;;
+  hold8)  # #36 T = 8 (Q4_K 19.6 = 1.59x T = 1; <= 1.3x asked): the one-token builds' hold (a ring stage copied after
+    # griddepcontrol.wait, 14.7 -> 14.0 at T = 1) for the 2-8-token builds too, Q4_K and Q5_K, graph over 24 weights
+    for s in 4096x14336 14336x4096; do
+      run "hold8_$s" 100 "${AB[@]}" --kernels 'gemv_q[45]_k_(mma|i8)_t[248]$' --formats q4_K,q5_K --shape "$s" \
+        --tokens 2,4,8 --weights 24 --variant 'h: gemv_t1.T1_HOLD={1: 1, 2: 1, 4: 1, 8: 1}'
+    done ;;
   ncu_i8)  # where the int8 one-token GEMV's issue goes: the graph loop's build (prep_q4k_i8_t1 + gemv_q4_k_i8_t1, knob
     # PTXGEN_Q4K_FUSED=0; the eager one-launch build's profile, 2026-12-06, spent 31% of its samples at its spin)
     run ncu_i8_src 150 ncu --kernel-name 'regex:gemv_q4_k_i8_t1$' --launch-skip 3 --launch-count 1 --section WarpStateStats \
