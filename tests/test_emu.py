@@ -1104,28 +1104,31 @@ def test_q4_k_few_token_gemv_sums_a_row_tiles_k_parts_in_the_cta():
         assert out.ok, (kp, nw, shape, splits, out.detail)
 
 
-@pytest.mark.parametrize("name, attr", [("gemv_q4_k_mma_t1", "T1_HOLD"), ("gemv_q5_k_mma_t1", "T1_HOLD"),
-                                        ("gemv_q4_k_mma_t1_fused", "FUSED_HOLD")])
-def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatch, name, attr):
-    """gemv_t1.T1_HOLD (shipped {1: 1}; FUSED_HOLD, the fused build's, empty until its GPU tests run with it): the
-    one-token GEMV copies the weights of all but its last ring stage before griddepcontrol.wait, the last stage's
-    with the records after it — the same y bit for bit as with every stage before the wait, with kparts and grid
-    K splits."""
+@pytest.mark.parametrize("name, attr, nt", [("gemv_q4_k_mma_t1", "T1_HOLD", 1), ("gemv_q5_k_mma_t1", "T1_HOLD", 1),
+                                            ("gemv_q4_k_i8_t2", "T1_HOLD", 2), ("gemv_q6_k_i8_t2", "T1_HOLD", 2),
+                                            ("gemv_q4_k_mma_t1_fused", "FUSED_HOLD", 1)])
+def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatch, name, attr, nt):
+    """gemv_t1.T1_HOLD (shipped {1: 1, 2: 1}; FUSED_HOLD, the fused build's, empty until its GPU tests run with it):
+    the 1- and 2-token GEMVs copy the weights of all but their last ring stage before griddepcontrol.wait, the last
+    stage's with the records after it — the same y bit for bit as with every stage before the wait, with kparts and
+    grid K splits."""
     from ptxgen import codecs
     from ptxgen.kernels import gemv_t1
 
     S = KERNELS[name].for_arch("sm_90a").meta["stages"]
     outs = []
     for hold in (0, 1):
-        monkeypatch.setattr(gemv_t1, attr, {1: hold})
+        monkeypatch.setattr(gemv_t1, attr, {nt: hold})
         ptx = KERNELS[name].for_arch("sm_90a").ptx()
         head = ptx.split("griddepcontrol.wait")[0]
         block = codecs.get(KERNELS[name].for_arch("sm_90a").meta["fmt"]).BLOCK_BYTES  # a super-block's bytes
         per_step = -(-16 * (block // 16) // 32)  # copy instructions a step: 16 rows' 16-byte chunks, 32 an instruction
         assert head.count("cp.async.cg.shared.global") == per_step * (S - hold) and "cp.async.ca" not in head
         got = []
-        for i, (kp, shape, splits) in enumerate(((2, (70, 2304), 2), (8, (40, 1536), 1))):
-            out = check_kernel(name, ptx, seed=80 + i, shape=shape, splits=splits, ntok=1, kparts=kp)
+        # (Q6_K's few-token builds: an even number of super-blocks a row, M x row bytes a multiple of 16)
+        m, k = (72, 2560) if "q6_k" in name else (70, 2304)
+        for i, (kp, shape, splits) in enumerate(((2, (m, k), 2), (8, (40, 1536), 1))):
+            out = check_kernel(name, ptx, seed=80 + i, shape=shape, splits=splits, ntok=nt, kparts=kp, warps=8)
             assert out.ok, (hold, kp, out.detail)
             got.append(np.asarray(out.got).view(np.uint32))
         outs.append(got)

@@ -65,8 +65,11 @@ TRACE = False
 # 2 (bench/probe_decode_trace.py). H200 graph µs over 24 weights, stages held 0 / 1 / 2 / 3: Q4_K 4096x14336 14.7 /
 # 14.0 / 13.9 / 14.9, 14336x4096 13.2 / 12.5 / 13.7 / 14.8; held 0 / 1: Q5_K 15.7 / 15.2, 16.5 / 15.5; same bits
 # (bench/NOTES.md, 2026-12-04, night). The TMA-ring GEMVs behind their preps (Q8_0's, TQ4_1S's) did not gain.
-# The "big" plans only (sm_90a: measured there; sm_120a's 3-stage plan untimed).
-T1_HOLD = {1: 1}
+# The "big" plans only (sm_90a: measured there; sm_120a's 3-stage plan untimed). Two tokens (the int8 t2 builds, 3
+# stages), held 0 / 1 on an H100, graph µs (bench/results/h100_hold8_*_7d7a685.log): Q4_K 4096x14336 15.0 / 14.6,
+# 14336x4096 15.0 / 14.3; Q5_K 17.8 / 17.3, 17.5 / 17.2 (Q6_K's and Q8_0's t2 take it untimed); 4 and 8 tokens
+# mixed within ±0.9 (4: +0.7 / -0.2, -0.9 / +0.3; 8: +0.1 to +0.5): not held.
+T1_HOLD = {1: 1, 2: 1}
 # ... and the fused builds' (the eager calls' one-launch builds). Forced into the graph loop, the t1 fused build held
 # 0 -> 1 ran 15.6 -> 14.5 µs (probe_decode_trace_fused_hold_0ed53fd.log); not shipped until its GPU tests run with it
 FUSED_HOLD: dict[int, int] = {}
