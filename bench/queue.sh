@@ -23,6 +23,7 @@
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_t8   ncu source counters and stall reasons of gemv_q4_k_mma_t8 (T = 8) and gemv_tq4_1s_tma_t1 (#36)
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1 (the graph loop's build) on 4096x14336
+#   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
@@ -155,6 +156,14 @@ for step in "${@:-tier}"; do
     for s in 4096x14336 14336x4096; do
       run "hold8_$s" 100 "${AB[@]}" --kernels 'gemv_q[45]_k_(mma|i8)_t[248]$' --formats q4_K,q5_K --shape "$s" \
         --tokens 2,4,8 --weights 24 --variant 'h: gemv_t1.T1_HOLD={1: 1, 2: 1, 4: 1, 8: 1}'
+    done ;;
+  ncu_t16q8)  # #34's Q8_0 T = 16 on 4096x14336: gemv_q8_0_mma_t16h ran 35.0 µs there (the GEMM's 35.5) but 27.6 on
+    # 14336x4096 (H100, 2026-12-06; Q6_K's 32.5 / 32.7): what the long-K shape costs it (4 warps an SM, kparts 4)
+    for spec in "4096 14336" "14336 4096"; do
+      read -r mm kk <<< "$spec"
+      run "ncu_t16q8_${mm}x${kk}" 120 ncu --kernel-name 'regex:gemv_q8_0_mma_t16h$' --launch-skip 3 --launch-count 1 \
+        --section WarpStateStats --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+        python3 bench/profile_gemv.py q8_0 "$mm" "$kk" 16 exact
     done ;;
   ncu_i8)  # where the int8 one-token GEMV's issue goes: the graph loop's build (prep_q4k_i8_t1 + gemv_q4_k_i8_t1, knob
     # PTXGEN_Q4K_FUSED=0; the eager one-launch build's profile, 2026-12-06, spent 31% of its samples at its spin)
