@@ -54,7 +54,9 @@ def main():
 
     fmt = args.format
     kernel, prep = GemvKernel("few", fmt, 1).name, GemvKernel("prep_few", fmt, 1).name
-    tuning.set(codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8})  # (Q6_K's / Q8_0's builds: off as shipped)
+    # the fp16 few-token builds this probe instruments (the int8 ones, shipped at 1-2 / 1-4 / 1-8 / 1-8 tokens, off)
+    tuning.set(codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8},
+               few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0, "q8_0": 0})
     if args.fused:
         from ptxgen import knobs
         knobs.set(PTXGEN_Q4K_FUSED="on")

@@ -8,8 +8,9 @@
 #   model    bench_model on fp32 x, then on fp16 x (#34's decode and prefill rows; run it on an H200)
 #   i34      #34's per-format rows at HEAD: bench_op Q5_K / Q6_K / Q8_0 4096x14336 at T = 16 / 512 / 4096, Q4_K
 #            and TQ4_1S 18944x3584 at T = 512, bench_gemv's graph-replayed T = 1 loop of Q5_K / Q6_K / Q8_0
-#   t16c     #34's Q6_K / Q8_0 T = 16 cells: the codecs' t16h builds (rule codec_few_max_tokens 16) against the GEMM
-#   i8q8     #36's Q8_0 decode: the int8 s8 x s8 few-token builds (rule few_i8_max_tokens q8_0) against the fp16 ones
+#   t16c     the codecs' t16h builds against the GEMM at 9 / 16 tokens (ran 2026-12-06 and shipped: the variant is now
+#            the shipped rule; retime with rule.codec_few_max_tokens 8 as the variant)
+#   i8q8     Q8_0's int8 few-token builds against the fp16 ones (ran 2026-12-06 and shipped, as t16c)
 #   xrot     bench_op eager / graph on fp16 x rotating over 1, 8, 40 x buffers (a tensor-map encode per new address)
 #   fixup    bench_model's prefill on fp32 x with the fixup at 4 CTAs an SM (shipped) and at 1 (rule fixup_ctas_per_sm)
 #   tq4rot   TQ4_1S's prefill with its rotation writing the GEMM's fp16 copy (rotate_tq4_1s_f16) against the
@@ -24,7 +25,8 @@
 #   ncu_t8   ncu source counters and stall reasons of gemv_q4_k_mma_t8 (T = 8) and gemv_tq4_1s_tma_t1 (#36)
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1 (the graph loop's build) on 4096x14336
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
-#   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens
+#   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
+#            2026-12-06: 2 tokens shipped)
 #   pre      the prepared GEMM (fp16 fragments once, then wgmma) on small-M prefill ops (attn_k's 1024x4096)
 #   prefill  bench_model's prefill alone, as is, on fp16 activations, under candidate rules (converting GEMM, stream-K)
 #   x16      bench_op on fp16 activations against fp32 ones (decode's widening, prefill's permute)

@@ -41,10 +41,10 @@ NOT_DISPATCHED = {"gemv_tq4_1s_tma_t4", "gemv_tq4_1s_tma_t8", "mmq_q4_k_q8_n16_p
 RA_TILES = {"wgmma_ra_max_splits": 1 << 10, "wgmma_ra_min_split_steps": 0}
 # (fmt, mode, M, K, tokens, arch, knobs, rules[, x dtype]): calls that reach builds the sweep's shapes do not
 # (ops.mul_mat_plan on the stand-in H200 names them: `--plan`); x float32 unless named
-NO_I8 = {"few_i8_max_tokens": {"q4_K": 0, "q5_K": 0, "q6_K": 0}}
+NO_I8 = {"few_i8_max_tokens": {"q4_K": 0, "q5_K": 0, "q6_K": 0, "q8_0": 0}}
 TARGETED = [
     # Q6_K on rows of 16-byte multiples (K a multiple of 2048): gemv_q6_k_mma_tma, mmq_q6_k_wgmma_ra_n64 / n128 / n256
-    ("q6_K", "exact", 129, 2048, (2, 9, 65, 129), None, {}, RA_TILES),
+    ("q6_K", "exact", 129, 2048, (2, 17, 65, 129), None, {}, RA_TILES),
     # the register-A GEMMs converting x themselves, each tile (by default from T = 1024 on one K split)
     *[(fmt, "exact", 129, 512, (33, 65, 129), None, {"PTXGEN_MMQ_CX": "1"}, RA_TILES)
       for fmt in ("q4_K", "q5_K", "q8_0")],
@@ -82,7 +82,7 @@ TARGETED = [
     # the fp16 few-token builds where the int8 ones take their T by default (RULES.few_i8_max_tokens), fused and not
     *[("q4_K", "exact", 2048, 4096, (1, 2), None, forced, NO_I8) for forced in ({}, {"PTXGEN_Q4K_FUSED": "0"})],
     *[(fmt, "exact", 128, 512, (1, 2, 3, 5), None, forced, {**NO_I8, "codec_few_t1_min_weights": 0})
-      for fmt in ("q5_K", "q6_K") for forced in ({}, {"PTXGEN_Q4K_FUSED": "0"})],
+      for fmt in ("q5_K", "q6_K", "q8_0") for forced in ({}, {"PTXGEN_Q4K_FUSED": "0"})],
     # fp16 activations: widened once for the fp32 kernels (convert_f32), permuted for the register-A GEMMs
     *[(fmt, "exact", 129, 512, (1, 4, 40, 129), arch, {}, {}, "float16")
       for fmt in ("q4_K", "q6_K", "q8_0") for arch in (None, "sm_89")],
@@ -92,6 +92,11 @@ TARGETED = [
     ("q4_K", "exact", 2048, 4096, (1, 2), None, {"PTXGEN_Q4K_FUSED": "0"}, NO_I8, "float16"),
     ("q4_K", "exact", 2048, 4096, (8,), None, {"PTXGEN_Q4K_FUSED": "0"}, {"few_i8_max_tokens": {"q4_K": 8}}, "float16"),
     ("q4_K", "exact", 2048, 4096, (9, 16, 24), None, {}, {}, "float16"),  # the hi-only ones (t16h, skinny)
+    *[(fmt, "exact", 2048, 4096, (9, 16), None, {}, {}, "float16") for fmt in ("q6_K", "q8_0")],  # (prep_sub16_t16h_x16)
+    # the fp16 few-token builds' preps on fp16 x where the int8 ones take their T by default
+    *[(fmt, "exact", 2048, 4096, (1, 2, 3, 8), None, {"PTXGEN_Q4K_FUSED": "0"},
+       {**NO_I8, "codec_few_t1_min_weights": 0}, "float16") for fmt in ("q6_K", "q8_0")],
+    ("q8_0", "exact", 129, 512, (4,), None, {}, NO_I8, "float16"),  # (its fp16 one-launch build on fp16 x)
     ("q4_K", "exact", 1024, 4096, (24,), None, {}, {}, "float16"),  # the plain wgmma GEMM's copy (copy_f16)
     ("q5_K", "exact", 129, 512, (1,), None, {}, {"codec_few_max_tokens": {"q5_K": 0}}, "float16"),  # its codec GEMV
 ]

@@ -1114,7 +1114,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     from ptxgen/tuning). In short: T ≤ 8 the decode GEMVs (exact Q4_K at 1-4 tokens in one launch when called
     eagerly); Q4_K T = 9-64 the tensor-core skinny GEMMs (fp16 activations); larger T the prefill GEMM (wgmma +
     TMA on sm_90, mma.sync elsewhere or with arch="sm_89"); Q5_K to 32 tokens the few-token tensor-core builds
-    as Q4_K's; Q5_K, Q6_K and Q8_0 from 9 tokens (33 for Q5_K) and TQ4_1S from 17 (x rotated once; 9 on sm_89) the
+    as Q4_K's, Q6_K and Q8_0 to 16 (fp16 activations from 9); Q5_K, Q6_K and Q8_0 from 33 / 17 / 17 tokens (9 where
+    the few-token builds have no build for the target) and TQ4_1S from 17 (x rotated once; 9 on sm_89) the
     GEMM decoding their blocks in its K loop (register-A wgmma on sm_90, mma.sync elsewhere), above
     RULES.codec_ra_mmq_max_tokens the prepared GEMM on fp16 fragments, below their decode GEMVs.
     Behind every GEMM a fixup recomputes in fp32, on the device, any token past fp16's range. Accuracy: `mode="exact"` keeps fp32 activations in the GEMVs (relative error ~1e-6) and
@@ -1405,8 +1406,8 @@ def _codec_mma(c: _Call) -> None:
 
 def _codec_few_kernel(fmt: str, t: int) -> str:
     """The few-token build of another codec for t tokens (kernels/gemv_t1.py): gemv_<fmt>_mma_t{1,2,4,8} up to 8
-    (the smallest that holds t: Q8_0's t8 is not built where its ring does not fit, sm_89 / sm_120a), then the
-    K-quants' gemv_<fmt>_mma_t16h to 16 and mmq_<fmt>_rega_n32 above."""
+    (the smallest that holds t: Q8_0's t8 is not built where its ring does not fit, sm_89 / sm_120a), then
+    gemv_<fmt>_mma_t16h to 16 and mmq_<fmt>_rega_n32 above (Q5_K's; the rule stops Q6_K and Q8_0 at 16)."""
     if t > T4.Q4K_HI_TOKENS:
         return GemvKernel("skinny", fmt, T4.Q4K_SKINNY_COLUMNS).name
     if t > 8:
@@ -1416,7 +1417,7 @@ def _codec_few_kernel(fmt: str, t: int) -> str:
 
 def _codec_few_ok(c: _Call) -> bool:
     """Another codec on the few-token tensor-core builds (kernels/gemv_t1.py FEW_FORMATS, CODEC_FORMATS): T up to
-    RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 8) from
+    RULES.codec_few_max_tokens[fmt] (≤ 32; the mma_block codecs' builds, Q6_K's and Q8_0's, take 16) from
     RULES.codec_few_min_tokens[fmt] (default 1; T = 1 from
     RULES.codec_few_t1_min_weights[fmt] weights where the codec GEMV would run it instead), the build for T there on
     the target, K a multiple of 256, the weights 16-byte aligned (the cp.async ring's 16-byte copies); TQ4_1S's

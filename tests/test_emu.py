@@ -1105,16 +1105,23 @@ def test_q4_k_few_token_gemv_sums_a_row_tiles_k_parts_in_the_cta():
 
 
 @pytest.mark.parametrize("name, attr, nt", [("gemv_q4_k_mma_t1", "T1_HOLD", 1), ("gemv_q5_k_mma_t1", "T1_HOLD", 1),
-                                            ("gemv_q4_k_i8_t2", "T1_HOLD", 2), ("gemv_q6_k_i8_t2", "T1_HOLD", 2),
+                                            ("gemv_q4_k_i8_t2", "T1_HOLD", 2), ("gemv_q5_k_i8_t2", "T1_HOLD", 2),
                                             ("gemv_q4_k_mma_t1_fused", "FUSED_HOLD", 1)])
 def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatch, name, attr, nt):
     """gemv_t1.T1_HOLD (shipped {1: 1, 2: 1}; FUSED_HOLD, the fused build's, empty until its GPU tests run with it):
     the 1- and 2-token GEMVs copy the weights of all but their last ring stage before griddepcontrol.wait, the last
     stage's with the records after it — the same y bit for bit as with every stage before the wait, with kparts and
-    grid K splits."""
+    grid K splits. Two-token builds of 2 stages (T1_HOLD_MIN_STAGES: Q6_K's, Q8_0's) copy every stage before it."""
     from ptxgen import codecs
     from ptxgen.kernels import gemv_t1
 
+    heads = []
+    for hold in (0, 1):  # a 2-stage two-token build: the same copies before the wait held or not
+        monkeypatch.setattr(gemv_t1, "T1_HOLD", {1: 1, 2: hold})
+        two = KERNELS["gemv_q6_k_i8_t2"].for_arch("sm_90a")
+        assert two.meta["stages"] < gemv_t1.T1_HOLD_MIN_STAGES[2]
+        heads.append(two.ptx().split("griddepcontrol.wait")[0].count("cp.async"))
+    assert heads[0] == heads[1] > 0
     S = KERNELS[name].for_arch("sm_90a").meta["stages"]
     outs = []
     for hold in (0, 1):
@@ -1125,9 +1132,7 @@ def test_q4_k_one_token_gemv_holds_its_last_ring_stage_until_the_wait(monkeypatc
         per_step = -(-16 * (block // 16) // 32)  # copy instructions a step: 16 rows' 16-byte chunks, 32 an instruction
         assert head.count("cp.async.cg.shared.global") == per_step * (S - hold) and "cp.async.ca" not in head
         got = []
-        # (Q6_K's few-token builds: an even number of super-blocks a row, M x row bytes a multiple of 16)
-        m, k = (72, 2560) if "q6_k" in name else (70, 2304)
-        for i, (kp, shape, splits) in enumerate(((2, (m, k), 2), (8, (40, 1536), 1))):
+        for i, (kp, shape, splits) in enumerate(((2, (70, 2304), 2), (8, (40, 1536), 1))):
             out = check_kernel(name, ptx, seed=80 + i, shape=shape, splits=splits, ntok=nt, kparts=kp, warps=8)
             assert out.ok, (hold, kp, out.detail)
             got.append(np.asarray(out.got).view(np.uint32))

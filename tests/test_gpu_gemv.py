@@ -466,8 +466,8 @@ def test_mma_block_codec_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
 @pytest.mark.parametrize("m,k,t,arch", [(4096, 14336, 16, None), (300, 1024, 9, None), (2000, 3584, 12, None),
                                         (136, 2048, 16, "sm_89")])
 def test_mma_block_codec_sixteen_token_gemv(fmt, m, k, t, arch):
-    """Q6_K and Q8_0 at 9-16 tokens on prep_sub16_t16h + gemv_<fmt>_mma_t16h (RULES.codec_few_max_tokens raised to
-    16; not shipped until timed): within 1e-3 of float64 (fp16 activations, as the other t16h builds and the
+    """Q6_K and Q8_0 at 9-16 tokens on prep_sub16_t16h + gemv_<fmt>_mma_t16h (RULES.codec_few_max_tokens 16, as
+    shipped since 2026-12-06): within 1e-3 of float64 (fp16 activations, as the other t16h builds and the
     GEMMs), outputs NaN-poisoned first, bit-identical run to run, fp16 x the bits of its fp32 widening; Q6_K's sm_89
     build too (Q8_0's ring does not fit there: the route after runs). GPU == emulator for each build is
     test_gpu_emu_crosscheck's."""
@@ -580,8 +580,8 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
 def test_int8_few_token_gemv_with_outlier_activation_channels(fmt):
     """The int8 builds hold x to 2^-22 of its super-block's max, not of each value (formats.tq4_1s.q4k_i8_records):
-    an LLM's outlier channels (here 6 of them at 10^3 and 10^4 x the rest) on the shipped int8 builds and Q8_0's
-    (RULES.few_i8_max_tokens raised) stay within exact mode's 1e-5 of float64, as test_accuracy finds for the record
+    an LLM's outlier channels (here 6 of them at 10^3 and 10^4 x the rest) on the int8 builds of every format
+    (RULES.few_i8_max_tokens raised to 8) stay within exact mode's 1e-5 of float64, as test_accuracy finds for the record
     model; outputs NaN-poisoned first."""
     import ptxgen.runtime as r
 

@@ -401,15 +401,19 @@ def test_q5_k_takes_the_few_token_tensor_core_builds_up_to_its_rule(gpu):
 
 @pytest.mark.parametrize("fmt", ["q6_K", "q8_0"])
 def test_the_mma_block_codecs_take_the_few_token_builds_where_their_rule_allows(gpu, fmt):
-    """Q6_K and Q8_0 on the few-token builds (gemv_<fmt>_mma_t{1,2,4,8}, on prep_sub16_t*'s records): off unless
-    RULES.codec_few_max_tokens names the format (not yet timed on the H200: the route before them runs); with it, up
-    to 8 tokens, 1-4 called eagerly in one launch (gemv_<fmt>_mma_t*_fused), as Q4_K's. Q6_K's 210-byte steps ask rows a multiple of 4 bytes
-    (K a multiple of 512) and M rows a multiple of 16 bytes; weights not 16-byte aligned keep the route after."""
-    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: Q5_K's and Q6_K's int8 ones off)
+    """Q6_K and Q8_0 on the few-token builds (gemv_<fmt>_mma_t{1,2,4,8}, on prep_sub16_t*'s records): off where
+    RULES.codec_few_max_tokens leaves the format at 0 (the route before them runs); with it, up to 8 tokens, 1-4
+    called eagerly in one launch (gemv_<fmt>_mma_t*_fused), as Q4_K's (shipped at 16: 9-16 on fp16 activations).
+    Q6_K's 210-byte steps ask rows a multiple of 4 bytes (K a multiple of 512) and M rows a multiple of 16 bytes;
+    weights not 16-byte aligned keep the route after."""
+    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: the other formats' int8 ones off)
     f = fmt.lower()
     w = fakegpu.weights(fmt, 4096, 14336)
-    before = ops.mul_mat_plan(w, 1).kernels
-    assert not any(re.fullmatch(rf"prep_sub16_t\d|gemv_{f}_mma_t\d", k) for k in before)  # shipped: off
+    with tuning.override(codec_few_max_tokens={fmt: 0}):
+        for graph in (False, True):
+            before = ops.mul_mat_plan(w, 1, graph=graph).kernels
+            assert not any(re.fullmatch(rf"prep_sub16_t\d+h?(_x16)?|gemv_{f}_mma_t\d+h?(_fused)?", k)
+                           for k in before), before
     with tuning.override(codec_few_max_tokens={fmt: 8}):
         for t, nt in ((1, "t1"), (2, "t2"), (3, "t4"), (5, "t8"), (8, "t8")):
             want = [f"prep_sub16_{nt}", f"gemv_{f}_mma_{nt}"]
@@ -472,7 +476,7 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
     """The few-token builds whose records a CTA's warps share (gemv_<fmt>_mma_t{4,8}s): off as shipped
     (few_shared_min_tokens 0: not timed); with the rule, from its T, prep_q4k_t* then the shared build over (row
     CTAs, K splits, 1) in graphs and eager calls alike (the one-launch fused builds keep 1-4 tokens eagerly)."""
-    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: Q5_K's and Q6_K's int8 ones off)
+    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: the other formats' int8 ones off)
     w = fakegpu.weights("q4_K", 4096, 14336)
     assert not any(k.endswith("s") and "_mma_t" in k for t in range(1, 9) for k in ops.mul_mat_plan(w, t).kernels)
     with tuning.override(few_shared_min_tokens={"q4_K": 5, "q5_K": 3}):
@@ -488,7 +492,7 @@ def test_shared_record_builds_run_where_their_rule_allows(gpu):
 
 def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
     """The int8 few-token GEMVs (prep_q{4,6}k_i8_t* + gemv_<fmt>_i8_t*): as shipped, Q4_K's at 1-2 tokens, Q5_K's at
-    1-4 and Q6_K's at 1-8 (few_i8_max_tokens); with the rule, up to its T, prep + GEMV in graphs, the one-launch
+    1-4, Q6_K's and Q8_0's at 1-8 (few_i8_max_tokens); with the rule, up to its T, prep + GEMV in graphs, the one-launch
     build in eager calls of 1-4 tokens (as the fp16 builds); a format the rule leaves at 0 keeps its fp16 builds."""
     w = fakegpu.weights("q4_K", 4096, 14336)
     assert [ops.mul_mat_plan(w, t, graph=True).kernels[-1] for t in range(1, 5)] == [
@@ -954,11 +958,12 @@ NO_CODEC_FEW = {"q5_K": 32}  # codec_few_max_tokens without Q6_K's and Q8_0's fe
 
 
 def test_q6_k_and_q8_0_decode_runs_the_few_token_builds_where_the_rules_say(gpu):
-    """Q6_K and Q8_0 up to RULES.codec_few_max_tokens (8) run the one-warp-ring few-token builds on prep_sub16_t*'s
+    """Q6_K and Q8_0 up to 8 tokens (RULES.codec_few_max_tokens: 16, 9-16 on fp16 activations) run the one-warp-ring
+    few-token builds on prep_sub16_t*'s
     records (eager calls to 4 tokens: the fused build, records and GEMV in one launch); one-token calls below
     RULES.codec_few_t1_min_weights that the fp32 codec GEMV would run keep it; Q6_K rows at a 2-byte phase (K/256
     odd) run the routes after them."""
-    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: Q5_K's and Q6_K's int8 ones off)
+    tuning.set(few_i8_max_tokens={"q4_K": 2})  # (the fp16 builds: the other formats' int8 ones off)
     for fmt in ("q6_K", "q8_0"):
         w = fakegpu.weights(fmt, 4096, 14336)
         assert ops.mul_mat_plan(w, 1).kernels == [f"gemv_{fmt.lower()}_mma_t1_fused"]

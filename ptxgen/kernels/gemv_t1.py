@@ -1,13 +1,16 @@
 """The few-token Q4_K tensor-core kernels on mma.sync, streaming raw super-blocks through a cp.async ring and
 decoding A = q·sc in registers: gemv_q4_k_mma_t{1,2,4,8} (exact decode GEMVs), gemv_q4_k_mma_t16h (9-16
 tokens, fp16 activations) and mmq_q4_k_rega_n32 (the skinny GEMM for token groups of 32, records shared by a
-CTA's warps). The same builds run Q5_K (its codec's RegDecoder) and, exact up to 8 tokens, the codecs whose
-weights are a scale times an integer with no min (Q6_K, Q8_0: their mma_block, one MMA per 16-element sub-block
-and its scale in fp32 after it, _CodecStep, on prep_sub16_t*'s records), and TQ4_1S (not shipped until timed: its
-codebook's fp16 hi and lo parts as the two row halves of one MMA, looked up in a pair table in shared memory, on
-prep_rot16_t*'s records of the rotated x; 438 SASS a warp-step of 16 rows x 256 weights at T = 1, Q4_K's 293).
-The int8 builds gemv_<fmt>_i8_t* (_I8Step, a codec's I8A: Q4_K, Q5_K) take the weights as the A of u8 x s8 MMAs on
-prep_q4k_i8_t*'s digit planes of x (213 SASS a step at T = 1 for Q4_K; shipped at 1-2 tokens).
+CTA's warps). The same builds run Q5_K (its codec's RegDecoder) and, exact up to 8 tokens and on fp16 activations
+to 16, the codecs whose weights are a scale times an integer with no min (Q6_K, Q8_0: their mma_block, one MMA per
+16-element sub-block and its scale in fp32 after it, _CodecStep, on prep_sub16_t*'s records), and TQ4_1S (not
+shipped: slower than its lane GEMVs on an H100, rule codec_few_max_tokens; its codebook's fp16 hi and lo parts as
+the two row halves of one MMA, looked up in a pair table in shared memory, on prep_rot16_t*'s records of the rotated
+x; 438 SASS a warp-step of 16 rows x 256 weights at T = 1, Q4_K's 293).
+The int8 builds gemv_<fmt>_i8_t* take the weights as the A of integer MMAs on digit planes of x: Q4_K's and Q5_K's
+(_I8Step, a codec's I8A) u8 x s8 on prep_q4k_i8_t*'s (213 SASS a step at T = 1 for Q4_K), Q6_K's (_I8Q6Step) and
+Q8_0's (_I8Q8Step: its quants as they lie, s8 x s8) on prep_q6k_i8_t*'s; shipped up to 2 / 4 / 8 / 8 tokens
+(rule few_i8_max_tokens).
 
 `gemv_q4_k_mma` does eight tokens' work at any T ≤ 8: at T = 1 it spends 409 SASS per warp-step of 16 rows x 256
 weights (two MMAs per A fragment for the hi and lo activation tiles, every lane decoding all 8 sub-blocks'
@@ -65,11 +68,13 @@ TRACE = False
 # 2 (bench/probe_decode_trace.py). H200 graph µs over 24 weights, stages held 0 / 1 / 2 / 3: Q4_K 4096x14336 14.7 /
 # 14.0 / 13.9 / 14.9, 14336x4096 13.2 / 12.5 / 13.7 / 14.8; held 0 / 1: Q5_K 15.7 / 15.2, 16.5 / 15.5; same bits
 # (bench/NOTES.md, 2026-12-04, night). The TMA-ring GEMVs behind their preps (Q8_0's, TQ4_1S's) did not gain.
-# The "big" plans only (sm_90a: measured there; sm_120a's 3-stage plan untimed). Two tokens (the int8 t2 builds, 3
-# stages), held 0 / 1 on an H100, graph µs (bench/results/h100_hold8_*_7d7a685.log): Q4_K 4096x14336 15.0 / 14.6,
-# 14336x4096 15.0 / 14.3; Q5_K 17.8 / 17.3, 17.5 / 17.2 (Q6_K's and Q8_0's t2 take it untimed); 4 and 8 tokens
-# mixed within ±0.9 (4: +0.7 / -0.2, -0.9 / +0.3; 8: +0.1 to +0.5): not held.
+# The "big" plans only (sm_90a: measured there; sm_120a's 3-stage plan untimed). Two tokens, held 0 / 1 on an H100,
+# graph µs (bench/results/h100_hold8_*_7d7a685.log; same bits): Q4_K 4096x14336 15.0 / 14.3, 14336x4096 15.0 / 14.6;
+# Q5_K 17.5 / 17.2, 17.8 / 17.3 (their int8 t2 builds, 3 stages); 4 and 8 tokens mixed within ±0.9 µs (Q5_K T = 4
+# 14336x4096 19.0 / 19.9): not held. The 2-stage two-token builds (Q6_K's and Q8_0's, Q5_K's fp16 one), where one
+# stage is half the ring, are untimed with it and keep none (T1_HOLD_MIN_STAGES).
 T1_HOLD = {1: 1, 2: 1}
+T1_HOLD_MIN_STAGES = {2: 3}  # tokens -> the fewest ring stages a build holds T1_HOLD's stages in (absent: any)
 # ... and the fused builds' (the eager calls' one-launch builds). Forced into the graph loop, the t1 fused build held
 # 0 -> 1 ran 15.6 -> 14.5 µs (probe_decode_trace_fused_hold_0ed53fd.log); not shipped until its GPU tests run with it
 FUSED_HOLD: dict[int, int] = {}
@@ -968,7 +973,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
         table["consts"] = _codec_table(b, codec, tid, lane, ring_sym if dyn_table else None)
     early = fill_table if not kq and hasattr(codec, "few_table") else None
     _prologue(b, issue, stage_base, jb, jend, S, pdl, records,
-              hold=0 if not pdl or hi_only or _plan_size(arch) != "big" else
+              hold=0 if not pdl or hi_only or _plan_size(arch) != "big" or S < T1_HOLD_MIN_STAGES.get(nt, 0) else
               (FUSED_HOLD if fused else T1_HOLD).get(nt, 0), wait=ready_wait if flag else None, early=early)
     t_wait = b.special("globaltimer_lo") if TRACE else None
     t_first = b.op("mov.u32", t_wait) if TRACE else None
@@ -1417,7 +1422,7 @@ PREPS += [KernelDef(GemvKernel("prep_few", "tq4_1s", nt).name, f"activation of u
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=True, records=nt, order="rot16", ready=T1_FLAG))
           for nt in T4.Q4K_RECORD_TOKENS]
 # the int8 builds (_I8Step): Q4_K's nibbles on the activation's digit planes, 4 + 8 integer instructions an MMA of 512
-# weights where the fp16 build decodes 256 in 18 (not shipped until timed; rule few_i8_max_tokens)
+# weights where the fp16 build decodes 256 in 18 (shipped per format up to rule few_i8_max_tokens' tokens)
 I8_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0")  # the codecs with int8 A operands (their I8A, Q6_K's and Q8_0's I8Block)
 _I8_A = {"q4_K": "the 4-bit weights as A (ldmatrix and masks a 64-weight group)",
          "q5_K": "the 5-bit weights as A (ldmatrix and masks a 64-weight group)",
@@ -1425,7 +1430,7 @@ _I8_A = {"q4_K": "the 4-bit weights as A (ldmatrix and masks a 64-weight group)"
                  "the sub-block digit sums a step",
          "q8_0": "the int8 quants as A as they lie (s8 x s8), each block's fp16 scale in fp32 after its two MMAs"}
 KERNELS += [KernelDef(GemvKernel("few", f, nt, i8=True).name,
-                      f"{f} GEMV, T ≤ {nt}, exact, u8 x s8 mma.sync: {_I8_A[f]}, x as three int8 digit planes, the "
+                      f"{f} GEMV, T ≤ {nt}, exact, integer mma.sync: {_I8_A[f]}, x as three int8 digit planes, the "
                       "scales on the integer sums, through a per-warp cp.async ring (activation from "
                       f"{GemvKernel('prep_few', f, nt, i8=True).name})",
                       lambda arch, nt=nt, f=f: build(arch, nt, i8=True, fmt=f)) for f in I8_FORMATS
@@ -1451,7 +1456,8 @@ PREPS += [KernelDef(GemvKernel("prep_few", "q4_K", nt, i8=True).name, f"activati
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8"))
           for nt in T4.Q4K_RECORD_TOKENS]
 PREPS += [KernelDef(GemvKernel("prep_few", "q6_K", nt, i8=True).name, f"activation of up to {nt} tokens: int8 digit "
-                    f"planes of x·2^s, fp16 sub-block digit sums ({GemvKernel('few', 'q6_K', nt, i8=True).name})",
+                    f"planes of x·2^s, fp16 sub-block digit sums ({GemvKernel('few', 'q6_K', nt, i8=True).name}, "
+                    f"{GemvKernel('few', 'q8_0', nt, i8=True).name})",
                     lambda arch, nt=nt: build_prep_mma(arch, rotate=False, records=nt, order="i8q6"))
           for nt in T4.Q4K_RECORD_TOKENS]
 # the same preps on fp16 x (a torch model's activations), widened as loaded: the records of x.astype(float32) bit for
