@@ -24,6 +24,7 @@
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_t8   ncu source counters and stall reasons of gemv_q4_k_mma_t8 (T = 8) and gemv_tq4_1s_tma_t1 (#36)
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1 (the graph loop's build) on 4096x14336
+#   kp       K parts inside the CTA for the small one-token codec GEMVs (gemv_codec.KPARTS 2 / 4 against 1)
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
 #            2026-12-06: 2 tokens shipped)
@@ -158,6 +159,13 @@ for step in "${@:-tier}"; do
     for s in 4096x14336 14336x4096; do
       run "hold8_$s" 100 "${AB[@]}" --kernels 'gemv_q[45]_k_(mma|i8)_t[248]$' --formats q4_K,q5_K --shape "$s" \
         --tokens 2,4,8 --weights 24 --variant 'h: gemv_t1.T1_HOLD={1: 1, 2: 1, 4: 1, 8: 1}'
+    done ;;
+  kp)  # K parts inside the CTA for the small one-token codec GEMVs (gemv_codec.KPARTS; bench_model's attn_k / attn_v,
+    # 5.1 / 4.2 µs an op on the H200 against floors of 0.55 / 0.8): 2 and 4 parts against the shipped walk, graph over 64
+    for s in 1024x4096 2048x4096 512x3584; do
+      run "kp_$s" 100 "${AB[@]}" --kernels 'gemv_q[46]_k_f32_t1$' --formats q4_K,q6_K --shape "$s" --tokens 1 --weights 64 \
+        --variant 'kp2: gemv_codec.KPARTS={"gemv_q4_k_f32_t1": 2, "gemv_q6_k_f32_t1": 2}' \
+        --variant 'kp4: gemv_codec.KPARTS={"gemv_q4_k_f32_t1": 4, "gemv_q6_k_f32_t1": 4}'
     done ;;
   ncu_t16q8)  # #34's Q8_0 T = 16 on 4096x14336: gemv_q8_0_mma_t16h ran 35.0 µs there (the GEMM's 35.5) but 27.6 on
     # 14336x4096 (H100, 2026-12-06; Q6_K's 32.5 / 32.7): what the long-K shape costs it (4 warps an SM, kparts 4)

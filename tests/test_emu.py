@@ -309,6 +309,26 @@ def test_codec_gemv_whole_steps_then_the_partial_tail(kernel, k):
         assert out.ok, out.detail
 
 
+@pytest.mark.parametrize("kernel", ["gemv_q4_k_f32_t1", "gemv_q6_k_f32_t1", "gemv_q8_0_f32_t1", "gemv_q5_k_f32_t2",
+                                    "gemv_q4_k_f32_t1_x16"])
+def test_codec_gemv_k_parts_inside_the_cta(kernel, monkeypatch):
+    """gemv_codec.KPARTS (a probe's builds; none shipped): the CTA's warps as WARPS / parts row groups of `parts`
+    warps, each over a contiguous range of the row's groups, the parts' sums added through shared memory after the
+    CTA barrier — within 1e-5 of float64 (unwritten outputs fail), with parts past the row's groups (K = 256: one
+    group) and warps past M at the barrier; 1 part is the shipped build, PTX unchanged."""
+    from ptxgen.kernels import gemv_codec
+
+    shipped = KERNELS[kernel].for_arch("sm_90a").ptx()
+    for parts in (1, 2, 4, 8):
+        monkeypatch.setattr(gemv_codec, "KPARTS", {kernel: parts})
+        k = KERNELS[kernel].for_arch("sm_90a")
+        assert k.meta["rows_per_cta"] == 8 // parts * k.meta["rows_per_warp"]
+        assert (k.ptx() == shipped) == (parts == 1) and ("bar.sync" in k.ptx()) == (parts > 1)
+        for i, shape in enumerate(((70, 2304), (1, 256), (33, 4096))):
+            out = check_kernel(kernel, k.ptx(), seed=10 * parts + i, shape=shape, ntok=k.meta["tokens"])
+            assert out.ok, (parts, shape, out.detail)
+
+
 def test_kquant_wide_lanes_convert_by_prmt_to_the_same_bits(monkeypatch):
     """codecs._common.PRMT_CONVERT (the 4/5-bit values to f32 by PRMT under 2^23 and one FADD instead of I2F.U8):
     the GEMV's outputs bit for bit those of the conversion it replaces, within 1e-5 of float64."""
