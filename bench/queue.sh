@@ -24,6 +24,7 @@
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_t8   ncu source counters and stall reasons of gemv_q4_k_mma_t8 (T = 8) and gemv_tq4_1s_tma_t1 (#36)
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1 (the graph loop's build) on 4096x14336
+#   t16plan  the t16h builds' plan at 6 and 8 warps an SM against 4 (Q6_K / Q8_0 T = 16)
 #   kp       K parts inside the CTA for the small one-token codec GEMVs (gemv_codec.KPARTS 2 / 4 against 1)
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
@@ -67,6 +68,9 @@ run() {
 
 few_rule='rule.codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8, "tq4_1s": 8}'
 mt2='gemv_t1.T1_PLAN={"big": {"t1": (4, 2, 1, 8), "t2": (3, 2, 1, 8), "t4": (2, 2, 1, 8), "t8": (2, 2, 2, 4), "t16h": (3, 1, 2, 4)}, "small": {"t1": (3, 2, 1, 4), "t2": (2, 2, 1, 4), "t4": (2, 1, 1, 4), "t8": (2, 1, 1, 4), "t16h": (2, 1, 1, 4)}}'
+
+t16w6='gemv_t1.T1_PLAN={"big": {"t1": (4, 2, 1, 8), "t2": (3, 2, 1, 8), "t4": (2, 2, 1, 8), "t8": (2, 2, 1, 4), "t16h": (3, 1, 2, 6)}, "small": {"t1": (3, 2, 1, 4), "t2": (2, 2, 1, 4), "t4": (2, 1, 1, 4), "t8": (2, 1, 1, 4), "t16h": (2, 1, 1, 4)}}'
+t16w8='gemv_t1.T1_PLAN={"big": {"t1": (4, 2, 1, 8), "t2": (3, 2, 1, 8), "t4": (2, 2, 1, 8), "t8": (2, 2, 1, 4), "t16h": (3, 1, 1, 8)}, "small": {"t1": (3, 2, 1, 4), "t2": (2, 2, 1, 4), "t4": (2, 1, 1, 4), "t8": (2, 1, 1, 4), "t16h": (2, 1, 1, 4)}}'
 
 for step in "${@:-tier}"; do
   case $step in
@@ -159,6 +163,12 @@ for step in "${@:-tier}"; do
     for s in 4096x14336 14336x4096; do
       run "hold8_$s" 100 "${AB[@]}" --kernels 'gemv_q[45]_k_(mma|i8)_t[248]$' --formats q4_K,q5_K --shape "$s" \
         --tokens 2,4,8 --weights 24 --variant 'h: gemv_t1.T1_HOLD={1: 1, 2: 1, 4: 1, 8: 1}'
+    done ;;
+  t16plan)  # #34's Q8_0 T = 16 on 4096x14336 (t16h 35.0 µs on the H100, 4 warps an SM at kparts 4): the t16h plan
+    # at 6 warps (2 tiles, 2 stages) and 8 (1 tile, 2 stages) against 4 (2 tiles, 3 stages), both long and short K
+    for s in 4096x14336 14336x4096; do
+      run "t16plan_$s" 100 "${AB[@]}" --kernels 'gemv_(q6_k|q8_0)_mma_t16h$' --formats q6_K,q8_0 --shape "$s" \
+        --tokens 16 --weights 24 --variant "w6: $t16w6" --variant "w8: $t16w8"
     done ;;
   kp)  # K parts inside the CTA for the small one-token codec GEMVs (gemv_codec.KPARTS; bench_model's attn_k / attn_v,
     # 5.1 / 4.2 µs an op on the H200 against floors of 0.55 / 0.8): 2 and 4 parts against the shipped walk, graph over 64
