@@ -7,6 +7,8 @@ usage: python bench/probe_op_gaps.py --fmt q4_K --shape 4096x4096 --tokens 4096 
        python bench/probe_op_gaps.py --fmt q4_K --shape 4096x4096 --tokens 1 --weights 16   (a decode loop from HBM)
        python bench/probe_op_gaps.py --fmt q4_K --moe 128:8 --shape 768x2048 --tokens 32,512   (mul_mat_id: M x K
        an expert's; ids drawn per token without repeats)
+       python bench/probe_op_gaps.py --ops q4_K:4096x4096,q4_K:1024x4096,q6_K:1024x4096 --tokens 1 --weights 4
+       (a sequence of different ops in turn, as a layer's: x shared by the ops of one K; --calls counts ops)
 """
 import argparse
 from collections import defaultdict
@@ -63,6 +65,8 @@ def main():
                     "60 MB L2 holds, for decode shapes: 16 for 4096x4096 Q4_K)")
     ap.add_argument("--moe", default=None, metavar="E:TOP", help="time mul_mat_id over E experts, TOP a token")
     ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16"), help="the activations' dtype")
+    ap.add_argument("--ops", default=None, metavar="FMT:MxK,...", help="a sequence of mul_mat ops in turn (each with "
+                    "--weights copies; --fmt and --shape unused)")
     args = ap.parse_args()
     import torch
 
@@ -74,12 +78,23 @@ def main():
     m, k = (int(v) for v in args.shape.split("x"))
     e, top = map(int, args.moe.split(":")) if args.moe else (1, 1)
     rng = np.random.default_rng(0)
-    raw = random_raw(args.fmt, e * m, k, rng)
-    ws = [r.QuantTensor.from_raw(args.fmt, raw, (e, m, k) if args.moe else (m, k)).to_device()
-          for _ in range(args.weights)]
+    seq = [(f, *(int(v) for v in s.split("x"))) for f, s in (o.split(":") for o in args.ops.split(","))] \
+        if args.ops else None
+    if seq:  # each op's --weights copies of one random weight (the loop reads them from HBM)
+        wseq = [[r.QuantTensor.from_raw(f, raw, (mm, kk)).to_device() for _ in range(args.weights)]
+                for f, mm, kk, raw in ((f, mm, kk, random_raw(f, mm, kk, rng)) for f, mm, kk in seq)]
+    else:
+        raw = random_raw(args.fmt, e * m, k, rng)
+        ws = [r.QuantTensor.from_raw(args.fmt, raw, (e, m, k) if args.moe else (m, k)).to_device()
+              for _ in range(args.weights)]
     for t in (int(v) for v in args.tokens.split(",")):
         x = torch.randn(t, k, device="cuda", dtype=getattr(torch, args.x_dtype))
-        if args.moe:
+        if seq:
+            xs = {kk: torch.randn(t, kk, device="cuda", dtype=getattr(torch, args.x_dtype)) for _, _, kk in seq}
+            ys = [torch.empty(t, mm, device="cuda") for _, mm, _ in seq]
+            fn = lambda i: r.mul_mat(wseq[i % len(seq)][i // len(seq) % args.weights],  # noqa: E731
+                                     xs[seq[i % len(seq)][2]], out=ys[i % len(seq)])
+        elif args.moe:
             ids = torch.as_tensor(np.stack([rng.choice(e, top, replace=False) for _ in range(t)]).astype(np.int32),
                                   device="cuda")
             y = torch.empty(t, top, m, device="cuda")
@@ -105,7 +120,8 @@ def main():
                 b.record()
                 torch.cuda.synchronize()
             what = f"mul_mat_id {e}x{top} " if args.moe else ""
-            report(f"{what}{args.fmt} {m}x{k} T={t} x {args.x_dtype} {label}", timeline(torch, prof), args.calls,
+            op = f"the sequence {args.ops}" if seq else f"{args.fmt} {m}x{k}"
+            report(f"{what}{op} T={t} x {args.x_dtype} {label}", timeline(torch, prof), args.calls,
                    a.elapsed_time(b) * 1e3, args.show)
         del g
 

@@ -24,6 +24,7 @@
 #   i8       the int8 few-token Q4_K / Q5_K / Q6_K GEMVs (rule few_i8_max_tokens) against the fp16 ones; their GPU == emulator tests
 #   ncu_t8   ncu source counters and stall reasons of gemv_q4_k_mma_t8 (T = 8) and gemv_tq4_1s_tma_t1 (#36)
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1 (the graph loop's build) on 4096x14336
+#   gapsdec  one decode layer's 7 ops in turn on fp32 and fp16 x: kernels and gaps at each op boundary
 #   t16plan  the t16h builds' plan at 6 and 8 warps an SM against 4 (Q6_K / Q8_0 T = 16)
 #   kp       K parts inside the CTA for the small one-token codec GEMVs (gemv_codec.KPARTS 2 / 4 against 1)
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
@@ -163,6 +164,13 @@ for step in "${@:-tier}"; do
     for s in 4096x14336 14336x4096; do
       run "hold8_$s" 100 "${AB[@]}" --kernels 'gemv_q[45]_k_(mma|i8)_t[248]$' --formats q4_K,q5_K --shape "$s" \
         --tokens 2,4,8 --weights 24 --variant 'h: gemv_t1.T1_HOLD={1: 1, 2: 1, 4: 1, 8: 1}'
+    done ;;
+  gapsdec)  # bench_model's decode step ~3% slower on fp16 x than on fp32 x while every per-kind row ties: one layer's
+    # 7 ops in turn (Llama-3-8B's Q4_K_M shapes, 4 copies each from HBM), the kernels and the gaps at each boundary
+    ops='q4_K:4096x4096,q4_K:1024x4096,q6_K:1024x4096,q4_K:4096x4096,q4_K:14336x4096,q4_K:14336x4096,q6_K:4096x14336'
+    for d in float32 float16; do
+      run "gapsdec_$d" 120 python3 bench/probe_op_gaps.py --ops "$ops" --tokens 1 --weights 4 --calls 70 --show 16 \
+        --x-dtype "$d"
     done ;;
   t16plan)  # #34's Q8_0 T = 16 on 4096x14336 (t16h 35.0 µs on the H100, 4 warps an SM at kparts 4): the t16h plan
     # at 6 warps (2 tiles, 2 stages) and 8 (1 tile, 2 stages) against 4 (2 tiles, 3 stages), both long and short K
