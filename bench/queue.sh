@@ -26,7 +26,10 @@
 #   ncu_i8   ncu source counters and stall reasons of gemv_q4_k_i8_t1 (the graph loop's build) on 4096x14336
 #   gapsdec  one decode layer's 7 ops in turn on fp32 and fp16 x: kernels and gaps at each op boundary
 #   t16plan  the t16h builds' plan at 6 and 8 warps an SM against 4 (Q6_K / Q8_0 T = 16)
-#   kp       K parts inside the CTA for the small one-token codec GEMVs (gemv_codec.KPARTS 2 / 4 against 1)
+#   kp       K parts inside the CTA for the small one-token codec GEMVs (ran 2026-12-06 as compile-time builds; now
+#            the kparts launch parameter: step kpr)
+#   kpr      the one-token codec GEMVs' kparts parameter (rule codec_gemv_t1_max_ctas) against kparts 1, Q8_0 at the
+#            rule's 256 too, fp32 and fp16 x; then their GPU tests
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
 #            2026-12-06: 2 tokens shipped)
@@ -178,13 +181,17 @@ for step in "${@:-tier}"; do
       run "t16plan_$s" 100 "${AB[@]}" --kernels 'gemv_(q6_k|q8_0)_mma_t16h$' --formats q6_K,q8_0 --shape "$s" \
         --tokens 16 --weights 24 --variant "w6: $t16w6" --variant "w8: $t16w8"
     done ;;
-  kp)  # K parts inside the CTA for the small one-token codec GEMVs (gemv_codec.KPARTS; bench_model's attn_k / attn_v,
-    # 5.1 / 4.2 µs an op on the H200 against floors of 0.55 / 0.8): 2 and 4 parts against the shipped walk, graph over 64
-    for s in 1024x4096 2048x4096 512x3584; do
-      run "kp_$s" 100 "${AB[@]}" --kernels 'gemv_q[46]_k_f32_t1$' --formats q4_K,q6_K --shape "$s" --tokens 1 --weights 64 \
-        --variant 'kp2: gemv_codec.KPARTS={"gemv_q4_k_f32_t1": 2, "gemv_q6_k_f32_t1": 2}' \
-        --variant 'kp4: gemv_codec.KPARTS={"gemv_q4_k_f32_t1": 4, "gemv_q6_k_f32_t1": 4}'
-    done ;;
+  kpr)  # the kparts parameter of the one-token codec GEMVs (ops.codec_gemv_k_parts, rule codec_gemv_t1_max_ctas:
+    # Q4_K / Q6_K 256) against kparts 1 (the builds before), Q8_0 at 256 too (untimed), graph over 64 weights
+    for s in 1024x4096 512x3584 2048x4096; do
+      for d in float32 float16; do
+        run "kpr_${s}_$d" 100 "${AB[@]}" --kernels 'none$' --formats q4_K,q6_K,q8_0 --shape "$s" --tokens 1 --weights 64 \
+          --x-dtype "$d" --variant 'kp1: rule.codec_gemv_t1_max_ctas={}' \
+          --variant 'q8: rule.codec_gemv_t1_max_ctas={"q4_K": 256, "q6_K": 256, "q8_0": 256}'
+      done
+    done
+    run kpr_gpu_tests 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py \
+      tests/test_gpu_gemv.py -k 'f32_t1 or small or codec or sixteen or t16' ;;
   ncu_t16q8)  # #34's Q8_0 T = 16 on 4096x14336: gemv_q8_0_mma_t16h ran 35.0 µs there (the GEMM's 35.5) but 27.6 on
     # 14336x4096 (H100, 2026-12-06; Q6_K's 32.5 / 32.7): what the long-K shape costs it (4 warps an SM, kparts 4)
     for spec in "4096 14336" "14336 4096"; do

@@ -1357,9 +1357,26 @@ def _codec_gemv(c: _Call) -> None:
     tokens = GEMV_TOKENS + ((16,) if CodecKernel("gemv", c.w.fmt, 16).name not in NOT_SHIPPED else ())
     def one(n, t0):
         fn, xp = _x_reader(c.pb, CodecKernel("gemv", c.w.fmt, next(v for v in tokens if v >= n)), c.arch, c.k, t0)
-        c.pb.launch(fn, (-(-c.m // int(fn.meta["rows_per_cta"])),),
-                    (c.w.buffer, xp, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n))
+        kp = codec_gemv_k_parts(fn.meta, c.m, c.k) if fn.meta.get("kparts_param") else 0
+        c.pb.launch(fn, (-(-c.m * max(kp, 1) // int(fn.meta["rows_per_cta"])),),
+                    (c.w.buffer, xp, c.pb.y.ptr + 4 * t0 * c.m, c.m, c.k, n) + ((kp,) if kp else ()))
     _slices(c, one, tokens[-1])
+
+
+CODEC_GEMV_MAX_K_PARTS = 4  # (8 built and emulator-checked, not timed)
+
+
+def codec_gemv_k_parts(meta: dict, m: int, k: int) -> int:
+    """kparts of a one-token codec GEMV (meta kparts_param; kernels/gemv_codec.py) over m rows of K = k: the most, up
+    to CODEC_GEMV_MAX_K_PARTS and the row's groups, whose grid stays within the format's RULES.codec_gemv_t1_max_ctas
+    CTAs (a format the rule does not list: 1). More parts give a small op's rows more warps, each over fewer
+    dependent steps; past about a wave of CTAs they only add the CTA's barrier and sum."""
+    cap = _per_format(RULES.codec_gemv_t1_max_ctas, meta["fmt"], 0)
+    rows, groups = int(meta["rows_per_cta"]), -(-k // int(meta["group_k"]))
+    kp = 1
+    while kp * 2 <= min(CODEC_GEMV_MAX_K_PARTS, groups) and -(-m * kp * 2 // rows) <= cap:
+        kp *= 2
+    return kp
 
 
 def _codec_mma_tma(c: _Call) -> bool:
@@ -1977,7 +1994,7 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
                  ) -> tuple[int, int, int]:
     """(row CTAs, grid K splits, kparts) of a GEMV whose CTA's warps split into row tiles of kparts warps, each on
     a part of the tile's K range summed in the CTA (gemv_t1.T1_PLAN, gemv_mma_codec): of kparts = 1, 2, 4, .. up to
-    the CTA's warps and the K steps, whose grid fits one round (kparts 1 always qualifies), the one that gives the
+    the CTA's warps and the K steps, dividing the warps (a CTA of 6: 1 or 2), whose grid fits one round (kparts 1 always qualifies), the one that gives the
     most warps work (tiles x kparts x gemv_splits); on a tie, the most kparts — fewer grid splits, whose tail (the
     partials' stores, a fence, the counter, the last warp's reloads) costs 1-2 µs an op where the CTA's own sum
     costs one barrier (bench/NOTES.md, 2026-12-03). `most`: kparts at most this (the few-token builds' rule
@@ -1988,7 +2005,7 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
     if -(-tiles // warps) > slots:  # more than one round at kparts 1
         return _multi_round_kparts(tiles, warps, slots, steps, min(most or warps, round_most))
     best, kp = None, 1
-    while kp <= min(warps, most or warps) and (kp == 1 or kp <= steps):
+    while kp <= min(warps, most or warps) and (kp == 1 or kp <= steps) and warps % kp == 0:  # (6 warps: 1, 2)
         ctas = -(-tiles * kp // warps)
         if kp > 1 and ctas > slots:
             break
@@ -2007,7 +2024,7 @@ def _multi_round_kparts(tiles: int, warps: int, slots: int, steps: int, most: in
     def fill(kp):
         return _round_fill(-(-tiles * kp // warps), slots)
     best, kp = 1, 2
-    while kp <= min(warps, most) and kp <= steps:
+    while kp <= min(warps, most) and kp <= steps and warps % kp == 0:
         if fill(kp) > fill(best) + 0.01:
             best = kp
         kp *= 2

@@ -309,24 +309,35 @@ def test_codec_gemv_whole_steps_then_the_partial_tail(kernel, k):
         assert out.ok, out.detail
 
 
-@pytest.mark.parametrize("kernel", ["gemv_q4_k_f32_t1", "gemv_q6_k_f32_t1", "gemv_q8_0_f32_t1", "gemv_q5_k_f32_t2",
-                                    "gemv_q4_k_f32_t1_x16"])
-def test_codec_gemv_k_parts_inside_the_cta(kernel, monkeypatch):
-    """gemv_codec.KPARTS (a probe's builds; none shipped): the CTA's warps as WARPS / parts row groups of `parts`
-    warps, each over a contiguous range of the row's groups, the parts' sums added through shared memory after the
-    CTA barrier — within 1e-5 of float64 (unwritten outputs fail), with parts past the row's groups (K = 256: one
-    group) and warps past M at the barrier; 1 part is the shipped build, PTX unchanged."""
-    from ptxgen.kernels import gemv_codec
-
-    shipped = KERNELS[kernel].for_arch("sm_90a").ptx()
-    for parts in (1, 2, 4, 8):
-        monkeypatch.setattr(gemv_codec, "KPARTS", {kernel: parts})
-        k = KERNELS[kernel].for_arch("sm_90a")
-        assert k.meta["rows_per_cta"] == 8 // parts * k.meta["rows_per_warp"]
-        assert (k.ptx() == shipped) == (parts == 1) and ("bar.sync" in k.ptx()) == (parts > 1)
-        for i, shape in enumerate(((70, 2304), (1, 256), (33, 4096))):
-            out = check_kernel(kernel, k.ptx(), seed=10 * parts + i, shape=shape, ntok=k.meta["tokens"])
+@pytest.mark.parametrize("kernel", ["gemv_q4_k_f32_t1", "gemv_q6_k_f32_t1", "gemv_q8_0_f32_t1", "gemv_q4_k_f32_t1_x16"])
+def test_codec_gemv_k_parts_inside_the_cta(kernel):
+    """The one-token codec GEMVs' kparts parameter: the CTA's warps as WARPS / kparts row groups of kparts warps,
+    each over a contiguous range of the row's groups, the parts' sums added through shared memory after the CTA
+    barrier — within 1e-5 of float64 (unwritten outputs fail), with parts past the row's groups (K = 256: one group)
+    and warps past M at the barrier."""
+    k = KERNELS[kernel].for_arch("sm_90a")
+    assert k.meta["kparts_param"] and k.meta["rows_per_cta"] == 8 * k.meta["rows_per_warp"]
+    assert "bar.sync" in k.ptx() and re.search(r"\.param \.u32 \w*kparts\s*\)", k.ptx())
+    for i, shape in enumerate(((70, 2304), (1, 256), (33, 4096))):
+        for parts in (1, 2, 4, 8):
+            out = check_kernel(kernel, k.ptx(), seed=10 * parts + i, shape=shape, ntok=1, kparts=parts)
             assert out.ok, (parts, shape, out.detail)
+
+
+def test_codec_gemv_k_parts_plan():
+    """ops.codec_gemv_k_parts: the most parts (≤ 4 and the row's groups) whose grid stays within the format's
+    RULES.codec_gemv_t1_max_ctas (as measured, 256: Q4_K 1024x4096 4 parts, Q6_K 1024x4096 2, 2048x4096 1); a format the
+    rule does not list: 1; and mul_mat's plan launches the grid and the parameter it names."""
+    from ptxgen import tuning
+    from runtime.ops import codec_gemv_k_parts
+
+    meta = lambda n: KERNELS[n].for_arch("sm_90a").meta  # noqa: E731
+    q4, q6, q8 = meta("gemv_q4_k_f32_t1"), meta("gemv_q6_k_f32_t1"), meta("gemv_q8_0_f32_t1")
+    with tuning.override(codec_gemv_t1_max_ctas={"q4_K": 256, "q6_K": 256}):
+        assert [codec_gemv_k_parts(q4, m, 4096) for m in (512, 1024, 2048, 4096)] == [4, 4, 2, 1]
+        assert [codec_gemv_k_parts(q6, m, 4096) for m in (512, 1024, 2048, 4096)] == [4, 2, 1, 1]
+        assert codec_gemv_k_parts(q4, 512, 256) == 1  # one group a row: nothing to split
+        assert codec_gemv_k_parts(q8, 512, 4096) == 1
 
 
 def test_kquant_wide_lanes_convert_by_prmt_to_the_same_bits(monkeypatch):

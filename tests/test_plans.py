@@ -1154,6 +1154,13 @@ def test_small_one_token_q4_k_calls_run_the_codec_gemv_where_the_rule_says(gpu):
         assert "gemv_q4_k_f32_t1" not in ops.mul_mat_plan(big, 1).kernels
     with tuning.override(codec_gemv_t1_max_weights={"q4_K": 0}):
         assert "gemv_q4_k_f32_t1" not in ops.mul_mat_plan(small, 1).kernels
+    # its K parts (RULES.codec_gemv_t1_max_ctas): the grid of the rows' CTAs at that many parts, the parameter last
+    for m, k, cap, kp in ((1024, 4096, 256, 4), (1024, 4096, 128, 2), (512, 3584, 256, 4), (1024, 4096, 0, 1)):
+        with tuning.override(codec_gemv_t1_max_ctas={"q4_K": cap}):
+            for dt in ("float32", "float16"):
+                (ln,) = ops.mul_mat_plan(fakegpu.weights("q4_K", m, k), 1, x_dtype=dt).launches
+                assert ln.fn.meta["kparts_param"] and ln.args[-1] == kp, (m, k, cap, dt, ln.args)
+                assert ln.grid == (-(-m * kp // ln.fn.meta["rows_per_cta"]),), (m, k, cap, ln.grid)
 
 
 def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):

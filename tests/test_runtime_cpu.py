@@ -283,18 +283,19 @@ def test_gemv_splits_keep_the_builds_min_split_steps(ctas, k, min_steps):
     assert s == min(gemv_splits(ctas, k, 2, 132, 8, 32), max(1, -(-steps // min_steps)))
 
 
-@given(warps=st.sampled_from([4, 8]), rpw=st.sampled_from([16, 32]), m=st.integers(1, 40000),
+@given(warps=st.sampled_from([4, 6, 8]), rpw=st.sampled_from([16, 32]), m=st.integers(1, 40000),
        k=st.sampled_from([256, 1024, 3584, 4096, 14336, 18944]), per_sm=st.sampled_from([1, 2, 3, 4]),
        sms=st.sampled_from([84, 132]))
 def test_gemv_k_parts_split_k_in_the_cta_before_the_grid(warps, rpw, m, k, per_sm, sms):
-    """The GEMVs with the kparts parameter: kparts a power of two ≤ the CTA's warps and ≤ the K steps; a grid of
+    """The GEMVs with the kparts parameter: kparts a power of two dividing the CTA's warps (6: 1 or 2; a part's
+    warps are one row tile's) and ≤ the K steps; a grid of
     more than one round only at kparts 1; no other kparts would give more warps work, and a larger one that gives
     as many would not fit one round."""
     from ptxgen.runtime.ops import gemv_k_parts, gemv_splits
 
     ctas, splits, kp = gemv_k_parts(warps, rpw, m, k, per_sm, sms, 8, 32)
     tiles, slots, steps = -(-m // rpw), sms * per_sm, k // 256
-    assert kp & (kp - 1) == 0 and kp <= warps and (kp == 1 or kp <= steps)
+    assert kp & (kp - 1) == 0 and warps % kp == 0 and (kp == 1 or kp <= steps)
     assert ctas == -(-tiles * kp // warps) and (kp == 1 or ctas <= slots)
     assert splits == gemv_splits(ctas, k, per_sm, sms, 8 * kp, 32)
 
@@ -304,7 +305,7 @@ def test_gemv_k_parts_split_k_in_the_cta_before_the_grid(warps, rpw, m, k, per_s
                                                                    slots * warps)
     mine = busy(kp)
     for p in (1, 2, 4, 8):
-        if p <= warps and busy(p) is not None:
+        if warps % p == 0 and busy(p) is not None:
             assert busy(p) <= mine and (p <= kp or busy(p) < mine)
 
 

@@ -153,10 +153,11 @@ def _deq(fmt: str):
     return run
 
 
-def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None) -> Outcome:
+def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, kparts=None) -> Outcome:
     """gemv_<fmt>_f32_t<nt> (kernels/gemv_codec.py): ggml-quantized weights of a shape with a partial last CTA (and,
     for Q8_0, a K that is not a multiple of 256: a partial last step), 1..nt tokens of fp32 x; y NaN-poisoned
-    first. Against the float64 reference, relative error ≤ 1e-5."""
+    first. Against the float64 reference, relative error ≤ 1e-5. The builds with the kparts parameter (meta
+    kparts_param) run `kparts` warps a row (drawn from 1, 2, .. the CTA's warps if not given)."""
     fmt = meta["fmt"]
     m, k = shape or (21, 544 if fmt == "q8_0" else 768)  # odd block counts: a wide codec's last half-warp is idle
     n = ntok or int(rng.integers(1, meta["tokens"] + 1))
@@ -167,12 +168,17 @@ def gemv_codec_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None)
         x = x.astype(np.float16)
     mem = _memory()
     wa, xa, ya = mem.alloc(raw), mem.alloc(x), mem.alloc(n * m * 4, poison=0xFF)
-    _run(ptx, (-(-m // meta["rows_per_cta"]),), (32 * meta["warps"],), (wa, xa, ya, m, k, n), mem, seed=seed)
+    kp = ()
+    if meta.get("kparts_param"):
+        kp = (kparts or 2 ** int(rng.integers(0, (int(meta["warps"]) & -int(meta["warps"])).bit_length())),)
+    _run(ptx, (-(-m * (kp or (1,))[0] // meta["rows_per_cta"]),), (32 * meta["warps"],), (wa, xa, ya, m, k, n) + kp,
+         mem, seed=seed)
     got = mem.view(ya, np.float32, (n, m)).astype(np.float64)
     want = formats.gemm_ref(fmt, raw, m, k, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     ok = bool(np.isfinite(got).all() and rel <= 1e-5)
-    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n})", got, want)
+    return Outcome(meta["name"], ok, f"relative error {rel:.2e} (T={n}{f', kparts {kp[0]}' if kp else ''})", got,
+                   want)
 
 
 def gemv_id_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=None, seed=None, gate=None,
@@ -579,7 +585,7 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     ≤ 1e-5 (≤ 1e-3 for the hi-only build: fp16 activations, the prefill GEMMs' bar); split-K counters back at
     zero. The fused builds (meta fused_prep) take x and build the records themselves, CTAs taking turns: the
     records must equal q4k_mma_records bit for bit, and their three sync counters be back at zero too. Builds with
-    the kparts parameter (meta k_parts) run with `kparts` warps a row tile (drawn from 1, 2, .. warps if not
+    the kparts parameter (meta k_parts) run with `kparts` warps a row tile (drawn from the powers of two dividing the warps if not
     given; more parts than super-blocks leave some parts empty), and those with meta block_warps CTAs of `warps`
     warps (drawn from it if not given) with shared memory for as many rings."""
     rows, groups = meta["rows_per_cta"], meta["token_groups"]
@@ -622,8 +628,8 @@ def gemv_q4k_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=Non
     if "block_warps" in meta:
         nw = warps or int(rng.choice(meta["block_warps"]))
         smem = nw * meta["ring_bytes_per_warp"] + meta.get("smem_besides_rings", 128)
-    if "k_parts" in meta:
-        kp = (kparts or 2 ** int(rng.integers(0, nw.bit_length())),)
+    if "k_parts" in meta:  # (a power of two dividing the CTA's warps)
+        kp = (kparts or 2 ** int(rng.integers(0, (nw & -nw).bit_length())),)
         ctas = -(-m // (meta["rows_per_warp"] * nw // kp[0]))
     ncnt = ctas * meta["warps"] * nz + (3 if fused else 0)
     ca = mem.alloc(np.zeros(ncnt, np.uint32))
@@ -685,7 +691,7 @@ def gemv_codec_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=N
     splits = int(rng.integers(1, min(3, nsteps) + 1)) if splits is None else splits
     kp = ()
     if "k_parts" in meta:
-        kp = (kparts or 2 ** int(rng.integers(0, int(meta["warps"]).bit_length())),)
+        kp = (kparts or 2 ** int(rng.integers(0, (int(meta["warps"]) & -int(meta["warps"])).bit_length())),)
         ctas = -(-m // (rows // kp[0]))
     ncnt = ctas * meta["warps"]
     ca = mem.alloc(np.zeros(ncnt, np.uint32))

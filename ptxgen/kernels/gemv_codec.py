@@ -52,12 +52,15 @@ AHEAD = 2  # steps: each step asks L2 for the row bytes this many steps ahead (p
 # Q6_K 6.7 / 7.4 unchanged, Q8_0 6.8 -> 6.6 / 8.2 -> 7.8; same bits (probe_id_ahead_*_068ae8a.log; AHEAD 1: 7.3 /
 # 5.9; 4 rows or 1 group a step lost)
 AHEAD_PAIR = 0
-# K parts inside the CTA, by kernel name (none: 1, the shipped builds): the CTA's warps take WARPS / parts row groups,
-# each walked by `parts` warps over contiguous ranges of its groups, their sums added through shared memory in part
-# order after the warp reduction (deterministic). For the small one-token ops, whose warps otherwise walk a whole row
-# in dependent steps (Q4_K 1024x4096: 64 CTAs, 4 steps a warp; bench/NOTES.md, 2026-12-06): not timed, a probe's
-# (bench/probe_build_ab.py --variant 'kp: gemv_codec.KPARTS={"gemv_q4_k_f32_t1": 4}')
-KPARTS: dict[str, int] = {}
+# K parts inside the CTA: the one-token builds (gemv_<fmt>_f32_t1(_x16), the small ops' route) take a `kparts`
+# launch parameter (a power of two ≤ WARPS): the CTA's warps as WARPS / kparts row groups, each walked by kparts warps
+# over contiguous ranges of its groups, their sums added through shared memory in part order after the warp
+# reduction (deterministic; kparts 1 skips the barrier). For the small one-token ops, whose warps otherwise walk a
+# whole row in dependent steps (Q4_K 1024x4096: 64 CTAs, 4 steps a warp): ops.codec_gemv_k_parts picks kparts by
+# the CTAs it makes (RULES.codec_gemv_t1_max_ctas). H100 graph µs over 64 weights, kparts 1 / 2 / 4 (a probe's
+# compile-time builds; bench/results/h100_kp_*_d5e50e1.log): Q4_K 1024x4096 4.7 / 4.2 / 3.3, 512x3584 4.5 / 3.1 /
+# 2.6; Q6_K 1024x4096 3.7 / 3.6 / 4.1, 512x3584 3.5 / 2.7 / 2.5, 2048x4096 5.1 / 5.9 / 7.0
+RUNTIME_KPARTS_TOKENS = 1  # the builds of this many tokens (and not the MoE GEMVs) take the kparts parameter
 # resident CTAs an SM asked of ptxas, by kernel name (none: ptxas's choice). Without launch bounds nvJitLink gives
 # the MoE GEMVs gemv_q5_k_f32_id 134 registers (1 CTA of 8 warps an SM) and gemv_q6_k_f32_id / gemv_q8_0_f32_id
 # enough for 2-3; they fit 80 / 64 registers without spills. Timed on the H200 (graph µs, T = 1, 128 x top-8 768x2048
@@ -281,15 +284,14 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     b.directives += [f".maxntid {32 * WARPS}, 1, 1"]
-    parts = KPARTS.get(kname, 1) if moe is None else 1
-    if parts not in (1, 2, 4, 8):
-        raise ValueError(f"{kname}: K parts must divide the CTA's {WARPS} warps, got {parts}")
+    parts = moe is None and nt == RUNTIME_KPARTS_TOKENS  # the kparts launch parameter
+    kp_p = b.param("kparts", "u32") if parts else None
     ctas = RESIDENCY.get(kname)
     if ctas:  # launch bounds: the registers ptxas may take so that `ctas` CTAs fit an SM
         b.directives.append(f".minnctapersm {ctas}")
         b.meta.update(ctas_per_sm=ctas)
-    b.meta.update(tokens=nt, rows_per_cta=WARPS // parts * rows, warps=WARPS, rows_per_warp=rows, unroll=unroll,
-                  ahead=ahead,
+    b.meta.update(tokens=nt, rows_per_cta=WARPS * rows, warps=WARPS, rows_per_warp=rows, unroll=unroll,
+                  ahead=ahead, group_k=group_blocks * codec.BLOCK_K,
                   grid="ceil(m / rows_per_cta)", fmt=fmt, mode="exact",
                   activation=f"{'fp16' if x16 else 'fp32'} x (T, K), 16-byte aligned rows", k_multiple=codec.BLOCK_K,
                   layout="gguf rows")
@@ -317,17 +319,18 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     done = b.label("done")
-    if parts == 1:
+    if not parts:
         row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"),
                                        b.op("shr.u32", tid, Imm(5, "u32"))), Imm(rows, "u32"))
         b.bra(done, pred=b.op("setp.ge.u32", row0, M))  # a warp past M: nothing to do (warp-uniform)
-    else:  # warp w: row group w / parts of the CTA's, part w % parts; past M it still meets the CTA barrier
-        b.meta["kparts"] = parts
+    else:  # warp w: row group w / kparts of the CTA's, part w % kparts; past M it still meets the CTA barrier
+        b.meta.update(kparts_param=True)  # rows_per_cta at kparts 1; / kparts at others
+        kparts = b.ld_param(kp_p, "u32")
         wid = b.op("shr.u32", tid, Imm(5, "u32"))
-        part = b.op("and.b32", wid, Imm(parts - 1, "b32"))
-        grp = b.op("shr.u32", wid, Imm(parts.bit_length() - 1, "u32"))
-        row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS // parts, "u32"), grp),
-                    Imm(rows, "u32"))
+        grp = b.op("div.u32", wid, kparts)
+        part = b.op("sub.u32", wid, b.op("mul.lo.u32", grp, kparts))
+        row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), b.op("div.u32", Imm(WARPS, "u32"), kparts),
+                                       grp), Imm(rows, "u32"))
         summed = b.label("k_parts_sum")
     nblk = b.op("div.u32", K, Imm(codec.BLOCK_K, "u32"))
     stride = b.op("mul.lo.u32", nblk, Imm(codec.BLOCK_BYTES, "u32"))
@@ -343,48 +346,54 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
     span = None
-    if parts > 1:  # this part's groups [g0, g1): ceil(ngroups / parts) each, the last parts' possibly fewer or none
-        per = b.op("shr.u32", b.op("add.u32", ngroups, Imm(parts - 1, "u32")), Imm(parts.bit_length() - 1, "u32"))
+    if parts:  # this part's groups [g0, g1): ceil(ngroups / kparts) each, the last parts' possibly fewer or none
+        per = b.op("div.u32", b.op("add.u32", ngroups, b.op("sub.u32", kparts, Imm(1, "u32"))), kparts)
         g0 = b.op("mul.lo.u32", part, per)
         g1 = b.op("min.u32", b.op("add.u32", g0, per), ngroups)
         b.bra(summed, pred=b.op("or.pred", b.op("setp.ge.u32", row0, M), b.op("setp.ge.u32", g0, g1)))
         span = (g0, g1)
     _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
             group_blocks, xb, span)
-    if parts > 1:
+    if parts:
         b.place(summed)
     b.pdl_trigger()
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    if parts > 1:
-        _sum_parts(b, acc, parts, part, grp, lead)
+    if parts:
+        _sum_parts(b, acc, kparts, part, grp, lead)
         lead = b.op("and.pred", lead, b.op("setp.eq.u32", part, Imm(0, "u32")))
-    _store_rows(b, acc, lambda r: (b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M)) if r or parts > 1 else lead),
+    _store_rows(b, acc, lambda r: (b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M)) if r or parts else lead),
                 row, M, Y, yidx, bads, live)
     b.place(done)
     b.emit("ret")
     return b.finish()
 
 
-def _sum_parts(b, acc, parts: int, part, grp, lead) -> None:
-    """K parts (KPARTS): each warp's sums over the warp, written by its lane 0 to the CTA's shared memory, then every
-    lane of a row group's part 0 replaces its acc with the parts' sums added in part order (so _store_rows' warp sum
-    of them — 31 lanes of zeros and lane 0's total — is that total)."""
+def _sum_parts(b, acc, kparts, part, grp, lead) -> None:
+    """K parts (the kparts parameter): each warp's sums over the warp, written by its lane 0 to the CTA's shared
+    memory, then every lane of a row group's part 0 replaces its acc with the parts' sums added in part order (so
+    _store_rows' warp sum of them — 31 lanes of zeros and lane 0's total — is that total). kparts 1: nothing (no
+    barrier; _store_rows sums the warp's own)."""
     nt, rows = len(acc), len(acc[0])
     per_warp = 4 * nt * rows
+    alone = b.label("k_parts_alone")
+    b.bra(alone, pred=b.op("setp.eq.u32", kparts, Imm(1, "u32")))  # (uniform: a launch parameter)
     buf = b.op("mov.u32", b.shared_buffer("k_parts", per_warp * WARPS), type="u32")
-    mine = b.op("mad.lo.u32", b.op("add.u32", b.op("mul.lo.u32", grp, Imm(parts, "u32")), part), Imm(per_warp, "u32"),
-                buf)
+    first = b.op("mad.lo.u32", b.op("mul.lo.u32", grp, kparts), Imm(per_warp, "u32"), buf)
+    mine = b.op("mad.lo.u32", part, Imm(per_warp, "u32"), first)
     for t in range(nt):
         for r in range(rows):
             b.emit("st.shared.f32", Mem(mine, 4 * (t * rows + r)), warp_sum(b, acc[t][r]), pred=lead)
     b.emit("bar.sync", Imm(0, "u32"))
-    first = b.op("mad.lo.u32", b.op("mul.lo.u32", grp, Imm(parts, "u32")), Imm(per_warp, "u32"), buf)
+    more = [b.op("setp.gt.u32", kparts, Imm(q, "u32")) for q in range(WARPS)]  # part q exists
     for t in range(nt):
         for r in range(rows):
             s = b.op("ld.shared.f32", Mem(first, 4 * (t * rows + r)))
-            for q in range(1, parts):
-                s = b.op("add.rn.f32", s, b.op("ld.shared.f32", Mem(first, per_warp * q + 4 * (t * rows + r))))
+            for q in range(1, WARPS):
+                v = b.reg("f32")
+                b.emit("ld.shared.f32", v, Mem(first, per_warp * q + 4 * (t * rows + r)), pred=more[q])
+                b.emit("add.rn.f32", s, s, v, pred=more[q])
             b.emit("selp.f32", acc[t][r], s, Imm(0.0, "f32"), lead)
+    b.place(alone)
 
 
 def _store_rows(b, acc, stored, row, M, Y, yidx, bads, live) -> None:
@@ -490,7 +499,7 @@ def _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_
             group_blocks, xb: int = 4, span=None):
     """The GEMV's walk along K: per step `unroll` groups of each row decoded by the codec's `lanes`, then times x
     (one FFMA per weight and token, in K order), the rows' bytes asked of L2 `ahead` steps before. `span`: (g0, g1),
-    the groups of a K part (KPARTS; g0 < g1), else all of them."""
+    the groups of a K part (kparts; g0 < g1), else all of them."""
     rows, nt = len(rowp), len(xrow)
     if span is None:
         g = b.op("mov.u32", Imm(0, "u32"))

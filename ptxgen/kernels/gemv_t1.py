@@ -115,6 +115,12 @@ def _suffix(nt: int, hi_only: bool) -> str:
 # (bench/NOTES.md, 2026-12-05, from 86f548c)
 T1_PLAN_FMT = {"tq4_1s": {"big": {"t1": (2, 1, 1, 16), "t2": (2, 1, 1, 16), "t4": (2, 1, 1, 8), "t8": (2, 1, 1, 8)},
                           "small": {"t1": (2, 1, 1, 8), "t2": (2, 1, 1, 4), "t4": (2, 1, 1, 4)}}}
+# ... and the codecs' 16-token hi-only builds on sm_90a, at one CTA an SM (shared memory): Q6_K at 8 warps of one
+# tile, Q8_0 at 6 of two, against the shared plan's 4 of two. H100 graph µs over 24 weights at T = 16, 4 / 6 / 8
+# warps (bench/results/h100_t16plan_*_d5e50e1.log; same bits): Q6_K 4096x14336 33.1 / 31.7 / 33.2, 14336x4096
+# 32.9 / 33.3 / 26.0; Q8_0 4096x14336 35.1 / 34.5 / 35.1, 14336x4096 28.2 / 28.0 / 28.7
+T1_PLAN_FMT["q6_K"] = {"big": {"t16h": (3, 1, 1, 8)}}
+T1_PLAN_FMT["q8_0"] = {"big": {"t16h": (3, 1, 2, 6)}}
 
 
 def _ring_plan(arch, nt: int, hi_only: bool = False, fmt: str = "q4_K") -> tuple[int, int, int, int]:
