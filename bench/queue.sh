@@ -185,7 +185,7 @@ for step in "${@:-tier}"; do
     # Q4_K / Q6_K 256) against kparts 1 (the builds before), Q8_0 at 256 too (untimed), graph over 64 weights
     for s in 1024x4096 512x3584 2048x4096; do
       for d in float32 float16; do
-        run "kpr_${s}_$d" 100 "${AB[@]}" --kernels 'none$' --formats q4_K,q6_K,q8_0 --shape "$s" --tokens 1 --weights 64 \
+        run "kpr_${s}_$d" 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_t1$' --formats q4_K,q6_K,q8_0 --shape "$s" --tokens 1 --weights 64 \
           --x-dtype "$d" --variant 'kp1: rule.codec_gemv_t1_max_ctas={}' \
           --variant 'q8: rule.codec_gemv_t1_max_ctas={"q4_K": 256, "q6_K": 256, "q8_0": 256}'
       done
