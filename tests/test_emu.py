@@ -337,6 +337,7 @@ def test_codec_gemv_k_parts_plan():
         assert [codec_gemv_k_parts(q4, m, 4096) for m in (512, 1024, 2048, 4096)] == [4, 4, 2, 1]
         assert [codec_gemv_k_parts(q6, m, 4096) for m in (512, 1024, 2048, 4096)] == [4, 2, 1, 1]
         assert codec_gemv_k_parts(q4, 512, 256) == 1  # one group a row: nothing to split
+    with tuning.override(codec_gemv_t1_max_ctas={"q4_K": 256}):
         assert codec_gemv_k_parts(q8, 512, 4096) == 1
 
 

@@ -59,7 +59,8 @@ AHEAD_PAIR = 0
 # whole row in dependent steps (Q4_K 1024x4096: 64 CTAs, 4 steps a warp): ops.codec_gemv_k_parts picks kparts by
 # the CTAs it makes (RULES.codec_gemv_t1_max_ctas). H100 graph µs over 64 weights, kparts 1 / 2 / 4 (a probe's
 # compile-time builds; bench/results/h100_kp_*_d5e50e1.log): Q4_K 1024x4096 4.7 / 4.2 / 3.3, 512x3584 4.5 / 3.1 /
-# 2.6; Q6_K 1024x4096 3.7 / 3.6 / 4.1, 512x3584 3.5 / 2.7 / 2.5, 2048x4096 5.1 / 5.9 / 7.0
+# 2.6; Q6_K 1024x4096 3.7 / 3.6 / 4.1, 512x3584 3.5 / 2.7 / 2.5, 2048x4096 5.1 / 5.9 / 7.0; Q8_0 with the parameter
+# 1024x4096 5.5 -> 3.9 (h100_kpr_*_0cb19e9.log)
 RUNTIME_KPARTS_TOKENS = 1  # the builds of this many tokens (and not the MoE GEMVs) take the kparts parameter
 # resident CTAs an SM asked of ptxas, by kernel name (none: ptxas's choice). Without launch bounds nvJitLink gives
 # the MoE GEMVs gemv_q5_k_f32_id 134 registers (1 CTA of 8 warps an SM) and gemv_q6_k_f32_id / gemv_q8_0_f32_id
