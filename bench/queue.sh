@@ -30,6 +30,7 @@
 #            the kparts launch parameter: step kpr)
 #   kpr      the one-token codec GEMVs' kparts parameter (rule codec_gemv_t1_max_ctas) against kparts 1, Q8_0 at the
 #            rule's 256 too, fp32 and fp16 x; then their GPU tests
+#   mid      the one-token codec GEMV with kparts on 4096x4096 (bench_model's attn_q / attn_output) against the few builds
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
 #            2026-12-06: 2 tokens shipped)
@@ -192,6 +193,14 @@ for step in "${@:-tier}"; do
     done
     run kpr_gpu_tests 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py \
       tests/test_gpu_gemv.py -k 'f32_t1 or small or codec or sixteen or t16' ;;
+  mid)  # bench_model's attn_q / attn_output (Q4_K 4096x4096 T = 1, 6.7 µs an op on the H100 against a 3.25 floor) on the
+    # one-token codec GEMV (one launch, no prep) with kparts 1 / 2 against the shipped prep + int8 GEMV; Q6_K / Q8_0 too
+    cap2='rule.codec_gemv_t1_max_ctas={"q4_K": 512, "q6_K": 512, "q8_0": 512}'
+    big='rule.codec_gemv_t1_max_weights={"q4_K": 33554432}; rule.codec_few_t1_min_weights={"q6_K": 33554432, "q8_0": 33554432}'
+    for s in 4096x4096 4096x3584; do
+      run "mid_$s" 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_t1$' --formats q4_K,q6_K,q8_0 --shape "$s" --tokens 1 --weights 32 \
+        --variant "f32: $big" --variant "f32kp2: $big; $cap2"
+    done ;;
   ncu_t16q8)  # #34's Q8_0 T = 16 on 4096x14336: gemv_q8_0_mma_t16h ran 35.0 µs there (the GEMM's 35.5) but 27.6 on
     # 14336x4096 (H100, 2026-12-06; Q6_K's 32.5 / 32.7): what the long-K shape costs it (4 warps an SM, kparts 4)
     for spec in "4096 14336" "14336 4096"; do
