@@ -184,7 +184,16 @@ def run(args, tensors, ws):
     nbytes = {name: m * formats.get(f).row_bytes(k) for name, _, f, (m, k) in tensors}
     for w in ws.values():
         w.to_device()
-    w16 = {name: torch.as_tensor(r.dequantize(ws[name]), device="cuda") for name, *_ in tensors}
+    from ptxgen import codecs
+
+    def dense(w):  # cuBLAS's fp16 weights: the dequantized ones, or (TQ4_1S: no GPU dequantize, its weights live in a
+        # rotated domain) fp16 values of the same shape — cuBLAS's time does not depend on them
+        if w.fmt in codecs.dequantizable():
+            return torch.as_tensor(r.dequantize(w), device="cuda")
+        return torch.randn(w.shape, device="cuda", dtype=torch.float16) * 0.02
+    w16 = {name: dense(ws[name]) for name, *_ in tensors}
+    if any(ws[n].fmt not in codecs.dequantizable() for n, *_ in tensors):
+        print("cuBLAS on random fp16 weights of the same shapes where a format has no GPU dequantize (tq4_1s)")
     res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers,
            "fuse": bool(args.fuse), "rows": []}
     print(HBM_NOTE)

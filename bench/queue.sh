@@ -30,6 +30,7 @@
 #            the kparts launch parameter: step kpr)
 #   kpr      the one-token codec GEMVs' kparts parameter (rule codec_gemv_t1_max_ctas) against kparts 1, Q8_0 at the
 #            rule's 256 too, fp32 and fp16 x; then their GPU tests
+#   q5small  Q5_K's small one-token ops on its codec GEMV (route small_gemv, kparts) against prep + int8 GEMV
 #   mid      the one-token codec GEMV with kparts on 4096x4096 (bench_model's attn_q / attn_output) against the few builds
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
@@ -193,6 +194,13 @@ for step in "${@:-tier}"; do
     done
     run kpr_gpu_tests 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu -n 8 tests/test_gpu_emu_crosscheck.py \
       tests/test_gpu_gemv.py -k 'f32_t1 or small or codec or sixteen or t16' ;;
+  q5small)  # bench_model --format q5_K's attn_k / attn_v (1024x4096 T = 1: 5.3 µs an op on prep + int8 GEMV, H100; Q4_K's
+    # small ops run gemv_q4_k_f32_t1 at kparts 4 in 3.3): Q5_K on its one-token codec GEMV at kparts 1 and by the rule
+    s5='rule.codec_gemv_t1_max_weights={"q4_K": 8388608, "q5_K": 16777216}'
+    for s in 1024x4096 512x3584 2048x4096; do
+      run "q5small_$s" 100 "${AB[@]}" --kernels 'gemv_q5_k_f32_t1$' --formats q5_K --shape "$s" --tokens 1 --weights 64 \
+        --variant "f32: $s5" --variant "f32kp: $s5; rule.codec_gemv_t1_max_ctas={\"q4_K\": 256, \"q6_K\": 256, \"q8_0\": 256, \"q5_K\": 256}"
+    done ;;
   mid)  # bench_model's attn_q / attn_output (Q4_K 4096x4096 T = 1, 6.7 µs an op on the H100 against a 3.25 floor) on the
     # one-token codec GEMV (one launch, no prep) with kparts 1 / 2 against the shipped prep + int8 GEMV; Q6_K / Q8_0 too
     cap2='rule.codec_gemv_t1_max_ctas={"q4_K": 512, "q6_K": 512, "q8_0": 512}'
