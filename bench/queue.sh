@@ -196,7 +196,7 @@ for step in "${@:-tier}"; do
       tests/test_gpu_gemv.py -k 'f32_t1 or small or codec or sixteen or t16' ;;
   q5small)  # bench_model --format q5_K's attn_k / attn_v (1024x4096 T = 1: 5.3 µs an op on prep + int8 GEMV, H100; Q4_K's
     # small ops run gemv_q4_k_f32_t1 at kparts 4 in 3.3): Q5_K on its one-token codec GEMV at kparts 1 and by the rule
-    s5='rule.codec_gemv_t1_max_weights={"q4_K": 8388608, "q5_K": 16777216}'
+    s5='rule.codec_few_t1_min_weights={"q6_K": 16777216, "q8_0": 16777216, "q5_K": 16777216}'
     for s in 1024x4096 512x3584 2048x4096; do
       run "q5small_$s" 100 "${AB[@]}" --kernels 'gemv_q5_k_f32_t1$' --formats q5_K --shape "$s" --tokens 1 --weights 64 \
         --variant "f32: $s5" --variant "f32kp: $s5; rule.codec_gemv_t1_max_ctas={\"q4_K\": 256, \"q6_K\": 256, \"q8_0\": 256, \"q5_K\": 256}"
