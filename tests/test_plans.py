@@ -982,6 +982,19 @@ def test_q6_k_and_q8_0_decode_runs_the_few_token_builds_where_the_rules_say(gpu)
     assert ops.mul_mat_plan(fakegpu.weights("q8_0", 4096, 3584), 1).kernels == ["gemv_q8_0_mma_t1_fused"]
 
 
+def test_q5_k_small_one_token_calls_run_its_codec_gemv_with_k_parts(gpu):
+    """Q5_K's one-token calls below RULES.codec_few_t1_min_weights run gemv_q5_k_f32_t1 (one launch, no prep) with
+    the kparts RULES.codec_gemv_t1_max_ctas gives (1024x4096: 4, 2048x4096: 2), on fp32 and fp16 x; larger ones and
+    two tokens keep the few-token builds."""
+    for (m, k), kp in (((1024, 4096), 4), ((2048, 4096), 2), ((512, 3584), 4)):
+        for dt in ("float32", "float16"):
+            p = ops.mul_mat_plan(fakegpu.weights("q5_K", m, k), 1, x_dtype=dt)
+            assert p.kernels == ["gemv_q5_k_f32_t1" + ("_x16" if dt == "float16" else "")], (m, k, dt, p.kernels)
+            assert p.launches[0].args[-1] == kp and p.launches[0].grid == (-(-m * kp // 16),), (m, k, p.launches[0])
+    assert ops.mul_mat_plan(fakegpu.weights("q5_K", 1024, 4096), 2).kernels[-1] != "gemv_q5_k_f32_t1"
+    assert ops.mul_mat_plan(fakegpu.weights("q5_K", 4096, 4096), 1).kernels[-1] != "gemv_q5_k_f32_t1"
+
+
 def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
     """Q6_K's register-A GEMM (240-byte TMA boxes over its 210-byte blocks) from RULES.codec_ra_mmq_min_tokens to
     RULES.codec_ra_mmq_max_tokens on sm_90 where the raw rows are 16-byte multiples (K a multiple of 2048: 4096,
