@@ -31,6 +31,7 @@
 #   kpr      the one-token codec GEMVs' kparts parameter (rule codec_gemv_t1_max_ctas) against kparts 1, Q8_0 at the
 #            rule's 256 too, fp32 and fp16 x; then their GPU tests
 #   q5small  Q5_K's small one-token ops on its codec GEMV (route small_gemv, kparts) against prep + int8 GEMV
+#   xtsmall  TQ4_1S's small one-token ops (Qwen's attn_k / attn_v 512x3584, 4.8 µs an op) on the one-launch product-table GEMV
 #   mid      the one-token codec GEMV with kparts on 4096x4096 (bench_model's attn_q / attn_output) against the few builds
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
@@ -200,6 +201,12 @@ for step in "${@:-tier}"; do
     for s in 1024x4096 512x3584 2048x4096; do
       run "q5small_$s" 100 "${AB[@]}" --kernels 'gemv_q5_k_f32_t1$' --formats q5_K --shape "$s" --tokens 1 --weights 64 \
         --variant "f32: $s5" --variant "f32kp: $s5; rule.codec_gemv_t1_max_ctas={\"q4_K\": 256, \"q6_K\": 256, \"q8_0\": 256, \"q5_K\": 256}"
+    done ;;
+  xtsmall)  # bench_model --format tq4_1s's attn_k / attn_v (512x3584 T = 1: 4.8 µs an op on prep_tq4_1s + the TMA GEMV,
+    # H100): the product-table GEMV gemv_tq4_1s_xt_t1 (x unrotated, one launch) under rule xtab_max_tokens
+    for s in 512x3584 3584x3584 18944x3584; do
+      run "xtsmall_$s" 100 "${AB[@]}" --kernels 'gemv_tq4_1s_xt_t1$' --formats tq4_1s --shape "$s" --tokens 1 --weights 64 \
+        --variant 'xt: rule.xtab_max_tokens={"tq4_1s": 1}'
     done ;;
   mid)  # bench_model's attn_q / attn_output (Q4_K 4096x4096 T = 1, 6.7 µs an op on the H100 against a 3.25 floor) on the
     # one-token codec GEMV (one launch, no prep) with kparts 1 / 2 against the shipped prep + int8 GEMV; Q6_K / Q8_0 too
