@@ -310,19 +310,26 @@ def test_codec_gemv_whole_steps_then_the_partial_tail(kernel, k):
 
 
 @pytest.mark.parametrize("kernel", ["gemv_q4_k_f32_t1", "gemv_q5_k_f32_t1", "gemv_q6_k_f32_t1", "gemv_q8_0_f32_t1",
-                                    "gemv_q4_k_f32_t1_x16"])
+                                    "gemv_q4_k_f32_t1_x16", "gemv_q6_k_f32_t1_x16", "gemv_q8_0_f32_t1_x16"])
 def test_codec_gemv_k_parts_inside_the_cta(kernel):
     """The one-token codec GEMVs' kparts parameter: the CTA's warps as WARPS / kparts row groups of kparts warps,
     each over a contiguous range of the row's groups, the parts' sums added through shared memory after the CTA
     barrier — within 1e-5 of float64 (unwritten outputs fail), with parts past the row's groups (K = 256: one group)
-    and warps past M at the barrier."""
+    and warps past M at the barrier. The CTA's warps run one at a time between waits (warp_serial), so a missing or
+    misplaced barrier reads shared memory nothing wrote; kparts 1 branches around the barrier."""
     k = KERNELS[kernel].for_arch("sm_90a")
+    ptx = k.ptx()
     assert k.meta["kparts_param"] and k.meta["rows_per_cta"] == 8 * k.meta["rows_per_warp"]
-    assert "bar.sync" in k.ptx() and re.search(r"\.param \.u32 \w*kparts\s*\)", k.ptx())
-    for i, shape in enumerate(((70, 2304), (1, 256), (33, 4096))):
-        for parts in (1, 2, 4, 8):
-            out = check_kernel(kernel, k.ptx(), seed=10 * parts + i, shape=shape, ntok=1, kparts=parts)
-            assert out.ok, (parts, shape, out.detail)
+    assert "bar.sync" in ptx and re.search(r"\.param \.u32 \w*kparts\s*\)", ptx)
+    alone = re.search(r"setp\.eq\.u32 (%p\d+), %r\d+, 1;\s*@\1 bra(\.uni)? \$L_k_parts_alone\w*;", ptx)
+    assert alone and ptx.index(alone.group(0)) < ptx.index("bar.sync"), "kparts 1 must skip the barrier"
+    from ptxgen.emu.harness import EmulatorBackend, use_backend
+
+    with use_backend(EmulatorBackend(warp_serial=True)):
+        for i, shape in enumerate(((70, 2304), (1, 256))):
+            for parts in (1, 2, 4, 8):
+                out = check_kernel(kernel, ptx, seed=10 * parts + i, shape=shape, ntok=1, kparts=parts)
+                assert out.ok, (parts, shape, out.detail)
 
 
 def test_codec_gemv_k_parts_plan():

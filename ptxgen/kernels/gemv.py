@@ -463,8 +463,8 @@ def _warp_rows(b, NW, R):
 
 
 def _tile_rows(b, NW, R, KP):
-    """_warp_rows for a CTA of row tiles of KP warps each (KP: a register, the launch's kparts, a power of two ≤
-    NW; NW: the CTA's warps, an int or a register): (tid, lane, warp, the tile's index in the grid (its split-K
+    """_warp_rows for a CTA of row tiles of KP warps each (KP: a register, the launch's kparts, a power of two
+    dividing NW; NW: the CTA's warps, an int or a register): (tid, lane, warp, the tile's index in the grid (its split-K
     counter), its first row, the warp's part of the tile's K range)."""
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))

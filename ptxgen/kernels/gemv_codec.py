@@ -9,7 +9,8 @@ one load serves the warp's ROWS rows) with one FFMA per weight and token, and th
 ROWS × UNROLL groups in flight per warp: a decode GEMV waits on memory, not on arithmetic); a group past the row's
 end is the row's last group again with its products skipped. Every accumulator adds its products in K order, so
 the result does not depend on ROWS or UNROLL: the fp32 product of ggml's fp32 weights with x (relative error ~1e-6
-against the float64 reference). The generic baseline that makes every codec's format run; the formats with
+against the float64 reference). The one-token builds' kparts (a launch parameter: a row's K range over kparts warps,
+their sums added in part order) changes only the order of those sums (~3e-7). The generic baseline that makes every codec's format run; the formats with
 hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
 
 A codec with `dequant_lane_wide` (Q4_K, Q5_K, Q6_K) gives each lane 16 weights of a block, so one header load and
@@ -325,7 +326,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
                                        b.op("shr.u32", tid, Imm(5, "u32"))), Imm(rows, "u32"))
         b.bra(done, pred=b.op("setp.ge.u32", row0, M))  # a warp past M: nothing to do (warp-uniform)
     else:  # warp w: row group w / kparts of the CTA's, part w % kparts; past M it still meets the CTA barrier
-        b.meta.update(kparts_param=True)  # rows_per_cta at kparts 1; / kparts at others
+        b.meta.update(kparts_param=True, grid="ceil(m * kparts / rows_per_cta)",  # (rows_per_cta: at kparts 1)
+                      kparts="warps a row: 1, 2, 4 or 8 (ops.codec_gemv_k_parts)")
         kparts = b.ld_param(kp_p, "u32")
         wid = b.op("shr.u32", tid, Imm(5, "u32"))
         grp = b.op("div.u32", wid, kparts)

@@ -78,7 +78,7 @@ def build(arch, fmt: str, NT: int = 1, tma: bool = False):
                                activation="prep_mma_f16(x): tiles + factors (its min fragments unused)",
                                copy="tma" if tma else "bulk", box_bytes=SLOT if tma else box, stages=STAGES)
     if kp_p is not None:
-        b.meta.update(k_parts="kparts: warps a row tile (1, 2, .. warps)", grid="ceil(m / (rows_per_cta / kparts))")
+        b.meta.update(k_parts="kparts: warps a row tile (a power of two dividing the warps)", grid="ceil(m / (rows_per_cta / kparts))")
     b.meta.update(dynamic_smem=b.dynamic_smem, pdl=True,
                   weights="row_bytes a multiple of 16 (the tensor map's row stride)" if tma else
                   f"row_bytes a multiple of 4, m·row_bytes of 16 (the last {box}-byte copy ends at the buffer's end)")

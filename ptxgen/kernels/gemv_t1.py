@@ -90,7 +90,7 @@ T1_FLAG = False
 # (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
 # sm_90a's 227 KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x
 # 144 bytes + one record. The warps of a CTA split into row tiles of `kparts` warps each (the launch's parameter, a
-# power of two ≤ warps): a tile's warps take contiguous parts of its K range and sum them in the CTA (ops.
+# power of two dividing the warps: a CTA of 6 takes 1 or 2): a tile's warps take contiguous parts of its K range and sum them in the CTA (ops.
 # few_k_parts picks kparts so that the grid fits one round without grid K splits where it can: their tail — the
 # partials' stores, a fence, the counter, the last warp's reloads — cost 1-2 µs an op; bench/NOTES.md, 2026-12-03)
 T1_PLAN = {"big": {"t1": (4, 2, 1, 8), "t2": (3, 2, 1, 8), "t4": (2, 2, 1, 8), "t8": (2, 2, 1, 4), "t16h": (3, 1, 2, 4)},
@@ -913,7 +913,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.meta.update(split_k="gridDim.y splits K into contiguous runs of super-blocks; part: splits x ntok x m fp32, "
                           "counters: one u32 per warp (zero, left zero)", ctas_per_sm=ctas, tokens=nt, token_groups=1,
                   rows_per_cta=R * NW, rows_per_warp=R, warps=NW,
-                  grid="ceil(m / (rows_per_cta / kparts))", k_parts="kparts: warps a row tile (1, 2, .. warps)",
+                  grid="ceil(m / (rows_per_cta / kparts))", k_parts="kparts: warps a row tile (a power of two dividing the warps)",
                   k_parts_rule="few_max_k_parts", fmt=fmt,
                   mode="fp16" if hi_only else "exact", hi_only=hi_only, lane_cols=8, max_splits=T1_MAX_SPLITS,
                   min_split_steps=T1_MIN_SPLIT_STEPS.get((_plan_size(arch), sfx), 1),
