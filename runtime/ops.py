@@ -1998,8 +1998,9 @@ def gemv_k_parts(warps: int, rows_per_warp: int, m: int, k: int, per_sm: int, sm
                  ) -> tuple[int, int, int]:
     """(row CTAs, grid K splits, kparts) of a GEMV whose CTA's warps split into row tiles of kparts warps, each on
     a part of the tile's K range summed in the CTA (gemv_t1.T1_PLAN, gemv_mma_codec): of kparts = 1, 2, 4, .. up to
-    the CTA's warps and the K steps, dividing the warps (a CTA of 6: 1 or 2), whose grid fits one round (kparts 1 always qualifies), the one that gives the
-    most warps work (tiles x kparts x gemv_splits); on a tie, the most kparts — fewer grid splits, whose tail (the
+    the CTA's warps and the K steps, dividing the warps (a CTA of 6: 1 or 2), whose grid fits one round (kparts 1
+    always qualifies), the one that gives the most warps work (tiles x kparts x gemv_splits); on a tie, the most
+    kparts — fewer grid splits, whose tail (the
     partials' stores, a fence, the counter, the last warp's reloads) costs 1-2 µs an op where the CTA's own sum
     costs one barrier (bench/NOTES.md, 2026-12-03). `most`: kparts at most this (the few-token builds' rule
     few_max_k_parts: each part reads its own activation records, which outweigh the weights from 4 tokens).
