@@ -309,8 +309,9 @@ def test_codec_gemv_whole_steps_then_the_partial_tail(kernel, k):
         assert out.ok, out.detail
 
 
-@pytest.mark.parametrize("kernel", ["gemv_q4_k_f32_t1", "gemv_q5_k_f32_t1", "gemv_q6_k_f32_t1", "gemv_q8_0_f32_t1",
-                                    "gemv_q4_k_f32_t1_x16", "gemv_q6_k_f32_t1_x16", "gemv_q8_0_f32_t1_x16"])
+@pytest.mark.parametrize("kernel", ["gemv_q4_k_f32_t1", "gemv_q6_k_f32_t1", "gemv_q4_k_f32_t1_x16"] + [
+    pytest.param(n, marks=pytest.mark.slow) for n in ("gemv_q5_k_f32_t1", "gemv_q8_0_f32_t1", "gemv_q6_k_f32_t1_x16",
+                                                      "gemv_q8_0_f32_t1_x16")])
 def test_codec_gemv_k_parts_inside_the_cta(kernel):
     """The one-token codec GEMVs' kparts parameter: the CTA's warps as WARPS / kparts row groups of kparts warps,
     each over a contiguous range of the row's groups, the parts' sums added through shared memory after the CTA
