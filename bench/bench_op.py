@@ -242,6 +242,8 @@ def main():
                          "map over it costs a host encode per new address, plans.Bound memoises 16)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
+    ap.add_argument("--rotation", default="separate", choices=("separate", "fused"),
+                    help="mul_mat's rotation= for TQ4_1S (fused: the rotation inside the GEMV, T ≤ 4)")
     args = ap.parse_args()
     print(HBM_NOTE)
     loop_formats = args.loop_formats.split(",")
@@ -283,21 +285,24 @@ def main():
                       for _ in range(max(1, args.x_buffers))]
                 x = xs[0]
                 y = torch.empty(t, m, device="cuda")
-                r.mul_mat(ws[0], x, out=y)
+                rot = dict(rotation=args.rotation) if fmt == "tq4_1s" else {}
+                r.mul_mat(ws[0], x, out=y, **rot)
                 if fmt != "tq4_1s":  # a sanity check of what is timed (the tests check the bounds)
                     wd = torch.as_tensor(r.dequantize(ws[0]), device="cuda").double()
                     err = float(((y.double() - x.double() @ wd.T).norm() / (x.double() @ wd.T).norm()).item())
                     assert err < 2e-3, f"{fmt} {m}x{k} T={t}: relative error {err:.2e}"
                     del wd
-                ours = three_ways(torch, lambda i: r.mul_mat(ws[i % len(ws)], xs[i % len(xs)], out=y), args.reps)
+                ours = three_ways(torch, lambda i: r.mul_mat(ws[i % len(ws)], xs[i % len(xs)], out=y, **rot),
+                                  args.reps)
                 xhs = [v.half() for v in xs]
                 peer = three_ways(torch, lambda i: F.linear(xhs[i % len(xhs)], w16[i % len(w16)]), args.reps)
                 row = {"fmt": fmt, "m": m, "k": k, "T": t, "weight_bytes": nbytes, "ptxgen": ours, "cublas_fp16": peer,
                        "llamacpp": (LLAMA.get(((m, k), t)) if fmt == "q4_K"
                                     else LLAMA_OTHER.get(fmt, {}).get(t) if (m, k) == (4096, 14336) else None),
-                       "kernels": ops.mul_mat_plan(ws[0], t, x_dtype=args.x_dtype).kernels, "x_dtype": args.x_dtype,
+                       "kernels": ops.mul_mat_plan(ws[0], t, x_dtype=args.x_dtype, **rot).kernels,
+                       "x_dtype": args.x_dtype,
                        "x_buffers": len(xs),
-                       "graph_kernels": ops.mul_mat_plan(ws[0], t, graph=True, x_dtype=args.x_dtype).kernels,
+                       "graph_kernels": ops.mul_mat_plan(ws[0], t, graph=True, x_dtype=args.x_dtype, **rot).kernels,
                        "floor_us": max(nbytes / HBM, 2 * m * k * t / 989e12) * 1e6}
                 res["op"].append(row)
                 print(f"| {fmt} | {m}×{k} | {t} | {ours['kernel']:.1f} | "

@@ -33,6 +33,7 @@
 #   q5small  Q5_K's small one-token ops on its codec GEMV (route small_gemv, kparts) against prep + int8 GEMV
 #   xtsmall  TQ4_1S's small one-token ops (Qwen's attn_k / attn_v 512x3584, 4.8 µs an op) on the one-launch product-table GEMV
 #   fusedg   the one-launch int8 builds (records built by the CTAs) in a graph against prep + GEMV (knob PTXGEN_Q4K_FUSED)
+#   tq4fused TQ4_1S's one- to four-token calls with rotation="fused" (one launch) against "separate", small and large shapes
 #   mid      the one-token codec GEMV with kparts on 4096x4096 (bench_model's attn_q / attn_output) against the few builds
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
@@ -215,6 +216,15 @@ for step in "${@:-tier}"; do
     for s in 4096x14336 14336x4096 4096x4096; do
       run "fusedg_$s" 100 "${AB[@]}" --kernels 'gemv_q4_k_i8_t1_fused$' --formats q4_K,q5_K,q6_K,q8_0 --shape "$s" \
         --tokens 1,2 --weights 24 --variant 'fused: knob.PTXGEN_Q4K_FUSED=on'
+    done ;;
+  tq4fused)  # bench_model --format tq4_1s's attn_k / attn_v (512x3584 T = 1: 4.8 µs an op in a graph on prep_tq4_1s + the
+    # TMA GEMV, H100; the product-table GEMV lost there, 2026-12-06): mul_mat(rotation="fused") (gemv_tq4_1s_t*: the
+    # rotation inside the GEMV, one launch) against the default, eager and graph
+    for s in 512x3584 3584x3584 18944x3584; do
+      for rot in separate fused; do
+        run "tq4fused_${s}_$rot" 100 python3 bench/bench_op.py --formats tq4_1s --shape "$s" --tokens 1,2,4 \
+          --no-decode-loop --reps 10 --rotation "$rot"
+      done
     done ;;
   mid)  # bench_model's attn_q / attn_output (Q4_K 4096x4096 T = 1, 6.7 µs an op on the H100 against a 3.25 floor) on the
     # one-token codec GEMV (one launch, no prep) with kparts 1 / 2 against the shipped prep + int8 GEMV; Q6_K / Q8_0 too
