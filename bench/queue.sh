@@ -34,6 +34,7 @@
 #   xtsmall  TQ4_1S's small one-token ops (Qwen's attn_k / attn_v 512x3584, 4.8 µs an op) on the one-launch product-table GEMV
 #   fusedg   the one-launch int8 builds (records built by the CTAs) in a graph against prep + GEMV (knob PTXGEN_Q4K_FUSED)
 #   tq4fused TQ4_1S's one- to four-token calls with rotation="fused" (one launch) against "separate", small and large shapes
+#   ncu_smallm ncu of the register-A GEMM on attn_k's 1024x4096 at T = 512 (0.55x cuBLAS in every format)
 #   mid      the one-token codec GEMV with kparts on 4096x4096 (bench_model's attn_q / attn_output) against the few builds
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
@@ -226,6 +227,17 @@ for step in "${@:-tier}"; do
           --no-decode-loop --reps 10 --rotation "$rot"
       done
     done ;;
+  ncu_smallm)  # the small-M prefill op (Q4_K 1024x4096 T = 512: GEMM 18.4 µs against cuBLAS's 12.6 for the whole op,
+    # H100): n128, 32 tiles split 4 ways on 128 CTAs of 168 registers (one an SM), 404 SASS a consumer thread per two
+    # K-steps; is it the decode's issue, the pipeline fill of 16-step splits, or the split sums?
+    run ncu_smallm_src 150 ncu --kernel-name 'regex:mmq_q4_k_wgmma_ra_n128$' --launch-skip 3 --launch-count 1 \
+      --section WarpStateStats --section SourceCounters --page source --print-source sass --csv \
+      python3 bench/profile_gemv.py q4_K 1024 4096 512 exact
+    python3 bench/ncu_source_top.py "$OUT/ncu_smallm_src.log" 40 > "$OUT/ncu_smallm_top.log" 2>&1
+    tail -n 44 "$OUT/ncu_smallm_top.log"; rm -f "$OUT/ncu_smallm_src.log"
+    run ncu_smallm 90 ncu --kernel-name 'regex:mmq_q4_k_wgmma_ra_n128$' --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 bench/profile_gemv.py q4_K 1024 4096 512 exact ;;
   mid)  # bench_model's attn_q / attn_output (Q4_K 4096x4096 T = 1, 6.7 µs an op on the H100 against a 3.25 floor) on the
     # one-token codec GEMV (one launch, no prep) with kparts 1 / 2 against the shipped prep + int8 GEMV; Q6_K / Q8_0 too
     cap2='rule.codec_gemv_t1_max_ctas={"q4_K": 512, "q6_K": 512, "q8_0": 512}'
