@@ -10,7 +10,8 @@ ROWS × UNROLL groups in flight per warp: a decode GEMV waits on memory, not on 
 end is the row's last group again with its products skipped. Every accumulator adds its products in K order, so
 the result does not depend on ROWS or UNROLL: the fp32 product of ggml's fp32 weights with x (relative error ~1e-6
 against the float64 reference). The one-token builds' kparts (a launch parameter: a row's K range over kparts warps,
-their sums added in part order) changes only the order of those sums (~3e-7). The generic baseline that makes every codec's format run; the formats with
+their sums added in part order) changes only the order of those sums (~3e-7). The generic baseline that makes every
+codec's format run; the formats with
 hand-tuned GEMVs (Q4_K, TQ4_1S) keep theirs.
 
 A codec with `dequant_lane_wide` (Q4_K, Q5_K, Q6_K) gives each lane 16 weights of a block, so one header load and
@@ -286,8 +287,8 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     w_p, x_p, y_p = b.param("w", "u64", "ptr:in"), b.param("x", "u64", "ptr:in"), b.param("y", "u64", "ptr:out")
     m_p, k_p, n_p = b.param("m", "u32"), b.param("k", "u32"), b.param("ntok", "u32")
     b.directives += [f".maxntid {32 * WARPS}, 1, 1"]
-    parts = moe is None and nt == RUNTIME_KPARTS_TOKENS  # the kparts launch parameter
-    kp_p = b.param("kparts", "u32") if parts else None
+    kp_launch = moe is None and nt == RUNTIME_KPARTS_TOKENS  # the build takes the kparts launch parameter
+    kp_p = b.param("kparts", "u32") if kp_launch else None
     ctas = RESIDENCY.get(kname)
     if ctas:  # launch bounds: the registers ptxas may take so that `ctas` CTAs fit an SM
         b.directives.append(f".minnctapersm {ctas}")
@@ -321,7 +322,7 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     done = b.label("done")
-    if not parts:
+    if not kp_launch:
         row0 = b.op("mul.lo.u32", b.op("mad.lo.u32", b.special("ctaid.x"), Imm(WARPS, "u32"),
                                        b.op("shr.u32", tid, Imm(5, "u32"))), Imm(rows, "u32"))
         b.bra(done, pred=b.op("setp.ge.u32", row0, M))  # a warp past M: nothing to do (warp-uniform)
@@ -349,7 +350,7 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
     acc = [[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(rows)] for _ in range(nt)]
     row_end = [b.op("add.s64", p, b.op("cvt.u64.u32", stride)) for p in rowp]
     span = None
-    if parts:  # this part's groups [g0, g1): ceil(ngroups / kparts) each, the last parts' possibly fewer or none
+    if kp_launch:  # this part's groups [g0, g1): ceil(ngroups / kparts) each, the last parts' possibly fewer or none
         per = b.op("div.u32", b.op("add.u32", ngroups, b.op("sub.u32", kparts, Imm(1, "u32"))), kparts)
         g0 = b.op("mul.lo.u32", part, per)
         g1 = b.op("min.u32", b.op("add.u32", g0, per), ngroups)
@@ -357,14 +358,14 @@ def build(arch, fmt: str, nt: int, shape: tuple | None = None, ahead: int | None
         span = (g0, g1)
     _k_loop(b, lanes, rowp, row_end, xrow, live, acc, lane, nblk, ngroups, last_group, unroll, ahead, group_bytes,
             group_blocks, xb, span)
-    if parts:
+    if kp_launch:
         b.place(summed)
     b.pdl_trigger()
     lead = b.op("setp.eq.u32", lane, Imm(0, "u32"))
-    if parts:
+    if kp_launch:
         _sum_parts(b, acc, kparts, part, grp, lead)
         lead = b.op("and.pred", lead, b.op("setp.eq.u32", part, Imm(0, "u32")))
-    _store_rows(b, acc, lambda r: (b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M)) if r or parts else lead),
+    _store_rows(b, acc, lambda r: (b.op("and.pred", lead, b.op("setp.lt.u32", row[r], M)) if r or kp_launch else lead),
                 row, M, Y, yidx, bads, live)
     b.place(done)
     b.emit("ret")
@@ -387,7 +388,7 @@ def _sum_parts(b, acc, kparts, part, grp, lead) -> None:
         for r in range(rows):
             b.emit("st.shared.f32", Mem(mine, 4 * (t * rows + r)), warp_sum(b, acc[t][r]), pred=lead)
     b.emit("bar.sync", Imm(0, "u32"))
-    more = [b.op("setp.gt.u32", kparts, Imm(q, "u32")) for q in range(WARPS)]  # part q exists
+    more = {q: b.op("setp.gt.u32", kparts, Imm(q, "u32")) for q in range(1, WARPS)}  # part q exists
     for t in range(nt):
         for r in range(rows):
             s = b.op("ld.shared.f32", Mem(first, 4 * (t * rows + r)))
