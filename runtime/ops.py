@@ -1543,7 +1543,8 @@ def _one_round(name: str, m: int, arch) -> bool:
 def _decode(c: _Call) -> None:
     """The exact decode per slice of up to 8 tokens, as the codec's DECODE describes it (Q4_K, TQ4_1S): one token
     on the GEMV on tables of x's products where RULES.xtab_max_tokens names the format (TQ4_1S; off: slower in a
-    graph) or, for an eager call on fp32 x, its weights are fewer than RULES.xtab_eager_max_weights (one launch),
+    graph) or, for an eager call, its weights are fewer than RULES.xtab_eager_max_weights (one launch on fp32 x; an
+    fp16 x widened first, so that its bits are its fp32 widening's),
     the activation-in-registers GEMV (opt-in, one token), the few-token tensor-core builds, the tensor-core GEMV (its
     knob; on auto from _mma_min tokens), else the fp32 lane GEMV — TMA-fed where it may be, a rotated codec's
     rotation fused into it for T ≤ FUSED_MAX_TOKENS with rotation="fused" (wider calls rotate once up front)."""
@@ -1563,8 +1564,8 @@ def _decode(c: _Call) -> None:
     lanes = []  # the activation in the lane layout, prepared once if a lane kernel needs it
 
     xtab = GemvKernel("gemv", fmt, 1, xtab=True).name
-    eager_xtab = (not pb.graph and pb.x.dtype == np.float32  # (one launch where the host issues each call)
-                  and m * k < _per_format(RULES.xtab_eager_max_weights, fmt, 0))
+    eager_xtab = (not pb.graph  # (one launch where the host issues each call; an fp16 x widened first: two, as
+                  and m * k < _per_format(RULES.xtab_eager_max_weights, fmt, 0))  # its _x16 prep + GEMV, same bits)
     xtab = (xtab if (_per_format(RULES.xtab_max_tokens, fmt, 0) >= 1 or eager_xtab) and _tma_ok(w, c.arch, xtab)
             else None)
 

@@ -419,7 +419,8 @@ def test_q5_k_few_token_tensor_core_gemv(m, k, t, arch, monkeypatch):
     x = rng.standard_normal((t, k)).astype(np.float32)
     want = formats.gemm_ref("q5_K", raw, m, k, x)
     nt = "t32h" if t > 16 else "t16h" if t > 8 else f"t{next(v for v in (1, 2, 4, 8) if v >= t)}"
-    with tuning.override(codec_few_max_tokens={"q5_K": 32}, few_i8_max_tokens={"q5_K": 0}):  # (the fp16 builds)
+    with tuning.override(codec_few_max_tokens={"q5_K": 32}, few_i8_max_tokens={"q5_K": 0},  # (the fp16 builds,
+                         codec_few_t1_min_weights=0):  # small weights too)
         two = [f"prep_q4k_{nt}", "mmq_q5_k_rega_n32" if t > 16 else f"gemv_q5_k_mma_{nt}"]
         assert r.mul_mat_plan(w, t, arch=arch).kernels == ([f"gemv_q5_k_mma_{nt}_fused"] if t <= 4 else two)
         got = _into_poisoned(r, w, x, arch=arch)
