@@ -1188,13 +1188,16 @@ def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
     for m, k in ((18944, 3584), (3584, 18944), (4096, 4096), (100, 128)):
         w = fakegpu.weights("tq4_1s", m, k)
         assert ops.mul_mat_plan(w, 1, graph=True).kernels[-1] != "gemv_tq4_1s_xt_t1"
-        # eager calls below RULES.xtab_eager_max_weights take it (one launch on fp32 x; fp16 x widened first, so that
-        # its bits are its fp32 widening's); graphs do not
-        assert (ops.mul_mat_plan(w, 1).kernels == ["gemv_tq4_1s_xt_t1"]) == (m * k < 1 << 24), (m, k)
-        assert (ops.mul_mat_plan(w, 1, x_dtype="float16").kernels
-                == (["convert_f32", "gemv_tq4_1s_xt_t1"] if m * k < 1 << 24 else ["prep_tq4_1s_x16", "gemv_tq4_1s_tma_t1"])), (m, k)
-        with tuning.override(xtab_eager_max_weights={}):
-            assert ops.mul_mat_plan(w, 1).kernels[-1] != "gemv_tq4_1s_xt_t1"
+        # the default takes it nowhere (eager and graph would differ in bits); raised, eager calls below
+        # RULES.xtab_eager_max_weights take it (one launch on fp32 x; fp16 x widened first, so that its bits are its
+        # fp32 widening's); graphs do not
+        assert ops.mul_mat_plan(w, 1).kernels[-1] != "gemv_tq4_1s_xt_t1"
+        with tuning.override(xtab_eager_max_weights={"tq4_1s": 1 << 24}):
+            assert (ops.mul_mat_plan(w, 1).kernels == ["gemv_tq4_1s_xt_t1"]) == (m * k < 1 << 24), (m, k)
+            assert (ops.mul_mat_plan(w, 1, x_dtype="float16").kernels
+                    == (["convert_f32", "gemv_tq4_1s_xt_t1"] if m * k < 1 << 24
+                        else ["prep_tq4_1s_x16", "gemv_tq4_1s_tma_t1"])), (m, k)
+            assert ops.mul_mat_plan(w, 1, graph=True).kernels[-1] != "gemv_tq4_1s_xt_t1"
         with tuning.override(xtab_max_tokens={"tq4_1s": 1}):
             p = ops.mul_mat_plan(w, 1)
             assert p.kernels == ["gemv_tq4_1s_xt_t1"], (m, k, p.kernels)
