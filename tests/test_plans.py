@@ -1210,3 +1210,25 @@ def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
             h = ops.mul_mat_plan(w, 1, x_dtype="float16")
             assert h.kernels[-1] == "gemv_tq4_1s_xt_t1" and len(h.kernels) == 2, h.kernels
             h.bound(fakegpu.FakeWorkspace(h))
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
+def test_a_captured_call_plans_the_math_of_the_eager_one(gpu, fmt):
+    """A user who captures their step in a CUDA graph gets the bits they got eager: where a plan keyed by graph differs
+    (the one-launch builds eager, for the host's launch), the eager kernel is the one-launch twin of the graph's prep +
+    GEMV (gemv_*_fused(_x16): the same records built by the CTA, the same sums; bit-identical on the GPU by
+    test_gpu_gemv's few-token tests) and nothing else differs. A rule that sent eager calls to a GEMV summing in another
+    order (xtab_eager_max_weights, 2026-12-06) fails here, not first in a user's graph."""
+    def math(kernels, fused):
+        out = [n for n in kernels if not (fused and n.startswith("prep_"))]
+        return [re.sub(r"_fused(_x16)?$", "", n) for n in out]
+
+    for m, k in ((64, 4096), (512, 3584), (1024, 4096), (4096, 4096), (4096, 14336), (14336, 4096)):
+        w = fakegpu.weights(fmt, m, k)
+        for t in (1, 2, 3, 4, 8, 9, 17, 40, 512):
+            for dt in ("float32", "float16"):
+                for mode in ("exact", "fast"):
+                    e = ops.mul_mat_plan(w, t, x_dtype=dt, mode=mode).kernels
+                    g = ops.mul_mat_plan(w, t, graph=True, x_dtype=dt, mode=mode).kernels
+                    fused = any(re.search(r"_fused(_x16)?$", n) for n in e)
+                    assert e == g or (fused and math(e, True) == math(g, True)), (m, k, t, dt, mode, e, g)
