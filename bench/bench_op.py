@@ -242,7 +242,7 @@ def main():
                          "map over it costs a host encode per new address, plans.Bound memoises 16)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="force a kernel choice, e.g. PTXGEN_MMQ_CX=0 (ptxgen/knobs.py LOWERING; repeatable)")
-    ap.add_argument("--rotation", default="separate", choices=("separate", "fused"),
+    ap.add_argument("--rotation", default="auto", choices=("auto", "separate", "fused"),
                     help="mul_mat's rotation= for TQ4_1S (fused: the rotation inside the GEMV, T ≤ 4)")
     args = ap.parse_args()
     print(HBM_NOTE)

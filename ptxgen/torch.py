@@ -47,14 +47,14 @@ def quant_tensor(w: torch.Tensor, fmt: str, m: int, k: int, experts: int = 0, ma
 
 @torch.library.custom_op("ptxgen::mul_mat", mutates_args=())
 def mul_mat_op(w: torch.Tensor, x: torch.Tensor, fmt: str, m: int, k: int, mode: str = "exact",
-               rotation: str = "separate", max_scale: float = -1.0) -> torch.Tensor:
+               rotation: str = "auto", max_scale: float = -1.0) -> torch.Tensor:
     """y = x @ W.T (ptxgen.runtime.mul_mat) with W given as its GGUF bytes `w` (uint8) in format `fmt`, M × K;
     `max_scale`: the blocks' largest |fp16 scale field| where known (QuantTensor.max_scale; < 0: not known)."""
     return ops.mul_mat(quant_tensor(w, fmt, m, k, max_scale=max_scale), x.contiguous(), mode=mode, rotation=rotation)
 
 
 @mul_mat_op.register_fake
-def _(w, x, fmt, m, k, mode="exact", rotation="separate", max_scale=-1.0):
+def _(w, x, fmt, m, k, mode="exact", rotation="auto", max_scale=-1.0):
     return x.new_empty((x.shape[0], m), dtype=torch.float32)  # (float32 y for an fp16 x too)
 
 
@@ -91,7 +91,7 @@ class QuantLinear(torch.nn.Module):
     (QuantTensor's) is read from `qweight` when it is given on the CPU."""
 
     def __init__(self, qweight: torch.Tensor, fmt: str, out_features: int, in_features: int, *, mode: str = "exact",
-                 rotation: str = "separate", max_scale: float | None = None):
+                 rotation: str = "auto", max_scale: float | None = None):
         super().__init__()
         self.fmt, self.out_features, self.in_features = fmt, int(out_features), int(in_features)
         self.mode, self.rotation = mode, rotation

@@ -1098,7 +1098,7 @@ def splitk_plan_one_round(tiles: int, steps: int, slots: int) -> tuple[int, int]
     return -(-steps // per), per
 
 
-def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: str = "exact",
+def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = "exact",
             arch: str | None = None, stream=None, workspace: Workspace | None = None):
     """y = x @ W.T for x (T, K) fp32 or fp16 → (T, M) fp32, like torch.nn.functional.linear(x, W), queued on
     `stream`. An fp16 x (a torch model's activations) goes to the prefill GEMMs as it is (no conversion pass, no
@@ -1124,7 +1124,8 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "separate", mode: st
     Q4_K's int8 MMA GEMM from 9 tokens to RULES.q8_max_tokens) — exact integer dots; relative error ≤ 1e-5
     against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5 —, and the exact kernels elsewhere (and where
     the weights do not suit the int8 kernels' loads). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
-    `"fused"`: inside the GEMV for T ≤ 4, the same bits). Non-finite activations give non-finite outputs in
+    `"fused"`: inside the GEMV for T ≤ 4, the same bits; `"auto"`, the default: fused where
+    RULES.fused_rotation_max_weights says it is faster — small weights, fp32 x —, else separate). Non-finite activations give non-finite outputs in
     their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
@@ -1241,7 +1242,7 @@ def _torch_output(out, t: int, m: int) -> int:
     return out.data_ptr()
 
 
-def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str = "separate",
+def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str = "auto",
                  arch: str | None = None, graph: bool = False, x_dtype="float32") -> Plan:
     """The launch plan mul_mat(w, x) runs for T = t tokens (cached on `w` per (T, mode, rotation, arch, graph) and
     the knobs' generation): `.kernels` names its launches, `.scratch_bytes` / `.counter_bytes` its workspace needs.
@@ -1266,8 +1267,8 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     if w.fmt not in codecs.CODECS:
         raise ValueError(f"mul_mat: no kernel for {w.fmt} yet (have: {', '.join(codecs.CODECS)})")
     codec = codecs.get(w.fmt)
-    if rotation not in ("separate", "fused"):
-        raise ValueError(f"mul_mat: rotation must be 'separate' or 'fused', got {rotation!r}")
+    if rotation not in ROTATIONS:
+        raise ValueError(f"mul_mat: rotation must be one of {', '.join(map(repr, ROTATIONS))}, got {rotation!r}")
     if mode not in ("exact", "fast"):
         raise ValueError(f"mul_mat: mode must be 'exact' or 'fast', got {mode!r}")
     if mode not in codec.ROUTES:
@@ -1322,12 +1323,28 @@ def _per_format(rule, fmt: str, default: int | None = None) -> int:
     return rule[fmt] if default is None else rule.get(fmt, default)
 
 
+ROTATIONS = ("auto", "separate", "fused")  # mul_mat's rotation= (a rotated codec's, TQ4_1S's; others ignore it)
+
+
+def _rotation(pb: PlanBuilder, w: QuantTensor, t: int, rotation: str) -> str:
+    """mul_mat's rotation= resolved: "auto" is "fused" (one launch: the rotation inside the lane GEMV, the same bits
+    as the prep kernel + GEMV) up to FUSED_MAX_TOKENS tokens of an fp32 x where the weights are fewer than
+    RULES.fused_rotation_max_weights, else "separate". An fp16 x keeps its _x16 prep (the fused GEMVs read fp32: a
+    widening launch would make two again). The same in eager and captured plans."""
+    if rotation != "auto":
+        return rotation
+    m, k = w.shape
+    fused = (t <= FUSED_MAX_TOKENS and pb.x.dtype == np.float32
+             and m * k < _per_format(RULES.fused_rotation_max_weights, w.fmt, 0))
+    return "fused" if fused else "separate"
+
+
 def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation: str, arch: str | None) -> None:
     """mul_mat's dispatch (docs/design.md "Dispatch"; the thresholds: RULES), recorded into `pb`: the first of the
     weight codec's routes for `mode` (ptxgen/codecs: `ROUTES`) whose condition holds records the call."""
     from ptxgen import codecs
 
-    c = _Call(pb, w, t, mode, rotation, arch, *w.shape)
+    c = _Call(pb, w, t, mode, _rotation(pb, w, t, rotation), arch, *w.shape)
     fp16 = w.fp16_weights
     for name in codecs.get(w.fmt).ROUTES[mode]:
         when, record = _ROUTES[name]

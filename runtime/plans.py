@@ -259,7 +259,7 @@ class Workspace:
         return Workspace(max(self.counter_bytes, plan.counter_bytes), max(self.ready_bytes, plan.ready_bytes),
                          max(self.scratch_bytes, _up(plan.scratch_bytes * 5 // 4)), stream=stream)
 
-    def reserve(self, w, tokens, *, mode: str = "exact", rotation: str = "separate", arch: str | None = None,
+    def reserve(self, w, tokens, *, mode: str = "exact", rotation: str = "auto", arch: str | None = None,
                 slots: int | None = None) -> "Workspace":
         """Grow (in place) to hold mul_mat(w, x) for each T in `tokens` (an int or a list), x float32 or float16 —
         or, for expert weights (E, M, K), mul_mat_id(w, x, ids) with ids of shape (T, `slots`). Returns self."""

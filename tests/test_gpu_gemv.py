@@ -44,17 +44,23 @@ def test_mul_mat_gemv_matches_reference(fmt, data):
     assert rel(got, want, product_scale(fmt, raw, m, k, x)) <= (1e-3 if fp16 else 1e-5)  # (M = T = 1: scaled)
 
 
-def test_fused_and_separate_rotation_are_bit_identical_and_deterministic():
+@pytest.mark.parametrize("m", [1000, 2100])
+def test_fused_and_separate_rotation_are_bit_identical_and_deterministic(m):
+    """rotation="fused" (gemv_tq4_1s_t{1,2,4}_fused) gives the bits of "separate" (prep_tq4_1s + the TMA or lane
+    GEMV) at 1-4 tokens and at 8 (both separate there), and "auto" — fused below RULES.fused_rotation_max_weights
+    (1000 rows), separate above (2100) — the same, run after run."""
     import ptxgen.runtime as r
 
     rng = np.random.default_rng(2)
-    w = r.QuantTensor.from_numpy(rng.standard_normal((1000, 3584)).astype(np.float32), "tq4_1s")
-    x = rng.standard_normal((8, 3584)).astype(np.float32)
-    a = r.mul_mat(w, x, rotation="separate")
-    b = r.mul_mat(w, x, rotation="fused")
-    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
-    for _ in range(3):
-        np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), a.view(np.uint32))
+    w = r.QuantTensor.from_numpy(rng.standard_normal((m, 3584)).astype(np.float32), "tq4_1s")
+    assert (r.mul_mat_plan(w, 1).kernels == ["gemv_tq4_1s_t1_fused"]) == (m * 3584 < 1 << 22)
+    for t in (1, 2, 3, 4, 8):
+        x = rng.standard_normal((t, 3584)).astype(np.float32)
+        a = r.mul_mat(w, x, rotation="separate")
+        b = r.mul_mat(w, x, rotation="fused")
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+        for _ in range(3):
+            np.testing.assert_array_equal(r.mul_mat(w, x).view(np.uint32), a.view(np.uint32))
 
 
 def test_rotation_kernel_bit_exact():

@@ -1184,7 +1184,8 @@ def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
     the one conversion the fp32-x kernels get."""
     sms = driver.current().sm_count
     with tuning.override(xtab_max_tokens={"tq4_1s": 1}):
-        assert ops.mul_mat_plan(fakegpu.weights("tq4_1s", 100, 96), 1).kernels[-1] == "gemv_tq4_1s_t1"
+        small = fakegpu.weights("tq4_1s", 100, 96)
+        assert ops.mul_mat_plan(small, 1, rotation="separate").kernels[-1] == "gemv_tq4_1s_t1"
     for m, k in ((18944, 3584), (3584, 18944), (4096, 4096), (100, 128)):
         w = fakegpu.weights("tq4_1s", m, k)
         assert ops.mul_mat_plan(w, 1, graph=True).kernels[-1] != "gemv_tq4_1s_xt_t1"
