@@ -1124,8 +1124,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
     Q4_K's int8 MMA GEMM from 9 tokens to RULES.q8_max_tokens) — exact integer dots; relative error ≤ 1e-5
     against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5 —, and the exact kernels elsewhere (and where
     the weights do not suit the int8 kernels' loads). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
-    `"fused"`: inside the GEMV for T ≤ 4, the same bits; `"auto"`, the default: fused where
-    RULES.fused_rotation_max_weights says it is faster — small weights, fp32 x —, else separate). Non-finite activations give non-finite outputs in
+    `"fused"`: inside the lane GEMV for T ≤ 4, within ~1e-6 of separate — the TMA GEMV of 1-2 tokens sums in another
+    order —; `"auto"`, the default: fused where RULES.fused_rotation_max_weights says it is faster, small weights,
+    else separate; eager and captured, fp32 and fp16 x alike). Non-finite activations give non-finite outputs in
     their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
@@ -1326,16 +1327,22 @@ def _per_format(rule, fmt: str, default: int | None = None) -> int:
 ROTATIONS = ("auto", "separate", "fused")  # mul_mat's rotation= (a rotated codec's, TQ4_1S's; others ignore it)
 
 
-def _rotation(pb: PlanBuilder, w: QuantTensor, t: int, rotation: str) -> str:
-    """mul_mat's rotation= resolved: "auto" is "fused" (one launch: the rotation inside the lane GEMV, the same bits
-    as the prep kernel + GEMV) up to FUSED_MAX_TOKENS tokens of an fp32 x where the weights are fewer than
-    RULES.fused_rotation_max_weights, else "separate". An fp16 x keeps its _x16 prep (the fused GEMVs read fp32: a
-    widening launch would make two again). The same in eager and captured plans."""
-    if rotation != "auto":
+def _rotation(w: QuantTensor, t: int, rotation: str) -> str:
+    """mul_mat's rotation= resolved: "auto" is "fused" (one launch: the rotation inside the lane GEMV) up to
+    FUSED_MAX_TOKENS tokens where the weights are fewer than RULES.fused_rotation_max_weights and the separate route
+    would run the lane GEMVs too (not the tensor-core GEMV, its knob or _mma_min, nor the few-token builds), else
+    "separate". An fp16 x is widened for it (convert_f32: two launches, as its _x16 prep + GEMV), so that it gives
+    its fp32 widening's bits. The same in eager and captured plans: the route, so the bits, do not depend on them."""
+    from ptxgen import codecs
+
+    codec = codecs.get(w.fmt)
+    if rotation != "auto" or not hasattr(codec, "ROTATION"):
         return rotation
-    m, k = w.shape
-    fused = (t <= FUSED_MAX_TOKENS and pb.x.dtype == np.float32
-             and m * k < _per_format(RULES.fused_rotation_max_weights, w.fmt, 0))
+    m, k, fmt = *w.shape, w.fmt
+    lanes = (getattr(knobs, codec.DECODE["mma_knob"])() != "on" and t < _mma_min(fmt, m, k)
+             and not _per_format(RULES.codec_few_min_tokens, fmt, 1) <= t <= _per_format(RULES.codec_few_max_tokens,
+                                                                                         fmt, 0))
+    fused = t <= FUSED_MAX_TOKENS and lanes and m * k < _per_format(RULES.fused_rotation_max_weights, fmt, 0)
     return "fused" if fused else "separate"
 
 
@@ -1344,7 +1351,7 @@ def _record_mul_mat(pb: PlanBuilder, w: QuantTensor, t: int, mode: str, rotation
     weight codec's routes for `mode` (ptxgen/codecs: `ROUTES`) whose condition holds records the call."""
     from ptxgen import codecs
 
-    c = _Call(pb, w, t, mode, _rotation(pb, w, t, rotation), arch, *w.shape)
+    c = _Call(pb, w, t, mode, _rotation(w, t, rotation), arch, *w.shape)
     fp16 = w.fp16_weights
     for name in codecs.get(w.fmt).ROUTES[mode]:
         when, record = _ROUTES[name]

@@ -1233,3 +1233,24 @@ def test_a_captured_call_plans_the_math_of_the_eager_one(gpu, fmt):
                     g = ops.mul_mat_plan(w, t, graph=True, x_dtype=dt, mode=mode).kernels
                     fused = any(re.search(r"_fused(_x16)?$", n) for n in e)
                     assert e == g or (fused and math(e, True) == math(g, True)), (m, k, t, dt, mode, e, g)
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
+def test_an_fp16_x_plans_the_math_of_its_fp32_widening(gpu, fmt):
+    """mul_mat promises an fp16 x the bits of the same values in fp32: its plan runs the fp32 plan's kernels, where
+    they read x as the _x16 twins (the same math on widened loads) and without the launches that only convert x
+    (convert_f32 / convert_f16 / permute_f16 / copy_f16, the converting GEMMs' _cx, a rotation's, the fixup behind
+    an fp16 conversion). Bit-identity on the GPU: test_gpu_gemv's fp16 tests; this catches a rule that sends one
+    dtype elsewhere (rotation="auto" did, 2026-12-06: fp32 x to the fused GEMV, fp16 x to its prep + the TMA GEMV)."""
+    def math(kernels):
+        return [re.sub(r"(_cx)?(_x16)?$", "", n) for n in kernels
+                if not re.match(r"(convert_f|permute_f16|copy_f16|mul_mat_fixup|rotate_tq4_1s)", n)]
+
+    for m, k in ((64, 4096), (512, 3584), (1024, 4096), (4096, 4096), (4096, 14336), (14336, 4096)):
+        w = fakegpu.weights(fmt, m, k)
+        for t in (1, 2, 3, 4, 8, 9, 17, 40, 512, 4096):
+            for mode in ("exact", "fast"):
+                for graph in (False, True):
+                    a = ops.mul_mat_plan(w, t, mode=mode, graph=graph).kernels
+                    b = ops.mul_mat_plan(w, t, mode=mode, graph=graph, x_dtype="float16").kernels
+                    assert math(a) == math(b), (m, k, t, mode, graph, a, b)
