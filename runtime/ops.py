@@ -1124,8 +1124,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
     Q4_K's int8 MMA GEMM from 9 tokens to RULES.q8_max_tokens) — exact integer dots; relative error ≤ 1e-5
     against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5 —, and the exact kernels elsewhere (and where
     the weights do not suit the int8 kernels' loads). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
-    `"fused"`: inside the lane GEMV for T ≤ 4, within ~1e-6 of separate — the TMA GEMV of 1-2 tokens sums in another
-    order —; `"auto"`, the default: fused where RULES.fused_rotation_max_weights says it is faster, small weights,
+    `"fused"`: inside the lane GEMV for T ≤ 4, within ~1e-6 of separate — the same terms summed in another order —; `"auto"`, the default: fused where RULES.fused_rotation_max_weights says it is faster, small weights,
     else separate; eager and captured, fp32 and fp16 x alike). Non-finite activations give non-finite outputs in
     their token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
