@@ -30,6 +30,9 @@ class MmqSpec:
     # rows sharing each activation tile, one CTA an SM
     stream: bool = False  # register-A wgmma (dense, x converted first): stream-K — CTA c takes K-steps [c·L, (c+1)·L)
     # of the tiles' K ranges laid end to end (kernels/mmq.py STREAM_NOTE), not whole items from the queue
+    csplit: bool = False  # register-A wgmma (dense, fp16 x): cluster split-K — a tile's K splits are the CTAs of one
+    # thread-block cluster (its size the launch's splits), summed through distributed shared memory (kernels/mmq.py
+    # CSPLIT_NOTE), not through partials in global memory and the last CTA's fixup
 
     @property
     def name(self) -> str:
@@ -42,7 +45,7 @@ class MmqSpec:
         kind = "pre" if self.prepared else "iw" if self.int_weights else "ra" if self.a_regs else ""
         wide = f"_m{self.bm}" if self.bm != 128 else ""
         return (f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + wide + mc + cx
-                + ("_sk" if self.stream else "") + ("_moe" if self.grouped else ""))
+                + ("_sk" if self.stream else "") + ("_cs" if self.csplit else "") + ("_moe" if self.grouped else ""))
 
     @classmethod
     def for_path(cls, path: str, bn: int) -> "MmqSpec":
@@ -54,6 +57,7 @@ class MmqSpec:
                  "wgmma_pre_cx": cls(bn, "wgmma", a_regs=True, convert=True, prepared=True),
                  "wgmma_ra_mc": cls(bn, "wgmma", a_regs=True, cluster=2),
                  "wgmma_ra_sk": cls(bn, "wgmma", a_regs=True, stream=True),
+                 "wgmma_ra_cs": cls(bn, "wgmma", a_regs=True, csplit=True),
                  "q8": cls(bn, act="q8_1"), "q8_pre": cls(bn, act="q8_1", fused=False)}
         try:
             return specs[path]

@@ -679,6 +679,19 @@ def _rega_fill_tile(fmt: str, m: int, k: int, t: int, bn: int, sms: int) -> int:
     return bn
 
 
+def _cluster_split(base: MmqSpec, plan: MmqPlan, bn: int) -> bool:
+    """Whether the register-A GEMM of `plan` runs its cluster split-K build (kernels/mmq.py CSPLIT_NOTE): a split plan
+    of at most RULES.mmq_cluster_split_max_splits splits (0: never) that divide the tile's bn/8 fragments, where the
+    build exists and one cluster a tile is resident at once (the partials stay in shared memory to the end)."""
+    cap = RULES.mmq_cluster_split_max_splits
+    if not 1 < plan.splits <= cap or (bn // 8) % plan.splits or plan.items != plan.tiles * plan.splits:
+        return False
+    name = dataclasses.replace(base, csplit=True).name
+    if kernels.build_for(name, "sm_90a") != "sm_90a":
+        return False
+    return kernels.load(name, "sm_90a").resident_clusters(plan.splits) >= plan.tiles
+
+
 def mmq_convert_in_gemm(t: int, splits: int) -> bool:
     """Whether the register-A MMQ converts fp32 x itself (PTXGEN_MMQ_CX: auto = from RULES.mmq_cx_min_tokens tokens with
     at most RULES.mmq_cx_max_splits K splits, on = always, off = never: convert_f16_perm first). Its converters walk x's
@@ -688,6 +701,7 @@ def mmq_convert_in_gemm(t: int, splits: int) -> bool:
 
 
 MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc", "wgmma_ra_sk",
+             "wgmma_ra_cs",
              "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16", "q8", "q8_pre")
 
 
@@ -763,6 +777,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         if path == "wgmma_ra" and not cx_rule and kernels.build_for(sk, "sm_90a") == "sm_90a" and \
                 stream_plan(planned, m, k, t, bn, sms, plan) is not None:
             path = "wgmma_ra_sk"  # stream-K: the tiles fill the CTAs' rounds unevenly
+        elif path == "wgmma_ra" and not cx and _cluster_split(base, plan, bn):
+            path = "wgmma_ra_cs"  # the split tiles summed through distributed shared memory
         else:
             path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
@@ -817,8 +833,11 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     elif wg:
         x16 = _gemm_x16(pb, fn, xa, flag, path)
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
+        cluster = (cl, 1, 1) if cl > 1 else None
+        if spec.csplit:  # one cluster a tile, its CTAs the tile's splits (kernels/mmq.py CSPLIT_NOTE)
+            grid, cluster = (tiles * splits,), (splits, 1, 1)
         pb.launch(fn, grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
-                  cluster=(cl, 1, 1) if cl > 1 else None)
+                  cluster=cluster)
     else:  # mma.sync fp16 and q8 read fp32 x; q8_pre reads quantize_q8_1_mmq's layout, mma.sync_x16 fp16 x
         xin = (_rec_quantize_q8_1_mmq(pb, xa, flag, arch) if path == "q8_pre" else
                xa if half_in and (not tma or _call_x(xa)) else

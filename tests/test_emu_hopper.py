@@ -525,6 +525,31 @@ def test_stream_k_register_a_mmq(name, shape, ctas):
     np.testing.assert_array_equal(outs[1].got, outs[0].got)
 
 
+@pytest.mark.parametrize("name,shape,splits", [
+    ("mmq_q4_k_wgmma_ra_n128_cs", (131, 133, 1024), 4),
+    ("mmq_q4_k_wgmma_ra_n128_cs", (100, 40, 512), 2),
+    pytest.param("mmq_q4_k_wgmma_ra_n128_cs", (131, 133, 1024), 8, marks=pytest.mark.slow),
+    pytest.param("mmq_q4_k_wgmma_ra_n256_cs", (131, 300, 1024), 2, marks=pytest.mark.slow),
+    pytest.param("mmq_q6_k_wgmma_ra_n128_cs", (131, 133, 2048), 4, marks=pytest.mark.slow),
+    pytest.param("mmq_q6_k_wgmma_ra_n256_cs", (131, 300, 2048), 2, marks=pytest.mark.slow)])
+def test_cluster_split_mmq_sums_the_splits_through_distributed_shared_memory(name, shape, splits):
+    """The register-A MMQ's cluster split-K build (mmq.CSPLIT_NOTE): one cluster of `splits` CTAs a tile, each its
+    K range's partial into its own shared memory, rank z summing its share of every rank's partial
+    (ld.shared::cluster) in z order: correct; the bits of the split build's fixup (partials in global memory, the
+    last CTA's sums) on the same inputs; the same bits with the CTAs taking turns in seed-drawn orders, where a CTA
+    that left before its peers read its partial is an emulator error (the second cluster barrier)."""
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    assert "ld.shared::cluster.v4.f32" in ptx and "atom" not in ptx.split("cluster split-K")[-1]
+    plain = name.removesuffix("_cs")
+    want = check_kernel(plain, KERNELS[plain].for_arch("sm_90a").ptx(), seed=5, shape=shape, splits=splits, ctas=8)
+    assert want.ok, want.detail
+    outs = [check_kernel(name, ptx, seed=5, shape=shape, splits=splits, interleave=rs is not None, run_seed=rs)
+            for rs in (None, 5, 6)]
+    for out in outs:
+        assert out.ok, out.detail
+        np.testing.assert_array_equal(out.got, want.got)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_n32", "mmq_q4_k_wgmma_ra_n128"])
 def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):

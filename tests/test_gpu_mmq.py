@@ -622,6 +622,62 @@ def test_stream_k_register_a_gemm(fmt, m, k, t):
         assert fa == fu == 0 and rel(a, u) <= 3e-5 and rel_ref(a, fmt, raw, m, k, x) <= 1e-3
 
 
+@pytest.mark.parametrize("fmt,m,k,splits", [("q4_K", 1024, 4096, 4), ("q4_K", 4096, 4096, 2), ("q6_K", 1024, 4096, 4),
+                                             ("q6_K", 4096, 4096, 2), ("q4_K", 1000, 4096, 4)])
+def test_cluster_split_gemm_gives_the_split_builds_bits(fmt, m, k, splits):
+    """mul_mat's cluster split-K builds (mmq_<fmt>_wgmma_ra_n{128,256}_cs, RULES.mmq_cluster_split_max_splits: a
+    tile's K splits one cluster's CTAs, summed through distributed shared memory) at T = 512 (M not a multiple of
+    128 too): the bits of the split build (the rule at 0: partials in global memory, the last CTA's fixup), within
+    1e-3 of float64 (outputs NaN-poisoned first), run after run and replayed in a CUDA graph, on fp32 and fp16 x; the
+    stream's counters and queue untouched."""
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the register-A GEMMs are sm_90a's")
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+    from ptxgen.testing.strategies import random_raw
+
+    t = 512
+    rng = np.random.default_rng(m + splits)
+    raw = random_raw(fmt, m, k, rng)
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    with tuning.override(mmq_cluster_split_max_splits=4):
+        plan = r.mul_mat_plan(w, t).kernels
+        if not any(n.endswith("_cs") for n in plan):  # (a GPU holding fewer clusters than the tiles: the split build)
+            pytest.skip(f"this GPU's plan: {plan}")
+        _cluster_split_checks(r, ops, torch, fmt, raw, w, x, m, k, t)
+
+
+def _cluster_split_checks(r, ops, torch, fmt, raw, w, x, m, k, t):
+    xt = torch.from_numpy(x).cuda()
+    y = torch.full((t, m), float("nan"), device="cuda")
+    r.mul_mat(w, xt, out=y)
+    got = y.cpu().numpy()
+    assert np.isfinite(got).all() and rel(got.astype(np.float64), formats.gemm_ref(fmt, raw, m, k, x)) <= 1e-3
+    with tuning.override(mmq_cluster_split_max_splits=0):
+        assert not any(n.endswith("_cs") for n in r.mul_mat_plan(w, t).kernels)
+        np.testing.assert_array_equal(r.mul_mat(w, xt).cpu().numpy().view(np.uint32), got.view(np.uint32))
+    np.testing.assert_array_equal(r.mul_mat(w, xt).cpu().numpy().view(np.uint32), got.view(np.uint32))
+    x16 = xt.half()
+    h = r.mul_mat(w, x16).cpu().numpy()
+    np.testing.assert_array_equal(h.view(np.uint32), r.mul_mat(w, x16.float()).cpu().numpy().view(np.uint32))
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        r.mul_mat(w, xt, out=y)
+    torch.cuda.current_stream().wait_stream(s_)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        r.mul_mat(w, xt, out=y)
+    y.fill_(float("nan"))
+    g.replay()
+    np.testing.assert_array_equal(y.cpu().numpy().view(np.uint32), got.view(np.uint32))
+    torch.cuda.synchronize()
+    assert not ops.workspace_state(torch.cuda.current_stream()).any(), "counters or queue left set"
+
+
 @pytest.mark.parametrize("bn", [128, 256])
 def test_wgmma_cluster_multicast_mmq(bn):
     """mmq_launch path "wgmma_ra_mc": the register-A MMQ in clusters of 2 CTAs multicasting each activation tile

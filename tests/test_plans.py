@@ -1254,3 +1254,27 @@ def test_an_fp16_x_plans_the_math_of_its_fp32_widening(gpu, fmt):
                     a = ops.mul_mat_plan(w, t, mode=mode, graph=graph).kernels
                     b = ops.mul_mat_plan(w, t, mode=mode, graph=graph, x_dtype="float16").kernels
                     assert math(a) == math(b), (m, k, t, mode, graph, a, b)
+
+
+def test_split_register_a_gemms_take_the_cluster_split_build_under_its_rule(gpu, monkeypatch):
+    """RULES.mmq_cluster_split_max_splits raised to 4: a register-A GEMM whose plan splits K 2-4 ways (Q4_K / Q6_K
+    1024x4096 and 4096x4096 at T = 512, fp32 x after convert_f16 or fp16 x as it is) runs its _cs build — grid
+    tiles x splits in clusters of splits, the same arguments —; unsplit plans, the rule at 0 (as shipped: not timed)
+    and a GPU holding fewer clusters than tiles keep the split build."""
+    with tuning.override(mmq_cluster_split_max_splits=4):
+        for fmt, m, k, bn, splits in (("q4_K", 1024, 4096, 128, 4), ("q4_K", 4096, 4096, 256, 2),
+                                      ("q6_K", 1024, 4096, 128, 4), ("q4_K", 4096, 14336, 256, 2)):
+            w = fakegpu.weights(fmt, m, k)
+            for dt in ("float32", "float16"):
+                p = ops.mul_mat_plan(w, 512, x_dtype=dt)
+                name = f"mmq_{fmt.lower()}_wgmma_ra_n{bn}_cs"
+                assert name in p.kernels, (fmt, m, k, dt, p.kernels)
+                ln = next(ln for ln in p.launches if ln.fn.name == name)
+                tiles = -(-m // 128) * -(-512 // bn)
+                assert ln.grid == (tiles * splits,) and ln.cluster == (splits, 1, 1), (ln.grid, ln.cluster)
+                assert ln.args[9] == splits  # (the split builds' arguments: ... tiles_n, splits, part, counters)
+        assert not any(n.endswith("_cs") for n in ops.mul_mat_plan(fakegpu.weights("q4_K", 14336, 4096), 512).kernels)
+        monkeypatch.setattr(fakegpu.FakeFunction, "resident_clusters", lambda self, size: 31)  # (32 tiles wanted)
+        p = ops.mul_mat_plan(fakegpu.weights("q4_K", 1024, 4096), 512)
+        assert "mmq_q4_k_wgmma_ra_n128" in p.kernels, p.kernels
+    assert not any(n.endswith("_cs") for n in ops.mul_mat_plan(fakegpu.weights("q4_K", 1024, 4096), 512).kernels)

@@ -1211,6 +1211,9 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     ya, tiles, tail, scratch = _mmq_scratch(mem, t, m, k, bn, 128, splits, tile_partials=True)
     # whole clusters (the kernel walks items per cluster); cl = 1: one CTA per item at most
     grid = cl * max(1, min(-(-tiles // cl) * splits, ctas // cl))
+    cluster = (cl, 1, 1) if cl > 1 else None
+    if "cluster_split" in meta:  # cluster split-K: one cluster a tile, its `splits` CTAs the tile's K splits
+        grid, cluster = tiles * splits, (splits, 1, 1)
     if "stream" in meta:  # stream-K: `ctas` chunks of L = ceil(U / ctas) K-steps, two partial planes a chunk (one
         # more chunk where `ctas` would cut only at tile boundaries: the default case cuts tiles too)
         units = tiles * (k // 64)
@@ -1228,8 +1231,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         extra = (x32a, xa, ready, fa)
         interleave = interleave or grid > 1
     _run(ptx, (grid,), (384,), (tw, tx, ya, *tail, *extra), mem, dynamic_smem=meta["dynamic_smem"],
-         seed=seed if run_seed is None else run_seed, interleave=interleave,
-         cluster=(cl, 1, 1) if cl > 1 else None)
+         seed=seed if run_seed is None else run_seed, interleave=interleave, cluster=cluster)
     got = _mmq_result(mem, ya, tiles, scratch, t, m, splits)
     if cx:
         name = meta.get("name", "mmq")
@@ -1351,6 +1353,9 @@ for _bn in (64, 128, 256):
 for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # (kernels/mmq.py STREAM_FORMATS, STREAM_TOKEN_TILES)
     for _bn in (128, 256):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_sk"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_sk")
+for _f in ("q4_k", "q6_k"):  # (kernels/mmq.py CSPLIT_FORMATS, CSPLIT_TOKEN_TILES)
+    for _bn in (128, 256):
+        HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cs"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cs")
 for _bn in (256,):
     for _sfx in ("", "_cx"):
         HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")

@@ -123,6 +123,19 @@ class HopperOps:
             out.append((peer, off))
         return out
 
+    def cluster_smem_load(self, addrs, width, what, tidx):
+        """ld.shared::cluster: `width` bytes a thread from the shared memory of the CTA its address names (a
+        peer's, from mapa, or this CTA's), each byte written before (as smem_load checks)."""
+        out = np.zeros((len(addrs), width), np.uint8)
+        for i, (cta, off) in enumerate(self._cluster_targets(addrs, what)):
+            if off < 0 or off + width > cta.smem.size or off % width:
+                raise self.Error(f"{what}: shared::cluster access at {off} (+{width}) misaligned or outside the "
+                                 f"{cta.smem.size} B of its CTA (thread {tidx[i]})")
+            if not cta.written[off:off + width].all():
+                raise self.Error(f"{what}: thread {tidx[i]} reads a peer's shared bytes at {off} that nothing wrote")
+            out[i] = cta.smem[off:off + width]
+        return out
+
     def _op_mapa(self, ins, ex, grp):
         """mapa.shared::cluster.u32/u64 d, a, rank: the address of a's offset in CTA `rank`'s shared memory."""
         if "shared::cluster" not in ins.mods:

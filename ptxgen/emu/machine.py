@@ -635,6 +635,8 @@ class Emulator(HopperOps):
             data = self.memory.load(base, width * vec, ins.text)
         elif space == "shared":
             data = self.smem_load(base, width * vec, ins.text, ex)
+        elif space == "shared::cluster":  # distributed shared memory: this CTA's or a peer's (mapa's address)
+            data = self.cluster_smem_load(base, width * vec, ins.text, ex)
         else:
             raise Unsupported(f"ld.{space}")
         data = np.ascontiguousarray(data)

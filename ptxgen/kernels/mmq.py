@@ -1891,6 +1891,9 @@ def build_wgmma(arch, spec: "MmqSpec"):
     if spec.stream and (not spec.a_regs or spec.grouped or spec.convert or spec.cluster > 1 or spec.int_weights):
         raise ValueError(f"{spec.name}: stream-K is the dense register-A build's on x converted first, one CTA a "
                          "cluster")
+    if spec.csplit and (not spec.a_regs or spec.grouped or spec.convert or spec.prepared or spec.stream
+                        or spec.cluster > 1 or spec.int_weights or spec.bm != BM):
+        raise ValueError(f"{spec.name}: cluster split-K is the dense register-A build's on fp16 x, {BM}-row tiles")
     b_bytes = BN * 128  # BN tokens x 64 fp16, 128B-swizzled by TMA
     if not getattr(codecs.get(spec.fmt), "WGMMA_ALL", False) and (not spec.a_regs or PRE or spec.cluster > 1
                                or (spec.convert and spec.fmt not in WGMMA_CX_CODECS)):
@@ -1925,6 +1928,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
         pipe = Pipeline(max(2, min(WG_STAGES, (budget - fixed) // stage_bytes)), copy=pipe.copy)
     pipe.check_smem(arch, stage_bytes + -(-fixed // pipe.stages))  # (what sits beside them spread over the stages)
     S = pipe.stages
+    if spec.csplit and S * BSTEPS * b_bytes < BM * BN * 4:
+        raise ValueError(f"{spec.name}: the B stages ({S} x {b_bytes} bytes) must hold the fp32 partial tile")
     b = KernelBuilder(spec.name, arch, f"{spec.fmt[0].upper() + spec.fmt[1:]} x fp16 GEMM, wgmma m64n{BN}k16"
                       f"{' (A from registers)' if spec.a_regs else ''}, tile {spec.bm}x{BN}x{BK}, {S}-stage TMA ring, "
                       "warp-specialized, persistent", block=(_wg_threads(spec), 1, 1))
@@ -1978,10 +1983,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
         groups_m = tiles_m if CL == 1 else b.op("div.u32", b.op("add.u32", tiles_m, Imm(CL - 1, "u32")),
                                                 Imm(CL, "u32"))
         items = b.op("mul.lo.u32", b.op("mul.lo.u32", groups_m, splits), tiles_n)
+        if spec.csplit:  # an item is a tile: its splits are the cluster's CTAs (rank = z)
+            items = b.op("mul.lo.u32", groups_m, tiles_n)
         if spec.stream:  # (the producer hands on an item past every chunk's segments as 0xFFFFFFFF)
             items = b.op("mov.u32", Imm(0xFFFFFFFF, "u32"))
         ksteps = b.op("shr.u32", K, Imm(6, "u32"))
-        rank = b.special("cluster_ctarank") if CL > 1 else None
+        rank = b.special("cluster_ctarank") if CL > 1 or spec.csplit else None
         # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
         peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
         w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks,
@@ -2010,16 +2017,19 @@ def build_wgmma(arch, spec: "MmqSpec"):
                              f"read by its K-steps 4j .. 4j + 3 (the item's first and last may be mid-block)")
 
     leader = _wgmma_init_barriers(b, CL, lay, tid)
-    cl_exit = b.label("cluster_exit") if CL > 1 else None  # everyone meets here before leaving (peers use our smem)
+    CS = spec.csplit
+    cl_exit = b.label("cluster_exit") if CL > 1 or CS else None  # everyone meets here before leaving (peers use our
+    # smem); the cluster split's consumers meet the producers there twice: partials stored, partials read
     consumer = b.label("consumer")
     b.bra(consumer, pred=b.op("setp.ge.u32", tid, Imm(128, "u32")))
     _wgmma_producer(b, spec, lay, w, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit, ts_p)
     b.place(consumer)
     _wgmma_consumer(b, arch, spec, lay, w, tid, epilogue, fix_slot)
-    if CL > 1:
+    if CL > 1 or CS:
         b.place(cl_exit)  # reached on diverged paths (the producer's thread 0 comes later than its warp): not .aligned
-        b.emit("barrier.cluster.arrive.release")
-        b.emit("barrier.cluster.wait.acquire")
+        for _ in range(2 if CS else 1):  # (CS: the consumers' two phases, _csplit_reduce)
+            b.emit("barrier.cluster.arrive.release")
+            b.emit("barrier.cluster.wait.acquire")
     b.emit("ret")
     return b.finish()
 
@@ -2064,6 +2074,11 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
     if spec.stream:
         b.meta.update(stream=STREAM_NOTE, grid="ceil(U / L) CTAs, U = tiles x K/64, L = steps_per_split (at most the "
                       "resident CTAs)", work_queue="static (stream-K): the queue counts CTAs out only; splits unused")
+    if spec.csplit:
+        arch.require("clusters", f"{spec.name} (thread-block clusters)")
+        b.meta.update(cluster_split=CSPLIT_NOTE, grid="tiles x splits CTAs in clusters of splits (2, 4 or 8; dividing "
+                      f"{spec.bn // 8} fragments), one tile a cluster: at most the resident clusters",
+                      work_queue="static (cluster split-K): cluster c takes tile c; the queue and counters unused")
     CL = spec.cluster
     if CL not in (1, 2):
         raise ValueError(f"{spec.name}: clusters of 1 or 2 CTAs, not {CL}")
@@ -2156,6 +2171,10 @@ def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
         rest = b.op("div.u32", item, w.tiles_m)
         z = b.op("rem.u32", rest, w.splits)
         tn = b.op("div.u32", rest, w.splits)
+    elif spec.csplit:  # the cluster's tile; its split is the CTA's rank
+        tn = b.op("rem.u32", item, w.tiles_n)
+        tm = b.op("div.u32", item, w.tiles_n)
+        z = w.rank
     else:
         tn = b.op("rem.u32", item, w.tiles_n)
         rest = b.op("div.u32", item, w.tiles_n)
@@ -2337,8 +2356,9 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
     mask = None
-    if CL > 1:
+    if CL > 1 or spec.csplit:
         cid, ncl = b.special("clusterid.x"), b.special("nclusterid.x")
+    if CL > 1:
         mask = b.reg("b16")
         b.emit("mov.b16", mask, Imm((1 << CL) - 1, "b16"))
     tw = b.op("cvta.param.u64", b.op("mov.b64", tw_p))
@@ -2356,8 +2376,11 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     _wait(b, lay.item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     item = b.reg("u32")
     it = None
-    if CL > 1:  # static: both CTAs of a cluster walk the same items
+    if CL > 1 or spec.csplit:  # static: the CTAs of a cluster walk the same items
         b.emit("mad.lo.u32", item, j, ncl, cid)
+        if spec.csplit:  # one tile a cluster (its partial stays in shared memory until the end): the grid has one
+            # cluster a tile; a second item would be a launch with fewer, so none is taken
+            b.emit("selp.b32", item, item, w.items, b.op("setp.eq.u32", j, Imm(0, "u32")))
     elif w.stream:  # static: segment j of chunk ctaid, or past its chunk's last (0xFFFFFFFF, ≥ items)
         cand = b.op("mad.lo.u32", j, b.special("nctaid.x"), b.special("ctaid.x"))
         it = _wgmma_decode(b, spec, w, cand)
@@ -2383,10 +2406,10 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     b.bra(p_step, pred=b.op("setp.lt.u32", s, it.s_end))
     b.bra(p_item)
     b.place(p_end)
-    if CL == 1:  # the last CTA out resets the queue for the next launch (every CTA has claimed its last item by now)
-        _wgmma_queue_reset(b, spec, w, XR, XS)
+    if CL == 1 and not spec.csplit:  # the last CTA out resets the queue for the next launch (every CTA has claimed its
+        _wgmma_queue_reset(b, spec, w, XR, XS)  # last item by now)
     b.place(pdone)
-    if CL > 1:
+    if CL > 1 or spec.csplit:
         b.bra(cl_exit)
     else:
         b.emit("ret")
@@ -2610,6 +2633,10 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     acc = [b.reg("f32") for _ in range(BN // 2)]
     gc = b.op("mov.u32", Imm(0, "u32"))
     jc = b.op("mov.u32", Imm(0, "u32"))
+    cs_have = cs_item = None
+    if spec.csplit:  # whether this CTA holds a split of a tile (its item), for _csplit_reduce
+        cs_have, cs_item = b.reg("pred"), b.reg("u32")
+        b.emit("setp.ne.u32", cs_have, jc, jc)
     c_item, c_end = b.label("c_item"), b.label("c_queue_empty")
     b.place(c_item)
     sl = b.op("and.b32", jc, Imm(1, "b32"))
@@ -2663,6 +2690,16 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.bra(c_item)
         b.place(c_end)
         return
+    if spec.csplit:  # the partial into this CTA's B stages; summed by the cluster after the loop (_csplit_reduce)
+        for q in range(BN // 8):
+            b.emit("st.shared.v4.f32", Mem(b.op("mad.lo.u32", ct, Imm(16, "u32"), lay.bst), q * 4096),
+                   b.vec(acc[4 * q:4 * q + 4]))
+        b.emit("setp.eq.u32", cs_have, jc, jc)
+        b.emit("mov.u32", cs_item, item)
+        b.bra(c_item)
+        b.place(c_end)
+        _csplit_reduce(b, spec, lay, w, ct, lane, cw, epilogue, cs_have, cs_item)
+        return
     if w.stream:  # decoded again (integer work after the K loop): the pieces and planes stay out of its registers
         it = _wgmma_decode(b, spec, w, item)  # (Q5_K's n256 spilled 8 bytes with them live)
         split_k = b.op("setp.gt.u32", it.pieces, Imm(1, "u32"))
@@ -2672,6 +2709,69 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
                     plane=it.plane)
     b.bra(c_item)
     b.place(c_end)
+
+
+CSPLIT_NOTE = ("cluster split-K: a tile's K splits are the CTAs of one thread-block cluster (launch attribute: cluster "
+               "dims (splits, 1, 1), grid tiles x splits; cluster c takes tile c, rank z its K-steps [z·per, (z+1)·per)). "
+               "Each stores its fp32 partial into its own B stages in fragment order (q·4096 + 16·thread), the cluster "
+               "meets (barrier.cluster: release / acquire), rank z sums fragments [z·nq/splits, (z+1)·nq/splits) of "
+               "every rank's partial through distributed shared memory in rank order (ld.shared::cluster) and writes "
+               "them to y; a second meeting keeps every CTA's shared memory alive until its peers have read it. No "
+               "partials in global memory, no counters, no last-CTA fixup; the sums run in z order from split 0, as "
+               "the split builds' fixup does (the same bits but for the sign of an exact zero sum)")
+CSPLIT_CHUNK = 8  # fragments of a rank's share loaded together (8 x 16 bytes in flight a thread and rank)
+
+
+def _csplit_reduce(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, ct, lane, cw, epilogue, have, item):
+    """The cluster split's end (CSPLIT_NOTE), in every consumer thread: meet the cluster once the partials are
+    stored, sum this rank's share of the tile's fragments over the ranks in z order and write y, meet again."""
+    BN = spec.bn
+    nq = BN // 8
+    b.comment("cluster split-K: partials stored; rank z sums its share of every rank's partial in z order")
+    b.emit("barrier.cluster.arrive.release")
+    b.emit("barrier.cluster.wait.acquire")
+    done = b.label("cs_done")
+    b.bra(done, pred=have, neg=True)
+    it = _wgmma_decode(b, spec, w, item)
+    share = b.op("div.u32", Imm(nq, "u32"), w.splits)  # fragments a rank sums (splits divides nq: the plan's)
+    q0 = b.op("mul.lo.u32", it.z, share)
+    q_end = b.op("add.u32", q0, share)
+    mine = b.op("mad.lo.u32", ct, Imm(16, "u32"), lay.bst)
+    zero = b.op("mov.u32", Imm(0, "u32"))
+    chunk = b.label("cs_chunk")
+    b.place(chunk)
+    oks = [b.op("setp.lt.u32", b.op("add.u32", q0, Imm(f, "u32")), q_end) for f in range(CSPLIT_CHUNK)]
+    at = b.op("mad.lo.u32", q0, Imm(4096, "u32"), mine)  # fragment q0's offset in every rank's B stages
+    tots = [b.regs("f32", 4) for _ in range(CSPLIT_CHUNK)]
+    for t4 in tots:
+        for t_ in t4:
+            b.emit("mov.f32", t_, Imm(0.0, "f32"))
+    r = b.op("mov.u32", Imm(0, "u32"))
+    ranks = b.label("cs_rank")
+    b.place(ranks)
+    peer = b.op("mapa.shared::cluster.u32", at, r)
+    first = b.op("setp.eq.u32", r, Imm(0, "u32"))
+    for f in range(CSPLIT_CHUNK):
+        v = b.regs("f32", 4)
+        b.emit("ld.shared::cluster.v4.f32", b.vec(v), Mem(peer, f * 4096), pred=oks[f])
+        for e in range(4):  # split 0's values, then + each next split's (z order)
+            sm = b.reg("f32")
+            b.emit("add.rn.f32", sm, tots[f][e], v[e], pred=oks[f])
+            b.emit("selp.f32", tots[f][e], v[e], sm, first, pred=oks[f])
+    b.emit("add.u32", r, r, Imm(1, "u32"))
+    b.bra(ranks, pred=b.op("setp.lt.u32", r, w.splits))
+    for f in range(CSPLIT_CHUNK):
+        skip = b.label("cs_skip")
+        b.bra(skip, pred=oks[f], neg=True)
+        n0 = b.op("add.u32", it.n0, b.op("shl.b32", b.op("add.u32", q0, Imm(f, "u32")), Imm(3, "u32")))
+        epilogue.lower_mma_sync(b, [[tots[f]]], lane, it.m0, cw, 16, n0, zero, 8, w.M, w.T, w.Y0)
+        b.place(skip)
+    b.emit("add.u32", q0, q0, Imm(CSPLIT_CHUNK, "u32"))
+    b.bra(chunk, pred=b.op("setp.lt.u32", q0, q_end))
+    b.place(done)
+    b.emit("barrier.cluster.arrive.release")  # every rank has read this CTA's partial before it leaves
+    b.emit("barrier.cluster.wait.acquire")
+    b.emit("ret")
 
 
 def _smem_a_steps(b, arch, BN, lay: _WgRing, sa: _SmemA, acc, s, it: _WgItem, gc, peers):
@@ -3256,6 +3356,10 @@ RA_UNROLL = 2  # register-A K loop copies: 2 register sets (1 would overwrite A 
 # unevenly (14336x4096 at T = 512: 224 n256 tiles on 132 CTAs, 1.7 rounds)
 STREAM_FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")
 STREAM_TOKEN_TILES = (128, 256)
+# cluster split-K builds (CSPLIT_NOTE): the split tiles of small-M prefill ops (1024x4096 at T = 512: 32 n128 tiles
+# split 4 ways; 4096x4096: 64 n256 tiles split 2 ways), whose fixup tail (partials to L2, the last CTA's sums) ~4 µs
+CSPLIT_FORMATS = ("q4_K", "q6_K")
+CSPLIT_TOKEN_TILES = (128, 256)
 WGMMA_RA_TOKEN_TILES = (64, 128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
 # single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, 2026-11-30)
@@ -3301,6 +3405,12 @@ def kernel_defs() -> list[KernelDef]:
                    f"tile, {BM}x{bn} tile per CTA", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, cluster=2): build(arch, s),
                    archs=("sm_90a",))
          for bn in WGMMA_MC_TOKEN_TILES] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f, csplit=True).name,
+                   f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, cluster split-K: a tile's K "
+                   f"splits are one cluster's CTAs, summed through distributed shared memory, {BM}x{bn} tile",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, csplit=True): build(arch, s),
+                   archs=("sm_90a",))
+         for f in CSPLIT_FORMATS for bn in CSPLIT_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, act="q8_1", fused=f).name,
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
