@@ -643,7 +643,7 @@ def test_cluster_split_gemm_gives_the_split_builds_bits(fmt, m, k, splits):
     raw = random_raw(fmt, m, k, rng)
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))
     x = rng.standard_normal((t, k)).astype(np.float32)
-    with tuning.override(mmq_cluster_split_max_splits=4):
+    with tuning.override(mmq_cluster_split_max_splits=4):  # (as shipped)
         plan = r.mul_mat_plan(w, t).kernels
         if not any(n.endswith("_cs") for n in plan):  # (a GPU holding fewer clusters than the tiles: the split build)
             pytest.skip(f"this GPU's plan: {plan}")
@@ -846,9 +846,9 @@ def test_codec_register_a_gemm(fmt, m, k, t):
         k = {1024: 2048, 3584: 14336}.get(k, k)
     with tuning.override(codec_ra_mmq_max_tokens=1 << 30):
         first = f"mmq_{fmt.lower()}_wgmma_ra_n{64 if t <= 64 else 256}"
-        if first + "_cx" in ops.mul_mat_plan(r_weights(fmt, m, k), t).kernels:  # its rule: mmq_cx_min_tokens
-            first += "_cx"
-        _codec_prefill(fmt, m, k, t, first)
+        kernels = ops.mul_mat_plan(r_weights(fmt, m, k), t).kernels
+        first += next((s for s in ("_cx", "_cs") if first + s in kernels), "")  # its rules: mmq_cx_min_tokens,
+        _codec_prefill(fmt, m, k, t, first)  # mmq_cluster_split_max_splits (Q6_K's split tiles)
 
 
 @pytest.mark.parametrize("m,k,t", [(300, 3584, 40), (4096, 3584, 512), (1000, 18944, 100), (256, 1024, 1100)])
