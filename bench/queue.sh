@@ -35,6 +35,8 @@
 #   fusedg   the one-launch int8 builds (records built by the CTAs) in a graph against prep + GEMV (knob PTXGEN_Q4K_FUSED)
 #   tq4fused TQ4_1S's one- to four-token calls with rotation="fused" (one launch) against "separate", small and large shapes
 #   ncu_smallm ncu of the register-A GEMM on attn_k's 1024x4096 at T = 512 (0.55x cuBLAS in every format)
+#   cs       the cluster split-K builds (rule mmq_cluster_split_max_splits) against the split builds: probe at
+#            1024x4096 / 4096x4096 T = 512, then bench_model --prefill-only with the rule at 4 and at 0
 #   mid      the one-token codec GEMV with kparts on 4096x4096 (bench_model's attn_q / attn_output) against the few builds
 #   ncu_t16q8 ncu sections of gemv_q8_0_mma_t16h on 4096x14336 against 14336x4096 (#34's Q8_0 T = 16)
 #   hold8    the one-token builds' ring-stage hold (gemv_t1.T1_HOLD) for Q4_K / Q5_K at 2, 4, 8 tokens (ran
@@ -227,6 +229,13 @@ for step in "${@:-tier}"; do
           --no-decode-loop --reps 10 --rotation "$rot"
       done
     done ;;
+  cs)  # the cluster split-K register-A GEMMs (shipped 2026-12-06 on an H100: 4096x4096 -11%; 1024x4096's 32 clusters
+    # of 4 did not fit there) against the split builds, then the prefill step both ways
+    for s in 1024x4096 4096x4096; do
+      run "cs_ab_$s" 60 "${AB[@]}" --kernels 'mmq_q[46]_k_wgmma_ra_n(128|256)_cs$' --formats q4_K,q6_K --shape "$s" \
+        --tokens 512 --weights 16 --variant 'split: rule.mmq_cluster_split_max_splits=0'
+    done
+    for r in 4 0; do run "cs_model_$r" 70 python3 bench/bench_model.py --prefill-only --rule "mmq_cluster_split_max_splits=$r"; done ;;
   ncu_smallm)  # the small-M prefill op (Q4_K 1024x4096 T = 512: GEMM 18.4 µs against cuBLAS's 12.6 for the whole op,
     # H100): n128, 32 tiles split 4 ways on 128 CTAs of 168 registers (one an SM), 404 SASS a consumer thread per two
     # K-steps; is it the decode's issue, the pipeline fill of 16-step splits, or the split sums?
