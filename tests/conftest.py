@@ -104,6 +104,28 @@ def rel_ref(got, fmt: str, raw, m: int, k: int, x) -> float:
     return accuracy.gemm_rel_error(got, fmt, raw, m, k, x)
 
 
+def graph_replayed(w, xt):
+    """mul_mat(w, xt) captured into a CUDA graph on torch's stream (warmed up on a side stream, as torch
+    recommends), its output NaN-filled, then replayed: the output as NumPy."""
+    import torch
+
+    import ptxgen.runtime as r
+
+    yt = torch.empty((xt.shape[0], w.shape[0]), device="cuda")
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        r.mul_mat(w, xt, out=yt)
+    torch.cuda.current_stream().wait_stream(s_)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        r.mul_mat(w, xt, out=yt)
+    yt.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return yt.cpu().numpy()
+
+
 def setknob(mp, name: str, value) -> None:
     """Set (or with None unset) a PTXGEN_ knob for the rest of a test, in process (knobs.set: the kernel choices are
     not read from the environment); _fresh_knobs forgets it after the test. `mp` (a MonkeyPatch) is unused."""

@@ -544,7 +544,7 @@ def test_cluster_split_mmq_sums_the_splits_through_distributed_shared_memory(nam
     want = check_kernel(plain, KERNELS[plain].for_arch("sm_90a").ptx(), seed=5, shape=shape, splits=splits, ctas=8)
     assert want.ok, want.detail
     outs = [check_kernel(name, ptx, seed=5, shape=shape, splits=splits, interleave=rs is not None, run_seed=rs)
-            for rs in (None, 5, 6)]
+            for rs in (None, 5)]
     for out in outs:
         assert out.ok, out.detail
         np.testing.assert_array_equal(out.got, want.got)

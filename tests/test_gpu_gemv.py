@@ -7,7 +7,7 @@ from ptxgen import codecs, formats, knobs, tuning
 from ptxgen.specs import GemvKernel
 from ptxgen.testing import strategies as S
 from ptxgen.testing.accuracy import product_scale
-from conftest import rel, rel_ref, setknob
+from conftest import graph_replayed, rel, rel_ref, setknob
 
 pytestmark = pytest.mark.gpu
 
@@ -589,7 +589,7 @@ def test_int8_few_token_gemv(fmt, m, k, t, arch, monkeypatch):
             if arch is None:  # captured into a graph on torch's stream
                 import torch
 
-                np.testing.assert_array_equal(_graph_replayed(w, torch.from_numpy(x).cuda()), got)
+                np.testing.assert_array_equal(graph_replayed(w, torch.from_numpy(x).cuda()), got)
 
 
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
@@ -613,28 +613,6 @@ def test_int8_few_token_gemv_with_outlier_activation_channels(fmt):
             assert any("_i8_" in n for n in r.mul_mat_plan(w, t).kernels), r.mul_mat_plan(w, t).kernels
             got = _into_poisoned(r, w, x[:t])
             assert np.isfinite(got).all() and rel_ref(got, fmt, raw, m, k, x[:t]) <= 1e-5
-
-
-def _graph_replayed(w, xt):
-    """mul_mat(w, xt) captured into a CUDA graph on torch's stream (warmed up on a side stream, as torch
-    recommends), its output NaN-filled, then replayed: the output as NumPy."""
-    import torch
-
-    import ptxgen.runtime as r
-
-    yt = torch.empty((xt.shape[0], w.shape[0]), device="cuda")
-    s_ = torch.cuda.Stream()
-    s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        r.mul_mat(w, xt, out=yt)
-    torch.cuda.current_stream().wait_stream(s_)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        r.mul_mat(w, xt, out=yt)
-    yt.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    return yt.cpu().numpy()
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
@@ -737,7 +715,7 @@ def test_fp16_x_in_a_graph_goes_to_the_x16_preps_with_the_fp32_bits(fmt, t):
     plan = ops.mul_mat_plan(w, t, graph=True, x_dtype="float16").kernels
     assert plan[0].startswith("prep_") and plan[0].endswith("_x16"), plan
     want = r.mul_mat(w, x16.astype(np.float32))
-    np.testing.assert_array_equal(_graph_replayed(w, torch.from_numpy(x16).cuda()), want)
+    np.testing.assert_array_equal(graph_replayed(w, torch.from_numpy(x16).cuda()), want)
 
 
 @pytest.mark.parametrize("fmt,m,k", [("q4_K", 4096, 4096), ("q4_K", 1024, 4096), ("q6_K", 1024, 4096),
@@ -761,7 +739,7 @@ def test_fp16_activations_give_the_bits_of_their_fp32_widening(fmt, m, k, t):
     np.testing.assert_array_equal(r.mul_mat(w, x16), want)
     xt = torch.from_numpy(x16).cuda()
     np.testing.assert_array_equal(r.mul_mat(w, xt).cpu().numpy(), want)
-    np.testing.assert_array_equal(_graph_replayed(w, xt), want)
+    np.testing.assert_array_equal(graph_replayed(w, xt), want)
     if t >= 40:  # sm_89's GEMMs (the fp16 mma.sync one reads it as it is)
         np.testing.assert_array_equal(r.mul_mat(w, x16, arch="sm_89"), r.mul_mat(w, x16.astype(np.float32), arch="sm_89"))
     if t <= 16:  # mode="fast" (the int8 lanes' Q8_1 prep on fp16 x: prep_q8_lanes_x16, prep_tq4_1s_q8_x16) and the
