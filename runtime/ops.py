@@ -835,6 +835,9 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
         cluster = (cl, 1, 1) if cl > 1 else None
         if spec.csplit:  # one cluster a tile, its CTAs the tile's splits (kernels/mmq.py CSPLIT_NOTE)
+            if splits > 8 or plan.items != tiles * splits or fn.resident_clusters(splits) < tiles:
+                raise ValueError(f"mmq_launch: {name} needs one cluster of its {splits} splits a tile resident at "
+                                 f"once (at most 8 splits): {tiles} tiles, {fn.resident_clusters(splits)} clusters fit")
             grid, cluster = (tiles * splits,), (splits, 1, 1)
         pb.launch(fn, grid, (tw, tx, o, *tail), pdl=bool(fn.meta.get("pdl")),  # set-up overlaps convert_f16's tail
                   cluster=cluster)

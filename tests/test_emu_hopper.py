@@ -550,6 +550,29 @@ def test_cluster_split_mmq_sums_the_splits_through_distributed_shared_memory(nam
         np.testing.assert_array_equal(out.got, want.got)
 
 
+@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n128_cs", pytest.param("mmq_q4_k_wgmma_ra_n256_cs",
+                                                                           marks=pytest.mark.slow)])
+def test_cluster_split_mmq_with_its_warpgroups_one_at_a_time(name):
+    """The cluster split build with each CTA's warpgroups run one at a time between waits (a legal schedule: one
+    consumer warpgroup ends its K loop while the other's last wgmmas still read the B stages the partial goes
+    into): the split build's bits, as in lockstep. Without the consumers' barrier before the partial stores
+    (the first build had none; a review found it) the first warpgroup's stores corrupt the other's last steps."""
+    from ptxgen.emu.harness import EmulatorBackend, use_backend
+
+    shape, splits = (100, 40, 512), 2
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    plain = name.removesuffix("_cs")
+    want = check_kernel(plain, KERNELS[plain].for_arch("sm_90a").ptx(), seed=5, shape=shape, splits=splits, ctas=8)
+    assert ptx.count("\tbar.sync 3, 256;\n") == 1  # (the consumers' one barrier: before the partial stores)
+    racy = ptx.replace("\tbar.sync 3, 256;\n", "")
+    with use_backend(EmulatorBackend(warp_serial=128)):
+        out = check_kernel(name, ptx, seed=5, shape=shape, splits=splits)
+        bad = check_kernel(name, racy, seed=5, shape=shape, splits=splits)
+    assert want.ok and out.ok, (want.detail, out.detail)
+    np.testing.assert_array_equal(out.got, want.got)
+    assert not bad.ok or not np.array_equal(bad.got, want.got)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_n32", "mmq_q4_k_wgmma_ra_n128"])
 def test_wgmma_mmq_two_splits_second_cta_adds_into_its_accumulators(name):

@@ -19,9 +19,10 @@ class EmulatorBackend:
     """Where a harness allocates, launches and reads back: the emulator (default). A GPU backend with the
     same four methods runs the very same harness code on the device (tests/test_gpu_emu_crosscheck.py),
     so GPU and emulator see identical inputs and their outputs can be compared bit for bit. `warp_serial`:
-    the emulator runs a CTA's warps one at a time between waits (Emulator.run), to find missing barriers."""
+    the emulator runs a CTA's warps (128: warpgroups) one at a time between waits (Emulator.run), to find missing
+    barriers."""
 
-    def __init__(self, warp_serial: bool = False):
+    def __init__(self, warp_serial: bool | int = False):
         self.warp_serial = warp_serial
 
     def memory(self):

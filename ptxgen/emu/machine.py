@@ -243,7 +243,8 @@ class Emulator(HopperOps):
         mbarrier) or ends, then the next — instead of all warps at one pc together, which hides a missing
         bar.sync between warps that write and read the same shared memory (the reader then meets bytes no thread
         wrote yet, an error, or stale ones). For kernels whose instructions are per warp (mma.sync); wgmma's
-        warpgroups need their four warps together."""
+        warpgroups need their four warps together: `warp_serial` = 128 runs warpgroups one at a time (a consumer
+        warpgroup overwriting shared memory another's wgmmas still read, without a barrier between them)."""
         grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
         block = tuple(block) + (1,) * (3 - len(tuple(block)))
         if len(args) != len(self.mod.params):
@@ -349,11 +350,12 @@ class Emulator(HopperOps):
             if stall_ok:
                 raise _Stalled()
             raise EmulationError(self._deadlock_report())
-        if self.warp_serial:  # the lowest warp that can run, alone
-            w = int(np.argmax(runnable)) // 32
+        if self.warp_serial:  # the lowest warp (or warpgroup: warp_serial 128) that can run, alone
+            n = 32 if self.warp_serial is True else int(self.warp_serial)
+            w = int(np.argmax(runnable)) // n
             runnable = runnable.copy()
-            runnable[:32 * w] = False
-            runnable[32 * (w + 1):] = False
+            runnable[:n * w] = False
+            runnable[n * (w + 1):] = False
         pc = pcs[runnable].min()
         if pc >= len(body):
             raise EmulationError("ran off the end of the kernel without ret")

@@ -2691,6 +2691,8 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         b.place(c_end)
         return
     if spec.csplit:  # the partial into this CTA's B stages; summed by the cluster after the loop (_csplit_reduce)
+        b.emit("bar.sync", Imm(3, "u32"), Imm(256, "u32"))  # both consumer warpgroups' last wgmmas have read the
+        # stages (each waited for its own only): found by a review, shown by the warpgroup-serial emulator
         for q in range(BN // 8):
             b.emit("st.shared.v4.f32", Mem(b.op("mad.lo.u32", ct, Imm(16, "u32"), lay.bst), q * 4096),
                    b.vec(acc[4 * q:4 * q + 4]))
@@ -2733,9 +2735,10 @@ def _csplit_reduce(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, ct, lane, cw, epi
     done = b.label("cs_done")
     b.bra(done, pred=have, neg=True)
     it = _wgmma_decode(b, spec, w, item)
-    share = b.op("div.u32", Imm(nq, "u32"), w.splits)  # fragments a rank sums (splits divides nq: the plan's)
+    ranks = b.special("cluster_nctarank")  # (the launch's cluster: the splits)
+    share = b.op("div.u32", b.op("add.u32", ranks, Imm(nq - 1, "u32")), ranks)  # fragments a rank sums, ceil
     q0 = b.op("mul.lo.u32", it.z, share)
-    q_end = b.op("add.u32", q0, share)
+    q_end = b.op("min.u32", b.op("add.u32", q0, share), Imm(nq, "u32"))
     mine = b.op("mad.lo.u32", ct, Imm(16, "u32"), lay.bst)
     zero = b.op("mov.u32", Imm(0, "u32"))
     chunk = b.label("cs_chunk")
@@ -2747,8 +2750,8 @@ def _csplit_reduce(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, ct, lane, cw, epi
         for t_ in t4:
             b.emit("mov.f32", t_, Imm(0.0, "f32"))
     r = b.op("mov.u32", Imm(0, "u32"))
-    ranks = b.label("cs_rank")
-    b.place(ranks)
+    rank_loop = b.label("cs_rank")
+    b.place(rank_loop)
     peer = b.op("mapa.shared::cluster.u32", at, r)
     first = b.op("setp.eq.u32", r, Imm(0, "u32"))
     for f in range(CSPLIT_CHUNK):
@@ -2759,7 +2762,7 @@ def _csplit_reduce(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, ct, lane, cw, epi
             b.emit("add.rn.f32", sm, tots[f][e], v[e], pred=oks[f])
             b.emit("selp.f32", tots[f][e], v[e], sm, first, pred=oks[f])
     b.emit("add.u32", r, r, Imm(1, "u32"))
-    b.bra(ranks, pred=b.op("setp.lt.u32", r, w.splits))
+    b.bra(rank_loop, pred=b.op("setp.lt.u32", r, ranks))
     for f in range(CSPLIT_CHUNK):
         skip = b.label("cs_skip")
         b.bra(skip, pred=oks[f], neg=True)
