@@ -3371,6 +3371,12 @@ WGMMA_CX_TOKEN_TILES = (64, 128, 256)  # register-A builds that convert x inside
 WGMMA_CX_CODECS = ("q8_0", "q5_K")  # codecs with converting register-A builds too (their boxes a step, no A slots:
 # Q6_K's block boxes and the staging buffers leave 3 stages, and its large T runs the prepared build)
 RA_RELOCATABLE_MAX_BN = 192  # above, it fits only with setmaxnreg honoured: compiled whole-program (driver JIT)
+# the dense register-A GEMM's other work schedules, as MmqSpec flags: (formats, token tiles, what the schedule does)
+RA_SCHEDULES = {
+    "stream": (STREAM_FORMATS, STREAM_TOKEN_TILES, "stream-K: every CTA the same K-steps of the tiles laid end to end, "
+                                                   "a tile cut by a CTA's boundary split-K over them"),
+    "csplit": (CSPLIT_FORMATS, CSPLIT_TOKEN_TILES, "cluster split-K: a tile's K splits are one cluster's CTAs, summed "
+                                                   "through distributed shared memory")}
 
 
 def kernel_defs() -> list[KernelDef]:
@@ -3408,12 +3414,6 @@ def kernel_defs() -> list[KernelDef]:
                    f"tile, {BM}x{bn} tile per CTA", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, cluster=2): build(arch, s),
                    archs=("sm_90a",))
          for bn in WGMMA_MC_TOKEN_TILES] + \
-        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f, csplit=True).name,
-                   f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, cluster split-K: a tile's K "
-                   f"splits are one cluster's CTAs, summed through distributed shared memory, {BM}x{bn} tile",
-                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, csplit=True): build(arch, s),
-                   archs=("sm_90a",))
-         for f in CSPLIT_FORMATS for bn in CSPLIT_TOKEN_TILES] + \
         [KernelDef(MmqSpec(bn, act="q8_1", fused=f).name,
                    f"Q4_K prefill GEMM, int8 mma.sync x Q8_1 ({'fused quantization' if f else 'quantize_q8_1 first'}), "
                    f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, act="q8_1", fused=f): build(arch, s),
@@ -3458,9 +3458,8 @@ def kernel_defs() -> list[KernelDef]:
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=True, fmt=f): build(arch, s),
                    archs=("sm_90a",))
          for f in WGMMA_CX_CODECS for bn in WGMMA_CX_TOKEN_TILES] + \
-        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f, stream=True).name,
-                   f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, stream-K: every CTA the "
-                   f"same K-steps of the tiles laid end to end, a tile cut by a CTA's boundary split-K over them",
-                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, stream=True): build(arch, s),
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f, **{flag: True}).name,
+                   f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, {what}",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, **{flag: True}): build(arch, s),
                    archs=("sm_90a",))
-         for f in STREAM_FORMATS for bn in STREAM_TOKEN_TILES]
+         for flag, (fmts, tiles, what) in RA_SCHEDULES.items() for f in fmts for bn in tiles]
