@@ -1146,9 +1146,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
     Q4_K's int8 MMA GEMM from 9 tokens to RULES.q8_max_tokens) — exact integer dots; relative error ≤ 1e-5
     against the product with the Q8_1-rounded x; TQ4_1S NMSE ~5e-5 —, and the exact kernels elsewhere (and where
     the weights do not suit the int8 kernels' loads). TQ4_1S's decode rotates x (`rotation="separate"`: one prep kernel;
-    `"fused"`: inside the lane GEMV for T ≤ 4, within ~1e-6 of separate — the same terms summed in another order —; `"auto"`, the default: fused where RULES.fused_rotation_max_weights says it is faster, small weights,
-    else separate; eager and captured, fp32 and fp16 x alike). Non-finite activations give non-finite outputs in
-    their token's row."""
+    `"fused"`: inside the lane GEMV for T ≤ 4, within ~1e-6 of separate, the same terms summed in another order;
+    `"auto"`, the default: fused where RULES.fused_rotation_max_weights says it is faster, small weights, else
+    separate; eager and captured, fp32 and fp16 x alike). Non-finite activations give non-finite outputs in their
+    token's row."""
     if type(w) is not QuantTensor and not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     if len(w.shape) != 2:
@@ -1588,8 +1589,7 @@ def _one_round(name: str, m: int, arch) -> bool:
 def _decode(c: _Call) -> None:
     """The exact decode per slice of up to 8 tokens, as the codec's DECODE describes it (Q4_K, TQ4_1S): one token
     on the GEMV on tables of x's products where RULES.xtab_max_tokens names the format (TQ4_1S; off: slower in a
-    graph) or, for an eager call, its weights are fewer than RULES.xtab_eager_max_weights (one launch on fp32 x; an
-    fp16 x widened first, so that its bits are its fp32 widening's),
+    graph),
     the activation-in-registers GEMV (opt-in, one token), the few-token tensor-core builds, the tensor-core GEMV (its
     knob; on auto from _mma_min tokens), else the fp32 lane GEMV — TMA-fed where it may be, a rotated codec's
     rotation fused into it for T ≤ FUSED_MAX_TOKENS with rotation="fused" (wider calls rotate once up front)."""
@@ -1609,10 +1609,7 @@ def _decode(c: _Call) -> None:
     lanes = []  # the activation in the lane layout, prepared once if a lane kernel needs it
 
     xtab = GemvKernel("gemv", fmt, 1, xtab=True).name
-    eager_xtab = (not pb.graph  # (one launch where the host issues each call; an fp16 x widened first: two, as
-                  and m * k < _per_format(RULES.xtab_eager_max_weights, fmt, 0))  # its _x16 prep + GEMV, same bits)
-    xtab = (xtab if (_per_format(RULES.xtab_max_tokens, fmt, 0) >= 1 or eager_xtab) and _tma_ok(w, c.arch, xtab)
-            else None)
+    xtab = xtab if _per_format(RULES.xtab_max_tokens, fmt, 0) >= 1 and _tma_ok(w, c.arch, xtab) else None
 
     def one(n, t0):
         y_ptr = pb.y.ptr + 4 * t0 * m

@@ -754,7 +754,7 @@ def test_fp16_activations_give_the_bits_of_their_fp32_widening(fmt, m, k, t):
 
 @pytest.mark.parametrize("m,k", [(18944, 3584), (3584, 18944), (2100, 1152), (1000, 384), (1, 128), (4096, 4096)])
 def test_tq4_1s_product_table_gemv(m, k):
-    """gemv_tq4_1s_xt_t1 (RULES.xtab_max_tokens raised; off by default, as xtab_eager_max_weights): one
+    """gemv_tq4_1s_xt_t1 (RULES.xtab_max_tokens raised; off by default): one
     launch on x unrotated, within 1e-5 of float64 with the lane GEMV's bar, outputs NaN-poisoned first,
     bit-identical run to run and from an fp16 x as
     from its fp32 widening; an inf in x makes every output non-finite, as on the lane GEMV (every row reads every

@@ -1179,9 +1179,9 @@ def test_small_one_token_q4_k_calls_run_the_codec_gemv_where_the_rule_says(gpu):
 
 
 def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
-    """RULES.xtab_max_tokens (off: slower in a graph) sends a one-token TQ4_1S call to gemv_tq4_1s_xt_t1 alone, and
-    RULES.xtab_eager_max_weights an eager one over fewer weights (it reads x unrotated: no prep; an fp16 x widened
-    first), over ceil(M / rows_per_cta) row CTAs and K splits that fill the GPU; wider calls, sm_89 (no build),
+    """RULES.xtab_max_tokens (off: slower in a graph) sends a one-token TQ4_1S call to gemv_tq4_1s_xt_t1 alone (it
+    reads x unrotated: no prep), eager and captured alike, over ceil(M / rows_per_cta) row CTAs and K splits that
+    fill the GPU; wider calls, sm_89 (no build),
     K not a multiple of 128 (its tensor map) and the default rule keep the lane GEMVs. The launch binds, waits at its head (PDL) and takes fp16 x through
     the one conversion the fp32-x kernels get."""
     sms = driver.current().sm_count
@@ -1191,16 +1191,7 @@ def test_tq4_1s_one_token_takes_the_product_table_gemv_under_its_rule(gpu):
     for m, k in ((18944, 3584), (3584, 18944), (4096, 4096), (100, 128)):
         w = fakegpu.weights("tq4_1s", m, k)
         assert ops.mul_mat_plan(w, 1, graph=True).kernels[-1] != "gemv_tq4_1s_xt_t1"
-        # the default takes it nowhere (eager and graph would differ in bits); raised, eager calls below
-        # RULES.xtab_eager_max_weights take it (one launch on fp32 x; fp16 x widened first, so that its bits are its
-        # fp32 widening's); graphs do not
-        assert ops.mul_mat_plan(w, 1).kernels[-1] != "gemv_tq4_1s_xt_t1"
-        with tuning.override(xtab_eager_max_weights={"tq4_1s": 1 << 24}):
-            assert (ops.mul_mat_plan(w, 1).kernels == ["gemv_tq4_1s_xt_t1"]) == (m * k < 1 << 24), (m, k)
-            assert (ops.mul_mat_plan(w, 1, x_dtype="float16").kernels
-                    == (["convert_f32", "gemv_tq4_1s_xt_t1"] if m * k < 1 << 24
-                        else ["prep_tq4_1s_x16", "gemv_tq4_1s_tma_t1"])), (m, k)
-            assert ops.mul_mat_plan(w, 1, graph=True).kernels[-1] != "gemv_tq4_1s_xt_t1"
+        assert ops.mul_mat_plan(w, 1).kernels[-1] != "gemv_tq4_1s_xt_t1"  # (eager too: the same bits as a graph)
         with tuning.override(xtab_max_tokens={"tq4_1s": 1}):
             p = ops.mul_mat_plan(w, 1)
             assert p.kernels == ["gemv_tq4_1s_xt_t1"], (m, k, p.kernels)
@@ -1221,7 +1212,7 @@ def test_a_captured_call_plans_the_math_of_the_eager_one(gpu, fmt):
     (the one-launch builds eager, for the host's launch), the eager kernel is the one-launch twin of the graph's prep +
     GEMV (gemv_*_fused(_x16): the same records built by the CTA, the same sums; bit-identical on the GPU by
     test_gpu_gemv's few-token tests) and nothing else differs. A rule that sent eager calls to a GEMV summing in another
-    order (xtab_eager_max_weights, 2026-12-06) fails here, not first in a user's graph."""
+    order (an eager-only product-table rule did, 2026-12-06) fails here, not first in a user's graph."""
     def math(kernels, fused):
         out = [n for n in kernels if not (fused and n.startswith("prep_"))]
         return [re.sub(r"_fused(_x16)?$", "", n) for n in out]
