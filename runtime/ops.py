@@ -684,12 +684,17 @@ def _cluster_split(base: MmqSpec, plan: MmqPlan, bn: int) -> bool:
     of at most RULES.mmq_cluster_split_max_splits splits (0: never) that divide the tile's bn/8 fragments, where the
     build exists and one cluster a tile is resident at once (the partials stay in shared memory to the end)."""
     cap = RULES.mmq_cluster_split_max_splits
-    if not 1 < plan.splits <= cap or (bn // 8) % plan.splits or plan.items != plan.tiles * plan.splits:
+    if not 1 < plan.splits <= cap or (bn // 8) % plan.splits:
         return False
     name = dataclasses.replace(base, csplit=True).name
-    if kernels.build_for(name, "sm_90a") != "sm_90a":
-        return False
-    return kernels.load(name, "sm_90a").resident_clusters(plan.splits) >= plan.tiles
+    return kernels.build_for(name, "sm_90a") == "sm_90a" and _cluster_split_fits(kernels.load(name, "sm_90a"), plan)
+
+
+def _cluster_split_fits(fn, plan: MmqPlan) -> bool:
+    """Whether the cluster split build `fn` can launch `plan`: one round of items, at most 8 splits (a portable
+    cluster), and a resident cluster for each tile (its partials stay in shared memory to the end)."""
+    return (plan.splits <= 8 and plan.items == plan.tiles * plan.splits
+            and fn.resident_clusters(plan.splits) >= plan.tiles)
 
 
 def mmq_convert_in_gemm(t: int, splits: int) -> bool:
@@ -835,7 +840,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         tx = _tensor_map(x16.ptr, "f16", t, k, bn // cl, 64, "128B")  # clusters: each rank loads bn / cl rows
         cluster = (cl, 1, 1) if cl > 1 else None
         if spec.csplit:  # one cluster a tile, its CTAs the tile's splits (kernels/mmq.py CSPLIT_NOTE)
-            if splits > 8 or plan.items != tiles * splits or fn.resident_clusters(splits) < tiles:
+            if not _cluster_split_fits(fn, plan):
                 raise ValueError(f"mmq_launch: {name} needs one cluster of its {splits} splits a tile resident at "
                                  f"once (at most 8 splits): {tiles} tiles, {fn.resident_clusters(splits)} clusters fit")
             grid, cluster = (tiles * splits,), (splits, 1, 1)

@@ -1988,7 +1988,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
         if spec.stream:  # (the producer hands on an item past every chunk's segments as 0xFFFFFFFF)
             items = b.op("mov.u32", Imm(0xFFFFFFFF, "u32"))
         ksteps = b.op("shr.u32", K, Imm(6, "u32"))
-        rank = b.special("cluster_ctarank") if CL > 1 or spec.csplit else None
+        rank = b.special("cluster_ctarank") if _static_clusters(spec) else None
         # a ring stage is released in every CTA of the cluster: the peers' producers multicast into this one's too
         peer_ranks = [b.op("xor.b32", rank, Imm(1, "b32"))] if CL == 2 else []
         w = _WgWork(Y0, Q, P, C, M, K, T, per, tiles_n, splits, tiles_m, items, ksteps, rank, peer_ranks,
@@ -2018,20 +2018,26 @@ def build_wgmma(arch, spec: "MmqSpec"):
 
     leader = _wgmma_init_barriers(b, CL, lay, tid)
     CS = spec.csplit
-    cl_exit = b.label("cluster_exit") if CL > 1 or CS else None  # everyone meets here before leaving (peers use our
-    # smem); the cluster split's consumers meet the producers there twice: partials stored, partials read
+    cl_exit = b.label("cluster_exit") if _static_clusters(spec) else None  # everyone meets here before leaving (peers
+    # use our smem); the cluster split's consumers meet the producers there twice: partials stored, partials read
     consumer = b.label("consumer")
     b.bra(consumer, pred=b.op("setp.ge.u32", tid, Imm(128, "u32")))
     _wgmma_producer(b, spec, lay, w, tid, leader, tw_p, tx_p, cx_p, XS, cl_exit, ts_p)
     b.place(consumer)
     _wgmma_consumer(b, arch, spec, lay, w, tid, epilogue, fix_slot)
-    if CL > 1 or CS:
+    if _static_clusters(spec):
         b.place(cl_exit)  # reached on diverged paths (the producer's thread 0 comes later than its warp): not .aligned
         for _ in range(2 if CS else 1):  # (CS: the consumers' two phases, _csplit_reduce)
             b.emit("barrier.cluster.arrive.release")
             b.emit("barrier.cluster.wait.acquire")
     b.emit("ret")
     return b.finish()
+
+
+def _static_clusters(spec: MmqSpec) -> bool:
+    """Whether the build's CTAs run in thread-block clusters that walk a static item schedule (no queue) and meet
+    before leaving: the multicast builds (cluster > 1) and the cluster split-K builds (csplit)."""
+    return spec.cluster > 1 or spec.csplit
 
 
 def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
@@ -2356,7 +2362,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         b.place(producer)
     b.bra(pdone, pred=leader, neg=True, uniform=False)
     mask = None
-    if CL > 1 or spec.csplit:
+    if _static_clusters(spec):
         cid, ncl = b.special("clusterid.x"), b.special("nclusterid.x")
     if CL > 1:
         mask = b.reg("b16")
@@ -2376,7 +2382,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     _wait(b, lay.item_empty(sl), b.op("xor.b32", ph, Imm(1, "b32")))
     item = b.reg("u32")
     it = None
-    if CL > 1 or spec.csplit:  # static: the CTAs of a cluster walk the same items
+    if _static_clusters(spec):  # static: the CTAs of a cluster walk the same items
         b.emit("mad.lo.u32", item, j, ncl, cid)
         if spec.csplit:  # one tile a cluster (its partial stays in shared memory until the end): the grid has one
             # cluster a tile; a second item would be a launch with fewer, so none is taken
@@ -2406,10 +2412,10 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     b.bra(p_step, pred=b.op("setp.lt.u32", s, it.s_end))
     b.bra(p_item)
     b.place(p_end)
-    if CL == 1 and not spec.csplit:  # the last CTA out resets the queue for the next launch (every CTA has claimed its
-        _wgmma_queue_reset(b, spec, w, XR, XS)  # last item by now)
+    if not _static_clusters(spec):  # the last CTA out resets the queue for the next launch (every CTA has claimed
+        _wgmma_queue_reset(b, spec, w, XR, XS)  # its last item by now)
     b.place(pdone)
-    if CL > 1 or spec.csplit:
+    if _static_clusters(spec):
         b.bra(cl_exit)
     else:
         b.emit("ret")
@@ -2716,8 +2722,8 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
 CSPLIT_NOTE = ("cluster split-K: a tile's K splits are the CTAs of one thread-block cluster (launch attribute: cluster "
                "dims (splits, 1, 1), grid tiles x splits; cluster c takes tile c, rank z its K-steps [z·per, (z+1)·per)). "
                "Each stores its fp32 partial into its own B stages in fragment order (q·4096 + 16·thread), the cluster "
-               "meets (barrier.cluster: release / acquire), rank z sums fragments [z·nq/splits, (z+1)·nq/splits) of "
-               "every rank's partial through distributed shared memory in rank order (ld.shared::cluster) and writes "
+               "meets (barrier.cluster: release / acquire), rank z sums fragments [z·c, (z+1)·c), c = ceil(nq / "
+               "splits), of every rank's partial through distributed shared memory in rank order (ld.shared::cluster) and writes "
                "them to y; a second meeting keeps every CTA's shared memory alive until its peers have read it. No "
                "partials in global memory, no counters, no last-CTA fixup; the sums run in z order from split 0, as "
                "the split builds' fixup does (the same bits but for the sign of an exact zero sum)")
