@@ -233,7 +233,7 @@ for step in "${@:-tier}"; do
     # of 4 did not fit there) against the split builds, then the prefill step both ways
     for s in 1024x4096 4096x4096; do
       run "cs_ab_$s" 60 "${AB[@]}" --kernels 'mmq_q[46]_k_wgmma_ra_n(128|256)_cs$' --formats q4_K,q6_K --shape "$s" \
-        --tokens 512 --weights 16 --variant 'split: rule.mmq_cluster_split_max_splits=0'
+        --tokens 512 --weights 16 --variant 'cs: rule.mmq_cluster_split_max_splits=4'
     done
     for r in 4 0; do run "cs_model_$r" 70 python3 bench/bench_model.py --prefill-only --rule "mmq_cluster_split_max_splits=$r"; done ;;
   ncu_smallm)  # the small-M prefill op (Q4_K 1024x4096 T = 512: GEMM 18.4 µs against cuBLAS's 12.6 for the whole op,

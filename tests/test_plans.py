@@ -30,7 +30,7 @@ def gpu(monkeypatch):
     ("q4_K", 18944, 3584, 8, "exact", ["prep_mma_f16", "gemv_q4_k_mma"]),  # t8's row CTAs: past one round
     ("q4_K", 4096, 14336, 16, "exact", ["prep_q4k_t16h", "gemv_q4_k_mma_t16h"]),
     ("q4_K", 4096, 14336, 32, "exact", ["prep_q4k_t32h", "mmq_q4_k_rega_n32"]),
-    ("q4_K", 4096, 14336, 512, "exact", ["convert_f16", "mmq_q4_k_wgmma_ra_n256", "mul_mat_fixup_q4_k"]),
+    ("q4_K", 4096, 14336, 512, "exact", ["convert_f16", "mmq_q4_k_wgmma_ra_n256_cs", "mul_mat_fixup_q4_k"]),
     ("q4_K", 4096, 14336, 4096, "exact", ["mmq_q4_k_wgmma_ra_n256_cx", "mul_mat_fixup_q4_k"]),
     ("q4_K", 4096, 4096, 16, "fast", ["mmq_q4_k_q8_n16", "mul_mat_fixup_q4_k"]),
     ("tq4_1s", 18944, 3584, 1, "exact", ["prep_tq4_1s", "gemv_tq4_1s_tma_t1"]),
@@ -828,7 +828,7 @@ def test_tensor_maps_over_the_callers_fp16_x_are_encoded_per_call(gpu, monkeypat
         return ptr.to_bytes(8, "little") + bytes(120)
     monkeypatch.setattr(tma, "tensor_map_2d", fake_map)
     p = ops.mul_mat_plan(fakegpu.weights("q4_K", 4096, 4096), 512, x_dtype="float16")
-    assert p.kernels == ["mmq_q4_k_wgmma_ra_n256"]
+    assert p.kernels == ["mmq_q4_k_wgmma_ra_n256_cs"]
     tx = p.launches[0].args[1]
     assert isinstance(tx, plans.TMap) and tx.ptr.base == "x" and (tx.rows, tx.cols, tx.box_rows) == (512, 4096, 256)
     b = p.bound(fakegpu.FakeWorkspace(p))
@@ -1003,7 +1003,7 @@ def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
     14336), the prepared route where they are not (Qwen's 3584) and above."""
     w = fakegpu.weights("q6_K", 4096, 4096)
     with tuning.override(codec_ra_mmq_min_tokens=9, codec_ra_mmq_max_tokens=1024, codec_few_max_tokens=NO_CODEC_FEW):
-        assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16", "mmq_q6_k_wgmma_ra_n256", "mul_mat_fixup_q6_k"]
+        assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16", "mmq_q6_k_wgmma_ra_n256_cs", "mul_mat_fixup_q6_k"]
         assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
@@ -1250,7 +1250,7 @@ def test_an_fp16_x_plans_the_math_of_its_fp32_widening(gpu, fmt):
 
 
 def test_split_register_a_gemms_take_the_cluster_split_build_under_its_rule(gpu, monkeypatch):
-    """RULES.mmq_cluster_split_max_splits raised to 4 (0 as shipped until the fixed builds run on a GPU): a
+    """RULES.mmq_cluster_split_max_splits raised to 4 (2 as shipped: the 4-split builds have not run on a GPU): a
     register-A GEMM whose plan splits K 2-4 ways (Q4_K / Q6_K 1024x4096 and 4096x4096 at T = 512, fp32 x after
     convert_f16 or fp16 x as it is) runs its _cs build — grid tiles x splits in clusters of splits, the same
     arguments —; unsplit plans, the rule at 0 and a GPU holding fewer clusters than tiles (an H100 for 32 clusters
