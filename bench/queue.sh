@@ -34,6 +34,7 @@
 #   xtsmall  TQ4_1S's small one-token ops (Qwen's attn_k / attn_v 512x3584, 4.8 µs an op) on the one-launch product-table GEMV
 #   fusedg   the one-launch int8 builds (records built by the CTAs) in a graph against prep + GEMV (knob PTXGEN_Q4K_FUSED)
 #   tq4fused TQ4_1S's one- to four-token calls with rotation="fused" (one launch) against "separate", small and large shapes
+#   cs64     1024x4096 T = 512 on n64 tiles split 2 ways as clusters of 2 (mmq_q[46]_k_wgmma_ra_n64_cs), and converting x in the GEMM
 #   ncu_smallm ncu of the register-A GEMM on attn_k's 1024x4096 at T = 512 (0.55x cuBLAS in every format)
 #   cs       the cluster split-K builds (rule mmq_cluster_split_max_splits) against the split builds: probe at
 #            1024x4096 / 4096x4096 T = 512, then bench_model --prefill-only with the rule at 4 and at 0
@@ -236,6 +237,15 @@ for step in "${@:-tier}"; do
         --tokens 512 --weights 16 --variant 'cs: rule.mmq_cluster_split_max_splits=4'
     done
     for r in 4 0; do run "cs_model_$r" 70 python3 bench/bench_model.py --prefill-only --rule "mmq_cluster_split_max_splits=$r"; done ;;
+  cs64)  # 1024x4096 at T = 512 (attn_k / attn_v, 0.53-0.58x cuBLAS): 32 clusters of 4 n128 splits do not fit an H100,
+    # 64 clusters of 2 n64 splits do: n64's split build and its cluster build (mmq_q[46]_k_wgmma_ra_n64_cs) against the
+    # shipped n128 x 4 split build, then the shipped plan with x converted in the GEMM (the cx builds' rule)
+    run cs64_ab 90 "${AB[@]}" --kernels 'mmq_q[46]_k_wgmma_ra_n64_cs$' --formats q4_K,q6_K --shape 1024x4096 \
+      --tokens 512 --weights 16 --variant 'n64: rule.wgmma_ra_max_splits=2; rule.mmq_cluster_split_max_splits=0' \
+      --variant 'n64cs: rule.wgmma_ra_max_splits=2' \
+      --variant 'cx: rule.mmq_cx_min_tokens=512; rule.mmq_cx_max_splits=4'
+    run cs64_3584 60 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n64_cs$' --formats q4_K --shape 3584x3584 --tokens 96,128 \
+      --weights 16 --variant 'split: rule.mmq_cluster_split_max_splits=0' ;;
   ncu_smallm)  # the small-M prefill op (Q4_K 1024x4096 T = 512: GEMM 18.4 µs against cuBLAS's 12.6 for the whole op,
     # H100): n128, 32 tiles split 4 ways on 128 CTAs of 168 registers (one an SM), 404 SASS a consumer thread per two
     # K-steps; is it the decode's issue, the pipeline fill of 16-step splits, or the split sums?

@@ -528,6 +528,8 @@ def test_stream_k_register_a_mmq(name, shape, ctas):
 @pytest.mark.parametrize("name,shape,splits", [
     ("mmq_q4_k_wgmma_ra_n128_cs", (131, 133, 1024), 4),
     ("mmq_q4_k_wgmma_ra_n128_cs", (100, 40, 512), 2),
+    ("mmq_q4_k_wgmma_ra_n64_cs", (100, 40, 512), 2),
+    pytest.param("mmq_q6_k_wgmma_ra_n64_cs", (131, 70, 2048), 4, marks=pytest.mark.slow),
     pytest.param("mmq_q4_k_wgmma_ra_n128_cs", (131, 133, 1024), 8, marks=pytest.mark.slow),
     pytest.param("mmq_q4_k_wgmma_ra_n256_cs", (131, 300, 1024), 2, marks=pytest.mark.slow),
     pytest.param("mmq_q6_k_wgmma_ra_n128_cs", (131, 133, 2048), 4, marks=pytest.mark.slow),

@@ -1355,7 +1355,7 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # (kernels/mmq.py STREAM_
     for _bn in (128, 256):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_sk"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_sk")
 for _f in ("q4_k", "q6_k"):  # (kernels/mmq.py CSPLIT_FORMATS, CSPLIT_TOKEN_TILES)
-    for _bn in (128, 256):
+    for _bn in (64, 128, 256):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cs"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cs")
 for _bn in (256,):
     for _sfx in ("", "_cx"):

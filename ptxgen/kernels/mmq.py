@@ -3368,7 +3368,7 @@ STREAM_TOKEN_TILES = (128, 256)
 # cluster split-K builds (CSPLIT_NOTE): the split tiles of small-M prefill ops (1024x4096 at T = 512: 32 n128 tiles
 # split 4 ways; 4096x4096: 64 n256 tiles split 2 ways), whose fixup tail (partials to L2, the last CTA's sums) ~4 µs
 CSPLIT_FORMATS = ("q4_K", "q6_K")
-CSPLIT_TOKEN_TILES = (128, 256)
+CSPLIT_TOKEN_TILES = (64, 128, 256)
 WGMMA_RA_TOKEN_TILES = (64, 128, 192, 256)  # the register-A build: A fragments (2 sets x 16) beside 64-128 accumulators
 WGMMA_MC_TOKEN_TILES = (128, 256)  # register-A builds in clusters of 2 (correct on the H200; within 1% of the
 # single-CTA build at T = 256-4096, so not dispatched: bench/NOTES.md, 2026-11-30)
