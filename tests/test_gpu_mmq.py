@@ -622,14 +622,14 @@ def test_stream_k_register_a_gemm(fmt, m, k, t):
         assert fa == fu == 0 and rel(a, u) <= 3e-5 and rel_ref(a, fmt, raw, m, k, x) <= 1e-3
 
 
-@pytest.mark.parametrize("fmt,m,k,splits", [("q4_K", 1024, 4096, 4), ("q4_K", 4096, 4096, 2), ("q6_K", 1024, 4096, 4),
-                                             ("q6_K", 4096, 4096, 2), ("q4_K", 1000, 4096, 4)])
-def test_cluster_split_gemm_gives_the_split_builds_bits(fmt, m, k, splits):
-    """mul_mat's cluster split-K builds (mmq_<fmt>_wgmma_ra_n{128,256}_cs, RULES.mmq_cluster_split_max_splits: a
+@pytest.mark.parametrize("fmt,m,k,t", [("q4_K", 1024, 4096, 512), ("q4_K", 4096, 4096, 512), ("q6_K", 1024, 4096, 512),
+                                       ("q6_K", 4096, 4096, 512), ("q4_K", 1000, 4096, 512), ("q4_K", 3584, 3584, 128)])
+def test_cluster_split_gemm_gives_the_split_builds_bits(fmt, m, k, t):
+    """mul_mat's cluster split-K builds (mmq_<fmt>_wgmma_ra_n{64,128,256}_cs, RULES.mmq_cluster_split_max_splits: a
     tile's K splits one cluster's CTAs, summed through distributed shared memory) at T = 512 (M not a multiple of
-    128 too): the bits of the split build (the rule at 0: partials in global memory, the last CTA's fixup), within
-    1e-3 of float64 (outputs NaN-poisoned first), run after run and replayed in a CUDA graph, on fp32 and fp16 x; the
-    stream's counters and queue untouched."""
+    128 too) and on n64 tiles (3584x3584 at T = 128): the bits of the split build (the rule at 0: partials in global
+    memory, the last CTA's fixup), within 1e-3 of float64 (outputs NaN-poisoned first), run after run and replayed
+    in a CUDA graph, on fp32 and fp16 x; the stream's counters and queue untouched."""
     import torch
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -638,8 +638,7 @@ def test_cluster_split_gemm_gives_the_split_builds_bits(fmt, m, k, splits):
     from ptxgen.runtime import ops
     from ptxgen.testing.strategies import random_raw
 
-    t = 512
-    rng = np.random.default_rng(m + splits)
+    rng = np.random.default_rng(m + t)
     raw = random_raw(fmt, m, k, rng)
     w = r.QuantTensor.from_raw(fmt, raw, (m, k))
     x = rng.standard_normal((t, k)).astype(np.float32)
