@@ -34,6 +34,9 @@ BIG = (8192, 4096)  # 2^25 weights: TQ4_1S's 32-row tensor-core GEMV (3-8 tokens
 # emitted kernels mul_mat's rule never dispatches (measured slower, kept for benchmarks): not expected in the sweep
 NOT_DISPATCHED = {"gemv_tq4_1s_tma_t4", "gemv_tq4_1s_tma_t8", "mmq_q4_k_q8_n16_pre", "mmq_q4_k_q8_n32", "mmq_q4_k_q8_n64",
                   "mmq_q4_k_q8_n64_pre"}
+# emitted for sm_90a but dispatched on sm_120a only (the fp16 mma.sync GEMM's TMA reads a copy of x there; sm_90a's
+# GEMMs map the caller's x itself), which an sm_90 GPU cannot run
+SM120_ONLY = {"copy_f16"}
 
 
 # the register-A GEMM keeps the T rule's token tile at any shape (ops._rega_fill_tile halves it where the plan splits K
@@ -99,6 +102,19 @@ TARGETED = [
     ("q8_0", "exact", 129, 512, (4,), None, {}, NO_I8, "float16"),  # (its fp16 one-launch build on fp16 x)
     ("q4_K", "exact", 1024, 4096, (24,), None, {}, {}, "float16"),  # the plain wgmma GEMM's copy (copy_f16)
     ("q5_K", "exact", 129, 512, (1,), None, {}, {"codec_few_max_tokens": {"q5_K": 0}}, "float16"),  # its codec GEMV
+    # the cluster split-K register-A GEMMs (RULES.mmq_cluster_split_max_splits; their tiles' clusters of up to 8
+    # splits), n64 / n128 / n256, fp32 x after convert_f16 and fp16 x as it is
+    *[(fmt, "exact", 129, k, (40, 65, 129), None, {}, {**RA_TILES, "mmq_cluster_split_max_splits": 8}, dt)
+      for fmt, k in (("q4_K", 1024), ("q6_K", 2048)) for dt in ("float32", "float16")],
+    # the eager one-launch few-token builds on fp16 x (their _x16 twins), int8 and fp16, and Q5_K's int8 one-token one
+    *[(fmt, "exact", 2048, 4096, (1, 2, 3), None, {}, {**rules, "codec_few_t1_min_weights": 0}, "float16")
+      for fmt in ("q4_K", "q5_K", "q6_K", "q8_0") for rules in ({}, NO_I8)],
+    ("q5_K", "exact", 129, 512, (1,), None, {}, {"codec_few_t1_min_weights": 0}),
+    # the fp32 codec GEMVs' _x16 twins at 2-16 tokens (their few-token builds off; Q8_0 on K not a multiple of 256)
+    *[(fmt, "exact", 129, 512, (2, 3, 5, 9), None, {}, {"codec_few_max_tokens": {"q5_K": 0, "q6_K": 0, "q8_0": 0},
+                                                         "codec_ra_mmq_min_tokens": 1 << 30}, "float16")
+      for fmt in ("q5_K", "q6_K", "q8_0")],
+    ("q8_0", "exact", 129, 288, (2, 3), None, {}, {}, "float16"),
 ]
 
 
@@ -119,6 +135,13 @@ def cases():
                             rotations = ("separate", "fused") if (fmt, mode) == ("tq4_1s", "exact") else ("separate",)
                             for rotation in rotations:
                                 yield fmt, mode, rotation, m, k, t, arch, forced, {}, "float32"
+        for mode in codec.ROUTES:  # fp16 x: each route's _x16 twins (or x widened once), the default knobs
+            for m, k in SHAPES:
+                if codec.weights_error(mode, k, 1 << 44):
+                    continue
+                for t in TOKENS:
+                    for arch in (None, "sm_89"):
+                        yield fmt, mode, "separate", m, k, t, arch, {}, {}, "float16"
     for fmt, mode, m, k, tokens, arch, forced, rules, *x_dtype in TARGETED:
         for t in tokens:
             yield fmt, mode, "separate", m, k, t, arch, forced, rules, (x_dtype or ["float32"])[0]
@@ -140,16 +163,31 @@ MOE_TARGETED = [
 
 
 def moe_calls():
-    """(fmt, E, M, K, slots, T, arch, rules) of every mul_mat_id call: each MoE format's per-pair GEMV (T = 1, and T = 3
-    at these sizes) and its grouped GEMM route (T = 600 of 2 slots over 4, 16, 64 and 128 experts: each token tile,
-    Q4_K's integer-weight build at 128; the pair-GEMV rule set to 0 so these small experts take it; Q4_K also with
-    arch="sm_89", its mma.sync GEMM), then MOE_TARGETED's."""
+    """(fmt, E, M, K, slots, T, arch, rules, x dtype) of every mul_mat_id call: each MoE format's per-pair GEMV (T = 1,
+    and T = 3 at these sizes) and its grouped GEMM route (T = 600 of 2 slots over 4, 16, 64 and 128 experts: each
+    token tile, Q4_K's integer-weight build at 128; the pair-GEMV rule set to 0 so these small experts take it; Q4_K
+    also with arch="sm_89", its mma.sync GEMM), then MOE_TARGETED's; then fp16 x (the _x16 twins) on 4 experts, and
+    on 128 for Q4_K's integer-weight route."""
     for fmt, e in (("q4_K", 4), ("q4_K", 16), ("q4_K", 64), ("q4_K", 128), ("q5_K", 4), ("q5_K", 16), ("q5_K", 64),
                    ("q6_K", 4), ("q6_K", 16), ("q8_0", 4), ("q8_0", 16), ("q8_0", 64), ("tq4_1s", 4), ("tq4_1s", 16)):
         # T = 600: ~300 / 75 / 19 pairs an expert on 4 / 16 / 64: sm_90's 128 / 64 / 32 tiles
         for t, arch in [(1, None), (3, None), (600, None)] + ([(600, "sm_89")] if fmt == "q4_K" else []):
-            yield fmt, e, 129, 512, 2, t, arch, GROUPED if t == 600 else {}
-    yield from MOE_TARGETED
+            yield fmt, e, 129, 512, 2, t, arch, GROUPED if t == 600 else {}, "float32"
+    for call in MOE_TARGETED:
+        yield *call, "float32"
+    for fmt, e in (("q4_K", 4), ("q4_K", 128), ("q5_K", 4), ("q6_K", 4), ("q8_0", 4), ("tq4_1s", 4)):
+        for t in (1, 600):
+            yield fmt, e, 129, 512, 2, t, None, GROUPED if t == 600 else {}, "float16"
+    yield "q6_K", 4, 129, 2048, 2, 600, None, GROUPED, "float16"  # (its register-A grouped GEMM: rows of 16-byte multiples)
+
+
+def moe_route(w, t: int, slots: int, arch, rules, x_dtype: str) -> list:
+    """The kernels of mul_mat_id(w, x (T, K) of `x_dtype`, ids (T, slots)) under `rules`."""
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+
+    with tuning.override(**rules):
+        return ops.mul_mat_id_plan(w, t, slots, arch=arch, x_dtype=x_dtype).kernels
 
 
 def dispatchable() -> set:
@@ -159,7 +197,7 @@ def dispatchable() -> set:
 
     return {name for name in kernels.manifest("sm_90a") | kernels.manifest("sm_89")
             if name != "quantize_q8_1" and not (name.startswith("dequantize_") and not name.endswith("_frags"))
-            and not name.endswith(("_mc2", "_n192"))} - NOT_DISPATCHED
+            and not name.endswith(("_mc2", "_n192"))} - NOT_DISPATCHED - SM120_ONLY
 
 
 def plan_only():
@@ -184,9 +222,9 @@ def plan_only():
             calls[1] += not set(plan.kernels) <= quick
             quick |= set(plan.kernels)
     dense = list(calls)
-    for fmt, e, m, k, slots, t, arch, rules in moe_calls():
-        with tuning.override(**rules):
-            route = set(ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch))
+    for i, (fmt, e, m, k, slots, t, arch, rules, x_dtype) in enumerate(moe_calls()):
+        w = fakegpu.weights(fmt, m, k, at=fakegpu.BASE + ((len(weights) + i) << 32), experts=e)
+        route = set(moe_route(w, t, slots, arch, rules, x_dtype))
         calls[0] += 2  # x shared, x per slot
         calls[1] += 2 * (not route <= quick)
         quick |= route | {"moe_check_ids"}  # (each call counts its bad ids: errors=)
@@ -201,22 +239,20 @@ def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
     """mul_mat_id's calls (moe_calls), x shared and per slot, ids on the device with two out of range (NaN rows,
     counted by errors=); sm_90: moe_gather, the register-A wgmma GEMM and the gated GEMV's arrival."""
     from ptxgen import tuning
-    from ptxgen.runtime import ops
 
     experts = {}
-    for fmt, e, m, k, slots, t, arch, rules in moe_calls():
+    for fmt, e, m, k, slots, t, arch, rules, x_dtype in moe_calls():
         if (fmt, e, m, k) not in experts:
             raw = random_raw(fmt, e * m, k, rng)
             experts[fmt, e, m, k] = (r.QuantTensor.from_raw(fmt, raw, (e, m, k)), raw)
         w, raw = experts[fmt, e, m, k]
-        with tuning.override(**rules):
-            route = ops.mul_mat_id_kernels(fmt, t, slots, e, k, m, arch)  # sm_89: the mma.sync grouped GEMMs
+        route = moe_route(w, t, slots, arch, rules, x_dtype)  # sm_89: the mma.sync grouped GEMMs
         if (only and not set(route) & set(only)) or (quick and set(route) <= covered):
             continue
         for per_slot in (False, True):
             ids = rng.integers(0, e, (t, slots)).astype(np.int32)
             ids[t // 2, 0], ids[t - 1, slots - 1] = -1, e
-            x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(np.float32)
+            x = rng.standard_normal((t, slots, k) if per_slot else (t, k)).astype(x_dtype)  # (references widen it)
             errors = r.DeviceArray.empty((1,), np.uint32)
             errors.owner.fill_bytes(0)
             with tuning.override(**rules):
@@ -228,8 +264,8 @@ def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
             bound = 1e-3 if len(route) > 1 else 1e-5  # the grouped GEMM: fp16 activations
             counted = int(errors.numpy()[0]) == int(((ids < 0) | (ids >= e)).sum())
             if not (np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all() and err <= bound and counted):
-                print(f"WRONG: mul_mat_id {fmt} {e}x{m}x{k} T={t} arch={arch} per_slot={per_slot}: relative error "
-                      f"{err:.2e}")
+                print(f"WRONG: mul_mat_id {fmt} {e}x{m}x{k} T={t} x {x_dtype} arch={arch} per_slot={per_slot}: "
+                      f"relative error {err:.2e}")
                 wrong += 1
             worst = max(worst, err)
             covered.update(route + ["moe_check_ids"])

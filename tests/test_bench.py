@@ -36,6 +36,17 @@ def test_bench_moe_dry_run_plans_both_expert_shapes_and_checks_the_reference():
     assert "gemv_q4_k_f32_id" in out.stdout and out.stdout.count(": ok") == 2  # x (T, K) and (T, top, K)
 
 
+def test_the_sanitizer_sweep_reaches_every_dispatchable_kernel():
+    """bench/sanitize.py, the program compute-sanitizer runs (#35's memcheck / racecheck / synccheck), planned on the
+    stand-in H200: every emitted sm_90a / sm_89 kernel a plan can dispatch is in some call of the sweep — the fp16-x
+    twins, the cluster split-K GEMMs and mul_mat_id's fp16 routes included — so a new build cannot ship unswept."""
+    out = subprocess.run([sys.executable, "sanitize.py", "--plan"], cwd=BENCH, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    missing = next(line for line in out.stdout.splitlines() if line.startswith("not reached:"))
+    assert missing.startswith("not reached: none "), missing
+
+
 @pytest.fixture
 def bench_modules(monkeypatch):
     """(bench_gemv, decode_loop), imported from bench/ as the scripts import each other."""

@@ -723,8 +723,8 @@ def test_fp16_x_in_a_graph_goes_to_the_x16_preps_with_the_fp32_bits(fmt, t):
 @pytest.mark.parametrize("t", [1, 3, 16, 24, 40, 512])
 def test_fp16_activations_give_the_bits_of_their_fp32_widening(fmt, m, k, t):
     """mul_mat on a float16 x (NumPy, torch on torch's stream, eager and captured into a graph) gives the bits of
-    mul_mat on the same values as float32, on every route: the wgmma GEMMs read them permuted (permute_f16) or
-    copied (copy_f16: the plain one, Q4_K's small weights at 17-32 tokens) — no conversion, no fixup —, the decode
+    mul_mat on the same values as float32, on every route: the wgmma GEMMs read them as they are (a tensor map over
+    x, in its natural K order) or permuted (permute_f16) — no conversion, no fixup —, the decode
     preps as they are (their _x16 builds), the others widened (convert_f32) — the same fp16 the float32 plan's
     convert_f16 makes, or the same fp32. An inf in x gives non-finite outputs in its token's row, as with float32."""
     import torch

@@ -73,13 +73,14 @@ def install(monkeypatch, ctx: Context = H200) -> list:
     return loaded
 
 
-def weights(fmt: str, m: int, k: int, at: int = BASE, max_scale: float | None = None) -> QuantTensor:
+def weights(fmt: str, m: int, k: int, at: int = BASE, max_scale: float | None = None, experts: int = 0) -> QuantTensor:
     """A QuantTensor 'on the device' at a made-up address (nothing is read from it); `max_scale` as
-    QuantTensor's."""
+    QuantTensor's; `experts` > 0: (experts, m, k), mul_mat_id's weights."""
     from ptxgen import formats
 
-    n = m * formats.get(fmt).row_bytes(k)
-    return QuantTensor(fmt, (m, k), device=DeviceBuffer.wrap(at, n), max_scale=max_scale)
+    n = max(experts, 1) * m * formats.get(fmt).row_bytes(k)
+    shape = (experts, m, k) if experts else (m, k)
+    return QuantTensor(fmt, shape, device=DeviceBuffer.wrap(at, n), max_scale=max_scale)
 
 
 class FakeWorkspace:
