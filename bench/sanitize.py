@@ -275,8 +275,10 @@ def moe_cases(r, rng, covered, only, quick, n, worst, wrong):
 
 def reads_q8_1(names) -> bool:
     """Whether a plan's kernels compute on x rounded to Q8_1: after one of its quantizing preps, or the int8 MMQ
-    (mmq_<fmt>_q8_n*, the n16 build quantizing inside). Format names are no sign: q8_0's exact kernels read fp32 x."""
-    return any(n in ("prep_q8_lanes", "prep_tq4_1s_q8", "quantize_q8_1_mmq") or "_q8_n" in n for n in names)
+    (mmq_<fmt>_q8_n*, the n16 build quantizing inside), on fp32 or fp16 x (the preps' _x16 twins). Format names are no
+    sign: q8_0's exact kernels read fp32 x."""
+    return any(n.removesuffix("_x16") in ("prep_q8_lanes", "prep_tq4_1s_q8", "quantize_q8_1_mmq") or "_q8_n" in n
+               for n in names)
 
 
 def main():
