@@ -56,6 +56,7 @@
 #   sweep    bench/sanitize.py without a sanitizer: every dispatchable kernel against float64
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
+#   perm32   the Q4_K / Q6_K register-A GEMMs in the permuted K order against the natural one on fp32 x (bench_model's shapes)
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
 #            device call carry=["abold"] (ignored by git, so only carry takes it there)
@@ -353,6 +354,17 @@ for step in "${@:-tier}"; do
         run "q6nat_${s}_$d" 100 "${AB[@]}" --kernels 'mmq_q6_k_wgmma_ra_n(64|128|256)(_cx)?$' --formats q6_K --shape "$s" \
           --tokens 512 --weights 2 --x-dtype "$d" --variant 'perm: mmq.RA_NATURAL_FORMATS=("q4_K", "q5_K", "q8_0")'
       done
+    done ;;
+  perm32)  # #34's prefill on fp32 x (1.28x cuBLAS on the H100, goal 1.25x): fp32 x goes through convert_f16 either way, so
+    # the permuted K order (convert_f16_perm, one load a lane) costs no launch more than the natural order's; the
+    # natural decode's extra loads (Q4_K 386 -> 405, Q6_K 482 -> 492 SASS an n256 iteration) may: every bench_model
+    # shape of Q4_K and Q6_K, the register-A builds (split, cluster, converting) permuted against natural
+    for spec in "q6_K 128256x4096 2" "q6_K 4096x14336 8" "q6_K 1024x4096 16" "q4_K 4096x4096 16" "q4_K 14336x4096 8" \
+                "q4_K 1024x4096 16"; do
+      read -r fm sh nw <<< "$spec"
+      nat=$(python3 -c "print(tuple(f for f in ('q4_K', 'q5_K', 'q6_K', 'q8_0') if f != '$fm'))")
+      run "perm32_${fm}_$sh" 60 "${AB[@]}" --kernels "mmq_${fm,,}_wgmma_ra_n(64|128|256)(_cx|_cs)?\$" --formats "$fm" \
+        --shape "$sh" --tokens 512 --weights "$nw" --variant "perm: mmq.RA_NATURAL_FORMATS=$nat"
     done ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
