@@ -284,6 +284,21 @@ def capture_status(stream: int) -> int:
     return refs[0].value
 
 
+# > 0 while an op records into a CUDA graph capture (mul_mat / mul_mat_id with a capturing stream; hold_frees): a
+# buffer dropped then — a GC pass can run inside any Python call, and an op makes many objects — is freed at a later
+# allocation (_free_deferred), since cuMemFree, or a free on the legacy stream, invalidates a capture in CUDA's
+# default global mode (a GPU tier lost a graph so, 2026-12-06). Buffers dropped by the caller's own code while it
+# captures are freed at once, as before: drop them before capturing, or capture in relaxed mode.
+HOLD_FREES = [0]
+_HOLD_LOCK = threading.Lock()
+
+
+def hold_frees(delta: int) -> None:
+    """+1 as an op starts recording into a capture, -1 as it ends (HOLD_FREES; ops from several threads at once)."""
+    with _HOLD_LOCK:
+        HOLD_FREES[0] += delta
+
+
 def capture_id(stream: int) -> int | None:
     """The id of the capture sequence `stream` is in (unique in the process), or None when it is not capturing;
     only a capturing stream is asked for its id (cuStreamGetCaptureInfo)."""
@@ -334,7 +349,7 @@ def stream_synchronize(stream: int) -> None:
 # memory
 
 _POOL: list = []
-_DEFERRED: list = []  # stream-ordered buffers dropped while their stream was capturing: freed later
+_DEFERRED: list = []  # buffers dropped while a capture ran (stream None: cuMemFree's; HOLD_FREES): freed later
 
 
 def _mempool():
@@ -357,9 +372,11 @@ def _mempool():
 
 
 def _free_deferred() -> None:
-    while _DEFERRED:
+    while _DEFERRED and not HOLD_FREES[0]:
         ptr, stream = _DEFERRED.pop()
-        if capture_status(stream) == 0:
+        if stream is None:
+            check(_drv().cuMemFree(ptr), "cuMemFree")
+        elif capture_status(stream) == 0:
             check(_drv().cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
         else:
             _DEFERRED.append((ptr, stream))
@@ -385,6 +402,8 @@ class DeviceBuffer:
         self.ptr, self._kind = 0, None
         drv = _drv()
         size = max(self.nbytes, 1)
+        if _DEFERRED:
+            _free_deferred()
         if stream is None:
             try:
                 self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
@@ -393,8 +412,6 @@ class DeviceBuffer:
                 self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
             self._kind = "sync"
         else:
-            if _DEFERRED:
-                _free_deferred()
             self.ptr = int(check(drv.cuMemAllocFromPoolAsync(size, _mempool(), stream),
                                  f"cuMemAllocFromPoolAsync({self.nbytes} B)"))
             self._kind = "stream"
@@ -411,17 +428,17 @@ class DeviceBuffer:
             return
         self.ptr = 0
         try:
-            drv = _drv()
-            if kind == "sync":
-                drv.cuMemFree(ptr)
-            elif self.stream == PER_THREAD_STREAM and threading.get_ident() != self._thread:
+            stream = None if kind == "sync" else self.stream
+            if stream == PER_THREAD_STREAM and threading.get_ident() != self._thread:
                 # dropped in another thread (a GC pass, a worker): its per-thread stream is not the one the buffer
                 # was used on; the legacy stream's free waits for every blocking stream's earlier work, that one's too
-                drv.cuMemFreeAsync(ptr, LEGACY_STREAM)
-            elif capture_status(self.stream) == 0:
-                drv.cuMemFreeAsync(ptr, self.stream)
-            else:  # a free now would be recorded into the capture
-                _DEFERRED.append((ptr, self.stream))
+                stream = LEGACY_STREAM
+            if HOLD_FREES[0] or (stream is not None and capture_status(stream) != 0):
+                _DEFERRED.append((ptr, stream))  # a free now could invalidate a capture, or be recorded into it
+            elif stream is None:
+                _drv().cuMemFree(ptr)
+            else:
+                _drv().cuMemFreeAsync(ptr, stream)
         except Exception:  # noqa: BLE001 - interpreter shutdown, or the context is gone
             pass
 

@@ -326,39 +326,46 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     for a, what in ((x, "x"), (ids, "ids"), (out, "out")):
         driver.check_device(a, f"mul_mat_id: {what}")
     cid = driver.capture_id(s)
-    if cid is not None and (w._device is None or host_x or host_ids):
-        what = "w is not on the GPU yet" if w._device is None else "x or ids is a NumPy array (an upload waits)"
-        raise RuntimeError(f"mul_mat_id: {what} and stream {s:#x} is capturing a CUDA graph: pass device arrays "
-                           "(and call w.to_device(), or run the op once) before capturing")
-    if errors is not None:
-        driver.check_device(errors, "mul_mat_id: errors")
-        ea = as_device_array(errors, "mul_mat_id: errors")
-        if ea.dtype not in (np.int32, np.uint32) or ea.nbytes < 4:
-            raise ValueError(f"mul_mat_id: errors must be an int32 or uint32 array of at least one element, got "
-                             f"{ea.dtype} of shape {tuple(ea.shape)}")
-    xa = as_device_array(x, "mul_mat_id: x", None, align=16, stream=s)  # checked before w is uploaded
-    if xa.dtype not in (np.float32, np.float16):
-        raise TypeError(f"mul_mat_id: x: expected dtype float32 or float16, got {xa.dtype}")
-    xdt = str(xa.dtype)
-    ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
-    o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
-    x_per_slot = int(len(xshape) == 3)
-    if cid is None:
-        plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, x_dtype=xdt)
-    else:  # the first captured call of this shape: its plan may load kernels the eager calls did not need
-        with driver.relaxed_capture():
-            plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, graph=True,
-                                   x_dtype=xdt)
-    if cid is None and workspace is None:
-        b = eager_bound(plan, s)
-    else:
-        b = plan.bound(workspace_for(plan, s, workspace, cid))
-    b.run(xa.ptr, o.ptr, s, ia.ptr)
-    if errors is not None:  # the count behind the op, on its stream (captured with it into a graph)
-        with driver.relaxed_capture() if cid is not None else contextlib.nullcontext():
-            check = kernels.load("moe_check_ids", arch)
-        check.launch((-(-(t * slots) // 256),), (ia.ptr, t * slots, e, ea.ptr), stream=s)
-    return _finish(o, ret, xa.host, out is not None, s)
+    hold = cid is not None  # buffers dropped while the op records into a capture are freed after it
+    if hold:
+        driver.hold_frees(1)
+    try:
+        if cid is not None and (w._device is None or host_x or host_ids):
+            what = "w is not on the GPU yet" if w._device is None else "x or ids is a NumPy array (an upload waits)"
+            raise RuntimeError(f"mul_mat_id: {what} and stream {s:#x} is capturing a CUDA graph: pass device arrays "
+                               "(and call w.to_device(), or run the op once) before capturing")
+        if errors is not None:
+            driver.check_device(errors, "mul_mat_id: errors")
+            ea = as_device_array(errors, "mul_mat_id: errors")
+            if ea.dtype not in (np.int32, np.uint32) or ea.nbytes < 4:
+                raise ValueError(f"mul_mat_id: errors must be an int32 or uint32 array of at least one element, got "
+                                 f"{ea.dtype} of shape {tuple(ea.shape)}")
+        xa = as_device_array(x, "mul_mat_id: x", None, align=16, stream=s)  # checked before w is uploaded
+        if xa.dtype not in (np.float32, np.float16):
+            raise TypeError(f"mul_mat_id: x: expected dtype float32 or float16, got {xa.dtype}")
+        xdt = str(xa.dtype)
+        ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
+        o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
+        x_per_slot = int(len(xshape) == 3)
+        if cid is None:
+            plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, x_dtype=xdt)
+        else:  # the first captured call of this shape: its plan may load kernels the eager calls did not need
+            with driver.relaxed_capture():
+                plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, graph=True,
+                                       x_dtype=xdt)
+        if cid is None and workspace is None:
+            b = eager_bound(plan, s)
+        else:
+            b = plan.bound(workspace_for(plan, s, workspace, cid))
+        b.run(xa.ptr, o.ptr, s, ia.ptr)
+        if errors is not None:  # the count behind the op, on its stream (captured with it into a graph)
+            with driver.relaxed_capture() if cid is not None else contextlib.nullcontext():
+                check = kernels.load("moe_check_ids", arch)
+            check.launch((-(-(t * slots) // 256),), (ia.ptr, t * slots, e, ea.ptr), stream=s)
+        return _finish(o, ret, xa.host, out is not None, s)
+    finally:
+        if hold:
+            driver.hold_frees(-1)
 
 
 def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, workspace, tt):
@@ -1199,43 +1206,50 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
     if not getattr(driver._TLS, "bound", False):
         driver.current()  # the context current in this thread
     cid = driver.capture_id(s)
-    if w._device is None and cid is not None:
-        raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: call "
-                           "w.to_device() (or run the op once) before capturing")
-    key = (t, mode, rotation, arch, cid is not None)
-    entry = w._plans.get(key + ("float16",) if x16 else key)  # mul_mat_plan's cache, looked up inline
-    xdt = "float16" if x16 else "float32"
-    if entry is not None and entry[0] == knobs._GENERATION[0]:
-        plan = entry[1]
-    elif cid is None:
-        plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=xdt)
-    else:  # the first captured call of this T: its plan may load kernels the eager calls did not need
-        with driver.relaxed_capture():
-            plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=True, x_dtype=xdt)
-    if x_ptr is None:
-        xa = as_device_array(x, "mul_mat: x", np.float16 if x16 else np.float32, ndim=2, align=16, stream=s)
-        x_ptr = xa.ptr
-    if out is None:
-        if torch_x and stream is None:  # on torch's current stream: torch's allocator, as x.new_empty does
-            o = ret = x.new_empty((t, m), dtype=tt[1]) if x16 else x.new_empty((t, m))  # (float32 y for an fp16 x)
-            y_ptr = ret.data_ptr()
+    hold = cid is not None  # buffers dropped while the op records into a capture are freed after it
+    if hold:
+        driver.hold_frees(1)
+    try:
+        if w._device is None and cid is not None:
+            raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: "
+                               "call w.to_device() (or run the op once) before capturing")
+        key = (t, mode, rotation, arch, cid is not None)
+        entry = w._plans.get(key + ("float16",) if x16 else key)  # mul_mat_plan's cache, looked up inline
+        xdt = "float16" if x16 else "float32"
+        if entry is not None and entry[0] == knobs._GENERATION[0]:
+            plan = entry[1]
+        elif cid is None:
+            plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=xdt)
+        else:  # the first captured call of this T: its plan may load kernels the eager calls did not need
+            with driver.relaxed_capture():
+                plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=True, x_dtype=xdt)
+        if x_ptr is None:
+            xa = as_device_array(x, "mul_mat: x", np.float16 if x16 else np.float32, ndim=2, align=16, stream=s)
+            x_ptr = xa.ptr
+        if out is None:
+            if torch_x and stream is None:  # on torch's current stream: torch's allocator, as x.new_empty does
+                o = ret = x.new_empty((t, m), dtype=tt[1]) if x16 else x.new_empty((t, m))  # (float32 y for an fp16 x)
+                y_ptr = ret.data_ptr()
+            else:
+                o, ret = _output(None, (t, m), np.float32, "mul_mat: out", x, s)
+                y_ptr = o.ptr
+        elif tt is not None and isinstance(out, tt[0]):
+            if not (out.dtype is tt[1] and out.is_cuda and out.is_contiguous() and out.dim() == 2 and out.shape[0] == t
+                    and out.shape[1] == m):
+                _torch_output(out, t, m)  # raises the precise error
+            y_ptr, ret, o = out.data_ptr(), out, None
         else:
-            o, ret = _output(None, (t, m), np.float32, "mul_mat: out", x, s)
+            o, ret = _output(out, (t, m), np.float32, "mul_mat: out", x, s)
             y_ptr = o.ptr
-    elif tt is not None and isinstance(out, tt[0]):
-        if not (out.dtype is tt[1] and out.is_cuda and out.is_contiguous() and out.dim() == 2 and out.shape[0] == t
-                and out.shape[1] == m):
-            _torch_output(out, t, m)  # raises the precise error
-        y_ptr, ret, o = out.data_ptr(), out, None
-    else:
-        o, ret = _output(out, (t, m), np.float32, "mul_mat: out", x, s)
-        y_ptr = o.ptr
-    if cid is None and workspace is None:
-        b = eager_bound(plan, s)
-    else:
-        b = plan.bound(workspace_for(plan, s, workspace, cid))
-    b.run(x_ptr, y_ptr, s)
-    return _finish(o, ret, host, out is not None, s)
+        if cid is None and workspace is None:
+            b = eager_bound(plan, s)
+        else:
+            b = plan.bound(workspace_for(plan, s, workspace, cid))
+        b.run(x_ptr, y_ptr, s)
+        return _finish(o, ret, host, out is not None, s)
+    finally:
+        if hold:
+            driver.hold_frees(-1)
 
 
 def _torch_input(x, k: int, half: bool = True) -> tuple[int, int, bool]:

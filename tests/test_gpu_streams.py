@@ -417,3 +417,51 @@ def test_counted_record_hand_over_in_a_graph_of_distinct_ops(counted_records, mo
         torch.cuda.synchronize()
         for i, (got, exp) in enumerate(zip(ys, want())):
             assert torch.equal(got, exp), ("eager", i, shapes[i])
+
+
+def test_buffers_dropped_inside_a_captured_op_are_freed_after_it(monkeypatch):
+    """A GC pass can run inside any Python call, and a captured mul_mat makes many objects: a ptxgen buffer freed by
+    one then — a cuMemFree'd one (weights, workspaces) or a stream-ordered one — is freed at a later allocation, not
+    during the capture, where cuMemFree invalidates a capture in CUDA's default global mode ("operation failed due
+    to a previous error during capture": a GPU tier lost a graph so, 2026-12-06). The graph replays the eager bits,
+    and the next allocation after the capture frees what the op held."""
+    torch = _torch()
+    import gc
+
+    import ptxgen.runtime as r
+    from ptxgen.runtime import driver, ops
+
+    w, _ = weights(seed=11, shape=(512, 1024))
+    x = torch.randn(512, 1024, device="cuda")
+    want = r.mul_mat(w, x).cpu().numpy()
+    side = torch.cuda.Stream()
+    y = torch.empty((512, 512), device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        r.mul_mat(w, x, out=y)  # (warm-up, as torch recommends)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    plan, held = ops.mul_mat_plan, []
+
+    def plan_after_a_gc_pass(*a, **kw):  # the captured call's plan is built inside the op: a GC pass there
+        gc.collect()
+        held.append(len(driver._DEFERRED))
+        return plan(*a, **kw)
+    monkeypatch.setattr(ops, "mul_mat_plan", plan_after_a_gc_pass)
+
+    class Cycle:  # unreachable once dropped, freed by a GC pass only
+        pass
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with driver.relaxed_capture():  # (allocated inside the capture: after torch's own GC pass at its start)
+            junk = Cycle()
+            junk.me, junk.bufs = junk, [r.DeviceBuffer(1 << 20), r.DeviceBuffer(1 << 16, stream=side.cuda_stream)]
+        del junk
+        r.mul_mat(w, x, out=y)
+    assert held and held[0] >= 2, held
+    y.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(y.cpu().numpy().view(np.uint32), want.view(np.uint32))
+    r.DeviceBuffer(16)
+    assert not driver._DEFERRED
