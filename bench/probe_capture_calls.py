@@ -4,8 +4,11 @@ driver function called while the current stream captures, its name and the Pytho
     python3 bench/probe_capture_calls.py q4_K 4096 4096 512 [rule]"""
 import sys
 import traceback
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def main():
@@ -17,6 +20,7 @@ def main():
     import ptxgen.runtime as r
     from ptxgen import tuning
     from ptxgen.testing.strategies import random_raw
+    from conftest import graph_replayed
 
     log = []
     for name in dir(drv):
@@ -42,19 +46,9 @@ def main():
         x16 = xt.half()
         r.mul_mat(w, x16)
         r.mul_mat(w, x16.float())
-        yt = torch.empty((t, m), device="cuda")
-        s_ = torch.cuda.Stream()
-        s_.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s_):
-            r.mul_mat(w, xt, out=yt)
-        torch.cuda.current_stream().wait_stream(s_)
-        g = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(g):
-                r.mul_mat(w, xt, out=yt)
-            g.replay()
-            torch.cuda.synchronize()
-            print("captured; same bits:", np.array_equal(yt.cpu().numpy().view(np.uint32), y.cpu().numpy().view(np.uint32)))
+            got = graph_replayed(w, xt)  # tests/conftest.py's: warmed up on a side stream, captured, replayed
+            print("captured; same bits:", np.array_equal(got.view(np.uint32), y.cpu().numpy().view(np.uint32)))
         except Exception as e:  # noqa: BLE001
             print("capture failed:", str(e).splitlines()[0])
     print(f"{len(log)} driver calls while capturing:")
