@@ -148,9 +148,11 @@ def _create_context() -> Context:
 
 
 def synchronize() -> None:
-    """Wait for all work on the GPU (every stream)."""
+    """Wait for all work on the GPU (every stream); then free the buffers held while ops recorded into captures."""
     current()
     check(_drv().cuCtxSynchronize(), "cuCtxSynchronize")
+    if _HELD:
+        free_held()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -285,10 +287,10 @@ def capture_status(stream: int) -> int:
 
 
 # > 0 while an op records into a CUDA graph capture (mul_mat / mul_mat_id with a capturing stream; hold_frees): a
-# buffer dropped then — a GC pass can run inside any Python call, and an op makes many objects — is freed at a later
-# allocation (_free_deferred), since cuMemFree, or a free on the legacy stream, invalidates a capture in CUDA's
-# default global mode (a GPU tier lost a graph so, 2026-12-06). Buffers dropped by the caller's own code while it
-# captures are freed at once, as before: drop them before capturing, or capture in relaxed mode.
+# buffer a GC pass drops then (one can run inside any Python call, and an op makes many objects) and that cuMemFree or
+# the legacy stream would free waits in _HELD (free_held), since those calls invalidate a capture in CUDA's default
+# global mode (a GPU tier lost a graph so, 2026-12-06). Frees on another stream are ordinary async calls and go at
+# once. Buffers dropped by the caller's own code while it captures, outside ptxgen's ops, are freed at once as before.
 HOLD_FREES = [0]
 _HOLD_LOCK = threading.Lock()
 
@@ -320,9 +322,11 @@ class relaxed_capture:
     def __enter__(self):
         self.mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
         _check_rc(libcuda().cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode)), "cuThreadExchangeStreamCaptureMode")
+        _TLS.relaxed = getattr(_TLS, "relaxed", 0) + 1
         return self
 
     def __exit__(self, *exc):
+        _TLS.relaxed -= 1
         _check_rc(libcuda().cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode)), "cuThreadExchangeStreamCaptureMode")
         return False
 
@@ -349,7 +353,9 @@ def stream_synchronize(stream: int) -> None:
 # memory
 
 _POOL: list = []
-_DEFERRED: list = []  # buffers dropped while a capture ran (stream None: cuMemFree's; HOLD_FREES): freed later
+_DEFERRED: list = []  # stream-ordered buffers dropped while their stream was capturing: freed later
+_HELD: list = []  # (ptr, None: cuMemFree / LEGACY_STREAM) dropped while an op recorded into a capture (HOLD_FREES)
+_FREE_LOCK = threading.Lock()
 
 
 def _mempool():
@@ -371,16 +377,45 @@ def _mempool():
     return _POOL[0]
 
 
+def _fresh_status(stream: int) -> int:
+    """capture_status with an out-parameter of its own (a __del__ may run inside capture_status, whose per-thread
+    one it would overwrite); an error (the legacy stream beside a blocking stream's capture) counts as capturing."""
+    st = ctypes.c_int(0)
+    return 1 if libcuda().cuStreamIsCapturing(stream, ctypes.byref(st)) else st.value
+
+
+def _take(pending: list) -> list:
+    with _FREE_LOCK:
+        taken, pending[:] = pending[:], []
+    return taken
+
+
 def _free_deferred() -> None:
-    while _DEFERRED and not HOLD_FREES[0]:
-        ptr, stream = _DEFERRED.pop()
-        if stream is None:
-            check(_drv().cuMemFree(ptr), "cuMemFree")
-        elif capture_status(stream) == 0:
-            check(_drv().cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
-        else:
-            _DEFERRED.append((ptr, stream))
-            return
+    """Free the stream-ordered buffers dropped while their stream captured, those whose capture has ended (at a
+    stream-ordered allocation, as they were)."""
+    for ptr, stream in _take(_DEFERRED):
+        try:
+            if _fresh_status(stream) == 0 and not _drv().cuMemFreeAsync(ptr, stream)[0]:
+                continue
+        except Exception:  # noqa: BLE001 - kept for a later pass
+            pass
+        _DEFERRED.append((ptr, stream))
+
+
+def free_held() -> None:
+    """Free what _HELD holds (cuMemFree, or cuMemFreeAsync on the legacy stream) unless an op is recording into a
+    capture: at synchronize() and empty_cache(), and after a cuMemAlloc that succeeded outside relaxed_capture (a
+    global-mode capture anywhere would have refused it)."""
+    if HOLD_FREES[0]:
+        return
+    for ptr, stream in _take(_HELD):
+        try:
+            rc = _drv().cuMemFree(ptr) if stream is None else _drv().cuMemFreeAsync(ptr, stream)
+            if not rc[0]:
+                continue
+        except Exception:  # noqa: BLE001 - kept for a later pass
+            pass
+        _HELD.append((ptr, stream))
 
 
 class DeviceBuffer:
@@ -402,16 +437,18 @@ class DeviceBuffer:
         self.ptr, self._kind = 0, None
         drv = _drv()
         size = max(self.nbytes, 1)
-        if _DEFERRED:
-            _free_deferred()
         if stream is None:
             try:
                 self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
             except MemoryError:
-                synchronize()
+                synchronize()  # (frees what _HELD holds, outside a capture)
                 self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
             self._kind = "sync"
+            if _HELD and not getattr(_TLS, "relaxed", 0):
+                free_held()
         else:
+            if _DEFERRED:
+                _free_deferred()
             self.ptr = int(check(drv.cuMemAllocFromPoolAsync(size, _mempool(), stream),
                                  f"cuMemAllocFromPoolAsync({self.nbytes} B)"))
             self._kind = "stream"
@@ -433,12 +470,18 @@ class DeviceBuffer:
                 # dropped in another thread (a GC pass, a worker): its per-thread stream is not the one the buffer
                 # was used on; the legacy stream's free waits for every blocking stream's earlier work, that one's too
                 stream = LEGACY_STREAM
-            if HOLD_FREES[0] or (stream is not None and capture_status(stream) != 0):
-                _DEFERRED.append((ptr, stream))  # a free now could invalidate a capture, or be recorded into it
-            elif stream is None:
-                _drv().cuMemFree(ptr)
-            else:
+            if stream is None or stream == LEGACY_STREAM:
+                if HOLD_FREES[0]:  # an op records into a capture: these frees would invalidate it
+                    _HELD.append((ptr, stream))
+                elif stream is None:
+                    _drv().cuMemFree(ptr)
+                else:
+                    _drv().cuMemFreeAsync(ptr, stream)
+            elif _fresh_status(stream) == 0:
                 _drv().cuMemFreeAsync(ptr, stream)
+            else:  # a free now would be recorded into the capture (a per-thread stream's: on the legacy stream later,
+                # which waits for it, whichever thread frees it)
+                _DEFERRED.append((ptr, LEGACY_STREAM if stream == PER_THREAD_STREAM else stream))
         except Exception:  # noqa: BLE001 - interpreter shutdown, or the context is gone
             pass
 
@@ -493,9 +536,10 @@ def memcpy_dtod(dst: int, src: int, nbytes: int, stream=PER_THREAD_STREAM) -> No
 
 
 def empty_cache() -> None:
-    """Hand the stream-ordered pool's unused memory back to the driver (after the work queued so far)."""
+    """Hand the stream-ordered pool's unused memory back to the driver (after the work queued so far), and free the
+    buffers held while ops recorded into captures."""
+    synchronize()
     if _POOL:
-        synchronize()
         check(_drv().cuMemPoolTrimTo(_POOL[0], 0), "cuMemPoolTrimTo")
 
 

@@ -420,11 +420,11 @@ def test_counted_record_hand_over_in_a_graph_of_distinct_ops(counted_records, mo
 
 
 def test_buffers_dropped_inside_a_captured_op_are_freed_after_it(monkeypatch):
-    """A GC pass can run inside any Python call, and a captured mul_mat makes many objects: a ptxgen buffer freed by
-    one then — a cuMemFree'd one (weights, workspaces) or a stream-ordered one — is freed at a later allocation, not
-    during the capture, where cuMemFree invalidates a capture in CUDA's default global mode ("operation failed due
-    to a previous error during capture": a GPU tier lost a graph so, 2026-12-06). The graph replays the eager bits,
-    and the next allocation after the capture frees what the op held."""
+    """A GC pass can run inside any Python call, and a captured mul_mat makes many objects: a ptxgen buffer it frees
+    then that cuMemFree or the legacy stream would free (weights, workspaces) waits until the op has recorded
+    (driver._HELD), since those calls invalidate a capture in CUDA's default global mode ("operation failed due to a
+    previous error during capture": a GPU tier lost a graph so, 2026-12-06); one on another stream goes at once. The
+    graph replays the eager bits, and the next allocation after the capture frees what was held."""
     torch = _torch()
     import gc
 
@@ -441,27 +441,31 @@ def test_buffers_dropped_inside_a_captured_op_are_freed_after_it(monkeypatch):
         r.mul_mat(w, x, out=y)  # (warm-up, as torch recommends)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    plan, held = ops.mul_mat_plan, []
+    workspace_for, held = ops.workspace_for, []
 
-    def plan_after_a_gc_pass(*a, **kw):  # the captured call's plan is built inside the op: a GC pass there
+    def after_a_gc_pass(*a, **kw):  # every captured call binds its workspace inside the op, in global mode
         gc.collect()
-        held.append(len(driver._DEFERRED))
-        return plan(*a, **kw)
-    monkeypatch.setattr(ops, "mul_mat_plan", plan_after_a_gc_pass)
+        held.extend(ptr for ptr, _ in driver._HELD)
+        return workspace_for(*a, **kw)
+    monkeypatch.setattr(ops, "workspace_for", after_a_gc_pass)
 
-    class Cycle:  # unreachable once dropped, freed by a GC pass only
+    class Cycle:  # unreachable once dropped: freed by a GC pass only
         pass
+    junk = Cycle()
+    junk.me, junk.bufs = junk, [r.DeviceBuffer(1 << 20), r.DeviceBuffer(1 << 16, stream=driver.LEGACY_STREAM)]
+    ptrs = [b.ptr for b in junk.bufs]
+    driver.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        with driver.relaxed_capture():  # (allocated inside the capture: after torch's own GC pass at its start)
-            junk = Cycle()
-            junk.me, junk.bufs = junk, [r.DeviceBuffer(1 << 20), r.DeviceBuffer(1 << 16, stream=side.cuda_stream)]
-        del junk
-        r.mul_mat(w, x, out=y)
-    assert held and held[0] >= 2, held
+    gc.disable()  # (no automatic pass between the drop and the op; torch's own at the capture's start keeps junk)
+    try:
+        with torch.cuda.graph(g):
+            del junk
+            r.mul_mat(w, x, out=y)
+    finally:
+        gc.enable()
+    assert set(ptrs) <= set(held), (ptrs, held)
     y.fill_(float("nan"))
     g.replay()
-    torch.cuda.synchronize()
+    driver.synchronize()  # (frees what was held)
     np.testing.assert_array_equal(y.cpu().numpy().view(np.uint32), want.view(np.uint32))
-    r.DeviceBuffer(16)
-    assert not driver._DEFERRED
+    assert not set(ptrs) & {ptr for ptr, _ in driver._HELD}

@@ -672,7 +672,7 @@ def test_a_per_thread_stream_buffer_dropped_in_another_thread_is_freed_on_the_le
             freed.append((ptr, stream))
 
     monkeypatch.setattr(driver, "_drv", lambda: Drv)
-    monkeypatch.setattr(driver, "capture_status", lambda stream: 0)
+    monkeypatch.setattr(driver, "_fresh_status", lambda stream: 0)  # (__del__'s own capture query)
 
     def buffer(ptr, thread):
         b = driver.DeviceBuffer.__new__(driver.DeviceBuffer)
@@ -683,6 +683,67 @@ def test_a_per_thread_stream_buffer_dropped_in_another_thread_is_freed_on_the_le
     buffer(0x1000, here).__del__()
     buffer(0x2000, here + 1).__del__()
     assert freed == [(0x1000, driver.PER_THREAD_STREAM), (0x2000, driver.LEGACY_STREAM)]
+
+
+def test_frees_that_would_invalidate_a_capture_wait_while_an_op_records_into_one(monkeypatch):
+    """While an op records into a CUDA graph capture (driver.hold_frees), a buffer a GC pass drops that cuMemFree or
+    the legacy stream would free waits in driver._HELD (both invalidate a global-mode capture); one on another
+    stream is freed at once (an ordinary async call there). free_held frees them once nothing holds — at
+    synchronize(), or after a cuMemAlloc outside relaxed_capture (a global capture would have refused it), not
+    inside one — and keeps a free that fails for a later pass."""
+    from ptxgen.runtime import driver
+
+    calls, fail = [], set()
+
+    class Drv:
+        @staticmethod
+        def cuMemFree(ptr):
+            calls.append(("free", ptr))
+            return (1 if ptr in fail else 0,)
+
+        @staticmethod
+        def cuMemFreeAsync(ptr, stream):
+            calls.append(("async", ptr, stream))
+            return (0,)
+
+        @staticmethod
+        def cuMemAlloc(size):
+            return (0, 0xA000)
+
+    monkeypatch.setattr(driver, "_drv", lambda: Drv)
+    monkeypatch.setattr(driver, "_fresh_status", lambda stream: 0)
+    monkeypatch.setattr(driver, "current", lambda: None)
+    monkeypatch.setattr(driver, "check", lambda result, what="": result[1] if len(result) > 1 else None)
+    monkeypatch.setattr(driver, "_HELD", [])
+
+    def buffer(ptr, kind, stream=None):
+        b = driver.DeviceBuffer.__new__(driver.DeviceBuffer)
+        b.ptr, b.nbytes, b.stream, b._kind, b._owner, b._thread = ptr, 4, stream, kind, None, 0
+        return b
+
+    driver.hold_frees(1)
+    try:
+        buffer(0x1000, "sync").__del__()
+        buffer(0x2000, "stream", driver.LEGACY_STREAM).__del__()
+        buffer(0x3000, "stream", 0x77).__del__()
+        assert calls == [("async", 0x3000, 0x77)] and driver._HELD == [(0x1000, None), (0x2000, driver.LEGACY_STREAM)]
+        driver.free_held()  # (an op still records: nothing goes)
+        assert len(calls) == 1
+    finally:
+        driver.hold_frees(-1)
+    driver._TLS.relaxed = 1  # (relaxed_capture's thread flag) a cuMemAlloc inside it proves nothing: no drain
+    try:
+        driver.DeviceBuffer(16).ptr = 0  # (its own free out of the way)
+    finally:
+        driver._TLS.relaxed = 0
+    assert len(calls) == 1
+    fail.add(0x1000)
+    driver.DeviceBuffer(16).ptr = 0  # outside it: the drain, the failed free kept
+    assert calls[1:] == [("free", 0x1000), ("async", 0x2000, driver.LEGACY_STREAM)]
+    assert driver._HELD == [(0x1000, None)]
+    fail.clear()
+    driver.free_held()
+    assert driver._HELD == [] and calls[-1] == ("free", 0x1000)
 
 
 def test_an_op_writing_a_device_array_out_makes_its_numpy_wait_for_that_stream():
