@@ -1210,9 +1210,10 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
     if hold:
         driver.hold_frees(1)
     try:
-        if w._device is None and cid is not None:
-            raise RuntimeError(f"mul_mat: {w!r} is not on the GPU yet and stream {s:#x} is capturing a CUDA graph: "
-                               "call w.to_device() (or run the op once) before capturing")
+        if cid is not None and (w._device is None or host):
+            what = f"{w!r} is not on the GPU yet" if w._device is None else "x is a NumPy array (an upload waits)"
+            raise RuntimeError(f"mul_mat: {what} and stream {s:#x} is capturing a CUDA graph: pass a device x (and "
+                               "call w.to_device(), or run the op once) before capturing")
         key = (t, mode, rotation, arch, cid is not None)
         entry = w._plans.get(key + ("float16",) if x16 else key)  # mul_mat_plan's cache, looked up inline
         xdt = "float16" if x16 else "float32"

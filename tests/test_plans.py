@@ -1275,3 +1275,14 @@ def test_split_register_a_gemms_take_the_cluster_split_build_under_its_rule(gpu,
         with pytest.raises(ValueError, match="one cluster of its 4 splits a tile"):
             ops._rec_mmq(pb, fakegpu.weights("q4_K", 1024, 4096), pb.x, pb.y, 512, pb.flag, bn=128, path="wgmma_ra_cs")
     assert not any(n.endswith("_cs") for n in ops.mul_mat_plan(fakegpu.weights("q4_K", 1024, 4096), 512).kernels)
+
+
+def test_a_captured_mul_mat_refuses_a_numpy_x(gpu, monkeypatch):
+    """mul_mat on a stream that captures a CUDA graph refuses a NumPy x (its upload would wait on the stream, and a
+    host copy of pageable memory does not belong in a graph), as mul_mat_id does; the capturing stream is named."""
+    from ptxgen.runtime import driver
+
+    monkeypatch.setattr(driver, "capture_id", lambda stream: 41 if stream == 5 else None)
+    w = fakegpu.weights("q4_K", 256, 1024)
+    with pytest.raises(RuntimeError, match=r"x is a NumPy array .* stream 0x5 is capturing a CUDA graph"):
+        ops.mul_mat(w, np.zeros((2, 1024), np.float32), stream=5)
