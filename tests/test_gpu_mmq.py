@@ -588,18 +588,9 @@ def test_stream_k_register_a_gemm(fmt, m, k, t):
     (outputs NaN-poisoned first; random valid blocks, no quantizer: these shapes are large), bit-identical run to
     run whichever CTA comes last, a token past fp16 recomputed exactly by the fixup, the stream's counters and queue
     back at zero; on 5120x4096 the forced path ("wgmma_ra_sk") against the uniform build."""
-    import torch
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the register-A GEMMs are sm_90a's")
-    import ptxgen.runtime as r
     from ptxgen.runtime import ops
-    from ptxgen.testing.strategies import random_raw
 
-    rng = np.random.default_rng(m + t)
-    raw = random_raw(fmt, m, k, rng)
-    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
-    x = rng.standard_normal((t, k)).astype(np.float32)
+    r, torch, raw, w, x = _register_a_case(fmt, m, k, t)
     x[t // 2, k // 3] = 7e4 if fmt != "tq4_1s" else 8e5  # past fp16 (after TQ4_1S's rotation): recomputed in fp32
     want = formats.gemv_tq4_1s_ref(raw, m, k, x) if fmt == "tq4_1s" else formats.gemm_ref(fmt, raw, m, k, x)
     with tuning.override(mmq_stream_k_min_gain=0.01, codec_ra_mmq_max_tokens=1 << 30, codec_few_max_tokens={}):
@@ -622,6 +613,21 @@ def test_stream_k_register_a_gemm(fmt, m, k, t):
         assert fa == fu == 0 and rel(a, u) <= 3e-5 and rel_ref(a, fmt, raw, m, k, x) <= 1e-3
 
 
+def _register_a_case(fmt, m, k, t):
+    """(ptxgen.runtime, torch, raw blocks, QuantTensor, fp32 x) for a register-A GEMM test of shape (m, k) at T = t:
+    random valid blocks (no quantizer: these shapes are large) and x seeded by the shape; skipped off sm_90."""
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the register-A GEMMs are sm_90a's")
+    import ptxgen.runtime as r
+    from ptxgen.testing.strategies import random_raw
+
+    rng = np.random.default_rng(m + t)
+    raw = random_raw(fmt, m, k, rng)
+    return r, torch, raw, r.QuantTensor.from_raw(fmt, raw, (m, k)), rng.standard_normal((t, k)).astype(np.float32)
+
+
 @pytest.mark.parametrize("fmt,m,k,t", [("q4_K", 1024, 4096, 512), ("q4_K", 4096, 4096, 512), ("q6_K", 1024, 4096, 512),
                                        ("q6_K", 4096, 4096, 512), ("q4_K", 1000, 4096, 512), ("q4_K", 3584, 3584, 128)])
 def test_cluster_split_gemm_gives_the_split_builds_bits(fmt, m, k, t):
@@ -630,18 +636,9 @@ def test_cluster_split_gemm_gives_the_split_builds_bits(fmt, m, k, t):
     128 too) and on n64 tiles (3584x3584 at T = 128): the bits of the split build (the rule at 0: partials in global
     memory, the last CTA's fixup), within 1e-3 of float64 (outputs NaN-poisoned first), run after run and replayed
     in a CUDA graph, on fp32 and fp16 x; the stream's counters and queue untouched."""
-    import torch
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the register-A GEMMs are sm_90a's")
-    import ptxgen.runtime as r
     from ptxgen.runtime import ops
-    from ptxgen.testing.strategies import random_raw
 
-    rng = np.random.default_rng(m + t)
-    raw = random_raw(fmt, m, k, rng)
-    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
-    x = rng.standard_normal((t, k)).astype(np.float32)
+    r, torch, raw, w, x = _register_a_case(fmt, m, k, t)
     with tuning.override(mmq_cluster_split_max_splits=4):  # (2 as shipped: the 4-split plans run where the GPU holds them)
         plan = r.mul_mat_plan(w, t).kernels
         if not any(n.endswith("_cs") for n in plan):  # (a GPU holding fewer clusters than the tiles: the split build)
