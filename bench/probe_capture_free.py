@@ -1,8 +1,8 @@
-"""Probe: does a cuMemFree inside driver.relaxed_capture keep a torch (global-mode) CUDA-graph capture intact? If it
-does, DeviceBuffer.__del__ could free that way always, and a GC pass anywhere in the caller's capture code (the held
-frees cover ptxgen's ops only: driver.HOLD_FREES) would no longer lose the graph. Each case captures a mul_mat with a
-ptxgen buffer freed inside the capture: at once (expected to lose the graph), inside relaxed_capture, and held
-(driver.hold_frees, freed after).
+"""Probe: does a cuMemFree inside driver.relaxed_capture keep a torch (global-mode) CUDA-graph capture intact? It
+does (H100, 2026-12-06: bench/results/h100_capfree_probe_*.log), so DeviceBuffer.__del__ now frees that way always
+(driver._free_relaxed). Each case captures a mul_mat with a ptxgen buffer freed inside the capture: a raw cuMemFree
+in the thread's global mode (loses the graph), inside relaxed_capture, held (driver.hold_frees), and dropped
+(DeviceBuffer.__del__ as it is).
     python3 bench/probe_capture_free.py"""
 import numpy as np
 
@@ -25,7 +25,7 @@ def main():
         r.mul_mat(w, x, out=y)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    for case in ("at once", "relaxed", "held"):
+    for case in ("raw cuMemFree", "relaxed", "held", "dropped"):
         bufs = [r.DeviceBuffer(1 << 20)]  # (dropped by bufs.clear())
         g = torch.cuda.CUDAGraph()
         try:
@@ -38,6 +38,9 @@ def main():
                     driver.hold_frees(1)
                     bufs.clear()
                     driver.hold_frees(-1)
+                elif case == "raw cuMemFree":
+                    ptr, bufs[0].ptr = bufs[0].ptr, 0
+                    driver._drv().cuMemFree(ptr)
                 else:
                     bufs.clear()
             y.fill_(float("nan"))

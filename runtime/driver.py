@@ -287,10 +287,12 @@ def capture_status(stream: int) -> int:
 
 
 # > 0 while an op records into a CUDA graph capture (mul_mat / mul_mat_id with a capturing stream; hold_frees): a
-# buffer a GC pass drops then (one can run inside any Python call, and an op makes many objects) and that cuMemFree or
-# the legacy stream would free waits in _HELD (free_held), since those calls invalidate a capture in CUDA's default
-# global mode (a GPU tier lost a graph so, 2026-12-06). Frees on another stream are ordinary async calls and go at
-# once. Buffers dropped by the caller's own code while it captures, outside ptxgen's ops, are freed at once as before.
+# buffer a GC pass drops then (one can run inside any Python call, and an op makes many objects) that the legacy stream
+# would free waits in _HELD (free_held), since that free would join a blocking stream's capture or invalidate it (a GPU
+# tier lost a graph so, 2026-12-06). cuMemFree, which a global-mode capture anywhere refuses, goes at once with this
+# thread's capture mode relaxed (_free_relaxed: the graph is kept, bench/probe_capture_free.py on an H100,
+# 2026-12-06), so a GC pass in the caller's own capture code is safe too. Frees on another stream are ordinary async
+# calls and go at once.
 HOLD_FREES = [0]
 _HOLD_LOCK = threading.Lock()
 
@@ -354,7 +356,7 @@ def stream_synchronize(stream: int) -> None:
 
 _POOL: list = []
 _DEFERRED: list = []  # stream-ordered buffers dropped while their stream was capturing: freed later
-_HELD: list = []  # (ptr, None: cuMemFree / LEGACY_STREAM) dropped while an op recorded into a capture (HOLD_FREES)
+_HELD: list = []  # pointers the legacy stream frees, dropped while an op recorded into a capture (HOLD_FREES)
 _FREE_LOCK = threading.Lock()
 
 
@@ -403,19 +405,32 @@ def _free_deferred() -> None:
 
 
 def free_held() -> None:
-    """Free what _HELD holds (cuMemFree, or cuMemFreeAsync on the legacy stream) unless an op is recording into a
-    capture: at synchronize() and empty_cache(), and after a cuMemAlloc that succeeded outside relaxed_capture (a
-    global-mode capture anywhere would have refused it)."""
+    """Free what _HELD holds (cuMemFreeAsync on the legacy stream) unless an op is recording into a capture: at
+    synchronize() and empty_cache(), and after a cuMemAlloc that succeeded outside relaxed_capture (a global-mode
+    capture anywhere would have refused it)."""
     if HOLD_FREES[0]:
         return
-    for ptr, stream in _take(_HELD):
+    for ptr in _take(_HELD):
         try:
-            rc = _drv().cuMemFree(ptr) if stream is None else _drv().cuMemFreeAsync(ptr, stream)
-            if not rc[0]:
+            if not _drv().cuMemFreeAsync(ptr, LEGACY_STREAM)[0]:
                 continue
         except Exception:  # noqa: BLE001 - kept for a later pass
             pass
-        _HELD.append((ptr, stream))
+        _HELD.append(ptr)
+
+
+def _free_relaxed(ptr: int) -> None:
+    """cuMemFree with this thread's capture mode relaxed for the call: a global-mode capture on any stream refuses a
+    cuMemFree (and is invalidated by it) unless the freeing thread is relaxed, and a GC pass can drop a buffer while
+    the caller captures. If the exchange itself fails, the free is made as it is."""
+    mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
+    lib = libcuda()
+    swapped = not lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    try:
+        _drv().cuMemFree(ptr)
+    finally:
+        if swapped:
+            lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
 
 
 class DeviceBuffer:
@@ -470,11 +485,11 @@ class DeviceBuffer:
                 # dropped in another thread (a GC pass, a worker): its per-thread stream is not the one the buffer
                 # was used on; the legacy stream's free waits for every blocking stream's earlier work, that one's too
                 stream = LEGACY_STREAM
-            if stream is None or stream == LEGACY_STREAM:
-                if HOLD_FREES[0]:  # an op records into a capture: these frees would invalidate it
-                    _HELD.append((ptr, stream))
-                elif stream is None:
-                    _drv().cuMemFree(ptr)
+            if stream is None:
+                _free_relaxed(ptr)
+            elif stream == LEGACY_STREAM:
+                if HOLD_FREES[0]:  # an op records into a capture: this free would join it or invalidate it
+                    _HELD.append(ptr)
                 else:
                     _drv().cuMemFreeAsync(ptr, stream)
             elif _fresh_status(stream) == 0:

@@ -685,32 +685,43 @@ def test_a_per_thread_stream_buffer_dropped_in_another_thread_is_freed_on_the_le
     assert freed == [(0x1000, driver.PER_THREAD_STREAM), (0x2000, driver.LEGACY_STREAM)]
 
 
-def test_frees_that_would_invalidate_a_capture_wait_while_an_op_records_into_one(monkeypatch):
-    """While an op records into a CUDA graph capture (driver.hold_frees), a buffer a GC pass drops that cuMemFree or
-    the legacy stream would free waits in driver._HELD (both invalidate a global-mode capture); one on another
-    stream is freed at once (an ordinary async call there). free_held frees them once nothing holds — at
-    synchronize(), or after a cuMemAlloc outside relaxed_capture (a global capture would have refused it), not
+def test_frees_that_would_invalidate_a_capture_wait_or_go_relaxed(monkeypatch):
+    """A buffer a GC pass drops while a capture records: cuMemFree goes at once with the thread's capture mode
+    relaxed (a global-mode capture would refuse it and be invalidated; relaxed, the graph is kept — H100, 2026-12-06)
+    and the mode is put back; a legacy-stream free dropped while an op records into a capture (driver.hold_frees)
+    waits in driver._HELD; one on another stream is freed at once. free_held frees the held ones once nothing holds
+    — at synchronize(), or after a cuMemAlloc outside relaxed_capture (a global capture would have refused it), not
     inside one — and keeps a free that fails for a later pass."""
+    import ctypes
+
     from ptxgen.runtime import driver
 
-    calls, fail = [], set()
+    calls, fail, mode = [], set(), [0]  # mode: this thread's capture mode (0: global)
 
     class Drv:
         @staticmethod
         def cuMemFree(ptr):
-            calls.append(("free", ptr))
-            return (1 if ptr in fail else 0,)
+            calls.append(("free", ptr, mode[0]))
+            return (0,)
 
         @staticmethod
         def cuMemFreeAsync(ptr, stream):
             calls.append(("async", ptr, stream))
-            return (0,)
+            return (1 if ptr in fail else 0,)
 
         @staticmethod
         def cuMemAlloc(size):
             return (0, 0xA000)
 
+    class Lib:
+        @staticmethod
+        def cuThreadExchangeStreamCaptureMode(ref):
+            m = ctypes.cast(ref, ctypes.POINTER(ctypes.c_int)).contents
+            m.value, mode[0] = mode[0], m.value
+            return 0
+
     monkeypatch.setattr(driver, "_drv", lambda: Drv)
+    monkeypatch.setattr(driver, "libcuda", lambda: Lib)
     monkeypatch.setattr(driver, "_fresh_status", lambda stream: 0)
     monkeypatch.setattr(driver, "current", lambda: None)
     monkeypatch.setattr(driver, "check", lambda result, what="": result[1] if len(result) > 1 else None)
@@ -726,9 +737,10 @@ def test_frees_that_would_invalidate_a_capture_wait_while_an_op_records_into_one
         buffer(0x1000, "sync").__del__()
         buffer(0x2000, "stream", driver.LEGACY_STREAM).__del__()
         buffer(0x3000, "stream", 0x77).__del__()
-        assert calls == [("async", 0x3000, 0x77)] and driver._HELD == [(0x1000, None), (0x2000, driver.LEGACY_STREAM)]
+        assert calls == [("free", 0x1000, 2), ("async", 0x3000, 0x77)] and mode == [0]
+        assert driver._HELD == [0x2000]
         driver.free_held()  # (an op still records: nothing goes)
-        assert len(calls) == 1
+        assert len(calls) == 2
     finally:
         driver.hold_frees(-1)
     driver._TLS.relaxed = 1  # (relaxed_capture's thread flag) a cuMemAlloc inside it proves nothing: no drain
@@ -736,14 +748,15 @@ def test_frees_that_would_invalidate_a_capture_wait_while_an_op_records_into_one
         driver.DeviceBuffer(16).ptr = 0  # (its own free out of the way)
     finally:
         driver._TLS.relaxed = 0
-    assert len(calls) == 1
-    fail.add(0x1000)
+    assert len(calls) == 2
+    fail.add(0x2000)
     driver.DeviceBuffer(16).ptr = 0  # outside it: the drain, the failed free kept
-    assert calls[1:] == [("free", 0x1000), ("async", 0x2000, driver.LEGACY_STREAM)]
-    assert driver._HELD == [(0x1000, None)]
+    assert calls[2:] == [("async", 0x2000, driver.LEGACY_STREAM)] and driver._HELD == [0x2000]
     fail.clear()
     driver.free_held()
-    assert driver._HELD == [] and calls[-1] == ("free", 0x1000)
+    assert driver._HELD == [] and calls[-1] == ("async", 0x2000, driver.LEGACY_STREAM)
+    buffer(0x4000, "sync").__del__()  # (no capture anywhere: the same relaxed free)
+    assert calls[-1] == ("free", 0x4000, 2) and mode == [0]
 
 
 def test_an_op_writing_a_device_array_out_makes_its_numpy_wait_for_that_stream():
