@@ -58,6 +58,7 @@
 #            capture tests of test_gpu_streams (the frees held while an op records into a capture)
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
+#   perm8    Q8_0's register-A GEMMs in the permuted K order against the natural one on fp32 x, 4096x14336 T = 512 / 4096
 #   perm32   the Q4_K / Q6_K register-A GEMMs in the permuted K order against the natural one on fp32 x (bench_model's shapes)
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
@@ -368,6 +369,14 @@ for step in "${@:-tier}"; do
       run "perm32_${fm}_$sh" 60 "${AB[@]}" --kernels "mmq_${fm,,}_wgmma_ra_n(64|128|256)(_cx|_cs)?\$" --formats "$fm" \
         --shape "$sh" --tokens 512 --weights "$nw" --variant "perm: mmq.RA_NATURAL_FORMATS=$nat"
     done ;;
+  perm8)  # #34's Q8_0 T = 4096 on fp32 x (H200 831 eager, goal 822): its natural-order decode is 272 SASS an n256
+    # iteration, the permuted one 252 (two 2-byte loads and a prmt a word against one 4-byte load); fp32 x is
+    # converted either way (convert_f16 / _perm, or in the cx build), so the order costs no launch
+    nat=$(python3 -c "print(('q4_K', 'q5_K', 'q6_K'))")
+    for t in 512 4096; do
+      run "perm8_$t" 90 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n256(_cx)?$' --formats q8_0 --shape 4096x14336 \
+        --tokens "$t" --weights 2 --variant "perm: mmq.RA_NATURAL_FORMATS=$nat"
+    done ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   capfree)
@@ -375,6 +384,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 abemit q6nat)"; exit 2 ;;
   esac
 done
