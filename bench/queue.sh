@@ -58,6 +58,7 @@
 #            capture tests of test_gpu_streams (the frees held while an op records into a capture)
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
+#   wide     #35: the 256-row n64 / n80 MoE trial tiles against the shipped n64 (32 x top-4 T = 448-576, 128 x top-8 T = 768 / 1024)
 #   perm8    Q8_0's register-A GEMMs in the permuted K order against the natural one on fp32 x, 4096x14336 T = 512 / 4096
 #   perm32   the Q4_K / Q6_K register-A GEMMs in the permuted K order against the natural one on fp32 x (bench_model's shapes)
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
@@ -377,6 +378,16 @@ for step in "${@:-tier}"; do
       run "perm8_$t" 90 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n256(_cx)?$' --formats q8_0 --shape 4096x14336 \
         --tokens "$t" --weights 2 --variant "perm: mmq.RA_NATURAL_FORMATS=$nat"
     done ;;
+  wide)  # #35 T = 512 on 32 x top-4 (64 pairs an expert: n64 takes a second tile for about half the experts): the
+    # 256-row n64 / n80 trial tiles (consumers at 120 registers, whole-block stages) against the shipped n64, then
+    # 128 x top-8 at 40-64 pairs an expert
+    run wide_32x4 200 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n(64|80)_m256_moe$' --moe 32:4 --shape 1792x2048 \
+      --tokens 448,512,576 --weights 8 \
+      --variant 'n64w: rule.moe_wgmma_tile_pairs={"n48_m256": 24, "n64_m256": 36, "n128": 128}' \
+      --variant 'n80w: rule.moe_wgmma_tile_pairs={"n48_m256": 24, "n64": 36, "n80_m256": 52, "n128": 128}'
+    run wide_128x8 150 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n(64|80)_m256_moe$' --moe 128:8 --shape 768x2048 \
+      --tokens 768,1024 --weights 8 \
+      --variant 'n80w: rule.moe_wgmma_tile_pairs={"n48_m256": 24, "n80_m256": 40, "n128": 128}' ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   capfree)
@@ -384,6 +395,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide abemit q6nat)"; exit 2 ;;
   esac
 done

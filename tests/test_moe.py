@@ -573,7 +573,7 @@ def test_the_integer_weight_grouped_route_in_the_emulator(scale):
                        ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"])
 
 
-@pytest.mark.parametrize("tile", ["n48", "n96", "n48_m256"])
+@pytest.mark.parametrize("tile", ["n48", "n96", "n48_m256", "n64_m256", "n80_m256"])
 def test_the_trial_token_tiles_grouped_route_in_the_emulator(tile):
     """Q4_K's grouped wgmma build at the token tiles between the shipped ones (kernels/mmq.py
     GROUPED_WGMMA_Q4K_TILES; n96's ring stages hold half a block) and with 256-row M tiles (GROUPED_WIDE_TILES: four

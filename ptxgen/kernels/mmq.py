@@ -63,7 +63,7 @@ GROUPED_WGMMA_Q4K_TILES = (48, 96)
 # 128 x top-8 T = 512 from 81 to 64 graph µs. n48's ships in place of n48 (rule moe_wgmma_tile_pairs "n48_m256":
 # 3-5 µs faster at T = 256-512); an n64 one lost (32 x top-4 T = 512 67.8 -> 78.1, not profiled; 12 bytes spilled
 # under the relocatable compile) and is not built (bench/NOTES.md, 2026-12-04, night).
-GROUPED_WIDE_TILES = (48,)
+GROUPED_WIDE_TILES = (48, 64, 80)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
 # three-instruction form's extra scale register spilled n32_x16 at its 3-CTA budget (sm_89, 2026-12-01)
@@ -1488,6 +1488,7 @@ CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are 
 # the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
+WIDE_CONSUMER_REGS = 120  # the 256-row grouped builds past n48 (n64 spilled in its K loop at 104)
 PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_Q4K_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
 GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
 # writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
@@ -1500,8 +1501,9 @@ def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     """(CTAs an SM, producer registers, consumer registers) of a wgmma build: one CTA with setmaxnreg's 40 / 232,
     or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS, or (a 256-row M tile: 640 threads launched at
     96) one with PAIRED_REGS' 24 / 104."""
-    if spec.bm > BM:  # four consumer warpgroups: one CTA an SM, each consumer at the paired builds' 104
-        return 1, PAIRED_REGS[1], PAIRED_REGS[2]
+    if spec.bm > BM:  # four consumer warpgroups: one CTA an SM, each consumer at the paired builds' 104 (wider
+        # token tiles at WIDE_CONSUMER_REGS: 128 x 24 + 512 x 120 = 64512 registers)
+        return 1, PAIRED_REGS[1], PAIRED_REGS[2] if spec.bn <= 48 else WIDE_CONSUMER_REGS
     if spec.grouped and spec.bn <= PAIRED_MAX_BN:
         return 2, PAIRED_REGS[1], PAIRED_REGS[2]
     return 1, PRODUCER_REGS, CONSUMER_REGS
@@ -1910,7 +1912,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     BSTEPS = 4 if IW or (spec.grouped and SA and spec.fmt in NIBBLE_PARTS and RA_BLOCK_STAGES
                                                and spec.bn <= PAIRED_MAX_BN
                    ) else 1  # K-steps a stage: block stages (the grouped nibble builds': items are whole blocks)
-    if BSTEPS == 4 and not IW and spec.bn >= HALF_BLOCK_MIN_BN:
+    if BSTEPS == 4 and not IW and spec.bn >= HALF_BLOCK_MIN_BN and spec.bm == BM:  # (one 256-row CTA: whole blocks)
         BSTEPS = 2
     stage_bytes = BSTEPS * b_bytes + raw_bytes
     XS = PREPARED_CX_STEPS if PRE else CX_STEPS  # K-steps per conversion unit (4 x 48 KB of ring + 2-step units fit)
