@@ -591,6 +591,20 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(tile):
                        ["moe_gather", f"mmq_q4_k_wgmma_ra_{tile}_moe", "gemv_q4_k_f32_idg"])
 
 
+def test_a_setmaxnreg_split_past_the_launch_pool_is_refused_at_build(monkeypatch):
+    """setmaxnreg moves registers inside the CTA's pool, fixed at launch (640 threads at 96 for the 256-row builds):
+    a consumer increase the pool cannot serve spins forever — the 256-row n64 / n80 tiles hung so on an H100 at 120
+    registers (2026-12-06; the emulator does not model the pool). The builder refuses such a split, and the trial
+    tiles' 112 fits."""
+    from ptxgen.kernels import mmq
+
+    name = "mmq_q4_k_wgmma_ra_n80_m256_moe"
+    assert "setmaxnreg.inc.sync.aligned.u32 112" in get_kernel(name).for_arch("sm_90a").ptx()
+    monkeypatch.setattr(mmq, "WIDE_CONSUMER_REGS", 120)
+    with pytest.raises(ValueError, match="setmaxnreg asks 64512 registers of a CTA launched with 640 x 96"):
+        get_kernel(name).for_arch("sm_90a").ptx()
+
+
 @pytest.mark.parametrize("variant", ["nodecode", "skeleton", "skeleton_noa_nob", "halfb"])
 def test_the_skeleton_builds_drop_only_what_they_name(variant, monkeypatch):
     """kernels/mmq.py GROUPED_SKELETON (a timing-only diagnostic, never shipped): the n48 build without its decode,

@@ -1488,7 +1488,8 @@ CONSUMER_WARPS = 8  # two consumer warpgroups: a cluster peer's ring stages are 
 # the grouped n32 / n64 builds, two CTAs an SM (16 consumer warps hide the decode's latency): launched at 80
 # registers, 128 x 24 + 256 x 104 = 29696 <= 384 x 80 (n64's 32 accumulators fit 104 without spills; n128's do not)
 PAIRED_REGS = (80, 24, 104)
-WIDE_CONSUMER_REGS = 120  # the 256-row grouped builds past n48 (n64 spilled in its K loop at 104)
+WIDE_CONSUMER_REGS = 112  # the 256-row grouped builds past n48 (n64 spilled in its K loop at 104): the most the pool
+# of 640 threads launched at 96 gives (128 x 24 + 512 x 112 = 60416 <= 61440; 120 hung: _check_reg_pool)
 PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_Q4K_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
 GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
 # writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
@@ -1502,11 +1503,25 @@ def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS, or (a 256-row M tile: 640 threads launched at
     96) one with PAIRED_REGS' 24 / 104."""
     if spec.bm > BM:  # four consumer warpgroups: one CTA an SM, each consumer at the paired builds' 104 (wider
-        # token tiles at WIDE_CONSUMER_REGS: 128 x 24 + 512 x 120 = 64512 registers)
+        # token tiles at WIDE_CONSUMER_REGS)
         return 1, PAIRED_REGS[1], PAIRED_REGS[2] if spec.bn <= 48 else WIDE_CONSUMER_REGS
     if spec.grouped and spec.bn <= PAIRED_MAX_BN:
         return 2, PAIRED_REGS[1], PAIRED_REGS[2]
     return 1, PRODUCER_REGS, CONSUMER_REGS
+
+
+def _check_reg_pool(spec: MmqSpec) -> None:
+    """setmaxnreg moves registers inside the CTA's pool, which the launch fixes at the entry allocation (the launch
+    bounds' cap: 64 K registers over the CTAs an SM and their threads, in units of 8): a consumer's
+    setmaxnreg.inc that the pool cannot serve spins forever. The 256-row builds' first 120-register consumers hung
+    so on an H100 (2026-12-06): 128 x 24 + 512 x 120 = 64512 > 640 x 96 = 61440."""
+    ctas, producer, consumer = _wg_regs(spec)
+    threads = _wg_threads(spec)
+    entry = min(255, 65536 // (threads * ctas) // 8 * 8)
+    need = 128 * producer + (threads - 128) * consumer
+    if need > threads * entry:
+        raise ValueError(f"{spec.name}: setmaxnreg asks {need} registers of a CTA launched with {threads} x {entry} = "
+                         f"{threads * entry} (producer {producer}, consumers {consumer})")
 
 
 def _wg_threads(spec: MmqSpec) -> int:
@@ -2049,6 +2064,7 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
     # launch bounds (384 threads, 1 CTA an SM, 2 for _wg_regs' paired builds) cap registers at entry, which
     # setmaxnreg needs to take effect
     ctas = _wg_regs(spec)[0]
+    _check_reg_pool(spec)
     b.directives += [f".maxntid {_wg_threads(spec)}, 1, 1", f".minnctapersm {ctas}"]
     b.meta.update(bm=spec.bm, bn=BN, bk=BK, stages=S, warps=_wg_threads(spec) // 32,
                   copy="tma (cp.async.bulk.tensor.2d)",
