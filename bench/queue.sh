@@ -59,6 +59,7 @@
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
 #   wide     #35: the 256-row n64 / n80 MoE trial tiles against the shipped n64 (32 x top-4 T = 448-576, 128 x top-8 T = 768 / 1024)
+#   gate     #35: the gated GEMV's grid.y 1 against 4 (GATED_EXPERT_CTAS), both shapes, T = 32 / 512
 #   perm8    Q8_0's register-A GEMMs in the permuted K order against the natural one on fp32 x, 4096x14336 T = 512 / 4096
 #   perm32   the Q4_K / Q6_K register-A GEMMs in the permuted K order against the natural one on fp32 x (bench_model's shapes)
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
@@ -388,6 +389,12 @@ for step in "${@:-tier}"; do
     run wide_128x8 150 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n(64|80)_m256_moe$' --moe 128:8 --shape 768x2048 \
       --tokens 768,1024 --weights 8 \
       --variant 'n80w: rule.moe_wgmma_tile_pairs={"n48_m256": 24, "n80_m256": 40, "n128": 128}' ;;
+  gate)  # #35: the gated exact GEMV behind the grouped GEMM (244 registers, one CTA an SM) at grid.y 1 against the
+    # shipped 4 (gemv_codec.GATED_EXPERT_CTAS): a closed gate's CTAs in one launch wave (192 / 448 -> 48 / 112)
+    run gate_128x8 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 128:8 --shape 768x2048 --tokens 32,512 \
+      --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1'
+    run gate_32x4 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
+      --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1' ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   capfree)
@@ -395,6 +402,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate abemit q6nat)"; exit 2 ;;
   esac
 done
