@@ -61,8 +61,10 @@ GROUPED_WGMMA_Q4K_TILES = (48, 96)
 # ... and with a 256-row M tile (MmqSpec.bm: four consumer warpgroups, one CTA an SM), so that an SM takes in each
 # activation tile once per 256 weight rows, not per 128: halving those bytes (mmq.GROUPED_SKELETON "halfb") took
 # 128 x top-8 T = 512 from 81 to 64 graph µs. n48's ships in place of n48 (rule moe_wgmma_tile_pairs "n48_m256":
-# 3-5 µs faster at T = 256-512); an n64 one lost (32 x top-4 T = 512 67.8 -> 78.1, not profiled; 12 bytes spilled
-# under the relocatable compile) and is not built (bench/NOTES.md, 2026-12-04, night).
+# 3-5 µs faster at T = 256-512); an n64 one lost (32 x top-4 T = 512 67.8 -> 78.1, not profiled; it spilled at the
+# consumers' 104 registers: bench/NOTES.md, 2026-12-04, night). n64 and n80 are trial builds again (not shipped) at
+# WIDE_CONSUMER_REGS, no spill, for 32 x top-4 T = 512 (64 pairs an expert: n64 decodes about half the experts
+# twice); an n96 one spills at 112 and is not built.
 GROUPED_WIDE_TILES = (48, 64, 80)
 F16_CTAS_PER_SM = {32: 3, 64: 2, 128: 1}  # the fp16 mma.sync MMQ's register budget (.minnctapersm) per token tile
 F16_FOUR_OP_TILES = {(32, True)}  # (BN, x16) of fp16 mma.sync builds that keep four-instruction dequant pairs: the
