@@ -110,6 +110,25 @@ def test_the_integer_weight_grouped_gemm_matches_the_reference(e, m, k, t, slots
     assert np.isfinite(got).all() and rel(got, want) <= 1e-3
 
 
+@pytest.mark.parametrize("tile", ["n64_m256", "n80_m256"])
+def test_the_wide_trial_tiles_match_the_reference(tile):
+    """Q4_K's 256-row trial tiles past n48 (kernels/mmq.py GROUPED_WIDE_TILES, not shipped; consumers at 112
+    registers — at 120 their setmaxnreg.inc hung on an H100), reached by naming them in rule moe_wgmma_tile_pairs:
+    within 1e-3 of float64 with one expert past a tile of pairs and M past a 256-row tile."""
+    import ptxgen.runtime as r
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+
+    e, m, k, t, slots = 3, 300, 768, 70, 2
+    with tuning.override(moe_int_weights_max_pairs=0, moe_wgmma_tile_pairs={tile: 1}):
+        assert f"mmq_q4_k_wgmma_ra_{tile}_moe" in ops.mul_mat_id_kernels("q4_K", t, slots, e, k, m)
+        w, raw, x, ids = _case("q4_K", e, m, k, t, slots, seed=int(tile[1:3]))
+        ids[:55, 0] = 1  # expert 1: past one tile of pairs
+        got = r.mul_mat_id(w, x, ids)
+    want = formats.mul_mat_id_ref(w.fmt, raw, w.shape, x, ids)
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-3
+
+
 @pytest.mark.parametrize("t,per_slot", [(1, False), (5, True), (64, False)])
 def test_the_torch_hot_path_gives_the_general_paths_bits_and_its_errors(t, per_slot):
     """Once a shape's plan is cached, a call on CUDA torch tensors reads their attributes and launches
