@@ -151,7 +151,7 @@ def synchronize() -> None:
     """Wait for all work on the GPU (every stream); then free the buffers held while ops recorded into captures."""
     current()
     check(_drv().cuCtxSynchronize(), "cuCtxSynchronize")
-    if _HELD:
+    if _HELD or _UNFREED:
         free_held()
 
 
@@ -289,10 +289,11 @@ def capture_status(stream: int) -> int:
 # > 0 while an op records into a CUDA graph capture (mul_mat / mul_mat_id with a capturing stream; hold_frees): a
 # buffer a GC pass drops then (one can run inside any Python call, and an op makes many objects) that the legacy stream
 # would free waits in _HELD (free_held), since that free would join a blocking stream's capture or invalidate it (a GPU
-# tier lost a graph so, 2026-12-06). cuMemFree, which a global-mode capture anywhere refuses, goes at once with this
-# thread's capture mode relaxed (_free_relaxed: the graph is kept, bench/probe_capture_free.py on an H100,
-# 2026-12-06), so a GC pass in the caller's own capture code is safe too. Frees on another stream are ordinary async
-# calls and go at once.
+# tier lost a graph so, 2026-12-06). A legacy-stream buffer dropped by the caller's own code while it captures, outside
+# ptxgen's ops, is still freed at once (such buffers are rare: per-thread-stream buffers dropped in another thread).
+# cuMemFree, which a global-mode capture anywhere refuses, goes at once with this thread's capture mode relaxed
+# (_free_relaxed: the graph is kept, bench/probe_capture_free.py on an H100, 2026-12-06), so a GC pass in the
+# caller's own capture code is safe for those. Frees on another stream are ordinary async calls and go at once.
 HOLD_FREES = [0]
 _HOLD_LOCK = threading.Lock()
 
@@ -357,6 +358,7 @@ def stream_synchronize(stream: int) -> None:
 _POOL: list = []
 _DEFERRED: list = []  # stream-ordered buffers dropped while their stream was capturing: freed later
 _HELD: list = []  # pointers the legacy stream frees, dropped while an op recorded into a capture (HOLD_FREES)
+_UNFREED: list = []  # pointers whose cuMemFree failed (_free_relaxed): retried by free_held
 _FREE_LOCK = threading.Lock()
 
 
@@ -405,9 +407,12 @@ def _free_deferred() -> None:
 
 
 def free_held() -> None:
-    """Free what _HELD holds (cuMemFreeAsync on the legacy stream) unless an op is recording into a capture: at
-    synchronize() and empty_cache(), and after a cuMemAlloc that succeeded outside relaxed_capture (a global-mode
-    capture anywhere would have refused it)."""
+    """Retry the cuMemFree calls that failed (_UNFREED; relaxed, so at any time), then free what _HELD holds
+    (cuMemFreeAsync on the legacy stream) unless an op is recording into a capture: at synchronize() and
+    empty_cache(), and after a cuMemAlloc that succeeded outside relaxed_capture (a global-mode capture anywhere would
+    have refused it, so none was recording then)."""
+    for ptr in _take(_UNFREED):
+        _free_relaxed(ptr)
     if HOLD_FREES[0]:
         return
     for ptr in _take(_HELD):
@@ -422,12 +427,18 @@ def free_held() -> None:
 def _free_relaxed(ptr: int) -> None:
     """cuMemFree with this thread's capture mode relaxed for the call: a global-mode capture on any stream refuses a
     cuMemFree (and is invalidated by it) unless the freeing thread is relaxed, and a GC pass can drop a buffer while
-    the caller captures. If the exchange itself fails, the free is made as it is."""
-    mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
+    the caller captures. The context is made current first (a GC pass can run in a thread that never used ptxgen);
+    a free that fails, or that cannot be made relaxed, waits in _UNFREED for free_held's next pass."""
+    mode, swapped = ctypes.c_int(2), False  # CU_STREAM_CAPTURE_MODE_RELAXED
     lib = libcuda()
-    swapped = not lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
     try:
-        _drv().cuMemFree(ptr)
+        if _CTX is not None and not getattr(_TLS, "bound", False):
+            current()
+        swapped = not lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+        if not swapped or _drv().cuMemFree(ptr)[0]:
+            _UNFREED.append(ptr)
+    except Exception:  # noqa: BLE001 - kept for a later pass
+        _UNFREED.append(ptr)
     finally:
         if swapped:
             lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
@@ -456,10 +467,10 @@ class DeviceBuffer:
             try:
                 self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
             except MemoryError:
-                synchronize()  # (frees what _HELD holds, outside a capture)
+                empty_cache()  # (the stream-ordered pool's unused memory back to the driver, what is held freed)
                 self.ptr = int(check(drv.cuMemAlloc(size), f"cuMemAlloc({self.nbytes} B)"))
             self._kind = "sync"
-            if _HELD and not getattr(_TLS, "relaxed", 0):
+            if (_HELD or _UNFREED) and not getattr(_TLS, "relaxed", 0):
                 free_held()
         else:
             if _DEFERRED:

@@ -424,8 +424,9 @@ def test_buffers_dropped_inside_a_capture_keep_the_graph(monkeypatch):
     cuMemFree then (weights, workspaces) goes at once with the thread's capture mode relaxed — in CUDA's default
     global mode the free would invalidate the capture ("operation failed due to a previous error during capture": a
     GPU tier lost a graph so, 2026-12-06) — and one the legacy stream would free waits until the op has recorded
-    (driver._HELD); so does one dropped by the caller's own code inside the capture, outside any op. The graph
-    replays the eager bits, and synchronize() after the capture frees what was held."""
+    (driver._HELD). A buffer the caller's own code drops inside the capture, outside any op, is freed at once by the
+    same relaxed cuMemFree. The graph replays the eager bits, and synchronize() after the capture frees what was
+    held."""
     torch = _torch()
     import gc
 

@@ -691,7 +691,8 @@ def test_frees_that_would_invalidate_a_capture_wait_or_go_relaxed(monkeypatch):
     and the mode is put back; a legacy-stream free dropped while an op records into a capture (driver.hold_frees)
     waits in driver._HELD; one on another stream is freed at once. free_held frees the held ones once nothing holds
     — at synchronize(), or after a cuMemAlloc outside relaxed_capture (a global capture would have refused it), not
-    inside one — and keeps a free that fails for a later pass."""
+    inside one — and keeps a free that fails for a later pass; a cuMemFree that fails waits in driver._UNFREED and
+    is retried there too."""
     import ctypes
 
     from ptxgen.runtime import driver
@@ -702,7 +703,7 @@ def test_frees_that_would_invalidate_a_capture_wait_or_go_relaxed(monkeypatch):
         @staticmethod
         def cuMemFree(ptr):
             calls.append(("free", ptr, mode[0]))
-            return (0,)
+            return (1 if ptr in fail else 0,)
 
         @staticmethod
         def cuMemFreeAsync(ptr, stream):
@@ -726,6 +727,7 @@ def test_frees_that_would_invalidate_a_capture_wait_or_go_relaxed(monkeypatch):
     monkeypatch.setattr(driver, "current", lambda: None)
     monkeypatch.setattr(driver, "check", lambda result, what="": result[1] if len(result) > 1 else None)
     monkeypatch.setattr(driver, "_HELD", [])
+    monkeypatch.setattr(driver, "_UNFREED", [])
 
     def buffer(ptr, kind, stream=None):
         b = driver.DeviceBuffer.__new__(driver.DeviceBuffer)
@@ -757,6 +759,14 @@ def test_frees_that_would_invalidate_a_capture_wait_or_go_relaxed(monkeypatch):
     assert driver._HELD == [] and calls[-1] == ("async", 0x2000, driver.LEGACY_STREAM)
     buffer(0x4000, "sync").__del__()  # (no capture anywhere: the same relaxed free)
     assert calls[-1] == ("free", 0x4000, 2) and mode == [0]
+    fail.add(0x5000)  # a cuMemFree that fails (a context not current in a GC thread, say) is kept and retried
+    buffer(0x5000, "sync").__del__()
+    assert driver._UNFREED == [0x5000] and mode == [0]
+    driver.free_held()
+    assert driver._UNFREED == [0x5000] and calls[-1] == ("free", 0x5000, 2)
+    fail.clear()
+    driver.free_held()
+    assert driver._UNFREED == [] and calls[-1] == ("free", 0x5000, 2) and mode == [0]
 
 
 def test_an_op_writing_a_device_array_out_makes_its_numpy_wait_for_that_stream():

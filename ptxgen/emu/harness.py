@@ -1393,7 +1393,9 @@ for _bn in (32, 64, 128):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
 for _bn in (48, 96):  # Q4_K's in-between tiles (mmq.GROUPED_WGMMA_Q4K_TILES; n96: half-block stages)
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
-for _bn in (48, 64, 80):  # Q4_K's 256-row tiles (mmq.GROUPED_WIDE_TILES: four consumer warpgroups)
+from ..kernels import mmq as _mmq_tiles  # noqa: E402
+
+for _bn in _mmq_tiles.GROUPED_WIDE_TILES:  # Q4_K's 256-row tiles (four consumer warpgroups)
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_m256_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_m256_moe", 3)
 HARNESSES["moe_group"] = lambda ptx, rng, seed=None, **kw: moe_group_case(ptx, None, rng, seed=seed, **kw)
 HARNESSES["moe_check_ids"] = lambda ptx, rng, seed=None, **kw: moe_check_ids_case(ptx, rng, seed=seed, **kw)

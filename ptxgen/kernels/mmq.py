@@ -1503,7 +1503,7 @@ HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stag
 def _wg_regs(spec: MmqSpec) -> tuple[int, int, int]:
     """(CTAs an SM, producer registers, consumer registers) of a wgmma build: one CTA with setmaxnreg's 40 / 232,
     or (the grouped builds up to PAIRED_MAX_BN) two with PAIRED_REGS, or (a 256-row M tile: 640 threads launched at
-    96) one with PAIRED_REGS' 24 / 104."""
+    96) one with PAIRED_REGS' 24 / 104 (past n48: WIDE_CONSUMER_REGS). _check_reg_pool checks each split."""
     if spec.bm > BM:  # four consumer warpgroups: one CTA an SM, each consumer at the paired builds' 104 (wider
         # token tiles at WIDE_CONSUMER_REGS)
         return 1, PAIRED_REGS[1], PAIRED_REGS[2] if spec.bn <= 48 else WIDE_CONSUMER_REGS
@@ -1521,6 +1521,10 @@ def _check_reg_pool(spec: MmqSpec) -> None:
     threads = _wg_threads(spec)
     entry = min(255, 65536 // (threads * ctas) // 8 * 8)
     need = 128 * producer + (threads - 128) * consumer
+    if not (24 <= producer <= entry <= consumer <= 256 and producer % 8 == 0 and consumer % 8 == 0):
+        raise ValueError(f"{spec.name}: setmaxnreg counts must be multiples of 8 in [24, 256], the producer's .dec "
+                         f"at most and the consumers' .inc at least the entry's {entry} (producer {producer}, "
+                         f"consumers {consumer})")
     if need > threads * entry:
         raise ValueError(f"{spec.name}: setmaxnreg asks {need} registers of a CTA launched with {threads} x {entry} = "
                          f"{threads * entry} (producer {producer}, consumers {consumer})")
