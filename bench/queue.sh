@@ -54,8 +54,9 @@
 #   rest     bench_gemv fast lanes, the prepared GEMM for small-M prefill, the converting GEMM at T = 512
 #   sanitize bench/sanitize.sh (plain, then memcheck / racecheck / synccheck / initcheck on --quick)
 #   sweep    bench/sanitize.py without a sanitizer: every dispatchable kernel against float64
-#   capfree  whether a cuMemFree inside relaxed_capture keeps a torch capture (probe_capture_free.py), then the
-#            capture tests of test_gpu_streams (the frees held while an op records into a capture)
+#   capfree  the review's probe of relaxed cuMemFree (blocking / non-blocking capture streams, a free from another
+#            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
+#            (probe_capture_free.py), then the capture tests of test_gpu_streams
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
 #   wide     #35: the 256-row n64 / n80 MoE trial tiles against the shipped n64 (32 x top-4 T = 448-576, 128 x top-8 T = 768 / 1024)
@@ -398,6 +399,7 @@ for step in "${@:-tier}"; do
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   capfree)
+    run capfree_review 120 python3 bench/results/review_probe_relaxed_free_59c05ad.py
     run capfree_probe 60 python3 bench/probe_capture_free.py
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
