@@ -1,5 +1,7 @@
 """Fake-driver experiments against runtime/driver.py's DeviceBuffer.__del__ / _free_relaxed (no GPU)."""
-import ctypes, gc, threading, sys
+import ctypes
+import gc
+import threading
 from ptxgen.runtime import driver
 
 MODE = threading.local()            # per-thread capture mode, as CUDA keeps it (0 global, 2 relaxed)
