@@ -1,4 +1,4 @@
-"""Review probe (session 59c05ad..c6c664f): cuMemFree with the thread's capture mode relaxed, during a global-mode
+"""Review probe (the change 59c05ad..c6c664f): cuMemFree with the thread's capture mode relaxed, during a global-mode
 capture, on a blocking and a non-blocking capture stream; the free in the capturing thread, in another thread with
 the context current, and in another thread without it; and whether the free still waits for eager work in flight."""
 import ctypes
