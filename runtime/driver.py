@@ -318,19 +318,25 @@ def capture_id(stream: int) -> int | None:
     return refs[1].value if refs[0].value == 1 else None
 
 
+def _exchange_mode(mode: ctypes.c_int) -> int:
+    """cuThreadExchangeStreamCaptureMode: this thread's capture mode becomes `mode`, and `mode` holds the old one
+    (the same call with it puts that back); returns the driver's result code."""
+    return libcuda().cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+
+
 class relaxed_capture:
     """`with relaxed_capture(): ...` lets this thread make calls that a global-mode capture would otherwise refuse
     (cuMemAlloc, a synchronous copy on another stream): for memory that ptxgen owns outside every graph."""
 
     def __enter__(self):
         self.mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
-        _check_rc(libcuda().cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode)), "cuThreadExchangeStreamCaptureMode")
+        _check_rc(_exchange_mode(self.mode), "cuThreadExchangeStreamCaptureMode")
         _TLS.relaxed = getattr(_TLS, "relaxed", 0) + 1
         return self
 
     def __exit__(self, *exc):
         _TLS.relaxed -= 1
-        _check_rc(libcuda().cuThreadExchangeStreamCaptureMode(ctypes.byref(self.mode)), "cuThreadExchangeStreamCaptureMode")
+        _check_rc(_exchange_mode(self.mode), "cuThreadExchangeStreamCaptureMode")
         return False
 
 
@@ -430,18 +436,17 @@ def _free_relaxed(ptr: int) -> None:
     the caller captures. The context is made current first (a GC pass can run in a thread that never used ptxgen);
     a free that fails, or that cannot be made relaxed, waits in _UNFREED for free_held's next pass."""
     mode, swapped = ctypes.c_int(2), False  # CU_STREAM_CAPTURE_MODE_RELAXED
-    lib = libcuda()
     try:
         if _CTX is not None and not getattr(_TLS, "bound", False):
             current()
-        swapped = not lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+        swapped = not _exchange_mode(mode)
         if not swapped or _drv().cuMemFree(ptr)[0]:
             _UNFREED.append(ptr)
     except Exception:  # noqa: BLE001 - kept for a later pass
         _UNFREED.append(ptr)
     finally:
         if swapped:
-            lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+            _exchange_mode(mode)
 
 
 class DeviceBuffer:
