@@ -381,8 +381,9 @@ for step in "${@:-tier}"; do
         --tokens "$t" --weights 2 --variant "perm: mmq.RA_NATURAL_FORMATS=$nat"
     done ;;
   wide)  # #35 T = 512 on 32 x top-4 (64 pairs an expert: n64 takes a second tile for about half the experts): the
-    # 256-row n64 / n80 trial tiles (consumers at 120 registers, whole-block stages) against the shipped n64, then
-    # 128 x top-8 at 40-64 pairs an expert
+    # 256-row n64 / n80 trial tiles (consumers at 112 registers, whole-block stages) against the shipped n64, then
+    # 128 x top-8 at 40-64 pairs an expert; their GPU test first, under a short limit (120 registers hung them)
+    run wide_test 90 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_moe.py -k wide_trial
     run wide_32x4 200 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n(64|80)_m256_moe$' --moe 32:4 --shape 1792x2048 \
       --tokens 448,512,576 --weights 8 \
       --variant 'n64w: rule.moe_wgmma_tile_pairs={"n48_m256": 24, "n64_m256": 36, "n128": 128}' \
