@@ -61,6 +61,8 @@
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
 #   wide     #35: the 256-row n64 / n80 MoE trial tiles against the shipped n64 (32 x top-4 T = 448-576, 128 x top-8 T = 768 / 1024)
 #   gate     #35: the gated GEMV's grid.y 1 against 4 (GATED_EXPERT_CTAS), both shapes, T = 32 / 512
+#   quad     the register-A K order's 16-byte stores after a quad transpose against the scattered word stores
+#            (moe_gather T = 32 / 512 both MoE shapes; convert_f16_perm on the dense fp32-x prefill)
 #   perm8    Q8_0's register-A GEMMs in the permuted K order against the natural one on fp32 x, 4096x14336 T = 512 / 4096
 #   perm32   the Q4_K / Q6_K register-A GEMMs in the permuted K order against the natural one on fp32 x (bench_model's shapes)
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
@@ -397,6 +399,17 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1'
     run gate_32x4 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1' ;;
+  quad)  # the register-A K order's stores (convert_f16._rega_stores) as one 16-byte store a thread after a quad
+    # transpose (shipped) against the 4 scattered word stores before it: moe_gather at T = 512 (both shapes) and the
+    # dense fp32-x prefill's convert_f16_perm (natural loads now, 8 scattered 4-byte loads before)
+    run quad_moe_128x8 100 "${AB[@]}" --kernels '^moe_gather$' --moe 128:8 --shape 768x2048 --tokens 32,512 \
+      --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
+    run quad_moe_32x4 100 "${AB[@]}" --kernels '^moe_gather$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
+      --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
+    run quad_dense 120 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K,q6_K --shape 4096x14336 \
+      --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False'
+    run quad_dense_4k 100 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K --shape 14336x4096 \
+      --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False' ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   capfree)
@@ -405,6 +418,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad abemit q6nat)"; exit 2 ;;
   esac
 done

@@ -19,9 +19,11 @@ PER_THREAD = 8
 
 def build(arch, permuted: bool = False):
     """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
-    holds input column layouts.q4k_rega_k_order()[L] — for output group q = L / 8 (8 values, one 16-byte store)
-    the inputs are base(q) plus 8 offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) +
-    4·(q >> 1 & 1) + 32·(q >> 2), computed in the kernel (K a multiple of 64, so a chunk never straddles rows).
+    holds input column layouts.q4k_rega_k_order()[L]. A thread loads input group i (8 consecutive columns) and
+    stores output group i after its quad's transpose (gather_store, as moe_gather; K a multiple of 64, so a chunk
+    never straddles rows). With QUAD_STORES off (the form before 2026-12-06, for A/B): for output group q = L / 8
+    (8 values, one 16-byte store) the inputs are base(q) plus 8 offsets shared by every q (order[0:8]),
+    base(q) = order[8q] = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2), 8 scattered 4-byte loads.
     (mul_mat_id's gathered form of it is moe_group.py's moe_gather, on gather_store below.)"""
     name = ActKernel("convert_f16", rega=permuted).name
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
@@ -38,6 +40,14 @@ def build(arch, permuted: bool = False):
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
     v = b.regs("f32", 8)
+    if permuted and QUAD_STORES:  # input group i as it lies (two 16-byte loads), its words into place by the quad
+        src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
+        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
+        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
+        b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=overflowed(b, gather_store(b, v, i, None, None, None, Y)))
+        b.place(done)
+        b.emit("ret")
+        return b.finish()
     if permuted:
         q = b.op("and.b32", i, Imm(7, "b32"))
         base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
@@ -87,13 +97,42 @@ def gather_store(b, v, i, r, k8, n, Y, XS=None):
     return h
 
 
+QUAD_STORES = True  # _rega_stores: one 16-byte store a thread after a transpose in its quad (False: 4 scattered words)
+
+
 def _rega_stores(b, h, i, Y):
     """Input group i's four words h[q] (the halves of its columns b', b' + 2, b' = (q & 1) + 4·(q >> 1)) to word
-    i % 4 of output groups 4·(i / 4) + q: the register-A K order (layouts.q4k_rega_k_order)."""
+    i % 4 of output groups 4·(i / 4) + q: the register-A K order (layouts.q4k_rega_k_order). The four threads of a
+    quad (input groups 4·(i / 4) + j, lane j = i % 4, all present: K / 8 is a multiple of 8) hold a 4 x 4 matrix of
+    words whose transpose is their four output groups: after it (_quad_transpose) thread j stores output group i
+    whole — a warp's 32 stores one 512-byte run, where the 4 scattered word stores wrote each 32-byte sector in
+    halves, 8 sectors an instruction."""
+    if QUAD_STORES:
+        b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(_quad_transpose(b, h)))
+        return
     dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
                b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
     for q in range(4):
         b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
+
+
+def _quad_transpose(b, h):
+    """The 4 x 4 word matrix a quad holds (lane j = tid % 4: row j, h) transposed (lane j: column j), by two
+    exchanges: the off-diagonal 2 x 2 blocks across lanes j, j ^ 2, then each block's corners across j, j ^ 1.
+    The quad's lanes only take part (shuffle mask 0xF << (tid & 0x1C))."""
+    tid = b.special("tid.x")
+    quad = b.op("shl.b32", Imm(0xF, "b32"), b.op("and.b32", tid, Imm(0x1C, "b32")))
+    w = list(h)
+    for d, bit in ((2, 2), (1, 1)):
+        # block step (d = 2): lanes 0, 1 send words 2, 3 and take the partner's 0, 1 there; lanes 2, 3 the mirror.
+        # corner step (d = 1): even lanes send words 1, 3 and take the partner's 0, 2 there; odd lanes the mirror.
+        low = b.op("setp.eq.u32", b.op("and.b32", tid, Imm(bit, "b32")), Imm(0, "u32"))
+        pairs = ((0, 2), (1, 3)) if d == 2 else ((0, 1), (2, 3))  # (word kept by the low lane, word it sends)
+        for a, c in pairs:
+            send = b.op("selp.b32", w[c], w[a], low, type="b32")
+            got = b.op("shfl.sync.bfly.b32", send, Imm(d, "u32"), Imm(0x1F, "b32"), quad, type="b32")
+            w[a], w[c] = b.op("selp.b32", w[a], got, low, type="b32"), b.op("selp.b32", got, w[c], low, type="b32")
+    return w
 
 
 def build_from_f16(arch, widen: bool = False, copy: bool = False):
