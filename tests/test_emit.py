@@ -234,12 +234,14 @@ for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the prepared GEMM's fragments f
 for _f in ("q5_k", "q6_k", "q8_0", "tq4_1s"):  # the codec fixups: the flag, an arrival count, fp32 row sums
     EXPECTED_SASS[f"mul_mat_fixup_{_f}"] = ["ATOMG.E.ADD", "FFMA", "SHFL.BFLY", "BAR.SYNC"]
 EXPECTED_SASS["convert_f16"] = ["F2FP", "LDG.E.128.CONSTANT", "STG.E.128"]
-EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.CONSTANT", "STG.E.128"]  # 8 gathered 4-byte loads
-EXPECTED_SASS["permute_f16"] = ["LDG.E.128.CONSTANT", "PRMT", "STG.E"]  # (fp16 x: one load, 4 word stores)
+# the register-A K order: a group by 16-byte loads as it lies, into place by a quad transpose, one 16-byte store
+EXPECTED_SASS["convert_f16_perm"] = ["F2FP", "LDG.E.128.CONSTANT", "SHFL.BFLY", "STG.E.128"]
+EXPECTED_SASS["permute_f16"] = ["LDG.E.128.CONSTANT", "PRMT", "SHFL.BFLY", "STG.E.128"]  # (fp16 x)
 EXPECTED_SASS["convert_f32"] = ["LDG.E.128.CONSTANT", "HADD2.F32", "STG.E.128"]
 EXPECTED_SASS["copy_f16"] = ["LDG.E.128.CONSTANT", "STG.E.128"]  # (one 16-byte load and store a thread)
-EXPECTED_SASS["moe_gather"] = ["ATOMS.", "BAR.SYNC", "F2FP", "LDG.E.128.CONSTANT"]  # grouping, 2 16-byte loads a group
-EXPECTED_SASS["moe_gather_sums"] = ["ATOMS.", "F2FP", "LDG.E.128.CONSTANT", "SHFL.BFLY", "STG.E.U16"]  # + Σx
+EXPECTED_SASS["moe_gather"] = ["ATOMS.", "BAR.SYNC", "F2FP", "LDG.E.128.CONSTANT", "SHFL.BFLY", "STG.E.128"]  # grouping,
+# 2 16-byte loads a group, the quad's transpose and one 16-byte store
+EXPECTED_SASS["moe_gather_sums"] = EXPECTED_SASS["moe_gather"] + ["STG.E.U16"]  # + Σx
 for _n in ("moe_gather", "moe_gather_sums"):  # on fp16 x: a group by one 16-byte load, widened, rounded back
     EXPECTED_SASS[_n + "_x16"] = EXPECTED_SASS[_n]
 for _n in [n for n in list(EXPECTED_SASS) if isinstance(n, str) and n.endswith(("_f32_id", "_f32_idg"))
