@@ -406,9 +406,7 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
     run quad_moe_32x4 100 "${AB[@]}" --kernels '^moe_gather$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
-    run quad_dense 120 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K,q6_K --shape 4096x14336 \
-      --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False'
-    run quad_dense_4k 100 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K --shape 14336x4096 \
+    run quad_dense 120 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K --shape 4096x14336 \
       --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False' ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
