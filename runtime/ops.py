@@ -223,8 +223,9 @@ def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
     """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: "n<bn>" or
     "n<bn>_m<bm>" (a bm-row M tile) → the pairs per expert from which that tile runs; the largest tile reached, else
     n32): one tile an expert where it fits, its weights decoded once per tile. Q4_K's tiles between the formats'
-    (n48; n96, not shipped: kernels/mmq.py GROUPED_WGMMA_Q4K_TILES) and its 256-row n48 (GROUPED_WIDE_TILES, shipped
-    as "n48_m256") only where the rule names them."""
+    (n48; n96, not shipped: kernels/mmq.py GROUPED_WGMMA_Q4K_TILES) and its 256-row n48 / n80 (GROUPED_WIDE_TILES,
+    shipped as "n48_m256" and "n80_m256") only where the rule names them; a format without the tile reached takes
+    the largest reached tile it has, or where it has none, its next tile up."""
     per = pairs / experts
     if per <= _per_format(RULES.moe_int_weights_max_pairs, fmt, 0):  # the integer-weight build (n16)
         return MmqSpec(16, "wgmma", a_regs=True, grouped=True, fmt=fmt, int_weights=True)
@@ -232,11 +233,17 @@ def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
     def spec(tile):
         bn, _, bm = tile[1:].partition("_m")
         return MmqSpec(int(bn), "wgmma", a_regs=True, grouped=True, fmt=fmt, bm=int(bm or 128))
+
+    def has(tile):
+        return "sm_90a" in kernels.available(spec(tile).name)
     rule = RULES.moe_wgmma_tile_pairs
+    reached = [n for n, v in rule.items() if per >= v and has(n)]
+    if reached:  # the largest tile reached that the format has (Q4_K's n80_m256 at 64 pairs; Q6_K's n64 there)
+        return spec(max(reached, key=lambda n: spec(n).bn))
     tiles = sorted({"n32"} | set(rule), key=lambda n: spec(n).bn)
     want = max((n for n, v in rule.items() if per >= v), key=lambda n: spec(n).bn, default="n32")
-    built = [n for n in tiles[tiles.index(want):] if "sm_90a" in kernels.available(spec(n).name)]
-    return spec(built[0] if built else tiles[-1])  # (a tile the format lacks: the next one up)
+    built = [n for n in tiles[tiles.index(want):] if has(n)]
+    return spec(built[0] if built else tiles[-1])  # (none reached that it has: n32, or its next tile up (n48's))
 
 
 _MOE_FORMATS: list = []  # codecs.moe(), read once (a per-call scan of the codecs cost ~2 µs)

@@ -112,8 +112,9 @@ def test_the_integer_weight_grouped_gemm_matches_the_reference(e, m, k, t, slots
 
 @pytest.mark.parametrize("tile", ["n64_m256", "n80_m256"])
 def test_the_wide_trial_tiles_match_the_reference(tile):
-    """Q4_K's 256-row trial tiles past n48 (kernels/mmq.py GROUPED_WIDE_TILES, not shipped; consumers at 112
-    registers — at 120 their setmaxnreg.inc hung on an H100), reached by naming them in rule moe_wgmma_tile_pairs:
+    """Q4_K's 256-row tiles past n48 (kernels/mmq.py GROUPED_WIDE_TILES: n80_m256 shipped from 60 pairs an expert,
+    n64_m256 a trial build; consumers at 112 registers — at 120 their setmaxnreg.inc hung on an H100), here reached
+    at any T by naming them alone in rule moe_wgmma_tile_pairs:
     within 1e-3 of float64 with one expert past a tile of pairs and M past a 256-row tile."""
     import ptxgen.runtime as r
     from ptxgen import tuning

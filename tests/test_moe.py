@@ -350,12 +350,25 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate and c3[12] == gate + 4
     assert [ln.pdl for ln in plan.launches[:2]] == [True, True]  # moe_gather waits (pdl_head) before it reads
-    for t, tile in ((95, "n32"), (96, "n48_m256"), (143, "n48_m256"), (144, "n64"), (511, "n64"), (512, "n128")):
-        # from 24 pairs per expert n48 (with 256-row M tiles), from 36 n64, from 128 n128
+    for t, tile in ((95, "n32"), (96, "n48_m256"), (143, "n48_m256"), (144, "n64"), (239, "n64"), (240, "n80_m256"),
+                    (511, "n80_m256"), (512, "n128")):
+        # from 24 pairs per expert n48 (with 256-row M tiles), from 36 n64, from 60 n80 (256-row), from 128 n128
         plan = ops.mul_mat_id_plan(w, t, 2)
         assert plan.kernels[1] == f"mmq_q4_k_wgmma_ra_{tile}_moe"
         (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, whole rows, ~1024 groups a CTA a round
         assert c[15] == -(-p // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
+
+
+def test_a_format_without_the_tile_reached_takes_its_largest_reached_tile():
+    """RULES.moe_wgmma_tile_pairs names Q4_K's own tiles (n48_m256, n80_m256) beside every format's (n32, n64, n128):
+    another format takes the largest tile reached that it has (n64 where Q4_K takes n80_m256, not n128), and where it
+    has none reached, its next tile up (n64 where Q4_K takes n48_m256)."""
+    from ptxgen.runtime import ops
+
+    for per, q4k, other in ((20, "n32", "n32"), (30, "n48_m256", "n64"), (40, "n64", "n64"), (64, "n80_m256", "n64"),
+                            (130, "n128", "n128")):
+        for fmt, tile in (("q4_K", q4k), ("q6_K", other), ("q8_0", other)):
+            assert ops._moe_wgmma_spec(32 * per, 32, fmt).name == f"mmq_{fmt.lower()}_wgmma_ra_{tile}_moe", (fmt, per)
 
 
 @pytest.mark.parametrize("t,per_slot", [(1, False), (8, False), (8, True)])

@@ -77,12 +77,10 @@ NOT_SHIPPED = {
                          "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
                          "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
-from . import mmq as _mmq  # noqa: E402 - (imported by _registry above)
-
-NOT_SHIPPED.update({f"mmq_q4_k_wgmma_ra_n{bn}_m256_moe": "a 256-row MoE tile past n48 (consumers at 112 registers, "
-                    "whole-block stages): built to time against n64 at 32 x top-4 T = 512, where n64 takes a second "
-                    "tile for about half the experts; rule moe_wgmma_tile_pairs with an \"n%d_m256\" entry reaches it"
-                    % bn for bn in _mmq.GROUPED_WIDE_TILES if bn > 48})
+NOT_SHIPPED["mmq_q4_k_wgmma_ra_n64_m256_moe"] = (
+    "a 256-row n64 MoE tile (consumers at 112 registers, whole-block stages): slower than the 128-row n64 at 32 x "
+    "top-4 T = 448-576 (H100, h100_wide_32x4_dc53cbc.log); rule moe_wgmma_tile_pairs with an \"n64_m256\" entry "
+    "reaches it")
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n96_moe"] = ("a MoE token tile between n64 and n128: slower than n64 at 32 x top-4 "
                                             "T = 512 (69.7 -> 72.8 graph µs, bench/NOTES.md 2026-12-04); rule "
                                             "moe_wgmma_tile_pairs with an \"n96\" entry reaches it")
