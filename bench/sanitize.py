@@ -157,6 +157,8 @@ MOE_TARGETED = [
     # Q4_K's n48 tiles at 28 pairs an expert: the 256-row one (the rule's), the 128-row one where the rule names it
     ("q4_K", 4, 129, 512, 2, 56, None, GROUPED),
     ("q4_K", 4, 129, 512, 2, 56, None, {**GROUPED, "moe_wgmma_tile_pairs": {"n48": 24, "n64": 36, "n128": 128}}),
+    # Q4_K's n64 at 48 pairs an expert (the sweep's T = 600 on 16 experts, 75 an expert, takes n80_m256)
+    ("q4_K", 4, 129, 512, 2, 96, None, GROUPED),
     # the other formats' mma.sync grouped GEMMs (arch="sm_89"): n32, and n64 from 48 pairs an expert
     *[(fmt, 4, 129, 512, 2, t, "sm_89", GROUPED) for fmt in ("q5_K", "q6_K", "q8_0", "tq4_1s") for t in (48, 100)],
 ]
