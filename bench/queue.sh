@@ -408,6 +408,14 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
     run quad_dense 120 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K --shape 4096x14336 \
       --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False' ;;
+  moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
+    # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
+    ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16
+    run moecheck_plain 100 python3 bench/sanitize.py --only "$ks"
+    for tool in memcheck racecheck synccheck; do
+      run "moecheck_$tool" 100 compute-sanitizer --tool "$tool" --print-limit 20 python3 bench/sanitize.py --only "$ks"
+    done
+    run moecheck_bench 200 python3 bench/bench_moe.py --tokens 1,32,64,128,512 --reps 10 ;;
   sweep)
     run sweep 200 python3 bench/sanitize.py ;;
   capfree)
@@ -416,6 +424,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad moecheck abemit q6nat)"; exit 2 ;;
   esac
 done
