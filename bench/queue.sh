@@ -417,10 +417,11 @@ for step in "${@:-tier}"; do
     done ;;
   q8big)  # #34's Q8_0 T = 4096 cell (H200 831 eager against 822): the shipped converting register-A GEMM against the
     # same GEMM after convert_f16_perm (knob mmq_cx=0) and the prepared-fragments GEMM (knob mmq_pre=1)
-    for kn in "" "--knob mmq_cx=0" "--knob mmq_pre=1"; do
-      run "q8big${kn:+_${kn##*knob }}" 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 \
-        --no-decode-loop --reps 5 $kn
-    done ;;
+    run q8big 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop --reps 5
+    run q8big_nocx 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
+      --reps 5 --knob mmq_cx=0
+    run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
+      --reps 5 --knob mmq_pre=1 ;;
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16
