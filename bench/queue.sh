@@ -408,13 +408,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
     run quad_dense 120 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K --shape 4096x14336 \
       --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False' ;;
-  unroll)  # moe_gather's conversion loop with 2 / 4 groups of x in flight a thread (moe_group.GATHER_UNROLL; shipped 1):
-    # its T = 512 rounds (8 a thread at 128 x top-8, 4 at 32 x top-4) each wait a load's latency
-    for sh in "128:8 768x2048" "32:4 1792x2048"; do
-      set -- $sh
-      run "unroll_${1/:/x}" 100 "${AB[@]}" --kernels '^moe_gather(_sums)?$' --moe "$1" --shape "$2" --tokens 32,512,1024 \
-        --weights 8 --variant 'u2: moe_group.GATHER_UNROLL=2' --variant 'u4: moe_group.GATHER_UNROLL=4'
-    done ;;
   q8big)  # #34's Q8_0 T = 4096 cell (H200 831 eager against 822): the shipped converting register-A GEMM against the
     # same GEMM after convert_f16_perm (knob mmq_cx=0) and the prepared-fragments GEMM (knob mmq_pre=1)
     run q8big 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop --reps 5
@@ -438,6 +431,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad unroll q8big moecheck abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad q8big moecheck abemit q6nat)"; exit 2 ;;
   esac
 done

@@ -191,7 +191,6 @@ def build(arch):
 
 
 GATHER_ROWS = 2048  # pairs one moe_gather CTA gathers at most (its shared lists: each pair's expert, then its place)
-GATHER_UNROLL = 1  # groups of x a thread has in flight at once in moe_gather's conversion loop (each a round apart)
 
 
 def build_gather(arch, sums: bool = False, x16: bool = False):
@@ -241,22 +240,18 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     p1 = b.op("max.u32", p0, b.op("min.u32", b.op("add.u32", p0, R), P))
     gend = b.op("mul.lo.u32", p1, K8)
 
-    U = GATHER_UNROLL
-    b.comment(f"this thread's first {U} group(s) of x in flight while the pairs are grouped")
-    g = b.op("mad.lo.u32", p0, K8, tid)
-    ns, rs = [b.reg("u32") for _ in range(U)], [b.reg("u32") for _ in range(U)]
-    vs = [b.regs("f32", 8) for _ in range(U)]
-    hws = [b.regs("b32", 4) if x16 else None for _ in range(U)]
+    b.comment("this thread's first group of x in flight while the pairs are grouped")
+    g, n, r = b.op("mad.lo.u32", p0, K8, tid), b.reg("u32"), b.reg("u32")
+    v = b.regs("f32", 8)
+    hw = b.regs("b32", 4) if x16 else None
 
-    def load(u):  # group g + u·THREADS of the CTA's rows: pair n, its input group r, x's row n / slots or n, as two
-        # 16-byte loads (x16: one, its 8 halves widened)
-        n, r, v, hw = ns[u], rs[u], vs[u], hws[u]
-        gu = b.op("add.u32", g, Imm(u * THREADS, "u32")) if u else g
-        b.emit("div.u32", n, gu, K8)
-        b.emit("sub.u32", r, gu, b.op("mul.lo.u32", n, K8))
+    def load():  # group g of the CTA's rows: pair n, its input group r, x's row n / slots or n, as two 16-byte loads
+        # (x16: one, its 8 halves widened)
+        b.emit("div.u32", n, g, K8)
+        b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
         row = b.op("selp.b32", n, b.op("div.u32", n, SL), per_slot, type="b32")
         src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, K8, r), Imm(16 if x16 else 32, "u32"), X)
-        live = b.op("setp.lt.u32", gu, gend)
+        live = b.op("setp.lt.u32", g, gend)
         if x16:
             for i in range(4):
                 b.emit("mov.b32", hw[i], Imm(0, "b32"))
@@ -269,8 +264,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
             return
         b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src), pred=live)
         b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16), pred=live)
-    for u in range(U):
-        load(u)
+    load()
 
     b.comment("per expert: all pairs, the pairs before this CTA's, and a rank for each of this CTA's own pairs")
     _loop(b, tid, E, THREADS, lambda e: [b.emit("st.shared.u32", Mem(at(x, e)), Imm(0, "u32")) for x in (cb, bb, mb)],
@@ -308,25 +302,18 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     _loop(b, tid, b.op("sub.u32", p1, p0), THREADS, place, "place")
     b.emit("bar.sync", Imm(0, "u32"))
 
-    b.comment(f"the CTA's groups of x, {U} x THREADS a round, each into its pair's place (a bad id's pair: none; "
-              "a quad's 4 groups are one pair's, so its lanes take the same branches)")
+    b.comment("the CTA's groups of x, THREADS at a time, each into its pair's place (a bad id's pair: none)")
     over = b.op("setp.ne.u32", tid, tid)  # false
-    top, out = b.label("group"), b.label("groups_done")
+    top, out, skip = b.label("group"), b.label("groups_done"), b.label("unplaced")
     b.place(top)
     b.bra(out, pred=b.op("setp.ge.u32", g, gend), uniform=False)
-    for u in range(U):
-        skip = b.label(f"unplaced{u}")
-        if u:
-            b.bra(skip, pred=b.op("setp.ge.u32", b.op("add.u32", g, Imm(u * THREADS, "u32")), gend), uniform=False)
-        pos = b.op("ld.shared.u32", Mem(at(pb, b.op("sub.u32", ns[u], p0))))
-        b.bra(skip, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
-        words = gather_store(b, vs[u], b.op("mad.lo.u32", pos, K8, rs[u]), rs[u], K8, pos, X16,
-                             b.ptr(xs_p) if sums else None)
-        b.emit("or.pred", over, over, overflowed(b, words))
-        b.place(skip)
-    b.emit("add.u32", g, g, Imm(U * THREADS, "u32"))
-    for u in range(U):
-        load(u)
+    pos = b.op("ld.shared.u32", Mem(at(pb, b.op("sub.u32", n, p0))))
+    b.bra(skip, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
+    words = gather_store(b, v, b.op("mad.lo.u32", pos, K8, r), r, K8, pos, X16, b.ptr(xs_p) if sums else None)
+    b.emit("or.pred", over, over, overflowed(b, words))
+    b.place(skip)
+    b.emit("add.u32", g, g, Imm(THREADS, "u32"))
+    load()
     b.bra(top, uniform=False)
     b.place(out)
     b.emit("st.global.u32", Mem(b.ptr(f_p)), Imm(1, "u32"), pred=over)
