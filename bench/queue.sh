@@ -408,6 +408,12 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
     run quad_dense 120 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K --shape 4096x14336 \
       --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False' ;;
+  gstep)  # moe_gather stepping its groups' pair, row and column by adds (shipped; 107 -> 78 SASS a group) against two
+    # divisions a group (moe_group.GATHER_STEP=False), T = 32 / 512 / 1024 on both shapes
+    run gstep_128x8 100 "${AB[@]}" --kernels '^moe_gather(_sums)?$' --moe 128:8 --shape 768x2048 --tokens 32,512,1024 \
+      --weights 8 --variant 'div: moe_group.GATHER_STEP=False'
+    run gstep_32x4 100 "${AB[@]}" --kernels '^moe_gather(_sums)?$' --moe 32:4 --shape 1792x2048 --tokens 32,512,1024 \
+      --weights 8 --variant 'div: moe_group.GATHER_STEP=False' ;;
   q8big)  # #34's Q8_0 T = 4096 cell (H200 831 eager against 822): the shipped converting register-A GEMM against the
     # same GEMM after convert_f16_perm (knob mmq_cx=0) and the prepared-fragments GEMM (knob mmq_pre=1)
     run q8big 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop --reps 5
@@ -431,6 +437,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad q8big moecheck abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad gstep q8big moecheck abemit q6nat)"; exit 2 ;;
   esac
 done

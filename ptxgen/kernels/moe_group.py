@@ -191,6 +191,7 @@ def build(arch):
 
 
 GATHER_ROWS = 2048  # pairs one moe_gather CTA gathers at most (its shared lists: each pair's expert, then its place)
+GATHER_STEP = True  # moe_gather steps its groups' pair, row and column by adds (False: two divisions a group, for A/B)
 
 
 def build_gather(arch, sums: bool = False, x16: bool = False):
@@ -240,16 +241,41 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     p1 = b.op("max.u32", p0, b.op("min.u32", b.op("add.u32", p0, R), P))
     gend = b.op("mul.lo.u32", p1, K8)
 
-    b.comment("this thread's first group of x in flight while the pairs are grouped")
+    b.comment("this thread's first group of x in flight while the pairs are grouped; its group g = n·K8 + r of pair n "
+              "and x's row n / slots (or n) kept as quotients and remainders, stepped by THREADS groups without a "
+              "division in the loop (dq, dr = THREADS / K8, % K8; the row's step split by the slots alike)")
     g, n, r = b.op("mad.lo.u32", p0, K8, tid), b.reg("u32"), b.reg("u32")
+    b.emit("div.u32", n, g, K8)
+    b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
+    SLe = b.op("selp.b32", Imm(1, "u32"), SL, per_slot, type="b32")  # one x row a pair, or one per `slots` pairs
+    row = b.op("div.u32", n, SLe)
+    j = b.op("sub.u32", n, b.op("mul.lo.u32", row, SLe))  # n % SLe
+    dq = b.op("div.u32", Imm(THREADS, "u32"), K8)
+    dr = b.op("sub.u32", Imm(THREADS, "u32"), b.op("mul.lo.u32", dq, K8))
+    dqr = b.op("div.u32", dq, SLe)
+    dqj = b.op("sub.u32", dq, b.op("mul.lo.u32", dqr, SLe))
     v = b.regs("f32", 8)
     hw = b.regs("b32", 4) if x16 else None
 
-    def load():  # group g of the CTA's rows: pair n, its input group r, x's row n / slots or n, as two 16-byte loads
-        # (x16: one, its 8 halves widened)
-        b.emit("div.u32", n, g, K8)
-        b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
-        row = b.op("selp.b32", n, b.op("div.u32", n, SL), per_slot, type="b32")
+    def step():  # g += THREADS: n += dq (+ 1 where r passes K8), then its row and remainder j alike (one carry each)
+        b.emit("add.u32", r, r, dr)
+        c = b.op("setp.ge.u32", r, K8)
+        b.emit("sub.u32", r, r, K8, pred=c)
+        b.emit("add.u32", n, n, dq)
+        b.emit("add.u32", n, n, Imm(1, "u32"), pred=c)
+        b.emit("add.u32", j, j, dqj)
+        b.emit("add.u32", j, j, Imm(1, "u32"), pred=c)
+        b.emit("add.u32", row, row, dqr)
+        cj = b.op("setp.ge.u32", j, SLe)
+        b.emit("sub.u32", j, j, SLe, pred=cj)
+        b.emit("add.u32", row, row, Imm(1, "u32"), pred=cj)
+
+    def load():  # group g of the CTA's rows: pair n, its input group r, x's row, as two 16-byte loads (x16: one, its 8
+        # halves widened)
+        if not GATHER_STEP:
+            b.emit("div.u32", n, g, K8)
+            b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
+            b.emit("div.u32", row, n, SLe)
         src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, K8, r), Imm(16 if x16 else 32, "u32"), X)
         live = b.op("setp.lt.u32", g, gend)
         if x16:
@@ -313,6 +339,8 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     b.emit("or.pred", over, over, overflowed(b, words))
     b.place(skip)
     b.emit("add.u32", g, g, Imm(THREADS, "u32"))
+    if GATHER_STEP:
+        step()
     load()
     b.bra(top, uniform=False)
     b.place(out)
