@@ -506,9 +506,13 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     x16 = pb.scratch((p, k), np.float16)
     iw = "int_weights" in gemm.meta  # the integer-weight build: x's sub-block sums too (Σx hi / lo)
     xs = (pb.scratch((p, k // 16), np.float16),) if iw else ()
-    # a CTA an SM at most (1024 threads each), each ~a thousand groups of 8 values a round, at most GATHER_ROWS pairs
-    k8 = k // 8
-    rows = min(-(-p // max(1, min(sms, -(-p * k8 // 1024)))), GATHER_ROWS)
+    # a CTA an SM at most (1024 threads each), each ~a thousand groups of 8 values a round, at most GATHER_ROWS pairs,
+    # whole rows of x each (a token's slots where they share x: moe_gather converts a row once for all its pairs)
+    k8, unit = k // 8, 1 if x_per_slot else slots
+    if unit > GATHER_ROWS:
+        raise ValueError(f"mul_mat_id: {slots} slots a token sharing x: at most {GATHER_ROWS}")
+    units = p // unit
+    rows = unit * min(-(-units // max(1, min(sms, -(-units * k8 // 1024)))), GATHER_ROWS // unit)
     pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
               grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows

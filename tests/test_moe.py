@@ -355,8 +355,9 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         # from 24 pairs per expert n48 (with 256-row M tiles), from 36 n64, from 60 n80 (256-row), from 128 n128
         plan = ops.mul_mat_id_plan(w, t, 2)
         assert plan.kernels[1] == f"mmq_q4_k_wgmma_ra_{tile}_moe"
-        (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, whole rows, ~1024 groups a CTA a round
-        assert c[15] == -(-p // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
+        (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, whole tokens (x's rows: each converted
+        # once for its 2 slots), ~1024 groups of x a CTA a round
+        assert c[15] == 2 * -(-t // min(132, -(-t * 64 // 1024))) and g == (-(-p // c[15]),)
 
 
 def test_a_format_without_the_tile_reached_takes_its_largest_reached_tile():
@@ -478,7 +479,7 @@ def test_moe_gather_groups_the_pairs_and_gathers_x_bit_for_bit(name):
 
     ptx = get_kernel(name).for_arch("sm_90a").ptx()
     cases = [dict(seed=s) for s in range(3)] + [
-        dict(shape=(128, 40, 8, 768), rows=37, tile=16, per_slot=False),
+        dict(shape=(128, 40, 8, 768), rows=56, tile=16, per_slot=False),  # 7 tokens' 8 slots a CTA, the last 5
         dict(ids=np.full((40, 2), 3, np.int32), shape=(4, 40, 2, 256), rows=80, per_slot=True),
         dict(ids=np.full((3, 2), -1, np.int32), shape=(4, 3, 2, 256), rows=2)]
     for kw in cases:
@@ -704,7 +705,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         x16 = mem.alloc(p * k * 2, poison=0xFF)
         iw = "int_weights" in gemm.meta  # the integer-weight build: the gather writes the sub-block sums too
         xs = mem.alloc(p * k // 16 * 2, poison=0xFF) if iw else None
-        rows = max(1, p // 3)  # 3 or 4 CTAs
+        unit = 1 if per_slot else slots  # whole rows of x a CTA
+        rows = unit * max(1, p // unit // 3)  # 3 or 4 CTAs
         _run(group.ptx(), (-(-p // rows),), (1024,), grouping + (xa, x16, ga, k // 8, slots, int(per_slot), rows)
              + ((xs,) if iw else ()), mem)
         tw = weight_rows_map(mem, wa, gemm.meta, e * m, formats.get(fmt).row_bytes(k))  # the build's boxes

@@ -825,8 +825,8 @@ def _from_f16(ptx: str, rng, shape=(3, 256), seed=None, widen=False, copy=False)
 def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=None, rows=None, tile=32, seed=None,
                     sums=False, x16=False) -> Outcome:
     """moe_gather (_sums): E experts, (T, slots) ids drawn with repeats, empty experts and one out of range (unless
-    `ids` is given), x (T, K) or per slot (T, slots, K) with a value past fp16 half the time; `rows` pairs a CTA
-    (default drawn, so CTAs split the pairs unevenly). The grouping as moe_group's (offsets and the work list exactly
+    `ids` is given), x (T, K) or per slot (T, slots, K) with a value past fp16 half the time; `rows` pairs a CTA, whole
+    rows of x (a multiple of slots where the slots share x; default drawn, so CTAs split the pairs unevenly). The grouping as moe_group's (offsets and the work list exactly
     as kernels.moe_group.reference, each expert's slice of order a permutation of its pairs); x16 row n bit for bit
     the fp16 of pair order[n]'s x row in the register-A K order, rows past offsets[E] untouched; with `sums` each
     row's sub-block sums as gather_sub_block_sums where finite; NaN rows of y for the bad pairs (others untouched);
@@ -842,7 +842,9 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
     ids = np.asarray(ids, np.int32)
     p, k8 = ids.size, k // 8
     per_slot = bool(rng.integers(2)) if per_slot is None else per_slot
-    rows = int(rows or rng.integers(1, max(2, p // 2)))
+    unit = 1 if per_slot else slots  # a CTA's pairs are whole rows of x (moe_gather converts a row once)
+    rows = int(rows or unit * rng.integers(1, max(2, p // unit // 2)))
+    assert rows % unit == 0, (rows, unit)
     x = (rng.standard_normal((p if per_slot else t, k)) * rng.choice([1e-3, 1.0, 3e3])).astype(np.float32)
     if rng.integers(0, 2):
         x[rng.integers(0, len(x)), rng.integers(0, k)] = np.float32(7e4)

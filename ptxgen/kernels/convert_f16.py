@@ -84,17 +84,43 @@ def gather_store(b, v, i, r, k8, n, Y, XS=None):
     fp32 — a thread's 8 in order, then its quad's four by shfl.bfly 1 and 2 — split into fp16 hi and lo (lo = the
     rest, rounded): xs[n][16j + i] = hi, xs[n][16j + 8 + i] = lo of sub-block i of super-block j (K / 16 halves a
     row). Returns the words the overflow watch reads (a sum's hi among them)."""
+    h = rega_halves(b, v)
+    _rega_stores(b, h, i, Y)
+    if XS is not None:  # the sums' hi joins the overflow watch
+        hi, lo = sub_block_sum(b, h)
+        store_sub_block_sum(b, hi, lo, r, k8, n, XS)
+        return h + [b.op("mov.b32", b.vec([hi, hi]), type="b32")]
+    return h
+
+
+def rega_halves(b, v):
+    """The 8 fp32 values `v` of an input group as the 4 fp16x2 words the register-A K order scatters: word q holds
+    the halves of input columns b' and b' + 2, b' = (q & 1) + 4·(q >> 1)."""
     # input group r = 8c + 4h + j holds word j of output groups 8c + 4h + q' (q' = 0..3): the halves of input
-    # columns b' and b' + 2 of the group, b' = (q' & 1) + 4·(q' >> 1) (layouts.q4k_rega_k_order, checked below)
-    h = [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
-         for q in range(4)]
+    # columns b' and b' + 2 of the group (layouts.q4k_rega_k_order, checked here)
     order = q4k_rega_k_order()
     assert all(int(order[8 * (4 * hh + q) + 2 * j + e]) == 32 * hh + 8 * j + (q & 1) + 4 * (q >> 1) + 2 * e
                for hh in range(2) for q in range(4) for j in range(4) for e in range(2))
-    _rega_stores(b, h, i, Y)
-    if XS is not None:  # the sums' hi joins the overflow watch
-        return h + [_sub_block_sums(b, h, r, k8, n, XS)]
-    return h
+    return [b.op("cvt.rn.f16x2.f32", v[(q & 1) + 4 * (q >> 1) + 2], v[(q & 1) + 4 * (q >> 1)], type="b32")
+            for q in range(4)]
+
+
+def rega_words(b, h):
+    """What a thread stores of its input group's words `h` (rega_halves): output group i whole after its quad's
+    transpose (QUAD_STORES), else `h` as they are (4 scattered words). Made once, stored at several places by
+    rega_store (moe_gather: a token's row at each of its slots' places)."""
+    return _quad_transpose(b, h) if QUAD_STORES else list(h)
+
+
+def rega_store(b, words, i, Y):
+    """rega_words' `words` of input group i into the output whose flat group index is i."""
+    if QUAD_STORES:
+        b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(words))
+        return
+    dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
+               b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
+    for q in range(4):
+        b.emit("st.global.b32", Mem(dst, 16 * q), words[q])
 
 
 QUAD_STORES = True  # _rega_stores: one 16-byte store a thread after a transpose in its quad (False: 4 scattered words)
@@ -107,13 +133,7 @@ def _rega_stores(b, h, i, Y):
     words whose transpose is their four output groups: after it (_quad_transpose) thread j stores output group i
     whole — a warp's 32 stores one 512-byte run, where the 4 scattered word stores wrote each 32-byte sector in
     halves, 8 sectors an instruction."""
-    if QUAD_STORES:
-        b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(_quad_transpose(b, h)))
-        return
-    dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
-               b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
-    for q in range(4):
-        b.emit("st.global.b32", Mem(dst, 16 * q), h[q])
+    rega_store(b, rega_words(b, h), i, Y)
 
 
 def _quad_transpose(b, h):
@@ -189,11 +209,10 @@ def overflowed(b, words):
     return over
 
 
-def _sub_block_sums(b, h, r, k8, n, XS):
+def sub_block_sum(b, h):
     """gather_store's Σx: this thread's 8 fp16 values (the halves of `h`, as stored) summed in fp32 in
     input column order, then over its quad (input groups 4s .. 4s + 3: sub-block s of the row) by shfl.bfly 1 and
-    2; the quad's first thread (input group r of row n, r % 4 = 0) stores hi and lo. Returns (hi, hi) as a word, for
-    the overflow watch."""
+    2; returns the sum as fp16 (hi, lo): lo the rest, rounded."""
     halves = []
     for q in range(4):  # h[q] = (column b', column b' + 2), b' = (q & 1) + 4·(q >> 1)
         lo, hi = b.reg("b16"), b.reg("b16")
@@ -209,7 +228,12 @@ def _sub_block_sums(b, h, r, k8, n, XS):
         acc = b.op("add.rn.f32", acc, b.op("shfl.sync.bfly.b32", acc, Imm(d, "u32"), Imm(0x1F, "b32"), quad,
                                             type="f32"))
     hi = b.op("cvt.rn.f16.f32", acc)
-    lo = b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", acc, b.op("cvt.f32.f16", hi)))
+    return hi, b.op("cvt.rn.f16.f32", b.op("sub.rn.f32", acc, b.op("cvt.f32.f16", hi)))
+
+
+def store_sub_block_sum(b, hi, lo, r, k8, n, XS):
+    """sub_block_sum's (hi, lo) of input group r's sub-block into row n of xs (K / 16 halves a row): the quad's
+    first thread (r % 4 = 0) stores them."""
     s = b.op("shr.u32", r, Imm(2, "u32"))  # sub-block r / 4 of the row
     col = b.op("add.u32", b.op("shl.b32", b.op("shr.u32", s, Imm(3, "u32")), Imm(4, "u32")),
                b.op("and.b32", s, Imm(7, "b32")))  # 16·(s / 8) + s % 8
@@ -217,7 +241,6 @@ def _sub_block_sums(b, h, r, k8, n, XS):
     first = b.op("setp.eq.u32", b.op("and.b32", r, Imm(3, "b32")), Imm(0, "u32"))
     b.emit("st.global.b16", Mem(at), hi, pred=first)
     b.emit("st.global.b16", Mem(at, 16), lo, pred=first)
-    return b.op("mov.b32", b.vec([hi, hi]), type="b32")
 
 
 KERNEL = KernelDef(ActKernel("convert_f16").name, "fp32 → fp16 activations with an overflow flag", build)

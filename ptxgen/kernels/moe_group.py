@@ -192,6 +192,8 @@ def build(arch):
 
 GATHER_ROWS = 2048  # pairs one moe_gather CTA gathers at most (its shared lists: each pair's expert, then its place)
 GATHER_STEP = True  # moe_gather steps its groups' pair, row and column by adds (False: two divisions a group, for A/B)
+GATHER_BY_ROW = True  # moe_gather converts each row of x once and stores it at each of its pairs' places (a token's
+# slots where they share x); False: a pair at a time, the row converted again for each of its slots (for A/B)
 
 
 def build_gather(arch, sums: bool = False, x16: bool = False):
@@ -201,12 +203,15 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     them as moe_group does (CTA 0 writes offsets and the work list), places its pairs (expert e's pairs of this CTA at
     offsets[e] + the pairs of e before it + a rank from a shared atomic: every CTA's pairs of e get a slice of their
     own, in any order inside it, as moe_group's), writes their order entries and converts their rows of x into
-    their places (convert_f16.gather_store: fp16 in the register-A K order, and with `sums` the sub-block sums). Its
-    first group of x is loaded before the ids are counted: the x reads do not wait for the grouping. An fp16
+    their places (fp16 in the register-A K order, convert_f16.rega_words, and with `sums` the sub-block sums). `rows`
+    is a multiple of the pairs that share a row of x (slots, or 1 per slot): each row is converted once and stored
+    at each of its pairs' places (GATHER_BY_ROW; a token's 8 slots cost one conversion, not 8). Its first group of
+    x is loaded before the ids are counted: the x reads do not wait for the grouping. An fp16
     overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it). `x16`
     (moe_gather(_sums)_x16): x is fp16, a group of 8 by one 16-byte load, widened — the same stores, sums and flag
     as for its fp32 widening (an inf or NaN of x raises it)."""
-    from .convert_f16 import gather_store, overflowed
+    from .convert_f16 import (gather_store, overflowed, rega_halves, rega_store, rega_words, store_sub_block_sum,
+                              sub_block_sum)
 
     name = ActKernel("group", gather=True, sums=sums, x16=x16).name
     doc = "mul_mat_id's expert grouping and x gathered into fp16 in grouped order" + (", with sub-block sums" if sums
@@ -223,6 +228,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     xs_p = b.param("xs", "u64", "ptr:scratch") if sums else None
     b.directives += [f".maxntid {THREADS}, 1, 1"]
     b.meta.update(grid="ceil(npairs / rows)", max_experts=MAX_EXPERTS, max_rows=GATHER_ROWS,
+                  rows_unit="rows is a multiple of slots where x is shared by the slots (whole rows of x a CTA)",
                   work="work[0] = L; work[1 + i] = expert | token tile << 16",
                   order="u32 per valid pair, grouped by expert", offsets="u32 × (experts + 1)",
                   rows="x16 row n < offsets[experts] = x row order[n] / slots (x shared by the slots) or order[n] (per "
@@ -244,16 +250,23 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     b.comment("this thread's first group of x in flight while the pairs are grouped; its group g = n·K8 + r of pair n "
               "and x's row n / slots (or n) kept as quotients and remainders, stepped by THREADS groups without a "
               "division in the loop (dq, dr = THREADS / K8, % K8; the row's step split by the slots alike)")
-    g, n, r = b.op("mad.lo.u32", p0, K8, tid), b.reg("u32"), b.reg("u32")
-    b.emit("div.u32", n, g, K8)
-    b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
     SLe = b.op("selp.b32", Imm(1, "u32"), SL, per_slot, type="b32")  # one x row a pair, or one per `slots` pairs
-    row = b.op("div.u32", n, SLe)
-    j = b.op("sub.u32", n, b.op("mul.lo.u32", row, SLe))  # n % SLe
+    if GATHER_BY_ROW:  # the groups are x's rows' (this CTA's pairs are whole rows' slots: rows a multiple of SLe)
+        u0 = b.op("div.u32", p0, SLe)
+        g = b.op("mad.lo.u32", u0, K8, tid)
+        gend = b.op("mul.lo.u32", b.op("div.u32", p1, SLe), K8)
+    else:
+        g = b.op("mad.lo.u32", p0, K8, tid)
+    n, r = b.reg("u32"), b.reg("u32")
+    b.emit("div.u32", n, g, K8)  # (by row: n is x's row, the unit of SLe pairs n·SLe ..)
+    b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
+    row = n if GATHER_BY_ROW else b.op("div.u32", n, SLe)
     dq = b.op("div.u32", Imm(THREADS, "u32"), K8)
     dr = b.op("sub.u32", Imm(THREADS, "u32"), b.op("mul.lo.u32", dq, K8))
-    dqr = b.op("div.u32", dq, SLe)
-    dqj = b.op("sub.u32", dq, b.op("mul.lo.u32", dqr, SLe))
+    if not GATHER_BY_ROW:
+        j = b.op("sub.u32", n, b.op("mul.lo.u32", row, SLe))  # n % SLe
+        dqr = b.op("div.u32", dq, SLe)
+        dqj = b.op("sub.u32", dq, b.op("mul.lo.u32", dqr, SLe))
     v = b.regs("f32", 8)
     hw = b.regs("b32", 4) if x16 else None
 
@@ -263,6 +276,8 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
         b.emit("sub.u32", r, r, K8, pred=c)
         b.emit("add.u32", n, n, dq)
         b.emit("add.u32", n, n, Imm(1, "u32"), pred=c)
+        if GATHER_BY_ROW:  # (n is the row)
+            return
         b.emit("add.u32", j, j, dqj)
         b.emit("add.u32", j, j, Imm(1, "u32"), pred=c)
         b.emit("add.u32", row, row, dqr)
@@ -275,7 +290,8 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
         if not GATHER_STEP:
             b.emit("div.u32", n, g, K8)
             b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
-            b.emit("div.u32", row, n, SLe)
+            if not GATHER_BY_ROW:
+                b.emit("div.u32", row, n, SLe)
         src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, K8, r), Imm(16 if x16 else 32, "u32"), X)
         live = b.op("setp.lt.u32", g, gend)
         if x16:
@@ -328,15 +344,39 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     _loop(b, tid, b.op("sub.u32", p1, p0), THREADS, place, "place")
     b.emit("bar.sync", Imm(0, "u32"))
 
-    b.comment("the CTA's groups of x, THREADS at a time, each into its pair's place (a bad id's pair: none)")
     over = b.op("setp.ne.u32", tid, tid)  # false
     top, out, skip = b.label("group"), b.label("groups_done"), b.label("unplaced")
     b.place(top)
     b.bra(out, pred=b.op("setp.ge.u32", g, gend), uniform=False)
-    pos = b.op("ld.shared.u32", Mem(at(pb, b.op("sub.u32", n, p0))))
-    b.bra(skip, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
-    words = gather_store(b, v, b.op("mad.lo.u32", pos, K8, r), r, K8, pos, X16, b.ptr(xs_p) if sums else None)
-    b.emit("or.pred", over, over, overflowed(b, words))
+    if GATHER_BY_ROW:
+        b.comment("the CTA's groups of x's rows, THREADS at a time, each converted once, then stored at the places of "
+                  "the row's SLe pairs n·SLe + j (a bad id's pair: none; a quad is one row's: its lanes take the same "
+                  "branches)")
+        h = rega_halves(b, v)
+        words = rega_words(b, h)
+        watch = list(h)
+        if sums:
+            hi, lo = sub_block_sum(b, h)
+            watch.append(b.op("mov.b32", b.vec([hi, hi]), type="b32"))
+        b.emit("or.pred", over, over, overflowed(b, watch))
+        pair = b.op("sub.u32", b.op("mul.lo.u32", n, SLe), p0)  # the row's first pair, in this CTA's lists
+        pend = b.op("add.u32", pair, SLe)
+        slot_top, slot_next = b.label("slot"), b.label("slot_next")
+        b.place(slot_top)
+        pos = b.op("ld.shared.u32", Mem(at(pb, pair)))
+        b.bra(slot_next, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
+        rega_store(b, words, b.op("mad.lo.u32", pos, K8, r), X16)
+        if sums:
+            store_sub_block_sum(b, hi, lo, r, K8, pos, b.ptr(xs_p))
+        b.place(slot_next)
+        b.emit("add.u32", pair, pair, Imm(1, "u32"))
+        b.bra(slot_top, pred=b.op("setp.lt.u32", pair, pend), uniform=False)
+    else:
+        b.comment("the CTA's groups of x, THREADS at a time, each into its pair's place (a bad id's pair: none)")
+        pos = b.op("ld.shared.u32", Mem(at(pb, b.op("sub.u32", n, p0))))
+        b.bra(skip, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
+        words = gather_store(b, v, b.op("mad.lo.u32", pos, K8, r), r, K8, pos, X16, b.ptr(xs_p) if sums else None)
+        b.emit("or.pred", over, over, overflowed(b, words))
     b.place(skip)
     b.emit("add.u32", g, g, Imm(THREADS, "u32"))
     if GATHER_STEP:
