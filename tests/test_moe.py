@@ -360,6 +360,26 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         assert c[15] == 2 * -(-t // min(132, -(-t * 64 // 1024))) and g == (-(-p // c[15]),)
 
 
+def test_the_gather_takes_whole_rows_of_x_and_refuses_more_slots_than_a_cta_holds(monkeypatch):
+    """moe_gather converts a row of x once for every pair that shares it, so a CTA's pairs are whole tokens where the
+    slots share x (rows a multiple of slots; per slot, any count): at 3 slots of 101 tokens, CTAs of 3·k pairs; past
+    GATHER_ROWS slots a token no CTA holds one, and the plan says so."""
+    from ptxgen import tuning
+    from ptxgen.kernels.moe_group import GATHER_ROWS
+    from ptxgen.runtime import ops
+
+    _Launches(monkeypatch)
+    w = _fake_experts(e=8, m=300, k=512)
+    with tuning.override(moe_int_weights_max_pairs=0, moe_pair_max_weights=0):
+        for slots, per_slot in ((3, 0), (3, 1), (5, 0)):
+            plan = ops.mul_mat_id_plan(w, 101, slots, x_per_slot=per_slot)
+            assert plan.kernels[0] == "moe_gather"
+            rows = plan.launches[0][2][15]
+            assert rows % (1 if per_slot else slots) == 0 and rows * plan.launches[0][1][0] >= 101 * slots
+        with pytest.raises(ValueError, match=f"at most {GATHER_ROWS}"):
+            ops.mul_mat_id_plan(w, 2, GATHER_ROWS + 1)
+
+
 def test_a_format_without_the_tile_reached_takes_its_largest_reached_tile():
     """RULES.moe_wgmma_tile_pairs names Q4_K's own tiles (n48_m256, n80_m256) beside every format's (n32, n64, n128):
     another format takes the largest tile reached that it has (n64 where Q4_K takes n80_m256, not n128), and where it
