@@ -247,9 +247,10 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     p1 = b.op("max.u32", p0, b.op("min.u32", b.op("add.u32", p0, R), P))
     gend = b.op("mul.lo.u32", p1, K8)
 
-    b.comment("this thread's first group of x in flight while the pairs are grouped; its group g = n·K8 + r of pair n "
-              "and x's row n / slots (or n) kept as quotients and remainders, stepped by THREADS groups without a "
-              "division in the loop (dq, dr = THREADS / K8, % K8; the row's step split by the slots alike)")
+    b.comment("this thread's first group of x in flight while the pairs are grouped; its group g = n·K8 + r (of x's "
+              "row n, by row; of pair n and x's row n / slots or n, a pair at a time) kept as quotient and remainder, "
+              "stepped by THREADS groups without a division in the loop (dq, dr = THREADS / K8, % K8; a pair's row "
+              "stepped by the slots alike)")
     SLe = b.op("selp.b32", Imm(1, "u32"), SL, per_slot, type="b32")  # one x row a pair, or one per `slots` pairs
     if GATHER_BY_ROW:  # the groups are x's rows' (this CTA's pairs are whole rows' slots: rows a multiple of SLe)
         u0 = b.op("div.u32", p0, SLe)
@@ -358,7 +359,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
         if sums:
             hi, lo = sub_block_sum(b, h)
             watch.append(b.op("mov.b32", b.vec([hi, hi]), type="b32"))
-        b.emit("or.pred", over, over, overflowed(b, watch))
+        ovf = overflowed(b, watch)  # (raises the flag where a pair gathers it, as a pair at a time did)
         pair = b.op("sub.u32", b.op("mul.lo.u32", n, SLe), p0)  # the row's first pair, in this CTA's lists
         pend = b.op("add.u32", pair, SLe)
         slot_top, slot_next = b.label("slot"), b.label("slot_next")
@@ -368,6 +369,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
         rega_store(b, words, b.op("mad.lo.u32", pos, K8, r), X16)
         if sums:
             store_sub_block_sum(b, hi, lo, r, K8, pos, b.ptr(xs_p))
+        b.emit("or.pred", over, over, ovf)
         b.place(slot_next)
         b.emit("add.u32", pair, pair, Imm(1, "u32"))
         b.bra(slot_top, pred=b.op("setp.lt.u32", pair, pend), uniform=False)
