@@ -191,7 +191,7 @@ def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch:
     if t < MOE_GROUPED_MIN_TOKENS or (p <= 65535 and p * m * k <= _per_format(RULES.moe_pair_max_weights, fmt)):
         return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
     if fp16_weights and _moe_gemm(fmt, t, slots, experts, k, m):
-        if _moe_wgmma(fmt, k, arch, sm):
+        if _moe_wgmma(fmt, k, arch, sm) and slots <= _gather_rows():  # (moe_gather: a token's slots in one CTA)
             spec = _moe_wgmma_spec(p, experts, fmt)
             group = ActKernel("group", gather=True, sums=spec.int_weights)  # the grouping and x gathered, one kernel
             return [group.name, spec.name, CodecKernel("gemv_idg", fmt).name]
@@ -200,6 +200,12 @@ def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch:
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
     return [CodecKernel("gemv_id", fmt).name]
+
+
+def _gather_rows() -> int:
+    from ptxgen.kernels.moe_group import GATHER_ROWS
+
+    return GATHER_ROWS
 
 
 def _moe_bn(pairs: int, experts: int) -> int:
@@ -506,13 +512,15 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     x16 = pb.scratch((p, k), np.float16)
     iw = "int_weights" in gemm.meta  # the integer-weight build: x's sub-block sums too (Σx hi / lo)
     xs = (pb.scratch((p, k // 16), np.float16),) if iw else ()
-    # a CTA an SM at most (1024 threads each), each ~a thousand groups of 8 values a round, at most GATHER_ROWS pairs,
-    # whole rows of x each (a token's slots where they share x: moe_gather converts a row once for all its pairs)
-    k8, unit = k // 8, 1 if x_per_slot else slots
-    if unit > GATHER_ROWS:
-        raise ValueError(f"mul_mat_id: {slots} slots a token sharing x: at most {GATHER_ROWS}")
-    units = p // unit
-    rows = unit * min(-(-units // max(1, min(sms, -(-units * k8 // 1024)))), GATHER_ROWS // unit)
+    # a CTA an SM at most (1024 threads each), each ~a thousand (pair, group of 8 values) stores a round, at most
+    # GATHER_ROWS pairs, rounded to whole rows of x (a token's slots where they share x: moe_gather converts a row
+    # once for all its pairs; moe_group.GATHER_BY_ROW, off for A/B: a pair at a time, any count)
+    from ptxgen.kernels import moe_group
+
+    k8, unit = k // 8, 1 if x_per_slot or not moe_group.GATHER_BY_ROW else slots
+    assert unit <= GATHER_ROWS, (slots, GATHER_ROWS)  # (_moe_route takes another route past it)
+    units, gathers = p // unit, max(1, min(sms, -(-p * k8 // 1024)))
+    rows = unit * min(-(-units // gathers), GATHER_ROWS // unit)
     pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
               grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows

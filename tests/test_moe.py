@@ -355,15 +355,15 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         # from 24 pairs per expert n48 (with 256-row M tiles), from 36 n64, from 60 n80 (256-row), from 128 n128
         plan = ops.mul_mat_id_plan(w, t, 2)
         assert plan.kernels[1] == f"mmq_q4_k_wgmma_ra_{tile}_moe"
-        (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, whole tokens (x's rows: each converted
-        # once for its 2 slots), ~1024 groups of x a CTA a round
-        assert c[15] == 2 * -(-t // min(132, -(-t * 64 // 1024))) and g == (-(-p // c[15]),)
+        (_, g, c), p = plan.launches[0][:3], 2 * t  # a CTA an SM at most, ~1024 (pair, group) stores a CTA a round,
+        # whole tokens (x's rows: each converted once for its 2 slots)
+        assert c[15] == 2 * -(-t // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
 
 
-def test_the_gather_takes_whole_rows_of_x_and_refuses_more_slots_than_a_cta_holds(monkeypatch):
+def test_the_gather_takes_whole_rows_of_x_and_more_slots_than_a_cta_holds_take_moe_group(monkeypatch):
     """moe_gather converts a row of x once for every pair that shares it, so a CTA's pairs are whole tokens where the
     slots share x (rows a multiple of slots; per slot, any count): at 3 slots of 101 tokens, CTAs of 3·k pairs; past
-    GATHER_ROWS slots a token no CTA holds one, and the plan says so."""
+    GATHER_ROWS slots a token no CTA holds one, and sm_90 takes the mma.sync grouped route (moe_group, any slots)."""
     from ptxgen import tuning
     from ptxgen.kernels.moe_group import GATHER_ROWS
     from ptxgen.runtime import ops
@@ -376,8 +376,7 @@ def test_the_gather_takes_whole_rows_of_x_and_refuses_more_slots_than_a_cta_hold
             assert plan.kernels[0] == "moe_gather"
             rows = plan.launches[0][2][15]
             assert rows % (1 if per_slot else slots) == 0 and rows * plan.launches[0][1][0] >= 101 * slots
-        with pytest.raises(ValueError, match=f"at most {GATHER_ROWS}"):
-            ops.mul_mat_id_plan(w, 2, GATHER_ROWS + 1)
+        assert ops.mul_mat_id_plan(w, 2, GATHER_ROWS + 1).kernels[0] == "moe_group"
 
 
 def test_a_format_without_the_tile_reached_takes_its_largest_reached_tile():

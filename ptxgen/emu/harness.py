@@ -825,9 +825,9 @@ def _from_f16(ptx: str, rng, shape=(3, 256), seed=None, widen=False, copy=False)
 def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=None, rows=None, tile=32, seed=None,
                     sums=False, x16=False) -> Outcome:
     """moe_gather (_sums): E experts, (T, slots) ids drawn with repeats, empty experts and one out of range (unless
-    `ids` is given), x (T, K) or per slot (T, slots, K) with a value past fp16 half the time; `rows` pairs a CTA, whole
-    rows of x (a multiple of slots where the slots share x; default drawn, so CTAs split the pairs unevenly). The grouping as moe_group's (offsets and the work list exactly
-    as kernels.moe_group.reference, each expert's slice of order a permutation of its pairs); x16 row n bit for bit
+    `ids` is given), x (T, K) or per slot (T, slots, K) with a value past fp16 half the time; `rows` pairs a CTA,
+    whole rows of x (a multiple of slots where the slots share x; default drawn, so CTAs split the pairs unevenly).
+    The grouping as moe_group's (offsets and the work list exactly as kernels.moe_group.reference, each expert's slice of order a permutation of its pairs); x16 row n bit for bit
     the fp16 of pair order[n]'s x row in the register-A K order, rows past offsets[E] untouched; with `sums` each
     row's sub-block sums as gather_sub_block_sums where finite; NaN rows of y for the bad pairs (others untouched);
     the flag raised exactly when a gathered value (or a sum's hi) leaves fp16. `x16` (moe_gather(_sums)_x16): x is

@@ -20,10 +20,11 @@ PER_THREAD = 8
 def build(arch, permuted: bool = False):
     """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
     holds input column layouts.q4k_rega_k_order()[L]. A thread loads input group i (8 consecutive columns) and
-    stores output group i after its quad's transpose (gather_store, as moe_gather; K a multiple of 64, so a chunk
-    never straddles rows). With QUAD_STORES off (the form before 2026-12-06, for A/B): for output group q = L / 8
-    (8 values, one 16-byte store) the inputs are base(q) plus 8 offsets shared by every q (order[0:8]),
-    base(q) = order[8q] = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2), 8 scattered 4-byte loads.
+    stores output group i after its quad's transpose (gather_store: rega_halves, rega_words, rega_store, as
+    moe_gather does; K a multiple of 64, so a chunk never straddles rows). With QUAD_STORES off (the form before
+    2026-12-06, for A/B): for output group q = L / 8 (8 values, one 16-byte store) the inputs are base(q) plus 8
+    offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2), 8
+    scattered 4-byte loads.
     (mul_mat_id's gathered form of it is moe_group.py's moe_gather, on gather_store below.)"""
     name = ActKernel("convert_f16", rega=permuted).name
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
@@ -77,9 +78,9 @@ def build(arch, permuted: bool = False):
 
 def gather_store(b, v, i, r, k8, n, Y, XS=None):
     """The register-A K order's stores of one input group: the 8 fp32 values `v` of input group r (of K / 8 = k8 a
-    row) as fp16 into output row n, whose flat group index is i = n·k8 + r — one 4-byte word into each of 4 output
-    groups (a thread reads one group with two 16-byte loads: the scattered 4-byte loads of convert_f16_perm cost 8 L1
-    wavefronts each) — and with `XS` the row's sub-block sums, for a grouped GEMM that keeps Q4_K's weights integer
+    row) as fp16 into output row n, whose flat group index is i = n·k8 + r — output group i whole after the quad's
+    transpose (_rega_stores; a thread reads one group with two 16-byte loads as it lies) — and with `XS` the row's
+    sub-block sums, for a grouped GEMM that keeps Q4_K's weights integer
     (the min term as a k16 slice of its own): Σx of the fp16 values over the 32 input columns of every sub-block, in
     fp32 — a thread's 8 in order, then its quad's four by shfl.bfly 1 and 2 — split into fp16 hi and lo (lo = the
     rest, rounded): xs[n][16j + i] = hi, xs[n][16j + 8 + i] = lo of sub-block i of super-block j (K / 16 halves a
@@ -158,8 +159,8 @@ def _quad_transpose(b, h):
 def build_from_f16(arch, widen: bool = False, copy: bool = False):
     """fp16 activations (a torch user's) for the kernels that read another form: permute_f16 — into the register-A
     wgmma MMQ's K order (as convert_f16_perm, nothing to round, no flag: every value is an fp16 already), one 16-byte
-    load a thread of 8 consecutive columns and a word into each of 4 output groups (_rega_stores) — or, widen,
-    convert_f32 — fp16 → fp32 exactly, for the routes that read fp32 x —, or, copy, copy_f16 — as they are, into
+    load a thread of 8 consecutive columns and one output group stored after the quad's transpose (_rega_stores) —
+    or, widen, convert_f32 — fp16 → fp32 exactly, for the routes that read fp32 x —, or, copy, copy_f16 — as they are, into
     scratch, where a natural-order fp16 GEMM's tensor map points (convert_f16's output for an fp32 x). 8 values a
     thread."""
     kind = "convert_f32" if widen else "copy_f16" if copy else "permute_f16"
@@ -222,7 +223,7 @@ def sub_block_sum(b, h):
     for _, v in sorted(halves, key=lambda t: t[0]):
         f = b.op("cvt.f32.f16", v)
         acc = f if acc is None else b.op("add.rn.f32", acc, f)
-    # the quad's lanes only: a row without a place has left (a quad is one row's, K / 8 a multiple of 4)
+    # the quad's lanes only (a quad is one row's, K / 8 a multiple of 4: its lanes reach here together)
     quad = b.op("shl.b32", Imm(0xF, "b32"), b.op("and.b32", b.special("tid.x"), Imm(0x1C, "b32")))
     for d in (1, 2):
         acc = b.op("add.rn.f32", acc, b.op("shfl.sync.bfly.b32", acc, Imm(d, "u32"), Imm(0x1F, "b32"), quad,

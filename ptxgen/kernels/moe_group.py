@@ -353,6 +353,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
         b.comment("the CTA's groups of x's rows, THREADS at a time, each converted once, then stored at the places of "
                   "the row's SLe pairs n·SLe + j (a bad id's pair: none; a quad is one row's: its lanes take the same "
                   "branches)")
+        XS = b.ptr(xs_p) if sums else None
         h = rega_halves(b, v)
         words = rega_words(b, h)
         watch = list(h)
@@ -368,7 +369,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
         b.bra(slot_next, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
         rega_store(b, words, b.op("mad.lo.u32", pos, K8, r), X16)
         if sums:
-            store_sub_block_sum(b, hi, lo, r, K8, pos, b.ptr(xs_p))
+            store_sub_block_sum(b, hi, lo, r, K8, pos, XS)
         b.emit("or.pred", over, over, ovf)
         b.place(slot_next)
         b.emit("add.u32", pair, pair, Imm(1, "u32"))
