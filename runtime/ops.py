@@ -187,11 +187,13 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
 
 def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch: str | None, sm: int | None,
                fp16_weights: bool = True) -> list[str]:
+    from ptxgen.kernels.moe_group import GATHER_ROWS
+
     p = t * slots
     if t < MOE_GROUPED_MIN_TOKENS or (p <= 65535 and p * m * k <= _per_format(RULES.moe_pair_max_weights, fmt)):
         return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
     if fp16_weights and _moe_gemm(fmt, t, slots, experts, k, m):
-        if _moe_wgmma(fmt, k, arch, sm) and slots <= _gather_rows():  # (moe_gather: a token's slots in one CTA)
+        if _moe_wgmma(fmt, k, arch, sm) and slots <= GATHER_ROWS:  # (moe_gather: a token's slots in one CTA)
             spec = _moe_wgmma_spec(p, experts, fmt)
             group = ActKernel("group", gather=True, sums=spec.int_weights)  # the grouping and x gathered, one kernel
             return [group.name, spec.name, CodecKernel("gemv_idg", fmt).name]
@@ -200,12 +202,6 @@ def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch:
     if t >= MOE_GROUPED_MIN_TOKENS and experts <= 65535:
         return [CodecKernel("gemv_idg", fmt).name]
     return [CodecKernel("gemv_id", fmt).name]
-
-
-def _gather_rows() -> int:
-    from ptxgen.kernels.moe_group import GATHER_ROWS
-
-    return GATHER_ROWS
 
 
 def _moe_bn(pairs: int, experts: int) -> int:
@@ -491,7 +487,7 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     or the conversion raises the workspace's zero-kept flag where an activation overflowed fp16 (the gated GEMV
     behind them reads it and lowers it)."""
     from ptxgen.kernels.mmq import BM
-    from ptxgen.kernels.moe_group import GATHER_ROWS
+    from ptxgen.kernels import moe_group
 
     e, m, k = w.shape
     p = t * slots
@@ -515,12 +511,10 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     # a CTA an SM at most (1024 threads each), each ~a thousand (pair, group of 8 values) stores a round, at most
     # GATHER_ROWS pairs, rounded to whole rows of x (a token's slots where they share x: moe_gather converts a row
     # once for all its pairs; moe_group.GATHER_BY_ROW, off for A/B: a pair at a time, any count)
-    from ptxgen.kernels import moe_group
-
-    k8, unit = k // 8, 1 if x_per_slot or not moe_group.GATHER_BY_ROW else slots
-    assert unit <= GATHER_ROWS, (slots, GATHER_ROWS)  # (_moe_route takes another route past it)
+    k8, unit, most = k // 8, 1 if x_per_slot or not moe_group.GATHER_BY_ROW else slots, moe_group.GATHER_ROWS
+    assert unit <= most, (slots, most)  # (_moe_route takes another route past it)
     units, gathers = p // unit, max(1, min(sms, -(-p * k8 // 1024)))
-    rows = unit * min(-(-units // gathers), GATHER_ROWS // unit)
+    rows = unit * min(-(-units // gathers), most // unit)
     pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
               grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
