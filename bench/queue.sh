@@ -61,9 +61,6 @@
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
 #   wide     #35: the 256-row n64 / n80 MoE trial tiles against the shipped n64 (32 x top-4 T = 448-576, 128 x top-8 T = 768 / 1024)
 #   gate     #35: the gated GEMV's grid.y 1 against 4 (GATED_EXPERT_CTAS), both shapes, T = 32 / 512
-#   gstep    moe_gather by rows of x and stepped indices against a pair at a time (and with divisions)
-#   quad     the register-A K order's 16-byte stores after a quad transpose against the scattered word stores
-#            (moe_gather T = 32 / 512 both MoE shapes; convert_f16_perm on the dense fp32-x prefill)
 #   perm8    Q8_0's register-A GEMMs in the permuted K order against the natural one on fp32 x, 4096x14336 T = 512 / 4096
 #   perm32   the Q4_K / Q6_K register-A GEMMs in the permuted K order against the natural one on fp32 x (bench_model's shapes)
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
@@ -400,24 +397,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1'
     run gate_32x4 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1' ;;
-  quad)  # the register-A K order's stores (convert_f16._rega_stores) as one 16-byte store a thread after a quad
-    # transpose (shipped) against the 4 scattered word stores before it: moe_gather at T = 512 (both shapes) and the
-    # dense fp32-x prefill's convert_f16_perm (natural loads now, 8 scattered 4-byte loads before)
-    run quad_moe_128x8 100 "${AB[@]}" --kernels '^moe_gather$' --moe 128:8 --shape 768x2048 --tokens 32,512 \
-      --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
-    run quad_moe_32x4 100 "${AB[@]}" --kernels '^moe_gather$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
-      --weights 8 --variant 'old: convert_f16.QUAD_STORES=False'
-    run quad_dense 120 "${AB[@]}" --kernels '^convert_f16_perm$' --formats q4_K --shape 4096x14336 \
-      --tokens 512 --variant 'old: convert_f16.QUAD_STORES=False' ;;
-  gstep)  # moe_gather converting each row of x once for all its slots and stepping its indices by adds (shipped) against
-    # a pair at a time, stepped (moe_group.GATHER_BY_ROW=False), and a pair at a time with two divisions a group (the
-    # form before 2026-12-06, also GATHER_STEP=False); T = 32 / 512 / 1024 on both shapes
-    for sh in "128:8 768x2048" "32:4 1792x2048"; do
-      set -- $sh
-      run "gstep_${1/:/x}" 100 "${AB[@]}" --kernels '^moe_gather(_sums)?$' --moe "$1" --shape "$2" --tokens 32,512,1024 \
-        --weights 8 --variant 'pair: moe_group.GATHER_BY_ROW=False' \
-        --variant 'div: moe_group.GATHER_BY_ROW=False; moe_group.GATHER_STEP=False'
-    done ;;
   q8big)  # #34's Q8_0 T = 4096 cell (H200 831 eager against 822): the shipped converting register-A GEMM against the
     # same GEMM after convert_f16_perm (knob mmq_cx=0) and the prepared-fragments GEMM (knob mmq_pre=1)
     run q8big 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop --reps 5

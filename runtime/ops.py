@@ -510,8 +510,8 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     xs = (pb.scratch((p, k // 16), np.float16),) if iw else ()
     # a CTA an SM at most (1024 threads each), each ~a thousand (pair, group of 8 values) stores a round, at most
     # GATHER_ROWS pairs, rounded to whole rows of x (a token's slots where they share x: moe_gather converts a row
-    # once for all its pairs; moe_group.GATHER_BY_ROW, off for A/B: a pair at a time, any count)
-    k8, unit, most = k // 8, 1 if x_per_slot or not moe_group.GATHER_BY_ROW else slots, moe_group.GATHER_ROWS
+    # once for all its pairs)
+    k8, unit, most = k // 8, 1 if x_per_slot else slots, moe_group.GATHER_ROWS
     assert unit <= most, (slots, most)  # (_moe_route takes another route past it)
     units, gathers = p // unit, max(1, min(sms, -(-p * k8 // 1024)))
     rows = unit * min(-(-units // gathers), most // unit)

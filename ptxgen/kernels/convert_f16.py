@@ -19,13 +19,10 @@ PER_THREAD = 8
 
 def build(arch, permuted: bool = False):
     """permuted (convert_f16_perm, for the register-A wgmma MMQ): within each 64-column chunk, output position L
-    holds input column layouts.q4k_rega_k_order()[L]. A thread loads input group i (8 consecutive columns) and
-    stores output group i after its quad's transpose (gather_store: rega_halves, rega_words, rega_store, as
-    moe_gather does; K a multiple of 64, so a chunk never straddles rows). With QUAD_STORES off (the form before
-    2026-12-06, for A/B): for output group q = L / 8 (8 values, one 16-byte store) the inputs are base(q) plus 8
-    offsets shared by every q (order[0:8]), base(q) = order[8q] = (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2), 8
-    scattered 4-byte loads.
-    (mul_mat_id's gathered form of it is moe_group.py's moe_gather, on gather_store below.)"""
+    holds input column layouts.q4k_rega_k_order()[L]. A thread loads input group i (8 consecutive columns, two
+    16-byte loads) and stores output group i after its quad's transpose (rega_halves, rega_words, rega_store, as
+    moe_gather does; K a multiple of 64, so a chunk never straddles rows).
+    (mul_mat_id's gathered form of it is moe_group.py's moe_gather.)"""
     name = ActKernel("convert_f16", rega=permuted).name
     doc = __doc__.splitlines()[0] + (" (K order of the register-A wgmma MMQ)" if permuted else "")
     b = KernelBuilder(name, arch, doc, block=(THREADS, 1, 1))
@@ -41,57 +38,19 @@ def build(arch, permuted: bool = False):
     done = b.label("done")
     b.bra(done, pred=b.op("setp.ge.u32", i, n8), uniform=False)
     v = b.regs("f32", 8)
-    if permuted and QUAD_STORES:  # input group i as it lies (two 16-byte loads), its words into place by the quad
-        src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
-        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
-        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
-        b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=overflowed(b, gather_store(b, v, i, None, None, None, Y)))
-        b.place(done)
-        b.emit("ret")
-        return b.finish()
-    if permuted:
-        q = b.op("and.b32", i, Imm(7, "b32"))
-        base = b.op("add.u32", b.op("and.b32", q, Imm(1, "b32")),  # (q & 1) + 4·(q >> 1 & 1) + 32·(q >> 2)
-                    b.op("add.u32", b.op("shl.b32", b.op("and.b32", q, Imm(2, "b32")), Imm(1, "u32")),
-                         b.op("shl.b32", b.op("shr.u32", q, Imm(2, "u32")), Imm(5, "u32"))))
-        col = b.op("add.u32", b.op("shl.b32", b.op("and.b32", i, Imm(~7 & 0xFFFFFFFF, "b32")), Imm(3, "u32")),
-                   base)  # the chunk's first element, 64·(i / 8), plus base(q)
-        src = b.op("mad.wide.u32", col, Imm(4, "u32"), X)
-        order = q4k_rega_k_order()
-        # output group q's inputs: base(q) = order[8q] plus the same 8 offsets for every q (checked here)
-        offs = [int(o - order[0]) for o in order[:8]]
-        assert all(list(order[8 * q:8 * q + 8] - order[8 * q]) == offs for q in range(8))
-        assert [int(order[8 * q]) for q in range(8)] == [(q & 1) + 4 * (q >> 1 & 1) + 32 * (q >> 2) for q in range(8)]
-        for e, off in enumerate(offs):
-            b.emit("ld.global.nc.f32", v[e], Mem(src, 4 * off))
+    src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
+    b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
+    b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
+    if permuted:  # input group i as it lies, its words into place by the quad
+        h = rega_halves(b, v)
+        _rega_stores(b, h, i, Y)
     else:
-        src = b.op("mad.wide.u32", i, Imm(32, "u32"), X)
-        b.emit("ld.global.nc.v4.f32", b.vec(v[0:4]), Mem(src))
-        b.emit("ld.global.nc.v4.f32", b.vec(v[4:8]), Mem(src, 16))
-    h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
-    b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(h))
+        h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
+        rega_store(b, h, i, Y)
     b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=overflowed(b, h))
     b.place(done)
     b.emit("ret")
     return b.finish()
-
-
-def gather_store(b, v, i, r, k8, n, Y, XS=None):
-    """The register-A K order's stores of one input group: the 8 fp32 values `v` of input group r (of K / 8 = k8 a
-    row) as fp16 into output row n, whose flat group index is i = n·k8 + r — output group i whole after the quad's
-    transpose (_rega_stores; a thread reads one group with two 16-byte loads as it lies) — and with `XS` the row's
-    sub-block sums, for a grouped GEMM that keeps Q4_K's weights integer
-    (the min term as a k16 slice of its own): Σx of the fp16 values over the 32 input columns of every sub-block, in
-    fp32 — a thread's 8 in order, then its quad's four by shfl.bfly 1 and 2 — split into fp16 hi and lo (lo = the
-    rest, rounded): xs[n][16j + i] = hi, xs[n][16j + 8 + i] = lo of sub-block i of super-block j (K / 16 halves a
-    row). Returns the words the overflow watch reads (a sum's hi among them)."""
-    h = rega_halves(b, v)
-    _rega_stores(b, h, i, Y)
-    if XS is not None:  # the sums' hi joins the overflow watch
-        hi, lo = sub_block_sum(b, h)
-        store_sub_block_sum(b, hi, lo, r, k8, n, XS)
-        return h + [b.op("mov.b32", b.vec([hi, hi]), type="b32")]
-    return h
 
 
 def rega_halves(b, v):
@@ -108,23 +67,14 @@ def rega_halves(b, v):
 
 def rega_words(b, h):
     """What a thread stores of its input group's words `h` (rega_halves): output group i whole after its quad's
-    transpose (QUAD_STORES), else `h` as they are (4 scattered words). Made once, stored at several places by
-    rega_store (moe_gather: a token's row at each of its slots' places)."""
-    return _quad_transpose(b, h) if QUAD_STORES else list(h)
+    transpose. Made once, stored at several places by rega_store (moe_gather: a token's row at each of its slots'
+    places)."""
+    return _quad_transpose(b, h)
 
 
 def rega_store(b, words, i, Y):
-    """rega_words' `words` of input group i into the output whose flat group index is i."""
-    if QUAD_STORES:
-        b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(words))
-        return
-    dst = b.op("mad.wide.u32", b.op("and.b32", i, Imm(~3 & 0xFFFFFFFF, "b32")), Imm(16, "u32"),
-               b.op("mad.wide.u32", b.op("and.b32", i, Imm(3, "b32")), Imm(4, "u32"), Y))
-    for q in range(4):
-        b.emit("st.global.b32", Mem(dst, 16 * q), words[q])
-
-
-QUAD_STORES = True  # _rega_stores: one 16-byte store a thread after a transpose in its quad (False: 4 scattered words)
+    """rega_words' `words` of input group i into the output whose flat group index is i (one 16-byte store)."""
+    b.emit("st.global.v4.b32", Mem(b.op("mad.wide.u32", i, Imm(16, "u32"), Y)), b.vec(words))
 
 
 def _rega_stores(b, h, i, Y):
@@ -211,7 +161,7 @@ def overflowed(b, words):
 
 
 def sub_block_sum(b, h):
-    """gather_store's Σx: this thread's 8 fp16 values (the halves of `h`, as stored) summed in fp32 in
+    """moe_gather_sums' Σx: this thread's 8 fp16 values (the halves of `h`, as stored) summed in fp32 in
     input column order, then over its quad (input groups 4s .. 4s + 3: sub-block s of the row) by shfl.bfly 1 and
     2; returns the sum as fp16 (hi, lo): lo the rest, rounded."""
     halves = []

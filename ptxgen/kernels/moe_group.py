@@ -191,9 +191,6 @@ def build(arch):
 
 
 GATHER_ROWS = 2048  # pairs one moe_gather CTA gathers at most (its shared lists: each pair's expert, then its place)
-GATHER_STEP = True  # moe_gather steps its groups' pair, row and column by adds (False: two divisions a group, for A/B)
-GATHER_BY_ROW = True  # moe_gather converts each row of x once and stores it at each of its pairs' places (a token's
-# slots where they share x); False: a pair at a time, the row converted again for each of its slots (for A/B)
 
 
 def build_gather(arch, sums: bool = False, x16: bool = False):
@@ -205,12 +202,12 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     own, in any order inside it, as moe_group's), writes their order entries and converts their rows of x into
     their places (fp16 in the register-A K order, convert_f16.rega_words, and with `sums` the sub-block sums). `rows`
     is a multiple of the pairs that share a row of x (slots, or 1 per slot): each row is converted once and stored
-    at each of its pairs' places (GATHER_BY_ROW; a token's 8 slots cost one conversion, not 8). Its first group of
+    at each of its pairs' places (a token's 8 slots cost one conversion, not 8). Its first group of
     x is loaded before the ids are counted: the x reads do not wait for the grouping. An fp16
     overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it). `x16`
     (moe_gather(_sums)_x16): x is fp16, a group of 8 by one 16-byte load, widened — the same stores, sums and flag
     as for its fp32 widening (an inf or NaN of x raises it)."""
-    from .convert_f16 import (gather_store, overflowed, rega_halves, rega_store, rega_words, store_sub_block_sum,
+    from .convert_f16 import (overflowed, rega_halves, rega_store, rega_words, store_sub_block_sum,
                               sub_block_sum)
 
     name = ActKernel("group", gather=True, sums=sums, x16=x16).name
@@ -248,52 +245,29 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     gend = b.op("mul.lo.u32", p1, K8)
 
     b.comment("this thread's first group of x in flight while the pairs are grouped; its group g = n·K8 + r (of x's "
-              "row n, by row; of pair n and x's row n / slots or n, a pair at a time) kept as quotient and remainder, "
-              "stepped by THREADS groups without a division in the loop (dq, dr = THREADS / K8, % K8; a pair's row "
-              "stepped by the slots alike)")
+              "row n: this CTA's pairs are whole rows' slots, rows a multiple of SLe) kept as quotient and remainder, "
+              "stepped by THREADS groups without a division in the loop (dq, dr = THREADS / K8, % K8)")
     SLe = b.op("selp.b32", Imm(1, "u32"), SL, per_slot, type="b32")  # one x row a pair, or one per `slots` pairs
-    if GATHER_BY_ROW:  # the groups are x's rows' (this CTA's pairs are whole rows' slots: rows a multiple of SLe)
-        u0 = b.op("div.u32", p0, SLe)
-        g = b.op("mad.lo.u32", u0, K8, tid)
-        gend = b.op("mul.lo.u32", b.op("div.u32", p1, SLe), K8)
-    else:
-        g = b.op("mad.lo.u32", p0, K8, tid)
+    g = b.op("mad.lo.u32", b.op("div.u32", p0, SLe), K8, tid)
+    gend = b.op("mul.lo.u32", b.op("div.u32", p1, SLe), K8)
     n, r = b.reg("u32"), b.reg("u32")
-    b.emit("div.u32", n, g, K8)  # (by row: n is x's row, the unit of SLe pairs n·SLe ..)
+    b.emit("div.u32", n, g, K8)  # (n is x's row, the unit of SLe pairs n·SLe ..)
     b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
-    row = n if GATHER_BY_ROW else b.op("div.u32", n, SLe)
     dq = b.op("div.u32", Imm(THREADS, "u32"), K8)
     dr = b.op("sub.u32", Imm(THREADS, "u32"), b.op("mul.lo.u32", dq, K8))
-    if not GATHER_BY_ROW:
-        j = b.op("sub.u32", n, b.op("mul.lo.u32", row, SLe))  # n % SLe
-        dqr = b.op("div.u32", dq, SLe)
-        dqj = b.op("sub.u32", dq, b.op("mul.lo.u32", dqr, SLe))
     v = b.regs("f32", 8)
     hw = b.regs("b32", 4) if x16 else None
 
-    def step():  # g += THREADS: n += dq (+ 1 where r passes K8), then its row and remainder j alike (one carry each)
+    def step():  # g += THREADS: n += dq (+ 1 where r passes K8)
         b.emit("add.u32", r, r, dr)
         c = b.op("setp.ge.u32", r, K8)
         b.emit("sub.u32", r, r, K8, pred=c)
         b.emit("add.u32", n, n, dq)
         b.emit("add.u32", n, n, Imm(1, "u32"), pred=c)
-        if GATHER_BY_ROW:  # (n is the row)
-            return
-        b.emit("add.u32", j, j, dqj)
-        b.emit("add.u32", j, j, Imm(1, "u32"), pred=c)
-        b.emit("add.u32", row, row, dqr)
-        cj = b.op("setp.ge.u32", j, SLe)
-        b.emit("sub.u32", j, j, SLe, pred=cj)
-        b.emit("add.u32", row, row, Imm(1, "u32"), pred=cj)
 
-    def load():  # group g of the CTA's rows: pair n, its input group r, x's row, as two 16-byte loads (x16: one, its 8
+    def load():  # group g of the CTA's rows: x's row n, its input group r, as two 16-byte loads (x16: one, its 8
         # halves widened)
-        if not GATHER_STEP:
-            b.emit("div.u32", n, g, K8)
-            b.emit("sub.u32", r, g, b.op("mul.lo.u32", n, K8))
-            if not GATHER_BY_ROW:
-                b.emit("div.u32", row, n, SLe)
-        src = b.op("mad.wide.u32", b.op("mad.lo.u32", row, K8, r), Imm(16 if x16 else 32, "u32"), X)
+        src = b.op("mad.wide.u32", b.op("mad.lo.u32", n, K8, r), Imm(16 if x16 else 32, "u32"), X)
         live = b.op("setp.lt.u32", g, gend)
         if x16:
             for i in range(4):
@@ -346,44 +320,35 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     b.emit("bar.sync", Imm(0, "u32"))
 
     over = b.op("setp.ne.u32", tid, tid)  # false
-    top, out, skip = b.label("group"), b.label("groups_done"), b.label("unplaced")
+    top, out = b.label("group"), b.label("groups_done")
     b.place(top)
     b.bra(out, pred=b.op("setp.ge.u32", g, gend), uniform=False)
-    if GATHER_BY_ROW:
-        b.comment("the CTA's groups of x's rows, THREADS at a time, each converted once, then stored at the places of "
-                  "the row's SLe pairs n·SLe + j (a bad id's pair: none; a quad is one row's: its lanes take the same "
-                  "branches)")
-        XS = b.ptr(xs_p) if sums else None
-        h = rega_halves(b, v)
-        words = rega_words(b, h)
-        watch = list(h)
-        if sums:
-            hi, lo = sub_block_sum(b, h)
-            watch.append(b.op("mov.b32", b.vec([hi, hi]), type="b32"))
-        ovf = overflowed(b, watch)  # (raises the flag where a pair gathers it, as a pair at a time did)
-        pair = b.op("sub.u32", b.op("mul.lo.u32", n, SLe), p0)  # the row's first pair, in this CTA's lists
-        pend = b.op("add.u32", pair, SLe)
-        slot_top, slot_next = b.label("slot"), b.label("slot_next")
-        b.place(slot_top)
-        pos = b.op("ld.shared.u32", Mem(at(pb, pair)))
-        b.bra(slot_next, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
-        rega_store(b, words, b.op("mad.lo.u32", pos, K8, r), X16)
-        if sums:
-            store_sub_block_sum(b, hi, lo, r, K8, pos, XS)
-        b.emit("or.pred", over, over, ovf)
-        b.place(slot_next)
-        b.emit("add.u32", pair, pair, Imm(1, "u32"))
-        b.bra(slot_top, pred=b.op("setp.lt.u32", pair, pend), uniform=False)
-    else:
-        b.comment("the CTA's groups of x, THREADS at a time, each into its pair's place (a bad id's pair: none)")
-        pos = b.op("ld.shared.u32", Mem(at(pb, b.op("sub.u32", n, p0))))
-        b.bra(skip, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
-        words = gather_store(b, v, b.op("mad.lo.u32", pos, K8, r), r, K8, pos, X16, b.ptr(xs_p) if sums else None)
-        b.emit("or.pred", over, over, overflowed(b, words))
-    b.place(skip)
+    b.comment("the CTA's groups of x's rows, THREADS at a time, each converted once, then stored at the places of "
+              "the row's SLe pairs n·SLe + j (a bad id's pair: none; a quad is one row's: its lanes take the same "
+              "branches)")
+    XS = b.ptr(xs_p) if sums else None
+    h = rega_halves(b, v)
+    words = rega_words(b, h)
+    watch = list(h)
+    if sums:
+        hi, lo = sub_block_sum(b, h)
+        watch.append(b.op("mov.b32", b.vec([hi, hi]), type="b32"))
+    ovf = overflowed(b, watch)  # (raises the flag only where a pair gathers the row)
+    pair = b.op("sub.u32", b.op("mul.lo.u32", n, SLe), p0)  # the row's first pair, in this CTA's lists
+    pend = b.op("add.u32", pair, SLe)
+    slot_top, slot_next = b.label("slot"), b.label("slot_next")
+    b.place(slot_top)
+    pos = b.op("ld.shared.u32", Mem(at(pb, pair)))
+    b.bra(slot_next, pred=b.op("setp.eq.u32", pos, Imm(0xFFFFFFFF, "u32")), uniform=False)
+    rega_store(b, words, b.op("mad.lo.u32", pos, K8, r), X16)
+    if sums:
+        store_sub_block_sum(b, hi, lo, r, K8, pos, XS)
+    b.emit("or.pred", over, over, ovf)
+    b.place(slot_next)
+    b.emit("add.u32", pair, pair, Imm(1, "u32"))
+    b.bra(slot_top, pred=b.op("setp.lt.u32", pair, pend), uniform=False)
     b.emit("add.u32", g, g, Imm(THREADS, "u32"))
-    if GATHER_STEP:
-        step()
+    step()
     load()
     b.bra(top, uniform=False)
     b.place(out)
