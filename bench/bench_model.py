@@ -5,7 +5,7 @@ Qwen2.5-7B's shapes), loads it with QuantTensor.from_gguf, and times one decode 
 prefill's (T = --tokens, 512), each captured into a CUDA graph and replayed: the whole step, layer by layer (a
 layer's seven matmuls in one graph; the output layer alone), and per kind of weight (all layers' q, k, ... in one
 graph). Beside them cuBLAS fp16 (`F.linear` on the dequantized weights, the same
-graphs) and the byte floor (weight bytes / 4.27 TB/s on an H200: bench_gemv.device_hbm). Weights are random valid blocks (speed, not accuracy: the
+graphs; on fp32 x, for whole layers and steps, also with the x.half() such a caller pays, once an activation) and the byte floor (weight bytes / 4.27 TB/s on an H200: bench_gemv.device_hbm). Weights are random valid blocks (speed, not accuracy: the
 tests check accuracy). `--dry-run` (no GPU): a small model, written, read back, and the kernels mul_mat would run
 per tensor on an H200, planned without one.
 
@@ -84,6 +84,20 @@ def fuse(tensors):
         done.update(n for n, *_ in same)
         kinds = "+".join(kd for _, kd, _ in same)
         out.append((f"{layer}.{kinds}.weight", kinds, f, (sum(mm for *_, mm in same), k), [n for n, *_ in same]))
+    return out
+
+
+ACTIVATION = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_out",
+              "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_mid", "output": "final"}
+
+
+def activations(names):
+    """{name: the activation it reads}: (layer, what) — a layer's q / k / v read one activation, gate / up another
+    (fused kinds read their first member's). cuBLAS on an fp32 x converts each of them once (x.half())."""
+    out = {}
+    for n in names:
+        layer, _, kind = n.removesuffix(".weight").rpartition(".")  # ("blk.3", "attn_q"), ("", "output")
+        out[n] = (layer, ACTIVATION[kind.split("+")[0]])
     return out
 
 
@@ -198,8 +212,13 @@ def run(args, tensors, ws):
            "fuse": bool(args.fuse), "rows": []}
     print(HBM_NOTE)
     print(f"mul_mat's x: {args.x_dtype} (cuBLAS: float16)")
-    print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen | kernels |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    conv = args.x_dtype == "float32"  # cuBLAS's time with the x.half() an fp32-x caller pays, once an activation
+    if conv:
+        print("cuBLAS + x.half(): each activation the graph reads converted once (a layer's q / k / v share one, gate /"
+              " up one), on whole layers and steps only")
+    print("| step | weights | T | ptxgen graph µs | % HBM | floor µs | cuBLAS fp16 graph µs | cuBLAS / ptxgen | "
+          + ("cuBLAS + x.half() µs | ÷ ptxgen | " if conv else "") + "kernels |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if conv else "") + "---|")
     for t in (args.tokens,) if args.prefill_only else (1, args.tokens):
         xs = {k: torch.randn(t, k, device="cuda") for k in {shape[1] for *_, shape in tensors}}
         ys = {name: torch.empty(t, m, device="cuda") for name, _, _, (m, _) in tensors}
@@ -209,17 +228,30 @@ def run(args, tensors, ws):
             ops_ = [(ws[n], xin[ws[n].shape[1]], ys[n]) for n in names]
             ours = graphed(torch, lambda i: [r.mul_mat(w, x, out=y) for w, x, y in ops_], calls=1)  # µs per step
             peer = graphed(torch, lambda i: [F.linear(xh[ws[n].shape[1]], w16[n]) for n in names], calls=1)
+            whole = label == "all" or label.startswith("blk.")
+            peer_cv = None
+            if conv and whole:
+                act = activations(names)
+                xc = {a: torch.empty(t, ws[n].shape[1], device="cuda", dtype=torch.float16) for n, a in act.items()}
+
+                def with_half(i):
+                    for a in dict.fromkeys(act.values()):  # each activation converted once, before its first reader
+                        xc[a].copy_(xs[xc[a].shape[1]])
+                    return [F.linear(xc[act[n]], w16[n]) for n in names]
+                peer_cv = graphed(torch, with_half, calls=1)
             b = sum(nbytes[n] for n in names)
             floor = b / HBM * 1e6
             row = {"T": t, "weights": label, "ptxgen_graph_us": ours, "cublas_fp16_graph_us": peer, "bytes": b,
-                   "floor_us": floor, "x_dtype": args.x_dtype,
+                   "cublas_fp16_with_half_graph_us": peer_cv, "floor_us": floor, "x_dtype": args.x_dtype,
                    "kernels": {n: r.mul_mat_plan(ws[n], t, graph=True, x_dtype=args.x_dtype).kernels for n in names[:1]}}
             res["rows"].append(row)
             plans = "" if label == "all" else "; ".join(dict.fromkeys(  # each format's launches in this kind
                 f"{ws[n].fmt}: {' + '.join(r.mul_mat_plan(ws[n], t, graph=True, x_dtype=args.x_dtype).kernels)}"
                 for n in names))
             print(f"| {'decode' if t == 1 else 'prefill'} | {label} ({len(names)}) | {t} | {ours:.1f} | "
-                  f"{100 * b / (ours * 1e-6) / HBM:.0f}% | {floor:.1f} | {peer:.1f} | {peer / ours:.2f}× | {plans} |",
+                  f"{100 * b / (ours * 1e-6) / HBM:.0f}% | {floor:.1f} | {peer:.1f} | {peer / ours:.2f}× | "
+                  + ((f"{peer_cv:.1f} | {peer_cv / ours:.2f}× | " if peer_cv else "— | — | ") if conv else "")
+                  + f"{plans} |",
                   flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -420,6 +420,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate quad gstep q8big moecheck abemit q6nat)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat)"; exit 2 ;;
   esac
 done

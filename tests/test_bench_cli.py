@@ -67,10 +67,10 @@ def test_bench_moe_takes_formats_in_any_case_and_rejects_unknown_ones(bench_modu
     assert "'Q9'" in out.stderr and "q4_K, q5_K, q6_K, q8_0, tq4_1s" in out.stderr
 
 
-def test_bench_model_times_the_step_layer_by_layer_and_by_kind():
+def test_bench_model_times_the_step_layer_by_layer_and_by_kind(bench_modules):
     """bench_model's graphs: the whole step, each layer's seven matmuls, each kind over the layers (the output
     layer's own kind): every tensor once in the step, once in its layer (but output.weight), once in its kind."""
-    import bench_model
+    bench_model, _ = bench_modules
 
     tensors = bench_model.model_tensors("q4_K_M", 3, 16)
     kinds = list(dict.fromkeys(k for _, k, *_ in tensors))
@@ -79,6 +79,20 @@ def test_bench_model_times_the_step_layer_by_layer_and_by_kind():
     assert got["all"] == names and [k for k in got if k.startswith("blk.")] == ["blk.0", "blk.1", "blk.2"]
     assert sorted(sum((got[f"blk.{i}"] for i in range(3)), [])) == sorted(n for n in names if n != "output.weight")
     assert sorted(sum((got[k] for k in kinds), [])) == sorted(names) and got["output"] == ["output.weight"]
+
+
+def test_bench_model_charges_cublas_one_conversion_an_activation(bench_modules):
+    """cuBLAS + x.half() (fp32 x): a layer's q / k / v read one activation, gate / up another, attn_output and
+    ffn_down one each, the output layer its own — fused tensors their members' — so a layer converts 4 times."""
+    bench_model, _ = bench_modules
+    tensors = bench_model.model_tensors("q4_K_M", 2) + [("output.weight", "output", "q6_K", (128256, 4096))]
+    act = bench_model.activations([n for n, *_ in tensors])
+    assert act["blk.1.attn_q.weight"] == act["blk.1.attn_v.weight"] == ("blk.1", "attn_in")
+    assert act["blk.1.ffn_gate.weight"] == act["blk.1.ffn_up.weight"] != act["blk.1.ffn_down.weight"]
+    assert act["blk.0.attn_q.weight"] != act["blk.1.attn_q.weight"] and act["output.weight"] == ("", "final")
+    assert len(set(act.values())) == 2 * 4 + 1
+    fused = bench_model.activations([name for name, *_ in bench_model.fuse(tensors)])
+    assert set(fused.values()) == set(act.values())
 
 
 def test_bench_model_fuse_joins_the_projections_of_one_activation_and_format(bench_modules):
