@@ -268,7 +268,7 @@ class GGUFFile:
             raise self._error(f"GGML type id {t.type_id} is not one ptxgen reads: {what}; ptxgen reads {_reads()}",
                               name)
         *lead, k = t.shape
-        m = int(np.prod(lead))
+        m = math.prod(lead)  # (Python ints: a hostile E·M past 2^63 must not wrap in int64 to a size the file holds)
         shown = "x".join(map(str, t.shape))
         try:
             nbytes = m * formats.get(fmt).row_bytes(k)

@@ -66,6 +66,9 @@ def _output(out, shape, dtype, what: str, x, stream: int, align: int = 4):
     """(the output as a DeviceArray, the object to return): `out` checked, or a new array of the input's kind (a
     torch tensor for a torch input, allocated by torch on the stream; else a DeviceArray in the stream's order)."""
     if out is not None:
+        if isinstance(out, np.ndarray):  # (as_device_array would upload a copy: the op's result would never reach it)
+            raise TypeError(f"{what}: a NumPy array (the op writes device memory, never this array); pass a device "
+                            "array (DeviceArray.empty, torch, cupy), or leave out=None for a NumPy result")
         o = as_device_array(out, what, dtype, ndim=len(shape), align=align)
         if tuple(o.shape) != tuple(shape):
             raise ValueError(f"{what}: has shape {tuple(o.shape)}, expected {tuple(shape)}")
@@ -77,6 +80,11 @@ def _output(out, shape, dtype, what: str, x, stream: int, align: int = 4):
         return DeviceArray(t.data_ptr(), tuple(shape), np.dtype(dtype), t, stream=stream), t
     o = DeviceArray.empty(shape, dtype, stream)
     return o, o
+
+
+def _overlaps(a: DeviceArray, b: DeviceArray) -> bool:
+    """Whether two device arrays share a byte (an output aliasing an input the kernels still read)."""
+    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
 _TORCH_DTYPES: dict = {}
@@ -285,10 +293,11 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
     the GPU are not read back (no synchronization): a slot whose id is outside [0, E) comes back as NaN, its row
     only, and with `errors` (a device int32 / uint32 array, ≥ 1 element) the call also adds the number of such ids
     to errors[0] on its stream (one more small kernel, moe_check_ids): zero it once, read it whenever the caller
-    synchronizes anyway — after a step, a graph replay — and a nonzero count is the error. Streams, outputs,
-    workspaces and NumPy-in / NumPy-out as mul_mat; a NumPy x or ids is uploaded first, and that upload waits for
-    the stream (pass device arrays for an asynchronous call; NumPy operands are refused while the stream captures a
-    CUDA graph). The stream is x's library's, or ids' where x is a NumPy array.
+    synchronizes anyway — after a step, a graph replay — and a nonzero count is the error. Streams, outputs (a
+    device array sharing no byte with x, ids or errors), workspaces and NumPy-in / NumPy-out as mul_mat; a NumPy x
+    or ids is uploaded first, and that upload waits for the stream (pass device arrays for an asynchronous call;
+    NumPy operands are refused while the stream captures a CUDA graph). The stream is x's library's, or ids' where
+    x is a NumPy array.
 
     Formats Q4_K, Q5_K, Q6_K, Q8_0, TQ4_1S (x rotated once first, rotate_tq4_1s; an fp16 x by rotate_tq4_1s_f16),
     mode "exact". `mul_mat_id_plan(w, T, slots).kernels` names the launches
@@ -311,6 +320,9 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
     if mode != "exact":
         raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise TypeError(f"mul_mat_id: workspace: expected a Workspace (Workspace().reserve(w, T, slots=k)), got "
+                        f"{type(workspace).__name__}")
     _moe_format(w.fmt)
     e, m, k = w.shape
     ishape, xshape = shape_of(ids, "mul_mat_id: ids"), shape_of(x, "mul_mat_id: x")
@@ -355,6 +367,14 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         xdt = str(xa.dtype)
         ia = as_device_array(ids, "mul_mat_id: ids", np.int32, ndim=2, stream=s)
         o, ret = _output(out, (t, slots, m), np.float32, "mul_mat_id: out", x, s)
+        pairs = [(o, "out", xa, "x"), (o, "out", ia, "ids")]  # what the kernels write, what they read meanwhile
+        if errors is not None:  # (moe_check_ids reads ids and adds to errors[0], behind the op)
+            pairs += [(o, "out", ea, "errors"), (ea, "errors", xa, "x"), (ea, "errors", ia, "ids")]
+        for a, what, b, name in pairs:
+            if _overlaps(a, b):
+                raise ValueError(f"mul_mat_id: {what} overlaps {name} ({what} at {a.ptr:#x}, {a.nbytes} B; {name} at "
+                                 f"{b.ptr:#x}, {b.nbytes} B): the op reads {name} while it writes {what}; pass a "
+                                 f"separate {what} array")
         x_per_slot = int(len(xshape) == 3)
         if cid is None:
             plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, x_dtype=xdt)
@@ -396,12 +416,17 @@ def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, work
     if (not ((half or x.dtype is tt[1]) and x.is_cuda and x.is_contiguous()) or t == 0 or slots == 0
             or tuple(xs) != ((t, slots, k) if x_per_slot else (t, k))):
         return None
-    x_ptr, dev = x.data_ptr(), x.get_device()
+    x_ptr, dev, i_ptr = x.data_ptr(), x.get_device(), ids.data_ptr()
     if x_ptr & 15 or dev != driver.ORDINAL or ids.get_device() != dev:
         return None
-    if out is not None and not (isinstance(out, tt[0]) and out.dtype is tt[1] and out.is_cuda and out.is_contiguous()
-                                and tuple(out.shape) == (t, slots, m) and out.get_device() == dev):
-        return None
+    if out is not None:
+        if not (isinstance(out, tt[0]) and out.dtype is tt[1] and out.is_cuda and out.is_contiguous()
+                and tuple(out.shape) == (t, slots, m) and out.get_device() == dev):
+            return None
+        y_ptr = out.data_ptr()
+        y_end, x_end = y_ptr + t * slots * m * 4, x_ptr + (t * slots if x_per_slot else t) * k * (2 if half else 4)
+        if (y_ptr < x_end and x_ptr < y_end) or (y_ptr < i_ptr + t * slots * 4 and i_ptr < y_end):
+            return None  # out overlaps x or ids
     s = stream if type(stream) is int and stream >= 0 else tt[2](dev) if stream is None else driver.stream_handle(stream)
     if not getattr(driver._TLS, "bound", False):
         driver.current()
@@ -415,7 +440,7 @@ def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, work
         if stream is not None:
             return None
         out = x.new_empty((t, slots, m), dtype=tt[1])  # (float32 y for an fp16 x)
-    eager_bound(entry[1], s).run(x_ptr, out.data_ptr(), s, ids.data_ptr())
+    eager_bound(entry[1], s).run(x_ptr, out.data_ptr(), s, i_ptr)
     return out
 
 
@@ -1255,6 +1280,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
         else:
             o, ret = _output(out, (t, m), np.float32, "mul_mat: out", x, s)
             y_ptr = o.ptr
+        if out is not None:
+            x_end, y_end = x_ptr + t * k * (2 if x16 else 4), y_ptr + t * m * 4
+            if y_ptr < x_end and x_ptr < y_end:
+                raise ValueError(f"mul_mat: out overlaps x (out at {y_ptr:#x}, {t * m * 4} B; x at {x_ptr:#x}, "
+                                 f"{x_end - x_ptr} B): the op reads x while it writes out; pass a separate out array")
         if cid is None and workspace is None:
             b = eager_bound(plan, s)
         else:

@@ -5,6 +5,7 @@ GGUF files are read by `ptxgen.gguf` (NumPy only; every count and offset checked
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -91,7 +92,7 @@ class QuantTensor:
     @property
     def rows(self) -> int:
         """Rows of K weights in all (E·M for experts)."""
-        return int(np.prod(self.shape[:-1]))
+        return math.prod(self.shape[:-1])  # (Python ints: NumPy's int64 would wrap for absurd shapes)
 
     @property
     def experts(self) -> int:
@@ -144,7 +145,10 @@ class QuantTensor:
     def from_gguf(cls, path, tensor_name: str) -> "QuantTensor":
         """One tensor of a .gguf file (its GGML type decides the format). Needs no GPU."""
         fmt, shape, raw = read_gguf_tensor(path, tensor_name)
-        return cls(fmt, shape, host=raw)
+        try:
+            return cls(fmt, shape, host=raw)
+        except ValueError as e:  # a tensor the file holds but QuantTensor refuses (a Q8_1 one): name it
+            raise GGUFError(f"{path}: tensor {tensor_name!r}: {e}") from None
 
     @classmethod
     def from_device(cls, fmt: str, array, shape, *, max_scale: float | None = None) -> "QuantTensor":
