@@ -57,8 +57,6 @@
 #   capfree  the review's probe of relaxed cuMemFree (blocking / non-blocking capture streams, a free from another
 #            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
 #            (probe_capture_free.py), then the capture tests of test_gpu_streams
-#   lists    #35 T = 32: the grouped GEMMs' items dealt to per-SM lists (mmq.GROUPED_SM_LISTS) against the one queue,
-#            both MoE shapes, T = 16 / 32 / 64 / 128 / 512
 #   gpusub   the GPU tests of the runtime's entry points (MoE, runtime, streams, quick start) — after a change there
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
@@ -400,13 +398,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1'
     run gate_32x4 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1' ;;
-  lists)  # #35 T = 32 (H200 43.1 / 37.0 against 42.9 / 31.5): the queue hands 4-6 items an SM where the mean is 4.95
-    # (128 x top-8); per-SM lists give each SM its share, dry lists stolen from by a shared cursor
-    for sh in "128:8 768x2048" "32:4 1792x2048"; do
-      set -- $sh
-      run "lists_${1/:/x}" 120 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_.*_moe$' --moe "$1" --shape "$2" \
-        --tokens 16,32,64,128,512 --weights 8 --variant 'lists: mmq.GROUPED_SM_LISTS=True'
-    done ;;
   gpusub)
     run gpusub 200 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 tests/test_gpu_moe.py \
       tests/test_gpu_runtime.py tests/test_gpu_streams.py tests/test_gpu_quickstart.py ;;
@@ -433,6 +424,6 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat lists gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done

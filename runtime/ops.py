@@ -511,8 +511,8 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     register-A wgmma build reading both by tensor map; elsewhere moe_group and the mma.sync build on fp32 x. The GEMM
     or the conversion raises the workspace's zero-kept flag where an activation overflowed fp16 (the gated GEMV
     behind them reads it and lowers it)."""
-    from ptxgen.kernels import mmq, moe_group
     from ptxgen.kernels.mmq import BM
+    from ptxgen.kernels import moe_group
 
     e, m, k = w.shape
     p = t * slots
@@ -546,9 +546,7 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B", int(gemm.meta.get("x_box_chunks", 0)))
     ts = ((_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none", int(gemm.meta.get("s_box_chunks", 0))),) if iw
           else ())
-    # a build with mmq.GROUPED_SM_LISTS (not shipped) takes its claim lists' table too (zero-kept)
-    lists = (pb.counters(4 * (mmq.SM_LISTS_MAX + 2)),) if gemm.params[-1]["name"] == "sm_lists" else ()
-    pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue, *lists), pdl=True)
+    pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
 
 
 def _remember(w: QuantTensor, key, entry) -> None:

@@ -656,28 +656,6 @@ def test_the_skeleton_builds_drop_only_what_they_name(variant, monkeypatch):
     compile_ptx(ptx, "sm_90a", name=name)
 
 
-@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_iw_n16_moe", "mmq_q4_k_wgmma_ra_n64_moe", "mmq_q8_0_wgmma_ra_n32_moe",
-                                  "mmq_q6_k_wgmma_ra_n32_moe", "mmq_q4_k_wgmma_ra_n48_m256_moe"])
-def test_the_per_sm_claim_lists_keep_the_bits(name, monkeypatch):
-    """kernels/mmq.py GROUPED_SM_LISTS (not shipped until timed): the items dealt to lists by %smid, a producer's own
-    list first, then any list by the shared cursor. In the emulator 3 CTAs share 2 SMs (%smid = %ctaid / 2; the
-    m256 build, one CTA an SM: 3 lists), interleaved, so lists run dry at different times and producers steal. y is
-    the shipped build's bit for bit (an item's sums do not depend on the CTA that runs it), and the queue and the
-    lists' table end at zero (the harness checks both): block stages, step stages (Q8_0), box slots (Q6_K)."""
-    from ptxgen.kernels import mmq
-
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(mmq, "GROUPED_SM_LISTS", on)
-        ptx = get_kernel(name).for_arch("sm_90a").ptx()
-        assert ("%smid" in ptx) == on
-        out = check_kernel(name, ptx, seed=7, ctas=3, interleave=True,
-                           shape=(4, 300, 2048 if "q6_k" in name else 512 if "q8_0" in name else 768))
-        assert out.ok, out.detail
-        outs.append(np.asarray(out.got, np.float64).astype(np.float32).view(np.uint32))
-    np.testing.assert_array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_iw_n16_moe", "mmq_q4_k_wgmma_ra_n32_moe"])
 def test_the_trace_build_records_every_item_once(name, monkeypatch):
     """kernels/mmq.py GROUPED_TRACE (bench/probe_moe_trace.py's diagnostic build, never shipped): each work item's
@@ -754,13 +732,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B", None, gemm.meta.get("x_box_chunks", 0))
         ts = ((BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none", None,
                                       gemm.meta.get("s_box_chunks", 0)),) if iw else ())
-        from ptxgen.kernels.mmq import SM_LISTS_MAX
-
-        sl = mem.alloc(4 * (SM_LISTS_MAX + 2), poison=0)  # (a mmq.GROUPED_SM_LISTS build's claim lists)
-        _run(gemm.ptx(), (2,), (32 * gemm.meta["warps"],),
-             (tw, tx, *ts, ya, m, k, oa, fa, ka, qa) + ((sl,) if "sm_lists" in gemm.ptx() else ()), mem,
+        _run(gemm.ptx(), (2,), (32 * gemm.meta["warps"],), (tw, tx, *ts, ya, m, k, oa, fa, ka, qa), mem,
              dynamic_smem=gemm.meta["dynamic_smem"])
-        assert not mem.view(sl, np.uint32, (SM_LISTS_MAX + 2,)).any()  # the last CTA out reset them
     else:
         _run(group.ptx(), (1,), (1024,), grouping, mem)
         _run(gemm.ptx(), (3,), (256,), (wa, xa, ya, ga, m, k, slots, int(per_slot), eb, oa, fa, ka, qa), mem,

@@ -353,13 +353,8 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
             xs = gather_sub_block_sums(rows)
             ts = (BACKEND[-1].tensor_map(mem, mem.alloc(xs), "f16", p, k // 16, bn, 8, "none", None,
                                         meta.get("s_box_chunks", 0)),)
-        from ptxgen.kernels.mmq import SM_LISTS_MAX
-
-        sl = mem.alloc(4 * (SM_LISTS_MAX + 2), poison=0)  # a mmq.GROUPED_SM_LISTS build's claim lists (zero-kept)
-        lists = (sl,) if "sm_lists" in ptx else ()
-        _run(ptx, grid, (32 * meta["warps"],), (tw, tx, *ts, ya, m, k, oa, na, ka, qa, *lists), mem,
+        _run(ptx, grid, (32 * meta["warps"],), (tw, tx, *ts, ya, m, k, oa, na, ka, qa), mem,
              dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)
-        assert not mem.view(sl, np.uint32, (SM_LISTS_MAX + 2,)).any(), "the claim lists were not reset"
     else:
         _run(ptx, grid, (256,), (wa, xa, ya, fa, m, k, slots, int(per_slot), expert_bytes, oa, na, ka, qa), mem,
              dynamic_smem=meta["dynamic_smem"], seed=seed, interleave=interleave)

@@ -1496,13 +1496,6 @@ PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_Q4K_TILES, their stages 
 GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
 # writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
 # at y + 16·item instead of the item's y rows
-GROUPED_SM_LISTS = False  # not shipped until timed (#35 T = 32, bench/NOTES.md 2026-12-06): the grouped builds' items
-# dealt to S = ceil(CTAs / CTAs an SM) lists, list l holding items l, l + S, l + 2S, ... (at most one more than
-# another's), each with its claim counter in the zero-kept sm_lists table; a producer claims from list %smid % S, and
-# once that is dry from the list a shared cursor names next (any list: an SM that never hosts a CTA leaves its list to
-# the others), until the claimed count reaches the items. So an SM takes its share of the items, not whatever its two
-# CTAs' early claims drew from one queue (4-6 an SM at 128 x top-8 T = 32 where the mean is 4.95).
-SM_LISTS_MAX = 256  # lists at most (the table: their counters, then the cursor and the claimed count)
 HALF_BLOCK_MIN_BN = 80  # the paired grouped builds from this token tile: a stage holds 2 K-steps (half a block), so
 # that two CTAs' stages and A slots fit an SM (n96: 2 x 24 KB of stages + 2 x 20 KB A slots a CTA)
 
@@ -1884,7 +1877,6 @@ class _WgGroups(NamedTuple):
     ORD: Reg
     OFF: Reg
     WRK: Reg
-    lists: object = None  # the sm_lists parameter (GROUPED_SM_LISTS builds)
 
 
 class _WgItem(NamedTuple):
@@ -1977,10 +1969,6 @@ def build_wgmma(arch, spec: "MmqSpec"):
         m_p, k_p = b.param("m", "u32"), b.param("k", "u32")
         grp_p = [b.param(n, "u64", "ptr:scratch") for n in ("order", "offsets", "work")]
         c_p = b.param("queue", "u64", "ptr:scratch")
-        if GROUPED_SM_LISTS:  # its zero-kept table, a parameter of the list builds only (the runtime passes it where
-            # the kernel has it)
-            grp_p.append(b.param("sm_lists", "u64", "ptr:scratch"))
-            b.meta.update(sm_lists=f"items dealt to lists by %smid; sm_lists: {SM_LISTS_MAX} + 2 zero-kept u32")
     else:
         m_p, k_p, t_p, s_p, c_p, tn_p, sp_p, pt_p, ct_p = _mmq_params(b)
     ra, CX = spec.a_regs, spec.convert
@@ -2272,13 +2260,13 @@ def _grouped_work(b, Y0, Q, m_p, k_p, grp_p, bm=BM) -> _WgWork:
     """The grouped build's _WgWork: M, K, moe_group's grouping and items = M tiles x work-list entries (read from
     work[0], which moe_group wrote before this launch in stream order). No splits, no partials."""
     M, K = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32")
-    ORD, OFF, WRK = (b.ptr(p) for p in grp_p[:3])
+    ORD, OFF, WRK = (b.ptr(p) for p in grp_p)
     # launched early behind moe_gather (PDL), which writes the grouping and x: every thread waits for it
     # before reading the grouping (the producer's wait before its first TMA is then already satisfied)
     b.emit("griddepcontrol.wait")
     L = b.op("ld.global.u32", Mem(WRK))
     tiles_m = _tiles_m(b, M, bm)
-    groups = _WgGroups(ORD, OFF, WRK, grp_p[3] if len(grp_p) > 3 else None)
+    groups = _WgGroups(ORD, OFF, WRK)
     return _WgWork(Y0, Q, None, None, M, K, None, None, None, None, tiles_m, b.op("mul.lo.u32", tiles_m, L),
                    b.op("shr.u32", K, Imm(6, "u32")), None, [], groups)
 
@@ -2411,7 +2399,6 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     b.emit("griddepcontrol.wait")
     g = b.op("mov.u32", Imm(0, "u32"))  # K-steps issued so far (ring position)
     j = b.op("mov.u32", Imm(0, "u32"))  # items claimed so far
-    lists = _sm_lists_setup(b, spec, w)
     p_item, p_end = b.label("p_item"), b.label("p_queue_empty")
     b.place(p_item)
     sl = b.op("and.b32", j, Imm(1, "b32"))
@@ -2428,8 +2415,6 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
         cand = b.op("mad.lo.u32", j, b.special("nctaid.x"), b.special("ctaid.x"))
         it = _wgmma_decode(b, spec, w, cand)
         b.emit("selp.b32", item, cand, Imm(0xFFFFFFFF, "b32"), it.valid)
-    elif lists is not None:
-        _sm_list_claim(b, w, lists, item)
     else:
         b.emit("atom.global.add.u32", item, Mem(w.Q), Imm(1, "u32"))
     b.emit("st.shared.u32", Mem(b.op("mad.lo.u32", sl, Imm(4, "u32"), lay.slot0)), item)
@@ -2452,7 +2437,7 @@ def _wgmma_producer(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, leader, tw_
     b.bra(p_item)
     b.place(p_end)
     if not _static_clusters(spec):  # the last CTA out resets the queue for the next launch (every CTA has claimed
-        _wgmma_queue_reset(b, spec, w, XR, XS, lists)  # its last item by now)
+        _wgmma_queue_reset(b, spec, w, XR, XS)  # its last item by now)
     b.place(pdone)
     if _static_clusters(spec):
         b.bra(cl_exit)
@@ -2606,78 +2591,16 @@ def _tma_raw_tile(b, tw, s, m0, stage, stage_bytes, raw0, fb, pred=None, op=TMA_
         b.emit(op, Mem(b.op("add.u32", rdst, Imm(part * RAW_PART, "u32"))), TensorRef(tw, (xs, m0)), Mem(fb), pred=pred)
 
 
-class _SmLists(NamedTuple):
-    """A GROUPED_SM_LISTS producer's state: the table, S, this SM's list and the list it claims from now."""
-    T: Reg
-    S: Reg
-    home: Reg
-    cur: Reg
-    stealing: Reg  # (a pred: this producer's own list is dry)
-
-
-def _sm_lists_setup(b, spec: MmqSpec, w: _WgWork):
-    """GROUPED_SM_LISTS: S = min(ceil(CTAs / CTAs an SM), SM_LISTS_MAX) lists, this SM's %smid % S."""
-    if not (spec.grouped and w.groups.lists is not None):
-        return None
-    per = _wg_regs(spec)[0]  # CTAs an SM
-    S = b.op("min.u32", b.op("div.u32", b.op("add.u32", b.special("nctaid.x"), Imm(per - 1, "u32")), Imm(per, "u32")),
-             Imm(SM_LISTS_MAX, "u32"))
-    home = b.op("rem.u32", b.special("smid"), S)
-    stealing = b.reg("pred")
-    b.emit("setp.ne.u32", stealing, home, home)  # false
-    return _SmLists(b.ptr(w.groups.lists), S, home, b.op("mov.u32", home), stealing)
-
-
-def _sm_list_claim(b, w: _WgWork, ls: _SmLists, item) -> None:
-    """`item` := the next item of list `cur` (its counter's old value k: item cur + k·S), or w.items once every item
-    is claimed. The producer's own list first; once that is dry it takes the list the shared cursor (table[S_MAX])
-    names next, one list a try, until the claimed count (table[S_MAX + 1], one red.add a claim) reaches the items."""
-    T, S, cur, stealing = ls.T, ls.S, ls.cur, ls.stealing
-    cursor, claimed = b.op("add.u64", T, Imm(4 * SM_LISTS_MAX, "u64")), b.op("add.u64", T, Imm(4 * SM_LISTS_MAX + 4,
-                                                                                                "u64"))
-    got, none, steal, out = (b.label(n) for n in ("sm_list_got", "sm_list_none", "sm_list_steal", "sm_list_out"))
-    b.bra(steal, pred=stealing, uniform=False)
-    k = b.op("atom.global.add.u32", Mem(b.op("mad.wide.u32", cur, Imm(4, "u32"), T)), Imm(1, "u32"))
-    b.emit("mad.lo.u32", item, k, S, cur)
-    b.bra(got, pred=b.op("setp.lt.u32", item, w.items), uniform=False)
-    b.emit("setp.eq.u32", stealing, cur, cur)  # own list dry: steal from here on
-    b.place(steal)
-    done = b.op("ld.relaxed.gpu.global.u32", Mem(claimed))
-    b.bra(none, pred=b.op("setp.ge.u32", done, w.items), uniform=False)
-    b.emit("rem.u32", cur, b.op("atom.global.add.u32", Mem(cursor), Imm(1, "u32")), S)
-    k2 = b.op("atom.global.add.u32", Mem(b.op("mad.wide.u32", cur, Imm(4, "u32"), T)), Imm(1, "u32"))
-    b.emit("mad.lo.u32", item, k2, S, cur)
-    b.bra(got, pred=b.op("setp.lt.u32", item, w.items), uniform=False)
-    b.bra(steal, uniform=False)
-    b.place(none)
-    b.emit("mov.u32", item, w.items)
-    b.bra(out, uniform=False)
-    b.place(got)
-    b.emit("red.global.add.u32", Mem(claimed), Imm(1, "u32"))
-    b.place(out)
-
-
-def _wgmma_queue_reset(b, spec: MmqSpec, w: _WgWork, XR, XS, lists: "_SmLists | None" = None):
-    """The producer's exit (one CTA per cluster): the last CTA out resets the queue, in the converting build the
-    x_ready counters, and in a GROUPED_SM_LISTS build its table, for the next launch."""
+def _wgmma_queue_reset(b, spec: MmqSpec, w: _WgWork, XR, XS):
+    """The producer's exit (one CTA per cluster): the last CTA out resets the queue and, in the converting build,
+    the x_ready counters for the next launch."""
     CX = spec.convert
     done_before = b.reg("u32")
-    # (acq_rel where the last CTA out zeroes words others updated: the converters' flags, the lists' red.adds)
-    b.emit("atom.acq_rel.gpu.global.add.u32" if CX or lists is not None else "atom.global.add.u32", done_before,
-           Mem(w.Q, 4), Imm(1, "u32"))
+    b.emit("atom.acq_rel.gpu.global.add.u32" if CX else "atom.global.add.u32", done_before, Mem(w.Q, 4),
+           Imm(1, "u32"))
     last = b.op("setp.eq.u32", done_before, b.op("sub.u32", b.special("nctaid.x"), Imm(1, "u32")))
     zero = b.op("mov.u32", Imm(0, "u32"))
     b.emit("st.global.v2.u32", Mem(w.Q), b.vec([zero, zero]), pred=last)
-    if lists is not None:  # every producer has left its claims (the last one out): the S counters, cursor, count
-        zl, zd = b.label("sm_lists_reset"), b.label("sm_lists_reset_done")
-        b.bra(zd, pred=last, neg=True)
-        i = b.op("mov.u32", Imm(0, "u32"))
-        b.place(zl)
-        b.emit("st.global.u32", Mem(b.op("mad.wide.u32", i, Imm(4, "u32"), lists.T)), zero)
-        b.emit("add.u32", i, i, Imm(1, "u32"))
-        b.bra(zl, pred=b.op("setp.lt.u32", i, lists.S))
-        b.emit("st.global.v2.u32", Mem(lists.T, 4 * SM_LISTS_MAX), b.vec([zero, zero]))
-        b.place(zd)
     if CX:  # every x_ready counter reached its count (some producer waited for each): zero them for the next
         nflags = b.op("mul.lo.u32", w.tiles_n, b.op("shr.u32", b.op("add.u32", w.ksteps, Imm(XS - 1, "u32")),
                                                     Imm(XS.bit_length() - 1, "u32")))
