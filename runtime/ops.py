@@ -87,6 +87,15 @@ def _overlaps(a: DeviceArray, b: DeviceArray) -> bool:
     return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
+def _refuse_overlaps(op: str, pairs) -> None:
+    """A ValueError for the first (written, its name, read, its name) whose arrays share a byte: the kernels read the
+    one while they write the other (a race, not an in-place op)."""
+    for a, what, b, name in pairs:
+        if _overlaps(a, b):
+            raise ValueError(f"{op}: {what} overlaps {name} ({what} at {a.ptr:#x}, {a.nbytes} B; {name} at {b.ptr:#x}, "
+                             f"{b.nbytes} B): the op reads {name} while it writes {what}; pass a separate {what} array")
+
+
 _TORCH_DTYPES: dict = {}
 
 
@@ -116,6 +125,7 @@ def quantize_q8_1(x, *, out=None, arch: str | None = None, stream=None):
     xa = as_device_array(x, "quantize_q8_1: x", np.float32, stream=s)
     nblocks = int(np.prod(xa.shape, dtype=np.int64)) // 32
     o, ret = _output(out, (*xa.shape[:-1], xa.shape[-1] // 32 * 36), np.uint8, "quantize_q8_1: out", x, s, align=1)
+    _refuse_overlaps("quantize_q8_1", [(o, "out", xa, "x")])
     if nblocks:
         fn = kernels.load(ActKernel("quantize_q8_1").name, arch)
         per = _blocks_per_cta(fn, "blocks_per_cta")
@@ -154,6 +164,7 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     fn = kernels.load(kernel, arch)
     group = int(fn.meta.get("blocks_per_group", 1))  # blocks a warp takes (Q8_0: 8 blocks of 32 weights)
     o, ret = _output(out, w.shape, np.float16, "dequantize: out", None, s, align=16 if group > 1 else 8)
+    _refuse_overlaps("dequantize", [(o, "out", DeviceArray(w.ptr, (w.nbytes,), np.dtype(np.uint8)), "w")])
     nblocks = m * k // formats.get(w.fmt).block_size
     per = _blocks_per_cta(fn, "superblocks_per_cta" if group == 1 else "groups_per_cta")
     groups = -(-nblocks // group)
@@ -170,6 +181,7 @@ def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
     s = driver.stream_handle(stream, x)
     xa = as_device_array(x, "rotate_tq4_1s: x", np.float32, stream=s)
     o, ret = _output(out, shape, np.float32, "rotate_tq4_1s: out", x, s)
+    _refuse_overlaps("rotate_tq4_1s", [(o, "out", xa, "x")])
     nb = int(np.prod(shape, dtype=np.int64)) // 32
     if nb:
         fn = kernels.load(ActKernel("rotate").name, arch)
@@ -370,11 +382,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         pairs = [(o, "out", xa, "x"), (o, "out", ia, "ids")]  # what the kernels write, what they read meanwhile
         if errors is not None:  # (moe_check_ids reads ids and adds to errors[0], behind the op)
             pairs += [(o, "out", ea, "errors"), (ea, "errors", xa, "x"), (ea, "errors", ia, "ids")]
-        for a, what, b, name in pairs:
-            if _overlaps(a, b):
-                raise ValueError(f"mul_mat_id: {what} overlaps {name} ({what} at {a.ptr:#x}, {a.nbytes} B; {name} at "
-                                 f"{b.ptr:#x}, {b.nbytes} B): the op reads {name} while it writes {what}; pass a "
-                                 f"separate {what} array")
+        _refuse_overlaps("mul_mat_id", pairs)
         x_per_slot = int(len(xshape) == 3)
         if cid is None:
             plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, x_dtype=xdt)
@@ -1103,6 +1111,7 @@ def convert_f16(x, flag, *, out=None, arch: str | None = None, k_order: str = "n
     pb = PlanBuilder(xa.shape, np.float32, xa.shape, np.float16)
     _rec_convert_f16(pb, pb.x, flag.ptr if hasattr(flag, "ptr") else int(flag), arch, k_order, out=pb.y)
     o, ret = _output(out, xa.shape, np.float16, "convert_f16: out", x, s)
+    _refuse_overlaps("convert_f16", [(o, "out", xa, "x")])
     run_plan(pb.finish("convert_f16"), xa.ptr, o.ptr, s)
     return ret
 

@@ -1,4 +1,4 @@
-"""mul_mat_id and MoE expert tensors for a careless caller: an output that aliases an input, a NumPy `out=`, a wrong
+"""mul_mat_id and MoE expert tensors for a careless caller (and every op's out=): an output that aliases an input, a NumPy `out=`, a wrong
 `workspace=`, a hostile GGUF expert tensor's dimensions and a tensor QuantTensor refuses from a GGUF file each give
 one clear Python error before any launch, instead of a silent wrong result or a traceback from inside; device ids
 far outside [0, E) give NaN rows and count in `errors=` as documented (the emulator). No GPU: the op runs against
@@ -84,6 +84,28 @@ def test_a_mul_mat_out_overlapping_x_is_refused(runs):
         out = _dev(X + T * K * size, (T, M), np.float32)  # starts where x ends
         assert mul_mat(w, x, out=out) is out and runs
         runs.clear()
+
+
+def test_the_activation_ops_refuse_an_out_over_their_input(runs):
+    """quantize_q8_1, rotate_tq4_1s and convert_f16 read x while they write out, and dequantize reads the weights'
+    bytes: an out over any of them is refused (not an in-place op); adjacent arrays run."""
+    from ptxgen.runtime import dequantize, quantize_q8_1, rotate_tq4_1s
+    from ptxgen.runtime.ops import convert_f16
+    from ptxgen.testing import fakegpu
+
+    x = _dev(X, (T, K), np.float32)
+    cases = [(quantize_q8_1, "quantize_q8_1", _dev(X + 64, (T, K // 32 * 36), np.uint8), {}),
+             (rotate_tq4_1s, "rotate_tq4_1s", _dev(X, (T, K), np.float32), {}),
+             (convert_f16, "convert_f16", _dev(X + T * K * 4 - 16, (T, K), np.float16), {"flag": OUT})]
+    for op, name, out, kw in cases:
+        with pytest.raises(ValueError, match=rf"^{name}: out overlaps x \(out at 0x.*\): the op reads x"):
+            op(x, out=out, **kw)
+    w = fakegpu.weights("q4_K", M, K)
+    with pytest.raises(ValueError, match=r"^dequantize: out overlaps w \("):
+        dequantize(w, out=_dev(w.ptr + 16, (M, K), np.float16))
+    assert runs == []
+    rotate_tq4_1s(x, out=_dev(X + T * K * 4, (T, K), np.float32))  # starts where x ends
+    assert runs
 
 
 def test_a_numpy_out_is_refused(runs):
