@@ -112,6 +112,29 @@ def _torch_empty(shape, dtype, like, stream: int):
         return torch.empty(shape, dtype=td, device=like.device)
 
 
+MAX_COUNT = 2**31 - 1  # the kernels take T (and mul_mat_id's T·slots pairs) as 32-bit ints
+
+
+def _count(v, op: str, what: str) -> int:
+    """A plan's T or slots as an int, checked: an int or NumPy integer (not a bool, a float or a string), 1 to
+    MAX_COUNT (a larger one wrapped in the kernels' 32-bit arguments: 2^40 tokens planned 0)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{op}: {what} must be an int, got {v!r} ({type(v).__name__})")
+    if not 0 < v <= MAX_COUNT:
+        raise ValueError(f"{op}: {what} must be a positive number of tokens, got {v!r}" if what == "T" else
+                         f"{op}: {what} must be positive, got {v!r}")
+    return int(v)
+
+
+def _dtype_name(x_dtype) -> str | None:
+    """'float32' / 'float16' for a plan's x_dtype given as a name, np.float16 or a np.dtype; None for others."""
+    try:
+        name = np.dtype(x_dtype).name
+    except (TypeError, ValueError):
+        return None
+    return name if name in ("float32", "float16") else None
+
+
 def _blocks_per_cta(fn, key: str, default: int = 8) -> int:
     return int(getattr(fn, "meta", {}).get(key, default))
 
@@ -461,9 +484,22 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     same fp32 its float32 plan reads)."""
     from ptxgen import codecs, formats
 
-    if str(x_dtype) not in ("float32", "float16"):
+    if not isinstance(w, QuantTensor):
+        raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
+    if len(w.shape) != 3:
+        raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
+    if mode != "exact":
+        raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
+    t, slots = _count(t, "mul_mat_id", "T"), _count(slots, "mul_mat_id", "slots")
+    if t * slots > MAX_COUNT:
+        raise ValueError(f"mul_mat_id: {t} tokens of {slots} slots are {t * slots} (token, slot) pairs: at most "
+                         f"{MAX_COUNT}")
+    if x_per_slot not in (0, 1):  # (False, True too) the kernels take it as a 0 / 1 flag
+        raise ValueError(f"mul_mat_id: x_per_slot must be 0 (x (T, K)) or 1 (x (T, slots, K)), got {x_per_slot!r}")
+    xdt = _dtype_name(x_dtype)
+    if xdt is None:
         raise TypeError(f"mul_mat_id: x: expected dtype float32 or float16, got {x_dtype}")
-    x16 = str(x_dtype) == "float16"
+    x16 = xdt == "float16"
     key = (t, "mul_mat_id", slots, int(x_per_slot), mode, arch, bool(graph)) + (("float16",) if x16 else ())
     # (T first: _remember evicts by it)
     gen = knobs.generation()
@@ -1213,6 +1249,9 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
     if len(w.shape) != 2:
         raise ValueError(f"mul_mat: w holds {w.shape[0]} experts {w.shape}: route tokens to them with mul_mat_id")
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise TypeError(f"mul_mat: workspace: expected a Workspace (Workspace().reserve(w, T)), got "
+                        f"{type(workspace).__name__}")
     m, k = w.shape
     host = torch_x = x16 = False
     tt = _TORCH[0] if _TORCH else driver.torch_types()
@@ -1349,9 +1388,12 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     the kernels that read fp32)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"mul_mat: expected a QuantTensor for w, got {type(w).__name__}")
-    xdt = np.dtype(x_dtype) if str(x_dtype) in ("float32", "float16") else None
+    xdt = np.dtype(x_dtype) if str(x_dtype) in ("float32", "float16") else _dtype_name(x_dtype)
     if xdt is None:
         raise TypeError(f"mul_mat: x: expected dtype float32 or float16, got {x_dtype}")
+    xdt = np.dtype(xdt)
+    if type(t) is not int or not 0 < t <= MAX_COUNT:  # (before the cache: True or 1.0 found T = 1's plan)
+        t = _count(t, "mul_mat", "T")
     key = (t, mode, rotation, arch, bool(graph)) + (() if xdt == np.float32 else ("float16",))
     gen = knobs.generation()
     entry = w._plans.get(key)
@@ -1369,8 +1411,6 @@ def mul_mat_plan(w: QuantTensor, t: int, *, mode: str = "exact", rotation: str =
     if mode not in codec.ROUTES:
         raise ValueError(f"mul_mat: mode={mode!r} has no kernel for {w.fmt} yet: use mode="
                          f"{next(iter(codec.ROUTES))!r}")
-    if not isinstance(t, (int, np.integer)) or t <= 0:
-        raise ValueError(f"mul_mat: T must be a positive number of tokens, got {t!r}")
     if len(w.shape) != 2:
         raise ValueError(f"mul_mat_plan: w holds {w.shape[0]} experts {w.shape}: mul_mat_id runs those")
     w.to_device()  # once (mul_mat refuses to get here while its stream is capturing)

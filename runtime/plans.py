@@ -220,6 +220,10 @@ class Workspace:
 
     def __init__(self, counters: int = MIN_COUNTERS, ready: int = MIN_READY, scratch: int = 0, *,
                  stream: int | None = None):
+        for name, v in (("counters", counters), ("ready", ready), ("scratch", scratch)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"Workspace: {name} must be a number of bytes, got {type(v).__name__}; to size one for "
+                                "an op, Workspace().reserve(w, T)")
         self.counter_bytes, self.ready_bytes = _up(max(counters, MIN_COUNTERS)), _up(max(ready, MIN_READY))
         self.scratch_bytes = _up(scratch)
         self.stream = stream
@@ -265,7 +269,15 @@ class Workspace:
         or, for expert weights (E, M, K), mul_mat_id(w, x, ids) with ids of shape (T, `slots`). Returns self."""
         from .ops import mul_mat_id_plan, mul_mat_plan
 
-        ts = [tokens] if isinstance(tokens, int) else list(tokens)
+        if isinstance(tokens, (int, np.integer)):
+            ts = [tokens]
+        elif isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+            raise TypeError(f"Workspace.reserve: tokens must be an int or a list of ints (the T of each call), got "
+                            f"{tokens!r}")
+        else:
+            ts = list(tokens)
+        if not ts:
+            raise ValueError("Workspace.reserve: no token counts given (tokens is empty): pass the T of each call")
         if len(w.shape) == 3:
             if not slots:
                 raise ValueError(f"Workspace.reserve: w holds {w.shape[0]} experts: pass slots= (the experts per token)")

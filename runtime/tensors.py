@@ -61,6 +61,20 @@ class QuantTensor:
         want = self.nbytes
         if (host is None) == (device is None):
             raise ValueError("QuantTensor: give exactly one of host= (bytes) or device= (a device buffer)")
+        if host is not None:
+            if not isinstance(host, np.ndarray) or host.dtype != np.uint8:
+                what = f"dtype {host.dtype}" if isinstance(host, np.ndarray) else type(host).__name__
+                raise TypeError(f"{fmt} {self.shape}: host= must be a NumPy uint8 array of the GGUF bytes, got {what} "
+                                "(QuantTensor.from_raw takes bytes)")
+            host = np.ascontiguousarray(host).reshape(-1)  # (.raw() gives the bytes flat, as after to_device)
+        if max_scale is not None:  # (a string failed only in the op, comparing it with the fp16 bound)
+            try:
+                max_scale = float(max_scale) if not isinstance(max_scale, (str, bytes)) else None
+            except (TypeError, ValueError):
+                max_scale = None
+            if max_scale is None:
+                raise TypeError(f"{fmt} {self.shape}: max_scale must be a number (the largest |fp16 scale field|) or "
+                                "None") from None
         if host is not None and host.nbytes != want:
             raise ValueError(f"{fmt} {self.shape}: {host.nbytes} bytes given, needs {want}")
         if device is not None and device.nbytes < want:
@@ -123,9 +137,16 @@ class QuantTensor:
     def from_raw(cls, fmt: str, raw, shape) -> "QuantTensor":
         """Raw GGUF bytes (uint8, whole rows of blocks) of logical shape (M, K) or (E, M, K), kept on the host until
         first use."""
+        if isinstance(fmt, (np.ndarray, bytes, bytearray, memoryview)):
+            raise TypeError("from_raw(fmt, raw, shape): the format comes first, then the bytes; got "
+                            f"a {type(fmt).__name__} first")
         fmt = _fmt(fmt)
         shape = _shape(fmt, shape)
-        blocks = formats.get(fmt).blocks(raw, (int(np.prod(shape[:-1])), shape[-1]))  # checks dtype and size
+        rows = math.prod(shape[:-1])  # (Python ints: np.prod wrapped, to 0 rows or to -1, for absurd shapes)
+        want = rows * formats.get(fmt).row_bytes(shape[-1])
+        if want >= 2**63:
+            raise ValueError(f"{fmt}: shape {shape} needs {want} bytes")
+        blocks = formats.get(fmt).blocks(raw, (rows, shape[-1]))  # checks dtype and size
         return cls(fmt, shape, host=np.array(blocks.reshape(-1), copy=True))
 
     @classmethod
@@ -156,8 +177,13 @@ class QuantTensor:
         DLPack), without a copy; the tensor keeps `array` alive. The bytes are not read: `max_scale` (the largest
         |fp16 scale field| of the blocks, e.g. formats.max_scale of a host copy) is what the GEMM routes check;
         left None, every weight is taken to fit fp16 (true of any real model's weights)."""
+        from . import driver
         from .arrays import as_device_array
 
+        if isinstance(array, (np.ndarray, bytes, bytearray, memoryview)):  # (uploaded, then freed under the tensor)
+            raise TypeError(f"QuantTensor.from_device: array is a host {type(array).__name__}: it wraps bytes already "
+                            "on the GPU; QuantTensor.from_raw(fmt, raw, shape) takes host bytes")
+        driver.check_device(array, "QuantTensor.from_device: array")
         a = as_device_array(array, "QuantTensor.from_device", np.uint8, align=16)
         buf = DeviceBuffer.wrap(a.ptr, a.nbytes, owner=array)
         return cls(fmt, shape, device=buf, owner=array, max_scale=max_scale)
@@ -171,6 +197,8 @@ class QuantTensor:
         dim=-1)` gives views). GGUF rows are independent, so the bytes are the inputs' bytes one after another;
         the result lives on the host until its first GPU use (inputs already on the GPU are read back first, a
         load-time copy) and its max_scale is read from those bytes."""
+        if isinstance(tensors, QuantTensor):
+            raise TypeError("QuantTensor.cat: takes a list of tensors, got one QuantTensor (cat([a, b]), not cat(a))")
         tensors = list(tensors)
         if not tensors:
             raise ValueError("QuantTensor.cat: no tensors given")
@@ -193,6 +221,8 @@ class QuantTensor:
         if len(self.shape) != 3:
             raise ValueError(f"expert: {self!r} holds no experts (shape {self.shape})")
         n, m, k = self.shape
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)):  # (int(1.5) picked expert 1)
+            raise TypeError(f"expert: e must be an int, got {e!r}")
         if not 0 <= int(e) < n:
             raise IndexError(f"expert: {e} is not one of the {n} experts")
         size = m * self.format.row_bytes(k)
