@@ -126,6 +126,16 @@ def _count(v, op: str, what: str) -> int:
     return int(v)
 
 
+def _check_experts(w, mode: str) -> None:
+    """mul_mat_id's (and its plan's) w and mode: a QuantTensor of experts (E, M, K), mode "exact"."""
+    if not isinstance(w, QuantTensor):
+        raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
+    if len(w.shape) != 3:
+        raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
+    if mode != "exact":
+        raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
+
+
 def _dtype_name(x_dtype) -> str | None:
     """'float32' / 'float16' for a plan's x_dtype given as a name, np.float16 or a np.dtype; None for others."""
     try:
@@ -349,12 +359,7 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
         done = _mul_mat_id_torch(w, x, ids, out, mode, arch, stream, workspace, tt)  # the hot path, or None
         if done is not None:
             return done
-    if not isinstance(w, QuantTensor):
-        raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
-    if len(w.shape) != 3:
-        raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
-    if mode != "exact":
-        raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
+    _check_experts(w, mode)
     if workspace is not None and not isinstance(workspace, Workspace):
         raise TypeError(f"mul_mat_id: workspace: expected a Workspace (Workspace().reserve(w, T, slots=k)), got "
                         f"{type(workspace).__name__}")
@@ -484,12 +489,7 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     same fp32 its float32 plan reads)."""
     from ptxgen import codecs, formats
 
-    if not isinstance(w, QuantTensor):
-        raise TypeError(f"mul_mat_id: expected a QuantTensor for w, got {type(w).__name__}")
-    if len(w.shape) != 3:
-        raise ValueError(f"mul_mat_id: w must hold experts, shape (E, M, K); got {w.shape} (mul_mat runs that)")
-    if mode != "exact":
-        raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
+    _check_experts(w, mode)
     t, slots = _count(t, "mul_mat_id", "T"), _count(slots, "mul_mat_id", "slots")
     if t * slots > MAX_COUNT:
         raise ValueError(f"mul_mat_id: {t} tokens of {slots} slots are {t * slots} (token, slot) pairs: at most "
