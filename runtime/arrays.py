@@ -8,6 +8,7 @@ without a copy) and `.numpy()`.
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +27,7 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize  # (Python ints: np.prod costs ~3 µs a call)
 
     @property
     def __cuda_array_interface__(self) -> dict:
