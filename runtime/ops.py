@@ -136,6 +136,13 @@ def _check_experts(w, mode: str) -> None:
         raise ValueError(f"mul_mat_id: mode must be 'exact' (the only one built so far), got {mode!r}")
 
 
+def _check_pairs(t: int, slots: int) -> None:
+    """mul_mat_id's T·slots (token, slot) pairs fit the kernels' 32-bit counts."""
+    if t * slots > MAX_COUNT:
+        raise ValueError(f"mul_mat_id: {t} tokens of {slots} slots are {t * slots} (token, slot) pairs: at most "
+                         f"{MAX_COUNT}")
+
+
 def _dtype_name(x_dtype) -> str | None:
     """'float32' / 'float16' for a plan's x_dtype given as a name, np.float16 or a np.dtype; None for others."""
     if type(x_dtype) is str and x_dtype in ("float32", "float16"):  # (the ops' own calls: np.dtype costs ~2 µs)
@@ -414,12 +421,12 @@ def mul_mat_id(w: QuantTensor, x, ids, *, out=None, mode: str = "exact", arch: s
             pairs += [(o, "out", ea, "errors"), (ea, "errors", xa, "x"), (ea, "errors", ia, "ids")]
         _refuse_overlaps("mul_mat_id", pairs)
         x_per_slot = int(len(xshape) == 3)
+        _check_pairs(t, slots)  # (the rest of mul_mat_id_plan's checks are made above, on the arrays)
         if cid is None:
-            plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, x_dtype=xdt)
+            plan = _mul_mat_id_plan(w, t, slots, x_per_slot, mode, arch, False, xdt == "float16")
         else:  # the first captured call of this shape: its plan may load kernels the eager calls did not need
             with driver.relaxed_capture():
-                plan = mul_mat_id_plan(w, t, slots, x_per_slot=x_per_slot, mode=mode, arch=arch, graph=True,
-                                       x_dtype=xdt)
+                plan = _mul_mat_id_plan(w, t, slots, x_per_slot, mode, arch, True, xdt == "float16")
         if cid is None and workspace is None:
             b = eager_bound(plan, s)
         else:
@@ -489,20 +496,23 @@ def mul_mat_id_plan(w: QuantTensor, t: int, slots: int, *, x_per_slot: int = 0, 
     float32, or float16 (the float32 plan's kernels with their _x16 twins where they read x, or x widened once by
     convert_f32 first where one has none: the same bits; TQ4_1S rotates it as it is, rotate_tq4_1s_f16, into the
     same fp32 its float32 plan reads)."""
-    from ptxgen import codecs, formats
-
     _check_experts(w, mode)
     t, slots = _count(t, "mul_mat_id", "T"), _count(slots, "mul_mat_id", "slots")
-    if t * slots > MAX_COUNT:
-        raise ValueError(f"mul_mat_id: {t} tokens of {slots} slots are {t * slots} (token, slot) pairs: at most "
-                         f"{MAX_COUNT}")
+    _check_pairs(t, slots)
     if x_per_slot not in (0, 1):  # (False, True too) the kernels take it as a 0 / 1 flag
         raise ValueError(f"mul_mat_id: x_per_slot must be 0 (x (T, K)) or 1 (x (T, slots, K)), got {x_per_slot!r}")
     xdt = _dtype_name(x_dtype)
     if xdt is None:
         raise TypeError(f"mul_mat_id: x: expected dtype float32 or float16, got {x_dtype}")
-    x16 = xdt == "float16"
-    key = (t, "mul_mat_id", slots, int(x_per_slot), mode, arch, bool(graph)) + (("float16",) if x16 else ())
+    return _mul_mat_id_plan(w, t, slots, int(x_per_slot), mode, arch, bool(graph), xdt == "float16")
+
+
+def _mul_mat_id_plan(w: QuantTensor, t: int, slots: int, x_per_slot: int, mode: str, arch, graph: bool,
+                     x16: bool) -> Plan:
+    """mul_mat_id_plan past its argument checks (mul_mat_id has made them on the arrays it was given)."""
+    from ptxgen import codecs, formats
+
+    key = (t, "mul_mat_id", slots, x_per_slot, mode, arch, graph) + (("float16",) if x16 else ())
     # (T first: _remember evicts by it)
     gen = knobs.generation()
     entry = w._plans.get(key)
