@@ -1,5 +1,6 @@
 """Probe: a timeline of a one-token decode GEMV in a graph-replayed decode loop. gemv_q4_k_mma_t1 (or, --format,
-another codec's gemv_<fmt>_mma_t1: Q5_K's, or Q6_K's / Q8_0's on prep_sub16_t1, their rule turned on) is rebuilt from the
+another codec's gemv_<fmt>_mma_t1: Q5_K's, or Q6_K's / Q8_0's on prep_sub16_t1, their rule turned on; --i8: the int8
+build shipped at T = 1, gemv_<fmt>_i8_t1 behind prep_q4k_i8_t1 / prep_q6k_i8_t1) is rebuilt from the
 DSL with kernels/gemv_t1.py TRACE (lane 0 of each CTA's first warp overwrites its tile's first 6 y words with
 (%smid, %globaltimer_lo at entry, after its prologue (griddepcontrol.wait and the copies issued after it), when its
 first step's copies landed, after the first warp's K loop, after its y stores), then the prep's stamps) and swapped
@@ -11,7 +12,7 @@ relative to the loop's first entry, and the loop's mean gaps: the previous GEMV'
 release (the prep kernel and two grid dependencies), this GEMV's first release to its last end (its streaming).
 A schedule probe, not a timing of record (the trace adds a store a CTA; the graph µs of both builds are printed).
 
-usage: python3 bench/probe_decode_trace.py --shape 4096x14336 [--format q8_0] [--weights 24]
+usage: python3 bench/probe_decode_trace.py --shape 4096x14336 [--format q8_0] [--i8] [--weights 24]
        [--variant 'name: mod.ATTR=literal']
 """
 import argparse
@@ -40,6 +41,8 @@ def main():
     ap.add_argument("--format", default="q4_K", choices=("q4_K", "q5_K", "q6_K", "q8_0"),
                     help="the codec whose one-token build is traced")
     ap.add_argument("--variant", default=None, help="'name: mod.ATTR=literal; ...' set beside the trace")
+    ap.add_argument("--i8", action="store_true", help="trace the int8 pair as shipped (gemv_<fmt>_i8_t1 behind "
+                    "prep_q4k_i8_t1 / prep_q6k_i8_t1) rather than the fp16 few-token builds")
     ap.add_argument("--fused", action="store_true", help="trace gemv_q4_k_mma_t1_fused (PTXGEN_Q4K_FUSED=on: the "
                     "records built inside the GEMV; its 'wait released' is after them)")
     ap.add_argument("--dump", default=None, help="write the records as .npy: (op, smid, entry, wait, first step, "
@@ -53,10 +56,12 @@ def main():
     from ptxgen.specs import GemvKernel
 
     fmt = args.format
-    kernel, prep = GemvKernel("few", fmt, 1).name, GemvKernel("prep_few", fmt, 1).name
-    # the fp16 few-token builds this probe instruments (the int8 ones, shipped at 1-2 / 1-4 / 1-8 / 1-8 tokens, off)
-    tuning.set(codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8},
-               few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0, "q8_0": 0})
+    if args.i8 and args.fused:
+        raise SystemExit("--i8 and --fused: the fused int8 builds are the eager calls' (not in a graph's plan)")
+    kernel, prep = GemvKernel("few", fmt, 1, i8=args.i8).name, GemvKernel("prep_few", fmt, 1, i8=args.i8).name
+    tuning.set(codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8})
+    if not args.i8:  # the fp16 few-token builds (the int8 ones, shipped at 1-2 / 1-4 / 1-8 / 1-8 tokens, off)
+        tuning.set(few_i8_max_tokens={"q4_K": 0, "q5_K": 0, "q6_K": 0, "q8_0": 0})
     if args.fused:
         from ptxgen import knobs
         knobs.set(PTXGEN_Q4K_FUSED="on")
