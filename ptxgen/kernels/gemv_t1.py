@@ -1023,6 +1023,7 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
     b.place(loop)
     unroll = T1_UNROLL.get(nt, 1) if (kq or i8) and not (i8q6 or hi_only) else 1
+    st_prev = None
     for u in range(unroll):
         live = None if u == 0 else b.op("setp.lt.u32", jb, jend)  # (a second step: past the range, no sums)
         if i8:
