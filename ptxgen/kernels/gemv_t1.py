@@ -86,10 +86,6 @@ FUSED_HOLD: dict[int, int] = {}
 # GEMV zeroed the word, which every op shares — before this GEMV spins on it (a review found the race of the first
 # version, whose prep triggered at its head: this GEMV resident early, passing on the op before's count)
 T1_FLAG = False
-# tokens -> steps a K-loop iteration of the few-token GEMVs (Q4_K / Q5_K's fp16 builds, their int8 ones): one basic
-# block over U steps, so that step j's MMAs and fp32 tail can overlap step j + 1's shared loads (a step past the
-# warp's range: its refill off, its sums predicated off). Absent: 1
-T1_UNROLL: dict[int, int] = {}
 
 # (ring stages, resident CTAs per SM, m16 tiles per warp, warps per CTA) by build and the SM's shared memory ("big":
 # sm_90a's 227 KB per CTA; "small": sm_89 / sm_120a, 99 KB per CTA, ~100 KB per SM); a stage is 16 rows per tile x
@@ -352,7 +348,6 @@ class _I8Step:
         self.P = [[[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(2)] for _ in range(self.NTP)] for _ in range(2)]
                   for _ in range(MT)]
         self.M = [[[b.op("mov.f32", Imm(0.0, "f32")) for _ in range(self.NTM)] for _ in range(2)] for _ in range(MT)]
-        self.pred = None  # (T1_UNROLL) a predicate on the step's sums
 
     def _plane_factors(self, t, fac_at, e0):
         """foffs[n][e]: where the factor 2^-s of lane column 8n + 2t + e's token (column / 3, clamped) lies in a
@@ -417,7 +412,7 @@ class _I8Step:
                            b.op("add.s32", sl[n][i], sh[n][i], type="s32"))
                     f = b.op("cvt.rn.f32.s32", tot)
                     pe = self.P[mt][rr][n][e]
-                    b.emit("fma.rn.f32", pe, f, b.op("mul.rn.f32", hds[rr]["d"], facs[n][e]), pe, pred=self.pred)
+                    b.emit("fma.rn.f32", pe, f, b.op("mul.rn.f32", hds[rr]["d"], facs[n][e]), pe)
             for n in range(self.NTM):
                 mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, self.lane_min), 128 * n)), self.zero]
                 ms = b.regs("f32", 4)
@@ -428,7 +423,7 @@ class _I8Step:
                 for rr in range(2):
                     mn = self.M[mt][rr][n]
                     v = b.op("mul.rn.f32", hds[rr]["nd64"], b.op("add.rn.f32", ms[2 * rr], ms[2 * rr + 1]))
-                    b.emit("fma.rn.f32", mn, v, fm, mn, pred=self.pred)
+                    b.emit("fma.rn.f32", mn, v, fm, mn)
 
     def combine(self, ring, g, t):
         """After the K loop: acc[mt][rr][n][0] = y of row 16·mt + g + 8·rr, token 4n + t (the fp16 build's
@@ -1022,94 +1017,85 @@ def build(arch, nt: int = 1, hi_only: bool = False, fused: bool = False, fmt: st
     loop, done = b.label("step"), b.label("steps_done")
     b.bra(done, pred=b.op("setp.ge.u32", jb, jend))
     b.place(loop)
-    unroll = T1_UNROLL.get(nt, 1) if (kq or i8) and not (i8q6 or hi_only) else 1
-    st_prev = None
-    for u in range(unroll):
-        live = None if u == 0 else b.op("setp.lt.u32", jb, jend)  # (a second step: past the range, no sums)
-        if i8:
-            istep.pred = live
-        b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
-        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
-        st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
-        if live is not None:  # past the range: the stage just read again (landed, its refill off), not one never filled
-            st = b.op("selp.b32", st, st_prev, live)
-        st_prev = st
-        if TRACE:  # (predicated movs into registers set before the loop: b.special makes a new one)
-            step0 = b.op("setp.eq.u32", count, Imm(0, "u32"))
-            b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=step0)
-            for i_, r_ in enumerate(t_prep):  # the first record's padding: gemv.PREP_TRACE's stamps (else zeros)
-                b.emit("ld.shared.b32", r_, Mem(st, W_BYTES + foff + 4 * nt + 4 * i_), pred=step0)
-        if i8:
-            istep.body(st, jb) if i8q6 else istep.body(st)
-        elif kq:
-            hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
-            qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
-            xrec = b.op("add.u32", st, lane_rec)
-            # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
-            chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
-            for i in range(8):
-                xbs = _b_tiles(b, xrec, 64 * ncol * i, NTL)
-                for mt in range(MT):
-                    a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
-                    for c, nib in enumerate(("lo", "hi")):
-                        A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
-                        for n in range(NTL):
-                            ch = chains[mt][n][c]
-                            b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
-                                            b.vec(czero if i == 0 else ch)))
-            mws = []  # the min MMA's B registers per tile: (hi pair, 0) or, hi_only, (hi pair, lo pair) at k, k + 8
-            for n in range(NTL):
-                if hi_only:
-                    mw = b.regs("b32", 2)
-                    b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 32 * mslot * n))
-                else:
-                    mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 32 * mslot * n)), zero]
-                mws.append(mw)
-        else:
-            cstep.body(st, jb, b.op("add.u32", st, lane_rec), ncol)
-        facs = []  # facs[tile][e]: the lane's tokens' 2^-s
-        for n in range(0 if i8 else NTL):
-            fa = b.op("add.u32", st, lane_fac)
-            if hi_only:
-                f2 = b.regs("f32", 2)
-                b.emit("ld.shared.v2.f32", b.vec(f2), Mem(fa, 32 * n))
-                facs.append(f2)
-            else:
-                facs.append([b.op("ld.shared.f32", Mem(fa, 16 * n))])
-        if kq and not i8:
-            ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
+    b.emit("cp.async.wait_group", Imm(S - 1, "u32"))  # this lane's copies of the oldest step, then every lane's
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))
+    st = stage_base(b.op("rem.u32", count, Imm(S, "u32")))
+    if TRACE:  # (predicated movs into registers set before the loop: b.special makes a new one)
+        step0 = b.op("setp.eq.u32", count, Imm(0, "u32"))
+        b.emit("mov.u32", t_first, Sym("%globaltimer_lo"), pred=step0)
+        for i_, r_ in enumerate(t_prep):  # the first record's padding: gemv.PREP_TRACE's stamps (else zeros)
+            b.emit("ld.shared.b32", r_, Mem(st, W_BYTES + foff + 4 * nt + 4 * i_), pred=step0)
+    if i8:
+        istep.body(st, jb) if i8q6 else istep.body(st)
+    elif kq:
+        hds = [[header(st, 16 * mt + 8 * rr) for rr in range(2)] for mt in range(MT)]
+        qs = [[dec.row_words(st, BLOCK * (16 * mt + 8 * rr)) for rr in range(2)] for mt in range(MT)]
+        xrec = b.op("add.u32", st, lane_rec)
+        # chains[mt][tile][nib]: the low-nibble and the high-nibble MMAs
+        chains = [[[b.regs("f32", 4) for _ in range(2)] for _ in range(NTL)] for _ in range(MT)]
+        for i in range(8):
+            xbs = _b_tiles(b, xrec, 64 * ncol * i, NTL)
             for mt in range(MT):
-                for n in range(NTL):
-                    ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]  # hi_only: the mins again at k + 8 for the lo pairs
-                    b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms[mt][n]), b.vec(ma + (ma if hi_only else [zero, zero])),
-                                    b.vec(mws[n]), b.vec(czero)))
-        b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: refill it
-        nxt = b.op("add.u32", jb, Imm(S, "u32"))
-        issue(nxt, st, b.op("setp.lt.u32", nxt, jend))
-        b.emit("cp.async.commit_group")
-        if i8:
-            pass  # (the step's sums are in istep; combined after the loop)
-        elif not kq:
-            cstep.finish(acc, facs, hi_only)
-        else:
-            for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
-                for rr in range(2):
-                    hd = hds[mt][rr]
+                a = [dequant(qs[mt][rr][i], hds[mt][rr]) for rr in range(2)]
+                for c, nib in enumerate(("lo", "hi")):
+                    A = [a[0][nib, 0], a[1][nib, 0], a[0][nib, 1], a[1][nib, 1]]  # (g, k 2t..), (g+8, ..), (g, k 2t+8..), (g+8, ..)
                     for n in range(NTL):
-                        lo_c, hi_c, mm = chains[mt][n][0], chains[mt][n][1], ms[mt][n]
-                        if hi_only:  # columns 2t, 2t + 1: two tokens
-                            for e in range(2):
-                                cs = b.op("add.rn.f32", lo_c[2 * rr + e], hi_c[2 * rr + e])
-                                v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mm[2 * rr + e]))
-                                b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e], pred=live)
-                        else:  # columns 2t (hi), 2t + 1 (lo) of one token
-                            cs = b.op("add.rn.f32", b.op("add.rn.f32", lo_c[2 * rr], hi_c[2 * rr]),
-                                      b.op("add.rn.f32", lo_c[2 * rr + 1], hi_c[2 * rr + 1]))
-                            mins = b.op("add.rn.f32", mm[2 * rr], mm[2 * rr + 1])
-                            v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mins))
-                            b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0], pred=live)
-        b.emit("add.u32", count, count, Imm(1, "u32"))
-        b.emit("add.u32", jb, jb, Imm(1, "u32"))
+                        ch = chains[mt][n][c]
+                        b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ch), b.vec(A), b.vec(xbs[n][2 * c:2 * c + 2]),
+                                        b.vec(czero if i == 0 else ch)))
+        mws = []  # the min MMA's B registers per tile: (hi pair, 0) or, hi_only, (hi pair, lo pair) at k, k + 8
+        for n in range(NTL):
+            if hi_only:
+                mw = b.regs("b32", 2)
+                b.emit("ld.shared.v2.b32", b.vec(mw), Mem(b.op("add.u32", st, lane_min), 32 * mslot * n))
+            else:
+                mw = [b.op("ld.shared.b32", Mem(b.op("add.u32", st, lane_min), 32 * mslot * n)), zero]
+            mws.append(mw)
+    else:
+        cstep.body(st, jb, b.op("add.u32", st, lane_rec), ncol)
+    facs = []  # facs[tile][e]: the lane's tokens' 2^-s
+    for n in range(0 if i8 else NTL):
+        fa = b.op("add.u32", st, lane_fac)
+        if hi_only:
+            f2 = b.regs("f32", 2)
+            b.emit("ld.shared.v2.f32", b.vec(f2), Mem(fa, 32 * n))
+            facs.append(f2)
+        else:
+            facs.append([b.op("ld.shared.f32", Mem(fa, 16 * n))])
+    if kq and not i8:
+        ms = [[b.regs("f32", 4) for _ in range(NTL)] for _ in range(MT)]
+        for mt in range(MT):
+            for n in range(NTL):
+                ma = [hds[mt][0]["ma"], hds[mt][1]["ma"]]  # hi_only: the mins again at k + 8 for the lo pairs
+                b.emit(mma_sync(arch, "m16n8k16", "f16", b.vec(ms[mt][n]), b.vec(ma + (ma if hi_only else [zero, zero])),
+                                b.vec(mws[n]), b.vec(czero)))
+    b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))  # every lane has read the stage: refill it
+    nxt = b.op("add.u32", jb, Imm(S, "u32"))
+    issue(nxt, st, b.op("setp.lt.u32", nxt, jend))
+    b.emit("cp.async.commit_group")
+    if i8:
+        pass  # (the step's sums are in istep; combined after the loop)
+    elif not kq:
+        cstep.finish(acc, facs, hi_only)
+    else:
+        for mt in range(MT):  # y += 2^-s·(d·C − 64·dmin·MS) for row 16·mt + g + 8·rr
+            for rr in range(2):
+                hd = hds[mt][rr]
+                for n in range(NTL):
+                    lo_c, hi_c, mm = chains[mt][n][0], chains[mt][n][1], ms[mt][n]
+                    if hi_only:  # columns 2t, 2t + 1: two tokens
+                        for e in range(2):
+                            cs = b.op("add.rn.f32", lo_c[2 * rr + e], hi_c[2 * rr + e])
+                            v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mm[2 * rr + e]))
+                            b.emit("fma.rn.f32", acc[mt][rr][n][e], v, facs[n][e], acc[mt][rr][n][e])
+                    else:  # columns 2t (hi), 2t + 1 (lo) of one token
+                        cs = b.op("add.rn.f32", b.op("add.rn.f32", lo_c[2 * rr], hi_c[2 * rr]),
+                                  b.op("add.rn.f32", lo_c[2 * rr + 1], hi_c[2 * rr + 1]))
+                        mins = b.op("add.rn.f32", mm[2 * rr], mm[2 * rr + 1])
+                        v = b.op("fma.rn.f32", hd["d"], cs, b.op("mul.rn.f32", hd["nd64"], mins))
+                        b.emit("fma.rn.f32", acc[mt][rr][n][0], v, facs[n][0], acc[mt][rr][n][0])
+    b.emit("add.u32", count, count, Imm(1, "u32"))
+    b.emit("add.u32", jb, jb, Imm(1, "u32"))
     b.bra(loop, pred=b.op("setp.lt.u32", jb, jend))
     b.place(done)
     t_loop = b.special("globaltimer_lo") if TRACE else None
