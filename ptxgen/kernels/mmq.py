@@ -3153,6 +3153,13 @@ def _ra_codec(spec: MmqSpec):
     return codecs.get(spec.fmt)
 
 
+# a diagnostic build (bench/probe_build_ab.py --variant), never shipped, wrong y: a codec's register-A K loop
+# (_codec_rega_steps: Q8_0's, Q6_K's, TQ4_1S's dense and grouped builds) with A = 1.0 halves instead of the decode,
+# the ring and A slots still waited for and given back — what the decode costs in the loop
+# (study_q8_0_t4096_2026-12-06.md)
+RA_NODECODE = False
+
+
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
                       ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
@@ -3168,6 +3175,10 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     nat = {"natural": True} if natural else {}  # (TQ4_1S's ra_fragments has no natural form)
 
     def fragments(stage):
+        if RA_NODECODE:  # (diagnostic: A = 1.0 halves)
+            if lay is not None:
+                _a_slot_give(b, lay, s, s_end, _a_slot_take(b, lay, s, s_begin))
+            return [[b.op("mov.b32", Imm(0x3C003C00, "b32")) for _ in range(4)] for _ in range(4)]
         if lay is None:
             return codec.ra_fragments(b, b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0), row_offs, s, t,
                                       **nat)
