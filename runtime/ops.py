@@ -82,9 +82,14 @@ def _output(out, shape, dtype, what: str, x, stream: int, align: int = 4):
     return o, o
 
 
+def _spans_overlap(a: int, a_bytes: int, b: int, b_bytes: int) -> bool:
+    """Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte."""
+    return a < b + b_bytes and b < a + a_bytes
+
+
 def _overlaps(a: DeviceArray, b: DeviceArray) -> bool:
     """Whether two device arrays share a byte (an output aliasing an input the kernels still read)."""
-    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+    return _spans_overlap(a.ptr, a.nbytes, b.ptr, b.nbytes)
 
 
 def _refuse_overlaps(op: str, pairs) -> None:
@@ -468,10 +473,10 @@ def _mul_mat_id_torch(w: QuantTensor, x, ids, out, mode: str, arch, stream, work
         if not (isinstance(out, tt[0]) and out.dtype is tt[1] and out.is_cuda and out.is_contiguous()
                 and tuple(out.shape) == (t, slots, m) and out.get_device() == dev):
             return None
-        y_ptr = out.data_ptr()
-        y_end, x_end = y_ptr + t * slots * m * 4, x_ptr + (t * slots if x_per_slot else t) * k * (2 if half else 4)
-        if (y_ptr < x_end and x_ptr < y_end) or (y_ptr < i_ptr + t * slots * 4 and i_ptr < y_end):
-            return None  # out overlaps x or ids
+        y_ptr, y_bytes = out.data_ptr(), t * slots * m * 4
+        if (_spans_overlap(y_ptr, y_bytes, x_ptr, (t * slots if x_per_slot else t) * k * (2 if half else 4))
+                or _spans_overlap(y_ptr, y_bytes, i_ptr, t * slots * 4)):
+            return None  # out overlaps x or ids (the general path refuses it)
     s = stream if type(stream) is int and stream >= 0 else tt[2](dev) if stream is None else driver.stream_handle(stream)
     if not getattr(driver._TLS, "bound", False):
         driver.current()
