@@ -57,7 +57,7 @@
 #   capfree  the review's probe of relaxed cuMemFree (blocking / non-blocking capture streams, a free from another
 #            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
 #            (probe_capture_free.py), then the capture tests of test_gpu_streams
-#   q8nodec  #34: Q8_0's register-A GEMM without its decode (mmq.RA_NODECODE) against the shipped one, T = 4096
+#   q8nodec  #34: Q8_0's register-A GEMMs on the layout q8_0_ra and without their decode against the shipped ones
 #   gpusub   the GPU tests of the runtime's entry points (MoE, runtime, streams, quick start) — after a change there
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
@@ -409,11 +409,16 @@ for step in "${@:-tier}"; do
       --reps 5 --knob mmq_cx=0
     run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
       --reps 5 --knob mmq_pre=1 ;;
-  q8nodec)  # #34's Q8_0 T = 4096: the register-A GEMM with A = 1.0 halves (mmq.RA_NODECODE, no decode) against the
-    # shipped build, beside bench_op's cuBLAS column on the same machine (study_q8_0_t4096_2026-12-06.md's ceiling)
-    run q8nodec_ab 200 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n256_cx$' --formats q8_0 --tokens 4096 --weights 2 \
-      --variant 'nodec: mmq.RA_NODECODE=True'
-    run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop --reps 5 ;;
+  q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (codecs.q8_0.RA_REPACKED) and
+    # with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds, twice (the loop runs at
+    # the power limit), then bench_op's cuBLAS column on the same machine (study_q8_0_t4096_2026-12-06.md)
+    for i in 1 2; do
+      run "q8nodec_ab_$i" 240 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
+        --tokens 512,4096 --weights 2 --variant 'rp: codecs.q8_0.RA_REPACKED=True' \
+        --variant 'nodec: mmq.RA_NODECODE=True'
+    done
+    run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
+      --reps 5 ;;
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16

@@ -1078,9 +1078,15 @@ def _raw_rows_map(w: QuantTensor, rows: int, fn):
     cols, box_rows = (int(v) for v in fn.meta.get("tma_box", (16, 128)))
     dtype = fn.meta.get("tma_dtype", "u8")  # (a box wider than 256 bytes counts u32 words)
     row_bytes, es = fmt_of(w.fmt).row_bytes(w.shape[-1]), 4 if dtype == "u32" else 1
+    ptr = w.ptr
+    if fn.meta.get("weight_layout"):  # the build reads its own layout of the bytes: the tensor's copy in it
+        from ptxgen.layouts import weight_layout
+
+        ptr, row_bytes = w.device_layout(fn.meta["weight_layout"]).ptr, weight_layout(
+            fn.meta["weight_layout"], w.fmt)[1](w.shape[-1])
     if row_bytes % es:
         raise ValueError(f"{fn.name}: {w.fmt} rows of {row_bytes} bytes are not whole {dtype} words")
-    return _tensor_map(w.ptr, dtype, rows, row_bytes // es, box_rows, cols, "none")
+    return _tensor_map(ptr, dtype, rows, row_bytes // es, box_rows, cols, "none")
 
 
 def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks=0):

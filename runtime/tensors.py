@@ -52,7 +52,7 @@ class QuantTensor:
     (the GEMMs) for the fp32 ones (`fp16_weights`).
     """
 
-    __slots__ = ("fmt", "shape", "_host", "_device", "_owner", "_plans", "max_scale", "__weakref__")
+    __slots__ = ("fmt", "shape", "_host", "_device", "_owner", "_plans", "_layouts", "max_scale", "__weakref__")
 
     def __init__(self, fmt: str, shape, *, host: np.ndarray | None = None, device: DeviceBuffer | None = None,
                  owner=None, max_scale: float | None = None):
@@ -81,6 +81,7 @@ class QuantTensor:
             raise ValueError(f"{fmt} {self.shape}: the device buffer holds {device.nbytes} B, needs {want}")
         self._host, self._device, self._owner = host, device, owner
         self._plans: dict = {}  # launch plans of the ops on this tensor (runtime.plans), dropped with it
+        self._layouts: dict = {}  # device copies of the bytes in a kernel's own layout (device_layout), by name
         if max_scale is None and host is not None:
             max_scale = formats.max_scale(fmt, host, (self.rows, self.shape[-1]))
         self.max_scale = max_scale
@@ -230,6 +231,18 @@ class QuantTensor:
             return QuantTensor(self.fmt, (m, k), host=self._host[int(e) * size:(int(e) + 1) * size].copy())
         view = DeviceBuffer.wrap(self._device.ptr + int(e) * size, size, owner=self)
         return QuantTensor(self.fmt, (m, k), device=view, owner=self, max_scale=self.max_scale)  # (≥ the expert's)
+
+    def device_layout(self, name: str) -> DeviceBuffer:
+        """A device copy of the bytes in the layout `name` that some GEMM builds read (ptxgen.layouts.weight_layout:
+        Q8_0's q8_0_ra), made from the GGUF bytes at the first call and kept with the tensor; `raw()` still gives
+        the GGUF bytes. (A build flag's experiment: the copy is made on the host, from `raw()`.)"""
+        buf = self._layouts.get(name)
+        if buf is None:
+            from ptxgen.layouts import weight_layout
+
+            repack, _ = weight_layout(name, self.fmt)
+            buf = self._layouts[name] = DeviceBuffer.from_host(repack(self.raw(), self.rows, self.shape[-1]))
+        return buf
 
     def raw(self) -> np.ndarray:
         """The GGUF bytes on the host (a copy)."""

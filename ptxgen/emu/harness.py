@@ -1206,6 +1206,10 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         frags = layouts.q4k_prepared_fragments(raw, m, k, fmt)
         wa = mem.alloc(frags)
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
+    elif meta.get("weight_layout"):  # the build's own layout of the bytes (Q8_0's q8_0_ra), as the runtime copies it
+        repack, row_bytes = layouts.weight_layout(meta["weight_layout"], fmt)
+        wa = mem.alloc(repack(raw, m, k))
+        tw = weight_rows_map(mem, wa, meta, m, row_bytes(k))
     else:
         wa = mem.alloc(raw)
         tw = weight_rows_map(mem, wa, meta, m, formats.get(fmt).row_bytes(k))

@@ -2157,6 +2157,11 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         note = getattr(c, "RA_BLOCK_BOX_NOTE", c.RA_BOX_NOTE) if _block_box(spec) else c.RA_BOX_NOTE
         w_map = (f"tmap_w: {unit}, dims (row {'words' if wide else 'bytes'}, M), box ({_ra_box_bytes(spec) // es}, "
                  f"128), no swizzle ({note})")
+        if _repacked(spec):
+            w_map = ("tmap_w: u8, dims (row bytes, M) over the layout q8_0_ra (288 bytes a 256-weight group), box "
+                     f"({_ra_box_bytes(spec)}, 128), no swizzle (K-step s's box from chunk (0, 4, 9, 13)[s & 3] of "
+                     "group s >> 2)")
+            b.meta.update(weight_layout=c.RA_LAYOUT)
         b.meta.update(fmt=spec.fmt, tma_box=(_ra_box_bytes(spec) // es, BM), **({"tma_dtype": "u32"} if wide else {}),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
@@ -3070,6 +3075,13 @@ def _natural_k(spec: MmqSpec) -> bool:
             and not spec.int_weights)
 
 
+def _repacked(spec: MmqSpec) -> bool:
+    """Whether the build reads Q8_0's register-A layout q8_0_ra (codecs.q8_0.RA_REPACKED; the dense natural builds
+    with a box a step) instead of the GGUF bytes: its tmap_w then goes over that copy (meta weight_layout)."""
+    return (spec.fmt == "q8_0" and getattr(codecs.get("q8_0"), "RA_REPACKED", False) and _natural_k(spec)
+            and not _block_box(spec))
+
+
 def _block_box(spec: MmqSpec) -> bool:
     """Whether the build keeps a codec's boxes in A slots of their own (one box a block, RA_BOX_STEPS K-steps; the
     nibble codecs where NIBBLE_BLOCK_BOX says)."""
@@ -3116,14 +3128,16 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     codec = _ra_codec(spec)
 
     pitch = _ra_box_bytes(spec)
+    rp = {"repacked": True} if _repacked(spec) else {}
 
     def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's (or the block's) whole blocks
         rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
-        col = codec.ra_box_column(b, s)
+        col = codec.ra_box_column(b, s, **rp)
         if pitch > 256:  # a u32 map (the box's 256-element limit): the column in words
             col = b.op("shr.u32", col, Imm(2, "u32"))
         b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (col, row)), Mem(fb))
-    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch, natural=_natural_k(spec)))
+    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch, natural=_natural_k(spec),
+                                               **rp))
 
 
 def _ra_box_bytes(spec: MmqSpec) -> int:
@@ -3161,7 +3175,8 @@ RA_NODECODE = False
 
 
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False):
+                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False,
+                      repacked: bool = False):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
     consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
     of layouts.q4k_rega_k_order, into _ra_k_loop. With `lay` (a codec whose box holds a block: RA_BOX_STEPS): the
@@ -3173,6 +3188,8 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
                 for rr in range(2)]
     nat = {"natural": True} if natural else {}  # (TQ4_1S's ra_fragments has no natural form)
+    if repacked:  # (Q8_0's layout q8_0_ra: _repacked)
+        nat["repacked"] = True
 
     def fragments(stage):
         if RA_NODECODE:  # (diagnostic: A = 1.0 halves)
