@@ -70,7 +70,7 @@ class CodecKernel:
     """A kernel of the codec-driven families (ptxgen/codecs): one per codec whose routes need it. `kind`:
     "gemv" (the exact decode GEMV for up to `tokens` tokens; `x16`: on fp16 x, each value widened as it is
     loaded), "gemv_id" / "gemv_idg" (mul_mat_id's per-pair and expert-grouped GEMVs; `x16` likewise), "dequantize", "frags" (the
-    prepared GEMM's fp16 fragments), "fixup"."""
+    prepared GEMM's fp16 fragments), "fixup", "repack" (a register-A GEMM's own weight layout: Q8_0's q8_0_ra)."""
     kind: str
     fmt: str
     tokens: int = 1
@@ -82,7 +82,7 @@ class CodecKernel:
         x16 = "_x16" if self.x16 else ""
         names = {"gemv": f"gemv_{f}_f32_t{self.tokens}{x16}", "gemv_id": f"gemv_{f}_f32_id{x16}",
                  "gemv_idg": f"gemv_{f}_f32_idg{x16}", "dequantize": f"dequantize_{f}", "frags": f"dequantize_{f}_frags",
-                 "fixup": f"mul_mat_fixup_{f}"}
+                 "fixup": f"mul_mat_fixup_{f}", "repack": f"repack_{f}_ra"}
         return _named(names, self.kind, "codec kernel")
 
 

@@ -86,7 +86,8 @@ EXPECTED_SASS = {"quantize_q8_1": ["SHFL.BFLY", "F2FP"], "dequantize_q4_k": ["F2
                  "rotate_tq4_1s": ["SHFL.BFLY"], "rotate_tq4_1s_f16": ["SHFL.BFLY", "F2FP"], "prep_tq4_1s": ["SHFL.BFLY", "STG.E"],
                  "prep_tq4_1s_q8": ["SHFL.BFLY", "F2I", "STG.E.U8"],
                  "prep_q8_lanes": ["SHFL.BFLY", "F2I", "STG.E.U8"], "prep_f32_lanes": ["LDG.E", "STG.E"],
-                 "quantize_q8_1_mmq": ["SHFL.BFLY", "F2I", "STG.E.U8", "STG.E.64"]}
+                 "quantize_q8_1_mmq": ["SHFL.BFLY", "F2I", "STG.E.U8", "STG.E.64"],
+                 "repack_q8_0_ra": ["LDG.E.U16.CONSTANT", "PRMT", "STG.E"]}
 for _k in KERNELS:
     if _k.startswith("gemv_"):  # codebook from shared memory, addressed by prmt; 16-byte activation loads
         EXPECTED_SASS[_k] = ["PRMT", "LDS", "LDG.E.128.CONSTANT", "FFMA"]

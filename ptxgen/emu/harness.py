@@ -391,6 +391,24 @@ def _frags(fmt: str):
     return run
 
 
+def _repack_q8_0(ptx: str, rng, shape=(5, 768), seed=None) -> Outcome:
+    """repack_q8_0_ra (kernels/repack.py): any bytes (d's NaN or inf too) → codecs.q8_0.repack_ra's bytes, bit for bit,
+    the output poisoned first and nothing written past it."""
+    from ..codecs import q8_0
+
+    m, k = shape
+    raw = rng.integers(0, 256, m * k // 32 * q8_0.BLOCK_BYTES, dtype=np.uint8)
+    want = q8_0.repack_ra(raw, m, k)
+    mem = _memory()
+    groups = m * k // 256
+    wa, ya = mem.alloc(raw), mem.alloc(want.size + 64, poison=0xA5)
+    _run(ptx, (-(-groups * 72 // 256),), (256,), (wa, ya, groups), mem, seed=seed)
+    got = mem.view(ya, np.uint8, (want.size + 64,))
+    ok = bool(np.array_equal(got[:want.size], want) and (got[want.size:] == 0xA5).all())
+    return Outcome("repack_q8_0_ra", ok, "bit-exact" if ok else
+                   f"{np.count_nonzero(got[:want.size] != want)} of {want.size} bytes differ, or past the end", got, want)
+
+
 def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     t, k = shape
     x = rng.standard_normal((t, k)).astype(np.float32)
@@ -1370,6 +1388,7 @@ HARNESSES["mul_mat_fixup_q4_k"] = _fixup
 for _f in ("q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"mul_mat_fixup_{_f.lower()}"] = (lambda f: lambda ptx, rng, **kw: _fixup(ptx, rng, fmt=f, **kw))(_f)
 HARNESSES["dequantize_tq4_1s_frags"] = _frags("tq4_1s")
+HARNESSES["repack_q8_0_ra"] = _repack_q8_0
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}"] = _deq(_f)
 for _f in ("q5_K", "q6_K", "q8_0"):
