@@ -410,9 +410,9 @@ for step in "${@:-tier}"; do
     run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
       --reps 5 --knob mmq_pre=1 ;;
   q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (codecs.q8_0.RA_REPACKED) and
-    # with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds, twice (the loop runs at
-    # the power limit), then bench_op's cuBLAS column on the same machine (study_q8_0_t4096_2026-12-06.md)
-    for i in 1 2; do
+    # with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds (Q8_REPEATS times: the loop runs
+    # at the power limit), then bench_op's cuBLAS column on the same machine (study_q8_0_t4096_2026-12-06.md)
+    for i in $(seq "${Q8_REPEATS:-1}"); do
       run "q8nodec_ab_$i" 240 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
         --tokens 512,4096 --weights 2 --variant 'rp: codecs.q8_0.RA_REPACKED=True' \
         --variant 'nodec: mmq.RA_NODECODE=True'
