@@ -232,16 +232,30 @@ class QuantTensor:
         view = DeviceBuffer.wrap(self._device.ptr + int(e) * size, size, owner=self)
         return QuantTensor(self.fmt, (m, k), device=view, owner=self, max_scale=self.max_scale)  # (≥ the expert's)
 
-    def device_layout(self, name: str) -> DeviceBuffer:
+    def device_layout(self, name: str, stream: int | None = None) -> DeviceBuffer:
         """A device copy of the bytes in the layout `name` that some GEMM builds read (ptxgen.layouts.weight_layout:
-        Q8_0's q8_0_ra), made from the GGUF bytes at the first call and kept with the tensor; `raw()` still gives
-        the GGUF bytes. (A build flag's experiment: the copy is made on the host, from `raw()`.)"""
+        Q8_0's q8_0_ra), made from the GGUF bytes on the device at the first call (its kernel, e.g. repack_q8_0_ra,
+        on `stream`, default the per-thread stream; then that stream is synchronized once, so any stream may read
+        the copy) and kept with the tensor; `raw()` still gives the GGUF bytes."""
         buf = self._layouts.get(name)
         if buf is None:
+            from ptxgen.kernels import repack
             from ptxgen.layouts import weight_layout
 
-            repack, _ = weight_layout(name, self.fmt)
-            buf = self._layouts[name] = DeviceBuffer.from_host(repack(self.raw(), self.rows, self.shape[-1]))
+            from . import kernels
+            from .driver import PER_THREAD_STREAM, stream_synchronize
+
+            _, row_bytes = weight_layout(name, self.fmt)
+            k = self.shape[-1]
+            if k % 256 or name != "q8_0_ra":
+                raise ValueError(f"{self!r}: no device layout {name!r} for K = {k}")
+            out = DeviceBuffer(self.rows * row_bytes(k))
+            groups = self.rows * k // 256
+            s = PER_THREAD_STREAM if stream is None else stream
+            kernels.load(repack.name(), "sm_90a").launch((-(-groups * repack.WORDS // repack.THREADS),),
+                                                         (self.buffer, out, groups), stream=s)
+            stream_synchronize(s)
+            buf = self._layouts[name] = out
         return buf
 
     def raw(self) -> np.ndarray:
