@@ -409,16 +409,17 @@ for step in "${@:-tier}"; do
       --reps 5 --knob mmq_cx=0
     run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
       --reps 5 --knob mmq_pre=1 ;;
-  q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (codecs.q8_0.RA_REPACKED) and
-    # with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds (Q8_REPEATS times: the loop runs
-    # at the power limit), then bench_op's cuBLAS column on the same machine (study_q8_0_t4096_2026-12-06.md)
+  q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp, knob
+    # PTXGEN_Q8_0_RA) and with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds
+    # (Q8_REPEATS times: the loop runs at the power limit), then bench_op as called (cuBLAS beside), both ways
     for i in $(seq "${Q8_REPEATS:-1}"); do
       run "q8nodec_ab_$i" 240 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
-        --tokens 512,4096 --weights 2 --variant 'rp: codecs.q8_0.RA_REPACKED=True' \
-        --variant 'nodec: mmq.RA_NODECODE=True'
+        --tokens 512,4096 --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1' --variant 'nodec: mmq.RA_NODECODE=True'
     done
     run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
-      --reps 5 ;;
+      --reps 5
+    run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
+      --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16

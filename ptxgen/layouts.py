@@ -196,7 +196,7 @@ def smem_bank(byte_addr) -> np.ndarray:
 
 def weight_layout(name: str, fmt: str):
     """A GEMM build's own weight layout (its meta weight_layout): (repack(raw, rows, K) -> uint8 bytes,
-    row_bytes(K)). Q8_0's q8_0_ra: codecs.q8_0.RA_REPACKED."""
+    row_bytes(K)). Q8_0's q8_0_ra (the builds mmq_q8_0_wgmma_ra_n*_rp)."""
     from .codecs import q8_0
 
     if name == q8_0.RA_LAYOUT and fmt == "q8_0":

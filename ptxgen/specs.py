@@ -30,6 +30,8 @@ class MmqSpec:
     # rows sharing each activation tile, one CTA an SM
     stream: bool = False  # register-A wgmma (dense, x converted first): stream-K — CTA c takes K-steps [c·L, (c+1)·L)
     # of the tiles' K ranges laid end to end (kernels/mmq.py STREAM_NOTE), not whole items from the queue
+    repacked: bool = False  # register-A wgmma, Q8_0 (dense, a box a step): the weights read from the layout q8_0_ra
+    # (codecs/q8_0.py; a copy kept on the QuantTensor) instead of the GGUF bytes: name suffix _rp
     csplit: bool = False  # register-A wgmma (dense, fp16 x): cluster split-K — a tile's K splits are the CTAs of one
     # thread-block cluster (its size the launch's splits), summed through distributed shared memory (kernels/mmq.py
     # CSPLIT_NOTE), not through partials in global memory and the last CTA's fixup
@@ -45,7 +47,8 @@ class MmqSpec:
         kind = "pre" if self.prepared else "iw" if self.int_weights else "ra" if self.a_regs else ""
         wide = f"_m{self.bm}" if self.bm != 128 else ""
         return (f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + wide + mc + cx
-                + ("_sk" if self.stream else "") + ("_cs" if self.csplit else "") + ("_moe" if self.grouped else ""))
+                + ("_sk" if self.stream else "") + ("_cs" if self.csplit else "") + ("_moe" if self.grouped else "")
+                + ("_rp" if self.repacked else ""))
 
     @classmethod
     def for_path(cls, path: str, bn: int) -> "MmqSpec":

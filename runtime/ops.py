@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import heapq
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -893,6 +894,8 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         else:
             path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
+    if fmt == "q8_0" and _q8_0_layout(w, path, bn):
+        spec = dataclasses.replace(spec, repacked=True)
     wg = path.startswith("wgmma")
     name = _mmq_build(dataclasses.replace(spec, fmt=fmt).name, "sm_90a" if wg else arch, w.fmt, path)
     fn = kernels.load(name, "sm_90a" if wg else arch)
@@ -997,6 +1000,26 @@ def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None)
     fn = kernels.load(CodecKernel("fixup", w.fmt).name, arch)
     grid = max(1, min(t, RULES.fixup_ctas_per_sm * driver.current().sm_count))
     pb.launch(fn, (grid,), (pb.flag, pb.done, w.buffer, xa, o, m, k, t), pdl=bool(fn.meta.get("pdl")))
+
+
+_CALL = threading.local()  # .stream: the stream of the mul_mat call whose plan is being recorded (None: none)
+
+
+def _q8_0_layout(w: QuantTensor, path: str, bn: int) -> bool:
+    """Whether this Q8_0 GEMM reads the weights' copy in the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp; knob
+    PTXGEN_Q8_0_RA): the register-A tiles with a box a step, plain or converting. The copy is made here, at the
+    first plan that wants it (QuantTensor.device_layout, on the recording call's stream), except while a CUDA graph
+    captures (mul_mat plans its first captured call under relaxed_capture): then, without a copy, the GGUF bytes'
+    build runs (the same bits)."""
+    from ptxgen.kernels.mmq import RP_TOKEN_TILES
+
+    if knobs.q8_0_ra() != "on" or path not in ("wgmma_ra_x16", "wgmma_ra_cx") or bn not in RP_TOKEN_TILES:
+        return False
+    if "q8_0_ra" not in w._layouts:
+        if getattr(driver._TLS, "relaxed", 0):
+            return False
+        w.device_layout("q8_0_ra", stream=getattr(_CALL, "stream", None))
+    return True
 
 
 def _mmq_build(name: str, arch, fmt: str, path: str) -> str:
@@ -1329,7 +1352,11 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
         if entry is not None and entry[0] == knobs._GENERATION[0]:
             plan = entry[1]
         elif cid is None:
-            plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=xdt)
+            _CALL.stream = s  # (a copy the plan makes of the weights goes on the call's stream: _q8_0_layout)
+            try:
+                plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=xdt)
+            finally:
+                _CALL.stream = None
         else:  # the first captured call of this T: its plan may load kernels the eager calls did not need
             with driver.relaxed_capture():
                 plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=True, x_dtype=xdt)

@@ -236,7 +236,8 @@ class QuantTensor:
         """A device copy of the bytes in the layout `name` that some GEMM builds read (ptxgen.layouts.weight_layout:
         Q8_0's q8_0_ra), made from the GGUF bytes on the device at the first call (its kernel, e.g. repack_q8_0_ra,
         on `stream`, default the per-thread stream; then that stream is synchronized once, so any stream may read
-        the copy) and kept with the tensor; `raw()` still gives the GGUF bytes."""
+        the copy) and kept with the tensor, its plans made again; `raw()` still gives the GGUF bytes. The copy is
+        not remade: bytes changed in place after it (a from_device tensor's) are not seen by the builds reading it."""
         buf = self._layouts.get(name)
         if buf is None:
             from ptxgen.kernels import repack
@@ -256,6 +257,7 @@ class QuantTensor:
                                                          (self.buffer, out, groups), stream=s)
             stream_synchronize(s)
             buf = self._layouts[name] = out
+            self._plans.clear()  # (plans recorded without the copy, e.g. in a capture, are made again with it)
         return buf
 
     def raw(self) -> np.ndarray:

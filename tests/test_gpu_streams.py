@@ -473,3 +473,48 @@ def test_buffers_dropped_inside_a_capture_keep_the_graph(monkeypatch):
     driver.synchronize()  # (frees what was held)
     np.testing.assert_array_equal(y.cpu().numpy().view(np.uint32), want.view(np.uint32))
     assert legacy_ptr not in driver._HELD
+
+
+def test_q8_0_layout_route_gives_the_gguf_builds_bits_eager_and_captured():
+    """PTXGEN_Q8_0_RA=1: Q8_0's n128 / n256 register-A GEMMs (convert_f16 first at T = 512, converting x inside at
+    T = 1024) read the weights' copy in the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp), y bit for bit the GGUF bytes'
+    builds' (the knob at its default). A call captured before any eager call finds no copy (none is made inside a
+    capture) and runs the GGUF bytes' build, the same bits; the first eager call makes the copy on its stream (a
+    side stream here) and plans the _rp build; a capture after it replays that build's bits."""
+    torch = _torch()
+    import ptxgen.runtime as r
+    from ptxgen import knobs
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the layout q8_0_ra's builds are sm_90a's")
+    raw = random_raw("q8_0", 4096, 1024, np.random.default_rng(31))
+    seen = []
+    for t in (512, 1024):
+        x = torch.randn(t, 1024, device="cuda")
+        want = r.mul_mat(r.QuantTensor.from_raw("q8_0", raw, (4096, 1024)).to_device(), x)
+        torch.cuda.synchronize()
+        with knobs.override(PTXGEN_Q8_0_RA="1"):
+            w = r.QuantTensor.from_raw("q8_0", raw, (4096, 1024)).to_device()
+            y = torch.full_like(want, float("nan"))
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                r.mul_mat(w, x, out=y)
+            g.replay()
+            torch.cuda.synchronize()
+            assert "q8_0_ra" not in w._layouts and torch.equal(y, want), t
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                got = r.mul_mat(w, x)
+            s.synchronize()
+            assert "q8_0_ra" in w._layouts and torch.equal(got, want), t
+            ra = [k for k in r.mul_mat_plan(w, t).kernels if k.startswith("mmq_q8_0_wgmma_ra_n")]
+            assert ra and all(k.endswith("_rp") for k in ra), (t, ra)
+            seen += ra
+            y.fill_(float("nan"))
+            g2 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g2):
+                r.mul_mat(w, x, out=y)
+            g2.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, want), t
+    assert any("_cx_rp" in k for k in seen) and any(k.endswith("n256_rp") or k.endswith("n128_rp") for k in seen)

@@ -97,7 +97,8 @@ RA_BLOCK_BOX_MAX_BN = 64
 HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + q + 128 − 1152 = q
 
 
-# The register-A GEMM's device layout "q8_0_ra" (RA_REPACKED; a copy made once a weight, beside the GGUF bytes): a
+# The register-A GEMM's device layout "q8_0_ra" (the builds mmq_q8_0_wgmma_ra_n*_rp, MmqSpec.repacked; a copy made
+# once a weight, kept beside the GGUF bytes: kernels/repack.py, runtime QuantTensor.device_layout): a
 # row's 256-weight groups of 8 blocks as 288 bytes, 18 16-byte chunks: K-step st's 64 quant bytes in 4 chunks, each
 # lane's 16 bytes whole (lane t of row g: chunk t of its step), and the group's 8 d's in a chunk at 4 and at 13, so
 # that every step's 80-byte box (the raw build's box width) starts 16-byte aligned and holds its quants and d's:
@@ -107,7 +108,6 @@ HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + q + 128 − 1152 = q
 # 2t + 8, 2t + 1, 2t + 9 of the 16-quant half), biased already, so the decode loads a row's step with one
 # ld.shared.v4 and its d pair with one ld.shared.b32 (the raw build: 8 two-byte loads, 4 prmt and 4 xor a row).
 # x keeps its natural K order. 1.125 bytes a weight (raw: 1.0625).
-RA_REPACKED = False  # build flag: the dense natural register-A builds (mmq_q8_0_wgmma_ra_n128 / n256, cx, sk) on it
 RA_GROUP_BYTES = 288
 RA_STEP_CHUNK = (0, 4, 9, 13)  # the 16-byte chunk where K-step st's box starts in its group
 RA_D_CHUNKS = (4, 13)
@@ -226,7 +226,7 @@ def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False, repacked: bool
 
 
 def _ra_fragments_repacked(b, rbase, row_offs, s, t):
-    """ra_fragments on the layout q8_0_ra (RA_REPACKED): step s's box at rbase, its quants 16·(s & 1) in, its d's
+    """ra_fragments on the layout q8_0_ra (the _rp builds): step s's box at rbase, its quants 16·(s & 1) in, its d's
     (the group's 8, word s & 3 the step's pair) 64 − 64·(s & 1) in."""
     odd = b.op("and.b32", s, Imm(1, "b32"))
     qo = b.op("add.u32", b.op("shl.b32", odd, Imm(4, "u32")), b.op("shl.b32", t, Imm(4, "u32")))

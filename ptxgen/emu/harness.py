@@ -1413,6 +1413,9 @@ for _bn in (64, 128, 256):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
         if _f in ("q8_0", "q5_k"):  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
             HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cx")
+for _bn in (128, 256):  # Q8_0 on its layout q8_0_ra (mmq.RP_TOKEN_TILES)
+    for _sfx in ("_rp", "_cx_rp"):
+        HARNESSES[f"mmq_q8_0_wgmma_ra_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q8_0_wgmma_ra_n{_bn}{_sfx}")
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0", "q6_k", "tq4_1s"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)

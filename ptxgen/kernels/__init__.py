@@ -77,8 +77,10 @@ NOT_SHIPPED = {
                          "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
                          "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
-NOT_SHIPPED["repack_q8_0_ra"] = ("the layout q8_0_ra's device copy for the builds of codecs.q8_0.RA_REPACKED (off: "
-                                 "being measured against the GGUF bytes' decode, #34)")
+_RP_WHY = ("Q8_0's prefill GEMMs on the layout q8_0_ra (knob PTXGEN_Q8_0_RA, auto = off until timed on the GPU "
+           "against the GGUF bytes' decode, #34)")
+NOT_SHIPPED["repack_q8_0_ra"] = _RP_WHY
+NOT_SHIPPED.update({n: _RP_WHY for n in KERNELS if n.startswith("mmq_q8_0_wgmma_ra_") and n.endswith("_rp")})
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n64_m256_moe"] = (
     "a 256-row n64 MoE tile (consumers at 112 registers, whole-block stages): slower than the 128-row n64 at 32 x "
     "top-4 T = 448-576 (H100, h100_wide_32x4_dc53cbc.log); rule moe_wgmma_tile_pairs with an \"n64_m256\" entry "

@@ -3076,10 +3076,11 @@ def _natural_k(spec: MmqSpec) -> bool:
 
 
 def _repacked(spec: MmqSpec) -> bool:
-    """Whether the build reads Q8_0's register-A layout q8_0_ra (codecs.q8_0.RA_REPACKED; the dense natural builds
-    with a box a step) instead of the GGUF bytes: its tmap_w then goes over that copy (meta weight_layout)."""
-    return (spec.fmt == "q8_0" and getattr(codecs.get("q8_0"), "RA_REPACKED", False) and _natural_k(spec)
-            and not _block_box(spec))
+    """Whether the build reads Q8_0's register-A layout q8_0_ra (MmqSpec.repacked: the dense natural builds with a
+    box a step) instead of the GGUF bytes: its tmap_w then goes over that copy (meta weight_layout)."""
+    if spec.repacked and not (spec.fmt == "q8_0" and _natural_k(spec) and not _block_box(spec)):
+        raise ValueError(f"{spec.name}: the layout q8_0_ra is read by Q8_0's dense register-A builds with a box a step")
+    return spec.repacked
 
 
 def _block_box(spec: MmqSpec) -> bool:
@@ -3520,4 +3521,14 @@ def kernel_defs() -> list[KernelDef]:
                    f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, {what}",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, **{flag: True}): build(arch, s),
                    archs=("sm_90a",))
-         for flag, (fmts, tiles, what) in RA_SCHEDULES.items() for f in fmts for bn in tiles]
+         for flag, (fmts, tiles, what) in RA_SCHEDULES.items() for f in fmts for bn in tiles] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, convert=cx, fmt="q8_0", repacked=True).name,
+                   f"q8_0 prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, convert=cx, fmt='q8_0').name}, the weights "
+                   f"from their copy in the layout q8_0_ra (codecs/q8_0.py: a row's K-step one ld.shared.v4 and a d "
+                   f"word, no xor)",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=cx, fmt="q8_0", repacked=True): build(arch, s),
+                   archs=("sm_90a",))
+         for bn in RP_TOKEN_TILES for cx in (False, True)]
+
+
+RP_TOKEN_TILES = (128, 256)  # Q8_0's builds on the layout q8_0_ra (MmqSpec.repacked): the tiles with a box a step

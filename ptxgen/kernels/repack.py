@@ -1,4 +1,4 @@
-"""repack_q8_0_ra: Q8_0's GGUF bytes → the layout q8_0_ra the register-A GEMMs read with codecs.q8_0.RA_REPACKED (a
+"""repack_q8_0_ra: Q8_0's GGUF bytes → the layout q8_0_ra the register-A GEMMs mmq_q8_0_wgmma_ra_n*_rp read (a
 copy made once a weight on the device; codecs/q8_0.py describes the layout, repack_ra is its NumPy form). Thread i
 writes word i of the copy: word w of 256-weight group G (72 a group) from raw group G's 272 bytes — a d word two
 fp16 d's, a quant word four quant bytes (two 2-byte loads, a prmt) XOR 0x80."""
@@ -57,5 +57,5 @@ def build(arch):
     return b.finish()
 
 
-KERNELS = [KernelDef(name(), "Q8_0 → the register-A GEMM's layout q8_0_ra (codecs.q8_0.RA_REPACKED), once a weight",
+KERNELS = [KernelDef(name(), "Q8_0 → the register-A GEMM's layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp), once a weight",
                      build, archs=("sm_90a",))]
