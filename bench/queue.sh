@@ -416,6 +416,7 @@ for step in "${@:-tier}"; do
       run "q8nodec_ab_$i" 240 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
         --tokens 512,4096 --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1' --variant 'nodec: mmq.RA_NODECODE=True'
     done
+    [ -n "$Q8_NO_OP" ] && continue
     run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
       --reps 5
     run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
@@ -436,6 +437,11 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
-  *) echo "queue.sh: no step $step (tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
+  q8op)  # q8nodec's bench_op runs alone
+    run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
+      --reps 5
+    run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
+      --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
+  *) echo "queue.sh: no step $step (q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done
