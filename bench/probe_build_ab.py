@@ -126,7 +126,7 @@ def main():
                 ys = [torch.empty(t, m, device="cuda") for _ in range(n)]
                 call = lambda i: r.mul_mat(ws[i % n], x, out=ys[i % n])  # noqa: E731
                 plan = lambda: r.mul_mat_plan(ws[0], t, x_dtype=args.x_dtype).kernels  # noqa: E731
-            cells, got = [], []
+            cells, got, kern = [], [], []
             for sets in [[]] + [v[1] for v in variants]:
                 mods = [s for s in sets if s[0] not in ("rule", "knob")]
                 old = swap(names, mods) if mods else []
@@ -135,13 +135,16 @@ def main():
                 with tuning.override(**{a: v for m_, a, v in sets if m_ == "rule"}), \
                         knobs.override(**{a: v for m_, a, v in sets if m_ == "knob"}):
                     cells.append(f"{eager(torch, call, calls=4 * n):.1f} / {graphed(torch, call, calls=4 * n):.1f}")
+                    kern.append(" + ".join(plan()))  # (the variant's own plan: a knob or rule may change the builds)
                 got.append(ys[0].clone())
                 restore(old)
             same = all(torch.equal(got[0].view(torch.int32), g.view(torch.int32)) for g in got[1:])
             if not same:  # a variant that sums in another order: how far from the shipped build's y
                 scale = got[0].abs().max().item()
                 same = "max rel " + ", ".join(f"{(g - got[0]).abs().max().item() / scale:.1e}" for g in got[1:])
-            print(f"| {fmt} | {t} | {' | '.join(cells)} | {same} | {' + '.join(plan())} |", flush=True)
+            others = "; ".join(f"{v[0]}: {kn}" for v, kn in zip(variants, kern[1:]) if kn != kern[0])
+            print(f"| {fmt} | {t} | {' | '.join(cells)} | {same} | {kern[0]}{' (' + others + ')' if others else ''} |",
+                  flush=True)
         ws = None
         torch.cuda.empty_cache()
 

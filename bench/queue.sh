@@ -416,7 +416,7 @@ for step in "${@:-tier}"; do
       run "q8nodec_ab_$i" 240 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
         --tokens 512,4096 --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1' --variant 'nodec: mmq.RA_NODECODE=True'
     done
-    [ -n "$Q8_NO_OP" ] && continue
+    [ -n "${Q8_NO_OP:-}" ] && continue
     run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
       --reps 5
     run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \

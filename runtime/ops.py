@@ -1007,18 +1007,26 @@ _CALL = threading.local()  # .stream: the stream of the mul_mat call whose plan 
 
 def _q8_0_layout(w: QuantTensor, path: str, bn: int) -> bool:
     """Whether this Q8_0 GEMM reads the weights' copy in the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp; knob
-    PTXGEN_Q8_0_RA): the register-A tiles with a box a step, plain or converting. The copy is made here, at the
-    first plan that wants it (QuantTensor.device_layout, on the recording call's stream), except while a CUDA graph
-    captures (mul_mat plans its first captured call under relaxed_capture): then, without a copy, the GGUF bytes'
-    build runs (the same bits)."""
+    PTXGEN_Q8_0_RA): the register-A tiles with a box a step, plain or converting. The copy is made only by an eager
+    mul_mat call's plan (_CALL.stream: on that call's stream; never in a capture, in mul_mat_plan / choose, or by
+    mmq_launch, which use a copy that exists), only for bytes ptxgen owns (uploaded by to_device: a from_device or
+    torch view's memory may change or be reused under it), and not where it cannot be made (K, size, memory): then
+    the GGUF bytes' build runs, the same bits."""
     from ptxgen.kernels.mmq import RP_TOKEN_TILES
 
     if knobs.q8_0_ra() != "on" or path not in ("wgmma_ra_x16", "wgmma_ra_cx") or bn not in RP_TOKEN_TILES:
         return False
-    if "q8_0_ra" not in w._layouts:
-        if getattr(driver._TLS, "relaxed", 0):
-            return False
-        w.device_layout("q8_0_ra", stream=getattr(_CALL, "stream", None))
+    if "q8_0_ra" in w._layouts:
+        return True
+    stream = getattr(_CALL, "stream", None)
+    if stream is None or w._owner is not None or w._device is None or w._device._kind == "foreign":
+        return False
+    if w.shape[-1] % 256 or w.rows * w.shape[-1] // 256 * 72 >= 2**32:  # (the repack kernel's u32 word index)
+        return False
+    try:
+        w.device_layout("q8_0_ra", stream=stream)
+    except MemoryError:  # (a copy that does not fit: the GGUF bytes' build)
+        return False
     return True
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 
 import numpy as np
 
@@ -14,6 +15,8 @@ from ptxgen import formats
 from ptxgen.gguf import GGML_IDS, TQ4_1S_IDS, GGUFError, list_gguf_tensors, read_gguf_tensor, write_gguf  # noqa: F401
 
 from .driver import DeviceBuffer
+
+_LAYOUT_LOCK = threading.Lock()  # QuantTensor.device_layout's copies: made once whichever threads ask
 
 
 def _fmt(fmt) -> str:
@@ -239,7 +242,12 @@ class QuantTensor:
         the copy) and kept with the tensor, its plans made again; `raw()` still gives the GGUF bytes. The copy is
         not remade: bytes changed in place after it (a from_device tensor's) are not seen by the builds reading it."""
         buf = self._layouts.get(name)
-        if buf is None:
+        if buf is not None:
+            return buf
+        with _LAYOUT_LOCK:  # (two threads' first calls: one copy, made once)
+            buf = self._layouts.get(name)
+            if buf is not None:
+                return buf
             from ptxgen.kernels import repack
             from ptxgen.layouts import weight_layout
 

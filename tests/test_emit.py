@@ -268,6 +268,10 @@ for _k in KERNELS:
         EXPECTED_SASS[_k, "sm_120a"] = ["HMMA.16816.F32", "LDSM.16.M88.4", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
                                         "HFMA2", "PRMT"]
         ABSENT_SASS[_k, "sm_120a"] = ["LDGSTS"]
+for _k in KERNELS:
+    if _k.startswith("mmq_q8_0_wgmma_ra_") and _k.endswith("_rp"):  # the layout q8_0_ra: a row's step one LDS.128
+        EXPECTED_SASS[_k] = EXPECTED_SASS[_k] + ["LDS.128"]
+        ABSENT_SASS[_k, "sm_90a"] = ["LDS.U16"]
 for _t in (1, 2, 4):  # Q6_K's wide lanes: q − 32 by a PRMT and an FADD, no quarter-rate I2F a weight
     ABSENT_SASS[f"gemv_q6_k_f32_t{_t}", "sm_90a"] = ["I2F.S8"]
 

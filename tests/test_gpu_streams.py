@@ -480,7 +480,8 @@ def test_q8_0_layout_route_gives_the_gguf_builds_bits_eager_and_captured():
     T = 1024) read the weights' copy in the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp), y bit for bit the GGUF bytes'
     builds' (the knob at its default). A call captured before any eager call finds no copy (none is made inside a
     capture) and runs the GGUF bytes' build, the same bits; the first eager call makes the copy on its stream (a
-    side stream here) and plans the _rp build; a capture after it replays that build's bits."""
+    side stream here) and plans the _rp build; a capture after it replays that build's bits. fp16 x alike. Bytes
+    wrapped by from_device get no copy (ptxgen does not own them: they may change under it)."""
     torch = _torch()
     import ptxgen.runtime as r
     from ptxgen import knobs
@@ -489,8 +490,8 @@ def test_q8_0_layout_route_gives_the_gguf_builds_bits_eager_and_captured():
         pytest.skip("the layout q8_0_ra's builds are sm_90a's")
     raw = random_raw("q8_0", 4096, 1024, np.random.default_rng(31))
     seen = []
-    for t in (512, 1024):
-        x = torch.randn(t, 1024, device="cuda")
+    for t, dt in ((512, torch.float32), (1024, torch.float32), (512, torch.float16)):
+        x = torch.randn(t, 1024, device="cuda").to(dt)
         want = r.mul_mat(r.QuantTensor.from_raw("q8_0", raw, (4096, 1024)).to_device(), x)
         torch.cuda.synchronize()
         with knobs.override(PTXGEN_Q8_0_RA="1"):
@@ -517,4 +518,6 @@ def test_q8_0_layout_route_gives_the_gguf_builds_bits_eager_and_captured():
             g2.replay()
             torch.cuda.synchronize()
             assert torch.equal(y, want), t
+            dev = r.QuantTensor.from_device("q8_0", torch.as_tensor(raw, device="cuda"), (4096, 1024))
+            assert torch.equal(r.mul_mat(dev, x), want) and not dev._layouts  # (memory ptxgen does not own: no copy)
     assert any("_cx_rp" in k for k in seen) and any(k.endswith("n256_rp") or k.endswith("n128_rp") for k in seen)
