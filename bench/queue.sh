@@ -58,6 +58,8 @@
 #            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
 #            (probe_capture_free.py), then the capture tests of test_gpu_streams
 #   q8nodec  #34: Q8_0's register-A GEMMs on the layout q8_0_ra and without their decode against the shipped ones
+#   moel1    #35: mul_mat_id without its gated GEMV (the gate's cost: L1's ceiling), both shapes, T = 32 / 512
+#   q8op     q8nodec's bench_op runs alone
 #   gpusub   the GPU tests of the runtime's entry points (MoE, runtime, streams, quick start) — after a change there
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
@@ -437,11 +439,17 @@ for step in "${@:-tier}"; do
     run capfree_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_gpu_streams.py -k "capture or dropped" ;;
   sanitize)
     run sanitize 570 env PLAIN_TIMEOUT=150 SANITIZE_TIMEOUT=100 bash bench/sanitize.sh ;;
+  moel1)  # #35: mul_mat_id without the gated exact GEMV behind its GEMM (gemv_codec.GATED_EXPERT_CTAS=0: timing only)
+    # against the shipped plan, both shapes, T = 32 / 512 — the ceiling of moving the gate into the GEMM (L1)
+    run moel1_128 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 128:8 --shape 768x2048 --tokens 32,512 \
+      --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
+    run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
+      --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
   q8op)  # q8nodec's bench_op runs alone
     run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
       --reps 5
     run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
       --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
-  *) echo "queue.sh: no step $step (q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (moel1 q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done

@@ -555,7 +555,8 @@ def _mul_mat_id_plan(w: QuantTensor, t: int, slots: int, x_per_slot: int, mode: 
         # CTA out, counted in `done`); few CTAs (each loops over experts): a closed gate costs their exits only
         from ptxgen.kernels.gemv_codec import GATED_EXPERT_CTAS
 
-        pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (pb.flag, pb.done))
+        if GATED_EXPERT_CTAS:  # (0: a timing diagnostic only — the gate's cost, wrong where x overflows fp16)
+            pb.launch(fn, (rows, min(e, GATED_EXPERT_CTAS)), idg_args + (pb.flag, pb.done))
     elif route[0].endswith(("_idg", "_idg_x16")):
         pb.launch(fn, (rows, e), idg_args + (0, 0))
     else:

@@ -170,7 +170,8 @@ def _route_to_expert(b, W, X, Y, M, K, xb: int = 4):
     return W, X, Y, bad
 
 
-GATED_EXPERT_CTAS = 4  # grid.y of the gated grouped GEMV (mul_mat_id's exact recompute behind the grouped GEMM)
+GATED_EXPERT_CTAS = 4  # grid.y of the gated grouped GEMV (mul_mat_id's exact recompute behind the grouped GEMM);
+# 0 plans no gated GEMV: a probe's diagnostic of what the gate costs (study_moe_levers L1's ceiling), never shipped
 GROUPED_SHAPE = (2, 2)  # the grouped MoE GEMV's (rows per warp, groups per step): SHAPE[8]'s 4 rows spill there
 WINDOW_CHUNKS = 4  # the grouped MoE GEMV scans the ids in windows of 32·WARPS·WINDOW_CHUNKS pairs
 WINDOW = 32 * WARPS * WINDOW_CHUNKS
