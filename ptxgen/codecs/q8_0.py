@@ -112,6 +112,10 @@ RA_GROUP_BYTES = 288
 RA_STEP_CHUNK = (0, 4, 9, 13)  # the 16-byte chunk where K-step st's box starts in its group
 RA_D_CHUNKS = (4, 13)
 RA_LAYOUT = "q8_0_ra"  # (the builds' meta weight_layout; runtime.tensors keeps the copy)
+RA_QUANT_CHUNK = tuple(c + (st & 1) for st, c in enumerate(RA_STEP_CHUNK))  # (0, 5, 9, 14): a step's first quant chunk
+# the PTX forms below (ra_box_column, _ra_fragments_repacked, kernels/repack.py) compute these tables arithmetically
+assert [16 * c for c in RA_STEP_CHUNK] == [64 * st + 16 * (st >> 1) for st in range(4)]
+assert all(RA_STEP_CHUNK[st] + 4 * (1 - (st & 1)) == RA_D_CHUNKS[st >> 1] for st in range(4))  # d 64 − 64·(st & 1) in
 
 
 def ra_row_bytes(k: int) -> int:

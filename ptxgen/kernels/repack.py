@@ -32,17 +32,18 @@ def build(arch):
     grp = b.op("div.u32", i, Imm(WORDS, "u32"))
     wg = b.op("sub.u32", i, b.op("mul.lo.u32", grp, Imm(WORDS, "u32")))
     c, j = b.op("shr.u32", wg, Imm(2, "u32")), b.op("and.b32", wg, Imm(3, "b32"))  # chunk, word in it
-    # quant chunks: step st = #(c ≥ 5, 9, 14), chunk t = c − (0, 5, 9, 14)[st]; d chunks 4 and 13
-    st = b.op("add.u32", b.op("add.u32", b.op("selp.u32", Imm(1, "u32"), Imm(0, "u32"), b.op("setp.ge.u32", c, Imm(5, "u32"))),
-                                  b.op("selp.u32", Imm(1, "u32"), Imm(0, "u32"), b.op("setp.ge.u32", c, Imm(9, "u32")))),
-              b.op("selp.u32", Imm(1, "u32"), Imm(0, "u32"), b.op("setp.ge.u32", c, Imm(14, "u32"))))
-    first = b.op("shr.u32", b.op("mov.b32", Imm(0x0E090500, "b32")), b.op("shl.b32", st, Imm(3, "u32")))  # (0, 5, 9, 14)[st]
+    # quant chunks: step st = #(c ≥ RA_QUANT_CHUNK[1:]), chunk t = c − RA_QUANT_CHUNK[st]; d chunks RA_D_CHUNKS
+    qc = q8_0.RA_QUANT_CHUNK
+    ge = [b.op("selp.u32", Imm(1, "u32"), Imm(0, "u32"), b.op("setp.ge.u32", c, Imm(q, "u32"))) for q in qc[1:]]
+    st = b.op("add.u32", b.op("add.u32", ge[0], ge[1]), ge[2])
+    table = sum(q << (8 * i) for i, q in enumerate(qc))  # RA_QUANT_CHUNK as bytes of one word
+    first = b.op("shr.u32", b.op("mov.b32", Imm(table, "b32")), b.op("shl.b32", st, Imm(3, "u32")))
     t = b.op("sub.u32", c, b.op("and.b32", first, Imm(0xFF, "b32")))
     blk = b.op("add.u32", b.op("shl.b32", st, Imm(1, "u32")), b.op("shr.u32", j, Imm(1, "u32")))  # 2st + sb
     qoff = b.op("add.u32", b.op("mad.lo.u32", blk, Imm(q8_0.BLOCK_BYTES, "u32"), Imm(q8_0.QS_OFFSET, "u32")),
                 b.op("add.u32", b.op("shl.b32", b.op("and.b32", j, Imm(1, "b32")), Imm(4, "u32")),
                      b.op("shl.b32", t, Imm(1, "u32"))))  # + 16wi + 2t: bytes (2t, 2t + 1); + 8: (2t + 8, 2t + 9)
-    dword = b.op("or.pred", b.op("setp.eq.u32", c, Imm(4, "u32")), b.op("setp.eq.u32", c, Imm(13, "u32")))
+    dword = b.op("or.pred", *(b.op("setp.eq.u32", c, Imm(dc, "u32")) for dc in q8_0.RA_D_CHUNKS))
     doff = b.op("mul.lo.u32", j, Imm(2 * q8_0.BLOCK_BYTES, "u32"))  # d of blocks 2j, 2j + 1: + 0 and + 34
     lo = b.op("selp.b32", doff, qoff, dword)
     hi = b.op("add.u32", lo, b.op("selp.u32", Imm(q8_0.BLOCK_BYTES, "u32"), Imm(8, "u32"), dword))
