@@ -395,6 +395,7 @@ def _repack_q8_0(ptx: str, rng, shape=(5, 768), seed=None) -> Outcome:
     """repack_q8_0_ra (kernels/repack.py): any bytes (d's NaN or inf too) → codecs.q8_0.repack_ra's bytes, bit for bit,
     the output poisoned first and nothing written past it."""
     from ..codecs import q8_0
+    from ..kernels import repack
 
     m, k = shape
     raw = rng.integers(0, 256, m * k // 32 * q8_0.BLOCK_BYTES, dtype=np.uint8)
@@ -402,7 +403,7 @@ def _repack_q8_0(ptx: str, rng, shape=(5, 768), seed=None) -> Outcome:
     mem = _memory()
     groups = m * k // 256
     wa, ya = mem.alloc(raw), mem.alloc(want.size + 64, poison=0xA5)
-    _run(ptx, (-(-groups * 72 // 256),), (256,), (wa, ya, groups), mem, seed=seed)
+    _run(ptx, (-(-groups * repack.WORDS // repack.THREADS),), (repack.THREADS,), (wa, ya, groups), mem, seed=seed)
     got = mem.view(ya, np.uint8, (want.size + 64,))
     ok = bool(np.array_equal(got[:want.size], want) and (got[want.size:] == 0xA5).all())
     return Outcome("repack_q8_0_ra", ok, "bit-exact" if ok else
