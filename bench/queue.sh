@@ -60,6 +60,7 @@
 #   q8nodec  #34: Q8_0's register-A GEMMs on the layout q8_0_ra and without their decode against the shipped ones
 #   moel1    #35: mul_mat_id without its gated GEMV (the gate's cost: L1's ceiling), both shapes, T = 32 / 512
 #   q8op     q8nodec's bench_op runs alone
+#   q8min    q8a's probe with the layout only and its GPU tests (a short device budget)
 #   q8a      q8nodec's probe once, the layout's GPU tests, q8op: the A/B in the fewest device seconds
 #   gpusub   the GPU tests of the runtime's entry points (MoE, runtime, streams, quick start) — after a change there
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
@@ -455,11 +456,16 @@ for step in "${@:-tier}"; do
       --reps 5
     run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
       --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
+  q8min)  # q8a's decision alone (a short device budget): the probe with the layout only, then its GPU tests
+    run q8min_ab 180 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
+      --tokens 512,4096 --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1'
+    run q8min_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_streams.py \
+      tests/test_gpu_runtime.py -k 'q8_0_layout or q8_0_device_layout' ;;
   q8op)  # q8nodec's bench_op runs alone
     run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
       --reps 5
     run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
       --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
-  *) echo "queue.sh: no step $step (q8a moel1 q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (q8min q8a moel1 q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done
