@@ -54,6 +54,16 @@ def device_hbm() -> tuple[float, str]:
     return H200_HBM, "floors at the H200's 4.27 TB/s (this GPU's bandwidth not known)"
 
 
+def need_torch():
+    """torch, or an exit that says what to install (the benchmarks time the op as torch calls it, beside cuBLAS)."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        raise SystemExit("the benchmarks need torch and a GPU: pip install -e \".[bench]\" (--dry-run needs neither "
+                         "where a benchmark has it)") from None
+    return torch
+
+
 HBM, HBM_NOTE = device_hbm()  # every benchmark's floor (bench_mmq, bench_model, bench_moe import it)
 SHAPES = [(3584, 3584), (4608, 3584), (18944, 3584), (3584, 18944), (4096, 14336), (14336, 4096)]  # --shapes all
 FORMATS = ("q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s")
@@ -218,7 +228,7 @@ def main(argv=None):
     tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
     if args.dry_run:
         return dry_run(args)
-    import torch
+    torch = need_torch()
 
     import decode_loop
 

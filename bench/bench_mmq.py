@@ -17,7 +17,7 @@ import numpy as np
 
 from ptxgen import knobs
 
-from bench_gemv import HBM, HBM_NOTE, pyplot, random_raw, timed, tinygemm_us as tinygemm, weight_copies
+from bench_gemv import HBM, HBM_NOTE, need_torch, pyplot, random_raw, timed, tinygemm_us as tinygemm, weight_copies
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -42,7 +42,7 @@ def main():
     args = ap.parse_args()
     knobs.set(**knobs.parse(args.knob))
     tokens = TOKENS if args.tokens is None else [int(v) for v in args.tokens.split(",")]
-    import torch
+    torch = need_torch()
 
     import ptxgen.runtime as r
     from ptxgen import formats

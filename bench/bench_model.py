@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from bench_gemv import HBM, HBM_NOTE
+from bench_gemv import HBM, HBM_NOTE, need_torch
 
 SHAPES = {  # per layer (M, K), and the output projection
     "llama3-8b": {"attn_q": (4096, 4096), "attn_k": (1024, 4096), "attn_v": (1024, 4096), "attn_output": (4096, 4096),
@@ -186,7 +186,7 @@ def load_and_run(args, tensors, path):
 
 
 def run(args, tensors, ws):
-    import torch
+    torch = need_torch()
     import torch.nn.functional as F
 
     import ptxgen.runtime as r

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from bench_gemv import HBM, HBM_NOTE
+from bench_gemv import HBM, HBM_NOTE, need_torch
 
 L2 = 60e6
 CALLS = 100
@@ -219,7 +219,7 @@ def torch_baseline(torch, F, ids, m, device="cuda"):
 
 
 def run(args, fmts, tokens):
-    import torch
+    torch = need_torch()
 
     res = {"device": torch.cuda.get_device_name(), "calls": CALLS, "cells": []}
     print(header())

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from bench_gemv import HBM, HBM_NOTE
+from bench_gemv import HBM, HBM_NOTE, need_torch
 
 L2 = 60e6
 SHAPES = {"q4_K": [(4096, 4096), (14336, 4096), (4096, 14336)], "tq4_1s": [(18944, 3584)],
@@ -257,7 +257,7 @@ def main():
     from ptxgen import tuning
 
     tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
-    import torch
+    torch = need_torch()
     import torch.nn.functional as F
 
     import ptxgen.runtime as r

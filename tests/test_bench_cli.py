@@ -111,3 +111,15 @@ def test_bench_model_fuse_joins_the_projections_of_one_activation_and_format(ben
     out = run("bench_model.py", "--fuse", "--dry-run", "--layers", "1")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--fuse: 2 fused tensors, 6 ops a step" in out.stdout
+
+
+@pytest.mark.parametrize("script", ["bench_op.py", "bench_gemv.py", "bench_moe.py", "bench_model.py", "bench_mmq.py"])
+def test_a_benchmark_without_torch_says_what_to_install(script):
+    """Without torch a benchmark stops with one line naming the extra to install, not an ImportError's traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here")
+    r = run(script, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert 'pip install -e ".[bench]"' in r.stderr, r.stderr
