@@ -92,6 +92,23 @@ run() {
   tail -n 30 "$OUT/$name.log"; echo "== $name rc=$rc at $((SECONDS - start))s"
 }
 
+# Q8_0's layout q8_0_ra (#34): the probe (shipped / rp [/ the extra variant]), its GPU tests, bench_op without / with it
+q8_nodec='nodec: mmq.RA_NODECODE=True'
+q8_probe() {  # NAME SECONDS [EXTRA_VARIANT]
+  run "$1" "$2" "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 --tokens 512,4096 \
+    --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1' ${3:+--variant "$3"}
+}
+q8_tests() {
+  run "$1" 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_streams.py \
+    tests/test_gpu_runtime.py -k 'q8_0_layout or q8_0_device_layout'
+}
+q8_ops() {
+  run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
+    --reps 5
+  run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
+    --no-decode-loop --reps 5 --knob q8_0_ra=1
+}
+
 few_rule='rule.codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8, "tq4_1s": 8}'
 mt2='gemv_t1.T1_PLAN={"big": {"t1": (4, 2, 1, 8), "t2": (3, 2, 1, 8), "t4": (2, 2, 1, 8), "t8": (2, 2, 2, 4), "t16h": (3, 1, 2, 4)}, "small": {"t1": (3, 2, 1, 4), "t2": (2, 2, 1, 4), "t4": (2, 1, 1, 4), "t8": (2, 1, 1, 4), "t16h": (2, 1, 1, 4)}}'
 
@@ -413,18 +430,6 @@ for step in "${@:-tier}"; do
       --reps 5 --knob mmq_cx=0
     run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
       --reps 5 --knob mmq_pre=1 ;;
-  q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp, knob
-    # PTXGEN_Q8_0_RA) and with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds
-    # (Q8_REPEATS times: the loop runs at the power limit), then bench_op as called (cuBLAS beside), both ways
-    for i in $(seq "${Q8_REPEATS:-1}"); do
-      run "q8nodec_ab_$i" 240 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
-        --tokens 512,4096 --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1' --variant 'nodec: mmq.RA_NODECODE=True'
-    done
-    [ -n "${Q8_NO_OP:-}" ] && continue
-    run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
-      --reps 5
-    run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
-      --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16
@@ -447,25 +452,17 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
+  q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp, knob
+    # PTXGEN_Q8_0_RA) and with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds
+    # (Q8_REPEATS times: the loop runs at the power limit), then bench_op as called (cuBLAS beside), both ways
+    for i in $(seq "${Q8_REPEATS:-1}"); do q8_probe "q8nodec_ab_$i" 240 "$q8_nodec"; done
+    [ -n "${Q8_NO_OP:-}" ] || q8_ops ;;
   q8a)  # q8nodec in the fewest device seconds: the probe once, the layout's own GPU tests, then bench_op both ways
-    run q8a_ab 240 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
-      --tokens 512,4096 --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1' --variant 'nodec: mmq.RA_NODECODE=True'
-    run q8a_tests 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_streams.py \
-      tests/test_gpu_runtime.py -k 'q8_0_layout or q8_0_device_layout'
-    run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
-      --reps 5
-    run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
-      --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
+    q8_probe q8a_ab 240 "$q8_nodec"; q8_tests q8a_tests; q8_ops ;;
   q8min)  # q8a's decision alone (a short device budget): the probe with the layout only, then its GPU tests
-    run q8min_ab 180 "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 \
-      --tokens 512,4096 --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1'
-    run q8min_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_streams.py \
-      tests/test_gpu_runtime.py -k 'q8_0_layout or q8_0_device_layout' ;;
+    q8_probe q8min_ab 180; q8_tests q8min_tests ;;
   q8op)  # q8nodec's bench_op runs alone
-    run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
-      --reps 5
-    run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
-      --no-decode-loop --reps 5 --knob q8_0_ra=1 ;;
+    q8_ops ;;
   *) echo "queue.sh: no step $step (q8min q8a moel1 q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done
