@@ -176,22 +176,20 @@ def _fma_f32(a, b, c):
     """Exact a·b + c rounded once to float32 (a·b is exact in float64; the sum's rounding error is tracked
     with TwoSum so a double-rounding tie is resolved in the right direction)."""
     a64, b64, c64 = (np.asarray(x, np.float64) for x in (a, b, c))
-    p = a64 * b64
-    s = p + c64
-    bb = s - p
-    err = (p - (s - bb)) + (c64 - bb)
-    r = s.astype(np.float32)
-    # a tie at float32 precision that the float64 rounding created or hid: step toward the true value
-    r64 = r.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # (inf / NaN operands: IEEE results, as the GPU's, no warning)
+        p = a64 * b64
+        s = p + c64
+        bb = s - p
+        err = (p - (s - bb)) + (c64 - bb)
+        r = s.astype(np.float32)
+        # a tie at float32 precision that the float64 rounding created or hid: step toward the true value
+        r64 = r.astype(np.float64)
         up = np.nextafter(r, np.float32(np.inf)).astype(np.float64)
         dn = np.nextafter(r, np.float32(-np.inf)).astype(np.float64)
         tie_hi = (s - r64 == (up - r64) / 2) & (err > 0)
         tie_lo = (r64 - s == (r64 - dn) / 2) & (err < 0)
-        exact_mid_up = (s > r64) & (s - r64 == (up - r64) / 2) & (err == 0)
     r = np.where(tie_hi, up.astype(np.float32), r)
     r = np.where(tie_lo, dn.astype(np.float32), r)
-    del exact_mid_up
     return r.astype(np.float32)
 
 

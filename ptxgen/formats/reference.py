@@ -55,7 +55,8 @@ def gemm_ref(fmt: str, raw, m: int, k: int, x: np.ndarray) -> np.ndarray:
 
     m, k, x = _check_gemm("gemm_ref", fmt, raw, m, k, x)
     w = dequantize(fmt, raw, (m, k)).astype(np.float64)
-    return np.asarray(x, np.float64) @ w.T
+    with np.errstate(invalid="ignore", over="ignore"):  # (inf / NaN in x or W: IEEE results, no warning)
+        return np.asarray(x, np.float64) @ w.T
 
 
 def mul_mat_id_ref(fmt: str, raw, shape, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
