@@ -75,7 +75,8 @@ class QuantFormat:
         if not (self.activation or allow_nonfinite):
             check_finite(x, f"{self.name}: quantize")
         blocks = np.ascontiguousarray(x).reshape(-1, self.block_size)
-        out = self._quantize(blocks, **options)
+        with np.errstate(invalid="ignore", over="ignore"):  # (inf / NaN let through, or scales past fp16: handled)
+            out = self._quantize(blocks, **options)
         if not (self.activation or allow_nonfinite):
             self._check_scales(out, x)
         return out.reshape(*x.shape[:-1], x.shape[-1] // self.block_size * self.block_bytes)
