@@ -54,8 +54,9 @@ PTXGEN_ROTATE_F16  TQ4_1S's prefill GEMMs on x rotated by rotate_tq4_1s_f16 (fp3
                    before it (convert_f32 for an fp16 x, rotate_tq4_1s, convert_f16 / convert_f16_perm), for A/B
 PTXGEN_Q8_0_RA     Q8_0's sm_90 prefill GEMMs (the register-A n128 / n256 tiles, plain and converting) on the weights'
                    copy in the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp; made at the first eager call that plans one,
-                   kept on the QuantTensor: +1.125 bytes a weight): unset/auto/0 = no (not yet timed on the GPU),
-                   1 = yes (a call captured before the copy exists runs the GGUF bytes' build, the same bits)
+                   kept on the QuantTensor: +1.125 bytes a weight, ~2x the weights' memory): unset/auto/0 = no (a
+                   second copy of every Q8_0 linear is not a default; not yet timed on the GPU), 1 = yes (a call
+                   captured before the copy exists runs the GGUF bytes' build, the same bits)
 PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's
                    tiles split in K (runtime.ops.splitk_plan_tail), 0 = every tile split alike when the tiles fit
                    one round of resident CTAs, none otherwise (the plan before it, for A/B measurements)

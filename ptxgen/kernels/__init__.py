@@ -77,8 +77,8 @@ NOT_SHIPPED = {
                          "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
                          "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
-_RP_WHY = ("Q8_0's prefill GEMMs on the layout q8_0_ra (knob PTXGEN_Q8_0_RA, auto = off until timed on the GPU "
-           "against the GGUF bytes' decode, #34)")
+_RP_WHY = ("Q8_0's prefill GEMMs on the layout q8_0_ra (knob PTXGEN_Q8_0_RA, opt-in: a second device copy of the "
+           "weights, +1.125 bytes a weight; not yet timed against the GGUF bytes' decode, #34)")
 NOT_SHIPPED["repack_q8_0_ra"] = _RP_WHY
 NOT_SHIPPED.update({n: _RP_WHY for n in KERNELS if n.startswith("mmq_q8_0_wgmma_ra_") and n.endswith("_rp")})
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n64_m256_moe"] = (
