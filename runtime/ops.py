@@ -1013,21 +1013,19 @@ def _q8_0_layout(w: QuantTensor, path: str, bn: int) -> bool:
     mmq_launch, which use a copy that exists), only for bytes ptxgen owns (uploaded by to_device: a from_device or
     torch view's memory may change or be reused under it), and not where it cannot be made (K, size, memory): then
     the GGUF bytes' build runs, the same bits."""
-    from ptxgen.kernels import repack
+    from ptxgen.codecs.q8_0 import RA_LAYOUT
     from ptxgen.kernels.mmq import RP_TOKEN_TILES
 
     if knobs.q8_0_ra() != "on" or path not in ("wgmma_ra_x16", "wgmma_ra_cx") or bn not in RP_TOKEN_TILES:
         return False
-    if "q8_0_ra" in w._layouts:
+    if RA_LAYOUT in w._layouts:
         return True
     stream = getattr(_CALL, "stream", None)
     if stream is None or w._owner is not None or w._device is None or w._device._kind == "foreign":
         return False
-    if w.shape[-1] % 256 or w.rows * w.shape[-1] // 256 * repack.WORDS >= 2**32:  # (the repack kernel's u32 index)
-        return False
     try:
-        w.device_layout("q8_0_ra", stream=stream)
-    except MemoryError:  # (a copy that does not fit: the GGUF bytes' build)
+        w.device_layout(RA_LAYOUT, stream=stream)
+    except (ValueError, MemoryError):  # (a shape the layout cannot take, a copy that does not fit: the GGUF build)
         return False
     return True
 

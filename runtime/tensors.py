@@ -256,10 +256,10 @@ class QuantTensor:
 
             _, row_bytes = weight_layout(name, self.fmt)
             k = self.shape[-1]
-            if k % 256 or name != "q8_0_ra":
-                raise ValueError(f"{self!r}: no device layout {name!r} for K = {k}")
-            out = DeviceBuffer(self.rows * row_bytes(k))
             groups = self.rows * k // 256
+            if k % 256 or groups * repack.WORDS >= 2**32:  # (whole groups; the repack kernel's u32 word index)
+                raise ValueError(f"{self!r}: no device layout {name!r} for K = {k} and {self.rows} rows")
+            out = DeviceBuffer(self.rows * row_bytes(k))
             s = PER_THREAD_STREAM if stream is None else stream
             kernels.load(repack.name(), "sm_90a").launch((-(-groups * repack.WORDS // repack.THREADS),),
                                                          (self.buffer, out, groups), stream=s)
