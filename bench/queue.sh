@@ -452,6 +452,16 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
+  gpf)  # #35: moe_gather prefetching the GEMM's first round of weight rows into L2 (moe_group._round1_prefetch,
+    # off as shipped: the GEMM's own guess alone) at 2 blocks a row, at 8 (whole rows at K = 2048), and at 2 with the
+    # GEMM's guess off; both shapes, T = 32 / 512
+    for spec in "128:8 768x2048" "32:4 1792x2048"; do
+      read -r moe sh <<< "$spec"
+      run "gpf_${moe/:/x}" 200 "${AB[@]}" --kernels '(moe_gather(_sums)?|_moe)$' --moe "$moe" --shape "$sh" \
+        --tokens 32,512 --weights 8 --variant 'pf2: moe_group.GATHER_L2_PREFETCH_BLOCKS=2' \
+        --variant 'pf8: moe_group.GATHER_L2_PREFETCH_BLOCKS=8' \
+        --variant 'pf2g0: moe_group.GATHER_L2_PREFETCH_BLOCKS=2; mmq.GROUPED_L2_PREFETCH_BLOCKS=0'
+    done ;;
   q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp, knob
     # PTXGEN_Q8_0_RA) and with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds
     # (Q8_REPEATS times: the loop runs at the power limit), then bench_op as called (cuBLAS beside), both ways
@@ -463,6 +473,6 @@ for step in "${@:-tier}"; do
     q8_probe q8min_ab 180; q8_tests q8min_tests ;;
   q8op)  # q8nodec's bench_op runs alone
     q8_ops ;;
-  *) echo "queue.sh: no step $step (q8min q8a moel1 q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (gpf q8min q8a moel1 q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done

@@ -603,13 +603,29 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     assert unit <= most, (slots, most)  # (_moe_route takes another route past it)
     units, gathers = p // unit, max(1, min(sms, -(-p * k8 // 1024)))
     rows = unit * min(-(-units // gathers), most // unit)
+    from ptxgen.formats import get as fmt_of
+
+    row_bytes = fmt_of(w.fmt).row_bytes(k)
+    pf = _round1_prefetch_bytes(row_bytes, k, w.ptr)
     pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
-              grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
+              grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows, w.buffer, row_bytes, pf,
+                          int(gemm.meta.get("bm", BM)), ctas) + xs)
     tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
     tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B", int(gemm.meta.get("x_box_chunks", 0)))
     ts = ((_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none", int(gemm.meta.get("s_box_chunks", 0))),) if iw
           else ())
     pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
+
+
+def _round1_prefetch_bytes(row_bytes: int, k: int, ptr) -> int:
+    """moe_gather's prefetch a weight row (pf_bytes): the row's first moe_group.GATHER_L2_PREFETCH_BLOCKS 256-column
+    blocks, rounded up to 16 bytes, at most the row; 0 where a row does not start 16-byte aligned (the bulk
+    prefetch's rule)."""
+    from ptxgen.kernels.moe_group import GATHER_L2_PREFETCH_BLOCKS as nb
+
+    if not nb or row_bytes % 16 or (isinstance(ptr, int) and ptr % 16):
+        return 0
+    return min(row_bytes, -(-row_bytes * 256 * nb // k // 16) * 16)
 
 
 def _remember(w: QuantTensor, key, entry) -> None:

@@ -425,7 +425,7 @@ def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypat
     names = [r[0] for r in rec.runs]
     assert names == ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"]
     (_, _, c1, _), (_, _, c2, _) = rec.runs[0:2]
-    assert len(c1) == 17 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
+    assert len(c1) == 22 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
 
 
 def test_the_grouped_gemms_take_a_stages_activation_tiles_by_one_3d_box(monkeypatch):
@@ -726,8 +726,10 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         xs = mem.alloc(p * k // 16 * 2, poison=0xFF) if iw else None
         unit = 1 if per_slot else slots  # whole rows of x a CTA
         rows = unit * max(1, p // unit // 3)  # 3 or 4 CTAs
+        rb = formats.get(fmt).row_bytes(k)  # round one's weights prefetched (both GEMM CTAs' first items), as ops
+        pf = (wa, rb, ops._round1_prefetch_bytes(rb, k, wa), gemm.meta.get("bm", 128), 2)  # passes them
         _run(group.ptx(), (-(-p // rows),), (1024,), grouping + (xa, x16, ga, k // 8, slots, int(per_slot), rows)
-             + ((xs,) if iw else ()), mem)
+             + pf + ((xs,) if iw else ()), mem)
         tw = weight_rows_map(mem, wa, gemm.meta, e * m, formats.get(fmt).row_bytes(k))  # the build's boxes
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B", None, gemm.meta.get("x_box_chunks", 0))
         ts = ((BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none", None,
