@@ -457,11 +457,14 @@ for step in "${@:-tier}"; do
     # GEMM's guess off; both shapes, T = 32 / 512
     for spec in "128:8 768x2048" "32:4 1792x2048"; do
       read -r moe sh <<< "$spec"
-      run "gpf_${moe/:/x}" 200 "${AB[@]}" --kernels '(moe_gather(_sums)?|_moe)$' --moe "$moe" --shape "$sh" \
+      run "gpf_${moe/:/x}" 200 "${AB[@]}" --kernels 'moe_gather(_sums)?$|mmq_q4_k_wgmma_(iw_n16|ra_n48_m256|ra_n80_m256)_moe$' --moe "$moe" --shape "$sh" \
         --tokens 32,512 --weights 8 --variant 'pf2: moe_group.GATHER_L2_PREFETCH_BLOCKS=2' \
         --variant 'pf8: moe_group.GATHER_L2_PREFETCH_BLOCKS=8' \
         --variant 'pf2g0: moe_group.GATHER_L2_PREFETCH_BLOCKS=2; mmq.GROUPED_L2_PREFETCH_BLOCKS=0'
-    done ;;
+    done
+    # the study's L5: a third A slot for the one-CTA n48_m256 tile (181 -> 218 KB), 128 x top-8 T = 512
+    run gpf_a3 100 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n48_m256_moe$' --moe 128:8 --shape 768x2048 --tokens 512 \
+      --weights 8 --variant 'a3: mmq.RA_A_SLOTS=3' ;;
   q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp, knob
     # PTXGEN_Q8_0_RA) and with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds
     # (Q8_REPEATS times: the loop runs at the power limit), then bench_op as called (cuBLAS beside), both ways
