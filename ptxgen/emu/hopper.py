@@ -277,25 +277,9 @@ class HopperOps:
 
     def _bulk_prefetch(self, ins, ex):
         """`cp.async.bulk.prefetch.tensor.2d.L2.global.tile [tmap, {c0, c1}]`: no data moves here; the map must
-        decode and the box start 16-byte aligned in the row, as for a load (rows past the map are the GPU's to drop).
-        `cp.async.bulk.prefetch.L2.global [a], size`: a and size multiples of 16, the first and last byte in an
-        allocation (the kernels prefetch only bytes they own)."""
+        decode and the box start 16-byte aligned in the row, as for a load (rows past the map are the GPU's to drop)."""
         from .parser import split_operands
 
-        if ins.mods[4:] == ["L2", "global"]:  # cp.async.bulk.prefetch.L2.global [a], size: the bytes must be ours
-            addr, _ = self._addr(ins.operands[0], ex)
-            n = self._val(ins.operands[1], "u32", ex).astype(np.int64)
-            for i in range(ex.size):
-                a, nb = int(addr[i]), int(n[i])
-                if a % 16 or nb % 16 or nb <= 0:
-                    raise self.Error(f"{ins.opcode}: address {a:#x} and size {nb} must be multiples of 16")
-                k, _ = self.memory._locate(np.array([a, a + nb - 1], np.uint64), 1, ins.text)
-                if k[0] != k[1]:
-                    raise self.Error(f"{ins.opcode}: {nb} bytes from {a:#x} run past their allocation")
-                log = getattr(self.memory, "prefetched", None)  # (a harness that checks what was prefetched)
-                if log is not None:
-                    log.append((a, nb))
-            return
         if ins.mods[4:] != ["tensor", "2d", "L2", "global", "tile"]:
             raise self.Unsupported(f"{ins.opcode}: only 2-D tiled prefetches to L2 are modelled")
         tmap_tok, coords_tok = split_operands(ins.operands[0].strip()[1:-1])
@@ -304,7 +288,7 @@ class HopperOps:
             raise self.Error(f"{ins.opcode}: {len(coords)} coordinates for a 2-D prefetch")
         tmaps = self._val(tmap_tok, "u64", ex)
         c0 = self._val(coords[0], "s32", ex).astype(np.int64)
-        self._val(coords[1], "s32", ex)  # (read, as a load reads it: an unwritten row register is an error)
+        c1 = self._val(coords[1], "s32", ex).astype(np.int64)  # (read as a load reads it: unwritten is an error)
         for i in range(ex.size):
             try:
                 tm = decode_tensor_map(self._param_bytes(int(tmaps[i])))
@@ -314,6 +298,9 @@ class HopperOps:
                 raise self.Error(f"{ins.opcode}: a 2-D prefetch through a tensor map with chunks={tm['chunks']}")
             if (int(c0[i]) * tm["es"]) % 16:
                 raise self.Error(f"TMA prefetch box starts at column {int(c0[i])}: not 16-byte aligned in the row")
+            log = getattr(self.memory, "prefetched", None)  # (a harness that checks which boxes were prefetched)
+            if log is not None:
+                log.append((int(c0[i]), int(c1[i])))
 
     def _bulk_tensor(self, ins, ex):
         mods = ins.mods
