@@ -57,11 +57,7 @@
 #   capfree  the review's probe of relaxed cuMemFree (blocking / non-blocking capture streams, a free from another
 #            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
 #            (probe_capture_free.py), then the capture tests of test_gpu_streams
-#   q8nodec  #34: Q8_0's register-A GEMMs on the layout q8_0_ra and without their decode against the shipped ones
 #   moel1    #35: mul_mat_id without its gated GEMV (the gate's cost: L1's ceiling), both shapes, T = 32 / 512
-#   q8op     q8nodec's bench_op runs alone
-#   q8min    q8a's probe with the layout only and its GPU tests (a short device budget)
-#   q8a      q8nodec's probe once, the layout's GPU tests, q8op: the A/B in the fewest device seconds
 #   gpusub   the GPU tests of the runtime's entry points (MoE, runtime, streams, quick start) — after a change there
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
 #            fp16 and fp32, on bench_model's Q6_K shapes (the output's 128256 rows lost ~4% on an H100)
@@ -90,23 +86,6 @@ run() {
   echo "== $name (limit ${secs}s)"
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   tail -n 30 "$OUT/$name.log"; echo "== $name rc=$rc at $((SECONDS - start))s"
-}
-
-# Q8_0's layout q8_0_ra (#34): the probe (shipped / rp [/ the extra variant]), its GPU tests, bench_op without / with it
-q8_nodec='nodec: mmq.RA_NODECODE=True'
-q8_probe() {  # NAME SECONDS [EXTRA_VARIANT]
-  run "$1" "$2" "${AB[@]}" --kernels 'mmq_q8_0_wgmma_ra_n(128|256)(_cx)?$' --formats q8_0 --tokens 512,4096 \
-    --weights 2 --variant 'rp: knob.PTXGEN_Q8_0_RA=1' ${3:+--variant "$3"}
-}
-q8_tests() {
-  run "$1" 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_streams.py \
-    tests/test_gpu_runtime.py -k 'q8_0_layout or q8_0_device_layout'
-}
-q8_ops() {
-  run q8nodec_op 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 --no-decode-loop \
-    --reps 5
-  run q8nodec_op_rp 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 512,4096 \
-    --no-decode-loop --reps 5 --knob q8_0_ra=1
 }
 
 few_rule='rule.codec_few_max_tokens={"q5_K": 32, "q6_K": 8, "q8_0": 8, "tq4_1s": 8}'
@@ -465,17 +444,6 @@ for step in "${@:-tier}"; do
     # the study's L5: a third A slot for the one-CTA n48_m256 tile (181 -> 218 KB), 128 x top-8 T = 512
     run gpf_a3 100 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n48_m256_moe$' --moe 128:8 --shape 768x2048 --tokens 512 \
       --weights 8 --variant 'a3: mmq.RA_A_SLOTS=3' ;;
-  q8nodec)  # #34's Q8_0 T = 512 / 4096: the register-A GEMMs on the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp, knob
-    # PTXGEN_Q8_0_RA) and with A = 1.0 halves (mmq.RA_NODECODE, no decode: the ceiling) against the shipped builds
-    # (Q8_REPEATS times: the loop runs at the power limit), then bench_op as called (cuBLAS beside), both ways
-    for i in $(seq "${Q8_REPEATS:-1}"); do q8_probe "q8nodec_ab_$i" 240 "$q8_nodec"; done
-    [ -n "${Q8_NO_OP:-}" ] || q8_ops ;;
-  q8a)  # q8nodec in the fewest device seconds: the probe once, the layout's own GPU tests, then bench_op both ways
-    q8_probe q8a_ab 240 "$q8_nodec"; q8_tests q8a_tests; q8_ops ;;
-  q8min)  # q8a's decision alone (a short device budget): the probe with the layout only, then its GPU tests
-    q8_probe q8min_ab 180; q8_tests q8min_tests ;;
-  q8op)  # q8nodec's bench_op runs alone
-    q8_ops ;;
-  *) echo "queue.sh: no step $step (gpf q8min q8a moel1 q8op tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big q8nodec moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (gpf moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done

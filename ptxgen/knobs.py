@@ -52,11 +52,6 @@ PTXGEN_MMQ_PRE     the sm_90 register-A prefill GEMM on prepared A fragments (de
 PTXGEN_ROTATE_F16  TQ4_1S's prefill GEMMs on x rotated by rotate_tq4_1s_f16 (fp32 or fp16 x → the rotated fp32 the
                    fixup reads and the fp16 copy the GEMM reads, one launch): unset/auto/1 = yes, 0 = the launches
                    before it (convert_f32 for an fp16 x, rotate_tq4_1s, convert_f16 / convert_f16_perm), for A/B
-PTXGEN_Q8_0_RA     Q8_0's sm_90 prefill GEMMs (the register-A n128 / n256 tiles, plain and converting) on the weights'
-                   copy in the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp; made at the first eager call that plans one,
-                   kept on the QuantTensor: +1.125 bytes a weight, ~2x the weights' memory): unset/auto/0 = no (a
-                   second copy of every Q8_0 linear is not a default; not yet timed on the GPU), 1 = yes (a call
-                   captured before the copy exists runs the GGUF bytes' build, the same bits)
 PTXGEN_MMQ_TAIL_SPLIT  the mma.sync MMQ's split-K plan: unset/auto/1 = whole tiles, then the last partial round's
                    tiles split in K (runtime.ops.splitk_plan_tail), 0 = every tile split alike when the tiles fit
                    one round of resident CTAs, none otherwise (the plan before it, for A/B measurements)
@@ -72,7 +67,7 @@ from pathlib import Path
 USER = ("PTXGEN_CACHE_DIR", "PTXGEN_NO_CACHE", "PTXGEN_KEEP", "PTXGEN_VERBOSE", "PTXGEN_EMITTED_DIR")
 LOWERING = ("PTXGEN_TQ4_MMA", "PTXGEN_Q4K_MMA", "PTXGEN_Q4K_XR", "PTXGEN_Q4K_T1", "PTXGEN_Q4K_FUSED",
             "PTXGEN_Q4K_T16H", "PTXGEN_MMQ_SKINNY", "PTXGEN_MMQ_REGA", "PTXGEN_MMQ_CX", "PTXGEN_MMQ_PRE",
-            "PTXGEN_MMQ_X16", "PTXGEN_MMQ_TAIL_SPLIT", "PTXGEN_ROTATE_F16", "PTXGEN_Q8_0_RA")
+            "PTXGEN_MMQ_X16", "PTXGEN_MMQ_TAIL_SPLIT", "PTXGEN_ROTATE_F16")
 _VALUES: dict[str, str] = {}  # name → the raw value in force ("" = unset), read once
 _GENERATION = [0]
 _LOCK = threading.Lock()
@@ -228,10 +223,6 @@ def mmq_cx() -> str:
 def rotate_f16() -> bool:
     """PTXGEN_ROTATE_F16: whether TQ4_1S's prefill rotation writes the GEMM's fp16 copy itself (auto: yes)."""
     return _auto_on_off("PTXGEN_ROTATE_F16") != "off"
-
-
-def q8_0_ra() -> str:
-    return _auto_on_off("PTXGEN_Q8_0_RA")
 
 
 def mmq_pre() -> str:

@@ -194,16 +194,6 @@ def smem_bank(byte_addr) -> np.ndarray:
     return (np.asarray(byte_addr) // 4) % 32
 
 
-def weight_layout(name: str, fmt: str):
-    """A GEMM build's own weight layout (its meta weight_layout): (repack(raw, rows, K) -> uint8 bytes,
-    row_bytes(K)). Q8_0's q8_0_ra (the builds mmq_q8_0_wgmma_ra_n*_rp)."""
-    from .codecs import q8_0
-
-    if name == q8_0.RA_LAYOUT and fmt == "q8_0":
-        return q8_0.repack_ra, q8_0.ra_row_bytes
-    raise ValueError(f"no weight layout {name!r} for {fmt}")
-
-
 def q4k_rega_k_order() -> np.ndarray:
     """The K order, within each 64-column chunk, of the register-A wgmma MMQ (mmq_q4_k_wgmma_ra_*): position L of
     the GEMM's K order holds physical column order[L]. wgmma's A fragment is mma.sync m16n8k16's — lane (g, t)

@@ -30,8 +30,6 @@ class MmqSpec:
     # rows sharing each activation tile, one CTA an SM
     stream: bool = False  # register-A wgmma (dense, x converted first): stream-K — CTA c takes K-steps [c·L, (c+1)·L)
     # of the tiles' K ranges laid end to end (kernels/mmq.py STREAM_NOTE), not whole items from the queue
-    repacked: bool = False  # register-A wgmma, Q8_0 (dense, a box a step): the weights read from the layout q8_0_ra
-    # (codecs/q8_0.py; a copy kept on the QuantTensor) instead of the GGUF bytes: name suffix _rp
     csplit: bool = False  # register-A wgmma (dense, fp16 x): cluster split-K — a tile's K splits are the CTAs of one
     # thread-block cluster (its size the launch's splits), summed through distributed shared memory (kernels/mmq.py
     # CSPLIT_NOTE), not through partials in global memory and the last CTA's fixup
@@ -47,8 +45,7 @@ class MmqSpec:
         kind = "pre" if self.prepared else "iw" if self.int_weights else "ra" if self.a_regs else ""
         wide = f"_m{self.bm}" if self.bm != 128 else ""
         return (f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + wide + mc + cx
-                + ("_sk" if self.stream else "") + ("_cs" if self.csplit else "") + ("_moe" if self.grouped else "")
-                + ("_rp" if self.repacked else ""))
+                + ("_sk" if self.stream else "") + ("_cs" if self.csplit else "") + ("_moe" if self.grouped else ""))
 
     @classmethod
     def for_path(cls, path: str, bn: int) -> "MmqSpec":
@@ -73,7 +70,7 @@ class CodecKernel:
     """A kernel of the codec-driven families (ptxgen/codecs): one per codec whose routes need it. `kind`:
     "gemv" (the exact decode GEMV for up to `tokens` tokens; `x16`: on fp16 x, each value widened as it is
     loaded), "gemv_id" / "gemv_idg" (mul_mat_id's per-pair and expert-grouped GEMVs; `x16` likewise), "dequantize", "frags" (the
-    prepared GEMM's fp16 fragments), "fixup", "repack" (a register-A GEMM's own weight layout: Q8_0's q8_0_ra)."""
+    prepared GEMM's fp16 fragments), "fixup"."""
     kind: str
     fmt: str
     tokens: int = 1
@@ -85,7 +82,7 @@ class CodecKernel:
         x16 = "_x16" if self.x16 else ""
         names = {"gemv": f"gemv_{f}_f32_t{self.tokens}{x16}", "gemv_id": f"gemv_{f}_f32_id{x16}",
                  "gemv_idg": f"gemv_{f}_f32_idg{x16}", "dequantize": f"dequantize_{f}", "frags": f"dequantize_{f}_frags",
-                 "fixup": f"mul_mat_fixup_{f}", "repack": f"repack_{f}_ra"}
+                 "fixup": f"mul_mat_fixup_{f}"}
         return _named(names, self.kind, "codec kernel")
 
 

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import functools
 import heapq
-import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -913,8 +912,6 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         else:
             path = f"{path}_cx" if cx else f"{path}_x16"
     spec = MmqSpec.for_path(path, bn)
-    if fmt == "q8_0" and _q8_0_layout(w, path, bn):
-        spec = dataclasses.replace(spec, repacked=True)
     wg = path.startswith("wgmma")
     name = _mmq_build(dataclasses.replace(spec, fmt=fmt).name, "sm_90a" if wg else arch, w.fmt, path)
     fn = kernels.load(name, "sm_90a" if wg else arch)
@@ -1021,33 +1018,6 @@ def _rec_fixup(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, arch: str | None)
     pb.launch(fn, (grid,), (pb.flag, pb.done, w.buffer, xa, o, m, k, t), pdl=bool(fn.meta.get("pdl")))
 
 
-_CALL = threading.local()  # .stream: the stream of the mul_mat call whose plan is being recorded (None: none)
-
-
-def _q8_0_layout(w: QuantTensor, path: str, bn: int) -> bool:
-    """Whether this Q8_0 GEMM reads the weights' copy in the layout q8_0_ra (mmq_q8_0_wgmma_ra_n*_rp; knob
-    PTXGEN_Q8_0_RA): the register-A tiles with a box a step, plain or converting. The copy is made only by an eager
-    mul_mat call's plan (_CALL.stream: on that call's stream; never in a capture, in mul_mat_plan / choose, or by
-    mmq_launch, which use a copy that exists), only for bytes ptxgen owns (uploaded by to_device: a from_device or
-    torch view's memory may change or be reused under it), and not where it cannot be made (K, size, memory): then
-    the GGUF bytes' build runs, the same bits."""
-    from ptxgen.codecs.q8_0 import RA_LAYOUT
-    from ptxgen.kernels.mmq import RP_TOKEN_TILES
-
-    if knobs.q8_0_ra() != "on" or path not in ("wgmma_ra_x16", "wgmma_ra_cx") or bn not in RP_TOKEN_TILES:
-        return False
-    if RA_LAYOUT in w._layouts:
-        return True
-    stream = getattr(_CALL, "stream", None)
-    if stream is None or w._owner is not None or w._device is None or w._device._kind == "foreign":
-        return False
-    try:
-        w.device_layout(RA_LAYOUT, stream=stream)
-    except (ValueError, MemoryError):  # (a shape the layout cannot take, a copy that does not fit: the GGUF build)
-        return False
-    return True
-
-
 def _mmq_build(name: str, arch, fmt: str, path: str) -> str:
     """`name`, if a GEMM build of that name exists for `arch` (None: the device's); else a ValueError naming the
     weights' codec and the path (the wgmma-from-shared-memory and int8 Q8_1 builds decode Q4_K only)."""
@@ -1127,15 +1097,9 @@ def _raw_rows_map(w: QuantTensor, rows: int, fn):
     cols, box_rows = (int(v) for v in fn.meta.get("tma_box", (16, 128)))
     dtype = fn.meta.get("tma_dtype", "u8")  # (a box wider than 256 bytes counts u32 words)
     row_bytes, es = fmt_of(w.fmt).row_bytes(w.shape[-1]), 4 if dtype == "u32" else 1
-    ptr = w.ptr
-    if fn.meta.get("weight_layout"):  # the build reads its own layout of the bytes: the tensor's copy in it
-        from ptxgen.layouts import weight_layout
-
-        ptr, row_bytes = w.device_layout(fn.meta["weight_layout"]).ptr, weight_layout(
-            fn.meta["weight_layout"], w.fmt)[1](w.shape[-1])
     if row_bytes % es:
         raise ValueError(f"{fn.name}: {w.fmt} rows of {row_bytes} bytes are not whole {dtype} words")
-    return _tensor_map(ptr, dtype, rows, row_bytes // es, box_rows, cols, "none")
+    return _tensor_map(w.ptr, dtype, rows, row_bytes // es, box_rows, cols, "none")
 
 
 def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks=0):
@@ -1378,11 +1342,7 @@ def mul_mat(w: QuantTensor, x, *, out=None, rotation: str = "auto", mode: str = 
         if entry is not None and entry[0] == knobs._GENERATION[0]:
             plan = entry[1]
         elif cid is None:
-            _CALL.stream = s  # (a copy the plan makes of the weights goes on the call's stream: _q8_0_layout)
-            try:
-                plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=xdt)
-            finally:
-                _CALL.stream = None
+            plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, x_dtype=xdt)
         else:  # the first captured call of this T: its plan may load kernels the eager calls did not need
             with driver.relaxed_capture():
                 plan = mul_mat_plan(w, t, mode=mode, rotation=rotation, arch=arch, graph=True, x_dtype=xdt)

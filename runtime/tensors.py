@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import operator
-import threading
 
 import numpy as np
 
@@ -15,8 +14,6 @@ from ptxgen import formats
 from ptxgen.gguf import GGML_IDS, TQ4_1S_IDS, GGUFError, list_gguf_tensors, read_gguf_tensor, write_gguf  # noqa: F401
 
 from .driver import DeviceBuffer
-
-_LAYOUT_LOCK = threading.Lock()  # QuantTensor.device_layout's copies: made once whichever threads ask
 
 
 def _fmt(fmt) -> str:
@@ -55,7 +52,7 @@ class QuantTensor:
     (the GEMMs) for the fp32 ones (`fp16_weights`).
     """
 
-    __slots__ = ("fmt", "shape", "_host", "_device", "_owner", "_plans", "_layouts", "max_scale", "__weakref__")
+    __slots__ = ("fmt", "shape", "_host", "_device", "_owner", "_plans", "max_scale", "__weakref__")
 
     def __init__(self, fmt: str, shape, *, host: np.ndarray | None = None, device: DeviceBuffer | None = None,
                  owner=None, max_scale: float | None = None):
@@ -84,7 +81,6 @@ class QuantTensor:
             raise ValueError(f"{fmt} {self.shape}: the device buffer holds {device.nbytes} B, needs {want}")
         self._host, self._device, self._owner = host, device, owner
         self._plans: dict = {}  # launch plans of the ops on this tensor (runtime.plans), dropped with it
-        self._layouts: dict = {}  # device copies of the bytes in a kernel's own layout (device_layout), by name
         if max_scale is None and host is not None:
             max_scale = formats.max_scale(fmt, host, (self.rows, self.shape[-1]))
         self.max_scale = max_scale
@@ -234,39 +230,6 @@ class QuantTensor:
             return QuantTensor(self.fmt, (m, k), host=self._host[int(e) * size:(int(e) + 1) * size].copy())
         view = DeviceBuffer.wrap(self._device.ptr + int(e) * size, size, owner=self)
         return QuantTensor(self.fmt, (m, k), device=view, owner=self, max_scale=self.max_scale)  # (≥ the expert's)
-
-    def device_layout(self, name: str, stream: int | None = None) -> DeviceBuffer:
-        """A device copy of the bytes in the layout `name` that some GEMM builds read (ptxgen.layouts.weight_layout:
-        Q8_0's q8_0_ra), made from the GGUF bytes on the device at the first call (its kernel, e.g. repack_q8_0_ra,
-        on `stream`, default the per-thread stream; then that stream is synchronized once, so any stream may read
-        the copy) and kept with the tensor, its plans made again; `raw()` still gives the GGUF bytes. The copy is
-        not remade: bytes changed in place after it (a from_device tensor's) are not seen by the builds reading it."""
-        buf = self._layouts.get(name)
-        if buf is not None:
-            return buf
-        with _LAYOUT_LOCK:  # (two threads' first calls: one copy, made once)
-            buf = self._layouts.get(name)
-            if buf is not None:
-                return buf
-            from ptxgen.kernels import repack
-            from ptxgen.layouts import weight_layout
-
-            from . import kernels
-            from .driver import PER_THREAD_STREAM, stream_synchronize
-
-            _, row_bytes = weight_layout(name, self.fmt)
-            k = self.shape[-1]
-            groups = self.rows * k // 256
-            if k % 256 or groups * repack.WORDS >= 2**32:  # (whole groups; the repack kernel's u32 word index)
-                raise ValueError(f"{self!r}: no device layout {name!r} for K = {k} and {self.rows} rows")
-            out = DeviceBuffer(self.rows * row_bytes(k))
-            s = PER_THREAD_STREAM if stream is None else stream
-            kernels.load(repack.name(), "sm_90a").launch((-(-groups * repack.WORDS // repack.THREADS),),
-                                                         (self.buffer, out, groups), stream=s)
-            stream_synchronize(s)
-            buf = self._layouts[name] = out
-            self._plans.clear()  # (plans recorded without the copy, e.g. in a capture, are made again with it)
-        return buf
 
     def raw(self) -> np.ndarray:
         """The GGUF bytes on the host (a copy)."""

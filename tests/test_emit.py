@@ -86,8 +86,7 @@ EXPECTED_SASS = {"quantize_q8_1": ["SHFL.BFLY", "F2FP"], "dequantize_q4_k": ["F2
                  "rotate_tq4_1s": ["SHFL.BFLY"], "rotate_tq4_1s_f16": ["SHFL.BFLY", "F2FP"], "prep_tq4_1s": ["SHFL.BFLY", "STG.E"],
                  "prep_tq4_1s_q8": ["SHFL.BFLY", "F2I", "STG.E.U8"],
                  "prep_q8_lanes": ["SHFL.BFLY", "F2I", "STG.E.U8"], "prep_f32_lanes": ["LDG.E", "STG.E"],
-                 "quantize_q8_1_mmq": ["SHFL.BFLY", "F2I", "STG.E.U8", "STG.E.64"],
-                 "repack_q8_0_ra": ["LDG.E.U16.CONSTANT", "PRMT", "STG.E"]}
+                 "quantize_q8_1_mmq": ["SHFL.BFLY", "F2I", "STG.E.U8", "STG.E.64"]}
 for _k in KERNELS:
     if _k.startswith("gemv_"):  # codebook from shared memory, addressed by prmt; 16-byte activation loads
         EXPECTED_SASS[_k] = ["PRMT", "LDS", "LDG.E.128.CONSTANT", "FFMA"]
@@ -268,10 +267,6 @@ for _k in KERNELS:
         EXPECTED_SASS[_k, "sm_120a"] = ["HMMA.16816.F32", "LDSM.16.M88.4", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
                                         "HFMA2", "PRMT"]
         ABSENT_SASS[_k, "sm_120a"] = ["LDGSTS"]
-for _k in KERNELS:
-    if _k.startswith("mmq_q8_0_wgmma_ra_") and _k.endswith("_rp"):  # the layout q8_0_ra: a row's step one LDS.128
-        EXPECTED_SASS[_k] = EXPECTED_SASS[_k] + ["LDS.128"]
-        ABSENT_SASS[_k, "sm_90a"] = ["LDS.U16"]
 for _t in (1, 2, 4):  # Q6_K's wide lanes: q − 32 by a PRMT and an FADD, no quarter-rate I2F a weight
     ABSENT_SASS[f"gemv_q6_k_f32_t{_t}", "sm_90a"] = ["I2F.S8"]
 

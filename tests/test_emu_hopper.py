@@ -697,38 +697,6 @@ def _same_bits(name, ptxs, seed, **kw):
 
 
 @pytest.mark.parametrize("name,kw", [
-    ("mmq_q8_0_wgmma_ra_n128", dict(shape=(131, 20, 768), splits=2, ctas=3)),  # splits from mid-group steps
-    pytest.param("mmq_q8_0_wgmma_ra_n256", dict(shape=(259, 9, 512), ctas=2), marks=pytest.mark.slow),
-    pytest.param("mmq_q8_0_wgmma_ra_n128_cx", dict(shape=(131, 20, 512), splits=2, ctas=3), marks=pytest.mark.slow),
-    pytest.param("mmq_q8_0_wgmma_ra_n256_cx", dict(shape=(131, 20, 512), ctas=3), marks=pytest.mark.slow)])
-def test_q8_0_register_a_layout_gives_the_raw_builds_bits(name, kw):
-    """mmq_q8_0_wgmma_ra_n*_rp (MmqSpec.repacked): the dense natural builds read the layout q8_0_ra (288-byte groups,
-    a lane's 16 quant bytes of a step whole and biased, the step's d pair beside them in its 80-byte box), one
-    ld.shared.v4 and one ld.shared.b32 a row and K-step where the GGUF bytes take eight 2-byte loads, four prmt and
-    four xor: the same halves, so y bit for bit (splits starting mid-group, M past a tile, the converting builds)."""
-    raw = check_kernel(name, KERNELS[name].for_arch("sm_90a").ptx(), seed=9, **kw)
-    k = KERNELS[name + "_rp"].for_arch("sm_90a")
-    ptx = k.ptx()
-    assert k.meta["weight_layout"] == "q8_0_ra" and "ld.shared.u16" not in ptx and "ld.shared.v4.b32" in ptx
-    out = check_kernel(name + "_rp", ptx, seed=9, **kw)
-    assert raw.ok and out.ok, (raw.detail, out.detail)
-    np.testing.assert_array_equal(np.asarray(out.got).view(np.uint32), np.asarray(raw.got).view(np.uint32))
-
-
-def test_q8_0_layout_is_refused_by_the_builds_that_cannot_read_it():
-    """MmqSpec.repacked outside Q8_0's dense register-A builds with a box a step (n64's block boxes, another codec,
-    the grouped builds): a ValueError at build time, not a kernel reading the wrong bytes."""
-    from ptxgen.kernels import mmq
-    from ptxgen.specs import MmqSpec
-
-    for spec in (MmqSpec(64, "wgmma", a_regs=True, fmt="q8_0", repacked=True),
-                 MmqSpec(256, "wgmma", a_regs=True, fmt="q6_K", repacked=True),
-                 MmqSpec(64, "wgmma", a_regs=True, fmt="q8_0", grouped=True, repacked=True)):
-        with pytest.raises(ValueError, match="q8_0_ra"):
-            mmq.build("sm_90a", spec)
-
-
-@pytest.mark.parametrize("name,kw", [
     ("mmq_q6_k_wgmma_ra_n64", dict(shape=(131, 20, 2048), splits=2, ctas=3)),
     pytest.param("mmq_q6_k_wgmma_ra_n256", dict(shape=(131, 9, 2048), ctas=2), marks=pytest.mark.slow),
     pytest.param("mmq_q6_k_wgmma_ra_n64_moe", dict(), marks=pytest.mark.slow)])

@@ -223,26 +223,3 @@ def test_a_fresh_process_may_start_with_any_entry_point():
     for first in (code, code.replace("print(ops.mul_mat_plan(w, 1).kernels[-1], driver.capture_id(2))\n", "")):
         p = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-1500:]
-
-
-def test_q8_0_device_layout_is_repack_ra_of_the_gguf_bytes():
-    """QuantTensor.device_layout("q8_0_ra"): repack_q8_0_ra's copy on the GPU is codecs.q8_0.repack_ra of the bytes,
-    bit for bit (any bytes: NaN / inf d's too), kept with the tensor (one copy), while raw() still gives the GGUF
-    bytes; K not a multiple of 256 is refused."""
-    r = rt()
-    from ptxgen.codecs import q8_0
-    from ptxgen.runtime.driver import current
-
-    if current().sm != 90:
-        pytest.skip("repack_q8_0_ra is built for sm_90a")
-    rng = np.random.default_rng(5)
-    rows, k = 131, 768
-    raw = rng.integers(0, 256, rows * k // 32 * 34, dtype=np.uint8)
-    w = r.QuantTensor.from_raw("q8_0", raw, (rows, k)).to_device()
-    buf = w.device_layout("q8_0_ra")
-    assert w.device_layout("q8_0_ra") is buf
-    np.testing.assert_array_equal(buf.download(np.uint8, (rows * q8_0.ra_row_bytes(k),)), q8_0.repack_ra(raw, rows, k))
-    np.testing.assert_array_equal(w.raw(), raw)
-    small = r.QuantTensor.from_raw("q8_0", raw[:4 * 34], (1, 128)).to_device()
-    with pytest.raises(ValueError, match="K = 128"):
-        small.device_layout("q8_0_ra")

@@ -136,32 +136,3 @@ def test_register_a_k_order_matches_the_nibble_decode():
                 physical = byte + (32 if n >= 4 else 0)
                 logical = 16 * (n // 2) + 2 * t + 8 * (n % 2) + e
                 assert order[logical] == physical, (t, n, e)
-
-
-def test_q8_0_register_a_layout_holds_each_lanes_words_whole_and_unpacks_to_the_gguf_bytes():
-    """codecs.q8_0's layout q8_0_ra: a bijection of each 272-byte group onto 288 bytes (the d's twice), undone by
-    unpack_ra on any bytes; in K-step st's 80-byte box (RA_STEP_CHUNK, 16-byte aligned), lane t's 16 bytes at
-    16·(st & 1) + 16t are natural_words' four words of its row (bytes 2t, 2t + 8, 2t + 1, 2t + 9 of each 16-quant
-    half of blocks 2st, 2st + 1) XOR 0x80, and word st & 3 at 64 − 64·(st & 1) is the step's d pair."""
-    from ptxgen.codecs import q8_0
-
-    rng = np.random.default_rng(3)
-    rows, k = 3, 768
-    raw = rng.integers(0, 256, rows * k // 32 * 34, dtype=np.uint8)  # any bytes: NaN / inf d's pass through
-    packed = q8_0.repack_ra(raw, rows, k)
-    assert packed.size == rows * q8_0.ra_row_bytes(k)
-    np.testing.assert_array_equal(q8_0.unpack_ra(packed, rows, k), raw)
-    groups, blocks = packed.reshape(-1, 288), raw.reshape(-1, 8, 34)
-    for gi in range(groups.shape[0]):
-        for st, c in enumerate(q8_0.RA_STEP_CHUNK):
-            box = groups[gi, 16 * c:16 * c + 80]
-            assert box.size == 80
-            for t in range(4):
-                got = box[16 * (st & 1) + 16 * t:][:16]
-                want = [blocks[gi, 2 * st + sb, 2 + 16 * wi + np.array([2 * t, 2 * t + 8, 2 * t + 1, 2 * t + 9])]
-                        for sb in range(2) for wi in range(2)]
-                np.testing.assert_array_equal(got, np.concatenate(want) ^ 0x80)
-            d = box[64 - 64 * (st & 1) + 4 * st:][:4]
-            np.testing.assert_array_equal(d, np.concatenate([blocks[gi, 2 * st + sb, :2] for sb in range(2)]))
-    with pytest.raises(ValueError, match="multiple of 256"):
-        q8_0.repack_ra(raw[:34 * 4], 1, 128)

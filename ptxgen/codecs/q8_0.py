@@ -97,87 +97,8 @@ RA_BLOCK_BOX_MAX_BN = 64
 HALF_1152 = 0x64806480  # (1152, 1152) fp16: 1024 + q + 128 − 1152 = q
 
 
-# The register-A GEMM's device layout "q8_0_ra" (the builds mmq_q8_0_wgmma_ra_n*_rp, MmqSpec.repacked; a copy made
-# once a weight, kept beside the GGUF bytes: kernels/repack.py, runtime QuantTensor.device_layout): a
-# row's 256-weight groups of 8 blocks as 288 bytes, 18 16-byte chunks: K-step st's 64 quant bytes in 4 chunks, each
-# lane's 16 bytes whole (lane t of row g: chunk t of its step), and the group's 8 d's in a chunk at 4 and at 13, so
-# that every step's 80-byte box (the raw build's box width) starts 16-byte aligned and holds its quants and d's:
-# chunks [q0 q0 q0 q0 | d | q1 q1 q1 q1 | q2 q2 q2 q2 | d | q3 q3 q3 q3]; step st's box from chunk 0 / 4 / 9 / 13,
-# its quants at 16·(st & 1) in it and its d's at 64 − 64·(st & 1). Quant byte 16t + 4·(2sb + wi) + (p + 2e) of step
-# st is q[2st + sb][16wi + 8p + 2t + e] ^ 0x80 (q + 128): lane t's word (sb, wi) is natural_words' word (bytes 2t,
-# 2t + 8, 2t + 1, 2t + 9 of the 16-quant half), biased already, so the decode loads a row's step with one
-# ld.shared.v4 and its d pair with one ld.shared.b32 (the raw build: 8 two-byte loads, 4 prmt and 4 xor a row).
-# x keeps its natural K order. 1.125 bytes a weight (raw: 1.0625).
-RA_GROUP_BYTES = 288
-RA_STEP_CHUNK = (0, 4, 9, 13)  # the 16-byte chunk where K-step st's box starts in its group
-RA_D_CHUNKS = (4, 13)
-RA_LAYOUT = "q8_0_ra"  # (the builds' meta weight_layout; runtime.tensors keeps the copy)
-RA_QUANT_CHUNK = tuple(c + (st & 1) for st, c in enumerate(RA_STEP_CHUNK))  # (0, 5, 9, 14): a step's first quant chunk
-# the PTX forms below (ra_box_column, _ra_fragments_repacked, kernels/repack.py) compute these tables arithmetically
-assert [16 * c for c in RA_STEP_CHUNK] == [64 * st + 16 * (st >> 1) for st in range(4)]
-assert all(RA_STEP_CHUNK[st] + 4 * (1 - (st & 1)) == RA_D_CHUNKS[st >> 1] for st in range(4))  # d 64 − 64·(st & 1) in
-
-
-def ra_row_bytes(k: int) -> int:
-    """A row of K weights (K a multiple of 256) in the layout q8_0_ra."""
-    return k // 256 * RA_GROUP_BYTES
-
-
-def _ra_source():
-    """For each byte of a 288-byte group: its source byte in the raw 272-byte group (8 blocks) and whether it is a
-    quant (then stored XOR 0x80)."""
-    import numpy as np
-
-    src, quant = np.zeros(RA_GROUP_BYTES, np.int64), np.zeros(RA_GROUP_BYTES, bool)
-    for c in RA_D_CHUNKS:  # the group's 8 d's, fp16 bytes as stored
-        for blk in range(8):
-            src[16 * c + 2 * blk: 16 * c + 2 * blk + 2] = BLOCK_BYTES * blk + D_OFFSET + np.arange(2)
-    for st, c0 in enumerate(RA_STEP_CHUNK):
-        q0 = 16 * c0 + (16 if st & 1 else 0)  # the step's quants in its box
-        for t in range(4):
-            for sb in range(2):
-                for wi in range(2):
-                    for p in range(2):
-                        for e in range(2):
-                            at = q0 + 16 * t + 4 * (2 * sb + wi) + p + 2 * e
-                            src[at] = BLOCK_BYTES * (2 * st + sb) + QS_OFFSET + 16 * wi + 8 * p + 2 * t + e
-                            quant[at] = True
-    return src, quant
-
-
-def repack_ra(raw, rows: int, k: int):
-    """The GGUF bytes of `rows` rows of K weights (K a multiple of 256) in the layout q8_0_ra (NumPy uint8)."""
-    import numpy as np
-
-    if k % 256:
-        raise ValueError(f"q8_0_ra: K = {k} is not a multiple of 256")
-    src, quant = _ra_source()
-    g = np.asarray(raw, np.uint8).reshape(rows * (k // 256), 8 * BLOCK_BYTES)
-    out = g[:, src]
-    out[:, quant] ^= 0x80
-    return out.reshape(-1)
-
-
-def unpack_ra(packed, rows: int, k: int):
-    """repack_ra's inverse: the GGUF bytes back (each byte of a raw group is stored once or, the d's, twice alike)."""
-    import numpy as np
-
-    src, quant = _ra_source()
-    g = np.asarray(packed, np.uint8).reshape(rows * (k // 256), RA_GROUP_BYTES).copy()
-    g[:, quant] ^= 0x80
-    out = np.empty((g.shape[0], 8 * BLOCK_BYTES), np.uint8)
-    out[:, src] = g  # (the d chunks' two copies write the same bytes)
-    return out.reshape(-1)
-
-
-def ra_box_column(b, s, repacked: bool = False):
-    """K-step s's TMA box start in the row, bytes: 68·s rounded down to a multiple of 16; `repacked` (q8_0_ra):
-    chunk RA_STEP_CHUNK[s & 3] of group s >> 2, 288·(s >> 2) + 64·(s & 3) + 16·((s & 3) >> 1)."""
-    if repacked:
-        st = b.op("and.b32", s, Imm(3, "b32"))
-        return b.op("add.u32", b.op("mul.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(RA_GROUP_BYTES, "u32")),
-                    b.op("add.u32", b.op("shl.b32", st, Imm(6, "u32")),
-                         b.op("shl.b32", b.op("shr.u32", st, Imm(1, "u32")), Imm(4, "u32"))))
+def ra_box_column(b, s):
+    """K-step s's TMA box start in the row, bytes: 68·s rounded down to a multiple of 16."""
     return b.op("add.u32", b.op("shl.b32", s, Imm(6, "u32")), b.op("shl.b32", b.op("shr.u32", s, Imm(2, "u32")),
                                                                    Imm(4, "u32")))
 
@@ -187,7 +108,7 @@ def ra_step_offset(b, s):
     return b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(6, "u32"))
 
 
-def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False, repacked: bool = False):
+def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
     """One K-step's register-A fragments from its TMA box (rows at rbase + row_offs[rr], the build's pitch: a step's
     RA_BOX_BYTES or a block's RA_BLOCK_BOX_BYTES, rbase then at the step's ra_step_offset in it): lane
     (g, t) takes quants 8t .. 8t + 7 of both blocks of its rows g and g + 8 — the positions q4_k's register-A
@@ -196,11 +117,7 @@ def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False, repacked: bool
     prmt against 0x64 (after the sign bit is flipped), then (h − 1152)·d: q exact, then one rounding, fp16(q·d) —
     ggml's float32 q·d rounded once, as the prepared fragments hold it. Returns the 4 k16 slices' A registers.
     `natural` (x in its own K order, kernels/mmq.py RA_NATURAL_FORMATS): quants 2t, 2t + 1 of each 8 of a block
-    instead — as q4_k.RegA's natural words (two 2-byte loads and a prmt a word), the decode after them the same.
-    `repacked` (natural order, boxes of the layout q8_0_ra): a row's 4 words by one ld.shared.v4 at 16t past the
-    step's quants, its d pair by one ld.shared.b32, no xor."""
-    if repacked:
-        return _ra_fragments_repacked(b, rbase, row_offs, s, t)
+    instead — as q4_k.RegA's natural words (two 2-byte loads and a prmt a word), the decode after them the same."""
     o = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(2, "u32"))  # the step's first block in the box
     t8 = b.op("shl.b32", t, Imm(1 if natural else 3, "u32"))  # (natural: 2t)
     c64, c1152 = b.op("mov.b32", Imm(0x64646464, "b32")), b.op("mov.b32", Imm(HALF_1152, "b32"))
@@ -224,32 +141,6 @@ def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False, repacked: bool
                 u = b.op("xor.b32", wv, Imm(0x80808080, "b32"))  # q + 128 in each byte
                 for sh in range(2):  # bytes (0, 2) or (1, 3): quants 8t + 4wi + sh and + 2
                     h = b.op("prmt.b32", u, c64, Imm(0x4240 + 0x101 * sh, "b32"))
-                    q = b.op("sub.rn.f16x2", h, c1152, type="b32")
-                    frag[rr, 4 * sb + 2 * wi + sh] = b.op("mul.rn.f16x2", q, dd, type="b32")
-    return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
-
-
-def _ra_fragments_repacked(b, rbase, row_offs, s, t):
-    """ra_fragments on the layout q8_0_ra (the _rp builds): step s's box at rbase, its quants 16·(s & 1) in, its d's
-    (the group's 8, word s & 3 the step's pair) 64 − 64·(s & 1) in."""
-    odd = b.op("and.b32", s, Imm(1, "b32"))
-    qo = b.op("add.u32", b.op("shl.b32", odd, Imm(4, "u32")), b.op("shl.b32", t, Imm(4, "u32")))
-    do = b.op("sub.u32", Imm(64, "u32"), b.op("shl.b32", odd, Imm(6, "u32")))
-    do = b.op("add.u32", do, b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(2, "u32")))
-    c64, c1152 = b.op("mov.b32", Imm(0x64646464, "b32")), b.op("mov.b32", Imm(HALF_1152, "b32"))
-    frag = {}
-    for rr, roff in enumerate(row_offs):
-        row = b.op("add.u32", rbase, roff)
-        words = [b.reg("b32") for _ in range(4)]  # (sb, wi) = (0, 0), (0, 1), (1, 0), (1, 1)
-        b.emit("ld.shared.v4.b32", b.vec(words), Mem(b.op("add.u32", row, qo)))
-        dw = b.op("ld.shared.b32", Mem(b.op("add.u32", row, do)))
-        dl, dh = b.reg("b16"), b.reg("b16")
-        b.emit("mov.b32", b.vec([dl, dh]), dw)
-        for sb, d in enumerate((dl, dh)):
-            dd = b.op("mov.b32", b.vec([d, d]), type="b32")
-            for wi in range(2):
-                for sh in range(2):  # bytes (0, 2) or (1, 3): quants 16wi + 2t (+ 1) and + 8
-                    h = b.op("prmt.b32", words[2 * sb + wi], c64, Imm(0x4240 + 0x101 * sh, "b32"))
                     q = b.op("sub.rn.f16x2", h, c1152, type="b32")
                     frag[rr, 4 * sb + 2 * wi + sh] = b.op("mul.rn.f16x2", q, dd, type="b32")
     return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]

@@ -391,25 +391,6 @@ def _frags(fmt: str):
     return run
 
 
-def _repack_q8_0(ptx: str, rng, shape=(5, 768), seed=None) -> Outcome:
-    """repack_q8_0_ra (kernels/repack.py): any bytes (d's NaN or inf too) → codecs.q8_0.repack_ra's bytes, bit for bit,
-    the output poisoned first and nothing written past it."""
-    from ..codecs import q8_0
-    from ..kernels import repack
-
-    m, k = shape
-    raw = rng.integers(0, 256, m * k // 32 * q8_0.BLOCK_BYTES, dtype=np.uint8)
-    want = q8_0.repack_ra(raw, m, k)
-    mem = _memory()
-    groups = m * k // 256
-    wa, ya = mem.alloc(raw), mem.alloc(want.size + 64, poison=0xA5)
-    _run(ptx, (-(-groups * repack.WORDS // repack.THREADS),), (repack.THREADS,), (wa, ya, groups), mem, seed=seed)
-    got = mem.view(ya, np.uint8, (want.size + 64,))
-    ok = bool(np.array_equal(got[:want.size], want) and (got[want.size:] == 0xA5).all())
-    return Outcome("repack_q8_0_ra", ok, "bit-exact" if ok else
-                   f"{np.count_nonzero(got[:want.size] != want)} of {want.size} bytes differ, or past the end", got, want)
-
-
 def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     t, k = shape
     x = rng.standard_normal((t, k)).astype(np.float32)
@@ -1239,10 +1220,6 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         frags = layouts.q4k_prepared_fragments(raw, m, k, fmt)
         wa = mem.alloc(frags)
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
-    elif meta.get("weight_layout"):  # the build's own layout of the bytes (Q8_0's q8_0_ra), as the runtime copies it
-        repack, row_bytes = layouts.weight_layout(meta["weight_layout"], fmt)
-        wa = mem.alloc(repack(raw, m, k))
-        tw = weight_rows_map(mem, wa, meta, m, row_bytes(k))
     else:
         wa = mem.alloc(raw)
         tw = weight_rows_map(mem, wa, meta, m, formats.get(fmt).row_bytes(k))
@@ -1403,7 +1380,6 @@ HARNESSES["mul_mat_fixup_q4_k"] = _fixup
 for _f in ("q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"mul_mat_fixup_{_f.lower()}"] = (lambda f: lambda ptx, rng, **kw: _fixup(ptx, rng, fmt=f, **kw))(_f)
 HARNESSES["dequantize_tq4_1s_frags"] = _frags("tq4_1s")
-HARNESSES["repack_q8_0_ra"] = _repack_q8_0
 for _f in ("q4_K", "q5_K", "q6_K", "q8_0"):
     HARNESSES[f"dequantize_{_f.lower()}"] = _deq(_f)
 for _f in ("q5_K", "q6_K", "q8_0"):
@@ -1428,9 +1404,6 @@ for _bn in (64, 128, 256):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}")
         if _f in ("q8_0", "q5_k"):  # mmq.WGMMA_CX_CODECS x WGMMA_CX_TOKEN_TILES
             HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cx"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cx")
-for _bn in (128, 256):  # Q8_0 on its layout q8_0_ra (mmq.RP_TOKEN_TILES)
-    for _sfx in ("_rp", "_cx_rp"):
-        HARNESSES[f"mmq_q8_0_wgmma_ra_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q8_0_wgmma_ra_n{_bn}{_sfx}")
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0", "q6_k", "tq4_1s"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)

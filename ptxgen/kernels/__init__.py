@@ -50,12 +50,12 @@ def _resident(k: Kernel, arch: Arch) -> Kernel:
 
 def _registry() -> dict[str, KernelDef]:
     from . import (convert_f16, dequantize, fixup, frags, gemv, gemv_codec, gemv_mma_codec, gemv_t1,
-                   gemv_xr, gemv_xt, mmq, moe_group, quantize_q8_1, repack)
+                   gemv_xr, gemv_xt, mmq, moe_group, quantize_q8_1)
 
     defs = [quantize_q8_1.KERNEL, quantize_q8_1.KERNEL_MMQ, *dequantize.KERNELS, *frags.KERNELS, convert_f16.KERNEL,
             convert_f16.KERNEL_PERM, convert_f16.KERNEL_PERMUTE, convert_f16.KERNEL_COPY, convert_f16.KERNEL_WIDEN, *gemv.kernel_defs(), *gemv_t1.PREPS, *gemv_t1.KERNELS, *gemv_codec.KERNELS, *gemv_mma_codec.kernel_defs(), gemv_xr.KERNEL, *gemv_xt.KERNELS, *mmq.kernel_defs(), *fixup.KERNELS,
             moe_group.KERNEL, moe_group.KERNEL_GATHER, moe_group.KERNEL_GATHER_SUMS, *moe_group.KERNELS_GATHER_X16,
-            moe_group.KERNEL_CHECK, *repack.KERNELS]
+            moe_group.KERNEL_CHECK]
     return {d.name: d for d in defs}
 
 
@@ -77,10 +77,6 @@ NOT_SHIPPED = {
                          "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
                          "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
-_RP_WHY = ("Q8_0's prefill GEMMs on the layout q8_0_ra (knob PTXGEN_Q8_0_RA, opt-in: a second device copy of the "
-           "weights, +1.125 bytes a weight; not yet timed against the GGUF bytes' decode, #34)")
-NOT_SHIPPED["repack_q8_0_ra"] = _RP_WHY
-NOT_SHIPPED.update({n: _RP_WHY for n in KERNELS if n.startswith("mmq_q8_0_wgmma_ra_") and n.endswith("_rp")})
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n64_m256_moe"] = (
     "a 256-row n64 MoE tile (consumers at 112 registers, whole-block stages): slower than the 128-row n64 at 32 x "
     "top-4 T = 448-576 (H100, h100_wide_32x4_dc53cbc.log); rule moe_wgmma_tile_pairs with an \"n64_m256\" entry "

@@ -2157,11 +2157,6 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         note = getattr(c, "RA_BLOCK_BOX_NOTE", c.RA_BOX_NOTE) if _block_box(spec) else c.RA_BOX_NOTE
         w_map = (f"tmap_w: {unit}, dims (row {'words' if wide else 'bytes'}, M), box ({_ra_box_bytes(spec) // es}, "
                  f"128), no swizzle ({note})")
-        if _repacked(spec):
-            w_map = ("tmap_w: u8, dims (row bytes, M) over the layout q8_0_ra (288 bytes a 256-weight group), box "
-                     f"({_ra_box_bytes(spec)}, 128), no swizzle (K-step s's box from chunk (0, 4, 9, 13)[s & 3] of "
-                     "group s >> 2)")
-            b.meta.update(weight_layout=c.RA_LAYOUT)
         b.meta.update(fmt=spec.fmt, tma_box=(_ra_box_bytes(spec) // es, BM), **({"tma_dtype": "u32"} if wide else {}),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
@@ -3075,14 +3070,6 @@ def _natural_k(spec: MmqSpec) -> bool:
             and not spec.int_weights)
 
 
-def _repacked(spec: MmqSpec) -> bool:
-    """Whether the build reads Q8_0's register-A layout q8_0_ra (MmqSpec.repacked: the dense natural builds with a
-    box a step) instead of the GGUF bytes: its tmap_w then goes over that copy (meta weight_layout)."""
-    if spec.repacked and not (spec.fmt == "q8_0" and _natural_k(spec) and not _block_box(spec)):
-        raise ValueError(f"{spec.name}: the layout q8_0_ra is read by Q8_0's dense register-A builds with a box a step")
-    return spec.repacked
-
-
 def _block_box(spec: MmqSpec) -> bool:
     """Whether the build keeps a codec's boxes in A slots of their own (one box a block, RA_BOX_STEPS K-steps; the
     nibble codecs where NIBBLE_BLOCK_BOX says)."""
@@ -3129,16 +3116,14 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     codec = _ra_codec(spec)
 
     pitch = _ra_box_bytes(spec)
-    rp = {"repacked": True} if _repacked(spec) else {}
 
     def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's (or the block's) whole blocks
         rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
-        col = codec.ra_box_column(b, s, **rp)
+        col = codec.ra_box_column(b, s)
         if pitch > 256:  # a u32 map (the box's 256-element limit): the column in words
             col = b.op("shr.u32", col, Imm(2, "u32"))
         b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (col, row)), Mem(fb))
-    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch, natural=_natural_k(spec),
-                                               **rp))
+    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch, natural=_natural_k(spec)))
 
 
 def _ra_box_bytes(spec: MmqSpec) -> int:
@@ -3176,8 +3161,7 @@ RA_NODECODE = False
 
 
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False,
-                      repacked: bool = False):
+                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
     consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
     of layouts.q4k_rega_k_order, into _ra_k_loop. With `lay` (a codec whose box holds a block: RA_BOX_STEPS): the
@@ -3189,8 +3173,6 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
                 for rr in range(2)]
     nat = {"natural": True} if natural else {}  # (TQ4_1S's ra_fragments has no natural form)
-    if repacked:  # (Q8_0's layout q8_0_ra: _repacked)
-        nat["repacked"] = True
 
     def fragments(stage):
         if RA_NODECODE:  # (diagnostic: A = 1.0 halves)
@@ -3521,14 +3503,4 @@ def kernel_defs() -> list[KernelDef]:
                    f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, {what}",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, **{flag: True}): build(arch, s),
                    archs=("sm_90a",))
-         for flag, (fmts, tiles, what) in RA_SCHEDULES.items() for f in fmts for bn in tiles] + \
-        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, convert=cx, fmt="q8_0", repacked=True).name,
-                   f"q8_0 prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, convert=cx, fmt='q8_0').name}, the weights "
-                   f"from their copy in the layout q8_0_ra (codecs/q8_0.py: a row's K-step one ld.shared.v4 and a d "
-                   f"word, no xor)",
-                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=cx, fmt="q8_0", repacked=True): build(arch, s),
-                   archs=("sm_90a",))
-         for bn in RP_TOKEN_TILES for cx in (False, True)]
-
-
-RP_TOKEN_TILES = (128, 256)  # Q8_0's builds on the layout q8_0_ra (MmqSpec.repacked): the tiles with a box a step
+         for flag, (fmts, tiles, what) in RA_SCHEDULES.items() for f in fmts for bn in tiles]
