@@ -431,19 +431,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  gpf)  # #35: moe_gather prefetching the GEMM's first round of weight rows into L2 (moe_group._round1_prefetch,
-    # off as shipped: the GEMM's own guess alone) at 2 blocks a row, at 8 (whole rows at K = 2048), and at 2 with the
-    # GEMM's guess off; both shapes, T = 32 / 512
-    for spec in "128:8 768x2048" "32:4 1792x2048"; do
-      read -r moe sh <<< "$spec"
-      run "gpf_${moe/:/x}" 200 "${AB[@]}" --kernels 'moe_gather(_sums)?$|mmq_q4_k_wgmma_(iw_n16|ra_n48_m256|ra_n80_m256)_moe$' --moe "$moe" --shape "$sh" \
-        --tokens 32,512 --weights 8 --variant 'pf2: moe_group.GATHER_L2_PREFETCH_BLOCKS=2' \
-        --variant 'pf8: moe_group.GATHER_L2_PREFETCH_BLOCKS=8' \
-        --variant 'pf2g0: moe_group.GATHER_L2_PREFETCH_BLOCKS=2; mmq.GROUPED_L2_PREFETCH_BLOCKS=0'
-    done
-    # the study's L5: a third A slot for the one-CTA n48_m256 tile (181 -> 218 KB), 128 x top-8 T = 512
-    run gpf_a3 100 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_ra_n48_m256_moe$' --moe 128:8 --shape 768x2048 --tokens 512 \
-      --weights 8 --variant 'a3: mmq.RA_A_SLOTS=3' ;;
-  *) echo "queue.sh: no step $step (gpf moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done

@@ -602,31 +602,13 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
     assert unit <= most, (slots, most)  # (_moe_route takes another route past it)
     units, gathers = p // unit, max(1, min(sms, -(-p * k8 // 1024)))
     rows = unit * min(-(-units // gathers), most // unit)
-    tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
-    bm = int(gemm.meta.get("bm", BM))
     pb.launch(kernels.load(route[0], "sm_90a"), (-(-p // rows),),
-              grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows, tw, *_round1_prefetch(w, gemm), bm, ctas)
-              + xs)
+              grouping + (x, x16, pb.flag, k8, slots, x_per_slot, rows) + xs)
+    tw = _raw_rows_map(w, e * m, gemm)  # every expert's raw rows
     tx = _tensor_map(x16.ptr, "f16", p, k, bn, 64, "128B", int(gemm.meta.get("x_box_chunks", 0)))
     ts = ((_tensor_map(xs[0].ptr, "f16", p, k // 16, bn, 8, "none", int(gemm.meta.get("s_box_chunks", 0))),) if iw
           else ())
     pb.launch(gemm, (ctas,), (tw, tx, *ts, pb.y, m, k, order, offsets, work, pb.queue), pdl=True)
-
-
-def _round1_prefetch(w: QuantTensor, gemm) -> tuple[int, int]:
-    """moe_gather's prefetch of the grouped GEMM's first round (pf_blocks, block_bytes): moe_group's
-    GATHER_L2_PREFETCH_BLOCKS 256-column blocks an item, each one box of the GEMM's weight map (its box a block's
-    bytes x bm rows, u8 columns: Q4_K's and Q5_K's block boxes); (0, 0) for the other builds."""
-    from ptxgen.formats import get as fmt_of
-    from ptxgen.kernels.moe_group import GATHER_L2_PREFETCH_BLOCKS as nb
-
-    k = w.shape[-1]
-    block = fmt_of(w.fmt).row_bytes(k) * 256 // k
-    cols, rows = (int(v) for v in gemm.meta.get("tma_box", (16, 128)))
-    if not nb or gemm.meta.get("tma_dtype", "u8") != "u8" or block % 16 or cols < block or rows != int(
-            gemm.meta.get("bm", 128)):
-        return 0, 0
-    return min(nb, k // 256), block
 
 
 def _remember(w: QuantTensor, key, entry) -> None:

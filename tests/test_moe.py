@@ -425,7 +425,7 @@ def test_the_integer_weight_route_passes_the_sums_and_their_tensor_map(monkeypat
     names = [r[0] for r in rec.runs]
     assert names == ["moe_gather_sums", "mmq_q4_k_wgmma_iw_n16_moe", "gemv_q4_k_f32_idg"]
     (_, _, c1, _), (_, _, c2, _) = rec.runs[0:2]
-    assert len(c1) == 22 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
+    assert len(c1) == 17 and all(isinstance(c, bytes) for c in c2[:3]) and c2[3] == out.ptr
 
 
 def test_the_grouped_gemms_take_a_stages_activation_tiles_by_one_3d_box(monkeypatch):
@@ -699,10 +699,7 @@ def test_the_static_block_steps_give_the_run_time_tests_bits(name, monkeypatch):
 
 def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt="q4_K"):
     from ptxgen import tuning
-    from unittest import mock
-
     from ptxgen.emu.harness import BACKEND, _memory, _moe_x, _run, weight_rows_map
-    from ptxgen.kernels import moe_group
     from ptxgen.runtime import ops
 
     e, m, k = shape
@@ -729,11 +726,9 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
         xs = mem.alloc(p * k // 16 * 2, poison=0xFF) if iw else None
         unit = 1 if per_slot else slots  # whole rows of x a CTA
         rows = unit * max(1, p // unit // 3)  # 3 or 4 CTAs
-        tw = weight_rows_map(mem, wa, gemm.meta, e * m, formats.get(fmt).row_bytes(k))  # the build's boxes
-        with mock.patch.object(moe_group, "GATHER_L2_PREFETCH_BLOCKS", 2):  # round one prefetched (2 GEMM CTAs)
-            pf = (tw, *ops._round1_prefetch(mock.Mock(shape=shape, fmt=fmt), gemm), gemm.meta.get("bm", 128), 2)
         _run(group.ptx(), (-(-p // rows),), (1024,), grouping + (xa, x16, ga, k // 8, slots, int(per_slot), rows)
-             + pf + ((xs,) if iw else ()), mem)
+             + ((xs,) if iw else ()), mem)
+        tw = weight_rows_map(mem, wa, gemm.meta, e * m, formats.get(fmt).row_bytes(k))  # the build's boxes
         tx = BACKEND[-1].tensor_map(mem, x16, "f16", p, k, bn, 64, "128B", None, gemm.meta.get("x_box_chunks", 0))
         ts = ((BACKEND[-1].tensor_map(mem, xs, "f16", p, k // 16, bn, 8, "none", None,
                                       gemm.meta.get("s_box_chunks", 0)),) if iw else ())

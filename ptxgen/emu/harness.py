@@ -856,23 +856,9 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
     wa, ya = mem.alloc(4 * (1 + p // tile + e), poison=0xFF), mem.alloc(np.zeros((p, m), np.float32))
     x16a = mem.alloc(2 * p * k, poison=0xFF)
     xsa = (mem.alloc(p * k // 8, poison=0xFF),) if sums else ()
-    # round one's weight prefetch: E·m rows of a map with block boxes (pf blocks of `blk` bytes an item, none at 0), M
-    # tiles of bm rows, items1 items
-    blk, nbk = 16 * int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    pf, bm = int(rng.integers(0, nbk + 1)), int(rng.choice([2, 4, 8, 16]))
-    tiles_m = -(-m // bm)
-    items1 = int(rng.integers(1, (len(work) + 1) * tiles_m + 2))
-    wpa = mem.alloc(np.zeros(e * m * blk * nbk, np.uint8))
-    tw = BACKEND[-1].tensor_map(mem, wpa, "u8", e * m, blk * nbk, bm, blk, "none")
-    mem.prefetched = []
     _run(ptx, (-(-p // rows),), (1024,), (ia, p, e, tile, oa, offa, wa, ya, m, xa, x16a, fa, k8, slots, int(per_slot),
-                                          rows, tw, pf, blk, bm, items1) + xsa, mem, seed=seed)
+                                          rows) + xsa, mem, seed=seed)
     why = []
-    want_pf = sorted((c * blk, int(work[i // tiles_m]) % (1 << 16) * m + i % tiles_m * bm)
-                     for i in range(min(items1, len(work) * tiles_m)) for c in range(pf)
-                     ) if isinstance(wpa, int) else []  # (the emulator logs its prefetches' boxes; a GPU does not)
-    if sorted(mem.prefetched) != want_pf:
-        why.append(f"prefetched {len(mem.prefetched)} boxes, want {len(want_pf)} (items1 {items1}, bm {bm}, pf {pf})")
     got_off = mem.view(offa, np.uint32, (e + 1,))
     wl = mem.view(wa, np.uint32, (1 + p // tile + e,))
     L = int(wl[0])

@@ -288,7 +288,7 @@ class HopperOps:
             raise self.Error(f"{ins.opcode}: {len(coords)} coordinates for a 2-D prefetch")
         tmaps = self._val(tmap_tok, "u64", ex)
         c0 = self._val(coords[0], "s32", ex).astype(np.int64)
-        c1 = self._val(coords[1], "s32", ex).astype(np.int64)  # (read as a load reads it: unwritten is an error)
+        self._val(coords[1], "s32", ex)  # (read, as a load reads it: an unwritten row register is an error)
         for i in range(ex.size):
             try:
                 tm = decode_tensor_map(self._param_bytes(int(tmaps[i])))
@@ -298,9 +298,6 @@ class HopperOps:
                 raise self.Error(f"{ins.opcode}: a 2-D prefetch through a tensor map with chunks={tm['chunks']}")
             if (int(c0[i]) * tm["es"]) % 16:
                 raise self.Error(f"TMA prefetch box starts at column {int(c0[i])}: not 16-byte aligned in the row")
-            log = getattr(self.memory, "prefetched", None)  # (a harness that checks which boxes were prefetched)
-            if log is not None:
-                log.append((int(c0[i]), int(c1[i])))
 
     def _bulk_tensor(self, ins, ex):
         mods = ins.mods

@@ -12,7 +12,7 @@ E ≤ MAX_EXPERTS = THREADS (thread e scans expert e); the pairs are walked 1024
 from __future__ import annotations
 
 from ..builder import KernelBuilder
-from ..ir import Imm, Mem, TensorRef
+from ..ir import Imm, Mem
 from . import KernelDef
 from ..specs import ActKernel
 
@@ -190,11 +190,6 @@ def build(arch):
 
 
 
-# The grouped GEMM's first round of items has its first GATHER_L2_PREFETCH_BLOCKS 256-column blocks prefetched into
-# L2 by moe_gather (_round1_prefetch, through the GEMM's weight map; 0: none; ops._round1_prefetch_blocks), in the
-# window where the gather holds the SMs and HBM idles. Off until timed (queue step gpf: 2 and 8 blocks against none).
-GATHER_L2_PREFETCH_BLOCKS = 0
-
 GATHER_ROWS = 2048  # pairs one moe_gather CTA gathers at most (its shared lists: each pair's expert, then its place)
 
 
@@ -227,10 +222,6 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     f_p = b.param("flag", "u64", "ptr:scratch")  # the workspace's zero-kept flag: the route's gate
     k8_p, sl_p, ps_p = b.param("k8", "u32"), b.param("slots", "u32"), b.param("per_slot", "u32")
     r_p = b.param("rows", "u32")
-    # round one's weights into L2 (_round1_prefetch): the GEMM's weight map (boxes of a block's bytes x bm rows), the
-    # blocks an item (0: none), a block's bytes, the GEMM's M tile and its first round of items (its CTAs)
-    pf_p = [b.param("tmap_w", "b8", "tensormap", array=128, align=64)] + [
-        b.param(n, "u32") for n in ("pf_blocks", "block_bytes", "bm", "items1")]
     xs_p = b.param("xs", "u64", "ptr:scratch") if sums else None
     b.directives += [f".maxntid {THREADS}, 1, 1"]
     b.meta.update(grid="ceil(npairs / rows)", max_experts=MAX_EXPERTS, max_rows=GATHER_ROWS,
@@ -315,8 +306,6 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     _scan_and_list(b, (cb, kb, sb, wb), tid, E, BN, OFF, WRK, writer=b.op("setp.eq.u32", b.special("ctaid.x"),
                                                                          Imm(0, "u32")))
 
-    _round1_prefetch(b, cb, sb, tid, E, BN, M, pf_p)
-
     b.comment("this CTA's pairs to their places: offsets[e] + e's pairs before this CTA + the rank; order[place] = p")
 
     def place(j):
@@ -366,51 +355,6 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     b.emit("st.global.u32", Mem(b.ptr(f_p)), Imm(1, "u32"), pred=over)
     b.emit("ret")
     return b.finish()
-
-
-def _round1_prefetch(b, cb, sb, tid, E, BN, M, pf_p):
-    """The first `items1` items of the grouped GEMM's queue (its CTAs' first round: item i = (M tile i % tiles_m,
-    entry i / tiles_m), as mmq._grouped_item reads them) have their first `pf_blocks` 256-column blocks prefetched
-    into L2 through the GEMM's own weight map (cp.async.bulk.prefetch.tensor: a block's bytes x bm rows a box) while
-    HBM would otherwise idle under the gather: at T = 512 no GEMM CTA fits beside a gather CTA, so the GEMM's own
-    prefetch (mmq._grouped_l2_prefetch, a guess) runs on a few SMs only. One box a warp (a TMA instruction's
-    operands are warp-uniform), the (item, block) boxes spread over the grid's warps, CTAs fastest; an item's entry's
-    expert is the last one whose first token tile (tile_start, ascending) is at or before the entry. (A bulk
-    prefetch a row, 2026-12-07, lost 5-20 µs: hundreds of TMA operations an SM.)"""
-    tw = b.op("cvta.param.u64", b.op("mov.b64", pf_p[0]))
-    NB, BB, BMr, R1 = (b.ld_param(p, "u32") for p in pf_p[1:])
-    at = _at(b)
-    skip = b.label("prefetch_done")
-    b.bra(skip, pred=b.op("setp.eq.u32", NB, Imm(0, "u32")))
-    b.comment("round one's items: the work list's entries (L) by M tiles, at most items1; their blocks, a box a warp")
-    last = b.op("sub.u32", E, Imm(1, "u32"))
-    L = b.op("add.u32", b.op("ld.shared.u32", Mem(at(sb, last))),
-             b.op("div.u32", b.op("add.u32", b.op("ld.shared.u32", Mem(at(cb, last))),
-                                  b.op("sub.u32", BN, Imm(1, "u32"))), BN))
-    tiles_m = b.op("div.u32", b.op("add.u32", M, b.op("sub.u32", BMr, Imm(1, "u32"))), BMr)
-    units = b.op("mul.lo.u32", b.op("min.u32", R1, b.op("mul.lo.u32", L, tiles_m)), NB)
-    G = b.special("nctaid.x")
-    lead = b.op("setp.eq.u32", b.op("and.b32", tid, Imm(31, "b32")), Imm(0, "u32"))
-    warp = b.op("shr.u32", tid, Imm(5, "u32"))
-
-    def box(u):
-        i = b.op("div.u32", u, NB)
-        blk = b.op("sub.u32", u, b.op("mul.lo.u32", i, NB))
-        j = b.op("div.u32", i, tiles_m)
-        m0 = b.op("mul.lo.u32", b.op("sub.u32", i, b.op("mul.lo.u32", j, tiles_m)), BMr)
-        e = b.op("mov.u32", Imm(0, "u32"))  # the last expert with tile_start[e] <= j (a branch-free binary search)
-        s = 1 << (MAX_EXPERTS - 1).bit_length() - 1
-        while s:
-            c = b.op("add.u32", e, Imm(s, "u32"))
-            v = b.op("mov.u32", Imm(0xFFFFFFFF, "u32"))
-            b.emit("ld.shared.u32", v, Mem(at(sb, c)), pred=b.op("setp.lt.u32", c, E))
-            b.emit("mov.u32", e, c, pred=b.op("setp.le.u32", v, j))
-            s >>= 1
-        b.emit("cp.async.bulk.prefetch.tensor.2d.L2.global.tile",
-               TensorRef(tw, (b.op("mul.lo.u32", blk, BB), b.op("mad.lo.u32", e, M, m0))), pred=lead)
-    _loop(b, b.op("mad.lo.u32", warp, G, b.special("ctaid.x")), units, b.op("shl.b32", G, Imm(5, "u32")), box,
-          "prefetch_box")
-    b.place(skip)
 
 
 CHECK_THREADS = 256
