@@ -399,6 +399,9 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1'
     run gate_32x4 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1' ;;
+  power)  # #34's Q8_0 T = 4096 cell is set in a power-limited loop (710 µs isolated, 819 busy in the loop): power draw,
+    # SM clock and energy an op for cuBLAS fp16, Q8_0 on fp32 / fp16 x, Q8_0 without its decode, Q4_K
+    run power 150 python3 bench/probe_power.py --shape 4096x14336 --tokens 4096 --seconds 1.0 ;;
   gpusub)
     run gpusub 200 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 tests/test_gpu_moe.py \
       tests/test_gpu_runtime.py tests/test_gpu_streams.py tests/test_gpu_quickstart.py ;;
@@ -431,6 +434,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done
