@@ -144,6 +144,8 @@ def main():
                     help='a dispatch rule of ptxgen/tuning overridden for this run, e.g. codec_mma_min_tokens=1 or '
                          'codec_mma_min_tokens=\'{"q6_K": 1, "q8_0": 1}\' (repeatable)')
     args = ap.parse_args()
+    if not args.dry_run:
+        need_torch()  # before the model is written (GBs, seconds): a run without torch stops at once
     from ptxgen import knobs, tuning
 
     knobs.set(**knobs.parse(args.knob))
