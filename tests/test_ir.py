@@ -67,6 +67,8 @@ def test_prmt_sign_bit_trap():
 def test_arch_gated_copies():
     with pytest.raises(ArchError, match="cp_async_bulk_tensor"):
         KernelBuilder("k", SM89).emit("cp.async.bulk.tensor.2d.shared::cluster.global", Reg("%r0", "u32"))
+    with pytest.raises(ArchError, match="cp_async_bulk_tensor"):  # the plain bulk forms are TMA's too (sm_90+)
+        KernelBuilder("k", SM89).emit("cp.async.bulk.prefetch.L2.global", Mem(Reg("%rd0", "u64")), Reg("%r0", "u32"))
     with pytest.raises(ArchError, match=r"Pipeline\(copy='tma'\).*cp.async"):
         lowering_for("sm_89").pick_copy(Pipeline(3, "tma"))
     assert lowering_for("sm_89").pick_copy(Pipeline(3)) == "cp.async"
