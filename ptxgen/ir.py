@@ -261,9 +261,8 @@ def udiv_magic(c: int) -> tuple[int, int, bool]:
 def check_feature(arch: Arch, instr: Instr) -> None:
     """Arch checks for instructions built through the generic `Instr` constructor."""
     op = instr.opcode
-    needs = [("cp.async.bulk.tensor", "cp_async_bulk_tensor"),
-             ("cp.async.bulk.prefetch.tensor", "cp_async_bulk_tensor"),
-             ("cp.async.bulk", "cp_async_bulk_tensor"), ("cp.async", "cp_async"), ("wgmma", "wgmma"),
+    needs = [("cp.async.bulk", "cp_async_bulk_tensor"),  # (every bulk form, tensor or plain, copy or prefetch: TMA's)
+             ("cp.async", "cp_async"), ("wgmma", "wgmma"),
              ("ldmatrix", "ldmatrix"), ("stmatrix", "stmatrix"), ("setmaxnreg", "setmaxnreg"),
              ("mbarrier.try_wait", "mbarrier_try_wait"), ("mbarrier.expect_tx", "mbarrier_expect_tx"),
              ("mbarrier.arrive.expect_tx", "mbarrier_expect_tx"), ("griddepcontrol", "griddepcontrol"),
