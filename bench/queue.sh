@@ -399,13 +399,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1'
     run gate_32x4 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1' ;;
-  opf)  # #35: the grouped GEMMs' consumers prefetching their item's order[] lines into L1 at the item's start
-    # (mmq.GROUPED_ORDER_PREFETCH, study L4-lite: the epilogue's column -> pair loads then hit L1), both shapes
-    for spec in "128:8 768x2048" "32:4 1792x2048"; do
-      read -r moe sh <<< "$spec"
-      run "opf_${moe/:/x}" 150 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_(iw_n16|ra_n48_m256|ra_n80_m256|ra_n48|ra_n64)_moe$' \
-        --moe "$moe" --shape "$sh" --tokens 32,128,512 --weights 8 --variant 'opf: mmq.GROUPED_ORDER_PREFETCH=True'
-    done ;;
   power)  # #34's Q8_0 T = 4096 cell is set in a power-limited loop (710 µs isolated, 819 busy in the loop): power draw,
     # SM clock and energy an op for cuBLAS fp16, Q8_0 on fp32 / fp16 x, Q8_0 without its decode, Q4_K
     run power 150 python3 bench/probe_power.py --shape 4096x14336 --tokens 4096 --seconds 1.0 ;;
@@ -441,6 +434,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (opf power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done

@@ -679,25 +679,6 @@ def test_the_trace_build_records_every_item_once(name, monkeypatch):
     assert summarize(rec, 4)[0].startswith(f"{items} items")
 
 
-@pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n48_m256_moe", "mmq_q4_k_wgmma_iw_n16_moe",
-                                  "mmq_q8_0_wgmma_ra_n64_moe"])
-def test_the_order_prefetch_builds_give_the_shipped_bits(name, monkeypatch):
-    """kernels/mmq.py GROUPED_ORDER_PREFETCH (not shipped until timed): the consumers prefetch their item's order[]
-    lines into L1 as it starts — only within the grouped pairs (the emulator refuses an address outside order's
-    allocation), y bit for bit the shipped build's."""
-    from ptxgen.kernels import mmq
-
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(mmq, "GROUPED_ORDER_PREFETCH", on)
-        ptx = get_kernel(name).for_arch("sm_90a").ptx()
-        assert ("prefetch.global.L1" in ptx) == on
-        out = check_kernel(name, ptx, seed=7)
-        assert out.ok, out.detail
-        outs.append(np.asarray(out.got).view(np.uint32))
-    np.testing.assert_array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("name", ["mmq_q4_k_wgmma_ra_n64_moe", "mmq_q4_k_wgmma_ra_n96_moe"])
 def test_the_static_block_steps_give_the_run_time_tests_bits(name, monkeypatch):
     """codecs.q4_k.RA_STATIC_STEPS (shipped; False for A/B probes): the grouped builds' register-A decode with the

@@ -1493,10 +1493,6 @@ PAIRED_REGS = (80, 24, 104)
 WIDE_CONSUMER_REGS = 112  # the 256-row grouped builds past n48 (n64 spilled in its K loop at 104): the most the pool
 # of 640 threads launched at 96 gives (128 x 24 + 512 x 112 = 60416 <= 61440; 120 hung: _check_reg_pool)
 PAIRED_MAX_BN = 96  # (the n80-n96 tiles: GROUPED_WGMMA_Q4K_TILES, their stages half a block: HALF_BLOCK_MIN_BN)
-# The grouped builds' consumers prefetch their item's order[] lines into L1 as the item starts (prefetch.global.L1,
-# a line a lane of the first consumer warp), so the epilogue's column -> pair loads hit L1 rather than wait on L2 at
-# every item switch (study_moe_levers' L4-lite, predicted -0.3 to -0.9 µs at T = 512). Not shipped until timed.
-GROUPED_ORDER_PREFETCH = False
 GROUPED_TRACE = False  # a diagnostic build (bench/probe_moe_trace.py), never shipped: each item's consumer thread 0
 # writes (%ctaid.x, %smid, %globaltimer_lo as the item reached the consumers, ... after its K loop) as 4 u32 words
 # at y + 16·item instead of the item's y rows
@@ -2192,18 +2188,6 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         b.meta.update(compile="whole-program")  # registers (nvJitLink's relocatable ptxas ignores it: spills)
 
 
-def _order_prefetch(b, spec: MmqSpec, w: _WgWork, it: _WgItem, ct) -> None:
-    """GROUPED_ORDER_PREFETCH: consumer thread ct < ceil(BN / 32) prefetches into L1 the 128-byte line of order[]
-    holding place min(n0 + 32·ct, tlast) (the item's token tile, clamped to the expert's last place: never past
-    the grouped pairs), which the epilogue reads a column at a time (scatter_rows)."""
-    lines = -(-spec.bn // 32)
-    skip = b.label("order_prefetch_done")
-    b.bra(skip, pred=b.op("setp.ge.u32", ct, Imm(lines, "u32")), uniform=False)
-    n = b.op("min.u32", b.op("mad.lo.u32", ct, Imm(32, "u32"), it.n0), it.tlast)
-    b.emit("prefetch.global.L1", Mem(b.op("mad.wide.u32", n, Imm(4, "u32"), w.groups.ORD)))
-    b.place(skip)
-
-
 def _wgmma_decode(b, spec: MmqSpec, w: _WgWork, item) -> _WgItem:
     """Work item → (M tile, split z, token tile) with the token tile fastest (the converting build: the M tile
     fastest), its K range and first row and token; the grouped build's: _grouped_item."""
@@ -2693,8 +2677,6 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     b.emit("add.u32", jc, jc, Imm(1, "u32"))
     b.bra(c_end, pred=b.op("setp.ge.u32", item, w.items))
     it = _wgmma_decode(b, spec, w, item)
-    if w.groups is not None and GROUPED_ORDER_PREFETCH:
-        _order_prefetch(b, spec, w, it, ct)
     t0 = b.special("globaltimer_lo") if w.groups is not None and GROUPED_TRACE else None
     split_k = None if w.groups is not None or w.stream else b.op("setp.gt.u32", w.splits, Imm(1, "u32"))
     out, ym = acc, None
