@@ -19,7 +19,8 @@ class MmqSpec:
     cluster: int = 1  # wgmma: CTAs per thread-block cluster; 2 = two M-tiles share each activation tile (multicast)
     convert: bool = False  # register-A wgmma: fp32 x converted inside the launch by the producer warpgroup's idle warps
     prepared: bool = False  # register-A wgmma: A fragments written by dequantize_<fmt>_frags first and loaded by
-    # TMA (no dequant in the K loop; kernels/mmq.py PREPARED_NOTE)
+    # TMA (no dequant in the K loop; kernels/mmq.py PREPARED_NOTE); without a_regs ("f16a"): the weights
+    # dequantized first as fp16 rows (dequantize_<fmt>), A tiles by TMA, both wgmma operands from shared memory
     grouped: bool = False  # mul_mat_id's schedule — items (M tile, expert's token tile) from moe_group's work list,
     # y rows scattered by pair; x rows gathered by pair (fp16 mma.sync, kernels/mmq_moe.py) or by
     # moe_gather before the register-A wgmma build
@@ -42,7 +43,8 @@ class MmqSpec:
             return f"mmq_{self.fmt.lower()}_f16_n{self.bn}" + ("" if self.fused else "_x16") + ("_moe" if self.grouped else "")
         mc = f"_mc{self.cluster}" if self.cluster > 1 else ""
         cx = "_cx" if self.convert else ""
-        kind = "pre" if self.prepared else "iw" if self.int_weights else "ra" if self.a_regs else ""
+        kind = (("pre" if self.a_regs else "f16a") if self.prepared else "iw" if self.int_weights
+                else "ra" if self.a_regs else "")
         wide = f"_m{self.bm}" if self.bm != 128 else ""
         return (f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + wide + mc + cx
                 + ("_sk" if self.stream else "") + ("_cs" if self.csplit else "") + ("_moe" if self.grouped else ""))
@@ -55,6 +57,8 @@ class MmqSpec:
                  "wgmma_ra_cx": cls(bn, "wgmma", a_regs=True, convert=True),
                  "wgmma_pre_x16": cls(bn, "wgmma", a_regs=True, prepared=True),
                  "wgmma_pre_cx": cls(bn, "wgmma", a_regs=True, convert=True, prepared=True),
+                 "wgmma_f16a_x16": cls(bn, "wgmma", prepared=True),
+                 "wgmma_f16a_cx": cls(bn, "wgmma", convert=True, prepared=True),
                  "wgmma_ra_mc": cls(bn, "wgmma", a_regs=True, cluster=2),
                  "wgmma_ra_sk": cls(bn, "wgmma", a_regs=True, stream=True),
                  "wgmma_ra_cs": cls(bn, "wgmma", a_regs=True, csplit=True),

@@ -814,7 +814,18 @@ def mmq_convert_in_gemm(t: int, splits: int) -> bool:
 
 MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wgmma_ra_x16", "wgmma_ra_mc", "wgmma_ra_sk",
              "wgmma_ra_cs",
-             "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16", "q8", "q8_pre")
+             "wgmma_pre", "wgmma_pre_cx", "wgmma_pre_x16", "wgmma_f16a", "wgmma_f16a_cx", "wgmma_f16a_x16", "q8",
+             "q8_pre")
+
+
+def _f16a(fmt: str) -> bool:
+    """Whether the prepared route runs the f16a GEMM (rule mmq_f16a: the weights dequantized to fp16 rows by
+    dequantize_<fmt>, then a GEMM with both wgmma operands in shared memory; kernels/mmq.py F16A_NOTE) instead of
+    the register-A one on prepared fragments: where the format has a GPU dequantize and the build exists."""
+    from ptxgen import codecs
+
+    return (bool(RULES.mmq_f16a) and fmt in codecs.dequantizable()
+            and "sm_90a" in kernels.available(MmqSpec(PREPARED_TILE, "wgmma", prepared=True).name))
 
 
 def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | None = None, bn: int | None = None,
@@ -847,16 +858,19 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             # converting build on the same values)
     if path not in MMQ_PATHS:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
+    if path == "wgmma_pre" and _f16a(w.fmt):
+        path = "wgmma_f16a"
     # the wgmma GEMMs read an fp16 x as it is where they take x's natural K order (_gemm_x16: a tensor map over the
     # call's x, encoded per call), else permuted into scratch (permute_f16)
-    half_in = xa.dtype == np.float16 and (path.startswith(("wgmma_ra", "wgmma_pre")) and not path.endswith("_cx")
+    half_in = xa.dtype == np.float16 and (path.startswith(("wgmma_ra", "wgmma_pre", "wgmma_f16a"))
+                                          and not path.endswith("_cx")
                                           or path == "wgmma")
     # (the fp16 mma.sync build reads an fp16 x as it is where it copies x by cp.async, sm_89's, and copied into
     # scratch (copy_f16) by TMA, sm_120a's: decided with its build below)
     if xa.dtype == np.float16 and not half_in and path != "mma.sync_x16":
         xa = _rec_widen(pb, xa, arch)
     forced_bn = bn is not None
-    if path.startswith("wgmma_pre"):
+    if path.startswith(("wgmma_pre", "wgmma_f16a")):
         bn = bn or PREPARED_TILE
         if bn != PREPARED_TILE:
             raise ValueError(f"mmq_launch: the prepared build has token tile {PREPARED_TILE} only, not {bn}")
@@ -871,11 +885,12 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     # the builds decode the weights' own codec, except the prepared one (fp16 fragments written by the codec's
     # dequantize_<fmt>_frags: one build, named for Q4_K, serves every codec); a path without a build for the codec
     # is refused (_mmq_build)
-    fmt = PATH_FMT if path.startswith("wgmma_pre") else w.fmt
+    fmt = PATH_FMT if path.startswith(("wgmma_pre", "wgmma_f16a")) else w.fmt
     if path == "wgmma_ra" and not forced_bn:
         bn = _rega_fill_tile(fmt, m, k, t, bn, sms)
-    if path in ("wgmma_ra", "wgmma_pre"):  # the rule needs the plan's K splits; n192 has no converting build
-        base = MmqSpec(bn, "wgmma", a_regs=True, prepared=path == "wgmma_pre", fmt=fmt)
+    if path in ("wgmma_ra", "wgmma_pre", "wgmma_f16a"):  # the rule needs the plan's K splits; n192 has no
+        # converting build
+        base = MmqSpec(bn, "wgmma", a_regs=path != "wgmma_f16a", prepared=path != "wgmma_ra", fmt=fmt)
         planned = kernels.load(_mmq_build(base.name, "sm_90a", w.fmt, path), "sm_90a")
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx_name = dataclasses.replace(base, convert=True).name  # its converters' units: convert_steps K-steps,
@@ -934,9 +949,20 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         frags = pb.scratch((tiles_m * ksteps * 64, 256), np.uint8)
         pb.launch(kernels.load(CodecKernel("frags", w.fmt).name, "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
+    elif path.startswith("wgmma_f16a"):  # the weights as fp16 rows (dequantize_<fmt>), 128-row x 64-column boxes
+        from ptxgen import formats
+
+        deq = kernels.load(CodecKernel("dequantize", w.fmt).name, "sm_90a")
+        w16 = pb.scratch((m, k), np.float16)
+        group = int(deq.meta.get("blocks_per_group", 1))  # (as dequantize launches it)
+        groups = -(-(m * k // formats.get(w.fmt).block_size) // group)
+        per = _blocks_per_cta(deq, "superblocks_per_cta" if group == 1 else "groups_per_cta")
+        pb.launch(deq, (-(-groups // per),), (w.buffer, w16, m * k // formats.get(w.fmt).block_size))
+        tw = _tensor_map(w16.ptr, "f16", m, k, 128, 64, "128B")
     else:  # the raw rows (Q4_K's 16-byte columns, or another codec's box)
         tw = _raw_rows_map(w, m, fn) if wg or tma else None
-    if path in ("wgmma_ra_cx", "wgmma_pre_cx"):  # x converted by the GEMM's idle producer warps (mmq.CX_NOTE)
+    if path in ("wgmma_ra_cx", "wgmma_pre_cx", "wgmma_f16a_cx"):  # x converted by the GEMM's idle producer warps
+        # (mmq.CX_NOTE)
         x16 = pb.scratch((t, k), np.float16)
         nready = plan.tiles_n * -(-(k // 64) // int(fn.meta["convert_steps"]))
         ready = pb.ready(4 * nready)

@@ -276,7 +276,8 @@ CASES = [(k, a) for k in KERNELS for a in KERNELS[k].archs]
 SLOW_TO_EMULATE = {
     "mmq_q4_k_f16_n128", "mmq_q4_k_f16_n128_x16", "mmq_q4_k_f16_n64", "mmq_q4_k_f16_n64_x16", "mmq_q4_k_f16_n32_x16",
     "mmq_q4_k_rega_n32", "gemv_tq4_1s_mma", "mmq_q4_k_wgmma_ra_n256_cx", "mmq_q4_k_wgmma_ra_n256_mc2",
-    "mmq_q4_k_wgmma_ra_n256", "mmq_q4_k_wgmma_n256", "mmq_q4_k_wgmma_pre_n256_cx", "mmq_q4_k_wgmma_ra_n192",
+    "mmq_q4_k_wgmma_ra_n256", "mmq_q4_k_wgmma_n256", "mmq_q4_k_wgmma_pre_n256_cx", "mmq_q4_k_wgmma_f16a_n256_cx",
+    "mmq_q4_k_wgmma_ra_n192",
     "mmq_q4_k_wgmma_ra_n128_cx", "mmq_q4_k_wgmma_ra_n128_mc2", "mmq_q4_k_wgmma_n128", "mmq_q4_k_wgmma_ra_n128",
     "mmq_q4_k_q8_n64", "mmq_q4_k_q8_n64_pre", "mmq_q4_k_q8_n32_pre"} | {
     f"mmq_{f}_wgmma_ra_n{bn}" for f in ("q5_k", "q8_0", "q6_k", "tq4_1s") for bn in (128, 256)} | {  # n64 fast

@@ -815,6 +815,31 @@ def test_prepared_gemm_of_the_other_formats(fmt, m, k, t):
         _codec_prefill(fmt, m, k, t, f"dequantize_{fmt.lower()}_frags")
 
 
+F16A_RULES = dict(mmq_f16a=True, mmq_pre_min_tokens=1, codec_mmq_min_tokens={"q5_K": 9, "q6_K": 9, "q8_0": 9},
+                 codec_ra_mmq_max_tokens={"q5_K": 8, "q6_K": 8, "q8_0": 8, "tq4_1s": 1 << 30})
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("m,k,t", [(300, 1024, 300), (1000, 3584, 1100)])
+def test_f16a_gemm(fmt, m, k, t):
+    """The f16a GEMM (rule mmq_f16a, not shipped; kernels/mmq.py F16A_NOTE) where the prepared route runs:
+    dequantize_<fmt> into fp16 rows, mmq_q4_k_wgmma_f16a_n256_cx (fp32 x converted inside) or _n256 (fp16 x as
+    given), the codec's fixup — _codec_prefill's checks, and on fp16 x the bits of the same values as fp32."""
+    import torch
+
+    import ptxgen.runtime as r
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the f16a GEMM is sm_90a's")
+    with tuning.override(**F16A_RULES):
+        _codec_prefill(fmt, m, k, t, f"dequantize_{fmt.lower()}")
+        rng = np.random.default_rng(t)
+        w = r.QuantTensor.from_raw(fmt, formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32)), (m, k))
+        x16 = torch.from_numpy(rng.standard_normal((t, k)).astype(np.float16)).cuda()
+        assert "mmq_q4_k_wgmma_f16a_n256" in r.mul_mat_plan(w, t, x_dtype="float16").kernels
+        np.testing.assert_array_equal(r.mul_mat(w, x16).cpu().numpy(), r.mul_mat(w, x16.float()).cpu().numpy())
+
+
 @pytest.mark.parametrize("fmt", ["q5_K", "q8_0", "q6_K"])
 @pytest.mark.parametrize("m,k,t", [(300, 1024, 9), (4096, 4096, 512), (1000, 3584, 1100)])
 def test_codec_register_a_gemm(fmt, m, k, t):

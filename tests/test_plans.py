@@ -1286,3 +1286,20 @@ def test_a_captured_mul_mat_refuses_a_numpy_x(gpu, monkeypatch):
     w = fakegpu.weights("q4_K", 256, 1024)
     with pytest.raises(RuntimeError, match=r"x is a NumPy array .* stream 0x5 is capturing a CUDA graph"):
         ops.mul_mat(w, np.zeros((2, 1024), np.float32), stream=5)
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
+def test_the_f16a_rule_turns_the_prepared_route_into_dequantize_and_the_shared_memory_gemm(gpu, fmt):
+    """Rule mmq_f16a (not shipped): where the prepared route runs, dequantize_<fmt> writes fp16 rows and the f16a GEMM
+    reads them by TMA — converting an fp32 x itself (T = 4096, one K split), an fp16 x as given (no launch before
+    the GEMM but the dequantize, no fixup) — and the codec's fixup behind an fp32 x; TQ4_1S (no GPU dequantize)
+    keeps its prepared fragments."""
+    f = fmt.lower()
+    w = fakegpu.weights(fmt, 4096, 14336)
+    with tuning.override(mmq_f16a=True, mmq_pre_min_tokens=1024,
+                         codec_ra_mmq_max_tokens={"q5_K": 512, "q6_K": 512, "q8_0": 512, "tq4_1s": 512}):
+        assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}", "mmq_q4_k_wgmma_f16a_n256_cx",
+                                                     f"mul_mat_fixup_{f}"]
+        assert ops.mul_mat_plan(w, 4096, x_dtype="float16").kernels == [f"dequantize_{f}", "mmq_q4_k_wgmma_f16a_n256"]
+        assert "dequantize_tq4_1s_frags" in ops.mul_mat_plan(fakegpu.weights("tq4_1s", 4096, 14336), 4096).kernels
+    assert f"dequantize_{f}" not in ops.mul_mat_plan(w, 4096).kernels  # shipped: off

@@ -1202,7 +1202,12 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         x16 = np.ascontiguousarray(x16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k))
     cx = "convert" in meta
     xa = mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16)  # cx: NaN until written
-    if "prepared" in meta:  # A fragments as dequantize_q4_k_frags writes them (its own test checks it bit for bit)
+    if meta.get("f16a"):  # the weights as dequantize_<fmt> writes them: fp16 rows (M, K), 128B-swizzled boxes
+        with np.errstate(over="ignore", invalid="ignore"):
+            w16 = formats.dequantize(fmt, raw, (m, k)).astype(np.float16)
+        wa = mem.alloc(w16)
+        tw = BACKEND[-1].tensor_map(mem, wa, "f16", m, k, 128, 64, "128B")
+    elif "prepared" in meta:  # A fragments as dequantize_q4_k_frags writes them (its own test checks it bit for bit)
         frags = layouts.q4k_prepared_fragments(raw, m, k, fmt)
         wa = mem.alloc(frags)
         tw = BACKEND[-1].tensor_map(mem, wa, "u8", frags.shape[0], 256, 64, 256, "none")
@@ -1362,6 +1367,7 @@ for _f in ("q4_k", "q6_k"):  # (kernels/mmq.py CSPLIT_FORMATS, CSPLIT_TOKEN_TILE
 for _bn in (256,):
     for _sfx in ("", "_cx"):
         HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")
+        HARNESSES[f"mmq_q4_k_wgmma_f16a_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_f16a_n{_bn}{_sfx}")
 HARNESSES["mul_mat_fixup_q4_k"] = _fixup
 for _f in ("q5_K", "q6_K", "q8_0", "tq4_1s"):
     HARNESSES[f"mul_mat_fixup_{_f.lower()}"] = (lambda f: lambda ptx, rng, **kw: _fixup(ptx, rng, fmt=f, **kw))(_f)

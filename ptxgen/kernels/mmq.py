@@ -1909,8 +1909,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
                               and spec.fmt == "q4_K" and spec.bn <= PAIRED_MAX_BN):
         raise ValueError(f"{spec.name}: a {spec.bm}-row M tile is the grouped register-A Q4_K builds' (up to n"
                          f"{PAIRED_MAX_BN})")
-    if PRE and (not spec.a_regs or spec.cluster > 1):
-        raise ValueError(f"{spec.name}: the prepared build is register-A, one CTA per cluster")
+    if PRE and (spec.cluster > 1 or spec.grouped or spec.stream or spec.csplit):
+        raise ValueError(f"{spec.name}: the prepared builds are dense, one CTA per cluster")
     if spec.stream and (not spec.a_regs or spec.grouped or spec.convert or spec.cluster > 1 or spec.int_weights):
         raise ValueError(f"{spec.name}: stream-K is the dense register-A build's on x converted first, one CTA a "
                          "cluster")
@@ -1974,11 +1974,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
     ra, CX = spec.a_regs, spec.convert
     cx_p = None
     if CX:  # fp32 x in; the fp16 copy tmap_x describes is written inside the launch (see _convert_x)
-        if not ra or spec.cluster > 1:
-            raise ValueError(f"{spec.name}: the converting build is register-A, one CTA per cluster")
+        if not (ra or PRE) or spec.cluster > 1:
+            raise ValueError(f"{spec.name}: the converting build is register-A or prepared, one CTA per cluster")
         cx_p = (b.param("x", "u64", "ptr:in"), b.param("x16", "u64", "ptr:out"),
                 b.param("x_ready", "u64", "ptr:scratch"), b.param("flag", "u64", "ptr:out"))
-    a_bytes = 0 if ra else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers)
+    a_bytes = 0 if ra or PRE else 2 * 2 * A_TILE  # the dequantized A tiles (none when A lives in registers or
+    # comes by TMA into the stage: F16A_NOTE)
     smem = b.dynamic_shared(S * stage_bytes + SA * a_slot_bytes + a_bytes + cx_bytes + S * s_bytes + 1024)  # + 1024:
     # the base aligned up
     # full[S], empty[S], item_full[2], item_empty[2] (, a_full[SA], a_empty[SA])
@@ -2096,7 +2097,7 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                   tensormaps="tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle; tmap_x: f16, dims "
                              f"(K, T), box (64, {BN}), 128B swizzle")
 
-    if ra:
+    if ra or PRE:
         b.meta["x_order"] = "natural" if _natural_k(spec) else "rega"
         if _natural_k(spec):
             b.meta["activations"] = ("fp16 in its natural K order: the caller's fp16 x by tensor map, or an fp32 x "
@@ -2134,7 +2135,14 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                       roles=b.meta["roles"].replace("warpgroup 0: producer (thread 0 claims work items and issues TMA)",
                                                     "warpgroup 0: producer (thread 0 claims work items and issues TMA; "
                                                     "warps 1-3 convert x)"))
-    if PRE:
+    if PRE and not ra:
+        b.meta.update(prepared=F16A_NOTE, f16a=True, stages=S, pdl=True,
+                      roles=b.meta["roles"].replace("dequantize 64 rows each into swizzled fp16 tiles and issue wgmma",
+                                                    "issue wgmma on 64 rows each of the TMA-loaded fp16 A tile"),
+                      tensormaps=b.meta["tensormaps"].replace(
+                          "tmap_w: u8, dims (row bytes, M), box (16, 128), no swizzle",
+                          "tmap_w: f16, dims (K, M) over dequantize_<fmt>'s fp16 rows, box (64, 128), 128B swizzle"))
+    elif PRE:
         b.meta.update(prepared=PREPARED_NOTE, stages=S, pdl=True,
                       mma=f"wgmma m64n{BN}k16 f16 (A from registers, loaded from the prepared fragments; B from "
                           "128B-swizzled shared memory)",
@@ -2472,7 +2480,10 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
         for h in range(2):
             b.emit(tma, Mem(b.op("add.u32", sdst, Imm(h * spec.bn * 16, "u32"))),
                    TensorRef(ts, (b.op("add.u32", col, Imm(8 * h, "u32")), it.n0)), Mem(fb), pred=last)
-    if PRE:  # block (tm, s) of the prepared fragments: 64 rows of 256 bytes
+    if PRE and not spec.a_regs:  # F16A_NOTE: the M tile's 128 rows of K-step s, fp16, 128B-swizzled (16 KB)
+        rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
+        b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("shl.b32", s, Imm(6, "u32")), it.m0)), Mem(fb))
+    elif PRE:  # block (tm, s) of the prepared fragments: 64 rows of 256 bytes
         frow = b.op("shl.b32", b.op("mad.lo.u32", it.tm, w.ksteps, s), Imm(6, "u32"))
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
@@ -2695,6 +2706,8 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
         steps = _prepared_steps if spec.prepared else _wg_weights(spec).steps
         steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
               lay.b_bytes, ct, cw, lane, sa.magic, peers, **({"lay": lay} if lay.a_slots else {}))
+    elif spec.prepared:
+        _f16a_steps(b, arch, BN, lay, wg, acc, s, it, gc, peers)
     else:
         _smem_a_steps(b, arch, BN, lay, sa, acc, s, it, gc, peers)
     b.comment("epilogue: the m64nNk16 accumulator is m16n8 fragments per warp: y[t][m] = acc, masked")
@@ -2835,6 +2848,28 @@ def _smem_a_steps(b, arch, BN, lay: _WgRing, sa: _SmemA, acc, s, it: _WgItem, gc
     b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
     b.emit("bar.sync", sa.named, Imm(128, "u32"))
     da = _desc(b, abuf)
+    db = _desc(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst))
+    b.emit("wgmma.fence.sync.aligned")
+    for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
+        dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
+        dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
+        b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
+    _wgmma_step_done(b, S, gc, s, it.s_begin, lay.empty, peers)
+    b.bra(c_step, pred=b.op("setp.lt.u32", s, it.s_end))
+    _wgmma_drain(b, S, gc, lay.empty, peers)
+
+
+def _f16a_steps(b, arch, BN, lay: _WgRing, wg, acc, s, it: _WgItem, gc, peers):
+    """The f16a build's K loop (F16A_NOTE): per step the warpgroup issues its wgmmas on its 64 rows of the stage's
+    TMA-written fp16 A tile and the stage's B tile — no dequant, no A stores, nothing but the ring's waits."""
+    S = lay.S
+    mine = b.op("shl.b32", wg, Imm(13, "u32"))  # this warpgroup's rows 64·wg ..: 64 x 128 bytes further
+    c_step = b.label("c_step")
+    b.place(c_step)
+    stage = b.op("rem.u32", gc, Imm(S, "u32"))
+    sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
+    _wait(b, lay.full(stage), sph)
+    da = _desc(b, b.op("add.u32", b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0), mine))
     db = _desc(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst))
     b.emit("wgmma.fence.sync.aligned")
     for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
@@ -3065,9 +3100,10 @@ RA_NATURAL_FORMATS: tuple = ("q4_K", "q5_K", "q6_K", "q8_0")
 
 
 def _natural_k(spec: MmqSpec) -> bool:
-    """Whether the build's register-A decode reads x in its natural K order (RA_NATURAL_FORMATS)."""
+    """Whether the build reads x in its natural K order: a register-A decode of RA_NATURAL_FORMATS, or the f16a
+    builds (A as fp16 rows)."""
     return (spec.a_regs and spec.fmt in RA_NATURAL_FORMATS and not spec.grouped and not spec.prepared
-            and not spec.int_weights)
+            and not spec.int_weights) or (spec.prepared and not spec.a_regs)
 
 
 def _block_box(spec: MmqSpec) -> bool:
@@ -3387,6 +3423,12 @@ PREPARED_NOTE = ("A is dequantized before the GEMM by dequantize_q4_k_frags (flo
                  "takes one 16 KB block by TMA and every consumer thread loads its 16 registers with 4 16-byte loads: "
                  "the K loop holds no dequant, at the price of the extra pass (weights read once, ceil(M/128)·128·K·2 "
                  "bytes written and read back)")
+F16A_NOTE = ("the weights are dequantized before the GEMM by dequantize_<fmt> (float32 as ggml, rounded once to fp16: "
+             "the prepared fragments' values) into fp16 rows (M, K); each ring stage takes the M tile's 128 rows of "
+             "its K-step by one 128B-swizzled TMA (16 KB) beside the activation tile, and each consumer warpgroup "
+             "issues its wgmmas with both operands in shared memory (a plain fp16 GEMM, as cuBLAS's): no dequant, "
+             "no A registers, at the price of the extra pass (weights read once, M·K·2 bytes written and read back)")
+F16A_TOKEN_TILES = (256,)  # the f16a builds (not shipped until timed: bench/NOTES.md 2026-12-07)
 PREPARED_TOKEN_TILES = (256,)  # the prepared builds (large T: the extra pass is amortised over many token tiles)
 
 
@@ -3450,6 +3492,12 @@ def kernel_defs() -> list[KernelDef]:
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, convert=cx, prepared=True): build(arch, s),
                    archs=("sm_90a",))
          for bn in PREPARED_TOKEN_TILES for cx in (False, True)] + \
+        [KernelDef(MmqSpec(bn, "wgmma", convert=cx, prepared=True).name,
+                   f"prefill GEMM on the weights dequantized to fp16 rows first (dequantize_<fmt>; F16A_NOTE), wgmma "
+                   f"with A and B from shared memory by TMA{', fp32 x converted inside the launch' if cx else ''}, "
+                   f"{BM}x{bn} tile", lambda arch, s=MmqSpec(bn, "wgmma", convert=cx, prepared=True): build(arch, s),
+                   archs=("sm_90a",))
+         for bn in F16A_TOKEN_TILES for cx in (False, True)] + \
         [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, cluster=2).name,
                    f"Q4_K prefill GEMM, wgmma with A from registers, clusters of 2 CTAs multicasting the activation "
                    f"tile, {BM}x{bn} tile per CTA", lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, cluster=2): build(arch, s),
