@@ -57,6 +57,9 @@
 #   capfree  the review's probe of relaxed cuMemFree (blocking / non-blocking capture streams, a free from another
 #            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
 #            (probe_capture_free.py), then the capture tests of test_gpu_streams
+#   f16a     #34: the f16a GEMM (rule mmq_f16a: dequantize_<fmt> to fp16 rows, then both wgmma operands from shared
+#            memory) — its GPU tests, then bench_op-style A/B against the shipped route and the prepared one, Q8_0 /
+#            Q4_K / Q5_K / Q6_K 4096x14336 at T = 1024 / 2048 / 4096 on fp32 x (F16A_X="float32 float16": both)
 #   moel1    #35: mul_mat_id without its gated GEMV (the gate's cost: L1's ceiling), both shapes, T = 32 / 512
 #   gpusub   the GPU tests of the runtime's entry points (MoE, runtime, streams, quick start) — after a change there
 #   q6nat    Q6_K's register-A GEMMs in x's natural K order (shipped) against the permuted order, T = 512, x
@@ -399,6 +402,14 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1'
     run gate_32x4 100 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'g1: gemv_codec.GATED_EXPERT_CTAS=1' ;;
+  f16a)  # #34's Q8_0 T = 4096 cell: the f16a GEMM against the register-A and the prepared ones (the rules in R
+    # route T >= 1024 to the prepared route; rule mmq_f16a picks the f16a GEMM there); F16A_X=float16 for fp16 x
+    run f16a_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 8 tests/test_gpu_mmq.py -k f16a
+    R='rule.mmq_pre_min_tokens=1024; rule.codec_ra_mmq_max_tokens={"q5_K": 512, "q6_K": 512, "q8_0": 512, "tq4_1s": 1073741824}'
+    for xd in ${F16A_X:-float32}; do
+      run "f16a_$xd" 300 "${AB[@]}" --kernels 'mmq_q4_k_wgmma_f16a_n256' --formats q8_0,q4_K,q5_K,q6_K \
+        --tokens 1024,2048,4096 --weights 2 --x-dtype "$xd" --variant "pre: $R" --variant "f16a: $R; rule.mmq_f16a=True"
+    done ;;
   power)  # #34's Q8_0 T = 4096 cell is set in a power-limited loop (710 µs isolated, 819 busy in the loop): power draw,
     # SM clock and energy an op for cuBLAS fp16, Q8_0 on fp32 / fp16 x, Q8_0 without its decode, Q4_K
     run power 150 python3 bench/probe_power.py --shape 4096x14336 --tokens 4096 --seconds 1.0 ;;
@@ -434,6 +445,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
   esac
 done
