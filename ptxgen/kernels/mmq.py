@@ -2869,12 +2869,10 @@ def _f16a_steps(b, arch, BN, lay: _WgRing, wg, acc, s, it: _WgItem, gc, peers):
     stage = b.op("rem.u32", gc, Imm(S, "u32"))
     sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
     _wait(b, lay.full(stage), sph)
-    da = _desc(b, b.op("add.u32", b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0), mine))
-    db = _desc(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst))
+    das = _desc_steps(b, b.op("add.u32", b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0), mine), BK // 16)
+    dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
     b.emit("wgmma.fence.sync.aligned")
-    for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
-        dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
-        dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
+    for dak, dbk in zip(das, dbs):  # +32 bytes along K inside the 128-byte swizzled rows a slice
         b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
     _wgmma_step_done(b, S, gc, s, it.s_begin, lay.empty, peers)
     b.bra(c_step, pred=b.op("setp.lt.u32", s, it.s_end))
