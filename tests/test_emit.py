@@ -117,6 +117,8 @@ for _k in KERNELS:
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "HFMA2", "SHFL.IDX", "LOP3"]
     if _k.startswith("mmq_q4_k_wgmma_pre"):  # A fragments loaded from the TMA ring (16-byte LDS), no dequant
         EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR", "LDS.128"]
+    if _k.startswith("mmq_q4_k_wgmma_f16a"):  # fp16 A tiles by TMA too: the K loop is waits and wgmma, no decode
+        EXPECTED_SASS[_k] = ["HGMMA.64x", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "WARPGROUP.DEPBAR"]
     if _k.startswith("mmq_q4_k_q8"):  # raw qs bytes by ldmatrix as u8 fragments, int8 tensor cores, cp.async
         EXPECTED_SASS[_k] = ["IMMA.16832.U8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128", "I2FP.F32.S32"]
     if _k.startswith("gemv_tq4_1s_tma"):  # weights by TMA into an mbarrier ring, lookups and FFMA as above
@@ -269,6 +271,8 @@ for _k in KERNELS:
         ABSENT_SASS[_k, "sm_120a"] = ["LDGSTS"]
 for _t in (1, 2, 4):  # Q6_K's wide lanes: q − 32 by a PRMT and an FADD, no quarter-rate I2F a weight
     ABSENT_SASS[f"gemv_q6_k_f32_t{_t}", "sm_90a"] = ["I2F.S8"]
+ABSENT_SASS["mmq_q4_k_wgmma_f16a_n256", "sm_90a"] = ["HFMA2", "LDS.128"]  # no decode, no A fragments from the ring
+ABSENT_SASS["mmq_q4_k_wgmma_f16a_n256_cx", "sm_90a"] = ["HFMA2"]  # (its converters read their staging by LDS)
 
 
 # the fast tier reads the SASS of the sm_90a builds, of the kernels built only for the mma.sync targets on sm_89,
