@@ -820,11 +820,12 @@ F16A_RULES = dict(mmq_f16a=True, mmq_pre_min_tokens=1, codec_mmq_min_tokens={"q5
 
 
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
-@pytest.mark.parametrize("m,k,t", [(300, 1024, 300), (1000, 3584, 1100)])
+@pytest.mark.parametrize("m,k,t", [(300, 1024, 300), (1000, 3584, 2100)])
 def test_f16a_gemm(fmt, m, k, t):
     """The f16a GEMM (rule mmq_f16a, not shipped; kernels/mmq.py F16A_NOTE) where the prepared route runs:
-    dequantize_<fmt> into fp16 rows, mmq_q4_k_wgmma_f16a_n256_cx (fp32 x converted inside) or _n256 (fp16 x as
-    given), the codec's fixup — _codec_prefill's checks, and on fp16 x the bits of the same values as fp32."""
+    dequantize_<fmt> into fp16 rows, then on fp32 x convert_f16 + mmq_q4_k_wgmma_f16a_n256 (T = 300) or the _cx
+    build converting x inside (T = 2100), on fp16 x _n256 on x as given; the codec's fixup — _codec_prefill's
+    checks, and on fp16 x the bits of the same values as fp32."""
     import torch
 
     import ptxgen.runtime as r
