@@ -20,7 +20,19 @@ import numpy as np  # noqa: E402
 
 from bench_gemv import need_torch  # noqa: E402
 
-QUERY = "power.draw,clocks.sm,clocks.mem,temperature.gpu,power.limit"
+QUERY = "{power},clocks.sm,clocks.mem,temperature.gpu,power.limit"
+
+
+def power_field() -> str:
+    """nvidia-smi's instantaneous power reading where the driver has it (R535+): power.draw averages over a second on
+    Hopper, which smears a 1-s loop's edges into its mean (2026-12-07: means of 430-630 W against 700-W maxima)."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=power.draw.instant", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True)
+    try:
+        float(out.stdout.strip().splitlines()[0])
+        return "power.draw.instant"
+    except (ValueError, IndexError):
+        return "power.draw"
 
 
 def sample_while(torch, fn, seconds: float):
@@ -32,7 +44,8 @@ def sample_while(torch, fn, seconds: float):
     fn(0)
     torch.cuda.synchronize()
     n = max(20, int(seconds / max(time.perf_counter() - t0, 1e-5)))
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "20"],
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY.format(power=power_field())}", "--format=csv,noheader,nounits",
+                            "-lms", "20"],
                            stdout=subprocess.PIPE, text=True)
     time.sleep(0.15)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -44,7 +57,7 @@ def sample_while(torch, fn, seconds: float):
     smi.terminate()
     out, _ = smi.communicate()
     rows = [[float(v) for v in line.split(",")] for line in out.strip().splitlines() if line.strip()]
-    return start.elapsed_time(end) * 1e3 / n, rows[7:] or rows  # (drop the idle lead-in and the ramp)
+    return start.elapsed_time(end) * 1e3 / n, rows[7:-3] or rows  # (drop the idle lead-in, the ramp and the tail)
 
 
 def main():
