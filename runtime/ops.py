@@ -198,7 +198,7 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     bit. Returns a DeviceArray (or fills `out`, whose library's stream is the default)."""
     if not isinstance(w, QuantTensor):
         raise TypeError(f"dequantize: expected a QuantTensor, got {type(w).__name__}")
-    from ptxgen import codecs, formats
+    from ptxgen import codecs
     if w.fmt not in codecs.dequantizable():
         raise ValueError(f"dequantize: no GPU kernel for {w.fmt} yet (have: {', '.join(codecs.dequantizable())})")
     kernel = CodecKernel("dequantize", w.fmt).name
@@ -212,11 +212,21 @@ def dequantize(w: QuantTensor, *, out=None, arch: str | None = None, stream=None
     group = int(fn.meta.get("blocks_per_group", 1))  # blocks a warp takes (Q8_0: 8 blocks of 32 weights)
     o, ret = _output(out, w.shape, np.float16, "dequantize: out", None, s, align=16 if group > 1 else 8)
     _refuse_overlaps("dequantize", [(o, "out", DeviceArray(w.ptr, (w.nbytes,), np.dtype(np.uint8)), "w")])
-    nblocks = m * k // formats.get(w.fmt).block_size
+    grid, nblocks = _dequantize_grid(fn, w.fmt, m * k)
+    fn.launch(grid, (w.buffer, o, nblocks), stream=s)
+    return ret
+
+
+def _dequantize_grid(fn, fmt: str, weights: int) -> tuple[tuple, int]:
+    """dequantize_<fmt>'s launch over `weights` weights: (grid, blocks) — a CTA takes meta superblocks_per_cta
+    blocks, or groups_per_cta groups of blocks_per_group (Q8_0's 8 blocks of 32)."""
+    from ptxgen import formats
+
+    group = int(fn.meta.get("blocks_per_group", 1))
+    nblocks = weights // formats.get(fmt).block_size
     per = _blocks_per_cta(fn, "superblocks_per_cta" if group == 1 else "groups_per_cta")
     groups = -(-nblocks // group)
-    fn.launch(((groups + per - 1) // per,), (w.buffer, o, nblocks), stream=s)
-    return ret
+    return ((groups + per - 1) // per,), nblocks
 
 
 def rotate_tq4_1s(x, *, out=None, arch: str | None = None, stream=None):
@@ -950,14 +960,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
         pb.launch(kernels.load(CodecKernel("frags", w.fmt).name, "sm_90a"), (ksteps, tiles_m), (w.buffer, frags, m, k))
         tw = _tensor_map(frags.ptr, "u8", tiles_m * ksteps * 64, 256, 64, 256, "none")
     elif path.startswith("wgmma_f16a"):  # the weights as fp16 rows (dequantize_<fmt>), 128-row x 64-column boxes
-        from ptxgen import formats
-
         deq = kernels.load(CodecKernel("dequantize", w.fmt).name, "sm_90a")
         w16 = pb.scratch((m, k), np.float16)
-        group = int(deq.meta.get("blocks_per_group", 1))  # (as dequantize launches it)
-        groups = -(-(m * k // formats.get(w.fmt).block_size) // group)
-        per = _blocks_per_cta(deq, "superblocks_per_cta" if group == 1 else "groups_per_cta")
-        pb.launch(deq, (-(-groups // per),), (w.buffer, w16, m * k // formats.get(w.fmt).block_size))
+        grid, nblocks = _dequantize_grid(deq, w.fmt, m * k)  # (as dequantize launches it)
+        pb.launch(deq, grid, (w.buffer, w16, nblocks))
         tw = _tensor_map(w16.ptr, "f16", m, k, 128, 64, "128B")
     else:  # the raw rows (Q4_K's 16-byte columns, or another codec's box)
         tw = _raw_rows_map(w, m, fn) if wg or tma else None
