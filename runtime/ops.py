@@ -829,12 +829,13 @@ MMQ_PATHS = ("mma.sync", "mma.sync_x16", "wgmma", "wgmma_ra", "wgmma_ra_cx", "wg
 
 
 def _f16a(fmt: str) -> bool:
-    """Whether the prepared route runs the f16a GEMM (rule mmq_f16a: the weights dequantized to fp16 rows by
-    dequantize_<fmt>, then a GEMM with both wgmma operands in shared memory; kernels/mmq.py F16A_NOTE) instead of
-    the register-A one on prepared fragments: where the format has a GPU dequantize and the build exists."""
+    """Whether the prepared route runs the f16a GEMM for `fmt` (rule mmq_f16a, per format: the weights dequantized to
+    fp16 rows by dequantize_<fmt>, then a GEMM with both wgmma operands in shared memory; kernels/mmq.py F16A_NOTE)
+    instead of the register-A one on prepared fragments: where the rule says so, the format has a GPU dequantize
+    and the build exists."""
     from ptxgen import codecs
 
-    return (bool(RULES.mmq_f16a) and fmt in codecs.dequantizable()
+    return (bool(_per_format(RULES.mmq_f16a, fmt, False)) and fmt in codecs.dequantizable()
             and "sm_90a" in kernels.available(MmqSpec(PREPARED_TILE, "wgmma", prepared=True).name))
 
 
@@ -868,7 +869,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             # converting build on the same values)
     if path not in MMQ_PATHS:
         raise ValueError(f"mmq_launch: path must be one of {', '.join(MMQ_PATHS)}, got {path!r}")
-    if path == "wgmma_pre" and _f16a(w.fmt):
+    if path == "wgmma_pre" and _f16a(w.fmt):  # (on either x dtype: an fp16 x gets the bits of its fp32 widening)
         path = "wgmma_f16a"
     # the wgmma GEMMs read an fp16 x as it is where they take x's natural K order (_gemm_x16: a tensor map over the
     # call's x, encoded per call), else permuted into scratch (permute_f16)
@@ -962,8 +963,9 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     elif path.startswith("wgmma_f16a"):  # the weights as fp16 rows (dequantize_<fmt>), 128-row x 64-column boxes
         deq = kernels.load(CodecKernel("dequantize", w.fmt).name, "sm_90a")
         w16 = pb.scratch((m, k), np.float16)
-        grid, nblocks = _dequantize_grid(deq, w.fmt, m * k)  # (as dequantize launches it)
-        pb.launch(deq, grid, (w.buffer, w16, nblocks))
+        dgrid, nblocks = _dequantize_grid(deq, w.fmt, m * k)  # (as dequantize launches it; the GEMM's grid is
+        # the plan's)
+        pb.launch(deq, dgrid, (w.buffer, w16, nblocks))
         tw = _tensor_map(w16.ptr, "f16", m, k, 128, 64, "128B")
     else:  # the raw rows (Q4_K's 16-byte columns, or another codec's box)
         tw = _raw_rows_map(w, m, fn) if wg or tma else None

@@ -59,8 +59,8 @@ def _kernels(fmt, t, m=4096, k=14336):
 
 
 @pytest.mark.parametrize("fmt, last, first, before, after", [
-    ("q6_K", 1024, 1025, "mmq_q6_k_wgmma_ra_n256", "dequantize_q6_k_frags"),  # codec_ra_mmq_max_tokens q6_K
-    ("q5_K", 2048, 2049, "mmq_q5_k_wgmma_ra_n256", "dequantize_q5_k_frags"),  # ... q5_K
+    ("q6_K", 1024, 1025, "mmq_q6_k_wgmma_ra_n256", "dequantize_q6_k"),  # codec_ra_mmq_max_tokens q6_K (f16a)
+    ("q5_K", 2048, 2049, "mmq_q5_k_wgmma_ra_n256", "dequantize_q5_k"),  # ... q5_K
 ])
 def test_runs_start_at_the_exact_t_where_the_plan_changes(shipped_rule, fmt, last, first, before, after):
     """The tables' rows begin where ops.choose's plan changes, not at the next grid T (the audit: Q6_K's register-A

@@ -343,6 +343,13 @@ def codec_gemvs():
 
 
 @pytest.fixture
+def frags():
+    """The prepared route on fp16 fragments for every format (RULES.mmq_f16a off): the route the f16a rule replaces."""
+    with tuning.override(mmq_f16a=False):
+        yield
+
+
+@pytest.fixture
 def tq4_1s_prepared():
     """TQ4_1S's register-A GEMM off (RULES.codec_ra_mmq_min_tokens): the prepared route behind it."""
     with tuning.override(codec_ra_mmq_min_tokens=dict(ops.RULES.codec_ra_mmq_min_tokens, tq4_1s=1 << 30)):
@@ -350,7 +357,7 @@ def tq4_1s_prepared():
 
 
 @pytest.mark.parametrize("fmt", ["q5_K", "q6_K", "q8_0"])
-def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, codec_gemvs, fmt):
+def test_the_other_codecs_prefill_on_the_prepared_gemm(gpu, frags, codec_gemvs, fmt):
     """From RULES.codec_mmq_min_tokens tokens on sm_90 (M ≥ 128), where no register-A GEMM of the codec applies
     (above codec_ra_mmq_max_tokens, or with those rules off): the codec's fp16 fragments, the prepared register-A GEMM
     (converting x itself from mmq_cx_min_tokens with one K split), and the codec's fixup."""
@@ -529,7 +536,7 @@ def test_int8_few_token_builds_run_where_their_rule_allows(gpu):
     assert ops.mul_mat_plan(w8, 6).kernels == ["prep_q6k_i8_t8", "gemv_q8_0_i8_t8"]
 
 
-def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu):
+def test_fp16_activations_skip_the_conversion_and_the_fixup_where_the_gemm_reads_fp16(gpu, frags):
     """mul_mat_plan(x_dtype="float16"): the register-A / prepared wgmma GEMMs take an fp16 x permuted (permute_f16)
     or, where the build reads x in its natural K order (mmq.RA_NATURAL_FORMATS: all but TQ4_1S), as it is (no
     launch before the GEMM), never a converting build, and record no fixup (nothing can leave fp16); a rotated codec
@@ -686,7 +693,7 @@ def test_builds_that_count_the_records_ready_get_the_zero_kept_word_both(gpu, mo
 
 
 @pytest.mark.parametrize("fmt,box,gemv", [("q8_0", 80, "gemv_q8_0_f32_t8"), ("q5_K", 16, "gemv_q5_k_f32_t16")])
-def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, codec_gemvs, monkeypatch, fmt, box,
+def test_codec_register_a_gemm_runs_from_its_rule_ahead_of_the_prepared_route(gpu, frags, codec_gemvs, monkeypatch, fmt, box,
                                                                                gemv):
     """A codec's register-A GEMM (its blocks decoded in the K loop, no fragment pass) for T within
     RULES.codec_ra_mmq_{min,max}_tokens on sm_90: convert_f16_perm (convert_f16 where the build reads x in its natural
@@ -997,7 +1004,7 @@ def test_q5_k_small_one_token_calls_run_its_codec_gemv_with_k_parts(gpu):
     assert ops.mul_mat_plan(fakegpu.weights("q5_K", 4096, 4096), 1).kernels[-1] != "gemv_q5_k_f32_t1"
 
 
-def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu):
+def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu, frags):
     """Q6_K's register-A GEMM (240-byte TMA boxes over its 210-byte blocks) from RULES.codec_ra_mmq_min_tokens to
     RULES.codec_ra_mmq_max_tokens on sm_90 where the raw rows are 16-byte multiples (K a multiple of 2048: 4096,
     14336), the prepared route where they are not (Qwen's 3584) and above."""
@@ -1290,16 +1297,22 @@ def test_a_captured_mul_mat_refuses_a_numpy_x(gpu, monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
 def test_the_f16a_rule_turns_the_prepared_route_into_dequantize_and_the_shared_memory_gemm(gpu, fmt):
-    """Rule mmq_f16a (not shipped): where the prepared route runs, dequantize_<fmt> writes fp16 rows and the f16a GEMM
+    """Rule mmq_f16a (per format): where the prepared route runs, dequantize_<fmt> writes fp16 rows and the f16a GEMM
     reads them by TMA — converting an fp32 x itself (T = 4096, one K split), an fp16 x as given (no launch before
-    the GEMM but the dequantize, no fixup) — and the codec's fixup behind an fp32 x; TQ4_1S (no GPU dequantize)
-    keeps its prepared fragments."""
+    the GEMM but the dequantize, no fixup), an fp32 x it cannot convert itself (T < mmq_cx_min_tokens) through
+    convert_f16 — on either dtype alike; TQ4_1S (no GPU dequantize) keeps its prepared fragments; a format the rule
+    marks false keeps them too (shipped: Q4_K)."""
     f = fmt.lower()
     w = fakegpu.weights(fmt, 4096, 14336)
-    with tuning.override(mmq_f16a=True, mmq_pre_min_tokens=1024,
-                         codec_ra_mmq_max_tokens={"q5_K": 512, "q6_K": 512, "q8_0": 512, "tq4_1s": 512}):
+    rules = dict(mmq_pre_min_tokens=512, codec_ra_mmq_max_tokens={"q5_K": 256, "q6_K": 256, "q8_0": 256, "tq4_1s": 256})
+    with tuning.override(mmq_f16a=True, **rules):
         assert ops.mul_mat_plan(w, 4096).kernels == [f"dequantize_{f}", "mmq_q4_k_wgmma_f16a_n256_cx",
                                                      f"mul_mat_fixup_{f}"]
         assert ops.mul_mat_plan(w, 4096, x_dtype="float16").kernels == [f"dequantize_{f}", "mmq_q4_k_wgmma_f16a_n256"]
+        assert ops.mul_mat_plan(w, 512).kernels == [f"dequantize_{f}", "convert_f16", "mmq_q4_k_wgmma_f16a_n256",
+                                                    f"mul_mat_fixup_{f}"]
         assert "dequantize_tq4_1s_frags" in ops.mul_mat_plan(fakegpu.weights("tq4_1s", 4096, 14336), 4096).kernels
-    assert f"dequantize_{f}" not in ops.mul_mat_plan(w, 4096).kernels  # shipped: off
+    with tuning.override(mmq_f16a=False, **rules):
+        assert ops.mul_mat_plan(w, 4096, x_dtype="float16").kernels[0] == f"dequantize_{f}_frags"
+    with tuning.override(**rules):  # shipped
+        assert ops.mul_mat_plan(w, 4096).kernels[0] == (f"dequantize_{f}_frags" if fmt == "q4_K" else f"dequantize_{f}")

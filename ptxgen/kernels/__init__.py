@@ -77,9 +77,6 @@ NOT_SHIPPED = {
                          "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
                          "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
-NOT_SHIPPED.update({n: "the GEMM on weights dequantized to fp16 rows first (rule mmq_f16a): not shipped until timed "
-                         "against the register-A and prepared GEMMs at T = 2048-4096 (bench/NOTES.md, 2026-12-07)"
-                    for n in ("mmq_q4_k_wgmma_f16a_n256", "mmq_q4_k_wgmma_f16a_n256_cx")})
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n64_m256_moe"] = (
     "a 256-row n64 MoE tile (consumers at 112 registers, whole-block stages): slower than the 128-row n64 at 32 x "
     "top-4 T = 448-576 (H100, h100_wide_32x4_dc53cbc.log); rule moe_wgmma_tile_pairs with an \"n64_m256\" entry "
