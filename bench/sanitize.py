@@ -115,6 +115,12 @@ TARGETED = [
                                                          "codec_ra_mmq_min_tokens": 1 << 30}, "float16")
       for fmt in ("q5_K", "q6_K", "q8_0")],
     ("q8_0", "exact", 129, 288, (2, 3), None, {}, {}, "float16"),
+    # the prepared route on fp16 fragments where rule mmq_f16a puts the f16a GEMM (Q5_K / Q6_K / Q8_0), fp32 and fp16
+    # x (permute_f16), and the f16a GEMM converting x itself (by default from T = 1024 on one K split)
+    *[(fmt, "exact", 129, 512, (40,), None, {}, {"mmq_f16a": False, "codec_ra_mmq_min_tokens": 1 << 30}, dt)
+      for fmt in ("q5_K", "q6_K", "q8_0") for dt in ("float32", "float16")],
+    *[(fmt, "exact", 129, 512, (33, 129), None, {"PTXGEN_MMQ_CX": "1"}, {"codec_ra_mmq_min_tokens": 1 << 30})
+      for fmt in ("q5_K", "q8_0")],
 ]
 
 

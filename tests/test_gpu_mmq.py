@@ -803,7 +803,8 @@ def test_codec_mma_sync_gemm(fmt, m, k, t):
 @pytest.mark.parametrize("m,k,t", [(300, 1024, 17), (4096, 4096, 512), (1000, 3584, 1100)])
 def test_prepared_gemm_of_the_other_formats(fmt, m, k, t):
     """Q5_K, Q6_K, Q8_0 and TQ4_1S prefill on sm_90 by the prepared route (Q5_K's and Q8_0's register-A GEMMs ruled
-    out): dequantize_<fmt>_frags, the prepared register-A GEMM, the codec's fixup (_codec_prefill's checks)."""
+    out, the f16a GEMM too: rule mmq_f16a off): dequantize_<fmt>_frags, the prepared register-A GEMM, the codec's
+    fixup (_codec_prefill's checks)."""
     import torch
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -811,7 +812,7 @@ def test_prepared_gemm_of_the_other_formats(fmt, m, k, t):
     from ptxgen.runtime import ops
 
     t = max(t, ops.RULES.codec_mmq_min_tokens[fmt])  # TQ4_1S's tensor-core GEMV runs below its 40
-    with tuning.override(codec_ra_mmq_min_tokens=1 << 30):
+    with tuning.override(codec_ra_mmq_min_tokens=1 << 30, mmq_f16a=False):
         _codec_prefill(fmt, m, k, t, f"dequantize_{fmt.lower()}_frags")
 
 
@@ -822,7 +823,7 @@ F16A_RULES = dict(mmq_f16a=True, mmq_pre_min_tokens=1, codec_mmq_min_tokens={"q5
 @pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0"])
 @pytest.mark.parametrize("m,k,t", [(300, 1024, 300), (1000, 3584, 2100)])
 def test_f16a_gemm(fmt, m, k, t):
-    """The f16a GEMM (rule mmq_f16a, not shipped; kernels/mmq.py F16A_NOTE) where the prepared route runs:
+    """The f16a GEMM (rule mmq_f16a, kernels/mmq.py F16A_NOTE) where the prepared route runs, every format:
     dequantize_<fmt> into fp16 rows, then on fp32 x convert_f16 + mmq_q4_k_wgmma_f16a_n256 (T = 300) or the _cx
     build converting x inside (T = 2100), on fp16 x _n256 on x as given; the codec's fixup — _codec_prefill's
     checks, and on fp16 x the bits of the same values as fp32."""
