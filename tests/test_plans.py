@@ -1316,3 +1316,35 @@ def test_the_f16a_rule_turns_the_prepared_route_into_dequantize_and_the_shared_m
         assert ops.mul_mat_plan(w, 4096, x_dtype="float16").kernels[0] == f"dequantize_{f}_frags"
     with tuning.override(**rules):  # shipped
         assert ops.mul_mat_plan(w, 4096).kernels[0] == (f"dequantize_{f}_frags" if fmt == "q4_K" else f"dequantize_{f}")
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q5_K", "q6_K", "q8_0", "tq4_1s"])
+def test_persistent_kernels_launch_at_most_one_resident_wave(gpu, fmt):
+    """Every launch of a persistent kernel (meta grid "persistent: ...": the work-queue GEMMs) in mul_mat's and
+    mul_mat_id's plans, on the shipped rules and on rules that route each T to the prepared and f16a GEMMs, has at most
+    one resident wave of CTAs (resident_per_sm x SMs): a grid from another launch's arithmetic still computes the
+    right result off the queue, so only this catches it (the f16a GEMM ran on dequantize's grid, 28672 CTAs, until
+    c219107)."""
+    from ptxgen.runtime import driver
+
+    sms = driver.current().sm_count
+    every_t = {f: 8 for f in ("q5_K", "q6_K", "q8_0", "tq4_1s")}
+    variants = ({}, dict(mmq_pre_min_tokens=1, codec_ra_mmq_max_tokens=every_t, mmq_f16a=True),
+                dict(mmq_pre_min_tokens=1, codec_ra_mmq_max_tokens=every_t, mmq_f16a=False))
+
+    def check(plan, what):
+        for ln in plan.launches:
+            if str(ln.fn.meta.get("grid", "")).startswith("persistent"):
+                ctas = int(np.prod(ln.grid))
+                assert ctas <= ln.fn.resident_per_sm() * sms, (what, ln.fn.name, ln.grid)
+
+    for rules in variants:
+        with tuning.override(**rules):
+            for m, k in ((300, 1024), (4096, 14336), (1024, 4096)):
+                w = fakegpu.weights(fmt, m, k)
+                for t in (9, 17, 40, 512, 1024, 4096):
+                    for dt in ("float32", "float16"):
+                        check(ops.mul_mat_plan(w, t, x_dtype=dt), (rules, m, k, t, dt))
+            e = fakegpu.weights(fmt, 768, 2048, experts=8)
+            for t in (1, 32, 512):
+                check(ops.mul_mat_id_plan(e, t, 2), (rules, "moe", t))
