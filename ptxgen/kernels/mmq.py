@@ -2820,63 +2820,73 @@ def _csplit_reduce(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, ct, lane, cw, epi
     b.emit("ret")
 
 
-def _smem_a_steps(b, arch, BN, lay: _WgRing, sa: _SmemA, acc, s, it: _WgItem, gc, peers):
-    """The shared-memory-A consumer's K loop (mmq_q4_k_wgmma_n*): per step each thread dequantizes its 32 weights
-    into the warpgroup's swizzled A buffer gc % 2, fences them for the async proxy, and the warpgroup issues the
-    step's wgmmas on that A tile and the stage's B tile."""
+def _ss_steps(b, arch, BN, lay: _WgRing, acc, s, it: _WgItem, gc, peers, operands):
+    """The K loop of the builds whose wgmmas take both operands from shared memory (_smem_a_steps, _f16a_steps): per
+    step wait for the stage, `operands(stage)` — what the build does before its wgmmas, giving the (A, B) descriptor
+    pairs of the step's BK / 16 slices (an iterator: a generator emits its descriptor arithmetic between the
+    wgmmas) —, the wgmmas, the step's release; the ring's drain after the last."""
     S = lay.S
     c_step = b.label("c_step")
     b.place(c_step)
     stage = b.op("rem.u32", gc, Imm(S, "u32"))
     sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
     _wait(b, lay.full(stage), sph)
-    # dequantize this warpgroup's 64 rows into A buffer gc % 2 (wgmma of step gc - 2 read it; done)
-    src = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), sa.raw_row)
-    hdr = b.regs("b32", 4)
-    b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
-    qs = b.regs("b32", 8)
-    b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
-    b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
-    sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), sa.dh)
-    out = RAW_CODEC.f16_words(b, hdr, qs, sub, sa.dscale, sa.nibmask, sa.magic)  # the raw ring's decode
-    abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), sa.a_mine)
-    arow = b.op("add.u32", abuf, sa.row_off)
-    for i in range(4):
-        c = sa.hx if i == 0 else b.op("xor.b32", sa.hx, Imm(i, "b32"))
-        dst = b.op("add.u32", arow, b.op("shl.b32", c, Imm(4, "u32")))
-        b.emit("st.shared.v4.b32", Mem(dst), b.vec(out[4 * i:4 * i + 4]))
-    b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
-    b.emit("bar.sync", sa.named, Imm(128, "u32"))
-    da = _desc(b, abuf)
-    db = _desc(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst))
+    pairs = operands(stage)
     b.emit("wgmma.fence.sync.aligned")
-    for kk in range(BK // 16):  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor
-        dak = da if kk == 0 else b.op("add.s64", da, Imm(2 * kk, "s64"))
-        dbk = db if kk == 0 else b.op("add.s64", db, Imm(2 * kk, "s64"))
+    for dak, dbk in pairs:
         b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
     _wgmma_step_done(b, S, gc, s, it.s_begin, lay.empty, peers)
     b.bra(c_step, pred=b.op("setp.lt.u32", s, it.s_end))
     _wgmma_drain(b, S, gc, lay.empty, peers)
+
+
+def _smem_a_steps(b, arch, BN, lay: _WgRing, sa: _SmemA, acc, s, it: _WgItem, gc, peers):
+    """The shared-memory-A consumer's K loop (mmq_q4_k_wgmma_n*): per step each thread dequantizes its 32 weights
+    into the warpgroup's swizzled A buffer gc % 2, fences them for the async proxy, and the warpgroup issues the
+    step's wgmmas on that A tile and the stage's B tile (_ss_steps)."""
+    def operands(stage):
+        # dequantize this warpgroup's 64 rows into A buffer gc % 2 (wgmma of step gc - 2 read it; done)
+        src = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), sa.raw_row)
+        hdr = b.regs("b32", 4)
+        b.emit("ld.shared.v4.b32", b.vec(hdr), Mem(src))
+        qs = b.regs("b32", 8)
+        b.emit("ld.shared.v4.b32", b.vec(qs[0:4]), Mem(src, RAW_PART))
+        b.emit("ld.shared.v4.b32", b.vec(qs[4:8]), Mem(src, 2 * RAW_PART))
+        sub = b.op("add.u32", b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")), sa.dh)
+        out = RAW_CODEC.f16_words(b, hdr, qs, sub, sa.dscale, sa.nibmask, sa.magic)  # the raw ring's decode
+        abuf = b.op("mad.lo.u32", b.op("and.b32", gc, Imm(1, "b32")), Imm(A_TILE, "u32"), sa.a_mine)
+        arow = b.op("add.u32", abuf, sa.row_off)
+        for i in range(4):
+            c = sa.hx if i == 0 else b.op("xor.b32", sa.hx, Imm(i, "b32"))
+            dst = b.op("add.u32", arow, b.op("shl.b32", c, Imm(4, "u32")))
+            b.emit("st.shared.v4.b32", Mem(dst), b.vec(out[4 * i:4 * i + 4]))
+        b.emit("fence.proxy.async.shared::cta")  # generic-proxy stores -> visible to wgmma (async proxy)
+        b.emit("bar.sync", sa.named, Imm(128, "u32"))
+        da = _desc(b, abuf)
+        db = _desc(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst))
+
+        def pairs():  # +32 bytes along K inside the 128-byte swizzled rows = +2 in the descriptor, between the wgmmas
+            for kk in range(BK // 16):
+                yield ((da, db) if kk == 0 else
+                       (b.op("add.s64", da, Imm(2 * kk, "s64")), b.op("add.s64", db, Imm(2 * kk, "s64"))))
+        return pairs()
+
+    _ss_steps(b, arch, BN, lay, acc, s, it, gc, peers, operands)
 
 
 def _f16a_steps(b, arch, BN, lay: _WgRing, wg, acc, s, it: _WgItem, gc, peers):
     """The f16a build's K loop (F16A_NOTE): per step the warpgroup issues its wgmmas on its 64 rows of the stage's
-    TMA-written fp16 A tile and the stage's B tile — no dequant, no A stores, nothing but the ring's waits."""
-    S = lay.S
+    TMA-written fp16 A tile and the stage's B tile — no dequant, no A stores, nothing but the ring's waits
+    (_ss_steps)."""
     mine = b.op("shl.b32", wg, Imm(13, "u32"))  # this warpgroup's rows 64·wg ..: 64 x 128 bytes further
-    c_step = b.label("c_step")
-    b.place(c_step)
-    stage = b.op("rem.u32", gc, Imm(S, "u32"))
-    sph = b.op("and.b32", b.op("div.u32", gc, Imm(S, "u32")), Imm(1, "b32"))
-    _wait(b, lay.full(stage), sph)
-    das = _desc_steps(b, b.op("add.u32", b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0), mine), BK // 16)
-    dbs = _desc_steps(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)
-    b.emit("wgmma.fence.sync.aligned")
-    for dak, dbk in zip(das, dbs):  # +32 bytes along K inside the 128-byte swizzled rows a slice
-        b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), dak, dbk))
-    _wgmma_step_done(b, S, gc, s, it.s_begin, lay.empty, peers)
-    b.bra(c_step, pred=b.op("setp.lt.u32", s, it.s_end))
-    _wgmma_drain(b, S, gc, lay.empty, peers)
+
+    def operands(stage):  # +32 bytes along K inside the 128-byte swizzled rows a slice
+        return list(zip(
+            _desc_steps(b, b.op("add.u32", b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0), mine),
+                        BK // 16),
+            _desc_steps(b, b.op("mad.lo.u32", stage, Imm(lay.b_bytes, "u32"), lay.bst), BK // 16)))
+
+    _ss_steps(b, arch, BN, lay, acc, s, it, gc, peers, operands)
 
 
 def _wgmma_two_splits(b, epilogue, frags, ct, lane, cw, m0, n0, tile, tiles, z, slot, C, P, Y0, M, T, leader, barrier,
