@@ -106,6 +106,9 @@ TARGETED = [
     # splits), n64 / n128 / n256, fp32 x after convert_f16 and fp16 x as it is
     *[(fmt, "exact", 129, k, (40, 65, 129), None, {}, {**RA_TILES, "mmq_cluster_split_max_splits": 8}, dt)
       for fmt, k in (("q4_K", 1024), ("q6_K", 2048)) for dt in ("float32", "float16")],
+    # ... and Q6_K's on rows in groups of 8 (K not a multiple of 2048: kernels/mmq.py ROW_GROUP_NOTE)
+    *[("q6_K", "exact", 136, 2304, (40, 65, 129), None, {}, {**RA_TILES, "mmq_cluster_split_max_splits": 8}, dt)
+      for dt in ("float32", "float16")],
     # the eager one-launch few-token builds on fp16 x (their _x16 twins), int8 and fp16, and Q5_K's int8 one-token one
     *[(fmt, "exact", 2048, 4096, (1, 2, 3), None, {}, {**rules, "codec_few_t1_min_weights": 0}, "float16")
       for fmt in ("q4_K", "q5_K", "q6_K", "q8_0") for rules in ({}, NO_I8)],

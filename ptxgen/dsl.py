@@ -352,10 +352,15 @@ class Epilogue:
 
     out_dtype: str = "f32"
     transposed: bool = True
+    row_group: int = 1  # > 1: the tile's A rows came by row_group loads of row_span rows each — tile row s holds weight
+    # row m0 + (s % row_span)·row_group + s / row_span (kernels/mmq.py ROW_GROUP_NOTE)
+    row_span: int = 0
 
     def __post_init__(self):
         if self.out_dtype != "f32":
             raise SpecError(f"Epilogue.out_dtype: only f32 is lowered, got {self.out_dtype!r}")
+        if self.row_group > 1 and (self.row_span & (self.row_span - 1) or self.row_span < 1):
+            raise SpecError(f"Epilogue.row_span: a power of two with row_group > 1, got {self.row_span}")
 
     def lower_mma_sync(self, b, acc, lane, m0, wm, warp_m: int, n0, wn, warp_n: int, M, N, Y, rows=None,
                        col_row=None):
@@ -370,10 +375,21 @@ class Epilogue:
         if col_row is not None and not self.transposed:
             raise ValueError("lower_mma_sync: col_row maps columns to rows of a transposed (N x M) output")
         cols = {}  # column offset → (n, its mask, its Y row): one per column a thread holds
+        grouped = {}  # (row_group > 1) row offset → the weight row it holds
+
+        def row_at(c):
+            if self.row_group == 1:
+                return b.op("add.u32", mb, Imm(c, "u32"))
+            if c not in grouped:
+                loc = b.op("add.u32", b.op("mad.lo.u32", wm, Imm(warp_m, "u32"), g), Imm(c, "u32"))
+                grouped[c] = b.op("add.u32", m0, b.op(
+                    "mad.lo.u32", b.op("and.b32", loc, Imm(self.row_span - 1, "b32")), Imm(self.row_group, "u32"),
+                    b.op("shr.u32", loc, Imm(self.row_span.bit_length() - 1, "u32"))))
+            return grouped[c]
         for i, row in enumerate(acc):
             for j, frag in enumerate(row):
                 for e, r in enumerate(frag):
-                    mm = b.op("add.u32", mb, Imm(16 * i + 8 * (e // 2), "u32"))
+                    mm = row_at(16 * i + 8 * (e // 2))
                     c = 8 * j + (e % 2)
                     if col_row is None:
                         nn = n_row = b.op("add.u32", nb, Imm(c, "u32"))

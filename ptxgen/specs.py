@@ -34,6 +34,9 @@ class MmqSpec:
     csplit: bool = False  # register-A wgmma (dense, fp16 x): cluster split-K — a tile's K splits are the CTAs of one
     # thread-block cluster (its size the launch's splits), summed through distributed shared memory (kernels/mmq.py
     # CSPLIT_NOTE), not through partials in global memory and the last CTA's fixup
+    row_group: int = 1  # register-A wgmma, a codec whose rows are not 16-byte multiples (Q6_K where K is not a multiple
+    # of 2048): the weights seen as rows of row_group weight rows (a multiple of 16 bytes), a tile's A box by
+    # row_group TMA loads, its rows permuted in y's epilogue (kernels/mmq.py ROW_GROUP_NOTE)
 
     @property
     def name(self) -> str:
@@ -46,6 +49,7 @@ class MmqSpec:
         kind = (("pre" if self.a_regs else "f16a") if self.prepared else "iw" if self.int_weights
                 else "ra" if self.a_regs else "")
         wide = f"_m{self.bm}" if self.bm != 128 else ""
+        wide += f"_g{self.row_group}" if self.row_group > 1 else ""
         return (f"mmq_{self.fmt.lower()}_wgmma_{kind + '_' if kind else ''}n{self.bn}" + wide + mc + cx
                 + ("_sk" if self.stream else "") + ("_cs" if self.csplit else "") + ("_moe" if self.grouped else ""))
 

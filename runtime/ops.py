@@ -899,9 +899,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     fmt = PATH_FMT if path.startswith(("wgmma_pre", "wgmma_f16a")) else w.fmt
     if path == "wgmma_ra" and not forced_bn:
         bn = _rega_fill_tile(fmt, m, k, t, bn, sms)
+    rg = _ra_row_group(fmt, m, k) or 1 if path.startswith("wgmma_ra") else 1  # (kernels/mmq.py ROW_GROUP_NOTE)
     if path in ("wgmma_ra", "wgmma_pre", "wgmma_f16a"):  # the rule needs the plan's K splits; n192 has no
         # converting build
-        base = MmqSpec(bn, "wgmma", a_regs=path != "wgmma_f16a", prepared=path != "wgmma_ra", fmt=fmt)
+        base = MmqSpec(bn, "wgmma", a_regs=path != "wgmma_f16a", prepared=path != "wgmma_ra", fmt=fmt, row_group=rg)
         planned = kernels.load(_mmq_build(base.name, "sm_90a", w.fmt, path), "sm_90a")
         plan = mmq_plan(planned, m, k, t, bn, False, sms)
         cx_name = dataclasses.replace(base, convert=True).name  # its converters' units: convert_steps K-steps,
@@ -919,7 +920,7 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
             path = "wgmma_ra_cs"  # the split tiles summed through distributed shared memory
         else:
             path = f"{path}_cx" if cx else f"{path}_x16"
-    spec = MmqSpec.for_path(path, bn)
+    spec = dataclasses.replace(MmqSpec.for_path(path, bn), row_group=rg)
     wg = path.startswith("wgmma")
     name = _mmq_build(dataclasses.replace(spec, fmt=fmt).name, "sm_90a" if wg else arch, w.fmt, path)
     fn = kernels.load(name, "sm_90a" if wg else arch)
@@ -1104,6 +1105,19 @@ def _raw_rows_tma_ok(fmt: str, k: int) -> bool:
     return fmt_of(fmt).row_bytes(k) % 16 == 0
 
 
+ROW_GROUP = 8  # kernels/mmq.py ROW_GROUP: the register-A GEMM's rows in groups of 8 where one row is not 16-byte whole
+ROW_GROUP_FORMATS = ("q6_K",)  # (kernels/mmq.py ROW_GROUP_FORMATS)
+
+
+def _ra_row_group(fmt: str, m: int, k: int) -> int:
+    """The register-A GEMM's row group for m x k weights of `fmt` (kernels/mmq.py ROW_GROUP_NOTE): 1 where a row is a
+    tensor map's row (_raw_rows_tma_ok), ROW_GROUP where the codec has those builds and M is whole groups of rows,
+    0 where neither holds (no register-A GEMM)."""
+    if _raw_rows_tma_ok(fmt, k):
+        return 1
+    return ROW_GROUP if fmt in ROW_GROUP_FORMATS and m % ROW_GROUP == 0 else 0
+
+
 def _raw_rows_map(w: QuantTensor, rows: int, fn):
     """The tensor map of `rows` raw weight rows of `w` (an expert tensor's E·M) for a TMA-fed GEMM `fn`: boxes of its
     meta's tma_box (columns, rows): 16 bytes (Q4_K's columns) x 128 rows unless the build says otherwise, the columns
@@ -1113,9 +1127,12 @@ def _raw_rows_map(w: QuantTensor, rows: int, fn):
     cols, box_rows = (int(v) for v in fn.meta.get("tma_box", (16, 128)))
     dtype = fn.meta.get("tma_dtype", "u8")  # (a box wider than 256 bytes counts u32 words)
     row_bytes, es = fmt_of(w.fmt).row_bytes(w.shape[-1]), 4 if dtype == "u32" else 1
+    g = int(fn.meta.get("row_group", 1))  # groups of g rows, each a multiple of 16 bytes (kernels/mmq.py ROW_GROUP_NOTE)
     if row_bytes % es:
         raise ValueError(f"{fn.name}: {w.fmt} rows of {row_bytes} bytes are not whole {dtype} words")
-    return _tensor_map(w.ptr, dtype, rows, row_bytes // es, box_rows, cols, "none")
+    if rows % g:
+        raise ValueError(f"{fn.name}: reads rows in groups of {g}; {rows} rows are not whole groups")
+    return _tensor_map(w.ptr, dtype, rows // g, g * row_bytes // es, box_rows, cols, "none")
 
 
 def _tensor_map(ptr, dtype, rows, cols, box_rows, box_cols, swizzle, chunks=0):
@@ -1851,9 +1868,10 @@ def _mmq_ra_ok(c: _Call) -> bool:
     steps, the TMA boxes' 16-byte row strides and base, sm_90 with its build there."""
     return (_per_format(RULES.codec_ra_mmq_min_tokens, c.w.fmt) <= c.t <= _per_format(RULES.codec_ra_mmq_max_tokens, c.w.fmt)
             and c.m >= RULES.mmq_min_rows
-            and c.k % 256 == 0 and _raw_rows_tma_ok(c.w.fmt, c.k) and c.w.ptr % 16 == 0
-            and mmq_path(c.arch) != "mma.sync"
-            and "sm_90a" in kernels.available(MmqSpec(_rega_tile(c.t), "wgmma", a_regs=True, fmt=c.w.fmt).name))
+            and c.k % 256 == 0 and c.w.ptr % 16 == 0 and mmq_path(c.arch) != "mma.sync"
+            and (rg := _ra_row_group(c.w.fmt, c.m, c.k))  # (rows in groups where one is not 16-byte whole)
+            and "sm_90a" in kernels.available(MmqSpec(_rega_tile(c.t), "wgmma", a_regs=True, fmt=c.w.fmt,
+                                                      row_group=rg).name))
 
 
 def _mmq_pre(c: _Call) -> None:

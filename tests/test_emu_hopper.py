@@ -631,6 +631,30 @@ def test_codec_register_a_mmq_converting_x_itself_has_the_bits_of_the_build_afte
         np.testing.assert_array_equal(out.got, want.got)
 
 
+@pytest.mark.parametrize("bn,cs", [(64, False), pytest.param(64, True, marks=pytest.mark.slow),
+                                   pytest.param(128, False, marks=pytest.mark.slow),
+                                   pytest.param(256, False, marks=pytest.mark.slow),
+                                   pytest.param(256, True, marks=pytest.mark.slow)])
+def test_q6_k_register_a_mmq_on_row_groups_has_the_bits_of_the_row_build(bn, cs):
+    """mmq_q6_k_wgmma_ra_n<bn>_g8(_cs) (kernels/mmq.py ROW_GROUP_NOTE: the weights as groups of 8 rows, a tile's box
+    by 8 TMA loads, each consumer warp's rows at their own phase in the 16 bytes, y rows permuted back): on K a
+    multiple of 2048 (rows 16-byte whole, where the row build runs too) y has the row build's bits, M = 136 (a
+    partial second tile); on K = 768 and 1280 (rows of 630 and 1050 bytes, the row build's map impossible) within the
+    fp16 GEMMs' bound of float64 (the harness's check), one K split and two."""
+    sfx = "_cs" if cs else ""
+    g8 = KERNELS[f"mmq_q6_k_wgmma_ra_n{bn}_g8{sfx}"].for_arch("sm_90a").ptx()
+    assert g8.count("cp.async.bulk.tensor.2d") >= 9  # (8 boxes a block, and x's)
+    ref = KERNELS[f"mmq_q6_k_wgmma_ra_n{bn}{sfx}"].for_arch("sm_90a").ptx()
+    want = check_kernel(f"mmq_q6_k_wgmma_ra_n{bn}{sfx}", ref, seed=5, shape=(136, bn + 5, 2048), ctas=3)
+    assert want.ok, want.detail
+    out = check_kernel(f"mmq_q6_k_wgmma_ra_n{bn}_g8{sfx}", g8, seed=5, shape=(136, bn + 5, 2048), ctas=3)
+    assert out.ok, out.detail
+    np.testing.assert_array_equal(out.got, want.got)
+    for shape, splits in (((136, bn + 5, 768), 1), ((264, 70, 1280), 2)):
+        out = check_kernel(f"mmq_q6_k_wgmma_ra_n{bn}_g8{sfx}", g8, seed=6, shape=shape, splits=splits, ctas=3)
+        assert out.ok, out.detail
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q5_K", "q6_K", "tq4_1s"])
 def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments(fmt, monkeypatch):
     """mmq_<fmt>_wgmma_ra_n*: the codec's blocks decoded in the K loop — Q8_0 by codecs.q8_0.ra_fragments (TMA boxes

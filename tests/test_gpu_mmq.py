@@ -1,5 +1,7 @@
 """L3: the Q4_K prefill GEMM on the GPU against the float64 reference, both lowerings: the fp16 mma.sync
 path (sm_89 PTX, compiled for the device) and, on sm_90 devices, the wgmma + TMA path (sm_90a PTX)."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -861,6 +863,32 @@ def test_codec_register_a_gemm(fmt, m, k, t):
         kernels = ops.mul_mat_plan(r_weights(fmt, m, k), t).kernels
         first += next((s for s in ("_cx", "_cs") if first + s in kernels), "")  # its rules: mmq_cx_min_tokens,
         _codec_prefill(fmt, m, k, t, first)  # mmq_cluster_split_max_splits (Q6_K's split tiles)
+
+
+@pytest.mark.parametrize("m,k,t", [(1000, 3584, 17), (3584, 18944, 512), (520, 1280, 100), (1032, 3584, 1024),
+                                   (264, 768, 300)])
+def test_q6_k_register_a_gemm_on_rows_of_any_length(m, k, t):
+    """Q6_K where K is not a multiple of 2048 (its 210-byte blocks leave rows short of 16-byte multiples; Qwen's 3584
+    and 18944): the register-A GEMM reading rows in groups of 8 (mmq_q6_k_wgmma_ra_n<tile>_g8, kernels/mmq.py
+    ROW_GROUP_NOTE) — _codec_prefill's checks, on one K split and on the cluster split build where its rule splits
+    (3584x18944 T = 512, 264x768); an fp16 x gets the bits of its fp32 widening."""
+    import torch
+
+    import ptxgen.runtime as r
+    from ptxgen.runtime import ops
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the register-A GEMMs are sm_90a's")
+    with tuning.override(codec_ra_mmq_max_tokens=1 << 30):
+        kernels = ops.mul_mat_plan(r_weights("q6_K", m, k), t).kernels
+        first = next(n for n in kernels if n.startswith("mmq_"))
+        assert re.fullmatch(r"mmq_q6_k_wgmma_ra_n(64|128|256)_g8(_cs)?", first), kernels
+        _codec_prefill("q6_K", m, k, t, first)
+        rng = np.random.default_rng(k)
+        w = r.QuantTensor.from_raw("q6_K", formats.quantize("q6_K", rng.standard_normal((m, k)).astype(np.float32)),
+                                   (m, k))
+        x16 = torch.from_numpy(rng.standard_normal((t, k)).astype(np.float16)).cuda()
+        np.testing.assert_array_equal(r.mul_mat(w, x16).cpu().numpy(), r.mul_mat(w, x16.float()).cpu().numpy())
 
 
 @pytest.mark.parametrize("m,k,t", [(300, 3584, 40), (4096, 3584, 512), (1000, 18944, 100), (256, 1024, 1100)])

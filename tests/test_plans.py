@@ -1004,17 +1004,32 @@ def test_q5_k_small_one_token_calls_run_its_codec_gemv_with_k_parts(gpu):
     assert ops.mul_mat_plan(fakegpu.weights("q5_K", 4096, 4096), 1).kernels[-1] != "gemv_q5_k_f32_t1"
 
 
-def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu, frags):
+def test_q6_k_register_a_gemm_runs_where_its_rules_and_its_rows_allow(gpu, frags, monkeypatch):
     """Q6_K's register-A GEMM (240-byte TMA boxes over its 210-byte blocks) from RULES.codec_ra_mmq_min_tokens to
-    RULES.codec_ra_mmq_max_tokens on sm_90 where the raw rows are 16-byte multiples (K a multiple of 2048: 4096,
-    14336), the prepared route where they are not (Qwen's 3584) and above."""
+    RULES.codec_ra_mmq_max_tokens on sm_90: on rows that are 16-byte multiples (K a multiple of 2048: 4096, 14336)
+    as they are, on others (Qwen's 3584, 18944) in groups of 8 rows (the _g8 builds, kernels/mmq.py ROW_GROUP_NOTE)
+    where M is a multiple of 8; the prepared route where M is not, and above."""
+    from ptxgen.runtime import tma
+
     w = fakegpu.weights("q6_K", 4096, 4096)
     with tuning.override(codec_ra_mmq_min_tokens=9, codec_ra_mmq_max_tokens=1024, codec_few_max_tokens=NO_CODEC_FEW):
         assert ops.mul_mat_plan(w, 512).kernels == ["convert_f16", "mmq_q6_k_wgmma_ra_n256_cs", "mul_mat_fixup_q6_k"]
         assert ops.mul_mat_plan(w, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64"
         assert ops.mul_mat_plan(w, 1025).kernels[0] == "dequantize_q6_k_frags"
-        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4096, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
         assert ops.mul_mat_plan(w, 8).kernels == ["prep_mma_f16", "gemv_q6_k_mma_tma"]
+        for m, k in ((4096, 3584), (3584, 18944), (136, 768)):
+            wg = fakegpu.weights("q6_K", m, k)
+            assert ops.mul_mat_plan(wg, 9).kernels[1] == "mmq_q6_k_wgmma_ra_n64_g8"
+            assert re.fullmatch(r"mmq_q6_k_wgmma_ra_n(64|128|256)_g8(_cs)?", ops.mul_mat_plan(wg, 512).kernels[1])
+            assert re.fullmatch(r"mmq_q6_k_wgmma_ra_n(64|128|256)_g8(_cs)?",
+                                ops.mul_mat_plan(wg, 512, x_dtype="float16").kernels[0])
+        maps, encode = [], tma.tensor_map_2d  # the raw rows' map: 8-row groups, boxes of 16 group rows
+        monkeypatch.setattr(tma, "tensor_map_2d", lambda *a, **kw: maps.append(a) or encode(*a, **kw))
+        monkeypatch.setattr(ops, "_TMAPS", {})
+        wg = fakegpu.weights("q6_K", 4096, 3584)
+        ops.mul_mat_plan(wg, 64)
+        assert (wg.ptr, "u8", 4096 // 8, 8 * 14 * 210, 16, 240, "none") in maps
+        assert ops.mul_mat_plan(fakegpu.weights("q6_K", 4100, 3584), 512).kernels[0] == "dequantize_q6_k_frags"
 
 
 @pytest.fixture

@@ -199,10 +199,13 @@ def ra_step_offset(b, s):
     return b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32"))
 
 
-def ra_box_column(b, s):
-    """K-step s's TMA box start in the row, bytes: 210·(s >> 2) + 64·((s >> 1) & 1) rounded down to 16."""
+def ra_box_column(b, s, offset=None):
+    """K-step s's TMA box start in the row, bytes: 210·(s >> 2) + 64·((s >> 1) & 1) rounded down to 16; `offset` (a
+    register, bytes) added before the rounding (a row group's row r: r·row bytes, kernels/mmq.py ROW_GROUP_NOTE)."""
     start = b.op("mad.lo.u32", b.op("shr.u32", s, Imm(2, "u32")), Imm(BLOCK_BYTES, "u32"),
                  b.op("shl.b32", b.op("and.b32", s, Imm(2, "b32")), Imm(5, "u32")))
+    if offset is not None:
+        start = b.op("add.u32", start, offset)
     return b.op("and.b32", start, Imm(~15 & 0xFFFFFFFF, "b32"))
 
 
@@ -215,7 +218,7 @@ def _broadcast_halves(b, v) -> list:
     return [b.op("mov.b32", b.vec([h, h]), type="b32") for h in halves]
 
 
-def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
+def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False, phase=None):
     """One K-step's register-A fragments from its TMA box (rows of RA_BOX_BYTES at rbase + row_offs[rr]): lane (g, t)
     takes weights 8t .. 8t + 7 (ql bytes 8t.., qh bits 4·sub + 0, 1) and 32 + 8t .. + 7 (ql bytes 32 + 8t.., qh bits
     4·sub + 2, 3) of its rows g and g + 8 — the positions q4_k's register-A decode gives its low and high nibbles, so
@@ -225,10 +228,14 @@ def ra_fragments(b, rbase, row_offs, s, t, natural: bool = False):
     (two roundings, as Q5_K's; ggml's float32 d·sc·q rounds once). Returns the 4 k16 slices' A registers.
     `natural` (x in its own K order, kernels/mmq.py RA_NATURAL_FORMATS): the lane's weights are 2t, 2t + 1 of each
     8 of a quarter instead — ql and qh bytes as q4_k.RegA's natural words (two 2-byte loads and a prmt a word), the
-    decode after them the same."""
+    decode after them the same. `phase` (a register, even): the rows' own start in their 16 bytes, added to the
+    block's (a row group's row r: (r·row bytes) & 15, kernels/mmq.py ROW_GROUP_NOTE)."""
     h = b.op("and.b32", b.op("shr.u32", s, Imm(1, "u32")), Imm(1, "b32"))
     sub = b.op("and.b32", s, Imm(1, "b32"))
-    o = b.op("and.b32", b.op("shr.u32", s, Imm(1, "u32")), Imm(14, "b32"))  # (2·j) & 14: the step in the box
+    o = b.op("shr.u32", s, Imm(1, "u32"))
+    if phase is not None:
+        o = b.op("add.u32", o, phase)
+    o = b.op("and.b32", o, Imm(14, "b32"))  # (2·j) & 14 (+ the phase): the step in the box
     if natural:  # byte 2t of the step's quarter-0 ql run (2-byte aligned: o is even), and of its qh bytes
         ql_at = b.op("add.u32", o, b.op("shl.b32", t, Imm(1, "u32")))
     else:

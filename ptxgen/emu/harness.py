@@ -59,8 +59,9 @@ def weight_rows_map(mem, wa, meta, rows, row_bytes):
     box, box_rows = meta.get("tma_box", (16, 128))
     dtype = meta.get("tma_dtype", "u8")
     es = 4 if dtype == "u32" else 1
-    assert row_bytes % es == 0, (row_bytes, dtype)
-    return BACKEND[-1].tensor_map(mem, wa, dtype, rows, row_bytes // es, box_rows, box, "none")
+    g = int(meta.get("row_group", 1))  # groups of g rows (kernels/mmq.py ROW_GROUP_NOTE)
+    assert row_bytes % es == 0 and rows % g == 0, (row_bytes, dtype, rows, g)
+    return BACKEND[-1].tensor_map(mem, wa, dtype, rows // g, g * row_bytes // es, box_rows, box, "none")
 
 
 def _memory():
@@ -1364,6 +1365,9 @@ for _f in ("q4_k", "q5_k", "q6_k", "q8_0", "tq4_1s"):  # (kernels/mmq.py STREAM_
 for _f in ("q4_k", "q6_k"):  # (kernels/mmq.py CSPLIT_FORMATS, CSPLIT_TOKEN_TILES)
     for _bn in (64, 128, 256):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_cs"] = _mmq_wgmma(f"mmq_{_f}_wgmma_ra_n{_bn}_cs")
+for _bn in (64, 128, 256):  # (kernels/mmq.py ROW_GROUP_FORMATS x RA_CODEC_TOKEN_TILES, with cluster split or not)
+    for _sfx in ("_g8", "_g8_cs"):
+        HARNESSES[f"mmq_q6_k_wgmma_ra_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q6_k_wgmma_ra_n{_bn}{_sfx}")
 for _bn in (256,):
     for _sfx in ("", "_cx"):
         HARNESSES[f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}"] = _mmq_wgmma(f"mmq_q4_k_wgmma_pre_n{_bn}{_sfx}")

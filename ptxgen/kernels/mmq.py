@@ -117,7 +117,8 @@ def describe(arch, spec: MmqSpec):
     pipe = Pipeline(pipe.stages, low.pick_copy(pipe))
     mma = Mma("s8" if spec.act == "q8_1" else "f16", spec.mma)
     low.pick_mma(mma, tile)
-    return tile, pipe, mma, Schedule("persistent"), Epilogue("f32", transposed=True)
+    rg = {"row_group": spec.row_group, "row_span": spec.bm // spec.row_group} if spec.row_group > 1 else {}
+    return tile, pipe, mma, Schedule("persistent"), Epilogue("f32", transposed=True, **rg)
 
 
 class _F16Tile(NamedTuple):
@@ -1627,6 +1628,14 @@ def _desc_steps(b, addr, n):
             for kk in range(n)]
 
 
+ROW_GROUP_NOTE = ("row groups (Q6_K where K is not a multiple of 2048, its rows not 16-byte multiples): the weights "
+                  "as M / G rows of G weight rows each (G · row bytes, a multiple of 16); a tile's box is G boxes of "
+                  "128 / G group rows, box r holding weight rows m0 + r, m0 + r + G, .. at tile rows r·128 / G .., each "
+                  "from (r·row bytes + the block's start) rounded down to 16, so consumer warp r reads its rows at "
+                  "phase (r·row bytes) & 15 past the block's own; y row of tile row s: m0 + (s % (128 / G))·G + "
+                  "s / (128 / G). M a multiple of G")
+ROW_GROUP_FORMATS = ("q6_K",)  # the register-A codecs whose rows can miss 16-byte multiples (210-byte blocks)
+ROW_GROUP = 8  # G: 8 rows of any K a multiple of 256 are 1680·K / 256 bytes, a multiple of 16
 CX_STEPS = 4  # K-steps (64 columns each) per x_ready chunk of the converting build: one flag check per 4 steps
 CX_ROWS = 8  # token rows per conversion unit (one warp's): 8 x 256 fp32 = 8 KB
 CX_BUFS = 2  # a converter warp's cp.async staging buffers: the next unit's copies fly while this one converts
@@ -2163,9 +2172,13 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
         wide = _ra_box_bytes(spec) > 256  # (a box dimension is at most 256 elements: such a box counts u32 words)
         unit, es = ("u32", 4) if wide else ("u8", 1)
         note = getattr(c, "RA_BLOCK_BOX_NOTE", c.RA_BOX_NOTE) if _block_box(spec) else c.RA_BOX_NOTE
+        G = spec.row_group
         w_map = (f"tmap_w: {unit}, dims (row {'words' if wide else 'bytes'}, M), box ({_ra_box_bytes(spec) // es}, "
-                 f"128), no swizzle ({note})")
-        b.meta.update(fmt=spec.fmt, tma_box=(_ra_box_bytes(spec) // es, BM), **({"tma_dtype": "u32"} if wide else {}),
+                 f"128), no swizzle ({note})") if G == 1 else (
+            f"tmap_w: {unit}, dims ({G} rows' bytes, M / {G}), box ({_ra_box_bytes(spec) // es}, {BM // G}), no "
+            f"swizzle ({note}; {ROW_GROUP_NOTE})")
+        b.meta.update(fmt=spec.fmt, tma_box=(_ra_box_bytes(spec) // es, BM // G), **({"tma_dtype": "u32"} if wide else {}),
+                      **({"row_group": G} if G > 1 else {}),
                       roles=b.meta["roles"].replace("dequantize 64 rows each", f"decode 64 rows each ({spec.fmt})"))
     if spec.fmt in NIBBLE_PARTS and _block_box(spec):  # one box of a block's rows (_tma_block_row)
         pitch = codec.ROW_BOX_PITCH
@@ -2460,7 +2473,7 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
     written that chunk of x (the converting build), the activation tile (a cluster rank: its share, multicast)."""
     BN, CL, CX, PRE, S = spec.bn, spec.cluster, spec.convert, spec.prepared, lay.S
     if lay.a_slots:
-        _block_box_tma(b, spec, lay, it, s, tw)
+        _block_box_tma(b, spec, lay, it, s, tw, w.K)
     if lay.bs > 1:
         _block_stage_tma(b, spec, lay, it, g, s, tx, ts)
         return
@@ -2488,7 +2501,8 @@ def _wgmma_tma_step(b, spec: MmqSpec, lay: _WgRing, w: _WgWork, it: _WgItem, g, 
         rdst = b.op("mad.lo.u32", stage, Imm(lay.raw_bytes, "u32"), lay.raw0)
         b.emit(tma, Mem(rdst), TensorRef(tw, (b.op("mov.u32", Imm(0, "u32")), frow)), Mem(fb))
     elif not lay.a_slots:  # (else the block's box went to its A slot)
-        _wg_weights(spec).tma(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb)
+        _wg_weights(spec).tma(b, tw, s, it.m0 if it.w_row is None else it.w_row, stage, lay.raw_bytes, lay.raw0, fb,
+                              **({"k": w.K} if spec.row_group > 1 else {}))
     xk = b.op("shl.b32", s, Imm(6, "u32"))
     if CX:  # the step's x chunk converted? (checked at the item's first step and at each chunk's first)
         ready = b.label("x_ready")
@@ -2565,7 +2579,7 @@ def _tma_block_row(b, tw, s, m0, slot, slot_bytes, raw0, fb, fmt):
     b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (x0, m0)), Mem(fb))
 
 
-def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
+def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw, K=None):
     """The producer's box of block s >> 2 into A slot a_count % a_slots, at the item's first step and every block's
     first: wait until the consumers released the slot, expect its bytes, one TMA of the block's box."""
     skip = b.label("a_box_issued")
@@ -2581,7 +2595,7 @@ def _block_box_tma(b, spec: MmqSpec, lay: _WgRing, it: _WgItem, s, tw):
     block0 = b.op("and.b32", s, Imm(~lay.a_mask & 0xFFFFFFFF, "b32"))
     if not noa:
         _wg_weights(spec).tma(b, tw, block0, it.m0 if it.w_row is None else it.w_row, sl, lay.a_slot_bytes, lay.raw0,
-                              fb)
+                              fb, **({"k": K} if spec.row_group > 1 else {}))
     b.emit("add.u32", lay.a_count, lay.a_count, Imm(1, "u32"))
     b.place(skip)
 
@@ -2705,7 +2719,8 @@ def _wgmma_consumer(b, arch, spec: MmqSpec, lay: _WgRing, w: _WgWork, tid, epilo
     elif ra:
         steps = _prepared_steps if spec.prepared else _wg_weights(spec).steps
         steps(b, arch, BN, S, acc, s, it.s_begin, it.s_end, gc, lay.full, lay.empty, lay.raw0, lay.raw_bytes, lay.bst,
-              lay.b_bytes, ct, cw, lane, sa.magic, peers, **({"lay": lay} if lay.a_slots else {}))
+              lay.b_bytes, ct, cw, lane, sa.magic, peers, **({"lay": lay} if lay.a_slots else {}),
+              **({"k": w.K} if spec.row_group > 1 else {}))
     elif spec.prepared:
         _f16a_steps(b, arch, BN, lay, wg, acc, s, it, gc, peers)
     else:
@@ -3160,14 +3175,32 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
     codec = _ra_codec(spec)
 
     pitch = _ra_box_bytes(spec)
+    G = spec.row_group
 
-    def tma(b, tw, s, row, stage, raw_bytes, raw0, fb):  # one box of the step's (or the block's) whole blocks
+    def tma(b, tw, s, row, stage, raw_bytes, raw0, fb, k=None):  # one box of the step's (or the block's) whole blocks
         rdst = b.op("mad.lo.u32", stage, Imm(raw_bytes, "u32"), raw0)
+        if G > 1:  # ROW_GROUP_NOTE: row r of each group by its own box, into tile rows r·span ..
+            rb = _row_bytes(b, codec, k)
+            grow = b.op("shr.u32", row, Imm(G.bit_length() - 1, "u32"))
+            for r in range(G):
+                off = None if r == 0 else b.op("mul.lo.u32", rb, Imm(r, "u32"))
+                b.emit(TMA_STEP, Mem(rdst, r * (BM // G) * pitch), TensorRef(tw, (codec.ra_box_column(b, s, off), grow)),
+                       Mem(fb))
+            return
         col = codec.ra_box_column(b, s)
         if pitch > 256:  # a u32 map (the box's 256-element limit): the column in words
             col = b.op("shr.u32", col, Imm(2, "u32"))
         b.emit(TMA_STEP, Mem(rdst), TensorRef(tw, (col, row)), Mem(fb))
-    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch, natural=_natural_k(spec)))
+    return _WgWeights(BM * pitch, tma, partial(_codec_rega_steps, codec, pitch=pitch, natural=_natural_k(spec),
+                                               row_group=G))
+
+
+def _row_bytes(b, codec, K):
+    """A codec's bytes a row of K weights (a register): K / its block's weights x its block's bytes."""
+    from ptxgen import formats
+
+    f = formats.get(codec.FMT)
+    return b.op("mul.lo.u32", b.op("shr.u32", K, Imm(f.block_size.bit_length() - 1, "u32")), Imm(f.block_bytes, "u32"))
 
 
 def _ra_box_bytes(spec: MmqSpec) -> int:
@@ -3205,7 +3238,8 @@ RA_NODECODE = False
 
 
 def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes,
-                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False):
+                      ct, cw, lane, magic, peers=(), lay=None, *, pitch: int, natural: bool = False, row_group: int = 1,
+                      k=None):
     """Another codec's register-A K loop (mmq_<fmt>_wgmma_ra_*; _rega_steps' signature, magic unused): lane (g, t) of
     consumer warp cw decodes rows 16·cw + g and + 8 of the stage's box by the codec's ra_fragments, in the K order
     of layouts.q4k_rega_k_order, into _ra_k_loop. With `lay` (a codec whose box holds a block: RA_BOX_STEPS): the
@@ -3217,6 +3251,9 @@ def _codec_rega_steps(codec, b, arch, BN, S, acc, s, s_begin, s_end, gc, full, e
     row_offs = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
                 for rr in range(2)]
     nat = {"natural": True} if natural else {}  # (TQ4_1S's ra_fragments has no natural form)
+    if row_group > 1:  # ROW_GROUP_NOTE: warp cw's 16 rows are row r = cw of their groups, starting (r·row bytes) & 15
+        assert BM // row_group == 16, "a warp's rows must be one row of the groups"
+        nat["phase"] = b.op("and.b32", b.op("mul.lo.u32", cw, _row_bytes(b, codec, k)), Imm(15, "b32"))
 
     def fragments(stage):
         if RA_NODECODE:  # (diagnostic: A = 1.0 halves)
@@ -3559,4 +3596,10 @@ def kernel_defs() -> list[KernelDef]:
                    f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f).name}, {what}",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, **{flag: True}): build(arch, s),
                    archs=("sm_90a",))
-         for flag, (fmts, tiles, what) in RA_SCHEDULES.items() for f in fmts for bn in tiles]
+         for flag, (fmts, tiles, what) in RA_SCHEDULES.items() for f in fmts for bn in tiles] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, fmt=f, row_group=ROW_GROUP, csplit=cs).name,
+                   f"{f} prefill GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, fmt=f, csplit=cs).name} on rows that are "
+                   f"not 16-byte multiples: {ROW_GROUP}-row groups (ROW_GROUP_NOTE)",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, row_group=ROW_GROUP, csplit=cs): build(arch, s),
+                   archs=("sm_90a",))
+         for f in ROW_GROUP_FORMATS for bn in RA_CODEC_TOKEN_TILES for cs in (False, True)]
