@@ -57,6 +57,7 @@
 #   capfree  the review's probe of relaxed cuMemFree (blocking / non-blocking capture streams, a free from another
 #            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
 #            (probe_capture_free.py), then the capture tests of test_gpu_streams
+#   g8       #34: memcheck on Q6_K's row-group builds, then bench_op on Qwen2.5-7B's Q6_K shapes (18944x3584, 3584x18944)
 #   f16a     #34: the f16a GEMM (rule mmq_f16a: dequantize_<fmt> to fp16 rows, then both wgmma operands from shared
 #            memory) — its GPU tests, then bench_op-style A/B against the shipped route and the prepared one, Q8_0 /
 #            Q4_K / Q5_K / Q6_K 4096x14336 at T = 1024 / 2048 / 4096 on fp32 x (F16A_X="float32 float16": both)
@@ -423,6 +424,13 @@ for step in "${@:-tier}"; do
       --reps 5 --knob mmq_cx=0
     run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
       --reps 5 --knob mmq_pre=1 ;;
+  g8)  # Q6_K's row-group builds (c0b7a01, kernels/mmq.py ROW_GROUP_NOTE): memcheck on the sweep's calls that run them
+    # (racecheck / synccheck ran clean), then bench_op on Qwen2.5-7B's Q6_K shapes (K = 3584 / 18944), cuBLAS beside
+    ks=$(printf 'mmq_q6_k_wgmma_ra_n%s_g8%s,' 64 "" 128 "" 256 "" 64 _cs 128 _cs 256 _cs)
+    run g8_memcheck 240 compute-sanitizer --tool memcheck --print-limit 20 python3 bench/sanitize.py --only "${ks%,}"
+    for sh in 18944x3584 3584x18944; do
+      run "g8_op_$sh" 120 python3 bench/bench_op.py --formats q6_K --shape "$sh" --tokens 17,128,512 --no-decode-loop --reps 5
+    done ;;
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16
