@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# MmqSpec.row_group's value and formats (kernels/mmq.py ROW_GROUP_NOTE): 8 rows of any K a multiple of 256 are
+# 1680·K/256 bytes of Q6_K, a multiple of 16 — the register-A codecs whose rows can miss 16-byte multiples
+ROW_GROUP = 8
+ROW_GROUP_FORMATS = ("q6_K",)
+
+
 @dataclass(frozen=True)
 class MmqSpec:
     """One MMQ description: token tile BN and the tensor-core instruction. The block tile (BM x BN x BK),

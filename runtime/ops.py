@@ -24,7 +24,7 @@ import numpy as np
 
 from ptxgen import knobs
 from ptxgen.formats import tq4_1s as T4
-from ptxgen.specs import ActKernel, CodecKernel, GemvKernel, MmqSpec
+from ptxgen.specs import ROW_GROUP, ROW_GROUP_FORMATS, ActKernel, CodecKernel, GemvKernel, MmqSpec
 
 from . import driver, kernels
 from .arrays import DeviceArray, as_device_array, shape_of
@@ -1103,10 +1103,6 @@ def _raw_rows_tma_ok(fmt: str, k: int) -> bool:
     from ptxgen.formats import get as fmt_of
 
     return fmt_of(fmt).row_bytes(k) % 16 == 0
-
-
-ROW_GROUP = 8  # kernels/mmq.py ROW_GROUP: the register-A GEMM's rows in groups of 8 where one row is not 16-byte whole
-ROW_GROUP_FORMATS = ("q6_K",)  # (kernels/mmq.py ROW_GROUP_FORMATS)
 
 
 def _ra_row_group(fmt: str, m: int, k: int) -> int:

@@ -35,7 +35,7 @@ from .. import codecs, layouts
 from ..codecs import _common
 from ..ir import Imm, Mem, Reg, Sym, TensorRef, ldmatrix, mma_sync
 from ..ir import wgmma as ir_wgmma
-from ..specs import MmqSpec
+from ..specs import ROW_GROUP, ROW_GROUP_FORMATS, MmqSpec
 from ..targets import lowering_for
 from . import KernelDef, smem_share
 from .gemv import TMA_CTA, TMA_STEP, _wait_step
@@ -1634,8 +1634,6 @@ ROW_GROUP_NOTE = ("row groups (Q6_K where K is not a multiple of 2048, its rows 
                   "from (r·row bytes + the block's start) rounded down to 16, so consumer warp r reads its rows at "
                   "phase (r·row bytes) & 15 past the block's own; y row of tile row s: m0 + (s % (128 / G))·G + "
                   "s / (128 / G). M a multiple of G")
-ROW_GROUP_FORMATS = ("q6_K",)  # the register-A codecs whose rows can miss 16-byte multiples (210-byte blocks)
-ROW_GROUP = 8  # G: 8 rows of any K a multiple of 256 are 1680·K / 256 bytes, a multiple of 16
 CX_STEPS = 4  # K-steps (64 columns each) per x_ready chunk of the converting build: one flag check per 4 steps
 CX_ROWS = 8  # token rows per conversion unit (one warp's): 8 x 256 fp32 = 8 KB
 CX_BUFS = 2  # a converter warp's cp.async staging buffers: the next unit's copies fly while this one converts
