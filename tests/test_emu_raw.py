@@ -63,6 +63,7 @@ CASES = [
     ("skinny GEMM", "q5_K", "mmq_q5_k_rega_n32", ANY),
     *[("register-A GEMM", f, f"mmq_{f.lower()}_wgmma_ra_n64", FP16) for f in WEIGHT_FORMATS],
     *[("register-A GEMM converting x", f, f"mmq_{f.lower()}_wgmma_ra_n64_cx", FP16) for f in ("q4_K", "q5_K", "q8_0")],
+    ("register-A GEMM on row groups", "q6_K", "mmq_q6_k_wgmma_ra_n64_g8", FP16),  # (K whose rows miss 16 bytes)
     *[("mma.sync GEMM", f, f"mmq_{f.lower()}_f16_n32", FP16) for f in WEIGHT_FORMATS],
     *[("fragment pass", f, f"dequantize_{f.lower()}_frags", ANY) for f in WEIGHT_FORMATS],
     *[("prepared GEMM", f, "mmq_q4_k_wgmma_pre_n256", FP16) for f in WEIGHT_FORMATS],

@@ -1188,7 +1188,9 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     convert_f16_perm's, the x_ready counters back at zero, and the overflow flag up exactly when some x is not finite
     in fp16 (`poison_x` = (t, k, value) plants one value)."""
     bn, fmt = meta["bn"], meta.get("fmt", "q4_K")  # another codec: its raw blocks in boxes of meta["tma_box"]
-    m, t, k = shape or (128 + 3, bn + 5, _ra_min_k(meta.get("fmt", "q4_K")))
+    # (row groups: M whole groups, 8 · 17, and K = 768, rows of 630 bytes that a row map could not take)
+    m, t, k = shape or ((136, bn + 5, 768) if meta.get("row_group", 1) > 1 else
+                        (128 + 3, bn + 5, _ra_min_k(meta.get("fmt", "q4_K"))))
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
     if poison_x is not None:
