@@ -1,7 +1,7 @@
 """A model's linear layers as the user runs them (needs a GPU and torch): writes a GGUF with Llama-3-8B's linear
 shapes in the Q4_K_M mix as llama.cpp's quantizer assigns it (Q6_K for `output` and for `attn_v` / `ffn_down` in
 the layers its use_more_bits rule picks, Q4_K elsewhere; --format puts every tensor in one format, TQ4_1S with
-Qwen2.5-7B's shapes), loads it with QuantTensor.from_gguf, and times one decode step's matmuls (T = 1) and a
+Qwen2.5-7B's shapes; --model qwen2.5-7b takes those shapes for any format), loads it with QuantTensor.from_gguf, and times one decode step's matmuls (T = 1) and a
 prefill's (T = --tokens, 512), each captured into a CUDA graph and replayed: the whole step, layer by layer (a
 layer's seven matmuls in one graph; the output layer alone), and per kind of weight (all layers' q, k, ... in one
 graph). Beside them cuBLAS fp16 (`F.linear` on the dequantized weights, the same
@@ -48,10 +48,16 @@ def q4_k_m(kind: str, layer: int, n_layers: int) -> str:
     return "q4_K"
 
 
-def model_tensors(fmt: str, layers: int, scale: int = 1):
-    """[(name, kind, fmt, (M, K))]: `layers` layers of the model's shapes (rows divided by `scale` for dry runs) in the
-    Q4_K_M mix (fmt "q4_K_M", the layer index taken from the full model's depth) or one format."""
-    arch = SHAPES["qwen2.5-7b" if fmt == "tq4_1s" else "llama3-8b"]
+def default_model(fmt: str) -> str:
+    """--model's default: Qwen2.5-7B's shapes for TQ4_1S (TurboQuant's published models), Llama-3-8B's otherwise."""
+    return "qwen2.5-7b" if fmt == "tq4_1s" else "llama3-8b"
+
+
+def model_tensors(fmt: str, layers: int, scale: int = 1, model: str | None = None):
+    """[(name, kind, fmt, (M, K))]: `layers` layers of `model`'s shapes (SHAPES; default_model(fmt) by default; rows
+    divided by `scale` for dry runs) in the Q4_K_M mix (fmt "q4_K_M", the layer index taken from the full model's
+    depth) or one format."""
+    arch = SHAPES[model or default_model(fmt)]
     out = []
     for i in range(layers):
         for kind in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
@@ -130,6 +136,8 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--format", type=format_arg, default="q4_K_M",
                     help=f"{FORMATS[0]} (the mix), or one of {', '.join(FORMATS[1:])} (any case)")
+    ap.add_argument("--model", choices=tuple(SHAPES), default=None,
+                    help="whose linear shapes (default: qwen2.5-7b for tq4_1s, llama3-8b otherwise)")
     ap.add_argument("--tokens", type=int, default=512, help="the prefill's T")
     ap.add_argument("--prefill-only", action="store_true", help="time the prefill step only (no decode rows)")
     ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16"),
@@ -151,7 +159,8 @@ def main():
     knobs.set(**knobs.parse(args.knob))
     tuning.set(**{n: json.loads(v) for n, v in (a.split("=", 1) for a in args.rule)})
     scale = 16 if args.dry_run else 1
-    tensors = model_tensors(args.format, args.layers, scale)
+    args.model = args.model or default_model(args.format)
+    tensors = model_tensors(args.format, args.layers, scale, args.model)
     with tempfile.TemporaryDirectory() as d:  # the file (GBs for a whole model) goes with the run
         load_and_run(args, tensors, os.path.join(d, "model.gguf"))
 
@@ -210,7 +219,7 @@ def run(args, tensors, ws):
     w16 = {name: dense(ws[name]) for name, *_ in tensors}
     if any(ws[n].fmt not in codecs.dequantizable() for n, *_ in tensors):
         print("cuBLAS on random fp16 weights of the same shapes where a format has no GPU dequantize (tq4_1s)")
-    res = {"device": torch.cuda.get_device_name(), "format": args.format, "layers": args.layers,
+    res = {"device": torch.cuda.get_device_name(), "format": args.format, "model": args.model, "layers": args.layers,
            "fuse": bool(args.fuse), "rows": []}
     print(HBM_NOTE)
     print(f"mul_mat's x: {args.x_dtype} (cuBLAS: float16)")

@@ -430,7 +430,8 @@ for step in "${@:-tier}"; do
     run g8_memcheck 240 compute-sanitizer --tool memcheck --print-limit 20 python3 bench/sanitize.py --only "${ks%,}"
     for sh in 18944x3584 3584x18944; do
       run "g8_op_$sh" 120 python3 bench/bench_op.py --formats q6_K --shape "$sh" --tokens 17,128,512 --no-decode-loop --reps 5
-    done ;;
+    done
+    run g8_model 200 python3 bench/bench_model.py --model qwen2.5-7b --prefill-only ;;  # Qwen's Q4_K_M mix
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16

@@ -81,6 +81,20 @@ def test_bench_model_times_the_step_layer_by_layer_and_by_kind(bench_modules):
     assert sorted(sum((got[k] for k in kinds), [])) == sorted(names) and got["output"] == ["output.weight"]
 
 
+def test_bench_model_takes_either_model_s_shapes_for_any_format(bench_modules):
+    """--model: Llama-3-8B's shapes by default, Qwen2.5-7B's for TQ4_1S, either for any format (a Q6_K file of
+    Qwen's shapes reaches the Q6_K GEMMs on rows that are not 16-byte multiples); Qwen's Q4_K_M mix keeps its depth's
+    Q6_K layers (28 layers: use_more_bits on that depth)."""
+    bench_model, _ = bench_modules
+    shape = {n: s for n, _, _, s in bench_model.model_tensors("q6_K", 1)}
+    assert shape["blk.0.ffn_down.weight"] == (4096, 14336) and shape["output.weight"] == (128256, 4096)
+    assert dict((n, s) for n, _, _, s in bench_model.model_tensors("tq4_1s", 1))["blk.0.ffn_down.weight"] == (3584, 18944)
+    qwen = bench_model.model_tensors("q4_K_M", 4, model="qwen2.5-7b")
+    assert {s for n, _, _, s in qwen if "ffn_down" in n} == {(3584, 18944)}
+    assert [f for n, _, f, _ in qwen if "ffn_down" in n] == [
+        "q6_K" if bench_model.use_more_bits(i, 28) else "q4_K" for i in range(4)]
+
+
 def test_bench_model_charges_cublas_one_conversion_an_activation(bench_modules):
     """cuBLAS + x.half() (fp32 x): a layer's q / k / v read one activation, gate / up another, attn_output and
     ffn_down one each, the output layer its own — fused tensors their members' — so a layer converts 4 times."""
