@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ptxgen.testing import fakegpu
 from ptxgen import knobs, tuning
@@ -1363,3 +1364,23 @@ def test_persistent_kernels_launch_at_most_one_resident_wave(gpu, fmt):
             e = fakegpu.weights(fmt, 768, 2048, experts=8)
             for t in (1, 32, 512):
                 check(ops.mul_mat_id_plan(e, t, 2), (rules, "moe", t))
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.integers(16, 2000), blocks=st.integers(1, 80), t=st.integers(9, 1024),
+       x16=st.booleans())
+def test_q6_k_register_a_gemm_plans_row_groups_for_every_row_length(groups, blocks, t, x16):
+    """Any M of whole 8-row groups (≥ 128) and any K of whole 256-weight blocks: the register-A GEMM's plan takes the
+    row build where a row is 16-byte whole (K a multiple of 2048) and the _g8 build elsewhere, and its tensor map
+    passes the driver's rules (tma.check_tensor_map_2d: strides and base multiples of 16, boxes ≤ 256) — a shape
+    the rows' map could not take goes nowhere it fails."""
+    with pytest.MonkeyPatch.context() as mp:
+        fakegpu.install(mp)
+        m, k = 8 * groups, 256 * blocks
+        with tuning.override(codec_ra_mmq_min_tokens={"q5_K": 9, "q6_K": 9, "q8_0": 9, "tq4_1s": 17},
+                             codec_ra_mmq_max_tokens=1 << 30, codec_few_max_tokens=NO_CODEC_FEW):
+            kernels = ops.mul_mat_plan(fakegpu.weights("q6_K", m, k), t,
+                                       x_dtype="float16" if x16 else "float32").kernels
+        gemm = next(n for n in kernels if n.startswith("mmq_"))
+        assert re.fullmatch(r"mmq_q6_k_wgmma_ra_n(64|128|256)" + ("" if k % 2048 == 0 else "_g8") + "(_cs)?", gemm), \
+            (m, k, t, kernels)
