@@ -270,8 +270,9 @@ def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch:
     if t < MOE_GROUPED_MIN_TOKENS or (p <= 65535 and p * m * k <= _per_format(RULES.moe_pair_max_weights, fmt)):
         return [CodecKernel("gemv_id", fmt).name]  # each pair reads its expert (one token: all distinct experts)
     if fp16_weights and _moe_gemm(fmt, t, slots, experts, k, m):
-        if _moe_wgmma(fmt, k, arch, sm) and slots <= GATHER_ROWS:  # (moe_gather: a token's slots in one CTA)
-            spec = _moe_wgmma_spec(p, experts, fmt)
+        if (rg := _moe_wgmma(fmt, k, arch, sm, m)) and slots <= GATHER_ROWS:  # (moe_gather: a token's slots in
+            # one CTA)
+            spec = _moe_wgmma_spec(p, experts, fmt, rg)
             group = ActKernel("group", gather=True, sums=spec.int_weights)  # the grouping and x gathered, one kernel
             return [group.name, spec.name, CodecKernel("gemv_idg", fmt).name]
         return [ActKernel("group").name, MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name,
@@ -285,33 +286,39 @@ def _moe_bn(pairs: int, experts: int) -> int:
     return 64 if pairs >= 48 * experts else 32  # an expert's share of the pairs fills a 64-pair tile
 
 
-def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None) -> bool:
+def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None, m: int = 0) -> int:
     """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by moe_gather first), for the
     formats kernels/mmq.py GROUPED_WGMMA_FORMATS dispatches, where the raw rows are 16-byte multiples (the tensor
-    map's stride), the sm_90a kernels are there and `arch` pins nothing else."""
+    map's stride) — or, with RULES.moe_row_groups, M rows of a codec with row-group builds (kernels/mmq.py
+    ROW_GROUP_NOTE: Q6_K's) whole groups —, the sm_90a kernels are there and `arch` pins nothing else. Returns the
+    build's row group (1: rows as they are), 0 where it does not apply."""
     from ptxgen.kernels.mmq import GROUPED_WGMMA_FORMATS
 
-    if arch not in (None, "sm_90a") or fmt not in GROUPED_WGMMA_FORMATS or not _raw_rows_tma_ok(fmt, k):
-        return False
+    rg = _ra_row_group(fmt, m, k)
+    if rg > 1 and not RULES.moe_row_groups:
+        rg = 0
+    if arch not in (None, "sm_90a") or fmt not in GROUPED_WGMMA_FORMATS or not rg:
+        return 0
     if sm is None:
         sm = driver.current().sm
-    return sm == 90 and "sm_90a" in kernels.available(_moe_wgmma_spec(1, 1, fmt).name)
+    return rg if sm == 90 and "sm_90a" in kernels.available(_moe_wgmma_spec(1, 1, fmt, rg).name) else 0
 
 
-def _moe_wgmma_spec(pairs: int, experts: int, fmt: str) -> MmqSpec:
+def _moe_wgmma_spec(pairs: int, experts: int, fmt: str, row_group: int = 1) -> MmqSpec:
     """The register-A wgmma MoE GEMM's token tile by the pairs per expert (RULES.moe_wgmma_tile_pairs: "n<bn>" or
     "n<bn>_m<bm>" (a bm-row M tile) → the pairs per expert from which that tile runs; the largest tile reached, else
     n32): one tile an expert where it fits, its weights decoded once per tile. Q4_K's tiles between the formats'
     (n48; n96, not shipped: kernels/mmq.py GROUPED_WGMMA_Q4K_TILES) and its 256-row n48 / n80 (GROUPED_WIDE_TILES,
     shipped as "n48_m256" and "n80_m256") only where the rule names them; a format without the tile reached takes
-    the largest reached tile it has, or where it has none, its next tile up."""
+    the largest reached tile it has, or where it has none, its next tile up. `row_group`: the builds reading rows
+    in groups (_moe_wgmma)."""
     per = pairs / experts
     if per <= _per_format(RULES.moe_int_weights_max_pairs, fmt, 0):  # the integer-weight build (n16)
         return MmqSpec(16, "wgmma", a_regs=True, grouped=True, fmt=fmt, int_weights=True)
 
     def spec(tile):
         bn, _, bm = tile[1:].partition("_m")
-        return MmqSpec(int(bn), "wgmma", a_regs=True, grouped=True, fmt=fmt, bm=int(bm or 128))
+        return MmqSpec(int(bn), "wgmma", a_regs=True, grouped=True, fmt=fmt, bm=int(bm or 128), row_group=row_group)
 
     def has(tile):
         return "sm_90a" in kernels.available(spec(tile).name)

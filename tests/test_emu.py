@@ -285,6 +285,7 @@ SLOW_TO_EMULATE = {
     f"mmq_{f}_wgmma_ra_n256_sk" for f in ("q4_k", "q5_k", "q8_0", "q6_k", "tq4_1s")} | {  # stream-K: n128 fast
     "mmq_q4_k_wgmma_ra_n256_cs", "mmq_q6_k_wgmma_ra_n128_cs", "mmq_q6_k_wgmma_ra_n256_cs"} | {  # cluster split: n128
     f"mmq_q6_k_wgmma_ra_n{bn}_g8{cs}" for bn in (128, 256) for cs in ("", "_cs")} | {  # row groups: n64 fast
+    "mmq_q6_k_wgmma_ra_n64_g8_moe", "mmq_q6_k_wgmma_ra_n128_g8_moe"} | {  # (their MoE builds: n32 fast)
     f"mmq_{f}_wgmma_ra_n{bn}_moe" for f in ("q4_k", "q5_k", "q8_0", "q6_k") for bn in (64, 128)} | {  # MoE: n32 fast
     f"mmq_{f}_f16_n{bn}{x}" for f in ("q5_k", "q6_k", "q8_0", "tq4_1s") for bn in (32, 64, 128) for x in ("", "_x16")
     if (bn, x) != (32, "")}  # the codecs' mma.sync GEMMs: n32 fast

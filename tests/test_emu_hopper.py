@@ -655,6 +655,23 @@ def test_q6_k_register_a_mmq_on_row_groups_has_the_bits_of_the_row_build(bn, cs)
         assert out.ok, out.detail
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("bn", [32, 64, 128])
+def test_q6_k_grouped_mmq_on_row_groups_has_the_bits_of_the_row_build(bn):
+    """mmq_q6_k_wgmma_ra_n<bn>_g8_moe (mul_mat_id's grouped build on 8-row groups, rule moe_row_groups): the expert's
+    weight row e·M + m0 a whole group where M is; on K = 2048 y has the row build's bits (3 experts of 136 rows, the
+    harness's ids: repeats, an empty expert, a bad id), on K = 768 (rows of 630 bytes) the harness's float64 bound."""
+    g8 = KERNELS[f"mmq_q6_k_wgmma_ra_n{bn}_g8_moe"].for_arch("sm_90a").ptx()
+    ref = KERNELS[f"mmq_q6_k_wgmma_ra_n{bn}_moe"].for_arch("sm_90a").ptx()
+    want = check_kernel(f"mmq_q6_k_wgmma_ra_n{bn}_moe", ref, seed=4, shape=(3, 136, 2048))
+    assert want.ok, want.detail
+    out = check_kernel(f"mmq_q6_k_wgmma_ra_n{bn}_g8_moe", g8, seed=4, shape=(3, 136, 2048))
+    assert out.ok, out.detail
+    np.testing.assert_array_equal(out.got, want.got)
+    out = check_kernel(f"mmq_q6_k_wgmma_ra_n{bn}_g8_moe", g8, seed=5)
+    assert out.ok, out.detail
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q5_K", "q6_K", "tq4_1s"])
 def test_codec_register_a_mmq_has_the_bits_of_the_prepared_gemm_on_its_fragments(fmt, monkeypatch):
     """mmq_<fmt>_wgmma_ra_n*: the codec's blocks decoded in the K loop — Q8_0 by codecs.q8_0.ra_fragments (TMA boxes

@@ -72,6 +72,7 @@ CASES = [
     *[("grouped MoE GEMV", f, f"gemv_{f.lower()}_f32_idg", ANY) for f in WEIGHT_FORMATS],
     *[("grouped MoE GEMM", f, f"mmq_{f.lower()}_wgmma_ra_n32_moe", FP16) for f in WEIGHT_FORMATS],
     ("grouped MoE GEMM", "q4_K", "mmq_q4_k_wgmma_iw_n16_moe", FP16),
+    ("grouped MoE GEMM on row groups", "q6_K", "mmq_q6_k_wgmma_ra_n32_g8_moe", FP16),
     *[("mma.sync grouped MoE GEMM", f, f"mmq_{f.lower()}_f16_n32_moe", FP16) for f in WEIGHT_FORMATS],
 ]
 # the default tier's few: Q5_K, Q6_K and Q8_0 through a decode GEMV (every finite scale), their sm_90 prefill GEMM

@@ -314,7 +314,8 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     from ptxgen.kernels.moe_group import reference
 
     bn, fmt = meta["bn"], meta["fmt"]
-    e, m, k = shape or (4, 131, 256 if "wgmma" not in meta.get("mma", "") else _ra_min_k(fmt, 256))  # K = 256:
+    e, m, k = shape or ((4, 136, 768) if meta.get("row_group", 1) > 1 else  # (row groups: whole groups, short rows)
+                        (4, 131, 256 if "wgmma" not in meta.get("mma", "") else _ra_min_k(fmt, 256)))  # K = 256:
     # the slow tier runs every build of every target 5 times (the wgmma builds' raw rows: 16-byte multiples)
     if ids is None:
         t, slots = bn + 3, 2
@@ -1405,6 +1406,7 @@ for _bn in (64, 128, 256):
 for _bn in (32, 64, 128):
     for _f in ("q4_k", "q5_k", "q8_0", "q6_k", "tq4_1s"):
         HARNESSES[f"mmq_{_f}_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_{_f}_wgmma_ra_n{_bn}_moe", 3)
+    HARNESSES[f"mmq_q6_k_wgmma_ra_n{_bn}_g8_moe"] = _with_meta(mmq_moe_case, f"mmq_q6_k_wgmma_ra_n{_bn}_g8_moe", 3)
 for _bn in (48, 96):  # Q4_K's in-between tiles (mmq.GROUPED_WGMMA_Q4K_TILES; n96: half-block stages)
     HARNESSES[f"mmq_q4_k_wgmma_ra_n{_bn}_moe"] = _with_meta(mmq_moe_case, f"mmq_q4_k_wgmma_ra_n{_bn}_moe", 3)
 from ..kernels import mmq as _mmq_tiles  # noqa: E402

@@ -3600,4 +3600,10 @@ def kernel_defs() -> list[KernelDef]:
                    f"not 16-byte multiples: {ROW_GROUP}-row groups (ROW_GROUP_NOTE)",
                    lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, fmt=f, row_group=ROW_GROUP, csplit=cs): build(arch, s),
                    archs=("sm_90a",))
-         for f in ROW_GROUP_FORMATS for bn in RA_CODEC_TOKEN_TILES for cs in (False, True)]
+         for f in ROW_GROUP_FORMATS for bn in RA_CODEC_TOKEN_TILES for cs in (False, True)] + \
+        [KernelDef(MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f, row_group=ROW_GROUP).name,
+                   f"{f} MoE GEMM as {MmqSpec(bn, 'wgmma', a_regs=True, grouped=True, fmt=f).name} on rows that are "
+                   f"not 16-byte multiples: {ROW_GROUP}-row groups (ROW_GROUP_NOTE)",
+                   lambda arch, s=MmqSpec(bn, "wgmma", a_regs=True, grouped=True, fmt=f, row_group=ROW_GROUP): build(arch, s),
+                   archs=("sm_90a",))
+         for f in ROW_GROUP_FORMATS for bn in GROUPED_WGMMA_TOKEN_TILES]
