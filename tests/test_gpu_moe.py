@@ -110,6 +110,25 @@ def test_the_integer_weight_grouped_gemm_matches_the_reference(e, m, k, t, slots
     assert np.isfinite(got).all() and rel(got, want) <= 1e-3
 
 
+@pytest.mark.parametrize("e,m,k,t,slots,per_slot", [(8, 2048, 768, 40, 4, True), (4, 1024, 1280, 300, 2, False),
+                                                   (32, 2048, 768, 128, 8, True)])
+def test_q6_k_experts_on_short_rows_by_row_groups_match_the_reference(e, m, k, t, slots, per_slot):
+    """Q6_K experts whose rows are not 16-byte multiples (K = 768: Qwen3-30B-A3B's ffn_down_exps; 1280) on the grouped
+    register-A build reading 8-row groups (mmq_q6_k_wgmma_ra_n*_g8_moe, rule moe_row_groups pinned on here): within
+    1e-3 of float64, run to run the same bits."""
+    import ptxgen.runtime as r
+    from ptxgen import tuning
+    from ptxgen.runtime import ops
+
+    with tuning.override(moe_row_groups=True):
+        assert any(n.endswith("_g8_moe") for n in ops.mul_mat_id_kernels("q6_K", t, slots, e, k, m))
+        w, raw, x, ids = _case("q6_K", e, m, k, t, slots, seed=e + t, per_slot=per_slot)
+        got = r.mul_mat_id(w, x, ids)
+        np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
+    want = formats.mul_mat_id_ref(w.fmt, raw, w.shape, x, ids)
+    assert np.isfinite(got).all() and rel(got, want) <= 1e-3
+
+
 @pytest.mark.parametrize("tile", ["n64_m256", "n80_m256"])
 def test_the_wide_trial_tiles_match_the_reference(tile):
     """Q4_K's 256-row tiles past n48 (kernels/mmq.py GROUPED_WIDE_TILES: n80_m256 shipped from 60 pairs an expert,
