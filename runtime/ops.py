@@ -286,7 +286,7 @@ def _moe_bn(pairs: int, experts: int) -> int:
     return 64 if pairs >= 48 * experts else 32  # an expert's share of the pairs fills a 64-pair tile
 
 
-def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None, m: int = 0) -> int:
+def _moe_wgmma(fmt: str, k: int, arch: str | None, sm: int | None, m: int) -> int:
     """sm_90's grouped GEMM: the codec's register-A wgmma build (x gathered by moe_gather first), for the
     formats kernels/mmq.py GROUPED_WGMMA_FORMATS dispatches, where the raw rows are 16-byte multiples (the tensor
     map's stride) — or, with RULES.moe_row_groups, M rows of a codec with row-group builds (kernels/mmq.py
@@ -906,7 +906,10 @@ def _rec_mmq(pb: PlanBuilder, w: QuantTensor, xa, o, t: int, flag, arch: str | N
     fmt = PATH_FMT if path.startswith(("wgmma_pre", "wgmma_f16a")) else w.fmt
     if path == "wgmma_ra" and not forced_bn:
         bn = _rega_fill_tile(fmt, m, k, t, bn, sms)
-    rg = _ra_row_group(fmt, m, k) or 1 if path.startswith("wgmma_ra") else 1  # (kernels/mmq.py ROW_GROUP_NOTE)
+    rg = _ra_row_group(fmt, m, k) if path.startswith("wgmma_ra") else 1  # (kernels/mmq.py ROW_GROUP_NOTE)
+    if not rg:  # (a forced path: _mmq_ra_ok routes no such call here)
+        raise ValueError(f"mmq_launch: {w.fmt} rows of K = {k} are not 16-byte multiples and M = {m} is not whole "
+                         f"groups of {ROW_GROUP} rows: no register-A GEMM reads them")
     if path in ("wgmma_ra", "wgmma_pre", "wgmma_f16a"):  # the rule needs the plan's K splits; n192 has no
         # converting build
         base = MmqSpec(bn, "wgmma", a_regs=path != "wgmma_f16a", prepared=path != "wgmma_ra", fmt=fmt, row_group=rg)

@@ -468,3 +468,17 @@ def test_codec_gemv_shipped_residency_compiles_unspilled():
         r = compile_ptx(k.ptx(), "sm_90a", name=k.name).resources[k.entry]
         assert r["spill_stores"] == r["spill_loads"] == r["lmem"] == 0, (name, r)
         assert r["registers"] * k.threads * ctas <= 65536, (name, r)
+
+
+@pytest.mark.parametrize("spec", [dict(fmt="q4_K"), dict(fmt="q8_0"), dict(fmt="q6_K", stream=True),
+                                  dict(fmt="q6_K", convert=True), dict(fmt="q6_K", prepared=True)])
+def test_row_groups_are_refused_where_they_are_not_built(spec):
+    """MmqSpec.row_group (kernels/mmq.py ROW_GROUP_NOTE) is lowered for Q6_K's register-A builds on their byte boxes
+    (dense, cluster split, MoE) only: another codec (Q4_K's columns, Q8_0's word boxes) or schedule would build
+    without the groups in its loads and with them in its epilogue — refused by name instead."""
+    from ptxgen.kernels import mmq
+    from ptxgen.specs import MmqSpec
+
+    s = MmqSpec(256 if spec.get("stream") else 64, "wgmma", a_regs=True, row_group=8, **spec)
+    with pytest.raises(ValueError, match="row groups"):
+        mmq.build("sm_90a", s)

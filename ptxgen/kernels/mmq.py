@@ -1916,6 +1916,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
                               and spec.fmt == "q4_K" and spec.bn <= PAIRED_MAX_BN):
         raise ValueError(f"{spec.name}: a {spec.bm}-row M tile is the grouped register-A Q4_K builds' (up to n"
                          f"{PAIRED_MAX_BN})")
+    if spec.row_group > 1 and (spec.row_group != ROW_GROUP or spec.fmt not in ROW_GROUP_FORMATS or not spec.a_regs
+                               or PRE or spec.int_weights or spec.convert or spec.stream or spec.cluster > 1
+                               or spec.bm != BM or _ra_box_bytes(spec) > 256):
+        raise ValueError(f"{spec.name}: row groups (ROW_GROUP_NOTE) are built for the register-A GEMMs of "
+                         f"{', '.join(ROW_GROUP_FORMATS)} in groups of {ROW_GROUP}, on their byte boxes, without a "
+                         f"converting, stream-K, cluster-multicast or prepared schedule")
     if PRE and (spec.cluster > 1 or spec.grouped or spec.stream or spec.csplit):
         raise ValueError(f"{spec.name}: the prepared builds are dense, one CTA per cluster")
     if spec.stream and (not spec.a_regs or spec.grouped or spec.convert or spec.cluster > 1 or spec.int_weights):
@@ -2198,8 +2204,9 @@ def _wgmma_meta(b, arch, spec: MmqSpec, sched, S, XS):
                                  "resets the queue",
                       grouping="moe_gather first: order, offsets, work (its meta); the epilogue stores tile column n "
                                "to y's row order[n], masked to the expert's places and m < M",
-                      tensormaps=re.sub(r"dims \(row (bytes|words), M\)", r"dims (row \1, E·M) over all experts (an "
-                                        "item's rows start at expert·M + m0)", w_map) +
+                      tensormaps=re.sub(r"dims \((row (?:bytes|words)|\d+ rows' bytes), M( / \d+)?\)",
+                                        r"dims (\1, E·M\2) over all experts (an item's rows start at expert·M + m0)",
+                                        w_map) +
                       f"; tmap_x: f16, dims (K, pairs) over the gathered x16, box (64, {BN}), 128B swizzle")
     if spec.grouped:  # the two-CTA builds' consumers fit their 104 registers only where setmaxnreg is honoured
         b.meta.update(compile="whole-program")
