@@ -424,19 +424,20 @@ for step in "${@:-tier}"; do
       --reps 5 --knob mmq_cx=0
     run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
       --reps 5 --knob mmq_pre=1 ;;
-  g8)  # Q6_K's row-group builds (c0b7a01, kernels/mmq.py ROW_GROUP_NOTE): memcheck on the sweep's calls that run them
-    # (racecheck / synccheck ran clean), then bench_op on Qwen2.5-7B's Q6_K shapes (K = 3584 / 18944), cuBLAS beside
-    ks=$(printf 'mmq_q6_k_wgmma_ra_n%s_g8%s,' 64 "" 128 "" 256 "" 64 _cs 128 _cs 256 _cs)
+  g8)  # Q6_K's row-group builds (c0b7a01, kernels/mmq.py ROW_GROUP_NOTE). First the MoE build on row groups (rule
+    # moe_row_groups, off): its GPU test, then against the mma.sync grouped GEMM on Qwen3-30B-A3B's ffn_down_exps (128
+    # experts, top-8, 2048 x 768); then memcheck on the sweep's calls that run the dense and grouped _g8 builds
+    # (racecheck / synccheck ran clean on the dense ones), bench_op on Qwen2.5-7B's Q6_K shapes (K = 3584 / 18944),
+    # cuBLAS beside, and Qwen's Q4_K_M prefill
+    run g8_moe_tests 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_moe.py -k short_rows
+    run g8_moe_ab 200 "${AB[@]}" --kernels '_g8_moe$' --moe 128:8 --shape 2048x768 --formats q6_K --tokens 32,128,512 \
+      --variant 'g8: rule.moe_row_groups=True'
+    ks=$(printf 'mmq_q6_k_wgmma_ra_n%s_g8%s,' 64 "" 128 "" 256 "" 64 _cs 128 _cs 256 _cs 32 _moe 64 _moe 128 _moe)
     run g8_memcheck 240 compute-sanitizer --tool memcheck --print-limit 20 python3 bench/sanitize.py --only "${ks%,}"
     for sh in 18944x3584 3584x18944; do
       run "g8_op_$sh" 120 python3 bench/bench_op.py --formats q6_K --shape "$sh" --tokens 17,128,512 --no-decode-loop --reps 5
     done
-    run g8_model 200 python3 bench/bench_model.py --model qwen2.5-7b --prefill-only  # Qwen's Q4_K_M mix
-    # the MoE build on row groups (rule moe_row_groups, off): its GPU test, then against the mma.sync grouped GEMM on
-    # Qwen3-30B-A3B's ffn_down_exps (128 experts, top-8, 2048 x 768)
-    run g8_moe_tests 120 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_moe.py -k short_rows
-    run g8_moe_ab 200 "${AB[@]}" --kernels '_g8_moe$' --moe 128:8 --shape 2048x768 --formats q6_K --tokens 32,128,512 \
-      --variant 'g8: rule.moe_row_groups=True' ;;
+    run g8_model 200 python3 bench/bench_model.py --model qwen2.5-7b --prefill-only ;;  # Qwen's Q4_K_M mix
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16

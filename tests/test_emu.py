@@ -626,9 +626,9 @@ def test_mmq_tma_ring_on_sm_120a_gives_the_cp_async_builds_bits(kernel):
 
 def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     """A split tile's last CTA counts in before the others may have stored and published their partials; it
-    then polls the counter until they have. Sixteen CTAs taking turns in run_seed 2's order meet that case (the
+    then polls the counter until they have. Sixteen CTAs taking turns in run_seed 3's order meet that case (the
     poll runs more than once per tile; which seeds do depends on the kernel's instruction count: 8 did before
-    the 2026-12-01 dequant change); the result is correct and bit-identical to one CTA's, whose last arrivals find
+    the 2026-12-01 dequant change, 2 before the tiny-x test of 2026-12-07); the result is correct and bit-identical to one CTA's, whose last arrivals find
     every partial published at the first poll."""
     from ptxgen.emu import machine
 
@@ -645,7 +645,7 @@ def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     one = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=1, **plan)
     assert one.ok and sum(polls) == 4, (one.detail, sum(polls))
     polls.clear()
-    many = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=16, interleave=True, run_seed=2, spread=False, **plan)
+    many = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=16, interleave=True, run_seed=3, spread=False, **plan)
     assert many.ok and sum(polls) > 4, (many.detail, sum(polls))
     assert np.array_equal(one.got, many.got)
 
@@ -1389,11 +1389,38 @@ def test_rotate_f16_is_rotate_then_convert_in_one_launch(arch, mode):
     """rotate_tq4_1s_f16 (mul_mat's TQ4_1S prefill: in place of convert_f32, rotate_tq4_1s and convert_f16(_perm)):
     for every mode (fp16 or fp32 x; the fp16 copy in x's or the register-A K order, or none) the fp32 output is
     rotate_tq4_1s's bits, the fp16 copy convert_f16's / convert_f16_perm's, and the flag rises exactly where a
-    rotated value leaves fp16 (a block whose rotation is 7e4 at one place, from an x that fits fp16)."""
+    rotated value leaves fp16 (a block whose rotation is 7e4 at one place, from an x that fits fp16) or a rotated
+    block is too small for it (a token scaled by 1e-6; a token of zeros beside it raises nothing)."""
     ptx = KERNELS["rotate_tq4_1s_f16"].for_arch(arch).ptx()
-    for overflow in (False, True):
-        out = check_kernel("rotate_tq4_1s_f16", ptx, seed=mode, mode=mode, overflow=overflow, shape=(5, 256))
-        assert out.ok, (overflow, out)
+    for overflow, tiny in ((False, False), (True, False), (False, True)):
+        out = check_kernel("rotate_tq4_1s_f16", ptx, seed=mode, mode=mode, overflow=overflow, tiny=tiny,
+                           shape=(5, 256))
+        assert out.ok, (overflow, tiny, out)
+        assert ("flag 1" in out.detail) == (overflow or tiny) or mode & 4, out.detail
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_convert_f16_flags_a_token_too_small_for_fp16(permuted):
+    """The flag behind the fp16 GEMMs rises for a token whose row lies under fp16's precision (kernels/convert_f16.py
+    too_small: a group of 8 under 2^-11, not all zero), so the fixup recomputes it exactly — and not for rows of
+    zeros, of O(1) values, or of values small yet past 2^-11."""
+    import numpy as np
+
+    name = "convert_f16_perm" if permuted else "convert_f16"
+    ptx = KERNELS[name].for_arch("sm_90a").ptx()
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((4, 256)).astype(np.float32)
+    base[1] = 0
+    base[2] = np.sign(base[2]) * (2.0 ** -10 + np.abs(base[2]) * 1e-3)  # small, yet every value past 2^-11
+    for scale, flagged in ((None, False), (1e-6, True), (2.0 ** -13, True), (1e-30, True)):
+        x = base.copy()
+        if scale is not None:
+            x[3] *= np.float32(scale)
+        out = check_kernel(name, ptx, x=x)
+        assert out.ok, out.detail
+        from ptxgen.emu.harness import tiny_groups
+
+        assert tiny_groups(x.astype(np.float16).reshape(-1, 8), x.reshape(-1, 8)) == flagged, scale
 
 
 @pytest.mark.parametrize("name,splits", [("mmq_q6_k_f16_n32", 1), ("mmq_q8_0_f16_n64", 2), ("mmq_q5_k_f16_n32", 2),

@@ -786,6 +786,16 @@ def test_register_a_mmq_converting_x_itself_flags_fp16_overflow(value, flagged):
     assert ("overflow flagged" in out.detail) == flagged
 
 
+@pytest.mark.slow
+def test_register_a_mmq_converting_x_itself_flags_a_token_too_small_for_fp16():
+    """The converters raise the same flag for a token whose row lies under fp16's precision (scaled by 1e-6:
+    convert_f16.too_small), as convert_f16 does, so the fixup behind the GEMM recomputes it exactly."""
+    cx = KERNELS["mmq_q4_k_wgmma_ra_n128_cx"].for_arch("sm_90a").ptx()
+    out = check_kernel("mmq_q4_k_wgmma_ra_n128_cx", cx, seed=3, shape=(131, 133, 512), ctas=2, tiny_token=100)
+    assert out.ok, out.detail
+    assert "overflow flagged" in out.detail
+
+
 def run_cluster(body: str, grid: int, threads: int, out, cluster=2, tmap=bytes(128), seed=0):
     """`body` on `grid` CTAs in clusters of `cluster` (the emulator interleaves them); %r31 tid, %rd15 out, %r30 sm."""
     ptx = HEADER.replace("%rd<16>;", "%rd<16>;\n\t.reg .b16 %rs<4>;") + \

@@ -1004,3 +1004,29 @@ def test_weights_past_fp16_are_computed_in_fp32(fmt):
     xm = rng.standard_normal((tm, k)).astype(np.float32)
     y = r.mul_mat_id(we, xm, ids)
     assert np.isfinite(y).all() and rel(y, formats.mul_mat_id_ref(fmt, raw, we.shape, xm, ids)) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt,t", [("q4_K", 40), ("q4_K", 200), ("q4_K", 1100), ("q6_K", 600), ("q8_0", 1100),
+                                   ("tq4_1s", 100)])
+def test_a_token_too_small_for_fp16_is_recomputed_exactly(fmt, t):
+    """A token whose activations all lie under fp16's precision (scaled by 1e-6: fp16 would keep them to ~2% at best)
+    and one of zeros beside it, through the fp16 GEMM routes mul_mat plans at these T (convert_f16, the converting
+    GEMMs, TQ4_1S's rotation): the conversion raises the flag (kernels/convert_f16.py too_small), the fixup
+    recomputes that token in fp32 — within 1e-5 of float64 — and the others keep the GEMM's bound."""
+    import ptxgen.runtime as r
+
+    rng = np.random.default_rng(t)
+    m, k = 384, 2048
+    raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    x[3] *= np.float32(1e-6)
+    x[7] = 0
+    w = r.QuantTensor.from_raw(fmt, raw, (m, k))
+    got = r.mul_mat(w, x)
+    want = formats.gemm_ref(fmt, raw, m, k, x)
+    assert rel(got[3], want[3]) <= 1e-5, r.mul_mat_plan(w, t).kernels
+    assert (got[7] == 0).all()
+    assert rel(np.delete(got, 3, axis=0), np.delete(want, 3, axis=0)) <= 1e-3
+    from ptxgen.runtime import ops
+
+    assert not ops.workspace_state().any(), "mul_mat left the flag (or a counter) raised for the next call"

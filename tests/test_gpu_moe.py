@@ -347,3 +347,18 @@ def test_a_few_tokens_run_the_pair_gemv_exactly(fmt):
         got = out.numpy()
         assert np.isfinite(got).all() and rel(got, formats.mul_mat_id_ref(fmt, raw, w.shape, x, ids)) <= 1e-5
         np.testing.assert_array_equal(r.mul_mat_id(w, x, ids), got)
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q6_K"])
+def test_a_token_too_small_for_fp16_is_recomputed_exactly(fmt):
+    """mul_mat_id through the grouped GEMM (fp16 activations) with a token scaled by 1e-6: moe_gather raises the gate
+    (kernels/convert_f16.py too_small) and the gated exact GEMV recomputes the call, so that token is within 1e-5 of
+    float64 too, not fp16's ~2% on it."""
+    import ptxgen.runtime as r
+
+    w, raw, x, ids = _case(fmt, 8, 256, 1024, 64, 2, seed=11)
+    x[5] *= np.float32(1e-6)
+    got = r.mul_mat_id(w, x, ids)
+    want = formats.mul_mat_id_ref(w.fmt, raw, w.shape, x, ids)
+    assert rel(got[5], want[5]) <= 1e-5
+    assert rel(got, want) <= 1e-3

@@ -53,6 +53,15 @@ class use_backend:
         BACKEND.pop()
 
 
+
+def tiny_groups(h16, v32) -> bool:
+    """Whether some group (the last axis) of the fp16 values `h16`, rounded from the fp32 `v32`, lies wholly under
+    2^-11 while not all zero: the test that raises the conversions' flag for a token too small for fp16
+    (kernels/convert_f16.py too_small)."""
+    small = ((np.asarray(h16, np.float16).view(np.uint16) & 0x7000) == 0).all(axis=-1)
+    nonzero = ((np.asarray(v32, np.float32).view(np.uint32) & 0x7FFFFFFF) != 0).any(axis=-1)
+    return bool((small & nonzero).any())
+
 def weight_rows_map(mem, wa, meta, rows, row_bytes):
     """The raw weight rows' tensor map of a TMA-fed GEMM, as runtime.ops._raw_rows_map makes it: boxes of the meta's
     tma_box (Q4_K's 16-byte columns x 128 rows unless the build says otherwise), in u32 words where tma_dtype says."""
@@ -367,7 +376,17 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
     untouched = bool((mem.view(ya, np.uint32, (t, slots, m))[bad] == 0x11111111).all())
     rel = rel_error(got[~bad], want[~bad], mul_mat_id_scale(fmt, raw, (e, m, k), x, ids)[~bad])  # (fp16 x: scaled)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
-    ok = untouched and flag == 0 and bool(np.isfinite(got[~bad]).all() and rel <= 1e-3)
+    want_flag = 0
+    if "wgmma" not in meta.get("mma", ""):  # the mma.sync build converts x itself: 4 values of a unit too small for
+        # fp16 raise the flag (_f16_activations' tiny; the gated GEMV behind it then recomputes)
+        valid = ~bad.reshape(-1)
+        used = xk.reshape(-1, k)[np.flatnonzero(valid) if per_slot else np.flatnonzero(valid) // slots]
+        with np.errstate(over="ignore"):
+            want_flag = int(tiny_groups(used.astype(np.float16).reshape(-1, 4), used.reshape(-1, 4)))
+    if want_flag and flag == want_flag:
+        return Outcome(meta["name"], untouched, f"too small for fp16: flagged (the caller recomputes); bad rows "
+                       f"untouched: {untouched}", got, want)
+    ok = untouched and flag == want_flag and bool(np.isfinite(got[~bad]).all() and rel <= 1e-3)
     return Outcome(meta["name"], ok, f"relative error {rel:.2e}, bad rows untouched: {untouched}, flag {flag} "
                    f"(T={t}, slots={slots}, x per slot: {per_slot}, {len(work)} entries, {items} items)", got, want)
 
@@ -406,10 +425,12 @@ def _rotate(ptx: str, rng, shape=(3, 128), seed=None) -> Outcome:
     return Outcome("rotate_tq4_1s", ok, "bit-exact" if ok else f"{np.count_nonzero(got != want)} differ", got, want)
 
 
-def _rotate_f16(ptx: str, rng, shape=(3, 128), seed=None, mode: int = 2, overflow: bool = False) -> Outcome:
+def _rotate_f16(ptx: str, rng, shape=(3, 128), seed=None, mode: int = 2, overflow: bool = False,
+                tiny: bool = False) -> Outcome:
     """rotate_tq4_1s_f16 (kernels/gemv.py ROT_*): y32 bit for bit rht_forward of x (fp32, or fp16 widened), y16 bit
     for bit its fp16 rounding in x's or the register-A K order (untouched under ROT_NO_F16), the flag raised exactly
-    where a rotated value leaves fp16 (`overflow`: one block scaled past it)."""
+    where a rotated value leaves fp16 (`overflow`: one block scaled past it) or a rotated block is too small for it
+    (`tiny`: the first token scaled by 1e-6; a token of zeros beside it raises nothing)."""
     from ..kernels.gemv import ROT_NO_F16, ROT_REGA, ROT_X16
 
     t, k = shape
@@ -418,6 +439,10 @@ def _rotate_f16(ptx: str, rng, shape=(3, 128), seed=None, mode: int = 2, overflo
         e0 = np.zeros((1, 32), np.float32)
         e0[0, 5] = 7e4  # the block whose rotation is 7e4 at one place: its x (±12374) fits fp16, that value not
         x[t - 1, 32:64] = formats.rht_inverse(e0)[0]
+    if tiny:
+        x[0] *= np.float32(1e-6)
+    if t > 2:
+        x[1] = 0
     xin = x.astype(np.float16) if mode & ROT_X16 else x
     mem = _memory()
     xa = mem.alloc(xin)
@@ -435,9 +460,11 @@ def _rotate_f16(ptx: str, rng, shape=(3, 128), seed=None, mode: int = 2, overflo
         return Outcome(name, ok, "y16 untouched" if ok else "y16 or the flag written under ROT_NO_F16", g16, None)
     with np.errstate(over="ignore"):
         w16 = want.astype(np.float16)
+    w16_own = w16  # (a 32-element block's values in x's order: the warp that tests them)
     if mode & ROT_REGA:
         w16 = w16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
-    flag, want_flag = int(mem.view(fa, np.uint32, (1,))[0]), not np.isfinite(w16).all()
+    flag = int(mem.view(fa, np.uint32, (1,))[0])
+    want_flag = not np.isfinite(w16).all() or tiny_groups(w16_own.reshape(-1, 32), want.reshape(-1, 32))
     same = np.array_equal(g16, w16.view(np.uint16))
     ok = same and flag == int(want_flag)
     return Outcome(name, ok, f"y16 {'bit-exact' if same else 'differs'}, flag {flag} (expected {int(want_flag)})",
@@ -772,13 +799,17 @@ def gemv_mma_case(ptx: str, meta: dict, rng, shape=None, ntok=None, seed=None, s
     return Outcome("gemv_tq4_1s_mma", ok, f"relative error {rel:.2e} (T={n}, splits {splits})", got, want)
 
 
-def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Outcome:
+def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, x=None) -> Outcome:
     """convert_f16 (or convert_f16_perm: each 64-column chunk in layouts.q4k_rega_k_order): bit for bit numpy's
-    fp16 rounding, and the overflow flag exactly when some value leaves fp16's range."""
-    t, k = shape
-    x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
-    if rng.integers(0, 2):  # one value past fp16's range must raise the flag
-        x[rng.integers(0, t), rng.integers(0, k)] = np.float32(7e4)
+    fp16 rounding, and the overflow flag exactly when some value leaves fp16's range or a group of 8 is too small
+    for it (tiny_groups: the 1e-6 draws)."""
+    if x is None:
+        t, k = shape
+        x = (rng.standard_normal((t, k)) * rng.choice([1e-6, 1.0, 3e4])).astype(np.float32)
+        if rng.integers(0, 2):  # one value past fp16's range must raise the flag
+            x[rng.integers(0, t), rng.integers(0, k)] = np.float32(7e4)
+    x = np.asarray(x, np.float32)
+    t, k = x.shape
     mem = _memory()
     xa, fa = mem.alloc(x), mem.alloc(np.zeros(1, np.uint32))
     n8 = x.size // 8
@@ -787,7 +818,8 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False) -> Ou
     got = mem.view(ya, np.uint16, (t, k))
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).view(np.uint16)
-        want_flag = int(not np.isfinite(x.astype(np.float16)).all())
+        want_flag = int(not np.isfinite(x.astype(np.float16)).all()
+                        or tiny_groups(x.astype(np.float16).reshape(-1, 8), x.reshape(-1, 8)))
     if permuted:
         want = want.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
@@ -850,6 +882,8 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
     x = (rng.standard_normal((p if per_slot else t, k)) * rng.choice([1e-3, 1.0, 3e3])).astype(np.float32)
     if rng.integers(0, 2):
         x[rng.integers(0, len(x)), rng.integers(0, k)] = np.float32(7e4)
+    if rng.integers(0, 3) == 0:  # a row too small for fp16 (convert_f16.too_small) must raise it too
+        x[rng.integers(0, len(x))] *= np.float32(1e-6)
     x, xm = _widened(x, x16)
     offsets, groups, work = reference(ids, e, tile)
     mem = _memory()
@@ -880,7 +914,8 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
     x16 = mem.view(x16a, np.uint16, (p, k))
     with np.errstate(over="ignore"):
         want = rows_f.astype(np.float16).view(np.uint16)
-        want_flag = int(not np.isfinite(rows_f.astype(np.float16)).all())
+        want_flag = int(not np.isfinite(rows_f.astype(np.float16)).all()
+                        or tiny_groups(rows_f.astype(np.float16).reshape(-1, 8), rows_f.reshape(-1, 8)))
     want = want.reshape(valid, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(valid, k)
     if not np.array_equal(x16[:valid], want):
         why.append(f"{np.count_nonzero(x16[:valid] != want)} x16 halves differ")
@@ -918,8 +953,9 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
 
 def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, interleave=False, fmt="q4_K") -> Outcome:
     """mul_mat_fixup_<fmt> behind a GEMM's output: flag clear, y untouched; flag set, the tokens with a value past
-    fp16 (a 7e4, an inf, a NaN) recomputed within 1e-5 of the float64 reference (NaN / inf rows where the
-    reference has them), the other tokens untouched; flag and done back at zero either way."""
+    fp16 (a 7e4, an inf, a NaN) or a row too small for it (scaled by 1e-6) recomputed within 1e-5 of the float64
+    reference (NaN / inf rows where the reference has them), the other tokens (one of them all zeros) untouched;
+    flag and done back at zero either way."""
     m, t, k = shape
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
@@ -928,6 +964,15 @@ def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, inte
     big = np.float32(7e4 if fmt != "tq4_1s" else 8e5)  # TQ4_1S: past fp16 after the rotation (÷√32 spread)
     for j, i in enumerate(bad):
         x[i, rng.integers(0, k)] = [big, np.float32(-np.inf), np.float32(np.nan)][(j + int(rng.integers(0, 3))) % 3]
+    tiny = None
+    rest = [i for i in range(t) if i not in bad]
+    if flagged and rest:  # a token too small for fp16 (its row max under convert_f16.TINY_ROW): recomputed too
+        tiny = int(rng.choice(rest))
+        x[tiny] *= np.float32(1e-6)
+        rest.remove(tiny)
+    if rest:  # a token of zeros: left alone
+        x[int(rng.choice(rest))] = 0
+    bad = sorted(bad + ([tiny] if tiny is not None else []))
     y0 = rng.standard_normal((t, m)).astype(np.float32)  # what the GEMM left
     mem = _memory()
     fa, da = mem.alloc(np.array([int(flagged)], np.uint32)), mem.alloc(np.zeros(1, np.uint32))
@@ -953,6 +998,9 @@ def _fixup(ptx: str, rng, shape=(40, 5, 512), seed=None, flag=None, ctas=3, inte
         err = float(np.linalg.norm(g_ - w_) / max(np.linalg.norm(w_), 1e-30))
     # TQ4_1S: the planted 8e5 spreads over its block's 32 rotated values (~1.4e5 each, both signs), whose products
     # cancel in the fp32 sum: 1e-5 of that token's (much smaller) result is below fp32's reach there
+    if tiny is not None:  # (its result is far below the poisoned tokens': measured alone)
+        err_tiny = float(np.linalg.norm(got[tiny] - want[tiny]) / max(np.linalg.norm(want[tiny]), 1e-300))
+        err = max(err, err_tiny if np.isfinite(err_tiny) else np.inf)
     ok = untouched and same_nonfinite and err <= (5e-5 if fmt == "tq4_1s" else 1e-5) and not state.any()
     return Outcome(f"mul_mat_fixup_{fmt.lower()}", ok, f"flag {int(flagged)}, tokens {bad} recomputed (rel err {err:.2e}), others "
                    f"{'untouched' if untouched else 'CHANGED'}, flag/done after {state.tolist()}", got, want)
@@ -1073,10 +1121,12 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
         x[poison_x[0], poison_x[1]] = poison_x[2]
     xk = formats.rht_forward(x) if fmt == "tq4_1s" else x  # TQ4_1S: the kernel sees the rotated x (mul_mat's
     # route rotates first); the reference takes x itself
+    x16 = meta.get("x_layout", "").startswith("fp16")  # the _x16 builds read convert_f16's output
     with np.errstate(over="ignore"):
         want_flag = not np.isfinite(xk.astype(np.float16)).all()
+        if not x16:  # ... or 4 values of a unit too small for fp16 (the converting builds: _f16_activations' tiny)
+            want_flag = want_flag or tiny_groups(xk.astype(np.float16).reshape(-1, 4), xk.reshape(-1, 4))
     mem = _memory()
-    x16 = meta.get("x_layout", "").startswith("fp16")  # the _x16 builds read convert_f16's output
     with np.errstate(over="ignore"):
         wa, xa, fa = mem.alloc(raw), mem.alloc(xk.astype(np.float16) if x16 else xk), mem.alloc(4, poison=0)
     ops = (wa, xa)
@@ -1177,7 +1227,7 @@ def gather_sub_block_sums(rows: np.ndarray) -> np.ndarray:
 
 
 def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, ctas=2, interleave=False,
-                   run_seed=None, poison_x=None) -> Outcome:
+                   run_seed=None, poison_x=None, tiny_token=None) -> Outcome:
     """The sm_90a MMQ: raw Q4_K and fp16 activations reach it through TMA tensor maps (encoded for the
     emulator from the runtime's arguments); `ctas` persistent CTAs share the work queue (one after another, or
     taking turns with `interleave`: then the CTAs claim items in a seed-drawn order and a tile's splits arrive in
@@ -1187,13 +1237,16 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     producer warpgroup's idle warps write the fp16 copy the TMA reads) run interleaved whenever there are two CTAs or
     more (a CTA's TMA thread waits for chunks other CTAs convert); their fp16 copy must be bit for bit
     convert_f16_perm's, the x_ready counters back at zero, and the overflow flag up exactly when some x is not finite
-    in fp16 (`poison_x` = (t, k, value) plants one value)."""
+    in fp16 (`poison_x` = (t, k, value) plants one value) or a group of its values is too small for fp16
+    (`tiny_token`: that token's row scaled by 1e-6)."""
     bn, fmt = meta["bn"], meta.get("fmt", "q4_K")  # another codec: its raw blocks in boxes of meta["tma_box"]
     # (row groups: M whole groups, 8 · 17, and K = 768, rows of 630 bytes that a row map could not take)
     m, t, k = shape or ((136, bn + 5, 768) if meta.get("row_group", 1) > 1 else
                         (128 + 3, bn + 5, _ra_min_k(meta.get("fmt", "q4_K"))))
     raw = formats.quantize(fmt, rng.standard_normal((m, k)).astype(np.float32))
     x = rng.standard_normal((t, k)).astype(np.float32)
+    if tiny_token is not None:
+        x[tiny_token] *= np.float32(1e-6)
     if poison_x is not None:
         x[poison_x[0], poison_x[1]] = poison_x[2]
     xk = formats.rht_forward(x) if fmt == "tq4_1s" else x  # TQ4_1S: the kernel sees the rotated x (mul_mat's
@@ -1205,6 +1258,11 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
     if "q4k_rega_k_order" in meta.get("activations", ""):  # the register-A build's K order (convert_f16_perm)
         x16 = np.ascontiguousarray(x16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k))
     cx = "convert" in meta
+    if cx and not want_flag:  # its converters test 8 values of a group in x16's order (convert_f16.too_small)
+        xk_stored = xk
+        if "q4k_rega_k_order" in meta.get("activations", ""):
+            xk_stored = xk.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
+        want_flag = tiny_groups(x16.reshape(-1, 8), np.ascontiguousarray(xk_stored).reshape(-1, 8))
     xa = mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16)  # cx: NaN until written
     if meta.get("f16a"):  # the weights as dequantize_<fmt> writes them: fp16 rows (M, K), 128B-swizzled boxes
         with np.errstate(over="ignore", invalid="ignore"):

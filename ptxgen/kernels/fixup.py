@@ -5,12 +5,16 @@ The GEMMs' activation conversion (convert_f16{,_perm}, the converting and Q8_1 b
 becomes ±inf / NaN in fp16 (|x| ≥ 65520, or a non-finite input) or a Q8_1 scale overflows. This kernel runs behind
 every such GEMM: it reads `flag` and, when it is clear (the usual case), every CTA returns at once. When it is set,
 CTA c takes tokens c, c + gridDim.x, ...: its threads test the token's fp32 row the same way (any value whose fp16
-rounding has an all-ones exponent), and for a token that fails they recompute its whole output row in fp32 from the
-weights' bytes (the codec's dequant_lane: ggml's float32 dequant, fp32 sums, the exact GEMV's accuracy), overwriting
-the GEMM's; one build per codec with a prefill GEMM (mul_mat_fixup_<fmt>). The last CTA to finish (an arrival count
-in `done`) clears `flag` and `done` for the next op of the stream. A non-finite input gives non-finite outputs in that token's row, as the float64 reference does.
+rounding has an all-ones exponent, or a row whose largest magnitude is under convert_f16.TINY_ROW and not zero: too
+small for fp16's precision, which the conversions flag too), and for a token that fails they recompute its whole
+output row in fp32 from the weights' bytes (the codec's dequant_lane: ggml's float32 dequant, fp32 sums, the exact
+GEMV's accuracy), overwriting the GEMM's; one build per codec with a prefill GEMM (mul_mat_fixup_<fmt>). The last
+CTA to finish (an arrival count in `done`) clears `flag` and `done` for the next op of the stream. A non-finite input
+gives non-finite outputs in that token's row, as the float64 reference does.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from .. import codecs
 from ..builder import KernelBuilder
@@ -18,6 +22,7 @@ from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
 from ..specs import CodecKernel
+from .convert_f16 import TINY_ROW
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -49,7 +54,8 @@ def build(arch, fmt: str = "q4_K"):
     flag = b.op("ld.global.u32", Mem(F))
     b.bra(out, pred=b.op("setp.eq.u32", flag, Imm(0, "u32")))  # the usual case: nothing to fix
 
-    any_sym = b.shared_buffer("any_bad", 4, align=4)  # token t + 1 written by a thread that found t out of range
+    any_sym = b.shared_buffer("any_bad", 12, align=4)  # token t + 1 written by a thread that found t out of range,
+    # at 4: ... one that found a value of t at or past TINY_ROW, at 8: ... one that found a value of t not zero
     W, X, Y = b.ptr(w_p), b.ptr(x_p), b.ptr(y_p)
     M, K, T = b.ld_param(m_p, "u32"), b.ld_param(k_p, "u32"), b.ld_param(t_p, "u32")
     tid, cta, ncta = b.special("tid.x"), b.special("ctaid.x"), b.special("nctaid.x")
@@ -58,7 +64,9 @@ def build(arch, fmt: str = "q4_K"):
     nsb, row_bytes, step = _codec_rows(b, codecs.get(fmt), K, lane)
 
     anyp = b.op("mov.u32", any_sym)
-    b.emit("st.shared.u32", Mem(anyp), Imm(0, "u32"), pred=b.op("setp.eq.u32", tid, Imm(0, "u32")))
+    first = b.op("setp.eq.u32", tid, Imm(0, "u32"))
+    for at in (0, 4, 8):
+        b.emit("st.shared.u32", Mem(anyp, at), Imm(0, "u32"), pred=first)
     b.emit("bar.sync", Imm(0, "u32"))
     t = b.reg("u32")
     b.emit("mov.u32", t, cta)
@@ -66,9 +74,11 @@ def build(arch, fmt: str = "q4_K"):
     b.place(tok_loop)
     b.bra(tok_done, pred=b.op("setp.ge.u32", t, T))
     xrow = b.op("mad.wide.u32", b.op("mul.lo.u32", t, K), Imm(4, "u32"), X)
-    # 1. does this token leave fp16? each thread tests every 256th group of 4 values
+    # 1. does this token leave fp16, or is its row too small for it (convert_f16.TINY_ROW)? each thread tests every
+    # 256th group of 4 values and keeps the largest magnitude it saw (as bits: the order of non-negative floats)
     bad = b.reg("pred")
     b.emit("setp.ne.u32", bad, tid, tid)  # false
+    mx = b.op("mov.u32", Imm(0, "u32"))
     j = b.reg("u32")
     b.emit("mov.u32", j, tid)
     scan, scan_done = b.label("scan"), b.label("scan_done")
@@ -80,13 +90,20 @@ def build(arch, fmt: str = "q4_K"):
         for mask in (0x7C00, 0x7C000000):
             p = b.op("setp.eq.u32", b.op("and.b32", h, Imm(mask, "b32")), Imm(mask, "u32"))
             b.emit("or.pred", bad, bad, p)
+    for vv in v:
+        b.emit("max.u32", mx, mx, b.op("and.b32", vv, Imm(0x7FFFFFFF, "b32"), type="u32"))
     b.emit("add.u32", j, j, Imm(THREADS, "u32"))
     b.bra(scan, uniform=False)
     b.place(scan_done)
     t1 = b.op("add.u32", t, Imm(1, "u32"))  # never a value an earlier token of this CTA left there
     b.emit("st.shared.u32", Mem(anyp), t1, pred=bad)
+    tiny_bits = int(np.float32(TINY_ROW).view(np.uint32))
+    b.emit("st.shared.u32", Mem(anyp, 4), t1, pred=b.op("setp.ge.u32", mx, Imm(tiny_bits, "u32")))
+    b.emit("st.shared.u32", Mem(anyp, 8), t1, pred=b.op("setp.ne.u32", mx, Imm(0, "u32")))
     b.emit("bar.sync", Imm(0, "u32"))
-    any_bad = b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(anyp)), t1)
+    small = b.op("and.pred", b.op("setp.ne.u32", b.op("ld.shared.u32", Mem(anyp, 4)), t1),
+                 b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(anyp, 8)), t1))  # 0 < the row's max < TINY_ROW
+    any_bad = b.op("or.pred", b.op("setp.eq.u32", b.op("ld.shared.u32", Mem(anyp)), t1), small)
     b.bra(tok_next, pred=any_bad, neg=True)
 
     # 2. recompute y[t, :] in fp32: warp w takes rows w, w + 8, ...; lane L one qs word per super-block

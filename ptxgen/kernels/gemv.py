@@ -2052,10 +2052,10 @@ def build_rotate_f16(arch):
     """rotate_tq4_1s_f16: the rotation ahead of TQ4_1S's fp16 GEMMs in one pass — x (fp32, or fp16 where mode has
     ROT_X16) rotated as rotate_tq4_1s does (the same fp32 bits, into y32: the fixup behind the GEMM reads them) and,
     unless ROT_NO_F16, rounded to fp16 into y16 as convert_f16 would write it (ROT_REGA: convert_f16_perm's register-A
-    K order; K a multiple of 64), raising `flag` where a value leaves fp16. One warp a 32-element block as
-    rotate_tq4_1s; a lane pairs its value with its partner's (lane ^ 1 in x's order, lane ^ 2 in the register-A
-    order, where columns c and c + 2 are adjacent halves) by one shfl and half the lanes store a word. In place of
-    convert_f32 → rotate_tq4_1s → convert_f16(_perm): one launch, x read once."""
+    K order; K a multiple of 64), raising `flag` where a value leaves fp16 or a block is too small for it. One warp
+    a 32-element block as rotate_tq4_1s; a lane pairs its value with its partner's (lane ^ 1 in x's order, lane ^ 2
+    in the register-A order, where columns c and c + 2 are adjacent halves) by one shfl and half the lanes store a
+    word. In place of convert_f32 → rotate_tq4_1s → convert_f16(_perm): one launch, x read once."""
     b = KernelBuilder(ActKernel("rotate", f16=True).name, arch,
                       "forward RHT of fp32 / fp16 activations (TQ4_1S) into fp32 and fp16 (x's or the register-A K "
                       "order), with an overflow flag", block=(32 * WARPS, 1, 1))
@@ -2092,7 +2092,17 @@ def build_rotate_f16(arch):
               b.op("cvt.u64.u32", b.op("selp.u32", inchunk, Imm(0, "u32"), rega)))
     stores = b.op("setp.eq.u32", b.op("and.b32", lane, dist), Imm(0, "u32"))
     b.emit("st.global.b32", Mem(at), word, pred=stores)
-    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("and.pred", stores, overflowed(b, [word])))
+    # the block too small for fp16's precision (convert_f16.too_small over the warp's 32 values): bits 12-14 of each
+    # lane's own half, and bit 0 where its value is not zero, OR-ed over the warp
+    mine = b.op("or.b32", b.op("and.b32", word, Imm(0x7000, "b32")),
+                b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"),
+                     b.op("setp.ne.u32", b.op("and.b32", v, Imm(0x7FFFFFFF, "b32")), Imm(0, "u32"))))
+    for d in (16, 8, 4, 2, 1):
+        mine = b.op("or.b32", mine, b.op("shfl.sync.bfly.b32", mine, Imm(d, "u32"), Imm(31, "u32"),
+                                         Imm(0xFFFFFFFF, "b32"), type="b32"))
+    tiny = b.op("setp.eq.u32", b.op("and.b32", mine, Imm(0x7001, "b32")), Imm(1, "u32"))
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"),
+           pred=b.op("and.pred", stores, b.op("or.pred", overflowed(b, [word]), tiny)))
     b.place(done)
     b.emit("ret")
     return b.finish()

@@ -38,6 +38,7 @@ from ..ir import wgmma as ir_wgmma
 from ..specs import ROW_GROUP, ROW_GROUP_FORMATS, MmqSpec
 from ..targets import lowering_for
 from . import KernelDef, smem_share
+from .convert_f16 import too_small
 from .gemv import TMA_CTA, TMA_STEP, _wait_step
 
 # the raw ring (cp.async / TMA copies of a codec's raw rows, decoded from shared memory): the codec that declares
@@ -199,7 +200,8 @@ def build(arch, spec: MmqSpec):
     tid = b.special("tid.x")
     lane = b.op("and.b32", tid, Imm(31, "b32"))
     warp = b.op("shr.u32", tid, Imm(5, "u32"))
-    bad = b.reg("b32")  # some item's (partial) result was not finite: an activation overflowed fp16, or x had inf/NaN
+    bad = b.reg("b32")  # some item's (partial) result was not finite (an activation overflowed fp16, or x had
+    # inf/NaN), or a unit of x was too small for fp16 (_f16_activations' tiny)
     b.emit("mov.b32", bad, Imm(0, "b32"))
     tiles_m = _tiles_m(b, M)
     slot = b.op("mov.u32", work)
@@ -234,7 +236,7 @@ def build(arch, spec: MmqSpec):
     if tma and x16:  # the activations by TMA as well (_f16_tma_ops)
         load_x = copy_x = store_x = None
     else:
-        load_x, copy_x, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16)
+        load_x, copy_x, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, tiny=bad)
     stage_of, dequant = (_f16_dequant(b, codecs.get(spec.fmt), ft, tid, raw0, a16, columns=tma) if codec is None else
                          _codec_dequant(b, codec, tid, m0, mlast, row_bytes, W, a16))
     wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)
@@ -320,10 +322,12 @@ def _f16_smem_and_meta(b, ft: _F16Tile, pipe, sched, ring: bool = True):
     return smem, b.shared_buffer("work_item", 16, align=16)
 
 
-def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, row_of=None):
+def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, row_of=None, tiny=None):
     """The fp16 MMQ's activation units and their source pointers at the item's first K-step. Returns (load_x(): the
     next step's fp32 x into registers, copy_x(boff): x16, the next step's fp16 x by cp.async into B buffer boff,
-    store_x(boff): the registers converted to fp16 into B buffer boff). `row_of`: as _x_units' (fp32 x only)."""
+    store_x(boff): the registers converted to fp16 into B buffer boff). `row_of`: as _x_units' (fp32 x only).
+    `tiny` (a b32 register): store_x ORs 1 into it where a unit's 4 values are too small for fp16 (convert_f16's
+    too_small; an overflow shows in the accumulators instead: _watch_finite)."""
     # BN × 64 fp32 per step = BN·16 float4, (BN·16)/256 per thread, prefetched in registers
     # (x16: BN × 64 fp16 = BN·8 units of 8 halves, copied by cp.async, no registers)
     x16 = ft.x16
@@ -363,6 +367,9 @@ def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, row_of
             lo = b.op("cvt.rn.f16x2.f32", xregs[v][1], xregs[v][0], type="b32")
             hi = b.op("cvt.rn.f16x2.f32", xregs[v][3], xregs[v][2], type="b32")
             b.emit("st.shared.v2.b32", Mem(dst, v * 16 * PAD_ROW), b.vec([lo, hi]))
+            if tiny is not None:
+                b.emit("or.b32", tiny, tiny, b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"),
+                                                  too_small(b, [lo, hi], xregs[v])))
     return load_x, copy_x, store_x
 
 
@@ -1767,6 +1774,7 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
                 for mask in (0x7C00, 0x7C000000):
                     p = b.op("setp.eq.u32", b.op("and.b32", word, Imm(mask, "b32")), Imm(mask, "u32"))
                     over = p if over is None else b.op("or.pred", over, p)
+            over = b.op("or.pred", over, too_small(b, h, v))  # (a token too small for fp16: convert_f16.TINY_ROW)
             b.emit("or.b32", bad, bad, b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"), b.op("and.pred", over, row_ok)))
     b.emit("fence.proxy.async.global")  # these generic stores, before another CTA's TMA reads them
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))

@@ -101,7 +101,7 @@ def build_grouped(arch, spec: MmqSpec):
     raw0 = b.op("mov.u32", smem)
     a16 = b.op("add.u32", raw0, Imm(STAGES * ft.raw_bytes, "u32")) if raw else raw0  # the codecs: no raw ring
     b16 = b.op("add.u32", a16, Imm(ft.a_bytes, "u32"))
-    load_x, _, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, row_of=row_of)
+    load_x, _, store_x = _f16_activations(b, ft, tid, n0, tlast, K, X, s_begin, b16, row_of=row_of, tiny=bad)
     stage_of, dequant = _f16_dequant(b, codec, ft, tid, raw0, a16) if raw else _codec_dequant(b, codec, tid, m0,
                                                                                             mlast, row_bytes, W, a16)
     wm, wn, acc, mma_step = _f16_mma(b, arch, ft, warp, lane, a16, b16)

@@ -207,7 +207,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it). `x16`
     (moe_gather(_sums)_x16): x is fp16, a group of 8 by one 16-byte load, widened — the same stores, sums and flag
     as for its fp32 widening (an inf or NaN of x raises it)."""
-    from .convert_f16 import (overflowed, rega_halves, rega_store, rega_words, store_sub_block_sum,
+    from .convert_f16 import (overflowed, too_small, rega_halves, rega_store, rega_words, store_sub_block_sum,
                               sub_block_sum)
 
     name = ActKernel("group", gather=True, sums=sums, x16=x16).name
@@ -333,7 +333,8 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     if sums:
         hi, lo = sub_block_sum(b, h)
         watch.append(b.op("mov.b32", b.vec([hi, hi]), type="b32"))
-    ovf = overflowed(b, watch)  # (raises the flag only where a pair gathers the row)
+    ovf = b.op("or.pred", overflowed(b, watch), too_small(b, h, v))  # (raises the flag only where a pair gathers the
+    # row; too_small: a row too small for fp16, convert_f16.TINY_ROW)
     pair = b.op("sub.u32", b.op("mul.lo.u32", n, SLe), p0)  # the row's first pair, in this CTA's lists
     pend = b.op("add.u32", pair, SLe)
     slot_top, slot_next = b.label("slot"), b.label("slot_next")
