@@ -57,6 +57,7 @@
 #   capfree  the review's probe of relaxed cuMemFree (blocking / non-blocking capture streams, a free from another
 #            thread, eager work in flight), whether a cuMemFree inside relaxed_capture keeps a torch capture
 #            (probe_capture_free.py), then the capture tests of test_gpu_streams
+#   tiny     the GPU tests of tokens too small for fp16 (the conversions' flag, the fixup) and the overflow ones
 #   g8       #34: memcheck on Q6_K's row-group builds, then bench_op on Qwen2.5-7B's Q6_K shapes (18944x3584, 3584x18944)
 #   f16a     #34: the f16a GEMM (rule mmq_f16a: dequantize_<fmt> to fp16 rows, then both wgmma operands from shared
 #            memory) — its GPU tests, then bench_op-style A/B against the shipped route and the prepared one, Q8_0 /
@@ -424,6 +425,9 @@ for step in "${@:-tier}"; do
       --reps 5 --knob mmq_cx=0
     run q8big_pre 120 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop \
       --reps 5 --knob mmq_pre=1 ;;
+  tiny)  # 2026-12-07: tokens too small for fp16 recomputed exactly (kernels/convert_f16.py too_small): their GPU tests
+    run tiny_tests 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 4 tests/test_gpu_mmq.py \
+      tests/test_gpu_moe.py -k "too_small or overflow or convert_f16" ;;
   g8)  # Q6_K's row-group builds (c0b7a01, kernels/mmq.py ROW_GROUP_NOTE). First the MoE build on row groups (rule
     # moe_row_groups, off): its GPU test, then against the mma.sync grouped GEMM on Qwen3-30B-A3B's ffn_down_exps (128
     # experts, top-8, 2048 x 768); then memcheck on the sweep's calls that run the dense and grouped _g8 builds
