@@ -445,6 +445,8 @@ for step in "${@:-tier}"; do
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16
+    ks=$ks,mmq_q6_k_wgmma_ra_n32_g8_moe,mmq_q6_k_wgmma_ra_n64_g8_moe,mmq_q6_k_wgmma_ra_n128_g8_moe,rotate_tq4_1s_f16
+    ks=$ks,mul_mat_fixup_q6_k,mmq_q8_0_wgmma_ra_n256_cx  # (2026-12-07: the MoE row groups shipped, the tiny-x flag)
     run moecheck_plain 100 python3 bench/sanitize.py --only "$ks"
     for tool in memcheck racecheck synccheck; do
       run "moecheck_$tool" 100 compute-sanitizer --tool "$tool" --print-limit 20 python3 bench/sanitize.py --only "$ks"

@@ -168,6 +168,9 @@ MOE_TARGETED = [
     ("q4_K", 4, 129, 512, 2, 56, None, {**GROUPED, "moe_wgmma_tile_pairs": {"n48": 24, "n64": 36, "n128": 128}}),
     # Q4_K's n64 at 48 pairs an expert (the sweep's T = 600 on 16 experts, 75 an expert, takes n80_m256)
     ("q4_K", 4, 129, 512, 2, 96, None, GROUPED),
+    # Q6_K's grouped GEMM on rows that are not 16-byte multiples (K = 768: 8-row groups, rule moe_row_groups): n32,
+    # n64, n128 by the pairs an expert (12, 40, 130)
+    *[("q6_K", 8, 136, 768, 2, t, None, GROUPED) for t in (48, 160, 520)],
     # the other formats' mma.sync grouped GEMMs (arch="sm_89"): n32, and n64 from 48 pairs an expert
     *[(fmt, 4, 129, 512, 2, t, "sm_89", GROUPED) for fmt in ("q5_K", "q6_K", "q8_0", "tq4_1s") for t in (48, 100)],
 ]

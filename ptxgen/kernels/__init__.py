@@ -77,9 +77,6 @@ NOT_SHIPPED = {
                          "(H200 graph µs 19.9 / 20.9 against 19.6 / 19.5 on 18944x3584 / 3584x18944; bench/NOTES.md, "
                          "2026-12-06; rule xtab_max_tokens tq4_1s 0)",
 }
-NOT_SHIPPED.update({f"mmq_q6_k_wgmma_ra_n{bn}_g8_moe": "the grouped Q6_K GEMM on rows in 8-row groups (K not a "
-                    "multiple of 2048): not yet run on a GPU (rule moe_row_groups off; bench/NOTES.md 2026-12-07)"
-                    for bn in (32, 64, 128)})
 NOT_SHIPPED["mmq_q4_k_wgmma_ra_n64_m256_moe"] = (
     "a 256-row n64 MoE tile (consumers at 112 registers, whole-block stages): slower than the 128-row n64 at 32 x "
     "top-4 T = 448-576 (H100, h100_wide_32x4_dc53cbc.log); rule moe_wgmma_tile_pairs with an \"n64_m256\" entry "
