@@ -62,6 +62,15 @@ def tiny_groups(h16, v32) -> bool:
     nonzero = ((np.asarray(v32, np.float32).view(np.uint32) & 0x7FFFFFFF) != 0).any(axis=-1)
     return bool((small & nonzero).any())
 
+
+def fp16_flag(v32, group: int) -> bool:
+    """The flag a conversion of the fp32 values `v32` to fp16 raises, testing `group` consecutive values (in the
+    order given) at a time: some value not finite in fp16, or a group too small for it (tiny_groups)."""
+    v32 = np.ascontiguousarray(v32, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h16 = v32.astype(np.float16)
+    return bool(not np.isfinite(h16).all() or tiny_groups(h16.reshape(-1, group), v32.reshape(-1, group)))
+
 def weight_rows_map(mem, wa, meta, rows, row_bytes):
     """The raw weight rows' tensor map of a TMA-fed GEMM, as runtime.ops._raw_rows_map makes it: boxes of the meta's
     tma_box (Q4_K's 16-byte columns x 128 rows unless the build says otherwise), in u32 words where tma_dtype says."""
@@ -382,7 +391,8 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         valid = ~bad.reshape(-1)
         used = xk.reshape(-1, k)[np.flatnonzero(valid) if per_slot else np.flatnonzero(valid) // slots]
         with np.errstate(over="ignore"):
-            want_flag = int(tiny_groups(used.astype(np.float16).reshape(-1, 4), used.reshape(-1, 4)))
+            want_flag = int(tiny_groups(used.astype(np.float16).reshape(-1, 4), used.reshape(-1, 4)))  # (an
+            # overflow's flag stays a failure here: test_moe's overflowing case expects it so)
     if want_flag and flag == want_flag:
         return Outcome(meta["name"], untouched, f"too small for fp16: flagged (the caller recomputes); bad rows "
                        f"untouched: {untouched}", got, want)
@@ -460,11 +470,10 @@ def _rotate_f16(ptx: str, rng, shape=(3, 128), seed=None, mode: int = 2, overflo
         return Outcome(name, ok, "y16 untouched" if ok else "y16 or the flag written under ROT_NO_F16", g16, None)
     with np.errstate(over="ignore"):
         w16 = want.astype(np.float16)
-    w16_own = w16  # (a 32-element block's values in x's order: the warp that tests them)
     if mode & ROT_REGA:
         w16 = w16.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
-    want_flag = not np.isfinite(w16).all() or tiny_groups(w16_own.reshape(-1, 32), want.reshape(-1, 32))
+    want_flag = fp16_flag(want, 32)  # (a 32-element block's values in x's order: the warp that tests them)
     same = np.array_equal(g16, w16.view(np.uint16))
     ok = same and flag == int(want_flag)
     return Outcome(name, ok, f"y16 {'bit-exact' if same else 'differs'}, flag {flag} (expected {int(want_flag)})",
@@ -818,8 +827,7 @@ def _convert_f16(ptx: str, rng, shape=(3, 256), seed=None, permuted=False, x=Non
     got = mem.view(ya, np.uint16, (t, k))
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).view(np.uint16)
-        want_flag = int(not np.isfinite(x.astype(np.float16)).all()
-                        or tiny_groups(x.astype(np.float16).reshape(-1, 8), x.reshape(-1, 8)))
+        want_flag = int(fp16_flag(x, 8))
     if permuted:
         want = want.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
     flag = int(mem.view(fa, np.uint32, (1,))[0])
@@ -914,8 +922,7 @@ def moe_gather_case(ptx: str, meta: dict, rng, shape=None, ids=None, per_slot=No
     x16 = mem.view(x16a, np.uint16, (p, k))
     with np.errstate(over="ignore"):
         want = rows_f.astype(np.float16).view(np.uint16)
-        want_flag = int(not np.isfinite(rows_f.astype(np.float16)).all()
-                        or tiny_groups(rows_f.astype(np.float16).reshape(-1, 8), rows_f.reshape(-1, 8)))
+        want_flag = int(fp16_flag(rows_f, 8))
     want = want.reshape(valid, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(valid, k)
     if not np.array_equal(x16[:valid], want):
         why.append(f"{np.count_nonzero(x16[:valid] != want)} x16 halves differ")
@@ -1123,9 +1130,9 @@ def mmq_case(ptx: str, meta: dict, rng, shape=None, seed=None, scale=1.0, splits
     # route rotates first); the reference takes x itself
     x16 = meta.get("x_layout", "").startswith("fp16")  # the _x16 builds read convert_f16's output
     with np.errstate(over="ignore"):
-        want_flag = not np.isfinite(xk.astype(np.float16)).all()
-        if not x16:  # ... or 4 values of a unit too small for fp16 (the converting builds: _f16_activations' tiny)
-            want_flag = want_flag or tiny_groups(xk.astype(np.float16).reshape(-1, 4), xk.reshape(-1, 4))
+        # (the _x16 builds: inf in the accumulators only; the converting builds: 4 values of a unit too small for
+        # fp16 too, _f16_activations' tiny)
+        want_flag = not np.isfinite(xk.astype(np.float16)).all() if x16 else fp16_flag(xk, 4)
     mem = _memory()
     with np.errstate(over="ignore"):
         wa, xa, fa = mem.alloc(raw), mem.alloc(xk.astype(np.float16) if x16 else xk), mem.alloc(4, poison=0)
@@ -1262,7 +1269,7 @@ def mmq_wgmma_case(ptx: str, meta: dict, rng, shape=None, seed=None, splits=1, c
         xk_stored = xk
         if "q4k_rega_k_order" in meta.get("activations", ""):
             xk_stored = xk.reshape(t, k // 64, 64)[:, :, layouts.q4k_rega_k_order()].reshape(t, k)
-        want_flag = tiny_groups(x16.reshape(-1, 8), np.ascontiguousarray(xk_stored).reshape(-1, 8))
+        want_flag = fp16_flag(xk_stored, 8)
     xa = mem.alloc(t * k * 2, poison=0xFF) if cx else mem.alloc(x16)  # cx: NaN until written
     if meta.get("f16a"):  # the weights as dequantize_<fmt> writes them: fp16 rows (M, K), 128B-swizzled boxes
         with np.errstate(over="ignore", invalid="ignore"):
