@@ -48,7 +48,7 @@ def build(arch, permuted: bool = False):
     else:
         h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
         rega_store(b, h, i, Y)
-    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=b.op("or.pred", overflowed(b, h), too_small(b, h, v)))
+    b.emit("st.global.u32", Mem(F), Imm(1, "u32"), pred=conversion_flag(b, v))
     b.place(done)
     b.emit("ret")
     return b.finish()
@@ -172,20 +172,37 @@ TINY_GROUP_F16_BITS = 0x1000  # 2^-11 as fp16 bits: a half under it has bits 12-
 TINY_ROW = 2.0 ** -12
 
 
-def too_small(b, words, values):
-    """Whether the fp16x2 `words` (rounded from the fp32 `values`) lie wholly under 2^-11 while some value is not
-    zero: a predicate (TINY_GROUP_F16_BITS). Four lop3 an 8-value group: the halves' OR has none of bits 12-14,
-    the values' magnitudes' OR is not zero."""
-    def orall(regs, mask):
-        acc = regs[0]
-        for i in range(1, len(regs), 2):
-            rest = regs[i:i + 2]
-            third = rest[1] if len(rest) > 1 else Imm(0, "b32")
-            acc = b.op("lop3.b32", acc, rest[0], third, Imm(0xFE, "b32"), type="b32")  # a | b | c
-        return b.op("and.b32", acc, Imm(mask, "b32"))
-    high = orall(list(words), 0x7000 * 0x10001)  # bits 12-14 of either half
-    nz = orall(list(values), 0x7FFFFFFF)  # (-0.0 is zero)
-    return b.op("and.pred", b.op("setp.eq.u32", high, Imm(0, "u32")), b.op("setp.ne.u32", nz, Imm(0, "u32")))
+# Both tests read the fp32 values before rounding, from their largest magnitude: RN to fp16 is monotone, so a group
+# leaves fp16 exactly where its largest |v| is 65520 or more (or NaN), and rounds wholly under 2^-11 exactly where
+# that |v| is under 2^-11 - 2^-23 (the midpoint under 2^-11: a tie rounds to even, 2^-11). On 8 values: 7 FMNMX
+# (the abs folds in) and a few compares, where testing the fp16 words took ~23 SASS.
+F16_OVER_F32_BITS = 0x477FF000  # 65520 = 65504 + half an ulp: from here fp16 rounds to inf
+F16_TINY_F32_BITS = 0x39FFF000  # 2^-11 - 2^-23: under it fp16 rounds to under 2^-11 (TINY_GROUP_F16_BITS)
+
+
+def _max_magnitude_bits(b, values):
+    """The bits of the largest |v| of the fp32 `values` (NaN wins: max.NaN), a balanced tree of maxes."""
+    m = [b.op("abs.f32", v) for v in values]
+    while len(m) > 1:
+        m = [b.op("max.NaN.f32", m[i], m[i + 1]) if i + 1 < len(m) else m[i] for i in range(0, len(m), 2)]
+    return b.op("mov.b32", m[0])
+
+
+def _tiny(b, u):
+    return b.op("setp.lo.u32", b.op("sub.u32", u, Imm(1, "u32")), Imm(F16_TINY_F32_BITS - 1, "u32"))  # 0 < |v| < ..
+
+
+def too_small(b, values):
+    """Whether the fp32 `values` (one group) round to fp16 wholly under 2^-11 while some value is not zero: a
+    predicate (TINY_GROUP_F16_BITS)."""
+    return _tiny(b, _max_magnitude_bits(b, values))
+
+
+def conversion_flag(b, values):
+    """Whether converting the fp32 `values` (one group) to fp16 needs the exact fallback: some value is not finite
+    in fp16 (overflowed on its words), or the group is too small for fp16 (too_small). A predicate."""
+    u = _max_magnitude_bits(b, values)
+    return b.op("or.pred", b.op("setp.hs.u32", u, Imm(F16_OVER_F32_BITS, "u32")), _tiny(b, u))
 
 
 def sub_block_sum(b, h):

@@ -22,7 +22,7 @@ from ..dsl import warp_sum
 from ..ir import Imm, Mem
 from . import KernelDef
 from ..specs import CodecKernel
-from .convert_f16 import TINY_ROW
+from .convert_f16 import F16_OVER_F32_BITS, TINY_ROW
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -74,10 +74,9 @@ def build(arch, fmt: str = "q4_K"):
     b.place(tok_loop)
     b.bra(tok_done, pred=b.op("setp.ge.u32", t, T))
     xrow = b.op("mad.wide.u32", b.op("mul.lo.u32", t, K), Imm(4, "u32"), X)
-    # 1. does this token leave fp16, or is its row too small for it (convert_f16.TINY_ROW)? each thread tests every
-    # 256th group of 4 values and keeps the largest magnitude it saw (as bits: the order of non-negative floats)
-    bad = b.reg("pred")
-    b.emit("setp.ne.u32", bad, tid, tid)  # false
+    # 1. does this token leave fp16, or is its row too small for it (convert_f16.TINY_ROW)? each thread reads every
+    # 256th group of 4 values and keeps the largest magnitude it saw (as bits: the order of non-negative floats, a
+    # NaN's above inf's), then tests it as convert_f16.conversion_flag does
     mx = b.op("mov.u32", Imm(0, "u32"))
     j = b.reg("u32")
     b.emit("mov.u32", j, tid)
@@ -86,17 +85,13 @@ def build(arch, fmt: str = "q4_K"):
     b.bra(scan_done, pred=b.op("setp.ge.u32", j, k4), uniform=False)
     v = b.regs("f32", 4)
     b.emit("ld.global.nc.v4.f32", b.vec(v), Mem(b.op("mad.wide.u32", j, Imm(16, "u32"), xrow)))
-    for h in (b.op("cvt.rn.f16x2.f32", v[1], v[0], type="b32"), b.op("cvt.rn.f16x2.f32", v[3], v[2], type="b32")):
-        for mask in (0x7C00, 0x7C000000):
-            p = b.op("setp.eq.u32", b.op("and.b32", h, Imm(mask, "b32")), Imm(mask, "u32"))
-            b.emit("or.pred", bad, bad, p)
     for vv in v:
         b.emit("max.u32", mx, mx, b.op("and.b32", vv, Imm(0x7FFFFFFF, "b32"), type="u32"))
     b.emit("add.u32", j, j, Imm(THREADS, "u32"))
     b.bra(scan, uniform=False)
     b.place(scan_done)
     t1 = b.op("add.u32", t, Imm(1, "u32"))  # never a value an earlier token of this CTA left there
-    b.emit("st.shared.u32", Mem(anyp), t1, pred=bad)
+    b.emit("st.shared.u32", Mem(anyp), t1, pred=b.op("setp.hs.u32", mx, Imm(F16_OVER_F32_BITS, "u32")))
     tiny_bits = int(np.float32(TINY_ROW).view(np.uint32))
     b.emit("st.shared.u32", Mem(anyp, 4), t1, pred=b.op("setp.ge.u32", mx, Imm(tiny_bits, "u32")))
     b.emit("st.shared.u32", Mem(anyp, 8), t1, pred=b.op("setp.ne.u32", mx, Imm(0, "u32")))

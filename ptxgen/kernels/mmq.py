@@ -38,7 +38,7 @@ from ..ir import wgmma as ir_wgmma
 from ..specs import ROW_GROUP, ROW_GROUP_FORMATS, MmqSpec
 from ..targets import lowering_for
 from . import KernelDef, smem_share
-from .convert_f16 import too_small
+from .convert_f16 import conversion_flag, too_small
 from .gemv import TMA_CTA, TMA_STEP, _wait_step
 
 # the raw ring (cp.async / TMA copies of a codec's raw rows, decoded from shared memory): the codec that declares
@@ -369,7 +369,7 @@ def _f16_activations(b, ft: _F16Tile, tid, n0, tlast, K, X, s_begin, b16, row_of
             b.emit("st.shared.v2.b32", Mem(dst, v * 16 * PAD_ROW), b.vec([lo, hi]))
             if tiny is not None:
                 b.emit("or.b32", tiny, tiny, b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"),
-                                                  too_small(b, [lo, hi], xregs[v])))
+                                                  too_small(b, xregs[v])))
     return load_x, copy_x, store_x
 
 
@@ -1769,12 +1769,7 @@ def _convert_x(b, tid, K, T, tiles_n, tiles_m, splits, Q, BN, X, X16, XR, F, sta
                 b.emit("ld.shared.f32", v[i], Mem(lds, 4 * (64 * e + off)))
             h = [b.op("cvt.rn.f16x2.f32", v[2 * j + 1], v[2 * j], type="b32") for j in range(4)]
             b.emit("st.global.v4.b32", Mem(dst, 2 * 64 * e), b.vec(h), pred=row_ok)
-            over = None  # a half whose exponent bits are all ones is inf or NaN
-            for word in h:
-                for mask in (0x7C00, 0x7C000000):
-                    p = b.op("setp.eq.u32", b.op("and.b32", word, Imm(mask, "b32")), Imm(mask, "u32"))
-                    over = p if over is None else b.op("or.pred", over, p)
-            over = b.op("or.pred", over, too_small(b, h, v))  # (a token too small for fp16: convert_f16.TINY_ROW)
+            over = conversion_flag(b, v)  # not finite in fp16, or a token too small for it (convert_f16.TINY_ROW)
             b.emit("or.b32", bad, bad, b.op("selp.b32", Imm(1, "b32"), Imm(0, "b32"), b.op("and.pred", over, row_ok)))
     b.emit("fence.proxy.async.global")  # these generic stores, before another CTA's TMA reads them
     b.emit("bar.warp.sync", Imm(0xFFFFFFFF, "b32"))

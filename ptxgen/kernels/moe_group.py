@@ -207,7 +207,7 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     overflow raises `flag` (the workspace's zero-kept word: the gated GEMV behind the GEMM clears it). `x16`
     (moe_gather(_sums)_x16): x is fp16, a group of 8 by one 16-byte load, widened — the same stores, sums and flag
     as for its fp32 widening (an inf or NaN of x raises it)."""
-    from .convert_f16 import (overflowed, too_small, rega_halves, rega_store, rega_words, store_sub_block_sum,
+    from .convert_f16 import (conversion_flag, overflowed, rega_halves, rega_store, rega_words, store_sub_block_sum,
                               sub_block_sum)
 
     name = ActKernel("group", gather=True, sums=sums, x16=x16).name
@@ -329,12 +329,11 @@ def build_gather(arch, sums: bool = False, x16: bool = False):
     XS = b.ptr(xs_p) if sums else None
     h = rega_halves(b, v)
     words = rega_words(b, h)
-    watch = list(h)
+    ovf = conversion_flag(b, v)  # (raises the flag only where a pair gathers the row; a row too small for fp16 too:
+    # convert_f16.TINY_ROW)
     if sums:
         hi, lo = sub_block_sum(b, h)
-        watch.append(b.op("mov.b32", b.vec([hi, hi]), type="b32"))
-    ovf = b.op("or.pred", overflowed(b, watch), too_small(b, h, v))  # (raises the flag only where a pair gathers the
-    # row; too_small: a row too small for fp16, convert_f16.TINY_ROW)
+        ovf = b.op("or.pred", ovf, overflowed(b, [b.op("mov.b32", b.vec([hi, hi]), type="b32")]))
     pair = b.op("sub.u32", b.op("mul.lo.u32", n, SLe), p0)  # the row's first pair, in this CTA's lists
     pend = b.op("add.u32", pair, SLe)
     slot_top, slot_next = b.label("slot"), b.label("slot_next")
