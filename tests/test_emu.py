@@ -626,10 +626,10 @@ def test_mmq_tma_ring_on_sm_120a_gives_the_cp_async_builds_bits(kernel):
 
 def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     """A split tile's last CTA counts in before the others may have stored and published their partials; it
-    then polls the counter until they have. Sixteen CTAs taking turns in run_seed 3's order meet that case (the
-    poll runs more than once per tile; which seeds do depends on the kernel's instruction count: 8 did before
-    the 2026-12-01 dequant change, 2 before the tiny-x test of 2026-12-07); the result is correct and bit-identical to one CTA's, whose last arrivals find
-    every partial published at the first poll."""
+    then polls the counter until they have. Sixteen CTAs taking turns meet that case in some run seeds' orders
+    (the poll runs more than once per tile); which seeds do depends on the kernel's instruction count, so the
+    test takes the first of a few that does. The result is correct and bit-identical to one CTA's, whose last
+    arrivals find every partial published at the first poll."""
     from ptxgen.emu import machine
 
     polls = []
@@ -644,10 +644,13 @@ def test_mmq_split_tail_last_arrival_waits_for_the_others_partials(monkeypatch):
     plan = dict(seed=4, shape=(129, 40, 512), whole=0, splits=4, per=2)  # 4 tiles, every one split
     one = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=1, **plan)
     assert one.ok and sum(polls) == 4, (one.detail, sum(polls))
-    polls.clear()
-    many = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=16, interleave=True, run_seed=3, spread=False, **plan)
-    assert many.ok and sum(polls) > 4, (many.detail, sum(polls))
-    assert np.array_equal(one.got, many.got)
+    for run_seed in range(3, 11):
+        polls.clear()
+        many = check_kernel("mmq_q4_k_f16_n32", ptx, ctas=16, interleave=True, run_seed=run_seed, spread=False, **plan)
+        assert many.ok and np.array_equal(one.got, many.got), (run_seed, many.detail)
+        if sum(polls) > 4:
+            break
+    assert sum(polls) > 4, "no run seed of 3-10 had a last arrival poll before the others published"
 
 
 @pytest.mark.parametrize("kernel,shape,plan,ctas", [
