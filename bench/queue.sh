@@ -70,6 +70,11 @@
 #   gate     #35: the gated GEMV's grid.y 1 against 4 (GATED_EXPERT_CTAS), both shapes, T = 32 / 512
 #   perm8    Q8_0's register-A GEMMs in the permuted K order against the natural one on fp32 x, 4096x14336 T = 512 / 4096
 #   perm32   the Q4_K / Q6_K register-A GEMMs in the permuted K order against the natural one on fp32 x (bench_model's shapes)
+#   gflag    the GPU tier at HEAD (2026-12-07's partial run reached 92%), then bench_op's prefill conversions on an older
+#            emitted/ (abold, from 05e92f5: the word tests) and this tree's (convert_f16.conversion_flag), alternating:
+#            `rm -rf abold && mkdir abold && git archive 05e92f5 emitted/sm_90a | tar -x -C abold && (cd abold/emitted/sm_90a
+#            && ls | grep -v -E '^(manifest|convert|dequantize|mul_mat_fixup|permute|mmq_q[458]_[0k]_wgmma_(ra|f16a))' |
+#            xargs rm)` (~3 MB; the device call's carry=["abold"])
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
 #            device call carry=["abold"] (ignored by git, so only carry takes it there)
@@ -442,6 +447,15 @@ for step in "${@:-tier}"; do
       run "g8_op_$sh" 120 python3 bench/bench_op.py --formats q6_K --shape "$sh" --tokens 17,128,512 --no-decode-loop --reps 5
     done
     run g8_model 200 python3 bench/bench_model.py --model qwen2.5-7b --prefill-only ;;  # Qwen's Q4_K_M mix
+  gflag)  # convert_f16.conversion_flag (2026-12-07): the tier, then eager / graph µs of the conversions' prefill routes
+    [ -d abold/emitted/sm_90a ] || { echo "queue.sh gflag: no abold/emitted (see the header)"; exit 2; }
+    run gflag_tier 330 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load
+    for i in 1 2; do
+      run "gflag_old$i" 60 env PTXGEN_EMITTED_DIR="$PWD/abold/emitted" python3 bench/bench_op.py --formats q4_K,q5_K,q8_0 \
+        --shape 4096x14336 --tokens 512,4096 --no-decode-loop --reps 10
+      run "gflag_new$i" 60 python3 bench/bench_op.py --formats q4_K,q5_K,q8_0 --shape 4096x14336 --tokens 512,4096 \
+        --no-decode-loop --reps 10
+    done ;;
   moecheck)  # the kernels changed on 2026-12-06 (quad-transposed stores, the shipped n80_m256 MoE tile) under
     # memcheck / racecheck / synccheck (the sweep's calls that run them), then bench_moe's #35 rows
     ks=mmq_q4_k_wgmma_ra_n80_m256_moe,moe_gather,moe_gather_sums,moe_gather_x16,moe_gather_sums_x16,convert_f16_perm,permute_f16
@@ -466,6 +480,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag)"; exit 2 ;;
   esac
 done
