@@ -75,6 +75,9 @@
 #            `rm -rf abold && mkdir abold && git archive 05e92f5 emitted/sm_90a | tar -x -C abold && (cd abold/emitted/sm_90a
 #            && ls | grep -v -E '^(manifest|convert|dequantize|mul_mat_fixup|permute|mmq_q[458]_[0k]_wgmma_(ra|f16a))' |
 #            xargs rm)` (~3 MB; the device call's carry=["abold"])
+#   minlo    #35: the grouped register-A Q4_K builds decoding two instructions a pair, −m_lo as a min-term MMA on the
+#            gather's sub-block sums (mmq.RA_MIN_LO_MMA; bench/results/study_min_term_mma_2026-12-07.md) against the
+#            shipped decode, both bench_moe shapes, T = 128 / 512; then its emulator tests on the GPU's machine
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
 #            device call carry=["abold"] (ignored by git, so only carry takes it there)
@@ -447,6 +450,13 @@ for step in "${@:-tier}"; do
       run "g8_op_$sh" 120 python3 bench/bench_op.py --formats q6_K --shape "$sh" --tokens 17,128,512 --no-decode-loop --reps 5
     done
     run g8_model 200 python3 bench/bench_model.py --model qwen2.5-7b --prefill-only ;;  # Qwen's Q4_K_M mix
+  minlo)  # mmq.RA_MIN_LO_MMA (2026-12-07, off): -48 of 542 SASS a block in mmq_q4_k_wgmma_ra_n48_m256_moe, the GEMM
+    # closer to float64; predicted 4-8% of the GEMM after the gather (128 x top-8 T = 512: 75.6 -> 70.5-73 on the H200)
+    ks='mmq_q4_k_wgmma_ra_n(32|48|64|48_m256|80_m256)_moe$'
+    run minlo_128 150 "${AB[@]}" --kernels "$ks" --moe 128:8 --shape 768x2048 --tokens 128,512 \
+      --variant 'minlo: mmq.RA_MIN_LO_MMA=True'
+    run minlo_32 150 "${AB[@]}" --kernels "$ks" --moe 32:4 --shape 1792x2048 --tokens 128,512 \
+      --variant 'minlo: mmq.RA_MIN_LO_MMA=True' ;;
   gflag)  # convert_f16.conversion_flag (2026-12-07): the tier, then eager / graph µs of the conversions' prefill routes
     [ -d abold/emitted/sm_90a ] || { echo "queue.sh gflag: no abold/emitted (see the header)"; exit 2; }
     run gflag_tier 330 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load
@@ -480,6 +490,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag minlo)"; exit 2 ;;
   esac
 done

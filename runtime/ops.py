@@ -264,6 +264,7 @@ def mul_mat_id_kernels(fmt: str, t: int, slots: int, experts: int, k: int, m: in
 
 def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch: str | None, sm: int | None,
                fp16_weights: bool = True) -> list[str]:
+    from ptxgen.kernels import mmq
     from ptxgen.kernels.moe_group import GATHER_ROWS
 
     p = t * slots
@@ -273,7 +274,8 @@ def _moe_route(fmt: str, t: int, slots: int, experts: int, k: int, m: int, arch:
         if (rg := _moe_wgmma(fmt, k, arch, sm, m)) and slots <= GATHER_ROWS:  # (moe_gather: a token's slots in
             # one CTA)
             spec = _moe_wgmma_spec(p, experts, fmt, rg)
-            group = ActKernel("group", gather=True, sums=spec.int_weights)  # the grouping and x gathered, one kernel
+            group = ActKernel("group", gather=True, sums=spec.int_weights or mmq.min_lo_sums(spec))  # the grouping
+            # and x gathered, one kernel (with the sub-block sums where the GEMM takes them)
             return [group.name, spec.name, CodecKernel("gemv_idg", fmt).name]
         return [ActKernel("group").name, MmqSpec(_moe_bn(p, experts), grouped=True, fmt=fmt).name,
                 CodecKernel("gemv_idg", fmt).name]
@@ -610,7 +612,8 @@ def _record_moe_gemm(pb, w, x, t: int, slots: int, x_per_slot: int, expert_bytes
                                   work, pb.queue))
         return
     x16 = pb.scratch((p, k), np.float16)
-    iw = "int_weights" in gemm.meta  # the integer-weight build: x's sub-block sums too (Σx hi / lo)
+    iw = "int_weights" in gemm.meta or "min_lo_sums" in gemm.meta  # x's sub-block sums too (Σx hi / lo): the
+    # integer-weight build's, or the −m_lo MMA's (mmq.RA_MIN_LO_MMA)
     xs = (pb.scratch((p, k // 16), np.float16),) if iw else ()
     # a CTA an SM at most (1024 threads each), each ~a thousand (pair, group of 8 values) stores a round, at most
     # GATHER_ROWS pairs, rounded to whole rows of x (a token's slots where they share x: moe_gather converts a row

@@ -1467,3 +1467,27 @@ def test_product_table_gemv_fails_with_one_wrong_codebook_value(monkeypatch):
     ptx = KERNELS["gemv_tq4_1s_xt_t1"].for_arch("sm_90a").ptx()
     monkeypatch.undo()
     assert not check_kernel("gemv_tq4_1s_xt_t1", ptx, seed=2, shape=(300, 512)).ok
+
+
+@pytest.mark.parametrize("kernel", ["mmq_q4_k_wgmma_ra_n32_moe", "mmq_q5_k_wgmma_ra_n64_moe"])
+def test_grouped_rega_min_term_mma_of_m_lo(monkeypatch, kernel):
+    """mmq.RA_MIN_LO_MMA: the grouped register-A Q4_K / Q5_K builds decode two instructions a weight pair
+    (codecs.q4_k.dequant_pair2) and add each block's −m_lo·Σx as one more k16 MMA on moe_gather_sums' Σx tile: the
+    harness gathers the sums as the gather writes them (meta min_lo_sums) and y stays within the fp16 GEMMs' bar of
+    float64 — closer to it than the shipped decode's (one rounding a weight fewer; without the MMA the pairs alone
+    read ~5e-4 here against the shipped ~3.5e-4)."""
+    from ptxgen.kernels import mmq
+
+    err = {}
+    for on in (False, True):
+        monkeypatch.setattr(mmq, "RA_MIN_LO_MMA", on)
+        k = KERNELS[kernel].for_arch("sm_90a")
+        ptx = k.ptx()
+        assert ("min_lo_sums" in k.manifest(ptx)["meta"]) == on
+        assert ("tmap_s" in ptx) == on
+        out = check_kernel(kernel, ptx, seed=6)
+        assert out.ok, (on, out.detail)
+        got, want = np.asarray(out.got, np.float64), np.asarray(out.want, np.float64)
+        live = np.isfinite(want)
+        err[on] = np.abs(got[live] - want[live]).max() / np.abs(want[live]).max()
+    assert err[True] < err[False], err

@@ -361,6 +361,29 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         assert c[15] == 2 * -(-t // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
 
 
+def test_the_min_term_mma_build_takes_the_gathers_sub_block_sums(monkeypatch):
+    """mmq.RA_MIN_LO_MMA (a build-time flag, off in emitted/): the grouped register-A GEMM then takes x's sub-block
+    sums for its −m_lo MMA, so the route gathers with moe_gather_sums (its Σx scratch the last argument) and the
+    GEMM gets a third tensor map (tmap_s) over them, as the integer-weight build does."""
+    from ptxgen import tuning
+    from ptxgen.kernels import mmq
+    from ptxgen.runtime import kernels, ops
+
+    monkeypatch.setattr(mmq, "RA_MIN_LO_MMA", True)
+    entry = kernels.entry
+    monkeypatch.setattr(kernels, "entry", lambda k, a: kernels._built(k, a)[1] if k.endswith("_moe") else entry(k, a))
+    kernels._built.cache_clear()
+    rec = _Launches(monkeypatch)
+    w = _fake_experts(e=8, m=300, k=512)
+    with tuning.override(moe_int_weights_max_pairs=0):
+        _fake_call(w, 8, 2)
+    kernels._built.cache_clear()
+    assert [r[0] for r in rec.runs] == ["moe_gather_sums", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
+    (_, _, c1, _), (_, _, c2, _) = rec.runs[:2]
+    assert len(c1) == 17  # (moe_gather's 16, then the Σx scratch)
+    assert [isinstance(c, bytes) for c in c2[:4]] == [True, True, True, False]  # tmap_w, tmap_x, tmap_s, then y
+
+
 def test_the_gather_takes_whole_rows_of_x_and_more_slots_than_a_cta_holds_take_moe_group(monkeypatch):
     """moe_gather converts a row of x once for every pair that shares it, so a CTA's pairs are whole tokens where the
     slots share x (rows a multiple of slots; per slot, any count): at 3 slots of 101 tokens, CTAs of 3·k pairs; past

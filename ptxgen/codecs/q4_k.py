@@ -226,6 +226,14 @@ def dequant_pair3(b, h, scale):
     return b.op("add.rn.f16x2", b.op("fma.rn.f16x2", qs, d, nm_hi, type="b32"), nm_lo, type="b32")
 
 
+def dequant_pair2(b, h, scale):
+    """dequant_pair3 without its last add: q·sc'·d − m_hi in one rounding, the −m_lo of the sub-block left to a
+    min-term MMA on the activation's sub-block sums (kernels/mmq.py RA_MIN_LO_MMA). Two instructions per two
+    weights, and closer to float64 than dequant_pair3 (bench/model_decode_roundings.py: dmin·m kept exact)."""
+    sc, c, d, nm_hi = scale[:4]
+    return b.op("fma.rn.f16x2", b.op("fma.rn.f16x2", h, sc, c, type="b32"), d, nm_hi, type="b32")
+
+
 # The packed 6-bit (scale, min) pairs of a super-block's header words s0, s1, s2 (bytes 4-15) as 4 bytes a word
 # (ggml's get_scale_min_k4): sub-blocks 0-3 are the low 6 bits of s0 / s1, 4-7 the nibbles of s2 with the top bits
 # of s0 / s1's bytes. Each emits its own instructions, so callers keep their order.
@@ -591,8 +599,9 @@ class RegA:
     lane's offsets (once, ahead of the K loop); fragments() a step's decode."""
 
     def __init__(self, b, lane, cw, s, part: int, qh: bool = False, s_begin=None, block_scales: bool = True,
-                 row_box: tuple | None = None, integer: bool = False, natural: bool = False):
+                 row_box: tuple | None = None, integer: bool = False, natural: bool = False, min_lo: bool = False):
         self.s, self.qh = s, qh
+        self.min_lo = min_lo  # dequant_pair2: −m_lo left to the caller's min-term MMA (min_fragments' lo)
         self.natural, self.part = natural, part  # natural: x in its own K order (_common.natural_words)
         self.integer = integer  # A = q·sc' alone (IntA: d and the min term applied outside the MMA)
         self.block_scales = RA_BLOCK_SCALES and block_scales
@@ -636,7 +645,7 @@ class RegA:
         pitch, qs_at, qh_at = self.row_box
         self.t = t
         self.row_hdr = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
-                        for rr in range(2)] if self.integer else None
+                        for rr in range(2)] if self.integer or self.min_lo else None
         rows = [b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"),
                      b.op("shl.b32", t, Imm(3, "u32"))) for rr in range(2)]
         self.qs_off = [b.op("add.u32", r, Imm(qs_at, "u32")) for r in rows]
@@ -649,7 +658,7 @@ class RegA:
         if self.row_box is not None:
             pitch, qs_at, qh_at = self.row_box
             self.row_hdr = [b.op("mul.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"))
-                            for rr in range(2)] if self.integer else None
+                            for rr in range(2)] if self.integer or self.min_lo else None
             rows = [b.op("mad.lo.u32", b.op("add.u32", row0, Imm(8 * rr, "u32")), Imm(pitch, "u32"),
                          b.op("shl.b32", t, Imm(1, "u32"))) for rr in range(2)]
             self.nat_next = 16  # the second 16 qs bytes: the next 16 of the row
@@ -691,7 +700,8 @@ class RegA:
                 continue
             m = b.op("sub.rn.f16x2", b.op("prmt.b32", mw, magic, sel), magic, type="b32")  # m exact
             b.emit("mul.rn.f16x2", mh_out, m, ndmin)
-            b.emit("fma.rn.f16x2", ml_out, m, ndmin, b.op("xor.b32", mh_out, Imm(0x80008000, "b32")))
+            if not self.min_lo:  # (min_lo: the caller's min-term MMA takes −m_lo)
+                b.emit("fma.rn.f16x2", ml_out, m, ndmin, b.op("xor.b32", mh_out, Imm(0x80008000, "b32")))
         dd = b.op("prmt.b32", hdr[0], hdr[0], Imm(0x1010, "b32"))  # (d, d) of this lane's row
         for rr, dst in ((0, d0), (1, d1)):
             b.emit("shfl.sync.idx.b32", dst, dd, b.op("or.b32", self.quad, Imm(2 * rr, "b32")), Imm(0x1F, "b32"),
@@ -760,7 +770,7 @@ class RegA:
                     scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"))
                     continue
                 scales[rr, sb] = (sc, b.op("mul.rn.f16x2", sc, neg1024, type="b32"), d, shfl(m_hi, src),
-                                  shfl(m_lo, src))
+                                  None if self.min_lo else shfl(m_lo, src))
         frag = {}  # (rr, n) → f16x2 number n of row row0 + 8·rr
         c2 = b.op("shl.b32", b.op("and.b32", s, Imm(3, "b32")), Imm(1, "u32")) if qh else None  # qh bit 2c
         for rr in range(2):
@@ -791,8 +801,9 @@ class RegA:
                                    Imm(0xEA, "b32"))
                         h = b.reg("b32")
                         b.emit("lop3.b32", h, words[sh], mask, top, Imm(0xEA, "b32"))  # (v & mask) | 0x6400 (| bit)
-                        frag[rr, 4 * sb + 2 * wi + sh] = (b.op("fma.rn.f16x2", h, *scales[rr, sb], type="b32")
-                                                          if self.integer else dequant_pair3(b, h, scales[rr, sb]))
+                        frag[rr, 4 * sb + 2 * wi + sh] = (
+                            b.op("fma.rn.f16x2", h, *scales[rr, sb], type="b32") if self.integer else
+                            dequant_pair2(b, h, scales[rr, sb]) if self.min_lo else dequant_pair3(b, h, scales[rr, sb]))
         return [[frag[0, 2 * kk], frag[1, 2 * kk], frag[0, 2 * kk + 1], frag[1, 2 * kk + 1]] for kk in range(4)]
 
 

@@ -369,7 +369,7 @@ def mmq_moe_case(ptx: str, meta: dict, rng, shape=None, ids=None, x_per_slot=Non
         tx = BACKEND[-1].tensor_map(mem, mem.alloc(np.ascontiguousarray(x16)), "f16", p, k, bn, 64, "128B", None,
                                     meta.get("x_box_chunks", 0))
         ts = ()
-        if "int_weights" in meta:  # the integer-weight build: the rows' sub-block sums too, as the gather writes them
+        if "int_weights" in meta or "min_lo_sums" in meta:  # the rows' sub-block sums too, as the gather writes them
             xs = gather_sub_block_sums(rows)
             ts = (BACKEND[-1].tensor_map(mem, mem.alloc(xs), "f16", p, k // 16, bn, 8, "none", None,
                                         meta.get("s_box_chunks", 0)),)

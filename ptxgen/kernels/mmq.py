@@ -1587,6 +1587,25 @@ GROUPED_SKELETON = ""  # a diagnostic build (bench/probe_build_ab.py --variant),
 # Q4_K T = 512 98.8 -> 93.8, Q5_K T = 64 / 256 / 512 104.0 / 104.1 / 121.5 -> 84.3 / 89.6 / 115.0; 32 x top-4 Q4_K
 # T = 256 / 512 61.2 / 89.7 -> 58.5 / 84.8, Q5_K T = 64 / 256 / 512 67.4 / 74.5 / 108.9 -> 66.3 / 69.6 / 99.8.
 RA_BLOCK_STAGES = True
+# The grouped register-A Q4_K / Q5_K builds on block stages may decode two instructions a weight pair
+# (codecs.q4_k.dequant_pair2: q·sc'·d − m_hi, one rounding) and add the sub-blocks' −m_lo·Σx as one more k16 MMA a
+# block into the same accumulators (A = RegA.min_fragments' lo, B = the block's Σx tile from moe_gather_sums, as
+# the integer-weight build's): −66 of ~545 SASS a block, the GEMM closer to float64 than dequant_pair3
+# (bench/model_decode_roundings.py; bench/results/study_min_term_mma_2026-12-07.md). Off until timed.
+RA_MIN_LO_MMA = False
+MIN_LO_NOTE = ("A = q·sc'·d − m_hi in one rounding (dequant_pair2); each block's −m_lo·Σx as one more k16 MMA into "
+               "the same accumulators: A = [lo | 0] of the lane's sub-blocks (RegA.min_fragments), B = the block's Σx "
+               "tile [hi | lo] (moe_gather_sums)")
+
+
+def min_lo_sums(spec: MmqSpec) -> bool:
+    """Whether the build takes the activation's sub-block sums for its −m_lo MMA (RA_MIN_LO_MMA): the grouped
+    register-A nibble builds with block boxes and whole-block stages."""
+    return bool(RA_MIN_LO_MMA and spec.grouped and spec.a_regs and not spec.int_weights and not spec.prepared
+                and spec.fmt in NIBBLE_PARTS and _block_box(spec) and RA_BLOCK_STAGES and spec.bn <= PAIRED_MAX_BN
+                and (spec.bn < HALF_BLOCK_MIN_BN or spec.bm != BM))
+
+
 RA_MAX_STAGES = 8
 RA_MAX_A_SLOTS = 4
 STATIC_SMEM_MARGIN = 512  # the builds' static shared memory (barriers, item slots: ~100-260 bytes)
@@ -1943,7 +1962,8 @@ def build_wgmma(arch, spec: "MmqSpec"):
     # several K-steps (RA_BOX_STEPS: Q6_K) keeps its boxes in RA_A_SLOTS slots of their own, the stages B alone
     SA = RA_A_SLOTS if _block_box(spec) else 0
     IW = spec.int_weights
-    s_bytes = BN * 32 if IW else 0  # the integer-weight build's Σx tile a stage: BN rows x (8 hi + 8 lo) halves
+    ML = min_lo_sums(spec)  # RA_MIN_LO_MMA: the block's Σx tile for the −m_lo MMA, as IntA's
+    s_bytes = BN * 32 if IW or ML else 0  # the Σx tile a stage: BN rows x (8 hi + 8 lo) halves
     a_slot_bytes = _wg_weights(spec).raw_bytes if SA else 0
     raw_bytes = RA_FRAG_BYTES if PRE else 0 if SA else _wg_weights(spec).raw_bytes
     BSTEPS = 4 if IW or (spec.grouped and SA and spec.fmt in NIBBLE_PARTS and RA_BLOCK_STAGES
@@ -1976,7 +1996,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     tx_p = b.param("tmap_x", "b8", "tensormap", array=128, align=64)  # f16 [T][K], box 64 x BN, 128B swizzle
     if IW and not (spec.grouped and spec.a_regs and spec.fmt == "q4_K" and _block_box(spec)):
         raise ValueError(f"{spec.name}: integer weights are the grouped register-A Q4_K build's (with block boxes)")
-    ts_p = b.param("tmap_s", "b8", "tensormap", array=128, align=64) if IW else None  # f16 Σx [pairs][K / 16]
+    ts_p = b.param("tmap_s", "b8", "tensormap", array=128, align=64) if IW or ML else None  # f16 Σx [pairs][K/16]
     y_p = b.param("y", "u64", "ptr:out")
     G = spec.grouped
     if G:  # mul_mat_id: the sizes, moe_group's grouping and the queue (no split-K: no partials or counters)
@@ -2003,11 +2023,12 @@ def build_wgmma(arch, spec: "MmqSpec"):
     slots = b.shared_buffer("item_slots", 8, align=8)
     fix_slot = b.shared_buffer("fixup_slot", 8, align=8)  # the split-K fixup's counter broadcast (bytes 4..7)
     _wgmma_meta(b, arch, spec, sched, S, XS)
-    if IW:
-        b.meta.update(int_weights=IW_NOTE, activations=b.meta["activations"].replace(
+    if IW or ML:
+        b.meta.update(activations=b.meta["activations"].replace(
             "by moe_gather", "by moe_gather_sums (with each row's sub-block sums Σx)"),
             tensormaps=b.meta["tensormaps"] + f"; tmap_s: f16, dims (K / 16, pairs) over the Σx rows, box (8, {BN}), "
             "no swizzle")
+        b.meta.update(int_weights=IW_NOTE) if IW else b.meta.update(min_lo_sums=MIN_LO_NOTE)
 
     CL = spec.cluster
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
@@ -2040,7 +2061,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
     lay = _WgRing(b, S, b_bytes, raw_bytes, stage_bytes, bst, a_base, raw0, b.op("mov.u32", bars),
                   b.op("mov.u32", slots), SA, a_slot_bytes, b.op("mov.u32", Imm(0, "u32")) if SA else None,
                   _box_step_mask(spec) if SA else 0,
-                  b.op("add.u32", raw0, Imm(S * raw_bytes + SA * a_slot_bytes, "u32")) if IW else None, s_bytes,
+                  b.op("add.u32", raw0, Imm(S * raw_bytes + SA * a_slot_bytes, "u32")) if IW or ML else None, s_bytes,
                   BSTEPS, 2 * spec.bm)
     if G and BSTEPS > 1 and _b3d():  # (_block_stage_tma: a stage's B tiles, and Σx tiles, as one 3-D box each)
         assert stage_bytes == BSTEPS * b_bytes, (stage_bytes, b_bytes)
@@ -2050,7 +2071,7 @@ def build_wgmma(arch, spec: "MmqSpec"):
             f"{BSTEPS}), 128B swizzle").replace(
             f"tmap_s: f16, dims (K / 16, pairs) over the Σx rows, box (8, {BN}), no swizzle",
             f"tmap_s: f16, dims (8, pairs, K / 128) over the Σx rows, box (8, {BN}, 2), no swizzle"))
-        if IW:
+        if IW or ML:
             b.meta.update(s_box_chunks=2)
     if SA:
         b.meta.update(a_ring=f"{SA} slots of {a_slot_bytes} bytes after the B stages: block j's box (one TMA), "
@@ -3059,7 +3080,7 @@ def _wgmma_drain(b, S, gc, empty, peers=()):
 
 def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, raw_bytes, bst, b_bytes, ct, cw,
                 lane, magic, peers=(), qh=False, lay=None, block_scales=True, row_box=None, codec=RAW_CODEC,
-                natural=False):
+                natural=False, min_lo=False):
     """The register-A consumer's K loop of the nibble codecs (mmq_q4_k_wgmma_ra_*, mmq_q5_k_wgmma_ra_*): lane (g, t)
     of consumer warp cw decodes rows 16·cw + g and + 8 of the stage's raw 16-byte columns (RAW_PART bytes each)
     straight into wgmma's A fragments by the codec's RegA (codecs/q4_k.py; `qh`: Q5_K's fifth bits), in the K order
@@ -3069,10 +3090,15 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     kept, 2026-12-01: the scales decoded once per stage by the producer warpgroup's idle warps into a shared table,
     bench/NOTES.md.) `lay` (NIBBLE_BLOCK_BOX's builds: their A slots): the block's rows, `row_box` = (pitch, qs
     offset, qh offset), in an A slot for its 4 steps; pair c's qs bytes 32c further in. `natural` (_natural_k): x in
-    its own K order instead (RegA's natural loads)."""
-    dec = codec.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box, natural=natural)
+    its own K order instead (RegA's natural loads). `min_lo` (min_lo_sums: block stages of 4 steps): the pairs
+    decoded without −m_lo (dequant_pair2), and after each block's last step one more k16 MMA into acc: A = [lo | 0]
+    of RegA.min_fragments (from the header, before the slot goes back), B = the stage's Σx tile [hi | lo], the
+    −m_lo·Σhi the pairs left out (m_lo·Σlo is under 2^-22 of the term)."""
+    dec = codec.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box, natural=natural, min_lo=min_lo)
     if lay is not None and lay.bs > 1:  # block stages: the block's A slot taken at its step 0, given after step 3
-        slot = []
+        slot, mins = [], []
+        sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
+        assert not min_lo or lay.bs == 4, lay.bs  # (the Σx slot is a block's)
 
         def block_fragments(stage, st):
             if st == 0:
@@ -3084,9 +3110,18 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
             else:
                 frags = dec.fragments(b, slot[1], magic, b.op("mov.u32", Imm(32 * st, "u32")), step=st)
             if st == 3:
+                if min_lo:
+                    mins[:] = dec.min_fragments(b, slot[1], magic)[0][1]  # [lo₀, lo₁, 0, 0]
                 _block_slot_give(b, lay, slot[0])
             return frags
-        _ra_block_loop(b, arch, BN, lay, acc, s, s_begin, s_end, gc, peers, block_fragments)
+
+        def block_min_term(stage, st):  # after the block's last step's MMAs, in their commit group
+            if min_lo and st == 3:
+                sd = b.op("or.b32", b.op("shr.u32", lay.sums(stage), Imm(4, "u32")),
+                          Imm(sums_desc & 0xFFFFFFFF, "b32"))
+                desc = b.op("mov.b64", b.vec([sd, b.op("mov.b32", Imm(sums_desc >> 32, "b32"))]), type="b64")
+                b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(mins), desc))
+        _ra_block_loop(b, arch, BN, lay, acc, s, s_begin, s_end, gc, peers, block_fragments, block_min_term)
         return
 
     def fragments(stage):
@@ -3176,7 +3211,8 @@ def _wg_weights(spec: MmqSpec) -> _WgWeights:
             box = _row_box(spec.fmt)
             return _WgWeights(spec.bm * box[0], partial(_tma_block_row, fmt=spec.fmt),
                               partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh), row_box=box,
-                                      codec=codecs.get(spec.fmt), natural=_natural_k(spec)))
+                                      codec=codecs.get(spec.fmt), natural=_natural_k(spec),
+                                      min_lo=min_lo_sums(spec)))
         return _WgWeights(NIBBLE_PARTS[spec.fmt] * RAW_PART, partial(_tma_raw_tile, fmt=spec.fmt),
                           partial(_rega_steps, qh=qh, block_scales=_block_scales_fit(spec, qh),
                                   codec=codecs.get(spec.fmt), natural=_natural_k(spec)))
@@ -3433,10 +3469,11 @@ def _ra_k_loop(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, bst, b_b
     _wgmma_drain(b, S, gc, empty, peers)
 
 
-def _ra_block_loop(b, arch, BN, lay: _WgRing, acc, s, s_begin, s_end, gc, peers, fragments):
+def _ra_block_loop(b, arch, BN, lay: _WgRing, acc, s, s_begin, s_end, gc, peers, fragments, after=None):
     """_ra_k_loop over block stages (lay.bs = 4; items whole blocks): a block's 4 steps are the loop body, its
     stage waited for at step 0 and the previous block's released there (once wait_group 1 retired that block's last
-    step), `fragments(stage, st)` each step's A registers, the last block's stage released after the item."""
+    step), `fragments(stage, st)` each step's A registers, the last block's stage released after the item.
+    `after(stage, st)`: more MMAs of the step, after its own, in its commit group."""
     top = b.label("c_block")
     b.place(top)
     stage = None
@@ -3448,6 +3485,8 @@ def _ra_block_loop(b, arch, BN, lay: _WgRing, acc, s, s_begin, s_end, gc, peers,
         b.emit("wgmma.fence.sync.aligned")
         for kk in range(BK // 16 if not GROUPED_SKELETON.startswith("skeleton") else 0):
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(a[kk]), dbs[kk]))
+        if after is not None:
+            after(stage, st)
         _block_step_done(b, lay, stage, st, gc, s, s_begin, peers)
     b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
     _block_drain(b, lay, gc, peers)
