@@ -1590,7 +1590,7 @@ RA_BLOCK_STAGES = True
 # The grouped register-A Q4_K / Q5_K builds on block stages may decode two instructions a weight pair
 # (codecs.q4_k.dequant_pair2: q·sc'·d − m_hi, one rounding) and add the sub-blocks' −m_lo·Σx as one more k16 MMA a
 # block into the same accumulators (A = RegA.min_fragments' lo, B = the block's Σx tile from moe_gather_sums, as
-# the integer-weight build's): −66 of ~545 SASS a block, the GEMM closer to float64 than dequant_pair3
+# the integer-weight build's): 542 -> 494 SASS a block at n48_m256, the GEMM closer to float64 than dequant_pair3
 # (bench/model_decode_roundings.py; bench/results/study_min_term_mma_2026-12-07.md). Off until timed.
 RA_MIN_LO_MMA = False
 MIN_LO_NOTE = ("A = q·sc'·d − m_hi in one rounding (dequant_pair2); each block's −m_lo·Σx as one more k16 MMA into "
@@ -2028,7 +2028,10 @@ def build_wgmma(arch, spec: "MmqSpec"):
             "by moe_gather", "by moe_gather_sums (with each row's sub-block sums Σx)"),
             tensormaps=b.meta["tensormaps"] + f"; tmap_s: f16, dims (K / 16, pairs) over the Σx rows, box (8, {BN}), "
             "no swizzle")
-        b.meta.update(int_weights=IW_NOTE) if IW else b.meta.update(min_lo_sums=MIN_LO_NOTE)
+        if IW:
+            b.meta.update(int_weights=IW_NOTE)
+        else:
+            b.meta.update(min_lo_sums=MIN_LO_NOTE)
 
     CL = spec.cluster
     Y0, Q = b.ptr(y_p), b.ptr(c_p)
@@ -3097,7 +3100,6 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
     dec = codec.RegA(b, lane, cw, s, RAW_PART, qh, s_begin, block_scales, row_box, natural=natural, min_lo=min_lo)
     if lay is not None and lay.bs > 1:  # block stages: the block's A slot taken at its step 0, given after step 3
         slot, mins = [], []
-        sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
         assert not min_lo or lay.bs == 4, lay.bs  # (the Σx slot is a block's)
 
         def block_fragments(stage, st):
@@ -3117,10 +3119,7 @@ def _rega_steps(b, arch, BN, S, acc, s, s_begin, s_end, gc, full, empty, raw0, r
 
         def block_min_term(stage, st):  # after the block's last step's MMAs, in their commit group
             if min_lo and st == 3:
-                sd = b.op("or.b32", b.op("shr.u32", lay.sums(stage), Imm(4, "u32")),
-                          Imm(sums_desc & 0xFFFFFFFF, "b32"))
-                desc = b.op("mov.b64", b.vec([sd, b.op("mov.b32", Imm(sums_desc >> 32, "b32"))]), type="b64")
-                b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(mins), desc))
+                b.emit(ir_wgmma(arch, BN, "f16", b.vec(acc), b.vec(mins), _sums_desc(b, lay, stage, BN)))
         _ra_block_loop(b, arch, BN, lay, acc, s, s_begin, s_end, gc, peers, block_fragments, block_min_term)
         return
 
@@ -3326,7 +3325,6 @@ def _iw_steps(b, codec, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, g
     them before their stage is released. Its stages are block stages (lay.bs = 4): a stage holds the block's
     4 B tiles and its Σx: waited for at its step 0, released at the next block's step 0 (or the item's end)."""
     dec = codec.RegA(b, lane, cw, s, RAW_PART, False, s_begin, True, _row_box(codec.FMT), integer=True)
-    sums_desc = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
     top = b.label("iw_block")
     b.place(top)
     sl = _block_slot(b, lay)
@@ -3352,8 +3350,7 @@ def _iw_steps(b, codec, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, g
         b.emit("wgmma.wait_group.sync.aligned", Imm(0, "u32"))  # the block's MMAs (and the last min MMAs) done
         for i, v in enumerate(acc):  # fragment i: row g (i % 4 < 2) or g + 8
             b.emit("fma.rn.f32", y[i], v, d[(i % 4) // 2], y[i])
-        sd = b.op("or.b32", b.op("shr.u32", lay.sums(stage), Imm(4, "u32")), Imm(sums_desc & 0xFFFFFFFF, "b32"))
-        desc = b.op("mov.b64", b.vec([sd, b.op("mov.b32", Imm(sums_desc >> 32, "b32"))]), type="b64")
+        desc = _sums_desc(b, lay, stage, BN)
         b.emit("wgmma.fence.sync.aligned")
         for m in mins:
             b.emit(ir_wgmma(arch, BN, "f16", b.vec(ym), b.vec(m), desc))
@@ -3362,6 +3359,14 @@ def _iw_steps(b, codec, arch, BN, lay: _WgRing, acc, y, ym, s, s_begin, s_end, g
         b.emit("add.u32", s, s, Imm(1, "u32"))
     b.bra(top, pred=b.op("setp.lt.u32", s, s_end))
     _block_drain(b, lay, gc, peers)
+
+
+def _sums_desc(b, lay: _WgRing, stage, BN):
+    """The wgmma B descriptor of the stage's Σx tile [hi of sub-blocks 0-7 | lo], BN rows (no swizzle: LBO BN·16,
+    SBO 128): the min-term MMAs' B (_iw_steps, and _rega_steps' −m_lo)."""
+    base = layouts.wgmma_descriptor(0, BN * 16, 128, "none")
+    lo = b.op("or.b32", b.op("shr.u32", lay.sums(stage), Imm(4, "u32")), Imm(base & 0xFFFFFFFF, "b32"))
+    return b.op("mov.b64", b.vec([lo, b.op("mov.b32", Imm(base >> 32, "b32"))]), type="b64")
 
 
 # The block-stage protocol (lay.bs = 4, or 2: half a block; the grouped builds, whose items are whole blocks) both
