@@ -78,6 +78,8 @@
 #   minlo    #35: the grouped register-A Q4_K builds decoding two instructions a pair, −m_lo as a min-term MMA on the
 #            gather's sub-block sums (mmq.RA_MIN_LO_MMA; bench/results/study_min_term_mma_2026-12-07.md) against the
 #            shipped decode, both bench_moe shapes, T = 128 / 512; then its emulator tests on the GPU's machine
+#   mlship   #35: the −m_lo MMA shipped (mmq.RA_MIN_LO_MMA on): its builds and moe_gather_sums under memcheck /
+#            racecheck / synccheck, test_gpu_moe, then bench_moe's rows
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
 #            device call carry=["abold"] (ignored by git, so only carry takes it there)
@@ -457,6 +459,16 @@ for step in "${@:-tier}"; do
       --variant 'minlo: mmq.RA_MIN_LO_MMA=True'
     run minlo_32 150 "${AB[@]}" --kernels "$ks" --moe 32:4 --shape 1792x2048 --tokens 128,512 \
       --variant 'minlo: mmq.RA_MIN_LO_MMA=True' ;;
+  mlship)  # mmq.RA_MIN_LO_MMA shipped (2026-12-07): the grouped register-A Q4_K / Q5_K builds and moe_gather_sums under
+    # memcheck / racecheck / synccheck (the sweep's calls that run them), their GPU tests, then bench_moe's #35 rows
+    ks=moe_gather_sums,moe_gather_sums_x16,mmq_q4_k_wgmma_ra_n32_moe,mmq_q4_k_wgmma_ra_n48_moe,mmq_q4_k_wgmma_ra_n64_moe
+    ks=$ks,mmq_q4_k_wgmma_ra_n48_m256_moe,mmq_q4_k_wgmma_ra_n80_m256_moe,mmq_q5_k_wgmma_ra_n32_moe,mmq_q5_k_wgmma_ra_n64_moe
+    run mlship_plain 100 python3 bench/sanitize.py --only "$ks"
+    for tool in memcheck racecheck synccheck; do
+      run "mlship_$tool" 100 compute-sanitizer --tool "$tool" --print-limit 20 python3 bench/sanitize.py --only "$ks"
+    done
+    run mlship_tests 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 8 tests/test_gpu_moe.py
+    run mlship_bench 200 python3 bench/bench_moe.py --tokens 1,32,64,128,512 --reps 10 ;;
   gflag)  # convert_f16.conversion_flag (2026-12-07): the tier, then eager / graph µs of the conversions' prefill routes
     [ -d abold/emitted/sm_90a ] || { echo "queue.sh gflag: no abold/emitted (see the header)"; exit 2; }
     run gflag_tier 330 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load
@@ -490,6 +502,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag minlo)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag minlo mlship)"; exit 2 ;;
   esac
 done

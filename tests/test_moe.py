@@ -328,11 +328,11 @@ def test_q4_k_from_16_pairs_runs_the_grouped_gemm_behind_moe_group(monkeypatch):
 
 
 def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
-    """On an H200 (no arch pinned) Q4_K's grouped route is moe_gather (moe_group's grouping and x → fp16 in its
-    order and the wgmma build's K order, into scratch, one kernel; the gate is its overflow flag, the workspace's
-    zero-kept word: a CTA an SM, 1024 groups of 8 a CTA at least), the register-A wgmma build
-    reading the weights of all experts and the gathered x by tensor map (one CTA an SM, PDL behind the conversion),
-    then the gated exact GEMV. Its token tile follows the pairs per expert (RULES.moe_wgmma_tile_pairs). The rule
+    """On an H200 (no arch pinned) Q4_K's grouped route is moe_gather_sums (moe_group's grouping and x → fp16 in
+    its order and the wgmma build's K order, into scratch, with the sub-block sums Σx the −m_lo MMA takes, one
+    kernel; the gate is its overflow flag, the workspace's zero-kept word: a CTA an SM, 1024 groups of 8 a CTA at
+    least), the register-A wgmma build reading the weights of all experts, the gathered x and its sums by tensor
+    map (one CTA an SM, PDL behind the conversion), then the gated exact GEMV. Its token tile follows the pairs per expert (RULES.moe_wgmma_tile_pairs). The rule
     moe_int_weights_max_pairs (the integer-weight build at few pairs an expert) is pinned off here."""
     from ptxgen import tuning
     from ptxgen.runtime import ops
@@ -343,12 +343,14 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         x, ids, out = _fake_call(w, 8, 2)
         plan = ops.mul_mat_id_plan(w, 8, 2)
     names = [r[0] for r in rec.runs]
-    assert names == ["moe_gather", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
+    assert names == ["moe_gather_sums", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
     (_, g1, c1, _), (_, g2, c2, _), (_, _, c3, _) = rec.runs
     order, offsets, work, gate = c1[4], c1[5], c1[6], c1[11]
     assert c1[0] == ids.ptr and c1[1:4] == [16, 8, 32] and c1[7:10] == [out.ptr, 300, x.ptr]
     assert c1[12:16] == [512 // 8, 2, 0, 16] and g1 == (1, 1, 1)  # 16 pairs x 64 groups of 8: one CTA's round
-    assert isinstance(c2[0], bytes) and isinstance(c2[1], bytes) and c2[2:8] == [out.ptr, 300, 512, order, offsets, work]
+    assert len(c1) == 17  # (moe_gather's 16, then the Σx scratch)
+    assert [isinstance(c, bytes) for c in c2[:3]] == [True] * 3  # tmap_w, tmap_x, tmap_s (the sums)
+    assert c2[3:9] == [out.ptr, 300, 512, order, offsets, work]
     assert g2 == (min(3 * (16 // 32 + 8), 132), 1, 1) and c3[11] == gate and c3[12] == gate + 4
     assert [ln.pdl for ln in plan.launches[:2]] == [True, True]  # moe_gather waits (pdl_head) before it reads
     for t, tile in ((95, "n32"), (96, "n48_m256"), (143, "n48_m256"), (144, "n64"), (239, "n64"), (240, "n80_m256"),
@@ -361,15 +363,15 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
         assert c[15] == 2 * -(-t // min(132, -(-p * 64 // 1024))) and g == (-(-p // c[15]),)
 
 
-def test_the_min_term_mma_build_takes_the_gathers_sub_block_sums(monkeypatch):
-    """mmq.RA_MIN_LO_MMA (a build-time flag, off in emitted/): the grouped register-A GEMM then takes x's sub-block
-    sums for its −m_lo MMA, so the route gathers with moe_gather_sums (its Σx scratch the last argument) and the
-    GEMM gets a third tensor map (tmap_s) over them, as the integer-weight build does."""
+def test_without_the_min_term_mma_the_gather_makes_no_sums(monkeypatch):
+    """mmq.RA_MIN_LO_MMA (a build-time flag, on in emitted/): off, the grouped register-A GEMM decodes −m_lo in
+    its fp16 fragments and takes no sub-block sums, so the route gathers with moe_gather (no Σx scratch) and the
+    GEMM takes two tensor maps, then y."""
     from ptxgen import tuning
     from ptxgen.kernels import mmq
     from ptxgen.runtime import kernels, ops
 
-    monkeypatch.setattr(mmq, "RA_MIN_LO_MMA", True)
+    monkeypatch.setattr(mmq, "RA_MIN_LO_MMA", False)
     entry = kernels.entry
     monkeypatch.setattr(kernels, "entry", lambda k, a: kernels._built(k, a)[1] if k.endswith("_moe") else entry(k, a))
     kernels._built.cache_clear()
@@ -378,10 +380,10 @@ def test_the_min_term_mma_build_takes_the_gathers_sub_block_sums(monkeypatch):
     with tuning.override(moe_int_weights_max_pairs=0):
         _fake_call(w, 8, 2)
     kernels._built.cache_clear()
-    assert [r[0] for r in rec.runs] == ["moe_gather_sums", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
+    assert [r[0] for r in rec.runs] == ["moe_gather", "mmq_q4_k_wgmma_ra_n32_moe", "gemv_q4_k_f32_idg"]
     (_, _, c1, _), (_, _, c2, _) = rec.runs[:2]
-    assert len(c1) == 17  # (moe_gather's 16, then the Σx scratch)
-    assert [isinstance(c, bytes) for c in c2[:4]] == [True, True, True, False]  # tmap_w, tmap_x, tmap_s, then y
+    assert len(c1) == 16
+    assert [isinstance(c, bytes) for c in c2[:3]] == [True, True, False]  # tmap_w, tmap_x, then y
 
 
 def test_the_gather_takes_whole_rows_of_x_and_more_slots_than_a_cta_holds_take_moe_group(monkeypatch):
@@ -397,7 +399,7 @@ def test_the_gather_takes_whole_rows_of_x_and_more_slots_than_a_cta_holds_take_m
     with tuning.override(moe_int_weights_max_pairs=0, moe_pair_max_weights=0):
         for slots, per_slot in ((3, 0), (3, 1), (5, 0)):
             plan = ops.mul_mat_id_plan(w, 101, slots, x_per_slot=per_slot)
-            assert plan.kernels[0] == "moe_gather"
+            assert plan.kernels[0] == "moe_gather_sums"  # (with the sub-block sums: the −m_lo MMA's)
             rows = plan.launches[0][2][15]
             assert rows % (1 if per_slot else slots) == 0 and rows * plan.launches[0][1][0] >= 101 * slots
         assert ops.mul_mat_id_plan(w, 2, GATHER_ROWS + 1).kernels[0] == "moe_group"
@@ -592,8 +594,9 @@ def test_grouped_moe_gemm_skewed_empty_and_overflowing():
 
 @pytest.mark.parametrize("scale,arch", [(1.0, "sm_89"), (1e5, "sm_89"), (1.0, "sm_90a"), (1e5, "sm_90a")])
 def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
-    """mul_mat_id's Q4_K route as ops records it (moe_group and the grouped GEMM — on sm_90 moe_gather, grouping and
-    x gathered into fp16, and the register-A wgmma build —, the gated grouped GEMV), run in one emulated memory:
+    """mul_mat_id's Q4_K route as ops records it (moe_group and the grouped GEMM — on sm_90 moe_gather_sums,
+    grouping and x gathered into fp16 with its sub-block sums, and the register-A wgmma build —, the gated grouped
+    GEMV), run in one emulated memory:
     within 1e-3 of float64
     (fp16 activations), NaN rows for the bad ids; with activations past fp16's range (scale 1e5) the GEMM or the
     conversion raises the gate and the GEMV recomputes every pair exactly (1e-5). Its 8 pairs an expert take the
@@ -603,7 +606,8 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
     rng = np.random.default_rng(7)
     ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
     ids[3, 1], ids[11, 0] = -1, 5
-    route = (["moe_gather", "mmq_q4_k_wgmma_ra_n32_moe"] if arch == "sm_90a" else ["moe_group", "mmq_q4_k_f16_n32_moe"])
+    route = (["moe_gather_sums", "mmq_q4_k_wgmma_ra_n32_moe"] if arch == "sm_90a" else
+             ["moe_group", "mmq_q4_k_f16_n32_moe"])
     with tuning.override(moe_int_weights_max_pairs=0):
         _grouped_route((5, 130, 512), ids, False, scale, arch, rng, [*route, "gemv_q4_k_f32_idg"])
 
@@ -612,13 +616,15 @@ def test_the_grouped_route_end_to_end_in_the_emulator(scale, arch):
 def test_the_codecs_grouped_wgmma_route_in_the_emulator(fmt):
     """Q5_K's, Q8_0's and TQ4_1S's sm_90 route: their register-A decode in the grouped wgmma build (the dense GEMM's
     codec, moe_group's work list), x gathered first (TQ4_1S: x rotated before, as rotate_tq4_1s does), the gated
-    GEMV after; within 1e-3 of float64, NaN rows for bad ids."""
+    GEMV after; within 1e-3 of float64, NaN rows for bad ids. (Q5_K's gather makes the sub-block sums of its −m_lo
+    MMA.)"""
     rng = np.random.default_rng(11)
     ids = rng.integers(0, 4, (20, 2)).astype(np.int32)
     ids[5, 0] = 4
     f = fmt.lower()
     _grouped_route((4, 130, 512), ids, True, 1.0, "sm_90a", rng,
-                   ["moe_gather", f"mmq_{f}_wgmma_ra_n32_moe", f"gemv_{f}_f32_idg"], fmt=fmt)
+                   ["moe_gather_sums" if fmt == "q5_K" else "moe_gather", f"mmq_{f}_wgmma_ra_n32_moe",
+                    f"gemv_{f}_f32_idg"], fmt=fmt)
 
 
 @pytest.mark.slow
@@ -658,7 +664,8 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(tile):
     """Q4_K's grouped wgmma build at the token tiles between the shipped ones (kernels/mmq.py
     GROUPED_WGMMA_Q4K_TILES; n96's ring stages hold half a block) and with 256-row M tiles (GROUPED_WIDE_TILES: four
     consumer warpgroups), reached by naming them in rule moe_wgmma_tile_pairs: the route end to end, one expert past
-    a tile of pairs, K over 3 super-blocks, M past a tile; within 1e-3 of float64, NaN rows for bad ids."""
+    a tile of pairs, K over 3 super-blocks, M past a tile; within 1e-3 of float64, NaN rows for bad ids. The tiles
+    on whole-block stages take the gather's sub-block sums for their −m_lo MMA; n96's half-block stages do not."""
     from ptxgen import tuning
 
     rng = np.random.default_rng(int(tile[1:3]))
@@ -668,7 +675,8 @@ def test_the_trial_token_tiles_grouped_route_in_the_emulator(tile):
     m = 300 if "_m" in tile else 130  # (past one 256-row tile)
     with tuning.override(moe_int_weights_max_pairs=0, moe_wgmma_tile_pairs={tile: 1}):
         _grouped_route((3, m, 768), ids, False, 1.0, "sm_90a", rng,
-                       ["moe_gather", f"mmq_q4_k_wgmma_ra_{tile}_moe", "gemv_q4_k_f32_idg"])
+                       ["moe_gather" if tile == "n96" else "moe_gather_sums", f"mmq_q4_k_wgmma_ra_{tile}_moe",
+                        "gemv_q4_k_f32_idg"])
 
 
 def test_a_setmaxnreg_split_past_the_launch_pool_is_refused_at_build(monkeypatch):
@@ -769,7 +777,8 @@ def _grouped_route(shape, ids, per_slot, scale, arch, rng, want_route=None, fmt=
     grouping = (ia, p, e, bn, oa, fa, ka, ya, m)
     if route[0].startswith("moe_gather"):  # sm_90: grouping and x into fp16 in one kernel, the wgmma build on maps
         x16 = mem.alloc(p * k * 2, poison=0xFF)
-        iw = "int_weights" in gemm.meta  # the integer-weight build: the gather writes the sub-block sums too
+        iw = "int_weights" in gemm.meta or "min_lo_sums" in gemm.meta  # the integer-weight build or the −m_lo MMA:
+        # the gather writes the sub-block sums too
         xs = mem.alloc(p * k // 16 * 2, poison=0xFF) if iw else None
         unit = 1 if per_slot else slots  # whole rows of x a CTA
         rows = unit * max(1, p // unit // 3)  # 3 or 4 CTAs

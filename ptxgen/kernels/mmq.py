@@ -1591,8 +1591,10 @@ RA_BLOCK_STAGES = True
 # (codecs.q4_k.dequant_pair2: q·sc'·d − m_hi, one rounding) and add the sub-blocks' −m_lo·Σx as one more k16 MMA a
 # block into the same accumulators (A = RegA.min_fragments' lo, B = the block's Σx tile from moe_gather_sums, as
 # the integer-weight build's): 542 -> 494 SASS a block at n48_m256, the GEMM closer to float64 than dequant_pair3
-# (bench/model_decode_roundings.py; bench/results/study_min_term_mma_2026-12-07.md). Off until timed.
-RA_MIN_LO_MMA = False
+# (bench/model_decode_roundings.py; bench/results/study_min_term_mma_2026-12-07.md). H100 µs eager / graph, off / on
+# (probe_build_ab, h100_minlo_*_63b1174.log): 128 x top-8 T = 512 82.0 / 80.2 -> 81.1 / 79.7, 32 x top-4 T = 512
+# 64.6 / 62.5 -> 63.8 / 62.2 (T = 128 takes the integer-weight build: unchanged).
+RA_MIN_LO_MMA = True
 MIN_LO_NOTE = ("A = q·sc'·d − m_hi in one rounding (dequant_pair2); each block's −m_lo·Σx as one more k16 MMA into "
                "the same accumulators: A = [lo | 0] of the lane's sub-blocks (RegA.min_fragments), B = the block's Σx "
                "tile [hi | lo] (moe_gather_sums)")
