@@ -78,6 +78,7 @@
 #   minlo    #35: the grouped register-A Q4_K builds decoding two instructions a pair, −m_lo as a min-term MMA on the
 #            gather's sub-block sums (mmq.RA_MIN_LO_MMA; bench/results/study_min_term_mma_2026-12-07.md) against the
 #            shipped decode, both bench_moe shapes, T = 128 / 512; then its emulator tests on the GPU's machine
+#   i34q8    #34's last cell alone, three runs (Q8_0 4096x14336 T = 4096 eager; needs an H200)
 #   mlship   #35: the −m_lo MMA shipped (mmq.RA_MIN_LO_MMA on): its builds and moe_gather_sums under memcheck /
 #            racecheck / synccheck, test_gpu_moe, then bench_moe's rows
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
@@ -130,6 +131,11 @@ for step in "${@:-tier}"; do
       --no-decode-loop --reps 10
     run i34_tq 90 python3 bench/bench_op.py --formats q4_K,tq4_1s --shape 18944x3584 --tokens 512 --no-decode-loop --reps 10
     run i34_gemv 150 python3 bench/bench_gemv.py --formats q5_K,q6_K,q8_0 --shapes 4096x14336 --tokens 1 --modes exact ;;
+  i34q8)  # #34's last cell alone (Q8_0 4096x14336 T = 4096, eager on fp32 x: 828 on the H200 at f60af93, goal 822),
+    # three runs, to read where the power-limited loop's ±2-4% spread sits on this card
+    for i in 1 2 3; do
+      run "i34q8_$i" 60 python3 bench/bench_op.py --formats q8_0 --shape 4096x14336 --tokens 4096 --no-decode-loop --reps 10
+    done ;;
   xrot)  # the op as called, eager, on fp16 x through the natural-order GEMMs: one x buffer, 8 (the per-address
     # tensor maps memoised), 40 (every call encodes one on the host); Q4_K and Q6_K 4096x14336, T = 64 / 512
     for n in 1 8 40; do
@@ -502,6 +508,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag minlo mlship)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag minlo mlship i34q8)"; exit 2 ;;
   esac
 done
