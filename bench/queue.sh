@@ -78,9 +78,11 @@
 #   minlo    #35: the grouped register-A Q4_K builds decoding two instructions a pair, −m_lo as a min-term MMA on the
 #            gather's sub-block sums (mmq.RA_MIN_LO_MMA; bench/results/study_min_term_mma_2026-12-07.md) against the
 #            shipped decode, both bench_moe shapes, T = 128 / 512; then its emulator tests on the GPU's machine
+#   mlbench  bench_moe's rows at HEAD
+#   ncu_moe  ncu source counters and stall reasons of the grouped register-A GEMMs at T = 512 (n48_m256, n80_m256)
 #   i34q8    #34's last cell alone, three runs (Q8_0 4096x14336 T = 4096 eager; needs an H200)
 #   mlship   #35: the −m_lo MMA shipped (mmq.RA_MIN_LO_MMA on): its builds and moe_gather_sums under memcheck /
-#            racecheck / synccheck, test_gpu_moe, then bench_moe's rows
+#            racecheck / synccheck, then test_gpu_moe
 #   abemit   bench_model on an older emitted/ and this tree's, alternating twice (x float16): prepare the old one
 #            here with `rm -rf abold && mkdir abold && git archive REV emitted | tar -x -C abold` and pass the
 #            device call carry=["abold"] (ignored by git, so only carry takes it there)
@@ -473,8 +475,18 @@ for step in "${@:-tier}"; do
     for tool in memcheck racecheck synccheck; do
       run "mlship_$tool" 100 compute-sanitizer --tool "$tool" --print-limit 20 python3 bench/sanitize.py --only "$ks"
     done
-    run mlship_tests 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 8 tests/test_gpu_moe.py
-    run mlship_bench 200 python3 bench/bench_moe.py --tokens 1,32,64,128,512 --reps 10 ;;
+    run mlship_tests 150 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 8 tests/test_gpu_moe.py ;;
+  mlbench)  # bench_moe's #35 rows at HEAD (after mlship)
+    run mlbench 200 python3 bench/bench_moe.py --tokens 1,32,64,128,512 --reps 10 ;;
+  ncu_moe)  # where the grouped register-A GEMM's warps stall at T = 512 (issue 0.50 a scheduler, DRAM 39%, 1.08 of 4.2
+    # warps eligible: ncu_moe_n48_t512_92ad9dd.txt): source counters of n48_m256 (128 x top-8) and n80_m256 (32 x top-4)
+    for kn in n48_m256 n80_m256; do
+      run "ncu_moe_${kn}_src" 150 ncu --kernel-name "regex:mmq_q4_k_wgmma_ra_${kn}_moe\$" --launch-skip 2 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters --page source --print-source sass --csv \
+        python3 bench/probe_moe_kernels.py --formats q4_K --tokens 512 --reps 3
+      python3 bench/ncu_source_top.py "$OUT/ncu_moe_${kn}_src.log" 40 > "$OUT/ncu_moe_${kn}_top.log" 2>&1
+      tail -n 44 "$OUT/ncu_moe_${kn}_top.log"; rm -f "$OUT/ncu_moe_${kn}_src.log"
+    done ;;
   gflag)  # convert_f16.conversion_flag (2026-12-07): the tier, then eager / graph µs of the conversions' prefill routes
     [ -d abold/emitted/sm_90a ] || { echo "queue.sh gflag: no abold/emitted (see the header)"; exit 2; }
     run gflag_tier 330 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load
@@ -508,6 +520,6 @@ for step in "${@:-tier}"; do
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0'
     run moel1_32 150 "${AB[@]}" --kernels 'gemv_q4_k_f32_idg$' --moe 32:4 --shape 1792x2048 --tokens 32,512 \
       --weights 8 --variant 'nogate: gemv_codec.GATED_EXPERT_CTAS=0' ;;
-  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag minlo mlship i34q8)"; exit 2 ;;
+  *) echo "queue.sh: no step $step (f16a power moel1 tier sk model i34 t16c i8q8 xt ncu_xt xrot fixup tq4rot tq4few t8 tq4shared i8 ncu_i8 ncu_t8 pre prefill x16 x16moe x16tq x16model gaps gaps16 small rest sanitize sweep capfree perm8 wide gate q8big moecheck abemit q6nat gpusub gflag minlo mlship mlbench ncu_moe i34q8)"; exit 2 ;;
   esac
 done
