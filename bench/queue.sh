@@ -468,7 +468,7 @@ for step in "${@:-tier}"; do
     run minlo_32 150 "${AB[@]}" --kernels "$ks" --moe 32:4 --shape 1792x2048 --tokens 128,512 \
       --variant 'minlo: mmq.RA_MIN_LO_MMA=True' ;;
   mlship)  # mmq.RA_MIN_LO_MMA shipped (2026-12-07): the grouped register-A Q4_K / Q5_K builds and moe_gather_sums under
-    # memcheck / racecheck / synccheck (the sweep's calls that run them), their GPU tests, then bench_moe's #35 rows
+    # memcheck / racecheck / synccheck (the sweep's calls that run them), then their GPU tests
     ks=moe_gather_sums,moe_gather_sums_x16,mmq_q4_k_wgmma_ra_n32_moe,mmq_q4_k_wgmma_ra_n48_moe,mmq_q4_k_wgmma_ra_n64_moe
     ks=$ks,mmq_q4_k_wgmma_ra_n48_m256_moe,mmq_q4_k_wgmma_ra_n80_m256_moe,mmq_q5_k_wgmma_ra_n32_moe,mmq_q5_k_wgmma_ra_n64_moe
     run mlship_plain 100 python3 bench/sanitize.py --only "$ks"
