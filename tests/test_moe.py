@@ -332,8 +332,9 @@ def test_q4_k_on_sm_90_gathers_x_then_runs_the_grouped_wgmma_gemm(monkeypatch):
     its order and the wgmma build's K order, into scratch, with the sub-block sums Σx the −m_lo MMA takes, one
     kernel; the gate is its overflow flag, the workspace's zero-kept word: a CTA an SM, 1024 groups of 8 a CTA at
     least), the register-A wgmma build reading the weights of all experts, the gathered x and its sums by tensor
-    map (one CTA an SM, PDL behind the conversion), then the gated exact GEMV. Its token tile follows the pairs per expert (RULES.moe_wgmma_tile_pairs). The rule
-    moe_int_weights_max_pairs (the integer-weight build at few pairs an expert) is pinned off here."""
+    map (one CTA an SM, PDL behind the conversion), then the gated exact GEMV. Its token tile follows the pairs per
+    expert (RULES.moe_wgmma_tile_pairs). The rule moe_int_weights_max_pairs (the integer-weight build at few pairs
+    an expert) is pinned off here."""
     from ptxgen import tuning
     from ptxgen.runtime import ops
 
