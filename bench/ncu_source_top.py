@@ -25,6 +25,9 @@ def main():
         except ValueError:
             return 0.0
     allsum = sum(num(r[total]) for r in rows) or 1
+    # the kernel's stall profile first: each reason's share of all samples (issued ones included), then by line
+    sums = sorted(((sum(num(r[c]) for r in rows), c) for c in stall if "Not Issued" not in c), reverse=True)
+    print("all lines:", " ".join(f"{c}={v / allsum:.1%}" for v, c in sums if v > 0))
     rows.sort(key=lambda r: -num(r[total]))
     for r in rows[:n]:
         parts = sorted(((num(r[c]), c) for c in stall if num(r[c]) > 0), reverse=True)[:4]
