@@ -487,6 +487,15 @@ for step in "${@:-tier}"; do
       python3 bench/ncu_source_top.py "$OUT/ncu_moe_${kn}_src.log" 40 > "$OUT/ncu_moe_${kn}_top.log" 2>&1
       tail -n 44 "$OUT/ncu_moe_${kn}_top.log"; rm -f "$OUT/ncu_moe_${kn}_src.log"
     done ;;
+  skel)  # where the shipped 256-row MoE tiles' T = 512 goes (mmq.GROUPED_SKELETON on n48_m256 / n80_m256; the
+    # 2026-12-04 table was of the 128-row n48 / n64 tiles: the copies-free op alone was 26-27 µs of 75-81). Same
+    # columns as then, plus the step-TMA B path the skeletons fall back to (GROUPED_B_3D off) as their own baseline
+    ks='mmq_q4_k_wgmma_ra_n(48|80)_m256_moe$'
+    sk=(--variant 'step: mmq.GROUPED_B_3D=False' --variant 'nodecode: mmq.GROUPED_SKELETON="nodecode"'
+        --variant 'skeleton: mmq.GROUPED_SKELETON="skeleton"' --variant 'noa: mmq.GROUPED_SKELETON="skeleton_noa"'
+        --variant 'nob: mmq.GROUPED_SKELETON="skeleton_nob"' --variant 'neither: mmq.GROUPED_SKELETON="skeleton_noa_nob"')
+    run skel_128 200 "${AB[@]}" --kernels "$ks" --moe 128:8 --shape 768x2048 --tokens 512 "${sk[@]}"
+    run skel_32 200 "${AB[@]}" --kernels "$ks" --moe 32:4 --shape 1792x2048 --tokens 512 "${sk[@]}" ;;
   gflag)  # convert_f16.conversion_flag (2026-12-07): the tier, then eager / graph µs of the conversions' prefill routes
     [ -d abold/emitted/sm_90a ] || { echo "queue.sh gflag: no abold/emitted (see the header)"; exit 2; }
     run gflag_tier 330 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load
