@@ -494,10 +494,10 @@ for step in "${@:-tier}"; do
     sk=(--variant 'step: mmq.GROUPED_B_3D=False' --variant 'nodecode: mmq.GROUPED_SKELETON="nodecode"'
         --variant 'skeleton: mmq.GROUPED_SKELETON="skeleton"' --variant 'noa: mmq.GROUPED_SKELETON="skeleton_noa"'
         --variant 'nob: mmq.GROUPED_SKELETON="skeleton_nob"' --variant 'neither: mmq.GROUPED_SKELETON="skeleton_noa_nob"')
-    run skel_128 200 "${AB[@]}" --kernels "$ks" --moe 128:8 --shape 768x2048 --tokens 512 "${sk[@]}"
     run skel_32 200 "${AB[@]}" --kernels "$ks" --moe 32:4 --shape 1792x2048 --tokens 512 "${sk[@]}"
-    run skel_trace_128 60 python3 bench/probe_moe_trace.py --moe 128:8 --shape 768x2048 --tokens 512
-    run skel_trace_32 60 python3 bench/probe_moe_trace.py --moe 32:4 --shape 1792x2048 --tokens 512 ;;
+    run skel_trace_32 60 python3 bench/probe_moe_trace.py --moe 32:4 --shape 1792x2048 --tokens 512
+    run skel_128 200 "${AB[@]}" --kernels "$ks" --moe 128:8 --shape 768x2048 --tokens 512 "${sk[@]}"
+    run skel_trace_128 60 python3 bench/probe_moe_trace.py --moe 128:8 --shape 768x2048 --tokens 512 ;;
   gflag)  # convert_f16.conversion_flag (2026-12-07): the tier, then eager / graph µs of the conversions' prefill routes
     [ -d abold/emitted/sm_90a ] || { echo "queue.sh gflag: no abold/emitted (see the header)"; exit 2; }
     run gflag_tier 330 python3 -m pytest -q -ra -p no:cacheprovider -m gpu -n 14 --dist load
