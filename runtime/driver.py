@@ -731,6 +731,16 @@ class Function:
             stream if type(stream) is int else stream_handle(stream))
 
 
+def grid_fault(grid) -> str:
+    """What CUDA would refuse in a launch's grid (x, y, z; missing dimensions 1): "" where nothing."""
+    g = tuple(int(v) for v in grid) + (1,) * (3 - len(tuple(grid)))
+    if min(g) < 1:
+        return "every dimension at least 1"
+    if g[0] >= 2**31 or max(g[1:]) > 65535:
+        return "x below 2^31, y and z at most 65535"
+    return ""
+
+
 class PreparedLaunch:
     """One kernel launch with its grid, block, shared memory, cluster / PDL attributes and argument buffer fixed:
     `run(stream)` sets the stream of a cuLaunchKernelEx config built once and makes one ctypes call with 4 arguments
@@ -743,8 +753,8 @@ class PreparedLaunch:
     def __init__(self, fn: Function, grid, cells, block, smem: int, cluster=None, pdl: bool = False):
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
         block = tuple(int(b) for b in block) + (1,) * (3 - len(tuple(block)))
-        if any(g <= 0 for g in grid) or any(g >= 2**31 for g in grid):
-            raise ValueError(f"{fn.name}: bad grid {grid}")
+        if grid_fault(grid):
+            raise ValueError(f"{fn.name}: bad grid {grid}: {grid_fault(grid)}")
         self.fn, self.cells, self.grid, self.block, self.smem = fn, list(cells), grid, block, int(smem)
         self.cluster, self.pdl = cluster, bool(pdl)
         self.verbose = knobs.verbose()  # read once per prepared launch (a plan's are remade when a knob changes)

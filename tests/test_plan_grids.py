@@ -1,13 +1,15 @@
 """Every launch a plan records has a grid its kernel can take, on each fake device of the dispatch table: no dimension
-below 1 or past CUDA's limits, a cluster kernel's grid a whole number of clusters, and a persistent kernel (its
-manifest's grid "persistent: ...") at most the CTAs the device holds at once. On 2026-12-07 the f16a GEMM ran on the
-grid of the dequantize launch before it (a name reused in ops._rec_mmq): thousands of persistent CTAs, most finding
-the queue empty, right results ~230 µs late. Every CPU test passed it; this one would not have."""
+CUDA refuses (driver.grid_fault, which binding a plan checks too), a cluster kernel's grid a whole number of
+clusters, and a persistent kernel (its manifest's grid "persistent: ...") at most the CTAs the device holds at once.
+On 2026-12-07 the f16a GEMM ran on the grid of the dequantize launch before it (a name reused in ops._rec_mmq):
+thousands of persistent CTAs, most finding the queue empty, right results ~230 µs late. Every CPU test passed it;
+this one would not have."""
 import math
 
 import pytest
 
 from ptxgen import codecs
+from ptxgen.runtime import driver
 from ptxgen.testing import fakegpu
 from ptxgen.testing.dispatch import DEVICES, FORMATS, MOE_SHAPES
 
@@ -21,8 +23,8 @@ def grid_faults(plan, ctx) -> list[str]:
     out = []
     for ln in plan.launches:
         name, grid, meta = ln.fn.name, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), ln.fn.meta
-        if min(grid) < 1 or grid[0] >= 2**31 or max(grid[1:]) > 65535:
-            out.append(f"{name}: grid {ln.grid}")
+        if driver.grid_fault(grid):  # (what binding the plan would refuse: PreparedLaunch)
+            out.append(f"{name}: grid {ln.grid}: {driver.grid_fault(grid)}")
         if ln.cluster is not None and any(g % c for g, c in zip(grid, tuple(ln.cluster) + (1,) * 3)):
             out.append(f"{name}: grid {ln.grid} not whole clusters of {ln.cluster}")
         if str(meta.get("grid", "")).startswith("persistent"):
